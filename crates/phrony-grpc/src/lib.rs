@@ -1,0 +1,1 @@
+//! phrony-grpc (work in progress).

@@ -1,0 +1,1 @@
+//! phrony-ledger (work in progress).

@@ -1,0 +1,1 @@
+//! Phrony manifest model (work in progress).

@@ -1,0 +1,1 @@
+//! Phrony policy engine (work in progress).

@@ -1,0 +1,1 @@
+//! phrony-proto (work in progress).
