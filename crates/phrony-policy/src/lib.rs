@@ -1,1 +1,26 @@
-//! Phrony policy engine (work in progress).
+#![doc = include_str!("../README.md")]
+#![warn(missing_docs)]
+
+mod condition;
+mod decision;
+mod def;
+mod error;
+mod explain;
+mod ops;
+mod path;
+mod policy;
+mod request;
+mod set;
+mod text;
+mod value;
+
+pub use decision::{Decision, DecisionKind};
+pub use def::{PolicyDef, PolicyId, TimeoutDef};
+pub use error::{CompileError, CompileErrorKind, CompileErrors};
+pub use explain::{Effect, Explanation, PolicyTrace};
+pub use policy::{Action, OnModify, OnReject, Policy, Timeout, TimeoutDefault};
+pub use request::{AgentCtx, Request, SessionCtx, ToolCtx, Trigger, UnknownTrigger};
+pub use set::PolicySet;
+
+#[cfg(test)]
+mod tests;

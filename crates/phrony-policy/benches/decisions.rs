@@ -1,0 +1,121 @@
+//! Decisions per second: the refund tutorial's two policies, and a generated set of 1,000.
+//!
+//! `cargo bench -p phrony-policy --bench decisions` (criterion reports `elem/s` = decisions/s).
+
+use std::hint::black_box;
+
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use phrony_policy::{DecisionKind, PolicyDef, PolicySet, Request, ToolCtx};
+use serde_json::{Value, json};
+
+fn refund_policies() -> PolicySet {
+    let defs: Vec<PolicyDef> = serde_json::from_value(json!([
+        {"namespace": "payments", "name": "refund-approval-boundary", "version": "1.0.0",
+         "scope": "tool:payments.issue-refund", "action": "require_approval",
+         "conditions": {"field": "amount", "op": "gt", "value": 250},
+         "approvals_required": 1, "reason": "Refund amount above delegated limit.",
+         "on_reject": "return_to_agent"},
+        {"namespace": "payments", "name": "refund-hard-limit", "version": "1.0.0",
+         "scope": "tool:payments.issue-refund", "action": "deny",
+         "conditions": {"field": "amount", "op": "gt", "value": 5000},
+         "reason": "Refund amount exceeds the absolute ceiling for agent-initiated refunds."}
+    ]))
+    .expect("refund policies");
+    PolicySet::compile(defs).expect("refund policies compile")
+}
+
+/// 1,000 policies mixing every decision type, scopes and condition shapes. None matches the
+/// benchmark's calls, so every decision scans every policy in scope (the slowest allow).
+fn generated_defs(all_in_scope: bool) -> Vec<PolicyDef> {
+    (0..1000)
+        .map(|i| {
+            let scope = if all_in_scope || i % 4 == 0 {
+                "agent".to_owned()
+            } else {
+                format!("tool:svc.tool-{}", i % 50)
+            };
+            let conditions = match i % 6 {
+                0 => json!({"field": "amount", "op": "gt", "value": 10_000 + i}),
+                1 => json!({"all": [
+                    {"field": "currency", "op": "in", "value": ["GBP", "JPY", "CHF"]},
+                    {"field": "amount", "op": "gte", "value": 5_000 + i}
+                ]}),
+                2 => json!({"field": "customer.tier", "op": "eq", "value": format!("tier-{i}")}),
+                3 => json!({"field": "items[any].sku", "op": "starts_with", "value": format!("X{i}-")}),
+                4 => json!({"any": [
+                    {"field": "memo", "op": "matches", "value": format!("(?i)forbidden-{i}\\b")},
+                    {"field": "phrony.principal.role", "op": "eq", "value": format!("banned-{i}")}
+                ]}),
+                _ => json!({"not": {"field": "customer.id", "op": "exists", "value": true}}),
+            };
+            let mut def = json!({
+                "namespace": "gen", "name": format!("policy-{i:04}"), "version": "1.0.0",
+                "scope": scope, "conditions": conditions,
+                "reason": format!("generated policy {i}")
+            });
+            match i % 5 {
+                0 => def["action"] = json!("deny"),
+                1 | 2 => def["action"] = json!("require_approval"),
+                3 => def["action"] = json!("escalate"),
+                _ => {
+                    def["action"] = json!("allow");
+                    def["allow"] = json!(["EUR", "USD"]);
+                    def["allow_field"] = json!("currency");
+                }
+            }
+            serde_json::from_value(def).expect("generated policy")
+        })
+        .collect()
+}
+
+fn bench(c: &mut Criterion) {
+    let refund = refund_policies();
+    let mut group = c.benchmark_group("refund");
+    group.throughput(Throughput::Elements(1));
+    for (amount, want) in [
+        (100, DecisionKind::Allow),
+        (400, DecisionKind::RequireApproval),
+        (14000, DecisionKind::Deny),
+    ] {
+        let args = json!({"order_id": "ORD-1", "amount": amount, "reason": "damaged"});
+        let req = Request::new(ToolCtx::new("payments.issue-refund"), &args);
+        assert_eq!(refund.evaluate(&req).kind(), want);
+        group.bench_with_input(BenchmarkId::new("amount", amount), &req, |b, req| {
+            b.iter(|| black_box(refund.evaluate(black_box(req))).kind())
+        });
+    }
+    group.finish();
+
+    let args: Value = json!({
+        "amount": 100, "currency": "EUR", "memo": "customer asked politely",
+        "customer": {"id": "C-1", "tier": "gold"},
+        "items": [{"sku": "A-1"}, {"sku": "B-2"}, {"sku": "C-3"}]
+    });
+    let claims = json!({"role": "agent"});
+    let req = Request::new(ToolCtx::new("svc.tool-7"), &args).with_principal(&claims);
+    let mut group = c.benchmark_group("generated_1000");
+    group.throughput(Throughput::Elements(1));
+    for (label, all_in_scope) in [("scoped", false), ("all_in_scope", true)] {
+        let set = PolicySet::compile(generated_defs(all_in_scope)).expect("generated compile");
+        assert_eq!(set.len(), 1000);
+        assert_eq!(set.evaluate(&req).kind(), DecisionKind::Allow);
+        group.bench_function(label, |b| {
+            b.iter(|| black_box(set.evaluate(black_box(&req))).kind())
+        });
+    }
+    group.finish();
+
+    let mut group = c.benchmark_group("compile");
+    group.throughput(Throughput::Elements(1000));
+    group.bench_function("generated_1000", |b| {
+        b.iter_batched(
+            || generated_defs(false),
+            |defs| PolicySet::compile(defs).expect("compile"),
+            criterion::BatchSize::LargeInput,
+        )
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

@@ -1,0 +1,599 @@
+//! One compiled policy: validated fields, prepared conditions and allow list, and its verdict on
+//! a call.
+
+use std::borrow::Cow;
+use std::fmt;
+
+use serde::{Serialize, Serializer};
+use serde_json::{Map, Value};
+
+use crate::condition::{self, Compiled, Cond, Ctx};
+use crate::def::{PolicyDef, PolicyId};
+use crate::error::{CompileErrorKind, Diags};
+use crate::path::{Field, Source};
+use crate::request::Request;
+use crate::value::{Actual, Scalar};
+
+/// A decision type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Action {
+    /// `allow`: checks the allow list, if any; otherwise no effect.
+    Allow,
+    /// `deny` or `block`.
+    Deny,
+    /// `require_approval`.
+    RequireApproval,
+    /// `escalate` (decided like `require_approval`).
+    Escalate,
+}
+
+impl Action {
+    fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "allow" => Action::Allow,
+            "deny" | "block" => Action::Deny,
+            "require_approval" => Action::RequireApproval,
+            "escalate" => Action::Escalate,
+            _ => return None,
+        })
+    }
+
+    /// The canonical name (`block` reads as `deny`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Allow => "allow",
+            Action::Deny => "deny",
+            Action::RequireApproval => "require_approval",
+            Action::Escalate => "escalate",
+        }
+    }
+
+    /// `require_approval` or `escalate`.
+    pub fn is_approval(self) -> bool {
+        matches!(self, Action::RequireApproval | Action::Escalate)
+    }
+}
+
+/// What happens when an approver rejects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum OnReject {
+    /// The model receives a tool error and the turn continues (`return_to_agent`, the default).
+    #[default]
+    ReturnToAgent,
+    /// The session fails (`fail`).
+    Fail,
+}
+
+impl OnReject {
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnReject::ReturnToAgent => "return_to_agent",
+            OnReject::Fail => "fail",
+        }
+    }
+}
+
+/// What happens when an approver edits the arguments.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum OnModify {
+    /// The edited arguments are dispatched without a policy check (no `on_modify`, the
+    /// reference's default).
+    #[default]
+    Unchecked,
+    /// The edited arguments are evaluated again (`revalidate`).
+    Revalidate,
+}
+
+/// What an approval decides when its timeout fires.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum TimeoutDefault {
+    /// Deny (also when `default` is empty).
+    #[default]
+    Deny,
+    /// Cast an approve vote.
+    Allow,
+    /// Open a new approval one level up.
+    Escalate,
+}
+
+impl TimeoutDefault {
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TimeoutDefault::Deny => "deny",
+            TimeoutDefault::Allow => "allow",
+            TimeoutDefault::Escalate => "escalate",
+        }
+    }
+}
+
+/// A validated approval timeout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Timeout {
+    /// Minutes until the timeout fires (at least 1).
+    pub after_minutes: u32,
+    /// What the timeout decides.
+    pub default: TimeoutDefault,
+}
+
+macro_rules! serialize_as_str {
+    ($($t:ty),*) => {$(
+        impl Serialize for $t {
+            fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.serialize_str(self.as_str())
+            }
+        }
+        impl fmt::Display for $t {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    )*};
+}
+serialize_as_str!(Action, OnReject, TimeoutDefault);
+
+impl Serialize for Timeout {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap as _;
+        let mut map = serializer.serialize_map(Some(2))?;
+        map.serialize_entry("after_minutes", &self.after_minutes)?;
+        map.serialize_entry("default", &self.default)?;
+        map.end()
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Scope {
+    Agent,
+    Tool(String),
+}
+
+#[derive(Debug, Clone)]
+struct AllowList {
+    values: Vec<Scalar>,
+    /// `allow_field` as written, and where it reads.
+    field: Option<(String, Source)>,
+}
+
+/// A compiled policy. Built by [`PolicySet::compile`](crate::PolicySet::compile).
+#[derive(Debug, Clone)]
+pub struct Policy {
+    id: PolicyId,
+    scope_text: String,
+    scope: Scope,
+    action: Action,
+    conditions: Option<Cond>,
+    allow: Option<AllowList>,
+    reason: Option<String>,
+    deny_message: String,
+    approvals_required: u32,
+    on_reject: OnReject,
+    on_modify: OnModify,
+    comprehension_required: bool,
+    timeout: Option<Timeout>,
+    authority_ref: Option<String>,
+    route: Option<String>,
+    runtime: Option<Map<String, Value>>,
+}
+
+/// What one policy says about one call.
+#[derive(Debug, Clone)]
+pub(crate) enum Verdict<'s> {
+    /// Out of scope.
+    NotApplicable,
+    /// In scope, conditions false.
+    NoMatch,
+    /// Matched; no objection (an allow policy whose allow list, if any, passed).
+    Allow,
+    /// Matched; deny with this message (a deny policy, or an allow-list violation).
+    Deny(Cow<'s, str>),
+    /// Matched; approval required.
+    Approval,
+}
+
+const HEURISTIC_KEYS: [&str; 6] = ["queue", "target", "value", "name", "id", "currency"];
+const NO_VALUE: &str = "tool arguments do not include a value to check against the allow list";
+
+fn non_empty(s: Option<String>) -> Option<String> {
+    s.filter(|s| !s.trim().is_empty())
+}
+
+impl Policy {
+    /// Validates and compiles one definition; problems go to `diags`.
+    pub(crate) fn compile(def: PolicyDef, diags: &mut Diags<'_>) -> Option<Policy> {
+        let before = diags.list.len();
+        if def.name.trim().is_empty() {
+            diags.push("name", CompileErrorKind::MissingName);
+        }
+
+        let scope = match def.scope.as_str() {
+            "" | "agent" => Some(Scope::Agent),
+            s => match s.strip_prefix("tool:") {
+                Some(r) if !r.is_empty() && !r.chars().any(char::is_whitespace) => {
+                    Some(Scope::Tool(r.to_owned()))
+                }
+                _ => {
+                    diags.push(
+                        "scope",
+                        CompileErrorKind::UnknownScope {
+                            scope: s.to_owned(),
+                        },
+                    );
+                    None
+                }
+            },
+        };
+
+        let action = if def.action.is_empty() {
+            diags.push("action", CompileErrorKind::MissingAction);
+            None
+        } else {
+            let a = Action::parse(&def.action);
+            if a.is_none() {
+                diags.push(
+                    "action",
+                    CompileErrorKind::UnknownAction {
+                        action: def.action.clone(),
+                    },
+                );
+            }
+            a
+        };
+
+        let mut values = Vec::with_capacity(def.allow.len());
+        for (i, entry) in def.allow.iter().enumerate() {
+            if entry.trim().is_empty() {
+                diags.push(format!("allow[{i}]"), CompileErrorKind::EmptyAllowEntry);
+            } else {
+                values.push(Scalar::from_str(entry));
+            }
+        }
+        if !def.allow.is_empty()
+            && let Some(a) = action
+            && a != Action::Allow
+        {
+            diags.push(
+                "allow",
+                CompileErrorKind::AllowOnOtherAction {
+                    action: def.action.clone(),
+                },
+            );
+        }
+
+        let conditions = condition::compile(def.conditions.as_ref(), diags);
+
+        let approvals_required = match def.approvals_required {
+            None => 1,
+            Some(n) => u32::try_from(n)
+                .ok()
+                .filter(|n| *n >= 1)
+                .unwrap_or_else(|| {
+                    diags.push(
+                        "approvals_required",
+                        CompileErrorKind::InvalidApprovals { value: n },
+                    );
+                    1
+                }),
+        };
+
+        let on_reject = match def.on_reject.as_deref().unwrap_or("") {
+            "" | "return_to_agent" => OnReject::ReturnToAgent,
+            "fail" => OnReject::Fail,
+            other => {
+                diags.push(
+                    "on_reject",
+                    CompileErrorKind::UnknownOnReject {
+                        value: other.to_owned(),
+                    },
+                );
+                OnReject::ReturnToAgent
+            }
+        };
+
+        let on_modify = match def.on_modify.as_deref().unwrap_or("") {
+            "" => OnModify::Unchecked,
+            "revalidate" => OnModify::Revalidate,
+            other => {
+                diags.push(
+                    "on_modify",
+                    CompileErrorKind::UnknownOnModify {
+                        value: other.to_owned(),
+                    },
+                );
+                OnModify::Unchecked
+            }
+        };
+
+        let timeout = def.timeout.as_ref().and_then(|t| {
+            let minutes = u32::try_from(t.after_minutes).ok().filter(|m| *m >= 1);
+            if minutes.is_none() {
+                diags.push(
+                    "timeout.after_minutes",
+                    CompileErrorKind::InvalidTimeoutMinutes {
+                        value: t.after_minutes,
+                    },
+                );
+            }
+            let default = match t.default.as_str() {
+                "" | "deny" => Some(TimeoutDefault::Deny),
+                "allow" => Some(TimeoutDefault::Allow),
+                "escalate" => Some(TimeoutDefault::Escalate),
+                other => {
+                    diags.push(
+                        "timeout.default",
+                        CompileErrorKind::UnknownTimeoutDefault {
+                            value: other.to_owned(),
+                        },
+                    );
+                    None
+                }
+            };
+            Some(Timeout {
+                after_minutes: minutes?,
+                default: default?,
+            })
+        });
+
+        let mut route = None;
+        if let Some(runtime) = &def.runtime {
+            for key in ["phrony.com/approver_role", "approver_role"] {
+                match runtime.get(key) {
+                    None => continue,
+                    Some(Value::String(s)) => route = non_empty(Some(s.clone())),
+                    Some(_) => {
+                        diags.push(format!("runtime.{key}"), CompileErrorKind::RouteNotString)
+                    }
+                }
+                break;
+            }
+        }
+
+        let allow_field = non_empty(def.allow_field.clone()).and_then(|field| {
+            if def.allow.is_empty() {
+                diags.push("allow_field", CompileErrorKind::AllowFieldWithoutAllow);
+                return None;
+            }
+            match Field::parse(field.trim(), "allow_field", diags)? {
+                Field::Value(source) if source.has_any_step() => {
+                    diags.push("allow_field", CompileErrorKind::AllowFieldAny);
+                    None
+                }
+                Field::Value(source) => Some((field.trim().to_owned(), source)),
+                Field::Trigger | Field::Outcome => {
+                    diags.push(
+                        "allow_field",
+                        CompileErrorKind::BadPath {
+                            field: field.clone(),
+                            reason: "the dispatch trigger has no allow list".to_owned(),
+                        },
+                    );
+                    None
+                }
+            }
+        });
+
+        if action.is_some()
+            && def.scope.is_empty()
+            && def.allow.is_empty()
+            && matches!(conditions, Compiled::None)
+        {
+            diags.push("scope", CompileErrorKind::NoTarget);
+        }
+
+        if diags.list.len() != before {
+            return None;
+        }
+        let (Some(scope), Some(action)) = (scope, action) else {
+            return None;
+        };
+        let conditions = match conditions {
+            Compiled::Tree(c) => Some(c),
+            Compiled::None => None,
+            Compiled::Invalid => return None,
+        };
+        let reason = non_empty(def.reason);
+        let deny_message = reason
+            .clone()
+            .unwrap_or_else(|| format!("tool call blocked by policy {}", def.name));
+        Some(Policy {
+            id: PolicyId {
+                namespace: def.namespace,
+                name: def.name,
+                version: def.version,
+            },
+            scope_text: def.scope,
+            scope,
+            action,
+            conditions,
+            allow: (!values.is_empty()).then_some(AllowList {
+                values,
+                field: allow_field,
+            }),
+            reason,
+            deny_message,
+            approvals_required,
+            on_reject,
+            on_modify,
+            comprehension_required: def.comprehension_required,
+            timeout,
+            authority_ref: non_empty(def.authority_ref),
+            route,
+            runtime: def.runtime,
+        })
+    }
+
+    /// The policy's identity (`namespace/name@version`).
+    pub fn id(&self) -> &PolicyId {
+        &self.id
+    }
+
+    /// The policy name.
+    pub fn name(&self) -> &str {
+        &self.id.name
+    }
+
+    /// The scope as written (`""`, `agent` or `tool:<ref>`).
+    pub fn scope(&self) -> &str {
+        &self.scope_text
+    }
+
+    /// The decision type.
+    pub fn action(&self) -> Action {
+        self.action
+    }
+
+    /// Whether the policy has conditions (trigger policies must).
+    pub fn has_conditions(&self) -> bool {
+        self.conditions.is_some()
+    }
+
+    /// The field the allow list checks (`allow_field`), if one was set.
+    pub fn allow_field(&self) -> Option<&str> {
+        self.allow
+            .as_ref()
+            .and_then(|a| a.field.as_ref())
+            .map(|(f, _)| f.as_str())
+    }
+
+    /// The deny message or approval reason, if one was given.
+    pub fn reason(&self) -> Option<&str> {
+        self.reason.as_deref()
+    }
+
+    /// The message of a denial by this policy: the reason, or `tool call blocked by policy <name>`.
+    pub fn deny_message(&self) -> &str {
+        &self.deny_message
+    }
+
+    /// Approval quorum (at least 1).
+    pub fn approvals_required(&self) -> u32 {
+        self.approvals_required
+    }
+
+    /// What a rejection does.
+    pub fn on_reject(&self) -> OnReject {
+        self.on_reject
+    }
+
+    /// What approver-edited arguments go through.
+    pub fn on_modify(&self) -> OnModify {
+        self.on_modify
+    }
+
+    /// Whether approvers must acknowledge comprehension.
+    pub fn comprehension_required(&self) -> bool {
+        self.comprehension_required
+    }
+
+    /// The approval timeout.
+    pub fn timeout(&self) -> Option<Timeout> {
+        self.timeout
+    }
+
+    /// The governance authority boundary.
+    pub fn authority_ref(&self) -> Option<&str> {
+        self.authority_ref.as_deref()
+    }
+
+    /// The approval route: `runtime["phrony.com/approver_role"]`, else `runtime["approver_role"]`.
+    pub fn route(&self) -> Option<&str> {
+        self.route.as_deref()
+    }
+
+    /// The free-form runtime map, passed through to approvals.
+    pub fn runtime(&self) -> Option<&Map<String, Value>> {
+        self.runtime.as_ref()
+    }
+
+    /// Whether the policy's scope covers a tool (by dispatch ref).
+    pub fn applies_to(&self, tool_ref: &str) -> bool {
+        match &self.scope {
+            Scope::Agent => true,
+            Scope::Tool(r) => r == tool_ref,
+        }
+    }
+
+    pub(crate) fn matches(&self, ctx: &Ctx<'_, '_>) -> bool {
+        self.conditions.as_ref().is_none_or(|c| c.eval(ctx))
+    }
+
+    /// This policy's verdict on a call.
+    pub(crate) fn verdict(&self, ctx: &Ctx<'_, '_>) -> Verdict<'_> {
+        if !self.applies_to(ctx.req.tool.r#ref) {
+            return Verdict::NotApplicable;
+        }
+        if !self.matches(ctx) {
+            return Verdict::NoMatch;
+        }
+        match self.action {
+            Action::Deny => Verdict::Deny(Cow::Borrowed(&self.deny_message)),
+            Action::RequireApproval | Action::Escalate => Verdict::Approval,
+            Action::Allow => match &self.allow {
+                Some(list) => match self.check_allow(list, ctx.req) {
+                    None => Verdict::Allow,
+                    Some(message) => Verdict::Deny(Cow::Owned(message)),
+                },
+                None => Verdict::Allow,
+            },
+        }
+    }
+
+    /// Checks the allow list; `Some(message)` on a violation.
+    fn check_allow(&self, list: &AllowList, req: &Request<'_>) -> Option<String> {
+        let listed = |a: Actual<'_>| list.values.iter().any(|s| s.matches(a));
+        let Some((field, source)) = &list.field else {
+            let candidate = req.args.as_object().and_then(|m| {
+                let scalar = |v: &&Value| v.is_string() || v.is_number();
+                HEURISTIC_KEYS
+                    .iter()
+                    .find_map(|k| m.get(*k).filter(scalar))
+                    .or_else(|| {
+                        m.iter()
+                            .filter(|(_, v)| scalar(v))
+                            .min_by(|a, b| a.0.cmp(b.0))
+                            .map(|(_, v)| v)
+                    })
+            });
+            return match candidate {
+                None => Some(NO_VALUE.to_owned()),
+                Some(v) if listed(Actual::Json(v)) => None,
+                Some(v) => Some(self.not_allowed(Actual::Json(v))),
+            };
+        };
+        let mut violation = None;
+        let ok = source.resolve(req, &mut |a: Option<Actual<'_>>| match a {
+            Some(
+                a @ (Actual::Str(_)
+                | Actual::Num(_)
+                | Actual::Json(Value::String(_) | Value::Number(_) | Value::Bool(_))),
+            ) => {
+                if listed(a) {
+                    return true;
+                }
+                violation.get_or_insert_with(|| self.not_allowed(a));
+                false
+            }
+            _ => {
+                violation.get_or_insert_with(|| self.no_value_at(field));
+                false
+            }
+        });
+        if ok {
+            return None;
+        }
+        // `[all]` over an empty array fails without visiting a value.
+        Some(violation.unwrap_or_else(|| self.no_value_at(field)))
+    }
+
+    fn no_value_at(&self, field: &str) -> String {
+        format!(
+            "no value at `{field}` to check against the allow list of policy {}",
+            self.id.name
+        )
+    }
+
+    fn not_allowed(&self, value: Actual<'_>) -> String {
+        format!("value {value} is not allowed by policy {}", self.id.name)
+    }
+}
