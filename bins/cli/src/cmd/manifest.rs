@@ -1,0 +1,81 @@
+//! Loading manifests for the commands, and reporting their diagnostics the same way everywhere.
+//!
+//! Every diagnostic goes to stderr as `file:line:col: error|warning: path: message`. When a
+//! manifest is rejected, the returned error is the summary line `main` prints last: the problem
+//! itself when there is one (`Error: metadata.version: must be valid semver`), else
+//! `Error: invalid manifest (N errors)`.
+
+use std::io::{self, Write as _};
+use std::path::Path;
+
+use anyhow::anyhow;
+use phrony_manifest::{CompiledAgent, Diagnostic, Diagnostics, SecretRequirement};
+use phrony_policy::PolicySet;
+
+/// Loads, validates and compiles the agent at `path`, printing its warnings.
+pub(crate) fn load_agent(path: &Path) -> anyhow::Result<CompiledAgent> {
+    match phrony_manifest::load_agent(path) {
+        Ok(compiled) => {
+            print_diagnostics(&compiled.warnings)?;
+            Ok(compiled.agent)
+        }
+        Err(diags) => Err(rejected(&diags, "manifest")),
+    }
+}
+
+/// The policy engine of a compiled agent.
+pub(crate) fn policy_set(agent: &CompiledAgent, path: &Path) -> anyhow::Result<PolicySet> {
+    agent.policy_set().map_err(|errors| {
+        // The manifest compiler validates every policy; reaching this is a bug, not bad input.
+        anyhow!(
+            "internal error: the compiled policies of {} do not load: {errors}",
+            path.display()
+        )
+    })
+}
+
+/// Prints every diagnostic on stderr, one per line.
+pub(crate) fn print_diagnostics(diags: &[Diagnostic]) -> io::Result<()> {
+    let mut stderr = io::stderr().lock();
+    for diag in diags {
+        writeln!(stderr, "{diag}")?;
+    }
+    Ok(())
+}
+
+/// Prints the diagnostics of a rejected `what` (manifest, bundle) and returns the summary error.
+pub(crate) fn rejected(diags: &Diagnostics, what: &str) -> anyhow::Error {
+    if let Err(err) = print_diagnostics(diags.as_slice()) {
+        return err.into();
+    }
+    let errors: Vec<&Diagnostic> = diags.errors().collect();
+    match errors.as_slice() {
+        [only] => anyhow!("{}", headline(only)),
+        _ => anyhow!("invalid {what} ({} errors)", errors.len()),
+    }
+}
+
+/// One error as the summary line states it: `path: message`, or the message alone when it is
+/// about the whole file.
+fn headline(diag: &Diagnostic) -> String {
+    // `kind` errors that redirect to another command read as a sentence of their own.
+    if diag.path.is_empty() || (diag.path == "kind" && diag.message.starts_with("bundle manifest:"))
+    {
+        diag.message.clone()
+    } else {
+        format!("{}: {}", diag.path, diag.message)
+    }
+}
+
+/// Warns on stderr about every secret whose variable is unset in this environment.
+pub(crate) fn warn_unset_secrets<'a>(
+    secrets: impl IntoIterator<Item = &'a SecretRequirement>,
+) -> io::Result<()> {
+    let mut stderr = io::stderr().lock();
+    for secret in secrets {
+        if secret.is_missing_from_env() {
+            writeln!(stderr, "warning: {}", secret.unset_message())?;
+        }
+    }
+    Ok(())
+}

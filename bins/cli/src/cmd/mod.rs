@@ -1,0 +1,94 @@
+//! The command tree. Each subcommand is one module holding its clap arguments and its `run`.
+
+mod agents;
+mod bundles;
+mod init;
+mod manifest;
+mod policies;
+mod schema;
+
+use clap::{ArgAction, Parser, Subcommand, ValueEnum};
+
+/// The version line printed by `phrony --version`.
+const VERSION: &str = concat!("version ", env!("CARGO_PKG_VERSION"));
+
+/// Exit codes, shown at the end of `phrony --help`.
+const EXIT_CODES: &str = "\
+Exit codes:
+  0  success (warnings, if any, are printed on stderr)
+  1  invalid input, validation failure or failed operation (`Error: …` on stderr)
+  2  usage error: unknown command or flag, missing or malformed argument";
+
+/// Declare, validate and dry-run Phrony agents; operate the Phrony runtime.
+#[derive(Debug, Parser)]
+#[command(
+    name = "phrony",
+    version = VERSION,
+    disable_version_flag = true,
+    after_help = EXIT_CODES
+)]
+pub(crate) struct Cli {
+    /// Print the version.
+    #[arg(short = 'v', long = "version", action = ArgAction::Version)]
+    version: Option<bool>,
+
+    #[command(flatten)]
+    global: Global,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// Flags every command accepts.
+#[derive(Debug, clap::Args)]
+pub(crate) struct Global {
+    /// Address of the Phrony runtime (host:port) for commands that talk to it.
+    #[arg(
+        long,
+        global = true,
+        env = "PHRONY_RUNTIME_ADDR",
+        default_value = "127.0.0.1:7777",
+        value_name = "HOST:PORT"
+    )]
+    pub(crate) runtime_addr: String,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Scaffold the refund-agent starter project (agent.yaml, tools/, policies/, worker.py).
+    Init(init::Args),
+    /// Work with agent manifests.
+    #[command(subcommand)]
+    Agents(agents::Command),
+    /// Dry-run policies against a tool call.
+    #[command(subcommand)]
+    Policies(policies::Command),
+    /// Lock and validate bundles of agents.
+    #[command(subcommand)]
+    Bundles(bundles::Command),
+    /// Print the JSON Schema of the authoring format (Agent, Tool, Policy, Bundle) for editors.
+    Schema(schema::Args),
+}
+
+/// How a command prints its result.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Output {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON document on stdout, for scripts.
+    Json,
+}
+
+impl Cli {
+    /// Runs the chosen command.
+    pub(crate) fn run(self) -> anyhow::Result<()> {
+        match self.command {
+            Command::Init(args) => init::run(&args),
+            Command::Agents(cmd) => cmd.run(),
+            Command::Policies(cmd) => cmd.run(),
+            Command::Bundles(cmd) => cmd.run(),
+            Command::Schema(args) => schema::run(&args),
+        }
+    }
+}

@@ -1,0 +1,381 @@
+//! `phrony policies check`: dry-run an agent's policies against one tool call.
+//!
+//! The manifest is compiled exactly as `agents validate` does, the call is decided by the same
+//! engine the runtime embeds, and the explanation names the deciding policy and every policy
+//! whose scope covered the tool.
+
+use std::io::{self, Write as _};
+use std::path::PathBuf;
+
+use anyhow::{Context as _, anyhow, bail};
+use phrony_manifest::{CompiledAgent, ToolArgsValidator, ToolBinding};
+use phrony_policy::{
+    Action, AgentCtx, Decision, Effect, Explanation, PolicyTrace, Request, SessionCtx, ToolCtx,
+};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::cmd::{Output, manifest};
+
+/// Arguments of `phrony policies check`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct Args {
+    /// Agent manifest (agent.yaml).
+    manifest: PathBuf,
+    /// The tool called: its wire name (`issue_refund`) or logical id (`payments.issue-refund`).
+    #[arg(long, value_name = "TOOL")]
+    tool: String,
+    /// The call's arguments, a JSON object.
+    #[arg(long, value_name = "JSON", default_value = "{}")]
+    args: String,
+    /// The call's context, a JSON object:
+    /// `{"principal": {…}, "session": {"id": …, "metadata": {…}}, "now": RFC 3339 or Unix seconds,
+    /// "agent": {"namespace": …, "name": …, "version": …}}`. The agent defaults to the manifest's.
+    #[arg(long, value_name = "JSON")]
+    context: Option<String>,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t)]
+    output: Output,
+}
+
+/// Compiles the manifest, decides the call and prints the explanation.
+pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
+    let call_args = parse_args(&args.args)?;
+    let context = match &args.context {
+        Some(text) => parse_context(text)?,
+        None => Context::default(),
+    };
+    let agent = manifest::load_agent(&args.manifest)?;
+    let binding = find_tool(&agent, &args.tool)?;
+    let policies = manifest::policy_set(&agent, &args.manifest)?;
+    let args_errors = schema_errors(binding, &call_args);
+    if !args_errors.is_empty() {
+        let mut stderr = io::stderr().lock();
+        for error in &args_errors {
+            writeln!(
+                stderr,
+                "warning: --args do not match the input_schema of {}: {error}",
+                binding.wire_name()
+            )?;
+        }
+    }
+
+    let wire_name = binding.wire_name();
+    let tool = ToolCtx {
+        r#ref: &binding.reference,
+        version: binding.dispatch_version(),
+        side_effect_class: &binding.side_effect_class,
+        name: &wire_name,
+    };
+    let meta = &agent.metadata;
+    let agent_ctx = match &context.agent {
+        Some(a) => AgentCtx {
+            namespace: &a.namespace,
+            name: &a.name,
+            version: &a.version,
+        },
+        None => AgentCtx {
+            namespace: &meta.namespace,
+            name: &meta.name,
+            version: &meta.version,
+        },
+    };
+    let mut request = Request::new(tool, &call_args).with_agent(agent_ctx);
+    if let Some(session) = &context.session {
+        request = request.with_session(SessionCtx {
+            id: &session.id,
+            metadata: session.metadata.as_ref(),
+        });
+    }
+    if let Some(principal) = &context.principal {
+        request = request.with_principal(principal);
+    }
+    if let Some(now) = context.now {
+        request = request.at(now);
+    }
+
+    let explanation = policies.explain(&request);
+    let mut stdout = io::stdout().lock();
+    match args.output {
+        Output::Text => write_text(&mut stdout, &tool, &explanation)?,
+        Output::Json => {
+            let report = Report::new(&explanation, &tool, &agent, &args_errors);
+            serde_json::to_writer_pretty(&mut stdout, &report)?;
+            writeln!(stdout)?;
+        }
+    }
+    Ok(())
+}
+
+/// `--args`: a JSON object.
+fn parse_args(text: &str) -> anyhow::Result<Value> {
+    let value: Value =
+        serde_json::from_str(text).map_err(|err| anyhow!("--args is not valid JSON: {err}"))?;
+    if !value.is_object() {
+        bail!("--args must be a JSON object, got {}", kind_of(&value));
+    }
+    Ok(value)
+}
+
+/// The context of a call, as `--context` spells it.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Context {
+    agent: Option<AgentIdentity>,
+    session: Option<Session>,
+    principal: Option<Value>,
+    #[serde(default, deserialize_with = "deserialize_now")]
+    now: Option<i64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AgentIdentity {
+    namespace: String,
+    name: String,
+    #[serde(default)]
+    version: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Session {
+    #[serde(default)]
+    id: String,
+    metadata: Option<Value>,
+}
+
+/// `now`: Unix seconds, or an RFC 3339 timestamp such as `2025-03-15T11:00:00Z`.
+fn deserialize_now<'de, D: serde::Deserializer<'de>>(de: D) -> Result<Option<i64>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Now {
+        Unix(i64),
+        Text(String),
+    }
+    let parsed = match Option::<Now>::deserialize(de)? {
+        None => return Ok(None),
+        Some(Now::Unix(seconds)) => seconds,
+        Some(Now::Text(text)) => chrono::DateTime::parse_from_rfc3339(&text)
+            .map_err(|err| {
+                serde::de::Error::custom(format!(
+                    "now: {text:?} is not an RFC 3339 timestamp ({err}) nor Unix seconds"
+                ))
+            })?
+            .timestamp(),
+    };
+    Ok(Some(parsed))
+}
+
+/// `--context`: a JSON object with the fields of [`Context`].
+fn parse_context(text: &str) -> anyhow::Result<Context> {
+    let value: Value =
+        serde_json::from_str(text).map_err(|err| anyhow!("--context is not valid JSON: {err}"))?;
+    if !value.is_object() {
+        bail!("--context must be a JSON object, got {}", kind_of(&value));
+    }
+    for (key, expected) in [("principal", "object"), ("session", "object")] {
+        if let Some(v) = value.get(key)
+            && !v.is_object()
+        {
+            bail!(
+                "--context: {key} must be a JSON {expected}, got {}",
+                kind_of(v)
+            );
+        }
+    }
+    if let Some(meta) = value.get("session").and_then(|s| s.get("metadata"))
+        && !meta.is_object()
+    {
+        bail!(
+            "--context: session.metadata must be a JSON object, got {}",
+            kind_of(meta)
+        );
+    }
+    serde_json::from_value(value).context(
+        "--context: expected {\"agent\"?: {namespace, name, version}, \"session\"?: {id, \
+         metadata}, \"principal\"?: {…}, \"now\"?: RFC 3339 or Unix seconds}",
+    )
+}
+
+fn kind_of(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// How the arguments break the binding's `input_schema`. Reported as warnings: the dry run
+/// still shows what the policies decide on these arguments.
+fn schema_errors(binding: &ToolBinding, args: &Value) -> Vec<String> {
+    match ToolArgsValidator::for_binding(binding) {
+        Ok(validator) => match validator.validate(args) {
+            Ok(()) => Vec::new(),
+            Err(errors) => errors.iter().map(ToString::to_string).collect(),
+        },
+        // The manifest compiler rejects invalid schemas; say so rather than hide it.
+        Err(err) => vec![format!("the input_schema cannot be used: {err}")],
+    }
+}
+
+/// The binding called `name`: by wire name first, then by logical id (`namespace.name`, with an
+/// optional `@version` that must be the pinned one).
+fn find_tool<'a>(agent: &'a CompiledAgent, name: &str) -> anyhow::Result<&'a ToolBinding> {
+    let tools = &agent.spec.tools;
+    let (logical, version) = match name.split_once('@') {
+        Some((logical, version)) => (logical, Some(version)),
+        None => (name, None),
+    };
+    let found = tools.iter().find(|t| t.wire_name() == name).or_else(|| {
+        tools
+            .iter()
+            .find(|t| t.reference == logical && version.is_none_or(|v| t.dispatch_version() == v))
+    });
+    if let Some(binding) = found {
+        return Ok(binding);
+    }
+    let known: Vec<String> = tools
+        .iter()
+        .map(|t| format!("{} ({})", t.wire_name(), t.reference))
+        .collect();
+    if known.is_empty() {
+        bail!(
+            "unknown tool {name:?}: agent {} declares no tools",
+            agent.qualified_name()
+        );
+    }
+    bail!(
+        "unknown tool {name:?}; the tools of {} are: {}",
+        agent.qualified_name(),
+        known.join(", ")
+    )
+}
+
+/// The human-readable report.
+fn write_text(
+    out: &mut impl io::Write,
+    tool: &ToolCtx<'_>,
+    explanation: &Explanation<'_>,
+) -> io::Result<()> {
+    let decision = &explanation.decision;
+    write!(out, "tool: {} ({}@{}", tool.name, tool.r#ref, tool.version)?;
+    if !tool.side_effect_class.is_empty() {
+        write!(out, ", {}", tool.side_effect_class)?;
+    }
+    writeln!(out, ")")?;
+    writeln!(out, "decision: {}", decision.kind())?;
+    if let Some(policy) = decision.policy() {
+        writeln!(out, "policy: {}", policy.id())?;
+    }
+    if let Some(reason) = decision.reason() {
+        writeln!(out, "reason: {reason}")?;
+    }
+    if let Decision::RequireApproval { policy } = decision {
+        writeln!(out, "approvals_required: {}", policy.approvals_required())?;
+        writeln!(out, "on_reject: {}", policy.on_reject().as_str())?;
+        if policy.on_modify() == phrony_policy::OnModify::Revalidate {
+            writeln!(out, "on_modify: revalidate")?;
+        }
+        if policy.comprehension_required() {
+            writeln!(out, "comprehension_required: true")?;
+        }
+        if let Some(timeout) = policy.timeout() {
+            writeln!(
+                out,
+                "timeout: {} after {} minutes",
+                timeout.default.as_str(),
+                timeout.after_minutes
+            )?;
+        }
+        if let Some(route) = policy.route() {
+            writeln!(out, "route: {route}")?;
+        }
+        if let Some(authority) = policy.authority_ref() {
+            writeln!(out, "authority_ref: {authority}")?;
+        }
+    }
+
+    let applied: Vec<&PolicyTrace<'_>> =
+        explanation.policies.iter().filter(|t| t.applies).collect();
+    if applied.is_empty() {
+        return writeln!(out, "applied: none (no policy covers this tool)");
+    }
+    writeln!(out, "applied:")?;
+    let rows: Vec<[String; 3]> = applied
+        .iter()
+        .map(|t| {
+            let verdict = match (t.matched, t.effect) {
+                (false, _) | (true, Effect::None) => "no match",
+                (true, Effect::Allow) => "passed",
+                (true, Effect::Deny) if t.policy.action() == Action::Allow => "violated",
+                (true, Effect::Deny | Effect::RequireApproval) => "matched",
+            };
+            let outcome = if t.deciding {
+                format!("{verdict} (deciding)")
+            } else {
+                verdict.into()
+            };
+            [
+                t.policy.id().to_string(),
+                t.policy.action().as_str().to_owned(),
+                outcome,
+            ]
+        })
+        .collect();
+    let width = |i: usize| rows.iter().map(|r| r[i].len()).max().unwrap_or(0);
+    let (w0, w1) = (width(0), width(1));
+    for [id, action, outcome] in &rows {
+        writeln!(out, "  {id:<w0$}  {action:<w1$}  {outcome}")?;
+    }
+    Ok(())
+}
+
+/// The `--output json` report: the decision's fields (`decision`, `policy`, `reason`, and for
+/// approvals `approvals_required`, `on_reject`, …), then the tool, the agent and `applied`: every
+/// policy whose scope covers the tool, with its verdict.
+#[derive(Serialize)]
+struct Report<'a> {
+    #[serde(flatten)]
+    decision: &'a Decision<'a>,
+    tool: ToolReport<'a>,
+    agent: String,
+    applied: Vec<&'a PolicyTrace<'a>>,
+    /// Violations of the binding's input_schema (absent when the arguments match).
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
+    args_errors: &'a [String],
+}
+
+#[derive(Serialize)]
+struct ToolReport<'a> {
+    name: &'a str,
+    r#ref: &'a str,
+    version: &'a str,
+    side_effect_class: &'a str,
+}
+
+impl<'a> Report<'a> {
+    fn new(
+        explanation: &'a Explanation<'a>,
+        tool: &'a ToolCtx<'a>,
+        agent: &CompiledAgent,
+        args_errors: &'a [String],
+    ) -> Self {
+        let meta = &agent.metadata;
+        Self {
+            decision: &explanation.decision,
+            tool: ToolReport {
+                name: tool.name,
+                r#ref: tool.r#ref,
+                version: tool.version,
+                side_effect_class: tool.side_effect_class,
+            },
+            agent: format!("{}/{}@{}", meta.namespace, meta.name, meta.version),
+            applied: explanation.policies.iter().filter(|t| t.applies).collect(),
+            args_errors,
+        }
+    }
+}

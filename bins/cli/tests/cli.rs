@@ -1,0 +1,858 @@
+//! The `phrony` binary as a process: outputs, exit codes and files, on the tutorial's project and
+//! on broken manifests and bundles written into temporary directories.
+
+#![allow(
+    clippy::unwrap_used,
+    reason = "test helpers as well as tests: a panic is a failed assertion, with its message"
+)]
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use assert_cmd::Command;
+use predicates::prelude::*;
+use predicates::str::contains;
+use serde_json::Value;
+use tempfile::TempDir;
+
+/// The files `phrony init` writes, relative to the project directory.
+const SCAFFOLD: [&str; 6] = [
+    "agent.yaml",
+    "tools/orders.lookup-order.yaml",
+    "tools/payments.issue-refund.yaml",
+    "policies/refund-approval-boundary.yaml",
+    "policies/refund-hard-limit.yaml",
+    "worker.py",
+];
+
+fn phrony() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_phrony"));
+    cmd.env_remove("PHRONY_RUNTIME_ADDR").env("NO_COLOR", "1");
+    cmd
+}
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn refund_example() -> PathBuf {
+    repo_root().join("policies-examples/refund-agent")
+}
+
+fn stdout_of(cmd: &mut Command) -> String {
+    let output = cmd.output().unwrap();
+    assert!(
+        output.status.success(),
+        "{cmd:?} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).unwrap()
+}
+
+fn write(dir: &Path, rel: &str, text: &str) -> PathBuf {
+    let path = dir.join(rel);
+    fs::create_dir_all(path.parent().unwrap()).unwrap();
+    fs::write(&path, text).unwrap();
+    path
+}
+
+// ---------------------------------------------------------------------------------------------
+// Global behaviour
+
+#[test]
+fn version_prints_phrony_version() {
+    let expected = format!("phrony version {}\n", env!("CARGO_PKG_VERSION"));
+    phrony()
+        .arg("--version")
+        .assert()
+        .success()
+        .stdout(expected.clone());
+    phrony().arg("-v").assert().success().stdout(expected);
+}
+
+#[test]
+fn help_documents_the_exit_codes() {
+    phrony()
+        .arg("--help")
+        .assert()
+        .success()
+        .stdout(contains("Exit codes:"))
+        .stdout(contains("2  usage error"));
+}
+
+#[test]
+fn usage_errors_exit_with_2() {
+    phrony().arg("frobnicate").assert().code(2);
+    phrony().args(["agents", "validate"]).assert().code(2);
+    phrony()
+        .args(["policies", "check", "agent.yaml", "--output", "yaml"])
+        .assert()
+        .code(2);
+}
+
+#[test]
+fn schema_prints_the_authoring_json_schema() {
+    let out = stdout_of(phrony().arg("schema"));
+    let printed: Value = serde_json::from_str(&out).unwrap();
+    let file = fs::read_to_string(repo_root().join("bins/cli/schema/agent-spec.v1.json")).unwrap();
+    assert_eq!(printed, serde_json::from_str::<Value>(&file).unwrap());
+    assert_eq!(
+        printed["$schema"],
+        "http://json-schema.org/draft-07/schema#"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// init
+
+#[test]
+fn init_scaffolds_the_tutorial_project_byte_for_byte() {
+    let tmp = TempDir::new().unwrap();
+    let project = tmp.path().join("refund-agent");
+    let out = stdout_of(phrony().arg("init").arg(&project));
+    let expected: String = SCAFFOLD
+        .iter()
+        .map(|rel| format!("created {}\n", project.join(rel).display()))
+        .collect();
+    assert_eq!(out, expected);
+    for rel in SCAFFOLD {
+        let written = fs::read(project.join(rel)).unwrap();
+        let example = fs::read(refund_example().join(rel)).unwrap();
+        assert!(
+            written == example,
+            "{rel} differs from policies-examples/refund-agent/{rel}"
+        );
+    }
+    let agent = fs::read_to_string(project.join("agent.yaml")).unwrap();
+    assert!(
+        agent.starts_with("# yaml-language-server: $schema="),
+        "{agent}"
+    );
+}
+
+#[test]
+fn init_defaults_to_the_current_directory() {
+    let tmp = TempDir::new().unwrap();
+    phrony()
+        .arg("init")
+        .current_dir(tmp.path())
+        .assert()
+        .success()
+        .stdout(contains("created ./agent.yaml\n"));
+    assert!(tmp.path().join("policies/refund-hard-limit.yaml").is_file());
+}
+
+#[test]
+fn a_scaffolded_project_validates_and_dry_runs() {
+    let tmp = TempDir::new().unwrap();
+    phrony().arg("init").arg(tmp.path()).assert().success();
+    let agent = tmp.path().join("agent.yaml");
+    phrony()
+        .args(["agents", "validate"])
+        .arg(&agent)
+        .env("OPENAI_API_KEY", "sk-test")
+        .assert()
+        .success()
+        .stdout("valid: support/refund-agent 0.1.0\n")
+        .stderr("");
+    phrony()
+        .args(["policies", "check"])
+        .arg(&agent)
+        .args([
+            "--tool",
+            "issue_refund",
+            "--args",
+            r#"{"order_id":"ORD-1","amount":400}"#,
+        ])
+        .assert()
+        .success()
+        .stdout(contains("decision: require_approval"));
+}
+
+#[test]
+fn a_second_init_refuses_and_changes_nothing() {
+    let tmp = TempDir::new().unwrap();
+    phrony().arg("init").arg(tmp.path()).assert().success();
+    let agent = tmp.path().join("agent.yaml");
+    fs::write(&agent, "# my edits\n").unwrap();
+    phrony()
+        .arg("init")
+        .arg(tmp.path())
+        .assert()
+        .code(1)
+        .stdout("")
+        .stderr(contains("Error: refusing to overwrite existing files"))
+        .stderr(contains("agent.yaml"))
+        .stderr(contains("worker.py"));
+    assert_eq!(fs::read_to_string(&agent).unwrap(), "# my edits\n");
+}
+
+#[test]
+fn init_writes_nothing_when_any_file_exists() {
+    let tmp = TempDir::new().unwrap();
+    write(tmp.path(), "worker.py", "print('mine')\n");
+    phrony()
+        .arg("init")
+        .arg(tmp.path())
+        .assert()
+        .code(1)
+        .stderr(contains("worker.py"))
+        .stderr(contains("nothing was written"));
+    let left: Vec<_> = fs::read_dir(tmp.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(
+        left,
+        vec!["worker.py"],
+        "init wrote files next to an existing one"
+    );
+    assert_eq!(
+        fs::read_to_string(tmp.path().join("worker.py")).unwrap(),
+        "print('mine')\n"
+    );
+}
+
+#[test]
+fn init_removes_what_it_wrote_when_a_later_write_fails() {
+    let tmp = TempDir::new().unwrap();
+    // A file where init needs the `policies/` directory: agent.yaml and tools/ come first.
+    write(tmp.path(), "policies", "not a directory\n");
+    phrony()
+        .arg("init")
+        .arg(tmp.path())
+        .assert()
+        .code(1)
+        .stdout("")
+        .stderr(contains("Error: create "))
+        .stderr(contains(
+            "policies/refund-approval-boundary.yaml: Not a directory",
+        ));
+    let left: Vec<_> = fs::read_dir(tmp.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(
+        left,
+        vec!["policies"],
+        "init left a half-written project behind"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// agents validate
+
+#[test]
+fn validate_the_refund_example() {
+    phrony()
+        .args(["agents", "validate"])
+        .arg(refund_example().join("agent.yaml"))
+        .env("OPENAI_API_KEY", "sk-test")
+        .assert()
+        .success()
+        .stdout("valid: support/refund-agent 0.1.0\n")
+        .stderr("");
+}
+
+#[test]
+fn validate_warns_about_an_unset_secret_variable_and_succeeds() {
+    for env in [None, Some("")] {
+        let mut cmd = phrony();
+        cmd.args(["agents", "validate"])
+            .arg(refund_example().join("agent.yaml"));
+        match env {
+            None => cmd.env_remove("OPENAI_API_KEY"),
+            Some(value) => cmd.env("OPENAI_API_KEY", value),
+        };
+        cmd.assert()
+            .success()
+            .stdout("valid: support/refund-agent 0.1.0\n")
+            .stderr(
+                "warning: secret \"openai\": OPENAI_API_KEY is not set in the local environment\n",
+            );
+    }
+}
+
+const BROKEN_AGENT: &str = "\
+apiVersion: phrony.com/v1
+kind: Agent
+metadata:
+  name: broken
+  namespace: demo
+  version: not-a-version
+spec:
+  purpose: ''
+  instructions:
+    text: hi
+  model:
+    provider: openai
+    name: gpt-4o
+  tools:
+    - ref: payments.pay
+      as: pay
+      side_effect_class: destructive
+    - ref: payments.pay
+      as: pay_again
+";
+
+#[test]
+fn validate_reports_every_problem_with_its_position() {
+    let tmp = TempDir::new().unwrap();
+    let agent = write(tmp.path(), "agent.yaml", BROKEN_AGENT);
+    let output = phrony()
+        .args(["agents", "validate"])
+        .arg(&agent)
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    assert!(output.stdout.is_empty());
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    let lines: Vec<&str> = stderr.lines().collect();
+    let prefix = format!("{}:", agent.display());
+    let errors: Vec<&str> = lines
+        .iter()
+        .copied()
+        .filter(|l| l.starts_with(&prefix) && l.contains(": error: "))
+        .collect();
+    for expected in [
+        "metadata.version: must be valid semver",
+        "spec.purpose: is required",
+        "spec.tools[0].side_effect_class: must be one of read_only, idempotent_write, \
+         non_idempotent_write, irreversible_action",
+        "spec.tools[1].ref: must be unique",
+    ] {
+        let line = errors.iter().find(|l| l.ends_with(expected));
+        let Some(line) = line else {
+            panic!("no diagnostic `{expected}` in:\n{stderr}")
+        };
+        // file:line:col: error: …
+        let position: Vec<&str> = line[prefix.len()..].splitn(3, ':').collect();
+        assert!(
+            position[0].parse::<usize>().unwrap() > 0 && position[1].parse::<usize>().unwrap() > 0,
+            "no line:column in {line}"
+        );
+    }
+    assert_eq!(
+        lines.last().copied(),
+        Some(&*format!(
+            "Error: invalid manifest ({} errors)",
+            errors.len()
+        ))
+    );
+}
+
+#[test]
+fn the_semver_line_points_at_the_version() {
+    let tmp = TempDir::new().unwrap();
+    let agent = write(
+        tmp.path(),
+        "agent.yaml",
+        &BROKEN_AGENT.replace("purpose: ''", "purpose: x"),
+    );
+    phrony()
+        .args(["agents", "validate"])
+        .arg(&agent)
+        .assert()
+        .code(1)
+        .stderr(contains(format!(
+            "{}:6:12: error: metadata.version: must be valid semver",
+            agent.display()
+        )));
+}
+
+fn validate_single(file: &str, text: &str) -> (i32, String) {
+    let tmp = TempDir::new().unwrap();
+    let path = write(tmp.path(), file, text);
+    let out = phrony()
+        .args(["agents", "validate"])
+        .arg(path)
+        .env("OPENAI_API_KEY", "x")
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+const GOOD_AGENT: &str = "\
+apiVersion: phrony.com/v1
+kind: Agent
+metadata: {name: a, namespace: demo, version: 1.0.0}
+spec:
+  purpose: test
+  instructions: {text: hi}
+  model: {provider: openai, name: gpt-4o}
+";
+
+#[test]
+fn a_single_error_is_the_summary_line() {
+    let (code, stderr) =
+        validate_single("agent.yaml", &GOOD_AGENT.replace("1.0.0", "not-a-version"));
+    assert_eq!(code, 1);
+    assert!(
+        stderr.ends_with("Error: metadata.version: must be valid semver\n"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn inline_policies_on_an_agent_are_refused() {
+    let text = format!(
+        "{GOOD_AGENT}  policies:\n    - {{name: inline-deny, scope: agent, action: deny}}\n"
+    );
+    let (code, stderr) = validate_single("agent.yaml", &text);
+    assert_eq!(code, 1);
+    assert!(stderr.contains(":8:3: error: spec.policies"), "{stderr}");
+    assert!(
+        stderr.contains(
+            "is not supported on the Agent; use kind: Policy documents referenced from \
+             default_policies or binding policies"
+        ),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_missing_policy_ref_is_an_error() {
+    let text = format!("{GOOD_AGENT}  default_policies: [demo.nonexistent-policy]\n");
+    let (code, stderr) = validate_single("agent.yaml", &text);
+    assert_eq!(code, 1);
+    assert!(stderr.contains("demo.nonexistent-policy"), "{stderr}");
+}
+
+#[test]
+fn a_bundle_is_sent_to_bundles_validate() {
+    let (code, stderr) = validate_single("bundle.yaml", BUNDLE);
+    assert_eq!(code, 1);
+    assert!(
+        stderr.ends_with("Error: bundle manifest: use phrony bundles validate instead\n"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_missing_manifest_is_an_error() {
+    phrony()
+        .args(["agents", "validate", "/nonexistent/agent.yaml"])
+        .assert()
+        .code(1)
+        .stderr(contains("/nonexistent/agent.yaml"))
+        .stderr(contains("Error: "));
+}
+
+// ---------------------------------------------------------------------------------------------
+// policies check
+
+fn check(amount: u32, output: &str) -> Command {
+    let mut cmd = phrony();
+    cmd.args(["policies", "check"])
+        .arg(refund_example().join("agent.yaml"))
+        .args(["--tool", "issue_refund", "--output", output])
+        .arg("--args")
+        .arg(format!(
+            r#"{{"order_id": "ORD-1", "amount": {amount}, "currency": "EUR"}}"#
+        ));
+    cmd
+}
+
+#[test]
+fn check_refund_100_is_allowed() {
+    check(100, "text").assert().success().stdout(
+        "tool: issue_refund (payments.issue-refund@1.0.0, irreversible_action)\n\
+         decision: allow\n\
+         applied:\n\
+         \x20 payments/refund-approval-boundary@1.0.0  require_approval  no match\n\
+         \x20 payments/refund-hard-limit@1.0.0         deny              no match\n",
+    );
+}
+
+#[test]
+fn check_refund_400_requires_one_approval() {
+    check(400, "text").assert().success().stdout(
+        "tool: issue_refund (payments.issue-refund@1.0.0, irreversible_action)\n\
+         decision: require_approval\n\
+         policy: payments/refund-approval-boundary@1.0.0\n\
+         reason: Refund amount above delegated limit.\n\
+         approvals_required: 1\n\
+         on_reject: return_to_agent\n\
+         applied:\n\
+         \x20 payments/refund-approval-boundary@1.0.0  require_approval  matched (deciding)\n\
+         \x20 payments/refund-hard-limit@1.0.0         deny              no match\n",
+    );
+}
+
+#[test]
+fn check_refund_14000_is_denied_by_the_hard_limit() {
+    check(14000, "text").assert().success().stdout(
+        "tool: issue_refund (payments.issue-refund@1.0.0, irreversible_action)\n\
+         decision: deny\n\
+         policy: payments/refund-hard-limit@1.0.0\n\
+         reason: Refund amount exceeds the absolute ceiling for agent-initiated refunds.\n\
+         applied:\n\
+         \x20 payments/refund-approval-boundary@1.0.0  require_approval  matched\n\
+         \x20 payments/refund-hard-limit@1.0.0         deny              matched (deciding)\n",
+    );
+}
+
+fn check_json(amount: u32) -> Value {
+    serde_json::from_str(&stdout_of(&mut check(amount, "json"))).unwrap()
+}
+
+#[test]
+fn check_json_output_for_scripts() {
+    let allow = check_json(100);
+    assert_eq!(allow["decision"], "allow");
+    assert!(allow.get("policy").is_none(), "{allow}");
+    assert_eq!(allow["applied"].as_array().unwrap().len(), 2);
+
+    let approval = check_json(400);
+    assert_eq!(approval["decision"], "require_approval");
+    assert_eq!(
+        approval["policy"],
+        "payments/refund-approval-boundary@1.0.0"
+    );
+    assert_eq!(approval["reason"], "Refund amount above delegated limit.");
+    assert_eq!(approval["approvals_required"], 1);
+    assert_eq!(approval["on_reject"], "return_to_agent");
+    assert_eq!(approval["agent"], "support/refund-agent@0.1.0");
+    assert_eq!(approval["tool"]["ref"], "payments.issue-refund");
+
+    let deny = check_json(14000);
+    assert_eq!(deny["decision"], "deny");
+    assert_eq!(deny["policy"], "payments/refund-hard-limit@1.0.0");
+    let applied = deny["applied"].as_array().unwrap();
+    let deciding: Vec<&Value> = applied.iter().filter(|p| p["deciding"] == true).collect();
+    assert_eq!(deciding.len(), 1);
+    assert_eq!(deciding[0]["policy"], "payments/refund-hard-limit@1.0.0");
+    assert!(applied.iter().all(|p| p["matched"] == true));
+}
+
+#[test]
+fn check_accepts_the_logical_id_and_reads_are_ungoverned() {
+    phrony()
+        .args(["policies", "check"])
+        .arg(refund_example().join("agent.yaml"))
+        .args([
+            "--tool",
+            "payments.issue-refund",
+            "--args",
+            r#"{"amount": 14000}"#,
+        ])
+        .assert()
+        .success()
+        .stdout(contains("decision: deny"));
+    phrony()
+        .args(["policies", "check"])
+        .arg(refund_example().join("agent.yaml"))
+        .args([
+            "--tool",
+            "lookup_order",
+            "--args",
+            r#"{"order_id": "ORD-2", "amount": 14000}"#,
+        ])
+        .assert()
+        .success()
+        .stdout(contains("decision: allow\napplied: none"));
+}
+
+#[test]
+fn check_warns_when_the_arguments_break_the_input_schema() {
+    let mut cmd = phrony();
+    cmd.args(["policies", "check"])
+        .arg(refund_example().join("agent.yaml"))
+        .args(["--tool", "issue_refund", "--output", "json"])
+        .args(["--args", r#"{"order_id": "ORD-1", "amount": "400"}"#]);
+    let output = cmd.output().unwrap();
+    assert!(output.status.success());
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    let warning = "warning: --args do not match the input_schema of issue_refund: ";
+    assert!(
+        stderr.contains(&format!("{warning}\"currency\" is a required property")),
+        "{stderr}"
+    );
+    assert!(stderr.contains(&format!("{warning}/amount: ")), "{stderr}");
+    let report: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(
+        report["decision"], "require_approval",
+        "a numeric string still compares as a number"
+    );
+    assert_eq!(report["args_errors"].as_array().unwrap().len(), 2);
+    assert!(check_json(400).get("args_errors").is_none());
+}
+
+#[test]
+fn check_reads_the_context() {
+    let manifest = repo_root().join("policies-examples/change-management/agent.yaml");
+    let run = |context: &str| {
+        let mut cmd = phrony();
+        cmd.args(["policies", "check"])
+            .arg(&manifest)
+            .args([
+                "--tool",
+                "restart_service",
+                "--args",
+                r#"{"service": "search-api"}"#,
+            ])
+            .args(["--context", context, "--output", "json"])
+            .env("OPENAI_API_KEY", "x");
+        serde_json::from_str::<Value>(&stdout_of(&mut cmd)).unwrap()
+    };
+    let weekday = r#"{"principal": {"role": "sre"}, "session": {"id": "s1", "metadata": {"environment": "production"}}, "now": "2025-03-12T10:00:00Z"}"#;
+    assert_eq!(run(weekday)["decision"], "allow");
+    let saturday = weekday.replace("2025-03-12T10:00:00Z", "2025-03-15T11:00:00+00:00");
+    assert_eq!(run(&saturday)["policy"], "infra/weekend-freeze@1.2.0");
+    let unix = weekday.replace("\"2025-03-12T10:00:00Z\"", "1742036400");
+    assert_eq!(run(&unix)["policy"], "infra/weekend-freeze@1.2.0");
+    assert_eq!(
+        run(r#"{"now": 1741773600}"#)["policy"],
+        "infra/operators-only@1.0.0"
+    );
+}
+
+#[test]
+fn check_rejects_bad_input_clearly() {
+    let manifest = refund_example().join("agent.yaml");
+    let run = |args: &[&str]| {
+        let mut cmd = phrony();
+        cmd.args(["policies", "check"]).arg(&manifest).args(args);
+        cmd.assert().code(1).stdout("")
+    };
+    run(&["--tool", "refund", "--args", "{}"]).stderr(contains(
+        "unknown tool \"refund\"; the tools of support/refund-agent are: \
+         lookup_order (orders.lookup-order), issue_refund (payments.issue-refund)",
+    ));
+    run(&["--tool", "issue_refund", "--args", "{amount: 1}"])
+        .stderr(contains("Error: --args is not valid JSON"));
+    run(&["--tool", "issue_refund", "--args", "[1]"]).stderr(contains(
+        "Error: --args must be a JSON object, got an array",
+    ));
+    run(&[
+        "--tool",
+        "issue_refund",
+        "--context",
+        r#"{"now": "yesterday"}"#,
+    ])
+    .stderr(contains("not an RFC 3339 timestamp"));
+    run(&["--tool", "issue_refund", "--context", r#"{"user": {}}"#])
+        .stderr(contains("unknown field `user`"));
+    run(&[
+        "--tool",
+        "issue_refund",
+        "--context",
+        r#"{"principal": "alice"}"#,
+    ])
+    .stderr(contains("principal must be a JSON object, got a string"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// bundles
+
+const BUNDLE: &str = "\
+apiVersion: phrony.com/v1
+kind: Bundle
+metadata: {name: support-desk, namespace: support, version: 1.0.0}
+spec:
+  root: ./orchestrator.yaml
+";
+
+const ORCHESTRATOR: &str = "\
+apiVersion: phrony.com/v1
+kind: Agent
+metadata: {name: desk-orchestrator, namespace: support, version: 1.0.0}
+secrets:
+  openai: {fromEnv: OPENAI_API_KEY}
+spec:
+  purpose: Route customer requests to the right specialist.
+  instructions: {text: Delegate refund questions to the refunds specialist.}
+  model: {provider: openai, name: gpt-4o}
+  agents:
+    - ref: ./specialists/refunds.yaml
+      as: ask_refunds
+      description: Ask the refunds specialist.
+";
+
+const SPECIALIST: &str = "\
+apiVersion: phrony.com/v1
+kind: Agent
+metadata: {name: refunds-specialist, namespace: support, version: 1.0.0}
+secrets:
+  openai: {fromEnv: OPENAI_API_KEY}
+spec:
+  purpose: Answer refund questions.
+  instructions: {text: You know the refund policy.}
+  model: {provider: openai, name: gpt-4o}
+";
+
+fn bundle_fixture() -> TempDir {
+    let tmp = TempDir::new().unwrap();
+    write(tmp.path(), "bundle.yaml", BUNDLE);
+    write(tmp.path(), "orchestrator.yaml", ORCHESTRATOR);
+    write(tmp.path(), "specialists/refunds.yaml", SPECIALIST);
+    tmp
+}
+
+fn bundles(dir: &Path, args: &[&str]) -> Command {
+    let mut cmd = phrony();
+    cmd.arg("bundles")
+        .args(args)
+        .arg(dir.join("bundle.yaml"))
+        .env("OPENAI_API_KEY", "x");
+    cmd
+}
+
+/// `sha256:` and 64 hex digits.
+fn lock_hash(line: &str, prefix: &str) -> String {
+    let hash = line
+        .strip_prefix(prefix)
+        .unwrap_or_else(|| panic!("{line:?} lacks {prefix:?}"));
+    let hex = hash.strip_prefix("sha256:").unwrap();
+    assert!(
+        hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{hash}"
+    );
+    hash.to_owned()
+}
+
+#[test]
+fn bundles_lock_writes_a_compact_lock_and_validate_accepts_it() {
+    let tmp = bundle_fixture();
+    let out = stdout_of(&mut bundles(tmp.path(), &["lock"]));
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 2, "{out}");
+    let hash = lock_hash(lines[0], "locked: support/support-desk ");
+    assert_eq!(lines[1], "members: 2 (root: desk-orchestrator)");
+
+    let text = fs::read_to_string(tmp.path().join("bundle.lock.json")).unwrap();
+    assert!(
+        !text.contains('\n') && !text.contains(": "),
+        "lock is not compact: {text}"
+    );
+    let lock: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(lock["version"], hash);
+    assert_eq!(lock["root_child_name"], "desk-orchestrator");
+    let members = lock["members"].as_array().unwrap();
+    let names: Vec<&str> = members
+        .iter()
+        .map(|m| m["child_name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["desk-orchestrator", "refunds-specialist"]);
+    assert!(members.iter().all(|m| m["origin"] == "vendored"));
+    assert_eq!(members[1]["ref"], "./specialists/refunds.yaml");
+
+    for args in [&["validate"][..], &["validate", "--require-lock"]] {
+        bundles(tmp.path(), args)
+            .assert()
+            .success()
+            .stdout(format!(
+                "valid: support/support-desk {hash}\nmembers: 2 (root: desk-orchestrator)\n"
+            ))
+            .stderr("");
+    }
+    // Locking again is deterministic.
+    let again = stdout_of(&mut bundles(tmp.path(), &["lock"]));
+    assert_eq!(again, out);
+}
+
+#[test]
+fn bundles_validate_detects_drift_after_a_member_changes() {
+    let tmp = bundle_fixture();
+    let first = stdout_of(&mut bundles(tmp.path(), &["lock"]));
+    let lock_before = fs::read(tmp.path().join("bundle.lock.json")).unwrap();
+    write(
+        tmp.path(),
+        "specialists/refunds.yaml",
+        &SPECIALIST.replace(
+            "Answer refund questions.",
+            "Answer refund and return questions.",
+        ),
+    );
+    bundles(tmp.path(), &["validate"])
+        .assert()
+        .code(1)
+        .stdout("")
+        .stderr(contains(
+            "bundle.lock.json drift: members[1] content_hash drift",
+        ))
+        .stderr(contains("run phrony bundles lock"));
+    // Validation never rewrites the lock.
+    assert_eq!(
+        fs::read(tmp.path().join("bundle.lock.json")).unwrap(),
+        lock_before
+    );
+
+    let second = stdout_of(&mut bundles(tmp.path(), &["lock"]));
+    assert_ne!(
+        first.lines().next(),
+        second.lines().next(),
+        "the lock hash did not change"
+    );
+    bundles(tmp.path(), &["validate", "--require-lock"])
+        .assert()
+        .success();
+}
+
+#[test]
+fn bundles_validate_require_lock_needs_a_committed_lock() {
+    let tmp = bundle_fixture();
+    bundles(tmp.path(), &["validate", "--require-lock"])
+        .assert()
+        .code(1)
+        .stdout("")
+        .stderr(predicate::str::ends_with(
+            "Error: no committed lock; run phrony bundles lock\n",
+        ));
+    bundles(tmp.path(), &["validate"])
+        .assert()
+        .success()
+        .stdout(contains("valid: support/support-desk sha256:"))
+        .stderr(contains(
+            "warning: no committed lock; run phrony bundles lock",
+        ));
+    assert!(!tmp.path().join("bundle.lock.json").exists());
+}
+
+#[test]
+fn bundles_warn_about_unset_secret_variables() {
+    let tmp = bundle_fixture();
+    bundles(tmp.path(), &["lock"]).assert().success();
+    bundles(tmp.path(), &["validate"])
+        .env_remove("OPENAI_API_KEY")
+        .assert()
+        .success()
+        .stderr("warning: secret \"openai\": OPENAI_API_KEY is not set in the local environment\n");
+}
+
+#[test]
+fn bundles_lock_refuses_a_secret_conflict_and_writes_nothing() {
+    let tmp = bundle_fixture();
+    write(
+        tmp.path(),
+        "specialists/refunds.yaml",
+        &SPECIALIST.replace("fromEnv: OPENAI_API_KEY", "fromEnv: OPENAI_API_KEY_DEV"),
+    );
+    bundles(tmp.path(), &["lock"])
+        .assert()
+        .code(1)
+        .stderr(contains(
+            "secret \"openai\": member \"desk-orchestrator\" uses OPENAI_API_KEY, member \
+             \"refunds-specialist\" uses OPENAI_API_KEY_DEV",
+        ));
+    assert!(!tmp.path().join("bundle.lock.json").exists());
+}
+
+#[test]
+fn an_invalid_member_fails_the_lock() {
+    let tmp = bundle_fixture();
+    write(
+        tmp.path(),
+        "specialists/refunds.yaml",
+        &SPECIALIST.replace("1.0.0", "one"),
+    );
+    bundles(tmp.path(), &["lock"])
+        .assert()
+        .code(1)
+        .stderr(contains("refunds.yaml:"))
+        .stderr(contains("metadata.version: must be valid semver"));
+    assert!(!tmp.path().join("bundle.lock.json").exists());
+}

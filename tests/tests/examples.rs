@@ -1,0 +1,453 @@
+//! The data-driven test of `policies-examples/`: every example compiles without a warning, and
+//! every call of its `cases.yaml` gets the expected decision from the real policy engine.
+//!
+//! A case is `{name, tool, args, context?, expect, policy?, approvals_required?, on_reject?,
+//! message_contains?}`; `tool` is a wire name or a logical id, `context` is what
+//! `phrony policies check --context` takes. All mismatches of all examples are reported at once.
+
+#![allow(
+    clippy::unwrap_used,
+    reason = "test helpers as well as tests: a panic is a failed assertion, with its message"
+)]
+
+use std::collections::{BTreeSet, HashSet};
+use std::fmt::Write as _;
+use std::path::Path;
+
+use phrony_manifest::{CompiledAgent, ToolBinding};
+use phrony_policy::{AgentCtx, Decision, Request, SessionCtx, ToolCtx};
+use serde::Deserialize;
+use serde_json::Value;
+use tests::{example_dirs, yaml_files, yaml_to_json, yaml_with_merges};
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Case {
+    name: String,
+    tool: String,
+    #[serde(default = "empty_object")]
+    args: Value,
+    #[serde(default)]
+    context: Context,
+    expect: Expect,
+    policy: Option<String>,
+    approvals_required: Option<u32>,
+    on_reject: Option<String>,
+    message_contains: Option<String>,
+}
+
+fn empty_object() -> Value {
+    Value::Object(serde_json::Map::new())
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum Expect {
+    Allow,
+    Deny,
+    RequireApproval,
+}
+
+impl Expect {
+    fn as_str(self) -> &'static str {
+        match self {
+            Expect::Allow => "allow",
+            Expect::Deny => "deny",
+            Expect::RequireApproval => "require_approval",
+        }
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Context {
+    agent: Option<AgentIdentity>,
+    session: Option<Session>,
+    principal: Option<Value>,
+    now: Option<Value>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AgentIdentity {
+    namespace: String,
+    name: String,
+    #[serde(default)]
+    version: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Session {
+    #[serde(default)]
+    id: String,
+    metadata: Option<Value>,
+}
+
+/// `now` as Unix seconds: a number, or an RFC 3339 timestamp.
+fn unix_seconds(now: &Value) -> Result<i64, String> {
+    match now {
+        Value::Number(n) => n
+            .as_i64()
+            .ok_or_else(|| format!("now {n} is not whole seconds")),
+        Value::String(s) => chrono::DateTime::parse_from_rfc3339(s)
+            .map(|t| t.timestamp())
+            .map_err(|e| format!("now {s:?}: {e}")),
+        other => Err(format!(
+            "now must be a number or an RFC 3339 string, got {other}"
+        )),
+    }
+}
+
+/// The binding a case calls: by wire name, else by logical id.
+fn find_tool<'a>(agent: &'a CompiledAgent, name: &str) -> Option<&'a ToolBinding> {
+    let tools = &agent.spec.tools;
+    tools
+        .iter()
+        .find(|t| t.wire_name() == name)
+        .or_else(|| tools.iter().find(|t| t.reference == name))
+}
+
+fn load_cases(dir: &Path) -> Result<Vec<Case>, String> {
+    let path = dir.join("cases.yaml");
+    let text =
+        std::fs::read_to_string(&path).map_err(|e| format!("read {}: {e}", path.display()))?;
+    let json = yaml_with_merges(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    serde_json::from_value(json).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// Every way the engine's answer to `case` differs from its expectation.
+fn check_case(
+    agent: &CompiledAgent,
+    policies: &phrony_policy::PolicySet,
+    case: &Case,
+) -> Vec<String> {
+    let mut problems = Vec::new();
+    let Some(binding) = find_tool(agent, &case.tool) else {
+        return vec![format!("no tool {:?} in the agent", case.tool)];
+    };
+    let wire_name = binding.wire_name();
+    let tool = ToolCtx {
+        r#ref: &binding.reference,
+        version: binding.dispatch_version(),
+        side_effect_class: &binding.side_effect_class,
+        name: &wire_name,
+    };
+    let meta = &agent.metadata;
+    let agent_ctx = match &case.context.agent {
+        Some(a) => AgentCtx {
+            namespace: &a.namespace,
+            name: &a.name,
+            version: &a.version,
+        },
+        None => AgentCtx {
+            namespace: &meta.namespace,
+            name: &meta.name,
+            version: &meta.version,
+        },
+    };
+    let mut request = Request::new(tool, &case.args).with_agent(agent_ctx);
+    if let Some(s) = &case.context.session {
+        request = request.with_session(SessionCtx {
+            id: &s.id,
+            metadata: s.metadata.as_ref(),
+        });
+    }
+    if let Some(p) = &case.context.principal {
+        request = request.with_principal(p);
+    }
+    if let Some(now) = &case.context.now {
+        match unix_seconds(now) {
+            Ok(t) => request = request.at(t),
+            Err(e) => return vec![e],
+        }
+    }
+
+    let decision = policies.evaluate(&request);
+    let kind = decision.kind().as_str();
+    if kind != case.expect.as_str() {
+        problems.push(format!(
+            "decision is {kind}, expected {}",
+            case.expect.as_str()
+        ));
+    }
+    let got_policy = decision.policy().map(|p| p.id().to_string());
+    match (&case.policy, case.expect) {
+        (Some(_), Expect::Allow) => problems.push("`policy` is set on an allow case".to_owned()),
+        (None, Expect::Deny | Expect::RequireApproval) => {
+            problems.push("a deny or require_approval case must name its `policy`".to_owned());
+        }
+        (Some(want), _) if got_policy.as_deref() != Some(want.as_str()) => {
+            problems.push(format!(
+                "deciding policy is {got_policy:?}, expected {want:?}"
+            ));
+        }
+        _ => {}
+    }
+    if case.expect != Expect::RequireApproval
+        && (case.approvals_required.is_some() || case.on_reject.is_some())
+    {
+        problems.push("approvals_required / on_reject only go with require_approval".to_owned());
+    }
+    if let Decision::RequireApproval { policy } = &decision {
+        if let Some(want) = case.approvals_required
+            && policy.approvals_required() != want
+        {
+            problems.push(format!(
+                "approvals_required is {}, expected {want}",
+                policy.approvals_required()
+            ));
+        }
+        if let Some(want) = &case.on_reject
+            && policy.on_reject().as_str() != want
+        {
+            problems.push(format!(
+                "on_reject is {}, expected {want}",
+                policy.on_reject().as_str()
+            ));
+        }
+    }
+    if let Some(needle) = &case.message_contains {
+        let reason = decision.reason().unwrap_or_default();
+        if !reason.contains(needle.as_str()) {
+            problems.push(format!("reason {reason:?} does not contain {needle:?}"));
+        }
+    }
+    problems
+}
+
+#[test]
+fn every_example_case_gets_its_expected_decision() {
+    let mut report = String::new();
+    let mut total = 0;
+    for dir in example_dirs() {
+        let example = dir.file_name().unwrap().to_string_lossy().into_owned();
+        let agent = match phrony_manifest::load_agent(dir.join("agent.yaml")) {
+            Ok(compiled) => compiled.agent,
+            Err(diags) => {
+                let _ = writeln!(report, "{example}: the agent does not compile:\n{diags}");
+                continue;
+            }
+        };
+        let policies = agent.policy_set().unwrap();
+        let cases = match load_cases(&dir) {
+            Ok(cases) if cases.is_empty() => {
+                let _ = writeln!(report, "{example}: cases.yaml has no cases");
+                continue;
+            }
+            Ok(cases) => cases,
+            Err(e) => {
+                let _ = writeln!(report, "{example}: {e}");
+                continue;
+            }
+        };
+        let mut names = HashSet::new();
+        for case in &cases {
+            total += 1;
+            let mut problems = check_case(&agent, &policies, case);
+            if !names.insert(case.name.as_str()) {
+                problems.push("duplicate case name".to_owned());
+            }
+            for problem in problems {
+                let _ = writeln!(report, "{example}: {}: {problem}", case.name);
+            }
+        }
+    }
+    assert!(report.is_empty(), "mismatches:\n{report}");
+    assert!(total >= 50, "only {total} cases found");
+}
+
+#[test]
+fn every_example_compiles_without_warnings() {
+    let mut report = String::new();
+    let dirs = example_dirs();
+    for dir in &dirs {
+        match phrony_manifest::load_agent(dir.join("agent.yaml")) {
+            Ok(compiled) => {
+                for warning in compiled.warnings {
+                    let _ = writeln!(report, "{warning}");
+                }
+            }
+            Err(diags) => {
+                let _ = writeln!(report, "{diags}");
+            }
+        }
+    }
+    assert!(report.is_empty(), "{report}");
+    let names: Vec<String> = dirs
+        .iter()
+        .map(|d| d.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    for required in ["refund-agent", "weather-alert"] {
+        assert!(
+            names.iter().any(|n| n == required),
+            "missing example {required}: {names:?}"
+        );
+    }
+}
+
+/// What the examples' policies use, gathered from their YAML.
+#[derive(Debug, Default)]
+struct Coverage {
+    ops: BTreeSet<String>,
+    decisions: BTreeSet<String>,
+    features: BTreeSet<&'static str>,
+}
+
+impl Coverage {
+    fn condition(&mut self, node: &Value) {
+        let Some(map) = node.as_object() else { return };
+        for (combinator, feature) in [("all", "all"), ("any", "any")] {
+            if let Some(children) = map.get(combinator).and_then(Value::as_array) {
+                self.features.insert(feature);
+                children.iter().for_each(|c| self.condition(c));
+            }
+        }
+        if let Some(inner) = map.get("not") {
+            self.features.insert("not");
+            self.condition(inner);
+        }
+        if let Some(field) = map.get("field").and_then(Value::as_str) {
+            if let Some(op) = map.get("op").and_then(Value::as_str) {
+                self.ops.insert(op.to_owned());
+            }
+            for (needle, feature) in [
+                ("[any]", "path [any]"),
+                ("[all]", "path [all]"),
+                ("[0]", "path [index]"),
+                ("phrony.tool.", "phrony.tool.*"),
+                ("phrony.agent.", "phrony.agent.*"),
+                ("phrony.session.metadata.", "phrony.session.metadata.*"),
+                ("phrony.principal.", "phrony.principal.*"),
+                ("phrony.time.", "phrony.time.*"),
+            ] {
+                if field.contains(needle) {
+                    self.features.insert(feature);
+                }
+            }
+        }
+    }
+
+    fn policy(&mut self, doc: &Value) {
+        let spec = &doc["spec"];
+        self.condition(&spec["conditions"]);
+        let decision = &spec["decision"];
+        let kind = decision["type"].as_str().unwrap_or_default();
+        self.decisions.insert(kind.to_owned());
+        let quorum = decision["approvals_required"].as_i64().unwrap_or(1);
+        for (present, feature) in [
+            (spec.get("allow_field").is_some(), "allow_field"),
+            (kind == "escalate" && quorum > 1, "escalate with quorum"),
+            (
+                kind == "require_approval" && quorum > 1,
+                "require_approval with quorum",
+            ),
+            (decision["on_reject"] == "fail", "on_reject fail"),
+            (
+                decision["on_modify"] == "revalidate",
+                "on_modify revalidate",
+            ),
+            (decision.get("timeout").is_some(), "timeout"),
+            (spec["scope"] == "agent", "scope agent"),
+            (
+                spec["scope"]
+                    .as_str()
+                    .is_some_and(|s| s.starts_with("tool:")),
+                "scope tool",
+            ),
+        ] {
+            if present {
+                self.features.insert(feature);
+            }
+        }
+    }
+}
+
+#[test]
+fn the_examples_cover_every_operator_and_decision_type() {
+    let mut coverage = Coverage::default();
+    for dir in example_dirs() {
+        for path in yaml_files(&dir) {
+            let doc = yaml_to_json(&path).unwrap();
+            match doc["kind"].as_str() {
+                Some("Policy") => coverage.policy(&doc),
+                Some("Agent") => {
+                    let boundaries = &doc["metadata"]["governance"]["authority_boundaries"];
+                    if boundaries.as_array().is_some_and(|b| !b.is_empty()) {
+                        coverage.features.insert("authority boundaries");
+                    }
+                    if doc["spec"]["default_policies"].is_array() {
+                        coverage.features.insert("default_policies");
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    let ops = [
+        "eq",
+        "==",
+        "neq",
+        "!=",
+        "gt",
+        ">",
+        "gte",
+        ">=",
+        "lt",
+        "<",
+        "lte",
+        "<=",
+        "in",
+        "not_in",
+        "matches",
+        "exists",
+        "contains",
+        "starts_with",
+        "ends_with",
+    ];
+    let missing: Vec<&str> = ops
+        .into_iter()
+        .filter(|op| !coverage.ops.contains(*op))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "no example uses the operators {missing:?}"
+    );
+    let decisions = ["allow", "deny", "block", "require_approval", "escalate"];
+    let missing: Vec<&str> = decisions
+        .into_iter()
+        .filter(|d| !coverage.decisions.contains(*d))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "no example uses the decision types {missing:?}"
+    );
+    let features = [
+        "all",
+        "any",
+        "not",
+        "path [any]",
+        "path [all]",
+        "path [index]",
+        "phrony.tool.*",
+        "phrony.agent.*",
+        "phrony.session.metadata.*",
+        "phrony.principal.*",
+        "phrony.time.*",
+        "allow_field",
+        "escalate with quorum",
+        "require_approval with quorum",
+        "on_reject fail",
+        "on_modify revalidate",
+        "timeout",
+        "scope agent",
+        "scope tool",
+        "authority boundaries",
+        "default_policies",
+    ];
+    let missing: Vec<&str> = features
+        .into_iter()
+        .filter(|f| !coverage.features.contains(f))
+        .collect();
+    assert!(missing.is_empty(), "no example covers {missing:?}");
+}
