@@ -1,1 +1,842 @@
-//! phrony-ledger (work in progress).
+//! The durable ledger of the Phrony runtime: the only crate that knows SQL.
+//!
+//! One API, two backends chosen by URL:
+//!
+//! | URL | Backend |
+//! |---|---|
+//! | `sqlite://./phrony.db`, `sqlite:///abs/path.db`, `sqlite://x.db?mode=rwc` | embedded SQLite file (parent directories are created) |
+//! | `sqlite::memory:` | in-memory SQLite (one connection; gone on close) |
+//! | `postgres://user@host:5432/db` (or `postgresql://`) | PostgreSQL |
+//!
+//! SQLite runs in WAL mode with `synchronous=FULL` (a commit is on disk when it returns),
+//! foreign keys on and a 10 s busy timeout; write transactions start with `BEGIN IMMEDIATE`.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), phrony_ledger::LedgerError> {
+//! use phrony_ledger::{AgentRef, Ledger, NewAgentVersion};
+//! let ledger = Ledger::connect("sqlite://./phrony.db").await?;
+//! ledger.migrate().await?;
+//! let agent = AgentRef::new("support", "refund-agent");
+//! ledger
+//!     .publish_agent_version(NewAgentVersion {
+//!         namespace: "support".into(),
+//!         name: "refund-agent".into(),
+//!         version: "0.1.0".into(),
+//!         owner: "payments-team".into(),
+//!         labels: Default::default(),
+//!         snapshot_json: r#"{"kind":"Agent"}"#.into(),
+//!         content_hash: "e3b0…".into(),
+//!         actor: "alice".into(),
+//!     })
+//!     .await?;
+//! ledger.deploy(&agent, "0.1.0", "alice").await?;
+//! let runnable = ledger.runnable_version(&agent, None).await?;
+//! # let _ = runnable; Ok(()) }
+//! ```
+//!
+//! # The event log is the source of truth
+//!
+//! Every change is an event appended to a **stream**: an agent's lifecycle stream is
+//! `agent:<namespace>/<name>`; a session's stream is its session id (`run_<uuid>`). Within a
+//! stream `seq` is gap-free from 1. Each event stores `prev_hash` (the previous event's hash,
+//! 64 zeros for seq 1) and `hash` = hex SHA-256 over the canonical encoding
+//! `["phrony.event.v1", stream, seq, type, ts, actor, call_id, turn, payload, prev_hash]`
+//! (payload as canonical JSON with sorted keys; `ts` as RFC 3339 UTC with six fractional
+//! digits). The payload is stored as exactly those canonical bytes. The `streams` table keeps
+//! each stream's head (`last_seq`, `last_hash`), which is locked for every append
+//! (`SELECT … FOR UPDATE` on PostgreSQL, the database write lock on SQLite), so concurrent
+//! writers — several pools or several runtime replicas — never share or skip a seq.
+//! [`Ledger::verify_stream`] recomputes the chain and reports the first edited, deleted,
+//! inserted or reordered event, and a truncated tail (via the head). The `events` table also
+//! refuses `UPDATE`/`DELETE` with triggers.
+//!
+//! A state change and its event commit in **one transaction**: each write locks the stream,
+//! checks the request against the projections, appends the event and applies it to the
+//! projection tables with the same function [`Ledger::rebuild_projections`] replays.
+//!
+//! Lifecycle events (stream `agent:<ns>/<name>`, actor = who asked; payload keys snake_case):
+//!
+//! | Type | Payload |
+//! |---|---|
+//! | `agent.version_published` | `agent_id, namespace, name, owner, labels, version_id, version, content_hash, snapshot_json` |
+//! | `agent.deployed`, `agent.rolled_back` | `agent_id, deployment_id, version_id, version, previous_version_id, previous_version` |
+//! | `agent.version_deprecated`, `agent.version_retired` | `agent_id, version_id, version` |
+//! | `agent.archived` | `agent_id, deprecated_version_ids, deprecated_versions` |
+//!
+//! The schema also holds sessions, tool invocations, approvals (with `policy_ref`
+//! `ns/name@version`, `call_hash`, proposed and effective args), votes (with edited args),
+//! encrypted session secrets and bundles; their write operations arrive with the features that
+//! use them. Session events can already be appended with [`Ledger::append_session_event`].
+//!
+//! # Agent lifecycle semantics
+//!
+//! Messages follow the reference runtime's error catalogue. Deliberate differences (fixes):
+//! - re-publishing a version with the **same content hash** succeeds and returns the existing
+//!   version (`created = false`, no event); a different hash stays [`LedgerError::AlreadyExists`];
+//! - the publish actor is stored (`published_by`) and every change records its actor;
+//! - **deprecated versions cannot be deployed or rolled back to** (they could not run anyway);
+//! - rollback without `to` refuses a retired or deprecated previous version, like `to` does;
+//! - the **active** version cannot be retired or deprecated: deploy or roll back first.
+//!
+//! # Errors
+//!
+//! All fallible calls return [`LedgerError`]; its user-facing variants map one-to-one onto gRPC
+//! codes (NotFound, FailedPrecondition, AlreadyExists, InvalidArgument), `Conflict` is
+//! retryable, `Unavailable` means the database cannot be reached.
+
+mod chain;
+mod db;
+mod error;
+mod events;
+mod lifecycle;
+mod model;
+
+use std::path::Path;
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgPoolOptions};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous,
+};
+use sqlx::{ConnectOptions as _, Connection as _};
+use uuid::Uuid;
+
+pub use chain::{ChainViolation, GENESIS_HASH, ViolationKind, canonical_json};
+pub use db::Backend;
+pub use error::LedgerError;
+pub use model::{
+    Agent, AgentRef, AgentVersion, ArchivedAgent, Deployment, DeploymentAction, Event,
+    NewAgentVersion, NewEvent, Published, RebuildReport, VerifyReport, VersionOrigin,
+    VersionStatus,
+};
+
+use crate::db::{Backend as B, Pool};
+use crate::error::Result;
+
+/// How often a write that lost a race is retried before [`LedgerError::Conflict`] is returned.
+const MAX_WRITE_ATTEMPTS: u32 = 6;
+
+/// Runs `$body` (an expression using `&mut $tx`) in a write transaction, committing on success
+/// and retrying the whole transaction when it lost a race with a concurrent writer.
+macro_rules! write_tx {
+    ($ledger:expr, |$tx:ident| $body:expr) => {{
+        let mut attempt: u32 = 1;
+        loop {
+            let mut $tx = $ledger.pool.begin_write().await?;
+            let outcome = match $body.await {
+                Ok(value) => $tx.commit().await.map(|()| value),
+                Err(error) => {
+                    $tx.rollback().await;
+                    Err(error)
+                }
+            };
+            match outcome {
+                Err(error) if error.is_retryable() && attempt < MAX_WRITE_ATTEMPTS => {
+                    tracing::debug!(%error, attempt, "ledger write lost a race; retrying");
+                    tokio::time::sleep(Duration::from_millis(5 * u64::from(attempt * attempt)))
+                        .await;
+                    attempt += 1;
+                }
+                other => break other,
+            }
+        }
+    }};
+}
+
+/// Tuning knobs for [`Ledger::connect_with`].
+#[derive(Debug, Clone)]
+pub struct LedgerOptions {
+    /// Maximum pooled connections (ignored for `sqlite::memory:`, which uses exactly one).
+    pub max_connections: u32,
+    /// How long to wait for a connection (and, for PostgreSQL, for the first connect).
+    pub acquire_timeout: Duration,
+    /// SQLite busy timeout: how long a writer waits for the write lock.
+    pub sqlite_busy_timeout: Duration,
+}
+
+impl Default for LedgerOptions {
+    fn default() -> Self {
+        Self {
+            max_connections: 10,
+            acquire_timeout: Duration::from_secs(10),
+            sqlite_busy_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// A handle to the ledger database. Cheap to clone (the pool is shared).
+#[derive(Debug, Clone)]
+pub struct Ledger {
+    pool: Pool,
+    /// The URL with any password removed, for messages.
+    display_url: String,
+}
+
+impl Ledger {
+    /// Connects with [`LedgerOptions::default`]. See [`Ledger::connect_with`].
+    ///
+    /// # Errors
+    /// See [`Ledger::connect_with`].
+    pub async fn connect(url: &str) -> Result<Self> {
+        Self::connect_with(url, LedgerOptions::default()).await
+    }
+
+    /// Opens a connection pool for `url` (`sqlite:…` or `postgres://…`) and checks that the
+    /// database answers. Does not migrate: call [`Ledger::migrate`].
+    ///
+    /// # Errors
+    /// [`LedgerError::Config`] for an unsupported scheme or malformed URL, or when the SQLite
+    /// file's directory cannot be created; [`LedgerError::Unavailable`] when the database
+    /// cannot be reached.
+    pub async fn connect_with(url: &str, options: LedgerOptions) -> Result<Self> {
+        let display_url = redact_url(url);
+        let scheme = url.split_once(':').map(|(s, _)| s.to_ascii_lowercase());
+        match scheme.as_deref() {
+            Some("sqlite") => Self::connect_sqlite(url, display_url, &options).await,
+            Some("postgres" | "postgresql") => {
+                Self::connect_postgres(url, display_url, &options).await
+            }
+            Some(other) if !other.is_empty() => Err(LedgerError::Config {
+                message: format!(
+                    "unsupported database URL scheme {other:?}; use sqlite://… or postgres://…"
+                ),
+            }),
+            _ => Err(LedgerError::Config {
+                message: format!(
+                    "database URL {display_url:?} has no scheme; use sqlite://… or postgres://…"
+                ),
+            }),
+        }
+    }
+
+    async fn connect_sqlite(url: &str, display_url: String, o: &LedgerOptions) -> Result<Self> {
+        let in_memory = url.contains(":memory:") || url.contains("mode=memory");
+        let mut opts = SqliteConnectOptions::from_str(url).map_err(|e| LedgerError::Config {
+            message: format!("invalid SQLite URL {display_url:?}: {e}"),
+        })?;
+        if !url.contains("mode=") {
+            opts = opts.create_if_missing(true);
+        }
+        opts = opts
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Full)
+            .foreign_keys(true)
+            .busy_timeout(o.sqlite_busy_timeout)
+            .disable_statement_logging();
+        if !in_memory {
+            create_parent_dir(opts.get_filename())?;
+        }
+        let pool_options = if in_memory {
+            // Every connection would otherwise see its own (or a dropped) in-memory database.
+            SqlitePoolOptions::new()
+                .max_connections(1)
+                .min_connections(1)
+                .idle_timeout(None)
+                .max_lifetime(None)
+        } else {
+            SqlitePoolOptions::new().max_connections(o.max_connections.max(1))
+        };
+        let unavailable = |source| LedgerError::Unavailable {
+            context: format!("cannot open SQLite database {display_url}"),
+            source,
+        };
+        let pool = if in_memory {
+            pool_options
+                .acquire_timeout(o.acquire_timeout)
+                .connect_with(opts)
+                .await
+        } else {
+            // Surface the real open error (permissions, not a database) instead of a pool timeout.
+            let probe = SqliteConnection::connect_with(&opts)
+                .await
+                .map_err(unavailable)?;
+            probe.close().await.map_err(unavailable)?;
+            pool_options
+                .acquire_timeout(o.acquire_timeout)
+                .connect_with(opts)
+                .await
+        }
+        .map_err(unavailable)?;
+        Ok(Self {
+            pool: Pool::Sqlite(pool),
+            display_url,
+        })
+    }
+
+    async fn connect_postgres(url: &str, display_url: String, o: &LedgerOptions) -> Result<Self> {
+        let opts = PgConnectOptions::from_str(url)
+            .map_err(|e| LedgerError::Config {
+                message: format!("invalid PostgreSQL URL {display_url:?}: {e}"),
+            })?
+            .application_name("phrony-runtime")
+            .disable_statement_logging();
+        let unavailable = |source| LedgerError::Unavailable {
+            context: format!("cannot connect to PostgreSQL at {display_url}"),
+            source,
+        };
+        // One direct connection first: the pool would retry until its timeout and then report
+        // only "pool timed out", hiding "connection refused" or "password authentication failed".
+        let probe = tokio::time::timeout(o.acquire_timeout, PgConnection::connect_with(&opts))
+            .await
+            .map_err(|_| unavailable(sqlx::Error::PoolTimedOut))?
+            .map_err(unavailable)?;
+        probe.close().await.map_err(unavailable)?;
+        let pool = PgPoolOptions::new()
+            .max_connections(o.max_connections.max(1))
+            .acquire_timeout(o.acquire_timeout)
+            .connect_with(opts)
+            .await
+            .map_err(unavailable)?;
+        Ok(Self {
+            pool: Pool::Postgres(pool),
+            display_url,
+        })
+    }
+
+    /// Which backend this ledger uses.
+    #[must_use]
+    pub fn backend(&self) -> Backend {
+        self.pool.backend()
+    }
+
+    /// The database URL without its password.
+    #[must_use]
+    pub fn display_url(&self) -> &str {
+        &self.display_url
+    }
+
+    /// Applies the embedded migrations for this backend. Idempotent; safe to run from several
+    /// processes at once (PostgreSQL takes an advisory lock; SQLite serialises writers).
+    ///
+    /// # Errors
+    /// [`LedgerError::Migration`], e.g. when the database was migrated by a newer build.
+    pub async fn migrate(&self) -> Result<()> {
+        let mut attempt = 1;
+        loop {
+            let result = match &self.pool {
+                Pool::Sqlite(p) => sqlx::migrate!("migrations/sqlite").run(p).await,
+                Pool::Postgres(p) => sqlx::migrate!("migrations/postgres").run(p).await,
+            };
+            match result {
+                Ok(()) => return Ok(()),
+                // SQLite has no migration lock: a process migrating the same file at the same
+                // moment makes this run fail on "table exists". Re-running sees its work.
+                Err(sqlx::migrate::MigrateError::ExecuteMigration(..))
+                    if self.backend() == B::Sqlite && attempt < 3 =>
+                {
+                    attempt += 1;
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(source) => return Err(migration_error(source)),
+            }
+        }
+    }
+
+    /// The schema version (`runtime_meta.schema_version`), or `None` before the first
+    /// migration. Shown by `phrony status`.
+    ///
+    /// # Errors
+    /// [`LedgerError::Unavailable`] / [`LedgerError::Database`] when the query fails.
+    pub async fn schema_version(&self) -> Result<Option<String>> {
+        let mut conn = self.pool.acquire().await?;
+        let mut c = conn.conn();
+        let exists_sql = match self.backend() {
+            B::Sqlite => {
+                "SELECT COUNT(*) AS n FROM sqlite_master WHERE type = 'table' AND name = 'runtime_meta'"
+            }
+            B::Postgres => {
+                "SELECT COUNT(*) AS n FROM pg_catalog.pg_tables \
+                 WHERE schemaname = current_schema() AND tablename = 'runtime_meta'"
+            }
+        };
+        let exists = c.fetch_optional("check schema", exists_sql, vec![]).await?;
+        if exists.map(|r| r.int("n")).transpose()?.unwrap_or(0) == 0 {
+            return Ok(None);
+        }
+        let row = c
+            .fetch_optional(
+                "read schema version",
+                "SELECT value FROM runtime_meta WHERE key = 'schema_version'",
+                vec![],
+            )
+            .await?;
+        row.map(|r| r.text("value")).transpose()
+    }
+
+    /// Checks that the database answers (for the gRPC health check).
+    ///
+    /// # Errors
+    /// [`LedgerError::Unavailable`] or [`LedgerError::Database`].
+    pub async fn ping(&self) -> Result<()> {
+        let mut conn = self.pool.acquire().await?;
+        conn.conn()
+            .fetch_optional("ping", "SELECT 1 AS one", vec![])
+            .await?;
+        Ok(())
+    }
+
+    /// Closes the pool, waiting for checked-out connections to be returned.
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Agent lifecycle
+
+    /// Publishes an immutable agent version (creating the agent on first publish). Does not
+    /// deploy it.
+    ///
+    /// # Errors
+    /// - `InvalidArgument`: empty fields, or `snapshot_json` is not a JSON object;
+    /// - `FailedPrecondition`: `agent ns/name is archived and cannot accept new versions`;
+    /// - `AlreadyExists`: the version exists with a different content hash.
+    pub async fn publish_agent_version(&self, new: NewAgentVersion) -> Result<Published> {
+        new.agent_ref().validate()?;
+        require_nonempty("version", &new.version)?;
+        require_nonempty("content_hash", &new.content_hash)?;
+        require_nonempty("actor", &new.actor)?;
+        match serde_json::from_str::<serde_json::Value>(&new.snapshot_json) {
+            Ok(serde_json::Value::Object(_)) => {}
+            Ok(_) => return Err(LedgerError::invalid("snapshot_json must be a JSON object")),
+            Err(e) => {
+                return Err(LedgerError::invalid(format!(
+                    "snapshot_json is not valid JSON: {e}"
+                )));
+            }
+        }
+        write_tx!(self, |tx| lifecycle::publish(&mut tx, &new))
+    }
+
+    /// Activates `version` (appends a `deploy` row; re-deploying the active version is allowed).
+    ///
+    /// # Errors
+    /// `NotFound` (`agent ns/name not found`, `no published version "v" for agent ns/name`),
+    /// `FailedPrecondition` (archived agent; retired or deprecated version).
+    pub async fn deploy(&self, agent: &AgentRef, version: &str, actor: &str) -> Result<Deployment> {
+        agent.validate()?;
+        require_version(version)?;
+        require_nonempty("actor", actor)?;
+        write_tx!(self, |tx| lifecycle::deploy(&mut tx, agent, version, actor))
+    }
+
+    /// Re-activates `to`, or (when `None`) the newest previously deployed version that differs
+    /// from the active one. Records a `rollback` row.
+    ///
+    /// # Errors
+    /// `NotFound` (agent or version), `FailedPrecondition` (archived; no active deployment;
+    /// `no previous deployment to roll back to for agent ns/name`; retired or deprecated target).
+    pub async fn rollback(
+        &self,
+        agent: &AgentRef,
+        to: Option<&str>,
+        actor: &str,
+    ) -> Result<Deployment> {
+        agent.validate()?;
+        if let Some(v) = to {
+            require_version(v)?;
+        }
+        require_nonempty("actor", actor)?;
+        write_tx!(self, |tx| lifecycle::rollback(&mut tx, agent, to, actor))
+    }
+
+    /// The active deployment (the newest deploy/rollback row).
+    ///
+    /// # Errors
+    /// `NotFound` for an unknown agent; `FailedPrecondition`: `no active deployment for agent …`.
+    pub async fn active_version(&self, agent: &AgentRef) -> Result<Deployment> {
+        agent.validate()?;
+        let mut conn = self.pool.acquire().await?;
+        let mut c = conn.conn();
+        let a = lifecycle::require_agent(&mut c, agent).await?;
+        lifecycle::active_deployment(&mut c, a.id)
+            .await?
+            .ok_or_else(|| {
+                LedgerError::precondition(format!("no active deployment for agent {agent}"))
+            })
+    }
+
+    /// Deployment history, newest first.
+    ///
+    /// # Errors
+    /// `NotFound` for an unknown agent.
+    pub async fn list_deployments(&self, agent: &AgentRef) -> Result<Vec<Deployment>> {
+        agent.validate()?;
+        let mut conn = self.pool.acquire().await?;
+        let mut c = conn.conn();
+        let a = lifecycle::require_agent(&mut c, agent).await?;
+        lifecycle::list_deployments(&mut c, a.id).await
+    }
+
+    /// One version by label.
+    ///
+    /// # Errors
+    /// `NotFound`: `agent ns/name not found` / `no published version "v" for agent ns/name`.
+    pub async fn get_agent_version(&self, agent: &AgentRef, version: &str) -> Result<AgentVersion> {
+        agent.validate()?;
+        require_version(version)?;
+        let mut conn = self.pool.acquire().await?;
+        let mut c = conn.conn();
+        let a = lifecycle::require_agent(&mut c, agent).await?;
+        lifecycle::find_version(&mut c, a.id, version)
+            .await?
+            .ok_or_else(|| {
+                LedgerError::not_found(format!(
+                    "no published version {version:?} for agent {agent}"
+                ))
+            })
+    }
+
+    /// One version by id.
+    ///
+    /// # Errors
+    /// `NotFound`: `agent version "id" not found`.
+    pub async fn get_agent_version_by_id(&self, id: Uuid) -> Result<AgentVersion> {
+        let mut conn = self.pool.acquire().await?;
+        lifecycle::find_version_by_id(&mut conn.conn(), id)
+            .await?
+            .ok_or_else(|| LedgerError::not_found(format!("agent version \"{id}\" not found")))
+    }
+
+    /// Agents (archived included), ordered by namespace then name.
+    ///
+    /// # Errors
+    /// Database errors only.
+    pub async fn list_agents(&self, namespace: Option<&str>) -> Result<Vec<Agent>> {
+        let mut conn = self.pool.acquire().await?;
+        lifecycle::list_agents(&mut conn.conn(), namespace.filter(|n| !n.is_empty())).await
+    }
+
+    /// One agent.
+    ///
+    /// # Errors
+    /// `NotFound`: `agent ns/name not found`.
+    pub async fn get_agent(&self, agent: &AgentRef) -> Result<Agent> {
+        agent.validate()?;
+        let mut conn = self.pool.acquire().await?;
+        lifecycle::require_agent(&mut conn.conn(), agent).await
+    }
+
+    /// Published versions, newest publish first; see [`AgentVersion::status`].
+    ///
+    /// # Errors
+    /// `NotFound` for an unknown agent.
+    pub async fn list_agent_versions(&self, agent: &AgentRef) -> Result<Vec<AgentVersion>> {
+        agent.validate()?;
+        let mut conn = self.pool.acquire().await?;
+        let mut c = conn.conn();
+        let a = lifecycle::require_agent(&mut c, agent).await?;
+        lifecycle::list_versions(&mut c, a.id).await
+    }
+
+    /// Deprecates a version: it can no longer be deployed, rolled back to or run.
+    ///
+    /// # Errors
+    /// `NotFound` (`no active version "v" for agent …`, also when already deprecated),
+    /// `FailedPrecondition` (archived agent; the version is the active deployment).
+    pub async fn deprecate_version(
+        &self,
+        agent: &AgentRef,
+        version: &str,
+        actor: &str,
+    ) -> Result<AgentVersion> {
+        agent.validate()?;
+        require_version(version)?;
+        require_nonempty("actor", actor)?;
+        write_tx!(self, |tx| lifecycle::deprecate(
+            &mut tx, agent, version, actor
+        ))
+    }
+
+    /// Retires a version: it can no longer be deployed, rolled back to or run.
+    ///
+    /// # Errors
+    /// `NotFound` (`no version "v" for agent …`, also when already retired),
+    /// `FailedPrecondition` (archived agent; the version is the active deployment).
+    pub async fn retire_version(
+        &self,
+        agent: &AgentRef,
+        version: &str,
+        actor: &str,
+    ) -> Result<AgentVersion> {
+        agent.validate()?;
+        require_version(version)?;
+        require_nonempty("actor", actor)?;
+        write_tx!(self, |tx| lifecycle::retire(&mut tx, agent, version, actor))
+    }
+
+    /// Archives the agent and deprecates all its versions, in one transaction. Archived agents
+    /// stay listed but accept no publish, deploy, rollback, deprecate, retire or run.
+    ///
+    /// # Errors
+    /// `NotFound`; `FailedPrecondition`: `agent ns/name is already archived`.
+    pub async fn archive_agent(&self, agent: &AgentRef, actor: &str) -> Result<ArchivedAgent> {
+        agent.validate()?;
+        require_nonempty("actor", actor)?;
+        write_tx!(self, |tx| lifecycle::archive(&mut tx, agent, actor))
+    }
+
+    /// The version a new session runs: the active deployment, which must not be deprecated or
+    /// retired, of an agent that is not archived. An explicit `version` must equal the active
+    /// one.
+    ///
+    /// # Errors
+    /// `NotFound` (`agent ns/name not found`); `FailedPrecondition`
+    /// (`agent ns/name is archived and cannot be run`, `no active deployment for agent ns/name`,
+    /// `version "x" is not the active deployment (active: "y")`,
+    /// `agent ns/name version "v" is retired|deprecated and cannot be run`).
+    pub async fn runnable_version(
+        &self,
+        agent: &AgentRef,
+        version: Option<&str>,
+    ) -> Result<AgentVersion> {
+        agent.validate()?;
+        let mut conn = self.pool.acquire().await?;
+        lifecycle::runnable(&mut conn.conn(), agent, version.filter(|v| !v.is_empty())).await
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Event log
+
+    /// Appends one event to a session's stream (the stream is named by the session id) and
+    /// returns it with its seq and hashes. Concurrent appends are serialised.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for an empty or reserved session id (containing `:`) or a malformed
+    /// event (type not dotted lower-case, empty actor).
+    pub async fn append_session_event(&self, session_id: &str, event: NewEvent) -> Result<Event> {
+        if session_id.is_empty() {
+            return Err(LedgerError::invalid("session_id is required"));
+        }
+        if session_id.contains(':') || session_id.chars().any(char::is_whitespace) {
+            return Err(LedgerError::invalid(format!(
+                "session id {session_id:?} must not contain ':' or whitespace"
+            )));
+        }
+        event.validate()?;
+        write_tx!(self, |tx| async {
+            let mut head = events::lock_stream(&mut tx, session_id).await?;
+            events::append(&mut tx, &mut head, event.clone()).await
+        })
+    }
+
+    /// Events of a stream with `seq > after_seq`, ascending, at most `limit` (capped at 1000).
+    ///
+    /// # Errors
+    /// `NotFound`: `event stream X not found`; `Corrupt` for an unreadable row.
+    pub async fn list_events(
+        &self,
+        stream: &str,
+        after_seq: u64,
+        limit: u32,
+    ) -> Result<Vec<Event>> {
+        let mut conn = self.pool.acquire().await?;
+        let mut c = conn.conn();
+        if events::read_head(&mut c, stream).await?.is_none() {
+            return Err(LedgerError::not_found(format!(
+                "event stream {stream} not found"
+            )));
+        }
+        let after = i64::try_from(after_seq).unwrap_or(i64::MAX);
+        let limit = i64::from(limit.clamp(1, 1000));
+        events::read_page(&mut c, stream, after, limit)
+            .await?
+            .into_iter()
+            .map(chain::StoredEvent::into_event)
+            .collect()
+    }
+
+    /// Recomputes one stream's hash chain from its first event and checks it against the
+    /// stream head. A broken chain is reported in [`VerifyReport::violation`] (naming the first
+    /// bad seq), not as an error.
+    ///
+    /// # Errors
+    /// `NotFound`: `event stream X not found`; database errors.
+    pub async fn verify_stream(&self, stream: &str) -> Result<VerifyReport> {
+        let mut conn = self.pool.acquire().await?;
+        events::verify(&mut conn.conn(), stream).await
+    }
+
+    /// Verifies every stream, in stream-name order.
+    ///
+    /// # Errors
+    /// Database errors.
+    pub async fn verify_all_streams(&self) -> Result<Vec<VerifyReport>> {
+        let mut conn = self.pool.acquire().await?;
+        let mut c = conn.conn();
+        let streams = c
+            .fetch_all(
+                "list streams",
+                "SELECT stream FROM streams ORDER BY stream",
+                vec![],
+            )
+            .await?;
+        let mut reports = Vec::with_capacity(streams.len());
+        for row in streams {
+            reports.push(events::verify(&mut c, &row.text("stream")?).await?);
+        }
+        Ok(reports)
+    }
+
+    /// Wipes the lifecycle projections (agents, published agent versions, deployments) and
+    /// replays them from the agent streams in one transaction, verifying each chain while
+    /// replaying. The result equals the live projections exactly.
+    ///
+    /// # Errors
+    /// `Corrupt` when a stream's chain is broken or an event cannot be applied (nothing is
+    /// changed then); database errors.
+    pub async fn rebuild_projections(&self) -> Result<RebuildReport> {
+        write_tx!(self, |tx| rebuild(&mut tx))
+    }
+}
+
+async fn rebuild(tx: &mut db::Tx) -> Result<RebuildReport> {
+    let backend = tx.backend();
+    let mut c = tx.conn();
+    match backend {
+        B::Sqlite => {
+            c.execute(
+                "defer foreign keys",
+                "PRAGMA defer_foreign_keys = ON",
+                vec![],
+            )
+            .await?;
+        }
+        B::Postgres => {
+            c.execute(
+                "lock projections",
+                "LOCK TABLE agents, agent_versions, deployments IN EXCLUSIVE MODE",
+                vec![],
+            )
+            .await?;
+            c.execute("defer foreign keys", "SET CONSTRAINTS ALL DEFERRED", vec![])
+                .await?;
+        }
+    }
+    c.execute("wipe deployments", "DELETE FROM deployments", vec![])
+        .await?;
+    c.execute(
+        "wipe agent versions",
+        "DELETE FROM agent_versions WHERE origin = 'published'",
+        vec![],
+    )
+    .await?;
+    c.execute("wipe agents", "DELETE FROM agents", vec![])
+        .await?;
+    let streams = c
+        .fetch_all(
+            "list agent streams",
+            "SELECT stream, last_seq, last_hash FROM streams WHERE stream LIKE 'agent:%' \
+             ORDER BY stream",
+            vec![],
+        )
+        .await?;
+    let mut report = RebuildReport {
+        streams: 0,
+        events: 0,
+    };
+    for row in streams {
+        let stream = row.text("stream")?;
+        let mut verifier = chain::ChainVerifier::new(&stream);
+        let mut after = 0;
+        loop {
+            let page = events::read_page(&mut c, &stream, after, events::PAGE).await?;
+            let Some(last) = page.last() else { break };
+            after = last.seq;
+            let full = i64::try_from(page.len()).unwrap_or(i64::MAX) == events::PAGE;
+            for stored in page {
+                verifier
+                    .check(&stored)
+                    .map_err(|v| LedgerError::corrupt(v.message))?;
+                lifecycle::apply(&mut c, &stored.into_event()?).await?;
+                report.events += 1;
+            }
+            if !full {
+                break;
+            }
+        }
+        verifier
+            .finish(row.int("last_seq")?, &row.text("last_hash")?)
+            .map_err(|v| LedgerError::corrupt(v.message))?;
+        report.streams += 1;
+    }
+    Ok(report)
+}
+
+fn migration_error(source: sqlx::migrate::MigrateError) -> LedgerError {
+    use sqlx::migrate::MigrateError as M;
+    let message = match &source {
+        M::VersionMissing(v) => format!(
+            "the database has schema migration {v}, which this build does not know: it was \
+             migrated by a newer phrony-runtime; upgrade this binary"
+        ),
+        M::VersionMismatch(v) => format!(
+            "schema migration {v} differs from the one applied to this database; \
+             the binary and the database come from incompatible builds"
+        ),
+        other => format!("database migration failed: {other}"),
+    };
+    LedgerError::Migration { message, source }
+}
+
+fn require_nonempty(what: &str, value: &str) -> Result<()> {
+    if value.trim().is_empty() {
+        return Err(LedgerError::invalid(format!("{what} is required")));
+    }
+    Ok(())
+}
+
+fn require_version(version: &str) -> Result<()> {
+    if version.is_empty() {
+        return Err(LedgerError::invalid(
+            "agent_ref requires namespace, name, and version",
+        ));
+    }
+    Ok(())
+}
+
+/// Creates the directory that will hold the SQLite file.
+fn create_parent_dir(file: &Path) -> Result<()> {
+    let Some(parent) = file.parent().filter(|p| !p.as_os_str().is_empty()) else {
+        return Ok(());
+    };
+    std::fs::create_dir_all(parent).map_err(|e| LedgerError::Config {
+        message: format!(
+            "cannot create directory {} for the SQLite database: {e}",
+            parent.display()
+        ),
+    })
+}
+
+/// Removes the password from a URL for messages and logs.
+fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let (authority, tail) = match rest.find(['/', '?']) {
+        Some(i) => rest.split_at(i),
+        None => (rest, ""),
+    };
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _password)) => format!("{scheme}://{user}:***@{host}{tail}"),
+            None => url.to_owned(),
+        },
+        None => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact_url;
+
+    #[test]
+    fn redacts_passwords_only() {
+        assert_eq!(
+            redact_url("postgres://u:secret@h:5432/db"),
+            "postgres://u:***@h:5432/db"
+        );
+        assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
+        assert_eq!(redact_url("sqlite://./phrony.db"), "sqlite://./phrony.db");
+    }
+}

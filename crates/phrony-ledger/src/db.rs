@@ -1,0 +1,432 @@
+//! A thin layer that lets one SQL text (with `$1`, `$2`, … placeholders, which both SQLite and
+//! PostgreSQL accept) run on either backend. Values are bound with the backend's native type:
+//! PostgreSQL gets `uuid`, `timestamptz` and `jsonb`; SQLite gets canonical text.
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::postgres::{PgArguments, PgConnection, PgPool, PgRow};
+use sqlx::query::Query;
+use sqlx::sqlite::{SqliteArguments, SqliteConnection, SqlitePool, SqliteRow};
+use sqlx::{Postgres, Row as _, Sqlite};
+use uuid::Uuid;
+
+use crate::chain::{canonical_json, format_ts};
+use crate::error::{LedgerError, Result, SqlxResultExt};
+
+/// Which database a [`crate::Ledger`] talks to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// Embedded SQLite file (or in-memory database).
+    Sqlite,
+    /// PostgreSQL server.
+    Postgres,
+}
+
+impl Backend {
+    /// `"sqlite"` or `"postgres"`.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Sqlite => "sqlite",
+            Self::Postgres => "postgres",
+        }
+    }
+}
+
+impl std::fmt::Display for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Debug, Clone)]
+pub(crate) enum Pool {
+    Sqlite(SqlitePool),
+    Postgres(PgPool),
+}
+
+impl Pool {
+    pub(crate) fn backend(&self) -> Backend {
+        match self {
+            Self::Sqlite(_) => Backend::Sqlite,
+            Self::Postgres(_) => Backend::Postgres,
+        }
+    }
+
+    /// Starts a write transaction. On SQLite it is `BEGIN IMMEDIATE`, so the database write
+    /// lock is taken up front (waiting up to the busy timeout) instead of failing on upgrade.
+    pub(crate) async fn begin_write(&self) -> Result<Tx> {
+        match self {
+            Self::Sqlite(p) => Ok(Tx::Sqlite(
+                p.begin_with("BEGIN IMMEDIATE")
+                    .await
+                    .ctx("begin transaction")?,
+            )),
+            Self::Postgres(p) => Ok(Tx::Postgres(p.begin().await.ctx("begin transaction")?)),
+        }
+    }
+
+    pub(crate) async fn acquire(&self) -> Result<PooledConn> {
+        match self {
+            Self::Sqlite(p) => Ok(PooledConn::Sqlite(
+                p.acquire().await.ctx("acquire connection")?,
+            )),
+            Self::Postgres(p) => Ok(PooledConn::Postgres(
+                p.acquire().await.ctx("acquire connection")?,
+            )),
+        }
+    }
+
+    pub(crate) async fn close(&self) {
+        match self {
+            Self::Sqlite(p) => p.close().await,
+            Self::Postgres(p) => p.close().await,
+        }
+    }
+}
+
+pub(crate) enum Tx {
+    Sqlite(sqlx::Transaction<'static, Sqlite>),
+    Postgres(sqlx::Transaction<'static, Postgres>),
+}
+
+impl Tx {
+    pub(crate) fn conn(&mut self) -> Conn<'_> {
+        match self {
+            Self::Sqlite(tx) => Conn::Sqlite(tx),
+            Self::Postgres(tx) => Conn::Postgres(tx),
+        }
+    }
+
+    pub(crate) fn backend(&self) -> Backend {
+        match self {
+            Self::Sqlite(_) => Backend::Sqlite,
+            Self::Postgres(_) => Backend::Postgres,
+        }
+    }
+
+    pub(crate) async fn commit(self) -> Result<()> {
+        match self {
+            Self::Sqlite(tx) => tx.commit().await.ctx("commit transaction"),
+            Self::Postgres(tx) => tx.commit().await.ctx("commit transaction"),
+        }
+    }
+
+    pub(crate) async fn rollback(self) {
+        let result = match self {
+            Self::Sqlite(tx) => tx.rollback().await,
+            Self::Postgres(tx) => tx.rollback().await,
+        };
+        if let Err(error) = result {
+            // The connection is discarded by the pool when a rollback fails; nothing was
+            // committed, so there is nothing else to undo.
+            tracing::warn!(%error, "ledger transaction rollback failed");
+        }
+    }
+}
+
+pub(crate) enum PooledConn {
+    Sqlite(sqlx::pool::PoolConnection<Sqlite>),
+    Postgres(sqlx::pool::PoolConnection<Postgres>),
+}
+
+impl PooledConn {
+    pub(crate) fn conn(&mut self) -> Conn<'_> {
+        match self {
+            Self::Sqlite(c) => Conn::Sqlite(c),
+            Self::Postgres(c) => Conn::Postgres(c),
+        }
+    }
+}
+
+/// A borrowed connection of either backend (inside or outside a transaction).
+pub(crate) enum Conn<'c> {
+    Sqlite(&'c mut SqliteConnection),
+    Postgres(&'c mut PgConnection),
+}
+
+/// A bind value.
+#[derive(Debug, Clone)]
+pub(crate) enum Arg {
+    Text(String),
+    OptText(Option<String>),
+    Int(i64),
+    OptInt(Option<i64>),
+    Uuid(Uuid),
+    OptUuid(Option<Uuid>),
+    Ts(DateTime<Utc>),
+    OptTs(Option<DateTime<Utc>>),
+    /// A `jsonb` column on PostgreSQL, canonical JSON text on SQLite.
+    Json(Value),
+}
+
+impl From<&str> for Arg {
+    fn from(v: &str) -> Self {
+        Self::Text(v.to_owned())
+    }
+}
+impl From<String> for Arg {
+    fn from(v: String) -> Self {
+        Self::Text(v)
+    }
+}
+impl From<&String> for Arg {
+    fn from(v: &String) -> Self {
+        Self::Text(v.clone())
+    }
+}
+impl From<Option<String>> for Arg {
+    fn from(v: Option<String>) -> Self {
+        Self::OptText(v)
+    }
+}
+impl From<Option<&str>> for Arg {
+    fn from(v: Option<&str>) -> Self {
+        Self::OptText(v.map(str::to_owned))
+    }
+}
+impl From<i64> for Arg {
+    fn from(v: i64) -> Self {
+        Self::Int(v)
+    }
+}
+impl From<Option<i64>> for Arg {
+    fn from(v: Option<i64>) -> Self {
+        Self::OptInt(v)
+    }
+}
+impl From<Uuid> for Arg {
+    fn from(v: Uuid) -> Self {
+        Self::Uuid(v)
+    }
+}
+impl From<Option<Uuid>> for Arg {
+    fn from(v: Option<Uuid>) -> Self {
+        Self::OptUuid(v)
+    }
+}
+impl From<DateTime<Utc>> for Arg {
+    fn from(v: DateTime<Utc>) -> Self {
+        Self::Ts(v)
+    }
+}
+impl From<Option<DateTime<Utc>>> for Arg {
+    fn from(v: Option<DateTime<Utc>>) -> Self {
+        Self::OptTs(v)
+    }
+}
+
+/// Builds a `Vec<Arg>` from values convertible into [`Arg`].
+macro_rules! args {
+    ($($value:expr),* $(,)?) => { vec![$($crate::db::Arg::from($value)),*] };
+}
+pub(crate) use args;
+
+fn bind_sqlite<'q>(
+    mut q: Query<'q, Sqlite, SqliteArguments<'q>>,
+    args: Vec<Arg>,
+) -> Query<'q, Sqlite, SqliteArguments<'q>> {
+    for arg in args {
+        q = match arg {
+            Arg::Text(v) => q.bind(v),
+            Arg::OptText(v) => q.bind(v),
+            Arg::Int(v) => q.bind(v),
+            Arg::OptInt(v) => q.bind(v),
+            Arg::Uuid(v) => q.bind(v.hyphenated().to_string()),
+            Arg::OptUuid(v) => q.bind(v.map(|v| v.hyphenated().to_string())),
+            Arg::Ts(v) => q.bind(format_ts(&v)),
+            Arg::OptTs(v) => q.bind(v.as_ref().map(format_ts)),
+            Arg::Json(v) => q.bind(canonical_json(&v)),
+        };
+    }
+    q
+}
+
+fn bind_pg<'q>(
+    mut q: Query<'q, Postgres, PgArguments>,
+    args: Vec<Arg>,
+) -> Query<'q, Postgres, PgArguments> {
+    for arg in args {
+        q = match arg {
+            Arg::Text(v) => q.bind(v),
+            Arg::OptText(v) => q.bind(v),
+            Arg::Int(v) => q.bind(v),
+            Arg::OptInt(v) => q.bind(v),
+            Arg::Uuid(v) => q.bind(v),
+            Arg::OptUuid(v) => q.bind(v),
+            Arg::Ts(v) => q.bind(v),
+            Arg::OptTs(v) => q.bind(v),
+            Arg::Json(v) => q.bind(sqlx::types::Json(v)),
+        };
+    }
+    q
+}
+
+impl Conn<'_> {
+    pub(crate) async fn execute(
+        &mut self,
+        context: &'static str,
+        sql: &str,
+        args: Vec<Arg>,
+    ) -> Result<u64> {
+        match self {
+            Conn::Sqlite(c) => bind_sqlite(sqlx::query(sql), args)
+                .execute(&mut **c)
+                .await
+                .map(|r| r.rows_affected())
+                .ctx(context),
+            Conn::Postgres(c) => bind_pg(sqlx::query(sql), args)
+                .execute(&mut **c)
+                .await
+                .map(|r| r.rows_affected())
+                .ctx(context),
+        }
+    }
+
+    pub(crate) async fn fetch_optional(
+        &mut self,
+        context: &'static str,
+        sql: &str,
+        args: Vec<Arg>,
+    ) -> Result<Option<Row>> {
+        match self {
+            Conn::Sqlite(c) => Ok(bind_sqlite(sqlx::query(sql), args)
+                .fetch_optional(&mut **c)
+                .await
+                .ctx(context)?
+                .map(|row| Row::Sqlite(row, context))),
+            Conn::Postgres(c) => Ok(bind_pg(sqlx::query(sql), args)
+                .fetch_optional(&mut **c)
+                .await
+                .ctx(context)?
+                .map(|row| Row::Postgres(row, context))),
+        }
+    }
+
+    pub(crate) async fn fetch_all(
+        &mut self,
+        context: &'static str,
+        sql: &str,
+        args: Vec<Arg>,
+    ) -> Result<Vec<Row>> {
+        match self {
+            Conn::Sqlite(c) => Ok(bind_sqlite(sqlx::query(sql), args)
+                .fetch_all(&mut **c)
+                .await
+                .ctx(context)?
+                .into_iter()
+                .map(|row| Row::Sqlite(row, context))
+                .collect()),
+            Conn::Postgres(c) => Ok(bind_pg(sqlx::query(sql), args)
+                .fetch_all(&mut **c)
+                .await
+                .ctx(context)?
+                .into_iter()
+                .map(|row| Row::Postgres(row, context))
+                .collect()),
+        }
+    }
+}
+
+/// A result row of either backend, with typed accessors that hide the storage differences.
+pub(crate) enum Row {
+    Sqlite(SqliteRow, &'static str),
+    Postgres(PgRow, &'static str),
+}
+
+impl Row {
+    fn context(&self) -> &'static str {
+        match self {
+            Row::Sqlite(_, c) | Row::Postgres(_, c) => c,
+        }
+    }
+
+    fn decode_err(&self, column: &str, error: impl std::fmt::Display) -> LedgerError {
+        LedgerError::corrupt(format!("{}: column {column}: {error}", self.context()))
+    }
+
+    fn get<T>(&self, column: &str) -> Result<T>
+    where
+        T: for<'r> sqlx::Decode<'r, Sqlite>
+            + sqlx::Type<Sqlite>
+            + for<'r> sqlx::Decode<'r, Postgres>
+            + sqlx::Type<Postgres>,
+    {
+        let result = match self {
+            Row::Sqlite(row, _) => row.try_get::<T, _>(column),
+            Row::Postgres(row, _) => row.try_get::<T, _>(column),
+        };
+        result.map_err(|e| self.decode_err(column, e))
+    }
+
+    pub(crate) fn text(&self, column: &str) -> Result<String> {
+        self.get(column)
+    }
+
+    pub(crate) fn opt_text(&self, column: &str) -> Result<Option<String>> {
+        self.get(column)
+    }
+
+    pub(crate) fn int(&self, column: &str) -> Result<i64> {
+        self.get(column)
+    }
+
+    pub(crate) fn opt_int(&self, column: &str) -> Result<Option<i64>> {
+        self.get(column)
+    }
+
+    pub(crate) fn uuid(&self, column: &str) -> Result<Uuid> {
+        self.opt_uuid(column)?
+            .ok_or_else(|| self.decode_err(column, "unexpected NULL"))
+    }
+
+    pub(crate) fn opt_uuid(&self, column: &str) -> Result<Option<Uuid>> {
+        match self {
+            Row::Sqlite(row, _) => {
+                let text: Option<String> = row
+                    .try_get(column)
+                    .map_err(|e| self.decode_err(column, e))?;
+                text.map(|t| Uuid::parse_str(&t).map_err(|e| self.decode_err(column, e)))
+                    .transpose()
+            }
+            Row::Postgres(row, _) => row.try_get(column).map_err(|e| self.decode_err(column, e)),
+        }
+    }
+
+    pub(crate) fn ts(&self, column: &str) -> Result<DateTime<Utc>> {
+        self.opt_ts(column)?
+            .ok_or_else(|| self.decode_err(column, "unexpected NULL"))
+    }
+
+    pub(crate) fn opt_ts(&self, column: &str) -> Result<Option<DateTime<Utc>>> {
+        match self {
+            Row::Sqlite(row, _) => {
+                let text: Option<String> = row
+                    .try_get(column)
+                    .map_err(|e| self.decode_err(column, e))?;
+                text.map(|t| {
+                    DateTime::parse_from_rfc3339(&t)
+                        .map(|t| t.to_utc())
+                        .map_err(|e| self.decode_err(column, format!("{e} in {t:?}")))
+                })
+                .transpose()
+            }
+            Row::Postgres(row, _) => row.try_get(column).map_err(|e| self.decode_err(column, e)),
+        }
+    }
+
+    pub(crate) fn json(&self, column: &str) -> Result<Value> {
+        match self {
+            Row::Sqlite(row, _) => {
+                let text: String = row
+                    .try_get(column)
+                    .map_err(|e| self.decode_err(column, e))?;
+                serde_json::from_str(&text).map_err(|e| self.decode_err(column, e))
+            }
+            Row::Postgres(row, _) => row
+                .try_get::<sqlx::types::Json<Value>, _>(column)
+                .map(|j| j.0)
+                .map_err(|e| self.decode_err(column, e)),
+        }
+    }
+}

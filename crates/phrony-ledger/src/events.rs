@@ -1,0 +1,241 @@
+//! Appending to and reading the hash-chained event log.
+
+use chrono::{DateTime, SubsecRound, Utc};
+
+use crate::chain::{
+    ChainVerifier, GENESIS_HASH, HashInput, StoredEvent, canonical_json, event_hash,
+};
+use crate::db::{Backend, Conn, Row, Tx, args};
+use crate::error::{LedgerError, Result};
+use crate::model::{Event, NewEvent, VerifyReport};
+
+/// Page size used when streaming a log for verification or replay.
+pub(crate) const PAGE: i64 = 500;
+
+/// The current time at the precision both backends store (microseconds).
+pub(crate) fn now() -> DateTime<Utc> {
+    Utc::now().trunc_subsecs(6)
+}
+
+/// The locked head of one stream inside a write transaction.
+#[derive(Debug)]
+pub(crate) struct StreamHead {
+    pub(crate) stream: String,
+    pub(crate) last_seq: i64,
+    pub(crate) last_hash: String,
+}
+
+/// Creates the stream if needed and locks its head row until the transaction ends, so that
+/// appends to one stream are serialised across connections, pools and processes.
+///
+/// PostgreSQL: `SELECT … FOR UPDATE` on the `streams` row (after an
+/// `INSERT … ON CONFLICT DO NOTHING`, which itself waits for a concurrent creator).
+/// SQLite: the transaction already holds the database write lock (`BEGIN IMMEDIATE`).
+pub(crate) async fn lock_stream(tx: &mut Tx, stream: &str) -> Result<StreamHead> {
+    let sql = match tx.backend() {
+        Backend::Postgres => "SELECT last_seq, last_hash FROM streams WHERE stream = $1 FOR UPDATE",
+        Backend::Sqlite => "SELECT last_seq, last_hash FROM streams WHERE stream = $1",
+    };
+    let mut conn = tx.conn();
+    // The common case (the stream exists) costs one round trip.
+    let mut row = conn
+        .fetch_optional("lock stream", sql, args![stream])
+        .await?;
+    if row.is_none() {
+        let ts = now();
+        conn.execute(
+            "create stream",
+            "INSERT INTO streams (stream, last_seq, last_hash, created_at, updated_at) \
+             VALUES ($1, 0, $2, $3, $3) ON CONFLICT (stream) DO NOTHING",
+            args![stream, GENESIS_HASH, ts],
+        )
+        .await?;
+        row = conn
+            .fetch_optional("lock stream", sql, args![stream])
+            .await?;
+    }
+    let row =
+        row.ok_or_else(|| LedgerError::corrupt(format!("stream {stream} vanished while locking")))?;
+    Ok(StreamHead {
+        stream: stream.to_owned(),
+        last_seq: row.int("last_seq")?,
+        last_hash: row.text("last_hash")?,
+    })
+}
+
+/// Appends one event to a locked stream and advances the head.
+pub(crate) async fn append(tx: &mut Tx, head: &mut StreamHead, event: NewEvent) -> Result<Event> {
+    event.validate()?;
+    let seq = head.last_seq + 1;
+    let ts = now();
+    let payload_text = canonical_json(&event.payload);
+    let turn = event.turn.map(i64::from);
+    let hash = event_hash(&HashInput {
+        stream: &head.stream,
+        seq,
+        event_type: &event.event_type,
+        ts: &ts,
+        actor: &event.actor,
+        call_id: event.call_id.as_deref(),
+        turn,
+        payload: &payload_text,
+        prev_hash: &head.last_hash,
+    });
+    let mut conn = tx.conn();
+    conn.execute(
+        "append event",
+        "INSERT INTO events (stream, seq, type, ts, actor, call_id, turn, payload, prev_hash, hash) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+        args![
+            &head.stream,
+            seq,
+            &event.event_type,
+            ts,
+            &event.actor,
+            event.call_id.clone(),
+            turn,
+            payload_text,
+            &head.last_hash,
+            &hash
+        ],
+    )
+    .await?;
+    let updated = conn
+        .execute(
+            "advance stream head",
+            "UPDATE streams SET last_seq = $2, last_hash = $3, updated_at = $4 \
+             WHERE stream = $1 AND last_seq = $5",
+            args![&head.stream, seq, &hash, ts, head.last_seq],
+        )
+        .await?;
+    if updated != 1 {
+        return Err(LedgerError::Conflict {
+            message: format!("stream {} advanced concurrently", head.stream),
+        });
+    }
+    let prev_hash = std::mem::replace(&mut head.last_hash, hash.clone());
+    head.last_seq = seq;
+    Ok(Event {
+        stream: head.stream.clone(),
+        seq: u64::try_from(seq).unwrap_or_default(),
+        event_type: event.event_type,
+        ts,
+        actor: event.actor,
+        call_id: event.call_id,
+        turn: event.turn,
+        payload: event.payload,
+        prev_hash,
+        hash,
+    })
+}
+
+const EVENT_COLUMNS: &str = "stream, seq, type, ts, actor, call_id, turn, payload, prev_hash, hash";
+
+fn stored_from_row(row: &Row) -> Result<StoredEvent> {
+    Ok(StoredEvent {
+        stream: row.text("stream")?,
+        seq: row.int("seq")?,
+        event_type: row.text("type")?,
+        ts: row.ts("ts")?,
+        actor: row.text("actor")?,
+        call_id: row.opt_text("call_id")?,
+        turn: row.opt_int("turn")?,
+        payload: row.text("payload")?,
+        prev_hash: row.text("prev_hash")?,
+        hash: row.text("hash")?,
+    })
+}
+
+impl StoredEvent {
+    pub(crate) fn into_event(self) -> Result<Event> {
+        let where_ = || format!("stream {} seq {}", self.stream, self.seq);
+        let payload = serde_json::from_str(&self.payload)
+            .map_err(|e| LedgerError::corrupt(format!("{}: payload is not JSON: {e}", where_())))?;
+        let seq = u64::try_from(self.seq)
+            .map_err(|_| LedgerError::corrupt(format!("{}: negative seq", where_())))?;
+        let turn = self
+            .turn
+            .map(u32::try_from)
+            .transpose()
+            .map_err(|_| LedgerError::corrupt(format!("{}: turn out of range", where_())))?;
+        Ok(Event {
+            stream: self.stream,
+            seq,
+            event_type: self.event_type,
+            ts: self.ts,
+            actor: self.actor,
+            call_id: self.call_id,
+            turn,
+            payload,
+            prev_hash: self.prev_hash,
+            hash: self.hash,
+        })
+    }
+}
+
+/// Reads up to `limit` events with `seq > after` in ascending order.
+pub(crate) async fn read_page(
+    conn: &mut Conn<'_>,
+    stream: &str,
+    after: i64,
+    limit: i64,
+) -> Result<Vec<StoredEvent>> {
+    let sql = format!(
+        "SELECT {EVENT_COLUMNS} FROM events WHERE stream = $1 AND seq > $2 ORDER BY seq LIMIT $3"
+    );
+    conn.fetch_all("read events", &sql, args![stream, after, limit])
+        .await?
+        .iter()
+        .map(stored_from_row)
+        .collect()
+}
+
+/// The recorded head of a stream, or `None` if it does not exist.
+pub(crate) async fn read_head(conn: &mut Conn<'_>, stream: &str) -> Result<Option<(i64, String)>> {
+    let row = conn
+        .fetch_optional(
+            "read stream head",
+            "SELECT last_seq, last_hash FROM streams WHERE stream = $1",
+            args![stream],
+        )
+        .await?;
+    row.map(|r| Ok((r.int("last_seq")?, r.text("last_hash")?)))
+        .transpose()
+}
+
+/// Verifies one stream page by page.
+pub(crate) async fn verify(conn: &mut Conn<'_>, stream: &str) -> Result<VerifyReport> {
+    let Some((head_seq, head_hash)) = read_head(conn, stream).await? else {
+        return Err(LedgerError::not_found(format!(
+            "event stream {stream} not found"
+        )));
+    };
+    let mut verifier = ChainVerifier::new(stream);
+    let mut after = 0;
+    let mut violation = None;
+    'pages: loop {
+        let page = read_page(conn, stream, after, PAGE).await?;
+        let Some(last) = page.last() else { break };
+        after = last.seq;
+        let full = i64::try_from(page.len()).unwrap_or(i64::MAX) == PAGE;
+        for event in &page {
+            if let Err(v) = verifier.check(event) {
+                violation = Some(v);
+                break 'pages;
+            }
+        }
+        if !full {
+            break;
+        }
+    }
+    if violation.is_none() {
+        violation = verifier.finish(head_seq, &head_hash).err();
+    }
+    Ok(VerifyReport {
+        stream: stream.to_owned(),
+        events_checked: verifier.checked(),
+        head_seq: u64::try_from(head_seq).unwrap_or_default(),
+        head_hash: (head_seq > 0).then_some(head_hash),
+        violation,
+    })
+}

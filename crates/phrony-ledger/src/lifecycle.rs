@@ -1,0 +1,791 @@
+//! Agent lifecycle: publish, deploy, rollback, deprecate, retire, archive.
+//!
+//! Every write follows the same pattern inside one transaction: lock the agent's stream
+//! (`agent:<ns>/<name>`), check the request against the projections, append one event, and
+//! apply that event to the projections with [`apply`] — the same function
+//! [`crate::Ledger::rebuild_projections`] replays, so live state and rebuilt state cannot drift.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use uuid::Uuid;
+
+use crate::db::{Arg, Conn, Row, Tx, args};
+use crate::error::{LedgerError, Result};
+use crate::events::{append, lock_stream};
+use crate::model::{
+    Agent, AgentRef, AgentVersion, ArchivedAgent, Deployment, DeploymentAction, Event,
+    NewAgentVersion, NewEvent, Published, VersionOrigin,
+};
+
+/// Event types of the agent lifecycle streams.
+pub(crate) mod types {
+    pub(crate) const VERSION_PUBLISHED: &str = "agent.version_published";
+    pub(crate) const DEPLOYED: &str = "agent.deployed";
+    pub(crate) const ROLLED_BACK: &str = "agent.rolled_back";
+    pub(crate) const VERSION_DEPRECATED: &str = "agent.version_deprecated";
+    pub(crate) const VERSION_RETIRED: &str = "agent.version_retired";
+    pub(crate) const ARCHIVED: &str = "agent.archived";
+}
+
+// ---------------------------------------------------------------------------------------------
+// Event payloads (snake_case JSON). They carry everything the projections need.
+
+#[derive(Debug, Serialize, Deserialize)]
+struct VersionPublished {
+    agent_id: Uuid,
+    namespace: String,
+    name: String,
+    owner: String,
+    labels: BTreeMap<String, String>,
+    version_id: Uuid,
+    version: String,
+    content_hash: String,
+    /// The snapshot text, byte for byte (it is what the content hash covers).
+    snapshot_json: String,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Activated {
+    agent_id: Uuid,
+    deployment_id: Uuid,
+    version_id: Uuid,
+    version: String,
+    previous_version_id: Option<Uuid>,
+    previous_version: Option<String>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct VersionChanged {
+    agent_id: Uuid,
+    version_id: Uuid,
+    version: String,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Archived {
+    agent_id: Uuid,
+    deprecated_version_ids: Vec<Uuid>,
+    deprecated_versions: Vec<String>,
+}
+
+fn to_payload<T: Serialize>(payload: &T) -> Result<Value> {
+    serde_json::to_value(payload)
+        .map_err(|e| LedgerError::corrupt(format!("cannot encode event payload: {e}")))
+}
+
+fn from_payload<T: for<'de> Deserialize<'de>>(event: &Event) -> Result<T> {
+    serde_json::from_value(event.payload.clone()).map_err(|e| {
+        LedgerError::corrupt(format!(
+            "stream {} seq {}: {} payload: {e}",
+            event.stream, event.seq, event.event_type
+        ))
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Projection reads.
+
+const AGENT_COLUMNS: &str =
+    "id, namespace, name, owner, labels, archived_at, archived_by, created_at, updated_at";
+
+pub(crate) fn agent_from_row(row: &Row) -> Result<Agent> {
+    let labels = row.json("labels")?;
+    let labels: BTreeMap<String, String> = serde_json::from_value(labels)
+        .map_err(|e| LedgerError::corrupt(format!("agents.labels: {e}")))?;
+    Ok(Agent {
+        id: row.uuid("id")?,
+        agent: AgentRef::new(row.text("namespace")?, row.text("name")?),
+        owner: row.text("owner")?,
+        labels,
+        archived_at: row.opt_ts("archived_at")?,
+        archived_by: row.opt_text("archived_by")?,
+        created_at: row.ts("created_at")?,
+        updated_at: row.ts("updated_at")?,
+    })
+}
+
+pub(crate) async fn find_agent(conn: &mut Conn<'_>, agent: &AgentRef) -> Result<Option<Agent>> {
+    let sql = format!("SELECT {AGENT_COLUMNS} FROM agents WHERE namespace = $1 AND name = $2");
+    conn.fetch_optional("read agent", &sql, args![&agent.namespace, &agent.name])
+        .await?
+        .map(|row| agent_from_row(&row))
+        .transpose()
+}
+
+pub(crate) async fn require_agent(conn: &mut Conn<'_>, agent: &AgentRef) -> Result<Agent> {
+    find_agent(conn, agent)
+        .await?
+        .ok_or_else(|| LedgerError::not_found(format!("agent {agent} not found")))
+}
+
+pub(crate) async fn list_agents(
+    conn: &mut Conn<'_>,
+    namespace: Option<&str>,
+) -> Result<Vec<Agent>> {
+    let rows = match namespace {
+        Some(ns) => {
+            let sql = format!(
+                "SELECT {AGENT_COLUMNS} FROM agents WHERE namespace = $1 ORDER BY namespace, name"
+            );
+            conn.fetch_all("list agents", &sql, args![ns]).await?
+        }
+        None => {
+            let sql = format!("SELECT {AGENT_COLUMNS} FROM agents ORDER BY namespace, name");
+            conn.fetch_all("list agents", &sql, vec![]).await?
+        }
+    };
+    rows.iter().map(agent_from_row).collect()
+}
+
+const VERSION_SELECT: &str = "SELECT v.id, v.agent_id, a.namespace, a.name, v.version, \
+     v.content_hash, v.snapshot, v.origin, v.published_by, v.published_at, v.deprecated_at, \
+     v.deprecated_by, v.retired_at, v.retired_by \
+     FROM agent_versions v JOIN agents a ON a.id = v.agent_id";
+
+fn version_from_row(row: &Row) -> Result<AgentVersion> {
+    Ok(AgentVersion {
+        id: row.uuid("id")?,
+        agent_id: row.uuid("agent_id")?,
+        agent: AgentRef::new(row.text("namespace")?, row.text("name")?),
+        version: row.text("version")?,
+        content_hash: row.text("content_hash")?,
+        snapshot_json: row.text("snapshot")?,
+        origin: VersionOrigin::parse(&row.text("origin")?)?,
+        published_by: row.text("published_by")?,
+        published_at: row.ts("published_at")?,
+        deprecated_at: row.opt_ts("deprecated_at")?,
+        deprecated_by: row.opt_text("deprecated_by")?,
+        retired_at: row.opt_ts("retired_at")?,
+        retired_by: row.opt_text("retired_by")?,
+    })
+}
+
+pub(crate) async fn find_version(
+    conn: &mut Conn<'_>,
+    agent_id: Uuid,
+    version: &str,
+) -> Result<Option<AgentVersion>> {
+    let sql = format!("{VERSION_SELECT} WHERE v.agent_id = $1 AND v.version = $2");
+    conn.fetch_optional("read agent version", &sql, args![agent_id, version])
+        .await?
+        .map(|row| version_from_row(&row))
+        .transpose()
+}
+
+pub(crate) async fn find_version_by_id(
+    conn: &mut Conn<'_>,
+    id: Uuid,
+) -> Result<Option<AgentVersion>> {
+    let sql = format!("{VERSION_SELECT} WHERE v.id = $1");
+    conn.fetch_optional("read agent version", &sql, args![id])
+        .await?
+        .map(|row| version_from_row(&row))
+        .transpose()
+}
+
+pub(crate) async fn list_versions(
+    conn: &mut Conn<'_>,
+    agent_id: Uuid,
+) -> Result<Vec<AgentVersion>> {
+    let sql = format!(
+        "{VERSION_SELECT} WHERE v.agent_id = $1 AND v.origin = 'published' \
+         ORDER BY v.event_seq DESC"
+    );
+    conn.fetch_all("list agent versions", &sql, args![agent_id])
+        .await?
+        .iter()
+        .map(version_from_row)
+        .collect()
+}
+
+const DEPLOYMENT_SELECT: &str = "SELECT d.id, d.agent_id, d.agent_version_id, v.version, \
+     p.version AS previous_version, d.action, d.actor, d.created_at \
+     FROM deployments d JOIN agent_versions v ON v.id = d.agent_version_id \
+     LEFT JOIN agent_versions p ON p.id = d.previous_version_id";
+
+fn deployment_from_row(row: &Row) -> Result<Deployment> {
+    Ok(Deployment {
+        id: row.uuid("id")?,
+        agent_id: row.uuid("agent_id")?,
+        version_id: row.uuid("agent_version_id")?,
+        version: row.text("version")?,
+        previous_version: row.opt_text("previous_version")?,
+        action: DeploymentAction::parse(&row.text("action")?)?,
+        actor: row.text("actor")?,
+        created_at: row.ts("created_at")?,
+    })
+}
+
+pub(crate) async fn list_deployments(
+    conn: &mut Conn<'_>,
+    agent_id: Uuid,
+) -> Result<Vec<Deployment>> {
+    let sql = format!("{DEPLOYMENT_SELECT} WHERE d.agent_id = $1 ORDER BY d.event_seq DESC");
+    conn.fetch_all("list deployments", &sql, args![agent_id])
+        .await?
+        .iter()
+        .map(deployment_from_row)
+        .collect()
+}
+
+pub(crate) async fn active_deployment(
+    conn: &mut Conn<'_>,
+    agent_id: Uuid,
+) -> Result<Option<Deployment>> {
+    let sql =
+        format!("{DEPLOYMENT_SELECT} WHERE d.agent_id = $1 ORDER BY d.event_seq DESC LIMIT 1");
+    conn.fetch_optional("read active deployment", &sql, args![agent_id])
+        .await?
+        .map(|row| deployment_from_row(&row))
+        .transpose()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Messages (Appendix A wording where it exists).
+
+fn no_published_version(agent: &AgentRef, version: &str) -> LedgerError {
+    LedgerError::not_found(format!(
+        "no published version {version:?} for agent {agent}"
+    ))
+}
+
+fn no_active_deployment(agent: &AgentRef) -> LedgerError {
+    LedgerError::precondition(format!("no active deployment for agent {agent}"))
+}
+
+fn archived(agent: &AgentRef) -> LedgerError {
+    LedgerError::precondition(format!("agent {agent} is archived"))
+}
+
+/// Refuses to activate a retired or deprecated version (`verb`: deployed | activated).
+fn check_activatable(agent: &AgentRef, version: &AgentVersion, verb: &str) -> Result<()> {
+    if version.retired_at.is_some() {
+        return Err(LedgerError::precondition(format!(
+            "agent {agent} version {:?} is retired and cannot be {verb}",
+            version.version
+        )));
+    }
+    if version.deprecated_at.is_some() {
+        return Err(LedgerError::precondition(format!(
+            "agent {agent} version {:?} is deprecated and cannot be {verb} \
+             (deprecated versions cannot run; publish a new version instead)",
+            version.version
+        )));
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Write operations (called inside a write transaction by `Ledger`).
+
+pub(crate) async fn publish(tx: &mut Tx, new: &NewAgentVersion) -> Result<Published> {
+    let agent_ref = new.agent_ref();
+    let mut head = lock_stream(tx, &agent_ref.stream()).await?;
+    let existing_agent = find_agent(&mut tx.conn(), &agent_ref).await?;
+    if let Some(agent) = &existing_agent {
+        if agent.archived_at.is_some() {
+            return Err(LedgerError::precondition(format!(
+                "agent {} is archived and cannot accept new versions",
+                agent_ref
+            )));
+        }
+        if let Some(existing) = find_version(&mut tx.conn(), agent.id, &new.version).await? {
+            if existing.content_hash == new.content_hash {
+                return Ok(Published {
+                    agent_id: agent.id,
+                    version_id: existing.id,
+                    agent: agent_ref.clone(),
+                    version: existing.version,
+                    content_hash: existing.content_hash,
+                    created: false,
+                });
+            }
+            return Err(LedgerError::AlreadyExists {
+                message: format!(
+                    "agent {} version {:?} is already deployed and cannot be changed; \
+                     increment metadata.version to publish configuration updates \
+                     (deployed content hash {}, manifest content hash {})",
+                    agent_ref, new.version, existing.content_hash, new.content_hash
+                ),
+            });
+        }
+    }
+    let agent_id = existing_agent.as_ref().map_or_else(Uuid::new_v4, |a| a.id);
+    let payload = VersionPublished {
+        agent_id,
+        namespace: new.namespace.clone(),
+        name: new.name.clone(),
+        owner: new.owner.clone(),
+        labels: new.labels.clone(),
+        version_id: Uuid::new_v4(),
+        version: new.version.clone(),
+        content_hash: new.content_hash.clone(),
+        snapshot_json: new.snapshot_json.clone(),
+    };
+    let event = append(
+        tx,
+        &mut head,
+        NewEvent::new(types::VERSION_PUBLISHED, &new.actor, to_payload(&payload)?),
+    )
+    .await?;
+    apply(&mut tx.conn(), &event).await?;
+    Ok(Published {
+        agent_id,
+        version_id: payload.version_id,
+        agent: agent_ref.clone(),
+        version: payload.version,
+        content_hash: payload.content_hash,
+        created: true,
+    })
+}
+
+async fn activate(
+    tx: &mut Tx,
+    head: &mut crate::events::StreamHead,
+    agent: &Agent,
+    target: &AgentVersion,
+    action: DeploymentAction,
+    actor: &str,
+) -> Result<Deployment> {
+    let previous = active_deployment(&mut tx.conn(), agent.id).await?;
+    let payload = Activated {
+        agent_id: agent.id,
+        deployment_id: Uuid::new_v4(),
+        version_id: target.id,
+        version: target.version.clone(),
+        previous_version_id: previous.as_ref().map(|p| p.version_id),
+        previous_version: previous.map(|p| p.version),
+    };
+    let event_type = match action {
+        DeploymentAction::Deploy => types::DEPLOYED,
+        DeploymentAction::Rollback => types::ROLLED_BACK,
+    };
+    let event = append(
+        tx,
+        head,
+        NewEvent::new(event_type, actor, to_payload(&payload)?),
+    )
+    .await?;
+    apply(&mut tx.conn(), &event).await?;
+    Ok(Deployment {
+        id: payload.deployment_id,
+        agent_id: agent.id,
+        version_id: target.id,
+        version: payload.version,
+        previous_version: payload.previous_version,
+        action,
+        actor: actor.to_owned(),
+        created_at: event.ts,
+    })
+}
+
+pub(crate) async fn deploy(
+    tx: &mut Tx,
+    agent_ref: &AgentRef,
+    version: &str,
+    actor: &str,
+) -> Result<Deployment> {
+    let mut head = lock_stream(tx, &agent_ref.stream()).await?;
+    let agent = require_agent(&mut tx.conn(), agent_ref).await?;
+    if agent.archived_at.is_some() {
+        return Err(archived(agent_ref));
+    }
+    let target = find_version(&mut tx.conn(), agent.id, version)
+        .await?
+        .ok_or_else(|| no_published_version(agent_ref, version))?;
+    check_activatable(agent_ref, &target, "deployed")?;
+    activate(
+        tx,
+        &mut head,
+        &agent,
+        &target,
+        DeploymentAction::Deploy,
+        actor,
+    )
+    .await
+}
+
+pub(crate) async fn rollback(
+    tx: &mut Tx,
+    agent_ref: &AgentRef,
+    to: Option<&str>,
+    actor: &str,
+) -> Result<Deployment> {
+    let mut head = lock_stream(tx, &agent_ref.stream()).await?;
+    let agent = require_agent(&mut tx.conn(), agent_ref).await?;
+    if agent.archived_at.is_some() {
+        return Err(archived(agent_ref));
+    }
+    let current = active_deployment(&mut tx.conn(), agent.id)
+        .await?
+        .ok_or_else(|| no_active_deployment(agent_ref))?;
+    let target = match to {
+        Some(version) => find_version(&mut tx.conn(), agent.id, version)
+            .await?
+            .ok_or_else(|| no_published_version(agent_ref, version))?,
+        None => {
+            // The newest deployment of a different version than the current one.
+            let row = tx
+                .conn()
+                .fetch_optional(
+                    "find previous deployment",
+                    "SELECT agent_version_id FROM deployments \
+                     WHERE agent_id = $1 AND agent_version_id <> $2 \
+                     ORDER BY event_seq DESC LIMIT 1",
+                    args![agent.id, current.version_id],
+                )
+                .await?
+                .ok_or_else(|| {
+                    LedgerError::precondition(format!(
+                        "no previous deployment to roll back to for agent {agent_ref}"
+                    ))
+                })?;
+            let id = row.uuid("agent_version_id")?;
+            find_version_by_id(&mut tx.conn(), id)
+                .await?
+                .ok_or_else(|| {
+                    LedgerError::corrupt(format!("deployment references missing version {id}"))
+                })?
+        }
+    };
+    // Both branches refuse retired and deprecated targets (the reference skipped this check
+    // when rolling back to the previous deployment).
+    check_activatable(agent_ref, &target, "activated")?;
+    activate(
+        tx,
+        &mut head,
+        &agent,
+        &target,
+        DeploymentAction::Rollback,
+        actor,
+    )
+    .await
+}
+
+pub(crate) async fn deprecate(
+    tx: &mut Tx,
+    agent_ref: &AgentRef,
+    version: &str,
+    actor: &str,
+) -> Result<AgentVersion> {
+    let mut head = lock_stream(tx, &agent_ref.stream()).await?;
+    let agent = require_agent(&mut tx.conn(), agent_ref).await?;
+    if agent.archived_at.is_some() {
+        return Err(archived(agent_ref));
+    }
+    let target = find_version(&mut tx.conn(), agent.id, version)
+        .await?
+        .filter(|v| v.deprecated_at.is_none())
+        .ok_or_else(|| {
+            LedgerError::not_found(format!(
+                "no active version {version:?} for agent {agent_ref}"
+            ))
+        })?;
+    refuse_if_active(tx, agent_ref, &agent, &target, "deprecated").await?;
+    change_version(
+        tx,
+        &mut head,
+        &agent,
+        target,
+        types::VERSION_DEPRECATED,
+        actor,
+    )
+    .await
+}
+
+pub(crate) async fn retire(
+    tx: &mut Tx,
+    agent_ref: &AgentRef,
+    version: &str,
+    actor: &str,
+) -> Result<AgentVersion> {
+    let mut head = lock_stream(tx, &agent_ref.stream()).await?;
+    let agent = require_agent(&mut tx.conn(), agent_ref).await?;
+    if agent.archived_at.is_some() {
+        return Err(archived(agent_ref));
+    }
+    let target = find_version(&mut tx.conn(), agent.id, version)
+        .await?
+        .filter(|v| v.retired_at.is_none())
+        .ok_or_else(|| {
+            LedgerError::not_found(format!("no version {version:?} for agent {agent_ref}"))
+        })?;
+    refuse_if_active(tx, agent_ref, &agent, &target, "retired").await?;
+    change_version(tx, &mut head, &agent, target, types::VERSION_RETIRED, actor).await
+}
+
+/// Retiring or deprecating the active version would leave the agent deployed but unable to
+/// run (a reference defect); the user must move the deployment first.
+async fn refuse_if_active(
+    tx: &mut Tx,
+    agent_ref: &AgentRef,
+    agent: &Agent,
+    target: &AgentVersion,
+    verb: &str,
+) -> Result<()> {
+    let active = active_deployment(&mut tx.conn(), agent.id).await?;
+    if active.is_some_and(|a| a.version_id == target.id) {
+        return Err(LedgerError::precondition(format!(
+            "agent {agent_ref} version {:?} is the active deployment and cannot be {verb}; \
+             deploy or roll back to another version first",
+            target.version
+        )));
+    }
+    Ok(())
+}
+
+async fn change_version(
+    tx: &mut Tx,
+    head: &mut crate::events::StreamHead,
+    agent: &Agent,
+    target: AgentVersion,
+    event_type: &str,
+    actor: &str,
+) -> Result<AgentVersion> {
+    let payload = VersionChanged {
+        agent_id: agent.id,
+        version_id: target.id,
+        version: target.version,
+    };
+    let event = append(
+        tx,
+        head,
+        NewEvent::new(event_type, actor, to_payload(&payload)?),
+    )
+    .await?;
+    apply(&mut tx.conn(), &event).await?;
+    find_version_by_id(&mut tx.conn(), payload.version_id)
+        .await?
+        .ok_or_else(|| LedgerError::corrupt(format!("version {} vanished", payload.version_id)))
+}
+
+pub(crate) async fn archive(
+    tx: &mut Tx,
+    agent_ref: &AgentRef,
+    actor: &str,
+) -> Result<ArchivedAgent> {
+    let mut head = lock_stream(tx, &agent_ref.stream()).await?;
+    let agent = require_agent(&mut tx.conn(), agent_ref).await?;
+    if agent.archived_at.is_some() {
+        return Err(LedgerError::precondition(format!(
+            "agent {agent_ref} is already archived"
+        )));
+    }
+    let mut to_deprecate: Vec<AgentVersion> = list_versions(&mut tx.conn(), agent.id)
+        .await?
+        .into_iter()
+        .filter(|v| v.deprecated_at.is_none())
+        .collect();
+    to_deprecate.reverse(); // oldest first
+    let payload = Archived {
+        agent_id: agent.id,
+        deprecated_version_ids: to_deprecate.iter().map(|v| v.id).collect(),
+        deprecated_versions: to_deprecate.into_iter().map(|v| v.version).collect(),
+    };
+    let event = append(
+        tx,
+        &mut head,
+        NewEvent::new(types::ARCHIVED, actor, to_payload(&payload)?),
+    )
+    .await?;
+    apply(&mut tx.conn(), &event).await?;
+    Ok(ArchivedAgent {
+        agent_id: agent.id,
+        deprecated_versions: payload.deprecated_versions,
+        archived_at: event.ts,
+    })
+}
+
+/// Resolves the version a new session may run (see [`crate::Ledger::runnable_version`]).
+pub(crate) async fn runnable(
+    conn: &mut Conn<'_>,
+    agent_ref: &AgentRef,
+    version: Option<&str>,
+) -> Result<AgentVersion> {
+    let agent = require_agent(conn, agent_ref).await?;
+    if agent.archived_at.is_some() {
+        return Err(LedgerError::precondition(format!(
+            "agent {agent_ref} is archived and cannot be run"
+        )));
+    }
+    let active = active_deployment(conn, agent.id)
+        .await?
+        .ok_or_else(|| no_active_deployment(agent_ref))?;
+    if let Some(requested) = version
+        && requested != active.version
+    {
+        return Err(LedgerError::precondition(format!(
+            "version {requested:?} is not the active deployment (active: {:?})",
+            active.version
+        )));
+    }
+    let target = find_version_by_id(conn, active.version_id)
+        .await?
+        .ok_or_else(|| {
+            LedgerError::corrupt(format!(
+                "deployment references missing version {}",
+                active.version_id
+            ))
+        })?;
+    for (at, what) in [
+        (target.retired_at, "retired"),
+        (target.deprecated_at, "deprecated"),
+    ] {
+        if at.is_some() {
+            return Err(LedgerError::precondition(format!(
+                "agent {agent_ref} version {:?} is {what} and cannot be run",
+                target.version
+            )));
+        }
+    }
+    Ok(target)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Projection writes: a pure function of the event (its ts, actor, seq and payload).
+
+/// Applies one lifecycle event to the projection tables.
+pub(crate) async fn apply(conn: &mut Conn<'_>, event: &Event) -> Result<()> {
+    let seq = i64::try_from(event.seq)
+        .map_err(|_| LedgerError::corrupt(format!("seq {} out of range", event.seq)))?;
+    match event.event_type.as_str() {
+        types::VERSION_PUBLISHED => {
+            let p: VersionPublished = from_payload(event)?;
+            let labels = serde_json::to_value(&p.labels)
+                .map_err(|e| LedgerError::corrupt(format!("labels: {e}")))?;
+            conn.execute(
+                "project agent",
+                "INSERT INTO agents (id, namespace, name, owner, labels, created_at, updated_at) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $6) \
+                 ON CONFLICT (namespace, name) DO UPDATE \
+                 SET owner = excluded.owner, labels = excluded.labels, \
+                     updated_at = excluded.updated_at",
+                vec![
+                    Arg::from(p.agent_id),
+                    Arg::from(&p.namespace),
+                    Arg::from(&p.name),
+                    Arg::from(&p.owner),
+                    Arg::Json(labels),
+                    Arg::from(event.ts),
+                ],
+            )
+            .await?;
+            conn.execute(
+                "project agent version",
+                "INSERT INTO agent_versions (id, agent_id, version, content_hash, snapshot, \
+                 origin, published_by, published_at, event_seq) \
+                 VALUES ($1, $2, $3, $4, $5, 'published', $6, $7, $8)",
+                args![
+                    p.version_id,
+                    p.agent_id,
+                    p.version,
+                    p.content_hash,
+                    p.snapshot_json,
+                    &event.actor,
+                    event.ts,
+                    seq
+                ],
+            )
+            .await?;
+        }
+        types::DEPLOYED | types::ROLLED_BACK => {
+            let p: Activated = from_payload(event)?;
+            let action = if event.event_type == types::DEPLOYED {
+                DeploymentAction::Deploy
+            } else {
+                DeploymentAction::Rollback
+            };
+            conn.execute(
+                "project deployment",
+                "INSERT INTO deployments (id, agent_id, agent_version_id, previous_version_id, \
+                 action, actor, created_at, event_seq) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+                args![
+                    p.deployment_id,
+                    p.agent_id,
+                    p.version_id,
+                    p.previous_version_id,
+                    action.as_str(),
+                    &event.actor,
+                    event.ts,
+                    seq
+                ],
+            )
+            .await?;
+            touch_agent(conn, p.agent_id, event).await?;
+        }
+        types::VERSION_DEPRECATED | types::VERSION_RETIRED => {
+            let p: VersionChanged = from_payload(event)?;
+            let sql = if event.event_type == types::VERSION_DEPRECATED {
+                "UPDATE agent_versions SET deprecated_at = $2, deprecated_by = $3 WHERE id = $1"
+            } else {
+                "UPDATE agent_versions SET retired_at = $2, retired_by = $3 WHERE id = $1"
+            };
+            expect_one(
+                conn.execute(
+                    "project version status",
+                    sql,
+                    args![p.version_id, event.ts, &event.actor],
+                )
+                .await?,
+                event,
+            )?;
+            touch_agent(conn, p.agent_id, event).await?;
+        }
+        types::ARCHIVED => {
+            let p: Archived = from_payload(event)?;
+            for id in &p.deprecated_version_ids {
+                expect_one(
+                    conn.execute(
+                        "project archive",
+                        "UPDATE agent_versions SET deprecated_at = $2, deprecated_by = $3 \
+                         WHERE id = $1",
+                        args![*id, event.ts, &event.actor],
+                    )
+                    .await?,
+                    event,
+                )?;
+            }
+            expect_one(
+                conn.execute(
+                    "project archive",
+                    "UPDATE agents SET archived_at = $2, archived_by = $3, updated_at = $2 \
+                     WHERE id = $1",
+                    args![p.agent_id, event.ts, &event.actor],
+                )
+                .await?,
+                event,
+            )?;
+        }
+        other => {
+            return Err(LedgerError::corrupt(format!(
+                "stream {} seq {}: unknown lifecycle event type {other:?}",
+                event.stream, event.seq
+            )));
+        }
+    }
+    Ok(())
+}
+
+async fn touch_agent(conn: &mut Conn<'_>, agent_id: Uuid, event: &Event) -> Result<()> {
+    let n = conn
+        .execute(
+            "project agent update time",
+            "UPDATE agents SET updated_at = $2 WHERE id = $1",
+            args![agent_id, event.ts],
+        )
+        .await?;
+    expect_one(n, event)
+}
+
+fn expect_one(rows: u64, event: &Event) -> Result<()> {
+    if rows == 1 {
+        Ok(())
+    } else {
+        Err(LedgerError::corrupt(format!(
+            "stream {} seq {}: {} matched {rows} projection rows instead of 1",
+            event.stream, event.seq, event.event_type
+        )))
+    }
+}

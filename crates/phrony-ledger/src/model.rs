@@ -1,0 +1,447 @@
+//! Plain domain types returned by and passed to the ledger.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use uuid::Uuid;
+
+use crate::chain::ChainViolation;
+use crate::error::{LedgerError, Result};
+
+/// `namespace/name` of an agent.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct AgentRef {
+    /// The agent's namespace (`metadata.namespace`).
+    pub namespace: String,
+    /// The agent's name (`metadata.name`).
+    pub name: String,
+}
+
+impl AgentRef {
+    /// Builds a reference; see [`AgentRef::validate`] for the accepted shape.
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        Self {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+
+    /// Checks that namespace and name are present and usable as a stream key: non-empty, no
+    /// `/`, no whitespace or control characters.
+    ///
+    /// # Errors
+    /// [`LedgerError::InvalidArgument`] naming the bad part.
+    pub fn validate(&self) -> Result<()> {
+        if self.namespace.is_empty() || self.name.is_empty() {
+            return Err(LedgerError::invalid(
+                "agent_ref requires namespace and name",
+            ));
+        }
+        for (what, value) in [("namespace", &self.namespace), ("name", &self.name)] {
+            if value.contains('/') || value.chars().any(|c| c.is_whitespace() || c.is_control()) {
+                return Err(LedgerError::invalid(format!(
+                    "agent {what} {value:?} must not contain '/', whitespace or control characters"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The audit stream of this agent's lifecycle: `agent:<namespace>/<name>`.
+    #[must_use]
+    pub fn stream(&self) -> String {
+        format!("agent:{self}")
+    }
+}
+
+impl fmt::Display for AgentRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// Input of [`crate::Ledger::publish_agent_version`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewAgentVersion {
+    /// `metadata.namespace` (the agent is created on first publish).
+    pub namespace: String,
+    /// `metadata.name`.
+    pub name: String,
+    /// The release label (`metadata.version`), already validated by the caller.
+    pub version: String,
+    /// `metadata.owner`; overwrites the agent's owner on every new version.
+    pub owner: String,
+    /// `metadata.labels`; overwrite the agent's labels on every new version.
+    pub labels: BTreeMap<String, String>,
+    /// The compiled snapshot JSON text, stored byte for byte. Must be a JSON object.
+    pub snapshot_json: String,
+    /// The snapshot's content hash, as computed by the caller (opaque to the ledger).
+    pub content_hash: String,
+    /// Who published (recorded on the version and in the audit event).
+    pub actor: String,
+}
+
+impl NewAgentVersion {
+    /// `namespace/name` of the agent being published.
+    #[must_use]
+    pub fn agent_ref(&self) -> AgentRef {
+        AgentRef::new(&self.namespace, &self.name)
+    }
+}
+
+/// Result of [`crate::Ledger::publish_agent_version`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Published {
+    /// The agent's id.
+    pub agent_id: Uuid,
+    /// The (new or existing) version's id.
+    pub version_id: Uuid,
+    /// The agent.
+    pub agent: AgentRef,
+    /// The release label.
+    pub version: String,
+    /// The stored content hash.
+    pub content_hash: String,
+    /// `false` when an identical version already existed (idempotent re-publish).
+    pub created: bool,
+}
+
+/// An agent (`agents` row).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Agent {
+    /// Id (UUID v4).
+    pub id: Uuid,
+    /// Namespace and name.
+    pub agent: AgentRef,
+    /// Owner from the latest published version.
+    pub owner: String,
+    /// Labels from the latest published version.
+    pub labels: BTreeMap<String, String>,
+    /// When the agent was archived, if it was.
+    pub archived_at: Option<DateTime<Utc>>,
+    /// Who archived it.
+    pub archived_by: Option<String>,
+    /// First publish.
+    pub created_at: DateTime<Utc>,
+    /// Last lifecycle event.
+    pub updated_at: DateTime<Utc>,
+}
+
+/// A version's lifecycle status as users see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VersionStatus {
+    /// Published; runnable when it is the active deployment.
+    Published,
+    /// Deprecated: cannot be deployed or run.
+    Deprecated,
+    /// Retired: cannot be deployed, rolled back to or run.
+    Retired,
+}
+
+impl VersionStatus {
+    /// `published`, `deprecated` or `retired`.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Published => "published",
+            Self::Deprecated => "deprecated",
+            Self::Retired => "retired",
+        }
+    }
+}
+
+impl fmt::Display for VersionStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Where a version came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VersionOrigin {
+    /// Published with `phrony agents publish`.
+    Published,
+    /// A private bundle member.
+    Vendored,
+}
+
+impl VersionOrigin {
+    /// `published` or `vendored`.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Published => "published",
+            Self::Vendored => "vendored",
+        }
+    }
+
+    pub(crate) fn parse(s: &str) -> Result<Self> {
+        match s {
+            "published" => Ok(Self::Published),
+            "vendored" => Ok(Self::Vendored),
+            other => Err(LedgerError::corrupt(format!(
+                "unknown version origin {other:?}"
+            ))),
+        }
+    }
+}
+
+/// An immutable agent version (`agent_versions` row).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentVersion {
+    /// Id (UUID v4).
+    pub id: Uuid,
+    /// The agent's id.
+    pub agent_id: Uuid,
+    /// Namespace and name.
+    pub agent: AgentRef,
+    /// Release label.
+    pub version: String,
+    /// Content hash given at publish.
+    pub content_hash: String,
+    /// The compiled snapshot JSON text, exactly as published.
+    pub snapshot_json: String,
+    /// `published` (or `vendored` for bundle members, later).
+    pub origin: VersionOrigin,
+    /// Who published it.
+    pub published_by: String,
+    /// When it was published.
+    pub published_at: DateTime<Utc>,
+    /// When it was deprecated.
+    pub deprecated_at: Option<DateTime<Utc>>,
+    /// Who deprecated it (or archived the agent).
+    pub deprecated_by: Option<String>,
+    /// When it was retired.
+    pub retired_at: Option<DateTime<Utc>>,
+    /// Who retired it.
+    pub retired_by: Option<String>,
+}
+
+impl AgentVersion {
+    /// `retired` wins over `deprecated`, which wins over `published`.
+    #[must_use]
+    pub fn status(&self) -> VersionStatus {
+        if self.retired_at.is_some() {
+            VersionStatus::Retired
+        } else if self.deprecated_at.is_some() {
+            VersionStatus::Deprecated
+        } else {
+            VersionStatus::Published
+        }
+    }
+}
+
+/// A deploy or rollback.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeploymentAction {
+    /// `phrony agents deploy`.
+    Deploy,
+    /// `phrony agents rollback`.
+    Rollback,
+}
+
+impl DeploymentAction {
+    /// `deploy` or `rollback`.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Deploy => "deploy",
+            Self::Rollback => "rollback",
+        }
+    }
+
+    pub(crate) fn parse(s: &str) -> Result<Self> {
+        match s {
+            "deploy" => Ok(Self::Deploy),
+            "rollback" => Ok(Self::Rollback),
+            other => Err(LedgerError::corrupt(format!(
+                "unknown deployment action {other:?}"
+            ))),
+        }
+    }
+}
+
+impl fmt::Display for DeploymentAction {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One row of the append-only deployment history. The newest row is the active version.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Deployment {
+    /// Id (UUID v4).
+    pub id: Uuid,
+    /// The agent's id.
+    pub agent_id: Uuid,
+    /// The activated version's id.
+    pub version_id: Uuid,
+    /// The activated version's label.
+    pub version: String,
+    /// The version that was active before, if any.
+    pub previous_version: Option<String>,
+    /// Deploy or rollback.
+    pub action: DeploymentAction,
+    /// Who did it.
+    pub actor: String,
+    /// When.
+    pub created_at: DateTime<Utc>,
+}
+
+/// Result of [`crate::Ledger::archive_agent`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ArchivedAgent {
+    /// The agent's id.
+    pub agent_id: Uuid,
+    /// Labels of the versions this archive deprecated (those not deprecated before).
+    pub deprecated_versions: Vec<String>,
+    /// When.
+    pub archived_at: DateTime<Utc>,
+}
+
+/// An event to append.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewEvent {
+    /// Dotted lower-case type, e.g. `session.started`, `tool.dispatched`.
+    pub event_type: String,
+    /// Who caused it (`system`, `agent`, `policy`, a user name, …). Must not be empty.
+    pub actor: String,
+    /// Snake_case JSON payload.
+    pub payload: Value,
+    /// The tool call this event belongs to, if any.
+    pub call_id: Option<String>,
+    /// The session turn this event belongs to, if any.
+    pub turn: Option<u32>,
+}
+
+impl NewEvent {
+    /// An event with no call id and no turn.
+    pub fn new(event_type: impl Into<String>, actor: impl Into<String>, payload: Value) -> Self {
+        Self {
+            event_type: event_type.into(),
+            actor: actor.into(),
+            payload,
+            call_id: None,
+            turn: None,
+        }
+    }
+
+    pub(crate) fn validate(&self) -> Result<()> {
+        let valid_type = !self.event_type.is_empty()
+            && self.event_type.contains('.')
+            && self.event_type.split('.').all(|part| {
+                !part.is_empty()
+                    && part
+                        .chars()
+                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+            });
+        if !valid_type {
+            return Err(LedgerError::invalid(format!(
+                "event type {:?} must be dotted lower-case words, e.g. session.started",
+                self.event_type
+            )));
+        }
+        if self.actor.trim().is_empty() {
+            return Err(LedgerError::invalid("event actor must not be empty"));
+        }
+        if self.call_id.as_deref().is_some_and(str::is_empty) {
+            return Err(LedgerError::invalid(
+                "event call_id must not be empty when given",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A stored event.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Event {
+    /// The stream (a session id, or `agent:<ns>/<name>`).
+    pub stream: String,
+    /// Position in the stream, gap-free from 1.
+    pub seq: u64,
+    /// Dotted type.
+    pub event_type: String,
+    /// Append time (UTC, microsecond precision).
+    pub ts: DateTime<Utc>,
+    /// Who caused it.
+    pub actor: String,
+    /// Tool call id, if any.
+    pub call_id: Option<String>,
+    /// Session turn, if any.
+    pub turn: Option<u32>,
+    /// Payload.
+    pub payload: Value,
+    /// Hash of the previous event (64 zeros for seq 1).
+    pub prev_hash: String,
+    /// This event's hash (see the crate docs for the exact definition).
+    pub hash: String,
+}
+
+impl Event {
+    /// Recomputes this event's hash from its fields (see the crate docs for the encoding), for
+    /// auditors checking an exported log independently of the database.
+    #[must_use]
+    pub fn recompute_hash(&self) -> String {
+        let payload = crate::chain::canonical_json(&self.payload);
+        crate::chain::event_hash(&crate::chain::HashInput {
+            stream: &self.stream,
+            seq: i64::try_from(self.seq).unwrap_or(i64::MAX),
+            event_type: &self.event_type,
+            ts: &self.ts,
+            actor: &self.actor,
+            call_id: self.call_id.as_deref(),
+            turn: self.turn.map(i64::from),
+            payload: &payload,
+            prev_hash: &self.prev_hash,
+        })
+    }
+}
+
+/// Result of verifying one stream's hash chain.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VerifyReport {
+    /// The stream.
+    pub stream: String,
+    /// How many events verified before the first violation (all of them when intact).
+    pub events_checked: u64,
+    /// `last_seq` recorded in the stream head.
+    pub head_seq: u64,
+    /// Hash recorded in the stream head: anchor it externally to detect a rewrite of the whole
+    /// chain. `None` for an empty stream.
+    pub head_hash: Option<String>,
+    /// The first break in the chain, if any.
+    pub violation: Option<ChainViolation>,
+}
+
+impl VerifyReport {
+    /// `true` when every event and the head check out.
+    #[must_use]
+    pub fn is_intact(&self) -> bool {
+        self.violation.is_none()
+    }
+
+    /// Turns a violation into [`LedgerError::Corrupt`].
+    ///
+    /// # Errors
+    /// [`LedgerError::Corrupt`] with the violation's message.
+    pub fn into_result(self) -> Result<Self> {
+        match &self.violation {
+            None => Ok(self),
+            Some(v) => Err(LedgerError::corrupt(v.message.clone())),
+        }
+    }
+}
+
+/// Result of [`crate::Ledger::rebuild_projections`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RebuildReport {
+    /// Streams replayed.
+    pub streams: u64,
+    /// Events replayed.
+    pub events: u64,
+}

@@ -1,0 +1,241 @@
+//! Per-test databases for the conformance suite.
+//!
+//! SQLite: a file in a fresh temporary directory. PostgreSQL: a fresh database
+//! `phrony_test_<uuid>` on the server at `PHRONY_TEST_POSTGRES_URL` (default
+//! `postgres://postgres@127.0.0.1:5432/postgres`), dropped when the test ends, pass or fail.
+//! An unreachable server fails the PostgreSQL tests unless `PHRONY_TEST_SKIP_POSTGRES=1`.
+
+use phrony_ledger::{Backend, Ledger};
+use sqlx::Connection;
+use sqlx::postgres::{PgConnection, PgPool};
+use sqlx::sqlite::{SqliteConnectOptions, SqlitePool};
+use sqlx::{Executor, Row};
+use std::str::FromStr;
+
+pub(crate) const DEFAULT_ADMIN_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+
+pub(crate) struct TestDb {
+    pub(crate) kind: Backend,
+    pub(crate) url: String,
+    pub(crate) ledger: Ledger,
+    raw: Raw,
+    _guard: Guard,
+}
+
+enum Raw {
+    Sqlite(SqlitePool),
+    Postgres(PgPool),
+}
+
+enum Guard {
+    Sqlite(
+        #[allow(dead_code, reason = "held so the directory outlives the test")] tempfile::TempDir,
+    ),
+    Postgres {
+        admin_url: String,
+        name: String,
+    },
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let Guard::Postgres { admin_url, name } = self else {
+            return;
+        };
+        let (admin_url, name) = (admin_url.clone(), name.clone());
+        let shown = name.clone();
+        // Drop runs inside the test's runtime, which cannot be blocked on; use a thread with its
+        // own runtime. FORCE terminates the ledger's still-open connections.
+        let dropper = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            rt.block_on(async {
+                let mut admin = PgConnection::connect(&admin_url).await?;
+                admin
+                    .execute(format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)").as_str())
+                    .await?;
+                admin.close().await?;
+                Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
+            })?;
+            Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
+        });
+        match dropper.join() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => eprintln!("warning: could not drop test database {shown}: {e}"),
+            Err(_) => eprintln!("warning: test database drop thread panicked"),
+        }
+    }
+}
+
+impl TestDb {
+    /// A fresh, unmigrated database, or `None` when PostgreSQL tests are explicitly skipped.
+    pub(crate) async fn new(kind: Backend) -> Option<Self> {
+        match kind {
+            Backend::Sqlite => {
+                let dir = tempfile::tempdir().unwrap();
+                let path = dir.path().join("nested").join("ledger.db");
+                let url = format!("sqlite://{}", path.display());
+                let ledger = Ledger::connect(&url).await.unwrap();
+                let raw = SqlitePool::connect_with(
+                    SqliteConnectOptions::from_str(&url)
+                        .unwrap()
+                        .busy_timeout(std::time::Duration::from_secs(10)),
+                )
+                .await
+                .unwrap();
+                Some(Self {
+                    kind,
+                    url,
+                    ledger,
+                    raw: Raw::Sqlite(raw),
+                    _guard: Guard::Sqlite(dir),
+                })
+            }
+            Backend::Postgres => {
+                let admin_url = std::env::var("PHRONY_TEST_POSTGRES_URL")
+                    .unwrap_or_else(|_| DEFAULT_ADMIN_URL.to_owned());
+                let mut admin = match PgConnection::connect(&admin_url).await {
+                    Ok(pool) => pool,
+                    Err(e) if std::env::var("PHRONY_TEST_SKIP_POSTGRES").as_deref() == Ok("1") => {
+                        eprintln!("skipping PostgreSQL test (PHRONY_TEST_SKIP_POSTGRES=1): {e}");
+                        return None;
+                    }
+                    Err(e) => panic!(
+                        "PostgreSQL at {admin_url} is unreachable: {e}; start it, point \
+                         PHRONY_TEST_POSTGRES_URL at a server, or set PHRONY_TEST_SKIP_POSTGRES=1"
+                    ),
+                };
+                let name = format!("phrony_test_{}", uuid::Uuid::new_v4().simple());
+                admin
+                    .execute(format!("CREATE DATABASE \"{name}\"").as_str())
+                    .await
+                    .unwrap();
+                admin.close().await.unwrap();
+                let guard = Guard::Postgres {
+                    admin_url: admin_url.clone(),
+                    name: name.clone(),
+                };
+                let base = admin_url
+                    .rsplit_once('/')
+                    .map_or(admin_url.as_str(), |(b, _)| b);
+                let url = format!("{base}/{name}");
+                let ledger = Ledger::connect(&url).await.unwrap();
+                let raw = PgPool::connect(&url).await.unwrap();
+                Some(Self {
+                    kind,
+                    url,
+                    ledger,
+                    raw: Raw::Postgres(raw),
+                    _guard: guard,
+                })
+            }
+        }
+    }
+
+    /// The ledger after applying migrations.
+    pub(crate) async fn migrated(&self) -> &Ledger {
+        self.ledger.migrate().await.unwrap();
+        &self.ledger
+    }
+
+    /// A second, independent connection pool on the same database (another "replica").
+    pub(crate) async fn another_ledger(&self) -> Ledger {
+        let ledger = Ledger::connect(&self.url).await.unwrap();
+        ledger.migrate().await.unwrap();
+        ledger
+    }
+
+    /// Runs raw SQL (e.g. to tamper with the log the way an attacker with DB access would).
+    pub(crate) async fn raw_exec(&self, sql: &str) {
+        match &self.raw {
+            Raw::Sqlite(p) => {
+                p.execute(sql).await.unwrap();
+            }
+            Raw::Postgres(p) => {
+                p.execute(sql).await.unwrap();
+            }
+        }
+    }
+
+    /// Runs raw SQL expected to fail; returns the error text.
+    pub(crate) async fn raw_exec_err(&self, sql: &str) -> String {
+        let result = match &self.raw {
+            Raw::Sqlite(p) => p.execute(sql).await.map(|_| ()),
+            Raw::Postgres(p) => p.execute(sql).await.map(|_| ()),
+        };
+        result
+            .expect_err("statement should have been refused")
+            .to_string()
+    }
+
+    /// Drops the append-only triggers so tests can tamper with the log.
+    pub(crate) async fn disable_append_only_guard(&self) {
+        match self.kind {
+            Backend::Sqlite => {
+                self.raw_exec("DROP TRIGGER events_no_update").await;
+                self.raw_exec("DROP TRIGGER events_no_delete").await;
+            }
+            Backend::Postgres => {
+                self.raw_exec("ALTER TABLE events DISABLE TRIGGER USER")
+                    .await
+            }
+        }
+    }
+
+    /// Rows of `sql` with every column read as optional text.
+    pub(crate) async fn raw_strings(&self, sql: &str) -> Vec<Vec<Option<String>>> {
+        match &self.raw {
+            Raw::Sqlite(p) => sqlx::query(sql)
+                .fetch_all(p)
+                .await
+                .unwrap()
+                .iter()
+                .map(|r| {
+                    (0..r.len())
+                        .map(|i| r.try_get::<Option<String>, _>(i).unwrap())
+                        .collect()
+                })
+                .collect(),
+            Raw::Postgres(p) => sqlx::query(sql)
+                .fetch_all(p)
+                .await
+                .unwrap()
+                .iter()
+                .map(|r| {
+                    (0..r.len())
+                        .map(|i| r.try_get::<Option<String>, _>(i).unwrap())
+                        .collect()
+                })
+                .collect(),
+        }
+    }
+
+    /// Every column of `table`, every row, as text, in a stable order.
+    pub(crate) async fn table_snapshot(&self, table: &str) -> Vec<Vec<Option<String>>> {
+        let columns_sql = match self.kind {
+            Backend::Sqlite => {
+                format!("SELECT name FROM pragma_table_info('{table}') ORDER BY cid")
+            }
+            Backend::Postgres => format!(
+                "SELECT column_name::text FROM information_schema.columns \
+                 WHERE table_schema = current_schema() AND table_name = '{table}' \
+                 ORDER BY ordinal_position"
+            ),
+        };
+        let columns: Vec<String> = self
+            .raw_strings(&columns_sql)
+            .await
+            .into_iter()
+            .map(|r| r[0].clone().unwrap())
+            .collect();
+        assert!(!columns.is_empty(), "table {table} has no columns");
+        let select = columns
+            .iter()
+            .map(|c| format!("CAST({c} AS TEXT)"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        self.raw_strings(&format!("SELECT {select} FROM {table} ORDER BY 1"))
+            .await
+    }
+}

@@ -1,0 +1,68 @@
+//! One conformance suite, run against every backend: SQLite (a temporary file) always, and
+//! PostgreSQL (a fresh database per test on `PHRONY_TEST_POSTGRES_URL`, default
+//! `postgres://postgres@127.0.0.1:5432/postgres`). PostgreSQL tests fail when the server is
+//! unreachable unless `PHRONY_TEST_SKIP_POSTGRES=1`.
+
+#![allow(
+    clippy::unwrap_used,
+    reason = "test helpers outside #[test] fns: a panic there is a failed assertion"
+)]
+
+mod cases;
+mod harness;
+
+/// Generates `sqlite::<case>` and `postgres::<case>` tests for every case.
+macro_rules! conformance {
+    ($($case:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $case() {
+                    let db = crate::harness::TestDb::new(phrony_ledger::Backend::Sqlite)
+                        .await
+                        .expect("SQLite is always available");
+                    crate::cases::$case(&db).await;
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $case() {
+                    let Some(db) =
+                        crate::harness::TestDb::new(phrony_ledger::Backend::Postgres).await
+                    else {
+                        return;
+                    };
+                    crate::cases::$case(&db).await;
+                }
+            )*
+        }
+    };
+}
+
+conformance!(
+    migrations_are_idempotent_and_versioned,
+    publish_creates_agent_and_immutable_version,
+    republish_is_idempotent_only_for_identical_content,
+    publish_rejects_bad_input,
+    publish_updates_owner_and_labels_of_the_agent,
+    deploy_activates_versions_and_records_history,
+    deploy_refuses_retired_and_deprecated_versions,
+    rollback_checks_every_branch,
+    deprecate_and_retire_follow_the_rules,
+    archive_freezes_the_agent,
+    runnable_version_requires_a_healthy_active_deployment,
+    every_change_appends_exactly_one_audit_event,
+    session_events_form_a_hash_chain,
+    event_log_refuses_update_and_delete,
+    verify_detects_edits,
+    verify_detects_a_rehashed_edit,
+    verify_detects_deletions,
+    verify_detects_reordering,
+    concurrent_appends_are_gap_free_across_pools,
+    concurrent_lifecycle_writes_are_serialised,
+    rebuild_reproduces_projections_exactly,
+    rebuild_refuses_a_tampered_log_and_changes_nothing,
+    committed_data_survives_reopening,
+);
