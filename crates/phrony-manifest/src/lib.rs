@@ -1,1 +1,79 @@
-//! Phrony manifest model (work in progress).
+//! The Phrony Agent Spec model: parse, validate, resolve, compile and hash Agent, Tool, Policy and
+//! Bundle documents.
+//!
+//! The authoring format is YAML (§1 of the runtime reference). [`load_agent`] reads an Agent and
+//! everything around it (its `tools/` and `policies/` documents, prompt and schema files, the
+//! stub script), reports **every** problem as a [`Diagnostic`] with `file:line:column`, a field
+//! path and a message, and compiles it into a [`CompiledAgent`]: the canonical snapshot that is
+//! published, hashed and run.
+//!
+//! ```no_run
+//! let compiled = match phrony_manifest::load_agent("refund-agent/agent.yaml") {
+//!     Ok(c) => c,
+//!     Err(diags) => {
+//!         eprintln!("{diags}"); // one `file:line:col: error: path: message` per line
+//!         std::process::exit(1);
+//!     }
+//! };
+//! let agent = &compiled.agent;
+//! println!("valid: {} {}", agent.qualified_name(), agent.metadata.version);
+//! println!("content hash {}", agent.content_hash()); // identical to the Go runtime's
+//! let policies = agent.policy_set()?; // the phrony-policy engine for dispatch decisions
+//! # Ok::<(), phrony_policy::CompileErrors>(())
+//! ```
+//!
+//! Bundles: [`load_bundle`] walks the closure from `spec.root`, [`lock_bundle`] writes
+//! `bundle.lock.json`, and [`validate_bundle`] checks a committed lock for drift.
+//!
+//! # Where this crate is stricter than the reference runtime
+//!
+//! - Policy documents reject unknown keys (a typo such as `condition:` would disable a policy),
+//!   unknown decision types, `on_reject`, `on_modify` and `timeout.default` values, invalid
+//!   conditions and regexes, and decisions that say nothing about what they govern.
+//! - Unsupported model providers and invalid JSON Schemas are rejected at validate time.
+//! - Tool ref version constraints mean what semver says (see below): a bare `@1.0.0` is an exact
+//!   pin, and `<2.0` means "below 2.0".
+//! - A Policy document without a scope attached through a binding governs that binding only.
+//! - Bundle secret conflicts are found before the lock is written.
+//!
+//! # Tool version constraints
+//!
+//! `ref: payments.issue-refund@<constraint>`: a bare version is an exact pin (`@1.0.0` matches
+//! only `1.0.0`; `@1.2` matches `1.2.x`); `^`, `~`, `>=`, `<`, `=`, `*` and comma-separated
+//! combinations mean what they mean in Cargo.
+
+mod bundle;
+mod canonical;
+mod compile;
+mod diag;
+mod doc;
+mod load;
+mod model;
+mod policy_bridge;
+mod refs;
+mod resolve;
+mod schema;
+mod secrets;
+mod stub;
+mod validate;
+mod yaml_pos;
+
+pub use bundle::{
+    Bundle, BundleLock, BundleMember, LOCK_FILE, Locked, ValidatedBundle, load_bundle, lock_bundle,
+    validate_bundle,
+};
+pub use canonical::Json;
+pub use diag::{Diagnostic, Diagnostics, Severity};
+pub use load::{Compiled, load_agent};
+pub use model::bundle::{LockMember, MemberOrigin};
+pub use model::common::is_lenient_semver;
+pub use model::compiled::{
+    ANNOTATION_POLICIES_COMPILED, ANNOTATION_STUB_SCRIPT, AgentSpec, AgentTarget, CompiledAgent,
+    CompiledPolicy, Governance, Instructions, Limits, McpAuth, McpRef, McpServer, Metadata, Model,
+    Output, Parameters, PolicyTimeout, Reasoning, Schema, SecretRef, SnapshotError, ToolBinding,
+};
+pub use refs::{AgentRef, AgentRefError, parse_agent_ref};
+pub use schema::{ArgError, SchemaError, ToolArgsValidator};
+pub use secrets::{BundleSecret, SecretRequirement};
+pub use stub::{STUB_SCRIPT_FILE, StubEvent, StubScript, StubScriptError};
+pub use validate::PROVIDERS;

@@ -1,0 +1,181 @@
+//! The bridge to `phrony-policy`: Policy documents and compiled policies become `PolicyDef`s, and
+//! the engine's compile errors are placed back on the Policy document's YAML nodes.
+
+use phrony_policy::{CompileErrors, PolicyDef, PolicySet, TimeoutDef};
+
+use crate::diag::FileDiags;
+use crate::model::common::{blank, is_lenient_semver};
+use crate::model::compiled::{CompiledAgent, CompiledPolicy};
+use crate::model::policy::PolicyDoc;
+
+fn opt(s: &str) -> Option<String> {
+    (!s.is_empty()).then(|| s.to_owned())
+}
+
+/// The definition of a Policy document as written (its own scope).
+pub(crate) fn def_from_doc(doc: &PolicyDoc) -> PolicyDef {
+    let spec = &doc.spec;
+    let decision = spec.decision.clone().unwrap_or_default();
+    PolicyDef {
+        name: doc.metadata.name.clone(),
+        scope: spec.scope.clone(),
+        action: decision.kind.clone(),
+        allow: spec.allow.clone().unwrap_or_default(),
+        conditions: spec.conditions.clone().filter(|c| !c.is_null()),
+        authority_ref: opt(&decision.authority_ref),
+        approvals_required: decision.approvals_required,
+        reason: opt(&decision.reason),
+        on_reject: opt(&decision.on_reject),
+        on_modify: opt(&decision.on_modify),
+        comprehension_required: decision.comprehension_required,
+        timeout: decision.timeout.as_ref().map(|t| TimeoutDef {
+            after_minutes: t.after_minutes.unwrap_or(0),
+            default: t.default.clone(),
+        }),
+        runtime: (!decision.runtime.is_empty())
+            .then(|| decision.runtime.clone().into_iter().collect()),
+        namespace: doc.metadata.namespace.clone(),
+        version: doc.metadata.version.clone(),
+        allow_field: opt(spec.allow_field.trim()),
+    }
+}
+
+/// The definition of a compiled policy.
+pub(crate) fn def_from_compiled(p: &CompiledPolicy) -> PolicyDef {
+    PolicyDef {
+        name: p.name.clone(),
+        scope: p.scope.clone(),
+        action: p.action.clone(),
+        allow: p.allow.clone(),
+        conditions: p.conditions.as_ref().map(|c| c.0.clone()),
+        authority_ref: opt(&p.authority_ref),
+        approvals_required: (p.approvals_required != 0).then_some(p.approvals_required),
+        reason: opt(&p.reason),
+        on_reject: opt(&p.on_reject),
+        on_modify: opt(&p.on_modify),
+        comprehension_required: p.comprehension_required,
+        timeout: p.timeout.as_ref().map(|t| TimeoutDef {
+            after_minutes: t.after_minutes,
+            default: t.default_decision.clone(),
+        }),
+        runtime: (!p.runtime.is_empty()).then(|| {
+            p.runtime
+                .iter()
+                .map(|(k, v)| (k.clone(), v.0.clone()))
+                .collect()
+        }),
+        namespace: p.namespace.clone(),
+        version: p.version.clone(),
+        allow_field: opt(&p.allow_field),
+    }
+}
+
+/// Maps a path inside a compiled policy (`conditions.all[1].op`, `action`, `timeout.default`)
+/// to the Policy document's layout (`spec.conditions.all[1].op`, `spec.decision.type`, …).
+pub(crate) fn doc_path(path: &str) -> String {
+    let (head, rest) = match path.find(['.', '[']) {
+        Some(i) => (&path[..i], &path[i..]),
+        None => (path, ""),
+    };
+    match head {
+        "name" => format!("metadata.name{rest}"),
+        "action" => format!("spec.decision.type{rest}"),
+        "scope" | "allow" | "allow_field" | "conditions" => format!("spec.{head}{rest}"),
+        "" => "spec".to_owned(),
+        other => format!("spec.decision.{other}{rest}"),
+    }
+}
+
+/// Collapses a multi-line engine message (regex errors draw a caret diagram) onto one line.
+fn one_line(msg: &str) -> String {
+    msg.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Validates a Policy document: envelope, identity, and everything the policy engine checks
+/// (decision type, scope, conditions, operators, regexes, on_reject, on_modify, timeout, allow
+/// list). Returns whether it is valid.
+pub(crate) fn validate_policy_doc(doc: &PolicyDoc, d: &mut FileDiags<'_>) -> bool {
+    let mut ok = true;
+    let mut err = |d: &mut FileDiags<'_>, path: &str, msg: String| {
+        ok = false;
+        d.error(path, msg);
+    };
+    if doc.api_version != crate::model::common::API_VERSION {
+        err(
+            d,
+            "apiVersion",
+            format!("must be {}", crate::model::common::API_VERSION),
+        );
+    }
+    if doc.kind != "Policy" {
+        err(d, "kind", "must be Policy".to_owned());
+    }
+    let md = &doc.metadata;
+    if blank(&md.name) {
+        err(d, "metadata.name", "is required".to_owned());
+    }
+    if blank(&md.namespace) {
+        err(d, "metadata.namespace", "is required".to_owned());
+    }
+    if blank(&md.version) {
+        d.warning(
+            "metadata.version",
+            "is not set; approvals and audit name policies as namespace/name@version",
+        );
+    } else if !is_lenient_semver(&md.version) {
+        err(d, "metadata.version", "must be valid semver".to_owned());
+    }
+    if doc.spec.allow.as_ref().is_some_and(Vec::is_empty) {
+        err(
+            d,
+            "spec.allow",
+            "must not be empty; remove it or list the allowed values".to_owned(),
+        );
+    }
+    if doc.spec.decision.is_none() {
+        err(d, "spec.decision", "is required".to_owned());
+    } else if let Err(errors) = PolicySet::compile([def_from_doc(doc)]) {
+        for e in errors {
+            // The name is checked above with the reference's message.
+            if e.path == "name" && blank(&md.name) {
+                continue;
+            }
+            err(d, &doc_path(&e.path), one_line(&e.kind.to_string()));
+        }
+    }
+    ok
+}
+
+impl CompiledAgent {
+    /// The policy engine for this agent: its compiled policies in evaluation order.
+    pub fn policy_set(&self) -> Result<PolicySet, CompileErrors> {
+        PolicySet::compile(self.spec.policies.iter().map(def_from_compiled))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::doc_path;
+
+    #[test]
+    fn engine_paths_map_to_document_paths() {
+        assert_eq!(
+            doc_path("conditions.all[1].op"),
+            "spec.conditions.all[1].op"
+        );
+        assert_eq!(doc_path("action"), "spec.decision.type");
+        assert_eq!(doc_path("timeout.default"), "spec.decision.timeout.default");
+        assert_eq!(doc_path("allow[2]"), "spec.allow[2]");
+        assert_eq!(doc_path("on_reject"), "spec.decision.on_reject");
+        assert_eq!(
+            doc_path("runtime.approver_role"),
+            "spec.decision.runtime.approver_role"
+        );
+        assert_eq!(doc_path("scope"), "spec.scope");
+        assert_eq!(doc_path("name"), "metadata.name");
+    }
+}

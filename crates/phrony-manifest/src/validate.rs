@@ -1,0 +1,520 @@
+//! Validation of an authoring Agent (§1.11, §1.12), with the reference's field paths and messages,
+//! plus the checks where the reference silently accepts nonsense.
+
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+
+use crate::diag::FileDiags;
+use crate::model::agent::{AgentDoc, ModelDoc, is_set};
+use crate::model::common::{
+    API_VERSION, SchemaDoc, blank, derive_wire_name, is_env_name, is_lenient_semver,
+    is_secret_name, is_wire_name,
+};
+use crate::model::compiled::{ANNOTATION_POLICIES_COMPILED, ANNOTATION_STUB_SCRIPT};
+use crate::refs::{DelegationRef, parse_delegation_ref};
+
+/// Model providers a session can start with.
+pub const PROVIDERS: [&str; 4] = ["anthropic", "openai", "openai-compatible", "stub"];
+
+/// Valid `side_effect_class` values.
+pub(crate) const SIDE_EFFECT_CLASSES: [&str; 4] = [
+    "read_only",
+    "idempotent_write",
+    "non_idempotent_write",
+    "irreversible_action",
+];
+
+pub(crate) const SIDE_EFFECT_MSG: &str =
+    "must be one of read_only, idempotent_write, non_idempotent_write, irreversible_action";
+
+/// Validates the envelope shared by every kind: `apiVersion`, `kind`.
+pub(crate) fn envelope(d: &mut FileDiags<'_>, api_version: &str, kind: &str, want: &str) {
+    if api_version != API_VERSION {
+        d.error("apiVersion", format!("must be {API_VERSION}"));
+    }
+    if kind != want {
+        d.error("kind", format!("must be {want}"));
+    }
+}
+
+/// §1.12: constructs refused before validation (collected with everything else here).
+fn forbidden(doc: &AgentDoc, d: &mut FileDiags<'_>) {
+    if is_set(&doc.spec.hitl) {
+        d.key_error("spec.hitl", "is not supported; use kind: Policy documents");
+    }
+    if is_set(&doc.spec.policies) {
+        d.key_error(
+            "spec.policies",
+            "is not supported on the Agent; use kind: Policy documents referenced from \
+             default_policies or binding policies",
+        );
+    }
+    for (i, t) in doc.spec.tools.iter().enumerate() {
+        let at = |k: &str| format!("spec.tools[{i}].{k}");
+        if is_set(&t.name) {
+            d.key_error(&at("name"), "is not supported; use as for the wire name");
+        }
+        if is_set(&t.parameters) {
+            d.key_error(&at("parameters"), "is not supported; use input_schema");
+        }
+        if is_set(&t.policy) {
+            d.key_error(&at("policy"), "is not supported; use policies");
+        }
+        if is_set(&t.version) {
+            d.key_error(
+                &at("version"),
+                "is not supported; must not be set on bindings; pin semver on ref (for example \
+                 tool@1.0.0)",
+            );
+        }
+        if is_set(&t.agent) {
+            d.key_error(
+                &at("agent"),
+                "must not be set on the Agent; declare delegation under spec.agents (compiled \
+                 snapshots carry it)",
+            );
+        }
+    }
+    for key in [ANNOTATION_POLICIES_COMPILED, ANNOTATION_STUB_SCRIPT] {
+        if doc.metadata.annotations.contains_key(key) {
+            d.key_error(
+                &format!("metadata.annotations.{key}"),
+                "is set by the compiler and must not be written by authors",
+            );
+        }
+    }
+}
+
+/// Validates an authoring Agent. `file` is the agent's own path (for self-references);
+/// `in_bundle` allows `spec.agents`.
+pub(crate) fn validate_agent(doc: &AgentDoc, file: &Path, in_bundle: bool, d: &mut FileDiags<'_>) {
+    forbidden(doc, d);
+    envelope(d, &doc.api_version, &doc.kind, "Agent");
+    metadata(
+        d,
+        &doc.metadata.name,
+        &doc.metadata.namespace,
+        &doc.metadata.version,
+        true,
+    );
+
+    // secrets
+    let secrets: HashSet<&str> = doc
+        .secrets
+        .iter()
+        .flatten()
+        .map(|(k, _)| k.as_str())
+        .collect();
+    for (name, def) in doc.secrets.iter().flatten() {
+        let at = format!("secrets.{name}");
+        if !is_secret_name(name) {
+            d.key_error(&at, "name must match [a-z][a-z0-9_-]*");
+        }
+        match def {
+            Some(def) if !blank(&def.from_env) => {
+                if !is_env_name(def.from_env.trim()) {
+                    d.error(
+                        &format!("{at}.fromEnv"),
+                        "must be an environment variable name ([A-Za-z_][A-Za-z0-9_]*)",
+                    );
+                }
+            }
+            _ => d.error(&at, "must set fromEnv"),
+        }
+    }
+
+    let spec = &doc.spec;
+    if blank(&spec.purpose) {
+        d.error("spec.purpose", "is required");
+    }
+    match &spec.instructions {
+        Some(i) if !blank(&i.reference) && !blank(&i.text) => {
+            d.error(
+                "spec.instructions",
+                "set exactly one of ref or text, not both",
+            );
+        }
+        Some(i) if !blank(&i.reference) || !blank(&i.text) => {}
+        _ => d.error("spec.instructions", "must set exactly one of ref or text"),
+    }
+    match &spec.model {
+        Some(m) => model(m, &secrets, doc.secrets.is_some(), d),
+        None => {
+            d.error("spec.model.provider", "is required");
+            d.error("spec.model.name", "is required");
+        }
+    }
+
+    // Wire names are unique across tools and delegations.
+    let mut wire_names: HashMap<String, String> = HashMap::new();
+    let mut wire = |d: &mut FileDiags<'_>, name: String, explicit: bool, base: &str| {
+        let at = if explicit {
+            format!("{base}.as")
+        } else {
+            format!("{base}.ref")
+        };
+        if !is_wire_name(&name) {
+            d.error(&at, "must match [a-zA-Z0-9_-]{1,64}");
+        } else if wire_names.insert(name, at.clone()).is_some() {
+            d.error(&at, "resolves to a duplicate tool name");
+        }
+    };
+
+    // MCP servers first: bindings refer to them.
+    let mut servers = HashSet::new();
+    for (i, s) in spec.mcp_servers.iter().enumerate() {
+        let at = format!("spec.mcp_servers[{i}]");
+        if blank(&s.name) {
+            d.error(&format!("{at}.name"), "is required");
+        } else if !servers.insert(s.name.as_str()) {
+            d.error(&format!("{at}.name"), "must be unique");
+        }
+        if blank(&s.url) {
+            d.error(&format!("{at}.url"), "is required");
+        } else if !matches!(url::Url::parse(&s.url), Ok(u) if u.scheme() == "https" && u.host_str().is_some_and(|h| !h.is_empty()))
+        {
+            d.error(&format!("{at}.url"), "must be a valid https URL");
+        }
+        if !s.transport.is_empty() && s.transport != "streamable_http" {
+            d.error(&format!("{at}.transport"), "must be streamable_http");
+        }
+        if let Some(auth) = &s.auth {
+            let at = format!("{at}.auth");
+            if blank(&auth.scheme) {
+                d.error(&format!("{at}.scheme"), "is required");
+            } else if auth.scheme != "bearer" && auth.scheme != "header" {
+                d.error(&format!("{at}.scheme"), "must be one of bearer, header");
+            }
+            if blank(&auth.secret) {
+                d.error(&format!("{at}.secret"), "is required");
+            } else if !secrets.contains(auth.secret.as_str()) {
+                d.error(&format!("{at}.secret"), "must name a key in secrets");
+            }
+            if auth.scheme == "header" && blank(&auth.header) {
+                d.error(&format!("{at}.header"), "is required when scheme is header");
+            }
+        }
+    }
+
+    let mut refs = HashSet::new();
+    for (i, t) in spec.tools.iter().enumerate() {
+        let base = format!("spec.tools[{i}]");
+        if blank(&t.reference) {
+            d.error(&format!("{base}.ref"), "is required");
+        } else if !refs.insert(t.reference.as_str()) {
+            d.error(&format!("{base}.ref"), "must be unique");
+        }
+        if !blank(&t.wire_name) {
+            wire(d, t.wire_name.clone(), true, &base);
+        } else if !blank(&t.reference) {
+            wire(
+                d,
+                derive_wire_name(t.reference.split('@').next().unwrap_or_default()),
+                false,
+                &base,
+            );
+        }
+        if let Some(s) = &t.input_schema {
+            schema_exclusive(s, &format!("{base}.input_schema"), d);
+        }
+        if !t.side_effect_class.is_empty()
+            && !SIDE_EFFECT_CLASSES.contains(&t.side_effect_class.as_str())
+        {
+            d.error(&format!("{base}.side_effect_class"), SIDE_EFFECT_MSG);
+        }
+        if let Some(mcp) = &t.mcp {
+            if blank(&mcp.server) {
+                d.error(&format!("{base}.mcp.server"), "is required");
+            } else if !servers.contains(mcp.server.as_str()) {
+                d.error(
+                    &format!("{base}.mcp.server"),
+                    format!(
+                        "references undeclared spec.mcp_servers entry {}",
+                        mcp.server
+                    ),
+                );
+            }
+            if t.input_schema.is_none() {
+                d.error(
+                    &format!("{base}.input_schema"),
+                    "is required for MCP-backed tools",
+                );
+            }
+            if t.side_effect_class.is_empty() {
+                d.error(
+                    &format!("{base}.side_effect_class"),
+                    "is required for MCP-backed tools",
+                );
+            }
+            if !blank(&t.reference) {
+                if t.reference.contains('@') {
+                    d.error(
+                        &format!("{base}.ref"),
+                        "must not pin a version constraint for MCP-backed tools",
+                    );
+                } else if !is_logical_id(&t.reference) {
+                    d.error(
+                        &format!("{base}.ref"),
+                        "must be a logical id of the form namespace.name",
+                    );
+                }
+            }
+        }
+        attachments(&t.policies, &format!("{base}.policies"), d);
+    }
+
+    if !spec.agents.is_empty() && !in_bundle {
+        d.key_error(
+            "spec.agents",
+            "agents with spec.agents must be published via a Bundle",
+        );
+    }
+    let mut agent_refs = HashSet::new();
+    let own_id = format!("{}.{}", doc.metadata.namespace, doc.metadata.name);
+    for (i, a) in spec.agents.iter().enumerate() {
+        let base = format!("spec.agents[{i}]");
+        let at = format!("{base}.ref");
+        let parsed = match parse_delegation_ref(&a.reference) {
+            Ok(r) => Some(r),
+            Err(e) => {
+                d.error(&at, e.to_string());
+                None
+            }
+        };
+        if !blank(&a.reference) && !agent_refs.insert(a.reference.as_str()) {
+            d.error(&at, "must be unique");
+        }
+        match &parsed {
+            Some(DelegationRef::Local(rel)) => {
+                if let Some(dir) = file.parent()
+                    && same_file(&dir.join(rel), file)
+                {
+                    d.error(&at, "must not reference the declaring agent");
+                }
+            }
+            Some(DelegationRef::External {
+                namespace,
+                name,
+                version,
+            }) => {
+                if version.is_none() && !a.late_bound {
+                    d.error(
+                        &at,
+                        "external ref must pin @version unless late_bound is true",
+                    );
+                }
+                if format!("{namespace}.{name}") == own_id {
+                    d.error(&at, "must not reference the declaring agent");
+                }
+            }
+            None => {}
+        }
+        if !blank(&a.wire_name) {
+            wire(d, a.wire_name.clone(), true, &base);
+        } else if let Some(r) = &parsed {
+            wire(d, r.default_wire_name(), false, &base);
+        }
+        if let Some(s) = &a.input_schema {
+            schema_exclusive(s, &format!("{base}.input_schema"), d);
+        }
+        if !a.result.is_empty() && a.result != "summary" && a.result != "full" {
+            d.error(&format!("{base}.result"), "must be one of summary, full");
+        }
+        attachments(&a.policies, &format!("{base}.policies"), d);
+    }
+
+    attachments(&spec.default_policies, "spec.default_policies", d);
+
+    if let Some(l) = &spec.limits {
+        if !l.on_limit.is_empty() && l.on_limit != "halt" && l.on_limit != "escalate" {
+            d.error("spec.limits.on_limit", "must be one of halt, escalate");
+        }
+        if l.max_subagent_depth.is_some_and(|v| v < 1) {
+            d.error("spec.limits.max_subagent_depth", "must be >= 1");
+        }
+        for (key, v) in [
+            ("max_tokens_per_run", l.max_tokens_per_run),
+            ("max_loop_iterations", l.max_loop_iterations),
+            ("max_wall_clock_seconds", l.max_wall_clock_seconds),
+            ("max_hitl_wait_minutes", l.max_hitl_wait_minutes),
+        ] {
+            if v.is_some_and(|v| v < 0) {
+                d.error(
+                    &format!("spec.limits.{key}"),
+                    "must not be negative (0 or absent means no limit)",
+                );
+            }
+        }
+    }
+
+    if let Some(o) = &doc.output {
+        if !o.format.is_empty() && o.format != "text" && o.format != "json" {
+            d.error("output.format", "must be one of text, json");
+        }
+        if let Some(s) = &o.schema {
+            schema_exclusive(s, "output.schema", d);
+        }
+        if !o.on_invalid.is_empty()
+            && !["retry", "repair", "escalate", "fail"].contains(&o.on_invalid.as_str())
+        {
+            d.error(
+                "output.on_invalid",
+                "must be one of retry, repair, escalate, fail",
+            );
+        }
+    }
+}
+
+/// `metadata.name/namespace/version`. Agents and bundles need a version; Tool and Policy docs
+/// only need one when it is set.
+pub(crate) fn metadata(
+    d: &mut FileDiags<'_>,
+    name: &str,
+    namespace: &str,
+    version: &str,
+    version_required: bool,
+) {
+    if blank(name) {
+        d.error("metadata.name", "is required");
+    }
+    if blank(namespace) {
+        d.error("metadata.namespace", "is required");
+    }
+    if blank(version) {
+        if version_required {
+            d.error("metadata.version", "is required");
+        }
+    } else if !is_lenient_semver(version) {
+        d.error("metadata.version", "must be valid semver");
+    }
+}
+
+fn model(m: &ModelDoc, secrets: &HashSet<&str>, has_secrets: bool, d: &mut FileDiags<'_>) {
+    if blank(&m.provider) {
+        d.error("spec.model.provider", "is required");
+    } else if !PROVIDERS.contains(&m.provider.as_str()) {
+        d.error(
+            "spec.model.provider",
+            format!(
+                "unsupported provider {:?}; must be one of anthropic, openai, openai-compatible, stub",
+                m.provider
+            ),
+        );
+    }
+    if blank(&m.name) {
+        d.error("spec.model.name", "is required");
+    }
+    let compatible = m.provider == "openai-compatible";
+    if !m.secret.is_empty() {
+        if !is_secret_name(&m.secret) {
+            d.error("spec.model.secret", "must match [a-z][a-z0-9_-]*");
+        } else if !secrets.contains(m.secret.as_str()) {
+            d.error("spec.model.secret", "must name a key in secrets");
+        }
+    } else if has_secrets
+        && !secrets.is_empty()
+        && !compatible
+        && !secrets.contains(m.provider.as_str())
+    {
+        d.error(
+            "spec.model.secret",
+            "is required when secrets is set; omit to use the secret named after \
+             spec.model.provider, or set secret to a secrets key",
+        );
+    }
+    if compatible {
+        if blank(&m.base_url) {
+            d.error(
+                "spec.model.base_url",
+                "is required when provider is openai-compatible",
+            );
+        } else if !matches!(url::Url::parse(&m.base_url), Ok(u) if (u.scheme() == "http" || u.scheme() == "https") && u.host_str().is_some_and(|h| !h.is_empty()))
+        {
+            d.error(
+                "spec.model.base_url",
+                "must be an absolute http or https URL",
+            );
+        }
+    } else if !m.base_url.is_empty() {
+        d.error(
+            "spec.model.base_url",
+            "must be empty unless provider is openai-compatible",
+        );
+    }
+    if let Some(p) = &m.parameters {
+        if p.temperature.is_some() && p.top_p.is_some() {
+            d.error(
+                "spec.model.parameters",
+                "set temperature or top_p, not both",
+            );
+        }
+        for (key, v) in [("temperature", p.temperature), ("top_p", p.top_p)] {
+            if v.is_some_and(|v| !v.is_finite()) {
+                d.error(
+                    &format!("spec.model.parameters.{key}"),
+                    "must be a finite number",
+                );
+            }
+        }
+        if p.max_output_tokens.is_some_and(|v| v < 0) {
+            d.error(
+                "spec.model.parameters.max_output_tokens",
+                "must not be negative",
+            );
+        }
+    }
+    if let Some(r) = &m.reasoning
+        && !r.effort.is_empty()
+        && !["low", "medium", "high"].contains(&r.effort.as_str())
+    {
+        d.error(
+            "spec.model.reasoning.effort",
+            "must be one of low, medium, high",
+        );
+    }
+}
+
+/// `{ref}` xor `{inline}`.
+pub(crate) fn schema_exclusive(s: &SchemaDoc, at: &str, d: &mut FileDiags<'_>) {
+    match (!blank(&s.reference), s.has_inline()) {
+        (true, true) => d.error(at, "set exactly one of ref or inline, not both"),
+        (false, false) => d.error(at, "must set exactly one of ref or inline"),
+        _ => {
+            if let Some(v) = &s.inline
+                && s.has_inline()
+                && !v.is_object()
+            {
+                d.error(&format!("{at}.inline"), "must be a JSON Schema object");
+            }
+        }
+    }
+}
+
+fn attachments(list: &[crate::model::common::PolicyAttachment], at: &str, d: &mut FileDiags<'_>) {
+    use crate::model::common::PolicyAttachment;
+    for (j, a) in list.iter().enumerate() {
+        match a {
+            PolicyAttachment::Id(id) if blank(id) => {
+                d.error(&format!("{at}[{j}]"), "policy reference must not be empty");
+            }
+            PolicyAttachment::File(r) if blank(r) => {
+                d.error(&format!("{at}[{j}].ref"), "is required");
+            }
+            _ => {}
+        }
+    }
+}
+
+/// `namespace.name` with both parts non-empty and no `@`.
+pub(crate) fn is_logical_id(s: &str) -> bool {
+    !s.contains('@')
+        && !s.chars().any(char::is_whitespace)
+        && matches!(s.split_once('.'), Some((ns, name)) if !ns.is_empty() && !name.is_empty())
+}
+
+fn same_file(a: &Path, b: &Path) -> bool {
+    match (a.canonicalize(), b.canonicalize()) {
+        (Ok(x), Ok(y)) => x == y,
+        _ => false,
+    }
+}

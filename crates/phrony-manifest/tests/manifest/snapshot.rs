@@ -1,0 +1,140 @@
+//! Canonical JSON, content hashes and the stored snapshot form.
+//!
+//! The hash vectors were computed by this crate after it reproduced, byte for byte, the committed
+//! `bundle.lock.json` files of the Go reference runtime's bundle scenarios (checked by hand).
+
+use phrony_manifest::{CompiledAgent, SnapshotError, load_agent};
+
+use crate::support::{Project, fixture};
+
+const REFUND_AGENT_HASH: &str = "72f4ae0b9f2ad05e1c455a0bfb551bb83c121c853c30e99bcbe2bd2ca6de1831";
+
+#[test]
+fn the_reference_form_leaves_provenance_out_and_hashes_stably() {
+    let agent = load_agent(fixture("refund-agent/agent.yaml"))
+        .unwrap()
+        .agent;
+    let canonical = String::from_utf8(agent.canonical_json()).unwrap();
+    assert!(canonical.starts_with(
+        r#"{"apiVersion":"phrony.com/v1","kind":"Agent","metadata":{"name":"refund-agent","namespace":"support","version":"0.1.0","annotations":{"phrony.com/policies-compiled":"true"}},"secrets":{"openai":{"fromEnv":"OPENAI_API_KEY"}},"spec":{"purpose":"#
+    ));
+    assert!(canonical.contains(
+        r#"{"name":"refund-hard-limit","scope":"tool:payments.issue-refund","action":"deny","conditions":{"field":"amount","op":"gt","value":5000},"reason":"Refund amount exceeds the absolute ceiling for agent-initiated refunds."}"#
+    ));
+    assert!(
+        !canonical.contains(r#""namespace":"payments""#),
+        "provenance is not hashed"
+    );
+    assert!(canonical.ends_with(r#""output":{"format":"text"}}"#));
+    assert_eq!(agent.content_hash(), REFUND_AGENT_HASH);
+
+    let snapshot = String::from_utf8(agent.snapshot_json()).unwrap();
+    assert!(snapshot.contains(
+        r#""reason":"Refund amount exceeds the absolute ceiling for agent-initiated refunds.","namespace":"payments","version":"1.0.0"}"#
+    ));
+}
+
+#[test]
+fn snapshots_round_trip_byte_for_byte() {
+    for path in [
+        "refund-agent/agent.yaml",
+        "agent-rules/valid.yaml",
+        "bundles/desk/specialists/refunds.yaml",
+    ] {
+        let agent = load_agent(fixture(path));
+        let agent = match agent {
+            Ok(c) => c.agent,
+            // The desk specialist is a bundle member; it compiles standalone too (no spec.agents).
+            Err(e) => panic!("{path}: {e}"),
+        };
+        let bytes = agent.snapshot_json();
+        let back = CompiledAgent::from_snapshot_json(&bytes).unwrap();
+        assert_eq!(back, agent, "{path}");
+        assert_eq!(back.snapshot_json(), bytes, "{path}");
+        // The reference form reads back too, without provenance.
+        let reference = CompiledAgent::from_snapshot_json(&agent.canonical_json()).unwrap();
+        assert_eq!(reference.content_hash(), agent.content_hash(), "{path}");
+    }
+}
+
+#[test]
+fn uncompiled_or_unknown_snapshots_are_refused() {
+    let agent = load_agent(fixture("refund-agent/agent.yaml"))
+        .unwrap()
+        .agent;
+    let mut uncompiled = agent.clone();
+    uncompiled.metadata.annotations.clear();
+    let err = CompiledAgent::from_snapshot_json(&uncompiled.snapshot_json()).unwrap_err();
+    assert!(matches!(err, SnapshotError::NotCompiled(_)), "{err}");
+    let text = String::from_utf8(agent.snapshot_json()).unwrap();
+    let extra = text.replacen(r#""purpose":"#, r#""hitl":{},"purpose":"#, 1);
+    let err = CompiledAgent::from_snapshot_json(extra.as_bytes()).unwrap_err();
+    assert!(err.to_string().contains("unknown field `hitl`"), "{err}");
+    assert!(CompiledAgent::from_snapshot_json(b"[]").is_err());
+}
+
+#[test]
+fn go_escaping_and_float_formatting_are_part_of_the_hash() {
+    let p = Project::new();
+    p.write(
+        "agent.yaml",
+        "apiVersion: phrony.com/v1
+kind: Agent
+metadata:
+  name: esc
+  namespace: demo
+  version: v1
+  labels: {z: last, a: first}
+spec:
+  purpose: Compare <a> & <b>.
+  instructions: {text: \"line\\u2028sep\"}
+  model:
+    provider: openai
+    name: gpt-4o
+    parameters: {temperature: 1.0, top_p: ~}
+    provider_options: {big: 1e21, small: 0.0000001, int: 10, nested: {b: 2, a: 1}}
+  tools:
+    - ref: x.y
+      input_schema: {inline: {type: object, properties: {n: {type: number, maximum: 2.50}}}}
+",
+    );
+    let compiled = p.load("agent.yaml").unwrap();
+    let json = String::from_utf8(compiled.agent.canonical_json()).unwrap();
+    for want in [
+        r#""labels":{"a":"first","z":"last"}"#,
+        r#""purpose":"Compare \u003ca\u003e \u0026 \u003cb\u003e.""#,
+        r#""text":"line\u2028sep""#,
+        r#""parameters":{"temperature":1}"#,
+        r#""provider_options":{"big":1e+21,"int":10,"nested":{"a":1,"b":2},"small":1e-7}"#,
+        r#""properties":{"n":{"maximum":2.5,"type":"number"}}"#,
+    ] {
+        assert!(json.contains(want), "{want} not in {json}");
+    }
+    assert_eq!(
+        compiled.agent.content_hash(),
+        "c3f7815518b26b5bd680643f7e87c2772c04089753560369ed1f3356a4a6fbe7"
+    );
+}
+
+#[test]
+fn allow_field_changes_the_hash_but_provenance_does_not() {
+    let agent = load_agent(fixture("agent-rules/valid.yaml")).unwrap().agent;
+    let mut other = agent.clone();
+    let usd = other
+        .spec
+        .policies
+        .iter_mut()
+        .find(|p| p.name == "usd-only")
+        .unwrap();
+    usd.version = "9.9.9".into();
+    usd.namespace = "elsewhere".into();
+    assert_eq!(other.content_hash(), agent.content_hash());
+    let usd = other
+        .spec
+        .policies
+        .iter_mut()
+        .find(|p| p.name == "usd-only")
+        .unwrap();
+    usd.allow_field = "payee.currency".into();
+    assert_ne!(other.content_hash(), agent.content_hash());
+}
