@@ -255,6 +255,27 @@ fn validate_the_refund_example() {
 }
 
 #[test]
+fn validate_json_names_the_agent_and_the_unset_secrets() {
+    let out = stdout_of(
+        phrony()
+            .args(["agents", "validate", "--output", "json"])
+            .arg(refund_example().join("agent.yaml"))
+            .env_remove("OPENAI_API_KEY"),
+    );
+    let report: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(report["valid"], true);
+    assert_eq!(
+        (&report["namespace"], &report["name"], &report["version"]),
+        (&"support".into(), &"refund-agent".into(), &"0.1.0".into())
+    );
+    assert_eq!(report["content_hash"].as_str().unwrap().len(), 64);
+    assert_eq!(
+        report["unset_secrets"],
+        serde_json::json!([{"name": "openai", "from_env": "OPENAI_API_KEY"}])
+    );
+}
+
+#[test]
 fn validate_warns_about_an_unset_secret_variable_and_succeeds() {
     for env in [None, Some("")] {
         let mut cmd = phrony();
@@ -404,10 +425,11 @@ fn inline_policies_on_an_agent_are_refused() {
     let (code, stderr) = validate_single("agent.yaml", &text);
     assert_eq!(code, 1);
     assert!(stderr.contains(":8:3: error: spec.policies"), "{stderr}");
+    // The summary line keeps the reference CLI's wording, which scripts grep for.
     assert!(
-        stderr.contains(
-            "is not supported on the Agent; use kind: Policy documents referenced from \
-             default_policies or binding policies"
+        stderr.ends_with(
+            "Error: parse manifest: spec.policies is not supported on the Agent; use kind: \
+             Policy documents referenced from default_policies or binding policies\n"
         ),
         "{stderr}"
     );
@@ -752,6 +774,23 @@ fn bundles_lock_writes_a_compact_lock_and_validate_accepts_it() {
     // Locking again is deterministic.
     let again = stdout_of(&mut bundles(tmp.path(), &["lock"]));
     assert_eq!(again, out);
+
+    let locked: Value =
+        serde_json::from_str(&stdout_of(&mut bundles(tmp.path(), &["lock", "--output", "json"])))
+            .unwrap();
+    let validated: Value = serde_json::from_str(&stdout_of(&mut bundles(
+        tmp.path(),
+        &["validate", "--output", "json"],
+    )))
+    .unwrap();
+    for report in [&locked, &validated] {
+        assert_eq!(report["lock_hash"], hash);
+        assert_eq!(report["namespace"], "support");
+        assert_eq!(report["name"], "support-desk");
+        assert_eq!(report["members"], 2);
+        assert_eq!(report["root"], "desk-orchestrator");
+    }
+    assert_eq!(validated["locked"], true);
 }
 
 #[test]

@@ -62,6 +62,19 @@ impl Diagnostic {
     pub fn is_error(&self) -> bool {
         self.severity == Severity::Error
     }
+
+    /// The one-line summary the reference CLI prints after `Error: `, without file or position:
+    /// `<path>: <message>`; forbidden constructs read `parse manifest: <path> is not supported…`
+    /// and messages that redirect to another command stand alone.
+    pub fn summary(&self) -> String {
+        if self.path.is_empty() || self.message.starts_with("bundle manifest:") {
+            self.message.clone()
+        } else if self.message.starts_with("is not supported") {
+            format!("parse manifest: {} {}", self.path, self.message)
+        } else {
+            format!("{}: {}", self.path, self.message)
+        }
+    }
 }
 
 impl fmt::Display for Diagnostic {

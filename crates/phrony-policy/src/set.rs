@@ -140,9 +140,17 @@ impl PolicySet {
     }
 }
 
-/// §2.3: a later approval policy replaces the current candidate when it brings a reason or a
-/// route the current one lacks.
+/// Which of two matching approval policies decides. The stricter quorum wins, so an agent-wide
+/// approval with quorum 1 can never weaken a tool-scoped one with quorum 2 (the reference kept
+/// the first match). On equal quorum, §2.3: a later policy replaces the current candidate when
+/// it brings a reason or a route the current one lacks.
 fn better_candidate(current: &Policy, later: &Policy) -> bool {
-    (current.reason().is_none() && later.reason().is_some())
-        || (current.route().is_none() && later.route().is_some())
+    match later.approvals_required().cmp(&current.approvals_required()) {
+        std::cmp::Ordering::Greater => true,
+        std::cmp::Ordering::Less => false,
+        std::cmp::Ordering::Equal => {
+            (current.reason().is_none() && later.reason().is_some())
+                || (current.route().is_none() && later.route().is_some())
+        }
+    }
 }

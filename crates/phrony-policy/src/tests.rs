@@ -512,7 +512,23 @@ fn approval_candidate_selection() {
         (
             json!([
                 {"name": "a", "scope": "agent", "action": "require_approval"},
+                {"name": "b", "scope": "agent", "action": "require_approval"}
+            ]),
+            "a",
+        ),
+        // The stricter quorum wins, even over a reason and a route.
+        (
+            json!([
+                {"name": "a", "scope": "agent", "action": "require_approval", "reason": "ra", "runtime": route("ops")},
                 {"name": "b", "scope": "agent", "action": "require_approval", "approvals_required": 3}
+            ]),
+            "b",
+        ),
+        // A weaker quorum never replaces a stricter one.
+        (
+            json!([
+                {"name": "a", "scope": "agent", "action": "require_approval", "approvals_required": 2},
+                {"name": "b", "scope": "agent", "action": "require_approval", "reason": "rb", "runtime": route("fin")}
             ]),
             "a",
         ),

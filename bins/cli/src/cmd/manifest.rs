@@ -50,20 +50,8 @@ pub(crate) fn rejected(diags: &Diagnostics, what: &str) -> anyhow::Error {
     }
     let errors: Vec<&Diagnostic> = diags.errors().collect();
     match errors.as_slice() {
-        [only] => anyhow!("{}", headline(only)),
+        [only] => anyhow!("{}", only.summary()),
         _ => anyhow!("invalid {what} ({} errors)", errors.len()),
-    }
-}
-
-/// One error as the summary line states it: `path: message`, or the message alone when it is
-/// about the whole file.
-fn headline(diag: &Diagnostic) -> String {
-    // `kind` errors that redirect to another command read as a sentence of their own.
-    if diag.path.is_empty() || (diag.path == "kind" && diag.message.starts_with("bundle manifest:"))
-    {
-        diag.message.clone()
-    } else {
-        format!("{}: {}", diag.path, diag.message)
     }
 }
 
