@@ -29,3 +29,24 @@ def sdk_runtime_descriptor():
 def our_runtime_descriptor(proto_root: Path):
     """`phrony.runtime.v1` compiled from our `proto/`."""
     return compile_proto(proto_root)
+
+
+# --- The runtime daemon (test_runtime_sdk.py and later SDK contract tests) -----------------
+
+
+@pytest.fixture(scope="session")
+def runtime_binary() -> Path:
+    """The `phrony-runtime` binary, built once per session (or `PHRONY_RUNTIME_BIN`)."""
+    from runtime_daemon import build_runtime
+
+    return build_runtime(REPO_ROOT)
+
+
+@pytest.fixture(scope="module")
+def runtime_daemon(runtime_binary: Path, tmp_path_factory: pytest.TempPathFactory):
+    """A daemon on a free port with a fresh SQLite database, shared by one test module and
+    stopped with SIGTERM (which must exit 0) when the module is done."""
+    from runtime_daemon import RuntimeDaemon
+
+    with RuntimeDaemon(runtime_binary, tmp_path_factory.mktemp("runtime")) as daemon:
+        yield daemon

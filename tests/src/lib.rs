@@ -2,7 +2,12 @@
 //!
 //! The tests themselves live in `tests/*.rs`: `schema.rs` keeps the authoring JSON Schema in sync
 //! with every example, `examples.rs` checks each example's `cases.yaml` against the real policy
-//! engine.
+//! engine, `lifecycle.rs` drives the real daemon with the real CLI.
+//!
+//! [`daemon`] starts the real `phrony-runtime` on a free port (SQLite or a fresh PostgreSQL
+//! database) for end-to-end tests.
+
+pub mod daemon;
 
 use std::path::{Path, PathBuf};
 

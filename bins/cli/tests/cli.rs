@@ -775,9 +775,11 @@ fn bundles_lock_writes_a_compact_lock_and_validate_accepts_it() {
     let again = stdout_of(&mut bundles(tmp.path(), &["lock"]));
     assert_eq!(again, out);
 
-    let locked: Value =
-        serde_json::from_str(&stdout_of(&mut bundles(tmp.path(), &["lock", "--output", "json"])))
-            .unwrap();
+    let locked: Value = serde_json::from_str(&stdout_of(&mut bundles(
+        tmp.path(),
+        &["lock", "--output", "json"],
+    )))
+    .unwrap();
     let validated: Value = serde_json::from_str(&stdout_of(&mut bundles(
         tmp.path(),
         &["validate", "--output", "json"],

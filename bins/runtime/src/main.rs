@@ -1,1 +1,42 @@
-fn main() {}
+//! `phrony-runtime`: the Phrony runtime daemon.
+//!
+//! `phrony-runtime [serve]` migrates the database and serves the gRPC API until SIGINT or
+//! SIGTERM; `phrony-runtime migrate` only migrates. Configuration comes from flags or the
+//! environment (`RUNTIME_GRPC_ADDR`, `RUNTIME_DATABASE_URL`, `RUNTIME_LOG_FORMAT`,
+//! `RUNTIME_LOG`/`RUST_LOG`, `RUNTIME_SECRETS_ENCRYPTION_KEY`, `PHRONY_ACTOR`); see `--help`.
+//! Failures print one line naming the problem and exit 1.
+
+mod config;
+mod daemon;
+mod logging;
+
+use std::process::ExitCode;
+
+use clap::Parser as _;
+
+use crate::config::{Cli, Command, Env, LogFormat};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let json = cli.settings.log_format == LogFormat::Json;
+    if let Err(error) = logging::init(&cli.settings) {
+        eprintln!("phrony-runtime: error: {error:#}");
+        return ExitCode::FAILURE;
+    }
+    let env = Env::from_process();
+    let result = match cli.command.unwrap_or(Command::Serve) {
+        Command::Serve => daemon::serve(&cli.settings, &env),
+        Command::Migrate => daemon::migrate(&cli.settings, &env),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            if json {
+                tracing::error!(error = format!("{error:#}"), "phrony-runtime failed");
+            } else {
+                eprintln!("phrony-runtime: error: {error:#}");
+            }
+            ExitCode::FAILURE
+        }
+    }
+}

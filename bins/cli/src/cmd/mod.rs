@@ -1,11 +1,16 @@
 //! The command tree. Each subcommand is one module holding its clap arguments and its `run`.
 
+mod agent_ref;
 mod agents;
 mod bundles;
 mod init;
 mod manifest;
 mod policies;
+mod remote;
+mod render;
 mod schema;
+mod status;
+mod table;
 
 use clap::{ArgAction, Parser, Subcommand, ValueEnum};
 
@@ -57,7 +62,9 @@ pub(crate) struct Global {
 enum Command {
     /// Scaffold the refund-agent starter project (agent.yaml, tools/, policies/, worker.py).
     Init(init::Args),
-    /// Work with agent manifests.
+    /// Show the runtime's address, version and health (exit 1 when unreachable or not serving).
+    Status(status::Args),
+    /// Validate agent manifests; publish, deploy, roll back and retire agent versions.
     #[command(subcommand)]
     Agents(agents::Command),
     /// Dry-run policies against a tool call.
@@ -85,7 +92,8 @@ impl Cli {
     pub(crate) fn run(self) -> anyhow::Result<()> {
         match self.command {
             Command::Init(args) => init::run(&args),
-            Command::Agents(cmd) => cmd.run(),
+            Command::Status(args) => status::run(&args, &self.global),
+            Command::Agents(cmd) => cmd.run(&self.global),
             Command::Policies(cmd) => cmd.run(),
             Command::Bundles(cmd) => cmd.run(),
             Command::Schema(args) => schema::run(&args),

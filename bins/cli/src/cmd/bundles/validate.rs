@@ -4,8 +4,9 @@ use std::io::{self, Write as _};
 use std::path::PathBuf;
 
 use phrony_manifest::SecretRequirement;
+use serde_json::json;
 
-use crate::cmd::manifest;
+use crate::cmd::{Output, manifest, render};
 
 /// Arguments of `phrony bundles validate`.
 #[derive(Debug, clap::Args)]
@@ -15,6 +16,9 @@ pub(crate) struct Args {
     /// Fail when no bundle.lock.json is committed beside the bundle.
     #[arg(long)]
     require_lock: bool,
+    /// Output format (warnings stay on stderr either way).
+    #[arg(long, value_enum, default_value_t)]
+    output: Output,
 }
 
 /// Prints `valid: <namespace>/<name> <lock hash>` and the members, warning about secrets unset in
@@ -46,6 +50,23 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
             .map(|l| l.version)
             .unwrap_or_else(|_| "unlocked".into()),
     };
+    if args.output == Output::Json {
+        if validated.lock.is_none() {
+            writeln!(
+                io::stderr().lock(),
+                "warning: no committed lock; run phrony bundles lock"
+            )?;
+        }
+        return render::json(&json!({
+            "valid": true,
+            "namespace": bundle.namespace,
+            "name": bundle.name,
+            "lock_hash": lock_hash,
+            "locked": validated.lock.is_some(),
+            "members": bundle.members.len(),
+            "root": root,
+        }));
+    }
     let mut stdout = io::stdout().lock();
     writeln!(
         stdout,

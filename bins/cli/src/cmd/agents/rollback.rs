@@ -1,0 +1,52 @@
+//! `phrony agents rollback NS/NAME [--to VERSION]`: re-activate the previous or a named version.
+
+use serde_json::json;
+
+use crate::cmd::{Global, Output, agent_ref, remote, render};
+
+/// Arguments of `phrony agents rollback`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct Args {
+    /// The agent: namespace/name.
+    agent: String,
+    /// The version to re-activate (default: the version deployed before the active one).
+    #[arg(long, value_name = "VERSION")]
+    to: Option<String>,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t)]
+    output: Output,
+}
+
+/// Prints `rolled back ns/name to V (was: P)`.
+pub(crate) fn run(args: &Args, global: &Global) -> anyhow::Result<()> {
+    let agent = agent_ref::unversioned(&args.agent, "; use --to VERSION to pick the version")?;
+    if args.to.as_deref().is_some_and(|v| v.trim().is_empty()) {
+        anyhow::bail!("--to must not be empty");
+    }
+    remote::block_on(async {
+        let (client, _) = remote::connect(global).await?;
+        let rolled = client
+            .rollback(&agent, args.to.as_deref(), &remote::actor())
+            .await
+            .map_err(remote::fails("rollback"))?;
+        match args.output {
+            Output::Json => render::json(&json!({
+                "namespace": agent.namespace,
+                "name": agent.name,
+                "version": rolled.version,
+                "previous_version": rolled.previous_version,
+            })),
+            Output::Text => {
+                let was = rolled
+                    .previous_version
+                    .as_ref()
+                    .map(|p| format!(" (was: {p})"))
+                    .unwrap_or_default();
+                render::line(format_args!(
+                    "rolled back {agent} to {}{was}",
+                    rolled.version
+                ))
+            }
+        }
+    })
+}

@@ -1,0 +1,364 @@
+//! Command line and environment: what the daemon runs on and where its files live.
+//!
+//! With nothing configured the daemon runs on an embedded SQLite file under the user's data
+//! directory (`$XDG_DATA_HOME/phrony/`, else `~/.local/share/phrony/`, else the current
+//! directory) and keeps a generated secrets key next to it.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context as _;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use percent_encoding::{AsciiSet, CONTROLS, percent_decode_str, utf8_percent_encode};
+use phrony_grpc::{KeyFileOutcome, SECRETS_KEY_FILE, SecretsKey};
+
+/// The Phrony runtime daemon: stores versioned agents and serves the phrony.runtime.v1 gRPC API.
+#[derive(Debug, Parser)]
+#[command(name = "phrony-runtime", version, max_term_width = 100)]
+pub(crate) struct Cli {
+    #[command(subcommand)]
+    pub(crate) command: Option<Command>,
+    #[command(flatten)]
+    pub(crate) settings: Settings,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Subcommand)]
+pub(crate) enum Command {
+    /// Migrate the database and serve the gRPC API (the default).
+    Serve,
+    /// Apply the database migrations and exit.
+    Migrate,
+}
+
+/// Settings shared by every command; each can also come from the environment.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct Settings {
+    /// Address to listen on (host:port).
+    #[arg(
+        long,
+        env = "RUNTIME_GRPC_ADDR",
+        default_value = "127.0.0.1:7777",
+        global = true
+    )]
+    pub(crate) grpc_addr: String,
+
+    /// Database URL: sqlite://PATH or postgres://USER@HOST:PORT/DB.
+    /// [default: SQLite file phrony.db in the data directory]
+    #[arg(long, env = "RUNTIME_DATABASE_URL", value_name = "URL", global = true)]
+    pub(crate) database_url: Option<String>,
+
+    /// Log format.
+    #[arg(long, env = "RUNTIME_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
+    pub(crate) log_format: LogFormat,
+
+    /// Log filter, e.g. `info` or `info,phrony_grpc=debug` (falls back to RUST_LOG, then `info`).
+    #[arg(
+        long = "log",
+        env = "RUNTIME_LOG",
+        value_name = "FILTER",
+        global = true
+    )]
+    pub(crate) log_filter: Option<String>,
+
+    /// Secrets encryption key: 32 bytes as hex, base64 or unpadded base64. Prefer the
+    /// environment variable. [default: generated into secrets.key next to the database]
+    #[arg(
+        long = "secrets-encryption-key",
+        env = "RUNTIME_SECRETS_ENCRYPTION_KEY",
+        value_name = "KEY",
+        hide_env_values = true,
+        global = true
+    )]
+    pub(crate) secrets_key: Option<String>,
+
+    /// Actor recorded for changes whose request names none.
+    #[arg(long, env = "PHRONY_ACTOR", default_value = "anonymous", global = true)]
+    pub(crate) default_actor: String,
+}
+
+/// `RUNTIME_LOG_FORMAT`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// The environment the defaults are derived from (injected for tests).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Env {
+    pub(crate) xdg_data_home: Option<PathBuf>,
+    pub(crate) home: Option<PathBuf>,
+}
+
+impl Env {
+    pub(crate) fn from_process() -> Self {
+        let var = |name| {
+            std::env::var_os(name)
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        };
+        Self {
+            xdg_data_home: var("XDG_DATA_HOME"),
+            home: var("HOME"),
+        }
+    }
+
+    /// `$XDG_DATA_HOME/phrony` (absolute only, per the XDG spec), else
+    /// `~/.local/share/phrony`; `None` when neither can be determined.
+    pub(crate) fn data_dir(&self) -> Option<PathBuf> {
+        if let Some(xdg) = self.xdg_data_home.as_ref().filter(|p| p.is_absolute()) {
+            return Some(xdg.join("phrony"));
+        }
+        self.home
+            .as_ref()
+            .map(|h| h.join(".local").join("share").join("phrony"))
+    }
+}
+
+/// Where the database is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Database {
+    /// The URL given to the ledger.
+    pub(crate) url: String,
+    /// The SQLite file, when the database is one.
+    pub(crate) sqlite_file: Option<PathBuf>,
+}
+
+impl Settings {
+    fn configured_url(&self) -> Option<&str> {
+        self.database_url
+            .as_deref()
+            .map(str::trim)
+            .filter(|u| !u.is_empty())
+    }
+
+    /// The configured database, or the embedded default.
+    pub(crate) fn database(&self, env: &Env) -> Database {
+        match self.configured_url() {
+            Some(url) => Database {
+                url: url.to_owned(),
+                sqlite_file: sqlite_file(url),
+            },
+            None => {
+                let file = env
+                    .data_dir()
+                    .map_or_else(|| PathBuf::from("phrony.db"), |d| d.join("phrony.db"));
+                Database {
+                    url: sqlite_url(&file),
+                    sqlite_file: Some(file),
+                }
+            }
+        }
+    }
+
+    /// Where a generated key is kept: beside the SQLite file, else in the data directory.
+    pub(crate) fn key_file(&self, env: &Env, db: &Database) -> PathBuf {
+        let dir = match db.sqlite_file.as_deref().and_then(Path::parent) {
+            Some(parent) if !parent.as_os_str().is_empty() => parent.to_path_buf(),
+            Some(_) => PathBuf::from("."),
+            None => env.data_dir().unwrap_or_else(|| PathBuf::from(".")),
+        };
+        dir.join(SECRETS_KEY_FILE)
+    }
+
+    /// The secrets key given by `RUNTIME_SECRETS_ENCRYPTION_KEY` (or the flag), if any.
+    pub(crate) fn configured_secrets_key(&self) -> anyhow::Result<Option<SecretsKey>> {
+        let Some(text) = self.secrets_key.as_deref().filter(|k| !k.trim().is_empty()) else {
+            return Ok(None);
+        };
+        let key = SecretsKey::parse(text).context("invalid RUNTIME_SECRETS_ENCRYPTION_KEY")?;
+        tracing::info!(
+            fingerprint = %key.fingerprint(),
+            "secrets key: from RUNTIME_SECRETS_ENCRYPTION_KEY"
+        );
+        Ok(Some(key))
+    }
+
+    /// The key kept in [`Settings::key_file`], generated on first use.
+    pub(crate) fn key_file_secrets_key(
+        &self,
+        env: &Env,
+        db: &Database,
+    ) -> anyhow::Result<SecretsKey> {
+        let path = self.key_file(env, db);
+        let (key, outcome) =
+            SecretsKey::load_or_create(&path).context("cannot set up the secrets key")?;
+        match outcome {
+            KeyFileOutcome::Created => tracing::info!(
+                fingerprint = %key.fingerprint(),
+                "generated a new secrets key in {} (owner-only); back it up with the database, \
+                 or set RUNTIME_SECRETS_ENCRYPTION_KEY",
+                path.display()
+            ),
+            KeyFileOutcome::Loaded => tracing::info!(
+                fingerprint = %key.fingerprint(),
+                "secrets key: {}",
+                path.display()
+            ),
+        }
+        Ok(key)
+    }
+}
+
+/// Characters that cannot appear literally in the path of a `sqlite://` URL.
+const SQLITE_PATH: &AsciiSet = &CONTROLS.add(b'%').add(b'?').add(b'#');
+
+/// `sqlite://` URL of a file path.
+pub(crate) fn sqlite_url(file: &Path) -> String {
+    format!(
+        "sqlite://{}",
+        utf8_percent_encode(&file.to_string_lossy(), SQLITE_PATH)
+    )
+}
+
+/// The file of a `sqlite:` URL, read the way the SQLite driver reads it; `None` for other
+/// schemes and in-memory databases.
+pub(crate) fn sqlite_file(url: &str) -> Option<PathBuf> {
+    let (scheme, _) = url.split_once(':')?;
+    if !scheme.eq_ignore_ascii_case("sqlite") {
+        return None;
+    }
+    let rest = &url[scheme.len() + 1..];
+    let rest = rest.strip_prefix("//").unwrap_or(rest);
+    let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
+    if path.is_empty() || path == ":memory:" || query.split('&').any(|p| p == "mode=memory") {
+        return None;
+    }
+    let decoded = percent_decode_str(path).decode_utf8().ok()?;
+    Some(PathBuf::from(decoded.as_ref()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(url: Option<&str>) -> Settings {
+        Settings {
+            grpc_addr: "127.0.0.1:7777".into(),
+            database_url: url.map(str::to_owned),
+            log_format: LogFormat::Text,
+            log_filter: None,
+            secrets_key: None,
+            default_actor: "anonymous".into(),
+        }
+    }
+
+    fn env(xdg: Option<&str>, home: Option<&str>) -> Env {
+        Env {
+            xdg_data_home: xdg.map(PathBuf::from),
+            home: home.map(PathBuf::from),
+        }
+    }
+
+    #[test]
+    fn default_database_lives_in_the_data_dir() {
+        let db = settings(None).database(&env(Some("/xdg"), Some("/home/u")));
+        assert_eq!(db.url, "sqlite:///xdg/phrony/phrony.db");
+        assert_eq!(
+            db.sqlite_file.as_deref(),
+            Some(Path::new("/xdg/phrony/phrony.db"))
+        );
+
+        let db = settings(None).database(&env(None, Some("/home/u")));
+        assert_eq!(db.url, "sqlite:///home/u/.local/share/phrony/phrony.db");
+
+        // A relative XDG_DATA_HOME is invalid per the spec and ignored.
+        let db = settings(Some("  ")).database(&env(Some("rel"), Some("/home/u")));
+        assert_eq!(db.url, "sqlite:///home/u/.local/share/phrony/phrony.db");
+
+        let db = settings(None).database(&env(None, None));
+        assert_eq!(db.url, "sqlite://phrony.db");
+        assert_eq!(db.sqlite_file.as_deref(), Some(Path::new("phrony.db")));
+    }
+
+    #[test]
+    fn awkward_paths_survive_the_url_round_trip() {
+        let file = Path::new("/data/50% off?/#1/phrony.db");
+        let url = sqlite_url(file);
+        assert_eq!(url, "sqlite:///data/50%25 off%3F/%231/phrony.db");
+        assert_eq!(sqlite_file(&url).as_deref(), Some(file));
+    }
+
+    #[test]
+    fn sqlite_files_are_found_in_configured_urls() {
+        let cases = [
+            ("sqlite://./x.db", Some("./x.db")),
+            ("sqlite:///abs/x.db?mode=rwc", Some("/abs/x.db")),
+            ("sqlite:rel.db", Some("rel.db")),
+            ("SQLITE://y.db", Some("y.db")),
+            ("sqlite::memory:", None),
+            ("sqlite://?mode=memory", None),
+            ("postgres://u@h/db", None),
+            ("nonsense", None),
+        ];
+        for (url, want) in cases {
+            assert_eq!(sqlite_file(url).as_deref(), want.map(Path::new), "{url}");
+        }
+    }
+
+    #[test]
+    fn key_file_sits_next_to_sqlite_or_in_the_data_dir() {
+        let e = env(None, Some("/home/u"));
+        let s = settings(Some("sqlite:///srv/phrony/ledger.db"));
+        assert_eq!(
+            s.key_file(&e, &s.database(&e)),
+            Path::new("/srv/phrony/secrets.key")
+        );
+        let s = settings(Some("sqlite://ledger.db"));
+        assert_eq!(s.key_file(&e, &s.database(&e)), Path::new("./secrets.key"));
+        let s = settings(Some("postgres://u@h/db"));
+        assert_eq!(
+            s.key_file(&e, &s.database(&e)),
+            Path::new("/home/u/.local/share/phrony/secrets.key")
+        );
+        let s = settings(Some("postgres://u@h/db"));
+        assert_eq!(
+            s.key_file(&env(None, None), &s.database(&e)),
+            Path::new("./secrets.key")
+        );
+    }
+
+    #[test]
+    fn a_configured_key_is_parsed_and_blank_means_unset() {
+        let mut s = settings(None);
+        assert!(s.configured_secrets_key().unwrap().is_none());
+        s.secrets_key = Some(" ".into());
+        assert!(s.configured_secrets_key().unwrap().is_none());
+        s.secrets_key = Some("ab".repeat(32));
+        let key = s.configured_secrets_key().unwrap().unwrap();
+        assert_eq!(key.as_bytes(), &[0xab; 32]);
+    }
+
+    #[test]
+    fn an_invalid_key_is_refused_with_the_variable_name() {
+        let mut s = settings(None);
+        s.secrets_key = Some("c2hvcnQ=".into());
+        let err = s.configured_secrets_key().unwrap_err();
+        let shown = format!("{err:#}");
+        assert!(
+            shown.starts_with("invalid RUNTIME_SECRETS_ENCRYPTION_KEY: must be 32 bytes"),
+            "{shown}"
+        );
+        assert!(!shown.contains("c2hvcnQ"), "{shown}");
+    }
+
+    #[test]
+    fn cli_defaults_to_serve_and_reads_flags() {
+        let cli = Cli::try_parse_from(["phrony-runtime"]).unwrap();
+        assert_eq!(cli.command, None);
+        let cli = Cli::try_parse_from([
+            "phrony-runtime",
+            "migrate",
+            "--database-url",
+            "sqlite::memory:",
+        ])
+        .unwrap();
+        assert_eq!(cli.command, Some(Command::Migrate));
+        assert_eq!(
+            cli.settings.database_url.as_deref(),
+            Some("sqlite::memory:")
+        );
+        assert!(Cli::try_parse_from(["phrony-runtime", "--log-format", "xml"]).is_err());
+    }
+}

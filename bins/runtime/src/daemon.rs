@@ -1,0 +1,114 @@
+//! The two commands, wired from configuration to the libraries.
+
+use anyhow::Context as _;
+use phrony_grpc::{ServeConfig, ServeError};
+use phrony_ledger::{Backend, Ledger, LedgerError};
+
+use crate::config::{Database, Env, Settings};
+
+/// `phrony-runtime serve`: configured key, listener, database and migrations, generated key,
+/// then serve until a signal. Each step fails before the next has side effects.
+pub(crate) fn serve(settings: &Settings, env: &Env) -> anyhow::Result<()> {
+    tokio_runtime()?.block_on(async {
+        // Before anything slow, so a signal during start-up is a clean stop too.
+        let shutdown = shutdown_signal()?;
+        let db = settings.database(env);
+        let configured_key = settings.configured_secrets_key()?;
+        let listener = phrony_grpc::bind(&settings.grpc_addr)
+            .await
+            .map_err(|e| match e {
+                ServeError::AddrInUse { addr } => {
+                    anyhow::anyhow!("address {addr} is already in use; set RUNTIME_GRPC_ADDR")
+                }
+                ServeError::InvalidAddress { addr, source } => {
+                    anyhow::anyhow!(
+                        "invalid RUNTIME_GRPC_ADDR {addr:?}: expected host:port ({source})"
+                    )
+                }
+                other => anyhow::Error::new(other),
+            })?;
+        let ledger = open_ledger(&db).await?;
+        let secrets_key = match configured_key {
+            Some(key) => key,
+            None => settings.key_file_secrets_key(env, &db)?,
+        };
+        let mut config = ServeConfig::new(secrets_key);
+        config.default_actor = settings.default_actor.clone();
+        phrony_grpc::serve(listener, ledger, config, shutdown).await?;
+        Ok(())
+    })
+}
+
+/// `phrony-runtime migrate`: apply the migrations and exit.
+pub(crate) fn migrate(settings: &Settings, env: &Env) -> anyhow::Result<()> {
+    tokio_runtime()?.block_on(async {
+        let db = settings.database(env);
+        let ledger = open_ledger(&db).await?;
+        ledger.close().await;
+        Ok(())
+    })
+}
+
+fn tokio_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+}
+
+/// Connects, migrates and reports where the data lives.
+async fn open_ledger(db: &Database) -> anyhow::Result<Ledger> {
+    let ledger = Ledger::connect(&db.url).await.map_err(|e| match e {
+        LedgerError::Config { message } => {
+            anyhow::anyhow!("invalid RUNTIME_DATABASE_URL: {message}")
+        }
+        LedgerError::Unavailable { .. } => anyhow::anyhow!("database unreachable: {e}"),
+        other => anyhow::Error::new(other).context("cannot open the database"),
+    })?;
+    match (ledger.backend(), &db.sqlite_file) {
+        (Backend::Sqlite, Some(file)) => {
+            let shown = std::path::absolute(file).unwrap_or_else(|_| file.clone());
+            tracing::info!("database: SQLite file {}", shown.display());
+        }
+        _ => tracing::info!("database: {}", ledger.display_url()),
+    }
+    ledger
+        .migrate()
+        .await
+        .with_context(|| format!("cannot migrate the database {}", ledger.display_url()))?;
+    let schema = ledger
+        .schema_version()
+        .await
+        .with_context(|| format!("cannot read the schema version of {}", ledger.display_url()))?;
+    tracing::info!(
+        "database migrated to schema version {}",
+        schema.as_deref().unwrap_or("(none)")
+    );
+    Ok(ledger)
+}
+
+/// Completes on the first SIGINT or SIGTERM. The handlers are installed immediately.
+#[cfg(unix)]
+fn shutdown_signal() -> anyhow::Result<impl Future<Output = ()> + Send> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut interrupt = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
+    let mut terminate = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
+    Ok(async move {
+        tokio::select! {
+            _ = interrupt.recv() => tracing::info!("SIGINT received"),
+            _ = terminate.recv() => tracing::info!("SIGTERM received"),
+        }
+    })
+}
+
+/// Completes on the first Ctrl-C.
+#[cfg(not(unix))]
+fn shutdown_signal() -> anyhow::Result<impl Future<Output = ()> + Send> {
+    Ok(async {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            tracing::info!("Ctrl-C received");
+        } else {
+            std::future::pending::<()>().await;
+        }
+    })
+}

@@ -1,0 +1,414 @@
+//! Test support: the real `phrony-runtime` binary on a free port, fresh databases, a compiled
+//! test agent and the generated gRPC clients.
+
+#![allow(
+    dead_code,
+    reason = "each test file uses a different subset of the helpers"
+)]
+#![allow(clippy::unwrap_used, reason = "test support: a panic is a failed test")]
+
+use std::io::{BufRead as _, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use pb::runtime_client::RuntimeClient;
+use phrony_proto::runtime::v1 as pb;
+use sqlx::Executor as _;
+use tonic::transport::Channel;
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+
+pub(crate) const BIN: &str = env!("CARGO_BIN_EXE_phrony-runtime");
+
+/// How long a daemon may take to become healthy or to exit.
+pub(crate) const PATIENCE: Duration = Duration::from_secs(30);
+
+/// A port nobody listens on right now.
+pub(crate) fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
+}
+
+/// A running daemon. Killed on drop; its stderr is collected for assertions and diagnostics.
+pub(crate) struct Daemon {
+    child: Child,
+    pub(crate) addr: String,
+    stderr: Arc<Mutex<String>>,
+}
+
+/// How to start a daemon.
+#[derive(Clone, Debug)]
+pub(crate) struct Launch {
+    pub(crate) database_url: Option<String>,
+    /// XDG_DATA_HOME and HOME of the daemon (the default database and key live below it).
+    pub(crate) home: PathBuf,
+    pub(crate) env: Vec<(String, String)>,
+    pub(crate) addr: String,
+}
+
+impl Launch {
+    pub(crate) fn new(home: &Path, database_url: Option<&str>) -> Self {
+        Self {
+            database_url: database_url.map(str::to_owned),
+            home: home.to_path_buf(),
+            env: Vec::new(),
+            addr: format!("127.0.0.1:{}", free_port()),
+        }
+    }
+
+    pub(crate) fn env(mut self, key: &str, value: &str) -> Self {
+        self.env.push((key.to_owned(), value.to_owned()));
+        self
+    }
+
+    pub(crate) fn command(&self) -> Command {
+        let mut cmd = Command::new(BIN);
+        for var in [
+            "RUNTIME_DATABASE_URL",
+            "RUNTIME_GRPC_ADDR",
+            "RUNTIME_LOG_FORMAT",
+            "RUNTIME_LOG",
+            "RUST_LOG",
+            "RUNTIME_SECRETS_ENCRYPTION_KEY",
+            "PHRONY_ACTOR",
+        ] {
+            cmd.env_remove(var);
+        }
+        cmd.env("XDG_DATA_HOME", self.home.join("xdg"))
+            .env("HOME", &self.home)
+            .env("RUNTIME_GRPC_ADDR", &self.addr)
+            .current_dir(&self.home);
+        if let Some(url) = &self.database_url {
+            cmd.env("RUNTIME_DATABASE_URL", url);
+        }
+        for (k, v) in &self.env {
+            cmd.env(k, v);
+        }
+        cmd
+    }
+
+    /// Starts the daemon without waiting for it.
+    pub(crate) fn spawn(&self) -> Daemon {
+        self.spawn_args(&[])
+    }
+
+    /// Starts the binary with `args` without waiting for it.
+    pub(crate) fn spawn_args(&self, args: &[&str]) -> Daemon {
+        let mut child = self
+            .command()
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let pipe = child.stderr.take().unwrap();
+        let sink = Arc::clone(&stderr);
+        std::thread::spawn(move || {
+            for line in BufReader::new(pipe).lines() {
+                let Ok(line) = line else { break };
+                let mut s = sink.lock().unwrap();
+                s.push_str(&line);
+                s.push('\n');
+            }
+        });
+        Daemon {
+            child,
+            addr: self.addr.clone(),
+            stderr,
+        }
+    }
+
+    /// Starts the daemon and waits until its health check reports SERVING.
+    pub(crate) async fn start(&self) -> Daemon {
+        let mut daemon = self.spawn();
+        daemon.wait_for_health(ServingStatus::Serving).await;
+        daemon
+    }
+
+    /// Runs the binary to completion (for commands and start-up failures).
+    pub(crate) fn run(&self, args: &[&str]) -> (ExitStatus, String) {
+        let mut daemon = self.spawn_args(args);
+        let status = daemon.wait_exit();
+        (status, daemon.stderr())
+    }
+}
+
+impl Daemon {
+    pub(crate) fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Waits (up to [`PATIENCE`]) for the process to exit.
+    pub(crate) fn wait_exit(&mut self) -> ExitStatus {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                // Let the reader thread drain the pipe.
+                std::thread::sleep(Duration::from_millis(100));
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "daemon did not exit; stderr:\n{}",
+                self.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Sends SIGTERM and waits for the exit.
+    pub(crate) fn terminate(&mut self) -> ExitStatus {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.pid().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill -TERM failed");
+        self.wait_exit()
+    }
+
+    pub(crate) async fn channel(&self) -> Channel {
+        tonic::transport::Endpoint::from_shared(format!("http://{}", self.addr))
+            .unwrap()
+            .connect_timeout(Duration::from_secs(5))
+            .timeout(Duration::from_secs(20))
+            .connect()
+            .await
+            .unwrap_or_else(|e| panic!("cannot connect to {}: {e}\n{}", self.addr, self.stderr()))
+    }
+
+    pub(crate) async fn client(&self) -> RuntimeClient<Channel> {
+        RuntimeClient::new(self.channel().await)
+    }
+
+    /// The health of `service` ("" = the whole server), or `None` when nothing answers.
+    pub(crate) async fn health(&self, service: &str) -> Option<ServingStatus> {
+        let endpoint =
+            tonic::transport::Endpoint::from_shared(format!("http://{}", self.addr)).unwrap();
+        let channel = endpoint
+            .connect_timeout(Duration::from_secs(2))
+            .timeout(Duration::from_secs(5))
+            .connect()
+            .await
+            .ok()?;
+        let response = HealthClient::new(channel)
+            .check(HealthCheckRequest {
+                service: service.to_owned(),
+            })
+            .await
+            .ok()?;
+        Some(response.into_inner().status())
+    }
+
+    /// Polls health until both `""` and the runtime service report `want`.
+    pub(crate) async fn wait_for_health(&mut self, want: ServingStatus) {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                std::thread::sleep(Duration::from_millis(100));
+                panic!(
+                    "daemon exited with {status} before becoming {want:?}:\n{}",
+                    self.stderr()
+                );
+            }
+            let server = self.health("").await;
+            let runtime = self.health("phrony.runtime.v1.Runtime").await;
+            if server == Some(want) && runtime == Some(want) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "health stayed {server:?}/{runtime:?}, wanted {want:?}; stderr:\n{}",
+                self.stderr()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Databases
+
+pub(crate) const DEFAULT_ADMIN_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+
+/// A fresh PostgreSQL database `phrony_test_<uuid>`, dropped (with its connections) on drop.
+pub(crate) struct PgDatabase {
+    pub(crate) url: String,
+    pub(crate) name: String,
+    admin_url: String,
+}
+
+impl PgDatabase {
+    /// `None` only when PostgreSQL is unreachable and `PHRONY_TEST_SKIP_POSTGRES=1`.
+    pub(crate) async fn create() -> Option<Self> {
+        let admin_url = std::env::var("PHRONY_TEST_POSTGRES_URL")
+            .unwrap_or_else(|_| DEFAULT_ADMIN_URL.to_owned());
+        let admin = match sqlx::PgPool::connect(&admin_url).await {
+            Ok(pool) => pool,
+            Err(e) if std::env::var("PHRONY_TEST_SKIP_POSTGRES").as_deref() == Ok("1") => {
+                eprintln!("skipping PostgreSQL test (PHRONY_TEST_SKIP_POSTGRES=1): {e}");
+                return None;
+            }
+            Err(e) => panic!(
+                "PostgreSQL at {admin_url} is unreachable: {e}; start it, point \
+                 PHRONY_TEST_POSTGRES_URL at a server, or set PHRONY_TEST_SKIP_POSTGRES=1"
+            ),
+        };
+        let name = format!("phrony_test_{}", uuid::Uuid::new_v4().simple());
+        admin
+            .execute(format!("CREATE DATABASE \"{name}\"").as_str())
+            .await
+            .unwrap();
+        admin.close().await;
+        let base = admin_url
+            .rsplit_once('/')
+            .map_or(admin_url.as_str(), |(b, _)| b);
+        Some(Self {
+            url: format!("{base}/{name}"),
+            name,
+            admin_url,
+        })
+    }
+
+    /// Drops the database now, terminating its connections.
+    pub(crate) async fn drop_now(&self) {
+        let admin = sqlx::PgPool::connect(&self.admin_url).await.unwrap();
+        admin
+            .execute(format!("DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)", self.name).as_str())
+            .await
+            .unwrap();
+        admin.close().await;
+    }
+}
+
+impl Drop for PgDatabase {
+    fn drop(&mut self) {
+        let (admin_url, name) = (self.admin_url.clone(), self.name.clone());
+        // Drop may run inside a runtime, which cannot be blocked on: use a thread.
+        let dropped = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            rt.block_on(async {
+                let admin = sqlx::PgPool::connect(&admin_url).await?;
+                admin
+                    .execute(format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)").as_str())
+                    .await?;
+                admin.close().await;
+                Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
+            })
+        })
+        .join();
+        if !matches!(dropped, Ok(Ok(()))) {
+            eprintln!("warning: could not drop test database {}", self.name);
+        }
+    }
+}
+
+/// A SQLite URL for a file in `dir`.
+pub(crate) fn sqlite_url(dir: &Path) -> String {
+    format!("sqlite://{}", dir.join("ledger.db").display())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Agents
+
+/// Writes a small agent (one tool, one deny policy) to `dir` and compiles it with
+/// phrony-manifest: the snapshot the CLI would publish.
+pub(crate) fn compile_agent(dir: &Path, version: &str, purpose: &str) -> Vec<u8> {
+    std::fs::create_dir_all(dir.join("tools")).unwrap();
+    std::fs::create_dir_all(dir.join("policies")).unwrap();
+    std::fs::write(
+        dir.join("agent.yaml"),
+        format!(
+            "apiVersion: phrony.com/v1
+kind: Agent
+metadata:
+  name: refund-agent
+  namespace: support
+  version: {version}
+  owner: payments-team
+spec:
+  purpose: {purpose}
+  instructions:
+    text: Always look up the order before issuing a refund.
+  model:
+    provider: openai
+    name: gpt-4o
+  tools:
+    - ref: payments.issue-refund
+      policies:
+        - ref: policies/refund-limit.yaml
+"
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("tools/payments.issue-refund.yaml"),
+        "apiVersion: phrony.com/v1
+kind: Tool
+metadata:
+  name: issue-refund
+  namespace: payments
+  version: 1.0.0
+spec:
+  description: Issue a refund to the original payment method.
+  side_effect_class: irreversible_action
+  input_schema:
+    inline:
+      type: object
+      properties:
+        order_id:
+          type: string
+        amount:
+          type: number
+      required: [order_id, amount]
+",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("policies/refund-limit.yaml"),
+        "apiVersion: phrony.com/v1
+kind: Policy
+metadata:
+  name: refund-limit
+  namespace: payments
+  version: 1.0.0
+spec:
+  conditions:
+    field: amount
+    op: gt
+    value: 5000
+  decision:
+    type: deny
+    reason: Refund amount exceeds the ceiling.
+",
+    )
+    .unwrap();
+    let compiled = phrony_manifest::load_agent(dir.join("agent.yaml"))
+        .unwrap_or_else(|d| panic!("the test agent does not compile:\n{d}"));
+    compiled.agent.snapshot_json()
+}
+
+pub(crate) fn agent_ref(version: &str) -> pb::AgentRef {
+    pb::AgentRef {
+        namespace: "support".into(),
+        name: "refund-agent".into(),
+        version: version.into(),
+    }
+}

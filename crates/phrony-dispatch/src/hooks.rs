@@ -1,0 +1,136 @@
+//! Hooks the runtime plugs into the router: an observer of notable events, a lookup of
+//! durably completed calls, and a journal written before each invoke.
+
+use std::collections::HashSet;
+use std::fmt;
+
+use async_trait::async_trait;
+
+use crate::ack::AckHandle;
+use crate::error::WorkerLost;
+use crate::types::{Invocation, ToolError, ToolOutcome, WorkerProvenance};
+
+/// An error returned by a hook (a database failure, typically).
+pub type HookError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Receives the router's notable events. Called synchronously, outside the router's lock,
+/// on the task that caused the event: implementations must not block (send to a channel).
+pub trait RouterObserver: Send + Sync + 'static {
+    /// One event.
+    fn on_event(&self, event: RouterEvent);
+}
+
+/// A notable router event.
+#[derive(Debug)]
+pub enum RouterEvent {
+    /// A worker registered.
+    WorkerRegistered {
+        /// The worker.
+        worker_id: String,
+        /// It replaced an earlier connection with the same id.
+        replaced: bool,
+        /// Calls of the earlier connection listed in `in_flight` and kept.
+        reattached: Vec<String>,
+        /// `in_flight` calls the [`CompletedCalls`] lookup reported done, acknowledged at once.
+        acknowledged: Vec<String>,
+    },
+    /// A worker was dropped; `indeterminate` lists its in-flight calls resolved as
+    /// [`crate::DispatchFailure::Indeterminate`].
+    WorkerRemoved {
+        /// The worker.
+        worker_id: String,
+        /// Why.
+        reason: WorkerLost,
+        /// Calls that became indeterminate.
+        indeterminate: Vec<String>,
+    },
+    /// A result or nack arrived for a call nobody waits for any more. Record it, then
+    /// [`AckHandle::ack`] it (without an observer the router acknowledges at once).
+    LateResult(LateResult),
+    /// A worker answered a call another worker owns; the answer was ignored.
+    ForeignResult {
+        /// The sender.
+        worker_id: String,
+        /// The call.
+        call_id: String,
+        /// The worker that owns the call.
+        owner: String,
+    },
+}
+
+/// A result nobody waits for.
+#[derive(Debug)]
+pub struct LateResult {
+    /// The worker that sent it.
+    pub worker_id: String,
+    /// The call.
+    pub call_id: String,
+    /// What the worker reported.
+    pub outcome: LateOutcome,
+    /// Why nobody waits for it.
+    pub reason: LateReason,
+    /// Sends `WorkResultAck` once the result is recorded.
+    pub ack: AckHandle,
+}
+
+/// The content of a late answer.
+#[derive(Debug, Clone, PartialEq)]
+pub enum LateOutcome {
+    /// A `WorkToolResult`.
+    Result(ToolOutcome),
+    /// A `WorkToolNack`.
+    Nack(ToolError),
+}
+
+/// Why a result is late.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LateReason {
+    /// The call was abandoned (its slot was still held).
+    Abandoned(AbandonReason),
+    /// The router does not know the call: it was resolved as indeterminate, its abandon grace
+    /// passed, it predates a restart, or it never existed.
+    Unknown,
+}
+
+/// Why a dispatched call was abandoned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AbandonReason {
+    /// The execution timeout passed.
+    ExecutionTimeout,
+    /// The caller's cancellation token fired.
+    Cancelled,
+    /// The caller dropped the dispatch future.
+    CallerGone,
+}
+
+impl fmt::Display for AbandonReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::ExecutionTimeout => "execution_timeout",
+            Self::Cancelled => "cancelled",
+            Self::CallerGone => "caller_gone",
+        })
+    }
+}
+
+/// Tells which call ids already have a durably recorded result, so a reconnecting worker's
+/// `in_flight` list can be acknowledged at once.
+#[async_trait]
+pub trait CompletedCalls: Send + Sync + 'static {
+    /// The subset of `call_ids` whose result is recorded.
+    async fn completed(&self, call_ids: &[String]) -> Result<HashSet<String>, HookError>;
+}
+
+/// Records a dispatch before the invoke is sent, so a crash after the send is never mistaken
+/// for a call that was not sent.
+#[async_trait]
+pub trait DispatchJournal: Send + Sync + 'static {
+    /// A handler slot on `worker` is reserved for `invocation` (attempt number `attempt`,
+    /// from 1). An error releases the slot and fails the dispatch; nothing is sent.
+    async fn dispatching(
+        &self,
+        invocation: &Invocation,
+        worker: &WorkerProvenance,
+        attempt: u32,
+    ) -> Result<(), HookError>;
+}

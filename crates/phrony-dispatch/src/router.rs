@@ -1,0 +1,520 @@
+//! The public router: worker registration and tool dispatch.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::ack::AckHandle;
+use crate::allowlist::Allowlist;
+use crate::config::RouterConfig;
+use crate::connection::{Outbox, WorkerConnection};
+use crate::error::{ConfigError, DispatchError, DispatchFailure, WorkerLost};
+use crate::hooks::{AbandonReason, CompletedCalls, DispatchJournal, RouterObserver};
+use crate::snapshot::RouterSnapshot;
+use crate::state::{self, Admission, CallEvent, Inner, Request, Resolution};
+use crate::types::{
+    DEFAULT_VERSION, Invocation, ToolError, ToolOutcome, WorkerHello, WorkerProvenance, handler_key,
+};
+
+/// The worker registry and dispatch router. Cheap to clone; all clones share one registry.
+#[derive(Debug, Clone)]
+pub struct Router {
+    inner: Arc<Inner>,
+}
+
+/// Builds a [`Router`] with optional hooks.
+pub struct RouterBuilder {
+    config: RouterConfig,
+    allowlist: Option<Allowlist>,
+    observer: Option<Arc<dyn RouterObserver>>,
+    completed: Option<Arc<dyn CompletedCalls>>,
+}
+
+impl fmt::Debug for RouterBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RouterBuilder")
+            .field("config", &self.config)
+            .field("allowlist", &self.allowlist)
+            .field("observer", &self.observer.is_some())
+            .field("completed", &self.completed.is_some())
+            .finish()
+    }
+}
+
+impl RouterBuilder {
+    /// Checks every dispatch against this integrity allowlist (an empty one checks nothing).
+    #[must_use]
+    pub fn allowlist(mut self, allowlist: Allowlist) -> Self {
+        self.allowlist = Some(allowlist);
+        self
+    }
+
+    /// Receives late results, worker removals and other notable events.
+    #[must_use]
+    pub fn observer(mut self, observer: Arc<dyn RouterObserver>) -> Self {
+        self.observer = Some(observer);
+        self
+    }
+
+    /// Answers which `in_flight` calls of a registering worker are already recorded.
+    #[must_use]
+    pub fn completed_calls(mut self, completed: Arc<dyn CompletedCalls>) -> Self {
+        self.completed = Some(completed);
+        self
+    }
+
+    /// Validates the settings and starts the router, including its lease reaper task.
+    ///
+    /// # Panics
+    /// When called outside a Tokio runtime (the reaper is spawned on the current one).
+    pub fn build(self) -> Result<Router, ConfigError> {
+        self.config.validate()?;
+        let inner = Inner::new(self.config, self.allowlist, self.observer, self.completed);
+        tokio::spawn(state::reaper(
+            Arc::downgrade(&inner),
+            Arc::clone(&inner.reaper_wake),
+            inner.stop.clone(),
+        ));
+        Ok(Router { inner })
+    }
+}
+
+/// One tool call to dispatch to a worker.
+pub struct DispatchCall {
+    /// The invoke to send. An empty `version` is dispatched as `default`; the router lowers
+    /// `deadline_unix_ms` to the execution deadline.
+    pub invocation: Invocation,
+    /// The calling agent as `namespace/name` (checked by the integrity allowlist).
+    pub agent: String,
+    /// How long to wait for a free handler slot (`RUNTIME_DISPATCH_QUEUE_WAIT`). It does not
+    /// bound execution.
+    pub queue_wait: Duration,
+    /// How long the worker may run the call once invoked (the binding's `timeout`, else the
+    /// daemon default); `None` waits indefinitely.
+    pub exec_timeout: Option<Duration>,
+    /// Cancels the call (the session was cancelled or completed); a dispatched call gets a
+    /// `WorkToolCancel`.
+    pub cancel: CancellationToken,
+    /// Records the dispatch before the invoke is sent.
+    pub journal: Option<Arc<dyn DispatchJournal>>,
+}
+
+impl DispatchCall {
+    /// A call with a fresh cancellation token and no journal.
+    pub fn new(
+        invocation: Invocation,
+        agent: impl Into<String>,
+        queue_wait: Duration,
+        exec_timeout: Option<Duration>,
+    ) -> Self {
+        Self {
+            invocation,
+            agent: agent.into(),
+            queue_wait,
+            exec_timeout,
+            cancel: CancellationToken::new(),
+            journal: None,
+        }
+    }
+
+    /// Uses this cancellation token.
+    #[must_use]
+    pub fn with_cancel(mut self, cancel: CancellationToken) -> Self {
+        self.cancel = cancel;
+        self
+    }
+
+    /// Records each dispatch in this journal before the invoke is sent.
+    #[must_use]
+    pub fn with_journal(mut self, journal: Arc<dyn DispatchJournal>) -> Self {
+        self.journal = Some(journal);
+        self
+    }
+}
+
+impl fmt::Debug for DispatchCall {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DispatchCall")
+            .field("invocation", &self.invocation)
+            .field("agent", &self.agent)
+            .field("queue_wait", &self.queue_wait)
+            .field("exec_timeout", &self.exec_timeout)
+            .field("journal", &self.journal.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A worker's answer to a dispatched call.
+#[derive(Debug)]
+pub struct Completion {
+    /// The handler's result or error (a final nack becomes a tool error `code: message`).
+    pub outcome: ToolOutcome,
+    /// The worker that answered.
+    pub worker: WorkerProvenance,
+    /// Invokes sent (more than 1 after a nack was retried elsewhere).
+    pub attempts: u32,
+    /// Time spent waiting for handler slots.
+    pub queued_for: Duration,
+    /// Time from the last invoke to the answer.
+    pub executed_for: Duration,
+    /// Acknowledge the result with [`AckHandle::ack`] after recording it durably.
+    pub ack: AckHandle,
+}
+
+impl Router {
+    /// Starts a router with default hooks (no allowlist, no observer, no completed-call
+    /// lookup). See [`RouterBuilder::build`].
+    pub fn new(config: RouterConfig) -> Result<Self, ConfigError> {
+        Self::builder(config).build()
+    }
+
+    /// A builder for a router with hooks.
+    #[must_use]
+    pub fn builder(config: RouterConfig) -> RouterBuilder {
+        RouterBuilder {
+            config,
+            allowlist: None,
+            observer: None,
+            completed: None,
+        }
+    }
+
+    /// The router's settings.
+    #[must_use]
+    pub fn config(&self) -> &RouterConfig {
+        &self.inner.config
+    }
+
+    /// Registers a worker (its `WorkRegister`). Returns the connection to feed later messages
+    /// to and the outbox to write to the worker, which starts with `Registered` followed by a
+    /// `ResultAck` for each `in_flight` call already recorded.
+    ///
+    /// If the worker id is registered already, the new connection replaces the old one: calls
+    /// listed in `in_flight` stay attached (their results are accepted on the new stream),
+    /// the others become indeterminate, and the old stream ends with
+    /// [`DispatchError::Superseded`].
+    pub async fn connect(
+        &self,
+        hello: WorkerHello,
+    ) -> Result<(WorkerConnection, Outbox), DispatchError> {
+        validate_hello(&hello)?;
+        if self.inner.is_shutting_down() {
+            return Err(DispatchError::ShuttingDown);
+        }
+        let completed = match &self.inner.completed {
+            Some(lookup) if !hello.in_flight.is_empty() => {
+                match lookup.completed(&hello.in_flight).await {
+                    Ok(done) => done,
+                    Err(err) => {
+                        tracing::warn!(
+                            worker_id = %hello.worker_id,
+                            error = %err,
+                            "could not look up completed in-flight calls; they are acknowledged when resent"
+                        );
+                        HashSet::new()
+                    }
+                }
+            }
+            _ => HashSet::new(),
+        };
+        let worker_id = hello.worker_id.clone();
+        let (conn, rx, close) = self.inner.register(hello, &completed)?;
+        Ok((
+            WorkerConnection::new(Arc::clone(&self.inner), worker_id, conn, Arc::clone(&close)),
+            Outbox::new(rx, close),
+        ))
+    }
+
+    /// Dispatches one call to the least-busy live worker advertising `tool@version`, waiting
+    /// up to `queue_wait` for a free slot and `exec_timeout` for the answer.
+    ///
+    /// A nack is retried on another eligible worker (up to [`RouterConfig::nack_retries`]
+    /// times), else returned as a tool error. A result is returned with an [`AckHandle`]; the
+    /// worker gets its `WorkResultAck` only when the caller acks after recording the result.
+    pub async fn dispatch(&self, call: DispatchCall) -> Result<Completion, DispatchFailure> {
+        let DispatchCall {
+            mut invocation,
+            agent,
+            queue_wait,
+            exec_timeout,
+            cancel,
+            journal,
+        } = call;
+        if invocation.version.is_empty() {
+            invocation.version = DEFAULT_VERSION.to_owned();
+        }
+        let key = handler_key(&invocation.tool, &invocation.version);
+        let mut excluded: Vec<String> = Vec::new();
+        let mut attempts = 0u32;
+        let mut queued_for = Duration::ZERO;
+        let mut last_nack: Option<(ToolError, WorkerProvenance)> = None;
+        let nack_answer = |nack: (ToolError, WorkerProvenance), attempts, queued_for| Completion {
+            outcome: ToolOutcome::Error(nack.0),
+            worker: nack.1,
+            attempts,
+            queued_for,
+            executed_for: Duration::ZERO,
+            ack: AckHandle::none(),
+        };
+
+        loop {
+            if cancel.is_cancelled() {
+                return Err(DispatchFailure::Cancelled { key, worker: None });
+            }
+            let req = Request {
+                call_id: &invocation.call_id,
+                key: &key,
+                agent: &agent,
+                tool: &invocation.tool,
+                version: &invocation.version,
+                excluded: &excluded,
+            };
+            let (tx, rx) = mpsc::unbounded_channel();
+            let admitted_at = Instant::now();
+            let admitted = self.inner.admit(&req, last_nack.is_some(), tx);
+            let (token, admission) = match admitted {
+                Ok(admitted) => admitted,
+                Err(failure) => {
+                    return match (last_nack, &failure) {
+                        (
+                            Some(nack),
+                            DispatchFailure::NoHandler { .. }
+                            | DispatchFailure::CapacityExhausted { .. }
+                            | DispatchFailure::IntegrityViolation { .. },
+                        ) => Ok(nack_answer(nack, attempts, queued_for)),
+                        _ => Err(failure),
+                    };
+                }
+            };
+            if admission == Admission::NoAlternative {
+                if let Some(nack) = last_nack {
+                    return Ok(nack_answer(nack, attempts, queued_for));
+                }
+                return Err(DispatchFailure::NoHandler { key });
+            }
+            let mut guard = AttemptGuard {
+                inner: &self.inner,
+                req,
+                token,
+                rx,
+                armed: true,
+            };
+
+            // Phase 1: a handler slot.
+            let worker = if admission == Admission::Reserved {
+                match guard.rx.try_recv() {
+                    Ok(CallEvent::Reserved(worker)) => worker,
+                    _ => continue,
+                }
+            } else {
+                let deadline = admitted_at + queue_wait;
+                let event = tokio::select! {
+                    biased;
+                    event = guard.rx.recv() => event,
+                    () = cancel.cancelled() => {
+                        return Err(DispatchFailure::Cancelled { key: key.clone(), worker: None });
+                    }
+                    () = tokio::time::sleep_until(deadline) => {
+                        match self.inner.withdraw(&guard.req, token) {
+                            Some(failure) => {
+                                guard.armed = false;
+                                return match (last_nack, &failure) {
+                                    (Some(nack), DispatchFailure::NoHandler { .. }
+                                        | DispatchFailure::CapacityExhausted { .. }
+                                        | DispatchFailure::IntegrityViolation { .. }) => {
+                                        Ok(nack_answer(nack, attempts, queued_for + admitted_at.elapsed()))
+                                    }
+                                    _ => Err(failure),
+                                };
+                            }
+                            // A slot was reserved (or the router failed the call) just now.
+                            None => guard.rx.try_recv().ok(),
+                        }
+                    }
+                };
+                match event {
+                    Some(CallEvent::Reserved(worker)) => worker,
+                    Some(CallEvent::Failed(failure)) => {
+                        guard.armed = false;
+                        return Err(failure);
+                    }
+                    Some(CallEvent::Resolved(_)) | None => {
+                        guard.armed = false;
+                        return Err(DispatchFailure::ShuttingDown);
+                    }
+                }
+            };
+            queued_for += admitted_at.elapsed();
+
+            // Phase 2: journal the dispatch, then send the invoke.
+            if let Some(journal) = &journal {
+                let recorded = tokio::select! {
+                    biased;
+                    () = cancel.cancelled() => {
+                        return Err(DispatchFailure::Cancelled { key: key.clone(), worker: None });
+                    }
+                    recorded = journal.dispatching(&invocation, &worker, attempts + 1) => recorded,
+                };
+                if let Err(err) = recorded {
+                    return Err(DispatchFailure::JournalFailed {
+                        key: key.clone(),
+                        message: err.to_string(),
+                    });
+                }
+            }
+            let Some(dispatched_at) = self.inner.send_invoke(&invocation, token, exec_timeout)
+            else {
+                // The worker went away before the invoke was sent: nothing ran, try again.
+                guard.armed = false;
+                continue;
+            };
+            attempts += 1;
+
+            // Phase 3: the answer.
+            let exec_deadline = exec_timeout.map(|t| dispatched_at + t);
+            let timer = async {
+                match exec_deadline {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
+            let resolution = tokio::select! {
+                biased;
+                event = guard.rx.recv() => event,
+                () = cancel.cancelled() => {
+                    if self.inner.abandon(&invocation.call_id, token, AbandonReason::Cancelled) {
+                        guard.armed = false;
+                        return Err(DispatchFailure::Cancelled { key: key.clone(), worker: Some(Box::new(worker)) });
+                    }
+                    guard.rx.try_recv().ok()
+                }
+                () = timer => {
+                    if self.inner.abandon(&invocation.call_id, token, AbandonReason::ExecutionTimeout) {
+                        guard.armed = false;
+                        return Err(DispatchFailure::ExecutionTimeout {
+                            key: key.clone(),
+                            worker: Box::new(worker),
+                            timeout: exec_timeout.unwrap_or_default(),
+                        });
+                    }
+                    guard.rx.try_recv().ok()
+                }
+            };
+            guard.armed = false;
+            drop(guard);
+            let resolution = match resolution {
+                Some(CallEvent::Resolved(resolution)) => resolution,
+                Some(CallEvent::Failed(failure)) => return Err(failure),
+                Some(CallEvent::Reserved(_)) | None => Resolution::Lost(WorkerLost::StreamEnded),
+            };
+            match resolution {
+                Resolution::Result { outcome, ack } => {
+                    return Ok(Completion {
+                        outcome,
+                        worker,
+                        attempts,
+                        queued_for,
+                        executed_for: dispatched_at.elapsed(),
+                        ack,
+                    });
+                }
+                Resolution::Nack(error) => {
+                    tracing::info!(
+                        call_id = %invocation.call_id,
+                        worker_id = %worker.worker_id,
+                        code = %error.code,
+                        "tool call nacked"
+                    );
+                    let retries = u32::try_from(excluded.len()).unwrap_or(u32::MAX);
+                    if retries >= self.inner.config.nack_retries {
+                        return Ok(nack_answer((error, worker), attempts, queued_for));
+                    }
+                    excluded.push(worker.worker_id.clone());
+                    last_nack = Some((error, worker));
+                }
+                Resolution::Lost(reason) => {
+                    return Err(DispatchFailure::Indeterminate {
+                        key,
+                        worker: Box::new(worker),
+                        reason,
+                    });
+                }
+            }
+        }
+    }
+
+    /// A point-in-time view of workers, handlers, busy slots and queues.
+    #[must_use]
+    pub fn snapshot(&self) -> RouterSnapshot {
+        self.inner.snapshot()
+    }
+
+    /// Starts a graceful shutdown: new registrations and dispatches are refused with
+    /// "tool worker registry is shutting down", queued calls fail with
+    /// [`DispatchFailure::ShuttingDown`], and dispatched calls run to their end.
+    pub fn shutdown(&self) {
+        self.inner.shutdown();
+    }
+}
+
+/// Releases an attempt's queue entry or slot when its future ends early (dropped, cancelled
+/// or failed), and reports results that arrived too late to be read.
+struct AttemptGuard<'a> {
+    inner: &'a Inner,
+    req: Request<'a>,
+    token: u64,
+    rx: mpsc::UnboundedReceiver<CallEvent>,
+    armed: bool,
+}
+
+impl Drop for AttemptGuard<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.inner.release_attempt(&self.req, self.token);
+        }
+        let mut orphans = Vec::new();
+        while let Ok(event) = self.rx.try_recv() {
+            if let CallEvent::Resolved(resolution @ Resolution::Result { .. }) = event {
+                orphans.push(resolution);
+            }
+        }
+        if !orphans.is_empty() {
+            self.inner.report_orphans(self.req.call_id, orphans);
+        }
+    }
+}
+
+fn validate_hello(hello: &WorkerHello) -> Result<(), DispatchError> {
+    if hello.worker_id.trim().is_empty() {
+        return Err(DispatchError::WorkerIdRequired);
+    }
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    for (index, ad) in hello.handlers.iter().enumerate() {
+        if ad.tool.trim().is_empty() {
+            return Err(DispatchError::HandlerToolRequired { index });
+        }
+        if ad.version.trim().is_empty() {
+            return Err(DispatchError::HandlerVersionRequired {
+                index,
+                tool: ad.tool.clone(),
+            });
+        }
+        if let Some(&first) = seen.get(&ad.key()) {
+            return Err(DispatchError::DuplicateHandler {
+                key: ad.key(),
+                first,
+                second: index,
+            });
+        }
+        seen.insert(ad.key(), index);
+    }
+    if let Some(index) = hello.in_flight.iter().position(String::is_empty) {
+        return Err(DispatchError::InFlightCallIdRequired { index });
+    }
+    Ok(())
+}

@@ -1,0 +1,455 @@
+//! Server settings and the secrets-encryption key.
+//!
+//! The key encrypts the secrets a client resolves for a session (`RunSessionRequest.resolved_secrets`)
+//! while they are stored. It comes from `RUNTIME_SECRETS_ENCRYPTION_KEY` ([`SecretsKey::parse`]) or,
+//! for zero set-up, from an owner-only key file that is generated on first start and reused
+//! afterwards ([`SecretsKey::load_or_create`]).
+
+use std::fmt;
+use std::fs;
+use std::io::{self, Write as _};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use base64::Engine as _;
+use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD};
+use rand::TryRngCore as _;
+use sha2::{Digest as _, Sha256};
+
+/// Settings of [`crate::serve`] other than the listener and the ledger.
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    /// Encrypts session secrets at rest.
+    pub secrets_key: SecretsKey,
+    /// Recorded as the actor of a change whose request names none (neither the request's
+    /// `actor` field nor the `phrony-actor` metadata header).
+    pub default_actor: String,
+    /// How often the health monitor pings the database.
+    pub health_check_interval: Duration,
+    /// How long a ping may take before the database counts as unreachable.
+    pub health_check_timeout: Duration,
+    /// After the shutdown signal, how long in-flight calls may take before they are cut off.
+    pub shutdown_grace: Duration,
+}
+
+impl ServeConfig {
+    /// Settings with defaults: actor `anonymous`, a health check every 3 s (2 s timeout) and a
+    /// 10 s shutdown grace period.
+    #[must_use]
+    pub fn new(secrets_key: SecretsKey) -> Self {
+        Self {
+            secrets_key,
+            default_actor: "anonymous".to_owned(),
+            health_check_interval: Duration::from_secs(3),
+            health_check_timeout: Duration::from_secs(2),
+            shutdown_grace: Duration::from_secs(10),
+        }
+    }
+}
+
+/// The name of the generated key file.
+pub const SECRETS_KEY_FILE: &str = "secrets.key";
+
+/// A 32-byte AES-256 key for session secrets. `Debug` never shows the key.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SecretsKey([u8; SecretsKey::LEN]);
+
+/// Why a secrets key could not be parsed, read or created. Messages never contain key material.
+#[derive(Debug, thiserror::Error)]
+pub enum KeyError {
+    /// The text is not 32 bytes in one of the accepted encodings.
+    #[error("must be 32 bytes encoded as hex (64 digits), base64 or unpadded base64 ({problem})")]
+    Malformed {
+        /// What is wrong, e.g. `decodes to 16 bytes`.
+        problem: String,
+    },
+    /// The key file exists but does not hold a valid key.
+    #[error("key file {}: {source}", path.display())]
+    BadFile {
+        /// The key file.
+        path: PathBuf,
+        /// Why its content was refused.
+        #[source]
+        source: Box<KeyError>,
+    },
+    /// Reading or writing the key file failed.
+    #[error("{action} {}: {source}", path.display())]
+    Io {
+        /// What was being done, e.g. `cannot create key file`.
+        action: &'static str,
+        /// The file or directory.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// The operating system's random number generator failed.
+    #[error("cannot generate a secrets key: {message}")]
+    Random {
+        /// The generator's error.
+        message: String,
+    },
+}
+
+/// Where [`SecretsKey::load_or_create`] got the key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyFileOutcome {
+    /// The file existed and was read.
+    Loaded,
+    /// The file did not exist; a new random key was written to it.
+    Created,
+}
+
+impl SecretsKey {
+    /// Key length in bytes.
+    pub const LEN: usize = 32;
+
+    /// Wraps raw key bytes.
+    #[must_use]
+    pub fn from_bytes(bytes: [u8; Self::LEN]) -> Self {
+        Self(bytes)
+    }
+
+    /// The raw key bytes.
+    #[must_use]
+    pub fn as_bytes(&self) -> &[u8; Self::LEN] {
+        &self.0
+    }
+
+    /// Parses a key given as 64 hex digits, standard base64 or unpadded standard base64
+    /// (surrounding whitespace is ignored).
+    ///
+    /// # Errors
+    /// [`KeyError::Malformed`] naming the problem (never the value).
+    pub fn parse(text: &str) -> Result<Self, KeyError> {
+        let text = text.trim();
+        if text.is_empty() {
+            return Err(KeyError::Malformed {
+                problem: "it is empty".to_owned(),
+            });
+        }
+        let decoded = if text.len() == 2 * Self::LEN && text.bytes().all(|b| b.is_ascii_hexdigit())
+        {
+            hex::decode(text).ok()
+        } else {
+            STANDARD
+                .decode(text)
+                .or_else(|_| STANDARD_NO_PAD.decode(text))
+                .ok()
+        };
+        let Some(bytes) = decoded else {
+            return Err(KeyError::Malformed {
+                problem: "it is neither hex nor base64".to_owned(),
+            });
+        };
+        let bytes: [u8; Self::LEN] =
+            bytes
+                .as_slice()
+                .try_into()
+                .map_err(|_| KeyError::Malformed {
+                    problem: format!("it decodes to {} bytes", bytes.len()),
+                })?;
+        Ok(Self(bytes))
+    }
+
+    /// A new random key from the operating system's generator.
+    ///
+    /// # Errors
+    /// [`KeyError::Random`] when the generator fails.
+    pub fn generate() -> Result<Self, KeyError> {
+        let mut bytes = [0_u8; Self::LEN];
+        rand::rngs::OsRng
+            .try_fill_bytes(&mut bytes)
+            .map_err(|e| KeyError::Random {
+                message: e.to_string(),
+            })?;
+        Ok(Self(bytes))
+    }
+
+    /// A short, non-secret identifier of the key (16 hex digits of a domain-separated SHA-256),
+    /// to check in logs that two runs use the same key.
+    #[must_use]
+    pub fn fingerprint(&self) -> String {
+        let digest = Sha256::new()
+            .chain_update(b"phrony secrets key fingerprint\0")
+            .chain_update(self.0)
+            .finalize();
+        hex::encode(&digest[..8])
+    }
+
+    /// Reads the key stored at `path`, or, when there is no such file, generates one and stores
+    /// it there as hex, readable and writable by the owner only (mode 0600 on Unix). Creation
+    /// is atomic: two processes starting at once end up with the same key. Missing parent
+    /// directories are created (mode 0700 on Unix).
+    ///
+    /// # Errors
+    /// [`KeyError::BadFile`] for an existing file that does not hold a key; [`KeyError::Io`];
+    /// [`KeyError::Random`].
+    pub fn load_or_create(path: &Path) -> Result<(Self, KeyFileOutcome), KeyError> {
+        match Self::read(path) {
+            Ok(key) => return Ok((key, KeyFileOutcome::Loaded)),
+            Err(KeyError::Io { source, .. }) if source.kind() == io::ErrorKind::NotFound => {}
+            Err(other) => return Err(other),
+        }
+        let key = Self::generate()?;
+        if key.write_new(path)? {
+            Ok((key, KeyFileOutcome::Created))
+        } else {
+            // Another process created the file first: use its key.
+            Ok((Self::read(path)?, KeyFileOutcome::Loaded))
+        }
+    }
+
+    fn read(path: &Path) -> Result<Self, KeyError> {
+        let text = fs::read_to_string(path).map_err(|source| KeyError::Io {
+            action: "cannot read key file",
+            path: path.to_path_buf(),
+            source,
+        })?;
+        warn_if_shared(path);
+        Self::parse(&text).map_err(|e| KeyError::BadFile {
+            path: path.to_path_buf(),
+            source: Box::new(e),
+        })
+    }
+
+    /// Writes the key to a new file at `path`. Returns `false` (and writes nothing) when the
+    /// file already exists.
+    fn write_new(&self, path: &Path) -> Result<bool, KeyError> {
+        let io_err = |action: &'static str, path: &Path| {
+            let path = path.to_path_buf();
+            move |source| KeyError::Io {
+                action,
+                path,
+                source,
+            }
+        };
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        create_private_dir(&dir).map_err(io_err("cannot create directory", &dir))?;
+
+        // Write a temporary file completely, then link it into place: the final name never
+        // refers to a partly written key, and linking fails if the name already exists.
+        let file_name = path.file_name().map_or_else(
+            || SECRETS_KEY_FILE.into(),
+            |n| n.to_string_lossy().into_owned(),
+        );
+        let tmp = dir.join(format!(
+            ".{file_name}.{}-{:016x}.tmp",
+            std::process::id(),
+            rand::random::<u64>()
+        ));
+        let written = (|| {
+            let mut file = private_file(&tmp)?;
+            file.write_all(format!("{}\n", hex::encode(self.0)).as_bytes())?;
+            file.sync_all()
+        })();
+        if let Err(source) = written {
+            let _ = fs::remove_file(&tmp);
+            return Err(KeyError::Io {
+                action: "cannot create key file",
+                path: tmp,
+                source,
+            });
+        }
+        let linked = fs::hard_link(&tmp, path);
+        let _ = fs::remove_file(&tmp);
+        match linked {
+            Ok(()) => {
+                sync_dir(&dir);
+                Ok(true)
+            }
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(false),
+            Err(source) => Err(KeyError::Io {
+                action: "cannot create key file",
+                path: path.to_path_buf(),
+                source,
+            }),
+        }
+    }
+}
+
+impl fmt::Debug for SecretsKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "SecretsKey(fingerprint {})", self.fingerprint())
+    }
+}
+
+#[cfg(unix)]
+fn private_file(path: &Path) -> io::Result<fs::File> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+}
+
+#[cfg(not(unix))]
+fn private_file(path: &Path) -> io::Result<fs::File> {
+    fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)
+}
+
+#[cfg(unix)]
+fn create_private_dir(dir: &Path) -> io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt as _;
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+}
+
+#[cfg(not(unix))]
+fn create_private_dir(dir: &Path) -> io::Result<()> {
+    fs::create_dir_all(dir)
+}
+
+/// Makes the new directory entry durable (best effort; not possible on every platform).
+fn sync_dir(dir: &Path) {
+    if let Ok(d) = fs::File::open(dir) {
+        let _ = d.sync_all();
+    }
+}
+
+#[cfg(unix)]
+fn warn_if_shared(path: &Path) {
+    use std::os::unix::fs::PermissionsExt as _;
+    if let Ok(meta) = fs::metadata(path) {
+        let mode = meta.permissions().mode() & 0o777;
+        if mode & 0o077 != 0 {
+            tracing::warn!(
+                path = %path.display(),
+                mode = format!("{mode:o}"),
+                "the secrets key file is readable by other users; run chmod 600 on it"
+            );
+        }
+    }
+}
+
+#[cfg(not(unix))]
+fn warn_if_shared(_path: &Path) {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HEX: &str = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f";
+
+    fn sample() -> [u8; 32] {
+        std::array::from_fn(|i| u8::try_from(i).unwrap())
+    }
+
+    #[test]
+    fn parses_hex_base64_and_unpadded_base64() {
+        let want = SecretsKey::from_bytes(sample());
+        assert_eq!(SecretsKey::parse(HEX).unwrap(), want);
+        assert_eq!(SecretsKey::parse(&HEX.to_uppercase()).unwrap(), want);
+        let padded = STANDARD.encode(sample());
+        assert!(padded.ends_with('='));
+        assert_eq!(SecretsKey::parse(&padded).unwrap(), want);
+        assert_eq!(
+            SecretsKey::parse(&STANDARD_NO_PAD.encode(sample())).unwrap(),
+            want
+        );
+        assert_eq!(SecretsKey::parse(&format!("  {HEX}\n")).unwrap(), want);
+    }
+
+    #[test]
+    fn refuses_wrong_lengths_and_encodings_without_echoing_the_value() {
+        let short = STANDARD.encode([7_u8; 16]);
+        let err = SecretsKey::parse(&short).unwrap_err().to_string();
+        assert!(err.contains("decodes to 16 bytes"), "{err}");
+        assert!(!err.contains(&short), "{err}");
+
+        let err = SecretsKey::parse("not a key!").unwrap_err().to_string();
+        assert!(err.contains("neither hex nor base64"), "{err}");
+        assert!(err.starts_with("must be 32 bytes"), "{err}");
+
+        // 63 hex digits: not hex-shaped, and not base64 of 32 bytes either.
+        assert!(SecretsKey::parse(&HEX[1..]).is_err());
+        assert!(
+            SecretsKey::parse("")
+                .unwrap_err()
+                .to_string()
+                .contains("empty")
+        );
+    }
+
+    #[test]
+    fn debug_hides_the_key() {
+        let key = SecretsKey::from_bytes(sample());
+        let shown = format!("{key:?}");
+        assert!(!shown.contains(HEX), "{shown}");
+        assert!(shown.contains(&key.fingerprint()));
+        assert_eq!(key.fingerprint().len(), 16);
+        assert_ne!(
+            key.fingerprint(),
+            SecretsKey::from_bytes([0; 32]).fingerprint()
+        );
+    }
+
+    #[test]
+    fn generated_keys_differ() {
+        assert_ne!(
+            SecretsKey::generate().unwrap(),
+            SecretsKey::generate().unwrap()
+        );
+    }
+
+    #[test]
+    fn key_file_is_created_private_then_reused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("data").join(SECRETS_KEY_FILE);
+        let (first, outcome) = SecretsKey::load_or_create(&path).unwrap();
+        assert_eq!(outcome, KeyFileOutcome::Created);
+        let text = fs::read_to_string(&path).unwrap();
+        assert_eq!(text, format!("{}\n", hex::encode(first.as_bytes())));
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt as _;
+            let mode = fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o600);
+            let dir_mode = fs::metadata(path.parent().unwrap())
+                .unwrap()
+                .permissions()
+                .mode();
+            assert_eq!(dir_mode & 0o077, 0);
+        }
+        let (again, outcome) = SecretsKey::load_or_create(&path).unwrap();
+        assert_eq!(outcome, KeyFileOutcome::Loaded);
+        assert_eq!(again, first);
+        // No temporary files are left behind.
+        let entries: Vec<_> = fs::read_dir(path.parent().unwrap()).unwrap().collect();
+        assert_eq!(entries.len(), 1);
+    }
+
+    #[test]
+    fn a_corrupt_key_file_is_an_error_naming_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(SECRETS_KEY_FILE);
+        fs::write(&path, "garbage").unwrap();
+        let err = SecretsKey::load_or_create(&path).unwrap_err().to_string();
+        assert!(err.contains(&path.display().to_string()), "{err}");
+        assert!(err.contains("neither hex nor base64"), "{err}");
+        // The broken file is left for the operator to inspect, not overwritten.
+        assert_eq!(fs::read_to_string(&path).unwrap(), "garbage");
+    }
+
+    #[test]
+    fn concurrent_creators_agree_on_one_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(SECRETS_KEY_FILE);
+        let keys: Vec<SecretsKey> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..8)
+                .map(|_| s.spawn(|| SecretsKey::load_or_create(&path).unwrap().0))
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert!(keys.windows(2).all(|w| w[0] == w[1]));
+    }
+}

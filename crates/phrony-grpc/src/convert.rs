@@ -1,0 +1,367 @@
+//! The one place where protobuf meets domain types: request fields → domain values, domain
+//! values → response messages, and domain errors → `tonic::Status`.
+//!
+//! Wire conventions (see `runtime.proto`): timestamps are RFC 3339 UTC strings with second
+//! precision and the empty string for "not set"; JSON documents travel as UTF-8 bytes.
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use phrony_ledger::{
+    Agent, AgentRef, AgentVersion, ArchivedAgent, Deployment, LedgerError, Published,
+};
+use phrony_proto::runtime::v1 as pb;
+use tonic::Status;
+
+use crate::publish::SnapshotRejection;
+
+// ---------------------------------------------------------------------------------------------
+// Requests
+
+/// `agent_ref` with namespace and name; its version is ignored.
+pub(crate) fn agent_ref(r: Option<&pb::AgentRef>) -> Result<AgentRef, Status> {
+    match r {
+        Some(r) if !r.namespace.is_empty() && !r.name.is_empty() => {
+            Ok(AgentRef::new(r.namespace.clone(), r.name.clone()))
+        }
+        _ => Err(Status::invalid_argument(
+            "agent_ref requires namespace and name",
+        )),
+    }
+}
+
+/// `agent_ref` with namespace, name and version.
+pub(crate) fn versioned_agent_ref(r: Option<&pb::AgentRef>) -> Result<(AgentRef, String), Status> {
+    match r {
+        Some(r) if !r.namespace.is_empty() && !r.name.is_empty() && !r.version.is_empty() => Ok((
+            AgentRef::new(r.namespace.clone(), r.name.clone()),
+            r.version.clone(),
+        )),
+        _ => Err(Status::invalid_argument(
+            "agent_ref requires namespace, name, and version",
+        )),
+    }
+}
+
+/// An optional string field: empty means absent.
+pub(crate) fn optional(s: &str) -> Option<&str> {
+    (!s.is_empty()).then_some(s)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Responses
+
+/// RFC 3339, UTC, whole seconds: `2025-01-31T09:30:00Z`.
+pub(crate) fn timestamp(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(SecondsFormat::Secs, true)
+}
+
+fn optional_timestamp(t: Option<DateTime<Utc>>) -> String {
+    t.map(timestamp).unwrap_or_default()
+}
+
+pub(crate) fn version_response(
+    version: &str,
+    schema_version: Option<String>,
+) -> pb::GetVersionResponse {
+    pb::GetVersionResponse {
+        version: version.to_owned(),
+        schema_version: schema_version.unwrap_or_default(),
+    }
+}
+
+pub(crate) fn publish_response(p: Published) -> pb::PublishResponse {
+    pb::PublishResponse {
+        agent_id: p.agent_id.to_string(),
+        version_id: p.version_id.to_string(),
+        content_hash: p.content_hash,
+        namespace: p.agent.namespace,
+        name: p.agent.name,
+        version: p.version,
+    }
+}
+
+pub(crate) fn deploy_response(agent: AgentRef, d: Deployment) -> pb::DeployResponse {
+    pb::DeployResponse {
+        namespace: agent.namespace,
+        name: agent.name,
+        version: d.version,
+        previous_version: d.previous_version.unwrap_or_default(),
+        deployed_at: timestamp(d.created_at),
+    }
+}
+
+pub(crate) fn rollback_response(d: Deployment) -> pb::RollbackResponse {
+    pb::RollbackResponse {
+        version: d.version,
+        previous_version: d.previous_version.unwrap_or_default(),
+    }
+}
+
+pub(crate) fn active_version_response(d: Deployment) -> pb::GetActiveVersionResponse {
+    pb::GetActiveVersionResponse {
+        version: d.version,
+        deployed_at: timestamp(d.created_at),
+        actor: d.actor,
+    }
+}
+
+pub(crate) fn list_deployments_response(
+    deployments: Vec<Deployment>,
+) -> pb::ListDeploymentsResponse {
+    pb::ListDeploymentsResponse {
+        deployments: deployments
+            .into_iter()
+            .map(|d| pb::DeploymentEntry {
+                version: d.version,
+                action: d.action.as_str().to_owned(),
+                actor: d.actor,
+                created_at: timestamp(d.created_at),
+                lock_hash: String::new(),
+            })
+            .collect(),
+    }
+}
+
+pub(crate) fn agent_version_response(v: AgentVersion) -> pb::GetAgentVersionResponse {
+    pb::GetAgentVersionResponse {
+        manifest: v.snapshot_json.into_bytes(),
+        content_hash: v.content_hash,
+        version: v.version,
+        published_at: timestamp(v.published_at),
+        deprecated_at: optional_timestamp(v.deprecated_at),
+        retired_at: optional_timestamp(v.retired_at),
+        published_by: v.published_by,
+    }
+}
+
+pub(crate) fn list_agents_response(agents: Vec<Agent>) -> pb::ListAgentsResponse {
+    pb::ListAgentsResponse {
+        agents: agents
+            .into_iter()
+            .map(|a| pb::AgentSummary {
+                id: a.id.to_string(),
+                namespace: a.agent.namespace,
+                name: a.agent.name,
+                owner: a.owner,
+                archived_at: optional_timestamp(a.archived_at),
+            })
+            .collect(),
+    }
+}
+
+pub(crate) fn list_agent_versions_response(
+    versions: Vec<AgentVersion>,
+) -> pb::ListAgentVersionsResponse {
+    pb::ListAgentVersionsResponse {
+        versions: versions
+            .into_iter()
+            .map(|v| pb::AgentVersionSummary {
+                id: v.id.to_string(),
+                version: v.version,
+                content_hash: v.content_hash,
+                deployed_at: timestamp(v.published_at),
+                deprecated_at: optional_timestamp(v.deprecated_at),
+                retired_at: optional_timestamp(v.retired_at),
+                published_by: v.published_by,
+            })
+            .collect(),
+    }
+}
+
+pub(crate) fn deprecate_response(v: AgentVersion) -> pb::DeprecateAgentVersionResponse {
+    pb::DeprecateAgentVersionResponse {
+        version_id: v.id.to_string(),
+    }
+}
+
+pub(crate) fn retire_response(v: AgentVersion) -> pb::RetireAgentVersionResponse {
+    pb::RetireAgentVersionResponse {
+        version_id: v.id.to_string(),
+    }
+}
+
+pub(crate) fn archive_response(_archived: ArchivedAgent) -> pb::ArchiveAgentResponse {
+    pb::ArchiveAgentResponse {}
+}
+
+// ---------------------------------------------------------------------------------------------
+// Errors
+
+/// The single mapping of ledger errors to gRPC statuses.
+///
+/// Caller mistakes and state refusals keep the ledger's message (the reference's wording).
+/// Storage failures are logged here in full and reach the client without driver details.
+pub(crate) fn ledger_status(error: LedgerError) -> Status {
+    match error {
+        LedgerError::NotFound { message } => Status::not_found(message),
+        LedgerError::FailedPrecondition { message } => Status::failed_precondition(message),
+        LedgerError::AlreadyExists { message } => Status::already_exists(message),
+        LedgerError::InvalidArgument { message } => Status::invalid_argument(message),
+        LedgerError::Conflict { message } => {
+            tracing::warn!(%message, "ledger write kept losing races");
+            Status::aborted(format!("concurrent update, retry the request ({message})"))
+        }
+        LedgerError::Unavailable { .. } => {
+            tracing::error!(error = %error, "database unavailable");
+            Status::unavailable("the runtime's database is unavailable; retry later")
+        }
+        LedgerError::Corrupt { ref message } => {
+            tracing::error!(error = %error, "ledger data is corrupt");
+            Status::data_loss(format!("ledger data is corrupt: {message}"))
+        }
+        LedgerError::Database { ref context, .. } => {
+            let status =
+                Status::internal(format!("database error ({context}); see the runtime log"));
+            tracing::error!(error = %error, "database error");
+            status
+        }
+        other => {
+            tracing::error!(error = %other, "unexpected ledger error");
+            Status::internal("internal error; see the runtime log")
+        }
+    }
+}
+
+/// A refused Publish snapshot: always `InvalidArgument`.
+pub(crate) fn snapshot_status(rejection: &SnapshotRejection) -> Status {
+    Status::invalid_argument(rejection.to_string())
+}
+
+/// An RPC that a later release implements.
+pub(crate) fn unimplemented(rpc: &str) -> Status {
+    Status::unimplemented(format!("{rpc} is not implemented by this runtime yet"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeZone as _;
+    use tonic::Code;
+
+    #[test]
+    fn timestamps_are_utc_seconds() {
+        let t = Utc.with_ymd_and_hms(2025, 1, 31, 9, 30, 0).unwrap()
+            + chrono::Duration::microseconds(123_456);
+        assert_eq!(timestamp(t), "2025-01-31T09:30:00Z");
+        assert_eq!(optional_timestamp(None), "");
+    }
+
+    #[test]
+    fn agent_refs_need_their_parts() {
+        let full = pb::AgentRef {
+            namespace: "ns".into(),
+            name: "a".into(),
+            version: "1.0.0".into(),
+        };
+        assert_eq!(agent_ref(Some(&full)).unwrap(), AgentRef::new("ns", "a"));
+        assert_eq!(
+            versioned_agent_ref(Some(&full)).unwrap(),
+            (AgentRef::new("ns", "a"), "1.0.0".to_owned())
+        );
+        let no_version = pb::AgentRef {
+            version: String::new(),
+            ..full.clone()
+        };
+        let err = versioned_agent_ref(Some(&no_version)).unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument);
+        assert_eq!(
+            err.message(),
+            "agent_ref requires namespace, name, and version"
+        );
+        for missing in [
+            None,
+            Some(&pb::AgentRef {
+                name: String::new(),
+                ..full.clone()
+            }),
+        ] {
+            let err = agent_ref(missing).unwrap_err();
+            assert_eq!(err.code(), Code::InvalidArgument);
+            assert_eq!(err.message(), "agent_ref requires namespace and name");
+        }
+    }
+
+    #[test]
+    fn ledger_errors_map_to_codes() {
+        let cases = [
+            (
+                LedgerError::NotFound {
+                    message: "agent a/b not found".into(),
+                },
+                Code::NotFound,
+            ),
+            (
+                LedgerError::FailedPrecondition {
+                    message: "m".into(),
+                },
+                Code::FailedPrecondition,
+            ),
+            (
+                LedgerError::AlreadyExists {
+                    message: "m".into(),
+                },
+                Code::AlreadyExists,
+            ),
+            (
+                LedgerError::InvalidArgument {
+                    message: "m".into(),
+                },
+                Code::InvalidArgument,
+            ),
+            (
+                LedgerError::Conflict {
+                    message: "m".into(),
+                },
+                Code::Aborted,
+            ),
+            (
+                LedgerError::Corrupt {
+                    message: "stream x seq 3".into(),
+                },
+                Code::DataLoss,
+            ),
+            (
+                LedgerError::Config {
+                    message: "m".into(),
+                },
+                Code::Internal,
+            ),
+        ];
+        for (error, code) in cases {
+            let shown = error.to_string();
+            let status = ledger_status(error);
+            assert_eq!(status.code(), code, "{shown}");
+        }
+        let status = ledger_status(LedgerError::NotFound {
+            message: "agent a/b not found".into(),
+        });
+        assert_eq!(status.message(), "agent a/b not found");
+    }
+
+    #[test]
+    fn storage_failures_hide_driver_details() {
+        let status = ledger_status(LedgerError::Database {
+            context: "insert version".into(),
+            source: phrony_ledger_sqlx_error(),
+        });
+        assert_eq!(status.code(), Code::Internal);
+        assert_eq!(
+            status.message(),
+            "database error (insert version); see the runtime log"
+        );
+        let status = ledger_status(LedgerError::Unavailable {
+            context: "cannot connect to PostgreSQL at postgres://u:***@h/db".into(),
+            source: phrony_ledger_sqlx_error(),
+        });
+        assert_eq!(status.code(), Code::Unavailable);
+        assert!(
+            !status.message().contains("postgres://"),
+            "{}",
+            status.message()
+        );
+    }
+
+    /// A driver error value, built without naming the driver crate.
+    fn phrony_ledger_sqlx_error<E: From<std::io::Error>>() -> E {
+        E::from(std::io::Error::other("secret driver detail"))
+    }
+}

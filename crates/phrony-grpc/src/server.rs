@@ -1,0 +1,197 @@
+//! Binding the listener and running the server until shutdown.
+
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+
+use phrony_ledger::Ledger;
+use phrony_proto::runtime::v1::runtime_server::RuntimeServer;
+use tokio::net::TcpListener;
+use tonic::transport::Server;
+use tonic::transport::server::TcpIncoming;
+
+use crate::config::ServeConfig;
+use crate::health::{self, Health};
+use crate::service::RuntimeService;
+
+/// Why the server could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// Another process listens on the address.
+    #[error("address {addr} is already in use")]
+    AddrInUse {
+        /// The address as configured.
+        addr: String,
+    },
+    /// The address is not `host:port`, or the host does not resolve.
+    #[error("invalid listen address {addr:?}: {source}")]
+    InvalidAddress {
+        /// The address as configured.
+        addr: String,
+        /// The resolver's error.
+        #[source]
+        source: io::Error,
+    },
+    /// Listening failed for another reason (e.g. permission denied on a low port).
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address as configured.
+        addr: String,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// The reflection service could not be built from the descriptor sets.
+    #[error("cannot build the reflection service: {message}")]
+    Reflection {
+        /// The builder's error.
+        message: String,
+    },
+    /// The transport failed while serving.
+    #[error("gRPC server failed: {source}")]
+    Transport {
+        /// The transport error.
+        #[source]
+        source: tonic::transport::Error,
+    },
+}
+
+/// A bound TCP listener, ready for [`serve`].
+#[derive(Debug)]
+pub struct Listener {
+    listener: TcpListener,
+    local_addr: SocketAddr,
+}
+
+impl Listener {
+    /// The address actually bound (useful with port 0).
+    #[must_use]
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+}
+
+/// Binds `addr` (`host:port`; the host may be a name). Separate from [`serve`] so that a port
+/// conflict is reported before anything else starts.
+///
+/// # Errors
+/// [`ServeError::AddrInUse`], [`ServeError::InvalidAddress`] or [`ServeError::Bind`].
+pub async fn bind(addr: &str) -> Result<Listener, ServeError> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|source| match source.kind() {
+            io::ErrorKind::AddrInUse => ServeError::AddrInUse {
+                addr: addr.to_owned(),
+            },
+            io::ErrorKind::InvalidInput => ServeError::InvalidAddress {
+                addr: addr.to_owned(),
+                source,
+            },
+            // Name resolution failures surface as "other" errors from getaddrinfo.
+            _ if source.raw_os_error().is_none() => ServeError::InvalidAddress {
+                addr: addr.to_owned(),
+                source,
+            },
+            _ => ServeError::Bind {
+                addr: addr.to_owned(),
+                source,
+            },
+        })?;
+    let local_addr = listener.local_addr().map_err(|source| ServeError::Bind {
+        addr: addr.to_owned(),
+        source,
+    })?;
+    Ok(Listener {
+        listener,
+        local_addr,
+    })
+}
+
+/// Serves `phrony.runtime.v1.Runtime`, `grpc.health.v1.Health` and server reflection (v1 and
+/// v1alpha) on `listener` until `shutdown` completes, then stops gracefully: health turns
+/// `NOT_SERVING`, no new connections are accepted, in-flight calls get
+/// [`ServeConfig::shutdown_grace`] to finish (then they are cut off, which rolls back any
+/// uncommitted transaction), and the ledger's pool is closed. `ledger` must be migrated.
+///
+/// # Errors
+/// [`ServeError::Reflection`] (a build defect) or [`ServeError::Transport`].
+pub async fn serve(
+    listener: Listener,
+    ledger: Ledger,
+    config: ServeConfig,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), ServeError> {
+    let health = Health::new();
+    let monitor = health.spawn_monitor(
+        ledger.clone(),
+        config.health_check_interval,
+        config.health_check_timeout,
+    );
+
+    let reflection = |e: tonic_reflection::server::Error| ServeError::Reflection {
+        message: e.to_string(),
+    };
+    let reflection_v1 = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(phrony_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(health::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(reflection)?;
+    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(phrony_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(health::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()
+        .map_err(reflection)?;
+    let runtime = RuntimeServer::new(RuntimeService::new(ledger.clone(), config.default_actor));
+
+    let local_addr = listener.local_addr;
+    let incoming = TcpIncoming::from(listener.listener).with_nodelay(Some(true));
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    // Boxed (not stack-pinned) so it can be dropped before the pool is closed: dropping it
+    // cancels calls still running after the grace period and returns their connections.
+    let mut server = Box::pin(
+        Server::builder()
+            .trace_fn(|request| tracing::info_span!("rpc", method = %request.uri().path()))
+            .add_service(health.service())
+            .add_service(reflection_v1)
+            .add_service(reflection_v1alpha)
+            .add_service(runtime)
+            .serve_with_incoming_shutdown(incoming, async {
+                let _ = stop_rx.await;
+            }),
+    );
+    tracing::info!(
+        address = %local_addr,
+        secrets_key_fingerprint = %config.secrets_key.fingerprint(),
+        "phrony-runtime listening on {local_addr}"
+    );
+
+    let result = tokio::select! {
+        result = &mut server => result,
+        () = shutdown => {
+            tracing::info!(
+                grace_seconds = config.shutdown_grace.as_secs_f64(),
+                "shutting down: no new connections; waiting for in-flight calls"
+            );
+            monitor.abort();
+            health.set_stopping();
+            let _ = stop_tx.send(());
+            match tokio::time::timeout(config.shutdown_grace, &mut server).await {
+                Ok(result) => result,
+                Err(_) => {
+                    tracing::warn!("grace period over; closing the remaining connections");
+                    Ok(())
+                }
+            }
+        }
+    };
+    monitor.abort();
+    drop(server);
+    ledger.close().await;
+    match result {
+        Ok(()) => {
+            tracing::info!("stopped");
+            Ok(())
+        }
+        Err(source) => Err(ServeError::Transport { source }),
+    }
+}

@@ -1,0 +1,209 @@
+//! Agent lifecycle RPCs (§6.2): publish, deploy, rollback, deprecate, retire, archive, and the
+//! read-only views. The ledger implements the semantics; this module converts and logs.
+
+use phrony_ledger::{AgentRef, NewAgentVersion};
+use phrony_proto::runtime::v1 as pb;
+use tonic::Status;
+
+use super::RuntimeService;
+use crate::convert::{self, ledger_status};
+use crate::publish;
+
+/// The runtime's release version, reported by GetVersion.
+const RUNTIME_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+impl RuntimeService {
+    pub(super) async fn get_version_impl(&self) -> Result<pb::GetVersionResponse, Status> {
+        let schema = self.ledger.schema_version().await.map_err(ledger_status)?;
+        Ok(convert::version_response(RUNTIME_VERSION, schema))
+    }
+
+    pub(super) async fn publish_impl(
+        &self,
+        request: pb::PublishRequest,
+        actor: String,
+    ) -> Result<pb::PublishResponse, Status> {
+        let verified =
+            publish::verify(&request.manifest).map_err(|e| convert::snapshot_status(&e))?;
+        let metadata = &verified.agent.metadata;
+        let agent = AgentRef::new(metadata.namespace.clone(), metadata.name.clone());
+        let new = NewAgentVersion {
+            namespace: metadata.namespace.clone(),
+            name: metadata.name.clone(),
+            version: metadata.version.clone(),
+            owner: metadata.owner.clone(),
+            labels: metadata.labels.clone(),
+            snapshot_json: verified.snapshot_json,
+            content_hash: verified.content_hash,
+            actor: actor.clone(),
+        };
+        let published = self
+            .ledger
+            .publish_agent_version(new)
+            .await
+            .map_err(ledger_status)?;
+        if published.created {
+            tracing::info!(
+                agent = %agent, version = %published.version, content_hash = %published.content_hash,
+                %actor, "published agent version"
+            );
+        } else {
+            tracing::info!(
+                agent = %agent, version = %published.version, %actor,
+                "re-publish of identical content; returning the existing version"
+            );
+        }
+        Ok(convert::publish_response(published))
+    }
+
+    pub(super) async fn deploy_impl(
+        &self,
+        request: pb::DeployRequest,
+        actor: String,
+    ) -> Result<pb::DeployResponse, Status> {
+        let (agent, version) = convert::versioned_agent_ref(request.agent_ref.as_ref())?;
+        let deployment = self
+            .ledger
+            .deploy(&agent, &version, &actor)
+            .await
+            .map_err(ledger_status)?;
+        tracing::info!(
+            agent = %agent, %version, previous = deployment.previous_version.as_deref().unwrap_or(""),
+            %actor, "deployed agent version"
+        );
+        Ok(convert::deploy_response(agent, deployment))
+    }
+
+    pub(super) async fn rollback_impl(
+        &self,
+        request: pb::RollbackRequest,
+        actor: String,
+    ) -> Result<pb::RollbackResponse, Status> {
+        let agent = convert::agent_ref(request.agent_ref.as_ref())?;
+        let to = convert::optional(&request.to_version);
+        let deployment = self
+            .ledger
+            .rollback(&agent, to, &actor)
+            .await
+            .map_err(ledger_status)?;
+        tracing::info!(
+            agent = %agent, version = %deployment.version,
+            previous = deployment.previous_version.as_deref().unwrap_or(""), %actor,
+            "rolled back agent"
+        );
+        Ok(convert::rollback_response(deployment))
+    }
+
+    pub(super) async fn get_active_version_impl(
+        &self,
+        request: pb::GetActiveVersionRequest,
+    ) -> Result<pb::GetActiveVersionResponse, Status> {
+        let agent = convert::agent_ref(request.agent_ref.as_ref())?;
+        let deployment = self
+            .ledger
+            .active_version(&agent)
+            .await
+            .map_err(ledger_status)?;
+        Ok(convert::active_version_response(deployment))
+    }
+
+    pub(super) async fn list_deployments_impl(
+        &self,
+        request: pb::ListDeploymentsRequest,
+    ) -> Result<pb::ListDeploymentsResponse, Status> {
+        let agent = convert::agent_ref(request.agent_ref.as_ref())?;
+        let deployments = self
+            .ledger
+            .list_deployments(&agent)
+            .await
+            .map_err(ledger_status)?;
+        Ok(convert::list_deployments_response(deployments))
+    }
+
+    pub(super) async fn get_agent_version_impl(
+        &self,
+        request: pb::GetAgentVersionRequest,
+    ) -> Result<pb::GetAgentVersionResponse, Status> {
+        let (agent, version) = convert::versioned_agent_ref(request.agent_ref.as_ref())?;
+        let found = self
+            .ledger
+            .get_agent_version(&agent, &version)
+            .await
+            .map_err(ledger_status)?;
+        Ok(convert::agent_version_response(found))
+    }
+
+    pub(super) async fn list_agents_impl(
+        &self,
+        request: pb::ListAgentsRequest,
+    ) -> Result<pb::ListAgentsResponse, Status> {
+        let namespace = convert::optional(&request.namespace);
+        let agents = self
+            .ledger
+            .list_agents(namespace)
+            .await
+            .map_err(ledger_status)?;
+        Ok(convert::list_agents_response(agents))
+    }
+
+    pub(super) async fn list_agent_versions_impl(
+        &self,
+        request: pb::ListAgentVersionsRequest,
+    ) -> Result<pb::ListAgentVersionsResponse, Status> {
+        let agent = convert::agent_ref(request.agent_ref.as_ref())?;
+        let versions = self
+            .ledger
+            .list_agent_versions(&agent)
+            .await
+            .map_err(ledger_status)?;
+        Ok(convert::list_agent_versions_response(versions))
+    }
+
+    pub(super) async fn deprecate_impl(
+        &self,
+        request: pb::DeprecateAgentVersionRequest,
+        actor: String,
+    ) -> Result<pb::DeprecateAgentVersionResponse, Status> {
+        let (agent, version) = convert::versioned_agent_ref(request.agent_ref.as_ref())?;
+        let deprecated = self
+            .ledger
+            .deprecate_version(&agent, &version, &actor)
+            .await
+            .map_err(ledger_status)?;
+        tracing::info!(agent = %agent, %version, %actor, "deprecated agent version");
+        Ok(convert::deprecate_response(deprecated))
+    }
+
+    pub(super) async fn retire_impl(
+        &self,
+        request: pb::RetireAgentVersionRequest,
+        actor: String,
+    ) -> Result<pb::RetireAgentVersionResponse, Status> {
+        let (agent, version) = convert::versioned_agent_ref(request.agent_ref.as_ref())?;
+        let retired = self
+            .ledger
+            .retire_version(&agent, &version, &actor)
+            .await
+            .map_err(ledger_status)?;
+        tracing::info!(agent = %agent, %version, %actor, "retired agent version");
+        Ok(convert::retire_response(retired))
+    }
+
+    pub(super) async fn archive_impl(
+        &self,
+        request: pb::ArchiveAgentRequest,
+        actor: String,
+    ) -> Result<pb::ArchiveAgentResponse, Status> {
+        let agent = convert::agent_ref(request.agent_ref.as_ref())?;
+        let archived = self
+            .ledger
+            .archive_agent(&agent, &actor)
+            .await
+            .map_err(ledger_status)?;
+        tracing::info!(
+            agent = %agent, %actor, deprecated_versions = ?&archived.deprecated_versions,
+            "archived agent"
+        );
+        Ok(convert::archive_response(archived))
+    }
+}

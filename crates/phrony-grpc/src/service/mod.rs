@@ -1,0 +1,349 @@
+//! The `phrony.runtime.v1.Runtime` service.
+//!
+//! [`RuntimeService`] implements the generated trait by delegating each RPC to the module of
+//! its area: [`lifecycle`] (agents, versions, deployments). Sessions, approvals, bundles and the
+//! Work stream come in later releases; until then their RPCs answer `Unimplemented` naming the
+//! RPC.
+
+mod lifecycle;
+
+use std::future::Future;
+use std::time::Instant;
+
+use pb::runtime_server::Runtime;
+use phrony_ledger::Ledger;
+use phrony_proto::runtime::v1 as pb;
+use tonic::codegen::BoxStream;
+use tonic::metadata::MetadataMap;
+use tonic::{Code, Request, Response, Status, Streaming};
+
+use crate::convert;
+
+/// The request metadata header naming the actor of a change whose request message has no
+/// `actor` field (e.g. `DeprecateAgentVersion`), or leaves it empty.
+pub const ACTOR_HEADER: &str = "phrony-actor";
+
+/// The runtime service. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct RuntimeService {
+    ledger: Ledger,
+    default_actor: String,
+}
+
+impl RuntimeService {
+    /// A service on `ledger` (already migrated). Changes whose request names no actor are
+    /// recorded as `default_actor`.
+    #[must_use]
+    pub fn new(ledger: Ledger, default_actor: impl Into<String>) -> Self {
+        Self {
+            ledger,
+            default_actor: default_actor.into(),
+        }
+    }
+
+    /// The actor of a change: the request's own field, else the [`ACTOR_HEADER`] metadata, else
+    /// the configured default.
+    fn actor(&self, field: &str, metadata: &MetadataMap) -> String {
+        let field = field.trim();
+        if !field.is_empty() {
+            return field.to_owned();
+        }
+        metadata
+            .get(ACTOR_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+            .filter(|v| !v.is_empty())
+            .map_or_else(|| self.default_actor.clone(), str::to_owned)
+    }
+}
+
+/// Runs one unary RPC handler and logs its outcome.
+async fn unary<T>(
+    rpc: &'static str,
+    handler: impl Future<Output = Result<T, Status>>,
+) -> Result<Response<T>, Status> {
+    let started = Instant::now();
+    let result = handler.await;
+    let elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+    match &result {
+        Ok(_) => tracing::debug!(rpc, elapsed_ms, "rpc ok"),
+        Err(status) => match status.code() {
+            Code::Internal | Code::Unavailable | Code::DataLoss | Code::Unknown => {
+                tracing::error!(rpc, elapsed_ms, code = ?status.code(), message = status.message(), "rpc failed");
+            }
+            Code::Unimplemented => {
+                tracing::debug!(rpc, "rpc not implemented");
+            }
+            code => {
+                tracing::info!(
+                    rpc,
+                    elapsed_ms,
+                    ?code,
+                    message = status.message(),
+                    "rpc refused"
+                );
+            }
+        },
+    }
+    result.map(Response::new)
+}
+
+/// Answers an RPC of a later release.
+fn later<T>(rpc: &'static str) -> Result<Response<T>, Status> {
+    tracing::debug!(rpc, "rpc not implemented");
+    Err(convert::unimplemented(rpc))
+}
+
+#[tonic::async_trait]
+impl Runtime for RuntimeService {
+    type RunSessionInteractiveStream = BoxStream<pb::RunSessionInteractiveServerMsg>;
+    type WorkStream = BoxStream<pb::WorkServerMsg>;
+
+    async fn get_version(
+        &self,
+        _request: Request<pb::GetVersionRequest>,
+    ) -> Result<Response<pb::GetVersionResponse>, Status> {
+        unary("GetVersion", self.get_version_impl()).await
+    }
+
+    async fn publish(
+        &self,
+        request: Request<pb::PublishRequest>,
+    ) -> Result<Response<pb::PublishResponse>, Status> {
+        let actor = self.actor(&request.get_ref().actor, request.metadata());
+        unary("Publish", self.publish_impl(request.into_inner(), actor)).await
+    }
+
+    async fn deploy(
+        &self,
+        request: Request<pb::DeployRequest>,
+    ) -> Result<Response<pb::DeployResponse>, Status> {
+        let actor = self.actor(&request.get_ref().actor, request.metadata());
+        unary("Deploy", self.deploy_impl(request.into_inner(), actor)).await
+    }
+
+    async fn rollback(
+        &self,
+        request: Request<pb::RollbackRequest>,
+    ) -> Result<Response<pb::RollbackResponse>, Status> {
+        let actor = self.actor(&request.get_ref().actor, request.metadata());
+        unary("Rollback", self.rollback_impl(request.into_inner(), actor)).await
+    }
+
+    async fn get_active_version(
+        &self,
+        request: Request<pb::GetActiveVersionRequest>,
+    ) -> Result<Response<pb::GetActiveVersionResponse>, Status> {
+        unary(
+            "GetActiveVersion",
+            self.get_active_version_impl(request.into_inner()),
+        )
+        .await
+    }
+
+    async fn list_deployments(
+        &self,
+        request: Request<pb::ListDeploymentsRequest>,
+    ) -> Result<Response<pb::ListDeploymentsResponse>, Status> {
+        unary(
+            "ListDeployments",
+            self.list_deployments_impl(request.into_inner()),
+        )
+        .await
+    }
+
+    async fn get_agent_version(
+        &self,
+        request: Request<pb::GetAgentVersionRequest>,
+    ) -> Result<Response<pb::GetAgentVersionResponse>, Status> {
+        unary(
+            "GetAgentVersion",
+            self.get_agent_version_impl(request.into_inner()),
+        )
+        .await
+    }
+
+    async fn list_agents(
+        &self,
+        request: Request<pb::ListAgentsRequest>,
+    ) -> Result<Response<pb::ListAgentsResponse>, Status> {
+        unary("ListAgents", self.list_agents_impl(request.into_inner())).await
+    }
+
+    async fn list_agent_versions(
+        &self,
+        request: Request<pb::ListAgentVersionsRequest>,
+    ) -> Result<Response<pb::ListAgentVersionsResponse>, Status> {
+        unary(
+            "ListAgentVersions",
+            self.list_agent_versions_impl(request.into_inner()),
+        )
+        .await
+    }
+
+    async fn deprecate_agent_version(
+        &self,
+        request: Request<pb::DeprecateAgentVersionRequest>,
+    ) -> Result<Response<pb::DeprecateAgentVersionResponse>, Status> {
+        let actor = self.actor("", request.metadata());
+        unary(
+            "DeprecateAgentVersion",
+            self.deprecate_impl(request.into_inner(), actor),
+        )
+        .await
+    }
+
+    async fn retire_agent_version(
+        &self,
+        request: Request<pb::RetireAgentVersionRequest>,
+    ) -> Result<Response<pb::RetireAgentVersionResponse>, Status> {
+        let actor = self.actor("", request.metadata());
+        unary(
+            "RetireAgentVersion",
+            self.retire_impl(request.into_inner(), actor),
+        )
+        .await
+    }
+
+    async fn archive_agent(
+        &self,
+        request: Request<pb::ArchiveAgentRequest>,
+    ) -> Result<Response<pb::ArchiveAgentResponse>, Status> {
+        let actor = self.actor("", request.metadata());
+        unary(
+            "ArchiveAgent",
+            self.archive_impl(request.into_inner(), actor),
+        )
+        .await
+    }
+
+    // --- Sessions (later) -------------------------------------------------------------------
+
+    async fn run_session(
+        &self,
+        _request: Request<pb::RunSessionRequest>,
+    ) -> Result<Response<pb::RunSessionResponse>, Status> {
+        later("RunSession")
+    }
+
+    async fn run_session_interactive(
+        &self,
+        _request: Request<Streaming<pb::RunSessionInteractiveClientMsg>>,
+    ) -> Result<Response<Self::RunSessionInteractiveStream>, Status> {
+        later("RunSessionInteractive")
+    }
+
+    async fn cancel_session(
+        &self,
+        _request: Request<pb::CancelSessionRequest>,
+    ) -> Result<Response<pb::CancelSessionResponse>, Status> {
+        later("CancelSession")
+    }
+
+    async fn complete_session(
+        &self,
+        _request: Request<pb::CompleteSessionRequest>,
+    ) -> Result<Response<pb::CompleteSessionResponse>, Status> {
+        later("CompleteSession")
+    }
+
+    async fn list_sessions(
+        &self,
+        _request: Request<pb::ListSessionsRequest>,
+    ) -> Result<Response<pb::ListSessionsResponse>, Status> {
+        later("ListSessions")
+    }
+
+    async fn inspect_session(
+        &self,
+        _request: Request<pb::InspectSessionRequest>,
+    ) -> Result<Response<pb::InspectSessionResponse>, Status> {
+        later("InspectSession")
+    }
+
+    // --- Approvals (later) ------------------------------------------------------------------
+
+    async fn get_approval(
+        &self,
+        _request: Request<pb::GetApprovalRequest>,
+    ) -> Result<Response<pb::Approval>, Status> {
+        later("GetApproval")
+    }
+
+    async fn list_approvals(
+        &self,
+        _request: Request<pb::ListApprovalsRequest>,
+    ) -> Result<Response<pb::ListApprovalsResponse>, Status> {
+        later("ListApprovals")
+    }
+
+    async fn decide_approval(
+        &self,
+        _request: Request<pb::DecideApprovalRequest>,
+    ) -> Result<Response<pb::DecideApprovalResponse>, Status> {
+        later("DecideApproval")
+    }
+
+    // --- Bundles (later) --------------------------------------------------------------------
+
+    async fn publish_bundle(
+        &self,
+        _request: Request<pb::PublishBundleRequest>,
+    ) -> Result<Response<pb::PublishBundleResponse>, Status> {
+        later("PublishBundle")
+    }
+
+    async fn deploy_bundle(
+        &self,
+        _request: Request<pb::DeployBundleRequest>,
+    ) -> Result<Response<pb::DeployBundleResponse>, Status> {
+        later("DeployBundle")
+    }
+
+    async fn get_active_bundle(
+        &self,
+        _request: Request<pb::GetActiveBundleRequest>,
+    ) -> Result<Response<pb::GetActiveBundleResponse>, Status> {
+        later("GetActiveBundle")
+    }
+
+    async fn get_bundle_secret_requirements(
+        &self,
+        _request: Request<pb::GetBundleSecretRequirementsRequest>,
+    ) -> Result<Response<pb::GetBundleSecretRequirementsResponse>, Status> {
+        later("GetBundleSecretRequirements")
+    }
+
+    async fn list_bundles(
+        &self,
+        _request: Request<pb::ListBundlesRequest>,
+    ) -> Result<Response<pb::ListBundlesResponse>, Status> {
+        later("ListBundles")
+    }
+
+    async fn list_bundle_versions(
+        &self,
+        _request: Request<pb::ListBundleVersionsRequest>,
+    ) -> Result<Response<pb::ListBundleVersionsResponse>, Status> {
+        later("ListBundleVersions")
+    }
+
+    async fn list_bundle_deployments(
+        &self,
+        _request: Request<pb::ListBundleDeploymentsRequest>,
+    ) -> Result<Response<pb::ListBundleDeploymentsResponse>, Status> {
+        later("ListBundleDeployments")
+    }
+
+    // --- Workers (later) --------------------------------------------------------------------
+
+    async fn work(
+        &self,
+        _request: Request<Streaming<pb::WorkClientMsg>>,
+    ) -> Result<Response<Self::WorkStream>, Status> {
+        later("Work")
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,411 @@
+//! Unit tests of the service on an in-memory ledger, calling the trait methods directly. The
+//! daemon's integration tests drive the same RPCs over the network.
+
+use std::path::Path;
+
+use pb::runtime_server::Runtime as _;
+use phrony_ledger::Ledger;
+use phrony_proto::runtime::v1 as pb;
+use tonic::metadata::MetadataValue;
+use tonic::{Code, Request, Status};
+
+use super::{ACTOR_HEADER, RuntimeService};
+
+/// Writes a small agent with one tool and one policy under `dir` and compiles it.
+fn compile(dir: &Path, version: &str, purpose: &str) -> Vec<u8> {
+    std::fs::create_dir_all(dir.join("tools")).unwrap();
+    std::fs::create_dir_all(dir.join("policies")).unwrap();
+    std::fs::write(
+        dir.join("agent.yaml"),
+        format!(
+            "apiVersion: phrony.com/v1\nkind: Agent\nmetadata:\n  name: refund-agent\n  \
+             namespace: support\n  version: {version}\n  owner: payments-team\nspec:\n  \
+             purpose: {purpose}\n  instructions:\n    text: Look up the order first.\n  model:\n    \
+             provider: openai\n    name: gpt-4o\n  tools:\n    - ref: payments.issue-refund\n      \
+             policies:\n        - ref: policies/limit.yaml\n"
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("tools/payments.issue-refund.yaml"),
+        "apiVersion: phrony.com/v1\nkind: Tool\nmetadata:\n  name: issue-refund\n  namespace: \
+         payments\n  version: 1.0.0\nspec:\n  description: Issue a refund.\n  \
+         side_effect_class: irreversible_action\n  input_schema:\n    inline:\n      type: object\n      \
+         properties:\n        amount:\n          type: number\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("policies/limit.yaml"),
+        "apiVersion: phrony.com/v1\nkind: Policy\nmetadata:\n  name: refund-limit\n  namespace: \
+         payments\n  version: 1.0.0\nspec:\n  conditions:\n    field: amount\n    op: gt\n    \
+         value: 500\n  decision:\n    type: deny\n    reason: Too large.\n",
+    )
+    .unwrap();
+    let compiled = phrony_manifest::load_agent(dir.join("agent.yaml"))
+        .unwrap_or_else(|d| panic!("test agent does not compile:\n{d}"));
+    compiled.agent.snapshot_json()
+}
+
+struct Fixture {
+    service: RuntimeService,
+    dir: tempfile::TempDir,
+}
+
+impl Fixture {
+    async fn new() -> Self {
+        let ledger = Ledger::connect("sqlite::memory:").await.unwrap();
+        ledger.migrate().await.unwrap();
+        Self {
+            service: RuntimeService::new(ledger, "fallback-actor"),
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn snapshot(&self, version: &str, purpose: &str) -> Vec<u8> {
+        compile(
+            &self.dir.path().join(format!("{version}-{}", purpose.len())),
+            version,
+            purpose,
+        )
+    }
+
+    async fn publish(&self, manifest: Vec<u8>, actor: &str) -> Result<pb::PublishResponse, Status> {
+        let request = Request::new(pb::PublishRequest {
+            manifest,
+            actor: actor.into(),
+        });
+        self.service
+            .publish(request)
+            .await
+            .map(tonic::Response::into_inner)
+    }
+
+    async fn get_version(&self, version: &str) -> pb::GetAgentVersionResponse {
+        let request = Request::new(pb::GetAgentVersionRequest {
+            agent_ref: Some(agent(version)),
+        });
+        self.service
+            .get_agent_version(request)
+            .await
+            .unwrap()
+            .into_inner()
+    }
+}
+
+fn agent(version: &str) -> pb::AgentRef {
+    pb::AgentRef {
+        namespace: "support".into(),
+        name: "refund-agent".into(),
+        version: version.into(),
+    }
+}
+
+fn assert_status(result: Result<impl std::fmt::Debug, Status>, code: Code, message: &str) {
+    let status = result.expect_err("the call should fail");
+    assert_eq!(status.code(), code, "{}", status.message());
+    assert!(
+        status.message().contains(message),
+        "message {:?} should contain {message:?}",
+        status.message()
+    );
+}
+
+#[tokio::test]
+async fn publish_stores_the_canonical_snapshot_with_a_server_computed_hash() {
+    let f = Fixture::new().await;
+    let manifest = f.snapshot("0.1.0", "Refunds");
+    let expected_hash = phrony_manifest::CompiledAgent::from_snapshot_json(&manifest)
+        .unwrap()
+        .content_hash();
+    let published = f.publish(manifest.clone(), "alice").await.unwrap();
+    assert_eq!(
+        (
+            published.namespace.as_str(),
+            published.name.as_str(),
+            published.version.as_str()
+        ),
+        ("support", "refund-agent", "0.1.0")
+    );
+    assert_eq!(published.content_hash, expected_hash);
+    assert_eq!(published.content_hash.len(), 64);
+    assert!(!published.agent_id.is_empty() && !published.version_id.is_empty());
+
+    let stored = f.get_version("0.1.0").await;
+    assert_eq!(stored.manifest, manifest);
+    assert_eq!(stored.content_hash, expected_hash);
+    assert_eq!(stored.published_by, "alice");
+    assert!(stored.published_at.ends_with('Z') && stored.published_at.len() == 20);
+    assert_eq!(
+        (stored.deprecated_at.as_str(), stored.retired_at.as_str()),
+        ("", "")
+    );
+}
+
+#[tokio::test]
+async fn publish_is_idempotent_for_identical_content_only() {
+    let f = Fixture::new().await;
+    let first = f
+        .publish(f.snapshot("0.1.0", "Refunds"), "alice")
+        .await
+        .unwrap();
+    let again = f
+        .publish(f.snapshot("0.1.0", "Refunds"), "bob")
+        .await
+        .unwrap();
+    assert_eq!(again, first);
+    // The original publisher stays on record.
+    assert_eq!(f.get_version("0.1.0").await.published_by, "alice");
+
+    let different = f
+        .publish(f.snapshot("0.1.0", "Refunds and returns"), "bob")
+        .await;
+    assert_status(different, Code::AlreadyExists, "0.1.0");
+}
+
+#[tokio::test]
+async fn the_actor_comes_from_the_request_then_the_header_then_the_default() {
+    let f = Fixture::new().await;
+    let mut request = Request::new(pb::PublishRequest {
+        manifest: f.snapshot("0.1.0", "Refunds"),
+        actor: "  ".into(),
+    });
+    request
+        .metadata_mut()
+        .insert(ACTOR_HEADER, MetadataValue::from_static("carol"));
+    f.service.publish(request).await.unwrap();
+    assert_eq!(f.get_version("0.1.0").await.published_by, "carol");
+
+    f.publish(f.snapshot("0.2.0", "Refunds"), "").await.unwrap();
+    assert_eq!(f.get_version("0.2.0").await.published_by, "fallback-actor");
+
+    let mut request = Request::new(pb::DeployRequest {
+        agent_ref: Some(agent("0.2.0")),
+        actor: String::new(),
+    });
+    request
+        .metadata_mut()
+        .insert(ACTOR_HEADER, MetadataValue::from_static("dave"));
+    f.service.deploy(request).await.unwrap();
+    let active = f
+        .service
+        .get_active_version(Request::new(pb::GetActiveVersionRequest {
+            agent_ref: Some(agent("")),
+        }))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (active.version.as_str(), active.actor.as_str()),
+        ("0.2.0", "dave")
+    );
+}
+
+#[tokio::test]
+async fn publish_refuses_snapshots_the_compiler_could_not_have_produced() {
+    let f = Fixture::new().await;
+    let manifest = f.snapshot("0.1.0", "Refunds");
+    let text = String::from_utf8(manifest.clone()).unwrap();
+    let value: serde_json::Value = serde_json::from_slice(&manifest).unwrap();
+
+    // Missing, not JSON, not a compiled agent.
+    assert_status(
+        f.publish(Vec::new(), "a").await,
+        Code::InvalidArgument,
+        "manifest is required",
+    );
+    assert_status(
+        f.publish(b"{not json".to_vec(), "a").await,
+        Code::InvalidArgument,
+        "parse manifest: ",
+    );
+    assert_status(
+        f.publish(b"[]".to_vec(), "a").await,
+        Code::InvalidArgument,
+        "parse manifest: ",
+    );
+
+    // Same content, but pretty-printed: not canonical.
+    let pretty = serde_json::to_vec_pretty(&value).unwrap();
+    assert_status(
+        f.publish(pretty, "a").await,
+        Code::InvalidArgument,
+        "not in canonical form",
+    );
+
+    // A trailing newline is not canonical either.
+    assert_status(
+        f.publish(format!("{text}\n").into_bytes(), "a").await,
+        Code::InvalidArgument,
+        "first difference at byte",
+    );
+
+    // An unknown field smuggled in.
+    let smuggled = text.replacen(
+        "\"kind\":\"Agent\"",
+        "\"kind\":\"Agent\",\"backdoor\":true",
+        1,
+    );
+    assert_status(
+        f.publish(smuggled.into_bytes(), "a").await,
+        Code::InvalidArgument,
+        "backdoor",
+    );
+
+    // The compiler's marker removed: an authoring document, not a compiled snapshot.
+    let uncompiled = text.replacen(
+        "\"phrony.com/policies-compiled\":\"true\"",
+        "\"x\":\"y\"",
+        1,
+    );
+    assert_ne!(uncompiled, text);
+    assert_status(
+        f.publish(uncompiled.into_bytes(), "a").await,
+        Code::InvalidArgument,
+        "invalid manifest: ",
+    );
+
+    // A policy edited into something the engine cannot evaluate.
+    let broken_policy = text.replacen("\"op\":\"gt\"", "\"op\":\"resembles\"", 1);
+    assert_ne!(broken_policy, text);
+    assert_status(
+        f.publish(broken_policy.into_bytes(), "a").await,
+        Code::InvalidArgument,
+        "invalid manifest: ",
+    );
+
+    // A model provider the runtime cannot call (the reference accepted these, §14.1 item 17).
+    let bad_provider = text.replacen("\"provider\":\"openai\"", "\"provider\":\"skynet\"", 1);
+    assert_ne!(bad_provider, text);
+    assert_status(
+        f.publish(bad_provider.into_bytes(), "a").await,
+        Code::InvalidArgument,
+        "unsupported provider \"skynet\"",
+    );
+
+    // An authoring-only reference instead of the compiled inline prompt.
+    let uncompiled_prompt = text.replacen(
+        "\"instructions\":{\"text\":\"Look up the order first.\"}",
+        "\"instructions\":{\"ref\":\"prompts/system.md\",\"text\":\"Look up the order first.\"}",
+        1,
+    );
+    assert_ne!(uncompiled_prompt, text);
+    assert_status(
+        f.publish(uncompiled_prompt.into_bytes(), "a").await,
+        Code::InvalidArgument,
+        "spec.instructions: ref/version are resolved by compilation",
+    );
+
+    // A version label that is not semver.
+    let bad_version = text.replacen("\"version\":\"0.1.0\"", "\"version\":\"latest\"", 1);
+    assert_status(
+        f.publish(bad_version.into_bytes(), "a").await,
+        Code::InvalidArgument,
+        "invalid manifest: ",
+    );
+
+    // Nothing was stored by any of the refusals.
+    let agents = f
+        .service
+        .list_agents(Request::new(pb::ListAgentsRequest::default()))
+        .await
+        .unwrap();
+    assert!(agents.into_inner().agents.is_empty());
+}
+
+#[tokio::test]
+async fn lifecycle_rpcs_report_the_reference_error_codes() {
+    let f = Fixture::new().await;
+    let missing = f
+        .service
+        .deploy(Request::new(pb::DeployRequest {
+            agent_ref: Some(agent("")),
+            actor: "a".into(),
+        }))
+        .await;
+    assert_status(
+        missing,
+        Code::InvalidArgument,
+        "agent_ref requires namespace, name, and version",
+    );
+    let unknown = f
+        .service
+        .deploy(Request::new(pb::DeployRequest {
+            agent_ref: Some(agent("1.0.0")),
+            actor: "a".into(),
+        }))
+        .await;
+    assert_status(
+        unknown,
+        Code::NotFound,
+        "agent support/refund-agent not found",
+    );
+
+    f.publish(f.snapshot("0.1.0", "Refunds"), "a")
+        .await
+        .unwrap();
+    let no_active = f
+        .service
+        .get_active_version(Request::new(pb::GetActiveVersionRequest {
+            agent_ref: Some(agent("")),
+        }))
+        .await;
+    assert_status(
+        no_active,
+        Code::FailedPrecondition,
+        "no active deployment for agent support/refund-agent",
+    );
+    let no_label = f
+        .service
+        .get_agent_version(Request::new(pb::GetAgentVersionRequest {
+            agent_ref: Some(agent("9.9.9")),
+        }))
+        .await;
+    assert_status(
+        no_label,
+        Code::NotFound,
+        "no published version \"9.9.9\" for agent support/refund-agent",
+    );
+    let no_ref = f
+        .service
+        .list_agent_versions(Request::new(pb::ListAgentVersionsRequest {
+            agent_ref: None,
+        }))
+        .await;
+    assert_status(
+        no_ref,
+        Code::InvalidArgument,
+        "agent_ref requires namespace and name",
+    );
+}
+
+#[tokio::test]
+async fn later_rpcs_are_unimplemented_and_say_which() {
+    let f = Fixture::new().await;
+    let run = f
+        .service
+        .run_session(Request::new(pb::RunSessionRequest::default()))
+        .await;
+    assert_status(run, Code::Unimplemented, "RunSession is not implemented");
+    let approvals = f
+        .service
+        .list_approvals(Request::new(pb::ListApprovalsRequest::default()))
+        .await;
+    assert_status(
+        approvals,
+        Code::Unimplemented,
+        "ListApprovals is not implemented",
+    );
+}
+
+#[tokio::test]
+async fn get_version_reports_release_and_schema() {
+    let f = Fixture::new().await;
+    let v = f
+        .service
+        .get_version(Request::new(pb::GetVersionRequest {}))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(v.version, env!("CARGO_PKG_VERSION"));
+    assert!(!v.schema_version.is_empty());
+}

@@ -1,0 +1,391 @@
+//! The real `phrony-runtime` daemon for end-to-end tests, on a free port, against SQLite or a
+//! fresh PostgreSQL database, driven by the real `phrony` CLI.
+//!
+//! ```no_run
+//! use tests::daemon::{Backend, Daemon};
+//! let Some(daemon) = Daemon::start(Backend::Postgres) else { return }; // skipped on request
+//! let out = daemon.phrony().args(["agents", "ls"]).output().unwrap();
+//! assert!(out.status.success());
+//! ```
+//!
+//! - The binaries are built once per test process with `cargo build -p runtime -p cli` into the
+//!   target directory the tests run from, so they are never stale.
+//! - PostgreSQL: a database `phrony_test_<uuid>` is created on [`POSTGRES_ADMIN_URL`] and dropped
+//!   when the daemon is dropped. If PostgreSQL does not answer the test fails, unless
+//!   `PHRONY_TEST_SKIP_POSTGRES=1`, in which case [`Daemon::start`] returns `None`.
+//! - Dropping a [`Daemon`] stops it with SIGTERM (a clean stop must exit 0) and removes its files.
+
+use std::fs::File;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use phrony_grpc::client::{Client, Health};
+use sqlx::Connection as _;
+
+/// The PostgreSQL server the tests create their databases on.
+pub const POSTGRES_ADMIN_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+
+/// How long a daemon may take to answer `SERVING`.
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How long a daemon may take to stop after SIGTERM.
+const STOP_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// The storage a daemon runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// An SQLite file in the daemon's temporary directory.
+    Sqlite,
+    /// A fresh database on the local PostgreSQL server.
+    Postgres,
+}
+
+/// The built `phrony` and `phrony-runtime` binaries.
+#[derive(Debug)]
+pub struct Binaries {
+    /// The `phrony` CLI.
+    pub phrony: PathBuf,
+    /// The `phrony-runtime` daemon.
+    pub runtime: PathBuf,
+}
+
+/// Builds (once per process) and returns the binaries.
+///
+/// # Panics
+/// When the build fails; its output is in the message.
+pub fn binaries() -> &'static Binaries {
+    static BUILT: OnceLock<Binaries> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let (target_dir, profile_dir) = target_dir();
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let mut build = Command::new(cargo);
+        build
+            .current_dir(crate::workspace_root())
+            .env("CARGO_TARGET_DIR", &target_dir)
+            .args(["build", "--quiet", "-p", "runtime", "-p", "cli", "--bins"]);
+        match profile_dir.as_str() {
+            "debug" => {}
+            "release" => {
+                build.arg("--release");
+            }
+            other => {
+                build.args(["--profile", other]);
+            }
+        }
+        let output = build
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run cargo: {e}"));
+        assert!(
+            output.status.success(),
+            "cargo build -p runtime -p cli failed:\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let dir = target_dir.join(&profile_dir);
+        let exe = |name: &str| dir.join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
+        Binaries {
+            phrony: exe("phrony"),
+            runtime: exe("phrony-runtime"),
+        }
+    })
+}
+
+/// The target directory and profile directory (`debug`, `release`…) of the running test,
+/// from its own path: `<target>/<profile>/deps/<test>-<hash>`.
+fn target_dir() -> (PathBuf, String) {
+    let exe = std::env::current_exe().unwrap_or_else(|e| panic!("current_exe: {e}"));
+    let profile = exe
+        .parent()
+        .and_then(Path::parent)
+        .unwrap_or_else(|| panic!("unexpected test executable path {}", exe.display()));
+    let target = profile
+        .parent()
+        .map_or_else(|| crate::workspace_root().join("target"), Path::to_path_buf);
+    let profile_name = profile
+        .file_name()
+        .map_or_else(|| "debug".to_owned(), |n| n.to_string_lossy().into_owned());
+    (target, profile_name)
+}
+
+/// A free TCP port on 127.0.0.1 (free when this returns; a daemon binding it may still race).
+///
+/// # Panics
+/// When no port can be bound.
+#[must_use]
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or_else(|e| panic!("cannot find a free port: {e}"))
+}
+
+/// The `phrony` CLI with a clean environment for assertions: no colour, no inherited runtime
+/// address or actor.
+#[must_use]
+pub fn phrony() -> Command {
+    let mut cmd = Command::new(&binaries().phrony);
+    cmd.env_remove("PHRONY_RUNTIME_ADDR")
+        .env_remove("PHRONY_ACTOR")
+        .env("NO_COLOR", "1");
+    cmd
+}
+
+/// A running daemon. Dropping it stops the daemon and removes its database.
+#[derive(Debug)]
+pub struct Daemon {
+    child: Option<Child>,
+    addr: String,
+    backend: Backend,
+    dir: tempfile::TempDir,
+    postgres: Option<PostgresDatabase>,
+}
+
+impl Daemon {
+    /// Starts a daemon on a free port and waits until its health is `SERVING`. `None` only for
+    /// [`Backend::Postgres`] when PostgreSQL is down and `PHRONY_TEST_SKIP_POSTGRES=1`.
+    ///
+    /// # Panics
+    /// When the daemon does not become healthy (its log is in the message), or PostgreSQL is
+    /// down and skipping was not asked for.
+    #[must_use]
+    pub fn start(backend: Backend) -> Option<Self> {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+        let (url, postgres) = match backend {
+            Backend::Sqlite => (
+                format!("sqlite://{}", dir.path().join("phrony.db").display()),
+                None,
+            ),
+            Backend::Postgres => {
+                let db = PostgresDatabase::create()?;
+                (db.url.clone(), Some(db))
+            }
+        };
+        let mut daemon = Self {
+            child: None,
+            addr: String::new(),
+            backend,
+            dir,
+            postgres,
+        };
+        // A port found free can be taken before the daemon binds it: retry on that only.
+        for _ in 0..3 {
+            daemon.addr = format!("127.0.0.1:{}", free_port());
+            daemon.spawn(&url);
+            match daemon.wait_ready() {
+                Ok(()) => return Some(daemon),
+                Err(log) if log.contains("already in use") => {}
+                Err(log) => panic!("phrony-runtime ({backend:?}) did not become ready:\n{log}"),
+            }
+        }
+        panic!("phrony-runtime could not find a free port three times");
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.dir.path().join("runtime.log")
+    }
+
+    fn spawn(&mut self, database_url: &str) {
+        let log = File::create(self.log_path()).unwrap_or_else(|e| panic!("log file: {e}"));
+        let err = log.try_clone().unwrap_or_else(|e| panic!("log file: {e}"));
+        let data = self.dir.path().join("data");
+        let child = Command::new(&binaries().runtime)
+            .env("RUNTIME_GRPC_ADDR", &self.addr)
+            .env("RUNTIME_DATABASE_URL", database_url)
+            .env("RUNTIME_LOG", "info")
+            .env("XDG_DATA_HOME", &data)
+            .env("HOME", self.dir.path())
+            .env_remove("RUNTIME_SECRETS_ENCRYPTION_KEY")
+            .env_remove("RUNTIME_LOG_FORMAT")
+            .env_remove("PHRONY_ACTOR")
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(err)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start phrony-runtime: {e}"));
+        self.child = Some(child);
+    }
+
+    /// Polls health until `SERVING`; on failure returns the daemon's log.
+    fn wait_ready(&mut self) -> Result<(), String> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap_or_else(|e| panic!("tokio: {e}"));
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                self.child = None;
+                return Err(format!("exited with {status}\n{}", self.logs()));
+            }
+            let healthy = rt.block_on(async {
+                match Client::connect(&self.addr).await {
+                    Ok(client) => client.health().await.ok() == Some(Health::Serving),
+                    Err(_) => false,
+                }
+            });
+            if healthy {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                self.kill();
+                return Err(format!(
+                    "not SERVING after {}s\n{}",
+                    READY_TIMEOUT.as_secs(),
+                    self.logs()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// `host:port` the daemon listens on.
+    #[must_use]
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    /// The storage this daemon runs on.
+    #[must_use]
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    /// What the daemon logged so far.
+    #[must_use]
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    /// The `phrony` CLI pointed at this daemon through `PHRONY_RUNTIME_ADDR` (see [`phrony`]).
+    #[must_use]
+    pub fn phrony(&self) -> Command {
+        let mut cmd = phrony();
+        cmd.env("PHRONY_RUNTIME_ADDR", &self.addr);
+        cmd
+    }
+
+    /// Stops the daemon with SIGTERM and returns its exit status.
+    ///
+    /// # Panics
+    /// When it does not stop within 15 s (it is then killed).
+    pub fn stop(&mut self) -> Option<ExitStatus> {
+        let mut child = self.child.take()?;
+        if let Ok(Some(status)) = child.try_wait() {
+            return Some(status);
+        }
+        let _ = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + STOP_TIMEOUT;
+        loop {
+            match child.try_wait() {
+                Ok(Some(status)) => return Some(status),
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                _ => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    panic!(
+                        "phrony-runtime did not stop within {}s of SIGTERM\n{}",
+                        STOP_TIMEOUT.as_secs(),
+                        self.logs()
+                    );
+                }
+            }
+        }
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.kill();
+        } else if let Some(status) = self.stop() {
+            assert!(
+                status.success(),
+                "phrony-runtime exited with {status} on SIGTERM\n{}",
+                self.logs()
+            );
+        }
+        if let Some(db) = self.postgres.take() {
+            db.drop_database();
+        }
+    }
+}
+
+/// A database created for one daemon on [`POSTGRES_ADMIN_URL`].
+#[derive(Debug)]
+struct PostgresDatabase {
+    name: String,
+    url: String,
+}
+
+impl PostgresDatabase {
+    /// Creates `phrony_test_<uuid>`; `None` when PostgreSQL is down and skipping was asked for.
+    fn create() -> Option<Self> {
+        let name = format!("phrony_test_{}", uuid::Uuid::new_v4().simple());
+        let created = block_on(async {
+            let mut admin = sqlx::PgConnection::connect(POSTGRES_ADMIN_URL).await?;
+            sqlx::query(&format!("CREATE DATABASE \"{name}\""))
+                .execute(&mut admin)
+                .await?;
+            admin.close().await
+        });
+        match created {
+            Ok(()) => Some(Self {
+                url: format!("postgres://postgres@127.0.0.1:5432/{name}"),
+                name,
+            }),
+            Err(error) if skip_postgres() => {
+                eprintln!(
+                    "skipping the PostgreSQL test (PHRONY_TEST_SKIP_POSTGRES=1): {POSTGRES_ADMIN_URL}: {error}"
+                );
+                None
+            }
+            Err(error) => panic!(
+                "PostgreSQL at {POSTGRES_ADMIN_URL} is required ({error}); \
+                 start it, or set PHRONY_TEST_SKIP_POSTGRES=1 to skip these tests"
+            ),
+        }
+    }
+
+    fn drop_database(self) {
+        let name = self.name;
+        let dropped = block_on(async {
+            let mut admin = sqlx::PgConnection::connect(POSTGRES_ADMIN_URL).await?;
+            sqlx::query(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
+                .execute(&mut admin)
+                .await?;
+            admin.close().await
+        });
+        if let Err(error) = dropped {
+            eprintln!("warning: could not drop test database {name}: {error}");
+        }
+    }
+}
+
+fn skip_postgres() -> bool {
+    std::env::var("PHRONY_TEST_SKIP_POSTGRES").is_ok_and(|v| v == "1")
+}
+
+fn block_on<T>(future: impl std::future::Future<Output = T>) -> T {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| panic!("tokio: {e}"))
+        .block_on(future)
+}
