@@ -145,7 +145,10 @@ impl PolicySet {
 /// the first match). On equal quorum, §2.3: a later policy replaces the current candidate when
 /// it brings a reason or a route the current one lacks.
 fn better_candidate(current: &Policy, later: &Policy) -> bool {
-    match later.approvals_required().cmp(&current.approvals_required()) {
+    match later
+        .approvals_required()
+        .cmp(&current.approvals_required())
+    {
         std::cmp::Ordering::Greater => true,
         std::cmp::Ordering::Less => false,
         std::cmp::Ordering::Equal => {
