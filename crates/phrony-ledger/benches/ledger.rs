@@ -4,7 +4,12 @@
 //! and on PostgreSQL (`PHRONY_TEST_POSTGRES_URL`, default `postgres://postgres@127.0.0.1:5432/postgres`,
 //! skipped with a notice when unreachable):
 //! - `append_session_event`: one durable append (lock head, hash, insert, commit);
-//! - `verify_stream_1000`: recomputing a 1000-event chain.
+//! - `verify_stream_1000`: recomputing a 1000-event chain;
+//! - `tool_call_round_trip`: one allowed tool call through the ledger as the router drives it
+//!   (record, queue, dispatch, result: four durable transactions);
+//! - `approval_open_and_decide`: record a call, open an approval (call and session move with
+//!   it), one approve vote deciding it, the session back to `awaiting_tool` (four
+//!   transactions).
 
 #![allow(
     clippy::unwrap_used,
@@ -12,14 +17,18 @@
 )]
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use phrony_ledger::{Ledger, NewEvent};
+use phrony_ledger::{
+    AgentRef, AgentVersionRef, Dispatch, Ledger, NewAgentVersion, NewApproval, NewEvent,
+    NewSession, NewToolCall, OnModify, OnReject, SessionMode, SessionStatus, StatusChange,
+    ToolOutcome, ToolResult, Vote, VoteDecision, new_session_id,
+};
 use serde_json::json;
 use sqlx::Executor;
 
 fn event(i: u64) -> NewEvent {
     NewEvent::new(
-        "tool.completed",
-        "worker",
+        "message.assistant",
+        "agent",
         json!({"call_id": format!("call-{i}"), "result": {"refund_id": "r-1", "amount": 100}}),
     )
 }
@@ -47,6 +56,118 @@ fn bench_backend(c: &mut Criterion, rt: &tokio::runtime::Runtime, name: &str, le
         b.iter(|| {
             let report = rt.block_on(ledger.verify_stream("run_verify")).unwrap();
             assert!(report.is_intact());
+        });
+    });
+    let session = rt.block_on(async {
+        let agent = AgentRef::new("bench", "agent");
+        ledger
+            .publish_agent_version(NewAgentVersion {
+                namespace: "bench".into(),
+                name: "agent".into(),
+                version: "1.0.0".into(),
+                owner: String::new(),
+                labels: Default::default(),
+                snapshot_json: "{}".into(),
+                content_hash: "h".into(),
+                actor: "bench".into(),
+            })
+            .await
+            .unwrap();
+        ledger.deploy(&agent, "1.0.0", "bench").await.unwrap();
+        let v = ledger.get_agent_version(&agent, "1.0.0").await.unwrap();
+        let s = ledger
+            .create_session(NewSession {
+                id: new_session_id(),
+                agent_version_id: v.id,
+                agent: AgentVersionRef::new("bench", "agent", "1.0.0"),
+                input: json!({}),
+                metadata: Default::default(),
+                mode: SessionMode::Task,
+                parent_session_id: None,
+                limits: None,
+                secrets: Vec::new(),
+                actor: "bench".into(),
+            })
+            .await
+            .unwrap();
+        ledger
+            .set_session_status(&s.id, StatusChange::to(SessionStatus::AwaitingTool))
+            .await
+            .unwrap();
+        s.id
+    });
+    let call = |index: u32| NewToolCall {
+        session_id: session.clone(),
+        turn: 1,
+        iteration: 0,
+        index,
+        tool: "payments.issue-refund".into(),
+        version: "1.0.0".into(),
+        wire_name: None,
+        args: json!({"order_id": "ORD-1", "amount": 100}),
+        side_effect_class: None,
+    };
+    let mut index = 0;
+    group.bench_function("tool_call_round_trip", |b| {
+        b.iter(|| {
+            index += 1;
+            rt.block_on(async {
+                let c = ledger.record_tool_call(call(index)).await.unwrap();
+                ledger.queue_tool_call(&c.call_id).await.unwrap();
+                let dispatch = Dispatch {
+                    worker_id: "w".into(),
+                    ..Dispatch::default()
+                };
+                ledger
+                    .dispatch_tool_call(&c.call_id, dispatch)
+                    .await
+                    .unwrap();
+                let result = ToolResult {
+                    worker_id: Some("w".into()),
+                    outcome: ToolOutcome::Success(json!({"ok": true})),
+                    usage: None,
+                };
+                ledger.record_tool_result(&c.call_id, result).await.unwrap()
+            })
+        });
+    });
+    group.bench_function("approval_open_and_decide", |b| {
+        b.iter(|| {
+            index += 1;
+            rt.block_on(async {
+                let c = ledger.record_tool_call(call(index)).await.unwrap();
+                let approval = ledger
+                    .open_approval(NewApproval {
+                        id: uuid::Uuid::new_v4(),
+                        session_id: session.clone(),
+                        call_id: c.call_id.clone(),
+                        policy_ref: Some("bench/p@1.0.0".into()),
+                        reason: "bench".into(),
+                        route: String::new(),
+                        authority_ref: String::new(),
+                        approvals_required: 1,
+                        comprehension_required: false,
+                        on_reject: OnReject::ReturnToAgent,
+                        on_modify: OnModify::Unchecked,
+                        timeout: None,
+                        policy_runtime: Default::default(),
+                        actor: "policy".into(),
+                    })
+                    .await
+                    .unwrap();
+                let vote = Vote {
+                    actor: "alice".into(),
+                    decision: VoteDecision::Approve,
+                    comment: String::new(),
+                    comprehension_acknowledged: false,
+                    edited_args: None,
+                };
+                ledger.cast_vote(approval.id, vote).await.unwrap();
+                ledger
+                    .set_session_status(&session, StatusChange::to(SessionStatus::AwaitingTool))
+                    .await
+                    .unwrap()
+            })
         });
     });
     group.finish();

@@ -158,6 +158,14 @@ pub(crate) enum Arg {
     OptTs(Option<DateTime<Utc>>),
     /// A `jsonb` column on PostgreSQL, canonical JSON text on SQLite.
     Json(Value),
+    /// A nullable JSON column.
+    OptJson(Option<Value>),
+    /// `boolean` on PostgreSQL, `INTEGER` 0/1 on SQLite.
+    Bool(bool),
+    /// A nullable boolean.
+    OptBool(Option<bool>),
+    /// `bytea` on PostgreSQL, `BLOB` on SQLite.
+    Bytes(Vec<u8>),
 }
 
 impl From<&str> for Arg {
@@ -205,6 +213,16 @@ impl From<Option<Uuid>> for Arg {
         Self::OptUuid(v)
     }
 }
+impl From<bool> for Arg {
+    fn from(v: bool) -> Self {
+        Self::Bool(v)
+    }
+}
+impl From<Option<bool>> for Arg {
+    fn from(v: Option<bool>) -> Self {
+        Self::OptBool(v)
+    }
+}
 impl From<DateTime<Utc>> for Arg {
     fn from(v: DateTime<Utc>) -> Self {
         Self::Ts(v)
@@ -237,6 +255,10 @@ fn bind_sqlite<'q>(
             Arg::Ts(v) => q.bind(format_ts(&v)),
             Arg::OptTs(v) => q.bind(v.as_ref().map(format_ts)),
             Arg::Json(v) => q.bind(canonical_json(&v)),
+            Arg::OptJson(v) => q.bind(v.as_ref().map(canonical_json)),
+            Arg::Bool(v) => q.bind(v),
+            Arg::OptBool(v) => q.bind(v),
+            Arg::Bytes(v) => q.bind(v),
         };
     }
     q
@@ -257,6 +279,10 @@ fn bind_pg<'q>(
             Arg::Ts(v) => q.bind(v),
             Arg::OptTs(v) => q.bind(v),
             Arg::Json(v) => q.bind(sqlx::types::Json(v)),
+            Arg::OptJson(v) => q.bind(v.map(sqlx::types::Json)),
+            Arg::Bool(v) => q.bind(v),
+            Arg::OptBool(v) => q.bind(v),
+            Arg::Bytes(v) => q.bind(v),
         };
     }
     q
@@ -367,12 +393,51 @@ impl Row {
         self.get(column)
     }
 
+    /// An integer column; PostgreSQL `integer` (int4) columns are widened.
     pub(crate) fn int(&self, column: &str) -> Result<i64> {
-        self.get(column)
+        self.opt_int(column)?
+            .ok_or_else(|| self.decode_err(column, "unexpected NULL"))
     }
 
     pub(crate) fn opt_int(&self, column: &str) -> Result<Option<i64>> {
+        match self {
+            Row::Sqlite(..) => self.get(column),
+            Row::Postgres(row, _) => match row.try_get::<Option<i64>, _>(column) {
+                Ok(v) => Ok(v),
+                Err(wide) => row
+                    .try_get::<Option<i32>, _>(column)
+                    .map(|v| v.map(i64::from))
+                    .map_err(|_| self.decode_err(column, wide)),
+            },
+        }
+    }
+
+    pub(crate) fn bool(&self, column: &str) -> Result<bool> {
         self.get(column)
+    }
+
+    pub(crate) fn opt_bool(&self, column: &str) -> Result<Option<bool>> {
+        self.get(column)
+    }
+
+    pub(crate) fn bytes(&self, column: &str) -> Result<Vec<u8>> {
+        self.get(column)
+    }
+
+    pub(crate) fn opt_json(&self, column: &str) -> Result<Option<Value>> {
+        match self {
+            Row::Sqlite(row, _) => {
+                let text: Option<String> = row
+                    .try_get(column)
+                    .map_err(|e| self.decode_err(column, e))?;
+                text.map(|t| serde_json::from_str(&t).map_err(|e| self.decode_err(column, e)))
+                    .transpose()
+            }
+            Row::Postgres(row, _) => row
+                .try_get::<Option<sqlx::types::Json<Value>>, _>(column)
+                .map(|j| j.map(|j| j.0))
+                .map_err(|e| self.decode_err(column, e)),
+        }
     }
 
     pub(crate) fn uuid(&self, column: &str) -> Result<Uuid> {

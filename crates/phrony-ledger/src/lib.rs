@@ -63,10 +63,36 @@
 //! | `agent.version_deprecated`, `agent.version_retired` | `agent_id, version_id, version` |
 //! | `agent.archived` | `agent_id, deprecated_version_ids, deprecated_versions` |
 //!
-//! The schema also holds sessions, tool invocations, approvals (with `policy_ref`
-//! `ns/name@version`, `call_hash`, proposed and effective args), votes (with edited args),
-//! encrypted session secrets and bundles; their write operations arrive with the features that
-//! use them. Session events can already be appended with [`Ledger::append_session_event`].
+//! # Sessions, tool calls and approvals
+//!
+//! A session's stream holds everything that happens to it; the `sessions`, `session_metadata`,
+//! `tool_invocations`, `approvals` and `approval_votes` tables are its projections. Payloads
+//! are snake_case; every event about a tool call carries `call_id` and the call's `turn`.
+//!
+//! | Type (actor) | Written by | Payload |
+//! |---|---|---|
+//! | `session.started` (creator) | [`Ledger::create_session`] | `session_id, agent_version_id, agent_namespace, agent_name, agent_version, mode, input, metadata, parent_session_id?, root_session_id, depth, limits?, status` |
+//! | `session.status_changed`, `session.completed`, `session.failed`, `session.cancelled` | [`Ledger::set_session_status`] (also [`Ledger::open_approval`], cascades) | `from, to, reason?, message?` (failed), `output?` (completed) |
+//! | `message.user`, `message.assistant`, `evidence.recorded` | [`Ledger::record_session_event`] | [`SessionEvent`] |
+//! | `tool.requested` (agent) | [`Ledger::record_tool_call`] | `call_id, agent_version_id, tool, version, wire_name?, args, turn, iteration, index, side_effect_class?, status` |
+//! | `tool.queued` | [`Ledger::queue_tool_call`] | `call_id, from` |
+//! | `tool.dispatched` | [`Ledger::dispatch_tool_call`] | `call_id, tool, version, args` (as sent)`, attempt, worker_id, worker_identity?, image_digest?, descriptor_hash?, manifest_content_hash?, deadline_at?` |
+//! | `tool.completed` (worker / system) | [`Ledger::record_tool_result`], [`Ledger::fail_tool_call`] | `call_id, status, result? \| error_code? error_message?, worker_id?, usage?` |
+//! | `tool.late_result` (worker) | [`Ledger::record_tool_result`] | `call_id, status, reason, worker_id?, result? \| error_code? error_message?` |
+//! | `tool.indeterminate`, `tool.cancelled`, `tool.policy_denied` (policy) | [`Ledger::mark_tool_call_indeterminate`], [`Ledger::cancel_tool_call`], [`Ledger::deny_tool_call`] | `call_id, reason, …` |
+//! | `approval.required` (policy / system) | [`Ledger::open_approval`], escalation | the approval as opened |
+//! | `approval.vote` (voter) | [`Ledger::cast_vote`] | `approval_id, call_id, decided_by, decision, comment, comprehension_acknowledged, edited_args?` |
+//! | `approval.decided` (system) | votes, [`Ledger::expire_approval`], terminal transitions | `approval_id, call_id, status, approved, decided_by, comment, on_reject, effective_args?` |
+//! | `approval.escalated` (system) | [`Ledger::expire_approval`] | `approval_id, call_id, escalated_to, decided_by, comment` |
+//!
+//! Tool calls have deterministic ids ([`tool_call_id`]:
+//! `<session>:<agent_version_id>:<turn>:<iteration>:<index>`) and follow the state machine in
+//! [`CallStatus`]; approvals follow §3 of the reference with the fixes listed on
+//! [`Ledger::cast_vote`] and [`Ledger::expire_approval`]. A terminal session transition closes
+//! pending approvals (`cancelled`), cancels open calls and running child sessions, and deletes
+//! the session's secrets, all in its transaction. Secrets are stored sealed ([`SecretCipher`],
+//! [`SealedSecret`]) and never appear in events. Lists page with stable opaque cursors
+//! ([`PageRequest`], [`Page`]).
 //!
 //! # Agent lifecycle semantics
 //!
@@ -111,6 +137,26 @@ pub use model::{
     VersionStatus,
 };
 
+pub use approvals::{
+    Approval, ApprovalFilter, ApprovalStatus, ApprovalTimeout, ApprovalVote, MAX_ESCALATION_DEPTH,
+    NewApproval, OnModify, OnReject, TIMEOUT_ACTOR, TimeoutDefault, TimeoutOutcome, Vote,
+    VoteDecision, VoteOutcome, call_hash,
+};
+pub use cipher::{CipherError, KEY_LEN, SecretCipher};
+pub use invocations::{
+    CallStatus, Dispatch, NewToolCall, RecordedResult, SideEffectClass, ToolInvocation,
+    ToolOutcome, ToolResult, Usage, error_codes, tool_call_id,
+};
+pub use paging::{DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, Page, PageRequest};
+pub use secrets::{NONCE_LEN, SealedSecret};
+pub use session_log::{
+    AssistantMessage, SessionEvent, SessionTimeline, TimelineEvent, event_types, is_ledger_owned,
+};
+pub use sessions::{
+    AgentVersionRef, MAX_METADATA_PAIRS, NewSession, OnLimit, Session, SessionFilter,
+    SessionLimits, SessionMode, SessionStatus, StatusChange, StatusChanged, new_session_id,
+};
+
 use crate::db::{Backend as B, Pool};
 use crate::error::Result;
 
@@ -132,9 +178,11 @@ macro_rules! write_tx {
                 }
             };
             match outcome {
-                Err(error) if error.is_retryable() && attempt < MAX_WRITE_ATTEMPTS => {
+                Err(error) if error.is_retryable() && attempt < $crate::MAX_WRITE_ATTEMPTS => {
                     tracing::debug!(%error, attempt, "ledger write lost a race; retrying");
-                    tokio::time::sleep(Duration::from_millis(5 * u64::from(attempt * attempt)))
+                    tokio::time::sleep(::std::time::Duration::from_millis(
+                        5 * u64::from(attempt * attempt),
+                    ))
                         .await;
                     attempt += 1;
                 }
@@ -143,6 +191,17 @@ macro_rules! write_tx {
         }
     }};
 }
+
+// Modules that write through `write_tx!` are declared after it (macro_rules! scoping is
+// textual).
+mod approvals;
+mod cipher;
+mod invocations;
+mod names;
+mod paging;
+mod secrets;
+mod session_log;
+mod sessions;
 
 /// Tuning knobs for [`Ledger::connect_with`].
 #[derive(Debug, Clone)]
@@ -598,12 +657,16 @@ impl Ledger {
     // -----------------------------------------------------------------------------------------
     // Event log
 
-    /// Appends one event to a session's stream (the stream is named by the session id) and
-    /// returns it with its seq and hashes. Concurrent appends are serialised.
+    /// Appends one event to a stream (a session id, or another non-agent stream such as an
+    /// audit stream) and returns it with its seq and hashes. Concurrent appends are serialised.
+    /// This is the raw append: it does not check that a session exists. The session engine
+    /// uses [`Ledger::record_session_event`]; the ledger-owned types
+    /// ([`event_types::LEDGER_OWNED`]) are refused because they must change the projections
+    /// in the same transaction.
     ///
     /// # Errors
-    /// `InvalidArgument` for an empty or reserved session id (containing `:`) or a malformed
-    /// event (type not dotted lower-case, empty actor).
+    /// `InvalidArgument` for an empty or reserved stream name (containing `:`), a malformed
+    /// event (type not dotted lower-case, empty actor) or a ledger-owned event type.
     pub async fn append_session_event(&self, session_id: &str, event: NewEvent) -> Result<Event> {
         if session_id.is_empty() {
             return Err(LedgerError::invalid("session_id is required"));
@@ -614,6 +677,13 @@ impl Ledger {
             )));
         }
         event.validate()?;
+        if session_log::is_ledger_owned(&event.event_type) {
+            return Err(LedgerError::invalid(format!(
+                "event type {} is written by the ledger's session, tool-call and approval \
+                 operations and cannot be appended directly",
+                event.event_type
+            )));
+        }
         write_tx!(self, |tx| async {
             let mut head = events::lock_stream(&mut tx, session_id).await?;
             events::append(&mut tx, &mut head, event.clone()).await
@@ -678,9 +748,10 @@ impl Ledger {
         Ok(reports)
     }
 
-    /// Wipes the lifecycle projections (agents, published agent versions, deployments) and
-    /// replays them from the agent streams in one transaction, verifying each chain while
-    /// replaying. The result equals the live projections exactly.
+    /// Wipes every projection (agents, published agent versions, deployments, sessions and
+    /// their metadata, tool calls, approvals, votes) and replays them from the agent and session
+    /// streams in one transaction, verifying each chain while replaying. The result equals the
+    /// live projections exactly. Session secrets (not events) are kept for live sessions.
     ///
     /// # Errors
     /// `Corrupt` when a stream's chain is broken or an event cannot be applied (nothing is
@@ -705,7 +776,9 @@ async fn rebuild(tx: &mut db::Tx) -> Result<RebuildReport> {
         B::Postgres => {
             c.execute(
                 "lock projections",
-                "LOCK TABLE agents, agent_versions, deployments IN EXCLUSIVE MODE",
+                "LOCK TABLE agents, agent_versions, deployments, sessions, session_metadata, \
+                 tool_invocations, approvals, approval_votes, session_secrets \
+                 IN EXCLUSIVE MODE",
                 vec![],
             )
             .await?;
@@ -713,30 +786,37 @@ async fn rebuild(tx: &mut db::Tx) -> Result<RebuildReport> {
                 .await?;
         }
     }
-    c.execute("wipe deployments", "DELETE FROM deployments", vec![])
-        .await?;
-    c.execute(
-        "wipe agent versions",
-        "DELETE FROM agent_versions WHERE origin = 'published'",
-        vec![],
-    )
-    .await?;
-    c.execute("wipe agents", "DELETE FROM agents", vec![])
-        .await?;
-    let streams = c
-        .fetch_all(
-            "list agent streams",
-            "SELECT stream, last_seq, last_hash FROM streams WHERE stream LIKE 'agent:%' \
-             ORDER BY stream",
-            vec![],
-        )
-        .await?;
+    for (context, sql) in [
+        ("wipe approval votes", "DELETE FROM approval_votes"),
+        ("wipe approvals", "DELETE FROM approvals"),
+        ("wipe tool calls", "DELETE FROM tool_invocations"),
+        ("wipe session metadata", "DELETE FROM session_metadata"),
+        ("wipe sessions", "DELETE FROM sessions"),
+        ("wipe deployments", "DELETE FROM deployments"),
+        (
+            "wipe agent versions",
+            "DELETE FROM agent_versions WHERE origin = 'published'",
+        ),
+        ("wipe agents", "DELETE FROM agents"),
+    ] {
+        c.execute(context, sql, vec![]).await?;
+    }
+    // Agent streams first, then session streams (streams whose first event is
+    // `session.started`); other streams (audit logs) own no projections.
+    let sql = format!(
+        "SELECT stream, last_seq, last_hash FROM streams \
+         WHERE stream LIKE 'agent:%' OR {} \
+         ORDER BY CASE WHEN stream LIKE 'agent:%' THEN 0 ELSE 1 END, stream",
+        session_log::SESSION_STREAMS_SQL
+    );
+    let streams = c.fetch_all("list projection streams", &sql, vec![]).await?;
     let mut report = RebuildReport {
         streams: 0,
         events: 0,
     };
     for row in streams {
         let stream = row.text("stream")?;
+        let lifecycle_stream = stream.starts_with("agent:");
         let mut verifier = chain::ChainVerifier::new(&stream);
         let mut after = 0;
         loop {
@@ -748,7 +828,12 @@ async fn rebuild(tx: &mut db::Tx) -> Result<RebuildReport> {
                 verifier
                     .check(&stored)
                     .map_err(|v| LedgerError::corrupt(v.message))?;
-                lifecycle::apply(&mut c, &stored.into_event()?).await?;
+                let event = stored.into_event()?;
+                if lifecycle_stream {
+                    lifecycle::apply(&mut c, &event).await?;
+                } else {
+                    session_log::apply(&mut c, &event).await?;
+                }
                 report.events += 1;
             }
             if !full {
@@ -760,6 +845,14 @@ async fn rebuild(tx: &mut db::Tx) -> Result<RebuildReport> {
             .map_err(|v| LedgerError::corrupt(v.message))?;
         report.streams += 1;
     }
+    // Secrets are not events: those of sessions that no longer exist or have ended go.
+    c.execute(
+        "purge orphan secrets",
+        "DELETE FROM session_secrets WHERE session_id NOT IN \
+         (SELECT id FROM sessions WHERE status NOT IN ('completed', 'failed', 'cancelled'))",
+        vec![],
+    )
+    .await?;
     Ok(report)
 }
 

@@ -62,7 +62,7 @@ async fn sqlite_file_is_created_with_its_directories() {
     ledger.migrate().await.unwrap();
     assert!(path.exists());
     assert_eq!(ledger.backend(), Backend::Sqlite);
-    assert_eq!(ledger.schema_version().await.unwrap().as_deref(), Some("1"));
+    assert_eq!(ledger.schema_version().await.unwrap().as_deref(), Some("2"));
 }
 
 #[tokio::test]
@@ -81,7 +81,7 @@ async fn relative_sqlite_path_and_in_memory_work() {
     let memory = Ledger::connect("sqlite::memory:").await.unwrap();
     memory.migrate().await.unwrap();
     memory.ping().await.unwrap();
-    assert_eq!(memory.schema_version().await.unwrap().as_deref(), Some("1"));
+    assert_eq!(memory.schema_version().await.unwrap().as_deref(), Some("2"));
 }
 
 /// `target` relative to `base` using `..` components (both absolute).

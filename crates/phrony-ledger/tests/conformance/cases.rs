@@ -10,6 +10,8 @@ use serde_json::json;
 
 use crate::harness::TestDb;
 
+pub(crate) use crate::session_cases::*;
+
 // ---------------------------------------------------------------------------------------------
 // helpers
 
@@ -107,14 +109,14 @@ pub(crate) async fn migrations_are_idempotent_and_versioned(db: &TestDb) {
     b.unwrap();
     assert_eq!(
         db.ledger.schema_version().await.unwrap().as_deref(),
-        Some("1")
+        Some("2")
     );
     db.ledger.migrate().await.unwrap();
     // A restart (a new pool) migrates again without error and keeps the data.
     publish(&db.ledger, &agent(), "1.0.0").await;
     let again = db.another_ledger().await;
     again.migrate().await.unwrap();
-    assert_eq!(again.schema_version().await.unwrap().as_deref(), Some("1"));
+    assert_eq!(again.schema_version().await.unwrap().as_deref(), Some("2"));
     assert_eq!(again.list_agents(None).await.unwrap().len(), 1);
     again.ping().await.unwrap();
     assert_eq!(again.backend(), db.kind);
@@ -665,17 +667,13 @@ pub(crate) async fn every_change_appends_exactly_one_audit_event(db: &TestDb) {
 pub(crate) async fn session_events_form_a_hash_chain(db: &TestDb) {
     let ledger = db.migrated().await;
     let s = "run_0b7c6c5e-8f0e-4c1a-9d43-2f1b8f2e9a11";
-    let mut first = NewEvent::new(
-        "session.started",
-        "system",
-        json!({"input": {"amount": 100}}),
-    );
+    let mut first = NewEvent::new("audit.opened", "system", json!({"input": {"amount": 100}}));
     first.turn = Some(0);
     let e1 = ledger.append_session_event(s, first).await.unwrap();
     assert_eq!((e1.seq, e1.prev_hash.as_str()), (1, GENESIS_HASH));
     assert_eq!(e1.hash.len(), 64);
     let mut call = NewEvent::new(
-        "tool.requested",
+        "audit.tool_seen",
         "agent",
         json!({"tool": "payments.refund", "args": {"b": 1, "a": 2}}),
     );
@@ -716,6 +714,15 @@ pub(crate) async fn session_events_form_a_hash_chain(db: &TestDb) {
             .await,
         "event type",
     );
+    // Ledger-owned types change projections and can only be written by the ledger itself.
+    for owned in phrony_ledger::event_types::LEDGER_OWNED {
+        assert_invalid(
+            ledger
+                .append_session_event(s, NewEvent::new(*owned, "x", json!({})))
+                .await,
+            "cannot be appended directly",
+        );
+    }
     assert_invalid(
         ledger
             .append_session_event(s, NewEvent::new("a.b", " ", json!({})))
@@ -939,7 +946,7 @@ pub(crate) async fn concurrent_appends_are_gap_free_across_pools(db: &TestDb) {
                 let mut seqs = Vec::new();
                 for i in 0..EVENTS_PER_TASK {
                     let e = NewEvent::new(
-                        "tool.completed",
+                        "message.assistant",
                         format!("worker-{pool_id}-{task}"),
                         json!({"pool": pool_id, "task": task, "i": i}),
                     );

@@ -10,6 +10,7 @@
 
 mod cases;
 mod harness;
+mod session_cases;
 
 /// Generates `sqlite::<case>` and `postgres::<case>` tests for every case.
 macro_rules! conformance {
@@ -65,4 +66,17 @@ conformance!(
     rebuild_reproduces_projections_exactly,
     rebuild_refuses_a_tampered_log_and_changes_nothing,
     committed_data_survives_reopening,
+    session_lifecycle_records_every_transition,
+    child_sessions_follow_their_parent,
+    list_sessions_filters_and_paginates_stably,
+    tool_calls_follow_the_ledger_state_machine,
+    a_late_result_closes_a_recovery_approval,
+    approval_quorum_counts_distinct_actors_and_keeps_edited_args,
+    approval_reject_vetoes_and_comprehension_is_required,
+    approval_timeouts_apply_their_default,
+    approvals_close_when_their_session_ends,
+    approvals_list_filters_and_paginates,
+    a_pending_approval_survives_a_restart,
+    secrets_are_sealed_and_purged_on_terminal_transitions,
+    rebuild_reproduces_session_projections_exactly,
 );

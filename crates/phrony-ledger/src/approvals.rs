@@ -1,0 +1,1369 @@
+//! Durable approvals (§3): opening, votes with quorum and veto, timeouts (deny, allow,
+//! escalate) and closing, all as events in the owning session's stream.
+//!
+//! Deliberate differences from the reference:
+//! - deciding an approval that is no longer pending is an error
+//!   (`approval X is already <status>`), not a silent success;
+//! - a timeout with `default: allow` **approves** the approval, whatever the quorum (the
+//!   reference cast one vote, leaving quorum-2 approvals pending forever);
+//! - votes carry the approver's edited arguments, and all approve votes of one approval must
+//!   approve the same arguments: the first approve vote fixes them (its edit, or the proposed
+//!   arguments), and a later approve vote with different edits is refused;
+//! - approvals of sessions that end are decided `cancelled`, never left pending;
+//! - the approval copies tool, version and arguments from the recorded tool call, and stores
+//!   `call_hash`, a hash of the exact call it approves.
+
+use chrono::{DateTime, Duration, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value, json};
+use sha2::{Digest, Sha256};
+use uuid::Uuid;
+
+use crate::Ledger;
+use crate::chain::{canonical_json, format_ts};
+use crate::db::{Arg, Conn, Row, Tx, args};
+use crate::error::{LedgerError, Result};
+use crate::events::{StreamHead, append, lock_stream, now};
+use crate::invocations::{self, CallStatus, ToolInvocation, error_codes};
+use crate::model::{AgentRef, Event, NewEvent};
+use crate::names::str_enum;
+use crate::paging::{Page, PageRequest, Where, decode_token, encode_token};
+use crate::session_log::{event_types as types, expect_rows, from_payload, to_payload};
+use crate::sessions::{self, AgentVersionRef, SessionStatus};
+
+/// Escalations beyond this depth are denied (`approval escalation depth exceeded`).
+pub const MAX_ESCALATION_DEPTH: u32 = 5;
+
+/// The `decided_by` of decisions made by a timeout.
+pub const TIMEOUT_ACTOR: &str = "system:timeout";
+
+str_enum! {
+    /// An approval's status.
+    pub enum ApprovalStatus ("approval status") {
+        /// Waiting for votes.
+        Pending => "pending",
+        /// The quorum approved (or the timeout default allowed it).
+        Approved => "approved",
+        /// An approver rejected it (a veto), or the timeout default denied it.
+        Denied => "denied",
+        /// The timeout escalated it to a new approval (`parent_approval_id` of the new one).
+        Escalated => "escalated",
+        /// Closed without a decision: its session ended, or the call's outcome became known.
+        Cancelled => "cancelled",
+    }
+}
+
+str_enum! {
+    /// One approver's decision.
+    pub enum VoteDecision ("vote decision") {
+        /// Approve (stored as `approved`).
+        Approve => "approved",
+        /// Reject (stored as `denied`); a single reject decides the approval.
+        Reject => "denied",
+    }
+}
+
+str_enum! {
+    /// What a rejection does (`decision.on_reject`).
+    #[derive(Default)]
+    pub enum OnReject ("on_reject") {
+        /// The model receives the rejection as the tool outcome and the turn continues.
+        #[default]
+        ReturnToAgent => "return_to_agent",
+        /// The session fails.
+        Fail => "fail",
+    }
+}
+
+str_enum! {
+    /// What happens to arguments edited by an approver (`decision.on_modify`).
+    #[derive(Default)]
+    pub enum OnModify ("on_modify") {
+        /// Dispatched without a policy check (no `on_modify`).
+        #[default]
+        Unchecked => "unchecked",
+        /// Evaluated against the policies again before dispatch.
+        Revalidate => "revalidate",
+    }
+}
+
+str_enum! {
+    /// What an approval's timeout decides (`decision.timeout.default`).
+    pub enum TimeoutDefault ("timeout default") {
+        /// Deny (`system:timeout`, `approval timed out`).
+        Deny => "deny",
+        /// Approve, whatever the quorum.
+        Allow => "allow",
+        /// Open a new approval one level up.
+        Escalate => "escalate",
+    }
+}
+
+/// An approval's timeout (`decision.timeout` plus the escalation keys of `decision.runtime`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApprovalTimeout {
+    /// Minutes after opening at which the approval expires (at least 1).
+    pub after_minutes: u32,
+    /// What expiry decides.
+    pub default: TimeoutDefault,
+    /// Route of the escalated approval (`phrony.com/escalate_to_role`); the same route if
+    /// `None`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub escalate_to_route: Option<String>,
+    /// Expiry of the escalated approval (`phrony.com/escalate_after_minutes`);
+    /// `after_minutes` if `None`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub escalate_after_minutes: Option<u32>,
+}
+
+/// Input of [`Ledger::open_approval`]. Tool, version, arguments and turn come from the recorded
+/// tool call; the agent from the session.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewApproval {
+    /// The approval's id (a random UUID).
+    pub id: Uuid,
+    /// The session that waits.
+    pub session_id: String,
+    /// The recorded tool call it gates.
+    pub call_id: String,
+    /// The deciding policy as `namespace/name@version` (`None` for recovery approvals).
+    pub policy_ref: Option<String>,
+    /// Why approval is needed (shown to approvers).
+    pub reason: String,
+    /// Who should decide (`phrony.com/approver_role`); informational.
+    pub route: String,
+    /// The governance authority boundary.
+    pub authority_ref: String,
+    /// Distinct approvers needed (at least 1).
+    pub approvals_required: u32,
+    /// Approvers must acknowledge comprehension (on approve and reject).
+    pub comprehension_required: bool,
+    /// What a rejection does.
+    pub on_reject: OnReject,
+    /// What happens to edited arguments.
+    pub on_modify: OnModify,
+    /// The timeout, if any.
+    pub timeout: Option<ApprovalTimeout>,
+    /// The policy's `decision.runtime` map, passed through.
+    pub policy_runtime: Map<String, Value>,
+    /// Who opened it (`policy` for policy decisions, `system` for recovery).
+    pub actor: String,
+}
+
+/// An approval with its votes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Approval {
+    /// Id.
+    pub id: Uuid,
+    /// The waiting session.
+    pub session_id: String,
+    /// The gated tool call.
+    pub call_id: String,
+    /// The approval this one escalates.
+    pub parent_approval_id: Option<Uuid>,
+    /// Status.
+    pub status: ApprovalStatus,
+    /// Who should decide.
+    pub route: String,
+    /// Why.
+    pub reason: String,
+    /// Dispatch ref of the tool.
+    pub tool: String,
+    /// Tool version.
+    pub tool_version: String,
+    /// The proposed arguments (the model's).
+    pub args: Value,
+    /// The arguments the approve votes fixed (an approver's edit), and after approval the
+    /// arguments to dispatch; `None` while no approve vote edited them.
+    pub effective_args: Option<Value>,
+    /// Hex SHA-256 of the canonical JSON
+    /// `{"args", "call_id", "session_id", "tool", "version"}` of the proposed call.
+    pub call_hash: String,
+    /// The session's agent version.
+    pub agent_version_id: Uuid,
+    /// Its `namespace/name@version`.
+    pub agent: AgentVersionRef,
+    /// The deciding policy `namespace/name@version`.
+    pub policy_ref: Option<String>,
+    /// The policy's runtime map.
+    pub policy_runtime: Map<String, Value>,
+    /// Authority boundary.
+    pub authority_ref: String,
+    /// Quorum.
+    pub approvals_required: u32,
+    /// Approve votes so far.
+    pub approvals_received: u32,
+    /// Comprehension acknowledgement required.
+    pub comprehension_required: bool,
+    /// What a rejection does.
+    pub on_reject: OnReject,
+    /// What happens to edited arguments.
+    pub on_modify: OnModify,
+    /// The timeout.
+    pub timeout: Option<ApprovalTimeout>,
+    /// 0 for an original approval, +1 per escalation.
+    pub escalation_depth: u32,
+    /// When the timeout fires.
+    pub expires_at: Option<DateTime<Utc>>,
+    /// Who decided (the last voter, `system:timeout`, or `system`).
+    pub decided_by: Option<String>,
+    /// The deciding comment.
+    pub comment: Option<String>,
+    /// Opened.
+    pub created_at: DateTime<Utc>,
+    /// Decided.
+    pub decided_at: Option<DateTime<Utc>>,
+    /// Votes, oldest first.
+    pub votes: Vec<ApprovalVote>,
+}
+
+impl Approval {
+    /// The arguments an approval of this approval dispatches: the fixed edit, else the proposed.
+    #[must_use]
+    pub fn args_to_dispatch(&self) -> &Value {
+        self.effective_args.as_ref().unwrap_or(&self.args)
+    }
+}
+
+/// A recorded vote.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApprovalVote {
+    /// The voter.
+    pub decided_by: String,
+    /// Approve or reject.
+    pub decision: VoteDecision,
+    /// The voter's comment.
+    pub comment: String,
+    /// Whether the voter acknowledged comprehension.
+    pub comprehension_acknowledged: bool,
+    /// Arguments the voter approved instead of the proposed ones.
+    pub edited_args: Option<Value>,
+    /// When.
+    pub created_at: DateTime<Utc>,
+}
+
+/// Input of [`Ledger::cast_vote`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Vote {
+    /// The voter (required; the daemon resolves `PHRONY_ACTOR` fallbacks before).
+    pub actor: String,
+    /// Approve or reject.
+    pub decision: VoteDecision,
+    /// Comment (passed to the model on `return_to_agent` rejections by the engine).
+    pub comment: String,
+    /// The voter acknowledges comprehension.
+    pub comprehension_acknowledged: bool,
+    /// Approve with these arguments instead (a JSON object); refused on a reject.
+    pub edited_args: Option<Value>,
+}
+
+/// Result of [`Ledger::cast_vote`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct VoteOutcome {
+    /// The approval after the vote (status `pending` until the quorum or a veto).
+    pub approval: Approval,
+    /// Whether this vote decided it.
+    pub decided: bool,
+}
+
+/// Result of [`Ledger::expire_approval`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct TimeoutOutcome {
+    /// The expired approval after its decision (`denied`, `approved` or `escalated`).
+    pub approval: Approval,
+    /// The new pending approval of an escalation.
+    pub escalated_to: Option<Approval>,
+}
+
+/// Filters of [`Ledger::list_approvals`]; every set field must match.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ApprovalFilter {
+    /// Status.
+    pub status: Option<ApprovalStatus>,
+    /// Session.
+    pub session_id: Option<String>,
+    /// Agent (any version).
+    pub agent: Option<AgentRef>,
+    /// Route.
+    pub route: Option<String>,
+}
+
+/// The hash stored as [`Approval::call_hash`].
+#[must_use]
+pub fn call_hash(session_id: &str, call: &ToolInvocation) -> String {
+    let canonical = canonical_json(&json!({
+        "session_id": session_id,
+        "call_id": call.call_id,
+        "tool": call.tool,
+        "version": call.version,
+        "args": call.proposed_args,
+    }));
+    hex::encode(Sha256::digest(canonical.as_bytes()))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Event payloads.
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Required {
+    approval_id: Uuid,
+    call_id: String,
+    tool: String,
+    version: String,
+    args: Value,
+    call_hash: String,
+    agent_version_id: Uuid,
+    agent_ref: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    policy_ref: Option<String>,
+    policy_runtime: Map<String, Value>,
+    reason: String,
+    route: String,
+    authority_ref: String,
+    approvals_required: u32,
+    comprehension_required: bool,
+    on_reject: OnReject,
+    on_modify: OnModify,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    timeout: Option<ApprovalTimeout>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    expires_at: Option<DateTime<Utc>>,
+    escalation_depth: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    parent_approval_id: Option<Uuid>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct VotePayload {
+    approval_id: Uuid,
+    call_id: String,
+    decided_by: String,
+    decision: VoteDecision,
+    comment: String,
+    comprehension_acknowledged: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    edited_args: Option<Value>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Decided {
+    approval_id: Uuid,
+    call_id: String,
+    status: ApprovalStatus,
+    approved: bool,
+    decided_by: String,
+    comment: String,
+    on_reject: OnReject,
+    /// The arguments to dispatch (approved only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    effective_args: Option<Value>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Escalated {
+    approval_id: Uuid,
+    call_id: String,
+    escalated_to: Uuid,
+    decided_by: String,
+    comment: String,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reads.
+
+const APPROVAL_SELECT: &str = "SELECT a.id, a.session_id, a.call_id, a.parent_approval_id, \
+     a.status, a.route, a.reason, a.tool, a.tool_version, a.args, a.effective_args, a.call_hash, \
+     a.agent_version_id, s.agent_namespace, s.agent_name, s.agent_version, a.policy_ref, \
+     a.policy_runtime, a.authority_ref, a.approvals_required, a.approvals_received, \
+     a.comprehension_required, a.on_reject, a.on_modify, a.timeout_default, a.timeout_minutes, \
+     a.escalate_route, a.escalate_after_minutes, a.escalation_depth, a.expires_at, a.decided_by, \
+     a.comment, a.created_at, a.decided_at \
+     FROM approvals a JOIN sessions s ON s.id = a.session_id";
+
+fn u32_col(row: &Row, column: &str) -> Result<u32> {
+    u32::try_from(row.int(column)?)
+        .map_err(|_| LedgerError::corrupt(format!("approvals.{column} out of range")))
+}
+
+fn opt_u32_col(row: &Row, column: &str) -> Result<Option<u32>> {
+    row.opt_int(column)?
+        .map(|v| {
+            u32::try_from(v)
+                .map_err(|_| LedgerError::corrupt(format!("approvals.{column} out of range")))
+        })
+        .transpose()
+}
+
+fn approval_from_row(row: &Row) -> Result<Approval> {
+    let timeout = match opt_u32_col(row, "timeout_minutes")? {
+        None => None,
+        Some(after_minutes) => Some(ApprovalTimeout {
+            after_minutes,
+            default: TimeoutDefault::parse_stored(
+                row.opt_text("timeout_default")?
+                    .as_deref()
+                    .unwrap_or("deny"),
+            )?,
+            escalate_to_route: row.opt_text("escalate_route")?,
+            escalate_after_minutes: opt_u32_col(row, "escalate_after_minutes")?,
+        }),
+    };
+    let policy_runtime = match row.json("policy_runtime")? {
+        Value::Object(map) => map,
+        other => {
+            return Err(LedgerError::corrupt(format!(
+                "approvals.policy_runtime is not an object: {other}"
+            )));
+        }
+    };
+    Ok(Approval {
+        id: row.uuid("id")?,
+        session_id: row.text("session_id")?,
+        call_id: row.text("call_id")?,
+        parent_approval_id: row.opt_uuid("parent_approval_id")?,
+        status: ApprovalStatus::parse_stored(&row.text("status")?)?,
+        route: row.text("route")?,
+        reason: row.text("reason")?,
+        tool: row.text("tool")?,
+        tool_version: row.text("tool_version")?,
+        args: row.json("args")?,
+        effective_args: row.opt_json("effective_args")?,
+        call_hash: row.text("call_hash")?,
+        agent_version_id: row.uuid("agent_version_id")?,
+        agent: AgentVersionRef::new(
+            row.text("agent_namespace")?,
+            row.text("agent_name")?,
+            row.text("agent_version")?,
+        ),
+        policy_ref: row.opt_text("policy_ref")?,
+        policy_runtime,
+        authority_ref: row.text("authority_ref")?,
+        approvals_required: u32_col(row, "approvals_required")?,
+        approvals_received: u32_col(row, "approvals_received")?,
+        comprehension_required: row.bool("comprehension_required")?,
+        on_reject: OnReject::parse_stored(&row.text("on_reject")?)?,
+        on_modify: OnModify::parse_stored(&row.text("on_modify")?)?,
+        timeout,
+        escalation_depth: u32_col(row, "escalation_depth")?,
+        expires_at: row.opt_ts("expires_at")?,
+        decided_by: row.opt_text("decided_by")?,
+        comment: row.opt_text("comment")?,
+        created_at: row.ts("created_at")?,
+        decided_at: row.opt_ts("decided_at")?,
+        votes: Vec::new(),
+    })
+}
+
+async fn load_votes(conn: &mut Conn<'_>, approval: &mut Approval) -> Result<()> {
+    let rows = conn
+        .fetch_all(
+            "read approval votes",
+            "SELECT decided_by, decision, comment, comprehension_acknowledged, edited_args, \
+             created_at FROM approval_votes WHERE approval_id = $1 ORDER BY created_at, decided_by",
+            args![approval.id],
+        )
+        .await?;
+    approval.votes = rows
+        .iter()
+        .map(|r| {
+            Ok(ApprovalVote {
+                decided_by: r.text("decided_by")?,
+                decision: VoteDecision::parse_stored(&r.text("decision")?)?,
+                comment: r.text("comment")?,
+                comprehension_acknowledged: r.bool("comprehension_acknowledged")?,
+                edited_args: r.opt_json("edited_args")?,
+                created_at: r.ts("created_at")?,
+            })
+        })
+        .collect::<Result<_>>()?;
+    Ok(())
+}
+
+fn not_found(id: Uuid) -> LedgerError {
+    LedgerError::not_found(format!("approval {id} not found"))
+}
+
+pub(crate) async fn find(conn: &mut Conn<'_>, id: Uuid) -> Result<Option<Approval>> {
+    let sql = format!("{APPROVAL_SELECT} WHERE a.id = $1");
+    let Some(row) = conn
+        .fetch_optional("read approval", &sql, args![id])
+        .await?
+    else {
+        return Ok(None);
+    };
+    let mut approval = approval_from_row(&row)?;
+    load_votes(conn, &mut approval).await?;
+    Ok(Some(approval))
+}
+
+async fn require(conn: &mut Conn<'_>, id: Uuid) -> Result<Approval> {
+    find(conn, id).await?.ok_or_else(|| not_found(id))
+}
+
+async fn many(
+    conn: &mut Conn<'_>,
+    context: &'static str,
+    sql: &str,
+    a: Vec<Arg>,
+) -> Result<Vec<Approval>> {
+    let rows = conn.fetch_all(context, sql, a).await?;
+    let mut out = Vec::with_capacity(rows.len());
+    for row in &rows {
+        let mut approval = approval_from_row(row)?;
+        load_votes(conn, &mut approval).await?;
+        out.push(approval);
+    }
+    Ok(out)
+}
+
+pub(crate) async fn for_session(conn: &mut Conn<'_>, session_id: &str) -> Result<Vec<Approval>> {
+    let sql = format!("{APPROVAL_SELECT} WHERE a.session_id = $1 ORDER BY a.created_at, a.id");
+    many(conn, "list session approvals", &sql, args![session_id]).await
+}
+
+async fn list(
+    conn: &mut Conn<'_>,
+    filter: &ApprovalFilter,
+    page: &PageRequest,
+) -> Result<Page<Approval>> {
+    let cursor = page
+        .token
+        .as_deref()
+        .map(|t| decode_token("a", t))
+        .transpose()?;
+    let mut w = Where::default();
+    if let Some(status) = filter.status {
+        let p = w.bind(Arg::from(status.as_str()));
+        w.push(format!("a.status = {p}"));
+    }
+    if let Some(session) = &filter.session_id {
+        let p = w.bind(Arg::from(session.as_str()));
+        w.push(format!("a.session_id = {p}"));
+    }
+    if let Some(agent) = &filter.agent {
+        agent.validate()?;
+        let ns = w.bind(Arg::from(agent.namespace.as_str()));
+        let name = w.bind(Arg::from(agent.name.as_str()));
+        w.push(format!(
+            "s.agent_namespace = {ns} AND s.agent_name = {name}"
+        ));
+    }
+    if let Some(route) = &filter.route {
+        let p = w.bind(Arg::from(route.as_str()));
+        w.push(format!("a.route = {p}"));
+    }
+    if let Some(c) = cursor {
+        let id = Uuid::parse_str(&c.id)
+            .map_err(|_| LedgerError::invalid("invalid page token for approvals"))?;
+        w.after_cursor("a.created_at", "a.id", c.created_at, Arg::from(id));
+    }
+    let limit = page.limit();
+    let l = w.bind(Arg::from(i64::from(limit) + 1));
+    let sql = format!(
+        "{APPROVAL_SELECT} {} ORDER BY a.created_at DESC, a.id DESC LIMIT {l}",
+        w.sql()
+    );
+    let mut items = many(conn, "list approvals", &sql, w.args).await?;
+    let next_token = if items.len() > limit as usize {
+        items.truncate(limit as usize);
+        items
+            .last()
+            .map(|a| encode_token("a", &a.created_at, &a.id.hyphenated().to_string()))
+    } else {
+        None
+    };
+    Ok(Page { items, next_token })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Writes.
+
+/// Locks the approval's session stream and returns the approval as it is under the lock.
+async fn lock_approval(tx: &mut Tx, id: Uuid) -> Result<(StreamHead, Approval)> {
+    let session_id = tx
+        .conn()
+        .fetch_optional(
+            "find approval session",
+            "SELECT session_id FROM approvals WHERE id = $1",
+            args![id],
+        )
+        .await?
+        .ok_or_else(|| not_found(id))?
+        .text("session_id")?;
+    let head = lock_stream(tx, &session_id).await?;
+    let approval = require(&mut tx.conn(), id).await?;
+    Ok((head, approval))
+}
+
+fn require_pending(approval: &Approval) -> Result<()> {
+    if approval.status == ApprovalStatus::Pending {
+        Ok(())
+    } else {
+        Err(LedgerError::precondition(format!(
+            "approval {} is already {}",
+            approval.id, approval.status
+        )))
+    }
+}
+
+async fn emit<T: Serialize>(
+    tx: &mut Tx,
+    head: &mut StreamHead,
+    call_id: &str,
+    turn: Option<u32>,
+    event_type: &str,
+    actor: &str,
+    payload: &T,
+) -> Result<Event> {
+    let mut new = NewEvent::new(event_type, actor, to_payload(payload)?);
+    new.call_id = Some(call_id.to_owned());
+    new.turn = turn;
+    let event = append(tx, head, new).await?;
+    crate::session_log::apply(&mut tx.conn(), &event).await?;
+    Ok(event)
+}
+
+async fn call_turn(tx: &mut Tx, call_id: &str) -> Result<Option<u32>> {
+    Ok(invocations::find(&mut tx.conn(), call_id)
+        .await?
+        .map(|c| c.turn))
+}
+
+fn expiry(minutes: u32) -> DateTime<Utc> {
+    now() + Duration::minutes(i64::from(minutes))
+}
+
+async fn open(tx: &mut Tx, new: &NewApproval) -> Result<Approval> {
+    use CallStatus as C;
+    let mut head = lock_stream(tx, &new.session_id).await?;
+    let session = sessions::require(&mut tx.conn(), &new.session_id).await?;
+    if session.status != SessionStatus::AwaitingApproval
+        && !session
+            .status
+            .can_change_to(SessionStatus::AwaitingApproval)
+    {
+        return Err(LedgerError::precondition(format!(
+            "session {} is {} and cannot wait for an approval",
+            session.id, session.status
+        )));
+    }
+    let call = invocations::require(&mut tx.conn(), &new.call_id).await?;
+    if call.session_id != session.id {
+        return Err(LedgerError::invalid(format!(
+            "tool call {} belongs to session {}, not {}",
+            call.call_id, call.session_id, session.id
+        )));
+    }
+    if !matches!(call.status, C::Pending | C::Queued | C::Indeterminate) {
+        return Err(LedgerError::precondition(format!(
+            "tool call {} is {} and cannot wait for an approval",
+            call.call_id, call.status
+        )));
+    }
+    if find(&mut tx.conn(), new.id).await?.is_some() {
+        return Err(LedgerError::AlreadyExists {
+            message: format!("approval {} already exists", new.id),
+        });
+    }
+    let payload = Required {
+        approval_id: new.id,
+        call_id: call.call_id.clone(),
+        tool: call.tool.clone(),
+        version: call.version.clone(),
+        args: call.proposed_args.clone(),
+        call_hash: call_hash(&session.id, &call),
+        agent_version_id: session.agent_version_id,
+        agent_ref: session.agent.to_string(),
+        policy_ref: new.policy_ref.clone(),
+        policy_runtime: new.policy_runtime.clone(),
+        reason: new.reason.clone(),
+        route: new.route.clone(),
+        authority_ref: new.authority_ref.clone(),
+        approvals_required: new.approvals_required,
+        comprehension_required: new.comprehension_required,
+        on_reject: new.on_reject,
+        on_modify: new.on_modify,
+        timeout: new.timeout.clone(),
+        expires_at: new.timeout.as_ref().map(|t| expiry(t.after_minutes)),
+        escalation_depth: 0,
+        parent_approval_id: None,
+    };
+    emit(
+        tx,
+        &mut head,
+        &call.call_id,
+        Some(call.turn),
+        types::APPROVAL_REQUIRED,
+        &new.actor,
+        &payload,
+    )
+    .await?;
+    sessions::ensure_status(
+        tx,
+        &mut head,
+        &session,
+        SessionStatus::AwaitingApproval,
+        format!("approval {} opened", new.id),
+    )
+    .await?;
+    require(&mut tx.conn(), new.id).await
+}
+
+#[allow(
+    clippy::too_many_arguments,
+    reason = "one decision's fields; a struct would only rename them"
+)]
+async fn decide(
+    tx: &mut Tx,
+    head: &mut StreamHead,
+    approval: &Approval,
+    turn: Option<u32>,
+    status: ApprovalStatus,
+    decided_by: &str,
+    comment: &str,
+    effective_args: Option<Value>,
+) -> Result<()> {
+    let payload = Decided {
+        approval_id: approval.id,
+        call_id: approval.call_id.clone(),
+        status,
+        approved: status == ApprovalStatus::Approved,
+        decided_by: decided_by.to_owned(),
+        comment: comment.to_owned(),
+        on_reject: approval.on_reject,
+        effective_args,
+    };
+    emit(
+        tx,
+        head,
+        &approval.call_id,
+        turn,
+        types::APPROVAL_DECIDED,
+        "system",
+        &payload,
+    )
+    .await
+    .map(|_| ())
+}
+
+async fn record_vote(tx: &mut Tx, id: Uuid, v: &Vote) -> Result<VoteOutcome> {
+    let (mut head, approval) = lock_approval(tx, id).await?;
+    require_pending(&approval)?;
+    if approval.comprehension_required && !v.comprehension_acknowledged {
+        return Err(LedgerError::invalid(
+            "comprehension acknowledgement is required",
+        ));
+    }
+    if approval.votes.iter().any(|x| x.decided_by == v.actor) {
+        return Err(LedgerError::precondition(format!(
+            "actor {:?} already decided on this approval",
+            v.actor
+        )));
+    }
+    if v.decision == VoteDecision::Approve
+        && approval.approvals_received > 0
+        && let Some(edited) = &v.edited_args
+        && edited != approval.args_to_dispatch()
+    {
+        return Err(LedgerError::precondition(format!(
+            "approval {} already has approve votes for other arguments; approve those \
+             arguments or reject",
+            approval.id
+        )));
+    }
+    let turn = call_turn(tx, &approval.call_id).await?;
+    let payload = VotePayload {
+        approval_id: approval.id,
+        call_id: approval.call_id.clone(),
+        decided_by: v.actor.clone(),
+        decision: v.decision,
+        comment: v.comment.clone(),
+        comprehension_acknowledged: v.comprehension_acknowledged,
+        edited_args: v.edited_args.clone(),
+    };
+    emit(
+        tx,
+        &mut head,
+        &approval.call_id,
+        turn,
+        types::APPROVAL_VOTE,
+        &v.actor,
+        &payload,
+    )
+    .await?;
+    let after = require(&mut tx.conn(), id).await?;
+    let decided = match v.decision {
+        VoteDecision::Reject => {
+            decide(
+                tx,
+                &mut head,
+                &after,
+                turn,
+                ApprovalStatus::Denied,
+                &v.actor,
+                &v.comment,
+                None,
+            )
+            .await?;
+            true
+        }
+        VoteDecision::Approve if after.approvals_received >= after.approvals_required => {
+            let args = after.args_to_dispatch().clone();
+            decide(
+                tx,
+                &mut head,
+                &after,
+                turn,
+                ApprovalStatus::Approved,
+                &v.actor,
+                &v.comment,
+                Some(args),
+            )
+            .await?;
+            true
+        }
+        VoteDecision::Approve => false,
+    };
+    Ok(VoteOutcome {
+        approval: require(&mut tx.conn(), id).await?,
+        decided,
+    })
+}
+
+async fn expire(tx: &mut Tx, id: Uuid, at: DateTime<Utc>) -> Result<TimeoutOutcome> {
+    let (mut head, approval) = lock_approval(tx, id).await?;
+    require_pending(&approval)?;
+    let (Some(timeout), Some(expires_at)) = (approval.timeout.clone(), approval.expires_at) else {
+        return Err(LedgerError::precondition(format!(
+            "approval {id} has no timeout"
+        )));
+    };
+    if expires_at > at {
+        return Err(LedgerError::precondition(format!(
+            "approval {id} does not expire until {}",
+            format_ts(&expires_at)
+        )));
+    }
+    let turn = call_turn(tx, &approval.call_id).await?;
+    let mut escalated_to = None;
+    match timeout.default {
+        TimeoutDefault::Deny => {
+            decide(
+                tx,
+                &mut head,
+                &approval,
+                turn,
+                ApprovalStatus::Denied,
+                TIMEOUT_ACTOR,
+                "approval timed out",
+                None,
+            )
+            .await?;
+        }
+        TimeoutDefault::Allow => {
+            let args = approval.args_to_dispatch().clone();
+            decide(
+                tx,
+                &mut head,
+                &approval,
+                turn,
+                ApprovalStatus::Approved,
+                TIMEOUT_ACTOR,
+                "approval timed out; allowed by the timeout default",
+                Some(args),
+            )
+            .await?;
+        }
+        TimeoutDefault::Escalate if approval.escalation_depth >= MAX_ESCALATION_DEPTH => {
+            decide(
+                tx,
+                &mut head,
+                &approval,
+                turn,
+                ApprovalStatus::Denied,
+                TIMEOUT_ACTOR,
+                "approval escalation depth exceeded",
+                None,
+            )
+            .await?;
+        }
+        TimeoutDefault::Escalate => {
+            let new_id = Uuid::new_v4();
+            let escalated = Escalated {
+                approval_id: approval.id,
+                call_id: approval.call_id.clone(),
+                escalated_to: new_id,
+                decided_by: TIMEOUT_ACTOR.to_owned(),
+                comment: "approval timed out; escalated".to_owned(),
+            };
+            emit(
+                tx,
+                &mut head,
+                &approval.call_id,
+                turn,
+                types::APPROVAL_ESCALATED,
+                "system",
+                &escalated,
+            )
+            .await?;
+            let minutes = timeout
+                .escalate_after_minutes
+                .unwrap_or(timeout.after_minutes);
+            let payload = Required {
+                approval_id: new_id,
+                call_id: approval.call_id.clone(),
+                tool: approval.tool.clone(),
+                version: approval.tool_version.clone(),
+                args: approval.args.clone(),
+                call_hash: approval.call_hash.clone(),
+                agent_version_id: approval.agent_version_id,
+                agent_ref: approval.agent.to_string(),
+                policy_ref: approval.policy_ref.clone(),
+                policy_runtime: approval.policy_runtime.clone(),
+                reason: approval.reason.clone(),
+                route: timeout
+                    .escalate_to_route
+                    .clone()
+                    .unwrap_or_else(|| approval.route.clone()),
+                authority_ref: approval.authority_ref.clone(),
+                approvals_required: approval.approvals_required,
+                comprehension_required: approval.comprehension_required,
+                on_reject: approval.on_reject,
+                on_modify: approval.on_modify,
+                timeout: Some(timeout.clone()),
+                expires_at: Some(expiry(minutes)),
+                escalation_depth: approval.escalation_depth.saturating_add(1),
+                parent_approval_id: Some(approval.id),
+            };
+            emit(
+                tx,
+                &mut head,
+                &approval.call_id,
+                turn,
+                types::APPROVAL_REQUIRED,
+                "system",
+                &payload,
+            )
+            .await?;
+            escalated_to = Some(require(&mut tx.conn(), new_id).await?);
+        }
+    }
+    Ok(TimeoutOutcome {
+        approval: require(&mut tx.conn(), id).await?,
+        escalated_to,
+    })
+}
+
+/// Decides every pending approval of a locked session `cancelled`.
+pub(crate) async fn close_pending(
+    tx: &mut Tx,
+    head: &mut StreamHead,
+    session_id: &str,
+    comment: &str,
+) -> Result<Vec<Uuid>> {
+    let sql = format!(
+        "{APPROVAL_SELECT} WHERE a.session_id = $1 AND a.status = 'pending' \
+         ORDER BY a.created_at, a.id"
+    );
+    let pending = many(
+        &mut tx.conn(),
+        "find pending approvals",
+        &sql,
+        args![session_id],
+    )
+    .await?;
+    let mut ids = Vec::with_capacity(pending.len());
+    for approval in pending {
+        let turn = call_turn(tx, &approval.call_id).await?;
+        decide(
+            tx,
+            head,
+            &approval,
+            turn,
+            ApprovalStatus::Cancelled,
+            "system",
+            comment,
+            None,
+        )
+        .await?;
+        ids.push(approval.id);
+    }
+    Ok(ids)
+}
+
+/// Decides the pending approval of a call (there is at most one) `cancelled`.
+pub(crate) async fn close_for_call(
+    tx: &mut Tx,
+    head: &mut StreamHead,
+    call_id: &str,
+    comment: &str,
+) -> Result<Option<Uuid>> {
+    let sql = format!("{APPROVAL_SELECT} WHERE a.call_id = $1 AND a.status = 'pending'");
+    let pending = many(
+        &mut tx.conn(),
+        "find pending approval",
+        &sql,
+        args![call_id],
+    )
+    .await?;
+    let Some(approval) = pending.into_iter().next() else {
+        return Ok(None);
+    };
+    let turn = call_turn(tx, call_id).await?;
+    decide(
+        tx,
+        head,
+        &approval,
+        turn,
+        ApprovalStatus::Cancelled,
+        "system",
+        comment,
+        None,
+    )
+    .await?;
+    Ok(Some(approval.id))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Projection writes: a pure function of the event.
+
+pub(crate) async fn apply(conn: &mut Conn<'_>, event: &Event) -> Result<()> {
+    let ts = event.ts;
+    match event.event_type.as_str() {
+        types::APPROVAL_REQUIRED => {
+            let p: Required = from_payload(event)?;
+            let timeout = p.timeout.as_ref();
+            let rows = conn
+                .execute(
+                    "project approval",
+                    "INSERT INTO approvals (id, session_id, call_id, parent_approval_id, status, \
+                     route, reason, tool, tool_version, args, call_hash, agent_version_id, \
+                     agent_ref, policy_ref, policy_runtime, authority_ref, approvals_required, \
+                     approvals_received, comprehension_required, on_reject, on_modify, \
+                     timeout_default, escalation_depth, expires_at, created_at, timeout_minutes, \
+                     escalate_route, escalate_after_minutes) \
+                     VALUES ($1, $2, $3, $4, 'pending', $5, $6, $7, $8, $9, $10, $11, $12, $13, \
+                     $14, $15, $16, 0, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26)",
+                    vec![
+                        Arg::from(p.approval_id),
+                        Arg::from(event.stream.as_str()),
+                        Arg::from(p.call_id.as_str()),
+                        Arg::from(p.parent_approval_id),
+                        Arg::from(p.route.as_str()),
+                        Arg::from(p.reason.as_str()),
+                        Arg::from(p.tool.as_str()),
+                        Arg::from(p.version.as_str()),
+                        Arg::Json(p.args.clone()),
+                        Arg::from(p.call_hash.as_str()),
+                        Arg::from(p.agent_version_id),
+                        Arg::from(p.agent_ref.as_str()),
+                        Arg::from(p.policy_ref.clone()),
+                        Arg::Json(Value::Object(p.policy_runtime.clone())),
+                        Arg::from(p.authority_ref.as_str()),
+                        Arg::from(i64::from(p.approvals_required)),
+                        Arg::from(p.comprehension_required),
+                        Arg::from(p.on_reject.as_str()),
+                        Arg::from(p.on_modify.as_str()),
+                        Arg::from(timeout.map(|t| t.default.as_str())),
+                        Arg::from(i64::from(p.escalation_depth)),
+                        Arg::from(p.expires_at),
+                        Arg::from(ts),
+                        Arg::from(timeout.map(|t| i64::from(t.after_minutes))),
+                        Arg::from(timeout.and_then(|t| t.escalate_to_route.clone())),
+                        Arg::from(timeout.and_then(|t| t.escalate_after_minutes.map(i64::from))),
+                    ],
+                )
+                .await?;
+            expect_rows(rows, 1, event)?;
+            let rows = conn
+                .execute(
+                    "project call awaiting approval",
+                    "UPDATE tool_invocations SET status = 'awaiting_approval', updated_at = $2 \
+                     WHERE call_id = $1",
+                    args![p.call_id.as_str(), ts],
+                )
+                .await?;
+            expect_rows(rows, 1, event)
+        }
+        types::APPROVAL_VOTE => {
+            let p: VotePayload = from_payload(event)?;
+            conn.execute(
+                "project vote",
+                "INSERT INTO approval_votes (approval_id, decided_by, decision, comment, \
+                 comprehension_acknowledged, edited_args, created_at) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7)",
+                vec![
+                    Arg::from(p.approval_id),
+                    Arg::from(p.decided_by.as_str()),
+                    Arg::from(p.decision.as_str()),
+                    Arg::from(p.comment.as_str()),
+                    Arg::from(p.comprehension_acknowledged),
+                    Arg::OptJson(p.edited_args.clone()),
+                    Arg::from(ts),
+                ],
+            )
+            .await?;
+            if p.decision == VoteDecision::Approve {
+                let rows = conn
+                    .execute(
+                        "project approve vote",
+                        "UPDATE approvals SET approvals_received = approvals_received + 1, \
+                         effective_args = COALESCE(effective_args, $2) WHERE id = $1",
+                        vec![Arg::from(p.approval_id), Arg::OptJson(p.edited_args)],
+                    )
+                    .await?;
+                expect_rows(rows, 1, event)?;
+            }
+            Ok(())
+        }
+        types::APPROVAL_DECIDED => {
+            let p: Decided = from_payload(event)?;
+            let rows = conn
+                .execute(
+                    "project approval decision",
+                    "UPDATE approvals SET status = $2, decided_by = $3, comment = $4, \
+                     decided_at = $5, effective_args = COALESCE($6, effective_args) \
+                     WHERE id = $1 AND status = 'pending'",
+                    vec![
+                        Arg::from(p.approval_id),
+                        Arg::from(p.status.as_str()),
+                        Arg::from(p.decided_by.as_str()),
+                        Arg::from(p.comment.as_str()),
+                        Arg::from(ts),
+                        Arg::OptJson(p.effective_args.clone()),
+                    ],
+                )
+                .await?;
+            expect_rows(rows, 1, event)?;
+            let message = if p.comment.is_empty() {
+                "tool call denied".to_owned()
+            } else {
+                p.comment.clone()
+            };
+            // The call waits for this approval unless its outcome arrived first.
+            let (sql, a) = match p.status {
+                ApprovalStatus::Approved => (
+                    "UPDATE tool_invocations SET status = 'pending', args = $2, updated_at = $3 \
+                     WHERE call_id = $1 AND status = 'awaiting_approval'",
+                    vec![
+                        Arg::from(p.call_id.as_str()),
+                        Arg::Json(p.effective_args.clone().unwrap_or(Value::Null)),
+                        Arg::from(ts),
+                    ],
+                ),
+                ApprovalStatus::Denied => (
+                    "UPDATE tool_invocations SET status = 'failed', error_code = $2, \
+                     error_message = $3, completed_at = $4, updated_at = $4 \
+                     WHERE call_id = $1 AND status = 'awaiting_approval'",
+                    args![
+                        p.call_id.as_str(),
+                        error_codes::APPROVAL_DENIED,
+                        message,
+                        ts
+                    ],
+                ),
+                ApprovalStatus::Cancelled => (
+                    "UPDATE tool_invocations SET status = 'cancelled', error_code = $2, \
+                     error_message = $3, completed_at = $4, updated_at = $4 \
+                     WHERE call_id = $1 AND status = 'awaiting_approval'",
+                    args![p.call_id.as_str(), error_codes::CANCELLED, message, ts],
+                ),
+                other => {
+                    return Err(LedgerError::corrupt(format!(
+                        "stream {} seq {}: approval.decided with status {other}",
+                        event.stream, event.seq
+                    )));
+                }
+            };
+            if p.status == ApprovalStatus::Approved && p.effective_args.is_none() {
+                return Err(LedgerError::corrupt(format!(
+                    "stream {} seq {}: approval.decided approved without effective_args",
+                    event.stream, event.seq
+                )));
+            }
+            conn.execute("project approval outcome on call", sql, a)
+                .await?;
+            Ok(())
+        }
+        types::APPROVAL_ESCALATED => {
+            let p: Escalated = from_payload(event)?;
+            let rows = conn
+                .execute(
+                    "project approval escalation",
+                    "UPDATE approvals SET status = 'escalated', decided_by = $2, comment = $3, \
+                     decided_at = $4 WHERE id = $1 AND status = 'pending'",
+                    args![p.approval_id, p.decided_by.as_str(), p.comment.as_str(), ts],
+                )
+                .await?;
+            expect_rows(rows, 1, event)
+        }
+        other => Err(LedgerError::corrupt(format!(
+            "stream {} seq {}: unknown approval event type {other:?}",
+            event.stream, event.seq
+        ))),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Public API.
+
+impl NewApproval {
+    fn validate(&self) -> Result<()> {
+        if self.approvals_required < 1 {
+            return Err(LedgerError::invalid(
+                "approvals_required must be at least 1",
+            ));
+        }
+        if self.actor.trim().is_empty() {
+            return Err(LedgerError::invalid("actor is required"));
+        }
+        if self
+            .policy_ref
+            .as_deref()
+            .is_some_and(|p| p.trim().is_empty())
+        {
+            return Err(LedgerError::invalid(
+                "policy_ref must not be empty when given",
+            ));
+        }
+        if let Some(t) = &self.timeout {
+            if t.after_minutes < 1 {
+                return Err(LedgerError::invalid(
+                    "timeout after_minutes must be at least 1",
+                ));
+            }
+            if t.escalate_after_minutes == Some(0) {
+                return Err(LedgerError::invalid(
+                    "timeout escalate_after_minutes must be at least 1",
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Ledger {
+    /// Opens an approval for a recorded tool call (`approval.required`): the call goes to
+    /// `awaiting_approval` and the session to `awaiting_approval` (with its own
+    /// `session.status_changed` event) in the same transaction. The expiry is the open time
+    /// plus the timeout's minutes; it is stored, so timers survive restarts (see
+    /// [`Ledger::due_approvals`]).
+    ///
+    /// # Errors
+    /// - `NotFound`: session or tool call;
+    /// - `FailedPrecondition`: a session that cannot wait (terminal, `awaiting_input`), a call
+    ///   that is not `pending`, `queued` or `indeterminate` (e.g. already awaiting approval);
+    /// - `AlreadyExists`: the id exists; `InvalidArgument`: quorum 0, empty actor, bad timeout,
+    ///   a call of another session.
+    pub async fn open_approval(&self, new: NewApproval) -> Result<Approval> {
+        new.validate()?;
+        write_tx!(self, |tx| open(&mut tx, &new))
+    }
+
+    /// Records one approver's vote (§3.4) and decides the approval when it can: any reject
+    /// denies it (a veto); approve votes from distinct actors reaching the quorum approve it
+    /// with the fixed arguments. Each step is an event (`approval.vote`, then
+    /// `approval.decided`); deciding moves the call to `pending` (approved, with the effective
+    /// arguments) or `failed` (denied). Resuming the session is the engine's job.
+    ///
+    /// # Errors
+    /// - `NotFound`: `approval X not found`;
+    /// - `FailedPrecondition`: `approval X is already <status>`,
+    ///   `actor "x" already decided on this approval`, approve votes for other arguments;
+    /// - `InvalidArgument`: `comprehension acknowledgement is required`, an empty actor, edited
+    ///   arguments on a reject or not a JSON object.
+    pub async fn cast_vote(&self, approval_id: Uuid, vote: Vote) -> Result<VoteOutcome> {
+        if vote.actor.trim().is_empty() {
+            return Err(LedgerError::invalid("actor is required"));
+        }
+        if let Some(edited) = &vote.edited_args {
+            if vote.decision == VoteDecision::Reject {
+                return Err(LedgerError::invalid(
+                    "edited args can only accompany an approve vote",
+                ));
+            }
+            if !edited.is_object() {
+                return Err(LedgerError::invalid("edited args must be a JSON object"));
+            }
+        }
+        write_tx!(self, |tx| record_vote(&mut tx, approval_id, &vote))
+    }
+
+    /// Applies an expired approval's timeout default as of `now`: `deny` denies it
+    /// (`system:timeout`, `approval timed out`); `allow` approves it whatever the quorum;
+    /// `escalate` marks it `escalated` and opens a new pending approval for the same call
+    /// (route `escalate_to_route` or the same, expiry `escalate_after_minutes` or
+    /// `after_minutes`, depth + 1, votes start afresh), or denies it with
+    /// `approval escalation depth exceeded` at depth [`MAX_ESCALATION_DEPTH`].
+    ///
+    /// # Errors
+    /// `NotFound`; `FailedPrecondition`: `approval X is already <status>`,
+    /// `approval X has no timeout`, `approval X does not expire until <time>`.
+    pub async fn expire_approval(
+        &self,
+        approval_id: Uuid,
+        now: DateTime<Utc>,
+    ) -> Result<TimeoutOutcome> {
+        write_tx!(self, |tx| expire(&mut tx, approval_id, now))
+    }
+
+    /// One approval with its votes.
+    ///
+    /// # Errors
+    /// `NotFound`: `approval X not found`.
+    pub async fn get_approval(&self, approval_id: Uuid) -> Result<Approval> {
+        let mut conn = self.pool.acquire().await?;
+        require(&mut conn.conn(), approval_id).await
+    }
+
+    /// Approvals matching `filter` (with votes), newest first, one stable page at a time.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for a malformed or foreign page token or an invalid agent.
+    pub async fn list_approvals(
+        &self,
+        filter: &ApprovalFilter,
+        page: &PageRequest,
+    ) -> Result<Page<Approval>> {
+        let mut conn = self.pool.acquire().await?;
+        list(&mut conn.conn(), filter, page).await
+    }
+
+    /// Pending approvals whose expiry is at or before `now`, soonest first (at most `limit`,
+    /// 1..=1000): the durable timer's work list.
+    ///
+    /// # Errors
+    /// Database errors.
+    pub async fn due_approvals(&self, now: DateTime<Utc>, limit: u32) -> Result<Vec<Approval>> {
+        let mut conn = self.pool.acquire().await?;
+        let sql = format!(
+            "{APPROVAL_SELECT} WHERE a.status = 'pending' AND a.expires_at IS NOT NULL \
+             AND a.expires_at <= $1 ORDER BY a.expires_at, a.id LIMIT $2"
+        );
+        many(
+            &mut conn.conn(),
+            "list due approvals",
+            &sql,
+            args![now, i64::from(limit.clamp(1, 1000))],
+        )
+        .await
+    }
+
+    /// The earliest expiry among pending approvals, to arm the timer.
+    ///
+    /// # Errors
+    /// Database errors.
+    pub async fn next_approval_expiry(&self) -> Result<Option<DateTime<Utc>>> {
+        let mut conn = self.pool.acquire().await?;
+        conn.conn()
+            .fetch_optional(
+                "read next approval expiry",
+                "SELECT expires_at FROM approvals WHERE status = 'pending' \
+                 AND expires_at IS NOT NULL ORDER BY expires_at LIMIT 1",
+                vec![],
+            )
+            .await?
+            .map(|r| r.ts("expires_at"))
+            .transpose()
+    }
+}

@@ -1,0 +1,1132 @@
+//! Sessions: creation, status transitions (every one an event), reads, listing and recovery.
+//!
+//! Writes follow the crate's pattern: lock the session's stream (named by the session id),
+//! check the request against the projections, append the event and apply it with [`apply`],
+//! which [`Ledger::rebuild_projections`] replays.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use uuid::Uuid;
+
+use crate::Ledger;
+use crate::approvals;
+use crate::db::{Arg, Conn, Row, Tx, args};
+use crate::error::{LedgerError, Result};
+use crate::events::{StreamHead, append, lock_stream};
+use crate::invocations;
+use crate::lifecycle;
+use crate::model::{AgentRef, Event, NewEvent, VersionOrigin};
+use crate::names::str_enum;
+use crate::paging::{Page, PageRequest, Where, decode_token, encode_token};
+use crate::secrets::{self, SealedSecret};
+use crate::session_log::{event_types as types, expect_rows, from_payload, to_payload};
+
+str_enum! {
+    /// A session's status (§5.2). `completed`, `failed` and `cancelled` are terminal.
+    pub enum SessionStatus ("session status") {
+        /// Legacy: created but not started (new sessions start `running`).
+        Pending => "pending",
+        /// A turn is executing.
+        Running => "running",
+        /// Parked between turns (conversation mode), or input blocked by a limit.
+        AwaitingInput => "awaiting_input",
+        /// Waiting for tool results.
+        AwaitingTool => "awaiting_tool",
+        /// Waiting for a human decision.
+        AwaitingApproval => "awaiting_approval",
+        /// Finished with an output.
+        Completed => "completed",
+        /// Ended with an error.
+        Failed => "failed",
+        /// Cancelled by a user or with its parent.
+        Cancelled => "cancelled",
+    }
+}
+
+impl SessionStatus {
+    /// `completed`, `failed` or `cancelled`.
+    #[must_use]
+    pub fn is_terminal(self) -> bool {
+        matches!(self, Self::Completed | Self::Failed | Self::Cancelled)
+    }
+
+    /// Whether the ledger accepts a change from `self` to `to`:
+    ///
+    /// | from | to |
+    /// |---|---|
+    /// | `pending` | `running`, any terminal |
+    /// | `running` | `awaiting_input`, `awaiting_tool`, `awaiting_approval`, any terminal |
+    /// | `awaiting_tool` | `running`, `awaiting_approval`, `awaiting_input` (a limit halted the turn), any terminal |
+    /// | `awaiting_approval` | `running`, `awaiting_tool`, `awaiting_input` (a limit halted the turn), any terminal |
+    /// | `awaiting_input` | `running`, any terminal |
+    /// | terminal | nothing |
+    ///
+    /// A status never changes to itself, and nothing changes back to `pending`.
+    #[must_use]
+    pub fn can_change_to(self, to: Self) -> bool {
+        use SessionStatus as S;
+        if self.is_terminal() || self == to || to == S::Pending {
+            return false;
+        }
+        if to.is_terminal() {
+            return true;
+        }
+        match self {
+            S::Pending => to == S::Running,
+            S::Running => matches!(to, S::AwaitingInput | S::AwaitingTool | S::AwaitingApproval),
+            S::AwaitingTool => matches!(to, S::Running | S::AwaitingApproval | S::AwaitingInput),
+            S::AwaitingApproval => matches!(to, S::Running | S::AwaitingTool | S::AwaitingInput),
+            S::AwaitingInput => to == S::Running,
+            S::Completed | S::Failed | S::Cancelled => false,
+        }
+    }
+}
+
+str_enum! {
+    /// How a session ends its turns.
+    #[derive(Default)]
+    pub enum SessionMode ("session mode") {
+        /// The session completes when its (first) turn ends; the output is the last assistant
+        /// message. The default.
+        #[default]
+        Task => "task",
+        /// The session parks at `awaiting_input` after each turn.
+        Conversation => "conversation",
+    }
+}
+
+str_enum! {
+    /// What a limit hit does (`spec.limits.on_limit`).
+    #[derive(Default)]
+    pub enum OnLimit ("on_limit") {
+        /// Stop the turn and block further input.
+        #[default]
+        Halt => "halt",
+        /// Route to an approval (`limit:escalate` policies).
+        Escalate => "escalate",
+    }
+}
+
+/// The limits in force when a session started (`spec.limits`, §1.15), kept with the session so
+/// that recovery enforces the same budget.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionLimits {
+    /// Token budget of the session.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens_per_run: Option<u64>,
+    /// Completions per turn and turns per session.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_loop_iterations: Option<u64>,
+    /// Wall-clock budget, approval waits excluded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_wall_clock_seconds: Option<u64>,
+    /// Cumulative approval wait.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_hitl_wait_minutes: Option<u64>,
+    /// Delegation nesting cap.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_subagent_depth: Option<u64>,
+    /// What a limit hit does.
+    #[serde(default)]
+    pub on_limit: OnLimit,
+}
+
+/// `namespace/name@version` of the agent version a session runs (also for bundle members that
+/// have no published agent).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct AgentVersionRef {
+    /// `metadata.namespace`.
+    pub namespace: String,
+    /// `metadata.name`.
+    pub name: String,
+    /// `metadata.version`.
+    pub version: String,
+}
+
+impl AgentVersionRef {
+    /// Builds a reference.
+    pub fn new(
+        namespace: impl Into<String>,
+        name: impl Into<String>,
+        version: impl Into<String>,
+    ) -> Self {
+        Self {
+            namespace: namespace.into(),
+            name: name.into(),
+            version: version.into(),
+        }
+    }
+
+    /// `namespace/name` without the version.
+    #[must_use]
+    pub fn agent(&self) -> AgentRef {
+        AgentRef::new(&self.namespace, &self.name)
+    }
+
+    fn validate(&self) -> Result<()> {
+        self.agent().validate()?;
+        if self.version.is_empty() {
+            return Err(LedgerError::invalid(
+                "agent_ref requires namespace, name, and version",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for AgentVersionRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}@{}", self.namespace, self.name, self.version)
+    }
+}
+
+/// Input of [`Ledger::create_session`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewSession {
+    /// `run_<uuid>` (see [`new_session_id`]); chosen by the caller so secrets can be sealed to
+    /// it before the session exists.
+    pub id: String,
+    /// The agent version to run (an `agent_versions` row).
+    pub agent_version_id: Uuid,
+    /// Its `namespace/name@version`; must match the version row when that is a published one.
+    pub agent: AgentVersionRef,
+    /// The input, a JSON object (`{}` when empty).
+    pub input: Value,
+    /// Caller metadata (e.g. a ticket id), filterable in [`Ledger::list_sessions`].
+    pub metadata: BTreeMap<String, String>,
+    /// Task (default) or conversation.
+    pub mode: SessionMode,
+    /// The delegating session, for a child session; root id and depth are derived from it.
+    pub parent_session_id: Option<String>,
+    /// The limits in force.
+    pub limits: Option<SessionLimits>,
+    /// Secrets sealed to this session id, stored in the same transaction (never in events).
+    pub secrets: Vec<SealedSecret>,
+    /// Who started the session.
+    pub actor: String,
+}
+
+/// A session (`sessions` row).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Session {
+    /// `run_<uuid>`.
+    pub id: String,
+    /// The agent version it runs.
+    pub agent_version_id: Uuid,
+    /// `namespace/name@version` of that version.
+    pub agent: AgentVersionRef,
+    /// Task or conversation.
+    pub mode: SessionMode,
+    /// The input object.
+    pub input: Value,
+    /// Caller metadata.
+    pub metadata: BTreeMap<String, String>,
+    /// Current status.
+    pub status: SessionStatus,
+    /// The failure message of a failed session.
+    pub error: Option<String>,
+    /// The output of a completed session, when one was recorded.
+    pub output: Option<Value>,
+    /// The delegating session.
+    pub parent_session_id: Option<String>,
+    /// The root of the delegation tree (itself for a root session).
+    pub root_session_id: String,
+    /// Delegation depth (0 for a root session).
+    pub depth: u32,
+    /// The limits in force.
+    pub limits: Option<SessionLimits>,
+    /// Who started it.
+    pub created_by: String,
+    /// `session.started` time.
+    pub created_at: DateTime<Utc>,
+    /// Time of the last status change.
+    pub updated_at: DateTime<Utc>,
+    /// Time of the terminal transition.
+    pub ended_at: Option<DateTime<Utc>>,
+}
+
+/// A requested status change for [`Ledger::set_session_status`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct StatusChange {
+    /// The new status.
+    pub to: SessionStatus,
+    /// Who caused it (`system` by default).
+    pub actor: String,
+    /// The failure message; required for `failed`, refused otherwise.
+    pub error: Option<String>,
+    /// The output of a `completed` session; refused for other statuses.
+    pub output: Option<Value>,
+    /// Why (recorded in the event), e.g. `approval 4f… opened` or a limit message.
+    pub reason: Option<String>,
+    /// Compare-and-set: refuse unless the session is currently in this status.
+    pub expect_from: Option<SessionStatus>,
+}
+
+impl StatusChange {
+    /// A change to `to` by `system`.
+    #[must_use]
+    pub fn to(to: SessionStatus) -> Self {
+        Self {
+            to,
+            actor: "system".to_owned(),
+            error: None,
+            output: None,
+            reason: None,
+            expect_from: None,
+        }
+    }
+
+    /// `completed`, with the session's output if there is one.
+    #[must_use]
+    pub fn completed(output: Option<Value>) -> Self {
+        Self {
+            output,
+            ..Self::to(SessionStatus::Completed)
+        }
+    }
+
+    /// `failed` with a message.
+    #[must_use]
+    pub fn failed(message: impl Into<String>) -> Self {
+        Self {
+            error: Some(message.into()),
+            ..Self::to(SessionStatus::Failed)
+        }
+    }
+
+    /// `cancelled`.
+    #[must_use]
+    pub fn cancelled() -> Self {
+        Self::to(SessionStatus::Cancelled)
+    }
+
+    /// Sets the actor.
+    #[must_use]
+    pub fn by(mut self, actor: impl Into<String>) -> Self {
+        self.actor = actor.into();
+        self
+    }
+
+    /// Sets the reason.
+    #[must_use]
+    pub fn because(mut self, reason: impl Into<String>) -> Self {
+        self.reason = Some(reason.into());
+        self
+    }
+
+    /// Only change the status if it is currently `from`.
+    #[must_use]
+    pub fn from(mut self, from: SessionStatus) -> Self {
+        self.expect_from = Some(from);
+        self
+    }
+}
+
+/// Result of [`Ledger::set_session_status`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct StatusChanged {
+    /// The session after the change.
+    pub session: Session,
+    /// The status before.
+    pub from: SessionStatus,
+    /// Approvals that were pending and are now `cancelled` (terminal transitions).
+    pub closed_approvals: Vec<Uuid>,
+    /// Tool calls that were open and are now `cancelled`; the router should send
+    /// `WorkToolCancel` for those that were queued or dispatched.
+    pub cancelled_calls: Vec<String>,
+    /// Descendant sessions that were running and are now `cancelled`.
+    pub cancelled_children: Vec<String>,
+    /// How many stored secrets of this session were deleted.
+    pub secrets_purged: u64,
+}
+
+/// Filters of [`Ledger::list_sessions`]; every set field must match.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SessionFilter {
+    /// Sessions of this agent (any version).
+    pub agent: Option<AgentRef>,
+    /// …and of this version (requires `agent`).
+    pub agent_version: Option<String>,
+    /// Sessions in this status.
+    pub status: Option<SessionStatus>,
+    /// Sessions having all of these metadata pairs.
+    pub metadata: BTreeMap<String, String>,
+    /// Children of this session (implies children are listed).
+    pub parent_session_id: Option<String>,
+    /// Also list delegated child sessions (by default only root sessions are listed).
+    pub include_children: bool,
+    /// Created at or after.
+    pub created_after: Option<DateTime<Utc>>,
+    /// Created strictly before.
+    pub created_before: Option<DateTime<Utc>>,
+}
+
+/// A new root session id: `run_` + a random UUID.
+#[must_use]
+pub fn new_session_id() -> String {
+    format!("run_{}", Uuid::new_v4().hyphenated())
+}
+
+/// Most metadata pairs a session may carry.
+pub const MAX_METADATA_PAIRS: usize = 64;
+const MAX_METADATA_KEY: usize = 128;
+const MAX_METADATA_VALUE: usize = 4096;
+
+pub(crate) fn validate_session_id(id: &str) -> Result<()> {
+    let ok = id.strip_prefix("run_").is_some_and(|rest| {
+        Uuid::parse_str(rest).is_ok_and(|u| u.hyphenated().to_string() == rest)
+    });
+    if ok {
+        Ok(())
+    } else {
+        Err(LedgerError::invalid(format!(
+            "session id {id:?} must be run_<uuid> (lower-case, hyphenated)"
+        )))
+    }
+}
+
+fn validate_metadata(metadata: &BTreeMap<String, String>) -> Result<()> {
+    if metadata.len() > MAX_METADATA_PAIRS {
+        return Err(LedgerError::invalid(format!(
+            "metadata has {} pairs; at most {MAX_METADATA_PAIRS} are allowed",
+            metadata.len()
+        )));
+    }
+    for (key, value) in metadata {
+        if key.trim().is_empty() {
+            return Err(LedgerError::invalid("metadata keys must not be empty"));
+        }
+        if key.len() > MAX_METADATA_KEY || key.chars().any(char::is_control) {
+            return Err(LedgerError::invalid(format!(
+                "metadata key {key:?} must be at most {MAX_METADATA_KEY} bytes without control \
+                 characters"
+            )));
+        }
+        if value.len() > MAX_METADATA_VALUE {
+            return Err(LedgerError::invalid(format!(
+                "metadata value of {key:?} is {} bytes; at most {MAX_METADATA_VALUE} are allowed",
+                value.len()
+            )));
+        }
+    }
+    Ok(())
+}
+
+impl NewSession {
+    fn validate(&self) -> Result<()> {
+        validate_session_id(&self.id)?;
+        self.agent.validate()?;
+        if !self.input.is_object() {
+            return Err(LedgerError::invalid("input must be a JSON object"));
+        }
+        validate_metadata(&self.metadata)?;
+        if self.actor.trim().is_empty() {
+            return Err(LedgerError::invalid("actor is required"));
+        }
+        if let Some(parent) = &self.parent_session_id {
+            validate_session_id(parent)?;
+            if parent == &self.id {
+                return Err(LedgerError::invalid("a session cannot be its own parent"));
+            }
+        }
+        secrets::validate_batch(&self.secrets)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Event payloads.
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Started {
+    session_id: String,
+    agent_version_id: Uuid,
+    agent_namespace: String,
+    agent_name: String,
+    agent_version: String,
+    mode: SessionMode,
+    input: Value,
+    metadata: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    parent_session_id: Option<String>,
+    root_session_id: String,
+    depth: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    limits: Option<SessionLimits>,
+    status: SessionStatus,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Transition {
+    from: SessionStatus,
+    to: SessionStatus,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    reason: Option<String>,
+    /// The failure message (`session.failed`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    message: Option<String>,
+    /// The output (`session.completed`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    output: Option<Value>,
+}
+
+fn event_type_for(to: SessionStatus) -> &'static str {
+    match to {
+        SessionStatus::Completed => types::SESSION_COMPLETED,
+        SessionStatus::Failed => types::SESSION_FAILED,
+        SessionStatus::Cancelled => types::SESSION_CANCELLED,
+        _ => types::SESSION_STATUS_CHANGED,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reads.
+
+const SESSION_COLUMNS: &str = "s.id, s.agent_version_id, s.agent_namespace, s.agent_name, \
+     s.agent_version, s.mode, s.input, s.metadata, s.status, s.error, s.output, \
+     s.parent_session_id, s.root_session_id, s.depth, s.limits, s.created_by, s.created_at, \
+     s.updated_at, s.ended_at";
+
+fn session_from_row(row: &Row) -> Result<Session> {
+    let metadata: BTreeMap<String, String> = serde_json::from_value(row.json("metadata")?)
+        .map_err(|e| LedgerError::corrupt(format!("sessions.metadata: {e}")))?;
+    let limits = row
+        .opt_json("limits")?
+        .map(serde_json::from_value)
+        .transpose()
+        .map_err(|e| LedgerError::corrupt(format!("sessions.limits: {e}")))?;
+    Ok(Session {
+        id: row.text("id")?,
+        agent_version_id: row.uuid("agent_version_id")?,
+        agent: AgentVersionRef::new(
+            row.text("agent_namespace")?,
+            row.text("agent_name")?,
+            row.text("agent_version")?,
+        ),
+        mode: SessionMode::parse_stored(&row.text("mode")?)?,
+        input: row.json("input")?,
+        metadata,
+        status: SessionStatus::parse_stored(&row.text("status")?)?,
+        error: row.opt_text("error")?,
+        output: row.opt_json("output")?,
+        parent_session_id: row.opt_text("parent_session_id")?,
+        root_session_id: row.text("root_session_id")?,
+        depth: u32::try_from(row.int("depth")?)
+            .map_err(|_| LedgerError::corrupt("sessions.depth out of range"))?,
+        limits,
+        created_by: row.text("created_by")?,
+        created_at: row.ts("created_at")?,
+        updated_at: row.ts("updated_at")?,
+        ended_at: row.opt_ts("ended_at")?,
+    })
+}
+
+pub(crate) fn not_found(id: &str) -> LedgerError {
+    LedgerError::not_found(format!("session {id} not found"))
+}
+
+pub(crate) async fn find(conn: &mut Conn<'_>, id: &str) -> Result<Option<Session>> {
+    let sql = format!("SELECT {SESSION_COLUMNS} FROM sessions s WHERE s.id = $1");
+    conn.fetch_optional("read session", &sql, args![id])
+        .await?
+        .map(|row| session_from_row(&row))
+        .transpose()
+}
+
+pub(crate) async fn require(conn: &mut Conn<'_>, id: &str) -> Result<Session> {
+    find(conn, id).await?.ok_or_else(|| not_found(id))
+}
+
+/// The session and all its descendants, the session first, then by depth and creation.
+pub(crate) async fn subtree(conn: &mut Conn<'_>, id: &str) -> Result<Vec<Session>> {
+    let sql = format!(
+        "WITH RECURSIVE tree (id) AS ( \
+             SELECT id FROM sessions WHERE id = $1 \
+             UNION ALL \
+             SELECT c.id FROM sessions c JOIN tree t ON c.parent_session_id = t.id) \
+         SELECT {SESSION_COLUMNS} FROM sessions s WHERE s.id IN (SELECT id FROM tree) \
+         ORDER BY s.depth, s.created_at, s.id"
+    );
+    conn.fetch_all("read session tree", &sql, args![id])
+        .await?
+        .iter()
+        .map(session_from_row)
+        .collect()
+}
+
+async fn list(
+    conn: &mut Conn<'_>,
+    filter: &SessionFilter,
+    page: &PageRequest,
+) -> Result<Page<Session>> {
+    let cursor = page
+        .token
+        .as_deref()
+        .map(|t| decode_token("s", t))
+        .transpose()?;
+    let mut w = Where::default();
+    if let Some(agent) = &filter.agent {
+        agent.validate()?;
+        let ns = w.bind(Arg::from(agent.namespace.as_str()));
+        let name = w.bind(Arg::from(agent.name.as_str()));
+        w.push(format!(
+            "s.agent_namespace = {ns} AND s.agent_name = {name}"
+        ));
+    }
+    if let Some(version) = &filter.agent_version {
+        if filter.agent.is_none() {
+            return Err(LedgerError::invalid(
+                "the agent_version filter requires the agent filter",
+            ));
+        }
+        let v = w.bind(Arg::from(version.as_str()));
+        w.push(format!("s.agent_version = {v}"));
+    }
+    if let Some(status) = filter.status {
+        let st = w.bind(Arg::from(status.as_str()));
+        w.push(format!("s.status = {st}"));
+    }
+    for (key, value) in &filter.metadata {
+        let k = w.bind(Arg::from(key.as_str()));
+        let v = w.bind(Arg::from(value.as_str()));
+        w.push(format!(
+            "EXISTS (SELECT 1 FROM session_metadata m \
+             WHERE m.session_id = s.id AND m.key = {k} AND m.value = {v})"
+        ));
+    }
+    match &filter.parent_session_id {
+        Some(parent) => {
+            let p = w.bind(Arg::from(parent.as_str()));
+            w.push(format!("s.parent_session_id = {p}"));
+        }
+        None if !filter.include_children => w.push("s.parent_session_id IS NULL".to_owned()),
+        None => {}
+    }
+    if let Some(after) = filter.created_after {
+        let a = w.bind(Arg::from(after));
+        w.push(format!("s.created_at >= {a}"));
+    }
+    if let Some(before) = filter.created_before {
+        let b = w.bind(Arg::from(before));
+        w.push(format!("s.created_at < {b}"));
+    }
+    if let Some(c) = cursor {
+        w.after_cursor("s.created_at", "s.id", c.created_at, Arg::from(c.id));
+    }
+    let limit = page.limit();
+    let l = w.bind(Arg::from(i64::from(limit) + 1));
+    let sql = format!(
+        "SELECT {SESSION_COLUMNS} FROM sessions s {} \
+         ORDER BY s.created_at DESC, s.id DESC LIMIT {l}",
+        w.sql()
+    );
+    let mut items = conn
+        .fetch_all("list sessions", &sql, w.args)
+        .await?
+        .iter()
+        .map(session_from_row)
+        .collect::<Result<Vec<_>>>()?;
+    let next_token = if items.len() > limit as usize {
+        items.truncate(limit as usize);
+        items
+            .last()
+            .map(|s| encode_token("s", &s.created_at, &s.id))
+    } else {
+        None
+    };
+    Ok(Page { items, next_token })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Writes.
+
+async fn create(tx: &mut Tx, new: &NewSession) -> Result<Session> {
+    let mut head = lock_stream(tx, &new.id).await?;
+    if head.last_seq > 0 {
+        return Err(if find(&mut tx.conn(), &new.id).await?.is_some() {
+            LedgerError::AlreadyExists {
+                message: format!("session {} already exists", new.id),
+            }
+        } else {
+            LedgerError::precondition(format!(
+                "event stream {} already has events and cannot become a session",
+                new.id
+            ))
+        });
+    }
+    let version = lifecycle::find_version_by_id(&mut tx.conn(), new.agent_version_id)
+        .await?
+        .ok_or_else(|| {
+            LedgerError::not_found(format!(
+                "agent version \"{}\" not found",
+                new.agent_version_id
+            ))
+        })?;
+    if version.origin == VersionOrigin::Published
+        && (version.agent != new.agent.agent() || version.version != new.agent.version)
+    {
+        return Err(LedgerError::invalid(format!(
+            "agent_ref {} does not match agent version {} ({}@{})",
+            new.agent, new.agent_version_id, version.agent, version.version
+        )));
+    }
+    let (root, depth) = match &new.parent_session_id {
+        None => (new.id.clone(), 0),
+        Some(parent_id) => {
+            let parent = find(&mut tx.conn(), parent_id).await?.ok_or_else(|| {
+                LedgerError::not_found(format!("parent session {parent_id} not found"))
+            })?;
+            if parent.status.is_terminal() {
+                return Err(LedgerError::precondition(format!(
+                    "parent session {parent_id} is {} and cannot start child sessions",
+                    parent.status
+                )));
+            }
+            (parent.root_session_id, parent.depth.saturating_add(1))
+        }
+    };
+    let payload = Started {
+        session_id: new.id.clone(),
+        agent_version_id: new.agent_version_id,
+        agent_namespace: new.agent.namespace.clone(),
+        agent_name: new.agent.name.clone(),
+        agent_version: new.agent.version.clone(),
+        mode: new.mode,
+        input: new.input.clone(),
+        metadata: new.metadata.clone(),
+        parent_session_id: new.parent_session_id.clone(),
+        root_session_id: root,
+        depth,
+        limits: new.limits.clone(),
+        status: SessionStatus::Running,
+    };
+    let event = NewEvent::new(types::SESSION_STARTED, &new.actor, to_payload(&payload)?);
+    let event = append(tx, &mut head, event).await?;
+    apply(&mut tx.conn(), &event).await?;
+    secrets::insert(&mut tx.conn(), &new.id, &new.secrets, event.ts).await?;
+    require(&mut tx.conn(), &new.id).await
+}
+
+fn check_change(session: &Session, change: &StatusChange) -> Result<()> {
+    if let Some(expected) = change.expect_from
+        && session.status != expected
+    {
+        return Err(LedgerError::precondition(format!(
+            "session {} is {}, not {expected}",
+            session.id, session.status
+        )));
+    }
+    if !session.status.can_change_to(change.to) {
+        return Err(LedgerError::precondition(format!(
+            "session {} cannot change status from {} to {}",
+            session.id, session.status, change.to
+        )));
+    }
+    Ok(())
+}
+
+async fn set_status(tx: &mut Tx, id: &str, change: &StatusChange) -> Result<StatusChanged> {
+    let mut head = lock_stream(tx, id).await?;
+    let session = require(&mut tx.conn(), id).await?;
+    check_change(&session, change)?;
+    let mut changed = StatusChanged {
+        session: session.clone(),
+        from: session.status,
+        closed_approvals: Vec::new(),
+        cancelled_calls: Vec::new(),
+        cancelled_children: Vec::new(),
+        secrets_purged: 0,
+    };
+    transition(tx, &mut head, &session, change, &mut changed).await?;
+    changed.session = require(&mut tx.conn(), id).await?;
+    Ok(changed)
+}
+
+/// Appends and applies one status change of a locked session. A terminal change first closes
+/// the session's pending approvals, cancels its open tool calls and cancels its running
+/// descendants (each in its own stream), then purges its secrets (in [`apply`]).
+async fn transition(
+    tx: &mut Tx,
+    head: &mut StreamHead,
+    session: &Session,
+    change: &StatusChange,
+    out: &mut StatusChanged,
+) -> Result<()> {
+    if change.to.is_terminal() {
+        let why = format!("session {} ended ({})", session.id, change.to);
+        out.closed_approvals
+            .extend(approvals::close_pending(tx, head, &session.id, &why).await?);
+        out.cancelled_calls
+            .extend(invocations::cancel_open(tx, head, &session.id, &why).await?);
+        let children = tx
+            .conn()
+            .fetch_all(
+                "find running children",
+                "SELECT id FROM sessions WHERE parent_session_id = $1 \
+                 AND status NOT IN ('completed', 'failed', 'cancelled') ORDER BY id",
+                args![&session.id],
+            )
+            .await?;
+        for row in children {
+            let child_id = row.text("id")?;
+            let mut child_head = lock_stream(tx, &child_id).await?;
+            let child = require(&mut tx.conn(), &child_id).await?;
+            if child.status.is_terminal() {
+                continue;
+            }
+            let cascade = StatusChange::cancelled()
+                .by(change.actor.clone())
+                .because(format!(
+                    "parent session {} ended ({})",
+                    session.id, change.to
+                ));
+            out.cancelled_children.push(child_id.clone());
+            Box::pin(transition(tx, &mut child_head, &child, &cascade, out)).await?;
+        }
+        if head.stream == out.session.id {
+            out.secrets_purged = secrets::count(&mut tx.conn(), &session.id).await?;
+        }
+    }
+    let payload = Transition {
+        from: session.status,
+        to: change.to,
+        reason: change.reason.clone(),
+        message: change.error.clone(),
+        output: change.output.clone(),
+    };
+    let event = append(
+        tx,
+        head,
+        NewEvent::new(
+            event_type_for(change.to),
+            &change.actor,
+            to_payload(&payload)?,
+        ),
+    )
+    .await?;
+    apply(&mut tx.conn(), &event).await
+}
+
+/// Moves a locked session to `to` if it is not there yet (used when an approval opens).
+pub(crate) async fn ensure_status(
+    tx: &mut Tx,
+    head: &mut StreamHead,
+    session: &Session,
+    to: SessionStatus,
+    reason: String,
+) -> Result<()> {
+    if session.status == to {
+        return Ok(());
+    }
+    let change = StatusChange::to(to).because(reason);
+    check_change(session, &change)?;
+    let mut ignored = StatusChanged {
+        session: session.clone(),
+        from: session.status,
+        closed_approvals: Vec::new(),
+        cancelled_calls: Vec::new(),
+        cancelled_children: Vec::new(),
+        secrets_purged: 0,
+    };
+    transition(tx, head, session, &change, &mut ignored).await
+}
+
+// ---------------------------------------------------------------------------------------------
+// Projection writes: a pure function of the event.
+
+pub(crate) async fn apply(conn: &mut Conn<'_>, event: &Event) -> Result<()> {
+    match event.event_type.as_str() {
+        types::SESSION_STARTED => {
+            let p: Started = from_payload(event)?;
+            let metadata = serde_json::to_value(&p.metadata)
+                .map_err(|e| LedgerError::corrupt(format!("session metadata: {e}")))?;
+            let limits = p
+                .limits
+                .as_ref()
+                .map(serde_json::to_value)
+                .transpose()
+                .map_err(|e| LedgerError::corrupt(format!("session limits: {e}")))?;
+            conn.execute(
+                "project session",
+                "INSERT INTO sessions (id, agent_version_id, parent_session_id, root_session_id, \
+                 depth, mode, input, metadata, status, created_by, created_at, updated_at, \
+                 agent_namespace, agent_name, agent_version, limits) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $11, $12, $13, $14, $15)",
+                vec![
+                    Arg::from(p.session_id.as_str()),
+                    Arg::from(p.agent_version_id),
+                    Arg::from(p.parent_session_id.clone()),
+                    Arg::from(p.root_session_id.as_str()),
+                    Arg::from(i64::from(p.depth)),
+                    Arg::from(p.mode.as_str()),
+                    Arg::Json(p.input.clone()),
+                    Arg::Json(metadata),
+                    Arg::from(p.status.as_str()),
+                    Arg::from(event.actor.as_str()),
+                    Arg::from(event.ts),
+                    Arg::from(p.agent_namespace.as_str()),
+                    Arg::from(p.agent_name.as_str()),
+                    Arg::from(p.agent_version.as_str()),
+                    Arg::OptJson(limits),
+                ],
+            )
+            .await?;
+            for (key, value) in &p.metadata {
+                conn.execute(
+                    "project session metadata",
+                    "INSERT INTO session_metadata (session_id, key, value) VALUES ($1, $2, $3)",
+                    args![p.session_id.as_str(), key.as_str(), value.as_str()],
+                )
+                .await?;
+            }
+        }
+        types::SESSION_STATUS_CHANGED
+        | types::SESSION_COMPLETED
+        | types::SESSION_FAILED
+        | types::SESSION_CANCELLED => {
+            let p: Transition = from_payload(event)?;
+            if event_type_for(p.to) != event.event_type {
+                return Err(LedgerError::corrupt(format!(
+                    "stream {} seq {}: {} records status {}",
+                    event.stream, event.seq, event.event_type, p.to
+                )));
+            }
+            let current = conn
+                .fetch_optional(
+                    "read session status",
+                    "SELECT status FROM sessions WHERE id = $1",
+                    args![event.stream.as_str()],
+                )
+                .await?
+                .map(|r| r.text("status"))
+                .transpose()?;
+            if current.as_deref() != Some(p.from.as_str()) {
+                return Err(LedgerError::corrupt(format!(
+                    "stream {} seq {}: {} from {} but the session is {}",
+                    event.stream,
+                    event.seq,
+                    event.event_type,
+                    p.from,
+                    current.as_deref().unwrap_or("missing")
+                )));
+            }
+            let ended_at = p.to.is_terminal().then_some(event.ts);
+            let rows = conn
+                .execute(
+                    "project session status",
+                    "UPDATE sessions SET status = $2, error = COALESCE($3, error), \
+                     output = COALESCE($4, output), updated_at = $5, ended_at = $6 \
+                     WHERE id = $1",
+                    vec![
+                        Arg::from(event.stream.as_str()),
+                        Arg::from(p.to.as_str()),
+                        Arg::from(p.message.clone()),
+                        Arg::OptJson(p.output.clone()),
+                        Arg::from(event.ts),
+                        Arg::from(ended_at),
+                    ],
+                )
+                .await?;
+            expect_rows(rows, 1, event)?;
+            if p.to.is_terminal() {
+                secrets::purge(conn, &event.stream).await?;
+            }
+        }
+        other => {
+            return Err(LedgerError::corrupt(format!(
+                "stream {} seq {}: unknown session event type {other:?}",
+                event.stream, event.seq
+            )));
+        }
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Public API.
+
+impl Ledger {
+    /// Creates a session in status `running`: the `session.started` event (actor = `actor`,
+    /// payload = the session as created), the row, its metadata and its sealed secrets, in one
+    /// transaction. Root id and depth are derived from the parent.
+    ///
+    /// # Errors
+    /// - `InvalidArgument`: malformed id, agent ref, input (`input must be a JSON object`),
+    ///   metadata or secrets; an agent ref that does not match the published version;
+    /// - `NotFound`: `agent version "id" not found`, `parent session X not found`;
+    /// - `AlreadyExists`: `session X already exists`;
+    /// - `FailedPrecondition`: a terminal parent.
+    pub async fn create_session(&self, new: NewSession) -> Result<Session> {
+        new.validate()?;
+        write_tx!(self, |tx| create(&mut tx, &new))
+    }
+
+    /// One session.
+    ///
+    /// # Errors
+    /// `NotFound`: `session X not found`.
+    pub async fn get_session(&self, id: &str) -> Result<Session> {
+        let mut conn = self.pool.acquire().await?;
+        require(&mut conn.conn(), id).await
+    }
+
+    /// Changes a session's status, appending one event: `session.status_changed`, or
+    /// `session.completed` / `session.failed` / `session.cancelled` for terminal statuses. A
+    /// terminal change also, in the same transaction: decides the session's pending approvals
+    /// as `cancelled`, cancels its open tool calls, cancels its running descendant sessions and
+    /// deletes its secrets. See [`SessionStatus::can_change_to`] for the allowed changes.
+    ///
+    /// # Errors
+    /// - `NotFound`: `session X not found`;
+    /// - `FailedPrecondition`: `session X cannot change status from A to B`, or
+    ///   `session X is A, not B` when [`StatusChange::expect_from`] does not hold;
+    /// - `InvalidArgument`: `failed` without an error message, an error on another status, an
+    ///   output on a status other than `completed`, an empty actor.
+    pub async fn set_session_status(
+        &self,
+        id: &str,
+        change: StatusChange,
+    ) -> Result<StatusChanged> {
+        if change.actor.trim().is_empty() {
+            return Err(LedgerError::invalid("actor is required"));
+        }
+        match (change.to, &change.error) {
+            (SessionStatus::Failed, None) => {
+                return Err(LedgerError::invalid(
+                    "a failed session needs an error message",
+                ));
+            }
+            (SessionStatus::Failed, Some(e)) if e.trim().is_empty() => {
+                return Err(LedgerError::invalid(
+                    "a failed session needs an error message",
+                ));
+            }
+            (to, Some(_)) if to != SessionStatus::Failed => {
+                return Err(LedgerError::invalid(format!(
+                    "an error message is only recorded with status failed, not {to}"
+                )));
+            }
+            _ => {}
+        }
+        if change.output.is_some() && change.to != SessionStatus::Completed {
+            return Err(LedgerError::invalid(format!(
+                "an output is only recorded with status completed, not {}",
+                change.to
+            )));
+        }
+        write_tx!(self, |tx| set_status(&mut tx, id, &change))
+    }
+
+    /// Sessions matching `filter`, newest first (`created_at`, then id), one page at a time.
+    /// Pagination is stable: rows created or updated meanwhile never shift a later page.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for a malformed or foreign page token or an invalid filter.
+    pub async fn list_sessions(
+        &self,
+        filter: &SessionFilter,
+        page: &PageRequest,
+    ) -> Result<Page<Session>> {
+        let mut conn = self.pool.acquire().await?;
+        list(&mut conn.conn(), filter, page).await
+    }
+
+    /// Every non-terminal session (roots and children), oldest first: what the daemon
+    /// reconciles on start (§5.8).
+    ///
+    /// # Errors
+    /// Database errors.
+    pub async fn sessions_needing_recovery(&self) -> Result<Vec<Session>> {
+        let mut conn = self.pool.acquire().await?;
+        let sql = format!(
+            "SELECT {SESSION_COLUMNS} FROM sessions s \
+             WHERE s.status NOT IN ('completed', 'failed', 'cancelled') \
+             ORDER BY s.created_at, s.id"
+        );
+        conn.conn()
+            .fetch_all("list sessions to recover", &sql, vec![])
+            .await?
+            .iter()
+            .map(session_from_row)
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transitions_follow_the_documented_table() {
+        use SessionStatus as S;
+        let allowed: Vec<(S, S)> = S::ALL
+            .iter()
+            .flat_map(|&f| S::ALL.iter().map(move |&t| (f, t)))
+            .filter(|(f, t)| f.can_change_to(*t))
+            .collect();
+        let terminal = [S::Completed, S::Failed, S::Cancelled];
+        let mut expected = Vec::new();
+        for (from, tos) in [
+            (S::Pending, vec![S::Running]),
+            (
+                S::Running,
+                vec![S::AwaitingInput, S::AwaitingTool, S::AwaitingApproval],
+            ),
+            (S::AwaitingInput, vec![S::Running]),
+            (
+                S::AwaitingTool,
+                vec![S::Running, S::AwaitingInput, S::AwaitingApproval],
+            ),
+            (
+                S::AwaitingApproval,
+                vec![S::Running, S::AwaitingInput, S::AwaitingTool],
+            ),
+        ] {
+            for to in tos.into_iter().chain(terminal) {
+                expected.push((from, to));
+            }
+        }
+        let mut a = allowed.clone();
+        a.sort();
+        expected.sort();
+        assert_eq!(a, expected);
+    }
+
+    #[test]
+    fn session_ids_are_run_uuid() {
+        assert!(validate_session_id(&new_session_id()).is_ok());
+        for bad in [
+            "",
+            "run_",
+            "run_x",
+            "0b7c6c5e-8f0e-4c1a-9d43-2f1b8f2e9a11",
+            "run_0B7C6C5E-8F0E-4C1A-9D43-2F1B8F2E9A11",
+            "run_0b7c6c5e8f0e4c1a9d432f1b8f2e9a11",
+        ] {
+            assert!(validate_session_id(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn statuses_parse_with_a_helpful_error() {
+        assert_eq!(
+            "awaiting_approval".parse::<SessionStatus>().ok(),
+            Some(SessionStatus::AwaitingApproval)
+        );
+        let err = "paused"
+            .parse::<SessionStatus>()
+            .err()
+            .map(|e| e.to_string());
+        assert_eq!(
+            err.as_deref(),
+            Some(
+                "unknown session status \"paused\"; expected one of: pending, running, \
+                 awaiting_input, awaiting_tool, awaiting_approval, completed, failed, cancelled"
+            )
+        );
+    }
+}

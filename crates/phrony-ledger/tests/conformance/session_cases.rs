@@ -1,0 +1,2070 @@
+//! Conformance cases for sessions, tool calls, approvals, secrets and their rebuild.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use chrono::Duration;
+use phrony_ledger::{
+    AgentRef, AgentVersion, AgentVersionRef, ApprovalFilter, ApprovalStatus, ApprovalTimeout,
+    Backend, CallStatus, Dispatch, Ledger, LedgerError, NewAgentVersion, NewApproval, NewSession,
+    NewToolCall, OnModify, OnReject, PageRequest, SecretCipher, Session, SessionEvent,
+    SessionFilter, SessionLimits, SessionMode, SessionStatus, SideEffectClass, StatusChange,
+    TimeoutDefault, ToolInvocation, ToolOutcome, ToolResult, Usage, Vote, VoteDecision,
+    new_session_id, tool_call_id,
+};
+use serde_json::{Map, Value, json};
+use uuid::Uuid;
+
+use crate::harness::TestDb;
+
+// ---------------------------------------------------------------------------------------------
+// helpers
+
+const ALL_PROJECTIONS: [&str; 8] = [
+    "agents",
+    "agent_versions",
+    "deployments",
+    "sessions",
+    "session_metadata",
+    "tool_invocations",
+    "approvals",
+    "approval_votes",
+];
+
+#[track_caller]
+fn precondition(result: Result<impl std::fmt::Debug, LedgerError>) -> String {
+    match result {
+        Err(LedgerError::FailedPrecondition { message }) => message,
+        other => panic!("expected FailedPrecondition, got {other:?}"),
+    }
+}
+
+#[track_caller]
+fn invalid(result: Result<impl std::fmt::Debug, LedgerError>) -> String {
+    match result {
+        Err(LedgerError::InvalidArgument { message }) => message,
+        other => panic!("expected InvalidArgument, got {other:?}"),
+    }
+}
+
+#[track_caller]
+fn not_found(result: Result<impl std::fmt::Debug, LedgerError>) -> String {
+    match result {
+        Err(LedgerError::NotFound { message }) => message,
+        other => panic!("expected NotFound, got {other:?}"),
+    }
+}
+
+async fn deploy_agent(ledger: &Ledger, agent: &AgentRef, version: &str) -> AgentVersion {
+    ledger
+        .publish_agent_version(NewAgentVersion {
+            namespace: agent.namespace.clone(),
+            name: agent.name.clone(),
+            version: version.to_owned(),
+            owner: "payments-team".to_owned(),
+            labels: BTreeMap::new(),
+            snapshot_json: format!(r#"{{"kind":"Agent","version":"{version}"}}"#),
+            content_hash: format!("sha256:{agent}-{version}"),
+            actor: "alice".to_owned(),
+        })
+        .await
+        .unwrap();
+    ledger.deploy(agent, version, "alice").await.unwrap();
+    ledger.get_agent_version(agent, version).await.unwrap()
+}
+
+fn refund_agent() -> AgentRef {
+    AgentRef::new("support", "refund-agent")
+}
+
+fn new_session(v: &AgentVersion, metadata: &[(&str, &str)]) -> NewSession {
+    NewSession {
+        id: new_session_id(),
+        agent_version_id: v.id,
+        agent: AgentVersionRef::new(&v.agent.namespace, &v.agent.name, &v.version),
+        input: json!({"message": "refund order ORD-1"}),
+        metadata: metadata
+            .iter()
+            .map(|(k, val)| ((*k).to_owned(), (*val).to_owned()))
+            .collect(),
+        mode: SessionMode::Task,
+        parent_session_id: None,
+        limits: None,
+        secrets: Vec::new(),
+        actor: "alice".to_owned(),
+    }
+}
+
+async fn start(ledger: &Ledger, v: &AgentVersion) -> Session {
+    ledger.create_session(new_session(v, &[])).await.unwrap()
+}
+
+async fn to(ledger: &Ledger, session: &str, status: SessionStatus) {
+    ledger
+        .set_session_status(session, StatusChange::to(status))
+        .await
+        .unwrap();
+}
+
+fn refund_call(session: &str, iteration: u32, index: u32, amount: i64) -> NewToolCall {
+    NewToolCall {
+        session_id: session.to_owned(),
+        turn: 1,
+        iteration,
+        index,
+        tool: "payments.issue-refund".to_owned(),
+        version: "1.0.0".to_owned(),
+        wire_name: Some("issue_refund".to_owned()),
+        args: json!({"order_id": "ORD-1", "amount": amount}),
+        side_effect_class: Some(SideEffectClass::NonIdempotentWrite),
+    }
+}
+
+fn worker() -> Dispatch {
+    Dispatch {
+        worker_id: "worker-1".to_owned(),
+        worker_identity: Some("payments/refunds".to_owned()),
+        image_digest: Some("sha256:abc".to_owned()),
+        descriptor_hash: Some("sha256:desc".to_owned()),
+        deadline_at: None,
+    }
+}
+
+fn ok(payload: Value) -> ToolResult {
+    ToolResult {
+        worker_id: Some("worker-1".to_owned()),
+        outcome: ToolOutcome::Success(payload),
+        usage: None,
+    }
+}
+
+fn approval_for(session: &str, call_id: &str) -> NewApproval {
+    NewApproval {
+        id: Uuid::new_v4(),
+        session_id: session.to_owned(),
+        call_id: call_id.to_owned(),
+        policy_ref: Some("payments/refund-approval-boundary@1.0.0".to_owned()),
+        reason: "Refunds over 250 need a human".to_owned(),
+        route: "refund-approvers".to_owned(),
+        authority_ref: "payments-authority".to_owned(),
+        approvals_required: 1,
+        comprehension_required: false,
+        on_reject: OnReject::ReturnToAgent,
+        on_modify: OnModify::Unchecked,
+        timeout: None,
+        policy_runtime: Map::new(),
+        actor: "policy".to_owned(),
+    }
+}
+
+fn approve(actor: &str) -> Vote {
+    Vote {
+        actor: actor.to_owned(),
+        decision: VoteDecision::Approve,
+        comment: format!("ok by {actor}"),
+        comprehension_acknowledged: false,
+        edited_args: None,
+    }
+}
+
+fn reject(actor: &str, comment: &str) -> Vote {
+    Vote {
+        actor: actor.to_owned(),
+        decision: VoteDecision::Reject,
+        comment: comment.to_owned(),
+        comprehension_acknowledged: false,
+        edited_args: None,
+    }
+}
+
+/// A running session in `awaiting_tool` with one recorded call, and an approval opened for it.
+async fn pending_approval(
+    ledger: &Ledger,
+    v: &AgentVersion,
+    customize: impl FnOnce(&mut NewApproval),
+) -> (Session, ToolInvocation, phrony_ledger::Approval) {
+    let s = start(ledger, v).await;
+    to(ledger, &s.id, SessionStatus::AwaitingTool).await;
+    let call = ledger
+        .record_tool_call(refund_call(&s.id, 0, 0, 400))
+        .await
+        .unwrap();
+    let mut new = approval_for(&s.id, &call.call_id);
+    customize(&mut new);
+    let approval = ledger.open_approval(new).await.unwrap();
+    (s, call, approval)
+}
+
+async fn types_of(ledger: &Ledger, session: &str) -> Vec<String> {
+    ledger
+        .events_after(session, 0, 1000)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.event_type)
+        .collect()
+}
+
+async fn snapshot_all(db: &TestDb) -> Vec<Vec<Vec<Option<String>>>> {
+    let mut out = Vec::new();
+    for t in ALL_PROJECTIONS {
+        out.push(db.table_snapshot(t).await);
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------------------------
+// sessions
+
+pub(crate) async fn session_lifecycle_records_every_transition(db: &TestDb) {
+    let ledger = db.migrated().await;
+    let v = deploy_agent(ledger, &refund_agent(), "0.1.0").await;
+    let mut new = new_session(&v, &[("ticket_id", "T-42")]);
+    new.mode = SessionMode::Conversation;
+    new.limits = Some(SessionLimits {
+        max_tokens_per_run: Some(10_000),
+        max_wall_clock_seconds: Some(600),
+        ..SessionLimits::default()
+    });
+    let s = ledger.create_session(new.clone()).await.unwrap();
+    assert_eq!(s.status, SessionStatus::Running);
+    assert_eq!(s.root_session_id, s.id);
+    assert_eq!(s.depth, 0);
+    assert_eq!(s.created_by, "alice");
+    assert_eq!(s.agent.to_string(), "support/refund-agent@0.1.0");
+    assert_eq!(s.mode, SessionMode::Conversation);
+    assert_eq!(
+        s.metadata.get("ticket_id").map(String::as_str),
+        Some("T-42")
+    );
+    assert_eq!(s.input, new.input);
+    assert_eq!(s.limits, new.limits);
+    assert_eq!(ledger.get_session(&s.id).await.unwrap(), s);
+
+    // Every status change is one event with from/to, and the projection follows.
+    for status in [
+        SessionStatus::AwaitingTool,
+        SessionStatus::Running,
+        SessionStatus::AwaitingInput,
+        SessionStatus::Running,
+    ] {
+        to(ledger, &s.id, status).await;
+    }
+    let done = ledger
+        .set_session_status(
+            &s.id,
+            StatusChange::completed(Some(json!({"message": "refunded"}))).by("bob"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(done.from, SessionStatus::Running);
+    assert_eq!(done.session.status, SessionStatus::Completed);
+    assert_eq!(done.session.output, Some(json!({"message": "refunded"})));
+    assert!(done.session.ended_at.is_some());
+    let events = ledger.events_after(&s.id, 0, 100).await.unwrap();
+    let seen: Vec<(&str, Value, Value)> = events
+        .iter()
+        .skip(1)
+        .map(|e| {
+            (
+                e.event_type.as_str(),
+                e.payload["from"].clone(),
+                e.payload["to"].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        vec![
+            (
+                "session.status_changed",
+                json!("running"),
+                json!("awaiting_tool")
+            ),
+            (
+                "session.status_changed",
+                json!("awaiting_tool"),
+                json!("running")
+            ),
+            (
+                "session.status_changed",
+                json!("running"),
+                json!("awaiting_input")
+            ),
+            (
+                "session.status_changed",
+                json!("awaiting_input"),
+                json!("running")
+            ),
+            ("session.completed", json!("running"), json!("completed")),
+        ]
+    );
+    assert_eq!(events[0].event_type, "session.started");
+    assert_eq!(events[0].actor, "alice");
+    assert_eq!(events[0].payload["input"], new.input);
+    assert_eq!(events[0].payload["metadata"]["ticket_id"], "T-42");
+    assert_eq!(events.last().unwrap().actor, "bob");
+    // The cursor read continues after a seq.
+    assert_eq!(
+        ledger.events_after(&s.id, 4, 100).await.unwrap(),
+        events[4..].to_vec()
+    );
+
+    // Illegal transitions name both statuses and change nothing.
+    assert_eq!(
+        precondition(
+            ledger
+                .set_session_status(&s.id, StatusChange::to(SessionStatus::Running))
+                .await
+        ),
+        format!(
+            "session {} cannot change status from completed to running",
+            s.id
+        )
+    );
+    let other = start(ledger, &v).await;
+    to(ledger, &other.id, SessionStatus::AwaitingInput).await;
+    assert_eq!(
+        precondition(
+            ledger
+                .set_session_status(&other.id, StatusChange::to(SessionStatus::AwaitingTool))
+                .await
+        ),
+        format!(
+            "session {} cannot change status from awaiting_input to awaiting_tool",
+            other.id
+        )
+    );
+    assert_eq!(
+        precondition(
+            ledger
+                .set_session_status(&other.id, StatusChange::to(SessionStatus::AwaitingInput))
+                .await
+        ),
+        format!(
+            "session {} cannot change status from awaiting_input to awaiting_input",
+            other.id
+        )
+    );
+    assert_eq!(
+        precondition(
+            ledger
+                .set_session_status(
+                    &other.id,
+                    StatusChange::cancelled().from(SessionStatus::Running)
+                )
+                .await
+        ),
+        format!("session {} is awaiting_input, not running", other.id)
+    );
+    invalid(
+        ledger
+            .set_session_status(&other.id, StatusChange::to(SessionStatus::Failed))
+            .await,
+    );
+    invalid(
+        ledger
+            .set_session_status(
+                &other.id,
+                StatusChange {
+                    output: Some(json!({})),
+                    ..StatusChange::to(SessionStatus::Running)
+                },
+            )
+            .await,
+    );
+    let failed = ledger
+        .set_session_status(
+            &other.id,
+            StatusChange::failed("run limit max_tokens_per_run exceeded"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        failed.session.error.as_deref(),
+        Some("run limit max_tokens_per_run exceeded")
+    );
+    let last = ledger.events_after(&other.id, 0, 100).await.unwrap();
+    assert_eq!(last.last().unwrap().event_type, "session.failed");
+    assert_eq!(
+        last.last().unwrap().payload["message"],
+        "run limit max_tokens_per_run exceeded"
+    );
+    assert_eq!(last.len(), 3, "refused changes appended nothing");
+
+    // Engine events go to live sessions only.
+    let live = start(ledger, &v).await;
+    let e = ledger
+        .record_session_event(
+            &live.id,
+            SessionEvent::UserMessage {
+                actor: "carol".into(),
+                turn: 1,
+                content: "hi".into(),
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (e.event_type.as_str(), e.actor.as_str(), e.turn),
+        ("message.user", "carol", Some(1))
+    );
+    assert_eq!(e.payload, json!({"role": "user", "content": "hi"}));
+    assert_eq!(
+        precondition(
+            ledger
+                .record_session_event(
+                    &s.id,
+                    SessionEvent::Evidence {
+                        snapshot: json!({"owner": "x"})
+                    }
+                )
+                .await
+        ),
+        format!(
+            "session {} is completed and accepts no further events",
+            s.id
+        )
+    );
+
+    // Creation is validated.
+    let mut dup = new_session(&v, &[]);
+    dup.id = s.id.clone();
+    assert!(matches!(
+        ledger.create_session(dup).await,
+        Err(LedgerError::AlreadyExists { .. })
+    ));
+    let mut bad = new_session(&v, &[]);
+    bad.id = "session-1".into();
+    assert!(invalid(ledger.create_session(bad).await).contains("must be run_<uuid>"));
+    let mut bad = new_session(&v, &[]);
+    bad.input = json!("refund please");
+    assert_eq!(
+        invalid(ledger.create_session(bad).await),
+        "input must be a JSON object"
+    );
+    let mut bad = new_session(&v, &[]);
+    bad.metadata.insert(String::new(), "x".into());
+    invalid(ledger.create_session(bad).await);
+    let mut bad = new_session(&v, &[]);
+    bad.agent.version = "9.9.9".into();
+    assert!(invalid(ledger.create_session(bad).await).contains("does not match agent version"));
+    let mut bad = new_session(&v, &[]);
+    bad.agent_version_id = Uuid::nil();
+    assert_eq!(
+        not_found(ledger.create_session(bad).await),
+        format!("agent version \"{}\" not found", Uuid::nil())
+    );
+    assert_eq!(
+        not_found(ledger.get_session("run_missing").await),
+        "session run_missing not found"
+    );
+    assert_eq!(
+        not_found(ledger.events_after("run_missing", 0, 10).await),
+        "session run_missing not found"
+    );
+}
+
+pub(crate) async fn child_sessions_follow_their_parent(db: &TestDb) {
+    let ledger = db.migrated().await;
+    let v = deploy_agent(ledger, &refund_agent(), "0.1.0").await;
+    let parent = start(ledger, &v).await;
+    let mut child = new_session(&v, &[]);
+    child.parent_session_id = Some(parent.id.clone());
+    let child = ledger.create_session(child).await.unwrap();
+    assert_eq!(
+        (child.root_session_id.as_str(), child.depth),
+        (parent.id.as_str(), 1)
+    );
+    let mut grandchild = new_session(&v, &[]);
+    grandchild.parent_session_id = Some(child.id.clone());
+    let grandchild = ledger.create_session(grandchild).await.unwrap();
+    assert_eq!(
+        (grandchild.root_session_id.as_str(), grandchild.depth),
+        (parent.id.as_str(), 2)
+    );
+    let call = ledger
+        .record_tool_call(refund_call(&grandchild.id, 0, 0, 10))
+        .await
+        .unwrap();
+    ledger.queue_tool_call(&call.call_id).await.unwrap();
+
+    // The timeline of the parent covers the whole tree; a child's covers its own subtree.
+    let timeline = ledger.session_timeline(&parent.id).await.unwrap();
+    let ids: Vec<&str> = timeline.sessions.iter().map(|s| s.id.as_str()).collect();
+    assert_eq!(
+        ids,
+        vec![
+            parent.id.as_str(),
+            child.id.as_str(),
+            grandchild.id.as_str()
+        ]
+    );
+    assert_eq!(timeline.events.len(), 5);
+    assert!(
+        timeline
+            .events
+            .windows(2)
+            .all(|w| w[0].event.ts <= w[1].event.ts)
+    );
+    assert_eq!(timeline.invocations.len(), 1);
+    let child_view = ledger.session_timeline(&child.id).await.unwrap();
+    assert_eq!(child_view.sessions.len(), 2);
+    assert!(child_view.events.iter().all(|e| e.session_id != parent.id));
+    assert_eq!(
+        not_found(ledger.session_timeline("run_missing").await),
+        "session run_missing not found"
+    );
+
+    // Cancelling the parent cancels its running descendants and their open calls.
+    let changed = ledger
+        .set_session_status(&parent.id, StatusChange::cancelled().by("ops"))
+        .await
+        .unwrap();
+    assert_eq!(
+        changed.cancelled_children,
+        vec![child.id.clone(), grandchild.id.clone()]
+    );
+    assert_eq!(changed.cancelled_calls, vec![call.call_id.clone()]);
+    for id in [&child.id, &grandchild.id] {
+        let s = ledger.get_session(id).await.unwrap();
+        assert_eq!(s.status, SessionStatus::Cancelled);
+        let last = ledger.events_after(id, 0, 100).await.unwrap();
+        let last = last.last().unwrap();
+        assert_eq!(last.event_type, "session.cancelled");
+        assert_eq!(last.actor, "ops");
+    }
+    let call = ledger.get_tool_call(&call.call_id).await.unwrap();
+    assert_eq!(call.status, CallStatus::Cancelled);
+    let mut orphan = new_session(&v, &[]);
+    orphan.parent_session_id = Some(parent.id.clone());
+    assert!(precondition(ledger.create_session(orphan).await).contains("cannot start child"));
+}
+
+pub(crate) async fn list_sessions_filters_and_paginates_stably(db: &TestDb) {
+    let ledger = db.migrated().await;
+    let refund = deploy_agent(ledger, &refund_agent(), "0.1.0").await;
+    let refund2 = deploy_agent(ledger, &refund_agent(), "0.2.0").await;
+    let triage = deploy_agent(ledger, &AgentRef::new("ops", "triage"), "1.0.0").await;
+    let mut all = Vec::new();
+    for (v, meta) in [
+        (&refund, vec![("ticket_id", "T-1"), ("tier", "gold")]),
+        (&refund, vec![("ticket_id", "T-2"), ("tier", "gold")]),
+        (&refund2, vec![("ticket_id", "T-3"), ("tier", "silver")]),
+        (&triage, vec![("ticket_id", "T-1")]),
+        (&refund2, vec![]),
+        (&triage, vec![("tier", "gold")]),
+        (&refund, vec![("ticket_id", "T-7"), ("tier", "gold")]),
+    ] {
+        all.push(ledger.create_session(new_session(v, &meta)).await.unwrap());
+    }
+    let mut child = new_session(&refund, &[("ticket_id", "T-1")]);
+    child.parent_session_id = Some(all[0].id.clone());
+    let child = ledger.create_session(child).await.unwrap();
+    to(ledger, &all[1].id, SessionStatus::AwaitingInput).await;
+    ledger
+        .set_session_status(&all[2].id, StatusChange::cancelled())
+        .await
+        .unwrap();
+
+    let newest_first = |sessions: &[&Session]| {
+        let mut ids: Vec<(chrono::DateTime<chrono::Utc>, String)> = sessions
+            .iter()
+            .map(|s| (s.created_at, s.id.clone()))
+            .collect();
+        ids.sort();
+        ids.reverse();
+        ids.into_iter().map(|(_, id)| id).collect::<Vec<_>>()
+    };
+    let ids = |page: &phrony_ledger::Page<Session>| {
+        page.items.iter().map(|s| s.id.clone()).collect::<Vec<_>>()
+    };
+    let list = |filter: SessionFilter| async move {
+        ledger
+            .list_sessions(&filter, &PageRequest::first(100))
+            .await
+            .unwrap()
+    };
+
+    let roots: Vec<&Session> = all.iter().collect();
+    assert_eq!(
+        ids(&list(SessionFilter::default()).await),
+        newest_first(&roots)
+    );
+    let by_agent = list(SessionFilter {
+        agent: Some(refund_agent()),
+        ..SessionFilter::default()
+    })
+    .await;
+    assert_eq!(
+        ids(&by_agent),
+        newest_first(&[&all[0], &all[1], &all[2], &all[4], &all[6]]),
+        "all versions of the agent, not only the active one"
+    );
+    let by_version = list(SessionFilter {
+        agent: Some(refund_agent()),
+        agent_version: Some("0.2.0".into()),
+        ..SessionFilter::default()
+    })
+    .await;
+    assert_eq!(ids(&by_version), newest_first(&[&all[2], &all[4]]));
+    let by_status = list(SessionFilter {
+        status: Some(SessionStatus::AwaitingInput),
+        ..SessionFilter::default()
+    })
+    .await;
+    assert_eq!(ids(&by_status), vec![all[1].id.clone()]);
+    let gold_t1 = list(SessionFilter {
+        metadata: BTreeMap::from([
+            ("ticket_id".into(), "T-1".into()),
+            ("tier".into(), "gold".into()),
+        ]),
+        ..SessionFilter::default()
+    })
+    .await;
+    assert_eq!(
+        ids(&gold_t1),
+        vec![all[0].id.clone()],
+        "all pairs must match"
+    );
+    let t1_with_children = list(SessionFilter {
+        metadata: BTreeMap::from([("ticket_id".into(), "T-1".into())]),
+        include_children: true,
+        ..SessionFilter::default()
+    })
+    .await;
+    assert_eq!(
+        ids(&t1_with_children),
+        newest_first(&[&all[0], &all[3], &child])
+    );
+    let children = list(SessionFilter {
+        parent_session_id: Some(all[0].id.clone()),
+        ..SessionFilter::default()
+    })
+    .await;
+    assert_eq!(ids(&children), vec![child.id.clone()]);
+    let window = list(SessionFilter {
+        created_after: Some(all[2].created_at),
+        created_before: Some(all[5].created_at),
+        ..SessionFilter::default()
+    })
+    .await;
+    assert_eq!(
+        ids(&window),
+        newest_first(&[&all[2], &all[3], &all[4]]),
+        "created_after is inclusive, created_before exclusive"
+    );
+    invalid(
+        ledger
+            .list_sessions(
+                &SessionFilter {
+                    agent_version: Some("0.1.0".into()),
+                    ..SessionFilter::default()
+                },
+                &PageRequest::default(),
+            )
+            .await,
+    );
+
+    // Pages of 3 cover every root exactly once, newest first, and a session created while
+    // paging does not shift the later pages.
+    let first = ledger
+        .list_sessions(&SessionFilter::default(), &PageRequest::first(3))
+        .await
+        .unwrap();
+    assert_eq!(first.items.len(), 3);
+    let late = start(ledger, &refund).await;
+    let mut seen = ids(&first);
+    let mut token = first.next_token.clone();
+    while let Some(t) = token {
+        let page = ledger
+            .list_sessions(&SessionFilter::default(), &PageRequest::after(3, t))
+            .await
+            .unwrap();
+        assert!(page.items.len() <= 3);
+        seen.extend(ids(&page));
+        token = page.next_token;
+    }
+    assert_eq!(seen, newest_first(&roots), "no skips, no repeats");
+    assert!(!seen.contains(&late.id));
+    let exact = ledger
+        .list_sessions(&SessionFilter::default(), &PageRequest::first(8))
+        .await
+        .unwrap();
+    assert_eq!(exact.items.len(), 8);
+    assert_eq!(exact.next_token, None, "no token after the last page");
+
+    assert!(
+        invalid(
+            ledger
+                .list_sessions(&SessionFilter::default(), &PageRequest::after(3, "bogus"))
+                .await
+        )
+        .contains("invalid page token")
+    );
+    let approvals_token = {
+        // An approvals token is refused by the sessions list.
+        let v = &refund;
+        for _ in 0..2 {
+            pending_approval(ledger, v, |_| {}).await;
+        }
+        ledger
+            .list_approvals(&ApprovalFilter::default(), &PageRequest::first(1))
+            .await
+            .unwrap()
+            .next_token
+            .unwrap()
+    };
+    assert!(
+        invalid(
+            ledger
+                .list_sessions(
+                    &SessionFilter::default(),
+                    &PageRequest::after(3, approvals_token)
+                )
+                .await
+        )
+        .contains("belongs to another list")
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// tool calls
+
+pub(crate) async fn tool_calls_follow_the_ledger_state_machine(db: &TestDb) {
+    let ledger = db.migrated().await;
+    let v = deploy_agent(ledger, &refund_agent(), "0.1.0").await;
+    let s = start(ledger, &v).await;
+    to(ledger, &s.id, SessionStatus::AwaitingTool).await;
+
+    let call = ledger
+        .record_tool_call(refund_call(&s.id, 0, 0, 100))
+        .await
+        .unwrap();
+    assert_eq!(call.call_id, format!("{}:{}:1:0:0", s.id, v.id));
+    assert_eq!(call.call_id, tool_call_id(&s.id, v.id, 1, 0, 0));
+    assert_eq!(call.status, CallStatus::Pending);
+    assert_eq!(
+        (call.turn, call.iteration, call.index, call.attempt),
+        (1, 0, 0, 0)
+    );
+    assert_eq!(
+        call.side_effect_class,
+        Some(SideEffectClass::NonIdempotentWrite)
+    );
+    // Recording the same call again is idempotent; a different call under the same id is not.
+    assert_eq!(
+        ledger
+            .record_tool_call(refund_call(&s.id, 0, 0, 100))
+            .await
+            .unwrap(),
+        call
+    );
+    assert!(matches!(
+        ledger.record_tool_call(refund_call(&s.id, 0, 0, 999)).await,
+        Err(LedgerError::AlreadyExists { .. })
+    ));
+    // A second tool-using completion in the same turn gets its own id (§14.1 item 1).
+    let second = ledger
+        .record_tool_call(refund_call(&s.id, 1, 0, 100))
+        .await
+        .unwrap();
+    assert_ne!(second.call_id, call.call_id);
+
+    assert_eq!(
+        precondition(ledger.dispatch_tool_call(&call.call_id, worker()).await),
+        format!(
+            "tool call {} cannot go from pending to dispatched",
+            call.call_id
+        )
+    );
+    let queued = ledger.queue_tool_call(&call.call_id).await.unwrap();
+    assert_eq!(queued.status, CallStatus::Queued);
+    assert!(queued.queued_at.is_some());
+    let deadline = chrono::Utc::now() + Duration::seconds(30);
+    let dispatched = ledger
+        .dispatch_tool_call(
+            &call.call_id,
+            Dispatch {
+                deadline_at: Some(deadline),
+                ..worker()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(dispatched.status, CallStatus::Dispatched);
+    assert_eq!(dispatched.attempt, 1);
+    assert_eq!(dispatched.worker_id.as_deref(), Some("worker-1"));
+    assert_eq!(dispatched.image_digest.as_deref(), Some("sha256:abc"));
+    assert_eq!(
+        dispatched.manifest_content_hash.as_deref(),
+        Some(v.content_hash.as_str())
+    );
+    assert!(dispatched.deadline_at.is_some());
+
+    // The first result completes the call; a duplicate is recorded but changes nothing.
+    let first = ledger
+        .record_tool_result(
+            &call.call_id,
+            ToolResult {
+                usage: Some(Usage {
+                    input_tokens: 7,
+                    output_tokens: 3,
+                    estimated: true,
+                }),
+                ..ok(json!({"refund_id": "R-1"}))
+            },
+        )
+        .await
+        .unwrap();
+    assert!(first.applied);
+    assert_eq!(first.invocation.status, CallStatus::Succeeded);
+    assert_eq!(first.invocation.result, Some(json!({"refund_id": "R-1"})));
+    assert_eq!(
+        first.invocation.usage,
+        Some(Usage {
+            input_tokens: 7,
+            output_tokens: 3,
+            estimated: true
+        })
+    );
+    let dup = ledger
+        .record_tool_result(&call.call_id, ok(json!({"refund_id": "R-2"})))
+        .await
+        .unwrap();
+    assert!(!dup.applied);
+    assert_eq!(dup.invocation, first.invocation);
+    assert_eq!(
+        ledger.get_tool_call(&call.call_id).await.unwrap(),
+        first.invocation
+    );
+    assert_eq!(
+        ledger.completed_call(&call.call_id).await.unwrap(),
+        Some(first.invocation.clone())
+    );
+    assert_eq!(ledger.completed_call(&second.call_id).await.unwrap(), None);
+    assert_eq!(ledger.completed_call("unknown").await.unwrap(), None);
+    assert_eq!(
+        precondition(ledger.queue_tool_call(&call.call_id).await),
+        format!(
+            "tool call {} cannot go from succeeded to queued",
+            call.call_id
+        )
+    );
+
+    // Lost worker: indeterminate, re-queued and re-dispatched with the same id (attempt 2).
+    ledger.queue_tool_call(&second.call_id).await.unwrap();
+    ledger
+        .dispatch_tool_call(&second.call_id, worker())
+        .await
+        .unwrap();
+    let lost = ledger
+        .mark_tool_call_indeterminate(&second.call_id, "worker worker-1 lease expired")
+        .await
+        .unwrap();
+    assert_eq!(lost.status, CallStatus::Indeterminate);
+    ledger.queue_tool_call(&second.call_id).await.unwrap();
+    let again = ledger
+        .dispatch_tool_call(
+            &second.call_id,
+            Dispatch {
+                worker_id: "worker-2".into(),
+                ..worker()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (again.attempt, again.worker_id.as_deref()),
+        (2, Some("worker-2"))
+    );
+    let err = ledger
+        .record_tool_result(
+            &second.call_id,
+            ToolResult {
+                worker_id: Some("worker-2".into()),
+                outcome: ToolOutcome::Error {
+                    code: "invalid_args".into(),
+                    message: "amount must be positive".into(),
+                },
+                usage: None,
+            },
+        )
+        .await
+        .unwrap();
+    assert!(err.applied);
+    assert_eq!(err.invocation.status, CallStatus::Failed);
+    assert_eq!(err.invocation.error_code.as_deref(), Some("invalid_args"));
+
+    // Runtime failure, policy denial, cancellation, and a result for a call never dispatched.
+    let c3 = ledger
+        .record_tool_call(refund_call(&s.id, 1, 1, 5))
+        .await
+        .unwrap();
+    ledger.queue_tool_call(&c3.call_id).await.unwrap();
+    let failed = ledger
+        .fail_tool_call(&c3.call_id, "no_handler", "no handler registered for tool")
+        .await
+        .unwrap();
+    assert_eq!(failed.status, CallStatus::Failed);
+    assert_eq!(failed.error_code.as_deref(), Some("no_handler"));
+    let c4 = ledger
+        .record_tool_call(refund_call(&s.id, 1, 2, 14_000))
+        .await
+        .unwrap();
+    let denied = ledger
+        .deny_tool_call(
+            &c4.call_id,
+            "Refunds over 5000 are never allowed",
+            Some("payments/refund-hard-limit@1.0.0"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(denied.status, CallStatus::Failed);
+    assert_eq!(denied.error_code.as_deref(), Some("policy_denied"));
+    assert_eq!(denied.attempt, 0, "a denied call is never dispatched");
+    let c5 = ledger
+        .record_tool_call(refund_call(&s.id, 1, 3, 5))
+        .await
+        .unwrap();
+    let never = ledger
+        .record_tool_result(&c5.call_id, ok(json!({})))
+        .await
+        .unwrap();
+    assert!(!never.applied);
+    assert_eq!(
+        ledger.in_flight_calls(&s.id).await.unwrap(),
+        vec![ledger.get_tool_call(&c5.call_id).await.unwrap()]
+    );
+    ledger.queue_tool_call(&c5.call_id).await.unwrap();
+    ledger
+        .dispatch_tool_call(&c5.call_id, worker())
+        .await
+        .unwrap();
+    let cancelled = ledger
+        .cancel_tool_call(&c5.call_id, "execution deadline exceeded")
+        .await
+        .unwrap();
+    assert_eq!(cancelled.status, CallStatus::Cancelled);
+    let late = ledger
+        .record_tool_result(&c5.call_id, ok(json!({"late": true})))
+        .await
+        .unwrap();
+    assert!(!late.applied);
+    assert_eq!(late.invocation.status, CallStatus::Cancelled);
+    assert!(ledger.in_flight_calls(&s.id).await.unwrap().is_empty());
+    assert_eq!(
+        not_found(ledger.record_tool_result("nope", ok(json!({}))).await),
+        "tool call \"nope\" not found"
+    );
+
+    // Every step is an event with the call id and turn; late results are in the log too.
+    let events = ledger.events_after(&s.id, 0, 1000).await.unwrap();
+    let for_c5: Vec<&str> = events
+        .iter()
+        .filter(|e| e.call_id.as_deref() == Some(c5.call_id.as_str()))
+        .map(|e| e.event_type.as_str())
+        .collect();
+    assert_eq!(
+        for_c5,
+        vec![
+            "tool.requested",
+            "tool.late_result",
+            "tool.queued",
+            "tool.dispatched",
+            "tool.cancelled",
+            "tool.late_result",
+        ]
+    );
+    let dispatched_event = events
+        .iter()
+        .find(|e| e.event_type == "tool.dispatched")
+        .unwrap();
+    assert_eq!(dispatched_event.turn, Some(1));
+    assert_eq!(
+        dispatched_event.payload["worker_identity"],
+        "payments/refunds"
+    );
+    assert_eq!(dispatched_event.payload["args"]["amount"], 100);
+    assert!(events.iter().any(|e| e.event_type == "tool.policy_denied"
+        && e.payload["policy_ref"] == "payments/refund-hard-limit@1.0.0"));
+
+    // No calls on ended sessions.
+    ledger
+        .set_session_status(&s.id, StatusChange::completed(None))
+        .await
+        .unwrap();
+    assert!(
+        precondition(ledger.record_tool_call(refund_call(&s.id, 2, 0, 1)).await)
+            .contains("cannot record tool calls")
+    );
+}
+
+pub(crate) async fn a_late_result_closes_a_recovery_approval(db: &TestDb) {
+    let ledger = db.migrated().await;
+    let v = deploy_agent(ledger, &refund_agent(), "0.1.0").await;
+    let s = start(ledger, &v).await;
+    to(ledger, &s.id, SessionStatus::AwaitingTool).await;
+    let call = ledger
+        .record_tool_call(refund_call(&s.id, 0, 0, 400))
+        .await
+        .unwrap();
+    ledger.queue_tool_call(&call.call_id).await.unwrap();
+    ledger
+        .dispatch_tool_call(&call.call_id, worker())
+        .await
+        .unwrap();
+    ledger
+        .mark_tool_call_indeterminate(&call.call_id, "daemon restarted")
+        .await
+        .unwrap();
+    let approval = ledger
+        .open_approval(NewApproval {
+            policy_ref: None,
+            reason: "tool dispatch outcome indeterminate".into(),
+            actor: "system".into(),
+            ..approval_for(&s.id, &call.call_id)
+        })
+        .await
+        .unwrap();
+    assert_eq!(approval.policy_ref, None);
+    let recorded = ledger
+        .record_tool_result(&call.call_id, ok(json!({"refund_id": "R-9"})))
+        .await
+        .unwrap();
+    assert!(recorded.applied, "the worker did run it: keep the outcome");
+    assert_eq!(recorded.invocation.status, CallStatus::Succeeded);
+    assert_eq!(recorded.closed_approval, Some(approval.id));
+    let closed = ledger.get_approval(approval.id).await.unwrap();
+    assert_eq!(closed.status, ApprovalStatus::Cancelled);
+    assert_eq!(
+        precondition(ledger.cast_vote(approval.id, approve("alice")).await),
+        format!("approval {} is already cancelled", approval.id)
+    );
+
+    // Approved for re-dispatch, but the first attempt's result arrives first: it wins, and the
+    // call is not sent a second time.
+    let again = ledger
+        .record_tool_call(refund_call(&s.id, 0, 1, 300))
+        .await
+        .unwrap();
+    ledger.queue_tool_call(&again.call_id).await.unwrap();
+    ledger
+        .dispatch_tool_call(&again.call_id, worker())
+        .await
+        .unwrap();
+    ledger
+        .mark_tool_call_indeterminate(&again.call_id, "daemon restarted")
+        .await
+        .unwrap();
+    let recovery = ledger
+        .open_approval(NewApproval {
+            policy_ref: None,
+            ..approval_for(&s.id, &again.call_id)
+        })
+        .await
+        .unwrap();
+    ledger
+        .cast_vote(recovery.id, approve("alice"))
+        .await
+        .unwrap();
+    assert_eq!(
+        ledger.get_tool_call(&again.call_id).await.unwrap().status,
+        CallStatus::Pending
+    );
+    let first_attempt = ledger
+        .record_tool_result(&again.call_id, ok(json!({"refund_id": "R-10"})))
+        .await
+        .unwrap();
+    assert!(first_attempt.applied);
+    assert_eq!(first_attempt.closed_approval, None);
+    assert!(precondition(ledger.queue_tool_call(&again.call_id).await).contains("succeeded"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// approvals
+
+pub(crate) async fn approval_quorum_counts_distinct_actors_and_keeps_edited_args(db: &TestDb) {
+    let ledger = db.migrated().await;
+    let v = deploy_agent(ledger, &refund_agent(), "0.1.0").await;
+    let (s, call, approval) = pending_approval(ledger, &v, |a| a.approvals_required = 2).await;
+    assert_eq!(approval.status, ApprovalStatus::Pending);
+    assert_eq!(approval.agent.to_string(), "support/refund-agent@0.1.0");
+    assert_eq!(
+        approval.policy_ref.as_deref(),
+        Some("payments/refund-approval-boundary@1.0.0")
+    );
+    assert_eq!(
+        (approval.tool.as_str(), approval.tool_version.as_str()),
+        ("payments.issue-refund", "1.0.0")
+    );
+    assert_eq!(approval.args, json!({"order_id": "ORD-1", "amount": 400}));
+    assert_eq!(approval.call_hash, phrony_ledger::call_hash(&s.id, &call));
+    assert_eq!(approval.call_hash.len(), 64);
+    // Opening moved the call and the session, each with an event.
+    assert_eq!(
+        ledger.get_tool_call(&call.call_id).await.unwrap().status,
+        CallStatus::AwaitingApproval
+    );
+    assert_eq!(
+        ledger.get_session(&s.id).await.unwrap().status,
+        SessionStatus::AwaitingApproval
+    );
+    let types = types_of(ledger, &s.id).await;
+    assert_eq!(
+        types[types.len() - 2..].to_vec(),
+        vec!["approval.required", "session.status_changed"]
+    );
+    // A second approval for the same call is refused while one is pending.
+    assert!(
+        precondition(
+            ledger
+                .open_approval(approval_for(&s.id, &call.call_id))
+                .await
+        )
+        .contains("cannot wait for an approval")
+    );
+
+    let edited = json!({"order_id": "ORD-1", "amount": 300});
+    let first = ledger
+        .cast_vote(
+            approval.id,
+            Vote {
+                edited_args: Some(edited.clone()),
+                ..approve("alice")
+            },
+        )
+        .await
+        .unwrap();
+    assert!(!first.decided);
+    assert_eq!(first.approval.status, ApprovalStatus::Pending);
+    assert_eq!(first.approval.approvals_received, 1);
+    assert_eq!(first.approval.effective_args, Some(edited.clone()));
+    assert_eq!(
+        precondition(ledger.cast_vote(approval.id, approve("alice")).await),
+        "actor \"alice\" already decided on this approval"
+    );
+    assert!(
+        precondition(
+            ledger
+                .cast_vote(
+                    approval.id,
+                    Vote {
+                        edited_args: Some(json!({"order_id": "ORD-1", "amount": 1})),
+                        ..approve("bob")
+                    }
+                )
+                .await
+        )
+        .contains("already has approve votes for other arguments")
+    );
+    let second = ledger.cast_vote(approval.id, approve("bob")).await.unwrap();
+    assert!(second.decided);
+    let a = second.approval;
+    assert_eq!(a.status, ApprovalStatus::Approved);
+    assert_eq!(a.approvals_received, 2);
+    assert_eq!(a.decided_by.as_deref(), Some("bob"));
+    assert_eq!(a.comment.as_deref(), Some("ok by bob"));
+    assert!(a.decided_at.is_some());
+    assert_eq!(
+        a.args,
+        json!({"order_id": "ORD-1", "amount": 400}),
+        "proposed kept"
+    );
+    assert_eq!(a.args_to_dispatch(), &edited);
+    let votes: Vec<(&str, VoteDecision, Option<&Value>)> = a
+        .votes
+        .iter()
+        .map(|v| (v.decided_by.as_str(), v.decision, v.edited_args.as_ref()))
+        .collect();
+    assert_eq!(
+        votes,
+        vec![
+            ("alice", VoteDecision::Approve, Some(&edited)),
+            ("bob", VoteDecision::Approve, None),
+        ]
+    );
+    assert_eq!(
+        precondition(ledger.cast_vote(approval.id, approve("carol")).await),
+        format!("approval {} is already approved", approval.id)
+    );
+
+    // The call goes back to pending with the edited args; dispatch records what was sent.
+    let c = ledger.get_tool_call(&call.call_id).await.unwrap();
+    assert_eq!(c.status, CallStatus::Pending);
+    assert_eq!(c.args, edited);
+    assert_eq!(c.proposed_args, json!({"order_id": "ORD-1", "amount": 400}));
+    ledger.queue_tool_call(&call.call_id).await.unwrap();
+    ledger
+        .dispatch_tool_call(&call.call_id, worker())
+        .await
+        .unwrap();
+    let events = ledger.events_after(&s.id, 0, 1000).await.unwrap();
+    let sent = events
+        .iter()
+        .find(|e| e.event_type == "tool.dispatched")
+        .unwrap();
+    assert_eq!(sent.payload["args"], edited);
+    let vote_events: Vec<(&str, &Value)> = events
+        .iter()
+        .filter(|e| e.event_type == "approval.vote")
+        .map(|e| (e.actor.as_str(), &e.payload["edited_args"]))
+        .collect();
+    assert_eq!(vote_events, vec![("alice", &edited), ("bob", &Value::Null)]);
+    let decided = events
+        .iter()
+        .find(|e| e.event_type == "approval.decided")
+        .unwrap();
+    assert_eq!(decided.payload["approved"], true);
+    assert_eq!(decided.payload["effective_args"], edited);
+    assert_eq!(decided.call_id.as_deref(), Some(call.call_id.as_str()));
+    assert_eq!(
+        decided.turn,
+        Some(1),
+        "approval events carry the call's turn"
+    );
+
+    assert_eq!(
+        not_found(ledger.get_approval(Uuid::nil()).await),
+        format!("approval {} not found", Uuid::nil())
+    );
+    assert_eq!(
+        invalid(ledger.cast_vote(approval.id, approve(" ")).await),
+        "actor is required"
+    );
+}
+
+pub(crate) async fn approval_reject_vetoes_and_comprehension_is_required(db: &TestDb) {
+    let ledger = db.migrated().await;
+    let v = deploy_agent(ledger, &refund_agent(), "0.1.0").await;
+    let (_, call, approval) = pending_approval(ledger, &v, |a| {
+        a.approvals_required = 3;
+        a.comprehension_required = true;
+        a.on_reject = OnReject::Fail;
+    })
+    .await;
+    assert_eq!(
+        invalid(ledger.cast_vote(approval.id, approve("alice")).await),
+        "comprehension acknowledgement is required"
+    );
+    assert_eq!(
+        invalid(ledger.cast_vote(approval.id, reject("alice", "no")).await),
+        "comprehension acknowledgement is required",
+        "rejects need it too"
+    );
+    assert!(
+        invalid(
+            ledger
+                .cast_vote(
+                    approval.id,
+                    Vote {
+                        edited_args: Some(json!({"amount": 1})),
+                        comprehension_acknowledged: true,
+                        ..reject("alice", "no")
+                    }
+                )
+                .await
+        )
+        .contains("only accompany an approve vote")
+    );
+    assert!(
+        invalid(
+            ledger
+                .cast_vote(
+                    approval.id,
+                    Vote {
+                        edited_args: Some(json!([1])),
+                        comprehension_acknowledged: true,
+                        ..approve("alice")
+                    }
+                )
+                .await
+        )
+        .contains("JSON object")
+    );
+    let first = ledger
+        .cast_vote(
+            approval.id,
+            Vote {
+                comprehension_acknowledged: true,
+                ..approve("alice")
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(first.approval.status, ApprovalStatus::Pending);
+    let veto = ledger
+        .cast_vote(
+            approval.id,
+            Vote {
+                comprehension_acknowledged: true,
+                ..reject("bob", "customer already refunded")
+            },
+        )
+        .await
+        .unwrap();
+    assert!(veto.decided);
+    assert_eq!(veto.approval.status, ApprovalStatus::Denied);
+    assert_eq!(veto.approval.decided_by.as_deref(), Some("bob"));
+    assert_eq!(
+        veto.approval.comment.as_deref(),
+        Some("customer already refunded")
+    );
+    assert_eq!(veto.approval.on_reject, OnReject::Fail);
+    assert_eq!(veto.approval.approvals_received, 1);
+    let c = ledger.get_tool_call(&call.call_id).await.unwrap();
+    assert_eq!(c.status, CallStatus::Failed);
+    assert_eq!(c.error_code.as_deref(), Some("approval_denied"));
+    assert_eq!(
+        c.error_message.as_deref(),
+        Some("customer already refunded")
+    );
+    assert!(c.completed_at.is_some());
+}
+
+pub(crate) async fn approval_timeouts_apply_their_default(db: &TestDb) {
+    let ledger = db.migrated().await;
+    let v = deploy_agent(ledger, &refund_agent(), "0.1.0").await;
+    let timeout = |default| ApprovalTimeout {
+        after_minutes: 5,
+        default,
+        escalate_to_route: None,
+        escalate_after_minutes: None,
+    };
+    let (_, deny_call, deny) = pending_approval(ledger, &v, |a| {
+        a.timeout = Some(timeout(TimeoutDefault::Deny))
+    })
+    .await;
+    let (_, allow_call, allow) = pending_approval(ledger, &v, |a| {
+        a.approvals_required = 2;
+        a.timeout = Some(timeout(TimeoutDefault::Allow));
+    })
+    .await;
+    let (_, _, escalate) = pending_approval(ledger, &v, |a| {
+        a.timeout = Some(ApprovalTimeout {
+            escalate_to_route: Some("finance-leads".into()),
+            escalate_after_minutes: Some(30),
+            ..timeout(TimeoutDefault::Escalate)
+        });
+    })
+    .await;
+    let (_, _, untimed) = pending_approval(ledger, &v, |_| {}).await;
+
+    let opened = deny.created_at;
+    let expires = deny.expires_at.unwrap();
+    assert!(expires > opened + Duration::minutes(4) && expires <= opened + Duration::minutes(6));
+    assert_eq!(
+        ledger.next_approval_expiry().await.unwrap(),
+        Some(expires),
+        "the earliest expiry arms the timer"
+    );
+    let now = chrono::Utc::now();
+    assert!(
+        precondition(ledger.expire_approval(deny.id, now).await)
+            .starts_with(&format!("approval {} does not expire until ", deny.id))
+    );
+    assert_eq!(
+        precondition(
+            ledger
+                .expire_approval(untimed.id, now + Duration::days(1))
+                .await
+        ),
+        format!("approval {} has no timeout", untimed.id)
+    );
+    assert!(ledger.due_approvals(now, 100).await.unwrap().is_empty());
+    let later = now + Duration::minutes(6);
+    let due: BTreeSet<Uuid> = ledger
+        .due_approvals(later, 100)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|a| a.id)
+        .collect();
+    assert_eq!(due, BTreeSet::from([deny.id, allow.id, escalate.id]));
+
+    // deny
+    let denied = ledger.expire_approval(deny.id, later).await.unwrap();
+    assert_eq!(denied.approval.status, ApprovalStatus::Denied);
+    assert_eq!(
+        denied.approval.decided_by.as_deref(),
+        Some("system:timeout")
+    );
+    assert_eq!(
+        denied.approval.comment.as_deref(),
+        Some("approval timed out")
+    );
+    assert_eq!(
+        ledger
+            .get_tool_call(&deny_call.call_id)
+            .await
+            .unwrap()
+            .status,
+        CallStatus::Failed
+    );
+    assert_eq!(
+        precondition(ledger.expire_approval(deny.id, later).await),
+        format!("approval {} is already denied", deny.id)
+    );
+
+    // allow: resolves the approval even with quorum 2 and one vote (§14.1 item 4)
+    ledger.cast_vote(allow.id, approve("alice")).await.unwrap();
+    let allowed = ledger.expire_approval(allow.id, later).await.unwrap();
+    assert_eq!(allowed.approval.status, ApprovalStatus::Approved);
+    assert_eq!(
+        allowed.approval.decided_by.as_deref(),
+        Some("system:timeout")
+    );
+    assert_eq!(
+        allowed.approval.approvals_received, 1,
+        "no vote is invented"
+    );
+    let c = ledger.get_tool_call(&allow_call.call_id).await.unwrap();
+    assert_eq!(c.status, CallStatus::Pending);
+    assert_eq!(c.args, allow_call.proposed_args);
+
+    // escalate: a new approval one level up, until the depth limit denies it
+    let escalated = ledger.expire_approval(escalate.id, later).await.unwrap();
+    assert_eq!(escalated.approval.status, ApprovalStatus::Escalated);
+    assert_eq!(
+        escalated.approval.decided_by.as_deref(),
+        Some("system:timeout")
+    );
+    let next = escalated.escalated_to.unwrap();
+    assert_eq!(next.status, ApprovalStatus::Pending);
+    assert_eq!(next.parent_approval_id, Some(escalate.id));
+    assert_eq!(next.escalation_depth, 1);
+    assert_eq!(next.route, "finance-leads");
+    assert_eq!(next.call_id, escalate.call_id);
+    assert_eq!(next.approvals_received, 0);
+    let next_expiry = next.expires_at.unwrap();
+    assert!(next_expiry >= next.created_at + Duration::minutes(29));
+    assert!(next_expiry <= next.created_at + Duration::minutes(31));
+    let mut current = next;
+    for depth in 2..=5 {
+        let out = ledger
+            .expire_approval(current.id, current.expires_at.unwrap())
+            .await
+            .unwrap();
+        current = out.escalated_to.unwrap();
+        assert_eq!(current.escalation_depth, depth);
+    }
+    let last = ledger
+        .expire_approval(current.id, current.expires_at.unwrap())
+        .await
+        .unwrap();
+    assert_eq!(last.escalated_to, None);
+    assert_eq!(last.approval.status, ApprovalStatus::Denied);
+    assert_eq!(
+        last.approval.comment.as_deref(),
+        Some("approval escalation depth exceeded")
+    );
+    let chain = ledger
+        .list_approvals(
+            &ApprovalFilter {
+                session_id: Some(escalate.session_id.clone()),
+                ..ApprovalFilter::default()
+            },
+            &PageRequest::first(100),
+        )
+        .await
+        .unwrap();
+    assert_eq!(chain.items.len(), 6);
+    assert_eq!(
+        chain
+            .items
+            .iter()
+            .filter(|a| a.status == ApprovalStatus::Escalated)
+            .count(),
+        5
+    );
+}
+
+pub(crate) async fn approvals_close_when_their_session_ends(db: &TestDb) {
+    let ledger = db.migrated().await;
+    let v = deploy_agent(ledger, &refund_agent(), "0.1.0").await;
+    let (s, call, approval) = pending_approval(ledger, &v, |_| {}).await;
+    let other = ledger
+        .record_tool_call(refund_call(&s.id, 0, 1, 50))
+        .await
+        .unwrap();
+    ledger.queue_tool_call(&other.call_id).await.unwrap();
+    ledger
+        .dispatch_tool_call(&other.call_id, worker())
+        .await
+        .unwrap();
+
+    let changed = ledger
+        .set_session_status(&s.id, StatusChange::cancelled().by("ops"))
+        .await
+        .unwrap();
+    assert_eq!(changed.closed_approvals, vec![approval.id]);
+    assert_eq!(changed.cancelled_calls, vec![other.call_id.clone()]);
+    let closed = ledger.get_approval(approval.id).await.unwrap();
+    assert_eq!(closed.status, ApprovalStatus::Cancelled);
+    assert_eq!(closed.decided_by.as_deref(), Some("system"));
+    assert_eq!(
+        closed.comment.as_deref(),
+        Some(format!("session {} ended (cancelled)", s.id).as_str())
+    );
+    for id in [&call.call_id, &other.call_id] {
+        assert_eq!(
+            ledger.get_tool_call(id).await.unwrap().status,
+            CallStatus::Cancelled
+        );
+    }
+    assert_eq!(
+        precondition(ledger.cast_vote(approval.id, approve("alice")).await),
+        format!("approval {} is already cancelled", approval.id)
+    );
+    let pending = ledger
+        .list_approvals(
+            &ApprovalFilter {
+                status: Some(ApprovalStatus::Pending),
+                ..ApprovalFilter::default()
+            },
+            &PageRequest::default(),
+        )
+        .await
+        .unwrap();
+    assert!(pending.items.is_empty(), "nothing left pending");
+    assert!(
+        ledger
+            .due_approvals(chrono::Utc::now() + Duration::days(9), 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let tail = types_of(ledger, &s.id).await;
+    assert_eq!(
+        tail[tail.len() - 3..].to_vec(),
+        vec!["approval.decided", "tool.cancelled", "session.cancelled"]
+    );
+    // The worker's late answer is kept in the log but the call stays cancelled.
+    let late = ledger
+        .record_tool_result(&other.call_id, ok(json!({"refund_id": "R-3"})))
+        .await
+        .unwrap();
+    assert!(!late.applied);
+
+    // Completing or failing a session closes its approvals too.
+    for change in [
+        StatusChange::completed(None),
+        StatusChange::failed("tool call denied"),
+    ] {
+        let (s, _, approval) = pending_approval(ledger, &v, |_| {}).await;
+        ledger.set_session_status(&s.id, change).await.unwrap();
+        assert_eq!(
+            ledger.get_approval(approval.id).await.unwrap().status,
+            ApprovalStatus::Cancelled
+        );
+    }
+}
+
+pub(crate) async fn approvals_list_filters_and_paginates(db: &TestDb) {
+    let ledger = db.migrated().await;
+    let v = deploy_agent(ledger, &refund_agent(), "0.1.0").await;
+    let t = deploy_agent(ledger, &AgentRef::new("ops", "triage"), "1.0.0").await;
+    let mut made = Vec::new();
+    for (version, route) in [
+        (&v, "refund-approvers"),
+        (&t, "sre"),
+        (&v, "sre"),
+        (&v, "refund-approvers"),
+    ] {
+        let (_, _, a) = pending_approval(ledger, version, |a| a.route = route.into()).await;
+        made.push(a);
+    }
+    ledger
+        .cast_vote(made[0].id, approve("alice"))
+        .await
+        .unwrap();
+    let list = |filter: ApprovalFilter| async move {
+        ledger
+            .list_approvals(&filter, &PageRequest::first(100))
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .map(|a| a.id)
+            .collect::<Vec<_>>()
+    };
+    let newest_first = |idx: &[usize]| {
+        let mut v: Vec<_> = idx
+            .iter()
+            .map(|&i| (made[i].created_at, made[i].id))
+            .collect();
+        v.sort();
+        v.reverse();
+        v.into_iter().map(|(_, id)| id).collect::<Vec<_>>()
+    };
+    assert_eq!(
+        list(ApprovalFilter::default()).await,
+        newest_first(&[0, 1, 2, 3])
+    );
+    assert_eq!(
+        list(ApprovalFilter {
+            status: Some(ApprovalStatus::Pending),
+            ..ApprovalFilter::default()
+        })
+        .await,
+        newest_first(&[1, 2, 3])
+    );
+    assert_eq!(
+        list(ApprovalFilter {
+            agent: Some(AgentRef::new("ops", "triage")),
+            ..ApprovalFilter::default()
+        })
+        .await,
+        vec![made[1].id]
+    );
+    assert_eq!(
+        list(ApprovalFilter {
+            route: Some("sre".into()),
+            agent: Some(refund_agent()),
+            ..ApprovalFilter::default()
+        })
+        .await,
+        vec![made[2].id]
+    );
+    assert_eq!(
+        list(ApprovalFilter {
+            session_id: Some(made[3].session_id.clone()),
+            ..ApprovalFilter::default()
+        })
+        .await,
+        vec![made[3].id]
+    );
+    // Lists carry votes, agent and policy refs (what `phrony approvals list` shows).
+    let page = ledger
+        .list_approvals(&ApprovalFilter::default(), &PageRequest::first(100))
+        .await
+        .unwrap();
+    let first = page.items.iter().find(|a| a.id == made[0].id).unwrap();
+    assert_eq!(first.votes.len(), 1);
+    assert_eq!(first.agent.to_string(), "support/refund-agent@0.1.0");
+    // Pages of one, stable.
+    let mut seen = Vec::new();
+    let mut token = None;
+    loop {
+        let page = ledger
+            .list_approvals(
+                &ApprovalFilter::default(),
+                &PageRequest {
+                    size: 1,
+                    token: token.clone(),
+                },
+            )
+            .await
+            .unwrap();
+        seen.extend(page.items.iter().map(|a| a.id));
+        match page.next_token {
+            Some(t) => token = Some(t),
+            None => break,
+        }
+    }
+    assert_eq!(seen, newest_first(&[0, 1, 2, 3]));
+}
+
+pub(crate) async fn a_pending_approval_survives_a_restart(db: &TestDb) {
+    let ledger = db.migrated().await;
+    let v = deploy_agent(ledger, &refund_agent(), "0.1.0").await;
+    let (s, call, approval) = pending_approval(ledger, &v, |a| {
+        a.timeout = Some(ApprovalTimeout {
+            after_minutes: 10,
+            default: TimeoutDefault::Deny,
+            escalate_to_route: None,
+            escalate_after_minutes: None,
+        });
+    })
+    .await;
+    ledger.close().await;
+
+    let reopened = Ledger::connect(&db.url).await.unwrap();
+    reopened.migrate().await.unwrap();
+    let again = reopened.get_approval(approval.id).await.unwrap();
+    assert_eq!(again, approval, "the approval and its timer are durable");
+    let recover: Vec<String> = reopened
+        .sessions_needing_recovery()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|s| s.id)
+        .collect();
+    assert_eq!(recover, vec![s.id.clone()]);
+    assert_eq!(
+        reopened.get_session(&s.id).await.unwrap().status,
+        SessionStatus::AwaitingApproval
+    );
+    assert_eq!(
+        reopened.next_approval_expiry().await.unwrap(),
+        approval.expires_at
+    );
+    let decided = reopened
+        .cast_vote(approval.id, approve("alice"))
+        .await
+        .unwrap();
+    assert_eq!(decided.approval.status, ApprovalStatus::Approved);
+    assert_eq!(
+        reopened.get_tool_call(&call.call_id).await.unwrap().status,
+        CallStatus::Pending
+    );
+    // The engine resumes the session.
+    reopened
+        .set_session_status(
+            &s.id,
+            StatusChange::to(SessionStatus::AwaitingTool).from(SessionStatus::AwaitingApproval),
+        )
+        .await
+        .unwrap();
+    for r in reopened.verify_all_streams().await.unwrap() {
+        assert!(r.is_intact(), "{r:?}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// secrets
+
+pub(crate) async fn secrets_are_sealed_and_purged_on_terminal_transitions(db: &TestDb) {
+    let ledger = db.migrated().await;
+    let v = deploy_agent(ledger, &refund_agent(), "0.1.0").await;
+    let cipher = SecretCipher::new(&[42; 32]);
+    let mut new = new_session(&v, &[]);
+    let plaintext = "sk-live-0123456789";
+    new.secrets = vec![
+        cipher
+            .seal(&new.id, "openai", plaintext.as_bytes())
+            .unwrap(),
+    ];
+    let s = ledger.create_session(new).await.unwrap();
+    ledger
+        .store_session_secrets(
+            &s.id,
+            vec![cipher.seal(&s.id, "stripe", b"rk_test_1").unwrap()],
+        )
+        .await
+        .unwrap();
+    assert!(matches!(
+        ledger
+            .store_session_secrets(&s.id, vec![cipher.seal(&s.id, "stripe", b"x").unwrap()])
+            .await,
+        Err(LedgerError::AlreadyExists { .. })
+    ));
+    let dup = cipher.seal(&s.id, "a", b"x").unwrap();
+    assert!(
+        invalid(
+            ledger
+                .store_session_secrets(&s.id, vec![dup.clone(), dup])
+                .await
+        )
+        .contains("more than once")
+    );
+    let stored = ledger.load_session_secrets(&s.id).await.unwrap();
+    let names: Vec<&str> = stored.iter().map(|x| x.name.as_str()).collect();
+    assert_eq!(names, vec!["openai", "stripe"]);
+    use secrecy::ExposeSecret as _;
+    assert_eq!(
+        cipher.open(&s.id, &stored[0]).unwrap().expose_secret(),
+        plaintext.as_bytes()
+    );
+    // Only ciphertext is stored, and no event mentions the value.
+    let raw = db
+        .raw_strings("SELECT name FROM session_secrets ORDER BY name")
+        .await;
+    assert_eq!(raw.len(), 2);
+    let log = db.raw_strings("SELECT payload FROM events").await;
+    assert!(
+        log.iter()
+            .flatten()
+            .flatten()
+            .all(|p| !p.contains(plaintext) && !p.contains("rk_test_1"))
+    );
+
+    // A live session's secrets survive a rebuild.
+    ledger.rebuild_projections().await.unwrap();
+    assert_eq!(ledger.load_session_secrets(&s.id).await.unwrap(), stored);
+
+    let done = ledger
+        .set_session_status(&s.id, StatusChange::completed(None))
+        .await
+        .unwrap();
+    assert_eq!(done.secrets_purged, 2);
+    assert!(ledger.load_session_secrets(&s.id).await.unwrap().is_empty());
+    assert!(
+        precondition(
+            ledger
+                .store_session_secrets(&s.id, vec![cipher.seal(&s.id, "late", b"x").unwrap()])
+                .await
+        )
+        .contains("cannot store secrets")
+    );
+
+    // Failed and cancelled sessions purge too.
+    for change in [StatusChange::failed("boom"), StatusChange::cancelled()] {
+        let mut new = new_session(&v, &[]);
+        new.secrets = vec![cipher.seal(&new.id, "openai", b"k").unwrap()];
+        let s = ledger.create_session(new).await.unwrap();
+        let out = ledger.set_session_status(&s.id, change).await.unwrap();
+        assert_eq!(out.secrets_purged, 1);
+        assert!(ledger.load_session_secrets(&s.id).await.unwrap().is_empty());
+    }
+
+    // Orphans (a terminal session whose purge was lost, e.g. written by an older build) go at
+    // start-up; live sessions keep theirs.
+    let mut live = new_session(&v, &[]);
+    live.secrets = vec![cipher.seal(&live.id, "openai", b"k").unwrap()];
+    let live = ledger.create_session(live).await.unwrap();
+    let ts = "2025-01-01T00:00:00.000000Z";
+    let blob = match db.kind {
+        Backend::Sqlite => "X'00'",
+        Backend::Postgres => "'\\x00'::bytea",
+    };
+    let ts_value = match db.kind {
+        Backend::Sqlite => format!("'{ts}'"),
+        Backend::Postgres => format!("'{ts}'::timestamptz"),
+    };
+    db.raw_exec(&format!(
+        "INSERT INTO session_secrets (session_id, name, key_version, nonce, ciphertext, created_at) \
+         VALUES ('{}', 'leftover', 1, {blob}, {blob}, {ts_value})",
+        s.id
+    ))
+    .await;
+    assert_eq!(ledger.purge_orphan_secrets().await.unwrap(), 1);
+    assert_eq!(
+        ledger.load_session_secrets(&live.id).await.unwrap().len(),
+        1
+    );
+    assert_eq!(ledger.purge_orphan_secrets().await.unwrap(), 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// rebuild and integrity
+
+/// A history touching every session, tool-call and approval event type.
+async fn session_history(ledger: &Ledger) -> Vec<String> {
+    let v = deploy_agent(ledger, &refund_agent(), "0.1.0").await;
+    let mut ids = Vec::new();
+
+    // Approved with edits after a quorum of two, dispatched, completed with usage.
+    let (s1, c1, a1) = pending_approval(ledger, &v, |a| {
+        a.approvals_required = 2;
+        a.comprehension_required = true;
+    })
+    .await;
+    ledger
+        .cast_vote(
+            a1.id,
+            Vote {
+                edited_args: Some(json!({"order_id": "ORD-1", "amount": 250})),
+                comprehension_acknowledged: true,
+                ..approve("alice")
+            },
+        )
+        .await
+        .unwrap();
+    ledger
+        .cast_vote(
+            a1.id,
+            Vote {
+                comprehension_acknowledged: true,
+                ..approve("bob")
+            },
+        )
+        .await
+        .unwrap();
+    to(ledger, &s1.id, SessionStatus::AwaitingTool).await;
+    ledger.queue_tool_call(&c1.call_id).await.unwrap();
+    ledger
+        .dispatch_tool_call(&c1.call_id, worker())
+        .await
+        .unwrap();
+    ledger
+        .record_tool_result(
+            &c1.call_id,
+            ToolResult {
+                usage: Some(Usage {
+                    input_tokens: 1,
+                    output_tokens: 2,
+                    estimated: false,
+                }),
+                ..ok(json!({"refund_id": "R-1", "amount": 250.5}))
+            },
+        )
+        .await
+        .unwrap();
+    ledger
+        .record_tool_result(&c1.call_id, ok(json!({"dup": true})))
+        .await
+        .unwrap();
+    to(ledger, &s1.id, SessionStatus::Running).await;
+    ledger
+        .record_session_event(
+            &s1.id,
+            SessionEvent::AssistantMessage(phrony_ledger::AssistantMessage {
+                turn: 1,
+                content: "Refunded 250".into(),
+                stop_reason: Some("end_turn".into()),
+                turn_usage: Some(Usage::default()),
+                turn_duration_ms: Some(12),
+            }),
+        )
+        .await
+        .unwrap();
+    ledger
+        .set_session_status(
+            &s1.id,
+            StatusChange::completed(Some(json!({"message": "Refunded 250"}))),
+        )
+        .await
+        .unwrap();
+    ids.push(s1.id);
+
+    // Vetoed; escalated; denied call; indeterminate; child cancelled with its parent.
+    let (s2, _, a2) = pending_approval(ledger, &v, |a| {
+        a.timeout = Some(ApprovalTimeout {
+            after_minutes: 1,
+            default: TimeoutDefault::Escalate,
+            escalate_to_route: Some("leads".into()),
+            escalate_after_minutes: None,
+        });
+        a.policy_runtime = Map::from_iter([("phrony.com/approver_role".to_owned(), json!("ops"))]);
+    })
+    .await;
+    let up = ledger
+        .expire_approval(a2.id, a2.expires_at.unwrap())
+        .await
+        .unwrap()
+        .escalated_to
+        .unwrap();
+    ledger
+        .cast_vote(up.id, reject("carol", "too much"))
+        .await
+        .unwrap();
+    to(ledger, &s2.id, SessionStatus::Running).await;
+    let mut child = new_session(&v, &[("parent", "s2")]);
+    child.parent_session_id = Some(s2.id.clone());
+    child.mode = SessionMode::Conversation;
+    child.limits = Some(SessionLimits {
+        max_loop_iterations: Some(3),
+        ..SessionLimits::default()
+    });
+    let child = ledger.create_session(child).await.unwrap();
+    let c = ledger
+        .record_tool_call(refund_call(&child.id, 0, 0, 1))
+        .await
+        .unwrap();
+    ledger.queue_tool_call(&c.call_id).await.unwrap();
+    ledger
+        .dispatch_tool_call(&c.call_id, worker())
+        .await
+        .unwrap();
+    ledger
+        .mark_tool_call_indeterminate(&c.call_id, "lease expired")
+        .await
+        .unwrap();
+    let d = ledger
+        .record_tool_call(refund_call(&child.id, 0, 1, 14_000))
+        .await
+        .unwrap();
+    ledger
+        .deny_tool_call(&d.call_id, "hard limit", Some("payments/hard-limit@1.0.0"))
+        .await
+        .unwrap();
+    ledger
+        .set_session_status(&s2.id, StatusChange::cancelled().by("ops"))
+        .await
+        .unwrap();
+    ids.push(s2.id);
+    ids.push(child.id);
+
+    // Left open: a pending approval with a timeout and a live session with metadata.
+    let (s3, _, _) = pending_approval(ledger, &v, |a| {
+        a.timeout = Some(ApprovalTimeout {
+            after_minutes: 60,
+            default: TimeoutDefault::Allow,
+            escalate_to_route: None,
+            escalate_after_minutes: None,
+        });
+    })
+    .await;
+    ids.push(s3.id);
+    let s4 = ledger
+        .create_session(new_session(
+            &v,
+            &[("ticket_id", "T-9"), ("channel", "email")],
+        ))
+        .await
+        .unwrap();
+    let failed = ledger
+        .record_tool_call(refund_call(&s4.id, 0, 0, 3))
+        .await
+        .unwrap();
+    ledger.queue_tool_call(&failed.call_id).await.unwrap();
+    ledger
+        .fail_tool_call(
+            &failed.call_id,
+            "capacity_exhausted",
+            "tool handler capacity exhausted",
+        )
+        .await
+        .unwrap();
+    ids.push(s4.id);
+    ids
+}
+
+pub(crate) async fn rebuild_reproduces_session_projections_exactly(db: &TestDb) {
+    let ledger = db.migrated().await;
+    let sessions = session_history(ledger).await;
+    let before = snapshot_all(db).await;
+    for (t, rows) in ALL_PROJECTIONS.iter().zip(&before) {
+        assert!(!rows.is_empty(), "{t} should have rows");
+    }
+
+    // Over live data: a no-op. From an empty schema: identical.
+    let report = ledger.rebuild_projections().await.unwrap();
+    assert_eq!(
+        report.streams,
+        1 + sessions.len() as u64,
+        "agent stream + sessions"
+    );
+    assert_eq!(snapshot_all(db).await, before);
+    for t in ALL_PROJECTIONS.iter().rev() {
+        if *t == "agents" || *t == "agent_versions" || *t == "deployments" {
+            continue;
+        }
+        db.raw_exec(&format!("DELETE FROM {t}")).await;
+    }
+    db.raw_exec("DELETE FROM deployments").await;
+    db.raw_exec("DELETE FROM agent_versions").await;
+    db.raw_exec("DELETE FROM agents").await;
+    ledger.rebuild_projections().await.unwrap();
+    let after = snapshot_all(db).await;
+    for ((t, b), a) in ALL_PROJECTIONS.iter().zip(&before).zip(&after) {
+        assert_eq!(a, b, "{t} rebuilt from events");
+    }
+
+    // Every session stream verifies, and tampering with one is caught by verify and rebuild.
+    for r in ledger.verify_all_streams().await.unwrap() {
+        assert!(r.is_intact(), "{r:?}");
+    }
+    db.disable_append_only_guard().await;
+    db.raw_exec(&format!(
+        "UPDATE events SET actor = 'mallory' WHERE stream = '{}' AND seq = 5",
+        sessions[0]
+    ))
+    .await;
+    let report = ledger.verify_stream(&sessions[0]).await.unwrap();
+    assert_eq!(report.violation.map(|v| v.seq), Some(5));
+    match ledger.rebuild_projections().await {
+        Err(LedgerError::Corrupt { message }) => {
+            assert!(
+                message.contains(&format!("{} seq 5", sessions[0])),
+                "{message}"
+            );
+        }
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+    assert_eq!(
+        snapshot_all(db).await,
+        before,
+        "a failed rebuild changes nothing"
+    );
+}
