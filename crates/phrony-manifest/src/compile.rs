@@ -540,8 +540,12 @@ fn compile_policies(
         }
         let md = &entry.doc.metadata;
         let id = format!("{}.{}", md.namespace, md.name);
+        let has_allow = entry.doc.spec.allow.as_ref().is_some_and(|l| !l.is_empty());
         let scope = match (&a.binding, entry.doc.spec.scope.is_empty()) {
             (Some(binding), true) => format!("tool:{binding}"),
+            // No scope means every tool of the agent. A compiled allow list names its scope:
+            // runtimes refuse one without (§1.11), so the compiler writes `agent` out.
+            (None, true) if has_allow => "agent".to_owned(),
             _ => entry.doc.spec.scope.clone(),
         };
         if let Some(prev) = sourced.iter().find(|s| s.policy.name == md.name) {
@@ -575,20 +579,33 @@ fn compile_policies(
         });
     }
 
-    // Scopes that name no bound tool never apply.
+    // Scopes that name no bound tool never apply. An allow list scoped that way is an error:
+    // runtimes refuse it at publish (§1.11, "references undeclared tool ref").
     let bound: Vec<&str> = tools.iter().map(|t| t.reference.as_str()).collect();
     for s in &sourced {
         if let Some(target) = s.policy.scope.strip_prefix("tool:")
             && !bound.contains(&target)
             && let Some(Some(entry)) = project.store.entries.get(&s.origin)
         {
-            entry.src.diags(out).warning(
-                "spec.scope",
-                format!(
-                    "tool {target:?} is not bound by agent {}/{}; the policy never applies",
-                    doc.metadata.namespace, doc.metadata.name
-                ),
-            );
+            let mut d = entry.src.diags(out);
+            if s.policy.allow.is_empty() {
+                d.warning(
+                    "spec.scope",
+                    format!(
+                        "tool {target:?} is not bound by agent {}/{}; the policy never applies",
+                        doc.metadata.namespace, doc.metadata.name
+                    ),
+                );
+            } else {
+                d.error(
+                    "spec.scope",
+                    format!(
+                        "references undeclared tool ref {target}: agent {}/{} does not bind it, \
+                         so the allow list could never apply",
+                        doc.metadata.namespace, doc.metadata.name
+                    ),
+                );
+            }
         }
     }
 

@@ -27,12 +27,14 @@ impl fmt::Display for Severity {
 ///
 /// `line` and `column` are 1-based and point at the offending YAML node (the key or the value).
 /// They are `0` when the problem has no position (for example a file that cannot be read); the
-/// [`Display`](fmt::Display) form then leaves them out.
+/// [`Display`](fmt::Display) form then leaves them out. Problems of a compiled snapshot
+/// ([`CompiledAgent::validate`](crate::CompiledAgent::validate)) have no file either: `file` is
+/// empty and `Display` prints `error: <path>: <message>`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Diagnostic {
     /// Error or warning.
     pub severity: Severity,
-    /// The file the problem is in.
+    /// The file the problem is in; empty for a compiled snapshot, which has no file.
     pub file: PathBuf,
     /// 1-based line, 0 when unknown.
     pub line: usize,
@@ -51,6 +53,18 @@ impl Diagnostic {
         Self {
             severity: Severity::Error,
             file: file.to_path_buf(),
+            line: 0,
+            column: 0,
+            path: path.to_owned(),
+            message: message.into(),
+        }
+    }
+
+    /// An error in a compiled snapshot: a field path and a message, no file, no position.
+    pub(crate) fn snapshot_error(path: &str, message: impl Into<String>) -> Self {
+        Self {
+            severity: Severity::Error,
+            file: PathBuf::new(),
             line: 0,
             column: 0,
             path: path.to_owned(),
@@ -79,11 +93,14 @@ impl Diagnostic {
 
 impl fmt::Display for Diagnostic {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.file.display())?;
-        if self.line > 0 {
-            write!(f, ":{}:{}", self.line, self.column)?;
+        if !self.file.as_os_str().is_empty() {
+            write!(f, "{}", self.file.display())?;
+            if self.line > 0 {
+                write!(f, ":{}:{}", self.line, self.column)?;
+            }
+            f.write_str(": ")?;
         }
-        write!(f, ": {}: ", self.severity)?;
+        write!(f, "{}: ", self.severity)?;
         if !self.path.is_empty() {
             write!(f, "{}: ", self.path)?;
         }
@@ -163,6 +180,52 @@ pub(crate) fn sort_diagnostics(list: &mut [Diagnostic]) {
         }
     }
     list.sort_by_key(|d| (files.iter().position(|f| *f == d.file), d.line, d.column));
+}
+
+/// Where validation rules report errors: the positioned diagnostics of an authoring file
+/// ([`FileDiags`]) or the position-less ones of a compiled snapshot ([`SnapshotDiags`]). Rules
+/// shared by both are written once against this trait.
+pub(crate) trait Report {
+    /// An error at the value of `path`.
+    fn error(&mut self, path: &str, message: impl Into<String>);
+
+    /// An error at the key of `path` (a key that must not be there, or a bad map key).
+    fn key_error(&mut self, path: &str, message: impl Into<String>) {
+        self.error(path, message);
+    }
+}
+
+impl Report for FileDiags<'_> {
+    fn error(&mut self, path: &str, message: impl Into<String>) {
+        FileDiags::error(self, path, message);
+    }
+
+    fn key_error(&mut self, path: &str, message: impl Into<String>) {
+        FileDiags::key_error(self, path, message);
+    }
+}
+
+/// Collects the errors of a compiled snapshot, which has no file and no positions.
+#[derive(Debug, Default)]
+pub(crate) struct SnapshotDiags {
+    list: Vec<Diagnostic>,
+}
+
+impl SnapshotDiags {
+    /// `Ok` when nothing was reported.
+    pub(crate) fn finish(self) -> Result<(), Diagnostics> {
+        if self.list.is_empty() {
+            Ok(())
+        } else {
+            Err(Diagnostics::new(self.list))
+        }
+    }
+}
+
+impl Report for SnapshotDiags {
+    fn error(&mut self, path: &str, message: impl Into<String>) {
+        self.list.push(Diagnostic::snapshot_error(path, message));
+    }
 }
 
 /// Collects the diagnostics of one file, placing each at its YAML node.

@@ -25,6 +25,12 @@
 //! Bundles: [`load_bundle`] walks the closure from `spec.root`, [`lock_bundle`] writes
 //! `bundle.lock.json`, and [`validate_bundle`] checks a committed lock for drift.
 //!
+//! A runtime that receives a compiled snapshot (Publish) reads it with
+//! [`CompiledAgent::from_snapshot_json`] and checks it with [`CompiledAgent::validate`]: the
+//! authoring rules that still apply to compiled output, the reference's compiled-only checks
+//! (policy shape, allow-list scopes, pinned delegations) and the invariants of compiler output.
+//! Whatever [`load_agent`] compiles passes it.
+//!
 //! # Where this crate is stricter than the reference runtime
 //!
 //! - Policy documents reject unknown keys (a typo such as `condition:` would disable a policy),
@@ -35,6 +41,10 @@
 //!   pin, and `<2.0` means "below 2.0".
 //! - A Policy document without a scope attached through a binding governs that binding only.
 //! - Bundle secret conflicts are found before the lock is written.
+//! - An allow-list policy scoped to a tool the agent does not bind is a compile error (the
+//!   reference compiles it and then refuses the snapshot at publish), and one attached through
+//!   `spec.default_policies` without a scope compiles to `scope: agent` (the reference leaves the
+//!   scope empty, which its own publish refuses).
 //!
 //! # Tool version constraints
 //!
@@ -54,6 +64,7 @@ mod refs;
 mod resolve;
 mod schema;
 mod secrets;
+mod snapshot;
 mod stub;
 mod validate;
 mod yaml_pos;

@@ -87,7 +87,7 @@ pub(crate) fn doc_path(path: &str) -> String {
 }
 
 /// Collapses a multi-line engine message (regex errors draw a caret diagram) onto one line.
-fn one_line(msg: &str) -> String {
+pub(crate) fn one_line(msg: &str) -> String {
     msg.lines()
         .map(str::trim)
         .filter(|l| !l.is_empty())

@@ -4,7 +4,7 @@
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
-use crate::diag::FileDiags;
+use crate::diag::{FileDiags, Report};
 use crate::model::agent::{AgentDoc, ModelDoc, is_set};
 use crate::model::common::{
     API_VERSION, SchemaDoc, blank, derive_wire_name, is_env_name, is_lenient_semver,
@@ -28,7 +28,7 @@ pub(crate) const SIDE_EFFECT_MSG: &str =
     "must be one of read_only, idempotent_write, non_idempotent_write, irreversible_action";
 
 /// Validates the envelope shared by every kind: `apiVersion`, `kind`.
-pub(crate) fn envelope(d: &mut FileDiags<'_>, api_version: &str, kind: &str, want: &str) {
+pub(crate) fn envelope<D: Report>(d: &mut D, api_version: &str, kind: &str, want: &str) {
     if api_version != API_VERSION {
         d.error("apiVersion", format!("must be {API_VERSION}"));
     }
@@ -106,21 +106,7 @@ pub(crate) fn validate_agent(doc: &AgentDoc, file: &Path, in_bundle: bool, d: &m
         .map(|(k, _)| k.as_str())
         .collect();
     for (name, def) in doc.secrets.iter().flatten() {
-        let at = format!("secrets.{name}");
-        if !is_secret_name(name) {
-            d.key_error(&at, "name must match [a-z][a-z0-9_-]*");
-        }
-        match def {
-            Some(def) if !blank(&def.from_env) => {
-                if !is_env_name(def.from_env.trim()) {
-                    d.error(
-                        &format!("{at}.fromEnv"),
-                        "must be an environment variable name ([A-Za-z_][A-Za-z0-9_]*)",
-                    );
-                }
-            }
-            _ => d.error(&at, "must set fromEnv"),
-        }
+        secret_def(d, name, def.as_ref().map(|def| def.from_env.as_str()));
     }
 
     let spec = &doc.spec;
@@ -138,7 +124,7 @@ pub(crate) fn validate_agent(doc: &AgentDoc, file: &Path, in_bundle: bool, d: &m
         _ => d.error("spec.instructions", "must set exactly one of ref or text"),
     }
     match &spec.model {
-        Some(m) => model(m, &secrets, doc.secrets.is_some(), d),
+        Some(m) => model(&ModelView::of_doc(m), &secrets, doc.secrets.is_some(), d),
         None => {
             d.error("spec.model.provider", "is required");
             d.error("spec.model.name", "is required");
@@ -146,55 +132,22 @@ pub(crate) fn validate_agent(doc: &AgentDoc, file: &Path, in_bundle: bool, d: &m
     }
 
     // Wire names are unique across tools and delegations.
-    let mut wire_names: HashMap<String, String> = HashMap::new();
-    let mut wire = |d: &mut FileDiags<'_>, name: String, explicit: bool, base: &str| {
-        let at = if explicit {
-            format!("{base}.as")
-        } else {
-            format!("{base}.ref")
-        };
-        if !is_wire_name(&name) {
-            d.error(&at, "must match [a-zA-Z0-9_-]{1,64}");
-        } else if wire_names.insert(name, at.clone()).is_some() {
-            d.error(&at, "resolves to a duplicate tool name");
-        }
-    };
+    let mut wire = WireNames::default();
 
     // MCP servers first: bindings refer to them.
-    let mut servers = HashSet::new();
-    for (i, s) in spec.mcp_servers.iter().enumerate() {
-        let at = format!("spec.mcp_servers[{i}]");
-        if blank(&s.name) {
-            d.error(&format!("{at}.name"), "is required");
-        } else if !servers.insert(s.name.as_str()) {
-            d.error(&format!("{at}.name"), "must be unique");
-        }
-        if blank(&s.url) {
-            d.error(&format!("{at}.url"), "is required");
-        } else if !matches!(url::Url::parse(&s.url), Ok(u) if u.scheme() == "https" && u.host_str().is_some_and(|h| !h.is_empty()))
-        {
-            d.error(&format!("{at}.url"), "must be a valid https URL");
-        }
-        if !s.transport.is_empty() && s.transport != "streamable_http" {
-            d.error(&format!("{at}.transport"), "must be streamable_http");
-        }
-        if let Some(auth) = &s.auth {
-            let at = format!("{at}.auth");
-            if blank(&auth.scheme) {
-                d.error(&format!("{at}.scheme"), "is required");
-            } else if auth.scheme != "bearer" && auth.scheme != "header" {
-                d.error(&format!("{at}.scheme"), "must be one of bearer, header");
-            }
-            if blank(&auth.secret) {
-                d.error(&format!("{at}.secret"), "is required");
-            } else if !secrets.contains(auth.secret.as_str()) {
-                d.error(&format!("{at}.secret"), "must name a key in secrets");
-            }
-            if auth.scheme == "header" && blank(&auth.header) {
-                d.error(&format!("{at}.header"), "is required when scheme is header");
-            }
-        }
-    }
+    let servers = mcp_servers(
+        spec.mcp_servers.iter().map(|s| McpServerView {
+            name: &s.name,
+            url: &s.url,
+            transport: &s.transport,
+            auth: s
+                .auth
+                .as_ref()
+                .map(|a| (a.scheme.as_str(), a.header.as_str(), a.secret.as_str())),
+        }),
+        &secrets,
+        d,
+    );
 
     let mut refs = HashSet::new();
     for (i, t) in spec.tools.iter().enumerate() {
@@ -205,9 +158,9 @@ pub(crate) fn validate_agent(doc: &AgentDoc, file: &Path, in_bundle: bool, d: &m
             d.error(&format!("{base}.ref"), "must be unique");
         }
         if !blank(&t.wire_name) {
-            wire(d, t.wire_name.clone(), true, &base);
+            wire.check(d, t.wire_name.clone(), true, &base);
         } else if !blank(&t.reference) {
-            wire(
+            wire.check(
                 d,
                 derive_wire_name(t.reference.split('@').next().unwrap_or_default()),
                 false,
@@ -217,48 +170,19 @@ pub(crate) fn validate_agent(doc: &AgentDoc, file: &Path, in_bundle: bool, d: &m
         if let Some(s) = &t.input_schema {
             schema_exclusive(s, &format!("{base}.input_schema"), d);
         }
-        if !t.side_effect_class.is_empty()
-            && !SIDE_EFFECT_CLASSES.contains(&t.side_effect_class.as_str())
-        {
-            d.error(&format!("{base}.side_effect_class"), SIDE_EFFECT_MSG);
-        }
+        side_effect_class(d, &base, &t.side_effect_class);
         if let Some(mcp) = &t.mcp {
-            if blank(&mcp.server) {
-                d.error(&format!("{base}.mcp.server"), "is required");
-            } else if !servers.contains(mcp.server.as_str()) {
-                d.error(
-                    &format!("{base}.mcp.server"),
-                    format!(
-                        "references undeclared spec.mcp_servers entry {}",
-                        mcp.server
-                    ),
-                );
-            }
-            if t.input_schema.is_none() {
-                d.error(
-                    &format!("{base}.input_schema"),
-                    "is required for MCP-backed tools",
-                );
-            }
-            if t.side_effect_class.is_empty() {
-                d.error(
-                    &format!("{base}.side_effect_class"),
-                    "is required for MCP-backed tools",
-                );
-            }
-            if !blank(&t.reference) {
-                if t.reference.contains('@') {
-                    d.error(
-                        &format!("{base}.ref"),
-                        "must not pin a version constraint for MCP-backed tools",
-                    );
-                } else if !is_logical_id(&t.reference) {
-                    d.error(
-                        &format!("{base}.ref"),
-                        "must be a logical id of the form namespace.name",
-                    );
-                }
-            }
+            mcp_binding(
+                d,
+                &base,
+                &McpBindingView {
+                    reference: &t.reference,
+                    server: &mcp.server,
+                    has_input_schema: t.input_schema.is_some(),
+                    side_effect_class: &t.side_effect_class,
+                },
+                &servers,
+            );
         }
         attachments(&t.policies, &format!("{base}.policies"), d);
     }
@@ -310,65 +234,241 @@ pub(crate) fn validate_agent(doc: &AgentDoc, file: &Path, in_bundle: bool, d: &m
             None => {}
         }
         if !blank(&a.wire_name) {
-            wire(d, a.wire_name.clone(), true, &base);
+            wire.check(d, a.wire_name.clone(), true, &base);
         } else if let Some(r) = &parsed {
-            wire(d, r.default_wire_name(), false, &base);
+            wire.check(d, r.default_wire_name(), false, &base);
         }
         if let Some(s) = &a.input_schema {
             schema_exclusive(s, &format!("{base}.input_schema"), d);
         }
-        if !a.result.is_empty() && a.result != "summary" && a.result != "full" {
-            d.error(&format!("{base}.result"), "must be one of summary, full");
-        }
+        delegation_result(d, &format!("{base}.result"), &a.result);
         attachments(&a.policies, &format!("{base}.policies"), d);
     }
 
     attachments(&spec.default_policies, "spec.default_policies", d);
 
     if let Some(l) = &spec.limits {
-        if !l.on_limit.is_empty() && l.on_limit != "halt" && l.on_limit != "escalate" {
-            d.error("spec.limits.on_limit", "must be one of halt, escalate");
-        }
+        on_limit(d, &l.on_limit);
         if l.max_subagent_depth.is_some_and(|v| v < 1) {
             d.error("spec.limits.max_subagent_depth", "must be >= 1");
         }
-        for (key, v) in [
-            ("max_tokens_per_run", l.max_tokens_per_run),
-            ("max_loop_iterations", l.max_loop_iterations),
-            ("max_wall_clock_seconds", l.max_wall_clock_seconds),
-            ("max_hitl_wait_minutes", l.max_hitl_wait_minutes),
-        ] {
-            if v.is_some_and(|v| v < 0) {
-                d.error(
-                    &format!("spec.limits.{key}"),
-                    "must not be negative (0 or absent means no limit)",
-                );
-            }
-        }
+        negative_limits(
+            d,
+            [
+                ("max_tokens_per_run", l.max_tokens_per_run),
+                ("max_loop_iterations", l.max_loop_iterations),
+                ("max_wall_clock_seconds", l.max_wall_clock_seconds),
+                ("max_hitl_wait_minutes", l.max_hitl_wait_minutes),
+            ],
+        );
     }
 
     if let Some(o) = &doc.output {
-        if !o.format.is_empty() && o.format != "text" && o.format != "json" {
-            d.error("output.format", "must be one of text, json");
-        }
         if let Some(s) = &o.schema {
             schema_exclusive(s, "output.schema", d);
         }
-        if !o.on_invalid.is_empty()
-            && !["retry", "repair", "escalate", "fail"].contains(&o.on_invalid.as_str())
+        output_enums(d, &o.format, &o.on_invalid);
+    }
+}
+
+/// `secrets.<name>`: the name pattern and a `fromEnv` that names an environment variable.
+pub(crate) fn secret_def<D: Report>(d: &mut D, name: &str, from_env: Option<&str>) {
+    let at = format!("secrets.{name}");
+    if !is_secret_name(name) {
+        d.key_error(&at, "name must match [a-z][a-z0-9_-]*");
+    }
+    match from_env {
+        Some(env) if !blank(env) => {
+            if !is_env_name(env.trim()) {
+                d.error(
+                    &format!("{at}.fromEnv"),
+                    "must be an environment variable name ([A-Za-z_][A-Za-z0-9_]*)",
+                );
+            }
+        }
+        _ => d.error(&at, "must set fromEnv"),
+    }
+}
+
+/// Wire names seen so far: each must match `[a-zA-Z0-9_-]{1,64}` and be unique across the
+/// agent's tools and delegations.
+#[derive(Debug, Default)]
+pub(crate) struct WireNames {
+    seen: HashMap<String, String>,
+}
+
+impl WireNames {
+    /// Checks the wire name of the binding at `base`; `explicit` when it was written as `as`
+    /// (reported there), else it was derived from `ref`.
+    pub(crate) fn check<D: Report>(&mut self, d: &mut D, name: String, explicit: bool, base: &str) {
+        let at = if explicit {
+            format!("{base}.as")
+        } else {
+            format!("{base}.ref")
+        };
+        if !is_wire_name(&name) {
+            d.error(&at, "must match [a-zA-Z0-9_-]{1,64}");
+        } else if self.seen.insert(name, at.clone()).is_some() {
+            d.error(&at, "resolves to a duplicate tool name");
+        }
+    }
+}
+
+/// `spec.mcp_servers[i]` as both forms have it.
+pub(crate) struct McpServerView<'a> {
+    pub(crate) name: &'a str,
+    pub(crate) url: &'a str,
+    pub(crate) transport: &'a str,
+    /// `(scheme, header, secret)`.
+    pub(crate) auth: Option<(&'a str, &'a str, &'a str)>,
+}
+
+/// Validates `spec.mcp_servers` and returns the declared server names.
+pub(crate) fn mcp_servers<'a, D: Report>(
+    list: impl Iterator<Item = McpServerView<'a>>,
+    secrets: &HashSet<&str>,
+    d: &mut D,
+) -> HashSet<&'a str> {
+    let mut servers = HashSet::new();
+    for (i, s) in list.enumerate() {
+        let at = format!("spec.mcp_servers[{i}]");
+        if blank(s.name) {
+            d.error(&format!("{at}.name"), "is required");
+        } else if !servers.insert(s.name) {
+            d.error(&format!("{at}.name"), "must be unique");
+        }
+        if blank(s.url) {
+            d.error(&format!("{at}.url"), "is required");
+        } else if !matches!(url::Url::parse(s.url), Ok(u) if u.scheme() == "https" && u.host_str().is_some_and(|h| !h.is_empty()))
         {
+            d.error(&format!("{at}.url"), "must be a valid https URL");
+        }
+        if !s.transport.is_empty() && s.transport != "streamable_http" {
+            d.error(&format!("{at}.transport"), "must be streamable_http");
+        }
+        if let Some((scheme, header, secret)) = s.auth {
+            let at = format!("{at}.auth");
+            if blank(scheme) {
+                d.error(&format!("{at}.scheme"), "is required");
+            } else if scheme != "bearer" && scheme != "header" {
+                d.error(&format!("{at}.scheme"), "must be one of bearer, header");
+            }
+            if blank(secret) {
+                d.error(&format!("{at}.secret"), "is required");
+            } else if !secrets.contains(secret) {
+                d.error(&format!("{at}.secret"), "must name a key in secrets");
+            }
+            if scheme == "header" && blank(header) {
+                d.error(&format!("{at}.header"), "is required when scheme is header");
+            }
+        }
+    }
+    servers
+}
+
+/// `spec.tools[i].side_effect_class`: empty or one of the four classes.
+pub(crate) fn side_effect_class<D: Report>(d: &mut D, base: &str, class: &str) {
+    if !class.is_empty() && !SIDE_EFFECT_CLASSES.contains(&class) {
+        d.error(&format!("{base}.side_effect_class"), SIDE_EFFECT_MSG);
+    }
+}
+
+/// The parts of an MCP-backed binding its rules look at.
+pub(crate) struct McpBindingView<'a> {
+    pub(crate) reference: &'a str,
+    pub(crate) server: &'a str,
+    pub(crate) has_input_schema: bool,
+    pub(crate) side_effect_class: &'a str,
+}
+
+/// An MCP-backed binding: a declared server, an explicit schema and class, a plain logical id.
+pub(crate) fn mcp_binding<D: Report>(
+    d: &mut D,
+    base: &str,
+    b: &McpBindingView<'_>,
+    servers: &HashSet<&str>,
+) {
+    if blank(b.server) {
+        d.error(&format!("{base}.mcp.server"), "is required");
+    } else if !servers.contains(b.server) {
+        d.error(
+            &format!("{base}.mcp.server"),
+            format!("references undeclared spec.mcp_servers entry {}", b.server),
+        );
+    }
+    if !b.has_input_schema {
+        d.error(
+            &format!("{base}.input_schema"),
+            "is required for MCP-backed tools",
+        );
+    }
+    if b.side_effect_class.is_empty() {
+        d.error(
+            &format!("{base}.side_effect_class"),
+            "is required for MCP-backed tools",
+        );
+    }
+    if !blank(b.reference) {
+        if b.reference.contains('@') {
             d.error(
-                "output.on_invalid",
-                "must be one of retry, repair, escalate, fail",
+                &format!("{base}.ref"),
+                "must not pin a version constraint for MCP-backed tools",
+            );
+        } else if !is_logical_id(b.reference) {
+            d.error(
+                &format!("{base}.ref"),
+                "must be a logical id of the form namespace.name",
             );
         }
     }
 }
 
+/// `result` of a delegation: empty, `summary` or `full`.
+pub(crate) fn delegation_result<D: Report>(d: &mut D, at: &str, result: &str) {
+    if !result.is_empty() && result != "summary" && result != "full" {
+        d.error(at, "must be one of summary, full");
+    }
+}
+
+/// `spec.limits.on_limit`: empty, `halt` or `escalate`.
+pub(crate) fn on_limit<D: Report>(d: &mut D, value: &str) {
+    if !value.is_empty() && value != "halt" && value != "escalate" {
+        d.error("spec.limits.on_limit", "must be one of halt, escalate");
+    }
+}
+
+/// Budgets are unset (0 or absent) or positive.
+pub(crate) fn negative_limits<D: Report>(
+    d: &mut D,
+    limits: impl IntoIterator<Item = (&'static str, Option<i64>)>,
+) {
+    for (key, v) in limits {
+        if v.is_some_and(|v| v < 0) {
+            d.error(
+                &format!("spec.limits.{key}"),
+                "must not be negative (0 or absent means no limit)",
+            );
+        }
+    }
+}
+
+/// `output.format` and `output.on_invalid`.
+pub(crate) fn output_enums<D: Report>(d: &mut D, format: &str, on_invalid: &str) {
+    if !format.is_empty() && format != "text" && format != "json" {
+        d.error("output.format", "must be one of text, json");
+    }
+    if !on_invalid.is_empty() && !["retry", "repair", "escalate", "fail"].contains(&on_invalid) {
+        d.error(
+            "output.on_invalid",
+            "must be one of retry, repair, escalate, fail",
+        );
+    }
+}
+
 /// `metadata.name/namespace/version`. Agents and bundles need a version; Tool and Policy docs
 /// only need one when it is set.
-pub(crate) fn metadata(
-    d: &mut FileDiags<'_>,
+pub(crate) fn metadata<D: Report>(
+    d: &mut D,
     name: &str,
     namespace: &str,
     version: &str,
@@ -389,10 +489,45 @@ pub(crate) fn metadata(
     }
 }
 
-fn model(m: &ModelDoc, secrets: &HashSet<&str>, has_secrets: bool, d: &mut FileDiags<'_>) {
-    if blank(&m.provider) {
+/// `spec.model` as both forms have it.
+pub(crate) struct ModelView<'a> {
+    pub(crate) provider: &'a str,
+    pub(crate) name: &'a str,
+    pub(crate) base_url: &'a str,
+    pub(crate) secret: &'a str,
+    pub(crate) temperature: Option<f64>,
+    pub(crate) top_p: Option<f64>,
+    /// `None` when unset (a compiled snapshot's 0).
+    pub(crate) max_output_tokens: Option<i64>,
+    pub(crate) effort: &'a str,
+}
+
+impl<'a> ModelView<'a> {
+    fn of_doc(m: &'a ModelDoc) -> Self {
+        let p = m.parameters.as_ref();
+        Self {
+            provider: &m.provider,
+            name: &m.name,
+            base_url: &m.base_url,
+            secret: &m.secret,
+            temperature: p.and_then(|p| p.temperature),
+            top_p: p.and_then(|p| p.top_p),
+            max_output_tokens: p.and_then(|p| p.max_output_tokens),
+            effort: m.reasoning.as_ref().map_or("", |r| r.effort.as_str()),
+        }
+    }
+}
+
+/// `spec.model`: provider, name, secret, base_url, sampling parameters and reasoning effort.
+pub(crate) fn model<D: Report>(
+    m: &ModelView<'_>,
+    secrets: &HashSet<&str>,
+    has_secrets: bool,
+    d: &mut D,
+) {
+    if blank(m.provider) {
         d.error("spec.model.provider", "is required");
-    } else if !PROVIDERS.contains(&m.provider.as_str()) {
+    } else if !PROVIDERS.contains(&m.provider) {
         d.error(
             "spec.model.provider",
             format!(
@@ -401,21 +536,17 @@ fn model(m: &ModelDoc, secrets: &HashSet<&str>, has_secrets: bool, d: &mut FileD
             ),
         );
     }
-    if blank(&m.name) {
+    if blank(m.name) {
         d.error("spec.model.name", "is required");
     }
     let compatible = m.provider == "openai-compatible";
     if !m.secret.is_empty() {
-        if !is_secret_name(&m.secret) {
+        if !is_secret_name(m.secret) {
             d.error("spec.model.secret", "must match [a-z][a-z0-9_-]*");
-        } else if !secrets.contains(m.secret.as_str()) {
+        } else if !secrets.contains(m.secret) {
             d.error("spec.model.secret", "must name a key in secrets");
         }
-    } else if has_secrets
-        && !secrets.is_empty()
-        && !compatible
-        && !secrets.contains(m.provider.as_str())
-    {
+    } else if has_secrets && !secrets.is_empty() && !compatible && !secrets.contains(m.provider) {
         d.error(
             "spec.model.secret",
             "is required when secrets is set; omit to use the secret named after \
@@ -423,12 +554,12 @@ fn model(m: &ModelDoc, secrets: &HashSet<&str>, has_secrets: bool, d: &mut FileD
         );
     }
     if compatible {
-        if blank(&m.base_url) {
+        if blank(m.base_url) {
             d.error(
                 "spec.model.base_url",
                 "is required when provider is openai-compatible",
             );
-        } else if !matches!(url::Url::parse(&m.base_url), Ok(u) if (u.scheme() == "http" || u.scheme() == "https") && u.host_str().is_some_and(|h| !h.is_empty()))
+        } else if !matches!(url::Url::parse(m.base_url), Ok(u) if (u.scheme() == "http" || u.scheme() == "https") && u.host_str().is_some_and(|h| !h.is_empty()))
         {
             d.error(
                 "spec.model.base_url",
@@ -441,32 +572,27 @@ fn model(m: &ModelDoc, secrets: &HashSet<&str>, has_secrets: bool, d: &mut FileD
             "must be empty unless provider is openai-compatible",
         );
     }
-    if let Some(p) = &m.parameters {
-        if p.temperature.is_some() && p.top_p.is_some() {
+    if m.temperature.is_some() && m.top_p.is_some() {
+        d.error(
+            "spec.model.parameters",
+            "set temperature or top_p, not both",
+        );
+    }
+    for (key, v) in [("temperature", m.temperature), ("top_p", m.top_p)] {
+        if v.is_some_and(|v| !v.is_finite()) {
             d.error(
-                "spec.model.parameters",
-                "set temperature or top_p, not both",
-            );
-        }
-        for (key, v) in [("temperature", p.temperature), ("top_p", p.top_p)] {
-            if v.is_some_and(|v| !v.is_finite()) {
-                d.error(
-                    &format!("spec.model.parameters.{key}"),
-                    "must be a finite number",
-                );
-            }
-        }
-        if p.max_output_tokens.is_some_and(|v| v < 0) {
-            d.error(
-                "spec.model.parameters.max_output_tokens",
-                "must not be negative",
+                &format!("spec.model.parameters.{key}"),
+                "must be a finite number",
             );
         }
     }
-    if let Some(r) = &m.reasoning
-        && !r.effort.is_empty()
-        && !["low", "medium", "high"].contains(&r.effort.as_str())
-    {
+    if m.max_output_tokens.is_some_and(|v| v < 0) {
+        d.error(
+            "spec.model.parameters.max_output_tokens",
+            "must not be negative",
+        );
+    }
+    if !m.effort.is_empty() && !["low", "medium", "high"].contains(&m.effort) {
         d.error(
             "spec.model.reasoning.effort",
             "must be one of low, medium, high",

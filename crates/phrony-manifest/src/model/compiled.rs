@@ -455,7 +455,7 @@ pub enum SnapshotError {
     /// Not valid JSON for a compiled agent.
     #[error("invalid compiled snapshot: {0}")]
     Json(#[from] serde_json::Error),
-    /// Valid JSON, but not a compiled agent.
+    /// Valid JSON, but not a compiled agent: `<path>: <message>`.
     #[error("invalid compiled snapshot: {0}")]
     NotCompiled(String),
 }
@@ -484,17 +484,19 @@ impl CompiledAgent {
     }
 
     /// Reads a snapshot written by [`snapshot_json`](Self::snapshot_json) (or by the reference
-    /// compiler). Unknown fields and uncompiled documents are rejected.
+    /// compiler). Unknown fields and uncompiled documents (wrong `apiVersion` or `kind`, no
+    /// `phrony.com/policies-compiled: "true"` annotation) are rejected; everything else is
+    /// [`validate`](Self::validate)'s job.
     pub fn from_snapshot_json(bytes: &[u8]) -> Result<Self, SnapshotError> {
         let agent: CompiledAgent = serde_json::from_slice(bytes)?;
         if agent.api_version != crate::model::common::API_VERSION {
             return Err(SnapshotError::NotCompiled(format!(
-                "apiVersion must be {}",
+                "apiVersion: must be {}",
                 crate::model::common::API_VERSION
             )));
         }
         if agent.kind != "Agent" {
-            return Err(SnapshotError::NotCompiled("kind must be Agent".to_owned()));
+            return Err(SnapshotError::NotCompiled("kind: must be Agent".to_owned()));
         }
         if agent
             .metadata
@@ -504,7 +506,8 @@ impl CompiledAgent {
             != Some("true")
         {
             return Err(SnapshotError::NotCompiled(format!(
-                "missing annotation {ANNOTATION_POLICIES_COMPILED}: \"true\""
+                "metadata.annotations.{ANNOTATION_POLICIES_COMPILED}: must be \"true\": a \
+                 compiled snapshot is marked by the compiler; compile the manifest with phrony"
             )));
         }
         Ok(agent)

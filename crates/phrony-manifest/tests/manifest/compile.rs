@@ -489,6 +489,44 @@ fn policies_scoped_to_unbound_tools_are_warned_about() {
 }
 
 #[test]
+fn an_allow_list_scoped_to_an_unbound_tool_is_an_error() {
+    let p = Project::new();
+    p.write(
+        "policies/usd.yaml",
+        &policy_doc(
+            "usd",
+            "  scope: tool:t.ghost\n  allow: [USD]\n  decision: {type: allow}\n",
+        ),
+    );
+    p.write("agent.yaml", &agent_doc("  default_policies: [p.usd]\n"));
+    let err = p.load("agent.yaml").unwrap_err();
+    let e = err.errors().next().unwrap();
+    assert!(e.file.ends_with("policies/usd.yaml"));
+    assert_eq!(
+        format!("{}:{} {}: {}", e.line, e.column, e.path, e.message),
+        "5:10 spec.scope: references undeclared tool ref t.ghost: agent demo/a does not bind it, \
+         so the allow list could never apply"
+    );
+}
+
+#[test]
+fn an_agent_wide_allow_list_without_a_scope_compiles_to_scope_agent() {
+    let p = Project::new();
+    p.write(
+        "policies/usd.yaml",
+        &policy_doc("usd", "  allow: [USD]\n  decision: {type: allow}\n"),
+    );
+    p.write("agent.yaml", &agent_doc("  default_policies: [p.usd]\n"));
+    // `Project::load` also checks that the snapshot validates (an allow list needs a scope).
+    let agent = p.load("agent.yaml").unwrap().agent;
+    let policy = &agent.spec.policies[0];
+    assert_eq!(
+        (policy.name.as_str(), policy.scope.as_str()),
+        ("usd", "agent")
+    );
+}
+
+#[test]
 fn a_broken_document_is_named_when_its_id_is_not_found() {
     let p = Project::new();
     p.write(

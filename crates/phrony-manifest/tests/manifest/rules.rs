@@ -4,7 +4,8 @@
 use phrony_manifest::load_agent;
 
 use crate::support::{
-    MINIMAL_AGENT, Project, all_diags, assert_matches_expectations, fixture, yaml_fixtures,
+    MINIMAL_AGENT, Project, all_diags, assert_matches_expectations, fixture, validated,
+    yaml_fixtures,
 };
 
 /// Every `agent-rules/*.yaml` is an agent sharing that directory's `tools/`, `policies/`,
@@ -13,7 +14,7 @@ use crate::support::{
 fn agent_rule_fixtures() {
     let dir = fixture("agent-rules");
     for file in yaml_fixtures(&dir) {
-        let result = load_agent(&file);
+        let result = validated(load_agent(&file));
         assert_matches_expectations(&file, &dir, &all_diags(&result));
     }
 }

@@ -3,7 +3,7 @@
 //! The hash vectors were computed by this crate after it reproduced, byte for byte, the committed
 //! `bundle.lock.json` files of the Go reference runtime's bundle scenarios (checked by hand).
 
-use phrony_manifest::{CompiledAgent, SnapshotError, load_agent};
+use phrony_manifest::{CompiledAgent, SnapshotError, load_agent, load_bundle};
 
 use crate::support::{Project, fixture};
 
@@ -47,6 +47,9 @@ fn snapshots_round_trip_byte_for_byte() {
             // The desk specialist is a bundle member; it compiles standalone too (no spec.agents).
             Err(e) => panic!("{path}: {e}"),
         };
+        agent
+            .validate()
+            .unwrap_or_else(|e| panic!("{path}: the compiled snapshot does not validate:\n{e}"));
         let bytes = agent.snapshot_json();
         let back = CompiledAgent::from_snapshot_json(&bytes).unwrap();
         assert_eq!(back, agent, "{path}");
@@ -137,4 +140,42 @@ fn allow_field_changes_the_hash_but_provenance_does_not() {
         .unwrap();
     usd.allow_field = "payee.currency".into();
     assert_ne!(other.content_hash(), agent.content_hash());
+}
+
+#[test]
+fn bundle_members_validate_once_bundle_publish_has_pinned_their_delegations() {
+    let bundle = load_bundle(fixture("bundles/desk/bundle.yaml")).unwrap();
+    let member = |child: &str| {
+        let m = bundle
+            .members
+            .iter()
+            .find(|m| m.child_name == child)
+            .unwrap();
+        m.vendored.as_ref().unwrap().1.clone()
+    };
+    let specialist = member("refund-specialist");
+    specialist.validate().unwrap();
+
+    // The local delegation names its target by path until bundle publish pins it.
+    let mut front_desk = member("front-desk");
+    let problems: Vec<String> = front_desk
+        .validate()
+        .unwrap_err()
+        .errors()
+        .map(phrony_manifest::Diagnostic::summary)
+        .collect();
+    assert_eq!(
+        problems,
+        [
+            "spec.tools[0].agent.namespace: is required",
+            "spec.tools[0].agent.name: is required",
+            "spec.tools[0].agent: delegation target must be pinned (version or agent_version_id) \
+             unless late_bound is true",
+        ]
+    );
+    let target = front_desk.spec.tools[0].agent.as_mut().unwrap();
+    target.namespace.clone_from(&specialist.metadata.namespace);
+    target.name.clone_from(&specialist.metadata.name);
+    target.agent_version_id = "4a0f3c1e-7d7b-4a53-9d9a-4f3b8a1e2c10".to_owned();
+    front_desk.validate().unwrap();
 }

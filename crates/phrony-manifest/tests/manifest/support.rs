@@ -139,7 +139,22 @@ impl Project {
         self.write(rel, &text)
     }
 
+    /// Loads an agent; whatever compiles must also pass the runtime's snapshot validation.
     pub(crate) fn load(&self, rel: &str) -> Result<Compiled, Diagnostics> {
-        load_agent(self.path(rel))
+        validated(load_agent(self.path(rel)))
     }
+}
+
+/// Checks that a successful compilation yields a snapshot the runtime accepts: Publish runs
+/// [`CompiledAgent::validate`](phrony_manifest::CompiledAgent::validate) on what the CLI sends.
+pub(crate) fn validated(result: Result<Compiled, Diagnostics>) -> Result<Compiled, Diagnostics> {
+    if let Ok(compiled) = &result
+        && let Err(problems) = compiled.agent.validate()
+    {
+        panic!(
+            "{} compiles, but its snapshot does not validate:\n{problems}",
+            compiled.agent.qualified_name()
+        );
+    }
+    result
 }
