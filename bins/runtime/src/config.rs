@@ -73,6 +73,46 @@ pub(crate) struct Settings {
     /// Actor recorded for changes whose request names none.
     #[arg(long, env = "PHRONY_ACTOR", default_value = "anonymous", global = true)]
     pub(crate) default_actor: String,
+
+    /// How long a tool call may wait for a free worker: whole seconds, or a duration such as
+    /// 500ms, 30s or 2m. It does not limit how long the tool runs. [default: 10s]
+    #[arg(
+        long,
+        env = "RUNTIME_DISPATCH_QUEUE_WAIT",
+        value_name = "DURATION",
+        global = true
+    )]
+    pub(crate) dispatch_queue_wait: Option<String>,
+
+    /// How long a worker may run a tool call whose binding sets no timeout; then the call is
+    /// cancelled. Seconds or a duration. [default: 60s]
+    #[arg(
+        long,
+        env = "RUNTIME_TOOL_EXEC_TIMEOUT",
+        value_name = "DURATION",
+        global = true
+    )]
+    pub(crate) tool_exec_timeout: Option<String>,
+
+    /// The worker lease: a worker that sends no heartbeat for this long is dropped. Seconds or
+    /// a duration, at least 2s. [default: 30s]
+    #[arg(
+        long,
+        env = "RUNTIME_WORKER_LEASE_TTL",
+        value_name = "DURATION",
+        global = true
+    )]
+    pub(crate) worker_lease_ttl: Option<String>,
+
+    /// Tool integrity allowlist (YAML): which workers may serve which agent's tool calls.
+    /// [default: none, every registered worker may serve every call]
+    #[arg(
+        long,
+        env = "RUNTIME_TOOL_ALLOWLIST",
+        value_name = "FILE",
+        global = true
+    )]
+    pub(crate) tool_allowlist: Option<std::ffi::OsString>,
 }
 
 /// `RUNTIME_LOG_FORMAT`.
@@ -241,6 +281,10 @@ mod tests {
             log_filter: None,
             secrets_key: None,
             default_actor: "anonymous".into(),
+            dispatch_queue_wait: None,
+            tool_exec_timeout: None,
+            worker_lease_ttl: None,
+            tool_allowlist: None,
         }
     }
 

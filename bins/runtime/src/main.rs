@@ -3,12 +3,15 @@
 //! `phrony-runtime [serve]` migrates the database and serves the gRPC API until SIGINT or
 //! SIGTERM; `phrony-runtime migrate` only migrates. Configuration comes from flags or the
 //! environment (`RUNTIME_GRPC_ADDR`, `RUNTIME_DATABASE_URL`, `RUNTIME_LOG_FORMAT`,
-//! `RUNTIME_LOG`/`RUST_LOG`, `RUNTIME_SECRETS_ENCRYPTION_KEY`, `PHRONY_ACTOR`); see `--help`.
+//! `RUNTIME_LOG`/`RUST_LOG`, `RUNTIME_SECRETS_ENCRYPTION_KEY`, `PHRONY_ACTOR`, and for tool
+//! workers `RUNTIME_DISPATCH_QUEUE_WAIT`, `RUNTIME_TOOL_EXEC_TIMEOUT`, `RUNTIME_WORKER_LEASE_TTL`,
+//! `RUNTIME_TOOL_ALLOWLIST`); see `--help`.
 //! Failures print one line naming the problem and exit 1.
 
 mod config;
 mod daemon;
 mod logging;
+mod workers;
 
 use std::process::ExitCode;
 

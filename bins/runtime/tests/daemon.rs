@@ -179,7 +179,17 @@ async fn lifecycle_story(daemon: &Daemon, work: &Path) {
 
     // Identical content again: the existing version, not an error.
     let again = publish(&mut client, v1.clone(), "bob").await.unwrap();
-    assert_eq!(again, published);
+    assert_eq!(
+        (published.created, again.created),
+        (Some(true), Some(false))
+    );
+    assert_eq!(
+        pb::PublishResponse {
+            created: published.created,
+            ..again
+        },
+        published
+    );
 
     // Different content under the same label: immutable.
     let v1_changed = compile_agent(&work.join("v1b"), "0.1.0", "Handle refunds and returns.");
@@ -622,6 +632,14 @@ async fn bad_configuration_is_refused_with_one_line() {
             "phrony-runtime: error: invalid RUNTIME_LOG log filter",
         ),
         (
+            Launch::new(home.path(), None).env("RUNTIME_DISPATCH_QUEUE_WAIT", "ten seconds"),
+            "phrony-runtime: error: invalid RUNTIME_DISPATCH_QUEUE_WAIT \"ten seconds\": ",
+        ),
+        (
+            Launch::new(home.path(), None).env("RUNTIME_TOOL_ALLOWLIST", "/nonexistent/allow.yaml"),
+            "phrony-runtime: error: invalid RUNTIME_TOOL_ALLOWLIST: read tool allowlist /nonexistent/allow.yaml: ",
+        ),
+        (
             Launch::new(home.path(), Some("postgres://postgres@127.0.0.1:1/none")),
             "phrony-runtime: error: database unreachable: ",
         ),
@@ -805,4 +823,67 @@ async fn health_turns_not_serving_when_the_database_goes_away() {
         matches!(status.code(), Code::Unavailable | Code::Internal),
         "{status:?}"
     );
+}
+
+#[tokio::test]
+async fn a_worker_gets_the_configured_lease_and_sigterm_ends_its_stream_cleanly() {
+    let home = tempfile::tempdir().unwrap();
+    let mut daemon = Launch::new(home.path(), Some(&sqlite_url(home.path())))
+        .env("RUNTIME_WORKER_LEASE_TTL", "5s")
+        .start()
+        .await;
+    let (up, rx) = tokio::sync::mpsc::channel(4);
+    let register = pb::WorkRegister {
+        worker_id: "daemon-worker".into(),
+        handlers: vec![pb::WorkHandlerAdvertisement {
+            tool: "payments.issue-refund".into(),
+            version: "1.0.0".into(),
+            max_concurrency: 1,
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let msg = |body| pb::WorkClientMsg { body: Some(body) };
+    up.send(msg(pb::work_client_msg::Body::Register(register)))
+        .await
+        .unwrap();
+    let mut down = daemon
+        .client()
+        .await
+        .work(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let next = |m: Option<pb::WorkServerMsg>| m.and_then(|m| m.body);
+    assert_eq!(
+        next(down.message().await.unwrap()),
+        Some(pb::work_server_msg::Body::Registered(pb::WorkRegistered {
+            worker_id: "daemon-worker".into(),
+            lease_ttl_ms: 5_000,
+        }))
+    );
+    up.send(msg(pb::work_client_msg::Body::Heartbeat(
+        pb::WorkHeartbeat {},
+    )))
+    .await
+    .unwrap();
+    assert_eq!(
+        next(down.message().await.unwrap()),
+        Some(pb::work_server_msg::Body::HeartbeatAck(
+            pb::WorkHeartbeatAck {}
+        ))
+    );
+
+    let status = daemon.terminate();
+    assert_eq!(status.code(), Some(0), "stderr:\n{}", daemon.stderr());
+    assert!(
+        daemon
+            .stderr()
+            .contains("work stream closed: the runtime is stopping"),
+        "{}",
+        daemon.stderr()
+    );
+    // The worker saw a clean end of stream (status OK), not an error.
+    let end = down.message().await;
+    assert!(matches!(end, Ok(None)), "{end:?}");
 }

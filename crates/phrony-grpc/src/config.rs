@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD};
+use phrony_dispatch::Router;
 use rand::TryRngCore as _;
 use sha2::{Digest as _, Sha256};
 
@@ -29,12 +30,29 @@ pub struct ServeConfig {
     /// How long a ping may take before the database counts as unreachable.
     pub health_check_timeout: Duration,
     /// After the shutdown signal, how long in-flight calls may take before they are cut off.
+    /// Tool calls already sent to workers get the first half of it to finish; then the
+    /// workers' `Work` streams are closed cleanly.
     pub shutdown_grace: Duration,
+    /// The router tool workers register with over `Work` (its lease, integrity allowlist and
+    /// hooks). `None` makes [`crate::serve`] start one with `RouterConfig::default()`. To
+    /// dispatch tool calls to the connected workers, build the router, keep a clone and pass
+    /// one here: all clones share one registry. `serve` shuts the router down when it stops,
+    /// so a router serves one run of the server.
+    pub router: Option<Router>,
+    /// How long a tool call may wait for a free worker slot (`RUNTIME_DISPATCH_QUEUE_WAIT`);
+    /// it does not bound the call's execution. Passed as `DispatchCall::queue_wait` by the
+    /// session engine.
+    pub dispatch_queue_wait: Duration,
+    /// How long a worker may run a tool call whose binding sets no `timeout`
+    /// (`RUNTIME_TOOL_EXEC_TIMEOUT`); passed as `DispatchCall::exec_timeout` by the session
+    /// engine.
+    pub tool_exec_timeout: Duration,
 }
 
 impl ServeConfig {
-    /// Settings with defaults: actor `anonymous`, a health check every 3 s (2 s timeout) and a
-    /// 10 s shutdown grace period.
+    /// Settings with defaults: actor `anonymous`, a health check every 3 s (2 s timeout), a
+    /// 10 s shutdown grace period, a default router, a 10 s dispatch queue wait and a 60 s
+    /// tool execution timeout.
     #[must_use]
     pub fn new(secrets_key: SecretsKey) -> Self {
         Self {
@@ -43,6 +61,9 @@ impl ServeConfig {
             health_check_interval: Duration::from_secs(3),
             health_check_timeout: Duration::from_secs(2),
             shutdown_grace: Duration::from_secs(10),
+            router: None,
+            dispatch_queue_wait: Duration::from_secs(10),
+            tool_exec_timeout: Duration::from_secs(60),
         }
     }
 }

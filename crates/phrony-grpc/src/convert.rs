@@ -76,6 +76,7 @@ pub(crate) fn publish_response(p: Published) -> pb::PublishResponse {
         namespace: p.agent.namespace,
         name: p.agent.name,
         version: p.version,
+        created: Some(p.created),
     }
 }
 
@@ -229,6 +230,118 @@ pub(crate) fn snapshot_status(rejection: &SnapshotRejection) -> Status {
 /// An RPC that a later release implements.
 pub(crate) fn unimplemented(rpc: &str) -> Status {
     Status::unimplemented(format!("{rpc} is not implemented by this runtime yet"))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Work stream (`Runtime.Work`): protobuf ↔ `phrony-dispatch` domain messages
+
+/// A decoded `WorkClientMsg`: the register that opens a stream, or a later worker message.
+#[derive(Debug)]
+pub(crate) enum WorkerMessage {
+    /// `register`.
+    Register(phrony_dispatch::WorkerHello),
+    /// `heartbeat`, `result` or `nack`.
+    Other(phrony_dispatch::FromWorker),
+}
+
+/// Decodes one client message of a Work stream. A message without a known body (unset, or a
+/// field this runtime does not know) is [`phrony_dispatch::DispatchError::UnknownMessage`].
+pub(crate) fn work_client_msg(
+    msg: pb::WorkClientMsg,
+) -> Result<WorkerMessage, phrony_dispatch::DispatchError> {
+    use pb::work_client_msg::Body;
+    use phrony_dispatch::{FromWorker, HandlerAd, ToolError, WorkerHello};
+
+    Ok(
+        match msg
+            .body
+            .ok_or(phrony_dispatch::DispatchError::UnknownMessage)?
+        {
+            Body::Register(r) => WorkerMessage::Register(WorkerHello {
+                worker_id: r.worker_id,
+                workload_identity: r.workload_identity,
+                image_digest: r.image_digest,
+                handlers: r
+                    .handlers
+                    .into_iter()
+                    .map(|h| HandlerAd {
+                        tool: h.tool,
+                        version: h.version,
+                        contract_version: h.contract_version,
+                        max_concurrency: h.max_concurrency,
+                        descriptor_hash: h.descriptor_hash,
+                    })
+                    .collect(),
+                in_flight: r.in_flight.into_iter().map(|c| c.call_id).collect(),
+            }),
+            Body::Heartbeat(pb::WorkHeartbeat {}) => WorkerMessage::Other(FromWorker::Heartbeat),
+            Body::Result(r) => WorkerMessage::Other(FromWorker::Result {
+                call_id: r.call_id,
+                payload: r.payload,
+                error: r.error.map(|e| ToolError::new(e.code, e.message)),
+            }),
+            Body::Nack(n) => WorkerMessage::Other(FromWorker::Nack {
+                call_id: n.call_id,
+                code: n.code,
+                message: n.message,
+            }),
+        },
+    )
+}
+
+/// Encodes one runtime message of a Work stream. Arguments travel as UTF-8 JSON (`{}` when
+/// there are none) and an empty version as `default`.
+pub(crate) fn work_server_msg(msg: phrony_dispatch::ToWorker) -> pb::WorkServerMsg {
+    use pb::work_server_msg::Body;
+    use phrony_dispatch::ToWorker;
+
+    let body = match msg {
+        ToWorker::Registered {
+            worker_id,
+            lease_ttl_ms,
+        } => Body::Registered(pb::WorkRegistered {
+            worker_id,
+            lease_ttl_ms,
+        }),
+        ToWorker::Invoke(i) => Body::Invoke(pb::WorkInvoke {
+            args: if i.args.is_null() {
+                b"{}".to_vec()
+            } else {
+                i.args.to_string().into_bytes()
+            },
+            call_id: i.call_id,
+            session_id: i.session_id,
+            agent_version_id: i.agent_version_id,
+            turn: i.turn,
+            tool: i.tool,
+            version: if i.version.is_empty() {
+                phrony_dispatch::DEFAULT_VERSION.to_owned()
+            } else {
+                i.version
+            },
+            side_effect_class: i.side_effect_class,
+            deadline_unix_ms: i.deadline_unix_ms,
+        }),
+        ToWorker::Cancel { call_id } => Body::Cancel(pb::WorkToolCancel { call_id }),
+        ToWorker::ResultAck { call_id } => Body::ResultAck(pb::WorkResultAck { call_id }),
+        ToWorker::HeartbeatAck => Body::HeartbeatAck(pb::WorkHeartbeatAck {}),
+    };
+    pb::WorkServerMsg { body: Some(body) }
+}
+
+/// The single mapping of Work-stream protocol errors to gRPC statuses: the router's status
+/// class, with its message (the reference's wording).
+pub(crate) fn dispatch_status(error: &phrony_dispatch::DispatchError) -> Status {
+    use phrony_dispatch::StatusClass;
+
+    let code = match error.status() {
+        StatusClass::InvalidArgument => tonic::Code::InvalidArgument,
+        StatusClass::FailedPrecondition => tonic::Code::FailedPrecondition,
+        StatusClass::NotFound => tonic::Code::NotFound,
+        StatusClass::Aborted => tonic::Code::Aborted,
+        StatusClass::ResourceExhausted => tonic::Code::ResourceExhausted,
+    };
+    Status::new(code, error.to_string())
 }
 
 #[cfg(test)]

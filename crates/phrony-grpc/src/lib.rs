@@ -5,13 +5,16 @@
 //! - `phrony.runtime.v1.Runtime` ([`RuntimeService`]), wire-compatible with the published SDKs.
 //!   This release implements the agent lifecycle: `GetVersion`, `Publish`, `Deploy`,
 //!   `Rollback`, `GetActiveVersion`, `ListDeployments`, `GetAgentVersion`, `ListAgents`,
-//!   `ListAgentVersions`, `DeprecateAgentVersion`, `RetireAgentVersion` and `ArchiveAgent`.
+//!   `ListAgentVersions`, `DeprecateAgentVersion`, `RetireAgentVersion` and `ArchiveAgent`,
+//!   and the tool workers' `Work` stream, whose workers register with a `phrony-dispatch`
+//!   router ([`ServeConfig::router`]) that dispatches tool calls to them.
 //!   Every other RPC answers `UNIMPLEMENTED` with a message naming it.
 //! - `grpc.health.v1.Health`: `SERVING` for `""` and `phrony.runtime.v1.Runtime` only while the
 //!   database answers a ping (re-checked in the background every few seconds).
 //! - gRPC server reflection (`grpc.reflection.v1` and `v1alpha`), so `grpcurl list` works.
 //!
 //! ```no_run
+//! # #[cfg(feature = "server")]
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! use phrony_grpc::{SecretsKey, ServeConfig};
 //! let ledger = phrony_ledger::Ledger::connect("sqlite://./phrony.db").await?;
@@ -25,16 +28,25 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # Cargo features
+//!
+//! - `server` (default): the service, health, reflection and [`serve`], with the SQL ledger
+//!   they store into.
+//! - `client` (default): the typed [`client`] alone. The CLI depends on this crate with
+//!   `default-features = false, features = ["client"]`, so no SQL driver is linked into it.
+//!
 //! # Semantics worth knowing
 //!
 //! - **Publish re-validates the snapshot** (the reference trusts the client): it must parse as
-//!   a compiled agent (known fields only, the compiler's annotation), have the invariants of
-//!   compiled output (identity, a supported model, inline prompt and schemas, unique tool
-//!   names), have policies that compile with `phrony-policy`, and be byte-for-byte in canonical
-//!   form. The content hash
-//!   is recomputed on the server. Failures are `INVALID_ARGUMENT` (`parse manifest: …` /
-//!   `invalid manifest: …`). Re-publishing identical content returns the existing version;
-//!   different content for an existing version is `ALREADY_EXISTS`.
+//!   a compiled agent (known fields only, the compiler's annotation), pass
+//!   `phrony_manifest::CompiledAgent::validate` (the authoring rules that apply to compiled
+//!   output, the reference's compiled-only checks, policies that compile with `phrony-policy`),
+//!   and be byte-for-byte in canonical form. The content hash is recomputed on the server.
+//!   Failures are `INVALID_ARGUMENT`: `parse manifest: …`, `invalid manifest: <path>: <message>`,
+//!   or `invalid manifest (N errors):` followed by one indented line per problem.
+//!   Re-publishing identical content returns the existing version with
+//!   `PublishResponse.created` false; different content for an existing version is
+//!   `ALREADY_EXISTS`.
 //! - **Actors.** Every change records who made it: the request's `actor` field, else the
 //!   [`ACTOR_HEADER`] (`phrony-actor`) request metadata (the only way to name the actor of
 //!   Deprecate/Retire/Archive, whose messages have no actor field), else
@@ -45,14 +57,29 @@
 //!   without driver details (those are logged).
 //! - Timestamps are RFC 3339 UTC strings with second precision; empty means "not set".
 
+#[cfg(feature = "client")]
 pub mod client;
+#[cfg(feature = "server")]
 mod config;
+#[cfg(feature = "server")]
 mod convert;
+#[cfg(feature = "server")]
 mod health;
+#[cfg(feature = "server")]
 mod publish;
+#[cfg(feature = "server")]
 mod server;
+#[cfg(feature = "server")]
 mod service;
 
+#[cfg(feature = "server")]
 pub use config::{KeyError, KeyFileOutcome, SECRETS_KEY_FILE, SecretsKey, ServeConfig};
+#[cfg(feature = "server")]
 pub use server::{Listener, ServeError, bind, serve};
-pub use service::{ACTOR_HEADER, RuntimeService};
+#[cfg(feature = "server")]
+pub use service::RuntimeService;
+
+/// The request metadata header naming the actor of a change whose request message has no
+/// `actor` field (e.g. `DeprecateAgentVersion`), or leaves it empty. The client always sends
+/// it; the server reads it when the request's own `actor` field is empty.
+pub const ACTOR_HEADER: &str = "phrony-actor";

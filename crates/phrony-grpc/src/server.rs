@@ -3,7 +3,9 @@
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
+use std::time::Duration;
 
+use phrony_dispatch::{Router, RouterConfig};
 use phrony_ledger::Ledger;
 use phrony_proto::runtime::v1::runtime_server::RuntimeServer;
 use tokio::net::TcpListener;
@@ -46,6 +48,13 @@ pub enum ServeError {
     Reflection {
         /// The builder's error.
         message: String,
+    },
+    /// The default Work-stream router could not be started.
+    #[error("cannot start the tool dispatch router: {source}")]
+    Router {
+        /// The router's settings error.
+        #[source]
+        source: phrony_dispatch::ConfigError,
     },
     /// The transport failed while serving.
     #[error("gRPC server failed: {source}")]
@@ -109,12 +118,18 @@ pub async fn bind(addr: &str) -> Result<Listener, ServeError> {
 
 /// Serves `phrony.runtime.v1.Runtime`, `grpc.health.v1.Health` and server reflection (v1 and
 /// v1alpha) on `listener` until `shutdown` completes, then stops gracefully: health turns
-/// `NOT_SERVING`, no new connections are accepted, in-flight calls get
+/// `NOT_SERVING`, no new connections are accepted, the worker registry refuses new
+/// registrations and dispatches (queued tool calls fail), in-flight calls get
 /// [`ServeConfig::shutdown_grace`] to finish (then they are cut off, which rolls back any
-/// uncommitted transaction), and the ledger's pool is closed. `ledger` must be migrated.
+/// uncommitted transaction), and the ledger's pool is closed. Tool calls already sent to a
+/// worker get the first half of the grace period to finish; then every `Work` stream ends
+/// with `OK`. `ledger` must be migrated.
+///
+/// Tool workers register with [`ServeConfig::router`] (or a default router when `None`).
 ///
 /// # Errors
-/// [`ServeError::Reflection`] (a build defect) or [`ServeError::Transport`].
+/// [`ServeError::Reflection`] (a build defect), [`ServeError::Router`] or
+/// [`ServeError::Transport`].
 pub async fn serve(
     listener: Listener,
     ledger: Ledger,
@@ -141,7 +156,15 @@ pub async fn serve(
         .register_encoded_file_descriptor_set(health::FILE_DESCRIPTOR_SET)
         .build_v1alpha()
         .map_err(reflection)?;
-    let runtime = RuntimeServer::new(RuntimeService::new(ledger.clone(), config.default_actor));
+    let router = match config.router {
+        Some(router) => router,
+        None => {
+            Router::new(RouterConfig::default()).map_err(|source| ServeError::Router { source })?
+        }
+    };
+    let service = RuntimeService::new(ledger.clone(), config.default_actor, router.clone());
+    let work_streams = service.clone();
+    let runtime = RuntimeServer::new(service);
 
     let local_addr = listener.local_addr;
     let incoming = TcpIncoming::from(listener.listener).with_nodelay(Some(true));
@@ -175,7 +198,22 @@ pub async fn serve(
             monitor.abort();
             health.set_stopping();
             let _ = stop_tx.send(());
-            match tokio::time::timeout(config.shutdown_grace, &mut server).await {
+            router.shutdown();
+            // Work streams never end on their own: close them once the tool calls sent to
+            // workers are answered (or half the grace period is over), while the server keeps
+            // running the other calls.
+            let close_work_streams = async {
+                drain_dispatched_calls(&router, config.shutdown_grace / 2).await;
+                work_streams.close_work_streams();
+                std::future::pending::<std::convert::Infallible>().await
+            };
+            let stopped = async {
+                tokio::select! {
+                    result = &mut server => result,
+                    never = close_work_streams => match never {},
+                }
+            };
+            match tokio::time::timeout(config.shutdown_grace, stopped).await {
                 Ok(result) => result,
                 Err(_) => {
                     tracing::warn!("grace period over; closing the remaining connections");
@@ -193,5 +231,37 @@ pub async fn serve(
             Ok(())
         }
         Err(source) => Err(ServeError::Transport { source }),
+    }
+}
+
+/// Waits until no tool call is running on a worker and no result awaits its acknowledgement,
+/// or `limit` passes.
+async fn drain_dispatched_calls(router: &Router, limit: Duration) {
+    const POLL: Duration = Duration::from_millis(25);
+    let deadline = tokio::time::Instant::now() + limit;
+    let mut reported = false;
+    loop {
+        let snapshot = router.snapshot();
+        let running: usize = snapshot.workers.iter().map(|w| w.in_flight.len()).sum();
+        if running == 0 && snapshot.awaiting_ack == 0 {
+            return;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            tracing::warn!(
+                running,
+                awaiting_ack = snapshot.awaiting_ack,
+                "closing worker streams with tool calls unfinished; their outcome is unknown"
+            );
+            return;
+        }
+        if !reported {
+            reported = true;
+            tracing::info!(
+                running,
+                awaiting_ack = snapshot.awaiting_ack,
+                "waiting for tool calls sent to workers to finish"
+            );
+        }
+        tokio::time::sleep(POLL).await;
     }
 }

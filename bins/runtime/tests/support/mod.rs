@@ -73,6 +73,10 @@ impl Launch {
             "RUNTIME_LOG",
             "RUST_LOG",
             "RUNTIME_SECRETS_ENCRYPTION_KEY",
+            "RUNTIME_DISPATCH_QUEUE_WAIT",
+            "RUNTIME_TOOL_EXEC_TIMEOUT",
+            "RUNTIME_WORKER_LEASE_TTL",
+            "RUNTIME_TOOL_ALLOWLIST",
             "PHRONY_ACTOR",
         ] {
             cmd.env_remove(var);

@@ -130,8 +130,9 @@ impl Client {
     /// Publishes a compiled agent as an immutable version (`Publish`).
     ///
     /// Re-publishing identical content for an existing version succeeds and returns the
-    /// existing version with [`Published::created`] false. To tell the two apart, the client
-    /// first looks the version up (`GetAgentVersion`) and compares content hashes.
+    /// existing version with [`Published::created`] false (the runtime says so in
+    /// `PublishResponse.created`; a runtime that does not report it refuses re-publishes, so its
+    /// successes are creations).
     ///
     /// # Errors
     /// `AlreadyExists` when the version exists with different content, `FailedPrecondition`
@@ -142,17 +143,6 @@ impl Client {
         agent: &CompiledAgent,
         actor: &str,
     ) -> Result<Published, ClientError> {
-        let meta = &agent.metadata;
-        let name = AgentName::new(meta.namespace.clone(), meta.name.clone());
-        let content_hash = agent.content_hash();
-        let existed = match self.get_agent_version(&name, &meta.version).await {
-            Ok(existing) => existing.content_hash == content_hash,
-            Err(ClientError::Rpc {
-                code: Code::NotFound,
-                ..
-            }) => false,
-            Err(other) => return Err(other),
-        };
         let request = pb::PublishRequest {
             manifest: agent.snapshot_json(),
             actor: actor.to_owned(),
@@ -163,7 +153,7 @@ impl Client {
             .publish(with_actor(request, actor))
             .await
             .map_err(|s| self.status(&s))?;
-        Ok(types::published(response.into_inner(), !existed))
+        Ok(types::published(response.into_inner()))
     }
 
     /// Activates a published version (`Deploy`).

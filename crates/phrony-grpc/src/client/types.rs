@@ -264,14 +264,15 @@ pub(crate) fn runtime_version(r: pb::GetVersionResponse) -> RuntimeVersion {
     }
 }
 
-pub(crate) fn published(r: pb::PublishResponse, created: bool) -> Published {
+pub(crate) fn published(r: pb::PublishResponse) -> Published {
     Published {
+        // Unset: a runtime that predates the field; those refuse every re-publish.
+        created: r.created.unwrap_or(true),
         agent: AgentName::new(r.namespace, r.name),
         version: r.version,
         agent_id: r.agent_id,
         version_id: r.version_id,
         content_hash: r.content_hash,
-        created,
     }
 }
 
@@ -415,6 +416,23 @@ mod tests {
             "{shown}"
         );
         assert!(shown.contains("deployed_at \"yesterday\""), "{shown}");
+    }
+
+    #[test]
+    fn publish_reports_whether_it_created_the_version() {
+        let response = |created| pb::PublishResponse {
+            agent_id: "a".into(),
+            version_id: "v".into(),
+            content_hash: "ab".into(),
+            namespace: "ns".into(),
+            name: "n".into(),
+            version: "1.0.0".into(),
+            created,
+        };
+        assert!(published(response(Some(true))).created);
+        assert!(!published(response(Some(false))).created);
+        // A runtime without the field (the reference) refuses re-publishes: success = created.
+        assert!(published(response(None)).created);
     }
 
     #[test]

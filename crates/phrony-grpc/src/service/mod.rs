@@ -1,44 +1,60 @@
 //! The `phrony.runtime.v1.Runtime` service.
 //!
 //! [`RuntimeService`] implements the generated trait by delegating each RPC to the module of
-//! its area: [`lifecycle`] (agents, versions, deployments). Sessions, approvals, bundles and the
-//! Work stream come in later releases; until then their RPCs answer `Unimplemented` naming the
-//! RPC.
+//! its area: [`lifecycle`] (agents, versions, deployments) and [`work`] (the tool workers'
+//! `Work` stream, backed by a `phrony-dispatch` [`Router`]). Sessions, approvals and bundles
+//! come in later releases; until then their RPCs answer `Unimplemented` naming the RPC.
 
 mod lifecycle;
+mod work;
 
 use std::future::Future;
 use std::time::Instant;
 
 use pb::runtime_server::Runtime;
+use phrony_dispatch::Router;
 use phrony_ledger::Ledger;
 use phrony_proto::runtime::v1 as pb;
 use tonic::codegen::BoxStream;
 use tonic::metadata::MetadataMap;
 use tonic::{Code, Request, Response, Status, Streaming};
 
+use crate::ACTOR_HEADER;
 use crate::convert;
-
-/// The request metadata header naming the actor of a change whose request message has no
-/// `actor` field (e.g. `DeprecateAgentVersion`), or leaves it empty.
-pub const ACTOR_HEADER: &str = "phrony-actor";
 
 /// The runtime service. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct RuntimeService {
     ledger: Ledger,
     default_actor: String,
+    work: work::WorkHub,
 }
 
 impl RuntimeService {
     /// A service on `ledger` (already migrated). Changes whose request names no actor are
-    /// recorded as `default_actor`.
+    /// recorded as `default_actor`. Tool workers connecting to `Work` register with `router`;
+    /// keep a clone of it to dispatch tool calls to them.
     #[must_use]
-    pub fn new(ledger: Ledger, default_actor: impl Into<String>) -> Self {
+    pub fn new(ledger: Ledger, default_actor: impl Into<String>, router: Router) -> Self {
         Self {
             ledger,
             default_actor: default_actor.into(),
+            work: work::WorkHub::new(router),
         }
+    }
+
+    /// The router tool workers register with.
+    #[must_use]
+    pub fn router(&self) -> &Router {
+        self.work.router()
+    }
+
+    /// Ends every open `Work` stream cleanly (`OK`, after the messages already queued for it)
+    /// and refuses streams that have not registered yet. Call it on shutdown, after
+    /// [`Router::shutdown`] and once dispatched calls had their chance to finish; it affects
+    /// every clone of the service.
+    pub fn close_work_streams(&self) {
+        self.work.stop();
     }
 
     /// The actor of a change: the request's own field, else the [`ACTOR_HEADER`] metadata, else
@@ -335,13 +351,14 @@ impl Runtime for RuntimeService {
         later("ListBundleDeployments")
     }
 
-    // --- Workers (later) --------------------------------------------------------------------
+    // --- Workers ----------------------------------------------------------------------------
 
     async fn work(
         &self,
-        _request: Request<Streaming<pb::WorkClientMsg>>,
+        request: Request<Streaming<pb::WorkClientMsg>>,
     ) -> Result<Response<Self::WorkStream>, Status> {
-        later("Work")
+        let response = self.work.open(request.into_inner()).await?;
+        Ok(Response::new(Box::pin(response)))
     }
 }
 

@@ -46,6 +46,10 @@ fn compile(dir: &Path, version: &str, purpose: &str) -> Vec<u8> {
     compiled.agent.snapshot_json()
 }
 
+fn router() -> phrony_dispatch::Router {
+    phrony_dispatch::Router::new(phrony_dispatch::RouterConfig::default()).unwrap()
+}
+
 struct Fixture {
     service: RuntimeService,
     dir: tempfile::TempDir,
@@ -56,7 +60,7 @@ impl Fixture {
         let ledger = Ledger::connect("sqlite::memory:").await.unwrap();
         ledger.migrate().await.unwrap();
         Self {
-            service: RuntimeService::new(ledger, "fallback-actor"),
+            service: RuntimeService::new(ledger, "fallback-actor", router()),
             dir: tempfile::tempdir().unwrap(),
         }
     }
@@ -152,7 +156,20 @@ async fn publish_is_idempotent_for_identical_content_only() {
         .publish(f.snapshot("0.1.0", "Refunds"), "bob")
         .await
         .unwrap();
-    assert_eq!(again, first);
+    assert_eq!(first.created, Some(true));
+    assert_eq!(
+        again.created,
+        Some(false),
+        "an identical re-publish creates nothing"
+    );
+    assert_eq!(
+        pb::PublishResponse {
+            created: first.created,
+            ..again
+        },
+        first,
+        "the existing version is returned"
+    );
     // The original publisher stays on record.
     assert_eq!(f.get_version("0.1.0").await.published_by, "alice");
 
@@ -292,7 +309,32 @@ async fn publish_refuses_snapshots_the_compiler_could_not_have_produced() {
     assert_status(
         f.publish(uncompiled_prompt.into_bytes(), "a").await,
         Code::InvalidArgument,
-        "spec.instructions: ref/version are resolved by compilation",
+        "invalid manifest: spec.instructions: ref and version are resolved by compilation",
+    );
+
+    // Several problems: counted, one indented line each.
+    let two_problems = text
+        .replacen("\"version\":\"0.1.0\"", "\"version\":\"latest\"", 1)
+        .replacen("\"name\":\"gpt-4o\"", "\"name\":\" \"", 1);
+    assert_status(
+        f.publish(two_problems.into_bytes(), "a").await,
+        Code::InvalidArgument,
+        "invalid manifest (2 errors):\n  metadata.version: must be valid semver\n  \
+         spec.model.name: is required",
+    );
+
+    // An allow list for a tool the agent does not bind (a compiled-only check).
+    let stray_allow = text.replacen(
+        "\"policies\":[",
+        "\"policies\":[{\"name\":\"usd\",\"scope\":\"tool:payments.charge\",\
+         \"action\":\"allow\",\"allow\":[\"USD\"]},",
+        1,
+    );
+    assert_ne!(stray_allow, text);
+    assert_status(
+        f.publish(stray_allow.into_bytes(), "a").await,
+        Code::InvalidArgument,
+        "invalid manifest: spec.policies[0].scope: references undeclared tool ref payments.charge",
     );
 
     // A version label that is not semver.

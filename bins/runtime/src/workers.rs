@@ -1,0 +1,280 @@
+//! Tool-worker settings: the `Work`-stream router (worker lease, integrity allowlist) and the
+//! deadlines of each tool call dispatched to a worker.
+//!
+//! Durations (`RUNTIME_DISPATCH_QUEUE_WAIT`, `RUNTIME_TOOL_EXEC_TIMEOUT`,
+//! `RUNTIME_WORKER_LEASE_TTL`) are whole seconds (`10`) or a duration (`500ms`, `60s`, `2m`,
+//! `1h30m`). Unlike the reference, an invalid value stops the daemon instead of silently
+//! becoming the default.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use phrony_dispatch::{Allowlist, Router, RouterConfig};
+use phrony_grpc::ServeConfig;
+
+use crate::config::Settings;
+
+/// `RUNTIME_DISPATCH_QUEUE_WAIT` when unset.
+const DEFAULT_QUEUE_WAIT: Duration = Duration::from_secs(10);
+/// `RUNTIME_TOOL_EXEC_TIMEOUT` when unset.
+const DEFAULT_EXEC_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The validated tool-worker settings.
+#[derive(Debug, Clone)]
+pub(crate) struct Workers {
+    router: RouterConfig,
+    /// The allowlist and the file it came from.
+    allowlist: Option<(PathBuf, Allowlist)>,
+    queue_wait: Duration,
+    exec_timeout: Duration,
+}
+
+impl Settings {
+    /// Parses and checks the tool-worker settings (and reads the allowlist file), naming the
+    /// variable of the first invalid one.
+    pub(crate) fn workers(&self) -> anyhow::Result<Workers> {
+        let queue_wait = duration(
+            "RUNTIME_DISPATCH_QUEUE_WAIT",
+            self.dispatch_queue_wait.as_deref(),
+            DEFAULT_QUEUE_WAIT,
+        )?;
+        let exec_timeout = duration(
+            "RUNTIME_TOOL_EXEC_TIMEOUT",
+            self.tool_exec_timeout.as_deref(),
+            DEFAULT_EXEC_TIMEOUT,
+        )?;
+        let mut router = RouterConfig::default();
+        router.lease_ttl = duration(
+            "RUNTIME_WORKER_LEASE_TTL",
+            self.worker_lease_ttl.as_deref(),
+            router.lease_ttl,
+        )?;
+        router.validate().map_err(|e| {
+            anyhow::anyhow!(
+                "invalid RUNTIME_WORKER_LEASE_TTL {:?}: {e}",
+                self.worker_lease_ttl.as_deref().unwrap_or_default()
+            )
+        })?;
+        let allowlist = match self.tool_allowlist.as_ref().filter(|p| !p.is_empty()) {
+            None => None,
+            Some(path) => {
+                let path = PathBuf::from(path);
+                // The error's text is complete (it names the file and the cause); it is not
+                // chained, or the cause would be printed twice.
+                let list = Allowlist::load(&path)
+                    .map_err(|e| anyhow::anyhow!("invalid RUNTIME_TOOL_ALLOWLIST: {e}"))?;
+                Some((path, list))
+            }
+        };
+        Ok(Workers {
+            router,
+            allowlist,
+            queue_wait,
+            exec_timeout,
+        })
+    }
+}
+
+impl Workers {
+    /// Starts the router (its lease reaper runs on the current Tokio runtime) and puts it and
+    /// the per-call deadlines into `config`.
+    pub(crate) fn apply(self, config: &mut ServeConfig) -> anyhow::Result<()> {
+        let mut builder = Router::builder(self.router.clone());
+        match &self.allowlist {
+            Some((path, list)) => {
+                tracing::info!(
+                    entries = list.len(),
+                    "tool allowlist: {} ({} entries)",
+                    path.display(),
+                    list.len()
+                );
+                builder = builder.allowlist(list.clone());
+            }
+            None => tracing::info!("tool allowlist: none (any registered worker may serve a call)"),
+        }
+        let router = builder
+            .build()
+            .map_err(|e| anyhow::anyhow!("cannot start the tool dispatch router: {e}"))?;
+        tracing::info!(
+            queue_wait = %humantime::format_duration(self.queue_wait),
+            exec_timeout = %humantime::format_duration(self.exec_timeout),
+            worker_lease = %humantime::format_duration(self.router.lease_ttl),
+            "tool dispatch settings"
+        );
+        config.router = Some(router);
+        config.dispatch_queue_wait = self.queue_wait;
+        config.tool_exec_timeout = self.exec_timeout;
+        Ok(())
+    }
+}
+
+/// The value of `var`: `default` when unset or blank, else [`parse_duration`]'s result.
+fn duration(var: &str, value: Option<&str>, default: Duration) -> anyhow::Result<Duration> {
+    match value.map(str::trim).filter(|v| !v.is_empty()) {
+        None => Ok(default),
+        Some(text) => parse_duration(text).map_err(|problem| {
+            anyhow::anyhow!(
+                "invalid {var} {text:?}: {problem}; expected whole seconds (e.g. 10) or a \
+                 duration such as 500ms, 60s or 2m"
+            )
+        }),
+    }
+}
+
+/// Whole seconds (`10`) or a duration (`500ms`, `60s`, `1h30m`); it must be positive.
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let value = if text.bytes().all(|b| b.is_ascii_digit()) {
+        let seconds: u64 = text
+            .parse()
+            .map_err(|_| "the number is too large".to_owned())?;
+        Duration::from_secs(seconds)
+    } else {
+        humantime::parse_duration(text).map_err(|e| e.to_string())?
+    };
+    if value.is_zero() {
+        return Err("it must be greater than zero".to_owned());
+    }
+    Ok(value)
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser as _;
+
+    use super::*;
+    use crate::config::Cli;
+
+    fn workers(args: &[&str]) -> anyhow::Result<Workers> {
+        let mut argv = vec!["phrony-runtime"];
+        argv.extend_from_slice(args);
+        Cli::try_parse_from(argv).unwrap().settings.workers()
+    }
+
+    fn error(args: &[&str]) -> String {
+        format!("{:#}", workers(args).unwrap_err())
+    }
+
+    #[test]
+    fn durations_are_seconds_or_humane_units() {
+        let cases = [
+            ("10", Duration::from_secs(10)),
+            ("1", Duration::from_secs(1)),
+            ("500ms", Duration::from_millis(500)),
+            ("60s", Duration::from_secs(60)),
+            ("2m", Duration::from_secs(120)),
+            ("1h30m", Duration::from_secs(5400)),
+            ("1m 30s", Duration::from_secs(90)),
+        ];
+        for (text, want) in cases {
+            assert_eq!(parse_duration(text), Ok(want), "{text}");
+        }
+        for bad in [
+            "0",
+            "0s",
+            "-5",
+            "5x",
+            "ten",
+            "1.5.2s",
+            "s",
+            "99999999999999999999999",
+        ] {
+            assert!(parse_duration(bad).is_err(), "{bad} should be refused");
+        }
+    }
+
+    #[test]
+    fn defaults_apply_when_unset_or_blank() {
+        let w = workers(&[]).unwrap();
+        assert_eq!(w.queue_wait, Duration::from_secs(10));
+        assert_eq!(w.exec_timeout, Duration::from_secs(60));
+        assert_eq!(w.router, RouterConfig::default());
+        assert!(w.allowlist.is_none());
+
+        let w = workers(&[
+            "--dispatch-queue-wait",
+            " ",
+            "--tool-exec-timeout",
+            "",
+            "--tool-allowlist",
+            "",
+        ])
+        .unwrap();
+        assert_eq!(w.queue_wait, Duration::from_secs(10));
+        assert_eq!(w.exec_timeout, Duration::from_secs(60));
+        assert!(w.allowlist.is_none());
+    }
+
+    #[test]
+    fn configured_values_are_used() {
+        let w = workers(&[
+            "--dispatch-queue-wait",
+            "5",
+            "--tool-exec-timeout",
+            "2m",
+            "--worker-lease-ttl",
+            "10s",
+        ])
+        .unwrap();
+        assert_eq!(w.queue_wait, Duration::from_secs(5));
+        assert_eq!(w.exec_timeout, Duration::from_secs(120));
+        assert_eq!(w.router.lease_ttl, Duration::from_secs(10));
+    }
+
+    #[test]
+    fn invalid_values_name_the_variable_and_the_expected_form() {
+        let shown = error(&["--dispatch-queue-wait", "soon"]);
+        assert!(
+            shown.starts_with("invalid RUNTIME_DISPATCH_QUEUE_WAIT \"soon\": "),
+            "{shown}"
+        );
+        assert!(shown.contains("500ms, 60s or 2m"), "{shown}");
+        let shown = error(&["--tool-exec-timeout", "0"]);
+        assert_eq!(
+            shown,
+            "invalid RUNTIME_TOOL_EXEC_TIMEOUT \"0\": it must be greater than zero; expected \
+             whole seconds (e.g. 10) or a duration such as 500ms, 60s or 2m"
+        );
+        let shown = error(&["--worker-lease-ttl", "1s"]);
+        assert!(
+            shown.starts_with(
+                "invalid RUNTIME_WORKER_LEASE_TTL \"1s\": lease_ttl must be at least 2s"
+            ),
+            "{shown}"
+        );
+    }
+
+    #[test]
+    fn the_allowlist_is_loaded_or_refused_with_its_problem() {
+        let dir = tempfile::tempdir().unwrap();
+        let good = dir.path().join("allowlist.yaml");
+        std::fs::write(
+            &good,
+            "entries:\n  - agent: support/refund-agent\n    tool: payments.issue-refund\n    \
+             version: 1.0.0\n    workload_identities: [payments/worker]\n    \
+             image_digests: [sha256:abc]\n",
+        )
+        .unwrap();
+        let w = workers(&["--tool-allowlist", good.to_str().unwrap()]).unwrap();
+        let (path, list) = w.allowlist.unwrap();
+        assert_eq!(path, good);
+        assert_eq!(list.len(), 1);
+
+        let bad = dir.path().join("bad.yaml");
+        std::fs::write(&bad, "entries:\n  - tool: payments.issue-refund\n").unwrap();
+        let shown = error(&["--tool-allowlist", bad.to_str().unwrap()]);
+        assert_eq!(
+            shown,
+            "invalid RUNTIME_TOOL_ALLOWLIST: tool allowlist entries[0]: agent is required"
+        );
+
+        let missing = dir.path().join("missing.yaml");
+        let shown = error(&["--tool-allowlist", missing.to_str().unwrap()]);
+        assert!(
+            shown.starts_with(&format!(
+                "invalid RUNTIME_TOOL_ALLOWLIST: read tool allowlist {}: ",
+                missing.display()
+            )),
+            "{shown}"
+        );
+    }
+}
