@@ -1,6 +1,8 @@
 #![doc = include_str!("../README.md")]
 #![warn(missing_docs)]
 
+#[cfg(feature = "cedar")]
+pub mod cedar;
 mod condition;
 mod decision;
 mod def;

@@ -1,0 +1,385 @@
+//! `mock-gate`: a faithful local twin of the Regent Control Decision API.
+//!
+//! ```text
+//! mock-gate [--port P] [--deny-over N] [--escalate-over N] [--deny-tool T] [--deny-all]   flags mode
+//! mock-gate --config FILE [--port P]                                                      config mode
+//! mock-gate approvals list|approve ID|reject ID [--comment C] --url URL
+//! mock-gate idp-token --config FILE --sub S --role R
+//! mock-gate audit export (--config FILE | --url URL) [--out FILE]
+//! ```
+
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::{Context as _, Result, bail};
+use clap::{Args, Parser, Subcommand};
+use phrony_gate::{AdminClient, FlagRules, Resolution, Settings, money, service};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "mock-gate",
+    version,
+    about = "A local twin of the Regent Control Decision API that the published SDK and verifiers accept",
+    args_conflicts_with_subcommands = true
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    serve: ServeArgs,
+}
+
+#[derive(Debug, Args)]
+struct ServeArgs {
+    /// Config mode: agents, keys, catalog, Cedar policies, mandates, OIDC (YAML).
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Port to listen on (config mode: the file's `port`, else 8009).
+    #[arg(long)]
+    port: Option<u16>,
+    /// Flags mode: amounts above this are denied MANDATE_LIMIT_EXCEEDED.
+    #[arg(long, value_name = "AMOUNT", conflicts_with = "config")]
+    deny_over: Option<String>,
+    /// Flags mode: amounts above this (and within --deny-over) escalate.
+    #[arg(long, value_name = "AMOUNT", conflicts_with = "config")]
+    escalate_over: Option<String>,
+    /// Flags mode: deny this tool TOOL_NOT_ALLOWED (repeatable).
+    #[arg(long = "deny-tool", value_name = "TOOL", conflicts_with = "config")]
+    deny_tools: Vec<String>,
+    /// Flags mode: deny every request POLICY_DENIED.
+    #[arg(long, conflicts_with = "config")]
+    deny_all: bool,
+    /// Flags mode: the key of the admin routes (approvals, audit); config mode reads `admin.key`.
+    #[arg(long, env = "MOCK_GATE_ADMIN_KEY", default_value = "dev-admin")]
+    admin_key: String,
+    /// Keep the token key and the SQLite state here (config mode: overrides `state_dir`).
+    #[arg(long, value_name = "DIR")]
+    state_dir: Option<PathBuf>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// List, approve or reject escalations through a running gate's admin route.
+    Approvals {
+        #[command(subcommand)]
+        action: ApprovalAction,
+    },
+    /// Print an id_token from the configuration's test IdP.
+    IdpToken {
+        /// The configuration file.
+        #[arg(long, value_name = "FILE")]
+        config: PathBuf,
+        /// The subject (e.g. alice@bank).
+        #[arg(long)]
+        sub: String,
+        /// The role (e.g. support_agent, manager).
+        #[arg(long)]
+        role: String,
+        /// The e-mail claim (defaults to the subject when it looks like one).
+        #[arg(long)]
+        email: Option<String>,
+    },
+    /// The audit log.
+    Audit {
+        #[command(subcommand)]
+        action: AuditAction,
+    },
+}
+
+#[derive(Debug, Args)]
+struct Remote {
+    /// The gate's base URL.
+    #[arg(long, env = "MOCK_GATE_URL", default_value = "http://127.0.0.1:8009")]
+    url: String,
+    /// The admin key (or take it from --config).
+    #[arg(long, env = "MOCK_GATE_ADMIN_KEY")]
+    admin_key: Option<String>,
+    /// A configuration file to read the admin key from.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+}
+
+impl Remote {
+    fn client(&self) -> Result<AdminClient> {
+        let key = match (&self.admin_key, &self.config) {
+            (Some(k), _) => k.clone(),
+            (None, Some(file)) => Settings::load(file)?
+                .admin_key
+                .context("the configuration has no admin key")?,
+            (None, None) => "dev-admin".to_owned(),
+        };
+        Ok(AdminClient::new(&self.url, &key)?)
+    }
+}
+
+#[derive(Debug, Subcommand)]
+enum ApprovalAction {
+    /// List approvals.
+    List {
+        /// Only this status: pending, approved, rejected, consumed, expired.
+        #[arg(long)]
+        status: Option<String>,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Approve an escalation.
+    Approve(Resolve),
+    /// Reject an escalation.
+    Reject(Resolve),
+}
+
+#[derive(Debug, Args)]
+struct Resolve {
+    /// The escalation ref (esc_…).
+    id: String,
+    /// A comment for the audit log.
+    #[arg(long)]
+    comment: Option<String>,
+    /// The approver's id_token (e.g. from `mock-gate idp-token --role manager`).
+    #[arg(long, env = "MOCK_GATE_APPROVER_TOKEN")]
+    approver_token: Option<String>,
+    #[command(flatten)]
+    remote: Remote,
+}
+
+#[derive(Debug, Subcommand)]
+enum AuditAction {
+    /// Write the hash-chained audit log as JSON Lines.
+    Export {
+        /// Read the state of this configuration directly (the gate may be stopped).
+        #[arg(long, value_name = "FILE", conflicts_with = "url")]
+        config: Option<PathBuf>,
+        /// The state directory (overrides the configuration's).
+        #[arg(long, value_name = "DIR", conflicts_with = "url")]
+        state_dir: Option<PathBuf>,
+        /// Ask a running gate instead.
+        #[arg(long)]
+        url: Option<String>,
+        /// The admin key (with --url).
+        #[arg(long, env = "MOCK_GATE_ADMIN_KEY")]
+        admin_key: Option<String>,
+        /// Write here instead of standard output.
+        #[arg(long, value_name = "FILE")]
+        out: Option<PathBuf>,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("mock-gate: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("mock-gate: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        None => serve(cli.serve).await,
+        Some(Command::Approvals { action }) => approvals(action).await,
+        Some(Command::IdpToken {
+            config,
+            sub,
+            role,
+            email,
+        }) => {
+            let settings = Settings::load(&config)?;
+            let oidc = settings
+                .oidc
+                .as_ref()
+                .context("the configuration has no oidc section")?;
+            let verifier = phrony_gate::oidc::Verifier::new(oidc)?;
+            let email = email.or_else(|| sub.contains('@').then(|| sub.clone()));
+            let token = verifier
+                .mint_test_token(&sub, &role, email.as_deref(), chrono_now())
+                .map_err(anyhow::Error::msg)?;
+            println!("{token}");
+            Ok(())
+        }
+        Some(Command::Audit {
+            action:
+                AuditAction::Export {
+                    config,
+                    state_dir,
+                    url,
+                    admin_key,
+                    out,
+                },
+        }) => {
+            let text = match (url, config) {
+                (Some(url), _) => {
+                    AdminClient::new(&url, admin_key.as_deref().unwrap_or("dev-admin"))?
+                        .audit_jsonl()
+                        .await?
+                }
+                (None, Some(config)) => {
+                    let settings = Settings::load(&config)?;
+                    let dir = state_dir
+                        .or_else(|| settings.state_dir.clone())
+                        .context("the configuration has no state_dir; pass --state-dir")?;
+                    let store = service::open_store(Some(&dir), &settings.org_id).await?;
+                    if let Some(problem) = store.verify().await? {
+                        bail!("the audit log does not verify: {problem}");
+                    }
+                    let mut text = String::new();
+                    for event in store.load().await? {
+                        text.push_str(&serde_json::to_string(&event)?);
+                        text.push('\n');
+                    }
+                    text
+                }
+                (None, None) => bail!("pass --config FILE or --url URL"),
+            };
+            match out {
+                Some(path) => std::fs::write(&path, text)
+                    .with_context(|| format!("writing {}", path.display()))?,
+                None => std::io::stdout().write_all(text.as_bytes())?,
+            }
+            Ok(())
+        }
+    }
+}
+
+fn chrono_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+}
+
+async fn serve(args: ServeArgs) -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "mock_gate=info,phrony_gate=info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let (settings, mode) = match &args.config {
+        Some(file) => (Settings::load(file)?, format!("config {}", file.display())),
+        None => {
+            let amount = |flag: &str, v: &Option<String>| -> Result<_> {
+                v.as_deref()
+                    .map(|s| {
+                        money::parse_amount(&serde_json::Value::String(s.to_owned()))
+                            .map_err(|e| anyhow::anyhow!("--{flag}: {e}"))
+                    })
+                    .transpose()
+            };
+            let rules = FlagRules {
+                deny_over: amount("deny-over", &args.deny_over)?,
+                escalate_over: amount("escalate-over", &args.escalate_over)?,
+                deny_tools: args.deny_tools.iter().cloned().collect(),
+                deny_all: args.deny_all,
+            };
+            let summary = format!(
+                "flags deny_over={} escalate_over={} deny_tools={:?} deny_all={}",
+                args.deny_over.as_deref().unwrap_or("none"),
+                args.escalate_over.as_deref().unwrap_or("none"),
+                rules.deny_tools,
+                rules.deny_all
+            );
+            (
+                Settings::flags(rules, Some(args.admin_key.clone())),
+                summary,
+            )
+        }
+    };
+    let port = args.port.or(settings.port).unwrap_or(8009);
+    let gate = service::open(settings, args.state_dir.clone()).await?;
+    let addr: SocketAddr = format!("{}:{port}", args.host)
+        .parse()
+        .with_context(|| format!("invalid listen address {}:{port}", args.host))?;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr}"))?;
+    let local = listener.local_addr()?;
+    // The first line on stdout is the base URL: scripts and tests read it.
+    println!("mock-gate listening on http://{local} ({mode})");
+    std::io::stdout().flush()?;
+    let app = phrony_gate::router(Arc::new(gate));
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await?;
+    Ok(())
+}
+
+async fn approvals(action: ApprovalAction) -> Result<()> {
+    match action {
+        ApprovalAction::List {
+            status,
+            json,
+            remote,
+        } => {
+            let list = remote.client()?.approvals(status.as_deref()).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&list)?);
+                return Ok(());
+            }
+            if list.is_empty() {
+                println!("no approvals");
+            }
+            for a in &list {
+                let s = |k: &str| a.get(k).and_then(|v| v.as_str()).unwrap_or("-").to_owned();
+                let who = a
+                    .get("on_behalf_of")
+                    .and_then(|u| u.get("sub"))
+                    .and_then(|v| v.as_str())
+                    .unwrap_or("-");
+                println!(
+                    "{}  {:<8}  {}/{}  {} {}  needs {}  for {}  {}",
+                    s("ref"),
+                    s("status"),
+                    s("tool"),
+                    s("action"),
+                    s("amount"),
+                    s("currency"),
+                    s("approver_role"),
+                    who,
+                    s("reason")
+                );
+            }
+            Ok(())
+        }
+        ApprovalAction::Approve(r) => resolve(r, Resolution::Approve).await,
+        ApprovalAction::Reject(r) => resolve(r, Resolution::Reject).await,
+    }
+}
+
+async fn resolve(r: Resolve, resolution: Resolution) -> Result<()> {
+    let view = r
+        .remote
+        .client()?
+        .resolve(
+            &r.id,
+            resolution,
+            r.comment.as_deref(),
+            r.approver_token.as_deref(),
+        )
+        .await?;
+    println!(
+        "{} {}",
+        view.get("ref").and_then(|v| v.as_str()).unwrap_or(&r.id),
+        view.get("status").and_then(|v| v.as_str()).unwrap_or("?")
+    );
+    Ok(())
+}

@@ -1,0 +1,1743 @@
+//! The decision engine: one request in, one recorded decision out.
+//!
+//! # Order of checks (documented assumption, Appendix A.4)
+//!
+//! 1. identity: the agent is registered, the key is not bound to another agent
+//!    (`IDENTITY_NOT_RESOLVED`), the agent is active (`AGENT_NOT_ACTIVE`);
+//! 2. velocity (`VELOCITY_EXCEEDED`, HTTP 200);
+//! 3. tool catalog (`TOOL_NOT_ALLOWED`);
+//! 4. the user's `id_token` (`IDENTITY_NOT_RESOLVED` when it does not verify);
+//! 5. policy: hard forbids, no permit, missing or mistyped facts (`POLICY_DENIED`);
+//! 6. mandate: found, active, in the purchase currency (`MANDATE_NOT_FOUND`), per-tx, daily,
+//!    monthly and per-entity caps (`MANDATE_LIMIT_EXCEEDED`), the relational cap
+//!    (`EXCEEDS_REFERENCE`);
+//! 7. duplicates (`DUPLICATE_REQUEST`);
+//! 8. risk (`RISK_THRESHOLD_EXCEEDED`);
+//! 9. escalation (`ESCALATION_REQUIRED`): a Cedar `@escalate` forbid or an amount above the
+//!    escalation threshold;
+//! 10. allow: the amount is held against the mandate's counters and a token is minted.
+//!
+//! Every hard check runs before escalation, so a request a human could not lawfully approve
+//! is never sent to one.
+//!
+//! # Idempotency and escalation (§1.14)
+//!
+//! A key is bound to the fingerprint of the first request that used it. The same key with
+//! another fingerprint is refused with HTTP 409. With the same fingerprint: an allow is
+//! replayed (same `decision_id`, fresh token, nothing counted again) unless its action was
+//! completed as failed or aborted, in which case the request is decided afresh; a pending
+//! escalation answers again with the same `ref`; an approved one re-runs every hard check and
+//! allows once (the approval is consumed); a rejected or expired one is denied
+//! `POLICY_DENIED` naming the rejection or expiry; a deny is re-evaluated.
+//!
+//! # Holds
+//!
+//! An allow holds its amount against the day, month, entity and reference counters.
+//! `complete(success)` commits it; `failed`/`aborted` releases it. A hold that is never
+//! completed keeps counting (conservative, documented assumption A.5).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use rust_decimal::Decimal;
+use serde_json::{Map, Value, json};
+use tokio::sync::Mutex;
+
+use crate::cedar::CedarVerdict;
+use crate::config::{AgentStatus, Auth, DERIVED_FACTS, Mandate, RiskCondition, Settings};
+use crate::error::{ApiError, GateError};
+use crate::keys::SigningKey;
+use crate::money::display;
+use crate::oidc::{VerifiedUser, Verifier};
+use crate::request::{DecisionRequest, Prepared, prepare};
+use crate::signing::{self, Assertion, SignedRequest};
+use crate::state::{
+    ApprovalEvent, ApprovalOutcome, ApprovalRecord, ApprovalStatus, Approver, CompleteStatus,
+    CompletionEvent, DecisionEvent, EV_APPROVAL, EV_COMPLETED, EV_DECISION, EV_REPLAY, Escalation,
+    Hold, HoldOutcome, HoldState, ReplayEvent, State, Verdict, windows,
+};
+use crate::store::{AuditEvent, GateStore, NewAuditEvent};
+use crate::tokens::{
+    Commitment, ISSUER, mandate_commitment, mint_allow, policy_commitment, receipt_claims,
+    set_amount,
+};
+
+/// The decision codes of §1.5.
+pub mod codes {
+    /// The agent id does not resolve, the key is bound to another agent, or the user token
+    /// does not verify.
+    pub const IDENTITY_NOT_RESOLVED: &str = "IDENTITY_NOT_RESOLVED";
+    /// The agent is suspended or revoked.
+    pub const AGENT_NOT_ACTIVE: &str = "AGENT_NOT_ACTIVE";
+    /// A policy forbade it, no permit matched, or a fact was missing or mistyped.
+    pub const POLICY_DENIED: &str = "POLICY_DENIED";
+    /// The tool or action is not in the agent's catalog.
+    pub const TOOL_NOT_ALLOWED: &str = "TOOL_NOT_ALLOWED";
+    /// No active mandate in the purchase currency.
+    pub const MANDATE_NOT_FOUND: &str = "MANDATE_NOT_FOUND";
+    /// Over a per-tx, daily, monthly or per-entity cap.
+    pub const MANDATE_LIMIT_EXCEEDED: &str = "MANDATE_LIMIT_EXCEEDED";
+    /// The risk score is above the threshold.
+    pub const RISK_THRESHOLD_EXCEEDED: &str = "RISK_THRESHOLD_EXCEEDED";
+    /// Too many decisions for the agent in the window.
+    pub const VELOCITY_EXCEEDED: &str = "VELOCITY_EXCEEDED";
+    /// An identical money request was allowed moments ago.
+    pub const DUPLICATE_REQUEST: &str = "DUPLICATE_REQUEST";
+    /// A human must approve.
+    pub const ESCALATION_REQUIRED: &str = "ESCALATION_REQUIRED";
+    /// The relational cap: refunds above the original charge, cumulatively.
+    pub const EXCEEDS_REFERENCE: &str = "EXCEEDS_REFERENCE";
+}
+
+/// The gate's clock (injectable for tests).
+pub trait Clock: Send + Sync + std::fmt::Debug {
+    /// Now, in UTC.
+    fn now(&self) -> DateTime<Utc>;
+}
+
+/// The system clock.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> DateTime<Utc> {
+        Utc::now()
+    }
+}
+
+/// Who is calling: the result of checking the bearer key and the request signature.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller {
+    /// The bearer key.
+    pub api_key: String,
+    /// The agent the key is bound to, if any.
+    pub bound_agent: Option<String>,
+    /// The key's label.
+    pub key_label: Option<String>,
+    /// How the request was signed.
+    pub assertion: Assertion,
+}
+
+/// Approve or reject.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resolution {
+    /// Approve.
+    Approve,
+    /// Reject.
+    Reject,
+}
+
+/// The outcome of the pipeline before it is recorded.
+#[derive(Debug)]
+enum Outcome {
+    Allow {
+        policies: Vec<String>,
+        mandate: Option<Mandate>,
+        hold: Option<Hold>,
+        risk: Option<f64>,
+    },
+    Deny {
+        code: &'static str,
+        reason: String,
+        currency: Option<String>,
+        policies: Vec<String>,
+    },
+    Escalate {
+        approver: String,
+        reason: String,
+        policies: Vec<String>,
+        mandate: Option<Mandate>,
+    },
+}
+
+/// A refusal from the mandate checks (kept small; it becomes an [`Outcome::Deny`]).
+#[derive(Debug)]
+struct Refusal {
+    code: &'static str,
+    reason: String,
+    currency: Option<String>,
+}
+
+fn refuse(code: &'static str, reason: impl Into<String>) -> Refusal {
+    Refusal {
+        code,
+        reason: reason.into(),
+        currency: None,
+    }
+}
+
+impl From<Refusal> for Outcome {
+    fn from(r: Refusal) -> Self {
+        Self::Deny {
+            code: r.code,
+            reason: r.reason,
+            currency: r.currency,
+            policies: Vec::new(),
+        }
+    }
+}
+
+fn deny(code: &'static str, reason: impl Into<String>) -> Outcome {
+    Outcome::Deny {
+        code,
+        reason: reason.into(),
+        currency: None,
+        policies: Vec::new(),
+    }
+}
+
+/// The gate.
+#[derive(Debug)]
+pub struct Gate {
+    settings: Settings,
+    key: SigningKey,
+    oidc: Option<Verifier>,
+    store: Arc<dyn GateStore>,
+    clock: Arc<dyn Clock>,
+    state: Mutex<State>,
+    policy: Option<Commitment>,
+    mandates: BTreeMap<String, Commitment>,
+}
+
+impl Gate {
+    /// Opens a gate: verifies the store's hash chain and replays it into the projections.
+    ///
+    /// # Errors
+    /// [`GateError`] when the IdP cannot be set up or the log is tampered with or unreadable.
+    pub async fn open(
+        settings: Settings,
+        key: SigningKey,
+        store: Arc<dyn GateStore>,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self, GateError> {
+        let oidc = settings.oidc.as_ref().map(Verifier::new).transpose()?;
+        if let Some(problem) = store.verify().await? {
+            return Err(GateError::Tampered(problem));
+        }
+        let mut state = State::default();
+        for event in store.load().await? {
+            state.apply(event.seq, &event.event_type, &event.payload)?;
+        }
+        let policy = policy_commitment(&settings, &key);
+        let mandates = settings
+            .mandates
+            .values()
+            .map(|m| (m.id.clone(), mandate_commitment(m, &key)))
+            .collect();
+        Ok(Self {
+            settings,
+            key,
+            oidc,
+            store,
+            clock,
+            state: Mutex::new(state),
+            policy,
+            mandates,
+        })
+    }
+
+    /// The settings.
+    #[must_use]
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// The JWKS publishing the token key.
+    #[must_use]
+    pub fn jwks(&self) -> Value {
+        self.key.jwks()
+    }
+
+    /// The reveal of the policy commitment (for `regent-verify --policy`).
+    #[must_use]
+    pub fn policy_reveal(&self) -> Option<&Value> {
+        self.policy.as_ref().map(|c| &c.reveal)
+    }
+
+    /// The reveal of a mandate commitment (for `regent-verify --mandate`).
+    #[must_use]
+    pub fn mandate_reveal(&self, id: &str) -> Option<&Value> {
+        self.mandates.get(id).map(|c| &c.reveal)
+    }
+
+    /// The OIDC verifier (and test IdP), if configured.
+    #[must_use]
+    pub fn oidc(&self) -> Option<&Verifier> {
+        self.oidc.as_ref()
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Authentication
+
+    /// Checks a bearer key.
+    ///
+    /// # Errors
+    /// HTTP 401 when the key is missing or unknown.
+    pub fn authenticate_key(&self, bearer: Option<&str>) -> Result<Caller, ApiError> {
+        let key = bearer
+            .map(str::trim)
+            .filter(|k| !k.is_empty())
+            .ok_or_else(|| ApiError::unauthorized("missing `Authorization: Bearer <api key>`"))?;
+        let (bound_agent, key_label) = match &self.settings.auth {
+            Auth::AnyKey => (None, None),
+            Auth::Keys(keys) => {
+                let entry = keys
+                    .get(key)
+                    .ok_or_else(|| ApiError::unauthorized("unknown API key"))?;
+                (entry.agent.clone(), entry.label.clone())
+            }
+        };
+        Ok(Caller {
+            api_key: key.to_owned(),
+            bound_agent,
+            key_label,
+            assertion: Assertion::Bearer,
+        })
+    }
+
+    /// Verifies the request signature (RFC 9421 takes precedence over HMAC) for `agent_id`
+    /// and enforces "signed requests only" for agents that require it.
+    ///
+    /// # Errors
+    /// HTTP 401 naming the problem.
+    pub fn verify_signature(
+        &self,
+        caller: &mut Caller,
+        agent_id: &str,
+        request: &SignedRequest<'_>,
+    ) -> Result<(), ApiError> {
+        let now = self.clock.now().timestamp();
+        let skew = self.settings.limits.signature_skew_seconds;
+        let agent = self.settings.agents.as_ref().and_then(|a| a.get(agent_id));
+        let inputs = (request.header)("signature-input");
+        if !inputs.is_empty() {
+            let input = inputs.join(", ");
+            let kid = signing::rfc9421_keyid(&input).map_err(ApiError::unauthorized)?;
+            let key = agent
+                .and_then(|a| a.ed25519_keys.get(&kid))
+                .ok_or_else(|| {
+                    ApiError::unauthorized(format!(
+                        "key `{kid}` is not registered for agent `{agent_id}`"
+                    ))
+                })?;
+            let verified =
+                signing::verify_rfc9421(request, key, now, skew).map_err(ApiError::unauthorized)?;
+            caller.assertion = Assertion::Rfc9421 { kid: verified.kid };
+            return Ok(());
+        }
+        let hmac = (request.header)("x-agent-signature");
+        if let Some(sig) = hmac.first() {
+            let ts = (request.header)("x-agent-signature-timestamp");
+            signing::verify_hmac(
+                &caller.api_key,
+                agent_id,
+                request.body,
+                sig,
+                ts.first().map(String::as_str),
+                now,
+                skew,
+            )
+            .map_err(ApiError::unauthorized)?;
+            caller.assertion = Assertion::Hmac;
+            return Ok(());
+        }
+        let required = agent.is_some_and(|a| a.require_signed)
+            || self
+                .settings
+                .policy
+                .as_ref()
+                .is_some_and(|p| p.profile.signed_agents_only);
+        if required {
+            return Err(ApiError::unauthorized(format!(
+                "agent `{agent_id}` requires signed requests (HMAC or RFC 9421)"
+            )));
+        }
+        Ok(())
+    }
+
+    /// The agent a recorded decision belongs to (to verify a `complete` signature).
+    pub async fn decision_agent(&self, decision_id: &str) -> Option<String> {
+        let state = self.state.lock().await;
+        state
+            .decisions
+            .get(decision_id)
+            .map(|d| d.event.agent_id.clone())
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Decisions
+
+    /// Decides one request and records it. Deny and escalate are decisions (`Ok`), answered
+    /// with HTTP 200; `Err` means no decision was made.
+    ///
+    /// # Errors
+    /// HTTP 422 for malformed bodies, 409 for an idempotency key reused with another request,
+    /// 500 when the store fails (nothing is recorded then).
+    pub async fn decide(
+        &self,
+        caller: &Caller,
+        request: DecisionRequest,
+        idempotency_header: Option<&str>,
+    ) -> Result<Value, ApiError> {
+        let prepared = prepare(request, idempotency_header, self.settings.flags.is_some())?;
+        // Pure work happens outside the lock: verifying the user's token before, signing the
+        // allow token after. Only the decision itself and its durable append are serialised.
+        let user = self.verify_user(prepared.user_token.as_deref());
+        let event = {
+            let mut state = self.state.lock().await;
+            let now = self.clock.now();
+            self.decide_locked(&mut state, caller, &prepared, user, now)
+                .await?
+        };
+        let token = match &event.claims {
+            Some(claims) => Some(
+                mint_allow(&self.key, claims, self.clock.now().timestamp())
+                    .map_err(ApiError::internal)?,
+            ),
+            None => None,
+        };
+        Ok(response(&event, token))
+    }
+
+    async fn decide_locked(
+        &self,
+        state: &mut State,
+        caller: &Caller,
+        prepared: &Prepared,
+        user: Result<Option<VerifiedUser>, String>,
+        now: DateTime<Utc>,
+    ) -> Result<DecisionEvent, ApiError> {
+        let agent = prepared.req.agent_id.clone();
+
+        // Idempotency and approvals.
+        let mut approval: Option<(String, ApprovalEvent)> = None;
+        if let Some(key) = &prepared.idempotency_key {
+            if let Some((fingerprint, decision_id)) = state
+                .idempotency
+                .get(&(agent.clone(), key.clone()))
+                .cloned()
+            {
+                if fingerprint != prepared.fingerprint {
+                    return Err(ApiError::conflict(format!(
+                        "idempotency key `{key}` was already used for a different request \
+                         (decision {decision_id}); use a new key for a new request"
+                    )));
+                }
+                let previous = state.decisions.get(&decision_id).cloned();
+                if let Some(previous) = previous {
+                    match previous.event.verdict {
+                        Verdict::Allow => {
+                            let failed = previous
+                                .completion
+                                .as_ref()
+                                .is_some_and(|c| c.status != CompleteStatus::Success);
+                            if !failed {
+                                return self.replay(state, &previous.event, now).await;
+                            }
+                        }
+                        Verdict::Escalate => {
+                            let reference = previous
+                                .event
+                                .escalation
+                                .as_ref()
+                                .map(|e| e.reference.clone())
+                                .unwrap_or_default();
+                            match self.approval_gate(state, &reference, now) {
+                                ApprovalGate::Pending => {
+                                    return self.replay(state, &previous.event, now).await;
+                                }
+                                ApprovalGate::Approved(decided) => {
+                                    approval = Some((reference, decided));
+                                }
+                                ApprovalGate::Refused(reason) => {
+                                    let outcome = deny(codes::POLICY_DENIED, reason);
+                                    return self
+                                        .record(
+                                            state, caller, prepared, outcome, None, None, None, now,
+                                        )
+                                        .await;
+                                }
+                            }
+                        }
+                        Verdict::Deny => {}
+                    }
+                }
+            }
+        } else {
+            // Without a key, an identical request finds the approval it asked for.
+            if let Some(reference) = state
+                .approvals_by_fingerprint
+                .get(&(agent.clone(), prepared.fingerprint.clone()))
+                .cloned()
+            {
+                match self.approval_gate(state, &reference, now) {
+                    ApprovalGate::Pending => {
+                        let decision_id = state
+                            .approvals
+                            .get(&reference)
+                            .map(|a| a.decision_id.clone())
+                            .unwrap_or_default();
+                        if let Some(previous) = state.decisions.get(&decision_id).cloned() {
+                            return self.replay(state, &previous.event, now).await;
+                        }
+                    }
+                    ApprovalGate::Approved(decided) => approval = Some((reference, decided)),
+                    ApprovalGate::Refused(_) => {}
+                }
+            }
+        }
+
+        let mut outcome = self.evaluate(state, caller, prepared, &user, now, approval.is_some());
+        let user = user.ok().flatten();
+        let mut observed = None;
+        let observe = self
+            .settings
+            .policy
+            .as_ref()
+            .is_some_and(|p| p.profile.observe_mode);
+        if observe {
+            // Observe mode: decide and record, never block. The would-be refusal is recorded
+            // (and shown) next to the allow; nothing is held against the mandate.
+            match outcome {
+                Outcome::Deny {
+                    code,
+                    reason,
+                    policies,
+                    ..
+                } => {
+                    observed = Some((code.to_owned(), reason));
+                    outcome = Outcome::Allow {
+                        policies,
+                        mandate: None,
+                        hold: None,
+                        risk: None,
+                    };
+                }
+                Outcome::Escalate {
+                    reason,
+                    policies,
+                    mandate,
+                    ..
+                } => {
+                    observed = Some((codes::ESCALATION_REQUIRED.to_owned(), reason));
+                    outcome = Outcome::Allow {
+                        policies,
+                        mandate,
+                        hold: None,
+                        risk: None,
+                    };
+                }
+                Outcome::Allow { .. } => {}
+            }
+        }
+        let approval_ref = match &outcome {
+            Outcome::Allow { .. } => approval.map(|(r, _)| r),
+            _ => None,
+        };
+        self.record(
+            state,
+            caller,
+            prepared,
+            outcome,
+            user,
+            approval_ref,
+            observed,
+            now,
+        )
+        .await
+    }
+
+    fn verify_user(&self, token: Option<&str>) -> Result<Option<VerifiedUser>, String> {
+        let Some(token) = token else {
+            return Ok(None);
+        };
+        let verifier = self
+            .oidc
+            .as_ref()
+            .ok_or("user_token was sent but no IdP is configured to verify it")?;
+        verifier
+            .verify(token, self.clock.now().timestamp())
+            .map(Some)
+            .map_err(|e| format!("user_token {e}"))
+    }
+
+    fn approval_gate(&self, state: &State, reference: &str, now: DateTime<Utc>) -> ApprovalGate {
+        let Some(record) = state.approvals.get(reference) else {
+            return ApprovalGate::Refused(format!("escalation {reference} is unknown"));
+        };
+        match &record.status {
+            ApprovalStatus::Pending if now > record.escalation.expires_at => {
+                ApprovalGate::Refused(format!(
+                    "escalation {reference} expired at {} without a decision",
+                    rfc3339(record.escalation.expires_at)
+                ))
+            }
+            ApprovalStatus::Pending => ApprovalGate::Pending,
+            ApprovalStatus::Decided(d) if d.outcome == ApprovalOutcome::Approved => {
+                ApprovalGate::Approved(d.clone())
+            }
+            ApprovalStatus::Decided(d) => ApprovalGate::Refused(format!(
+                "escalation {reference} was rejected by {}{}",
+                describe_approver(&d.approver),
+                d.comment
+                    .as_deref()
+                    .map(|c| format!(": {c}"))
+                    .unwrap_or_default()
+            )),
+            ApprovalStatus::Consumed { decision_id, .. } => ApprovalGate::Refused(format!(
+                "escalation {reference} was already used by decision {decision_id}"
+            )),
+        }
+    }
+
+    #[allow(clippy::too_many_lines)] // reason: the documented pipeline reads best in one place
+    fn evaluate(
+        &self,
+        state: &State,
+        caller: &Caller,
+        p: &Prepared,
+        user: &Result<Option<VerifiedUser>, String>,
+        now: DateTime<Utc>,
+        approved: bool,
+    ) -> Outcome {
+        let req = &p.req;
+        let s = &self.settings;
+        let flags = s.flags.as_ref();
+        if flags.is_some_and(|f| f.deny_all) {
+            return deny(
+                codes::POLICY_DENIED,
+                "mock-gate --deny-all: every request is denied",
+            );
+        }
+
+        // 1. Identity.
+        let agent = match &s.agents {
+            None => None,
+            Some(agents) => match agents.get(&req.agent_id) {
+                Some(a) => Some(a),
+                None => {
+                    return deny(
+                        codes::IDENTITY_NOT_RESOLVED,
+                        format!("agent `{}` is not registered", req.agent_id),
+                    );
+                }
+            },
+        };
+        if let Some(bound) = &caller.bound_agent
+            && *bound != req.agent_id
+        {
+            return deny(
+                codes::IDENTITY_NOT_RESOLVED,
+                format!(
+                    "this API key is bound to agent `{bound}`, not `{}`",
+                    req.agent_id
+                ),
+            );
+        }
+        if let Some(a) = agent
+            && a.status != AgentStatus::Active
+        {
+            let status = if a.status == AgentStatus::Suspended {
+                "suspended"
+            } else {
+                "revoked"
+            };
+            return deny(
+                codes::AGENT_NOT_ACTIVE,
+                format!("agent `{}` is {status}", req.agent_id),
+            );
+        }
+
+        // 2. Velocity.
+        let velocity = agent.and_then(|a| a.velocity).or(s.limits.velocity);
+        let mut velocity_ratio = 0.0;
+        if let Some(v) = velocity {
+            let since = now - chrono::Duration::seconds(i64::from(v.window_seconds));
+            let used = state.decisions_since(&req.agent_id, since);
+            velocity_ratio = used as f64 / f64::from(v.max);
+            if used >= v.max as usize {
+                return deny(
+                    codes::VELOCITY_EXCEEDED,
+                    format!(
+                        "agent `{}` made {used} decisions in the last {}s (limit {}); back off",
+                        req.agent_id, v.window_seconds, v.max
+                    ),
+                );
+            }
+        }
+
+        // 3. Tool catalog.
+        if flags.is_some_and(|f| f.deny_tools.contains(&req.tool)) {
+            return deny(
+                codes::TOOL_NOT_ALLOWED,
+                format!("tool `{}` is denied (--deny-tool)", req.tool),
+            );
+        }
+        let tool = match &s.tools {
+            None => None,
+            Some(tools) => {
+                let in_catalog = agent.is_some_and(|a| a.tools.contains(&req.tool));
+                match tools.get(&req.tool) {
+                    Some(t) if in_catalog => {
+                        if !t.actions.contains(&req.action) {
+                            return deny(
+                                codes::TOOL_NOT_ALLOWED,
+                                format!(
+                                    "tool `{}` does not expose action `{}`",
+                                    req.tool, req.action
+                                ),
+                            );
+                        }
+                        Some(t)
+                    }
+                    _ => {
+                        return deny(
+                            codes::TOOL_NOT_ALLOWED,
+                            format!(
+                                "tool `{}` is not in the catalog of agent `{}`",
+                                req.tool, req.agent_id
+                            ),
+                        );
+                    }
+                }
+            }
+        };
+
+        // 4. The user.
+        let user = match user {
+            Ok(u) => u.as_ref(),
+            Err(problem) => return deny(codes::IDENTITY_NOT_RESOLVED, problem.clone()),
+        };
+
+        // 5. Policy.
+        let mut policies = Vec::new();
+        let mut escalation: Option<(String, String, Vec<String>)> = None;
+        if let Some(policy) = &s.policy {
+            let context = self.policy_context(req, p, user);
+            match policy
+                .cedar
+                .evaluate(&req.agent_id, &req.action, &req.tool, &context)
+            {
+                CedarVerdict::Allow { permits } => policies = permits,
+                CedarVerdict::Deny { forbids } => {
+                    return Outcome::Deny {
+                        code: codes::POLICY_DENIED,
+                        reason: format!("forbidden by policy {}", forbids.join(", ")),
+                        currency: None,
+                        policies: forbids,
+                    };
+                }
+                CedarVerdict::NoPermit => {
+                    return deny(
+                        codes::POLICY_DENIED,
+                        "no permit policy matched (default deny)",
+                    );
+                }
+                CedarVerdict::Escalate {
+                    policies: ids,
+                    approver,
+                } => {
+                    escalation = Some((
+                        approver,
+                        format!("policy {} requires an approval", ids.join(", ")),
+                        ids.clone(),
+                    ));
+                    policies = ids;
+                }
+                CedarVerdict::Invalid { problem } => {
+                    return deny(codes::POLICY_DENIED, format!("fail closed: {problem}"));
+                }
+            }
+        }
+
+        // 6. Mandate.
+        let mut mandate = None;
+        let mut hold = None;
+        if let Some(rules) = flags {
+            if let Some(money) = &p.money {
+                if let Some(cap) = rules.deny_over
+                    && money.amount > cap
+                {
+                    return deny(
+                        codes::MANDATE_LIMIT_EXCEEDED,
+                        format!(
+                            "{} {} is over the limit {} (--deny-over)",
+                            display(money.amount),
+                            money.currency,
+                            display(cap)
+                        ),
+                    );
+                }
+                if let Some(threshold) = rules.escalate_over
+                    && money.amount > threshold
+                    && escalation.is_none()
+                {
+                    escalation = Some((
+                        s.approvals.default_approver.clone(),
+                        format!(
+                            "{} {} is over the escalation threshold {} (--escalate-over)",
+                            display(money.amount),
+                            money.currency,
+                            display(threshold)
+                        ),
+                        Vec::new(),
+                    ));
+                }
+            }
+        } else {
+            let bound = tool.and_then(|t| t.mandate.clone());
+            let mandate_id = p.mandate_id.clone().or(bound.clone());
+            match (&p.money, mandate_id) {
+                (None, Some(id)) if bound.is_some() => {
+                    return deny(
+                        codes::POLICY_DENIED,
+                        format!(
+                            "fail closed: tool `{}` spends under mandate `{id}`, so the request \
+                             needs amount_usd (or amount + currency)",
+                            req.tool
+                        ),
+                    );
+                }
+                (None, _) => {}
+                (Some(money), None) => {
+                    return Outcome::Deny {
+                        code: codes::MANDATE_NOT_FOUND,
+                        reason: format!(
+                            "no mandate covers {} {} on tool `{}`",
+                            display(money.amount),
+                            money.currency,
+                            req.tool
+                        ),
+                        currency: Some(money.currency.clone()),
+                        policies,
+                    };
+                }
+                (Some(_), Some(id)) => {
+                    match self.check_mandate(state, p, &id, bound.as_deref(), now) {
+                        Ok((m, h)) => {
+                            mandate = Some(m);
+                            hold = Some(h);
+                        }
+                        Err(refusal) => return refusal.into(),
+                    }
+                }
+            }
+            if let (Some(money), Some(threshold)) = (
+                &p.money,
+                s.policy.as_ref().and_then(|p| p.profile.escalation_amount),
+            ) && money.amount > threshold
+                && escalation.is_none()
+            {
+                escalation = Some((
+                    s.approvals.default_approver.clone(),
+                    format!(
+                        "{} {} is above the escalation amount {}",
+                        display(money.amount),
+                        money.currency,
+                        display(threshold)
+                    ),
+                    Vec::new(),
+                ));
+            }
+        }
+
+        // 7. Duplicates.
+        if p.money.is_some()
+            && p.idempotency_key.is_none()
+            && s.limits.duplicate_window_seconds > 0
+            && !approved
+            && let Some((at, previous)) = state
+                .recent_allows
+                .get(&(req.agent_id.clone(), p.fingerprint.clone()))
+            && now - *at < chrono::Duration::seconds(i64::from(s.limits.duplicate_window_seconds))
+        {
+            return deny(
+                codes::DUPLICATE_REQUEST,
+                format!(
+                    "an identical request was allowed at {} as {previous}; pass an \
+                     idempotency_key to repeat it deliberately",
+                    rfc3339(*at)
+                ),
+            );
+        }
+
+        // 8. Risk.
+        let mut risk = None;
+        if let Some(model) = &s.risk {
+            let mut score = 0.0;
+            let mut matched = Vec::new();
+            for signal in &model.signals {
+                let hit = match &signal.when {
+                    RiskCondition::AmountOver(a) => p.money.as_ref().is_some_and(|m| m.amount > *a),
+                    RiskCondition::VelocityRatioOver(r) => velocity_ratio > *r,
+                    RiskCondition::FactEquals(name, value) => req.context.get(name) == Some(value),
+                };
+                if hit {
+                    score += signal.score;
+                    matched.push(signal.id.clone());
+                }
+            }
+            let score: f64 = score.clamp(0.0, 1.0);
+            if score > model.deny_above {
+                return deny(
+                    codes::RISK_THRESHOLD_EXCEEDED,
+                    format!(
+                        "risk score {score:.2} is above {:.2} ({})",
+                        model.deny_above,
+                        matched.join(", ")
+                    ),
+                );
+            }
+            risk = Some(score);
+        }
+
+        // 9. Escalation.
+        if let Some((approver, reason, ids)) = escalation
+            && !approved
+        {
+            return Outcome::Escalate {
+                approver,
+                reason,
+                policies: ids,
+                mandate,
+            };
+        }
+
+        Outcome::Allow {
+            policies,
+            mandate,
+            hold,
+            risk,
+        }
+    }
+
+    /// The context Cedar sees: the client's facts without the derived keys, then the derived
+    /// facts the gate knows.
+    fn policy_context(
+        &self,
+        req: &DecisionRequest,
+        p: &Prepared,
+        user: Option<&VerifiedUser>,
+    ) -> Map<String, Value> {
+        let mut context = req.context.clone();
+        for key in DERIVED_FACTS {
+            context.remove(*key);
+        }
+        context.insert("agent_active".into(), Value::Bool(true));
+        context.insert("tool".into(), json!(req.tool));
+        if let Some(user) = user {
+            context.insert("user_role".into(), json!(user.role));
+            context.insert("user_sub".into(), json!(user.sub));
+            if let Some(email) = &user.email {
+                context.insert("user_email".into(), json!(email));
+            }
+        }
+        if let Some(money) = &p.money {
+            context.insert("amount".into(), json!(money.amount.normalize().to_string()));
+            context.insert("currency".into(), json!(money.currency));
+        }
+        context
+    }
+
+    #[allow(clippy::too_many_lines)] // reason: one check per mandate term, in order
+    fn check_mandate(
+        &self,
+        state: &State,
+        p: &Prepared,
+        id: &str,
+        bound: Option<&str>,
+        now: DateTime<Utc>,
+    ) -> Result<(Mandate, Hold), Refusal> {
+        let req = &p.req;
+        let Some(money) = &p.money else {
+            return Err(refuse(codes::POLICY_DENIED, "no amount"));
+        };
+        let not_found = |why: String| Refusal {
+            code: codes::MANDATE_NOT_FOUND,
+            reason: why,
+            currency: Some(money.currency.clone()),
+        };
+        let Some(m) = self.settings.mandates.get(id) else {
+            return Err(not_found(format!("mandate `{id}` does not exist")));
+        };
+        if let Some(bound) = bound
+            && bound != id
+        {
+            return Err(not_found(format!(
+                "tool `{}` spends under mandate `{bound}`, not `{id}`",
+                req.tool
+            )));
+        }
+        if m.agent.as_ref().is_some_and(|a| *a != req.agent_id) {
+            return Err(not_found(format!(
+                "mandate `{id}` does not belong to agent `{}`",
+                req.agent_id
+            )));
+        }
+        if m.status != "active" {
+            return Err(not_found(format!("mandate `{id}` is {}", m.status)));
+        }
+        if m.expires_at.is_some_and(|t| t <= now) {
+            return Err(not_found(format!("mandate `{id}` has expired")));
+        }
+        if m.currency != money.currency {
+            return Err(not_found(format!(
+                "mandate `{id}` is in {}, the request is in {}: no active mandate in {}",
+                m.currency, money.currency, money.currency
+            )));
+        }
+        if !m.allowed_resources.is_empty() {
+            let resource = req.resource.as_deref().map(|r| format!("{}/{r}", req.tool));
+            let covered = m.allowed_resources.iter().any(|allowed| {
+                *allowed == req.tool
+                    || resource
+                        .as_deref()
+                        .is_some_and(|r| r.starts_with(allowed.as_str()))
+            });
+            if !covered {
+                return Err(not_found(format!(
+                    "mandate `{id}` does not cover tool `{}`",
+                    req.tool
+                )));
+            }
+        }
+        let over = |what: &str, limit: Decimal, total: Decimal| Refusal {
+            code: codes::MANDATE_LIMIT_EXCEEDED,
+            reason: format!(
+                "{} {} would exceed the {what} limit {} of mandate `{id}` (counted with this \
+                 request: {})",
+                display(money.amount),
+                money.currency,
+                display(limit),
+                display(total)
+            ),
+            currency: Some(money.currency.clone()),
+        };
+        if let Some(cap) = m.per_tx_limit
+            && money.amount > cap
+        {
+            return Err(Refusal {
+                code: codes::MANDATE_LIMIT_EXCEEDED,
+                reason: format!(
+                    "{} {} is over the per-transaction limit {} of mandate `{id}`",
+                    display(money.amount),
+                    money.currency,
+                    display(cap)
+                ),
+                currency: Some(money.currency.clone()),
+            });
+        }
+        let (day, month) = windows(now);
+        let mut hold = Hold {
+            mandate_id: id.to_owned(),
+            amount: money.amount,
+            day,
+            month,
+            entity: None,
+            reference: None,
+            reference_amount: None,
+        };
+        if let Some(cap) = m.daily_limit {
+            let total = state.usage(&crate::state::Counter::Day(id.into(), hold.day.clone()))
+                + money.amount;
+            if total > cap {
+                return Err(over("daily", cap, total));
+            }
+        }
+        if let Some(cap) = m.monthly_limit {
+            let total = state.usage(&crate::state::Counter::Month(id.into(), hold.month.clone()))
+                + money.amount;
+            if total > cap {
+                return Err(over("monthly", cap, total));
+            }
+        }
+        if let (Some(cap), Some(key)) = (m.per_entity_limit, &m.entity_key) {
+            let entity = match req.context.get(key) {
+                Some(Value::String(s)) if !s.is_empty() => s.clone(),
+                Some(other) => {
+                    return Err(refuse(
+                        codes::POLICY_DENIED,
+                        format!("fail closed: fact `{key}` must be a string, got `{other}`"),
+                    ));
+                }
+                None => {
+                    return Err(refuse(
+                        codes::POLICY_DENIED,
+                        format!(
+                            "fail closed: missing fact `{key}` (mandate `{id}` caps spend per {key})"
+                        ),
+                    ));
+                }
+            };
+            let total = state.usage(&crate::state::Counter::Entity(
+                id.into(),
+                entity.clone(),
+                hold.month.clone(),
+            )) + money.amount;
+            if total > cap {
+                return Err(over(&format!("per-{key} monthly"), cap, total));
+            }
+            hold.entity = Some(entity);
+        }
+        if m.relational_cap {
+            let Some(reference) = p.reference.clone() else {
+                return Err(refuse(
+                    codes::POLICY_DENIED,
+                    format!(
+                        "fail closed: missing fact `reference` (mandate `{id}` caps refunds by the \
+                         original charge)"
+                    ),
+                ));
+            };
+            let pinned = self
+                .settings
+                .references
+                .get(&reference)
+                .copied()
+                .or_else(|| {
+                    state
+                        .reference_pins
+                        .get(&(id.to_owned(), reference.clone()))
+                        .copied()
+                });
+            let base = match (pinned, p.reference_amount) {
+                (Some(pinned), Some(given)) if pinned != given => {
+                    return Err(Refusal {
+                        code: codes::EXCEEDS_REFERENCE,
+                        reason: format!(
+                            "reference {reference} is recorded with amount {}, the request says {}",
+                            display(pinned),
+                            display(given)
+                        ),
+                        currency: Some(money.currency.clone()),
+                    });
+                }
+                (Some(pinned), _) => pinned,
+                (None, Some(given)) => given,
+                (None, None) => {
+                    return Err(refuse(
+                        codes::POLICY_DENIED,
+                        format!(
+                            "fail closed: missing fact `reference_amount` for reference {reference}"
+                        ),
+                    ));
+                }
+            };
+            let already = state.usage(&crate::state::Counter::Reference(
+                id.into(),
+                reference.clone(),
+            ));
+            if already + money.amount > base {
+                return Err(Refusal {
+                    code: codes::EXCEEDS_REFERENCE,
+                    reason: format!(
+                        "refunds against {reference} would total {} {}, above the original {} \
+                         (already {} refunded or held)",
+                        display(already + money.amount),
+                        money.currency,
+                        display(base),
+                        display(already)
+                    ),
+                    currency: Some(money.currency.clone()),
+                });
+            }
+            hold.reference = Some(reference);
+            hold.reference_amount = Some(base);
+        }
+        Ok((m.clone(), hold))
+    }
+
+    /// Records an outcome as a decision event and answers it.
+    #[allow(clippy::too_many_arguments)] // reason: the pieces of one decision record
+    async fn record(
+        &self,
+        state: &mut State,
+        caller: &Caller,
+        p: &Prepared,
+        outcome: Outcome,
+        user: Option<VerifiedUser>,
+        approval_ref: Option<String>,
+        observed: Option<(String, String)>,
+        now: DateTime<Utc>,
+    ) -> Result<DecisionEvent, ApiError> {
+        let req = &p.req;
+        let (observed_code, observed_reason) = observed.unzip();
+        let decision_id = format!("dec_{}", &uuid::Uuid::new_v4().simple().to_string()[..24]);
+        let mut event = DecisionEvent {
+            decision_id: decision_id.clone(),
+            at: now,
+            agent_id: req.agent_id.clone(),
+            tool: req.tool.clone(),
+            action: req.action.clone(),
+            resource: req.resource.clone(),
+            args_hash: p.args_hash.clone(),
+            fingerprint: p.fingerprint.clone(),
+            idempotency_key: p.idempotency_key.clone(),
+            verdict: Verdict::Deny,
+            code: None,
+            reason: None,
+            refusal_currency: None,
+            policies: Vec::new(),
+            amount: p.money.as_ref().map(|m| m.amount),
+            currency: p.money.as_ref().map(|m| m.currency.clone()),
+            payee: p.payee.clone(),
+            mandate_id: None,
+            hold: None,
+            duplicate_guard: false,
+            user: user.clone(),
+            intent: p.intent.clone(),
+            facts: {
+                let mut facts = req.context.clone();
+                facts.remove("user_token");
+                facts
+            },
+            escalation: None,
+            approval_ref,
+            risk_score: None,
+            assertion_scheme: caller.assertion.scheme().to_owned(),
+            assertion_kid: caller.assertion.kid().map(str::to_owned),
+            key_label: caller.key_label.clone(),
+            claims: None,
+            observed_code,
+            observed_reason,
+        };
+        match outcome {
+            Outcome::Allow {
+                policies,
+                mandate,
+                hold,
+                risk,
+            } => {
+                event.verdict = Verdict::Allow;
+                event.policies = policies;
+                event.mandate_id = mandate.as_ref().map(|m| m.id.clone());
+                event.hold = hold;
+                event.risk_score = risk;
+                event.duplicate_guard = p.money.is_some() && p.idempotency_key.is_none();
+                event.claims =
+                    Some(self.allow_claims(&event, caller, mandate.as_ref(), user.as_ref()));
+            }
+            Outcome::Deny {
+                code,
+                reason,
+                currency,
+                policies,
+            } => {
+                event.code = Some(code.to_owned());
+                event.reason = Some(reason);
+                event.refusal_currency = currency;
+                event.policies = policies;
+                event.approval_ref = None;
+            }
+            Outcome::Escalate {
+                approver,
+                reason,
+                policies,
+                mandate,
+            } => {
+                event.verdict = Verdict::Escalate;
+                event.code = Some(codes::ESCALATION_REQUIRED.to_owned());
+                event.reason = Some(reason);
+                event.policies = policies;
+                event.mandate_id = mandate.map(|m| m.id);
+                event.approval_ref = None;
+                event.escalation = Some(Escalation {
+                    kind: self.settings.approvals.escalation_type.clone(),
+                    reference: format!("esc_{}", &uuid::Uuid::new_v4().simple().to_string()[..20]),
+                    approver,
+                    expires_at: now
+                        + chrono::Duration::seconds(i64::from(self.settings.approvals.ttl_seconds)),
+                });
+            }
+        }
+        let payload = serde_json::to_value(&event)
+            .map_err(|e| ApiError::internal(format!("encoding the decision: {e}")))?;
+        let stored = self
+            .store
+            .append(NewAuditEvent {
+                event_type: EV_DECISION.into(),
+                actor: event.agent_id.clone(),
+                payload: payload.clone(),
+            })
+            .await
+            .map_err(|e| ApiError::internal(e.to_string()))?;
+        state
+            .apply(stored.seq, EV_DECISION, &payload)
+            .map_err(|e| ApiError::internal(e.to_string()))?;
+        Ok(event)
+    }
+
+    fn allow_claims(
+        &self,
+        event: &DecisionEvent,
+        caller: &Caller,
+        mandate: Option<&Mandate>,
+        user: Option<&VerifiedUser>,
+    ) -> Value {
+        let mut claims = json!({
+            "iss": ISSUER,
+            "sub": event.agent_id,
+            "aud": event.tool,
+            "scope": format!("{}:{}", event.tool, event.action),
+            "decision_id": event.decision_id,
+            "args_hash": event.args_hash,
+            "environment": self.settings.environment,
+            "assertion_scheme": caller.assertion.scheme(),
+            "key_custody": caller.assertion.custody(),
+        });
+        if let Some(kid) = caller.assertion.kid() {
+            claims["assertion_kid"] = json!(kid);
+        }
+        if let Some(amount) = event.amount {
+            set_amount(&mut claims, amount);
+            claims["currency"] = json!(event.currency);
+        }
+        if let Some(payee) = &event.payee {
+            claims["payee"] = json!(payee);
+        }
+        if let Some(m) = mandate
+            && let Some(c) = self.mandates.get(&m.id)
+        {
+            claims["mandate_id"] = json!(m.id);
+            claims["mandate_version"] = json!(c.version);
+            claims["mandate_hash"] = json!(c.hash);
+        }
+        if let Some(p) = &self.policy {
+            claims["policy_version"] = json!(p.version);
+            claims["policy_hash"] = json!(p.hash);
+            claims["policy_source"] = json!(p.source);
+        }
+        if let Some(risk) = &self.settings.risk {
+            claims["risk_model"] = json!(risk.model);
+        }
+        if let Some(user) = user {
+            claims["user_sub"] = json!(user.sub);
+            claims["user_role"] = json!(user.role);
+        }
+        claims
+    }
+
+    async fn replay(
+        &self,
+        state: &mut State,
+        previous: &DecisionEvent,
+        now: DateTime<Utc>,
+    ) -> Result<DecisionEvent, ApiError> {
+        let replay = ReplayEvent {
+            decision_id: previous.decision_id.clone(),
+            at: now,
+            agent_id: previous.agent_id.clone(),
+            idempotency_key: previous.idempotency_key.clone(),
+            verdict: previous.verdict,
+        };
+        let payload = serde_json::to_value(&replay)
+            .map_err(|e| ApiError::internal(format!("encoding the replay: {e}")))?;
+        let stored = self
+            .store
+            .append(NewAuditEvent {
+                event_type: EV_REPLAY.into(),
+                actor: previous.agent_id.clone(),
+                payload: payload.clone(),
+            })
+            .await
+            .map_err(|e| ApiError::internal(e.to_string()))?;
+        state
+            .apply(stored.seq, EV_REPLAY, &payload)
+            .map_err(|e| ApiError::internal(e.to_string()))?;
+        Ok(previous.clone())
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Completion
+
+    /// Records the outcome of an allowed action: commits (success) or releases (failed,
+    /// aborted) its hold and returns a `receipt+jwt`. Completing again with the same status
+    /// returns the same answer.
+    ///
+    /// # Errors
+    /// 404 unknown decision, 403 another agent's decision, 409 not an allow or completed with
+    /// another status, 422 bad status, 500 store failure.
+    pub async fn complete(
+        &self,
+        caller: &Caller,
+        decision_id: &str,
+        body: &[u8],
+    ) -> Result<Value, ApiError> {
+        let parsed: Value = serde_json::from_slice(body)
+            .map_err(|e| ApiError::unprocessable(format!("the body is not JSON: {e}")))?;
+        let status = match parsed.get("status").and_then(Value::as_str) {
+            Some("success") => CompleteStatus::Success,
+            Some("failed") => CompleteStatus::Failed,
+            Some("aborted") => CompleteStatus::Aborted,
+            Some(other) => {
+                return Err(ApiError::unprocessable(format!(
+                    "`status` must be success, failed or aborted, got `{other}`"
+                )));
+            }
+            None => return Err(ApiError::unprocessable("`status` is required")),
+        };
+        let text = |name: &str| -> Result<Option<String>, ApiError> {
+            match parsed.get(name) {
+                None | Some(Value::Null) => Ok(None),
+                Some(Value::String(s)) => Ok(Some(s.clone())),
+                Some(other) => Err(ApiError::unprocessable(format!(
+                    "`{name}` must be a string or null, got `{other}`"
+                ))),
+            }
+        };
+        let downstream_ref = text("downstream_ref")?;
+        let error = text("error")?;
+
+        let mut state = self.state.lock().await;
+        let now = self.clock.now();
+        let record =
+            state.decisions.get(decision_id).cloned().ok_or_else(|| {
+                ApiError::not_found(format!("decision `{decision_id}` not found"))
+            })?;
+        if let Some(bound) = &caller.bound_agent
+            && *bound != record.event.agent_id
+        {
+            return Err(ApiError::forbidden(format!(
+                "decision `{decision_id}` belongs to another agent"
+            )));
+        }
+        if record.event.verdict != Verdict::Allow {
+            return Err(ApiError::conflict(format!(
+                "decision `{decision_id}` was {}; only allowed decisions are completed",
+                record.event.verdict.as_str()
+            )));
+        }
+        if let Some(done) = &record.completion {
+            if done.status == status {
+                return Ok(complete_response(
+                    decision_id,
+                    done,
+                    record.hold_state.is_some(),
+                ));
+            }
+            return Err(ApiError::conflict(format!(
+                "decision `{decision_id}` was already completed as {}",
+                done.status.as_str()
+            )));
+        }
+        let hold = match (record.hold_state, status) {
+            (Some(HoldState::Held), CompleteStatus::Success) => HoldOutcome::Committed,
+            (Some(HoldState::Held), _) => HoldOutcome::Released,
+            _ => HoldOutcome::None,
+        };
+        let claims = record.event.claims.clone().unwrap_or_else(|| json!({}));
+        let receipt_claims = receipt_claims(
+            &claims,
+            &record.event.tool,
+            &record.event.action,
+            status.as_str(),
+            downstream_ref.as_deref(),
+            now.timestamp(),
+        );
+        let receipt = self
+            .key
+            .sign("receipt+jwt", &receipt_claims)
+            .map_err(|e| ApiError::internal(e.to_string()))?;
+        let event = CompletionEvent {
+            decision_id: decision_id.to_owned(),
+            at: now,
+            status,
+            downstream_ref,
+            error,
+            hold,
+            receipt,
+        };
+        let payload = serde_json::to_value(&event)
+            .map_err(|e| ApiError::internal(format!("encoding the completion: {e}")))?;
+        let stored = self
+            .store
+            .append(NewAuditEvent {
+                event_type: EV_COMPLETED.into(),
+                actor: record.event.agent_id.clone(),
+                payload: payload.clone(),
+            })
+            .await
+            .map_err(|e| ApiError::internal(e.to_string()))?;
+        state
+            .apply(stored.seq, EV_COMPLETED, &payload)
+            .map_err(|e| ApiError::internal(e.to_string()))?;
+        Ok(complete_response(
+            decision_id,
+            &event,
+            record.hold_state.is_some(),
+        ))
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Approvals
+
+    /// Approvals, newest first; `status` filters on `pending`, `approved`, `rejected`,
+    /// `consumed` or `expired`.
+    pub async fn approvals(&self, status: Option<&str>) -> Vec<Value> {
+        let state = self.state.lock().await;
+        let now = self.clock.now();
+        let mut list: Vec<(&ApprovalRecord, Value)> = state
+            .approvals
+            .values()
+            .map(|a| (a, approval_view(&state, a, now)))
+            .filter(|(_, v)| status.is_none_or(|s| v["status"] == s))
+            .collect();
+        list.sort_by_key(|entry| std::cmp::Reverse(entry.0.created_at));
+        list.into_iter().map(|(_, v)| v).collect()
+    }
+
+    /// Approves or rejects a pending escalation.
+    ///
+    /// With an approver `id_token` the approver is verified: the token must carry the
+    /// escalation's approver role and another subject than the requesting user. Without one,
+    /// the admin key vouches for the decision, unless the configuration requires a token.
+    ///
+    /// # Errors
+    /// 404 unknown ref, 409 not pending (or expired), 403 approver not allowed, 500 store.
+    pub async fn resolve(
+        &self,
+        reference: &str,
+        resolution: Resolution,
+        approver_token: Option<&str>,
+        comment: Option<String>,
+    ) -> Result<Value, ApiError> {
+        let mut state = self.state.lock().await;
+        let now = self.clock.now();
+        let record = state
+            .approvals
+            .get(reference)
+            .cloned()
+            .ok_or_else(|| ApiError::not_found(format!("approval `{reference}` not found")))?;
+        let view = approval_view(&state, &record, now);
+        if view["status"] != "pending" {
+            return Err(ApiError::conflict(format!(
+                "approval `{reference}` is {}, not pending",
+                view["status"].as_str().unwrap_or("?")
+            )));
+        }
+        let requester = state
+            .decisions
+            .get(&record.decision_id)
+            .and_then(|d| d.event.user.clone());
+        let approver = match approver_token {
+            Some(token) => {
+                let verifier = self.oidc.as_ref().ok_or_else(|| {
+                    ApiError::forbidden("no IdP is configured to verify approver tokens")
+                })?;
+                let who = verifier
+                    .verify(token, now.timestamp())
+                    .map_err(|e| ApiError::forbidden(format!("approver token {e}")))?;
+                if who.role != record.escalation.approver {
+                    return Err(ApiError::forbidden(format!(
+                        "approver `{}` has role `{}`; this escalation needs `{}`",
+                        who.sub, who.role, record.escalation.approver
+                    )));
+                }
+                if requester.as_ref().is_some_and(|r| r.sub == who.sub) {
+                    return Err(ApiError::forbidden(format!(
+                        "`{}` asked for this action and cannot approve it",
+                        who.sub
+                    )));
+                }
+                Approver {
+                    sub: who.sub,
+                    role: Some(who.role),
+                    email: who.email,
+                    via: "id_token".into(),
+                }
+            }
+            None if self.settings.approvals.require_approver_token => {
+                return Err(ApiError::forbidden(format!(
+                    "deciding needs an approver id_token with role `{}`",
+                    record.escalation.approver
+                )));
+            }
+            None => Approver {
+                sub: "admin".into(),
+                role: None,
+                email: None,
+                via: "admin_key".into(),
+            },
+        };
+        let event = ApprovalEvent {
+            reference: reference.to_owned(),
+            at: now,
+            outcome: match resolution {
+                Resolution::Approve => ApprovalOutcome::Approved,
+                Resolution::Reject => ApprovalOutcome::Rejected,
+            },
+            approver,
+            comment,
+        };
+        let payload = serde_json::to_value(&event)
+            .map_err(|e| ApiError::internal(format!("encoding the approval: {e}")))?;
+        let stored = self
+            .store
+            .append(NewAuditEvent {
+                event_type: EV_APPROVAL.into(),
+                actor: event.approver.sub.clone(),
+                payload: payload.clone(),
+            })
+            .await
+            .map_err(|e| ApiError::internal(e.to_string()))?;
+        state
+            .apply(stored.seq, EV_APPROVAL, &payload)
+            .map_err(|e| ApiError::internal(e.to_string()))?;
+        let record = state
+            .approvals
+            .get(reference)
+            .ok_or_else(|| ApiError::internal("approval vanished"))?;
+        Ok(approval_view(&state, record, now))
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Audit
+
+    /// Every audit event, in order.
+    ///
+    /// # Errors
+    /// 500 when the store fails.
+    pub async fn audit(&self) -> Result<Vec<AuditEvent>, ApiError> {
+        self.store
+            .load()
+            .await
+            .map_err(|e| ApiError::internal(e.to_string()))
+    }
+
+    /// Recent decisions, newest first (the "Control → Decisions" view).
+    pub async fn decisions(&self, limit: usize) -> Vec<Value> {
+        let state = self.state.lock().await;
+        let mut list: Vec<&DecisionEvent> = state.decisions.values().map(|d| &d.event).collect();
+        list.sort_by_key(|e| std::cmp::Reverse(e.at));
+        list.into_iter()
+            .take(limit)
+            .map(|e| {
+                let on_behalf = e.user.as_ref().map(|u| {
+                    format!(
+                        "{} ({})",
+                        u.email.clone().unwrap_or_else(|| u.sub.clone()),
+                        u.role
+                    )
+                });
+                json!({
+                    "decision_id": e.decision_id, "at": rfc3339(e.at), "agent_id": e.agent_id,
+                    "tool": e.tool, "action": e.action, "resource": e.resource,
+                    "decision": e.verdict.as_str(), "code": e.code, "reason": e.reason,
+                    "amount": e.amount.map(display), "currency": e.currency,
+                    "on_behalf_of": on_behalf, "intent": e.intent, "policies": e.policies,
+                    "observed_code": e.observed_code, "observed_reason": e.observed_reason,
+                })
+            })
+            .collect()
+    }
+}
+
+enum ApprovalGate {
+    Pending,
+    Approved(ApprovalEvent),
+    Refused(String),
+}
+
+fn describe_approver(a: &Approver) -> String {
+    match &a.role {
+        Some(role) => format!("{} ({role})", a.sub),
+        None => a.sub.clone(),
+    }
+}
+
+fn rfc3339(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(SecondsFormat::Secs, true)
+}
+
+fn response(event: &DecisionEvent, token: Option<(String, i64)>) -> Value {
+    let mut out = json!({
+        "decision": event.verdict.as_str(),
+        "decision_id": event.decision_id,
+    });
+    match event.verdict {
+        Verdict::Allow => {
+            if let Some((token, exp)) = token {
+                out["token"] = json!(token);
+                out["expires_at"] = json!(
+                    DateTime::from_timestamp(exp, 0)
+                        .map(rfc3339)
+                        .unwrap_or_default()
+                );
+            }
+            out["obligations"] = json!([]);
+            if let Some(risk) = event.risk_score {
+                out["risk_score"] = json!(risk);
+            }
+        }
+        Verdict::Deny | Verdict::Escalate => {
+            out["code"] = json!(event.code);
+            out["reason"] = json!(event.reason);
+            if let Some(c) = &event.refusal_currency {
+                out["currency"] = json!(c);
+            }
+            if let Some(e) = &event.escalation {
+                out["escalation"] = json!({
+                    "type": e.kind, "ref": e.reference, "approver": e.approver,
+                    "expires_at": rfc3339(e.expires_at),
+                });
+            }
+        }
+    }
+    out
+}
+
+fn complete_response(decision_id: &str, event: &CompletionEvent, had_hold: bool) -> Value {
+    json!({
+        "decision_id": decision_id,
+        "recorded": true,
+        "mandate_reconciled": had_hold,
+        "status": event.status.as_str(),
+        "receipt": event.receipt,
+    })
+}
+
+fn approval_view(state: &State, a: &ApprovalRecord, now: DateTime<Utc>) -> Value {
+    let decision = state.decisions.get(&a.decision_id).map(|d| &d.event);
+    let (status, decided, consumed_by) = match &a.status {
+        ApprovalStatus::Pending if now > a.escalation.expires_at => ("expired", None, None),
+        ApprovalStatus::Pending => ("pending", None, None),
+        ApprovalStatus::Decided(d) => (
+            if d.outcome == ApprovalOutcome::Approved {
+                "approved"
+            } else {
+                "rejected"
+            },
+            Some(d),
+            None,
+        ),
+        ApprovalStatus::Consumed {
+            decision_id,
+            decided,
+        } => ("consumed", Some(decided), Some(decision_id.clone())),
+    };
+    json!({
+        "ref": a.escalation.reference,
+        "status": status,
+        "approver_role": a.escalation.approver,
+        "type": a.escalation.kind,
+        "created_at": rfc3339(a.created_at),
+        "expires_at": rfc3339(a.escalation.expires_at),
+        "decision_id": a.decision_id,
+        "agent_id": decision.map(|d| d.agent_id.clone()),
+        "tool": decision.map(|d| d.tool.clone()),
+        "action": decision.map(|d| d.action.clone()),
+        "resource": decision.and_then(|d| d.resource.clone()),
+        "amount": decision.and_then(|d| d.amount).map(display),
+        "currency": decision.and_then(|d| d.currency.clone()),
+        "reason": decision.and_then(|d| d.reason.clone()),
+        "policies": decision.map(|d| d.policies.clone()),
+        "intent": decision.and_then(|d| d.intent.clone()),
+        "on_behalf_of": decision.and_then(|d| d.user.clone()),
+        "idempotency_key": decision.and_then(|d| d.idempotency_key.clone()),
+        "decided_by": decided.map(|d| json!(d.approver)),
+        "decided_at": decided.map(|d| rfc3339(d.at)),
+        "comment": decided.and_then(|d| d.comment.clone()),
+        "consumed_by": consumed_by,
+    })
+}
