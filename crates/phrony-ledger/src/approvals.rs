@@ -296,7 +296,9 @@ pub fn call_hash(session_id: &str, call: &ToolInvocation) -> String {
         "call_id": call.call_id,
         "tool": call.tool,
         "version": call.version,
-        "args": call.proposed_args,
+        // The arguments the call would run with now (an approver's edit included), not the
+        // model's original proposal.
+        "args": call.args,
     }));
     hex::encode(Sha256::digest(canonical.as_bytes()))
 }
@@ -670,7 +672,8 @@ async fn open(tx: &mut Tx, new: &NewApproval) -> Result<Approval> {
         call_id: call.call_id.clone(),
         tool: call.tool.clone(),
         version: call.version.clone(),
-        args: call.proposed_args.clone(),
+        // A fresh approval after an edited, revalidated call shows and runs the edit.
+        args: call.args.clone(),
         call_hash: call_hash(&session.id, &call),
         agent_version_id: session.agent_version_id,
         agent_ref: session.agent.to_string(),

@@ -1,0 +1,890 @@
+//! One tool call from the model's request to its recorded outcome (§4.1, §2, §3):
+//! binding → argument validation → policy → (deny | approval | dispatch) → failure routing.
+//!
+//! Every step starts from the call's durable status, so a call interrupted by a restart
+//! continues where it stopped ([`Ctx::drive_call`]).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::DateTime;
+use phrony_dispatch::{
+    DispatchCall, DispatchFailure, DispatchJournal, HookError, Invocation, WorkerProvenance,
+};
+use phrony_ledger::{
+    Approval, ApprovalStatus, ApprovalTimeout, CallStatus, Dispatch, NewApproval, NewToolCall,
+    OnModify, OnReject, SessionStatus, SideEffectClass, TimeoutDefault, ToolInvocation, ToolResult,
+};
+use phrony_manifest::ToolBinding;
+use phrony_policy::{AgentCtx, Decision, Policy, Request, SessionCtx, ToolCtx, Trigger};
+use serde_json::{Map, Value, json};
+use uuid::Uuid;
+
+use crate::driver::{CallStop, Ctx, LimitEscalation, Stop, limit_message};
+use crate::error::StoreError;
+use crate::fold::{FAILURE_KEY, TRIGGER_KEY, codes, rejection_text};
+use crate::hooks::ledger_outcome;
+use crate::store::SessionStore;
+
+/// The pseudo tool of limit escalations: a `limit:escalate` approval gates this recorded call
+/// (version = the limit kind, arguments = `{limit, used, max}`); the model never sees it.
+pub const LIMIT_TOOL: &str = "phrony.limit";
+
+/// Call indexes of limit escalations start here (model calls use 0, 1, …).
+const LIMIT_INDEX: u32 = 1_000_000;
+
+/// Reason of approvals opened because a write's outcome is unknown (§5.8).
+const INDETERMINATE_REASON: &str = "tool dispatch outcome indeterminate";
+
+/// Records each dispatch in the store before the invoke is sent; a re-dispatch after a nack
+/// re-queues the call first.
+struct Journal {
+    store: Arc<dyn SessionStore>,
+    first: AtomicBool,
+}
+
+fn non_empty(s: &str) -> Option<String> {
+    (!s.is_empty()).then(|| s.to_owned())
+}
+
+#[async_trait]
+impl DispatchJournal for Journal {
+    async fn dispatching(
+        &self,
+        invocation: &Invocation,
+        worker: &WorkerProvenance,
+        _attempt: u32,
+    ) -> Result<(), HookError> {
+        if !self.first.swap(false, Ordering::SeqCst) {
+            self.store.queue_tool_call(&invocation.call_id).await?;
+        }
+        let deadline_at = (invocation.deadline_unix_ms > 0)
+            .then(|| DateTime::from_timestamp_millis(invocation.deadline_unix_ms))
+            .flatten();
+        self.store
+            .dispatch_tool_call(
+                &invocation.call_id,
+                Dispatch {
+                    worker_id: worker.worker_id.clone(),
+                    worker_identity: non_empty(&worker.workload_identity),
+                    image_digest: non_empty(&worker.image_digest),
+                    descriptor_hash: non_empty(&worker.descriptor_hash),
+                    deadline_at,
+                },
+            )
+            .await?;
+        Ok(())
+    }
+}
+
+fn on_reject(p: &Policy) -> OnReject {
+    match p.on_reject() {
+        phrony_policy::OnReject::Fail => OnReject::Fail,
+        phrony_policy::OnReject::ReturnToAgent => OnReject::ReturnToAgent,
+    }
+}
+
+fn on_modify(p: &Policy) -> OnModify {
+    match p.on_modify() {
+        phrony_policy::OnModify::Revalidate => OnModify::Revalidate,
+        phrony_policy::OnModify::Unchecked => OnModify::Unchecked,
+    }
+}
+
+fn runtime_text<'a>(runtime: &'a Map<String, Value>, keys: &[&str]) -> Option<&'a str> {
+    keys.iter()
+        .find_map(|k| runtime.get(*k).and_then(Value::as_str))
+        .filter(|s| !s.trim().is_empty())
+}
+
+fn runtime_minutes(runtime: &Map<String, Value>, key: &str) -> Option<u32> {
+    match runtime.get(key)? {
+        Value::Number(n) => n.as_u64().and_then(|v| u32::try_from(v).ok()),
+        Value::String(s) => s.trim().parse().ok(),
+        _ => None,
+    }
+    .filter(|m| *m > 0)
+}
+
+fn side_effect_class(binding: &ToolBinding) -> Option<SideEffectClass> {
+    binding.side_effect_class.parse().ok()
+}
+
+/// Whether a call whose outcome is unknown may simply be reported (reads and idempotent
+/// writes; an empty class counts as a read, as in the reference).
+fn safe_class(binding: &ToolBinding) -> bool {
+    side_effect_class(binding).is_none_or(SideEffectClass::safe_to_redispatch)
+}
+
+impl Ctx {
+    fn policy_request<'a>(
+        &'a self,
+        binding: &'a ToolBinding,
+        wire: &'a str,
+        args: &'a Value,
+    ) -> Request<'a> {
+        let md = &self.agent.metadata;
+        let mut req = Request::new(
+            ToolCtx {
+                r#ref: &binding.reference,
+                version: binding.dispatch_version(),
+                side_effect_class: &binding.side_effect_class,
+                name: wire,
+            },
+            args,
+        )
+        .with_agent(AgentCtx {
+            namespace: &md.namespace,
+            name: &md.name,
+            version: &md.version,
+        })
+        .with_session(SessionCtx {
+            id: &self.session.id,
+            metadata: Some(&self.metadata),
+        })
+        .at(self.now().timestamp());
+        if let Some(claims) = &self.principal {
+            req = req.with_principal(claims);
+        }
+        req
+    }
+
+    /// Records one model tool call (idempotently: the same call after a restart returns the
+    /// stored row).
+    pub(crate) async fn record_call(
+        &self,
+        turn: u32,
+        iteration: u32,
+        rec: &crate::fold::ToolCallRecord,
+    ) -> Result<ToolInvocation, CallStop> {
+        let binding = self.setup.binding(&rec.name);
+        let (tool, version, class) = match binding {
+            Some(b) => (
+                b.reference.clone(),
+                b.dispatch_version().to_owned(),
+                side_effect_class(b),
+            ),
+            None => (
+                rec.name.clone(),
+                phrony_dispatch::DEFAULT_VERSION.to_owned(),
+                None,
+            ),
+        };
+        Ok(self
+            .store()
+            .record_tool_call(NewToolCall {
+                session_id: self.session.id.clone(),
+                turn,
+                iteration,
+                index: rec.index,
+                tool,
+                version,
+                wire_name: Some(rec.name.clone()),
+                args: rec.args.clone(),
+                side_effect_class: class,
+            })
+            .await?)
+    }
+
+    /// Takes a recorded call from its current status to an outcome.
+    pub(crate) async fn drive_call(&self, call: ToolInvocation) -> Result<(), CallStop> {
+        if call.status.is_terminal() {
+            return Ok(());
+        }
+        let wire = call.wire_name.clone().unwrap_or_else(|| call.tool.clone());
+        let Some(binding) = self.setup.binding(&wire).cloned() else {
+            if call.status == CallStatus::Pending {
+                self.store()
+                    .fail_tool_call(
+                        &call.call_id,
+                        codes::UNKNOWN_TOOL,
+                        &format!("unknown tool {wire:?}"),
+                    )
+                    .await?;
+            }
+            return Ok(());
+        };
+        if binding.mcp.is_some() || binding.agent.is_some() {
+            if matches!(call.status, CallStatus::Pending | CallStatus::Queued) {
+                self.store()
+                    .fail_tool_call(
+                        &call.call_id,
+                        "unsupported",
+                        &format!(
+                            "tool {wire:?} is served by an MCP server or a delegated agent, \
+                             which this runtime does not dispatch yet"
+                        ),
+                    )
+                    .await?;
+            }
+            return Ok(());
+        }
+        match call.status {
+            CallStatus::Pending => {
+                if let Some(approval) = self.latest_approval(&call.call_id).await?
+                    && approval.status == ApprovalStatus::Approved
+                {
+                    return self.after_approval(&call, &binding, &wire, approval).await;
+                }
+                let args = call.proposed_args.clone();
+                self.decide(&call, &binding, &wire, &args).await
+            }
+            CallStatus::Queued => self.dispatch(&call, &binding, &wire, false).await,
+            CallStatus::Dispatched => self.recover_dispatched(&call, &binding, &wire).await,
+            CallStatus::Indeterminate => {
+                let reason = call
+                    .error_message
+                    .clone()
+                    .unwrap_or_else(|| "the worker was lost while the call was in flight".into());
+                self.unknown_outcome(&call, &binding, &wire, &reason, false)
+                    .await
+            }
+            CallStatus::AwaitingApproval => {
+                let approval = self.latest_approval(&call.call_id).await?;
+                match approval {
+                    Some(a) if a.status == ApprovalStatus::Pending => {
+                        self.wait_and_apply(&call, &binding, &wire, a.id).await
+                    }
+                    Some(a) => self.after_approval(&call, &binding, &wire, a).await,
+                    None => Ok(()),
+                }
+            }
+            CallStatus::Succeeded | CallStatus::Failed | CallStatus::Cancelled => Ok(()),
+        }
+    }
+
+    async fn latest_approval(&self, call_id: &str) -> Result<Option<Approval>, CallStop> {
+        Ok(self
+            .store()
+            .session_approvals(&self.session.id)
+            .await?
+            .into_iter()
+            .rfind(|a| a.call_id == call_id))
+    }
+
+    /// Validates `args`, then applies the policies: deny, open an approval, or dispatch.
+    async fn decide(
+        &self,
+        call: &ToolInvocation,
+        binding: &ToolBinding,
+        wire: &str,
+        args: &Value,
+    ) -> Result<(), CallStop> {
+        if let Some(message) = self.invalid_args(wire, args) {
+            self.store()
+                .fail_tool_call(&call.call_id, codes::INVALID_ARGS, &message)
+                .await?;
+            return Ok(());
+        }
+        let decision = self
+            .setup
+            .policies
+            .evaluate(&self.policy_request(binding, wire, args));
+        match decision {
+            Decision::Allow => self.dispatch(call, binding, wire, false).await,
+            Decision::Deny { policy, message } => {
+                self.store()
+                    .deny_tool_call(&call.call_id, &message, Some(&policy.id().to_string()))
+                    .await?;
+                Ok(())
+            }
+            Decision::RequireApproval { policy } => {
+                let new = self.policy_approval(call, policy, None, Map::new());
+                let approval = self.open_approval(new).await?;
+                Box::pin(self.wait_and_apply(call, binding, wire, approval.id)).await
+            }
+        }
+    }
+
+    /// The schema violations of `args`, as one message.
+    fn invalid_args(&self, wire: &str, args: &Value) -> Option<String> {
+        let validator = self.setup.validators.get(wire)?;
+        validator.validate(args).err().map(|errors| {
+            errors
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("; ")
+        })
+    }
+
+    /// An approval request from a policy decision.
+    fn policy_approval(
+        &self,
+        call: &ToolInvocation,
+        policy: &Policy,
+        reason: Option<String>,
+        extra_runtime: Map<String, Value>,
+    ) -> NewApproval {
+        let mut runtime = policy.runtime().cloned().unwrap_or_default();
+        runtime.extend(extra_runtime);
+        let timeout = policy.timeout().map(|t| ApprovalTimeout {
+            after_minutes: t.after_minutes.max(1),
+            default: match t.default {
+                phrony_policy::TimeoutDefault::Deny => TimeoutDefault::Deny,
+                phrony_policy::TimeoutDefault::Allow => TimeoutDefault::Allow,
+                phrony_policy::TimeoutDefault::Escalate => TimeoutDefault::Escalate,
+            },
+            escalate_to_route: runtime_text(
+                &runtime,
+                &[
+                    "phrony.com/escalate_to_role",
+                    "decision.runtime.phrony.com/escalate_to_role",
+                ],
+            )
+            .map(str::to_owned),
+            escalate_after_minutes: runtime_minutes(&runtime, "phrony.com/escalate_after_minutes"),
+        });
+        NewApproval {
+            id: Uuid::new_v4(),
+            session_id: self.session.id.clone(),
+            call_id: call.call_id.clone(),
+            policy_ref: Some(policy.id().to_string()),
+            reason: reason
+                .or_else(|| policy.reason().map(str::to_owned))
+                .unwrap_or_else(|| format!("policy {} requires approval", policy.id())),
+            route: policy.route().unwrap_or_default().to_owned(),
+            authority_ref: policy.authority_ref().unwrap_or_default().to_owned(),
+            approvals_required: policy.approvals_required().max(1),
+            comprehension_required: policy.comprehension_required(),
+            on_reject: on_reject(policy),
+            on_modify: on_modify(policy),
+            timeout,
+            policy_runtime: runtime,
+            actor: "policy".to_owned(),
+        }
+    }
+
+    /// Opens an approval: the call and the session wait for it.
+    async fn open_approval(&self, new: NewApproval) -> Result<Approval, CallStop> {
+        let mut state = self.status.lock().await;
+        let approval = match self.store().open_approval(new).await {
+            Ok(a) => a,
+            Err(e) => {
+                let session = self.store().get_session(&self.session.id).await?;
+                if session.status.is_terminal() {
+                    return Err(CallStop::Stopped);
+                }
+                return Err(e.into());
+            }
+        };
+        state.status = SessionStatus::AwaitingApproval;
+        drop(state);
+        if approval.expires_at.is_some() {
+            self.inner.timer_kick.notify_one();
+        }
+        self.notify();
+        Ok(approval)
+    }
+
+    /// Waits for `approval_id` (and its escalations) to be decided, then applies the
+    /// decision.
+    async fn wait_and_apply(
+        &self,
+        call: &ToolInvocation,
+        binding: &ToolBinding,
+        wire: &str,
+        approval_id: Uuid,
+    ) -> Result<(), CallStop> {
+        let approval = self
+            .wait_for_decision(approval_id, SessionStatus::AwaitingTool)
+            .await?;
+        Box::pin(self.after_approval(call, binding, wire, approval)).await
+    }
+
+    /// Waits for a decision, counting the wait against the approval-wait budget and out of the
+    /// wall clock; once no approval of the session is pending any more, the session leaves
+    /// `awaiting_approval` for `resume_to`.
+    async fn wait_for_decision(
+        &self,
+        approval_id: Uuid,
+        resume_to: SessionStatus,
+    ) -> Result<Approval, CallStop> {
+        self.waits().open(self.now());
+        let decided = self.await_decision(approval_id).await;
+        self.waits().close(self.now());
+        let approval = decided?;
+        let mut state = self.status.lock().await;
+        if state.status == SessionStatus::AwaitingApproval {
+            // Under the status lock, so no approval can open meanwhile.
+            let pending = self
+                .store()
+                .session_approvals(&self.session.id)
+                .await?
+                .iter()
+                .any(|a| a.status == ApprovalStatus::Pending);
+            if !pending {
+                match self.set_status_locked(&mut state, resume_to, None).await {
+                    Ok(()) => {}
+                    Err(Stop::Cancelled) => return Err(CallStop::Stopped),
+                    Err(Stop::Fail(m)) => return Err(CallStop::Fail(m)),
+                    Err(Stop::Store(e)) => return Err(CallStop::Store(e)),
+                }
+            }
+        }
+        Ok(approval)
+    }
+
+    /// Waits until the approval is decided (following escalations), the session ends, or the
+    /// approval-wait budget (`max_hitl_wait_minutes`) is spent.
+    async fn await_decision(&self, mut approval_id: Uuid) -> Result<Approval, CallStop> {
+        let mut changes = self.live.approvals.subscribe();
+        loop {
+            let approval = self.store().get_approval(approval_id).await?;
+            match approval.status {
+                ApprovalStatus::Pending => {}
+                ApprovalStatus::Escalated => {
+                    let next = self
+                        .store()
+                        .session_approvals(&self.session.id)
+                        .await?
+                        .into_iter()
+                        .find(|a| a.parent_approval_id == Some(approval_id));
+                    if let Some(next) = next {
+                        approval_id = next.id;
+                        continue;
+                    }
+                }
+                _ => return Ok(approval),
+            }
+            let hitl = self.limits.max_hitl_wait_minutes.map(|max| {
+                let now = self.now();
+                let budget =
+                    chrono::Duration::minutes(i64::try_from(max).unwrap_or(i64::MAX / 60_000));
+                now + (budget - self.waits().used(now))
+            });
+            let clock = Arc::clone(&self.inner.clock);
+            let hitl_expired = async move {
+                match hitl {
+                    Some(at) => clock.sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = changes.changed() => {}
+                // Decisions made by this engine wake the wait at once; this re-read is a safety
+                // net for decisions made elsewhere.
+                () = tokio::time::sleep(self.inner.config.poll_interval * 10) => {}
+                () = self.live.cancel.cancelled() => return Err(CallStop::Stopped),
+                () = hitl_expired => {
+                    return Err(CallStop::Halt(limit_message(
+                        "max_hitl_wait_minutes",
+                        self.limits.on_limit,
+                    )));
+                }
+            }
+        }
+    }
+
+    /// Applies a decided approval to its call.
+    async fn after_approval(
+        &self,
+        call: &ToolInvocation,
+        binding: &ToolBinding,
+        wire: &str,
+        approval: Approval,
+    ) -> Result<(), CallStop> {
+        match approval.status {
+            ApprovalStatus::Approved => {
+                let current = self.store().get_tool_call(&call.call_id).await?;
+                if current.status.is_terminal() {
+                    return Ok(());
+                }
+                let failure_approval = approval.policy_runtime.contains_key(TRIGGER_KEY);
+                if failure_approval {
+                    return Box::pin(self.dispatch(&current, binding, wire, true)).await;
+                }
+                let args = approval.args_to_dispatch().clone();
+                if args != approval.args {
+                    if let Some(message) = self.invalid_args(wire, &args) {
+                        self.store()
+                            .fail_tool_call(
+                                &call.call_id,
+                                codes::INVALID_ARGS,
+                                &format!("the arguments edited by the approver: {message}"),
+                            )
+                            .await?;
+                        return Ok(());
+                    }
+                    if approval.on_modify == OnModify::Revalidate {
+                        let decision = self
+                            .setup
+                            .policies
+                            .evaluate(&self.policy_request(binding, wire, &args));
+                        match decision {
+                            Decision::Allow => {}
+                            Decision::Deny { policy, message } => {
+                                self.store()
+                                    .deny_tool_call(
+                                        &call.call_id,
+                                        &message,
+                                        Some(&policy.id().to_string()),
+                                    )
+                                    .await?;
+                                return Ok(());
+                            }
+                            Decision::RequireApproval { policy } => {
+                                let new = self.policy_approval(&current, policy, None, Map::new());
+                                let next = self.open_approval(new).await?;
+                                return Box::pin(
+                                    self.wait_and_apply(&current, binding, wire, next.id),
+                                )
+                                .await;
+                            }
+                        }
+                    }
+                }
+                Box::pin(self.dispatch(&current, binding, wire, false)).await
+            }
+            ApprovalStatus::Denied => {
+                if approval.on_reject == OnReject::Fail {
+                    let by = approval.decided_by.as_deref().unwrap_or("an approver");
+                    return Err(CallStop::Fail(rejection_text(
+                        &call.call_id,
+                        by,
+                        approval.comment.as_deref().unwrap_or(""),
+                    )));
+                }
+                Ok(())
+            }
+            ApprovalStatus::Cancelled => {
+                let current = self.store().get_tool_call(&call.call_id).await?;
+                if current.status.is_terminal() {
+                    Ok(())
+                } else {
+                    Err(CallStop::Stopped)
+                }
+            }
+            ApprovalStatus::Pending | ApprovalStatus::Escalated => Ok(()),
+        }
+    }
+
+    /// Sends the call to a worker and records the outcome (then acknowledges it).
+    async fn dispatch(
+        &self,
+        call: &ToolInvocation,
+        binding: &ToolBinding,
+        wire: &str,
+        after_hitl: bool,
+    ) -> Result<(), CallStop> {
+        let call = if call.status == CallStatus::Queued {
+            call.clone()
+        } else {
+            self.store().queue_tool_call(&call.call_id).await?
+        };
+        let Some(router) = self.inner.router.clone() else {
+            let failure = DispatchFailure::NoHandler {
+                key: phrony_dispatch::handler_key(&call.tool, &call.version),
+            };
+            return self
+                .dispatch_failed(&call, binding, wire, failure, after_hitl)
+                .await;
+        };
+        let invocation = Invocation {
+            call_id: call.call_id.clone(),
+            session_id: self.session.id.clone(),
+            agent_version_id: self.session.agent_version_id.hyphenated().to_string(),
+            turn: i32::try_from(call.turn).unwrap_or(i32::MAX),
+            tool: call.tool.clone(),
+            version: call.version.clone(),
+            args: call.args.clone(),
+            side_effect_class: binding.side_effect_class.clone(),
+            deadline_unix_ms: 0,
+        };
+        let journal = Arc::new(Journal {
+            store: Arc::clone(&self.inner.store),
+            first: AtomicBool::new(true),
+        });
+        let request = DispatchCall::new(
+            invocation,
+            self.agent.qualified_name(),
+            self.inner.config.queue_wait,
+            Some(self.exec_timeout(binding)),
+        )
+        .with_cancel(self.live.cancel.child_token())
+        .with_journal(journal);
+        match router.dispatch(request).await {
+            Ok(done) => {
+                let result = ToolResult {
+                    worker_id: Some(done.worker.worker_id.clone()),
+                    outcome: ledger_outcome(&done.outcome),
+                    usage: None,
+                };
+                self.store()
+                    .record_tool_result(&call.call_id, result)
+                    .await?;
+                done.ack.ack();
+                self.notify();
+                Ok(())
+            }
+            Err(failure) => {
+                self.dispatch_failed(&call, binding, wire, failure, after_hitl)
+                    .await
+            }
+        }
+    }
+
+    fn exec_timeout(&self, _binding: &ToolBinding) -> Duration {
+        // Tool bindings carry no timeout in the Agent Spec yet: the daemon default applies.
+        self.inner.config.exec_timeout
+    }
+
+    /// Routes a dispatch failure (§2.7): a matching trigger policy escalates to a human;
+    /// otherwise no handler / no capacity fail the turn, an unknown outcome goes by
+    /// side-effect class, an integrity violation is a tool error.
+    async fn dispatch_failed(
+        &self,
+        call: &ToolInvocation,
+        binding: &ToolBinding,
+        wire: &str,
+        failure: DispatchFailure,
+        after_hitl: bool,
+    ) -> Result<(), CallStop> {
+        if self.live.cancel.is_cancelled() || matches!(failure, DispatchFailure::Cancelled { .. }) {
+            return Err(CallStop::Stopped);
+        }
+        let message = failure.to_string();
+        let trigger = match &failure {
+            DispatchFailure::NoHandler { .. } => Some(Trigger::NoHandler),
+            DispatchFailure::CapacityExhausted { .. } => Some(Trigger::CapacityExhausted),
+            f if f.outcome_unknown() => Some(Trigger::Indeterminate),
+            _ => None,
+        };
+        let mut current = self.store().get_tool_call(&call.call_id).await?;
+        if failure.outcome_unknown() && current.status == CallStatus::Dispatched {
+            current = self
+                .store()
+                .mark_tool_call_indeterminate(&call.call_id, &message)
+                .await?;
+        }
+        if current.status.is_terminal() {
+            // A late result beat the failure (recorded by the router hooks).
+            return Ok(());
+        }
+        if let Some(trigger) = trigger
+            && !after_hitl
+        {
+            let args = current.args.clone();
+            let req = self.policy_request(binding, wire, &args);
+            if let Some(policy) = self.setup.policies.evaluate_failure(&req, trigger) {
+                let mut extra = Map::new();
+                extra.insert(TRIGGER_KEY.into(), json!(trigger.as_str()));
+                extra.insert(FAILURE_KEY.into(), json!(message));
+                let reason = policy
+                    .reason()
+                    .map_or_else(|| message.clone(), str::to_owned);
+                let new = self.policy_approval(&current, policy, Some(reason), extra);
+                let approval = self.open_approval(new).await?;
+                return Box::pin(self.wait_and_apply(&current, binding, wire, approval.id)).await;
+            }
+        }
+        match &failure {
+            DispatchFailure::IntegrityViolation { violation, .. } => {
+                self.store()
+                    .fail_tool_call(&call.call_id, violation.kind.as_str(), &message)
+                    .await?;
+                Ok(())
+            }
+            f if f.outcome_unknown() => {
+                self.unknown_outcome(&current, binding, wire, &message, after_hitl)
+                    .await
+            }
+            f => {
+                self.store()
+                    .fail_tool_call(&call.call_id, f.code(), &message)
+                    .await?;
+                Err(CallStop::Fail(message))
+            }
+        }
+    }
+
+    /// A call that may or may not have run (§4.7): reads and idempotent writes report it to the
+    /// model; other writes need a human before they are sent again.
+    async fn unknown_outcome(
+        &self,
+        call: &ToolInvocation,
+        binding: &ToolBinding,
+        wire: &str,
+        reason: &str,
+        after_hitl: bool,
+    ) -> Result<(), CallStop> {
+        if safe_class(binding) || after_hitl {
+            self.store()
+                .fail_tool_call(&call.call_id, codes::INDETERMINATE, reason)
+                .await?;
+            return if after_hitl {
+                Err(CallStop::Fail(reason.to_owned()))
+            } else {
+                Ok(())
+            };
+        }
+        let mut runtime = Map::new();
+        runtime.insert(TRIGGER_KEY.into(), json!(Trigger::Indeterminate.as_str()));
+        runtime.insert(FAILURE_KEY.into(), json!(reason));
+        let new = NewApproval {
+            id: Uuid::new_v4(),
+            session_id: self.session.id.clone(),
+            call_id: call.call_id.clone(),
+            policy_ref: None,
+            reason: INDETERMINATE_REASON.to_owned(),
+            route: String::new(),
+            authority_ref: String::new(),
+            approvals_required: 1,
+            comprehension_required: false,
+            on_reject: OnReject::ReturnToAgent,
+            on_modify: OnModify::Unchecked,
+            timeout: None,
+            policy_runtime: runtime,
+            actor: "system".to_owned(),
+        };
+        let approval = self.open_approval(new).await?;
+        Box::pin(self.wait_and_apply(call, binding, wire, approval.id)).await
+    }
+
+    /// A call that was sent to a worker before a restart: wait for the worker to reconnect
+    /// and report; then re-send it (reads, idempotent writes) or ask a human (other writes).
+    async fn recover_dispatched(
+        &self,
+        call: &ToolInvocation,
+        binding: &ToolBinding,
+        wire: &str,
+    ) -> Result<(), CallStop> {
+        let deadline = tokio::time::Instant::now() + self.inner.config.recovery_grace;
+        loop {
+            let current = self.store().get_tool_call(&call.call_id).await?;
+            if current.status != CallStatus::Dispatched {
+                return Box::pin(self.drive_call(current)).await;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                break;
+            }
+            tokio::select! {
+                () = tokio::time::sleep(Duration::from_millis(200)) => {}
+                () = self.live.cancel.cancelled() => return Err(CallStop::Stopped),
+            }
+        }
+        let reason = format!(
+            "the runtime restarted while the call was in flight and the worker did not report \
+             within {}s",
+            self.inner.config.recovery_grace.as_secs()
+        );
+        if safe_class(binding) {
+            let queued = self.store().queue_tool_call(&call.call_id).await?;
+            return self.dispatch(&queued, binding, wire, false).await;
+        }
+        let current = self
+            .store()
+            .mark_tool_call_indeterminate(&call.call_id, &reason)
+            .await?;
+        self.unknown_outcome(&current, binding, wire, &reason, false)
+            .await
+    }
+
+    /// Approved limit escalations per limit kind, from the store.
+    pub(crate) async fn limit_grants(
+        &self,
+    ) -> Result<std::collections::HashMap<String, u64>, StoreError> {
+        let mut grants = std::collections::HashMap::new();
+        for a in self.store().session_approvals(&self.session.id).await? {
+            if a.tool == LIMIT_TOOL && a.status == ApprovalStatus::Approved {
+                *grants.entry(a.tool_version.clone()).or_insert(0) += 1;
+            }
+        }
+        Ok(grants)
+    }
+
+    /// `on_limit: escalate`: when a policy matches the `limit:escalate` trigger, records the
+    /// limit hit as a pseudo call and waits for a human. `true` when the limit was raised.
+    pub(crate) async fn escalate_limit(&self, hit: &LimitEscalation<'_>) -> Result<bool, CallStop> {
+        let args = json!({"limit": hit.kind, "used": hit.used, "max": hit.max});
+        let md = &self.agent.metadata;
+        let mut req = Request::new(
+            ToolCtx {
+                r#ref: LIMIT_TOOL,
+                version: hit.kind,
+                side_effect_class: "",
+                name: "",
+            },
+            &args,
+        )
+        .with_agent(AgentCtx {
+            namespace: &md.namespace,
+            name: &md.name,
+            version: &md.version,
+        })
+        .with_session(SessionCtx {
+            id: &self.session.id,
+            metadata: Some(&self.metadata),
+        })
+        .at(self.now().timestamp());
+        if let Some(claims) = &self.principal {
+            req = req.with_principal(claims);
+        }
+        let Some(policy) = self
+            .setup
+            .policies
+            .evaluate_failure(&req, Trigger::LimitEscalate)
+        else {
+            return Ok(false);
+        };
+        let kind_index: u32 = if hit.kind == crate::driver::TOKEN_LIMIT {
+            0
+        } else {
+            1
+        };
+        let grants = u32::try_from(hit.grants).unwrap_or(u32::MAX / 2).min(9_999);
+        let call = self
+            .store()
+            .record_tool_call(NewToolCall {
+                session_id: self.session.id.clone(),
+                turn: hit.turn,
+                iteration: hit.iteration,
+                index: LIMIT_INDEX + kind_index * 10_000 + grants,
+                tool: LIMIT_TOOL.to_owned(),
+                version: hit.kind.to_owned(),
+                wire_name: None,
+                args,
+                side_effect_class: None,
+            })
+            .await?;
+        let latest = self.latest_approval(&call.call_id).await?;
+        let approval_id = match (call.status, latest) {
+            (CallStatus::AwaitingApproval, Some(a)) if a.status == ApprovalStatus::Pending => a.id,
+            (_, Some(a)) if a.status == ApprovalStatus::Approved => {
+                self.close_limit_call(&call.call_id, a.id).await?;
+                return Ok(true);
+            }
+            (CallStatus::Pending, _) => {
+                let mut extra = Map::new();
+                extra.insert(TRIGGER_KEY.into(), json!(Trigger::LimitEscalate.as_str()));
+                extra.insert(FAILURE_KEY.into(), json!(hit.message));
+                let reason = policy
+                    .reason()
+                    .map_or_else(|| hit.message.to_owned(), str::to_owned);
+                let new = self.policy_approval(&call, policy, Some(reason), extra);
+                self.open_approval(new).await?.id
+            }
+            _ => return Ok(false),
+        };
+        let approval = self
+            .wait_for_decision(approval_id, SessionStatus::Running)
+            .await?;
+        if approval.status == ApprovalStatus::Approved {
+            self.close_limit_call(&call.call_id, approval.id).await?;
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    async fn close_limit_call(&self, call_id: &str, approval_id: Uuid) -> Result<(), CallStop> {
+        let call = self.store().get_tool_call(call_id).await?;
+        if !call.status.is_terminal() {
+            self.store()
+                .cancel_tool_call(call_id, &format!("limit raised by approval {approval_id}"))
+                .await?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,881 @@
+//! The session driver: one task per live session running the model/tool turn loop (§5.5).
+//!
+//! The driver reads the session's event stream back into a [`Fold`] before every step, so the
+//! live path and recovery are the same code: whatever the stream says was requested but not
+//! resolved is resolved next, whatever turn was started but not finished is continued.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use chrono::{DateTime, Utc};
+use futures::StreamExt as _;
+use futures::stream::FuturesUnordered;
+use phrony_ledger::{
+    Approval, AssistantMessage, NewEvent, OnLimit, Session, SessionEvent, SessionLimits,
+    SessionMode, SessionStatus, StatusChange, Usage,
+};
+use phrony_manifest::{CompiledAgent, ToolArgsValidator, ToolBinding};
+use phrony_policy::PolicySet;
+use phrony_providers::{CompletionRequest, Event as ModelEvent, ModelProvider, ToolSpec};
+use serde_json::{Value, json};
+
+use crate::engine::{Inner, Live, first_user_message};
+use crate::error::{EngineError, ErrorKind, StoreError};
+use crate::fold::{CompletionRecord, Fold, ToolCallRecord, engine_events};
+use crate::subscribe::SessionUpdate;
+
+/// What a session needs from its agent version, prepared once.
+pub(crate) struct DriverSetup {
+    pub(crate) policies: PolicySet,
+    /// `(wire name, binding)` in manifest order.
+    pub(crate) bindings: Vec<(String, ToolBinding)>,
+    pub(crate) validators: HashMap<String, ToolArgsValidator>,
+    /// System prompt, tools and model parameters; messages are added per completion.
+    pub(crate) base_request: CompletionRequest,
+}
+
+impl DriverSetup {
+    /// Compiles the agent's policies and argument schemas and the request template.
+    pub(crate) fn prepare(agent: &CompiledAgent) -> Result<Self, EngineError> {
+        let policies = agent.policy_set().map_err(|e| {
+            EngineError::invalid(format!("the agent version's policies do not compile: {e}"))
+        })?;
+        let mut bindings = Vec::new();
+        let mut validators = HashMap::new();
+        let mut tools = Vec::new();
+        for binding in &agent.spec.tools {
+            let wire = binding.wire_name();
+            let validator = ToolArgsValidator::for_binding(binding)
+                .map_err(|e| EngineError::invalid(e.to_string()))?;
+            let schema = binding
+                .input_schema
+                .as_ref()
+                .and_then(|s| s.inline.as_ref())
+                .map_or_else(|| json!({"type": "object"}), |j| j.0.clone());
+            tools.push(ToolSpec {
+                name: wire.clone(),
+                description: binding.description.clone(),
+                input_schema: schema,
+            });
+            validators.insert(wire.clone(), validator);
+            bindings.push((wire, binding.clone()));
+        }
+        let mut base_request = CompletionRequest::for_model(&agent.spec.model)
+            .map_err(|e| EngineError::invalid(e.to_string()))?;
+        let system = agent.spec.instructions.text.trim();
+        if !system.is_empty() {
+            base_request.system = Some(agent.spec.instructions.text.clone());
+        }
+        base_request.tools = tools;
+        Ok(Self {
+            policies,
+            bindings,
+            validators,
+            base_request,
+        })
+    }
+
+    pub(crate) fn binding(&self, wire: &str) -> Option<&ToolBinding> {
+        self.bindings
+            .iter()
+            .find(|(w, _)| w == wire)
+            .map(|(_, b)| b)
+    }
+}
+
+/// Why a driver (or one of its calls) stopped early.
+#[derive(Debug)]
+pub(crate) enum Stop {
+    /// The session fails with this message.
+    Fail(String),
+    /// The session ended elsewhere, or the engine is stopping.
+    Cancelled,
+    /// The store failed.
+    Store(StoreError),
+}
+
+impl From<StoreError> for Stop {
+    fn from(e: StoreError) -> Self {
+        Self::Store(e)
+    }
+}
+
+/// Why a tool call stopped early.
+#[derive(Debug)]
+pub(crate) enum CallStop {
+    /// The session fails (`on_reject: fail`, no handler, …).
+    Fail(String),
+    /// A limit was hit while the call waited.
+    Halt(String),
+    /// The session ended or the engine is stopping.
+    Stopped,
+    /// The store failed.
+    Store(StoreError),
+}
+
+impl From<StoreError> for CallStop {
+    fn from(e: StoreError) -> Self {
+        Self::Store(e)
+    }
+}
+
+/// `run limit <kind> exceeded (on_limit=<halt|escalate>)`.
+pub(crate) fn limit_message(kind: &str, on_limit: OnLimit) -> String {
+    format!("run limit {kind} exceeded (on_limit={})", on_limit.as_str())
+}
+
+/// Time spent waiting for approvals: the union of the waits, so parallel waits count once.
+#[derive(Debug, Default)]
+pub(crate) struct WaitTracker {
+    closed: chrono::Duration,
+    open: u32,
+    open_since: Option<DateTime<Utc>>,
+}
+
+impl WaitTracker {
+    /// The union of the waits of already decided (or still pending) approvals, up to `now`.
+    fn from_approvals(approvals: &[Approval], now: DateTime<Utc>) -> Self {
+        let mut spans: Vec<(DateTime<Utc>, DateTime<Utc>)> = approvals
+            .iter()
+            .map(|a| (a.created_at, a.decided_at.unwrap_or(now).min(now)))
+            .filter(|(a, b)| b > a)
+            .collect();
+        spans.sort();
+        let mut total = chrono::Duration::zero();
+        let mut current: Option<(DateTime<Utc>, DateTime<Utc>)> = None;
+        for (start, end) in spans {
+            current = match current {
+                Some((s, e)) if start <= e => Some((s, e.max(end))),
+                Some((s, e)) => {
+                    total += e - s;
+                    Some((start, end))
+                }
+                None => Some((start, end)),
+            };
+        }
+        if let Some((s, e)) = current {
+            total += e - s;
+        }
+        Self {
+            closed: total,
+            open: 0,
+            open_since: None,
+        }
+    }
+
+    pub(crate) fn open(&mut self, now: DateTime<Utc>) {
+        if self.open == 0 {
+            self.open_since = Some(now);
+        }
+        self.open += 1;
+    }
+
+    pub(crate) fn close(&mut self, now: DateTime<Utc>) {
+        self.open = self.open.saturating_sub(1);
+        if self.open == 0
+            && let Some(since) = self.open_since.take()
+        {
+            self.closed += (now - since).max(chrono::Duration::zero());
+        }
+    }
+
+    pub(crate) fn used(&self, now: DateTime<Utc>) -> chrono::Duration {
+        self.closed
+            + self.open_since.map_or(chrono::Duration::zero(), |since| {
+                (now - since).max(chrono::Duration::zero())
+            })
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct StatusState {
+    pub(crate) status: SessionStatus,
+}
+
+/// What a session's calls share (immutable, except the status and wait trackers).
+pub(crate) struct Ctx {
+    pub(crate) inner: Arc<Inner>,
+    pub(crate) live: Arc<Live>,
+    pub(crate) session: Session,
+    pub(crate) agent: Arc<CompiledAgent>,
+    pub(crate) setup: DriverSetup,
+    pub(crate) metadata: Value,
+    pub(crate) principal: Option<Value>,
+    pub(crate) limits: SessionLimits,
+    pub(crate) status: tokio::sync::Mutex<StatusState>,
+    pub(crate) waits: Mutex<WaitTracker>,
+}
+
+impl Ctx {
+    pub(crate) fn store(&self) -> &dyn crate::store::SessionStore {
+        self.inner.store.as_ref()
+    }
+
+    pub(crate) fn now(&self) -> DateTime<Utc> {
+        self.inner.clock.now()
+    }
+
+    pub(crate) fn notify(&self) {
+        self.live.notify_changed();
+    }
+
+    pub(crate) fn waits(&self) -> std::sync::MutexGuard<'_, WaitTracker> {
+        self.waits
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Moves the session to `to` (no-op when it is there).
+    pub(crate) async fn set_status(
+        &self,
+        to: SessionStatus,
+        reason: Option<String>,
+    ) -> Result<(), Stop> {
+        let mut state = self.status.lock().await;
+        self.set_status_locked(&mut state, to, reason).await
+    }
+
+    pub(crate) async fn set_status_locked(
+        &self,
+        state: &mut StatusState,
+        to: SessionStatus,
+        reason: Option<String>,
+    ) -> Result<(), Stop> {
+        if state.status == to {
+            return Ok(());
+        }
+        let mut change = StatusChange::to(to).from(state.status);
+        change.reason = reason;
+        match self.store().set_status(&self.session.id, change).await {
+            Ok(changed) => {
+                state.status = changed.session.status;
+                self.notify();
+                Ok(())
+            }
+            Err(e) if e.kind == ErrorKind::FailedPrecondition => {
+                let now = self.store().get_session(&self.session.id).await?;
+                if now.status.is_terminal() {
+                    return Err(Stop::Cancelled);
+                }
+                if now.status == to {
+                    state.status = to;
+                    return Ok(());
+                }
+                Err(e.into())
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+struct Driver {
+    ctx: Arc<Ctx>,
+    fold: Fold,
+    provider: Box<dyn ModelProvider>,
+    /// Approved limit escalations per limit kind.
+    grants: HashMap<String, u64>,
+}
+
+enum TurnEnd {
+    Finished,
+    Halted(String),
+}
+
+enum LimitOutcome {
+    Raised,
+    Halt(String),
+}
+
+/// `max_tokens_per_run`.
+pub(crate) const TOKEN_LIMIT: &str = "max_tokens_per_run";
+/// `max_loop_iterations`.
+pub(crate) const LOOP_LIMIT: &str = "max_loop_iterations";
+
+/// A limit hit that may be escalated to a human.
+pub(crate) struct LimitEscalation<'a> {
+    pub(crate) turn: u32,
+    pub(crate) iteration: u32,
+    pub(crate) kind: &'static str,
+    pub(crate) used: u64,
+    pub(crate) max: u64,
+    /// Escalations of this kind already approved.
+    pub(crate) grants: u64,
+    pub(crate) message: &'a str,
+}
+
+/// Runs one session until it ends, its input is blocked, or the engine stops.
+pub(crate) async fn run(
+    inner: Arc<Inner>,
+    live: Arc<Live>,
+    session: Session,
+    agent: Arc<CompiledAgent>,
+    setup: DriverSetup,
+    provider: Box<dyn ModelProvider>,
+) {
+    let session_id = session.id.clone();
+    let cancel = live.cancel.clone();
+    let outcome = tokio::select! {
+        r = drive(Arc::clone(&inner), Arc::clone(&live), session, agent, setup, provider) => r,
+        () = cancel.cancelled() => Err(Stop::Cancelled),
+    };
+    match outcome {
+        Ok(()) | Err(Stop::Cancelled) => {}
+        Err(Stop::Fail(message)) => fail_session(&inner, &session_id, &message).await,
+        Err(Stop::Store(e)) => {
+            let ended = inner
+                .store
+                .get_session(&session_id)
+                .await
+                .map(|s| s.status.is_terminal())
+                .unwrap_or(false);
+            if !ended && !cancel.is_cancelled() {
+                tracing::error!(%session_id, error = %e, "session driver failed on a store error");
+                fail_session(&inner, &session_id, &format!("internal error: {e}")).await;
+            }
+        }
+    }
+    inner.unregister(&live);
+}
+
+async fn fail_session(inner: &Inner, session_id: &str, message: &str) {
+    match inner
+        .store
+        .set_status(session_id, StatusChange::failed(message))
+        .await
+    {
+        Ok(_) => tracing::info!(%session_id, %message, "session failed"),
+        Err(e) => {
+            tracing::debug!(%session_id, error = %e, "session not failed (it ended meanwhile)");
+        }
+    }
+}
+
+async fn sync(inner: &Inner, session_id: &str, fold: &mut Fold) -> Result<(), StoreError> {
+    loop {
+        let page = inner
+            .store
+            .events_after(session_id, fold.last_seq(), 500)
+            .await?;
+        if page.is_empty() {
+            return Ok(());
+        }
+        for event in &page {
+            fold.apply(event);
+        }
+    }
+}
+
+async fn drive(
+    inner: Arc<Inner>,
+    live: Arc<Live>,
+    session: Session,
+    agent: Arc<CompiledAgent>,
+    setup: DriverSetup,
+    provider: Box<dyn ModelProvider>,
+) -> Result<(), Stop> {
+    let mut fold = Fold::default();
+    sync(&inner, &session.id, &mut fold).await?;
+    // The first user message comes from the input (recorded here, so a crash right after the
+    // session was created loses nothing).
+    if !fold.user_turns.contains(&1)
+        && fold.max_started_turn == 0
+        && let Ok(Some(text)) = first_user_message(&session.input)
+    {
+        inner
+            .store
+            .record_session_event(
+                &session.id,
+                SessionEvent::UserMessage {
+                    actor: session.created_by.clone(),
+                    turn: 1,
+                    content: text,
+                },
+            )
+            .await?;
+        sync(&inner, &session.id, &mut fold).await?;
+    }
+    let approvals = inner.store.session_approvals(&session.id).await?;
+    let now = inner.clock.now();
+    let current = inner.store.get_session(&session.id).await?;
+    if current.status.is_terminal() {
+        return Ok(());
+    }
+    {
+        let mut input = live.input.lock().await;
+        input.blocked.clone_from(&fold.input_blocked);
+        input.next_turn = input
+            .next_turn
+            .max(fold.max_user_turn.max(fold.max_started_turn) + 1);
+    }
+    let ctx = Arc::new(Ctx {
+        metadata: serde_json::to_value(&session.metadata).unwrap_or(Value::Null),
+        principal: fold.principal.clone(),
+        limits: session.limits.clone().unwrap_or_default(),
+        status: tokio::sync::Mutex::new(StatusState {
+            status: current.status,
+        }),
+        waits: Mutex::new(WaitTracker::from_approvals(&approvals, now)),
+        inner,
+        live,
+        session,
+        agent,
+        setup,
+    });
+    let watchdog = wall_watchdog(Arc::clone(&ctx));
+    let grants = ctx.limit_grants().await?;
+    let mut driver = Driver {
+        ctx,
+        fold,
+        provider,
+        grants,
+    };
+    tokio::select! {
+        r = driver.main_loop() => r,
+        message = watchdog => Err(Stop::Fail(message)),
+    }
+}
+
+/// Resolves when the session's wall-clock budget (approval waits excluded) is spent.
+async fn wall_watchdog(ctx: Arc<Ctx>) -> String {
+    let Some(max) = ctx.limits.max_wall_clock_seconds else {
+        return std::future::pending().await;
+    };
+    let budget = chrono::Duration::seconds(i64::try_from(max).unwrap_or(i64::MAX / 1000));
+    loop {
+        let now = ctx.now();
+        let waited = ctx.waits().used(now);
+        let elapsed = now - ctx.session.created_at - waited;
+        let remaining = budget - elapsed;
+        if remaining <= chrono::Duration::zero() {
+            return limit_message("max_wall_clock_seconds", ctx.limits.on_limit);
+        }
+        ctx.inner.clock.sleep_until(now + remaining).await;
+    }
+}
+
+impl Driver {
+    async fn sync(&mut self) -> Result<(), Stop> {
+        sync(&self.ctx.inner, &self.ctx.session.id, &mut self.fold).await?;
+        Ok(())
+    }
+
+    async fn main_loop(&mut self) -> Result<(), Stop> {
+        loop {
+            self.sync().await?;
+            let blocked = self.ctx.live.input.lock().await.blocked.clone();
+            if self.ctx.session.mode == SessionMode::Task && self.fold.last_finished_turn >= 1 {
+                return self.complete_task().await;
+            }
+            match self.next_turn(blocked.is_some()) {
+                Some(turn) => match self.run_turn(turn).await? {
+                    TurnEnd::Finished => {
+                        if self.ctx.session.mode == SessionMode::Task {
+                            self.sync().await?;
+                            return self.complete_task().await;
+                        }
+                        self.sync().await?;
+                        if let Some(message) = self.session_limit_reached() {
+                            self.halt(message).await?;
+                        }
+                    }
+                    TurnEnd::Halted(message) => self.halt(message).await?,
+                },
+                None => {
+                    let reason = blocked.clone();
+                    self.ctx
+                        .set_status(SessionStatus::AwaitingInput, reason)
+                        .await?;
+                    let live = Arc::clone(&self.ctx.live);
+                    let inbox = live.inbox.notified();
+                    tokio::pin!(inbox);
+                    // A message recorded between the sync above and now left a permit.
+                    self.sync().await?;
+                    if self.next_turn(blocked.is_some()).is_none() {
+                        inbox.await;
+                    }
+                }
+            }
+        }
+    }
+
+    /// The turn to run next: an unfinished one, the next one with a user message, or (task
+    /// mode) the first one.
+    fn next_turn(&self, blocked: bool) -> Option<u32> {
+        if blocked {
+            return None;
+        }
+        let f = &self.fold;
+        if f.max_started_turn > f.last_finished_turn {
+            return Some(f.max_started_turn);
+        }
+        if f.max_user_turn > f.last_finished_turn {
+            return Some(f.last_finished_turn + 1);
+        }
+        if self.ctx.session.mode == SessionMode::Task && f.last_finished_turn == 0 {
+            return Some(1);
+        }
+        None
+    }
+
+    /// A conversation-wide limit that blocks further input.
+    fn session_limit_reached(&self) -> Option<String> {
+        let l = &self.ctx.limits;
+        if let Some(max) = l.max_tokens_per_run
+            && self.fold.tokens_used >= self.effective(TOKEN_LIMIT, max)
+        {
+            return Some(limit_message("max_tokens_per_run", l.on_limit));
+        }
+        if let Some(max) = l.max_loop_iterations
+            && u64::from(self.fold.last_finished_turn) >= self.effective(LOOP_LIMIT, max)
+        {
+            return Some(limit_message("max_loop_iterations", l.on_limit));
+        }
+        None
+    }
+
+    /// A limit's budget after the escalations approved so far: each approval grants the
+    /// configured budget once more.
+    fn effective(&self, kind: &str, max: u64) -> u64 {
+        let grants = self.grants.get(kind).copied().unwrap_or(0);
+        max.saturating_mul(grants.saturating_add(1))
+    }
+
+    /// A limit was hit: halt, or (`on_limit: escalate` with a `limit:escalate` policy) ask a
+    /// human to raise it.
+    async fn on_limit(
+        &mut self,
+        turn: u32,
+        iteration: u32,
+        kind: &'static str,
+        used: u64,
+        max: u64,
+    ) -> Result<LimitOutcome, Stop> {
+        let message = limit_message(kind, self.ctx.limits.on_limit);
+        if self.ctx.limits.on_limit != OnLimit::Escalate {
+            return Ok(LimitOutcome::Halt(message));
+        }
+        let grants = self.grants.get(kind).copied().unwrap_or(0);
+        let escalation = LimitEscalation {
+            turn,
+            iteration,
+            kind,
+            used,
+            max,
+            grants,
+            message: &message,
+        };
+        match self.ctx.escalate_limit(&escalation).await {
+            Ok(true) => {
+                self.grants = self.ctx.limit_grants().await?;
+                self.ctx.notify();
+                Ok(LimitOutcome::Raised)
+            }
+            Ok(false) => Ok(LimitOutcome::Halt(message)),
+            Err(CallStop::Halt(m)) => Ok(LimitOutcome::Halt(m)),
+            Err(CallStop::Fail(m)) => Err(Stop::Fail(m)),
+            Err(CallStop::Stopped) => Err(Stop::Cancelled),
+            Err(CallStop::Store(e)) => Err(Stop::Store(e)),
+        }
+    }
+
+    async fn complete_task(&mut self) -> Result<(), Stop> {
+        let change =
+            StatusChange::completed(Some(self.fold.output())).because("the task's turn ended");
+        match self
+            .ctx
+            .store()
+            .set_status(&self.ctx.session.id, change)
+            .await
+        {
+            Ok(_) => {
+                self.ctx.notify();
+                Ok(())
+            }
+            Err(e) => {
+                let now = self.ctx.store().get_session(&self.ctx.session.id).await?;
+                if now.status.is_terminal() {
+                    Ok(())
+                } else {
+                    Err(e.into())
+                }
+            }
+        }
+    }
+
+    /// A limit stopped the turn: a task fails; a conversation parks with its input blocked
+    /// (its open calls cancelled, their approvals closed).
+    async fn halt(&mut self, message: String) -> Result<(), Stop> {
+        if self.ctx.session.mode == SessionMode::Task {
+            return Err(Stop::Fail(message));
+        }
+        for call in self.ctx.store().open_calls(&self.ctx.session.id).await? {
+            if let Err(e) = self
+                .ctx
+                .store()
+                .cancel_tool_call(&call.call_id, &message)
+                .await
+            {
+                tracing::debug!(call_id = %call.call_id, error = %e, "call not cancelled");
+            }
+        }
+        self.ctx.live.input.lock().await.blocked = Some(message.clone());
+        {
+            let mut state = self.ctx.status.lock().await;
+            // Re-read: cancelling calls may have closed approvals without a status change.
+            state.status = self
+                .ctx
+                .store()
+                .get_session(&self.ctx.session.id)
+                .await?
+                .status;
+            self.ctx
+                .set_status_locked(&mut state, SessionStatus::AwaitingInput, Some(message))
+                .await?;
+        }
+        Ok(())
+    }
+
+    async fn run_turn(&mut self, turn: u32) -> Result<TurnEnd, Stop> {
+        let started = self.ctx.now();
+        let session_id = self.ctx.session.id.clone();
+        let version_id = self.ctx.session.agent_version_id;
+        loop {
+            self.sync().await?;
+            if let Some((iteration, calls)) =
+                self.fold.unresolved_calls(turn, &session_id, version_id)
+            {
+                {
+                    // A recovered session still waiting for a decision stays so.
+                    let mut state = self.ctx.status.lock().await;
+                    let waiting = state.status == SessionStatus::AwaitingApproval
+                        && self
+                            .ctx
+                            .store()
+                            .session_approvals(&self.ctx.session.id)
+                            .await?
+                            .iter()
+                            .any(|a| a.status == phrony_ledger::ApprovalStatus::Pending);
+                    if !waiting {
+                        self.ctx
+                            .set_status_locked(&mut state, SessionStatus::AwaitingTool, None)
+                            .await?;
+                    }
+                }
+                match self.process_calls(turn, iteration, calls).await {
+                    Ok(()) => continue,
+                    Err(CallStop::Halt(message)) => return Ok(TurnEnd::Halted(message)),
+                    Err(CallStop::Fail(message)) => return Err(Stop::Fail(message)),
+                    Err(CallStop::Stopped) => return Err(Stop::Cancelled),
+                    Err(CallStop::Store(e)) => return Err(Stop::Store(e)),
+                }
+            }
+            let iteration = self.fold.next_iteration(turn);
+            let limits = self.ctx.limits.clone();
+            if let Some(max) = limits.max_loop_iterations
+                && u64::from(iteration) >= self.effective(LOOP_LIMIT, max)
+            {
+                match self
+                    .on_limit(turn, iteration, LOOP_LIMIT, u64::from(iteration), max)
+                    .await?
+                {
+                    LimitOutcome::Raised => continue,
+                    LimitOutcome::Halt(message) => return Ok(TurnEnd::Halted(message)),
+                }
+            }
+            let mut request = self.ctx.setup.base_request.clone();
+            request.messages = self.fold.messages(turn);
+            let needed = self
+                .fold
+                .tokens_used
+                .saturating_add(request.estimated_input_tokens());
+            if let Some(max) = limits.max_tokens_per_run
+                && needed > self.effective(TOKEN_LIMIT, max)
+            {
+                match self
+                    .on_limit(turn, iteration, TOKEN_LIMIT, needed, max)
+                    .await?
+                {
+                    LimitOutcome::Raised => continue,
+                    LimitOutcome::Halt(message) => return Ok(TurnEnd::Halted(message)),
+                }
+            }
+            self.ctx.set_status(SessionStatus::Running, None).await?;
+            let completion = self.complete(request, turn, iteration).await?;
+            let has_calls = !completion.tool_calls.is_empty();
+            if !has_calls && completion.stop_reason == "tool_use" {
+                return Err(Stop::Fail(
+                    "model stopped for tool_use without tool calls".to_owned(),
+                ));
+            }
+            let text = completion.text.clone();
+            let stop_reason = completion.stop_reason.clone();
+            self.ctx
+                .store()
+                .append_engine_event(
+                    &session_id,
+                    engine_event(
+                        engine_events::MODEL_COMPLETION,
+                        turn,
+                        serde_json::to_value(&completion.record).unwrap_or(Value::Null),
+                    ),
+                )
+                .await?;
+            self.sync().await?;
+            if has_calls {
+                if !text.is_empty() {
+                    self.record_assistant(turn, text, None, started).await?;
+                }
+            } else {
+                self.record_assistant(turn, text, Some(stop_reason), started)
+                    .await?;
+            }
+            self.ctx.notify();
+            if !has_calls {
+                return Ok(TurnEnd::Finished);
+            }
+            if let Some(max) = self.ctx.limits.max_tokens_per_run
+                && self.fold.tokens_used > self.effective(TOKEN_LIMIT, max)
+            {
+                // The calls of this completion run only if the budget is raised.
+                let used = self.fold.tokens_used;
+                match self
+                    .on_limit(turn, iteration, TOKEN_LIMIT, used, max)
+                    .await?
+                {
+                    LimitOutcome::Raised => {}
+                    LimitOutcome::Halt(message) => return Ok(TurnEnd::Halted(message)),
+                }
+            }
+        }
+    }
+
+    async fn record_assistant(
+        &mut self,
+        turn: u32,
+        content: String,
+        stop_reason: Option<String>,
+        started: DateTime<Utc>,
+    ) -> Result<(), Stop> {
+        let final_segment = stop_reason.is_some();
+        let usage = self.fold.turn_usage.get(&turn).copied().unwrap_or_default();
+        let message = AssistantMessage {
+            turn,
+            content,
+            stop_reason,
+            turn_usage: final_segment.then_some(Usage {
+                input_tokens: usage.input_tokens,
+                output_tokens: usage.output_tokens,
+                estimated: usage.estimated,
+            }),
+            turn_duration_ms: final_segment
+                .then(|| u64::try_from((self.ctx.now() - started).num_milliseconds()).unwrap_or(0)),
+        };
+        self.ctx
+            .store()
+            .record_session_event(
+                &self.ctx.session.id,
+                SessionEvent::AssistantMessage(message),
+            )
+            .await?;
+        self.sync().await
+    }
+
+    /// Streams one completion, forwarding text to subscribers.
+    async fn complete(
+        &mut self,
+        request: CompletionRequest,
+        turn: u32,
+        iteration: u32,
+    ) -> Result<Completed, Stop> {
+        let started = self.ctx.now();
+        let mut stream = self
+            .provider
+            .stream(request)
+            .await
+            .map_err(|e| Stop::Fail(e.to_string()))?;
+        let mut text = String::new();
+        let mut reasoning = Vec::new();
+        let mut calls = Vec::new();
+        let mut done = None;
+        while let Some(item) = stream.next().await {
+            match item.map_err(|e| Stop::Fail(e.to_string()))? {
+                ModelEvent::TextDelta(delta) => {
+                    text.push_str(&delta);
+                    let _ = self.ctx.live.deltas.send(SessionUpdate::TextDelta {
+                        turn,
+                        iteration,
+                        text: delta,
+                    });
+                }
+                ModelEvent::Reasoning(block) => reasoning.push(block),
+                ModelEvent::ToolCall { name, args, .. } => {
+                    let index = u32::try_from(calls.len()).unwrap_or(u32::MAX);
+                    calls.push(ToolCallRecord { index, name, args });
+                }
+                ModelEvent::Completed { stop_reason, usage } => {
+                    done = Some((stop_reason, usage));
+                }
+            }
+        }
+        let Some((stop_reason, usage)) = done else {
+            return Err(Stop::Fail(
+                "the model stream ended before the completion finished".to_owned(),
+            ));
+        };
+        let duration_ms = u64::try_from((self.ctx.now() - started).num_milliseconds()).unwrap_or(0);
+        let stop_reason = stop_reason.as_str().to_owned();
+        Ok(Completed {
+            text,
+            stop_reason: stop_reason.clone(),
+            tool_calls: calls.clone(),
+            record: CompletionRecord {
+                turn,
+                iteration,
+                stop_reason,
+                usage,
+                duration_ms,
+                tool_calls: calls,
+                reasoning,
+            },
+        })
+    }
+
+    /// Records and resolves one completion's tool calls concurrently. The first call that
+    /// fails the session or hits a limit ends the others (their dispatches are cancelled).
+    async fn process_calls(
+        &mut self,
+        turn: u32,
+        iteration: u32,
+        calls: Vec<ToolCallRecord>,
+    ) -> Result<(), CallStop> {
+        let mut recorded = Vec::with_capacity(calls.len());
+        for rec in &calls {
+            recorded.push(self.ctx.record_call(turn, iteration, rec).await?);
+        }
+        self.ctx.notify();
+        let mut running: FuturesUnordered<_> = recorded
+            .into_iter()
+            .map(|call| {
+                let ctx = Arc::clone(&self.ctx);
+                async move { ctx.drive_call(call).await }
+            })
+            .collect();
+        while let Some(result) = running.next().await {
+            result?;
+        }
+        Ok(())
+    }
+}
+
+struct Completed {
+    text: String,
+    stop_reason: String,
+    tool_calls: Vec<ToolCallRecord>,
+    record: CompletionRecord,
+}
+
+fn engine_event(event_type: &str, turn: u32, payload: Value) -> NewEvent {
+    let mut e = NewEvent::new(event_type, "agent", payload);
+    e.turn = Some(turn);
+    e
+}

@@ -1,0 +1,846 @@
+//! [`Engine`]: the public face of the session engine.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+use phrony_dispatch::Router;
+use phrony_ledger::{
+    AgentVersionRef, NewEvent, NewSession, OnLimit, Session, SessionEvent, SessionLimits,
+    SessionMode, SessionStatus, StatusChange, Vote, VoteOutcome, new_session_id,
+};
+use phrony_manifest::{ANNOTATION_POLICIES_COMPILED, ANNOTATION_STUB_SCRIPT, CompiledAgent};
+use phrony_providers::{ApiKey, ModelProvider};
+use secrecy::ExposeSecret as _;
+use serde_json::{Value, json};
+use tokio::sync::{Notify, broadcast, watch};
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::clock::Clock;
+use crate::config::EngineConfig;
+use crate::driver::{self, DriverSetup};
+use crate::error::{EngineError, ErrorKind};
+use crate::fold::{Fold, engine_events};
+use crate::provider::{ProviderFactory, api_key_secret_name};
+use crate::store::{PlainSecret, SessionStore};
+use crate::subscribe::{SessionUpdate, Subscription};
+use crate::timer;
+
+/// What an [`Engine`] is built from.
+pub struct EngineDeps {
+    /// Durable state.
+    pub store: Arc<dyn SessionStore>,
+    /// Dispatches allowed tool calls to workers; `None` means no worker can ever be reached
+    /// (every dispatch fails as `no_handler`).
+    pub router: Option<Router>,
+    /// Builds each session's model provider.
+    pub providers: Arc<dyn ProviderFactory>,
+    /// Wall-clock time.
+    pub clock: Arc<dyn Clock>,
+    /// Tunables.
+    pub config: EngineConfig,
+}
+
+impl fmt::Debug for EngineDeps {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EngineDeps")
+            .field("store", &self.store)
+            .field("router", &self.router.is_some())
+            .field("providers", &self.providers)
+            .field("clock", &self.clock)
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
+/// A request to start a session.
+pub struct StartSession {
+    /// The session id to use (`run_<uuid>`); `None` picks a new one.
+    pub session_id: Option<String>,
+    /// The agent version to run (its `agent_versions` id).
+    pub agent_version_id: Uuid,
+    /// The compiled snapshot of that version.
+    pub agent: CompiledAgent,
+    /// The input: a JSON object (its `message`, else `text`, else its JSON text is the first
+    /// user message; `{}` means none) or a string (the first user message).
+    pub input: Value,
+    /// Caller metadata (e.g. a ticket id); policies see it as `session.metadata`.
+    pub metadata: BTreeMap<String, String>,
+    /// Task (completes when its turn ends) or conversation (parks at `awaiting_input`).
+    pub mode: SessionMode,
+    /// Claims of the principal the session acts for (a JSON object); policies see them.
+    pub principal: Option<Value>,
+    /// The resolved secrets: exactly the names the manifest declares.
+    pub secrets: Vec<PlainSecret>,
+    /// Who starts the session.
+    pub actor: String,
+}
+
+impl fmt::Debug for StartSession {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StartSession")
+            .field("session_id", &self.session_id)
+            .field("agent_version_id", &self.agent_version_id)
+            .field("agent", &self.agent.qualified_name())
+            .field("input", &self.input)
+            .field("metadata", &self.metadata)
+            .field("mode", &self.mode)
+            .field("principal", &self.principal)
+            .field("secrets", &self.secrets)
+            .field("actor", &self.actor)
+            .finish()
+    }
+}
+
+/// A started session.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SessionHandle {
+    /// `run_<uuid>`.
+    pub id: String,
+    /// The agent version it runs.
+    pub agent_version_id: Uuid,
+    /// Its status when the start returned (`running`).
+    pub status: SessionStatus,
+}
+
+/// What [`Engine::recover`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RecoveryReport {
+    /// Sessions whose driver was restarted.
+    pub resumed: Vec<String>,
+    /// Sessions that could not be resumed and were failed (e.g. their agent version no longer
+    /// loads), with the reason.
+    pub failed: Vec<(String, String)>,
+}
+
+/// The session engine. Cheap to clone; clones share everything.
+///
+/// Must be created inside a Tokio runtime: it spawns the durable approval timer, and one driver
+/// task per live session.
+#[derive(Clone)]
+pub struct Engine {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for Engine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Engine")
+            .field("store", &self.inner.store)
+            .field("live_sessions", &self.inner.live_count())
+            .finish_non_exhaustive()
+    }
+}
+
+pub(crate) struct Inner {
+    pub(crate) store: Arc<dyn SessionStore>,
+    pub(crate) router: Option<Router>,
+    pub(crate) providers: Arc<dyn ProviderFactory>,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) config: EngineConfig,
+    live: Mutex<HashMap<String, Arc<Live>>>,
+    /// Wakes the approval timer (an approval with an expiry was opened).
+    pub(crate) timer_kick: Arc<Notify>,
+    /// Stops the engine's tasks (not the sessions).
+    pub(crate) stop: CancellationToken,
+}
+
+/// The in-memory side of one live session (one driver).
+pub(crate) struct Live {
+    pub(crate) session_id: String,
+    /// Fires when the session ends or the engine stops: the driver and its dispatches stop.
+    pub(crate) cancel: CancellationToken,
+    /// A user message was recorded.
+    pub(crate) inbox: Notify,
+    /// Bumped whenever one of the session's approvals may have been decided.
+    pub(crate) approvals: watch::Sender<u64>,
+    /// Bumped whenever the session's stream grew (wakes subscriptions and waiters).
+    pub(crate) changed: watch::Sender<u64>,
+    /// Streamed model text, for subscribers (lossy).
+    pub(crate) deltas: broadcast::Sender<SessionUpdate>,
+    /// Turn numbering of user messages and the input block of a halted session.
+    pub(crate) input: tokio::sync::Mutex<InputState>,
+}
+
+#[derive(Debug)]
+pub(crate) struct InputState {
+    /// The turn the next user message starts.
+    pub(crate) next_turn: u32,
+    /// Why input is blocked (a limit was hit), if it is.
+    pub(crate) blocked: Option<String>,
+}
+
+impl Live {
+    pub(crate) fn bump_approvals(&self) {
+        self.approvals.send_modify(|v| *v = v.wrapping_add(1));
+    }
+
+    pub(crate) fn notify_changed(&self) {
+        self.changed.send_modify(|v| *v = v.wrapping_add(1));
+    }
+}
+
+impl Inner {
+    pub(crate) fn live(&self, session_id: &str) -> Option<Arc<Live>> {
+        self.live
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(session_id)
+            .cloned()
+    }
+
+    fn live_count(&self) -> usize {
+        self.live
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .len()
+    }
+
+    pub(crate) fn wake_approvals(&self, session_id: &str) {
+        if let Some(live) = self.live(session_id) {
+            live.bump_approvals();
+            live.notify_changed();
+        }
+    }
+
+    /// Registers a live session; `None` if one is already live.
+    fn register(&self, session_id: &str, next_turn: u32) -> Option<Arc<Live>> {
+        let mut live = self
+            .live
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if live.contains_key(session_id) {
+            return None;
+        }
+        let (approvals, _) = watch::channel(0);
+        let (changed, _) = watch::channel(0);
+        let (deltas, _) = broadcast::channel(self.config.subscription_buffer.max(16));
+        let entry = Arc::new(Live {
+            session_id: session_id.to_owned(),
+            cancel: self.stop.child_token(),
+            inbox: Notify::new(),
+            approvals,
+            changed,
+            deltas,
+            input: tokio::sync::Mutex::new(InputState {
+                next_turn,
+                blocked: None,
+            }),
+        });
+        live.insert(session_id.to_owned(), Arc::clone(&entry));
+        Some(entry)
+    }
+
+    /// Removes a live session's entry (if it is still `entry`).
+    pub(crate) fn unregister(&self, entry: &Arc<Live>) {
+        {
+            let mut live = self
+                .live
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if live
+                .get(&entry.session_id)
+                .is_some_and(|e| Arc::ptr_eq(e, entry))
+            {
+                live.remove(&entry.session_id);
+            }
+        }
+        entry.notify_changed();
+    }
+
+    /// Reads a session's whole stream into a fold.
+    pub(crate) async fn fold(&self, session_id: &str) -> Result<Fold, EngineError> {
+        let mut fold = Fold::default();
+        loop {
+            let page = self
+                .store
+                .events_after(session_id, fold.last_seq(), 500)
+                .await?;
+            if page.is_empty() {
+                return Ok(fold);
+            }
+            for event in &page {
+                fold.apply(event);
+            }
+        }
+    }
+}
+
+/// The first user message of a session input (§5.5): `message`, else `text` (both must be
+/// strings), else the whole object's JSON text; `{}` has none.
+pub(crate) fn first_user_message(input: &Value) -> Result<Option<String>, EngineError> {
+    let Value::Object(map) = input else {
+        return Err(EngineError::invalid("input must be a JSON object"));
+    };
+    for key in ["message", "text"] {
+        match map.get(key) {
+            Some(Value::String(s)) => return Ok(Some(s.clone())),
+            Some(_) => {
+                return Err(EngineError::invalid(format!(
+                    "input.{key} must be a string"
+                )));
+            }
+            None => {}
+        }
+    }
+    if map.is_empty() {
+        Ok(None)
+    } else {
+        Ok(Some(input.to_string()))
+    }
+}
+
+/// `spec.limits` as stored with the session (zero means unset).
+pub(crate) fn session_limits(agent: &CompiledAgent) -> Option<SessionLimits> {
+    let l = agent.spec.limits.as_ref()?;
+    let pos = |v: i64| u64::try_from(v).ok().filter(|v| *v > 0);
+    Some(SessionLimits {
+        max_tokens_per_run: pos(l.max_tokens_per_run),
+        max_loop_iterations: pos(l.max_loop_iterations),
+        max_wall_clock_seconds: pos(l.max_wall_clock_seconds),
+        max_hitl_wait_minutes: pos(l.max_hitl_wait_minutes),
+        max_subagent_depth: pos(l.max_subagent_depth),
+        on_limit: if l.on_limit == "escalate" {
+            OnLimit::Escalate
+        } else {
+            OnLimit::Halt
+        },
+    })
+}
+
+/// The evidence snapshot (§5.11) without the compiler's annotations (the reference leaked the
+/// stub script into it).
+fn evidence(agent: &CompiledAgent) -> Option<Value> {
+    let md = &agent.metadata;
+    let annotations: BTreeMap<&String, &String> = md
+        .annotations
+        .iter()
+        .filter(|(k, _)| {
+            k.as_str() != ANNOTATION_POLICIES_COMPILED && k.as_str() != ANNOTATION_STUB_SCRIPT
+        })
+        .collect();
+    let mut snapshot = serde_json::Map::new();
+    if !md.owner.is_empty() {
+        snapshot.insert("owner".into(), json!(md.owner));
+    }
+    if !md.labels.is_empty() {
+        snapshot.insert("labels".into(), json!(md.labels));
+    }
+    if !annotations.is_empty() {
+        snapshot.insert("annotations".into(), json!(annotations));
+    }
+    if let Some(g) = &md.governance {
+        snapshot.insert(
+            "governance".into(),
+            serde_json::to_value(g).unwrap_or(Value::Null),
+        );
+    }
+    (!snapshot.is_empty()).then_some(Value::Object(snapshot))
+}
+
+/// Checks that the resolved secrets are exactly the declared ones.
+fn check_secrets(agent: &CompiledAgent, secrets: &[PlainSecret]) -> Result<(), EngineError> {
+    if agent.secrets.is_empty() {
+        if secrets.is_empty() {
+            return Ok(());
+        }
+        return Err(EngineError::invalid(
+            "resolved_secrets provided but manifest has no secrets section",
+        ));
+    }
+    for s in secrets {
+        if !agent.secrets.contains_key(&s.name) {
+            return Err(EngineError::invalid(format!(
+                "unknown resolved secret {:?}",
+                s.name
+            )));
+        }
+    }
+    for name in agent.secrets.keys() {
+        if !secrets.iter().any(|s| &s.name == name) {
+            return Err(EngineError::invalid(format!(
+                "missing resolved secret {name:?}"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The model API key among a session's secrets.
+pub(crate) fn api_key(
+    agent: &CompiledAgent,
+    secrets: &[PlainSecret],
+) -> Result<Option<ApiKey>, EngineError> {
+    let name = api_key_secret_name(agent);
+    let Some(secret) = secrets.iter().find(|s| s.name == name) else {
+        return Ok(None);
+    };
+    let text = std::str::from_utf8(secret.value.expose_secret()).map_err(|_| {
+        EngineError::invalid(format!(
+            "secret {name:?} (the model API key) is not valid UTF-8"
+        ))
+    })?;
+    Ok(Some(ApiKey::new(text.trim())))
+}
+
+impl Engine {
+    /// Builds the engine and starts its durable approval timer.
+    ///
+    /// # Panics
+    /// When called outside a Tokio runtime.
+    #[must_use]
+    pub fn new(deps: EngineDeps) -> Self {
+        let inner = Arc::new(Inner {
+            store: deps.store,
+            router: deps.router,
+            providers: deps.providers,
+            clock: deps.clock,
+            config: deps.config,
+            live: Mutex::new(HashMap::new()),
+            timer_kick: Arc::new(Notify::new()),
+            stop: CancellationToken::new(),
+        });
+        tokio::spawn(timer::run(Arc::downgrade(&inner), inner.stop.clone()));
+        Self { inner }
+    }
+
+    /// The router the engine dispatches through.
+    #[must_use]
+    pub fn router(&self) -> Option<&Router> {
+        self.inner.router.as_ref()
+    }
+
+    /// The store.
+    #[must_use]
+    pub fn store(&self) -> &Arc<dyn SessionStore> {
+        &self.inner.store
+    }
+
+    /// Starts a session: checks the request, persists the session (status `running`, its
+    /// secrets sealed), and spawns its driver, which runs the first turn.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for a malformed input, principal or secret set, policies or schemas
+    /// that do not compile, or an unusable model configuration (`FailedPrecondition` when the
+    /// stub provider is disabled, the API key is missing, or secrets cannot be stored); the
+    /// store's errors (metadata limits, unknown agent version, …).
+    pub async fn start_session(&self, req: StartSession) -> Result<SessionHandle, EngineError> {
+        let StartSession {
+            session_id,
+            agent_version_id,
+            agent,
+            input,
+            metadata,
+            mode,
+            principal,
+            secrets,
+            actor,
+        } = req;
+        if actor.trim().is_empty() {
+            return Err(EngineError::invalid("actor is required"));
+        }
+        let input = match input {
+            Value::String(s) => json!({ "message": s }),
+            Value::Null => json!({}),
+            other => other,
+        };
+        let first = first_user_message(&input)?;
+        if first.is_none() && mode == SessionMode::Task && agent.spec.instructions.text.is_empty() {
+            return Err(EngineError::invalid(
+                "session input must include a user message or fields to send to the model",
+            ));
+        }
+        if let Some(p) = &principal
+            && !p.is_object()
+        {
+            return Err(EngineError::invalid(
+                "principal claims must be a JSON object",
+            ));
+        }
+        check_secrets(&agent, &secrets)?;
+        let setup = DriverSetup::prepare(&agent)?;
+        let key = api_key(&agent, &secrets)?;
+        let provider = self
+            .inner
+            .providers
+            .build(&agent, key, 0)
+            .map_err(|e| provider_error(&e))?;
+        let id = session_id.unwrap_or_else(new_session_id);
+        let new = NewSession {
+            id: id.clone(),
+            agent_version_id,
+            agent: AgentVersionRef::new(
+                &agent.metadata.namespace,
+                &agent.metadata.name,
+                &agent.metadata.version,
+            ),
+            input,
+            metadata,
+            mode,
+            parent_session_id: None,
+            limits: session_limits(&agent),
+            secrets: Vec::new(),
+            actor,
+        };
+        let session = self.inner.store.create_session(new, secrets).await?;
+        if let Some(claims) = principal {
+            self.inner
+                .store
+                .append_engine_event(
+                    &id,
+                    NewEvent::new(
+                        engine_events::SESSION_PRINCIPAL,
+                        "system",
+                        json!({ "claims": claims }),
+                    ),
+                )
+                .await?;
+        }
+        if let Some(text) = &first {
+            self.inner
+                .store
+                .record_session_event(
+                    &id,
+                    SessionEvent::UserMessage {
+                        actor: session.created_by.clone(),
+                        turn: 1,
+                        content: text.clone(),
+                    },
+                )
+                .await?;
+        }
+        if let Some(snapshot) = evidence(&agent) {
+            self.inner
+                .store
+                .record_session_event(&id, SessionEvent::Evidence { snapshot })
+                .await?;
+        }
+        let next_turn = if first.is_some() { 2 } else { 1 };
+        self.spawn(session.clone(), Arc::new(agent), setup, provider, next_turn)?;
+        Ok(SessionHandle {
+            id,
+            agent_version_id,
+            status: session.status,
+        })
+    }
+
+    fn spawn(
+        &self,
+        session: Session,
+        agent: Arc<CompiledAgent>,
+        setup: DriverSetup,
+        provider: Box<dyn ModelProvider>,
+        next_turn: u32,
+    ) -> Result<(), EngineError> {
+        let Some(live) = self.inner.register(&session.id, next_turn) else {
+            return Err(EngineError::precondition(format!(
+                "session {} is already active",
+                session.id
+            )));
+        };
+        let inner = Arc::clone(&self.inner);
+        tokio::spawn(driver::run(inner, live, session, agent, setup, provider));
+        Ok(())
+    }
+
+    /// Queues a user message for a conversation session: it starts the next turn now if the
+    /// session is parked, or after the running turn. Messages are recorded (durably) in the
+    /// order they arrive and are never dropped. Returns the turn the message starts.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for an empty text; `NotFound`; `FailedPrecondition` for a task-mode or
+    /// ended session, one whose input is blocked by a limit, or one not live in this engine.
+    pub async fn send_user_message(
+        &self,
+        session_id: &str,
+        actor: &str,
+        text: &str,
+    ) -> Result<u32, EngineError> {
+        if text.trim().is_empty() {
+            return Err(EngineError::invalid("user_message.text must be non-empty"));
+        }
+        let actor = if actor.trim().is_empty() {
+            "user"
+        } else {
+            actor
+        };
+        let session = self.inner.store.get_session(session_id).await?;
+        if session.status.is_terminal() {
+            return Err(EngineError::precondition(format!(
+                "session {session_id} is {} and accepts no user messages",
+                session.status
+            )));
+        }
+        if session.mode == SessionMode::Task {
+            return Err(EngineError::precondition(format!(
+                "session {session_id} runs in task mode and takes no further user messages; \
+                 start it in conversation mode to talk to it"
+            )));
+        }
+        let Some(live) = self.inner.live(session_id) else {
+            return Err(EngineError::precondition(format!(
+                "session {session_id} is not active in this runtime"
+            )));
+        };
+        let turn = {
+            let mut input = live.input.lock().await;
+            if let Some(reason) = &input.blocked {
+                return Err(EngineError::precondition(format!(
+                    "session {session_id} accepts no further input: {reason}"
+                )));
+            }
+            let turn = input.next_turn;
+            self.inner
+                .store
+                .record_session_event(
+                    session_id,
+                    SessionEvent::UserMessage {
+                        actor: actor.to_owned(),
+                        turn,
+                        content: text.to_owned(),
+                    },
+                )
+                .await?;
+            input.next_turn += 1;
+            turn
+        };
+        live.inbox.notify_one();
+        live.notify_changed();
+        Ok(turn)
+    }
+
+    /// Records an approver's vote. When it decides the approval (quorum reached, or a reject),
+    /// the waiting session resumes: it dispatches the (possibly edited) call, or hands the
+    /// rejection to the model, or fails (`on_reject: fail`).
+    ///
+    /// # Errors
+    /// The store's: `NotFound`; `FailedPrecondition` (`approval X is already <status>`,
+    /// `actor "x" already decided on this approval`); `InvalidArgument`
+    /// (`comprehension acknowledgement is required`, edited args on a reject, …).
+    pub async fn decide_approval(
+        &self,
+        approval_id: Uuid,
+        vote: Vote,
+    ) -> Result<VoteOutcome, EngineError> {
+        let outcome = self.inner.store.cast_vote(approval_id, vote).await?;
+        self.inner.wake_approvals(&outcome.approval.session_id);
+        Ok(outcome)
+    }
+
+    /// Cancels a session: `cancelled`, its pending approvals closed, its open calls cancelled
+    /// (workers get `WorkToolCancel`), its secrets purged.
+    ///
+    /// # Errors
+    /// `NotFound`: `session X not found or already terminal` (also for an ended session).
+    pub async fn cancel_session(
+        &self,
+        session_id: &str,
+        actor: &str,
+    ) -> Result<Session, EngineError> {
+        self.end(
+            session_id,
+            StatusChange::cancelled().by(actor_or_system(actor)),
+        )
+        .await
+    }
+
+    /// Completes a session: `completed` with the last assistant message as output; the same
+    /// effects as a cancel otherwise.
+    ///
+    /// # Errors
+    /// `NotFound`: `session X not found or already terminal`.
+    pub async fn complete_session(
+        &self,
+        session_id: &str,
+        actor: &str,
+    ) -> Result<Session, EngineError> {
+        let fold = self.inner.fold(session_id).await.map_err(|e| {
+            if e.kind == ErrorKind::NotFound {
+                EngineError::not_found(format!(
+                    "session {session_id} not found or already terminal"
+                ))
+            } else {
+                e
+            }
+        })?;
+        self.end(
+            session_id,
+            StatusChange::completed(Some(fold.output()))
+                .by(actor_or_system(actor))
+                .because("completed on request"),
+        )
+        .await
+    }
+
+    async fn end(&self, session_id: &str, change: StatusChange) -> Result<Session, EngineError> {
+        let gone = || {
+            EngineError::not_found(format!(
+                "session {session_id} not found or already terminal"
+            ))
+        };
+        let current = self
+            .inner
+            .store
+            .get_session(session_id)
+            .await
+            .map_err(|e| {
+                if e.kind == ErrorKind::NotFound {
+                    gone()
+                } else {
+                    e.into()
+                }
+            })?;
+        if current.status.is_terminal() {
+            return Err(gone());
+        }
+        let changed = match self.inner.store.set_status(session_id, change).await {
+            Ok(c) => c,
+            Err(e) if e.kind == ErrorKind::FailedPrecondition => {
+                let now = self.inner.store.get_session(session_id).await?;
+                if now.status.is_terminal() {
+                    return Err(gone());
+                }
+                return Err(e.into());
+            }
+            Err(e) => return Err(e.into()),
+        };
+        if let Some(live) = self.inner.live(session_id) {
+            live.cancel.cancel();
+            live.bump_approvals();
+            live.notify_changed();
+        }
+        Ok(changed.session)
+    }
+
+    /// Resumes every session the store has not seen end (call once at daemon start): sessions
+    /// waiting for a decision stay paused until it comes; calls that were in flight are handled
+    /// by side-effect class (§5.8); interrupted model turns are run again from the event log;
+    /// parked conversations wait for their next message.
+    ///
+    /// # Errors
+    /// Store errors listing the sessions; per-session failures are reported in the result.
+    pub async fn recover(&self) -> Result<RecoveryReport, EngineError> {
+        let mut report = RecoveryReport::default();
+        for session in self.inner.store.sessions_needing_recovery().await? {
+            if session.parent_session_id.is_some() || self.inner.live(&session.id).is_some() {
+                continue;
+            }
+            match self.resume(session.clone()).await {
+                Ok(()) => report.resumed.push(session.id),
+                Err(e) => {
+                    let message = format!("session could not be resumed: {}", e.message);
+                    tracing::error!(session_id = %session.id, error = %e, "recovery failed");
+                    if let Err(err) = self
+                        .inner
+                        .store
+                        .set_status(&session.id, StatusChange::failed(message.clone()))
+                        .await
+                    {
+                        tracing::error!(
+                            session_id = %session.id,
+                            error = %err,
+                            "could not fail an unrecoverable session"
+                        );
+                    }
+                    report.failed.push((session.id, message));
+                }
+            }
+        }
+        self.inner.timer_kick.notify_one();
+        Ok(report)
+    }
+
+    async fn resume(&self, session: Session) -> Result<(), EngineError> {
+        let stored = self
+            .inner
+            .store
+            .agent_version(session.agent_version_id)
+            .await?;
+        let agent = CompiledAgent::from_snapshot_json(stored.snapshot_json.as_bytes())
+            .map_err(|e| EngineError::new(ErrorKind::Internal, e.to_string()))?;
+        let setup = DriverSetup::prepare(&agent)?;
+        let secrets = self.inner.store.load_secrets(&session.id).await?;
+        let key = api_key(&agent, &secrets)?;
+        let fold = self.inner.fold(&session.id).await?;
+        let completions = usize::try_from(fold.completions).unwrap_or(usize::MAX);
+        let provider = self
+            .inner
+            .providers
+            .build(&agent, key, completions)
+            .map_err(|e| provider_error(&e))?;
+        let has_first = first_user_message(&session.input).ok().flatten().is_some();
+        let next_turn = fold
+            .max_user_turn
+            .max(fold.max_started_turn)
+            .max(u32::from(has_first))
+            + 1;
+        self.spawn(session, Arc::new(agent), setup, provider, next_turn)
+    }
+
+    /// Follows a session's events after `after_seq` (0 for all), then live, until it ends. A
+    /// subscriber that reads slowly is fed from the store again and never loses an event;
+    /// streamed model text ([`SessionUpdate::TextDelta`]) is best-effort.
+    ///
+    /// # Errors
+    /// `NotFound` for an unknown session.
+    pub async fn subscribe(
+        &self,
+        session_id: &str,
+        after_seq: u64,
+    ) -> Result<Subscription, EngineError> {
+        self.inner.store.get_session(session_id).await?;
+        Ok(Subscription::start(
+            Arc::clone(&self.inner),
+            session_id.to_owned(),
+            after_seq,
+        ))
+    }
+
+    /// Waits until the session is in one of `statuses` or has ended, and returns it.
+    ///
+    /// # Errors
+    /// Store errors (`NotFound`).
+    pub async fn wait_for(
+        &self,
+        session_id: &str,
+        statuses: &[SessionStatus],
+    ) -> Result<Session, EngineError> {
+        loop {
+            let changed = self.inner.live(session_id).map(|l| l.changed.subscribe());
+            let session = self.inner.store.get_session(session_id).await?;
+            if session.status.is_terminal() || statuses.contains(&session.status) {
+                return Ok(session);
+            }
+            let poll = self.inner.config.poll_interval;
+            match changed {
+                Some(mut rx) => {
+                    let _ = tokio::time::timeout(poll, rx.changed()).await;
+                }
+                None => tokio::time::sleep(poll).await,
+            }
+        }
+    }
+
+    /// Stops the engine's tasks: drivers stop where they are (sessions keep their status and
+    /// are resumed by the next [`Engine::recover`]), the approval timer stops.
+    pub fn shutdown(&self) {
+        self.inner.stop.cancel();
+    }
+}
+
+fn actor_or_system(actor: &str) -> String {
+    if actor.trim().is_empty() {
+        "system".to_owned()
+    } else {
+        actor.to_owned()
+    }
+}
+
+pub(crate) fn provider_error(e: &phrony_providers::ProviderError) -> EngineError {
+    use phrony_providers::ProviderError as P;
+    let kind = match e {
+        P::StubDisabled | P::MissingApiKey { .. } => ErrorKind::FailedPrecondition,
+        _ => ErrorKind::InvalidArgument,
+    };
+    EngineError::new(kind, e.to_string())
+}

@@ -1,0 +1,166 @@
+//! Errors: [`StoreError`] from a [`crate::SessionStore`], [`EngineError`] from the engine's API.
+
+use std::fmt;
+
+use phrony_ledger::LedgerError;
+
+/// The class of a failure, mapping one-to-one onto gRPC status codes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorKind {
+    /// `NotFound`: the session, approval or tool call does not exist.
+    NotFound,
+    /// `FailedPrecondition`: the request is valid but the current state forbids it.
+    FailedPrecondition,
+    /// `AlreadyExists`.
+    AlreadyExists,
+    /// `InvalidArgument`: the caller passed something malformed.
+    InvalidArgument,
+    /// `Aborted`: a concurrent writer won a race; retrying may succeed.
+    Conflict,
+    /// `Unavailable`: the database cannot be reached.
+    Unavailable,
+    /// `Internal`: anything else (database errors, corrupt data, bugs).
+    Internal,
+}
+
+impl ErrorKind {
+    /// A stable snake_case name (`not_found`, `failed_precondition`, …).
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::NotFound => "not_found",
+            Self::FailedPrecondition => "failed_precondition",
+            Self::AlreadyExists => "already_exists",
+            Self::InvalidArgument => "invalid_argument",
+            Self::Conflict => "conflict",
+            Self::Unavailable => "unavailable",
+            Self::Internal => "internal",
+        }
+    }
+}
+
+impl fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A failure of a [`crate::SessionStore`] operation.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct StoreError {
+    /// The class of failure.
+    pub kind: ErrorKind,
+    /// A user-facing message (the ledger's wording).
+    pub message: String,
+    /// The underlying error, when there is one.
+    #[source]
+    pub source: Option<Box<dyn std::error::Error + Send + Sync>>,
+}
+
+impl StoreError {
+    /// A store error of `kind` with `message`.
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// `NotFound`.
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::NotFound, message)
+    }
+
+    /// `FailedPrecondition`.
+    pub fn precondition(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::FailedPrecondition, message)
+    }
+
+    /// `InvalidArgument`.
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::InvalidArgument, message)
+    }
+
+    /// `AlreadyExists`.
+    pub fn already_exists(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::AlreadyExists, message)
+    }
+
+    /// `Internal`.
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Internal, message)
+    }
+}
+
+impl From<LedgerError> for StoreError {
+    fn from(error: LedgerError) -> Self {
+        let kind = match &error {
+            LedgerError::NotFound { .. } => ErrorKind::NotFound,
+            LedgerError::FailedPrecondition { .. } => ErrorKind::FailedPrecondition,
+            LedgerError::AlreadyExists { .. } => ErrorKind::AlreadyExists,
+            LedgerError::InvalidArgument { .. } => ErrorKind::InvalidArgument,
+            LedgerError::Conflict { .. } => ErrorKind::Conflict,
+            LedgerError::Unavailable { .. } => ErrorKind::Unavailable,
+            _ => ErrorKind::Internal,
+        };
+        Self {
+            kind,
+            message: error.to_string(),
+            source: Some(Box::new(error)),
+        }
+    }
+}
+
+/// A failure of an [`crate::Engine`] operation.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct EngineError {
+    /// The class of failure (maps onto a gRPC code).
+    pub kind: ErrorKind,
+    /// A user-facing message.
+    pub message: String,
+    /// The underlying error, when there is one.
+    #[source]
+    pub source: Option<Box<dyn std::error::Error + Send + Sync>>,
+}
+
+impl EngineError {
+    /// An engine error of `kind` with `message`.
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// `InvalidArgument`.
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::InvalidArgument, message)
+    }
+
+    /// `FailedPrecondition`.
+    pub fn precondition(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::FailedPrecondition, message)
+    }
+
+    /// `NotFound`.
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::NotFound, message)
+    }
+}
+
+impl From<StoreError> for EngineError {
+    fn from(error: StoreError) -> Self {
+        Self {
+            kind: error.kind,
+            message: error.message.clone(),
+            source: Some(Box::new(error)),
+        }
+    }
+}
+
+/// The result type of store operations.
+pub type StoreResult<T> = Result<T, StoreError>;

@@ -1,0 +1,521 @@
+//! Folding a session's event stream into what the engine needs: the conversation sent to the
+//! model, the session output, token usage, turn bookkeeping.
+//!
+//! The event log is the source of truth: the live driver feeds the fold every event it reads
+//! back from the store before each completion, and recovery feeds it the whole stream, so a
+//! resumed session sends the model exactly what the live one would have.
+
+use std::collections::{BTreeMap, HashMap};
+
+use phrony_ledger::event_types as types;
+use phrony_ledger::{ApprovalStatus, CallStatus, Event};
+use phrony_providers::{ContentBlock, Message, ReasoningBlock, Role, Usage};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use sha2::{Digest as _, Sha256};
+
+/// Engine-owned event types (the store owns the §5.10 ones).
+pub mod engine_events {
+    /// One model completion: `{turn, iteration, stop_reason, usage, duration_ms, tool_calls,
+    /// reasoning?}` (actor `agent`), recorded before the completion's text and tool calls.
+    pub const MODEL_COMPLETION: &str = "model.completion";
+    /// The claims of the principal the session runs for: `{claims}` (actor `system`).
+    pub const SESSION_PRINCIPAL: &str = "session.principal";
+}
+
+/// Error codes the engine records on calls it fails itself.
+pub mod codes {
+    /// The model called a tool the agent does not have.
+    pub const UNKNOWN_TOOL: &str = "unknown_tool";
+    /// The arguments do not match the binding's input schema.
+    pub const INVALID_ARGS: &str = "invalid_args";
+    /// The worker may or may not have run the call.
+    pub const INDETERMINATE: &str = "indeterminate";
+}
+
+/// Marker in an approval's `policy_runtime` for approvals opened by a dispatch failure: the
+/// trigger (`dispatch:no_handler`, `dispatch:indeterminate`, …).
+pub const TRIGGER_KEY: &str = "phrony.com/trigger";
+
+/// The failure an approval opened by a dispatch failure is about (in `policy_runtime`).
+pub const FAILURE_KEY: &str = "phrony.com/failure";
+
+/// The prefix of limit messages that block further input (`run limit <kind> exceeded …`).
+pub const LIMIT_PREFIX: &str = "run limit ";
+
+/// The `model.completion` payload.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct CompletionRecord {
+    pub(crate) turn: u32,
+    pub(crate) iteration: u32,
+    pub(crate) stop_reason: String,
+    pub(crate) usage: Usage,
+    pub(crate) duration_ms: u64,
+    #[serde(default)]
+    pub(crate) tool_calls: Vec<ToolCallRecord>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) reasoning: Vec<ReasoningBlock>,
+}
+
+/// One tool call of a completion, as the model produced it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct ToolCallRecord {
+    pub(crate) index: u32,
+    pub(crate) name: String,
+    pub(crate) args: Value,
+}
+
+/// The id a tool call has in the model's conversation: the call id, or `call_` + the first 32
+/// hex digits of its SHA-256 when it is longer than 64 characters (vendor limits).
+#[must_use]
+pub fn wire_call_id(call_id: &str) -> String {
+    if call_id.len() <= 64 {
+        return call_id.to_owned();
+    }
+    let digest = hex::encode(Sha256::digest(call_id.as_bytes()));
+    format!("call_{}", &digest[..32])
+}
+
+/// The text the model sees for a call the runtime failed with `code` and `message`: the
+/// message alone for the engine's complete sentences, else `code: message` (the form worker
+/// errors take).
+pub(crate) fn failure_text(code: &str, message: &str) -> String {
+    match (code.is_empty(), message.is_empty()) {
+        (_, false) if code == codes::UNKNOWN_TOOL => message.to_owned(),
+        (false, false) => format!("{code}: {message}"),
+        (false, true) => code.to_owned(),
+        (true, _) => message.to_owned(),
+    }
+}
+
+/// What a rejected approval tells the model.
+pub(crate) fn rejection_text(call_id: &str, decided_by: &str, comment: &str) -> String {
+    if comment.trim().is_empty() {
+        format!("tool call {call_id} was rejected by {decided_by}")
+    } else {
+        format!("tool call {call_id} was rejected by {decided_by}: {comment}")
+    }
+}
+
+#[derive(Debug, Clone)]
+struct OpenAssistant {
+    turn: u32,
+    iteration: Option<u32>,
+    text: String,
+    reasoning: Vec<ReasoningBlock>,
+    /// `(index, call_id, wire name, args)`.
+    calls: Vec<(u32, String, String, Value)>,
+}
+
+/// One finished turn, for the session output.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub(crate) struct TurnRecord {
+    pub(crate) turn: u32,
+    pub(crate) stop_reason: String,
+    pub(crate) turn_usage: Value,
+    pub(crate) turn_duration_ms: Option<u64>,
+}
+
+/// The fold of one session's stream. Feed events in `seq` order with [`Fold::apply`].
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Fold {
+    last_seq: u64,
+    flushed: Vec<Message>,
+    open: Option<OpenAssistant>,
+    /// Model-facing outcome per call id: `(content, is_error)`.
+    results: HashMap<String, (String, bool)>,
+    /// User messages not yet placed, by turn.
+    users: BTreeMap<u32, String>,
+    /// The last turn whose user message was placed or whose model activity started.
+    placed_turn: u32,
+    /// Failure approvals: approval id → the failure text.
+    failure_approvals: HashMap<String, String>,
+    /// Per turn: the next completion iteration.
+    next_iteration: HashMap<u32, u32>,
+    pub(crate) turns: Vec<TurnRecord>,
+    pub(crate) last_assistant: Option<String>,
+    pub(crate) completions: u64,
+    pub(crate) tokens_used: u64,
+    /// Sum of this turn's completion usage, per turn.
+    pub(crate) turn_usage: HashMap<u32, Usage>,
+    pub(crate) max_user_turn: u32,
+    /// Turns that have their user message.
+    pub(crate) user_turns: std::collections::BTreeSet<u32>,
+    pub(crate) max_started_turn: u32,
+    pub(crate) last_finished_turn: u32,
+    pub(crate) input_blocked: Option<String>,
+    pub(crate) principal: Option<Value>,
+    pub(crate) last_completion: Option<CompletionRecord>,
+}
+
+impl Fold {
+    /// The seq of the last event applied.
+    pub(crate) fn last_seq(&self) -> u64 {
+        self.last_seq
+    }
+
+    /// The next completion iteration of `turn` (0 when none ran yet).
+    pub(crate) fn next_iteration(&self, turn: u32) -> u32 {
+        self.next_iteration.get(&turn).copied().unwrap_or(0)
+    }
+
+    /// Applies one event (events at or below the last applied seq are ignored).
+    pub(crate) fn apply(&mut self, event: &Event) {
+        if event.seq <= self.last_seq {
+            return;
+        }
+        self.last_seq = event.seq;
+        let p = &event.payload;
+        let text = |key: &str| p.get(key).and_then(Value::as_str).unwrap_or("").to_owned();
+        match event.event_type.as_str() {
+            types::MESSAGE_USER => {
+                let turn = event.turn.unwrap_or(self.max_user_turn + 1);
+                self.max_user_turn = self.max_user_turn.max(turn);
+                self.user_turns.insert(turn);
+                self.users.insert(turn, text("content"));
+            }
+            engine_events::MODEL_COMPLETION => {
+                let Ok(record) = serde_json::from_value::<CompletionRecord>(p.clone()) else {
+                    return;
+                };
+                self.start_activity(record.turn);
+                if self
+                    .open
+                    .as_ref()
+                    .is_some_and(|o| o.turn != record.turn || o.iteration != Some(record.iteration))
+                {
+                    self.finalize_open();
+                }
+                self.open = Some(OpenAssistant {
+                    turn: record.turn,
+                    iteration: Some(record.iteration),
+                    text: String::new(),
+                    reasoning: record.reasoning.clone(),
+                    calls: Vec::new(),
+                });
+                self.completions += 1;
+                self.tokens_used = self.tokens_used.saturating_add(record.usage.total());
+                let u = self.turn_usage.entry(record.turn).or_default();
+                u.input_tokens = u.input_tokens.saturating_add(record.usage.input_tokens);
+                u.output_tokens = u.output_tokens.saturating_add(record.usage.output_tokens);
+                u.estimated |= record.usage.estimated;
+                let next = self.next_iteration.entry(record.turn).or_default();
+                *next = (*next).max(record.iteration + 1);
+                self.last_completion = Some(record);
+            }
+            types::MESSAGE_ASSISTANT => {
+                let turn = event.turn.unwrap_or(self.max_started_turn);
+                self.start_activity(turn);
+                let content = text("content");
+                let open = self.open.get_or_insert_with(|| OpenAssistant {
+                    turn,
+                    iteration: None,
+                    text: String::new(),
+                    reasoning: Vec::new(),
+                    calls: Vec::new(),
+                });
+                open.text.push_str(&content);
+                if let Some(stop_reason) = p.get("stop_reason").and_then(Value::as_str) {
+                    self.last_assistant = Some(content);
+                    self.turns.push(TurnRecord {
+                        turn,
+                        stop_reason: stop_reason.to_owned(),
+                        turn_usage: p.get("turn_usage").cloned().unwrap_or(Value::Null),
+                        turn_duration_ms: p.get("turn_duration_ms").and_then(Value::as_u64),
+                    });
+                    self.last_finished_turn = self.last_finished_turn.max(turn);
+                    self.finalize_open();
+                }
+            }
+            types::TOOL_REQUESTED if text("tool") == crate::calls::LIMIT_TOOL => {}
+            types::TOOL_REQUESTED => {
+                let turn = p
+                    .get("turn")
+                    .and_then(Value::as_u64)
+                    .and_then(|t| u32::try_from(t).ok())
+                    .unwrap_or(self.max_started_turn);
+                let iteration = p
+                    .get("iteration")
+                    .and_then(Value::as_u64)
+                    .and_then(|t| u32::try_from(t).ok());
+                let index = p
+                    .get("index")
+                    .and_then(Value::as_u64)
+                    .and_then(|t| u32::try_from(t).ok())
+                    .unwrap_or(0);
+                self.start_activity(turn);
+                let same = self.open.as_ref().is_some_and(|o| {
+                    o.turn == turn && (o.iteration.is_none() || o.iteration == iteration)
+                });
+                if !same {
+                    self.finalize_open();
+                    self.open = Some(OpenAssistant {
+                        turn,
+                        iteration,
+                        text: String::new(),
+                        reasoning: Vec::new(),
+                        calls: Vec::new(),
+                    });
+                }
+                if let Some(open) = self.open.as_mut() {
+                    if open.iteration.is_none() {
+                        open.iteration = iteration;
+                    }
+                    let name = p
+                        .get("wire_name")
+                        .and_then(Value::as_str)
+                        .map_or_else(|| text("tool"), str::to_owned);
+                    open.calls.push((
+                        index,
+                        text("call_id"),
+                        name,
+                        p.get("args").cloned().unwrap_or_else(|| json!({})),
+                    ));
+                }
+            }
+            types::TOOL_COMPLETED => {
+                let call_id = text("call_id");
+                let status = text("status");
+                let outcome = if status == CallStatus::Succeeded.as_str() {
+                    let result = p.get("result").cloned().unwrap_or(Value::Null);
+                    let content = match result {
+                        Value::Null => "{}".to_owned(),
+                        other => other.to_string(),
+                    };
+                    (content, false)
+                } else {
+                    (
+                        failure_text(&text("error_code"), &text("error_message")),
+                        true,
+                    )
+                };
+                self.results.insert(call_id, outcome);
+            }
+            types::TOOL_POLICY_DENIED => {
+                self.results.insert(text("call_id"), (text("reason"), true));
+            }
+            types::TOOL_CANCELLED => {
+                let reason = text("reason");
+                self.results.insert(
+                    text("call_id"),
+                    (format!("tool call cancelled: {reason}"), true),
+                );
+            }
+            types::APPROVAL_REQUIRED => {
+                let runtime = p.get("policy_runtime");
+                if runtime.and_then(|r| r.get(TRIGGER_KEY)).is_some() {
+                    let failure = runtime
+                        .and_then(|r| r.get(FAILURE_KEY))
+                        .and_then(Value::as_str)
+                        .map_or_else(|| text("reason"), str::to_owned);
+                    self.failure_approvals.insert(text("approval_id"), failure);
+                }
+            }
+            types::APPROVAL_DECIDED => {
+                let status = text("status");
+                let call_id = text("call_id");
+                if status == ApprovalStatus::Denied.as_str() {
+                    let content = match self.failure_approvals.get(&text("approval_id")) {
+                        Some(failure) => format!("tool dispatch denied after failure: {failure}"),
+                        None => rejection_text(&call_id, &text("decided_by"), &text("comment")),
+                    };
+                    self.results.insert(call_id, (content, true));
+                } else if status == ApprovalStatus::Cancelled.as_str() {
+                    self.results.insert(
+                        call_id,
+                        (format!("tool call cancelled: {}", text("comment")), true),
+                    );
+                }
+            }
+            types::SESSION_STATUS_CHANGED => {
+                let reason = text("reason");
+                if text("to") == "awaiting_input" && reason.starts_with(LIMIT_PREFIX) {
+                    self.input_blocked = Some(reason);
+                }
+            }
+            engine_events::SESSION_PRINCIPAL => {
+                self.principal = p.get("claims").cloned();
+            }
+            _ => {}
+        }
+    }
+
+    /// Places the user messages of every turn up to `turn` before `turn`'s model activity.
+    fn start_activity(&mut self, turn: u32) {
+        self.max_started_turn = self.max_started_turn.max(turn);
+        if turn > self.placed_turn {
+            self.finalize_open();
+            self.place_users(turn);
+        }
+    }
+
+    fn place_users(&mut self, up_to: u32) {
+        let later = self.users.split_off(&(up_to + 1));
+        let placed = std::mem::replace(&mut self.users, later);
+        for (_, text) in placed {
+            self.flushed.push(Message::user_text(text));
+        }
+        self.placed_turn = self.placed_turn.max(up_to);
+    }
+
+    fn finalize_open(&mut self) {
+        if let Some(open) = self.open.take() {
+            let (assistant, results) = self.render(&open);
+            if let Some(m) = assistant {
+                self.flushed.push(m);
+            }
+            if let Some(m) = results {
+                self.flushed.push(m);
+            }
+        }
+    }
+
+    /// The assistant message of `open` and, when it called tools, the user message with their
+    /// results (a call with no recorded outcome gets an error result, so the conversation stays
+    /// well formed).
+    fn render(&self, open: &OpenAssistant) -> (Option<Message>, Option<Message>) {
+        let mut content: Vec<ContentBlock> = open
+            .reasoning
+            .iter()
+            .cloned()
+            .map(ContentBlock::Reasoning)
+            .collect();
+        if !open.text.is_empty() {
+            content.push(ContentBlock::Text {
+                text: open.text.clone(),
+            });
+        }
+        let mut calls = open.calls.clone();
+        calls.sort_by_key(|c| c.0);
+        for (_, call_id, name, args) in &calls {
+            content.push(ContentBlock::ToolUse {
+                id: wire_call_id(call_id),
+                name: name.clone(),
+                args: args.clone(),
+            });
+        }
+        let assistant = (!content.is_empty()).then_some(Message {
+            role: Role::Assistant,
+            content,
+        });
+        let results = (!calls.is_empty()).then(|| Message {
+            role: Role::User,
+            content: calls
+                .iter()
+                .map(|(_, call_id, _, _)| {
+                    let (text, is_error) =
+                        self.results.get(call_id).cloned().unwrap_or_else(|| {
+                            (format!("tool call {call_id} has no recorded outcome"), true)
+                        });
+                    ContentBlock::ToolResult {
+                        tool_use_id: wire_call_id(call_id),
+                        content: text,
+                        is_error,
+                    }
+                })
+                .collect(),
+        });
+        (assistant, results)
+    }
+
+    /// The tool calls of `turn`'s latest completion when some of them have no outcome yet:
+    /// `(iteration, calls)`.
+    pub(crate) fn unresolved_calls(
+        &self,
+        turn: u32,
+        session_id: &str,
+        agent_version_id: uuid::Uuid,
+    ) -> Option<(u32, Vec<ToolCallRecord>)> {
+        let rec = self.last_completion.as_ref()?;
+        if rec.turn != turn || rec.tool_calls.is_empty() {
+            return None;
+        }
+        let open = rec.tool_calls.iter().any(|c| {
+            let id = phrony_ledger::tool_call_id(
+                session_id,
+                agent_version_id,
+                turn,
+                rec.iteration,
+                c.index,
+            );
+            !self.results.contains_key(&id)
+        });
+        open.then(|| (rec.iteration, rec.tool_calls.clone()))
+    }
+
+    /// The conversation to send for a completion of `turn`.
+    pub(crate) fn messages(&self, turn: u32) -> Vec<Message> {
+        let mut out = self.flushed.clone();
+        if let Some(open) = &self.open {
+            let (assistant, results) = self.render(open);
+            out.extend(assistant);
+            out.extend(results);
+        }
+        for (t, text) in &self.users {
+            if *t <= turn {
+                out.push(Message::user_text(text.clone()));
+            }
+        }
+        out
+    }
+
+    /// The session output (§5.9): `{message, stop_reason, turn_usage, session_usage, turns}`.
+    pub(crate) fn output(&self) -> Value {
+        let mut session = (0u64, 0u64, false);
+        for t in &self.turns {
+            let get = |k: &str| t.turn_usage.get(k).and_then(Value::as_u64).unwrap_or(0);
+            session.0 += get("input_tokens");
+            session.1 += get("output_tokens");
+            session.2 |= t
+                .turn_usage
+                .get("estimated")
+                .and_then(Value::as_bool)
+                .unwrap_or(false);
+        }
+        let last = self.turns.last();
+        json!({
+            "message": self.last_assistant.clone().unwrap_or_default(),
+            "stop_reason": last.map(|t| t.stop_reason.clone()),
+            "turn_usage": last.map_or(Value::Null, |t| t.turn_usage.clone()),
+            "session_usage": {
+                "input_tokens": session.0,
+                "output_tokens": session.1,
+                "total_tokens": session.0 + session.1,
+                "estimated": session.2,
+            },
+            "turns": self.turns,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_call_ids_map_to_stable_wire_ids() {
+        let long =
+            "run_6b1f4a52-2a55-4d3c-9d36-0c1e6f1c9a10:5b0e7c3e-7c1a-4f57-9f0e-3e6f7b4f8a21:1:0:0";
+        let id = wire_call_id(long);
+        assert!(id.starts_with("call_") && id.len() == 37, "{id}");
+        assert_eq!(id, wire_call_id(long));
+        assert_eq!(wire_call_id("short"), "short");
+    }
+
+    #[test]
+    fn failure_texts_read_like_the_reference() {
+        assert_eq!(
+            failure_text("invalid_args", "/amount: \"x\" is not of type \"number\""),
+            "invalid_args: /amount: \"x\" is not of type \"number\""
+        );
+        assert_eq!(
+            failure_text("unknown_tool", "unknown tool \"x\""),
+            "unknown tool \"x\""
+        );
+        assert_eq!(failure_text("", "boom"), "boom");
+        assert_eq!(
+            rejection_text("c1", "emad", "No damage claim on file for this order."),
+            "tool call c1 was rejected by emad: No damage claim on file for this order."
+        );
+    }
+}

@@ -1,0 +1,114 @@
+//! [`RouterHooks`]: what the dispatch router needs from the store — late results recorded
+//! before they are acknowledged, and the lookup of calls already recorded for reconnecting
+//! workers. Install them when building the router:
+//!
+//! ```no_run
+//! # fn demo(store: std::sync::Arc<dyn phrony_engine::SessionStore>) -> Result<(), phrony_dispatch::ConfigError> {
+//! let hooks = std::sync::Arc::new(phrony_engine::RouterHooks::new(store));
+//! let router = phrony_dispatch::Router::builder(phrony_dispatch::RouterConfig::default())
+//!     .observer(hooks.clone())
+//!     .completed_calls(hooks)
+//!     .build()?;
+//! # let _ = router; Ok(()) }
+//! ```
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use phrony_dispatch::{
+    CompletedCalls, HookError, LateOutcome, LateResult, RouterEvent, RouterObserver,
+};
+use phrony_ledger::{ToolOutcome, ToolResult};
+
+use crate::store::SessionStore;
+
+/// Router hooks backed by a [`SessionStore`].
+#[derive(Debug, Clone)]
+pub struct RouterHooks {
+    store: Arc<dyn SessionStore>,
+}
+
+impl RouterHooks {
+    /// Hooks recording into `store`.
+    #[must_use]
+    pub fn new(store: Arc<dyn SessionStore>) -> Self {
+        Self { store }
+    }
+}
+
+pub(crate) fn ledger_outcome(outcome: &phrony_dispatch::ToolOutcome) -> ToolOutcome {
+    match outcome {
+        phrony_dispatch::ToolOutcome::Success(v) => ToolOutcome::Success(v.clone()),
+        phrony_dispatch::ToolOutcome::Error(e) => ToolOutcome::Error {
+            code: if e.code.is_empty() {
+                "internal".to_owned()
+            } else {
+                e.code.clone()
+            },
+            message: e.message.clone(),
+        },
+    }
+}
+
+async fn record_late(store: Arc<dyn SessionStore>, late: LateResult) {
+    let outcome = match &late.outcome {
+        LateOutcome::Result(o) => ledger_outcome(o),
+        LateOutcome::Nack(e) => ToolOutcome::Error {
+            code: if e.code.is_empty() {
+                "nack".to_owned()
+            } else {
+                e.code.clone()
+            },
+            message: e.message.clone(),
+        },
+    };
+    let result = ToolResult {
+        worker_id: Some(late.worker_id.clone()),
+        outcome,
+        usage: None,
+    };
+    match store.record_tool_result(&late.call_id, result).await {
+        Ok(_) => {
+            late.ack.ack();
+        }
+        Err(e) if e.kind == crate::ErrorKind::NotFound => {
+            // Not a call of ours (e.g. recorded by a database that was reset): nothing to
+            // keep, so let the worker forget it.
+            tracing::warn!(call_id = %late.call_id, "late result for an unknown call; acknowledged");
+            late.ack.ack();
+        }
+        Err(e) => {
+            // Not acknowledged: the worker offers it again when it reconnects.
+            tracing::warn!(call_id = %late.call_id, error = %e, "could not record a late result");
+        }
+    }
+}
+
+impl RouterObserver for RouterHooks {
+    fn on_event(&self, event: RouterEvent) {
+        match event {
+            RouterEvent::LateResult(late) => {
+                let store = Arc::clone(&self.store);
+                if let Ok(handle) = tokio::runtime::Handle::try_current() {
+                    handle.spawn(record_late(store, late));
+                }
+            }
+            RouterEvent::WorkerRemoved {
+                worker_id,
+                reason,
+                indeterminate,
+            } if !indeterminate.is_empty() => {
+                tracing::info!(%worker_id, reason = reason.as_str(), calls = indeterminate.len(), "worker lost with calls in flight");
+            }
+            _ => {}
+        }
+    }
+}
+
+#[async_trait]
+impl CompletedCalls for RouterHooks {
+    async fn completed(&self, call_ids: &[String]) -> Result<HashSet<String>, HookError> {
+        Ok(self.store.completed_calls(call_ids).await?)
+    }
+}

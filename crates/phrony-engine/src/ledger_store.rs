@@ -1,0 +1,277 @@
+//! [`LedgerStore`]: the [`SessionStore`] on the durable ledger (SQLite or PostgreSQL).
+
+use std::collections::HashSet;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use phrony_ledger::{
+    Approval, ApprovalFilter, Dispatch, Event, Ledger, NewApproval, NewEvent, NewSession,
+    NewToolCall, PageRequest, RecordedResult, SecretCipher, Session, SessionEvent, StatusChange,
+    StatusChanged, TimeoutOutcome, ToolInvocation, ToolResult, Vote, VoteOutcome,
+};
+use secrecy::ExposeSecret as _;
+use uuid::Uuid;
+
+use crate::error::{StoreError, StoreResult};
+use crate::store::{PlainSecret, SessionStore, StoredAgentVersion};
+
+/// The ledger as a [`SessionStore`]. Secrets are sealed with AES-256-GCM by `cipher`
+/// (`RUNTIME_SECRETS_ENCRYPTION_KEY`); without one, sessions with secrets are refused.
+#[derive(Debug, Clone)]
+pub struct LedgerStore {
+    ledger: Ledger,
+    cipher: Option<SecretCipher>,
+}
+
+impl LedgerStore {
+    /// A store on `ledger`, sealing secrets with `cipher`.
+    #[must_use]
+    pub fn new(ledger: Ledger, cipher: Option<SecretCipher>) -> Self {
+        Self { ledger, cipher }
+    }
+
+    /// The underlying ledger.
+    #[must_use]
+    pub fn ledger(&self) -> &Ledger {
+        &self.ledger
+    }
+}
+
+fn cipher_error(e: phrony_ledger::CipherError) -> StoreError {
+    StoreError::internal(e.to_string())
+}
+
+#[async_trait]
+impl SessionStore for LedgerStore {
+    async fn create_session(
+        &self,
+        mut new: NewSession,
+        secrets: Vec<PlainSecret>,
+    ) -> StoreResult<Session> {
+        new.secrets.clear();
+        if !secrets.is_empty() {
+            let Some(cipher) = &self.cipher else {
+                return Err(StoreError::precondition(
+                    "RUNTIME_SECRETS_ENCRYPTION_KEY must be set on the runtime to run agents \
+                     with secrets",
+                ));
+            };
+            for s in &secrets {
+                new.secrets.push(
+                    cipher
+                        .seal(&new.id, &s.name, s.value.expose_secret())
+                        .map_err(cipher_error)?,
+                );
+            }
+        }
+        Ok(self.ledger.create_session(new).await?)
+    }
+
+    async fn get_session(&self, session_id: &str) -> StoreResult<Session> {
+        Ok(self.ledger.get_session(session_id).await?)
+    }
+
+    async fn set_status(
+        &self,
+        session_id: &str,
+        change: StatusChange,
+    ) -> StoreResult<StatusChanged> {
+        Ok(self.ledger.set_session_status(session_id, change).await?)
+    }
+
+    async fn record_session_event(
+        &self,
+        session_id: &str,
+        event: SessionEvent,
+    ) -> StoreResult<Event> {
+        Ok(self.ledger.record_session_event(session_id, event).await?)
+    }
+
+    async fn append_engine_event(&self, session_id: &str, event: NewEvent) -> StoreResult<Event> {
+        // The raw append does not look at the session: check it exists and is live first.
+        let session = self.ledger.get_session(session_id).await?;
+        if session.status.is_terminal() {
+            return Err(StoreError::precondition(format!(
+                "session {session_id} is {} and accepts no further events",
+                session.status
+            )));
+        }
+        Ok(self.ledger.append_session_event(session_id, event).await?)
+    }
+
+    async fn events_after(
+        &self,
+        session_id: &str,
+        after_seq: u64,
+        limit: u32,
+    ) -> StoreResult<Vec<Event>> {
+        Ok(self
+            .ledger
+            .events_after(session_id, after_seq, limit)
+            .await?)
+    }
+
+    async fn load_secrets(&self, session_id: &str) -> StoreResult<Vec<PlainSecret>> {
+        let sealed = self.ledger.load_session_secrets(session_id).await?;
+        if sealed.is_empty() {
+            return Ok(Vec::new());
+        }
+        let Some(cipher) = &self.cipher else {
+            return Err(StoreError::precondition(format!(
+                "session {session_id} has stored secrets but RUNTIME_SECRETS_ENCRYPTION_KEY is \
+                 not set on the runtime"
+            )));
+        };
+        sealed
+            .iter()
+            .map(|s| {
+                let value = cipher.open(session_id, s).map_err(cipher_error)?;
+                Ok(PlainSecret {
+                    name: s.name.clone(),
+                    value,
+                })
+            })
+            .collect()
+    }
+
+    async fn agent_version(&self, agent_version_id: Uuid) -> StoreResult<StoredAgentVersion> {
+        let v = self
+            .ledger
+            .get_agent_version_by_id(agent_version_id)
+            .await?;
+        Ok(StoredAgentVersion {
+            snapshot_json: v.snapshot_json,
+            content_hash: v.content_hash,
+        })
+    }
+
+    async fn sessions_needing_recovery(&self) -> StoreResult<Vec<Session>> {
+        Ok(self.ledger.sessions_needing_recovery().await?)
+    }
+
+    async fn record_tool_call(&self, new: NewToolCall) -> StoreResult<ToolInvocation> {
+        Ok(self.ledger.record_tool_call(new).await?)
+    }
+
+    async fn queue_tool_call(&self, call_id: &str) -> StoreResult<ToolInvocation> {
+        Ok(self.ledger.queue_tool_call(call_id).await?)
+    }
+
+    async fn dispatch_tool_call(
+        &self,
+        call_id: &str,
+        dispatch: Dispatch,
+    ) -> StoreResult<ToolInvocation> {
+        Ok(self.ledger.dispatch_tool_call(call_id, dispatch).await?)
+    }
+
+    async fn record_tool_result(
+        &self,
+        call_id: &str,
+        result: ToolResult,
+    ) -> StoreResult<RecordedResult> {
+        Ok(self.ledger.record_tool_result(call_id, result).await?)
+    }
+
+    async fn fail_tool_call(
+        &self,
+        call_id: &str,
+        code: &str,
+        message: &str,
+    ) -> StoreResult<ToolInvocation> {
+        Ok(self.ledger.fail_tool_call(call_id, code, message).await?)
+    }
+
+    async fn deny_tool_call(
+        &self,
+        call_id: &str,
+        reason: &str,
+        policy_ref: Option<&str>,
+    ) -> StoreResult<ToolInvocation> {
+        Ok(self
+            .ledger
+            .deny_tool_call(call_id, reason, policy_ref)
+            .await?)
+    }
+
+    async fn mark_tool_call_indeterminate(
+        &self,
+        call_id: &str,
+        reason: &str,
+    ) -> StoreResult<ToolInvocation> {
+        Ok(self
+            .ledger
+            .mark_tool_call_indeterminate(call_id, reason)
+            .await?)
+    }
+
+    async fn cancel_tool_call(&self, call_id: &str, reason: &str) -> StoreResult<ToolInvocation> {
+        Ok(self.ledger.cancel_tool_call(call_id, reason).await?)
+    }
+
+    async fn get_tool_call(&self, call_id: &str) -> StoreResult<ToolInvocation> {
+        Ok(self.ledger.get_tool_call(call_id).await?)
+    }
+
+    async fn open_calls(&self, session_id: &str) -> StoreResult<Vec<ToolInvocation>> {
+        Ok(self.ledger.in_flight_calls(session_id).await?)
+    }
+
+    async fn completed_calls(&self, call_ids: &[String]) -> StoreResult<HashSet<String>> {
+        let mut done = HashSet::new();
+        for id in call_ids {
+            if self.ledger.completed_call(id).await?.is_some() {
+                done.insert(id.clone());
+            }
+        }
+        Ok(done)
+    }
+
+    async fn open_approval(&self, new: NewApproval) -> StoreResult<Approval> {
+        Ok(self.ledger.open_approval(new).await?)
+    }
+
+    async fn cast_vote(&self, approval_id: Uuid, vote: Vote) -> StoreResult<VoteOutcome> {
+        Ok(self.ledger.cast_vote(approval_id, vote).await?)
+    }
+
+    async fn expire_approval(
+        &self,
+        approval_id: Uuid,
+        now: DateTime<Utc>,
+    ) -> StoreResult<TimeoutOutcome> {
+        Ok(self.ledger.expire_approval(approval_id, now).await?)
+    }
+
+    async fn get_approval(&self, approval_id: Uuid) -> StoreResult<Approval> {
+        Ok(self.ledger.get_approval(approval_id).await?)
+    }
+
+    async fn session_approvals(&self, session_id: &str) -> StoreResult<Vec<Approval>> {
+        let filter = ApprovalFilter {
+            session_id: Some(session_id.to_owned()),
+            ..ApprovalFilter::default()
+        };
+        let mut page = PageRequest::first(phrony_ledger::MAX_PAGE_SIZE);
+        let mut all = Vec::new();
+        loop {
+            let got = self.ledger.list_approvals(&filter, &page).await?;
+            all.extend(got.items);
+            match got.next_token {
+                Some(token) => page = PageRequest::after(phrony_ledger::MAX_PAGE_SIZE, token),
+                None => break,
+            }
+        }
+        // Pages are newest first; the engine wants them in the order they were opened.
+        all.sort_by_key(|a| (a.created_at, a.id));
+        Ok(all)
+    }
+
+    async fn due_approvals(&self, now: DateTime<Utc>, limit: u32) -> StoreResult<Vec<Approval>> {
+        Ok(self.ledger.due_approvals(now, limit).await?)
+    }
+
+    async fn next_approval_expiry(&self) -> StoreResult<Option<DateTime<Utc>>> {
+        Ok(self.ledger.next_approval_expiry().await?)
+    }
+}

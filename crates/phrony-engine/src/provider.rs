@@ -1,0 +1,70 @@
+//! [`ProviderFactory`]: how the engine gets a model provider for a session.
+
+use std::fmt;
+
+use phrony_manifest::{ANNOTATION_STUB_SCRIPT, CompiledAgent};
+use phrony_providers::{ApiKey, BuildOptions, ModelProvider, ProviderEnv, ProviderError};
+
+/// Builds the model provider of a session. The daemon uses [`DefaultProviderFactory`]; tests
+/// inject scripted providers.
+pub trait ProviderFactory: Send + Sync + fmt::Debug + 'static {
+    /// A provider for `agent`'s `spec.model`, with the session's API key (if it has one).
+    /// `completions_done` is how many completions the session already ran (the stub provider
+    /// resumes its script there after a restart).
+    fn build(
+        &self,
+        agent: &CompiledAgent,
+        api_key: Option<ApiKey>,
+        completions_done: usize,
+    ) -> Result<Box<dyn ModelProvider>, ProviderError>;
+}
+
+/// The production factory: [`phrony_providers::build`] with the daemon's environment.
+#[derive(Debug, Clone, Default)]
+pub struct DefaultProviderFactory {
+    /// `OPENAI_BASE_URL`, `ANTHROPIC_BASE_URL`, `RUNTIME_ENABLE_STUB_PROVIDER`.
+    pub env: ProviderEnv,
+    /// Retries and timeouts.
+    pub options: BuildOptions,
+}
+
+impl DefaultProviderFactory {
+    /// A factory reading the provider variables from the process environment.
+    #[must_use]
+    pub fn from_process() -> Self {
+        Self {
+            env: ProviderEnv::from_process(),
+            options: BuildOptions::default(),
+        }
+    }
+}
+
+impl ProviderFactory for DefaultProviderFactory {
+    fn build(
+        &self,
+        agent: &CompiledAgent,
+        api_key: Option<ApiKey>,
+        completions_done: usize,
+    ) -> Result<Box<dyn ModelProvider>, ProviderError> {
+        let mut options = self.options.clone();
+        options.stub_script = agent
+            .metadata
+            .annotations
+            .get(ANNOTATION_STUB_SCRIPT)
+            .cloned();
+        options.stub_position = completions_done;
+        phrony_providers::build(&agent.spec.model, api_key, &self.env, &options)
+    }
+}
+
+/// The secret holding the model API key: `spec.model.secret`, else the secret named after the
+/// provider.
+#[must_use]
+pub fn api_key_secret_name(agent: &CompiledAgent) -> String {
+    let model = &agent.spec.model;
+    if model.secret.is_empty() {
+        model.provider.clone()
+    } else {
+        model.secret.clone()
+    }
+}

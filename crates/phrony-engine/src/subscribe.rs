@@ -1,0 +1,146 @@
+//! [`Subscription`]: a session's events, from the store, then live.
+
+use std::sync::Arc;
+
+use phrony_ledger::{Event, event_types as types};
+use tokio::sync::{broadcast, mpsc};
+use tokio::task::JoinHandle;
+
+use crate::engine::Inner;
+
+/// One update of a followed session.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SessionUpdate {
+    /// An event of the session's stream, in `seq` order, none skipped.
+    Event(Event),
+    /// A piece of assistant text as the model streams it (best-effort: dropped for a subscriber
+    /// that falls behind; the `message.assistant` event carries the full text).
+    TextDelta {
+        /// The turn.
+        turn: u32,
+        /// The completion inside the turn.
+        iteration: u32,
+        /// The text.
+        text: String,
+    },
+}
+
+/// Follows one session. Ends (returns `None`) after the session's terminal event.
+#[derive(Debug)]
+pub struct Subscription {
+    rx: mpsc::Receiver<SessionUpdate>,
+    task: JoinHandle<()>,
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn is_terminal_event(event: &Event) -> bool {
+    matches!(
+        event.event_type.as_str(),
+        types::SESSION_COMPLETED | types::SESSION_FAILED | types::SESSION_CANCELLED
+    )
+}
+
+impl Subscription {
+    pub(crate) fn start(inner: Arc<Inner>, session_id: String, after_seq: u64) -> Self {
+        let (tx, rx) = mpsc::channel(inner.config.subscription_buffer.max(1));
+        let task = tokio::spawn(feed(inner, session_id, after_seq, tx));
+        Self { rx, task }
+    }
+
+    /// The next update; `None` once the session has ended and everything was delivered (or the
+    /// store failed).
+    pub async fn recv(&mut self) -> Option<SessionUpdate> {
+        self.rx.recv().await
+    }
+}
+
+/// Reads the store from `after_seq` whenever the session changes (or every poll interval), and
+/// forwards text deltas in between. The bounded channel makes a slow subscriber slow down this
+/// task, which then simply reads further from the store: nothing is lost.
+async fn feed(
+    inner: Arc<Inner>,
+    session_id: String,
+    mut last: u64,
+    tx: mpsc::Sender<SessionUpdate>,
+) {
+    let mut deltas: Option<broadcast::Receiver<SessionUpdate>> = None;
+    let mut changed = None;
+    loop {
+        if changed.is_none()
+            && let Some(live) = inner.live(&session_id)
+        {
+            changed = Some(live.changed.subscribe());
+            deltas = Some(live.deltas.subscribe());
+        }
+        let page = match inner.store.events_after(&session_id, last, 500).await {
+            Ok(page) => page,
+            Err(e) => {
+                tracing::warn!(%session_id, error = %e, "subscription could not read the session's events");
+                return;
+            }
+        };
+        let full = page.len() == 500;
+        for event in page {
+            last = event.seq;
+            let terminal = is_terminal_event(&event);
+            if tx.send(SessionUpdate::Event(event)).await.is_err() {
+                return;
+            }
+            if terminal {
+                return;
+            }
+        }
+        if full {
+            continue;
+        }
+        // Nothing more in the store: wait for a change, forwarding deltas meanwhile.
+        let poll = tokio::time::sleep(inner.config.poll_interval);
+        tokio::pin!(poll);
+        loop {
+            let wake = tokio::select! {
+                () = &mut poll => Wake::Poll,
+                ok = async {
+                    match changed.as_mut() {
+                        Some(rx) => rx.changed().await.is_ok(),
+                        None => std::future::pending().await,
+                    }
+                } => if ok { Wake::Changed } else { Wake::DriverGone },
+                delta = async {
+                    match deltas.as_mut() {
+                        Some(rx) => rx.recv().await,
+                        None => std::future::pending().await,
+                    }
+                } => Wake::Delta(Box::new(delta)),
+            };
+            match wake {
+                Wake::Poll | Wake::Changed => break,
+                Wake::DriverGone => {
+                    changed = None;
+                    deltas = None;
+                    break;
+                }
+                Wake::Delta(delta) => match *delta {
+                    Ok(update) => {
+                        if tx.send(update).await.is_err() {
+                            return;
+                        }
+                    }
+                    Err(broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(broadcast::error::RecvError::Closed) => deltas = None,
+                },
+            }
+        }
+    }
+}
+
+enum Wake {
+    Poll,
+    Changed,
+    DriverGone,
+    Delta(Box<Result<SessionUpdate, broadcast::error::RecvError>>),
+}

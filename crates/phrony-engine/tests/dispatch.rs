@@ -1,0 +1,322 @@
+//! Dispatch failures routed per §2.7 and in-flight calls after a restart (§5.8), in memory:
+//! no handler fails the turn unless a trigger policy escalates it, an unknown outcome goes by
+//! side-effect class, and a restart re-sends reads and asks a human about irreversible writes.
+#![allow(clippy::unwrap_used, reason = "tests: a panic is a failed assertion")]
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use phrony_engine::{Engine, EngineConfig, EngineDeps, TRIGGER_KEY};
+use phrony_ledger::{ApprovalStatus, CallStatus, SessionStatus};
+use serde_json::json;
+
+fn quick_timeouts() -> EngineConfig {
+    EngineConfig {
+        exec_timeout: Duration::from_millis(300),
+        ..test_config()
+    }
+}
+
+#[tokio::test]
+async fn no_handler_fails_the_turn() {
+    let h = Harness::memory(
+        &AgentOptions::default(),
+        vec![Step::call("issue_refund", refund("ORD-1", 100.0))],
+    )
+    .await;
+    h.worker.disconnect().await;
+    let s = h.start("Refund €100 for ORD-1.").await;
+    let done = h.wait_end(&s.id).await;
+    assert_eq!(done.status, SessionStatus::Failed);
+    assert_eq!(
+        done.error.as_deref(),
+        Some("no handler registered for tool payments.issue-refund@1.0.0")
+    );
+    let call = h.store.open_calls(&s.id).await.unwrap();
+    assert!(
+        call.is_empty(),
+        "the call is closed, not left queued (reference defect 16)"
+    );
+}
+
+#[tokio::test]
+async fn a_no_handler_trigger_policy_escalates_to_a_human_and_approval_re_dispatches() {
+    let opts = AgentOptions {
+        extra_policies: vec![(
+            "refund-worker-down.yaml".into(),
+            r"apiVersion: phrony.com/v1
+kind: Policy
+metadata:
+  name: refund-worker-down
+  namespace: payments
+  version: 1.0.0
+spec:
+  scope: tool:payments.issue-refund
+  conditions:
+    field: phrony.dispatch.trigger
+    op: eq
+    value: dispatch:no_handler
+  decision:
+    type: escalate
+    reason: No refund worker is connected.
+    runtime:
+      phrony.com/approver_role: oncall
+"
+            .into(),
+        )],
+        ..AgentOptions::default()
+    };
+    let h = Harness::memory(
+        &opts,
+        vec![
+            Step::call("issue_refund", refund("ORD-1", 100.0)),
+            Step::say("Issued after all."),
+        ],
+    )
+    .await;
+    h.worker.disconnect().await;
+    let s = h.start("Refund €100 for ORD-1.").await;
+    h.wait(&s.id, &[SessionStatus::AwaitingApproval]).await;
+    let approval = h.pending_approval(&s.id).await;
+    assert_eq!(approval.reason, "No refund worker is connected.");
+    assert_eq!(approval.route, "oncall");
+    assert_eq!(
+        approval.policy_ref.as_deref(),
+        Some("payments/refund-worker-down@1.0.0")
+    );
+    assert_eq!(approval.policy_runtime[TRIGGER_KEY], "dispatch:no_handler");
+    // A worker comes back; the human approves; the same call is sent again.
+    let worker = FakeWorker::connect(&h.router).await;
+    h.engine
+        .decide_approval(approval.id, approve("oncall-amy", "worker restarted"))
+        .await
+        .unwrap();
+    assert_eq!(h.wait_end(&s.id).await.status, SessionStatus::Completed);
+    let sent = worker.invoked("payments.issue-refund");
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].call_id, approval.call_id);
+}
+
+#[tokio::test]
+async fn an_execution_timeout_on_a_read_is_a_tool_error() {
+    let h = Harness::memory_with(
+        &AgentOptions::default(),
+        vec![
+            Step::call("lookup_order", json!({"order_id": "ORD-1"})),
+            Step::say("The order system is slow."),
+        ],
+        quick_timeouts(),
+    )
+    .await;
+    h.worker.set_behaviour(Behaviour::Hold);
+    let s = h.start("Check ORD-1.").await;
+    assert_eq!(h.wait_end(&s.id).await.status, SessionStatus::Completed);
+    let (text, is_error) = last_tool_result(&h.script.requests()[1]);
+    assert!(is_error);
+    assert!(
+        text.starts_with("indeterminate: tool orders.lookup-order@1.0.0 did not finish"),
+        "{text}"
+    );
+    assert_eq!(
+        h.worker.cancels.lock().unwrap().len(),
+        1,
+        "the worker is told to stop"
+    );
+}
+
+#[tokio::test]
+async fn an_execution_timeout_on_an_irreversible_write_asks_a_human() {
+    let h = Harness::memory_with(
+        &AgentOptions::default(),
+        vec![
+            Step::call("issue_refund", refund("ORD-1", 100.0)),
+            Step::say("Refund confirmed."),
+        ],
+        quick_timeouts(),
+    )
+    .await;
+    h.worker.set_behaviour(Behaviour::Hold);
+    let s = h.start("Refund €100 for ORD-1.").await;
+    h.wait(&s.id, &[SessionStatus::AwaitingApproval]).await;
+    let approval = h.pending_approval(&s.id).await;
+    assert_eq!(approval.reason, "tool dispatch outcome indeterminate");
+    assert_eq!(approval.policy_ref, None);
+    assert_eq!(
+        approval.policy_runtime[TRIGGER_KEY],
+        "dispatch:indeterminate"
+    );
+    let call = h.store.get_tool_call(&approval.call_id).await.unwrap();
+    assert_eq!(call.status, CallStatus::AwaitingApproval);
+    // The operator checked the payment provider: not refunded; send it again.
+    h.worker.set_behaviour(Behaviour::Answer);
+    h.engine
+        .decide_approval(approval.id, approve("emad", "not issued upstream; retry"))
+        .await
+        .unwrap();
+    assert_eq!(h.wait_end(&s.id).await.status, SessionStatus::Completed);
+    let sent = h.worker.invoked("payments.issue-refund");
+    assert_eq!(sent.len(), 2, "sent, timed out, approved, sent again");
+    assert_eq!(sent[0].call_id, sent[1].call_id);
+    let call = h.store.get_tool_call(&approval.call_id).await.unwrap();
+    assert_eq!(call.status, CallStatus::Succeeded);
+    assert_eq!(call.attempt, 2);
+}
+
+/// Starts a session whose call is stuck at a worker, then "restarts": a new engine on the same
+/// store recovers it.
+async fn restart_with_call_in_flight(
+    tool_call: Step,
+    after: Step,
+) -> (Harness, Engine, Arc<Script>, String) {
+    let h = Harness::memory(&AgentOptions::default(), vec![tool_call]).await;
+    h.worker.set_behaviour(Behaviour::Hold);
+    let s = h.start("Go.").await;
+    for _ in 0..300 {
+        if !h.worker.tools().is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    h.engine.shutdown();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let open = h.store.open_calls(&s.id).await.unwrap();
+    assert_eq!(open.len(), 1);
+    assert_eq!(
+        open[0].status,
+        CallStatus::Dispatched,
+        "in flight when the daemon stopped"
+    );
+    h.worker.set_behaviour(Behaviour::Answer);
+    let script = Script::new(vec![after]);
+    let engine = Engine::new(EngineDeps {
+        store: h.store.clone(),
+        router: Some(h.router.clone()),
+        providers: Arc::new(ScriptedFactory(script.clone())),
+        clock: h.clock.clone(),
+        config: test_config(),
+    });
+    engine.recover().await.unwrap();
+    (h, engine, script, s.id)
+}
+
+#[tokio::test]
+async fn after_a_restart_an_unanswered_read_is_sent_again_with_the_same_call_id() {
+    let (h, engine, script, id) = restart_with_call_in_flight(
+        Step::call("lookup_order", json!({"order_id": "ORD-1"})),
+        Step::say("ORD-1 is a €400 order."),
+    )
+    .await;
+    let done = tokio::time::timeout(Duration::from_secs(10), engine.wait_for(&id, &[]))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(done.status, SessionStatus::Completed);
+    let sent = h.worker.invoked("orders.lookup-order");
+    assert_eq!(sent.len(), 2);
+    assert_eq!(sent[0].call_id, sent[1].call_id);
+    assert!(
+        last_tool_result(&script.requests()[0])
+            .0
+            .contains("\"total\":400")
+    );
+}
+
+#[tokio::test]
+async fn after_a_restart_an_unanswered_irreversible_write_waits_for_a_human() {
+    let (h, engine, _script, id) = restart_with_call_in_flight(
+        Step::call("issue_refund", refund("ORD-1", 100.0)),
+        Step::say("Refund confirmed."),
+    )
+    .await;
+    let paused = tokio::time::timeout(
+        Duration::from_secs(10),
+        engine.wait_for(&id, &[SessionStatus::AwaitingApproval]),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(paused.status, SessionStatus::AwaitingApproval);
+    assert_eq!(
+        h.worker.invoked("payments.issue-refund").len(),
+        1,
+        "not sent twice on its own"
+    );
+    let approval = h.pending_approval(&id).await;
+    assert_eq!(approval.reason, "tool dispatch outcome indeterminate");
+    engine
+        .decide_approval(approval.id, reject("emad", "it was issued upstream"))
+        .await
+        .unwrap();
+    let done = tokio::time::timeout(Duration::from_secs(10), engine.wait_for(&id, &[]))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(done.status, SessionStatus::Completed);
+    assert_eq!(h.worker.invoked("payments.issue-refund").len(), 1);
+    assert_eq!(
+        h.store.get_approval(approval.id).await.unwrap().status,
+        ApprovalStatus::Denied
+    );
+}
+
+#[tokio::test]
+async fn a_worker_reporting_after_a_restart_resolves_the_call_without_a_resend() {
+    let h = Harness::memory(
+        &AgentOptions::default(),
+        vec![Step::call("lookup_order", json!({"order_id": "ORD-1"}))],
+    )
+    .await;
+    h.worker.set_behaviour(Behaviour::Hold);
+    let s = h.start("Check ORD-1.").await;
+    for _ in 0..300 {
+        if !h.worker.tools().is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let call_id = h.worker.invocations.lock().unwrap()[0].call_id.clone();
+    h.engine.shutdown();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // The worker finishes the call late: the router records it through the engine's hooks
+    // and acknowledges it.
+    let late = FakeWorker::connect(&h.router).await;
+    let script = Script::new(vec![Step::say("ORD-1 is a €400 order.")]);
+    let engine = Engine::new(EngineDeps {
+        store: h.store.clone(),
+        router: Some(h.router.clone()),
+        providers: Arc::new(ScriptedFactory(script.clone())),
+        clock: h.clock.clone(),
+        config: EngineConfig {
+            recovery_grace: Duration::from_secs(5),
+            ..test_config()
+        },
+    });
+    engine.recover().await.unwrap();
+    h.router
+        .connect(phrony_dispatch::WorkerHello {
+            worker_id: "late-worker".into(),
+            ..Default::default()
+        })
+        .await
+        .map(|(conn, _outbox)| {
+            conn.handle(phrony_dispatch::FromWorker::Result {
+                call_id: call_id.clone(),
+                payload: serde_json::to_vec(&json!({"order_id": "ORD-1", "total": 400.0})).unwrap(),
+                error: None,
+            })
+            .unwrap();
+        })
+        .unwrap();
+    let done = tokio::time::timeout(Duration::from_secs(10), engine.wait_for(&s.id, &[]))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(done.status, SessionStatus::Completed);
+    assert!(late.tools().is_empty(), "not sent again");
+    let call = h.store.get_tool_call(&call_id).await.unwrap();
+    assert_eq!(call.status, CallStatus::Succeeded);
+    assert_eq!(call.attempt, 1);
+}

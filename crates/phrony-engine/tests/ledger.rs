@@ -1,0 +1,554 @@
+//! The same flows on the durable ledger: SQLite (a temporary file) always, PostgreSQL (a fresh
+//! database per test on `PHRONY_TEST_POSTGRES_URL`, default
+//! `postgres://postgres@127.0.0.1:5432/postgres`) unless `PHRONY_TEST_SKIP_POSTGRES=1`.
+#![allow(clippy::unwrap_used, reason = "tests: a panic is a failed assertion")]
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use phrony_engine::{Engine, EngineDeps, ErrorKind, LedgerStore, ManualClock, SessionStore};
+use phrony_ledger::{
+    ApprovalStatus, Ledger, LedgerOptions, NewAgentVersion, SecretCipher, SessionStatus,
+};
+use serde_json::json;
+use sqlx::Connection as _;
+use sqlx::Executor as _;
+use uuid::Uuid;
+
+const DEFAULT_ADMIN_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+
+/// A fresh database, dropped (PostgreSQL) or deleted (SQLite) at the end.
+struct Db {
+    url: String,
+    _dir: Option<tempfile::TempDir>,
+    pg: Option<(String, String)>,
+}
+
+impl Drop for Db {
+    fn drop(&mut self) {
+        let Some((admin, name)) = self.pg.take() else {
+            return;
+        };
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                if let Ok(mut c) = sqlx::PgConnection::connect(&admin).await {
+                    let _ = c
+                        .execute(
+                            format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)").as_str(),
+                        )
+                        .await;
+                }
+            });
+        })
+        .join();
+    }
+}
+
+impl Db {
+    fn sqlite() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("phrony.db").display());
+        Self {
+            url,
+            _dir: Some(dir),
+            pg: None,
+        }
+    }
+
+    async fn postgres() -> Option<Self> {
+        let admin = std::env::var("PHRONY_TEST_POSTGRES_URL")
+            .unwrap_or_else(|_| DEFAULT_ADMIN_URL.to_owned());
+        let mut conn = match sqlx::PgConnection::connect(&admin).await {
+            Ok(c) => c,
+            Err(e) if std::env::var("PHRONY_TEST_SKIP_POSTGRES").as_deref() == Ok("1") => {
+                eprintln!("skipping PostgreSQL test: {e}");
+                return None;
+            }
+            Err(e) => panic!(
+                "PostgreSQL at {admin} is unreachable: {e}; set PHRONY_TEST_SKIP_POSTGRES=1 to skip"
+            ),
+        };
+        let name = format!("phrony_engine_test_{}", Uuid::new_v4().simple());
+        conn.execute(format!("CREATE DATABASE \"{name}\"").as_str())
+            .await
+            .unwrap();
+        let base = admin.rsplit_once('/').map_or(admin.as_str(), |(b, _)| b);
+        Some(Self {
+            url: format!("{base}/{name}"),
+            _dir: None,
+            pg: Some((admin, name)),
+        })
+    }
+
+    async fn ledger(&self) -> Ledger {
+        // A generous pool timeout: the shared test machine is often saturated.
+        let options = LedgerOptions {
+            acquire_timeout: Duration::from_secs(60),
+            ..LedgerOptions::default()
+        };
+        let ledger = Ledger::connect_with(&self.url, options).await.unwrap();
+        ledger.migrate().await.unwrap();
+        ledger
+    }
+}
+
+fn cipher() -> SecretCipher {
+    SecretCipher::new(&[7u8; 32])
+}
+
+/// Publishes the tutorial agent and returns a harness on the ledger.
+async fn harness(db: &Db, opts: &AgentOptions, steps: Vec<Step>) -> (Harness, Ledger) {
+    let ledger = db.ledger().await;
+    let agent = refund_agent(opts);
+    let published = ledger
+        .publish_agent_version(NewAgentVersion {
+            namespace: "support".into(),
+            name: "refund-agent".into(),
+            version: "0.1.0".into(),
+            owner: String::new(),
+            labels: Default::default(),
+            snapshot_json: String::from_utf8(agent.snapshot_json()).unwrap(),
+            content_hash: agent.content_hash(),
+            actor: "emad".into(),
+        })
+        .await
+        .unwrap();
+    let store: Arc<dyn SessionStore> = Arc::new(LedgerStore::new(ledger.clone(), Some(cipher())));
+    let clock = Arc::new(ManualClock::starting_now());
+    let h = Harness::on(
+        store,
+        clock,
+        agent,
+        published.version_id,
+        Script::new(steps),
+    )
+    .await;
+    (h, ledger)
+}
+
+async fn the_refund_tutorial_runs_on_the_ledger(db: Db) {
+    let (h, ledger) = harness(
+        &db,
+        &AgentOptions::default(),
+        vec![
+            // €100: dispatched.
+            Step::call("lookup_order", json!({"order_id": "ORD-1"})),
+            Step::call("issue_refund", refund("ORD-1", 100.0)),
+            Step::say("Refund rf_2891 issued."),
+            // €400: approved.
+            Step::call("issue_refund", refund("ORD-1", 400.0)),
+            Step::say("Approved and issued."),
+            // €14,000: denied.
+            Step::call("issue_refund", refund("ORD-2", 14000.0)),
+            Step::say("I can't issue that refund."),
+        ],
+    )
+    .await;
+    let small = h.start("Refund €100 for ORD-1.").await;
+    assert_eq!(h.wait_end(&small.id).await.status, SessionStatus::Completed);
+    assert_eq!(
+        h.worker.tools(),
+        ["orders.lookup-order", "payments.issue-refund"]
+    );
+
+    let medium = h.start("Refund €400 for ORD-1.").await;
+    h.wait(&medium.id, &[SessionStatus::AwaitingApproval]).await;
+    let approval = h.pending_approval(&medium.id).await;
+    assert_eq!(
+        approval.policy_ref.as_deref(),
+        Some("payments/refund-approval-boundary@1.0.0")
+    );
+    assert_eq!(approval.agent.to_string(), "support/refund-agent@0.1.0");
+    assert_eq!(h.worker.tools().len(), 2);
+    h.engine
+        .decide_approval(
+            approval.id,
+            approve("emad", "Damage claim verified, within policy."),
+        )
+        .await
+        .unwrap();
+    let done = h.wait_end(&medium.id).await;
+    assert_eq!(done.status, SessionStatus::Completed);
+    assert_eq!(done.output.unwrap()["message"], "Approved and issued.");
+    assert_eq!(h.worker.invoked("payments.issue-refund").len(), 2);
+
+    let big = h.start("Refund the full €14,000 for ORD-2.").await;
+    assert_eq!(h.wait_end(&big.id).await.status, SessionStatus::Completed);
+    assert_eq!(
+        h.worker.invoked("payments.issue-refund").len(),
+        2,
+        "the denied refund never runs"
+    );
+    let (text, is_error) = last_tool_result(&h.script.requests()[6]);
+    assert!(is_error);
+    assert_eq!(
+        text,
+        "Refund amount exceeds the absolute ceiling for agent-initiated refunds."
+    );
+
+    // The log is intact, the ledger rows say the same, and the secrets are gone.
+    for id in [&small.id, &medium.id, &big.id] {
+        let report = ledger.verify_stream(id).await.unwrap();
+        assert!(report.violation.is_none(), "{report:?}");
+        assert!(ledger.load_session_secrets(id).await.unwrap().is_empty());
+    }
+    let timeline = ledger.session_timeline(&big.id).await.unwrap();
+    let denied = timeline
+        .invocations
+        .iter()
+        .find(|c| c.tool == "payments.issue-refund")
+        .unwrap();
+    assert_eq!(denied.error_code.as_deref(), Some("policy_denied"));
+    assert_eq!(denied.attempt, 0);
+    let timeline = ledger.session_timeline(&small.id).await.unwrap();
+    assert!(
+        timeline
+            .invocations
+            .iter()
+            .all(|c| c.attempt == 1 && c.worker_id.as_deref() == Some("refund-worker-1"))
+    );
+}
+
+async fn quorum_and_cancel_on_the_ledger(db: Db) {
+    let (h, ledger) = harness(
+        &db,
+        &AgentOptions::with_decision("    approvals_required: 2\n"),
+        vec![
+            Step::call("issue_refund", refund("ORD-1", 400.0)),
+            Step::say("Issued."),
+            Step::call("issue_refund", refund("ORD-1", 400.0)),
+        ],
+    )
+    .await;
+    let s = h.start("Refund €400 for ORD-1.").await;
+    h.wait(&s.id, &[SessionStatus::AwaitingApproval]).await;
+    let approval = h.pending_approval(&s.id).await;
+    h.engine
+        .decide_approval(approval.id, approve("alice", "ok"))
+        .await
+        .unwrap();
+    let dup = h
+        .engine
+        .decide_approval(approval.id, approve("alice", "ok"))
+        .await
+        .unwrap_err();
+    assert_eq!(dup.kind, ErrorKind::FailedPrecondition);
+    assert_eq!(
+        dup.message,
+        "actor \"alice\" already decided on this approval"
+    );
+    h.engine
+        .decide_approval(approval.id, approve("bob", "ok"))
+        .await
+        .unwrap();
+    assert_eq!(h.wait_end(&s.id).await.status, SessionStatus::Completed);
+    assert_eq!(h.worker.tools(), ["payments.issue-refund"]);
+
+    let other = h.start("Refund €400 for ORD-1 again.").await;
+    h.wait(&other.id, &[SessionStatus::AwaitingApproval]).await;
+    let pending = h.pending_approval(&other.id).await;
+    h.engine.cancel_session(&other.id, "emad").await.unwrap();
+    let closed = ledger.get_approval(pending.id).await.unwrap();
+    assert_eq!(closed.status, ApprovalStatus::Cancelled);
+    assert_eq!(
+        ledger.get_session(&other.id).await.unwrap().status,
+        SessionStatus::Cancelled
+    );
+}
+
+async fn a_timeout_default_applies_from_the_stored_expiry(db: Db) {
+    let (h, _ledger) = harness(
+        &db,
+        &AgentOptions::with_decision("    timeout:\n      after_minutes: 5\n      default: deny\n"),
+        vec![
+            Step::call("issue_refund", refund("ORD-1", 400.0)),
+            Step::say("It timed out."),
+        ],
+    )
+    .await;
+    let s = h.start("Refund €400 for ORD-1.").await;
+    h.wait(&s.id, &[SessionStatus::AwaitingApproval]).await;
+    let approval = h.pending_approval(&s.id).await;
+    assert!(approval.expires_at.is_some());
+    h.clock.advance(Duration::from_secs(6 * 60));
+    assert_eq!(h.wait_end(&s.id).await.status, SessionStatus::Completed);
+    assert!(h.worker.tools().is_empty());
+    let (text, _) = last_tool_result(&h.script.requests()[1]);
+    assert!(
+        text.ends_with("was rejected by system:timeout: approval timed out"),
+        "{text}"
+    );
+}
+
+async fn a_pending_approval_survives_a_restart(db: Db) {
+    let (h, _ledger) = harness(
+        &db,
+        &AgentOptions::default(),
+        vec![
+            Step::call("lookup_order", json!({"order_id": "ORD-1"})),
+            Step::call("issue_refund", refund("ORD-1", 400.0)),
+        ],
+    )
+    .await;
+    let s = h.start("Check ORD-1 and refund €400.").await;
+    h.wait(&s.id, &[SessionStatus::AwaitingApproval]).await;
+    let approval = h.pending_approval(&s.id).await;
+    // The daemon stops: engine, router and worker connection go away.
+    h.engine.shutdown();
+    let Harness {
+        agent,
+        version_id,
+        clock,
+        ..
+    } = h;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+
+    // A new process: a new pool on the same database, a new router, the worker reconnects.
+    let ledger = db.ledger().await;
+    let store: Arc<dyn SessionStore> = Arc::new(LedgerStore::new(ledger.clone(), Some(cipher())));
+    assert_eq!(
+        store.get_session(&s.id).await.unwrap().status,
+        SessionStatus::AwaitingApproval
+    );
+    let script = Script::new(vec![Step::say("Refund rf_2891 issued.")]);
+    let router = router_for(&store);
+    let worker = FakeWorker::connect(&router).await;
+    let engine = Engine::new(EngineDeps {
+        store: Arc::clone(&store),
+        router: Some(router),
+        providers: Arc::new(ScriptedFactory(script.clone())),
+        clock,
+        config: test_config(),
+    });
+    let report = engine.recover().await.unwrap();
+    assert_eq!(report.resumed, std::slice::from_ref(&s.id));
+    assert!(report.failed.is_empty());
+    assert_eq!(
+        script.api_keys(),
+        [Some("sk-test-123".to_owned())],
+        "unsealed from the store"
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        store.get_session(&s.id).await.unwrap().status,
+        SessionStatus::AwaitingApproval
+    );
+    assert!(
+        worker.tools().is_empty(),
+        "still paused until someone decides"
+    );
+
+    engine
+        .decide_approval(approval.id, approve("emad", "Verified."))
+        .await
+        .unwrap();
+    let done = tokio::time::timeout(Duration::from_secs(20), engine.wait_for(&s.id, &[]))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(done.status, SessionStatus::Completed, "{done:?}");
+    assert_eq!(done.output.unwrap()["message"], "Refund rf_2891 issued.");
+    assert_eq!(worker.tools(), ["payments.issue-refund"]);
+    let request = &script.requests()[0];
+    let results = tool_results(request);
+    assert_eq!(
+        results.len(),
+        2,
+        "the resumed model sees the lookup and the refund"
+    );
+    assert!(results[0].0.contains("\"total\":400"));
+    assert!(results[1].0.contains("rf_2891"));
+    let _ = (agent, version_id);
+    assert!(
+        ledger
+            .verify_stream(&s.id)
+            .await
+            .unwrap()
+            .violation
+            .is_none()
+    );
+    assert!(ledger.load_session_secrets(&s.id).await.unwrap().is_empty());
+}
+
+async fn a_conversation_with_rejection_revalidation_and_invalid_args(db: Db) {
+    let (h, ledger) = harness(
+        &db,
+        &AgentOptions::with_decision("    on_modify: revalidate\n"),
+        vec![
+            // Turn 1: rejected.
+            Step::call("issue_refund", refund("ORD-1", 400.0)),
+            Step::say("Not approved."),
+            // Turn 2: an approver edits it above the hard limit; revalidation denies it.
+            Step::call("issue_refund", refund("ORD-1", 400.0)),
+            Step::say("Denied."),
+            // Turn 3: invalid arguments never reach policy or worker.
+            Step::call("issue_refund", json!({"order_id": "ORD-1"})),
+            Step::say("I need an amount."),
+        ],
+    )
+    .await;
+    let s = h.start_conversation("Refund €400 for ORD-1.").await;
+    h.wait(&s.id, &[SessionStatus::AwaitingApproval]).await;
+    let first = h.pending_approval(&s.id).await;
+    h.engine
+        .decide_approval(
+            first.id,
+            reject("emad", "No damage claim on file for this order."),
+        )
+        .await
+        .unwrap();
+    h.wait(&s.id, &[SessionStatus::AwaitingInput]).await;
+
+    h.engine
+        .send_user_message(&s.id, "emad", "Try again.")
+        .await
+        .unwrap();
+    h.wait(&s.id, &[SessionStatus::AwaitingApproval]).await;
+    let second = h.pending_approval(&s.id).await;
+    let vote = phrony_ledger::Vote {
+        edited_args: Some(refund("ORD-1", 9000.0)),
+        ..approve("mallory", "refund everything")
+    };
+    h.engine.decide_approval(second.id, vote).await.unwrap();
+    h.wait(&s.id, &[SessionStatus::AwaitingInput]).await;
+
+    h.engine
+        .send_user_message(&s.id, "emad", "Once more.")
+        .await
+        .unwrap();
+    // The message is recorded while the session is parked; wait for its turn to run.
+    for _ in 0..500 {
+        if h.script.requests().len() == 6 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(h.script.requests().len(), 6);
+    let parked = h.wait(&s.id, &[SessionStatus::AwaitingInput]).await;
+    assert_eq!(parked.status, SessionStatus::AwaitingInput);
+    assert!(h.worker.tools().is_empty(), "nothing reached the worker");
+    let requests = h.script.requests();
+    assert!(
+        last_tool_result(&requests[1])
+            .0
+            .ends_with("was rejected by emad: No damage claim on file for this order.")
+    );
+    assert_eq!(
+        last_tool_result(&requests[3]).0,
+        "Refund amount exceeds the absolute ceiling for agent-initiated refunds."
+    );
+    assert!(
+        last_tool_result(&requests[5])
+            .0
+            .starts_with("invalid_args: ")
+    );
+    let timeline = ledger.session_timeline(&s.id).await.unwrap();
+    let edited = timeline
+        .invocations
+        .iter()
+        .find(|c| c.call_id == second.call_id)
+        .unwrap();
+    assert_eq!(edited.proposed_args["amount"], json!(400.0));
+    assert_eq!(edited.args["amount"], json!(9000.0));
+    assert_eq!(edited.error_code.as_deref(), Some("policy_denied"));
+    assert!(
+        ledger
+            .verify_stream(&s.id)
+            .await
+            .unwrap()
+            .violation
+            .is_none()
+    );
+}
+
+macro_rules! on_both_backends {
+    ($($case:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    super::$case(super::Db::sqlite()).await;
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    if let Some(db) = super::Db::postgres().await {
+                        super::$case(db).await;
+                    }
+                }
+            )*
+        }
+    };
+}
+
+on_both_backends!(
+    the_refund_tutorial_runs_on_the_ledger,
+    quorum_and_cancel_on_the_ledger,
+    a_timeout_default_applies_from_the_stored_expiry,
+    a_pending_approval_survives_a_restart,
+    a_conversation_with_rejection_revalidation_and_invalid_args,
+);
+
+/// A revalidated edit that still needs approval opens a fresh approval about the *edited*
+/// arguments, and approving it dispatches them. Passes on `MemoryStore`; on the ledger the fresh
+/// approval copies the model's proposed arguments (`Ledger::open_approval` uses
+/// `call.proposed_args`, not `call.args`), so the edit is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revalidated_edit_needing_approval_dispatches_the_edit() {
+    let db = Db::sqlite();
+    let (h, _ledger) = harness(
+        &db,
+        &AgentOptions::with_decision("    on_modify: revalidate\n"),
+        vec![
+            Step::call("issue_refund", refund("ORD-1", 400.0)),
+            Step::say("Done."),
+        ],
+    )
+    .await;
+    let s = h.start("Refund €400 for ORD-1.").await;
+    h.wait(&s.id, &[SessionStatus::AwaitingApproval]).await;
+    let first = h.pending_approval(&s.id).await;
+    let vote = phrony_ledger::Vote {
+        edited_args: Some(refund("ORD-1", 300.0)),
+        ..approve("alice", "partial refund")
+    };
+    h.engine.decide_approval(first.id, vote).await.unwrap();
+    let second = loop {
+        let pending: Vec<_> = h
+            .store
+            .session_approvals(&s.id)
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|a| a.status == ApprovalStatus::Pending)
+            .collect();
+        if let Some(a) = pending.into_iter().next() {
+            break a;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert_eq!(
+        second.args["amount"],
+        json!(300.0),
+        "approvers see the edit"
+    );
+    h.engine
+        .decide_approval(second.id, approve("bob", "ok"))
+        .await
+        .unwrap();
+    assert_eq!(h.wait_end(&s.id).await.status, SessionStatus::Completed);
+    assert_eq!(
+        h.worker.invoked("payments.issue-refund")[0].args["amount"],
+        json!(300.0)
+    );
+}
