@@ -10,6 +10,11 @@ use crate::engine::Inner;
 
 /// One update of a followed session.
 #[derive(Debug, Clone, PartialEq)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "almost every update is an Event; boxing it would add an allocation per event for \
+              the rare, smaller text delta"
+)]
 pub enum SessionUpdate {
     /// An event of the session's stream, in `seq` order, none skipped.
     Event(Event),
