@@ -7,6 +7,10 @@ Handlers of `payments.issue-refund@1.0.0`, chosen by the call's arguments:
 - `amount > 0`: returns a refund echoing the arguments and the invoke's context;
 - `amount <= 0`: raises `ToolError("invalid_args", ...)`;
 - `explode: true`: raises a plain exception (the SDK reports `internal`);
+- `delay: seconds`: sleeps that long before answering (so concurrent calls finish at different
+  moments: the SDK's `Worker` writes each result from its own task, and phrony 0.1.0 does not
+  serialise those writes, so two results written at the same instant can collide inside
+  grpcio and one of them, and every heartbeat after it, is lost; see the test);
 - `hang: true`: waits until the call is cancelled (or its deadline passes), lingers half a
   second, then returns (the SDK then reports `cancelled`, late).
 Each invocation is logged to stdout as `invoked <call_id>` so the test can count them.
@@ -28,6 +32,8 @@ def main() -> None:
     @worker.tool("payments.issue-refund", version="1.0.0", max_concurrency=2, descriptor_hash="sha256:refund-v1")
     async def issue_refund(args: dict, ctx) -> dict:
         print(f"invoked {ctx.call_id}", flush=True)
+        if args.get("delay"):
+            await asyncio.sleep(float(args["delay"]))
         if args.get("explode"):
             raise RuntimeError("payment provider unreachable")
         if args.get("hang"):
