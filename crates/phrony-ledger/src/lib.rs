@@ -203,6 +203,25 @@ mod secrets;
 mod session_log;
 mod sessions;
 
+/// Runs when a SQLite connection goes back to the pool: if its user was cancelled at an unlucky
+/// moment (a client that disconnected, a session driver stopped mid-step), a transaction can
+/// still be open on it — e.g. a `BEGIN IMMEDIATE` that ran after the caller stopped waiting for
+/// it — and would hold the database's write lock until that connection happened to be used
+/// again, stalling every writer for the busy timeout. Waits for the connection's queued commands
+/// (a queued rollback included), then rolls back whatever is still open. An error closes the
+/// connection instead.
+async fn roll_back_abandoned_transaction(
+    conn: &mut sqlx::SqliteConnection,
+) -> std::result::Result<bool, sqlx::Error> {
+    use sqlx::TransactionManager as _;
+    conn.ping().await?;
+    while conn.is_in_transaction() {
+        tracing::debug!("rolling back a transaction abandoned by a cancelled caller");
+        <sqlx::Sqlite as sqlx::Database>::TransactionManager::rollback(conn).await?;
+    }
+    Ok(true)
+}
+
 /// Tuning knobs for [`Ledger::connect_with`].
 #[derive(Debug, Clone)]
 pub struct LedgerOptions {
@@ -295,7 +314,8 @@ impl Ledger {
                 .max_lifetime(None)
         } else {
             SqlitePoolOptions::new().max_connections(o.max_connections.max(1))
-        };
+        }
+        .after_release(|conn, _| Box::pin(roll_back_abandoned_transaction(conn)));
         let unavailable = |source| LedgerError::Unavailable {
             context: format!("cannot open SQLite database {display_url}"),
             source,

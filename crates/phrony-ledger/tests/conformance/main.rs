@@ -79,4 +79,5 @@ conformance!(
     a_pending_approval_survives_a_restart,
     secrets_are_sealed_and_purged_on_terminal_transitions,
     rebuild_reproduces_session_projections_exactly,
+    cancelled_writes_never_leave_the_database_locked,
 );
