@@ -407,6 +407,11 @@ impl Ctx {
         self.waits().close(self.now());
         let approval = decided?;
         let mut state = self.status.lock().await;
+        // A cancelled or completed session stops here: its driver is being dropped, and a write
+        // started now could be cut off mid-transaction.
+        if self.live.cancel.is_cancelled() {
+            return Err(CallStop::Stopped);
+        }
         if state.status == SessionStatus::AwaitingApproval {
             // Under the status lock, so no approval can open meanwhile.
             let pending = self

@@ -800,10 +800,15 @@ impl Driver {
         while let Some(item) = stream.next().await {
             match item.map_err(|e| Stop::Fail(e.to_string()))? {
                 ModelEvent::TextDelta(delta) => {
+                    let offset = text.len();
                     text.push_str(&delta);
+                    self.ctx
+                        .live
+                        .record_streaming(turn, iteration, offset, &delta);
                     let _ = self.ctx.live.deltas.send(SessionUpdate::TextDelta {
                         turn,
                         iteration,
+                        offset,
                         text: delta,
                     });
                 }

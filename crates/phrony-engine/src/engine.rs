@@ -120,7 +120,7 @@ pub struct RecoveryReport {
 /// task per live session.
 #[derive(Clone)]
 pub struct Engine {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
 }
 
 impl fmt::Debug for Engine {
@@ -158,6 +158,8 @@ pub(crate) struct Live {
     pub(crate) changed: watch::Sender<u64>,
     /// Streamed model text, for subscribers (lossy).
     pub(crate) deltas: broadcast::Sender<SessionUpdate>,
+    /// The text of the completion being streamed, for clients that attach mid-completion.
+    pub(crate) streaming: Mutex<crate::attach::StreamingText>,
     /// Turn numbering of user messages and the input block of a halted session.
     pub(crate) input: tokio::sync::Mutex<InputState>,
 }
@@ -222,6 +224,7 @@ impl Inner {
             approvals,
             changed,
             deltas,
+            streaming: Mutex::new(crate::attach::StreamingText::default()),
             input: tokio::sync::Mutex::new(InputState {
                 next_turn,
                 blocked: None,

@@ -30,6 +30,15 @@
 //! exactly where the log says the session is (pending approvals stay paused and resume when
 //! decided; calls that were in flight are re-sent or escalated by side-effect class).
 //!
+//! [`Engine::attach`] gives a client joining a session at any point a [`CatchUp`] (the
+//! conversation so far, the text being streamed, the turn's tool activity, the current state)
+//! and then its live updates with no gap and no duplicate; [`SessionView`] turns events into
+//! client-facing [`Activity`] items (what `RunSessionInteractive` sends).
+//!
+//! [`inspect()`] assembles what `InspectSession` shows from a session's records: the session tree
+//! with each session's folded output and evidence, and one timeline merging events, tool-call
+//! milestones and approval milestones with one-line summaries.
+//!
 //! ```no_run
 //! # async fn demo(agent: phrony_manifest::CompiledAgent, version_id: uuid::Uuid,
 //! #               ledger: phrony_ledger::Ledger, router: phrony_dispatch::Router)
@@ -66,6 +75,7 @@
 
 #![warn(missing_docs)]
 
+mod attach;
 mod calls;
 mod clock;
 mod config;
@@ -74,6 +84,7 @@ mod engine;
 mod error;
 mod fold;
 mod hooks;
+mod inspect;
 mod ledger_store;
 mod memory;
 mod provider;
@@ -81,6 +92,11 @@ mod store;
 mod subscribe;
 mod timer;
 
+pub use attach::{
+    Activity, ApprovalDecision, ApprovalRequest, AttachFrom, Attachment, AwaitingInput,
+    BLOCKED_AWAITING_APPROVAL, BLOCKED_AWAITING_TOOL, CatchUp, Completion, HistoryEntry,
+    SessionView, ToolCallActivity, ToolResultActivity, TurnStats,
+};
 pub use calls::LIMIT_TOOL;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::EngineConfig;
@@ -88,6 +104,10 @@ pub use engine::{Engine, EngineDeps, RecoveryReport, SessionHandle, StartSession
 pub use error::{EngineError, ErrorKind, StoreError, StoreResult};
 pub use fold::{FAILURE_KEY, LIMIT_PREFIX, TRIGGER_KEY, codes, engine_events, wire_call_id};
 pub use hooks::RouterHooks;
+pub use inspect::{
+    CallTimings, InspectedSession, Inspection, SessionOutput, TimelineEntry, TimelineItem,
+    TokenCounts, TurnSummary, call_timings, inspect, sessions_by_id, store_timeline,
+};
 pub use ledger_store::LedgerStore;
 pub use memory::MemoryStore;
 pub use provider::{DefaultProviderFactory, ProviderFactory, api_key_secret_name};
@@ -96,6 +116,6 @@ pub use subscribe::{SessionUpdate, Subscription};
 
 /// The ledger's domain types the engine's API speaks.
 pub use phrony_ledger::{
-    Approval, ApprovalStatus, Event, Session, SessionMode, SessionStatus, Vote, VoteDecision,
-    VoteOutcome,
+    Approval, ApprovalStatus, Event, Session, SessionMode, SessionStatus, SessionTimeline, Usage,
+    Vote, VoteDecision, VoteOutcome,
 };

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use phrony_ledger::{Event, event_types as types};
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::{broadcast, mpsc, watch};
 use tokio::task::JoinHandle;
 
 use crate::engine::Inner;
@@ -25,6 +25,9 @@ pub enum SessionUpdate {
         turn: u32,
         /// The completion inside the turn.
         iteration: u32,
+        /// Where `text` starts in the completion's text (bytes): a subscriber that missed a
+        /// delta sees a gap, one that got text another way can skip what it has.
+        offset: usize,
         /// The text.
         text: String,
     },
@@ -51,9 +54,14 @@ fn is_terminal_event(event: &Event) -> bool {
 }
 
 impl Subscription {
+    /// Follows `session_id` from `after_seq`. When the session is live, its streamed text is
+    /// followed from this call on (not from when the task first runs).
     pub(crate) fn start(inner: Arc<Inner>, session_id: String, after_seq: u64) -> Self {
         let (tx, rx) = mpsc::channel(inner.config.subscription_buffer.max(1));
-        let task = tokio::spawn(feed(inner, session_id, after_seq, tx));
+        let live = inner
+            .live(&session_id)
+            .map(|live| (live.changed.subscribe(), live.deltas.subscribe()));
+        let task = tokio::spawn(feed(inner, session_id, after_seq, tx, live));
         Self { rx, task }
     }
 
@@ -72,9 +80,12 @@ async fn feed(
     session_id: String,
     mut last: u64,
     tx: mpsc::Sender<SessionUpdate>,
+    live: Option<(watch::Receiver<u64>, broadcast::Receiver<SessionUpdate>)>,
 ) {
-    let mut deltas: Option<broadcast::Receiver<SessionUpdate>> = None;
-    let mut changed = None;
+    let (mut changed, mut deltas) = match live {
+        Some((changed, deltas)) => (Some(changed), Some(deltas)),
+        None => (None, None),
+    };
     loop {
         if changed.is_none()
             && let Some(live) = inner.live(&session_id)

@@ -1,0 +1,1017 @@
+//! Inspecting a session (§5.12): its tree (the session and its delegated descendants) with each
+//! session's folded output and evidence, and one chronological timeline merging the events of
+//! the tree, the tool calls' milestones (dispatched, completed) and the approvals' milestones
+//! (created, decided), each with a one-line human summary.
+//!
+//! The input is a [`SessionTimeline`] (what [`phrony_ledger::Ledger::session_timeline`] reads,
+//! or [`store_timeline`] for any [`SessionStore`]); [`inspect`] is pure. Summaries are built from
+//! the ledger's records only: secrets never reach them (they are not in events), and long texts
+//! are shortened.
+//!
+//! ```text
+//! tool_call payments.issue-refund@1.0.0 call_id=run_…:0:0
+//! policy denied payments.issue-refund: Refund amount exceeds … (payments/refund-hard-limit@1.0.0)
+//! approval approved by emad: Customer has a damage claim on file.
+//! ```
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use chrono::{DateTime, Utc};
+use phrony_ledger::event_types as types;
+use phrony_ledger::{
+    Approval, ApprovalStatus, CallStatus, Event, Session, SessionTimeline, TimelineEvent,
+    ToolInvocation,
+};
+use serde_json::Value;
+
+use crate::error::EngineError;
+use crate::fold::{Fold, engine_events};
+use crate::store::SessionStore;
+
+/// The longest text (message content, reason, comment) a summary quotes before shortening it.
+const SUMMARY_TEXT_CHARS: usize = 160;
+
+/// Everything `InspectSession` shows.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Inspection {
+    /// The inspected session with its descendants.
+    pub session: InspectedSession,
+    /// Events, call milestones and approval milestones of the whole tree, oldest first.
+    pub timeline: Vec<TimelineEntry>,
+}
+
+/// One session of the inspected tree.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InspectedSession {
+    /// The session record.
+    pub session: Session,
+    /// The output folded from its events (§5.9), whatever its status.
+    pub output: SessionOutput,
+    /// The evidence snapshot (§5.11), if one was recorded.
+    pub evidence: Option<Value>,
+    /// Its direct children, oldest first.
+    pub children: Vec<InspectedSession>,
+}
+
+/// Token counts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TokenCounts {
+    /// Prompt tokens.
+    pub input_tokens: u64,
+    /// Completion tokens.
+    pub output_tokens: u64,
+    /// Counted heuristically rather than reported by the provider.
+    pub estimated: bool,
+}
+
+impl TokenCounts {
+    /// Input plus output.
+    #[must_use]
+    pub fn total(&self) -> u64 {
+        self.input_tokens.saturating_add(self.output_tokens)
+    }
+
+    fn from_json(v: &Value) -> Option<Self> {
+        if !v.is_object() {
+            return None;
+        }
+        let n = |k: &str| v.get(k).and_then(Value::as_u64).unwrap_or(0);
+        Some(Self {
+            input_tokens: n("input_tokens"),
+            output_tokens: n("output_tokens"),
+            estimated: v.get("estimated").and_then(Value::as_bool).unwrap_or(false),
+        })
+    }
+}
+
+/// One finished turn.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TurnSummary {
+    /// Turn number (from 1).
+    pub turn: u32,
+    /// Why the model stopped.
+    pub stop_reason: String,
+    /// The turn's usage, when recorded.
+    pub usage: Option<TokenCounts>,
+    /// How long the turn took.
+    pub duration_ms: Option<u64>,
+}
+
+/// A session's output (§5.9): the last assistant message and the usage so far.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SessionOutput {
+    /// The last assistant message (empty when the model said nothing yet).
+    pub message: String,
+    /// Why the last turn ended.
+    pub stop_reason: Option<String>,
+    /// The last turn's usage.
+    pub turn_usage: Option<TokenCounts>,
+    /// Usage summed over the turns.
+    pub session_usage: TokenCounts,
+    /// The finished turns, in order.
+    pub turns: Vec<TurnSummary>,
+}
+
+impl SessionOutput {
+    fn from_fold(fold: &Fold) -> Self {
+        let out = fold.output();
+        let turns = fold
+            .turns
+            .iter()
+            .map(|t| TurnSummary {
+                turn: t.turn,
+                stop_reason: t.stop_reason.clone(),
+                usage: TokenCounts::from_json(&t.turn_usage),
+                duration_ms: t.turn_duration_ms,
+            })
+            .collect();
+        Self {
+            message: out
+                .get("message")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned(),
+            stop_reason: out
+                .get("stop_reason")
+                .and_then(Value::as_str)
+                .map(str::to_owned),
+            turn_usage: out.get("turn_usage").and_then(TokenCounts::from_json),
+            session_usage: out
+                .get("session_usage")
+                .and_then(TokenCounts::from_json)
+                .unwrap_or_default(),
+            turns,
+        }
+    }
+}
+
+/// Where a timeline entry comes from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TimelineItem {
+    /// An event of a session's stream (kind = its type).
+    Event(Event),
+    /// A tool call milestone (kind `invocation_dispatched` or `invocation_completed`).
+    Invocation(ToolInvocation),
+    /// An approval milestone (kind `approval_created` or `approval_decided`).
+    Approval(Approval),
+}
+
+/// One entry of the merged timeline.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TimelineEntry {
+    /// When it happened.
+    pub at: DateTime<Utc>,
+    /// Milliseconds since the previous entry (0 for the first).
+    pub gap_ms: i64,
+    /// The event type, or `invocation_dispatched`, `invocation_completed`, `approval_created`,
+    /// `approval_decided`.
+    pub kind: String,
+    /// One human-readable line.
+    pub summary: String,
+    /// The session of the tree the entry belongs to.
+    pub session_id: String,
+    /// Its depth (0 = the root).
+    pub depth: u32,
+    /// The event's seq in its session's stream (0 for call and approval milestones).
+    pub seq: u64,
+    /// The record.
+    pub item: TimelineItem,
+}
+
+impl TimelineItem {
+    /// `event`, `invocation` or `approval`.
+    #[must_use]
+    pub fn source(&self) -> &'static str {
+        match self {
+            Self::Event(_) => "event",
+            Self::Invocation(_) => "invocation",
+            Self::Approval(_) => "approval",
+        }
+    }
+}
+
+/// Time spent by a tool call waiting for a worker, running on it, and in total.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CallTimings {
+    /// From queued (or requested) to dispatched.
+    pub queue_delay_ms: Option<i64>,
+    /// From dispatched to completed.
+    pub execution_ms: Option<i64>,
+    /// From requested to completed.
+    pub total_ms: Option<i64>,
+}
+
+/// The [`CallTimings`] of a call (a span is `None` until both of its ends happened).
+#[must_use]
+pub fn call_timings(call: &ToolInvocation) -> CallTimings {
+    let ms = |from: DateTime<Utc>, to: DateTime<Utc>| (to - from).num_milliseconds().max(0);
+    let waited_from = call.queued_at.unwrap_or(call.created_at);
+    CallTimings {
+        queue_delay_ms: call.dispatched_at.map(|d| ms(waited_from, d)),
+        execution_ms: match (call.dispatched_at, call.completed_at) {
+            (Some(d), Some(c)) => Some(ms(d, c)),
+            _ => None,
+        },
+        total_ms: call.completed_at.map(|c| ms(call.created_at, c)),
+    }
+}
+
+/// Reads a session's [`SessionTimeline`] from any store: the session, its events, the calls its
+/// events name, and its approvals. Stores do not list delegated children, so the tree is the
+/// session alone; the ledger's own read covers descendants.
+///
+/// # Errors
+/// The store's (`NotFound` for an unknown session).
+pub async fn store_timeline(
+    store: &dyn SessionStore,
+    session_id: &str,
+) -> Result<SessionTimeline, EngineError> {
+    let session = store.get_session(session_id).await?;
+    let mut events = Vec::new();
+    let mut after = 0;
+    loop {
+        let page = store.events_after(session_id, after, 500).await?;
+        let Some(last) = page.last() else { break };
+        after = last.seq;
+        events.extend(page);
+    }
+    let mut seen = HashSet::new();
+    let mut invocations = Vec::new();
+    for e in &events {
+        if let Some(call_id) = &e.call_id
+            && e.event_type == types::TOOL_REQUESTED
+            && seen.insert(call_id.clone())
+        {
+            invocations.push(store.get_tool_call(call_id).await?);
+        }
+    }
+    let approvals = store.session_approvals(session_id).await?;
+    let depth = session.depth;
+    Ok(SessionTimeline {
+        events: events
+            .into_iter()
+            .map(|event| TimelineEvent {
+                session_id: session.id.clone(),
+                depth,
+                event,
+            })
+            .collect(),
+        sessions: vec![session],
+        invocations,
+        approvals,
+    })
+}
+
+/// Assembles the [`Inspection`] of `timeline`'s first session (the inspected one).
+///
+/// # Errors
+/// `NotFound` when the timeline holds no session.
+pub fn inspect(timeline: SessionTimeline) -> Result<Inspection, EngineError> {
+    let SessionTimeline {
+        sessions,
+        events,
+        invocations,
+        approvals,
+    } = timeline;
+    let Some(root_id) = sessions.first().map(|s| s.id.clone()) else {
+        return Err(EngineError::not_found("the timeline holds no session"));
+    };
+
+    // Per session: fold its events (in seq order) for the output, keep the last evidence.
+    let mut per_session: HashMap<&str, Vec<&Event>> = HashMap::new();
+    for e in &events {
+        per_session
+            .entry(e.session_id.as_str())
+            .or_default()
+            .push(&e.event);
+    }
+    let mut nodes: HashMap<String, InspectedSession> = HashMap::new();
+    for s in &sessions {
+        let mut own = per_session.remove(s.id.as_str()).unwrap_or_default();
+        own.sort_by_key(|e| e.seq);
+        let mut fold = Fold::default();
+        let mut evidence = None;
+        for e in own {
+            fold.apply(e);
+            if e.event_type == types::EVIDENCE_RECORDED {
+                evidence = Some(e.payload.clone());
+            }
+        }
+        nodes.insert(
+            s.id.clone(),
+            InspectedSession {
+                session: s.clone(),
+                output: SessionOutput::from_fold(&fold),
+                evidence,
+                children: Vec::new(),
+            },
+        );
+    }
+    let session = build_tree(&root_id, &sessions, &mut nodes)
+        .ok_or_else(|| EngineError::not_found(format!("session {root_id} not found")))?;
+
+    let depth_of: HashMap<&str, u32> = sessions.iter().map(|s| (s.id.as_str(), s.depth)).collect();
+    let depth = |id: &str| depth_of.get(id).copied().unwrap_or(0);
+    let calls: HashMap<&str, &ToolInvocation> = invocations
+        .iter()
+        .map(|c| (c.call_id.as_str(), c))
+        .collect();
+
+    let mut entries: Vec<TimelineEntry> = Vec::new();
+    for e in &events {
+        entries.push(TimelineEntry {
+            at: e.event.ts,
+            gap_ms: 0,
+            kind: e.event.event_type.clone(),
+            summary: event_summary(&e.event, &calls),
+            session_id: e.session_id.clone(),
+            depth: e.depth,
+            seq: e.event.seq,
+            item: TimelineItem::Event(e.event.clone()),
+        });
+    }
+    for c in &invocations {
+        if let Some(at) = c.dispatched_at {
+            entries.push(TimelineEntry {
+                at,
+                gap_ms: 0,
+                kind: "invocation_dispatched".into(),
+                summary: dispatched_summary(c),
+                session_id: c.session_id.clone(),
+                depth: depth(&c.session_id),
+                seq: 0,
+                item: TimelineItem::Invocation(c.clone()),
+            });
+        }
+        if let Some(at) = c.completed_at {
+            entries.push(TimelineEntry {
+                at,
+                gap_ms: 0,
+                kind: "invocation_completed".into(),
+                summary: completed_summary(c),
+                session_id: c.session_id.clone(),
+                depth: depth(&c.session_id),
+                seq: 0,
+                item: TimelineItem::Invocation(c.clone()),
+            });
+        }
+    }
+    for a in &approvals {
+        entries.push(TimelineEntry {
+            at: a.created_at,
+            gap_ms: 0,
+            kind: "approval_created".into(),
+            summary: approval_created_summary(a),
+            session_id: a.session_id.clone(),
+            depth: depth(&a.session_id),
+            seq: 0,
+            item: TimelineItem::Approval(a.clone()),
+        });
+        if let Some(at) = a.decided_at
+            && a.status != ApprovalStatus::Pending
+        {
+            entries.push(TimelineEntry {
+                at,
+                gap_ms: 0,
+                kind: "approval_decided".into(),
+                summary: approval_decided_summary(a),
+                session_id: a.session_id.clone(),
+                depth: depth(&a.session_id),
+                seq: 0,
+                item: TimelineItem::Approval(a.clone()),
+            });
+        }
+    }
+    // Chronological; at equal times events (by depth, session, seq) come before the milestones
+    // they cause (the sort is stable and events were pushed first).
+    entries.sort_by_key(|a| a.at);
+    let mut previous: Option<DateTime<Utc>> = None;
+    for entry in &mut entries {
+        entry.gap_ms = previous.map_or(0, |p| (entry.at - p).num_milliseconds().max(0));
+        previous = Some(entry.at);
+    }
+    Ok(Inspection {
+        session,
+        timeline: entries,
+    })
+}
+
+fn build_tree(
+    id: &str,
+    sessions: &[Session],
+    nodes: &mut HashMap<String, InspectedSession>,
+) -> Option<InspectedSession> {
+    let mut node = nodes.remove(id)?;
+    let mut children: Vec<&Session> = sessions
+        .iter()
+        .filter(|s| s.parent_session_id.as_deref() == Some(id))
+        .collect();
+    children.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
+    for child in children {
+        if let Some(c) = build_tree(&child.id, sessions, nodes) {
+            node.children.push(c);
+        }
+    }
+    Some(node)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Summaries.
+
+/// `text` on one line, shortened to [`SUMMARY_TEXT_CHARS`] characters.
+fn short(text: &str) -> String {
+    let one_line: String = text
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    let one_line = one_line.trim();
+    if one_line.chars().count() <= SUMMARY_TEXT_CHARS {
+        return one_line.to_owned();
+    }
+    let mut out: String = one_line.chars().take(SUMMARY_TEXT_CHARS).collect();
+    out.push('…');
+    out
+}
+
+fn s<'a>(p: &'a Value, key: &str) -> &'a str {
+    p.get(key).and_then(Value::as_str).unwrap_or("")
+}
+
+fn with_detail(head: String, detail: &str) -> String {
+    if detail.trim().is_empty() {
+        head
+    } else {
+        format!("{head}: {}", short(detail))
+    }
+}
+
+fn tool_of(call_id: Option<&str>, calls: &HashMap<&str, &ToolInvocation>) -> (String, String) {
+    call_id
+        .and_then(|id| calls.get(id))
+        .map(|c| (c.tool.clone(), c.version.clone()))
+        .unwrap_or_default()
+}
+
+fn tool_label(tool: &str, version: &str) -> String {
+    match (tool.is_empty(), version.is_empty()) {
+        (true, _) => "tool".to_owned(),
+        (false, true) => tool.to_owned(),
+        (false, false) => format!("{tool}@{version}"),
+    }
+}
+
+fn usage_suffix(p: &Value, usage_key: &str, duration_key: &str) -> String {
+    let mut out = String::new();
+    if let Some(u) = p.get(usage_key).and_then(TokenCounts::from_json) {
+        out.push_str(&format!(" tokens={}", u.total()));
+    }
+    if let Some(ms) = p.get(duration_key).and_then(Value::as_u64) {
+        out.push_str(&format!(" duration_ms={ms}"));
+    }
+    out
+}
+
+/// The one-line summary of an event.
+fn event_summary(e: &Event, calls: &HashMap<&str, &ToolInvocation>) -> String {
+    let p = &e.payload;
+    let call_id = e.call_id.as_deref().unwrap_or("");
+    let (tool, version) = tool_of(e.call_id.as_deref(), calls);
+    let label = || {
+        let t = if s(p, "tool").is_empty() {
+            tool.clone()
+        } else {
+            s(p, "tool").to_owned()
+        };
+        let v = if s(p, "version").is_empty() {
+            version.clone()
+        } else {
+            s(p, "version").to_owned()
+        };
+        tool_label(&t, &v)
+    };
+    match e.event_type.as_str() {
+        types::SESSION_STARTED => {
+            let mode = s(p, "mode");
+            format!(
+                "session started: {}/{}@{}{} by {}",
+                s(p, "agent_namespace"),
+                s(p, "agent_name"),
+                s(p, "agent_version"),
+                if mode.is_empty() {
+                    String::new()
+                } else {
+                    format!(" mode={mode}")
+                },
+                e.actor
+            )
+        }
+        types::SESSION_STATUS_CHANGED => with_detail(
+            format!("status {} → {}", s(p, "from"), s(p, "to")),
+            s(p, "reason"),
+        ),
+        types::SESSION_COMPLETED => {
+            with_detail(format!("session completed by {}", e.actor), s(p, "reason"))
+        }
+        types::SESSION_FAILED => with_detail("session failed".to_owned(), s(p, "message")),
+        types::SESSION_CANCELLED => {
+            with_detail(format!("session cancelled by {}", e.actor), s(p, "reason"))
+        }
+        types::MESSAGE_USER => format!("user ({}): {}", e.actor, short(s(p, "content"))),
+        types::MESSAGE_ASSISTANT => {
+            let reason = s(p, "stop_reason");
+            let head = if reason.is_empty() {
+                "assistant".to_owned()
+            } else {
+                format!("assistant ({reason})")
+            };
+            format!(
+                "{head}: {}{}",
+                short(s(p, "content")),
+                usage_suffix(p, "turn_usage", "turn_duration_ms")
+            )
+        }
+        types::EVIDENCE_RECORDED => {
+            let owner = s(p, "owner");
+            if owner.is_empty() {
+                "evidence recorded".to_owned()
+            } else {
+                format!("evidence recorded (owner {owner})")
+            }
+        }
+        types::TOOL_REQUESTED => format!("tool_call {} call_id={call_id}", label()),
+        types::TOOL_QUEUED => format!("tool queued {} call_id={call_id}", label()),
+        types::TOOL_DISPATCHED => format!(
+            "tool dispatched {} to worker {} attempt={} call_id={call_id}",
+            label(),
+            s(p, "worker_id"),
+            p.get("attempt").and_then(Value::as_u64).unwrap_or(1)
+        ),
+        types::TOOL_COMPLETED => {
+            let code = s(p, "error_code");
+            let status = s(p, "status");
+            if code.is_empty() && status == CallStatus::Succeeded.as_str() {
+                format!("tool_result {} ok call_id={call_id}", label())
+            } else {
+                let head = format!("tool_result {} {status}", label());
+                let detail = match (code.is_empty(), s(p, "error_message")) {
+                    (true, m) => m.to_owned(),
+                    (false, "") => code.to_owned(),
+                    (false, m) => format!("{code}: {m}"),
+                };
+                format!("{} call_id={call_id}", with_detail(head, &detail))
+            }
+        }
+        types::TOOL_LATE_RESULT => with_detail(
+            format!("late tool result for {} ignored", label()),
+            s(p, "reason"),
+        ),
+        types::TOOL_INDETERMINATE => with_detail(
+            format!("tool outcome indeterminate {} call_id={call_id}", label()),
+            s(p, "reason"),
+        ),
+        types::TOOL_POLICY_DENIED => {
+            let policy = s(p, "policy_ref");
+            let head = with_detail(format!("policy denied {}", tool_or(&tool)), s(p, "reason"));
+            if policy.is_empty() {
+                head
+            } else {
+                format!("{head} ({policy})")
+            }
+        }
+        types::TOOL_CANCELLED => with_detail(
+            format!("tool call cancelled {} call_id={call_id}", label()),
+            s(p, "reason"),
+        ),
+        types::APPROVAL_REQUIRED => {
+            let policy = s(p, "policy_ref");
+            let head = with_detail(
+                format!(
+                    "approval required for {} route={} quorum={}",
+                    label(),
+                    s(p, "route"),
+                    p.get("approvals_required")
+                        .and_then(Value::as_u64)
+                        .unwrap_or(1)
+                ),
+                s(p, "reason"),
+            );
+            if policy.is_empty() {
+                head
+            } else {
+                format!("{head} ({policy})")
+            }
+        }
+        types::APPROVAL_VOTE => {
+            let decision = s(p, "decision");
+            let verb = match decision {
+                "approved" => "approve",
+                "denied" => "reject",
+                other => other,
+            };
+            with_detail(
+                format!("vote {verb} by {}", s(p, "decided_by")),
+                s(p, "comment"),
+            )
+        }
+        types::APPROVAL_DECIDED => with_detail(
+            format!("approval {} by {}", s(p, "status"), s(p, "decided_by")),
+            s(p, "comment"),
+        ),
+        types::APPROVAL_ESCALATED => with_detail(
+            format!(
+                "approval escalated to {} by {}",
+                s(p, "escalated_to"),
+                s(p, "decided_by")
+            ),
+            s(p, "comment"),
+        ),
+        engine_events::MODEL_COMPLETION => {
+            let calls = p
+                .get("tool_calls")
+                .and_then(Value::as_array)
+                .map_or(0, Vec::len);
+            format!(
+                "model completion turn={} iteration={} stop={} tool_calls={calls}{}",
+                p.get("turn").and_then(Value::as_u64).unwrap_or(0),
+                p.get("iteration").and_then(Value::as_u64).unwrap_or(0),
+                s(p, "stop_reason"),
+                usage_suffix(p, "usage", "duration_ms")
+            )
+        }
+        engine_events::SESSION_PRINCIPAL => "principal claims recorded".to_owned(),
+        other => format!("{other} by {}", e.actor),
+    }
+}
+
+fn tool_or(tool: &str) -> &str {
+    if tool.is_empty() { "tool" } else { tool }
+}
+
+fn dispatched_summary(c: &ToolInvocation) -> String {
+    let t = call_timings(c);
+    format!(
+        "dispatched {} attempt={} worker={}{} call_id={}",
+        tool_label(&c.tool, &c.version),
+        c.attempt,
+        c.worker_id.as_deref().unwrap_or("-"),
+        t.queue_delay_ms
+            .map(|ms| format!(" queue_delay_ms={ms}"))
+            .unwrap_or_default(),
+        c.call_id
+    )
+}
+
+fn completed_summary(c: &ToolInvocation) -> String {
+    let t = call_timings(c);
+    let mut head = format!("{} {}", c.status, tool_label(&c.tool, &c.version));
+    if let Some(ms) = t.total_ms {
+        head.push_str(&format!(" total_ms={ms}"));
+    }
+    let detail = match (c.error_code.as_deref(), c.error_message.as_deref()) {
+        (Some(code), Some(m)) if !m.is_empty() => format!("{code}: {m}"),
+        (Some(code), _) => code.to_owned(),
+        (None, Some(m)) => m.to_owned(),
+        (None, None) => String::new(),
+    };
+    format!("{} call_id={}", with_detail(head, &detail), c.call_id)
+}
+
+fn approval_created_summary(a: &Approval) -> String {
+    let head = with_detail(
+        format!(
+            "approval {} opened for {} route={} quorum={}",
+            a.id,
+            tool_label(&a.tool, &a.tool_version),
+            a.route,
+            a.approvals_required
+        ),
+        &a.reason,
+    );
+    match &a.policy_ref {
+        Some(p) => format!("{head} ({p})"),
+        None => head,
+    }
+}
+
+fn approval_decided_summary(a: &Approval) -> String {
+    let by = a.decided_by.as_deref().unwrap_or("system");
+    let mut head = format!("approval {} by {by}", a.status);
+    if a.approvals_required > 1 {
+        head.push_str(&format!(
+            " ({}/{} approvals)",
+            a.approvals_received, a.approvals_required
+        ));
+    }
+    with_detail(head, a.comment.as_deref().unwrap_or(""))
+}
+
+/// Sessions by id, for callers holding a tree.
+#[must_use]
+pub fn sessions_by_id(inspection: &Inspection) -> BTreeMap<String, &Session> {
+    fn walk<'a>(n: &'a InspectedSession, out: &mut BTreeMap<String, &'a Session>) {
+        out.insert(n.session.id.clone(), &n.session);
+        for c in &n.children {
+            walk(c, out);
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk(&inspection.session, &mut out);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "a panic is a failed assertion")]
+
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use phrony_ledger::{
+        AgentVersionRef, AssistantMessage, Dispatch, NewApproval, NewSession, NewToolCall,
+        OnModify, OnReject, SessionEvent, SessionMode, StatusChange, ToolOutcome, ToolResult,
+        Usage, Vote, VoteDecision, new_session_id,
+    };
+    use serde_json::json;
+    use uuid::Uuid;
+
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::memory::MemoryStore;
+    use crate::store::PlainSecret;
+
+    const SECRET: &str = "sk-inspect-never-shown";
+
+    fn call(session_id: &str, index: u32, amount: u32) -> NewToolCall {
+        NewToolCall {
+            session_id: session_id.to_owned(),
+            turn: 1,
+            iteration: 0,
+            index,
+            tool: "payments.issue-refund".into(),
+            version: "1.0.0".into(),
+            wire_name: Some("issue_refund".into()),
+            args: json!({"order_id": "ORD-1", "amount": amount, "currency": "EUR"}),
+            side_effect_class: None,
+        }
+    }
+
+    /// A session with a denied call, an approved (by emad, with a comment) and dispatched call,
+    /// and a final answer, on a store whose clock moves 1 s between steps.
+    async fn recorded_session() -> (MemoryStore, String) {
+        let clock = Arc::new(ManualClock::starting_now());
+        let store = MemoryStore::new(clock.clone());
+        let version_id = Uuid::new_v4();
+        store.register_agent_version(version_id, "{}".into(), "hash".into());
+        let id = new_session_id();
+        let tick = || clock.advance(Duration::from_secs(1));
+        store
+            .create_session(
+                NewSession {
+                    id: id.clone(),
+                    agent_version_id: version_id,
+                    agent: AgentVersionRef::new("support", "refund-agent", "0.1.0"),
+                    input: json!({"message": "Refund ORD-1"}),
+                    metadata: [("ticket".to_owned(), "T-1".to_owned())].into(),
+                    mode: SessionMode::Task,
+                    parent_session_id: None,
+                    limits: None,
+                    secrets: Vec::new(),
+                    actor: "alice".into(),
+                },
+                vec![PlainSecret::new("openai", SECRET)],
+            )
+            .await
+            .unwrap();
+        tick();
+        store
+            .record_session_event(
+                &id,
+                SessionEvent::UserMessage {
+                    actor: "alice".into(),
+                    turn: 1,
+                    content: "Refund ORD-1".into(),
+                },
+            )
+            .await
+            .unwrap();
+        tick();
+        let denied = store.record_tool_call(call(&id, 0, 14_000)).await.unwrap();
+        store
+            .deny_tool_call(
+                &denied.call_id,
+                "Refund amount exceeds the absolute ceiling.",
+                Some("payments/refund-hard-limit@1.0.0"),
+            )
+            .await
+            .unwrap();
+        tick();
+        let held = store.record_tool_call(call(&id, 1, 400)).await.unwrap();
+        let approval_id = Uuid::new_v4();
+        store
+            .open_approval(NewApproval {
+                id: approval_id,
+                session_id: id.clone(),
+                call_id: held.call_id.clone(),
+                policy_ref: Some("payments/refund-approval-boundary@1.0.0".into()),
+                reason: "Refund amount above delegated limit.".into(),
+                route: "support-lead".into(),
+                authority_ref: String::new(),
+                approvals_required: 1,
+                comprehension_required: false,
+                on_reject: OnReject::ReturnToAgent,
+                on_modify: OnModify::Unchecked,
+                timeout: None,
+                policy_runtime: serde_json::Map::new(),
+                actor: "policy".into(),
+            })
+            .await
+            .unwrap();
+        tick();
+        store
+            .cast_vote(
+                approval_id,
+                Vote {
+                    actor: "emad".into(),
+                    decision: VoteDecision::Approve,
+                    comment: "Damage claim on file.".into(),
+                    comprehension_acknowledged: false,
+                    edited_args: None,
+                },
+            )
+            .await
+            .unwrap();
+        tick();
+        store.queue_tool_call(&held.call_id).await.unwrap();
+        tick();
+        store
+            .dispatch_tool_call(
+                &held.call_id,
+                Dispatch {
+                    worker_id: "w1".into(),
+                    ..Dispatch::default()
+                },
+            )
+            .await
+            .unwrap();
+        tick();
+        store
+            .record_tool_result(
+                &held.call_id,
+                ToolResult {
+                    worker_id: Some("w1".into()),
+                    outcome: ToolOutcome::Success(json!({"refund_id": "rf_1"})),
+                    usage: None,
+                },
+            )
+            .await
+            .unwrap();
+        tick();
+        store
+            .record_session_event(
+                &id,
+                SessionEvent::AssistantMessage(AssistantMessage {
+                    turn: 1,
+                    content: "Refund rf_1 issued.".into(),
+                    stop_reason: Some("end_turn".into()),
+                    turn_usage: Some(Usage {
+                        input_tokens: 30,
+                        output_tokens: 12,
+                        estimated: false,
+                    }),
+                    turn_duration_ms: Some(900),
+                }),
+            )
+            .await
+            .unwrap();
+        tick();
+        store
+            .set_status(&id, StatusChange::completed(None).by("alice"))
+            .await
+            .unwrap();
+        (store, id)
+    }
+
+    #[tokio::test]
+    async fn the_timeline_tells_what_happened_in_order() {
+        let (store, id) = recorded_session().await;
+        let inspection = inspect(store_timeline(&store, &id).await.unwrap()).unwrap();
+        let summaries: Vec<&str> = inspection
+            .timeline
+            .iter()
+            .map(|e| e.summary.as_str())
+            .collect();
+        let position = |needle: &str| {
+            summaries
+                .iter()
+                .position(|s| s.contains(needle))
+                .unwrap_or_else(|| panic!("no entry contains {needle:?} in {summaries:#?}"))
+        };
+        let requested = position("tool_call payments.issue-refund@1.0.0 call_id=");
+        let denied = position(
+            "policy denied payments.issue-refund: Refund amount exceeds the absolute ceiling. \
+             (payments/refund-hard-limit@1.0.0)",
+        );
+        let required = position("(payments/refund-approval-boundary@1.0.0)");
+        let decided = position("approval approved by emad: Damage claim on file.");
+        let dispatched = position("tool dispatched payments.issue-refund@1.0.0 to worker w1");
+        let answered =
+            position("assistant (end_turn): Refund rf_1 issued. tokens=42 duration_ms=900");
+        assert!(requested < denied && denied < required && required < decided);
+        assert!(
+            decided < dispatched && dispatched < answered,
+            "{summaries:#?}"
+        );
+
+        // Milestones sit next to the events that caused them.
+        let kinds: Vec<&str> = inspection
+            .timeline
+            .iter()
+            .map(|e| e.kind.as_str())
+            .collect();
+        for k in [
+            "approval_created",
+            "approval_decided",
+            "invocation_dispatched",
+            "invocation_completed",
+        ] {
+            assert!(kinds.contains(&k), "{k} missing from {kinds:?}");
+        }
+        // Chronological, with gaps measured from the previous entry.
+        for pair in inspection.timeline.windows(2) {
+            assert!(pair[0].at <= pair[1].at);
+            assert_eq!(pair[1].gap_ms, (pair[1].at - pair[0].at).num_milliseconds());
+        }
+        assert_eq!(inspection.timeline[0].gap_ms, 0);
+        assert_eq!(inspection.timeline[0].kind, types::SESSION_STARTED);
+        assert!(
+            inspection.timeline[0]
+                .summary
+                .starts_with("session started: support/refund-agent@0.1.0")
+        );
+    }
+
+    #[tokio::test]
+    async fn the_tree_carries_the_folded_output() {
+        let (store, id) = recorded_session().await;
+        let inspection = inspect(store_timeline(&store, &id).await.unwrap()).unwrap();
+        let node = &inspection.session;
+        assert_eq!(node.session.id, id);
+        assert!(node.children.is_empty());
+        assert_eq!(node.output.message, "Refund rf_1 issued.");
+        assert_eq!(node.output.stop_reason.as_deref(), Some("end_turn"));
+        assert_eq!(node.output.session_usage.total(), 42);
+        assert_eq!(node.output.turns.len(), 1);
+        assert_eq!(node.output.turns[0].duration_ms, Some(900));
+        let calls: Vec<&ToolInvocation> = inspection
+            .timeline
+            .iter()
+            .filter(|e| e.kind == "invocation_completed")
+            .filter_map(|e| match &e.item {
+                TimelineItem::Invocation(c) => Some(c),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(calls.len(), 2, "the denied call and the dispatched one");
+        assert_eq!(
+            call_timings(calls[0]).queue_delay_ms,
+            None,
+            "never dispatched"
+        );
+        let c = calls[1];
+        assert_eq!(c.status, CallStatus::Succeeded);
+        let t = call_timings(c);
+        assert_eq!(t.queue_delay_ms, Some(1000));
+        assert_eq!(t.execution_ms, Some(1000));
+        assert!(t.total_ms.unwrap() >= 2000);
+    }
+
+    #[tokio::test]
+    async fn secrets_never_appear() {
+        let (store, id) = recorded_session().await;
+        let inspection = inspect(store_timeline(&store, &id).await.unwrap()).unwrap();
+        let dump = format!("{inspection:?}");
+        assert!(!dump.contains(SECRET));
+    }
+
+    #[test]
+    fn long_texts_are_shortened_to_one_line() {
+        let long = format!("line one\nline two {}", "x".repeat(500));
+        let out = short(&long);
+        assert!(!out.contains('\n'));
+        assert_eq!(out.chars().count(), SUMMARY_TEXT_CHARS + 1);
+        assert!(out.ends_with('…'));
+        assert_eq!(short("  ok  "), "ok");
+    }
+
+    #[test]
+    fn an_empty_timeline_is_not_found() {
+        let err = inspect(SessionTimeline {
+            sessions: Vec::new(),
+            events: Vec::new(),
+            invocations: Vec::new(),
+            approvals: Vec::new(),
+        })
+        .unwrap_err();
+        assert_eq!(err.kind, crate::ErrorKind::NotFound);
+    }
+}
