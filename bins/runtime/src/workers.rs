@@ -9,7 +9,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use phrony_dispatch::{Allowlist, Router, RouterConfig};
+use phrony_dispatch::{Allowlist, RouterConfig};
 use phrony_grpc::ServeConfig;
 
 use crate::config::Settings;
@@ -76,32 +76,30 @@ impl Settings {
 }
 
 impl Workers {
-    /// Starts the router (its lease reaper runs on the current Tokio runtime) and puts it and
-    /// the per-call deadlines into `config`.
+    /// Puts the router settings, the allowlist and the per-call deadlines into `config`
+    /// (`serve` builds the router from them, with the session engine's hooks installed).
     pub(crate) fn apply(self, config: &mut ServeConfig) -> anyhow::Result<()> {
-        let mut builder = Router::builder(self.router.clone());
+        // Checked here so a bad setting fails before the daemon listens.
+        self.router
+            .validate()
+            .map_err(|e| anyhow::anyhow!("cannot start the tool dispatch router: {e}"))?;
         match &self.allowlist {
-            Some((path, list)) => {
-                tracing::info!(
-                    entries = list.len(),
-                    "tool allowlist: {} ({} entries)",
-                    path.display(),
-                    list.len()
-                );
-                builder = builder.allowlist(list.clone());
-            }
+            Some((path, list)) => tracing::info!(
+                entries = list.len(),
+                "tool allowlist: {} ({} entries)",
+                path.display(),
+                list.len()
+            ),
             None => tracing::info!("tool allowlist: none (any registered worker may serve a call)"),
         }
-        let router = builder
-            .build()
-            .map_err(|e| anyhow::anyhow!("cannot start the tool dispatch router: {e}"))?;
         tracing::info!(
             queue_wait = %humantime::format_duration(self.queue_wait),
             exec_timeout = %humantime::format_duration(self.exec_timeout),
             worker_lease = %humantime::format_duration(self.router.lease_ttl),
             "tool dispatch settings"
         );
-        config.router = Some(router);
+        config.router_config = self.router.clone();
+        config.tool_allowlist = self.allowlist.map(|(_, list)| list);
         config.dispatch_queue_wait = self.queue_wait;
         config.tool_exec_timeout = self.exec_timeout;
         Ok(())

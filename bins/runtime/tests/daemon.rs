@@ -488,9 +488,23 @@ async fn unimplemented_rpcs_name_themselves() {
         .await;
     let mut client = daemon.client().await;
     assert_refused(
-        client.run_session(pb::RunSessionRequest::default()).await,
+        client
+            .run_session(pb::RunSessionRequest {
+                bundle_ref: Some(pb::BundleRef {
+                    namespace: "support".into(),
+                    name: "refunds".into(),
+                    version: String::new(),
+                }),
+                ..Default::default()
+            })
+            .await,
         Code::Unimplemented,
-        "RunSession",
+        "bundles cannot be published or run on this runtime yet",
+    );
+    assert_refused(
+        client.run_session(pb::RunSessionRequest::default()).await,
+        Code::InvalidArgument,
+        "agent_ref or bundle_ref is required",
     );
     assert_refused(
         client.list_bundles(pb::ListBundlesRequest::default()).await,

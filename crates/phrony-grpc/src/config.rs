@@ -9,11 +9,13 @@ use std::fmt;
 use std::fs;
 use std::io::{self, Write as _};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD};
-use phrony_dispatch::Router;
+use phrony_dispatch::{Allowlist, Router, RouterConfig};
+use phrony_engine::ProviderFactory;
 use rand::TryRngCore as _;
 use sha2::{Digest as _, Sha256};
 
@@ -33,12 +35,25 @@ pub struct ServeConfig {
     /// Tool calls already sent to workers get the first half of it to finish; then the
     /// workers' `Work` streams are closed cleanly.
     pub shutdown_grace: Duration,
-    /// The router tool workers register with over `Work` (its lease, integrity allowlist and
-    /// hooks). `None` makes [`crate::serve`] start one with `RouterConfig::default()`. To
-    /// dispatch tool calls to the connected workers, build the router, keep a clone and pass
-    /// one here: all clones share one registry. `serve` shuts the router down when it stops,
-    /// so a router serves one run of the server.
+    /// A router built by the caller for tool workers to register with over `Work`. `None`
+    /// (the normal case) makes [`crate::serve`] build one from [`Self::router_config`] and
+    /// [`Self::tool_allowlist`], with the session engine's hooks installed (late results are
+    /// recorded before they are acknowledged; reconnecting workers learn which of their calls
+    /// are already recorded). A router passed here is used as is: install
+    /// `phrony_engine::RouterHooks` on it yourself if you need them. `serve` shuts the router
+    /// down when it stops, so a router serves one run of the server.
     pub router: Option<Router>,
+    /// Settings of the router `serve` builds when [`Self::router`] is `None` (worker lease,
+    /// queue bounds).
+    pub router_config: RouterConfig,
+    /// The integrity allowlist of the router `serve` builds (`RUNTIME_TOOL_ALLOWLIST`);
+    /// `None` lets any registered worker serve a call.
+    pub tool_allowlist: Option<Allowlist>,
+    /// Builds each session's model provider. `None` uses
+    /// `phrony_engine::DefaultProviderFactory::from_process()` (`OPENAI_BASE_URL`,
+    /// `ANTHROPIC_BASE_URL`, `RUNTIME_ENABLE_STUB_PROVIDER` from the environment); tests
+    /// inject scripted providers here.
+    pub providers: Option<Arc<dyn ProviderFactory>>,
     /// How long a tool call may wait for a free worker slot (`RUNTIME_DISPATCH_QUEUE_WAIT`);
     /// it does not bound the call's execution. Passed as `DispatchCall::queue_wait` by the
     /// session engine.
@@ -62,6 +77,9 @@ impl ServeConfig {
             health_check_timeout: Duration::from_secs(2),
             shutdown_grace: Duration::from_secs(10),
             router: None,
+            router_config: RouterConfig::default(),
+            tool_allowlist: None,
+            providers: None,
             dispatch_queue_wait: Duration::from_secs(10),
             tool_exec_timeout: Duration::from_secs(60),
         }

@@ -5,10 +5,13 @@
 //! - `phrony.runtime.v1.Runtime` ([`RuntimeService`]), wire-compatible with the published SDKs.
 //!   This release implements the agent lifecycle: `GetVersion`, `Publish`, `Deploy`,
 //!   `Rollback`, `GetActiveVersion`, `ListDeployments`, `GetAgentVersion`, `ListAgents`,
-//!   `ListAgentVersions`, `DeprecateAgentVersion`, `RetireAgentVersion` and `ArchiveAgent`,
-//!   and the tool workers' `Work` stream, whose workers register with a `phrony-dispatch`
-//!   router ([`ServeConfig::router`]) that dispatches tool calls to them.
-//!   Every other RPC answers `UNIMPLEMENTED` with a message naming it.
+//!   `ListAgentVersions`, `DeprecateAgentVersion`, `RetireAgentVersion` and `ArchiveAgent`;
+//!   sessions, run by the `phrony-engine` session engine: `RunSession`,
+//!   `RunSessionInteractive`, `CancelSession`,
+//!   `CompleteSession`, `ListSessions` and `InspectSession`; approvals: `GetApproval`,
+//!   `ListApprovals` and `DecideApproval`; and the tool workers' `Work` stream, whose workers
+//!   register with a `phrony-dispatch` router ([`ServeConfig::router`]) that dispatches tool
+//!   calls to them. The bundle RPCs answer `UNIMPLEMENTED` with a message naming them.
 //! - `grpc.health.v1.Health`: `SERVING` for `""` and `phrony.runtime.v1.Runtime` only while the
 //!   database answers a ping (re-checked in the background every few seconds).
 //! - gRPC server reflection (`grpc.reflection.v1` and `v1alpha`), so `grpcurl list` works.
@@ -51,10 +54,62 @@
 //!   [`ACTOR_HEADER`] (`phrony-actor`) request metadata (the only way to name the actor of
 //!   Deprecate/Retire/Archive, whose messages have no actor field), else
 //!   [`ServeConfig::default_actor`].
-//! - **Errors** map one-to-one from the ledger (`NOT_FOUND`, `FAILED_PRECONDITION`,
+//! - **Errors** map one-to-one from the ledger and the session engine (`NOT_FOUND`, `FAILED_PRECONDITION`,
 //!   `ALREADY_EXISTS`, `INVALID_ARGUMENT`); a lost write race is `ABORTED` (retry), an unreachable
 //!   database `UNAVAILABLE`, corrupt ledger data `DATA_LOSS`, other storage failures `INTERNAL`
 //!   without driver details (those are logged).
+//! - **Starting a session** (`RunSession`, and `RunSessionInteractive`'s start) runs the agent's
+//!   active deployment; an explicit `agent_ref.version` must be that one
+//!   (`FAILED_PRECONDITION: version "x" is not the active deployment (active: "y")`). Archived
+//!   agents, retired or deprecated active versions and agents with nothing deployed are
+//!   `FAILED_PRECONDITION`, unknown agents `NOT_FOUND`. A `bundle_ref` is `UNIMPLEMENTED`
+//!   (bundles cannot be published on this runtime yet). The input is UTF-8 JSON, an object or a
+//!   string (the published SDK sends `run(input="text")` as a JSON string, which becomes the
+//!   first user message); empty means `{}`. `resolved_secrets` must name exactly the secrets
+//!   the manifest declares: the error lists every missing and unknown name (never a value).
+//!   `SESSION_MODE_UNSPECIFIED` is task mode. Metadata keys must be non-empty, at most 128
+//!   bytes, without control characters (values at most 4096 bytes, at most 64 pairs).
+//! - **ListSessions** lists the sessions of every version of `agent_ref` unless it names a
+//!   version (the reference listed only the active version's), newest first, with
+//!   `page_size`/`page_token` paging; every `metadata` pair must match. A `bundle_ref` filter
+//!   or `kind: "bundle"` returns an empty list, since no session of this runtime runs a bundle.
+//! - **InspectSession** returns the session tree and one timeline merging its events, tool-call
+//!   milestones and approval milestones, each with a one-line summary such as
+//!   `policy denied payments.issue-refund: <reason> (payments/refund-hard-limit@1.0.0)` or
+//!   `approval approved by emad: <comment>`. Secrets never appear in it.
+//! - **DecideApproval** records the vote through the engine, so a waiting session resumes as
+//!   soon as the approval is decided (also after a restart). The voter is the request's
+//!   `actor`, else the [`ACTOR_HEADER`], else the default actor; a second vote by the same actor
+//!   is `FAILED_PRECONDITION` (`actor "X" already decided on this approval`), a missing
+//!   comprehension acknowledgement `INVALID_ARGUMENT`. The response's `status`,
+//!   `approvals_received` and `session_status` are read after the vote.
+//! - **RunSessionInteractive** (bidirectional). The first client message must be `start`
+//!   (`INVALID_ARGUMENT: first message must be start`): with `session_id` it attaches to that
+//!   session, otherwise it starts one exactly like `RunSession`; refusals end the RPC before
+//!   any server message. The server sends `session_started` (model, limits, timestamps,
+//!   evidence; on attach also the conversation so far), then on attach a catch-up in order:
+//!   the assistant text of the turn in progress as one `text_delta`, that turn's `tool_call`,
+//!   `tool_result` and `approval_decided` messages, then the state (`status`, and the pending
+//!   `approval_required` with `awaiting_input{input_blocked_reason: "awaiting_approval"}`, or
+//!   `awaiting_input{…"awaiting_tool"}`, or the `awaiting_input` of a parked conversation, or
+//!   the terminal message of an ended session). Then every event live, with no gap and no
+//!   duplicate: `tool_call`, `tool_result` (with `error_code`/`policy_ref`; a rejected approval
+//!   is `approval_denied` with the text the model receives), `approval_required`,
+//!   `approval_decided` (every vote, `pending` below the quorum, and every decision, from any
+//!   source), `status` (non-terminal status changes), `awaiting_input` (a conversation's turn
+//!   ended), `text_delta`, and `completed` (with the output; a task completes when its turn
+//!   ends) / `failed` / `cancelled`, after which the stream ends with `OK`. A slow reader slows
+//!   the stream (bounded, awaited sends) and gets every event; only streamed text may arrive
+//!   coalesced. `user_message` is recorded at once and runs in order after the running turn
+//!   (never dropped); `tool_approval` (empty `approval_id` = the pending one) is a vote through
+//!   the engine, like `DecideApproval`, by the stream's [`ACTOR_HEADER`] actor, else the
+//!   default actor. **A refused client message never ends the stream**: it is logged and
+//!   answered with a `status` repeating the session's current status with the refusal as
+//!   `reason` (e.g. `user_message.text must be non-empty`, `actor "X" already decided on this
+//!   approval`, a task-mode session taking no messages); while a limit blocks input, a user
+//!   message is answered with `awaiting_input` carrying the reason. A second `start` ends the
+//!   stream (`INVALID_ARGUMENT: unexpected start after attach`). Closing or dropping the stream
+//!   only detaches: the session carries on.
 //! - Timestamps are RFC 3339 UTC strings with second precision; empty means "not set".
 
 #[cfg(feature = "client")]

@@ -5,8 +5,14 @@ use std::io;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use phrony_dispatch::{Router, RouterConfig};
-use phrony_ledger::Ledger;
+use std::sync::Arc;
+
+use phrony_dispatch::Router;
+use phrony_engine::{
+    DefaultProviderFactory, Engine, EngineConfig, EngineDeps, LedgerStore, RouterHooks,
+    SessionStore, SystemClock,
+};
+use phrony_ledger::{Ledger, SecretCipher};
 use phrony_proto::runtime::v1::runtime_server::RuntimeServer;
 use tokio::net::TcpListener;
 use tonic::transport::Server;
@@ -57,6 +63,12 @@ pub enum ServeError {
         source: phrony_dispatch::ConfigError,
     },
     /// The transport failed while serving.
+    /// The sessions that were live at the last stop could not be read back.
+    #[error("cannot recover the sessions that were live at the last stop: {source}")]
+    Recovery {
+        #[source]
+        source: phrony_engine::EngineError,
+    },
     #[error("gRPC server failed: {source}")]
     Transport {
         /// The transport error.
@@ -156,13 +168,61 @@ pub async fn serve(
         .register_encoded_file_descriptor_set(health::FILE_DESCRIPTOR_SET)
         .build_v1alpha()
         .map_err(reflection)?;
+    let cipher = SecretCipher::new(config.secrets_key.as_bytes());
+    let store: Arc<dyn SessionStore> = Arc::new(LedgerStore::new(ledger.clone(), Some(cipher)));
     let router = match config.router {
         Some(router) => router,
         None => {
-            Router::new(RouterConfig::default()).map_err(|source| ServeError::Router { source })?
+            let hooks = Arc::new(RouterHooks::new(Arc::clone(&store)));
+            let mut builder = Router::builder(config.router_config.clone())
+                .observer(hooks.clone())
+                .completed_calls(hooks);
+            if let Some(allowlist) = config.tool_allowlist.clone() {
+                builder = builder.allowlist(allowlist);
+            }
+            builder
+                .build()
+                .map_err(|source| ServeError::Router { source })?
         }
     };
-    let service = RuntimeService::new(ledger.clone(), config.default_actor, router.clone());
+    // Secrets of sessions that ended while the daemon was down (or whose purge failed).
+    match ledger.purge_orphan_secrets().await {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(sessions = n, "purged the secrets of ended sessions"),
+        Err(e) => tracing::warn!(error = %e, "could not purge the secrets of ended sessions"),
+    }
+    let providers = config
+        .providers
+        .clone()
+        .unwrap_or_else(|| Arc::new(DefaultProviderFactory::from_process()));
+    let engine = Engine::new(EngineDeps {
+        store,
+        router: Some(router.clone()),
+        providers,
+        clock: Arc::new(SystemClock),
+        config: EngineConfig {
+            queue_wait: config.dispatch_queue_wait,
+            exec_timeout: config.tool_exec_timeout,
+            ..EngineConfig::default()
+        },
+    });
+    // Sessions that were live when the daemon stopped resume where their event log says.
+    let report = engine
+        .recover()
+        .await
+        .map_err(|source| ServeError::Recovery { source })?;
+    if !report.resumed.is_empty() || !report.failed.is_empty() {
+        tracing::info!(
+            resumed = report.resumed.len(),
+            failed = report.failed.len(),
+            "recovered the sessions that were live at the last stop"
+        );
+    }
+    for (session_id, reason) in &report.failed {
+        tracing::warn!(%session_id, %reason, "session could not be resumed and was failed");
+    }
+    let service = RuntimeService::new(ledger.clone(), config.default_actor, router.clone())
+        .with_engine(engine.clone());
     let work_streams = service.clone();
     let runtime = RuntimeServer::new(service);
 
@@ -199,6 +259,7 @@ pub async fn serve(
             health.set_stopping();
             let _ = stop_tx.send(());
             router.shutdown();
+            work_streams.close_session_streams();
             // Work streams never end on their own: close them once the tool calls sent to
             // workers are answered (or half the grace period is over), while the server keeps
             // running the other calls.
@@ -224,6 +285,8 @@ pub async fn serve(
     };
     monitor.abort();
     drop(server);
+    // Drivers stop where they are; their sessions resume from the log at the next start.
+    engine.shutdown();
     ledger.close().await;
     match result {
         Ok(()) => {

@@ -202,13 +202,9 @@ async fn the_published_sdk_worker_serves_dispatched_calls() {
             (done, std::time::Instant::now())
         }
     };
-    let ((a, a_at), (b, b_at)) = wait_for(
-        "two concurrent refunds",
-        async { tokio::join!(
-            timed("call-a", "A", 1, 0.5),
-            timed("call-b", "B", 2, 0.0)
-        ) },
-    )
+    let ((a, a_at), (b, b_at)) = wait_for("two concurrent refunds", async {
+        tokio::join!(timed("call-a", "A", 1, 0.5), timed("call-b", "B", 2, 0.0))
+    })
     .await;
     assert!(
         b_at < a_at,

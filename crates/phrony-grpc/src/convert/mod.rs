@@ -13,6 +13,10 @@ use tonic::Status;
 
 use crate::publish::SnapshotRejection;
 
+pub(crate) mod approvals;
+pub(crate) mod interactive;
+pub(crate) mod sessions;
+
 // ---------------------------------------------------------------------------------------------
 // Requests
 
@@ -217,6 +221,36 @@ pub(crate) fn ledger_status(error: LedgerError) -> Status {
         }
         other => {
             tracing::error!(error = %other, "unexpected ledger error");
+            Status::internal("internal error; see the runtime log")
+        }
+    }
+}
+
+/// The single mapping of session-engine errors to gRPC statuses (the engine wraps the
+/// ledger's errors in the same classes).
+///
+/// Caller mistakes and state refusals keep the engine's message; internal and storage failures
+/// are logged here in full and reach the client without their details.
+pub(crate) fn engine_status(error: phrony_engine::EngineError) -> Status {
+    use phrony_engine::ErrorKind;
+    match error.kind {
+        ErrorKind::NotFound => Status::not_found(error.message),
+        ErrorKind::FailedPrecondition => Status::failed_precondition(error.message),
+        ErrorKind::AlreadyExists => Status::already_exists(error.message),
+        ErrorKind::InvalidArgument => Status::invalid_argument(error.message),
+        ErrorKind::Conflict => {
+            tracing::warn!(message = %error.message, "session write kept losing races");
+            Status::aborted(format!(
+                "concurrent update, retry the request ({})",
+                error.message
+            ))
+        }
+        ErrorKind::Unavailable => {
+            tracing::error!(error = %error, source = ?error.source, "database unavailable");
+            Status::unavailable("the runtime's database is unavailable; retry later")
+        }
+        ErrorKind::Internal => {
+            tracing::error!(error = %error, source = ?error.source, "session engine error");
             Status::internal("internal error; see the runtime log")
         }
     }

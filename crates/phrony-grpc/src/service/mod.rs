@@ -1,11 +1,15 @@
 //! The `phrony.runtime.v1.Runtime` service.
 //!
 //! [`RuntimeService`] implements the generated trait by delegating each RPC to the module of
-//! its area: [`lifecycle`] (agents, versions, deployments) and [`work`] (the tool workers'
-//! `Work` stream, backed by a `phrony-dispatch` [`Router`]). Sessions, approvals and bundles
-//! come in later releases; until then their RPCs answer `Unimplemented` naming the RPC.
+//! its area: [`lifecycle`] (agents, versions, deployments), [`sessions`] (start, cancel,
+//! complete, list, inspect; the engine runs them), [`approvals`] (read, list, vote) and [`work`]
+//! (the tool workers' `Work` stream, backed by a `phrony-dispatch` [`Router`]). Bundles come in
+//! a later release; until then their RPCs answer `Unimplemented` naming the RPC.
 
+mod approvals;
+mod interactive;
 mod lifecycle;
+pub(crate) mod sessions;
 mod work;
 
 use std::future::Future;
@@ -13,6 +17,7 @@ use std::time::Instant;
 
 use pb::runtime_server::Runtime;
 use phrony_dispatch::Router;
+use phrony_engine::Engine;
 use phrony_ledger::Ledger;
 use phrony_proto::runtime::v1 as pb;
 use tonic::codegen::BoxStream;
@@ -28,6 +33,10 @@ pub struct RuntimeService {
     ledger: Ledger,
     default_actor: String,
     work: work::WorkHub,
+    /// Runs sessions; `None` makes the session and approval RPCs answer `UNAVAILABLE`.
+    engine: Option<Engine>,
+    /// Ends the open `RunSessionInteractive` streams (shutdown).
+    session_streams: phrony_dispatch::CancellationToken,
 }
 
 impl RuntimeService {
@@ -40,13 +49,38 @@ impl RuntimeService {
             ledger,
             default_actor: default_actor.into(),
             work: work::WorkHub::new(router),
+            engine: None,
+            session_streams: phrony_dispatch::CancellationToken::new(),
         }
+    }
+
+    /// The service with `engine` running its sessions (the session and approval RPCs need
+    /// one). Build the engine on the same ledger and router.
+    #[must_use]
+    pub fn with_engine(mut self, engine: Engine) -> Self {
+        self.engine = Some(engine);
+        self
+    }
+
+    /// The session engine, or `UNAVAILABLE` when the service has none.
+    fn engine(&self) -> Result<&Engine, Status> {
+        self.engine
+            .as_ref()
+            .ok_or_else(|| Status::unavailable("this runtime does not run sessions"))
     }
 
     /// The router tool workers register with.
     #[must_use]
     pub fn router(&self) -> &Router {
         self.work.router()
+    }
+
+    /// Ends every open `RunSessionInteractive` stream with `UNAVAILABLE` and refuses new
+    /// ones; the sessions carry on (a restarted runtime resumes them and clients attach
+    /// again). Call it when shutdown starts, so attached clients do not hold the server for
+    /// the whole grace period; it affects every clone of the service.
+    pub fn close_session_streams(&self) {
+        self.session_streams.cancel();
     }
 
     /// Ends every open `Work` stream cleanly (`OK`, after the messages already queued for it)
@@ -233,71 +267,108 @@ impl Runtime for RuntimeService {
         .await
     }
 
-    // --- Sessions (later) -------------------------------------------------------------------
+    // --- Sessions ---------------------------------------------------------------------------
 
     async fn run_session(
         &self,
-        _request: Request<pb::RunSessionRequest>,
+        request: Request<pb::RunSessionRequest>,
     ) -> Result<Response<pb::RunSessionResponse>, Status> {
-        later("RunSession")
+        let actor = self.actor("", request.metadata());
+        unary(
+            "RunSession",
+            self.run_session_impl(request.into_inner(), actor),
+        )
+        .await
     }
 
     async fn run_session_interactive(
         &self,
-        _request: Request<Streaming<pb::RunSessionInteractiveClientMsg>>,
+        request: Request<Streaming<pb::RunSessionInteractiveClientMsg>>,
     ) -> Result<Response<Self::RunSessionInteractiveStream>, Status> {
-        later("RunSessionInteractive")
+        let actor = self.actor("", request.metadata());
+        unary(
+            "RunSessionInteractive",
+            self.run_session_interactive_impl(request.into_inner(), actor),
+        )
+        .await
     }
 
     async fn cancel_session(
         &self,
-        _request: Request<pb::CancelSessionRequest>,
+        request: Request<pb::CancelSessionRequest>,
     ) -> Result<Response<pb::CancelSessionResponse>, Status> {
-        later("CancelSession")
+        let actor = self.actor("", request.metadata());
+        unary(
+            "CancelSession",
+            self.cancel_session_impl(request.into_inner(), actor),
+        )
+        .await
     }
 
     async fn complete_session(
         &self,
-        _request: Request<pb::CompleteSessionRequest>,
+        request: Request<pb::CompleteSessionRequest>,
     ) -> Result<Response<pb::CompleteSessionResponse>, Status> {
-        later("CompleteSession")
+        let actor = self.actor("", request.metadata());
+        unary(
+            "CompleteSession",
+            self.complete_session_impl(request.into_inner(), actor),
+        )
+        .await
     }
 
     async fn list_sessions(
         &self,
-        _request: Request<pb::ListSessionsRequest>,
+        request: Request<pb::ListSessionsRequest>,
     ) -> Result<Response<pb::ListSessionsResponse>, Status> {
-        later("ListSessions")
+        unary(
+            "ListSessions",
+            self.list_sessions_impl(request.into_inner()),
+        )
+        .await
     }
 
     async fn inspect_session(
         &self,
-        _request: Request<pb::InspectSessionRequest>,
+        request: Request<pb::InspectSessionRequest>,
     ) -> Result<Response<pb::InspectSessionResponse>, Status> {
-        later("InspectSession")
+        unary(
+            "InspectSession",
+            self.inspect_session_impl(request.into_inner()),
+        )
+        .await
     }
 
-    // --- Approvals (later) ------------------------------------------------------------------
+    // --- Approvals --------------------------------------------------------------------------
 
     async fn get_approval(
         &self,
-        _request: Request<pb::GetApprovalRequest>,
+        request: Request<pb::GetApprovalRequest>,
     ) -> Result<Response<pb::Approval>, Status> {
-        later("GetApproval")
+        unary("GetApproval", self.get_approval_impl(request.into_inner())).await
     }
 
     async fn list_approvals(
         &self,
-        _request: Request<pb::ListApprovalsRequest>,
+        request: Request<pb::ListApprovalsRequest>,
     ) -> Result<Response<pb::ListApprovalsResponse>, Status> {
-        later("ListApprovals")
+        unary(
+            "ListApprovals",
+            self.list_approvals_impl(request.into_inner()),
+        )
+        .await
     }
 
     async fn decide_approval(
         &self,
-        _request: Request<pb::DecideApprovalRequest>,
+        request: Request<pb::DecideApprovalRequest>,
     ) -> Result<Response<pb::DecideApprovalResponse>, Status> {
-        later("DecideApproval")
+        let actor = self.actor(&request.get_ref().actor, request.metadata());
+        unary(
+            "DecideApproval",
+            self.decide_approval_impl(request.into_inner(), actor),
+        )
+        .await
     }
 
     // --- Bundles (later) --------------------------------------------------------------------

@@ -1,0 +1,287 @@
+//! Approvals: `GetApproval`, `ListApprovals` and `DecideApproval` requests and responses, and the
+//! approvals of the `InspectSession` timeline.
+
+use phrony_ledger::{
+    AgentRef, Approval, ApprovalFilter, ApprovalStatus, ApprovalVote, PageRequest, SessionStatus,
+    Vote, VoteDecision,
+};
+use phrony_proto::runtime::v1 as pb;
+use serde_json::Value;
+use tonic::Status;
+use uuid::Uuid;
+
+use super::sessions::{json_kind, json_value, page_request};
+use super::timestamp;
+
+// ---------------------------------------------------------------------------------------------
+// Requests
+
+/// A required approval id, which must be a UUID.
+pub(crate) fn approval_id(id: &str) -> Result<Uuid, Status> {
+    let id = id.trim();
+    if id.is_empty() {
+        return Err(Status::invalid_argument("approval_id is required"));
+    }
+    Uuid::parse_str(id)
+        .map_err(|_| Status::invalid_argument(format!("approval_id must be a UUID (got {id:?})")))
+}
+
+/// The ledger filter and page of a `ListApprovals` request.
+pub(crate) fn approval_filter(
+    r: &pb::ListApprovalsRequest,
+) -> Result<(ApprovalFilter, PageRequest), Status> {
+    let status = match r.status.trim() {
+        "" => None,
+        s => Some(s.parse::<ApprovalStatus>().map_err(super::ledger_status)?),
+    };
+    let agent = match (r.agent_namespace.trim(), r.agent_name.trim()) {
+        ("", "") => None,
+        (ns, name) if !ns.is_empty() && !name.is_empty() => Some(AgentRef::new(ns, name)),
+        _ => {
+            return Err(Status::invalid_argument(
+                "agent_namespace and agent_name must be given together",
+            ));
+        }
+    };
+    let filter = ApprovalFilter {
+        status,
+        session_id: super::optional(r.session_id.trim()).map(str::to_owned),
+        agent,
+        route: super::optional(r.route.trim()).map(str::to_owned),
+    };
+    Ok((filter, page_request(r.page_size, &r.page_token)?))
+}
+
+/// The vote a `DecideApprovalRequest` casts, by `actor` (already resolved: the request's field,
+/// else the `phrony-actor` header, else the runtime's default).
+pub(crate) fn vote(r: &pb::DecideApprovalRequest, actor: String) -> Result<Vote, Status> {
+    let decision = match pb::ApprovalDecision::try_from(r.decision) {
+        Ok(pb::ApprovalDecision::Approve) => VoteDecision::Approve,
+        Ok(pb::ApprovalDecision::Reject) => VoteDecision::Reject,
+        _ => {
+            return Err(Status::invalid_argument(
+                "decision must be APPROVE or REJECT",
+            ));
+        }
+    };
+    let edited_args = edited_args(&r.args)?;
+    if edited_args.is_some() && decision == VoteDecision::Reject {
+        return Err(Status::invalid_argument(
+            "args replace the proposed arguments of an approval and cannot be sent with REJECT",
+        ));
+    }
+    Ok(Vote {
+        actor,
+        decision,
+        comment: r.comment.clone(),
+        comprehension_acknowledged: r.comprehension_acknowledged,
+        edited_args,
+    })
+}
+
+/// Replacement arguments: empty keeps the proposed ones; otherwise a UTF-8 JSON object.
+pub(crate) fn edited_args(bytes: &[u8]) -> Result<Option<Value>, Status> {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(None);
+    }
+    let text = std::str::from_utf8(bytes)
+        .map_err(|_| Status::invalid_argument("args must be UTF-8 JSON"))?;
+    let value: Value = serde_json::from_str(text)
+        .map_err(|e| Status::invalid_argument(format!("args must be valid JSON: {e}")))?;
+    if !value.is_object() {
+        return Err(Status::invalid_argument(format!(
+            "args must be a JSON object, got {}",
+            json_kind(&value)
+        )));
+    }
+    Ok(Some(value))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Responses
+
+fn json_bytes(v: &Value) -> Vec<u8> {
+    v.to_string().into_bytes()
+}
+
+fn count(n: u32) -> i32 {
+    i32::try_from(n).unwrap_or(i32::MAX)
+}
+
+/// The policy's name out of its `namespace/name@version` reference.
+pub(crate) fn policy_name(policy_ref: Option<&str>) -> String {
+    let Some(r) = policy_ref else {
+        return String::new();
+    };
+    let without_version = r.split_once('@').map_or(r, |(n, _)| n);
+    without_version
+        .rsplit_once('/')
+        .map_or(without_version, |(_, n)| n)
+        .to_owned()
+}
+
+fn vote_pb(v: &ApprovalVote) -> pb::ApprovalVote {
+    pb::ApprovalVote {
+        decided_by: v.decided_by.clone(),
+        decision: v.decision.to_string(),
+        comment: v.comment.clone(),
+        comprehension_acknowledged: v.comprehension_acknowledged,
+        created_at: timestamp(v.created_at),
+    }
+}
+
+/// An approval on the wire; `with_votes` for GetApproval (ListApprovals leaves them out).
+pub(crate) fn approval(a: Approval, with_votes: bool) -> pb::Approval {
+    pb::Approval {
+        id: a.id.to_string(),
+        session_id: a.session_id.clone(),
+        call_id: a.call_id.clone(),
+        status: a.status.to_string(),
+        route: a.route.clone(),
+        reason: a.reason.clone(),
+        tool: a.tool.clone(),
+        version: a.tool_version.clone(),
+        args: json_bytes(&a.args),
+        authority_ref: a.authority_ref.clone(),
+        policy_name: policy_name(a.policy_ref.as_deref()),
+        policy_runtime: json_bytes(&Value::Object(a.policy_runtime.clone())),
+        approvals_required: count(a.approvals_required),
+        approvals_received: count(a.approvals_received),
+        comprehension_required: a.comprehension_required,
+        on_reject: a.on_reject.to_string(),
+        on_modify: a.on_modify.to_string(),
+        expires_at: a.expires_at.map(timestamp).unwrap_or_default(),
+        created_at: timestamp(a.created_at),
+        decided_at: a.decided_at.map(timestamp).unwrap_or_default(),
+        decided_by: a.decided_by.clone().unwrap_or_default(),
+        comment: a.comment.clone().unwrap_or_default(),
+        votes: if with_votes {
+            a.votes.iter().map(vote_pb).collect()
+        } else {
+            Vec::new()
+        },
+        agent_ref: a.agent.to_string(),
+        agent_version_id: a.agent_version_id.to_string(),
+        policy_ref: a.policy_ref.clone().unwrap_or_default(),
+        call_hash: a.call_hash.clone(),
+        effective_args: a
+            .effective_args
+            .as_ref()
+            .map(json_bytes)
+            .unwrap_or_default(),
+        parent_approval_id: a
+            .parent_approval_id
+            .map(|id| id.to_string())
+            .unwrap_or_default(),
+    }
+}
+
+pub(crate) fn list_approvals_response(
+    page: phrony_ledger::Page<Approval>,
+) -> pb::ListApprovalsResponse {
+    pb::ListApprovalsResponse {
+        approvals: page.items.into_iter().map(|a| approval(a, false)).collect(),
+        next_page_token: page.next_token.unwrap_or_default(),
+    }
+}
+
+pub(crate) fn decide_response(
+    a: &Approval,
+    session_status: SessionStatus,
+) -> pb::DecideApprovalResponse {
+    pb::DecideApprovalResponse {
+        status: a.status.to_string(),
+        approvals_received: count(a.approvals_received),
+        session_status: session_status.to_string(),
+    }
+}
+
+/// An approval of the InspectSession timeline, with its votes.
+pub(crate) fn inspect_approval(a: &Approval) -> pb::InspectApproval {
+    pb::InspectApproval {
+        id: a.id.to_string(),
+        session_id: a.session_id.clone(),
+        call_id: a.call_id.clone(),
+        status: a.status.to_string(),
+        route: a.route.clone(),
+        reason: a.reason.clone(),
+        tool: a.tool.clone(),
+        version: a.tool_version.clone(),
+        args: Some(json_value(&a.args)),
+        authority_ref: a.authority_ref.clone(),
+        policy_name: policy_name(a.policy_ref.as_deref()),
+        policy_runtime: Some(json_value(&Value::Object(a.policy_runtime.clone()))),
+        approvals_required: count(a.approvals_required),
+        approvals_received: count(a.approvals_received),
+        comprehension_required: a.comprehension_required,
+        on_reject: a.on_reject.to_string(),
+        on_modify: a.on_modify.to_string(),
+        expires_at: a.expires_at.map(timestamp).unwrap_or_default(),
+        created_at: timestamp(a.created_at),
+        decided_at: a.decided_at.map(timestamp).unwrap_or_default(),
+        decided_by: a.decided_by.clone().unwrap_or_default(),
+        comment: a.comment.clone().unwrap_or_default(),
+        votes: a.votes.iter().map(vote_pb).collect(),
+        agent_ref: a.agent.to_string(),
+        agent_version_id: a.agent_version_id.to_string(),
+        policy_ref: a.policy_ref.clone().unwrap_or_default(),
+        call_hash: a.call_hash.clone(),
+        effective_args: a.effective_args.as_ref().map(json_value),
+        parent_approval_id: a
+            .parent_approval_id
+            .map(|id| id.to_string())
+            .unwrap_or_default(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tonic::Code;
+
+    #[test]
+    fn approval_ids_must_be_uuids() {
+        let err = approval_id("nope").unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument);
+        assert!(err.message().starts_with("approval_id must be a UUID"));
+        assert_eq!(
+            approval_id("").unwrap_err().message(),
+            "approval_id is required"
+        );
+        let id = Uuid::new_v4();
+        assert_eq!(approval_id(&id.to_string()).unwrap(), id);
+    }
+
+    #[test]
+    fn decisions_and_args_are_checked() {
+        let mut r = pb::DecideApprovalRequest::default();
+        let err = vote(&r, "emad".into()).unwrap_err();
+        assert_eq!(err.message(), "decision must be APPROVE or REJECT");
+        r.decision = pb::ApprovalDecision::Approve as i32;
+        r.args = b"[1]".to_vec();
+        let err = vote(&r, "emad".into()).unwrap_err();
+        assert_eq!(err.message(), "args must be a JSON object, got an array");
+        r.args = b"{\"amount\": 300}".to_vec();
+        let v = vote(&r, "emad".into()).unwrap();
+        assert_eq!(v.edited_args, Some(serde_json::json!({"amount": 300})));
+        r.decision = pb::ApprovalDecision::Reject as i32;
+        assert_eq!(
+            vote(&r, "emad".into()).unwrap_err().code(),
+            Code::InvalidArgument
+        );
+        r.args.clear();
+        assert_eq!(
+            vote(&r, "emad".into()).unwrap().decision,
+            VoteDecision::Reject
+        );
+    }
+
+    #[test]
+    fn policy_names_come_from_refs() {
+        assert_eq!(
+            policy_name(Some("payments/refund-hard-limit@1.0.0")),
+            "refund-hard-limit"
+        );
+        assert_eq!(policy_name(None), "");
+    }
+}

@@ -1,0 +1,58 @@
+//! Approval RPCs (§3.9): read one (with its votes), list them, and vote. Votes go through the
+//! session engine, so the session waiting for the approval resumes as soon as it is decided.
+
+use phrony_proto::runtime::v1 as pb;
+use tonic::Status;
+
+use super::RuntimeService;
+use crate::convert::approvals as conv;
+use crate::convert::{engine_status, ledger_status};
+
+impl RuntimeService {
+    pub(super) async fn get_approval_impl(
+        &self,
+        request: pb::GetApprovalRequest,
+    ) -> Result<pb::Approval, Status> {
+        let id = conv::approval_id(&request.approval_id)?;
+        let approval = self.ledger.get_approval(id).await.map_err(ledger_status)?;
+        Ok(conv::approval(approval, true))
+    }
+
+    pub(super) async fn list_approvals_impl(
+        &self,
+        request: pb::ListApprovalsRequest,
+    ) -> Result<pb::ListApprovalsResponse, Status> {
+        let (filter, page) = conv::approval_filter(&request)?;
+        let found = self
+            .ledger
+            .list_approvals(&filter, &page)
+            .await
+            .map_err(ledger_status)?;
+        Ok(conv::list_approvals_response(found))
+    }
+
+    pub(super) async fn decide_approval_impl(
+        &self,
+        request: pb::DecideApprovalRequest,
+        actor: String,
+    ) -> Result<pb::DecideApprovalResponse, Status> {
+        let id = conv::approval_id(&request.approval_id)?;
+        let vote = conv::vote(&request, actor)?;
+        let engine = self.engine()?;
+        let (voter, decision) = (vote.actor.clone(), vote.decision);
+        let outcome = engine
+            .decide_approval(id, vote)
+            .await
+            .map_err(engine_status)?;
+        let session = engine
+            .store()
+            .get_session(&outcome.approval.session_id)
+            .await
+            .map_err(|e| engine_status(e.into()))?;
+        tracing::info!(
+            approval_id = %id, session_id = %session.id, actor = %voter, %decision,
+            status = %outcome.approval.status, decided = outcome.decided, "approval vote recorded"
+        );
+        Ok(conv::decide_response(&outcome.approval, session.status))
+    }
+}

@@ -1,0 +1,235 @@
+//! Session RPCs (§5): start (shared by `RunSession` and `RunSessionInteractive`), cancel,
+//! complete, list and inspect. The engine runs the sessions; the ledger answers the reads.
+
+use std::collections::HashMap;
+
+use phrony_engine::{SessionHandle, StartSession};
+use phrony_manifest::CompiledAgent;
+use phrony_proto::runtime::v1 as pb;
+use tonic::Status;
+
+use super::RuntimeService;
+use crate::convert::sessions as conv;
+use crate::convert::{engine_status, ledger_status};
+
+/// What a session start asks for: the fields `RunSessionRequest` and
+/// `RunSessionInteractiveStart` share, plus the resolved actor.
+pub(crate) struct StartRequest {
+    /// The agent to run (exclusive with `bundle_ref`).
+    pub agent_ref: Option<pb::AgentRef>,
+    /// The bundle to run (exclusive with `agent_ref`; not runnable on this runtime yet).
+    pub bundle_ref: Option<pb::BundleRef>,
+    /// UTF-8 JSON: an object or a string; empty means `{}`.
+    pub input: Vec<u8>,
+    /// Secret values by name; must be exactly the manifest's declared set. Never logged.
+    pub resolved_secrets: HashMap<String, Vec<u8>>,
+    /// Caller labels stored with the session.
+    pub metadata: HashMap<String, String>,
+    /// A `pb::SessionMode` value; unspecified means task.
+    pub mode: i32,
+    /// Who starts the session.
+    pub actor: String,
+}
+
+impl std::fmt::Debug for StartRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut names: Vec<&String> = self.resolved_secrets.keys().collect();
+        names.sort();
+        f.debug_struct("StartRequest")
+            .field("agent_ref", &self.agent_ref)
+            .field("bundle_ref", &self.bundle_ref)
+            .field("input_bytes", &self.input.len())
+            .field("resolved_secret_names", &names)
+            .field("metadata", &self.metadata)
+            .field("mode", &self.mode)
+            .field("actor", &self.actor)
+            .finish()
+    }
+}
+
+impl RuntimeService {
+    /// Starts a session (§5.3): resolves the agent to its active deployment (an explicit version
+    /// must be that one), checks the input, the secrets (exactly the declared set) and the
+    /// metadata, and hands it to the engine, whose driver runs the first turn in the
+    /// background. Returns the started session and the compiled agent it runs.
+    ///
+    /// Errors: `InvalidArgument` for a malformed request (naming the field and the problem);
+    /// `Unimplemented` for `bundle_ref`; `NotFound` for an unknown agent; `FailedPrecondition`
+    /// when the agent cannot be run (archived, nothing deployed, a version that is not the
+    /// active one, a retired or deprecated active version, an unusable model configuration);
+    /// `Unavailable` when this service runs no engine.
+    pub(crate) async fn start_session(
+        &self,
+        req: StartRequest,
+    ) -> Result<(SessionHandle, CompiledAgent), Status> {
+        let engine = self.engine()?;
+        let target = conv::start_target(req.agent_ref.as_ref(), req.bundle_ref.as_ref())?;
+        let input = conv::session_input(&req.input)?;
+        let mode = conv::session_mode(req.mode)?;
+        let metadata = conv::metadata(req.metadata)?;
+        let (agent, version) = target;
+        let stored = self
+            .ledger
+            .runnable_version(&agent, version.as_deref())
+            .await
+            .map_err(ledger_status)?;
+        let compiled = CompiledAgent::from_snapshot_json(stored.snapshot_json.as_bytes())
+            .map_err(|e| {
+                tracing::error!(
+                    agent = %agent, version = %stored.version, error = %e,
+                    "stored agent snapshot does not load"
+                );
+                Status::internal(format!(
+                    "the stored snapshot of {agent} version {:?} does not load; see the runtime log",
+                    stored.version
+                ))
+            })?;
+        let secrets = conv::resolved_secrets(&compiled, req.resolved_secrets)?;
+        let handle = engine
+            .start_session(StartSession {
+                session_id: None,
+                agent_version_id: stored.id,
+                agent: compiled.clone(),
+                input,
+                metadata,
+                mode,
+                principal: None,
+                secrets,
+                actor: req.actor.clone(),
+            })
+            .await
+            .map_err(engine_status)?;
+        tracing::info!(
+            session_id = %handle.id, agent = %agent, version = %stored.version,
+            actor = %req.actor, ?mode, "session started"
+        );
+        Ok((handle, compiled))
+    }
+
+    pub(super) async fn run_session_impl(
+        &self,
+        request: pb::RunSessionRequest,
+        actor: String,
+    ) -> Result<pb::RunSessionResponse, Status> {
+        let (handle, _agent) = self
+            .start_session(StartRequest {
+                agent_ref: request.agent_ref,
+                bundle_ref: request.bundle_ref,
+                input: request.input,
+                resolved_secrets: request.resolved_secrets,
+                metadata: request.metadata,
+                mode: request.mode,
+                actor,
+            })
+            .await?;
+        Ok(conv::run_session_response(&handle))
+    }
+
+    pub(super) async fn cancel_session_impl(
+        &self,
+        request: pb::CancelSessionRequest,
+        actor: String,
+    ) -> Result<pb::CancelSessionResponse, Status> {
+        let id = conv::session_id(&request.session_id)?;
+        let ended = self.engine()?.cancel_session(id, &actor).await;
+        let session = self.ended(id, ended, "cancelled").await?;
+        tracing::info!(session_id = %session.id, %actor, "session cancelled");
+        Ok(pb::CancelSessionResponse {})
+    }
+
+    /// The outcome of a cancel or complete. The engine answers `NotFound` both for an unknown
+    /// session and for one that already ended; the client learns which: `NotFound`
+    /// (`session X not found`) or `FailedPrecondition`
+    /// (`session X is already completed and cannot be cancelled`).
+    async fn ended(
+        &self,
+        id: &str,
+        result: Result<phrony_engine::Session, phrony_engine::EngineError>,
+        verb: &str,
+    ) -> Result<phrony_engine::Session, Status> {
+        match result {
+            Ok(session) => Ok(session),
+            Err(e) if e.kind == phrony_engine::ErrorKind::NotFound => {
+                match self.ledger.get_session(id).await {
+                    Ok(s) if s.status.is_terminal() => Err(Status::failed_precondition(format!(
+                        "session {id} is already {} and cannot be {verb}",
+                        s.status
+                    ))),
+                    Ok(_) => Err(engine_status(e)),
+                    Err(phrony_ledger::LedgerError::NotFound { .. }) => {
+                        Err(Status::not_found(format!("session {id} not found")))
+                    }
+                    Err(other) => Err(ledger_status(other)),
+                }
+            }
+            Err(e) => Err(engine_status(e)),
+        }
+    }
+
+    pub(super) async fn complete_session_impl(
+        &self,
+        request: pb::CompleteSessionRequest,
+        actor: String,
+    ) -> Result<pb::CompleteSessionResponse, Status> {
+        let id = conv::session_id(&request.session_id)?;
+        let ended = self.engine()?.complete_session(id, &actor).await;
+        let session = self.ended(id, ended, "completed").await?;
+        tracing::info!(session_id = %session.id, %actor, "session completed on request");
+        Ok(pb::CompleteSessionResponse {})
+    }
+}
+
+impl RuntimeService {
+    pub(super) async fn list_sessions_impl(
+        &self,
+        request: pb::ListSessionsRequest,
+    ) -> Result<pb::ListSessionsResponse, Status> {
+        let Some((filter, page)) = conv::session_filter(&request)? else {
+            // Bundle sessions: this runtime cannot run bundles, so there are none.
+            return Ok(pb::ListSessionsResponse::default());
+        };
+        let found = self
+            .ledger
+            .list_sessions(&filter, &page)
+            .await
+            .map_err(ledger_status)?;
+        Ok(conv::list_sessions_response(found))
+    }
+
+    pub(super) async fn inspect_session_impl(
+        &self,
+        request: pb::InspectSessionRequest,
+    ) -> Result<pb::InspectSessionResponse, Status> {
+        let id = conv::session_id(&request.session_id)?;
+        let timeline = self
+            .ledger
+            .session_timeline(id)
+            .await
+            .map_err(ledger_status)?;
+        let inspection = phrony_engine::inspect(timeline).map_err(engine_status)?;
+        let mut models = conv::Models::new();
+        for session in phrony_engine::sessions_by_id(&inspection).values() {
+            let version_id = session.agent_version_id;
+            if models.contains_key(&version_id) {
+                continue;
+            }
+            // The model is context, not the point of an inspection: a version that no longer
+            // loads shows an empty model rather than failing the whole read.
+            let model = match self.ledger.get_agent_version_by_id(version_id).await {
+                Ok(v) => match CompiledAgent::from_snapshot_json(v.snapshot_json.as_bytes()) {
+                    Ok(agent) => (agent.spec.model.provider, agent.spec.model.name),
+                    Err(e) => {
+                        tracing::warn!(%version_id, error = %e, "stored agent snapshot does not load");
+                        (String::new(), String::new())
+                    }
+                },
+                Err(e) => {
+                    tracing::warn!(%version_id, error = %e, "agent version of an inspected session");
+                    (String::new(), String::new())
+                }
+            };
+            models.insert(version_id, model);
+        }
+        Ok(conv::inspect_response(inspection, &models))
+    }
+}
