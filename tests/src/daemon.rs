@@ -140,6 +140,8 @@ pub struct Daemon {
     backend: Backend,
     dir: tempfile::TempDir,
     postgres: Option<PostgresDatabase>,
+    /// Extra environment variables of the daemon.
+    env: Vec<(String, String)>,
 }
 
 impl Daemon {
@@ -151,6 +153,16 @@ impl Daemon {
     /// down and skipping was not asked for.
     #[must_use]
     pub fn start(backend: Backend) -> Option<Self> {
+        Self::start_with_env(backend, &[])
+    }
+
+    /// [`start`](Self::start) with extra environment variables for the daemon, e.g.
+    /// `("RUNTIME_ENABLE_STUB_PROVIDER", "1")` for agents on the scripted `stub` model.
+    ///
+    /// # Panics
+    /// As [`start`](Self::start).
+    #[must_use]
+    pub fn start_with_env(backend: Backend, env: &[(&str, &str)]) -> Option<Self> {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
         let (url, postgres) = match backend {
             Backend::Sqlite => (
@@ -168,6 +180,10 @@ impl Daemon {
             backend,
             dir,
             postgres,
+            env: env
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
         };
         // A port found free can be taken before the daemon binds it: retry on that only.
         for _ in 0..3 {
@@ -199,6 +215,8 @@ impl Daemon {
             .env_remove("RUNTIME_SECRETS_ENCRYPTION_KEY")
             .env_remove("RUNTIME_LOG_FORMAT")
             .env_remove("PHRONY_ACTOR")
+            .env_remove("RUNTIME_ENABLE_STUB_PROVIDER")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(err)

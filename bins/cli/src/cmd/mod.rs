@@ -2,13 +2,17 @@
 
 mod agent_ref;
 mod agents;
+mod approvals;
+mod attach;
 mod bundles;
 mod init;
 mod manifest;
 mod policies;
 mod remote;
 mod render;
+mod run;
 mod schema;
+mod sessions;
 mod status;
 mod table;
 
@@ -70,6 +74,14 @@ enum Command {
     /// Dry-run policies against a tool call.
     #[command(subcommand)]
     Policies(policies::Command),
+    /// Start a session of an agent's active deployment (prints `session <id> started`).
+    Run(run::Args),
+    /// List, inspect, cancel and complete sessions.
+    #[command(subcommand)]
+    Sessions(sessions::Command),
+    /// List, show, approve and reject tool calls held for a human decision.
+    #[command(subcommand)]
+    Approvals(approvals::Command),
     /// Lock and validate bundles of agents.
     #[command(subcommand)]
     Bundles(bundles::Command),
@@ -95,6 +107,9 @@ impl Cli {
             Command::Status(args) => status::run(&args, &self.global),
             Command::Agents(cmd) => cmd.run(&self.global),
             Command::Policies(cmd) => cmd.run(),
+            Command::Run(args) => run::run(&args, &self.global),
+            Command::Sessions(cmd) => cmd.run(&self.global),
+            Command::Approvals(cmd) => cmd.run(&self.global),
             Command::Bundles(cmd) => cmd.run(),
             Command::Schema(args) => schema::run(&args),
         }

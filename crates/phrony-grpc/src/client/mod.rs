@@ -23,7 +23,10 @@
 //! has one, and always in the [`ACTOR_HEADER`] metadata, the only way to
 //! name the actor of Deprecate, Retire and Archive.
 
+mod approvals;
 mod error;
+pub mod interactive;
+mod sessions;
 mod types;
 
 use std::time::Duration;
@@ -36,7 +39,15 @@ use tonic::transport::{Channel, Endpoint};
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_client::HealthClient;
 
+pub use approvals::{
+    Approval, ApprovalFilter, ApprovalPage, DecideApproval, Decision, DecisionOutcome, Vote,
+};
 pub use error::{ClientError, Code};
+pub use sessions::{
+    RunSession, SessionAgent, SessionDetail, SessionEvent, SessionFilter, SessionInspection,
+    SessionMode, SessionOutput, SessionPage, SessionSummary, StartedSession, TimelineDetail,
+    TimelineEntry, TokenUsage, ToolInvocation, TurnSummary, VersionedName,
+};
 pub use types::{
     ActiveVersion, AgentName, AgentSummary, AgentVersion, AgentVersionSummary, Deployed,
     DeploymentRecord, Health, Published, RolledBack, RuntimeVersion, VersionStatus,

@@ -233,14 +233,18 @@ pub struct AgentSummary {
 // Wire → client values
 
 /// A required RFC 3339 timestamp.
-fn timestamp(rpc: &'static str, field: &str, text: &str) -> Result<DateTime<Utc>, ClientError> {
+pub(super) fn timestamp(
+    rpc: &'static str,
+    field: &str,
+    text: &str,
+) -> Result<DateTime<Utc>, ClientError> {
     DateTime::parse_from_rfc3339(text)
         .map(|t| t.with_timezone(&Utc))
         .map_err(|e| ClientError::invalid_response(rpc, format!("{field} {text:?}: {e}")))
 }
 
 /// An optional timestamp: empty means unset.
-fn optional_timestamp(
+pub(super) fn optional_timestamp(
     rpc: &'static str,
     field: &str,
     text: &str,
@@ -253,7 +257,7 @@ fn optional_timestamp(
 }
 
 /// An optional string: empty means unset.
-fn optional(text: String) -> Option<String> {
+pub(super) fn optional(text: String) -> Option<String> {
     (!text.is_empty()).then_some(text)
 }
 

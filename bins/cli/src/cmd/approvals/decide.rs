@@ -1,0 +1,154 @@
+//! `phrony approvals approve ID` and `phrony approvals reject ID`: vote on a pending approval.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context as _, bail};
+use phrony_grpc::client::{DecideApproval, Decision};
+use serde_json::{Value, json};
+
+use crate::cmd::{Global, Output, remote, render};
+
+/// Arguments of `phrony approvals approve`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct ApproveArgs {
+    /// The approval id.
+    approval_id: String,
+    /// A comment recorded with the vote.
+    #[arg(long)]
+    comment: Option<String>,
+    /// Approve with these arguments instead of the proposed ones (a JSON object in a file).
+    #[arg(long, value_name = "FILE.json")]
+    args: Option<PathBuf>,
+    /// Acknowledge that you understood the call (required when the policy asks for it).
+    #[arg(long)]
+    comprehension: bool,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t)]
+    output: Output,
+}
+
+/// Arguments of `phrony approvals reject`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct RejectArgs {
+    /// The approval id.
+    approval_id: String,
+    /// A comment recorded with the vote.
+    #[arg(long)]
+    comment: Option<String>,
+    /// Acknowledge that you understood the call (required when the policy asks for it).
+    #[arg(long)]
+    comprehension: bool,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t)]
+    output: Output,
+}
+
+/// Votes to approve.
+pub(crate) fn approve(args: &ApproveArgs, global: &Global) -> anyhow::Result<()> {
+    let vote = DecideApproval {
+        approval_id: super::approval_id(&args.approval_id)?.to_owned(),
+        decision: Decision::Approve,
+        comment: args.comment.clone().filter(|c| !c.is_empty()),
+        args: args.args.as_deref().map(read_args).transpose()?,
+        comprehension_acknowledged: args.comprehension,
+    };
+    decide(&vote, args.output, global, "approve")
+}
+
+/// Votes to reject.
+pub(crate) fn reject(args: &RejectArgs, global: &Global) -> anyhow::Result<()> {
+    let vote = DecideApproval {
+        approval_id: super::approval_id(&args.approval_id)?.to_owned(),
+        decision: Decision::Reject,
+        comment: args.comment.clone().filter(|c| !c.is_empty()),
+        args: None,
+        comprehension_acknowledged: args.comprehension,
+    };
+    decide(&vote, args.output, global, "reject")
+}
+
+/// Prints `status: …`, `approvals_received: N`, `session_status: …`.
+fn decide(
+    vote: &DecideApproval,
+    output: Output,
+    global: &Global,
+    action: &'static str,
+) -> anyhow::Result<()> {
+    remote::block_on(async {
+        let (client, _) = remote::connect(global).await?;
+        let outcome = client
+            .decide_approval(vote, &remote::actor())
+            .await
+            .map_err(remote::fails(action))?;
+        match output {
+            Output::Json => render::json(&json!({
+                "approval_id": vote.approval_id,
+                "status": outcome.status,
+                "approvals_received": outcome.approvals_received,
+                "session_status": outcome.session_status,
+            })),
+            Output::Text => render::line(format_args!(
+                "status: {}\napprovals_received: {}\nsession_status: {}",
+                outcome.status, outcome.approvals_received, outcome.session_status
+            )),
+        }
+    })
+}
+
+/// `--args FILE.json`: a JSON object.
+fn read_args(path: &Path) -> anyhow::Result<Value> {
+    let shown = path.display();
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("read --args file {shown}"))?;
+    let value: Value = serde_json::from_str(&text)
+        .with_context(|| format!("--args file {shown} is not valid JSON"))?;
+    if !value.is_object() {
+        bail!(
+            "--args file {shown} must hold a JSON object (the tool's arguments), got {}",
+            kind(&value)
+        );
+    }
+    Ok(value)
+}
+
+fn kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "tests: a panic is a failed assertion")]
+
+    use super::*;
+
+    #[test]
+    fn args_files_must_hold_a_json_object() {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |name: &str, text: &str| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, text).unwrap();
+            path
+        };
+        let ok = write("ok.json", r#"{"order_id": "ORD-1", "amount": 200}"#);
+        assert_eq!(read_args(&ok).unwrap()["amount"], 200);
+        let shown = |p: &Path| format!("{:#}", read_args(p).unwrap_err());
+        let broken = write("broken.json", "{\"amount\": ");
+        assert!(
+            shown(&broken).contains("broken.json is not valid JSON"),
+            "{}",
+            shown(&broken)
+        );
+        let list = write("list.json", "[1]");
+        assert!(
+            shown(&list).ends_with("must hold a JSON object (the tool's arguments), got an array")
+        );
+        assert!(shown(&dir.path().join("missing.json")).starts_with("read --args file "));
+    }
+}

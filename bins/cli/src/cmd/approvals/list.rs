@@ -1,0 +1,111 @@
+//! `phrony approvals list`: approvals matching every filter, newest first.
+
+use std::io::{self, Write as _};
+
+use phrony_grpc::client::ApprovalFilter;
+use serde_json::json;
+
+use crate::cmd::table::Table;
+use crate::cmd::{Global, Output, agent_ref, remote, render};
+
+/// Arguments of `phrony approvals list`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct Args {
+    /// Only approvals in this status: pending, approved, denied, escalated, or `all`.
+    #[arg(long, default_value = "pending")]
+    status: String,
+    /// Only approvals routed to this route (e.g. a role).
+    #[arg(long)]
+    route: Option<String>,
+    /// Only approvals of this session.
+    #[arg(long, value_name = "SESSION_ID")]
+    session_id: Option<String>,
+    /// Only approvals of this agent's sessions: namespace/name.
+    #[arg(long, value_name = "NS/NAME")]
+    agent: Option<String>,
+    /// At most this many approvals (default: the runtime's page size).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    limit: Option<u32>,
+    /// Continue a listing: the token printed after the previous page.
+    #[arg(long, value_name = "TOKEN")]
+    page_token: Option<String>,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t)]
+    output: Output,
+}
+
+/// Prints `ID STATUS SESSION_ID AGENT TOOL POLICY ROUTE RECEIVED EXPIRES_AT`.
+pub(crate) fn run(args: &Args, global: &Global) -> anyhow::Result<()> {
+    let agent = args
+        .agent
+        .as_deref()
+        .map(|a| agent_ref::unversioned(a, ""))
+        .transpose()?;
+    let non_empty = |flag: &str, value: &Option<String>| -> anyhow::Result<Option<String>> {
+        match value.as_deref().map(str::trim) {
+            Some("") => anyhow::bail!("--{flag} must not be empty"),
+            other => Ok(other.map(str::to_owned)),
+        }
+    };
+    let status = match args.status.trim() {
+        "" => anyhow::bail!("--status must not be empty (use --status all for every status)"),
+        "all" => None,
+        s => Some(s.to_owned()),
+    };
+    let filter = ApprovalFilter {
+        status,
+        route: non_empty("route", &args.route)?,
+        session_id: non_empty("session-id", &args.session_id)?,
+        agent,
+        limit: args.limit,
+        page_token: args.page_token.clone().filter(|t| !t.is_empty()),
+    };
+    remote::block_on(async {
+        let (client, _) = remote::connect(global).await?;
+        let page = client
+            .list_approvals(&filter)
+            .await
+            .map_err(remote::fails("approvals list"))?;
+        match args.output {
+            Output::Json => render::json(&json!({
+                "approvals": page.approvals.iter().map(super::approval_json).collect::<Vec<_>>(),
+                "next_page_token": page.next_page_token,
+            })),
+            Output::Text => {
+                let mut table = Table::new(&[
+                    "ID",
+                    "STATUS",
+                    "SESSION_ID",
+                    "AGENT",
+                    "TOOL",
+                    "POLICY",
+                    "ROUTE",
+                    "RECEIVED",
+                    "EXPIRES_AT",
+                ]);
+                let dash = |v: Option<&str>| v.unwrap_or("-").to_owned();
+                for a in &page.approvals {
+                    table.row(vec![
+                        a.id.clone(),
+                        a.status.clone(),
+                        a.session_id.clone(),
+                        dash(a.agent_ref.as_deref()),
+                        super::tool(a),
+                        dash(super::policy(a)),
+                        dash(a.route.as_deref()),
+                        format!("{}/{}", a.approvals_received, a.approvals_required),
+                        a.expires_at.map_or_else(|| "-".to_owned(), render::time),
+                    ]);
+                }
+                table.print()?;
+                if let Some(token) = &page.next_page_token {
+                    writeln!(
+                        io::stderr().lock(),
+                        "more approvals match: add --page-token {token}"
+                    )?;
+                }
+                Ok(())
+            }
+        }
+    })
+}

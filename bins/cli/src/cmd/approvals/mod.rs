@@ -1,0 +1,116 @@
+//! `phrony approvals …`: list, show and decide the tool calls held for a human.
+//!
+//! Votes are recorded with the actor (`PHRONY_ACTOR`, else the OS user).
+
+mod decide;
+mod list;
+mod show;
+
+use phrony_grpc::client::{Approval, Vote};
+use serde_json::{Value, json};
+
+use crate::cmd::{Global, render};
+
+/// Subcommands of `phrony approvals`.
+#[derive(Debug, clap::Subcommand)]
+pub(crate) enum Command {
+    /// List approvals, newest first (pending ones unless --status says otherwise).
+    List(list::Args),
+    /// Show one approval: the held call, its arguments, the policy and the votes.
+    Show(show::Args),
+    /// Vote to approve a pending approval (optionally with edited arguments).
+    Approve(decide::ApproveArgs),
+    /// Vote to reject a pending approval (one reject denies it).
+    Reject(decide::RejectArgs),
+}
+
+impl Command {
+    /// Runs the subcommand.
+    pub(crate) fn run(self, global: &Global) -> anyhow::Result<()> {
+        match self {
+            Self::List(args) => list::run(&args, global),
+            Self::Show(args) => show::run(&args, global),
+            Self::Approve(args) => decide::approve(&args, global),
+            Self::Reject(args) => decide::reject(&args, global),
+        }
+    }
+}
+
+/// An approval id argument: non-empty, without surrounding whitespace.
+fn approval_id(input: &str) -> anyhow::Result<&str> {
+    let id = input.trim();
+    if id.is_empty() {
+        anyhow::bail!("approval id must not be empty");
+    }
+    Ok(id)
+}
+
+/// `tool@version`.
+fn tool(a: &Approval) -> String {
+    if a.version.is_empty() {
+        a.tool.clone()
+    } else {
+        format!("{}@{}", a.tool, a.version)
+    }
+}
+
+/// The deciding policy: its `namespace/name@version`, else its name.
+fn policy(a: &Approval) -> Option<&str> {
+    a.policy_ref.as_deref().or(a.policy_name.as_deref())
+}
+
+/// `emad approved at 2025-01-31T09:30:00Z: "comment" (comprehension acknowledged)`.
+pub(crate) fn vote_text(v: &Vote) -> String {
+    let mut line = format!("{} {}", v.decided_by, v.decision);
+    if let Some(t) = v.created_at {
+        line.push_str(&format!(" at {}", render::time(t)));
+    }
+    if let Some(comment) = &v.comment {
+        line.push_str(&format!(": {comment:?}"));
+    }
+    if v.comprehension_acknowledged {
+        line.push_str(" (comprehension acknowledged)");
+    }
+    line
+}
+
+/// An approval as a JSON document (`--output json` of `show`, `list` and `sessions inspect`).
+pub(crate) fn approval_json(a: &Approval) -> Value {
+    json!({
+        "id": a.id,
+        "status": a.status,
+        "session_id": a.session_id,
+        "call_id": a.call_id,
+        "agent": a.agent_ref,
+        "agent_version_id": a.agent_version_id,
+        "tool": a.tool,
+        "version": a.version,
+        "args": a.args,
+        "effective_args": a.effective_args,
+        "route": a.route,
+        "reason": a.reason,
+        "policy": a.policy_ref,
+        "policy_name": a.policy_name,
+        "policy_runtime": a.policy_runtime,
+        "authority_ref": a.authority_ref,
+        "approvals_required": a.approvals_required,
+        "approvals_received": a.approvals_received,
+        "comprehension_required": a.comprehension_required,
+        "on_reject": a.on_reject,
+        "on_modify": a.on_modify,
+        "call_hash": a.call_hash,
+        "parent_approval_id": a.parent_approval_id,
+        "created_at": render::json_time(a.created_at),
+        "expires_at": render::json_time(a.expires_at),
+        "decided_at": render::json_time(a.decided_at),
+        "decided_by": a.decided_by,
+        "comment": a.comment,
+        "votes": a.votes.iter().map(|v| json!({
+            "decided_by": v.decided_by,
+            "decision": v.decision,
+            "comment": v.comment,
+            "comprehension_acknowledged": v.comprehension_acknowledged,
+            "created_at": render::json_time(v.created_at),
+        })).collect::<Vec<_>>(),
+    })
+}

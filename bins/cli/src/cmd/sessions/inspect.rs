@@ -1,0 +1,519 @@
+//! `phrony sessions inspect ID`: a session, its delegated children and its merged timeline.
+
+use std::io::{self, Write};
+
+use phrony_grpc::client::{
+    SessionDetail, SessionInspection, TimelineDetail, TimelineEntry, TokenUsage,
+};
+use serde_json::{Value, json};
+
+use crate::cmd::approvals::approval_json;
+use crate::cmd::table::Table;
+use crate::cmd::{Global, Output, remote, render};
+
+/// Longest JSON shown on one line of the text timeline (`--output json` has everything).
+const MAX_INLINE_JSON: usize = 200;
+
+/// Arguments of `phrony sessions inspect`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct Args {
+    /// The session id (`run_…`).
+    session_id: String,
+    /// Also print each event's payload (compact JSON, long ones cut) under its timeline line.
+    #[arg(long)]
+    payloads: bool,
+    /// Output format (JSON has every field and full payloads).
+    #[arg(long, value_enum, default_value_t)]
+    output: Output,
+}
+
+/// Prints the `=== Session <id> ===` block, the timeline and the children.
+pub(crate) fn run(args: &Args, global: &Global) -> anyhow::Result<()> {
+    let id = super::session_id(&args.session_id)?;
+    remote::block_on(async {
+        let (client, _) = remote::connect(global).await?;
+        let inspection = client
+            .inspect_session(id)
+            .await
+            .map_err(remote::fails("inspect"))?;
+        match args.output {
+            Output::Json => render::json(&inspection_json(&inspection)),
+            Output::Text => Ok(write_inspection(
+                &inspection,
+                args.payloads,
+                &mut io::stdout().lock(),
+            )?),
+        }
+    })
+}
+
+fn write_inspection(
+    inspection: &SessionInspection,
+    payloads: bool,
+    out: &mut impl Write,
+) -> io::Result<()> {
+    write_session(&inspection.session, out)?;
+    writeln!(out)?;
+    writeln!(out, "Timeline:")?;
+    if inspection.timeline.is_empty() {
+        writeln!(out, "  (no entries)")?;
+    }
+    for entry in &inspection.timeline {
+        write_entry(entry, &inspection.session.id, payloads, out)?;
+    }
+    for child in &inspection.session.children {
+        write_children(child, out)?;
+    }
+    Ok(())
+}
+
+fn write_children(session: &SessionDetail, out: &mut impl Write) -> io::Result<()> {
+    writeln!(out)?;
+    write_session(session, out)?;
+    for child in &session.children {
+        write_children(child, out)?;
+    }
+    Ok(())
+}
+
+/// The header block of one session.
+fn write_session(s: &SessionDetail, out: &mut impl Write) -> io::Result<()> {
+    writeln!(out, "=== Session {} ===", s.id)?;
+    let mut table = Table::headless(2);
+    let mut field = |key: &str, value: String| table.row(vec![format!("{key}:"), value]);
+    field("status", s.status.clone());
+    if let Some(agent) = &s.agent {
+        field("agent", agent.agent.to_string());
+        field(
+            "model",
+            format!("{}/{}", agent.model_provider, agent.model_name),
+        );
+        let mut limits = Vec::new();
+        if agent.max_tokens_per_run > 0 {
+            limits.push(format!("max_tokens_per_run={}", agent.max_tokens_per_run));
+        }
+        if agent.max_wall_clock_seconds > 0 {
+            limits.push(format!(
+                "max_wall_clock_seconds={}",
+                agent.max_wall_clock_seconds
+            ));
+        }
+        if !limits.is_empty() {
+            field("limits", limits.join(" "));
+        }
+    }
+    if let Some(mode) = s.mode {
+        field("mode", mode.to_string());
+    }
+    field("depth", s.depth.to_string());
+    if let Some(parent) = &s.parent_session_id {
+        field("parent", parent.clone());
+    }
+    if let Some(bundle) = &s.bundle_version_id {
+        field("bundle_version", bundle.clone());
+    }
+    if !s.metadata.is_empty() {
+        field(
+            "metadata",
+            s.metadata
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(" "),
+        );
+    }
+    if let Some(started) = s.started_at {
+        let end = s.ended_at.unwrap_or_else(chrono::Utc::now);
+        let elapsed = (end - started).num_milliseconds();
+        #[allow(
+            clippy::cast_precision_loss,
+            reason = "a session's elapsed milliseconds are far below 2^52"
+        )]
+        let seconds = elapsed as f64 / 1000.0;
+        let running = if s.ended_at.is_none() {
+            " (running)"
+        } else {
+            ""
+        };
+        field("elapsed", format!("{seconds:.1}s{running}"));
+    }
+    if let Some(usage) = s.output.as_ref().and_then(|o| o.session_usage) {
+        field("tokens", usage_text(usage));
+    }
+    if let Some(t) = s.created_at {
+        field("created_at", render::time(t));
+    }
+    if let Some(t) = s.updated_at {
+        field("updated_at", render::time(t));
+    }
+    if let Some(t) = s.ended_at {
+        field("ended_at", render::time(t));
+    }
+    field("input", inline_json(&s.input));
+    if let Some(output) = &s.output {
+        field("output", output.message.clone());
+        if !output.stop_reason.is_empty() {
+            field("stop_reason", output.stop_reason.clone());
+        }
+    }
+    if let Some(error) = &s.error {
+        field("error", error.clone());
+    }
+    if !s.children.is_empty() {
+        field(
+            "children",
+            s.children
+                .iter()
+                .map(|c| c.id.as_str())
+                .collect::<Vec<_>>()
+                .join(" "),
+        );
+    }
+    table.write(out)
+}
+
+/// Actors the runtime itself records; any other actor is a person or a client (shown).
+const RUNTIME_ACTORS: &[&str] = &["system", "agent", "policy", "worker"];
+
+/// `ts +gap [source/kind] summary`, then detail lines indented by four spaces: the actor of
+/// events caused by a person, the payload (with `payloads`), a call's worker, arguments and
+/// result, an approval's outcome and votes.
+fn write_entry(
+    entry: &TimelineEntry,
+    root: &str,
+    payloads: bool,
+    out: &mut impl Write,
+) -> io::Result<()> {
+    let ts = entry.timestamp.map_or_else(|| "-".to_owned(), render::time);
+    let session = if entry.session_id.is_empty() || entry.session_id == root {
+        String::new()
+    } else {
+        format!("(session {} depth {}) ", entry.session_id, entry.depth)
+    };
+    writeln!(
+        out,
+        "{ts} +{}ms [{}/{}] {session}{}",
+        entry.gap_ms, entry.source, entry.kind, entry.summary
+    )?;
+    match &entry.detail {
+        TimelineDetail::Event(event) => {
+            if !event.actor.is_empty() && !RUNTIME_ACTORS.contains(&event.actor.as_str()) {
+                writeln!(out, "    actor: {}", event.actor)?;
+            }
+            if payloads && !event.payload.is_null() {
+                writeln!(out, "    payload: {}", inline_json(&event.payload))?;
+            }
+        }
+        TimelineDetail::Invocation(call) => {
+            let mut worker = format!("    status: {} attempt: {}", call.status, call.attempt);
+            if let Some(identity) = &call.worker_identity {
+                worker.push_str(&format!(" worker: {identity}"));
+            }
+            worker.push_str(&format!(
+                " queue_ms: {} exec_ms: {}",
+                call.queue_delay_ms, call.execution_duration_ms
+            ));
+            writeln!(out, "{worker}")?;
+            writeln!(out, "    args: {}", inline_json(&call.args))?;
+            if !call.result.is_null() {
+                writeln!(out, "    result: {}", inline_json(&call.result))?;
+            }
+            if call.error_code.is_some() || call.error_message.is_some() {
+                writeln!(
+                    out,
+                    "    error: {} {}",
+                    call.error_code.as_deref().unwrap_or("-"),
+                    call.error_message.as_deref().unwrap_or("")
+                )?;
+            }
+        }
+        TimelineDetail::Approval(approval) => {
+            let mut line = format!(
+                "    approval: {} status: {} approvals: {}/{}",
+                approval.id,
+                approval.status,
+                approval.approvals_received,
+                approval.approvals_required
+            );
+            if let Some(by) = &approval.decided_by {
+                line.push_str(&format!(" decided_by: {by}"));
+            }
+            if let Some(comment) = &approval.comment {
+                line.push_str(&format!(" comment: {comment:?}"));
+            }
+            writeln!(out, "{line}")?;
+            for vote in &approval.votes {
+                writeln!(out, "    vote: {}", crate::cmd::approvals::vote_text(vote))?;
+            }
+        }
+        TimelineDetail::None => {}
+    }
+    Ok(())
+}
+
+fn usage_text(u: TokenUsage) -> String {
+    let estimated = if u.estimated { " (estimated)" } else { "" };
+    format!(
+        "input={} output={} total={}{estimated}",
+        u.input_tokens, u.output_tokens, u.total_tokens
+    )
+}
+
+/// Compact JSON on one line, cut at [`MAX_INLINE_JSON`] characters.
+fn inline_json(value: &Value) -> String {
+    let text = value.to_string();
+    if text.chars().count() <= MAX_INLINE_JSON {
+        return text;
+    }
+    let cut: String = text.chars().take(MAX_INLINE_JSON).collect();
+    format!("{cut}… (truncated; see --output json)")
+}
+
+fn usage_json(u: Option<TokenUsage>) -> Value {
+    u.map_or(Value::Null, |u| {
+        json!({
+            "input_tokens": u.input_tokens,
+            "output_tokens": u.output_tokens,
+            "total_tokens": u.total_tokens,
+            "estimated": u.estimated,
+        })
+    })
+}
+
+fn session_json(s: &SessionDetail) -> Value {
+    json!({
+        "id": s.id,
+        "status": s.status,
+        "parent_session_id": s.parent_session_id,
+        "depth": s.depth,
+        "agent_version_id": s.agent_version_id,
+        "bundle_version_id": s.bundle_version_id,
+        "agent": s.agent.as_ref().map(|a| json!({
+            "agent": a.agent.to_string(),
+            "namespace": a.agent.name.namespace,
+            "name": a.agent.name.name,
+            "version": a.agent.version,
+            "model_provider": a.model_provider,
+            "model_name": a.model_name,
+            "max_tokens_per_run": a.max_tokens_per_run,
+            "max_wall_clock_seconds": a.max_wall_clock_seconds,
+        })),
+        "mode": s.mode.map(|m| m.as_str()),
+        "metadata": s.metadata,
+        "created_at": render::json_time(s.created_at),
+        "updated_at": render::json_time(s.updated_at),
+        "started_at": render::json_time(s.started_at),
+        "ended_at": render::json_time(s.ended_at),
+        "input": s.input,
+        "output": s.output.as_ref().map(|o| json!({
+            "message": o.message,
+            "stop_reason": o.stop_reason,
+            "turn_usage": usage_json(o.turn_usage),
+            "session_usage": usage_json(o.session_usage),
+            "turns": o.turns.iter().map(|t| json!({
+                "stop_reason": t.stop_reason,
+                "usage": usage_json(t.usage),
+                "duration_ms": t.duration_ms,
+            })).collect::<Vec<_>>(),
+        })),
+        "error": s.error,
+        "descriptive_metadata": s.descriptive_metadata,
+        "children": s.children.iter().map(session_json).collect::<Vec<_>>(),
+    })
+}
+
+fn entry_json(e: &TimelineEntry) -> Value {
+    let mut entry = json!({
+        "timestamp": render::json_time(e.timestamp),
+        "gap_ms": e.gap_ms,
+        "source": e.source,
+        "kind": e.kind,
+        "summary": e.summary,
+        "session_id": e.session_id,
+        "depth": e.depth,
+    });
+    let detail = match &e.detail {
+        TimelineDetail::Event(ev) => Some((
+            "event",
+            json!({
+                "id": ev.id,
+                "type": ev.event_type,
+                "seq": ev.seq,
+                "session_id": ev.session_id,
+                "turn": ev.turn,
+                "call_id": ev.call_id,
+                "actor": ev.actor,
+                "payload": ev.payload,
+            }),
+        )),
+        TimelineDetail::Invocation(call) => Some((
+            "invocation",
+            json!({
+                "call_id": call.call_id,
+                "tool": call.tool,
+                "version": call.version,
+                "turn": call.turn,
+                "status": call.status,
+                "attempt": call.attempt,
+                "worker_identity": call.worker_identity,
+                "args": call.args,
+                "result": call.result,
+                "error_code": call.error_code,
+                "error_message": call.error_message,
+                "queue_delay_ms": call.queue_delay_ms,
+                "execution_duration_ms": call.execution_duration_ms,
+            }),
+        )),
+        TimelineDetail::Approval(approval) => Some(("approval", approval_json(approval))),
+        TimelineDetail::None => None,
+    };
+    if let (Some((key, value)), Some(map)) = (detail, entry.as_object_mut()) {
+        map.insert(key.to_owned(), value);
+    }
+    entry
+}
+
+fn inspection_json(inspection: &SessionInspection) -> Value {
+    json!({
+        "session": session_json(&inspection.session),
+        "timeline": inspection.timeline.iter().map(entry_json).collect::<Vec<_>>(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "tests: a panic is a failed assertion")]
+
+    use std::collections::BTreeMap;
+
+    use chrono::{DateTime, Utc};
+    use phrony_grpc::client::SessionEvent;
+
+    use super::*;
+
+    fn at(text: &str) -> Option<DateTime<Utc>> {
+        Some(
+            DateTime::parse_from_rfc3339(text)
+                .unwrap()
+                .with_timezone(&Utc),
+        )
+    }
+
+    fn session(id: &str) -> SessionDetail {
+        SessionDetail {
+            id: id.into(),
+            status: "completed".into(),
+            parent_session_id: None,
+            depth: 0,
+            agent_version_id: "v1".into(),
+            bundle_version_id: None,
+            agent: None,
+            created_at: at("2025-01-31T09:30:00Z"),
+            updated_at: None,
+            started_at: at("2025-01-31T09:30:00Z"),
+            ended_at: at("2025-01-31T09:30:02.500Z"),
+            input: json!({"message": "hi"}),
+            output: None,
+            error: None,
+            descriptive_metadata: Value::Null,
+            metadata: BTreeMap::new(),
+            mode: None,
+            children: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn the_dump_has_a_header_a_timeline_and_children() {
+        let mut root = session("run_root");
+        let mut child = session("run_child");
+        child.depth = 1;
+        child.parent_session_id = Some("run_root".into());
+        root.children.push(child);
+        let inspection = SessionInspection {
+            session: root,
+            timeline: vec![
+                TimelineEntry {
+                    timestamp: at("2025-01-31T09:30:00Z"),
+                    gap_ms: 0,
+                    source: "event".into(),
+                    kind: "approval.vote".into(),
+                    summary: "vote approved by emad".into(),
+                    session_id: "run_root".into(),
+                    depth: 0,
+                    detail: TimelineDetail::Event(SessionEvent {
+                        id: 1,
+                        event_type: "approval.vote".into(),
+                        payload: json!({"decision": "approved"}),
+                        seq: 1,
+                        session_id: "run_root".into(),
+                        turn: 0,
+                        call_id: None,
+                        actor: "emad".into(),
+                    }),
+                },
+                TimelineEntry {
+                    timestamp: at("2025-01-31T09:30:01Z"),
+                    gap_ms: 1000,
+                    source: "event".into(),
+                    kind: "session.completed".into(),
+                    summary: "completed".into(),
+                    session_id: "run_child".into(),
+                    depth: 1,
+                    detail: TimelineDetail::None,
+                },
+            ],
+        };
+        let mut out = Vec::new();
+        write_inspection(&inspection, false, &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        let field = |key: &str, value: &str| {
+            text.lines().any(|l| {
+                l.strip_prefix(key)
+                    .is_some_and(|rest| rest.trim_start() == value && rest.starts_with(' '))
+            })
+        };
+        assert!(
+            text.starts_with("=== Session run_root ===\nstatus: "),
+            "{text}"
+        );
+        assert!(field("status:", "completed"), "{text}");
+        assert!(field("elapsed:", "2.5s"), "{text}");
+        assert!(field("input:", "{\"message\":\"hi\"}"), "{text}");
+        assert!(field("children:", "run_child"), "{text}");
+        assert!(
+            text.contains(
+                "2025-01-31T09:30:00Z +0ms [event/approval.vote] vote approved by emad\n    actor: emad\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "+1000ms [event/session.completed] (session run_child depth 1) completed\n"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("\n=== Session run_child ===\n"), "{text}");
+        assert!(!text.contains("payload:"), "{text}");
+        let mut out = Vec::new();
+        write_inspection(&inspection, true, &mut out).unwrap();
+        let with_payloads = String::from_utf8(out).unwrap();
+        assert!(
+            with_payloads.contains("    actor: emad\n    payload: {\"decision\":\"approved\"}\n"),
+            "{with_payloads}"
+        );
+        let json = inspection_json(&inspection);
+        assert_eq!(json["timeline"][0]["event"]["actor"], "emad");
+        assert_eq!(
+            json["session"]["children"][0]["parent_session_id"],
+            "run_root"
+        );
+    }
+
+    #[test]
+    fn long_json_is_cut_on_one_line() {
+        let long = json!({"text": "x".repeat(500)});
+        let shown = inline_json(&long);
+        assert!(shown.ends_with("… (truncated; see --output json)"));
+        assert!(shown.chars().count() < 260);
+    }
+}

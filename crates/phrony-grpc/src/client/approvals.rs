@@ -1,0 +1,407 @@
+//! Approvals: held tool calls waiting for a human (`GetApproval`, `ListApprovals`) and the votes
+//! that decide them (`DecideApproval`).
+
+use chrono::{DateTime, Utc};
+use phrony_proto::runtime::v1 as pb;
+use serde_json::Value;
+
+use super::sessions::{json_bytes, json_value};
+use super::types::{optional, optional_timestamp};
+use super::{AgentName, Client, ClientError, with_actor};
+
+/// One vote on an approval.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Vote {
+    /// The voter.
+    pub decided_by: String,
+    /// `approved` or `denied`.
+    pub decision: String,
+    /// The voter's comment.
+    pub comment: Option<String>,
+    /// Whether the voter acknowledged understanding the call.
+    pub comprehension_acknowledged: bool,
+    /// When the vote was cast.
+    pub created_at: Option<DateTime<Utc>>,
+}
+
+/// A request for a human decision on one held tool call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Approval {
+    /// The approval id.
+    pub id: String,
+    /// `pending`, `approved`, `denied`, `escalated` or `cancelled`.
+    pub status: String,
+    /// The waiting session.
+    pub session_id: String,
+    /// The held call.
+    pub call_id: String,
+    /// The agent version the session runs, `namespace/name@version`.
+    pub agent_ref: Option<String>,
+    /// Its id.
+    pub agent_version_id: Option<String>,
+    /// The tool's dispatch ref.
+    pub tool: String,
+    /// The tool version.
+    pub version: String,
+    /// The proposed arguments.
+    pub args: Value,
+    /// The arguments approve votes fixed (an approver's edit).
+    pub effective_args: Option<Value>,
+    /// Who is expected to decide (informational).
+    pub route: Option<String>,
+    /// Why the call needs approval.
+    pub reason: Option<String>,
+    /// The deciding policy, `namespace/name@version`.
+    pub policy_ref: Option<String>,
+    /// The deciding policy's name.
+    pub policy_name: Option<String>,
+    /// The policy's runtime settings.
+    pub policy_runtime: Value,
+    /// The authority the call acts under.
+    pub authority_ref: Option<String>,
+    /// Distinct approve votes needed.
+    pub approvals_required: i32,
+    /// Approve votes received so far.
+    pub approvals_received: i32,
+    /// Whether voters must acknowledge they understood the call.
+    pub comprehension_required: bool,
+    /// What a rejection does: `return_to_agent` or `fail`.
+    pub on_reject: Option<String>,
+    /// What an approval with edited arguments does.
+    pub on_modify: Option<String>,
+    /// Hex SHA-256 of the exact call approved.
+    pub call_hash: Option<String>,
+    /// The approval this one escalates.
+    pub parent_approval_id: Option<String>,
+    /// When it was opened.
+    pub created_at: Option<DateTime<Utc>>,
+    /// When it expires.
+    pub expires_at: Option<DateTime<Utc>>,
+    /// When it was decided.
+    pub decided_at: Option<DateTime<Utc>>,
+    /// Who decided it.
+    pub decided_by: Option<String>,
+    /// The deciding comment.
+    pub comment: Option<String>,
+    /// The votes cast ([`Client::get_approval`] only).
+    pub votes: Vec<Vote>,
+}
+
+/// Which approvals [`Client::list_approvals`] returns; every set filter is an exact match.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ApprovalFilter {
+    /// Status, e.g. `pending`.
+    pub status: Option<String>,
+    /// Route.
+    pub route: Option<String>,
+    /// Session.
+    pub session_id: Option<String>,
+    /// Agent.
+    pub agent: Option<AgentName>,
+    /// At most this many (`None`: the runtime's default).
+    pub limit: Option<u32>,
+    /// The `next_page_token` of a previous page with the same filters.
+    pub page_token: Option<String>,
+}
+
+/// One page of [`Client::list_approvals`], newest first.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApprovalPage {
+    /// The approvals (without votes).
+    pub approvals: Vec<Approval>,
+    /// Pass as [`ApprovalFilter::page_token`] for the next page; `None` on the last one.
+    pub next_page_token: Option<String>,
+}
+
+/// A reviewer's decision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// Vote to approve.
+    Approve,
+    /// Vote to reject (a single reject denies the approval).
+    Reject,
+}
+
+/// One vote for [`Client::decide_approval`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct DecideApproval {
+    /// The approval.
+    pub approval_id: String,
+    /// Approve or reject.
+    pub decision: Decision,
+    /// The voter's comment.
+    pub comment: Option<String>,
+    /// Replacement arguments for an approve.
+    pub args: Option<Value>,
+    /// The voter acknowledges understanding the call.
+    pub comprehension_acknowledged: bool,
+}
+
+/// What a vote did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DecisionOutcome {
+    /// The approval's status after the vote: `pending`, `approved` or `denied`.
+    pub status: String,
+    /// Approve votes received so far.
+    pub approvals_received: i32,
+    /// The session's status after the decision was applied.
+    pub session_status: String,
+}
+
+impl Client {
+    /// One approval with its votes (`GetApproval`).
+    ///
+    /// # Errors
+    /// `NotFound` for an unknown approval; any other [`ClientError`].
+    pub async fn get_approval(&self, approval_id: &str) -> Result<Approval, ClientError> {
+        let request = pb::GetApprovalRequest {
+            approval_id: approval_id.to_owned(),
+        };
+        let response = self
+            .runtime
+            .clone()
+            .get_approval(request)
+            .await
+            .map_err(|s| self.status(&s))?;
+        approval("GetApproval", response.into_inner())
+    }
+
+    /// One page of approvals matching `filter`, newest first (`ListApprovals`).
+    ///
+    /// # Errors
+    /// `InvalidArgument` for a bad page token; any other [`ClientError`].
+    pub async fn list_approvals(
+        &self,
+        filter: &ApprovalFilter,
+    ) -> Result<ApprovalPage, ClientError> {
+        let request = pb::ListApprovalsRequest {
+            status: filter.status.clone().unwrap_or_default(),
+            route: filter.route.clone().unwrap_or_default(),
+            session_id: filter.session_id.clone().unwrap_or_default(),
+            agent_namespace: filter
+                .agent
+                .as_ref()
+                .map(|a| a.namespace.clone())
+                .unwrap_or_default(),
+            agent_name: filter
+                .agent
+                .as_ref()
+                .map(|a| a.name.clone())
+                .unwrap_or_default(),
+            page_size: filter
+                .limit
+                .map_or(0, |n| i32::try_from(n).unwrap_or(i32::MAX)),
+            page_token: filter.page_token.clone().unwrap_or_default(),
+        };
+        let response = self
+            .runtime
+            .clone()
+            .list_approvals(request)
+            .await
+            .map_err(|s| self.status(&s))?
+            .into_inner();
+        Ok(ApprovalPage {
+            approvals: response
+                .approvals
+                .into_iter()
+                .map(|a| approval("ListApprovals", a))
+                .collect::<Result<_, _>>()?,
+            next_page_token: optional(response.next_page_token),
+        })
+    }
+
+    /// Records `actor`'s vote on a pending approval (`DecideApproval`).
+    ///
+    /// # Errors
+    /// `NotFound` for an unknown approval, `InvalidArgument` when comprehension must be
+    /// acknowledged or the arguments are refused, `FailedPrecondition` when the actor already
+    /// voted; any other [`ClientError`].
+    pub async fn decide_approval(
+        &self,
+        vote: &DecideApproval,
+        actor: &str,
+    ) -> Result<DecisionOutcome, ClientError> {
+        let request = pb::DecideApprovalRequest {
+            approval_id: vote.approval_id.clone(),
+            decision: match vote.decision {
+                Decision::Approve => pb::ApprovalDecision::Approve,
+                Decision::Reject => pb::ApprovalDecision::Reject,
+            }
+            .into(),
+            comment: vote.comment.clone().unwrap_or_default(),
+            args: vote
+                .args
+                .as_ref()
+                .map(|v| v.to_string().into_bytes())
+                .unwrap_or_default(),
+            comprehension_acknowledged: vote.comprehension_acknowledged,
+            actor: actor.to_owned(),
+        };
+        let response = self
+            .runtime
+            .clone()
+            .decide_approval(with_actor(request, actor))
+            .await
+            .map_err(|s| self.status(&s))?
+            .into_inner();
+        Ok(DecisionOutcome {
+            status: response.status,
+            approvals_received: response.approvals_received,
+            session_status: response.session_status,
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Wire → client values
+
+fn votes(rpc: &'static str, votes: Vec<pb::ApprovalVote>) -> Result<Vec<Vote>, ClientError> {
+    votes
+        .into_iter()
+        .map(|v| {
+            Ok(Vote {
+                created_at: optional_timestamp(rpc, "vote created_at", &v.created_at)?,
+                decided_by: v.decided_by,
+                decision: v.decision,
+                comment: optional(v.comment),
+                comprehension_acknowledged: v.comprehension_acknowledged,
+            })
+        })
+        .collect()
+}
+
+pub(super) fn approval(rpc: &'static str, a: pb::Approval) -> Result<Approval, ClientError> {
+    Ok(Approval {
+        args: json_bytes(rpc, "args", &a.args)?,
+        effective_args: match json_bytes(rpc, "effective_args", &a.effective_args)? {
+            Value::Null => None,
+            v => Some(v),
+        },
+        policy_runtime: json_bytes(rpc, "policy_runtime", &a.policy_runtime)?,
+        created_at: optional_timestamp(rpc, "created_at", &a.created_at)?,
+        expires_at: optional_timestamp(rpc, "expires_at", &a.expires_at)?,
+        decided_at: optional_timestamp(rpc, "decided_at", &a.decided_at)?,
+        votes: votes(rpc, a.votes)?,
+        id: a.id,
+        status: a.status,
+        session_id: a.session_id,
+        call_id: a.call_id,
+        agent_ref: optional(a.agent_ref),
+        agent_version_id: optional(a.agent_version_id),
+        tool: a.tool,
+        version: a.version,
+        route: optional(a.route),
+        reason: optional(a.reason),
+        policy_ref: optional(a.policy_ref),
+        policy_name: optional(a.policy_name),
+        authority_ref: optional(a.authority_ref),
+        approvals_required: a.approvals_required,
+        approvals_received: a.approvals_received,
+        comprehension_required: a.comprehension_required,
+        on_reject: optional(a.on_reject),
+        on_modify: optional(a.on_modify),
+        call_hash: optional(a.call_hash),
+        parent_approval_id: optional(a.parent_approval_id),
+        decided_by: optional(a.decided_by),
+        comment: optional(a.comment),
+    })
+}
+
+/// The approval of an `InspectSession` timeline entry (JSON fields already decoded).
+pub(super) fn approval_from_inspect(a: pb::InspectApproval) -> Result<Approval, ClientError> {
+    const RPC: &str = "InspectSession";
+    Ok(Approval {
+        args: json_value(a.args),
+        effective_args: a.effective_args.map(|v| json_value(Some(v))),
+        policy_runtime: json_value(a.policy_runtime),
+        created_at: optional_timestamp(RPC, "approval created_at", &a.created_at)?,
+        expires_at: optional_timestamp(RPC, "approval expires_at", &a.expires_at)?,
+        decided_at: optional_timestamp(RPC, "approval decided_at", &a.decided_at)?,
+        votes: votes(RPC, a.votes)?,
+        id: a.id,
+        status: a.status,
+        session_id: a.session_id,
+        call_id: a.call_id,
+        agent_ref: optional(a.agent_ref),
+        agent_version_id: optional(a.agent_version_id),
+        tool: a.tool,
+        version: a.version,
+        route: optional(a.route),
+        reason: optional(a.reason),
+        policy_ref: optional(a.policy_ref),
+        policy_name: optional(a.policy_name),
+        authority_ref: optional(a.authority_ref),
+        approvals_required: a.approvals_required,
+        approvals_received: a.approvals_received,
+        comprehension_required: a.comprehension_required,
+        on_reject: optional(a.on_reject),
+        on_modify: optional(a.on_modify),
+        call_hash: optional(a.call_hash),
+        parent_approval_id: optional(a.parent_approval_id),
+        decided_by: optional(a.decided_by),
+        comment: optional(a.comment),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "tests: a panic is a failed assertion")]
+
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn approvals_decode_json_fields_and_unset_strings() {
+        let a = approval(
+            "GetApproval",
+            pb::Approval {
+                id: "ap-1".into(),
+                status: "approved".into(),
+                args: br#"{"order_id":"ORD-1","amount":400}"#.to_vec(),
+                effective_args: Vec::new(),
+                policy_ref: "payments/refund-approval-boundary@1.0.0".into(),
+                agent_ref: "support/refund-agent@0.1.0".into(),
+                approvals_required: 1,
+                approvals_received: 1,
+                votes: vec![pb::ApprovalVote {
+                    decided_by: "emad".into(),
+                    decision: "approved".into(),
+                    comment: "ok".into(),
+                    comprehension_acknowledged: false,
+                    created_at: "2025-01-31T09:30:00Z".into(),
+                }],
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(a.args, json!({"order_id": "ORD-1", "amount": 400}));
+        assert_eq!(a.effective_args, None);
+        assert_eq!(a.route, None);
+        assert_eq!(a.policy_runtime, Value::Null);
+        assert_eq!(a.votes[0].decided_by, "emad");
+        assert_eq!(a.votes[0].comment.as_deref(), Some("ok"));
+        assert_eq!(
+            a.policy_ref.as_deref(),
+            Some("payments/refund-approval-boundary@1.0.0")
+        );
+    }
+
+    #[test]
+    fn arguments_that_are_not_json_are_an_invalid_response() {
+        let err = approval(
+            "ListApprovals",
+            pb::Approval {
+                args: b"{oops".to_vec(),
+                ..Default::default()
+            },
+        )
+        .unwrap_err();
+        let shown = err.to_string();
+        assert!(
+            shown.starts_with("unexpected ListApprovals response"),
+            "{shown}"
+        );
+        assert!(shown.contains("args is not JSON"), "{shown}");
+    }
+}

@@ -1,0 +1,930 @@
+//! Sessions and approvals end to end: the real `phrony-runtime` (scripted `stub` model) and a
+//! tool worker on the `Work` stream, driven by the real `phrony` CLI: `run`, `sessions ls |
+//! inspect | cancel | complete`, `approvals list | show | approve | reject`, secrets from
+//! `--env-file`, and the errors users see for bad arguments.
+
+#![allow(
+    clippy::unwrap_used,
+    reason = "test helpers as well as tests: a panic is a failed assertion, with its message"
+)]
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use phrony_proto::runtime::v1 as pb;
+use phrony_proto::runtime::v1::runtime_client::RuntimeClient;
+use serde_json::{Value, json};
+use tests::daemon::{Backend, Daemon};
+
+/// How long a session may take to reach a state (a failure guard, not a pace).
+const WAIT: Duration = Duration::from_secs(60);
+
+const AGENT: &str = "support/refund-agent";
+const SECRET_AGENT: &str = "support/secret-agent";
+/// The variable the secret agent's secret is read from.
+const SECRET_VAR: &str = "PHRONY_TEST_CRM_TOKEN";
+
+// ---------------------------------------------------------------------------------------------
+// Running commands
+
+struct Out {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+fn run(cmd: &mut Command) -> Out {
+    let output = cmd.output().unwrap();
+    Out {
+        code: output.status.code(),
+        stdout: String::from_utf8(output.stdout).unwrap(),
+        stderr: String::from_utf8(output.stderr).unwrap(),
+    }
+}
+
+/// Runs a command that must succeed without writing to stderr; returns stdout.
+fn ok(cmd: &mut Command) -> String {
+    let shown = format!("{cmd:?}");
+    let out = run(cmd);
+    assert_eq!(
+        out.code,
+        Some(0),
+        "{shown} failed:\nstdout: {}\nstderr: {}",
+        out.stdout,
+        out.stderr
+    );
+    assert_eq!(out.stderr, "", "{shown} wrote to stderr");
+    out.stdout
+}
+
+/// Runs a command that must fail with exit code 1 and nothing on stdout; returns stderr.
+fn fails(cmd: &mut Command) -> String {
+    let shown = format!("{cmd:?}");
+    let out = run(cmd);
+    assert_eq!(
+        out.code,
+        Some(1),
+        "{shown} should fail:\nstdout: {}\nstderr: {}",
+        out.stdout,
+        out.stderr
+    );
+    assert_eq!(out.stdout, "", "{shown} printed on failure");
+    out.stderr
+}
+
+fn json(stdout: &str) -> Value {
+    serde_json::from_str(stdout).unwrap_or_else(|e| panic!("not JSON ({e}):\n{stdout}"))
+}
+
+/// The rows of a table, split on runs of two or more spaces; the header row first.
+fn table(stdout: &str) -> Vec<Vec<String>> {
+    stdout
+        .lines()
+        .map(|line| {
+            line.split("  ")
+                .map(str::trim)
+                .filter(|cell| !cell.is_empty())
+                .map(str::to_owned)
+                .collect()
+        })
+        .collect()
+}
+
+/// The CLI pointed at the daemon, acting as `actor`.
+fn phrony(daemon: &Daemon, actor: &str) -> Command {
+    let mut cmd = daemon.phrony();
+    cmd.env("PHRONY_ACTOR", actor).env_remove(SECRET_VAR);
+    cmd
+}
+
+/// Polls `probe` until it returns a value (the CLI has no subscription command); panics with
+/// `what` and the daemon's log after [`WAIT`].
+fn wait_for<T>(daemon: &Daemon, what: &str, mut probe: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if let Some(found) = probe() {
+            return found;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}\n{}",
+            daemon.logs()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The session's status, from `sessions inspect --output json`.
+fn session_status(daemon: &Daemon, id: &str) -> String {
+    let inspected = json(&ok(
+        phrony(daemon, "ci").args(["sessions", "inspect", id, "--output", "json"])
+    ));
+    inspected["session"]["status"].as_str().unwrap().to_owned()
+}
+
+fn wait_for_status(daemon: &Daemon, id: &str, want: &str) {
+    wait_for(daemon, &format!("session {id} to be {want}"), || {
+        let status = session_status(daemon, id);
+        assert!(
+            status == want || !["completed", "failed", "cancelled"].contains(&status.as_str()),
+            "session {id} ended {status}, expected {want}\n{}",
+            daemon.logs()
+        );
+        (status == want).then_some(())
+    });
+}
+
+/// The pending approval of a session, once it is listed (as JSON).
+fn wait_for_approval(daemon: &Daemon, session_id: &str) -> Value {
+    wait_for(daemon, &format!("an approval of {session_id}"), || {
+        let listed = json(&ok(phrony(daemon, "ci").args([
+            "approvals",
+            "list",
+            "--session-id",
+            session_id,
+            "--output",
+            "json",
+        ])));
+        listed["approvals"].as_array().unwrap().first().cloned()
+    })
+}
+
+/// `phrony run …` that must print `session <id> started`; returns the id.
+fn start(cmd: &mut Command) -> String {
+    let stdout = ok(cmd);
+    let id = stdout
+        .strip_prefix("session ")
+        .and_then(|rest| rest.strip_suffix(" started\n"))
+        .unwrap_or_else(|| panic!("unexpected run output: {stdout:?}"));
+    assert!(id.starts_with("run_"), "{id}");
+    id.to_owned()
+}
+
+// ---------------------------------------------------------------------------------------------
+// The agents
+
+/// Writes the refund agent (stub model: one refund of 400, then a closing message), its tool and
+/// its approval policy.
+fn write_refund_agent(dir: &Path) {
+    std::fs::create_dir_all(dir.join("tools")).unwrap();
+    std::fs::create_dir_all(dir.join("policies")).unwrap();
+    std::fs::write(
+        dir.join("agent.yaml"),
+        "apiVersion: phrony.com/v1
+kind: Agent
+metadata:
+  name: refund-agent
+  namespace: support
+  version: 0.1.0
+spec:
+  purpose: Handle customer refund requests within policy limits.
+  instructions:
+    text: Always look up the order before issuing a refund.
+  model:
+    provider: stub
+    name: scripted
+  tools:
+    - ref: payments.issue-refund
+      as: issue_refund
+      policies:
+        - ref: policies/refund-approval-boundary.yaml
+",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("stub-script.json"),
+        json!({"turns": [
+            [
+                {"type": "tool_call", "name": "issue_refund",
+                 "args": {"order_id": "ORD-1", "amount": 400, "currency": "EUR"}},
+                {"type": "completed", "stop_reason": "tool_use"}
+            ],
+            [
+                {"type": "text_delta", "text": "The refund request was handled."},
+                {"type": "completed", "stop_reason": "end_turn"}
+            ]
+        ]})
+        .to_string(),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("tools/payments.issue-refund.yaml"),
+        "apiVersion: phrony.com/v1
+kind: Tool
+metadata:
+  name: issue-refund
+  namespace: payments
+  version: 1.0.0
+spec:
+  description: Issue a refund to the customer's original payment method.
+  side_effect_class: irreversible_action
+  input_schema:
+    inline:
+      type: object
+      properties:
+        order_id:
+          type: string
+        amount:
+          type: number
+        currency:
+          type: string
+      required: [order_id, amount, currency]
+",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("policies/refund-approval-boundary.yaml"),
+        "apiVersion: phrony.com/v1
+kind: Policy
+metadata:
+  name: refund-approval-boundary
+  namespace: payments
+  version: 1.0.0
+spec:
+  description: Refunds above the delegated limit need a human before dispatch.
+  conditions:
+    field: amount
+    op: gt
+    value: 250
+  decision:
+    type: require_approval
+    approvals_required: 1
+    reason: Refund amount above delegated limit.
+    on_reject: return_to_agent
+",
+    )
+    .unwrap();
+}
+
+/// Writes an agent without tools that declares one secret and answers once.
+fn write_secret_agent(dir: &Path) {
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(
+        dir.join("agent.yaml"),
+        format!(
+            "apiVersion: phrony.com/v1
+kind: Agent
+metadata:
+  name: secret-agent
+  namespace: support
+  version: 0.1.0
+secrets:
+  crm:
+    fromEnv: {SECRET_VAR}
+spec:
+  purpose: Answer with the CRM at hand.
+  instructions:
+    text: Answer briefly.
+  model:
+    provider: stub
+    name: scripted
+    secret: crm
+"
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("stub-script.json"),
+        json!({"turns": [[
+            {"type": "text_delta", "text": "Done."},
+            {"type": "completed", "stop_reason": "end_turn"}
+        ]]})
+        .to_string(),
+    )
+    .unwrap();
+}
+
+fn publish_and_deploy(daemon: &Daemon, dir: &Path, agent: &str) {
+    let manifest = dir.join("agent.yaml");
+    ok(phrony(daemon, "ci").args(["agents", "publish", manifest.to_str().unwrap()]));
+    ok(phrony(daemon, "ci").args(["agents", "deploy", &format!("{agent}@0.1.0")]));
+}
+
+// ---------------------------------------------------------------------------------------------
+// A tool worker on the Work stream
+
+/// A worker serving `payments.issue-refund@1.0.0`: it records each invocation and returns an
+/// issued refund echoing the arguments.
+struct Worker {
+    invoked: Arc<Mutex<Vec<Value>>>,
+    _runtime: tokio::runtime::Runtime,
+}
+
+impl Worker {
+    /// Connects and waits until the runtime confirmed the registration.
+    fn start(addr: &str) -> Self {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let invoked = Arc::new(Mutex::new(Vec::new()));
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let seen = Arc::clone(&invoked);
+        let uri = format!("http://{addr}");
+        runtime.spawn(async move {
+            let channel = tonic::transport::Endpoint::from_shared(uri)
+                .unwrap()
+                .connect()
+                .await
+                .unwrap();
+            let (tx, rx) = tokio::sync::mpsc::channel::<pb::WorkClientMsg>(16);
+            let send = |body| pb::WorkClientMsg { body: Some(body) };
+            tx.send(send(pb::work_client_msg::Body::Register(
+                pb::WorkRegister {
+                    worker_id: "sessions-test-worker".into(),
+                    workload_identity: "tests/sessions-worker".into(),
+                    image_digest: String::new(),
+                    handlers: vec![pb::WorkHandlerAdvertisement {
+                        tool: "payments.issue-refund".into(),
+                        version: "1.0.0".into(),
+                        contract_version: String::new(),
+                        max_concurrency: 4,
+                        descriptor_hash: String::new(),
+                    }],
+                    in_flight: Vec::new(),
+                },
+            )))
+            .await
+            .unwrap();
+            let mut inbound = RuntimeClient::new(channel)
+                .work(tokio_stream::wrappers::ReceiverStream::new(rx))
+                .await
+                .unwrap()
+                .into_inner();
+            while let Ok(Some(msg)) = inbound.message().await {
+                match msg.body {
+                    Some(pb::work_server_msg::Body::Registered(registered)) => {
+                        let heartbeat = tx.clone();
+                        let every = Duration::from_millis(
+                            u64::try_from(registered.lease_ttl_ms / 3)
+                                .unwrap_or(1000)
+                                .max(100),
+                        );
+                        tokio::spawn(async move {
+                            let mut tick = tokio::time::interval(every);
+                            loop {
+                                tick.tick().await;
+                                let beat = pb::WorkClientMsg {
+                                    body: Some(pb::work_client_msg::Body::Heartbeat(
+                                        pb::WorkHeartbeat {},
+                                    )),
+                                };
+                                if heartbeat.send(beat).await.is_err() {
+                                    break;
+                                }
+                            }
+                        });
+                        let _ = ready_tx.send(());
+                    }
+                    Some(pb::work_server_msg::Body::Invoke(invoke)) => {
+                        let args: Value = serde_json::from_slice(&invoke.args).unwrap();
+                        seen.lock().unwrap().push(args.clone());
+                        let payload = json!({
+                            "refund_id": format!("rf_{}", args["order_id"].as_str().unwrap_or("?")),
+                            "amount": args["amount"],
+                            "status": "issued",
+                        });
+                        let result = pb::WorkToolResult {
+                            call_id: invoke.call_id,
+                            payload: payload.to_string().into_bytes(),
+                            error: None,
+                        };
+                        if tx
+                            .send(send(pb::work_client_msg::Body::Result(result)))
+                            .await
+                            .is_err()
+                        {
+                            break;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        });
+        ready_rx
+            .recv_timeout(WAIT)
+            .expect("the runtime did not confirm the worker's registration");
+        Self {
+            invoked,
+            _runtime: runtime,
+        }
+    }
+
+    fn invocations(&self) -> Vec<Value> {
+        self.invoked.lock().unwrap().clone()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The tests
+
+fn stub_daemon(backend: Backend) -> Option<Daemon> {
+    Daemon::start_with_env(backend, &[("RUNTIME_ENABLE_STUB_PROVIDER", "1")])
+}
+
+/// Approve and reject from the CLI: run detached, see the approval, decide it as `emad`, and
+/// find the decision with its actor in the session's timeline.
+fn approvals_from_the_cli(backend: Backend) {
+    let Some(daemon) = stub_daemon(backend) else {
+        return;
+    };
+    let worker = Worker::start(daemon.addr());
+    let project = tempfile::tempdir().unwrap();
+    write_refund_agent(project.path());
+    publish_and_deploy(&daemon, project.path(), AGENT);
+
+    // run, detached.
+    let approved_id = start(phrony(&daemon, "emad").args([
+        "run",
+        AGENT,
+        "--input",
+        "Refund €400 for ORD-1, the item arrived damaged.",
+        "--metadata",
+        "ticket=T-1",
+    ]));
+
+    // sessions ls shows it.
+    let listed = ok(phrony(&daemon, "emad").args(["sessions", "ls"]));
+    let rows = table(&listed);
+    assert_eq!(
+        rows[0],
+        ["ID", "KIND", "TARGET", "STATUS", "UPDATED_AT", "RESUMABLE"],
+        "{listed}"
+    );
+    let row = rows
+        .iter()
+        .find(|r| r[0] == approved_id)
+        .unwrap_or_else(|| panic!("{approved_id} not listed:\n{listed}"));
+    assert_eq!(row[1], "agent");
+    assert_eq!(row[2], "support/refund-agent@0.1.0");
+    assert_eq!(row[5], "no");
+
+    // The approval appears, pending.
+    let approval = wait_for_approval(&daemon, &approved_id);
+    let approval_id = approval["id"].as_str().unwrap().to_owned();
+    assert_eq!(approval["status"], "pending");
+    assert_eq!(approval["tool"], "payments.issue-refund");
+    assert_eq!(approval["args"]["amount"], 400);
+    wait_for_status(&daemon, &approved_id, "awaiting_approval");
+
+    let list = ok(phrony(&daemon, "emad").args(["approvals", "list"]));
+    let rows = table(&list);
+    assert_eq!(
+        rows[0],
+        [
+            "ID",
+            "STATUS",
+            "SESSION_ID",
+            "AGENT",
+            "TOOL",
+            "POLICY",
+            "ROUTE",
+            "RECEIVED",
+            "EXPIRES_AT"
+        ],
+        "{list}"
+    );
+    let row = rows.iter().find(|r| r[0] == approval_id).unwrap();
+    assert_eq!(
+        row[1..],
+        [
+            "pending",
+            approved_id.as_str(),
+            "support/refund-agent@0.1.0",
+            "payments.issue-refund@1.0.0",
+            "payments/refund-approval-boundary@1.0.0",
+            "-",
+            "0/1",
+            "-"
+        ],
+        "{list}"
+    );
+
+    // approvals show: key: value lines and the arguments as JSON.
+    let shown = ok(phrony(&daemon, "emad").args(["approvals", "show", &approval_id]));
+    for line in [
+        "id:".to_owned(),
+        "status:                  pending".to_owned(),
+        format!("session_id:              {approved_id}"),
+        "agent:                   support/refund-agent@0.1.0".to_owned(),
+        "tool:                    payments.issue-refund@1.0.0".to_owned(),
+        "reason:                  Refund amount above delegated limit.".to_owned(),
+        "policy:                  payments/refund-approval-boundary@1.0.0".to_owned(),
+        "approvals:               0/1".to_owned(),
+        "on_reject:               return_to_agent".to_owned(),
+        "args:".to_owned(),
+        "    \"amount\": 400,".to_owned(),
+    ] {
+        assert!(
+            shown.lines().any(|l| l.starts_with(&line)),
+            "no {line:?} in:\n{shown}"
+        );
+    }
+    assert!(!shown.contains("vote:"), "{shown}");
+    assert!(
+        worker.invocations().is_empty(),
+        "dispatched before approval"
+    );
+
+    // approve, as emad, with a comment.
+    let decided = ok(phrony(&daemon, "emad").args([
+        "approvals",
+        "approve",
+        &approval_id,
+        "--comment",
+        "Damage claim verified, within policy.",
+    ]));
+    let lines: Vec<&str> = decided.lines().collect();
+    assert_eq!(lines[0], "status: approved", "{decided}");
+    assert_eq!(lines[1], "approvals_received: 1", "{decided}");
+    assert!(lines[2].starts_with("session_status: "), "{decided}");
+    assert_eq!(lines.len(), 3, "{decided}");
+
+    // The call runs and the (task) session completes.
+    wait_for_status(&daemon, &approved_id, "completed");
+    let invocations = worker.invocations();
+    assert_eq!(invocations.len(), 1, "{invocations:?}");
+    assert_eq!(invocations[0]["amount"], 400);
+
+    // show now carries the vote; the approval left the pending list.
+    let shown = ok(phrony(&daemon, "ci").args(["approvals", "show", &approval_id]));
+    assert!(
+        shown.contains("status:                  approved\n"),
+        "{shown}"
+    );
+    assert!(
+        shown.lines().any(|l| l.starts_with("vote: emad approved")
+            && l.ends_with(": \"Damage claim verified, within policy.\"")),
+        "{shown}"
+    );
+    let pending = json(&ok(phrony(&daemon, "ci").args([
+        "approvals",
+        "list",
+        "--output",
+        "json",
+    ])));
+    assert!(
+        pending["approvals"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|a| a["id"] != approval_id.as_str()),
+        "{pending}"
+    );
+    let approved = json(&ok(phrony(&daemon, "ci").args([
+        "approvals",
+        "list",
+        "--status",
+        "approved",
+        "--agent",
+        AGENT,
+        "--output",
+        "json",
+    ])));
+    assert_eq!(approved["approvals"][0]["id"], approval_id.as_str());
+
+    // sessions inspect shows the decision with its actor.
+    let inspected = ok(phrony(&daemon, "ci").args(["sessions", "inspect", &approved_id]));
+    assert!(
+        inspected.starts_with(&format!("=== Session {approved_id} ===\nstatus:")),
+        "{inspected}"
+    );
+    assert!(inspected.contains("\nTimeline:\n"), "{inspected}");
+    assert!(inspected.contains("agent:"), "{inspected}");
+    assert!(
+        inspected.contains("support/refund-agent@0.1.0"),
+        "{inspected}"
+    );
+    assert!(
+        inspected
+            .lines()
+            .any(|l| l.contains("approval") && l.contains(" +") && l.contains("ms [")),
+        "no approval entry in the timeline:\n{inspected}"
+    );
+    assert!(
+        inspected.lines().any(|l| l.contains("emad")),
+        "the approver is not in the timeline:\n{inspected}"
+    );
+    let inspected = json(&ok(phrony(&daemon, "ci").args([
+        "sessions",
+        "inspect",
+        &approved_id,
+        "--output",
+        "json",
+    ])));
+    assert_eq!(inspected["session"]["status"], "completed");
+    assert_eq!(inspected["session"]["metadata"]["ticket"], "T-1");
+    let by_emad = inspected["timeline"].as_array().unwrap().iter().any(|e| {
+        e["event"]["actor"] == "emad"
+            || e["approval"]["decided_by"] == "emad"
+            || e["approval"]["votes"]
+                .as_array()
+                .is_some_and(|v| v.iter().any(|v| v["decided_by"] == "emad"))
+    });
+    assert!(by_emad, "no decision by emad in {inspected:#}");
+
+    // reject path: the call never reaches the worker and the agent carries on.
+    let rejected_id = start(phrony(&daemon, "emad").args([
+        "run",
+        AGENT,
+        "--input",
+        r#"{"message": "Refund €400 for ORD-1"}"#,
+        "--metadata",
+        "ticket=T-2",
+    ]));
+    let approval = wait_for_approval(&daemon, &rejected_id);
+    let rejected_approval = approval["id"].as_str().unwrap().to_owned();
+    let decided = ok(phrony(&daemon, "emad").args([
+        "approvals",
+        "reject",
+        &rejected_approval,
+        "--comment",
+        "No damage claim on file for this order.",
+    ]));
+    assert!(
+        decided.starts_with("status: denied\napprovals_received: 0\nsession_status: "),
+        "{decided}"
+    );
+    wait_for_status(&daemon, &rejected_id, "completed");
+    assert_eq!(
+        worker.invocations().len(),
+        1,
+        "a rejected call was dispatched"
+    );
+    let shown = json(&ok(phrony(&daemon, "ci").args([
+        "approvals",
+        "show",
+        &rejected_approval,
+        "--output",
+        "json",
+    ])));
+    assert_eq!(shown["status"], "denied");
+    assert_eq!(shown["votes"][0]["decided_by"], "emad");
+    assert_eq!(shown["votes"][0]["decision"], "denied");
+    assert_eq!(
+        shown["votes"][0]["comment"],
+        "No damage claim on file for this order."
+    );
+
+    // --metadata filters; --status filters; JSON parses.
+    let only = |pair: &str| -> Vec<String> {
+        let listed = json(&ok(phrony(&daemon, "ci").args([
+            "sessions",
+            "ls",
+            "--metadata",
+            pair,
+            "--output",
+            "json",
+        ])));
+        listed["sessions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["id"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(only("ticket=T-1"), [approved_id.as_str()]);
+    assert_eq!(only("ticket=T-2"), [rejected_id.as_str()]);
+    assert!(only("ticket=T-3").is_empty());
+    let completed =
+        ok(phrony(&daemon, "ci").args(["sessions", "ls", AGENT, "--status", "completed"]));
+    assert_eq!(table(&completed).len(), 3, "{completed}");
+    let limited =
+        json(&ok(phrony(&daemon, "ci").args([
+            "sessions", "ls", "--limit", "1", "--output", "json",
+        ])));
+    assert_eq!(
+        limited["sessions"].as_array().unwrap().len(),
+        1,
+        "{limited}"
+    );
+
+    // cancel and complete.
+    let cancelled_id = start(phrony(&daemon, "emad").args(["run", AGENT]));
+    assert_eq!(
+        ok(phrony(&daemon, "emad").args(["sessions", "cancel", &cancelled_id])),
+        format!("cancelled {cancelled_id}\n")
+    );
+    assert_eq!(session_status(&daemon, &cancelled_id), "cancelled");
+    let again = fails(phrony(&daemon, "emad").args(["sessions", "cancel", &cancelled_id]));
+    assert!(again.starts_with("Error: cancel: "), "{again}");
+    let conversation = json(&ok(phrony(&daemon, "emad").args([
+        "run",
+        AGENT,
+        "--conversation",
+        "--output",
+        "json",
+    ])));
+    let conversation_id = conversation["session_id"].as_str().unwrap().to_owned();
+    assert_eq!(conversation["status"], "running", "{conversation}");
+    // Without input, a conversation waits for its first message: it is resumable.
+    wait_for_status(&daemon, &conversation_id, "awaiting_input");
+    let listed = ok(phrony(&daemon, "ci").args(["sessions", "ls", "--status", "awaiting_input"]));
+    let rows = table(&listed);
+    assert_eq!(rows.len(), 2, "{listed}");
+    assert_eq!(rows[1][0], conversation_id);
+    assert_eq!(rows[1][5], "yes", "{listed}");
+    assert_eq!(
+        ok(phrony(&daemon, "emad").args(["sessions", "complete", &conversation_id])),
+        format!("completed {conversation_id}\n")
+    );
+    assert_eq!(session_status(&daemon, &conversation_id), "completed");
+
+    // Unknown ids and agents read as the runtime's NotFound.
+    let unknown = fails(phrony(&daemon, "ci").args(["sessions", "inspect", "run_nope"]));
+    assert!(unknown.starts_with("Error: inspect: "), "{unknown}");
+    let unknown = fails(phrony(&daemon, "ci").args(["run", "support/nobody"]));
+    assert!(
+        unknown.starts_with("Error: run: ") && unknown.contains("(NotFound)"),
+        "{unknown}"
+    );
+}
+
+#[test]
+fn approvals_from_the_cli_sqlite() {
+    approvals_from_the_cli(Backend::Sqlite);
+}
+
+#[test]
+fn approvals_from_the_cli_postgres() {
+    approvals_from_the_cli(Backend::Postgres);
+}
+
+/// Secrets: resolved from --env-file (the environment wins), refused when missing, never shown.
+#[test]
+fn secrets_resolve_from_env_files() {
+    let Some(daemon) = stub_daemon(Backend::Sqlite) else {
+        return;
+    };
+    let project = tempfile::tempdir().unwrap();
+    write_secret_agent(project.path());
+    publish_and_deploy(&daemon, project.path(), SECRET_AGENT);
+
+    // Missing: the error names the secret and the variable; nothing is started.
+    let missing = fails(phrony(&daemon, "ci").args(["run", SECRET_AGENT]));
+    assert_eq!(
+        missing,
+        format!(
+            "Error: secret \"crm\": environment variable {SECRET_VAR} is not set; set {SECRET_VAR} \
+             (or pass an --env-file defining it) and retry run\n"
+        )
+    );
+    let sessions = json(&ok(
+        phrony(&daemon, "ci").args(["sessions", "ls", "--output", "json"])
+    ));
+    assert_eq!(sessions["sessions"], json!([]));
+
+    // From an env file (a later file overrides an earlier one).
+    let base = project.path().join("base.env");
+    let local = project.path().join("local.env");
+    std::fs::write(&base, format!("# base\n{SECRET_VAR}=stale-value\n")).unwrap();
+    std::fs::write(
+        &local,
+        format!("export {SECRET_VAR}=\"crm-secret-value\"\n"),
+    )
+    .unwrap();
+    let out = run(phrony(&daemon, "ci").args([
+        "run",
+        SECRET_AGENT,
+        "-e",
+        base.to_str().unwrap(),
+        "--env-file",
+        local.to_str().unwrap(),
+    ]));
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert!(!out.stdout.contains("secret-value") && !out.stderr.contains("secret-value"));
+    let id = out
+        .stdout
+        .strip_prefix("session ")
+        .and_then(|s| s.strip_suffix(" started\n"))
+        .unwrap()
+        .to_owned();
+    wait_for_status(&daemon, &id, "completed");
+    let inspected =
+        ok(phrony(&daemon, "ci").args(["sessions", "inspect", &id, "--output", "json"]));
+    assert!(!inspected.contains("crm-secret-value"), "{inspected}");
+
+    // From the environment, which wins over a file that lacks nothing.
+    let id = start(
+        phrony(&daemon, "ci")
+            .env(SECRET_VAR, "from-the-environment")
+            .args(["run", SECRET_AGENT, "-e", base.to_str().unwrap()]),
+    );
+    wait_for_status(&daemon, &id, "completed");
+
+    // Empty counts as unset; an unreadable env file is an error.
+    let empty = fails(
+        phrony(&daemon, "ci")
+            .env(SECRET_VAR, "")
+            .args(["run", SECRET_AGENT]),
+    );
+    assert!(
+        empty.contains(&format!("environment variable {SECRET_VAR} is not set")),
+        "{empty}"
+    );
+    let nofile = project.path().join("missing.env");
+    let unreadable =
+        fails(phrony(&daemon, "ci").args(["run", SECRET_AGENT, "-e", nofile.to_str().unwrap()]));
+    assert!(
+        unreadable.starts_with(&format!("Error: read env file {}", nofile.display())),
+        "{unreadable}"
+    );
+}
+
+/// Bad arguments are refused before anything is sent, with exit code 1 (2 for usage errors).
+#[test]
+fn bad_arguments_are_refused_with_clear_errors() {
+    let Some(daemon) = stub_daemon(Backend::Sqlite) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (
+            vec![
+                "run".into(),
+                AGENT.into(),
+                "--input".into(),
+                r#"{"message": "#.into(),
+            ],
+            "Error: --input looks like JSON but does not parse: ",
+        ),
+        (
+            vec![
+                "run".into(),
+                AGENT.into(),
+                "--input".into(),
+                "[1, 2]".into(),
+            ],
+            "Error: --input must be a JSON object or text, got a JSON array",
+        ),
+        (
+            vec![
+                "run".into(),
+                AGENT.into(),
+                "--metadata".into(),
+                "ticket".into(),
+            ],
+            "Error: --metadata \"ticket\" must be key=value",
+        ),
+        (
+            vec!["run".into(), "refund-agent".into()],
+            "Error: agent must be namespace/name, got \"refund-agent\"",
+        ),
+        (
+            vec![
+                "sessions".into(),
+                "ls".into(),
+                "--metadata".into(),
+                "=x".into(),
+            ],
+            "Error: --metadata \"=x\" has an empty key",
+        ),
+        (
+            vec![
+                "approvals".into(),
+                "list".into(),
+                "--agent".into(),
+                "a/b@1.0.0".into(),
+            ],
+            "Error: agent reference must not include @version here",
+        ),
+    ];
+    for (args, want) in cases {
+        let stderr = fails(phrony(&daemon, "ci").args(&args));
+        assert!(stderr.starts_with(want), "{args:?}: {stderr}");
+    }
+    let bad = dir.path().join("bad.json");
+    std::fs::write(&bad, "{\"amount\": ").unwrap();
+    let stderr = fails(phrony(&daemon, "ci").args([
+        "approvals",
+        "approve",
+        "00000000-0000-0000-0000-000000000000",
+        "--args",
+        bad.to_str().unwrap(),
+    ]));
+    assert!(
+        stderr.starts_with(&format!(
+            "Error: --args file {} is not valid JSON: ",
+            bad.display()
+        )),
+        "{stderr}"
+    );
+    let list = dir.path().join("list.json");
+    std::fs::write(&list, "[1]").unwrap();
+    let stderr = fails(phrony(&daemon, "ci").args([
+        "approvals",
+        "approve",
+        "x",
+        "--args",
+        list.to_str().unwrap(),
+    ]));
+    assert!(stderr.contains("must hold a JSON object"), "{stderr}");
+    // A usage error (unknown flag, missing argument) exits 2.
+    let usage = run(phrony(&daemon, "ci").args(["sessions", "inspect"]));
+    assert_eq!(usage.code, Some(2), "{}", usage.stderr);
+    let usage = run(phrony(&daemon, "ci").args(["approvals", "reject", "x", "--args", "f.json"]));
+    assert_eq!(usage.code, Some(2), "{}", usage.stderr);
+}
