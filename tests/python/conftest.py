@@ -50,3 +50,25 @@ def runtime_daemon(runtime_binary: Path, tmp_path_factory: pytest.TempPathFactor
 
     with RuntimeDaemon(runtime_binary, tmp_path_factory.mktemp("runtime")) as daemon:
         yield daemon
+
+
+# --- The refund tutorial end to end (test_tutorial.py, test_sessions_sdk.py) --------------------
+
+
+@pytest.fixture(scope="session")
+def cli_binary() -> Path:
+    """The `phrony` CLI binary, built once per session (or `PHRONY_CLI_BIN`)."""
+    from runtime_daemon import build_cli
+
+    return build_cli(REPO_ROOT)
+
+
+@pytest.fixture(scope="module")
+def tutorial(runtime_binary: Path, cli_binary: Path, tmp_path_factory: pytest.TempPathFactory):
+    """The tutorial's world for one test module: a daemon whose `openai` provider is a scripted
+    fake, `support/refund-agent@0.1.0` validated, published and deployed with the CLI, and the
+    tutorial's `worker.py` registered (see `tutorial_env.py`)."""
+    from tutorial_env import Tutorial
+
+    with Tutorial.started(runtime_binary, cli_binary, tmp_path_factory.mktemp("tutorial")) as world:
+        yield world

@@ -1,7 +1,8 @@
 """Build and run the real `phrony-runtime` daemon for contract tests.
 
 The binary comes from `PHRONY_RUNTIME_BIN` if set, else from `cargo build -p runtime` in the
-repository (honouring `CARGO_TARGET_DIR`, default `target/`). Each daemon listens on a free
+repository (honouring `CARGO_TARGET_DIR`, default `target/`); the `phrony` CLI likewise from
+`PHRONY_CLI_BIN` or `cargo build -p cli`. Each daemon listens on a free
 port of 127.0.0.1 with its own SQLite database and data directory, and is stopped with SIGTERM
 (a clean stop must exit 0).
 """
@@ -25,14 +26,25 @@ PATIENCE_SECONDS = 30.0
 
 def build_runtime(repo_root: Path) -> Path:
     """Path of a freshly built `phrony-runtime` (or `PHRONY_RUNTIME_BIN`)."""
-    explicit = os.environ.get("PHRONY_RUNTIME_BIN")
+    return _build(repo_root, "runtime", "phrony-runtime", "PHRONY_RUNTIME_BIN")
+
+
+def build_cli(repo_root: Path) -> Path:
+    """Path of a freshly built `phrony` CLI (or `PHRONY_CLI_BIN`)."""
+    return _build(repo_root, "cli", "phrony", "PHRONY_CLI_BIN")
+
+
+def _build(repo_root: Path, package: str, binary_name: str, override: str) -> Path:
+    """`cargo build -p PACKAGE --bin BINARY` in the repository, unless the environment variable
+    `override` names a binary to use instead."""
+    explicit = os.environ.get(override)
     if explicit:
         binary = Path(explicit)
         if not binary.is_file():
-            raise FileNotFoundError(f"PHRONY_RUNTIME_BIN={explicit} is not a file")
+            raise FileNotFoundError(f"{override}={explicit} is not a file")
         return binary
     build = subprocess.run(
-        ["cargo", "build", "-p", "runtime", "--bin", "phrony-runtime"],
+        ["cargo", "build", "-p", package, "--bin", binary_name],
         cwd=repo_root,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -40,11 +52,11 @@ def build_runtime(repo_root: Path) -> Path:
         check=False,
     )
     if build.returncode != 0:
-        raise RuntimeError(f"cargo build -p runtime failed:\n{build.stdout}")
+        raise RuntimeError(f"cargo build -p {package} failed:\n{build.stdout}")
     target = Path(os.environ.get("CARGO_TARGET_DIR") or "target")
     if not target.is_absolute():
         target = repo_root / target
-    binary = target / "debug" / "phrony-runtime"
+    binary = target / "debug" / binary_name
     if not binary.is_file():
         raise FileNotFoundError(f"cargo build succeeded but {binary} does not exist")
     return binary

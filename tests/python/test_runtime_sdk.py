@@ -216,14 +216,15 @@ def test_refusals_reach_the_sdk_with_their_grpc_codes(runtime_daemon):
         nothing_active = await expect_error(
             client.rollback(runtime_pb2.RollbackRequest(agent_ref=agent_ref(name), actor="sdk-test"))
         )
-        later = await expect_error(client.run_session(agent_ref=f"support/{name}", input={"message": "hi"}))
-        return changed, tampered, unknown, nothing_active, later
+        undeployed = await expect_error(client.run_session(agent_ref=f"support/{name}", input={"message": "hi"}))
+        return changed, tampered, unknown, nothing_active, undeployed
 
-    changed, tampered, unknown, nothing_active, later = run(runtime_daemon.address, scenario)
+    changed, tampered, unknown, nothing_active, undeployed = run(runtime_daemon.address, scenario)
     assert changed.grpc_code == "ALREADY_EXISTS" and '"1.0.0"' in changed.details
     assert tampered.grpc_code == "INVALID_ARGUMENT" and "canonical form" in tampered.details
     assert unknown.grpc_code == "NOT_FOUND"
     assert unknown.details == f'no published version "9.9.9" for agent support/{name}'
     assert str(unknown) == f'deploy agent: no published version "9.9.9" for agent support/{name} (NOT_FOUND)'
     assert nothing_active.grpc_code == "FAILED_PRECONDITION"
-    assert later.grpc_code == "UNIMPLEMENTED" and "RunSession" in later.details
+    assert undeployed.grpc_code == "FAILED_PRECONDITION"
+    assert undeployed.details == f"no active deployment for agent support/{name}"
