@@ -811,6 +811,8 @@ async fn a_quorum_needs_distinct_approvers() {
         (second.status.as_str(), second.approvals_received),
         ("approved", 2)
     );
+    // The deciding vote answers with what the decision did, not the instant before it.
+    assert_ne!(second.session_status, "awaiting_approval");
     wait_status(&mut w.client, &id, "completed").await;
     assert_eq!(w.worker.refunds().len(), 1);
 }
