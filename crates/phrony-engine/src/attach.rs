@@ -565,6 +565,11 @@ impl SessionView {
                     out.push(Activity::Text(rest.to_owned()));
                 }
                 let entry = self.assistant.entry(turn).or_default();
+                // One turn can take several completions (text, tool calls, more text): keep
+                // their texts apart in the history.
+                if !entry.text.is_empty() && !content.is_empty() {
+                    entry.text.push_str("\n\n");
+                }
                 entry.text.push_str(&content);
                 if let Some(stop_reason) = opt_text(p, "stop_reason") {
                     entry.stop_reason = Some(stop_reason);

@@ -389,3 +389,36 @@ impl<'a> StartRequestBuilder<'a> {
         }
     }
 }
+
+#[tokio::test]
+async fn the_history_keeps_the_completions_of_a_turn_apart() {
+    let h = Harness::memory(
+        &AgentOptions::default(),
+        vec![
+            Step::from_fn(|_| {
+                vec![
+                    ModelEvent::TextDelta("Let me look it up.".to_owned()),
+                    ModelEvent::ToolCall {
+                        id: "provider_call_0".to_owned(),
+                        name: "lookup_order".to_owned(),
+                        args: json!({"order_id": "ORD-1"}),
+                    },
+                    completed(StopReason::ToolUse, 10),
+                ]
+            }),
+            Step::say("It was delivered."),
+        ],
+    )
+    .await;
+    let s = h.start_conversation("Where is ORD-1?").await;
+    h.wait(&s.id, &[SessionStatus::AwaitingInput]).await;
+    let a = h.engine.attach(&s.id, AttachFrom::Now).await.unwrap();
+    let assistant: Vec<_> = a
+        .catch_up
+        .history
+        .iter()
+        .filter(|e| e.role == "assistant")
+        .map(|e| e.content.as_str())
+        .collect();
+    assert_eq!(assistant, ["Let me look it up.\n\nIt was delivered."]);
+}
