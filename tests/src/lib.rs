@@ -2,12 +2,19 @@
 //!
 //! The tests themselves live in `tests/*.rs`: `schema.rs` keeps the authoring JSON Schema in sync
 //! with every example, `examples.rs` checks each example's `cases.yaml` against the real policy
-//! engine, `lifecycle.rs` drives the real daemon with the real CLI.
+//! engine, `lifecycle.rs` drives the real daemon with the real CLI, `sessions.rs` and `tui.rs`
+//! drive sessions and approvals through it.
 //!
-//! [`daemon`] starts the real `phrony-runtime` on a free port (SQLite or a fresh PostgreSQL
-//! database) for end-to-end tests.
+//! - [`daemon`] starts the real `phrony-runtime` on a free port (SQLite or a fresh PostgreSQL
+//!   database) for end-to-end tests.
+//! - [`cli`] runs the real `phrony` CLI against it and reads what it printed.
+//! - [`stub`] writes the tutorial's refund agent on the scripted `stub` model and deploys it.
+//! - [`worker`] serves the refund agent's tool on the `Work` stream and records its calls.
 
+pub mod cli;
 pub mod daemon;
+pub mod stub;
+pub mod worker;
 
 use std::path::{Path, PathBuf};
 

@@ -10,60 +10,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_json::Value;
+use tests::cli::{fails, json, ok, run, table};
 use tests::daemon::{self, Backend, Daemon};
 
 const AGENT: &str = "lifecycle/triage";
 const ACTOR: &str = "ci-alice";
-
-/// What a command printed and how it exited.
-struct Out {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
-}
-
-fn run(cmd: &mut Command) -> Out {
-    let output = cmd.output().unwrap();
-    Out {
-        code: output.status.code(),
-        stdout: String::from_utf8(output.stdout).unwrap(),
-        stderr: String::from_utf8(output.stderr).unwrap(),
-    }
-}
-
-/// Runs a command that must succeed without any warning (no version skew, no diagnostics).
-fn ok(cmd: &mut Command) -> String {
-    let shown = format!("{cmd:?}");
-    let out = run(cmd);
-    assert_eq!(
-        out.code,
-        Some(0),
-        "{shown} failed:\nstdout: {}\nstderr: {}",
-        out.stdout,
-        out.stderr
-    );
-    assert_eq!(out.stderr, "", "{shown} wrote to stderr");
-    out.stdout
-}
-
-/// Runs a command that must fail with exit code 1 and nothing on stdout; returns stderr.
-fn fails(cmd: &mut Command) -> String {
-    let shown = format!("{cmd:?}");
-    let out = run(cmd);
-    assert_eq!(
-        out.code,
-        Some(1),
-        "{shown} should fail:\nstdout: {}\nstderr: {}",
-        out.stdout,
-        out.stderr
-    );
-    assert_eq!(out.stdout, "", "{shown} printed on failure");
-    out.stderr
-}
-
-fn json(stdout: &str) -> Value {
-    serde_json::from_str(stdout).unwrap_or_else(|e| panic!("not JSON ({e}):\n{stdout}"))
-}
 
 /// A whole-second UTC RFC 3339 timestamp.
 fn assert_timestamp(text: &str) {
@@ -103,23 +54,7 @@ spec:
 
 /// The CLI pointed at the daemon, acting as [`ACTOR`].
 fn phrony(daemon: &Daemon) -> Command {
-    let mut cmd = daemon.phrony();
-    cmd.env("PHRONY_ACTOR", ACTOR);
-    cmd
-}
-
-/// The rows of a table, split on runs of two or more spaces; the header row first.
-fn table(stdout: &str) -> Vec<Vec<String>> {
-    stdout
-        .lines()
-        .map(|line| {
-            line.split("  ")
-                .map(str::trim)
-                .filter(|cell| !cell.is_empty())
-                .map(str::to_owned)
-                .collect()
-        })
-        .collect()
+    tests::cli::phrony(daemon, ACTOR)
 }
 
 /// Every column starts at the same offset on every line (the table is aligned).

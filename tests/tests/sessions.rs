@@ -10,18 +10,19 @@
 
 use std::path::Path;
 use std::process::Command;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use phrony_proto::runtime::v1 as pb;
-use phrony_proto::runtime::v1::runtime_client::RuntimeClient;
 use serde_json::{Value, json};
+use tests::cli::{fails, json, ok, run, table};
 use tests::daemon::{Backend, Daemon};
+use tests::stub::{
+    REFUND_AGENT as AGENT, publish_and_deploy, stub_daemon, write_refund_agent, write_stub_script,
+};
+use tests::worker::RefundWorker;
 
 /// How long a session may take to reach a state (a failure guard, not a pace).
 const WAIT: Duration = Duration::from_secs(60);
 
-const AGENT: &str = "support/refund-agent";
 const SECRET_AGENT: &str = "support/secret-agent";
 /// The variable the secret agent's secret is read from.
 const SECRET_VAR: &str = "PHRONY_TEST_CRM_TOKEN";
@@ -29,73 +30,10 @@ const SECRET_VAR: &str = "PHRONY_TEST_CRM_TOKEN";
 // ---------------------------------------------------------------------------------------------
 // Running commands
 
-struct Out {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
-}
-
-fn run(cmd: &mut Command) -> Out {
-    let output = cmd.output().unwrap();
-    Out {
-        code: output.status.code(),
-        stdout: String::from_utf8(output.stdout).unwrap(),
-        stderr: String::from_utf8(output.stderr).unwrap(),
-    }
-}
-
-/// Runs a command that must succeed without writing to stderr; returns stdout.
-fn ok(cmd: &mut Command) -> String {
-    let shown = format!("{cmd:?}");
-    let out = run(cmd);
-    assert_eq!(
-        out.code,
-        Some(0),
-        "{shown} failed:\nstdout: {}\nstderr: {}",
-        out.stdout,
-        out.stderr
-    );
-    assert_eq!(out.stderr, "", "{shown} wrote to stderr");
-    out.stdout
-}
-
-/// Runs a command that must fail with exit code 1 and nothing on stdout; returns stderr.
-fn fails(cmd: &mut Command) -> String {
-    let shown = format!("{cmd:?}");
-    let out = run(cmd);
-    assert_eq!(
-        out.code,
-        Some(1),
-        "{shown} should fail:\nstdout: {}\nstderr: {}",
-        out.stdout,
-        out.stderr
-    );
-    assert_eq!(out.stdout, "", "{shown} printed on failure");
-    out.stderr
-}
-
-fn json(stdout: &str) -> Value {
-    serde_json::from_str(stdout).unwrap_or_else(|e| panic!("not JSON ({e}):\n{stdout}"))
-}
-
-/// The rows of a table, split on runs of two or more spaces; the header row first.
-fn table(stdout: &str) -> Vec<Vec<String>> {
-    stdout
-        .lines()
-        .map(|line| {
-            line.split("  ")
-                .map(str::trim)
-                .filter(|cell| !cell.is_empty())
-                .map(str::to_owned)
-                .collect()
-        })
-        .collect()
-}
-
-/// The CLI pointed at the daemon, acting as `actor`.
+/// The CLI pointed at the daemon, acting as `actor`, without the secret agent's variable.
 fn phrony(daemon: &Daemon, actor: &str) -> Command {
-    let mut cmd = daemon.phrony();
-    cmd.env("PHRONY_ACTOR", actor).env_remove(SECRET_VAR);
+    let mut cmd = tests::cli::phrony(daemon, actor);
+    cmd.env_remove(SECRET_VAR);
     cmd
 }
 
@@ -165,99 +103,6 @@ fn start(cmd: &mut Command) -> String {
 // ---------------------------------------------------------------------------------------------
 // The agents
 
-/// Writes the refund agent (stub model: one refund of 400, then a closing message), its tool and
-/// its approval policy.
-fn write_refund_agent(dir: &Path) {
-    std::fs::create_dir_all(dir.join("tools")).unwrap();
-    std::fs::create_dir_all(dir.join("policies")).unwrap();
-    std::fs::write(
-        dir.join("agent.yaml"),
-        "apiVersion: phrony.com/v1
-kind: Agent
-metadata:
-  name: refund-agent
-  namespace: support
-  version: 0.1.0
-spec:
-  purpose: Handle customer refund requests within policy limits.
-  instructions:
-    text: Always look up the order before issuing a refund.
-  model:
-    provider: stub
-    name: scripted
-  tools:
-    - ref: payments.issue-refund
-      as: issue_refund
-      policies:
-        - ref: policies/refund-approval-boundary.yaml
-",
-    )
-    .unwrap();
-    std::fs::write(
-        dir.join("stub-script.json"),
-        json!({"turns": [
-            [
-                {"type": "tool_call", "name": "issue_refund",
-                 "args": {"order_id": "ORD-1", "amount": 400, "currency": "EUR"}},
-                {"type": "completed", "stop_reason": "tool_use"}
-            ],
-            [
-                {"type": "text_delta", "text": "The refund request was handled."},
-                {"type": "completed", "stop_reason": "end_turn"}
-            ]
-        ]})
-        .to_string(),
-    )
-    .unwrap();
-    std::fs::write(
-        dir.join("tools/payments.issue-refund.yaml"),
-        "apiVersion: phrony.com/v1
-kind: Tool
-metadata:
-  name: issue-refund
-  namespace: payments
-  version: 1.0.0
-spec:
-  description: Issue a refund to the customer's original payment method.
-  side_effect_class: irreversible_action
-  input_schema:
-    inline:
-      type: object
-      properties:
-        order_id:
-          type: string
-        amount:
-          type: number
-        currency:
-          type: string
-      required: [order_id, amount, currency]
-",
-    )
-    .unwrap();
-    std::fs::write(
-        dir.join("policies/refund-approval-boundary.yaml"),
-        "apiVersion: phrony.com/v1
-kind: Policy
-metadata:
-  name: refund-approval-boundary
-  namespace: payments
-  version: 1.0.0
-spec:
-  description: Refunds above the delegated limit need a human before dispatch.
-  conditions:
-    field: amount
-    op: gt
-    value: 250
-  decision:
-    type: require_approval
-    approvals_required: 1
-    reason: Refund amount above delegated limit.
-    on_reject: return_to_agent
-",
-    )
-    .unwrap();
-}
-
 /// Writes an agent without tools that declares one secret and answers once.
 fn write_secret_agent(dir: &Path) {
     std::fs::create_dir_all(dir).unwrap();
@@ -285,145 +130,33 @@ spec:
         ),
     )
     .unwrap();
-    std::fs::write(
-        dir.join("stub-script.json"),
-        json!({"turns": [[
+    write_stub_script(
+        dir,
+        &json!([[
             {"type": "text_delta", "text": "Done."},
             {"type": "completed", "stop_reason": "end_turn"}
-        ]]})
-        .to_string(),
-    )
-    .unwrap();
+        ]]),
+    );
 }
 
-fn publish_and_deploy(daemon: &Daemon, dir: &Path, agent: &str) {
-    let manifest = dir.join("agent.yaml");
-    ok(phrony(daemon, "ci").args(["agents", "publish", manifest.to_str().unwrap()]));
-    ok(phrony(daemon, "ci").args(["agents", "deploy", &format!("{agent}@0.1.0")]));
-}
-
-// ---------------------------------------------------------------------------------------------
-// A tool worker on the Work stream
-
-/// A worker serving `payments.issue-refund@1.0.0`: it records each invocation and returns an
-/// issued refund echoing the arguments.
-struct Worker {
-    invoked: Arc<Mutex<Vec<Value>>>,
-    _runtime: tokio::runtime::Runtime,
-}
-
-impl Worker {
-    /// Connects and waits until the runtime confirmed the registration.
-    fn start(addr: &str) -> Self {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .unwrap();
-        let invoked = Arc::new(Mutex::new(Vec::new()));
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-        let seen = Arc::clone(&invoked);
-        let uri = format!("http://{addr}");
-        runtime.spawn(async move {
-            let channel = tonic::transport::Endpoint::from_shared(uri)
-                .unwrap()
-                .connect()
-                .await
-                .unwrap();
-            let (tx, rx) = tokio::sync::mpsc::channel::<pb::WorkClientMsg>(16);
-            let send = |body| pb::WorkClientMsg { body: Some(body) };
-            tx.send(send(pb::work_client_msg::Body::Register(
-                pb::WorkRegister {
-                    worker_id: "sessions-test-worker".into(),
-                    workload_identity: "tests/sessions-worker".into(),
-                    image_digest: String::new(),
-                    handlers: vec![pb::WorkHandlerAdvertisement {
-                        tool: "payments.issue-refund".into(),
-                        version: "1.0.0".into(),
-                        contract_version: String::new(),
-                        max_concurrency: 4,
-                        descriptor_hash: String::new(),
-                    }],
-                    in_flight: Vec::new(),
-                },
-            )))
-            .await
-            .unwrap();
-            let mut inbound = RuntimeClient::new(channel)
-                .work(tokio_stream::wrappers::ReceiverStream::new(rx))
-                .await
-                .unwrap()
-                .into_inner();
-            while let Ok(Some(msg)) = inbound.message().await {
-                match msg.body {
-                    Some(pb::work_server_msg::Body::Registered(registered)) => {
-                        let heartbeat = tx.clone();
-                        let every = Duration::from_millis(
-                            u64::try_from(registered.lease_ttl_ms / 3)
-                                .unwrap_or(1000)
-                                .max(100),
-                        );
-                        tokio::spawn(async move {
-                            let mut tick = tokio::time::interval(every);
-                            loop {
-                                tick.tick().await;
-                                let beat = pb::WorkClientMsg {
-                                    body: Some(pb::work_client_msg::Body::Heartbeat(
-                                        pb::WorkHeartbeat {},
-                                    )),
-                                };
-                                if heartbeat.send(beat).await.is_err() {
-                                    break;
-                                }
-                            }
-                        });
-                        let _ = ready_tx.send(());
-                    }
-                    Some(pb::work_server_msg::Body::Invoke(invoke)) => {
-                        let args: Value = serde_json::from_slice(&invoke.args).unwrap();
-                        seen.lock().unwrap().push(args.clone());
-                        let payload = json!({
-                            "refund_id": format!("rf_{}", args["order_id"].as_str().unwrap_or("?")),
-                            "amount": args["amount"],
-                            "status": "issued",
-                        });
-                        let result = pb::WorkToolResult {
-                            call_id: invoke.call_id,
-                            payload: payload.to_string().into_bytes(),
-                            error: None,
-                        };
-                        if tx
-                            .send(send(pb::work_client_msg::Body::Result(result)))
-                            .await
-                            .is_err()
-                        {
-                            break;
-                        }
-                    }
-                    _ => {}
-                }
-            }
-        });
-        ready_rx
-            .recv_timeout(WAIT)
-            .expect("the runtime did not confirm the worker's registration");
-        Self {
-            invoked,
-            _runtime: runtime,
-        }
-    }
-
-    fn invocations(&self) -> Vec<Value> {
-        self.invoked.lock().unwrap().clone()
-    }
+/// The refund agent's script: one refund of 400 (held for approval), then a closing message.
+fn refund_turns() -> Value {
+    json!([
+        [
+            {"type": "tool_call", "name": "issue_refund",
+             "args": {"order_id": "ORD-1", "amount": 400, "currency": "EUR",
+                      "reason": "The item arrived damaged."}},
+            {"type": "completed", "stop_reason": "tool_use"}
+        ],
+        [
+            {"type": "text_delta", "text": "The refund request was handled."},
+            {"type": "completed", "stop_reason": "end_turn"}
+        ]
+    ])
 }
 
 // ---------------------------------------------------------------------------------------------
 // The tests
-
-fn stub_daemon(backend: Backend) -> Option<Daemon> {
-    Daemon::start_with_env(backend, &[("RUNTIME_ENABLE_STUB_PROVIDER", "1")])
-}
 
 /// Approve and reject from the CLI: run detached, see the approval, decide it as `emad`, and
 /// find the decision with its actor in the session's timeline.
@@ -431,9 +164,9 @@ fn approvals_from_the_cli(backend: Backend) {
     let Some(daemon) = stub_daemon(backend) else {
         return;
     };
-    let worker = Worker::start(daemon.addr());
+    let worker = RefundWorker::start(daemon.addr(), "sessions-test-worker");
     let project = tempfile::tempdir().unwrap();
-    write_refund_agent(project.path());
+    write_refund_agent(project.path(), &refund_turns());
     publish_and_deploy(&daemon, project.path(), AGENT);
 
     // run, detached.

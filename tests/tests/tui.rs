@@ -22,53 +22,26 @@
 use std::io::{BufRead as _, BufReader, Read as _, Write as _};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use phrony_proto::runtime::v1 as pb;
-use phrony_proto::runtime::v1::runtime_client::RuntimeClient;
 use serde_json::{Value, json};
+use tests::cli::{json, ok, phrony};
 use tests::daemon::{Backend, Daemon, binaries};
+use tests::stub::{REFUND_AGENT as AGENT, publish_and_deploy, stub_daemon, write_refund_agent};
+use tests::worker::RefundWorker;
 
 /// How long the screen or a session may take to reach a state (a failure guard, not a pace).
 const WAIT: Duration = Duration::from_secs(60);
-
-const AGENT: &str = "support/refund-agent";
 
 // ---------------------------------------------------------------------------------------------
 // The agent and its worker
 
 /// The refund agent on the stub model: it says it will refund, asks for a €400 refund (held for
 /// approval by the boundary policy), then confirms.
-fn write_refund_agent(dir: &Path) {
-    std::fs::create_dir_all(dir.join("tools")).unwrap();
-    std::fs::create_dir_all(dir.join("policies")).unwrap();
-    std::fs::write(
-        dir.join("agent.yaml"),
-        "apiVersion: phrony.com/v1
-kind: Agent
-metadata:
-  name: refund-agent
-  namespace: support
-  version: 0.1.0
-spec:
-  purpose: Handle customer refund requests within policy limits.
-  instructions:
-    text: Always look up the order before issuing a refund.
-  model:
-    provider: stub
-    name: scripted
-  tools:
-    - ref: payments.issue-refund
-      as: issue_refund
-      policies:
-        - ref: policies/refund-approval-boundary.yaml
-",
-    )
-    .unwrap();
-    std::fs::write(
-        dir.join("stub-script.json"),
-        json!({"turns": [
+fn refund_agent(dir: &Path) {
+    write_refund_agent(
+        dir,
+        &json!([
             [
                 {"type": "text_delta", "text": "I will issue the refund for ORD-1."},
                 {"type": "tool_call", "name": "issue_refund",
@@ -79,203 +52,23 @@ spec:
                 {"type": "text_delta", "text": "Refund confirmed for ORD-1."},
                 {"type": "completed", "stop_reason": "end_turn"}
             ]
-        ]})
-        .to_string(),
-    )
-    .unwrap();
-    std::fs::write(
-        dir.join("tools/payments.issue-refund.yaml"),
-        "apiVersion: phrony.com/v1
-kind: Tool
-metadata:
-  name: issue-refund
-  namespace: payments
-  version: 1.0.0
-spec:
-  description: Issue a refund to the customer's original payment method.
-  side_effect_class: irreversible_action
-  input_schema:
-    inline:
-      type: object
-      properties:
-        order_id:
-          type: string
-        amount:
-          type: number
-        currency:
-          type: string
-      required: [order_id, amount, currency]
-",
-    )
-    .unwrap();
-    std::fs::write(
-        dir.join("policies/refund-approval-boundary.yaml"),
-        "apiVersion: phrony.com/v1
-kind: Policy
-metadata:
-  name: refund-approval-boundary
-  namespace: payments
-  version: 1.0.0
-spec:
-  description: Refunds above the delegated limit need a human before dispatch.
-  conditions:
-    field: amount
-    op: gt
-    value: 250
-  decision:
-    type: require_approval
-    approvals_required: 1
-    reason: Refund amount above delegated limit.
-    on_reject: return_to_agent
-",
-    )
-    .unwrap();
-}
-
-/// The CLI pointed at the daemon, acting as `actor`.
-fn phrony(daemon: &Daemon, actor: &str) -> Command {
-    let mut cmd = daemon.phrony();
-    cmd.env("PHRONY_ACTOR", actor).env_remove("PHRONY_NO_TUI");
-    cmd
-}
-
-fn ok(cmd: &mut Command) -> String {
-    let shown = format!("{cmd:?}");
-    let output = cmd.output().unwrap();
-    assert!(
-        output.status.success(),
-        "{shown} failed:\nstdout: {}\nstderr: {}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
+        ]),
     );
-    String::from_utf8(output.stdout).unwrap()
 }
 
-fn publish_and_deploy(daemon: &Daemon, dir: &Path) {
-    let manifest = dir.join("agent.yaml");
-    ok(phrony(daemon, "ci").args(["agents", "publish", manifest.to_str().unwrap()]));
-    ok(phrony(daemon, "ci").args(["agents", "deploy", &format!("{AGENT}@0.1.0")]));
-}
-
-/// A worker serving `payments.issue-refund@1.0.0` that records its invocations and returns
-/// `rf_<order_id>`.
-struct Worker {
-    invoked: Arc<Mutex<Vec<Value>>>,
-    _runtime: tokio::runtime::Runtime,
-}
-
-impl Worker {
-    /// Connects and waits until the runtime confirmed the registration.
-    fn start(addr: &str) -> Self {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .unwrap();
-        let invoked = Arc::new(Mutex::new(Vec::new()));
-        let seen = Arc::clone(&invoked);
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-        let uri = format!("http://{addr}");
-        runtime.spawn(async move {
-            let channel = tonic::transport::Endpoint::from_shared(uri)
-                .unwrap()
-                .connect()
-                .await
-                .unwrap();
-            let (tx, rx) = tokio::sync::mpsc::channel::<pb::WorkClientMsg>(16);
-            let send = |body| pb::WorkClientMsg { body: Some(body) };
-            tx.send(send(pb::work_client_msg::Body::Register(
-                pb::WorkRegister {
-                    worker_id: "tui-test-worker".into(),
-                    workload_identity: "tests/tui-worker".into(),
-                    image_digest: String::new(),
-                    handlers: vec![pb::WorkHandlerAdvertisement {
-                        tool: "payments.issue-refund".into(),
-                        version: "1.0.0".into(),
-                        contract_version: String::new(),
-                        max_concurrency: 4,
-                        descriptor_hash: String::new(),
-                    }],
-                    in_flight: Vec::new(),
-                },
-            )))
-            .await
-            .unwrap();
-            let mut inbound = RuntimeClient::new(channel)
-                .work(tokio_stream::wrappers::ReceiverStream::new(rx))
-                .await
-                .unwrap()
-                .into_inner();
-            while let Ok(Some(msg)) = inbound.message().await {
-                match msg.body {
-                    Some(pb::work_server_msg::Body::Registered(registered)) => {
-                        let heartbeat = tx.clone();
-                        let every = Duration::from_millis(
-                            u64::try_from(registered.lease_ttl_ms / 3)
-                                .unwrap_or(1000)
-                                .max(100),
-                        );
-                        tokio::spawn(async move {
-                            let mut tick = tokio::time::interval(every);
-                            loop {
-                                tick.tick().await;
-                                let beat = send(pb::work_client_msg::Body::Heartbeat(
-                                    pb::WorkHeartbeat {},
-                                ));
-                                if heartbeat.send(beat).await.is_err() {
-                                    break;
-                                }
-                            }
-                        });
-                        let _ = ready_tx.send(());
-                    }
-                    Some(pb::work_server_msg::Body::Invoke(invoke)) => {
-                        let args: Value = serde_json::from_slice(&invoke.args).unwrap();
-                        seen.lock().unwrap().push(args.clone());
-                        let payload = json!({
-                            "refund_id": format!("rf_{}", args["order_id"].as_str().unwrap_or("?")),
-                            "amount": args["amount"],
-                            "status": "issued",
-                        });
-                        let result = pb::WorkToolResult {
-                            call_id: invoke.call_id,
-                            payload: payload.to_string().into_bytes(),
-                            error: None,
-                        };
-                        if tx
-                            .send(send(pb::work_client_msg::Body::Result(result)))
-                            .await
-                            .is_err()
-                        {
-                            break;
-                        }
-                    }
-                    _ => {}
-                }
-            }
-        });
-        ready_rx
-            .recv_timeout(WAIT)
-            .expect("the runtime did not confirm the worker's registration");
-        Self {
-            invoked,
-            _runtime: runtime,
-        }
-    }
-
-    fn invocations(&self) -> Vec<Value> {
-        self.invoked.lock().unwrap().clone()
-    }
-}
-
-fn stub_daemon() -> Daemon {
-    Daemon::start_with_env(Backend::Sqlite, &[("RUNTIME_ENABLE_STUB_PROVIDER", "1")])
-        .expect("an SQLite daemon always starts")
+/// A daemon on SQLite accepting the stub model, with a worker registered and the refund agent
+/// deployed from `dir`.
+fn deployed(dir: &Path) -> (Daemon, RefundWorker) {
+    let daemon = stub_daemon(Backend::Sqlite).expect("an SQLite daemon always starts");
+    let worker = RefundWorker::start(daemon.addr(), "tui-test-worker");
+    refund_agent(dir);
+    publish_and_deploy(&daemon, dir, AGENT);
+    (daemon, worker)
 }
 
 /// The vote lines of `approvals show` for the session's only approval.
 fn votes(daemon: &Daemon, session_id: &str) -> Vec<String> {
-    let listed: Value = serde_json::from_str(&ok(phrony(daemon, "ci").args([
+    let listed = json(&ok(phrony(daemon, "ci").args([
         "approvals",
         "list",
         "--status",
@@ -284,8 +77,7 @@ fn votes(daemon: &Daemon, session_id: &str) -> Vec<String> {
         session_id,
         "--output",
         "json",
-    ])))
-    .unwrap();
+    ])));
     let approval_id = listed["approvals"][0]["id"]
         .as_str()
         .unwrap_or_else(|| panic!("no approved approval for {session_id}: {listed}"))
@@ -416,11 +208,8 @@ fn header_session_id(screen: &str) -> String {
 
 #[test]
 fn run_attach_tui_approves_a_refund_with_a_comment() {
-    let daemon = stub_daemon();
-    let worker = Worker::start(daemon.addr());
     let project = tempfile::tempdir().unwrap();
-    write_refund_agent(project.path());
-    publish_and_deploy(&daemon, project.path());
+    let (daemon, worker) = deployed(project.path());
 
     let exit_file: PathBuf = project.path().join("exit");
     let command = format!(
@@ -608,11 +397,8 @@ impl Piped {
 
 #[test]
 fn run_attach_plain_exits_non_zero_when_the_session_fails() {
-    let daemon = stub_daemon();
-    let _worker = Worker::start(daemon.addr());
     let project = tempfile::tempdir().unwrap();
-    write_refund_agent(project.path());
-    publish_and_deploy(&daemon, project.path());
+    let (daemon, _worker) = deployed(project.path());
     let mut run = Piped::spawn(phrony(&daemon, "emad").args([
         "run",
         AGENT,
@@ -641,11 +427,8 @@ fn run_attach_plain_exits_non_zero_when_the_session_fails() {
 
 #[test]
 fn sessions_attach_plain_approves_from_stdin() {
-    let daemon = stub_daemon();
-    let worker = Worker::start(daemon.addr());
     let project = tempfile::tempdir().unwrap();
-    write_refund_agent(project.path());
-    publish_and_deploy(&daemon, project.path());
+    let (daemon, worker) = deployed(project.path());
     let started = ok(phrony(&daemon, "ci").args([
         "run",
         AGENT,
@@ -693,11 +476,8 @@ fn the_interactive_client_starts_decides_and_follows_a_session() {
     use phrony_grpc::client::interactive::{ApprovalStatus, Decision, SessionEvent, ToolOutcome};
     use phrony_grpc::client::{AgentName, Client, RunSession, SessionMode};
 
-    let daemon = stub_daemon();
-    let worker = Worker::start(daemon.addr());
     let project = tempfile::tempdir().unwrap();
-    write_refund_agent(project.path());
-    publish_and_deploy(&daemon, project.path());
+    let (daemon, worker) = deployed(project.path());
 
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
