@@ -15,7 +15,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use phrony_manifest::{CompiledAgent, ToolBinding};
-use phrony_policy::{AgentCtx, Decision, Request, SessionCtx, ToolCtx};
+use phrony_policy::{AgentCtx, Decision, Request, SessionCtx};
 use serde::Deserialize;
 use serde_json::Value;
 use tests::{example_dirs, yaml_files, yaml_to_json, yaml_with_merges};
@@ -127,24 +127,14 @@ fn check_case(
         return vec![format!("no tool {:?} in the agent", case.tool)];
     };
     let wire_name = binding.wire_name();
-    let tool = ToolCtx {
-        r#ref: &binding.reference,
-        version: binding.dispatch_version(),
-        side_effect_class: &binding.side_effect_class,
-        name: &wire_name,
-    };
-    let meta = &agent.metadata;
+    let tool = binding.tool_ctx(&wire_name);
     let agent_ctx = match &case.context.agent {
         Some(a) => AgentCtx {
             namespace: &a.namespace,
             name: &a.name,
             version: &a.version,
         },
-        None => AgentCtx {
-            namespace: &meta.namespace,
-            name: &meta.name,
-            version: &meta.version,
-        },
+        None => agent.agent_ctx(),
     };
     let mut request = Request::new(tool, &case.args).with_agent(agent_ctx);
     if let Some(s) = &case.context.session {

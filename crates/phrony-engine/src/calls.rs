@@ -125,26 +125,13 @@ impl Ctx {
         wire: &'a str,
         args: &'a Value,
     ) -> Request<'a> {
-        let md = &self.agent.metadata;
-        let mut req = Request::new(
-            ToolCtx {
-                r#ref: &binding.reference,
-                version: binding.dispatch_version(),
-                side_effect_class: &binding.side_effect_class,
-                name: wire,
-            },
-            args,
-        )
-        .with_agent(AgentCtx {
-            namespace: &md.namespace,
-            name: &md.name,
-            version: &md.version,
-        })
-        .with_session(SessionCtx {
-            id: &self.session.id,
-            metadata: Some(&self.metadata),
-        })
-        .at(self.now().timestamp());
+        let mut req = Request::new(binding.tool_ctx(wire), args)
+            .with_agent(self.agent.agent_ctx())
+            .with_session(SessionCtx {
+                id: &self.session.id,
+                metadata: Some(&self.metadata),
+            })
+            .at(self.now().timestamp());
         if let Some(claims) = &self.principal {
             req = req.with_principal(claims);
         }

@@ -1,11 +1,11 @@
 //! The bridge to `phrony-policy`: Policy documents and compiled policies become `PolicyDef`s, and
 //! the engine's compile errors are placed back on the Policy document's YAML nodes.
 
-use phrony_policy::{CompileErrors, PolicyDef, PolicySet, TimeoutDef};
+use phrony_policy::{AgentCtx, CompileErrors, PolicyDef, PolicySet, TimeoutDef, ToolCtx};
 
 use crate::diag::FileDiags;
 use crate::model::common::{blank, is_lenient_semver};
-use crate::model::compiled::{CompiledAgent, CompiledPolicy};
+use crate::model::compiled::{CompiledAgent, CompiledPolicy, ToolBinding};
 use crate::model::policy::PolicyDoc;
 
 fn opt(s: &str) -> Option<String> {
@@ -154,6 +154,30 @@ impl CompiledAgent {
     /// The policy engine for this agent: its compiled policies in evaluation order.
     pub fn policy_set(&self) -> Result<PolicySet, CompileErrors> {
         PolicySet::compile(self.spec.policies.iter().map(def_from_compiled))
+    }
+
+    /// The agent as policies see it (`phrony.agent.*`): its namespace, name and version.
+    #[must_use]
+    pub fn agent_ctx(&self) -> AgentCtx<'_> {
+        AgentCtx {
+            namespace: &self.metadata.namespace,
+            name: &self.metadata.name,
+            version: &self.metadata.version,
+        }
+    }
+}
+
+impl ToolBinding {
+    /// The tool as policies see it (`phrony.tool.*`): its dispatch ref and version, side-effect
+    /// class, and `wire_name` (from [`ToolBinding::wire_name`], which the caller keeps alive).
+    #[must_use]
+    pub fn tool_ctx<'a>(&'a self, wire_name: &'a str) -> ToolCtx<'a> {
+        ToolCtx {
+            r#ref: &self.reference,
+            version: self.dispatch_version(),
+            side_effect_class: &self.side_effect_class,
+            name: wire_name,
+        }
     }
 }
 

@@ -61,24 +61,14 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     }
 
     let wire_name = binding.wire_name();
-    let tool = ToolCtx {
-        r#ref: &binding.reference,
-        version: binding.dispatch_version(),
-        side_effect_class: &binding.side_effect_class,
-        name: &wire_name,
-    };
-    let meta = &agent.metadata;
+    let tool = binding.tool_ctx(&wire_name);
     let agent_ctx = match &context.agent {
         Some(a) => AgentCtx {
             namespace: &a.namespace,
             name: &a.name,
             version: &a.version,
         },
-        None => AgentCtx {
-            namespace: &meta.namespace,
-            name: &meta.name,
-            version: &meta.version,
-        },
+        None => agent.agent_ctx(),
     };
     let mut request = Request::new(tool, &call_args).with_agent(agent_ctx);
     if let Some(session) = &context.session {
