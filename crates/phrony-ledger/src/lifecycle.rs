@@ -470,29 +470,7 @@ pub(crate) async fn deprecate(
     version: &str,
     actor: &str,
 ) -> Result<AgentVersion> {
-    let mut head = lock_stream(tx, &agent_ref.stream()).await?;
-    let agent = require_agent(&mut tx.conn(), agent_ref).await?;
-    if agent.archived_at.is_some() {
-        return Err(archived(agent_ref));
-    }
-    let target = find_version(&mut tx.conn(), agent.id, version)
-        .await?
-        .filter(|v| v.deprecated_at.is_none())
-        .ok_or_else(|| {
-            LedgerError::not_found(format!(
-                "no active version {version:?} for agent {agent_ref}"
-            ))
-        })?;
-    refuse_if_active(tx, agent_ref, &agent, &target, "deprecated").await?;
-    change_version(
-        tx,
-        &mut head,
-        &agent,
-        target,
-        types::VERSION_DEPRECATED,
-        actor,
-    )
-    .await
+    retire_or_deprecate(tx, agent_ref, version, actor, VersionChange::Deprecate).await
 }
 
 pub(crate) async fn retire(
@@ -501,6 +479,55 @@ pub(crate) async fn retire(
     version: &str,
     actor: &str,
 ) -> Result<AgentVersion> {
+    retire_or_deprecate(tx, agent_ref, version, actor, VersionChange::Retire).await
+}
+
+/// The two ways a version is taken out of use; they differ only in what they record and say.
+#[derive(Debug, Clone, Copy)]
+enum VersionChange {
+    Deprecate,
+    Retire,
+}
+
+impl VersionChange {
+    /// Whether `v` already had this change.
+    fn applied_to(self, v: &AgentVersion) -> bool {
+        match self {
+            Self::Deprecate => v.deprecated_at.is_some(),
+            Self::Retire => v.retired_at.is_some(),
+        }
+    }
+
+    /// The reference's message for a missing (or already changed) version.
+    fn not_found(self, agent_ref: &AgentRef, version: &str) -> LedgerError {
+        LedgerError::not_found(match self {
+            Self::Deprecate => format!("no active version {version:?} for agent {agent_ref}"),
+            Self::Retire => format!("no version {version:?} for agent {agent_ref}"),
+        })
+    }
+
+    fn event_type(self) -> &'static str {
+        match self {
+            Self::Deprecate => types::VERSION_DEPRECATED,
+            Self::Retire => types::VERSION_RETIRED,
+        }
+    }
+
+    fn participle(self) -> &'static str {
+        match self {
+            Self::Deprecate => "deprecated",
+            Self::Retire => "retired",
+        }
+    }
+}
+
+async fn retire_or_deprecate(
+    tx: &mut Tx,
+    agent_ref: &AgentRef,
+    version: &str,
+    actor: &str,
+    change: VersionChange,
+) -> Result<AgentVersion> {
     let mut head = lock_stream(tx, &agent_ref.stream()).await?;
     let agent = require_agent(&mut tx.conn(), agent_ref).await?;
     if agent.archived_at.is_some() {
@@ -508,12 +535,10 @@ pub(crate) async fn retire(
     }
     let target = find_version(&mut tx.conn(), agent.id, version)
         .await?
-        .filter(|v| v.retired_at.is_none())
-        .ok_or_else(|| {
-            LedgerError::not_found(format!("no version {version:?} for agent {agent_ref}"))
-        })?;
-    refuse_if_active(tx, agent_ref, &agent, &target, "retired").await?;
-    change_version(tx, &mut head, &agent, target, types::VERSION_RETIRED, actor).await
+        .filter(|v| !change.applied_to(v))
+        .ok_or_else(|| change.not_found(agent_ref, version))?;
+    refuse_if_active(tx, agent_ref, &agent, &target, change.participle()).await?;
+    change_version(tx, &mut head, &agent, target, change.event_type(), actor).await
 }
 
 /// Retiring or deprecating the active version would leave the agent deployed but unable to
