@@ -3,9 +3,8 @@
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
-use std::time::Duration;
-
 use std::sync::Arc;
+use std::time::Duration;
 
 use phrony_dispatch::Router;
 use phrony_engine::{
@@ -62,13 +61,14 @@ pub enum ServeError {
         #[source]
         source: phrony_dispatch::ConfigError,
     },
-    /// The transport failed while serving.
     /// The sessions that were live at the last stop could not be read back.
     #[error("cannot recover the sessions that were live at the last stop: {source}")]
     Recovery {
+        /// The engine's error.
         #[source]
         source: phrony_engine::EngineError,
     },
+    /// The transport failed while serving.
     #[error("gRPC server failed: {source}")]
     Transport {
         /// The transport error.
