@@ -394,8 +394,8 @@ impl Ctx {
         self.waits().close(self.now());
         let approval = decided?;
         let mut state = self.status.lock().await;
-        // A cancelled or completed session stops here: its driver is being dropped, and a write
-        // started now could be cut off mid-transaction.
+        // A cancelled or completed session stops here: its driver is being dropped, so nothing
+        // more is recorded for it (the end already closed its approvals and calls).
         if self.live.cancel.is_cancelled() {
             return Err(CallStop::Stopped);
         }
