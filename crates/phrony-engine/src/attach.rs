@@ -529,9 +529,12 @@ impl SessionView {
                 ));
             }
             types::MESSAGE_USER => {
-                let turn = event
-                    .turn
-                    .unwrap_or_else(|| self.users.keys().next_back().map_or(1, |t| t + 1));
+                let turn = event.turn.unwrap_or_else(|| {
+                    self.users
+                        .keys()
+                        .next_back()
+                        .map_or(1, |t| t.saturating_add(1))
+                });
                 self.users.insert(turn, text_of(p, "content"));
             }
             engine_events::MODEL_COMPLETION => {
@@ -1037,12 +1040,8 @@ impl Engine {
             })?;
         let mut view = SessionView::default();
         let mut evidence = None;
-        let mut last = 0;
-        loop {
-            let page = inner.store.events_after(session_id, last, 500).await?;
-            let Some(end) = page.last() else { break };
-            last = end.seq;
-            for event in &page {
+        let mut read = |view: &mut SessionView, page: &[Event]| {
+            for event in page {
                 if event.event_type == types::EVIDENCE_RECORDED {
                     evidence = Some(event.payload.clone());
                 }
@@ -1050,14 +1049,21 @@ impl Engine {
                     view.apply(event);
                 }
             }
+        };
+        let mut last = 0;
+        loop {
+            let page = inner.store.events_after(session_id, last, 500).await?;
+            let Some(end) = page.last() else { break };
+            last = end.seq;
+            read(&mut view, &page);
             if from == AttachFrom::Start {
                 // Only the evidence is needed; it is recorded when the session starts.
                 break;
             }
         }
         // Subscribed before the streamed text is read, so no delta falls in between (the view
-        // skips the ones the text already holds).
-        let updates = (!view.ended()).then(|| {
+        // skips the ones the text already holds, and the events it applies below).
+        let mut updates = (!view.ended()).then(|| {
             Subscription::start(
                 std::sync::Arc::clone(inner),
                 session_id.to_owned(),
@@ -1066,7 +1072,24 @@ impl Engine {
         });
         let (history, activities) = match from {
             AttachFrom::Now => {
-                let streaming = inner.live(session_id).map(|l| l.streaming_text());
+                // The streamed text is of the completion after the last event read only if no
+                // event was recorded since: a completion that ended meanwhile (and the next
+                // one streaming) would otherwise show its text after the later one's.
+                let streaming = loop {
+                    let streaming = inner.live(session_id).map(|l| l.streaming_text());
+                    let newer = inner
+                        .store
+                        .events_after(session_id, view.last_seq(), 500)
+                        .await?;
+                    if newer.is_empty() {
+                        break streaming;
+                    }
+                    read(&mut view, &newer);
+                };
+                if view.ended() {
+                    // It ended meanwhile: the catch-up carries the terminal item.
+                    updates = None;
+                }
                 (view.history(), view.catch_up(streaming))
             }
             AttachFrom::Start => (Vec::new(), Vec::new()),

@@ -20,7 +20,7 @@ use chrono::{DateTime, Utc};
 use phrony_ledger::event_types as types;
 use phrony_ledger::{
     Approval, ApprovalStatus, CallStatus, Event, Session, SessionTimeline, TimelineEvent,
-    ToolInvocation,
+    ToolInvocation, Usage, VoteDecision,
 };
 use serde_json::Value;
 
@@ -53,35 +53,18 @@ pub struct InspectedSession {
     pub children: Vec<InspectedSession>,
 }
 
-/// Token counts.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct TokenCounts {
-    /// Prompt tokens.
-    pub input_tokens: u64,
-    /// Completion tokens.
-    pub output_tokens: u64,
-    /// Counted heuristically rather than reported by the provider.
-    pub estimated: bool,
-}
-
-impl TokenCounts {
-    /// Input plus output.
-    #[must_use]
-    pub fn total(&self) -> u64 {
-        self.input_tokens.saturating_add(self.output_tokens)
+/// A recorded usage object (`turn_usage`, `session_usage`, a completion's `usage`); absent
+/// counts are 0.
+fn usage_from_json(v: &Value) -> Option<Usage> {
+    if !v.is_object() {
+        return None;
     }
-
-    fn from_json(v: &Value) -> Option<Self> {
-        if !v.is_object() {
-            return None;
-        }
-        let n = |k: &str| v.get(k).and_then(Value::as_u64).unwrap_or(0);
-        Some(Self {
-            input_tokens: n("input_tokens"),
-            output_tokens: n("output_tokens"),
-            estimated: v.get("estimated").and_then(Value::as_bool).unwrap_or(false),
-        })
-    }
+    let n = |k: &str| v.get(k).and_then(Value::as_u64).unwrap_or(0);
+    Some(Usage {
+        input_tokens: n("input_tokens"),
+        output_tokens: n("output_tokens"),
+        estimated: v.get("estimated").and_then(Value::as_bool).unwrap_or(false),
+    })
 }
 
 /// One finished turn.
@@ -92,7 +75,7 @@ pub struct TurnSummary {
     /// Why the model stopped.
     pub stop_reason: String,
     /// The turn's usage, when recorded.
-    pub usage: Option<TokenCounts>,
+    pub usage: Option<Usage>,
     /// How long the turn took.
     pub duration_ms: Option<u64>,
 }
@@ -105,9 +88,9 @@ pub struct SessionOutput {
     /// Why the last turn ended.
     pub stop_reason: Option<String>,
     /// The last turn's usage.
-    pub turn_usage: Option<TokenCounts>,
+    pub turn_usage: Option<Usage>,
     /// Usage summed over the turns.
-    pub session_usage: TokenCounts,
+    pub session_usage: Usage,
     /// The finished turns, in order.
     pub turns: Vec<TurnSummary>,
 }
@@ -121,7 +104,7 @@ impl SessionOutput {
             .map(|t| TurnSummary {
                 turn: t.turn,
                 stop_reason: t.stop_reason.clone(),
-                usage: TokenCounts::from_json(&t.turn_usage),
+                usage: usage_from_json(&t.turn_usage),
                 duration_ms: t.turn_duration_ms,
             })
             .collect();
@@ -135,10 +118,10 @@ impl SessionOutput {
                 .get("stop_reason")
                 .and_then(Value::as_str)
                 .map(str::to_owned),
-            turn_usage: out.get("turn_usage").and_then(TokenCounts::from_json),
+            turn_usage: out.get("turn_usage").and_then(usage_from_json),
             session_usage: out
                 .get("session_usage")
-                .and_then(TokenCounts::from_json)
+                .and_then(usage_from_json)
                 .unwrap_or_default(),
             turns,
         }
@@ -462,8 +445,9 @@ fn tool_label(tool: &str, version: &str) -> String {
 
 fn usage_suffix(p: &Value, usage_key: &str, duration_key: &str) -> String {
     let mut out = String::new();
-    if let Some(u) = p.get(usage_key).and_then(TokenCounts::from_json) {
-        out.push_str(&format!(" tokens={}", u.total()));
+    if let Some(u) = p.get(usage_key).and_then(usage_from_json) {
+        let total = u.input_tokens.saturating_add(u.output_tokens);
+        out.push_str(&format!(" tokens={total}"));
     }
     if let Some(ms) = p.get(duration_key).and_then(Value::as_u64) {
         out.push_str(&format!(" duration_ms={ms}"));
@@ -603,10 +587,10 @@ fn event_summary(e: &Event, calls: &HashMap<&str, &ToolInvocation>) -> String {
         }
         types::APPROVAL_VOTE => {
             let decision = s(p, "decision");
-            let verb = match decision {
-                "approved" => "approve",
-                "denied" => "reject",
-                other => other,
+            let verb = match decision.parse() {
+                Ok(VoteDecision::Approve) => "approve",
+                Ok(VoteDecision::Reject) => "reject",
+                Err(_) => decision,
             };
             with_detail(
                 format!("vote {verb} by {}", s(p, "decided_by")),
@@ -959,7 +943,8 @@ mod tests {
         assert!(node.children.is_empty());
         assert_eq!(node.output.message, "Refund rf_1 issued.");
         assert_eq!(node.output.stop_reason.as_deref(), Some("end_turn"));
-        assert_eq!(node.output.session_usage.total(), 42);
+        let usage = node.output.session_usage;
+        assert_eq!(usage.input_tokens + usage.output_tokens, 42);
         assert_eq!(node.output.turns.len(), 1);
         assert_eq!(node.output.turns[0].duration_ms, Some(900));
         let calls: Vec<&ToolInvocation> = inspection

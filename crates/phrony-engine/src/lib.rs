@@ -106,7 +106,7 @@ pub use fold::{FAILURE_KEY, LIMIT_PREFIX, TRIGGER_KEY, codes, engine_events, wir
 pub use hooks::RouterHooks;
 pub use inspect::{
     CallTimings, InspectedSession, Inspection, SessionOutput, TimelineEntry, TimelineItem,
-    TokenCounts, TurnSummary, call_timings, inspect, sessions_by_id, store_timeline,
+    TurnSummary, call_timings, inspect, sessions_by_id, store_timeline,
 };
 pub use ledger_store::LedgerStore;
 pub use memory::MemoryStore;

@@ -82,10 +82,7 @@ async fn feed(
     tx: mpsc::Sender<SessionUpdate>,
     live: Option<(watch::Receiver<u64>, broadcast::Receiver<SessionUpdate>)>,
 ) {
-    let (mut changed, mut deltas) = match live {
-        Some((changed, deltas)) => (Some(changed), Some(deltas)),
-        None => (None, None),
-    };
+    let (mut changed, mut deltas) = live.unzip();
     loop {
         if changed.is_none()
             && let Some(live) = inner.live(&session_id)

@@ -11,7 +11,7 @@ use tonic::Status;
 use uuid::Uuid;
 
 use super::sessions::{json_kind, json_value, page_request};
-use super::timestamp;
+use super::{int32, json_bytes, optional_timestamp, timestamp};
 
 // ---------------------------------------------------------------------------------------------
 // Requests
@@ -100,14 +100,6 @@ pub(crate) fn edited_args(bytes: &[u8]) -> Result<Option<Value>, Status> {
 // ---------------------------------------------------------------------------------------------
 // Responses
 
-fn json_bytes(v: &Value) -> Vec<u8> {
-    v.to_string().into_bytes()
-}
-
-fn count(n: u32) -> i32 {
-    i32::try_from(n).unwrap_or(i32::MAX)
-}
-
 /// The policy's name out of its `namespace/name@version` reference.
 pub(crate) fn policy_name(policy_ref: Option<&str>) -> String {
     let Some(r) = policy_ref else {
@@ -145,14 +137,14 @@ pub(crate) fn approval(a: Approval, with_votes: bool) -> pb::Approval {
         authority_ref: a.authority_ref.clone(),
         policy_name: policy_name(a.policy_ref.as_deref()),
         policy_runtime: json_bytes(&Value::Object(a.policy_runtime.clone())),
-        approvals_required: count(a.approvals_required),
-        approvals_received: count(a.approvals_received),
+        approvals_required: int32(a.approvals_required),
+        approvals_received: int32(a.approvals_received),
         comprehension_required: a.comprehension_required,
         on_reject: a.on_reject.to_string(),
         on_modify: a.on_modify.to_string(),
-        expires_at: a.expires_at.map(timestamp).unwrap_or_default(),
+        expires_at: optional_timestamp(a.expires_at),
         created_at: timestamp(a.created_at),
-        decided_at: a.decided_at.map(timestamp).unwrap_or_default(),
+        decided_at: optional_timestamp(a.decided_at),
         decided_by: a.decided_by.clone().unwrap_or_default(),
         comment: a.comment.clone().unwrap_or_default(),
         votes: if with_votes {
@@ -191,7 +183,7 @@ pub(crate) fn decide_response(
 ) -> pb::DecideApprovalResponse {
     pb::DecideApprovalResponse {
         status: a.status.to_string(),
-        approvals_received: count(a.approvals_received),
+        approvals_received: int32(a.approvals_received),
         session_status: session_status.to_string(),
     }
 }
@@ -211,14 +203,14 @@ pub(crate) fn inspect_approval(a: &Approval) -> pb::InspectApproval {
         authority_ref: a.authority_ref.clone(),
         policy_name: policy_name(a.policy_ref.as_deref()),
         policy_runtime: Some(json_value(&Value::Object(a.policy_runtime.clone()))),
-        approvals_required: count(a.approvals_required),
-        approvals_received: count(a.approvals_received),
+        approvals_required: int32(a.approvals_required),
+        approvals_received: int32(a.approvals_received),
         comprehension_required: a.comprehension_required,
         on_reject: a.on_reject.to_string(),
         on_modify: a.on_modify.to_string(),
-        expires_at: a.expires_at.map(timestamp).unwrap_or_default(),
+        expires_at: optional_timestamp(a.expires_at),
         created_at: timestamp(a.created_at),
-        decided_at: a.decided_at.map(timestamp).unwrap_or_default(),
+        decided_at: optional_timestamp(a.decided_at),
         decided_by: a.decided_by.clone().unwrap_or_default(),
         comment: a.comment.clone().unwrap_or_default(),
         votes: a.votes.iter().map(vote_pb).collect(),

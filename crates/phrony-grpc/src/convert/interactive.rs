@@ -3,12 +3,11 @@
 
 use std::collections::HashMap;
 
-use chrono::{DateTime, Utc};
 use pb::run_session_interactive_client_msg::Body as ClientBody;
 use pb::run_session_interactive_server_msg::Body as ServerBody;
 use phrony_engine::{
     Activity, ApprovalRequest, AwaitingInput, CatchUp, HistoryEntry, SessionStatus, TurnStats,
-    Usage, Vote, VoteDecision,
+    Vote, VoteDecision,
 };
 use phrony_proto::runtime::v1 as pb;
 use serde_json::Value;
@@ -16,7 +15,7 @@ use tonic::Status;
 use uuid::Uuid;
 
 use super::approvals::{approval_id, edited_args, policy_name};
-use super::timestamp;
+use super::{int32, json_bytes, optional_timestamp, token_usage, unix_ms};
 
 /// The message every stream must open with.
 pub(crate) const FIRST_MESSAGE_MUST_BE_START: &str = "first message must be start";
@@ -98,26 +97,9 @@ fn msg(body: ServerBody) -> pb::RunSessionInteractiveServerMsg {
     pb::RunSessionInteractiveServerMsg { body: Some(body) }
 }
 
-fn int32(n: u64) -> i32 {
-    i32::try_from(n).unwrap_or(i32::MAX)
-}
-
-fn unix_ms(t: DateTime<Utc>) -> i64 {
-    t.timestamp_millis()
-}
-
-fn token_usage(u: &Usage) -> pb::TokenUsage {
-    pb::TokenUsage {
-        input_tokens: int32(u.input_tokens),
-        output_tokens: int32(u.output_tokens),
-        total_tokens: int32(u.input_tokens.saturating_add(u.output_tokens)),
-        estimated: u.estimated,
-    }
-}
-
 fn stats(s: &TurnStats) -> pb::InteractiveSessionStats {
     pb::InteractiveSessionStats {
-        turn: i32::try_from(s.turn).unwrap_or(i32::MAX),
+        turn: int32(s.turn),
         turn_usage: Some(token_usage(&s.turn_usage)),
         session_usage: Some(token_usage(&s.session_usage)),
     }
@@ -179,10 +161,6 @@ pub(crate) fn awaiting_input_msg(w: &AwaitingInput) -> pb::RunSessionInteractive
     msg(ServerBody::AwaitingInput(awaiting_input(w)))
 }
 
-fn json_bytes(v: &Value) -> Vec<u8> {
-    v.to_string().into_bytes()
-}
-
 fn approval_required(r: &ApprovalRequest) -> pb::RunSessionInteractiveApprovalRequired {
     pb::RunSessionInteractiveApprovalRequired {
         approval_id: r.approval_id.hyphenated().to_string(),
@@ -195,10 +173,10 @@ fn approval_required(r: &ApprovalRequest) -> pb::RunSessionInteractiveApprovalRe
         authority_ref: r.authority_ref.clone(),
         policy_name: policy_name(r.policy_ref.as_deref()),
         policy_runtime: json_bytes(&Value::Object(r.policy_runtime.clone())),
-        approvals_required: int32(u64::from(r.approvals_required)),
-        approvals_received: int32(u64::from(r.approvals_received)),
+        approvals_required: int32(r.approvals_required),
+        approvals_received: int32(r.approvals_received),
         comprehension_required: r.comprehension_required,
-        expires_at: r.expires_at.map(timestamp).unwrap_or_default(),
+        expires_at: optional_timestamp(r.expires_at),
         policy_ref: r.policy_ref.clone().unwrap_or_default(),
         on_reject: r.on_reject.clone(),
         on_modify: r.on_modify.clone(),
@@ -238,8 +216,8 @@ pub(crate) fn activity(a: &Activity) -> pb::RunSessionInteractiveServerMsg {
                 status: d.status.as_str().to_owned(),
                 decided_by: d.decided_by.clone(),
                 comment: d.comment.clone(),
-                approvals_received: int32(u64::from(d.approvals_received)),
-                approvals_required: int32(u64::from(d.approvals_required)),
+                approvals_received: int32(d.approvals_received),
+                approvals_required: int32(d.approvals_required),
             },
         )),
         Activity::Status { status: s, reason } => status(*s, reason.clone()),

@@ -58,8 +58,34 @@ pub(crate) fn timestamp(t: DateTime<Utc>) -> String {
     t.to_rfc3339_opts(SecondsFormat::Secs, true)
 }
 
-fn optional_timestamp(t: Option<DateTime<Utc>>) -> String {
+/// [`timestamp`], or the empty string for "not set".
+pub(crate) fn optional_timestamp(t: Option<DateTime<Utc>>) -> String {
     t.map(timestamp).unwrap_or_default()
+}
+
+/// Milliseconds since the Unix epoch (the `*_unix_ms` fields).
+pub(crate) fn unix_ms(t: DateTime<Utc>) -> i64 {
+    t.timestamp_millis()
+}
+
+/// A count or size in an `int32` field, saturating at `i32::MAX`.
+pub(crate) fn int32(n: impl Into<u64>) -> i32 {
+    i32::try_from(n.into()).unwrap_or(i32::MAX)
+}
+
+/// A JSON document as UTF-8 bytes (the `bytes` JSON fields).
+pub(crate) fn json_bytes(v: &serde_json::Value) -> Vec<u8> {
+    v.to_string().into_bytes()
+}
+
+/// Token usage on the wire (`total_tokens` = input + output).
+pub(crate) fn token_usage(u: &phrony_ledger::Usage) -> pb::TokenUsage {
+    pb::TokenUsage {
+        input_tokens: int32(u.input_tokens),
+        output_tokens: int32(u.output_tokens),
+        total_tokens: int32(u.input_tokens.saturating_add(u.output_tokens)),
+        estimated: u.estimated,
+    }
 }
 
 pub(crate) fn version_response(

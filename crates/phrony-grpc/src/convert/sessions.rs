@@ -10,6 +10,8 @@ use phrony_proto::runtime::v1 as pb;
 use serde_json::Value;
 use tonic::Status;
 
+use super::{int32, optional_timestamp, token_usage, unix_ms};
+
 // ---------------------------------------------------------------------------------------------
 // Start
 
@@ -362,23 +364,6 @@ pub(crate) fn json_value(v: &Value) -> prost_types::Value {
     prost_types::Value { kind: Some(kind) }
 }
 
-fn unix_ms(t: chrono::DateTime<chrono::Utc>) -> i64 {
-    t.timestamp_millis()
-}
-
-fn clamp_i32(n: u64) -> i32 {
-    i32::try_from(n).unwrap_or(i32::MAX)
-}
-
-fn token_usage(u: &phrony_engine::TokenCounts) -> pb::TokenUsage {
-    pb::TokenUsage {
-        input_tokens: clamp_i32(u.input_tokens),
-        output_tokens: clamp_i32(u.output_tokens),
-        total_tokens: clamp_i32(u.total()),
-        estimated: u.estimated,
-    }
-}
-
 fn output_inspect(o: &phrony_engine::SessionOutput) -> pb::SessionOutputInspect {
     pb::SessionOutputInspect {
         message: o.message.clone(),
@@ -406,7 +391,7 @@ fn session_inspect(n: phrony_engine::InspectedSession, models: &Models) -> pb::S
     let s = n.session;
     let (provider, model) = models.get(&s.agent_version_id).cloned().unwrap_or_default();
     let limits = s.limits.clone().unwrap_or_default();
-    let limit = |v: Option<u64>| v.map_or(0, clamp_i32);
+    let limit = |v: Option<u64>| v.map_or(0, int32);
     pb::SessionInspect {
         agent: Some(pb::SessionAgentContext {
             namespace: s.agent.namespace.clone(),
@@ -421,7 +406,7 @@ fn session_inspect(n: phrony_engine::InspectedSession, models: &Models) -> pb::S
         agent_version_id: s.agent_version_id.to_string(),
         status: s.status.to_string(),
         parent_session_id: s.parent_session_id.unwrap_or_default(),
-        depth: i32::try_from(s.depth).unwrap_or(i32::MAX),
+        depth: int32(s.depth),
         bundle_version_id: String::new(),
         created_at: super::timestamp(s.created_at),
         updated_at: super::timestamp(s.updated_at),
@@ -448,10 +433,10 @@ fn event_entry(e: &phrony_ledger::Event) -> pb::SessionEventEntry {
         r#type: e.event_type.clone(),
         payload: Some(json_value(&e.payload)),
         created_at: super::timestamp(e.ts),
-        seq: i32::try_from(e.seq).unwrap_or(i32::MAX),
+        seq: int32(e.seq),
         ts_unix_ms: unix_ms(e.ts),
         session_id: e.stream.clone(),
-        turn: e.turn.map_or(0, |t| i32::try_from(t).unwrap_or(i32::MAX)),
+        turn: e.turn.map_or(0, int32),
         call_id: e.call_id.clone().unwrap_or_default(),
         child_session_id: String::new(),
         actor: e.actor.clone(),
@@ -460,12 +445,10 @@ fn event_entry(e: &phrony_ledger::Event) -> pb::SessionEventEntry {
 
 fn invocation_entry(c: &phrony_ledger::ToolInvocation) -> pb::ToolInvocationEntry {
     let t = phrony_engine::call_timings(c);
-    let opt_ts =
-        |t: Option<chrono::DateTime<chrono::Utc>>| t.map(super::timestamp).unwrap_or_default();
     pb::ToolInvocationEntry {
         call_id: c.call_id.clone(),
         agent_version_id: c.agent_version_id.to_string(),
-        turn: i32::try_from(c.turn).unwrap_or(i32::MAX),
+        turn: int32(c.turn),
         tool: c.tool.clone(),
         version: c.version.clone(),
         args: Some(json_value(&c.args)),
@@ -475,20 +458,14 @@ fn invocation_entry(c: &phrony_ledger::ToolInvocation) -> pb::ToolInvocationEntr
         image_digest: c.image_digest.clone().unwrap_or_default(),
         descriptor_hash: c.descriptor_hash.clone().unwrap_or_default(),
         manifest_content_hash: c.manifest_content_hash.clone().unwrap_or_default(),
-        attempt: i32::try_from(c.attempt).unwrap_or(i32::MAX),
+        attempt: int32(c.attempt),
         error_code: c.error_code.clone().unwrap_or_default(),
         error_message: c.error_message.clone().unwrap_or_default(),
-        usage: c.usage.as_ref().map(|u| {
-            token_usage(&phrony_engine::TokenCounts {
-                input_tokens: u.input_tokens,
-                output_tokens: u.output_tokens,
-                estimated: u.estimated,
-            })
-        }),
+        usage: c.usage.as_ref().map(token_usage),
         created_at: super::timestamp(c.created_at),
         updated_at: super::timestamp(c.updated_at),
-        dispatched_at: opt_ts(c.dispatched_at),
-        completed_at: opt_ts(c.completed_at),
+        dispatched_at: optional_timestamp(c.dispatched_at),
+        completed_at: optional_timestamp(c.completed_at),
         queue_delay_ms: t.queue_delay_ms.unwrap_or(0),
         execution_duration_ms: t.execution_ms.unwrap_or(0),
         total_duration_ms: t.total_ms.unwrap_or(0),
@@ -513,8 +490,8 @@ pub(crate) fn inspect_response(
                 invocation: None,
                 approval: None,
                 session_id: e.session_id.clone(),
-                depth: i32::try_from(e.depth).unwrap_or(i32::MAX),
-                seq: i32::try_from(e.seq).unwrap_or(i32::MAX),
+                depth: int32(e.depth),
+                seq: int32(e.seq),
                 ts_unix_ms: unix_ms(e.at),
             };
             match &e.item {

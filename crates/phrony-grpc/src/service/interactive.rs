@@ -47,8 +47,7 @@
 use futures::StreamExt as _;
 use phrony_dispatch::CancellationToken;
 use phrony_engine::{
-    Activity, AttachFrom, Attachment, Engine, SessionStatus, SessionUpdate, SessionView,
-    Subscription,
+    AttachFrom, Attachment, Engine, SessionStatus, SessionUpdate, SessionView, Subscription,
 };
 use phrony_proto::runtime::v1 as pb;
 use tokio::sync::mpsc;
@@ -111,7 +110,6 @@ impl RuntimeService {
         let (tx, rx) = mpsc::channel(OUTBOX);
         let mut first = vec![conv::session_started(&catch_up)];
         first.extend(catch_up.activities.iter().map(conv::activity));
-        let ends = catch_up.activities.iter().any(Activity::is_terminal);
         let stream = InteractiveStream {
             engine,
             session_id: id,
@@ -120,7 +118,8 @@ impl RuntimeService {
             tx,
             stop: self.session_streams.clone(),
         };
-        tokio::spawn(stream.run(first, (!ends).then_some(updates).flatten(), inbound));
+        // `updates` is `None` exactly when the catch-up ends with the session's terminal item.
+        tokio::spawn(stream.run(first, updates, inbound));
         Ok(Box::pin(futures::stream::unfold(rx, |mut rx| async move {
             rx.recv().await.map(|msg| (msg, rx))
         })))
