@@ -10,7 +10,7 @@ use serde_json::Value;
 use tonic::Status;
 use uuid::Uuid;
 
-use super::sessions::{json_kind, json_value, page_request};
+use super::sessions::{json_document, json_kind, json_value, page_request};
 use super::{int32, json_bytes, optional_timestamp, timestamp};
 
 // ---------------------------------------------------------------------------------------------
@@ -81,13 +81,9 @@ pub(crate) fn vote(r: &pb::DecideApprovalRequest, actor: String) -> Result<Vote,
 
 /// Replacement arguments: empty keeps the proposed ones; otherwise a UTF-8 JSON object.
 pub(crate) fn edited_args(bytes: &[u8]) -> Result<Option<Value>, Status> {
-    if bytes.iter().all(u8::is_ascii_whitespace) {
+    let Some(value) = json_document("args", bytes)? else {
         return Ok(None);
-    }
-    let text = std::str::from_utf8(bytes)
-        .map_err(|_| Status::invalid_argument("args must be UTF-8 JSON"))?;
-    let value: Value = serde_json::from_str(text)
-        .map_err(|e| Status::invalid_argument(format!("args must be valid JSON: {e}")))?;
+    };
     if !value.is_object() {
         return Err(Status::invalid_argument(format!(
             "args must be a JSON object, got {}",

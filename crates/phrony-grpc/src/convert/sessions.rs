@@ -49,17 +49,9 @@ pub(crate) fn start_target(
 /// The session input: empty means `{}`; otherwise UTF-8 JSON that is an object or a string
 /// (the published SDK sends `run(input="text")` as a JSON string).
 pub(crate) fn session_input(bytes: &[u8]) -> Result<Value, Status> {
-    if bytes.iter().all(u8::is_ascii_whitespace) {
+    let Some(value) = json_document("input", bytes)? else {
         return Ok(Value::Object(serde_json::Map::new()));
-    }
-    let text = std::str::from_utf8(bytes).map_err(|e| {
-        Status::invalid_argument(format!(
-            "input must be UTF-8 JSON (invalid UTF-8 at byte {})",
-            e.valid_up_to()
-        ))
-    })?;
-    let value: Value = serde_json::from_str(text)
-        .map_err(|e| Status::invalid_argument(format!("input must be valid JSON: {e}")))?;
+    };
     match value {
         Value::Object(_) | Value::String(_) => Ok(value),
         other => Err(Status::invalid_argument(format!(
@@ -67,6 +59,23 @@ pub(crate) fn session_input(bytes: &[u8]) -> Result<Value, Status> {
             json_kind(&other)
         ))),
     }
+}
+
+/// A JSON document sent as bytes in the field `field`: `None` when empty (or only whitespace),
+/// else valid UTF-8 JSON, or `INVALID_ARGUMENT` saying what is wrong and where.
+pub(crate) fn json_document(field: &str, bytes: &[u8]) -> Result<Option<Value>, Status> {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(None);
+    }
+    let text = std::str::from_utf8(bytes).map_err(|e| {
+        Status::invalid_argument(format!(
+            "{field} must be UTF-8 JSON (invalid UTF-8 at byte {})",
+            e.valid_up_to()
+        ))
+    })?;
+    serde_json::from_str(text)
+        .map(Some)
+        .map_err(|e| Status::invalid_argument(format!("{field} must be valid JSON: {e}")))
 }
 
 /// A JSON value's kind, for error messages.
