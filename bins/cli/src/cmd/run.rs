@@ -165,10 +165,7 @@ fn read_env_files(files: &[PathBuf]) -> anyhow::Result<BTreeMap<String, String>>
 
 fn read_env_file(file: &Path) -> anyhow::Result<Vec<(String, String)>> {
     let shown = file.display();
-    let iter = dotenvy::from_path_iter(file).map_err(|e| match e {
-        dotenvy::Error::Io(io) => anyhow!("read env file {shown}: {io}"),
-        other => anyhow!("read env file {shown}: {other}"),
-    })?;
+    let iter = dotenvy::from_path_iter(file).map_err(|e| anyhow!("read env file {shown}: {e}"))?;
     iter.map(|item| item.map_err(|e| anyhow!("env file {shown}: {}", env_file_error(&e))))
         .collect()
 }

@@ -6,7 +6,7 @@ use phrony_proto::runtime::v1 as pb;
 use serde_json::Value;
 
 use super::sessions::{json_bytes, json_value};
-use super::types::{optional, optional_timestamp};
+use super::types::{optional, optional_timestamp, page_size};
 use super::{AgentName, Client, ClientError, with_actor};
 
 /// One vote on an approval.
@@ -188,9 +188,7 @@ impl Client {
                 .as_ref()
                 .map(|a| a.name.clone())
                 .unwrap_or_default(),
-            page_size: filter
-                .limit
-                .map_or(0, |n| i32::try_from(n).unwrap_or(i32::MAX)),
+            page_size: page_size(filter.limit),
             page_token: filter.page_token.clone().unwrap_or_default(),
         };
         let response = self
@@ -270,77 +268,65 @@ fn votes(rpc: &'static str, votes: Vec<pb::ApprovalVote>) -> Result<Vec<Vote>, C
         .collect()
 }
 
+/// The fields `pb::Approval` and `pb::InspectApproval` share, converted the same way; only the
+/// JSON fields differ (UTF-8 bytes vs `google.protobuf.Value`), so the caller decodes those.
+macro_rules! approval_from {
+    (
+        $rpc:expr, $prefix:literal, $a:ident,
+        args: $args:expr, effective_args: $effective:expr, policy_runtime: $runtime:expr $(,)?
+    ) => {
+        Approval {
+            args: $args,
+            effective_args: $effective,
+            policy_runtime: $runtime,
+            created_at: optional_timestamp($rpc, concat!($prefix, "created_at"), &$a.created_at)?,
+            expires_at: optional_timestamp($rpc, concat!($prefix, "expires_at"), &$a.expires_at)?,
+            decided_at: optional_timestamp($rpc, concat!($prefix, "decided_at"), &$a.decided_at)?,
+            votes: votes($rpc, $a.votes)?,
+            id: $a.id,
+            status: $a.status,
+            session_id: $a.session_id,
+            call_id: $a.call_id,
+            agent_ref: optional($a.agent_ref),
+            agent_version_id: optional($a.agent_version_id),
+            tool: $a.tool,
+            version: $a.version,
+            route: optional($a.route),
+            reason: optional($a.reason),
+            policy_ref: optional($a.policy_ref),
+            policy_name: optional($a.policy_name),
+            authority_ref: optional($a.authority_ref),
+            approvals_required: $a.approvals_required,
+            approvals_received: $a.approvals_received,
+            comprehension_required: $a.comprehension_required,
+            on_reject: optional($a.on_reject),
+            on_modify: optional($a.on_modify),
+            call_hash: optional($a.call_hash),
+            parent_approval_id: optional($a.parent_approval_id),
+            decided_by: optional($a.decided_by),
+            comment: optional($a.comment),
+        }
+    };
+}
+
 pub(super) fn approval(rpc: &'static str, a: pb::Approval) -> Result<Approval, ClientError> {
-    Ok(Approval {
+    Ok(approval_from!(rpc, "", a,
         args: json_bytes(rpc, "args", &a.args)?,
         effective_args: match json_bytes(rpc, "effective_args", &a.effective_args)? {
             Value::Null => None,
             v => Some(v),
         },
         policy_runtime: json_bytes(rpc, "policy_runtime", &a.policy_runtime)?,
-        created_at: optional_timestamp(rpc, "created_at", &a.created_at)?,
-        expires_at: optional_timestamp(rpc, "expires_at", &a.expires_at)?,
-        decided_at: optional_timestamp(rpc, "decided_at", &a.decided_at)?,
-        votes: votes(rpc, a.votes)?,
-        id: a.id,
-        status: a.status,
-        session_id: a.session_id,
-        call_id: a.call_id,
-        agent_ref: optional(a.agent_ref),
-        agent_version_id: optional(a.agent_version_id),
-        tool: a.tool,
-        version: a.version,
-        route: optional(a.route),
-        reason: optional(a.reason),
-        policy_ref: optional(a.policy_ref),
-        policy_name: optional(a.policy_name),
-        authority_ref: optional(a.authority_ref),
-        approvals_required: a.approvals_required,
-        approvals_received: a.approvals_received,
-        comprehension_required: a.comprehension_required,
-        on_reject: optional(a.on_reject),
-        on_modify: optional(a.on_modify),
-        call_hash: optional(a.call_hash),
-        parent_approval_id: optional(a.parent_approval_id),
-        decided_by: optional(a.decided_by),
-        comment: optional(a.comment),
-    })
+    ))
 }
 
 /// The approval of an `InspectSession` timeline entry (JSON fields already decoded).
 pub(super) fn approval_from_inspect(a: pb::InspectApproval) -> Result<Approval, ClientError> {
-    const RPC: &str = "InspectSession";
-    Ok(Approval {
+    Ok(approval_from!("InspectSession", "approval ", a,
         args: json_value(a.args),
         effective_args: a.effective_args.map(|v| json_value(Some(v))),
         policy_runtime: json_value(a.policy_runtime),
-        created_at: optional_timestamp(RPC, "approval created_at", &a.created_at)?,
-        expires_at: optional_timestamp(RPC, "approval expires_at", &a.expires_at)?,
-        decided_at: optional_timestamp(RPC, "approval decided_at", &a.decided_at)?,
-        votes: votes(RPC, a.votes)?,
-        id: a.id,
-        status: a.status,
-        session_id: a.session_id,
-        call_id: a.call_id,
-        agent_ref: optional(a.agent_ref),
-        agent_version_id: optional(a.agent_version_id),
-        tool: a.tool,
-        version: a.version,
-        route: optional(a.route),
-        reason: optional(a.reason),
-        policy_ref: optional(a.policy_ref),
-        policy_name: optional(a.policy_name),
-        authority_ref: optional(a.authority_ref),
-        approvals_required: a.approvals_required,
-        approvals_received: a.approvals_received,
-        comprehension_required: a.comprehension_required,
-        on_reject: optional(a.on_reject),
-        on_modify: optional(a.on_modify),
-        call_hash: optional(a.call_hash),
-        parent_approval_id: optional(a.parent_approval_id),
-        decided_by: optional(a.decided_by),
-        comment: optional(a.comment),
-    })
+    ))
 }
 
 #[cfg(test)]
@@ -385,6 +371,36 @@ mod tests {
             a.policy_ref.as_deref(),
             Some("payments/refund-approval-boundary@1.0.0")
         );
+    }
+
+    #[test]
+    fn inspect_approvals_decode_values_and_name_their_fields() {
+        use prost_types::value::Kind;
+        let a = approval_from_inspect(pb::InspectApproval {
+            id: "ap-1".into(),
+            args: Some(prost_types::Value {
+                kind: Some(Kind::NumberValue(400.0)),
+            }),
+            route: "finance".into(),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(a.args, json!(400));
+        assert_eq!(a.effective_args, None);
+        assert_eq!(a.policy_runtime, Value::Null);
+        assert_eq!(a.route.as_deref(), Some("finance"));
+        assert_eq!(a.reason, None);
+        let err = approval_from_inspect(pb::InspectApproval {
+            decided_at: "later".into(),
+            ..Default::default()
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.starts_with("unexpected InspectSession response"),
+            "{err}"
+        );
+        assert!(err.contains("approval decided_at \"later\""), "{err}");
     }
 
     #[test]

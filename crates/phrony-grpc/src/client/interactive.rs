@@ -33,14 +33,16 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use chrono::{DateTime, TimeZone as _, Utc};
+use chrono::{DateTime, Utc};
 use pb::run_session_interactive_client_msg::Body as ClientBody;
 use pb::run_session_interactive_server_msg::Body as ServerBody;
 use phrony_proto::runtime::v1 as pb;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
-use super::{Client, ClientError, REQUEST_TIMEOUT, RunSession, SessionMode, with_required_actor};
+use super::sessions::unix_ms;
+use super::types::optional_timestamp;
+use super::{Client, ClientError, REQUEST_TIMEOUT, RunSession, with_required_actor};
 
 /// How many client messages may wait to be sent on the stream.
 const OUTBOUND_BUFFER: usize = 16;
@@ -585,8 +587,8 @@ impl Client {
     /// Starts a new session on an interactive stream and attaches to it
     /// (`RunSessionInteractive` with `start{agent_ref}`); `actor` is recorded as the author of
     /// every decision sent on the stream. An interactive session is normally a
-    /// [`SessionMode::Conversation`] (set `run.mode`): a task session completes when its first
-    /// turn ends.
+    /// [`SessionMode::Conversation`](super::SessionMode::Conversation) (set `run.mode`): a task
+    /// session completes when its first turn ends.
     ///
     /// # Errors
     /// [`ClientError::InvalidActor`] for an actor that cannot travel in a header; the
@@ -597,30 +599,16 @@ impl Client {
         run: &RunSession,
         actor: &str,
     ) -> Result<InteractiveSession, ClientError> {
-        let mode = match run.mode {
-            SessionMode::Task => pb::SessionMode::Task,
-            SessionMode::Conversation => pb::SessionMode::Conversation,
-        };
+        // The same start as `RunSession`, on the stream.
+        let request = run.to_pb();
         let start = pb::RunSessionInteractiveStart {
-            agent_ref: Some(run.agent.to_pb(run.version.as_deref().unwrap_or_default())),
-            input: run
-                .input
-                .as_ref()
-                .map(|v| v.to_string().into_bytes())
-                .unwrap_or_default(),
+            agent_ref: request.agent_ref,
+            input: request.input,
             session_id: String::new(),
-            resolved_secrets: run
-                .secrets
-                .iter()
-                .map(|(name, value)| (name.clone(), value.clone().into_bytes()))
-                .collect(),
-            bundle_ref: None,
-            mode: mode.into(),
-            metadata: run
-                .metadata
-                .iter()
-                .map(|(key, value)| (key.clone(), value.clone()))
-                .collect(),
+            resolved_secrets: request.resolved_secrets,
+            bundle_ref: request.bundle_ref,
+            mode: request.mode,
+            metadata: request.metadata,
         };
         self.open_interactive(start, actor).await
     }
@@ -656,10 +644,7 @@ impl Client {
             .try_send(pb::RunSessionInteractiveClientMsg {
                 body: Some(ClientBody::Start(start)),
             })
-            .map_err(|e| ClientError::InvalidResponse {
-                rpc: RPC,
-                reason: format!("cannot queue the start message: {e}"),
-            })?;
+            .map_err(|e| invalid(format!("cannot queue the start message: {e}")))?;
         let response = self
             .runtime
             .clone()
@@ -673,17 +658,11 @@ impl Client {
         let started = match events.next().await? {
             Some(SessionEvent::Started(started)) => started,
             Some(other) => {
-                return Err(ClientError::InvalidResponse {
-                    rpc: RPC,
-                    reason: format!("the first message is not session_started but {other:?}"),
-                });
+                return Err(invalid(format!(
+                    "the first message is not session_started but {other:?}"
+                )));
             }
-            None => {
-                return Err(ClientError::InvalidResponse {
-                    rpc: RPC,
-                    reason: "the stream ended before session_started".to_owned(),
-                });
-            }
+            None => return Err(invalid("the stream ended before session_started")),
         };
         Ok(InteractiveSession {
             started,
@@ -696,11 +675,8 @@ impl Client {
 // ---------------------------------------------------------------------------------------------
 // protobuf -> domain
 
-fn invalid(reason: impl Into<String>) -> ClientError {
-    ClientError::InvalidResponse {
-        rpc: RPC,
-        reason: reason.into(),
-    }
+fn invalid(reason: impl fmt::Display) -> ClientError {
+    ClientError::invalid_response(RPC, reason)
 }
 
 fn text(bytes: Vec<u8>) -> String {
@@ -721,22 +697,6 @@ fn count(value: i32) -> u32 {
 
 fn limit(value: i32) -> Option<u64> {
     u64::try_from(value).ok().filter(|&v| v > 0)
-}
-
-fn unix_ms(value: i64) -> Option<DateTime<Utc>> {
-    if value <= 0 {
-        return None;
-    }
-    Utc.timestamp_millis_opt(value).single()
-}
-
-fn rfc3339(field: &str, value: &str) -> Result<Option<DateTime<Utc>>, ClientError> {
-    if value.is_empty() {
-        return Ok(None);
-    }
-    DateTime::parse_from_rfc3339(value)
-        .map(|t| Some(t.with_timezone(&Utc)))
-        .map_err(|e| invalid(format!("{field} {value:?} is not an RFC 3339 time: {e}")))
 }
 
 fn usage(usage: Option<pb::TokenUsage>) -> Option<TokenUsage> {
@@ -850,7 +810,7 @@ fn server_event(message: pb::RunSessionInteractiveServerMsg) -> Result<SessionEv
             })
         }
         ServerBody::ApprovalRequired(a) => SessionEvent::ApprovalRequired(ApprovalRequired {
-            expires_at: rfc3339("approval_required.expires_at", &a.expires_at)?,
+            expires_at: optional_timestamp(RPC, "approval_required.expires_at", &a.expires_at)?,
             approval_id: a.approval_id,
             call_id: a.call_id,
             tool: a.tool,

@@ -13,7 +13,7 @@ use phrony_proto::runtime::v1 as pb;
 use serde_json::Value;
 
 use super::approvals::{Approval, approval_from_inspect};
-use super::types::{optional, optional_timestamp, timestamp};
+use super::types::{optional, optional_timestamp, page_size, timestamp};
 use super::{AgentName, Client, ClientError, with_actor};
 
 /// How a new session behaves once a turn ends.
@@ -110,7 +110,7 @@ impl RunSession {
         }
     }
 
-    fn to_pb(&self) -> pb::RunSessionRequest {
+    pub(super) fn to_pb(&self) -> pb::RunSessionRequest {
         pb::RunSessionRequest {
             agent_ref: Some(
                 self.agent
@@ -463,9 +463,7 @@ impl Client {
             bundle_ref: None,
             kind: String::new(),
             metadata: filter.metadata.clone().into_iter().collect(),
-            page_size: filter
-                .limit
-                .map_or(0, |n| i32::try_from(n).unwrap_or(i32::MAX)),
+            page_size: page_size(filter.limit),
             page_token: filter.page_token.clone().unwrap_or_default(),
         };
         let response = self
@@ -643,7 +641,8 @@ fn usage(u: Option<pb::TokenUsage>) -> Option<TokenUsage> {
     })
 }
 
-fn unix_ms(ms: i64) -> Option<DateTime<Utc>> {
+/// Unix milliseconds; 0 (or less) means unset.
+pub(super) fn unix_ms(ms: i64) -> Option<DateTime<Utc>> {
     (ms > 0)
         .then(|| DateTime::from_timestamp_millis(ms))
         .flatten()

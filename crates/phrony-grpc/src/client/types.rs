@@ -261,6 +261,11 @@ pub(super) fn optional(text: String) -> Option<String> {
     (!text.is_empty()).then_some(text)
 }
 
+/// A listing's `page_size`: 0 asks for the runtime's default; larger than `i32` is clamped.
+pub(super) fn page_size(limit: Option<u32>) -> i32 {
+    limit.map_or(0, |n| i32::try_from(n).unwrap_or(i32::MAX))
+}
+
 pub(crate) fn runtime_version(r: pb::GetVersionResponse) -> RuntimeVersion {
     RuntimeVersion {
         version: r.version,

@@ -105,21 +105,10 @@ fn read_args(path: &Path) -> anyhow::Result<Value> {
     if !value.is_object() {
         bail!(
             "--args file {shown} must hold a JSON object (the tool's arguments), got {}",
-            kind(&value)
+            render::json_kind(&value)
         );
     }
     Ok(value)
-}
-
-fn kind(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
 }
 
 #[cfg(test)]

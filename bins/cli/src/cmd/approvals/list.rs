@@ -1,7 +1,5 @@
 //! `phrony approvals list`: approvals matching every filter, newest first.
 
-use std::io::{self, Write as _};
-
 use phrony_grpc::client::ApprovalFilter;
 use serde_json::json;
 
@@ -98,13 +96,10 @@ pub(crate) fn run(args: &Args, global: &Global) -> anyhow::Result<()> {
                     ]);
                 }
                 table.print()?;
-                if let Some(token) = &page.next_page_token {
-                    writeln!(
-                        io::stderr().lock(),
-                        "more approvals match: add --page-token {token}"
-                    )?;
-                }
-                Ok(())
+                Ok(render::next_page_hint(
+                    "approvals",
+                    page.next_page_token.as_deref(),
+                )?)
             }
         }
     })

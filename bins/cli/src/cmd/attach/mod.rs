@@ -75,10 +75,7 @@ pub(crate) enum Outcome {
 
 /// `phrony sessions attach ID`: attaches to an existing session.
 pub(crate) fn run(args: &Args, global: &Global) -> anyhow::Result<()> {
-    let id = args.session_id.trim();
-    if id.is_empty() {
-        bail!("session id must not be empty");
-    }
+    let id = crate::cmd::sessions::session_id(&args.session_id)?;
     remote::block_on(async {
         let (client, _) = remote::connect(global).await?;
         let outcome = attach(&client, id, args.no_tui).await?;

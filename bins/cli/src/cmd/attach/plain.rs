@@ -20,7 +20,7 @@ use chrono::{DateTime, Utc};
 use phrony_grpc::client::interactive::{Decision, SessionEvent, ToolOutcome};
 use tokio::sync::mpsc;
 
-use super::view::{Action, Phase, View};
+use super::view::{Action, Phase, View, model_label};
 use super::{Link, Outcome, compact_json, pretty_json, sanitize};
 
 /// The longest tool result or argument text shown on a status line, in characters.
@@ -195,7 +195,7 @@ impl<O: Write, E: Write> Plain<O, E> {
                     .agent
                     .clone()
                     .unwrap_or_else(|| format!("agent version {}", started.agent_version_id));
-                let model = format!("{}/{}", started.model_provider, started.model_name);
+                let model = model_label(&started.model_provider, &started.model_name);
                 self.status(&format!(
                     "session {} · {agent} · model {model}",
                     started.session_id

@@ -337,7 +337,8 @@ fn draw_header(frame: &mut Frame<'_>, view: &View, area: Rect) {
         if !view.model.is_empty() {
             parts.push(&view.model);
         }
-        parts.join(" · ")
+        // The session id, agent and model come from the runtime.
+        sanitize(&parts.join(" · "))
     };
     let mut text = header(&session);
     if text.width() > width {
@@ -1324,6 +1325,19 @@ mod tests {
         view.apply(delta("\u{1b}[2J\u{1b}[31mred\u{1b}[0m\u{7} text"), now());
         let lines = screen(&view, 40, 10);
         assert_eq!(lines[2], "  red text▍");
+    }
+
+    #[test]
+    fn escape_sequences_in_the_header_are_not_drawn() {
+        use phrony_grpc::client::interactive::SessionEvent;
+        let mut evil = started();
+        evil.model_name = "\u{1b}]0;evil title\u{7}scripted\u{1b}[2J".into();
+        let mut view = View::new(None);
+        view.apply(SessionEvent::Started(evil), now());
+        let header = &screen(&view, 160, 10)[0];
+        assert!(header.contains("stub/scripted"), "{header}");
+        assert!(!header.contains("evil"), "{header}");
+        assert!(!header.contains('\u{1b}'), "{header}");
     }
 
     /// Events the fixtures do not have.

@@ -408,13 +408,21 @@ impl View {
         self.phase = phase;
         self.ended_at = Some(at.unwrap_or(now));
         self.pending = None;
-        if matches!(
+        self.close_decision_prompt();
+    }
+
+    /// Closes a prompt about the pending approval (comment, acknowledgement, argument edit);
+    /// true when one was open.
+    fn close_decision_prompt(&mut self) -> bool {
+        let open = matches!(
             self.prompt,
             Some(Prompt::Comment(_) | Prompt::Comprehension(_) | Prompt::EditArgs { .. })
-        ) {
+        );
+        if open {
             self.prompt = None;
             self.prompt_text.clear();
         }
+        open
     }
 
     fn stats(&mut self, stats: &SessionStats) {
@@ -569,14 +577,7 @@ impl View {
     fn started(&mut self, started: SessionStarted) {
         self.session_id = started.session_id;
         self.agent_version_id = started.agent_version_id;
-        self.model = match (
-            started.model_provider.is_empty(),
-            started.model_name.is_empty(),
-        ) {
-            (false, false) => format!("{}/{}", started.model_provider, started.model_name),
-            (false, true) => started.model_provider,
-            (true, _) => started.model_name,
-        };
+        self.model = model_label(&started.model_provider, &started.model_name);
         self.max_tokens = started.max_tokens_per_run;
         self.max_wall_clock = started.max_wall_clock_seconds;
         self.started_at = started.started_at;
@@ -624,12 +625,7 @@ impl View {
             }
         } else if ours {
             self.pending = None;
-            if matches!(
-                self.prompt,
-                Some(Prompt::Comment(_) | Prompt::Comprehension(_) | Prompt::EditArgs { .. })
-            ) {
-                self.prompt = None;
-                self.prompt_text.clear();
+            if self.close_decision_prompt() {
                 self.hint = Some("the approval was decided elsewhere".to_owned());
             }
             if !self.phase.is_terminal() {
@@ -779,7 +775,7 @@ impl View {
     fn command(&mut self, c: char) -> bool {
         let transcript = self.focus == Focus::Transcript;
         match c {
-            'a' if self.can_decide() => self.start_decision(true),
+            'a' if self.can_decide() => self.ask_comprehension_or_comment(Decision::approve()),
             'd' if self.can_decide() => {
                 self.prompt = Some(Prompt::Comment(Decision::deny()));
                 self.prompt_text.clear();
@@ -802,15 +798,6 @@ impl View {
             _ => return transcript,
         }
         true
-    }
-
-    fn start_decision(&mut self, approve: bool) {
-        let decision = if approve {
-            Decision::approve()
-        } else {
-            Decision::deny()
-        };
-        self.ask_comprehension_or_comment(decision);
     }
 
     fn ask_comprehension_or_comment(&mut self, decision: Decision) {
@@ -968,6 +955,15 @@ impl View {
             Scroll::Follow => bottom,
             Scroll::Top(top) => top.min(bottom),
         }
+    }
+}
+
+/// `provider/name`, or whichever of the two the runtime sent.
+pub(crate) fn model_label(provider: &str, name: &str) -> String {
+    match (provider.is_empty(), name.is_empty()) {
+        (false, false) => format!("{provider}/{name}"),
+        (false, true) => provider.to_owned(),
+        (true, _) => name.to_owned(),
     }
 }
 

@@ -15,7 +15,7 @@ use phrony_policy::{
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::cmd::{Output, manifest};
+use crate::cmd::{Output, manifest, render};
 
 /// Arguments of `phrony policies check`.
 #[derive(Debug, clap::Args)]
@@ -102,7 +102,10 @@ fn parse_args(text: &str) -> anyhow::Result<Value> {
     let value: Value =
         serde_json::from_str(text).map_err(|err| anyhow!("--args is not valid JSON: {err}"))?;
     if !value.is_object() {
-        bail!("--args must be a JSON object, got {}", kind_of(&value));
+        bail!(
+            "--args must be a JSON object, got {}",
+            render::json_kind(&value)
+        );
     }
     Ok(value)
 }
@@ -162,7 +165,10 @@ fn parse_context(text: &str) -> anyhow::Result<Context> {
     let value: Value =
         serde_json::from_str(text).map_err(|err| anyhow!("--context is not valid JSON: {err}"))?;
     if !value.is_object() {
-        bail!("--context must be a JSON object, got {}", kind_of(&value));
+        bail!(
+            "--context must be a JSON object, got {}",
+            render::json_kind(&value)
+        );
     }
     for (key, expected) in [("principal", "object"), ("session", "object")] {
         if let Some(v) = value.get(key)
@@ -170,7 +176,7 @@ fn parse_context(text: &str) -> anyhow::Result<Context> {
         {
             bail!(
                 "--context: {key} must be a JSON {expected}, got {}",
-                kind_of(v)
+                render::json_kind(v)
             );
         }
     }
@@ -179,24 +185,13 @@ fn parse_context(text: &str) -> anyhow::Result<Context> {
     {
         bail!(
             "--context: session.metadata must be a JSON object, got {}",
-            kind_of(meta)
+            render::json_kind(meta)
         );
     }
     serde_json::from_value(value).context(
         "--context: expected {\"agent\"?: {namespace, name, version}, \"session\"?: {id, \
          metadata}, \"principal\"?: {…}, \"now\"?: RFC 3339 or Unix seconds}",
     )
-}
-
-fn kind_of(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
 }
 
 /// How the arguments break the binding's `input_schema`. Reported as warnings: the dry run

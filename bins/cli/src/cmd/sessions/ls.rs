@@ -1,7 +1,5 @@
 //! `phrony sessions ls [NS/NAME[@VERSION]]`: sessions, most recently updated first.
 
-use std::io::{self, Write as _};
-
 use phrony_grpc::client::{SessionFilter, SessionSummary};
 use serde_json::{Value, json};
 
@@ -76,13 +74,10 @@ pub(crate) fn run(args: &Args, global: &Global) -> anyhow::Result<()> {
                     ]);
                 }
                 table.print()?;
-                if let Some(token) = &page.next_page_token {
-                    writeln!(
-                        io::stderr().lock(),
-                        "more sessions match: add --page-token {token}"
-                    )?;
-                }
-                Ok(())
+                Ok(render::next_page_hint(
+                    "sessions",
+                    page.next_page_token.as_deref(),
+                )?)
             }
         }
     })
