@@ -39,8 +39,8 @@ def handle_refund(control, *, charge_id, amount_usd, ticket, rep_id_token, accou
         user_token=rep_id_token,                    # gate-verified → user_role
         intent=f"refund the duplicate charge on ticket {ticket}",
         facts={"account_status": account_status, "refund_to_original": True,
-               "reference": charge_id, "reference_amount": ORIGINAL_CHARGES[charge_id],  # relational cap
-               "customer_id": "cus_42"},
+               # relational cap; add "customer_id" to count against the per-customer sub-budget
+               "reference": charge_id, "reference_amount": ORIGINAL_CHARGES[charge_id]},
     )
     if d.decision == "escalate":
         raise Escalated(d.reason, decision_id=d.decision_id, escalation=d.escalation)
@@ -74,8 +74,8 @@ def main() -> None:
             print(f"{label:<30} → ESCALATE → {esc.escalation.ref} waits for a {esc.escalation.approver}")
             manager = idp_token("bob@bank", "manager")
             mock_gate("approvals", "approve", esc.escalation.ref, "--url", args.url,
-                      "--config", str(HERE / "gate.yaml"), "--approver-token", manager,
-                      "--comment", "account reviewed")
+                      "--config", str(HERE / "gate.yaml"), "--approver", "bob@bank",
+                      "--approver-token", manager, "--comment", "account reviewed")
             refund_id = handle_refund(control, charge_id=charge, amount_usd=amount, ticket=ticket,
                                       rep_id_token=rep, account_status=status)
             print(f"{'':<30}   manager approved; the retry (same key) → ALLOW → refund {refund_id}")

@@ -3,10 +3,15 @@
 //! ```text
 //! mock-gate [--port P] [--deny-over N] [--escalate-over N] [--deny-tool T] [--deny-all]   flags mode
 //! mock-gate --config FILE [--port P]                                                      config mode
-//! mock-gate approvals list|approve ID|reject ID [--comment C] --url URL
+//! mock-gate approvals list [--status S] (--admin-key K | --config FILE) [--url URL]
+//! mock-gate approvals approve|reject ID --approver NAME [--approver-token T] [--comment C]
+//!                                       (--admin-key K | --config FILE) [--url URL]
 //! mock-gate idp-token --config FILE --sub S --role R
-//! mock-gate audit export (--config FILE | --url URL) [--out FILE]
+//! mock-gate audit export (--config FILE | --url URL --admin-key K) [--out FILE]
 //! ```
+//!
+//! In flags mode the admin key is generated at start and printed once on standard error,
+//! unless `--admin-key` or `MOCK_GATE_ADMIN_KEY` chooses one.
 
 use std::io::Write as _;
 use std::net::SocketAddr;
@@ -16,7 +21,7 @@ use std::sync::Arc;
 
 use anyhow::{Context as _, Result, bail};
 use clap::{Args, Parser, Subcommand};
-use phrony_gate::{AdminClient, FlagRules, Resolution, Settings, money, service};
+use phrony_gate::{AdminClient, FlagRules, Resolution, Settings, admin, money, service};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -55,9 +60,11 @@ struct ServeArgs {
     /// Flags mode: deny every request POLICY_DENIED.
     #[arg(long, conflicts_with = "config")]
     deny_all: bool,
-    /// Flags mode: the key of the admin routes (approvals, audit); config mode reads `admin.key`.
-    #[arg(long, env = "MOCK_GATE_ADMIN_KEY", default_value = "dev-admin")]
-    admin_key: String,
+    /// Flags mode: the key of the admin routes (approvals, audit); without it a random key is
+    /// generated and printed once on standard error. Config mode reads `admin.key` instead.
+    /// Prefer the environment variable: a flag is visible to other users in the process list.
+    #[arg(long, env = "MOCK_GATE_ADMIN_KEY", hide_env_values = true)]
+    admin_key: Option<String>,
     /// Keep the token key and the SQLite state here (config mode: overrides `state_dir`).
     #[arg(long, value_name = "DIR")]
     state_dir: Option<PathBuf>,
@@ -92,13 +99,18 @@ enum Command {
     },
 }
 
+/// What to do when an admin command has no admin key.
+const NO_ADMIN_KEY: &str = "no admin key: pass --admin-key KEY (or set MOCK_GATE_ADMIN_KEY), or \
+     --config FILE to read admin.key; a flags-mode gate prints its generated key on standard \
+     error at start";
+
 #[derive(Debug, Args)]
 struct Remote {
     /// The gate's base URL.
     #[arg(long, env = "MOCK_GATE_URL", default_value = "http://127.0.0.1:8009")]
     url: String,
-    /// The admin key (or take it from --config).
-    #[arg(long, env = "MOCK_GATE_ADMIN_KEY")]
+    /// The admin key (or take it from --config; a flags-mode gate printed its key at start).
+    #[arg(long, env = "MOCK_GATE_ADMIN_KEY", hide_env_values = true)]
     admin_key: Option<String>,
     /// A configuration file to read the admin key from.
     #[arg(long, value_name = "FILE")]
@@ -112,7 +124,7 @@ impl Remote {
             (None, Some(file)) => Settings::load(file)?
                 .admin_key
                 .context("the configuration has no admin key")?,
-            (None, None) => "dev-admin".to_owned(),
+            (None, None) => bail!(NO_ADMIN_KEY),
         };
         Ok(AdminClient::new(&self.url, &key)?)
     }
@@ -141,6 +153,9 @@ enum ApprovalAction {
 struct Resolve {
     /// The escalation ref (esc_…).
     id: String,
+    /// Who decides, recorded in the audit log (with --approver-token: its subject or e-mail).
+    #[arg(long, env = "MOCK_GATE_APPROVER")]
+    approver: String,
     /// A comment for the audit log.
     #[arg(long)]
     comment: Option<String>,
@@ -165,7 +180,7 @@ enum AuditAction {
         #[arg(long)]
         url: Option<String>,
         /// The admin key (with --url).
-        #[arg(long, env = "MOCK_GATE_ADMIN_KEY")]
+        #[arg(long, env = "MOCK_GATE_ADMIN_KEY", hide_env_values = true)]
         admin_key: Option<String>,
         /// Write here instead of standard output.
         #[arg(long, value_name = "FILE")]
@@ -226,7 +241,7 @@ async fn run(cli: Cli) -> Result<()> {
         }) => {
             let text = match (url, config) {
                 (Some(url), _) => {
-                    AdminClient::new(&url, admin_key.as_deref().unwrap_or("dev-admin"))?
+                    AdminClient::new(&url, &admin_key.context(NO_ADMIN_KEY)?)?
                         .audit_jsonl()
                         .await?
                 }
@@ -297,7 +312,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
                 rules.deny_all
             );
             (
-                Settings::flags(rules, Some(args.admin_key.clone())),
+                Settings::flags(rules, Some(flags_admin_key(args.admin_key)?)),
                 summary,
             )
         }
@@ -321,6 +336,21 @@ async fn serve(args: ServeArgs) -> Result<()> {
         })
         .await?;
     Ok(())
+}
+
+/// The admin key of a flags-mode gate: the one chosen (checked), else a random one printed
+/// once on standard error, before the URL line on standard output.
+fn flags_admin_key(chosen: Option<String>) -> Result<String> {
+    if let Some(key) = chosen {
+        admin::check_admin_key(&key).map_err(|e| anyhow::anyhow!("--admin-key: {e}"))?;
+        return Ok(key);
+    }
+    let key = admin::generate_admin_key()?;
+    eprintln!(
+        "mock-gate: admin key for this run (generated; choose one with --admin-key or \
+         MOCK_GATE_ADMIN_KEY): {key}"
+    );
+    Ok(key)
 }
 
 async fn approvals(action: ApprovalAction) -> Result<()> {
@@ -372,6 +402,7 @@ async fn resolve(r: Resolve, resolution: Resolution) -> Result<()> {
         .resolve(
             &r.id,
             resolution,
+            &r.approver,
             r.comment.as_deref(),
             r.approver_token.as_deref(),
         )

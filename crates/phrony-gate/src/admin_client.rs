@@ -141,7 +141,8 @@ impl AdminClient {
             .unwrap_or_default())
     }
 
-    /// Approves or rejects one escalation.
+    /// Approves or rejects one escalation in the name of `approver` (recorded in the audit
+    /// log; the gate refuses a missing or unprintable name with 400).
     ///
     /// # Errors
     /// [`AdminError`].
@@ -149,6 +150,7 @@ impl AdminClient {
         &self,
         reference: &str,
         resolution: Resolution,
+        approver: &str,
         comment: Option<&str>,
         approver_token: Option<&str>,
     ) -> Result<Value, AdminError> {
@@ -156,7 +158,8 @@ impl AdminClient {
             Resolution::Approve => "approve",
             Resolution::Reject => "reject",
         };
-        let body = json!({"comment": comment, "approver_token": approver_token});
+        let body =
+            json!({"approver": approver, "comment": comment, "approver_token": approver_token});
         Self::json(
             &self
                 .call(

@@ -180,6 +180,10 @@ struct MandateFile {
     per_entity_limit: Option<String>,
     #[serde(default)]
     entity_key: Option<String>,
+    /// Skip the per-entity sub-budget when a request does not name the entity (the default,
+    /// `false`, fails such a request closed).
+    #[serde(default)]
+    entity_optional: bool,
     #[serde(default)]
     relational_cap: bool,
     #[serde(default)]
@@ -528,6 +532,11 @@ pub struct Mandate {
     pub per_entity_limit: Option<Decimal>,
     /// The context fact naming the entity (e.g. `customer_id`).
     pub entity_key: Option<String>,
+    /// When `true` the per-entity sub-budget applies only to requests that send the entity
+    /// fact and is skipped for requests without it; when `false` (the default) a request
+    /// without it is denied `POLICY_DENIED` (fail closed). A fact that is sent but is not a
+    /// non-empty string is refused either way.
+    pub entity_optional: bool,
     /// Refunds against one reference stay within its original amount, cumulatively.
     pub relational_cap: bool,
     /// Expiry.
@@ -697,9 +706,7 @@ fn compile(file: FileConfig, path: &Path, base: &Path) -> Result<Settings, Confi
     if file.org.id.trim().is_empty() {
         return Err(bad("org.id", "must not be empty".into()));
     }
-    if file.admin.key.trim().len() < 8 {
-        return Err(bad("admin.key", "must be at least 8 characters".into()));
-    }
+    crate::admin::check_admin_key(&file.admin.key).map_err(|e| bad("admin.key", e))?;
 
     // Tools.
     let mut tools = BTreeMap::new();
@@ -842,6 +849,18 @@ fn compile(file: FileConfig, path: &Path, base: &Path) -> Result<Settings, Confi
                 "per_entity_limit and entity_key go together".into(),
             ));
         }
+        if m.entity_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
+            return Err(bad(
+                &format!("{field}.entity_key"),
+                "must not be empty".into(),
+            ));
+        }
+        if m.entity_optional && m.entity_key.is_none() {
+            return Err(bad(
+                &format!("{field}.entity_optional"),
+                "needs a per-entity sub-budget (per_entity_limit and entity_key)".into(),
+            ));
+        }
         let expires_at = m
             .expires_at
             .as_deref()
@@ -863,6 +882,7 @@ fn compile(file: FileConfig, path: &Path, base: &Path) -> Result<Settings, Confi
                 monthly_limit: money(&format!("{field}.monthly_limit"), &m.monthly_limit)?,
                 per_entity_limit: money(&format!("{field}.per_entity_limit"), &m.per_entity_limit)?,
                 entity_key: m.entity_key.clone(),
+                entity_optional: m.entity_optional,
                 relational_cap: m.relational_cap,
                 expires_at,
                 allowed_resources: m.allowed_resources.clone(),

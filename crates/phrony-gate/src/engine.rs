@@ -44,13 +44,16 @@ use rust_decimal::Decimal;
 use serde_json::{Map, Value, json};
 use tokio::sync::Mutex;
 
+use crate::admin::ApproverName;
 use crate::cedar::CedarVerdict;
-use crate::config::{AgentStatus, Auth, DERIVED_FACTS, Mandate, RiskCondition, Settings};
+use crate::config::{
+    AgentStatus, Auth, DERIVED_FACTS, FlagRules, Mandate, RiskCondition, Settings,
+};
 use crate::error::{ApiError, GateError};
 use crate::keys::SigningKey;
 use crate::money::display;
 use crate::oidc::{VerifiedUser, Verifier};
-use crate::request::{DecisionRequest, Prepared, prepare};
+use crate::request::{DecisionRequest, Prepared, excerpt, json_kind, prepare};
 use crate::signing::{self, Assertion, SignedRequest};
 use crate::state::{
     ApprovalEvent, ApprovalOutcome, ApprovalRecord, ApprovalStatus, Approver, CompleteStatus,
@@ -755,6 +758,11 @@ impl Gate {
         let mut mandate = None;
         let mut hold = None;
         if let Some(rules) = flags {
+            if p.money.is_none() && (rules.deny_over.is_some() || rules.escalate_over.is_some()) {
+                // An amount rule cannot be applied to an amount the gate cannot read: fail
+                // closed instead of reading it as zero (the dev mock's behaviour).
+                return deny(codes::POLICY_DENIED, unreadable_amount(rules, &req.args));
+            }
             if let Some(money) = &p.money {
                 if let Some(cap) = rules.deny_over
                     && money.amount > cap
@@ -1053,14 +1061,22 @@ impl Gate {
             }
         }
         if let (Some(cap), Some(key)) = (m.per_entity_limit, &m.entity_key) {
+            // A sub-budget keyed by a fact: it applies whenever the fact is sent; a request
+            // without the fact is skipped only when the mandate says the sub-budget is
+            // optional, and fails closed otherwise. A fact sent with another type or empty is
+            // refused either way (it cannot be counted, and must not dodge the budget).
             let entity = match req.context.get(key) {
-                Some(Value::String(s)) if !s.is_empty() => s.clone(),
+                Some(Value::String(s)) if !s.trim().is_empty() => Some(s.clone()),
                 Some(other) => {
                     return Err(refuse(
                         codes::POLICY_DENIED,
-                        format!("fail closed: fact `{key}` must be a string, got `{other}`"),
+                        format!(
+                            "fail closed: fact `{key}` must be a non-empty string, got `{}`",
+                            excerpt(other)
+                        ),
                     ));
                 }
+                None if m.entity_optional => None,
                 None => {
                     return Err(refuse(
                         codes::POLICY_DENIED,
@@ -1070,15 +1086,17 @@ impl Gate {
                     ));
                 }
             };
-            let total = state.usage(&crate::state::Counter::Entity(
-                id.into(),
-                entity.clone(),
-                hold.month.clone(),
-            )) + money.amount;
-            if total > cap {
-                return Err(over(&format!("per-{key} monthly"), cap, total));
+            if let Some(entity) = entity {
+                let total = state.usage(&crate::state::Counter::Entity(
+                    id.into(),
+                    entity.clone(),
+                    hold.month.clone(),
+                )) + money.amount;
+                if total > cap {
+                    return Err(over(&format!("per-{key} monthly"), cap, total));
+                }
+                hold.entity = Some(entity);
             }
-            hold.entity = Some(entity);
         }
         if m.relational_cap {
             let Some(reference) = p.reference.clone() else {
@@ -1487,11 +1505,13 @@ impl Gate {
         list.into_iter().map(|(_, v)| v).collect()
     }
 
-    /// Approves or rejects a pending escalation.
+    /// Approves or rejects a pending escalation on behalf of the person `name`d, who is
+    /// recorded in the audit event.
     ///
     /// With an approver `id_token` the approver is verified: the token must carry the
-    /// escalation's approver role and another subject than the requesting user. Without one,
-    /// the admin key vouches for the decision, unless the configuration requires a token.
+    /// escalation's approver role, another subject than the requesting user, and `name` must
+    /// be its subject or e-mail. Without one, the admin key vouches for `name`, unless the
+    /// configuration requires a token; `name` must not be the requesting user either.
     ///
     /// # Errors
     /// 404 unknown ref, 409 not pending (or expired), 403 approver not allowed, 500 store.
@@ -1499,6 +1519,7 @@ impl Gate {
         &self,
         reference: &str,
         resolution: Resolution,
+        name: &ApproverName,
         approver_token: Option<&str>,
         comment: Option<String>,
     ) -> Result<Value, ApiError> {
@@ -1540,11 +1561,18 @@ impl Gate {
                         who.sub
                     )));
                 }
+                if name.as_str() != who.sub && who.email.as_deref() != Some(name.as_str()) {
+                    return Err(ApiError::forbidden(format!(
+                        "approver `{name}` is not the approver token's subject `{}`",
+                        who.sub
+                    )));
+                }
                 Approver {
                     sub: who.sub,
                     role: Some(who.role),
                     email: who.email,
                     via: "id_token".into(),
+                    name: Some(name.as_str().to_owned()),
                 }
             }
             None if self.settings.approvals.require_approver_token => {
@@ -1553,12 +1581,22 @@ impl Gate {
                     record.escalation.approver
                 )));
             }
-            None => Approver {
-                sub: "admin".into(),
-                role: None,
-                email: None,
-                via: "admin_key".into(),
-            },
+            None => {
+                if requester.as_ref().is_some_and(|r| {
+                    r.sub == name.as_str() || r.email.as_deref() == Some(name.as_str())
+                }) {
+                    return Err(ApiError::forbidden(format!(
+                        "`{name}` asked for this action and cannot approve it"
+                    )));
+                }
+                Approver {
+                    sub: name.as_str().to_owned(),
+                    role: None,
+                    email: None,
+                    via: "admin_key".into(),
+                    name: Some(name.as_str().to_owned()),
+                }
+            }
         };
         let event = ApprovalEvent {
             reference: reference.to_owned(),
@@ -1630,6 +1668,31 @@ impl Gate {
                 })
             })
             .collect()
+    }
+}
+
+/// Why flags mode cannot apply its amount rules to a request without a readable amount,
+/// naming the rules and what `args.amount` held.
+fn unreadable_amount(rules: &FlagRules, args: &Value) -> String {
+    let limits = [
+        ("--deny-over", rules.deny_over),
+        ("--escalate-over", rules.escalate_over),
+    ]
+    .into_iter()
+    .filter_map(|(flag, limit)| limit.map(|l| format!("{flag} {}", display(l))))
+    .collect::<Vec<_>>()
+    .join(" and ");
+    match args.get("amount") {
+        Some(received) => format!(
+            "fail closed: {limits} compare a numeric amount, and `args.amount` is {} ({}), not \
+             a JSON number; send the amount as a number (context.amount_usd, or args.amount)",
+            excerpt(received),
+            json_kind(received)
+        ),
+        None => format!(
+            "fail closed: {limits} need an amount, and the request has no amount \
+             (context.amount_usd, context.amount + currency, or a numeric args.amount)"
+        ),
     }
 }
 

@@ -3,7 +3,7 @@
 //!
 //! A refusal (deny, escalate, velocity) is never an [`ApiError`]: it is a decision, answered
 //! with HTTP 200. `ApiError` is reserved for requests that produced no decision: bad bodies
-//! (422), unknown keys and bad signatures (401), conflicts such as an idempotency key reused
+//! (422; 400 for an admin decision without a valid approver name), unknown keys and bad signatures (401), conflicts such as an idempotency key reused
 //! for another request (409), unknown ids (404) and gate failures (500).
 
 use crate::config::ConfigError;
@@ -25,6 +25,15 @@ pub struct ApiError {
 }
 
 impl ApiError {
+    /// 400: a required field is missing or invalid (admin decisions).
+    pub fn bad_request(detail: impl Into<String>) -> Self {
+        Self {
+            status: 400,
+            code: "INVALID_REQUEST",
+            detail: detail.into(),
+        }
+    }
+
     /// 422: the body is malformed.
     pub fn unprocessable(detail: impl Into<String>) -> Self {
         Self {

@@ -7,7 +7,7 @@
 //! | `GET /v1/control/.well-known/jwks.json` | the token key |
 //! | `GET /healthz` | liveness |
 //! | `GET /v1/admin/approvals[?status=pending]` | the approvals queue (admin key) |
-//! | `POST /v1/admin/approvals/{ref}/approve` · `…/reject` | decide an escalation (admin key; body `{comment?, approver_token?}`) |
+//! | `POST /v1/admin/approvals/{ref}/approve` · `…/reject` | decide an escalation (admin key; body `{approver, comment?, approver_token?}`; without a printable `approver` name: 400) |
 //! | `GET /v1/admin/decisions[?limit=N]` | recent decisions (admin key) |
 //! | `GET /v1/admin/audit` | the audit log as JSONL (admin key) |
 //! | `GET /v1/admin/policy/reveal` · `GET /v1/admin/mandates/{id}/reveal` | commitment reveals for `regent-verify` (admin key) |
@@ -26,6 +26,7 @@ use axum::routing::{get, post};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use crate::admin::ApproverName;
 use crate::engine::{Gate, Resolution};
 use crate::error::ApiError;
 use crate::request::DecisionRequest;
@@ -215,10 +216,29 @@ async fn list_approvals(
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ResolveBody {
+    /// The person deciding (required; checked by [`ApproverName::parse`]).
+    #[serde(default)]
+    approver: Option<Value>,
     #[serde(default)]
     comment: Option<String>,
     #[serde(default)]
     approver_token: Option<String>,
+}
+
+/// The approver name of an admin decision: a 400 naming the field when it is missing or not a
+/// printable string.
+fn approver_name(value: Option<&Value>) -> Result<ApproverName, ApiError> {
+    match value {
+        None | Some(Value::Null) => Err(ApiError::bad_request(
+            "`approver` is required: name the person approving or rejecting (it is recorded \
+             in the audit log)",
+        )),
+        Some(Value::String(name)) => ApproverName::parse(name),
+        Some(other) => Err(ApiError::bad_request(format!(
+            "`approver` must be a string, got {}",
+            crate::request::json_kind(other)
+        ))),
+    }
 }
 
 async fn resolve(
@@ -235,10 +255,12 @@ async fn resolve(
         serde_json::from_slice(body)
             .map_err(|e| ApiError::unprocessable(format!("the body is not a valid request: {e}")))?
     };
+    let name = approver_name(body.approver.as_ref())?;
     let view = gate
         .resolve(
             reference,
             resolution,
+            &name,
             body.approver_token.as_deref(),
             body.comment,
         )

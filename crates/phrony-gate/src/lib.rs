@@ -10,7 +10,7 @@
 //! Two ways to configure it:
 //! - [`Settings::flags`]: the drop-in for `regent-control dev` (`--deny-over`,
 //!   `--escalate-over`, `--deny-tool`, `--deny-all`), with hard caps checked before escalation,
-//!   unique decision ids and real tokens;
+//!   amounts it cannot check failed closed, unique decision ids and real tokens;
 //! - [`Settings::load`]: a YAML file with agents and API keys, a tool catalog, Cedar policies
 //!   (see [`cedar`]), mandates with per-transaction, daily, monthly, per-entity and relational
 //!   caps, OIDC delegation, approvals, velocity and duplicate windows, and a risk model.
@@ -23,7 +23,9 @@
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! use std::sync::Arc;
 //! use phrony_gate::{FlagRules, Gate, MemoryStore, Settings, SigningKey, SystemClock};
-//! let settings = Settings::flags(FlagRules::default(), Some("dev-admin".into()));
+//! // The admin key guards approvals and the audit log: never a well-known default.
+//! let admin_key = phrony_gate::admin::generate_admin_key()?;
+//! let settings = Settings::flags(FlagRules::default(), Some(admin_key));
 //! let gate = Gate::open(settings, SigningKey::generate()?, Arc::new(MemoryStore::new()),
 //!                       Arc::new(SystemClock)).await?;
 //! let app = phrony_gate::router(Arc::new(gate));
@@ -32,6 +34,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod admin;
 pub mod admin_client;
 pub mod canonical;
 pub mod config;
@@ -49,6 +52,7 @@ mod state;
 pub mod store;
 pub mod tokens;
 
+pub use admin::ApproverName;
 pub use admin_client::{AdminClient, AdminError};
 pub use config::{ConfigError, FlagRules, Settings};
 pub use engine::{Caller, Clock, Gate, Resolution, SystemClock, codes};

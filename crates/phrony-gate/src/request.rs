@@ -132,6 +132,33 @@ impl DecisionRequest {
     }
 }
 
+/// The longest rendering of a received value quoted back in a reason.
+const MAX_EXCERPT: usize = 64;
+
+/// A received JSON value as compact JSON, cut to [`MAX_EXCERPT`] characters, for quoting it
+/// back in a reason or an error.
+pub(crate) fn excerpt(value: &Value) -> String {
+    let text = value.to_string();
+    if text.chars().count() <= MAX_EXCERPT {
+        return text;
+    }
+    let mut cut: String = text.chars().take(MAX_EXCERPT).collect();
+    cut.push('…');
+    cut
+}
+
+/// What kind of JSON value `value` is, with its article (`a string`, `null`).
+pub(crate) fn json_kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a bool",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
 fn optional_string(ctx: &Map<String, Value>, name: &str) -> Result<Option<String>, ApiError> {
     match ctx.get(name) {
         None | Some(Value::Null) => Ok(None),
@@ -145,7 +172,10 @@ fn optional_string(ctx: &Map<String, Value>, name: &str) -> Result<Option<String
 /// Normalises a request: amounts, idempotency key, fingerprint.
 ///
 /// `args_amount_fallback` reads `args.amount` when the context has no amount (the dev mock's
-/// behaviour, kept in flags mode).
+/// behaviour, kept in flags mode). Only a JSON number is read there: `args` is the tool's raw
+/// input, where a string such as `"250"` or `"2.50 EUR"` has no meaning the gate knows, so it
+/// leaves the request without an amount (and flags mode then fails it closed, naming what it
+/// received) rather than guessing.
 pub(crate) fn prepare(
     req: DecisionRequest,
     header_key: Option<&str>,

@@ -142,6 +142,10 @@ pub(crate) struct Approver {
     pub(crate) email: Option<String>,
     /// `id_token` (verified) or `admin_key`.
     pub(crate) via: String,
+    /// The approver name the decision was made under (absent in events recorded before
+    /// decisions named their approver).
+    #[serde(default)]
+    pub(crate) name: Option<String>,
 }
 
 /// The payload of `gate.approval_decided`.

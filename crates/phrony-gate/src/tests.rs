@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use chrono::{DateTime, TimeZone as _, Utc};
 use serde_json::{Value, json};
 
+use crate::admin::ApproverName;
 use crate::config::Settings;
 use crate::engine::{Caller, Clock, Gate, Resolution, codes};
 use crate::keys::SigningKey;
@@ -183,6 +184,15 @@ impl Harness {
     }
 }
 
+fn approver(name: &str) -> ApproverName {
+    ApproverName::parse(name).unwrap()
+}
+
+/// The walkthrough's manager, who approves with a manager id_token.
+fn bob() -> ApproverName {
+    approver("bob@bank")
+}
+
 fn code(d: &Value) -> &str {
     d["code"].as_str().unwrap_or("")
 }
@@ -228,6 +238,7 @@ async fn the_five_walkthrough_outcomes() {
         .resolve(
             &reference,
             Resolution::Approve,
+            &bob(),
             Some(&h.manager()),
             Some("ok".into()),
         )
@@ -500,7 +511,13 @@ async fn a_restarted_gate_keeps_its_pending_escalation() {
     assert_eq!(pending[0]["ref"], reference.as_str());
     assert_eq!(pending[0]["on_behalf_of"]["sub"], "alice@bank");
     reopened
-        .resolve(&reference, Resolution::Approve, Some(&h.manager()), None)
+        .resolve(
+            &reference,
+            Resolution::Approve,
+            &bob(),
+            Some(&h.manager()),
+            None,
+        )
         .await
         .unwrap();
     let req = DecisionRequest::from_json(&serde_json::to_vec(&body).unwrap()).unwrap();
@@ -525,7 +542,7 @@ async fn rejections_expiry_and_approver_rules() {
     // The admin key alone is not enough here (require_approver_token).
     let err = h
         .gate
-        .resolve(&reference, Resolution::Approve, None, None)
+        .resolve(&reference, Resolution::Approve, &bob(), None, None)
         .await
         .unwrap_err();
     assert_eq!(err.status, 403);
@@ -535,6 +552,7 @@ async fn rejections_expiry_and_approver_rules() {
         .resolve(
             &reference,
             Resolution::Approve,
+            &approver("carol@bank"),
             Some(&h.token("carol@bank", "support_agent")),
             None,
         )
@@ -546,6 +564,7 @@ async fn rejections_expiry_and_approver_rules() {
         .resolve(
             &reference,
             Resolution::Approve,
+            &approver("alice@bank"),
             Some(&h.token("alice@bank", "manager")),
             None,
         )
@@ -556,6 +575,7 @@ async fn rejections_expiry_and_approver_rules() {
         .resolve(
             &reference,
             Resolution::Reject,
+            &bob(),
             Some(&h.manager()),
             Some("not this one".into()),
         )
@@ -570,7 +590,13 @@ async fn rejections_expiry_and_approver_rules() {
     );
     let err = h
         .gate
-        .resolve(&reference, Resolution::Approve, Some(&h.manager()), None)
+        .resolve(
+            &reference,
+            Resolution::Approve,
+            &bob(),
+            Some(&h.manager()),
+            None,
+        )
         .await
         .unwrap_err();
     assert_eq!(err.status, 409);
@@ -785,9 +811,15 @@ async fn flags_mode_checks_hard_caps_before_escalation() {
     );
     // The admin key approves in flags mode; the retry allows.
     let reference = e["escalation"]["ref"].as_str().unwrap();
-    gate.resolve(reference, Resolution::Approve, None, None)
-        .await
-        .unwrap();
+    gate.resolve(
+        reference,
+        Resolution::Approve,
+        &approver("ops@local"),
+        None,
+        None,
+    )
+    .await
+    .unwrap();
     let d = gate
         .decide(&caller, ask(json!(150), "payments", Some("k")), None)
         .await
@@ -880,6 +912,7 @@ async fn every_decision_approval_and_completion_is_a_chained_audit_event() {
         .resolve(
             e["escalation"]["ref"].as_str().unwrap(),
             Resolution::Approve,
+            &bob(),
             Some(&h.manager()),
             None,
         )
@@ -1092,6 +1125,56 @@ mod http {
         let (status, _) = send(&app, "GET", "/nowhere", &[], b"").await;
         assert_eq!(status, StatusCode::NOT_FOUND);
     }
+
+    #[tokio::test]
+    async fn an_admin_decision_without_a_printable_approver_is_a_400() {
+        let h = harness_with(|s| {
+            s.replace(
+                "require_approver_token: true",
+                "require_approver_token: false",
+            )
+        })
+        .await;
+        let e = h
+            .decide(&h.refund(json!(40), "review", "ch_h", "100", Some("H1")))
+            .await;
+        let reference = e["escalation"]["ref"].as_str().unwrap().to_owned();
+        let gate = Arc::new(h.gate);
+        let app = crate::router(gate.clone());
+        let admin = [bearer("rgnt_admin_walkthrough_local")];
+        let path = format!("/v1/admin/approvals/{reference}/approve");
+        for body in [
+            String::new(),
+            json!({"comment": "ok"}).to_string(),
+            json!({"approver": null}).to_string(),
+            json!({"approver": 7}).to_string(),
+            json!({"approver": ""}).to_string(),
+            json!({"approver": "ops\u{1b}]0;x\u{7}"}).to_string(),
+            json!({"approver": "x".repeat(129)}).to_string(),
+        ] {
+            let (status, out) = send(&app, "POST", &path, &admin, body.as_bytes()).await;
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+            let detail: Value = serde_json::from_slice(&out).unwrap();
+            assert!(
+                detail["detail"].as_str().unwrap().contains("`approver`"),
+                "{detail}"
+            );
+        }
+        // Nothing was decided.
+        assert_eq!(gate.approvals(Some("pending")).await.len(), 1);
+        let (status, out) = send(
+            &app,
+            "POST",
+            &path,
+            &admin,
+            json!({"approver": "ops@local"}).to_string().as_bytes(),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&out));
+        let view: Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(view["status"], "approved");
+        assert_eq!(view["decided_by"]["name"], "ops@local");
+    }
 }
 
 #[tokio::test]
@@ -1114,4 +1197,311 @@ async fn observe_mode_records_the_refusal_but_never_blocks() {
         h.gate.policy_reveal().unwrap()["profile"]["observe_mode"],
         true
     );
+}
+
+#[tokio::test]
+async fn an_optional_sub_budget_counts_the_entity_sent_and_skips_a_request_without_one() {
+    // The shipped walkthrough mandate: per-customer sub-budget with `entity_optional: true`.
+    let h = harness_with(|s| {
+        s.replace(
+            "per_entity_limit: \"1000.00\"",
+            "per_entity_limit: \"100.00\"",
+        )
+    })
+    .await;
+    let without_customer = |amount: i64, charge: &str, key: &str| {
+        let mut body = h.refund(json!(amount), "active", charge, "200", Some(key));
+        body["context"]
+            .as_object_mut()
+            .unwrap()
+            .remove("customer_id");
+        body
+    };
+    // No customer fact: the sub-budget is skipped, the other caps still apply.
+    let d = h.decide(&without_customer(60, "o1", "o1")).await;
+    assert_eq!(d["decision"], "allow", "{d}");
+    let big = h.decide(&without_customer(250, "o2", "o2")).await;
+    assert_eq!(code(&big), codes::MANDATE_LIMIT_EXCEEDED, "{big}");
+    // With the fact, it counts per customer: 60 + 60 is over the 100 sub-budget.
+    let d = h
+        .decide(&h.refund(json!(60), "active", "o3", "200", Some("o3")))
+        .await;
+    assert_eq!(d["decision"], "allow", "{d}");
+    let d = h
+        .decide(&h.refund(json!(60), "active", "o4", "200", Some("o4")))
+        .await;
+    assert_eq!(code(&d), codes::MANDATE_LIMIT_EXCEEDED, "{d}");
+    assert!(
+        d["reason"].as_str().unwrap().contains("per-customer_id"),
+        "{d}"
+    );
+    // The skipped request held nothing against a customer; the counted one did.
+    let events = h.gate.audit().await.unwrap();
+    assert_eq!(events[0].payload["hold"]["entity"], Value::Null);
+    assert_eq!(events[2].payload["hold"]["entity"], "cus_1");
+    // A fact that is sent but cannot be counted is refused, optional or not.
+    for bad in [json!(42), json!(""), json!("  "), json!(null)] {
+        let mut body = h.refund(json!(5), "active", "o5", "200", None);
+        body["context"]["customer_id"] = bad.clone();
+        let d = h.decide(&body).await;
+        assert_eq!(code(&d), codes::POLICY_DENIED, "{bad}: {d}");
+        assert!(
+            d["reason"]
+                .as_str()
+                .unwrap()
+                .contains("fact `customer_id` must be a non-empty string"),
+            "{d}"
+        );
+    }
+
+    // Without `entity_optional` the same sub-budget is mandatory: fail closed.
+    let strict =
+        harness_with(|s| s.replace("entity_optional: true", "entity_optional: false")).await;
+    let mut body = strict.refund(json!(50), "active", "s1", "80", Some("s1"));
+    body["context"]
+        .as_object_mut()
+        .unwrap()
+        .remove("customer_id");
+    let d = strict.decide(&body).await;
+    assert_eq!(code(&d), codes::POLICY_DENIED, "{d}");
+    assert!(
+        d["reason"]
+            .as_str()
+            .unwrap()
+            .contains("missing fact `customer_id`"),
+        "{d}"
+    );
+    let dropped = harness_with(|s| {
+        let kept: Vec<&str> = s
+            .lines()
+            .filter(|l| !l.contains("entity_optional"))
+            .collect();
+        kept.join("\n")
+    })
+    .await;
+    let mut body = dropped.refund(json!(50), "active", "s1", "80", Some("s1"));
+    body["context"]
+        .as_object_mut()
+        .unwrap()
+        .remove("customer_id");
+    let d = dropped.decide(&body).await;
+    assert_eq!(
+        code(&d),
+        codes::POLICY_DENIED,
+        "the default is mandatory: {d}"
+    );
+
+    // `entity_optional` needs a sub-budget to be optional about.
+    let dir = config_dir(|s| {
+        s.replace("    per_entity_limit: \"1000.00\"", "")
+            .replace("    entity_key: customer_id", "")
+    });
+    let err = Settings::load(&dir.path().join("gate.yaml")).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("mandates.mnd_support_refunds.entity_optional"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn flags_mode_fails_closed_on_an_amount_it_cannot_read() {
+    use crate::config::FlagRules;
+    let open = |rules: FlagRules| async move {
+        Gate::open(
+            Settings::flags(rules, Some("rgnt_admin_test_key".into())),
+            SigningKey::generate().unwrap(),
+            Arc::new(MemoryStore::new()),
+            ManualClock::new(),
+        )
+        .await
+        .unwrap()
+    };
+    let ask = |args: Value, ctx: Value| {
+        DecisionRequest::from_json(
+            &serde_json::to_vec(&json!({"agent_id": "a", "tool": "payments", "action": "x",
+                                        "resource": null, "args": args, "context": ctx}))
+            .unwrap(),
+        )
+        .unwrap()
+    };
+    let gate = open(FlagRules {
+        deny_over: Some(rust_decimal::Decimal::new(200, 0)),
+        ..FlagRules::default()
+    })
+    .await;
+    let caller = gate.authenticate_key(Some("dev")).unwrap();
+    for (args, shown) in [
+        (
+            json!({"amount": "250"}),
+            "`args.amount` is \"250\" (a string)",
+        ),
+        (
+            json!({"amount": "50"}),
+            "`args.amount` is \"50\" (a string)",
+        ),
+        (json!({"amount": null}), "`args.amount` is null (null)"),
+        (json!({"amount": {"value": 5}}), "(an object)"),
+        (json!({}), "the request has no amount"),
+    ] {
+        let d = gate
+            .decide(&caller, ask(args, json!({})), None)
+            .await
+            .unwrap();
+        assert_eq!(d["decision"], "deny", "{d}");
+        assert_eq!(code(&d), codes::POLICY_DENIED);
+        let reason = d["reason"].as_str().unwrap();
+        assert!(
+            reason.starts_with("fail closed: --deny-over 200.00"),
+            "{reason}"
+        );
+        assert!(reason.contains(shown), "{reason}");
+    }
+    let long = "9".repeat(500);
+    let d = gate
+        .decide(&caller, ask(json!({ "amount": long }), json!({})), None)
+        .await
+        .unwrap();
+    assert!(d["reason"].as_str().unwrap().len() < 400, "{d}");
+    // Numbers are decided as before.
+    let d = gate
+        .decide(&caller, ask(json!({"amount": 50}), json!({})), None)
+        .await
+        .unwrap();
+    assert_eq!(d["decision"], "allow");
+    let d = gate
+        .decide(&caller, ask(json!({"amount": 250}), json!({})), None)
+        .await
+        .unwrap();
+    assert_eq!(code(&d), codes::MANDATE_LIMIT_EXCEEDED);
+    // --escalate-over alone is an amount rule too.
+    let gate = open(FlagRules {
+        escalate_over: Some(rust_decimal::Decimal::new(100, 0)),
+        ..FlagRules::default()
+    })
+    .await;
+    let d = gate
+        .decide(&caller, ask(json!({"amount": "500"}), json!({})), None)
+        .await
+        .unwrap();
+    assert!(
+        d["reason"]
+            .as_str()
+            .unwrap()
+            .starts_with("fail closed: --escalate-over 100.00"),
+        "{d}"
+    );
+    // Without an amount rule nothing needs an amount (the dev mock's drop-in).
+    let gate = open(FlagRules::default()).await;
+    let d = gate
+        .decide(&caller, ask(json!({}), json!({})), None)
+        .await
+        .unwrap();
+    assert_eq!(d["decision"], "allow", "{d}");
+}
+
+#[tokio::test]
+async fn admin_decisions_record_the_approver_they_name() {
+    let h = harness().await;
+    let e = h
+        .decide(&h.refund(json!(40), "review", "ch_n", "100", Some("N1")))
+        .await;
+    let reference = e["escalation"]["ref"].as_str().unwrap().to_owned();
+    // With a token, the name is the token's subject (or e-mail), not someone else.
+    let err = h
+        .gate
+        .resolve(
+            &reference,
+            Resolution::Approve,
+            &approver("carol@bank"),
+            Some(&h.manager()),
+            None,
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.status, 403);
+    assert!(
+        err.detail
+            .contains("not the approver token's subject `bob@bank`"),
+        "{}",
+        err.detail
+    );
+    assert!(h.gate.approvals(Some("pending")).await.len() == 1);
+    h.gate
+        .resolve(
+            &reference,
+            Resolution::Approve,
+            &bob(),
+            Some(&h.manager()),
+            Some("reviewed".into()),
+        )
+        .await
+        .unwrap();
+    let events = h.gate.audit().await.unwrap();
+    let decided = events.last().unwrap();
+    assert_eq!(decided.event_type, "gate.approval_decided");
+    assert_eq!(decided.actor, "bob@bank");
+    assert_eq!(decided.payload["approver"]["name"], "bob@bank");
+    assert_eq!(decided.payload["approver"]["via"], "id_token");
+    assert_eq!(decided.payload["approver"]["role"], "manager");
+    let listed = h.gate.approvals(None).await;
+    assert_eq!(listed[0]["decided_by"]["name"], "bob@bank");
+
+    // Without a required token the admin key vouches for the name, which is recorded; the
+    // requesting user cannot approve their own request under their own name.
+    let h = harness_with(|s| {
+        s.replace(
+            "require_approver_token: true",
+            "require_approver_token: false",
+        )
+    })
+    .await;
+    let e = h
+        .decide(&h.refund(json!(40), "review", "ch_m", "100", Some("M1")))
+        .await;
+    let reference = e["escalation"]["ref"].as_str().unwrap().to_owned();
+    let err = h
+        .gate
+        .resolve(
+            &reference,
+            Resolution::Approve,
+            &approver("alice@bank"),
+            None,
+            None,
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.status, 403);
+    assert!(err.detail.contains("cannot approve"), "{}", err.detail);
+    h.gate
+        .resolve(
+            &reference,
+            Resolution::Reject,
+            &approver("Dana Ops"),
+            None,
+            Some("no".into()),
+        )
+        .await
+        .unwrap();
+    let events = h.gate.audit().await.unwrap();
+    let decided = events.last().unwrap();
+    assert_eq!(decided.actor, "Dana Ops");
+    assert_eq!(decided.payload["approver"]["name"], "Dana Ops");
+    assert_eq!(decided.payload["approver"]["via"], "admin_key");
+    let d = h
+        .decide(&h.refund(json!(40), "review", "ch_m", "100", Some("M1")))
+        .await;
+    assert!(
+        d["reason"]
+            .as_str()
+            .unwrap()
+            .contains("rejected by Dana Ops: no"),
+        "{d}"
+    );
+    // An approval recorded before decisions named their approver still replays.
+    let old = json!({"ref": "esc_old", "at": "2026-01-01T00:00:00Z", "outcome": "approved",
+                     "approver": {"sub": "admin", "role": null, "email": null, "via": "admin_key"},
+                     "comment": null});
+    let parsed: crate::state::ApprovalEvent = serde_json::from_value(old).unwrap();
+    assert_eq!(parsed.approver.name, None);
 }

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -33,6 +34,7 @@ from regent_control.verify import ScopeError, TokenError, TokenVerifier
 from gate_helpers import ADMIN_KEY, AGENT, AGENT_KEY, ORG_KEY, RunningGate, copy_walkthrough
 
 REGENT_VERIFY = str(Path(sys.executable).parent / "regent-verify")
+FLAGS_ADMIN_KEY = "rgnt_admin_flags_test_key"
 
 
 def client(gate: RunningGate, api_key: str = ORG_KEY, agent_id: str = AGENT, **kw) -> RegentControl:
@@ -64,7 +66,7 @@ def admin_get(gate: RunningGate, path: str):
 
 def approve(gate: RunningGate, ref: str, manager: str, verb: str = "approve") -> subprocess.CompletedProcess:
     return gate.cli("approvals", verb, ref, "--url", gate.url, "--admin-key", ADMIN_KEY,
-                    "--approver-token", manager, "--comment", "checked the account")
+                    "--approver", "bob@bank", "--approver-token", manager, "--comment", "checked the account")
 
 
 def regent_verify(tmp: Path, token: str, gate: RunningGate, *extra: str) -> dict:
@@ -365,7 +367,7 @@ def test_restart_with_a_pending_escalation(gate_factory, tmp_path: Path):
                   ticket="T-9").escalation.ref == e.escalation.ref
     # A rep cannot approve; the manager can.
     denied = again.cli("approvals", "approve", e.escalation.ref, "--url", again.url, "--admin-key",
-                       ADMIN_KEY, "--approver-token", rep, check=False)
+                       ADMIN_KEY, "--approver", "alice@bank", "--approver-token", rep, check=False)
     assert denied.returncode != 0 and "manager" in denied.stderr
     approve(again, e.escalation.ref, again.idp_token("bob@bank", "manager"))
     d = refund(control, again, charge="ch_r", amount=40, original=100, status="review", rep=rep, ticket="T-9")
@@ -398,13 +400,89 @@ def test_flags_mode_is_a_drop_in_with_the_right_order(gate_factory):
     # The dev mock's args.amount fallback is kept.
     assert control.authorize("payments", "refund.create", args={"amount": 300}).code == "MANDATE_LIMIT_EXCEEDED"
 
-    esc_gate = gate_factory(["--deny-over", "1000", "--escalate-over", "200"])
+    esc_gate = gate_factory(["--deny-over", "1000", "--escalate-over", "200", "--admin-key", FLAGS_ADMIN_KEY])
     control = RegentControl(api_key="dev", agent_id="a", base_url=esc_gate.url)
     e = control.authorize("payments", "refund.create", amount_usd=500, idempotency_key="k")
     assert e.decision == "escalate"
-    esc_gate.cli("approvals", "approve", e.escalation.ref, "--url", esc_gate.url)
+    esc_gate.cli("approvals", "approve", e.escalation.ref, "--url", esc_gate.url, "--admin-key",
+                 FLAGS_ADMIN_KEY, "--approver", "ops@local")
     assert control.authorize("payments", "refund.create", amount_usd=500, idempotency_key="k").allowed
 
     deny_all = gate_factory(["--deny-all"])
     with pytest.raises(PolicyDenied):
         RegentControl(api_key="dev", agent_id="a", base_url=deny_all.url).authorize_or_raise("x", "y")
+
+
+def test_flags_mode_fails_closed_on_an_amount_it_cannot_check(gate_factory):
+    gate = gate_factory(["--deny-over", "200", "--admin-key", FLAGS_ADMIN_KEY])
+    control = RegentControl(api_key="dev", agent_id="a", base_url=gate.url)
+    # The dev mock reads a non-number amount as 0 and allows it; a numeric string included.
+    for sent, shown in (("250", '"250"'), ("50", '"50"'), (None, "null")):
+        d = control.authorize("payments", "refund.create", args={"amount": sent, "to": "x"})
+        assert d.decision == "deny" and d.code == "POLICY_DENIED", d
+        assert "fail closed" in d.reason and f"`args.amount` is {shown}" in d.reason, d.reason
+    # No amount anywhere: nothing to hold against --deny-over, so it is refused too.
+    missing = control.authorize("payments", "refund.create", args={"to": "x"})
+    assert missing.decision == "deny" and "no amount" in missing.reason, missing.reason
+    with pytest.raises(PolicyDenied):
+        missing.raise_for_status()
+    # Numbers are decided as before, in args or in context.
+    assert control.authorize("payments", "refund.create", args={"amount": 50}).allowed
+    assert control.authorize("payments", "refund.create", args={"amount": 250}).code == "MANDATE_LIMIT_EXCEEDED"
+    assert control.authorize("payments", "refund.create", amount_usd=250).code == "MANDATE_LIMIT_EXCEEDED"
+    # Without an amount rule, a request without an amount is still allowed (the drop-in).
+    plain = gate_factory(["--deny-tool", "wire", "--admin-key", FLAGS_ADMIN_KEY])
+    assert RegentControl(api_key="dev", agent_id="a", base_url=plain.url).authorize("search", "query").allowed
+
+
+def generated_admin_key(gate: RunningGate) -> str:
+    log = gate.log.read_text()
+    keys = re.findall(r"admin key for this run[^\n]*: (\S+)\n", log)
+    assert len(keys) == 1, log
+    assert log.count(keys[0]) == 1, "the generated key is printed once"
+    return keys[0]
+
+
+def test_flags_mode_generates_its_admin_key_and_every_decision_names_its_approver(gate_factory):
+    gate = gate_factory(["--escalate-over", "100"])
+    key = generated_admin_key(gate)
+    assert len(key) >= 32 and key != "dev-admin"
+    assert generated_admin_key(gate_factory(["--escalate-over", "100"])) != key
+    # The well-known key of the dev mock opens nothing.
+    for well_known in ("dev-admin", "dev"):
+        r = httpx.get(f"{gate.url}/v1/admin/approvals", headers={"Authorization": f"Bearer {well_known}"})
+        assert r.status_code == 401
+    assert gate.cli("approvals", "list", "--url", gate.url, check=False).returncode != 0
+
+    control = RegentControl(api_key="dev", agent_id="a", base_url=gate.url)
+    e = control.authorize("payments", "refund.create", amount_usd=500, idempotency_key="k")
+    assert e.decision == "escalate"
+    ref = e.escalation.ref
+    admin = {"Authorization": f"Bearer {key}"}
+    # A decision without an approver name is a 400 naming the field; so is a name that is not
+    # printable or too long. Nothing is decided.
+    for body in ({}, {"comment": "ok"}, {"approver": ""}, {"approver": "   "},
+                 {"approver": "bob\u001b[31m"}, {"approver": "bob\u202e"}, {"approver": "x" * 200}):
+        r = httpx.post(f"{gate.url}/v1/admin/approvals/{ref}/approve", headers=admin, json=body)
+        assert r.status_code == 400, (body, r.text)
+        assert "approver" in r.json()["detail"], r.text
+    r = httpx.post(f"{gate.url}/v1/admin/approvals/{ref}/approve", headers=admin)
+    assert r.status_code == 400 and "`approver`" in r.json()["detail"]
+    missing = gate.cli("approvals", "approve", ref, "--url", gate.url, "--admin-key", key, check=False)
+    assert missing.returncode != 0 and "--approver" in missing.stderr
+    assert control.authorize("payments", "refund.create", amount_usd=500, idempotency_key="k").decision == "escalate"
+
+    out = gate.cli("approvals", "approve", ref, "--url", gate.url, "--admin-key", key,
+                   "--approver", "Ops Person <ops@local>", "--comment", "checked")
+    assert "approved" in out.stdout
+    assert control.authorize("payments", "refund.create", amount_usd=500, idempotency_key="k").allowed
+    # The approver is in the hash-chained audit log.
+    events = [json.loads(line) for line in
+              gate.cli("audit", "export", "--url", gate.url, "--admin-key", key).stdout.splitlines()]
+    decided = [ev for ev in events if ev["type"] == "gate.approval_decided"]
+    assert len(decided) == 1 and decided[0]["actor"] == "Ops Person <ops@local>"
+    assert decided[0]["payload"]["approver"]["name"] == "Ops Person <ops@local>"
+    assert decided[0]["payload"]["approver"]["via"] == "admin_key"
+    assert all(b["prev_hash"] == a["hash"] for a, b in zip(events, events[1:]))
+    listed = json.loads(gate.cli("approvals", "list", "--json", "--url", gate.url, "--admin-key", key).stdout)
+    assert listed[0]["decided_by"]["name"] == "Ops Person <ops@local>"
