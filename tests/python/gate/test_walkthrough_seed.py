@@ -3,7 +3,8 @@
 outcomes.
 
 The function's source is read out of the seed listing, never retyped: from the seed file itself
-when it is present (`PHRONY_SEED_WALKTHROUGH`, default `/work/shared/seeds/001_…`), otherwise
+when it is present (`PHRONY_SEED_WALKTHROUGH`, default `../shared/seeds/001_…` beside the
+repository, where CI lays it), otherwise
 from the committed copy `tests/python/fixtures/walkthrough-seed-agent.txt`; when both exist they
 must be identical, so the copy cannot drift.
 
@@ -33,7 +34,12 @@ from regent_control.verify import TokenVerifier
 
 from gate_helpers import ADMIN_KEY, AGENT, ORG_KEY, REPO_ROOT, RunningGate
 
-SEED = Path(os.environ.get("PHRONY_SEED_WALKTHROUGH", "/work/shared/seeds/001_2f151c0802403920.txt"))
+SEED = Path(
+    os.environ.get(
+        "PHRONY_SEED_WALKTHROUGH",
+        str(REPO_ROOT.parent / "shared" / "seeds" / "001_2f151c0802403920.txt"),
+    )
+)
 COPY = REPO_ROOT / "tests" / "python" / "fixtures" / "walkthrough-seed-agent.txt"
 # The walkthrough README's charges (what `original_charge_amount` looks up in a real system).
 ORIGINAL_CHARGES = {"ch_aaa": 80.00, "ch_bbb": 120.00, "ch_ccc": 60.00, "ch_ddd": 900.00, "ch_eee": 30.00}
