@@ -412,13 +412,16 @@ fn compile_instructions(
         let at = "spec.instructions.ref";
         match resolve_file(root, &i.reference, version, RefKind::Instructions) {
             Ok(path) => match read_text_result(&path) {
-                Ok(text) => {
-                    instructions.text = prompt_from_text(&path, &text);
-                    if instructions.text.is_empty() {
+                Ok(text) => match prompt_from_text(&path, &text) {
+                    Ok(prompt) if prompt.is_empty() => {
                         let msg = format!("{} holds no instructions", path.display());
                         src.diags(out).error(at, msg);
                     }
-                }
+                    Ok(prompt) => instructions.text = prompt,
+                    Err(msg) => src
+                        .diags(out)
+                        .error(at, format!("{}: {msg}", path.display())),
+                },
                 Err(msg) => src
                     .diags(out)
                     .error(at, format!("{}: {msg}", path.display())),

@@ -67,6 +67,7 @@ mod secrets;
 mod snapshot;
 mod stub;
 mod validate;
+mod yaml_input;
 mod yaml_pos;
 
 pub use bundle::{
@@ -88,3 +89,4 @@ pub use schema::{ArgError, SchemaError, ToolArgsValidator};
 pub use secrets::{BundleSecret, SecretRequirement};
 pub use stub::{STUB_SCRIPT_FILE, StubEvent, StubScript, StubScriptError};
 pub use validate::PROVIDERS;
+pub use yaml_input::{MAX_YAML_BYTES, YamlInputError, check_yaml, read_text_file, read_yaml_file};
