@@ -435,6 +435,115 @@ fn inline_policies_on_an_agent_are_refused() {
     );
 }
 
+/// The runtime refuses a name with a control character (it keys the agent's audit stream);
+/// validate applies the same rule, so it fails here instead of at publish.
+#[test]
+fn a_name_the_runtime_refuses_fails_validation() {
+    let text = GOOD_AGENT.replace("name: a,", "name: \"refund\\aagent\",");
+    let tmp = TempDir::new().unwrap();
+    let path = write(tmp.path(), "agent.yaml", &text);
+    let output = phrony()
+        .args(["agents", "validate"])
+        .arg(&path)
+        .env("OPENAI_API_KEY", "x")
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    assert!(output.stdout.is_empty(), "reported valid");
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert_eq!(
+        stderr,
+        format!(
+            "{}:3:18: error: metadata.name: must not contain control characters (U+0007 at \
+             byte 6)\nError: metadata.name: must not contain control characters (U+0007 at byte \
+             6)\n",
+            path.display()
+        )
+    );
+}
+
+/// Aliases are refused before they are expanded, by every command that reads a manifest: 1024
+/// aliases of a 1024-item anchor are a million nodes from 10 KB (before the fix: reported valid,
+/// with an unknown-key warning).
+#[test]
+fn yaml_aliases_are_refused_quickly_by_every_command() {
+    let tmp = TempDir::new().unwrap();
+    let items = vec!["lol"; 1024].join(", ");
+    let aliases = vec!["*lol"; 1024].join(", ");
+    let laughs = format!("x-laughs:\n  lol: &lol [{items}]\n  lols: [{aliases}]\n");
+    let agent = write(tmp.path(), "agent.yaml", &format!("{GOOD_AGENT}{laughs}"));
+    let bundle = write(
+        tmp.path(),
+        "bundle.yaml",
+        &format!(
+            "apiVersion: phrony.com/v1\nkind: Bundle\nmetadata: {{name: b, namespace: demo, \
+             version: 1.0.0}}\nspec: {{root: agent.yaml}}\n{laughs}"
+        ),
+    );
+    let expected = |file: &Path, line: usize| {
+        format!(
+            "{}:{line}:10: error: x-laughs.lols[0]: YAML aliases are not supported (*lol refers \
+             to an anchor); write the value out in full",
+            file.display()
+        )
+    };
+    let commands: [(Vec<&str>, &Path, usize); 3] = [
+        (vec!["agents", "validate"], &agent, 10),
+        (vec!["policies", "check", "--tool", "x"], &agent, 10),
+        (vec!["bundles", "validate"], &bundle, 7),
+    ];
+    for (args, file, line) in commands {
+        let started = std::time::Instant::now();
+        let output = phrony()
+            .args(&args)
+            .arg(file)
+            .env("OPENAI_API_KEY", "x")
+            .timeout(std::time::Duration::from_secs(20))
+            .output()
+            .unwrap();
+        let elapsed = started.elapsed();
+        let stderr = String::from_utf8(output.stderr).unwrap();
+        assert_eq!(output.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(stderr.contains(&expected(file, line)), "{args:?}: {stderr}");
+        assert!(
+            elapsed < std::time::Duration::from_secs(5),
+            "{args:?} took {elapsed:?}"
+        );
+    }
+}
+
+/// A binding without a Tool document has no side-effect class: validate succeeds but says, with
+/// the position, that the binding is treated as irreversible_action after a crash.
+#[test]
+fn a_binding_without_a_tool_document_is_called_irreversible() {
+    let text =
+        format!("{GOOD_AGENT}  tools:\n    - ref: payments.issue-refund\n      as: issue_refund\n");
+    let tmp = TempDir::new().unwrap();
+    let path = write(tmp.path(), "agent.yaml", &text);
+    let output = phrony()
+        .args(["agents", "validate"])
+        .arg(&path)
+        .env("OPENAI_API_KEY", "x")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    let root = std::path::absolute(tmp.path()).unwrap();
+    assert_eq!(
+        stderr,
+        format!(
+            "{}:9:12: warning: spec.tools[0].ref: no Tool document for \"payments.issue-refund\" \
+             (looked for {} and in every tools/*.yaml): binding \"issue_refund\" is dispatched as \
+             version \"default\" and has no side_effect_class, so it is treated as \
+             irreversible_action: after a crash its call waits for an operator's review and is \
+             never re-sent automatically; add the Tool document or set side_effect_class on the \
+             binding\n",
+            path.display(),
+            root.join("tools/payments.issue-refund.yaml").display()
+        )
+    );
+}
+
 #[test]
 fn a_missing_policy_ref_is_an_error() {
     let text = format!("{GOOD_AGENT}  default_policies: [demo.nonexistent-policy]\n");

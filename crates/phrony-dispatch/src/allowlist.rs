@@ -19,6 +19,8 @@ use std::collections::HashMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+use phrony_manifest::YamlInputError;
+
 use serde::Deserialize;
 
 use crate::types::DEFAULT_VERSION;
@@ -68,13 +70,21 @@ pub struct IntegrityViolation {
 /// A tool allowlist file could not be loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum AllowlistError {
-    /// The file could not be read.
+    /// The file could not be read, or is larger than
+    /// [`MAX_YAML_BYTES`](phrony_manifest::MAX_YAML_BYTES) (8 MiB), or is not UTF-8.
     #[error("read tool allowlist {}: {source}", .path.display())]
     Read {
         /// The file.
         path: PathBuf,
-        /// The IO error.
-        source: std::io::Error,
+        /// What went wrong.
+        source: YamlInputError,
+    },
+    /// The YAML is refused before it is parsed: a syntax error, or an alias (aliases are not
+    /// supported in any phrony YAML input, see [`phrony_manifest::check_yaml`]).
+    #[error("parse tool allowlist: {source}")]
+    Refused {
+        /// What is wrong, with the line and column.
+        source: YamlInputError,
     },
     /// The YAML is malformed or has unknown fields (the message carries the line and column).
     #[error("parse tool allowlist: {source}")]
@@ -165,18 +175,21 @@ pub struct Allowlist {
 impl Allowlist {
     /// Reads and parses an allowlist file.
     pub fn load(path: &Path) -> Result<Self, AllowlistError> {
-        let text = std::fs::read_to_string(path).map_err(|source| AllowlistError::Read {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let text =
+            phrony_manifest::read_text_file(path).map_err(|source| AllowlistError::Read {
+                path: path.to_path_buf(),
+                source,
+            })?;
         Self::from_yaml_str(&text)
     }
 
-    /// Parses allowlist YAML. An empty document is an empty allowlist.
+    /// Parses allowlist YAML (no aliases, at most 8 MiB). An empty document is an empty
+    /// allowlist.
     pub fn from_yaml_str(text: &str) -> Result<Self, AllowlistError> {
         if text.trim().is_empty() {
             return Ok(Self::default());
         }
+        phrony_manifest::check_yaml(text).map_err(|source| AllowlistError::Refused { source })?;
         let raw: RawFile =
             serde_yaml::from_str(text).map_err(|source| AllowlistError::Parse { source })?;
         let mut entries = HashMap::with_capacity(raw.entries.len());
@@ -484,6 +497,20 @@ entries:
         assert!(
             not_a_list.starts_with("parse tool allowlist: entries: invalid type"),
             "{not_a_list}"
+        );
+    }
+
+    #[test]
+    fn aliases_are_refused_before_they_are_expanded() {
+        // A valid allowlist for serde_yaml, which would expand the alias.
+        let text = "entries:\n  - agent: a/b\n    tool: t\n    workload_identities: &ids [w]\n    \
+                    image_digests: [d]\n  - agent: a/c\n    tool: t\n    \
+                    workload_identities: *ids\n    image_digests: [d]\n";
+        let err = Allowlist::from_yaml_str(text).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "parse tool allowlist: line 8 column 26: YAML aliases are not supported (*ids refers \
+             to an anchor); write the value out in full"
         );
     }
 

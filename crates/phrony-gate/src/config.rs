@@ -25,6 +25,18 @@ pub enum ConfigError {
         #[source]
         source: std::io::Error,
     },
+    /// The file cannot be read, is larger than
+    /// [`MAX_YAML_BYTES`](phrony_manifest::MAX_YAML_BYTES) (8 MiB), is not UTF-8, is not YAML,
+    /// or uses an alias (refused in every phrony YAML input: see
+    /// [`phrony_manifest::check_yaml`]).
+    #[error("{path}: {source}")]
+    Input {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong (with the line and column for YAML problems).
+        #[source]
+        source: phrony_manifest::YamlInputError,
+    },
     /// The YAML does not match the configuration model.
     #[error("{path}: {message}")]
     Yaml {
@@ -670,7 +682,7 @@ impl Settings {
     /// # Errors
     /// [`ConfigError`] naming the file, the field and the problem.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        let text = phrony_manifest::read_yaml_file(path).map_err(|source| ConfigError::Input {
             path: path.to_owned(),
             source,
         })?;

@@ -1505,3 +1505,30 @@ async fn admin_decisions_record_the_approver_they_name() {
     let parsed: crate::state::ApprovalEvent = serde_json::from_value(old).unwrap();
     assert_eq!(parsed.approver.name, None);
 }
+
+/// The configuration file is read through the bounded, alias-free YAML reader: an alias (here a
+/// merge of the walkthrough's agent settings, which serde_yaml would expand) is refused with its
+/// position instead of being expanded.
+#[test]
+fn config_aliases_are_refused_with_their_position() {
+    let dir = config_dir(|text| {
+        text.replace("  agent_refund_bot:\n", "  agent_refund_bot: &bot\n")
+            .replace(
+                "  agent_suspended_bot:\n    status: suspended\n    tools: [payments]\n",
+                "  agent_suspended_bot: *bot\n",
+            )
+    });
+    let path = dir.path().join("gate.yaml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(text.contains("*bot"), "the edit did not apply");
+    let line = text.lines().position(|l| l.contains("*bot")).unwrap() + 1;
+    let err = Settings::load(&path).unwrap_err().to_string();
+    assert_eq!(
+        err,
+        format!(
+            "{}: line {line} column 24: YAML aliases are not supported (*bot refers to an \
+             anchor); write the value out in full",
+            path.display()
+        )
+    );
+}

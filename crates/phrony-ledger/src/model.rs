@@ -30,10 +30,12 @@ impl AgentRef {
     }
 
     /// Checks that namespace and name are present and usable as a stream key: non-empty, no
-    /// `/`, no whitespace or control characters.
+    /// `/`, no whitespace or control characters. The rule is
+    /// [`phrony_manifest::check_agent_name`], which the manifest validator applies too, so a
+    /// name that `phrony agents validate` accepts is never refused here.
     ///
     /// # Errors
-    /// [`LedgerError::InvalidArgument`] naming the bad part.
+    /// [`LedgerError::InvalidArgument`] naming the bad part and character.
     pub fn validate(&self) -> Result<()> {
         if self.namespace.is_empty() || self.name.is_empty() {
             return Err(LedgerError::invalid(
@@ -41,10 +43,8 @@ impl AgentRef {
             ));
         }
         for (what, value) in [("namespace", &self.namespace), ("name", &self.name)] {
-            if value.contains('/') || value.chars().any(|c| c.is_whitespace() || c.is_control()) {
-                return Err(LedgerError::invalid(format!(
-                    "agent {what} {value:?} must not contain '/', whitespace or control characters"
-                )));
+            if let Err(e) = phrony_manifest::check_agent_name(value) {
+                return Err(LedgerError::invalid(format!("agent {what} {value:?} {e}")));
             }
         }
         Ok(())

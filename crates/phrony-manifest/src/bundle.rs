@@ -25,7 +25,7 @@ use crate::model::compiled::CompiledAgent;
 use crate::refs::{DelegationRef, parse_delegation_ref};
 use crate::resolve::{RefError, safe_relative};
 use crate::secrets::{BundleSecret, secret_union};
-use crate::validate::{envelope, metadata};
+use crate::validate::{agent_identity, envelope, metadata};
 
 /// File name of the lock, beside the bundle YAML.
 pub const LOCK_FILE: &str = "bundle.lock.json";
@@ -216,6 +216,7 @@ fn walk(path: &Path, out: &mut Vec<Diagnostic>) -> Option<Bundle> {
         &doc.metadata.version,
         true,
     );
+    agent_identity(&mut d, &doc.metadata.name, &doc.metadata.namespace);
     let root_rel = if blank(&doc.spec.root) {
         d.error("spec.root", "is required");
         None

@@ -412,13 +412,16 @@ fn compile_instructions(
         let at = "spec.instructions.ref";
         match resolve_file(root, &i.reference, version, RefKind::Instructions) {
             Ok(path) => match read_text_result(&path) {
-                Ok(text) => {
-                    instructions.text = prompt_from_text(&path, &text);
-                    if instructions.text.is_empty() {
+                Ok(text) => match prompt_from_text(&path, &text) {
+                    Ok(prompt) if prompt.is_empty() => {
                         let msg = format!("{} holds no instructions", path.display());
                         src.diags(out).error(at, msg);
                     }
-                }
+                    Ok(prompt) => instructions.text = prompt,
+                    Err(msg) => src
+                        .diags(out)
+                        .error(at, format!("{}: {msg}", path.display())),
+                },
                 Err(msg) => src
                     .diags(out)
                     .error(at, format!("{}: {msg}", path.display())),
@@ -804,6 +807,12 @@ fn assemble(
     }
 }
 
+/// What happens to a binding without a side-effect class, appended to the warnings that say so.
+/// The snapshot keeps the class empty (as the reference does, so the content hash is unchanged);
+/// the engine treats an empty class as the most dangerous one.
+const UNCLASSIFIED_CONSEQUENCE: &str = ", so it is treated as irreversible_action: after a \
+     crash its call waits for an operator's review and is never re-sent automatically";
+
 /// Compiles `spec.tools[i]`: MCP bindings as written, catalog bindings merged with their Tool
 /// document. Returns the binding and the Tool document id it merged with.
 fn compile_binding(
@@ -863,6 +872,18 @@ fn compile_binding(
             if binding.side_effect_class.is_empty() {
                 binding.side_effect_class = tool.doc.spec.side_effect_class.clone();
             }
+            if binding.side_effect_class.is_empty() {
+                src.diags(out).warning(
+                    &format!("{base}.ref"),
+                    format!(
+                        "binding {:?} has no side_effect_class (neither the binding nor its Tool \
+                         document {} sets one){UNCLASSIFIED_CONSEQUENCE}; set spec.side_effect_class \
+                         in the Tool document",
+                        binding.wire_name(),
+                        tool.src.path.display(),
+                    ),
+                );
+            }
             binding.input_schema = inline(own_schema.or_else(|| tool.input_schema.clone()));
             Some((binding, Some(tref.id.to_owned())))
         }
@@ -878,16 +899,25 @@ fn compile_binding(
                 );
                 return None;
             }
+            let expected = crate::resolve::absolute(root)
+                .join("tools")
+                .join(format!("{}.yaml", tref.id));
             src.diags(out).warning(
                 &format!("{base}.ref"),
                 format!(
-                    "no Tool document for {:?} in tools/: the binding is dispatched as version \
-                     \"default\"{}",
+                    "no Tool document for {:?} (looked for {} and in every tools/*.yaml){}: binding {:?} is dispatched as \
+                     version \"default\"{}",
                     tref.id,
+                    expected.display(),
+                    unreadable_note(&project.unreadable_tools),
+                    binding.wire_name(),
                     if binding.side_effect_class.is_empty() {
-                        " and has no side_effect_class (recovery treats it as read_only)"
+                        format!(
+                            " and has no side_effect_class{UNCLASSIFIED_CONSEQUENCE}; add the Tool \
+                             document or set side_effect_class on the binding"
+                        )
                     } else {
-                        ""
+                        String::new()
                     }
                 ),
             );

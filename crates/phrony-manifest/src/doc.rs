@@ -9,9 +9,6 @@ use crate::diag::{Diagnostic, FileDiags};
 use crate::model::common::nd;
 use crate::yaml_pos::{PosIndex, child_index, child_key};
 
-/// Largest manifest file read (prompts and schemas included): 8 MiB.
-const MAX_FILE_BYTES: u64 = 8 << 20;
-
 /// The text of a YAML file and the positions of its nodes.
 #[derive(Debug)]
 pub(crate) struct Source {
@@ -47,22 +44,10 @@ pub(crate) fn read_text(path: &Path, out: &mut Vec<Diagnostic>) -> Option<String
     }
 }
 
-/// Reads a text file (at most 8 MiB of UTF-8); the error is a message.
+/// Reads a text file (at most [`MAX_YAML_BYTES`](crate::MAX_YAML_BYTES), 8 MiB, of UTF-8); the
+/// error is a message.
 pub(crate) fn read_text_result(path: &Path) -> Result<String, String> {
-    let result = std::fs::metadata(path).and_then(|m| {
-        if m.len() > MAX_FILE_BYTES {
-            Err(std::io::Error::other(format!(
-                "file is larger than {} MiB",
-                MAX_FILE_BYTES >> 20
-            )))
-        } else {
-            std::fs::read(path)
-        }
-    });
-    match result {
-        Ok(bytes) => String::from_utf8(bytes).map_err(|_| "file is not valid UTF-8".to_owned()),
-        Err(e) => Err(format!("cannot read file: {e}")),
-    }
+    crate::yaml_input::read_text_file(path).map_err(|e| e.to_string())
 }
 
 /// Reads and indexes a YAML file. Syntax errors, duplicate keys and extra documents become

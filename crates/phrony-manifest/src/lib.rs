@@ -33,6 +33,13 @@
 //!
 //! # Where this crate is stricter than the reference runtime
 //!
+//! - YAML aliases (`*name`, so also merge keys `<<: *base`) are refused in every document, with
+//!   the position of the first one, before anything expands them; files are at most 8 MiB
+//!   ([`MAX_YAML_BYTES`]). The same reader ([`check_yaml`], [`read_yaml_file`]) guards the
+//!   runtime's other YAML inputs.
+//! - `metadata.namespace` and `metadata.name` of agents and bundles follow the runtime's rule
+//!   ([`check_agent_name`]: no `/`, whitespace or control characters), which the ledger applies
+//!   at publish: validate refuses what publish would.
 //! - Policy documents reject unknown keys (a typo such as `condition:` would disable a policy),
 //!   unknown decision types, `on_reject`, `on_modify` and `timeout.default` values, invalid
 //!   conditions and regexes, and decisions that say nothing about what they govern.
@@ -59,6 +66,7 @@ mod diag;
 mod doc;
 mod load;
 mod model;
+mod names;
 mod policy_bridge;
 mod refs;
 mod resolve;
@@ -67,6 +75,7 @@ mod secrets;
 mod snapshot;
 mod stub;
 mod validate;
+mod yaml_input;
 mod yaml_pos;
 
 pub use bundle::{
@@ -83,8 +92,10 @@ pub use model::compiled::{
     CompiledPolicy, Governance, Instructions, Limits, McpAuth, McpRef, McpServer, Metadata, Model,
     Output, Parameters, PolicyTimeout, Reasoning, Schema, SecretRef, SnapshotError, ToolBinding,
 };
+pub use names::{AgentNameError, ForbiddenChar, check_agent_name};
 pub use refs::{AgentRef, AgentRefError, parse_agent_ref};
 pub use schema::{ArgError, SchemaError, ToolArgsValidator};
 pub use secrets::{BundleSecret, SecretRequirement};
 pub use stub::{STUB_SCRIPT_FILE, StubEvent, StubScript, StubScriptError};
 pub use validate::PROVIDERS;
+pub use yaml_input::{MAX_YAML_BYTES, YamlInputError, check_yaml, read_text_file, read_yaml_file};

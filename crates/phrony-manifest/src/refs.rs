@@ -63,8 +63,8 @@ pub fn parse_agent_ref(input: &str) -> Result<AgentRef, AgentRefError> {
     let (namespace, name) = path
         .split_once('/')
         .ok_or_else(|| err("must be namespace/name[@version]"))?;
-    let part_ok =
-        |s: &str| !s.is_empty() && !s.chars().any(|c| c.is_whitespace() || c == '/' || c == '@');
+    // The runtime's rule for agent namespaces and names, and no '@' (the version separator).
+    let part_ok = |s: &str| crate::names::check_agent_name(s).is_ok() && !s.contains('@');
     if !part_ok(namespace) || !part_ok(name) {
         return Err(err("must be namespace/name[@version]"));
     }
@@ -316,7 +316,9 @@ mod tests {
         );
         let hash = format!("demo/desk@sha256:{}", "a".repeat(64));
         assert!(parse_agent_ref(&hash).is_ok());
-        for bad in ["support", "/x", "a/b/c", "a/b@", "a/b@nope", "a /b"] {
+        for bad in [
+            "support", "/x", "a/b/c", "a/b@", "a/b@nope", "a /b", "a/b\u{7}",
+        ] {
             assert!(parse_agent_ref(bad).is_err(), "{bad}");
         }
     }

@@ -153,23 +153,34 @@ pub(crate) fn absolute(root: &Path) -> PathBuf {
 /// Extracts a prompt from a file's text by its extension: `.md` → the whole file; `.yaml/.yml`
 /// → key `text`, else key `content`, else the document as a string, else the raw file; other
 /// extensions → the raw file. Always trimmed.
-pub(crate) fn prompt_from_text(path: &Path, raw: &str) -> String {
+///
+/// # Errors
+/// A YAML prompt that uses an alias (refused like in every YAML input, see `yaml_input`): the
+/// message says where.
+pub(crate) fn prompt_from_text(path: &Path, raw: &str) -> Result<String, String> {
     let ext = path
         .extension()
         .map(|e| e.to_string_lossy().to_ascii_lowercase());
-    if matches!(ext.as_deref(), Some("yaml" | "yml"))
-        && let Ok(value) = serde_yaml::from_str::<serde_yaml::Value>(raw)
-    {
-        for key in ["text", "content"] {
-            if let Some(serde_yaml::Value::String(s)) = value.get(key) {
-                return s.trim().to_owned();
+    if matches!(ext.as_deref(), Some("yaml" | "yml")) {
+        match crate::yaml_input::check_yaml(raw) {
+            // Not YAML: the raw file is the prompt.
+            Err(crate::YamlInputError::Syntax { .. }) => {}
+            Err(e) => return Err(e.to_string()),
+            Ok(()) => {
+                if let Ok(value) = serde_yaml::from_str::<serde_yaml::Value>(raw) {
+                    for key in ["text", "content"] {
+                        if let Some(serde_yaml::Value::String(s)) = value.get(key) {
+                            return Ok(s.trim().to_owned());
+                        }
+                    }
+                    if let serde_yaml::Value::String(s) = value {
+                        return Ok(s.trim().to_owned());
+                    }
+                }
             }
         }
-        if let serde_yaml::Value::String(s) = value {
-            return s.trim().to_owned();
-        }
     }
-    raw.trim().to_owned()
+    Ok(raw.trim().to_owned())
 }
 
 /// Parses a schema file: valid JSON holding a non-empty object.
@@ -258,21 +269,21 @@ mod tests {
 
     #[test]
     fn prompts_are_extracted_by_extension() {
-        assert_eq!(prompt_from_text(Path::new("a.md"), "  hi\n\n"), "hi");
-        assert_eq!(
-            prompt_from_text(Path::new("a.yaml"), "text: |\n  hello\n"),
-            "hello"
+        let prompt = |file: &str, text: &str| prompt_from_text(Path::new(file), text).unwrap();
+        assert_eq!(prompt("a.md", "  hi\n\n"), "hi");
+        assert_eq!(prompt("a.yaml", "text: |\n  hello\n"), "hello");
+        assert_eq!(prompt("a.yml", "content: c\n"), "c");
+        assert_eq!(prompt("a.yaml", "just a string\n"), "just a string");
+        assert_eq!(prompt("a.yaml", "other: 1\n"), "other: 1");
+        assert_eq!(prompt("a.yaml", "text: [\n"), "text: [");
+        assert_eq!(prompt("a.txt", " raw \n"), "raw");
+        // A Markdown prompt may contain anything; a YAML one may not use aliases.
+        assert_eq!(prompt("a.md", "*b"), "*b");
+        let err = prompt_from_text(Path::new("a.yaml"), "b: &b hi\ntext: *b\n").unwrap_err();
+        assert!(
+            err.starts_with("line 2 column 7: YAML aliases are not supported"),
+            "{err}"
         );
-        assert_eq!(prompt_from_text(Path::new("a.yml"), "content: c\n"), "c");
-        assert_eq!(
-            prompt_from_text(Path::new("a.yaml"), "just a string\n"),
-            "just a string"
-        );
-        assert_eq!(
-            prompt_from_text(Path::new("a.yaml"), "other: 1\n"),
-            "other: 1"
-        );
-        assert_eq!(prompt_from_text(Path::new("a.txt"), " raw \n"), "raw");
     }
 
     #[test]

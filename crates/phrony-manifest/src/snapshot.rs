@@ -20,9 +20,9 @@ use crate::policy_bridge::one_line;
 use crate::schema::check_schema;
 use crate::stub::StubScript;
 use crate::validate::{
-    McpBindingView, McpServerView, ModelView, WireNames, delegation_result, envelope, mcp_binding,
-    mcp_servers, metadata, model, negative_limits, on_limit, output_enums, secret_def,
-    side_effect_class,
+    McpBindingView, McpServerView, ModelView, WireNames, agent_identity, delegation_result,
+    envelope, mcp_binding, mcp_servers, metadata, model, negative_limits, on_limit, output_enums,
+    secret_def, side_effect_class,
 };
 
 impl CompiledAgent {
@@ -48,6 +48,7 @@ impl CompiledAgent {
         envelope(&mut d, &self.api_version, &self.kind, "Agent");
         let m = &self.metadata;
         metadata(&mut d, &m.name, &m.namespace, &m.version, true);
+        agent_identity(&mut d, &m.name, &m.namespace);
         self.check_annotations(&mut d);
 
         let secrets: HashSet<&str> = self.secrets.keys().map(String::as_str).collect();

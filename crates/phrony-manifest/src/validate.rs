@@ -97,6 +97,7 @@ pub(crate) fn validate_agent(doc: &AgentDoc, file: &Path, in_bundle: bool, d: &m
         &doc.metadata.version,
         true,
     );
+    agent_identity(d, &doc.metadata.name, &doc.metadata.namespace);
 
     // secrets
     let secrets: HashSet<&str> = doc
@@ -486,6 +487,19 @@ pub(crate) fn metadata<D: Report>(
         }
     } else if !is_lenient_semver(version) {
         d.error("metadata.version", "must be valid semver");
+    }
+}
+
+/// `metadata.namespace` and `metadata.name` of an agent (or bundle): the runtime's rule
+/// ([`check_agent_name`](crate::check_agent_name)), so that validate refuses what publish
+/// would. Blank parts are reported by [`metadata`].
+pub(crate) fn agent_identity<D: Report>(d: &mut D, name: &str, namespace: &str) {
+    for (path, part) in [("metadata.namespace", namespace), ("metadata.name", name)] {
+        if !blank(part)
+            && let Err(e) = crate::names::check_agent_name(part)
+        {
+            d.error(path, e.to_string());
+        }
     }
 }
 

@@ -3,13 +3,15 @@
 //! serde_yaml gives typed values but no node spans, so every document is also read with
 //! `yaml-rust2`'s event parser. The index maps a field path (`spec.tools[0].ref`) to the line and
 //! column of its key and of its value. It also reports what only the event stream shows:
-//! duplicate keys and extra documents.
+//! duplicate keys, extra documents and aliases (refused: see `yaml_input`).
 
 use std::collections::{HashMap, HashSet};
 
 use yaml_rust2::Event;
 use yaml_rust2::parser::Parser;
 use yaml_rust2::scanner::{Marker, TScalarStyle};
+
+use crate::yaml_input::{alias_at, alias_message};
 
 /// A 1-based position in a file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,7 +93,7 @@ pub(crate) fn child_index(parent: &str, index: usize) -> String {
 
 impl PosIndex {
     /// Reads `src`, returning the index and the structural issues (duplicate keys, extra
-    /// documents), or the first syntax error.
+    /// documents, the first alias, after which nothing is read), or the first syntax error.
     pub(crate) fn parse(src: &str) -> Result<(Self, Vec<Issue>), SyntaxError> {
         let mut index = PosIndex::default();
         let mut issues = Vec::new();
@@ -131,10 +133,17 @@ impl PosIndex {
                     }
                     stack.pop();
                 }
-                Event::Scalar(..)
-                | Event::Alias(_)
-                | Event::MappingStart(..)
-                | Event::SequenceStart(..) => {
+                Event::Alias(_) => {
+                    // Refused before serde_yaml expands it (see `yaml_input`); the first one is
+                    // enough, and nothing after it is read.
+                    issues.push(Issue {
+                        mark,
+                        path: next_path(&stack),
+                        message: alias_message(&alias_at(src, marker)),
+                    });
+                    break;
+                }
+                Event::Scalar(..) | Event::MappingStart(..) | Event::SequenceStart(..) => {
                     if documents > 1 {
                         continue;
                     }
@@ -267,6 +276,28 @@ impl PosIndex {
             p = parent;
         }
         Mark::START
+    }
+}
+
+/// The field path of the next node in `stack` (for an alias used as a key: the mapping's).
+fn next_path(stack: &[Frame]) -> String {
+    match stack.last() {
+        None => String::new(),
+        Some(Frame::Map {
+            path, pending_key, ..
+        }) => match pending_key {
+            Some((key, _)) => child_key(path, key),
+            None => path.clone(),
+        },
+        Some(Frame::Seq { path, index, .. }) => child_index(path, *index),
+        Some(Frame::SkipKey { .. }) => stack
+            .iter()
+            .rev()
+            .find_map(|f| match f {
+                Frame::Map { path, .. } => Some(path.clone()),
+                _ => None,
+            })
+            .unwrap_or_default(),
     }
 }
 

@@ -52,7 +52,8 @@ pub(crate) fn parse(input: &str) -> anyhow::Result<AgentArg> {
     if version.is_some_and(str::is_empty) {
         bail!("agent version must not be empty after @ in {input:?}");
     }
-    let part_ok = |s: &str| !s.is_empty() && !s.chars().any(|c| c.is_whitespace() || c == '/');
+    // The runtime's rule (no '/', whitespace or control characters), not an approximation.
+    let part_ok = |s: &str| phrony_manifest::check_agent_name(s).is_ok();
     let Some((namespace, name)) = path
         .split_once('/')
         .filter(|(ns, n)| part_ok(ns) && part_ok(n))
@@ -95,7 +96,15 @@ mod tests {
             error(parse("x")),
             r#"agent must be namespace/name, got "x""#
         );
-        for bad in ["/x", "x/", "a/b/c", "a b/c", "@1.0.0"] {
+        for bad in [
+            "/x",
+            "x/",
+            "a/b/c",
+            "a b/c",
+            "@1.0.0",
+            "a\u{7}/b",
+            "a/\u{1b}[2J",
+        ] {
             assert_eq!(
                 error(parse(bad)),
                 format!("agent must be namespace/name, got {bad:?}")

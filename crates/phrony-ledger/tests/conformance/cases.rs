@@ -254,6 +254,14 @@ pub(crate) async fn publish_rejects_bad_input(db: &TestDb) {
         "must not contain '/'",
     );
 
+    // The manifest validator's rule (phrony_manifest::check_agent_name), word for word.
+    let mut n = new_version(&agent(), "1.0.0", "x");
+    n.name = "refund\u{7}agent".into();
+    assert_invalid(
+        ledger.publish_agent_version(n).await,
+        "agent name \"refund\\u{7}agent\" must not contain control characters (U+0007 at byte 6)",
+    );
+
     let mut n = new_version(&agent(), "1.0.0", "x");
     n.snapshot_json = "{not json".into();
     assert_invalid(

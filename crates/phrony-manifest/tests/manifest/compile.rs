@@ -555,3 +555,29 @@ fn a_broken_document_is_named_when_its_id_is_not_found() {
         ]
     );
 }
+
+/// A binding whose side-effect class is unknown keeps it empty in the snapshot, like the
+/// reference (the content hash must not change); the warning, not the snapshot, says it is
+/// treated as irreversible_action (see `agent-rules/tool-doc-missing.yaml`).
+#[test]
+fn an_unknown_side_effect_class_stays_empty_in_the_snapshot() {
+    let compiled = load_agent(fixture("agent-rules/tool-doc-missing.yaml")).unwrap();
+    let tools = &compiled.agent.spec.tools;
+    let classes: Vec<(String, &str)> = tools
+        .iter()
+        .map(|t| (t.wire_name(), t.side_effect_class.as_str()))
+        .collect();
+    assert_eq!(
+        classes,
+        [
+            ("issue_refund".to_owned(), ""),
+            ("payments_lookup-charge".to_owned(), "read_only"),
+            ("note".to_owned(), ""),
+        ]
+    );
+    let snapshot: Value = serde_json::from_slice(&compiled.agent.snapshot_json()).unwrap();
+    assert_eq!(
+        snapshot["spec"]["tools"][0],
+        json!({"ref": "payments.issue-refund", "as": "issue_refund"})
+    );
+}

@@ -179,3 +179,31 @@ fn bundle_members_validate_once_bundle_publish_has_pinned_their_delegations() {
     target.agent_version_id = "4a0f3c1e-7d7b-4a53-9d9a-4f3b8a1e2c10".to_owned();
     front_desk.validate().unwrap();
 }
+
+/// Publish re-validates the snapshot with the same name rule as the authoring validator and
+/// the ledger: a hand-made snapshot with a control character in its name is refused before the
+/// ledger sees it.
+#[test]
+fn snapshots_with_names_the_runtime_refuses_do_not_validate() {
+    let agent = load_agent(fixture("refund-agent/agent.yaml"))
+        .unwrap()
+        .agent;
+    let mut bad = agent.clone();
+    bad.metadata.name = "refund\u{1b}]0;pwned\u{7}".to_owned();
+    bad.metadata.namespace = "a/b".to_owned();
+    let bytes = bad.snapshot_json();
+    let parsed = CompiledAgent::from_snapshot_json(&bytes).unwrap();
+    let problems: Vec<String> = parsed
+        .validate()
+        .unwrap_err()
+        .errors()
+        .map(phrony_manifest::Diagnostic::summary)
+        .collect();
+    assert_eq!(
+        problems,
+        [
+            "metadata.namespace: must not contain '/' ('/' at byte 1)",
+            "metadata.name: must not contain control characters (U+001B at byte 6)",
+        ]
+    );
+}
