@@ -686,6 +686,9 @@ fn approval_decided_summary(a: &Approval) -> String {
             a.approvals_received, a.approvals_required
         ));
     }
+    if a.status == ApprovalStatus::Approved && a.effective_args.is_some() {
+        head.push_str(" with edited arguments");
+    }
     with_detail(head, a.comment.as_deref().unwrap_or(""))
 }
 
@@ -701,6 +704,216 @@ pub fn sessions_by_id(inspection: &Inspection) -> BTreeMap<String, &Session> {
     let mut out = BTreeMap::new();
     walk(&inspection.session, &mut out);
     out
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bounded payloads: what a reader with a size limit sees of a large payload, and the payload
+// whole on request.
+
+/// The longest JSON text (in bytes) of one payload field that inspection shows as it is; a
+/// longer one is shortened by [`shorten_json`] (and can be read whole with [`payload`]).
+pub const INLINE_PAYLOAD_BYTES: usize = 64 * 1024;
+
+/// How many characters of a shortened payload's text are kept before the marker.
+const PREVIEW_CHARS: usize = 512;
+
+/// The length in bytes of `value`'s compact JSON text (what [`payload`] returns), without
+/// building it.
+#[must_use]
+pub fn json_text_len(value: &Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 = self.0.saturating_add(buf.len());
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    // Serialising a `Value` into a writer that never fails cannot fail.
+    let _ = serde_json::to_writer(&mut count, value);
+    count.0
+}
+
+/// `value` shortened so that its compact JSON text is at most about `limit` bytes, or `None`
+/// when it already fits. A JSON object keeps its members, each shortened the same way (so small
+/// members such as a `role` or a `status` stay readable); when that is still too long, or for
+/// any other value, the result is a string: the start of the text (of the string itself for a
+/// JSON string) followed by `… [truncated: N bytes of JSON]`, N being the whole text's length.
+#[must_use]
+pub fn shorten_json(value: &Value, limit: usize) -> Option<Value> {
+    let len = json_text_len(value);
+    if len <= limit {
+        return None;
+    }
+    if let Value::Object(members) = value {
+        let shortened: serde_json::Map<String, Value> = members
+            .iter()
+            .map(|(k, v)| {
+                (
+                    k.clone(),
+                    shorten_json(v, limit).unwrap_or_else(|| v.clone()),
+                )
+            })
+            .collect();
+        let shortened = Value::Object(shortened);
+        if json_text_len(&shortened) <= limit {
+            return Some(shortened);
+        }
+    }
+    let start: String = match value {
+        Value::String(text) => text.chars().take(PREVIEW_CHARS).collect(),
+        other => other.to_string().chars().take(PREVIEW_CHARS).collect(),
+    };
+    Some(Value::String(format!(
+        "{start}… [truncated: {len} bytes of JSON]"
+    )))
+}
+
+/// Which payload of an inspected session [`payload`] returns: a field of the session itself,
+/// of one of its events, tool calls or approvals.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PayloadRecord {
+    /// The session: `input`, `output` (the output message), `error`, `descriptive_metadata`.
+    Session,
+    /// The event with this seq in the session's stream: `payload`.
+    Event(u64),
+    /// The tool call: `args`, `result`, `error_message`.
+    Call(String),
+    /// The approval: `args`, `effective_args`, `policy_runtime`, `reason`, `comment`,
+    /// `votes.N.comment`.
+    Approval(String),
+}
+
+/// A payload of a session tree (see [`payload`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PayloadSelector {
+    /// The session whose record holds it (a descendant of the inspected session, or itself).
+    pub session_id: String,
+    /// The record.
+    pub record: PayloadRecord,
+    /// The field of the record.
+    pub field: String,
+}
+
+/// The payload `selector` names in `inspection`, whole (a text field as a JSON string).
+///
+/// # Errors
+/// `NotFound` when the session, event, call or approval is not in the inspection;
+/// `InvalidArgument` when the record has no such field (the message lists the fields).
+pub fn payload(inspection: &Inspection, selector: &PayloadSelector) -> Result<Value, EngineError> {
+    let sid = selector.session_id.as_str();
+    let field = selector.field.as_str();
+    let unknown = |what: &str, fields: &str| {
+        EngineError::invalid(format!(
+            "{what} has no payload field {field:?}; expected one of {fields}"
+        ))
+    };
+    let text = |t: &str| Value::String(t.to_owned());
+    match &selector.record {
+        PayloadRecord::Session => {
+            let node = find_session(&inspection.session, sid)
+                .ok_or_else(|| EngineError::not_found(format!("session {sid} not found")))?;
+            match field {
+                "input" => Ok(node.session.input.clone()),
+                "output" => Ok(text(&node.output.message)),
+                "error" => Ok(node.session.error.as_deref().map_or(Value::Null, text)),
+                "descriptive_metadata" => Ok(node.evidence.clone().unwrap_or(Value::Null)),
+                _ => Err(unknown(
+                    "a session",
+                    "input, output, error, descriptive_metadata",
+                )),
+            }
+        }
+        PayloadRecord::Event(seq) => {
+            let event = inspection
+                .timeline
+                .iter()
+                .find_map(|e| match &e.item {
+                    TimelineItem::Event(ev) if e.session_id == sid && ev.seq == *seq => Some(ev),
+                    _ => None,
+                })
+                .ok_or_else(|| {
+                    EngineError::not_found(format!("session {sid} has no event with seq {seq}"))
+                })?;
+            match field {
+                "payload" => Ok(event.payload.clone()),
+                _ => Err(unknown("an event", "payload")),
+            }
+        }
+        PayloadRecord::Call(call_id) => {
+            let call = inspection
+                .timeline
+                .iter()
+                .find_map(|e| match &e.item {
+                    TimelineItem::Invocation(c) if c.session_id == sid && &c.call_id == call_id => {
+                        Some(c)
+                    }
+                    _ => None,
+                })
+                .ok_or_else(|| {
+                    EngineError::not_found(format!(
+                        "session {sid} has no dispatched or completed tool call {call_id}"
+                    ))
+                })?;
+            match field {
+                "args" => Ok(call.args.clone()),
+                "result" => Ok(call.result.clone().unwrap_or(Value::Null)),
+                "error_message" => Ok(call.error_message.as_deref().map_or(Value::Null, text)),
+                _ => Err(unknown("a tool call", "args, result, error_message")),
+            }
+        }
+        PayloadRecord::Approval(approval_id) => {
+            let approval = inspection
+                .timeline
+                .iter()
+                .find_map(|e| match &e.item {
+                    TimelineItem::Approval(a)
+                        if a.session_id == sid && a.id.to_string() == *approval_id =>
+                    {
+                        Some(a)
+                    }
+                    _ => None,
+                })
+                .ok_or_else(|| {
+                    EngineError::not_found(format!("session {sid} has no approval {approval_id}"))
+                })?;
+            let fields = "args, effective_args, policy_runtime, reason, comment, votes.N.comment";
+            match field {
+                "args" => Ok(approval.args.clone()),
+                "effective_args" => Ok(approval.effective_args.clone().unwrap_or(Value::Null)),
+                "policy_runtime" => Ok(Value::Object(approval.policy_runtime.clone())),
+                "reason" => Ok(text(&approval.reason)),
+                "comment" => Ok(approval.comment.as_deref().map_or(Value::Null, text)),
+                other => {
+                    let vote = other
+                        .strip_prefix("votes.")
+                        .and_then(|rest| rest.strip_suffix(".comment"))
+                        .and_then(|n| n.parse::<usize>().ok())
+                        .ok_or_else(|| unknown("an approval", fields))?;
+                    approval
+                        .votes
+                        .get(vote)
+                        .map(|v| text(&v.comment))
+                        .ok_or_else(|| {
+                            EngineError::not_found(format!(
+                                "approval {approval_id} has {} votes; there is no vote {vote}",
+                                approval.votes.len()
+                            ))
+                        })
+                }
+            }
+        }
+    }
+}
+
+fn find_session<'a>(node: &'a InspectedSession, id: &str) -> Option<&'a InspectedSession> {
+    if node.session.id == id {
+        return Some(node);
+    }
+    node.children.iter().find_map(|c| find_session(c, id))
 }
 
 #[cfg(test)]
@@ -742,6 +955,14 @@ mod tests {
     /// A session with a denied call, an approved (by emad, with a comment) and dispatched call,
     /// and a final answer, on a store whose clock moves 1 s between steps.
     async fn recorded_session() -> (MemoryStore, String) {
+        recorded_session_with(None, json!({"refund_id": "rf_1"})).await
+    }
+
+    /// [`recorded_session`] with the approver's edited arguments and the worker's result.
+    async fn recorded_session_with(
+        edited_args: Option<Value>,
+        result: Value,
+    ) -> (MemoryStore, String) {
         let clock = Arc::new(ManualClock::starting_now());
         let store = MemoryStore::new(clock.clone());
         let version_id = Uuid::new_v4();
@@ -819,7 +1040,7 @@ mod tests {
                     decision: VoteDecision::Approve,
                     comment: "Damage claim on file.".into(),
                     comprehension_acknowledged: false,
-                    edited_args: None,
+                    edited_args,
                 },
             )
             .await
@@ -843,7 +1064,7 @@ mod tests {
                 &held.call_id,
                 ToolResult {
                     worker_id: Some("w1".into()),
-                    outcome: ToolOutcome::Success(json!({"refund_id": "rf_1"})),
+                    outcome: ToolOutcome::Success(result),
                     usage: None,
                 },
             )
@@ -986,6 +1207,164 @@ mod tests {
         assert_eq!(out.chars().count(), SUMMARY_TEXT_CHARS + 1);
         assert!(out.ends_with('…'));
         assert_eq!(short("  ok  "), "ok");
+    }
+
+    #[tokio::test]
+    async fn an_approval_decided_with_edited_arguments_says_so() {
+        let edited = json!({"order_id": "ORD-1", "amount": 300, "currency": "EUR"});
+        let (store, id) = recorded_session_with(Some(edited.clone()), json!({})).await;
+        let inspection = inspect(store_timeline(&store, &id).await.unwrap()).unwrap();
+        let decided = inspection
+            .timeline
+            .iter()
+            .find(|e| e.kind == "approval_decided")
+            .unwrap();
+        assert_eq!(
+            decided.summary,
+            "approval approved by emad with edited arguments: Damage claim on file."
+        );
+        let TimelineItem::Approval(a) = &decided.item else {
+            panic!("not an approval: {decided:?}")
+        };
+        assert_eq!(a.args["amount"], 400, "the proposed arguments stay");
+        assert_eq!(a.effective_args.as_ref(), Some(&edited));
+        // Without an edit the summary is unchanged.
+        let (store, id) = recorded_session().await;
+        let inspection = inspect(store_timeline(&store, &id).await.unwrap()).unwrap();
+        assert!(
+            inspection
+                .timeline
+                .iter()
+                .any(|e| e.summary == "approval approved by emad: Damage claim on file."),
+            "{:#?}",
+            inspection.timeline
+        );
+    }
+
+    #[test]
+    fn large_payloads_are_shortened_keeping_small_members() {
+        let big = "x".repeat(3_000_000);
+        let value = json!({"role": "user", "content": big, "n": 1});
+        assert_eq!(json_text_len(&value), value.to_string().len());
+        let short = shorten_json(&value, INLINE_PAYLOAD_BYTES).unwrap();
+        assert!(json_text_len(&short) <= INLINE_PAYLOAD_BYTES, "{short}");
+        assert_eq!(short["role"], "user");
+        assert_eq!(short["n"], 1);
+        let content = short["content"].as_str().unwrap();
+        assert!(content.starts_with("xxxx"), "{content}");
+        assert!(
+            content.ends_with("… [truncated: 3000002 bytes of JSON]"),
+            "{content}"
+        );
+        // An array (or any non-object) becomes one marker string with the start of its text.
+        let list = Value::Array(vec![json!("y".repeat(1000)); 100]);
+        let Some(Value::String(marker)) = shorten_json(&list, 4096) else {
+            panic!("not shortened to a string")
+        };
+        assert!(marker.starts_with("[\"yyy"), "{marker}");
+        assert!(marker.ends_with(&format!(
+            "… [truncated: {} bytes of JSON]",
+            list.to_string().len()
+        )));
+        // An object of many medium members is shortened as a whole.
+        let wide: serde_json::Map<String, Value> = (0..100)
+            .map(|i| (format!("k{i}"), json!("z".repeat(1000))))
+            .collect();
+        let Some(Value::String(_)) = shorten_json(&Value::Object(wide), 4096) else {
+            panic!("a wide object stays too long member by member")
+        };
+        // Small payloads are left alone.
+        assert_eq!(shorten_json(&json!({"a": 1}), INLINE_PAYLOAD_BYTES), None);
+    }
+
+    #[tokio::test]
+    async fn payloads_are_found_whole_by_record_and_field() {
+        let result = json!({"refund_id": "rf_1", "memo": "m".repeat(3_000_000)});
+        let (store, id) = recorded_session_with(None, result.clone()).await;
+        let inspection = inspect(store_timeline(&store, &id).await.unwrap()).unwrap();
+        let select = |record: PayloadRecord, field: &str| PayloadSelector {
+            session_id: id.clone(),
+            record,
+            field: field.to_owned(),
+        };
+        let call_id = inspection
+            .timeline
+            .iter()
+            .find_map(|e| match &e.item {
+                TimelineItem::Invocation(c) if c.result.is_some() => Some(c.call_id.clone()),
+                _ => None,
+            })
+            .unwrap();
+        assert_eq!(
+            payload(
+                &inspection,
+                &select(PayloadRecord::Call(call_id.clone()), "result")
+            )
+            .unwrap(),
+            result
+        );
+        assert_eq!(
+            payload(&inspection, &select(PayloadRecord::Session, "input")).unwrap(),
+            json!({"message": "Refund ORD-1"})
+        );
+        assert_eq!(
+            payload(&inspection, &select(PayloadRecord::Session, "output")).unwrap(),
+            json!("Refund rf_1 issued.")
+        );
+        let completed = inspection
+            .timeline
+            .iter()
+            .find(|e| e.kind == types::TOOL_COMPLETED && e.item.source() == "event")
+            .unwrap();
+        let TimelineItem::Event(event) = &completed.item else {
+            unreachable!()
+        };
+        assert_eq!(
+            payload(
+                &inspection,
+                &select(PayloadRecord::Event(completed.seq), "payload")
+            )
+            .unwrap(),
+            event.payload
+        );
+        let approval_id = inspection
+            .timeline
+            .iter()
+            .find_map(|e| match &e.item {
+                TimelineItem::Approval(a) => Some(a.id.to_string()),
+                _ => None,
+            })
+            .unwrap();
+        assert_eq!(
+            payload(
+                &inspection,
+                &select(
+                    PayloadRecord::Approval(approval_id.clone()),
+                    "votes.0.comment"
+                )
+            )
+            .unwrap(),
+            json!("Damage claim on file.")
+        );
+        // Unknown records and fields say what is wrong.
+        let err = payload(&inspection, &select(PayloadRecord::Event(999), "payload")).unwrap_err();
+        assert_eq!(err.kind, crate::ErrorKind::NotFound);
+        assert!(err.message.contains("no event with seq 999"), "{err}");
+        let err = payload(&inspection, &select(PayloadRecord::Call(call_id), "nope")).unwrap_err();
+        assert_eq!(err.kind, crate::ErrorKind::InvalidArgument);
+        assert!(err.message.contains("args, result, error_message"), "{err}");
+        let err = payload(
+            &inspection,
+            &select(PayloadRecord::Approval(approval_id), "votes.3.comment"),
+        )
+        .unwrap_err();
+        assert_eq!(err.kind, crate::ErrorKind::NotFound);
+        let mut other = select(PayloadRecord::Session, "input");
+        other.session_id = "run_other".into();
+        assert_eq!(
+            payload(&inspection, &other).unwrap_err().kind,
+            crate::ErrorKind::NotFound
+        );
     }
 
     #[test]

@@ -105,8 +105,9 @@ pub use error::{EngineError, ErrorKind, StoreError, StoreResult};
 pub use fold::{FAILURE_KEY, LIMIT_PREFIX, TRIGGER_KEY, codes, engine_events, wire_call_id};
 pub use hooks::RouterHooks;
 pub use inspect::{
-    CallTimings, InspectedSession, Inspection, SessionOutput, TimelineEntry, TimelineItem,
-    TurnSummary, call_timings, inspect, sessions_by_id, store_timeline,
+    CallTimings, INLINE_PAYLOAD_BYTES, InspectedSession, Inspection, PayloadRecord,
+    PayloadSelector, SessionOutput, TimelineEntry, TimelineItem, TurnSummary, call_timings,
+    inspect, json_text_len, payload, sessions_by_id, shorten_json, store_timeline,
 };
 pub use ledger_store::LedgerStore;
 pub use memory::MemoryStore;

@@ -130,7 +130,7 @@ mod service;
 #[cfg(feature = "server")]
 pub use config::{KeyError, KeyFileOutcome, SECRETS_KEY_FILE, SecretsKey, ServeConfig};
 #[cfg(feature = "server")]
-pub use server::{Listener, ServeError, bind, serve};
+pub use server::{Listener, MAX_MESSAGE_BYTES, ServeError, bind, serve};
 #[cfg(feature = "server")]
 pub use service::RuntimeService;
 

@@ -21,6 +21,13 @@ use crate::config::ServeConfig;
 use crate::health::{self, Health};
 use crate::service::RuntimeService;
 
+/// The largest request or stream message the runtime accepts (gRPC's default, set explicitly):
+/// it bounds every payload a client or worker can hand in (a session input, a user message, a
+/// tool result, edited arguments, a comment). Responses that may carry many payloads are
+/// bounded separately: `InspectSession` stays under 3 MiB and `GetSessionPayload` streams 1 MiB
+/// chunks, so clients with the default receive limit read every session the runtime accepted.
+pub const MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
+
 /// Why the server could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -224,7 +231,7 @@ pub async fn serve(
     let service = RuntimeService::new(ledger.clone(), config.default_actor, router.clone())
         .with_engine(engine.clone());
     let work_streams = service.clone();
-    let runtime = RuntimeServer::new(service);
+    let runtime = RuntimeServer::new(service).max_decoding_message_size(MAX_MESSAGE_BYTES);
 
     let local_addr = listener.local_addr;
     let incoming = TcpIncoming::from(listener.listener).with_nodelay(Some(true));

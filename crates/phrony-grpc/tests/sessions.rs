@@ -335,6 +335,11 @@ fn handler(tool: &str) -> pb::WorkHandlerAdvertisement {
 
 impl Worker {
     async fn connect(server: &Server) -> Self {
+        Self::connect_padded(server, 0).await
+    }
+
+    /// A worker whose results carry a `memo` of `padding` bytes (none when 0).
+    async fn connect_padded(server: &Server, padding: usize) -> Self {
         let (up, rx) = mpsc::channel(16);
         let msg = |body| pb::WorkClientMsg { body: Some(body) };
         up.send(msg(Up::Register(pb::WorkRegister {
@@ -381,11 +386,14 @@ impl Worker {
                 if let Some(Down::Invoke(inv)) = m.body {
                     seen.lock().unwrap().push(inv.clone());
                     let args: Value = serde_json::from_slice(&inv.args).unwrap();
-                    let payload = json!({
+                    let mut payload = json!({
                         "refund_id": "rf_2891",
                         "amount": args["amount"],
                         "status": "issued",
                     });
+                    if padding > 0 {
+                        payload["memo"] = json!("m".repeat(padding));
+                    }
                     let _ = up
                         .send(msg(Up::Result(pb::WorkToolResult {
                             call_id: inv.call_id,
@@ -497,6 +505,7 @@ async fn inspect(client: &mut RuntimeClient<Channel>, id: &str) -> pb::InspectSe
     client
         .inspect_session(pb::InspectSessionRequest {
             session_id: id.into(),
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -1177,6 +1186,7 @@ async fn bad_requests_get_clear_errors() {
     assert_code(
         c.inspect_session(pb::InspectSessionRequest {
             session_id: String::new(),
+            ..Default::default()
         })
         .await,
         Code::InvalidArgument,
@@ -1185,6 +1195,7 @@ async fn bad_requests_get_clear_errors() {
     assert_code(
         c.inspect_session(pb::InspectSessionRequest {
             session_id: "run_00000000-0000-4000-8000-000000000000".into(),
+            ..Default::default()
         })
         .await,
         Code::NotFound,
@@ -1310,4 +1321,220 @@ async fn restart_resumes_a_pending_approval_on_postgres() {
     if let Some(db) = Db::postgres().await {
         restart_resumes_a_pending_approval(db).await;
     }
+}
+
+/// Issue 14 at the boundary: a session whose input is 3.5 MB and whose tool result is 3 MB (each
+/// under the runtime's 4 MiB message limit, so accepted) is inspected through a client with
+/// gRPC's default 4 MiB receive limit, the published SDK's: every page stays under the 3 MiB
+/// budget, the long payloads are shortened and flagged, and `GetSessionPayload` returns them
+/// whole.
+#[tokio::test]
+async fn a_session_with_megabytes_of_input_and_result_is_inspectable() {
+    use prost::Message as _;
+    const BUDGET: usize = 3 * 1024 * 1024;
+    let db = Db::sqlite();
+    let server = Server::start(&db, &SecretsKey::generate().unwrap(), Arc::default()).await;
+    let _worker = Worker::connect_padded(&server, 3_000_000).await;
+    let mut client = server.client().await;
+    publish_and_deploy(&mut client, &refund_agent("refund-agent", 1)).await;
+    let message = format!("Refund 100 for ORD-1. {}", "y".repeat(3_500_000));
+    let id = run(&mut client, "refund-agent", &message).await;
+    // Megabytes take a while through a debug build: poll for longer than [`PATIENCE`].
+    let mut last = String::new();
+    for _ in 0..600 {
+        let s = inspect(&mut client, &id).await.session.unwrap();
+        if s.status == "completed" {
+            break;
+        }
+        assert!(
+            !matches!(s.status.as_str(), "failed" | "cancelled"),
+            "session {id} ended {} ({})",
+            s.status,
+            s.error
+        );
+        last = s.status;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        inspect(&mut client, &id).await.session.unwrap().status,
+        "completed",
+        "last seen {last}"
+    );
+
+    // Every page, as the SDK asks (no page size), then in pages of two entries.
+    let pages = |page_size: i32| {
+        let mut client = client.clone();
+        let id = id.clone();
+        async move {
+            let mut pages = Vec::new();
+            let mut page_token = String::new();
+            loop {
+                let page = client
+                    .inspect_session(pb::InspectSessionRequest {
+                        session_id: id.clone(),
+                        page_size,
+                        page_token,
+                    })
+                    .await
+                    .unwrap()
+                    .into_inner();
+                assert!(page.encoded_len() <= BUDGET, "{} bytes", page.encoded_len());
+                assert!(!page.timeline.is_empty());
+                page_token = page.next_page_token.clone();
+                pages.push(page);
+                if page_token.is_empty() {
+                    return pages;
+                }
+                assert!(pages.len() < 100, "paging does not end");
+            }
+        }
+    };
+    let whole = pages(0).await;
+    let timeline: Vec<pb::InspectTimelineEntry> =
+        whole.iter().flat_map(|p| p.timeline.clone()).collect();
+    assert!(whole.len() > 1, "the timeline does not fit in one response");
+    let by_eight: Vec<pb::InspectTimelineEntry> = pages(8)
+        .await
+        .into_iter()
+        .flat_map(|p| p.timeline)
+        .collect();
+    assert_eq!(
+        timeline, by_eight,
+        "pages of any size make the same timeline"
+    );
+    let kinds: Vec<&str> = timeline.iter().map(|e| e.kind.as_str()).collect();
+    for kind in [
+        "session.started",
+        "invocation_completed",
+        "session.completed",
+    ] {
+        assert!(kinds.contains(&kind), "{kind} missing from {kinds:?}");
+    }
+
+    // The session's input and output are shortened and flagged with their full sizes.
+    let session = whole[0].session.clone().unwrap();
+    let input_text = json!({ "message": message }).to_string();
+    let flagged: Vec<(&str, i64)> = session
+        .truncated
+        .iter()
+        .map(|t| (t.field.as_str(), t.size_bytes))
+        .collect();
+    assert!(
+        flagged.contains(&("input", i64::try_from(input_text.len()).unwrap())),
+        "{flagged:?}"
+    );
+    assert!(
+        flagged.iter().any(|(f, _)| *f == "output.message"),
+        "{flagged:?}"
+    );
+    let output = session.output.as_ref().unwrap();
+    assert!(
+        output.message.starts_with("refund issued: "),
+        "{}",
+        &output.message[..100]
+    );
+    assert!(output.message.ends_with(" bytes of JSON]"));
+
+    let read = |reference: pb::PayloadRef| {
+        let mut client = client.clone();
+        async move {
+            let mut stream = client
+                .get_session_payload(pb::GetSessionPayloadRequest {
+                    r#ref: Some(reference),
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            let mut text = Vec::new();
+            while let Some(chunk) = stream.message().await.unwrap() {
+                assert!(chunk.data.len() <= 1024 * 1024);
+                assert_eq!(usize::try_from(chunk.offset).unwrap(), text.len());
+                text.extend_from_slice(&chunk.data);
+            }
+            String::from_utf8(text).unwrap()
+        }
+    };
+    let input_ref = session.truncated[0].r#ref.clone().unwrap();
+    assert_eq!(input_ref.field, "input");
+    assert_eq!(read(input_ref).await, input_text);
+
+    // The tool result: shortened in the invocation entries and in the tool.completed event,
+    // keeping its small members; read whole, it is what the worker sent.
+    let completed = timeline
+        .iter()
+        .find(|e| e.kind == "invocation_completed")
+        .unwrap();
+    let t = completed
+        .truncated
+        .iter()
+        .find(|t| t.field == "invocation.result")
+        .unwrap_or_else(|| panic!("{:?}", completed.truncated));
+    let result = read(t.r#ref.clone().unwrap()).await;
+    let result: Value = serde_json::from_str(&result).unwrap();
+    assert_eq!(result["memo"].as_str().unwrap().len(), 3_000_000);
+    assert_eq!(result["refund_id"], "rf_2891");
+    assert_eq!(
+        t.size_bytes,
+        i64::try_from(result.to_string().len()).unwrap()
+    );
+    let shown = completed
+        .invocation
+        .as_ref()
+        .unwrap()
+        .result
+        .clone()
+        .unwrap();
+    let Some(prost_types::value::Kind::StructValue(shown)) = shown.kind else {
+        panic!("the shortened result is no longer an object")
+    };
+    assert_eq!(
+        shown.fields["refund_id"].kind,
+        Some(prost_types::value::Kind::StringValue("rf_2891".into()))
+    );
+    // Every flagged field reads back whole, as long as its flag says.
+    let mut flags: Vec<&pb::TruncatedPayload> =
+        timeline.iter().flat_map(|e| e.truncated.iter()).collect();
+    flags.dedup_by_key(|t| t.r#ref.clone());
+    for t in flags {
+        let text = read(t.r#ref.clone().unwrap()).await;
+        assert_eq!(i64::try_from(text.len()).unwrap(), t.size_bytes, "{t:?}");
+    }
+
+    // Bad references say what is wrong.
+    let mut bad = pb::PayloadRef {
+        session_id: id.clone(),
+        seq: 1,
+        field: "nope".into(),
+        ..Default::default()
+    };
+    assert_code(
+        client
+            .get_session_payload(pb::GetSessionPayloadRequest {
+                r#ref: Some(bad.clone()),
+            })
+            .await,
+        Code::InvalidArgument,
+        "has no payload field \"nope\"; expected one of payload",
+    );
+    bad.field = "payload".into();
+    bad.seq = 10_000;
+    assert_code(
+        client
+            .get_session_payload(pb::GetSessionPayloadRequest { r#ref: Some(bad) })
+            .await,
+        Code::NotFound,
+        "has no event with seq 10000",
+    );
+    assert_code(
+        client
+            .inspect_session(pb::InspectSessionRequest {
+                session_id: id.clone(),
+                page_size: 0,
+                page_token: "later".into(),
+            })
+            .await,
+        Code::InvalidArgument,
+        "page_token \"later\" is not a next_page_token",
+    );
+    server.stop().await;
 }

@@ -104,21 +104,24 @@ mod tests {
         &file.service[0]
     }
 
+    /// The RPCs phrony-rs adds to the published service.
+    const ADDED_RPCS: [&str; 1] = ["GetSessionPayload"];
+
     #[test]
-    fn runtime_service_has_exactly_the_published_rpcs() {
+    fn runtime_service_has_exactly_the_published_rpcs_and_our_additions() {
         let set = descriptor_set();
         let methods: BTreeSet<&str> = runtime_service(&set)
             .method
             .iter()
             .map(|m| m.name())
             .collect();
-        let expected: BTreeSet<&str> = PUBLISHED_RPCS.into_iter().collect();
+        let expected: BTreeSet<&str> = PUBLISHED_RPCS.into_iter().chain(ADDED_RPCS).collect();
         assert_eq!(methods, expected);
         assert_eq!(RUNTIME_SERVICE_NAME, "phrony.runtime.v1.Runtime");
     }
 
     #[test]
-    fn only_the_session_and_work_streams_are_streaming() {
+    fn only_the_session_work_and_payload_streams_are_streaming() {
         let set = descriptor_set();
         let streaming: Vec<(&str, bool, bool)> = runtime_service(&set)
             .method
@@ -128,7 +131,11 @@ mod tests {
             .collect();
         assert_eq!(
             streaming,
-            [("RunSessionInteractive", true, true), ("Work", true, true)]
+            [
+                ("RunSessionInteractive", true, true),
+                ("GetSessionPayload", false, true),
+                ("Work", true, true)
+            ]
         );
     }
 

@@ -44,9 +44,10 @@ pub use approvals::{
 };
 pub use error::{ClientError, Code};
 pub use sessions::{
-    RunSession, SessionAgent, SessionDetail, SessionEvent, SessionFilter, SessionInspection,
-    SessionMode, SessionOutput, SessionPage, SessionSummary, StartedSession, TimelineDetail,
-    TimelineEntry, TokenUsage, ToolInvocation, TurnSummary, VersionedName,
+    PayloadRef, RunSession, SessionAgent, SessionDetail, SessionEvent, SessionFilter,
+    SessionInspection, SessionMode, SessionOutput, SessionPage, SessionSummary, StartedSession,
+    TimelineDetail, TimelineEntry, TokenUsage, ToolInvocation, TruncatedPayload, TurnSummary,
+    VersionedName,
 };
 pub use types::{
     ActiveVersion, AgentName, AgentSummary, AgentVersion, AgentVersionSummary, Deployed,
@@ -60,6 +61,13 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How long one call waits for the runtime's answer.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The largest response message the client decodes (gRPC's default is 4 MiB). The runtime
+/// accepts payloads up to its 4 MiB message limit, and a response such as `GetApproval` may
+/// carry two of them (the proposed and the edited arguments), hence the headroom.
+/// `InspectSession` (3 MiB) and `GetSessionPayload` (1 MiB chunks) stay under the default
+/// whatever the session holds.
+pub const MAX_RESPONSE_BYTES: usize = 16 * 1024 * 1024;
 
 /// A connection to a Phrony runtime. Cheap to clone; calls may run concurrently.
 #[derive(Debug, Clone)]
@@ -90,7 +98,8 @@ impl Client {
             .await
             .map_err(|e| ClientError::from_transport(&e, &shown, CONNECT_TIMEOUT))?;
         Ok(Self {
-            runtime: RuntimeClient::new(channel.clone()),
+            runtime: RuntimeClient::new(channel.clone())
+                .max_decoding_message_size(MAX_RESPONSE_BYTES),
             health: HealthClient::new(channel),
             addr: shown,
         })

@@ -323,6 +323,64 @@ pub struct SessionDetail {
     pub mode: Option<SessionMode>,
     /// Delegated child sessions.
     pub children: Vec<SessionDetail>,
+    /// The fields the runtime shortened (`input`, `output.message`…).
+    pub truncated: Vec<TruncatedPayload>,
+}
+
+/// Where a payload that inspection shortened is read whole ([`Client::session_payload`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PayloadRef {
+    /// The session whose record holds it.
+    pub session_id: String,
+    /// The event's seq (0: not an event).
+    pub seq: u64,
+    /// The tool call.
+    pub call_id: Option<String>,
+    /// The approval.
+    pub approval_id: Option<String>,
+    /// The record's field (`input`, `payload`, `result`, `effective_args`…).
+    pub field: String,
+}
+
+impl PayloadRef {
+    fn to_pb(&self) -> pb::PayloadRef {
+        pb::PayloadRef {
+            session_id: self.session_id.clone(),
+            seq: i64::try_from(self.seq).unwrap_or(i64::MAX),
+            call_id: self.call_id.clone().unwrap_or_default(),
+            approval_id: self.approval_id.clone().unwrap_or_default(),
+            field: self.field.clone(),
+        }
+    }
+}
+
+/// A payload field the runtime shortened in an inspection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TruncatedPayload {
+    /// The field, relative to its entry (`event.payload`, `invocation.result`…) or session
+    /// (`input`, `output.message`).
+    pub field: String,
+    /// The length of its whole JSON text, in bytes.
+    pub size_bytes: u64,
+    /// Where to read it whole.
+    pub reference: PayloadRef,
+}
+
+impl TruncatedPayload {
+    fn from_pb(t: pb::TruncatedPayload) -> Self {
+        let r = t.r#ref.unwrap_or_default();
+        Self {
+            field: t.field,
+            size_bytes: u64::try_from(t.size_bytes).unwrap_or(0),
+            reference: PayloadRef {
+                session_id: r.session_id,
+                seq: u64::try_from(r.seq).unwrap_or(0),
+                call_id: optional(r.call_id),
+                approval_id: optional(r.approval_id),
+                field: r.field,
+            },
+        }
+    }
 }
 
 /// One event of a session's event log.
@@ -407,8 +465,28 @@ pub struct TimelineEntry {
     pub session_id: String,
     /// That session's depth (0 = root).
     pub depth: i32,
+    /// The event's seq in its session's stream (0 for call and approval milestones).
+    pub seq: i32,
     /// The details.
     pub detail: TimelineDetail,
+    /// The payload fields of the details the runtime shortened (`event.payload`…).
+    pub truncated: Vec<TruncatedPayload>,
+}
+
+impl TimelineEntry {
+    /// The shortened field `field` (as named in [`TruncatedPayload::field`]), if it was.
+    #[must_use]
+    pub fn truncation(&self, field: &str) -> Option<&TruncatedPayload> {
+        self.truncated.iter().find(|t| t.field == field)
+    }
+}
+
+impl SessionDetail {
+    /// The shortened field `field` (`input`, `output.message`…), if it was.
+    #[must_use]
+    pub fn truncation(&self, field: &str) -> Option<&TruncatedPayload> {
+        self.truncated.iter().find(|t| t.field == field)
+    }
 }
 
 /// A session tree and its timeline (`InspectSession`).
@@ -483,7 +561,9 @@ impl Client {
         })
     }
 
-    /// A session, its delegation tree and its merged timeline (`InspectSession`).
+    /// A session, its delegation tree and its merged timeline (`InspectSession`), every page
+    /// of it: the runtime keeps each response under 3 MiB, shortening long payloads (see
+    /// [`TruncatedPayload`] and [`Client::session_payload`]).
     ///
     /// # Errors
     /// `NotFound` for an unknown session; any other [`ClientError`].
@@ -491,27 +571,103 @@ impl Client {
         &self,
         session_id: &str,
     ) -> Result<SessionInspection, ClientError> {
-        let request = pb::InspectSessionRequest {
-            session_id: session_id.to_owned(),
-        };
-        let response = self
+        self.inspect_session_paged(session_id, 0).await
+    }
+
+    /// [`inspect_session`](Self::inspect_session) asking for at most `page_size` entries per
+    /// response (0: as many as fit).
+    ///
+    /// # Errors
+    /// As [`inspect_session`](Self::inspect_session).
+    pub async fn inspect_session_paged(
+        &self,
+        session_id: &str,
+        page_size: u32,
+    ) -> Result<SessionInspection, ClientError> {
+        const RPC: &str = "InspectSession";
+        let mut session = None;
+        let mut timeline = Vec::new();
+        let mut page_token = String::new();
+        loop {
+            let request = pb::InspectSessionRequest {
+                session_id: session_id.to_owned(),
+                page_size: page_size.try_into().unwrap_or(i32::MAX),
+                page_token: page_token.clone(),
+            };
+            let response = self
+                .runtime
+                .clone()
+                .inspect_session(request)
+                .await
+                .map_err(|s| self.status(&s))?
+                .into_inner();
+            if session.is_none() {
+                let tree = response
+                    .session
+                    .ok_or_else(|| ClientError::invalid_response(RPC, "the session is missing"))?;
+                session = Some(session_detail(tree)?);
+            }
+            if response.timeline.is_empty() && !response.next_page_token.is_empty() {
+                return Err(ClientError::invalid_response(
+                    RPC,
+                    "a page without entries points to a next page",
+                ));
+            }
+            for entry in response.timeline {
+                timeline.push(timeline_entry(entry)?);
+            }
+            if response.next_page_token.is_empty() {
+                break;
+            }
+            page_token = response.next_page_token;
+        }
+        let session =
+            session.ok_or_else(|| ClientError::invalid_response(RPC, "the session is missing"))?;
+        Ok(SessionInspection { session, timeline })
+    }
+
+    /// A payload that an inspection shortened, whole: its compact JSON text
+    /// (`GetSessionPayload`, streamed in chunks).
+    ///
+    /// # Errors
+    /// `NotFound` for an unknown session or record, `InvalidArgument` for an unknown field;
+    /// [`ClientError::InvalidResponse`] when the chunks do not add up; any other
+    /// [`ClientError`].
+    pub async fn session_payload(&self, reference: &PayloadRef) -> Result<Vec<u8>, ClientError> {
+        const RPC: &str = "GetSessionPayload";
+        let mut stream = self
             .runtime
             .clone()
-            .inspect_session(request)
+            .get_session_payload(pb::GetSessionPayloadRequest {
+                r#ref: Some(reference.to_pb()),
+            })
             .await
             .map_err(|s| self.status(&s))?
             .into_inner();
-        let session = response.session.ok_or_else(|| {
-            ClientError::invalid_response("InspectSession", "the session is missing")
-        })?;
-        Ok(SessionInspection {
-            session: session_detail(session)?,
-            timeline: response
-                .timeline
-                .into_iter()
-                .map(timeline_entry)
-                .collect::<Result<_, _>>()?,
-        })
+        let mut text = Vec::new();
+        let mut total = None;
+        while let Some(chunk) = stream.message().await.map_err(|s| self.status(&s))? {
+            if usize::try_from(chunk.offset).ok() != Some(text.len()) {
+                return Err(ClientError::invalid_response(
+                    RPC,
+                    format!(
+                        "a chunk starts at byte {} after {} bytes",
+                        chunk.offset,
+                        text.len()
+                    ),
+                ));
+            }
+            total = Some(chunk.total_bytes);
+            text.extend_from_slice(&chunk.data);
+        }
+        let expected = total.ok_or_else(|| ClientError::invalid_response(RPC, "no chunk"))?;
+        if usize::try_from(expected).ok() != Some(text.len()) {
+            return Err(ClientError::invalid_response(
+                RPC,
+                format!("{} of {expected} bytes arrived", text.len()),
+            ));
+        }
+        Ok(text)
     }
 
     /// Cancels a non-terminal session (`CancelSession`).
@@ -696,6 +852,11 @@ fn session_detail(s: pb::SessionInspect) -> Result<SessionDetail, ClientError> {
         error: optional(s.error),
         metadata: s.metadata.into_iter().collect(),
         mode: SessionMode::from_pb(s.mode),
+        truncated: s
+            .truncated
+            .into_iter()
+            .map(TruncatedPayload::from_pb)
+            .collect(),
     })
 }
 
@@ -745,7 +906,13 @@ fn timeline_entry(e: pb::InspectTimelineEntry) -> Result<TimelineEntry, ClientEr
         summary: e.summary,
         session_id: e.session_id,
         depth: e.depth,
+        seq: e.seq,
         detail,
+        truncated: e
+            .truncated
+            .into_iter()
+            .map(TruncatedPayload::from_pb)
+            .collect(),
     })
 }
 

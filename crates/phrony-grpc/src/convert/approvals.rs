@@ -10,7 +10,7 @@ use serde_json::Value;
 use tonic::Status;
 use uuid::Uuid;
 
-use super::sessions::{json_document, json_kind, json_value, page_request};
+use super::sessions::{json_document, json_kind, page_request};
 use super::{int32, json_bytes, optional_timestamp, timestamp};
 
 // ---------------------------------------------------------------------------------------------
@@ -185,20 +185,28 @@ pub(crate) fn decide_response(
 }
 
 /// An approval of the InspectSession timeline, with its votes.
-pub(crate) fn inspect_approval(a: &Approval) -> pb::InspectApproval {
+/// An approval of an inspected timeline, its payload fields shortened by `bound`.
+pub(crate) fn inspect_approval(
+    a: &Approval,
+    bound: &mut super::sessions::Shortener,
+) -> pb::InspectApproval {
     pb::InspectApproval {
         id: a.id.to_string(),
         session_id: a.session_id.clone(),
         call_id: a.call_id.clone(),
         status: a.status.to_string(),
         route: a.route.clone(),
-        reason: a.reason.clone(),
+        reason: bound.text("reason", "reason", &a.reason),
         tool: a.tool.clone(),
         version: a.tool_version.clone(),
-        args: Some(json_value(&a.args)),
+        args: Some(bound.value("args", "args", &a.args)),
         authority_ref: a.authority_ref.clone(),
         policy_name: policy_name(a.policy_ref.as_deref()),
-        policy_runtime: Some(json_value(&Value::Object(a.policy_runtime.clone()))),
+        policy_runtime: Some(bound.value(
+            "policy_runtime",
+            "policy_runtime",
+            &Value::Object(a.policy_runtime.clone()),
+        )),
         approvals_required: int32(a.approvals_required),
         approvals_received: int32(a.approvals_received),
         comprehension_required: a.comprehension_required,
@@ -208,13 +216,31 @@ pub(crate) fn inspect_approval(a: &Approval) -> pb::InspectApproval {
         created_at: timestamp(a.created_at),
         decided_at: optional_timestamp(a.decided_at),
         decided_by: a.decided_by.clone().unwrap_or_default(),
-        comment: a.comment.clone().unwrap_or_default(),
-        votes: a.votes.iter().map(vote_pb).collect(),
+        comment: a
+            .comment
+            .as_deref()
+            .map(|c| bound.text("comment", "comment", c))
+            .unwrap_or_default(),
+        votes: a
+            .votes
+            .iter()
+            .enumerate()
+            .map(|(i, v)| {
+                let field = format!("votes.{i}.comment");
+                pb::ApprovalVote {
+                    comment: bound.text(&field, &field, &v.comment),
+                    ..vote_pb(v)
+                }
+            })
+            .collect(),
         agent_ref: a.agent.to_string(),
         agent_version_id: a.agent_version_id.to_string(),
         policy_ref: a.policy_ref.clone().unwrap_or_default(),
         call_hash: a.call_hash.clone(),
-        effective_args: a.effective_args.as_ref().map(json_value),
+        effective_args: a
+            .effective_args
+            .as_ref()
+            .map(|v| bound.value("effective_args", "effective_args", v)),
         parent_approval_id: a
             .parent_approval_id
             .map(|id| id.to_string())

@@ -373,9 +373,81 @@ pub(crate) fn json_value(v: &Value) -> prost_types::Value {
     prost_types::Value { kind: Some(kind) }
 }
 
-fn output_inspect(o: &phrony_engine::SessionOutput) -> pb::SessionOutputInspect {
+/// The most bytes one `InspectSession` response encodes to: under gRPC's default 4 MiB receive
+/// limit (the published SDK's) with room for framing and headers.
+pub(crate) const INSPECT_RESPONSE_BUDGET: usize = 3 * 1024 * 1024;
+
+/// The longest piece of a payload one `GetSessionPayload` message carries.
+pub(crate) const PAYLOAD_CHUNK_BYTES: usize = 1024 * 1024;
+
+/// Converts the payload fields of one record, shortening those longer than
+/// [`phrony_engine::INLINE_PAYLOAD_BYTES`] and noting each as a `TruncatedPayload` whose
+/// `PayloadRef` is `base` with the field's name.
+pub(crate) struct Shortener {
+    base: pb::PayloadRef,
+    /// Prefix of the noted field names (`"event."`, `"approval."`…; empty for a session).
+    prefix: &'static str,
+    truncated: Vec<pb::TruncatedPayload>,
+}
+
+impl Shortener {
+    fn new(base: pb::PayloadRef, prefix: &'static str) -> Self {
+        Self {
+            base,
+            prefix,
+            truncated: Vec::new(),
+        }
+    }
+
+    fn note(&mut self, shown: &str, field: &str, full: &Value) {
+        self.truncated.push(pb::TruncatedPayload {
+            field: format!("{}{shown}", self.prefix),
+            size_bytes: i64::try_from(phrony_engine::json_text_len(full)).unwrap_or(i64::MAX),
+            r#ref: Some(pb::PayloadRef {
+                field: field.to_owned(),
+                ..self.base.clone()
+            }),
+        });
+    }
+
+    /// A JSON field (`shown` in the response, `field` in its `PayloadRef`).
+    pub(crate) fn value(&mut self, shown: &str, field: &str, v: &Value) -> prost_types::Value {
+        match phrony_engine::shorten_json(v, phrony_engine::INLINE_PAYLOAD_BYTES) {
+            None => json_value(v),
+            Some(short) => {
+                self.note(shown, field, v);
+                json_value(&short)
+            }
+        }
+    }
+
+    /// A text field, shortened like a JSON string.
+    pub(crate) fn text(&mut self, shown: &str, field: &str, t: &str) -> String {
+        // A string's JSON text is at least as long as the string, and at most six times.
+        if t.len().saturating_mul(6) <= phrony_engine::INLINE_PAYLOAD_BYTES {
+            return t.to_owned();
+        }
+        let full = Value::String(t.to_owned());
+        match phrony_engine::shorten_json(&full, phrony_engine::INLINE_PAYLOAD_BYTES) {
+            Some(Value::String(short)) => {
+                self.note(shown, field, &full);
+                short
+            }
+            _ => t.to_owned(),
+        }
+    }
+
+    fn done(self) -> Vec<pb::TruncatedPayload> {
+        self.truncated
+    }
+}
+
+fn output_inspect(
+    o: &phrony_engine::SessionOutput,
+    bound: &mut Shortener,
+) -> pb::SessionOutputInspect {
     pb::SessionOutputInspect {
-        message: o.message.clone(),
+        message: bound.text("output.message", "output", &o.message),
         stop_reason: o.stop_reason.clone().unwrap_or_default(),
         turn_usage: o.turn_usage.as_ref().map(token_usage),
         session_usage: Some(token_usage(&o.session_usage)),
@@ -398,6 +470,24 @@ pub(crate) type Models = HashMap<uuid::Uuid, (String, String)>;
 
 fn session_inspect(n: phrony_engine::InspectedSession, models: &Models) -> pb::SessionInspect {
     let s = n.session;
+    let mut bound = Shortener::new(
+        pb::PayloadRef {
+            session_id: s.id.clone(),
+            ..pb::PayloadRef::default()
+        },
+        "",
+    );
+    let input = bound.value("input", "input", &s.input);
+    let output = output_inspect(&n.output, &mut bound);
+    let error = s
+        .error
+        .as_deref()
+        .map(|e| bound.text("error", "error", e))
+        .unwrap_or_default();
+    let descriptive_metadata = n
+        .evidence
+        .as_ref()
+        .map(|v| bound.value("descriptive_metadata", "descriptive_metadata", v));
     let (provider, model) = models.get(&s.agent_version_id).cloned().unwrap_or_default();
     let limits = s.limits.clone().unwrap_or_default();
     let limit = |v: Option<u64>| v.map_or(0, int32);
@@ -419,10 +509,10 @@ fn session_inspect(n: phrony_engine::InspectedSession, models: &Models) -> pb::S
         bundle_version_id: String::new(),
         created_at: super::timestamp(s.created_at),
         updated_at: super::timestamp(s.updated_at),
-        input: Some(json_value(&s.input)),
-        output: Some(output_inspect(&n.output)),
-        error: s.error.unwrap_or_default(),
-        descriptive_metadata: n.evidence.as_ref().map(json_value),
+        input: Some(input),
+        output: Some(output),
+        error,
+        descriptive_metadata,
         session_started_at_unix_ms: unix_ms(s.created_at),
         session_ended_at_unix_ms: s.ended_at.map_or(0, unix_ms),
         children: n
@@ -432,15 +522,16 @@ fn session_inspect(n: phrony_engine::InspectedSession, models: &Models) -> pb::S
             .collect(),
         metadata: s.metadata.into_iter().collect(),
         mode: mode_to_pb(s.mode),
+        truncated: bound.done(),
     }
 }
 
-fn event_entry(e: &phrony_ledger::Event) -> pb::SessionEventEntry {
+fn event_entry(e: &phrony_ledger::Event, bound: &mut Shortener) -> pb::SessionEventEntry {
     let seq = i64::try_from(e.seq).unwrap_or(i64::MAX);
     pb::SessionEventEntry {
         id: seq,
         r#type: e.event_type.clone(),
-        payload: Some(json_value(&e.payload)),
+        payload: Some(bound.value("payload", "payload", &e.payload)),
         created_at: super::timestamp(e.ts),
         seq: int32(e.seq),
         ts_unix_ms: unix_ms(e.ts),
@@ -452,7 +543,10 @@ fn event_entry(e: &phrony_ledger::Event) -> pb::SessionEventEntry {
     }
 }
 
-fn invocation_entry(c: &phrony_ledger::ToolInvocation) -> pb::ToolInvocationEntry {
+fn invocation_entry(
+    c: &phrony_ledger::ToolInvocation,
+    bound: &mut Shortener,
+) -> pb::ToolInvocationEntry {
     let t = phrony_engine::call_timings(c);
     pb::ToolInvocationEntry {
         call_id: c.call_id.clone(),
@@ -460,8 +554,11 @@ fn invocation_entry(c: &phrony_ledger::ToolInvocation) -> pb::ToolInvocationEntr
         turn: int32(c.turn),
         tool: c.tool.clone(),
         version: c.version.clone(),
-        args: Some(json_value(&c.args)),
-        result: c.result.as_ref().map(json_value),
+        args: Some(bound.value("args", "args", &c.args)),
+        result: c
+            .result
+            .as_ref()
+            .map(|r| bound.value("result", "result", r)),
         status: c.status.to_string(),
         worker_identity: c.worker_identity.clone().unwrap_or_default(),
         image_digest: c.image_digest.clone().unwrap_or_default(),
@@ -469,7 +566,11 @@ fn invocation_entry(c: &phrony_ledger::ToolInvocation) -> pb::ToolInvocationEntr
         manifest_content_hash: c.manifest_content_hash.clone().unwrap_or_default(),
         attempt: int32(c.attempt),
         error_code: c.error_code.clone().unwrap_or_default(),
-        error_message: c.error_message.clone().unwrap_or_default(),
+        error_message: c
+            .error_message
+            .as_deref()
+            .map(|m| bound.text("error_message", "error_message", m))
+            .unwrap_or_default(),
         usage: c.usage.as_ref().map(token_usage),
         created_at: super::timestamp(c.created_at),
         updated_at: super::timestamp(c.updated_at),
@@ -481,44 +582,199 @@ fn invocation_entry(c: &phrony_ledger::ToolInvocation) -> pb::ToolInvocationEntr
     }
 }
 
+/// The timeline entries an `InspectSession` request asks for: at most `size` (0: as many as fit
+/// in [`INSPECT_RESPONSE_BUDGET`]) from position `offset`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct InspectPage {
+    pub size: usize,
+    pub offset: usize,
+}
+
+/// `page_size` (0 = as many as fit; negative refused) and `page_token` (empty = the start; else
+/// a `next_page_token` InspectSession returned: the position of the next entry).
+pub(crate) fn inspect_page(r: &pb::InspectSessionRequest) -> Result<InspectPage, Status> {
+    let size = usize::try_from(r.page_size).map_err(|_| {
+        Status::invalid_argument(format!(
+            "page_size must not be negative (got {})",
+            r.page_size
+        ))
+    })?;
+    let offset = match r.page_token.trim() {
+        "" => 0,
+        t => t.parse::<usize>().map_err(|_| {
+            Status::invalid_argument(format!(
+                "page_token {t:?} is not a next_page_token InspectSession returned"
+            ))
+        })?,
+    };
+    Ok(InspectPage { size, offset })
+}
+
+/// One timeline entry, its payload fields shortened.
+fn timeline_entry(e: &phrony_engine::TimelineEntry) -> pb::InspectTimelineEntry {
+    let base = pb::PayloadRef {
+        session_id: e.session_id.clone(),
+        ..pb::PayloadRef::default()
+    };
+    let mut entry = pb::InspectTimelineEntry {
+        timestamp: super::timestamp(e.at),
+        gap_ms: e.gap_ms,
+        source: e.item.source().to_owned(),
+        kind: e.kind.clone(),
+        summary: e.summary.clone(),
+        event: None,
+        invocation: None,
+        approval: None,
+        session_id: e.session_id.clone(),
+        depth: int32(e.depth),
+        seq: int32(e.seq),
+        ts_unix_ms: unix_ms(e.at),
+        truncated: Vec::new(),
+    };
+    let truncated = match &e.item {
+        phrony_engine::TimelineItem::Event(ev) => {
+            let mut bound = Shortener::new(
+                pb::PayloadRef {
+                    seq: i64::try_from(ev.seq).unwrap_or(i64::MAX),
+                    ..base
+                },
+                "event.",
+            );
+            entry.event = Some(event_entry(ev, &mut bound));
+            bound.done()
+        }
+        phrony_engine::TimelineItem::Invocation(c) => {
+            let mut bound = Shortener::new(
+                pb::PayloadRef {
+                    call_id: c.call_id.clone(),
+                    ..base
+                },
+                "invocation.",
+            );
+            entry.invocation = Some(invocation_entry(c, &mut bound));
+            bound.done()
+        }
+        phrony_engine::TimelineItem::Approval(a) => {
+            let mut bound = Shortener::new(
+                pb::PayloadRef {
+                    approval_id: a.id.to_string(),
+                    ..base
+                },
+                "approval.",
+            );
+            entry.approval = Some(super::approvals::inspect_approval(a, &mut bound));
+            bound.done()
+        }
+    };
+    entry.truncated = truncated;
+    entry
+}
+
+/// The bytes a message adds to its parent as a length-delimited field.
+fn field_len(message_len: usize) -> usize {
+    1 + prost::encoding::encoded_len_varint(message_len as u64) + message_len
+}
+
+/// One page of the inspection: the tree (on every page) and the timeline entries of `page`,
+/// stopping before the entry that would take the response over [`INSPECT_RESPONSE_BUDGET`]
+/// (a page always holds at least one entry, whose payloads are shortened, so paging always
+/// advances).
 pub(crate) fn inspect_response(
     inspection: phrony_engine::Inspection,
     models: &Models,
+    page: InspectPage,
 ) -> pb::InspectSessionResponse {
-    let timeline = inspection
-        .timeline
-        .iter()
-        .map(|e| {
-            let mut entry = pb::InspectTimelineEntry {
-                timestamp: super::timestamp(e.at),
-                gap_ms: e.gap_ms,
-                source: e.item.source().to_owned(),
-                kind: e.kind.clone(),
-                summary: e.summary.clone(),
-                event: None,
-                invocation: None,
-                approval: None,
-                session_id: e.session_id.clone(),
-                depth: int32(e.depth),
-                seq: int32(e.seq),
-                ts_unix_ms: unix_ms(e.at),
-            };
-            match &e.item {
-                phrony_engine::TimelineItem::Event(ev) => entry.event = Some(event_entry(ev)),
-                phrony_engine::TimelineItem::Invocation(c) => {
-                    entry.invocation = Some(invocation_entry(c));
-                }
-                phrony_engine::TimelineItem::Approval(a) => {
-                    entry.approval = Some(super::approvals::inspect_approval(a));
-                }
-            }
-            entry
-        })
-        .collect();
-    pb::InspectSessionResponse {
-        session: Some(session_inspect(inspection.session, models)),
-        timeline,
+    use prost::Message as _;
+    let session = session_inspect(inspection.session, models);
+    let mut used = field_len(session.encoded_len());
+    let mut timeline = Vec::new();
+    let mut next = page.offset;
+    for e in inspection.timeline.iter().skip(page.offset) {
+        if page.size > 0 && timeline.len() >= page.size {
+            break;
+        }
+        let entry = timeline_entry(e);
+        // Room for the next_page_token, too.
+        let len = field_len(entry.encoded_len()) + 24;
+        if !timeline.is_empty() && used + len > INSPECT_RESPONSE_BUDGET {
+            break;
+        }
+        used += len;
+        timeline.push(entry);
+        next += 1;
     }
+    let next_page_token = if next < inspection.timeline.len() {
+        next.to_string()
+    } else {
+        String::new()
+    };
+    pb::InspectSessionResponse {
+        session: Some(session),
+        timeline,
+        next_page_token,
+    }
+}
+
+/// The payload a `GetSessionPayload` request names.
+pub(crate) fn payload_selector(
+    r: &pb::GetSessionPayloadRequest,
+) -> Result<phrony_engine::PayloadSelector, Status> {
+    use phrony_engine::PayloadRecord;
+    let Some(reference) = r.r#ref.as_ref() else {
+        return Err(Status::invalid_argument(
+            "ref is required (copy it from a TruncatedPayload of InspectSession)",
+        ));
+    };
+    let session_id = session_id(&reference.session_id)?.to_owned();
+    let call_id = reference.call_id.trim();
+    let approval_id = reference.approval_id.trim();
+    let record = match (reference.seq, call_id.is_empty(), approval_id.is_empty()) {
+        (0, true, true) => PayloadRecord::Session,
+        (seq, true, true) if seq > 0 => PayloadRecord::Event(seq.unsigned_abs()),
+        (0, false, true) => PayloadRecord::Call(call_id.to_owned()),
+        (0, true, false) => PayloadRecord::Approval(approval_id.to_owned()),
+        (seq, _, _) if seq < 0 => {
+            return Err(Status::invalid_argument(format!(
+                "ref.seq must not be negative (got {seq})"
+            )));
+        }
+        _ => {
+            return Err(Status::invalid_argument(
+                "ref names at most one of seq, call_id and approval_id",
+            ));
+        }
+    };
+    let field = reference.field.trim();
+    if field.is_empty() {
+        return Err(Status::invalid_argument("ref.field is required"));
+    }
+    Ok(phrony_engine::PayloadSelector {
+        session_id,
+        record,
+        field: field.to_owned(),
+    })
+}
+
+/// A payload's compact JSON text as `GetSessionPayload` messages of at most
+/// [`PAYLOAD_CHUNK_BYTES`] (one empty message for an empty text).
+pub(crate) fn payload_chunks(value: &Value) -> Vec<pb::SessionPayloadChunk> {
+    let text = value.to_string().into_bytes();
+    let total = i64::try_from(text.len()).unwrap_or(i64::MAX);
+    if text.is_empty() {
+        return vec![pb::SessionPayloadChunk {
+            data: Vec::new(),
+            offset: 0,
+            total_bytes: 0,
+        }];
+    }
+    text.chunks(PAYLOAD_CHUNK_BYTES)
+        .enumerate()
+        .map(|(i, data)| pb::SessionPayloadChunk {
+            data: data.to_vec(),
+            offset: i64::try_from(i.saturating_mul(PAYLOAD_CHUNK_BYTES)).unwrap_or(i64::MAX),
+            total_bytes: total,
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -635,6 +891,113 @@ mod tests {
             page_request(5, "tok").unwrap(),
             phrony_ledger::PageRequest::after(5, "tok")
         );
+    }
+
+    #[test]
+    fn inspect_pages_are_sizes_and_offsets() {
+        let page = |page_size: i32, page_token: &str| {
+            inspect_page(&pb::InspectSessionRequest {
+                session_id: "run_1".into(),
+                page_size,
+                page_token: page_token.into(),
+            })
+        };
+        assert_eq!(page(0, "").unwrap(), InspectPage { size: 0, offset: 0 });
+        assert_eq!(
+            page(5, "12").unwrap(),
+            InspectPage {
+                size: 5,
+                offset: 12
+            }
+        );
+        assert_eq!(page(-1, "").unwrap_err().code(), Code::InvalidArgument);
+        assert_eq!(
+            page(0, "x").unwrap_err().message(),
+            "page_token \"x\" is not a next_page_token InspectSession returned"
+        );
+    }
+
+    #[test]
+    fn payload_refs_name_one_record() {
+        use phrony_engine::PayloadRecord;
+        let select =
+            |r: pb::PayloadRef| payload_selector(&pb::GetSessionPayloadRequest { r#ref: Some(r) });
+        let base = pb::PayloadRef {
+            session_id: "run_1".into(),
+            field: "input".into(),
+            ..Default::default()
+        };
+        assert_eq!(select(base.clone()).unwrap().record, PayloadRecord::Session);
+        let event = select(pb::PayloadRef {
+            seq: 4,
+            ..base.clone()
+        })
+        .unwrap();
+        assert_eq!(event.record, PayloadRecord::Event(4));
+        let call = select(pb::PayloadRef {
+            call_id: "c1".into(),
+            ..base.clone()
+        })
+        .unwrap();
+        assert_eq!(call.record, PayloadRecord::Call("c1".into()));
+        for (bad, message) in [
+            (
+                pb::PayloadRef {
+                    seq: 1,
+                    call_id: "c1".into(),
+                    ..base.clone()
+                },
+                "ref names at most one of seq, call_id and approval_id",
+            ),
+            (
+                pb::PayloadRef {
+                    seq: -2,
+                    ..base.clone()
+                },
+                "ref.seq must not be negative (got -2)",
+            ),
+            (
+                pb::PayloadRef {
+                    field: " ".into(),
+                    ..base.clone()
+                },
+                "ref.field is required",
+            ),
+            (
+                pb::PayloadRef {
+                    session_id: String::new(),
+                    ..base
+                },
+                "session_id is required",
+            ),
+        ] {
+            let err = select(bad).unwrap_err();
+            assert_eq!(err.code(), Code::InvalidArgument);
+            assert_eq!(err.message(), message);
+        }
+        assert_eq!(
+            payload_selector(&pb::GetSessionPayloadRequest { r#ref: None })
+                .unwrap_err()
+                .code(),
+            Code::InvalidArgument
+        );
+    }
+
+    #[test]
+    fn payloads_travel_in_chunks_that_add_up() {
+        let value = serde_json::json!({"memo": "é".repeat(PAYLOAD_CHUNK_BYTES)});
+        let text = value.to_string().into_bytes();
+        let chunks = payload_chunks(&value);
+        assert_eq!(chunks.len(), 3, "{} bytes", text.len());
+        let mut joined = Vec::new();
+        for c in &chunks {
+            assert!(c.data.len() <= PAYLOAD_CHUNK_BYTES);
+            assert_eq!(usize::try_from(c.offset).unwrap(), joined.len());
+            assert_eq!(usize::try_from(c.total_bytes).unwrap(), text.len());
+            joined.extend_from_slice(&c.data);
+        }
+        assert_eq!(joined, text);
+        assert_eq!(payload_chunks(&Value::Null).len(), 1);
     }
 
     #[test]

@@ -148,6 +148,7 @@ fn later<T>(rpc: &'static str) -> Result<Response<T>, Status> {
 impl Runtime for RuntimeService {
     type RunSessionInteractiveStream = BoxStream<pb::RunSessionInteractiveServerMsg>;
     type WorkStream = BoxStream<pb::WorkServerMsg>;
+    type GetSessionPayloadStream = BoxStream<pb::SessionPayloadChunk>;
 
     async fn get_version(
         &self,
@@ -337,6 +338,21 @@ impl Runtime for RuntimeService {
             self.inspect_session_impl(request.into_inner()),
         )
         .await
+    }
+
+    async fn get_session_payload(
+        &self,
+        request: Request<pb::GetSessionPayloadRequest>,
+    ) -> Result<Response<Self::GetSessionPayloadStream>, Status> {
+        let chunks = unary(
+            "GetSessionPayload",
+            self.session_payload_impl(request.into_inner()),
+        )
+        .await?
+        .into_inner();
+        Ok(Response::new(Box::pin(futures::stream::iter(
+            chunks.into_iter().map(Ok),
+        ))))
     }
 
     // --- Approvals --------------------------------------------------------------------------

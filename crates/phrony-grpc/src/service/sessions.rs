@@ -196,19 +196,43 @@ impl RuntimeService {
         Ok(conv::list_sessions_response(found))
     }
 
+    /// One page of a session's inspection (see `runtime.proto`: every response stays under
+    /// [`conv::INSPECT_RESPONSE_BUDGET`]; long payloads are shortened and noted).
     pub(super) async fn inspect_session_impl(
         &self,
         request: pb::InspectSessionRequest,
     ) -> Result<pb::InspectSessionResponse, Status> {
         let id = conv::session_id(&request.session_id)?;
+        let page = conv::inspect_page(&request)?;
+        let inspection = self.inspection(id).await?;
+        let models = self.models(&inspection).await;
+        Ok(conv::inspect_response(inspection, &models, page))
+    }
+
+    /// One payload of an inspected session whole, as chunks of its JSON text.
+    pub(super) async fn session_payload_impl(
+        &self,
+        request: pb::GetSessionPayloadRequest,
+    ) -> Result<Vec<pb::SessionPayloadChunk>, Status> {
+        let selector = conv::payload_selector(&request)?;
+        let inspection = self.inspection(&selector.session_id).await?;
+        let value = phrony_engine::payload(&inspection, &selector).map_err(engine_status)?;
+        Ok(conv::payload_chunks(&value))
+    }
+
+    async fn inspection(&self, id: &str) -> Result<phrony_engine::Inspection, Status> {
         let timeline = self
             .ledger
             .session_timeline(id)
             .await
             .map_err(ledger_status)?;
-        let inspection = phrony_engine::inspect(timeline).map_err(engine_status)?;
+        phrony_engine::inspect(timeline).map_err(engine_status)
+    }
+
+    /// The model of each agent version the inspected tree runs.
+    async fn models(&self, inspection: &phrony_engine::Inspection) -> conv::Models {
         let mut models = conv::Models::new();
-        for session in phrony_engine::sessions_by_id(&inspection).values() {
+        for session in phrony_engine::sessions_by_id(inspection).values() {
             let version_id = session.agent_version_id;
             if models.contains_key(&version_id) {
                 continue;
@@ -230,6 +254,6 @@ impl RuntimeService {
             };
             models.insert(version_id, model);
         }
-        Ok(conv::inspect_response(inspection, &models))
+        models
     }
 }

@@ -6,6 +6,8 @@ mod decide;
 mod list;
 mod show;
 
+use std::io::{self, Write};
+
 use phrony_grpc::client::{Approval, Vote};
 use serde_json::{Value, json};
 
@@ -72,6 +74,32 @@ pub(crate) fn vote_text(v: &Vote) -> String {
         line.push_str(" (comprehension acknowledged)");
     }
     line
+}
+
+/// The proposed arguments as an `args:` block and, when an approver edited them, the arguments
+/// that run as an `effective_args:` block (see [`write_json_block`]), each line after `indent`.
+/// `approvals show` and the approval entries of `sessions inspect` print them so.
+pub(crate) fn write_args(out: &mut impl Write, indent: &str, a: &Approval) -> io::Result<()> {
+    write_json_block(out, indent, "args", &a.args)?;
+    if let Some(edited) = &a.effective_args {
+        write_json_block(out, indent, "effective_args", edited)?;
+    }
+    Ok(())
+}
+
+/// `key:` followed by the pretty JSON indented two more spaces, each line after `indent`.
+pub(crate) fn write_json_block(
+    out: &mut impl Write,
+    indent: &str,
+    key: &str,
+    value: &Value,
+) -> io::Result<()> {
+    writeln!(out, "{indent}{key}:")?;
+    let pretty = serde_json::to_string_pretty(value).map_err(io::Error::other)?;
+    for line in pretty.lines() {
+        writeln!(out, "{indent}  {line}")?;
+    }
+    Ok(())
 }
 
 /// An approval as a JSON document (`--output json` of `show`, `list` and `sessions inspect`).

@@ -83,22 +83,9 @@ fn write_approval(a: &Approval, out: &mut impl Write) -> io::Result<()> {
         field("parent_approval_id", parent.clone());
     }
     table.write(out)?;
-    write_json_block(out, "args", &a.args)?;
-    if let Some(edited) = &a.effective_args {
-        write_json_block(out, "effective_args", edited)?;
-    }
+    super::write_args(out, "", a)?;
     for vote in &a.votes {
         writeln!(out, "vote: {}", super::vote_text(vote))?;
-    }
-    Ok(())
-}
-
-/// `key:` followed by the pretty JSON, indented two spaces.
-fn write_json_block(out: &mut impl Write, key: &str, value: &serde_json::Value) -> io::Result<()> {
-    writeln!(out, "{key}:")?;
-    let pretty = serde_json::to_string_pretty(value).map_err(io::Error::other)?;
-    for line in pretty.lines() {
-        writeln!(out, "  {line}")?;
     }
     Ok(())
 }

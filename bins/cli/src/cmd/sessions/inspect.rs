@@ -3,7 +3,8 @@
 use std::io::{self, Write};
 
 use phrony_grpc::client::{
-    SessionDetail, SessionInspection, TimelineDetail, TimelineEntry, TokenUsage,
+    PayloadRef, SessionDetail, SessionInspection, TimelineDetail, TimelineEntry, TokenUsage,
+    TruncatedPayload,
 };
 use serde_json::{Value, json};
 
@@ -22,7 +23,8 @@ pub(crate) struct Args {
     /// Also print each event's payload (compact JSON, long ones cut) under its timeline line.
     #[arg(long)]
     payloads: bool,
-    /// Output format (JSON has every field and full payloads).
+    /// Output format (JSON has every field; payloads the runtime shortened are listed under
+    /// `truncated`, with the `phrony sessions payload` command that prints each whole).
     #[arg(long, value_enum, default_value_t)]
     output: Output,
 }
@@ -149,9 +151,15 @@ fn write_session(s: &SessionDetail, out: &mut impl Write) -> io::Result<()> {
     if let Some(t) = s.ended_at {
         field("ended_at", render::time(t));
     }
-    field("input", inline_json(&s.input));
+    field("input", shown_json(&s.input, s.truncation("input")));
     if let Some(output) = &s.output {
-        field("output", output.message.clone());
+        field(
+            "output",
+            match s.truncation("output.message") {
+                Some(t) => truncated_text(&output.message, t),
+                None => output.message.clone(),
+            },
+        );
         if !output.stop_reason.is_empty() {
             field("stop_reason", output.stop_reason.clone());
         }
@@ -201,7 +209,11 @@ fn write_entry(
                 writeln!(out, "    actor: {}", event.actor)?;
             }
             if payloads && !event.payload.is_null() {
-                writeln!(out, "    payload: {}", inline_json(&event.payload))?;
+                writeln!(
+                    out,
+                    "    payload: {}",
+                    shown_json(&event.payload, entry.truncation("event.payload"))
+                )?;
             }
         }
         TimelineDetail::Invocation(call) => {
@@ -214,9 +226,17 @@ fn write_entry(
                 call.queue_delay_ms, call.execution_duration_ms
             ));
             writeln!(out, "{worker}")?;
-            writeln!(out, "    args: {}", inline_json(&call.args))?;
+            writeln!(
+                out,
+                "    args: {}",
+                shown_json(&call.args, entry.truncation("invocation.args"))
+            )?;
             if !call.result.is_null() {
-                writeln!(out, "    result: {}", inline_json(&call.result))?;
+                writeln!(
+                    out,
+                    "    result: {}",
+                    shown_json(&call.result, entry.truncation("invocation.result"))
+                )?;
             }
             if call.error_code.is_some() || call.error_message.is_some() {
                 writeln!(
@@ -245,10 +265,112 @@ fn write_entry(
             for vote in &approval.votes {
                 writeln!(out, "    vote: {}", crate::cmd::approvals::vote_text(vote))?;
             }
+            // Edited arguments: the proposed and the effective ones together, as `approvals
+            // show` prints them, at the approval's latest milestone.
+            if approval.effective_args.is_some()
+                && (entry.kind == "approval_decided" || approval.status == "pending")
+            {
+                write_approval_args(entry, approval, out)?;
+            }
         }
         TimelineDetail::None => {}
     }
     Ok(())
+}
+
+/// The `args:` and `effective_args:` blocks of an approval entry; a field the runtime shortened
+/// is one line saying how to print it whole.
+fn write_approval_args(
+    entry: &TimelineEntry,
+    approval: &phrony_grpc::client::Approval,
+    out: &mut impl Write,
+) -> io::Result<()> {
+    let shortened = ["args", "effective_args"]
+        .iter()
+        .any(|k| entry.truncation(&format!("approval.{k}")).is_some());
+    if !shortened {
+        return crate::cmd::approvals::write_args(out, "    ", approval);
+    }
+    for (key, value) in [
+        ("args", Some(&approval.args)),
+        ("effective_args", approval.effective_args.as_ref()),
+    ] {
+        let Some(value) = value else { continue };
+        match entry.truncation(&format!("approval.{key}")) {
+            Some(t) => writeln!(out, "    {key}: {}", shown_json(value, Some(t)))?,
+            None => crate::cmd::approvals::write_json_block(out, "    ", key, value)?,
+        }
+    }
+    Ok(())
+}
+
+/// A JSON field on one line: [`inline_json`], or for a field the runtime shortened, its start,
+/// its size and the command that prints it whole.
+fn shown_json(value: &Value, truncated: Option<&TruncatedPayload>) -> String {
+    match truncated {
+        None => inline_json(value),
+        Some(t) => truncated_text(&value.to_string(), t),
+    }
+}
+
+/// `<start>… (3.1 MB, truncated; phrony sessions payload ID SEQ to print it whole)`.
+fn truncated_text(shown: &str, t: &TruncatedPayload) -> String {
+    let start: String = shown
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .take(MAX_INLINE_JSON)
+        .collect();
+    format!(
+        "{start}… ({}, truncated; {} to print it whole)",
+        size_text(t.size_bytes),
+        payload_command(&t.reference)
+    )
+}
+
+/// `900 B`, `65.5 KB`, `3.1 MB` (decimal units).
+fn size_text(bytes: u64) -> String {
+    #[allow(clippy::cast_precision_loss, reason = "a size shown with one decimal")]
+    let b = bytes as f64;
+    if bytes >= 1_000_000 {
+        format!("{:.1} MB", b / 1e6)
+    } else if bytes >= 1_000 {
+        format!("{:.1} KB", b / 1e3)
+    } else {
+        format!("{bytes} B")
+    }
+}
+
+/// The `phrony sessions payload …` command that prints the payload `r` whole.
+pub(super) fn payload_command(r: &PayloadRef) -> String {
+    let mut cmd = format!("phrony sessions payload {}", r.session_id);
+    if r.seq > 0 {
+        cmd.push_str(&format!(" {}", r.seq));
+        if r.field != "payload" {
+            cmd.push_str(&format!(" --field {}", r.field));
+        }
+        return cmd;
+    }
+    if let Some(call) = &r.call_id {
+        cmd.push_str(&format!(" --call {call}"));
+    } else if let Some(approval) = &r.approval_id {
+        cmd.push_str(&format!(" --approval {approval}"));
+    }
+    cmd.push_str(&format!(" --field {}", r.field));
+    cmd
+}
+
+fn truncated_json(list: &[TruncatedPayload]) -> Value {
+    Value::Array(
+        list.iter()
+            .map(|t| {
+                json!({
+                    "field": t.field,
+                    "size_bytes": t.size_bytes,
+                    "command": payload_command(&t.reference),
+                })
+            })
+            .collect(),
+    )
 }
 
 fn usage_text(u: TokenUsage) -> String {
@@ -319,6 +441,7 @@ fn session_json(s: &SessionDetail) -> Value {
         "error": s.error,
         "descriptive_metadata": s.descriptive_metadata,
         "children": s.children.iter().map(session_json).collect::<Vec<_>>(),
+        "truncated": truncated_json(&s.truncated),
     })
 }
 
@@ -331,6 +454,7 @@ fn entry_json(e: &TimelineEntry) -> Value {
         "summary": e.summary,
         "session_id": e.session_id,
         "depth": e.depth,
+        "truncated": truncated_json(&e.truncated),
     });
     let detail = match &e.detail {
         TimelineDetail::Event(ev) => Some((
@@ -419,6 +543,7 @@ mod tests {
             metadata: BTreeMap::new(),
             mode: None,
             children: Vec::new(),
+            truncated: Vec::new(),
         }
     }
 
@@ -440,6 +565,7 @@ mod tests {
                     summary: "vote approved by emad".into(),
                     session_id: "run_root".into(),
                     depth: 0,
+                    seq: 1,
                     detail: TimelineDetail::Event(SessionEvent {
                         id: 1,
                         event_type: "approval.vote".into(),
@@ -450,6 +576,7 @@ mod tests {
                         call_id: None,
                         actor: "emad".into(),
                     }),
+                    truncated: Vec::new(),
                 },
                 TimelineEntry {
                     timestamp: at("2025-01-31T09:30:01Z"),
@@ -459,7 +586,9 @@ mod tests {
                     summary: "completed".into(),
                     session_id: "run_child".into(),
                     depth: 1,
+                    seq: 2,
                     detail: TimelineDetail::None,
+                    truncated: Vec::new(),
                 },
             ],
         };
@@ -507,6 +636,240 @@ mod tests {
             json["session"]["children"][0]["parent_session_id"],
             "run_root"
         );
+    }
+
+    fn approval(effective_args: Option<Value>, status: &str) -> phrony_grpc::client::Approval {
+        phrony_grpc::client::Approval {
+            id: "ap-1".into(),
+            status: status.into(),
+            session_id: "run_root".into(),
+            call_id: "call-1".into(),
+            agent_ref: None,
+            agent_version_id: None,
+            tool: "payments.issue-refund".into(),
+            version: "1.0.0".into(),
+            args: json!({"amount": 400, "order_id": "ORD-1"}),
+            effective_args,
+            route: None,
+            reason: None,
+            policy_ref: None,
+            policy_name: None,
+            policy_runtime: Value::Null,
+            authority_ref: None,
+            approvals_required: 1,
+            approvals_received: 1,
+            comprehension_required: false,
+            on_reject: None,
+            on_modify: None,
+            call_hash: None,
+            parent_approval_id: None,
+            created_at: None,
+            expires_at: None,
+            decided_at: None,
+            decided_by: Some("emad".into()),
+            comment: None,
+            votes: Vec::new(),
+        }
+    }
+
+    fn approval_entry(kind: &str, approval: phrony_grpc::client::Approval) -> TimelineEntry {
+        TimelineEntry {
+            timestamp: at("2025-01-31T09:30:00Z"),
+            gap_ms: 0,
+            source: "approval".into(),
+            kind: kind.into(),
+            summary: format!("approval {}", approval.status),
+            session_id: "run_root".into(),
+            depth: 0,
+            seq: 0,
+            detail: TimelineDetail::Approval(Box::new(approval)),
+            truncated: Vec::new(),
+        }
+    }
+
+    fn text_of(timeline: Vec<TimelineEntry>, root: SessionDetail) -> String {
+        let mut out = Vec::new();
+        write_inspection(
+            &SessionInspection {
+                session: root,
+                timeline,
+            },
+            false,
+            &mut out,
+        )
+        .unwrap();
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn an_approval_decided_with_edited_arguments_shows_both_as_approvals_show_does() {
+        let edited = json!({"amount": 300, "order_id": "ORD-1"});
+        let text = text_of(
+            vec![
+                approval_entry(
+                    "approval_created",
+                    approval(Some(edited.clone()), "approved"),
+                ),
+                approval_entry(
+                    "approval_decided",
+                    approval(Some(edited.clone()), "approved"),
+                ),
+            ],
+            session("run_root"),
+        );
+        let decided = text
+            .split_once("[approval/approval_decided]")
+            .unwrap_or_else(|| panic!("{text}"))
+            .1;
+        assert!(
+            decided.contains(
+                "    args:\n      {\n        \"amount\": 400,\n        \"order_id\": \"ORD-1\"\n      }\n    \
+                 effective_args:\n      {\n        \"amount\": 300,\n        \"order_id\": \"ORD-1\"\n      }\n"
+            ),
+            "{text}"
+        );
+        // Once per approval: not again at the milestone before the decision.
+        assert_eq!(text.matches("effective_args:").count(), 1, "{text}");
+        // The same blocks as `approvals show`, indented under the entry.
+        let mut shown = Vec::new();
+        crate::cmd::approvals::write_args(&mut shown, "    ", &approval(Some(edited), "approved"))
+            .unwrap();
+        assert!(
+            decided.contains(std::str::from_utf8(&shown).unwrap()),
+            "{text}"
+        );
+        // Without an edit, nothing more than before.
+        let plain = text_of(
+            vec![approval_entry(
+                "approval_decided",
+                approval(None, "approved"),
+            )],
+            session("run_root"),
+        );
+        assert!(!plain.contains("args:"), "{plain}");
+        // A pending approval an approver already edited (a quorum not reached yet) shows them at
+        // its creation, its only milestone so far.
+        let pending = text_of(
+            vec![approval_entry(
+                "approval_created",
+                approval(Some(json!({"amount": 1})), "pending"),
+            )],
+            session("run_root"),
+        );
+        assert!(
+            pending.contains("    effective_args:\n      {\n        \"amount\": 1\n"),
+            "{pending}"
+        );
+    }
+
+    #[test]
+    fn shortened_payloads_say_their_size_and_how_to_print_them_whole() {
+        let reference = |seq: u64, call: Option<&str>, field: &str| PayloadRef {
+            session_id: "run_root".into(),
+            seq,
+            call_id: call.map(str::to_owned),
+            approval_id: None,
+            field: field.into(),
+        };
+        let mut root = session("run_root");
+        root.input = json!("Refund… [truncated: 3500016 bytes of JSON]");
+        root.truncated.push(TruncatedPayload {
+            field: "input".into(),
+            size_bytes: 3_500_016,
+            reference: reference(0, None, "input"),
+        });
+        let event = TimelineEntry {
+            timestamp: at("2025-01-31T09:30:00Z"),
+            gap_ms: 0,
+            source: "event".into(),
+            kind: "message.user".into(),
+            summary: "user (alice): Refund…".into(),
+            session_id: "run_root".into(),
+            depth: 0,
+            seq: 3,
+            detail: TimelineDetail::Event(SessionEvent {
+                id: 3,
+                event_type: "message.user".into(),
+                payload: json!({"content": "yyyy… [truncated: 3500030 bytes of JSON]"}),
+                seq: 3,
+                session_id: "run_root".into(),
+                turn: 1,
+                call_id: None,
+                actor: "alice".into(),
+            }),
+            truncated: vec![TruncatedPayload {
+                field: "event.payload".into(),
+                size_bytes: 3_500_030,
+                reference: reference(3, None, "payload"),
+            }],
+        };
+        let call = TimelineEntry {
+            source: "invocation".into(),
+            kind: "invocation_completed".into(),
+            summary: "succeeded orders.lookup-order@1.0.0".into(),
+            seq: 0,
+            detail: TimelineDetail::Invocation(phrony_grpc::client::ToolInvocation {
+                call_id: "c1".into(),
+                tool: "orders.lookup-order".into(),
+                version: "1.0.0".into(),
+                turn: 1,
+                args: json!({"order_id": "ORD-1"}),
+                result: json!({"found": false, "order_id": "ORD-999… [truncated: 3000030 bytes of JSON]"}),
+                status: "succeeded".into(),
+                worker_identity: None,
+                attempt: 1,
+                error_code: None,
+                error_message: None,
+                queue_delay_ms: 0,
+                execution_duration_ms: 1,
+            }),
+            truncated: vec![TruncatedPayload {
+                field: "invocation.result".into(),
+                size_bytes: 3_000_030,
+                reference: reference(0, Some("c1"), "result"),
+            }],
+            ..event.clone()
+        };
+        let mut out = Vec::new();
+        write_inspection(
+            &SessionInspection {
+                session: root,
+                timeline: vec![event, call],
+            },
+            true,
+            &mut out,
+        )
+        .unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(
+            text.contains(
+                "input:       \"Refund… [truncated: 3500016 bytes of JSON]\"… (3.5 MB, truncated; \
+                 phrony sessions payload run_root --field input to print it whole)\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "    payload: {\"content\":\"yyyy… [truncated: 3500030 bytes of JSON]\"}… (3.5 MB, \
+                 truncated; phrony sessions payload run_root 3 to print it whole)\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "    result: {\"found\":false,\"order_id\":\"ORD-999… [truncated: 3000030 bytes of \
+                 JSON]\"}… (3.0 MB, truncated; phrony sessions payload run_root --call c1 --field \
+                 result to print it whole)\n"
+            ),
+            "{text}"
+        );
+        // Untouched fields print as before.
+        assert!(
+            text.contains("    args: {\"order_id\":\"ORD-1\"}\n"),
+            "{text}"
+        );
+        assert_eq!(size_text(999), "999 B");
+        assert_eq!(size_text(65_536), "65.5 KB");
     }
 
     #[test]

@@ -2,6 +2,7 @@
 
 mod inspect;
 mod ls;
+mod payload;
 mod stop;
 
 use crate::cmd::Global;
@@ -13,6 +14,8 @@ pub(crate) enum Command {
     Ls(ls::Args),
     /// Show a session, its delegated children and its timeline of events, tool calls and approvals.
     Inspect(inspect::Args),
+    /// Print one payload of a session whole (JSON), e.g. one `inspect` shortened.
+    Payload(payload::Args),
     /// Cancel a session that has not ended (its queued and running tool calls are cancelled).
     Cancel(stop::Args),
     /// Complete a session that has not ended; its output is the last assistant message.
@@ -27,6 +30,7 @@ impl Command {
         match self {
             Self::Ls(args) => ls::run(&args, global),
             Self::Inspect(args) => inspect::run(&args, global),
+            Self::Payload(args) => payload::run(&args, global),
             Self::Cancel(args) => stop::run(&args, global, stop::Stop::Cancel),
             Self::Complete(args) => stop::run(&args, global, stop::Stop::Complete),
             Self::Attach(args) => crate::cmd::attach::run(&args, global),
