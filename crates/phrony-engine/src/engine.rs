@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex};
 
 use phrony_dispatch::Router;
 use phrony_ledger::{
-    AgentVersionRef, NewEvent, NewSession, OnLimit, Session, SessionEvent, SessionLimits,
-    ApprovalStatus, SessionMode, SessionStatus, StatusChange, Vote, VoteDecision, VoteOutcome,
+    AgentVersionRef, ApprovalStatus, NewEvent, NewSession, OnLimit, Session, SessionEvent,
+    SessionLimits, SessionMode, SessionStatus, StatusChange, Vote, VoteDecision, VoteOutcome,
     new_session_id,
 };
 use phrony_manifest::{ANNOTATION_POLICIES_COMPILED, ANNOTATION_STUB_SCRIPT, CompiledAgent};
@@ -649,7 +649,11 @@ impl Engine {
     /// input schema and the deny policies of the session's agent version (see
     /// [`Engine::decide_approval`]). An approval that is no longer pending is left to the
     /// store, which refuses the vote.
-    async fn check_edited_vote(&self, approval_id: Uuid, edited: &Value) -> Result<(), EngineError> {
+    async fn check_edited_vote(
+        &self,
+        approval_id: Uuid,
+        edited: &Value,
+    ) -> Result<(), EngineError> {
         let store = &self.inner.store;
         let approval = store.get_approval(approval_id).await?;
         if approval.status != ApprovalStatus::Pending || !edited.is_object() {
@@ -736,6 +740,27 @@ impl Engine {
                 .because("completed on request"),
         )
         .await
+    }
+
+    /// Stops the drivers of sessions the store has already ended by another path (an agent
+    /// version retired, an agent archived): their in-flight dispatches are cancelled (workers
+    /// get `WorkToolCancel`) and nothing more is recorded for them. Sessions not live here, or
+    /// still running in the store, are left alone.
+    ///
+    /// # Errors
+    /// Store errors.
+    pub async fn stop_ended_sessions(&self, session_ids: &[String]) -> Result<(), EngineError> {
+        for id in session_ids {
+            let Some(live) = self.inner.live(id) else {
+                continue;
+            };
+            if self.inner.store.get_session(id).await?.status.is_terminal() {
+                live.cancel.cancel();
+                live.bump_approvals();
+                live.notify_changed();
+            }
+        }
+        Ok(())
     }
 
     async fn end(&self, session_id: &str, change: StatusChange) -> Result<Session, EngineError> {

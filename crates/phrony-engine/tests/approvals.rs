@@ -160,7 +160,11 @@ async fn an_edit_past_the_hard_limit_is_refused(decision: &str) {
         edited_args: Some(refund("ORD-1", 999_999.0)),
         ..approve("mallory", "make it 999999")
     };
-    let err = h.engine.decide_approval(approval.id, vote).await.unwrap_err();
+    let err = h
+        .engine
+        .decide_approval(approval.id, vote)
+        .await
+        .unwrap_err();
     assert_eq!(err.kind, ErrorKind::FailedPrecondition);
     assert_eq!(
         err.message,
@@ -206,7 +210,11 @@ async fn without_revalidate_an_edit_that_needs_approval_opens_no_new_approval() 
     h.engine.decide_approval(approval.id, vote).await.unwrap();
     assert_eq!(h.wait_end(&s.id).await.status, SessionStatus::Completed);
     let approvals = h.store.session_approvals(&s.id).await.unwrap();
-    assert_eq!(approvals.len(), 1, "on_modify unchecked opens no second approval");
+    assert_eq!(
+        approvals.len(),
+        1,
+        "on_modify unchecked opens no second approval"
+    );
     let sent = h.worker.invoked("payments.issue-refund");
     assert_eq!(sent.len(), 1);
     assert_eq!(sent[0].args["amount"], json!(450.0));
@@ -295,7 +303,11 @@ async fn edited_arguments_must_still_match_the_schema() {
         edited_args: Some(json!({"order_id": "ORD-1", "amount": "all of it"})),
         ..approve("alice", "ok")
     };
-    let err = h.engine.decide_approval(approval.id, vote).await.unwrap_err();
+    let err = h
+        .engine
+        .decide_approval(approval.id, vote)
+        .await
+        .unwrap_err();
     assert_eq!(err.kind, ErrorKind::InvalidArgument);
     assert!(
         err.message

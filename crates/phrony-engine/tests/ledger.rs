@@ -469,7 +469,11 @@ async fn a_conversation_with_rejection_revalidation_and_invalid_args(db: Db) {
         .find(|c| c.call_id == second.call_id)
         .unwrap();
     assert_eq!(edited.proposed_args["amount"], json!(400.0));
-    assert_eq!(edited.args["amount"], json!(400.0), "the refused edit left no trace");
+    assert_eq!(
+        edited.args["amount"],
+        json!(400.0),
+        "the refused edit left no trace"
+    );
     let votes = &ledger.get_approval(second.id).await.unwrap().votes;
     assert_eq!(votes.len(), 1);
     assert_eq!(votes[0].decided_by, "emad");
