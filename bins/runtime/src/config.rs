@@ -113,6 +113,26 @@ pub(crate) struct Settings {
         global = true
     )]
     pub(crate) tool_allowlist: Option<std::ffi::OsString>,
+
+    /// The largest tool-call arguments (bytes of JSON) the runtime sends to a worker; a larger
+    /// call is a tool error for the model. [default: 1048576 (1 MiB)]
+    #[arg(
+        long,
+        env = "RUNTIME_MAX_TOOL_ARGS_BYTES",
+        value_name = "BYTES",
+        global = true
+    )]
+    pub(crate) max_tool_args_bytes: Option<String>,
+
+    /// The most tool calls one model response may request; each call beyond it is a tool
+    /// error for the model. [default: 64]
+    #[arg(
+        long,
+        env = "RUNTIME_MAX_TOOL_CALLS_PER_TURN",
+        value_name = "COUNT",
+        global = true
+    )]
+    pub(crate) max_tool_calls_per_turn: Option<String>,
 }
 
 /// `RUNTIME_LOG_FORMAT`.
@@ -285,6 +305,8 @@ mod tests {
             tool_exec_timeout: None,
             worker_lease_ttl: None,
             tool_allowlist: None,
+            max_tool_args_bytes: None,
+            max_tool_calls_per_turn: None,
         }
     }
 

@@ -4,12 +4,14 @@
 //! Durations (`RUNTIME_DISPATCH_QUEUE_WAIT`, `RUNTIME_TOOL_EXEC_TIMEOUT`,
 //! `RUNTIME_WORKER_LEASE_TTL`) are whole seconds (`10`) or a duration (`500ms`, `60s`, `2m`,
 //! `1h30m`). Unlike the reference, an invalid value stops the daemon instead of silently
-//! becoming the default.
+//! becoming the default. The bounds on what a model may ask for (`RUNTIME_MAX_TOOL_ARGS_BYTES`,
+//! `RUNTIME_MAX_TOOL_CALLS_PER_TURN`) are positive whole numbers.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use phrony_dispatch::{Allowlist, RouterConfig};
+use phrony_engine::{DEFAULT_MAX_TOOL_ARGS_BYTES, DEFAULT_MAX_TOOL_CALLS_PER_TURN};
 use phrony_grpc::ServeConfig;
 
 use crate::config::Settings;
@@ -27,6 +29,8 @@ pub(crate) struct Workers {
     allowlist: Option<(PathBuf, Allowlist)>,
     queue_wait: Duration,
     exec_timeout: Duration,
+    max_tool_args_bytes: usize,
+    max_tool_calls_per_turn: usize,
 }
 
 impl Settings {
@@ -42,6 +46,16 @@ impl Settings {
             "RUNTIME_TOOL_EXEC_TIMEOUT",
             self.tool_exec_timeout.as_deref(),
             DEFAULT_EXEC_TIMEOUT,
+        )?;
+        let max_tool_args_bytes = count(
+            "RUNTIME_MAX_TOOL_ARGS_BYTES",
+            self.max_tool_args_bytes.as_deref(),
+            DEFAULT_MAX_TOOL_ARGS_BYTES,
+        )?;
+        let max_tool_calls_per_turn = count(
+            "RUNTIME_MAX_TOOL_CALLS_PER_TURN",
+            self.max_tool_calls_per_turn.as_deref(),
+            DEFAULT_MAX_TOOL_CALLS_PER_TURN,
         )?;
         let mut router = RouterConfig::default();
         router.lease_ttl = duration(
@@ -71,6 +85,8 @@ impl Settings {
             allowlist,
             queue_wait,
             exec_timeout,
+            max_tool_args_bytes,
+            max_tool_calls_per_turn,
         })
     }
 }
@@ -96,12 +112,16 @@ impl Workers {
             queue_wait = %humantime::format_duration(self.queue_wait),
             exec_timeout = %humantime::format_duration(self.exec_timeout),
             worker_lease = %humantime::format_duration(self.router.lease_ttl),
+            max_tool_args_bytes = self.max_tool_args_bytes,
+            max_tool_calls_per_turn = self.max_tool_calls_per_turn,
             "tool dispatch settings"
         );
         config.router_config = self.router.clone();
         config.tool_allowlist = self.allowlist.map(|(_, list)| list);
         config.dispatch_queue_wait = self.queue_wait;
         config.tool_exec_timeout = self.exec_timeout;
+        config.max_tool_args_bytes = self.max_tool_args_bytes;
+        config.max_tool_calls_per_turn = self.max_tool_calls_per_turn;
         Ok(())
     }
 }
@@ -116,6 +136,19 @@ fn duration(var: &str, value: Option<&str>, default: Duration) -> anyhow::Result
                  duration such as 500ms, 60s or 2m"
             )
         }),
+    }
+}
+
+/// The value of `var`: `default` when unset or blank, else a positive whole number.
+fn count(var: &str, value: Option<&str>, default: usize) -> anyhow::Result<usize> {
+    match value.map(str::trim).filter(|v| !v.is_empty()) {
+        None => Ok(default),
+        Some(text) => match text.parse::<usize>() {
+            Ok(n) if n > 0 => Ok(n),
+            _ => Err(anyhow::anyhow!(
+                "invalid {var} {text:?}: expected a whole number greater than zero"
+            )),
+        },
     }
 }
 
@@ -187,6 +220,8 @@ mod tests {
         assert_eq!(w.exec_timeout, Duration::from_secs(60));
         assert_eq!(w.router, RouterConfig::default());
         assert!(w.allowlist.is_none());
+        assert_eq!(w.max_tool_args_bytes, 1024 * 1024);
+        assert_eq!(w.max_tool_calls_per_turn, 64);
 
         let w = workers(&[
             "--dispatch-queue-wait",
@@ -200,6 +235,28 @@ mod tests {
         assert_eq!(w.queue_wait, Duration::from_secs(10));
         assert_eq!(w.exec_timeout, Duration::from_secs(60));
         assert!(w.allowlist.is_none());
+    }
+
+    #[test]
+    fn tool_call_bounds_are_positive_whole_numbers() {
+        let w = workers(&[
+            "--max-tool-args-bytes",
+            "4096",
+            "--max-tool-calls-per-turn",
+            " 8 ",
+        ])
+        .unwrap();
+        assert_eq!(w.max_tool_args_bytes, 4096);
+        assert_eq!(w.max_tool_calls_per_turn, 8);
+        assert_eq!(
+            error(&["--max-tool-args-bytes", "1MiB"]),
+            "invalid RUNTIME_MAX_TOOL_ARGS_BYTES \"1MiB\": expected a whole number greater than zero"
+        );
+        assert_eq!(
+            error(&["--max-tool-calls-per-turn", "0"]),
+            "invalid RUNTIME_MAX_TOOL_CALLS_PER_TURN \"0\": expected a whole number greater than \
+             zero"
+        );
     }
 
     #[test]

@@ -22,7 +22,7 @@ use phrony_policy::{AgentCtx, Decision, Policy, Request, SessionCtx, ToolCtx, Tr
 use serde_json::{Map, Value, json};
 use uuid::Uuid;
 
-use crate::driver::{CallStop, Ctx, LimitEscalation, Stop, limit_message};
+use crate::driver::{CallStop, Ctx, DriverSetup, LimitEscalation, Stop, limit_message};
 use crate::error::StoreError;
 use crate::fold::{FAILURE_KEY, TRIGGER_KEY, codes, rejection_text};
 use crate::hooks::ledger_outcome;
@@ -118,8 +118,32 @@ fn safe_class(binding: &ToolBinding) -> bool {
     side_effect_class(binding).is_none_or(SideEffectClass::safe_to_redispatch)
 }
 
-impl Ctx {
-    fn policy_request<'a>(
+/// Why arguments an approver edited may not run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum EditRefusal {
+    /// They do not match the binding's input schema (the violations, as one message).
+    Schema(String),
+    /// A deny policy (or an allow-list) forbids them.
+    Denied {
+        /// The policy's ref.
+        policy: String,
+        /// Its reason.
+        message: String,
+    },
+}
+
+/// What policies see of one call: the tool, its arguments, the agent, the session (id and
+/// metadata), the principal's claims, and the time.
+pub(crate) struct CallScope<'a> {
+    pub(crate) agent: &'a phrony_manifest::CompiledAgent,
+    pub(crate) session_id: &'a str,
+    pub(crate) metadata: &'a Value,
+    pub(crate) principal: Option<&'a Value>,
+    pub(crate) now: i64,
+}
+
+impl CallScope<'_> {
+    pub(crate) fn request<'a>(
         &'a self,
         binding: &'a ToolBinding,
         wire: &'a str,
@@ -128,14 +152,63 @@ impl Ctx {
         let mut req = Request::new(binding.tool_ctx(wire), args)
             .with_agent(self.agent.agent_ctx())
             .with_session(SessionCtx {
-                id: &self.session.id,
-                metadata: Some(&self.metadata),
+                id: self.session_id,
+                metadata: Some(self.metadata),
             })
-            .at(self.now().timestamp());
-        if let Some(claims) = &self.principal {
+            .at(self.now);
+        if let Some(claims) = self.principal {
             req = req.with_principal(claims);
         }
         req
+    }
+}
+
+impl DriverSetup {
+    /// The schema violations of `args` for the tool `wire`, as one message.
+    pub(crate) fn invalid_args(&self, wire: &str, args: &Value) -> Option<String> {
+        let validator = self.validators.get(wire)?;
+        validator.validate(args).err().map(|errors| {
+            errors
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("; ")
+        })
+    }
+
+    /// Checks arguments an approver edited: they must match the input schema and pass every
+    /// deny policy (and allow-list), whatever `on_modify` says. `Ok(Some(policy))` when a
+    /// `require_approval` policy matches them (a fresh approval with `on_modify: revalidate`).
+    pub(crate) fn check_edit(
+        &self,
+        scope: &CallScope<'_>,
+        binding: &ToolBinding,
+        wire: &str,
+        args: &Value,
+    ) -> Result<Option<&Policy>, EditRefusal> {
+        if let Some(message) = self.invalid_args(wire, args) {
+            return Err(EditRefusal::Schema(message));
+        }
+        match self.policies.evaluate(&scope.request(binding, wire, args)) {
+            Decision::Allow => Ok(None),
+            Decision::Deny { policy, message } => Err(EditRefusal::Denied {
+                policy: policy.id().to_string(),
+                message: message.into_owned(),
+            }),
+            Decision::RequireApproval { policy } => Ok(Some(policy)),
+        }
+    }
+}
+
+impl Ctx {
+    pub(crate) fn scope(&self) -> CallScope<'_> {
+        CallScope {
+            agent: &self.agent,
+            session_id: &self.session.id,
+            metadata: &self.metadata,
+            principal: self.principal.as_ref(),
+            now: self.now().timestamp(),
+        }
     }
 
     /// Records one model tool call (idempotently: the same call after a restart returns the
@@ -259,16 +332,17 @@ impl Ctx {
         wire: &str,
         args: &Value,
     ) -> Result<(), CallStop> {
-        if let Some(message) = self.invalid_args(wire, args) {
+        if let Some(message) = self.setup.invalid_args(wire, args) {
             self.store()
                 .fail_tool_call(&call.call_id, codes::INVALID_ARGS, &message)
                 .await?;
             return Ok(());
         }
+        let scope = self.scope();
         let decision = self
             .setup
             .policies
-            .evaluate(&self.policy_request(binding, wire, args));
+            .evaluate(&scope.request(binding, wire, args));
         match decision {
             Decision::Allow => self.dispatch(call, binding, wire, false).await,
             Decision::Deny { policy, message } => {
@@ -283,18 +357,6 @@ impl Ctx {
                 Box::pin(self.wait_and_apply(call, binding, wire, approval.id)).await
             }
         }
-    }
-
-    /// The schema violations of `args`, as one message.
-    fn invalid_args(&self, wire: &str, args: &Value) -> Option<String> {
-        let validator = self.setup.validators.get(wire)?;
-        validator.validate(args).err().map(|errors| {
-            errors
-                .iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join("; ")
-        })
     }
 
     /// An approval request from a policy decision.
@@ -485,50 +547,41 @@ impl Ctx {
                     return Ok(());
                 }
                 let failure_approval = approval.policy_runtime.contains_key(TRIGGER_KEY);
-                if failure_approval {
-                    return Box::pin(self.dispatch(&current, binding, wire, true)).await;
-                }
                 let args = approval.args_to_dispatch().clone();
                 if args != approval.args {
-                    if let Some(message) = self.invalid_args(wire, &args) {
-                        self.store()
-                            .fail_tool_call(
-                                &call.call_id,
-                                codes::INVALID_ARGS,
-                                &format!("the arguments edited by the approver: {message}"),
-                            )
-                            .await?;
-                        return Ok(());
-                    }
-                    if approval.on_modify == OnModify::Revalidate {
-                        let decision = self
-                            .setup
-                            .policies
-                            .evaluate(&self.policy_request(binding, wire, &args));
-                        match decision {
-                            Decision::Allow => {}
-                            Decision::Deny { policy, message } => {
-                                self.store()
-                                    .deny_tool_call(
-                                        &call.call_id,
-                                        &message,
-                                        Some(&policy.id().to_string()),
-                                    )
-                                    .await?;
-                                return Ok(());
-                            }
-                            Decision::RequireApproval { policy } => {
-                                let new = self.policy_approval(&current, policy, None, Map::new());
-                                let next = self.open_approval(new).await?;
-                                return Box::pin(
-                                    self.wait_and_apply(&current, binding, wire, next.id),
+                    // Edited arguments always meet the schema and the deny policies; the vote
+                    // already checked them, this catches edits stored before that check.
+                    // `on_modify` decides only whether they may open a fresh approval.
+                    let scope = self.scope();
+                    match self.setup.check_edit(&scope, binding, wire, &args) {
+                        Err(EditRefusal::Schema(message)) => {
+                            self.store()
+                                .fail_tool_call(
+                                    &call.call_id,
+                                    codes::INVALID_ARGS,
+                                    &format!("the arguments edited by the approver: {message}"),
                                 )
-                                .await;
-                            }
+                                .await?;
+                            return Ok(());
                         }
+                        Err(EditRefusal::Denied { policy, message }) => {
+                            self.store()
+                                .deny_tool_call(&call.call_id, &message, Some(&policy))
+                                .await?;
+                            return Ok(());
+                        }
+                        Ok(Some(policy))
+                            if approval.on_modify == OnModify::Revalidate && !failure_approval =>
+                        {
+                            let new = self.policy_approval(&current, policy, None, Map::new());
+                            let next = self.open_approval(new).await?;
+                            return Box::pin(self.wait_and_apply(&current, binding, wire, next.id))
+                                .await;
+                        }
+                        Ok(_) => {}
                     }
                 }
-                Box::pin(self.dispatch(&current, binding, wire, false)).await
+                Box::pin(self.dispatch(&current, binding, wire, failure_approval)).await
             }
             ApprovalStatus::Denied => {
                 if approval.on_reject == OnReject::Fail {
@@ -659,7 +712,8 @@ impl Ctx {
             && !after_hitl
         {
             let args = current.args.clone();
-            let req = self.policy_request(binding, wire, &args);
+            let scope = self.scope();
+            let req = scope.request(binding, wire, &args);
             if let Some(policy) = self.setup.policies.evaluate_failure(&req, trigger) {
                 let mut extra = Map::new();
                 extra.insert(TRIGGER_KEY.into(), json!(trigger.as_str()));

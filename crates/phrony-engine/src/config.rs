@@ -21,7 +21,23 @@ pub struct EngineConfig {
     /// After a restart, how long a call that was sent to a worker waits for the worker to
     /// reconnect and report before it is handled as indeterminate (default 30 s, the lease).
     pub recovery_grace: Duration,
+    /// The largest tool-call arguments (compact JSON bytes) the engine dispatches
+    /// (`RUNTIME_MAX_TOOL_ARGS_BYTES`, default [`DEFAULT_MAX_TOOL_ARGS_BYTES`]). A larger call is
+    /// not recorded with its arguments nor sent: the model gets a tool error.
+    pub max_tool_args_bytes: usize,
+    /// The most tool calls one model response may request (`RUNTIME_MAX_TOOL_CALLS_PER_TURN`,
+    /// default [`DEFAULT_MAX_TOOL_CALLS_PER_TURN`]). The calls beyond it are not run: each gets
+    /// a tool error, so the model still receives one result per call it made.
+    pub max_tool_calls_per_turn: usize,
 }
+
+/// 1 MiB: a quarter of the 4 MiB gRPC message limit of the published SDK worker (grpcio's
+/// default), so an invoke always reaches the worker, and far above what a tool needs.
+pub const DEFAULT_MAX_TOOL_ARGS_BYTES: usize = 1 << 20;
+
+/// 64: far more parallel calls than models make in practice, and a quarter of the router's
+/// default per-tool queue (256), so one response cannot fill a tool's queue by itself.
+pub const DEFAULT_MAX_TOOL_CALLS_PER_TURN: usize = 64;
 
 impl Default for EngineConfig {
     fn default() -> Self {
@@ -31,6 +47,8 @@ impl Default for EngineConfig {
             subscription_buffer: 256,
             poll_interval: Duration::from_secs(2),
             recovery_grace: Duration::from_secs(30),
+            max_tool_args_bytes: DEFAULT_MAX_TOOL_ARGS_BYTES,
+            max_tool_calls_per_turn: DEFAULT_MAX_TOOL_CALLS_PER_TURN,
         }
     }
 }

@@ -813,10 +813,7 @@ impl Driver {
                     });
                 }
                 ModelEvent::Reasoning(block) => reasoning.push(block),
-                ModelEvent::ToolCall { name, args, .. } => {
-                    let index = u32::try_from(calls.len()).unwrap_or(u32::MAX);
-                    calls.push(ToolCallRecord { index, name, args });
-                }
+                ModelEvent::ToolCall { name, args, .. } => calls.push((name, args)),
                 ModelEvent::Completed { stop_reason, usage } => {
                     done = Some((stop_reason, usage));
                 }
@@ -827,6 +824,22 @@ impl Driver {
                 "the model stream ended before the completion finished".to_owned(),
             ));
         };
+        let config = &self.ctx.inner.config;
+        let total = calls.len();
+        let calls: Vec<ToolCallRecord> = calls
+            .into_iter()
+            .enumerate()
+            .map(|(i, (name, args))| {
+                ToolCallRecord::bounded(
+                    u32::try_from(i).unwrap_or(u32::MAX),
+                    name,
+                    args,
+                    total,
+                    config.max_tool_calls_per_turn,
+                    config.max_tool_args_bytes,
+                )
+            })
+            .collect();
         let duration_ms = u64::try_from((self.ctx.now() - started).num_milliseconds()).unwrap_or(0);
         let stop_reason = stop_reason.as_str().to_owned();
         Ok(Completed {
@@ -855,7 +868,19 @@ impl Driver {
     ) -> Result<(), CallStop> {
         let mut recorded = Vec::with_capacity(calls.len());
         for rec in &calls {
-            recorded.push(self.ctx.record_call(turn, iteration, rec).await?);
+            let call = self.ctx.record_call(turn, iteration, rec).await?;
+            match &rec.refused {
+                // A refused call gets its tool error now (again after a restart that came
+                // before it was recorded); it never reaches binding, policy or a worker.
+                Some(refusal) if !call.status.is_terminal() => {
+                    self.ctx
+                        .store()
+                        .fail_tool_call(&call.call_id, &refusal.code, &refusal.message)
+                        .await?;
+                }
+                Some(_) => {}
+                None => recorded.push(call),
+            }
         }
         self.ctx.notify();
         let mut running: FuturesUnordered<_> = recorded

@@ -29,6 +29,11 @@ pub mod codes {
     pub const UNKNOWN_TOOL: &str = "unknown_tool";
     /// The arguments do not match the binding's input schema.
     pub const INVALID_ARGS: &str = "invalid_args";
+    /// The arguments are larger than the engine dispatches (`max_tool_args_bytes`).
+    pub const ARGS_TOO_LARGE: &str = "args_too_large";
+    /// The model requested more calls in one response than the engine runs
+    /// (`max_tool_calls_per_turn`).
+    pub const TOO_MANY_CALLS: &str = "too_many_tool_calls";
     /// The worker may or may not have run the call.
     pub const INDETERMINATE: &str = "indeterminate";
 }
@@ -57,12 +62,91 @@ pub(crate) struct CompletionRecord {
     pub(crate) reasoning: Vec<ReasoningBlock>,
 }
 
-/// One tool call of a completion, as the model produced it.
+/// One tool call of a completion, as the model produced it (within the engine's bounds: see
+/// [`ToolCallRecord::bounded`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub(crate) struct ToolCallRecord {
     pub(crate) index: u32,
     pub(crate) name: String,
     pub(crate) args: Value,
+    /// Why the engine will not run this call (a tool error for the model), if it will not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) refused: Option<CallRefusal>,
+}
+
+/// A model tool call the engine refuses before binding or policy: its tool-error code and
+/// message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct CallRefusal {
+    pub(crate) code: String,
+    pub(crate) message: String,
+}
+
+/// The name recorded for a model tool call that named no tool (the conversation sent back to
+/// the model needs one).
+pub(crate) const UNNAMED_TOOL: &str = "unnamed_tool";
+
+impl ToolCallRecord {
+    /// The `index`-th call of a response of `total` calls, refused when it names no tool, when
+    /// it is beyond the first `max_calls`, or when its arguments exceed `max_args_bytes` (they
+    /// are then replaced by `{}`, so they are neither stored nor sent back to the model).
+    pub(crate) fn bounded(
+        index: u32,
+        name: String,
+        args: Value,
+        total: usize,
+        max_calls: usize,
+        max_args_bytes: usize,
+    ) -> Self {
+        let refuse = |code: &str, message: String| {
+            Some(CallRefusal {
+                code: code.to_owned(),
+                message,
+            })
+        };
+        let size = serde_json::to_vec(&args).map_or(usize::MAX, |b| b.len());
+        let position = usize::try_from(index).unwrap_or(usize::MAX);
+        let (name, refused) = if name.trim().is_empty() {
+            (
+                UNNAMED_TOOL.to_owned(),
+                refuse(
+                    codes::UNKNOWN_TOOL,
+                    "the tool call names no tool; call one of the tools you were given".to_owned(),
+                ),
+            )
+        } else {
+            (name, None)
+        };
+        let refused = refused.or_else(|| {
+            (position >= max_calls).then(|| CallRefusal {
+                code: codes::TOO_MANY_CALLS.to_owned(),
+                message: format!(
+                    "this response requested {total} tool calls; at most {max_calls} run per \
+                     response, so this one (number {}) was not run; request it again",
+                    position.saturating_add(1)
+                ),
+            })
+        });
+        let (args, refused) = match refused {
+            None if size > max_args_bytes => (
+                json!({}),
+                refuse(
+                    codes::ARGS_TOO_LARGE,
+                    format!(
+                        "the arguments are {size} bytes of JSON; at most {max_args_bytes} are \
+                         allowed, so the call was not run"
+                    ),
+                ),
+            ),
+            r => (args, r),
+        };
+        Self {
+            index,
+            name,
+            args,
+            refused,
+        }
+    }
 }
 
 /// The id a tool call has in the model's conversation: the call id, or `call_` + the first 32

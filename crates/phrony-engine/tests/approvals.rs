@@ -149,37 +149,75 @@ async fn comprehension_must_be_acknowledged_on_approve_and_reject() {
     assert_eq!(h.worker.tools(), ["payments.issue-refund"]);
 }
 
-#[tokio::test]
-async fn revalidate_denies_an_edited_call_the_hard_limit_forbids() {
-    let h = Harness::memory(
-        &AgentOptions::with_decision("    on_modify: revalidate\n"),
-        refund_then_say(),
-    )
-    .await;
+/// An edit the hard limit forbids is refused at vote time, whatever `on_modify` says: nothing
+/// is recorded, the approval stays pending, and nothing is dispatched.
+async fn an_edit_past_the_hard_limit_is_refused(decision: &str) {
+    let h = Harness::memory(&AgentOptions::with_decision(decision), refund_then_say()).await;
     let s = h.start("Refund €400 for ORD-1.").await;
     h.wait(&s.id, &[SessionStatus::AwaitingApproval]).await;
     let approval = h.pending_approval(&s.id).await;
     let vote = Vote {
-        edited_args: Some(refund("ORD-1", 9000.0)),
-        ..approve("mallory", "make it 9000")
+        edited_args: Some(refund("ORD-1", 999_999.0)),
+        ..approve("mallory", "make it 999999")
+    };
+    let err = h
+        .engine
+        .decide_approval(approval.id, vote)
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind, ErrorKind::FailedPrecondition);
+    assert_eq!(
+        err.message,
+        "the edited arguments are denied by policy payments/refund-hard-limit@1.0.0: Refund \
+         amount exceeds the absolute ceiling for agent-initiated refunds."
+    );
+    let after = h.store.get_approval(approval.id).await.unwrap();
+    assert_eq!(after.status, ApprovalStatus::Pending);
+    assert!(after.votes.is_empty(), "a refused edit records no vote");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(h.worker.tools().is_empty(), "the edit never runs");
+    // The approver can still approve the proposed call.
+    h.engine
+        .decide_approval(approval.id, approve("alice", "ok"))
+        .await
+        .unwrap();
+    assert_eq!(h.wait_end(&s.id).await.status, SessionStatus::Completed);
+    let sent = h.worker.invoked("payments.issue-refund");
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].args["amount"], json!(400.0));
+}
+
+#[tokio::test]
+async fn revalidate_refuses_an_edit_the_hard_limit_forbids() {
+    an_edit_past_the_hard_limit_is_refused("    on_modify: revalidate\n").await;
+}
+
+#[tokio::test]
+async fn without_revalidate_an_edit_still_meets_the_deny_policies() {
+    an_edit_past_the_hard_limit_is_refused("").await;
+}
+
+#[tokio::test]
+async fn without_revalidate_an_edit_that_needs_approval_opens_no_new_approval() {
+    let h = Harness::memory(&AgentOptions::default(), refund_then_say()).await;
+    let s = h.start("Refund €400 for ORD-1.").await;
+    h.wait(&s.id, &[SessionStatus::AwaitingApproval]).await;
+    let approval = h.pending_approval(&s.id).await;
+    let vote = Vote {
+        edited_args: Some(refund("ORD-1", 450.0)),
+        ..approve("alice", "a little more")
     };
     h.engine.decide_approval(approval.id, vote).await.unwrap();
     assert_eq!(h.wait_end(&s.id).await.status, SessionStatus::Completed);
-    assert!(
-        h.worker.tools().is_empty(),
-        "the edited call is denied, never dispatched"
-    );
-    let (text, is_error) = last_tool_result(&h.script.requests()[1]);
-    assert!(is_error);
+    let approvals = h.store.session_approvals(&s.id).await.unwrap();
     assert_eq!(
-        text,
-        "Refund amount exceeds the absolute ceiling for agent-initiated refunds."
+        approvals.len(),
+        1,
+        "on_modify unchecked opens no second approval"
     );
-    // The audit keeps both the proposed and the effective arguments.
-    let call = h.store.get_tool_call(&approval.call_id).await.unwrap();
-    assert_eq!(call.proposed_args["amount"], json!(400.0));
-    assert_eq!(call.args["amount"], json!(9000.0));
-    assert_eq!(call.error_code.as_deref(), Some("policy_denied"));
+    let sent = h.worker.invoked("payments.issue-refund");
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].args["amount"], json!(450.0));
 }
 
 #[tokio::test]
@@ -229,6 +267,32 @@ async fn revalidate_opens_a_fresh_approval_when_the_edit_still_needs_one() {
     );
 }
 
+/// Defence in depth: an edit that reached the store without the vote-time check (e.g. one
+/// recorded before it existed) is still checked against the deny policies before dispatch.
+#[tokio::test]
+async fn a_stored_edit_past_the_hard_limit_is_denied_at_dispatch() {
+    let h = Harness::memory(&AgentOptions::default(), refund_then_say()).await;
+    let s = h.start("Refund €400 for ORD-1.").await;
+    h.wait(&s.id, &[SessionStatus::AwaitingApproval]).await;
+    let approval = h.pending_approval(&s.id).await;
+    let vote = Vote {
+        edited_args: Some(refund("ORD-1", 999_999.0)),
+        ..approve("mallory", "make it 999999")
+    };
+    // Straight into the store, past the engine's check.
+    h.store.cast_vote(approval.id, vote).await.unwrap();
+    assert_eq!(h.wait_end(&s.id).await.status, SessionStatus::Completed);
+    assert!(h.worker.tools().is_empty(), "the edit never runs");
+    let (text, is_error) = last_tool_result(&h.script.requests()[1]);
+    assert!(is_error);
+    assert_eq!(
+        text,
+        "Refund amount exceeds the absolute ceiling for agent-initiated refunds."
+    );
+    let call = h.store.get_tool_call(&approval.call_id).await.unwrap();
+    assert_eq!(call.error_code.as_deref(), Some("policy_denied"));
+}
+
 #[tokio::test]
 async fn edited_arguments_must_still_match_the_schema() {
     let h = Harness::memory(&AgentOptions::default(), refund_then_say()).await;
@@ -239,13 +303,25 @@ async fn edited_arguments_must_still_match_the_schema() {
         edited_args: Some(json!({"order_id": "ORD-1", "amount": "all of it"})),
         ..approve("alice", "ok")
     };
-    h.engine.decide_approval(approval.id, vote).await.unwrap();
-    assert_eq!(h.wait_end(&s.id).await.status, SessionStatus::Completed);
-    assert!(h.worker.tools().is_empty());
-    let (text, is_error) = last_tool_result(&h.script.requests()[1]);
+    let err = h
+        .engine
+        .decide_approval(approval.id, vote)
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind, ErrorKind::InvalidArgument);
     assert!(
-        is_error && text.starts_with("invalid_args: the arguments edited by the approver"),
-        "{text}"
+        err.message
+            .starts_with("the edited arguments do not match the input schema of issue_refund: "),
+        "{}",
+        err.message
+    );
+    let after = h.store.get_approval(approval.id).await.unwrap();
+    assert_eq!(after.status, ApprovalStatus::Pending);
+    assert!(after.votes.is_empty());
+    assert!(h.worker.tools().is_empty());
+    assert_eq!(
+        h.store.get_session(&s.id).await.unwrap().status,
+        SessionStatus::AwaitingApproval
     );
 }
 

@@ -385,7 +385,7 @@ async fn a_conversation_with_rejection_revalidation_and_invalid_args(db: Db) {
             // Turn 1: rejected.
             Step::call("issue_refund", refund("ORD-1", 400.0)),
             Step::say("Not approved."),
-            // Turn 2: an approver edits it above the hard limit; revalidation denies it.
+            // Turn 2: an edit above the hard limit is refused at vote time; then it is rejected.
             Step::call("issue_refund", refund("ORD-1", 400.0)),
             Step::say("Denied."),
             // Turn 3: invalid arguments never reach policy or worker.
@@ -416,7 +416,19 @@ async fn a_conversation_with_rejection_revalidation_and_invalid_args(db: Db) {
         edited_args: Some(refund("ORD-1", 9000.0)),
         ..approve("mallory", "refund everything")
     };
-    h.engine.decide_approval(second.id, vote).await.unwrap();
+    let refused = h.engine.decide_approval(second.id, vote).await.unwrap_err();
+    assert_eq!(refused.kind, phrony_engine::ErrorKind::FailedPrecondition);
+    assert!(
+        refused.message.starts_with(
+            "the edited arguments are denied by policy payments/refund-hard-limit@1.0.0"
+        ),
+        "{}",
+        refused.message
+    );
+    h.engine
+        .decide_approval(second.id, reject("emad", "Not above the ceiling."))
+        .await
+        .unwrap();
     h.wait(&s.id, &[SessionStatus::AwaitingInput]).await;
 
     h.engine
@@ -440,9 +452,10 @@ async fn a_conversation_with_rejection_revalidation_and_invalid_args(db: Db) {
             .0
             .ends_with("was rejected by emad: No damage claim on file for this order.")
     );
-    assert_eq!(
-        last_tool_result(&requests[3]).0,
-        "Refund amount exceeds the absolute ceiling for agent-initiated refunds."
+    assert!(
+        last_tool_result(&requests[3])
+            .0
+            .ends_with("was rejected by emad: Not above the ceiling.")
     );
     assert!(
         last_tool_result(&requests[5])
@@ -456,8 +469,14 @@ async fn a_conversation_with_rejection_revalidation_and_invalid_args(db: Db) {
         .find(|c| c.call_id == second.call_id)
         .unwrap();
     assert_eq!(edited.proposed_args["amount"], json!(400.0));
-    assert_eq!(edited.args["amount"], json!(9000.0));
-    assert_eq!(edited.error_code.as_deref(), Some("policy_denied"));
+    assert_eq!(
+        edited.args["amount"],
+        json!(400.0),
+        "the refused edit left no trace"
+    );
+    let votes = &ledger.get_approval(second.id).await.unwrap().votes;
+    assert_eq!(votes.len(), 1);
+    assert_eq!(votes[0].decided_by, "emad");
     assert!(
         ledger
             .verify_stream(&s.id)

@@ -62,12 +62,19 @@ pub struct ServeConfig {
     /// (`RUNTIME_TOOL_EXEC_TIMEOUT`); passed as `DispatchCall::exec_timeout` by the session
     /// engine.
     pub tool_exec_timeout: Duration,
+    /// The largest tool-call arguments (bytes of JSON) sent to a worker
+    /// (`RUNTIME_MAX_TOOL_ARGS_BYTES`); see `phrony_engine::EngineConfig::max_tool_args_bytes`.
+    pub max_tool_args_bytes: usize,
+    /// The most tool calls one model response may request (`RUNTIME_MAX_TOOL_CALLS_PER_TURN`);
+    /// see `phrony_engine::EngineConfig::max_tool_calls_per_turn`.
+    pub max_tool_calls_per_turn: usize,
 }
 
 impl ServeConfig {
     /// Settings with defaults: actor `anonymous`, a health check every 3 s (2 s timeout), a
-    /// 10 s shutdown grace period, a default router, a 10 s dispatch queue wait and a 60 s
-    /// tool execution timeout.
+    /// 10 s shutdown grace period, a default router, a 10 s dispatch queue wait, a 60 s
+    /// tool execution timeout, and the engine's default bounds on tool calls (1 MiB of
+    /// arguments, 64 calls per model response).
     #[must_use]
     pub fn new(secrets_key: SecretsKey) -> Self {
         Self {
@@ -82,6 +89,8 @@ impl ServeConfig {
             providers: None,
             dispatch_queue_wait: Duration::from_secs(10),
             tool_exec_timeout: Duration::from_secs(60),
+            max_tool_args_bytes: phrony_engine::DEFAULT_MAX_TOOL_ARGS_BYTES,
+            max_tool_calls_per_turn: phrony_engine::DEFAULT_MAX_TOOL_CALLS_PER_TURN,
         }
     }
 }

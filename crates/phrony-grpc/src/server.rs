@@ -210,6 +210,8 @@ pub async fn serve(
         config: EngineConfig {
             queue_wait: config.dispatch_queue_wait,
             exec_timeout: config.tool_exec_timeout,
+            max_tool_args_bytes: config.max_tool_args_bytes,
+            max_tool_calls_per_turn: config.max_tool_calls_per_turn,
             ..EngineConfig::default()
         },
     });

@@ -904,6 +904,154 @@ async fn cancel_closes_pending_approvals_and_ended_sessions_refuse_changes() {
     );
 }
 
+/// The refund example published as another version.
+fn refund_agent_version(version: &str) -> CompiledAgent {
+    let dir = tempfile::tempdir().unwrap();
+    let src = example_dir();
+    for sub in ["tools", "policies"] {
+        std::fs::create_dir_all(dir.path().join(sub)).unwrap();
+        for entry in std::fs::read_dir(src.join(sub)).unwrap() {
+            let entry = entry.unwrap();
+            std::fs::copy(entry.path(), dir.path().join(sub).join(entry.file_name())).unwrap();
+        }
+    }
+    let text = std::fs::read_to_string(src.join("agent.yaml"))
+        .unwrap()
+        .replace("version: 0.1.0", &format!("version: {version}"));
+    std::fs::write(dir.path().join("agent.yaml"), text).unwrap();
+    let agent = match phrony_manifest::load_agent(dir.path().join("agent.yaml")) {
+        Ok(c) => c.agent,
+        Err(d) => panic!("the refund example does not compile:\n{d}"),
+    };
+    assert_eq!(agent.metadata.version, version);
+    agent
+}
+
+fn as_actor<T>(message: T, actor: &str) -> Request<T> {
+    let mut request = Request::new(message);
+    request
+        .metadata_mut()
+        .insert("phrony-actor", actor.parse().unwrap());
+    request
+}
+
+async fn approval(client: &mut RuntimeClient<Channel>, id: &str) -> pb::Approval {
+    client
+        .get_approval(pb::GetApprovalRequest {
+            approval_id: id.into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+#[tokio::test]
+async fn retire_and_archive_close_pending_approvals_and_nothing_they_held_runs() {
+    let mut w = world().await;
+    let old = run(&mut w.client, "refund-agent", "Refund 400 for ORD-1").await;
+    wait_status(&mut w.client, &old, "awaiting_approval").await;
+    let held = pending_approvals(&mut w.client, &old).await.remove(0);
+
+    // A newer version takes over; the old one is retired while its session waits.
+    publish_and_deploy(&mut w.client, &refund_agent_version("0.2.0")).await;
+    let current = run(&mut w.client, "refund-agent", "Refund 400 for ORD-1").await;
+    wait_status(&mut w.client, &current, "awaiting_approval").await;
+    let retire = pb::RetireAgentVersionRequest {
+        agent_ref: Some(pb::AgentRef {
+            version: "0.1.0".into(),
+            ..agent_ref("refund-agent")
+        }),
+    };
+    w.client
+        .retire_agent_version(as_actor(retire, "erin"))
+        .await
+        .unwrap();
+    let reason = "agent version support/refund-agent@0.1.0 retired by erin";
+    let s = inspect(&mut w.client, &old).await.session.unwrap();
+    assert_eq!((s.status.as_str(), s.error.as_str()), ("failed", reason));
+    let closed = approval(&mut w.client, &held.id).await;
+    assert_eq!(
+        (closed.status.as_str(), closed.comment.as_str()),
+        ("cancelled", reason)
+    );
+    assert_code(
+        w.client
+            .decide_approval(decide(&held.id, true, "emad", "ok"))
+            .await,
+        Code::FailedPrecondition,
+        &format!("approval {} is already cancelled", held.id),
+    );
+    assert_eq!(
+        inspect(&mut w.client, &current)
+            .await
+            .session
+            .unwrap()
+            .status,
+        "awaiting_approval",
+        "the active version's session is left alone"
+    );
+
+    // Archiving the agent ends the sessions of every version.
+    let held = pending_approvals(&mut w.client, &current).await.remove(0);
+    let archive = pb::ArchiveAgentRequest {
+        agent_ref: Some(agent_ref("refund-agent")),
+    };
+    w.client
+        .archive_agent(as_actor(archive, "erin"))
+        .await
+        .unwrap();
+    let reason = "agent support/refund-agent archived by erin";
+    let s = inspect(&mut w.client, &current).await.session.unwrap();
+    assert_eq!((s.status.as_str(), s.error.as_str()), ("failed", reason));
+    let closed = approval(&mut w.client, &held.id).await;
+    assert_eq!(
+        (closed.status.as_str(), closed.comment.as_str()),
+        ("cancelled", reason)
+    );
+    assert_code(
+        w.client
+            .decide_approval(decide(&held.id, true, "emad", "ok"))
+            .await,
+        Code::FailedPrecondition,
+        &format!("approval {} is already cancelled", held.id),
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(w.worker.refunds().is_empty(), "no held refund ran");
+}
+
+#[tokio::test]
+async fn an_edited_vote_is_refused_with_the_schema_error_or_the_deny_policy() {
+    let mut w = world().await;
+    let id = run(&mut w.client, "refund-agent", "Refund 400 for ORD-1").await;
+    wait_status(&mut w.client, &id, "awaiting_approval").await;
+    let a = pending_approvals(&mut w.client, &id).await.remove(0);
+    let edited = |args: Value| pb::DecideApprovalRequest {
+        args: serde_json::to_vec(&args).unwrap(),
+        ..decide(&a.id, true, "mallory", "edited")
+    };
+    assert_code(
+        w.client
+            .decide_approval(edited(
+                json!({"order_id": "ORD-1", "amount": 999_999, "currency": "EUR"}),
+            ))
+            .await,
+        Code::FailedPrecondition,
+        "the edited arguments are denied by policy payments/refund-hard-limit@1.0.0: Refund \
+         amount exceeds the absolute ceiling",
+    );
+    assert_code(
+        w.client
+            .decide_approval(edited(json!({"order_id": "ORD-1", "amount": "everything"})))
+            .await,
+        Code::InvalidArgument,
+        "the edited arguments do not match the input schema of issue_refund",
+    );
+    let still = approval(&mut w.client, &a.id).await;
+    assert_eq!(still.status, "pending");
+    assert!(still.votes.is_empty(), "a refused edit records nothing");
+    assert!(w.worker.refunds().is_empty());
+}
+
 #[tokio::test]
 async fn a_conversation_is_completed_on_request() {
     let mut w = world().await;

@@ -102,7 +102,13 @@
 //! - the publish actor is stored (`published_by`) and every change records its actor;
 //! - **deprecated versions cannot be deployed or rolled back to** (they could not run anyway);
 //! - rollback without `to` refuses a retired or deprecated previous version, like `to` does;
-//! - the **active** version cannot be retired or deprecated: deploy or roll back first.
+//! - the **active** version cannot be retired or deprecated: deploy or roll back first;
+//! - retiring a version, or archiving its agent, **fails its live sessions** in the same
+//!   transaction (their pending approvals closed, their open calls cancelled, with the reason
+//!   `agent version ns/name@v retired by <actor>` / `agent ns/name archived by <actor>`): a
+//!   call that was waiting for approval is never dispatched after the change commits, and an
+//!   approval decided concurrently either committed first (its call is then cancelled) or is
+//!   refused (`approval X is already cancelled`). The reference let such approvals dispatch.
 //!
 //! # Errors
 //!
@@ -133,8 +139,8 @@ pub use db::Backend;
 pub use error::LedgerError;
 pub use model::{
     Agent, AgentRef, AgentVersion, ArchivedAgent, Deployment, DeploymentAction, Event,
-    NewAgentVersion, NewEvent, Published, RebuildReport, VerifyReport, VersionOrigin,
-    VersionStatus,
+    NewAgentVersion, NewEvent, Published, RebuildReport, RetiredVersion, VerifyReport,
+    VersionOrigin, VersionStatus,
 };
 
 pub use approvals::{
@@ -627,7 +633,10 @@ impl Ledger {
         ))
     }
 
-    /// Retires a version: it can no longer be deployed, rolled back to or run.
+    /// Retires a version: it can no longer be deployed, rolled back to or run. Its live
+    /// sessions fail in the same transaction (`agent version ns/name@v retired by <actor>`):
+    /// their pending approvals are closed (`cancelled`, with that reason) and their open calls
+    /// cancelled, so a decision that did not commit before the retire dispatches nothing.
     ///
     /// # Errors
     /// `NotFound` (`no version "v" for agent …`, also when already retired),
@@ -637,15 +646,19 @@ impl Ledger {
         agent: &AgentRef,
         version: &str,
         actor: &str,
-    ) -> Result<AgentVersion> {
+    ) -> Result<RetiredVersion> {
         agent.validate()?;
         require_version(version)?;
         require_nonempty("actor", actor)?;
-        write_tx!(self, |tx| lifecycle::retire(&mut tx, agent, version, actor))
+        write_tx!(self, |tx| lifecycle::retire_ending_sessions(
+            &mut tx, agent, version, actor
+        ))
     }
 
     /// Archives the agent and deprecates all its versions, in one transaction. Archived agents
-    /// stay listed but accept no publish, deploy, rollback, deprecate, retire or run.
+    /// stay listed but accept no publish, deploy, rollback, deprecate, retire or run. The live
+    /// sessions of all its versions fail in the same transaction (`agent ns/name archived by
+    /// <actor>`), like [`Ledger::retire_version`]'s.
     ///
     /// # Errors
     /// `NotFound`; `FailedPrecondition`: `agent ns/name is already archived`.

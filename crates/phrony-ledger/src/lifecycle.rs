@@ -16,7 +16,7 @@ use crate::error::{LedgerError, Result};
 use crate::events::{append, lock_stream};
 use crate::model::{
     Agent, AgentRef, AgentVersion, ArchivedAgent, Deployment, DeploymentAction, Event,
-    NewAgentVersion, NewEvent, Published, VersionOrigin,
+    NewAgentVersion, NewEvent, Published, RetiredVersion, VersionOrigin,
 };
 
 /// Event types of the agent lifecycle streams.
@@ -541,6 +541,27 @@ async fn retire_or_deprecate(
     change_version(tx, &mut head, &agent, target, change.event_type(), actor).await
 }
 
+/// Retires a version and, in the same transaction, fails its live sessions (their pending
+/// approvals closed and open calls cancelled, so nothing they held is dispatched).
+pub(crate) async fn retire_ending_sessions(
+    tx: &mut Tx,
+    agent_ref: &AgentRef,
+    version: &str,
+    actor: &str,
+) -> Result<RetiredVersion> {
+    let retired = retire(tx, agent_ref, version, actor).await?;
+    let reason = format!(
+        "agent version {agent_ref}@{} retired by {actor}",
+        retired.version
+    );
+    let ended_sessions =
+        crate::sessions::end_for_versions(tx, &[retired.id], &reason, actor).await?;
+    Ok(RetiredVersion {
+        version: retired,
+        ended_sessions,
+    })
+}
+
 /// Retiring or deprecating the active version would leave the agent deployed but unable to
 /// run (a reference defect); the user must move the deployment first.
 async fn refuse_if_active(
@@ -616,10 +637,18 @@ pub(crate) async fn archive(
     )
     .await?;
     apply(&mut tx.conn(), &event).await?;
+    let all: Vec<Uuid> = list_versions(&mut tx.conn(), agent.id)
+        .await?
+        .into_iter()
+        .map(|v| v.id)
+        .collect();
+    let reason = format!("agent {agent_ref} archived by {actor}");
+    let ended_sessions = crate::sessions::end_for_versions(tx, &all, &reason, actor).await?;
     Ok(ArchivedAgent {
         agent_id: agent.id,
         deprecated_versions: payload.deprecated_versions,
         archived_at: event.ts,
+        ended_sessions,
     })
 }
 

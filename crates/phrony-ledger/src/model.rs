@@ -301,6 +301,19 @@ pub struct ArchivedAgent {
     pub deprecated_versions: Vec<String>,
     /// When.
     pub archived_at: DateTime<Utc>,
+    /// The live sessions of the agent's versions this archive failed (in the same
+    /// transaction): an archived agent runs nothing more.
+    pub ended_sessions: Vec<String>,
+}
+
+/// What [`crate::Ledger::retire_version`] did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RetiredVersion {
+    /// The version, now retired.
+    pub version: AgentVersion,
+    /// The live sessions of the version this retire failed (in the same transaction): a
+    /// retired version runs nothing more.
+    pub ended_sessions: Vec<String>,
 }
 
 /// An event to append.

@@ -746,6 +746,47 @@ async fn set_status(tx: &mut Tx, id: &str, change: &StatusChange) -> Result<Stat
     Ok(changed)
 }
 
+/// Fails every live session running one of `version_ids` because the version was taken out of
+/// use (retired, or its agent archived), inside the lifecycle change's transaction: each
+/// session's pending approvals are closed (`cancelled`) and its open calls cancelled with
+/// `reason`, so nothing they held is dispatched, then the session fails with `reason`
+/// (`actor` recorded). Returns the ids of the sessions it ended.
+pub(crate) async fn end_for_versions(
+    tx: &mut Tx,
+    version_ids: &[Uuid],
+    reason: &str,
+    actor: &str,
+) -> Result<Vec<String>> {
+    let mut ended = Vec::new();
+    for version_id in version_ids {
+        let rows = tx
+            .conn()
+            .fetch_all(
+                "find live sessions of a version",
+                "SELECT id FROM sessions WHERE agent_version_id = $1 \
+                 AND status NOT IN ('completed', 'failed', 'cancelled') ORDER BY created_at, id",
+                args![*version_id],
+            )
+            .await?;
+        let ids = rows
+            .iter()
+            .map(|r| r.text("id"))
+            .collect::<Result<Vec<_>>>()?;
+        for id in ids {
+            let mut head = lock_stream(tx, &id).await?;
+            // A parent ended earlier in this loop may have cancelled it already.
+            if require(&mut tx.conn(), &id).await?.status.is_terminal() {
+                continue;
+            }
+            approvals::close_pending(tx, &mut head, &id, reason).await?;
+            invocations::cancel_open(tx, &mut head, &id, reason).await?;
+            set_status(tx, &id, &StatusChange::failed(reason).by(actor)).await?;
+            ended.push(id);
+        }
+    }
+    Ok(ended)
+}
+
 /// Appends and applies one status change of a locked session. A terminal change first closes
 /// the session's pending approvals, cancels its open tool calls and cancels its running
 /// descendants (each in its own stream), then purges its secrets (in [`apply`]).

@@ -624,6 +624,7 @@ pub fn test_config() -> EngineConfig {
         subscription_buffer: 64,
         poll_interval: Duration::from_millis(50),
         recovery_grace: Duration::from_millis(300),
+        ..EngineConfig::default()
     }
 }
 

@@ -185,8 +185,12 @@ impl RuntimeService {
             .retire_version(&agent, &version, &actor)
             .await
             .map_err(ledger_status)?;
-        tracing::info!(agent = %agent, %version, %actor, "retired agent version");
-        Ok(convert::retire_response(retired))
+        tracing::info!(
+            agent = %agent, %version, %actor, ended_sessions = ?&retired.ended_sessions,
+            "retired agent version"
+        );
+        self.stop_ended(&retired.ended_sessions).await;
+        Ok(convert::retire_response(retired.version))
     }
 
     pub(super) async fn archive_impl(
@@ -202,8 +206,22 @@ impl RuntimeService {
             .map_err(ledger_status)?;
         tracing::info!(
             agent = %agent, %actor, deprecated_versions = ?&archived.deprecated_versions,
-            "archived agent"
+            ended_sessions = ?&archived.ended_sessions, "archived agent"
         );
+        self.stop_ended(&archived.ended_sessions).await;
         Ok(convert::archive_response(archived))
+    }
+
+    /// The ledger ended these sessions with the lifecycle change (committed): their drivers
+    /// stop now. A failure here changes nothing durable, so it is only logged.
+    async fn stop_ended(&self, session_ids: &[String]) {
+        if session_ids.is_empty() {
+            return;
+        }
+        if let Ok(engine) = self.engine()
+            && let Err(e) = engine.stop_ended_sessions(session_ids).await
+        {
+            tracing::warn!(error = %e, "could not stop the drivers of ended sessions");
+        }
     }
 }

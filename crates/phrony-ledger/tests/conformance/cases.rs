@@ -499,7 +499,11 @@ pub(crate) async fn deprecate_and_retire_follow_the_rules(db: &TestDb) {
          deprecated; deploy or roll back to another version first",
     );
 
-    let retired = ledger.retire_version(&a, "1.0.0", "erin").await.unwrap();
+    let retired = ledger
+        .retire_version(&a, "1.0.0", "erin")
+        .await
+        .unwrap()
+        .version;
     assert_eq!(retired.status(), VersionStatus::Retired);
     assert_eq!(retired.retired_by.as_deref(), Some("erin"));
     assert!(retired.retired_at.is_some());
@@ -528,6 +532,7 @@ pub(crate) async fn deprecate_and_retire_follow_the_rules(db: &TestDb) {
             .retire_version(&a, "2.0.0", "ops")
             .await
             .unwrap()
+            .version
             .status(),
         VersionStatus::Retired
     );

@@ -75,6 +75,7 @@ conformance!(
     approval_reject_vetoes_and_comprehension_is_required,
     approval_timeouts_apply_their_default,
     approvals_close_when_their_session_ends,
+    retire_and_archive_end_the_sessions_of_their_versions,
     approvals_list_filters_and_paginates,
     a_pending_approval_survives_a_restart,
     secrets_are_sealed_and_purged_on_terminal_transitions,

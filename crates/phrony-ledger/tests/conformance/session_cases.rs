@@ -1559,6 +1559,103 @@ pub(crate) async fn approvals_close_when_their_session_ends(db: &TestDb) {
     }
 }
 
+pub(crate) async fn retire_and_archive_end_the_sessions_of_their_versions(db: &TestDb) {
+    let ledger = db.migrated().await;
+    let agent = refund_agent();
+    let v1 = deploy_agent(ledger, &agent, "0.1.0").await;
+    // Waiting for a human.
+    let (waiting, waiting_call, approval) = pending_approval(ledger, &v1, |_| {}).await;
+    // Decided just before the retire: the call is approved but not yet dispatched.
+    let (decided, decided_call, decided_approval) = pending_approval(ledger, &v1, |_| {}).await;
+    ledger
+        .cast_vote(decided_approval.id, approve("alice"))
+        .await
+        .unwrap();
+    assert_eq!(
+        ledger
+            .get_tool_call(&decided_call.call_id)
+            .await
+            .unwrap()
+            .status,
+        CallStatus::Pending
+    );
+    let finished = start(ledger, &v1).await;
+    to(ledger, &finished.id, SessionStatus::Completed).await;
+    let v2 = deploy_agent(ledger, &agent, "0.2.0").await;
+    let (other, other_call, other_approval) = pending_approval(ledger, &v2, |_| {}).await;
+
+    let retired = ledger
+        .retire_version(&agent, "0.1.0", "erin")
+        .await
+        .unwrap();
+    let reason = "agent version support/refund-agent@0.1.0 retired by erin";
+    assert_eq!(
+        retired.ended_sessions.iter().collect::<BTreeSet<_>>(),
+        [&waiting.id, &decided.id]
+            .into_iter()
+            .collect::<BTreeSet<_>>()
+    );
+    for id in [&waiting.id, &decided.id] {
+        let s = ledger.get_session(id).await.unwrap();
+        assert_eq!(s.status, SessionStatus::Failed);
+        assert_eq!(s.error.as_deref(), Some(reason));
+    }
+    let closed = ledger.get_approval(approval.id).await.unwrap();
+    assert_eq!(closed.status, ApprovalStatus::Cancelled);
+    assert_eq!(closed.comment.as_deref(), Some(reason));
+    // Neither the waiting call nor the approved one can be dispatched any more.
+    for id in [&waiting_call.call_id, &decided_call.call_id] {
+        let call = ledger.get_tool_call(id).await.unwrap();
+        assert_eq!(call.status, CallStatus::Cancelled);
+        assert_eq!(call.error_message.as_deref(), Some(reason));
+        ledger.queue_tool_call(id).await.unwrap_err();
+    }
+    // A decision arriving after the retire loses.
+    assert_eq!(
+        precondition(ledger.cast_vote(approval.id, approve("bob")).await),
+        format!("approval {} is already cancelled", approval.id)
+    );
+    assert_eq!(
+        ledger.get_session(&finished.id).await.unwrap().status,
+        SessionStatus::Completed,
+        "an ended session is left alone"
+    );
+    assert_eq!(
+        ledger.get_approval(other_approval.id).await.unwrap().status,
+        ApprovalStatus::Pending,
+        "other versions' sessions are left alone"
+    );
+    for id in [&waiting.id, &decided.id] {
+        assert!(ledger.verify_stream(id).await.unwrap().violation.is_none());
+    }
+
+    let archived = ledger.archive_agent(&agent, "grace").await.unwrap();
+    assert_eq!(archived.ended_sessions, vec![other.id.clone()]);
+    let reason = "agent support/refund-agent archived by grace";
+    let closed = ledger.get_approval(other_approval.id).await.unwrap();
+    assert_eq!(closed.status, ApprovalStatus::Cancelled);
+    assert_eq!(closed.comment.as_deref(), Some(reason));
+    assert_eq!(
+        ledger
+            .get_tool_call(&other_call.call_id)
+            .await
+            .unwrap()
+            .status,
+        CallStatus::Cancelled
+    );
+    let s = ledger.get_session(&other.id).await.unwrap();
+    assert_eq!(s.status, SessionStatus::Failed);
+    assert_eq!(s.error.as_deref(), Some(reason));
+    assert!(
+        ledger
+            .verify_stream(&other.id)
+            .await
+            .unwrap()
+            .violation
+            .is_none()
+    );
+}
+
 pub(crate) async fn approvals_list_filters_and_paginates(db: &TestDb) {
     let ledger = db.migrated().await;
     let v = deploy_agent(ledger, &refund_agent(), "0.1.0").await;
