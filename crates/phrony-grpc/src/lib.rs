@@ -71,7 +71,10 @@
 //!   bytes, without control characters (values at most 4096 bytes, at most 64 pairs).
 //! - **ListSessions** lists the sessions of every version of `agent_ref` unless it names a
 //!   version (the reference listed only the active version's), newest first, with
-//!   `page_size`/`page_token` paging; every `metadata` pair must match. A `bundle_ref` filter
+//!   `page_size`/`page_token` paging (at most 1000 a page); a request without `page_size` (the
+//!   published SDK sends none) gets every match up to 10,000, as the unpaged reference did, and
+//!   a `next_page_token` (logged) if more exist; `ListApprovals` pages the same way. Every
+//!   `metadata` pair must match. A `bundle_ref` filter
 //!   or `kind: "bundle"` returns an empty list, since no session of this runtime runs a bundle.
 //! - **InspectSession** returns the session tree and one timeline merging its events, tool-call
 //!   milestones and approval milestones, each with a one-line summary such as
@@ -112,6 +115,7 @@
 //!   only detaches: the session carries on.
 //! - Timestamps are RFC 3339 UTC strings with second precision; empty means "not set".
 
+pub mod actor;
 #[cfg(feature = "client")]
 pub mod client;
 #[cfg(feature = "server")]
@@ -127,6 +131,7 @@ mod server;
 #[cfg(feature = "server")]
 mod service;
 
+pub use actor::{Actor, ActorError, is_unprintable};
 #[cfg(feature = "server")]
 pub use config::{KeyError, KeyFileOutcome, SECRETS_KEY_FILE, SecretsKey, ServeConfig};
 #[cfg(feature = "server")]
