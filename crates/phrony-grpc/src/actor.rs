@@ -115,7 +115,6 @@ impl Actor {
     pub fn into_string(self) -> String {
         self.0
     }
-
 }
 
 impl std::fmt::Display for Actor {
@@ -149,7 +148,14 @@ mod tests {
 
     #[test]
     fn ordinary_names_are_accepted_as_spelled() {
-        for name in ["emad", "Émad Ç.", "ci-bot@example.com", "李雷", "a", "systemd"] {
+        for name in [
+            "emad",
+            "Émad Ç.",
+            "ci-bot@example.com",
+            "李雷",
+            "a",
+            "systemd",
+        ] {
             assert_eq!(Actor::parse(name).unwrap().as_str(), name);
         }
         assert!(Actor::parse(&"x".repeat(MAX_ACTOR_CHARS)).is_ok());
@@ -205,5 +211,4 @@ mod tests {
             assert!(e.to_string().contains("reserved for the runtime"), "{e}");
         }
     }
-
 }

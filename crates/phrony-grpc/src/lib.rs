@@ -53,7 +53,9 @@
 //! - **Actors.** Every change records who made it: the request's `actor` field, else the
 //!   [`ACTOR_HEADER`] (`phrony-actor`) request metadata (the only way to name the actor of
 //!   Deprecate/Retire/Archive, whose messages have no actor field), else
-//!   [`ServeConfig::default_actor`].
+//!   [`ServeConfig::default_actor`]. A named actor must pass [`Actor::parse`] (1–128 printable
+//!   characters, no edge whitespace, not one of the runtime's own names such as `system` or
+//!   `system:timeout`): otherwise `INVALID_ARGUMENT` naming the rule, and nothing is changed.
 //! - **Errors** map one-to-one from the ledger and the session engine (`NOT_FOUND`, `FAILED_PRECONDITION`,
 //!   `ALREADY_EXISTS`, `INVALID_ARGUMENT`); a lost write race is `ABORTED` (retry), an unreachable
 //!   database `UNAVAILABLE`, corrupt ledger data `DATA_LOSS`, other storage failures `INTERNAL`
@@ -83,7 +85,8 @@
 //! - **DecideApproval** records the vote through the engine, so a waiting session resumes as
 //!   soon as the approval is decided (also after a restart). The voter is the request's
 //!   `actor`, else the [`ACTOR_HEADER`], else the default actor; a second vote by the same actor
-//!   is `FAILED_PRECONDITION` (`actor "X" already decided on this approval`), a missing
+//!   (names that differ only in case are the same actor) is `FAILED_PRECONDITION`
+//!   (`actor "X" already decided on this approval`), a missing
 //!   comprehension acknowledgement `INVALID_ARGUMENT`. The response's `status`,
 //!   `approvals_received` and `session_status` are read after the vote.
 //! - **RunSessionInteractive** (bidirectional). The first client message must be `start`

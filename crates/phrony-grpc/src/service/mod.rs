@@ -312,7 +312,8 @@ impl Runtime for RuntimeService {
     ) -> Result<Response<Self::RunSessionInteractiveStream>, Status> {
         let actor = self.actor("", request.metadata());
         unary("RunSessionInteractive", async {
-            self.run_session_interactive_impl(request.into_inner(), actor?).await
+            self.run_session_interactive_impl(request.into_inner(), actor?)
+                .await
         })
         .await
     }
@@ -334,7 +335,8 @@ impl Runtime for RuntimeService {
     ) -> Result<Response<pb::CompleteSessionResponse>, Status> {
         let actor = self.actor("", request.metadata());
         unary("CompleteSession", async {
-            self.complete_session_impl(request.into_inner(), actor?).await
+            self.complete_session_impl(request.into_inner(), actor?)
+                .await
         })
         .await
     }
@@ -387,7 +389,8 @@ impl Runtime for RuntimeService {
     ) -> Result<Response<pb::DecideApprovalResponse>, Status> {
         let actor = self.actor(&request.get_ref().actor, request.metadata());
         unary("DecideApproval", async {
-            self.decide_approval_impl(request.into_inner(), actor?).await
+            self.decide_approval_impl(request.into_inner(), actor?)
+                .await
         })
         .await
     }

@@ -516,7 +516,9 @@ async fn bad_actor_names_are_refused_naming_the_rule() {
         "the phrony-actor header is not UTF-8",
     );
     // Nothing was stored, and a good UTF-8 name in the header is recorded as spelled.
-    f.publish(f.snapshot("0.1.0", "Refunds"), "Émad").await.unwrap();
+    f.publish(f.snapshot("0.1.0", "Refunds"), "Émad")
+        .await
+        .unwrap();
     assert_eq!(f.get_version("0.1.0").await.published_by, "Émad");
     f.service
         .archive_agent(header("Émad Ç".as_bytes()))

@@ -88,7 +88,7 @@ fn write_approval(a: &Approval, out: &mut impl Write) -> io::Result<()> {
         write_json_block(out, "effective_args", edited)?;
     }
     for vote in &a.votes {
-        writeln!(out, "vote: {}", super::vote_text(vote))?;
+        render::write_line(out, &format!("vote: {}", super::vote_text(vote)))?;
     }
     Ok(())
 }
@@ -98,7 +98,7 @@ fn write_json_block(out: &mut impl Write, key: &str, value: &serde_json::Value) 
     writeln!(out, "{key}:")?;
     let pretty = serde_json::to_string_pretty(value).map_err(io::Error::other)?;
     for line in pretty.lines() {
-        writeln!(out, "  {line}")?;
+        render::write_line(out, &format!("  {line}"))?;
     }
     Ok(())
 }

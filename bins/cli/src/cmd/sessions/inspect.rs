@@ -78,7 +78,7 @@ fn write_children(session: &SessionDetail, out: &mut impl Write) -> io::Result<(
 
 /// The header block of one session.
 fn write_session(s: &SessionDetail, out: &mut impl Write) -> io::Result<()> {
-    writeln!(out, "=== Session {} ===", s.id)?;
+    render::write_line(out, &format!("=== Session {} ===", s.id))?;
     let mut table = Table::headless(2);
     let mut field = |key: &str, value: String| table.row(vec![format!("{key}:"), value]);
     field("status", s.status.clone());
@@ -190,18 +190,23 @@ fn write_entry(
     } else {
         format!("(session {} depth {}) ", entry.session_id, entry.depth)
     };
-    writeln!(
+    render::write_line(
         out,
-        "{ts} +{}ms [{}/{}] {session}{}",
-        entry.gap_ms, entry.source, entry.kind, entry.summary
+        &format!(
+            "{ts} +{}ms [{}/{}] {session}{}",
+            entry.gap_ms, entry.source, entry.kind, entry.summary
+        ),
     )?;
     match &entry.detail {
         TimelineDetail::Event(event) => {
             if !event.actor.is_empty() && !RUNTIME_ACTORS.contains(&event.actor.as_str()) {
-                writeln!(out, "    actor: {}", event.actor)?;
+                render::write_line(out, &format!("    actor: {}", event.actor))?;
             }
             if payloads && !event.payload.is_null() {
-                writeln!(out, "    payload: {}", inline_json(&event.payload))?;
+                render::write_line(
+                    out,
+                    &format!("    payload: {}", inline_json(&event.payload)),
+                )?;
             }
         }
         TimelineDetail::Invocation(call) => {
@@ -213,17 +218,19 @@ fn write_entry(
                 " queue_ms: {} exec_ms: {}",
                 call.queue_delay_ms, call.execution_duration_ms
             ));
-            writeln!(out, "{worker}")?;
-            writeln!(out, "    args: {}", inline_json(&call.args))?;
+            render::write_line(out, &worker)?;
+            render::write_line(out, &format!("    args: {}", inline_json(&call.args)))?;
             if !call.result.is_null() {
-                writeln!(out, "    result: {}", inline_json(&call.result))?;
+                render::write_line(out, &format!("    result: {}", inline_json(&call.result)))?;
             }
             if call.error_code.is_some() || call.error_message.is_some() {
-                writeln!(
+                render::write_line(
                     out,
-                    "    error: {} {}",
-                    call.error_code.as_deref().unwrap_or("-"),
-                    call.error_message.as_deref().unwrap_or("")
+                    &format!(
+                        "    error: {} {}",
+                        call.error_code.as_deref().unwrap_or("-"),
+                        call.error_message.as_deref().unwrap_or("")
+                    ),
                 )?;
             }
         }
@@ -241,9 +248,12 @@ fn write_entry(
             if let Some(comment) = &approval.comment {
                 line.push_str(&format!(" comment: {comment:?}"));
             }
-            writeln!(out, "{line}")?;
+            render::write_line(out, &line)?;
             for vote in &approval.votes {
-                writeln!(out, "    vote: {}", crate::cmd::approvals::vote_text(vote))?;
+                render::write_line(
+                    out,
+                    &format!("    vote: {}", crate::cmd::approvals::vote_text(vote)),
+                )?;
             }
         }
         TimelineDetail::None => {}
