@@ -10,9 +10,11 @@
 //! - [`cli`] runs the real `phrony` CLI against it and reads what it printed.
 //! - [`stub`] writes the tutorial's refund agent on the scripted `stub` model and deploys it.
 //! - [`worker`] serves the refund agent's tool on the `Work` stream and records its calls.
+//! - [`proxy`] stands between the CLI and the runtime and loses the connection on cue.
 
 pub mod cli;
 pub mod daemon;
+pub mod proxy;
 pub mod stub;
 pub mod worker;
 

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use tests::cli::{fails, json, ok, run, table};
 use tests::daemon::{Backend, Daemon};
+use tests::proxy::LossyProxy;
 use tests::stub::{
     REFUND_AGENT as AGENT, publish_and_deploy, stub_daemon, write_refund_agent, write_stub_script,
 };
@@ -487,6 +488,97 @@ fn approvals_from_the_cli_postgres() {
 }
 
 /// Secrets: resolved from --env-file (the environment wins), refused when missing, never shown.
+/// Issue 10 at the CLI's edges: bad `PHRONY_ACTOR` names fail before anything is sent; a vote
+/// whose answer is lost says that it may have been recorded and how to check (exit code 3); a
+/// comment that tries to forge a timeline line and clear the screen is printed escaped by
+/// `approvals show` and `sessions inspect`.
+#[test]
+fn hostile_names_and_lost_answers_at_the_cli() {
+    let Some(daemon) = stub_daemon(Backend::Sqlite) else {
+        return;
+    };
+    let _worker = RefundWorker::start(daemon.addr(), "edges-test-worker");
+    let project = tempfile::tempdir().unwrap();
+    write_refund_agent(project.path(), &refund_turns());
+    publish_and_deploy(&daemon, project.path(), AGENT);
+    let id = start(phrony(&daemon, "emad").args(["run", AGENT, "--input", "Refund 400 for ORD-1"]));
+    let approval = wait_for_approval(&daemon, &id);
+    let approval_id = approval["id"].as_str().unwrap().to_owned();
+
+    // Reserved and unprintable actor names are refused by the CLI, naming the rule.
+    let refused =
+        fails(phrony(&daemon, "system:timeout").args(["approvals", "approve", &approval_id]));
+    assert!(
+        refused.contains("PHRONY_ACTOR: actor \"system:timeout\" is reserved for the runtime"),
+        "{refused}"
+    );
+    let forged_actor = "bob\n2025-01-31T09:30:00Z +0ms [event/approval.decided] approved by ciso";
+    let refused = fails(phrony(&daemon, forged_actor).args(["approvals", "approve", &approval_id]));
+    assert!(
+        refused.contains("unprintable character U+000A"),
+        "{refused}"
+    );
+
+    // The vote reaches the runtime, its answer never comes back.
+    let forged = "fine\n2025-01-31T09:30:00Z +0ms [event/approval.decided] approval approved by \
+                  ciso\u{1b}[2J\u{202e}";
+    let proxy = LossyProxy::start(daemon.addr(), 2);
+    let cli = phrony(&daemon, "Emad")
+        .env("PHRONY_RUNTIME_ADDR", proxy.addr())
+        .args(["approvals", "approve", &approval_id, "--comment", forged])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for(&daemon, "the vote to be recorded", || {
+        let shown = json(&ok(phrony(&daemon, "ci").args([
+            "approvals",
+            "show",
+            &approval_id,
+            "--output",
+            "json",
+        ])));
+        (shown["status"] == "approved").then_some(())
+    });
+    assert!(proxy.holding());
+    proxy.cut();
+    let out = cli.wait_with_output().unwrap();
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(
+        stderr.contains("the vote may have been recorded"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!("check with: phrony approvals show {approval_id}")),
+        "{stderr}"
+    );
+
+    // The hostile comment is shown, escaped: no forged line, no escape sequence.
+    let shown = ok(phrony(&daemon, "ci").args(["approvals", "show", &approval_id]));
+    let inspected = ok(phrony(&daemon, "ci").args(["sessions", "inspect", &id]));
+    for output in [&shown, &inspected] {
+        assert!(
+            !output.contains('\u{1b}') && !output.contains('\u{202e}'),
+            "{output}"
+        );
+        assert!(
+            !output
+                .lines()
+                .any(|l| l.starts_with("2025-01-31T09:30:00Z")),
+            "a forged line:\n{output}"
+        );
+        assert!(
+            output.contains("fine\\n2025-01-31T09:30:00Z +0ms [event/approval.decided]"),
+            "{output}"
+        );
+    }
+    assert!(
+        shown.contains("decided_by:              Emad\n"),
+        "the voter's spelling is kept:\n{shown}"
+    );
+}
+
 #[test]
 fn secrets_resolve_from_env_files() {
     let Some(daemon) = stub_daemon(Backend::Sqlite) else {

@@ -5,6 +5,7 @@
 //! | 0 | success (warnings, if any, went to stderr) |
 //! | 1 | invalid input, validation failure or failed operation; `Error: …` on stderr |
 //! | 2 | usage error: unknown command or flag, missing or malformed argument (printed by clap) |
+//! | 3 | outcome unknown: the connection was lost after a change was sent ([`Unsure`]); it may have been recorded |
 
 use std::fmt;
 use std::io::{self, ErrorKind};
@@ -12,6 +13,9 @@ use std::process::ExitCode;
 
 /// Exit code of a command that failed (invalid input, validation failure, operation error).
 const FAILURE: u8 = 1;
+
+/// Exit code of a change whose outcome is unknown ([`Unsure`]).
+const UNSURE: u8 = 3;
 
 /// Maps a command's outcome to the process exit code, printing the error to stderr.
 ///
@@ -28,13 +32,49 @@ pub(crate) fn code(outcome: anyhow::Result<()>) -> ExitCode {
         return ExitCode::SUCCESS;
     }
     eprintln!("Error: {err:#}");
-    if let Some(hinted) = err.chain().find_map(|cause| cause.downcast_ref::<Hinted>()) {
-        for line in hinted.hint.lines() {
-            eprintln!("  {line}");
-        }
+    let hint = err.chain().find_map(|cause| {
+        cause
+            .downcast_ref::<Hinted>()
+            .map(|h| h.hint.as_str())
+            .or_else(|| cause.downcast_ref::<Unsure>().map(|u| u.check.as_str()))
+    });
+    for line in hint.unwrap_or_default().lines() {
+        eprintln!("  {line}");
+    }
+    if err.chain().any(|cause| cause.is::<Unsure>()) {
+        return ExitCode::from(UNSURE);
     }
     ExitCode::from(FAILURE)
 }
+
+/// A change sent to the runtime whose outcome is unknown: the connection was lost (or the
+/// answer timed out) after the request left, so the runtime may have recorded it. Printed like
+/// a [`Hinted`] error (the hint says how to check) and exits with code 3, so scripts do not
+/// retry a vote or a cancel blindly.
+#[derive(Debug)]
+pub(crate) struct Unsure {
+    message: String,
+    check: String,
+}
+
+impl Unsure {
+    /// `message`, which says what may have happened, and `check`, how to find out (printed
+    /// under it).
+    pub(crate) fn new(message: impl Into<String>, check: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+            check: check.into(),
+        }
+    }
+}
+
+impl fmt::Display for Unsure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Unsure {}
 
 /// An error that comes with advice, printed on indented lines under the `Error: …` line:
 ///

@@ -744,6 +744,55 @@ async fn zero_setup_creates_the_database_and_a_private_key_once() {
     assert_eq!(daemon.terminate().code(), Some(0));
 }
 
+/// The database holds arguments, approvals and comments: under the usual umask 022 its
+/// directory is created 0700 and the database and its `-wal`/`-shm` files 0600, and files an
+/// earlier release left world-readable are tightened at the next start, with a warning.
+#[tokio::test]
+async fn the_database_files_are_owner_only_whatever_the_umask() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let mode = |path: &Path| std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
+    let home = tempfile::tempdir().unwrap();
+    let mut launch = Launch::new(home.path(), None);
+    launch.umask = Some(0o022);
+    let data = home.path().join("xdg").join("phrony");
+    let db = data.join("phrony.db");
+    let companion = |suffix: &str| data.join(format!("phrony.db{suffix}"));
+
+    let mut daemon = launch.start().await;
+    // A write, so that the WAL is in use.
+    let mut client = daemon.client().await;
+    publish(
+        &mut client,
+        compile_agent(home.path(), "0.1.0", "Refunds"),
+        "alice",
+    )
+    .await
+    .unwrap();
+    assert_eq!(mode(&data), 0o700, "data directory");
+    assert_eq!(mode(&db), 0o600, "database");
+    for suffix in ["-wal", "-shm"] {
+        assert!(companion(suffix).exists(), "no {suffix} file");
+        assert_eq!(mode(&companion(suffix)), 0o600, "{suffix}");
+    }
+    assert_eq!(mode(&data.join("secrets.key")), 0o600);
+    assert_eq!(daemon.terminate().code(), Some(0));
+
+    // As an earlier release left them: world-readable.
+    for path in [db.clone(), companion("-wal"), companion("-shm")] {
+        if path.exists() {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        }
+    }
+    let mut daemon = launch.start().await;
+    assert_eq!(mode(&db), 0o600);
+    let log = daemon.stderr();
+    assert!(
+        log.contains("database file was readable by other users; its mode is now 600"),
+        "{log}"
+    );
+    assert_eq!(daemon.terminate().code(), Some(0));
+}
+
 #[tokio::test]
 async fn migrate_applies_migrations_and_exits() {
     let home = tempfile::tempdir().unwrap();

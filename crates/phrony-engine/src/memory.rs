@@ -1231,11 +1231,14 @@ impl SessionStore for MemoryStore {
                 "comprehension acknowledgement is required",
             ));
         }
-        if approval.votes.iter().any(|v| v.decided_by == vote.actor) {
-            return Err(StoreError::precondition(format!(
-                "actor {:?} already decided on this approval",
-                vote.actor
-            )));
+        if let Some(earlier) = approval
+            .votes
+            .iter()
+            .find(|v| phrony_ledger::same_voter(&v.decided_by, &vote.actor))
+        {
+            return Err(StoreError::precondition(
+                phrony_ledger::duplicate_vote_message(&vote.actor, &earlier.decided_by),
+            ));
         }
         if vote.decision == VoteDecision::Approve
             && approval.approvals_received > 0

@@ -53,7 +53,9 @@
 //! - **Actors.** Every change records who made it: the request's `actor` field, else the
 //!   [`ACTOR_HEADER`] (`phrony-actor`) request metadata (the only way to name the actor of
 //!   Deprecate/Retire/Archive, whose messages have no actor field), else
-//!   [`ServeConfig::default_actor`].
+//!   [`ServeConfig::default_actor`]. A named actor must pass [`Actor::parse`] (1–128 printable
+//!   characters, no edge whitespace, not one of the runtime's own names such as `system` or
+//!   `system:timeout`): otherwise `INVALID_ARGUMENT` naming the rule, and nothing is changed.
 //! - **Errors** map one-to-one from the ledger and the session engine (`NOT_FOUND`, `FAILED_PRECONDITION`,
 //!   `ALREADY_EXISTS`, `INVALID_ARGUMENT`); a lost write race is `ABORTED` (retry), an unreachable
 //!   database `UNAVAILABLE`, corrupt ledger data `DATA_LOSS`, other storage failures `INTERNAL`
@@ -71,7 +73,10 @@
 //!   bytes, without control characters (values at most 4096 bytes, at most 64 pairs).
 //! - **ListSessions** lists the sessions of every version of `agent_ref` unless it names a
 //!   version (the reference listed only the active version's), newest first, with
-//!   `page_size`/`page_token` paging; every `metadata` pair must match. A `bundle_ref` filter
+//!   `page_size`/`page_token` paging (at most 1000 a page); a request without `page_size` (the
+//!   published SDK sends none) gets every match up to 10,000, as the unpaged reference did, and
+//!   a `next_page_token` (logged) if more exist; `ListApprovals` pages the same way. Every
+//!   `metadata` pair must match. A `bundle_ref` filter
 //!   or `kind: "bundle"` returns an empty list, since no session of this runtime runs a bundle.
 //! - **InspectSession** returns the session tree and one timeline merging its events, tool-call
 //!   milestones and approval milestones, each with a one-line summary such as
@@ -80,7 +85,8 @@
 //! - **DecideApproval** records the vote through the engine, so a waiting session resumes as
 //!   soon as the approval is decided (also after a restart). The voter is the request's
 //!   `actor`, else the [`ACTOR_HEADER`], else the default actor; a second vote by the same actor
-//!   is `FAILED_PRECONDITION` (`actor "X" already decided on this approval`), a missing
+//!   (names that differ only in case are the same actor) is `FAILED_PRECONDITION`
+//!   (`actor "X" already decided on this approval`), a missing
 //!   comprehension acknowledgement `INVALID_ARGUMENT`. The response's `status`,
 //!   `approvals_received` and `session_status` are read after the vote.
 //! - **RunSessionInteractive** (bidirectional). The first client message must be `start`
@@ -112,6 +118,7 @@
 //!   only detaches: the session carries on.
 //! - Timestamps are RFC 3339 UTC strings with second precision; empty means "not set".
 
+pub mod actor;
 #[cfg(feature = "client")]
 pub mod client;
 #[cfg(feature = "server")]
@@ -127,6 +134,7 @@ mod server;
 #[cfg(feature = "server")]
 mod service;
 
+pub use actor::{Actor, ActorError, is_unprintable};
 #[cfg(feature = "server")]
 pub use config::{KeyError, KeyFileOutcome, SECRETS_KEY_FILE, SecretsKey, ServeConfig};
 #[cfg(feature = "server")]

@@ -809,6 +809,16 @@ async fn a_quorum_needs_distinct_approvers() {
         Code::FailedPrecondition,
         "actor \"emad\" already decided on this approval",
     );
+    // Names that differ only in case are one voter: no second vote, whatever the spelling.
+    for twin in ["EMAD", "Emad"] {
+        assert_code(
+            w.client
+                .decide_approval(decide(&a.id, true, twin, "me again"))
+                .await,
+            Code::FailedPrecondition,
+            &format!("actor \"{twin}\" already decided on this approval (as \"emad\")"),
+        );
+    }
     assert!(w.worker.refunds().is_empty());
     let second = w
         .client

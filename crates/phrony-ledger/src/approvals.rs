@@ -37,6 +37,25 @@ pub const MAX_ESCALATION_DEPTH: u32 = 5;
 /// The `decided_by` of decisions made by a timeout.
 pub const TIMEOUT_ACTOR: &str = "system:timeout";
 
+/// Whether two actor names are the same voter: names that differ only in case (Unicode
+/// lowercase) are one person, so `EMAD` cannot add a second vote to `emad`'s. The recorded
+/// name keeps the voter's own spelling.
+#[must_use]
+pub fn same_voter(a: &str, b: &str) -> bool {
+    a == b || a.to_lowercase() == b.to_lowercase()
+}
+
+/// The refusal of a second vote by `actor`, who already voted as `earlier` (the ledger's
+/// wording, for other stores to share).
+#[must_use]
+pub fn duplicate_vote_message(actor: &str, earlier: &str) -> String {
+    if actor == earlier {
+        format!("actor {actor:?} already decided on this approval")
+    } else {
+        format!("actor {actor:?} already decided on this approval (as {earlier:?})")
+    }
+}
+
 str_enum! {
     /// An approval's status.
     pub enum ApprovalStatus ("approval status") {
@@ -757,10 +776,14 @@ async fn record_vote(tx: &mut Tx, id: Uuid, v: &Vote) -> Result<VoteOutcome> {
             "comprehension acknowledgement is required",
         ));
     }
-    if approval.votes.iter().any(|x| x.decided_by == v.actor) {
-        return Err(LedgerError::precondition(format!(
-            "actor {:?} already decided on this approval",
-            v.actor
+    if let Some(earlier) = approval
+        .votes
+        .iter()
+        .find(|x| same_voter(&x.decided_by, &v.actor))
+    {
+        return Err(LedgerError::precondition(duplicate_vote_message(
+            &v.actor,
+            &earlier.decided_by,
         )));
     }
     if v.decision == VoteDecision::Approve

@@ -4,12 +4,16 @@
 //!
 //! | URL | Backend |
 //! |---|---|
-//! | `sqlite://./phrony.db`, `sqlite:///abs/path.db`, `sqlite://x.db?mode=rwc` | embedded SQLite file (parent directories are created) |
+//! | `sqlite://./phrony.db`, `sqlite:///abs/path.db`, `sqlite://x.db?mode=rwc` | embedded SQLite file (missing parent directories are created `0700`, the file `0600`; see below) |
 //! | `sqlite::memory:` | in-memory SQLite (one connection; gone on close) |
 //! | `postgres://user@host:5432/db` (or `postgresql://`) | PostgreSQL |
 //!
 //! SQLite runs in WAL mode with `synchronous=FULL` (a commit is on disk when it returns),
 //! foreign keys on and a 10 s busy timeout; write transactions start with `BEGIN IMMEDIATE`.
+//! The database holds arguments, approvals and comments, so its files are owner-only whatever
+//! the umask: a new file is created `0600` before SQLite opens it (its `-wal`/`-shm` files
+//! inherit that mode), and existing files readable by others are tightened to `0600` with a
+//! warning.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), phrony_ledger::LedgerError> {
@@ -92,7 +96,8 @@
 //! pending approvals (`cancelled`), cancels open calls and running child sessions, and deletes
 //! the session's secrets, all in its transaction. Secrets are stored sealed ([`SecretCipher`],
 //! [`SealedSecret`]) and never appear in events. Lists page with stable opaque cursors
-//! ([`PageRequest`], [`Page`]).
+//! ([`PageRequest`], [`Page`]); a request without a page size gets every match up to
+//! [`UNSIZED_PAGE_LIMIT`] (10,000), as the unpaged reference did.
 //!
 //! # Agent lifecycle semantics
 //!
@@ -120,10 +125,10 @@ mod chain;
 mod db;
 mod error;
 mod events;
+mod files;
 mod lifecycle;
 mod model;
 
-use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -146,14 +151,14 @@ pub use model::{
 pub use approvals::{
     Approval, ApprovalFilter, ApprovalStatus, ApprovalTimeout, ApprovalVote, MAX_ESCALATION_DEPTH,
     NewApproval, OnModify, OnReject, TIMEOUT_ACTOR, TimeoutDefault, TimeoutOutcome, Vote,
-    VoteDecision, VoteOutcome, call_hash,
+    VoteDecision, VoteOutcome, call_hash, duplicate_vote_message, same_voter,
 };
 pub use cipher::{CipherError, KEY_LEN, SecretCipher};
 pub use invocations::{
     CallStatus, Dispatch, NewToolCall, RecordedResult, SideEffectClass, ToolInvocation,
     ToolOutcome, ToolResult, Usage, error_codes, tool_call_id,
 };
-pub use paging::{DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, Page, PageRequest};
+pub use paging::{MAX_PAGE_SIZE, Page, PageRequest, UNSIZED_PAGE_LIMIT};
 pub use secrets::{NONCE_LEN, SealedSecret};
 pub use session_log::{
     AssistantMessage, SessionEvent, SessionTimeline, TimelineEvent, event_types, is_ledger_owned,
@@ -309,7 +314,8 @@ impl Ledger {
             .busy_timeout(o.sqlite_busy_timeout)
             .disable_statement_logging();
         if !in_memory {
-            create_parent_dir(opts.get_filename())?;
+            let creates = !url.contains("mode=") || url.contains("mode=rwc");
+            files::prepare_sqlite_file(opts.get_filename(), creates)?;
         }
         let pool_options = if in_memory {
             // Every connection would otherwise see its own (or a dropped) in-memory database.
@@ -919,19 +925,6 @@ fn require_version(version: &str) -> Result<()> {
         ));
     }
     Ok(())
-}
-
-/// Creates the directory that will hold the SQLite file.
-fn create_parent_dir(file: &Path) -> Result<()> {
-    let Some(parent) = file.parent().filter(|p| !p.as_os_str().is_empty()) else {
-        return Ok(());
-    };
-    std::fs::create_dir_all(parent).map_err(|e| LedgerError::Config {
-        message: format!(
-            "cannot create directory {} for the SQLite database: {e}",
-            parent.display()
-        ),
-    })
 }
 
 /// Removes the password from a URL for messages and logs.

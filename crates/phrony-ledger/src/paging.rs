@@ -13,15 +13,20 @@ use crate::chain::format_ts;
 use crate::db::Arg;
 use crate::error::{LedgerError, Result};
 
-/// Default page size when [`PageRequest::size`] is 0.
-pub const DEFAULT_PAGE_SIZE: u32 = 50;
-/// Largest page size; bigger requests are clamped.
+/// How many items a request that names no page size ([`PageRequest::size`] 0) gets: every
+/// match up to this cap. The reference runtime's lists had no paging, and clients written for
+/// it (the published 0.1.0 SDK) send no size and read no token, so they must get every row;
+/// the cap only bounds a pathological list, and a capped page still carries
+/// [`Page::next_token`] so a paging client can continue.
+pub const UNSIZED_PAGE_LIMIT: u32 = 10_000;
+/// Largest explicit page size; bigger requests are clamped.
 pub const MAX_PAGE_SIZE: u32 = 1000;
 
 /// Which page of a list to read.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PageRequest {
-    /// Items per page: 0 means [`DEFAULT_PAGE_SIZE`]; values above [`MAX_PAGE_SIZE`] are clamped.
+    /// Items per page: 0 means every match up to [`UNSIZED_PAGE_LIMIT`]; other values above
+    /// [`MAX_PAGE_SIZE`] are clamped.
     pub size: u32,
     /// The `next_token` of the previous page; `None` for the first page.
     pub token: Option<String>,
@@ -45,7 +50,7 @@ impl PageRequest {
 
     pub(crate) fn limit(&self) -> u32 {
         match self.size {
-            0 => DEFAULT_PAGE_SIZE,
+            0 => UNSIZED_PAGE_LIMIT,
             n => n.min(MAX_PAGE_SIZE),
         }
     }
@@ -174,7 +179,7 @@ mod tests {
 
     #[test]
     fn page_sizes_default_and_clamp() {
-        assert_eq!(PageRequest::default().limit(), DEFAULT_PAGE_SIZE);
+        assert_eq!(PageRequest::default().limit(), UNSIZED_PAGE_LIMIT);
         assert_eq!(PageRequest::first(5).limit(), 5);
         assert_eq!(PageRequest::first(1_000_000).limit(), MAX_PAGE_SIZE);
     }

@@ -26,7 +26,9 @@ const EXIT_CODES: &str = "\
 Exit codes:
   0  success (warnings, if any, are printed on stderr)
   1  invalid input, validation failure or failed operation (`Error: …` on stderr)
-  2  usage error: unknown command or flag, missing or malformed argument";
+  2  usage error: unknown command or flag, missing or malformed argument
+  3  the connection to the runtime was lost after a change was sent: it may have been
+     recorded (the error says how to check)";
 
 /// Declare, validate and dry-run Phrony agents; operate the Phrony runtime.
 #[derive(Debug, Parser)]

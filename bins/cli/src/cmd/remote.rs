@@ -8,7 +8,7 @@ use anyhow::{Context as _, anyhow};
 use phrony_grpc::client::{Client, ClientError, Code, RuntimeVersion};
 
 use crate::cmd::Global;
-use crate::exit::Hinted;
+use crate::exit::{Hinted, Unsure};
 
 /// The CLI's release version, compared with the runtime's.
 pub(crate) const CLI_VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -83,19 +83,63 @@ pub(crate) fn fails(action: &'static str) -> impl FnOnce(ClientError) -> anyhow:
     move |error| failure(action, error)
 }
 
+/// The error of a failed change (a vote, cancel, deploy…): like [`failure`], except when the
+/// connection was lost after the request left ([`ClientError::outcome_unknown`]): then it says
+/// that `what` may have been recorded and names `check`, the command that shows whether it was,
+/// and exits with code 3.
+pub(crate) fn change_failure(
+    action: &str,
+    what: &str,
+    check: &str,
+    error: ClientError,
+) -> anyhow::Error {
+    if !error.outcome_unknown() {
+        return failure(action, error);
+    }
+    Unsure::new(
+        format!("{action}: {error}; {what} may have been recorded"),
+        format!("check with: {check}  (before repeating the command)"),
+    )
+    .into()
+}
+
+/// `change_failure(action, what, check, _)` as a closure for `map_err`.
+pub(crate) fn change_fails(
+    action: &'static str,
+    what: &'static str,
+    check: String,
+) -> impl FnOnce(ClientError) -> anyhow::Error {
+    move |error| change_failure(action, what, &check, error)
+}
+
 /// Who the runtime records as the author of a change: `PHRONY_ACTOR`, else the OS user
-/// (`USER`, `LOGNAME`, `USERNAME`), else `unknown`.
-pub(crate) fn actor() -> String {
+/// (`USER`, `LOGNAME`, `USERNAME`), else `unknown`. A variable that is unset or only whitespace
+/// is skipped; the first other one must be a valid actor name ([`phrony_grpc::Actor::parse`],
+/// the rule the runtime applies), so a bad name fails before anything is sent.
+pub(crate) fn actor() -> anyhow::Result<String> {
     actor_from(|name| std::env::var(name).ok())
 }
 
-fn actor_from(var: impl Fn(&str) -> Option<String>) -> String {
-    ["PHRONY_ACTOR", "USER", "LOGNAME", "USERNAME"]
+fn actor_from(var: impl Fn(&str) -> Option<String>) -> anyhow::Result<String> {
+    let found = ["PHRONY_ACTOR", "USER", "LOGNAME", "USERNAME"]
         .into_iter()
-        .filter_map(var)
-        .map(|value| value.trim().to_owned())
-        .find(|value| !value.is_empty())
-        .unwrap_or_else(|| "unknown".to_owned())
+        .find_map(|name| {
+            var(name)
+                .filter(|v| !v.trim().is_empty())
+                .map(|v| (name, v))
+        });
+    let Some((name, value)) = found else {
+        return Ok("unknown".to_owned());
+    };
+    phrony_grpc::Actor::parse(&value)
+        .map(phrony_grpc::Actor::into_string)
+        .map_err(|e| {
+            Hinted::new(
+                format!("{name}: {e}"),
+                "set PHRONY_ACTOR to the name the runtime should record for you",
+            )
+            .into()
+        })
 }
 
 /// Whether two release versions are the same release: equal semver precedence (a leading `v`
@@ -148,16 +192,40 @@ mod tests {
                     .map(|(_, v)| (*v).to_owned())
             }
         };
+        let actor = |pairs| actor_from(env(pairs)).map_err(|e| e.to_string());
         assert_eq!(
-            actor_from(env(&[("PHRONY_ACTOR", "ci-bot"), ("USER", "alice")])),
-            "ci-bot"
+            actor(&[("PHRONY_ACTOR", "ci-bot"), ("USER", "alice")]),
+            Ok("ci-bot".to_owned())
         );
         assert_eq!(
-            actor_from(env(&[("PHRONY_ACTOR", "  "), ("USER", "alice")])),
-            "alice"
+            actor(&[("PHRONY_ACTOR", "  "), ("USER", "alice")]),
+            Ok("alice".to_owned())
         );
-        assert_eq!(actor_from(env(&[("LOGNAME", "bob")])), "bob");
-        assert_eq!(actor_from(env(&[])), "unknown");
+        assert_eq!(actor(&[("LOGNAME", "bob")]), Ok("bob".to_owned()));
+        assert_eq!(actor(&[]), Ok("unknown".to_owned()));
+    }
+
+    #[test]
+    fn a_bad_actor_name_fails_early_naming_the_variable_and_the_rule() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |name: &str| {
+                pairs
+                    .iter()
+                    .find(|(k, _)| *k == name)
+                    .map(|(_, v)| (*v).to_owned())
+            }
+        };
+        let error = |pairs| actor_from(env(pairs)).unwrap_err().to_string();
+        assert_eq!(
+            error(&[("PHRONY_ACTOR", "system:timeout"), ("USER", "alice")]),
+            "PHRONY_ACTOR: actor \"system:timeout\" is reserved for the runtime (reserved: \
+             system, agent, policy, worker, and names starting with \"system:\")"
+        );
+        assert!(
+            error(&[("PHRONY_ACTOR", "bob\n[event/approval.decided] by ciso")])
+                .contains("unprintable character U+000A"),
+        );
+        assert!(error(&[("USER", "\u{1b}[31mroot")]).starts_with("USER: "));
     }
 
     #[test]

@@ -1,5 +1,7 @@
-//! Shared output formatting: timestamps and `--output json` documents.
+//! Shared output formatting: timestamps, `--output json` documents, and [`escape`], which every
+//! runtime-supplied text goes through before it reaches a terminal line.
 
+use std::borrow::Cow;
 use std::io::{self, Write as _};
 
 use chrono::{DateTime, SecondsFormat, Utc};
@@ -27,6 +29,35 @@ pub(crate) fn json_kind(value: &Value) -> &'static str {
     }
 }
 
+/// Text from the runtime (names, reasons, comments, summaries, model output) made safe to print
+/// on one line: every unprintable character ([`phrony_grpc::is_unprintable`]: controls such as
+/// newline and ESC, bidirectional overrides, zero-width and separator characters) is shown as
+/// an escape (`\n`, `\r`, `\t`, `\u{1b}`, `\u{202e}`), so no value can start a line of its own,
+/// forge a record or send an escape sequence to the terminal. Printable text is unchanged.
+pub(crate) fn escape(text: &str) -> Cow<'_, str> {
+    if !text.chars().any(phrony_grpc::is_unprintable) {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        match c {
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if phrony_grpc::is_unprintable(c) => {
+                out.push_str(&format!("\\u{{{:x}}}", u32::from(c)));
+            }
+            c => out.push(c),
+        }
+    }
+    Cow::Owned(out)
+}
+
+/// Writes `text` as one line, [`escape`]d.
+pub(crate) fn write_line(out: &mut impl io::Write, text: &str) -> io::Result<()> {
+    writeln!(out, "{}", escape(text))
+}
+
 /// Prints one JSON document (two-space indent) on stdout.
 pub(crate) fn json(value: &Value) -> anyhow::Result<()> {
     let mut stdout = io::stdout().lock();
@@ -46,8 +77,30 @@ pub(crate) fn next_page_hint(what: &str, token: Option<&str>) -> io::Result<()> 
     }
 }
 
-/// Prints one line on stdout.
+/// Prints one line on stdout, [`escape`]d.
 pub(crate) fn line(text: impl std::fmt::Display) -> anyhow::Result<()> {
-    writeln!(io::stdout().lock(), "{text}")?;
+    write_line(&mut io::stdout().lock(), &text.to_string())?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unprintable_characters_are_shown_as_escapes() {
+        assert_eq!(
+            escape("bob\n2025-01-31T09:30:00Z [event/approval.decided] approved by ciso"),
+            "bob\\n2025-01-31T09:30:00Z [event/approval.decided] approved by ciso"
+        );
+        assert_eq!(
+            escape("\u{1b}[31mred\u{1b}]0;title\u{7}\r\t"),
+            "\\u{1b}[31mred\\u{1b}]0;title\\u{7}\\r\\t"
+        );
+        assert_eq!(
+            escape("a\u{202e}b\u{2028}c\u{9b}d\u{200b}"),
+            "a\\u{202e}b\\u{2028}c\\u{9b}d\\u{200b}"
+        );
+        assert!(matches!(escape("€400 — ünïcode ✓ C:\\x"), Cow::Borrowed(_)));
+    }
 }

@@ -110,9 +110,13 @@ impl Plan {
             mode: self.mode,
         };
         client
-            .run_session(&run, &remote::actor())
+            .run_session(&run, &remote::actor()?)
             .await
-            .map_err(remote::fails("run"))
+            .map_err(remote::change_fails(
+                "run",
+                "the session",
+                format!("phrony sessions ls {}", run.agent),
+            ))
     }
 }
 

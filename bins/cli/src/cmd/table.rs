@@ -1,7 +1,10 @@
 //! Aligned, borderless tables: a header row and data rows, columns separated by two spaces, every
-//! column but the last padded to its widest cell.
+//! column but the last padded to its widest cell. Every cell is [`render::escape`]d, so a value
+//! from the runtime can never break a row or reach the terminal as an escape sequence.
 
 use std::io::{self, Write};
+
+use crate::cmd::render;
 
 /// A table to print.
 #[derive(Debug)]
@@ -30,9 +33,16 @@ impl Table {
         }
     }
 
-    /// Appends a row (one cell per header).
+    /// Appends a row (one cell per header), each cell [`render::escape`]d.
     pub(crate) fn row(&mut self, cells: Vec<String>) {
         debug_assert_eq!(cells.len(), self.headers.len(), "one cell per column");
+        let cells = cells
+            .into_iter()
+            .map(|cell| match render::escape(&cell) {
+                std::borrow::Cow::Borrowed(_) => cell,
+                std::borrow::Cow::Owned(escaped) => escaped,
+            })
+            .collect();
         self.rows.push(cells);
     }
 
@@ -86,6 +96,22 @@ mod tests {
             "VERSION  ACTION    ACTOR\n\
              1.0.10   deploy    alice\n\
              1.0.9    rollback  bob\n"
+        );
+    }
+
+    #[test]
+    fn cells_cannot_break_rows_or_send_escape_sequences() {
+        let mut table = Table::new(&["ACTOR", "COMMENT"]);
+        table.row(vec![
+            "bob\u{1b}[2J".into(),
+            "ok\n2025-01-31T09:30:00Z approved by ciso".into(),
+        ]);
+        let mut out = Vec::new();
+        table.write(&mut out).unwrap();
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "ACTOR          COMMENT\n\
+             bob\\u{1b}[2J  ok\\n2025-01-31T09:30:00Z approved by ciso\n"
         );
     }
 

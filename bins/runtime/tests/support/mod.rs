@@ -47,6 +47,8 @@ pub(crate) struct Launch {
     pub(crate) home: PathBuf,
     pub(crate) env: Vec<(String, String)>,
     pub(crate) addr: String,
+    /// The umask the daemon starts with (through `sh -c 'umask …; exec …'`); `None` inherits.
+    pub(crate) umask: Option<u32>,
 }
 
 impl Launch {
@@ -56,6 +58,7 @@ impl Launch {
             home: home.to_path_buf(),
             env: Vec::new(),
             addr: format!("127.0.0.1:{}", free_port()),
+            umask: None,
         }
     }
 
@@ -65,7 +68,16 @@ impl Launch {
     }
 
     pub(crate) fn command(&self) -> Command {
-        let mut cmd = Command::new(BIN);
+        let mut cmd = match self.umask {
+            None => Command::new(BIN),
+            Some(mask) => {
+                let mut sh = Command::new("sh");
+                sh.arg("-c")
+                    .arg(format!("umask {mask:03o} && exec \"$0\" \"$@\""))
+                    .arg(BIN);
+                sh
+            }
+        };
         for var in [
             "RUNTIME_DATABASE_URL",
             "RUNTIME_GRPC_ADDR",

@@ -25,6 +25,19 @@ pub enum ClientError {
         /// A short lower-case reason: `connection refused`, `timed out after 5s`, …
         reason: String,
     },
+    /// The connection broke after the request may have reached the runtime, before its answer
+    /// arrived (reset, closed, or lost): the runtime may have carried the request out. For a
+    /// change (a vote, a cancel, a deploy) check its state before retrying.
+    #[error(
+        "the connection to the phrony runtime at {addr} was lost before it answered ({reason}); \
+         the request may have been carried out"
+    )]
+    ConnectionLost {
+        /// The address of the runtime.
+        addr: String,
+        /// A short lower-case reason: `connection reset`, `connection closed`, …
+        reason: String,
+    },
     /// The actor cannot travel in the `phrony-actor` request header (only visible ASCII can).
     #[error(
         "actor {actor:?} cannot be sent to the runtime: only visible ASCII characters can name an actor"
@@ -76,17 +89,20 @@ impl ClientError {
         matches!(self, Self::Unreachable { .. })
     }
 
+    /// True when the request may have been carried out although the call failed: the
+    /// connection was lost after sending ([`ClientError::ConnectionLost`]) or the answer did
+    /// not come in time ([`ClientError::Timeout`]).
+    #[must_use]
+    pub fn outcome_unknown(&self) -> bool {
+        matches!(self, Self::ConnectionLost { .. } | Self::Timeout { .. })
+    }
+
     /// Classifies a failed call: a status the server sent stays [`ClientError::Rpc`]; a status
-    /// synthesised by the transport (it carries a source error) is a connection or timeout
-    /// failure.
+    /// synthesised by the transport (it carries a source error) is a failure to connect (the
+    /// request was never sent: [`ClientError::Unreachable`]), a timeout, or a connection lost
+    /// while the call was under way ([`ClientError::ConnectionLost`]).
     pub(crate) fn from_status(status: &tonic::Status, addr: &str, timeout: Duration) -> Self {
         if let Some(source) = status.source() {
-            if let Some(reason) = connection_failure(source) {
-                return Self::Unreachable {
-                    addr: addr.to_owned(),
-                    reason,
-                };
-            }
             if status.code() == tonic::Code::Cancelled
                 && chain(source).any(|e| e.is::<tonic::TimeoutExpired>())
             {
@@ -95,6 +111,17 @@ impl ClientError {
                     timeout,
                 };
             }
+            let reason = connection_failure(source);
+            if let Some(reason) = reason.as_ref().filter(|r| never_sent(r)) {
+                return Self::Unreachable {
+                    addr: addr.to_owned(),
+                    reason: reason.clone(),
+                };
+            }
+            return Self::ConnectionLost {
+                addr: addr.to_owned(),
+                reason: reason.unwrap_or_else(|| lost_reason(status, source)),
+            };
         }
         Self::Rpc {
             code: Code::from(status.code()),
@@ -138,6 +165,30 @@ fn chain<'a>(
     error: &'a (dyn std::error::Error + 'static),
 ) -> impl Iterator<Item = &'a (dyn std::error::Error + 'static)> {
     std::iter::successors(Some(error), |&e| e.source())
+}
+
+/// Whether a [`connection_failure`] reason means no connection was made, so no request left.
+fn never_sent(reason: &str) -> bool {
+    matches!(
+        reason,
+        "connection refused"
+            | "cannot resolve the host name"
+            | "host unreachable"
+            | "network unreachable"
+            | "address not available"
+    )
+}
+
+/// A short reason for a connection lost without an I/O error (the peer closed it).
+fn lost_reason(status: &tonic::Status, source: &(dyn std::error::Error + 'static)) -> String {
+    let inner = chain(source)
+        .last()
+        .map_or_else(|| status.message().to_owned(), ToString::to_string);
+    if inner.is_empty() {
+        "connection closed".to_owned()
+    } else {
+        inner
+    }
 }
 
 /// A short reason when `error` is a failure to connect (or a lost connection).

@@ -20,6 +20,14 @@ pub(crate) mod sessions;
 // ---------------------------------------------------------------------------------------------
 // Requests
 
+/// An actor name from a request field or header: [`crate::Actor::parse`], `INVALID_ARGUMENT`
+/// naming the broken rule.
+pub(crate) fn actor(name: &str) -> Result<String, Status> {
+    crate::Actor::parse(name)
+        .map(crate::Actor::into_string)
+        .map_err(|e| Status::invalid_argument(e.to_string()))
+}
+
 /// `agent_ref` with namespace and name; its version is ignored.
 pub(crate) fn agent_ref(r: Option<&pb::AgentRef>) -> Result<AgentRef, Status> {
     match r {

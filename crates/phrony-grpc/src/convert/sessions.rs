@@ -304,7 +304,9 @@ pub(crate) fn session_filter(
     )))
 }
 
-/// `page_size` (0 = the default; negative refused) and `page_token` (empty = the first page).
+/// `page_size` (0 = every match up to [`phrony_ledger::UNSIZED_PAGE_LIMIT`], as the unpaged
+/// reference answered; above [`phrony_ledger::MAX_PAGE_SIZE`] clamped; negative refused) and
+/// `page_token` (empty = the first page).
 pub(crate) fn page_request(size: i32, token: &str) -> Result<phrony_ledger::PageRequest, Status> {
     let size = u32::try_from(size).map_err(|_| {
         Status::invalid_argument(format!("page_size must not be negative (got {size})"))

@@ -34,6 +34,11 @@ impl RuntimeService {
             .list_approvals(&filter, &page)
             .await
             .map_err(ledger_status)?;
+        super::warn_if_capped(
+            "ListApprovals",
+            request.page_size,
+            found.next_token.as_ref(),
+        );
         Ok(conv::list_approvals_response(found))
     }
 

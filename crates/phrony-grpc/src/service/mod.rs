@@ -92,18 +92,24 @@ impl RuntimeService {
     }
 
     /// The actor of a change: the request's own field, else the [`ACTOR_HEADER`] metadata, else
-    /// the configured default.
-    fn actor(&self, field: &str, metadata: &MetadataMap) -> String {
-        let field = field.trim();
-        if !field.is_empty() {
-            return field.to_owned();
+    /// the configured default. A field or header that is empty or only whitespace counts as
+    /// absent; any other value must pass [`Actor::parse`](crate::Actor::parse) (`INVALID_ARGUMENT` naming the rule
+    /// otherwise), and so must a header, which may carry UTF-8 bytes.
+    fn actor(&self, field: &str, metadata: &MetadataMap) -> Result<String, Status> {
+        if !field.trim().is_empty() {
+            return convert::actor(field);
         }
-        metadata
-            .get(ACTOR_HEADER)
-            .and_then(|v| v.to_str().ok())
-            .map(str::trim)
-            .filter(|v| !v.is_empty())
-            .map_or_else(|| self.default_actor.clone(), str::to_owned)
+        let Some(header) = metadata.get(ACTOR_HEADER) else {
+            return Ok(self.default_actor.clone());
+        };
+        let text = std::str::from_utf8(header.as_bytes()).map_err(|_| {
+            Status::invalid_argument(format!("the {ACTOR_HEADER} header is not UTF-8"))
+        })?;
+        if text.trim().is_empty() {
+            Ok(self.default_actor.clone())
+        } else {
+            convert::actor(text)
+        }
     }
 }
 
@@ -138,6 +144,20 @@ async fn unary<T>(
     result.map(Response::new)
 }
 
+/// Logs a list request that named no page size (an old client that does not page) and got
+/// more matches than [`phrony_ledger::UNSIZED_PAGE_LIMIT`]: its response carries a
+/// `next_page_token`, which such a client will not read.
+fn warn_if_capped(rpc: &'static str, page_size: i32, next_token: Option<&String>) {
+    if page_size == 0 && next_token.is_some() {
+        tracing::warn!(
+            rpc,
+            limit = phrony_ledger::UNSIZED_PAGE_LIMIT,
+            "a list request without page_size matched more than the limit; it got the first \
+             page and a next_page_token (clients should page with page_size/page_token)"
+        );
+    }
+}
+
 /// Answers an RPC of a later release.
 fn later<T>(rpc: &'static str) -> Result<Response<T>, Status> {
     tracing::debug!(rpc, "rpc not implemented");
@@ -162,7 +182,10 @@ impl Runtime for RuntimeService {
         request: Request<pb::PublishRequest>,
     ) -> Result<Response<pb::PublishResponse>, Status> {
         let actor = self.actor(&request.get_ref().actor, request.metadata());
-        unary("Publish", self.publish_impl(request.into_inner(), actor)).await
+        unary("Publish", async {
+            self.publish_impl(request.into_inner(), actor?).await
+        })
+        .await
     }
 
     async fn deploy(
@@ -170,7 +193,10 @@ impl Runtime for RuntimeService {
         request: Request<pb::DeployRequest>,
     ) -> Result<Response<pb::DeployResponse>, Status> {
         let actor = self.actor(&request.get_ref().actor, request.metadata());
-        unary("Deploy", self.deploy_impl(request.into_inner(), actor)).await
+        unary("Deploy", async {
+            self.deploy_impl(request.into_inner(), actor?).await
+        })
+        .await
     }
 
     async fn rollback(
@@ -178,7 +204,10 @@ impl Runtime for RuntimeService {
         request: Request<pb::RollbackRequest>,
     ) -> Result<Response<pb::RollbackResponse>, Status> {
         let actor = self.actor(&request.get_ref().actor, request.metadata());
-        unary("Rollback", self.rollback_impl(request.into_inner(), actor)).await
+        unary("Rollback", async {
+            self.rollback_impl(request.into_inner(), actor?).await
+        })
+        .await
     }
 
     async fn get_active_version(
@@ -237,10 +266,9 @@ impl Runtime for RuntimeService {
         request: Request<pb::DeprecateAgentVersionRequest>,
     ) -> Result<Response<pb::DeprecateAgentVersionResponse>, Status> {
         let actor = self.actor("", request.metadata());
-        unary(
-            "DeprecateAgentVersion",
-            self.deprecate_impl(request.into_inner(), actor),
-        )
+        unary("DeprecateAgentVersion", async {
+            self.deprecate_impl(request.into_inner(), actor?).await
+        })
         .await
     }
 
@@ -249,10 +277,9 @@ impl Runtime for RuntimeService {
         request: Request<pb::RetireAgentVersionRequest>,
     ) -> Result<Response<pb::RetireAgentVersionResponse>, Status> {
         let actor = self.actor("", request.metadata());
-        unary(
-            "RetireAgentVersion",
-            self.retire_impl(request.into_inner(), actor),
-        )
+        unary("RetireAgentVersion", async {
+            self.retire_impl(request.into_inner(), actor?).await
+        })
         .await
     }
 
@@ -261,10 +288,9 @@ impl Runtime for RuntimeService {
         request: Request<pb::ArchiveAgentRequest>,
     ) -> Result<Response<pb::ArchiveAgentResponse>, Status> {
         let actor = self.actor("", request.metadata());
-        unary(
-            "ArchiveAgent",
-            self.archive_impl(request.into_inner(), actor),
-        )
+        unary("ArchiveAgent", async {
+            self.archive_impl(request.into_inner(), actor?).await
+        })
         .await
     }
 
@@ -275,10 +301,9 @@ impl Runtime for RuntimeService {
         request: Request<pb::RunSessionRequest>,
     ) -> Result<Response<pb::RunSessionResponse>, Status> {
         let actor = self.actor("", request.metadata());
-        unary(
-            "RunSession",
-            self.run_session_impl(request.into_inner(), actor),
-        )
+        unary("RunSession", async {
+            self.run_session_impl(request.into_inner(), actor?).await
+        })
         .await
     }
 
@@ -287,10 +312,10 @@ impl Runtime for RuntimeService {
         request: Request<Streaming<pb::RunSessionInteractiveClientMsg>>,
     ) -> Result<Response<Self::RunSessionInteractiveStream>, Status> {
         let actor = self.actor("", request.metadata());
-        unary(
-            "RunSessionInteractive",
-            self.run_session_interactive_impl(request.into_inner(), actor),
-        )
+        unary("RunSessionInteractive", async {
+            self.run_session_interactive_impl(request.into_inner(), actor?)
+                .await
+        })
         .await
     }
 
@@ -299,10 +324,9 @@ impl Runtime for RuntimeService {
         request: Request<pb::CancelSessionRequest>,
     ) -> Result<Response<pb::CancelSessionResponse>, Status> {
         let actor = self.actor("", request.metadata());
-        unary(
-            "CancelSession",
-            self.cancel_session_impl(request.into_inner(), actor),
-        )
+        unary("CancelSession", async {
+            self.cancel_session_impl(request.into_inner(), actor?).await
+        })
         .await
     }
 
@@ -311,10 +335,10 @@ impl Runtime for RuntimeService {
         request: Request<pb::CompleteSessionRequest>,
     ) -> Result<Response<pb::CompleteSessionResponse>, Status> {
         let actor = self.actor("", request.metadata());
-        unary(
-            "CompleteSession",
-            self.complete_session_impl(request.into_inner(), actor),
-        )
+        unary("CompleteSession", async {
+            self.complete_session_impl(request.into_inner(), actor?)
+                .await
+        })
         .await
     }
 
@@ -380,10 +404,10 @@ impl Runtime for RuntimeService {
         request: Request<pb::DecideApprovalRequest>,
     ) -> Result<Response<pb::DecideApprovalResponse>, Status> {
         let actor = self.actor(&request.get_ref().actor, request.metadata());
-        unary(
-            "DecideApproval",
-            self.decide_approval_impl(request.into_inner(), actor),
-        )
+        unary("DecideApproval", async {
+            self.decide_approval_impl(request.into_inner(), actor?)
+                .await
+        })
         .await
     }
 

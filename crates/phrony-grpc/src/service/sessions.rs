@@ -193,6 +193,7 @@ impl RuntimeService {
             .list_sessions(&filter, &page)
             .await
             .map_err(ledger_status)?;
+        super::warn_if_capped("ListSessions", request.page_size, found.next_token.as_ref());
         Ok(conv::list_sessions_response(found))
     }
 

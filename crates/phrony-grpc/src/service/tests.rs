@@ -467,3 +467,179 @@ async fn get_version_reports_release_and_schema() {
     assert_eq!(v.version, env!("CARGO_PKG_VERSION"));
     assert!(!v.schema_version.is_empty());
 }
+
+#[tokio::test]
+async fn bad_actor_names_are_refused_naming_the_rule() {
+    let f = Fixture::new().await;
+    let long = "x".repeat(crate::actor::MAX_ACTOR_CHARS + 1);
+    let cases: [(&str, &str); 9] = [
+        ("system", "reserved for the runtime"),
+        ("System:timeout", "reserved for the runtime"),
+        ("policy", "reserved for the runtime"),
+        (
+            "bob\n2025-01-31T09:30:00Z [event/approval.decided] approved by ciso",
+            "unprintable character U+000A",
+        ),
+        ("\u{1b}[31mbob", "unprintable character U+001B"),
+        ("bob\u{202e}", "unprintable character U+202E"),
+        (" bob", "must not start or end with whitespace"),
+        (&long, "at most 128 are allowed"),
+        ("bob\u{2028}", "unprintable character U+2028"),
+    ];
+    for (actor, rule) in cases {
+        assert_status(
+            f.publish(f.snapshot("0.1.0", "Refunds"), actor).await,
+            Code::InvalidArgument,
+            rule,
+        );
+    }
+    // The header of the RPCs without an actor field goes through the same rule; a header may
+    // carry UTF-8, which must decode.
+    let header = |value: &[u8]| {
+        let mut request = Request::new(pb::ArchiveAgentRequest {
+            agent_ref: Some(agent("")),
+        });
+        request.metadata_mut().insert(
+            ACTOR_HEADER,
+            tonic::metadata::AsciiMetadataValue::try_from(value).unwrap(),
+        );
+        request
+    };
+    assert_status(
+        f.service.archive_agent(header(b"SYSTEM")).await,
+        Code::InvalidArgument,
+        "actor \"SYSTEM\" is reserved for the runtime",
+    );
+    assert_status(
+        f.service.archive_agent(header(b"\xff\xfe")).await,
+        Code::InvalidArgument,
+        "the phrony-actor header is not UTF-8",
+    );
+    // Nothing was stored, and a good UTF-8 name in the header is recorded as spelled.
+    f.publish(f.snapshot("0.1.0", "Refunds"), "Émad")
+        .await
+        .unwrap();
+    assert_eq!(f.get_version("0.1.0").await.published_by, "Émad");
+    f.service
+        .archive_agent(header("Émad Ç".as_bytes()))
+        .await
+        .unwrap();
+}
+
+/// More sessions and pending approvals than the old default page of 50, written through the
+/// ledger; a list request that names no page size (the published 0.1.0 SDK sends none) gets
+/// every one of them, and a paging request still pages.
+#[tokio::test]
+async fn lists_without_a_page_size_return_every_match() {
+    use phrony_ledger::{
+        AgentRef, AgentVersionRef, NewApproval, NewSession, NewToolCall, OnModify, OnReject,
+        SessionMode, SessionStatus, StatusChange,
+    };
+    let f = Fixture::new().await;
+    f.publish(f.snapshot("0.1.0", "Refunds"), "alice")
+        .await
+        .unwrap();
+    let ledger = &f.service.ledger;
+    let agent_ref = AgentRef::new("support", "refund-agent");
+    ledger.deploy(&agent_ref, "0.1.0", "alice").await.unwrap();
+    let version = ledger.get_agent_version(&agent_ref, "0.1.0").await.unwrap();
+    const N: usize = 60;
+    for _ in 0..N {
+        let session = ledger
+            .create_session(NewSession {
+                id: phrony_ledger::new_session_id(),
+                agent_version_id: version.id,
+                agent: AgentVersionRef::new("support", "refund-agent", "0.1.0"),
+                input: serde_json::json!({"message": "refund ORD-1"}),
+                metadata: Default::default(),
+                mode: SessionMode::Task,
+                parent_session_id: None,
+                limits: None,
+                secrets: Vec::new(),
+                actor: "alice".to_owned(),
+            })
+            .await
+            .unwrap();
+        ledger
+            .set_session_status(&session.id, StatusChange::to(SessionStatus::AwaitingTool))
+            .await
+            .unwrap();
+        let call = ledger
+            .record_tool_call(NewToolCall {
+                session_id: session.id.clone(),
+                turn: 1,
+                iteration: 0,
+                index: 0,
+                tool: "payments.issue-refund".to_owned(),
+                version: "1.0.0".to_owned(),
+                wire_name: None,
+                args: serde_json::json!({"amount": 400}),
+                side_effect_class: None,
+            })
+            .await
+            .unwrap();
+        ledger
+            .open_approval(NewApproval {
+                id: uuid::Uuid::new_v4(),
+                session_id: session.id.clone(),
+                call_id: call.call_id.clone(),
+                policy_ref: None,
+                reason: "needs a human".to_owned(),
+                route: "approvers".to_owned(),
+                authority_ref: String::new(),
+                approvals_required: 1,
+                comprehension_required: false,
+                on_reject: OnReject::ReturnToAgent,
+                on_modify: OnModify::Unchecked,
+                timeout: None,
+                policy_runtime: serde_json::Map::new(),
+                actor: "policy".to_owned(),
+            })
+            .await
+            .unwrap();
+    }
+    let approvals = f
+        .service
+        .list_approvals(Request::new(pb::ListApprovalsRequest {
+            status: "pending".into(),
+            ..Default::default()
+        }))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(approvals.approvals.len(), N);
+    assert!(approvals.next_page_token.is_empty());
+    let sessions = f
+        .service
+        .list_sessions(Request::new(pb::ListSessionsRequest::default()))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(sessions.sessions.len(), N);
+    assert!(sessions.next_page_token.is_empty());
+
+    // Clients that page keep paging.
+    let page = f
+        .service
+        .list_approvals(Request::new(pb::ListApprovalsRequest {
+            status: "pending".into(),
+            page_size: 25,
+            ..Default::default()
+        }))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(page.approvals.len(), 25);
+    assert!(!page.next_page_token.is_empty());
+    let page = f
+        .service
+        .list_sessions(Request::new(pb::ListSessionsRequest {
+            page_size: 25,
+            ..Default::default()
+        }))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(page.sessions.len(), 25);
+    assert!(!page.next_page_token.is_empty());
+}

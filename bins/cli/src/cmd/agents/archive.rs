@@ -20,9 +20,13 @@ pub(crate) fn run(args: &Args, global: &Global) -> anyhow::Result<()> {
     remote::block_on(async {
         let (client, _) = remote::connect(global).await?;
         client
-            .archive(&agent, &remote::actor())
+            .archive(&agent, &remote::actor()?)
             .await
-            .map_err(remote::fails("archive"))?;
+            .map_err(remote::change_fails(
+                "archive",
+                "the archive",
+                "phrony agents ls".to_owned(),
+            ))?;
         match args.output {
             Output::Json => render::json(&json!({
                 "namespace": agent.namespace,

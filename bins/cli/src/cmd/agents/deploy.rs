@@ -20,9 +20,13 @@ pub(crate) fn run(args: &Args, global: &Global) -> anyhow::Result<()> {
     remote::block_on(async {
         let (client, _) = remote::connect(global).await?;
         let deployed = client
-            .deploy(&agent, &version, &remote::actor())
+            .deploy(&agent, &version, &remote::actor()?)
             .await
-            .map_err(remote::fails("deploy"))?;
+            .map_err(remote::change_fails(
+                "deploy",
+                "the deployment",
+                format!("phrony agents active {agent}"),
+            ))?;
         match args.output {
             Output::Json => render::json(&json!({
                 "namespace": deployed.agent.namespace,

@@ -20,9 +20,13 @@ pub(crate) fn run(args: &Args, global: &Global) -> anyhow::Result<()> {
     remote::block_on(async {
         let (client, _) = remote::connect(global).await?;
         let id = client
-            .retire(&agent, &version, &remote::actor())
+            .retire(&agent, &version, &remote::actor()?)
             .await
-            .map_err(remote::fails("retire"))?;
+            .map_err(remote::change_fails(
+                "retire",
+                "the retirement",
+                format!("phrony agents versions {agent}"),
+            ))?;
         match args.output {
             Output::Json => render::json(&json!({
                 "namespace": agent.namespace,

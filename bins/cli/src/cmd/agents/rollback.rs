@@ -26,9 +26,13 @@ pub(crate) fn run(args: &Args, global: &Global) -> anyhow::Result<()> {
     remote::block_on(async {
         let (client, _) = remote::connect(global).await?;
         let rolled = client
-            .rollback(&agent, args.to.as_deref(), &remote::actor())
+            .rollback(&agent, args.to.as_deref(), &remote::actor()?)
             .await
-            .map_err(remote::fails("rollback"))?;
+            .map_err(remote::change_fails(
+                "rollback",
+                "the rollback",
+                format!("phrony agents active {agent}"),
+            ))?;
         match args.output {
             Output::Json => render::json(&json!({
                 "namespace": agent.namespace,

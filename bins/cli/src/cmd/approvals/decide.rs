@@ -77,9 +77,13 @@ fn decide(
     remote::block_on(async {
         let (client, _) = remote::connect(global).await?;
         let outcome = client
-            .decide_approval(vote, &remote::actor())
+            .decide_approval(vote, &remote::actor()?)
             .await
-            .map_err(remote::fails(action))?;
+            .map_err(remote::change_fails(
+                action,
+                "the vote",
+                format!("phrony approvals show {}", vote.approval_id),
+            ))?;
         match output {
             Output::Json => render::json(&json!({
                 "approval_id": vote.approval_id,
@@ -87,10 +91,14 @@ fn decide(
                 "approvals_received": outcome.approvals_received,
                 "session_status": outcome.session_status,
             })),
-            Output::Text => render::line(format_args!(
-                "status: {}\napprovals_received: {}\nsession_status: {}",
-                outcome.status, outcome.approvals_received, outcome.session_status
-            )),
+            Output::Text => {
+                render::line(format_args!("status: {}", outcome.status))?;
+                render::line(format_args!(
+                    "approvals_received: {}",
+                    outcome.approvals_received
+                ))?;
+                render::line(format_args!("session_status: {}", outcome.session_status))
+            }
         }
     })
 }

@@ -21,7 +21,7 @@ pub(crate) struct Args {
     /// Only approvals of this agent's sessions: namespace/name.
     #[arg(long, value_name = "NS/NAME")]
     agent: Option<String>,
-    /// At most this many approvals (default: the runtime's page size).
+    /// At most this many approvals, at most 1000 (default: every match, up to 10,000).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     limit: Option<u32>,
     /// Continue a listing: the token printed after the previous page.

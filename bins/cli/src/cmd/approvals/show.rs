@@ -85,7 +85,7 @@ fn write_approval(a: &Approval, out: &mut impl Write) -> io::Result<()> {
     table.write(out)?;
     super::write_args(out, "", a)?;
     for vote in &a.votes {
-        writeln!(out, "vote: {}", super::vote_text(vote))?;
+        render::write_line(out, &format!("vote: {}", super::vote_text(vote)))?;
     }
     Ok(())
 }

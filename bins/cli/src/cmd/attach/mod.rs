@@ -97,7 +97,7 @@ pub(crate) async fn run_attached(
 /// Opens the stream to `session_id` and runs the chosen renderer until the operator leaves or
 /// the session ends.
 async fn attach(client: &Client, session_id: &str, no_tui: bool) -> anyhow::Result<Outcome> {
-    let actor = remote::actor();
+    let actor = remote::actor()?;
     let session = client
         .attach(session_id, &actor)
         .await
@@ -221,7 +221,8 @@ impl Link for RemoteLink<'_> {
 }
 
 /// Text from the model, tools or the runtime made safe to draw: escape sequences (CSI, OSC)
-/// and control characters removed, tabs expanded, `\r\n` and lone `\r` read as line breaks.
+/// and unprintable characters ([`phrony_grpc::is_unprintable`]: controls, bidirectional
+/// overrides, zero-width and separator characters) removed, tabs expanded, `\r\n` and lone `\r` read as line breaks.
 pub(crate) fn sanitize(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let mut chars = text.chars().peekable();
@@ -265,7 +266,7 @@ pub(crate) fn sanitize(text: &str) -> String {
                 }
                 None => {}
             },
-            c if c.is_control() => {}
+            c if phrony_grpc::is_unprintable(c) => {}
             c => out.push(c),
         }
     }

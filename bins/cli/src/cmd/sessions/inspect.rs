@@ -80,7 +80,7 @@ fn write_children(session: &SessionDetail, out: &mut impl Write) -> io::Result<(
 
 /// The header block of one session.
 fn write_session(s: &SessionDetail, out: &mut impl Write) -> io::Result<()> {
-    writeln!(out, "=== Session {} ===", s.id)?;
+    render::write_line(out, &format!("=== Session {} ===", s.id))?;
     let mut table = Table::headless(2);
     let mut field = |key: &str, value: String| table.row(vec![format!("{key}:"), value]);
     field("status", s.status.clone());
@@ -198,21 +198,25 @@ fn write_entry(
     } else {
         format!("(session {} depth {}) ", entry.session_id, entry.depth)
     };
-    writeln!(
+    render::write_line(
         out,
-        "{ts} +{}ms [{}/{}] {session}{}",
-        entry.gap_ms, entry.source, entry.kind, entry.summary
+        &format!(
+            "{ts} +{}ms [{}/{}] {session}{}",
+            entry.gap_ms, entry.source, entry.kind, entry.summary
+        ),
     )?;
     match &entry.detail {
         TimelineDetail::Event(event) => {
             if !event.actor.is_empty() && !RUNTIME_ACTORS.contains(&event.actor.as_str()) {
-                writeln!(out, "    actor: {}", event.actor)?;
+                render::write_line(out, &format!("    actor: {}", event.actor))?;
             }
             if payloads && !event.payload.is_null() {
-                writeln!(
+                render::write_line(
                     out,
-                    "    payload: {}",
-                    shown_json(&event.payload, entry.truncation("event.payload"))
+                    &format!(
+                        "    payload: {}",
+                        shown_json(&event.payload, entry.truncation("event.payload"))
+                    ),
                 )?;
             }
         }
@@ -225,25 +229,31 @@ fn write_entry(
                 " queue_ms: {} exec_ms: {}",
                 call.queue_delay_ms, call.execution_duration_ms
             ));
-            writeln!(out, "{worker}")?;
-            writeln!(
+            render::write_line(out, &worker)?;
+            render::write_line(
                 out,
-                "    args: {}",
-                shown_json(&call.args, entry.truncation("invocation.args"))
+                &format!(
+                    "    args: {}",
+                    shown_json(&call.args, entry.truncation("invocation.args"))
+                ),
             )?;
             if !call.result.is_null() {
-                writeln!(
+                render::write_line(
                     out,
-                    "    result: {}",
-                    shown_json(&call.result, entry.truncation("invocation.result"))
+                    &format!(
+                        "    result: {}",
+                        shown_json(&call.result, entry.truncation("invocation.result"))
+                    ),
                 )?;
             }
             if call.error_code.is_some() || call.error_message.is_some() {
-                writeln!(
+                render::write_line(
                     out,
-                    "    error: {} {}",
-                    call.error_code.as_deref().unwrap_or("-"),
-                    call.error_message.as_deref().unwrap_or("")
+                    &format!(
+                        "    error: {} {}",
+                        call.error_code.as_deref().unwrap_or("-"),
+                        call.error_message.as_deref().unwrap_or("")
+                    ),
                 )?;
             }
         }
@@ -261,9 +271,12 @@ fn write_entry(
             if let Some(comment) = &approval.comment {
                 line.push_str(&format!(" comment: {comment:?}"));
             }
-            writeln!(out, "{line}")?;
+            render::write_line(out, &line)?;
             for vote in &approval.votes {
-                writeln!(out, "    vote: {}", crate::cmd::approvals::vote_text(vote))?;
+                render::write_line(
+                    out,
+                    &format!("    vote: {}", crate::cmd::approvals::vote_text(vote)),
+                )?;
             }
             // Edited arguments: the proposed and the effective ones together, as `approvals
             // show` prints them, at the approval's latest milestone.
@@ -297,7 +310,7 @@ fn write_approval_args(
     ] {
         let Some(value) = value else { continue };
         match entry.truncation(&format!("approval.{key}")) {
-            Some(t) => writeln!(out, "    {key}: {}", shown_json(value, Some(t)))?,
+            Some(t) => render::write_line(out, &format!("    {key}: {}", shown_json(value, Some(t))))?,
             None => crate::cmd::approvals::write_json_block(out, "    ", key, value)?,
         }
     }

@@ -20,7 +20,7 @@ pub(crate) struct Args {
     /// Also list delegated child sessions.
     #[arg(long)]
     include_children: bool,
-    /// At most this many sessions (default: the runtime's page size).
+    /// At most this many sessions, at most 1000 (default: every match, up to 10,000).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     limit: Option<u32>,
     /// Continue a listing: the token printed after the previous page.

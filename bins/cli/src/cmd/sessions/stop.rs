@@ -28,20 +28,28 @@ pub(crate) fn run(args: &Args, global: &Global, stop: Stop) -> anyhow::Result<()
     let id = super::session_id(&args.session_id)?;
     remote::block_on(async {
         let (client, _) = remote::connect(global).await?;
-        let actor = remote::actor();
+        let actor = remote::actor()?;
         let done = match stop {
             Stop::Cancel => {
                 client
                     .cancel_session(id, &actor)
                     .await
-                    .map_err(remote::fails("cancel"))?;
+                    .map_err(remote::change_fails(
+                        "cancel",
+                        "the cancellation",
+                        format!("phrony sessions inspect {id}"),
+                    ))?;
                 "cancelled"
             }
             Stop::Complete => {
                 client
                     .complete_session(id, &actor)
                     .await
-                    .map_err(remote::fails("complete"))?;
+                    .map_err(remote::change_fails(
+                        "complete",
+                        "the completion",
+                        format!("phrony sessions inspect {id}"),
+                    ))?;
                 "completed"
             }
         };
