@@ -236,6 +236,8 @@ pub struct ToolResultActivity {
 pub struct ApprovalRequest {
     /// The approval.
     pub approval_id: Uuid,
+    /// What it asks: a policy approval, or an outcome review ("did this call happen?").
+    pub kind: phrony_ledger::ApprovalKind,
     /// The gated call.
     pub call_id: String,
     /// Dispatch ref.
@@ -979,6 +981,11 @@ fn approval_request(p: &Value) -> Option<ApprovalRequest> {
     let approval_id = Uuid::parse_str(p.get("approval_id")?.as_str()?).ok()?;
     Some(ApprovalRequest {
         approval_id,
+        kind: p
+            .get("kind")
+            .and_then(Value::as_str)
+            .and_then(|k| k.parse().ok())
+            .unwrap_or_default(),
         call_id: text_of(p, "call_id"),
         tool: text_of(p, "tool"),
         version: text_of(p, "version"),

@@ -807,6 +807,7 @@ mod tests {
                 timeout: None,
                 policy_runtime: serde_json::Map::new(),
                 actor: "policy".into(),
+                kind: phrony_ledger::ApprovalKind::Policy,
             })
             .await
             .unwrap();
@@ -820,6 +821,8 @@ mod tests {
                     comment: "Damage claim on file.".into(),
                     comprehension_acknowledged: false,
                     edited_args: None,
+                    resolution: None,
+                    result: None,
                 },
             )
             .await
