@@ -15,8 +15,8 @@ use phrony_dispatch::{
 };
 use phrony_ledger::{
     Approval, ApprovalKind, ApprovalStatus, ApprovalTimeout, CallStatus, Dispatch, NewApproval,
-    NewToolCall,
-    OnModify, OnReject, SessionStatus, SideEffectClass, TimeoutDefault, ToolInvocation, ToolResult,
+    NewToolCall, OnModify, OnReject, SessionStatus, SideEffectClass, TimeoutDefault,
+    ToolInvocation, ToolResult,
 };
 use phrony_manifest::ToolBinding;
 use phrony_policy::{AgentCtx, Decision, Policy, Request, SessionCtx, ToolCtx, Trigger};

@@ -11,12 +11,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use async_trait::async_trait;
 use chrono::{DateTime, SubsecRound as _, Utc};
 use phrony_ledger::{
-    ApprovalKind, ReviewResolution, not_resent_message, vote_resolution,
-    Approval, ApprovalStatus, ApprovalVote, CallStatus, Dispatch, Event, GENESIS_HASH,
-    MAX_ESCALATION_DEPTH, NewApproval, NewEvent, NewSession, NewToolCall, RecordedResult, Session,
-    SessionEvent, SessionStatus, StatusChange, StatusChanged, TIMEOUT_ACTOR, TimeoutDefault,
-    TimeoutOutcome, ToolInvocation, ToolOutcome, ToolResult, Vote, VoteDecision, VoteOutcome,
-    call_hash, error_codes, event_types as types, is_ledger_owned, tool_call_id,
+    Approval, ApprovalKind, ApprovalStatus, ApprovalVote, CallStatus, Dispatch, Event,
+    GENESIS_HASH, MAX_ESCALATION_DEPTH, NewApproval, NewEvent, NewSession, NewToolCall,
+    RecordedResult, ReviewResolution, Session, SessionEvent, SessionStatus, StatusChange,
+    StatusChanged, TIMEOUT_ACTOR, TimeoutDefault, TimeoutOutcome, ToolInvocation, ToolOutcome,
+    ToolResult, Vote, VoteDecision, VoteOutcome, call_hash, error_codes, event_types as types,
+    is_ledger_owned, not_resent_message, tool_call_id, vote_resolution,
 };
 use secrecy::{ExposeSecret as _, SecretSlice};
 use serde_json::{Map, Value, json};
@@ -196,7 +196,15 @@ impl State {
                 .copied()
                 .collect();
             for id in pending {
-                self.decide(id, ApprovalStatus::Cancelled, "system", &why, None, None, now)?;
+                self.decide(
+                    id,
+                    ApprovalStatus::Cancelled,
+                    "system",
+                    &why,
+                    None,
+                    None,
+                    now,
+                )?;
                 out.closed_approvals.push(id);
             }
             let open: Vec<String> = self
@@ -979,9 +987,7 @@ impl SessionStore for MemoryStore {
         }
         let in_doubt = match call.status {
             CallStatus::Cancelled => true,
-            CallStatus::Failed => {
-                call.error_code.as_deref() == Some(error_codes::OUTCOME_UNKNOWN)
-            }
+            CallStatus::Failed => call.error_code.as_deref() == Some(error_codes::OUTCOME_UNKNOWN),
             _ => false,
         };
         if call.attempt < 1 || (call.status.is_terminal() && !in_doubt) {
@@ -1162,7 +1168,15 @@ impl SessionStore for MemoryStore {
                 .is_some_and(|a| a.call_id == call_id && a.status == ApprovalStatus::Pending)
         });
         match pending {
-            Some(id) => st.decide(id, ApprovalStatus::Cancelled, "system", reason, None, None, now)?,
+            Some(id) => st.decide(
+                id,
+                ApprovalStatus::Cancelled,
+                "system",
+                reason,
+                None,
+                None,
+                now,
+            )?,
             None => st.cancel_call_locked(call_id, reason, now)?,
         }
         st.call(call_id).cloned()

@@ -186,7 +186,11 @@ async fn an_execution_timeout_on_an_irreversible_write_asks_a_human() {
     h.engine
         .decide_approval(
             approval.id,
-            Vote::resolve("emad", ReviewResolution::Resend, "not issued upstream; retry"),
+            Vote::resolve(
+                "emad",
+                ReviewResolution::Resend,
+                "not issued upstream; retry",
+            ),
         )
         .await
         .unwrap();
@@ -337,7 +341,11 @@ async fn an_operator_confirming_a_lost_refund_records_it_succeeded_without_a_res
         .unwrap()
         .unwrap();
     assert_eq!(done.status, SessionStatus::Completed);
-    assert_eq!(h.worker.invoked("payments.issue-refund").len(), 1, "never re-sent");
+    assert_eq!(
+        h.worker.invoked("payments.issue-refund").len(),
+        1,
+        "never re-sent"
+    );
     let call = h.store.get_tool_call(&approval.call_id).await.unwrap();
     assert_eq!(call.status, CallStatus::Succeeded);
     assert_eq!(call.result, Some(json!({"refund_id": "rf_77"})));
@@ -401,7 +409,10 @@ async fn a_binding_without_a_side_effect_class_is_reviewed_not_re_sent_after_a_r
     .await
     .unwrap()
     .unwrap();
-    assert_eq!(h.pending_approval(&s.id).await.kind, ApprovalKind::OutcomeReview);
+    assert_eq!(
+        h.pending_approval(&s.id).await.kind,
+        ApprovalKind::OutcomeReview
+    );
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(
         h.worker.invoked("payments.issue-refund").len(),

@@ -120,9 +120,7 @@ impl ReviewResolution {
 /// The message of a review resolved `fail`: `outcome unknown, not re-sent by <actor>`.
 #[must_use]
 pub fn not_resent_message(actor: &str, comment: &str) -> String {
-    let base = format!(
-        "outcome unknown, not re-sent by {actor} (the call may have taken effect)"
-    );
+    let base = format!("outcome unknown, not re-sent by {actor} (the call may have taken effect)");
     if comment.trim().is_empty() {
         base
     } else {
@@ -339,7 +337,11 @@ pub struct Vote {
 impl Vote {
     /// A vote without edits or resolution.
     #[must_use]
-    pub fn new(actor: impl Into<String>, decision: VoteDecision, comment: impl Into<String>) -> Self {
+    pub fn new(
+        actor: impl Into<String>,
+        decision: VoteDecision,
+        comment: impl Into<String>,
+    ) -> Self {
         Self {
             actor: actor.into(),
             decision,

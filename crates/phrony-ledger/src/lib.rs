@@ -140,8 +140,8 @@ pub use model::{
 pub use approvals::{
     Approval, ApprovalFilter, ApprovalKind, ApprovalStatus, ApprovalTimeout, ApprovalVote,
     MAX_ESCALATION_DEPTH, NewApproval, OnModify, OnReject, ReviewResolution, TIMEOUT_ACTOR,
-    TimeoutDefault, TimeoutOutcome, Vote, VoteDecision, VoteOutcome, call_hash,
-    not_resent_message, vote_resolution,
+    TimeoutDefault, TimeoutOutcome, Vote, VoteDecision, VoteOutcome, call_hash, not_resent_message,
+    vote_resolution,
 };
 pub use cipher::{CipherError, KEY_LEN, SecretCipher};
 pub use invocations::{

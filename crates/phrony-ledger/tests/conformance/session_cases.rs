@@ -4,12 +4,12 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::Duration;
 use phrony_ledger::{
-    AgentRef, AgentVersion, AgentVersionRef, ApprovalFilter, ApprovalStatus, ApprovalTimeout,
-    ApprovalKind, Backend, CallStatus, Dispatch, ReviewResolution, Ledger, LedgerError, NewAgentVersion, NewApproval, NewSession,
-    NewToolCall, OnModify, OnReject, PageRequest, SecretCipher, Session, SessionEvent,
-    SessionFilter, SessionLimits, SessionMode, SessionStatus, SideEffectClass, StatusChange,
-    TimeoutDefault, ToolInvocation, ToolOutcome, ToolResult, Usage, Vote, VoteDecision,
-    new_session_id, tool_call_id,
+    AgentRef, AgentVersion, AgentVersionRef, ApprovalFilter, ApprovalKind, ApprovalStatus,
+    ApprovalTimeout, Backend, CallStatus, Dispatch, Ledger, LedgerError, NewAgentVersion,
+    NewApproval, NewSession, NewToolCall, OnModify, OnReject, PageRequest, ReviewResolution,
+    SecretCipher, Session, SessionEvent, SessionFilter, SessionLimits, SessionMode, SessionStatus,
+    SideEffectClass, StatusChange, TimeoutDefault, ToolInvocation, ToolOutcome, ToolResult, Usage,
+    Vote, VoteDecision, new_session_id, tool_call_id,
 };
 use serde_json::{Map, Value, json};
 use uuid::Uuid;
@@ -1167,7 +1167,11 @@ pub(crate) async fn outcome_reviews_are_resolved_not_approved(db: &TestDb) {
     );
 
     // happened: the call succeeded with the operator's result, attributed to the operator.
-    let mut confirmed = resolve("alice", ReviewResolution::Happened, "refund R-1 is in the PSP");
+    let mut confirmed = resolve(
+        "alice",
+        ReviewResolution::Happened,
+        "refund R-1 is in the PSP",
+    );
     confirmed.result = Some(json!({"refund_id": "R-1"}));
     let outcome = ledger.cast_vote(review.id, confirmed).await.unwrap();
     assert!(outcome.decided);
@@ -1223,7 +1227,10 @@ pub(crate) async fn outcome_reviews_are_resolved_not_approved(db: &TestDb) {
     // resend: the only way back to dispatch; the call is pending again with its arguments.
     let (resent, review) = review_for(ledger, &s.id, 2).await;
     let outcome = ledger
-        .cast_vote(review.id, resolve("carol", ReviewResolution::Resend, "PSP shows nothing"))
+        .cast_vote(
+            review.id,
+            resolve("carol", ReviewResolution::Resend, "PSP shows nothing"),
+        )
         .await
         .unwrap();
     assert_eq!(outcome.approval.status, ApprovalStatus::Approved);
