@@ -236,6 +236,8 @@ pub struct ToolResultActivity {
 pub struct ApprovalRequest {
     /// The approval.
     pub approval_id: Uuid,
+    /// What it asks: a policy approval, or an outcome review ("did this call happen?").
+    pub kind: phrony_ledger::ApprovalKind,
     /// The gated call.
     pub call_id: String,
     /// Dispatch ref.
@@ -642,13 +644,25 @@ impl SessionView {
                 }));
             }
             types::TOOL_CANCELLED => {
-                out.extend(self.result(ToolResultActivity {
-                    call_id: text_of(p, "call_id"),
-                    result: None,
-                    error_code: Some(error_codes::CANCELLED.to_owned()),
-                    error_message: Some(format!("tool call cancelled: {}", text_of(p, "reason"))),
-                    policy_ref: None,
-                }));
+                out.extend(
+                    self.result(ToolResultActivity {
+                        call_id: text_of(p, "call_id"),
+                        result: None,
+                        error_code: Some(
+                            if p.get("after_dispatch").and_then(Value::as_bool) == Some(true) {
+                                error_codes::CANCELLED_AFTER_DISPATCH
+                            } else {
+                                error_codes::CANCELLED
+                            }
+                            .to_owned(),
+                        ),
+                        error_message: Some(format!(
+                            "tool call cancelled: {}",
+                            text_of(p, "reason")
+                        )),
+                        policy_ref: None,
+                    }),
+                );
             }
             types::APPROVAL_REQUIRED => {
                 if let Some(request) = approval_request(p) {
@@ -739,6 +753,9 @@ impl SessionView {
             approvals_required: required,
         }))];
         let outcome = match status {
+            // An outcome review: its `happened`/`fail` outcome is the `tool.completed` that
+            // follows, a `resend` the worker's new result.
+            _ if p.get("resolution").is_some() => None,
             ApprovalStatus::Denied => Some((
                 error_codes::APPROVAL_DENIED,
                 match self.failure_approvals.get(&id) {
@@ -979,6 +996,11 @@ fn approval_request(p: &Value) -> Option<ApprovalRequest> {
     let approval_id = Uuid::parse_str(p.get("approval_id")?.as_str()?).ok()?;
     Some(ApprovalRequest {
         approval_id,
+        kind: p
+            .get("kind")
+            .and_then(Value::as_str)
+            .and_then(|k| k.parse().ok())
+            .unwrap_or_default(),
         call_id: text_of(p, "call_id"),
         tool: text_of(p, "tool"),
         version: text_of(p, "version"),

@@ -14,8 +14,9 @@ use phrony_dispatch::{
     DispatchCall, DispatchFailure, DispatchJournal, HookError, Invocation, WorkerProvenance,
 };
 use phrony_ledger::{
-    Approval, ApprovalStatus, ApprovalTimeout, CallStatus, Dispatch, NewApproval, NewToolCall,
-    OnModify, OnReject, SessionStatus, SideEffectClass, TimeoutDefault, ToolInvocation, ToolResult,
+    Approval, ApprovalKind, ApprovalStatus, ApprovalTimeout, CallStatus, Dispatch, NewApproval,
+    NewToolCall, OnModify, OnReject, SessionStatus, SideEffectClass, TimeoutDefault,
+    ToolInvocation, ToolResult,
 };
 use phrony_manifest::ToolBinding;
 use phrony_policy::{AgentCtx, Decision, Policy, Request, SessionCtx, ToolCtx, Trigger};
@@ -34,9 +35,6 @@ pub const LIMIT_TOOL: &str = "phrony.limit";
 
 /// Call indexes of limit escalations start here (model calls use 0, 1, …).
 const LIMIT_INDEX: u32 = 1_000_000;
-
-/// Reason of approvals opened because a write's outcome is unknown (§5.8).
-const INDETERMINATE_REASON: &str = "tool dispatch outcome indeterminate";
 
 /// Records each dispatch in the store before the invoke is sent; a re-dispatch after a nack
 /// re-queues the call first.
@@ -112,10 +110,19 @@ fn side_effect_class(binding: &ToolBinding) -> Option<SideEffectClass> {
     binding.side_effect_class.parse().ok()
 }
 
-/// Whether a call whose outcome is unknown may simply be reported (reads and idempotent
-/// writes; an empty class counts as a read, as in the reference).
+/// Whether a call whose outcome is unknown may simply be reported or re-sent (reads and
+/// idempotent writes). A missing or unknown class counts as the most dangerous one
+/// (`irreversible_action`), unlike the reference, which treated it as a read and re-sent it.
 fn safe_class(binding: &ToolBinding) -> bool {
-    side_effect_class(binding).is_none_or(SideEffectClass::safe_to_redispatch)
+    side_effect_class(binding).is_some_and(SideEffectClass::safe_to_redispatch)
+}
+
+/// The question an outcome review asks, from what went wrong.
+fn review_question(call: &ToolInvocation, what_happened: &str) -> String {
+    format!(
+        "{what_happened}. The runtime cannot tell whether {}@{} took effect: did it happen?",
+        call.tool, call.version
+    )
 }
 
 /// Why arguments an approver edited may not run.
@@ -298,7 +305,7 @@ impl Ctx {
                     .error_message
                     .clone()
                     .unwrap_or_else(|| "the worker was lost while the call was in flight".into());
-                self.unknown_outcome(&call, &binding, &wire, &reason, false)
+                self.unknown_outcome(&call, &binding, &wire, &reason, None)
                     .await
             }
             CallStatus::AwaitingApproval => {
@@ -390,6 +397,7 @@ impl Ctx {
             id: Uuid::new_v4(),
             session_id: self.session.id.clone(),
             call_id: call.call_id.clone(),
+            kind: ApprovalKind::Policy,
             policy_ref: Some(policy.id().to_string()),
             reason: reason
                 .or_else(|| policy.reason().map(str::to_owned))
@@ -545,6 +553,11 @@ impl Ctx {
                 let current = self.store().get_tool_call(&call.call_id).await?;
                 if current.status.is_terminal() {
                     return Ok(());
+                }
+                // An outcome review resolved `resend`: send the recorded call again (a review
+                // resolved `happened` or `fail` left it terminal above).
+                if approval.kind == ApprovalKind::OutcomeReview {
+                    return Box::pin(self.dispatch(&current, binding, wire, true)).await;
                 }
                 let failure_approval = approval.policy_runtime.contains_key(TRIGGER_KEY);
                 let args = approval.args_to_dispatch().clone();
@@ -714,7 +727,16 @@ impl Ctx {
             let args = current.args.clone();
             let scope = self.scope();
             let req = scope.request(binding, wire, &args);
-            if let Some(policy) = self.setup.policies.evaluate_failure(&req, trigger) {
+            let policy = self.setup.policies.evaluate_failure(&req, trigger);
+            if trigger == Trigger::Indeterminate && !safe_class(binding) {
+                // "Did it happen?" is not "may it run?": a trigger policy routes the review, but
+                // the review is an outcome review whatever the policy says.
+                let route = policy.and_then(Policy::route).map(str::to_owned);
+                return self
+                    .unknown_outcome(&current, binding, wire, &message, route)
+                    .await;
+            }
+            if let Some(policy) = policy {
                 let mut extra = Map::new();
                 extra.insert(TRIGGER_KEY.into(), json!(trigger.as_str()));
                 extra.insert(FAILURE_KEY.into(), json!(message));
@@ -733,8 +755,14 @@ impl Ctx {
                     .await?;
                 Ok(())
             }
+            f if f.outcome_unknown() && after_hitl && safe_class(binding) => {
+                self.store()
+                    .fail_tool_call(&call.call_id, codes::INDETERMINATE, &message)
+                    .await?;
+                Err(CallStop::Fail(message))
+            }
             f if f.outcome_unknown() => {
-                self.unknown_outcome(&current, binding, wire, &message, after_hitl)
+                self.unknown_outcome(&current, binding, wire, &message, None)
                     .await
             }
             f => {
@@ -747,24 +775,22 @@ impl Ctx {
     }
 
     /// A call that may or may not have run (§4.7): reads and idempotent writes report it to the
-    /// model; other writes need a human before they are sent again.
+    /// model; other writes (and calls of unknown class) open an outcome review ("did it
+    /// happen?"), resolved by a human with `happened`, `resend` or `fail`. `route` is the
+    /// reviewers' route (from a matching `dispatch:indeterminate` trigger policy).
     async fn unknown_outcome(
         &self,
         call: &ToolInvocation,
         binding: &ToolBinding,
         wire: &str,
         reason: &str,
-        after_hitl: bool,
+        route: Option<String>,
     ) -> Result<(), CallStop> {
-        if safe_class(binding) || after_hitl {
+        if safe_class(binding) {
             self.store()
                 .fail_tool_call(&call.call_id, codes::INDETERMINATE, reason)
                 .await?;
-            return if after_hitl {
-                Err(CallStop::Fail(reason.to_owned()))
-            } else {
-                Ok(())
-            };
+            return Ok(());
         }
         let mut runtime = Map::new();
         runtime.insert(TRIGGER_KEY.into(), json!(Trigger::Indeterminate.as_str()));
@@ -773,9 +799,10 @@ impl Ctx {
             id: Uuid::new_v4(),
             session_id: self.session.id.clone(),
             call_id: call.call_id.clone(),
+            kind: ApprovalKind::OutcomeReview,
             policy_ref: None,
-            reason: INDETERMINATE_REASON.to_owned(),
-            route: String::new(),
+            reason: review_question(call, reason),
+            route: route.unwrap_or_default(),
             authority_ref: String::new(),
             approvals_required: 1,
             comprehension_required: false,
@@ -812,8 +839,9 @@ impl Ctx {
             }
         }
         let reason = format!(
-            "the runtime restarted while the call was in flight and the worker did not report \
-             within {}s",
+            "the runtime restarted while the call was with worker {:?}, and the worker did not \
+             report within {}s",
+            call.worker_id.as_deref().unwrap_or("unknown"),
             self.inner.config.recovery_grace.as_secs()
         );
         if safe_class(binding) {
@@ -824,7 +852,7 @@ impl Ctx {
             .store()
             .mark_tool_call_indeterminate(&call.call_id, &reason)
             .await?;
-        self.unknown_outcome(&current, binding, wire, &reason, false)
+        self.unknown_outcome(&current, binding, wire, &reason, None)
             .await
     }
 

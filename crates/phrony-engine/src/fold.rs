@@ -172,6 +172,19 @@ pub(crate) fn failure_text(code: &str, message: &str) -> String {
     }
 }
 
+/// What the model is told about a call an operator confirmed happened (an outcome review
+/// resolved `happened`), with the result the operator supplied, if any.
+pub(crate) fn confirmed_text(operator: &str, result: &Value) -> String {
+    let base = format!(
+        "the worker did not report this call's outcome; operator {operator} confirmed that it \
+         took effect"
+    );
+    match result {
+        Value::Null => base,
+        other => format!("{base}. Result: {other}"),
+    }
+}
+
 /// What a rejected approval tells the model.
 pub(crate) fn rejection_text(call_id: &str, decided_by: &str, comment: &str) -> String {
     if comment.trim().is_empty() {
@@ -360,11 +373,13 @@ impl Fold {
             types::TOOL_COMPLETED => {
                 let call_id = text("call_id");
                 let status = text("status");
+                let resolved_by = p.get("resolved_by").and_then(Value::as_str);
                 let outcome = if status == CallStatus::Succeeded.as_str() {
                     let result = p.get("result").cloned().unwrap_or(Value::Null);
-                    let content = match result {
-                        Value::Null => "{}".to_owned(),
-                        other => other.to_string(),
+                    let content = match (resolved_by, result) {
+                        (Some(by), result) => confirmed_text(by, &result),
+                        (None, Value::Null) => "{}".to_owned(),
+                        (None, other) => other.to_string(),
                     };
                     (content, false)
                 } else {
@@ -394,6 +409,10 @@ impl Fold {
                         .map_or_else(|| text("reason"), str::to_owned);
                     self.failure_approvals.insert(text("approval_id"), failure);
                 }
+            }
+            types::APPROVAL_DECIDED if p.get("resolution").is_some() => {
+                // An outcome review: `happened` and `fail` are told by the `tool.completed`
+                // that follows, `resend` by the worker's new result.
             }
             types::APPROVAL_DECIDED => {
                 let status = text("status");

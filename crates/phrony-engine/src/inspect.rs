@@ -597,6 +597,14 @@ fn event_summary(e: &Event, calls: &HashMap<&str, &ToolInvocation>) -> String {
                 s(p, "comment"),
             )
         }
+        types::APPROVAL_DECIDED if p.get("resolution").is_some() => with_detail(
+            format!(
+                "outcome review resolved {} by {}",
+                s(p, "resolution"),
+                s(p, "decided_by")
+            ),
+            s(p, "comment"),
+        ),
         types::APPROVAL_DECIDED => with_detail(
             format!("approval {} by {}", s(p, "status"), s(p, "decided_by")),
             s(p, "comment"),
@@ -679,6 +687,10 @@ fn approval_created_summary(a: &Approval) -> String {
 
 fn approval_decided_summary(a: &Approval) -> String {
     let by = a.decided_by.as_deref().unwrap_or("system");
+    if let Some(resolution) = a.resolution {
+        let head = format!("outcome review resolved {resolution} by {by}");
+        return with_detail(head, a.comment.as_deref().unwrap_or(""));
+    }
     let mut head = format!("approval {} by {by}", a.status);
     if a.approvals_required > 1 {
         head.push_str(&format!(
@@ -1028,6 +1040,7 @@ mod tests {
                 timeout: None,
                 policy_runtime: serde_json::Map::new(),
                 actor: "policy".into(),
+                kind: phrony_ledger::ApprovalKind::Policy,
             })
             .await
             .unwrap();
@@ -1041,6 +1054,8 @@ mod tests {
                     comment: "Damage claim on file.".into(),
                     comprehension_acknowledged: false,
                     edited_args,
+                    resolution: None,
+                    result: None,
                 },
             )
             .await

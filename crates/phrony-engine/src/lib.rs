@@ -117,6 +117,6 @@ pub use subscribe::{SessionUpdate, Subscription};
 
 /// The ledger's domain types the engine's API speaks.
 pub use phrony_ledger::{
-    Approval, ApprovalStatus, Event, Session, SessionMode, SessionStatus, SessionTimeline, Usage,
-    Vote, VoteDecision, VoteOutcome,
+    Approval, ApprovalKind, ApprovalStatus, Event, ReviewResolution, Session, SessionMode,
+    SessionStatus, SessionTimeline, Usage, Vote, VoteDecision, VoteOutcome,
 };

@@ -11,11 +11,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use async_trait::async_trait;
 use chrono::{DateTime, SubsecRound as _, Utc};
 use phrony_ledger::{
-    Approval, ApprovalStatus, ApprovalVote, CallStatus, Dispatch, Event, GENESIS_HASH,
-    MAX_ESCALATION_DEPTH, NewApproval, NewEvent, NewSession, NewToolCall, RecordedResult, Session,
-    SessionEvent, SessionStatus, StatusChange, StatusChanged, TIMEOUT_ACTOR, TimeoutDefault,
-    TimeoutOutcome, ToolInvocation, ToolOutcome, ToolResult, Vote, VoteDecision, VoteOutcome,
-    call_hash, error_codes, event_types as types, is_ledger_owned, tool_call_id,
+    Approval, ApprovalKind, ApprovalStatus, ApprovalVote, CallStatus, Dispatch, Event,
+    GENESIS_HASH, MAX_ESCALATION_DEPTH, NewApproval, NewEvent, NewSession, NewToolCall,
+    RecordedResult, ReviewResolution, Session, SessionEvent, SessionStatus, StatusChange,
+    StatusChanged, TIMEOUT_ACTOR, TimeoutDefault, TimeoutOutcome, ToolInvocation, ToolOutcome,
+    ToolResult, Vote, VoteDecision, VoteOutcome, call_hash, error_codes, event_types as types,
+    is_ledger_owned, not_resent_message, tool_call_id, vote_resolution,
 };
 use secrecy::{ExposeSecret as _, SecretSlice};
 use serde_json::{Map, Value, json};
@@ -195,7 +196,15 @@ impl State {
                 .copied()
                 .collect();
             for id in pending {
-                self.decide(id, ApprovalStatus::Cancelled, "system", &why, None, now)?;
+                self.decide(
+                    id,
+                    ApprovalStatus::Cancelled,
+                    "system",
+                    &why,
+                    None,
+                    None,
+                    now,
+                )?;
                 out.closed_approvals.push(id);
             }
             let open: Vec<String> = self
@@ -323,13 +332,33 @@ impl State {
         now: DateTime<Utc>,
     ) -> StoreResult<()> {
         let call = self.call(call_id)?.clone();
-        let payload =
+        let after_dispatch = matches!(
+            call.status,
+            CallStatus::Dispatched | CallStatus::Indeterminate
+        );
+        let reason = match (&call.worker_id, after_dispatch) {
+            (Some(worker), true) => format!(
+                "{reason}; the call had been sent to worker {worker:?} and may have taken effect"
+            ),
+            _ => reason.to_owned(),
+        };
+        let mut payload =
             json!({"call_id": call.call_id, "from": call.status.as_str(), "reason": reason});
+        if after_dispatch {
+            payload["after_dispatch"] = json!(true);
+        }
         let event = self.emit_call(&call, types::TOOL_CANCELLED, "system", payload, now);
         self.update_call(call_id, |c| {
             c.status = CallStatus::Cancelled;
-            c.error_code = Some(error_codes::CANCELLED.to_owned());
-            c.error_message = Some(reason.to_owned());
+            c.error_code = Some(
+                if after_dispatch {
+                    error_codes::CANCELLED_AFTER_DISPATCH
+                } else {
+                    error_codes::CANCELLED
+                }
+                .to_owned(),
+            );
+            c.error_message = Some(reason.clone());
             c.completed_at = Some(event.ts);
             c.updated_at = event.ts;
         });
@@ -344,6 +373,7 @@ impl State {
         decided_by: &str,
         comment: &str,
         effective_args: Option<Value>,
+        resolution: Option<ReviewResolution>,
         now: DateTime<Utc>,
     ) -> StoreResult<()> {
         let approval = self.approval(id)?.clone();
@@ -360,6 +390,9 @@ impl State {
         if let Some(args) = &effective_args {
             payload["effective_args"] = args.clone();
         }
+        if let Some(r) = resolution {
+            payload["resolution"] = json!(r.as_str());
+        }
         let mut new = NewEvent::new(types::APPROVAL_DECIDED, "system", payload);
         new.call_id = Some(approval.call_id.clone());
         new.turn = turn;
@@ -369,9 +402,17 @@ impl State {
             a.decided_by = Some(decided_by.to_owned());
             a.comment = Some(comment.to_owned());
             a.decided_at = Some(event.ts);
+            a.resolution = resolution;
             if effective_args.is_some() {
                 a.effective_args.clone_from(&effective_args);
             }
+        }
+        if matches!(
+            resolution,
+            Some(ReviewResolution::Happened | ReviewResolution::Fail)
+        ) {
+            // The call's outcome is the `tool.completed` the caller records next.
+            return Ok(());
         }
         let message = if comment.is_empty() {
             "tool call denied".to_owned()
@@ -431,6 +472,9 @@ impl State {
             "on_modify": approval.on_modify.as_str(),
             "escalation_depth": approval.escalation_depth,
         });
+        if !approval.kind.is_policy() {
+            payload["kind"] = json!(approval.kind.as_str());
+        }
         if let Some(p) = &approval.policy_ref {
             payload["policy_ref"] = json!(p);
         }
@@ -457,6 +501,64 @@ impl State {
             c.updated_at = event.ts;
         });
         event
+    }
+}
+
+impl State {
+    /// Records the outcome an operator gave an outcome review (see the ledger's
+    /// `complete_by_review`): `Ok(result)` = it happened, `Err(message)` = outcome unknown.
+    fn complete_by_review(
+        &mut self,
+        call_id: &str,
+        actor: &str,
+        outcome: Result<Option<Value>, String>,
+        now: DateTime<Utc>,
+    ) -> StoreResult<()> {
+        let call = self.call(call_id)?.clone();
+        if call.status != CallStatus::AwaitingApproval {
+            return Err(StoreError::precondition(format!(
+                "tool call {} is {} and no longer waits for its review",
+                call.call_id, call.status
+            )));
+        }
+        let (status, result, code, message) = match outcome {
+            Ok(result) => (
+                CallStatus::Succeeded,
+                Some(result.unwrap_or(Value::Null)),
+                None,
+                None,
+            ),
+            Err(message) => (
+                CallStatus::Failed,
+                None,
+                Some(error_codes::OUTCOME_UNKNOWN.to_owned()),
+                Some(message),
+            ),
+        };
+        let mut payload = json!({
+            "call_id": call_id,
+            "status": status.as_str(),
+            "resolved_by": actor,
+        });
+        if let Some(r) = &result {
+            payload["result"] = r.clone();
+        }
+        if let Some(c) = &code {
+            payload["error_code"] = json!(c);
+        }
+        if let Some(m) = &message {
+            payload["error_message"] = json!(m);
+        }
+        let event = self.emit_call(&call, types::TOOL_COMPLETED, actor, payload, now);
+        self.update_call(call_id, |c| {
+            c.status = status;
+            c.result = result;
+            c.error_code = code;
+            c.error_message = message;
+            c.completed_at = Some(event.ts);
+            c.updated_at = event.ts;
+        });
+        Ok(())
     }
 }
 
@@ -883,7 +985,12 @@ impl SessionStore for MemoryStore {
         if let Some(m) = &error_message {
             fields.insert("error_message".into(), json!(m));
         }
-        if call.attempt < 1 || call.status.is_terminal() {
+        let in_doubt = match call.status {
+            CallStatus::Cancelled => true,
+            CallStatus::Failed => call.error_code.as_deref() == Some(error_codes::OUTCOME_UNKNOWN),
+            _ => false,
+        };
+        if call.attempt < 1 || (call.status.is_terminal() && !in_doubt) {
             let reason = if call.status.is_terminal() {
                 format!("the call is already {}", call.status)
             } else {
@@ -946,6 +1053,7 @@ impl SessionStore for MemoryStore {
                     ApprovalStatus::Cancelled,
                     "system",
                     "the tool outcome arrived before a decision",
+                    None,
                     None,
                     now,
                 )?;
@@ -1060,7 +1168,15 @@ impl SessionStore for MemoryStore {
                 .is_some_and(|a| a.call_id == call_id && a.status == ApprovalStatus::Pending)
         });
         match pending {
-            Some(id) => st.decide(id, ApprovalStatus::Cancelled, "system", reason, None, now)?,
+            Some(id) => st.decide(
+                id,
+                ApprovalStatus::Cancelled,
+                "system",
+                reason,
+                None,
+                None,
+                now,
+            )?,
             None => st.cancel_call_locked(call_id, reason, now)?,
         }
         st.call(call_id).cloned()
@@ -1106,6 +1222,13 @@ impl SessionStore for MemoryStore {
                 "policy_ref must not be empty when given",
             ));
         }
+        if new.kind == ApprovalKind::OutcomeReview
+            && (new.approvals_required != 1 || new.timeout.is_some())
+        {
+            return Err(StoreError::invalid(
+                "an outcome review takes exactly one decision and has no timeout",
+            ));
+        }
         if let Some(t) = &new.timeout {
             if t.after_minutes < 1 {
                 return Err(StoreError::invalid(
@@ -1144,6 +1267,12 @@ impl SessionStore for MemoryStore {
                 call.call_id, call.status
             )));
         }
+        if new.kind == ApprovalKind::OutcomeReview && call.attempt < 1 {
+            return Err(StoreError::precondition(format!(
+                "tool call {} was never sent to a worker, so its outcome cannot be in doubt",
+                call.call_id
+            )));
+        }
         if st.approvals.contains_key(&new.id) {
             return Err(StoreError::already_exists(format!(
                 "approval {} already exists",
@@ -1155,6 +1284,8 @@ impl SessionStore for MemoryStore {
             session_id: session.id.clone(),
             call_id: call.call_id.clone(),
             parent_approval_id: None,
+            kind: new.kind,
+            resolution: None,
             status: ApprovalStatus::Pending,
             route: new.route,
             reason: new.reason,
@@ -1226,6 +1357,8 @@ impl SessionStore for MemoryStore {
                 approval.id, approval.status
             )));
         }
+        let resolution = vote_resolution(&approval, &vote)?;
+        let decision = resolution.map_or(vote.decision, ReviewResolution::decision);
         if approval.comprehension_required && !vote.comprehension_acknowledged {
             return Err(StoreError::invalid(
                 "comprehension acknowledgement is required",
@@ -1256,12 +1389,18 @@ impl SessionStore for MemoryStore {
             "approval_id": approval_id,
             "call_id": approval.call_id,
             "decided_by": vote.actor,
-            "decision": vote.decision.as_str(),
+            "decision": decision.as_str(),
             "comment": vote.comment,
             "comprehension_acknowledged": vote.comprehension_acknowledged,
         });
         if let Some(e) = &vote.edited_args {
             payload["edited_args"] = e.clone();
+        }
+        if let Some(r) = resolution {
+            payload["resolution"] = json!(r.as_str());
+        }
+        if let Some(r) = &vote.result {
+            payload["result"] = r.clone();
         }
         let mut new = NewEvent::new(types::APPROVAL_VOTE, &vote.actor, payload);
         new.call_id = Some(approval.call_id.clone());
@@ -1270,13 +1409,13 @@ impl SessionStore for MemoryStore {
         if let Some(a) = st.approvals.get_mut(&approval_id) {
             a.votes.push(ApprovalVote {
                 decided_by: vote.actor.clone(),
-                decision: vote.decision,
+                decision,
                 comment: vote.comment.clone(),
                 comprehension_acknowledged: vote.comprehension_acknowledged,
                 edited_args: vote.edited_args.clone(),
                 created_at: event.ts,
             });
-            if vote.decision == VoteDecision::Approve {
+            if decision == VoteDecision::Approve {
                 a.approvals_received += 1;
                 if a.effective_args.is_none() {
                     a.effective_args.clone_from(&vote.edited_args);
@@ -1284,13 +1423,45 @@ impl SessionStore for MemoryStore {
             }
         }
         let after = st.approval(approval_id)?.clone();
-        let decided = match vote.decision {
+        if let Some(resolution) = resolution {
+            let (status, args) = match resolution {
+                ReviewResolution::Happened | ReviewResolution::Resend => {
+                    (ApprovalStatus::Approved, Some(after.args.clone()))
+                }
+                ReviewResolution::Fail => (ApprovalStatus::Denied, None),
+            };
+            st.decide(
+                approval_id,
+                status,
+                &vote.actor,
+                &vote.comment,
+                args,
+                Some(resolution),
+                now,
+            )?;
+            match resolution {
+                ReviewResolution::Resend => {}
+                ReviewResolution::Happened => {
+                    st.complete_by_review(&after.call_id, &vote.actor, Ok(vote.result), now)?;
+                }
+                ReviewResolution::Fail => {
+                    let message = not_resent_message(&vote.actor, &vote.comment);
+                    st.complete_by_review(&after.call_id, &vote.actor, Err(message), now)?;
+                }
+            }
+            return Ok(VoteOutcome {
+                approval: st.approval(approval_id)?.clone(),
+                decided: true,
+            });
+        }
+        let decided = match decision {
             VoteDecision::Reject => {
                 st.decide(
                     approval_id,
                     ApprovalStatus::Denied,
                     &vote.actor,
                     &vote.comment,
+                    None,
                     None,
                     now,
                 )?;
@@ -1304,6 +1475,7 @@ impl SessionStore for MemoryStore {
                     &vote.actor,
                     &vote.comment,
                     Some(args),
+                    None,
                     now,
                 )?;
                 true
@@ -1349,6 +1521,7 @@ impl SessionStore for MemoryStore {
                 TIMEOUT_ACTOR,
                 "approval timed out",
                 None,
+                None,
                 now,
             )?,
             TimeoutDefault::Allow => {
@@ -1359,6 +1532,7 @@ impl SessionStore for MemoryStore {
                     TIMEOUT_ACTOR,
                     "approval timed out; allowed by the timeout default",
                     Some(args),
+                    None,
                     now,
                 )?;
             }
@@ -1368,6 +1542,7 @@ impl SessionStore for MemoryStore {
                     ApprovalStatus::Denied,
                     TIMEOUT_ACTOR,
                     "approval escalation depth exceeded",
+                    None,
                     None,
                     now,
                 )?;

@@ -264,6 +264,48 @@ async fn attaching_from_the_start_delivers_every_event_as_an_update() {
     );
 }
 
+#[tokio::test]
+async fn an_outcome_review_is_shown_as_one_and_its_fail_as_the_only_tool_result() {
+    let h = Harness::memory_with(
+        &AgentOptions::default(),
+        vec![
+            Step::call("issue_refund", refund("ORD-1", 100.0)),
+            Step::say("Refund status unknown."),
+        ],
+        phrony_engine::EngineConfig {
+            exec_timeout: Duration::from_millis(300),
+            ..test_config()
+        },
+    )
+    .await;
+    h.worker.set_behaviour(Behaviour::Hold);
+    let s = h.start("Refund €100 for ORD-1.").await;
+    let mut a = h.engine.attach(&s.id, AttachFrom::Start).await.unwrap();
+    let live = read_until(&mut a, |a| matches!(a, Activity::ApprovalRequired(_))).await;
+    let Some(Activity::ApprovalRequired(review)) = live.last() else {
+        unreachable!()
+    };
+    assert_eq!(review.kind, phrony_ledger::ApprovalKind::OutcomeReview);
+    h.engine
+        .decide_approval(review.approval_id, reject("emad", "unknown"))
+        .await
+        .unwrap();
+    let after = read_until(&mut a, |a| matches!(a, Activity::ToolResult(_))).await;
+    let Some(Activity::ToolResult(result)) = after.last() else {
+        unreachable!()
+    };
+    assert_eq!(result.error_code.as_deref(), Some("outcome_unknown"));
+    assert!(
+        result
+            .error_message
+            .as_deref()
+            .unwrap()
+            .contains("outcome unknown, not re-sent by emad"),
+        "the first tool result after the review is the truth, not a denial: {result:?}"
+    );
+    h.wait_end(&s.id).await;
+}
+
 // ---------------------------------------------------------------------------------------------
 // A model that stops in the middle of its text until told to go on.
 

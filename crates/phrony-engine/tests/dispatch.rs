@@ -9,9 +9,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use phrony_engine::{Engine, EngineConfig, EngineDeps, TRIGGER_KEY};
-use phrony_ledger::{ApprovalStatus, CallStatus, SessionStatus};
+use phrony_engine::{
+    Engine, EngineConfig, EngineDeps, ErrorKind, MemoryStore, SessionStore, TRIGGER_KEY,
+};
+use phrony_ledger::{
+    ApprovalKind, ApprovalStatus, CallStatus, ReviewResolution, SessionStatus, Vote,
+};
 use serde_json::json;
+use uuid::Uuid;
 
 fn quick_timeouts() -> EngineConfig {
     EngineConfig {
@@ -142,18 +147,51 @@ async fn an_execution_timeout_on_an_irreversible_write_asks_a_human() {
     let s = h.start("Refund €100 for ORD-1.").await;
     h.wait(&s.id, &[SessionStatus::AwaitingApproval]).await;
     let approval = h.pending_approval(&s.id).await;
-    assert_eq!(approval.reason, "tool dispatch outcome indeterminate");
+    assert_eq!(approval.kind, ApprovalKind::OutcomeReview);
+    assert!(
+        approval.reason.starts_with(
+            "tool payments.issue-refund@1.0.0 did not finish within 300ms on worker \
+             \"refund-worker-1\""
+        ),
+        "{}",
+        approval.reason
+    );
+    assert!(
+        approval.reason.ends_with(
+            "The runtime cannot tell whether payments.issue-refund@1.0.0 took effect: did it \
+             happen?"
+        ),
+        "{}",
+        approval.reason
+    );
     assert_eq!(approval.policy_ref, None);
+    assert_eq!(approval.approvals_required, 1);
     assert_eq!(
         approval.policy_runtime[TRIGGER_KEY],
         "dispatch:indeterminate"
     );
     let call = h.store.get_tool_call(&approval.call_id).await.unwrap();
     assert_eq!(call.status, CallStatus::AwaitingApproval);
-    // The operator checked the payment provider: not refunded; send it again.
+    // A plain approve is refused: it does not say whether the refund happened.
+    let refused = h
+        .engine
+        .decide_approval(approval.id, approve("emad", "looks fine"))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.kind, ErrorKind::FailedPrecondition);
+    assert!(refused.to_string().contains("outcome review"), "{refused}");
+    assert_eq!(h.worker.invoked("payments.issue-refund").len(), 1);
+    // The operator checked the payment provider: not refunded; send it again, explicitly.
     h.worker.set_behaviour(Behaviour::Answer);
     h.engine
-        .decide_approval(approval.id, approve("emad", "not issued upstream; retry"))
+        .decide_approval(
+            approval.id,
+            Vote::resolve(
+                "emad",
+                ReviewResolution::Resend,
+                "not issued upstream; retry",
+            ),
+        )
         .await
         .unwrap();
     assert_eq!(h.wait_end(&s.id).await.status, SessionStatus::Completed);
@@ -226,7 +264,7 @@ async fn after_a_restart_an_unanswered_read_is_sent_again_with_the_same_call_id(
 
 #[tokio::test]
 async fn after_a_restart_an_unanswered_irreversible_write_waits_for_a_human() {
-    let (h, engine, _script, id) = restart_with_call_in_flight(
+    let (h, engine, script, id) = restart_with_call_in_flight(
         Step::call("issue_refund", refund("ORD-1", 100.0)),
         Step::say("Refund confirmed."),
     )
@@ -245,9 +283,17 @@ async fn after_a_restart_an_unanswered_irreversible_write_waits_for_a_human() {
         "not sent twice on its own"
     );
     let approval = h.pending_approval(&id).await;
-    assert_eq!(approval.reason, "tool dispatch outcome indeterminate");
+    assert_eq!(approval.kind, ApprovalKind::OutcomeReview);
+    assert!(
+        approval.reason.starts_with(
+            "the runtime restarted while the call was with worker \"refund-worker-1\""
+        ),
+        "{}",
+        approval.reason
+    );
+    // A reject (what an approve/reject client sends) means: not re-sent, outcome unknown.
     engine
-        .decide_approval(approval.id, reject("emad", "it was issued upstream"))
+        .decide_approval(approval.id, reject("emad", "cannot reach the PSP"))
         .await
         .unwrap();
     let done = tokio::time::timeout(Duration::from_secs(10), engine.wait_for(&id, &[]))
@@ -256,9 +302,165 @@ async fn after_a_restart_an_unanswered_irreversible_write_waits_for_a_human() {
         .unwrap();
     assert_eq!(done.status, SessionStatus::Completed);
     assert_eq!(h.worker.invoked("payments.issue-refund").len(), 1);
+    let decided = h.store.get_approval(approval.id).await.unwrap();
+    assert_eq!(decided.status, ApprovalStatus::Denied);
+    assert_eq!(decided.resolution, Some(ReviewResolution::Fail));
+    let call = h.store.get_tool_call(&approval.call_id).await.unwrap();
+    assert_eq!(call.status, CallStatus::Failed);
+    assert_eq!(call.error_code.as_deref(), Some("outcome_unknown"));
+    // The model is told the truth: it may have happened; it was not denied.
+    let (text, is_error) = last_tool_result(&script.requests()[0]);
+    assert!(is_error);
     assert_eq!(
-        h.store.get_approval(approval.id).await.unwrap().status,
-        ApprovalStatus::Denied
+        text,
+        "outcome_unknown: outcome unknown, not re-sent by emad (the call may have taken \
+         effect): cannot reach the PSP"
+    );
+}
+
+#[tokio::test]
+async fn an_operator_confirming_a_lost_refund_records_it_succeeded_without_a_resend() {
+    let (h, engine, script, id) = restart_with_call_in_flight(
+        Step::call("issue_refund", refund("ORD-1", 100.0)),
+        Step::say("Refund confirmed."),
+    )
+    .await;
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        engine.wait_for(&id, &[SessionStatus::AwaitingApproval]),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let approval = h.pending_approval(&id).await;
+    let mut vote = Vote::resolve("emad", ReviewResolution::Happened, "rf_77 is in the PSP");
+    vote.result = Some(json!({"refund_id": "rf_77"}));
+    engine.decide_approval(approval.id, vote).await.unwrap();
+    let done = tokio::time::timeout(Duration::from_secs(10), engine.wait_for(&id, &[]))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(done.status, SessionStatus::Completed);
+    assert_eq!(
+        h.worker.invoked("payments.issue-refund").len(),
+        1,
+        "never re-sent"
+    );
+    let call = h.store.get_tool_call(&approval.call_id).await.unwrap();
+    assert_eq!(call.status, CallStatus::Succeeded);
+    assert_eq!(call.result, Some(json!({"refund_id": "rf_77"})));
+    let (text, is_error) = last_tool_result(&script.requests()[0]);
+    assert!(!is_error);
+    assert_eq!(
+        text,
+        "the worker did not report this call's outcome; operator emad confirmed that it took \
+         effect. Result: {\"refund_id\":\"rf_77\"}"
+    );
+}
+
+#[tokio::test]
+async fn a_binding_without_a_side_effect_class_is_reviewed_not_re_sent_after_a_restart() {
+    // A binding whose Tool document was missing has no class in the snapshot.
+    let clock = Arc::new(phrony_engine::ManualClock::starting_now());
+    let memory = MemoryStore::new(clock.clone());
+    let agent = refund_agent(&AgentOptions::default());
+    let snapshot = String::from_utf8(agent.snapshot_json()).unwrap();
+    let classless = snapshot.replace(
+        "\"side_effect_class\":\"irreversible_action\"",
+        "\"side_effect_class\":\"\"",
+    );
+    assert_ne!(classless, snapshot);
+    let version_id = Uuid::new_v4();
+    let classless_agent =
+        phrony_manifest::CompiledAgent::from_snapshot_json(classless.as_bytes()).unwrap();
+    memory.register_agent_version(version_id, classless, agent.content_hash());
+    let store: Arc<dyn SessionStore> = Arc::new(memory);
+    let h = Harness::on(
+        store,
+        clock,
+        classless_agent,
+        version_id,
+        Script::new(vec![Step::call("issue_refund", refund("ORD-1", 100.0))]),
+    )
+    .await;
+    h.worker.set_behaviour(Behaviour::Hold);
+    let s = h.start("Go.").await;
+    for _ in 0..300 {
+        if !h.worker.tools().is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    h.engine.shutdown();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    h.worker.set_behaviour(Behaviour::Answer);
+    let engine = Engine::new(EngineDeps {
+        store: h.store.clone(),
+        router: Some(h.router.clone()),
+        providers: Arc::new(ScriptedFactory(Script::new(vec![Step::say("ok")]))),
+        clock: h.clock.clone(),
+        config: test_config(),
+    });
+    engine.recover().await.unwrap();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        engine.wait_for(&s.id, &[SessionStatus::AwaitingApproval]),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(
+        h.pending_approval(&s.id).await.kind,
+        ApprovalKind::OutcomeReview
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        h.worker.invoked("payments.issue-refund").len(),
+        1,
+        "an unknown class is treated as irreversible: never re-sent on its own"
+    );
+}
+
+#[tokio::test]
+async fn a_result_after_the_session_was_cancelled_is_recorded_as_what_happened() {
+    let h = Harness::memory(
+        &AgentOptions::default(),
+        vec![Step::call("issue_refund", refund("ORD-1", 100.0))],
+    )
+    .await;
+    h.worker.set_behaviour(Behaviour::Hold);
+    let s = h.start("Refund €100 for ORD-1.").await;
+    for _ in 0..300 {
+        if !h.worker.tools().is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let call_id = h.worker.invocations.lock().unwrap()[0].call_id.clone();
+    h.engine.cancel_session(&s.id, "alice").await.unwrap();
+    assert_eq!(h.worker.wait_cancels(1).await, [call_id.clone()]);
+    let cancelled = h.store.get_tool_call(&call_id).await.unwrap();
+    assert_eq!(cancelled.status, CallStatus::Cancelled);
+    assert_eq!(
+        cancelled.error_code.as_deref(),
+        Some("cancelled_after_dispatch")
+    );
+    // The worker had already issued the refund; its answer arrives after the cancellation.
+    let held = h.worker.invocations.lock().unwrap()[0].clone();
+    h.worker.release(held);
+    let mut call = h.store.get_tool_call(&call_id).await.unwrap();
+    for _ in 0..300 {
+        if call.status != CallStatus::Cancelled {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        call = h.store.get_tool_call(&call_id).await.unwrap();
+    }
+    assert_eq!(call.status, CallStatus::Succeeded);
+    assert_eq!(call.result.unwrap()["refund_id"], "rf_2891");
+    assert_eq!(
+        h.store.get_session(&s.id).await.unwrap().status,
+        SessionStatus::Cancelled
     );
 }
 

@@ -335,11 +335,20 @@ fn handler(tool: &str) -> pb::WorkHandlerAdvertisement {
 
 impl Worker {
     async fn connect(server: &Server) -> Self {
-        Self::connect_padded(server, 0).await
+        Self::connect_with(server, true, 0).await
+    }
+
+    /// A worker that takes refunds but never answers them (killed mid-call when dropped).
+    async fn connect_holding(server: &Server) -> Self {
+        Self::connect_with(server, false, 0).await
     }
 
     /// A worker whose results carry a `memo` of `padding` bytes (none when 0).
     async fn connect_padded(server: &Server, padding: usize) -> Self {
+        Self::connect_with(server, true, padding).await
+    }
+
+    async fn connect_with(server: &Server, answer_refunds: bool, padding: usize) -> Self {
         let (up, rx) = mpsc::channel(16);
         let msg = |body| pb::WorkClientMsg { body: Some(body) };
         up.send(msg(Up::Register(pb::WorkRegister {
@@ -385,6 +394,9 @@ impl Worker {
                 let Ok(Some(m)) = next else { break };
                 if let Some(Down::Invoke(inv)) = m.body {
                     seen.lock().unwrap().push(inv.clone());
+                    if !answer_refunds && inv.tool == "payments.issue-refund" {
+                        continue;
+                    }
                     let args: Value = serde_json::from_slice(&inv.args).unwrap();
                     let mut payload = json!({
                         "refund_id": "rf_2891",
@@ -562,6 +574,25 @@ fn decide(id: &str, approve: bool, actor: &str, comment: &str) -> pb::DecideAppr
         args: Vec::new(),
         comprehension_acknowledged: false,
         actor: actor.into(),
+        resolution: String::new(),
+        result: Vec::new(),
+    }
+}
+
+/// A DecideApproval naming only a resolution (the decision left unspecified).
+fn resolve(
+    id: &str,
+    resolution: &str,
+    actor: &str,
+    result: Option<Value>,
+) -> pb::DecideApprovalRequest {
+    pb::DecideApprovalRequest {
+        decision: pb::ApprovalDecision::Unspecified as i32,
+        resolution: resolution.into(),
+        result: result
+            .map(|r| r.to_string().into_bytes())
+            .unwrap_or_default(),
+        ..decide(id, true, actor, &format!("{resolution} by {actor}"))
     }
 }
 
@@ -1695,4 +1726,143 @@ async fn a_session_with_megabytes_of_input_and_result_is_inspectable() {
         "page_token \"later\" is not a next_page_token",
     );
     server.stop().await;
+}
+
+/// Starts "Refund 100 for ORD-<n>" on a worker that never answers, kills the worker mid-call
+/// and returns the session id and the outcome review the runtime opened.
+async fn lost_refund(w: &mut World, order: u32) -> (String, pb::Approval) {
+    let holder = Worker::connect_holding(&w.server).await;
+    let id = run(
+        &mut w.client,
+        "refund-agent",
+        &format!("Refund 100 for ORD-{order}"),
+    )
+    .await;
+    for _ in 0..500 {
+        if !holder.refunds().is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(holder.refunds().len(), 1, "sent once");
+    drop(holder);
+    wait_status(&mut w.client, &id, "awaiting_approval").await;
+    let review = pending_approvals(&mut w.client, &id).await.remove(0);
+    (id, review)
+}
+
+#[tokio::test]
+async fn a_worker_lost_mid_refund_opens_an_outcome_review_and_only_resend_sends_it_again() {
+    let mut w = world().await;
+    // Only the workers this test connects take the refunds.
+    w.worker.task.abort();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    // The review says what happened and asks its own question; no policy, quorum 1.
+    let (id, review) = lost_refund(&mut w, 1).await;
+    assert_eq!(review.kind, "outcome_review");
+    assert!(review.reason.contains("was lost"), "{}", review.reason);
+    assert!(
+        review.reason.ends_with(
+            "The runtime cannot tell whether payments.issue-refund@1.0.0 took effect: did it \
+             happen?"
+        ),
+        "{}",
+        review.reason
+    );
+    assert_eq!(review.policy_ref, "");
+    assert_eq!(review.approvals_required, 1);
+    // The published SDK's APPROVE (no resolution) never re-sends: it is refused.
+    assert_code(
+        w.client
+            .decide_approval(decide(&review.id, true, "emad", "looks fine"))
+            .await,
+        Code::FailedPrecondition,
+        "is an outcome review",
+    );
+    // happened: recorded succeeded with the operator's result, not sent again.
+    let decided = w
+        .client
+        .decide_approval(resolve(
+            &review.id,
+            "happened",
+            "emad",
+            Some(json!({"refund_id": "rf_9"})),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(decided.status, "approved");
+    let done = wait_status(&mut w.client, &id, "completed").await;
+    assert!(
+        output_message(&done).starts_with(
+            "refund issued: the worker did not report this call's outcome; operator emad \
+             confirmed that it took effect. Result: {\"refund_id\":\"rf_9\"}"
+        ),
+        "{}",
+        output_message(&done)
+    );
+    let got = w
+        .client
+        .get_approval(pb::GetApprovalRequest {
+            approval_id: review.id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (got.kind.as_str(), got.resolution.as_str()),
+        ("outcome_review", "happened")
+    );
+
+    // REJECT (what the published SDK sends): fail, outcome unknown, not re-sent.
+    let (id, review) = lost_refund(&mut w, 2).await;
+    let decided = w
+        .client
+        .decide_approval(decide(&review.id, false, "emad", "cannot reach the PSP"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(decided.status, "denied");
+    let done = wait_status(&mut w.client, &id, "completed").await;
+    assert_eq!(
+        output_message(&done),
+        "refund not issued: outcome_unknown: outcome unknown, not re-sent by emad (the call may \
+         have taken effect): cannot reach the PSP"
+    );
+
+    // resend: named explicitly, the only way the call is dispatched a second time.
+    let (id, review) = lost_refund(&mut w, 3).await;
+    let answering = Worker::connect(&w.server).await;
+    w.client
+        .decide_approval(resolve(&review.id, "resend", "emad", None))
+        .await
+        .unwrap();
+    let done = wait_status(&mut w.client, &id, "completed").await;
+    assert!(
+        output_message(&done).starts_with("refund issued: {"),
+        "{}",
+        output_message(&done)
+    );
+    let resent = answering.invocations.lock().unwrap().clone();
+    assert_eq!(resent.len(), 1);
+    assert_eq!(
+        resent[0].call_id, review.call_id,
+        "the same call, sent a second time"
+    );
+    // A resolution on a policy approval is refused.
+    let policy_session = run(&mut w.client, "refund-agent", "Refund 400 for ORD-4").await;
+    wait_status(&mut w.client, &policy_session, "awaiting_approval").await;
+    let policy = pending_approvals(&mut w.client, &policy_session)
+        .await
+        .remove(0);
+    assert_eq!(policy.kind, "policy");
+    assert_code(
+        w.client
+            .decide_approval(resolve(&policy.id, "resend", "emad", None))
+            .await,
+        Code::InvalidArgument,
+        "is a policy approval",
+    );
+    w.server.stop().await;
 }

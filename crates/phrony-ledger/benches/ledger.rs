@@ -152,6 +152,7 @@ fn bench_backend(c: &mut Criterion, rt: &tokio::runtime::Runtime, name: &str, le
                         timeout: None,
                         policy_runtime: Default::default(),
                         actor: "policy".into(),
+                        kind: phrony_ledger::ApprovalKind::Policy,
                     })
                     .await
                     .unwrap();
@@ -161,6 +162,8 @@ fn bench_backend(c: &mut Criterion, rt: &tokio::runtime::Runtime, name: &str, le
                     comment: String::new(),
                     comprehension_acknowledged: false,
                     edited_args: None,
+                    resolution: None,
+                    result: None,
                 };
                 ledger.cast_vote(approval.id, vote).await.unwrap();
                 ledger

@@ -11,7 +11,12 @@
 //!   arguments), and a later approve vote with different edits is refused;
 //! - approvals of sessions that end are decided `cancelled`, never left pending;
 //! - the approval copies tool, version and arguments from the recorded tool call, and stores
-//!   `call_hash`, a hash of the exact call it approves.
+//!   `call_hash`, a hash of the exact call it approves;
+//! - an approval has a [`ApprovalKind`]: a `policy` approval asks "may this call run?"; an
+//!   `outcome_review` asks "did this call already happen?" (its worker was lost, its lease
+//!   expired, or the runtime restarted while a non-idempotent call was in flight). A review is
+//!   resolved with a [`ReviewResolution`] (`happened`, `resend`, `fail`), never by a plain
+//!   approve: approve without a resolution is refused, reject means `fail` (not re-sent).
 
 use chrono::{DateTime, Duration, Utc};
 use serde::{Deserialize, Serialize};
@@ -83,6 +88,66 @@ str_enum! {
 }
 
 str_enum! {
+    /// What an approval asks.
+    #[derive(Default)]
+    pub enum ApprovalKind ("approval kind") {
+        /// A policy requires a human before the call runs (approve runs it).
+        #[default]
+        Policy => "policy",
+        /// The call was sent to a worker and its outcome is unknown: did it happen? Resolved
+        /// with a [`ReviewResolution`]; quorum 1, no timeout.
+        OutcomeReview => "outcome_review",
+    }
+}
+
+impl ApprovalKind {
+    /// `true` for [`ApprovalKind::Policy`] (serde's `skip_serializing_if`: a policy approval's
+    /// event is byte-identical to the ones written before kinds existed).
+    #[must_use]
+    pub fn is_policy(&self) -> bool {
+        *self == Self::Policy
+    }
+}
+
+str_enum! {
+    /// How an outcome review was resolved.
+    pub enum ReviewResolution ("review resolution") {
+        /// The operator confirms the call took effect: it is recorded `succeeded` with the
+        /// result the operator supplies (or none), attributed to the operator.
+        Happened => "happened",
+        /// The operator confirms it did not happen: the call is sent to a worker again. The
+        /// only way a review re-sends a call.
+        Resend => "resend",
+        /// Not re-sent, outcome unknown: the call is recorded `failed` with code
+        /// `outcome_unknown` (it may have taken effect).
+        Fail => "fail",
+    }
+}
+
+impl ReviewResolution {
+    /// The vote decision a resolution is recorded as (`happened`/`resend` approve, `fail`
+    /// rejects).
+    #[must_use]
+    pub fn decision(self) -> VoteDecision {
+        match self {
+            Self::Happened | Self::Resend => VoteDecision::Approve,
+            Self::Fail => VoteDecision::Reject,
+        }
+    }
+}
+
+/// The message of a review resolved `fail`: `outcome unknown, not re-sent by <actor>`.
+#[must_use]
+pub fn not_resent_message(actor: &str, comment: &str) -> String {
+    let base = format!("outcome unknown, not re-sent by {actor} (the call may have taken effect)");
+    if comment.trim().is_empty() {
+        base
+    } else {
+        format!("{base}: {comment}")
+    }
+}
+
+str_enum! {
     /// What a rejection does (`decision.on_reject`).
     #[derive(Default)]
     pub enum OnReject ("on_reject") {
@@ -145,6 +210,8 @@ pub struct NewApproval {
     pub session_id: String,
     /// The recorded tool call it gates.
     pub call_id: String,
+    /// What it asks (a policy approval or an outcome review).
+    pub kind: ApprovalKind,
     /// The deciding policy as `namespace/name@version` (`None` for recovery approvals).
     pub policy_ref: Option<String>,
     /// Why approval is needed (shown to approvers).
@@ -180,6 +247,10 @@ pub struct Approval {
     pub call_id: String,
     /// The approval this one escalates.
     pub parent_approval_id: Option<Uuid>,
+    /// What it asks.
+    pub kind: ApprovalKind,
+    /// How an outcome review was resolved (`None` for policy approvals and open reviews).
+    pub resolution: Option<ReviewResolution>,
     /// Status.
     pub status: ApprovalStatus,
     /// Who should decide.
@@ -274,6 +345,45 @@ pub struct Vote {
     pub comprehension_acknowledged: bool,
     /// Approve with these arguments instead (a JSON object); refused on a reject.
     pub edited_args: Option<Value>,
+    /// The resolution of an outcome review (required to approve one; refused on a policy
+    /// approval). It must agree with `decision` ([`ReviewResolution::decision`]).
+    pub resolution: Option<ReviewResolution>,
+    /// With [`ReviewResolution::Happened`]: the result to record (any JSON), if the operator
+    /// knows it.
+    pub result: Option<Value>,
+}
+
+impl Vote {
+    /// A vote without edits or resolution.
+    #[must_use]
+    pub fn new(
+        actor: impl Into<String>,
+        decision: VoteDecision,
+        comment: impl Into<String>,
+    ) -> Self {
+        Self {
+            actor: actor.into(),
+            decision,
+            comment: comment.into(),
+            comprehension_acknowledged: false,
+            edited_args: None,
+            resolution: None,
+            result: None,
+        }
+    }
+
+    /// The vote resolving an outcome review with `resolution`.
+    #[must_use]
+    pub fn resolve(
+        actor: impl Into<String>,
+        resolution: ReviewResolution,
+        comment: impl Into<String>,
+    ) -> Self {
+        Self {
+            resolution: Some(resolution),
+            ..Self::new(actor, resolution.decision(), comment)
+        }
+    }
 }
 
 /// Result of [`Ledger::cast_vote`].
@@ -329,6 +439,8 @@ pub fn call_hash(session_id: &str, call: &ToolInvocation) -> String {
 struct Required {
     approval_id: Uuid,
     call_id: String,
+    #[serde(default, skip_serializing_if = "ApprovalKind::is_policy")]
+    kind: ApprovalKind,
     tool: String,
     version: String,
     args: Value,
@@ -364,6 +476,10 @@ struct VotePayload {
     comprehension_acknowledged: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     edited_args: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    resolution: Option<ReviewResolution>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    result: Option<Value>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -378,6 +494,10 @@ struct Decided {
     /// The arguments to dispatch (approved only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     effective_args: Option<Value>,
+    /// How an outcome review was resolved. With `happened` and `fail` the call's outcome is
+    /// the `tool.completed` event that follows in the same transaction, not this event.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    resolution: Option<ReviewResolution>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -398,7 +518,7 @@ const APPROVAL_SELECT: &str = "SELECT a.id, a.session_id, a.call_id, a.parent_ap
      a.policy_runtime, a.authority_ref, a.approvals_required, a.approvals_received, \
      a.comprehension_required, a.on_reject, a.on_modify, a.timeout_default, a.timeout_minutes, \
      a.escalate_route, a.escalate_after_minutes, a.escalation_depth, a.expires_at, a.decided_by, \
-     a.comment, a.created_at, a.decided_at \
+     a.comment, a.created_at, a.decided_at, a.kind, a.resolution \
      FROM approvals a JOIN sessions s ON s.id = a.session_id";
 
 fn u32_col(row: &Row, column: &str) -> Result<u32> {
@@ -442,6 +562,12 @@ fn approval_from_row(row: &Row) -> Result<Approval> {
         session_id: row.text("session_id")?,
         call_id: row.text("call_id")?,
         parent_approval_id: row.opt_uuid("parent_approval_id")?,
+        kind: ApprovalKind::parse_stored(&row.text("kind")?)?,
+        resolution: row
+            .opt_text("resolution")?
+            .as_deref()
+            .map(ReviewResolution::parse_stored)
+            .transpose()?,
         status: ApprovalStatus::parse_stored(&row.text("status")?)?,
         route: row.text("route")?,
         reason: row.text("reason")?,
@@ -681,6 +807,12 @@ async fn open(tx: &mut Tx, new: &NewApproval) -> Result<Approval> {
             call.call_id, call.status
         )));
     }
+    if new.kind == ApprovalKind::OutcomeReview && call.attempt < 1 {
+        return Err(LedgerError::precondition(format!(
+            "tool call {} was never sent to a worker, so its outcome cannot be in doubt",
+            call.call_id
+        )));
+    }
     if find(&mut tx.conn(), new.id).await?.is_some() {
         return Err(LedgerError::AlreadyExists {
             message: format!("approval {} already exists", new.id),
@@ -689,6 +821,7 @@ async fn open(tx: &mut Tx, new: &NewApproval) -> Result<Approval> {
     let payload = Required {
         approval_id: new.id,
         call_id: call.call_id.clone(),
+        kind: new.kind,
         tool: call.tool.clone(),
         version: call.version.clone(),
         // A fresh approval after an edited, revalidated call shows and runs the edit.
@@ -744,6 +877,7 @@ async fn decide(
     decided_by: &str,
     comment: &str,
     effective_args: Option<Value>,
+    resolution: Option<ReviewResolution>,
 ) -> Result<()> {
     let payload = Decided {
         approval_id: approval.id,
@@ -754,6 +888,7 @@ async fn decide(
         comment: comment.to_owned(),
         on_reject: approval.on_reject,
         effective_args,
+        resolution,
     };
     emit(
         tx,
@@ -768,9 +903,64 @@ async fn decide(
     .map(|_| ())
 }
 
+/// The resolution a vote on `approval` records: none for a policy approval; for an outcome
+/// review the named one, and `fail` for a reject without one. An approve without a resolution
+/// is refused, so a client that knows only approve and reject can never re-send a call whose
+/// outcome is in doubt. (Public so that the engine's test store applies the same rule.)
+///
+/// # Errors
+/// `FailedPrecondition`: an approve without resolution on a review; `InvalidArgument`: a
+/// resolution on a policy approval or disagreeing with the vote, a result without `happened`,
+/// edited arguments on a review.
+pub fn vote_resolution(approval: &Approval, v: &Vote) -> Result<Option<ReviewResolution>> {
+    use ReviewResolution as R;
+    let review = approval.kind == ApprovalKind::OutcomeReview;
+    let resolution = match (review, v.resolution) {
+        (false, Some(r)) => {
+            return Err(LedgerError::invalid(format!(
+                "approval {} is a policy approval: the resolution {r:?} applies only to outcome \
+                 reviews; approve or reject it",
+                approval.id
+            )));
+        }
+        (false, None) => None,
+        (true, None) if v.decision == VoteDecision::Reject => Some(R::Fail),
+        (true, None) => {
+            return Err(LedgerError::precondition(format!(
+                "approval {} is an outcome review: the runtime cannot tell whether tool call {} \
+                 already took effect, so a plain approve is refused; resolve it with \
+                 \"happened\" (record it succeeded), \"resend\" (send it to a worker again) or \
+                 \"fail\" (record the outcome as unknown, not re-sent)",
+                approval.id, approval.call_id
+            )));
+        }
+        (true, Some(r)) if r.decision() != v.decision => {
+            return Err(LedgerError::invalid(format!(
+                "the resolution {r:?} is recorded as {}, not {}",
+                r.decision(),
+                v.decision
+            )));
+        }
+        (true, Some(r)) => Some(r),
+    };
+    if v.result.is_some() && resolution != Some(R::Happened) {
+        return Err(LedgerError::invalid(
+            "a result can only accompany the \"happened\" resolution",
+        ));
+    }
+    if review && v.edited_args.is_some() {
+        return Err(LedgerError::invalid(
+            "an outcome review cannot edit arguments: \"resend\" sends the recorded call",
+        ));
+    }
+    Ok(resolution)
+}
+
 async fn record_vote(tx: &mut Tx, id: Uuid, v: &Vote) -> Result<VoteOutcome> {
     let (mut head, approval) = lock_approval(tx, id).await?;
     require_pending(&approval)?;
+    let resolution = vote_resolution(&approval, v)?;
+    let decision = resolution.map_or(v.decision, ReviewResolution::decision);
     if approval.comprehension_required && !v.comprehension_acknowledged {
         return Err(LedgerError::invalid(
             "comprehension acknowledgement is required",
@@ -802,10 +992,12 @@ async fn record_vote(tx: &mut Tx, id: Uuid, v: &Vote) -> Result<VoteOutcome> {
         approval_id: approval.id,
         call_id: approval.call_id.clone(),
         decided_by: v.actor.clone(),
-        decision: v.decision,
+        decision,
         comment: v.comment.clone(),
         comprehension_acknowledged: v.comprehension_acknowledged,
         edited_args: v.edited_args.clone(),
+        resolution,
+        result: v.result.clone(),
     };
     emit(
         tx,
@@ -818,7 +1010,14 @@ async fn record_vote(tx: &mut Tx, id: Uuid, v: &Vote) -> Result<VoteOutcome> {
     )
     .await?;
     let after = require(&mut tx.conn(), id).await?;
-    let decided = match v.decision {
+    if let Some(resolution) = resolution {
+        resolve_review(tx, &mut head, &after, turn, v, resolution).await?;
+        return Ok(VoteOutcome {
+            approval: require(&mut tx.conn(), id).await?,
+            decided: true,
+        });
+    }
+    let decided = match decision {
         VoteDecision::Reject => {
             decide(
                 tx,
@@ -828,6 +1027,7 @@ async fn record_vote(tx: &mut Tx, id: Uuid, v: &Vote) -> Result<VoteOutcome> {
                 ApprovalStatus::Denied,
                 &v.actor,
                 &v.comment,
+                None,
                 None,
             )
             .await?;
@@ -844,6 +1044,7 @@ async fn record_vote(tx: &mut Tx, id: Uuid, v: &Vote) -> Result<VoteOutcome> {
                 &v.actor,
                 &v.comment,
                 Some(args),
+                None,
             )
             .await?;
             true
@@ -854,6 +1055,60 @@ async fn record_vote(tx: &mut Tx, id: Uuid, v: &Vote) -> Result<VoteOutcome> {
         approval: require(&mut tx.conn(), id).await?,
         decided,
     })
+}
+
+/// Decides an outcome review (quorum 1) with `resolution`, and for `happened` and `fail`
+/// records the call's outcome (`tool.completed`, attributed to the voter) in the same
+/// transaction; `resend` returns the call to `pending` for the engine to dispatch.
+async fn resolve_review(
+    tx: &mut Tx,
+    head: &mut StreamHead,
+    approval: &Approval,
+    turn: Option<u32>,
+    v: &Vote,
+    resolution: ReviewResolution,
+) -> Result<()> {
+    let (status, effective_args) = match resolution {
+        ReviewResolution::Happened | ReviewResolution::Resend => {
+            (ApprovalStatus::Approved, Some(approval.args.clone()))
+        }
+        ReviewResolution::Fail => (ApprovalStatus::Denied, None),
+    };
+    decide(
+        tx,
+        head,
+        approval,
+        turn,
+        status,
+        &v.actor,
+        &v.comment,
+        effective_args,
+        Some(resolution),
+    )
+    .await?;
+    match resolution {
+        ReviewResolution::Resend => Ok(()),
+        ReviewResolution::Happened => {
+            invocations::complete_by_review(
+                tx,
+                head,
+                &approval.call_id,
+                &v.actor,
+                Ok(v.result.clone()),
+            )
+            .await
+        }
+        ReviewResolution::Fail => {
+            invocations::complete_by_review(
+                tx,
+                head,
+                &approval.call_id,
+                &v.actor,
+                Err(not_resent_message(&v.actor, &v.comment)),
+            )
+            .await
+        }
+    }
 }
 
 async fn expire(tx: &mut Tx, id: Uuid, at: DateTime<Utc>) -> Result<TimeoutOutcome> {
@@ -883,6 +1138,7 @@ async fn expire(tx: &mut Tx, id: Uuid, at: DateTime<Utc>) -> Result<TimeoutOutco
                 TIMEOUT_ACTOR,
                 "approval timed out",
                 None,
+                None,
             )
             .await?;
         }
@@ -897,6 +1153,7 @@ async fn expire(tx: &mut Tx, id: Uuid, at: DateTime<Utc>) -> Result<TimeoutOutco
                 TIMEOUT_ACTOR,
                 "approval timed out; allowed by the timeout default",
                 Some(args),
+                None,
             )
             .await?;
         }
@@ -909,6 +1166,7 @@ async fn expire(tx: &mut Tx, id: Uuid, at: DateTime<Utc>) -> Result<TimeoutOutco
                 ApprovalStatus::Denied,
                 TIMEOUT_ACTOR,
                 "approval escalation depth exceeded",
+                None,
                 None,
             )
             .await?;
@@ -938,6 +1196,7 @@ async fn expire(tx: &mut Tx, id: Uuid, at: DateTime<Utc>) -> Result<TimeoutOutco
             let payload = Required {
                 approval_id: new_id,
                 call_id: approval.call_id.clone(),
+                kind: approval.kind,
                 tool: approval.tool.clone(),
                 version: approval.tool_version.clone(),
                 args: approval.args.clone(),
@@ -1010,6 +1269,7 @@ pub(crate) async fn close_pending(
             "system",
             comment,
             None,
+            None,
         )
         .await?;
         ids.push(approval.id);
@@ -1045,6 +1305,7 @@ pub(crate) async fn close_for_call(
         "system",
         comment,
         None,
+        None,
     )
     .await?;
     Ok(Some(approval.id))
@@ -1067,9 +1328,9 @@ pub(crate) async fn apply(conn: &mut Conn<'_>, event: &Event) -> Result<()> {
                      agent_ref, policy_ref, policy_runtime, authority_ref, approvals_required, \
                      approvals_received, comprehension_required, on_reject, on_modify, \
                      timeout_default, escalation_depth, expires_at, created_at, timeout_minutes, \
-                     escalate_route, escalate_after_minutes) \
+                     escalate_route, escalate_after_minutes, kind) \
                      VALUES ($1, $2, $3, $4, 'pending', $5, $6, $7, $8, $9, $10, $11, $12, $13, \
-                     $14, $15, $16, 0, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26)",
+                     $14, $15, $16, 0, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27)",
                     vec![
                         Arg::from(p.approval_id),
                         Arg::from(event.stream.as_str()),
@@ -1097,6 +1358,7 @@ pub(crate) async fn apply(conn: &mut Conn<'_>, event: &Event) -> Result<()> {
                         Arg::from(timeout.map(|t| i64::from(t.after_minutes))),
                         Arg::from(timeout.and_then(|t| t.escalate_to_route.clone())),
                         Arg::from(timeout.and_then(|t| t.escalate_after_minutes.map(i64::from))),
+                        Arg::from(p.kind.as_str()),
                     ],
                 )
                 .await?;
@@ -1148,8 +1410,8 @@ pub(crate) async fn apply(conn: &mut Conn<'_>, event: &Event) -> Result<()> {
                 .execute(
                     "project approval decision",
                     "UPDATE approvals SET status = $2, decided_by = $3, comment = $4, \
-                     decided_at = $5, effective_args = COALESCE($6, effective_args) \
-                     WHERE id = $1 AND status = 'pending'",
+                     decided_at = $5, effective_args = COALESCE($6, effective_args), \
+                     resolution = $7 WHERE id = $1 AND status = 'pending'",
                     vec![
                         Arg::from(p.approval_id),
                         Arg::from(p.status.as_str()),
@@ -1157,10 +1419,18 @@ pub(crate) async fn apply(conn: &mut Conn<'_>, event: &Event) -> Result<()> {
                         Arg::from(p.comment.as_str()),
                         Arg::from(ts),
                         Arg::OptJson(p.effective_args.clone()),
+                        Arg::from(p.resolution.map(|r| r.as_str())),
                     ],
                 )
                 .await?;
             expect_rows(rows, 1, event)?;
+            if matches!(
+                p.resolution,
+                Some(ReviewResolution::Happened | ReviewResolution::Fail)
+            ) {
+                // The call's outcome is the `tool.completed` event that follows.
+                return Ok(());
+            }
             let message = if p.comment.is_empty() {
                 "tool call denied".to_owned()
             } else {
@@ -1252,6 +1522,13 @@ impl NewApproval {
                 "policy_ref must not be empty when given",
             ));
         }
+        if self.kind == ApprovalKind::OutcomeReview
+            && (self.approvals_required != 1 || self.timeout.is_some())
+        {
+            return Err(LedgerError::invalid(
+                "an outcome review takes exactly one decision and has no timeout",
+            ));
+        }
         if let Some(t) = &self.timeout {
             if t.after_minutes < 1 {
                 return Err(LedgerError::invalid(
@@ -1286,7 +1563,12 @@ impl Ledger {
         write_tx!(self, |tx| open(&mut tx, &new))
     }
 
-    /// Records one approver's vote (§3.4) and decides the approval when it can: any reject
+    /// Records one approver's vote (§3.4) and decides the approval when it can. On an outcome
+    /// review the vote must name a [`ReviewResolution`] (a reject without one is `fail`; an
+    /// approve without one is refused, see [`vote_resolution`]) and decides it at once: `happened`
+    /// records the call `succeeded` (with the vote's result) and `fail` records it `failed`
+    /// (`outcome_unknown`), both attributed to the voter in the same transaction; `resend`
+    /// returns it to `pending`. On a policy approval: any reject
     /// denies it (a veto); approve votes from distinct actors reaching the quorum approve it
     /// with the fixed arguments. Each step is an event (`approval.vote`, then
     /// `approval.decided`); deciding moves the call to `pending` (approved, with the effective

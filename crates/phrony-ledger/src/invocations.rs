@@ -88,6 +88,12 @@ pub mod error_codes {
     pub const CANCELLED: &str = "cancelled";
     /// The worker was lost while the call was in flight.
     pub const INDETERMINATE: &str = "indeterminate";
+    /// An operator resolved an outcome review with `fail`: the call may have taken effect and
+    /// was not sent again. A worker result that arrives later is still recorded.
+    pub const OUTCOME_UNKNOWN: &str = "outcome_unknown";
+    /// The session ended while the call was with a worker (it may have taken effect); a
+    /// worker result that arrives later is still recorded as what happened.
+    pub const CANCELLED_AFTER_DISPATCH: &str = "cancelled_after_dispatch";
 }
 
 /// Token usage (of a turn, or of a delegated child session charged to a tool call).
@@ -323,6 +329,10 @@ struct Completed {
     worker_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     usage: Option<Usage>,
+    /// The operator who recorded this outcome by resolving an outcome review (`happened` or
+    /// `fail`); absent for outcomes a worker or the runtime reported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    resolved_by: Option<String>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -362,6 +372,9 @@ struct Cancelled {
     call_id: String,
     from: CallStatus,
     reason: String,
+    /// The call had been sent to a worker, so it may have run (`cancelled_after_dispatch`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    after_dispatch: bool,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -620,8 +633,10 @@ async fn record_result(tx: &mut Tx, call_id: &str, r: &ToolResult) -> Result<Rec
         ToolOutcome::Error { code, message } => (None, Some(code.clone()), Some(message.clone())),
     };
     // Any open call that was sent to a worker at least once: the worker really ran it, so its
-    // outcome wins over a pending re-dispatch or a recovery approval.
-    let accepts = call.attempt >= 1 && !call.status.is_terminal();
+    // outcome wins over a pending re-dispatch or a recovery approval. So does the outcome of a
+    // call closed without knowing it: cancelled with its session, or resolved "outcome
+    // unknown, not re-sent" by an operator.
+    let accepts = call.attempt >= 1 && (!call.status.is_terminal() || outcome_in_doubt(&call));
     if !accepts {
         let reason = if call.status.is_terminal() {
             format!("the call is already {}", call.status)
@@ -665,6 +680,7 @@ async fn record_result(tx: &mut Tx, call_id: &str, r: &ToolResult) -> Result<Rec
         error_message,
         worker_id: r.worker_id.clone(),
         usage: r.usage,
+        resolved_by: None,
     };
     emit(
         tx,
@@ -693,6 +709,59 @@ async fn record_result(tx: &mut Tx, call_id: &str, r: &ToolResult) -> Result<Rec
     })
 }
 
+/// A terminal call whose recorded outcome says the runtime does not know what happened.
+fn outcome_in_doubt(call: &ToolInvocation) -> bool {
+    match call.status {
+        CallStatus::Cancelled => true,
+        CallStatus::Failed => call.error_code.as_deref() == Some(error_codes::OUTCOME_UNKNOWN),
+        _ => false,
+    }
+}
+
+/// Records the outcome an operator gave an outcome review (the call is `awaiting_approval`,
+/// its review just decided): `Ok(result)` = it happened, `Err(message)` = outcome unknown,
+/// not re-sent (`failed`, [`error_codes::OUTCOME_UNKNOWN`]).
+pub(crate) async fn complete_by_review(
+    tx: &mut Tx,
+    head: &mut StreamHead,
+    call_id: &str,
+    actor: &str,
+    outcome: std::result::Result<Option<Value>, String>,
+) -> Result<()> {
+    let call = require(&mut tx.conn(), call_id).await?;
+    if call.status != CallStatus::AwaitingApproval {
+        return Err(LedgerError::precondition(format!(
+            "tool call {} is {} and no longer waits for its review",
+            call.call_id, call.status
+        )));
+    }
+    let payload = match outcome {
+        Ok(result) => Completed {
+            call_id: call.call_id.clone(),
+            status: CallStatus::Succeeded,
+            result: Some(result.unwrap_or(Value::Null)),
+            error_code: None,
+            error_message: None,
+            worker_id: None,
+            usage: None,
+            resolved_by: Some(actor.to_owned()),
+        },
+        Err(message) => Completed {
+            call_id: call.call_id.clone(),
+            status: CallStatus::Failed,
+            result: None,
+            error_code: Some(error_codes::OUTCOME_UNKNOWN.to_owned()),
+            error_message: Some(message),
+            worker_id: None,
+            usage: None,
+            resolved_by: Some(actor.to_owned()),
+        },
+    };
+    emit(tx, head, &call, types::TOOL_COMPLETED, actor, &payload)
+        .await
+        .map(|_| ())
+}
+
 async fn fail(tx: &mut Tx, call_id: &str, code: &str, message: &str) -> Result<ToolInvocation> {
     use CallStatus as C;
     let (mut head, call) = lock_call(tx, call_id).await?;
@@ -709,6 +778,7 @@ async fn fail(tx: &mut Tx, call_id: &str, code: &str, message: &str) -> Result<T
         error_message: Some(message.to_owned()),
         worker_id: None,
         usage: None,
+        resolved_by: None,
     };
     emit(
         tx,
@@ -791,10 +861,21 @@ async fn cancel_locked(
     call: &ToolInvocation,
     reason: &str,
 ) -> Result<()> {
+    let after_dispatch = matches!(
+        call.status,
+        CallStatus::Dispatched | CallStatus::Indeterminate
+    );
+    let reason = match (&call.worker_id, after_dispatch) {
+        (Some(worker), true) => format!(
+            "{reason}; the call had been sent to worker {worker:?} and may have taken effect"
+        ),
+        _ => reason.to_owned(),
+    };
     let payload = Cancelled {
         call_id: call.call_id.clone(),
         from: call.status,
-        reason: reason.to_owned(),
+        reason,
+        after_dispatch,
     };
     emit(tx, head, call, types::TOOL_CANCELLED, "system", &payload)
         .await
@@ -956,7 +1037,11 @@ pub(crate) async fn apply(conn: &mut Conn<'_>, event: &Event) -> Result<()> {
                  error_message = $3, completed_at = $4, updated_at = $4 WHERE call_id = $1",
                 args![
                     p.call_id.as_str(),
-                    error_codes::CANCELLED,
+                    if p.after_dispatch {
+                        error_codes::CANCELLED_AFTER_DISPATCH
+                    } else {
+                        error_codes::CANCELLED
+                    },
                     p.reason.as_str(),
                     ts
                 ],

@@ -149,9 +149,10 @@ pub use model::{
 };
 
 pub use approvals::{
-    Approval, ApprovalFilter, ApprovalStatus, ApprovalTimeout, ApprovalVote, MAX_ESCALATION_DEPTH,
-    NewApproval, OnModify, OnReject, TIMEOUT_ACTOR, TimeoutDefault, TimeoutOutcome, Vote,
-    VoteDecision, VoteOutcome, call_hash, duplicate_vote_message, same_voter,
+    Approval, ApprovalFilter, ApprovalKind, ApprovalStatus, ApprovalTimeout, ApprovalVote,
+    MAX_ESCALATION_DEPTH, NewApproval, OnModify, OnReject, ReviewResolution, TIMEOUT_ACTOR,
+    TimeoutDefault, TimeoutOutcome, Vote, VoteDecision, VoteOutcome, call_hash,
+    duplicate_vote_message, not_resent_message, same_voter, vote_resolution,
 };
 pub use cipher::{CipherError, KEY_LEN, SecretCipher};
 pub use invocations::{

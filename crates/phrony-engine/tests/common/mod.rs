@@ -453,6 +453,8 @@ pub struct FakeWorker {
     pub acks: Arc<Mutex<Vec<String>>>,
     pub cancels: Arc<Mutex<Vec<String>>>,
     behaviour: Arc<Mutex<Behaviour>>,
+    /// Held invocations to answer now (see [`FakeWorker::release`]).
+    release: tokio::sync::mpsc::UnboundedSender<Invocation>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -523,6 +525,7 @@ impl FakeWorker {
             Arc::clone(&cancels),
             Arc::clone(&behaviour),
         );
+        let (release, mut released) = tokio::sync::mpsc::unbounded_channel::<Invocation>();
         let task = tokio::spawn(async move {
             // Heartbeat well within the lease, like the SDK's worker (ttl / 2).
             let mut heartbeat = tokio::time::interval(Duration::from_secs(5));
@@ -531,6 +534,15 @@ impl FakeWorker {
                     msg = outbox.recv() => msg,
                     _ = heartbeat.tick() => {
                         let _ = conn.handle(FromWorker::Heartbeat);
+                        continue;
+                    }
+                    Some(inv) = released.recv() => {
+                        let payload = serde_json::to_vec(&answer(&inv).unwrap()).unwrap();
+                        let _ = conn.handle(FromWorker::Result {
+                            call_id: inv.call_id.clone(),
+                            payload,
+                            error: None,
+                        });
                         continue;
                     }
                 };
@@ -566,8 +578,14 @@ impl FakeWorker {
             acks,
             cancels,
             behaviour,
+            release,
             task,
         }
+    }
+
+    /// Answers a held invocation now (the worker finished it late).
+    pub fn release(&self, inv: Invocation) {
+        self.release.send(inv).unwrap();
     }
 
     /// The acknowledged call ids once there are `n` of them (the worker reads its stream
@@ -581,6 +599,18 @@ impl FakeWorker {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         self.acks.lock().unwrap().clone()
+    }
+
+    /// The cancelled call ids once there are `n` of them.
+    pub async fn wait_cancels(&self, n: usize) -> Vec<String> {
+        for _ in 0..200 {
+            let cancels = self.cancels.lock().unwrap().clone();
+            if cancels.len() >= n {
+                return cancels;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        self.cancels.lock().unwrap().clone()
     }
 
     /// Ends the worker's stream (the router drops it).
@@ -810,6 +840,8 @@ pub fn approve(actor: &str, comment: &str) -> phrony_ledger::Vote {
         comment: comment.into(),
         comprehension_acknowledged: false,
         edited_args: None,
+        resolution: None,
+        result: None,
     }
 }
 

@@ -29,6 +29,11 @@ pub struct Vote {
 pub struct Approval {
     /// The approval id.
     pub id: String,
+    /// What it asks: `policy`, or `outcome_review` (the call's outcome is unknown: did it
+    /// happen?). Servers that predate kinds send nothing, read as `policy`.
+    pub kind: String,
+    /// How a decided outcome review was resolved: `happened`, `resend` or `fail`.
+    pub resolution: Option<String>,
     /// `pending`, `approved`, `denied`, `escalated` or `cancelled`.
     pub status: String,
     /// The waiting session.
@@ -87,6 +92,18 @@ pub struct Approval {
     pub votes: Vec<Vote>,
 }
 
+/// [`Approval::kind`] of an outcome review.
+pub const OUTCOME_REVIEW: &str = "outcome_review";
+
+impl Approval {
+    /// Whether this is an outcome review ("did this call already happen?"), which is resolved
+    /// with `happened`, `resend` or `fail` rather than approved.
+    #[must_use]
+    pub fn is_outcome_review(&self) -> bool {
+        self.kind == OUTCOME_REVIEW
+    }
+}
+
 /// Which approvals [`Client::list_approvals`] returns; every set filter is an exact match.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ApprovalFilter {
@@ -135,6 +152,11 @@ pub struct DecideApproval {
     pub args: Option<Value>,
     /// The voter acknowledges understanding the call.
     pub comprehension_acknowledged: bool,
+    /// The resolution of an outcome review: `happened`, `resend` or `fail` (`decision` must
+    /// agree: approve for happened/resend, reject for fail).
+    pub resolution: Option<String>,
+    /// With `happened`: the call's result as the operator knows it.
+    pub result: Option<Value>,
 }
 
 /// What a vote did.
@@ -234,6 +256,12 @@ impl Client {
                 .unwrap_or_default(),
             comprehension_acknowledged: vote.comprehension_acknowledged,
             actor: actor.to_owned(),
+            resolution: vote.resolution.clone().unwrap_or_default(),
+            result: vote
+                .result
+                .as_ref()
+                .map(|v| v.to_string().into_bytes())
+                .unwrap_or_default(),
         };
         let response = self
             .runtime
@@ -284,6 +312,12 @@ macro_rules! approval_from {
             decided_at: optional_timestamp($rpc, concat!($prefix, "decided_at"), &$a.decided_at)?,
             votes: votes($rpc, $a.votes)?,
             id: $a.id,
+            kind: if $a.kind.is_empty() {
+                "policy".to_owned()
+            } else {
+                $a.kind
+            },
+            resolution: optional($a.resolution),
             status: $a.status,
             session_id: $a.session_id,
             call_id: $a.call_id,

@@ -65,6 +65,9 @@ pub struct Decision {
     /// The operator acknowledges they understood the call (required when the approval asks
     /// for comprehension).
     pub comprehension_acknowledged: bool,
+    /// The resolution of an outcome review (`happened`, `resend` or `fail`); `approve` must
+    /// agree (true for happened/resend).
+    pub resolution: Option<String>,
 }
 
 impl Decision {
@@ -77,6 +80,7 @@ impl Decision {
             comment: String::new(),
             args: None,
             comprehension_acknowledged: false,
+            resolution: None,
         }
     }
 
@@ -110,6 +114,17 @@ impl Decision {
         self
     }
 
+    /// The resolution of an outcome review: `happened`, `resend` or `fail` (sets `approve` to
+    /// match).
+    #[must_use]
+    pub fn resolve(resolution: &str) -> Self {
+        Self {
+            approve: resolution != "fail",
+            resolution: Some(resolution.to_owned()),
+            ..Self::approve()
+        }
+    }
+
     /// This decision with the comprehension acknowledgement set to `acknowledged`.
     #[must_use]
     pub fn with_comprehension(mut self, acknowledged: bool) -> Self {
@@ -124,6 +139,8 @@ impl Decision {
             comment: self.comment.clone(),
             args: self.args.clone().unwrap_or_default().into_bytes(),
             comprehension_acknowledged: self.comprehension_acknowledged,
+            resolution: self.resolution.clone().unwrap_or_default(),
+            result: Vec::new(),
         }
     }
 }
@@ -313,6 +330,9 @@ pub struct ToolResult {
 pub struct ApprovalRequired {
     /// The approval's id.
     pub approval_id: String,
+    /// `policy`, or `outcome_review`: the call's outcome is unknown and the question is "did
+    /// it happen?" (resolve with [`Decision::resolve`]).
+    pub kind: String,
     /// The held call.
     pub call_id: String,
     /// The tool's dispatch ref.
@@ -812,6 +832,11 @@ fn server_event(message: pb::RunSessionInteractiveServerMsg) -> Result<SessionEv
         ServerBody::ApprovalRequired(a) => SessionEvent::ApprovalRequired(ApprovalRequired {
             expires_at: optional_timestamp(RPC, "approval_required.expires_at", &a.expires_at)?,
             approval_id: a.approval_id,
+            kind: if a.kind.is_empty() {
+                "policy".to_owned()
+            } else {
+                a.kind
+            },
             call_id: a.call_id,
             tool: a.tool,
             version: a.version,

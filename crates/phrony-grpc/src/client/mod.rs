@@ -40,7 +40,8 @@ use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_client::HealthClient;
 
 pub use approvals::{
-    Approval, ApprovalFilter, ApprovalPage, DecideApproval, Decision, DecisionOutcome, Vote,
+    Approval, ApprovalFilter, ApprovalPage, DecideApproval, Decision, DecisionOutcome,
+    OUTCOME_REVIEW, Vote,
 };
 pub use error::{ClientError, Code};
 pub use sessions::{

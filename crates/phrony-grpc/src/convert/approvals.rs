@@ -2,8 +2,8 @@
 //! approvals of the `InspectSession` timeline.
 
 use phrony_ledger::{
-    AgentRef, Approval, ApprovalFilter, ApprovalStatus, ApprovalVote, PageRequest, SessionStatus,
-    Vote, VoteDecision,
+    AgentRef, Approval, ApprovalFilter, ApprovalStatus, ApprovalVote, PageRequest,
+    ReviewResolution, SessionStatus, Vote, VoteDecision,
 };
 use phrony_proto::runtime::v1 as pb;
 use serde_json::Value;
@@ -55,15 +55,18 @@ pub(crate) fn approval_filter(
 /// The vote a `DecideApprovalRequest` casts, by `actor` (already resolved: the request's field,
 /// else the `phrony-actor` header, else the runtime's default).
 pub(crate) fn vote(r: &pb::DecideApprovalRequest, actor: String) -> Result<Vote, Status> {
-    let decision = match pb::ApprovalDecision::try_from(r.decision) {
-        Ok(pb::ApprovalDecision::Approve) => VoteDecision::Approve,
-        Ok(pb::ApprovalDecision::Reject) => VoteDecision::Reject,
+    let resolution = resolution(&r.resolution)?;
+    let decision = match (pb::ApprovalDecision::try_from(r.decision), resolution) {
+        (Ok(pb::ApprovalDecision::Approve), _) => VoteDecision::Approve,
+        (Ok(pb::ApprovalDecision::Reject), _) => VoteDecision::Reject,
+        (Ok(pb::ApprovalDecision::Unspecified), Some(resolution)) => resolution.decision(),
         _ => {
             return Err(Status::invalid_argument(
-                "decision must be APPROVE or REJECT",
+                "decision must be APPROVE or REJECT (or unspecified with a resolution)",
             ));
         }
     };
+    let result = review_result(&r.result)?;
     let edited_args = edited_args(&r.args)?;
     if edited_args.is_some() && decision == VoteDecision::Reject {
         return Err(Status::invalid_argument(
@@ -76,7 +79,26 @@ pub(crate) fn vote(r: &pb::DecideApprovalRequest, actor: String) -> Result<Vote,
         comment: r.comment.clone(),
         comprehension_acknowledged: r.comprehension_acknowledged,
         edited_args,
+        resolution,
+        result,
     })
+}
+
+/// An outcome review's resolution: empty for none, else `happened`, `resend` or `fail`.
+pub(crate) fn resolution(text: &str) -> Result<Option<ReviewResolution>, Status> {
+    match text.trim() {
+        "" => Ok(None),
+        r => r.parse::<ReviewResolution>().map(Some).map_err(|_| {
+            Status::invalid_argument(format!(
+                "resolution must be \"happened\", \"resend\" or \"fail\" (got {r:?})"
+            ))
+        }),
+    }
+}
+
+/// The result an operator records with `happened`: empty for none, else any UTF-8 JSON.
+pub(crate) fn review_result(bytes: &[u8]) -> Result<Option<Value>, Status> {
+    json_document("result", bytes)
 }
 
 /// Replacement arguments: empty keeps the proposed ones; otherwise a UTF-8 JSON object.
@@ -161,6 +183,8 @@ pub(crate) fn approval(a: Approval, with_votes: bool) -> pb::Approval {
             .parent_approval_id
             .map(|id| id.to_string())
             .unwrap_or_default(),
+        kind: a.kind.to_string(),
+        resolution: a.resolution.map(|r| r.to_string()).unwrap_or_default(),
     }
 }
 
@@ -245,6 +269,8 @@ pub(crate) fn inspect_approval(
             .parent_approval_id
             .map(|id| id.to_string())
             .unwrap_or_default(),
+        kind: a.kind.to_string(),
+        resolution: a.resolution.map(|r| r.to_string()).unwrap_or_default(),
     }
 }
 
@@ -270,7 +296,10 @@ mod tests {
     fn decisions_and_args_are_checked() {
         let mut r = pb::DecideApprovalRequest::default();
         let err = vote(&r, "emad".into()).unwrap_err();
-        assert_eq!(err.message(), "decision must be APPROVE or REJECT");
+        assert_eq!(
+            err.message(),
+            "decision must be APPROVE or REJECT (or unspecified with a resolution)"
+        );
         r.decision = pb::ApprovalDecision::Approve as i32;
         r.args = b"[1]".to_vec();
         let err = vote(&r, "emad".into()).unwrap_err();

@@ -70,6 +70,10 @@ fn tool_approval(
     } else {
         VoteDecision::Reject
     };
+    let resolution = super::approvals::resolution(&a.resolution)
+        .map_err(|s| Status::invalid_argument(format!("tool_approval.{}", s.message())))?;
+    let result = super::approvals::review_result(&a.result)
+        .map_err(|s| Status::invalid_argument(format!("tool_approval.{}", s.message())))?;
     let edited_args = edited_args(&a.args)
         .map_err(|s| Status::invalid_argument(format!("tool_approval.{}", s.message())))?;
     if edited_args.is_some() && decision == VoteDecision::Reject {
@@ -86,6 +90,8 @@ fn tool_approval(
             comment: a.comment,
             comprehension_acknowledged: a.comprehension_acknowledged,
             edited_args,
+            resolution,
+            result,
         },
     })
 }
@@ -180,6 +186,7 @@ fn approval_required(r: &ApprovalRequest) -> pb::RunSessionInteractiveApprovalRe
         policy_ref: r.policy_ref.clone().unwrap_or_default(),
         on_reject: r.on_reject.clone(),
         on_modify: r.on_modify.clone(),
+        kind: r.kind.to_string(),
     }
 }
 

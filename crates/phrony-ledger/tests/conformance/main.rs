@@ -71,6 +71,8 @@ conformance!(
     list_sessions_filters_and_paginates_stably,
     tool_calls_follow_the_ledger_state_machine,
     a_late_result_closes_a_recovery_approval,
+    outcome_reviews_are_resolved_not_approved,
+    a_call_cancelled_after_dispatch_keeps_its_late_result,
     approval_quorum_counts_distinct_actors_and_keeps_edited_args,
     approval_reject_vetoes_and_comprehension_is_required,
     approval_timeouts_apply_their_default,

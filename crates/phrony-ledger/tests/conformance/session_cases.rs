@@ -4,12 +4,12 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::Duration;
 use phrony_ledger::{
-    AgentRef, AgentVersion, AgentVersionRef, ApprovalFilter, ApprovalStatus, ApprovalTimeout,
-    Backend, CallStatus, Dispatch, Ledger, LedgerError, NewAgentVersion, NewApproval, NewSession,
-    NewToolCall, OnModify, OnReject, PageRequest, SecretCipher, Session, SessionEvent,
-    SessionFilter, SessionLimits, SessionMode, SessionStatus, SideEffectClass, StatusChange,
-    TimeoutDefault, ToolInvocation, ToolOutcome, ToolResult, Usage, Vote, VoteDecision,
-    new_session_id, tool_call_id,
+    AgentRef, AgentVersion, AgentVersionRef, ApprovalFilter, ApprovalKind, ApprovalStatus,
+    ApprovalTimeout, Backend, CallStatus, Dispatch, Ledger, LedgerError, NewAgentVersion,
+    NewApproval, NewSession, NewToolCall, OnModify, OnReject, PageRequest, ReviewResolution,
+    SecretCipher, Session, SessionEvent, SessionFilter, SessionLimits, SessionMode, SessionStatus,
+    SideEffectClass, StatusChange, TimeoutDefault, ToolInvocation, ToolOutcome, ToolResult, Usage,
+    Vote, VoteDecision, new_session_id, tool_call_id,
 };
 use serde_json::{Map, Value, json};
 use uuid::Uuid;
@@ -153,6 +153,7 @@ fn approval_for(session: &str, call_id: &str) -> NewApproval {
         timeout: None,
         policy_runtime: Map::new(),
         actor: "policy".to_owned(),
+        kind: phrony_ledger::ApprovalKind::Policy,
     }
 }
 
@@ -163,6 +164,8 @@ fn approve(actor: &str) -> Vote {
         comment: format!("ok by {actor}"),
         comprehension_acknowledged: false,
         edited_args: None,
+        resolution: None,
+        result: None,
     }
 }
 
@@ -173,6 +176,8 @@ fn reject(actor: &str, comment: &str) -> Vote {
         comment: comment.to_owned(),
         comprehension_acknowledged: false,
         edited_args: None,
+        resolution: None,
+        result: None,
     }
 }
 
@@ -945,12 +950,18 @@ pub(crate) async fn tool_calls_follow_the_ledger_state_machine(db: &TestDb) {
         .await
         .unwrap();
     assert_eq!(cancelled.status, CallStatus::Cancelled);
+    assert_eq!(
+        cancelled.error_code.as_deref(),
+        Some("cancelled_after_dispatch")
+    );
+    // The worker did run it: a result that arrives after the cancellation is what happened.
     let late = ledger
         .record_tool_result(&c5.call_id, ok(json!({"late": true})))
         .await
         .unwrap();
-    assert!(!late.applied);
-    assert_eq!(late.invocation.status, CallStatus::Cancelled);
+    assert!(late.applied);
+    assert_eq!(late.invocation.status, CallStatus::Succeeded);
+    assert_eq!(late.invocation.result, Some(json!({"late": true})));
     assert!(ledger.in_flight_calls(&s.id).await.unwrap().is_empty());
     assert_eq!(
         not_found(ledger.record_tool_result("nope", ok(json!({}))).await),
@@ -972,7 +983,7 @@ pub(crate) async fn tool_calls_follow_the_ledger_state_machine(db: &TestDb) {
             "tool.queued",
             "tool.dispatched",
             "tool.cancelled",
-            "tool.late_result",
+            "tool.completed",
         ]
     );
     let dispatched_event = events
@@ -1078,6 +1089,260 @@ pub(crate) async fn a_late_result_closes_a_recovery_approval(db: &TestDb) {
     assert!(first_attempt.applied);
     assert_eq!(first_attempt.closed_approval, None);
     assert!(precondition(ledger.queue_tool_call(&again.call_id).await).contains("succeeded"));
+}
+
+/// A call sent to worker-1 whose outcome became unknown, with an outcome review opened for it.
+async fn review_for(
+    ledger: &Ledger,
+    session: &str,
+    iteration: u32,
+) -> (ToolInvocation, phrony_ledger::Approval) {
+    let call = ledger
+        .record_tool_call(refund_call(session, iteration, 0, 400))
+        .await
+        .unwrap();
+    ledger.queue_tool_call(&call.call_id).await.unwrap();
+    ledger
+        .dispatch_tool_call(&call.call_id, worker())
+        .await
+        .unwrap();
+    ledger
+        .mark_tool_call_indeterminate(&call.call_id, "worker \"worker-1\" was lost")
+        .await
+        .unwrap();
+    let review = ledger
+        .open_approval(NewApproval {
+            kind: ApprovalKind::OutcomeReview,
+            policy_ref: None,
+            reason: "worker worker-1 was lost while payments.issue-refund@1.0.0 was executing"
+                .into(),
+            route: String::new(),
+            actor: "system".into(),
+            ..approval_for(session, &call.call_id)
+        })
+        .await
+        .unwrap();
+    (call, review)
+}
+
+fn resolve(actor: &str, resolution: ReviewResolution, comment: &str) -> Vote {
+    Vote::resolve(actor, resolution, comment)
+}
+
+pub(crate) async fn outcome_reviews_are_resolved_not_approved(db: &TestDb) {
+    let ledger = db.migrated().await;
+    let v = deploy_agent(ledger, &refund_agent(), "0.1.0").await;
+    let s = start(ledger, &v).await;
+    to(ledger, &s.id, SessionStatus::AwaitingTool).await;
+
+    // A review is its own kind, stored and listed as such; policy approvals stay `policy`.
+    let (happened, review) = review_for(ledger, &s.id, 0).await;
+    assert_eq!(review.kind, ApprovalKind::OutcomeReview);
+    assert_eq!(review.resolution, None);
+    let listed = ledger
+        .list_approvals(&ApprovalFilter::default(), &PageRequest::default())
+        .await
+        .unwrap();
+    assert_eq!(listed.items[0].kind, ApprovalKind::OutcomeReview);
+
+    // A plain approve (what a client that knows only approve/reject sends) is refused: it
+    // would re-send a call that may already have happened.
+    let refused = precondition(ledger.cast_vote(review.id, approve("alice")).await);
+    assert!(refused.contains("is an outcome review"), "{refused}");
+    assert!(refused.contains("\"resend\""), "{refused}");
+    // Resolutions must agree with the vote, carry no edits, and a result only with happened.
+    let mut wrong = resolve("alice", ReviewResolution::Resend, "");
+    wrong.decision = VoteDecision::Reject;
+    assert!(invalid(ledger.cast_vote(review.id, wrong).await).contains("recorded as approved"));
+    let mut edited = resolve("alice", ReviewResolution::Resend, "");
+    edited.edited_args = Some(json!({"amount": 1}));
+    assert!(invalid(ledger.cast_vote(review.id, edited).await).contains("cannot edit"));
+    let mut with_result = resolve("alice", ReviewResolution::Fail, "");
+    with_result.result = Some(json!({}));
+    assert!(invalid(ledger.cast_vote(review.id, with_result).await).contains("happened"));
+    assert_eq!(
+        ledger.get_approval(review.id).await.unwrap().status,
+        ApprovalStatus::Pending,
+        "refused votes change nothing"
+    );
+
+    // happened: the call succeeded with the operator's result, attributed to the operator.
+    let mut confirmed = resolve(
+        "alice",
+        ReviewResolution::Happened,
+        "refund R-1 is in the PSP",
+    );
+    confirmed.result = Some(json!({"refund_id": "R-1"}));
+    let outcome = ledger.cast_vote(review.id, confirmed).await.unwrap();
+    assert!(outcome.decided);
+    assert_eq!(outcome.approval.status, ApprovalStatus::Approved);
+    assert_eq!(
+        outcome.approval.resolution,
+        Some(ReviewResolution::Happened)
+    );
+    let call = ledger.get_tool_call(&happened.call_id).await.unwrap();
+    assert_eq!(call.status, CallStatus::Succeeded);
+    assert_eq!(call.result, Some(json!({"refund_id": "R-1"})));
+    assert_eq!(call.attempt, 1, "not sent again");
+    let events = ledger.events_after(&s.id, 0, 1000).await.unwrap();
+    let completed = events
+        .iter()
+        .rfind(|e| e.event_type == "tool.completed")
+        .unwrap();
+    assert_eq!(completed.actor, "alice");
+    assert_eq!(completed.payload["resolved_by"], "alice");
+    let decided = events
+        .iter()
+        .rfind(|e| e.event_type == "approval.decided")
+        .unwrap();
+    assert_eq!(decided.payload["resolution"], "happened");
+    assert!(decided.seq < completed.seq);
+
+    // A reject without resolution means fail: outcome unknown, not re-sent; never
+    // `approval_denied`. A worker result that arrives later is still recorded as the truth.
+    let (failed, review) = review_for(ledger, &s.id, 1).await;
+    let outcome = ledger
+        .cast_vote(review.id, reject("bob", "cannot check the PSP"))
+        .await
+        .unwrap();
+    assert_eq!(outcome.approval.status, ApprovalStatus::Denied);
+    assert_eq!(outcome.approval.resolution, Some(ReviewResolution::Fail));
+    let call = ledger.get_tool_call(&failed.call_id).await.unwrap();
+    assert_eq!(call.status, CallStatus::Failed);
+    assert_eq!(call.error_code.as_deref(), Some("outcome_unknown"));
+    assert_eq!(
+        call.error_message.as_deref(),
+        Some(
+            "outcome unknown, not re-sent by bob (the call may have taken effect): cannot \
+             check the PSP"
+        )
+    );
+    let late = ledger
+        .record_tool_result(&failed.call_id, ok(json!({"refund_id": "R-2"})))
+        .await
+        .unwrap();
+    assert!(late.applied);
+    assert_eq!(late.invocation.status, CallStatus::Succeeded);
+
+    // resend: the only way back to dispatch; the call is pending again with its arguments.
+    let (resent, review) = review_for(ledger, &s.id, 2).await;
+    let outcome = ledger
+        .cast_vote(
+            review.id,
+            resolve("carol", ReviewResolution::Resend, "PSP shows nothing"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(outcome.approval.status, ApprovalStatus::Approved);
+    assert_eq!(outcome.approval.resolution, Some(ReviewResolution::Resend));
+    let call = ledger.get_tool_call(&resent.call_id).await.unwrap();
+    assert_eq!(call.status, CallStatus::Pending);
+    ledger.queue_tool_call(&call.call_id).await.unwrap();
+    let again = ledger
+        .dispatch_tool_call(&call.call_id, worker())
+        .await
+        .unwrap();
+    assert_eq!(again.attempt, 2);
+
+    // A resolution on a policy approval is refused; reviews need a dispatched call, quorum 1
+    // and no timeout.
+    let (_, _, policy) = pending_approval(ledger, &v, |_| {}).await;
+    assert_eq!(policy.kind, ApprovalKind::Policy);
+    assert!(
+        invalid(
+            ledger
+                .cast_vote(policy.id, resolve("alice", ReviewResolution::Resend, ""))
+                .await
+        )
+        .contains("is a policy approval")
+    );
+    let s2 = start(ledger, &v).await;
+    to(ledger, &s2.id, SessionStatus::AwaitingTool).await;
+    let fresh = ledger
+        .record_tool_call(refund_call(&s2.id, 0, 0, 10))
+        .await
+        .unwrap();
+    let review_of = |c: &ToolInvocation| NewApproval {
+        kind: ApprovalKind::OutcomeReview,
+        policy_ref: None,
+        ..approval_for(&s2.id, &c.call_id)
+    };
+    assert!(
+        precondition(ledger.open_approval(review_of(&fresh)).await)
+            .contains("never sent to a worker")
+    );
+    let mut quorum = review_of(&fresh);
+    quorum.approvals_required = 2;
+    assert!(invalid(ledger.open_approval(quorum).await).contains("exactly one decision"));
+
+    // Kinds and resolutions are rebuilt from the log.
+    let before = snapshot_all(db).await;
+    ledger.rebuild_projections().await.unwrap();
+    assert_eq!(snapshot_all(db).await, before);
+}
+
+pub(crate) async fn a_call_cancelled_after_dispatch_keeps_its_late_result(db: &TestDb) {
+    let ledger = db.migrated().await;
+    let v = deploy_agent(ledger, &refund_agent(), "0.1.0").await;
+    let s = start(ledger, &v).await;
+    to(ledger, &s.id, SessionStatus::AwaitingTool).await;
+    let call = ledger
+        .record_tool_call(refund_call(&s.id, 0, 0, 400))
+        .await
+        .unwrap();
+    ledger.queue_tool_call(&call.call_id).await.unwrap();
+    ledger
+        .dispatch_tool_call(&call.call_id, worker())
+        .await
+        .unwrap();
+    let never_sent = ledger
+        .record_tool_call(refund_call(&s.id, 0, 1, 5))
+        .await
+        .unwrap();
+    ledger
+        .set_session_status(&s.id, StatusChange::cancelled().by("alice"))
+        .await
+        .unwrap();
+    let cancelled = ledger.get_tool_call(&call.call_id).await.unwrap();
+    assert_eq!(cancelled.status, CallStatus::Cancelled);
+    assert_eq!(
+        cancelled.error_code.as_deref(),
+        Some("cancelled_after_dispatch")
+    );
+    assert!(
+        cancelled
+            .error_message
+            .as_deref()
+            .unwrap()
+            .contains("had been sent to worker \"worker-1\" and may have taken effect"),
+        "{cancelled:?}"
+    );
+    let not_sent = ledger.get_tool_call(&never_sent.call_id).await.unwrap();
+    assert_eq!(not_sent.error_code.as_deref(), Some("cancelled"));
+
+    let late = ledger
+        .record_tool_result(&call.call_id, ok(json!({"refund_id": "R-7"})))
+        .await
+        .unwrap();
+    assert!(late.applied, "the worker issued it: record what happened");
+    assert_eq!(late.invocation.status, CallStatus::Succeeded);
+    assert_eq!(late.invocation.result, Some(json!({"refund_id": "R-7"})));
+    assert_eq!(
+        ledger.get_session(&s.id).await.unwrap().status,
+        SessionStatus::Cancelled,
+        "the session stays cancelled"
+    );
+    // Once known, the outcome is final; a call never sent does not take results.
+    let dup = ledger
+        .record_tool_result(&call.call_id, ok(json!({"refund_id": "R-8"})))
+        .await
+        .unwrap();
+    assert!(!dup.applied);
+    let stray = ledger
+        .record_tool_result(&never_sent.call_id, ok(json!({})))
+        .await
+        .unwrap();
+    assert!(!stray.applied);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1538,12 +1803,17 @@ pub(crate) async fn approvals_close_when_their_session_ends(db: &TestDb) {
         tail[tail.len() - 3..].to_vec(),
         vec!["approval.decided", "tool.cancelled", "session.cancelled"]
     );
-    // The worker's late answer is kept in the log but the call stays cancelled.
+    // The worker had the call: its late answer is what happened (the session stays ended).
     let late = ledger
         .record_tool_result(&other.call_id, ok(json!({"refund_id": "R-3"})))
         .await
         .unwrap();
-    assert!(!late.applied);
+    assert!(late.applied);
+    assert_eq!(late.invocation.status, CallStatus::Succeeded);
+    assert_eq!(
+        ledger.get_session(&s.id).await.unwrap().status,
+        SessionStatus::Cancelled
+    );
 
     // Completing or failing a session closes its approvals too.
     for change in [

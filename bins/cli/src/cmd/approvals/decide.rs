@@ -1,4 +1,5 @@
-//! `phrony approvals approve ID` and `phrony approvals reject ID`: vote on a pending approval.
+//! `phrony approvals approve ID` and `phrony approvals reject ID`: vote on a pending approval;
+//! `phrony approvals resolve ID`: resolve an outcome review (did the call already happen?).
 
 use std::path::{Path, PathBuf};
 
@@ -43,16 +44,86 @@ pub(crate) struct RejectArgs {
     output: Output,
 }
 
-/// Votes to approve.
+/// Arguments of `phrony approvals resolve`: exactly one resolution.
+#[derive(Debug, clap::Args)]
+#[command(group(clap::ArgGroup::new("resolution").required(true).args(["happened", "fail", "resend"])))]
+pub(crate) struct ResolveArgs {
+    /// The approval id (an outcome review).
+    approval_id: String,
+    /// It happened: record the call as succeeded (attributed to you), not sent again.
+    #[arg(long)]
+    happened: bool,
+    /// With --happened: the call's result as you know it (a JSON document in a file).
+    #[arg(long, value_name = "FILE.json", requires = "happened")]
+    result: Option<PathBuf>,
+    /// Do not send it again: record the call as failed, outcome unknown (it may have happened).
+    #[arg(long)]
+    fail: bool,
+    /// It did not happen: send the call to a worker again. Requires --confirm-not-happened.
+    #[arg(long, requires = "confirm_not_happened")]
+    resend: bool,
+    /// With --resend: you checked that the call did not take effect (a resend repeats it).
+    #[arg(long, requires = "resend")]
+    confirm_not_happened: bool,
+    /// A comment recorded with the resolution.
+    #[arg(long)]
+    comment: Option<String>,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t)]
+    output: Output,
+}
+
+/// Votes to approve. An outcome review is not approved: it is refused here with the resolve
+/// command to use (the runtime refuses it too).
 pub(crate) fn approve(args: &ApproveArgs, global: &Global) -> anyhow::Result<()> {
+    let id = super::approval_id(&args.approval_id)?;
     let vote = DecideApproval {
-        approval_id: super::approval_id(&args.approval_id)?.to_owned(),
+        approval_id: id.to_owned(),
         decision: Decision::Approve,
         comment: args.comment.clone().filter(|c| !c.is_empty()),
         args: args.args.as_deref().map(read_args).transpose()?,
         comprehension_acknowledged: args.comprehension,
+        resolution: None,
+        result: None,
     };
+    let review = remote::block_on(async {
+        let (client, _) = remote::connect(global).await?;
+        let approval = client
+            .get_approval(id)
+            .await
+            .map_err(remote::fails("approve"))?;
+        Ok(approval.is_outcome_review())
+    })?;
+    if review {
+        bail!(
+            "approval {id} is an outcome review, not a policy approval: its call was sent to a \
+             worker and the runtime cannot tell whether it took effect, so approving is \
+             ambiguous. Resolve it with: {}",
+            super::resolve_hint(id)
+        );
+    }
     decide(&vote, args.output, global, "approve")
+}
+
+/// Resolves an outcome review.
+pub(crate) fn resolve(args: &ResolveArgs, global: &Global) -> anyhow::Result<()> {
+    let (resolution, decision) = if args.happened {
+        ("happened", Decision::Approve)
+    } else if args.resend {
+        ("resend", Decision::Approve)
+    } else {
+        ("fail", Decision::Reject)
+    };
+    let vote = DecideApproval {
+        approval_id: super::approval_id(&args.approval_id)?.to_owned(),
+        decision,
+        comment: args.comment.clone().filter(|c| !c.is_empty()),
+        args: None,
+        comprehension_acknowledged: false,
+        resolution: Some(resolution.to_owned()),
+        result: args.result.as_deref().map(read_result).transpose()?,
+    };
+    decide(&vote, args.output, global, "resolve")
 }
 
 /// Votes to reject.
@@ -63,6 +134,8 @@ pub(crate) fn reject(args: &RejectArgs, global: &Global) -> anyhow::Result<()> {
         comment: args.comment.clone().filter(|c| !c.is_empty()),
         args: None,
         comprehension_acknowledged: args.comprehension,
+        resolution: None,
+        result: None,
     };
     decide(&vote, args.output, global, "reject")
 }
@@ -101,6 +174,14 @@ fn decide(
             }
         }
     })
+}
+
+/// `--result FILE.json`: any JSON document.
+fn read_result(path: &Path) -> anyhow::Result<Value> {
+    let shown = path.display();
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("read --result file {shown}"))?;
+    serde_json::from_str(&text).with_context(|| format!("--result file {shown} is not valid JSON"))
 }
 
 /// `--args FILE.json`: a JSON object.

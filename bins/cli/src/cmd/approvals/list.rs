@@ -1,6 +1,8 @@
 //! `phrony approvals list`: approvals matching every filter, newest first.
 
-use phrony_grpc::client::ApprovalFilter;
+use std::io::{self, Write};
+
+use phrony_grpc::client::{Approval, ApprovalFilter};
 use serde_json::json;
 
 use crate::cmd::table::Table;
@@ -70,32 +72,7 @@ pub(crate) fn run(args: &Args, global: &Global) -> anyhow::Result<()> {
                 "next_page_token": page.next_page_token,
             })),
             Output::Text => {
-                let mut table = Table::new(&[
-                    "ID",
-                    "STATUS",
-                    "SESSION_ID",
-                    "AGENT",
-                    "TOOL",
-                    "POLICY",
-                    "ROUTE",
-                    "RECEIVED",
-                    "EXPIRES_AT",
-                ]);
-                let dash = |v: Option<&str>| v.unwrap_or("-").to_owned();
-                for a in &page.approvals {
-                    table.row(vec![
-                        a.id.clone(),
-                        a.status.clone(),
-                        a.session_id.clone(),
-                        dash(a.agent_ref.as_deref()),
-                        super::tool(a),
-                        dash(super::policy(a)),
-                        dash(a.route.as_deref()),
-                        format!("{}/{}", a.approvals_received, a.approvals_required),
-                        a.expires_at.map_or_else(|| "-".to_owned(), render::time),
-                    ]);
-                }
-                table.print()?;
+                write_table(&page.approvals, &mut std::io::stdout().lock())?;
                 Ok(render::next_page_hint(
                     "approvals",
                     page.next_page_token.as_deref(),
@@ -103,4 +80,64 @@ pub(crate) fn run(args: &Args, global: &Global) -> anyhow::Result<()> {
             }
         }
     })
+}
+
+/// The text form: one row per approval. KIND tells a policy approval ("may this call run?")
+/// from an outcome review ("did this call already happen?").
+fn write_table(approvals: &[Approval], out: &mut impl Write) -> io::Result<()> {
+    let mut table = Table::new(&[
+        "ID",
+        "KIND",
+        "STATUS",
+        "SESSION_ID",
+        "AGENT",
+        "TOOL",
+        "POLICY",
+        "ROUTE",
+        "RECEIVED",
+        "EXPIRES_AT",
+    ]);
+    let dash = |v: Option<&str>| v.unwrap_or("-").to_owned();
+    for a in approvals {
+        table.row(vec![
+            a.id.clone(),
+            super::kind(a).to_owned(),
+            a.status.clone(),
+            a.session_id.clone(),
+            dash(a.agent_ref.as_deref()),
+            super::tool(a),
+            dash(super::policy(a)),
+            dash(a.route.as_deref()),
+            format!("{}/{}", a.approvals_received, a.approvals_required),
+            a.expires_at.map_or_else(|| "-".to_owned(), render::time),
+        ]);
+    }
+    table.write(out)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "tests: a panic is a failed assertion")]
+
+    use super::*;
+    use crate::cmd::approvals::show::tests::sample;
+
+    #[test]
+    fn the_kind_column_tells_reviews_from_policy_approvals() {
+        let policy = sample();
+        let review = Approval {
+            id: "ap-2".into(),
+            kind: "outcome_review".into(),
+            policy_ref: None,
+            policy_name: None,
+            ..sample()
+        };
+        let mut out = Vec::new();
+        write_table(&[policy, review], &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines[0].starts_with("ID    KIND    STATUS"), "{text}");
+        assert!(lines[1].starts_with("ap-1  policy  approved"), "{text}");
+        assert!(lines[2].starts_with("ap-2  review  approved"), "{text}");
+    }
 }

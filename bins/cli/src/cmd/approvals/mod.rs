@@ -22,8 +22,12 @@ pub(crate) enum Command {
     Show(show::Args),
     /// Vote to approve a pending approval (optionally with edited arguments).
     Approve(decide::ApproveArgs),
-    /// Vote to reject a pending approval (one reject denies it).
+    /// Vote to reject a pending approval (one reject denies it). On an outcome review, a
+    /// reject means --fail: recorded as outcome unknown, not re-sent.
     Reject(decide::RejectArgs),
+    /// Resolve an outcome review (a call whose worker was lost: did it happen?):
+    /// --happened [--result FILE], --fail, or --resend --confirm-not-happened.
+    Resolve(decide::ResolveArgs),
 }
 
 impl Command {
@@ -34,6 +38,7 @@ impl Command {
             Self::Show(args) => show::run(&args, global),
             Self::Approve(args) => decide::approve(&args, global),
             Self::Reject(args) => decide::reject(&args, global),
+            Self::Resolve(args) => decide::resolve(&args, global),
         }
     }
 }
@@ -54,6 +59,23 @@ fn tool(a: &Approval) -> String {
     } else {
         format!("{}@{}", a.tool, a.version)
     }
+}
+
+/// The KIND column: `policy` or `review` (an outcome review).
+fn kind(a: &Approval) -> &'static str {
+    if a.is_outcome_review() {
+        "review"
+    } else {
+        "policy"
+    }
+}
+
+/// How to resolve an outcome review, for messages.
+fn resolve_hint(id: &str) -> String {
+    format!(
+        "phrony approvals resolve {id} --happened [--result FILE.json] | --fail | --resend \
+         --confirm-not-happened"
+    )
 }
 
 /// The deciding policy: its `namespace/name@version`, else its name.
@@ -106,6 +128,8 @@ pub(crate) fn write_json_block(
 pub(crate) fn approval_json(a: &Approval) -> Value {
     json!({
         "id": a.id,
+        "kind": a.kind,
+        "resolution": a.resolution,
         "status": a.status,
         "session_id": a.session_id,
         "call_id": a.call_id,

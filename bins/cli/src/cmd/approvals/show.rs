@@ -38,27 +38,46 @@ fn write_approval(a: &Approval, out: &mut impl Write) -> io::Result<()> {
     let mut table = Table::headless(2);
     let mut field = |key: &str, value: String| table.row(vec![format!("{key}:"), value]);
     let or_dash = |v: Option<&str>| v.unwrap_or("-").to_owned();
+    let review = a.is_outcome_review();
     field("id", a.id.clone());
+    field(
+        "kind",
+        if review {
+            "outcome review (the call's outcome is unknown: did it already happen?)".to_owned()
+        } else {
+            "policy approval".to_owned()
+        },
+    );
     field("status", a.status.clone());
     field("session_id", a.session_id.clone());
     field("call_id", a.call_id.clone());
     field("agent", or_dash(a.agent_ref.as_deref()));
     field("tool", super::tool(a));
     field("route", or_dash(a.route.as_deref()));
-    field("reason", or_dash(a.reason.as_deref()));
-    field("policy", or_dash(super::policy(a)));
-    field("authority_ref", or_dash(a.authority_ref.as_deref()));
-    field(
-        "approvals",
-        format!("{}/{}", a.approvals_received, a.approvals_required),
-    );
-    field(
-        "comprehension_required",
-        a.comprehension_required.to_string(),
-    );
-    field("on_reject", or_dash(a.on_reject.as_deref()));
-    if let Some(on_modify) = &a.on_modify {
-        field("on_modify", on_modify.clone());
+    if review {
+        // A review has no policy, quorum or rejection rule: it asks one question.
+        field("question", or_dash(a.reason.as_deref()));
+        match &a.resolution {
+            Some(r) => field("resolution", r.clone()),
+            None if a.status == "pending" => field("resolve with", super::resolve_hint(&a.id)),
+            None => {}
+        }
+    } else {
+        field("reason", or_dash(a.reason.as_deref()));
+        field("policy", or_dash(super::policy(a)));
+        field("authority_ref", or_dash(a.authority_ref.as_deref()));
+        field(
+            "approvals",
+            format!("{}/{}", a.approvals_received, a.approvals_required),
+        );
+        field(
+            "comprehension_required",
+            a.comprehension_required.to_string(),
+        );
+        field("on_reject", or_dash(a.on_reject.as_deref()));
+        if let Some(on_modify) = &a.on_modify {
+            field("on_modify", on_modify.clone());
+        }
     }
     if let Some(t) = a.created_at {
         field("created_at", render::time(t));
@@ -91,7 +110,7 @@ fn write_approval(a: &Approval, out: &mut impl Write) -> io::Result<()> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     #![allow(clippy::unwrap_used, reason = "tests: a panic is a failed assertion")]
 
     use phrony_grpc::client::Vote;
@@ -101,8 +120,98 @@ mod tests {
 
     #[test]
     fn show_prints_key_values_args_and_votes() {
-        let approval = Approval {
+        let approval = sample();
+        let mut out = Vec::new();
+        write_approval(&approval, &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(
+            text.contains("kind:                    policy approval\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("agent:                   support/refund-agent@0.1.0\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("policy:                  payments/refund-approval-boundary@1.0.0\n"),
+            "{text}"
+        );
+        assert!(text.contains("tool:                    payments.issue-refund@1.0.0\n"));
+        assert!(text.contains("approvals:               1/1\n"));
+        assert!(
+            text.contains("args:\n  {\n    \"amount\": 400,\n    \"order_id\": \"ORD-1\"\n  }\n"),
+            "{text}"
+        );
+        assert!(
+            text.ends_with("vote: emad approved: \"verified\"\n"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn an_outcome_review_shows_its_question_and_how_to_resolve_it() {
+        let question = "outcome of tool payments.issue-refund@1.0.0 is unknown: worker \"w-1\" \
+                        was lost because its stream closed. The runtime cannot tell whether \
+                        payments.issue-refund@1.0.0 took effect: did it happen?";
+        let pending = Approval {
+            kind: "outcome_review".into(),
+            status: "pending".into(),
+            reason: Some(question.into()),
+            policy_ref: None,
+            policy_name: None,
+            approvals_received: 0,
+            decided_by: None,
+            comment: None,
+            votes: Vec::new(),
+            ..sample()
+        };
+        let mut out = Vec::new();
+        write_approval(&pending, &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(
+            text.contains(
+                "kind:          outcome review (the call's outcome is unknown: did it already \
+                 happen?)\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!("question:      {question}\n")),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "resolve with:  phrony approvals resolve ap-1 --happened [--result FILE.json] | \
+                 --fail | --resend --confirm-not-happened\n"
+            ),
+            "{text}"
+        );
+        // Nothing of a policy approval: no policy, quorum or rejection rule to mislead.
+        for absent in ["policy:", "approvals:", "on_reject:", "reason:"] {
+            assert!(!text.contains(absent), "{absent} in {text}");
+        }
+        let resolved = Approval {
+            status: "denied".into(),
+            resolution: Some("fail".into()),
+            ..pending
+        };
+        let mut out = Vec::new();
+        write_approval(&resolved, &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with("resolution:") && l.ends_with(" fail")),
+            "{text}"
+        );
+        assert!(!text.contains("resolve with:"), "{text}");
+    }
+
+    /// A decided policy approval.
+    pub(crate) fn sample() -> Approval {
+        Approval {
             id: "ap-1".into(),
+            kind: "policy".into(),
+            resolution: None,
             status: "approved".into(),
             session_id: "run_1".into(),
             call_id: "call-1".into(),
@@ -137,27 +246,6 @@ mod tests {
                 comprehension_acknowledged: false,
                 created_at: None,
             }],
-        };
-        let mut out = Vec::new();
-        write_approval(&approval, &mut out).unwrap();
-        let text = String::from_utf8(out).unwrap();
-        assert!(
-            text.contains("agent:                   support/refund-agent@0.1.0\n"),
-            "{text}"
-        );
-        assert!(
-            text.contains("policy:                  payments/refund-approval-boundary@1.0.0\n"),
-            "{text}"
-        );
-        assert!(text.contains("tool:                    payments.issue-refund@1.0.0\n"));
-        assert!(text.contains("approvals:               1/1\n"));
-        assert!(
-            text.contains("args:\n  {\n    \"amount\": 400,\n    \"order_id\": \"ORD-1\"\n  }\n"),
-            "{text}"
-        );
-        assert!(
-            text.ends_with("vote: emad approved: \"verified\"\n"),
-            "{text}"
-        );
+        }
     }
 }

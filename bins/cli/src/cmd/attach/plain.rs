@@ -6,6 +6,7 @@
 //! |---|---|
 //! | `/approve [comment]` | approve the pending approval (asks y/n first when it requires comprehension) |
 //! | `/deny [comment]` | deny the pending approval |
+//! | `/happened`, `/fail`, `/resend [comment]` | resolve an outcome review (a call whose outcome is unknown); `/resend` asks y/n first |
 //! | `/complete`, `/cancel` | end the session (`CompleteSession`, `CancelSession`) |
 //! | `/detach` | leave; the session keeps running |
 //! | `/help` | list the commands |
@@ -17,6 +18,7 @@
 use std::io::{self, Write};
 
 use chrono::{DateTime, Utc};
+use phrony_grpc::client::OUTCOME_REVIEW;
 use phrony_grpc::client::interactive::{Decision, SessionEvent, ToolOutcome};
 use tokio::sync::mpsc;
 
@@ -26,8 +28,13 @@ use super::{Link, Outcome, compact_json, pretty_json, sanitize};
 /// The longest tool result or argument text shown on a status line, in characters.
 const MAX_INLINE: usize = 240;
 
-const HELP: &str = "commands: /approve [comment] · /deny [comment] · /complete · /cancel · \
-                    /detach · //text sends /text";
+/// How to resolve an outcome review.
+const REVIEW_HELP: &str = "this call's outcome is unknown: /happened [comment] if it took \
+                           effect, /fail [comment] to not send it again, /resend [comment] to \
+                           send it again (you will confirm it did not happen)";
+
+const HELP: &str = "commands: /approve [comment] · /deny [comment] · /happened · /fail · \
+                    /resend · /complete · /cancel · /detach · //text sends /text";
 
 /// Runs the plain renderer on the process's stdin, stdout and stderr.
 pub(crate) async fn run_stdio(link: impl Link, view: View) -> anyhow::Result<Outcome> {
@@ -253,6 +260,19 @@ impl<O: Write, E: Write> Plain<O, E> {
                 };
                 self.status(&line)?;
             }
+            SessionEvent::ApprovalRequired(a) if a.kind == OUTCOME_REVIEW => {
+                // Not "may it run?" but "did it already happen?": no policy, no quorum.
+                self.status(&format!(
+                    "outcome review: {}@{} · {}",
+                    a.tool,
+                    a.version,
+                    a.reason.as_deref().unwrap_or("its outcome is unknown")
+                ))?;
+                for arg_line in pretty_json(&a.args).lines() {
+                    writeln!(self.err, "   {}", sanitize(arg_line))?;
+                }
+                self.status(REVIEW_HELP)?;
+            }
             SessionEvent::ApprovalRequired(a) => {
                 let mut line = format!("approval required: {}@{}", a.tool, a.version);
                 if let Some(policy) = a.policy_ref.as_ref().or(a.policy_name.as_ref()) {
@@ -352,11 +372,18 @@ impl<O: Write, E: Write> Plain<O, E> {
         self.prompted = false;
         let text = line.trim();
         if let Some(decision) = self.acknowledging.take() {
-            return if matches!(text, "y" | "Y" | "yes") {
-                Ok(Some(Action::Decide(decision.with_comprehension(true))))
-            } else {
-                self.status("not approved: the acknowledgement is required")?;
-                Ok(None)
+            let resend = decision.resolution.as_deref() == Some("resend");
+            return match (matches!(text, "y" | "Y" | "yes"), resend) {
+                (true, true) => Ok(Some(Action::Decide(decision))),
+                (true, false) => Ok(Some(Action::Decide(decision.with_comprehension(true)))),
+                (false, true) => {
+                    self.status("not re-sent")?;
+                    Ok(None)
+                }
+                (false, false) => {
+                    self.status("not approved: the acknowledgement is required")?;
+                    Ok(None)
+                }
             };
         }
         if text.is_empty() {
@@ -383,6 +410,39 @@ impl<O: Write, E: Write> Plain<O, E> {
             .split_once(char::is_whitespace)
             .map_or((command, ""), |(n, a)| (n, a.trim()));
         match name {
+            "happened" | "fail" | "resend" => {
+                let Some(pending) = self.view.pending.as_ref() else {
+                    self.status("no approval is pending")?;
+                    return Ok(None);
+                };
+                if pending.approval.kind != OUTCOME_REVIEW {
+                    self.status("this is a policy approval: /approve or /deny it")?;
+                    return Ok(None);
+                }
+                let decision = Decision::resolve(name)
+                    .for_approval(pending.approval.approval_id.clone())
+                    .with_comment(argument);
+                if name == "resend" {
+                    self.acknowledging = Some(decision);
+                    self.status(
+                        "send the call to a worker again? Only if you checked that it did NOT \
+                         take effect: a resend repeats it (y/n)",
+                    )?;
+                    self.prompt()?;
+                    return Ok(None);
+                }
+                Ok(Some(Action::Decide(decision)))
+            }
+            "approve" | "deny"
+                if self
+                    .view
+                    .pending
+                    .as_ref()
+                    .is_some_and(|p| p.approval.kind == OUTCOME_REVIEW) =>
+            {
+                self.status(REVIEW_HELP)?;
+                Ok(None)
+            }
             "approve" | "deny" => {
                 let Some(pending) = self.view.pending.as_ref() else {
                     self.status("no approval is pending")?;
@@ -431,7 +491,11 @@ impl<O: Write, E: Write> Plain<O, E> {
                 if let Some(pending) = self.view.pending.as_mut() {
                     pending.sent = Some(decision.approve);
                 }
-                let verb = if decision.approve { "approve" } else { "deny" };
+                let verb = match decision.resolution.as_deref() {
+                    Some(resolution) => resolution,
+                    None if decision.approve => "approve",
+                    None => "deny",
+                };
                 self.status(&format!("{verb} sent"))?;
             }
             Action::Complete => self.status("completing the session")?,
@@ -595,6 +659,53 @@ mod tests {
             },
             "end of stdin detaches once the session is idle"
         );
+    }
+
+    #[tokio::test]
+    async fn an_outcome_review_asks_its_own_question_and_resend_needs_a_confirmation() {
+        let run = play(
+            vec![
+                ev(SessionEvent::Started(started())),
+                ev(review()),
+                Step::AwaitAction,
+                ev(decided("approved", 1)),
+                ev(ready(1, 100)),
+                Step::Hang,
+            ],
+            &["/approve", "/resend", "n", "/resend checked the PSP", "y"],
+        )
+        .await;
+        assert_eq!(
+            run.actions,
+            vec![Action::Decide(
+                Decision::resolve("resend")
+                    .for_approval("apr_1")
+                    .with_comment("checked the PSP")
+            )],
+            "approve is refused; the first resend was not confirmed"
+        );
+        assert!(
+            run.err.contains(
+                "── outcome review: payments.issue-refund@1.0.0 · worker \"w-1\" was lost. The \
+                 runtime cannot tell whether payments.issue-refund@1.0.0 took effect: did it \
+                 happen? ──"
+            ),
+            "{}",
+            run.err
+        );
+        assert!(
+            !run.err.contains("approvals"),
+            "no quorum on a review: {}",
+            run.err
+        );
+        assert_eq!(
+            run.err.matches(&format!("── {REVIEW_HELP} ──")).count(),
+            2,
+            "{}",
+            run.err
+        );
+        assert!(run.err.contains("── not re-sent ──"), "{}", run.err);
+        assert!(run.err.contains("── resend sent ──"), "{}", run.err);
     }
 
     #[tokio::test]

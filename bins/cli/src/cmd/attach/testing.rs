@@ -120,6 +120,7 @@ pub(crate) fn policy_denied(call_id: &str) -> SessionEvent {
 pub(crate) fn approval(comprehension_required: bool) -> SessionEvent {
     SessionEvent::ApprovalRequired(ApprovalRequired {
         approval_id: "apr_1".into(),
+        kind: "policy".into(),
         call_id: "c9".into(),
         tool: "payments.issue-refund".into(),
         version: "1.0.0".into(),
@@ -136,6 +137,26 @@ pub(crate) fn approval(comprehension_required: bool) -> SessionEvent {
         expires_at: Some(now() + chrono::Duration::minutes(15)),
         on_reject: Some("return_to_agent".into()),
         on_modify: Some("revalidate".into()),
+    })
+}
+
+/// An outcome review of `c9` (its worker was lost).
+pub(crate) fn review() -> SessionEvent {
+    let SessionEvent::ApprovalRequired(a) = approval(false) else {
+        unreachable!("approval() is an ApprovalRequired")
+    };
+    SessionEvent::ApprovalRequired(ApprovalRequired {
+        kind: "outcome_review".into(),
+        route: None,
+        reason: Some(
+            "worker \"w-1\" was lost. The runtime cannot tell whether \
+             payments.issue-refund@1.0.0 took effect: did it happen?"
+                .into(),
+        ),
+        policy_name: None,
+        policy_ref: None,
+        expires_at: None,
+        ..a
     })
 }
 

@@ -422,8 +422,20 @@ pub(crate) fn transcript_lines(view: &View, width: usize) -> Vec<Line<'static>> 
             ),
             Block::ApprovalRequired {
                 tool,
+                reason,
+                review: true,
+                ..
+            } => (
+                "OUTCOME UNKNOWN",
+                bold(Color::Magenta),
+                tool.clone(),
+                reason.clone().unwrap_or_default(),
+            ),
+            Block::ApprovalRequired {
+                tool,
                 policy_ref,
                 reason,
+                review: false,
             } => {
                 let mut body = String::new();
                 if let Some(policy) = policy_ref {
@@ -574,6 +586,24 @@ fn approval_panel_lines(view: &View, width: u16, now: DateTime<Utc>) -> Vec<Line
         &format!("{}@{}", a.tool, a.version),
         Style::new().add_modifier(Modifier::BOLD),
     );
+    if a.kind == phrony_grpc::client::OUTCOME_REVIEW {
+        // "Did it happen?", not "may it run?": no policy, quorum or rejection rule.
+        if let Some(question) = &a.reason {
+            field("Question", question, bold(Color::Yellow));
+        }
+        field(
+            "Answer",
+            "h it happened (recorded succeeded) · f fail (outcome unknown, not re-sent) · s \
+             send it again (only if it did not happen)",
+            Style::new(),
+        );
+        field(
+            "Args",
+            &pretty_json(&a.args),
+            Style::new().fg(Color::Yellow),
+        );
+        return lines;
+    }
     if let Some(policy) = a.policy_ref.as_ref().or(a.policy_name.as_ref()) {
         field("Policy", policy, Style::new());
     }
@@ -625,15 +655,23 @@ fn draw_approval_panel(
     let expiry = expiry_text(pending.approval.expires_at, now)
         .filter(|_| usize::from(area.width.saturating_sub(2)) >= EXPIRY_TITLE_WIDTH)
         .map(|text| format!(" {text} "));
+    let review = view.reviewing();
     let hint = match pending.sent {
+        Some(_) if review => " resolution sent · waiting for the runtime ".to_owned(),
         Some(true) => " approve sent · waiting for the runtime ".to_owned(),
         Some(false) => " deny sent · waiting for the runtime ".to_owned(),
+        None if review => " h happened · f fail · s resend ".to_owned(),
         None => " a approve · d deny · e edit args ".to_owned(),
+    };
+    let title = if review {
+        " OUTCOME UNKNOWN · DID IT HAPPEN? "
+    } else {
+        " APPROVAL REQUIRED "
     };
     let mut border = Border::default()
         .borders(Borders::ALL)
         .border_style(Style::new().fg(Color::Magenta))
-        .title(Line::styled(" APPROVAL REQUIRED ", bold(Color::Magenta)))
+        .title(Line::styled(title, bold(Color::Magenta)))
         .title_bottom(Line::styled(hint, bold(Color::Magenta)));
     if let Some(expiry) = expiry {
         border = border.title(Line::from(expiry).alignment(Alignment::Right));
@@ -691,6 +729,7 @@ fn hints(view: &View) -> [&'static str; 3] {
     match &view.prompt {
         Some(Prompt::Comment(_)) => ["Enter send · Esc cancel", "Enter · Esc", ""],
         Some(Prompt::Comprehension(_)) => ["y acknowledge · n cancel", "y · n", ""],
+        Some(Prompt::ConfirmResend(_)) => ["y send it again · n cancel", "y · n", ""],
         Some(Prompt::EditArgs { .. }) => ["Ctrl+S apply · Esc cancel", "Ctrl+S · Esc", ""],
         Some(Prompt::Menu { .. }) => [
             "↑↓ select · Enter choose · Esc close",
@@ -707,6 +746,16 @@ fn hints(view: &View) -> [&'static str; 3] {
             "q/Ctrl+C leave",
             "q leave",
         ],
+        None if view.reviewing()
+            && view.pending.as_ref().is_some_and(|p| p.sent.is_none())
+            && (view.input.is_empty() || view.focus == Focus::Transcript) =>
+        {
+            [
+                "h happened · f fail · s resend · Ctrl+P menu · Ctrl+C detach",
+                "h happened · f fail · s resend · Ctrl+P menu",
+                "h · f · s · Ctrl+P",
+            ]
+        }
         None if view.pending.as_ref().is_some_and(|p| p.sent.is_none())
             && (view.input.is_empty() || view.focus == Focus::Transcript) =>
         {
@@ -755,6 +804,23 @@ fn draw_status(frame: &mut Frame<'_>, view: &View, area: Rect, now: DateTime<Utc
 fn draw_input(frame: &mut Frame<'_>, view: &View, area: Rect) {
     let focused = view.focus == Focus::Input && view.prompt.is_none();
     let (title, text, placeholder): (String, String, Option<String>) = match &view.prompt {
+        Some(Prompt::Comment(decision)) if decision.resolution.is_some() => (
+            format!(
+                " Resolve: {} · comment (optional) ",
+                decision.resolution.as_deref().unwrap_or_default()
+            ),
+            view.prompt_text.clone(),
+            None,
+        ),
+        Some(Prompt::ConfirmResend(_)) => (
+            " Resend · confirmation required ".to_owned(),
+            String::new(),
+            Some(
+                "Send it again? Only if you checked it did NOT take effect: a resend repeats \
+                 it (y/n)"
+                    .to_owned(),
+            ),
+        ),
         Some(Prompt::Comment(decision)) => (
             if decision.approve {
                 " Approve · comment (optional) ".to_owned()
@@ -788,7 +854,7 @@ fn draw_input(frame: &mut Frame<'_>, view: &View, area: Rect) {
     };
     let prompting = matches!(
         view.prompt,
-        Some(Prompt::Comment(_) | Prompt::Comprehension(_))
+        Some(Prompt::Comment(_) | Prompt::Comprehension(_) | Prompt::ConfirmResend(_))
     );
     let border_style = if prompting {
         Style::new().fg(Color::Magenta)

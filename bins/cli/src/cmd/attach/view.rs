@@ -6,7 +6,8 @@
 //! # Focus
 //!
 //! The input box has the focus by default: what you type goes into it and Enter sends it. The
-//! single-letter commands (`a` approve, `d` deny, `e` edit the arguments, `G` follow the tail)
+//! single-letter commands (`a` approve, `d` deny, `e` edit the arguments, `G` follow the tail;
+//! on an outcome review `h` it happened, `f` fail, `s` send it again after a y/n confirmation)
 //! act only while the input box is **empty**, so a message can contain any letter. Tab moves
 //! the focus to the transcript, where every letter is a command (plus `j`/`k` to scroll) and
 //! nothing is typed; Tab, Enter or Esc gives the focus back to the input box.
@@ -15,10 +16,15 @@ use std::cell::Cell;
 use std::collections::{HashMap, HashSet};
 
 use chrono::{DateTime, Utc};
+use phrony_grpc::client::OUTCOME_REVIEW;
 use phrony_grpc::client::interactive::{
     ApprovalDecided, ApprovalRequired, ApprovalStatus, AwaitingInput, Decision, Role, SessionEvent,
     SessionStarted, SessionStats, ToolOutcome,
 };
+
+/// What `a`, `d` and `e` say on an outcome review.
+pub(crate) const REVIEW_HINT: &str = "outcome unknown: h it happened · f fail, not re-sent · \
+                                      s send it again (asks you to confirm)";
 
 /// Where the session stands, as the status bar shows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -137,11 +143,12 @@ pub(crate) enum Block {
         policy_ref: Option<String>,
         reason: String,
     },
-    /// A call waits for a human.
+    /// A call waits for a human; `review` for an outcome review (did the call happen?).
     ApprovalRequired {
         tool: String,
         policy_ref: Option<String>,
         reason: Option<String>,
+        review: bool,
     },
     /// An approval was decided, or received a vote.
     Decided(ApprovalDecided),
@@ -269,6 +276,8 @@ pub(crate) enum Prompt {
     Comment(Decision),
     /// "Did you understand the call?" before an approve.
     Comprehension(Decision),
+    /// "Did you check it did NOT happen?" before an outcome review's resend.
+    ConfirmResend(Decision),
     /// Editing the arguments before an approve; `error` is the last validation failure.
     EditArgs {
         editor: Editor,
@@ -507,6 +516,7 @@ impl View {
                         tool,
                         policy_ref: approval.policy_ref.clone(),
                         reason: approval.reason.clone(),
+                        review: approval.kind == OUTCOME_REVIEW,
                     });
                 }
                 let sent = self
@@ -774,6 +784,26 @@ impl View {
     /// has the focus).
     fn command(&mut self, c: char) -> bool {
         let transcript = self.focus == Focus::Transcript;
+        if self.can_decide() && self.reviewing() {
+            // An outcome review: its own keys; approve, deny and edit do not apply.
+            match c {
+                'h' | 'f' => {
+                    let resolution = if c == 'h' { "happened" } else { "fail" };
+                    self.prompt = Some(Prompt::Comment(Decision::resolve(resolution)));
+                    self.prompt_text.clear();
+                    return true;
+                }
+                's' => {
+                    self.prompt = Some(Prompt::ConfirmResend(Decision::resolve("resend")));
+                    return true;
+                }
+                'a' | 'd' | 'e' => {
+                    self.hint = Some(REVIEW_HINT.to_owned());
+                    return true;
+                }
+                _ => {}
+            }
+        }
         match c {
             'a' if self.can_decide() => self.ask_comprehension_or_comment(Decision::approve()),
             'd' if self.can_decide() => {
@@ -798,6 +828,13 @@ impl View {
             _ => return transcript,
         }
         true
+    }
+
+    /// Whether the pending approval is an outcome review.
+    pub(crate) fn reviewing(&self) -> bool {
+        self.pending
+            .as_ref()
+            .is_some_and(|p| p.approval.kind == OUTCOME_REVIEW)
     }
 
     fn ask_comprehension_or_comment(&mut self, decision: Decision) {
@@ -864,6 +901,16 @@ impl View {
                     self.prompt = Some(Prompt::Comment(decision));
                 }
                 _ => self.prompt = Some(Prompt::Comment(decision)),
+            },
+            Prompt::ConfirmResend(decision) => match key {
+                Key::Char('y' | 'Y') => {
+                    self.prompt_text.clear();
+                    self.prompt = Some(Prompt::Comment(decision));
+                }
+                Key::Char('n' | 'N') | Key::Esc => {
+                    self.hint = Some("not re-sent".to_owned());
+                }
+                _ => self.prompt = Some(Prompt::ConfirmResend(decision)),
             },
             Prompt::Comprehension(decision) => match key {
                 Key::Char('y' | 'Y') => {
@@ -1137,6 +1184,50 @@ mod tests {
         view.key(Key::Char('d'));
         assert!(matches!(view.prompt, Some(Prompt::Comment(ref d)) if !d.approve));
         assert_eq!(view.input, "hold on");
+    }
+
+    #[test]
+    fn an_outcome_review_has_its_own_keys_and_resend_needs_a_confirmation() {
+        let mut view = started_view();
+        view.apply(review(), now());
+        assert!(view.reviewing());
+        for key in ['a', 'd', 'e'] {
+            assert_eq!(view.key(Key::Char(key)), None);
+            assert_eq!(view.prompt, None, "{key} does nothing on a review");
+            assert_eq!(view.hint.as_deref(), Some(REVIEW_HINT));
+        }
+        // s asks first; n keeps the call unsent.
+        view.key(Key::Char('s'));
+        assert!(matches!(view.prompt, Some(Prompt::ConfirmResend(_))));
+        assert_eq!(view.key(Key::Char('n')), None);
+        assert_eq!(view.prompt, None);
+        assert_eq!(view.hint.as_deref(), Some("not re-sent"));
+        let actions = keys(&mut view, &[Key::Char('s'), Key::Char('y'), Key::Enter]);
+        assert_eq!(
+            actions,
+            vec![Action::Decide(
+                Decision::resolve("resend").for_approval("apr_1")
+            )]
+        );
+        let mut view = started_view();
+        view.apply(review(), now());
+        let actions = keys(
+            &mut view,
+            &[Key::Char('h'), Key::Char('o'), Key::Char('k'), Key::Enter],
+        );
+        assert_eq!(
+            actions,
+            vec![Action::Decide(
+                Decision::resolve("happened")
+                    .for_approval("apr_1")
+                    .with_comment("ok")
+            )]
+        );
+        assert!(
+            view.blocks
+                .iter()
+                .any(|b| matches!(b, Block::ApprovalRequired { review: true, .. }))
+        );
     }
 
     #[test]

@@ -257,6 +257,25 @@ fn write_entry(
                 )?;
             }
         }
+        TimelineDetail::Approval(approval) if approval.is_outcome_review() => {
+            // "Did it happen?": its resolution, by whom, and why.
+            let mut line = format!(
+                "    outcome review: {} status: {} resolution: {}",
+                approval.id,
+                approval.status,
+                approval.resolution.as_deref().unwrap_or("-")
+            );
+            if let Some(by) = &approval.decided_by {
+                line.push_str(&format!(" decided_by: {by}"));
+            }
+            if let Some(comment) = &approval.comment {
+                line.push_str(&format!(" comment: {comment:?}"));
+            }
+            writeln!(out, "{line}")?;
+            if let Some(question) = &approval.reason {
+                writeln!(out, "    question: {question}")?;
+            }
+        }
         TimelineDetail::Approval(approval) => {
             let mut line = format!(
                 "    approval: {} status: {} approvals: {}/{}",
