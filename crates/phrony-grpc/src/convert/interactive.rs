@@ -368,6 +368,7 @@ mod tests {
             comment: "fine".into(),
             args: br#"{"amount": 300}"#.to_vec(),
             comprehension_acknowledged: true,
+            ..Default::default()
         })
         .unwrap();
         let ClientMessage::Approval(a) = ok else {

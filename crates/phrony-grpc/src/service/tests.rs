@@ -594,6 +594,7 @@ async fn lists_without_a_page_size_return_every_match() {
                 timeout: None,
                 policy_runtime: serde_json::Map::new(),
                 actor: "policy".to_owned(),
+                kind: phrony_ledger::ApprovalKind::Policy,
             })
             .await
             .unwrap();

@@ -673,6 +673,8 @@ mod tests {
     fn approval(effective_args: Option<Value>, status: &str) -> phrony_grpc::client::Approval {
         phrony_grpc::client::Approval {
             id: "ap-1".into(),
+            kind: "policy".into(),
+            resolution: None,
             status: status.into(),
             session_id: "run_root".into(),
             call_id: "call-1".into(),
