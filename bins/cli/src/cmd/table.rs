@@ -110,7 +110,7 @@ mod tests {
         table.write(&mut out).unwrap();
         assert_eq!(
             String::from_utf8(out).unwrap(),
-            "ACTOR          COMMENT\n\
+            "ACTOR         COMMENT\n\
              bob\\u{1b}[2J  ok\\n2025-01-31T09:30:00Z approved by ciso\n"
         );
     }
