@@ -366,6 +366,10 @@ impl State {
     }
 
     /// Decides an approval (`approval.decided`) and applies the outcome to its call.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "one decision's fields, as in the ledger's `decide`; a struct would only rename them"
+    )]
     fn decide(
         &mut self,
         id: Uuid,

@@ -438,7 +438,10 @@ async fn a_result_after_the_session_was_cancelled_is_recorded_as_what_happened()
     }
     let call_id = h.worker.invocations.lock().unwrap()[0].call_id.clone();
     h.engine.cancel_session(&s.id, "alice").await.unwrap();
-    assert_eq!(h.worker.wait_cancels(1).await, [call_id.clone()]);
+    assert_eq!(
+        h.worker.wait_cancels(1).await,
+        std::slice::from_ref(&call_id)
+    );
     let cancelled = h.store.get_tool_call(&call_id).await.unwrap();
     assert_eq!(cancelled.status, CallStatus::Cancelled);
     assert_eq!(

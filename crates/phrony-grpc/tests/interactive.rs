@@ -443,6 +443,8 @@ fn decide(approval_id: &str, approved: bool, comment: &str) -> Up {
         comment: comment.into(),
         args: Vec::new(),
         comprehension_acknowledged: false,
+        resolution: String::new(),
+        result: Vec::new(),
     })
 }
 

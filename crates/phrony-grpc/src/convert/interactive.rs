@@ -405,6 +405,32 @@ mod tests {
         .unwrap_err();
         assert_eq!(args_on_reject.code(), Code::InvalidArgument);
 
+        // An outcome review's resolution and result travel on the stream too.
+        let resolved = approval_msg(pb::RunSessionInteractiveToolApproval {
+            approved: true,
+            resolution: "happened".into(),
+            result: br#"{"refund_id": "rf_1"}"#.to_vec(),
+            ..Default::default()
+        })
+        .unwrap();
+        let ClientMessage::Approval(a) = resolved else {
+            panic!("{resolved:?}")
+        };
+        assert_eq!(
+            a.vote.resolution,
+            Some(phrony_ledger::ReviewResolution::Happened)
+        );
+        assert_eq!(a.vote.result, Some(json!({"refund_id": "rf_1"})));
+        let unknown = approval_msg(pb::RunSessionInteractiveToolApproval {
+            resolution: "maybe".into(),
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert_eq!(
+            unknown.message(),
+            "tool_approval.resolution must be \"happened\", \"resend\" or \"fail\" (got \"maybe\")"
+        );
+
         let empty = client_message(pb::RunSessionInteractiveClientMsg { body: None }).unwrap_err();
         assert_eq!(empty.code(), Code::InvalidArgument);
     }
