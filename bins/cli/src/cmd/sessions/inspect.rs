@@ -329,7 +329,9 @@ fn write_approval_args(
     ] {
         let Some(value) = value else { continue };
         match entry.truncation(&format!("approval.{key}")) {
-            Some(t) => render::write_line(out, &format!("    {key}: {}", shown_json(value, Some(t))))?,
+            Some(t) => {
+                render::write_line(out, &format!("    {key}: {}", shown_json(value, Some(t))))?
+            }
             None => crate::cmd::approvals::write_json_block(out, "    ", key, value)?,
         }
     }
