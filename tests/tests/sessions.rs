@@ -210,6 +210,7 @@ fn approvals_from_the_cli(backend: Backend) {
         rows[0],
         [
             "ID",
+            "KIND",
             "STATUS",
             "SESSION_ID",
             "AGENT",
@@ -225,6 +226,7 @@ fn approvals_from_the_cli(backend: Backend) {
     assert_eq!(
         row[1..],
         [
+            "policy",
             "pending",
             approved_id.as_str(),
             "support/refund-agent@0.1.0",

@@ -86,23 +86,19 @@ pub(crate) fn approve(args: &ApproveArgs, global: &Global) -> anyhow::Result<()>
         resolution: None,
         result: None,
     };
-    let review = remote::block_on(async {
-        let (client, _) = remote::connect(global).await?;
-        let approval = client
-            .get_approval(id)
-            .await
-            .map_err(remote::fails("approve"))?;
-        Ok(approval.is_outcome_review())
-    })?;
-    if review {
-        bail!(
-            "approval {id} is an outcome review, not a policy approval: its call was sent to a \
-             worker and the runtime cannot tell whether it took effect, so approving is \
-             ambiguous. Resolve it with: {}",
-            super::resolve_hint(id)
-        );
-    }
-    decide(&vote, args.output, global, "approve")
+    // The runtime refuses a plain approve on an outcome review (nothing is recorded); the CLI
+    // adds the command that resolves it. One request: the refusal is the server's, not a
+    // separate look-up that could disagree with it.
+    decide(&vote, args.output, global, "approve").map_err(|e| {
+        if format!("{e:#}").contains("is an outcome review") {
+            e.context(format!(
+                "approval {id} is an outcome review, not a policy approval; resolve it with: {}",
+                super::resolve_hint(id)
+            ))
+        } else {
+            e
+        }
+    })
 }
 
 /// Resolves an outcome review.
