@@ -14,7 +14,13 @@ from gate_helpers import REPO_ROOT, RunningGate, copy_walkthrough, start_gate
 
 @pytest.fixture(scope="session")
 def mock_gate_bin() -> Path:
-    """The `mock-gate` binary, built with cargo."""
+    """The `mock-gate` binary: `MOCK_GATE_BIN` if set (CI points it at the workspace build), else
+    built with cargo."""
+    prebuilt = os.environ.get("MOCK_GATE_BIN")
+    if prebuilt:
+        binary = Path(prebuilt)
+        assert binary.is_file(), f"MOCK_GATE_BIN={prebuilt} does not exist"
+        return binary
     target = Path(os.environ.get("CARGO_TARGET_DIR") or REPO_ROOT / "target")
     if not target.is_absolute():
         target = REPO_ROOT / target
