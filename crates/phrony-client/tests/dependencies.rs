@@ -11,6 +11,7 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::Path;
 use std::process::Command;
+use std::sync::OnceLock;
 
 use serde_json::Value;
 
@@ -20,6 +21,12 @@ struct Graph {
 }
 
 impl Graph {
+    /// The workspace's graph, read once for every test of this binary.
+    fn get() -> &'static Self {
+        static GRAPH: OnceLock<Graph> = OnceLock::new();
+        GRAPH.get_or_init(Self::load)
+    }
+
     fn load() -> Self {
         let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../Cargo.toml");
         let output = Command::new(env!("CARGO"))
@@ -106,11 +113,11 @@ fn assert_links_none(graph: &Graph, root: &str, forbidden: &[&str]) {
 
 #[test]
 fn the_cli_links_no_ledger_and_no_sql_driver() {
-    let graph = Graph::load();
+    let graph = Graph::get();
     let linked = graph.linked_by("cli");
     assert!(linked.contains_key("phrony-client"), "{linked:?}");
     assert_links_none(
-        &graph,
+        graph,
         "cli",
         &["phrony-ledger", "sqlx", "sqlx-core", "phrony-grpc"],
     );
@@ -118,9 +125,9 @@ fn the_cli_links_no_ledger_and_no_sql_driver() {
 
 #[test]
 fn the_client_links_no_ledger_sql_driver_or_engine() {
-    let graph = Graph::load();
+    let graph = Graph::get();
     assert_links_none(
-        &graph,
+        graph,
         "phrony-client",
         &[
             "phrony-ledger",

@@ -41,10 +41,11 @@
 //!   `ALREADY_EXISTS`.
 //! - **Actors.** Every change records who made it: the request's `actor` field, else the
 //!   [`ACTOR_HEADER`] (`phrony-actor`) request metadata (the only way to name the actor of
-//!   Deprecate/Retire/Archive, whose messages have no actor field), else
-//!   the service's default actor (`RuntimeService::new`). A named actor must pass [`Actor::parse`] (1–128 printable
-//!   characters, no edge whitespace, not one of the runtime's own names such as `system` or
-//!   `system:timeout`): otherwise `INVALID_ARGUMENT` naming the rule, and nothing is changed.
+//!   Deprecate/Retire/Archive, whose messages have no actor field), else the service's default
+//!   actor (given to [`RuntimeService::new`]). A named actor must pass [`Actor::parse`] (1–128
+//!   printable characters, no edge whitespace, not one of the runtime's own names such as
+//!   `system` or `system:timeout`): otherwise `INVALID_ARGUMENT` naming the rule, and nothing is
+//!   changed.
 //! - **Errors** map one-to-one from the ledger and the session engine (`NOT_FOUND`, `FAILED_PRECONDITION`,
 //!   `ALREADY_EXISTS`, `INVALID_ARGUMENT`); a lost write race is `ABORTED` (retry), an unreachable
 //!   database `UNAVAILABLE`, corrupt ledger data `DATA_LOSS`, other storage failures `INTERNAL`
