@@ -1,7 +1,7 @@
 //! Compiles `proto/grpc/health/v1/health.proto` (this crate's copy of the health protocol, with
 //! the SDKs' `List`) with protox, so no system `protoc` is needed. Writes into `OUT_DIR` the
 //! prost messages and tonic server (`grpc.health.v1.rs`) and `health_descriptor_set.bin` for
-//! server reflection. Nothing is generated without the `server` feature.
+//! server reflection.
 
 use std::env;
 use std::error::Error;
@@ -21,10 +21,6 @@ fn main() -> ExitCode {
 }
 
 fn run() -> Result<(), Box<dyn Error>> {
-    // Only the server serves health (the client uses tonic-health's own client).
-    if env::var_os("CARGO_FEATURE_SERVER").is_none() {
-        return Ok(());
-    }
     let proto_root = PathBuf::from(env::var("CARGO_MANIFEST_DIR")?).join("proto");
     let out_dir = PathBuf::from(env::var("OUT_DIR")?);
     println!("cargo::rerun-if-changed={}", proto_root.display());

@@ -22,7 +22,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use phrony_grpc::client::{Client, Health};
+use phrony_client::{Client, Health};
 use sqlx::Connection as _;
 
 /// The PostgreSQL server the tests create their databases on.

@@ -473,8 +473,8 @@ fn sessions_attach_plain_approves_from_stdin() {
 /// step as a domain event.
 #[test]
 fn the_interactive_client_starts_decides_and_follows_a_session() {
-    use phrony_grpc::client::interactive::{ApprovalStatus, Decision, SessionEvent, ToolOutcome};
-    use phrony_grpc::client::{AgentName, Client, RunSession, SessionMode};
+    use phrony_client::interactive::{ApprovalStatus, Decision, SessionEvent, ToolOutcome};
+    use phrony_client::{AgentName, Client, RunSession, SessionMode};
 
     let project = tempfile::tempdir().unwrap();
     let (daemon, worker) = deployed(project.path());
@@ -564,8 +564,8 @@ fn the_interactive_client_starts_decides_and_follows_a_session() {
 
 /// The next event of an interactive stream that must stay open.
 async fn next_event(
-    events: &mut phrony_grpc::client::interactive::InteractiveEvents,
-) -> phrony_grpc::client::interactive::SessionEvent {
+    events: &mut phrony_client::interactive::InteractiveEvents,
+) -> phrony_client::interactive::SessionEvent {
     tokio::time::timeout(WAIT, events.next())
         .await
         .expect("an event in time")

@@ -5,19 +5,13 @@
 //! environment (`RUNTIME_GRPC_ADDR`, `RUNTIME_DATABASE_URL`, `RUNTIME_LOG_FORMAT`,
 //! `RUNTIME_LOG`/`RUST_LOG`, `RUNTIME_SECRETS_ENCRYPTION_KEY`, `PHRONY_ACTOR`, and for tool
 //! workers `RUNTIME_DISPATCH_QUEUE_WAIT`, `RUNTIME_TOOL_EXEC_TIMEOUT`, `RUNTIME_WORKER_LEASE_TTL`,
-//! `RUNTIME_TOOL_ALLOWLIST`); see `--help`.
+//! `RUNTIME_TOOL_ALLOWLIST`); see `--help`. The behaviour lives in the `phrony-runtime` library.
 //! Failures print one line naming the problem and exit 1.
-
-mod config;
-mod daemon;
-mod logging;
-mod workers;
 
 use std::process::ExitCode;
 
 use clap::Parser as _;
-
-use crate::config::{Cli, Command, Env, LogFormat};
+use phrony_runtime::{Cli, Command, Env, LogFormat, daemon, logging};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();

@@ -50,7 +50,7 @@
 //! let engine = Engine::new(EngineDeps {
 //!     store,
 //!     router: Some(router),
-//!     providers: Arc::new(DefaultProviderFactory::from_process()),
+//!     providers: Arc::new(DefaultProviderFactory::default()),
 //!     clock: Arc::new(SystemClock),
 //!     config: EngineConfig::default(),
 //! });

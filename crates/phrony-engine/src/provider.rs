@@ -29,11 +29,12 @@ pub struct DefaultProviderFactory {
 }
 
 impl DefaultProviderFactory {
-    /// A factory reading the provider variables from the process environment.
+    /// A factory over the provider settings the daemon read (`phrony-runtime` reads them from
+    /// the process environment; the engine never does), with the default retries and timeouts.
     #[must_use]
-    pub fn from_process() -> Self {
+    pub fn new(env: ProviderEnv) -> Self {
         Self {
-            env: ProviderEnv::from_process(),
+            env,
             options: BuildOptions::default(),
         }
     }

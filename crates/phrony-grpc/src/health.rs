@@ -1,7 +1,8 @@
 //! `grpc.health.v1.Health`: `SERVING` for `""` and `phrony.runtime.v1.Runtime` only while the
 //! database answers.
 //!
-//! A background task pings the ledger every `ServeConfig::health_check_interval`; a failed or
+//! A background task ([`Health::spawn_monitor`], started by the daemon's assembly in
+//! `phrony-runtime`) pings the ledger at a configured interval; a failed or
 //! slow ping flips both services to `NOT_SERVING` until a later ping succeeds, and shutdown flips
 //! them for good. Transitions are logged, steady states are not.
 //!
@@ -21,7 +22,7 @@ use tonic::codegen::BoxStream;
 use tonic::{Request, Response, Status};
 
 /// Code generated from `proto/grpc/health/v1/health.proto`.
-pub(crate) mod pb {
+pub mod pb {
     #![allow(unreachable_pub, missing_docs, clippy::all, reason = "generated code")]
     include!(concat!(env!("OUT_DIR"), "/grpc.health.v1.rs"));
 }
@@ -29,7 +30,7 @@ pub(crate) mod pb {
 use pb::health_check_response::ServingStatus;
 
 /// Encoded descriptors of `grpc.health.v1`, for server reflection.
-pub(crate) const FILE_DESCRIPTOR_SET: &[u8] =
+pub const FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/health_descriptor_set.bin"));
 
 /// The services whose status follows the database.
@@ -57,13 +58,14 @@ impl State {
 
 /// The shared health state: written by the monitor and by shutdown, read by the service.
 #[derive(Debug, Clone)]
-pub(crate) struct Health {
+pub struct Health {
     state: watch::Sender<State>,
 }
 
 impl Health {
     /// `NOT_SERVING` until the first successful ping.
-    pub(crate) fn new() -> Self {
+    #[must_use]
+    pub fn new() -> Self {
         let (state, _) = watch::channel(State {
             database_ok: false,
             stopping: false,
@@ -81,7 +83,7 @@ impl Health {
     }
 
     /// Reports `NOT_SERVING` from now on and ends Watch streams.
-    pub(crate) fn set_stopping(&self) {
+    pub fn set_stopping(&self) {
         self.state
             .send_if_modified(|s| !std::mem::replace(&mut s.stopping, true));
     }
@@ -91,14 +93,15 @@ impl Health {
     }
 
     /// The gRPC service over this state.
-    pub(crate) fn service(&self) -> pb::health_server::HealthServer<HealthService> {
+    #[must_use]
+    pub fn service(&self) -> pb::health_server::HealthServer<HealthService> {
         pb::health_server::HealthServer::new(HealthService {
             health: self.clone(),
         })
     }
 
     /// Starts the monitor. The first check runs immediately. Abort the handle to stop it.
-    pub(crate) fn spawn_monitor(
+    pub fn spawn_monitor(
         &self,
         ledger: Ledger,
         interval: Duration,
@@ -129,9 +132,15 @@ impl Health {
     }
 }
 
+impl Default for Health {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 /// The `grpc.health.v1.Health` service.
 #[derive(Debug)]
-pub(crate) struct HealthService {
+pub struct HealthService {
     health: Health,
 }
 

@@ -1,6 +1,10 @@
-//! The gRPC surface of the Phrony runtime.
+//! The gRPC server edge of the Phrony runtime.
 //!
-//! This crate is the only one (besides the CLI's client) that sees protobuf types. It serves:
+//! This crate and the typed client (`phrony-client`) are the only ones that see protobuf
+//! types. It converts between protobuf and domain types (`src/convert/`, which also maps domain
+//! errors to `tonic::Status`) and implements the services; it reads no configuration and
+//! assembles nothing: `phrony-runtime` composes the ledger, the dispatch router, the engine and
+//! these services into the daemon (`phrony_runtime::serve`). It provides:
 //!
 //! - `phrony.runtime.v1.Runtime` ([`RuntimeService`]), wire-compatible with the published SDKs.
 //!   This release implements the agent lifecycle: `GetVersion`, `Publish`, `Deploy`,
@@ -10,33 +14,18 @@
 //!   `RunSessionInteractive`, `CancelSession`,
 //!   `CompleteSession`, `ListSessions` and `InspectSession`; approvals: `GetApproval`,
 //!   `ListApprovals` and `DecideApproval`; and the tool workers' `Work` stream, whose workers
-//!   register with a `phrony-dispatch` router ([`ServeConfig::router`]) that dispatches tool
-//!   calls to them. The bundle RPCs answer `UNIMPLEMENTED` with a message naming them.
-//! - `grpc.health.v1.Health`: `SERVING` for `""` and `phrony.runtime.v1.Runtime` only while the
-//!   database answers a ping (re-checked in the background every few seconds).
-//! - gRPC server reflection (`grpc.reflection.v1` and `v1alpha`), so `grpcurl list` works.
+//!   register with the `phrony-dispatch` router given to [`RuntimeService::new`], which
+//!   dispatches tool calls to them. The bundle RPCs answer `UNIMPLEMENTED` with a message naming
+//!   them.
+//! - `grpc.health.v1.Health` ([`health::Health`]): `SERVING` for `""` and
+//!   `phrony.runtime.v1.Runtime` only while the database answers a ping (re-checked in the
+//!   background every few seconds).
+//! - The encoded descriptors ([`health::FILE_DESCRIPTOR_SET`], with
+//!   `phrony_proto::FILE_DESCRIPTOR_SET`) that the daemon registers for gRPC server reflection
+//!   (`grpc.reflection.v1` and `v1alpha`), so `grpcurl list` works.
 //!
-//! ```no_run
-//! # #[cfg(feature = "server")]
-//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! use phrony_grpc::{SecretsKey, ServeConfig};
-//! let ledger = phrony_ledger::Ledger::connect("sqlite://./phrony.db").await?;
-//! ledger.migrate().await?;
-//! let listener = phrony_grpc::bind("127.0.0.1:7777").await?;
-//! let config = ServeConfig::new(SecretsKey::generate()?);
-//! phrony_grpc::serve(listener, ledger, config, async {
-//!     let _ = tokio::signal::ctrl_c().await;
-//! })
-//! .await?;
-//! # Ok(()) }
-//! ```
-//!
-//! # Cargo features
-//!
-//! - `server` (default): the service, health, reflection and [`serve`], with the SQL ledger
-//!   they store into.
-//! - `client` (default): the typed [`client`] alone. The CLI depends on this crate with
-//!   `default-features = false, features = ["client"]`, so no SQL driver is linked into it.
+//! Actor names ([`Actor`], [`ACTOR_HEADER`]) are re-exported from `phrony-client`, so the
+//! service and the CLI apply one rule.
 //!
 //! # Semantics worth knowing
 //!
@@ -52,10 +41,11 @@
 //!   `ALREADY_EXISTS`.
 //! - **Actors.** Every change records who made it: the request's `actor` field, else the
 //!   [`ACTOR_HEADER`] (`phrony-actor`) request metadata (the only way to name the actor of
-//!   Deprecate/Retire/Archive, whose messages have no actor field), else
-//!   [`ServeConfig::default_actor`]. A named actor must pass [`Actor::parse`] (1–128 printable
-//!   characters, no edge whitespace, not one of the runtime's own names such as `system` or
-//!   `system:timeout`): otherwise `INVALID_ARGUMENT` naming the rule, and nothing is changed.
+//!   Deprecate/Retire/Archive, whose messages have no actor field), else the service's default
+//!   actor (given to [`RuntimeService::new`]). A named actor must pass [`Actor::parse`] (1–128
+//!   printable characters, no edge whitespace, not one of the runtime's own names such as
+//!   `system` or `system:timeout`): otherwise `INVALID_ARGUMENT` naming the rule, and nothing is
+//!   changed.
 //! - **Errors** map one-to-one from the ledger and the session engine (`NOT_FOUND`, `FAILED_PRECONDITION`,
 //!   `ALREADY_EXISTS`, `INVALID_ARGUMENT`); a lost write race is `ABORTED` (retry), an unreachable
 //!   database `UNAVAILABLE`, corrupt ledger data `DATA_LOSS`, other storage failures `INTERNAL`
@@ -118,31 +108,17 @@
 //!   only detaches: the session carries on.
 //! - Timestamps are RFC 3339 UTC strings with second precision; empty means "not set".
 
-pub mod actor;
-#[cfg(feature = "client")]
-pub mod client;
-#[cfg(feature = "server")]
-mod config;
-#[cfg(feature = "server")]
 mod convert;
-#[cfg(feature = "server")]
-mod health;
-#[cfg(feature = "server")]
+pub mod health;
 mod publish;
-#[cfg(feature = "server")]
-mod server;
-#[cfg(feature = "server")]
 mod service;
 
-pub use actor::{Actor, ActorError, is_unprintable};
-#[cfg(feature = "server")]
-pub use config::{KeyError, KeyFileOutcome, SECRETS_KEY_FILE, SecretsKey, ServeConfig};
-#[cfg(feature = "server")]
-pub use server::{Listener, MAX_MESSAGE_BYTES, ServeError, bind, serve};
-#[cfg(feature = "server")]
+pub use phrony_client::{ACTOR_HEADER, Actor, ActorError, is_unprintable};
 pub use service::RuntimeService;
 
-/// The request metadata header naming the actor of a change whose request message has no
-/// `actor` field (e.g. `DeprecateAgentVersion`), or leaves it empty. The client always sends
-/// it; the server reads it when the request's own `actor` field is empty.
-pub const ACTOR_HEADER: &str = "phrony-actor";
+/// The largest request or stream message the runtime accepts (gRPC's default, set explicitly):
+/// it bounds every payload a client or worker can hand in (a session input, a user message, a
+/// tool result, edited arguments, a comment). Responses that may carry many payloads are
+/// bounded separately: `InspectSession` stays under 3 MiB and `GetSessionPayload` streams 1 MiB
+/// chunks, so clients with the default receive limit read every session the runtime accepted.
+pub const MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;

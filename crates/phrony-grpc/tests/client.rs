@@ -9,10 +9,10 @@
 use std::path::Path;
 use std::time::Duration;
 
-use phrony_grpc::client::{AgentName, Client, ClientError, Code, Health, VersionStatus};
-use phrony_grpc::{SecretsKey, ServeConfig};
+use phrony_client::{AgentName, Client, ClientError, Code, Health, VersionStatus};
 use phrony_ledger::Ledger;
 use phrony_manifest::CompiledAgent;
+use phrony_runtime::{SecretsKey, ServeConfig};
 use tokio::sync::oneshot;
 
 fn compile(dir: &Path, version: &str, purpose: &str) -> CompiledAgent {
@@ -44,13 +44,13 @@ impl Server {
         let url = format!("sqlite://{}", dir.path().join("phrony.db").display());
         let ledger = Ledger::connect(&url).await.unwrap();
         ledger.migrate().await.unwrap();
-        let listener = phrony_grpc::bind("127.0.0.1:0").await.unwrap();
+        let listener = phrony_runtime::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().to_string();
         let mut config = ServeConfig::new(SecretsKey::generate().unwrap());
         config.health_check_interval = Duration::from_millis(50);
         let (stop, stopped) = oneshot::channel();
         let task = tokio::spawn(async move {
-            phrony_grpc::serve(listener, ledger, config, async {
+            phrony_runtime::serve(listener, ledger, config, async {
                 let _ = stopped.await;
             })
             .await
@@ -222,7 +222,7 @@ async fn lifecycle_through_the_typed_client() {
     );
 }
 
-fn found_id(versions: &[phrony_grpc::client::AgentVersionSummary], label: &str) -> String {
+fn found_id(versions: &[phrony_client::AgentVersionSummary], label: &str) -> String {
     versions
         .iter()
         .find(|v| v.version == label)

@@ -18,7 +18,6 @@ use futures::StreamExt as _;
 use pb::run_session_interactive_client_msg::Body as Up;
 use pb::run_session_interactive_server_msg::Body as Down;
 use phrony_engine::ProviderFactory;
-use phrony_grpc::{SecretsKey, ServeConfig};
 use phrony_ledger::Ledger;
 use phrony_manifest::CompiledAgent;
 use phrony_proto::runtime::v1 as pb;
@@ -27,6 +26,7 @@ use phrony_providers::{
     ApiKey, CompletionRequest, ContentBlock, Event as ModelEvent, EventStream, ModelProvider,
     ProviderError, ProviderKind, Role, StopReason, Usage,
 };
+use phrony_runtime::{SecretsKey, ServeConfig};
 use serde_json::{Value, json};
 use tokio::sync::{Notify, mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
@@ -220,7 +220,7 @@ impl Server {
         let url = format!("sqlite://{}", dir.path().join("phrony.db").display());
         let ledger = Ledger::connect(&url).await.unwrap();
         ledger.migrate().await.unwrap();
-        let listener = phrony_grpc::bind("127.0.0.1:0").await.unwrap();
+        let listener = phrony_runtime::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().to_string();
         let script = Script::new(steps);
         let mut config = ServeConfig::new(SecretsKey::generate().unwrap());
@@ -229,7 +229,7 @@ impl Server {
         config.shutdown_grace = Duration::from_secs(2);
         let (stop, stopped) = oneshot::channel();
         let task = tokio::spawn(async move {
-            phrony_grpc::serve(listener, ledger, config, async {
+            phrony_runtime::serve(listener, ledger, config, async {
                 let _ = stopped.await;
             })
             .await

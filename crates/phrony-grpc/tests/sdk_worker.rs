@@ -18,8 +18,8 @@ use phrony_dispatch::{
     AbandonReason, DispatchCall, DispatchFailure, Invocation, LateOutcome, LateReason, LateResult,
     Router, RouterConfig, RouterEvent, RouterObserver, ToolError, ToolOutcome,
 };
-use phrony_grpc::{SecretsKey, ServeConfig};
 use phrony_ledger::Ledger;
+use phrony_runtime::{SecretsKey, ServeConfig};
 use serde_json::json;
 use tokio::sync::{mpsc, oneshot};
 
@@ -96,7 +96,7 @@ async fn the_published_sdk_worker_serves_dispatched_calls() {
     .await
     .unwrap();
     ledger.migrate().await.unwrap();
-    let listener = phrony_grpc::bind("127.0.0.1:0").await.unwrap();
+    let listener = phrony_runtime::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().to_string();
     let (late_tx, mut late_rx) = mpsc::unbounded_channel();
     let router = Router::builder(RouterConfig::default())
@@ -107,7 +107,7 @@ async fn the_published_sdk_worker_serves_dispatched_calls() {
     config.router = Some(router.clone());
     let (stop, stopped) = oneshot::channel::<()>();
     let server = tokio::spawn(async move {
-        phrony_grpc::serve(listener, ledger, config, async {
+        phrony_runtime::serve(listener, ledger, config, async {
             let _ = stopped.await;
         })
         .await

@@ -13,10 +13,10 @@ use pb::work_server_msg::Body as Down;
 use phrony_dispatch::{
     DispatchCall, DispatchFailure, Invocation, Router, RouterConfig, ToolError, ToolOutcome,
 };
-use phrony_grpc::{SecretsKey, ServeConfig};
 use phrony_ledger::Ledger;
 use phrony_proto::runtime::v1 as pb;
 use phrony_proto::runtime::v1::runtime_client::RuntimeClient;
+use phrony_runtime::{SecretsKey, ServeConfig};
 use serde_json::json;
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
@@ -46,7 +46,7 @@ impl Server {
         let url = format!("sqlite://{}", dir.path().join("phrony.db").display());
         let ledger = Ledger::connect(&url).await.unwrap();
         ledger.migrate().await.unwrap();
-        let listener = phrony_grpc::bind("127.0.0.1:0").await.unwrap();
+        let listener = phrony_runtime::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().to_string();
         let router = Router::new(router).unwrap();
         let mut config = ServeConfig::new(SecretsKey::generate().unwrap());
@@ -54,7 +54,7 @@ impl Server {
         config.shutdown_grace = shutdown_grace;
         let (stop, stopped) = oneshot::channel();
         let task = tokio::spawn(async move {
-            phrony_grpc::serve(listener, ledger, config, async {
+            phrony_runtime::serve(listener, ledger, config, async {
                 let _ = stopped.await;
             })
             .await

@@ -14,10 +14,13 @@ pub struct SecretRequirement {
 }
 
 impl SecretRequirement {
-    /// Whether the variable is unset or empty in this process's environment (the run-time client
-    /// refuses both).
-    pub fn is_missing_from_env(&self) -> bool {
-        std::env::var_os(&self.from_env).is_none_or(|v| v.is_empty())
+    /// Whether the variable is unset or empty in the environment `lookup` reads (the CLI passes
+    /// the process environment; the run-time client refuses both).
+    pub fn is_missing_from_env(
+        &self,
+        lookup: impl FnOnce(&str) -> Option<std::ffi::OsString>,
+    ) -> bool {
+        lookup(&self.from_env).is_none_or(|v| v.is_empty())
     }
 
     /// `secret "openai": OPENAI_API_KEY is not set in the local environment` (the CLI prefixes

@@ -1,7 +1,8 @@
 //! [`ProviderEnv`]: the daemon environment variables that steer providers.
 
-/// Environment settings read by the providers. The daemon builds it once with
-/// [`ProviderEnv::from_process`]; tests build it by hand.
+/// Environment settings read by the providers. The daemon (`phrony-runtime`) builds it once
+/// with [`ProviderEnv::from_lookup`] over the process environment; tests build it by hand. The
+/// providers never read the process environment themselves.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ProviderEnv {
     /// `OPENAI_BASE_URL`: API root for provider `openai` (default `https://api.openai.com/v1`),
@@ -28,11 +29,6 @@ impl ProviderEnv {
             stub_enabled: non_empty("RUNTIME_ENABLE_STUB_PROVIDER")
                 .is_some_and(|v| matches!(v.to_ascii_lowercase().as_str(), "1" | "true" | "yes")),
         }
-    }
-
-    /// Reads the variables from the process environment.
-    pub fn from_process() -> Self {
-        Self::from_lookup(|k| std::env::var(k).ok())
     }
 }
 

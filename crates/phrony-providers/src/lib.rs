@@ -19,7 +19,7 @@
 //! use futures::StreamExt as _;
 //! use phrony_providers::{build, ApiKey, BuildOptions, CompletionRequest, Event, Message, ProviderEnv};
 //!
-//! let provider = build(model, Some(ApiKey::new("sk-…")), &ProviderEnv::from_process(), &BuildOptions::default())?;
+//! let provider = build(model, Some(ApiKey::new("sk-…")), &ProviderEnv::default(), &BuildOptions::default())?;
 //! let mut request = CompletionRequest::for_model(model)?;
 //! request.messages.push(Message::user_text("Refund order 7"));
 //! let mut events = provider.stream(request).await?;

@@ -4,7 +4,7 @@
 use std::fmt;
 
 use anyhow::bail;
-use phrony_grpc::client::AgentName;
+use phrony_client::AgentName;
 
 /// A parsed `namespace/name[@version]`.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -61,7 +61,7 @@ pub(crate) fn warn_unset_secrets<'a>(
 ) -> io::Result<()> {
     let mut stderr = io::stderr().lock();
     for secret in secrets {
-        if secret.is_missing_from_env() {
+        if secret.is_missing_from_env(|name| std::env::var_os(name)) {
             writeln!(stderr, "warning: {}", secret.unset_message())?;
         }
     }

@@ -5,7 +5,7 @@ use std::future::Future;
 use std::io::{self, Write as _};
 
 use anyhow::{Context as _, anyhow};
-use phrony_grpc::client::{Client, ClientError, Code, RuntimeVersion};
+use phrony_client::{Client, ClientError, Code, RuntimeVersion};
 
 use crate::cmd::Global;
 use crate::exit::{Hinted, Unsure};
@@ -114,7 +114,7 @@ pub(crate) fn change_fails(
 
 /// Who the runtime records as the author of a change: `PHRONY_ACTOR`, else the OS user
 /// (`USER`, `LOGNAME`, `USERNAME`), else `unknown`. A variable that is unset or only whitespace
-/// is skipped; the first other one must be a valid actor name ([`phrony_grpc::Actor::parse`],
+/// is skipped; the first other one must be a valid actor name ([`phrony_client::Actor::parse`],
 /// the rule the runtime applies), so a bad name fails before anything is sent.
 pub(crate) fn actor() -> anyhow::Result<String> {
     actor_from(|name| std::env::var(name).ok())
@@ -131,8 +131,8 @@ fn actor_from(var: impl Fn(&str) -> Option<String>) -> anyhow::Result<String> {
     let Some((name, value)) = found else {
         return Ok("unknown".to_owned());
     };
-    phrony_grpc::Actor::parse(&value)
-        .map(phrony_grpc::Actor::into_string)
+    phrony_client::Actor::parse(&value)
+        .map(phrony_client::Actor::into_string)
         .map_err(|e| {
             Hinted::new(
                 format!("{name}: {e}"),

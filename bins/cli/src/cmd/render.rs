@@ -30,12 +30,12 @@ pub(crate) fn json_kind(value: &Value) -> &'static str {
 }
 
 /// Text from the runtime (names, reasons, comments, summaries, model output) made safe to print
-/// on one line: every unprintable character ([`phrony_grpc::is_unprintable`]: controls such as
+/// on one line: every unprintable character ([`phrony_client::is_unprintable`]: controls such as
 /// newline and ESC, bidirectional overrides, zero-width and separator characters) is shown as
 /// an escape (`\n`, `\r`, `\t`, `\u{1b}`, `\u{202e}`), so no value can start a line of its own,
 /// forge a record or send an escape sequence to the terminal. Printable text is unchanged.
 pub(crate) fn escape(text: &str) -> Cow<'_, str> {
-    if !text.chars().any(phrony_grpc::is_unprintable) {
+    if !text.chars().any(phrony_client::is_unprintable) {
         return Cow::Borrowed(text);
     }
     let mut out = String::with_capacity(text.len() + 8);
@@ -44,7 +44,7 @@ pub(crate) fn escape(text: &str) -> Cow<'_, str> {
             '\n' => out.push_str("\\n"),
             '\r' => out.push_str("\\r"),
             '\t' => out.push_str("\\t"),
-            c if phrony_grpc::is_unprintable(c) => {
+            c if phrony_client::is_unprintable(c) => {
                 out.push_str(&format!("\\u{{{:x}}}", u32::from(c)));
             }
             c => out.push(c),

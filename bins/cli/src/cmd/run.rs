@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, anyhow, bail};
-use phrony_grpc::client::{AgentName, Client, RunSession, SessionMode, StartedSession};
+use phrony_client::{AgentName, Client, RunSession, SessionMode, StartedSession};
 use serde_json::{Value, json};
 
 use crate::cmd::{Global, Output, agent_ref, attach, remote, render};

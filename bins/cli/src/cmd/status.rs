@@ -3,7 +3,7 @@
 //! Exits 1 when the runtime cannot be reached or is not serving, so scripts can wait on it.
 
 use anyhow::anyhow;
-use phrony_grpc::client::{Client, ClientError, Health};
+use phrony_client::{Client, ClientError, Health};
 use serde_json::json;
 
 use crate::cmd::remote::{self, CLI_VERSION};

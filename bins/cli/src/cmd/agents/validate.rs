@@ -31,7 +31,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
             "unset_secrets": agent
                 .secret_requirements()
                 .iter()
-                .filter(|s| s.is_missing_from_env())
+                .filter(|s| s.is_missing_from_env(|name| std::env::var_os(name)))
                 .map(|s| json!({"name": s.name, "from_env": s.from_env}))
                 .collect::<Vec<_>>(),
         })),

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, bail};
-use phrony_grpc::client::{DecideApproval, Decision};
+use phrony_client::{DecideApproval, Decision};
 use serde_json::{Value, json};
 
 use crate::cmd::{Global, Output, remote, render};

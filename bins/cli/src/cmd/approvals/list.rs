@@ -2,7 +2,7 @@
 
 use std::io::{self, Write};
 
-use phrony_grpc::client::{Approval, ApprovalFilter};
+use phrony_client::{Approval, ApprovalFilter};
 use serde_json::json;
 
 use crate::cmd::table::Table;

@@ -8,7 +8,7 @@ mod show;
 
 use std::io::{self, Write};
 
-use phrony_grpc::client::{Approval, Vote};
+use phrony_client::{Approval, Vote};
 use serde_json::{Value, json};
 
 use crate::cmd::{Global, render};

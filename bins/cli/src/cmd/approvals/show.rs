@@ -2,7 +2,7 @@
 
 use std::io::{self, Write};
 
-use phrony_grpc::client::Approval;
+use phrony_client::Approval;
 
 use crate::cmd::table::Table;
 use crate::cmd::{Global, Output, remote, render};
@@ -113,7 +113,7 @@ fn write_approval(a: &Approval, out: &mut impl Write) -> io::Result<()> {
 pub(crate) mod tests {
     #![allow(clippy::unwrap_used, reason = "tests: a panic is a failed assertion")]
 
-    use phrony_grpc::client::Vote;
+    use phrony_client::Vote;
     use serde_json::{Value, json};
 
     use super::*;

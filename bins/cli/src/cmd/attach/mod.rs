@@ -23,8 +23,8 @@ mod view;
 use std::io::IsTerminal as _;
 
 use anyhow::bail;
-use phrony_grpc::client::Client;
-use phrony_grpc::client::interactive::{
+use phrony_client::Client;
+use phrony_client::interactive::{
     InteractiveEvents, InteractiveSender, InteractiveSession, SessionEvent,
 };
 
@@ -221,7 +221,7 @@ impl Link for RemoteLink<'_> {
 }
 
 /// Text from the model, tools or the runtime made safe to draw: escape sequences (CSI, OSC)
-/// and unprintable characters ([`phrony_grpc::is_unprintable`]: controls, bidirectional
+/// and unprintable characters ([`phrony_client::is_unprintable`]: controls, bidirectional
 /// overrides, zero-width and separator characters) removed, tabs expanded, `\r\n` and lone `\r` read as line breaks.
 pub(crate) fn sanitize(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
@@ -266,7 +266,7 @@ pub(crate) fn sanitize(text: &str) -> String {
                 }
                 None => {}
             },
-            c if phrony_grpc::is_unprintable(c) => {}
+            c if phrony_client::is_unprintable(c) => {}
             c => out.push(c),
         }
     }

@@ -18,8 +18,8 @@
 use std::io::{self, Write};
 
 use chrono::{DateTime, Utc};
-use phrony_grpc::client::OUTCOME_REVIEW;
-use phrony_grpc::client::interactive::{Decision, SessionEvent, ToolOutcome};
+use phrony_client::OUTCOME_REVIEW;
+use phrony_client::interactive::{Decision, SessionEvent, ToolOutcome};
 use tokio::sync::mpsc;
 
 use super::view::{Action, Phase, View, model_label};
@@ -209,7 +209,7 @@ impl<O: Write, E: Write> Plain<O, E> {
                 ))?;
                 for entry in &started.history {
                     let label = match entry.role {
-                        phrony_grpc::client::interactive::Role::User => "YOU",
+                        phrony_client::interactive::Role::User => "YOU",
                         _ => "AGENT",
                     };
                     writeln!(self.out, "{label}: {}", sanitize(&entry.content))?;

@@ -1,7 +1,7 @@
 //! Scripted session events for the attach tests.
 
 use chrono::{DateTime, TimeZone as _, Utc};
-use phrony_grpc::client::interactive::{
+use phrony_client::interactive::{
     ApprovalDecided, ApprovalRequired, ApprovalStatus, AwaitingInput, Completed, HistoryEntry,
     Role, SessionEvent, SessionStarted, SessionStats, StatusChanged, TokenUsage, ToolCall,
     ToolOutcome, ToolResult,

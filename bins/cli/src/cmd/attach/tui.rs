@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use chrono::{DateTime, Utc};
-use phrony_grpc::client::interactive::ApprovalStatus;
+use phrony_client::interactive::ApprovalStatus;
 use ratatui::crossterm::event::{self, Event, KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
 use ratatui::layout::{Alignment, Constraint, Layout, Position, Rect};
 use ratatui::style::{Color, Modifier, Style};
@@ -586,7 +586,7 @@ fn approval_panel_lines(view: &View, width: u16, now: DateTime<Utc>) -> Vec<Line
         &format!("{}@{}", a.tool, a.version),
         Style::new().add_modifier(Modifier::BOLD),
     );
-    if a.kind == phrony_grpc::client::OUTCOME_REVIEW {
+    if a.kind == phrony_client::OUTCOME_REVIEW {
         // "Did it happen?", not "may it run?": no policy, quorum or rejection rule.
         if let Some(question) = &a.reason {
             field("Question", question, bold(Color::Yellow));
@@ -1395,7 +1395,7 @@ mod tests {
 
     #[test]
     fn escape_sequences_in_the_header_are_not_drawn() {
-        use phrony_grpc::client::interactive::SessionEvent;
+        use phrony_client::interactive::SessionEvent;
         let mut evil = started();
         evil.model_name = "\u{1b}]0;evil title\u{7}scripted\u{1b}[2J".into();
         let mut view = View::new(None);
@@ -1410,8 +1410,8 @@ mod tests {
     struct SessionEventExt;
 
     impl SessionEventExt {
-        fn user(text: &str) -> phrony_grpc::client::interactive::SessionEvent {
-            use phrony_grpc::client::interactive::{HistoryEntry, Role, SessionEvent};
+        fn user(text: &str) -> phrony_client::interactive::SessionEvent {
+            use phrony_client::interactive::{HistoryEntry, Role, SessionEvent};
             let mut started = started();
             started.history.push(HistoryEntry {
                 role: Role::User,

@@ -16,8 +16,8 @@ use std::cell::Cell;
 use std::collections::{HashMap, HashSet};
 
 use chrono::{DateTime, Utc};
-use phrony_grpc::client::OUTCOME_REVIEW;
-use phrony_grpc::client::interactive::{
+use phrony_client::OUTCOME_REVIEW;
+use phrony_client::interactive::{
     ApprovalDecided, ApprovalRequired, ApprovalStatus, AwaitingInput, Decision, Role, SessionEvent,
     SessionStarted, SessionStats, ToolOutcome,
 };
@@ -1349,7 +1349,7 @@ mod tests {
         keys(&mut view, &[Key::Char('a'), Key::Char('y'), Key::Enter]);
         assert_eq!(view.pending.as_ref().unwrap().sent, Some(true));
         view.apply(
-            SessionEvent::Status(phrony_grpc::client::interactive::StatusChanged {
+            SessionEvent::Status(phrony_client::interactive::StatusChanged {
                 status: "awaiting_approval".into(),
                 reason: Some("emad already voted on approval apr_1".into()),
             }),

@@ -2,7 +2,7 @@
 
 use std::io::{self, Write};
 
-use phrony_grpc::client::{
+use phrony_client::{
     PayloadRef, SessionDetail, SessionInspection, TimelineDetail, TimelineEntry, TokenUsage,
     TruncatedPayload,
 };
@@ -314,7 +314,7 @@ fn write_entry(
 /// is one line saying how to print it whole.
 fn write_approval_args(
     entry: &TimelineEntry,
-    approval: &phrony_grpc::client::Approval,
+    approval: &phrony_client::Approval,
     out: &mut impl Write,
 ) -> io::Result<()> {
     let shortened = ["args", "effective_args"]
@@ -545,7 +545,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use chrono::{DateTime, Utc};
-    use phrony_grpc::client::SessionEvent;
+    use phrony_client::SessionEvent;
 
     use super::*;
 
@@ -672,8 +672,8 @@ mod tests {
         );
     }
 
-    fn approval(effective_args: Option<Value>, status: &str) -> phrony_grpc::client::Approval {
-        phrony_grpc::client::Approval {
+    fn approval(effective_args: Option<Value>, status: &str) -> phrony_client::Approval {
+        phrony_client::Approval {
             id: "ap-1".into(),
             kind: "policy".into(),
             resolution: None,
@@ -708,7 +708,7 @@ mod tests {
         }
     }
 
-    fn approval_entry(kind: &str, approval: phrony_grpc::client::Approval) -> TimelineEntry {
+    fn approval_entry(kind: &str, approval: phrony_client::Approval) -> TimelineEntry {
         TimelineEntry {
             timestamp: at("2025-01-31T09:30:00Z"),
             gap_ms: 0,
@@ -844,7 +844,7 @@ mod tests {
             kind: "invocation_completed".into(),
             summary: "succeeded orders.lookup-order@1.0.0".into(),
             seq: 0,
-            detail: TimelineDetail::Invocation(phrony_grpc::client::ToolInvocation {
+            detail: TimelineDetail::Invocation(phrony_client::ToolInvocation {
                 call_id: "c1".into(),
                 tool: "orders.lookup-order".into(),
                 version: "1.0.0".into(),

@@ -1,6 +1,6 @@
 //! `phrony sessions ls [NS/NAME[@VERSION]]`: sessions, most recently updated first.
 
-use phrony_grpc::client::{SessionFilter, SessionSummary};
+use phrony_client::{SessionFilter, SessionSummary};
 use serde_json::{Value, json};
 
 use crate::cmd::table::Table;

@@ -3,7 +3,7 @@
 
 use std::io::{self, Write as _};
 
-use phrony_grpc::client::PayloadRef;
+use phrony_client::PayloadRef;
 
 use crate::cmd::{Global, remote};
 

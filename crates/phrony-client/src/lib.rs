@@ -1,5 +1,6 @@
-//! A typed client of the runtime: what the `phrony` CLI (and Rust tests) call instead of
-//! touching protobuf.
+//! The typed client of the Phrony runtime: what the `phrony` CLI (and Rust tests) call instead
+//! of touching protobuf. It depends on the generated code of `phrony-proto` and on no ledger, SQL
+//! driver or session engine (a test of the `cli` package checks the dependency tree).
 //!
 //! [`Client::connect`] opens a plaintext HTTP/2 channel (failing fast with
 //! [`ClientError::Unreachable`] when nothing listens), and each method performs one RPC and
@@ -8,8 +9,8 @@
 //! render `publish: agent demo/x version "1.0.0" … (AlreadyExists)`.
 //!
 //! ```no_run
-//! # async fn demo() -> Result<(), phrony_grpc::client::ClientError> {
-//! use phrony_grpc::client::{AgentName, Client};
+//! # async fn demo() -> Result<(), phrony_client::ClientError> {
+//! use phrony_client::{AgentName, Client};
 //! let client = Client::connect("127.0.0.1:7777").await?;
 //! let agent = AgentName::new("support", "refund-agent");
 //! let deployed = client.deploy(&agent, "0.1.0", "alice").await?;
@@ -23,6 +24,7 @@
 //! has one, and always in the [`ACTOR_HEADER`] metadata, the only way to
 //! name the actor of Deprecate, Retire and Archive.
 
+pub mod actor;
 mod approvals;
 mod error;
 pub mod interactive;
@@ -55,7 +57,12 @@ pub use types::{
     DeploymentRecord, Health, Published, RolledBack, RuntimeVersion, VersionStatus,
 };
 
-use crate::ACTOR_HEADER;
+pub use actor::{Actor, ActorError, is_unprintable};
+
+/// The request metadata header naming the actor of a change whose request message has no
+/// `actor` field (e.g. `DeprecateAgentVersion`), or leaves it empty. The client always sends
+/// it; the server reads it when the request's own `actor` field is empty.
+pub const ACTOR_HEADER: &str = "phrony-actor";
 
 /// How long [`Client::connect`] waits for the TCP connection.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);

@@ -49,9 +49,10 @@ pub struct ServeConfig {
     /// The integrity allowlist of the router `serve` builds (`RUNTIME_TOOL_ALLOWLIST`);
     /// `None` lets any registered worker serve a call.
     pub tool_allowlist: Option<Allowlist>,
-    /// Builds each session's model provider. `None` uses
-    /// `phrony_engine::DefaultProviderFactory::from_process()` (`OPENAI_BASE_URL`,
-    /// `ANTHROPIC_BASE_URL`, `RUNTIME_ENABLE_STUB_PROVIDER` from the environment); tests
+    /// Builds each session's model provider. `None` uses a
+    /// `phrony_engine::DefaultProviderFactory` over [`crate::config::provider_env`]
+    /// (`OPENAI_BASE_URL`, `ANTHROPIC_BASE_URL`, `RUNTIME_ENABLE_STUB_PROVIDER` from the process
+    /// environment); tests
     /// inject scripted providers here.
     pub providers: Option<Arc<dyn ProviderFactory>>,
     /// How long a tool call may wait for a free worker slot (`RUNTIME_DISPATCH_QUEUE_WAIT`);

@@ -17,16 +17,10 @@ use tokio::net::TcpListener;
 use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
 
-use crate::config::ServeConfig;
-use crate::health::{self, Health};
-use crate::service::RuntimeService;
+use phrony_grpc::health::{self, Health};
+use phrony_grpc::{MAX_MESSAGE_BYTES, RuntimeService};
 
-/// The largest request or stream message the runtime accepts (gRPC's default, set explicitly):
-/// it bounds every payload a client or worker can hand in (a session input, a user message, a
-/// tool result, edited arguments, a comment). Responses that may carry many payloads are
-/// bounded separately: `InspectSession` stays under 3 MiB and `GetSessionPayload` streams 1 MiB
-/// chunks, so clients with the default receive limit read every session the runtime accepted.
-pub const MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
+use crate::serve_config::ServeConfig;
 
 /// Why the server could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -201,7 +195,7 @@ pub async fn serve(
     let providers = config
         .providers
         .clone()
-        .unwrap_or_else(|| Arc::new(DefaultProviderFactory::from_process()));
+        .unwrap_or_else(|| Arc::new(DefaultProviderFactory::new(crate::config::provider_env())));
     let engine = Engine::new(EngineDeps {
         store,
         router: Some(router.clone()),

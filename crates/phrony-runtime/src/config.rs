@@ -6,23 +6,25 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::serve_config::{KeyFileOutcome, SECRETS_KEY_FILE, SecretsKey};
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use percent_encoding::{AsciiSet, CONTROLS, percent_decode_str, utf8_percent_encode};
-use phrony_grpc::{KeyFileOutcome, SECRETS_KEY_FILE, SecretsKey};
 
 /// The Phrony runtime daemon: stores versioned agents and serves the phrony.runtime.v1 gRPC API.
 #[derive(Debug, Parser)]
 #[command(name = "phrony-runtime", version, max_term_width = 100)]
-pub(crate) struct Cli {
+pub struct Cli {
+    /// What to do (`serve` when absent).
     #[command(subcommand)]
-    pub(crate) command: Option<Command>,
+    pub command: Option<Command>,
+    /// Settings shared by every command.
     #[command(flatten)]
-    pub(crate) settings: Settings,
+    pub settings: Settings,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Subcommand)]
-pub(crate) enum Command {
+pub enum Command {
     /// Migrate the database and serve the gRPC API (the default).
     Serve,
     /// Apply the database migrations and exit.
@@ -31,7 +33,7 @@ pub(crate) enum Command {
 
 /// Settings shared by every command; each can also come from the environment.
 #[derive(Debug, Clone, Args)]
-pub(crate) struct Settings {
+pub struct Settings {
     /// Address to listen on (host:port).
     #[arg(
         long,
@@ -48,7 +50,7 @@ pub(crate) struct Settings {
 
     /// Log format.
     #[arg(long, env = "RUNTIME_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
-    pub(crate) log_format: LogFormat,
+    pub log_format: LogFormat,
 
     /// Log filter, e.g. `info` or `info,phrony_grpc=debug` (falls back to RUST_LOG, then `info`).
     #[arg(
@@ -137,7 +139,7 @@ pub(crate) struct Settings {
 
 /// `RUNTIME_LOG_FORMAT`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub(crate) enum LogFormat {
+pub enum LogFormat {
     /// Human-readable lines.
     Text,
     /// One JSON object per line.
@@ -146,13 +148,15 @@ pub(crate) enum LogFormat {
 
 /// The environment the defaults are derived from (injected for tests).
 #[derive(Debug, Clone, Default)]
-pub(crate) struct Env {
+pub struct Env {
     pub(crate) xdg_data_home: Option<PathBuf>,
     pub(crate) home: Option<PathBuf>,
 }
 
 impl Env {
-    pub(crate) fn from_process() -> Self {
+    /// `XDG_DATA_HOME` and `HOME` from the process environment (empty values are unset).
+    #[must_use]
+    pub fn from_process() -> Self {
         let var = |name| {
             std::env::var_os(name)
                 .filter(|v| !v.is_empty())
@@ -174,6 +178,14 @@ impl Env {
             .as_ref()
             .map(|h| h.join(".local").join("share").join("phrony"))
     }
+}
+
+/// The providers' settings (`OPENAI_BASE_URL`, `ANTHROPIC_BASE_URL`,
+/// `RUNTIME_ENABLE_STUB_PROVIDER`) from the process environment: the daemon reads them here, the
+/// providers only take the values.
+#[must_use]
+pub fn provider_env() -> phrony_providers::ProviderEnv {
+    phrony_providers::ProviderEnv::from_lookup(|name| std::env::var(name).ok())
 }
 
 /// Where the database is.

@@ -4,8 +4,8 @@
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! use phrony_grpc::client::Client;
-//! use phrony_grpc::client::interactive::{Decision, SessionEvent};
+//! use phrony_client::Client;
+//! use phrony_client::interactive::{Decision, SessionEvent};
 //! let client = Client::connect("127.0.0.1:7777").await?;
 //! let session = client.attach("run_…", "alice").await?;
 //! println!("attached to {}", session.started().session_id);

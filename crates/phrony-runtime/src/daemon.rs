@@ -1,21 +1,22 @@
 //! The two commands, wired from configuration to the libraries.
 
+use crate::serve::{self, ServeError};
+use crate::serve_config::ServeConfig;
 use anyhow::Context as _;
-use phrony_grpc::{ServeConfig, ServeError};
 use phrony_ledger::{Backend, Ledger, LedgerError};
 
 use crate::config::{Database, Env, Settings};
 
 /// `phrony-runtime serve`: configured key and tool-worker settings, listener, database and
 /// migrations, generated key, dispatch router, then serve until a signal. Each step fails before the next has side effects.
-pub(crate) fn serve(settings: &Settings, env: &Env) -> anyhow::Result<()> {
+pub fn serve(settings: &Settings, env: &Env) -> anyhow::Result<()> {
     tokio_runtime()?.block_on(async {
         // Before anything slow, so a signal during start-up is a clean stop too.
         let shutdown = shutdown_signal()?;
         let db = settings.database(env);
         let configured_key = settings.configured_secrets_key()?;
         let workers = settings.workers()?;
-        let listener = phrony_grpc::bind(&settings.grpc_addr)
+        let listener = serve::bind(&settings.grpc_addr)
             .await
             .map_err(|e| match e {
                 ServeError::AddrInUse { addr } => {
@@ -36,13 +37,13 @@ pub(crate) fn serve(settings: &Settings, env: &Env) -> anyhow::Result<()> {
         let mut config = ServeConfig::new(secrets_key);
         config.default_actor = settings.default_actor.clone();
         workers.apply(&mut config)?;
-        phrony_grpc::serve(listener, ledger, config, shutdown).await?;
+        serve::serve(listener, ledger, config, shutdown).await?;
         Ok(())
     })
 }
 
 /// `phrony-runtime migrate`: apply the migrations and exit.
-pub(crate) fn migrate(settings: &Settings, env: &Env) -> anyhow::Result<()> {
+pub fn migrate(settings: &Settings, env: &Env) -> anyhow::Result<()> {
     tokio_runtime()?.block_on(async {
         let db = settings.database(env);
         let ledger = open_ledger(&db).await?;

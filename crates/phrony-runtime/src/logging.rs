@@ -8,7 +8,7 @@ use tracing_subscriber::EnvFilter;
 use crate::config::{LogFormat, Settings};
 
 /// Installs the global subscriber: `RUNTIME_LOG` (or `--log`), else `RUST_LOG`, else `info`.
-pub(crate) fn init(settings: &Settings) -> anyhow::Result<()> {
+pub fn init(settings: &Settings) -> anyhow::Result<()> {
     let (source, directives) = match settings
         .log_filter
         .as_deref()

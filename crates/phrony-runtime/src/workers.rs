@@ -10,9 +10,9 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::serve_config::ServeConfig;
 use phrony_dispatch::{Allowlist, RouterConfig};
 use phrony_engine::{DEFAULT_MAX_TOOL_ARGS_BYTES, DEFAULT_MAX_TOOL_CALLS_PER_TURN};
-use phrony_grpc::ServeConfig;
 
 use crate::config::Settings;
 

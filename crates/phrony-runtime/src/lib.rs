@@ -1,0 +1,40 @@
+//! The Phrony runtime daemon's assembly: it reads the configuration (flags, the process
+//! environment, the secrets-key file) and composes the ledger, the tool dispatch router, the
+//! session engine and the gRPC services of `phrony-grpc` into the running daemon.
+//!
+//! This is the one library that reads the process environment; every other crate takes its
+//! configuration as values. The `phrony-runtime` binary (package `runtime`) only parses the
+//! command line and calls [`daemon::serve`] or [`daemon::migrate`].
+//!
+//! - [`config`]: the command line and environment ([`Cli`], [`Settings`], [`Env`],
+//!   [`provider_env`]): what the daemon listens on, where the database and key file live.
+//! - [`serve()`]: given a bound [`Listener`], a migrated ledger and a [`ServeConfig`], serves
+//!   `phrony.runtime.v1.Runtime`, health and reflection until shutdown, recovering the sessions
+//!   that were live at the last stop first.
+//! - [`SecretsKey`]: the key that encrypts session secrets at rest, from
+//!   `RUNTIME_SECRETS_ENCRYPTION_KEY` or a generated owner-only key file.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use phrony_runtime::{SecretsKey, ServeConfig};
+//! let ledger = phrony_ledger::Ledger::connect("sqlite://./phrony.db").await?;
+//! ledger.migrate().await?;
+//! let listener = phrony_runtime::bind("127.0.0.1:7777").await?;
+//! let config = ServeConfig::new(SecretsKey::generate()?);
+//! phrony_runtime::serve(listener, ledger, config, async {
+//!     let _ = tokio::signal::ctrl_c().await;
+//! })
+//! .await?;
+//! # Ok(()) }
+//! ```
+
+pub mod config;
+pub mod daemon;
+pub mod logging;
+mod serve;
+mod serve_config;
+mod workers;
+
+pub use config::{Cli, Command, Env, LogFormat, Settings, provider_env};
+pub use serve::{Listener, ServeError, bind, serve};
+pub use serve_config::{KeyError, KeyFileOutcome, SECRETS_KEY_FILE, SecretsKey, ServeConfig};
