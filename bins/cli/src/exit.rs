@@ -20,7 +20,7 @@ const UNSURE: u8 = 3;
 /// Maps a command's outcome to the process exit code, printing the error to stderr.
 ///
 /// A closed stdout (`phrony schema | head`) is not an error: the reader got what it wanted.
-pub(crate) fn code(outcome: anyhow::Result<()>) -> ExitCode {
+pub fn code(outcome: anyhow::Result<()>) -> ExitCode {
     let Err(err) = outcome else {
         return ExitCode::SUCCESS;
     };

@@ -253,14 +253,6 @@ impl Router {
         let mut attempts = 0u32;
         let mut queued_for = Duration::ZERO;
         let mut last_nack: Option<(ToolError, WorkerProvenance)> = None;
-        let nack_answer = |nack: (ToolError, WorkerProvenance), attempts, queued_for| Completion {
-            outcome: ToolOutcome::Error(nack.0),
-            worker: nack.1,
-            attempts,
-            queued_for,
-            executed_for: Duration::ZERO,
-            ack: AckHandle::none(),
-        };
 
         loop {
             if cancel.is_cancelled() {
@@ -279,17 +271,7 @@ impl Router {
             let admitted = self.inner.admit(&req, last_nack.is_some(), tx);
             let (token, admission) = match admitted {
                 Ok(admitted) => admitted,
-                Err(failure) => {
-                    return match (last_nack, &failure) {
-                        (
-                            Some(nack),
-                            DispatchFailure::NoHandler { .. }
-                            | DispatchFailure::CapacityExhausted { .. }
-                            | DispatchFailure::IntegrityViolation { .. },
-                        ) => Ok(nack_answer(nack, attempts, queued_for)),
-                        _ => Err(failure),
-                    };
-                }
+                Err(failure) => return nack_or(failure, last_nack, attempts, queued_for),
             };
             if admission == Admission::NoAlternative {
                 if let Some(nack) = last_nack {
@@ -312,40 +294,21 @@ impl Router {
                     _ => continue,
                 }
             } else {
-                let deadline = admitted_at + queue_wait;
-                let event = tokio::select! {
-                    biased;
-                    event = guard.rx.recv() => event,
-                    () = cancel.cancelled() => {
-                        return Err(DispatchFailure::Cancelled { key: key.clone(), worker: None });
-                    }
-                    () = tokio::time::sleep_until(deadline) => {
-                        match self.inner.withdraw(&guard.req, token) {
-                            Some(failure) => {
-                                guard.armed = false;
-                                return match (last_nack, &failure) {
-                                    (Some(nack), DispatchFailure::NoHandler { .. }
-                                        | DispatchFailure::CapacityExhausted { .. }
-                                        | DispatchFailure::IntegrityViolation { .. }) => {
-                                        Ok(nack_answer(nack, attempts, queued_for + admitted_at.elapsed()))
-                                    }
-                                    _ => Err(failure),
-                                };
-                            }
-                            // A slot was reserved (or the router failed the call) just now.
-                            None => guard.rx.try_recv().ok(),
-                        }
-                    }
+                let queue = Queue {
+                    deadline: admitted_at + queue_wait,
+                    cancel: &cancel,
+                    key: &key,
                 };
-                match event {
-                    Some(CallEvent::Reserved(worker)) => worker,
-                    Some(CallEvent::Failed(failure)) => {
-                        guard.armed = false;
-                        return Err(failure);
-                    }
-                    Some(CallEvent::Resolved(_)) | None => {
-                        guard.armed = false;
-                        return Err(DispatchFailure::ShuttingDown);
+                match self.await_slot(&mut guard, &queue).await {
+                    Ok(worker) => worker,
+                    Err(SlotWait::Failed(failure)) => return Err(failure),
+                    Err(SlotWait::Withdrawn(failure)) => {
+                        return nack_or(
+                            failure,
+                            last_nack,
+                            attempts,
+                            queued_for + admitted_at.elapsed(),
+                        );
                     }
                 }
             };
@@ -353,19 +316,15 @@ impl Router {
 
             // Phase 2: journal the dispatch, then send the invoke.
             if let Some(journal) = &journal {
-                let recorded = tokio::select! {
-                    biased;
-                    () = cancel.cancelled() => {
-                        return Err(DispatchFailure::Cancelled { key: key.clone(), worker: None });
-                    }
-                    recorded = journal.dispatching(&invocation, &worker, attempts + 1) => recorded,
-                };
-                if let Err(err) = recorded {
-                    return Err(DispatchFailure::JournalFailed {
-                        key: key.clone(),
-                        message: err.to_string(),
-                    });
-                }
+                journal_dispatch(
+                    journal.as_ref(),
+                    &invocation,
+                    &worker,
+                    attempts + 1,
+                    &cancel,
+                    &key,
+                )
+                .await?;
             }
             let Some(dispatched_at) = self.inner.send_invoke(&invocation, token, exec_timeout)
             else {
@@ -376,35 +335,15 @@ impl Router {
             attempts += 1;
 
             // Phase 3: the answer.
-            let exec_deadline = exec_timeout.map(|t| dispatched_at + t);
-            let timer = async {
-                match exec_deadline {
-                    Some(at) => tokio::time::sleep_until(at).await,
-                    None => std::future::pending().await,
-                }
+            let attempt = Attempt {
+                invocation: &invocation,
+                worker: &worker,
+                exec_deadline: exec_timeout.map(|t| dispatched_at + t),
+                exec_timeout,
+                cancel: &cancel,
+                key: &key,
             };
-            let resolution = tokio::select! {
-                biased;
-                event = guard.rx.recv() => event,
-                () = cancel.cancelled() => {
-                    if self.inner.abandon(&invocation.call_id, token, AbandonReason::Cancelled) {
-                        guard.armed = false;
-                        return Err(DispatchFailure::Cancelled { key: key.clone(), worker: Some(Box::new(worker)) });
-                    }
-                    guard.rx.try_recv().ok()
-                }
-                () = timer => {
-                    if self.inner.abandon(&invocation.call_id, token, AbandonReason::ExecutionTimeout) {
-                        guard.armed = false;
-                        return Err(DispatchFailure::ExecutionTimeout {
-                            key: key.clone(),
-                            worker: Box::new(worker),
-                            timeout: exec_timeout.unwrap_or_default(),
-                        });
-                    }
-                    guard.rx.try_recv().ok()
-                }
-            };
+            let resolution = self.await_answer(&mut guard, &attempt).await?;
             guard.armed = false;
             drop(guard);
             let resolution = match resolution {
@@ -448,6 +387,89 @@ impl Router {
         }
     }
 
+    /// Phase 1 of a queued attempt: waits until `queue.deadline` for a handler slot.
+    ///
+    /// `Err(SlotWait::Withdrawn)` when the wait ran out and the call left the queue;
+    /// `Err(SlotWait::Failed)` when it was cancelled, the router failed it or is shutting down.
+    async fn await_slot(
+        &self,
+        guard: &mut AttemptGuard<'_>,
+        queue: &Queue<'_>,
+    ) -> Result<WorkerProvenance, SlotWait> {
+        let event = tokio::select! {
+            biased;
+            event = guard.rx.recv() => event,
+            () = queue.cancel.cancelled() => {
+                return Err(SlotWait::Failed(DispatchFailure::Cancelled {
+                    key: queue.key.to_owned(),
+                    worker: None,
+                }));
+            }
+            () = tokio::time::sleep_until(queue.deadline) => {
+                match self.inner.withdraw(&guard.req, guard.token) {
+                    Some(failure) => {
+                        guard.armed = false;
+                        return Err(SlotWait::Withdrawn(failure));
+                    }
+                    // A slot was reserved (or the router failed the call) just now.
+                    None => guard.rx.try_recv().ok(),
+                }
+            }
+        };
+        match event {
+            Some(CallEvent::Reserved(worker)) => Ok(worker),
+            Some(CallEvent::Failed(failure)) => {
+                guard.armed = false;
+                Err(SlotWait::Failed(failure))
+            }
+            Some(CallEvent::Resolved(_)) | None => {
+                guard.armed = false;
+                Err(SlotWait::Failed(DispatchFailure::ShuttingDown))
+            }
+        }
+    }
+
+    /// Phase 3 of an attempt: waits for the worker's answer; a cancellation or the end of the
+    /// execution deadline abandons the call (unless its answer arrived just then).
+    async fn await_answer(
+        &self,
+        guard: &mut AttemptGuard<'_>,
+        attempt: &Attempt<'_>,
+    ) -> Result<Option<CallEvent>, DispatchFailure> {
+        let call_id = &attempt.invocation.call_id;
+        let timer = async {
+            match attempt.exec_deadline {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        Ok(tokio::select! {
+            biased;
+            event = guard.rx.recv() => event,
+            () = attempt.cancel.cancelled() => {
+                if self.inner.abandon(call_id, guard.token, AbandonReason::Cancelled) {
+                    guard.armed = false;
+                    return Err(DispatchFailure::Cancelled {
+                        key: attempt.key.to_owned(),
+                        worker: Some(Box::new(attempt.worker.clone())),
+                    });
+                }
+                guard.rx.try_recv().ok()
+            }
+            () = timer => {
+                if self.inner.abandon(call_id, guard.token, AbandonReason::ExecutionTimeout) {
+                    guard.armed = false;
+                    return Err(DispatchFailure::ExecutionTimeout {
+                        key: attempt.key.to_owned(),
+                        worker: Box::new(attempt.worker.clone()),
+                        timeout: attempt.exec_timeout.unwrap_or_default(),
+                    });
+                }
+                guard.rx.try_recv().ok()
+            }
+        })
+    }
+
     /// A point-in-time view of workers, handlers, busy slots and queues.
     #[must_use]
     pub fn snapshot(&self) -> RouterSnapshot {
@@ -459,6 +481,92 @@ impl Router {
     /// [`DispatchFailure::ShuttingDown`], and dispatched calls run to their end.
     pub fn shutdown(&self) {
         self.inner.shutdown();
+    }
+}
+
+/// Phase 1's wait for a handler slot.
+struct Queue<'a> {
+    deadline: Instant,
+    cancel: &'a CancellationToken,
+    key: &'a str,
+}
+
+/// Why phase 1 ended without a slot.
+enum SlotWait {
+    /// The queue wait ran out and the call was withdrawn: answered with the last nack when
+    /// there is one (see [`nack_or`]).
+    Withdrawn(DispatchFailure),
+    /// Cancelled, failed by the router or shutting down: the dispatch fails.
+    Failed(DispatchFailure),
+}
+
+/// Phase 3's wait for the answer of a dispatched call.
+struct Attempt<'a> {
+    invocation: &'a Invocation,
+    worker: &'a WorkerProvenance,
+    exec_deadline: Option<Instant>,
+    exec_timeout: Option<Duration>,
+    cancel: &'a CancellationToken,
+    key: &'a str,
+}
+
+/// Phase 2 of an attempt: journals the dispatch before the invoke is sent (a cancellation
+/// stops the wait).
+async fn journal_dispatch(
+    journal: &dyn DispatchJournal,
+    invocation: &Invocation,
+    worker: &WorkerProvenance,
+    attempt: u32,
+    cancel: &CancellationToken,
+    key: &str,
+) -> Result<(), DispatchFailure> {
+    let recorded = tokio::select! {
+        biased;
+        () = cancel.cancelled() => {
+            return Err(DispatchFailure::Cancelled { key: key.to_owned(), worker: None });
+        }
+        recorded = journal.dispatching(invocation, worker, attempt) => recorded,
+    };
+    recorded.map_err(|err| DispatchFailure::JournalFailed {
+        key: key.to_owned(),
+        message: err.to_string(),
+    })
+}
+
+/// The answer of a call whose last attempt was nacked and that no other worker will try: the
+/// nack's error, as the call's outcome.
+fn nack_answer(
+    nack: (ToolError, WorkerProvenance),
+    attempts: u32,
+    queued_for: Duration,
+) -> Completion {
+    Completion {
+        outcome: ToolOutcome::Error(nack.0),
+        worker: nack.1,
+        attempts,
+        queued_for,
+        executed_for: Duration::ZERO,
+        ack: AckHandle::none(),
+    }
+}
+
+/// The end of a dispatch that found no worker to try: after a nack, "no handler", "no
+/// capacity" and "integrity violation" mean no *other* worker, so the nack is the answer;
+/// every other failure stands.
+fn nack_or(
+    failure: DispatchFailure,
+    last_nack: Option<(ToolError, WorkerProvenance)>,
+    attempts: u32,
+    queued_for: Duration,
+) -> Result<Completion, DispatchFailure> {
+    match (last_nack, &failure) {
+        (
+            Some(nack),
+            DispatchFailure::NoHandler { .. }
+            | DispatchFailure::CapacityExhausted { .. }
+            | DispatchFailure::IntegrityViolation { .. },
+        ) => Ok(nack_answer(nack, attempts, queued_for)),
+        _ => Err(failure),
     }
 }
 

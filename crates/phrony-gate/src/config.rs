@@ -695,48 +695,118 @@ impl Settings {
     }
 }
 
-fn compile(file: FileConfig, path: &Path, base: &Path) -> Result<Settings, ConfigError> {
-    let bad = |field: &str, message: String| ConfigError::Invalid {
-        path: path.to_owned(),
-        field: field.to_owned(),
-        message,
-    };
-    let resolve = |p: &Path| {
+/// Where a configuration file came from: it names the file in errors and anchors relative
+/// paths.
+struct Source<'a> {
+    path: &'a Path,
+    base: &'a Path,
+}
+
+impl Source<'_> {
+    /// The error of an invalid `field`.
+    fn bad(&self, field: &str, message: String) -> ConfigError {
+        ConfigError::Invalid {
+            path: self.path.to_owned(),
+            field: field.to_owned(),
+            message,
+        }
+    }
+
+    /// `p` relative to the configuration file's directory (absolute paths stay).
+    fn resolve(&self, p: &Path) -> PathBuf {
         if p.is_absolute() {
             p.to_owned()
         } else {
-            base.join(p)
+            self.base.join(p)
         }
-    };
-    let money = |field: &str, v: &Option<String>| -> Result<Option<Decimal>, ConfigError> {
+    }
+
+    /// An optional amount of `field`.
+    fn money(&self, field: &str, v: &Option<String>) -> Result<Option<Decimal>, ConfigError> {
         v.as_deref()
             .map(|s| parse_amount(&serde_json::Value::String(s.to_owned())))
             .transpose()
-            .map_err(|e| bad(field, e))
-    };
-
-    if file.org.id.trim().is_empty() {
-        return Err(bad("org.id", "must not be empty".into()));
+            .map_err(|e| self.bad(field, e))
     }
-    crate::admin::check_admin_key(&file.admin.key).map_err(|e| bad("admin.key", e))?;
 
-    // Tools.
+    /// A velocity limit of `field`.
+    fn velocity(&self, v: VelocityFile, field: &str) -> Result<Velocity, ConfigError> {
+        if v.max == 0 || v.window_seconds == 0 {
+            return Err(self.bad(field, "max and window_seconds must be positive".into()));
+        }
+        Ok(Velocity {
+            max: v.max,
+            window_seconds: v.window_seconds,
+        })
+    }
+}
+
+/// Compiles a parsed configuration file into [`Settings`], checking each section in turn
+/// (tools, agents, API keys, mandates, policy, OIDC, approvals, risk, references).
+fn compile(file: FileConfig, path: &Path, base: &Path) -> Result<Settings, ConfigError> {
+    let src = Source { path, base };
+    if file.org.id.trim().is_empty() {
+        return Err(src.bad("org.id", "must not be empty".into()));
+    }
+    crate::admin::check_admin_key(&file.admin.key).map_err(|e| src.bad("admin.key", e))?;
+    let tools = compile_tools(&src, &file)?;
+    let agents = compile_agents(&src, &file, &tools)?;
+    let keys = compile_api_keys(&src, &file, &agents)?;
+    let mandates = compile_mandates(&src, &file, &agents)?;
+    let policy = compile_policy(&src, &file, &tools)?;
+    let oidc = compile_oidc(&src, &file)?;
+    let approvals = compile_approvals(&src, &file, oidc.as_ref())?;
+    let risk = compile_risk(&src, &file)?;
+    let references = compile_references(&src, &file)?;
+    Ok(Settings {
+        org_id: file.org.id.clone(),
+        environment: file.org.environment.clone(),
+        auth: Auth::Keys(keys),
+        admin_key: Some(file.admin.key.clone()),
+        agents: Some(agents),
+        tools: Some(tools),
+        flags: None,
+        policy,
+        mandates,
+        oidc,
+        approvals,
+        limits: Limits {
+            duplicate_window_seconds: file.limits.duplicate_window_seconds.unwrap_or(60),
+            velocity: file
+                .limits
+                .velocity
+                .map(|v| src.velocity(v, "limits.velocity"))
+                .transpose()?,
+            signature_skew_seconds: file.limits.signature_skew_seconds.unwrap_or(300),
+        },
+        risk,
+        references,
+        state_dir: file.state_dir.as_deref().map(|p| src.resolve(p)),
+        port: file.port,
+    })
+}
+
+/// The tool catalog: each tool's actions and mandate.
+fn compile_tools(
+    src: &Source<'_>,
+    file: &FileConfig,
+) -> Result<BTreeMap<String, ToolSettings>, ConfigError> {
     let mut tools = BTreeMap::new();
     for (name, tool) in &file.tools {
         let field = format!("tools.{name}");
         if name.is_empty() || name.contains(':') {
-            return Err(bad(
+            return Err(src.bad(
                 &field,
                 "a tool name must be non-empty and contain no `:`".into(),
             ));
         }
         if tool.actions.is_empty() {
-            return Err(bad(&format!("{field}.actions"), "lists no action".into()));
+            return Err(src.bad(&format!("{field}.actions"), "lists no action".into()));
         }
         if let Some(m) = &tool.mandate
             && !file.mandates.contains_key(m)
         {
-            return Err(bad(
+            return Err(src.bad(
                 &format!("{field}.mandate"),
                 format!("unknown mandate `{m}`"),
             ));
@@ -749,17 +819,15 @@ fn compile(file: FileConfig, path: &Path, base: &Path) -> Result<Settings, Confi
             },
         );
     }
+    Ok(tools)
+}
 
-    // Agents.
-    let velocity = |v: VelocityFile, field: &str| -> Result<Velocity, ConfigError> {
-        if v.max == 0 || v.window_seconds == 0 {
-            return Err(bad(field, "max and window_seconds must be positive".into()));
-        }
-        Ok(Velocity {
-            max: v.max,
-            window_seconds: v.window_seconds,
-        })
-    };
+/// The agents: status, tools, signing keys and velocity.
+fn compile_agents(
+    src: &Source<'_>,
+    file: &FileConfig,
+    tools: &BTreeMap<String, ToolSettings>,
+) -> Result<BTreeMap<String, AgentSettings>, ConfigError> {
     let mut agents = BTreeMap::new();
     for (id, agent) in &file.agents {
         let field = format!("agents.{id}");
@@ -768,7 +836,7 @@ fn compile(file: FileConfig, path: &Path, base: &Path) -> Result<Settings, Confi
             "suspended" => AgentStatus::Suspended,
             "revoked" => AgentStatus::Revoked,
             other => {
-                return Err(bad(
+                return Err(src.bad(
                     &format!("{field}.status"),
                     format!("`{other}` is not one of active, suspended, revoked"),
                 ));
@@ -776,16 +844,13 @@ fn compile(file: FileConfig, path: &Path, base: &Path) -> Result<Settings, Confi
         };
         for tool in &agent.tools {
             if !tools.contains_key(tool) {
-                return Err(bad(
-                    &format!("{field}.tools"),
-                    format!("unknown tool `{tool}`"),
-                ));
+                return Err(src.bad(&format!("{field}.tools"), format!("unknown tool `{tool}`")));
             }
         }
         let mut keys = BTreeMap::new();
         for (i, key) in agent.signing.ed25519_keys.iter().enumerate() {
             let raw = crate::signing::decode_ed25519_public(key)
-                .map_err(|e| bad(&format!("{field}.signing.ed25519_keys[{i}]"), e))?;
+                .map_err(|e| src.bad(&format!("{field}.signing.ed25519_keys[{i}]"), e))?;
             keys.insert(crate::signing::ed25519_kid(key.trim()), raw);
         }
         agents.insert(
@@ -797,32 +862,36 @@ fn compile(file: FileConfig, path: &Path, base: &Path) -> Result<Settings, Confi
                 ed25519_keys: keys,
                 velocity: agent
                     .velocity
-                    .map(|v| velocity(v, &format!("{field}.velocity")))
+                    .map(|v| src.velocity(v, &format!("{field}.velocity")))
                     .transpose()?,
             },
         );
     }
+    Ok(agents)
+}
 
-    // API keys.
+/// The API keys, each bound to a known agent (or none) and distinct from the admin key.
+fn compile_api_keys(
+    src: &Source<'_>,
+    file: &FileConfig,
+    agents: &BTreeMap<String, AgentSettings>,
+) -> Result<BTreeMap<String, ApiKey>, ConfigError> {
     let mut keys = BTreeMap::new();
     for (i, key) in file.api_keys.iter().enumerate() {
         let field = format!("api_keys[{i}]");
         if key.key.trim().len() < 8 {
-            return Err(bad(&field, "a key must be at least 8 characters".into()));
+            return Err(src.bad(&field, "a key must be at least 8 characters".into()));
         }
         if let Some(agent) = &key.agent
             && !agents.contains_key(agent)
         {
-            return Err(bad(
+            return Err(src.bad(
                 &format!("{field}.agent"),
                 format!("unknown agent `{agent}`"),
             ));
         }
         if key.key == file.admin.key {
-            return Err(bad(
-                &field,
-                "an API key must differ from the admin key".into(),
-            ));
+            return Err(src.bad(&field, "an API key must differ from the admin key".into()));
         }
         let previous = keys.insert(
             key.key.clone(),
@@ -832,17 +901,24 @@ fn compile(file: FileConfig, path: &Path, base: &Path) -> Result<Settings, Confi
             },
         );
         if previous.is_some() {
-            return Err(bad(&field, "duplicate key".into()));
+            return Err(src.bad(&field, "duplicate key".into()));
         }
     }
+    Ok(keys)
+}
 
-    // Mandates.
+/// The mandates: currency, owner, limits, entity budgets and expiry.
+fn compile_mandates(
+    src: &Source<'_>,
+    file: &FileConfig,
+    agents: &BTreeMap<String, AgentSettings>,
+) -> Result<BTreeMap<String, Mandate>, ConfigError> {
     let mut mandates = BTreeMap::new();
     for (id, m) in &file.mandates {
         let field = format!("mandates.{id}");
         let currency = m.currency.trim().to_ascii_uppercase();
         if currency.len() != 3 || !currency.bytes().all(|b| b.is_ascii_alphabetic()) {
-            return Err(bad(
+            return Err(src.bad(
                 &format!("{field}.currency"),
                 "must be an ISO 4217 code".into(),
             ));
@@ -850,25 +926,19 @@ fn compile(file: FileConfig, path: &Path, base: &Path) -> Result<Settings, Confi
         if let Some(agent) = &m.agent
             && !agents.contains_key(agent)
         {
-            return Err(bad(
+            return Err(src.bad(
                 &format!("{field}.agent"),
                 format!("unknown agent `{agent}`"),
             ));
         }
         if m.per_entity_limit.is_some() != m.entity_key.is_some() {
-            return Err(bad(
-                &field,
-                "per_entity_limit and entity_key go together".into(),
-            ));
+            return Err(src.bad(&field, "per_entity_limit and entity_key go together".into()));
         }
         if m.entity_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
-            return Err(bad(
-                &format!("{field}.entity_key"),
-                "must not be empty".into(),
-            ));
+            return Err(src.bad(&format!("{field}.entity_key"), "must not be empty".into()));
         }
         if m.entity_optional && m.entity_key.is_none() {
-            return Err(bad(
+            return Err(src.bad(
                 &format!("{field}.entity_optional"),
                 "needs a per-entity sub-budget (per_entity_limit and entity_key)".into(),
             ));
@@ -878,7 +948,7 @@ fn compile(file: FileConfig, path: &Path, base: &Path) -> Result<Settings, Confi
             .as_deref()
             .map(chrono::DateTime::parse_from_rfc3339)
             .transpose()
-            .map_err(|e| bad(&format!("{field}.expires_at"), format!("not RFC 3339: {e}")))?
+            .map_err(|e| src.bad(&format!("{field}.expires_at"), format!("not RFC 3339: {e}")))?
             .map(|t| t.with_timezone(&chrono::Utc));
         mandates.insert(
             id.clone(),
@@ -889,10 +959,11 @@ fn compile(file: FileConfig, path: &Path, base: &Path) -> Result<Settings, Confi
                 agent: m.agent.clone(),
                 currency,
                 status: m.status.clone(),
-                per_tx_limit: money(&format!("{field}.per_tx_limit"), &m.per_tx_limit)?,
-                daily_limit: money(&format!("{field}.daily_limit"), &m.daily_limit)?,
-                monthly_limit: money(&format!("{field}.monthly_limit"), &m.monthly_limit)?,
-                per_entity_limit: money(&format!("{field}.per_entity_limit"), &m.per_entity_limit)?,
+                per_tx_limit: src.money(&format!("{field}.per_tx_limit"), &m.per_tx_limit)?,
+                daily_limit: src.money(&format!("{field}.daily_limit"), &m.daily_limit)?,
+                monthly_limit: src.money(&format!("{field}.monthly_limit"), &m.monthly_limit)?,
+                per_entity_limit: src
+                    .money(&format!("{field}.per_entity_limit"), &m.per_entity_limit)?,
                 entity_key: m.entity_key.clone(),
                 entity_optional: m.entity_optional,
                 relational_cap: m.relational_cap,
@@ -901,12 +972,19 @@ fn compile(file: FileConfig, path: &Path, base: &Path) -> Result<Settings, Confi
             },
         );
     }
+    Ok(mandates)
+}
 
-    // Policy.
+/// The Cedar policy, compiled for the catalog's actions and the declared facts.
+fn compile_policy(
+    src: &Source<'_>,
+    file: &FileConfig,
+    tools: &BTreeMap<String, ToolSettings>,
+) -> Result<Option<PolicySettings>, ConfigError> {
     let policy = match &file.policy {
         None => None,
         Some(p) => {
-            let cedar_path = resolve(&p.cedar_file);
+            let cedar_path = src.resolve(&p.cedar_file);
             let text =
                 std::fs::read_to_string(&cedar_path).map_err(|source| ConfigError::Read {
                     path: cedar_path.clone(),
@@ -919,7 +997,7 @@ fn compile(file: FileConfig, path: &Path, base: &Path) -> Result<Settings, Confi
                     FactFile::Long { ty, optional } => (ty.as_str(), *optional),
                 };
                 let ty = FactType::parse(ty).ok_or_else(|| {
-                    bad(
+                    src.bad(
                         &format!("policy.facts.{name}"),
                         format!("unknown type `{ty}` (string, bool, long, decimal, string_set)"),
                     )
@@ -937,7 +1015,7 @@ fn compile(file: FileConfig, path: &Path, base: &Path) -> Result<Settings, Confi
                     .collect(),
             };
             let cedar = CedarPolicies::compile(&text, &spec).map_err(|e| {
-                bad(
+                src.bad(
                     "policy.cedar_file",
                     format!("{}: {e}", cedar_path.display()),
                 )
@@ -948,7 +1026,7 @@ fn compile(file: FileConfig, path: &Path, base: &Path) -> Result<Settings, Confi
                 version: p.version,
                 profile: Profile {
                     counterparty_allowlist: p.profile.counterparty_allowlist,
-                    escalation_amount: money(
+                    escalation_amount: src.money(
                         "policy.profile.escalation_amount",
                         &p.profile.escalation_amount,
                     )?,
@@ -958,28 +1036,40 @@ fn compile(file: FileConfig, path: &Path, base: &Path) -> Result<Settings, Confi
             })
         }
     };
+    Ok(policy)
+}
 
+/// The OIDC delegation: a JWKS file or a test IdP.
+fn compile_oidc(src: &Source<'_>, file: &FileConfig) -> Result<Option<OidcSettings>, ConfigError> {
     let oidc = file.oidc.as_ref().map(|o| OidcSettings {
         issuer: o.issuer.clone(),
         audience: o.audience.clone(),
         role_claim: o.role_claim.clone(),
         email_claim: o.email_claim.clone(),
-        jwks_file: o.jwks_file.as_deref().map(resolve),
-        test_idp_key: o.test_idp.as_ref().map(|t| resolve(&t.key_file)),
+        jwks_file: o.jwks_file.as_deref().map(|p| src.resolve(p)),
+        test_idp_key: o.test_idp.as_ref().map(|t| src.resolve(&t.key_file)),
         test_idp_ttl_seconds: o.test_idp.as_ref().map_or(3600, |t| t.token_ttl_seconds),
     });
     if let Some(o) = &oidc
         && o.jwks_file.is_none()
         && o.test_idp_key.is_none()
     {
-        return Err(bad("oidc", "needs jwks_file or test_idp".into()));
+        return Err(src.bad("oidc", "needs jwks_file or test_idp".into()));
     }
+    Ok(oidc)
+}
 
+/// The approvals: escalation type, life and approver tokens (which need OIDC).
+fn compile_approvals(
+    src: &Source<'_>,
+    file: &FileConfig,
+    oidc: Option<&OidcSettings>,
+) -> Result<ApprovalSettings, ConfigError> {
     let approvals = ApprovalSettings {
         escalation_type: match file.approvals.r#type.as_str() {
             t @ ("manual" | "ciba" | "webhook") => t.to_owned(),
             other => {
-                return Err(bad(
+                return Err(src.bad(
                     "approvals.type",
                     format!("`{other}` is not one of manual, ciba, webhook"),
                 ));
@@ -990,17 +1080,21 @@ fn compile(file: FileConfig, path: &Path, base: &Path) -> Result<Settings, Confi
         require_approver_token: file.approvals.require_approver_token,
     };
     if approvals.require_approver_token && oidc.is_none() {
-        return Err(bad(
+        return Err(src.bad(
             "approvals.require_approver_token",
             "needs an oidc section to verify approver tokens".into(),
         ));
     }
+    Ok(approvals)
+}
 
+/// The risk model: a deny threshold and signals with exactly one condition each.
+fn compile_risk(src: &Source<'_>, file: &FileConfig) -> Result<Option<RiskSettings>, ConfigError> {
     let risk = match &file.risk {
         None => None,
         Some(r) => {
             if !(0.0..=1.0).contains(&r.deny_above) {
-                return Err(bad("risk.deny_above", "must be within 0..=1".into()));
+                return Err(src.bad("risk.deny_above", "must be within 0..=1".into()));
             }
             let mut signals = Vec::new();
             for (i, s) in r.signals.iter().enumerate() {
@@ -1011,14 +1105,14 @@ fn compile(file: FileConfig, path: &Path, base: &Path) -> Result<Settings, Confi
                     s.fact_equals.is_some(),
                 ];
                 if conditions.iter().filter(|c| **c).count() != 1 {
-                    return Err(bad(
+                    return Err(src.bad(
                         &field,
                         "needs exactly one of amount_over, velocity_ratio_over, fact_equals".into(),
                     ));
                 }
                 let when = if let Some(a) = &s.amount_over {
                     RiskCondition::AmountOver(
-                        money(&format!("{field}.amount_over"), &Some(a.clone()))?
+                        src.money(&format!("{field}.amount_over"), &Some(a.clone()))?
                             .unwrap_or_default(),
                     )
                 } else if let Some(r) = s.velocity_ratio_over {
@@ -1029,7 +1123,7 @@ fn compile(file: FileConfig, path: &Path, base: &Path) -> Result<Settings, Confi
                     match (it.next(), it.next()) {
                         (Some((k, v)), None) => RiskCondition::FactEquals(k, v),
                         _ => {
-                            return Err(bad(
+                            return Err(src.bad(
                                 &format!("{field}.fact_equals"),
                                 "needs exactly one fact".into(),
                             ));
@@ -1049,41 +1143,23 @@ fn compile(file: FileConfig, path: &Path, base: &Path) -> Result<Settings, Confi
             })
         }
     };
+    Ok(risk)
+}
 
+/// The reference amounts.
+fn compile_references(
+    src: &Source<'_>,
+    file: &FileConfig,
+) -> Result<BTreeMap<String, Decimal>, ConfigError> {
     let mut references = BTreeMap::new();
     for (reference, amount) in &file.references {
         references.insert(
             reference.clone(),
-            money(&format!("references.{reference}"), &Some(amount.clone()))?.unwrap_or_default(),
+            src.money(&format!("references.{reference}"), &Some(amount.clone()))?
+                .unwrap_or_default(),
         );
     }
-
-    Ok(Settings {
-        org_id: file.org.id.clone(),
-        environment: file.org.environment.clone(),
-        auth: Auth::Keys(keys),
-        admin_key: Some(file.admin.key.clone()),
-        agents: Some(agents),
-        tools: Some(tools),
-        flags: None,
-        policy,
-        mandates,
-        oidc,
-        approvals,
-        limits: Limits {
-            duplicate_window_seconds: file.limits.duplicate_window_seconds.unwrap_or(60),
-            velocity: file
-                .limits
-                .velocity
-                .map(|v| velocity(v, "limits.velocity"))
-                .transpose()?,
-            signature_skew_seconds: file.limits.signature_skew_seconds.unwrap_or(300),
-        },
-        risk,
-        references,
-        state_dir: file.state_dir.as_deref().map(resolve),
-        port: file.port,
-    })
+    Ok(references)
 }
 
 impl FromStr for AgentStatus {

@@ -301,13 +301,8 @@ async fn list_decisions(
 async fn audit(State(gate): State<Arc<Gate>>, headers: HeaderMap) -> Result<Response, ApiError> {
     admin(&gate, &headers)?;
     let events = gate.audit().await?;
-    let mut body = String::new();
-    for event in events {
-        let line = serde_json::to_string(&event)
-            .map_err(|e| ApiError::internal(format!("encoding an audit event: {e}")))?;
-        body.push_str(&line);
-        body.push('\n');
-    }
+    let body = crate::service::audit_jsonl(&events)
+        .map_err(|e| ApiError::internal(format!("encoding an audit event: {e}")))?;
     Ok(with_request_id(
         ([(header::CONTENT_TYPE, "application/x-ndjson")], body).into_response(),
     ))

@@ -188,6 +188,45 @@ pub(crate) fn validate_agent(doc: &AgentDoc, file: &Path, in_bundle: bool, d: &m
         attachments(&t.policies, &format!("{base}.policies"), d);
     }
 
+    subagents(doc, file, in_bundle, &mut wire, d);
+
+    attachments(&spec.default_policies, "spec.default_policies", d);
+
+    if let Some(l) = &spec.limits {
+        on_limit(d, &l.on_limit);
+        if l.max_subagent_depth.is_some_and(|v| v < 1) {
+            d.error("spec.limits.max_subagent_depth", "must be >= 1");
+        }
+        negative_limits(
+            d,
+            [
+                ("max_tokens_per_run", l.max_tokens_per_run),
+                ("max_loop_iterations", l.max_loop_iterations),
+                ("max_wall_clock_seconds", l.max_wall_clock_seconds),
+                ("max_hitl_wait_minutes", l.max_hitl_wait_minutes),
+            ],
+        );
+    }
+
+    if let Some(o) = &doc.output {
+        if let Some(s) = &o.schema {
+            schema_exclusive(s, "output.schema", d);
+        }
+        output_enums(d, &o.format, &o.on_invalid);
+    }
+}
+
+/// `spec.agents`: delegations (only in a bundle), each with a unique, parseable ref that does
+/// not point back at the declaring agent, a unique wire name, and valid schema, result and
+/// policies.
+fn subagents(
+    doc: &AgentDoc,
+    file: &Path,
+    in_bundle: bool,
+    wire: &mut WireNames,
+    d: &mut FileDiags<'_>,
+) {
+    let spec = &doc.spec;
     if !spec.agents.is_empty() && !in_bundle {
         d.key_error(
             "spec.agents",
@@ -244,31 +283,6 @@ pub(crate) fn validate_agent(doc: &AgentDoc, file: &Path, in_bundle: bool, d: &m
         }
         delegation_result(d, &format!("{base}.result"), &a.result);
         attachments(&a.policies, &format!("{base}.policies"), d);
-    }
-
-    attachments(&spec.default_policies, "spec.default_policies", d);
-
-    if let Some(l) = &spec.limits {
-        on_limit(d, &l.on_limit);
-        if l.max_subagent_depth.is_some_and(|v| v < 1) {
-            d.error("spec.limits.max_subagent_depth", "must be >= 1");
-        }
-        negative_limits(
-            d,
-            [
-                ("max_tokens_per_run", l.max_tokens_per_run),
-                ("max_loop_iterations", l.max_loop_iterations),
-                ("max_wall_clock_seconds", l.max_wall_clock_seconds),
-                ("max_hitl_wait_minutes", l.max_hitl_wait_minutes),
-            ],
-        );
-    }
-
-    if let Some(o) = &doc.output {
-        if let Some(s) = &o.schema {
-            schema_exclusive(s, "output.schema", d);
-        }
-        output_enums(d, &o.format, &o.on_invalid);
     }
 }
 

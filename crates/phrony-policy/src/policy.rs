@@ -199,6 +199,130 @@ fn non_empty(s: Option<String>) -> Option<String> {
     s.filter(|s| !s.trim().is_empty())
 }
 
+/// `scope`: `agent` (or empty) or `tool:<ref>`.
+fn compile_scope(def: &PolicyDef, diags: &mut Diags<'_>) -> Option<Scope> {
+    match def.scope.as_str() {
+        "" | "agent" => Some(Scope::Agent),
+        s => match s.strip_prefix("tool:") {
+            Some(r) if !r.is_empty() && !r.chars().any(char::is_whitespace) => {
+                Some(Scope::Tool(r.to_owned()))
+            }
+            _ => {
+                diags.push(
+                    "scope",
+                    CompileErrorKind::UnknownScope {
+                        scope: s.to_owned(),
+                    },
+                );
+                None
+            }
+        },
+    }
+}
+
+/// `action`: required, one of the known actions.
+fn compile_action(def: &PolicyDef, diags: &mut Diags<'_>) -> Option<Action> {
+    if def.action.is_empty() {
+        diags.push("action", CompileErrorKind::MissingAction);
+        None
+    } else {
+        let a = Action::parse(&def.action);
+        if a.is_none() {
+            diags.push(
+                "action",
+                CompileErrorKind::UnknownAction {
+                    action: def.action.clone(),
+                },
+            );
+        }
+        a
+    }
+}
+
+/// `on_reject`: `return_to_agent` (the default) or `fail`.
+fn compile_on_reject(def: &PolicyDef, diags: &mut Diags<'_>) -> OnReject {
+    match def.on_reject.as_deref().unwrap_or("") {
+        "" | "return_to_agent" => OnReject::ReturnToAgent,
+        "fail" => OnReject::Fail,
+        other => {
+            diags.push(
+                "on_reject",
+                CompileErrorKind::UnknownOnReject {
+                    value: other.to_owned(),
+                },
+            );
+            OnReject::ReturnToAgent
+        }
+    }
+}
+
+/// `on_modify`: unchecked (the default) or `revalidate`.
+fn compile_on_modify(def: &PolicyDef, diags: &mut Diags<'_>) -> OnModify {
+    match def.on_modify.as_deref().unwrap_or("") {
+        "" => OnModify::Unchecked,
+        "revalidate" => OnModify::Revalidate,
+        other => {
+            diags.push(
+                "on_modify",
+                CompileErrorKind::UnknownOnModify {
+                    value: other.to_owned(),
+                },
+            );
+            OnModify::Unchecked
+        }
+    }
+}
+
+/// `timeout`: at least one minute, and what happens then (deny, allow or escalate).
+fn compile_timeout(def: &PolicyDef, diags: &mut Diags<'_>) -> Option<Timeout> {
+    def.timeout.as_ref().and_then(|t| {
+        let minutes = u32::try_from(t.after_minutes).ok().filter(|m| *m >= 1);
+        if minutes.is_none() {
+            diags.push(
+                "timeout.after_minutes",
+                CompileErrorKind::InvalidTimeoutMinutes {
+                    value: t.after_minutes,
+                },
+            );
+        }
+        let default = match t.default.as_str() {
+            "" | "deny" => Some(TimeoutDefault::Deny),
+            "allow" => Some(TimeoutDefault::Allow),
+            "escalate" => Some(TimeoutDefault::Escalate),
+            other => {
+                diags.push(
+                    "timeout.default",
+                    CompileErrorKind::UnknownTimeoutDefault {
+                        value: other.to_owned(),
+                    },
+                );
+                None
+            }
+        };
+        Some(Timeout {
+            after_minutes: minutes?,
+            default: default?,
+        })
+    })
+}
+
+/// The approver role an approval is routed to: `runtime."phrony.com/approver_role"` (or
+/// `runtime.approver_role`), a string.
+fn compile_route(def: &PolicyDef, diags: &mut Diags<'_>) -> Option<String> {
+    let mut route = None;
+    if let Some(runtime) = &def.runtime {
+        for key in ["phrony.com/approver_role", "approver_role"] {
+            match runtime.get(key) {
+                None => continue,
+                Some(Value::String(s)) => route = non_empty(Some(s.clone())),
+                Some(_) => diags.push(format!("runtime.{key}"), CompileErrorKind::RouteNotString),
+            }
+            break;
+        }
+    }
+    route
+}
+
 impl Policy {
     /// Validates and compiles one definition; problems go to `diags`.
     pub(crate) fn compile(def: PolicyDef, diags: &mut Diags<'_>) -> Option<Policy> {
@@ -207,39 +331,9 @@ impl Policy {
             diags.push("name", CompileErrorKind::MissingName);
         }
 
-        let scope = match def.scope.as_str() {
-            "" | "agent" => Some(Scope::Agent),
-            s => match s.strip_prefix("tool:") {
-                Some(r) if !r.is_empty() && !r.chars().any(char::is_whitespace) => {
-                    Some(Scope::Tool(r.to_owned()))
-                }
-                _ => {
-                    diags.push(
-                        "scope",
-                        CompileErrorKind::UnknownScope {
-                            scope: s.to_owned(),
-                        },
-                    );
-                    None
-                }
-            },
-        };
+        let scope = compile_scope(&def, diags);
 
-        let action = if def.action.is_empty() {
-            diags.push("action", CompileErrorKind::MissingAction);
-            None
-        } else {
-            let a = Action::parse(&def.action);
-            if a.is_none() {
-                diags.push(
-                    "action",
-                    CompileErrorKind::UnknownAction {
-                        action: def.action.clone(),
-                    },
-                );
-            }
-            a
-        };
+        let action = compile_action(&def, diags);
 
         let mut values = Vec::with_capacity(def.allow.len());
         for (i, entry) in def.allow.iter().enumerate() {
@@ -277,77 +371,13 @@ impl Policy {
                 }),
         };
 
-        let on_reject = match def.on_reject.as_deref().unwrap_or("") {
-            "" | "return_to_agent" => OnReject::ReturnToAgent,
-            "fail" => OnReject::Fail,
-            other => {
-                diags.push(
-                    "on_reject",
-                    CompileErrorKind::UnknownOnReject {
-                        value: other.to_owned(),
-                    },
-                );
-                OnReject::ReturnToAgent
-            }
-        };
+        let on_reject = compile_on_reject(&def, diags);
 
-        let on_modify = match def.on_modify.as_deref().unwrap_or("") {
-            "" => OnModify::Unchecked,
-            "revalidate" => OnModify::Revalidate,
-            other => {
-                diags.push(
-                    "on_modify",
-                    CompileErrorKind::UnknownOnModify {
-                        value: other.to_owned(),
-                    },
-                );
-                OnModify::Unchecked
-            }
-        };
+        let on_modify = compile_on_modify(&def, diags);
 
-        let timeout = def.timeout.as_ref().and_then(|t| {
-            let minutes = u32::try_from(t.after_minutes).ok().filter(|m| *m >= 1);
-            if minutes.is_none() {
-                diags.push(
-                    "timeout.after_minutes",
-                    CompileErrorKind::InvalidTimeoutMinutes {
-                        value: t.after_minutes,
-                    },
-                );
-            }
-            let default = match t.default.as_str() {
-                "" | "deny" => Some(TimeoutDefault::Deny),
-                "allow" => Some(TimeoutDefault::Allow),
-                "escalate" => Some(TimeoutDefault::Escalate),
-                other => {
-                    diags.push(
-                        "timeout.default",
-                        CompileErrorKind::UnknownTimeoutDefault {
-                            value: other.to_owned(),
-                        },
-                    );
-                    None
-                }
-            };
-            Some(Timeout {
-                after_minutes: minutes?,
-                default: default?,
-            })
-        });
+        let timeout = compile_timeout(&def, diags);
 
-        let mut route = None;
-        if let Some(runtime) = &def.runtime {
-            for key in ["phrony.com/approver_role", "approver_role"] {
-                match runtime.get(key) {
-                    None => continue,
-                    Some(Value::String(s)) => route = non_empty(Some(s.clone())),
-                    Some(_) => {
-                        diags.push(format!("runtime.{key}"), CompileErrorKind::RouteNotString)
-                    }
-                }
-                break;
-            }
-        }
+        let route = compile_route(&def, diags);
 
         let allow_field = non_empty(def.allow_field.clone()).and_then(|field| {
             if def.allow.is_empty() {

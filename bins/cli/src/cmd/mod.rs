@@ -38,7 +38,7 @@ Exit codes:
     disable_version_flag = true,
     after_help = EXIT_CODES
 )]
-pub(crate) struct Cli {
+pub struct Cli {
     /// Print the version.
     #[arg(short = 'v', long = "version", action = ArgAction::Version)]
     version: Option<bool>,
@@ -103,7 +103,10 @@ pub(crate) enum Output {
 
 impl Cli {
     /// Runs the chosen command.
-    pub(crate) fn run(self) -> anyhow::Result<()> {
+    ///
+    /// # Errors
+    /// The command's failure; [`crate::exit_code`] turns it into the exit code.
+    pub fn run(self) -> anyhow::Result<()> {
         match self.command {
             Command::Init(args) => init::run(&args),
             Command::Status(args) => status::run(&args, &self.global),

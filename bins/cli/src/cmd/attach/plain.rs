@@ -19,7 +19,7 @@ use std::io::{self, Write};
 
 use chrono::{DateTime, Utc};
 use phrony_client::OUTCOME_REVIEW;
-use phrony_client::interactive::{Decision, SessionEvent, ToolOutcome};
+use phrony_client::interactive::{ApprovalRequired, Decision, SessionEvent, ToolOutcome, ToolResult};
 use tokio::sync::mpsc;
 
 use super::view::{Action, Phase, View, model_label};
@@ -240,24 +240,7 @@ impl<O: Write, E: Write> Plain<O, E> {
                 self.status(&line)?;
             }
             SessionEvent::ToolResult(result) => {
-                let tool = self.view.tool_of(&result.call_id);
-                let line = match &result.outcome {
-                    ToolOutcome::Succeeded { payload } => {
-                        format!("tool result {tool} {}", inline(&compact_json(payload)))
-                    }
-                    ToolOutcome::Failed {
-                        message,
-                        policy_ref,
-                        ..
-                    } if result.outcome.is_policy_denial() => format!(
-                        "denied by policy {}: {tool} was not dispatched: {message}",
-                        policy_ref.as_deref().unwrap_or("(unnamed)")
-                    ),
-                    ToolOutcome::Failed { code, message, .. } => match code {
-                        Some(code) => format!("tool failed {tool} [{code}] {message}"),
-                        None => format!("tool failed {tool} {message}"),
-                    },
-                };
+                let line = tool_result_line(&self.view.tool_of(&result.call_id), result);
                 self.status(&line)?;
             }
             SessionEvent::ApprovalRequired(a) if a.kind == OUTCOME_REVIEW => {
@@ -273,35 +256,7 @@ impl<O: Write, E: Write> Plain<O, E> {
                 }
                 self.status(REVIEW_HELP)?;
             }
-            SessionEvent::ApprovalRequired(a) => {
-                let mut line = format!("approval required: {}@{}", a.tool, a.version);
-                if let Some(policy) = a.policy_ref.as_ref().or(a.policy_name.as_ref()) {
-                    line.push_str(&format!(" · policy {policy}"));
-                }
-                if let Some(reason) = &a.reason {
-                    line.push_str(&format!(" · {reason}"));
-                }
-                line.push_str(&format!(
-                    " · {}/{} approvals",
-                    a.approvals_received,
-                    a.approvals_required.max(1)
-                ));
-                if let Some(expires) = a.expires_at {
-                    line.push_str(&format!(" · expires {}", crate::cmd::render::time(expires)));
-                }
-                self.status(&line)?;
-                for arg_line in pretty_json(&a.args).lines() {
-                    writeln!(self.err, "   {}", sanitize(arg_line))?;
-                }
-                if a.comprehension_required {
-                    self.status(
-                        "approve with /approve [comment] (you will confirm you understood the \
-                         call), deny with /deny [comment]",
-                    )?;
-                } else {
-                    self.status("approve with /approve [comment], deny with /deny [comment]")?;
-                }
-            }
+            SessionEvent::ApprovalRequired(a) => self.approval_required(a)?,
             SessionEvent::ApprovalDecided(d) => {
                 let mut line = format!(
                     "approval {} by {} ({}/{})",
@@ -362,6 +317,39 @@ impl<O: Write, E: Write> Plain<O, E> {
         self.view.apply(event, now);
         if self.view.phase == Phase::Ready && (!was_ready || self.outstanding == 0) {
             self.prompt()?;
+        }
+        Ok(())
+    }
+
+    /// Announces an approval the operator can vote on: what is held and why, its arguments,
+    /// and how to vote.
+    fn approval_required(&mut self, a: &ApprovalRequired) -> io::Result<()> {
+        let mut line = format!("approval required: {}@{}", a.tool, a.version);
+        if let Some(policy) = a.policy_ref.as_ref().or(a.policy_name.as_ref()) {
+            line.push_str(&format!(" · policy {policy}"));
+        }
+        if let Some(reason) = &a.reason {
+            line.push_str(&format!(" · {reason}"));
+        }
+        line.push_str(&format!(
+            " · {}/{} approvals",
+            a.approvals_received,
+            a.approvals_required.max(1)
+        ));
+        if let Some(expires) = a.expires_at {
+            line.push_str(&format!(" · expires {}", crate::cmd::render::time(expires)));
+        }
+        self.status(&line)?;
+        for arg_line in pretty_json(&a.args).lines() {
+            writeln!(self.err, "   {}", sanitize(arg_line))?;
+        }
+        if a.comprehension_required {
+            self.status(
+                "approve with /approve [comment] (you will confirm you understood the \
+                 call), deny with /deny [comment]",
+            )?;
+        } else {
+            self.status("approve with /approve [comment], deny with /deny [comment]")?;
         }
         Ok(())
     }
@@ -503,6 +491,27 @@ impl<O: Write, E: Write> Plain<O, E> {
             Action::Detach => {}
         }
         Ok(())
+    }
+}
+
+/// The status line of a tool result: its payload, a policy denial or a failure.
+fn tool_result_line(tool: &str, result: &ToolResult) -> String {
+    match &result.outcome {
+        ToolOutcome::Succeeded { payload } => {
+            format!("tool result {tool} {}", inline(&compact_json(payload)))
+        }
+        ToolOutcome::Failed {
+            message,
+            policy_ref,
+            ..
+        } if result.outcome.is_policy_denial() => format!(
+            "denied by policy {}: {tool} was not dispatched: {message}",
+            policy_ref.as_deref().unwrap_or("(unnamed)")
+        ),
+        ToolOutcome::Failed { code, message, .. } => match code {
+            Some(code) => format!("tool failed {tool} [{code}] {message}"),
+            None => format!("tool failed {tool} {message}"),
+        },
     }
 }
 

@@ -356,134 +356,145 @@ fn draw_header(frame: &mut Frame<'_>, view: &View, area: Rect) {
     );
 }
 
+/// A transcript block's label, label style, detail (shown bold after the label) and body;
+/// `None` for a notice, which is drawn as a coloured rule instead. `cursor` marks the agent's
+/// block that is still streaming.
+fn block_parts(block: &Block, cursor: bool) -> Option<(&'static str, Style, String, String)> {
+    Some(match block {
+        Block::User(text) => ("YOU", bold(Color::Cyan), String::new(), text.clone()),
+        Block::Agent { text, footer } => {
+            let mut body = text.clone();
+            if cursor {
+                body.push('▍');
+            }
+            if let Some(footer) = footer {
+                body.push_str(&format!("\n── {footer}"));
+            }
+            ("AGENT", bold(Color::Green), String::new(), body)
+        }
+        Block::ToolCall {
+            tool,
+            args,
+            delegation,
+        } => {
+            let mut body = pretty_json(args);
+            if let Some(delegation) = delegation {
+                body = format!("{delegation}\n{body}");
+            }
+            ("TOOL CALL", bold(Color::Yellow), tool.clone(), body)
+        }
+        Block::ToolResult { tool, payload } => {
+            let pretty = pretty_json(payload);
+            let shown: Vec<&str> = pretty.lines().collect();
+            let body = if shown.len() > MAX_RESULT_LINES {
+                format!(
+                    "{}\n… {} more lines",
+                    shown[..MAX_RESULT_LINES].join("\n"),
+                    shown.len() - MAX_RESULT_LINES
+                )
+            } else {
+                pretty
+            };
+            ("TOOL RESULT", bold(Color::Blue), tool.clone(), body)
+        }
+        Block::ToolFailed {
+            tool,
+            code,
+            message,
+        } => {
+            let body = match code {
+                Some(code) => format!("[{code}] {message}"),
+                None => message.clone(),
+            };
+            ("TOOL FAILED", bold(Color::Red), tool.clone(), body)
+        }
+        Block::PolicyDenied {
+            tool,
+            policy_ref,
+            reason,
+        } => (
+            "DENIED BY POLICY",
+            bold(Color::Red),
+            policy_ref.clone().unwrap_or_default(),
+            format!("{tool} was not dispatched: {reason}"),
+        ),
+        Block::ApprovalRequired {
+            tool,
+            reason,
+            review: true,
+            ..
+        } => (
+            "OUTCOME UNKNOWN",
+            bold(Color::Magenta),
+            tool.clone(),
+            reason.clone().unwrap_or_default(),
+        ),
+        Block::ApprovalRequired {
+            tool,
+            policy_ref,
+            reason,
+            review: false,
+        } => {
+            let mut body = String::new();
+            if let Some(policy) = policy_ref {
+                body.push_str(&format!("held by {policy}"));
+            }
+            if let Some(reason) = reason {
+                if !body.is_empty() {
+                    body.push_str(": ");
+                }
+                body.push_str(reason);
+            }
+            (
+                "APPROVAL REQUIRED",
+                bold(Color::Magenta),
+                tool.clone(),
+                body,
+            )
+        }
+        Block::Decided(decided) => {
+            let (label, color) = match decided.status {
+                ApprovalStatus::Approved => ("APPROVED", Color::Green),
+                ApprovalStatus::Denied => ("DENIED", Color::Red),
+                ApprovalStatus::Pending => ("VOTE RECORDED", Color::Magenta),
+                ApprovalStatus::Escalated => ("ESCALATED", Color::Magenta),
+                ApprovalStatus::Cancelled | ApprovalStatus::Other(_) => {
+                    ("APPROVAL CLOSED", Color::DarkGray)
+                }
+            };
+            let mut body = format!(
+                "by {} · {}/{} approvals",
+                decided.decided_by, decided.approvals_received, decided.approvals_required
+            );
+            if let Some(comment) = &decided.comment {
+                body.push_str(&format!(" · “{comment}”"));
+            }
+            (label, bold(color), String::new(), body)
+        }
+        Block::Notice { .. } => return None,
+    })
+}
+
 /// The transcript as styled, wrapped lines for `width` columns.
 pub(crate) fn transcript_lines(view: &View, width: usize) -> Vec<Line<'static>> {
     let body_width = width.saturating_sub(2).max(1);
     let mut lines: Vec<Line<'static>> = Vec::new();
     let last = view.blocks.len().saturating_sub(1);
     for (index, block) in view.blocks.iter().enumerate() {
-        let (label, style, detail, body): (&str, Style, String, String) = match block {
-            Block::User(text) => ("YOU", bold(Color::Cyan), String::new(), text.clone()),
-            Block::Agent { text, footer } => {
-                let mut body = text.clone();
-                if index == last && view.is_streaming() {
-                    body.push('▍');
-                }
-                if let Some(footer) = footer {
-                    body.push_str(&format!("\n── {footer}"));
-                }
-                ("AGENT", bold(Color::Green), String::new(), body)
+        if let Block::Notice { text, tone } = block {
+            let color = match tone {
+                Tone::Good => Color::Green,
+                Tone::Bad => Color::Red,
+            };
+            for line in wrap(&format!("── {} ──", sanitize(text)), width.max(1)) {
+                lines.push(Line::styled(line, Style::new().fg(color)));
             }
-            Block::ToolCall {
-                tool,
-                args,
-                delegation,
-            } => {
-                let mut body = pretty_json(args);
-                if let Some(delegation) = delegation {
-                    body = format!("{delegation}\n{body}");
-                }
-                ("TOOL CALL", bold(Color::Yellow), tool.clone(), body)
-            }
-            Block::ToolResult { tool, payload } => {
-                let pretty = pretty_json(payload);
-                let shown: Vec<&str> = pretty.lines().collect();
-                let body = if shown.len() > MAX_RESULT_LINES {
-                    format!(
-                        "{}\n… {} more lines",
-                        shown[..MAX_RESULT_LINES].join("\n"),
-                        shown.len() - MAX_RESULT_LINES
-                    )
-                } else {
-                    pretty
-                };
-                ("TOOL RESULT", bold(Color::Blue), tool.clone(), body)
-            }
-            Block::ToolFailed {
-                tool,
-                code,
-                message,
-            } => {
-                let body = match code {
-                    Some(code) => format!("[{code}] {message}"),
-                    None => message.clone(),
-                };
-                ("TOOL FAILED", bold(Color::Red), tool.clone(), body)
-            }
-            Block::PolicyDenied {
-                tool,
-                policy_ref,
-                reason,
-            } => (
-                "DENIED BY POLICY",
-                bold(Color::Red),
-                policy_ref.clone().unwrap_or_default(),
-                format!("{tool} was not dispatched: {reason}"),
-            ),
-            Block::ApprovalRequired {
-                tool,
-                reason,
-                review: true,
-                ..
-            } => (
-                "OUTCOME UNKNOWN",
-                bold(Color::Magenta),
-                tool.clone(),
-                reason.clone().unwrap_or_default(),
-            ),
-            Block::ApprovalRequired {
-                tool,
-                policy_ref,
-                reason,
-                review: false,
-            } => {
-                let mut body = String::new();
-                if let Some(policy) = policy_ref {
-                    body.push_str(&format!("held by {policy}"));
-                }
-                if let Some(reason) = reason {
-                    if !body.is_empty() {
-                        body.push_str(": ");
-                    }
-                    body.push_str(reason);
-                }
-                (
-                    "APPROVAL REQUIRED",
-                    bold(Color::Magenta),
-                    tool.clone(),
-                    body,
-                )
-            }
-            Block::Decided(decided) => {
-                let (label, color) = match decided.status {
-                    ApprovalStatus::Approved => ("APPROVED", Color::Green),
-                    ApprovalStatus::Denied => ("DENIED", Color::Red),
-                    ApprovalStatus::Pending => ("VOTE RECORDED", Color::Magenta),
-                    ApprovalStatus::Escalated => ("ESCALATED", Color::Magenta),
-                    ApprovalStatus::Cancelled | ApprovalStatus::Other(_) => {
-                        ("APPROVAL CLOSED", Color::DarkGray)
-                    }
-                };
-                let mut body = format!(
-                    "by {} · {}/{} approvals",
-                    decided.decided_by, decided.approvals_received, decided.approvals_required
-                );
-                if let Some(comment) = &decided.comment {
-                    body.push_str(&format!(" · “{comment}”"));
-                }
-                (label, bold(color), String::new(), body)
-            }
-            Block::Notice { text, tone } => {
-                let color = match tone {
-                    Tone::Good => Color::Green,
-                    Tone::Bad => Color::Red,
-                };
-                for line in wrap(&format!("── {} ──", sanitize(text)), width.max(1)) {
-                    lines.push(Line::styled(line, Style::new().fg(color)));
-                }
-                lines.push(Line::default());
-                continue;
-            }
+            lines.push(Line::default());
+            continue;
+        }
+        let cursor = index == last && view.is_streaming();
+        let Some((label, style, detail, body)) = block_parts(block, cursor) else {
+            continue;
         };
         let mut head = vec![Span::styled(label.to_owned(), style)];
         if !detail.is_empty() {
