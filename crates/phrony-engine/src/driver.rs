@@ -207,7 +207,7 @@ pub(crate) struct Ctx {
 }
 
 impl Ctx {
-    pub(crate) fn store(&self) -> &dyn crate::store::SessionStore {
+    pub(crate) fn store(&self) -> &crate::store::LedgerStore {
         self.inner.store.as_ref()
     }
 

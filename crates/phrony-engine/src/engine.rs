@@ -25,14 +25,14 @@ use crate::driver::{self, DriverSetup};
 use crate::error::{EngineError, ErrorKind};
 use crate::fold::{Fold, engine_events};
 use crate::provider::{ProviderFactory, api_key_secret_name};
-use crate::store::{PlainSecret, SessionStore};
+use crate::store::{LedgerStore, PlainSecret};
 use crate::subscribe::{SessionUpdate, Subscription};
 use crate::timer;
 
 /// What an [`Engine`] is built from.
 pub struct EngineDeps {
     /// Durable state.
-    pub store: Arc<dyn SessionStore>,
+    pub store: Arc<LedgerStore>,
     /// Dispatches allowed tool calls to workers; `None` means no worker can ever be reached
     /// (every dispatch fails as `no_handler`).
     pub router: Option<Router>,
@@ -135,7 +135,7 @@ impl fmt::Debug for Engine {
 }
 
 pub(crate) struct Inner {
-    pub(crate) store: Arc<dyn SessionStore>,
+    pub(crate) store: Arc<LedgerStore>,
     pub(crate) router: Option<Router>,
     pub(crate) providers: Arc<dyn ProviderFactory>,
     pub(crate) clock: Arc<dyn Clock>,
@@ -417,7 +417,7 @@ impl Engine {
 
     /// The store.
     #[must_use]
-    pub fn store(&self) -> &Arc<dyn SessionStore> {
+    pub fn store(&self) -> &Arc<LedgerStore> {
         &self.inner.store
     }
 
