@@ -29,9 +29,7 @@ use crate::fold::{FAILURE_KEY, TRIGGER_KEY, codes, rejection_text};
 use crate::hooks::ledger_outcome;
 use crate::store::LedgerStore;
 
-/// The pseudo tool of limit escalations: a `limit:escalate` approval gates this recorded call
-/// (version = the limit kind, arguments = `{limit, used, max}`); the model never sees it.
-pub const LIMIT_TOOL: &str = "phrony.limit";
+pub use crate::fold::LIMIT_TOOL;
 
 /// Call indexes of limit escalations start here (model calls use 0, 1, …).
 const LIMIT_INDEX: u32 = 1_000_000;

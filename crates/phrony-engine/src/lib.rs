@@ -86,6 +86,7 @@ mod fold;
 mod hooks;
 mod inspect;
 mod provider;
+mod state;
 mod store;
 mod subscribe;
 mod timer;
