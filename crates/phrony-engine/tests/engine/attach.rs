@@ -1,4 +1,4 @@
-//! Attaching to sessions on the in-memory store: the catch-up of a session that waits for an
+//! Attaching to sessions on the ledger in memory: the catch-up of a session that waits for an
 //! approval, is streaming text, is parked or has ended, and the live updates that follow it
 //! with no gap and no duplicate.
 
