@@ -9,5 +9,6 @@ mod attach;
 mod bounds;
 mod dispatch;
 mod ledger;
+mod modules;
 mod refund;
 mod sessions;
