@@ -3,7 +3,7 @@
 //! the real router, the final answer), and the same with a €400 refund decided by a human.
 #![allow(clippy::unwrap_used, missing_docs, reason = "benchmark harness")]
 
-#[path = "../tests/common/mod.rs"]
+#[path = "../tests/engine/common/mod.rs"]
 mod common;
 
 use common::{AgentOptions, Harness, Step, approve, refund};

@@ -31,48 +31,14 @@ use serde_json::{Map, Value};
 use uuid::Uuid;
 
 use crate::calls::LIMIT_TOOL;
-use crate::engine::{Engine, Live};
+use crate::engine::Engine;
 use crate::error::{EngineError, ErrorKind};
 use crate::fold::{
     CompletionRecord, FAILURE_KEY, LIMIT_PREFIX, TRIGGER_KEY, engine_events, failure_text,
     rejection_text,
 };
+use crate::state::StreamingText;
 use crate::subscribe::{SessionUpdate, Subscription};
-
-/// The text of the completion a live session is streaming.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct StreamingText {
-    turn: u32,
-    iteration: u32,
-    text: String,
-}
-
-impl Live {
-    /// Records a streamed delta (`offset` = where it starts in the completion's text).
-    pub(crate) fn record_streaming(&self, turn: u32, iteration: u32, offset: usize, delta: &str) {
-        let mut s = self
-            .streaming
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if s.turn != turn || s.iteration != iteration || offset == 0 {
-            *s = StreamingText {
-                turn,
-                iteration,
-                text: String::new(),
-            };
-        }
-        if s.text.len() == offset {
-            s.text.push_str(delta);
-        }
-    }
-
-    fn streaming_text(&self) -> StreamingText {
-        self.streaming
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
-    }
-}
 
 /// Where an attached client starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

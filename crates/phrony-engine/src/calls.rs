@@ -27,11 +27,9 @@ use crate::driver::{CallStop, Ctx, DriverSetup, LimitEscalation, Stop, limit_mes
 use crate::error::StoreError;
 use crate::fold::{FAILURE_KEY, TRIGGER_KEY, codes, rejection_text};
 use crate::hooks::ledger_outcome;
-use crate::store::SessionStore;
+use crate::store::LedgerStore;
 
-/// The pseudo tool of limit escalations: a `limit:escalate` approval gates this recorded call
-/// (version = the limit kind, arguments = `{limit, used, max}`); the model never sees it.
-pub const LIMIT_TOOL: &str = "phrony.limit";
+pub use crate::fold::LIMIT_TOOL;
 
 /// Call indexes of limit escalations start here (model calls use 0, 1, …).
 const LIMIT_INDEX: u32 = 1_000_000;
@@ -39,7 +37,7 @@ const LIMIT_INDEX: u32 = 1_000_000;
 /// Records each dispatch in the store before the invoke is sent; a re-dispatch after a nack
 /// re-queues the call first.
 struct Journal {
-    store: Arc<dyn SessionStore>,
+    store: Arc<LedgerStore>,
     first: AtomicBool,
 }
 

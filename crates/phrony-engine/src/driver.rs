@@ -19,9 +19,9 @@ use phrony_policy::PolicySet;
 use phrony_providers::{CompletionRequest, Event as ModelEvent, ModelProvider, ToolSpec};
 use serde_json::{Value, json};
 
-use crate::engine::{Inner, Live, first_user_message};
 use crate::error::{EngineError, ErrorKind, StoreError};
 use crate::fold::{CompletionRecord, Fold, ToolCallRecord, engine_events};
+use crate::state::{Inner, Live, first_user_message};
 use crate::subscribe::SessionUpdate;
 
 /// What a session needs from its agent version, prepared once.
@@ -207,7 +207,7 @@ pub(crate) struct Ctx {
 }
 
 impl Ctx {
-    pub(crate) fn store(&self) -> &dyn crate::store::SessionStore {
+    pub(crate) fn store(&self) -> &crate::store::LedgerStore {
         self.inner.store.as_ref()
     }
 

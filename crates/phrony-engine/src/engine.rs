@@ -14,7 +14,7 @@ use phrony_manifest::{ANNOTATION_POLICIES_COMPILED, ANNOTATION_STUB_SCRIPT, Comp
 use phrony_providers::{ApiKey, ModelProvider};
 use secrecy::ExposeSecret as _;
 use serde_json::{Value, json};
-use tokio::sync::{Notify, broadcast, watch};
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
@@ -23,16 +23,17 @@ use crate::clock::Clock;
 use crate::config::EngineConfig;
 use crate::driver::{self, DriverSetup};
 use crate::error::{EngineError, ErrorKind};
-use crate::fold::{Fold, engine_events};
+use crate::fold::engine_events;
 use crate::provider::{ProviderFactory, api_key_secret_name};
-use crate::store::{PlainSecret, SessionStore};
-use crate::subscribe::{SessionUpdate, Subscription};
+use crate::state::{Inner, first_user_message};
+use crate::store::{LedgerStore, PlainSecret};
+use crate::subscribe::Subscription;
 use crate::timer;
 
 /// What an [`Engine`] is built from.
 pub struct EngineDeps {
     /// Durable state.
-    pub store: Arc<dyn SessionStore>,
+    pub store: Arc<LedgerStore>,
     /// Dispatches allowed tool calls to workers; `None` means no worker can ever be reached
     /// (every dispatch fails as `no_handler`).
     pub router: Option<Router>,
@@ -131,167 +132,6 @@ impl fmt::Debug for Engine {
             .field("store", &self.inner.store)
             .field("live_sessions", &self.inner.live_count())
             .finish_non_exhaustive()
-    }
-}
-
-pub(crate) struct Inner {
-    pub(crate) store: Arc<dyn SessionStore>,
-    pub(crate) router: Option<Router>,
-    pub(crate) providers: Arc<dyn ProviderFactory>,
-    pub(crate) clock: Arc<dyn Clock>,
-    pub(crate) config: EngineConfig,
-    live: Mutex<HashMap<String, Arc<Live>>>,
-    /// Wakes the approval timer (an approval with an expiry was opened).
-    pub(crate) timer_kick: Arc<Notify>,
-    /// Stops the engine's tasks (not the sessions).
-    pub(crate) stop: CancellationToken,
-}
-
-/// The in-memory side of one live session (one driver).
-pub(crate) struct Live {
-    pub(crate) session_id: String,
-    /// Fires when the session ends or the engine stops: the driver and its dispatches stop.
-    pub(crate) cancel: CancellationToken,
-    /// A user message was recorded.
-    pub(crate) inbox: Notify,
-    /// Bumped whenever one of the session's approvals may have been decided.
-    pub(crate) approvals: watch::Sender<u64>,
-    /// Bumped whenever the session's stream grew (wakes subscriptions and waiters).
-    pub(crate) changed: watch::Sender<u64>,
-    /// Streamed model text, for subscribers (lossy).
-    pub(crate) deltas: broadcast::Sender<SessionUpdate>,
-    /// The text of the completion being streamed, for clients that attach mid-completion.
-    pub(crate) streaming: Mutex<crate::attach::StreamingText>,
-    /// Turn numbering of user messages and the input block of a halted session.
-    pub(crate) input: tokio::sync::Mutex<InputState>,
-}
-
-#[derive(Debug)]
-pub(crate) struct InputState {
-    /// The turn the next user message starts.
-    pub(crate) next_turn: u32,
-    /// Why input is blocked (a limit was hit), if it is.
-    pub(crate) blocked: Option<String>,
-}
-
-impl Live {
-    pub(crate) fn bump_approvals(&self) {
-        self.approvals.send_modify(|v| *v = v.wrapping_add(1));
-    }
-
-    pub(crate) fn notify_changed(&self) {
-        self.changed.send_modify(|v| *v = v.wrapping_add(1));
-    }
-}
-
-impl Inner {
-    pub(crate) fn live(&self, session_id: &str) -> Option<Arc<Live>> {
-        self.live
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get(session_id)
-            .cloned()
-    }
-
-    fn live_count(&self) -> usize {
-        self.live
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .len()
-    }
-
-    pub(crate) fn wake_approvals(&self, session_id: &str) {
-        if let Some(live) = self.live(session_id) {
-            live.bump_approvals();
-            live.notify_changed();
-        }
-    }
-
-    /// Registers a live session; `None` if one is already live.
-    fn register(&self, session_id: &str, next_turn: u32) -> Option<Arc<Live>> {
-        let mut live = self
-            .live
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if live.contains_key(session_id) {
-            return None;
-        }
-        let (approvals, _) = watch::channel(0);
-        let (changed, _) = watch::channel(0);
-        let (deltas, _) = broadcast::channel(self.config.subscription_buffer.max(16));
-        let entry = Arc::new(Live {
-            session_id: session_id.to_owned(),
-            cancel: self.stop.child_token(),
-            inbox: Notify::new(),
-            approvals,
-            changed,
-            deltas,
-            streaming: Mutex::new(crate::attach::StreamingText::default()),
-            input: tokio::sync::Mutex::new(InputState {
-                next_turn,
-                blocked: None,
-            }),
-        });
-        live.insert(session_id.to_owned(), Arc::clone(&entry));
-        Some(entry)
-    }
-
-    /// Removes a live session's entry (if it is still `entry`).
-    pub(crate) fn unregister(&self, entry: &Arc<Live>) {
-        {
-            let mut live = self
-                .live
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            if live
-                .get(&entry.session_id)
-                .is_some_and(|e| Arc::ptr_eq(e, entry))
-            {
-                live.remove(&entry.session_id);
-            }
-        }
-        entry.notify_changed();
-    }
-
-    /// Reads a session's whole stream into a fold.
-    pub(crate) async fn fold(&self, session_id: &str) -> Result<Fold, EngineError> {
-        let mut fold = Fold::default();
-        loop {
-            let page = self
-                .store
-                .events_after(session_id, fold.last_seq(), 500)
-                .await?;
-            if page.is_empty() {
-                return Ok(fold);
-            }
-            for event in &page {
-                fold.apply(event);
-            }
-        }
-    }
-}
-
-/// The first user message of a session input (§5.5): `message`, else `text` (both must be
-/// strings), else the whole object's JSON text; `{}` has none.
-pub(crate) fn first_user_message(input: &Value) -> Result<Option<String>, EngineError> {
-    let Value::Object(map) = input else {
-        return Err(EngineError::invalid("input must be a JSON object"));
-    };
-    for key in ["message", "text"] {
-        match map.get(key) {
-            Some(Value::String(s)) => return Ok(Some(s.clone())),
-            Some(_) => {
-                return Err(EngineError::invalid(format!(
-                    "input.{key} must be a string"
-                )));
-            }
-            None => {}
-        }
-    }
-    if map.is_empty() {
-        Ok(None)
-    } else {
-        Ok(Some(input.to_string()))
     }
 }
 
@@ -417,7 +257,7 @@ impl Engine {
 
     /// The store.
     #[must_use]
-    pub fn store(&self) -> &Arc<dyn SessionStore> {
+    pub fn store(&self) -> &Arc<LedgerStore> {
         &self.inner.store
     }
 

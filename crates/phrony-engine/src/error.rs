@@ -1,4 +1,4 @@
-//! Errors: [`StoreError`] from a [`crate::SessionStore`], [`EngineError`] from the engine's API.
+//! Errors: [`StoreError`] from a [`crate::LedgerStore`], [`EngineError`] from the engine's API.
 
 use std::fmt;
 
@@ -45,7 +45,7 @@ impl fmt::Display for ErrorKind {
     }
 }
 
-/// A failure of a [`crate::SessionStore`] operation.
+/// A failure of a [`crate::LedgerStore`] operation.
 #[derive(Debug, thiserror::Error)]
 #[error("{message}")]
 pub struct StoreError {

@@ -48,6 +48,10 @@ pub const FAILURE_KEY: &str = "phrony.com/failure";
 /// The prefix of limit messages that block further input (`run limit <kind> exceeded …`).
 pub const LIMIT_PREFIX: &str = "run limit ";
 
+/// The pseudo tool of limit escalations: a `limit:escalate` approval gates this recorded call
+/// (version = the limit kind, arguments = `{limit, used, max}`); the model never sees it.
+pub const LIMIT_TOOL: &str = "phrony.limit";
+
 /// The `model.completion` payload.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub(crate) struct CompletionRecord {
@@ -324,7 +328,7 @@ impl Fold {
                     self.finalize_open();
                 }
             }
-            types::TOOL_REQUESTED if text("tool") == crate::calls::LIMIT_TOOL => {}
+            types::TOOL_REQUESTED if text("tool") == LIMIT_TOOL => {}
             types::TOOL_REQUESTED => {
                 let turn = p
                     .get("turn")

@@ -3,7 +3,7 @@
 //! workers. Install them when building the router:
 //!
 //! ```no_run
-//! # fn demo(store: std::sync::Arc<dyn phrony_engine::SessionStore>) -> Result<(), phrony_dispatch::ConfigError> {
+//! # fn demo(store: std::sync::Arc<phrony_engine::LedgerStore>) -> Result<(), phrony_dispatch::ConfigError> {
 //! let hooks = std::sync::Arc::new(phrony_engine::RouterHooks::new(store));
 //! let router = phrony_dispatch::Router::builder(phrony_dispatch::RouterConfig::default())
 //!     .observer(hooks.clone())
@@ -21,18 +21,18 @@ use phrony_dispatch::{
 };
 use phrony_ledger::{ToolOutcome, ToolResult};
 
-use crate::store::SessionStore;
+use crate::store::LedgerStore;
 
-/// Router hooks backed by a [`SessionStore`].
+/// Router hooks backed by a [`LedgerStore`].
 #[derive(Debug, Clone)]
 pub struct RouterHooks {
-    store: Arc<dyn SessionStore>,
+    store: Arc<LedgerStore>,
 }
 
 impl RouterHooks {
     /// Hooks recording into `store`.
     #[must_use]
-    pub fn new(store: Arc<dyn SessionStore>) -> Self {
+    pub fn new(store: Arc<LedgerStore>) -> Self {
         Self { store }
     }
 }
@@ -51,7 +51,7 @@ pub(crate) fn ledger_outcome(outcome: &phrony_dispatch::ToolOutcome) -> ToolOutc
     }
 }
 
-async fn record_late(store: Arc<dyn SessionStore>, late: LateResult) {
+async fn record_late(store: Arc<LedgerStore>, late: LateResult) {
     let outcome = match &late.outcome {
         LateOutcome::Result(o) => ledger_outcome(o),
         LateOutcome::Nack(e) => ToolOutcome::Error {

@@ -4,7 +4,7 @@
 //! (created, decided), each with a one-line human summary.
 //!
 //! The input is a [`SessionTimeline`] (what [`phrony_ledger::Ledger::session_timeline`] reads,
-//! or [`store_timeline`] for any [`SessionStore`]); [`inspect`] is pure. Summaries are built from
+//! or [`store_timeline`] on the [`LedgerStore`]); [`inspect`] is pure. Summaries are built from
 //! the ledger's records only: secrets never reach them (they are not in events), and long texts
 //! are shortened.
 //!
@@ -26,7 +26,7 @@ use serde_json::Value;
 
 use crate::error::EngineError;
 use crate::fold::{Fold, engine_events};
-use crate::store::SessionStore;
+use crate::store::LedgerStore;
 
 /// The longest text (message content, reason, comment) a summary quotes before shortening it.
 const SUMMARY_TEXT_CHARS: usize = 160;
@@ -206,7 +206,7 @@ pub fn call_timings(call: &ToolInvocation) -> CallTimings {
 /// # Errors
 /// The store's (`NotFound` for an unknown session).
 pub async fn store_timeline(
-    store: &dyn SessionStore,
+    store: &LedgerStore,
     session_id: &str,
 ) -> Result<SessionTimeline, EngineError> {
     let session = store.get_session(session_id).await?;
@@ -944,11 +944,38 @@ mod tests {
     use uuid::Uuid;
 
     use super::*;
-    use crate::clock::ManualClock;
-    use crate::memory::MemoryStore;
+    use crate::clock::{Clock as _, ManualClock};
     use crate::store::PlainSecret;
 
     const SECRET: &str = "sk-inspect-never-shown";
+
+    /// The ledger in memory (its times follow `clock`) with the refund agent published.
+    async fn ledger_store(clock: &Arc<ManualClock>) -> (LedgerStore, Uuid) {
+        let clock = Arc::clone(clock);
+        let options = phrony_ledger::LedgerOptions {
+            clock: phrony_ledger::LedgerClock::new(move || clock.now()),
+            ..phrony_ledger::LedgerOptions::default()
+        };
+        let ledger = phrony_ledger::Ledger::connect_with("sqlite::memory:", options)
+            .await
+            .unwrap();
+        ledger.migrate().await.unwrap();
+        let published = ledger
+            .publish_agent_version(phrony_ledger::NewAgentVersion {
+                namespace: "support".into(),
+                name: "refund-agent".into(),
+                version: "0.1.0".into(),
+                owner: String::new(),
+                labels: Default::default(),
+                snapshot_json: "{}".into(),
+                content_hash: "hash".into(),
+                actor: "alice".into(),
+            })
+            .await
+            .unwrap();
+        let cipher = phrony_ledger::SecretCipher::new(&[7u8; 32]);
+        (LedgerStore::new(ledger, Some(cipher)), published.version_id)
+    }
 
     fn call(session_id: &str, index: u32, amount: u32) -> NewToolCall {
         NewToolCall {
@@ -966,7 +993,7 @@ mod tests {
 
     /// A session with a denied call, an approved (by emad, with a comment) and dispatched call,
     /// and a final answer, on a store whose clock moves 1 s between steps.
-    async fn recorded_session() -> (MemoryStore, String) {
+    async fn recorded_session() -> (LedgerStore, String) {
         recorded_session_with(None, json!({"refund_id": "rf_1"})).await
     }
 
@@ -974,11 +1001,9 @@ mod tests {
     async fn recorded_session_with(
         edited_args: Option<Value>,
         result: Value,
-    ) -> (MemoryStore, String) {
+    ) -> (LedgerStore, String) {
         let clock = Arc::new(ManualClock::starting_now());
-        let store = MemoryStore::new(clock.clone());
-        let version_id = Uuid::new_v4();
-        store.register_agent_version(version_id, "{}".into(), "hash".into());
+        let (store, version_id) = ledger_store(&clock).await;
         let id = new_session_id();
         let tick = || clock.advance(Duration::from_secs(1));
         store

@@ -25,7 +25,7 @@
 //! [`Engine::send_user_message`]. Limits (tokens, loop iterations, wall clock without approval
 //! waits, approval-wait budget as a real timer) halt with accurate statuses.
 //!
-//! Every step is an event in the session's hash-chained stream ([`SessionStore`]), and the
+//! Every step is an event in the session's hash-chained stream ([`LedgerStore`], the ledger: the engine's tests run on it too), and the
 //! driver reads that stream back before each step: after a restart [`Engine::recover`] resumes
 //! exactly where the log says the session is (pending approvals stay paused and resume when
 //! decided; calls that were in flight are re-sent or escalated by side-effect class).
@@ -46,7 +46,7 @@
 //! use std::sync::Arc;
 //! use phrony_engine::*;
 //!
-//! let store: Arc<dyn SessionStore> = Arc::new(LedgerStore::new(ledger, None));
+//! let store = Arc::new(LedgerStore::new(ledger, None));
 //! let engine = Engine::new(EngineDeps {
 //!     store,
 //!     router: Some(router),
@@ -85,9 +85,8 @@ mod error;
 mod fold;
 mod hooks;
 mod inspect;
-mod ledger_store;
-mod memory;
 mod provider;
+mod state;
 mod store;
 mod subscribe;
 mod timer;
@@ -109,10 +108,8 @@ pub use inspect::{
     PayloadSelector, SessionOutput, TimelineEntry, TimelineItem, TurnSummary, call_timings,
     inspect, json_text_len, payload, sessions_by_id, shorten_json, store_timeline,
 };
-pub use ledger_store::LedgerStore;
-pub use memory::MemoryStore;
 pub use provider::{DefaultProviderFactory, ProviderFactory, api_key_secret_name};
-pub use store::{PlainSecret, SessionStore, StoredAgentVersion};
+pub use store::{LedgerStore, PlainSecret, StoredAgentVersion};
 pub use subscribe::{SessionUpdate, Subscription};
 
 /// The ledger's domain types the engine's API speaks.

@@ -1,29 +1,28 @@
-//! [`SessionStore`]: the durable operations the engine needs, nothing more.
+//! [`LedgerStore`]: the durable operations the engine needs, on the ledger (SQLite or
+//! PostgreSQL), nothing more.
 //!
-//! The domain types are the ledger's (`phrony_ledger::{Session, ToolInvocation, Approval, …}`);
-//! the trait is the engine's, so the driver can run on [`crate::MemoryStore`] in unit tests and
-//! on [`crate::LedgerStore`] (SQLite or PostgreSQL) in production. Every implementation must keep
-//! the ledger's semantics: each operation is one atomic step appending its events to the
-//! session's hash-chained stream, the state machines of sessions, tool calls and approvals, the
-//! voting rules (distinct actors, any reject vetoes, comprehension, one set of approved
-//! arguments) and the terminal cascade (pending approvals closed, open calls cancelled, secrets
-//! purged).
+//! The domain types are the ledger's (`phrony_ledger::{Session, ToolInvocation, Approval, …}`),
+//! and so are the rules: each operation is one atomic ledger step appending its events to the
+//! session's hash-chained stream, with the ledger's state machines of sessions, tool calls and
+//! approvals, its voting rules and its terminal cascade. The engine adds only what the ledger
+//! does not know: sealing secrets with the runtime's key, refusing engine events on ended
+//! sessions, and gathering a session's approvals in the order they were opened. The engine's
+//! tests run on this same store (SQLite in memory, with the ledger's clock following the test's
+//! manual clock), so there is one implementation of the rules.
 
 use std::collections::HashSet;
 use std::fmt;
 
-use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use phrony_ledger::{
-    Approval, Dispatch, Event, NewApproval, NewEvent, NewSession, NewToolCall, RecordedResult,
-    Session, SessionEvent, StatusChange, StatusChanged, TimeoutOutcome, ToolInvocation, ToolResult,
-    Vote, VoteOutcome,
+    Approval, ApprovalFilter, Dispatch, Event, Ledger, NewApproval, NewEvent, NewSession,
+    NewToolCall, PageRequest, RecordedResult, SecretCipher, Session, SessionEvent, StatusChange,
+    StatusChanged, TimeoutOutcome, ToolInvocation, ToolResult, Vote, VoteOutcome,
 };
-use secrecy::SecretSlice;
+use secrecy::{ExposeSecret as _, SecretSlice};
 use uuid::Uuid;
 
-use crate::error::StoreResult;
-
+use crate::error::{StoreError, StoreResult};
 /// A resolved secret in plaintext, on its way into (or out of) a store. The store seals it at
 /// rest; it never appears in events.
 pub struct PlainSecret {
@@ -61,131 +60,302 @@ pub struct StoredAgentVersion {
     pub content_hash: String,
 }
 
-/// The durable operations of the session engine. See the module docs for the contract.
-#[async_trait]
-pub trait SessionStore: Send + Sync + fmt::Debug + 'static {
+/// The engine's durable state: the ledger. Secrets are sealed with AES-256-GCM by `cipher`
+/// (`RUNTIME_SECRETS_ENCRYPTION_KEY`); without one, sessions with secrets are refused.
+#[derive(Debug, Clone)]
+pub struct LedgerStore {
+    ledger: Ledger,
+    cipher: Option<SecretCipher>,
+}
+
+impl LedgerStore {
+    /// A store on `ledger`, sealing secrets with `cipher`.
+    #[must_use]
+    pub fn new(ledger: Ledger, cipher: Option<SecretCipher>) -> Self {
+        Self { ledger, cipher }
+    }
+
+    /// The underlying ledger.
+    #[must_use]
+    pub fn ledger(&self) -> &Ledger {
+        &self.ledger
+    }
+}
+
+fn cipher_error(e: phrony_ledger::CipherError) -> StoreError {
+    StoreError::internal(e.to_string())
+}
+
+impl LedgerStore {
     /// Creates a session (status `running`, event `session.started`) and stores its secrets
     /// sealed, in one step. `new.secrets` is ignored: plaintext secrets come in `secrets`.
-    async fn create_session(
+    pub async fn create_session(
         &self,
-        new: NewSession,
+        mut new: NewSession,
         secrets: Vec<PlainSecret>,
-    ) -> StoreResult<Session>;
+    ) -> StoreResult<Session> {
+        new.secrets.clear();
+        if !secrets.is_empty() {
+            let Some(cipher) = &self.cipher else {
+                return Err(StoreError::precondition(
+                    "RUNTIME_SECRETS_ENCRYPTION_KEY must be set on the runtime to run agents \
+                     with secrets",
+                ));
+            };
+            for s in &secrets {
+                new.secrets.push(
+                    cipher
+                        .seal(&new.id, &s.name, s.value.expose_secret())
+                        .map_err(cipher_error)?,
+                );
+            }
+        }
+        Ok(self.ledger.create_session(new).await?)
+    }
 
     /// One session.
-    async fn get_session(&self, session_id: &str) -> StoreResult<Session>;
+    pub async fn get_session(&self, session_id: &str) -> StoreResult<Session> {
+        Ok(self.ledger.get_session(session_id).await?)
+    }
 
     /// Changes a session's status (a terminal change cascades; see the module docs).
-    async fn set_status(
+    pub async fn set_status(
         &self,
         session_id: &str,
         change: StatusChange,
-    ) -> StoreResult<StatusChanged>;
+    ) -> StoreResult<StatusChanged> {
+        Ok(self.ledger.set_session_status(session_id, change).await?)
+    }
 
     /// Appends a user or assistant message or the evidence snapshot to a live session.
-    async fn record_session_event(
+    pub async fn record_session_event(
         &self,
         session_id: &str,
         event: SessionEvent,
-    ) -> StoreResult<Event>;
+    ) -> StoreResult<Event> {
+        Ok(self.ledger.record_session_event(session_id, event).await?)
+    }
 
     /// Appends an engine event of a type the store does not own (e.g. `model.completion`).
-    async fn append_engine_event(&self, session_id: &str, event: NewEvent) -> StoreResult<Event>;
+    pub async fn append_engine_event(
+        &self,
+        session_id: &str,
+        event: NewEvent,
+    ) -> StoreResult<Event> {
+        // The raw append does not look at the session: check it exists and is live first.
+        let session = self.ledger.get_session(session_id).await?;
+        if session.status.is_terminal() {
+            return Err(StoreError::precondition(format!(
+                "session {session_id} is {} and accepts no further events",
+                session.status
+            )));
+        }
+        Ok(self.ledger.append_session_event(session_id, event).await?)
+    }
 
     /// Events with `seq > after_seq`, ascending, at most `limit`.
-    async fn events_after(
+    pub async fn events_after(
         &self,
         session_id: &str,
         after_seq: u64,
         limit: u32,
-    ) -> StoreResult<Vec<Event>>;
+    ) -> StoreResult<Vec<Event>> {
+        Ok(self
+            .ledger
+            .events_after(session_id, after_seq, limit)
+            .await?)
+    }
 
     /// The session's secrets in plaintext (empty once it has ended).
-    async fn load_secrets(&self, session_id: &str) -> StoreResult<Vec<PlainSecret>>;
+    pub async fn load_secrets(&self, session_id: &str) -> StoreResult<Vec<PlainSecret>> {
+        let sealed = self.ledger.load_session_secrets(session_id).await?;
+        if sealed.is_empty() {
+            return Ok(Vec::new());
+        }
+        let Some(cipher) = &self.cipher else {
+            return Err(StoreError::precondition(format!(
+                "session {session_id} has stored secrets but RUNTIME_SECRETS_ENCRYPTION_KEY is \
+                 not set on the runtime"
+            )));
+        };
+        sealed
+            .iter()
+            .map(|s| {
+                let value = cipher.open(session_id, s).map_err(cipher_error)?;
+                Ok(PlainSecret {
+                    name: s.name.clone(),
+                    value,
+                })
+            })
+            .collect()
+    }
 
     /// The agent version a session runs.
-    async fn agent_version(&self, agent_version_id: Uuid) -> StoreResult<StoredAgentVersion>;
+    pub async fn agent_version(&self, agent_version_id: Uuid) -> StoreResult<StoredAgentVersion> {
+        let v = self
+            .ledger
+            .get_agent_version_by_id(agent_version_id)
+            .await?;
+        Ok(StoredAgentVersion {
+            snapshot_json: v.snapshot_json,
+            content_hash: v.content_hash,
+        })
+    }
 
     /// Every non-terminal session, oldest first (what recovery reconciles).
-    async fn sessions_needing_recovery(&self) -> StoreResult<Vec<Session>>;
+    pub async fn sessions_needing_recovery(&self) -> StoreResult<Vec<Session>> {
+        Ok(self.ledger.sessions_needing_recovery().await?)
+    }
 
     /// Records a model tool call (`pending`); idempotent for the same call.
-    async fn record_tool_call(&self, new: NewToolCall) -> StoreResult<ToolInvocation>;
+    pub async fn record_tool_call(&self, new: NewToolCall) -> StoreResult<ToolInvocation> {
+        Ok(self.ledger.record_tool_call(new).await?)
+    }
 
     /// `pending | dispatched | indeterminate → queued`.
-    async fn queue_tool_call(&self, call_id: &str) -> StoreResult<ToolInvocation>;
+    pub async fn queue_tool_call(&self, call_id: &str) -> StoreResult<ToolInvocation> {
+        Ok(self.ledger.queue_tool_call(call_id).await?)
+    }
 
     /// `queued → dispatched`, before the invoke is sent.
-    async fn dispatch_tool_call(
+    pub async fn dispatch_tool_call(
         &self,
         call_id: &str,
         dispatch: Dispatch,
-    ) -> StoreResult<ToolInvocation>;
+    ) -> StoreResult<ToolInvocation> {
+        Ok(self.ledger.dispatch_tool_call(call_id, dispatch).await?)
+    }
 
     /// Records a worker's result (late and duplicate results are recorded without effect).
-    async fn record_tool_result(
+    pub async fn record_tool_result(
         &self,
         call_id: &str,
         result: ToolResult,
-    ) -> StoreResult<RecordedResult>;
+    ) -> StoreResult<RecordedResult> {
+        Ok(self.ledger.record_tool_result(call_id, result).await?)
+    }
 
     /// Fails an open call on the runtime's side.
-    async fn fail_tool_call(
+    pub async fn fail_tool_call(
         &self,
         call_id: &str,
         code: &str,
         message: &str,
-    ) -> StoreResult<ToolInvocation>;
+    ) -> StoreResult<ToolInvocation> {
+        Ok(self.ledger.fail_tool_call(call_id, code, message).await?)
+    }
 
     /// A policy denied the call (`tool.policy_denied`).
-    async fn deny_tool_call(
+    pub async fn deny_tool_call(
         &self,
         call_id: &str,
         reason: &str,
         policy_ref: Option<&str>,
-    ) -> StoreResult<ToolInvocation>;
+    ) -> StoreResult<ToolInvocation> {
+        Ok(self
+            .ledger
+            .deny_tool_call(call_id, reason, policy_ref)
+            .await?)
+    }
 
     /// `dispatched → indeterminate`.
-    async fn mark_tool_call_indeterminate(
+    pub async fn mark_tool_call_indeterminate(
         &self,
         call_id: &str,
         reason: &str,
-    ) -> StoreResult<ToolInvocation>;
+    ) -> StoreResult<ToolInvocation> {
+        Ok(self
+            .ledger
+            .mark_tool_call_indeterminate(call_id, reason)
+            .await?)
+    }
 
     /// Cancels an open call (a pending approval for it is closed).
-    async fn cancel_tool_call(&self, call_id: &str, reason: &str) -> StoreResult<ToolInvocation>;
+    pub async fn cancel_tool_call(
+        &self,
+        call_id: &str,
+        reason: &str,
+    ) -> StoreResult<ToolInvocation> {
+        Ok(self.ledger.cancel_tool_call(call_id, reason).await?)
+    }
 
     /// One call.
-    async fn get_tool_call(&self, call_id: &str) -> StoreResult<ToolInvocation>;
+    pub async fn get_tool_call(&self, call_id: &str) -> StoreResult<ToolInvocation> {
+        Ok(self.ledger.get_tool_call(call_id).await?)
+    }
 
     /// A session's open (non-terminal) calls, oldest first.
-    async fn open_calls(&self, session_id: &str) -> StoreResult<Vec<ToolInvocation>>;
+    pub async fn open_calls(&self, session_id: &str) -> StoreResult<Vec<ToolInvocation>> {
+        Ok(self.ledger.in_flight_calls(session_id).await?)
+    }
 
     /// The subset of `call_ids` whose outcome is recorded (terminal calls).
-    async fn completed_calls(&self, call_ids: &[String]) -> StoreResult<HashSet<String>>;
+    pub async fn completed_calls(&self, call_ids: &[String]) -> StoreResult<HashSet<String>> {
+        let mut done = HashSet::new();
+        for id in call_ids {
+            if self.ledger.completed_call(id).await?.is_some() {
+                done.insert(id.clone());
+            }
+        }
+        Ok(done)
+    }
 
     /// Opens an approval; the call and the session go to `awaiting_approval` in the same step.
-    async fn open_approval(&self, new: NewApproval) -> StoreResult<Approval>;
+    pub async fn open_approval(&self, new: NewApproval) -> StoreResult<Approval> {
+        Ok(self.ledger.open_approval(new).await?)
+    }
 
     /// Records a vote and decides the approval when the quorum or a veto is reached.
-    async fn cast_vote(&self, approval_id: Uuid, vote: Vote) -> StoreResult<VoteOutcome>;
+    pub async fn cast_vote(&self, approval_id: Uuid, vote: Vote) -> StoreResult<VoteOutcome> {
+        Ok(self.ledger.cast_vote(approval_id, vote).await?)
+    }
 
     /// Applies an expired approval's timeout default as of `now`.
-    async fn expire_approval(
+    pub async fn expire_approval(
         &self,
         approval_id: Uuid,
         now: DateTime<Utc>,
-    ) -> StoreResult<TimeoutOutcome>;
+    ) -> StoreResult<TimeoutOutcome> {
+        Ok(self.ledger.expire_approval(approval_id, now).await?)
+    }
 
     /// One approval with its votes.
-    async fn get_approval(&self, approval_id: Uuid) -> StoreResult<Approval>;
+    pub async fn get_approval(&self, approval_id: Uuid) -> StoreResult<Approval> {
+        Ok(self.ledger.get_approval(approval_id).await?)
+    }
 
     /// Every approval of a session (with votes), oldest first.
-    async fn session_approvals(&self, session_id: &str) -> StoreResult<Vec<Approval>>;
+    pub async fn session_approvals(&self, session_id: &str) -> StoreResult<Vec<Approval>> {
+        let filter = ApprovalFilter {
+            session_id: Some(session_id.to_owned()),
+            ..ApprovalFilter::default()
+        };
+        let mut page = PageRequest::first(phrony_ledger::MAX_PAGE_SIZE);
+        let mut all = Vec::new();
+        loop {
+            let got = self.ledger.list_approvals(&filter, &page).await?;
+            all.extend(got.items);
+            match got.next_token {
+                Some(token) => page = PageRequest::after(phrony_ledger::MAX_PAGE_SIZE, token),
+                None => break,
+            }
+        }
+        // Pages are newest first; the engine wants them in the order they were opened.
+        all.sort_by_key(|a| (a.created_at, a.id));
+        Ok(all)
+    }
 
     /// Pending approvals whose expiry is at or before `now`, soonest first.
-    async fn due_approvals(&self, now: DateTime<Utc>, limit: u32) -> StoreResult<Vec<Approval>>;
+    pub async fn due_approvals(
+        &self,
+        now: DateTime<Utc>,
+        limit: u32,
+    ) -> StoreResult<Vec<Approval>> {
+        Ok(self.ledger.due_approvals(now, limit).await?)
+    }
 
     /// The earliest expiry among pending approvals.
-    async fn next_approval_expiry(&self) -> StoreResult<Option<DateTime<Utc>>>;
+    pub async fn next_approval_expiry(&self) -> StoreResult<Option<DateTime<Utc>>> {
+        Ok(self.ledger.next_approval_expiry().await?)
+    }
 }

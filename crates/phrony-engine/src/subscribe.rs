@@ -6,32 +6,9 @@ use phrony_ledger::{Event, event_types as types};
 use tokio::sync::{broadcast, mpsc, watch};
 use tokio::task::JoinHandle;
 
-use crate::engine::Inner;
+use crate::state::Inner;
 
-/// One update of a followed session.
-#[derive(Debug, Clone, PartialEq)]
-#[allow(
-    clippy::large_enum_variant,
-    reason = "almost every update is an Event; boxing it would add an allocation per event for \
-              the rare, smaller text delta"
-)]
-pub enum SessionUpdate {
-    /// An event of the session's stream, in `seq` order, none skipped.
-    Event(Event),
-    /// A piece of assistant text as the model streams it (best-effort: dropped for a subscriber
-    /// that falls behind; the `message.assistant` event carries the full text).
-    TextDelta {
-        /// The turn.
-        turn: u32,
-        /// The completion inside the turn.
-        iteration: u32,
-        /// Where `text` starts in the completion's text (bytes): a subscriber that missed a
-        /// delta sees a gap, one that got text another way can skip what it has.
-        offset: usize,
-        /// The text.
-        text: String,
-    },
-}
+pub use crate::state::SessionUpdate;
 
 /// Follows one session. Ends (returns `None`) after the session's terminal event.
 #[derive(Debug)]

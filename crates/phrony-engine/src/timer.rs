@@ -6,7 +6,7 @@ use std::sync::Weak;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::engine::Inner;
+use crate::state::Inner;
 
 pub(crate) async fn run(inner: Weak<Inner>, stop: CancellationToken) {
     loop {

@@ -28,7 +28,7 @@ use crate::Ledger;
 use crate::chain::{canonical_json, format_ts};
 use crate::db::{Arg, Conn, Row, Tx, args};
 use crate::error::{LedgerError, Result};
-use crate::events::{StreamHead, append, lock_stream, now};
+use crate::events::{StreamHead, append, lock_stream};
 use crate::invocations::{self, CallStatus, ToolInvocation, error_codes};
 use crate::model::{AgentRef, Event, NewEvent};
 use crate::names::str_enum;
@@ -776,8 +776,8 @@ async fn call_turn(tx: &mut Tx, call_id: &str) -> Result<Option<u32>> {
         .map(|c| c.turn))
 }
 
-fn expiry(minutes: u32) -> DateTime<Utc> {
-    now() + Duration::minutes(i64::from(minutes))
+fn expiry(now: DateTime<Utc>, minutes: u32) -> DateTime<Utc> {
+    now + Duration::minutes(i64::from(minutes))
 }
 
 async fn open(tx: &mut Tx, new: &NewApproval) -> Result<Approval> {
@@ -839,7 +839,10 @@ async fn open(tx: &mut Tx, new: &NewApproval) -> Result<Approval> {
         on_reject: new.on_reject,
         on_modify: new.on_modify,
         timeout: new.timeout.clone(),
-        expires_at: new.timeout.as_ref().map(|t| expiry(t.after_minutes)),
+        expires_at: new
+            .timeout
+            .as_ref()
+            .map(|t| expiry(tx.now(), t.after_minutes)),
         escalation_depth: 0,
         parent_approval_id: None,
     };
@@ -1216,7 +1219,7 @@ async fn expire(tx: &mut Tx, id: Uuid, at: DateTime<Utc>) -> Result<TimeoutOutco
                 on_reject: approval.on_reject,
                 on_modify: approval.on_modify,
                 timeout: Some(timeout.clone()),
-                expires_at: Some(expiry(minutes)),
+                expires_at: Some(expiry(tx.now(), minutes)),
                 escalation_depth: approval.escalation_depth.saturating_add(1),
                 parent_approval_id: Some(approval.id),
             };

@@ -10,6 +10,7 @@ use sqlx::sqlite::{SqliteArguments, SqliteConnection, SqlitePool, SqliteRow};
 use sqlx::{Postgres, Row as _, Sqlite};
 use uuid::Uuid;
 
+use crate::LedgerClock;
 use crate::chain::{canonical_json, format_ts};
 use crate::error::{LedgerError, Result, SqlxResultExt};
 
@@ -55,15 +56,19 @@ impl Pool {
 
     /// Starts a write transaction. On SQLite it is `BEGIN IMMEDIATE`, so the database write
     /// lock is taken up front (waiting up to the busy timeout) instead of failing on upgrade.
-    pub(crate) async fn begin_write(&self) -> Result<Tx> {
-        match self {
-            Self::Sqlite(p) => Ok(Tx::Sqlite(
+    pub(crate) async fn begin_write(&self, clock: &LedgerClock) -> Result<Tx> {
+        let kind = match self {
+            Self::Sqlite(p) => TxKind::Sqlite(
                 p.begin_with("BEGIN IMMEDIATE")
                     .await
                     .ctx("begin transaction")?,
-            )),
-            Self::Postgres(p) => Ok(Tx::Postgres(p.begin().await.ctx("begin transaction")?)),
-        }
+            ),
+            Self::Postgres(p) => TxKind::Postgres(p.begin().await.ctx("begin transaction")?),
+        };
+        Ok(Tx {
+            kind,
+            clock: clock.clone(),
+        })
     }
 
     pub(crate) async fn acquire(&self) -> Result<PooledConn> {
@@ -85,37 +90,48 @@ impl Pool {
     }
 }
 
-pub(crate) enum Tx {
+/// A write transaction, with the clock its writes take their times from.
+pub(crate) struct Tx {
+    kind: TxKind,
+    clock: LedgerClock,
+}
+
+enum TxKind {
     Sqlite(sqlx::Transaction<'static, Sqlite>),
     Postgres(sqlx::Transaction<'static, Postgres>),
 }
 
 impl Tx {
+    /// The current time by the ledger's clock (microsecond precision).
+    pub(crate) fn now(&self) -> DateTime<Utc> {
+        self.clock.now()
+    }
+
     pub(crate) fn conn(&mut self) -> Conn<'_> {
-        match self {
-            Self::Sqlite(tx) => Conn::Sqlite(tx),
-            Self::Postgres(tx) => Conn::Postgres(tx),
+        match &mut self.kind {
+            TxKind::Sqlite(tx) => Conn::Sqlite(tx),
+            TxKind::Postgres(tx) => Conn::Postgres(tx),
         }
     }
 
     pub(crate) fn backend(&self) -> Backend {
-        match self {
-            Self::Sqlite(_) => Backend::Sqlite,
-            Self::Postgres(_) => Backend::Postgres,
+        match self.kind {
+            TxKind::Sqlite(_) => Backend::Sqlite,
+            TxKind::Postgres(_) => Backend::Postgres,
         }
     }
 
     pub(crate) async fn commit(self) -> Result<()> {
-        match self {
-            Self::Sqlite(tx) => tx.commit().await.ctx("commit transaction"),
-            Self::Postgres(tx) => tx.commit().await.ctx("commit transaction"),
+        match self.kind {
+            TxKind::Sqlite(tx) => tx.commit().await.ctx("commit transaction"),
+            TxKind::Postgres(tx) => tx.commit().await.ctx("commit transaction"),
         }
     }
 
     pub(crate) async fn rollback(self) {
-        let result = match self {
-            Self::Sqlite(tx) => tx.rollback().await,
-            Self::Postgres(tx) => tx.rollback().await,
+        let result = match self.kind {
+            TxKind::Sqlite(tx) => tx.rollback().await,
+            TxKind::Postgres(tx) => tx.rollback().await,
         };
         if let Err(error) = result {
             // The connection is discarded by the pool when a rollback fails; nothing was

@@ -1,7 +1,5 @@
 //! Appending to and reading the hash-chained event log.
 
-use chrono::{DateTime, SubsecRound, Utc};
-
 use crate::chain::{
     ChainVerifier, GENESIS_HASH, HashInput, StoredEvent, canonical_json, event_hash,
 };
@@ -11,11 +9,6 @@ use crate::model::{Event, NewEvent, VerifyReport};
 
 /// Page size used when streaming a log for verification or replay.
 pub(crate) const PAGE: i64 = 500;
-
-/// The current time at the precision both backends store (microseconds).
-pub(crate) fn now() -> DateTime<Utc> {
-    Utc::now().trunc_subsecs(6)
-}
 
 /// The locked head of one stream inside a write transaction.
 #[derive(Debug)]
@@ -36,13 +29,14 @@ pub(crate) async fn lock_stream(tx: &mut Tx, stream: &str) -> Result<StreamHead>
         Backend::Postgres => "SELECT last_seq, last_hash FROM streams WHERE stream = $1 FOR UPDATE",
         Backend::Sqlite => "SELECT last_seq, last_hash FROM streams WHERE stream = $1",
     };
+    let now = tx.now();
     let mut conn = tx.conn();
     // The common case (the stream exists) costs one round trip.
     let mut row = conn
         .fetch_optional("lock stream", sql, args![stream])
         .await?;
     if row.is_none() {
-        let ts = now();
+        let ts = now;
         conn.execute(
             "create stream",
             "INSERT INTO streams (stream, last_seq, last_hash, created_at, updated_at) \
@@ -67,7 +61,7 @@ pub(crate) async fn lock_stream(tx: &mut Tx, stream: &str) -> Result<StreamHead>
 pub(crate) async fn append(tx: &mut Tx, head: &mut StreamHead, event: NewEvent) -> Result<Event> {
     event.validate()?;
     let seq = head.last_seq + 1;
-    let ts = now();
+    let ts = tx.now();
     let payload_text = canonical_json(&event.payload);
     let turn = event.turn.map(i64::from);
     let hash = event_hash(&HashInput {

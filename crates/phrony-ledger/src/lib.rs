@@ -130,8 +130,10 @@ mod lifecycle;
 mod model;
 
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
+use chrono::{DateTime, SubsecRound as _, Utc};
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPoolOptions};
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous,
@@ -181,7 +183,7 @@ macro_rules! write_tx {
     ($ledger:expr, |$tx:ident| $body:expr) => {{
         let mut attempt: u32 = 1;
         loop {
-            let mut $tx = $ledger.pool.begin_write().await?;
+            let mut $tx = $ledger.pool.begin_write(&$ledger.clock).await?;
             let outcome = match $body.await {
                 Ok(value) => $tx.commit().await.map(|()| value),
                 Err(error) => {
@@ -243,6 +245,9 @@ pub struct LedgerOptions {
     pub acquire_timeout: Duration,
     /// SQLite busy timeout: how long a writer waits for the write lock.
     pub sqlite_busy_timeout: Duration,
+    /// Where event timestamps and approval expiries come from ([`LedgerClock::system`] unless a
+    /// test injects another).
+    pub clock: LedgerClock,
 }
 
 impl Default for LedgerOptions {
@@ -251,7 +256,44 @@ impl Default for LedgerOptions {
             max_connections: 10,
             acquire_timeout: Duration::from_secs(10),
             sqlite_busy_timeout: Duration::from_secs(10),
+            clock: LedgerClock::system(),
         }
+    }
+}
+
+/// The ledger's source of the current time: the timestamp of every appended event, a stream's
+/// creation time and an approval's expiry. The system clock in production; a test injects a
+/// clock it controls (e.g. the engine's manual clock) so that stored times follow it.
+#[derive(Clone)]
+pub struct LedgerClock(Arc<dyn Fn() -> DateTime<Utc> + Send + Sync>);
+
+impl LedgerClock {
+    /// The system clock.
+    #[must_use]
+    pub fn system() -> Self {
+        Self(Arc::new(Utc::now))
+    }
+
+    /// A clock that reads `now`.
+    pub fn new(now: impl Fn() -> DateTime<Utc> + Send + Sync + 'static) -> Self {
+        Self(Arc::new(now))
+    }
+
+    /// The current time at the precision both backends store (microseconds).
+    pub(crate) fn now(&self) -> DateTime<Utc> {
+        (self.0)().trunc_subsecs(6)
+    }
+}
+
+impl Default for LedgerClock {
+    fn default() -> Self {
+        Self::system()
+    }
+}
+
+impl std::fmt::Debug for LedgerClock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LedgerClock")
     }
 }
 
@@ -259,6 +301,8 @@ impl Default for LedgerOptions {
 #[derive(Debug, Clone)]
 pub struct Ledger {
     pool: Pool,
+    /// Where stored times come from.
+    clock: LedgerClock,
     /// The URL with any password removed, for messages.
     display_url: String,
 }
@@ -352,6 +396,7 @@ impl Ledger {
         .map_err(unavailable)?;
         Ok(Self {
             pool: Pool::Sqlite(pool),
+            clock: o.clock.clone(),
             display_url,
         })
     }
@@ -382,6 +427,7 @@ impl Ledger {
             .map_err(unavailable)?;
         Ok(Self {
             pool: Pool::Postgres(pool),
+            clock: o.clock.clone(),
             display_url,
         })
     }

@@ -14,7 +14,7 @@ use chrono::{DateTime, Utc};
 use crate::Ledger;
 use crate::db::{Arg, Conn, Tx, args};
 use crate::error::{LedgerError, Result};
-use crate::events::{lock_stream, now};
+use crate::events::lock_stream;
 use crate::sessions;
 
 /// Nonce length of AES-256-GCM.
@@ -157,7 +157,8 @@ async fn store(tx: &mut Tx, session_id: &str, batch: &[SealedSecret]) -> Result<
             });
         }
     }
-    insert(&mut tx.conn(), session_id, batch, now()).await
+    let now = tx.now();
+    insert(&mut tx.conn(), session_id, batch, now).await
 }
 
 impl Ledger {

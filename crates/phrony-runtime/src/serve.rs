@@ -8,8 +8,7 @@ use std::time::Duration;
 
 use phrony_dispatch::Router;
 use phrony_engine::{
-    DefaultProviderFactory, Engine, EngineConfig, EngineDeps, LedgerStore, RouterHooks,
-    SessionStore, SystemClock,
+    DefaultProviderFactory, Engine, EngineConfig, EngineDeps, LedgerStore, RouterHooks, SystemClock,
 };
 use phrony_ledger::{Ledger, SecretCipher};
 use phrony_proto::runtime::v1::runtime_server::RuntimeServer;
@@ -170,7 +169,7 @@ pub async fn serve(
         .build_v1alpha()
         .map_err(reflection)?;
     let cipher = SecretCipher::new(config.secrets_key.as_bytes());
-    let store: Arc<dyn SessionStore> = Arc::new(LedgerStore::new(ledger.clone(), Some(cipher)));
+    let store = Arc::new(LedgerStore::new(ledger.clone(), Some(cipher)));
     let router = match config.router {
         Some(router) => router,
         None => {

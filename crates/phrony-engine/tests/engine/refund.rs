@@ -3,9 +3,7 @@
 //! the worker.
 #![allow(clippy::unwrap_used, reason = "tests: a panic is a failed assertion")]
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use phrony_ledger::{ApprovalStatus, CallStatus, SessionStatus};
 use serde_json::json;
 

@@ -17,10 +17,12 @@ use phrony_dispatch::{
     FromWorker, HandlerAd, Invocation, Router, RouterConfig, ToWorker, ToolError, WorkerHello,
 };
 use phrony_engine::{
-    Engine, EngineConfig, EngineDeps, ManualClock, MemoryStore, PlainSecret, ProviderFactory,
-    RouterHooks, SessionHandle, SessionMode, SessionStore, StartSession,
+    Clock as _, Engine, EngineConfig, EngineDeps, LedgerStore, ManualClock, PlainSecret,
+    ProviderFactory, RouterHooks, SessionHandle, SessionMode, StartSession,
 };
-use phrony_ledger::{Event, SessionStatus};
+use phrony_ledger::{
+    Event, Ledger, LedgerClock, LedgerOptions, NewAgentVersion, SecretCipher, SessionStatus,
+};
 use phrony_manifest::CompiledAgent;
 use phrony_providers::{
     ApiKey, CompletionRequest, ContentBlock, Event as ModelEvent, EventStream, ModelProvider,
@@ -662,7 +664,7 @@ pub fn test_config() -> EngineConfig {
 /// manual clock.
 pub struct Harness {
     pub engine: Engine,
-    pub store: Arc<dyn SessionStore>,
+    pub store: Arc<LedgerStore>,
     pub router: Router,
     pub worker: FakeWorker,
     pub script: Arc<Script>,
@@ -671,7 +673,7 @@ pub struct Harness {
     pub version_id: Uuid,
 }
 
-pub fn router_for(store: &Arc<dyn SessionStore>) -> Router {
+pub fn router_for(store: &Arc<LedgerStore>) -> Router {
     let hooks = Arc::new(RouterHooks::new(Arc::clone(store)));
     Router::builder(RouterConfig::default())
         .observer(hooks.clone())
@@ -680,30 +682,84 @@ pub fn router_for(store: &Arc<dyn SessionStore>) -> Router {
         .unwrap()
 }
 
+/// The key the test stores seal secrets with.
+pub fn cipher() -> SecretCipher {
+    SecretCipher::new(&[7u8; 32])
+}
+
+/// Ledger options whose clock is `clock` (stored times follow the test's manual clock), with a
+/// generous pool timeout: the shared test machine is often saturated.
+pub fn ledger_options(clock: &Arc<ManualClock>) -> LedgerOptions {
+    let clock = Arc::clone(clock);
+    LedgerOptions {
+        acquire_timeout: Duration::from_secs(60),
+        clock: LedgerClock::new(move || clock.now()),
+        ..LedgerOptions::default()
+    }
+}
+
+/// The ledger in memory (SQLite `:memory:`), migrated, its times following `clock`.
+pub async fn memory_ledger(clock: &Arc<ManualClock>) -> Ledger {
+    let ledger = Ledger::connect_with("sqlite::memory:", ledger_options(clock))
+        .await
+        .unwrap();
+    ledger.migrate().await.unwrap();
+    ledger
+}
+
+/// Publishes `snapshot_json` as version 0.1.0 of support/refund-agent; its version id.
+pub async fn publish(ledger: &Ledger, snapshot_json: String, content_hash: String) -> Uuid {
+    ledger
+        .publish_agent_version(NewAgentVersion {
+            namespace: "support".into(),
+            name: "refund-agent".into(),
+            version: "0.1.0".into(),
+            owner: String::new(),
+            labels: Default::default(),
+            snapshot_json,
+            content_hash,
+            actor: "emad".into(),
+        })
+        .await
+        .unwrap()
+        .version_id
+}
+
+/// A store on the ledger in memory with `agent` published: the store and the version id.
+pub async fn memory_store(
+    clock: &Arc<ManualClock>,
+    agent: &CompiledAgent,
+) -> (Arc<LedgerStore>, Uuid) {
+    let ledger = memory_ledger(clock).await;
+    let version_id = publish(
+        &ledger,
+        String::from_utf8(agent.snapshot_json()).unwrap(),
+        agent.content_hash(),
+    )
+    .await;
+    (
+        Arc::new(LedgerStore::new(ledger, Some(cipher()))),
+        version_id,
+    )
+}
+
 impl Harness {
-    /// In memory.
+    /// On the ledger in memory.
     pub async fn memory(opts: &AgentOptions, steps: Vec<Step>) -> Self {
         Self::memory_with(opts, steps, test_config()).await
     }
 
-    /// In memory, with `config`.
+    /// On the ledger in memory, with `config`.
     pub async fn memory_with(opts: &AgentOptions, steps: Vec<Step>, config: EngineConfig) -> Self {
         let clock = Arc::new(ManualClock::starting_now());
-        let memory = MemoryStore::new(clock.clone());
         let agent = refund_agent(opts);
-        let version_id = Uuid::new_v4();
-        memory.register_agent_version(
-            version_id,
-            String::from_utf8(agent.snapshot_json()).unwrap(),
-            agent.content_hash(),
-        );
-        let store: Arc<dyn SessionStore> = Arc::new(memory);
+        let (store, version_id) = memory_store(&clock, &agent).await;
         Self::on_with(store, clock, agent, version_id, Script::new(steps), config).await
     }
 
     /// On any store, for an agent version it already knows.
     pub async fn on(
-        store: Arc<dyn SessionStore>,
+        store: Arc<LedgerStore>,
         clock: Arc<ManualClock>,
         agent: CompiledAgent,
         version_id: Uuid,
@@ -714,7 +770,7 @@ impl Harness {
 
     /// On any store, with `config`.
     pub async fn on_with(
-        store: Arc<dyn SessionStore>,
+        store: Arc<LedgerStore>,
         clock: Arc<ManualClock>,
         agent: CompiledAgent,
         version_id: Uuid,

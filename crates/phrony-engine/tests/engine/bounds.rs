@@ -4,9 +4,7 @@
 //! dispatch.
 #![allow(clippy::unwrap_used, reason = "tests: a panic is a failed assertion")]
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use phrony_engine::{DEFAULT_MAX_TOOL_ARGS_BYTES, DEFAULT_MAX_TOOL_CALLS_PER_TURN};
 use phrony_ledger::SessionStatus;
 use serde_json::json;
@@ -129,9 +127,16 @@ async fn calls_beyond_the_per_response_bound_each_get_a_tool_error() {
     let calls: Vec<(&str, serde_json::Value)> = (0..300)
         .map(|_| ("lookup_order", json!({"order_id": "ORD-1"})))
         .collect();
-    let h = Harness::memory(
+    // 64 calls share the worker's 8 slots: each may wait for a slot longer than the harness's
+    // short queue wait while the other tests load the machine.
+    let config = phrony_engine::EngineConfig {
+        queue_wait: std::time::Duration::from_secs(30),
+        ..test_config()
+    };
+    let h = Harness::memory_with(
         &AgentOptions::default(),
         vec![Step::calls(&calls), Step::say("Looked up a few.")],
+        config,
     )
     .await;
     let s = h.start("Look up ORD-1 300 times.").await;

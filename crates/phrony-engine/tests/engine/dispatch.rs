@@ -3,20 +3,15 @@
 //! side-effect class, and a restart re-sends reads and asks a human about irreversible writes.
 #![allow(clippy::unwrap_used, reason = "tests: a panic is a failed assertion")]
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::*;
-use phrony_engine::{
-    Engine, EngineConfig, EngineDeps, ErrorKind, MemoryStore, SessionStore, TRIGGER_KEY,
-};
+use crate::common::*;
+use phrony_engine::{Engine, EngineConfig, EngineDeps, ErrorKind, LedgerStore, TRIGGER_KEY};
 use phrony_ledger::{
     ApprovalKind, ApprovalStatus, CallStatus, ReviewResolution, SessionStatus, Vote,
 };
 use serde_json::json;
-use uuid::Uuid;
 
 fn quick_timeouts() -> EngineConfig {
     EngineConfig {
@@ -362,7 +357,6 @@ async fn an_operator_confirming_a_lost_refund_records_it_succeeded_without_a_res
 async fn a_binding_without_a_side_effect_class_is_reviewed_not_re_sent_after_a_restart() {
     // A binding whose Tool document was missing has no class in the snapshot.
     let clock = Arc::new(phrony_engine::ManualClock::starting_now());
-    let memory = MemoryStore::new(clock.clone());
     let agent = refund_agent(&AgentOptions::default());
     let snapshot = String::from_utf8(agent.snapshot_json()).unwrap();
     let classless = snapshot.replace(
@@ -370,11 +364,11 @@ async fn a_binding_without_a_side_effect_class_is_reviewed_not_re_sent_after_a_r
         "\"side_effect_class\":\"\"",
     );
     assert_ne!(classless, snapshot);
-    let version_id = Uuid::new_v4();
     let classless_agent =
         phrony_manifest::CompiledAgent::from_snapshot_json(classless.as_bytes()).unwrap();
-    memory.register_agent_version(version_id, classless, agent.content_hash());
-    let store: Arc<dyn SessionStore> = Arc::new(memory);
+    let ledger = memory_ledger(&clock).await;
+    let version_id = publish(&ledger, classless, agent.content_hash()).await;
+    let store = Arc::new(LedgerStore::new(ledger, Some(cipher())));
     let h = Harness::on(
         store,
         clock,

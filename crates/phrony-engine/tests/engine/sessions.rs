@@ -3,12 +3,10 @@
 //! restart of the engine over the same store.
 #![allow(clippy::unwrap_used, reason = "tests: a panic is a failed assertion")]
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use phrony_engine::{Engine, EngineDeps, ErrorKind, SessionMode, SessionUpdate, StartSession};
 use phrony_ledger::{ApprovalStatus, SessionStatus};
 use serde_json::json;

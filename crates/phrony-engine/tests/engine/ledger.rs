@@ -3,16 +3,12 @@
 //! `postgres://postgres@127.0.0.1:5432/postgres`) unless `PHRONY_TEST_SKIP_POSTGRES=1`.
 #![allow(clippy::unwrap_used, reason = "tests: a panic is a failed assertion")]
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::*;
-use phrony_engine::{Engine, EngineDeps, ErrorKind, LedgerStore, ManualClock, SessionStore};
-use phrony_ledger::{
-    ApprovalStatus, Ledger, LedgerOptions, NewAgentVersion, SecretCipher, SessionStatus,
-};
+use crate::common::*;
+use phrony_engine::{Engine, EngineDeps, ErrorKind, LedgerStore, ManualClock};
+use phrony_ledger::{ApprovalStatus, Ledger, SessionStatus};
 use serde_json::json;
 use sqlx::Connection as _;
 use sqlx::Executor as _;
@@ -87,49 +83,29 @@ impl Db {
         })
     }
 
-    async fn ledger(&self) -> Ledger {
-        // A generous pool timeout: the shared test machine is often saturated.
-        let options = LedgerOptions {
-            acquire_timeout: Duration::from_secs(60),
-            ..LedgerOptions::default()
-        };
-        let ledger = Ledger::connect_with(&self.url, options).await.unwrap();
+    /// The ledger on this database, its times following `clock`.
+    async fn ledger(&self, clock: &Arc<ManualClock>) -> Ledger {
+        let ledger = Ledger::connect_with(&self.url, ledger_options(clock))
+            .await
+            .unwrap();
         ledger.migrate().await.unwrap();
         ledger
     }
 }
 
-fn cipher() -> SecretCipher {
-    SecretCipher::new(&[7u8; 32])
-}
-
 /// Publishes the tutorial agent and returns a harness on the ledger.
 async fn harness(db: &Db, opts: &AgentOptions, steps: Vec<Step>) -> (Harness, Ledger) {
-    let ledger = db.ledger().await;
-    let agent = refund_agent(opts);
-    let published = ledger
-        .publish_agent_version(NewAgentVersion {
-            namespace: "support".into(),
-            name: "refund-agent".into(),
-            version: "0.1.0".into(),
-            owner: String::new(),
-            labels: Default::default(),
-            snapshot_json: String::from_utf8(agent.snapshot_json()).unwrap(),
-            content_hash: agent.content_hash(),
-            actor: "emad".into(),
-        })
-        .await
-        .unwrap();
-    let store: Arc<dyn SessionStore> = Arc::new(LedgerStore::new(ledger.clone(), Some(cipher())));
     let clock = Arc::new(ManualClock::starting_now());
-    let h = Harness::on(
-        store,
-        clock,
-        agent,
-        published.version_id,
-        Script::new(steps),
+    let ledger = db.ledger(&clock).await;
+    let agent = refund_agent(opts);
+    let version_id = publish(
+        &ledger,
+        String::from_utf8(agent.snapshot_json()).unwrap(),
+        agent.content_hash(),
     )
     .await;
+    let store = Arc::new(LedgerStore::new(ledger.clone(), Some(cipher())));
+    let h = Harness::on(store, clock, agent, version_id, Script::new(steps)).await;
     (h, ledger)
 }
 
@@ -311,8 +287,8 @@ async fn a_pending_approval_survives_a_restart(db: Db) {
     tokio::time::sleep(Duration::from_millis(50)).await;
 
     // A new process: a new pool on the same database, a new router, the worker reconnects.
-    let ledger = db.ledger().await;
-    let store: Arc<dyn SessionStore> = Arc::new(LedgerStore::new(ledger.clone(), Some(cipher())));
+    let ledger = db.ledger(&clock).await;
+    let store = Arc::new(LedgerStore::new(ledger.clone(), Some(cipher())));
     assert_eq!(
         store.get_session(&s.id).await.unwrap().status,
         SessionStatus::AwaitingApproval
@@ -519,9 +495,7 @@ on_both_backends!(
 );
 
 /// A revalidated edit that still needs approval opens a fresh approval about the *edited*
-/// arguments, and approving it dispatches them. Passes on `MemoryStore`; on the ledger the fresh
-/// approval copies the model's proposed arguments (`Ledger::open_approval` uses
-/// `call.proposed_args`, not `call.args`), so the edit is lost.
+/// arguments, and approving it dispatches them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_revalidated_edit_needing_approval_dispatches_the_edit() {
     let db = Db::sqlite();

@@ -1,4 +1,4 @@
-//! Attaching to sessions on the in-memory store: the catch-up of a session that waits for an
+//! Attaching to sessions on the ledger in memory: the catch-up of a session that waits for an
 //! approval, is streaming text, is parked or has ended, and the live updates that follow it
 //! with no gap and no duplicate.
 
@@ -7,16 +7,13 @@
     reason = "tests: a panic is a failed assertion, with its message"
 )]
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use phrony_engine::{
     Activity, ApprovalStatus, AttachFrom, Attachment, BLOCKED_AWAITING_APPROVAL, Engine,
-    EngineDeps, ManualClock, MemoryStore, ProviderFactory, SessionMode, SessionStatus,
-    SessionStore,
+    EngineDeps, ManualClock, ProviderFactory, SessionMode, SessionStatus,
 };
 use phrony_manifest::CompiledAgent;
 use phrony_providers::{
@@ -370,15 +367,8 @@ impl ProviderFactory for HaltingFactory {
 #[tokio::test]
 async fn text_streamed_before_the_attach_is_caught_up_then_continues() {
     let clock = Arc::new(ManualClock::starting_now());
-    let memory = MemoryStore::new(clock.clone());
     let agent = refund_agent(&AgentOptions::default());
-    let version_id = Uuid::new_v4();
-    memory.register_agent_version(
-        version_id,
-        String::from_utf8(agent.snapshot_json()).unwrap(),
-        agent.content_hash(),
-    );
-    let store: Arc<dyn SessionStore> = Arc::new(memory);
+    let (store, version_id) = memory_store(&clock, &agent).await;
     let (resume, reached) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
     let engine = Engine::new(EngineDeps {
         store: Arc::clone(&store),

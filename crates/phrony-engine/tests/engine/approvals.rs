@@ -3,11 +3,9 @@
 //! `on_reject: fail`, timeout defaults, the approval-wait budget, and cancellation.
 #![allow(clippy::unwrap_used, reason = "tests: a panic is a failed assertion")]
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use phrony_engine::ErrorKind;
 use phrony_ledger::{ApprovalStatus, SessionStatus, Vote};
 use serde_json::json;

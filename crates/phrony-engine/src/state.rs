@@ -1,0 +1,242 @@
+//! The engine's shared state, a leaf of the module graph: [`Inner`] (what every part of the
+//! engine reads: store, router, providers, clock, config, the live sessions), [`Live`] (one
+//! running session's in-memory side), the streamed text and the update type subscribers get.
+//! The modules that act on this state (`engine`, `driver`, `calls`, `attach`, `subscribe`,
+//! `timer`) import it from here, never from each other in a loop.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use phrony_dispatch::Router;
+use phrony_ledger::Event;
+use serde_json::Value;
+use tokio::sync::{Notify, broadcast, watch};
+use tokio_util::sync::CancellationToken;
+
+use crate::clock::Clock;
+use crate::config::EngineConfig;
+use crate::error::EngineError;
+use crate::fold::Fold;
+use crate::provider::ProviderFactory;
+use crate::store::LedgerStore;
+
+/// One update of a followed session.
+#[derive(Debug, Clone, PartialEq)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "almost every update is an Event; boxing it would add an allocation per event for \
+              the rare, smaller text delta"
+)]
+pub enum SessionUpdate {
+    /// An event of the session's stream, in `seq` order, none skipped.
+    Event(Event),
+    /// A piece of assistant text as the model streams it (best-effort: dropped for a subscriber
+    /// that falls behind; the `message.assistant` event carries the full text).
+    TextDelta {
+        /// The turn.
+        turn: u32,
+        /// The completion inside the turn.
+        iteration: u32,
+        /// Where `text` starts in the completion's text (bytes): a subscriber that missed a
+        /// delta sees a gap, one that got text another way can skip what it has.
+        offset: usize,
+        /// The text.
+        text: String,
+    },
+}
+
+pub(crate) struct Inner {
+    pub(crate) store: Arc<LedgerStore>,
+    pub(crate) router: Option<Router>,
+    pub(crate) providers: Arc<dyn ProviderFactory>,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) config: EngineConfig,
+    pub(crate) live: Mutex<HashMap<String, Arc<Live>>>,
+    /// Wakes the approval timer (an approval with an expiry was opened).
+    pub(crate) timer_kick: Arc<Notify>,
+    /// Stops the engine's tasks (not the sessions).
+    pub(crate) stop: CancellationToken,
+}
+
+/// The in-memory side of one live session (one driver).
+pub(crate) struct Live {
+    pub(crate) session_id: String,
+    /// Fires when the session ends or the engine stops: the driver and its dispatches stop.
+    pub(crate) cancel: CancellationToken,
+    /// A user message was recorded.
+    pub(crate) inbox: Notify,
+    /// Bumped whenever one of the session's approvals may have been decided.
+    pub(crate) approvals: watch::Sender<u64>,
+    /// Bumped whenever the session's stream grew (wakes subscriptions and waiters).
+    pub(crate) changed: watch::Sender<u64>,
+    /// Streamed model text, for subscribers (lossy).
+    pub(crate) deltas: broadcast::Sender<SessionUpdate>,
+    /// The text of the completion being streamed, for clients that attach mid-completion.
+    pub(crate) streaming: Mutex<StreamingText>,
+    /// Turn numbering of user messages and the input block of a halted session.
+    pub(crate) input: tokio::sync::Mutex<InputState>,
+}
+
+#[derive(Debug)]
+pub(crate) struct InputState {
+    /// The turn the next user message starts.
+    pub(crate) next_turn: u32,
+    /// Why input is blocked (a limit was hit), if it is.
+    pub(crate) blocked: Option<String>,
+}
+
+impl Live {
+    pub(crate) fn bump_approvals(&self) {
+        self.approvals.send_modify(|v| *v = v.wrapping_add(1));
+    }
+
+    pub(crate) fn notify_changed(&self) {
+        self.changed.send_modify(|v| *v = v.wrapping_add(1));
+    }
+}
+
+impl Inner {
+    pub(crate) fn live(&self, session_id: &str) -> Option<Arc<Live>> {
+        self.live
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(session_id)
+            .cloned()
+    }
+
+    pub(crate) fn live_count(&self) -> usize {
+        self.live
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .len()
+    }
+
+    pub(crate) fn wake_approvals(&self, session_id: &str) {
+        if let Some(live) = self.live(session_id) {
+            live.bump_approvals();
+            live.notify_changed();
+        }
+    }
+
+    /// Registers a live session; `None` if one is already live.
+    pub(crate) fn register(&self, session_id: &str, next_turn: u32) -> Option<Arc<Live>> {
+        let mut live = self
+            .live
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if live.contains_key(session_id) {
+            return None;
+        }
+        let (approvals, _) = watch::channel(0);
+        let (changed, _) = watch::channel(0);
+        let (deltas, _) = broadcast::channel(self.config.subscription_buffer.max(16));
+        let entry = Arc::new(Live {
+            session_id: session_id.to_owned(),
+            cancel: self.stop.child_token(),
+            inbox: Notify::new(),
+            approvals,
+            changed,
+            deltas,
+            streaming: Mutex::new(StreamingText::default()),
+            input: tokio::sync::Mutex::new(InputState {
+                next_turn,
+                blocked: None,
+            }),
+        });
+        live.insert(session_id.to_owned(), Arc::clone(&entry));
+        Some(entry)
+    }
+
+    /// Removes a live session's entry (if it is still `entry`).
+    pub(crate) fn unregister(&self, entry: &Arc<Live>) {
+        {
+            let mut live = self
+                .live
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if live
+                .get(&entry.session_id)
+                .is_some_and(|e| Arc::ptr_eq(e, entry))
+            {
+                live.remove(&entry.session_id);
+            }
+        }
+        entry.notify_changed();
+    }
+
+    /// Reads a session's whole stream into a fold.
+    pub(crate) async fn fold(&self, session_id: &str) -> Result<Fold, EngineError> {
+        let mut fold = Fold::default();
+        loop {
+            let page = self
+                .store
+                .events_after(session_id, fold.last_seq(), 500)
+                .await?;
+            if page.is_empty() {
+                return Ok(fold);
+            }
+            for event in &page {
+                fold.apply(event);
+            }
+        }
+    }
+}
+
+/// The first user message of a session input (§5.5): `message`, else `text` (both must be
+/// strings), else the whole object's JSON text; `{}` has none.
+pub(crate) fn first_user_message(input: &Value) -> Result<Option<String>, EngineError> {
+    let Value::Object(map) = input else {
+        return Err(EngineError::invalid("input must be a JSON object"));
+    };
+    for key in ["message", "text"] {
+        match map.get(key) {
+            Some(Value::String(s)) => return Ok(Some(s.clone())),
+            Some(_) => {
+                return Err(EngineError::invalid(format!(
+                    "input.{key} must be a string"
+                )));
+            }
+            None => {}
+        }
+    }
+    if map.is_empty() {
+        Ok(None)
+    } else {
+        Ok(Some(input.to_string()))
+    }
+}
+
+/// The text of the completion a live session is streaming.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct StreamingText {
+    pub(crate) turn: u32,
+    pub(crate) iteration: u32,
+    pub(crate) text: String,
+}
+
+impl Live {
+    /// Records a streamed delta (`offset` = where it starts in the completion's text).
+    pub(crate) fn record_streaming(&self, turn: u32, iteration: u32, offset: usize, delta: &str) {
+        let mut s = self
+            .streaming
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if s.turn != turn || s.iteration != iteration || offset == 0 {
+            *s = StreamingText {
+                turn,
+                iteration,
+                text: String::new(),
+            };
+        }
+        if s.text.len() == offset {
+            s.text.push_str(delta);
+        }
+    }
+
+    pub(crate) fn streaming_text(&self) -> StreamingText {
+        self.streaming
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+}

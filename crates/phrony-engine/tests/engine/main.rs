@@ -1,0 +1,14 @@
+//! The engine's integration tests, one binary: every flow runs on the real ledger. "In memory"
+//! below means the ledger on SQLite `:memory:` with its clock following the test's
+//! [`phrony_engine::ManualClock`]; `ledger` also runs flows on a SQLite file and on PostgreSQL.
+
+mod common;
+
+mod approvals;
+mod attach;
+mod bounds;
+mod dispatch;
+mod ledger;
+mod modules;
+mod refund;
+mod sessions;
