@@ -6,9 +6,9 @@ use std::sync::{Arc, Mutex};
 
 use phrony_dispatch::Router;
 use phrony_ledger::{
-    AgentVersionRef, ApprovalStatus, NewEvent, NewSession, OnLimit, Session, SessionEvent,
-    SessionLimits, SessionMode, SessionStatus, StatusChange, Vote, VoteDecision, VoteOutcome,
-    new_session_id,
+    AgentVersionRef, ApprovalStatus, EventBody, NewSession, OnLimit, Session, SessionEvent,
+    SessionLimits, SessionMode, SessionPrincipal, SessionStatus, StatusChange, Vote, VoteDecision,
+    VoteOutcome, new_session_id,
 };
 use phrony_manifest::{ANNOTATION_POLICIES_COMPILED, ANNOTATION_STUB_SCRIPT, CompiledAgent};
 use phrony_providers::{ApiKey, ModelProvider};
@@ -22,8 +22,8 @@ use crate::calls::{CallScope, EditRefusal, LIMIT_TOOL};
 use crate::clock::Clock;
 use crate::config::EngineConfig;
 use crate::driver::{self, DriverSetup};
-use crate::error::{EngineError, ErrorKind};
-use crate::fold::{Fold, engine_events};
+use crate::error::{EngineError, ErrorKind, StoreError};
+use crate::fold::Fold;
 use crate::provider::{ProviderFactory, api_key_secret_name};
 use crate::store::{PlainSecret, SessionStore};
 use crate::subscribe::{SessionUpdate, Subscription};
@@ -265,7 +265,7 @@ impl Inner {
                 return Ok(fold);
             }
             for event in &page {
-                fold.apply(event);
+                fold.apply(event)?;
             }
         }
     }
@@ -493,11 +493,9 @@ impl Engine {
                 .store
                 .append_engine_event(
                     &id,
-                    NewEvent::new(
-                        engine_events::SESSION_PRINCIPAL,
-                        "system",
-                        json!({ "claims": claims }),
-                    ),
+                    EventBody::SessionPrincipal(SessionPrincipal { claims })
+                        .into_new_event("system")
+                        .map_err(StoreError::from)?,
                 )
                 .await?;
         }

@@ -52,15 +52,31 @@ fn published(agent: &phrony_manifest::CompiledAgent, version: &str) -> NewAgentV
 }
 
 /// Every stream's events, one line each: stream, seq, type, actor, turn, call id, payload.
+/// Every event must decode into the event schema, and re-encode to its stored payload.
 async fn event_lines(ledger: &Ledger) -> String {
     let mut out = String::new();
     for report in ledger.verify_all_streams().await.unwrap() {
         let mut after = 0;
         loop {
-            let page = ledger.list_events(&report.stream, after, 1000).await.unwrap();
+            let page = ledger
+                .list_events(&report.stream, after, 1000)
+                .await
+                .unwrap();
             let Some(last) = page.last() else { break };
             after = last.seq;
             for e in page {
+                let body = match e.body() {
+                    Ok(body) => body,
+                    Err(err) => panic!("{err}"),
+                };
+                assert_eq!(body.event_type(), e.event_type);
+                assert_eq!(
+                    body.payload().unwrap(),
+                    e.payload,
+                    "{} seq {}",
+                    e.stream,
+                    e.seq
+                );
                 writeln!(
                     out,
                     "{} {} {} actor={} turn={:?} call={:?} {}",
@@ -133,7 +149,10 @@ async fn record_the_fixture() {
     let h = Harness::on_with(store, clock, agent.clone(), v1.version_id, script, config).await;
     let mut ids = Vec::new();
 
-    let mut req = h.start_request(json!("Refund €100 for ORD-1."), phrony_ledger::SessionMode::Task);
+    let mut req = h.start_request(
+        json!("Refund €100 for ORD-1."),
+        phrony_ledger::SessionMode::Task,
+    );
     req.principal = Some(json!({"sub": "cust-42", "tier": "gold"}));
     let s1 = h.engine.start_session(req).await.unwrap();
     assert_eq!(h.wait_end(&s1.id).await.status, SessionStatus::Completed);
@@ -180,7 +199,11 @@ async fn record_the_fixture() {
     h.engine
         .decide_approval(
             review.id,
-            Vote::resolve("emad", ReviewResolution::Resend, "not issued upstream; retry"),
+            Vote::resolve(
+                "emad",
+                ReviewResolution::Resend,
+                "not issued upstream; retry",
+            ),
         )
         .await
         .unwrap();
@@ -238,7 +261,10 @@ async fn a_database_recorded_by_an_earlier_build_reads_identically() {
     assert_eq!(ids.len(), 6);
 
     let reports = ledger.verify_all_streams().await.unwrap();
-    assert!(reports.len() >= 7, "six sessions and the agent: {reports:#?}");
+    assert!(
+        reports.len() >= 7,
+        "six sessions and the agent: {reports:#?}"
+    );
     for r in &reports {
         assert!(r.violation.is_none(), "{r:?}");
         assert_eq!(r.events_checked, r.head_seq, "{r:?}");
