@@ -34,8 +34,7 @@ use crate::calls::LIMIT_TOOL;
 use crate::engine::Engine;
 use crate::error::{EngineError, ErrorKind};
 use crate::fold::{
-    CompletionRecord, FAILURE_KEY, LIMIT_PREFIX, TRIGGER_KEY, engine_events, failure_text,
-    rejection_text,
+    FAILURE_KEY, LIMIT_PREFIX, TRIGGER_KEY, engine_events, failure_text, rejection_text,
 };
 use crate::state::StreamingText;
 use crate::subscribe::{SessionUpdate, Subscription};
@@ -506,7 +505,9 @@ impl SessionView {
                 self.users.insert(turn, text_of(p, "content"));
             }
             engine_events::MODEL_COMPLETION => {
-                if let Ok(record) = serde_json::from_value::<CompletionRecord>(p.clone()) {
+                if let Ok(record) =
+                    serde_json::from_value::<phrony_ledger::ModelCompletion>(p.clone())
+                {
                     self.start_turn(record.turn);
                     add_usage(
                         self.usage.entry(record.turn).or_default(),

@@ -11,8 +11,8 @@ use chrono::{DateTime, Utc};
 use futures::StreamExt as _;
 use futures::stream::FuturesUnordered;
 use phrony_ledger::{
-    Approval, AssistantMessage, NewEvent, OnLimit, Session, SessionEvent, SessionLimits,
-    SessionMode, SessionStatus, StatusChange, Usage,
+    Approval, AssistantMessage, EventBody, ModelCompletion, NewEvent, OnLimit, Session,
+    SessionEvent, SessionLimits, SessionMode, SessionStatus, StatusChange, Usage,
 };
 use phrony_manifest::{CompiledAgent, ToolArgsValidator, ToolBinding};
 use phrony_policy::PolicySet;
@@ -20,7 +20,7 @@ use phrony_providers::{CompletionRequest, Event as ModelEvent, ModelProvider, To
 use serde_json::{Value, json};
 
 use crate::error::{EngineError, ErrorKind, StoreError};
-use crate::fold::{CompletionRecord, Fold, ToolCallRecord, engine_events};
+use crate::fold::{CompletionRecord, Fold, ToolCallRecord};
 use crate::state::{Inner, Live, first_user_message};
 use crate::subscribe::SessionUpdate;
 
@@ -360,7 +360,7 @@ async fn sync(inner: &Inner, session_id: &str, fold: &mut Fold) -> Result<(), St
             return Ok(());
         }
         for event in &page {
-            fold.apply(event);
+            fold.apply(event)?;
         }
     }
 }
@@ -714,10 +714,9 @@ impl Driver {
                 .append_engine_event(
                     &session_id,
                     engine_event(
-                        engine_events::MODEL_COMPLETION,
                         turn,
-                        serde_json::to_value(&completion.record).unwrap_or(Value::Null),
-                    ),
+                        EventBody::ModelCompletion(ModelCompletion::from(&completion.record)),
+                    )?,
                 )
                 .await?;
             self.sync().await?;
@@ -904,8 +903,8 @@ struct Completed {
     record: CompletionRecord,
 }
 
-fn engine_event(event_type: &str, turn: u32, payload: Value) -> NewEvent {
-    let mut e = NewEvent::new(event_type, "agent", payload);
+fn engine_event(turn: u32, body: EventBody) -> Result<NewEvent, StoreError> {
+    let mut e = body.into_new_event("agent")?;
     e.turn = Some(turn);
-    e
+    Ok(e)
 }

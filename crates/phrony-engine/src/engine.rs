@@ -6,9 +6,9 @@ use std::sync::{Arc, Mutex};
 
 use phrony_dispatch::Router;
 use phrony_ledger::{
-    AgentVersionRef, ApprovalStatus, NewEvent, NewSession, OnLimit, Session, SessionEvent,
-    SessionLimits, SessionMode, SessionStatus, StatusChange, Vote, VoteDecision, VoteOutcome,
-    new_session_id,
+    AgentVersionRef, ApprovalStatus, EventBody, NewSession, OnLimit, Session, SessionEvent,
+    SessionLimits, SessionMode, SessionPrincipal, SessionStatus, StatusChange, Vote, VoteDecision,
+    VoteOutcome, new_session_id,
 };
 use phrony_manifest::{ANNOTATION_POLICIES_COMPILED, ANNOTATION_STUB_SCRIPT, CompiledAgent};
 use phrony_providers::{ApiKey, ModelProvider};
@@ -22,8 +22,7 @@ use crate::calls::{CallScope, EditRefusal, LIMIT_TOOL};
 use crate::clock::Clock;
 use crate::config::EngineConfig;
 use crate::driver::{self, DriverSetup};
-use crate::error::{EngineError, ErrorKind};
-use crate::fold::engine_events;
+use crate::error::{EngineError, ErrorKind, StoreError};
 use crate::provider::{ProviderFactory, api_key_secret_name};
 use crate::state::{Inner, first_user_message};
 use crate::store::{LedgerStore, PlainSecret};
@@ -333,11 +332,9 @@ impl Engine {
                 .store
                 .append_engine_event(
                     &id,
-                    NewEvent::new(
-                        engine_events::SESSION_PRINCIPAL,
-                        "system",
-                        json!({ "claims": claims }),
-                    ),
+                    EventBody::SessionPrincipal(SessionPrincipal { claims })
+                        .into_new_event("system")
+                        .map_err(StoreError::from)?,
                 )
                 .await?;
         }

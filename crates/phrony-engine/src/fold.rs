@@ -7,10 +7,14 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use phrony_ledger::event_types as types;
-use phrony_ledger::{ApprovalStatus, CallStatus, Event};
+use phrony_ledger::{
+    ApprovalStatus, CallStatus, Event, EventBody, ModelCompletion, Reasoning, SessionStatus,
+    TurnUsage,
+};
 use phrony_providers::{ContentBlock, Message, ReasoningBlock, Role, Usage};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
+
+use crate::error::StoreError;
 use serde_json::{Value, json};
 use sha2::{Digest as _, Sha256};
 
@@ -52,35 +56,119 @@ pub const LIMIT_PREFIX: &str = "run limit ";
 /// (version = the limit kind, arguments = `{limit, used, max}`); the model never sees it.
 pub const LIMIT_TOOL: &str = "phrony.limit";
 
-/// The `model.completion` payload.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// One model completion as the engine works with it (stored as
+/// [`phrony_ledger::ModelCompletion`]).
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) struct CompletionRecord {
     pub(crate) turn: u32,
     pub(crate) iteration: u32,
     pub(crate) stop_reason: String,
     pub(crate) usage: Usage,
     pub(crate) duration_ms: u64,
-    #[serde(default)]
     pub(crate) tool_calls: Vec<ToolCallRecord>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub(crate) reasoning: Vec<ReasoningBlock>,
+}
+
+impl From<ModelCompletion> for CompletionRecord {
+    fn from(m: ModelCompletion) -> Self {
+        Self {
+            turn: m.turn,
+            iteration: m.iteration,
+            stop_reason: m.stop_reason,
+            usage: Usage {
+                input_tokens: m.usage.input_tokens,
+                output_tokens: m.usage.output_tokens,
+                estimated: m.usage.estimated,
+            },
+            duration_ms: m.duration_ms,
+            tool_calls: m
+                .tool_calls
+                .into_iter()
+                .map(|c| ToolCallRecord {
+                    index: c.index,
+                    name: c.name,
+                    args: c.args,
+                    refused: c.refused.map(|r| CallRefusal {
+                        code: r.code,
+                        message: r.message,
+                    }),
+                })
+                .collect(),
+            reasoning: m
+                .reasoning
+                .into_iter()
+                .map(|r| match r {
+                    Reasoning::Thinking {
+                        thinking,
+                        signature,
+                    } => ReasoningBlock::Thinking {
+                        thinking,
+                        signature,
+                    },
+                    Reasoning::Redacted { data } => ReasoningBlock::Redacted { data },
+                })
+                .collect(),
+        }
+    }
+}
+
+impl From<&CompletionRecord> for ModelCompletion {
+    fn from(r: &CompletionRecord) -> Self {
+        Self {
+            turn: r.turn,
+            iteration: r.iteration,
+            stop_reason: r.stop_reason.clone(),
+            usage: phrony_ledger::Usage {
+                input_tokens: r.usage.input_tokens,
+                output_tokens: r.usage.output_tokens,
+                estimated: r.usage.estimated,
+            },
+            duration_ms: r.duration_ms,
+            tool_calls: r
+                .tool_calls
+                .iter()
+                .map(|c| phrony_ledger::CompletionToolCall {
+                    index: c.index,
+                    name: c.name.clone(),
+                    args: c.args.clone(),
+                    refused: c.refused.as_ref().map(|f| phrony_ledger::CallRefusal {
+                        code: f.code.clone(),
+                        message: f.message.clone(),
+                    }),
+                })
+                .collect(),
+            reasoning: r
+                .reasoning
+                .iter()
+                .map(|b| match b {
+                    ReasoningBlock::Thinking {
+                        thinking,
+                        signature,
+                    } => Reasoning::Thinking {
+                        thinking: thinking.clone(),
+                        signature: signature.clone(),
+                    },
+                    ReasoningBlock::Redacted { data } => Reasoning::Redacted { data: data.clone() },
+                })
+                .collect(),
+        }
+    }
 }
 
 /// One tool call of a completion, as the model produced it (within the engine's bounds: see
 /// [`ToolCallRecord::bounded`]).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) struct ToolCallRecord {
     pub(crate) index: u32,
     pub(crate) name: String,
     pub(crate) args: Value,
     /// Why the engine will not run this call (a tool error for the model), if it will not.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) refused: Option<CallRefusal>,
 }
 
 /// A model tool call the engine refuses before binding or policy: its tool-error code and
 /// message.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct CallRefusal {
     pub(crate) code: String,
     pub(crate) message: String,
@@ -213,7 +301,7 @@ struct OpenAssistant {
 pub(crate) struct TurnRecord {
     pub(crate) turn: u32,
     pub(crate) stop_reason: String,
-    pub(crate) turn_usage: Value,
+    pub(crate) turn_usage: Option<TurnUsage>,
     pub(crate) turn_duration_ms: Option<u64>,
 }
 
@@ -261,24 +349,25 @@ impl Fold {
     }
 
     /// Applies one event (events at or below the last applied seq are ignored).
-    pub(crate) fn apply(&mut self, event: &Event) {
+    ///
+    /// # Errors
+    /// The ledger's `BadEvent` (as a store error) for an event the schema cannot read: the fold
+    /// never guesses a default for a renamed or missing field.
+    pub(crate) fn apply(&mut self, event: &Event) -> Result<(), StoreError> {
         if event.seq <= self.last_seq {
-            return;
+            return Ok(());
         }
+        let body = event.body()?;
         self.last_seq = event.seq;
-        let p = &event.payload;
-        let text = |key: &str| p.get(key).and_then(Value::as_str).unwrap_or("").to_owned();
-        match event.event_type.as_str() {
-            types::MESSAGE_USER => {
+        match body {
+            EventBody::MessageUser(m) => {
                 let turn = event.turn.unwrap_or(self.max_user_turn + 1);
                 self.max_user_turn = self.max_user_turn.max(turn);
                 self.user_turns.insert(turn);
-                self.users.insert(turn, text("content"));
+                self.users.insert(turn, m.content);
             }
-            engine_events::MODEL_COMPLETION => {
-                let Ok(record) = serde_json::from_value::<CompletionRecord>(p.clone()) else {
-                    return;
-                };
+            EventBody::ModelCompletion(stored) => {
+                let record = CompletionRecord::from(stored);
                 self.start_activity(record.turn);
                 if self
                     .open
@@ -304,10 +393,9 @@ impl Fold {
                 *next = (*next).max(record.iteration + 1);
                 self.last_completion = Some(record);
             }
-            types::MESSAGE_ASSISTANT => {
+            EventBody::MessageAssistant(m) => {
                 let turn = event.turn.unwrap_or(self.max_started_turn);
                 self.start_activity(turn);
-                let content = text("content");
                 let open = self.open.get_or_insert_with(|| OpenAssistant {
                     turn,
                     iteration: None,
@@ -315,35 +403,23 @@ impl Fold {
                     reasoning: Vec::new(),
                     calls: Vec::new(),
                 });
-                open.text.push_str(&content);
-                if let Some(stop_reason) = p.get("stop_reason").and_then(Value::as_str) {
-                    self.last_assistant = Some(content);
+                open.text.push_str(&m.content);
+                if let Some(stop_reason) = m.stop_reason {
+                    self.last_assistant = Some(m.content);
                     self.turns.push(TurnRecord {
                         turn,
-                        stop_reason: stop_reason.to_owned(),
-                        turn_usage: p.get("turn_usage").cloned().unwrap_or(Value::Null),
-                        turn_duration_ms: p.get("turn_duration_ms").and_then(Value::as_u64),
+                        stop_reason,
+                        turn_usage: m.turn_usage,
+                        turn_duration_ms: m.turn_duration_ms,
                     });
                     self.last_finished_turn = self.last_finished_turn.max(turn);
                     self.finalize_open();
                 }
             }
-            types::TOOL_REQUESTED if text("tool") == LIMIT_TOOL => {}
-            types::TOOL_REQUESTED => {
-                let turn = p
-                    .get("turn")
-                    .and_then(Value::as_u64)
-                    .and_then(|t| u32::try_from(t).ok())
-                    .unwrap_or(self.max_started_turn);
-                let iteration = p
-                    .get("iteration")
-                    .and_then(Value::as_u64)
-                    .and_then(|t| u32::try_from(t).ok());
-                let index = p
-                    .get("index")
-                    .and_then(Value::as_u64)
-                    .and_then(|t| u32::try_from(t).ok())
-                    .unwrap_or(0);
+            EventBody::ToolRequested(r) if r.tool == LIMIT_TOOL => {}
+            EventBody::ToolRequested(r) => {
+                let turn = r.turn;
+                let iteration = Some(r.iteration);
                 self.start_activity(turn);
                 let same = self.open.as_ref().is_some_and(|o| {
                     o.turn == turn && (o.iteration.is_none() || o.iteration == iteration)
@@ -362,25 +438,14 @@ impl Fold {
                     if open.iteration.is_none() {
                         open.iteration = iteration;
                     }
-                    let name = p
-                        .get("wire_name")
-                        .and_then(Value::as_str)
-                        .map_or_else(|| text("tool"), str::to_owned);
-                    open.calls.push((
-                        index,
-                        text("call_id"),
-                        name,
-                        p.get("args").cloned().unwrap_or_else(|| json!({})),
-                    ));
+                    let name = r.wire_name.unwrap_or(r.tool);
+                    open.calls.push((r.index, r.call_id, name, r.args));
                 }
             }
-            types::TOOL_COMPLETED => {
-                let call_id = text("call_id");
-                let status = text("status");
-                let resolved_by = p.get("resolved_by").and_then(Value::as_str);
-                let outcome = if status == CallStatus::Succeeded.as_str() {
-                    let result = p.get("result").cloned().unwrap_or(Value::Null);
-                    let content = match (resolved_by, result) {
+            EventBody::ToolCompleted(c) => {
+                let outcome = if c.status == CallStatus::Succeeded {
+                    let result = c.result.unwrap_or(Value::Null);
+                    let content = match (c.resolved_by.as_deref(), result) {
                         (Some(by), result) => confirmed_text(by, &result),
                         (None, Value::Null) => "{}".to_owned(),
                         (None, other) => other.to_string(),
@@ -388,63 +453,86 @@ impl Fold {
                     (content, false)
                 } else {
                     (
-                        failure_text(&text("error_code"), &text("error_message")),
+                        failure_text(
+                            c.error_code.as_deref().unwrap_or_default(),
+                            c.error_message.as_deref().unwrap_or_default(),
+                        ),
                         true,
                     )
                 };
-                self.results.insert(call_id, outcome);
+                self.results.insert(c.call_id, outcome);
             }
-            types::TOOL_POLICY_DENIED => {
-                self.results.insert(text("call_id"), (text("reason"), true));
+            EventBody::ToolPolicyDenied(d) => {
+                self.results.insert(d.call_id, (d.reason, true));
             }
-            types::TOOL_CANCELLED => {
-                let reason = text("reason");
+            EventBody::ToolCancelled(c) => {
                 self.results.insert(
-                    text("call_id"),
-                    (format!("tool call cancelled: {reason}"), true),
+                    c.call_id,
+                    (format!("tool call cancelled: {}", c.reason), true),
                 );
             }
-            types::APPROVAL_REQUIRED => {
-                let runtime = p.get("policy_runtime");
-                if runtime.and_then(|r| r.get(TRIGGER_KEY)).is_some() {
-                    let failure = runtime
-                        .and_then(|r| r.get(FAILURE_KEY))
+            EventBody::ApprovalRequired(a) => {
+                if a.policy_runtime.get(TRIGGER_KEY).is_some() {
+                    let failure = a
+                        .policy_runtime
+                        .get(FAILURE_KEY)
                         .and_then(Value::as_str)
-                        .map_or_else(|| text("reason"), str::to_owned);
-                    self.failure_approvals.insert(text("approval_id"), failure);
+                        .map_or_else(|| a.reason.clone(), str::to_owned);
+                    self.failure_approvals
+                        .insert(a.approval_id.to_string(), failure);
                 }
             }
-            types::APPROVAL_DECIDED if p.get("resolution").is_some() => {
+            EventBody::ApprovalDecided(d) if d.resolution.is_some() => {
                 // An outcome review: `happened` and `fail` are told by the `tool.completed`
                 // that follows, `resend` by the worker's new result.
             }
-            types::APPROVAL_DECIDED => {
-                let status = text("status");
-                let call_id = text("call_id");
-                if status == ApprovalStatus::Denied.as_str() {
-                    let content = match self.failure_approvals.get(&text("approval_id")) {
+            EventBody::ApprovalDecided(d) => match d.status {
+                ApprovalStatus::Denied => {
+                    let content = match self.failure_approvals.get(&d.approval_id.to_string()) {
                         Some(failure) => format!("tool dispatch denied after failure: {failure}"),
-                        None => rejection_text(&call_id, &text("decided_by"), &text("comment")),
+                        None => rejection_text(&d.call_id, &d.decided_by, &d.comment),
                     };
-                    self.results.insert(call_id, (content, true));
-                } else if status == ApprovalStatus::Cancelled.as_str() {
+                    self.results.insert(d.call_id, (content, true));
+                }
+                ApprovalStatus::Cancelled => {
                     self.results.insert(
-                        call_id,
-                        (format!("tool call cancelled: {}", text("comment")), true),
+                        d.call_id,
+                        (format!("tool call cancelled: {}", d.comment), true),
                     );
                 }
-            }
-            types::SESSION_STATUS_CHANGED => {
-                let reason = text("reason");
-                if text("to") == "awaiting_input" && reason.starts_with(LIMIT_PREFIX) {
+                ApprovalStatus::Pending | ApprovalStatus::Approved | ApprovalStatus::Escalated => {}
+            },
+            EventBody::SessionStatusChanged(t) => {
+                if let Some(reason) = t.reason
+                    && t.to == SessionStatus::AwaitingInput
+                    && reason.starts_with(LIMIT_PREFIX)
+                {
                     self.input_blocked = Some(reason);
                 }
             }
-            engine_events::SESSION_PRINCIPAL => {
-                self.principal = p.get("claims").cloned();
+            EventBody::SessionPrincipal(p) => {
+                self.principal = Some(p.claims);
             }
-            _ => {}
+            // Nothing the conversation or the output is built from.
+            EventBody::SessionStarted(_)
+            | EventBody::SessionCompleted(_)
+            | EventBody::SessionFailed(_)
+            | EventBody::SessionCancelled(_)
+            | EventBody::EvidenceRecorded(_)
+            | EventBody::ToolQueued(_)
+            | EventBody::ToolDispatched(_)
+            | EventBody::ToolLateResult(_)
+            | EventBody::ToolIndeterminate(_)
+            | EventBody::ApprovalVote(_)
+            | EventBody::ApprovalEscalated(_)
+            | EventBody::AgentVersionPublished(_)
+            | EventBody::AgentDeployed(_)
+            | EventBody::AgentRolledBack(_)
+            | EventBody::AgentVersionDeprecated(_)
+            | EventBody::AgentVersionRetired(_)
+            | EventBody::AgentArchived(_) => {}
         }
+        Ok(())
     }
 
     /// Places the user messages of every turn up to `turn` before `turn`'s model activity.
@@ -569,21 +657,16 @@ impl Fold {
     /// The session output (§5.9): `{message, stop_reason, turn_usage, session_usage, turns}`.
     pub(crate) fn output(&self) -> Value {
         let mut session = (0u64, 0u64, false);
-        for t in &self.turns {
-            let get = |k: &str| t.turn_usage.get(k).and_then(Value::as_u64).unwrap_or(0);
-            session.0 += get("input_tokens");
-            session.1 += get("output_tokens");
-            session.2 |= t
-                .turn_usage
-                .get("estimated")
-                .and_then(Value::as_bool)
-                .unwrap_or(false);
+        for u in self.turns.iter().filter_map(|t| t.turn_usage) {
+            session.0 += u.input_tokens;
+            session.1 += u.output_tokens;
+            session.2 |= u.estimated;
         }
         let last = self.turns.last();
         json!({
             "message": self.last_assistant.clone().unwrap_or_default(),
             "stop_reason": last.map(|t| t.stop_reason.clone()),
-            "turn_usage": last.map_or(Value::Null, |t| t.turn_usage.clone()),
+            "turn_usage": last.and_then(|t| t.turn_usage),
             "session_usage": {
                 "input_tokens": session.0,
                 "output_tokens": session.1,

@@ -104,7 +104,7 @@ impl SessionOutput {
             .map(|t| TurnSummary {
                 turn: t.turn,
                 stop_reason: t.stop_reason.clone(),
-                usage: usage_from_json(&t.turn_usage),
+                usage: t.turn_usage.map(Usage::from),
                 duration_ms: t.turn_duration_ms,
             })
             .collect();
@@ -275,7 +275,7 @@ pub fn inspect(timeline: SessionTimeline) -> Result<Inspection, EngineError> {
         let mut fold = Fold::default();
         let mut evidence = None;
         for e in own {
-            fold.apply(e);
+            fold.apply(e)?;
             if e.event_type == types::EVIDENCE_RECORDED {
                 evidence = Some(e.payload.clone());
             }

@@ -176,7 +176,7 @@ impl Inner {
                 return Ok(fold);
             }
             for event in &page {
-                fold.apply(event);
+                fold.apply(event)?;
             }
         }
     }

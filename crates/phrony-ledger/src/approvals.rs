@@ -19,7 +19,6 @@
 //!   approve: approve without a resolution is refused, reject means `fail` (not re-sent).
 
 use chrono::{DateTime, Duration, Utc};
-use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
@@ -28,13 +27,15 @@ use crate::Ledger;
 use crate::chain::{canonical_json, format_ts};
 use crate::db::{Arg, Conn, Row, Tx, args};
 use crate::error::{LedgerError, Result};
+use crate::event_body::{
+    ApprovalDecided, ApprovalEscalated, ApprovalRequired, ApprovalVoted, EventBody, expect_rows,
+};
 use crate::events::{StreamHead, append, lock_stream};
-use crate::invocations::{self, CallStatus, ToolInvocation, error_codes};
-use crate::model::{AgentRef, Event, NewEvent};
-use crate::names::str_enum;
+use crate::invocations::{self, ToolInvocation};
+use crate::model::{AgentRef, Event};
 use crate::paging::{Page, PageRequest, Where, decode_token, encode_token};
-use crate::session_log::{event_types as types, expect_rows, from_payload, to_payload};
-use crate::sessions::{self, AgentVersionRef, SessionStatus};
+use crate::sessions::{self, AgentVersionRef};
+use crate::vocabulary::{CallStatus, SessionStatus, error_codes};
 
 /// Escalations beyond this depth are denied (`approval escalation depth exceeded`).
 pub const MAX_ESCALATION_DEPTH: u32 = 5;
@@ -61,144 +62,10 @@ pub fn duplicate_vote_message(actor: &str, earlier: &str) -> String {
     }
 }
 
-str_enum! {
-    /// An approval's status.
-    pub enum ApprovalStatus ("approval status") {
-        /// Waiting for votes.
-        Pending => "pending",
-        /// The quorum approved (or the timeout default allowed it).
-        Approved => "approved",
-        /// An approver rejected it (a veto), or the timeout default denied it.
-        Denied => "denied",
-        /// The timeout escalated it to a new approval (`parent_approval_id` of the new one).
-        Escalated => "escalated",
-        /// Closed without a decision: its session ended, or the call's outcome became known.
-        Cancelled => "cancelled",
-    }
-}
-
-str_enum! {
-    /// One approver's decision.
-    pub enum VoteDecision ("vote decision") {
-        /// Approve (stored as `approved`).
-        Approve => "approved",
-        /// Reject (stored as `denied`); a single reject decides the approval.
-        Reject => "denied",
-    }
-}
-
-str_enum! {
-    /// What an approval asks.
-    #[derive(Default)]
-    pub enum ApprovalKind ("approval kind") {
-        /// A policy requires a human before the call runs (approve runs it).
-        #[default]
-        Policy => "policy",
-        /// The call was sent to a worker and its outcome is unknown: did it happen? Resolved
-        /// with a [`ReviewResolution`]; quorum 1, no timeout.
-        OutcomeReview => "outcome_review",
-    }
-}
-
-impl ApprovalKind {
-    /// `true` for [`ApprovalKind::Policy`] (serde's `skip_serializing_if`: a policy approval's
-    /// event is byte-identical to the ones written before kinds existed).
-    #[must_use]
-    pub fn is_policy(&self) -> bool {
-        *self == Self::Policy
-    }
-}
-
-str_enum! {
-    /// How an outcome review was resolved.
-    pub enum ReviewResolution ("review resolution") {
-        /// The operator confirms the call took effect: it is recorded `succeeded` with the
-        /// result the operator supplies (or none), attributed to the operator.
-        Happened => "happened",
-        /// The operator confirms it did not happen: the call is sent to a worker again. The
-        /// only way a review re-sends a call.
-        Resend => "resend",
-        /// Not re-sent, outcome unknown: the call is recorded `failed` with code
-        /// `outcome_unknown` (it may have taken effect).
-        Fail => "fail",
-    }
-}
-
-impl ReviewResolution {
-    /// The vote decision a resolution is recorded as (`happened`/`resend` approve, `fail`
-    /// rejects).
-    #[must_use]
-    pub fn decision(self) -> VoteDecision {
-        match self {
-            Self::Happened | Self::Resend => VoteDecision::Approve,
-            Self::Fail => VoteDecision::Reject,
-        }
-    }
-}
-
-/// The message of a review resolved `fail`: `outcome unknown, not re-sent by <actor>`.
-#[must_use]
-pub fn not_resent_message(actor: &str, comment: &str) -> String {
-    let base = format!("outcome unknown, not re-sent by {actor} (the call may have taken effect)");
-    if comment.trim().is_empty() {
-        base
-    } else {
-        format!("{base}: {comment}")
-    }
-}
-
-str_enum! {
-    /// What a rejection does (`decision.on_reject`).
-    #[derive(Default)]
-    pub enum OnReject ("on_reject") {
-        /// The model receives the rejection as the tool outcome and the turn continues.
-        #[default]
-        ReturnToAgent => "return_to_agent",
-        /// The session fails.
-        Fail => "fail",
-    }
-}
-
-str_enum! {
-    /// What happens to arguments edited by an approver (`decision.on_modify`).
-    #[derive(Default)]
-    pub enum OnModify ("on_modify") {
-        /// Dispatched without a policy check (no `on_modify`).
-        #[default]
-        Unchecked => "unchecked",
-        /// Evaluated against the policies again before dispatch.
-        Revalidate => "revalidate",
-    }
-}
-
-str_enum! {
-    /// What an approval's timeout decides (`decision.timeout.default`).
-    pub enum TimeoutDefault ("timeout default") {
-        /// Deny (`system:timeout`, `approval timed out`).
-        Deny => "deny",
-        /// Approve, whatever the quorum.
-        Allow => "allow",
-        /// Open a new approval one level up.
-        Escalate => "escalate",
-    }
-}
-
-/// An approval's timeout (`decision.timeout` plus the escalation keys of `decision.runtime`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ApprovalTimeout {
-    /// Minutes after opening at which the approval expires (at least 1).
-    pub after_minutes: u32,
-    /// What expiry decides.
-    pub default: TimeoutDefault,
-    /// Route of the escalated approval (`phrony.com/escalate_to_role`); the same route if
-    /// `None`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub escalate_to_route: Option<String>,
-    /// Expiry of the escalated approval (`phrony.com/escalate_after_minutes`);
-    /// `after_minutes` if `None`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub escalate_after_minutes: Option<u32>,
-}
+pub use crate::vocabulary::{
+    ApprovalKind, ApprovalStatus, ApprovalTimeout, OnModify, OnReject, ReviewResolution,
+    TimeoutDefault, VoteDecision, not_resent_message,
+};
 
 /// Input of [`Ledger::open_approval`]. Tool, version, arguments and turn come from the recorded
 /// tool call; the agent from the session.
@@ -301,7 +168,7 @@ pub struct Approval {
     pub comment: Option<String>,
     /// Opened.
     pub created_at: DateTime<Utc>,
-    /// Decided.
+    /// ApprovalDecided.
     pub decided_at: Option<DateTime<Utc>>,
     /// Votes, oldest first.
     pub votes: Vec<ApprovalVote>,
@@ -434,80 +301,6 @@ pub fn call_hash(session_id: &str, call: &ToolInvocation) -> String {
 
 // ---------------------------------------------------------------------------------------------
 // Event payloads.
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct Required {
-    approval_id: Uuid,
-    call_id: String,
-    #[serde(default, skip_serializing_if = "ApprovalKind::is_policy")]
-    kind: ApprovalKind,
-    tool: String,
-    version: String,
-    args: Value,
-    call_hash: String,
-    agent_version_id: Uuid,
-    agent_ref: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    policy_ref: Option<String>,
-    policy_runtime: Map<String, Value>,
-    reason: String,
-    route: String,
-    authority_ref: String,
-    approvals_required: u32,
-    comprehension_required: bool,
-    on_reject: OnReject,
-    on_modify: OnModify,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    timeout: Option<ApprovalTimeout>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    expires_at: Option<DateTime<Utc>>,
-    escalation_depth: u32,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    parent_approval_id: Option<Uuid>,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-struct VotePayload {
-    approval_id: Uuid,
-    call_id: String,
-    decided_by: String,
-    decision: VoteDecision,
-    comment: String,
-    comprehension_acknowledged: bool,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    edited_args: Option<Value>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    resolution: Option<ReviewResolution>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    result: Option<Value>,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-struct Decided {
-    approval_id: Uuid,
-    call_id: String,
-    status: ApprovalStatus,
-    approved: bool,
-    decided_by: String,
-    comment: String,
-    on_reject: OnReject,
-    /// The arguments to dispatch (approved only).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    effective_args: Option<Value>,
-    /// How an outcome review was resolved. With `happened` and `fail` the call's outcome is
-    /// the `tool.completed` event that follows in the same transaction, not this event.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    resolution: Option<ReviewResolution>,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-struct Escalated {
-    approval_id: Uuid,
-    call_id: String,
-    escalated_to: Uuid,
-    decided_by: String,
-    comment: String,
-}
 
 // ---------------------------------------------------------------------------------------------
 // Reads.
@@ -753,20 +546,20 @@ fn require_pending(approval: &Approval) -> Result<()> {
     }
 }
 
-async fn emit<T: Serialize>(
+async fn emit(
     tx: &mut Tx,
     head: &mut StreamHead,
     call_id: &str,
     turn: Option<u32>,
-    event_type: &str,
     actor: &str,
-    payload: &T,
+    body: impl Into<EventBody>,
 ) -> Result<Event> {
-    let mut new = NewEvent::new(event_type, actor, to_payload(payload)?);
+    let body = body.into();
+    let mut new = body.clone().into_new_event(actor)?;
     new.call_id = Some(call_id.to_owned());
     new.turn = turn;
     let event = append(tx, head, new).await?;
-    crate::session_log::apply(&mut tx.conn(), &event).await?;
+    apply(&mut tx.conn(), &event, &body).await?;
     Ok(event)
 }
 
@@ -818,7 +611,7 @@ async fn open(tx: &mut Tx, new: &NewApproval) -> Result<Approval> {
             message: format!("approval {} already exists", new.id),
         });
     }
-    let payload = Required {
+    let payload = ApprovalRequired {
         approval_id: new.id,
         call_id: call.call_id.clone(),
         kind: new.kind,
@@ -851,9 +644,8 @@ async fn open(tx: &mut Tx, new: &NewApproval) -> Result<Approval> {
         &mut head,
         &call.call_id,
         Some(call.turn),
-        types::APPROVAL_REQUIRED,
         &new.actor,
-        &payload,
+        payload,
     )
     .await?;
     sessions::ensure_status(
@@ -882,7 +674,7 @@ async fn decide(
     effective_args: Option<Value>,
     resolution: Option<ReviewResolution>,
 ) -> Result<()> {
-    let payload = Decided {
+    let payload = ApprovalDecided {
         approval_id: approval.id,
         call_id: approval.call_id.clone(),
         status,
@@ -893,17 +685,9 @@ async fn decide(
         effective_args,
         resolution,
     };
-    emit(
-        tx,
-        head,
-        &approval.call_id,
-        turn,
-        types::APPROVAL_DECIDED,
-        "system",
-        &payload,
-    )
-    .await
-    .map(|_| ())
+    emit(tx, head, &approval.call_id, turn, "system", payload)
+        .await
+        .map(|_| ())
 }
 
 /// The resolution a vote on `approval` records: none for a policy approval; for an outcome
@@ -991,7 +775,7 @@ async fn record_vote(tx: &mut Tx, id: Uuid, v: &Vote) -> Result<VoteOutcome> {
         )));
     }
     let turn = call_turn(tx, &approval.call_id).await?;
-    let payload = VotePayload {
+    let payload = ApprovalVoted {
         approval_id: approval.id,
         call_id: approval.call_id.clone(),
         decided_by: v.actor.clone(),
@@ -1002,16 +786,7 @@ async fn record_vote(tx: &mut Tx, id: Uuid, v: &Vote) -> Result<VoteOutcome> {
         resolution,
         result: v.result.clone(),
     };
-    emit(
-        tx,
-        &mut head,
-        &approval.call_id,
-        turn,
-        types::APPROVAL_VOTE,
-        &v.actor,
-        &payload,
-    )
-    .await?;
+    emit(tx, &mut head, &approval.call_id, turn, &v.actor, payload).await?;
     let after = require(&mut tx.conn(), id).await?;
     if let Some(resolution) = resolution {
         resolve_review(tx, &mut head, &after, turn, v, resolution).await?;
@@ -1176,27 +951,18 @@ async fn expire(tx: &mut Tx, id: Uuid, at: DateTime<Utc>) -> Result<TimeoutOutco
         }
         TimeoutDefault::Escalate => {
             let new_id = Uuid::new_v4();
-            let escalated = Escalated {
+            let escalated = ApprovalEscalated {
                 approval_id: approval.id,
                 call_id: approval.call_id.clone(),
                 escalated_to: new_id,
                 decided_by: TIMEOUT_ACTOR.to_owned(),
                 comment: "approval timed out; escalated".to_owned(),
             };
-            emit(
-                tx,
-                &mut head,
-                &approval.call_id,
-                turn,
-                types::APPROVAL_ESCALATED,
-                "system",
-                &escalated,
-            )
-            .await?;
+            emit(tx, &mut head, &approval.call_id, turn, "system", escalated).await?;
             let minutes = timeout
                 .escalate_after_minutes
                 .unwrap_or(timeout.after_minutes);
-            let payload = Required {
+            let payload = ApprovalRequired {
                 approval_id: new_id,
                 call_id: approval.call_id.clone(),
                 kind: approval.kind,
@@ -1223,16 +989,7 @@ async fn expire(tx: &mut Tx, id: Uuid, at: DateTime<Utc>) -> Result<TimeoutOutco
                 escalation_depth: approval.escalation_depth.saturating_add(1),
                 parent_approval_id: Some(approval.id),
             };
-            emit(
-                tx,
-                &mut head,
-                &approval.call_id,
-                turn,
-                types::APPROVAL_REQUIRED,
-                "system",
-                &payload,
-            )
-            .await?;
+            emit(tx, &mut head, &approval.call_id, turn, "system", payload).await?;
             escalated_to = Some(require(&mut tx.conn(), new_id).await?);
         }
     }
@@ -1317,11 +1074,10 @@ pub(crate) async fn close_for_call(
 // ---------------------------------------------------------------------------------------------
 // Projection writes: a pure function of the event.
 
-pub(crate) async fn apply(conn: &mut Conn<'_>, event: &Event) -> Result<()> {
+pub(crate) async fn apply(conn: &mut Conn<'_>, event: &Event, body: &EventBody) -> Result<()> {
     let ts = event.ts;
-    match event.event_type.as_str() {
-        types::APPROVAL_REQUIRED => {
-            let p: Required = from_payload(event)?;
+    match body {
+        EventBody::ApprovalRequired(p) => {
             let timeout = p.timeout.as_ref();
             let rows = conn
                 .execute(
@@ -1376,8 +1132,7 @@ pub(crate) async fn apply(conn: &mut Conn<'_>, event: &Event) -> Result<()> {
                 .await?;
             expect_rows(rows, 1, event)
         }
-        types::APPROVAL_VOTE => {
-            let p: VotePayload = from_payload(event)?;
+        EventBody::ApprovalVote(p) => {
             conn.execute(
                 "project vote",
                 "INSERT INTO approval_votes (approval_id, decided_by, decision, comment, \
@@ -1400,15 +1155,17 @@ pub(crate) async fn apply(conn: &mut Conn<'_>, event: &Event) -> Result<()> {
                         "project approve vote",
                         "UPDATE approvals SET approvals_received = approvals_received + 1, \
                          effective_args = COALESCE(effective_args, $2) WHERE id = $1",
-                        vec![Arg::from(p.approval_id), Arg::OptJson(p.edited_args)],
+                        vec![
+                            Arg::from(p.approval_id),
+                            Arg::OptJson(p.edited_args.clone()),
+                        ],
                     )
                     .await?;
                 expect_rows(rows, 1, event)?;
             }
             Ok(())
         }
-        types::APPROVAL_DECIDED => {
-            let p: Decided = from_payload(event)?;
+        EventBody::ApprovalDecided(p) => {
             let rows = conn
                 .execute(
                     "project approval decision",
@@ -1484,8 +1241,7 @@ pub(crate) async fn apply(conn: &mut Conn<'_>, event: &Event) -> Result<()> {
                 .await?;
             Ok(())
         }
-        types::APPROVAL_ESCALATED => {
-            let p: Escalated = from_payload(event)?;
+        EventBody::ApprovalEscalated(p) => {
             let rows = conn
                 .execute(
                     "project approval escalation",
@@ -1497,8 +1253,10 @@ pub(crate) async fn apply(conn: &mut Conn<'_>, event: &Event) -> Result<()> {
             expect_rows(rows, 1, event)
         }
         other => Err(LedgerError::corrupt(format!(
-            "stream {} seq {}: unknown approval event type {other:?}",
-            event.stream, event.seq
+            "stream {} seq {}: {} is not an approval event",
+            event.stream,
+            event.seq,
+            other.event_type()
         ))),
     }
 }

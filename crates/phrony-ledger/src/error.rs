@@ -72,6 +72,21 @@ pub enum LedgerError {
         #[source]
         source: sqlx::migrate::MigrateError,
     },
+    /// A stored event of a session or agent stream that the event schema
+    /// ([`crate::EventBody`]) cannot read: an unknown type, or a payload of the wrong shape.
+    #[error(
+        "ledger data is corrupt: stream {stream} seq {seq}: event type {event_type}: {problem}"
+    )]
+    BadEvent {
+        /// The stream.
+        stream: String,
+        /// The event's seq.
+        seq: u64,
+        /// Its stored type.
+        event_type: String,
+        /// What is wrong (`unknown event type`, or the payload's decoding error naming the field).
+        problem: String,
+    },
     /// Stored data is not what the ledger wrote (a broken hash chain, an unreadable row).
     #[error("ledger data is corrupt: {message}")]
     Corrupt {

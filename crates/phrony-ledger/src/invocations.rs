@@ -2,7 +2,6 @@
 //! the state machine of §4.8 by events in the owning session's stream.
 
 use chrono::{DateTime, SubsecRound, Utc};
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use uuid::Uuid;
 
@@ -10,103 +9,15 @@ use crate::Ledger;
 use crate::approvals;
 use crate::db::{Arg, Conn, Row, Tx, args};
 use crate::error::{LedgerError, Result};
+use crate::event_body::{
+    EventBody, ToolCancelled, ToolCompleted, ToolDispatched, ToolIndeterminate, ToolLateResult,
+    ToolPolicyDenied, ToolQueued, ToolRequested, expect_rows,
+};
 use crate::events::{StreamHead, append, lock_stream};
-use crate::model::{Event, NewEvent};
-use crate::names::str_enum;
-use crate::session_log::{event_types as types, expect_rows, from_payload, to_payload};
+use crate::model::Event;
 use crate::sessions;
 
-str_enum! {
-    /// A tool call's ledger status (the reference's names plus `cancelled`):
-    ///
-    /// ```text
-    /// pending ─▶ queued ─▶ dispatched ─▶ succeeded | failed
-    ///    │         │  ▲        │ └──────▶ indeterminate ─▶ queued (re-dispatch) | failed | awaiting_approval
-    ///    │         │  └────────┘ (re-dispatch after a lost lease)
-    ///    ├─────────┴─▶ awaiting_approval ─▶ pending (approved, args = effective args) | failed (denied)
-    ///    ├─────────┴─▶ failed (policy denied, no handler, invalid args, …)
-    ///    └─ any open status ─▶ cancelled (session ended, or the runtime gave up)
-    /// ```
-    pub enum CallStatus ("tool call status") {
-        /// Requested by the model; policy not yet applied.
-        Pending => "pending",
-        /// Allowed; waiting for a free handler.
-        Queued => "queued",
-        /// Sent to a worker.
-        Dispatched => "dispatched",
-        /// The worker returned a result.
-        Succeeded => "succeeded",
-        /// The worker returned an error, or the runtime or a policy or an approver refused it.
-        Failed => "failed",
-        /// The worker was lost while the call was in flight; the outcome is unknown.
-        Indeterminate => "indeterminate",
-        /// Waiting for a human decision.
-        AwaitingApproval => "awaiting_approval",
-        /// Abandoned: its session ended, or the runtime gave up on it.
-        Cancelled => "cancelled",
-    }
-}
-
-impl CallStatus {
-    /// `succeeded`, `failed` or `cancelled`: the row no longer changes.
-    #[must_use]
-    pub fn is_terminal(self) -> bool {
-        matches!(self, Self::Succeeded | Self::Failed | Self::Cancelled)
-    }
-}
-
-str_enum! {
-    /// A tool binding's `side_effect_class` (§4.7).
-    pub enum SideEffectClass ("side_effect_class") {
-        /// No side effects.
-        ReadOnly => "read_only",
-        /// Repeating the call has no further effect.
-        IdempotentWrite => "idempotent_write",
-        /// Repeating the call repeats its effect.
-        NonIdempotentWrite => "non_idempotent_write",
-        /// The effect cannot be undone.
-        IrreversibleAction => "irreversible_action",
-    }
-}
-
-impl SideEffectClass {
-    /// Whether a call whose outcome is unknown may be sent again with the same call id
-    /// (`read_only`, `idempotent_write`); the others need a human (§4.7).
-    #[must_use]
-    pub fn safe_to_redispatch(self) -> bool {
-        matches!(self, Self::ReadOnly | Self::IdempotentWrite)
-    }
-}
-
-/// Error codes the ledger itself records on failed and cancelled calls.
-pub mod error_codes {
-    /// A policy denied the call at dispatch time.
-    pub const POLICY_DENIED: &str = "policy_denied";
-    /// An approver (or an approval timeout) rejected the call.
-    pub const APPROVAL_DENIED: &str = "approval_denied";
-    /// The call was cancelled.
-    pub const CANCELLED: &str = "cancelled";
-    /// The worker was lost while the call was in flight.
-    pub const INDETERMINATE: &str = "indeterminate";
-    /// An operator resolved an outcome review with `fail`: the call may have taken effect and
-    /// was not sent again. A worker result that arrives later is still recorded.
-    pub const OUTCOME_UNKNOWN: &str = "outcome_unknown";
-    /// The session ended while the call was with a worker (it may have taken effect); a
-    /// worker result that arrives later is still recorded as what happened.
-    pub const CANCELLED_AFTER_DISPATCH: &str = "cancelled_after_dispatch";
-}
-
-/// Token usage (of a turn, or of a delegated child session charged to a tool call).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Usage {
-    /// Prompt tokens.
-    pub input_tokens: u64,
-    /// Completion tokens.
-    pub output_tokens: u64,
-    /// Counted heuristically rather than reported by the provider.
-    #[serde(default)]
-    pub estimated: bool,
-}
+pub use crate::vocabulary::{CallStatus, SideEffectClass, Usage, error_codes};
 
 /// The deterministic id of a tool call:
 /// `<session_id>:<agent_version_id>:<turn>:<iteration>:<index>`, where `iteration` counts the
@@ -271,112 +182,6 @@ pub struct RecordedResult {
 // ---------------------------------------------------------------------------------------------
 // Event payloads.
 
-#[derive(Debug, Serialize, Deserialize)]
-struct Requested {
-    call_id: String,
-    agent_version_id: Uuid,
-    tool: String,
-    version: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    wire_name: Option<String>,
-    args: Value,
-    turn: u32,
-    iteration: u32,
-    index: u32,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    side_effect_class: Option<SideEffectClass>,
-    status: CallStatus,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-struct Queued {
-    call_id: String,
-    from: CallStatus,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-struct Dispatched {
-    call_id: String,
-    tool: String,
-    version: String,
-    /// The arguments actually sent to the worker.
-    args: Value,
-    attempt: u32,
-    worker_id: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    worker_identity: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    image_digest: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    descriptor_hash: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    manifest_content_hash: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    deadline_at: Option<DateTime<Utc>>,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-struct Completed {
-    call_id: String,
-    status: CallStatus,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    result: Option<Value>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    error_code: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    error_message: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    worker_id: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    usage: Option<Usage>,
-    /// The operator who recorded this outcome by resolving an outcome review (`happened` or
-    /// `fail`); absent for outcomes a worker or the runtime reported.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    resolved_by: Option<String>,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-struct LateResult {
-    call_id: String,
-    /// The call's status when the result arrived.
-    status: CallStatus,
-    reason: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    worker_id: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    result: Option<Value>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    error_code: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    error_message: Option<String>,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-struct Indeterminate {
-    call_id: String,
-    reason: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    worker_id: Option<String>,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-struct PolicyDenied {
-    call_id: String,
-    reason: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    policy_ref: Option<String>,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-struct Cancelled {
-    call_id: String,
-    from: CallStatus,
-    reason: String,
-    /// The call had been sent to a worker, so it may have run (`cancelled_after_dispatch`).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    after_dispatch: bool,
-}
-
 // ---------------------------------------------------------------------------------------------
 // Reads.
 
@@ -503,19 +308,19 @@ fn check_from(call: &ToolInvocation, to: CallStatus, allowed: &[CallStatus]) -> 
     }
 }
 
-async fn emit<T: Serialize>(
+async fn emit(
     tx: &mut Tx,
     head: &mut StreamHead,
     call: &ToolInvocation,
-    event_type: &str,
     actor: &str,
-    payload: &T,
+    body: impl Into<EventBody>,
 ) -> Result<Event> {
-    let mut new = NewEvent::new(event_type, actor, to_payload(payload)?);
+    let body = body.into();
+    let mut new = body.clone().into_new_event(actor)?;
     new.call_id = Some(call.call_id.clone());
     new.turn = Some(call.turn);
     let event = append(tx, head, new).await?;
-    crate::session_log::apply(&mut tx.conn(), &event).await?;
+    apply(&mut tx.conn(), &event, &body).await?;
     Ok(event)
 }
 
@@ -550,7 +355,7 @@ async fn record(tx: &mut Tx, new: &NewToolCall) -> Result<ToolInvocation> {
             ),
         });
     }
-    let payload = Requested {
+    let payload = ToolRequested {
         call_id: call_id.clone(),
         agent_version_id: session.agent_version_id,
         tool: new.tool.clone(),
@@ -563,11 +368,12 @@ async fn record(tx: &mut Tx, new: &NewToolCall) -> Result<ToolInvocation> {
         side_effect_class: new.side_effect_class,
         status: CallStatus::Pending,
     };
-    let mut event = NewEvent::new(types::TOOL_REQUESTED, "agent", to_payload(&payload)?);
+    let body = EventBody::ToolRequested(payload);
+    let mut event = body.clone().into_new_event("agent")?;
     event.call_id = Some(call_id.clone());
     event.turn = Some(new.turn);
     let event = append(tx, &mut head, event).await?;
-    apply(&mut tx.conn(), &event).await?;
+    apply(&mut tx.conn(), &event, &body).await?;
     require(&mut tx.conn(), &call_id).await
 }
 
@@ -579,11 +385,11 @@ async fn queue(tx: &mut Tx, call_id: &str) -> Result<ToolInvocation> {
         C::Queued,
         &[C::Pending, C::Dispatched, C::Indeterminate],
     )?;
-    let payload = Queued {
+    let payload = ToolQueued {
         call_id: call.call_id.clone(),
         from: call.status,
     };
-    emit(tx, &mut head, &call, types::TOOL_QUEUED, "system", &payload).await?;
+    emit(tx, &mut head, &call, "system", payload).await?;
     require(&mut tx.conn(), call_id).await
 }
 
@@ -600,7 +406,7 @@ async fn dispatch_call(tx: &mut Tx, call_id: &str, d: &Dispatch) -> Result<ToolI
         .await?
         .map(|r| r.text("content_hash"))
         .transpose()?;
-    let payload = Dispatched {
+    let payload = ToolDispatched {
         call_id: call.call_id.clone(),
         tool: call.tool.clone(),
         version: call.version.clone(),
@@ -613,15 +419,7 @@ async fn dispatch_call(tx: &mut Tx, call_id: &str, d: &Dispatch) -> Result<ToolI
         manifest_content_hash,
         deadline_at: d.deadline_at.map(|t| t.trunc_subsecs(6)),
     };
-    emit(
-        tx,
-        &mut head,
-        &call,
-        types::TOOL_DISPATCHED,
-        "system",
-        &payload,
-    )
-    .await?;
+    emit(tx, &mut head, &call, "system", payload).await?;
     require(&mut tx.conn(), call_id).await
 }
 
@@ -643,7 +441,7 @@ async fn record_result(tx: &mut Tx, call_id: &str, r: &ToolResult) -> Result<Rec
         } else {
             format!("the call was never dispatched (status {})", call.status)
         };
-        let payload = LateResult {
+        let payload = ToolLateResult {
             call_id: call.call_id.clone(),
             status: call.status,
             reason,
@@ -652,15 +450,7 @@ async fn record_result(tx: &mut Tx, call_id: &str, r: &ToolResult) -> Result<Rec
             error_code,
             error_message,
         };
-        emit(
-            tx,
-            &mut head,
-            &call,
-            types::TOOL_LATE_RESULT,
-            "worker",
-            &payload,
-        )
-        .await?;
+        emit(tx, &mut head, &call, "worker", payload).await?;
         return Ok(RecordedResult {
             applied: false,
             invocation: call,
@@ -672,7 +462,7 @@ async fn record_result(tx: &mut Tx, call_id: &str, r: &ToolResult) -> Result<Rec
     } else {
         C::Failed
     };
-    let payload = Completed {
+    let payload = ToolCompleted {
         call_id: call.call_id.clone(),
         status,
         result,
@@ -682,15 +472,7 @@ async fn record_result(tx: &mut Tx, call_id: &str, r: &ToolResult) -> Result<Rec
         usage: r.usage,
         resolved_by: None,
     };
-    emit(
-        tx,
-        &mut head,
-        &call,
-        types::TOOL_COMPLETED,
-        "worker",
-        &payload,
-    )
-    .await?;
+    emit(tx, &mut head, &call, "worker", payload).await?;
     let closed_approval = if call.status == C::AwaitingApproval {
         approvals::close_for_call(
             tx,
@@ -736,7 +518,7 @@ pub(crate) async fn complete_by_review(
         )));
     }
     let payload = match outcome {
-        Ok(result) => Completed {
+        Ok(result) => ToolCompleted {
             call_id: call.call_id.clone(),
             status: CallStatus::Succeeded,
             result: Some(result.unwrap_or(Value::Null)),
@@ -746,7 +528,7 @@ pub(crate) async fn complete_by_review(
             usage: None,
             resolved_by: Some(actor.to_owned()),
         },
-        Err(message) => Completed {
+        Err(message) => ToolCompleted {
             call_id: call.call_id.clone(),
             status: CallStatus::Failed,
             result: None,
@@ -757,9 +539,7 @@ pub(crate) async fn complete_by_review(
             resolved_by: Some(actor.to_owned()),
         },
     };
-    emit(tx, head, &call, types::TOOL_COMPLETED, actor, &payload)
-        .await
-        .map(|_| ())
+    emit(tx, head, &call, actor, payload).await.map(|_| ())
 }
 
 async fn fail(tx: &mut Tx, call_id: &str, code: &str, message: &str) -> Result<ToolInvocation> {
@@ -770,7 +550,7 @@ async fn fail(tx: &mut Tx, call_id: &str, code: &str, message: &str) -> Result<T
         C::Failed,
         &[C::Pending, C::Queued, C::Dispatched, C::Indeterminate],
     )?;
-    let payload = Completed {
+    let payload = ToolCompleted {
         call_id: call.call_id.clone(),
         status: C::Failed,
         result: None,
@@ -780,15 +560,7 @@ async fn fail(tx: &mut Tx, call_id: &str, code: &str, message: &str) -> Result<T
         usage: None,
         resolved_by: None,
     };
-    emit(
-        tx,
-        &mut head,
-        &call,
-        types::TOOL_COMPLETED,
-        "system",
-        &payload,
-    )
-    .await?;
+    emit(tx, &mut head, &call, "system", payload).await?;
     require(&mut tx.conn(), call_id).await
 }
 
@@ -801,40 +573,24 @@ async fn deny(
     use CallStatus as C;
     let (mut head, call) = lock_call(tx, call_id).await?;
     check_from(&call, C::Failed, &[C::Pending, C::Queued])?;
-    let payload = PolicyDenied {
+    let payload = ToolPolicyDenied {
         call_id: call.call_id.clone(),
         reason: reason.to_owned(),
         policy_ref: policy_ref.map(str::to_owned),
     };
-    emit(
-        tx,
-        &mut head,
-        &call,
-        types::TOOL_POLICY_DENIED,
-        "policy",
-        &payload,
-    )
-    .await?;
+    emit(tx, &mut head, &call, "policy", payload).await?;
     require(&mut tx.conn(), call_id).await
 }
 
 async fn indeterminate(tx: &mut Tx, call_id: &str, reason: &str) -> Result<ToolInvocation> {
     let (mut head, call) = lock_call(tx, call_id).await?;
     check_from(&call, CallStatus::Indeterminate, &[CallStatus::Dispatched])?;
-    let payload = Indeterminate {
+    let payload = ToolIndeterminate {
         call_id: call.call_id.clone(),
         reason: reason.to_owned(),
         worker_id: call.worker_id.clone(),
     };
-    emit(
-        tx,
-        &mut head,
-        &call,
-        types::TOOL_INDETERMINATE,
-        "system",
-        &payload,
-    )
-    .await?;
+    emit(tx, &mut head, &call, "system", payload).await?;
     require(&mut tx.conn(), call_id).await
 }
 
@@ -871,15 +627,13 @@ async fn cancel_locked(
         ),
         _ => reason.to_owned(),
     };
-    let payload = Cancelled {
+    let payload = ToolCancelled {
         call_id: call.call_id.clone(),
         from: call.status,
         reason,
         after_dispatch,
     };
-    emit(tx, head, call, types::TOOL_CANCELLED, "system", &payload)
-        .await
-        .map(|_| ())
+    emit(tx, head, call, "system", payload).await.map(|_| ())
 }
 
 /// Cancels every open call of a locked session (its approvals are closed first).
@@ -905,11 +659,10 @@ pub(crate) async fn cancel_open(
 // ---------------------------------------------------------------------------------------------
 // Projection writes: a pure function of the event.
 
-pub(crate) async fn apply(conn: &mut Conn<'_>, event: &Event) -> Result<()> {
+pub(crate) async fn apply(conn: &mut Conn<'_>, event: &Event, body: &EventBody) -> Result<()> {
     let ts = event.ts;
-    let rows = match event.event_type.as_str() {
-        types::TOOL_REQUESTED => {
-            let p: Requested = from_payload(event)?;
+    let rows = match body {
+        EventBody::ToolRequested(p) => {
             conn.execute(
                 "project tool call",
                 "INSERT INTO tool_invocations (call_id, session_id, agent_version_id, turn, step, \
@@ -934,8 +687,7 @@ pub(crate) async fn apply(conn: &mut Conn<'_>, event: &Event) -> Result<()> {
             )
             .await?
         }
-        types::TOOL_QUEUED => {
-            let p: Queued = from_payload(event)?;
+        EventBody::ToolQueued(p) => {
             conn.execute(
                 "project tool call queued",
                 "UPDATE tool_invocations SET status = 'queued', queued_at = $2, updated_at = $2 \
@@ -944,8 +696,7 @@ pub(crate) async fn apply(conn: &mut Conn<'_>, event: &Event) -> Result<()> {
             )
             .await?
         }
-        types::TOOL_DISPATCHED => {
-            let p: Dispatched = from_payload(event)?;
+        EventBody::ToolDispatched(p) => {
             conn.execute(
                 "project tool call dispatched",
                 "UPDATE tool_invocations SET status = 'dispatched', attempt = $2, worker_id = $3, \
@@ -966,8 +717,7 @@ pub(crate) async fn apply(conn: &mut Conn<'_>, event: &Event) -> Result<()> {
             )
             .await?
         }
-        types::TOOL_COMPLETED => {
-            let p: Completed = from_payload(event)?;
+        EventBody::ToolCompleted(p) => {
             if !matches!(p.status, CallStatus::Succeeded | CallStatus::Failed) {
                 return Err(LedgerError::corrupt(format!(
                     "stream {} seq {}: tool.completed with status {}",
@@ -995,12 +745,10 @@ pub(crate) async fn apply(conn: &mut Conn<'_>, event: &Event) -> Result<()> {
             )
             .await?
         }
-        types::TOOL_LATE_RESULT => {
-            let _: LateResult = from_payload(event)?;
+        EventBody::ToolLateResult(_) => {
             return Ok(());
         }
-        types::TOOL_INDETERMINATE => {
-            let p: Indeterminate = from_payload(event)?;
+        EventBody::ToolIndeterminate(p) => {
             conn.execute(
                 "project tool call indeterminate",
                 "UPDATE tool_invocations SET status = 'indeterminate', error_code = $2, \
@@ -1014,8 +762,7 @@ pub(crate) async fn apply(conn: &mut Conn<'_>, event: &Event) -> Result<()> {
             )
             .await?
         }
-        types::TOOL_POLICY_DENIED => {
-            let p: PolicyDenied = from_payload(event)?;
+        EventBody::ToolPolicyDenied(p) => {
             conn.execute(
                 "project tool call denied",
                 "UPDATE tool_invocations SET status = 'failed', error_code = $2, \
@@ -1029,8 +776,7 @@ pub(crate) async fn apply(conn: &mut Conn<'_>, event: &Event) -> Result<()> {
             )
             .await?
         }
-        types::TOOL_CANCELLED => {
-            let p: Cancelled = from_payload(event)?;
+        EventBody::ToolCancelled(p) => {
             conn.execute(
                 "project tool call cancelled",
                 "UPDATE tool_invocations SET status = 'cancelled', error_code = $2, \
@@ -1050,8 +796,10 @@ pub(crate) async fn apply(conn: &mut Conn<'_>, event: &Event) -> Result<()> {
         }
         other => {
             return Err(LedgerError::corrupt(format!(
-                "stream {} seq {}: unknown tool event type {other:?}",
-                event.stream, event.seq
+                "stream {} seq {}: {} is not a tool event",
+                event.stream,
+                event.seq,
+                other.event_type()
             )));
         }
     };

@@ -124,6 +124,7 @@
 mod chain;
 mod db;
 mod error;
+mod event_body;
 mod events;
 mod files;
 mod lifecycle;
@@ -157,6 +158,14 @@ pub use approvals::{
     duplicate_vote_message, not_resent_message, same_voter, vote_resolution,
 };
 pub use cipher::{CipherError, KEY_LEN, SecretCipher};
+pub use event_body::{
+    AgentActivated, AgentArchived, AgentVersionChanged, AgentVersionPublished, ApprovalDecided,
+    ApprovalEscalated, ApprovalRequired, ApprovalVoted, AssistantSegment, CallRefusal,
+    CompletionToolCall, EventBody, MessageRole, ModelCompletion, Reasoning, SCHEMA_VERSION,
+    SessionPrincipal, SessionStarted, SessionTransition, ToolCancelled, ToolCompleted,
+    ToolDispatched, ToolIndeterminate, ToolLateResult, ToolPolicyDenied, ToolQueued, ToolRequested,
+    TurnUsage, UserMessage, event_types,
+};
 pub use invocations::{
     CallStatus, Dispatch, NewToolCall, RecordedResult, SideEffectClass, ToolInvocation,
     ToolOutcome, ToolResult, Usage, error_codes, tool_call_id,
@@ -164,7 +173,7 @@ pub use invocations::{
 pub use paging::{MAX_PAGE_SIZE, Page, PageRequest, UNSIZED_PAGE_LIMIT};
 pub use secrets::{NONCE_LEN, SealedSecret};
 pub use session_log::{
-    AssistantMessage, SessionEvent, SessionTimeline, TimelineEvent, event_types, is_ledger_owned,
+    AssistantMessage, SessionEvent, SessionTimeline, TimelineEvent, is_ledger_owned,
 };
 pub use sessions::{
     AgentVersionRef, MAX_METADATA_PAIRS, NewSession, OnLimit, Session, SessionFilter,
@@ -216,6 +225,7 @@ mod paging;
 mod secrets;
 mod session_log;
 mod sessions;
+mod vocabulary;
 
 /// Runs when a SQLite connection goes back to the pool: if its user was cancelled at an unlucky
 /// moment (a client that disconnected, a session driver stopped mid-step), a transaction can

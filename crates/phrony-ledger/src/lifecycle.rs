@@ -7,8 +7,6 @@
 
 use std::collections::BTreeMap;
 
-use serde::{Deserialize, Serialize};
-use serde_json::Value;
 use uuid::Uuid;
 
 use crate::db::{Arg, Conn, Row, Tx, args};
@@ -16,73 +14,12 @@ use crate::error::{LedgerError, Result};
 use crate::events::{append, lock_stream};
 use crate::model::{
     Agent, AgentRef, AgentVersion, ArchivedAgent, Deployment, DeploymentAction, Event,
-    NewAgentVersion, NewEvent, Published, RetiredVersion, VersionOrigin,
+    NewAgentVersion, Published, RetiredVersion, VersionOrigin,
 };
 
-/// Event types of the agent lifecycle streams.
-pub(crate) mod types {
-    pub(crate) const VERSION_PUBLISHED: &str = "agent.version_published";
-    pub(crate) const DEPLOYED: &str = "agent.deployed";
-    pub(crate) const ROLLED_BACK: &str = "agent.rolled_back";
-    pub(crate) const VERSION_DEPRECATED: &str = "agent.version_deprecated";
-    pub(crate) const VERSION_RETIRED: &str = "agent.version_retired";
-    pub(crate) const ARCHIVED: &str = "agent.archived";
-}
-
-// ---------------------------------------------------------------------------------------------
-// Event payloads (snake_case JSON). They carry everything the projections need.
-
-#[derive(Debug, Serialize, Deserialize)]
-struct VersionPublished {
-    agent_id: Uuid,
-    namespace: String,
-    name: String,
-    owner: String,
-    labels: BTreeMap<String, String>,
-    version_id: Uuid,
-    version: String,
-    content_hash: String,
-    /// The snapshot text, byte for byte (it is what the content hash covers).
-    snapshot_json: String,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-struct Activated {
-    agent_id: Uuid,
-    deployment_id: Uuid,
-    version_id: Uuid,
-    version: String,
-    previous_version_id: Option<Uuid>,
-    previous_version: Option<String>,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-struct VersionChanged {
-    agent_id: Uuid,
-    version_id: Uuid,
-    version: String,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-struct Archived {
-    agent_id: Uuid,
-    deprecated_version_ids: Vec<Uuid>,
-    deprecated_versions: Vec<String>,
-}
-
-fn to_payload<T: Serialize>(payload: &T) -> Result<Value> {
-    serde_json::to_value(payload)
-        .map_err(|e| LedgerError::corrupt(format!("cannot encode event payload: {e}")))
-}
-
-fn from_payload<T: for<'de> Deserialize<'de>>(event: &Event) -> Result<T> {
-    serde_json::from_value(event.payload.clone()).map_err(|e| {
-        LedgerError::corrupt(format!(
-            "stream {} seq {}: {} payload: {e}",
-            event.stream, event.seq, event.event_type
-        ))
-    })
-}
+use crate::event_body::{
+    AgentActivated, AgentArchived, AgentVersionChanged, AgentVersionPublished, EventBody,
+};
 
 // ---------------------------------------------------------------------------------------------
 // Projection reads.
@@ -313,7 +250,7 @@ pub(crate) async fn publish(tx: &mut Tx, new: &NewAgentVersion) -> Result<Publis
         }
     }
     let agent_id = existing_agent.as_ref().map_or_else(Uuid::new_v4, |a| a.id);
-    let payload = VersionPublished {
+    let payload = AgentVersionPublished {
         agent_id,
         namespace: new.namespace.clone(),
         name: new.name.clone(),
@@ -327,7 +264,7 @@ pub(crate) async fn publish(tx: &mut Tx, new: &NewAgentVersion) -> Result<Publis
     let event = append(
         tx,
         &mut head,
-        NewEvent::new(types::VERSION_PUBLISHED, &new.actor, to_payload(&payload)?),
+        EventBody::AgentVersionPublished(payload.clone()).into_new_event(&new.actor)?,
     )
     .await?;
     apply(&mut tx.conn(), &event).await?;
@@ -350,7 +287,7 @@ async fn activate(
     actor: &str,
 ) -> Result<Deployment> {
     let previous = active_deployment(&mut tx.conn(), agent.id).await?;
-    let payload = Activated {
+    let payload = AgentActivated {
         agent_id: agent.id,
         deployment_id: Uuid::new_v4(),
         version_id: target.id,
@@ -358,16 +295,11 @@ async fn activate(
         previous_version_id: previous.as_ref().map(|p| p.version_id),
         previous_version: previous.map(|p| p.version),
     };
-    let event_type = match action {
-        DeploymentAction::Deploy => types::DEPLOYED,
-        DeploymentAction::Rollback => types::ROLLED_BACK,
+    let body = match action {
+        DeploymentAction::Deploy => EventBody::AgentDeployed(payload.clone()),
+        DeploymentAction::Rollback => EventBody::AgentRolledBack(payload.clone()),
     };
-    let event = append(
-        tx,
-        head,
-        NewEvent::new(event_type, actor, to_payload(&payload)?),
-    )
-    .await?;
+    let event = append(tx, head, body.into_new_event(actor)?).await?;
     apply(&mut tx.conn(), &event).await?;
     Ok(Deployment {
         id: payload.deployment_id,
@@ -506,10 +438,10 @@ impl VersionChange {
         })
     }
 
-    fn event_type(self) -> &'static str {
+    fn body(self, changed: AgentVersionChanged) -> EventBody {
         match self {
-            Self::Deprecate => types::VERSION_DEPRECATED,
-            Self::Retire => types::VERSION_RETIRED,
+            Self::Deprecate => EventBody::AgentVersionDeprecated(changed),
+            Self::Retire => EventBody::AgentVersionRetired(changed),
         }
     }
 
@@ -538,7 +470,7 @@ async fn retire_or_deprecate(
         .filter(|v| !change.applied_to(v))
         .ok_or_else(|| change.not_found(agent_ref, version))?;
     refuse_if_active(tx, agent_ref, &agent, &target, change.participle()).await?;
-    change_version(tx, &mut head, &agent, target, change.event_type(), actor).await
+    change_version(tx, &mut head, &agent, target, change, actor).await
 }
 
 /// Retires a version and, in the same transaction, fails its live sessions (their pending
@@ -587,24 +519,20 @@ async fn change_version(
     head: &mut crate::events::StreamHead,
     agent: &Agent,
     target: AgentVersion,
-    event_type: &str,
+    change: VersionChange,
     actor: &str,
 ) -> Result<AgentVersion> {
-    let payload = VersionChanged {
+    let version_id = target.id;
+    let body = change.body(AgentVersionChanged {
         agent_id: agent.id,
-        version_id: target.id,
+        version_id,
         version: target.version,
-    };
-    let event = append(
-        tx,
-        head,
-        NewEvent::new(event_type, actor, to_payload(&payload)?),
-    )
-    .await?;
+    });
+    let event = append(tx, head, body.into_new_event(actor)?).await?;
     apply(&mut tx.conn(), &event).await?;
-    find_version_by_id(&mut tx.conn(), payload.version_id)
+    find_version_by_id(&mut tx.conn(), version_id)
         .await?
-        .ok_or_else(|| LedgerError::corrupt(format!("version {} vanished", payload.version_id)))
+        .ok_or_else(|| LedgerError::corrupt(format!("version {version_id} vanished")))
 }
 
 pub(crate) async fn archive(
@@ -625,7 +553,7 @@ pub(crate) async fn archive(
         .filter(|v| v.deprecated_at.is_none())
         .collect();
     to_deprecate.reverse(); // oldest first
-    let payload = Archived {
+    let payload = AgentArchived {
         agent_id: agent.id,
         deprecated_version_ids: to_deprecate.iter().map(|v| v.id).collect(),
         deprecated_versions: to_deprecate.into_iter().map(|v| v.version).collect(),
@@ -633,7 +561,7 @@ pub(crate) async fn archive(
     let event = append(
         tx,
         &mut head,
-        NewEvent::new(types::ARCHIVED, actor, to_payload(&payload)?),
+        EventBody::AgentArchived(payload.clone()).into_new_event(actor)?,
     )
     .await?;
     apply(&mut tx.conn(), &event).await?;
@@ -704,9 +632,8 @@ pub(crate) async fn runnable(
 pub(crate) async fn apply(conn: &mut Conn<'_>, event: &Event) -> Result<()> {
     let seq = i64::try_from(event.seq)
         .map_err(|_| LedgerError::corrupt(format!("seq {} out of range", event.seq)))?;
-    match event.event_type.as_str() {
-        types::VERSION_PUBLISHED => {
-            let p: VersionPublished = from_payload(event)?;
+    match event.body()? {
+        EventBody::AgentVersionPublished(p) => {
             let labels = serde_json::to_value(&p.labels)
                 .map_err(|e| LedgerError::corrupt(format!("labels: {e}")))?;
             conn.execute(
@@ -744,51 +671,19 @@ pub(crate) async fn apply(conn: &mut Conn<'_>, event: &Event) -> Result<()> {
             )
             .await?;
         }
-        types::DEPLOYED | types::ROLLED_BACK => {
-            let p: Activated = from_payload(event)?;
-            let action = if event.event_type == types::DEPLOYED {
-                DeploymentAction::Deploy
-            } else {
-                DeploymentAction::Rollback
-            };
-            conn.execute(
-                "project deployment",
-                "INSERT INTO deployments (id, agent_id, agent_version_id, previous_version_id, \
-                 action, actor, created_at, event_seq) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
-                args![
-                    p.deployment_id,
-                    p.agent_id,
-                    p.version_id,
-                    p.previous_version_id,
-                    action.as_str(),
-                    &event.actor,
-                    event.ts,
-                    seq
-                ],
-            )
-            .await?;
-            touch_agent(conn, p.agent_id, event).await?;
+        EventBody::AgentDeployed(p) => {
+            apply_activated(conn, event, seq, DeploymentAction::Deploy, &p).await?
         }
-        types::VERSION_DEPRECATED | types::VERSION_RETIRED => {
-            let p: VersionChanged = from_payload(event)?;
-            let sql = if event.event_type == types::VERSION_DEPRECATED {
-                "UPDATE agent_versions SET deprecated_at = $2, deprecated_by = $3 WHERE id = $1"
-            } else {
-                "UPDATE agent_versions SET retired_at = $2, retired_by = $3 WHERE id = $1"
-            };
-            expect_one(
-                conn.execute(
-                    "project version status",
-                    sql,
-                    args![p.version_id, event.ts, &event.actor],
-                )
-                .await?,
-                event,
-            )?;
-            touch_agent(conn, p.agent_id, event).await?;
+        EventBody::AgentRolledBack(p) => {
+            apply_activated(conn, event, seq, DeploymentAction::Rollback, &p).await?
         }
-        types::ARCHIVED => {
-            let p: Archived = from_payload(event)?;
+        EventBody::AgentVersionDeprecated(p) => {
+            apply_version_change(conn, event, VersionChange::Deprecate, &p).await?
+        }
+        EventBody::AgentVersionRetired(p) => {
+            apply_version_change(conn, event, VersionChange::Retire, &p).await?
+        }
+        EventBody::AgentArchived(p) => {
             for id in &p.deprecated_version_ids {
                 expect_one(
                     conn.execute(
@@ -812,13 +707,88 @@ pub(crate) async fn apply(conn: &mut Conn<'_>, event: &Event) -> Result<()> {
                 event,
             )?;
         }
-        other => {
+        EventBody::SessionStarted(_)
+        | EventBody::SessionStatusChanged(_)
+        | EventBody::SessionCompleted(_)
+        | EventBody::SessionFailed(_)
+        | EventBody::SessionCancelled(_)
+        | EventBody::SessionPrincipal(_)
+        | EventBody::MessageUser(_)
+        | EventBody::MessageAssistant(_)
+        | EventBody::ModelCompletion(_)
+        | EventBody::EvidenceRecorded(_)
+        | EventBody::ToolRequested(_)
+        | EventBody::ToolQueued(_)
+        | EventBody::ToolDispatched(_)
+        | EventBody::ToolCompleted(_)
+        | EventBody::ToolLateResult(_)
+        | EventBody::ToolIndeterminate(_)
+        | EventBody::ToolPolicyDenied(_)
+        | EventBody::ToolCancelled(_)
+        | EventBody::ApprovalRequired(_)
+        | EventBody::ApprovalVote(_)
+        | EventBody::ApprovalDecided(_)
+        | EventBody::ApprovalEscalated(_) => {
             return Err(LedgerError::corrupt(format!(
-                "stream {} seq {}: unknown lifecycle event type {other:?}",
-                event.stream, event.seq
+                "stream {} seq {}: session event {} in an agent lifecycle stream",
+                event.stream, event.seq, event.event_type
             )));
         }
     }
+    Ok(())
+}
+
+async fn apply_activated(
+    conn: &mut Conn<'_>,
+    event: &Event,
+    seq: i64,
+    action: DeploymentAction,
+    p: &AgentActivated,
+) -> Result<()> {
+    conn.execute(
+        "project deployment",
+        "INSERT INTO deployments (id, agent_id, agent_version_id, previous_version_id, \
+                 action, actor, created_at, event_seq) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+        args![
+            p.deployment_id,
+            p.agent_id,
+            p.version_id,
+            p.previous_version_id,
+            action.as_str(),
+            &event.actor,
+            event.ts,
+            seq
+        ],
+    )
+    .await?;
+    touch_agent(conn, p.agent_id, event).await?;
+    Ok(())
+}
+
+async fn apply_version_change(
+    conn: &mut Conn<'_>,
+    event: &Event,
+    change: VersionChange,
+    p: &AgentVersionChanged,
+) -> Result<()> {
+    let sql = match change {
+        VersionChange::Deprecate => {
+            "UPDATE agent_versions SET deprecated_at = $2, deprecated_by = $3 WHERE id = $1"
+        }
+        VersionChange::Retire => {
+            "UPDATE agent_versions SET retired_at = $2, retired_by = $3 WHERE id = $1"
+        }
+    };
+    expect_one(
+        conn.execute(
+            "project version status",
+            sql,
+            args![p.version_id, event.ts, &event.actor],
+        )
+        .await?,
+        event,
+    )?;
+    touch_agent(conn, p.agent_id, event).await?;
     Ok(())
 }
 

@@ -4,92 +4,21 @@
 
 use std::collections::BTreeMap;
 
-use serde::Serialize;
-use serde::de::DeserializeOwned;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::Ledger;
 use crate::approvals::{self, Approval};
 use crate::db::Conn;
 use crate::error::{LedgerError, Result};
+use crate::event_body::{AssistantSegment, EventBody, MessageRole, TurnUsage, UserMessage};
 use crate::events::{append, lock_stream, read_page};
 use crate::invocations::{self, ToolInvocation, Usage};
 use crate::model::{Event, NewEvent};
 use crate::sessions::{self, Session};
 
-/// The event types of session streams (§5.10 names, payloads in snake_case).
-///
-/// The ledger writes the types in [`LEDGER_OWNED`](event_types::LEDGER_OWNED) itself, each together with the projection
-/// change it causes; [`Ledger::append_session_event`] refuses them. The session engine records
-/// the others through [`Ledger::record_session_event`].
-pub mod event_types {
-    /// A session was created (payload: the whole session as created, input included).
-    pub const SESSION_STARTED: &str = "session.started";
-    /// A non-terminal status change `{from, to, reason?}`.
-    pub const SESSION_STATUS_CHANGED: &str = "session.status_changed";
-    /// The session completed `{from, to, output?, reason?}`.
-    pub const SESSION_COMPLETED: &str = "session.completed";
-    /// The session failed `{from, to, message}`.
-    pub const SESSION_FAILED: &str = "session.failed";
-    /// The session was cancelled `{from, to, reason?}`.
-    pub const SESSION_CANCELLED: &str = "session.cancelled";
-    /// A user message `{role: "user", content}`.
-    pub const MESSAGE_USER: &str = "message.user";
-    /// An assistant message segment `{role: "assistant", content, stop_reason?, turn_usage?,
-    /// turn_duration_ms?}`.
-    pub const MESSAGE_ASSISTANT: &str = "message.assistant";
-    /// The evidence snapshot (§5.11).
-    pub const EVIDENCE_RECORDED: &str = "evidence.recorded";
-    /// The model requested a tool call (ledger row created, status `pending`).
-    pub const TOOL_REQUESTED: &str = "tool.requested";
-    /// The call waits for a free handler.
-    pub const TOOL_QUEUED: &str = "tool.queued";
-    /// The call was sent to a worker (with the worker's provenance and the dispatched args).
-    pub const TOOL_DISPATCHED: &str = "tool.dispatched";
-    /// The call finished: a worker result or a runtime-side failure.
-    pub const TOOL_COMPLETED: &str = "tool.completed";
-    /// A duplicate or late worker result, recorded without changing the call.
-    pub const TOOL_LATE_RESULT: &str = "tool.late_result";
-    /// The worker was lost while the call was in flight.
-    pub const TOOL_INDETERMINATE: &str = "tool.indeterminate";
-    /// A policy denied the call at dispatch time; no worker was invoked.
-    pub const TOOL_POLICY_DENIED: &str = "tool.policy_denied";
-    /// The call was cancelled (its session ended, or the runtime gave up on it).
-    pub const TOOL_CANCELLED: &str = "tool.cancelled";
-    /// An approval was opened (payload: the whole approval as opened).
-    pub const APPROVAL_REQUIRED: &str = "approval.required";
-    /// One approver's vote.
-    pub const APPROVAL_VOTE: &str = "approval.vote";
-    /// The approval was decided (approved, denied, or cancelled when its session ended).
-    pub const APPROVAL_DECIDED: &str = "approval.decided";
-    /// The approval timed out and was escalated to a new approval.
-    pub const APPROVAL_ESCALATED: &str = "approval.escalated";
+use crate::event_body::event_types as types;
 
-    /// Types only the ledger writes, each with its projection change.
-    pub const LEDGER_OWNED: &[&str] = &[
-        SESSION_STARTED,
-        SESSION_STATUS_CHANGED,
-        SESSION_COMPLETED,
-        SESSION_FAILED,
-        SESSION_CANCELLED,
-        TOOL_REQUESTED,
-        TOOL_QUEUED,
-        TOOL_DISPATCHED,
-        TOOL_COMPLETED,
-        TOOL_LATE_RESULT,
-        TOOL_INDETERMINATE,
-        TOOL_POLICY_DENIED,
-        TOOL_CANCELLED,
-        APPROVAL_REQUIRED,
-        APPROVAL_VOTE,
-        APPROVAL_DECIDED,
-        APPROVAL_ESCALATED,
-    ];
-}
-
-use event_types as types;
-
-/// Whether `event_type` is written only by the ledger (see [`event_types::LEDGER_OWNED`]).
+/// Whether `event_type` is written only by the ledger (see [`crate::event_types::LEDGER_OWNED`]).
 #[must_use]
 pub fn is_ledger_owned(event_type: &str) -> bool {
     types::LEDGER_OWNED.contains(&event_type)
@@ -148,47 +77,33 @@ impl SessionEvent {
                 if actor.trim().is_empty() {
                     return Err(LedgerError::invalid("user message actor is required"));
                 }
-                let mut e = NewEvent::new(
-                    types::MESSAGE_USER,
-                    actor,
-                    json!({"role": "user", "content": content}),
-                );
+                let mut e = EventBody::MessageUser(UserMessage {
+                    role: MessageRole::User,
+                    content: content.clone(),
+                })
+                .into_new_event(actor)?;
                 e.turn = Some(*turn);
                 e
             }
             Self::AssistantMessage(m) => {
-                let mut payload = serde_json::Map::new();
-                payload.insert("role".into(), json!("assistant"));
-                payload.insert("content".into(), json!(m.content));
-                if let Some(reason) = &m.stop_reason {
-                    payload.insert("stop_reason".into(), json!(reason));
-                }
-                if let Some(u) = &m.turn_usage {
-                    payload.insert(
-                        "turn_usage".into(),
-                        json!({
-                            "input_tokens": u.input_tokens,
-                            "output_tokens": u.output_tokens,
-                            "total_tokens": u.input_tokens.saturating_add(u.output_tokens),
-                            "estimated": u.estimated,
-                        }),
-                    );
-                }
-                if let Some(ms) = m.turn_duration_ms {
-                    payload.insert("turn_duration_ms".into(), json!(ms));
-                }
-                let mut e =
-                    NewEvent::new(types::MESSAGE_ASSISTANT, "agent", Value::Object(payload));
+                let mut e = EventBody::MessageAssistant(AssistantSegment {
+                    role: MessageRole::Assistant,
+                    content: m.content.clone(),
+                    stop_reason: m.stop_reason.clone(),
+                    turn_usage: m.turn_usage.map(TurnUsage::from),
+                    turn_duration_ms: m.turn_duration_ms,
+                })
+                .into_new_event("agent")?;
                 e.turn = Some(m.turn);
                 e
             }
             Self::Evidence { snapshot } => {
-                if !snapshot.is_object() {
+                let Value::Object(snapshot) = snapshot else {
                     return Err(LedgerError::invalid(
                         "evidence snapshot must be a JSON object",
                     ));
-                }
-                NewEvent::new(types::EVIDENCE_RECORDED, "system", snapshot.clone())
+                };
+                EventBody::EvidenceRecorded(snapshot.clone()).into_new_event("system")?
             }
         };
         Ok(event)
@@ -196,46 +111,49 @@ impl SessionEvent {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Payload helpers shared by the session, tool-call and approval modules.
+// Projections.
 
-pub(crate) fn to_payload<T: Serialize>(payload: &T) -> Result<Value> {
-    serde_json::to_value(payload)
-        .map_err(|e| LedgerError::corrupt(format!("cannot encode event payload: {e}")))
-}
-
-pub(crate) fn from_payload<T: DeserializeOwned>(event: &Event) -> Result<T> {
-    serde_json::from_value(event.payload.clone()).map_err(|e| {
-        LedgerError::corrupt(format!(
-            "stream {} seq {}: {} payload: {e}",
-            event.stream, event.seq, event.event_type
-        ))
-    })
-}
-
-pub(crate) fn expect_rows(rows: u64, expected: u64, event: &Event) -> Result<()> {
-    if rows == expected {
-        Ok(())
-    } else {
-        Err(LedgerError::corrupt(format!(
-            "stream {} seq {}: {} matched {rows} projection rows instead of {expected}",
-            event.stream, event.seq, event.event_type
-        )))
-    }
-}
-
-/// Applies one event of a session stream to the projections. Events the ledger does not own
-/// (messages, evidence, anything the engine adds) change nothing.
+/// Applies one event of a session stream to the projections (live and on rebuild).
+///
+/// # Errors
+/// [`LedgerError::BadEvent`] for an event the schema cannot read; `Corrupt` for one that does
+/// not fit the projections (or an agent-lifecycle event in a session stream).
 pub(crate) async fn apply(conn: &mut Conn<'_>, event: &Event) -> Result<()> {
-    let t = event.event_type.as_str();
-    if !is_ledger_owned(t) {
-        return Ok(());
-    }
-    if t.starts_with("session.") {
-        sessions::apply(conn, event).await
-    } else if t.starts_with("tool.") {
-        invocations::apply(conn, event).await
-    } else {
-        approvals::apply(conn, event).await
+    let body = event.body()?;
+    let body = &body;
+    match body {
+        EventBody::SessionStarted(_)
+        | EventBody::SessionStatusChanged(_)
+        | EventBody::SessionCompleted(_)
+        | EventBody::SessionFailed(_)
+        | EventBody::SessionCancelled(_) => sessions::apply(conn, event, body).await,
+        EventBody::ToolRequested(_)
+        | EventBody::ToolQueued(_)
+        | EventBody::ToolDispatched(_)
+        | EventBody::ToolCompleted(_)
+        | EventBody::ToolLateResult(_)
+        | EventBody::ToolIndeterminate(_)
+        | EventBody::ToolPolicyDenied(_)
+        | EventBody::ToolCancelled(_) => invocations::apply(conn, event, body).await,
+        EventBody::ApprovalRequired(_)
+        | EventBody::ApprovalVote(_)
+        | EventBody::ApprovalDecided(_)
+        | EventBody::ApprovalEscalated(_) => approvals::apply(conn, event, body).await,
+        // Engine events: the stream is their only record.
+        EventBody::SessionPrincipal(_)
+        | EventBody::MessageUser(_)
+        | EventBody::MessageAssistant(_)
+        | EventBody::ModelCompletion(_)
+        | EventBody::EvidenceRecorded(_) => Ok(()),
+        EventBody::AgentVersionPublished(_)
+        | EventBody::AgentDeployed(_)
+        | EventBody::AgentRolledBack(_)
+        | EventBody::AgentVersionDeprecated(_)
+        | EventBody::AgentVersionRetired(_)
+        | EventBody::AgentArchived(_) => Err(LedgerError::corrupt(format!(
+            "stream {} seq {}: agent lifecycle event {} in a session stream",
+            event.stream, event.seq, event.event_type
+        ))),
     }
 }
 

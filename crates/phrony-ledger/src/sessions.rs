@@ -8,7 +8,6 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use uuid::Uuid;
 
@@ -16,125 +15,17 @@ use crate::Ledger;
 use crate::approvals;
 use crate::db::{Arg, Conn, Row, Tx, args};
 use crate::error::{LedgerError, Result};
+use crate::event_body::{
+    EventBody, SessionStarted, SessionTransition, event_types as types, expect_rows,
+};
 use crate::events::{StreamHead, append, lock_stream};
 use crate::invocations;
 use crate::lifecycle;
-use crate::model::{AgentRef, Event, NewEvent, VersionOrigin};
-use crate::names::str_enum;
+use crate::model::{AgentRef, Event, VersionOrigin};
 use crate::paging::{Page, PageRequest, Where, decode_token, encode_token};
 use crate::secrets::{self, SealedSecret};
-use crate::session_log::{event_types as types, expect_rows, from_payload, to_payload};
 
-str_enum! {
-    /// A session's status (§5.2). `completed`, `failed` and `cancelled` are terminal.
-    pub enum SessionStatus ("session status") {
-        /// Legacy: created but not started (new sessions start `running`).
-        Pending => "pending",
-        /// A turn is executing.
-        Running => "running",
-        /// Parked between turns (conversation mode), or input blocked by a limit.
-        AwaitingInput => "awaiting_input",
-        /// Waiting for tool results.
-        AwaitingTool => "awaiting_tool",
-        /// Waiting for a human decision.
-        AwaitingApproval => "awaiting_approval",
-        /// Finished with an output.
-        Completed => "completed",
-        /// Ended with an error.
-        Failed => "failed",
-        /// Cancelled by a user or with its parent.
-        Cancelled => "cancelled",
-    }
-}
-
-impl SessionStatus {
-    /// `completed`, `failed` or `cancelled`.
-    #[must_use]
-    pub fn is_terminal(self) -> bool {
-        matches!(self, Self::Completed | Self::Failed | Self::Cancelled)
-    }
-
-    /// Whether the ledger accepts a change from `self` to `to`:
-    ///
-    /// | from | to |
-    /// |---|---|
-    /// | `pending` | `running`, any terminal |
-    /// | `running` | `awaiting_input`, `awaiting_tool`, `awaiting_approval`, any terminal |
-    /// | `awaiting_tool` | `running`, `awaiting_approval`, `awaiting_input` (a limit halted the turn), any terminal |
-    /// | `awaiting_approval` | `running`, `awaiting_tool`, `awaiting_input` (a limit halted the turn), any terminal |
-    /// | `awaiting_input` | `running`, any terminal |
-    /// | terminal | nothing |
-    ///
-    /// A status never changes to itself, and nothing changes back to `pending`.
-    #[must_use]
-    pub fn can_change_to(self, to: Self) -> bool {
-        use SessionStatus as S;
-        if self.is_terminal() || self == to || to == S::Pending {
-            return false;
-        }
-        if to.is_terminal() {
-            return true;
-        }
-        match self {
-            S::Pending => to == S::Running,
-            S::Running => matches!(to, S::AwaitingInput | S::AwaitingTool | S::AwaitingApproval),
-            S::AwaitingTool => matches!(to, S::Running | S::AwaitingApproval | S::AwaitingInput),
-            S::AwaitingApproval => matches!(to, S::Running | S::AwaitingTool | S::AwaitingInput),
-            S::AwaitingInput => to == S::Running,
-            S::Completed | S::Failed | S::Cancelled => false,
-        }
-    }
-}
-
-str_enum! {
-    /// How a session ends its turns.
-    #[derive(Default)]
-    pub enum SessionMode ("session mode") {
-        /// The session completes when its (first) turn ends; the output is the last assistant
-        /// message. The default.
-        #[default]
-        Task => "task",
-        /// The session parks at `awaiting_input` after each turn.
-        Conversation => "conversation",
-    }
-}
-
-str_enum! {
-    /// What a limit hit does (`spec.limits.on_limit`).
-    #[derive(Default)]
-    pub enum OnLimit ("on_limit") {
-        /// Stop the turn and block further input.
-        #[default]
-        Halt => "halt",
-        /// Route to an approval (`limit:escalate` policies).
-        Escalate => "escalate",
-    }
-}
-
-/// The limits in force when a session started (`spec.limits`, §1.15), kept with the session so
-/// that recovery enforces the same budget.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SessionLimits {
-    /// Token budget of the session.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_tokens_per_run: Option<u64>,
-    /// Completions per turn and turns per session.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_loop_iterations: Option<u64>,
-    /// Wall-clock budget, approval waits excluded.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_wall_clock_seconds: Option<u64>,
-    /// Cumulative approval wait.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_hitl_wait_minutes: Option<u64>,
-    /// Delegation nesting cap.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_subagent_depth: Option<u64>,
-    /// What a limit hit does.
-    #[serde(default)]
-    pub on_limit: OnLimit,
-}
+pub use crate::vocabulary::{OnLimit, SessionLimits, SessionMode, SessionStatus};
 
 /// `namespace/name@version` of the agent version a session runs (also for bundle members that
 /// have no published agent).
@@ -441,39 +332,6 @@ impl NewSession {
 // ---------------------------------------------------------------------------------------------
 // Event payloads.
 
-#[derive(Debug, Serialize, Deserialize)]
-struct Started {
-    session_id: String,
-    agent_version_id: Uuid,
-    agent_namespace: String,
-    agent_name: String,
-    agent_version: String,
-    mode: SessionMode,
-    input: Value,
-    metadata: BTreeMap<String, String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    parent_session_id: Option<String>,
-    root_session_id: String,
-    depth: u32,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    limits: Option<SessionLimits>,
-    status: SessionStatus,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-struct Transition {
-    from: SessionStatus,
-    to: SessionStatus,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    reason: Option<String>,
-    /// The failure message (`session.failed`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    message: Option<String>,
-    /// The output (`session.completed`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    output: Option<Value>,
-}
-
 fn event_type_for(to: SessionStatus) -> &'static str {
     match to {
         SessionStatus::Completed => types::SESSION_COMPLETED,
@@ -689,7 +547,7 @@ async fn create(tx: &mut Tx, new: &NewSession) -> Result<Session> {
             (parent.root_session_id, parent.depth.saturating_add(1))
         }
     };
-    let payload = Started {
+    let body = EventBody::SessionStarted(SessionStarted {
         session_id: new.id.clone(),
         agent_version_id: new.agent_version_id,
         agent_namespace: new.agent.namespace.clone(),
@@ -703,10 +561,10 @@ async fn create(tx: &mut Tx, new: &NewSession) -> Result<Session> {
         depth,
         limits: new.limits.clone(),
         status: SessionStatus::Running,
-    };
-    let event = NewEvent::new(types::SESSION_STARTED, &new.actor, to_payload(&payload)?);
+    });
+    let event = body.clone().into_new_event(&new.actor)?;
     let event = append(tx, &mut head, event).await?;
-    apply(&mut tx.conn(), &event).await?;
+    apply(&mut tx.conn(), &event, &body).await?;
     secrets::insert(&mut tx.conn(), &new.id, &new.secrets, event.ts).await?;
     require(&mut tx.conn(), &new.id).await
 }
@@ -832,24 +690,21 @@ async fn transition(
             out.secrets_purged = secrets::count(&mut tx.conn(), &session.id).await?;
         }
     }
-    let payload = Transition {
+    let transition = SessionTransition {
         from: session.status,
         to: change.to,
         reason: change.reason.clone(),
         message: change.error.clone(),
         output: change.output.clone(),
     };
-    let event = append(
-        tx,
-        head,
-        NewEvent::new(
-            event_type_for(change.to),
-            &change.actor,
-            to_payload(&payload)?,
-        ),
-    )
-    .await?;
-    apply(&mut tx.conn(), &event).await
+    let body = match change.to {
+        SessionStatus::Completed => EventBody::SessionCompleted(transition),
+        SessionStatus::Failed => EventBody::SessionFailed(transition),
+        SessionStatus::Cancelled => EventBody::SessionCancelled(transition),
+        _ => EventBody::SessionStatusChanged(transition),
+    };
+    let event = append(tx, head, body.clone().into_new_event(&change.actor)?).await?;
+    apply(&mut tx.conn(), &event, &body).await
 }
 
 /// Moves a locked session to `to` if it is not there yet (used when an approval opens).
@@ -879,10 +734,9 @@ pub(crate) async fn ensure_status(
 // ---------------------------------------------------------------------------------------------
 // Projection writes: a pure function of the event.
 
-pub(crate) async fn apply(conn: &mut Conn<'_>, event: &Event) -> Result<()> {
-    match event.event_type.as_str() {
-        types::SESSION_STARTED => {
-            let p: Started = from_payload(event)?;
+pub(crate) async fn apply(conn: &mut Conn<'_>, event: &Event, body: &EventBody) -> Result<()> {
+    match body {
+        EventBody::SessionStarted(p) => {
             let metadata = serde_json::to_value(&p.metadata)
                 .map_err(|e| LedgerError::corrupt(format!("session metadata: {e}")))?;
             let limits = p
@@ -925,11 +779,10 @@ pub(crate) async fn apply(conn: &mut Conn<'_>, event: &Event) -> Result<()> {
                 .await?;
             }
         }
-        types::SESSION_STATUS_CHANGED
-        | types::SESSION_COMPLETED
-        | types::SESSION_FAILED
-        | types::SESSION_CANCELLED => {
-            let p: Transition = from_payload(event)?;
+        EventBody::SessionStatusChanged(p)
+        | EventBody::SessionCompleted(p)
+        | EventBody::SessionFailed(p)
+        | EventBody::SessionCancelled(p) => {
             if event_type_for(p.to) != event.event_type {
                 return Err(LedgerError::corrupt(format!(
                     "stream {} seq {}: {} records status {}",
@@ -979,8 +832,10 @@ pub(crate) async fn apply(conn: &mut Conn<'_>, event: &Event) -> Result<()> {
         }
         other => {
             return Err(LedgerError::corrupt(format!(
-                "stream {} seq {}: unknown session event type {other:?}",
-                event.stream, event.seq
+                "stream {} seq {}: {} is not a session event",
+                event.stream,
+                event.seq,
+                other.event_type()
             )));
         }
     }

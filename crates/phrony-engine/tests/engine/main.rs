@@ -8,6 +8,7 @@ mod approvals;
 mod attach;
 mod bounds;
 mod dispatch;
+mod event_fixture;
 mod ledger;
 mod modules;
 mod refund;

@@ -247,6 +247,10 @@ pub(crate) fn ledger_status(error: LedgerError) -> Status {
             tracing::error!(error = %error, "ledger data is corrupt");
             Status::data_loss(format!("ledger data is corrupt: {message}"))
         }
+        LedgerError::BadEvent { .. } => {
+            tracing::error!(error = %error, "ledger data is corrupt");
+            Status::data_loss(error.to_string())
+        }
         LedgerError::Database { ref context, .. } => {
             let status =
                 Status::internal(format!("database error ({context}); see the runtime log"));

@@ -1,0 +1,1021 @@
+//! The public, versioned schema of the ledger's session and agent streams: one [`EventBody`]
+//! variant per stored event type, serde-tagged by the stored type string.
+//!
+//! Every writer builds its event from a body ([`EventBody::into_new_event`]) and every reader
+//! decodes a stored event with [`Event::body`]; the payload structs below are the stored
+//! payloads field for field (same names, same omitted optional fields), so the JSON a hash
+//! covers is exactly what earlier builds wrote (the fixture test in `phrony-engine` reads a
+//! database recorded before this schema existed). A stored event whose type is not listed
+//! here, or whose payload does not have its variant's shape, is a [`LedgerError::BadEvent`].
+//!
+//! Schema version: [`SCHEMA_VERSION`]. Adding an optional field (omitted when absent) or a new
+//! variant keeps the version; renaming or removing a field, or changing its meaning, is a new
+//! version with a migration of the stored streams.
+//!
+//! The gate's audit streams (`gate-<org>`) are not session or agent streams: the gate keeps
+//! its own event types.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use uuid::Uuid;
+
+use crate::error::{LedgerError, Result};
+use crate::model::{Event, NewEvent};
+use crate::vocabulary::{
+    ApprovalKind, ApprovalStatus, ApprovalTimeout, CallStatus, OnModify, OnReject,
+    ReviewResolution, SessionLimits, SessionMode, SessionStatus, SideEffectClass, Usage,
+    VoteDecision,
+};
+
+/// The version of this schema (see the module docs for what changes it).
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// The event types of session and agent streams (§5.10 names, payloads in snake_case).
+///
+/// The ledger writes the types in [`LEDGER_OWNED`](event_types::LEDGER_OWNED) itself, each
+/// together with the projection change it causes; [`crate::Ledger::append_session_event`]
+/// refuses them. The session engine records the others.
+pub mod event_types {
+    /// A session was created (payload: the whole session as created, input included).
+    pub const SESSION_STARTED: &str = "session.started";
+    /// A non-terminal status change `{from, to, reason?}`.
+    pub const SESSION_STATUS_CHANGED: &str = "session.status_changed";
+    /// The session completed `{from, to, output?, reason?}`.
+    pub const SESSION_COMPLETED: &str = "session.completed";
+    /// The session failed `{from, to, message}`.
+    pub const SESSION_FAILED: &str = "session.failed";
+    /// The session was cancelled `{from, to, reason?}`.
+    pub const SESSION_CANCELLED: &str = "session.cancelled";
+    /// The claims of the principal the session runs for `{claims}` (written by the engine).
+    pub const SESSION_PRINCIPAL: &str = "session.principal";
+    /// A user message `{role: "user", content}`.
+    pub const MESSAGE_USER: &str = "message.user";
+    /// An assistant message segment `{role: "assistant", content, stop_reason?, turn_usage?,
+    /// turn_duration_ms?}`.
+    pub const MESSAGE_ASSISTANT: &str = "message.assistant";
+    /// One model completion (written by the engine before the completion's text and calls).
+    pub const MODEL_COMPLETION: &str = "model.completion";
+    /// The evidence snapshot (§5.11).
+    pub const EVIDENCE_RECORDED: &str = "evidence.recorded";
+    /// The model requested a tool call (ledger row created, status `pending`).
+    pub const TOOL_REQUESTED: &str = "tool.requested";
+    /// The call waits for a free handler.
+    pub const TOOL_QUEUED: &str = "tool.queued";
+    /// The call was sent to a worker (with the worker's provenance and the dispatched args).
+    pub const TOOL_DISPATCHED: &str = "tool.dispatched";
+    /// The call finished: a worker result or a runtime-side failure.
+    pub const TOOL_COMPLETED: &str = "tool.completed";
+    /// A duplicate or late worker result, recorded without changing the call.
+    pub const TOOL_LATE_RESULT: &str = "tool.late_result";
+    /// The worker was lost while the call was in flight.
+    pub const TOOL_INDETERMINATE: &str = "tool.indeterminate";
+    /// A policy denied the call at dispatch time; no worker was invoked.
+    pub const TOOL_POLICY_DENIED: &str = "tool.policy_denied";
+    /// The call was cancelled (its session ended, or the runtime gave up on it).
+    pub const TOOL_CANCELLED: &str = "tool.cancelled";
+    /// An approval was opened (payload: the whole approval as opened).
+    pub const APPROVAL_REQUIRED: &str = "approval.required";
+    /// One approver's vote.
+    pub const APPROVAL_VOTE: &str = "approval.vote";
+    /// The approval was decided (approved, denied, or cancelled when its session ended).
+    pub const APPROVAL_DECIDED: &str = "approval.decided";
+    /// The approval timed out and was escalated to a new approval.
+    pub const APPROVAL_ESCALATED: &str = "approval.escalated";
+    /// A new agent version was published (agent stream).
+    pub const AGENT_VERSION_PUBLISHED: &str = "agent.version_published";
+    /// A version became the active deployment (agent stream).
+    pub const AGENT_DEPLOYED: &str = "agent.deployed";
+    /// The active deployment went back to an earlier version (agent stream).
+    pub const AGENT_ROLLED_BACK: &str = "agent.rolled_back";
+    /// A version was deprecated (agent stream).
+    pub const AGENT_VERSION_DEPRECATED: &str = "agent.version_deprecated";
+    /// A version was retired (agent stream).
+    pub const AGENT_VERSION_RETIRED: &str = "agent.version_retired";
+    /// The agent was archived (agent stream).
+    pub const AGENT_ARCHIVED: &str = "agent.archived";
+
+    /// Session-stream types only the ledger writes, each with its projection change.
+    pub const LEDGER_OWNED: &[&str] = &[
+        SESSION_STARTED,
+        SESSION_STATUS_CHANGED,
+        SESSION_COMPLETED,
+        SESSION_FAILED,
+        SESSION_CANCELLED,
+        TOOL_REQUESTED,
+        TOOL_QUEUED,
+        TOOL_DISPATCHED,
+        TOOL_COMPLETED,
+        TOOL_LATE_RESULT,
+        TOOL_INDETERMINATE,
+        TOOL_POLICY_DENIED,
+        TOOL_CANCELLED,
+        APPROVAL_REQUIRED,
+        APPROVAL_VOTE,
+        APPROVAL_DECIDED,
+        APPROVAL_ESCALATED,
+    ];
+}
+
+use event_types as types;
+
+/// Every event body of the session and agent streams, tagged by its stored type string.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", content = "payload")]
+pub enum EventBody {
+    /// `session.started`: the session as created.
+    #[serde(rename = "session.started")]
+    SessionStarted(SessionStarted),
+    /// `session.status_changed`: a non-terminal status change.
+    #[serde(rename = "session.status_changed")]
+    SessionStatusChanged(SessionTransition),
+    /// `session.completed`.
+    #[serde(rename = "session.completed")]
+    SessionCompleted(SessionTransition),
+    /// `session.failed`.
+    #[serde(rename = "session.failed")]
+    SessionFailed(SessionTransition),
+    /// `session.cancelled`.
+    #[serde(rename = "session.cancelled")]
+    SessionCancelled(SessionTransition),
+    /// `session.principal`: the principal's claims (engine).
+    #[serde(rename = "session.principal")]
+    SessionPrincipal(SessionPrincipal),
+    /// `message.user`.
+    #[serde(rename = "message.user")]
+    MessageUser(UserMessage),
+    /// `message.assistant`: one assistant segment.
+    #[serde(rename = "message.assistant")]
+    MessageAssistant(AssistantSegment),
+    /// `model.completion` (engine).
+    #[serde(rename = "model.completion")]
+    ModelCompletion(ModelCompletion),
+    /// `evidence.recorded`: the evidence snapshot, a JSON object (§5.11).
+    #[serde(rename = "evidence.recorded")]
+    EvidenceRecorded(Map<String, Value>),
+    /// `tool.requested`.
+    #[serde(rename = "tool.requested")]
+    ToolRequested(ToolRequested),
+    /// `tool.queued`.
+    #[serde(rename = "tool.queued")]
+    ToolQueued(ToolQueued),
+    /// `tool.dispatched`.
+    #[serde(rename = "tool.dispatched")]
+    ToolDispatched(ToolDispatched),
+    /// `tool.completed`.
+    #[serde(rename = "tool.completed")]
+    ToolCompleted(ToolCompleted),
+    /// `tool.late_result`.
+    #[serde(rename = "tool.late_result")]
+    ToolLateResult(ToolLateResult),
+    /// `tool.indeterminate`.
+    #[serde(rename = "tool.indeterminate")]
+    ToolIndeterminate(ToolIndeterminate),
+    /// `tool.policy_denied`.
+    #[serde(rename = "tool.policy_denied")]
+    ToolPolicyDenied(ToolPolicyDenied),
+    /// `tool.cancelled`.
+    #[serde(rename = "tool.cancelled")]
+    ToolCancelled(ToolCancelled),
+    /// `approval.required`: the approval as opened.
+    #[serde(rename = "approval.required")]
+    ApprovalRequired(ApprovalRequired),
+    /// `approval.vote`.
+    #[serde(rename = "approval.vote")]
+    ApprovalVote(ApprovalVoted),
+    /// `approval.decided`.
+    #[serde(rename = "approval.decided")]
+    ApprovalDecided(ApprovalDecided),
+    /// `approval.escalated`.
+    #[serde(rename = "approval.escalated")]
+    ApprovalEscalated(ApprovalEscalated),
+    /// `agent.version_published`.
+    #[serde(rename = "agent.version_published")]
+    AgentVersionPublished(AgentVersionPublished),
+    /// `agent.deployed`.
+    #[serde(rename = "agent.deployed")]
+    AgentDeployed(AgentActivated),
+    /// `agent.rolled_back`.
+    #[serde(rename = "agent.rolled_back")]
+    AgentRolledBack(AgentActivated),
+    /// `agent.version_deprecated`.
+    #[serde(rename = "agent.version_deprecated")]
+    AgentVersionDeprecated(AgentVersionChanged),
+    /// `agent.version_retired`.
+    #[serde(rename = "agent.version_retired")]
+    AgentVersionRetired(AgentVersionChanged),
+    /// `agent.archived`.
+    #[serde(rename = "agent.archived")]
+    AgentArchived(AgentArchived),
+}
+
+/// Every type [`EventBody`] knows, for telling an unknown type from a malformed payload.
+const KNOWN_TYPES: &[&str] = &[
+    types::SESSION_STARTED,
+    types::SESSION_STATUS_CHANGED,
+    types::SESSION_COMPLETED,
+    types::SESSION_FAILED,
+    types::SESSION_CANCELLED,
+    types::SESSION_PRINCIPAL,
+    types::MESSAGE_USER,
+    types::MESSAGE_ASSISTANT,
+    types::MODEL_COMPLETION,
+    types::EVIDENCE_RECORDED,
+    types::TOOL_REQUESTED,
+    types::TOOL_QUEUED,
+    types::TOOL_DISPATCHED,
+    types::TOOL_COMPLETED,
+    types::TOOL_LATE_RESULT,
+    types::TOOL_INDETERMINATE,
+    types::TOOL_POLICY_DENIED,
+    types::TOOL_CANCELLED,
+    types::APPROVAL_REQUIRED,
+    types::APPROVAL_VOTE,
+    types::APPROVAL_DECIDED,
+    types::APPROVAL_ESCALATED,
+    types::AGENT_VERSION_PUBLISHED,
+    types::AGENT_DEPLOYED,
+    types::AGENT_ROLLED_BACK,
+    types::AGENT_VERSION_DEPRECATED,
+    types::AGENT_VERSION_RETIRED,
+    types::AGENT_ARCHIVED,
+];
+
+impl EventBody {
+    /// Decodes a stored type and payload.
+    ///
+    /// # Errors
+    /// [`LedgerError::BadEvent`] naming `stream`, `seq` and the type, for a type this schema
+    /// does not list or a payload that does not have the type's shape.
+    pub fn decode(stream: &str, seq: u64, event_type: &str, payload: &Value) -> Result<Self> {
+        let bad = |problem: String| LedgerError::BadEvent {
+            stream: stream.to_owned(),
+            seq,
+            event_type: event_type.to_owned(),
+            problem,
+        };
+        if !KNOWN_TYPES.contains(&event_type) {
+            return Err(bad("unknown event type".to_owned()));
+        }
+        let mut tagged = Map::new();
+        tagged.insert("type".into(), Value::String(event_type.to_owned()));
+        tagged.insert("payload".into(), payload.clone());
+        serde_json::from_value(Value::Object(tagged)).map_err(|e| bad(format!("payload: {e}")))
+    }
+
+    /// The stored type string.
+    #[must_use]
+    pub fn event_type(&self) -> &'static str {
+        match self {
+            Self::SessionStarted(_) => types::SESSION_STARTED,
+            Self::SessionStatusChanged(_) => types::SESSION_STATUS_CHANGED,
+            Self::SessionCompleted(_) => types::SESSION_COMPLETED,
+            Self::SessionFailed(_) => types::SESSION_FAILED,
+            Self::SessionCancelled(_) => types::SESSION_CANCELLED,
+            Self::SessionPrincipal(_) => types::SESSION_PRINCIPAL,
+            Self::MessageUser(_) => types::MESSAGE_USER,
+            Self::MessageAssistant(_) => types::MESSAGE_ASSISTANT,
+            Self::ModelCompletion(_) => types::MODEL_COMPLETION,
+            Self::EvidenceRecorded(_) => types::EVIDENCE_RECORDED,
+            Self::ToolRequested(_) => types::TOOL_REQUESTED,
+            Self::ToolQueued(_) => types::TOOL_QUEUED,
+            Self::ToolDispatched(_) => types::TOOL_DISPATCHED,
+            Self::ToolCompleted(_) => types::TOOL_COMPLETED,
+            Self::ToolLateResult(_) => types::TOOL_LATE_RESULT,
+            Self::ToolIndeterminate(_) => types::TOOL_INDETERMINATE,
+            Self::ToolPolicyDenied(_) => types::TOOL_POLICY_DENIED,
+            Self::ToolCancelled(_) => types::TOOL_CANCELLED,
+            Self::ApprovalRequired(_) => types::APPROVAL_REQUIRED,
+            Self::ApprovalVote(_) => types::APPROVAL_VOTE,
+            Self::ApprovalDecided(_) => types::APPROVAL_DECIDED,
+            Self::ApprovalEscalated(_) => types::APPROVAL_ESCALATED,
+            Self::AgentVersionPublished(_) => types::AGENT_VERSION_PUBLISHED,
+            Self::AgentDeployed(_) => types::AGENT_DEPLOYED,
+            Self::AgentRolledBack(_) => types::AGENT_ROLLED_BACK,
+            Self::AgentVersionDeprecated(_) => types::AGENT_VERSION_DEPRECATED,
+            Self::AgentVersionRetired(_) => types::AGENT_VERSION_RETIRED,
+            Self::AgentArchived(_) => types::AGENT_ARCHIVED,
+        }
+    }
+
+    /// The stored payload of this body.
+    ///
+    /// # Errors
+    /// `Corrupt` when the body cannot be encoded (a map with non-string keys; not produced by
+    /// the types here).
+    pub fn payload(&self) -> Result<Value> {
+        let tagged = serde_json::to_value(self)
+            .map_err(|e| LedgerError::corrupt(format!("cannot encode event payload: {e}")))?;
+        match tagged {
+            Value::Object(mut m) => Ok(m.remove("payload").unwrap_or(Value::Null)),
+            other => Err(LedgerError::corrupt(format!(
+                "event body encoded as {other}, not a tagged object"
+            ))),
+        }
+    }
+
+    /// The event to append: this body's type and payload, by `actor`, with no call id and
+    /// no turn (set them on the result).
+    ///
+    /// # Errors
+    /// As [`EventBody::payload`].
+    pub fn into_new_event(self, actor: impl Into<String>) -> Result<NewEvent> {
+        Ok(NewEvent::new(self.event_type(), actor, self.payload()?))
+    }
+}
+
+/// `From<payload> for EventBody` for the payloads that belong to exactly one variant.
+macro_rules! one_variant {
+    ($($payload:ident => $variant:ident),+ $(,)?) => {
+        $(impl From<$payload> for EventBody {
+            fn from(p: $payload) -> Self {
+                Self::$variant(p)
+            }
+        })+
+    };
+}
+
+one_variant! {
+    SessionStarted => SessionStarted,
+    SessionPrincipal => SessionPrincipal,
+    UserMessage => MessageUser,
+    AssistantSegment => MessageAssistant,
+    ModelCompletion => ModelCompletion,
+    ToolRequested => ToolRequested,
+    ToolQueued => ToolQueued,
+    ToolDispatched => ToolDispatched,
+    ToolCompleted => ToolCompleted,
+    ToolLateResult => ToolLateResult,
+    ToolIndeterminate => ToolIndeterminate,
+    ToolPolicyDenied => ToolPolicyDenied,
+    ToolCancelled => ToolCancelled,
+    ApprovalRequired => ApprovalRequired,
+    ApprovalVoted => ApprovalVote,
+    ApprovalDecided => ApprovalDecided,
+    ApprovalEscalated => ApprovalEscalated,
+    AgentVersionPublished => AgentVersionPublished,
+    AgentArchived => AgentArchived,
+}
+
+/// Checks the row count an event's projection change expected.
+pub(crate) fn expect_rows(rows: u64, expected: u64, event: &Event) -> Result<()> {
+    if rows == expected {
+        Ok(())
+    } else {
+        Err(LedgerError::corrupt(format!(
+            "stream {} seq {}: {} matched {rows} projection rows instead of {expected}",
+            event.stream, event.seq, event.event_type
+        )))
+    }
+}
+
+impl Event {
+    /// This event's typed body.
+    ///
+    /// # Errors
+    /// [`LedgerError::BadEvent`] for an unknown type or a payload of the wrong shape.
+    pub fn body(&self) -> Result<EventBody> {
+        EventBody::decode(&self.stream, self.seq, &self.event_type, &self.payload)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Session events.
+
+/// `session.started`: everything the session row is created from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SessionStarted {
+    /// The session id (the stream).
+    pub session_id: String,
+    /// The agent version it runs.
+    pub agent_version_id: Uuid,
+    /// The agent's namespace.
+    pub agent_namespace: String,
+    /// The agent's name.
+    pub agent_name: String,
+    /// The version label.
+    pub agent_version: String,
+    /// Task or conversation.
+    pub mode: SessionMode,
+    /// The input as given.
+    pub input: Value,
+    /// Session metadata.
+    pub metadata: BTreeMap<String, String>,
+    /// The delegating parent session, for a child session.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_session_id: Option<String>,
+    /// The root of the delegation tree (itself for a root session).
+    pub root_session_id: String,
+    /// Delegation depth (0 for a root session).
+    pub depth: u32,
+    /// Run limits, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<SessionLimits>,
+    /// The initial status.
+    pub status: SessionStatus,
+}
+
+/// A session status change (`session.status_changed`, `.completed`, `.failed`, `.cancelled`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SessionTransition {
+    /// The status before.
+    pub from: SessionStatus,
+    /// The status after.
+    pub to: SessionStatus,
+    /// Why, when given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// The failure message (`session.failed`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// The output (`session.completed`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<Value>,
+}
+
+/// `session.principal`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SessionPrincipal {
+    /// The principal's claims (a JSON object; policies see them).
+    pub claims: Value,
+}
+
+/// Who wrote a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MessageRole {
+    /// `user`.
+    User,
+    /// `assistant`.
+    Assistant,
+}
+
+/// `message.user`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UserMessage {
+    /// Always [`MessageRole::User`].
+    pub role: MessageRole,
+    /// The text.
+    pub content: String,
+}
+
+/// A turn's usage as recorded on its final assistant segment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TurnUsage {
+    /// Prompt tokens.
+    #[serde(default)]
+    pub input_tokens: u64,
+    /// Completion tokens.
+    #[serde(default)]
+    pub output_tokens: u64,
+    /// Their sum.
+    #[serde(default)]
+    pub total_tokens: u64,
+    /// Counted heuristically.
+    #[serde(default)]
+    pub estimated: bool,
+}
+
+impl From<Usage> for TurnUsage {
+    fn from(u: Usage) -> Self {
+        Self {
+            input_tokens: u.input_tokens,
+            output_tokens: u.output_tokens,
+            total_tokens: u.input_tokens.saturating_add(u.output_tokens),
+            estimated: u.estimated,
+        }
+    }
+}
+
+impl From<TurnUsage> for Usage {
+    fn from(u: TurnUsage) -> Self {
+        Self {
+            input_tokens: u.input_tokens,
+            output_tokens: u.output_tokens,
+            estimated: u.estimated,
+        }
+    }
+}
+
+/// `message.assistant`: the text up to a tool-call boundary, or the turn's final text with
+/// its stop reason, usage and duration.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AssistantSegment {
+    /// Always [`MessageRole::Assistant`].
+    pub role: MessageRole,
+    /// The text.
+    pub content: String,
+    /// Why the model stopped; on the final segment of a turn.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_reason: Option<String>,
+    /// The turn's usage; on the final segment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn_usage: Option<TurnUsage>,
+    /// How long the turn took; on the final segment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn_duration_ms: Option<u64>,
+}
+
+/// `model.completion`: one model completion, recorded before its text and tool calls.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelCompletion {
+    /// The turn.
+    pub turn: u32,
+    /// The completion's position in the turn (from 0).
+    pub iteration: u32,
+    /// Why the model stopped.
+    pub stop_reason: String,
+    /// Its token usage.
+    pub usage: Usage,
+    /// How long it took.
+    pub duration_ms: u64,
+    /// The tool calls it made, as the model produced them (within the engine's bounds).
+    #[serde(default)]
+    pub tool_calls: Vec<CompletionToolCall>,
+    /// Reasoning blocks to replay verbatim.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reasoning: Vec<Reasoning>,
+}
+
+/// One tool call of a [`ModelCompletion`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CompletionToolCall {
+    /// Its position in the completion.
+    pub index: u32,
+    /// The wire name the model called.
+    pub name: String,
+    /// The arguments (`{}` when they were refused as too large).
+    pub args: Value,
+    /// Why the engine will not run it, if it will not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused: Option<CallRefusal>,
+}
+
+/// A model tool call the engine refuses before binding or policy.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CallRefusal {
+    /// The tool-error code.
+    pub code: String,
+    /// The message to the model.
+    pub message: String,
+}
+
+/// An opaque reasoning block from extended thinking.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Reasoning {
+    /// Visible thinking with its signature.
+    Thinking {
+        /// The thinking text.
+        thinking: String,
+        /// The vendor's signature.
+        signature: String,
+    },
+    /// Thinking the vendor encrypted.
+    Redacted {
+        /// Opaque payload.
+        data: String,
+    },
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tool-call events.
+
+/// `tool.requested`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolRequested {
+    /// The call id.
+    pub call_id: String,
+    /// The agent version.
+    pub agent_version_id: Uuid,
+    /// `namespace.name` of the tool.
+    pub tool: String,
+    /// The tool version.
+    pub version: String,
+    /// The name the model called it by.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wire_name: Option<String>,
+    /// The requested arguments.
+    pub args: Value,
+    /// The turn.
+    pub turn: u32,
+    /// The completion within the turn.
+    pub iteration: u32,
+    /// The call's position in the completion.
+    pub index: u32,
+    /// The tool's side-effect class.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub side_effect_class: Option<SideEffectClass>,
+    /// The initial status.
+    pub status: CallStatus,
+}
+
+/// `tool.queued`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolQueued {
+    /// The call id.
+    pub call_id: String,
+    /// The status before.
+    pub from: CallStatus,
+}
+
+/// `tool.dispatched`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolDispatched {
+    /// The call id.
+    pub call_id: String,
+    /// The tool.
+    pub tool: String,
+    /// The tool version.
+    pub version: String,
+    /// The arguments actually sent to the worker.
+    pub args: Value,
+    /// The attempt (from 1).
+    pub attempt: u32,
+    /// The worker.
+    pub worker_id: String,
+    /// The worker's identity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker_identity: Option<String>,
+    /// The worker's image digest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_digest: Option<String>,
+    /// The handler's descriptor hash.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub descriptor_hash: Option<String>,
+    /// The tool manifest's content hash.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manifest_content_hash: Option<String>,
+    /// The execution deadline.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline_at: Option<DateTime<Utc>>,
+}
+
+/// `tool.completed`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolCompleted {
+    /// The call id.
+    pub call_id: String,
+    /// `succeeded` or `failed`.
+    pub status: CallStatus,
+    /// The result.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<Value>,
+    /// The error code.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_code: Option<String>,
+    /// The error message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_message: Option<String>,
+    /// The worker that reported it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker_id: Option<String>,
+    /// Usage charged to the call (a delegated child session's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+    /// The operator who recorded this outcome by resolving an outcome review (`happened` or
+    /// `fail`); absent for outcomes a worker or the runtime reported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resolved_by: Option<String>,
+}
+
+/// `tool.late_result`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolLateResult {
+    /// The call id.
+    pub call_id: String,
+    /// The call's status when the result arrived.
+    pub status: CallStatus,
+    /// Why it was not applied.
+    pub reason: String,
+    /// The worker.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker_id: Option<String>,
+    /// The late result.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<Value>,
+    /// The late error code.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_code: Option<String>,
+    /// The late error message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_message: Option<String>,
+}
+
+/// `tool.indeterminate`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolIndeterminate {
+    /// The call id.
+    pub call_id: String,
+    /// What happened.
+    pub reason: String,
+    /// The worker that was lost.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker_id: Option<String>,
+}
+
+/// `tool.policy_denied`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolPolicyDenied {
+    /// The call id.
+    pub call_id: String,
+    /// The policy's reason.
+    pub reason: String,
+    /// The denying policy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy_ref: Option<String>,
+}
+
+/// `tool.cancelled`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolCancelled {
+    /// The call id.
+    pub call_id: String,
+    /// The status before.
+    pub from: CallStatus,
+    /// Why.
+    pub reason: String,
+    /// The call had been sent to a worker, so it may have run (`cancelled_after_dispatch`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub after_dispatch: bool,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Approval events.
+
+/// `approval.required`: the approval as opened.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ApprovalRequired {
+    /// The approval id.
+    pub approval_id: Uuid,
+    /// The call it is about.
+    pub call_id: String,
+    /// Policy approval or outcome review (omitted for `policy`).
+    #[serde(default, skip_serializing_if = "ApprovalKind::is_policy")]
+    pub kind: ApprovalKind,
+    /// The tool.
+    pub tool: String,
+    /// The tool version.
+    pub version: String,
+    /// The proposed arguments.
+    pub args: Value,
+    /// Hash of the exact call approved.
+    pub call_hash: String,
+    /// The agent version.
+    pub agent_version_id: Uuid,
+    /// `namespace/name@version`.
+    pub agent_ref: String,
+    /// The policy that asked, if one did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy_ref: Option<String>,
+    /// The policy's runtime keys.
+    pub policy_runtime: Map<String, Value>,
+    /// Why approval is needed.
+    pub reason: String,
+    /// Who is asked.
+    pub route: String,
+    /// The authority.
+    pub authority_ref: String,
+    /// The quorum.
+    pub approvals_required: u32,
+    /// Approvers must acknowledge comprehension.
+    pub comprehension_required: bool,
+    /// What a reject does.
+    pub on_reject: OnReject,
+    /// What an edit does.
+    pub on_modify: OnModify,
+    /// The timeout, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<ApprovalTimeout>,
+    /// When it expires.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<DateTime<Utc>>,
+    /// Escalation depth (0 for the first).
+    pub escalation_depth: u32,
+    /// The approval this one escalates.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_approval_id: Option<Uuid>,
+}
+
+/// `approval.vote`: one approver's vote.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ApprovalVoted {
+    /// The approval.
+    pub approval_id: Uuid,
+    /// Its call.
+    pub call_id: String,
+    /// The voter.
+    pub decided_by: String,
+    /// Approve or reject.
+    pub decision: VoteDecision,
+    /// The voter's comment.
+    pub comment: String,
+    /// The voter acknowledged comprehension.
+    pub comprehension_acknowledged: bool,
+    /// The voter's edited arguments.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub edited_args: Option<Value>,
+    /// An outcome review's resolution.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resolution: Option<ReviewResolution>,
+    /// The result an operator supplied with `happened`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<Value>,
+}
+
+/// `approval.decided`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ApprovalDecided {
+    /// The approval.
+    pub approval_id: Uuid,
+    /// Its call.
+    pub call_id: String,
+    /// `approved`, `denied` or `cancelled`.
+    pub status: ApprovalStatus,
+    /// Whether the call may run.
+    pub approved: bool,
+    /// Who decided.
+    pub decided_by: String,
+    /// Their comment.
+    pub comment: String,
+    /// What a reject does.
+    pub on_reject: OnReject,
+    /// The arguments to dispatch (approved only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub effective_args: Option<Value>,
+    /// How an outcome review was resolved. With `happened` and `fail` the call's outcome is
+    /// the `tool.completed` event that follows in the same transaction, not this event.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resolution: Option<ReviewResolution>,
+}
+
+/// `approval.escalated`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ApprovalEscalated {
+    /// The approval that timed out.
+    pub approval_id: Uuid,
+    /// Its call.
+    pub call_id: String,
+    /// The new approval.
+    pub escalated_to: Uuid,
+    /// Who decided (the timeout actor).
+    pub decided_by: String,
+    /// The comment.
+    pub comment: String,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Agent lifecycle events (stream `agent:<namespace>/<name>`).
+
+/// `agent.version_published`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentVersionPublished {
+    /// The agent (created on first publish).
+    pub agent_id: Uuid,
+    /// Its namespace.
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+    /// Its owner.
+    pub owner: String,
+    /// Its labels.
+    pub labels: BTreeMap<String, String>,
+    /// The new version.
+    pub version_id: Uuid,
+    /// Its label.
+    pub version: String,
+    /// The snapshot's content hash.
+    pub content_hash: String,
+    /// The snapshot text, byte for byte (it is what the content hash covers).
+    pub snapshot_json: String,
+}
+
+/// `agent.deployed` and `agent.rolled_back`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentActivated {
+    /// The agent.
+    pub agent_id: Uuid,
+    /// The new deployment.
+    pub deployment_id: Uuid,
+    /// The version now active.
+    pub version_id: Uuid,
+    /// Its label.
+    pub version: String,
+    /// The version active before, if any.
+    pub previous_version_id: Option<Uuid>,
+    /// Its label.
+    pub previous_version: Option<String>,
+}
+
+/// `agent.version_deprecated` and `agent.version_retired`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentVersionChanged {
+    /// The agent.
+    pub agent_id: Uuid,
+    /// The version.
+    pub version_id: Uuid,
+    /// Its label.
+    pub version: String,
+}
+
+/// `agent.archived`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentArchived {
+    /// The agent.
+    pub agent_id: Uuid,
+    /// The versions this archive deprecated.
+    pub deprecated_version_ids: Vec<Uuid>,
+    /// Their labels.
+    pub deprecated_versions: Vec<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn every_known_type_round_trips_its_payload() {
+        let body = EventBody::ToolCancelled(ToolCancelled {
+            call_id: "c".into(),
+            from: CallStatus::Pending,
+            reason: "session ended".into(),
+            after_dispatch: false,
+        });
+        let payload = body.payload().unwrap();
+        assert_eq!(
+            payload,
+            json!({"call_id": "c", "from": "pending", "reason": "session ended"}),
+            "a false after_dispatch is omitted, as before"
+        );
+        let back = EventBody::decode("s", 3, "tool.cancelled", &payload).unwrap();
+        assert_eq!(back, body);
+        assert_eq!(back.event_type(), "tool.cancelled");
+        for t in KNOWN_TYPES {
+            let err = EventBody::decode("s", 1, t, &json!("not an object")).unwrap_err();
+            assert!(matches!(err, LedgerError::BadEvent { .. }), "{t}: {err}");
+        }
+    }
+
+    #[test]
+    fn an_unknown_type_is_an_error_naming_stream_seq_and_type() {
+        let err = EventBody::decode("sess-1", 7, "tool.teleported", &json!({})).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "ledger data is corrupt: stream sess-1 seq 7: event type tool.teleported: unknown \
+             event type"
+        );
+    }
+
+    #[test]
+    fn a_payload_of_the_wrong_shape_is_an_error_naming_the_field() {
+        let err = EventBody::decode(
+            "sess-1",
+            4,
+            "message.user",
+            &json!({"role": "user", "text": "renamed"}),
+        )
+        .unwrap_err();
+        let LedgerError::BadEvent {
+            stream,
+            seq,
+            event_type,
+            problem,
+        } = &err
+        else {
+            panic!("{err:?}")
+        };
+        assert_eq!((stream.as_str(), *seq), ("sess-1", 4));
+        assert_eq!(event_type, "message.user");
+        assert!(problem.contains("missing field `content`"), "{problem}");
+        let err = EventBody::decode(
+            "sess-1",
+            5,
+            "approval.vote",
+            &json!({"approval_id": "not-a-uuid"}),
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("seq 5: event type approval.vote: payload")
+        );
+    }
+
+    #[test]
+    fn the_assistant_segment_omits_what_it_lacks() {
+        let body = EventBody::MessageAssistant(AssistantSegment {
+            role: MessageRole::Assistant,
+            content: "hi".into(),
+            stop_reason: None,
+            turn_usage: None,
+            turn_duration_ms: None,
+        });
+        assert_eq!(
+            body.payload().unwrap(),
+            json!({"role": "assistant", "content": "hi"})
+        );
+    }
+}
