@@ -6,19 +6,17 @@ use std::sync::{Arc, Mutex};
 
 use phrony_dispatch::Router;
 use phrony_ledger::{
-    AgentVersionRef, ApprovalStatus, NewEvent, NewSession, OnLimit, Session, SessionEvent,
-    SessionLimits, SessionMode, SessionStatus, StatusChange, Vote, VoteDecision, VoteOutcome,
-    new_session_id,
+    AgentVersionRef, NewEvent, NewSession, OnLimit, Session, SessionEvent, SessionLimits,
+    SessionMode, SessionStatus, StatusChange, new_session_id,
 };
 use phrony_manifest::{ANNOTATION_POLICIES_COMPILED, ANNOTATION_STUB_SCRIPT, CompiledAgent};
 use phrony_providers::{ApiKey, ModelProvider};
 use secrecy::ExposeSecret as _;
 use serde_json::{Value, json};
-use tokio::sync::{Notify, broadcast, watch};
+use tokio::sync::{Notify, broadcast, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::calls::{CallScope, EditRefusal, LIMIT_TOOL};
 use crate::clock::Clock;
 use crate::config::EngineConfig;
 use crate::driver::{self, DriverSetup};
@@ -164,6 +162,9 @@ pub(crate) struct Live {
     pub(crate) streaming: Mutex<crate::attach::StreamingText>,
     /// Turn numbering of user messages and the input block of a halted session.
     pub(crate) input: tokio::sync::Mutex<InputState>,
+    /// Votes waiting for the driver to take their approval's decision
+    /// ([`Live::expect_decision`]).
+    decisions: Mutex<HashMap<Uuid, Vec<oneshot::Sender<SessionStatus>>>>,
 }
 
 #[derive(Debug)]
@@ -181,6 +182,45 @@ impl Live {
 
     pub(crate) fn notify_changed(&self) {
         self.changed.send_modify(|v| *v = v.wrapping_add(1));
+    }
+
+    /// Resolves with the session's status once the driver took the decision of `approval_id`
+    /// ([`Live::decision_taken`]); fails if the driver stops first.
+    pub(crate) fn expect_decision(&self, approval_id: Uuid) -> oneshot::Receiver<SessionStatus> {
+        let (tx, rx) = oneshot::channel();
+        let mut waiting = self.decisions();
+        let senders = waiting.entry(approval_id).or_default();
+        // Votes that did not decide it, or whose caller went away, wait no more.
+        senders.retain(|s| !s.is_closed());
+        senders.push(tx);
+        rx
+    }
+
+    /// The driver took the decision of `approval_id`: the session is now `status`.
+    pub(crate) fn decision_taken(&self, approval_id: Uuid, status: SessionStatus) {
+        let senders = self.decisions().remove(&approval_id).unwrap_or_default();
+        for tx in senders {
+            let _ = tx.send(status);
+        }
+    }
+
+    /// No decision is pending any more (the session halted, or its driver stopped): every
+    /// waiting vote is answered with `status`, or (`None`) left to read the stored status.
+    pub(crate) fn decisions_closed(&self, status: Option<SessionStatus>) {
+        let all = std::mem::take(&mut *self.decisions());
+        if let Some(status) = status {
+            for tx in all.into_values().flatten() {
+                let _ = tx.send(status);
+            }
+        }
+    }
+
+    fn decisions(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<Uuid, Vec<oneshot::Sender<SessionStatus>>>> {
+        self.decisions
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
@@ -231,6 +271,7 @@ impl Inner {
                 next_turn,
                 blocked: None,
             }),
+            decisions: Mutex::new(HashMap::new()),
         });
         live.insert(session_id.to_owned(), Arc::clone(&entry));
         Some(entry)
@@ -250,6 +291,7 @@ impl Inner {
                 live.remove(&entry.session_id);
             }
         }
+        entry.decisions_closed(None);
         entry.notify_changed();
     }
 
@@ -413,12 +455,6 @@ impl Engine {
     #[must_use]
     pub fn router(&self) -> Option<&Router> {
         self.inner.router.as_ref()
-    }
-
-    /// The store.
-    #[must_use]
-    pub fn store(&self) -> &Arc<dyn SessionStore> {
-        &self.inner.store
     }
 
     /// Starts a session: checks the request, persists the session (status `running`, its
@@ -612,89 +648,6 @@ impl Engine {
         live.inbox.notify_one();
         live.notify_changed();
         Ok(turn)
-    }
-
-    /// Records an approver's vote. When it decides the approval (quorum reached, or a reject),
-    /// the waiting session resumes: it dispatches the (possibly edited) call, or hands the
-    /// rejection to the model, or fails (`on_reject: fail`).
-    ///
-    /// An approve vote that edits the arguments is checked first, whatever the policy's
-    /// `on_modify`: the edit must match the tool's input schema and pass every deny policy
-    /// (and allow-list) of the session's agent version. A refused edit records nothing.
-    ///
-    /// # Errors
-    /// - `InvalidArgument`: `the edited arguments do not match the input schema of <tool>: …`,
-    ///   edited arguments on a limit escalation; the store's (`comprehension acknowledgement is
-    ///   required`, edited args on a reject, …);
-    /// - `FailedPrecondition`: `the edited arguments are denied by policy <ref>: <reason>`; the
-    ///   store's (`approval X is already <status>`, `actor "x" already decided on this
-    ///   approval`);
-    /// - `NotFound`.
-    pub async fn decide_approval(
-        &self,
-        approval_id: Uuid,
-        vote: Vote,
-    ) -> Result<VoteOutcome, EngineError> {
-        if vote.decision == VoteDecision::Approve
-            && let Some(edited) = &vote.edited_args
-        {
-            self.check_edited_vote(approval_id, edited).await?;
-        }
-        let outcome = self.inner.store.cast_vote(approval_id, vote).await?;
-        self.inner.wake_approvals(&outcome.approval.session_id);
-        Ok(outcome)
-    }
-
-    /// Checks arguments an approver wants to approve instead of the proposed ones against the
-    /// input schema and the deny policies of the session's agent version (see
-    /// [`Engine::decide_approval`]). An approval that is no longer pending is left to the
-    /// store, which refuses the vote.
-    async fn check_edited_vote(
-        &self,
-        approval_id: Uuid,
-        edited: &Value,
-    ) -> Result<(), EngineError> {
-        let store = &self.inner.store;
-        let approval = store.get_approval(approval_id).await?;
-        if approval.status != ApprovalStatus::Pending || !edited.is_object() {
-            return Ok(());
-        }
-        if approval.tool == LIMIT_TOOL {
-            return Err(EngineError::invalid(format!(
-                "approval {approval_id} raises a run limit and takes no edited arguments"
-            )));
-        }
-        let session = store.get_session(&approval.session_id).await?;
-        let call = store.get_tool_call(&approval.call_id).await?;
-        let stored = store.agent_version(session.agent_version_id).await?;
-        let agent = CompiledAgent::from_snapshot_json(stored.snapshot_json.as_bytes())
-            .map_err(|e| EngineError::new(ErrorKind::Internal, e.to_string()))?;
-        let setup = DriverSetup::prepare(&agent)?;
-        let wire = call.wire_name.clone().unwrap_or_else(|| call.tool.clone());
-        let Some(binding) = setup.binding(&wire) else {
-            return Err(EngineError::precondition(format!(
-                "approval {approval_id} is for tool {wire:?}, which the agent version does not \
-                 have"
-            )));
-        };
-        let principal = self.inner.fold(&session.id).await?.principal;
-        let metadata = serde_json::to_value(&session.metadata).unwrap_or(Value::Null);
-        let scope = CallScope {
-            agent: &agent,
-            session_id: &session.id,
-            metadata: &metadata,
-            principal: principal.as_ref(),
-            now: self.inner.clock.now().timestamp(),
-        };
-        match setup.check_edit(&scope, binding, &wire, edited) {
-            Ok(_) => Ok(()),
-            Err(EditRefusal::Schema(message)) => Err(EngineError::invalid(format!(
-                "the edited arguments do not match the input schema of {wire}: {message}"
-            ))),
-            Err(EditRefusal::Denied { policy, message }) => Err(EngineError::precondition(
-                format!("the edited arguments are denied by policy {policy}: {message}"),
-            )),
-        }
     }
 
     /// Cancels a session: `cancelled`, its pending approvals closed, its open calls cancelled

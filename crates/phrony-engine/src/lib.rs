@@ -91,6 +91,7 @@ mod provider;
 mod store;
 mod subscribe;
 mod timer;
+mod vote;
 
 pub use attach::{
     Activity, ApprovalDecision, ApprovalRequest, AttachFrom, Attachment, AwaitingInput,
@@ -114,6 +115,7 @@ pub use memory::MemoryStore;
 pub use provider::{DefaultProviderFactory, ProviderFactory, api_key_secret_name};
 pub use store::{PlainSecret, SessionStore, StoredAgentVersion};
 pub use subscribe::{SessionUpdate, Subscription};
+pub use vote::{VoteAnswer, VoteTarget};
 
 /// The ledger's domain types the engine's API speaks.
 pub use phrony_ledger::{
