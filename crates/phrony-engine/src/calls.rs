@@ -291,6 +291,7 @@ impl Ctx {
                 if let Some(approval) = self.latest_approval(&call.call_id).await?
                     && approval.status == ApprovalStatus::Approved
                 {
+                    self.took_decision(approval.id).await;
                     return self.after_approval(&call, &binding, &wire, approval).await;
                 }
                 let args = call.proposed_args.clone();
@@ -312,7 +313,10 @@ impl Ctx {
                     Some(a) if a.status == ApprovalStatus::Pending => {
                         self.wait_and_apply(&call, &binding, &wire, a.id).await
                     }
-                    Some(a) => self.after_approval(&call, &binding, &wire, a).await,
+                    Some(a) => {
+                        self.took_decision(a.id).await;
+                        self.after_approval(&call, &binding, &wire, a).await
+                    }
                     None => Ok(()),
                 }
             }
@@ -484,7 +488,16 @@ impl Ctx {
                 }
             }
         }
+        self.live.decision_taken(approval.id, state.status);
         Ok(approval)
+    }
+
+    /// Acknowledges a decision taken without waiting for it (it was already recorded when
+    /// the driver came to the call, e.g. after a restart): the vote that made it is answered
+    /// with the session's current status.
+    async fn took_decision(&self, approval_id: Uuid) {
+        let status = self.status.lock().await.status;
+        self.live.decision_taken(approval_id, status);
     }
 
     /// Waits until the approval is decided (following escalations), the session ends, or the
@@ -925,6 +938,7 @@ impl Ctx {
         let approval_id = match (call.status, latest) {
             (CallStatus::AwaitingApproval, Some(a)) if a.status == ApprovalStatus::Pending => a.id,
             (_, Some(a)) if a.status == ApprovalStatus::Approved => {
+                self.took_decision(a.id).await;
                 self.close_limit_call(&call.call_id, a.id).await?;
                 return Ok(true);
             }

@@ -631,6 +631,8 @@ impl Driver {
             self.ctx
                 .set_status_locked(&mut state, SessionStatus::AwaitingInput, Some(message))
                 .await?;
+            // Its approvals are closed: a vote that decided one meanwhile is answered now.
+            self.ctx.live.decisions_closed(Some(state.status));
         }
         Ok(())
     }

@@ -6,9 +6,8 @@ use std::sync::{Arc, Mutex};
 
 use phrony_dispatch::Router;
 use phrony_ledger::{
-    AgentVersionRef, ApprovalStatus, EventBody, NewSession, OnLimit, Session, SessionEvent,
-    SessionLimits, SessionMode, SessionPrincipal, SessionStatus, StatusChange, Vote, VoteDecision,
-    VoteOutcome, new_session_id,
+    AgentVersionRef, EventBody, NewSession, OnLimit, Session, SessionEvent, SessionLimits,
+    SessionMode, SessionPrincipal, SessionStatus, StatusChange, new_session_id,
 };
 use phrony_manifest::{ANNOTATION_POLICIES_COMPILED, ANNOTATION_STUB_SCRIPT, CompiledAgent};
 use phrony_providers::{ApiKey, ModelProvider};
@@ -18,7 +17,6 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::calls::{CallScope, EditRefusal, LIMIT_TOOL};
 use crate::clock::Clock;
 use crate::config::EngineConfig;
 use crate::driver::{self, DriverSetup};
@@ -254,12 +252,6 @@ impl Engine {
         self.inner.router.as_ref()
     }
 
-    /// The store.
-    #[must_use]
-    pub fn store(&self) -> &Arc<LedgerStore> {
-        &self.inner.store
-    }
-
     /// Starts a session: checks the request, persists the session (status `running`, its
     /// secrets sealed), and spawns its driver, which runs the first turn.
     ///
@@ -449,89 +441,6 @@ impl Engine {
         live.inbox.notify_one();
         live.notify_changed();
         Ok(turn)
-    }
-
-    /// Records an approver's vote. When it decides the approval (quorum reached, or a reject),
-    /// the waiting session resumes: it dispatches the (possibly edited) call, or hands the
-    /// rejection to the model, or fails (`on_reject: fail`).
-    ///
-    /// An approve vote that edits the arguments is checked first, whatever the policy's
-    /// `on_modify`: the edit must match the tool's input schema and pass every deny policy
-    /// (and allow-list) of the session's agent version. A refused edit records nothing.
-    ///
-    /// # Errors
-    /// - `InvalidArgument`: `the edited arguments do not match the input schema of <tool>: …`,
-    ///   edited arguments on a limit escalation; the store's (`comprehension acknowledgement is
-    ///   required`, edited args on a reject, …);
-    /// - `FailedPrecondition`: `the edited arguments are denied by policy <ref>: <reason>`; the
-    ///   store's (`approval X is already <status>`, `actor "x" already decided on this
-    ///   approval`);
-    /// - `NotFound`.
-    pub async fn decide_approval(
-        &self,
-        approval_id: Uuid,
-        vote: Vote,
-    ) -> Result<VoteOutcome, EngineError> {
-        if vote.decision == VoteDecision::Approve
-            && let Some(edited) = &vote.edited_args
-        {
-            self.check_edited_vote(approval_id, edited).await?;
-        }
-        let outcome = self.inner.store.cast_vote(approval_id, vote).await?;
-        self.inner.wake_approvals(&outcome.approval.session_id);
-        Ok(outcome)
-    }
-
-    /// Checks arguments an approver wants to approve instead of the proposed ones against the
-    /// input schema and the deny policies of the session's agent version (see
-    /// [`Engine::decide_approval`]). An approval that is no longer pending is left to the
-    /// store, which refuses the vote.
-    async fn check_edited_vote(
-        &self,
-        approval_id: Uuid,
-        edited: &Value,
-    ) -> Result<(), EngineError> {
-        let store = &self.inner.store;
-        let approval = store.get_approval(approval_id).await?;
-        if approval.status != ApprovalStatus::Pending || !edited.is_object() {
-            return Ok(());
-        }
-        if approval.tool == LIMIT_TOOL {
-            return Err(EngineError::invalid(format!(
-                "approval {approval_id} raises a run limit and takes no edited arguments"
-            )));
-        }
-        let session = store.get_session(&approval.session_id).await?;
-        let call = store.get_tool_call(&approval.call_id).await?;
-        let stored = store.agent_version(session.agent_version_id).await?;
-        let agent = CompiledAgent::from_snapshot_json(stored.snapshot_json.as_bytes())
-            .map_err(|e| EngineError::new(ErrorKind::Internal, e.to_string()))?;
-        let setup = DriverSetup::prepare(&agent)?;
-        let wire = call.wire_name.clone().unwrap_or_else(|| call.tool.clone());
-        let Some(binding) = setup.binding(&wire) else {
-            return Err(EngineError::precondition(format!(
-                "approval {approval_id} is for tool {wire:?}, which the agent version does not \
-                 have"
-            )));
-        };
-        let principal = self.inner.fold(&session.id).await?.principal;
-        let metadata = serde_json::to_value(&session.metadata).unwrap_or(Value::Null);
-        let scope = CallScope {
-            agent: &agent,
-            session_id: &session.id,
-            metadata: &metadata,
-            principal: principal.as_ref(),
-            now: self.inner.clock.now().timestamp(),
-        };
-        match setup.check_edit(&scope, binding, &wire, edited) {
-            Ok(_) => Ok(()),
-            Err(EditRefusal::Schema(message)) => Err(EngineError::invalid(format!(
-                "the edited arguments do not match the input schema of {wire}: {message}"
-            ))),
-            Err(EditRefusal::Denied { policy, message }) => Err(EngineError::precondition(
-                format!("the edited arguments are denied by policy {policy}: {message}"),
-            )),
-        }
     }
 
     /// Cancels a session: `cancelled`, its pending approvals closed, its open calls cancelled

@@ -90,6 +90,7 @@ mod state;
 mod store;
 mod subscribe;
 mod timer;
+mod vote;
 
 pub use attach::{
     Activity, ApprovalDecision, ApprovalRequest, AttachFrom, Attachment, AwaitingInput,
@@ -111,6 +112,7 @@ pub use inspect::{
 pub use provider::{DefaultProviderFactory, ProviderFactory, api_key_secret_name};
 pub use store::{LedgerStore, PlainSecret, StoredAgentVersion};
 pub use subscribe::{SessionUpdate, Subscription};
+pub use vote::{VoteAnswer, VoteTarget};
 
 /// The ledger's domain types the engine's API speaks.
 pub use phrony_ledger::{

@@ -8,10 +8,11 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use phrony_dispatch::Router;
-use phrony_ledger::Event;
+use phrony_ledger::{Event, SessionStatus};
 use serde_json::Value;
-use tokio::sync::{Notify, broadcast, watch};
+use tokio::sync::{Notify, broadcast, oneshot, watch};
 use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
 
 use crate::clock::Clock;
 use crate::config::EngineConfig;
@@ -75,6 +76,9 @@ pub(crate) struct Live {
     pub(crate) streaming: Mutex<StreamingText>,
     /// Turn numbering of user messages and the input block of a halted session.
     pub(crate) input: tokio::sync::Mutex<InputState>,
+    /// Votes waiting for the driver to take their approval's decision
+    /// ([`Live::expect_decision`]).
+    decisions: Mutex<HashMap<Uuid, Vec<oneshot::Sender<SessionStatus>>>>,
 }
 
 #[derive(Debug)]
@@ -92,6 +96,45 @@ impl Live {
 
     pub(crate) fn notify_changed(&self) {
         self.changed.send_modify(|v| *v = v.wrapping_add(1));
+    }
+
+    /// Resolves with the session's status once the driver took the decision of `approval_id`
+    /// ([`Live::decision_taken`]); fails if the driver stops first.
+    pub(crate) fn expect_decision(&self, approval_id: Uuid) -> oneshot::Receiver<SessionStatus> {
+        let (tx, rx) = oneshot::channel();
+        let mut waiting = self.decisions();
+        let senders = waiting.entry(approval_id).or_default();
+        // Votes that did not decide it, or whose caller went away, wait no more.
+        senders.retain(|s| !s.is_closed());
+        senders.push(tx);
+        rx
+    }
+
+    /// The driver took the decision of `approval_id`: the session is now `status`.
+    pub(crate) fn decision_taken(&self, approval_id: Uuid, status: SessionStatus) {
+        let senders = self.decisions().remove(&approval_id).unwrap_or_default();
+        for tx in senders {
+            let _ = tx.send(status);
+        }
+    }
+
+    /// No decision is pending any more (the session halted, or its driver stopped): every
+    /// waiting vote is answered with `status`, or (`None`) left to read the stored status.
+    pub(crate) fn decisions_closed(&self, status: Option<SessionStatus>) {
+        let all = std::mem::take(&mut *self.decisions());
+        if let Some(status) = status {
+            for tx in all.into_values().flatten() {
+                let _ = tx.send(status);
+            }
+        }
+    }
+
+    fn decisions(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<Uuid, Vec<oneshot::Sender<SessionStatus>>>> {
+        self.decisions
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
@@ -142,6 +185,7 @@ impl Inner {
                 next_turn,
                 blocked: None,
             }),
+            decisions: Mutex::new(HashMap::new()),
         });
         live.insert(session_id.to_owned(), Arc::clone(&entry));
         Some(entry)
@@ -161,6 +205,7 @@ impl Inner {
                 live.remove(&entry.session_id);
             }
         }
+        entry.decisions_closed(None);
         entry.notify_changed();
     }
 

@@ -77,8 +77,11 @@
 //!   `actor`, else the [`ACTOR_HEADER`], else the default actor; a second vote by the same actor
 //!   (names that differ only in case are the same actor) is `FAILED_PRECONDITION`
 //!   (`actor "X" already decided on this approval`), a missing
-//!   comprehension acknowledgement `INVALID_ARGUMENT`. The response's `status`,
-//!   `approvals_received` and `session_status` are read after the vote.
+//!   comprehension acknowledgement `INVALID_ARGUMENT`. The response is
+//!   [`phrony_engine::Engine::vote`]'s answer: the approval's `status` and
+//!   `approvals_received` after the vote, and the `session_status` it led to (the status the
+//!   session resumed in once its driver took the decision, `awaiting_approval` while an
+//!   approval still holds it).
 //! - **RunSessionInteractive** (bidirectional). The first client message must be `start`
 //!   (`INVALID_ARGUMENT: first message must be start`): with `session_id` it attaches to that
 //!   session, otherwise it starts one exactly like `RunSession`; refusals end the RPC before

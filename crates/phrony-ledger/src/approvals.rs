@@ -743,37 +743,96 @@ pub fn vote_resolution(approval: &Approval, v: &Vote) -> Result<Option<ReviewRes
     Ok(resolution)
 }
 
+impl Vote {
+    /// The rules a vote meets on its own, before it meets its approval: a voter, and edited
+    /// arguments only on an approve, as a JSON object.
+    ///
+    /// # Errors
+    /// `InvalidArgument`: `actor is required`, `edited args can only accompany an approve
+    /// vote`, `edited args must be a JSON object, got <kind>`.
+    pub fn check_shape(&self) -> Result<()> {
+        if self.actor.trim().is_empty() {
+            return Err(LedgerError::invalid("actor is required"));
+        }
+        if let Some(edited) = &self.edited_args {
+            if self.decision == VoteDecision::Reject {
+                return Err(LedgerError::invalid(
+                    "edited args can only accompany an approve vote",
+                ));
+            }
+            if !edited.is_object() {
+                return Err(LedgerError::invalid(format!(
+                    "edited args must be a JSON object, got {}",
+                    json_kind(edited)
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Every rule of a vote on `approval` (the one rule book: the engine checks a vote with it
+    /// before its own checks of edited arguments, and [`Ledger::cast_vote`] again on the
+    /// locked approval): [`Vote::check_shape`], the approval still pending, the review
+    /// resolution ([`vote_resolution`]), the comprehension acknowledgement, one vote per voter
+    /// ([`same_voter`]), and approve votes agreeing on the arguments. Returns the resolution
+    /// the vote records.
+    ///
+    /// # Errors
+    /// - `InvalidArgument`: the shape, a resolution that does not fit,
+    ///   `comprehension acknowledgement is required`;
+    /// - `FailedPrecondition`: `approval X is already <status>`, a plain approve on an outcome
+    ///   review, `actor "x" already decided on this approval`, approve votes for other
+    ///   arguments.
+    pub fn check(&self, approval: &Approval) -> Result<Option<ReviewResolution>> {
+        self.check_shape()?;
+        require_pending(approval)?;
+        let resolution = vote_resolution(approval, self)?;
+        if approval.comprehension_required && !self.comprehension_acknowledged {
+            return Err(LedgerError::invalid(
+                "comprehension acknowledgement is required",
+            ));
+        }
+        if let Some(earlier) = approval
+            .votes
+            .iter()
+            .find(|x| same_voter(&x.decided_by, &self.actor))
+        {
+            return Err(LedgerError::precondition(duplicate_vote_message(
+                &self.actor,
+                &earlier.decided_by,
+            )));
+        }
+        if self.decision == VoteDecision::Approve
+            && approval.approvals_received > 0
+            && let Some(edited) = &self.edited_args
+            && edited != approval.args_to_dispatch()
+        {
+            return Err(LedgerError::precondition(format!(
+                "approval {} already has approve votes for other arguments; approve those \
+                 arguments or reject",
+                approval.id
+            )));
+        }
+        Ok(resolution)
+    }
+}
+
+/// How a JSON value's kind reads in a refusal (`an array`, `a string`, …).
+fn json_kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
 async fn record_vote(tx: &mut Tx, id: Uuid, v: &Vote) -> Result<VoteOutcome> {
     let (mut head, approval) = lock_approval(tx, id).await?;
-    require_pending(&approval)?;
-    let resolution = vote_resolution(&approval, v)?;
+    let resolution = v.check(&approval)?;
     let decision = resolution.map_or(v.decision, ReviewResolution::decision);
-    if approval.comprehension_required && !v.comprehension_acknowledged {
-        return Err(LedgerError::invalid(
-            "comprehension acknowledgement is required",
-        ));
-    }
-    if let Some(earlier) = approval
-        .votes
-        .iter()
-        .find(|x| same_voter(&x.decided_by, &v.actor))
-    {
-        return Err(LedgerError::precondition(duplicate_vote_message(
-            &v.actor,
-            &earlier.decided_by,
-        )));
-    }
-    if v.decision == VoteDecision::Approve
-        && approval.approvals_received > 0
-        && let Some(edited) = &v.edited_args
-        && edited != approval.args_to_dispatch()
-    {
-        return Err(LedgerError::precondition(format!(
-            "approval {} already has approve votes for other arguments; approve those \
-             arguments or reject",
-            approval.id
-        )));
-    }
     let turn = call_turn(tx, &approval.call_id).await?;
     let payload = ApprovalVoted {
         approval_id: approval.id,
@@ -1341,20 +1400,10 @@ impl Ledger {
     ///   `actor "x" already decided on this approval`, approve votes for other arguments;
     /// - `InvalidArgument`: `comprehension acknowledgement is required`, an empty actor, edited
     ///   arguments on a reject or not a JSON object.
+    ///
+    /// Every rule is [`Vote::check`], applied to the locked approval.
     pub async fn cast_vote(&self, approval_id: Uuid, vote: Vote) -> Result<VoteOutcome> {
-        if vote.actor.trim().is_empty() {
-            return Err(LedgerError::invalid("actor is required"));
-        }
-        if let Some(edited) = &vote.edited_args {
-            if vote.decision == VoteDecision::Reject {
-                return Err(LedgerError::invalid(
-                    "edited args can only accompany an approve vote",
-                ));
-            }
-            if !edited.is_object() {
-                return Err(LedgerError::invalid("edited args must be a JSON object"));
-            }
-        }
+        vote.check_shape()?;
         write_tx!(self, |tx| record_vote(&mut tx, approval_id, &vote))
     }
 

@@ -5,7 +5,10 @@
 //!
 //! Re-record (only when the stored format changes on purpose, with a new fixture directory):
 //! `cargo test -p phrony-engine --test engine -- --ignored record_the_fixture`.
-#![allow(clippy::unwrap_used, reason = "tests: a panic is a failed assertion, with its message")]
+#![allow(
+    clippy::unwrap_used,
+    reason = "tests: a panic is a failed assertion, with its message"
+)]
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};

@@ -13,3 +13,4 @@ mod ledger;
 mod modules;
 mod refund;
 mod sessions;
+mod vote;

@@ -1,16 +1,17 @@
 //! Approvals: `GetApproval`, `ListApprovals` and `DecideApproval` requests and responses, and the
 //! approvals of the `InspectSession` timeline.
 
+use phrony_engine::VoteAnswer;
 use phrony_ledger::{
     AgentRef, Approval, ApprovalFilter, ApprovalStatus, ApprovalVote, PageRequest,
-    ReviewResolution, SessionStatus, Vote, VoteDecision,
+    ReviewResolution, Vote, VoteDecision,
 };
 use phrony_proto::runtime::v1 as pb;
 use serde_json::Value;
 use tonic::Status;
 use uuid::Uuid;
 
-use super::sessions::{json_document, json_kind, page_request};
+use super::sessions::{json_document, page_request};
 use super::{int32, json_bytes, optional_timestamp, timestamp};
 
 // ---------------------------------------------------------------------------------------------
@@ -66,21 +67,14 @@ pub(crate) fn vote(r: &pb::DecideApprovalRequest, actor: String) -> Result<Vote,
             ));
         }
     };
-    let result = review_result(&r.result)?;
-    let edited_args = edited_args(&r.args)?;
-    if edited_args.is_some() && decision == VoteDecision::Reject {
-        return Err(Status::invalid_argument(
-            "args replace the proposed arguments of an approval and cannot be sent with REJECT",
-        ));
-    }
     Ok(Vote {
         actor,
         decision,
         comment: r.comment.clone(),
         comprehension_acknowledged: r.comprehension_acknowledged,
-        edited_args,
+        edited_args: edited_args(&r.args)?,
         resolution,
-        result,
+        result: review_result(&r.result)?,
     })
 }
 
@@ -101,18 +95,10 @@ pub(crate) fn review_result(bytes: &[u8]) -> Result<Option<Value>, Status> {
     json_document("result", bytes)
 }
 
-/// Replacement arguments: empty keeps the proposed ones; otherwise a UTF-8 JSON object.
+/// Replacement arguments: empty keeps the proposed ones; otherwise UTF-8 JSON (the engine's
+/// vote rules want an object, on an approve).
 pub(crate) fn edited_args(bytes: &[u8]) -> Result<Option<Value>, Status> {
-    let Some(value) = json_document("args", bytes)? else {
-        return Ok(None);
-    };
-    if !value.is_object() {
-        return Err(Status::invalid_argument(format!(
-            "args must be a JSON object, got {}",
-            json_kind(&value)
-        )));
-    }
-    Ok(Some(value))
+    json_document("args", bytes)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -197,14 +183,11 @@ pub(crate) fn list_approvals_response(
     }
 }
 
-pub(crate) fn decide_response(
-    a: &Approval,
-    session_status: SessionStatus,
-) -> pb::DecideApprovalResponse {
+pub(crate) fn decide_response(answer: &VoteAnswer) -> pb::DecideApprovalResponse {
     pb::DecideApprovalResponse {
-        status: a.status.to_string(),
-        approvals_received: int32(a.approvals_received),
-        session_status: session_status.to_string(),
+        status: answer.approval.status.to_string(),
+        approvals_received: int32(answer.approval.approvals_received),
+        session_status: answer.session_status.to_string(),
     }
 }
 
@@ -301,18 +284,21 @@ mod tests {
             "decision must be APPROVE or REJECT (or unspecified with a resolution)"
         );
         r.decision = pb::ApprovalDecision::Approve as i32;
-        r.args = b"[1]".to_vec();
+        r.args = b"{\"amount\": 300".to_vec();
         let err = vote(&r, "emad".into()).unwrap_err();
-        assert_eq!(err.message(), "args must be a JSON object, got an array");
+        assert_eq!(err.code(), Code::InvalidArgument);
         r.args = b"{\"amount\": 300}".to_vec();
         let v = vote(&r, "emad".into()).unwrap();
         assert_eq!(v.edited_args, Some(serde_json::json!({"amount": 300})));
-        r.decision = pb::ApprovalDecision::Reject as i32;
+        // Arguments that are no object, or come with a reject, are the engine's to refuse
+        // (`Engine::vote`, one rule and one message for every surface).
+        r.args = b"[1]".to_vec();
         assert_eq!(
-            vote(&r, "emad".into()).unwrap_err().code(),
-            Code::InvalidArgument
+            vote(&r, "emad".into()).unwrap().edited_args,
+            Some(serde_json::json!([1]))
         );
         r.args.clear();
+        r.decision = pb::ApprovalDecision::Reject as i32;
         assert_eq!(
             vote(&r, "emad".into()).unwrap().decision,
             VoteDecision::Reject

@@ -76,12 +76,6 @@ fn tool_approval(
         .map_err(|s| Status::invalid_argument(format!("tool_approval.{}", s.message())))?;
     let edited_args = edited_args(&a.args)
         .map_err(|s| Status::invalid_argument(format!("tool_approval.{}", s.message())))?;
-    if edited_args.is_some() && decision == VoteDecision::Reject {
-        return Err(Status::invalid_argument(
-            "tool_approval.args replace the proposed arguments of an approval and cannot be \
-             sent with a rejection",
-        ));
-    }
     Ok(ApprovalDecisionRequest {
         approval_id: id,
         vote: Vote {
@@ -387,23 +381,34 @@ mod tests {
         assert_eq!(bad_id.code(), Code::InvalidArgument);
         assert!(bad_id.message().contains("UUID"), "{}", bad_id.message());
 
-        let not_object = approval_msg(pb::RunSessionInteractiveToolApproval {
+        let not_json = approval_msg(pb::RunSessionInteractiveToolApproval {
             approved: true,
-            args: b"[1]".to_vec(),
+            args: b"[1".to_vec(),
             ..Default::default()
         })
         .unwrap_err();
-        assert_eq!(
-            not_object.message(),
-            "tool_approval.args must be a JSON object, got an array"
+        assert_eq!(not_json.code(), Code::InvalidArgument);
+        assert!(
+            not_json
+                .message()
+                .starts_with("tool_approval.args must be valid JSON"),
+            "{}",
+            not_json.message()
         );
+        // Arguments that are no object, or come with a rejection, are refused by the engine's
+        // vote rules (one message for every surface; the engine's tests/vote.rs), and the stream
+        // reports that refusal (tests/interactive.rs).
         let args_on_reject = approval_msg(pb::RunSessionInteractiveToolApproval {
             approved: false,
             args: br#"{"amount": 1}"#.to_vec(),
             ..Default::default()
         })
-        .unwrap_err();
-        assert_eq!(args_on_reject.code(), Code::InvalidArgument);
+        .unwrap();
+        let ClientMessage::Approval(a) = args_on_reject else {
+            panic!("{args_on_reject:?}")
+        };
+        assert_eq!(a.vote.decision, VoteDecision::Reject);
+        assert_eq!(a.vote.edited_args, Some(json!({"amount": 1})));
 
         // An outcome review's resolution and result travel on the stream too.
         let resolved = approval_msg(pb::RunSessionInteractiveToolApproval {

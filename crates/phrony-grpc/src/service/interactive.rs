@@ -21,9 +21,10 @@
 //!    `failed` or `cancelled`, after which the server ends the stream (`OK`).
 //! 4. Client messages meanwhile: `user_message` goes to [`Engine::send_user_message`]
 //!    (recorded at once and run in order, after the running turn if there is one);
-//!    `tool_approval` is a vote through [`Engine::decide_approval`], exactly like
-//!    `DecideApproval`, by the stream's actor (the `phrony-actor` header, else the runtime's
-//!    default); an empty `approval_id` means the session's pending approval.
+//!    `tool_approval` is a vote through [`Engine::vote`], exactly like `DecideApproval`, by
+//!    the stream's actor (the `phrony-actor` header, else the runtime's default), on the
+//!    session's approval it names or, with an empty `approval_id`, its pending one
+//!    ([`VoteTarget::InSession`]).
 //!
 //! **Refusals keep the stream open.** A client message the runtime refuses (empty text, a
 //! task-mode session, a duplicate vote, a missing comprehension acknowledgement, an unknown
@@ -48,6 +49,7 @@ use futures::StreamExt as _;
 use phrony_dispatch::CancellationToken;
 use phrony_engine::{
     AttachFrom, Attachment, Engine, SessionStatus, SessionUpdate, SessionView, Subscription,
+    VoteTarget,
 };
 use phrony_proto::runtime::v1 as pb;
 use tokio::sync::mpsc;
@@ -260,65 +262,18 @@ impl InteractiveStream {
     }
 
     async fn approval(&mut self, decision: ApprovalDecisionRequest) -> Result<(), End> {
-        let id = match decision.approval_id {
-            Some(id) => match self.engine.store().get_approval(id).await {
-                Ok(a) if a.session_id == self.session_id => id,
-                Ok(_) => {
-                    return self
-                        .refuse(&format!(
-                            "approval {id} belongs to another session, not {}",
-                            self.session_id
-                        ))
-                        .await;
-                }
-                Err(e) => {
-                    return self.refuse(engine_status(e.into()).message()).await;
-                }
-            },
-            None => match self
-                .engine
-                .store()
-                .session_approvals(&self.session_id)
-                .await
-            {
-                Ok(all) => {
-                    let pending: Vec<_> = all
-                        .iter()
-                        .filter(|a| a.status == phrony_engine::ApprovalStatus::Pending)
-                        .collect();
-                    match pending.as_slice() {
-                        [one] => one.id,
-                        [] => {
-                            return self
-                                .refuse(&format!(
-                                    "session {} has no pending approval",
-                                    self.session_id
-                                ))
-                                .await;
-                        }
-                        several => {
-                            return self
-                                .refuse(&format!(
-                                    "session {} has {} pending approvals; name one with approval_id",
-                                    self.session_id,
-                                    several.len()
-                                ))
-                                .await;
-                        }
-                    }
-                }
-                Err(e) => {
-                    return self.refuse(engine_status(e.into()).message()).await;
-                }
-            },
+        let target = VoteTarget::InSession {
+            session_id: self.session_id.clone(),
+            approval_id: decision.approval_id,
         };
         let mut vote = decision.vote;
         vote.actor.clone_from(&self.actor);
-        match self.engine.decide_approval(id, vote).await {
-            Ok(outcome) => {
+        match self.engine.vote(target, vote).await {
+            Ok(answer) => {
                 tracing::info!(
-                    session_id = %self.session_id, approval_id = %id, actor = %self.actor,
-                    status = %outcome.approval.status, "approval vote recorded on the stream"
+                    session_id = %self.session_id, approval_id = %answer.approval.id,
+                    actor = %self.actor, status = %answer.approval.status,
+                    session_status = %answer.session_status, "approval vote recorded on the stream"
                 );
                 Ok(())
             }

@@ -19,7 +19,9 @@ use std::io::{self, Write};
 
 use chrono::{DateTime, Utc};
 use phrony_client::OUTCOME_REVIEW;
-use phrony_client::interactive::{ApprovalRequired, Decision, SessionEvent, ToolOutcome, ToolResult};
+use phrony_client::interactive::{
+    ApprovalRequired, Decision, SessionEvent, ToolOutcome, ToolResult,
+};
 use tokio::sync::mpsc;
 
 use super::view::{Action, Phase, View, model_label};
