@@ -231,7 +231,7 @@ def test_a_session_with_megabytes_of_input_is_inspectable(world):
     SDK, with grpcio's default 4 MiB receive limit, gets a response (not RESOURCE_EXHAUSTED)
     with the input shortened; the CLI says how to print it whole, and prints it whole. (A 3 MB
     tool result is covered by `a_session_with_megabytes_of_input_and_result_is_inspectable` in
-    crates/phrony-grpc/tests/sessions.rs: the fake model streams tool arguments piecewise, too
+    crates/phrony-grpc/tests/grpc/sessions.rs: the fake model streams tool arguments piecewise, too
     slowly for megabytes, and the tutorial's worker only echoes its arguments.)"""
     opening = "Look up ORD-1 for me, please."
     message = f"{opening} {'y' * 3_500_000}"

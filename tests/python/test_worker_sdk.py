@@ -2,7 +2,7 @@
 
 Nothing can dispatch a tool call from outside the daemon until sessions exist, so the calls
 themselves (result, tool error, internal error, cancel, late result) are exercised with the same
-SDK worker by `crates/phrony-grpc/tests/sdk_worker.rs`, which runs the server in-process. Here the
+SDK worker by `crates/phrony-grpc/tests/grpc/sdk_worker.rs`, which runs the server in-process. Here the
 real binary proves the rest of the contract: the SDK worker registers, keeps its lease alive with
 its heartbeats, gets the reference's statuses for protocol errors, and returns cleanly from
 `Worker.connect()` when the daemon is stopped.

@@ -10,9 +10,10 @@
 //!
 //! - The binaries are built once per test process with `cargo build -p runtime -p cli` into the
 //!   target directory the tests run from, so they are never stale.
-//! - PostgreSQL: a database `phrony_test_<uuid>` is created on [`POSTGRES_ADMIN_URL`] and dropped
-//!   when the daemon is dropped. If PostgreSQL does not answer the test fails, unless
-//!   `PHRONY_TEST_SKIP_POSTGRES=1`, in which case [`Daemon::start`] returns `None`.
+//! - PostgreSQL: a [`PgDatabase`] `phrony_test_<uuid>` is created on the server at
+//!   `PHRONY_TEST_POSTGRES_URL` (default the local one) and dropped when the daemon is dropped.
+//!   If PostgreSQL does not answer the test fails, unless `PHRONY_TEST_SKIP_POSTGRES=1`, in which
+//!   case [`Daemon::start`] returns `None`.
 //! - Dropping a [`Daemon`] stops it with SIGTERM (a clean stop must exit 0) and removes its files.
 
 use std::fs::File;
@@ -23,10 +24,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use phrony_client::{Client, Health};
-use sqlx::Connection as _;
-
-/// The PostgreSQL server the tests create their databases on.
-pub const POSTGRES_ADMIN_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+use phrony_test_support::postgres::PgDatabase;
 
 /// How long a daemon may take to answer `SERVING`.
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -139,7 +137,7 @@ pub struct Daemon {
     addr: String,
     backend: Backend,
     dir: tempfile::TempDir,
-    postgres: Option<PostgresDatabase>,
+    _postgres: Option<PgDatabase>,
     /// Extra environment variables of the daemon.
     env: Vec<(String, String)>,
 }
@@ -170,8 +168,8 @@ impl Daemon {
                 None,
             ),
             Backend::Postgres => {
-                let db = PostgresDatabase::create()?;
-                (db.url.clone(), Some(db))
+                let db = PgDatabase::create_blocking()?;
+                (db.url().to_owned(), Some(db))
             }
         };
         let mut daemon = Self {
@@ -179,7 +177,7 @@ impl Daemon {
             addr: String::new(),
             backend,
             dir,
-            postgres,
+            _postgres: postgres,
             env: env
                 .iter()
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
@@ -339,71 +337,6 @@ impl Drop for Daemon {
                 self.logs()
             );
         }
-        if let Some(db) = self.postgres.take() {
-            db.drop_database();
-        }
+        // The database (if any) is dropped with `self._postgres`, after the daemon stopped.
     }
-}
-
-/// A database created for one daemon on [`POSTGRES_ADMIN_URL`].
-#[derive(Debug)]
-struct PostgresDatabase {
-    name: String,
-    url: String,
-}
-
-impl PostgresDatabase {
-    /// Creates `phrony_test_<uuid>`; `None` when PostgreSQL is down and skipping was asked for.
-    fn create() -> Option<Self> {
-        let name = format!("phrony_test_{}", uuid::Uuid::new_v4().simple());
-        let created = block_on(async {
-            let mut admin = sqlx::PgConnection::connect(POSTGRES_ADMIN_URL).await?;
-            sqlx::query(&format!("CREATE DATABASE \"{name}\""))
-                .execute(&mut admin)
-                .await?;
-            admin.close().await
-        });
-        match created {
-            Ok(()) => Some(Self {
-                url: format!("postgres://postgres@127.0.0.1:5432/{name}"),
-                name,
-            }),
-            Err(error) if skip_postgres() => {
-                eprintln!(
-                    "skipping the PostgreSQL test (PHRONY_TEST_SKIP_POSTGRES=1): {POSTGRES_ADMIN_URL}: {error}"
-                );
-                None
-            }
-            Err(error) => panic!(
-                "PostgreSQL at {POSTGRES_ADMIN_URL} is required ({error}); \
-                 start it, or set PHRONY_TEST_SKIP_POSTGRES=1 to skip these tests"
-            ),
-        }
-    }
-
-    fn drop_database(self) {
-        let name = self.name;
-        let dropped = block_on(async {
-            let mut admin = sqlx::PgConnection::connect(POSTGRES_ADMIN_URL).await?;
-            sqlx::query(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
-                .execute(&mut admin)
-                .await?;
-            admin.close().await
-        });
-        if let Err(error) = dropped {
-            eprintln!("warning: could not drop test database {name}: {error}");
-        }
-    }
-}
-
-fn skip_postgres() -> bool {
-    std::env::var("PHRONY_TEST_SKIP_POSTGRES").is_ok_and(|v| v == "1")
-}
-
-fn block_on<T>(future: impl std::future::Future<Output = T>) -> T {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap_or_else(|e| panic!("tokio: {e}"))
-        .block_on(future)
 }

@@ -11,28 +11,17 @@
 //! - [`stub`] writes the tutorial's refund agent on the scripted `stub` model and deploys it.
 //! - [`worker`] serves the refund agent's tool on the `Work` stream and records its calls.
 //! - [`proxy`] stands between the CLI and the runtime and loses the connection on cue.
+//!
+//! The generic helpers (worker, proxy, the stub agent's files, throw-away PostgreSQL databases)
+//! live in `phrony-test-support`, shared with the other crates' tests; they are re-exported here.
 
 pub mod cli;
 pub mod daemon;
-pub mod proxy;
 pub mod stub;
-pub mod worker;
+
+pub use phrony_test_support::{examples_dir, proxy, worker, workspace_root};
 
 use std::path::{Path, PathBuf};
-
-/// The workspace root (the parent of this crate).
-#[must_use]
-pub fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map_or_else(|| PathBuf::from(".."), Path::to_path_buf)
-}
-
-/// `policies-examples/`.
-#[must_use]
-pub fn examples_dir() -> PathBuf {
-    workspace_root().join("policies-examples")
-}
 
 /// The example directories (those holding an `agent.yaml`), sorted by name.
 ///

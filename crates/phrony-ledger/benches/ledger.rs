@@ -22,8 +22,8 @@ use phrony_ledger::{
     NewSession, NewToolCall, OnModify, OnReject, SessionMode, SessionStatus, StatusChange,
     ToolOutcome, ToolResult, Vote, VoteDecision, new_session_id,
 };
+use phrony_test_support::postgres::{CreateError, PgDatabase};
 use serde_json::json;
-use sqlx::Executor;
 
 fn event(i: u64) -> NewEvent {
     NewEvent::new(
@@ -183,25 +183,19 @@ fn benches(c: &mut Criterion) {
     let sqlite = rt.block_on(Ledger::connect(&url)).unwrap();
     bench_backend(c, &rt, "sqlite", &sqlite);
 
-    let admin_url = std::env::var("PHRONY_TEST_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned());
-    let Ok(admin) = rt.block_on(sqlx::PgPool::connect(&admin_url)) else {
-        eprintln!("PostgreSQL at {admin_url} unreachable; skipping the postgres benchmarks");
-        return;
+    // Benchmarks skip PostgreSQL whenever it is unreachable (no PHRONY_TEST_SKIP_POSTGRES).
+    let db = match rt.block_on(PgDatabase::try_create("phrony_bench")) {
+        Ok(db) => db,
+        Err(error @ CreateError::Unreachable { .. }) => {
+            eprintln!("{error}; skipping the postgres benchmarks");
+            return;
+        }
+        Err(error) => panic!("{error}"),
     };
-    let name = format!("phrony_bench_{}", uuid::Uuid::new_v4().simple());
-    rt.block_on(admin.execute(format!("CREATE DATABASE \"{name}\"").as_str()))
-        .unwrap();
-    let base = admin_url
-        .rsplit_once('/')
-        .map_or(admin_url.as_str(), |(b, _)| b);
-    let pg = rt
-        .block_on(Ledger::connect(&format!("{base}/{name}")))
-        .unwrap();
+    let pg = rt.block_on(Ledger::connect(db.url())).unwrap();
     bench_backend(c, &rt, "postgres", &pg);
     rt.block_on(pg.close());
-    rt.block_on(admin.execute(format!("DROP DATABASE \"{name}\" WITH (FORCE)").as_str()))
-        .unwrap();
+    drop(db);
 }
 
 criterion_group!(ledger, benches);

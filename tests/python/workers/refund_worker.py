@@ -1,5 +1,5 @@
 """A tool worker built on the published `phrony` SDK, driven by
-`crates/phrony-grpc/tests/sdk_worker.rs` (the runtime side dispatches the calls).
+`crates/phrony-grpc/tests/grpc/sdk_worker.rs` (the runtime side dispatches the calls).
 
 Usage: refund_worker.py WORKER_ID   (the runtime address comes from PHRONY_RUNTIME_ADDR)
 

@@ -6,13 +6,11 @@
 //! An unreachable server fails the PostgreSQL tests unless `PHRONY_TEST_SKIP_POSTGRES=1`.
 
 use phrony_ledger::{Backend, Ledger};
-use sqlx::Connection;
-use sqlx::postgres::{PgConnection, PgPool};
+use phrony_test_support::postgres::PgDatabase;
+use sqlx::postgres::PgPool;
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePool};
 use sqlx::{Executor, Row};
 use std::str::FromStr;
-
-pub(crate) const DEFAULT_ADMIN_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
 
 pub(crate) struct TestDb {
     pub(crate) kind: Backend,
@@ -31,41 +29,13 @@ enum Guard {
     Sqlite(
         #[allow(dead_code, reason = "held so the directory outlives the test")] tempfile::TempDir,
     ),
-    Postgres {
-        admin_url: String,
-        name: String,
-    },
-}
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        let Guard::Postgres { admin_url, name } = self else {
-            return;
-        };
-        let (admin_url, name) = (admin_url.clone(), name.clone());
-        let shown = name.clone();
-        // Drop runs inside the test's runtime, which cannot be blocked on; use a thread with its
-        // own runtime. FORCE terminates the ledger's still-open connections.
-        let dropper = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()?;
-            rt.block_on(async {
-                let mut admin = PgConnection::connect(&admin_url).await?;
-                admin
-                    .execute(format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)").as_str())
-                    .await?;
-                admin.close().await?;
-                Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
-            })?;
-            Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
-        });
-        match dropper.join() {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => eprintln!("warning: could not drop test database {shown}: {e}"),
-            Err(_) => eprintln!("warning: test database drop thread panicked"),
-        }
-    }
+    Postgres(
+        #[allow(
+            dead_code,
+            reason = "held so the database is dropped when the test ends"
+        )]
+        PgDatabase,
+    ),
 }
 
 impl TestDb {
@@ -93,33 +63,9 @@ impl TestDb {
                 })
             }
             Backend::Postgres => {
-                let admin_url = std::env::var("PHRONY_TEST_POSTGRES_URL")
-                    .unwrap_or_else(|_| DEFAULT_ADMIN_URL.to_owned());
-                let mut admin = match PgConnection::connect(&admin_url).await {
-                    Ok(pool) => pool,
-                    Err(e) if std::env::var("PHRONY_TEST_SKIP_POSTGRES").as_deref() == Ok("1") => {
-                        eprintln!("skipping PostgreSQL test (PHRONY_TEST_SKIP_POSTGRES=1): {e}");
-                        return None;
-                    }
-                    Err(e) => panic!(
-                        "PostgreSQL at {admin_url} is unreachable: {e}; start it, point \
-                         PHRONY_TEST_POSTGRES_URL at a server, or set PHRONY_TEST_SKIP_POSTGRES=1"
-                    ),
-                };
-                let name = format!("phrony_test_{}", uuid::Uuid::new_v4().simple());
-                admin
-                    .execute(format!("CREATE DATABASE \"{name}\"").as_str())
-                    .await
-                    .unwrap();
-                admin.close().await.unwrap();
-                let guard = Guard::Postgres {
-                    admin_url: admin_url.clone(),
-                    name: name.clone(),
-                };
-                let base = admin_url
-                    .rsplit_once('/')
-                    .map_or(admin_url.as_str(), |(b, _)| b);
-                let url = format!("{base}/{name}");
+                let db = PgDatabase::create().await?;
+                let url = db.url().to_owned();
+                let guard = Guard::Postgres(db);
                 let ledger = Ledger::connect(&url).await.unwrap();
                 let raw = PgPool::connect(&url).await.unwrap();
                 Some(Self {

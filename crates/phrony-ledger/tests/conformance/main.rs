@@ -1,7 +1,8 @@
 //! One conformance suite, run against every backend: SQLite (a temporary file) always, and
 //! PostgreSQL (a fresh database per test on `PHRONY_TEST_POSTGRES_URL`, default
 //! `postgres://postgres@127.0.0.1:5432/postgres`). PostgreSQL tests fail when the server is
-//! unreachable unless `PHRONY_TEST_SKIP_POSTGRES=1`.
+//! unreachable unless `PHRONY_TEST_SKIP_POSTGRES=1`. The ledger's other integration tests
+//! (`connect`: what `Ledger::connect` says about bad URLs) share this binary.
 
 #![allow(
     clippy::unwrap_used,
@@ -9,6 +10,7 @@
 )]
 
 mod cases;
+mod connect;
 mod harness;
 mod session_cases;
 

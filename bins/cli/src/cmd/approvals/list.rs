@@ -135,6 +135,9 @@ mod tests {
         let mut out = Vec::new();
         write_table(&[policy, review], &mut out).unwrap();
         let text = String::from_utf8(out).unwrap();
+        insta::with_settings!({prepend_module_to_snapshot => false, omit_expression => true}, {
+            insta::assert_snapshot!("approvals_list_table", text);
+        });
         let lines: Vec<&str> = text.lines().collect();
         assert!(lines[0].starts_with("ID    KIND    STATUS"), "{text}");
         assert!(lines[1].starts_with("ap-1  policy  approved"), "{text}");

@@ -1066,6 +1066,14 @@ mod tests {
         lines.join("\n")
     }
 
+    /// Compares the whole screen with the committed snapshot `snapshots/tui_<name>.snap`
+    /// (`INSTA_UPDATE=always` rewrites it; CI never writes and fails on a difference).
+    fn assert_screen(name: &str, lines: &[String]) {
+        insta::with_settings!({prepend_module_to_snapshot => false, omit_expression => true}, {
+            insta::assert_snapshot!(format!("tui_{name}"), show(lines));
+        });
+    }
+
     #[test]
     fn terminal_keys_map_to_viewer_keys() {
         let key = |code, modifiers| map_key(KeyEvent::new(code, modifiers));
@@ -1116,6 +1124,7 @@ mod tests {
         );
         view.apply(delta("Let me look that up for you."), now());
         let lines = screen(&view, 100, 12);
+        assert_screen("streaming", &lines);
         let expected = [
             " phrony · session run_6f1c2a9e… · support/refund-agent@0.1.0 · stub/scripted",
             "YOU",
@@ -1146,6 +1155,7 @@ mod tests {
         );
         view.apply(tool_failed("c2", "timeout", "worker timed out"), now());
         let lines = screen(&view, 60, 24);
+        assert_screen("tool_blocks", &lines);
         let transcript = &lines[1..16];
         let expected = [
             "TOOL CALL orders.lookup-order@1.0.0",
@@ -1181,6 +1191,7 @@ mod tests {
         view.apply(approval(true), now());
         view.apply(status("awaiting_approval"), now());
         let lines = screen(&view, 80, 30);
+        assert_screen("approval_panel", &lines);
         let start = lines
             .iter()
             .position(|l| l.starts_with("┌ APPROVAL REQUIRED"))
@@ -1291,6 +1302,7 @@ mod tests {
         );
         view.apply(policy_denied("c1"), now());
         let lines = screen(&view, 80, 20);
+        assert_screen("policy_denied", &lines);
         let at = lines
             .iter()
             .position(|l| l.starts_with("DENIED BY POLICY"))
@@ -1314,6 +1326,7 @@ mod tests {
             now(),
         );
         let lines = screen(&view, 90, 12);
+        assert_screen("limit", &lines);
         let expected = [
             " phrony · session run_6f1c2a9e… · support/refund-agent@0.1.0 · stub/scripted",
             "── Limit reached: run limit max_tokens_per_run exceeded (on_limit=halt). Input is",
@@ -1338,6 +1351,7 @@ mod tests {
         view.apply(ready(1, 850), now());
         view.apply(completed(), now());
         let lines = screen(&view, 90, 12);
+        assert_screen("finished", &lines);
         assert_eq!(lines[1], "AGENT");
         assert_eq!(lines[2], "  Refund issued: rf_123.");
         assert_eq!(lines[3], "  ── turn 1 · end_turn · 100 tokens");
@@ -1372,6 +1386,7 @@ mod tests {
         );
         view.apply(approval(false), now());
         let lines = screen(&view, 30, 16);
+        assert_screen("narrow", &lines);
         let expected = [
             " phrony · session run_6f1c2a9…",
             "  payments/refund-approval-bo║",

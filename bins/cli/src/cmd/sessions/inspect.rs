@@ -629,6 +629,9 @@ mod tests {
         let mut out = Vec::new();
         write_inspection(&inspection, false, &mut out).unwrap();
         let text = String::from_utf8(out).unwrap();
+        insta::with_settings!({prepend_module_to_snapshot => false, omit_expression => true}, {
+            insta::assert_snapshot!("inspect_dump", text);
+        });
         let field = |key: &str, value: &str| {
             text.lines().any(|l| {
                 l.strip_prefix(key)
@@ -660,6 +663,9 @@ mod tests {
         let mut out = Vec::new();
         write_inspection(&inspection, true, &mut out).unwrap();
         let with_payloads = String::from_utf8(out).unwrap();
+        insta::with_settings!({prepend_module_to_snapshot => false, omit_expression => true}, {
+            insta::assert_snapshot!("inspect_dump_with_payloads", with_payloads);
+        });
         assert!(
             with_payloads.contains("    actor: emad\n    payload: {\"decision\":\"approved\"}\n"),
             "{with_payloads}"

@@ -3,14 +3,12 @@
 
 #![allow(clippy::unwrap_used, reason = "tests: a panic is a failed assertion")]
 
-mod support;
-
 use std::path::Path;
 use std::time::Duration;
 
+use crate::support::{Daemon, Launch, PgDatabase, agent_ref, compile_agent, sqlite_url};
 use pb::runtime_client::RuntimeClient;
 use phrony_proto::runtime::v1 as pb;
-use support::{Daemon, Launch, PgDatabase, agent_ref, compile_agent, sqlite_url};
 use tonic::metadata::MetadataValue;
 use tonic::transport::Channel;
 use tonic::{Code, Request, Status};
@@ -419,7 +417,7 @@ async fn lifecycle_on_postgres() {
         return;
     };
     let home = tempfile::tempdir().unwrap();
-    let daemon = Launch::new(home.path(), Some(&db.url)).start().await;
+    let daemon = Launch::new(home.path(), Some(db.url())).start().await;
     lifecycle_story(&daemon, home.path()).await;
 }
 
@@ -527,7 +525,7 @@ async fn sigterm_stops_cleanly_and_committed_work_survives_a_restart() {
         let home = tempfile::tempdir().unwrap();
         let url = db
             .as_ref()
-            .map_or_else(|| sqlite_url(home.path()), |db| db.url.clone());
+            .map_or_else(|| sqlite_url(home.path()), |db| db.url().to_owned());
         let launch = Launch::new(home.path(), Some(&url));
         let mut daemon = launch.start().await;
         let mut client = daemon.client().await;
@@ -867,7 +865,7 @@ async fn health_turns_not_serving_when_the_database_goes_away() {
         return;
     };
     let home = tempfile::tempdir().unwrap();
-    let mut daemon = Launch::new(home.path(), Some(&db.url)).start().await;
+    let mut daemon = Launch::new(home.path(), Some(db.url())).start().await;
     // Unknown services are not reported as healthy.
     assert_eq!(daemon.health("no.such.Service").await, None);
 

@@ -2,14 +2,12 @@
 #![allow(clippy::unwrap_used, reason = "tests: a panic is a failed assertion")]
 //! nacks, durable acknowledgement and malformed messages.
 
-mod common;
-
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::common::*;
 use async_trait::async_trait;
-use common::*;
 use phrony_dispatch::{
     CompletedCalls, DispatchError, DispatchFailure, DispatchJournal, FromWorker, HandlerAd,
     HookError, Invocation, LateOutcome, LateReason, Router, RouterConfig, RouterEvent, StatusClass,

@@ -2,10 +2,9 @@
 //! `payments.issue-refund@1.0.0`, for end-to-end tests that follow a call to its dispatch.
 //!
 //! ```no_run
-//! use tests::daemon::{Backend, Daemon};
-//! use tests::worker::RefundWorker;
-//! let Some(daemon) = Daemon::start(Backend::Sqlite) else { return };
-//! let worker = RefundWorker::start(daemon.addr(), "docs-worker");
+//! use phrony_test_support::worker::RefundWorker;
+//! let addr = "127.0.0.1:50051"; // a running daemon
+//! let worker = RefundWorker::start(addr, "docs-worker");
 //! assert!(worker.invocations().is_empty());
 //! ```
 

@@ -1,10 +1,14 @@
-//! A local fake vendor API: answers each request with the next scripted reply and records what
-//! it received. Listens on 127.0.0.1 only.
-
-#![allow(
-    dead_code,
-    reason = "each test binary uses a different part of this module"
-)]
+//! A local fake model vendor API: answers each request with the next scripted reply and records
+//! what it received. Listens on 127.0.0.1 only.
+//!
+//! ```no_run
+//! # async fn demo() {
+//! use phrony_test_support::fake_api::{FakeServer, Reply, openai_sse};
+//! let server = FakeServer::start(vec![Reply::sse(&openai_sse(&[]))]).await;
+//! let base_url = server.origin(); // http://127.0.0.1:<port>
+//! # let _ = base_url;
+//! # }
+//! ```
 
 use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
@@ -20,7 +24,7 @@ use serde_json::Value;
 
 /// One scripted HTTP reply.
 #[derive(Debug, Clone)]
-pub(crate) struct Reply {
+pub struct Reply {
     status: u16,
     headers: Vec<(String, String)>,
     chunks: Vec<Vec<u8>>,
@@ -28,7 +32,7 @@ pub(crate) struct Reply {
 
 impl Reply {
     /// `200 text/event-stream` with `body` in one piece.
-    pub(crate) fn sse(body: &str) -> Self {
+    pub fn sse(body: &str) -> Self {
         Self {
             status: 200,
             headers: vec![("content-type".into(), "text/event-stream".into())],
@@ -38,7 +42,7 @@ impl Reply {
 
     /// `200 text/event-stream` with `body` cut every `size` bytes, each piece written separately,
     /// so that events and JSON values straddle network reads.
-    pub(crate) fn sse_in_pieces(body: &str, size: usize) -> Self {
+    pub fn sse_in_pieces(body: &str, size: usize) -> Self {
         Self {
             status: 200,
             headers: vec![("content-type".into(), "text/event-stream".into())],
@@ -47,7 +51,7 @@ impl Reply {
     }
 
     /// A JSON reply with `status`.
-    pub(crate) fn json(status: u16, body: &str) -> Self {
+    pub fn json(status: u16, body: &str) -> Self {
         Self {
             status,
             headers: vec![("content-type".into(), "application/json".into())],
@@ -56,7 +60,7 @@ impl Reply {
     }
 
     /// A reply with `status`, `content_type` and `body`.
-    pub(crate) fn raw(status: u16, content_type: &str, body: &str) -> Self {
+    pub fn raw(status: u16, content_type: &str, body: &str) -> Self {
         Self {
             status,
             headers: vec![("content-type".into(), content_type.into())],
@@ -65,7 +69,7 @@ impl Reply {
     }
 
     /// Adds a header.
-    pub(crate) fn header(mut self, name: &str, value: &str) -> Self {
+    pub fn header(mut self, name: &str, value: &str) -> Self {
         self.headers.push((name.into(), value.into()));
         self
     }
@@ -73,49 +77,62 @@ impl Reply {
 
 /// What the fake server received.
 #[derive(Debug, Clone)]
-pub(crate) struct Received {
-    pub(crate) path: String,
-    pub(crate) headers: HashMap<String, String>,
-    pub(crate) body: Value,
+pub struct Received {
+    pub path: String,
+    pub headers: HashMap<String, String>,
+    pub body: Value,
 }
 
-#[derive(Default)]
+#[derive(Debug, Default)]
 struct Shared {
     replies: Mutex<VecDeque<Reply>>,
     received: Mutex<Vec<Received>>,
 }
 
-/// A running fake server.
-pub(crate) struct FakeServer {
+/// A running fake server; dropping it stops it.
+#[derive(Debug)]
+pub struct FakeServer {
     addr: std::net::SocketAddr,
     shared: Arc<Shared>,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl FakeServer {
-    /// Starts a server that plays `replies` in order.
-    pub(crate) async fn start(replies: Vec<Reply>) -> Self {
+    /// Starts a server that plays `replies` in order; a request beyond the last reply is
+    /// answered `418` with a message saying so.
+    ///
+    /// # Panics
+    /// When no local port can be bound.
+    pub async fn start(replies: Vec<Reply>) -> Self {
         let shared = Arc::new(Shared {
             replies: Mutex::new(replies.into()),
             received: Mutex::new(Vec::new()),
         });
         let app = Router::new().fallback(handle).with_state(shared.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap_or_else(|e| panic!("cannot bind the fake server: {e}"));
+        let addr = listener
+            .local_addr()
+            .unwrap_or_else(|e| panic!("the fake server's address: {e}"));
         let task = tokio::spawn(async move {
-            axum::serve(listener, app).await.unwrap();
+            if let Err(e) = axum::serve(listener, app).await {
+                eprintln!("the fake server stopped: {e}");
+            }
         });
         Self { addr, shared, task }
     }
 
     /// `http://127.0.0.1:<port>`.
-    pub(crate) fn origin(&self) -> String {
+    #[must_use]
+    pub fn origin(&self) -> String {
         format!("http://{}", self.addr)
     }
 
     /// Requests received so far.
-    pub(crate) fn received(&self) -> Vec<Received> {
-        self.shared.received.lock().unwrap().clone()
+    #[must_use]
+    pub fn received(&self) -> Vec<Received> {
+        lock(&self.shared.received).clone()
     }
 }
 
@@ -141,19 +158,19 @@ async fn handle(
         })
         .collect();
     let body = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    shared.received.lock().unwrap().push(Received {
+    lock(&shared.received).push(Received {
         path: uri.path().to_owned(),
         headers,
         body,
     });
-    let reply = shared.replies.lock().unwrap().pop_front();
+    let reply = lock(&shared.replies).pop_front();
     let Some(reply) = reply else {
         return Response::builder()
             .status(StatusCode::IM_A_TEAPOT)
             .body(Body::from(
                 "the fake server has no reply left for this request",
             ))
-            .unwrap();
+            .unwrap_or_else(|e| panic!("the fake server's answer: {e}"));
     };
     let mut builder = Response::builder().status(reply.status);
     for (k, v) in &reply.headers {
@@ -170,11 +187,20 @@ async fn handle(
         });
         Body::from_stream(stream)
     };
-    builder.body(body).unwrap()
+    builder
+        .body(body)
+        .unwrap_or_else(|e| panic!("a scripted reply is not a valid response: {e}"))
+}
+
+/// The guarded value; a panic elsewhere while it was held does not hide what was recorded.
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Formats SSE `data:` lines (OpenAI style) followed by `[DONE]`.
-pub(crate) fn openai_sse(chunks: &[Value]) -> String {
+pub fn openai_sse(chunks: &[Value]) -> String {
     let mut out = String::new();
     for c in chunks {
         out.push_str("data: ");
@@ -186,7 +212,7 @@ pub(crate) fn openai_sse(chunks: &[Value]) -> String {
 }
 
 /// Formats SSE events with `event:` names taken from each value's `type` (Anthropic style).
-pub(crate) fn anthropic_sse(events: &[Value]) -> String {
+pub fn anthropic_sse(events: &[Value]) -> String {
     let mut out = String::new();
     for e in events {
         let kind = e["type"].as_str().unwrap_or("message");

@@ -1,11 +1,9 @@
 //! Routing, capacity, queueing, deadlines, integrity and shutdown.
 #![allow(clippy::unwrap_used, reason = "tests: a panic is a failed assertion")]
 
-mod common;
-
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use common::*;
+use crate::common::*;
 use phrony_dispatch::{
     Allowlist, CancellationToken, DispatchCall, DispatchFailure, HandlerAd, IntegrityKind,
     LateOutcome, LateReason, RouterConfig, RouterEvent, ToWorker, ToolOutcome, WorkerHello,

@@ -2,17 +2,15 @@
 
 #![allow(clippy::unwrap_used, reason = "tests: a panic is a failed assertion")]
 
-mod common;
-
 use std::time::Duration;
 
-use common::{FakeServer, Reply, anthropic_sse};
 use futures::StreamExt as _;
 use phrony_providers::{
     ApiKey, BuildOptions, Completion, CompletionRequest, ContentBlock, Event, Message,
     ModelProvider, ProviderEnv, ProviderError, ReasoningBlock, RetryPolicy, Role, StopReason,
     ToolSpec, Usage, build,
 };
+use phrony_test_support::fake_api::{FakeServer, Reply, anthropic_sse};
 use serde_json::{Value, json};
 
 const MODEL: &str = "claude-sonnet-4-5";

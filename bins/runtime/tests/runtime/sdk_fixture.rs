@@ -2,7 +2,7 @@
 //! snapshot, because the SDK cannot compile YAML. This test keeps that snapshot equal to what our
 //! compiler makes of `tests/python/fixtures/refund-agent/`, so a change to the canonical form
 //! shows up here with instructions instead of as a mysterious refusal in Python.
-//! `PHRONY_BLESS=1 cargo test -p runtime --test sdk_fixture` rewrites the snapshot.
+//! `PHRONY_BLESS=1 cargo test -p runtime --test runtime sdk_fixture` rewrites the snapshot.
 
 #![allow(clippy::unwrap_used, reason = "tests: a panic is a failed assertion")]
 
@@ -24,7 +24,7 @@ fn python_sdk_fixture_snapshot_matches_the_compiler() {
     assert!(
         have == want,
         "{} is not what the compiler produces from refund-agent/; review the change and run \
-         `PHRONY_BLESS=1 cargo test -p runtime --test sdk_fixture` to update it",
+         `PHRONY_BLESS=1 cargo test -p runtime --test runtime sdk_fixture` to update it",
         path.display()
     );
 }

@@ -15,7 +15,6 @@ use std::time::{Duration, Instant};
 
 use pb::runtime_client::RuntimeClient;
 use phrony_proto::runtime::v1 as pb;
-use sqlx::Executor as _;
 use tonic::transport::Channel;
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
@@ -260,81 +259,8 @@ impl Drop for Daemon {
 // ---------------------------------------------------------------------------------------------
 // Databases
 
-pub(crate) const DEFAULT_ADMIN_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
-
 /// A fresh PostgreSQL database `phrony_test_<uuid>`, dropped (with its connections) on drop.
-pub(crate) struct PgDatabase {
-    pub(crate) url: String,
-    pub(crate) name: String,
-    admin_url: String,
-}
-
-impl PgDatabase {
-    /// `None` only when PostgreSQL is unreachable and `PHRONY_TEST_SKIP_POSTGRES=1`.
-    pub(crate) async fn create() -> Option<Self> {
-        let admin_url = std::env::var("PHRONY_TEST_POSTGRES_URL")
-            .unwrap_or_else(|_| DEFAULT_ADMIN_URL.to_owned());
-        let admin = match sqlx::PgPool::connect(&admin_url).await {
-            Ok(pool) => pool,
-            Err(e) if std::env::var("PHRONY_TEST_SKIP_POSTGRES").as_deref() == Ok("1") => {
-                eprintln!("skipping PostgreSQL test (PHRONY_TEST_SKIP_POSTGRES=1): {e}");
-                return None;
-            }
-            Err(e) => panic!(
-                "PostgreSQL at {admin_url} is unreachable: {e}; start it, point \
-                 PHRONY_TEST_POSTGRES_URL at a server, or set PHRONY_TEST_SKIP_POSTGRES=1"
-            ),
-        };
-        let name = format!("phrony_test_{}", uuid::Uuid::new_v4().simple());
-        admin
-            .execute(format!("CREATE DATABASE \"{name}\"").as_str())
-            .await
-            .unwrap();
-        admin.close().await;
-        let base = admin_url
-            .rsplit_once('/')
-            .map_or(admin_url.as_str(), |(b, _)| b);
-        Some(Self {
-            url: format!("{base}/{name}"),
-            name,
-            admin_url,
-        })
-    }
-
-    /// Drops the database now, terminating its connections.
-    pub(crate) async fn drop_now(&self) {
-        let admin = sqlx::PgPool::connect(&self.admin_url).await.unwrap();
-        admin
-            .execute(format!("DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)", self.name).as_str())
-            .await
-            .unwrap();
-        admin.close().await;
-    }
-}
-
-impl Drop for PgDatabase {
-    fn drop(&mut self) {
-        let (admin_url, name) = (self.admin_url.clone(), self.name.clone());
-        // Drop may run inside a runtime, which cannot be blocked on: use a thread.
-        let dropped = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()?;
-            rt.block_on(async {
-                let admin = sqlx::PgPool::connect(&admin_url).await?;
-                admin
-                    .execute(format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)").as_str())
-                    .await?;
-                admin.close().await;
-                Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
-            })
-        })
-        .join();
-        if !matches!(dropped, Ok(Ok(()))) {
-            eprintln!("warning: could not drop test database {}", self.name);
-        }
-    }
-}
+pub(crate) use phrony_test_support::postgres::PgDatabase;
 
 /// A SQLite URL for a file in `dir`.
 pub(crate) fn sqlite_url(dir: &Path) -> String {

@@ -27,8 +27,8 @@ use phrony_providers::{
     ProviderError, ProviderKind, Role, StopReason, Usage,
 };
 use phrony_runtime::{SecretsKey, ServeConfig};
+use phrony_test_support::postgres::PgDatabase;
 use serde_json::{Value, json};
-use sqlx::{Connection as _, Executor as _};
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
@@ -182,7 +182,7 @@ impl ProviderFactory for RuleFactory {
 struct Db {
     url: String,
     _dir: Option<tempfile::TempDir>,
-    pg: Option<(String, String)>,
+    _pg: Option<PgDatabase>,
 }
 
 impl Db {
@@ -192,66 +192,19 @@ impl Db {
         Self {
             url,
             _dir: Some(dir),
-            pg: None,
+            _pg: None,
         }
     }
 
-    /// A fresh database on the server at `PHRONY_TEST_POSTGRES_URL` (default the local one), or
-    /// `None` when `PHRONY_TEST_SKIP_POSTGRES=1` and it is unreachable.
+    /// A fresh PostgreSQL database (see [`PgDatabase::create`]), or `None` when
+    /// `PHRONY_TEST_SKIP_POSTGRES=1` and the server is unreachable.
     async fn postgres() -> Option<Self> {
-        let admin_url = std::env::var("PHRONY_TEST_POSTGRES_URL")
-            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned());
-        let mut admin = match sqlx::PgConnection::connect(&admin_url).await {
-            Ok(c) => c,
-            Err(e) if std::env::var("PHRONY_TEST_SKIP_POSTGRES").as_deref() == Ok("1") => {
-                eprintln!("skipping PostgreSQL test (PHRONY_TEST_SKIP_POSTGRES=1): {e}");
-                return None;
-            }
-            Err(e) => panic!(
-                "PostgreSQL at {admin_url} is unreachable: {e}; start it, point \
-                 PHRONY_TEST_POSTGRES_URL at a server, or set PHRONY_TEST_SKIP_POSTGRES=1"
-            ),
-        };
-        let name = format!("phrony_test_{}", uuid::Uuid::new_v4().simple());
-        admin
-            .execute(format!("CREATE DATABASE \"{name}\"").as_str())
-            .await
-            .unwrap();
-        admin.close().await.unwrap();
-        let base = admin_url
-            .rsplit_once('/')
-            .map_or(admin_url.as_str(), |(b, _)| b);
+        let pg = PgDatabase::create().await?;
         Some(Self {
-            url: format!("{base}/{name}"),
+            url: pg.url().to_owned(),
             _dir: None,
-            pg: Some((admin_url, name)),
+            _pg: Some(pg),
         })
-    }
-}
-
-impl Drop for Db {
-    fn drop(&mut self) {
-        let Some((admin_url, name)) = self.pg.take() else {
-            return;
-        };
-        // Drop runs inside the test's runtime; use a thread with its own.
-        let dropped = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async {
-                let mut admin = sqlx::PgConnection::connect(&admin_url).await?;
-                admin
-                    .execute(format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)").as_str())
-                    .await?;
-                admin.close().await
-            })
-        })
-        .join();
-        if !matches!(dropped, Ok(Ok(()))) {
-            eprintln!("warning: could not drop a test database: {dropped:?}");
-        }
     }
 }
 

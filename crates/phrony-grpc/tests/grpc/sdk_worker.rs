@@ -191,7 +191,7 @@ async fn the_published_sdk_worker_serves_dispatched_calls() {
     // and two writes at the same instant collide inside grpcio (TOO_MANY_OPERATIONS): one
     // result and every later heartbeat are lost until the lease expires. That is the SDK's
     // defect, not the runtime's; the runtime's side of it (lease expiry, the lost call handled
-    // as indeterminate) is covered by `tests/work.rs`.
+    // as indeterminate) is covered by `tests/grpc/work.rs`.
     let timed = |call_id: &'static str, order: &str, amount: u32, delay: f64| {
         let dispatch = router.dispatch(call(
             call_id,

@@ -3,17 +3,15 @@
 
 #![allow(clippy::unwrap_used, reason = "tests: a panic is a failed assertion")]
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::{FakeServer, Reply, openai_sse};
 use futures::StreamExt as _;
 use phrony_providers::{
     ApiKey, BuildOptions, Completion, CompletionRequest, ContentBlock, Event, Message,
     ModelProvider, ProviderEnv, ProviderError, ReasoningEffort, RetryPolicy, Role, StopReason,
     ToolSpec, Usage, build,
 };
+use phrony_test_support::fake_api::{FakeServer, Reply, openai_sse};
 use serde_json::{Value, json};
 
 fn chunk(delta: Value, finish: Option<&str>) -> Value {

@@ -1,0 +1,9 @@
+//! The daemon binary's integration tests in one binary.
+//!
+//! - [`daemon`]: the real `phrony-runtime` process (start, stop, storage, signals, workers).
+//! - [`sdk_fixture`]: the Python SDK's committed agent snapshot matches the compiler.
+//! - [`support`]: the daemon on a free port, fresh databases, a compiled test agent.
+
+mod daemon;
+mod sdk_fixture;
+mod support;

@@ -1,0 +1,34 @@
+//! Dev-only helpers shared by the workspace's tests (never a normal dependency).
+//!
+//! - [`postgres`]: a throw-away PostgreSQL database per test, dropped when it goes out of scope.
+//! - [`stub`]: the tutorial's refund agent on the scripted `stub` model, written to a directory.
+//! - [`worker`]: a Rust tool worker on the runtime's `Work` stream that records its calls.
+//! - [`proxy`]: a TCP proxy that loses the connection on cue.
+//! - [`fake_api`]: a local fake model vendor API answering scripted replies.
+//!
+//! This crate depends on no other phrony crate but the generated protocol (`phrony-proto`), so
+//! every crate, the ledger and the server edge included, can take it as a dev-dependency
+//! without a second copy of itself in its test build.
+
+pub mod fake_api;
+pub mod postgres;
+pub mod proxy;
+pub mod stub;
+pub mod worker;
+
+use std::path::{Path, PathBuf};
+
+/// The workspace root (two levels above this crate).
+#[must_use]
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .nth(2)
+        .map_or_else(|| PathBuf::from("../.."), Path::to_path_buf)
+}
+
+/// `policies-examples/`, the tutorial and example agents.
+#[must_use]
+pub fn examples_dir() -> PathBuf {
+    workspace_root().join("policies-examples")
+}
