@@ -1,3 +1,5 @@
+//! Unit tests of the attach view (`attach.rs`): catch-up folding and live activity.
+
 #![allow(
     clippy::unwrap_used,
     reason = "tests: a panic is a failed assertion, with its message"

@@ -948,7 +948,10 @@ impl Gate {
         context
     }
 
-    #[allow(clippy::too_many_lines)] // reason: one check per mandate term, in order
+    #[allow(
+        clippy::too_many_lines,
+        reason = "one check per mandate term, in order"
+    )]
     fn check_mandate(
         &self,
         state: &State,
@@ -1167,7 +1170,10 @@ impl Gate {
     }
 
     /// Records an outcome as a decision event and answers it.
-    #[allow(clippy::too_many_arguments)] // reason: the pieces of one decision record
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the pieces of one decision record"
+    )]
     async fn record(
         &self,
         state: &mut State,

@@ -3,9 +3,11 @@
 //! - [`schema`]: the authoring JSON Schema against every example.
 //! - [`examples`]: each example's `cases.yaml` against the real policy engine.
 //! - [`lifecycle`]: the real daemon driven by the real CLI.
+//! - [`guard_rails`]: the layering rules of ARCHITECTURE.md on the sources and the dependency graph.
 //! - [`sessions`] and [`tui`]: sessions and approvals through it, the attach TUI in a terminal.
 
 mod examples;
+mod guard_rails;
 mod lifecycle;
 mod schema;
 mod sessions;

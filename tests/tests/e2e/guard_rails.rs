@@ -1,0 +1,299 @@
+//! Guard rails: the layering rules of ARCHITECTURE.md checked on the source tree and on the resolved
+//! dependency graph (`cargo metadata`), so that a change breaking one fails `cargo test`.
+//!
+//! Each test names the rule it enforces; ARCHITECTURE.md's invariants point here.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+/// Packages that exist only for tests (dev-dependencies, test binaries): the layering rules on
+/// normal builds do not apply to them.
+const DEV_ONLY: &[&str] = &["tests", "phrony-test-support"];
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the tests package sits one level below the workspace root")
+        .to_path_buf()
+}
+
+/// `cargo metadata` of the workspace (resolved graph included).
+fn metadata() -> Value {
+    let out = Command::new(env!("CARGO"))
+        .args(["metadata", "--format-version", "1", "--offline", "--locked"])
+        .current_dir(workspace_root())
+        .output()
+        .expect("cargo metadata runs");
+    assert!(
+        out.status.success(),
+        "cargo metadata failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("cargo metadata prints JSON")
+}
+
+/// Workspace package name → the names of its direct normal (non-dev, non-build) dependencies.
+fn direct_normal_deps(meta: &Value) -> BTreeMap<String, BTreeSet<String>> {
+    let members: BTreeSet<&str> = meta["workspace_members"]
+        .as_array()
+        .expect("workspace_members")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    let mut deps = BTreeMap::new();
+    for pkg in meta["packages"].as_array().expect("packages") {
+        let id = pkg["id"].as_str().unwrap_or_default();
+        if !members.contains(id) {
+            continue;
+        }
+        let names = pkg["dependencies"]
+            .as_array()
+            .expect("dependencies")
+            .iter()
+            .filter(|d| d["kind"].is_null())
+            .filter_map(|d| d["name"].as_str().map(str::to_owned))
+            .collect();
+        deps.insert(pkg["name"].as_str().unwrap_or_default().to_owned(), names);
+    }
+    deps
+}
+
+/// Every `.rs` file of the workspace's crates, binaries and tests (not `target/`, not the Python
+/// tests), with its path relative to the workspace root.
+fn rust_sources() -> Vec<(String, String)> {
+    fn walk(dir: &Path, root: &Path, out: &mut Vec<(String, String)>) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        let mut entries: Vec<_> = entries.filter_map(Result::ok).collect();
+        entries.sort_by_key(std::fs::DirEntry::path);
+        for entry in entries {
+            let path = entry.path();
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            if path.is_dir() {
+                if name == "target" || name == "python" || name.starts_with('.') {
+                    continue;
+                }
+                walk(&path, root, out);
+            } else if name.ends_with(".rs") {
+                let text = std::fs::read_to_string(&path).expect("source is UTF-8");
+                let rel = path
+                    .strip_prefix(root)
+                    .expect("under the root")
+                    .to_string_lossy()
+                    .into_owned();
+                out.push((rel, text));
+            }
+        }
+    }
+    let root = workspace_root();
+    let mut out = Vec::new();
+    for top in ["crates", "bins", "tests"] {
+        walk(&root.join(top), &root, &mut out);
+    }
+    assert!(out.len() > 100, "found only {} source files", out.len());
+    out
+}
+
+/// The workspace package a source path belongs to (its directory under `crates/` or `bins/`).
+fn package_dir(rel: &str) -> &str {
+    let mut parts = rel.splitn(3, '/');
+    let top = parts.next().unwrap_or_default();
+    if top == "tests" {
+        return "tests";
+    }
+    let second = parts.next().unwrap_or_default();
+    &rel[..top.len() + 1 + second.len()]
+}
+
+/// Is `rel` test or bench code (integration tests, benches, a `tests.rs`/`*_tests.rs` module)?
+fn is_test_code(rel: &str) -> bool {
+    let pkg = package_dir(rel);
+    let inner = &rel[pkg.len()..];
+    pkg == "tests"
+        || pkg == "crates/phrony-test-support"
+        || inner.starts_with("/tests/")
+        || inner.starts_with("/benches/")
+        || inner.ends_with("/tests.rs")
+        || inner.ends_with("_tests.rs")
+        || inner.ends_with("/testing.rs")
+}
+
+/// The part of a source file before its first `#[cfg(test)]` (unit tests are test code).
+fn non_test_part(text: &str) -> &str {
+    text.find("#[cfg(test)]").map_or(text, |at| &text[..at])
+}
+
+#[test]
+fn only_the_ledger_knows_sql() {
+    // Dependency graph: no workspace package but the ledger (and test-only ones) uses sqlx directly.
+    let deps = direct_normal_deps(&metadata());
+    let offenders: Vec<_> = deps
+        .iter()
+        .filter(|(name, d)| {
+            name.as_str() != "phrony-ledger"
+                && !DEV_ONLY.contains(&name.as_str())
+                && d.contains("sqlx")
+        })
+        .map(|(name, _)| name.clone())
+        .collect();
+    assert!(
+        offenders.is_empty(),
+        "packages depending on sqlx: {offenders:?}"
+    );
+
+    // Sources: no SQL statement and no `sqlx` outside the ledger's and the tests' code.
+    let sql = regex::Regex::new(
+        r#""[^"\n]*\b(SELECT\s+\S+.*\bFROM|INSERT\s+INTO|UPDATE\s+\w+\s+SET|DELETE\s+FROM|CREATE\s+TABLE|DROP\s+TABLE)\b"#,
+    )
+    .expect("regex");
+    let mut found = Vec::new();
+    for (rel, text) in rust_sources() {
+        if package_dir(&rel) == "crates/phrony-ledger" || is_test_code(&rel) {
+            continue;
+        }
+        let code = non_test_part(&text);
+        for (n, line) in code.lines().enumerate() {
+            let trimmed = line.trim_start();
+            if trimmed.starts_with("//") {
+                continue;
+            }
+            if line.contains("sqlx") || sql.is_match(line) {
+                found.push(format!("{rel}:{}: {}", n + 1, line.trim()));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "SQL outside phrony-ledger:\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn only_the_edge_sees_protobuf() {
+    // The daemon's assembly names the generated service and the descriptor set for reflection
+    // when it composes the server; it converts nothing.
+    const EDGE: &[&str] = &[
+        "phrony-proto",
+        "phrony-grpc",
+        "phrony-client",
+        "phrony-runtime",
+    ];
+    let deps = direct_normal_deps(&metadata());
+    let offenders: Vec<_> = deps
+        .iter()
+        .filter(|(name, d)| {
+            !EDGE.contains(&name.as_str())
+                && !DEV_ONLY.contains(&name.as_str())
+                && (d.contains("phrony-proto") || d.contains("prost") || d.contains("tonic-prost"))
+        })
+        .map(|(name, _)| name.clone())
+        .collect();
+    assert!(
+        offenders.is_empty(),
+        "packages depending on protobuf crates: {offenders:?}"
+    );
+
+    let mut found = Vec::new();
+    for (rel, text) in rust_sources() {
+        let pkg = package_dir(&rel);
+        if EDGE.iter().any(|e| pkg.ends_with(e)) || is_test_code(&rel) {
+            continue;
+        }
+        for (n, line) in non_test_part(&text).lines().enumerate() {
+            if line.contains("phrony_proto") || line.contains("prost::") {
+                found.push(format!("{rel}:{}: {}", n + 1, line.trim()));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "protobuf types outside the gRPC edge:\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn libraries_never_read_the_process_environment() {
+    // Binaries and the daemon's assembly crate read the environment; every other library takes
+    // its configuration as values. (clippy's `disallowed-methods` enforces the same at lint time.)
+    const MAY_READ: &[&str] = &["crates/phrony-runtime"];
+    let env_read =
+        regex::Regex::new(r"\benv::(var|var_os|vars|vars_os)\b|\bstd::env::").expect("regex");
+    let mut found = Vec::new();
+    for (rel, text) in rust_sources() {
+        let pkg = package_dir(&rel);
+        // Build scripts read what cargo hands them in the environment (OUT_DIR, …).
+        let build_script = rel.ends_with("/build.rs");
+        if pkg.starts_with("bins/") || MAY_READ.contains(&pkg) || is_test_code(&rel) || build_script
+        {
+            continue;
+        }
+        for (n, line) in non_test_part(&text).lines().enumerate() {
+            let trimmed = line.trim_start();
+            if trimmed.starts_with("//") {
+                continue;
+            }
+            if env_read.is_match(line) && !line.contains("env!(") {
+                found.push(format!("{rel}:{}: {}", n + 1, line.trim()));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "libraries reading the process environment:\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn every_source_file_opens_with_a_doc_line() {
+    let missing: Vec<_> = rust_sources()
+        .into_iter()
+        .filter(|(_, text)| {
+            let first = text
+                .lines()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or_default();
+            // A crate whose docs are its README (`#![doc = include_str!(…)]`) opens with them.
+            !first.starts_with("//!") && !first.starts_with("#![doc = include_str!(")
+        })
+        .map(|(rel, _)| rel)
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "source files that do not open with a `//!` line saying what they are:\n{}",
+        missing.join("\n")
+    );
+}
+
+#[test]
+fn every_allow_carries_a_reason() {
+    let mut found = Vec::new();
+    for (rel, text) in rust_sources() {
+        let mut rest = text.as_str();
+        let mut offset = 0;
+        while let Some(at) = rest.find("allow(") {
+            let before = &rest[..at];
+            let is_attr = before.ends_with("#[") || before.ends_with("#![");
+            let tail = &rest[at..];
+            let end = tail.find(")]").map_or(tail.len(), |e| e + 2);
+            if is_attr && !tail[..end].contains("reason") {
+                let line = text[..offset + at].lines().count();
+                found.push(format!("{rel}:{line}"));
+            }
+            offset += at + end;
+            rest = &rest[at + end..];
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "`#[allow]` without a `reason`:\n{}",
+        found.join("\n")
+    );
+}
