@@ -594,7 +594,10 @@ impl Gate {
         }
     }
 
-    #[allow(clippy::too_many_lines)] // reason: the documented pipeline reads best in one place
+    #[allow(
+        clippy::too_many_lines,
+        reason = "the documented pipeline reads best in one place"
+    )]
     fn evaluate(
         &self,
         state: &State,

@@ -23,7 +23,13 @@ use tonic::{Request, Response, Status};
 
 /// Code generated from `proto/grpc/health/v1/health.proto`.
 pub mod pb {
-    #![allow(unreachable_pub, missing_docs, clippy::all, reason = "generated code")]
+    #![allow(
+        unreachable_pub,
+        missing_docs,
+        clippy::all,
+        clippy::allow_attributes_without_reason,
+        reason = "generated code (tonic's own `#[allow]`s carry no reasons)"
+    )]
     include!(concat!(env!("OUT_DIR"), "/grpc.health.v1.rs"));
 }
 

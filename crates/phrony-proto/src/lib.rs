@@ -26,7 +26,9 @@ pub mod runtime {
     /// `proto/phrony/runtime/v1/runtime.proto`.
     #[allow(
         clippy::large_enum_variant,
-        reason = "prost generates oneofs as plain enums; boxing variants would change the generated API"
+        clippy::allow_attributes_without_reason,
+        reason = "generated code: prost generates oneofs as plain enums (boxing variants would change \
+                  the generated API), and tonic's generated `#[allow]`s carry no reasons"
     )]
     pub mod v1 {
         include!(concat!(env!("OUT_DIR"), "/phrony.runtime.v1.rs"));

@@ -282,7 +282,13 @@ fn every_allow_carries_a_reason() {
             let before = &rest[..at];
             let is_attr = before.ends_with("#[") || before.ends_with("#![");
             let tail = &rest[at..];
-            let end = tail.find(")]").map_or(tail.len(), |e| e + 2);
+            // An attribute runs to its `)]`; any other `allow(` (a call such as `mint_allow(`)
+            // is skipped by itself.
+            let end = if is_attr {
+                tail.find(")]").map_or(tail.len(), |e| e + 2)
+            } else {
+                "allow(".len()
+            };
             if is_attr && !tail[..end].contains("reason") {
                 let line = text[..offset + at].lines().count();
                 found.push(format!("{rel}:{line}"));
@@ -295,5 +301,43 @@ fn every_allow_carries_a_reason() {
         found.is_empty(),
         "`#[allow]` without a `reason`:\n{}",
         found.join("\n")
+    );
+}
+
+#[test]
+fn layering_matches_architecture() {
+    // ARCHITECTURE.md lists every direct normal dependency between workspace packages; the list
+    // must be exactly what cargo resolves, so the documented layering is the real one.
+    let doc =
+        std::fs::read_to_string(workspace_root().join("ARCHITECTURE.md")).expect("ARCHITECTURE.md");
+    let begin = doc
+        .find("<!-- edges: begin -->")
+        .expect("edges: begin marker");
+    let end = doc.find("<!-- edges: end -->").expect("edges: end marker");
+    let documented: BTreeMap<String, BTreeSet<String>> = doc[begin..end]
+        .lines()
+        .filter_map(|line| line.split_once(" ->"))
+        .map(|(from, to)| {
+            let to = to
+                .split(',')
+                .map(str::trim)
+                .filter(|t| !t.is_empty())
+                .map(str::to_owned);
+            (from.trim().to_owned(), to.collect())
+        })
+        .collect();
+    let deps = direct_normal_deps(&metadata());
+    let names: BTreeSet<&String> = deps.keys().collect();
+    let actual: BTreeMap<String, BTreeSet<String>> = deps
+        .iter()
+        .filter(|(name, _)| !DEV_ONLY.contains(&name.as_str()))
+        .map(|(name, d)| {
+            let internal = d.iter().filter(|x| names.contains(x)).cloned().collect();
+            (name.clone(), internal)
+        })
+        .collect();
+    assert_eq!(
+        documented, actual,
+        "ARCHITECTURE.md's dependency edges differ from cargo metadata (left: documented, right: actual)"
     );
 }

@@ -6,6 +6,11 @@
 //! - [`guard_rails`]: the layering rules of ARCHITECTURE.md on the sources and the dependency graph.
 //! - [`sessions`] and [`tui`]: sessions and approvals through it, the attach TUI in a terminal.
 
+#![allow(
+    clippy::unwrap_used,
+    reason = "tests: a panic is a failed assertion, with its message"
+)]
+
 mod examples;
 mod guard_rails;
 mod lifecycle;

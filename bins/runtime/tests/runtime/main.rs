@@ -4,6 +4,11 @@
 //! - [`sdk_fixture`]: the Python SDK's committed agent snapshot matches the compiler.
 //! - [`support`]: the daemon on a free port, fresh databases, a compiled test agent.
 
+#![allow(
+    clippy::unwrap_used,
+    reason = "tests: a panic is a failed assertion, with its message"
+)]
+
 mod daemon;
 mod sdk_fixture;
 mod support;

@@ -4,6 +4,11 @@
 //! - [`routing`]: choosing a worker for a call.
 //! - [`common`]: an in-process fake worker and a recording observer, shared by both.
 
+#![allow(
+    clippy::unwrap_used,
+    reason = "tests: a panic is a failed assertion, with its message"
+)]
+
 mod common;
 mod protocol;
 mod routing;

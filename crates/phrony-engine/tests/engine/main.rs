@@ -2,6 +2,11 @@
 //! below means the ledger on SQLite `:memory:` with its clock following the test's
 //! [`phrony_engine::ManualClock`]; `ledger` also runs flows on a SQLite file and on PostgreSQL.
 
+#![allow(
+    clippy::unwrap_used,
+    reason = "tests: a panic is a failed assertion, with its message"
+)]
+
 mod common;
 
 mod approvals;

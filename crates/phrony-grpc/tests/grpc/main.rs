@@ -6,6 +6,11 @@
 //! - [`sessions`]: sessions end to end, on SQLite and PostgreSQL.
 //! - [`work`]: the `Work` stream's protocol.
 
+#![allow(
+    clippy::unwrap_used,
+    reason = "tests: a panic is a failed assertion, with its message"
+)]
+
 mod interactive;
 mod sdk_worker;
 mod sessions;
