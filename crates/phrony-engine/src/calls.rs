@@ -516,6 +516,10 @@ impl Ctx {
                         .into_iter()
                         .find(|a| a.parent_approval_id == Some(approval_id));
                     if let Some(next) = next {
+                        // The vote that escalated it is answered now: the session waits on
+                        // the escalation's approval.
+                        self.live
+                            .decision_taken(approval_id, SessionStatus::AwaitingApproval);
                         approval_id = next.id;
                         continue;
                     }

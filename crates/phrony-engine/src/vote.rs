@@ -24,6 +24,11 @@ use crate::driver::DriverSetup;
 use crate::engine::Engine;
 use crate::error::{EngineError, ErrorKind};
 
+/// How long a deciding vote waits for the live driver's acknowledgement. The driver answers
+/// as soon as it takes the decision; the bound only keeps an answer from hanging on a driver
+/// that is busy elsewhere (past it, the stored session status answers).
+const DECISION_ACK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// The approval a vote is for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum VoteTarget {
@@ -90,7 +95,10 @@ impl Engine {
             self.inner.store.cast_vote(approval.id, vote).await?;
         self.inner.wake_approvals(&session_id);
         let acknowledged = match taken {
-            Some(taken) if decided => taken.await.ok(),
+            Some(taken) if decided => tokio::time::timeout(DECISION_ACK_WAIT, taken)
+                .await
+                .ok()
+                .and_then(Result::ok),
             _ => None,
         };
         let session_status = match acknowledged {
