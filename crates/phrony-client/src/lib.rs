@@ -24,7 +24,8 @@
 //! has one, and always in the [`ACTOR_HEADER`] metadata, the only way to
 //! name the actor of Deprecate, Retire and Archive.
 
-pub mod actor;
+/// Actor names (the rule lives in `phrony-auth`, shared with the server).
+pub use phrony_auth::actor;
 mod approvals;
 mod error;
 pub mod interactive;
@@ -57,12 +58,7 @@ pub use types::{
     DeploymentRecord, Health, Published, RolledBack, RuntimeVersion, VersionStatus,
 };
 
-pub use actor::{Actor, ActorError, is_unprintable};
-
-/// The request metadata header naming the actor of a change whose request message has no
-/// `actor` field (e.g. `DeprecateAgentVersion`), or leaves it empty. The client always sends
-/// it; the server reads it when the request's own `actor` field is empty.
-pub const ACTOR_HEADER: &str = "phrony-actor";
+pub use phrony_auth::{ACTOR_HEADER, Actor, ActorError, is_unprintable};
 
 /// How long [`Client::connect`] waits for the TCP connection.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);

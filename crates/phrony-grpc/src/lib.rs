@@ -116,7 +116,7 @@ pub mod health;
 mod publish;
 mod service;
 
-pub use phrony_client::{ACTOR_HEADER, Actor, ActorError, is_unprintable};
+pub use phrony_auth::{ACTOR_HEADER, Actor, ActorError, is_unprintable};
 pub use service::RuntimeService;
 
 /// The largest request or stream message the runtime accepts (gRPC's default, set explicitly):

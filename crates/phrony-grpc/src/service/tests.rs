@@ -471,7 +471,7 @@ async fn get_version_reports_release_and_schema() {
 #[tokio::test]
 async fn bad_actor_names_are_refused_naming_the_rule() {
     let f = Fixture::new().await;
-    let long = "x".repeat(phrony_client::actor::MAX_ACTOR_CHARS + 1);
+    let long = "x".repeat(phrony_auth::actor::MAX_ACTOR_CHARS + 1);
     let cases: [(&str, &str); 9] = [
         ("system", "reserved for the runtime"),
         ("System:timeout", "reserved for the runtime"),

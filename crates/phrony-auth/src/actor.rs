@@ -15,8 +15,16 @@
 //!
 //! Two actors that differ only in case are the same person: the ledger counts them as one voter
 //! (`phrony_ledger::same_voter`, Unicode lowercase, the comparison used for reserved names here).
+//!
+//! The rule lives here, in the IO-free auth crate, so that the client (which checks a name before
+//! sending it) and the server edge (which checks it again) share one implementation.
 
 use unicode_general_category::{GeneralCategory, get_general_category};
+
+/// The request metadata header naming the actor of a change whose request message has no
+/// `actor` field (e.g. `DeprecateAgentVersion`), or leaves it empty. The client always sends
+/// it; the server reads it when the request's own `actor` field is empty.
+pub const ACTOR_HEADER: &str = "phrony-actor";
 
 /// The longest actor name, in Unicode characters.
 pub const MAX_ACTOR_CHARS: usize = 128;

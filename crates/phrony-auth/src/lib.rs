@@ -1,0 +1,24 @@
+//! Who may do what in the Phrony runtime.
+//!
+//! - [`actor`]: the rule every actor name obeys (shared by the client and the server edge).
+//! - [`Role`] and [`Permission`]: what a credential carries and what each RPC needs.
+//! - [`Principal`]: a caller the runtime identified, with [`Verification`] saying how; it
+//!   answers "may it do this" ([`Principal::require`], [`Principal::may_approve_route`],
+//!   [`Principal::may_serve`]) and "who is recorded" ([`Principal::attribute`] →
+//!   [`Attribution`]).
+//! - [`Authenticator`]: the contract between the gRPC edge and whatever verifies credentials.
+//!
+//! The crate does no IO and reads no environment: the daemon's assembly (`phrony-runtime`)
+//! builds authenticators from its configuration and hands them to the edge.
+
+pub mod actor;
+mod authenticate;
+mod principal;
+mod role;
+
+pub use actor::{ACTOR_HEADER, Actor, ActorError, is_unprintable};
+pub use authenticate::{AuthError, AuthFuture, Authenticator, Credentials, Unauthenticated};
+pub use principal::{
+    Attribution, BadToolPattern, Denied, Impersonation, Principal, ToolPattern, Verification,
+};
+pub use role::{Permission, Role, UnknownRole};
