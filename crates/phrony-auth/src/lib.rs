@@ -7,6 +7,8 @@
 //!   [`Principal::may_serve`]) and "who is recorded" ([`Principal::attribute`] →
 //!   [`Attribution`]).
 //! - [`Authenticator`]: the contract between the gRPC edge and whatever verifies credentials.
+//! - [`token`]: API token secrets (`phr_…`), generated from caller-supplied randomness, and the
+//!   hash the token store keeps instead of them.
 //!
 //! The crate does no IO and reads no environment: the daemon's assembly (`phrony-runtime`)
 //! builds authenticators from its configuration and hands them to the edge.
@@ -15,6 +17,7 @@ pub mod actor;
 mod authenticate;
 mod principal;
 mod role;
+pub mod token;
 
 pub use actor::{ACTOR_HEADER, Actor, ActorError, is_unprintable};
 pub use authenticate::{AuthError, AuthFuture, Authenticator, Credentials, Unauthenticated};
@@ -22,3 +25,4 @@ pub use principal::{
     Attribution, BadToolPattern, Denied, Impersonation, Principal, ToolPattern, Verification,
 };
 pub use role::{Permission, Role, UnknownRole};
+pub use token::{BadTokenSecret, TOKEN_PREFIX, TokenSecret, hash_secret};
