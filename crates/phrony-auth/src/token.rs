@@ -65,9 +65,11 @@ impl TokenSecret {
                 reason: "it contains a character outside base64url",
             });
         }
-        let bytes = URL_SAFE_NO_PAD.decode(encoded).map_err(|_| BadTokenSecret {
-            reason: "it is not canonical base64url",
-        })?;
+        let bytes = URL_SAFE_NO_PAD
+            .decode(encoded)
+            .map_err(|_| BadTokenSecret {
+                reason: "it is not canonical base64url",
+            })?;
         if bytes.len() != TOKEN_RANDOM_BYTES {
             return Err(BadTokenSecret {
                 reason: "it does not encode 32 bytes",
@@ -144,7 +146,10 @@ mod tests {
         for (text, reason) in cases {
             let err = TokenSecret::parse(&text).unwrap_err();
             assert!(err.to_string().contains(reason), "{text:?}: {err}");
-            assert!(!err.to_string().contains(&text), "the message never echoes the text");
+            assert!(
+                !err.to_string().contains(&text),
+                "the message never echoes the text"
+            );
         }
     }
 

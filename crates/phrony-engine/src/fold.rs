@@ -530,7 +530,9 @@ impl Fold {
             | EventBody::AgentRolledBack(_)
             | EventBody::AgentVersionDeprecated(_)
             | EventBody::AgentVersionRetired(_)
-            | EventBody::AgentArchived(_) => {}
+            | EventBody::AgentArchived(_)
+            | EventBody::TokenCreated(_)
+            | EventBody::TokenRevoked(_) => {}
         }
         Ok(())
     }

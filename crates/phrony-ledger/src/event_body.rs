@@ -96,6 +96,10 @@ pub mod event_types {
     pub const AGENT_VERSION_RETIRED: &str = "agent.version_retired";
     /// The agent was archived (agent stream).
     pub const AGENT_ARCHIVED: &str = "agent.archived";
+    /// An API token was created (`tokens` stream; never the secret or its hash).
+    pub const TOKEN_CREATED: &str = "token.created";
+    /// An API token was revoked (`tokens` stream).
+    pub const TOKEN_REVOKED: &str = "token.revoked";
 
     /// Session-stream types only the ledger writes, each with its projection change.
     pub const LEDGER_OWNED: &[&str] = &[
@@ -116,6 +120,8 @@ pub mod event_types {
         APPROVAL_VOTE,
         APPROVAL_DECIDED,
         APPROVAL_ESCALATED,
+        TOKEN_CREATED,
+        TOKEN_REVOKED,
     ];
 }
 
@@ -209,6 +215,12 @@ pub enum EventBody {
     /// `agent.archived`.
     #[serde(rename = "agent.archived")]
     AgentArchived(AgentArchived),
+    /// `token.created` (`tokens` stream).
+    #[serde(rename = "token.created")]
+    TokenCreated(TokenCreated),
+    /// `token.revoked` (`tokens` stream).
+    #[serde(rename = "token.revoked")]
+    TokenRevoked(TokenRevoked),
 }
 
 /// Every type [`EventBody`] knows, for telling an unknown type from a malformed payload.
@@ -241,6 +253,8 @@ const KNOWN_TYPES: &[&str] = &[
     types::AGENT_VERSION_DEPRECATED,
     types::AGENT_VERSION_RETIRED,
     types::AGENT_ARCHIVED,
+    types::TOKEN_CREATED,
+    types::TOKEN_REVOKED,
 ];
 
 impl EventBody {
@@ -297,6 +311,8 @@ impl EventBody {
             Self::AgentVersionDeprecated(_) => types::AGENT_VERSION_DEPRECATED,
             Self::AgentVersionRetired(_) => types::AGENT_VERSION_RETIRED,
             Self::AgentArchived(_) => types::AGENT_ARCHIVED,
+            Self::TokenCreated(_) => types::TOKEN_CREATED,
+            Self::TokenRevoked(_) => types::TOKEN_REVOKED,
         }
     }
 
@@ -357,6 +373,8 @@ one_variant! {
     ApprovalEscalated => ApprovalEscalated,
     AgentVersionPublished => AgentVersionPublished,
     AgentArchived => AgentArchived,
+    TokenCreated => TokenCreated,
+    TokenRevoked => TokenRevoked,
 }
 
 /// Checks the row count an event's projection change expected.
@@ -929,6 +947,32 @@ pub struct AgentArchived {
     pub deprecated_version_ids: Vec<Uuid>,
     /// Their labels.
     pub deprecated_versions: Vec<String>,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Token events (`tokens` stream). Neither carries the secret or its hash.
+
+/// `token.created`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenCreated {
+    /// The token's name (the principal its requests are recorded as).
+    pub name: String,
+    /// Its roles.
+    pub roles: Vec<String>,
+    /// Its approval routes (empty: every route).
+    pub routes: Vec<String>,
+    /// Its tool patterns (`tool@version`).
+    pub tools: Vec<String>,
+    /// When it expires, if ever.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<DateTime<Utc>>,
+}
+
+/// `token.revoked`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenRevoked {
+    /// The token's name.
+    pub name: String,
 }
 
 #[cfg(test)]

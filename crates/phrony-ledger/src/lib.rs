@@ -162,9 +162,9 @@ pub use event_body::{
     AgentActivated, AgentArchived, AgentVersionChanged, AgentVersionPublished, ApprovalDecided,
     ApprovalEscalated, ApprovalRequired, ApprovalVoted, AssistantSegment, CallRefusal,
     CompletionToolCall, EventBody, MessageRole, ModelCompletion, Reasoning, SCHEMA_VERSION,
-    SessionPrincipal, SessionStarted, SessionTransition, ToolCancelled, ToolCompleted,
-    ToolDispatched, ToolIndeterminate, ToolLateResult, ToolPolicyDenied, ToolQueued, ToolRequested,
-    TurnUsage, UserMessage, event_types,
+    SessionPrincipal, SessionStarted, SessionTransition, TokenCreated, TokenRevoked, ToolCancelled,
+    ToolCompleted, ToolDispatched, ToolIndeterminate, ToolLateResult, ToolPolicyDenied, ToolQueued,
+    ToolRequested, TurnUsage, UserMessage, event_types,
 };
 pub use invocations::{
     CallStatus, Dispatch, NewToolCall, RecordedResult, SideEffectClass, ToolInvocation,
@@ -179,6 +179,7 @@ pub use sessions::{
     AgentVersionRef, MAX_METADATA_PAIRS, NewSession, OnLimit, Session, SessionFilter,
     SessionLimits, SessionMode, SessionStatus, StatusChange, StatusChanged, new_session_id,
 };
+pub use tokens::{ApiToken, NewApiToken, TOKENS_STREAM};
 
 use crate::db::{Backend as B, Pool};
 use crate::error::Result;
@@ -225,6 +226,7 @@ mod paging;
 mod secrets;
 mod session_log;
 mod sessions;
+mod tokens;
 mod vocabulary;
 
 /// Runs when a SQLite connection goes back to the pool: if its user was cancelled at an unlucky
@@ -854,6 +856,59 @@ impl Ledger {
     /// changed then); database errors.
     pub async fn rebuild_projections(&self) -> Result<RebuildReport> {
         write_tx!(self, |tx| rebuild(&mut tx))
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // API tokens
+
+    /// Stores a token (its secret's hash, never the secret) and appends `token.created` to the
+    /// [`TOKENS_STREAM`] stream, by `new.created_by`, in one transaction.
+    ///
+    /// # Errors
+    /// - `InvalidArgument`: a name that fails the actor-name rule, a hash that is not 64
+    ///   lowercase hex digits, no role, an empty route;
+    /// - `AlreadyExists`: a token with that name (ignoring case) exists, revoked or not, or one
+    ///   with the same secret hash.
+    pub async fn create_api_token(&self, new: NewApiToken) -> Result<ApiToken> {
+        new.validate()?;
+        // Stored at the precision both backends keep (microseconds), so the returned token
+        // equals what a later read returns.
+        let new = NewApiToken {
+            expires_at: new.expires_at.map(|t| t.trunc_subsecs(6)),
+            ..new
+        };
+        write_tx!(self, |tx| tokens::create(&mut tx, &new))
+    }
+
+    /// Every token, oldest first (without hashes).
+    ///
+    /// # Errors
+    /// Database errors; `Corrupt` for a row this build cannot read.
+    pub async fn list_api_tokens(&self) -> Result<Vec<ApiToken>> {
+        let mut conn = self.pool.acquire().await?;
+        tokens::list(&mut conn.conn()).await
+    }
+
+    /// Revokes the token named `name` (ignoring case) and appends `token.revoked` by `actor`,
+    /// in one transaction. Requests presenting it fail from the next RPC on.
+    ///
+    /// # Errors
+    /// `NotFound` naming `name` when no token has it; `FailedPrecondition` when it is already
+    /// revoked (saying when and by whom).
+    pub async fn revoke_api_token(&self, name: &str, actor: &str) -> Result<ApiToken> {
+        require_nonempty("token name", name)?;
+        require_nonempty("actor", actor)?;
+        write_tx!(self, |tx| tokens::revoke(&mut tx, name, actor))
+    }
+
+    /// The token whose secret hashes to `secret_hash`, revoked and expired ones included (the
+    /// caller decides what those mean).
+    ///
+    /// # Errors
+    /// Database errors; `Corrupt` for a row this build cannot read.
+    pub async fn find_api_token_by_hash(&self, secret_hash: &str) -> Result<Option<ApiToken>> {
+        let mut conn = self.pool.acquire().await?;
+        tokens::find_by_hash(&mut conn.conn(), secret_hash).await
     }
 }
 

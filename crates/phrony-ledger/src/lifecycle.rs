@@ -728,9 +728,11 @@ pub(crate) async fn apply(conn: &mut Conn<'_>, event: &Event) -> Result<()> {
         | EventBody::ApprovalRequired(_)
         | EventBody::ApprovalVote(_)
         | EventBody::ApprovalDecided(_)
-        | EventBody::ApprovalEscalated(_) => {
+        | EventBody::ApprovalEscalated(_)
+        | EventBody::TokenCreated(_)
+        | EventBody::TokenRevoked(_) => {
             return Err(LedgerError::corrupt(format!(
-                "stream {} seq {}: session event {} in an agent lifecycle stream",
+                "stream {} seq {}: event {} does not belong in an agent lifecycle stream",
                 event.stream, event.seq, event.event_type
             )));
         }

@@ -150,8 +150,10 @@ pub(crate) async fn apply(conn: &mut Conn<'_>, event: &Event) -> Result<()> {
         | EventBody::AgentRolledBack(_)
         | EventBody::AgentVersionDeprecated(_)
         | EventBody::AgentVersionRetired(_)
-        | EventBody::AgentArchived(_) => Err(LedgerError::corrupt(format!(
-            "stream {} seq {}: agent lifecycle event {} in a session stream",
+        | EventBody::AgentArchived(_)
+        | EventBody::TokenCreated(_)
+        | EventBody::TokenRevoked(_) => Err(LedgerError::corrupt(format!(
+            "stream {} seq {}: event {} does not belong in a session stream",
             event.stream, event.seq, event.event_type
         ))),
     }

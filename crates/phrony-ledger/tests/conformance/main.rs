@@ -13,6 +13,7 @@ mod cases;
 mod connect;
 mod harness;
 mod session_cases;
+mod token_cases;
 
 /// Generates `sqlite::<case>` and `postgres::<case>` tests for every case.
 macro_rules! conformance {
@@ -85,4 +86,6 @@ conformance!(
     secrets_are_sealed_and_purged_on_terminal_transitions,
     rebuild_reproduces_session_projections_exactly,
     cancelled_writes_never_leave_the_database_locked,
+    tokens_are_stored_hashed_found_by_hash_and_revoked,
+    token_names_are_unique_and_bad_requests_are_named,
 );
