@@ -6,6 +6,7 @@
 //! | 1 | invalid input, validation failure or failed operation; `Error: …` on stderr |
 //! | 2 | usage error: unknown command or flag, missing or malformed argument (printed by clap) |
 //! | 3 | outcome unknown: the connection was lost after a change was sent ([`Unsure`]); it may have been recorded |
+//! | 4 | access refused ([`AccessRefused`]): `UNAUTHENTICATED` (no credential, or a bad one) or `PERMISSION_DENIED` (the message names the missing permission) |
 
 use std::fmt;
 use std::io::{self, ErrorKind};
@@ -16,6 +17,9 @@ const FAILURE: u8 = 1;
 
 /// Exit code of a change whose outcome is unknown ([`Unsure`]).
 const UNSURE: u8 = 3;
+
+/// Exit code of a call the runtime refused at its access edge ([`AccessRefused`]).
+const ACCESS_REFUSED: u8 = 4;
 
 /// Maps a command's outcome to the process exit code, printing the error to stderr.
 ///
@@ -43,6 +47,9 @@ pub fn code(outcome: anyhow::Result<()>) -> ExitCode {
     }
     if err.chain().any(|cause| cause.is::<Unsure>()) {
         return ExitCode::from(UNSURE);
+    }
+    if err.chain().any(|cause| cause.is::<AccessRefused>()) {
+        return ExitCode::from(ACCESS_REFUSED);
     }
     ExitCode::from(FAILURE)
 }
@@ -105,3 +112,28 @@ impl fmt::Display for Hinted {
 }
 
 impl std::error::Error for Hinted {}
+
+/// The runtime refused the call at its access edge: `UNAUTHENTICATED` or `PERMISSION_DENIED`.
+/// Printed as one line and exits with code 4, so scripts can tell "who you are / what you may
+/// do" from other failures.
+#[derive(Debug)]
+pub(crate) struct AccessRefused {
+    message: String,
+}
+
+impl AccessRefused {
+    /// The one line to print.
+    pub(crate) fn new(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for AccessRefused {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for AccessRefused {}

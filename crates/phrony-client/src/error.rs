@@ -16,6 +16,12 @@ pub enum ClientError {
         /// What is wrong with it.
         reason: String,
     },
+    /// The bearer token (`PHRONY_TOKEN`, `--token`) cannot be sent.
+    #[error("invalid token: {reason}")]
+    InvalidToken {
+        /// What is wrong with it (never the token itself).
+        reason: String,
+    },
     /// No connection to the runtime: nothing listens there, the host does not resolve, the
     /// connection was reset, or connecting timed out.
     #[error("cannot reach the phrony runtime at {addr} ({reason})")]

@@ -38,6 +38,8 @@ use phrony_manifest::CompiledAgent;
 use phrony_proto::runtime::v1 as pb;
 use phrony_proto::runtime::v1::runtime_client::RuntimeClient;
 use tonic::metadata::MetadataValue;
+use tonic::service::Interceptor;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_client::HealthClient;
@@ -76,9 +78,10 @@ pub const MAX_RESPONSE_BYTES: usize = 16 * 1024 * 1024;
 /// A connection to a Phrony runtime. Cheap to clone; calls may run concurrently.
 #[derive(Debug, Clone)]
 pub struct Client {
-    runtime: RuntimeClient<Channel>,
+    runtime: RuntimeClient<InterceptedService<Channel, Bearer>>,
     health: HealthClient<Channel>,
     addr: String,
+    runtime_token: bool,
 }
 
 impl Client {
@@ -89,6 +92,17 @@ impl Client {
     /// which this release does not speak); [`ClientError::Unreachable`] when no connection could
     /// be opened within [`CONNECT_TIMEOUT`].
     pub async fn connect(addr: &str) -> Result<Self, ClientError> {
+        Self::connect_with_token(addr, None).await
+    }
+
+    /// [`Client::connect`], sending `token` as `authorization: Bearer <token>` on every call
+    /// and stream (`None` sends no credential, as `local` mode needs none).
+    ///
+    /// # Errors
+    /// As [`Client::connect`]; [`ClientError::InvalidToken`] when `token` cannot be sent in a
+    /// header (empty, or not visible ASCII).
+    pub async fn connect_with_token(addr: &str, token: Option<&str>) -> Result<Self, ClientError> {
+        let bearer = Bearer::new(token)?;
         let (shown, uri) = normalize_addr(addr)?;
         let endpoint = Endpoint::from_shared(uri)
             .map_err(|e| ClientError::InvalidAddress {
@@ -102,11 +116,18 @@ impl Client {
             .await
             .map_err(|e| ClientError::from_transport(&e, &shown, CONNECT_TIMEOUT))?;
         Ok(Self {
-            runtime: RuntimeClient::new(channel.clone())
+            runtime: RuntimeClient::with_interceptor(channel.clone(), bearer)
                 .max_decoding_message_size(MAX_RESPONSE_BYTES),
             health: HealthClient::new(channel),
             addr: shown,
+            runtime_token: token.is_some(),
         })
+    }
+
+    /// Whether this client sends a bearer token ([`Client::connect_with_token`]).
+    #[must_use]
+    pub fn sends_token(&self) -> bool {
+        self.runtime_token
     }
 
     /// The runtime's address as given to [`connect`](Self::connect) (without scheme).
@@ -517,5 +538,56 @@ mod tests {
         let err = with_required_actor((), "josé\n").unwrap_err();
         assert!(matches!(err, ClientError::InvalidActor { .. }), "{err}");
         assert!(with_required_actor((), "alice@example.com").is_ok());
+    }
+}
+
+/// Adds `authorization: Bearer <token>` to every request, when a token is configured.
+#[derive(Clone)]
+struct Bearer(Option<MetadataValue<tonic::metadata::Ascii>>);
+
+impl Bearer {
+    fn new(token: Option<&str>) -> Result<Self, ClientError> {
+        let Some(token) = token else {
+            return Ok(Self(None));
+        };
+        let token = token.trim();
+        let bad = |reason: &str| ClientError::InvalidToken {
+            reason: reason.to_owned(),
+        };
+        if token.is_empty() {
+            return Err(bad("it is empty"));
+        }
+        if !token.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(bad("it contains a character other than visible ASCII"));
+        }
+        let mut value: MetadataValue<tonic::metadata::Ascii> = format!("Bearer {token}")
+            .parse()
+            .map_err(|_| bad("it cannot be sent in a header"))?;
+        value.set_sensitive(true);
+        Ok(Self(Some(value)))
+    }
+}
+
+impl std::fmt::Debug for Bearer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "Bearer(…)"
+        } else {
+            "Bearer(none)"
+        })
+    }
+}
+
+impl Interceptor for Bearer {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(value) = &self.0 {
+            request
+                .metadata_mut()
+                .insert("authorization", value.clone());
+        }
+        Ok(request)
     }
 }

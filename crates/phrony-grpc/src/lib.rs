@@ -24,6 +24,10 @@
 //!   `phrony_proto::FILE_DESCRIPTOR_SET`) that the daemon registers for gRPC server reflection
 //!   (`grpc.reflection.v1` and `v1alpha`), so `grpcurl list` works.
 //!
+//! Every RPC of the Runtime service goes through the access edge ([`auth`]): the credential is
+//! authenticated, the RPC's permission (one row per RPC in [`auth::PERMISSIONS`]) checked, and
+//! the `phrony_auth::Principal` handed to the handler, which records it as the actor.
+//!
 //! Actor names ([`Actor`], [`ACTOR_HEADER`]) are re-exported from `phrony-client`, so the
 //! service and the CLI apply one rule.
 //!
@@ -42,7 +46,10 @@
 //! - **Actors.** Every change records who made it: the request's `actor` field, else the
 //!   [`ACTOR_HEADER`] (`phrony-actor`) request metadata (the only way to name the actor of
 //!   Deprecate/Retire/Archive, whose messages have no actor field), else the service's default
-//!   actor (given to [`RuntimeService::new`]). A named actor must pass [`Actor::parse`] (1–128
+//!   actor (given to [`RuntimeService::new`]) — in `local` mode. With a verified principal the
+//!   recorded actor is the principal; naming someone else is `PERMISSION_DENIED` unless the
+//!   principal has the relay permission (`phrony_auth::Principal::attribute`). A named actor
+//!   must pass [`Actor::parse`] (1–128
 //!   printable characters, no edge whitespace, not one of the runtime's own names such as
 //!   `system` or `system:timeout`): otherwise `INVALID_ARGUMENT` naming the rule, and nothing is
 //!   changed.
@@ -111,6 +118,7 @@
 //!   only detaches: the session carries on.
 //! - Timestamps are RFC 3339 UTC strings with second precision; empty means "not set".
 
+pub mod auth;
 mod convert;
 pub mod health;
 mod publish;

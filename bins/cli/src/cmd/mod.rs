@@ -28,7 +28,9 @@ Exit codes:
   1  invalid input, validation failure or failed operation (`Error: …` on stderr)
   2  usage error: unknown command or flag, missing or malformed argument
   3  the connection to the runtime was lost after a change was sent: it may have been
-     recorded (the error says how to check)";
+     recorded (the error says how to check)
+  4  access refused: no credential or a bad one (UNAUTHENTICATED), or the credential lacks
+     the permission (PERMISSION_DENIED; the error names it)";
 
 /// Declare, validate and dry-run Phrony agents; operate the Phrony runtime.
 #[derive(Debug, Parser)]
@@ -62,6 +64,18 @@ pub(crate) struct Global {
         value_name = "HOST:PORT"
     )]
     pub(crate) runtime_addr: String,
+
+    /// API token sent as `authorization: Bearer <token>` on every call (runtimes in `required`
+    /// auth mode need one; create it with `phrony-runtime tokens create`). With a token and no
+    /// PHRONY_ACTOR, changes are recorded as the token's name.
+    #[arg(
+        long,
+        global = true,
+        env = "PHRONY_TOKEN",
+        hide_env_values = true,
+        value_name = "TOKEN"
+    )]
+    pub(crate) token: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]

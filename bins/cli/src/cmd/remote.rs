@@ -8,7 +8,7 @@ use anyhow::{Context as _, anyhow};
 use phrony_client::{Client, ClientError, Code, RuntimeVersion};
 
 use crate::cmd::Global;
-use crate::exit::{Hinted, Unsure};
+use crate::exit::{AccessRefused, Hinted, Unsure};
 
 /// The CLI's release version, compared with the runtime's.
 pub(crate) const CLI_VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -29,7 +29,8 @@ pub(crate) fn block_on<T>(body: impl Future<Output = anyhow::Result<T>>) -> anyh
 /// Connects to the runtime named by `--runtime-addr` / `PHRONY_RUNTIME_ADDR`, asks its version
 /// and warns on stderr when it differs from the CLI's.
 pub(crate) async fn connect(global: &Global) -> anyhow::Result<(Client, RuntimeVersion)> {
-    let client = Client::connect(&global.runtime_addr)
+    let token = global.token.as_deref().filter(|t| !t.trim().is_empty());
+    let client = Client::connect_with_token(&global.runtime_addr, token)
         .await
         .map_err(|e| failure("connect", e))?;
     let version = client
@@ -73,7 +74,18 @@ pub(crate) fn failure(action: &str, error: ClientError) -> anyhow::Error {
             code: Code::Unimplemented,
             message,
         } => anyhow!("{action}: {message} (not implemented on this runtime yet)"),
-        ClientError::InvalidAddress { .. } => anyhow!(error),
+        ClientError::InvalidAddress { .. } | ClientError::InvalidToken { .. } => anyhow!(error),
+        ClientError::Rpc {
+            code: Code::Unauthenticated,
+            message,
+        } => AccessRefused::new(format!(
+            "{action}: not authenticated: {message} (set PHRONY_TOKEN or --token)"
+        ))
+        .into(),
+        ClientError::Rpc {
+            code: Code::PermissionDenied,
+            message,
+        } => AccessRefused::new(format!("{action}: permission denied: {message}")).into(),
         other => anyhow!(other).context(action.to_owned()),
     }
 }
@@ -112,24 +124,34 @@ pub(crate) fn change_fails(
     move |error| change_failure(action, what, &check, error)
 }
 
-/// Who the runtime records as the author of a change: `PHRONY_ACTOR`, else the OS user
-/// (`USER`, `LOGNAME`, `USERNAME`), else `unknown`. A variable that is unset or only whitespace
-/// is skipped; the first other one must be a valid actor name ([`phrony_client::Actor::parse`],
+/// Who the runtime records as the author of a change: `PHRONY_ACTOR`, else (with a token) no
+/// name at all, so the runtime records the token's principal, else the OS user (`USER`,
+/// `LOGNAME`, `USERNAME`), else `unknown`. A variable that is unset or only whitespace is
+/// skipped; the first other one must be a valid actor name ([`phrony_client::Actor::parse`],
 /// the rule the runtime applies), so a bad name fails before anything is sent.
-pub(crate) fn actor() -> anyhow::Result<String> {
-    actor_from(|name| std::env::var(name).ok())
+pub(crate) fn actor(has_token: bool) -> anyhow::Result<String> {
+    actor_from(|name| std::env::var(name).ok(), has_token)
 }
 
-fn actor_from(var: impl Fn(&str) -> Option<String>) -> anyhow::Result<String> {
-    let found = ["PHRONY_ACTOR", "USER", "LOGNAME", "USERNAME"]
-        .into_iter()
-        .find_map(|name| {
-            var(name)
-                .filter(|v| !v.trim().is_empty())
-                .map(|v| (name, v))
-        });
+fn actor_from(var: impl Fn(&str) -> Option<String>, has_token: bool) -> anyhow::Result<String> {
+    let names: &[&str] = if has_token {
+        // A verified principal is recorded as itself; naming the OS user would be refused as
+        // impersonation. PHRONY_ACTOR still names someone explicitly (a relay token).
+        &["PHRONY_ACTOR"]
+    } else {
+        &["PHRONY_ACTOR", "USER", "LOGNAME", "USERNAME"]
+    };
+    let found = names.iter().copied().into_iter().find_map(|name| {
+        var(name)
+            .filter(|v| !v.trim().is_empty())
+            .map(|v| (name, v))
+    });
     let Some((name, value)) = found else {
-        return Ok("unknown".to_owned());
+        return Ok(if has_token {
+            String::new()
+        } else {
+            "unknown".to_owned()
+        });
     };
     phrony_client::Actor::parse(&value)
         .map(phrony_client::Actor::into_string)
@@ -192,7 +214,7 @@ mod tests {
                     .map(|(_, v)| (*v).to_owned())
             }
         };
-        let actor = |pairs| actor_from(env(pairs)).map_err(|e| e.to_string());
+        let actor = |pairs| actor_from(env(pairs), false).map_err(|e| e.to_string());
         assert_eq!(
             actor(&[("PHRONY_ACTOR", "ci-bot"), ("USER", "alice")]),
             Ok("ci-bot".to_owned())
@@ -203,6 +225,14 @@ mod tests {
         );
         assert_eq!(actor(&[("LOGNAME", "bob")]), Ok("bob".to_owned()));
         assert_eq!(actor(&[]), Ok("unknown".to_owned()));
+        // With a token the OS user is not named (the runtime records the token's principal);
+        // PHRONY_ACTOR still is (a relay token acting for someone).
+        let with_token = |pairs| actor_from(env(pairs), true).map_err(|e| e.to_string());
+        assert_eq!(with_token(&[("USER", "root")]), Ok(String::new()));
+        assert_eq!(
+            with_token(&[("PHRONY_ACTOR", "alice"), ("USER", "root")]),
+            Ok("alice".to_owned())
+        );
     }
 
     #[test]
@@ -215,7 +245,7 @@ mod tests {
                     .map(|(_, v)| (*v).to_owned())
             }
         };
-        let error = |pairs| actor_from(env(pairs)).unwrap_err().to_string();
+        let error = |pairs| actor_from(env(pairs), false).unwrap_err().to_string();
         assert_eq!(
             error(&[("PHRONY_ACTOR", "system:timeout"), ("USER", "alice")]),
             "PHRONY_ACTOR: actor \"system:timeout\" is reserved for the runtime (reserved: \

@@ -110,7 +110,7 @@ impl Plan {
             mode: self.mode,
         };
         client
-            .run_session(&run, &remote::actor()?)
+            .run_session(&run, &remote::actor(client.sends_token())?)
             .await
             .map_err(remote::change_fails(
                 "run",

@@ -24,7 +24,9 @@
 //!    `tool_approval` is a vote through [`Engine::vote`], exactly like `DecideApproval`, by
 //!    the stream's actor (the `phrony-actor` header, else the runtime's default), on the
 //!    session's approval it names or, with an empty `approval_id`, its pending one
-//!    ([`VoteTarget::InSession`]).
+//!    ([`VoteTarget::InSession`]). Opening the stream needs the `run` permission; each vote
+//!    also needs `approve`, so a runner attached interactively cannot approve (its vote is
+//!    refused, naming the missing permission, and the stream goes on).
 //!
 //! **Refusals keep the stream open.** A client message the runtime refuses (empty text, a
 //! task-mode session, a duplicate vote, a missing comprehension acknowledgement, an unknown
@@ -46,6 +48,7 @@
 //! then reads the session's events from the store when it catches up: nothing is dropped.
 
 use futures::StreamExt as _;
+use phrony_auth::{Permission, Principal};
 use phrony_dispatch::CancellationToken;
 use phrony_engine::{
     AttachFrom, Attachment, Engine, SessionStatus, SessionUpdate, SessionView, Subscription,
@@ -72,6 +75,7 @@ impl RuntimeService {
         &self,
         mut inbound: Streaming<pb::RunSessionInteractiveClientMsg>,
         actor: String,
+        principal: Principal,
     ) -> Result<BoxStream<pb::RunSessionInteractiveServerMsg>, Status> {
         let engine = self.engine()?.clone();
         if self.session_streams.is_cancelled() {
@@ -116,6 +120,9 @@ impl RuntimeService {
             engine,
             session_id: id,
             actor,
+            may_approve: principal
+                .require(Permission::Approve)
+                .map_err(|d| d.to_string()),
             view,
             tx,
             stop: self.session_streams.clone(),
@@ -133,6 +140,9 @@ struct InteractiveStream {
     engine: Engine,
     session_id: String,
     actor: String,
+    /// Whether the stream's principal may vote (the refusal naming the missing permission
+    /// otherwise): opening the stream needs only `run`.
+    may_approve: Result<(), String>,
     view: SessionView,
     tx: Outbox,
     /// The runtime is shutting down.
@@ -262,6 +272,9 @@ impl InteractiveStream {
     }
 
     async fn approval(&mut self, decision: ApprovalDecisionRequest) -> Result<(), End> {
+        if let Err(denied) = self.may_approve.clone() {
+            return self.refuse(&denied).await;
+        }
         let target = VoteTarget::InSession {
             session_id: self.session_id.clone(),
             approval_id: decision.approval_id,

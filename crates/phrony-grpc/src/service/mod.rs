@@ -24,8 +24,10 @@ use tonic::codegen::BoxStream;
 use tonic::metadata::MetadataMap;
 use tonic::{Code, Request, Response, Status, Streaming};
 
+use phrony_auth::{Attribution, Principal};
+
 use crate::ACTOR_HEADER;
-use crate::convert;
+use crate::{auth, convert};
 
 /// The runtime service. Cheap to clone.
 #[derive(Debug, Clone)]
@@ -91,25 +93,47 @@ impl RuntimeService {
         self.work.stop();
     }
 
-    /// The actor of a change: the request's own field, else the [`ACTOR_HEADER`] metadata, else
-    /// the configured default. A field or header that is empty or only whitespace counts as
-    /// absent; any other value must pass [`Actor::parse`](crate::Actor::parse) (`INVALID_ARGUMENT` naming the rule
-    /// otherwise), and so must a header, which may carry UTF-8 bytes.
-    fn actor(&self, field: &str, metadata: &MetadataMap) -> Result<String, Status> {
-        if !field.trim().is_empty() {
-            return convert::actor(field);
-        }
-        let Some(header) = metadata.get(ACTOR_HEADER) else {
-            return Ok(self.default_actor.clone());
-        };
-        let text = std::str::from_utf8(header.as_bytes()).map_err(|_| {
-            Status::invalid_argument(format!("the {ACTOR_HEADER} header is not UTF-8"))
-        })?;
-        if text.trim().is_empty() {
-            Ok(self.default_actor.clone())
+    /// Who a change is recorded as: the actor the request names (its own `actor` field, else
+    /// the [`ACTOR_HEADER`] metadata; empty or whitespace-only counts as absent, anything else
+    /// must pass [`Actor::parse`](crate::Actor::parse), `INVALID_ARGUMENT` naming the rule
+    /// otherwise, and a header must be UTF-8), attributed to `principal` by
+    /// [`Principal::attribute`]: in `local` mode the named actor (else the default actor),
+    /// unverified; a verified principal is recorded as itself, and naming anyone else needs the
+    /// relay permission (`PERMISSION_DENIED` with the impersonation message otherwise).
+    pub(crate) fn attribution(
+        &self,
+        principal: &Principal,
+        field: &str,
+        metadata: &MetadataMap,
+    ) -> Result<Attribution, Status> {
+        let claimed = if field.trim().is_empty() {
+            match metadata.get(ACTOR_HEADER) {
+                None => None,
+                Some(header) => {
+                    let text = std::str::from_utf8(header.as_bytes()).map_err(|_| {
+                        Status::invalid_argument(format!("the {ACTOR_HEADER} header is not UTF-8"))
+                    })?;
+                    if text.trim().is_empty() {
+                        None
+                    } else {
+                        Some(convert::actor(text)?)
+                    }
+                }
+            }
         } else {
-            convert::actor(text)
-        }
+            Some(convert::actor(field)?)
+        };
+        principal
+            .attribute(claimed.as_deref())
+            .map_err(|e| Status::permission_denied(e.to_string()))
+    }
+
+    /// The recorded actor of `request` (see [`Self::attribution`]), with the principal the
+    /// access edge put on it (an unverified one named the default actor without the edge).
+    fn actor<T>(&self, request: &Request<T>, field: &str) -> Result<String, Status> {
+        let principal = auth::principal(request, &self.default_actor);
+        self.attribution(&principal, field, request.metadata())
+            .map(|a| a.actor)
     }
 }
 
@@ -181,7 +205,7 @@ impl Runtime for RuntimeService {
         &self,
         request: Request<pb::PublishRequest>,
     ) -> Result<Response<pb::PublishResponse>, Status> {
-        let actor = self.actor(&request.get_ref().actor, request.metadata());
+        let actor = self.actor(&request, &request.get_ref().actor);
         unary("Publish", async {
             self.publish_impl(request.into_inner(), actor?).await
         })
@@ -192,7 +216,7 @@ impl Runtime for RuntimeService {
         &self,
         request: Request<pb::DeployRequest>,
     ) -> Result<Response<pb::DeployResponse>, Status> {
-        let actor = self.actor(&request.get_ref().actor, request.metadata());
+        let actor = self.actor(&request, &request.get_ref().actor);
         unary("Deploy", async {
             self.deploy_impl(request.into_inner(), actor?).await
         })
@@ -203,7 +227,7 @@ impl Runtime for RuntimeService {
         &self,
         request: Request<pb::RollbackRequest>,
     ) -> Result<Response<pb::RollbackResponse>, Status> {
-        let actor = self.actor(&request.get_ref().actor, request.metadata());
+        let actor = self.actor(&request, &request.get_ref().actor);
         unary("Rollback", async {
             self.rollback_impl(request.into_inner(), actor?).await
         })
@@ -265,7 +289,7 @@ impl Runtime for RuntimeService {
         &self,
         request: Request<pb::DeprecateAgentVersionRequest>,
     ) -> Result<Response<pb::DeprecateAgentVersionResponse>, Status> {
-        let actor = self.actor("", request.metadata());
+        let actor = self.actor(&request, "");
         unary("DeprecateAgentVersion", async {
             self.deprecate_impl(request.into_inner(), actor?).await
         })
@@ -276,7 +300,7 @@ impl Runtime for RuntimeService {
         &self,
         request: Request<pb::RetireAgentVersionRequest>,
     ) -> Result<Response<pb::RetireAgentVersionResponse>, Status> {
-        let actor = self.actor("", request.metadata());
+        let actor = self.actor(&request, "");
         unary("RetireAgentVersion", async {
             self.retire_impl(request.into_inner(), actor?).await
         })
@@ -287,7 +311,7 @@ impl Runtime for RuntimeService {
         &self,
         request: Request<pb::ArchiveAgentRequest>,
     ) -> Result<Response<pb::ArchiveAgentResponse>, Status> {
-        let actor = self.actor("", request.metadata());
+        let actor = self.actor(&request, "");
         unary("ArchiveAgent", async {
             self.archive_impl(request.into_inner(), actor?).await
         })
@@ -300,7 +324,7 @@ impl Runtime for RuntimeService {
         &self,
         request: Request<pb::RunSessionRequest>,
     ) -> Result<Response<pb::RunSessionResponse>, Status> {
-        let actor = self.actor("", request.metadata());
+        let actor = self.actor(&request, "");
         unary("RunSession", async {
             self.run_session_impl(request.into_inner(), actor?).await
         })
@@ -311,9 +335,10 @@ impl Runtime for RuntimeService {
         &self,
         request: Request<Streaming<pb::RunSessionInteractiveClientMsg>>,
     ) -> Result<Response<Self::RunSessionInteractiveStream>, Status> {
-        let actor = self.actor("", request.metadata());
+        let actor = self.actor(&request, "");
+        let principal = auth::principal(&request, &self.default_actor);
         unary("RunSessionInteractive", async {
-            self.run_session_interactive_impl(request.into_inner(), actor?)
+            self.run_session_interactive_impl(request.into_inner(), actor?, principal)
                 .await
         })
         .await
@@ -323,7 +348,7 @@ impl Runtime for RuntimeService {
         &self,
         request: Request<pb::CancelSessionRequest>,
     ) -> Result<Response<pb::CancelSessionResponse>, Status> {
-        let actor = self.actor("", request.metadata());
+        let actor = self.actor(&request, "");
         unary("CancelSession", async {
             self.cancel_session_impl(request.into_inner(), actor?).await
         })
@@ -334,7 +359,7 @@ impl Runtime for RuntimeService {
         &self,
         request: Request<pb::CompleteSessionRequest>,
     ) -> Result<Response<pb::CompleteSessionResponse>, Status> {
-        let actor = self.actor("", request.metadata());
+        let actor = self.actor(&request, "");
         unary("CompleteSession", async {
             self.complete_session_impl(request.into_inner(), actor?)
                 .await
@@ -403,7 +428,7 @@ impl Runtime for RuntimeService {
         &self,
         request: Request<pb::DecideApprovalRequest>,
     ) -> Result<Response<pb::DecideApprovalResponse>, Status> {
-        let actor = self.actor(&request.get_ref().actor, request.metadata());
+        let actor = self.actor(&request, &request.get_ref().actor);
         unary("DecideApproval", async {
             self.decide_approval_impl(request.into_inner(), actor?)
                 .await

@@ -22,18 +22,17 @@ pub(crate) fn run(args: &Args, global: &Global) -> anyhow::Result<()> {
     let agent = manifest::load_agent(&args.manifest)?;
     remote::block_on(async {
         let (client, _) = remote::connect(global).await?;
-        let published =
-            client
-                .publish(&agent, &remote::actor()?)
-                .await
-                .map_err(remote::change_fails(
-                    "publish",
-                    "the version",
-                    format!(
-                        "phrony agents versions {}/{}",
-                        agent.metadata.namespace, agent.metadata.name
-                    ),
-                ))?;
+        let published = client
+            .publish(&agent, &remote::actor(client.sends_token())?)
+            .await
+            .map_err(remote::change_fails(
+                "publish",
+                "the version",
+                format!(
+                    "phrony agents versions {}/{}",
+                    agent.metadata.namespace, agent.metadata.name
+                ),
+            ))?;
         match args.output {
             Output::Json => render::json(&json!({
                 "namespace": published.agent.namespace,

@@ -26,7 +26,11 @@ pub(crate) fn run(args: &Args, global: &Global) -> anyhow::Result<()> {
     remote::block_on(async {
         let (client, _) = remote::connect(global).await?;
         let rolled = client
-            .rollback(&agent, args.to.as_deref(), &remote::actor()?)
+            .rollback(
+                &agent,
+                args.to.as_deref(),
+                &remote::actor(client.sends_token())?,
+            )
             .await
             .map_err(remote::change_fails(
                 "rollback",
