@@ -25,4 +25,4 @@ pub use principal::{
     Attribution, BadToolPattern, Denied, Impersonation, Principal, ToolPattern, Verification,
 };
 pub use role::{Permission, Role, UnknownRole};
-pub use token::{BadTokenSecret, TOKEN_PREFIX, TokenSecret, hash_secret};
+pub use token::{BadTokenSecret, TOKEN_PREFIX, TOKEN_RANDOM_BYTES, TokenSecret, hash_secret};

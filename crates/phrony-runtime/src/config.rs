@@ -23,12 +23,15 @@ pub struct Cli {
     pub settings: Settings,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Subcommand)]
+#[derive(Debug, Clone, PartialEq, Eq, Subcommand)]
 pub enum Command {
     /// Migrate the database and serve the gRPC API (the default).
     Serve,
     /// Apply the database migrations and exit.
     Migrate,
+    /// Create, list and revoke API tokens on the daemon's database (running or not).
+    #[command(subcommand)]
+    Tokens(crate::tokens::TokensCommand),
 }
 
 /// Settings shared by every command; each can also come from the environment.
@@ -71,6 +74,18 @@ pub struct Settings {
         global = true
     )]
     pub(crate) secrets_key: Option<String>,
+
+    /// Who may call: `local` (nobody is verified; loopback addresses only) or `required`
+    /// (every RPC needs a credential, e.g. a token from `tokens create`).
+    /// [default: local on a loopback address; a non-loopback address requires `required`]
+    #[arg(
+        long,
+        env = "RUNTIME_AUTH",
+        value_enum,
+        value_name = "MODE",
+        global = true
+    )]
+    pub(crate) auth: Option<crate::auth::AuthMode>,
 
     /// Actor recorded for changes whose request names none.
     #[arg(long, env = "PHRONY_ACTOR", default_value = "anonymous", global = true)]

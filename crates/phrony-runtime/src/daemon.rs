@@ -29,6 +29,9 @@ pub fn serve(settings: &Settings, env: &Env) -> anyhow::Result<()> {
                 }
                 other => anyhow::Error::new(other),
             })?;
+        // Before the database is touched: a daemon reachable from other hosts must not serve
+        // unauthenticated.
+        let auth = crate::auth::resolve_mode(settings.auth, false, listener.local_addr())?;
         let ledger = open_ledger(&db).await?;
         let secrets_key = match configured_key {
             Some(key) => key,
@@ -36,6 +39,7 @@ pub fn serve(settings: &Settings, env: &Env) -> anyhow::Result<()> {
         };
         let mut config = ServeConfig::new(secrets_key);
         config.default_actor = settings.default_actor.clone();
+        config.auth = auth;
         workers.apply(&mut config)?;
         serve::serve(listener, ledger, config, shutdown).await?;
         Ok(())
@@ -59,8 +63,24 @@ fn tokio_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .context("cannot start the async runtime")
 }
 
+/// `phrony-runtime tokens …`: on the daemon's database (migrated first), printing to stdout.
+pub fn tokens(
+    settings: &Settings,
+    env: &Env,
+    command: &crate::tokens::TokensCommand,
+) -> anyhow::Result<()> {
+    tokio_runtime()?.block_on(async {
+        let db = settings.database(env);
+        let ledger = open_ledger(&db).await?;
+        let mut out = std::io::stdout().lock();
+        let result = crate::tokens::run(&ledger, command, &settings.default_actor, &mut out).await;
+        ledger.close().await;
+        result
+    })
+}
+
 /// Connects, migrates and reports where the data lives.
-async fn open_ledger(db: &Database) -> anyhow::Result<Ledger> {
+pub(crate) async fn open_ledger(db: &Database) -> anyhow::Result<Ledger> {
     let ledger = Ledger::connect(&db.url).await.map_err(|e| match e {
         LedgerError::Config { message } => {
             anyhow::anyhow!("invalid RUNTIME_DATABASE_URL: {message}")

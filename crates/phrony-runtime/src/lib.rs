@@ -11,6 +11,9 @@
 //! - [`serve()`]: given a bound [`Listener`], a migrated ledger and a [`ServeConfig`], serves
 //!   `phrony.runtime.v1.Runtime`, health and reflection until shutdown, recovering the sessions
 //!   that were live at the last stop first.
+//! - [`auth`]: the auth mode (`RUNTIME_AUTH=local|required`) and the composite authenticator
+//!   (API tokens; OIDC and mTLS arms) the gRPC edge asks on every RPC.
+//! - [`tokens`]: `phrony-runtime tokens create|list|revoke` on the daemon's database.
 //! - [`SecretsKey`]: the key that encrypts session secrets at rest, from
 //!   `RUNTIME_SECRETS_ENCRYPTION_KEY` or a generated owner-only key file.
 //!
@@ -28,11 +31,13 @@
 //! # Ok(()) }
 //! ```
 
+pub mod auth;
 pub mod config;
 pub mod daemon;
 pub mod logging;
 mod serve;
 mod serve_config;
+pub mod tokens;
 mod workers;
 
 pub use config::{Cli, Command, Env, LogFormat, Settings, provider_env};

@@ -16,6 +16,7 @@ use tokio::net::TcpListener;
 use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
 
+use phrony_grpc::auth::Authenticated;
 use phrony_grpc::health::{self, Health};
 use phrony_grpc::{MAX_MESSAGE_BYTES, RuntimeService};
 
@@ -68,6 +69,9 @@ pub enum ServeError {
         #[source]
         source: phrony_engine::EngineError,
     },
+    /// `local` auth on an address other hosts can reach.
+    #[error(transparent)]
+    UnsafeBind(#[from] crate::auth::UnsafeBind),
     /// The transport failed while serving.
     #[error("gRPC server failed: {source}")]
     Transport {
@@ -128,8 +132,9 @@ pub async fn bind(addr: &str) -> Result<Listener, ServeError> {
     })
 }
 
-/// Serves `phrony.runtime.v1.Runtime`, `grpc.health.v1.Health` and server reflection (v1 and
-/// v1alpha) on `listener` until `shutdown` completes, then stops gracefully: health turns
+/// Serves `phrony.runtime.v1.Runtime` (behind the access edge, in [`ServeConfig::auth`] mode),
+/// `grpc.health.v1.Health` and server reflection (v1 and v1alpha) on `listener` until
+/// `shutdown` completes, then stops gracefully: health turns
 /// `NOT_SERVING`, no new connections are accepted, the worker registry refuses new
 /// registrations and dispatches (queued tool calls fail), in-flight calls get
 /// [`ServeConfig::shutdown_grace`] to finish (then they are cut off, which rolls back any
@@ -140,7 +145,8 @@ pub async fn bind(addr: &str) -> Result<Listener, ServeError> {
 /// Tool workers register with [`ServeConfig::router`] (or a default router when `None`).
 ///
 /// # Errors
-/// [`ServeError::Reflection`] (a build defect), [`ServeError::Router`] or
+/// [`ServeError::UnsafeBind`] (`local` auth on a non-loopback address, before anything
+/// starts), [`ServeError::Reflection`] (a build defect), [`ServeError::Router`] or
 /// [`ServeError::Transport`].
 pub async fn serve(
     listener: Listener,
@@ -148,6 +154,7 @@ pub async fn serve(
     config: ServeConfig,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
+    let mode = crate::auth::resolve_mode(Some(config.auth), false, listener.local_addr)?;
     let health = Health::new();
     let monitor = health.spawn_monitor(
         ledger.clone(),
@@ -223,10 +230,22 @@ pub async fn serve(
     for (session_id, reason) in &report.failed {
         tracing::warn!(%session_id, %reason, "session could not be resumed and was failed");
     }
+    let authenticator = crate::auth::authenticator(mode, &ledger, &config.default_actor);
+    match mode {
+        crate::auth::AuthMode::Local => tracing::warn!(
+            "the runtime is unauthenticated (RUNTIME_AUTH=local): any local process may call it              under any name, recorded as unverified; set RUNTIME_AUTH=required to require tokens"
+        ),
+        crate::auth::AuthMode::Required => {
+            tracing::info!("authentication required on every RPC (RUNTIME_AUTH=required)")
+        }
+    }
     let service = RuntimeService::new(ledger.clone(), config.default_actor, router.clone())
         .with_engine(engine.clone());
     let work_streams = service.clone();
-    let runtime = RuntimeServer::new(service).max_decoding_message_size(MAX_MESSAGE_BYTES);
+    let runtime = Authenticated::new(
+        RuntimeServer::new(service).max_decoding_message_size(MAX_MESSAGE_BYTES),
+        authenticator,
+    );
 
     let local_addr = listener.local_addr;
     let incoming = TcpIncoming::from(listener.listener).with_nodelay(Some(true));

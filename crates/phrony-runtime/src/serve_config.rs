@@ -69,10 +69,14 @@ pub struct ServeConfig {
     /// The most tool calls one model response may request (`RUNTIME_MAX_TOOL_CALLS_PER_TURN`);
     /// see `phrony_engine::EngineConfig::max_tool_calls_per_turn`.
     pub max_tool_calls_per_turn: usize,
+    /// Who may call (`RUNTIME_AUTH`): `local` admits everyone unverified (loopback only;
+    /// [`crate::serve`] refuses it on any other address), `required` needs a credential on
+    /// every RPC of the Runtime service.
+    pub auth: crate::auth::AuthMode,
 }
 
 impl ServeConfig {
-    /// Settings with defaults: actor `anonymous`, a health check every 3 s (2 s timeout), a
+    /// Settings with defaults: `local` auth, actor `anonymous`, a health check every 3 s (2 s timeout), a
     /// 10 s shutdown grace period, a default router, a 10 s dispatch queue wait, a 60 s
     /// tool execution timeout, and the engine's default bounds on tool calls (1 MiB of
     /// arguments, 64 calls per model response).
@@ -92,6 +96,7 @@ impl ServeConfig {
             tool_exec_timeout: Duration::from_secs(60),
             max_tool_args_bytes: phrony_engine::DEFAULT_MAX_TOOL_ARGS_BYTES,
             max_tool_calls_per_turn: phrony_engine::DEFAULT_MAX_TOOL_CALLS_PER_TURN,
+            auth: crate::auth::AuthMode::Local,
         }
     }
 }
