@@ -327,6 +327,7 @@ mod tests {
             log_format: LogFormat::Text,
             log_filter: None,
             secrets_key: None,
+            auth: None,
             default_actor: "anonymous".into(),
             dispatch_queue_wait: None,
             tool_exec_timeout: None,
