@@ -126,6 +126,7 @@ pub fn phrony() -> Command {
     let mut cmd = Command::new(&binaries().phrony);
     cmd.env_remove("PHRONY_RUNTIME_ADDR")
         .env_remove("PHRONY_ACTOR")
+        .env_remove("PHRONY_TOKEN")
         .env("NO_COLOR", "1");
     cmd
 }
@@ -138,6 +139,8 @@ pub struct Daemon {
     backend: Backend,
     dir: tempfile::TempDir,
     _postgres: Option<PgDatabase>,
+    /// The database it runs on.
+    database_url: String,
     /// Extra environment variables of the daemon.
     env: Vec<(String, String)>,
 }
@@ -178,6 +181,7 @@ impl Daemon {
             backend,
             dir,
             _postgres: postgres,
+            database_url: url.clone(),
             env: env
                 .iter()
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
@@ -283,6 +287,20 @@ impl Daemon {
     pub fn phrony(&self) -> Command {
         let mut cmd = phrony();
         cmd.env("PHRONY_RUNTIME_ADDR", &self.addr);
+        cmd
+    }
+
+    /// The `phrony-runtime` binary on this daemon's database (for `tokens …`, which work while
+    /// the daemon runs), with the daemon's extra environment.
+    #[must_use]
+    pub fn runtime(&self) -> Command {
+        let mut cmd = Command::new(&binaries().runtime);
+        cmd.env("RUNTIME_DATABASE_URL", &self.database_url)
+            .env("RUNTIME_LOG", "warn")
+            .env("XDG_DATA_HOME", self.dir.path().join("data"))
+            .env("HOME", self.dir.path())
+            .env_remove("PHRONY_ACTOR")
+            .envs(self.env.iter().map(|(k, v)| (k, v)));
         cmd
     }
 

@@ -1,5 +1,6 @@
 //! The workspace-level tests in one binary.
 //!
+//! - [`access`]: `required` auth mode with tokens, the real daemon and CLI; `local` mode.
 //! - [`schema`]: the authoring JSON Schema against every example.
 //! - [`examples`]: each example's `cases.yaml` against the real policy engine.
 //! - [`lifecycle`]: the real daemon driven by the real CLI.
@@ -11,6 +12,7 @@
     reason = "tests: a panic is a failed assertion, with its message"
 )]
 
+mod access;
 mod examples;
 mod guard_rails;
 mod lifecycle;
