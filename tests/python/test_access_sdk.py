@@ -23,6 +23,7 @@ import grpc
 import pytest
 
 from phrony import Phrony
+from phrony.client.errors import PhronyRuntimeError
 
 from runtime_daemon import RuntimeDaemon
 
@@ -125,22 +126,22 @@ def test_a_runner_token_runs_a_session_through_the_published_sdk(world: World):
 def test_no_token_is_unauthenticated_and_a_viewer_cannot_run(world: World):
     viewer = world.token("sdk-viewer", "viewer")
 
-    async def attempt(credentials: grpc.ChannelCredentials | None) -> grpc.StatusCode:
+    async def attempt(credentials: grpc.ChannelCredentials | None) -> str:
         phrony = await Phrony.connect(runtime_addr=world.daemon.address, credentials=credentials)
         try:
             await phrony.agent(AGENT).run(input="hi")
-        except grpc.aio.AioRpcError as error:
-            return error.code()
+        except PhronyRuntimeError as error:
+            return error.grpc_code
         finally:
             await phrony.close()
         raise AssertionError("the runtime accepted the run")
 
-    assert asyncio.run(attempt(None)) == grpc.StatusCode.UNAUTHENTICATED
-    assert asyncio.run(attempt(token_credentials(viewer))) == grpc.StatusCode.PERMISSION_DENIED
+    assert asyncio.run(attempt(None)) == "UNAUTHENTICATED"
+    assert asyncio.run(attempt(token_credentials(viewer))) == "PERMISSION_DENIED"
     revoked = world.token("sdk-revoked", "runner")
     done = subprocess.run(
         [str(world.runtime_binary), "tokens", "revoke", "sdk-revoked"],
         env=world._env(), capture_output=True, text=True, check=True,
     )
     assert "revoked" in done.stdout
-    assert asyncio.run(attempt(token_credentials(revoked))) == grpc.StatusCode.UNAUTHENTICATED
+    assert asyncio.run(attempt(token_credentials(revoked))) == "UNAUTHENTICATED"
