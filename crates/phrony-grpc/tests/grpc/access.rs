@@ -109,10 +109,7 @@ async fn call(client: &mut Client, rpc: &str) -> Code {
         ),
         "ListDeployments" => code(
             client
-                .list_deployments(pb::ListDeploymentsRequest {
-                    agent_ref: agent(),
-                    ..Default::default()
-                })
+                .list_deployments(pb::ListDeploymentsRequest { agent_ref: agent() })
                 .await,
         ),
         "GetAgentVersion" => code(
@@ -123,10 +120,7 @@ async fn call(client: &mut Client, rpc: &str) -> Code {
         "ListAgents" => code(client.list_agents(pb::ListAgentsRequest::default()).await),
         "ListAgentVersions" => code(
             client
-                .list_agent_versions(pb::ListAgentVersionsRequest {
-                    agent_ref: agent(),
-                    ..Default::default()
-                })
+                .list_agent_versions(pb::ListAgentVersionsRequest { agent_ref: agent() })
                 .await,
         ),
         "ListSessions" => code(
