@@ -325,6 +325,28 @@ impl Attribution {
     }
 }
 
+/// A bare name is an attribution nobody verified ([`Attribution::unverified`]): a name given
+/// without a credential never claims more than that.
+impl From<&str> for Attribution {
+    fn from(actor: &str) -> Self {
+        Self::unverified(actor)
+    }
+}
+
+/// As `From<&str>`.
+impl From<String> for Attribution {
+    fn from(actor: String) -> Self {
+        Self::unverified(actor)
+    }
+}
+
+/// A copy, so that APIs taking `impl Into<Attribution>` accept a borrowed one.
+impl From<&Attribution> for Attribution {
+    fn from(actor: &Attribution) -> Self {
+        actor.clone()
+    }
+}
+
 impl fmt::Display for Attribution {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.actor)?;
