@@ -486,7 +486,7 @@ fn event_summary(e: &Event, calls: &HashMap<&str, &ToolInvocation>) -> String {
                 } else {
                     format!(" mode={mode}")
                 },
-                e.actor
+                e.actor_display()
             )
         }
         types::SESSION_STATUS_CHANGED => with_detail(
@@ -494,13 +494,13 @@ fn event_summary(e: &Event, calls: &HashMap<&str, &ToolInvocation>) -> String {
             s(p, "reason"),
         ),
         types::SESSION_COMPLETED => {
-            with_detail(format!("session completed by {}", e.actor), s(p, "reason"))
+            with_detail(format!("session completed by {}", e.actor_display()), s(p, "reason"))
         }
         types::SESSION_FAILED => with_detail("session failed".to_owned(), s(p, "message")),
         types::SESSION_CANCELLED => {
-            with_detail(format!("session cancelled by {}", e.actor), s(p, "reason"))
+            with_detail(format!("session cancelled by {}", e.actor_display()), s(p, "reason"))
         }
-        types::MESSAGE_USER => format!("user ({}): {}", e.actor, short(s(p, "content"))),
+        types::MESSAGE_USER => format!("user ({}): {}", e.actor_display(), short(s(p, "content"))),
         types::MESSAGE_ASSISTANT => {
             let reason = s(p, "stop_reason");
             let head = if reason.is_empty() {
@@ -593,7 +593,8 @@ fn event_summary(e: &Event, calls: &HashMap<&str, &ToolInvocation>) -> String {
                 Err(_) => decision,
             };
             with_detail(
-                format!("vote {verb} by {}", s(p, "decided_by")),
+                // The vote's event is the voter's: its attribution is the voter's.
+                format!("vote {verb} by {}", e.actor_display()),
                 s(p, "comment"),
             )
         }
@@ -631,7 +632,7 @@ fn event_summary(e: &Event, calls: &HashMap<&str, &ToolInvocation>) -> String {
             )
         }
         engine_events::SESSION_PRINCIPAL => "principal claims recorded".to_owned(),
-        other => format!("{other} by {}", e.actor),
+        other => format!("{other} by {}", e.actor_display()),
     }
 }
 
@@ -686,7 +687,9 @@ fn approval_created_summary(a: &Approval) -> String {
 }
 
 fn approval_decided_summary(a: &Approval) -> String {
-    let by = a.decided_by.as_deref().unwrap_or("system");
+    let by = a
+        .decided_by_display()
+        .unwrap_or_else(|| "system".to_owned());
     if let Some(resolution) = a.resolution {
         let head = format!("outcome review resolved {resolution} by {by}");
         return with_detail(head, a.comment.as_deref().unwrap_or(""));

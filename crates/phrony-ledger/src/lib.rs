@@ -130,7 +130,6 @@ mod files;
 mod lifecycle;
 mod model;
 
-use phrony_auth::Attribution;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
