@@ -1,6 +1,7 @@
 //! Approvals: `GetApproval`, `ListApprovals` and `DecideApproval` requests and responses, and the
 //! approvals of the `InspectSession` timeline.
 
+use phrony_auth::Attribution;
 use phrony_engine::VoteAnswer;
 use phrony_ledger::{
     AgentRef, Approval, ApprovalFilter, ApprovalStatus, ApprovalVote, PageRequest,
@@ -55,7 +56,7 @@ pub(crate) fn approval_filter(
 
 /// The vote a `DecideApprovalRequest` casts, by `actor` (already resolved: the request's field,
 /// else the `phrony-actor` header, else the runtime's default).
-pub(crate) fn vote(r: &pb::DecideApprovalRequest, actor: String) -> Result<Vote, Status> {
+pub(crate) fn vote(r: &pb::DecideApprovalRequest, actor: Attribution) -> Result<Vote, Status> {
     let resolution = resolution(&r.resolution)?;
     let decision = match (pb::ApprovalDecision::try_from(r.decision), resolution) {
         (Ok(pb::ApprovalDecision::Approve), _) => VoteDecision::Approve,
@@ -69,6 +70,9 @@ pub(crate) fn vote(r: &pb::DecideApprovalRequest, actor: String) -> Result<Vote,
     };
     Ok(Vote {
         actor,
+        // The voter credential's route restriction: the edge fills it from the principal
+        // (`Principal.routes`) once it authenticates; until then any route.
+        routes: Vec::new(),
         decision,
         comment: r.comment.clone(),
         comprehension_acknowledged: r.comprehension_acknowledged,

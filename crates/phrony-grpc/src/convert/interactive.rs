@@ -79,7 +79,8 @@ fn tool_approval(
     Ok(ApprovalDecisionRequest {
         approval_id: id,
         vote: Vote {
-            actor: String::new(),
+            actor: String::new().into(),
+            routes: Vec::new(),
             decision,
             comment: a.comment,
             comprehension_acknowledged: a.comprehension_acknowledged,

@@ -45,6 +45,7 @@
 //! waits for room, so a slow reader slows the task, which slows its engine subscription, which
 //! then reads the session's events from the store when it catches up: nothing is dropped.
 
+use phrony_auth::Attribution;
 use futures::StreamExt as _;
 use phrony_dispatch::CancellationToken;
 use phrony_engine::{
@@ -71,7 +72,7 @@ impl RuntimeService {
     pub(super) async fn run_session_interactive_impl(
         &self,
         mut inbound: Streaming<pb::RunSessionInteractiveClientMsg>,
-        actor: String,
+        actor: Attribution,
     ) -> Result<BoxStream<pb::RunSessionInteractiveServerMsg>, Status> {
         let engine = self.engine()?.clone();
         if self.session_streams.is_cancelled() {
@@ -132,7 +133,7 @@ impl RuntimeService {
 struct InteractiveStream {
     engine: Engine,
     session_id: String,
-    actor: String,
+    actor: Attribution,
     view: SessionView,
     tx: Outbox,
     /// The runtime is shutting down.

@@ -18,6 +18,7 @@ use std::time::Instant;
 use pb::runtime_server::Runtime;
 use phrony_dispatch::Router;
 use phrony_engine::Engine;
+use phrony_auth::Attribution;
 use phrony_ledger::Ledger;
 use phrony_proto::runtime::v1 as pb;
 use tonic::codegen::BoxStream;
@@ -94,21 +95,23 @@ impl RuntimeService {
     /// The actor of a change: the request's own field, else the [`ACTOR_HEADER`] metadata, else
     /// the configured default. A field or header that is empty or only whitespace counts as
     /// absent; any other value must pass [`Actor::parse`](crate::Actor::parse) (`INVALID_ARGUMENT` naming the rule
-    /// otherwise), and so must a header, which may carry UTF-8 bytes.
-    fn actor(&self, field: &str, metadata: &MetadataMap) -> Result<String, Status> {
+    /// otherwise), and so must a header, which may carry UTF-8 bytes. Recorded as
+    /// [`Attribution::unverified`]: nobody verified the name (the access slice's edge replaces
+    /// this with the authenticated principal's attribution).
+    fn actor(&self, field: &str, metadata: &MetadataMap) -> Result<Attribution, Status> {
         if !field.trim().is_empty() {
-            return convert::actor(field);
+            return convert::actor(field).map(Attribution::unverified);
         }
         let Some(header) = metadata.get(ACTOR_HEADER) else {
-            return Ok(self.default_actor.clone());
+            return Ok(Attribution::unverified(self.default_actor.clone()));
         };
         let text = std::str::from_utf8(header.as_bytes()).map_err(|_| {
             Status::invalid_argument(format!("the {ACTOR_HEADER} header is not UTF-8"))
         })?;
         if text.trim().is_empty() {
-            Ok(self.default_actor.clone())
+            Ok(Attribution::unverified(self.default_actor.clone()))
         } else {
-            convert::actor(text)
+            convert::actor(text).map(Attribution::unverified)
         }
     }
 }
