@@ -6,9 +6,8 @@ use std::sync::{Arc, Mutex};
 
 use phrony_dispatch::Router;
 use phrony_ledger::{
-    Attribution,
-    AgentVersionRef, EventBody, NewSession, OnLimit, Session, SessionEvent, SessionLimits,
-    SessionMode, SessionPrincipal, SessionStatus, StatusChange, new_session_id,
+    AgentVersionRef, Attribution, EventBody, NewSession, OnLimit, Session, SessionEvent,
+    SessionLimits, SessionMode, SessionPrincipal, SessionStatus, StatusChange, new_session_id,
 };
 use phrony_manifest::{ANNOTATION_POLICIES_COMPILED, ANNOTATION_STUB_SCRIPT, CompiledAgent};
 use phrony_providers::{ApiKey, ModelProvider};

@@ -493,13 +493,15 @@ fn event_summary(e: &Event, calls: &HashMap<&str, &ToolInvocation>) -> String {
             format!("status {} → {}", s(p, "from"), s(p, "to")),
             s(p, "reason"),
         ),
-        types::SESSION_COMPLETED => {
-            with_detail(format!("session completed by {}", e.actor_display()), s(p, "reason"))
-        }
+        types::SESSION_COMPLETED => with_detail(
+            format!("session completed by {}", e.actor_display()),
+            s(p, "reason"),
+        ),
         types::SESSION_FAILED => with_detail("session failed".to_owned(), s(p, "message")),
-        types::SESSION_CANCELLED => {
-            with_detail(format!("session cancelled by {}", e.actor_display()), s(p, "reason"))
-        }
+        types::SESSION_CANCELLED => with_detail(
+            format!("session cancelled by {}", e.actor_display()),
+            s(p, "reason"),
+        ),
         types::MESSAGE_USER => format!("user ({}): {}", e.actor_display(), short(s(p, "content"))),
         types::MESSAGE_ASSISTANT => {
             let reason = s(p, "stop_reason");
@@ -1054,6 +1056,7 @@ mod tests {
         let approval_id = Uuid::new_v4();
         store
             .open_approval(NewApproval {
+                allow_self_approval: false,
                 id: approval_id,
                 session_id: id.clone(),
                 call_id: held.call_id.clone(),
@@ -1077,6 +1080,7 @@ mod tests {
             .cast_vote(
                 approval_id,
                 Vote {
+                    routes: Vec::new(),
                     actor: "emad".into(),
                     decision: VoteDecision::Approve,
                     comment: "Damage claim on file.".into(),

@@ -45,8 +45,8 @@
 //! waits for room, so a slow reader slows the task, which slows its engine subscription, which
 //! then reads the session's events from the store when it catches up: nothing is dropped.
 
-use phrony_auth::Attribution;
 use futures::StreamExt as _;
+use phrony_auth::Attribution;
 use phrony_dispatch::CancellationToken;
 use phrony_engine::{
     AttachFrom, Attachment, Engine, SessionStatus, SessionUpdate, SessionView, Subscription,

@@ -16,9 +16,9 @@ use std::future::Future;
 use std::time::Instant;
 
 use pb::runtime_server::Runtime;
+use phrony_auth::Attribution;
 use phrony_dispatch::Router;
 use phrony_engine::Engine;
-use phrony_auth::Attribution;
 use phrony_ledger::Ledger;
 use phrony_proto::runtime::v1 as pb;
 use tonic::codegen::BoxStream;
