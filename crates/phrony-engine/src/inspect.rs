@@ -1268,7 +1268,7 @@ mod tests {
             .unwrap();
         assert_eq!(
             decided.summary,
-            "approval approved by emad with edited arguments: Damage claim on file."
+            "approval approved by emad (unverified) with edited arguments: Damage claim on file."
         );
         let TimelineItem::Approval(a) = &decided.item else {
             panic!("not an approval: {decided:?}")

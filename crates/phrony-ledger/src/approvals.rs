@@ -108,7 +108,7 @@ pub struct NewApproval {
 }
 
 /// An approval with its votes.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Clone, PartialEq)]
 pub struct Approval {
     /// Id.
     pub id: Uuid,
@@ -183,6 +183,53 @@ pub struct Approval {
     pub votes: Vec<ApprovalVote>,
 }
 
+/// `Debug` lists every field, except attribution fields that were not recorded (so a dump of a
+/// log recorded before attribution existed reads exactly as it did).
+impl std::fmt::Debug for Approval {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut d = f.debug_struct("Approval");
+        d.field("id", &self.id);
+        d.field("session_id", &self.session_id);
+        d.field("call_id", &self.call_id);
+        d.field("parent_approval_id", &self.parent_approval_id);
+        d.field("kind", &self.kind);
+        d.field("resolution", &self.resolution);
+        d.field("status", &self.status);
+        d.field("route", &self.route);
+        d.field("reason", &self.reason);
+        d.field("tool", &self.tool);
+        d.field("tool_version", &self.tool_version);
+        d.field("args", &self.args);
+        d.field("effective_args", &self.effective_args);
+        d.field("call_hash", &self.call_hash);
+        d.field("agent_version_id", &self.agent_version_id);
+        d.field("agent", &self.agent);
+        d.field("policy_ref", &self.policy_ref);
+        d.field("policy_runtime", &self.policy_runtime);
+        d.field("authority_ref", &self.authority_ref);
+        d.field("approvals_required", &self.approvals_required);
+        d.field("approvals_received", &self.approvals_received);
+        if self.allow_self_approval {
+            d.field("allow_self_approval", &self.allow_self_approval);
+        }
+        if self.session_started_by.is_some() {
+            d.field("session_started_by", &self.session_started_by);
+        }
+        d.field("comprehension_required", &self.comprehension_required);
+        d.field("on_reject", &self.on_reject);
+        d.field("on_modify", &self.on_modify);
+        d.field("timeout", &self.timeout);
+        d.field("escalation_depth", &self.escalation_depth);
+        d.field("expires_at", &self.expires_at);
+        d.field("decided_by", &self.decided_by);
+        d.field("comment", &self.comment);
+        d.field("created_at", &self.created_at);
+        d.field("decided_at", &self.decided_at);
+        d.field("votes", &self.votes);
+        d.finish()
+    }
+}
+
 impl Approval {
     /// The arguments an approval of this approval dispatches: the fixed edit, else the proposed.
     #[must_use]
@@ -216,7 +263,7 @@ impl Approval {
 }
 
 /// A recorded vote.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Clone, PartialEq)]
 pub struct ApprovalVote {
     /// The voter.
     pub decided_by: String,
@@ -234,6 +281,30 @@ pub struct ApprovalVote {
     pub verification: Option<Verification>,
     /// The principal that relayed the vote, if any.
     pub via: Option<String>,
+}
+
+/// `Debug` lists every field, except attribution fields that were not recorded (so a dump of a
+/// log recorded before attribution existed reads exactly as it did).
+impl std::fmt::Debug for ApprovalVote {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut d = f.debug_struct("ApprovalVote");
+        d.field("decided_by", &self.decided_by);
+        d.field("decision", &self.decision);
+        d.field("comment", &self.comment);
+        d.field(
+            "comprehension_acknowledged",
+            &self.comprehension_acknowledged,
+        );
+        d.field("edited_args", &self.edited_args);
+        d.field("created_at", &self.created_at);
+        if self.verification.is_some() {
+            d.field("verification", &self.verification);
+        }
+        if self.via.is_some() {
+            d.field("via", &self.via);
+        }
+        d.finish()
+    }
 }
 
 impl ApprovalVote {

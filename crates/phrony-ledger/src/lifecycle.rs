@@ -484,8 +484,8 @@ pub(crate) async fn retire_ending_sessions(
 ) -> Result<RetiredVersion> {
     let retired = retire(tx, agent_ref, version, actor).await?;
     let reason = format!(
-        "agent version {agent_ref}@{} retired by {actor}",
-        retired.version
+        "agent version {agent_ref}@{} retired by {}",
+        retired.version, actor.actor
     );
     let ended_sessions =
         crate::sessions::end_for_versions(tx, &[retired.id], &reason, actor).await?;
@@ -571,7 +571,7 @@ pub(crate) async fn archive(
         .into_iter()
         .map(|v| v.id)
         .collect();
-    let reason = format!("agent {agent_ref} archived by {actor}");
+    let reason = format!("agent {agent_ref} archived by {}", actor.actor);
     let ended_sessions = crate::sessions::end_for_versions(tx, &all, &reason, actor).await?;
     Ok(ArchivedAgent {
         agent_id: agent.id,

@@ -426,7 +426,7 @@ pub fn display_actor(actor: &str, verification: Option<Verification>, via: Optio
 }
 
 /// A stored event.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Clone, PartialEq)]
 pub struct Event {
     /// The stream (a session id, or `agent:<ns>/<name>`).
     pub stream: String,
@@ -453,6 +453,31 @@ pub struct Event {
     pub prev_hash: String,
     /// This event's hash (see the crate docs for the exact definition).
     pub hash: String,
+}
+
+/// `Debug` lists every field, except attribution fields that were not recorded (so a dump of a
+/// log recorded before attribution existed reads exactly as it did).
+impl std::fmt::Debug for Event {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut d = f.debug_struct("Event");
+        d.field("stream", &self.stream);
+        d.field("seq", &self.seq);
+        d.field("event_type", &self.event_type);
+        d.field("ts", &self.ts);
+        d.field("actor", &self.actor);
+        if self.actor_verification.is_some() {
+            d.field("actor_verification", &self.actor_verification);
+        }
+        if self.actor_via.is_some() {
+            d.field("actor_via", &self.actor_via);
+        }
+        d.field("call_id", &self.call_id);
+        d.field("turn", &self.turn);
+        d.field("payload", &self.payload);
+        d.field("prev_hash", &self.prev_hash);
+        d.field("hash", &self.hash);
+        d.finish()
+    }
 }
 
 impl Event {

@@ -104,7 +104,7 @@ pub struct NewSession {
 }
 
 /// A session (`sessions` row).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Clone, PartialEq)]
 pub struct Session {
     /// `run_<uuid>`.
     pub id: String,
@@ -144,6 +144,38 @@ pub struct Session {
     pub updated_at: DateTime<Utc>,
     /// Time of the terminal transition.
     pub ended_at: Option<DateTime<Utc>>,
+}
+
+/// `Debug` lists every field, except attribution fields that were not recorded (so a dump of a
+/// log recorded before attribution existed reads exactly as it did).
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut d = f.debug_struct("Session");
+        d.field("id", &self.id);
+        d.field("agent_version_id", &self.agent_version_id);
+        d.field("agent", &self.agent);
+        d.field("mode", &self.mode);
+        d.field("input", &self.input);
+        d.field("metadata", &self.metadata);
+        d.field("status", &self.status);
+        d.field("error", &self.error);
+        d.field("output", &self.output);
+        d.field("parent_session_id", &self.parent_session_id);
+        d.field("root_session_id", &self.root_session_id);
+        d.field("depth", &self.depth);
+        d.field("limits", &self.limits);
+        d.field("created_by", &self.created_by);
+        if self.created_by_verification.is_some() {
+            d.field("created_by_verification", &self.created_by_verification);
+        }
+        if self.created_by_via.is_some() {
+            d.field("created_by_via", &self.created_by_via);
+        }
+        d.field("created_at", &self.created_at);
+        d.field("updated_at", &self.updated_at);
+        d.field("ended_at", &self.ended_at);
+        d.finish()
+    }
 }
 
 /// A requested status change for [`Ledger::set_session_status`].
