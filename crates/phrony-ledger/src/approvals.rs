@@ -246,6 +246,14 @@ impl Approval {
             .is_some_and(|a| a.verification.is_verified())
     }
 
+    /// The vote that decided the approval (the latest vote by `decided_by`); `None` while
+    /// pending and for the runtime's decisions (`system:timeout`, `system`).
+    #[must_use]
+    pub fn deciding_vote(&self) -> Option<&ApprovalVote> {
+        let decided_by = self.decided_by.as_deref()?;
+        self.votes.iter().rev().find(|v| v.decided_by == decided_by)
+    }
+
     /// `decided_by` as a person reads it: the deciding voter's attribution (`emad
     /// (unverified)`, `alice via approvals-ui`), or the bare name for the runtime's deciders
     /// (`system:timeout`, `system`) and for votes recorded before attribution existed.

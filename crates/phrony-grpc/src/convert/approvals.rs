@@ -127,7 +127,24 @@ fn vote_pb(v: &ApprovalVote) -> pb::ApprovalVote {
         comment: v.comment.clone(),
         comprehension_acknowledged: v.comprehension_acknowledged,
         created_at: timestamp(v.created_at),
+        verification: v
+            .verification
+            .map(|x| x.as_str().to_owned())
+            .unwrap_or_default(),
+        via: v.via.clone().unwrap_or_default(),
     }
+}
+
+/// The deciding voter's verification and relay (empty when not recorded).
+fn decider(a: &Approval) -> (String, String) {
+    a.deciding_vote().map_or_else(Default::default, |v| {
+        (
+            v.verification
+                .map(|x| x.as_str().to_owned())
+                .unwrap_or_default(),
+            v.via.clone().unwrap_or_default(),
+        )
+    })
 }
 
 /// An approval on the wire; `with_votes` for GetApproval (ListApprovals leaves them out).
@@ -175,6 +192,9 @@ pub(crate) fn approval(a: Approval, with_votes: bool) -> pb::Approval {
             .unwrap_or_default(),
         kind: a.kind.to_string(),
         resolution: a.resolution.map(|r| r.to_string()).unwrap_or_default(),
+        decided_by_verification: decider(&a).0,
+        decided_by_via: decider(&a).1,
+        allow_self_approval: a.allow_self_approval,
     }
 }
 
@@ -258,6 +278,9 @@ pub(crate) fn inspect_approval(
             .unwrap_or_default(),
         kind: a.kind.to_string(),
         resolution: a.resolution.map(|r| r.to_string()).unwrap_or_default(),
+        decided_by_verification: decider(a).0,
+        decided_by_via: decider(a).1,
+        allow_self_approval: a.allow_self_approval,
     }
 }
 
