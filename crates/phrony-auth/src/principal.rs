@@ -239,6 +239,17 @@ impl Principal {
         route.is_some_and(|r| self.routes.iter().any(|allowed| allowed == r))
     }
 
+    /// The routes a vote by this principal is restricted to, as the vote rules take them: empty
+    /// for any route (no listed routes, or an admin), else the credential's routes.
+    #[must_use]
+    pub fn route_restriction(&self) -> Vec<String> {
+        if self.roles.contains(&Role::Admin) {
+            Vec::new()
+        } else {
+            self.routes.clone()
+        }
+    }
+
     /// Whether the principal may serve `tool@version` on the Work stream: it needs
     /// [`Permission::Work`] and a matching tool pattern (an admin serves anything).
     #[must_use]
@@ -322,6 +333,28 @@ impl Attribution {
     #[must_use]
     pub fn is_verified_actor(&self) -> bool {
         self.verification.is_verified() && self.via.is_none()
+    }
+}
+
+/// A bare name is an attribution nobody verified ([`Attribution::unverified`]): a name given
+/// without a credential never claims more than that.
+impl From<&str> for Attribution {
+    fn from(actor: &str) -> Self {
+        Self::unverified(actor)
+    }
+}
+
+/// As `From<&str>`.
+impl From<String> for Attribution {
+    fn from(actor: String) -> Self {
+        Self::unverified(actor)
+    }
+}
+
+/// A copy, so that APIs taking `impl Into<Attribution>` accept a borrowed one.
+impl From<&Attribution> for Attribution {
+    fn from(actor: &Attribution) -> Self {
+        actor.clone()
     }
 }
 

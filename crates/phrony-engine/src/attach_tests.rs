@@ -26,6 +26,8 @@ impl Log {
             event_type: event_type.into(),
             ts: Utc::now(),
             actor: "system".into(),
+            actor_verification: None,
+            actor_via: None,
             call_id: None,
             turn,
             payload,

@@ -407,12 +407,13 @@ impl Ctx {
             route: policy.route().unwrap_or_default().to_owned(),
             authority_ref: policy.authority_ref().unwrap_or_default().to_owned(),
             approvals_required: policy.approvals_required().max(1),
+            allow_self_approval: policy.allow_self_approval(),
             comprehension_required: policy.comprehension_required(),
             on_reject: on_reject(policy),
             on_modify: on_modify(policy),
             timeout,
             policy_runtime: runtime,
-            actor: "policy".to_owned(),
+            actor: "policy".into(),
         }
     }
 
@@ -820,12 +821,13 @@ impl Ctx {
             route: route.unwrap_or_default(),
             authority_ref: String::new(),
             approvals_required: 1,
+            allow_self_approval: false,
             comprehension_required: false,
             on_reject: OnReject::ReturnToAgent,
             on_modify: OnModify::Unchecked,
             timeout: None,
             policy_runtime: runtime,
-            actor: "system".to_owned(),
+            actor: "system".into(),
         };
         let approval = self.open_approval(new).await?;
         Box::pin(self.wait_and_apply(call, binding, wire, approval.id)).await

@@ -386,7 +386,7 @@ async fn drive(
             .record_session_event(
                 &session.id,
                 SessionEvent::UserMessage {
-                    actor: session.created_by.clone(),
+                    actor: starter(&session),
                     turn: 1,
                     content: text,
                 },
@@ -909,4 +909,12 @@ fn engine_event(turn: u32, body: EventBody) -> Result<NewEvent, StoreError> {
     let mut e = body.into_new_event("agent")?;
     e.turn = Some(turn);
     Ok(e)
+}
+
+/// Who a session's first user message is attributed to: its starter, as recorded (a session
+/// recorded before attribution existed: the bare name, unverified).
+pub(crate) fn starter(session: &phrony_ledger::Session) -> phrony_ledger::Attribution {
+    session
+        .started_by()
+        .unwrap_or_else(|| session.created_by.clone().into())
 }

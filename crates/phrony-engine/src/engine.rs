@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex};
 
 use phrony_dispatch::Router;
 use phrony_ledger::{
-    AgentVersionRef, EventBody, NewSession, OnLimit, Session, SessionEvent, SessionLimits,
-    SessionMode, SessionPrincipal, SessionStatus, StatusChange, new_session_id,
+    AgentVersionRef, Attribution, EventBody, NewSession, OnLimit, Session, SessionEvent,
+    SessionLimits, SessionMode, SessionPrincipal, SessionStatus, StatusChange, new_session_id,
 };
 use phrony_manifest::{ANNOTATION_POLICIES_COMPILED, ANNOTATION_STUB_SCRIPT, CompiledAgent};
 use phrony_providers::{ApiKey, ModelProvider};
@@ -73,8 +73,8 @@ pub struct StartSession {
     pub principal: Option<Value>,
     /// The resolved secrets: exactly the names the manifest declares.
     pub secrets: Vec<PlainSecret>,
-    /// Who starts the session.
-    pub actor: String,
+    /// Who starts the session (recorded with its verification and relay).
+    pub actor: Attribution,
 }
 
 impl fmt::Debug for StartSession {
@@ -272,7 +272,7 @@ impl Engine {
             secrets,
             actor,
         } = req;
-        if actor.trim().is_empty() {
+        if actor.actor.trim().is_empty() {
             return Err(EngineError::invalid("actor is required"));
         }
         let input = match input {
@@ -336,7 +336,7 @@ impl Engine {
                 .record_session_event(
                     &id,
                     SessionEvent::UserMessage {
-                        actor: session.created_by.clone(),
+                        actor: crate::driver::starter(&session),
                         turn: 1,
                         content: text.clone(),
                     },
@@ -387,16 +387,19 @@ impl Engine {
     pub async fn send_user_message(
         &self,
         session_id: &str,
-        actor: &str,
+        actor: &Attribution,
         text: &str,
     ) -> Result<u32, EngineError> {
         if text.trim().is_empty() {
             return Err(EngineError::invalid("user_message.text must be non-empty"));
         }
-        let actor = if actor.trim().is_empty() {
-            "user"
+        let actor = if actor.actor.trim().is_empty() {
+            Attribution {
+                actor: "user".to_owned(),
+                ..actor.clone()
+            }
         } else {
-            actor
+            actor.clone()
         };
         let session = self.inner.store.get_session(session_id).await?;
         if session.status.is_terminal() {
@@ -429,7 +432,7 @@ impl Engine {
                 .record_session_event(
                     session_id,
                     SessionEvent::UserMessage {
-                        actor: actor.to_owned(),
+                        actor,
                         turn,
                         content: text.to_owned(),
                     },
@@ -451,7 +454,7 @@ impl Engine {
     pub async fn cancel_session(
         &self,
         session_id: &str,
-        actor: &str,
+        actor: &Attribution,
     ) -> Result<Session, EngineError> {
         self.end(
             session_id,
@@ -468,7 +471,7 @@ impl Engine {
     pub async fn complete_session(
         &self,
         session_id: &str,
-        actor: &str,
+        actor: &Attribution,
     ) -> Result<Session, EngineError> {
         let fold = self.inner.fold(session_id).await.map_err(|e| {
             if e.kind == ErrorKind::NotFound {
@@ -665,11 +668,11 @@ impl Engine {
     }
 }
 
-fn actor_or_system(actor: &str) -> String {
-    if actor.trim().is_empty() {
-        "system".to_owned()
+fn actor_or_system(actor: &Attribution) -> Attribution {
+    if actor.actor.trim().is_empty() {
+        Attribution::from("system")
     } else {
-        actor.to_owned()
+        actor.clone()
     }
 }
 

@@ -13,6 +13,9 @@ pub enum ErrorKind {
     FailedPrecondition,
     /// `AlreadyExists`.
     AlreadyExists,
+    /// `PermissionDenied`: the caller may not take this action (separation of duties, an
+    /// approver's route restriction).
+    PermissionDenied,
     /// `InvalidArgument`: the caller passed something malformed.
     InvalidArgument,
     /// `Aborted`: a concurrent writer won a race; retrying may succeed.
@@ -31,6 +34,7 @@ impl ErrorKind {
             Self::NotFound => "not_found",
             Self::FailedPrecondition => "failed_precondition",
             Self::AlreadyExists => "already_exists",
+            Self::PermissionDenied => "permission_denied",
             Self::InvalidArgument => "invalid_argument",
             Self::Conflict => "conflict",
             Self::Unavailable => "unavailable",
@@ -100,6 +104,7 @@ impl From<LedgerError> for StoreError {
             LedgerError::NotFound { .. } => ErrorKind::NotFound,
             LedgerError::FailedPrecondition { .. } => ErrorKind::FailedPrecondition,
             LedgerError::AlreadyExists { .. } => ErrorKind::AlreadyExists,
+            LedgerError::PermissionDenied { .. } => ErrorKind::PermissionDenied,
             LedgerError::InvalidArgument { .. } => ErrorKind::InvalidArgument,
             LedgerError::Conflict { .. } => ErrorKind::Conflict,
             LedgerError::Unavailable { .. } => ErrorKind::Unavailable,

@@ -486,21 +486,23 @@ fn event_summary(e: &Event, calls: &HashMap<&str, &ToolInvocation>) -> String {
                 } else {
                     format!(" mode={mode}")
                 },
-                e.actor
+                e.actor_display()
             )
         }
         types::SESSION_STATUS_CHANGED => with_detail(
             format!("status {} → {}", s(p, "from"), s(p, "to")),
             s(p, "reason"),
         ),
-        types::SESSION_COMPLETED => {
-            with_detail(format!("session completed by {}", e.actor), s(p, "reason"))
-        }
+        types::SESSION_COMPLETED => with_detail(
+            format!("session completed by {}", e.actor_display()),
+            s(p, "reason"),
+        ),
         types::SESSION_FAILED => with_detail("session failed".to_owned(), s(p, "message")),
-        types::SESSION_CANCELLED => {
-            with_detail(format!("session cancelled by {}", e.actor), s(p, "reason"))
-        }
-        types::MESSAGE_USER => format!("user ({}): {}", e.actor, short(s(p, "content"))),
+        types::SESSION_CANCELLED => with_detail(
+            format!("session cancelled by {}", e.actor_display()),
+            s(p, "reason"),
+        ),
+        types::MESSAGE_USER => format!("user ({}): {}", e.actor_display(), short(s(p, "content"))),
         types::MESSAGE_ASSISTANT => {
             let reason = s(p, "stop_reason");
             let head = if reason.is_empty() {
@@ -593,7 +595,8 @@ fn event_summary(e: &Event, calls: &HashMap<&str, &ToolInvocation>) -> String {
                 Err(_) => decision,
             };
             with_detail(
-                format!("vote {verb} by {}", s(p, "decided_by")),
+                // The vote's event is the voter's: its attribution is the voter's.
+                format!("vote {verb} by {}", e.actor_display()),
                 s(p, "comment"),
             )
         }
@@ -631,7 +634,7 @@ fn event_summary(e: &Event, calls: &HashMap<&str, &ToolInvocation>) -> String {
             )
         }
         engine_events::SESSION_PRINCIPAL => "principal claims recorded".to_owned(),
-        other => format!("{other} by {}", e.actor),
+        other => format!("{other} by {}", e.actor_display()),
     }
 }
 
@@ -686,7 +689,9 @@ fn approval_created_summary(a: &Approval) -> String {
 }
 
 fn approval_decided_summary(a: &Approval) -> String {
-    let by = a.decided_by.as_deref().unwrap_or("system");
+    let by = a
+        .decided_by_display()
+        .unwrap_or_else(|| "system".to_owned());
     if let Some(resolution) = a.resolution {
         let head = format!("outcome review resolved {resolution} by {by}");
         return with_detail(head, a.comment.as_deref().unwrap_or(""));
@@ -1051,6 +1056,7 @@ mod tests {
         let approval_id = Uuid::new_v4();
         store
             .open_approval(NewApproval {
+                allow_self_approval: false,
                 id: approval_id,
                 session_id: id.clone(),
                 call_id: held.call_id.clone(),
@@ -1074,6 +1080,7 @@ mod tests {
             .cast_vote(
                 approval_id,
                 Vote {
+                    routes: Vec::new(),
                     actor: "emad".into(),
                     decision: VoteDecision::Approve,
                     comment: "Damage claim on file.".into(),
@@ -1261,7 +1268,7 @@ mod tests {
             .unwrap();
         assert_eq!(
             decided.summary,
-            "approval approved by emad with edited arguments: Damage claim on file."
+            "approval approved by emad (unverified) with edited arguments: Damage claim on file."
         );
         let TimelineItem::Approval(a) = &decided.item else {
             panic!("not an approval: {decided:?}")

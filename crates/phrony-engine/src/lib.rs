@@ -65,7 +65,7 @@
 //!         mode: SessionMode::Task,
 //!         principal: None,
 //!         secrets: vec![PlainSecret::new("openai", "sk-…")],
-//!         actor: "emad".to_owned(),
+//!         actor: "emad".into(),
 //!     })
 //!     .await?;
 //! let done = engine.wait_for(&session.id, &[]).await?; // until it ends

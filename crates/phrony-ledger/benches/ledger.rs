@@ -73,7 +73,14 @@ fn bench_backend(c: &mut Criterion, rt: &tokio::runtime::Runtime, name: &str, le
             })
             .await
             .unwrap();
-        ledger.deploy(&agent, "1.0.0", "bench").await.unwrap();
+        ledger
+            .deploy(
+                &agent,
+                "1.0.0",
+                &phrony_ledger::Attribution::unverified("bench"),
+            )
+            .await
+            .unwrap();
         let v = ledger.get_agent_version(&agent, "1.0.0").await.unwrap();
         let s = ledger
             .create_session(NewSession {
@@ -138,6 +145,7 @@ fn bench_backend(c: &mut Criterion, rt: &tokio::runtime::Runtime, name: &str, le
                 let c = ledger.record_tool_call(call(index)).await.unwrap();
                 let approval = ledger
                     .open_approval(NewApproval {
+                        allow_self_approval: false,
                         id: uuid::Uuid::new_v4(),
                         session_id: session.clone(),
                         call_id: c.call_id.clone(),
@@ -157,6 +165,7 @@ fn bench_backend(c: &mut Criterion, rt: &tokio::runtime::Runtime, name: &str, le
                     .await
                     .unwrap();
                 let vote = Vote {
+                    routes: Vec::new(),
                     actor: "alice".into(),
                     decision: VoteDecision::Approve,
                     comment: String::new(),

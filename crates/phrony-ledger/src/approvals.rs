@@ -19,6 +19,7 @@
 //!   approve: approve without a resolution is refused, reject means `fail` (not re-sent).
 
 use chrono::{DateTime, Duration, Utc};
+use phrony_auth::{Attribution, Verification};
 use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
@@ -89,6 +90,9 @@ pub struct NewApproval {
     pub authority_ref: String,
     /// Distinct approvers needed (at least 1).
     pub approvals_required: u32,
+    /// The policy's separation-of-duties opt-out: the session's starter may vote on it
+    /// (recorded in the `approval.required` event).
+    pub allow_self_approval: bool,
     /// Approvers must acknowledge comprehension (on approve and reject).
     pub comprehension_required: bool,
     /// What a rejection does.
@@ -100,11 +104,11 @@ pub struct NewApproval {
     /// The policy's `decision.runtime` map, passed through.
     pub policy_runtime: Map<String, Value>,
     /// Who opened it (`policy` for policy decisions, `system` for recovery).
-    pub actor: String,
+    pub actor: Attribution,
 }
 
 /// An approval with its votes.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Clone, PartialEq)]
 pub struct Approval {
     /// Id.
     pub id: Uuid,
@@ -150,6 +154,11 @@ pub struct Approval {
     pub approvals_required: u32,
     /// Approve votes so far.
     pub approvals_received: u32,
+    /// The policy's separation-of-duties opt-out (see [`Vote::check`]).
+    pub allow_self_approval: bool,
+    /// Who started the approval's session, as recorded (`None` for sessions recorded before
+    /// attribution existed: they count as unverified).
+    pub session_started_by: Option<Attribution>,
     /// Comprehension acknowledgement required.
     pub comprehension_required: bool,
     /// What a rejection does.
@@ -174,16 +183,95 @@ pub struct Approval {
     pub votes: Vec<ApprovalVote>,
 }
 
+/// `Debug` lists every field, except attribution fields that were not recorded (so a dump of a
+/// log recorded before attribution existed reads exactly as it did).
+impl std::fmt::Debug for Approval {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut d = f.debug_struct("Approval");
+        d.field("id", &self.id);
+        d.field("session_id", &self.session_id);
+        d.field("call_id", &self.call_id);
+        d.field("parent_approval_id", &self.parent_approval_id);
+        d.field("kind", &self.kind);
+        d.field("resolution", &self.resolution);
+        d.field("status", &self.status);
+        d.field("route", &self.route);
+        d.field("reason", &self.reason);
+        d.field("tool", &self.tool);
+        d.field("tool_version", &self.tool_version);
+        d.field("args", &self.args);
+        d.field("effective_args", &self.effective_args);
+        d.field("call_hash", &self.call_hash);
+        d.field("agent_version_id", &self.agent_version_id);
+        d.field("agent", &self.agent);
+        d.field("policy_ref", &self.policy_ref);
+        d.field("policy_runtime", &self.policy_runtime);
+        d.field("authority_ref", &self.authority_ref);
+        d.field("approvals_required", &self.approvals_required);
+        d.field("approvals_received", &self.approvals_received);
+        if self.allow_self_approval {
+            d.field("allow_self_approval", &self.allow_self_approval);
+        }
+        if self.session_started_by.is_some() {
+            d.field("session_started_by", &self.session_started_by);
+        }
+        d.field("comprehension_required", &self.comprehension_required);
+        d.field("on_reject", &self.on_reject);
+        d.field("on_modify", &self.on_modify);
+        d.field("timeout", &self.timeout);
+        d.field("escalation_depth", &self.escalation_depth);
+        d.field("expires_at", &self.expires_at);
+        d.field("decided_by", &self.decided_by);
+        d.field("comment", &self.comment);
+        d.field("created_at", &self.created_at);
+        d.field("decided_at", &self.decided_at);
+        d.field("votes", &self.votes);
+        d.finish()
+    }
+}
+
 impl Approval {
     /// The arguments an approval of this approval dispatches: the fixed edit, else the proposed.
     #[must_use]
     pub fn args_to_dispatch(&self) -> &Value {
         self.effective_args.as_ref().unwrap_or(&self.args)
     }
+
+    /// Whether the session holding the approval was started by a verified principal (the
+    /// separation-of-duties and verified-quorum rules of [`Vote::check`] apply).
+    #[must_use]
+    pub fn session_is_verified(&self) -> bool {
+        self.session_started_by
+            .as_ref()
+            .is_some_and(|a| a.verification.is_verified())
+    }
+
+    /// The vote that decided the approval (the latest vote by `decided_by`); `None` while
+    /// pending and for the runtime's decisions (`system:timeout`, `system`).
+    #[must_use]
+    pub fn deciding_vote(&self) -> Option<&ApprovalVote> {
+        let decided_by = self.decided_by.as_deref()?;
+        self.votes.iter().rev().find(|v| v.decided_by == decided_by)
+    }
+
+    /// `decided_by` as a person reads it: the deciding voter's attribution (`emad
+    /// (unverified)`, `alice via approvals-ui`), or the bare name for the runtime's deciders
+    /// (`system:timeout`, `system`) and for votes recorded before attribution existed.
+    #[must_use]
+    pub fn decided_by_display(&self) -> Option<String> {
+        let decided_by = self.decided_by.as_deref()?;
+        Some(
+            self.votes
+                .iter()
+                .rev()
+                .find(|v| v.decided_by == decided_by)
+                .map_or_else(|| decided_by.to_owned(), ApprovalVote::voter_display),
+        )
+    }
 }
 
 /// A recorded vote.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Clone, PartialEq)]
 pub struct ApprovalVote {
     /// The voter.
     pub decided_by: String,
@@ -197,13 +285,63 @@ pub struct ApprovalVote {
     pub edited_args: Option<Value>,
     /// When.
     pub created_at: DateTime<Utc>,
+    /// How the voter was established (`None`: recorded before attribution existed).
+    pub verification: Option<Verification>,
+    /// The principal that relayed the vote, if any.
+    pub via: Option<String>,
+}
+
+/// `Debug` lists every field, except attribution fields that were not recorded (so a dump of a
+/// log recorded before attribution existed reads exactly as it did).
+impl std::fmt::Debug for ApprovalVote {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut d = f.debug_struct("ApprovalVote");
+        d.field("decided_by", &self.decided_by);
+        d.field("decision", &self.decision);
+        d.field("comment", &self.comment);
+        d.field(
+            "comprehension_acknowledged",
+            &self.comprehension_acknowledged,
+        );
+        d.field("edited_args", &self.edited_args);
+        d.field("created_at", &self.created_at);
+        if self.verification.is_some() {
+            d.field("verification", &self.verification);
+        }
+        if self.via.is_some() {
+            d.field("via", &self.via);
+        }
+        d.finish()
+    }
+}
+
+impl ApprovalVote {
+    /// The voter's attribution, when one was recorded.
+    #[must_use]
+    pub fn attribution(&self) -> Option<Attribution> {
+        self.verification.map(|verification| Attribution {
+            actor: self.decided_by.clone(),
+            verification,
+            via: self.via.clone(),
+        })
+    }
+
+    /// The voter as a person reads it ([`crate::display_actor`]).
+    #[must_use]
+    pub fn voter_display(&self) -> String {
+        crate::model::display_actor(&self.decided_by, self.verification, self.via.as_deref())
+    }
 }
 
 /// Input of [`Ledger::cast_vote`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct Vote {
-    /// The voter (required; the daemon resolves `PHRONY_ACTOR` fallbacks before).
-    pub actor: String,
+    /// The voter (required; the daemon resolves `PHRONY_ACTOR` fallbacks before), with how
+    /// the runtime established it and the relaying principal.
+    pub actor: Attribution,
+    /// The approval routes the voter's credential is restricted to (empty: any route); a vote
+    /// on an approval routed elsewhere is refused ([`Vote::check`]).
+    pub routes: Vec<String>,
     /// Approve or reject.
     pub decision: VoteDecision,
     /// Comment (passed to the model on `return_to_agent` rejections by the engine).
@@ -224,12 +362,13 @@ impl Vote {
     /// A vote without edits or resolution.
     #[must_use]
     pub fn new(
-        actor: impl Into<String>,
+        actor: impl Into<Attribution>,
         decision: VoteDecision,
         comment: impl Into<String>,
     ) -> Self {
         Self {
             actor: actor.into(),
+            routes: Vec::new(),
             decision,
             comment: comment.into(),
             comprehension_acknowledged: false,
@@ -242,7 +381,7 @@ impl Vote {
     /// The vote resolving an outcome review with `resolution`.
     #[must_use]
     pub fn resolve(
-        actor: impl Into<String>,
+        actor: impl Into<Attribution>,
         resolution: ReviewResolution,
         comment: impl Into<String>,
     ) -> Self {
@@ -311,7 +450,8 @@ const APPROVAL_SELECT: &str = "SELECT a.id, a.session_id, a.call_id, a.parent_ap
      a.policy_runtime, a.authority_ref, a.approvals_required, a.approvals_received, \
      a.comprehension_required, a.on_reject, a.on_modify, a.timeout_default, a.timeout_minutes, \
      a.escalate_route, a.escalate_after_minutes, a.escalation_depth, a.expires_at, a.decided_by, \
-     a.comment, a.created_at, a.decided_at, a.kind, a.resolution \
+     a.comment, a.created_at, a.decided_at, a.kind, a.resolution, a.allow_self_approval, \
+     s.created_by, s.created_by_verification, s.created_by_via \
      FROM approvals a JOIN sessions s ON s.id = a.session_id";
 
 fn u32_col(row: &Row, column: &str) -> Result<u32> {
@@ -380,6 +520,13 @@ fn approval_from_row(row: &Row) -> Result<Approval> {
         authority_ref: row.text("authority_ref")?,
         approvals_required: u32_col(row, "approvals_required")?,
         approvals_received: u32_col(row, "approvals_received")?,
+        allow_self_approval: row.bool("allow_self_approval")?,
+        session_started_by: sessions::attribution_cols(
+            row,
+            "created_by",
+            "created_by_verification",
+            "created_by_via",
+        )?,
         comprehension_required: row.bool("comprehension_required")?,
         on_reject: OnReject::parse_stored(&row.text("on_reject")?)?,
         on_modify: OnModify::parse_stored(&row.text("on_modify")?)?,
@@ -399,7 +546,7 @@ async fn load_votes(conn: &mut Conn<'_>, approval: &mut Approval) -> Result<()> 
         .fetch_all(
             "read approval votes",
             "SELECT decided_by, decision, comment, comprehension_acknowledged, edited_args, \
-             created_at FROM approval_votes WHERE approval_id = $1 ORDER BY created_at, decided_by",
+             created_at, verification, via FROM approval_votes WHERE approval_id = $1 ORDER BY created_at, decided_by",
             args![approval.id],
         )
         .await?;
@@ -413,6 +560,8 @@ async fn load_votes(conn: &mut Conn<'_>, approval: &mut Approval) -> Result<()> 
                 comprehension_acknowledged: r.bool("comprehension_acknowledged")?,
                 edited_args: r.opt_json("edited_args")?,
                 created_at: r.ts("created_at")?,
+                verification: sessions::opt_verification(r, "verification")?,
+                via: r.opt_text("via")?,
             })
         })
         .collect::<Result<_>>()?;
@@ -551,7 +700,7 @@ async fn emit(
     head: &mut StreamHead,
     call_id: &str,
     turn: Option<u32>,
-    actor: &str,
+    actor: impl Into<Attribution>,
     body: impl Into<EventBody>,
 ) -> Result<Event> {
     let body = body.into();
@@ -628,6 +777,7 @@ async fn open(tx: &mut Tx, new: &NewApproval) -> Result<Approval> {
         route: new.route.clone(),
         authority_ref: new.authority_ref.clone(),
         approvals_required: new.approvals_required,
+        allow_self_approval: new.allow_self_approval,
         comprehension_required: new.comprehension_required,
         on_reject: new.on_reject,
         on_modify: new.on_modify,
@@ -751,8 +901,16 @@ impl Vote {
     /// `InvalidArgument`: `actor is required`, `edited args can only accompany an approve
     /// vote`, `edited args must be a JSON object, got <kind>`.
     pub fn check_shape(&self) -> Result<()> {
-        if self.actor.trim().is_empty() {
+        if self.actor.actor.trim().is_empty() {
             return Err(LedgerError::invalid("actor is required"));
+        }
+        if self
+            .actor
+            .via
+            .as_deref()
+            .is_some_and(|v| v.trim().is_empty())
+        {
+            return Err(LedgerError::invalid("via must not be empty when given"));
         }
         if let Some(edited) = &self.edited_args {
             if self.decision == VoteDecision::Reject {
@@ -774,15 +932,17 @@ impl Vote {
     /// before its own checks of edited arguments, and [`Ledger::cast_vote`] again on the
     /// locked approval): [`Vote::check_shape`], the approval still pending, the review
     /// resolution ([`vote_resolution`]), the comprehension acknowledgement, one vote per voter
-    /// ([`same_voter`]), and approve votes agreeing on the arguments. Returns the resolution
-    /// the vote records.
+    /// ([`same_voter`]), who may vote ([`Vote::check_voter`]: the route restriction,
+    /// separation of duties, verified votes on verified sessions), and approve votes agreeing
+    /// on the arguments. Returns the resolution the vote records.
     ///
     /// # Errors
     /// - `InvalidArgument`: the shape, a resolution that does not fit,
     ///   `comprehension acknowledgement is required`;
     /// - `FailedPrecondition`: `approval X is already <status>`, a plain approve on an outcome
     ///   review, `actor "x" already decided on this approval`, approve votes for other
-    ///   arguments.
+    ///   arguments;
+    /// - `PermissionDenied`: [`Vote::check_voter`]'s.
     pub fn check(&self, approval: &Approval) -> Result<Option<ReviewResolution>> {
         self.check_shape()?;
         require_pending(approval)?;
@@ -795,13 +955,14 @@ impl Vote {
         if let Some(earlier) = approval
             .votes
             .iter()
-            .find(|x| same_voter(&x.decided_by, &self.actor))
+            .find(|x| same_voter(&x.decided_by, &self.actor.actor))
         {
             return Err(LedgerError::precondition(duplicate_vote_message(
-                &self.actor,
+                &self.actor.actor,
                 &earlier.decided_by,
             )));
         }
+        self.check_voter(approval)?;
         if self.decision == VoteDecision::Approve
             && approval.approvals_received > 0
             && let Some(edited) = &self.edited_args
@@ -814,6 +975,66 @@ impl Vote {
             )));
         }
         Ok(resolution)
+    }
+}
+
+impl Vote {
+    /// Who may vote on `approval` (part of [`Vote::check`], the one rule book):
+    ///
+    /// 1. **Route restriction.** When the voter's credential lists routes ([`Vote::routes`]
+    ///    not empty), the approval's route (the policy's `phrony.com/approver_role`) must be
+    ///    one of them; an approval with no route is then refused too.
+    /// 2. **Separation of duties.** When the session was started by a verified principal and
+    ///    the voter is verified (a relayed voter counts: the relay vouches for it), a voter with
+    ///    the starter's name ([`same_voter`]: case-insensitive) is refused, unless the policy
+    ///    opted out with `allow_self_approval: true` (recorded in `approval.required`). In
+    ///    `local` mode both are unverified and the rule does not apply: the tutorial's one
+    ///    person starts and approves.
+    /// 3. **A verified session's quorum counts verified principals.** On an approval of a
+    ///    session started by a verified principal, an unverified vote is refused: it neither
+    ///    counts toward the quorum nor vetoes. Together with one vote per voter
+    ///    ([`same_voter`]), `approvals_received` is then the number of distinct verified
+    ///    principals who approved. An unverified vote counts as before only when the session
+    ///    itself is unverified (`local` mode, or recorded before attribution existed).
+    ///
+    /// # Errors
+    /// `PermissionDenied`, naming the voter, the approval and the rule.
+    pub fn check_voter(&self, approval: &Approval) -> Result<()> {
+        let voter = &self.actor;
+        if !self.routes.is_empty() && !self.routes.iter().any(|r| r == &approval.route) {
+            let route = if approval.route.is_empty() {
+                "no route".to_owned()
+            } else {
+                format!("route {:?}", approval.route)
+            };
+            return Err(LedgerError::denied(format!(
+                "{voter} may only vote on approvals routed to {}; approval {} has {route}",
+                self.routes.join(", "),
+                approval.id
+            )));
+        }
+        let Some(starter) = approval
+            .session_started_by
+            .as_ref()
+            .filter(|s| s.verification.is_verified())
+        else {
+            return Ok(());
+        };
+        if !voter.verification.is_verified() {
+            return Err(LedgerError::denied(format!(
+                "{voter} cannot vote on approval {}: session {} was started by a verified \
+                 principal, so its quorum counts verified principals only",
+                approval.id, approval.session_id
+            )));
+        }
+        if !approval.allow_self_approval && same_voter(&starter.actor, &voter.actor) {
+            return Err(LedgerError::denied(format!(
+                "{voter} cannot vote on approval {}: {} started session {} (separation of \
+                 duties; a policy may opt out with allow_self_approval: true)",
+                approval.id, starter, approval.session_id
+            )));
+        }
+        Ok(())
     }
 }
 
@@ -837,7 +1058,7 @@ async fn record_vote(tx: &mut Tx, id: Uuid, v: &Vote) -> Result<VoteOutcome> {
     let payload = ApprovalVoted {
         approval_id: approval.id,
         call_id: approval.call_id.clone(),
-        decided_by: v.actor.clone(),
+        decided_by: v.actor.actor.clone(),
         decision,
         comment: v.comment.clone(),
         comprehension_acknowledged: v.comprehension_acknowledged,
@@ -862,7 +1083,7 @@ async fn record_vote(tx: &mut Tx, id: Uuid, v: &Vote) -> Result<VoteOutcome> {
                 &after,
                 turn,
                 ApprovalStatus::Denied,
-                &v.actor,
+                &v.actor.actor,
                 &v.comment,
                 None,
                 None,
@@ -878,7 +1099,7 @@ async fn record_vote(tx: &mut Tx, id: Uuid, v: &Vote) -> Result<VoteOutcome> {
                 &after,
                 turn,
                 ApprovalStatus::Approved,
-                &v.actor,
+                &v.actor.actor,
                 &v.comment,
                 Some(args),
                 None,
@@ -917,7 +1138,7 @@ async fn resolve_review(
         approval,
         turn,
         status,
-        &v.actor,
+        &v.actor.actor,
         &v.comment,
         effective_args,
         Some(resolution),
@@ -941,7 +1162,7 @@ async fn resolve_review(
                 head,
                 &approval.call_id,
                 &v.actor,
-                Err(not_resent_message(&v.actor, &v.comment)),
+                Err(not_resent_message(&v.actor.actor, &v.comment)),
             )
             .await
         }
@@ -1040,6 +1261,7 @@ async fn expire(tx: &mut Tx, id: Uuid, at: DateTime<Utc>) -> Result<TimeoutOutco
                     .unwrap_or_else(|| approval.route.clone()),
                 authority_ref: approval.authority_ref.clone(),
                 approvals_required: approval.approvals_required,
+                allow_self_approval: approval.allow_self_approval,
                 comprehension_required: approval.comprehension_required,
                 on_reject: approval.on_reject,
                 on_modify: approval.on_modify,
@@ -1146,9 +1368,10 @@ pub(crate) async fn apply(conn: &mut Conn<'_>, event: &Event, body: &EventBody) 
                      agent_ref, policy_ref, policy_runtime, authority_ref, approvals_required, \
                      approvals_received, comprehension_required, on_reject, on_modify, \
                      timeout_default, escalation_depth, expires_at, created_at, timeout_minutes, \
-                     escalate_route, escalate_after_minutes, kind) \
+                     escalate_route, escalate_after_minutes, kind, allow_self_approval) \
                      VALUES ($1, $2, $3, $4, 'pending', $5, $6, $7, $8, $9, $10, $11, $12, $13, \
-                     $14, $15, $16, 0, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27)",
+                     $14, $15, $16, 0, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, \
+                     $28)",
                     vec![
                         Arg::from(p.approval_id),
                         Arg::from(event.stream.as_str()),
@@ -1177,6 +1400,7 @@ pub(crate) async fn apply(conn: &mut Conn<'_>, event: &Event, body: &EventBody) 
                         Arg::from(timeout.and_then(|t| t.escalate_to_route.clone())),
                         Arg::from(timeout.and_then(|t| t.escalate_after_minutes.map(i64::from))),
                         Arg::from(p.kind.as_str()),
+                        Arg::from(p.allow_self_approval),
                     ],
                 )
                 .await?;
@@ -1195,8 +1419,8 @@ pub(crate) async fn apply(conn: &mut Conn<'_>, event: &Event, body: &EventBody) 
             conn.execute(
                 "project vote",
                 "INSERT INTO approval_votes (approval_id, decided_by, decision, comment, \
-                 comprehension_acknowledged, edited_args, created_at) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7)",
+                 comprehension_acknowledged, edited_args, created_at, verification, via) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
                 vec![
                     Arg::from(p.approval_id),
                     Arg::from(p.decided_by.as_str()),
@@ -1205,6 +1429,10 @@ pub(crate) async fn apply(conn: &mut Conn<'_>, event: &Event, body: &EventBody) 
                     Arg::from(p.comprehension_acknowledged),
                     Arg::OptJson(p.edited_args.clone()),
                     Arg::from(ts),
+                    // The voter's attribution is the vote event's (one source of truth for
+                    // the re-fold).
+                    Arg::from(event.actor_verification.map(Verification::as_str)),
+                    Arg::from(event.actor_via.clone()),
                 ],
             )
             .await?;
@@ -1330,7 +1558,7 @@ impl NewApproval {
                 "approvals_required must be at least 1",
             ));
         }
-        if self.actor.trim().is_empty() {
+        if self.actor.actor.trim().is_empty() {
             return Err(LedgerError::invalid("actor is required"));
         }
         if self

@@ -15,6 +15,23 @@
 //! strings escaped and numbers written as `serde_json` writes them. The first event of every
 //! stream has `prev_hash` = 64 zeros ([`GENESIS_HASH`]); each later event's `prev_hash` is the
 //! `hash` of the event with the previous `seq`.
+//!
+//! ## Attributed events
+//!
+//! An event that records how its actor was established (schema version 4: every event whose
+//! actor is a caller, not one of the runtime's own actors) appends two elements to the array:
+//!
+//! ```text
+//! ["phrony.event.v1", stream, seq, type, ts, actor, call_id, turn, payload, prev_hash,
+//!  actor_verification, actor_via]
+//! ```
+//!
+//! where `actor_verification` is the stored verification string (`unverified`, `token`, `oidc`,
+//! `mtls`) and `actor_via` the relaying principal's name or `null`. An event without a
+//! verification (written before attribution existed, or by the runtime itself: `system`,
+//! `system:timeout`, `agent`, `policy`, `worker`) hashes exactly the ten-element array above,
+//! so logs written by earlier builds verify unchanged. The two forms cannot collide: the arrays
+//! differ in length. `Event::recompute_hash` applies the same rule.
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde_json::Value;
@@ -88,6 +105,9 @@ pub(crate) struct HashInput<'a> {
     /// Canonical JSON text of the payload.
     pub(crate) payload: &'a str,
     pub(crate) prev_hash: &'a str,
+    /// `None` for an event without attribution (the ten-element form).
+    pub(crate) actor_verification: Option<&'a str>,
+    pub(crate) actor_via: Option<&'a str>,
 }
 
 /// Computes the event hash defined in the module docs.
@@ -121,6 +141,15 @@ pub(crate) fn event_hash(input: &HashInput<'_>) -> String {
     encoded.push_str(input.payload);
     encoded.push(',');
     encoded.push_str(&s(input.prev_hash));
+    if let Some(verification) = input.actor_verification {
+        encoded.push(',');
+        encoded.push_str(&s(verification));
+        encoded.push(',');
+        match input.actor_via {
+            Some(via) => encoded.push_str(&s(via)),
+            None => encoded.push_str("null"),
+        }
+    }
     encoded.push(']');
     hex::encode(Sha256::digest(encoded.as_bytes()))
 }
@@ -138,6 +167,8 @@ pub(crate) struct StoredEvent {
     pub(crate) payload: String,
     pub(crate) prev_hash: String,
     pub(crate) hash: String,
+    pub(crate) actor_verification: Option<String>,
+    pub(crate) actor_via: Option<String>,
 }
 
 impl StoredEvent {
@@ -152,6 +183,8 @@ impl StoredEvent {
             turn: self.turn,
             payload: &self.payload,
             prev_hash: &self.prev_hash,
+            actor_verification: self.actor_verification.as_deref(),
+            actor_via: self.actor_via.as_deref(),
         }
     }
 }
@@ -338,6 +371,8 @@ mod tests {
             payload: payload.into(),
             prev_hash: prev.into(),
             hash: String::new(),
+            actor_verification: None,
+            actor_via: None,
         };
         e.hash = event_hash(&e.hash_input());
         e
@@ -383,10 +418,50 @@ mod tests {
                 prev_hash: "1".repeat(64),
                 ..base.clone()
             },
+            StoredEvent {
+                actor_verification: Some("unverified".into()),
+                ..base.clone()
+            },
         ];
+        let attributed = StoredEvent {
+            actor_verification: Some("token".into()),
+            ..base.clone()
+        };
+        let attributed_hash = event_hash(&attributed.hash_input());
+        for v in [
+            StoredEvent {
+                actor_verification: Some("oidc".into()),
+                ..attributed.clone()
+            },
+            StoredEvent {
+                actor_via: Some("approvals-ui".into()),
+                ..attributed.clone()
+            },
+        ] {
+            assert_ne!(event_hash(&v.hash_input()), attributed_hash, "{v:?}");
+        }
         for v in variants {
             assert_ne!(event_hash(&v.hash_input()), base.hash, "{v:?}");
         }
+    }
+
+    #[test]
+    fn an_unattributed_event_hashes_the_version_1_array_and_an_attributed_one_appends() {
+        let base = stored(1, GENESIS_HASH, "{}");
+        let v1 = format!(
+            "[\"phrony.event.v1\",\"s\",1,\"t.x\",\"2025-01-02T03:04:05.123456Z\",\"a\",null,1,{{}},\"{GENESIS_HASH}\"]"
+        );
+        assert_eq!(base.hash, hex::encode(Sha256::digest(v1.as_bytes())));
+        let relayed = StoredEvent {
+            actor_verification: Some("token".into()),
+            actor_via: Some("approvals-ui".into()),
+            ..base.clone()
+        };
+        let v4 = format!("{},\"token\",\"approvals-ui\"]", &v1[..v1.len() - 1]);
+        assert_eq!(
+            event_hash(&relayed.hash_input()),
+            hex::encode(Sha256::digest(v4.as_bytes()))
+        );
     }
 
     #[test]

@@ -21,6 +21,14 @@ pub enum LedgerError {
         /// Why the operation is refused.
         message: String,
     },
+    /// The caller is identified but this action is not theirs to take: a vote on an approval
+    /// held in a session the voter started (separation of duties), on an approval routed
+    /// outside the voter's credential, or an unverified vote where a verified one is needed.
+    #[error("{message}")]
+    PermissionDenied {
+        /// Who was refused what, and why.
+        message: String,
+    },
     /// The operation would change something immutable (a published version).
     #[error("{message}")]
     AlreadyExists {
@@ -110,6 +118,12 @@ impl LedgerError {
 
     pub(crate) fn precondition(message: impl Into<String>) -> Self {
         Self::FailedPrecondition {
+            message: message.into(),
+        }
+    }
+
+    pub(crate) fn denied(message: impl Into<String>) -> Self {
+        Self::PermissionDenied {
             message: message.into(),
         }
     }

@@ -337,7 +337,7 @@ impl EventBody {
     ///
     /// # Errors
     /// As [`EventBody::payload`].
-    pub fn into_new_event(self, actor: impl Into<String>) -> Result<NewEvent> {
+    pub fn into_new_event(self, actor: impl Into<phrony_auth::Attribution>) -> Result<NewEvent> {
         Ok(NewEvent::new(self.event_type(), actor, self.payload()?))
     }
 }
@@ -798,6 +798,11 @@ pub struct ApprovalRequired {
     pub authority_ref: String,
     /// The quorum.
     pub approvals_required: u32,
+    /// The policy's explicit separation-of-duties opt-out (`allow_self_approval: true`): the
+    /// session's starter may vote on it. Omitted when false (the default, and every approval
+    /// recorded before the field existed).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_self_approval: bool,
     /// Approvers must acknowledge comprehension.
     pub comprehension_required: bool,
     /// What a reject does.

@@ -5,7 +5,8 @@ use crate::chain::{
 };
 use crate::db::{Backend, Conn, Row, Tx, args};
 use crate::error::{LedgerError, Result};
-use crate::model::{Event, NewEvent, VerifyReport};
+use crate::model::{Event, NewEvent, VerifyReport, recorded_verification};
+use phrony_auth::Verification;
 
 /// Page size used when streaming a log for verification or replay.
 pub(crate) const PAGE: i64 = 500;
@@ -64,33 +65,40 @@ pub(crate) async fn append(tx: &mut Tx, head: &mut StreamHead, event: NewEvent) 
     let ts = tx.now();
     let payload_text = canonical_json(&event.payload);
     let turn = event.turn.map(i64::from);
+    let verification = recorded_verification(&event.actor);
+    let via = verification.and(event.actor.via.clone());
     let hash = event_hash(&HashInput {
         stream: &head.stream,
         seq,
         event_type: &event.event_type,
         ts: &ts,
-        actor: &event.actor,
+        actor: &event.actor.actor,
         call_id: event.call_id.as_deref(),
         turn,
         payload: &payload_text,
         prev_hash: &head.last_hash,
+        actor_verification: verification.map(Verification::as_str),
+        actor_via: via.as_deref(),
     });
     let mut conn = tx.conn();
     conn.execute(
         "append event",
-        "INSERT INTO events (stream, seq, type, ts, actor, call_id, turn, payload, prev_hash, hash) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+        "INSERT INTO events (stream, seq, type, ts, actor, call_id, turn, payload, prev_hash, hash, \
+         actor_verification, actor_via) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
         args![
             &head.stream,
             seq,
             &event.event_type,
             ts,
-            &event.actor,
+            &event.actor.actor,
             event.call_id.clone(),
             turn,
             payload_text,
             &head.last_hash,
-            &hash
+            &hash,
+            verification.map(Verification::as_str),
+            via.clone()
         ],
     )
     .await?;
@@ -114,7 +122,9 @@ pub(crate) async fn append(tx: &mut Tx, head: &mut StreamHead, event: NewEvent) 
         seq: u64::try_from(seq).unwrap_or_default(),
         event_type: event.event_type,
         ts,
-        actor: event.actor,
+        actor: event.actor.actor,
+        actor_verification: verification,
+        actor_via: via,
         call_id: event.call_id,
         turn: event.turn,
         payload: event.payload,
@@ -123,7 +133,8 @@ pub(crate) async fn append(tx: &mut Tx, head: &mut StreamHead, event: NewEvent) 
     })
 }
 
-const EVENT_COLUMNS: &str = "stream, seq, type, ts, actor, call_id, turn, payload, prev_hash, hash";
+const EVENT_COLUMNS: &str = "stream, seq, type, ts, actor, call_id, turn, payload, prev_hash, hash, \
+     actor_verification, actor_via";
 
 fn stored_from_row(row: &Row) -> Result<StoredEvent> {
     Ok(StoredEvent {
@@ -137,6 +148,12 @@ fn stored_from_row(row: &Row) -> Result<StoredEvent> {
         payload: row.text("payload")?,
         prev_hash: row.text("prev_hash")?,
         hash: row.text("hash")?,
+        // Empty counts as not recorded (the column's value for events of earlier builds is
+        // NULL; an empty string is treated the same way).
+        actor_verification: row
+            .opt_text("actor_verification")?
+            .filter(|v| !v.is_empty()),
+        actor_via: row.opt_text("actor_via")?,
     })
 }
 
@@ -147,6 +164,15 @@ impl StoredEvent {
             .map_err(|e| LedgerError::corrupt(format!("{}: payload is not JSON: {e}", where_())))?;
         let seq = u64::try_from(self.seq)
             .map_err(|_| LedgerError::corrupt(format!("{}: negative seq", where_())))?;
+        let actor_verification = self
+            .actor_verification
+            .as_deref()
+            .map(|v| {
+                Verification::parse(v).ok_or_else(|| {
+                    LedgerError::corrupt(format!("{}: unknown actor verification {v:?}", where_()))
+                })
+            })
+            .transpose()?;
         let turn = self
             .turn
             .map(u32::try_from)
@@ -158,6 +184,8 @@ impl StoredEvent {
             event_type: self.event_type,
             ts: self.ts,
             actor: self.actor,
+            actor_verification,
+            actor_via: self.actor_via,
             call_id: self.call_id,
             turn,
             payload,

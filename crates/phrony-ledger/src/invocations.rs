@@ -2,6 +2,7 @@
 //! the state machine of §4.8 by events in the owning session's stream.
 
 use chrono::{DateTime, SubsecRound, Utc};
+use phrony_auth::Attribution;
 use serde_json::Value;
 use uuid::Uuid;
 
@@ -312,7 +313,7 @@ async fn emit(
     tx: &mut Tx,
     head: &mut StreamHead,
     call: &ToolInvocation,
-    actor: &str,
+    actor: impl Into<Attribution>,
     body: impl Into<EventBody>,
 ) -> Result<Event> {
     let body = body.into();
@@ -507,7 +508,7 @@ pub(crate) async fn complete_by_review(
     tx: &mut Tx,
     head: &mut StreamHead,
     call_id: &str,
-    actor: &str,
+    actor: &Attribution,
     outcome: std::result::Result<Option<Value>, String>,
 ) -> Result<()> {
     let call = require(&mut tx.conn(), call_id).await?;
@@ -526,7 +527,7 @@ pub(crate) async fn complete_by_review(
             error_message: None,
             worker_id: None,
             usage: None,
-            resolved_by: Some(actor.to_owned()),
+            resolved_by: Some(actor.actor.clone()),
         },
         Err(message) => ToolCompleted {
             call_id: call.call_id.clone(),
@@ -536,7 +537,7 @@ pub(crate) async fn complete_by_review(
             error_message: Some(message),
             worker_id: None,
             usage: None,
-            resolved_by: Some(actor.to_owned()),
+            resolved_by: Some(actor.actor.clone()),
         },
     };
     emit(tx, head, &call, actor, payload).await.map(|_| ())

@@ -148,8 +148,10 @@ pub use error::LedgerError;
 pub use model::{
     Agent, AgentRef, AgentVersion, ArchivedAgent, Deployment, DeploymentAction, Event,
     NewAgentVersion, NewEvent, Published, RebuildReport, RetiredVersion, VerifyReport,
-    VersionOrigin, VersionStatus,
+    VersionOrigin, VersionStatus, display_actor, is_runtime_actor, recorded_verification,
 };
+/// Who an event is attributed to, re-exported so that the ledger's users name one type.
+pub use phrony_auth::{Attribution, Verification};
 
 pub use approvals::{
     Approval, ApprovalFilter, ApprovalKind, ApprovalStatus, ApprovalTimeout, ApprovalVote,
@@ -545,7 +547,7 @@ impl Ledger {
         new.agent_ref().validate()?;
         require_nonempty("version", &new.version)?;
         require_nonempty("content_hash", &new.content_hash)?;
-        require_nonempty("actor", &new.actor)?;
+        require_nonempty("actor", &new.actor.actor)?;
         match serde_json::from_str::<serde_json::Value>(&new.snapshot_json) {
             Ok(serde_json::Value::Object(_)) => {}
             Ok(_) => return Err(LedgerError::invalid("snapshot_json must be a JSON object")),
@@ -563,10 +565,15 @@ impl Ledger {
     /// # Errors
     /// `NotFound` (`agent ns/name not found`, `no published version "v" for agent ns/name`),
     /// `FailedPrecondition` (archived agent; retired or deprecated version).
-    pub async fn deploy(&self, agent: &AgentRef, version: &str, actor: &str) -> Result<Deployment> {
+    pub async fn deploy(
+        &self,
+        agent: &AgentRef,
+        version: &str,
+        actor: &Attribution,
+    ) -> Result<Deployment> {
         agent.validate()?;
         require_version(version)?;
-        require_nonempty("actor", actor)?;
+        require_nonempty("actor", &actor.actor)?;
         write_tx!(self, |tx| lifecycle::deploy(&mut tx, agent, version, actor))
     }
 
@@ -580,13 +587,13 @@ impl Ledger {
         &self,
         agent: &AgentRef,
         to: Option<&str>,
-        actor: &str,
+        actor: &Attribution,
     ) -> Result<Deployment> {
         agent.validate()?;
         if let Some(v) = to {
             require_version(v)?;
         }
-        require_nonempty("actor", actor)?;
+        require_nonempty("actor", &actor.actor)?;
         write_tx!(self, |tx| lifecycle::rollback(&mut tx, agent, to, actor))
     }
 
@@ -688,11 +695,11 @@ impl Ledger {
         &self,
         agent: &AgentRef,
         version: &str,
-        actor: &str,
+        actor: &Attribution,
     ) -> Result<AgentVersion> {
         agent.validate()?;
         require_version(version)?;
-        require_nonempty("actor", actor)?;
+        require_nonempty("actor", &actor.actor)?;
         write_tx!(self, |tx| lifecycle::deprecate(
             &mut tx, agent, version, actor
         ))
@@ -710,11 +717,11 @@ impl Ledger {
         &self,
         agent: &AgentRef,
         version: &str,
-        actor: &str,
+        actor: &Attribution,
     ) -> Result<RetiredVersion> {
         agent.validate()?;
         require_version(version)?;
-        require_nonempty("actor", actor)?;
+        require_nonempty("actor", &actor.actor)?;
         write_tx!(self, |tx| lifecycle::retire_ending_sessions(
             &mut tx, agent, version, actor
         ))
@@ -727,9 +734,13 @@ impl Ledger {
     ///
     /// # Errors
     /// `NotFound`; `FailedPrecondition`: `agent ns/name is already archived`.
-    pub async fn archive_agent(&self, agent: &AgentRef, actor: &str) -> Result<ArchivedAgent> {
+    pub async fn archive_agent(
+        &self,
+        agent: &AgentRef,
+        actor: &Attribution,
+    ) -> Result<ArchivedAgent> {
         agent.validate()?;
-        require_nonempty("actor", actor)?;
+        require_nonempty("actor", &actor.actor)?;
         write_tx!(self, |tx| lifecycle::archive(&mut tx, agent, actor))
     }
 

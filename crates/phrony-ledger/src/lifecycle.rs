@@ -5,6 +5,7 @@
 //! apply that event to the projections with [`apply`] — the same function
 //! [`crate::Ledger::rebuild_projections`] replays, so live state and rebuilt state cannot drift.
 
+use phrony_auth::Attribution;
 use std::collections::BTreeMap;
 
 use uuid::Uuid;
@@ -284,7 +285,7 @@ async fn activate(
     agent: &Agent,
     target: &AgentVersion,
     action: DeploymentAction,
-    actor: &str,
+    actor: &Attribution,
 ) -> Result<Deployment> {
     let previous = active_deployment(&mut tx.conn(), agent.id).await?;
     let payload = AgentActivated {
@@ -308,7 +309,7 @@ async fn activate(
         version: payload.version,
         previous_version: payload.previous_version,
         action,
-        actor: actor.to_owned(),
+        actor: actor.actor.clone(),
         created_at: event.ts,
     })
 }
@@ -317,7 +318,7 @@ pub(crate) async fn deploy(
     tx: &mut Tx,
     agent_ref: &AgentRef,
     version: &str,
-    actor: &str,
+    actor: &Attribution,
 ) -> Result<Deployment> {
     let mut head = lock_stream(tx, &agent_ref.stream()).await?;
     let agent = require_agent(&mut tx.conn(), agent_ref).await?;
@@ -343,7 +344,7 @@ pub(crate) async fn rollback(
     tx: &mut Tx,
     agent_ref: &AgentRef,
     to: Option<&str>,
-    actor: &str,
+    actor: &Attribution,
 ) -> Result<Deployment> {
     let mut head = lock_stream(tx, &agent_ref.stream()).await?;
     let agent = require_agent(&mut tx.conn(), agent_ref).await?;
@@ -400,7 +401,7 @@ pub(crate) async fn deprecate(
     tx: &mut Tx,
     agent_ref: &AgentRef,
     version: &str,
-    actor: &str,
+    actor: &Attribution,
 ) -> Result<AgentVersion> {
     retire_or_deprecate(tx, agent_ref, version, actor, VersionChange::Deprecate).await
 }
@@ -409,7 +410,7 @@ pub(crate) async fn retire(
     tx: &mut Tx,
     agent_ref: &AgentRef,
     version: &str,
-    actor: &str,
+    actor: &Attribution,
 ) -> Result<AgentVersion> {
     retire_or_deprecate(tx, agent_ref, version, actor, VersionChange::Retire).await
 }
@@ -457,7 +458,7 @@ async fn retire_or_deprecate(
     tx: &mut Tx,
     agent_ref: &AgentRef,
     version: &str,
-    actor: &str,
+    actor: &Attribution,
     change: VersionChange,
 ) -> Result<AgentVersion> {
     let mut head = lock_stream(tx, &agent_ref.stream()).await?;
@@ -479,12 +480,12 @@ pub(crate) async fn retire_ending_sessions(
     tx: &mut Tx,
     agent_ref: &AgentRef,
     version: &str,
-    actor: &str,
+    actor: &Attribution,
 ) -> Result<RetiredVersion> {
     let retired = retire(tx, agent_ref, version, actor).await?;
     let reason = format!(
-        "agent version {agent_ref}@{} retired by {actor}",
-        retired.version
+        "agent version {agent_ref}@{} retired by {}",
+        retired.version, actor.actor
     );
     let ended_sessions =
         crate::sessions::end_for_versions(tx, &[retired.id], &reason, actor).await?;
@@ -520,7 +521,7 @@ async fn change_version(
     agent: &Agent,
     target: AgentVersion,
     change: VersionChange,
-    actor: &str,
+    actor: &Attribution,
 ) -> Result<AgentVersion> {
     let version_id = target.id;
     let body = change.body(AgentVersionChanged {
@@ -538,7 +539,7 @@ async fn change_version(
 pub(crate) async fn archive(
     tx: &mut Tx,
     agent_ref: &AgentRef,
-    actor: &str,
+    actor: &Attribution,
 ) -> Result<ArchivedAgent> {
     let mut head = lock_stream(tx, &agent_ref.stream()).await?;
     let agent = require_agent(&mut tx.conn(), agent_ref).await?;
@@ -570,7 +571,7 @@ pub(crate) async fn archive(
         .into_iter()
         .map(|v| v.id)
         .collect();
-    let reason = format!("agent {agent_ref} archived by {actor}");
+    let reason = format!("agent {agent_ref} archived by {}", actor.actor);
     let ended_sessions = crate::sessions::end_for_versions(tx, &all, &reason, actor).await?;
     Ok(ArchivedAgent {
         agent_id: agent.id,

@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use chrono::{DateTime, Utc};
+use phrony_auth::{Attribution, Verification};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use uuid::Uuid;
@@ -81,7 +82,7 @@ pub struct NewAgentVersion {
     /// The snapshot's content hash, as computed by the caller (opaque to the ledger).
     pub content_hash: String,
     /// Who published (recorded on the version and in the audit event).
-    pub actor: String,
+    pub actor: Attribution,
 }
 
 impl NewAgentVersion {
@@ -321,8 +322,10 @@ pub struct RetiredVersion {
 pub struct NewEvent {
     /// Dotted lower-case type, e.g. `session.started`, `tool.dispatched`.
     pub event_type: String,
-    /// Who caused it (`system`, `agent`, `policy`, a user name, …). Must not be empty.
-    pub actor: String,
+    /// Who caused it: a caller's [`Attribution`] (name, verification, relaying principal), or
+    /// one of the runtime's own actors (`system`, `agent`, `policy`, …, given as an unverified
+    /// attribution; see [`recorded_verification`]). The name must not be empty.
+    pub actor: Attribution,
     /// Snake_case JSON payload.
     pub payload: Value,
     /// The tool call this event belongs to, if any.
@@ -332,8 +335,13 @@ pub struct NewEvent {
 }
 
 impl NewEvent {
-    /// An event with no call id and no turn.
-    pub fn new(event_type: impl Into<String>, actor: impl Into<String>, payload: Value) -> Self {
+    /// An event with no call id and no turn. A bare name (`"system"`) is an unverified
+    /// attribution.
+    pub fn new(
+        event_type: impl Into<String>,
+        actor: impl Into<Attribution>,
+        payload: Value,
+    ) -> Self {
         Self {
             event_type: event_type.into(),
             actor: actor.into(),
@@ -358,8 +366,18 @@ impl NewEvent {
                 self.event_type
             )));
         }
-        if self.actor.trim().is_empty() {
+        if self.actor.actor.trim().is_empty() {
             return Err(LedgerError::invalid("event actor must not be empty"));
+        }
+        if self
+            .actor
+            .via
+            .as_deref()
+            .is_some_and(|v| v.trim().is_empty())
+        {
+            return Err(LedgerError::invalid(
+                "event actor_via must not be empty when given",
+            ));
         }
         if self.call_id.as_deref().is_some_and(str::is_empty) {
             return Err(LedgerError::invalid(
@@ -370,8 +388,45 @@ impl NewEvent {
     }
 }
 
+/// The runtime's own actors: the names [`phrony_auth::actor`] reserves (`system`, `agent`,
+/// `policy`, `worker`, and `system:…` such as `system:timeout`), which no client may use.
+#[must_use]
+pub fn is_runtime_actor(name: &str) -> bool {
+    matches!(
+        phrony_auth::Actor::parse(name),
+        Err(phrony_auth::ActorError::Reserved { .. })
+    )
+}
+
+/// The verification an event records for `actor`: `None` for the runtime's own actors (an
+/// unverified, unrelayed attribution to a reserved name, [`is_runtime_actor`]), which are
+/// recorded as before attribution existed; the attribution's verification for everyone else.
+#[must_use]
+pub fn recorded_verification(actor: &Attribution) -> Option<Verification> {
+    let runtime = actor.verification == Verification::Unverified
+        && actor.via.is_none()
+        && is_runtime_actor(&actor.actor);
+    (!runtime).then_some(actor.verification)
+}
+
+/// How a person reads a recorded actor: the [`Attribution`]'s display (`emad (unverified)`,
+/// `alice via approvals-ui`, `ops-bot`) when a verification was recorded, else the bare name
+/// (the runtime's own actors, and everything recorded before attribution existed).
+#[must_use]
+pub fn display_actor(actor: &str, verification: Option<Verification>, via: Option<&str>) -> String {
+    match verification {
+        Some(verification) => Attribution {
+            actor: actor.to_owned(),
+            verification,
+            via: via.map(str::to_owned),
+        }
+        .to_string(),
+        None => actor.to_owned(),
+    }
+}
+
 /// A stored event.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Clone, PartialEq)]
 pub struct Event {
     /// The stream (a session id, or `agent:<ns>/<name>`).
     pub stream: String,
@@ -381,8 +436,13 @@ pub struct Event {
     pub event_type: String,
     /// Append time (UTC, microsecond precision).
     pub ts: DateTime<Utc>,
-    /// Who caused it.
+    /// Who caused it (the name; see [`Event::attribution`]).
     pub actor: String,
+    /// How the actor was established; `None` for the runtime's own actors and for events
+    /// written before attribution was recorded.
+    pub actor_verification: Option<Verification>,
+    /// The principal that relayed the actor, if any.
+    pub actor_via: Option<String>,
     /// Tool call id, if any.
     pub call_id: Option<String>,
     /// Session turn, if any.
@@ -393,6 +453,31 @@ pub struct Event {
     pub prev_hash: String,
     /// This event's hash (see the crate docs for the exact definition).
     pub hash: String,
+}
+
+/// `Debug` lists every field, except attribution fields that were not recorded (so a dump of a
+/// log recorded before attribution existed reads exactly as it did).
+impl std::fmt::Debug for Event {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut d = f.debug_struct("Event");
+        d.field("stream", &self.stream);
+        d.field("seq", &self.seq);
+        d.field("event_type", &self.event_type);
+        d.field("ts", &self.ts);
+        d.field("actor", &self.actor);
+        if self.actor_verification.is_some() {
+            d.field("actor_verification", &self.actor_verification);
+        }
+        if self.actor_via.is_some() {
+            d.field("actor_via", &self.actor_via);
+        }
+        d.field("call_id", &self.call_id);
+        d.field("turn", &self.turn);
+        d.field("payload", &self.payload);
+        d.field("prev_hash", &self.prev_hash);
+        d.field("hash", &self.hash);
+        d.finish()
+    }
 }
 
 impl Event {
@@ -411,7 +496,31 @@ impl Event {
             turn: self.turn.map(i64::from),
             payload: &payload,
             prev_hash: &self.prev_hash,
+            actor_verification: self.actor_verification.map(Verification::as_str),
+            actor_via: self.actor_via.as_deref(),
         })
+    }
+
+    /// Who the event is attributed to, when it recorded a verification (`None`: the runtime's
+    /// own actors and events written before attribution existed).
+    #[must_use]
+    pub fn attribution(&self) -> Option<Attribution> {
+        self.actor_verification.map(|verification| Attribution {
+            actor: self.actor.clone(),
+            verification,
+            via: self.actor_via.clone(),
+        })
+    }
+
+    /// The actor as a person reads it ([`display_actor`]): `emad (unverified)`,
+    /// `alice via approvals-ui`, or the bare name.
+    #[must_use]
+    pub fn actor_display(&self) -> String {
+        display_actor(
+            &self.actor,
+            self.actor_verification,
+            self.actor_via.as_deref(),
+        )
     }
 }
 

@@ -31,7 +31,7 @@ pub enum SessionEvent {
     /// `message.user` (actor: who sent it).
     UserMessage {
         /// Who sent the message (the client's `PHRONY_ACTOR`, or `user`).
-        actor: String,
+        actor: phrony_auth::Attribution,
         /// The turn the message starts.
         turn: u32,
         /// The message text.
@@ -74,7 +74,7 @@ impl SessionEvent {
                 turn,
                 content,
             } => {
-                if actor.trim().is_empty() {
+                if actor.actor.trim().is_empty() {
                     return Err(LedgerError::invalid("user message actor is required"));
                 }
                 let mut e = EventBody::MessageUser(UserMessage {

@@ -4,6 +4,7 @@
 //! check the request against the projections, append the event and apply it with [`apply`],
 //! which [`Ledger::rebuild_projections`] replays.
 
+use phrony_auth::{Attribution, Verification};
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -99,11 +100,11 @@ pub struct NewSession {
     /// Secrets sealed to this session id, stored in the same transaction (never in events).
     pub secrets: Vec<SealedSecret>,
     /// Who started the session.
-    pub actor: String,
+    pub actor: Attribution,
 }
 
 /// A session (`sessions` row).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Clone, PartialEq)]
 pub struct Session {
     /// `run_<uuid>`.
     pub id: String,
@@ -131,8 +132,12 @@ pub struct Session {
     pub depth: u32,
     /// The limits in force.
     pub limits: Option<SessionLimits>,
-    /// Who started it.
+    /// Who started it (the name; see [`Session::started_by`]).
     pub created_by: String,
+    /// How the starter was established (`None`: recorded before attribution existed).
+    pub created_by_verification: Option<Verification>,
+    /// The principal that relayed the starter, if any.
+    pub created_by_via: Option<String>,
     /// `session.started` time.
     pub created_at: DateTime<Utc>,
     /// Time of the last status change.
@@ -141,13 +146,45 @@ pub struct Session {
     pub ended_at: Option<DateTime<Utc>>,
 }
 
+/// `Debug` lists every field, except attribution fields that were not recorded (so a dump of a
+/// log recorded before attribution existed reads exactly as it did).
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut d = f.debug_struct("Session");
+        d.field("id", &self.id);
+        d.field("agent_version_id", &self.agent_version_id);
+        d.field("agent", &self.agent);
+        d.field("mode", &self.mode);
+        d.field("input", &self.input);
+        d.field("metadata", &self.metadata);
+        d.field("status", &self.status);
+        d.field("error", &self.error);
+        d.field("output", &self.output);
+        d.field("parent_session_id", &self.parent_session_id);
+        d.field("root_session_id", &self.root_session_id);
+        d.field("depth", &self.depth);
+        d.field("limits", &self.limits);
+        d.field("created_by", &self.created_by);
+        if self.created_by_verification.is_some() {
+            d.field("created_by_verification", &self.created_by_verification);
+        }
+        if self.created_by_via.is_some() {
+            d.field("created_by_via", &self.created_by_via);
+        }
+        d.field("created_at", &self.created_at);
+        d.field("updated_at", &self.updated_at);
+        d.field("ended_at", &self.ended_at);
+        d.finish()
+    }
+}
+
 /// A requested status change for [`Ledger::set_session_status`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct StatusChange {
     /// The new status.
     pub to: SessionStatus,
     /// Who caused it (`system` by default).
-    pub actor: String,
+    pub actor: Attribution,
     /// The failure message; required for `failed`, refused otherwise.
     pub error: Option<String>,
     /// The output of a `completed` session; refused for other statuses.
@@ -164,7 +201,7 @@ impl StatusChange {
     pub fn to(to: SessionStatus) -> Self {
         Self {
             to,
-            actor: "system".to_owned(),
+            actor: Attribution::from("system"),
             error: None,
             output: None,
             reason: None,
@@ -198,7 +235,7 @@ impl StatusChange {
 
     /// Sets the actor.
     #[must_use]
-    pub fn by(mut self, actor: impl Into<String>) -> Self {
+    pub fn by(mut self, actor: impl Into<Attribution>) -> Self {
         self.actor = actor.into();
         self
     }
@@ -316,7 +353,7 @@ impl NewSession {
             return Err(LedgerError::invalid("input must be a JSON object"));
         }
         validate_metadata(&self.metadata)?;
-        if self.actor.trim().is_empty() {
+        if self.actor.actor.trim().is_empty() {
             return Err(LedgerError::invalid("actor is required"));
         }
         if let Some(parent) = &self.parent_session_id {
@@ -347,7 +384,62 @@ fn event_type_for(to: SessionStatus) -> &'static str {
 const SESSION_COLUMNS: &str = "s.id, s.agent_version_id, s.agent_namespace, s.agent_name, \
      s.agent_version, s.mode, s.input, s.metadata, s.status, s.error, s.output, \
      s.parent_session_id, s.root_session_id, s.depth, s.limits, s.created_by, s.created_at, \
-     s.updated_at, s.ended_at";
+     s.updated_at, s.ended_at, s.created_by_verification, s.created_by_via";
+
+/// A stored verification column (`NULL` or empty: not recorded).
+pub(crate) fn opt_verification(row: &Row, column: &str) -> Result<Option<Verification>> {
+    row.opt_text(column)?
+        .filter(|v| !v.is_empty())
+        .map(|v| {
+            Verification::parse(&v).ok_or_else(|| {
+                LedgerError::corrupt(format!("{column}: unknown verification {v:?}"))
+            })
+        })
+        .transpose()
+}
+
+/// The attribution stored in three columns (name, verification, via); `None` when no
+/// verification was recorded.
+pub(crate) fn attribution_cols(
+    row: &Row,
+    name: &str,
+    verification: &str,
+    via: &str,
+) -> Result<Option<Attribution>> {
+    let Some(verification) = opt_verification(row, verification)? else {
+        return Ok(None);
+    };
+    Ok(Some(Attribution {
+        actor: row.text(name)?,
+        verification,
+        via: row.opt_text(via)?,
+    }))
+}
+
+impl Session {
+    /// Who started the session, when an attribution was recorded (`None` for sessions
+    /// recorded before attribution existed, and those the runtime started itself).
+    #[must_use]
+    pub fn started_by(&self) -> Option<Attribution> {
+        self.created_by_verification
+            .map(|verification| Attribution {
+                actor: self.created_by.clone(),
+                verification,
+                via: self.created_by_via.clone(),
+            })
+    }
+
+    /// The starter as a person reads it: `emad (unverified)`, `alice via approvals-ui`, or the
+    /// bare name ([`crate::display_actor`]).
+    #[must_use]
+    pub fn created_by_display(&self) -> String {
+        crate::model::display_actor(
+            &self.created_by,
+            self.created_by_verification,
+            self.created_by_via.as_deref(),
+        )
+    }
+}
 
 fn session_from_row(row: &Row) -> Result<Session> {
     let metadata: BTreeMap<String, String> = serde_json::from_value(row.json("metadata")?)
@@ -377,6 +469,8 @@ fn session_from_row(row: &Row) -> Result<Session> {
             .map_err(|_| LedgerError::corrupt("sessions.depth out of range"))?,
         limits,
         created_by: row.text("created_by")?,
+        created_by_verification: opt_verification(row, "created_by_verification")?,
+        created_by_via: row.opt_text("created_by_via")?,
         created_at: row.ts("created_at")?,
         updated_at: row.ts("updated_at")?,
         ended_at: row.opt_ts("ended_at")?,
@@ -613,7 +707,7 @@ pub(crate) async fn end_for_versions(
     tx: &mut Tx,
     version_ids: &[Uuid],
     reason: &str,
-    actor: &str,
+    actor: &Attribution,
 ) -> Result<Vec<String>> {
     let mut ended = Vec::new();
     for version_id in version_ids {
@@ -749,8 +843,10 @@ pub(crate) async fn apply(conn: &mut Conn<'_>, event: &Event, body: &EventBody) 
                 "project session",
                 "INSERT INTO sessions (id, agent_version_id, parent_session_id, root_session_id, \
                  depth, mode, input, metadata, status, created_by, created_at, updated_at, \
-                 agent_namespace, agent_name, agent_version, limits) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $11, $12, $13, $14, $15)",
+                 agent_namespace, agent_name, agent_version, limits, created_by_verification, \
+                 created_by_via) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $11, $12, $13, $14, $15, \
+                 $16, $17)",
                 vec![
                     Arg::from(p.session_id.as_str()),
                     Arg::from(p.agent_version_id),
@@ -767,6 +863,8 @@ pub(crate) async fn apply(conn: &mut Conn<'_>, event: &Event, body: &EventBody) 
                     Arg::from(p.agent_name.as_str()),
                     Arg::from(p.agent_version.as_str()),
                     Arg::OptJson(limits),
+                    Arg::from(event.actor_verification.map(Verification::as_str)),
+                    Arg::from(event.actor_via.clone()),
                 ],
             )
             .await?;
@@ -887,7 +985,7 @@ impl Ledger {
         id: &str,
         change: StatusChange,
     ) -> Result<StatusChanged> {
-        if change.actor.trim().is_empty() {
+        if change.actor.actor.trim().is_empty() {
             return Err(LedgerError::invalid("actor is required"));
         }
         match (change.to, &change.error) {

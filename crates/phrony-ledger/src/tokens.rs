@@ -192,7 +192,7 @@ pub(crate) async fn create(tx: &mut Tx, new: &NewApiToken) -> Result<ApiToken> {
     let event = append(
         tx,
         &mut head,
-        EventBody::TokenCreated(payload).into_new_event(&new.created_by)?,
+        EventBody::TokenCreated(payload).into_new_event(new.created_by.as_str())?,
     )
     .await?;
     tx.conn()

@@ -1033,6 +1033,7 @@ fn compiled_from_doc(doc: &PolicyDoc, scope: String) -> CompiledPolicy {
         on_reject: d.on_reject.clone(),
         on_modify: d.on_modify.clone(),
         comprehension_required: d.comprehension_required,
+        allow_self_approval: d.allow_self_approval,
         timeout: d.timeout.as_ref().map(|t| PolicyTimeout {
             after_minutes: t.after_minutes.unwrap_or(0),
             default_decision: t.default.clone(),
@@ -1175,6 +1176,9 @@ pub(crate) fn merge_policies(policies: Vec<CompiledPolicy>) -> (Vec<CompiledPoli
                 first_set(|p| &p.on_modify)
             },
             comprehension_required: group.iter().any(|p| p.comprehension_required),
+            // A merged approval opts out of separation of duties only when every merged
+            // policy does (the safe choice).
+            allow_self_approval: group.iter().all(|p| p.allow_self_approval),
             timeout,
             runtime: group
                 .iter()

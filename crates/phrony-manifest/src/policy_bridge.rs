@@ -28,6 +28,7 @@ pub(crate) fn def_from_doc(doc: &PolicyDoc) -> PolicyDef {
         on_reject: opt(&decision.on_reject),
         on_modify: opt(&decision.on_modify),
         comprehension_required: decision.comprehension_required,
+        allow_self_approval: decision.allow_self_approval,
         timeout: decision.timeout.as_ref().map(|t| TimeoutDef {
             after_minutes: t.after_minutes.unwrap_or(0),
             default: t.default.clone(),
@@ -54,6 +55,7 @@ pub(crate) fn def_from_compiled(p: &CompiledPolicy) -> PolicyDef {
         on_reject: opt(&p.on_reject),
         on_modify: opt(&p.on_modify),
         comprehension_required: p.comprehension_required,
+        allow_self_approval: p.allow_self_approval,
         timeout: p.timeout.as_ref().map(|t| TimeoutDef {
             after_minutes: t.after_minutes,
             default: t.default_decision.clone(),

@@ -110,6 +110,9 @@ impl<'s> Decision<'s> {
                 map.serialize_entry("on_modify", "revalidate")?;
             }
             map.serialize_entry("comprehension_required", &policy.comprehension_required())?;
+            if policy.allow_self_approval() {
+                map.serialize_entry("allow_self_approval", &true)?;
+            }
             if let Some(timeout) = policy.timeout() {
                 map.serialize_entry("timeout", &timeout)?;
             }

@@ -51,6 +51,10 @@ pub struct PolicyDef {
     /// Approvers must acknowledge comprehension.
     #[serde(default, skip_serializing_if = "is_false")]
     pub comprehension_required: bool,
+    /// The explicit separation-of-duties opt-out: the principal who started the session may
+    /// vote on its approvals (only with an approval decision).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub allow_self_approval: bool,
     /// Approval timeout.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout: Option<TimeoutDef>,

@@ -140,6 +140,15 @@ pub enum CompileErrorKind {
     /// An approval route that is not a string.
     #[error("the approver role must be a string")]
     RouteNotString,
+    /// `allow_self_approval` on a policy whose decision asks no approval.
+    #[error(
+        "allow_self_approval only applies to decision types require_approval and escalate, \
+         not `{action}`"
+    )]
+    SelfApprovalOnOtherAction {
+        /// The decision type given.
+        action: String,
+    },
     /// An allow list on a policy whose decision is not `allow`.
     #[error("an allow list only applies to decision type allow, not `{action}`")]
     AllowOnOtherAction {

@@ -171,6 +171,7 @@ pub struct Policy {
     on_reject: OnReject,
     on_modify: OnModify,
     comprehension_required: bool,
+    allow_self_approval: bool,
     timeout: Option<Timeout>,
     authority_ref: Option<String>,
     route: Option<String>,
@@ -343,6 +344,17 @@ impl Policy {
                 values.push(Scalar::from_str(entry));
             }
         }
+        if def.allow_self_approval
+            && let Some(a) = action
+            && !a.is_approval()
+        {
+            diags.push(
+                "allow_self_approval",
+                CompileErrorKind::SelfApprovalOnOtherAction {
+                    action: def.action.clone(),
+                },
+            );
+        }
         if !def.allow.is_empty()
             && let Some(a) = action
             && a != Action::Allow
@@ -446,6 +458,7 @@ impl Policy {
             on_reject,
             on_modify,
             comprehension_required: def.comprehension_required,
+            allow_self_approval: def.allow_self_approval,
             timeout,
             authority_ref: non_empty(def.authority_ref),
             route,
@@ -514,6 +527,12 @@ impl Policy {
     /// Whether approvers must acknowledge comprehension.
     pub fn comprehension_required(&self) -> bool {
         self.comprehension_required
+    }
+
+    /// Whether the policy opts out of separation of duties (`allow_self_approval: true`): the
+    /// principal who started the session may vote on the approval.
+    pub fn allow_self_approval(&self) -> bool {
+        self.allow_self_approval
     }
 
     /// The approval timeout.

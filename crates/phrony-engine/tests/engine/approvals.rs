@@ -456,7 +456,11 @@ async fn cancelling_a_session_closes_its_pending_approval() {
     let s = h.start("Refund €400 for ORD-1.").await;
     h.wait(&s.id, &[SessionStatus::AwaitingApproval]).await;
     let approval = h.pending_approval(&s.id).await;
-    let cancelled = h.engine.cancel_session(&s.id, "emad").await.unwrap();
+    let cancelled = h
+        .engine
+        .cancel_session(&s.id, &phrony_ledger::Attribution::unverified("emad"))
+        .await
+        .unwrap();
     assert_eq!(cancelled.status, SessionStatus::Cancelled);
     let closed = h.store.get_approval(approval.id).await.unwrap();
     assert_eq!(closed.status, ApprovalStatus::Cancelled);
@@ -466,7 +470,11 @@ async fn cancelling_a_session_closes_its_pending_approval() {
         .await
         .unwrap_err();
     assert_eq!(err.kind, ErrorKind::FailedPrecondition);
-    let again = h.engine.cancel_session(&s.id, "emad").await.unwrap_err();
+    let again = h
+        .engine
+        .cancel_session(&s.id, &phrony_ledger::Attribution::unverified("emad"))
+        .await
+        .unwrap_err();
     assert_eq!(again.kind, ErrorKind::NotFound);
     assert_eq!(
         again.message,
@@ -495,7 +503,10 @@ async fn cancelling_sends_a_cancel_to_the_worker_running_the_call() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let call_id = h.worker.invocations.lock().unwrap()[0].call_id.clone();
-    h.engine.cancel_session(&s.id, "emad").await.unwrap();
+    h.engine
+        .cancel_session(&s.id, &phrony_ledger::Attribution::unverified("emad"))
+        .await
+        .unwrap();
     for _ in 0..200 {
         if !h.worker.cancels.lock().unwrap().is_empty() {
             break;

@@ -213,7 +213,11 @@ async fn a_parked_conversation_shows_its_history_and_stats() {
     assert_eq!((stats.turn, stats.session_usage.input_tokens), (1, 20));
 
     h.engine
-        .send_user_message(&s.id, "emad", "ORD-1")
+        .send_user_message(
+            &s.id,
+            &phrony_ledger::Attribution::unverified("emad"),
+            "ORD-1",
+        )
         .await
         .unwrap();
     let live = read_until(&mut a, |a| matches!(a, Activity::AwaitingInput(_))).await;

@@ -431,7 +431,10 @@ async fn a_result_after_the_session_was_cancelled_is_recorded_as_what_happened()
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let call_id = h.worker.invocations.lock().unwrap()[0].call_id.clone();
-    h.engine.cancel_session(&s.id, "alice").await.unwrap();
+    h.engine
+        .cancel_session(&s.id, &phrony_ledger::Attribution::unverified("alice"))
+        .await
+        .unwrap();
     assert_eq!(
         h.worker.wait_cancels(1).await,
         std::slice::from_ref(&call_id)

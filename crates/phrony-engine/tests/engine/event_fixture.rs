@@ -116,7 +116,14 @@ async fn record_the_fixture() {
         .await
         .unwrap();
     let agent_ref = AgentRef::new("support", "refund-agent");
-    ledger.deploy(&agent_ref, "0.1.0", "emad").await.unwrap();
+    ledger
+        .deploy(
+            &agent_ref,
+            "0.1.0",
+            &phrony_ledger::Attribution::unverified("emad"),
+        )
+        .await
+        .unwrap();
     let store = Arc::new(LedgerStore::new(
         ledger.clone(),
         Some(SecretCipher::new(&[7u8; 32])),
@@ -184,11 +191,18 @@ async fn record_the_fixture() {
         .unwrap();
     h.wait(&s4.id, &[SessionStatus::AwaitingInput]).await;
     h.engine
-        .send_user_message(&s4.id, "emad", "Then refund €350, please.")
+        .send_user_message(
+            &s4.id,
+            &phrony_ledger::Attribution::unverified("emad"),
+            "Then refund €350, please.",
+        )
         .await
         .unwrap();
     h.wait(&s4.id, &[SessionStatus::AwaitingApproval]).await;
-    h.engine.cancel_session(&s4.id, "emad").await.unwrap();
+    h.engine
+        .cancel_session(&s4.id, &phrony_ledger::Attribution::unverified("emad"))
+        .await
+        .unwrap();
     assert_eq!(h.wait_end(&s4.id).await.status, SessionStatus::Cancelled);
     ids.push(s4.id.clone());
 
@@ -217,13 +231,28 @@ async fn record_the_fixture() {
         .publish_agent_version(published(&agent, "0.2.0"))
         .await
         .unwrap();
-    ledger.deploy(&agent_ref, "0.2.0", "emad").await.unwrap();
     ledger
-        .deprecate_version(&agent_ref, "0.1.0", "emad")
+        .deploy(
+            &agent_ref,
+            "0.2.0",
+            &phrony_ledger::Attribution::unverified("emad"),
+        )
         .await
         .unwrap();
     ledger
-        .retire_version(&agent_ref, "0.1.0", "emad")
+        .deprecate_version(
+            &agent_ref,
+            "0.1.0",
+            &phrony_ledger::Attribution::unverified("emad"),
+        )
+        .await
+        .unwrap();
+    ledger
+        .retire_version(
+            &agent_ref,
+            "0.1.0",
+            &phrony_ledger::Attribution::unverified("emad"),
+        )
         .await
         .unwrap();
     h.engine
@@ -232,7 +261,10 @@ async fn record_the_fixture() {
         .unwrap();
     assert_eq!(h.wait_end(&s6.id).await.status, SessionStatus::Failed);
     ids.push(s6.id.clone());
-    ledger.archive_agent(&agent_ref, "emad").await.unwrap();
+    ledger
+        .archive_agent(&agent_ref, &phrony_ledger::Attribution::unverified("emad"))
+        .await
+        .unwrap();
     h.engine.shutdown();
     tokio::time::sleep(Duration::from_millis(100)).await;
 

@@ -230,7 +230,10 @@ async fn quorum_and_cancel_on_the_ledger(db: Db) {
     let other = h.start("Refund €400 for ORD-1 again.").await;
     h.wait(&other.id, &[SessionStatus::AwaitingApproval]).await;
     let pending = h.pending_approval(&other.id).await;
-    h.engine.cancel_session(&other.id, "emad").await.unwrap();
+    h.engine
+        .cancel_session(&other.id, &phrony_ledger::Attribution::unverified("emad"))
+        .await
+        .unwrap();
     let closed = ledger.get_approval(pending.id).await.unwrap();
     assert_eq!(closed.status, ApprovalStatus::Cancelled);
     assert_eq!(
@@ -383,7 +386,11 @@ async fn a_conversation_with_rejection_revalidation_and_invalid_args(db: Db) {
     h.wait(&s.id, &[SessionStatus::AwaitingInput]).await;
 
     h.engine
-        .send_user_message(&s.id, "emad", "Try again.")
+        .send_user_message(
+            &s.id,
+            &phrony_ledger::Attribution::unverified("emad"),
+            "Try again.",
+        )
         .await
         .unwrap();
     h.wait(&s.id, &[SessionStatus::AwaitingApproval]).await;
@@ -408,7 +415,11 @@ async fn a_conversation_with_rejection_revalidation_and_invalid_args(db: Db) {
     h.wait(&s.id, &[SessionStatus::AwaitingInput]).await;
 
     h.engine
-        .send_user_message(&s.id, "emad", "Once more.")
+        .send_user_message(
+            &s.id,
+            &phrony_ledger::Attribution::unverified("emad"),
+            "Once more.",
+        )
         .await
         .unwrap();
     // The message is recorded while the session is parked; wait for its turn to run.

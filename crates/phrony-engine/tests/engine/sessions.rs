@@ -30,7 +30,7 @@ async fn a_conversation_parks_and_processes_queued_messages_in_order() {
     for (i, text) in ["second", "third", "fourth"].iter().enumerate() {
         let turn = h
             .engine
-            .send_user_message(&s.id, "emad", text)
+            .send_user_message(&s.id, &phrony_ledger::Attribution::unverified("emad"), text)
             .await
             .unwrap();
         assert_eq!(turn, u32::try_from(i).unwrap() + 2);
@@ -73,12 +73,20 @@ async fn a_conversation_parks_and_processes_queued_messages_in_order() {
     );
 
     // Completing the session keeps the last assistant message as the output.
-    let done = h.engine.complete_session(&s.id, "emad").await.unwrap();
+    let done = h
+        .engine
+        .complete_session(&s.id, &phrony_ledger::Attribution::unverified("emad"))
+        .await
+        .unwrap();
     assert_eq!(done.status, SessionStatus::Completed);
     assert_eq!(done.output.unwrap()["message"], "answer 4");
     let err = h
         .engine
-        .send_user_message(&s.id, "emad", "more")
+        .send_user_message(
+            &s.id,
+            &phrony_ledger::Attribution::unverified("emad"),
+            "more",
+        )
         .await
         .unwrap_err();
     assert_eq!(err.kind, ErrorKind::FailedPrecondition);
@@ -107,7 +115,7 @@ async fn the_tutorial_conversation_rejects_then_approves() {
     h.engine
         .send_user_message(
             &s.id,
-            "emad",
+            &phrony_ledger::Attribution::unverified("emad"),
             "Refund €400 for ORD-1 — the item arrived damaged.",
         )
         .await
@@ -124,7 +132,11 @@ async fn the_tutorial_conversation_rejects_then_approves() {
     h.wait(&s.id, &[SessionStatus::AwaitingInput]).await;
 
     h.engine
-        .send_user_message(&s.id, "emad", "The claim checks out now, please refund.")
+        .send_user_message(
+            &s.id,
+            &phrony_ledger::Attribution::unverified("emad"),
+            "The claim checks out now, please refund.",
+        )
         .await
         .unwrap();
     h.wait(&s.id, &[SessionStatus::AwaitingApproval]).await;
@@ -163,14 +175,18 @@ async fn task_sessions_take_no_further_messages_and_empty_messages_are_refused()
     let s = h.start("hi").await;
     let err = h
         .engine
-        .send_user_message(&s.id, "emad", "more")
+        .send_user_message(
+            &s.id,
+            &phrony_ledger::Attribution::unverified("emad"),
+            "more",
+        )
         .await
         .unwrap_err();
     assert_eq!(err.kind, ErrorKind::FailedPrecondition);
     assert!(err.message.contains("task mode"), "{}", err.message);
     let err = h
         .engine
-        .send_user_message(&s.id, "emad", "  ")
+        .send_user_message(&s.id, &phrony_ledger::Attribution::unverified("emad"), "  ")
         .await
         .unwrap_err();
     assert_eq!(err.kind, ErrorKind::InvalidArgument);
@@ -245,7 +261,11 @@ async fn a_limit_hit_in_a_conversation_parks_it_with_input_blocked() {
     assert_eq!(h.worker.tools().len(), 2);
     let err = h
         .engine
-        .send_user_message(&s.id, "emad", "go on")
+        .send_user_message(
+            &s.id,
+            &phrony_ledger::Attribution::unverified("emad"),
+            "go on",
+        )
         .await
         .unwrap_err();
     assert_eq!(err.kind, ErrorKind::FailedPrecondition);
@@ -269,7 +289,7 @@ async fn a_limit_hit_in_a_conversation_parks_it_with_input_blocked() {
     // The operator can still complete it.
     assert_eq!(
         h.engine
-            .complete_session(&s.id, "emad")
+            .complete_session(&s.id, &phrony_ledger::Attribution::unverified("emad"))
             .await
             .unwrap()
             .status,

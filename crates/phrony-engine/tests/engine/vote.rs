@@ -477,5 +477,8 @@ async fn a_session_target_finds_its_pending_approval() {
             format!("session {} has no pending approval", s.id)
         )
     );
-    h.engine.cancel_session(&other.id, "emad").await.unwrap();
+    h.engine
+        .cancel_session(&other.id, &phrony_ledger::Attribution::unverified("emad"))
+        .await
+        .unwrap();
 }

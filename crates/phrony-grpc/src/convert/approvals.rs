@@ -1,6 +1,7 @@
 //! Approvals: `GetApproval`, `ListApprovals` and `DecideApproval` requests and responses, and the
 //! approvals of the `InspectSession` timeline.
 
+use phrony_auth::Attribution;
 use phrony_engine::VoteAnswer;
 use phrony_ledger::{
     AgentRef, Approval, ApprovalFilter, ApprovalStatus, ApprovalVote, PageRequest,
@@ -53,9 +54,13 @@ pub(crate) fn approval_filter(
     Ok((filter, page_request(r.page_size, &r.page_token)?))
 }
 
-/// The vote a `DecideApprovalRequest` casts, by `actor` (already resolved: the request's field,
-/// else the `phrony-actor` header, else the runtime's default).
-pub(crate) fn vote(r: &pb::DecideApprovalRequest, actor: String) -> Result<Vote, Status> {
+/// The vote a `DecideApprovalRequest` casts, by `actor` (already attributed to the request's
+/// principal), restricted to the voter credential's `routes` (empty: any route).
+pub(crate) fn vote(
+    r: &pb::DecideApprovalRequest,
+    actor: Attribution,
+    routes: Vec<String>,
+) -> Result<Vote, Status> {
     let resolution = resolution(&r.resolution)?;
     let decision = match (pb::ApprovalDecision::try_from(r.decision), resolution) {
         (Ok(pb::ApprovalDecision::Approve), _) => VoteDecision::Approve,
@@ -69,6 +74,7 @@ pub(crate) fn vote(r: &pb::DecideApprovalRequest, actor: String) -> Result<Vote,
     };
     Ok(Vote {
         actor,
+        routes,
         decision,
         comment: r.comment.clone(),
         comprehension_acknowledged: r.comprehension_acknowledged,
@@ -123,7 +129,24 @@ fn vote_pb(v: &ApprovalVote) -> pb::ApprovalVote {
         comment: v.comment.clone(),
         comprehension_acknowledged: v.comprehension_acknowledged,
         created_at: timestamp(v.created_at),
+        verification: v
+            .verification
+            .map(|x| x.as_str().to_owned())
+            .unwrap_or_default(),
+        via: v.via.clone().unwrap_or_default(),
     }
+}
+
+/// The deciding voter's verification and relay (empty when not recorded).
+fn decider(a: &Approval) -> (String, String) {
+    a.deciding_vote().map_or_else(Default::default, |v| {
+        (
+            v.verification
+                .map(|x| x.as_str().to_owned())
+                .unwrap_or_default(),
+            v.via.clone().unwrap_or_default(),
+        )
+    })
 }
 
 /// An approval on the wire; `with_votes` for GetApproval (ListApprovals leaves them out).
@@ -171,6 +194,9 @@ pub(crate) fn approval(a: Approval, with_votes: bool) -> pb::Approval {
             .unwrap_or_default(),
         kind: a.kind.to_string(),
         resolution: a.resolution.map(|r| r.to_string()).unwrap_or_default(),
+        decided_by_verification: decider(&a).0,
+        decided_by_via: decider(&a).1,
+        allow_self_approval: a.allow_self_approval,
     }
 }
 
@@ -254,6 +280,9 @@ pub(crate) fn inspect_approval(
             .unwrap_or_default(),
         kind: a.kind.to_string(),
         resolution: a.resolution.map(|r| r.to_string()).unwrap_or_default(),
+        decided_by_verification: decider(a).0,
+        decided_by_via: decider(a).1,
+        allow_self_approval: a.allow_self_approval,
     }
 }
 
@@ -278,29 +307,29 @@ mod tests {
     #[test]
     fn decisions_and_args_are_checked() {
         let mut r = pb::DecideApprovalRequest::default();
-        let err = vote(&r, "emad".into()).unwrap_err();
+        let err = vote(&r, "emad".into(), Vec::new()).unwrap_err();
         assert_eq!(
             err.message(),
             "decision must be APPROVE or REJECT (or unspecified with a resolution)"
         );
         r.decision = pb::ApprovalDecision::Approve as i32;
         r.args = b"{\"amount\": 300".to_vec();
-        let err = vote(&r, "emad".into()).unwrap_err();
+        let err = vote(&r, "emad".into(), Vec::new()).unwrap_err();
         assert_eq!(err.code(), Code::InvalidArgument);
         r.args = b"{\"amount\": 300}".to_vec();
-        let v = vote(&r, "emad".into()).unwrap();
+        let v = vote(&r, "emad".into(), Vec::new()).unwrap();
         assert_eq!(v.edited_args, Some(serde_json::json!({"amount": 300})));
         // Arguments that are no object, or come with a reject, are the engine's to refuse
         // (`Engine::vote`, one rule and one message for every surface).
         r.args = b"[1]".to_vec();
         assert_eq!(
-            vote(&r, "emad".into()).unwrap().edited_args,
+            vote(&r, "emad".into(), Vec::new()).unwrap().edited_args,
             Some(serde_json::json!([1]))
         );
         r.args.clear();
         r.decision = pb::ApprovalDecision::Reject as i32;
         assert_eq!(
-            vote(&r, "emad".into()).unwrap().decision,
+            vote(&r, "emad".into(), Vec::new()).unwrap().decision,
             VoteDecision::Reject
         );
     }

@@ -79,7 +79,9 @@ fn tool_approval(
     Ok(ApprovalDecisionRequest {
         approval_id: id,
         vote: Vote {
-            actor: String::new(),
+            // Both filled in by the stream: its attribution and its principal's routes.
+            actor: String::new().into(),
+            routes: Vec::new(),
             decision,
             comment: a.comment,
             comprehension_acknowledged: a.comprehension_acknowledged,

@@ -234,6 +234,7 @@ pub(crate) fn ledger_status(error: LedgerError) -> Status {
         LedgerError::NotFound { message } => Status::not_found(message),
         LedgerError::FailedPrecondition { message } => Status::failed_precondition(message),
         LedgerError::AlreadyExists { message } => Status::already_exists(message),
+        LedgerError::PermissionDenied { message } => Status::permission_denied(message),
         LedgerError::InvalidArgument { message } => Status::invalid_argument(message),
         LedgerError::Conflict { message } => {
             tracing::warn!(%message, "ledger write kept losing races");
@@ -275,6 +276,7 @@ pub(crate) fn engine_status(error: phrony_engine::EngineError) -> Status {
         ErrorKind::NotFound => Status::not_found(error.message),
         ErrorKind::FailedPrecondition => Status::failed_precondition(error.message),
         ErrorKind::AlreadyExists => Status::already_exists(error.message),
+        ErrorKind::PermissionDenied => Status::permission_denied(error.message),
         ErrorKind::InvalidArgument => Status::invalid_argument(error.message),
         ErrorKind::Conflict => {
             tracing::warn!(message = %error.message, "session write kept losing races");

@@ -542,6 +542,11 @@ fn event_entry(e: &phrony_ledger::Event, bound: &mut Shortener) -> pb::SessionEv
         call_id: e.call_id.clone().unwrap_or_default(),
         child_session_id: String::new(),
         actor: e.actor.clone(),
+        actor_verification: e
+            .actor_verification
+            .map(|v| v.as_str().to_owned())
+            .unwrap_or_default(),
+        actor_via: e.actor_via.clone().unwrap_or_default(),
     }
 }
 

@@ -2,6 +2,7 @@
 //! [`phrony_engine::Engine::vote`]: the engine checks and records it, resumes the waiting
 //! session, and answers with the session status the vote led to.
 
+use phrony_auth::Attribution;
 use phrony_engine::VoteTarget;
 use phrony_proto::runtime::v1 as pb;
 use tonic::Status;
@@ -41,10 +42,11 @@ impl RuntimeService {
     pub(super) async fn decide_approval_impl(
         &self,
         request: pb::DecideApprovalRequest,
-        actor: String,
+        actor: Attribution,
+        routes: Vec<String>,
     ) -> Result<pb::DecideApprovalResponse, Status> {
         let id = conv::approval_id(&request.approval_id)?;
-        let vote = conv::vote(&request, actor)?;
+        let vote = conv::vote(&request, actor, routes)?;
         let (voter, decision) = (vote.actor.clone(), vote.decision);
         let answer = self
             .engine()?

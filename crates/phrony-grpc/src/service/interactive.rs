@@ -48,7 +48,7 @@
 //! then reads the session's events from the store when it catches up: nothing is dropped.
 
 use futures::StreamExt as _;
-use phrony_auth::{Permission, Principal};
+use phrony_auth::{Attribution, Permission, Principal};
 use phrony_dispatch::CancellationToken;
 use phrony_engine::{
     AttachFrom, Attachment, Engine, SessionStatus, SessionUpdate, SessionView, Subscription,
@@ -74,7 +74,7 @@ impl RuntimeService {
     pub(super) async fn run_session_interactive_impl(
         &self,
         mut inbound: Streaming<pb::RunSessionInteractiveClientMsg>,
-        actor: String,
+        actor: Attribution,
         principal: Principal,
     ) -> Result<BoxStream<pb::RunSessionInteractiveServerMsg>, Status> {
         let engine = self.engine()?.clone();
@@ -122,6 +122,7 @@ impl RuntimeService {
             actor,
             may_approve: principal
                 .require(Permission::Approve)
+                .map(|()| principal.route_restriction())
                 .map_err(|d| d.to_string()),
             view,
             tx,
@@ -139,10 +140,11 @@ impl RuntimeService {
 struct InteractiveStream {
     engine: Engine,
     session_id: String,
-    actor: String,
+    actor: Attribution,
     /// Whether the stream's principal may vote (the refusal naming the missing permission
     /// otherwise): opening the stream needs only `run`.
-    may_approve: Result<(), String>,
+    /// (when it may: the routes its votes are restricted to, empty for any).
+    may_approve: Result<Vec<String>, String>,
     view: SessionView,
     tx: Outbox,
     /// The runtime is shutting down.
@@ -272,15 +274,17 @@ impl InteractiveStream {
     }
 
     async fn approval(&mut self, decision: ApprovalDecisionRequest) -> Result<(), End> {
-        if let Err(denied) = self.may_approve.clone() {
-            return self.refuse(&denied).await;
-        }
+        let routes = match self.may_approve.clone() {
+            Ok(routes) => routes,
+            Err(denied) => return self.refuse(&denied).await,
+        };
         let target = VoteTarget::InSession {
             session_id: self.session_id.clone(),
             approval_id: decision.approval_id,
         };
         let mut vote = decision.vote;
         vote.actor.clone_from(&self.actor);
+        vote.routes = routes;
         match self.engine.vote(target, vote).await {
             Ok(answer) => {
                 tracing::info!(

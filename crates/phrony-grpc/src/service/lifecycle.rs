@@ -1,6 +1,7 @@
 //! Agent lifecycle RPCs (§6.2): publish, deploy, rollback, deprecate, retire, archive, and the
 //! read-only views. The ledger implements the semantics; this module converts and logs.
 
+use phrony_auth::Attribution;
 use phrony_ledger::{AgentRef, NewAgentVersion};
 use phrony_proto::runtime::v1 as pb;
 use tonic::Status;
@@ -21,7 +22,7 @@ impl RuntimeService {
     pub(super) async fn publish_impl(
         &self,
         request: pb::PublishRequest,
-        actor: String,
+        actor: Attribution,
     ) -> Result<pb::PublishResponse, Status> {
         let verified =
             publish::verify(&request.manifest).map_err(|e| convert::snapshot_status(&e))?;
@@ -59,7 +60,7 @@ impl RuntimeService {
     pub(super) async fn deploy_impl(
         &self,
         request: pb::DeployRequest,
-        actor: String,
+        actor: Attribution,
     ) -> Result<pb::DeployResponse, Status> {
         let (agent, version) = convert::versioned_agent_ref(request.agent_ref.as_ref())?;
         let deployment = self
@@ -77,7 +78,7 @@ impl RuntimeService {
     pub(super) async fn rollback_impl(
         &self,
         request: pb::RollbackRequest,
-        actor: String,
+        actor: Attribution,
     ) -> Result<pb::RollbackResponse, Status> {
         let agent = convert::agent_ref(request.agent_ref.as_ref())?;
         let to = convert::optional(&request.to_version);
@@ -162,7 +163,7 @@ impl RuntimeService {
     pub(super) async fn deprecate_impl(
         &self,
         request: pb::DeprecateAgentVersionRequest,
-        actor: String,
+        actor: Attribution,
     ) -> Result<pb::DeprecateAgentVersionResponse, Status> {
         let (agent, version) = convert::versioned_agent_ref(request.agent_ref.as_ref())?;
         let deprecated = self
@@ -177,7 +178,7 @@ impl RuntimeService {
     pub(super) async fn retire_impl(
         &self,
         request: pb::RetireAgentVersionRequest,
-        actor: String,
+        actor: Attribution,
     ) -> Result<pb::RetireAgentVersionResponse, Status> {
         let (agent, version) = convert::versioned_agent_ref(request.agent_ref.as_ref())?;
         let retired = self
@@ -196,7 +197,7 @@ impl RuntimeService {
     pub(super) async fn archive_impl(
         &self,
         request: pb::ArchiveAgentRequest,
-        actor: String,
+        actor: Attribution,
     ) -> Result<pb::ArchiveAgentResponse, Status> {
         let agent = convert::agent_ref(request.agent_ref.as_ref())?;
         let archived = self

@@ -130,10 +130,9 @@ impl RuntimeService {
 
     /// The recorded actor of `request` (see [`Self::attribution`]), with the principal the
     /// access edge put on it (an unverified one named the default actor without the edge).
-    fn actor<T>(&self, request: &Request<T>, field: &str) -> Result<String, Status> {
+    fn actor<T>(&self, request: &Request<T>, field: &str) -> Result<Attribution, Status> {
         let principal = auth::principal(request, &self.default_actor);
         self.attribution(&principal, field, request.metadata())
-            .map(|a| a.actor)
     }
 }
 
@@ -429,8 +428,9 @@ impl Runtime for RuntimeService {
         request: Request<pb::DecideApprovalRequest>,
     ) -> Result<Response<pb::DecideApprovalResponse>, Status> {
         let actor = self.actor(&request, &request.get_ref().actor);
+        let routes = auth::principal(&request, &self.default_actor).route_restriction();
         unary("DecideApproval", async {
-            self.decide_approval_impl(request.into_inner(), actor?)
+            self.decide_approval_impl(request.into_inner(), actor?, routes)
                 .await
         })
         .await

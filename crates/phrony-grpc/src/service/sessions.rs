@@ -1,6 +1,7 @@
 //! Session RPCs (§5): start (shared by `RunSession` and `RunSessionInteractive`), cancel,
 //! complete, list and inspect. The engine runs the sessions; the ledger answers the reads.
 
+use phrony_auth::Attribution;
 use std::collections::HashMap;
 
 use phrony_engine::{SessionHandle, StartSession};
@@ -28,7 +29,7 @@ pub(crate) struct StartRequest {
     /// A `pb::SessionMode` value; unspecified means task.
     pub mode: i32,
     /// Who starts the session.
-    pub actor: String,
+    pub actor: Attribution,
 }
 
 impl std::fmt::Debug for StartRequest {
@@ -109,7 +110,7 @@ impl RuntimeService {
     pub(super) async fn run_session_impl(
         &self,
         request: pb::RunSessionRequest,
-        actor: String,
+        actor: Attribution,
     ) -> Result<pb::RunSessionResponse, Status> {
         let (handle, _agent) = self
             .start_session(StartRequest {
@@ -128,7 +129,7 @@ impl RuntimeService {
     pub(super) async fn cancel_session_impl(
         &self,
         request: pb::CancelSessionRequest,
-        actor: String,
+        actor: Attribution,
     ) -> Result<pb::CancelSessionResponse, Status> {
         let id = conv::session_id(&request.session_id)?;
         let ended = self.engine()?.cancel_session(id, &actor).await;
@@ -169,7 +170,7 @@ impl RuntimeService {
     pub(super) async fn complete_session_impl(
         &self,
         request: pb::CompleteSessionRequest,
-        actor: String,
+        actor: Attribution,
     ) -> Result<pb::CompleteSessionResponse, Status> {
         let id = conv::session_id(&request.session_id)?;
         let ended = self.engine()?.complete_session(id, &actor).await;

@@ -541,7 +541,14 @@ async fn lists_without_a_page_size_return_every_match() {
         .unwrap();
     let ledger = &f.service.ledger;
     let agent_ref = AgentRef::new("support", "refund-agent");
-    ledger.deploy(&agent_ref, "0.1.0", "alice").await.unwrap();
+    ledger
+        .deploy(
+            &agent_ref,
+            "0.1.0",
+            &phrony_ledger::Attribution::unverified("alice"),
+        )
+        .await
+        .unwrap();
     let version = ledger.get_agent_version(&agent_ref, "0.1.0").await.unwrap();
     const N: usize = 60;
     for _ in 0..N {
@@ -556,7 +563,7 @@ async fn lists_without_a_page_size_return_every_match() {
                 parent_session_id: None,
                 limits: None,
                 secrets: Vec::new(),
-                actor: "alice".to_owned(),
+                actor: phrony_ledger::Attribution::unverified("alice".to_owned()),
             })
             .await
             .unwrap();
@@ -580,6 +587,7 @@ async fn lists_without_a_page_size_return_every_match() {
             .unwrap();
         ledger
             .open_approval(NewApproval {
+                allow_self_approval: false,
                 id: uuid::Uuid::new_v4(),
                 session_id: session.id.clone(),
                 call_id: call.call_id.clone(),
@@ -593,7 +601,7 @@ async fn lists_without_a_page_size_return_every_match() {
                 on_modify: OnModify::Unchecked,
                 timeout: None,
                 policy_runtime: serde_json::Map::new(),
-                actor: "policy".to_owned(),
+                actor: phrony_ledger::Attribution::unverified("policy".to_owned()),
                 kind: phrony_ledger::ApprovalKind::Policy,
             })
             .await

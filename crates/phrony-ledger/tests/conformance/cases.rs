@@ -35,7 +35,7 @@ fn new_version(agent: &AgentRef, version: &str, content: &str) -> NewAgentVersio
         labels: BTreeMap::from([("tier".to_owned(), "gold".to_owned())]),
         snapshot_json: snapshot(version, content),
         content_hash: format!("hash-{version}-{content}"),
-        actor: "alice".to_owned(),
+        actor: phrony_ledger::Attribution::unverified("alice".to_owned()),
     }
 }
 
@@ -282,7 +282,7 @@ pub(crate) async fn publish_rejects_bad_input(db: &TestDb) {
         match field {
             "version" => n.version.clear(),
             "content_hash" => n.content_hash.clear(),
-            _ => n.actor.clear(),
+            _ => n.actor.actor.clear(),
         }
         assert_invalid(
             ledger.publish_agent_version(n).await,
@@ -320,7 +320,9 @@ pub(crate) async fn deploy_activates_versions_and_records_history(db: &TestDb) {
     let ledger = db.migrated().await;
     let a = agent();
     assert_not_found(
-        ledger.deploy(&a, "1.0.0", "ops").await,
+        ledger
+            .deploy(&a, "1.0.0", &phrony_ledger::Attribution::unverified("ops"))
+            .await,
         "agent support/refund-agent not found",
     );
     assert_not_found(
@@ -334,22 +336,41 @@ pub(crate) async fn deploy_activates_versions_and_records_history(db: &TestDb) {
     publish(ledger, &a, "1.0.0").await;
     publish(ledger, &a, "2.0.0").await;
     assert_not_found(
-        ledger.deploy(&a, "9.9.9", "ops").await,
+        ledger
+            .deploy(&a, "9.9.9", &phrony_ledger::Attribution::unverified("ops"))
+            .await,
         "no published version \"9.9.9\" for agent support/refund-agent",
     );
     assert_invalid(
-        ledger.deploy(&a, "", "ops").await,
+        ledger
+            .deploy(&a, "", &phrony_ledger::Attribution::unverified("ops"))
+            .await,
         "requires namespace, name, and version",
     );
-    assert_invalid(ledger.deploy(&a, "1.0.0", "").await, "actor is required");
+    assert_invalid(
+        ledger
+            .deploy(&a, "1.0.0", &phrony_ledger::Attribution::unverified(""))
+            .await,
+        "actor is required",
+    );
 
-    let d1 = ledger.deploy(&a, "1.0.0", "ops").await.unwrap();
+    let d1 = ledger
+        .deploy(&a, "1.0.0", &phrony_ledger::Attribution::unverified("ops"))
+        .await
+        .unwrap();
     assert_eq!(
         (d1.version.as_str(), d1.previous_version.as_deref()),
         ("1.0.0", None)
     );
     assert_eq!(d1.action, DeploymentAction::Deploy);
-    let d2 = ledger.deploy(&a, "2.0.0", "carol").await.unwrap();
+    let d2 = ledger
+        .deploy(
+            &a,
+            "2.0.0",
+            &phrony_ledger::Attribution::unverified("carol"),
+        )
+        .await
+        .unwrap();
     assert_eq!(d2.previous_version.as_deref(), Some("1.0.0"));
 
     let active = ledger.active_version(&a).await.unwrap();
@@ -357,7 +378,10 @@ pub(crate) async fn deploy_activates_versions_and_records_history(db: &TestDb) {
     assert_eq!(active.actor, "carol");
 
     // Re-deploying the active version is allowed and appends a row.
-    let d3 = ledger.deploy(&a, "2.0.0", "ops").await.unwrap();
+    let d3 = ledger
+        .deploy(&a, "2.0.0", &phrony_ledger::Attribution::unverified("ops"))
+        .await
+        .unwrap();
     assert_eq!(d3.previous_version.as_deref(), Some("2.0.0"));
     let history = ledger.list_deployments(&a).await.unwrap();
     assert_eq!(history, vec![d3.clone(), d2, d1], "newest first");
@@ -380,43 +404,71 @@ pub(crate) async fn deploy_refuses_retired_and_deprecated_versions(db: &TestDb) 
     for v in ["1.0.0", "2.0.0", "3.0.0"] {
         publish(ledger, &a, v).await;
     }
-    ledger.retire_version(&a, "1.0.0", "ops").await.unwrap();
-    ledger.deprecate_version(&a, "2.0.0", "ops").await.unwrap();
+    ledger
+        .retire_version(&a, "1.0.0", &phrony_ledger::Attribution::unverified("ops"))
+        .await
+        .unwrap();
+    ledger
+        .deprecate_version(&a, "2.0.0", &phrony_ledger::Attribution::unverified("ops"))
+        .await
+        .unwrap();
     assert_precondition(
-        ledger.deploy(&a, "1.0.0", "ops").await,
+        ledger
+            .deploy(&a, "1.0.0", &phrony_ledger::Attribution::unverified("ops"))
+            .await,
         "agent support/refund-agent version \"1.0.0\" is retired and cannot be deployed",
     );
     assert_precondition(
-        ledger.deploy(&a, "2.0.0", "ops").await,
+        ledger
+            .deploy(&a, "2.0.0", &phrony_ledger::Attribution::unverified("ops"))
+            .await,
         "agent support/refund-agent version \"2.0.0\" is deprecated and cannot be deployed \
          (deprecated versions cannot run; publish a new version instead)",
     );
     assert!(ledger.list_deployments(&a).await.unwrap().is_empty());
-    ledger.deploy(&a, "3.0.0", "ops").await.unwrap();
+    ledger
+        .deploy(&a, "3.0.0", &phrony_ledger::Attribution::unverified("ops"))
+        .await
+        .unwrap();
 }
 
 pub(crate) async fn rollback_checks_every_branch(db: &TestDb) {
     let ledger = db.migrated().await;
     let a = agent();
     assert_not_found(
-        ledger.rollback(&a, None, "ops").await,
+        ledger
+            .rollback(&a, None, &phrony_ledger::Attribution::unverified("ops"))
+            .await,
         "agent support/refund-agent not found",
     );
     for v in ["1.0.0", "2.0.0", "3.0.0", "4.0.0"] {
         publish(ledger, &a, v).await;
     }
     assert_precondition(
-        ledger.rollback(&a, None, "ops").await,
+        ledger
+            .rollback(&a, None, &phrony_ledger::Attribution::unverified("ops"))
+            .await,
         "no active deployment for agent support/refund-agent",
     );
-    ledger.deploy(&a, "1.0.0", "ops").await.unwrap();
+    ledger
+        .deploy(&a, "1.0.0", &phrony_ledger::Attribution::unverified("ops"))
+        .await
+        .unwrap();
     assert_precondition(
-        ledger.rollback(&a, None, "ops").await,
+        ledger
+            .rollback(&a, None, &phrony_ledger::Attribution::unverified("ops"))
+            .await,
         "no previous deployment to roll back to for agent support/refund-agent",
     );
-    ledger.deploy(&a, "2.0.0", "ops").await.unwrap();
+    ledger
+        .deploy(&a, "2.0.0", &phrony_ledger::Attribution::unverified("ops"))
+        .await
+        .unwrap();
 
-    let r = ledger.rollback(&a, None, "dave").await.unwrap();
+    let r = ledger
+        .rollback(&a, None, &phrony_ledger::Attribution::unverified("dave"))
+        .await
+        .unwrap();
     assert_eq!(r.action, DeploymentAction::Rollback);
     assert_eq!(
         (r.version.as_str(), r.previous_version.as_deref()),
@@ -425,18 +477,32 @@ pub(crate) async fn rollback_checks_every_branch(db: &TestDb) {
     assert_eq!(r.actor, "dave");
     // Rolling back again toggles to the newest different version (2.0.0).
     assert_eq!(
-        ledger.rollback(&a, None, "dave").await.unwrap().version,
+        ledger
+            .rollback(&a, None, &phrony_ledger::Attribution::unverified("dave"))
+            .await
+            .unwrap()
+            .version,
         "2.0.0"
     );
 
     // Explicit target.
     assert_not_found(
-        ledger.rollback(&a, Some("7.0.0"), "ops").await,
+        ledger
+            .rollback(
+                &a,
+                Some("7.0.0"),
+                &phrony_ledger::Attribution::unverified("ops"),
+            )
+            .await,
         "no published version \"7.0.0\" for agent support/refund-agent",
     );
     assert_eq!(
         ledger
-            .rollback(&a, Some("3.0.0"), "ops")
+            .rollback(
+                &a,
+                Some("3.0.0"),
+                &phrony_ledger::Attribution::unverified("ops")
+            )
             .await
             .unwrap()
             .version,
@@ -445,7 +511,11 @@ pub(crate) async fn rollback_checks_every_branch(db: &TestDb) {
     // Rolling "to" the active version is allowed.
     assert_eq!(
         ledger
-            .rollback(&a, Some("3.0.0"), "ops")
+            .rollback(
+                &a,
+                Some("3.0.0"),
+                &phrony_ledger::Attribution::unverified("ops")
+            )
             .await
             .unwrap()
             .version,
@@ -453,25 +523,50 @@ pub(crate) async fn rollback_checks_every_branch(db: &TestDb) {
     );
 
     // Retired / deprecated targets are refused on both branches.
-    ledger.retire_version(&a, "2.0.0", "ops").await.unwrap();
+    ledger
+        .retire_version(&a, "2.0.0", &phrony_ledger::Attribution::unverified("ops"))
+        .await
+        .unwrap();
     assert_precondition(
-        ledger.rollback(&a, Some("2.0.0"), "ops").await,
+        ledger
+            .rollback(
+                &a,
+                Some("2.0.0"),
+                &phrony_ledger::Attribution::unverified("ops"),
+            )
+            .await,
         "agent support/refund-agent version \"2.0.0\" is retired and cannot be activated",
     );
     // Active 3.0.0; the newest different deployment is 2.0.0 (retired): refused, not skipped.
     assert_precondition(
-        ledger.rollback(&a, None, "ops").await,
+        ledger
+            .rollback(&a, None, &phrony_ledger::Attribution::unverified("ops"))
+            .await,
         "agent support/refund-agent version \"2.0.0\" is retired and cannot be activated",
     );
-    ledger.deploy(&a, "4.0.0", "ops").await.unwrap();
-    ledger.deprecate_version(&a, "3.0.0", "ops").await.unwrap();
+    ledger
+        .deploy(&a, "4.0.0", &phrony_ledger::Attribution::unverified("ops"))
+        .await
+        .unwrap();
+    ledger
+        .deprecate_version(&a, "3.0.0", &phrony_ledger::Attribution::unverified("ops"))
+        .await
+        .unwrap();
     assert_precondition(
-        ledger.rollback(&a, None, "ops").await,
+        ledger
+            .rollback(&a, None, &phrony_ledger::Attribution::unverified("ops"))
+            .await,
         "agent support/refund-agent version \"3.0.0\" is deprecated and cannot be activated \
          (deprecated versions cannot run; publish a new version instead)",
     );
     assert_precondition(
-        ledger.rollback(&a, Some("3.0.0"), "ops").await,
+        ledger
+            .rollback(
+                &a,
+                Some("3.0.0"),
+                &phrony_ledger::Attribution::unverified("ops"),
+            )
+            .await,
         "agent support/refund-agent version \"3.0.0\" is deprecated and cannot be activated \
          (deprecated versions cannot run; publish a new version instead)",
     );
@@ -487,21 +582,28 @@ pub(crate) async fn deprecate_and_retire_follow_the_rules(db: &TestDb) {
     for v in ["1.0.0", "2.0.0", "3.0.0"] {
         publish(ledger, &a, v).await;
     }
-    ledger.deploy(&a, "3.0.0", "ops").await.unwrap();
+    ledger
+        .deploy(&a, "3.0.0", &phrony_ledger::Attribution::unverified("ops"))
+        .await
+        .unwrap();
 
     assert_precondition(
-        ledger.retire_version(&a, "3.0.0", "ops").await,
+        ledger
+            .retire_version(&a, "3.0.0", &phrony_ledger::Attribution::unverified("ops"))
+            .await,
         "agent support/refund-agent version \"3.0.0\" is the active deployment and cannot be \
          retired; deploy or roll back to another version first",
     );
     assert_precondition(
-        ledger.deprecate_version(&a, "3.0.0", "ops").await,
+        ledger
+            .deprecate_version(&a, "3.0.0", &phrony_ledger::Attribution::unverified("ops"))
+            .await,
         "agent support/refund-agent version \"3.0.0\" is the active deployment and cannot be \
          deprecated; deploy or roll back to another version first",
     );
 
     let retired = ledger
-        .retire_version(&a, "1.0.0", "erin")
+        .retire_version(&a, "1.0.0", &phrony_ledger::Attribution::unverified("erin"))
         .await
         .unwrap()
         .version;
@@ -509,28 +611,42 @@ pub(crate) async fn deprecate_and_retire_follow_the_rules(db: &TestDb) {
     assert_eq!(retired.retired_by.as_deref(), Some("erin"));
     assert!(retired.retired_at.is_some());
     assert_not_found(
-        ledger.retire_version(&a, "1.0.0", "erin").await,
+        ledger
+            .retire_version(&a, "1.0.0", &phrony_ledger::Attribution::unverified("erin"))
+            .await,
         "no version \"1.0.0\" for agent support/refund-agent",
     );
     assert_not_found(
-        ledger.retire_version(&a, "8.0.0", "erin").await,
+        ledger
+            .retire_version(&a, "8.0.0", &phrony_ledger::Attribution::unverified("erin"))
+            .await,
         "no version \"8.0.0\" for agent support/refund-agent",
     );
 
     let deprecated = ledger
-        .deprecate_version(&a, "2.0.0", "frank")
+        .deprecate_version(
+            &a,
+            "2.0.0",
+            &phrony_ledger::Attribution::unverified("frank"),
+        )
         .await
         .unwrap();
     assert_eq!(deprecated.status(), VersionStatus::Deprecated);
     assert_eq!(deprecated.deprecated_by.as_deref(), Some("frank"));
     assert_not_found(
-        ledger.deprecate_version(&a, "2.0.0", "frank").await,
+        ledger
+            .deprecate_version(
+                &a,
+                "2.0.0",
+                &phrony_ledger::Attribution::unverified("frank"),
+            )
+            .await,
         "no active version \"2.0.0\" for agent support/refund-agent",
     );
     // A deprecated version can still be retired (retired wins in the status).
     assert_eq!(
         ledger
-            .retire_version(&a, "2.0.0", "ops")
+            .retire_version(&a, "2.0.0", &phrony_ledger::Attribution::unverified("ops"))
             .await
             .unwrap()
             .version
@@ -558,16 +674,27 @@ pub(crate) async fn archive_freezes_the_agent(db: &TestDb) {
     let ledger = db.migrated().await;
     let a = agent();
     assert_not_found(
-        ledger.archive_agent(&a, "ops").await,
+        ledger
+            .archive_agent(&a, &phrony_ledger::Attribution::unverified("ops"))
+            .await,
         "agent support/refund-agent not found",
     );
     for v in ["1.0.0", "2.0.0", "3.0.0"] {
         publish(ledger, &a, v).await;
     }
-    ledger.deprecate_version(&a, "1.0.0", "ops").await.unwrap();
-    ledger.deploy(&a, "3.0.0", "ops").await.unwrap();
+    ledger
+        .deprecate_version(&a, "1.0.0", &phrony_ledger::Attribution::unverified("ops"))
+        .await
+        .unwrap();
+    ledger
+        .deploy(&a, "3.0.0", &phrony_ledger::Attribution::unverified("ops"))
+        .await
+        .unwrap();
 
-    let archived = ledger.archive_agent(&a, "grace").await.unwrap();
+    let archived = ledger
+        .archive_agent(&a, &phrony_ledger::Attribution::unverified("grace"))
+        .await
+        .unwrap();
     assert_eq!(
         archived.deprecated_versions,
         vec!["2.0.0".to_owned(), "3.0.0".to_owned()]
@@ -587,19 +714,38 @@ pub(crate) async fn archive_freezes_the_agent(db: &TestDb) {
             .await,
         "agent support/refund-agent is archived and cannot accept new versions",
     );
-    assert_precondition(ledger.deploy(&a, "3.0.0", "ops").await, is_archived);
-    assert_precondition(ledger.rollback(&a, None, "ops").await, is_archived);
     assert_precondition(
-        ledger.deprecate_version(&a, "2.0.0", "ops").await,
+        ledger
+            .deploy(&a, "3.0.0", &phrony_ledger::Attribution::unverified("ops"))
+            .await,
         is_archived,
     );
-    assert_precondition(ledger.retire_version(&a, "2.0.0", "ops").await, is_archived);
+    assert_precondition(
+        ledger
+            .rollback(&a, None, &phrony_ledger::Attribution::unverified("ops"))
+            .await,
+        is_archived,
+    );
+    assert_precondition(
+        ledger
+            .deprecate_version(&a, "2.0.0", &phrony_ledger::Attribution::unverified("ops"))
+            .await,
+        is_archived,
+    );
+    assert_precondition(
+        ledger
+            .retire_version(&a, "2.0.0", &phrony_ledger::Attribution::unverified("ops"))
+            .await,
+        is_archived,
+    );
     assert_precondition(
         ledger.runnable_version(&a, None).await,
         "agent support/refund-agent is archived and cannot be run",
     );
     assert_precondition(
-        ledger.archive_agent(&a, "ops").await,
+        ledger
+            .archive_agent(&a, &phrony_ledger::Attribution::unverified("ops"))
+            .await,
         "agent support/refund-agent is already archived",
     );
     // Reads still work.
@@ -623,7 +769,10 @@ pub(crate) async fn runnable_version_requires_a_healthy_active_deployment(db: &T
         ledger.runnable_version(&a, None).await,
         "no active deployment for agent support/refund-agent",
     );
-    ledger.deploy(&a, "2.0.0", "ops").await.unwrap();
+    ledger
+        .deploy(&a, "2.0.0", &phrony_ledger::Attribution::unverified("ops"))
+        .await
+        .unwrap();
     let v = ledger.runnable_version(&a, None).await.unwrap();
     assert_eq!(v.version, "2.0.0");
     assert_eq!(ledger.runnable_version(&a, Some("2.0.0")).await.unwrap(), v);
@@ -643,16 +792,40 @@ pub(crate) async fn every_change_appends_exactly_one_audit_event(db: &TestDb) {
     let a = agent();
     publish(ledger, &a, "1.0.0").await;
     publish(ledger, &a, "2.0.0").await;
-    ledger.deploy(&a, "1.0.0", "u1").await.unwrap();
-    ledger.deploy(&a, "2.0.0", "u2").await.unwrap();
-    ledger.rollback(&a, None, "u3").await.unwrap();
+    ledger
+        .deploy(&a, "1.0.0", &phrony_ledger::Attribution::unverified("u1"))
+        .await
+        .unwrap();
+    ledger
+        .deploy(&a, "2.0.0", &phrony_ledger::Attribution::unverified("u2"))
+        .await
+        .unwrap();
+    ledger
+        .rollback(&a, None, &phrony_ledger::Attribution::unverified("u3"))
+        .await
+        .unwrap();
     // Failed operations leave no trace.
-    ledger.retire_version(&a, "1.0.0", "u4").await.unwrap_err();
-    ledger.deploy(&a, "5.0.0", "u4").await.unwrap_err();
-    ledger.retire_version(&a, "2.0.0", "u5").await.unwrap();
+    ledger
+        .retire_version(&a, "1.0.0", &phrony_ledger::Attribution::unverified("u4"))
+        .await
+        .unwrap_err();
+    ledger
+        .deploy(&a, "5.0.0", &phrony_ledger::Attribution::unverified("u4"))
+        .await
+        .unwrap_err();
+    ledger
+        .retire_version(&a, "2.0.0", &phrony_ledger::Attribution::unverified("u5"))
+        .await
+        .unwrap();
     publish(ledger, &a, "3.0.0").await;
-    ledger.deprecate_version(&a, "3.0.0", "u6").await.unwrap();
-    ledger.archive_agent(&a, "u7").await.unwrap();
+    ledger
+        .deprecate_version(&a, "3.0.0", &phrony_ledger::Attribution::unverified("u6"))
+        .await
+        .unwrap();
+    ledger
+        .archive_agent(&a, &phrony_ledger::Attribution::unverified("u7"))
+        .await
+        .unwrap();
 
     let got = event_types(ledger, &a.stream()).await;
     let expected: Vec<(String, String)> = [
@@ -1033,7 +1206,11 @@ pub(crate) async fn concurrent_lifecycle_writes_are_serialised(db: &TestDb) {
         let a = a.clone();
         handles.push(tokio::spawn(async move {
             ledger
-                .deploy(&a, &format!("1.{i}.0"), &format!("ops{i}"))
+                .deploy(
+                    &a,
+                    &format!("1.{i}.0"),
+                    &phrony_ledger::Attribution::unverified(format!("ops{i}")),
+                )
                 .await
                 .unwrap()
         }));
@@ -1070,14 +1247,42 @@ async fn lifecycle_history(ledger: &Ledger) {
     relabel.labels.insert("team".into(), "sre".into());
     relabel.owner = "sre".into();
     ledger.publish_agent_version(relabel).await.unwrap();
-    ledger.deploy(&a, "1.0.0", "ops").await.unwrap();
-    ledger.deploy(&a, "2.0.0", "ops").await.unwrap();
-    ledger.rollback(&a, None, "oncall").await.unwrap();
-    ledger.rollback(&a, Some("2.0.0"), "oncall").await.unwrap();
-    ledger.retire_version(&a, "1.0.0", "sec").await.unwrap();
-    ledger.deprecate_version(&a, "1.1.0", "sec").await.unwrap();
-    ledger.deploy(&b, "0.2.0", "ops").await.unwrap();
-    ledger.archive_agent(&b, "ops").await.unwrap();
+    ledger
+        .deploy(&a, "1.0.0", &phrony_ledger::Attribution::unverified("ops"))
+        .await
+        .unwrap();
+    ledger
+        .deploy(&a, "2.0.0", &phrony_ledger::Attribution::unverified("ops"))
+        .await
+        .unwrap();
+    ledger
+        .rollback(&a, None, &phrony_ledger::Attribution::unverified("oncall"))
+        .await
+        .unwrap();
+    ledger
+        .rollback(
+            &a,
+            Some("2.0.0"),
+            &phrony_ledger::Attribution::unverified("oncall"),
+        )
+        .await
+        .unwrap();
+    ledger
+        .retire_version(&a, "1.0.0", &phrony_ledger::Attribution::unverified("sec"))
+        .await
+        .unwrap();
+    ledger
+        .deprecate_version(&a, "1.1.0", &phrony_ledger::Attribution::unverified("sec"))
+        .await
+        .unwrap();
+    ledger
+        .deploy(&b, "0.2.0", &phrony_ledger::Attribution::unverified("ops"))
+        .await
+        .unwrap();
+    ledger
+        .archive_agent(&b, &phrony_ledger::Attribution::unverified("ops"))
+        .await
+        .unwrap();
 }
 
 pub(crate) async fn rebuild_reproduces_projections_exactly(db: &TestDb) {

@@ -46,6 +46,10 @@ macro_rules! conformance {
 }
 
 conformance!(
+    events_record_the_attribution_and_the_chain_covers_it,
+    separation_of_duties_refuses_a_verified_starter_unless_the_policy_opts_out,
+    a_quorum_counts_distinct_verified_principals,
+    a_route_restricted_approver_votes_only_on_its_routes,
     migrations_are_idempotent_and_versioned,
     publish_creates_agent_and_immutable_version,
     republish_is_idempotent_only_for_identical_content,

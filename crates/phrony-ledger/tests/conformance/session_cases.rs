@@ -64,11 +64,18 @@ async fn deploy_agent(ledger: &Ledger, agent: &AgentRef, version: &str) -> Agent
             labels: BTreeMap::new(),
             snapshot_json: format!(r#"{{"kind":"Agent","version":"{version}"}}"#),
             content_hash: format!("sha256:{agent}-{version}"),
-            actor: "alice".to_owned(),
+            actor: phrony_ledger::Attribution::unverified("alice".to_owned()),
         })
         .await
         .unwrap();
-    ledger.deploy(agent, version, "alice").await.unwrap();
+    ledger
+        .deploy(
+            agent,
+            version,
+            &phrony_ledger::Attribution::unverified("alice"),
+        )
+        .await
+        .unwrap();
     ledger.get_agent_version(agent, version).await.unwrap()
 }
 
@@ -90,7 +97,7 @@ fn new_session(v: &AgentVersion, metadata: &[(&str, &str)]) -> NewSession {
         parent_session_id: None,
         limits: None,
         secrets: Vec::new(),
-        actor: "alice".to_owned(),
+        actor: phrony_ledger::Attribution::unverified("alice".to_owned()),
     }
 }
 
@@ -139,6 +146,7 @@ fn ok(payload: Value) -> ToolResult {
 
 fn approval_for(session: &str, call_id: &str) -> NewApproval {
     NewApproval {
+        allow_self_approval: false,
         id: Uuid::new_v4(),
         session_id: session.to_owned(),
         call_id: call_id.to_owned(),
@@ -152,14 +160,15 @@ fn approval_for(session: &str, call_id: &str) -> NewApproval {
         on_modify: OnModify::Unchecked,
         timeout: None,
         policy_runtime: Map::new(),
-        actor: "policy".to_owned(),
+        actor: phrony_ledger::Attribution::unverified("policy".to_owned()),
         kind: phrony_ledger::ApprovalKind::Policy,
     }
 }
 
 fn approve(actor: &str) -> Vote {
     Vote {
-        actor: actor.to_owned(),
+        routes: Vec::new(),
+        actor: phrony_ledger::Attribution::unverified(actor.to_owned()),
         decision: VoteDecision::Approve,
         comment: format!("ok by {actor}"),
         comprehension_acknowledged: false,
@@ -171,7 +180,8 @@ fn approve(actor: &str) -> Vote {
 
 fn reject(actor: &str, comment: &str) -> Vote {
     Vote {
-        actor: actor.to_owned(),
+        routes: Vec::new(),
+        actor: phrony_ledger::Attribution::unverified(actor.to_owned()),
         decision: VoteDecision::Reject,
         comment: comment.to_owned(),
         comprehension_acknowledged: false,
@@ -1855,7 +1865,11 @@ pub(crate) async fn retire_and_archive_end_the_sessions_of_their_versions(db: &T
     let (other, other_call, other_approval) = pending_approval(ledger, &v2, |_| {}).await;
 
     let retired = ledger
-        .retire_version(&agent, "0.1.0", "erin")
+        .retire_version(
+            &agent,
+            "0.1.0",
+            &phrony_ledger::Attribution::unverified("erin"),
+        )
         .await
         .unwrap();
     let reason = "agent version support/refund-agent@0.1.0 retired by erin";
@@ -1899,7 +1913,10 @@ pub(crate) async fn retire_and_archive_end_the_sessions_of_their_versions(db: &T
         assert!(ledger.verify_stream(id).await.unwrap().violation.is_none());
     }
 
-    let archived = ledger.archive_agent(&agent, "grace").await.unwrap();
+    let archived = ledger
+        .archive_agent(&agent, &phrony_ledger::Attribution::unverified("grace"))
+        .await
+        .unwrap();
     assert_eq!(archived.ended_sessions, vec![other.id.clone()]);
     let reason = "agent support/refund-agent archived by grace";
     let closed = ledger.get_approval(other_approval.id).await.unwrap();
@@ -2465,7 +2482,7 @@ pub(crate) async fn cancelled_writes_never_leave_the_database_locked(db: &TestDb
             ledger.record_session_event(
                 &session.id,
                 SessionEvent::UserMessage {
-                    actor: "alice".to_owned(),
+                    actor: phrony_ledger::Attribution::unverified("alice".to_owned()),
                     turn: 1,
                     content: format!("cut after {polls} polls"),
                 },
@@ -2478,7 +2495,7 @@ pub(crate) async fn cancelled_writes_never_leave_the_database_locked(db: &TestDb
             ledger.record_session_event(
                 &session.id,
                 SessionEvent::UserMessage {
-                    actor: "alice".to_owned(),
+                    actor: phrony_ledger::Attribution::unverified("alice".to_owned()),
                     turn: 1,
                     content: "after the cut".to_owned(),
                 },
@@ -2496,4 +2513,275 @@ pub(crate) async fn cancelled_writes_never_leave_the_database_locked(db: &TestDb
         }
     }
     ledger.verify_stream(&session.id).await.unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
+// attribution: who an event is recorded as, separation of duties, verified quorum, routes
+
+fn token(name: &str) -> phrony_ledger::Attribution {
+    phrony_ledger::Attribution {
+        actor: name.to_owned(),
+        verification: phrony_ledger::Verification::Token,
+        via: None,
+    }
+}
+
+fn vote_by(actor: phrony_ledger::Attribution) -> Vote {
+    Vote::new(actor, VoteDecision::Approve, "ok")
+}
+
+fn denied(result: Result<impl std::fmt::Debug, LedgerError>) -> String {
+    match result {
+        Err(LedgerError::PermissionDenied { message }) => message,
+        other => panic!("expected PermissionDenied, got {other:?}"),
+    }
+}
+
+/// A session started by `starter` (in `awaiting_tool`, one recorded call) and an approval for
+/// it, customised.
+async fn approval_started_by(
+    ledger: &Ledger,
+    v: &AgentVersion,
+    starter: phrony_ledger::Attribution,
+    customize: impl FnOnce(&mut NewApproval),
+) -> (Session, phrony_ledger::Approval) {
+    let mut new = new_session(v, &[]);
+    new.actor = starter;
+    let s = ledger.create_session(new).await.unwrap();
+    to(ledger, &s.id, SessionStatus::AwaitingTool).await;
+    let call = ledger
+        .record_tool_call(refund_call(&s.id, 0, 0, 400))
+        .await
+        .unwrap();
+    let mut new = approval_for(&s.id, &call.call_id);
+    customize(&mut new);
+    let approval = ledger.open_approval(new).await.unwrap();
+    (s, approval)
+}
+
+/// Events record the attribution: a verified, a relayed and an unverified actor each keep
+/// their verification and via (in the event, the session's starter, the vote), the chain
+/// verifies and `Event::recompute_hash` agrees; the runtime's own actors record none.
+pub async fn events_record_the_attribution_and_the_chain_covers_it(db: &TestDb) {
+    let ledger = db.migrated().await;
+    let v = deploy_agent(ledger, &refund_agent(), "1.0.0").await;
+    let (s, approval) = approval_started_by(ledger, &v, token("alice"), |_| {}).await;
+    assert_eq!(s.started_by(), Some(token("alice")));
+    assert_eq!(s.created_by_display(), "alice");
+    let relayed = phrony_ledger::Attribution {
+        actor: "bob".into(),
+        verification: phrony_ledger::Verification::Token,
+        via: Some("approvals-ui".into()),
+    };
+    let out = ledger
+        .cast_vote(approval.id, vote_by(relayed.clone()))
+        .await
+        .unwrap();
+    assert!(out.decided);
+    let vote = &out.approval.votes[0];
+    assert_eq!(vote.attribution(), Some(relayed.clone()));
+    assert_eq!(vote.voter_display(), "bob via approvals-ui");
+    assert_eq!(
+        out.approval.decided_by_display().as_deref(),
+        Some("bob via approvals-ui")
+    );
+    let events = ledger.events_after(&s.id, 0, 1000).await.unwrap();
+    let started = &events[0];
+    assert_eq!(started.attribution(), Some(token("alice")));
+    let voted = events
+        .iter()
+        .find(|e| e.event_type == "approval.vote")
+        .unwrap();
+    assert_eq!(voted.attribution(), Some(relayed));
+    assert_eq!(voted.actor_display(), "bob via approvals-ui");
+    for e in &events {
+        assert_eq!(e.recompute_hash(), e.hash, "{e:?}");
+        if phrony_ledger::is_runtime_actor(&e.actor) {
+            assert_eq!(e.actor_verification, None, "{e:?}");
+            assert_eq!(e.actor_display(), e.actor);
+        }
+    }
+    let report = ledger.verify_stream(&s.id).await.unwrap();
+    assert!(report.is_intact(), "{report:?}");
+
+    // Local mode: unverified, marked as such.
+    let local = start(ledger, &v).await;
+    assert_eq!(local.created_by_display(), "alice (unverified)");
+    let events = ledger.events_after(&local.id, 0, 10).await.unwrap();
+    assert_eq!(events[0].actor_display(), "alice (unverified)");
+
+    // The attribution survives a rebuild of the projections from the events.
+    let before = snapshot_all(db).await;
+    ledger.rebuild_projections().await.unwrap();
+    assert_eq!(snapshot_all(db).await, before);
+}
+
+/// Separation of duties: a verified starter cannot vote on its session's approval (any case),
+/// a relay voting for the starter neither; the policy's opt-out lets it and is recorded in
+/// `approval.required`; in local mode (everything unverified) the starter votes as before.
+pub async fn separation_of_duties_refuses_a_verified_starter_unless_the_policy_opts_out(
+    db: &TestDb,
+) {
+    let ledger = db.migrated().await;
+    let v = deploy_agent(ledger, &refund_agent(), "1.0.0").await;
+    let (s, approval) = approval_started_by(ledger, &v, token("alice"), |_| {}).await;
+    for voter in [
+        token("alice"),
+        token("ALICE"),
+        phrony_ledger::Attribution {
+            via: Some("approvals-ui".into()),
+            ..token("Alice")
+        },
+    ] {
+        let message = denied(ledger.cast_vote(approval.id, vote_by(voter)).await);
+        assert!(message.contains("separation of duties"), "{message}");
+        assert!(message.contains(&s.id), "{message}");
+        assert!(message.contains("allow_self_approval"), "{message}");
+    }
+    let events = types_of(ledger, &s.id).await;
+    assert!(!events.iter().any(|t| t == "approval.vote"), "{events:?}");
+    // Another verified principal may.
+    assert!(
+        ledger
+            .cast_vote(approval.id, vote_by(token("bob")))
+            .await
+            .unwrap()
+            .decided
+    );
+
+    // Opted out: allowed, and the opt-out is in the audit.
+    let (s, approval) = approval_started_by(ledger, &v, token("alice"), |a| {
+        a.allow_self_approval = true;
+    })
+    .await;
+    assert!(approval.allow_self_approval);
+    let out = ledger
+        .cast_vote(approval.id, vote_by(token("alice")))
+        .await
+        .unwrap();
+    assert_eq!(out.approval.status, ApprovalStatus::Approved);
+    let events = ledger.events_after(&s.id, 0, 1000).await.unwrap();
+    let required = events
+        .iter()
+        .find(|e| e.event_type == "approval.required")
+        .unwrap();
+    assert_eq!(required.payload["allow_self_approval"], json!(true));
+
+    // Local mode: the tutorial's one person starts and approves.
+    let s = start(ledger, &v).await;
+    to(ledger, &s.id, SessionStatus::AwaitingTool).await;
+    let call = ledger
+        .record_tool_call(refund_call(&s.id, 0, 0, 400))
+        .await
+        .unwrap();
+    let approval = ledger
+        .open_approval(approval_for(&s.id, &call.call_id))
+        .await
+        .unwrap();
+    let events = ledger.events_after(&s.id, 0, 1000).await.unwrap();
+    let required = events
+        .iter()
+        .find(|e| e.event_type == "approval.required")
+        .unwrap();
+    assert!(required.payload.get("allow_self_approval").is_none());
+    let out = ledger
+        .cast_vote(approval.id, approve("alice"))
+        .await
+        .unwrap();
+    assert_eq!(out.approval.status, ApprovalStatus::Approved);
+    assert_eq!(
+        out.approval.decided_by_display().as_deref(),
+        Some("alice (unverified)")
+    );
+}
+
+/// A quorum counts distinct verified principals: the same principal twice (case variants) is
+/// one vote; an unverified vote on a verified session's approval is refused; on an unverified
+/// (local) session unverified votes count as before.
+pub async fn a_quorum_counts_distinct_verified_principals(db: &TestDb) {
+    let ledger = db.migrated().await;
+    let v = deploy_agent(ledger, &refund_agent(), "1.0.0").await;
+    let (_, approval) = approval_started_by(ledger, &v, token("alice"), |a| {
+        a.approvals_required = 2;
+    })
+    .await;
+    let out = ledger
+        .cast_vote(approval.id, vote_by(token("bob")))
+        .await
+        .unwrap();
+    assert_eq!((out.decided, out.approval.approvals_received), (false, 1));
+    let message = precondition(ledger.cast_vote(approval.id, vote_by(token("BOB"))).await);
+    assert!(message.contains("already decided"), "{message}");
+    let message = denied(ledger.cast_vote(approval.id, approve("carol")).await);
+    assert!(message.contains("verified principals only"), "{message}");
+    assert!(message.contains("carol (unverified)"), "{message}");
+    let after = ledger.get_approval(approval.id).await.unwrap();
+    assert_eq!(
+        (after.status, after.approvals_received),
+        (ApprovalStatus::Pending, 1)
+    );
+    let out = ledger
+        .cast_vote(approval.id, vote_by(token("carol")))
+        .await
+        .unwrap();
+    assert_eq!(out.approval.status, ApprovalStatus::Approved);
+
+    // Local mode: two unverified voters make the quorum, as before.
+    let s = start(ledger, &v).await;
+    to(ledger, &s.id, SessionStatus::AwaitingTool).await;
+    let call = ledger
+        .record_tool_call(refund_call(&s.id, 0, 0, 400))
+        .await
+        .unwrap();
+    let mut new = approval_for(&s.id, &call.call_id);
+    new.approvals_required = 2;
+    let approval = ledger.open_approval(new).await.unwrap();
+    assert!(
+        !ledger
+            .cast_vote(approval.id, approve("dave"))
+            .await
+            .unwrap()
+            .decided
+    );
+    assert!(
+        ledger
+            .cast_vote(approval.id, approve("erin"))
+            .await
+            .unwrap()
+            .decided
+    );
+}
+
+/// An approver restricted to routes votes only on approvals routed there; the refusal names
+/// the route. Without a restriction any route is fine.
+pub async fn a_route_restricted_approver_votes_only_on_its_routes(db: &TestDb) {
+    let ledger = db.migrated().await;
+    let v = deploy_agent(ledger, &refund_agent(), "1.0.0").await;
+    let (_, approval) = approval_started_by(ledger, &v, token("alice"), |a| {
+        a.route = "finance".into();
+    })
+    .await;
+    let mut vote = vote_by(token("bob"));
+    vote.routes = vec!["legal".into(), "support".into()];
+    let message = denied(ledger.cast_vote(approval.id, vote.clone()).await);
+    assert!(message.contains("route \"finance\""), "{message}");
+    assert!(message.contains("legal, support"), "{message}");
+    vote.routes.push("finance".into());
+    assert!(ledger.cast_vote(approval.id, vote).await.unwrap().decided);
+
+    let (_, approval) = approval_started_by(ledger, &v, token("alice"), |a| {
+        a.route = String::new();
+    })
+    .await;
+    let mut vote = vote_by(token("bob"));
+    vote.routes = vec!["finance".into()];
+    let message = denied(ledger.cast_vote(approval.id, vote).await);
+    assert!(message.contains("no route"), "{message}");
+    assert!(
+        ledger
+            .cast_vote(approval.id, vote_by(token("bob")))
+            .await
+            .unwrap()
+            .decided
+    );
 }

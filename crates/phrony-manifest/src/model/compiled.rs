@@ -405,6 +405,10 @@ pub struct CompiledPolicy {
     /// Approvers must acknowledge comprehension.
     #[serde(default, skip_serializing_if = "is_false")]
     pub comprehension_required: bool,
+    /// The separation-of-duties opt-out (`spec.decision.allow_self_approval`); omitted when
+    /// false, so snapshots and content hashes of policies without it are unchanged.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub allow_self_approval: bool,
     /// Approval timeout.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout: Option<PolicyTimeout>,

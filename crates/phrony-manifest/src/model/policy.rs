@@ -59,6 +59,8 @@ pub(crate) struct DecisionDoc {
     pub(crate) on_modify: String,
     #[serde(default, deserialize_with = "nd")]
     pub(crate) comprehension_required: bool,
+    #[serde(default, deserialize_with = "nd")]
+    pub(crate) allow_self_approval: bool,
     #[serde(default)]
     pub(crate) timeout: Option<TimeoutDoc>,
     #[serde(default, deserialize_with = "nd")]

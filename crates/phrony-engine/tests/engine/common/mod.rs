@@ -808,7 +808,7 @@ impl Harness {
             mode,
             principal: None,
             secrets: vec![PlainSecret::new("openai", "sk-test-123")],
-            actor: "emad".to_owned(),
+            actor: phrony_ledger::Attribution::unverified("emad".to_owned()),
         }
     }
 
@@ -891,6 +891,7 @@ impl Harness {
 
 pub fn approve(actor: &str, comment: &str) -> phrony_ledger::Vote {
     phrony_ledger::Vote {
+        routes: Vec::new(),
         actor: actor.into(),
         decision: phrony_ledger::VoteDecision::Approve,
         comment: comment.into(),
