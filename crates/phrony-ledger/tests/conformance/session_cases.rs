@@ -54,7 +54,7 @@ fn not_found(result: Result<impl std::fmt::Debug, LedgerError>) -> String {
     }
 }
 
-async fn deploy_agent(ledger: &Ledger, agent: &AgentRef, version: &str) -> AgentVersion {
+pub(crate) async fn deploy_agent(ledger: &Ledger, agent: &AgentRef, version: &str) -> AgentVersion {
     ledger
         .publish_agent_version(NewAgentVersion {
             namespace: agent.namespace.clone(),
@@ -72,7 +72,7 @@ async fn deploy_agent(ledger: &Ledger, agent: &AgentRef, version: &str) -> Agent
     ledger.get_agent_version(agent, version).await.unwrap()
 }
 
-fn refund_agent() -> AgentRef {
+pub(crate) fn refund_agent() -> AgentRef {
     AgentRef::new("support", "refund-agent")
 }
 
@@ -157,7 +157,7 @@ fn approval_for(session: &str, call_id: &str) -> NewApproval {
     }
 }
 
-fn approve(actor: &str) -> Vote {
+pub(crate) fn approve(actor: &str) -> Vote {
     Vote {
         actor: actor.to_owned(),
         decision: VoteDecision::Approve,
@@ -182,7 +182,7 @@ fn reject(actor: &str, comment: &str) -> Vote {
 }
 
 /// A running session in `awaiting_tool` with one recorded call, and an approval opened for it.
-async fn pending_approval(
+pub(crate) async fn pending_approval(
     ledger: &Ledger,
     v: &AgentVersion,
     customize: impl FnOnce(&mut NewApproval),
