@@ -28,6 +28,7 @@
 //! # Ok(()) }
 //! ```
 
+mod audit;
 pub mod config;
 pub mod daemon;
 pub mod logging;
@@ -35,6 +36,9 @@ mod serve;
 mod serve_config;
 mod workers;
 
-pub use config::{Cli, Command, Env, LogFormat, Settings, provider_env};
+pub use config::{
+    AUDIT_KEY_FILE, AuditCommand, AuditVerifyArgs, Cli, Command, Env, LogFormat, Settings,
+    provider_env,
+};
 pub use serve::{Listener, ServeError, bind, serve};
 pub use serve_config::{KeyError, KeyFileOutcome, SECRETS_KEY_FILE, SecretsKey, ServeConfig};
