@@ -754,56 +754,63 @@ pub(crate) async fn verify_streams(
         AuditScope::Session(id) => Some(id.clone()),
         AuditScope::Agent(agent) => Some(agent.stream()),
     };
+    if let Some(stream) = single {
+        report.problem = verify_one(conn, key, &stream, &mut report).await?;
+        if report.problem.is_none() {
+            report.problem = check_triggers(conn, backend).await?;
+        }
+        return Ok(report);
+    }
     let mut after = String::new();
     loop {
-        let names: Vec<String> = match &single {
-            Some(stream) if after.is_empty() => vec![stream.clone()],
-            Some(_) => Vec::new(),
-            None => conn
-                .fetch_all(
-                    "list streams",
-                    "SELECT stream FROM streams WHERE stream > $1 ORDER BY stream LIMIT $2",
-                    args![&after, STREAM_PAGE],
-                )
-                .await?
-                .iter()
-                .map(|r| r.text("stream"))
-                .collect::<Result<_>>()?,
-        };
+        let names: Vec<String> = conn
+            .fetch_all(
+                "list streams",
+                "SELECT stream FROM streams WHERE stream > $1 ORDER BY stream LIMIT $2",
+                args![&after, STREAM_PAGE],
+            )
+            .await?
+            .iter()
+            .map(|r| r.text("stream"))
+            .collect::<Result<_>>()?;
         for stream in &names {
-            let chain = events::verify(conn, stream).await?;
-            report.events += chain.events_checked;
-            if let Some(v) = chain.violation {
-                report.problem = Some(chain_problem(stream, v));
-                return Ok(report);
-            }
-            if let Some(p) = check_one_head(conn, key, stream).await? {
+            if let Some(p) = verify_one(conn, key, stream, &mut report).await? {
                 report.problem = Some(p);
                 return Ok(report);
             }
-            report.streams += 1;
         }
         match names.last() {
-            Some(last)
-                if single.is_none() && i64::try_from(names.len()).unwrap_or(0) == STREAM_PAGE =>
-            {
+            Some(last) if i64::try_from(names.len()).unwrap_or(0) == STREAM_PAGE => {
                 after.clone_from(last);
             }
-            Some(last) if single.is_some() => after.clone_from(last),
             _ => break,
         }
-        if single.is_some() {
-            break;
-        }
     }
-    if single.is_none() {
-        if let Some(p) = deleted_stream(conn).await? {
-            report.problem = Some(p);
-            return Ok(report);
-        }
+    if let Some(p) = deleted_stream(conn).await? {
+        report.problem = Some(p);
+        return Ok(report);
     }
     report.problem = check_triggers(conn, backend).await?;
     Ok(report)
+}
+
+/// One stream's chain (counted into `report`) and sealed head.
+async fn verify_one(
+    conn: &mut Conn<'_>,
+    key: &AuditKey,
+    stream: &str,
+    report: &mut AuditReport,
+) -> Result<Option<AuditProblem>> {
+    let chain = events::verify(conn, stream).await?;
+    report.events += chain.events_checked;
+    if let Some(v) = chain.violation {
+        return Ok(Some(chain_problem(stream, v)));
+    }
+    if let Some(p) = check_one_head(conn, key, stream).await? {
+        return Ok(Some(p));
+    }
+    report.streams += 1;
+    Ok(None)
 }
 
 /// The projection tables the events fold into, with their keys.

@@ -968,12 +968,12 @@ impl Ledger {
     ) -> Result<Vec<Event>> {
         let mut conn = self.pool.acquire().await?;
         let mut c = conn.conn();
-        if let Some(stream) = session {
-            if events::read_head(&mut c, stream).await?.is_none() {
-                return Err(LedgerError::not_found(format!(
-                    "session {stream} not found"
-                )));
-            }
+        if let Some(stream) = session
+            && events::read_head(&mut c, stream).await?.is_none()
+        {
+            return Err(LedgerError::not_found(format!(
+                "session {stream} not found"
+            )));
         }
         let after = after.map(|(s, q)| (s, i64::try_from(q).unwrap_or(i64::MAX)));
         audit::export_page(

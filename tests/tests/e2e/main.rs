@@ -1,5 +1,6 @@
 //! The workspace-level tests in one binary.
 //!
+//! - [`audit`]: `phrony audit verify` / `export` through the real daemon.
 //! - [`schema`]: the authoring JSON Schema against every example.
 //! - [`examples`]: each example's `cases.yaml` against the real policy engine.
 //! - [`lifecycle`]: the real daemon driven by the real CLI.
@@ -11,6 +12,7 @@
     reason = "tests: a panic is a failed assertion, with its message"
 )]
 
+mod audit;
 mod examples;
 mod guard_rails;
 mod lifecycle;
