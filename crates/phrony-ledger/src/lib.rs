@@ -866,9 +866,11 @@ impl Ledger {
     }
 
     fn require_audit_key(&self) -> Result<Arc<AuditKey>> {
-        self.audit_key.clone().ok_or_else(|| LedgerError::Config {
-            message: "no audit key is configured: the stream heads cannot be checked                       (set RUNTIME_AUDIT_KEY_FILE)"
-                .to_owned(),
+        self.audit_key.clone().ok_or_else(|| {
+            LedgerError::precondition(
+                "no audit key is configured: the stream heads cannot be checked \
+                 (set RUNTIME_AUDIT_KEY_FILE)",
+            )
         })
     }
 
@@ -880,7 +882,7 @@ impl Ledger {
     /// written when the check fails.
     ///
     /// # Errors
-    /// `Config` without an audit key; database errors. A failed check is
+    /// `FailedPrecondition` without an audit key; database errors. A failed check is
     /// [`AuditStart::Failed`], not an error.
     pub async fn start_audit(&self, key_is_new: bool) -> Result<AuditStart> {
         let key = self.require_audit_key()?;
@@ -910,7 +912,7 @@ impl Ledger {
     /// as it is now becomes the new sealed state. Returns the override event.
     ///
     /// # Errors
-    /// `Config` without an audit key; database errors.
+    /// `FailedPrecondition` without an audit key; database errors.
     pub async fn allow_unverified_log(&self, failed: &AuditProblem, actor: &str) -> Result<Event> {
         let key = self.require_audit_key()?;
         require_nonempty("actor", actor)?;
@@ -928,7 +930,7 @@ impl Ledger {
     /// problem.
     ///
     /// # Errors
-    /// `Config` without an audit key; `NotFound` for an unknown session or agent stream;
+    /// `FailedPrecondition` without an audit key; `NotFound` for an unknown session or agent stream;
     /// `Corrupt` when an event cannot be folded; database errors.
     pub async fn verify_audit(&self, scope: AuditScope) -> Result<AuditReport> {
         let key = self.require_audit_key()?;

@@ -236,8 +236,6 @@ pub(crate) fn ledger_status(error: LedgerError) -> Status {
         LedgerError::FailedPrecondition { message } => Status::failed_precondition(message),
         LedgerError::AlreadyExists { message } => Status::already_exists(message),
         LedgerError::InvalidArgument { message } => Status::invalid_argument(message),
-        // Only the audit reaches here with it: no audit key is configured.
-        LedgerError::Config { message } => Status::failed_precondition(message),
         LedgerError::Conflict { message } => {
             tracing::warn!(%message, "ledger write kept losing races");
             Status::aborted(format!("concurrent update, retry the request ({message})"))

@@ -116,7 +116,7 @@ pub(crate) async fn a_clean_log_verifies_with_the_exact_count(db: &TestDb) {
     // Without a key, verification is refused rather than half done.
     assert!(matches!(
         db.ledger.verify_audit(AuditScope::All).await,
-        Err(phrony_ledger::LedgerError::Config { .. })
+        Err(phrony_ledger::LedgerError::FailedPrecondition { .. })
     ));
 }
 
