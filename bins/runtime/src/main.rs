@@ -2,10 +2,11 @@
 //!
 //! `phrony-runtime [serve]` migrates the database and serves the gRPC API until SIGINT or
 //! SIGTERM; `phrony-runtime migrate` only migrates; `phrony-runtime tokens create|list|revoke`
-//! manages API tokens on the same database. Configuration comes from flags or the
+//! manages API tokens on the same database; `phrony-runtime audit verify` verifies the event log
+//! offline (chains, sealed heads, triggers, projections). Configuration comes from flags or the
 //! environment (`RUNTIME_GRPC_ADDR`, `RUNTIME_DATABASE_URL`, `RUNTIME_LOG_FORMAT`,
-//! `RUNTIME_LOG`/`RUST_LOG`, `RUNTIME_SECRETS_ENCRYPTION_KEY`, `RUNTIME_AUTH`, `PHRONY_ACTOR`, and
-//! for tool
+//! `RUNTIME_LOG`/`RUST_LOG`, `RUNTIME_SECRETS_ENCRYPTION_KEY`, `RUNTIME_AUTH`,
+//! `RUNTIME_AUDIT_KEY_FILE`, `RUNTIME_ALLOW_UNVERIFIED_LOG`, `PHRONY_ACTOR`, and for tool
 //! workers `RUNTIME_DISPATCH_QUEUE_WAIT`, `RUNTIME_TOOL_EXEC_TIMEOUT`, `RUNTIME_WORKER_LEASE_TTL`,
 //! `RUNTIME_TOOL_ALLOWLIST`); see `--help`. The behaviour lives in the `phrony-runtime` library.
 //! Failures print one line naming the problem and exit 1.
@@ -13,7 +14,7 @@
 use std::process::ExitCode;
 
 use clap::Parser as _;
-use phrony_runtime::{Cli, Command, Env, LogFormat, daemon, logging};
+use phrony_runtime::{AuditCommand, Cli, Command, Env, LogFormat, daemon, logging};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -27,6 +28,9 @@ fn main() -> ExitCode {
         Command::Serve => daemon::serve(&cli.settings, &env),
         Command::Migrate => daemon::migrate(&cli.settings, &env),
         Command::Tokens(tokens) => daemon::tokens(&cli.settings, &env, &tokens),
+        Command::Audit {
+            command: AuditCommand::Verify(args),
+        } => daemon::audit_verify(&cli.settings, &env, &args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -27,6 +27,7 @@
 /// Actor names (the rule lives in `phrony-auth`, shared with the server).
 pub use phrony_auth::actor;
 mod approvals;
+mod audit;
 mod error;
 pub mod interactive;
 mod sessions;
@@ -48,6 +49,7 @@ pub use approvals::{
     Approval, ApprovalFilter, ApprovalPage, DecideApproval, Decision, DecisionOutcome,
     OUTCOME_REVIEW, Vote,
 };
+pub use audit::{AuditExport, AuditProblem, AuditScope, AuditVerification, ExportedEvent};
 pub use error::{ClientError, Code};
 pub use sessions::{
     PayloadRef, RunSession, SessionAgent, SessionDetail, SessionEvent, SessionFilter,

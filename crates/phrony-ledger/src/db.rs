@@ -2,6 +2,8 @@
 //! PostgreSQL accept) run on either backend. Values are bound with the backend's native type:
 //! PostgreSQL gets `uuid`, `timestamptz` and `jsonb`; SQLite gets canonical text.
 
+use std::sync::Arc;
+
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sqlx::postgres::{PgArguments, PgConnection, PgPool, PgRow};
@@ -11,6 +13,7 @@ use sqlx::{Postgres, Row as _, Sqlite};
 use uuid::Uuid;
 
 use crate::LedgerClock;
+use crate::audit::AuditKey;
 use crate::chain::{canonical_json, format_ts};
 use crate::error::{LedgerError, Result, SqlxResultExt};
 
@@ -56,7 +59,11 @@ impl Pool {
 
     /// Starts a write transaction. On SQLite it is `BEGIN IMMEDIATE`, so the database write
     /// lock is taken up front (waiting up to the busy timeout) instead of failing on upgrade.
-    pub(crate) async fn begin_write(&self, clock: &LedgerClock) -> Result<Tx> {
+    pub(crate) async fn begin_write(
+        &self,
+        clock: &LedgerClock,
+        audit_key: Option<Arc<AuditKey>>,
+    ) -> Result<Tx> {
         let kind = match self {
             Self::Sqlite(p) => TxKind::Sqlite(
                 p.begin_with("BEGIN IMMEDIATE")
@@ -68,6 +75,7 @@ impl Pool {
         Ok(Tx {
             kind,
             clock: clock.clone(),
+            audit_key,
         })
     }
 
@@ -94,6 +102,8 @@ impl Pool {
 pub(crate) struct Tx {
     kind: TxKind,
     clock: LedgerClock,
+    /// Seals each stream head the transaction appends to (`chain_heads`); `None` without a key.
+    audit_key: Option<Arc<AuditKey>>,
 }
 
 enum TxKind {
@@ -105,6 +115,11 @@ impl Tx {
     /// The current time by the ledger's clock (microsecond precision).
     pub(crate) fn now(&self) -> DateTime<Utc> {
         self.clock.now()
+    }
+
+    /// The audit key appends seal their stream heads with, if the ledger has one.
+    pub(crate) fn audit_key(&self) -> Option<Arc<AuditKey>> {
+        self.audit_key.clone()
     }
 
     pub(crate) fn conn(&mut self) -> Conn<'_> {

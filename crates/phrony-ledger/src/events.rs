@@ -115,6 +115,9 @@ pub(crate) async fn append(tx: &mut Tx, head: &mut StreamHead, event: NewEvent) 
             message: format!("stream {} advanced concurrently", head.stream),
         });
     }
+    if let Some(key) = tx.audit_key() {
+        crate::audit::seal_head(&mut tx.conn(), &key, &head.stream, seq, &hash).await?;
+    }
     let prev_hash = std::mem::replace(&mut head.last_hash, hash.clone());
     head.last_seq = seq;
     Ok(Event {
@@ -133,10 +136,10 @@ pub(crate) async fn append(tx: &mut Tx, head: &mut StreamHead, event: NewEvent) 
     })
 }
 
-const EVENT_COLUMNS: &str = "stream, seq, type, ts, actor, call_id, turn, payload, prev_hash, hash, \
+pub(crate) const EVENT_COLUMNS: &str = "stream, seq, type, ts, actor, call_id, turn, payload, prev_hash, hash, \
      actor_verification, actor_via";
 
-fn stored_from_row(row: &Row) -> Result<StoredEvent> {
+pub(crate) fn stored_from_row(row: &Row) -> Result<StoredEvent> {
     Ok(StoredEvent {
         stream: row.text("stream")?,
         seq: row.int("seq")?,

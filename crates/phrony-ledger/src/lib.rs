@@ -121,6 +121,7 @@
 //! codes (NotFound, FailedPrecondition, AlreadyExists, InvalidArgument), `Conflict` is
 //! retryable, `Unavailable` means the database cannot be reached.
 
+mod audit;
 mod chain;
 mod db;
 mod error;
@@ -142,6 +143,10 @@ use sqlx::sqlite::{
 use sqlx::{ConnectOptions as _, Connection as _};
 use uuid::Uuid;
 
+pub use audit::{
+    AUDIT_STREAM, AuditKey, AuditProblem, AuditProblemKind, AuditReport, AuditScope, AuditStart,
+    audit_event_types,
+};
 pub use chain::{ChainViolation, GENESIS_HASH, ViolationKind, canonical_json};
 pub use db::Backend;
 pub use error::LedgerError;
@@ -195,7 +200,7 @@ macro_rules! write_tx {
     ($ledger:expr, |$tx:ident| $body:expr) => {{
         let mut attempt: u32 = 1;
         loop {
-            let mut $tx = $ledger.pool.begin_write(&$ledger.clock).await?;
+            let mut $tx = $ledger.pool.begin_write(&$ledger.clock, $ledger.audit_key.clone()).await?;
             let outcome = match $body.await {
                 Ok(value) => $tx.commit().await.map(|()| value),
                 Err(error) => {
@@ -315,6 +320,8 @@ impl std::fmt::Debug for LedgerClock {
 #[derive(Debug, Clone)]
 pub struct Ledger {
     pool: Pool,
+    /// Seals every appended stream head (`chain_heads`); see [`Ledger::with_audit_key`].
+    audit_key: Option<Arc<AuditKey>>,
     /// Where stored times come from.
     clock: LedgerClock,
     /// The URL with any password removed, for messages.
@@ -410,6 +417,7 @@ impl Ledger {
         .map_err(unavailable)?;
         Ok(Self {
             pool: Pool::Sqlite(pool),
+            audit_key: None,
             clock: o.clock.clone(),
             display_url,
         })
@@ -441,6 +449,7 @@ impl Ledger {
             .map_err(unavailable)?;
         Ok(Self {
             pool: Pool::Postgres(pool),
+            audit_key: None,
             clock: o.clock.clone(),
             display_url,
         })
@@ -857,6 +866,141 @@ impl Ledger {
         Ok(reports)
     }
 
+    // -----------------------------------------------------------------------------------------
+    // Audit
+
+    /// This ledger with an audit key: from now on every append also seals its stream head
+    /// (`chain_heads`, an HMAC of stream, seq and hash under the key) in the same transaction.
+    /// The key must be kept outside the database. Call [`Ledger::start_audit`] before serving.
+    #[must_use]
+    pub fn with_audit_key(mut self, key: AuditKey) -> Self {
+        self.audit_key = Some(Arc::new(key));
+        self
+    }
+
+    fn require_audit_key(&self) -> Result<Arc<AuditKey>> {
+        self.audit_key.clone().ok_or_else(|| {
+            LedgerError::precondition(
+                "no audit key is configured: the stream heads cannot be checked \
+                 (set RUNTIME_AUDIT_KEY_FILE)",
+            )
+        })
+    }
+
+    /// The start-up check: the append-only triggers exist and every stream's head is its sealed
+    /// head with a MAC that verifies (no re-fold of the projections: see
+    /// [`Ledger::verify_audit`]). A log that was never sealed is sealed now, after every chain
+    /// is verified, when it is empty or `key_is_new` (the key file was just created), and an
+    /// `audit.key_introduced` event in the [`AUDIT_STREAM`] records the heads. Nothing is
+    /// written when the check fails.
+    ///
+    /// # Errors
+    /// `FailedPrecondition` without an audit key; database errors. A failed check is
+    /// [`AuditStart::Failed`], not an error.
+    pub async fn start_audit(&self, key_is_new: bool) -> Result<AuditStart> {
+        let key = self.require_audit_key()?;
+        let mut tx = self
+            .pool
+            .begin_write(&self.clock, Some(key.clone()))
+            .await?;
+        match audit::start(&mut tx, &key, key_is_new).await {
+            Ok(AuditStart::Failed(p)) => {
+                tx.rollback().await;
+                Ok(AuditStart::Failed(p))
+            }
+            Ok(other) => {
+                tx.commit().await?;
+                Ok(other)
+            }
+            Err(e) => {
+                tx.rollback().await;
+                Err(e)
+            }
+        }
+    }
+
+    /// The recovery override for a failed [`Ledger::start_audit`]: records
+    /// `audit.unverified_log_allowed` (the problem, who allowed it), restores missing
+    /// append-only triggers, and re-seals every stream head with this ledger's key, so the log
+    /// as it is now becomes the new sealed state. Returns the override event.
+    ///
+    /// # Errors
+    /// `FailedPrecondition` without an audit key; database errors.
+    pub async fn allow_unverified_log(&self, failed: &AuditProblem, actor: &str) -> Result<Event> {
+        let key = self.require_audit_key()?;
+        require_nonempty("actor", actor)?;
+        write_tx!(self, |tx| audit::allow_unverified(
+            &mut tx, &key, failed, actor
+        ))
+    }
+
+    /// Verifies the log for an auditor: (a) every chain in `scope` recomputes (links, hashes,
+    /// gap-free seq), stream by stream in pages; (b) each stream's head is its sealed head and
+    /// the MAC verifies with the audit key; (c) the append-only triggers exist; (d) the
+    /// projections re-folded from the events (with the code [`Ledger::rebuild_projections`]
+    /// runs) equal the stored tables, compared in temporary tables inside a transaction that
+    /// is rolled back. Step (d) holds the write lock while it runs. The report names the first
+    /// problem.
+    ///
+    /// # Errors
+    /// `FailedPrecondition` without an audit key; `NotFound` for an unknown session or agent stream;
+    /// `Corrupt` when an event cannot be folded; database errors.
+    pub async fn verify_audit(&self, scope: AuditScope) -> Result<AuditReport> {
+        let key = self.require_audit_key()?;
+        match &scope {
+            AuditScope::Agent(agent) => agent.validate()?,
+            AuditScope::Session(id) if id.is_empty() => {
+                return Err(LedgerError::invalid("session id is required"));
+            }
+            _ => {}
+        }
+        let mut report = {
+            let mut conn = self.pool.acquire().await?;
+            audit::verify_streams(&mut conn.conn(), self.backend(), &key, &scope).await?
+        };
+        if report.problem.is_some() {
+            return Ok(report);
+        }
+        let mut tx = self.pool.begin_write(&self.clock, None).await?;
+        let compared = audit::compare_projections(&mut tx, &scope).await;
+        tx.rollback().await;
+        report.problem = compared?;
+        Ok(report)
+    }
+
+    /// Events for export, in (stream, seq) order: those after the cursor `after` (a stream and
+    /// seq), optionally only `session`'s stream and only events at or after `since`; at most
+    /// `limit` (1..=1000).
+    ///
+    /// # Errors
+    /// `NotFound` for an unknown session; database errors.
+    pub async fn export_events(
+        &self,
+        after: Option<(&str, u64)>,
+        since: Option<DateTime<Utc>>,
+        session: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<Event>> {
+        let mut conn = self.pool.acquire().await?;
+        let mut c = conn.conn();
+        if let Some(stream) = session
+            && events::read_head(&mut c, stream).await?.is_none()
+        {
+            return Err(LedgerError::not_found(format!(
+                "session {stream} not found"
+            )));
+        }
+        let after = after.map(|(s, q)| (s, i64::try_from(q).unwrap_or(i64::MAX)));
+        audit::export_page(
+            &mut c,
+            after,
+            since,
+            session,
+            i64::from(limit.clamp(1, 1000)),
+        )
+        .await
+    }
+
     /// Wipes every projection (agents, published agent versions, deployments, sessions and
     /// their metadata, tool calls, approvals, votes) and replays them from the agent and session
     /// streams in one transaction, verifying each chain while replaying. The result equals the
@@ -923,7 +1067,7 @@ impl Ledger {
     }
 }
 
-async fn rebuild(tx: &mut db::Tx) -> Result<RebuildReport> {
+pub(crate) async fn rebuild(tx: &mut db::Tx) -> Result<RebuildReport> {
     let backend = tx.backend();
     let mut c = tx.conn();
     match backend {

@@ -7,6 +7,9 @@
 use std::path::{Path, PathBuf};
 
 use crate::serve_config::{KeyFileOutcome, SECRETS_KEY_FILE, SecretsKey};
+
+/// The name of the generated audit key file.
+pub const AUDIT_KEY_FILE: &str = "audit.key";
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use percent_encoding::{AsciiSet, CONTROLS, percent_decode_str, utf8_percent_encode};
@@ -32,6 +35,36 @@ pub enum Command {
     /// Create, list and revoke API tokens on the daemon's database (running or not).
     #[command(subcommand)]
     Tokens(crate::tokens::TokensCommand),
+    /// Audit the event log offline, on the database directly (the daemon may be down).
+    Audit {
+        /// What to do.
+        #[command(subcommand)]
+        command: AuditCommand,
+    },
+}
+
+/// `phrony-runtime audit …`.
+#[derive(Debug, Clone, PartialEq, Eq, Subcommand)]
+pub enum AuditCommand {
+    /// Verify the hash chains, the sealed stream heads (with the audit key), the append-only
+    /// triggers and the projections re-folded from the events. Prints `verified N events in M
+    /// streams`, or names the first bad event and exits 1.
+    Verify(AuditVerifyArgs),
+}
+
+/// What `audit verify` covers (default: everything).
+#[derive(Debug, Clone, PartialEq, Eq, Args)]
+#[group(multiple = false)]
+pub struct AuditVerifyArgs {
+    /// Only this session.
+    #[arg(long, value_name = "ID")]
+    pub session: Option<String>,
+    /// Only this agent's lifecycle stream.
+    #[arg(long, value_name = "NS/NAME")]
+    pub agent: Option<String>,
+    /// Every stream and projection (the default).
+    #[arg(long)]
+    pub all: bool,
 }
 
 /// Settings shared by every command; each can also come from the environment.
@@ -86,6 +119,27 @@ pub struct Settings {
         global = true
     )]
     pub(crate) auth: Option<crate::auth::AuthMode>,
+    /// The audit key file: 32 bytes (hex) that MAC the event log's stream heads, kept outside
+    /// the database. Created owner-only on first start. [default: audit.key next to the
+    /// database]
+    #[arg(
+        long,
+        env = "RUNTIME_AUDIT_KEY_FILE",
+        value_name = "FILE",
+        global = true
+    )]
+    pub(crate) audit_key_file: Option<PathBuf>,
+
+    /// Serve a log that fails its start-up audit check (recovery): the override is logged,
+    /// recorded as an `audit.unverified_log_allowed` event, and the heads are re-sealed.
+    #[arg(
+        long,
+        env = "RUNTIME_ALLOW_UNVERIFIED_LOG",
+        value_parser = clap::builder::BoolishValueParser::new(),
+        action = clap::ArgAction::SetTrue,
+        global = true
+    )]
+    pub(crate) allow_unverified_log: bool,
 
     /// Actor recorded for changes whose request names none.
     #[arg(long, env = "PHRONY_ACTOR", default_value = "anonymous", global = true)]
@@ -249,6 +303,19 @@ impl Settings {
         dir.join(SECRETS_KEY_FILE)
     }
 
+    /// Where the audit key is kept: `RUNTIME_AUDIT_KEY_FILE`, else `audit.key` where a
+    /// generated secrets key would be.
+    pub(crate) fn audit_key_file(&self, env: &Env, db: &Database) -> PathBuf {
+        match self
+            .audit_key_file
+            .as_ref()
+            .filter(|p| !p.as_os_str().is_empty())
+        {
+            Some(path) => path.clone(),
+            None => self.key_file(env, db).with_file_name(AUDIT_KEY_FILE),
+        }
+    }
+
     /// The secrets key given by `RUNTIME_SECRETS_ENCRYPTION_KEY` (or the flag), if any.
     pub(crate) fn configured_secrets_key(&self) -> anyhow::Result<Option<SecretsKey>> {
         let Some(text) = self.secrets_key.as_deref().filter(|k| !k.trim().is_empty()) else {
@@ -328,6 +395,8 @@ mod tests {
             log_filter: None,
             secrets_key: None,
             auth: None,
+            audit_key_file: None,
+            allow_unverified_log: false,
             default_actor: "anonymous".into(),
             dispatch_queue_wait: None,
             tool_exec_timeout: None,

@@ -33,6 +33,16 @@ pub fn serve(settings: &Settings, env: &Env) -> anyhow::Result<()> {
         // unauthenticated.
         let auth = crate::auth::resolve_mode(settings.auth, false, listener.local_addr())?;
         let ledger = open_ledger(&db).await?;
+        let (audit_key, key_file) =
+            crate::audit::load_key(&settings.audit_key_file(env, &db), true)?;
+        let ledger = ledger.with_audit_key(audit_key);
+        crate::audit::check_at_start(
+            &ledger,
+            key_file,
+            settings.allow_unverified_log,
+            &settings.default_actor,
+        )
+        .await?;
         let secrets_key = match configured_key {
             Some(key) => key,
             None => settings.key_file_secrets_key(env, &db)?,
@@ -53,6 +63,23 @@ pub fn migrate(settings: &Settings, env: &Env) -> anyhow::Result<()> {
         let ledger = open_ledger(&db).await?;
         ledger.close().await;
         Ok(())
+    })
+}
+
+/// `phrony-runtime audit verify`: the full verification on the database directly, with the
+/// audit key file the daemon uses (which must exist).
+pub fn audit_verify(
+    settings: &Settings,
+    env: &Env,
+    args: &crate::config::AuditVerifyArgs,
+) -> anyhow::Result<()> {
+    tokio_runtime()?.block_on(async {
+        let db = settings.database(env);
+        let (key, _) = crate::audit::load_key(&settings.audit_key_file(env, &db), false)?;
+        let ledger = open_ledger(&db).await?.with_audit_key(key);
+        let result = crate::audit::verify(&ledger, args).await;
+        ledger.close().await;
+        result
     })
 }
 

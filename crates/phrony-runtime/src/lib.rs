@@ -32,6 +32,7 @@
 //! ```
 
 pub mod auth;
+mod audit;
 pub mod config;
 pub mod daemon;
 pub mod logging;
@@ -40,6 +41,9 @@ mod serve_config;
 pub mod tokens;
 mod workers;
 
-pub use config::{Cli, Command, Env, LogFormat, Settings, provider_env};
+pub use config::{
+    AUDIT_KEY_FILE, AuditCommand, AuditVerifyArgs, Cli, Command, Env, LogFormat, Settings,
+    provider_env,
+};
 pub use serve::{Listener, ServeError, bind, serve};
 pub use serve_config::{KeyError, KeyFileOutcome, SECRETS_KEY_FILE, SecretsKey, ServeConfig};

@@ -1,6 +1,7 @@
 //! The workspace-level tests in one binary.
 //!
 //! - [`access`]: `required` auth mode with tokens, the real daemon and CLI; `local` mode.
+//! - [`audit`]: `phrony audit verify` / `export` through the real daemon.
 //! - [`schema`]: the authoring JSON Schema against every example.
 //! - [`examples`]: each example's `cases.yaml` against the real policy engine.
 //! - [`lifecycle`]: the real daemon driven by the real CLI.
@@ -13,6 +14,7 @@
 )]
 
 mod access;
+mod audit;
 mod examples;
 mod guard_rails;
 mod lifecycle;

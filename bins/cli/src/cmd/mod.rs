@@ -4,6 +4,7 @@ mod agent_ref;
 mod agents;
 mod approvals;
 mod attach;
+mod audit;
 mod bundles;
 mod init;
 mod manifest;
@@ -98,6 +99,9 @@ enum Command {
     /// List, show, approve and reject tool calls held for a human decision.
     #[command(subcommand)]
     Approvals(approvals::Command),
+    /// Verify the runtime's event log (hash chains, sealed heads, projections) and export it.
+    #[command(subcommand)]
+    Audit(audit::Command),
     /// Lock and validate bundles of agents.
     #[command(subcommand)]
     Bundles(bundles::Command),
@@ -129,6 +133,7 @@ impl Cli {
             Command::Run(args) => run::run(&args, &self.global),
             Command::Sessions(cmd) => cmd.run(&self.global),
             Command::Approvals(cmd) => cmd.run(&self.global),
+            Command::Audit(cmd) => cmd.run(&self.global),
             Command::Bundles(cmd) => cmd.run(),
             Command::Schema(args) => schema::run(&args),
         }

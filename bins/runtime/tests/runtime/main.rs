@@ -1,5 +1,6 @@
 //! The daemon binary's integration tests in one binary.
 //!
+//! - [`audit`]: the audit against an attacker who can write the SQLite file.
 //! - [`daemon`]: the real `phrony-runtime` process (start, stop, storage, signals, workers).
 //! - [`sdk_fixture`]: the Python SDK's committed agent snapshot matches the compiler.
 //! - [`support`]: the daemon on a free port, fresh databases, a compiled test agent.
@@ -9,6 +10,7 @@
     reason = "tests: a panic is a failed assertion, with its message"
 )]
 
+mod audit;
 mod daemon;
 mod sdk_fixture;
 mod support;

@@ -84,6 +84,8 @@ impl Launch {
             "RUNTIME_LOG",
             "RUST_LOG",
             "RUNTIME_SECRETS_ENCRYPTION_KEY",
+            "RUNTIME_AUDIT_KEY_FILE",
+            "RUNTIME_ALLOW_UNVERIFIED_LOG",
             "RUNTIME_DISPATCH_QUEUE_WAIT",
             "RUNTIME_TOOL_EXEC_TIMEOUT",
             "RUNTIME_WORKER_LEASE_TTL",

@@ -14,6 +14,7 @@ use tonic::Status;
 use crate::publish::SnapshotRejection;
 
 pub(crate) mod approvals;
+pub(crate) mod audit;
 pub(crate) mod interactive;
 pub(crate) mod sessions;
 

@@ -7,6 +7,7 @@
 //! a later release; until then their RPCs answer `Unimplemented` naming the RPC.
 
 mod approvals;
+mod audit;
 mod interactive;
 mod lifecycle;
 pub(crate) mod sessions;
@@ -192,6 +193,23 @@ impl Runtime for RuntimeService {
     type RunSessionInteractiveStream = BoxStream<pb::RunSessionInteractiveServerMsg>;
     type WorkStream = BoxStream<pb::WorkServerMsg>;
     type GetSessionPayloadStream = BoxStream<pb::SessionPayloadChunk>;
+    type ExportAuditStream = BoxStream<pb::AuditEvent>;
+
+    // --- Audit ------------------------------------------------------------------------------
+
+    async fn verify_audit(
+        &self,
+        request: Request<pb::VerifyAuditRequest>,
+    ) -> Result<Response<pb::VerifyAuditResponse>, Status> {
+        unary("VerifyAudit", self.verify_audit_impl(request.into_inner())).await
+    }
+
+    async fn export_audit(
+        &self,
+        request: Request<pb::ExportAuditRequest>,
+    ) -> Result<Response<Self::ExportAuditStream>, Status> {
+        unary("ExportAudit", self.export_audit_impl(request.into_inner())).await
+    }
 
     async fn get_version(
         &self,

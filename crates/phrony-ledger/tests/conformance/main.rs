@@ -9,6 +9,7 @@
     reason = "test helpers outside #[test] fns: a panic there is a failed assertion"
 )]
 
+mod audit_cases;
 mod cases;
 mod connect;
 mod harness;
@@ -92,4 +93,9 @@ conformance!(
     cancelled_writes_never_leave_the_database_locked,
     tokens_are_stored_hashed_found_by_hash_and_revoked,
     token_names_are_unique_and_bad_requests_are_named,
+    a_clean_log_verifies_with_the_exact_count,
+    a_recomputed_chain_fails_the_sealed_head,
+    an_edited_vote_is_a_projection_difference,
+    a_dropped_trigger_alone_is_reported,
+    an_existing_log_is_sealed_once_and_keyless_writes_are_caught,
 );

@@ -54,7 +54,7 @@ fn not_found(result: Result<impl std::fmt::Debug, LedgerError>) -> String {
     }
 }
 
-async fn deploy_agent(ledger: &Ledger, agent: &AgentRef, version: &str) -> AgentVersion {
+pub(crate) async fn deploy_agent(ledger: &Ledger, agent: &AgentRef, version: &str) -> AgentVersion {
     ledger
         .publish_agent_version(NewAgentVersion {
             namespace: agent.namespace.clone(),
@@ -79,7 +79,7 @@ async fn deploy_agent(ledger: &Ledger, agent: &AgentRef, version: &str) -> Agent
     ledger.get_agent_version(agent, version).await.unwrap()
 }
 
-fn refund_agent() -> AgentRef {
+pub(crate) fn refund_agent() -> AgentRef {
     AgentRef::new("support", "refund-agent")
 }
 
@@ -165,7 +165,7 @@ fn approval_for(session: &str, call_id: &str) -> NewApproval {
     }
 }
 
-fn approve(actor: &str) -> Vote {
+pub(crate) fn approve(actor: &str) -> Vote {
     Vote {
         routes: Vec::new(),
         actor: phrony_ledger::Attribution::unverified(actor.to_owned()),
@@ -192,7 +192,7 @@ fn reject(actor: &str, comment: &str) -> Vote {
 }
 
 /// A running session in `awaiting_tool` with one recorded call, and an approval opened for it.
-async fn pending_approval(
+pub(crate) async fn pending_approval(
     ledger: &Ledger,
     v: &AgentVersion,
     customize: impl FnOnce(&mut NewApproval),

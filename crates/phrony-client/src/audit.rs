@@ -1,0 +1,164 @@
+//! The audit RPCs: `VerifyAudit` (chains, sealed heads, triggers, re-folded projections) and
+//! `ExportAudit` (every event with its hashes).
+
+use phrony_proto::runtime::v1 as pb;
+
+use crate::{Client, ClientError};
+
+/// What `VerifyAudit` covers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AuditScope {
+    /// Every stream and projection.
+    All,
+    /// One session.
+    Session(String),
+    /// One agent's lifecycle stream, as `namespace/name`.
+    Agent(String),
+}
+
+/// The first problem the runtime found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuditProblem {
+    /// `chain`, `head_missing`, `head_mismatch`, `head_mac`, `stream_deleted`, `unsealed`,
+    /// `key_mismatch`, `trigger_missing` or `projection`.
+    pub kind: String,
+    /// The stream, when the problem is in one.
+    pub stream: Option<String>,
+    /// The first bad seq, when known.
+    pub seq: Option<u64>,
+    /// One line naming what is wrong.
+    pub message: String,
+}
+
+/// The answer of `VerifyAudit`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuditVerification {
+    /// Events whose chain recomputed.
+    pub events: u64,
+    /// Streams checked completely.
+    pub streams: u64,
+    /// `None` when everything verified.
+    pub problem: Option<AuditProblem>,
+}
+
+/// One exported event, exactly as stored and hashed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExportedEvent {
+    /// The stream (a session id, `agent:ns/name`, `audit`).
+    pub stream: String,
+    /// Its seq in the stream.
+    pub seq: u64,
+    /// The event type.
+    pub event_type: String,
+    /// RFC 3339 UTC with six fractional digits.
+    pub ts: String,
+    /// Who caused it.
+    pub actor: String,
+    /// The tool call it concerns.
+    pub call_id: Option<String>,
+    /// The turn.
+    pub turn: Option<u32>,
+    /// The payload's canonical JSON text.
+    pub payload_json: String,
+    /// The previous event's hash.
+    pub prev_hash: String,
+    /// This event's hash.
+    pub hash: String,
+}
+
+/// The events of an `ExportAudit` call, read as they arrive.
+#[derive(Debug)]
+pub struct AuditExport {
+    stream: tonic::Streaming<pb::AuditEvent>,
+    client: Client,
+}
+
+impl AuditExport {
+    /// The next event, or `None` at the end.
+    ///
+    /// # Errors
+    /// Any [`ClientError`] the stream ends with.
+    pub async fn next(&mut self) -> Result<Option<ExportedEvent>, ClientError> {
+        let message = self
+            .stream
+            .message()
+            .await
+            .map_err(|s| self.client.status(&s))?;
+        Ok(message.map(|e| ExportedEvent {
+            stream: e.stream,
+            seq: e.seq,
+            event_type: e.r#type,
+            ts: e.ts,
+            actor: e.actor,
+            call_id: Some(e.call_id).filter(|c| !c.is_empty()),
+            turn: e.turn,
+            payload_json: e.payload_json,
+            prev_hash: e.prev_hash,
+            hash: e.hash,
+        }))
+    }
+}
+
+impl Client {
+    /// Verifies the runtime's event log (`VerifyAudit`).
+    ///
+    /// # Errors
+    /// `NotFound` for an unknown session or agent; `FailedPrecondition` when the runtime has
+    /// no audit key; any other [`ClientError`].
+    pub async fn verify_audit(&self, scope: &AuditScope) -> Result<AuditVerification, ClientError> {
+        let mut request = pb::VerifyAuditRequest::default();
+        match scope {
+            AuditScope::All => {}
+            AuditScope::Session(id) => request.session_id.clone_from(id),
+            AuditScope::Agent(agent) => request.agent.clone_from(agent),
+        }
+        let response = self
+            .runtime
+            .clone()
+            .verify_audit(request)
+            .await
+            .map_err(|s| self.status(&s))?
+            .into_inner();
+        Ok(AuditVerification {
+            events: response.events,
+            streams: response.streams,
+            problem: response
+                .problem
+                .filter(|_| !response.verified)
+                .map(|p| AuditProblem {
+                    kind: p.kind,
+                    stream: Some(p.stream).filter(|s| !s.is_empty()),
+                    seq: Some(p.seq).filter(|s| *s > 0),
+                    message: p.message,
+                }),
+        })
+    }
+
+    /// Exports the events with their hashes (`ExportAudit`): those at or after `since`
+    /// (RFC 3339), of one session or all.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for a bad `since`; `NotFound` for an unknown session; any other
+    /// [`ClientError`].
+    pub async fn export_audit(
+        &self,
+        since: Option<&str>,
+        session_id: Option<&str>,
+    ) -> Result<AuditExport, ClientError> {
+        let request = pb::ExportAuditRequest {
+            since: since.unwrap_or_default().to_owned(),
+            session_id: session_id.unwrap_or_default().to_owned(),
+        };
+        let stream = self
+            .runtime
+            .clone()
+            .export_audit(request)
+            .await
+            .map_err(|s| self.status(&s))?
+            .into_inner();
+        Ok(AuditExport {
+            stream,
+            client: self.clone(),
+        })
+    }
+}

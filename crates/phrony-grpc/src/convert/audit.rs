@@ -1,0 +1,103 @@
+//! Audit RPCs: the verification scope from a request, reports and exported events to messages.
+
+use chrono::{DateTime, Utc};
+use phrony_ledger::{AgentRef, AuditProblem, AuditProblemKind, AuditReport, AuditScope, Event};
+use phrony_proto::runtime::v1 as pb;
+use tonic::Status;
+
+/// The scope of a `VerifyAudit` request: a session, an agent (`namespace/name`) or everything.
+pub(crate) fn audit_scope(request: &pb::VerifyAuditRequest) -> Result<AuditScope, Status> {
+    let session = request.session_id.trim();
+    let agent = request.agent.trim();
+    match (session.is_empty(), agent.is_empty()) {
+        (true, true) => Ok(AuditScope::All),
+        (false, true) => Ok(AuditScope::Session(session.to_owned())),
+        (true, false) => {
+            let Some((namespace, name)) = agent.split_once('/') else {
+                return Err(Status::invalid_argument(format!(
+                    "agent {agent:?} must be namespace/name"
+                )));
+            };
+            let agent = AgentRef::new(namespace, name);
+            agent.validate().map_err(super::ledger_status)?;
+            Ok(AuditScope::Agent(agent))
+        }
+        (false, false) => Err(Status::invalid_argument(
+            "give at most one of session_id and agent",
+        )),
+    }
+}
+
+fn kind_name(kind: &AuditProblemKind) -> &'static str {
+    match kind {
+        AuditProblemKind::Chain(_) => "chain",
+        AuditProblemKind::HeadMissing => "head_missing",
+        AuditProblemKind::HeadMismatch => "head_mismatch",
+        AuditProblemKind::HeadMac => "head_mac",
+        AuditProblemKind::StreamDeleted => "stream_deleted",
+        AuditProblemKind::Unsealed => "unsealed",
+        AuditProblemKind::KeyMismatch { .. } => "key_mismatch",
+        AuditProblemKind::TriggerMissing { .. } => "trigger_missing",
+        AuditProblemKind::Projection { .. } => "projection",
+        _ => "other",
+    }
+}
+
+fn problem(p: AuditProblem) -> pb::AuditProblem {
+    let (table, key, column) = match &p.kind {
+        AuditProblemKind::Projection { table, key, column } => (
+            table.clone(),
+            key.clone(),
+            column.clone().unwrap_or_default(),
+        ),
+        _ => Default::default(),
+    };
+    pb::AuditProblem {
+        kind: kind_name(&p.kind).to_owned(),
+        stream: p.stream.unwrap_or_default(),
+        seq: p.seq.unwrap_or(0),
+        message: p.message,
+        table,
+        key,
+        column,
+    }
+}
+
+pub(crate) fn verify_audit_response(report: AuditReport) -> pb::VerifyAuditResponse {
+    pb::VerifyAuditResponse {
+        verified: report.problem.is_none(),
+        events: report.events,
+        streams: report.streams,
+        problem: report.problem.map(problem),
+    }
+}
+
+/// `ExportAudit.since`: empty, or an RFC 3339 time.
+pub(crate) fn since(text: &str) -> Result<Option<DateTime<Utc>>, Status> {
+    let text = text.trim();
+    if text.is_empty() {
+        return Ok(None);
+    }
+    DateTime::parse_from_rfc3339(text)
+        .map(|t| Some(t.to_utc()))
+        .map_err(|e| {
+            Status::invalid_argument(format!(
+                "since {text:?} is not an RFC 3339 time such as 2026-12-01T00:00:00Z: {e}"
+            ))
+        })
+}
+
+pub(crate) fn audit_event(e: Event) -> pb::AuditEvent {
+    pb::AuditEvent {
+        ts: e.ts.to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+        payload_json: phrony_ledger::canonical_json(&e.payload),
+        stream: e.stream,
+        seq: e.seq,
+        r#type: e.event_type,
+        actor: e.actor,
+        call_id: e.call_id.unwrap_or_default(),
+        turn: e.turn,
+        prev_hash: e.prev_hash,
+        hash: e.hash,
+    }
+}

@@ -1,0 +1,83 @@
+//! `VerifyAudit` and `ExportAudit`: the ledger's audit verification and event export.
+
+use phrony_proto::runtime::v1 as pb;
+use tonic::Status;
+use tonic::codegen::BoxStream;
+
+use super::RuntimeService;
+use crate::convert::audit as conv;
+use crate::convert::ledger_status;
+
+/// Events read from the ledger per page of `ExportAudit`.
+const EXPORT_PAGE: u32 = 500;
+
+impl RuntimeService {
+    pub(super) async fn verify_audit_impl(
+        &self,
+        request: pb::VerifyAuditRequest,
+    ) -> Result<pb::VerifyAuditResponse, Status> {
+        let scope = conv::audit_scope(&request)?;
+        let report = self
+            .ledger
+            .verify_audit(scope)
+            .await
+            .map_err(ledger_status)?;
+        Ok(conv::verify_audit_response(report))
+    }
+
+    /// Checks the request and the session, then streams the events page by page.
+    pub(super) async fn export_audit_impl(
+        &self,
+        request: pb::ExportAuditRequest,
+    ) -> Result<BoxStream<pb::AuditEvent>, Status> {
+        let since = conv::since(&request.since)?;
+        let session = crate::convert::optional(&request.session_id).map(str::to_owned);
+        let ledger = self.ledger.clone();
+        // The first page answers NotFound for an unknown session before the stream starts.
+        let first = ledger
+            .export_events(None, since, session.as_deref(), EXPORT_PAGE)
+            .await
+            .map_err(ledger_status)?;
+        let state = (ledger, since, session, Some(first));
+        let pages = futures::stream::unfold(state, |(ledger, since, session, page)| async move {
+            let page = page?;
+            let full = page.len() == EXPORT_PAGE as usize;
+            let next = match page.last() {
+                Some(last) if full => Some(
+                    ledger
+                        .export_events(
+                            Some((last.stream.as_str(), last.seq)),
+                            since,
+                            session.as_deref(),
+                            EXPORT_PAGE,
+                        )
+                        .await
+                        .map_err(ledger_status),
+                ),
+                _ => None,
+            };
+            let (items, next_page): (Vec<Result<pb::AuditEvent, Status>>, _) = match next {
+                Some(Ok(next)) => (
+                    page.into_iter().map(|e| Ok(conv::audit_event(e))).collect(),
+                    Some(next),
+                ),
+                Some(Err(status)) => {
+                    let mut items: Vec<_> =
+                        page.into_iter().map(|e| Ok(conv::audit_event(e))).collect();
+                    items.push(Err(status));
+                    (items, None)
+                }
+                None => (
+                    page.into_iter().map(|e| Ok(conv::audit_event(e))).collect(),
+                    None,
+                ),
+            };
+            Some((
+                futures::stream::iter(items),
+                (ledger, since, session, next_page),
+            ))
+        });
+        use futures::StreamExt as _;
+        Ok(Box::pin(pages.flatten()))
+    }
+}

@@ -1,0 +1,1077 @@
+//! Audit: keyed chain heads, the start-up check and the full verifier (chains, sealed heads,
+//! append-only triggers, projections re-folded from the events).
+//!
+//! # Keyed heads
+//!
+//! The event hash has no key: anyone who can write the database can edit an event and
+//! recompute the rest of its chain and the `streams` head. So every append made by a ledger
+//! with an [`AuditKey`] (kept outside the database) also writes, in the same transaction, the
+//! stream's row in `chain_heads`: `(stream, seq, hash, mac)` with
+//! `mac = lowercase_hex(HMAC-SHA256(key, "phrony.head.v1" ‖ len(stream) ‖ stream ‖ seq ‖ hash))`
+//! (lengths and `seq` as 8-byte big-endian integers). The MAC covers the stored hash only, so
+//! it is independent of the event hash formula. Without the key a recomputed chain cannot get
+//! a head whose MAC verifies.
+//!
+//! A log is *sealed* when the `audit` stream holds an `audit.key_introduced` event (its
+//! `key_id` names the key). [`crate::Ledger::start_audit`] seals an existing log the first
+//! time a new key is used (after verifying every chain), and otherwise checks the triggers and
+//! every stream's head against `chain_heads` (no re-fold: that is [`crate::Ledger::verify_audit`]).
+
+use std::fmt;
+
+use hmac::{Hmac, Mac as _};
+use serde_json::{Value, json};
+use sha2::{Digest as _, Sha256};
+
+use crate::chain::ViolationKind;
+use crate::db::{Arg, Backend, Conn, Row, Tx, args};
+use crate::error::{LedgerError, Result};
+use crate::events::{self, append, lock_stream};
+use crate::model::{AgentRef, Event, NewEvent};
+
+type HmacSha256 = Hmac<Sha256>;
+
+/// The stream that records the audit key's introduction and start-up overrides.
+pub const AUDIT_STREAM: &str = "audit";
+
+/// Event types of the [`AUDIT_STREAM`].
+pub mod audit_event_types {
+    /// The log was sealed with a key (`key_id, reason, streams, events, heads_digest, heads`).
+    pub const KEY_INTRODUCED: &str = "audit.key_introduced";
+    /// The daemon served a log that failed its start-up check, by explicit override
+    /// (`problem, kind, stream?, seq?, triggers_restored`).
+    pub const UNVERIFIED_LOG_ALLOWED: &str = "audit.unverified_log_allowed";
+}
+use audit_event_types as types;
+
+/// How many streams are read per page by the verifiers.
+const STREAM_PAGE: i64 = 500;
+/// At most this many heads are listed in an `audit.key_introduced` payload (the digest covers all).
+const MAX_LISTED_HEADS: usize = 1000;
+
+/// The 32-byte key that MACs the chain heads. Kept outside the database. `Debug` shows only
+/// its [`AuditKey::key_id`].
+#[derive(Clone, PartialEq, Eq)]
+pub struct AuditKey([u8; AuditKey::LEN]);
+
+impl AuditKey {
+    /// Key length in bytes.
+    pub const LEN: usize = 32;
+
+    /// Wraps raw key bytes.
+    #[must_use]
+    pub fn from_bytes(bytes: [u8; Self::LEN]) -> Self {
+        Self(bytes)
+    }
+
+    fn hmac(&self) -> HmacSha256 {
+        // HMAC accepts keys of any length; 32 bytes cannot fail.
+        match HmacSha256::new_from_slice(&self.0) {
+            Ok(mac) => mac,
+            Err(_) => unreachable!("HMAC-SHA256 takes keys of any length"),
+        }
+    }
+
+    /// A non-secret identifier of the key (16 hex digits of a domain-separated HMAC), recorded
+    /// when the log is sealed so that a wrong key file is named as such.
+    #[must_use]
+    pub fn key_id(&self) -> String {
+        let mut mac = self.hmac();
+        mac.update(b"phrony.audit.key-id");
+        hex::encode(&mac.finalize().into_bytes()[..8])
+    }
+
+    fn head_mac(&self, stream: &str, seq: i64, hash: &str) -> HmacSha256 {
+        let mut mac = self.hmac();
+        mac.update(b"phrony.head.v1");
+        mac.update(
+            &u64::try_from(stream.len())
+                .unwrap_or(u64::MAX)
+                .to_be_bytes(),
+        );
+        mac.update(stream.as_bytes());
+        mac.update(&seq.to_be_bytes());
+        mac.update(hash.as_bytes());
+        mac
+    }
+
+    /// The MAC of a stream head, as stored in `chain_heads.mac`.
+    #[must_use]
+    pub(crate) fn mac(&self, stream: &str, seq: i64, hash: &str) -> String {
+        hex::encode(self.head_mac(stream, seq, hash).finalize().into_bytes())
+    }
+
+    /// Whether `mac_hex` is the MAC of the head (compared in constant time).
+    fn verifies(&self, stream: &str, seq: i64, hash: &str, mac_hex: &str) -> bool {
+        let Ok(mac) = hex::decode(mac_hex) else {
+            return false;
+        };
+        self.head_mac(stream, seq, hash).verify_slice(&mac).is_ok()
+    }
+}
+
+impl fmt::Debug for AuditKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "AuditKey(id {})", self.key_id())
+    }
+}
+
+/// What [`crate::Ledger::verify_audit`] covers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AuditScope {
+    /// Every stream, every projection.
+    All,
+    /// One session's stream and its rows in the session projections.
+    Session(String),
+    /// One agent's lifecycle stream and its rows in the agent projections.
+    Agent(AgentRef),
+}
+
+/// What is wrong, for an [`AuditProblem`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum AuditProblemKind {
+    /// The hash chain does not recompute (edited, deleted, inserted or reordered event).
+    Chain(ViolationKind),
+    /// The stream has no sealed head: written without the audit key, or its head deleted.
+    HeadMissing,
+    /// The sealed head (or the `streams` head) is not the end of the log.
+    HeadMismatch,
+    /// The sealed head's MAC does not verify with the key: forged or recomputed, or another key.
+    HeadMac,
+    /// A sealed head names a stream that no longer exists (a deleted stream).
+    StreamDeleted,
+    /// The log has streams but was never sealed with the audit key.
+    Unsealed,
+    /// The log was sealed with a different key.
+    KeyMismatch {
+        /// The key id the log was sealed with.
+        sealed_with: String,
+    },
+    /// An append-only trigger of `events` is missing, disabled or altered.
+    TriggerMissing {
+        /// The trigger.
+        trigger: String,
+    },
+    /// A projection table differs from the events re-folded.
+    Projection {
+        /// The table.
+        table: String,
+        /// The row's key, `col=value, …`.
+        key: String,
+        /// The first differing column; `None` when the whole row is extra or missing.
+        column: Option<String>,
+    },
+}
+
+/// The first problem verification found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuditProblem {
+    /// What is wrong.
+    pub kind: AuditProblemKind,
+    /// The stream, when the problem is in one.
+    pub stream: Option<String>,
+    /// The first bad seq (for a head problem: the head's seq), when known.
+    pub seq: Option<u64>,
+    /// One line for a human, naming the stream, seq, table, key or column.
+    pub message: String,
+}
+
+impl fmt::Display for AuditProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// The result of [`crate::Ledger::verify_audit`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuditReport {
+    /// Events whose chain recomputed (before the first problem).
+    pub events: u64,
+    /// Streams checked completely.
+    pub streams: u64,
+    /// The first problem, `None` when everything verified.
+    pub problem: Option<AuditProblem>,
+}
+
+impl AuditReport {
+    /// `true` when nothing is wrong.
+    #[must_use]
+    pub fn is_verified(&self) -> bool {
+        self.problem.is_none()
+    }
+}
+
+/// The outcome of [`crate::Ledger::start_audit`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AuditStart {
+    /// Triggers and every stream head verified.
+    Verified {
+        /// Streams whose head verified.
+        streams: u64,
+    },
+    /// The log was sealed with the key now (first start with it).
+    Sealed {
+        /// Streams sealed.
+        streams: u64,
+        /// Events in them.
+        events: u64,
+    },
+    /// The log failed: the daemon must refuse to serve it unless overridden.
+    Failed(AuditProblem),
+}
+
+fn problem(
+    kind: AuditProblemKind,
+    stream: Option<&str>,
+    seq: Option<i64>,
+    message: String,
+) -> AuditProblem {
+    AuditProblem {
+        kind,
+        stream: stream.map(str::to_owned),
+        seq: seq.and_then(|s| u64::try_from(s).ok()),
+        message,
+    }
+}
+
+/// Writes the sealed head of `stream` (in the append's transaction).
+pub(crate) async fn seal_head(
+    conn: &mut Conn<'_>,
+    key: &AuditKey,
+    stream: &str,
+    seq: i64,
+    hash: &str,
+) -> Result<()> {
+    conn.execute(
+        "seal stream head",
+        "INSERT INTO chain_heads (stream, seq, hash, mac) VALUES ($1, $2, $3, $4) \
+         ON CONFLICT (stream) DO UPDATE SET seq = excluded.seq, hash = excluded.hash, \
+         mac = excluded.mac",
+        args![stream, seq, hash, key.mac(stream, seq, hash)],
+    )
+    .await?;
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Triggers.
+
+/// The first append-only trigger that is missing, disabled or no longer refuses.
+pub(crate) async fn check_triggers(
+    conn: &mut Conn<'_>,
+    backend: Backend,
+) -> Result<Option<AuditProblem>> {
+    let missing = |trigger: &str, why: &str| {
+        Some(problem(
+            AuditProblemKind::TriggerMissing {
+                trigger: trigger.to_owned(),
+            },
+            None,
+            None,
+            format!("the append-only trigger {trigger} on events {why}: the log can be rewritten"),
+        ))
+    };
+    match backend {
+        Backend::Sqlite => {
+            for (name, op) in [
+                ("events_no_update", "UPDATE"),
+                ("events_no_delete", "DELETE"),
+            ] {
+                let row = conn
+                    .fetch_optional(
+                        "read trigger",
+                        "SELECT sql FROM sqlite_master WHERE type = 'trigger' AND name = $1 \
+                         AND tbl_name = 'events'",
+                        args![name],
+                    )
+                    .await?;
+                let Some(row) = row else {
+                    return Ok(missing(name, "is missing"));
+                };
+                let sql: String = row.opt_text("sql")?.unwrap_or_default();
+                let flat = sql.split_whitespace().collect::<Vec<_>>().join(" ");
+                if !flat.contains(&format!("BEFORE {op} ON events"))
+                    || !flat.contains("RAISE(ABORT")
+                {
+                    return Ok(missing(name, "was altered"));
+                }
+            }
+        }
+        Backend::Postgres => {
+            let proc_ok = conn
+                .fetch_optional(
+                    "read trigger function",
+                    "SELECT prosrc FROM pg_catalog.pg_proc p \
+                     JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace \
+                     WHERE p.proname = 'phrony_events_append_only' AND n.nspname = current_schema()",
+                    vec![],
+                )
+                .await?
+                .map(|r| r.text("prosrc"))
+                .transpose()?
+                .is_some_and(|src| src.contains("RAISE EXCEPTION"));
+            for name in ["events_no_update_delete", "events_no_truncate"] {
+                let row = conn
+                    .fetch_optional(
+                        "read trigger",
+                        "SELECT CAST(t.tgenabled AS TEXT) AS enabled, p.proname::text AS function \
+                         FROM pg_catalog.pg_trigger t \
+                         JOIN pg_catalog.pg_class c ON c.oid = t.tgrelid \
+                         JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+                         JOIN pg_catalog.pg_proc p ON p.oid = t.tgfoid \
+                         WHERE c.relname = 'events' AND n.nspname = current_schema() \
+                         AND t.tgname = $1",
+                        args![name],
+                    )
+                    .await?;
+                let Some(row) = row else {
+                    return Ok(missing(name, "is missing"));
+                };
+                if row.text("enabled")? == "D" {
+                    return Ok(missing(name, "is disabled"));
+                }
+                if row.text("function")? != "phrony_events_append_only" || !proc_ok {
+                    return Ok(missing(name, "was altered"));
+                }
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// Re-creates the append-only triggers (recovery after an override).
+async fn restore_triggers(conn: &mut Conn<'_>, backend: Backend) -> Result<()> {
+    let statements: &[&str] = match backend {
+        Backend::Sqlite => &[
+            "DROP TRIGGER IF EXISTS events_no_update",
+            "DROP TRIGGER IF EXISTS events_no_delete",
+            "CREATE TRIGGER events_no_update BEFORE UPDATE ON events BEGIN \
+             SELECT RAISE(ABORT, 'events are append-only: UPDATE refused'); END",
+            "CREATE TRIGGER events_no_delete BEFORE DELETE ON events BEGIN \
+             SELECT RAISE(ABORT, 'events are append-only: DELETE refused'); END",
+        ],
+        Backend::Postgres => &[
+            "CREATE OR REPLACE FUNCTION phrony_events_append_only() RETURNS trigger \
+             LANGUAGE plpgsql AS $$ BEGIN \
+             RAISE EXCEPTION 'events are append-only: % refused', TG_OP; END $$",
+            "DROP TRIGGER IF EXISTS events_no_update_delete ON events",
+            "DROP TRIGGER IF EXISTS events_no_truncate ON events",
+            "CREATE TRIGGER events_no_update_delete BEFORE UPDATE OR DELETE ON events \
+             FOR EACH ROW EXECUTE FUNCTION phrony_events_append_only()",
+            "CREATE TRIGGER events_no_truncate BEFORE TRUNCATE ON events \
+             FOR EACH STATEMENT EXECUTE FUNCTION phrony_events_append_only()",
+        ],
+    };
+    for sql in statements {
+        conn.execute("restore append-only triggers", sql, vec![])
+            .await?;
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Heads.
+
+const HEADS_SELECT: &str = "SELECT s.stream, s.last_seq, s.last_hash, h.seq AS h_seq, \
+     h.hash AS h_hash, h.mac AS h_mac, \
+     (SELECT MAX(e.seq) FROM events e WHERE e.stream = s.stream) AS e_max, \
+     (SELECT e.hash FROM events e WHERE e.stream = s.stream AND e.seq = s.last_seq) AS e_hash \
+     FROM streams s LEFT JOIN chain_heads h ON h.stream = s.stream";
+
+/// Checks one row of [`HEADS_SELECT`]: the log ends at the `streams` head, which is the sealed
+/// head, whose MAC verifies.
+fn head_problem(row: &Row, key: &AuditKey) -> Result<Option<AuditProblem>> {
+    let stream = row.text("stream")?;
+    let last_seq = row.int("last_seq")?;
+    let last_hash = row.text("last_hash")?;
+    let e_max = row.opt_int("e_max")?.unwrap_or(0);
+    let s = Some(stream.as_str());
+    if e_max != last_seq {
+        return Ok(Some(problem(
+            AuditProblemKind::HeadMismatch,
+            s,
+            Some(e_max.min(last_seq) + 1),
+            format!(
+                "stream {stream}: the log ends at seq {e_max} but its head records seq {last_seq}"
+            ),
+        )));
+    }
+    if last_seq > 0 && row.opt_text("e_hash")?.as_deref() != Some(last_hash.as_str()) {
+        return Ok(Some(problem(
+            AuditProblemKind::HeadMismatch,
+            s,
+            Some(last_seq),
+            format!(
+                "stream {stream} seq {last_seq}: the event's hash differs from the stream head"
+            ),
+        )));
+    }
+    let (Some(h_seq), Some(h_hash), Some(h_mac)) = (
+        row.opt_int("h_seq")?,
+        row.opt_text("h_hash")?,
+        row.opt_text("h_mac")?,
+    ) else {
+        return Ok(Some(problem(
+            AuditProblemKind::HeadMissing,
+            s,
+            Some(last_seq),
+            format!(
+                "stream {stream}: no sealed head (written without the audit key, or its sealed \
+                 head was deleted)"
+            ),
+        )));
+    };
+    if h_seq != last_seq || h_hash != last_hash {
+        return Ok(Some(problem(
+            AuditProblemKind::HeadMismatch,
+            s,
+            Some(h_seq.min(last_seq).max(1)),
+            format!(
+                "stream {stream}: the sealed head is seq {h_seq} hash {h_hash} but the log ends \
+                 at seq {last_seq} hash {last_hash} (the log was rewritten or appended to \
+                 without the audit key)"
+            ),
+        )));
+    }
+    if !key.verifies(&stream, h_seq, &h_hash, &h_mac) {
+        return Ok(Some(problem(
+            AuditProblemKind::HeadMac,
+            s,
+            Some(h_seq),
+            format!(
+                "stream {stream} seq {h_seq}: the head's MAC does not verify with the audit key \
+                 (the chain was recomputed and its head forged, or this is not the key the log \
+                 was sealed with)"
+            ),
+        )));
+    }
+    Ok(None)
+}
+
+/// The first stream whose head fails, over every stream (paged), then sealed heads of streams
+/// that no longer exist. Returns the number of streams checked.
+async fn check_all_heads(
+    conn: &mut Conn<'_>,
+    key: &AuditKey,
+) -> Result<(u64, Option<AuditProblem>)> {
+    let mut after = String::new();
+    let mut checked = 0;
+    loop {
+        let sql = format!("{HEADS_SELECT} WHERE s.stream > $1 ORDER BY s.stream LIMIT $2");
+        let rows = conn
+            .fetch_all("read stream heads", &sql, args![&after, STREAM_PAGE])
+            .await?;
+        for row in &rows {
+            if let Some(p) = head_problem(row, key)? {
+                return Ok((checked, Some(p)));
+            }
+            checked += 1;
+        }
+        match rows.last() {
+            Some(last) if i64::try_from(rows.len()).unwrap_or(i64::MAX) == STREAM_PAGE => {
+                after = last.text("stream")?;
+            }
+            _ => break,
+        }
+    }
+    Ok((checked, deleted_stream(conn).await?))
+}
+
+async fn deleted_stream(conn: &mut Conn<'_>) -> Result<Option<AuditProblem>> {
+    let row = conn
+        .fetch_optional(
+            "find deleted streams",
+            "SELECT h.stream, h.seq FROM chain_heads h \
+             WHERE NOT EXISTS (SELECT 1 FROM streams s WHERE s.stream = h.stream) \
+             ORDER BY h.stream LIMIT 1",
+            vec![],
+        )
+        .await?;
+    row.map(|r| {
+        let stream = r.text("stream")?;
+        let seq = r.int("seq")?;
+        Ok(problem(
+            AuditProblemKind::StreamDeleted,
+            Some(&stream),
+            Some(1),
+            format!("stream {stream}: sealed at seq {seq} but no longer in the log (deleted)"),
+        ))
+    })
+    .transpose()
+}
+
+async fn check_one_head(
+    conn: &mut Conn<'_>,
+    key: &AuditKey,
+    stream: &str,
+) -> Result<Option<AuditProblem>> {
+    let sql = format!("{HEADS_SELECT} WHERE s.stream = $1");
+    match conn
+        .fetch_optional("read stream head", &sql, args![stream])
+        .await?
+    {
+        Some(row) => head_problem(&row, key),
+        None => Err(LedgerError::not_found(format!(
+            "event stream {stream} not found"
+        ))),
+    }
+}
+
+/// The key id recorded by the latest `audit.key_introduced`, if the log is sealed.
+async fn sealed_key_id(conn: &mut Conn<'_>) -> Result<Option<String>> {
+    let row = conn
+        .fetch_optional(
+            "read audit key introduction",
+            "SELECT payload FROM events WHERE stream = $1 AND type = $2 \
+             ORDER BY seq DESC LIMIT 1",
+            args![AUDIT_STREAM, types::KEY_INTRODUCED],
+        )
+        .await?;
+    let Some(row) = row else { return Ok(None) };
+    let payload: Value = serde_json::from_str(&row.text("payload")?)
+        .map_err(|e| LedgerError::corrupt(format!("audit.key_introduced payload: {e}")))?;
+    Ok(Some(
+        payload
+            .get("key_id")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned(),
+    ))
+}
+
+async fn count(conn: &mut Conn<'_>, context: &'static str, sql: &str) -> Result<i64> {
+    conn.fetch_optional(context, sql, vec![])
+        .await?
+        .map_or(Ok(0), |r| r.int("n"))
+}
+
+/// Seals every stream's current head with `key` (and drops sealed heads of streams that no
+/// longer exist), then records `audit.key_introduced`. With `verify_chains`, every chain must
+/// recompute first (the problem is returned and nothing is written otherwise).
+async fn seal_all(
+    tx: &mut Tx,
+    key: &AuditKey,
+    reason: &str,
+    verify_chains: bool,
+) -> Result<std::result::Result<(u64, u64), AuditProblem>> {
+    let mut digest = Sha256::new();
+    let mut listed = Vec::new();
+    let (mut streams, mut total_events) = (0_u64, 0_u64);
+    let mut after = String::new();
+    loop {
+        let rows = tx
+            .conn()
+            .fetch_all(
+                "list streams",
+                "SELECT stream, last_seq, last_hash FROM streams WHERE stream > $1 \
+                 ORDER BY stream LIMIT $2",
+                args![&after, STREAM_PAGE],
+            )
+            .await?;
+        for row in &rows {
+            let stream = row.text("stream")?;
+            let seq = row.int("last_seq")?;
+            let hash = row.text("last_hash")?;
+            if verify_chains {
+                let report = events::verify(&mut tx.conn(), &stream).await?;
+                if let Some(v) = report.violation {
+                    return Ok(Err(chain_problem(&stream, v)));
+                }
+            }
+            seal_head(&mut tx.conn(), key, &stream, seq, &hash).await?;
+            digest.update(format!("{stream}\n{seq}\n{hash}\n").as_bytes());
+            if listed.len() < MAX_LISTED_HEADS {
+                listed.push(json!({"stream": stream, "seq": seq, "hash": hash}));
+            }
+            streams += 1;
+            total_events += u64::try_from(seq).unwrap_or(0);
+        }
+        match rows.last() {
+            Some(last) if i64::try_from(rows.len()).unwrap_or(i64::MAX) == STREAM_PAGE => {
+                after = last.text("stream")?;
+            }
+            _ => break,
+        }
+    }
+    let dropped = tx
+        .conn()
+        .execute(
+            "drop heads of deleted streams",
+            "DELETE FROM chain_heads WHERE NOT EXISTS \
+             (SELECT 1 FROM streams s WHERE s.stream = chain_heads.stream)",
+            vec![],
+        )
+        .await?;
+    let payload = json!({
+        "key_id": key.key_id(),
+        "reason": reason,
+        "streams": streams,
+        "events": total_events,
+        "heads_digest": hex::encode(digest.finalize()),
+        "heads": listed,
+        "heads_listed_all": usize::try_from(streams).is_ok_and(|n| n <= MAX_LISTED_HEADS),
+        "dropped_heads": dropped,
+    });
+    append_audit_event(tx, types::KEY_INTRODUCED, payload).await?;
+    Ok(Ok((streams, total_events)))
+}
+
+async fn append_audit_event(tx: &mut Tx, event_type: &str, payload: Value) -> Result<Event> {
+    let mut head = lock_stream(tx, AUDIT_STREAM).await?;
+    append(
+        tx,
+        &mut head,
+        NewEvent {
+            event_type: event_type.to_owned(),
+            actor: "system".into(),
+            call_id: None,
+            turn: None,
+            payload,
+        },
+    )
+    .await
+}
+
+fn chain_problem(stream: &str, v: crate::chain::ChainViolation) -> AuditProblem {
+    AuditProblem {
+        kind: AuditProblemKind::Chain(v.kind),
+        stream: Some(stream.to_owned()),
+        seq: Some(v.seq),
+        message: v.message,
+    }
+}
+
+/// The start-up check (see [`crate::Ledger::start_audit`]).
+pub(crate) async fn start(tx: &mut Tx, key: &AuditKey, key_is_new: bool) -> Result<AuditStart> {
+    let backend = tx.backend();
+    if let Some(p) = check_triggers(&mut tx.conn(), backend).await? {
+        return Ok(AuditStart::Failed(p));
+    }
+    let sealed_with = sealed_key_id(&mut tx.conn()).await?;
+    let Some(sealed_with) = sealed_with else {
+        let heads = count(
+            &mut tx.conn(),
+            "count sealed heads",
+            "SELECT COUNT(*) AS n FROM chain_heads",
+        )
+        .await?;
+        let streams = count(
+            &mut tx.conn(),
+            "count streams",
+            "SELECT COUNT(*) AS n FROM streams",
+        )
+        .await?;
+        if heads == 0 && (streams == 0 || key_is_new) {
+            return Ok(
+                match seal_all(tx, key, "first start with an audit key", true).await? {
+                    Ok((streams, events)) => AuditStart::Sealed { streams, events },
+                    Err(p) => AuditStart::Failed(p),
+                },
+            );
+        }
+        return Ok(AuditStart::Failed(problem(
+            AuditProblemKind::Unsealed,
+            Some(AUDIT_STREAM),
+            None,
+            format!(
+                "the log has {streams} streams but no record of being sealed with an audit key \
+                 (the audit stream was removed, or an existing key file was given to a log it \
+                 never sealed)"
+            ),
+        )));
+    };
+    if sealed_with != key.key_id() {
+        return Ok(AuditStart::Failed(problem(
+            AuditProblemKind::KeyMismatch {
+                sealed_with: sealed_with.clone(),
+            },
+            Some(AUDIT_STREAM),
+            None,
+            format!(
+                "the audit key (id {}) is not the key this log was sealed with (id {sealed_with})",
+                key.key_id()
+            ),
+        )));
+    }
+    let (streams, p) = check_all_heads(&mut tx.conn(), key).await?;
+    Ok(match p {
+        Some(p) => AuditStart::Failed(p),
+        None => AuditStart::Verified { streams },
+    })
+}
+
+/// Records an override of a failed start-up check, restores the triggers and re-seals every
+/// head with `key` (see [`crate::Ledger::allow_unverified_log`]).
+pub(crate) async fn allow_unverified(
+    tx: &mut Tx,
+    key: &AuditKey,
+    failed: &AuditProblem,
+    actor: &str,
+) -> Result<Event> {
+    let backend = tx.backend();
+    let triggers_restored = check_triggers(&mut tx.conn(), backend).await?.is_some();
+    if triggers_restored {
+        restore_triggers(&mut tx.conn(), backend).await?;
+    }
+    let event = append_audit_event(
+        tx,
+        types::UNVERIFIED_LOG_ALLOWED,
+        json!({
+            "problem": failed.message,
+            "kind": format!("{:?}", failed.kind),
+            "stream": failed.stream,
+            "seq": failed.seq,
+            "allowed_by": actor,
+            "triggers_restored": triggers_restored,
+        }),
+    )
+    .await?;
+    seal_all(tx, key, "re-sealed after --allow-unverified-log", false)
+        .await?
+        .map_err(|p| LedgerError::corrupt(p.message))?;
+    Ok(event)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Full verification.
+
+/// Chains and sealed heads of the streams in `scope`, then the triggers. Returns the report
+/// so far (the projections are compared by the caller in a transaction it rolls back).
+pub(crate) async fn verify_streams(
+    conn: &mut Conn<'_>,
+    backend: Backend,
+    key: &AuditKey,
+    scope: &AuditScope,
+) -> Result<AuditReport> {
+    let mut report = AuditReport {
+        events: 0,
+        streams: 0,
+        problem: None,
+    };
+    let single = match scope {
+        AuditScope::All => None,
+        AuditScope::Session(id) => Some(id.clone()),
+        AuditScope::Agent(agent) => Some(agent.stream()),
+    };
+    if let Some(stream) = single {
+        report.problem = verify_one(conn, key, &stream, &mut report).await?;
+        if report.problem.is_none() {
+            report.problem = check_triggers(conn, backend).await?;
+        }
+        return Ok(report);
+    }
+    let mut after = String::new();
+    loop {
+        let names: Vec<String> = conn
+            .fetch_all(
+                "list streams",
+                "SELECT stream FROM streams WHERE stream > $1 ORDER BY stream LIMIT $2",
+                args![&after, STREAM_PAGE],
+            )
+            .await?
+            .iter()
+            .map(|r| r.text("stream"))
+            .collect::<Result<_>>()?;
+        for stream in &names {
+            if let Some(p) = verify_one(conn, key, stream, &mut report).await? {
+                report.problem = Some(p);
+                return Ok(report);
+            }
+        }
+        match names.last() {
+            Some(last) if i64::try_from(names.len()).unwrap_or(0) == STREAM_PAGE => {
+                after.clone_from(last);
+            }
+            _ => break,
+        }
+    }
+    if let Some(p) = deleted_stream(conn).await? {
+        report.problem = Some(p);
+        return Ok(report);
+    }
+    report.problem = check_triggers(conn, backend).await?;
+    Ok(report)
+}
+
+/// One stream's chain (counted into `report`) and sealed head.
+async fn verify_one(
+    conn: &mut Conn<'_>,
+    key: &AuditKey,
+    stream: &str,
+    report: &mut AuditReport,
+) -> Result<Option<AuditProblem>> {
+    let chain = events::verify(conn, stream).await?;
+    report.events += chain.events_checked;
+    if let Some(v) = chain.violation {
+        return Ok(Some(chain_problem(stream, v)));
+    }
+    if let Some(p) = check_one_head(conn, key, stream).await? {
+        return Ok(Some(p));
+    }
+    report.streams += 1;
+    Ok(None)
+}
+
+/// The projection tables the events fold into, with their keys.
+const PROJECTIONS: &[(&str, &[&str])] = &[
+    ("agents", &["id"]),
+    ("agent_versions", &["id"]),
+    ("deployments", &["id"]),
+    ("sessions", &["id"]),
+    ("session_metadata", &["session_id", "key"]),
+    ("tool_invocations", &["call_id"]),
+    ("approvals", &["id"]),
+    ("approval_votes", &["approval_id", "decided_by"]),
+];
+
+/// The rows of `table` in `scope` (`None`: the table is outside the scope), with its binds.
+fn scope_filter(table: &str, scope: &AuditScope) -> Option<(String, Vec<Arg>)> {
+    let agent_tables = ["agents", "agent_versions", "deployments"];
+    match scope {
+        AuditScope::All => Some(("1 = 1".to_owned(), Vec::new())),
+        AuditScope::Session(id) => {
+            let sql = match table {
+                t if agent_tables.contains(&t) => return None,
+                "sessions" => "\"id\" = $1",
+                "approval_votes" => {
+                    "\"approval_id\" IN (SELECT a.id FROM approvals a WHERE a.session_id = $1)"
+                }
+                _ => "\"session_id\" = $1",
+            };
+            Some((sql.to_owned(), args![id.as_str()]))
+        }
+        AuditScope::Agent(agent) => {
+            let sql = match table {
+                "agents" => "\"namespace\" = $1 AND \"name\" = $2",
+                "agent_versions" | "deployments" => {
+                    "\"agent_id\" IN (SELECT g.id FROM agents g WHERE g.namespace = $1 AND g.name = $2)"
+                }
+                _ => return None,
+            };
+            Some((
+                sql.to_owned(),
+                args![agent.namespace.as_str(), agent.name.as_str()],
+            ))
+        }
+    }
+}
+
+async fn columns(conn: &mut Conn<'_>, backend: Backend, table: &str) -> Result<Vec<String>> {
+    let rows = match backend {
+        Backend::Sqlite => {
+            conn.fetch_all(
+                "read projection columns",
+                "SELECT name FROM pragma_table_info($1) ORDER BY cid",
+                args![table],
+            )
+            .await?
+        }
+        Backend::Postgres => {
+            conn.fetch_all(
+                "read projection columns",
+                "SELECT column_name::text AS name FROM information_schema.columns \
+                 WHERE table_schema = current_schema() AND table_name = $1 \
+                 ORDER BY ordinal_position",
+                args![table],
+            )
+            .await?
+        }
+    };
+    rows.iter().map(|r| r.text("name")).collect()
+}
+
+/// Snapshots the stored projections into temporary tables, re-folds every projection from the
+/// events with the rebuild code, and names the first difference in `scope`. Runs in `tx`,
+/// which the caller rolls back.
+pub(crate) async fn compare_projections(
+    tx: &mut Tx,
+    scope: &AuditScope,
+) -> Result<Option<AuditProblem>> {
+    let backend = tx.backend();
+    for (table, _) in PROJECTIONS {
+        let mut c = tx.conn();
+        c.execute(
+            "drop projection snapshot",
+            &format!("DROP TABLE IF EXISTS audit_stored_{table}"),
+            vec![],
+        )
+        .await?;
+        c.execute(
+            "snapshot projection",
+            &format!("CREATE TEMP TABLE audit_stored_{table} AS SELECT * FROM {table}"),
+            vec![],
+        )
+        .await?;
+    }
+    crate::rebuild(tx).await?;
+    let mut c = tx.conn();
+    for (table, keys) in PROJECTIONS {
+        let Some((filter, binds)) = scope_filter(table, scope) else {
+            continue;
+        };
+        let cols = columns(&mut c, backend, table).await?;
+        let select = cols
+            .iter()
+            .map(|col| format!("CAST(\"{col}\" AS TEXT) AS \"{col}\""))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let key_list = keys
+            .iter()
+            .map(|k| format!("\"{k}\""))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let stored = format!("audit_stored_{table}");
+        for (from, minus) in [(stored.as_str(), *table), (*table, stored.as_str())] {
+            let sql = format!(
+                "SELECT {key_list} FROM (SELECT {select} FROM {from} WHERE {filter} \
+                 EXCEPT SELECT {select} FROM {minus} WHERE {filter}) d \
+                 ORDER BY {key_list} LIMIT 1"
+            );
+            let Some(row) = c
+                .fetch_optional("compare projection", &sql, binds.clone())
+                .await?
+            else {
+                continue;
+            };
+            let key_values: Vec<Option<String>> = keys
+                .iter()
+                .map(|k| row.opt_text(k))
+                .collect::<Result<_>>()?;
+            let key_text = keys
+                .iter()
+                .zip(&key_values)
+                .map(|(k, v)| format!("{k}={}", v.as_deref().unwrap_or("NULL")))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let by_key = keys
+                .iter()
+                .enumerate()
+                .map(|(i, k)| format!("CAST(\"{k}\" AS TEXT) = ${}", i + 1))
+                .collect::<Vec<_>>()
+                .join(" AND ");
+            let key_args: Vec<Arg> = key_values.iter().cloned().map(Arg::from).collect();
+            let stored_row = c
+                .fetch_optional(
+                    "read stored projection row",
+                    &format!("SELECT {select} FROM {stored} WHERE {by_key}"),
+                    key_args.clone(),
+                )
+                .await?;
+            let folded_row = c
+                .fetch_optional(
+                    "read re-folded projection row",
+                    &format!("SELECT {select} FROM {table} WHERE {by_key}"),
+                    key_args,
+                )
+                .await?;
+            let (column, message) = match (stored_row, folded_row) {
+                (Some(s), Some(f)) => {
+                    let mut found = None;
+                    for col in &cols {
+                        let (sv, fv) = (s.opt_text(col)?, f.opt_text(col)?);
+                        if sv != fv {
+                            found = Some((col.clone(), sv, fv));
+                            break;
+                        }
+                    }
+                    match found {
+                        Some((col, sv, fv)) => (
+                            Some(col.clone()),
+                            format!(
+                                "projection {table} ({key_text}) column {col}: stored {}, the \
+                                 events say {}",
+                                shown(sv.as_deref()),
+                                shown(fv.as_deref())
+                            ),
+                        ),
+                        None => (None, format!("projection {table} ({key_text}) differs")),
+                    }
+                }
+                (Some(_), None) => (
+                    None,
+                    format!("projection {table} ({key_text}): stored row that no event produces"),
+                ),
+                (None, _) => (
+                    None,
+                    format!(
+                        "projection {table} ({key_text}): the events produce a row that is not stored"
+                    ),
+                ),
+            };
+            return Ok(Some(AuditProblem {
+                kind: AuditProblemKind::Projection {
+                    table: (*table).to_owned(),
+                    key: key_text,
+                    column,
+                },
+                stream: None,
+                seq: None,
+                message,
+            }));
+        }
+    }
+    Ok(None)
+}
+
+fn shown(value: Option<&str>) -> String {
+    match value {
+        None => "NULL".to_owned(),
+        Some(v) if v.chars().count() > 80 => {
+            format!("{:?}…", v.chars().take(80).collect::<String>())
+        }
+        Some(v) => format!("{v:?}"),
+    }
+}
+
+/// One page of events for export: `(stream, seq) > after`, optionally one stream and events at
+/// or after `since`, in (stream, seq) order.
+pub(crate) async fn export_page(
+    conn: &mut Conn<'_>,
+    after: Option<(&str, i64)>,
+    since: Option<chrono::DateTime<chrono::Utc>>,
+    stream: Option<&str>,
+    limit: i64,
+) -> Result<Vec<Event>> {
+    let (after_stream, after_seq) = after.unwrap_or(("", 0));
+    let mut sql = format!(
+        "SELECT {} FROM events WHERE (stream > $1 OR (stream = $1 AND seq > $2))",
+        events::EVENT_COLUMNS
+    );
+    let mut binds = args![after_stream, after_seq];
+    if let Some(since) = since {
+        binds.push(Arg::from(since));
+        sql.push_str(&format!(" AND ts >= ${}", binds.len()));
+    }
+    if let Some(stream) = stream {
+        binds.push(Arg::from(stream));
+        sql.push_str(&format!(" AND stream = ${}", binds.len()));
+    }
+    binds.push(Arg::from(limit));
+    sql.push_str(&format!(" ORDER BY stream, seq LIMIT ${}", binds.len()));
+    conn.fetch_all("export events", &sql, binds)
+        .await?
+        .iter()
+        .map(|row| events::stored_from_row(row)?.into_event())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_mac_binds_stream_seq_and_hash_and_the_key() {
+        let key = AuditKey::from_bytes([7; 32]);
+        let mac = key.mac("run_a", 3, &"a".repeat(64));
+        assert!(key.verifies("run_a", 3, &"a".repeat(64), &mac));
+        assert!(!key.verifies("run_b", 3, &"a".repeat(64), &mac));
+        assert!(!key.verifies("run_a", 4, &"a".repeat(64), &mac));
+        assert!(!key.verifies("run_a", 3, &"b".repeat(64), &mac));
+        assert!(!key.verifies("run_a", 3, &"a".repeat(64), "not hex"));
+        let other = AuditKey::from_bytes([8; 32]);
+        assert!(!other.verifies("run_a", 3, &"a".repeat(64), &mac));
+        assert_ne!(key.key_id(), other.key_id());
+        assert!(!format!("{key:?}").contains("0707"));
+    }
+}

@@ -1,0 +1,384 @@
+//! Conformance cases for the audit: keyed chain heads, the start-up check and
+//! `Ledger::verify_audit`, against an attacker who can write the database but not read the key.
+
+use phrony_ledger::{
+    AUDIT_STREAM, AuditKey, AuditProblemKind, AuditScope, AuditStart, Ledger, NewEvent,
+    ViolationKind, audit_event_types,
+};
+use serde_json::json;
+
+use crate::harness::TestDb;
+use crate::session_cases::{approve, deploy_agent, pending_approval, refund_agent};
+
+fn key() -> AuditKey {
+    AuditKey::from_bytes([42; 32])
+}
+
+async fn keyed(db: &TestDb) -> Ledger {
+    db.migrated().await;
+    Ledger::connect(&db.url)
+        .await
+        .unwrap()
+        .with_audit_key(key())
+}
+
+async fn append_n(ledger: &Ledger, stream: &str, n: usize) {
+    for i in 0..n {
+        let e = NewEvent::new(
+            "message.user",
+            "user",
+            json!({"role": "user", "content": format!("m{i}")}),
+        );
+        ledger.append_session_event(stream, e).await.unwrap();
+    }
+}
+
+/// What an attacker with write access does: drop the triggers, edit event `seq`'s payload, and
+/// recompute the hashes of it and every later event, and the `streams` head.
+async fn rewrite_chain(db: &TestDb, ledger: &Ledger, stream: &str, seq: u64) {
+    db.disable_append_only_guard().await;
+    let mut events = ledger.list_events(stream, 0, 1000).await.unwrap();
+    let mut prev = events[usize::try_from(seq).unwrap() - 2].hash.clone();
+    for e in events.iter_mut().skip(usize::try_from(seq).unwrap() - 1) {
+        if e.seq == seq {
+            e.payload = json!({"content": "forged", "role": "user"});
+        }
+        e.prev_hash = prev.clone();
+        e.hash = e.recompute_hash();
+        db.raw_exec(&format!(
+            "UPDATE events SET payload = '{}', prev_hash = '{}', hash = '{}' \
+             WHERE stream = '{stream}' AND seq = {}",
+            phrony_ledger::canonical_json(&e.payload),
+            e.prev_hash,
+            e.hash,
+            e.seq
+        ))
+        .await;
+        prev = e.hash.clone();
+    }
+    db.raw_exec(&format!(
+        "UPDATE streams SET last_hash = '{prev}' WHERE stream = '{stream}'"
+    ))
+    .await;
+}
+
+pub(crate) async fn a_clean_log_verifies_with_the_exact_count(db: &TestDb) {
+    let ledger = keyed(db).await;
+    assert_eq!(
+        ledger.start_audit(true).await.unwrap(),
+        AuditStart::Sealed {
+            streams: 0,
+            events: 0
+        }
+    );
+    let v = deploy_agent(&ledger, &refund_agent(), "1.0.0").await; // 2 events
+    let (session, _call, approval) = pending_approval(&ledger, &v, |_| {}).await;
+    ledger
+        .cast_vote(approval.id, approve("alice"))
+        .await
+        .unwrap();
+    append_n(&ledger, "run_plain", 3).await;
+    let session_events = ledger
+        .list_events(&session.id, 0, 1000)
+        .await
+        .unwrap()
+        .len() as u64;
+
+    let report = ledger.verify_audit(AuditScope::All).await.unwrap();
+    assert_eq!(report.problem, None);
+    // The audit stream holds the key introduction.
+    assert_eq!(report.events, 2 + session_events + 3 + 1);
+    assert_eq!(report.streams, 4);
+
+    let one = ledger
+        .verify_audit(AuditScope::Session(session.id.clone()))
+        .await
+        .unwrap();
+    assert_eq!(
+        (one.events, one.streams, one.problem),
+        (session_events, 1, None)
+    );
+    let agent = ledger
+        .verify_audit(AuditScope::Agent(refund_agent()))
+        .await
+        .unwrap();
+    assert_eq!((agent.events, agent.streams, agent.problem), (2, 1, None));
+
+    // A restart checks the heads and the triggers.
+    let again = Ledger::connect(&db.url)
+        .await
+        .unwrap()
+        .with_audit_key(key());
+    assert_eq!(
+        again.start_audit(false).await.unwrap(),
+        AuditStart::Verified { streams: 4 }
+    );
+    // Without a key, verification is refused rather than half done.
+    assert!(matches!(
+        db.ledger.verify_audit(AuditScope::All).await,
+        Err(phrony_ledger::LedgerError::FailedPrecondition { .. })
+    ));
+}
+
+pub(crate) async fn a_recomputed_chain_fails_the_sealed_head(db: &TestDb) {
+    let ledger = keyed(db).await;
+    ledger.start_audit(true).await.unwrap();
+    append_n(&ledger, "run_victim", 4).await;
+    append_n(&ledger, "run_bystander", 2).await;
+    rewrite_chain(db, &ledger, "run_victim", 2).await;
+
+    // The unkeyed check no longer sees anything.
+    assert!(
+        ledger
+            .verify_stream("run_victim")
+            .await
+            .unwrap()
+            .is_intact()
+    );
+    let report = ledger.verify_audit(AuditScope::All).await.unwrap();
+    let p = report.problem.unwrap();
+    assert_eq!(p.kind, AuditProblemKind::HeadMismatch, "{p:?}");
+    assert_eq!(p.stream.as_deref(), Some("run_victim"));
+    assert!(
+        p.message
+            .starts_with("stream run_victim: the sealed head is seq 4"),
+        "{p}"
+    );
+
+    // The attacker also rewrites the sealed head's hash; without the key the MAC fails.
+    let last = ledger
+        .list_events("run_victim", 3, 1)
+        .await
+        .unwrap()
+        .remove(0);
+    db.raw_exec(&format!(
+        "UPDATE chain_heads SET hash = '{}' WHERE stream = 'run_victim'",
+        last.hash
+    ))
+    .await;
+    let p = ledger
+        .verify_audit(AuditScope::Session("run_victim".into()))
+        .await
+        .unwrap()
+        .problem
+        .unwrap();
+    assert_eq!(
+        (p.kind.clone(), p.seq),
+        (AuditProblemKind::HeadMac, Some(4)),
+        "{p:?}"
+    );
+    assert!(p.message.contains("MAC does not verify"), "{p}");
+
+    // The start-up check refuses it (the triggers, dropped too, are reported first).
+    let AuditStart::Failed(first) = ledger.start_audit(false).await.unwrap() else {
+        panic!("a tampered log must fail the start-up check");
+    };
+    assert!(
+        matches!(first.kind, AuditProblemKind::TriggerMissing { .. }),
+        "{first:?}"
+    );
+
+    // The recovery override records itself, restores the triggers and re-seals.
+    let event = ledger
+        .allow_unverified_log(&first, "operator")
+        .await
+        .unwrap();
+    assert_eq!(event.stream, AUDIT_STREAM);
+    assert_eq!(event.event_type, audit_event_types::UNVERIFIED_LOG_ALLOWED);
+    assert_eq!(event.payload["allowed_by"], "operator");
+    assert_eq!(event.payload["triggers_restored"], true);
+    assert!(matches!(
+        ledger.start_audit(false).await.unwrap(),
+        AuditStart::Verified { .. }
+    ));
+    assert!(
+        db.raw_exec_err("UPDATE events SET actor = 'x' WHERE stream = 'run_victim'")
+            .await
+            .contains("append-only")
+    );
+}
+
+pub(crate) async fn an_edited_vote_is_a_projection_difference(db: &TestDb) {
+    let ledger = keyed(db).await;
+    ledger.start_audit(true).await.unwrap();
+    let v = deploy_agent(&ledger, &refund_agent(), "1.0.0").await;
+    let (session, _call, approval) = pending_approval(&ledger, &v, |_| {}).await;
+    ledger
+        .cast_vote(approval.id, approve("alice"))
+        .await
+        .unwrap();
+    assert_eq!(
+        ledger.verify_audit(AuditScope::All).await.unwrap().problem,
+        None
+    );
+
+    db.raw_exec("UPDATE approval_votes SET comment = 'approved after a call with the CFO'")
+        .await;
+    let report = ledger.verify_audit(AuditScope::All).await.unwrap();
+    let p = report.problem.unwrap();
+    assert_eq!(
+        p.kind,
+        AuditProblemKind::Projection {
+            table: "approval_votes".into(),
+            key: format!("approval_id={}, decided_by=alice", approval.id),
+            column: Some("comment".into()),
+        },
+        "{p}"
+    );
+    assert!(
+        p.message.contains(
+            "stored \"approved after a call with the CFO\", the events say \"ok by alice\""
+        ),
+        "{p}"
+    );
+    // The same difference is found in the session's scope, not in the agent's.
+    let scoped = ledger
+        .verify_audit(AuditScope::Session(session.id.clone()))
+        .await
+        .unwrap();
+    assert!(matches!(
+        scoped.problem.unwrap().kind,
+        AuditProblemKind::Projection { .. }
+    ));
+    assert_eq!(
+        ledger
+            .verify_audit(AuditScope::Agent(refund_agent()))
+            .await
+            .unwrap()
+            .problem,
+        None
+    );
+    // Verification changed nothing: the edited row is still there.
+    let rows = db.raw_strings("SELECT comment FROM approval_votes").await;
+    assert_eq!(
+        rows,
+        vec![vec![Some("approved after a call with the CFO".to_owned())]]
+    );
+
+    // A vote row no event produced.
+    db.raw_exec("DELETE FROM approval_votes").await;
+    let p = ledger
+        .verify_audit(AuditScope::All)
+        .await
+        .unwrap()
+        .problem
+        .unwrap();
+    assert!(
+        p.message
+            .contains("the events produce a row that is not stored"),
+        "{p}"
+    );
+}
+
+pub(crate) async fn a_dropped_trigger_alone_is_reported(db: &TestDb) {
+    let ledger = keyed(db).await;
+    ledger.start_audit(true).await.unwrap();
+    append_n(&ledger, "run_t", 2).await;
+    db.disable_append_only_guard().await;
+    let p = ledger
+        .verify_audit(AuditScope::All)
+        .await
+        .unwrap()
+        .problem
+        .unwrap();
+    assert!(
+        matches!(p.kind, AuditProblemKind::TriggerMissing { .. }),
+        "{p:?}"
+    );
+    assert!(p.message.contains("append-only trigger"), "{p}");
+    assert!(matches!(
+        ledger.start_audit(false).await.unwrap(),
+        AuditStart::Failed(_)
+    ));
+}
+
+pub(crate) async fn an_existing_log_is_sealed_once_and_keyless_writes_are_caught(db: &TestDb) {
+    // A log written before the audit key existed.
+    let plain = db.migrated().await;
+    append_n(plain, "run_old", 3).await;
+    let ledger = Ledger::connect(&db.url)
+        .await
+        .unwrap()
+        .with_audit_key(key());
+    // An existing key file never used with this log: refused, not silently trusted.
+    let AuditStart::Failed(p) = ledger.start_audit(false).await.unwrap() else {
+        panic!("an unsealed log with an old key must be refused");
+    };
+    assert_eq!(p.kind, AuditProblemKind::Unsealed);
+    // A key created now seals it after verifying the chains, and records that.
+    assert_eq!(
+        ledger.start_audit(true).await.unwrap(),
+        AuditStart::Sealed {
+            streams: 1,
+            events: 3
+        }
+    );
+    let intro = ledger.list_events(AUDIT_STREAM, 0, 10).await.unwrap();
+    assert_eq!(intro.len(), 1);
+    assert_eq!(intro[0].event_type, audit_event_types::KEY_INTRODUCED);
+    assert_eq!(intro[0].payload["key_id"], key().key_id());
+    assert_eq!(intro[0].payload["heads"][0]["stream"], "run_old");
+    assert_eq!(intro[0].payload["heads"][0]["seq"], 3);
+    assert_eq!(
+        ledger.verify_audit(AuditScope::All).await.unwrap().events,
+        4
+    );
+
+    // Another key is named as such.
+    let wrong = Ledger::connect(&db.url)
+        .await
+        .unwrap()
+        .with_audit_key(AuditKey::from_bytes([1; 32]));
+    let AuditStart::Failed(p) = wrong.start_audit(true).await.unwrap() else {
+        panic!("a different key must be refused");
+    };
+    assert!(
+        matches!(p.kind, AuditProblemKind::KeyMismatch { .. }),
+        "{p:?}"
+    );
+
+    // A process writing without the key leaves the sealed head behind.
+    append_n(plain, "run_old", 1).await;
+    let p = ledger
+        .verify_audit(AuditScope::All)
+        .await
+        .unwrap()
+        .problem
+        .unwrap();
+    assert_eq!(p.kind, AuditProblemKind::HeadMismatch, "{p:?}");
+    assert_eq!(p.stream.as_deref(), Some("run_old"));
+
+    // A broken chain is reported as the first bad event.
+    let ledger2 = keyed(db).await;
+    db.disable_append_only_guard().await;
+    db.raw_exec("UPDATE events SET actor = 'mallory' WHERE stream = 'run_old' AND seq = 2")
+        .await;
+    let p = ledger2
+        .verify_audit(AuditScope::All)
+        .await
+        .unwrap()
+        .problem
+        .unwrap();
+    assert_eq!(
+        (p.kind, p.stream.as_deref(), p.seq),
+        (
+            AuditProblemKind::Chain(ViolationKind::HashMismatch),
+            Some("run_old"),
+            Some(2)
+        )
+    );
+    // Export pages through every event with its hashes.
+    let first = ledger2.export_events(None, None, None, 2).await.unwrap();
+    assert_eq!(first.len(), 2);
+    let rest = ledger2
+        .export_events(Some((&first[1].stream, first[1].seq)), None, None, 100)
+        .await
+        .unwrap();
+    assert_eq!(first.len() + rest.len(), 5);
+    let only = ledger2
+        .export_events(None, None, Some("run_old"), 100)
+        .await
+        .unwrap();
+    assert_eq!(only.len(), 4);
+    assert!(only.iter().all(|e| e.hash.len() == 64));
+}
