@@ -6,6 +6,7 @@
 //!   answers "may it do this" ([`Principal::require`], [`Principal::may_approve_route`],
 //!   [`Principal::may_serve`]) and "who is recorded" ([`Principal::attribute`] →
 //!   [`Attribution`]).
+//! - [`oidc`]: the pure verifier of OIDC bearer JWTs over a JWKS.
 //! - [`Authenticator`]: the contract between the gRPC edge and whatever verifies credentials.
 //!
 //! The crate does no IO and reads no environment: the daemon's assembly (`phrony-runtime`)
@@ -13,6 +14,7 @@
 
 pub mod actor;
 mod authenticate;
+pub mod oidc;
 mod principal;
 mod role;
 
