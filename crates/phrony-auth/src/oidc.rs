@@ -336,10 +336,10 @@ fn decoding_key(jwk: &Jwk, alg: Algorithm) -> Result<DecodingKey, String> {
     if !family_ok {
         return Err("the key's type does not match the algorithm".to_owned());
     }
-    if let Some(key_alg) = jwk.common.key_algorithm {
-        if jsonwebtoken::jwk::KeyAlgorithm::from(alg) != key_alg {
-            return Err(format!("the key is for {key_alg:?}"));
-        }
+    if let Some(key_alg) = jwk.common.key_algorithm
+        && jsonwebtoken::jwk::KeyAlgorithm::from(alg) != key_alg
+    {
+        return Err(format!("the key is for {key_alg:?}"));
     }
     DecodingKey::from_jwk(jwk).map_err(|e| format!("unusable key: {e}"))
 }
