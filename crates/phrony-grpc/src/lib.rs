@@ -111,11 +111,14 @@
 //!   only detaches: the session carries on.
 //! - Timestamps are RFC 3339 UTC strings with second precision; empty means "not set".
 
+mod auth;
 mod convert;
 pub mod health;
+mod peer;
 mod publish;
 mod service;
 
+pub use peer::{certificate_subject, peer_subject};
 pub use phrony_auth::{ACTOR_HEADER, Actor, ActorError, is_unprintable};
 pub use service::RuntimeService;
 

@@ -16,6 +16,8 @@ pub fn serve(settings: &Settings, env: &Env) -> anyhow::Result<()> {
         let db = settings.database(env);
         let configured_key = settings.configured_secrets_key()?;
         let workers = settings.workers()?;
+        let tls = settings.tls()?;
+        let oidc = settings.oidc()?;
         let listener = serve::bind(&settings.grpc_addr)
             .await
             .map_err(|e| match e {
@@ -37,6 +39,24 @@ pub fn serve(settings: &Settings, env: &Env) -> anyhow::Result<()> {
         let mut config = ServeConfig::new(secrets_key);
         config.default_actor = settings.default_actor.clone();
         workers.apply(&mut config)?;
+        if let Some(tls) = tls {
+            tracing::info!(
+                mutual = tls.mutual,
+                "TLS on the gRPC listener{}",
+                if tls.mutual {
+                    ", client certificates required"
+                } else {
+                    ""
+                }
+            );
+            config.tls = Some(tls.server);
+            config.mtls = tls.clients;
+        }
+        if let Some(oidc) = oidc {
+            config.oidc = Some(std::sync::Arc::new(
+                crate::oidc::OidcAuthenticator::load(oidc).await?,
+            ));
+        }
         serve::serve(listener, ledger, config, shutdown).await?;
         Ok(())
     })

@@ -31,10 +31,14 @@
 pub mod config;
 pub mod daemon;
 pub mod logging;
+pub mod oidc;
 mod serve;
 mod serve_config;
+pub mod tls;
 mod workers;
 
 pub use config::{Cli, Command, Env, LogFormat, Settings, provider_env};
+pub use oidc::OidcAuthenticator;
 pub use serve::{Listener, ServeError, bind, serve};
 pub use serve_config::{KeyError, KeyFileOutcome, SECRETS_KEY_FILE, SecretsKey, ServeConfig};
+pub use tls::MtlsAuthenticator;

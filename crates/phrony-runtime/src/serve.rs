@@ -68,6 +68,13 @@ pub enum ServeError {
         #[source]
         source: phrony_engine::EngineError,
     },
+    /// The TLS settings could not be turned into a TLS acceptor.
+    #[error("cannot configure TLS: {source}")]
+    Tls {
+        /// The transport error.
+        #[source]
+        source: tonic::transport::Error,
+    },
     /// The transport failed while serving.
     #[error("gRPC server failed: {source}")]
     Transport {
@@ -137,10 +144,13 @@ pub async fn bind(addr: &str) -> Result<Listener, ServeError> {
 /// worker get the first half of the grace period to finish; then every `Work` stream ends
 /// with `OK`. `ledger` must be migrated.
 ///
+/// With [`ServeConfig::tls`] the listener speaks TLS only (and, with a client CA, requires a
+/// client certificate signed by it).
+///
 /// Tool workers register with [`ServeConfig::router`] (or a default router when `None`).
 ///
 /// # Errors
-/// [`ServeError::Reflection`] (a build defect), [`ServeError::Router`] or
+/// [`ServeError::Reflection`] (a build defect), [`ServeError::Router`], [`ServeError::Tls`] or
 /// [`ServeError::Transport`].
 pub async fn serve(
     listener: Listener,
@@ -233,8 +243,15 @@ pub async fn serve(
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     // Boxed (not stack-pinned) so it can be dropped before the pool is closed: dropping it
     // cancels calls still running after the grace period and returns their connections.
+    let tls = config.tls.is_some();
+    let mut builder = Server::builder();
+    if let Some(tls) = config.tls.clone() {
+        builder = builder
+            .tls_config(tls)
+            .map_err(|source| ServeError::Tls { source })?;
+    }
     let mut server = Box::pin(
-        Server::builder()
+        builder
             .trace_fn(|request| tracing::info_span!("rpc", method = %request.uri().path()))
             .add_service(health.service())
             .add_service(reflection_v1)
@@ -246,6 +263,7 @@ pub async fn serve(
     );
     tracing::info!(
         address = %local_addr,
+        tls,
         secrets_key_fingerprint = %config.secrets_key.fingerprint(),
         "phrony-runtime listening on {local_addr}"
     );
