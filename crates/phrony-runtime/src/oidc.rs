@@ -305,3 +305,230 @@ fn read_bounded(path: &std::path::Path) -> Result<Vec<u8>, String> {
     }
     Ok(bytes)
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "tests: a panic is a failed assertion")]
+
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use base64::Engine as _;
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    use jsonwebtoken::{Algorithm, EncodingKey, Header};
+    use serde_json::{Value, json};
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    use super::*;
+
+    const ISS: &str = "https://idp.test";
+    const AUD: &str = "phrony";
+
+    struct Key {
+        kid: String,
+        encoding: EncodingKey,
+        jwk: Value,
+    }
+
+    fn key(kid: &str) -> Key {
+        let kp = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let raw = kp.public_key_raw();
+        Key {
+            kid: kid.into(),
+            encoding: EncodingKey::from_ec_der(&kp.serialize_der()),
+            jwk: json!({"kty": "EC", "crv": "P-256", "kid": kid, "alg": "ES256",
+                "x": URL_SAFE_NO_PAD.encode(&raw[1..33]), "y": URL_SAFE_NO_PAD.encode(&raw[33..])}),
+        }
+    }
+
+    fn jwks(keys: &[&Key]) -> String {
+        json!({"keys": keys.iter().map(|k| k.jwk.clone()).collect::<Vec<_>>()}).to_string()
+    }
+
+    fn token(key: &Key, claims: Value) -> String {
+        let mut header = Header::new(Algorithm::ES256);
+        header.kid = Some(key.kid.clone());
+        jsonwebtoken::encode(&header, &claims, &key.encoding).unwrap()
+    }
+
+    fn claims() -> Value {
+        let now = jsonwebtoken::get_current_timestamp();
+        json!({"iss": ISS, "aud": AUD, "sub": "carol", "exp": now + 300, "roles": ["runner"]})
+    }
+
+    fn settings(source: JwksSource, refresh: Duration) -> OidcSettings {
+        OidcSettings {
+            config: OidcConfig::new(ISS, AUD),
+            jwks: source,
+            refresh,
+        }
+    }
+
+    fn bearer(t: &str) -> Credentials<'_> {
+        Credentials {
+            bearer: Some(t),
+            peer_subject: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_local_jwks_file_verifies_tokens_and_each_failure_is_unauthenticated() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("jwks.json");
+        let k1 = key("k1");
+        std::fs::write(&path, jwks(&[&k1])).unwrap();
+        let auth = OidcAuthenticator::load(settings(
+            JwksSource::File(path.clone()),
+            Duration::from_secs(3600),
+        ))
+        .await
+        .unwrap();
+        let p = auth
+            .authenticate(bearer(&token(&k1, claims())))
+            .await
+            .unwrap();
+        assert_eq!(p.name, "carol");
+        assert_eq!(p.verification, phrony_auth::Verification::Oidc);
+        let now = jsonwebtoken::get_current_timestamp();
+        let mut expired = claims();
+        expired["exp"] = json!(now - 3600);
+        let mut wrong_aud = claims();
+        wrong_aud["aud"] = json!("other");
+        let mut wrong_iss = claims();
+        wrong_iss["iss"] = json!("https://evil.test");
+        let impostor = key("k1");
+        for (t, want) in [
+            (token(&k1, expired), "expired"),
+            (token(&k1, wrong_aud), "wrong audience"),
+            (token(&k1, wrong_iss), "wrong issuer"),
+            (token(&impostor, claims()), "bad signature"),
+            (token(&key("k9"), claims()), "unknown key id"),
+        ] {
+            let err = auth.authenticate(bearer(&t)).await.unwrap_err();
+            assert!(matches!(err, AuthError::Rejected { .. }), "{err}");
+            assert!(err.to_string().contains(want), "{want}: {err}");
+        }
+        assert_eq!(
+            auth.authenticate(Credentials::default()).await.unwrap_err(),
+            AuthError::Missing
+        );
+    }
+
+    #[tokio::test]
+    async fn a_bad_jwks_source_stops_start_up_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("jwks.json");
+        std::fs::write(&path, "not json").unwrap();
+        let err = OidcAuthenticator::load(settings(JwksSource::File(path), DEFAULT_JWKS_REFRESH))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("RUNTIME_OIDC_JWKS") && err.contains("jwks.json"),
+            "{err}"
+        );
+        assert!(err.contains("not a JWKS document"), "{err}");
+        let missing = dir.path().join("missing.json");
+        let err =
+            OidcAuthenticator::load(settings(JwksSource::File(missing), DEFAULT_JWKS_REFRESH))
+                .await
+                .unwrap_err()
+                .to_string();
+        assert!(
+            err.contains("missing.json") && err.contains("cannot read"),
+            "{err}"
+        );
+        assert!(JwksSource::parse("http://idp.example.com/jwks").is_err());
+        assert!(matches!(
+            JwksSource::parse("http://127.0.0.1:9/jwks"),
+            Ok(JwksSource::Url(_))
+        ));
+        assert!(matches!(
+            JwksSource::parse("https://idp.example.com/jwks"),
+            Ok(JwksSource::Url(_))
+        ));
+        assert_eq!(
+            JwksSource::parse("/etc/phrony/jwks.json").unwrap(),
+            JwksSource::File("/etc/phrony/jwks.json".into())
+        );
+    }
+
+    /// Serves `body()` over HTTP/1.1 on 127.0.0.1, counting requests.
+    async fn jwks_server(body: Arc<std::sync::Mutex<String>>, hits: Arc<AtomicUsize>) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut sock, _)) = listener.accept().await else {
+                    return;
+                };
+                hits.fetch_add(1, Ordering::SeqCst);
+                let text = body.lock().unwrap().clone();
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 4096];
+                    let mut seen = Vec::new();
+                    while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match sock.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => seen.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    let response = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{text}",
+                        text.len()
+                    );
+                    let _ = sock.write_all(response.as_bytes()).await;
+                    let _ = sock.shutdown().await;
+                });
+            }
+        });
+        format!("http://{addr}/jwks")
+    }
+
+    #[tokio::test]
+    async fn unknown_key_ids_reload_the_jwks_at_most_once_per_interval() {
+        let k1 = key("k1");
+        let k2 = key("k2");
+        let body = Arc::new(std::sync::Mutex::new(jwks(&[&k1])));
+        let hits = Arc::new(AtomicUsize::new(0));
+        let url = jwks_server(Arc::clone(&body), Arc::clone(&hits)).await;
+        let source = JwksSource::parse(&url).unwrap();
+
+        // A long interval: a flood of unknown kids costs no fetch beyond the first load.
+        let auth = Arc::new(
+            OidcAuthenticator::load(settings(source.clone(), Duration::from_secs(3600)))
+                .await
+                .unwrap(),
+        );
+        assert_eq!(hits.load(Ordering::SeqCst), 1);
+        let mut flood = Vec::new();
+        for i in 0..50 {
+            let auth = Arc::clone(&auth);
+            let t = token(&key(&format!("made-up-{i}")), claims());
+            flood.push(tokio::spawn(async move { auth.verify(&t).await }));
+        }
+        for f in flood {
+            assert!(f.await.unwrap().is_err());
+        }
+        assert_eq!(
+            hits.load(Ordering::SeqCst),
+            1,
+            "no fetch within the interval"
+        );
+
+        // A zero interval: the issuer rotates to k2; the first k2 token reloads and passes,
+        // concurrent ones share that reload.
+        let auth = Arc::new(
+            OidcAuthenticator::load(settings(source, Duration::ZERO))
+                .await
+                .unwrap(),
+        );
+        assert_eq!(hits.load(Ordering::SeqCst), 2);
+        *body.lock().unwrap() = jwks(&[&k1, &k2]);
+        let p = auth.verify(&token(&k2, claims())).await.unwrap();
+        assert_eq!(p.name, "carol");
+        assert_eq!(hits.load(Ordering::SeqCst), 3);
+        // Now known: no further fetch.
+        auth.verify(&token(&k2, claims())).await.unwrap();
+        assert_eq!(hits.load(Ordering::SeqCst), 3);
+    }
+}
