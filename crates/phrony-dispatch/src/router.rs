@@ -204,7 +204,24 @@ impl Router {
     /// listed in `in_flight` stay attached (their results are accepted on the new stream),
     /// the others become indeterminate, and the old stream ends with
     /// [`DispatchError::Superseded`].
+    ///
+    /// A worker id bound to a verified credential ([`Router::connect_as`]) is refused here
+    /// ([`DispatchError::WorkerIdBound`]): an unverified caller never takes it over.
     pub async fn connect(
+        &self,
+        hello: WorkerHello,
+    ) -> Result<(WorkerConnection, Outbox), DispatchError> {
+        if let Some(owner) = self.worker_owner(&hello.worker_id) {
+            return Err(DispatchError::WorkerIdBound {
+                worker_id: hello.worker_id,
+                owner,
+                credential: "(unverified)".to_owned(),
+            });
+        }
+        self.connect_unbound(hello).await
+    }
+
+    async fn connect_unbound(
         &self,
         hello: WorkerHello,
     ) -> Result<(WorkerConnection, Outbox), DispatchError> {
@@ -271,7 +288,7 @@ impl Router {
                 }
             }
         };
-        let connected = self.connect(hello).await;
+        let connected = self.connect_unbound(hello).await;
         if connected.is_err() && claimed {
             // Only a registration that succeeded binds the id.
             self.owners

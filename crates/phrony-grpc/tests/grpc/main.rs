@@ -1,6 +1,7 @@
 //! The server edge's integration tests in one binary: the real server in-process, driven over
 //! gRPC (`client.rs` stays a binary of its own while the client moves to `phrony-client`).
 //!
+//! - [`credentials`]: mutual TLS subjects and worker restrictions, with a stand-in edge.
 //! - [`interactive`]: the interactive session stream and its approvals.
 //! - [`sdk_worker`]: the published Python SDK's worker against the server.
 //! - [`sessions`]: sessions end to end, on SQLite and PostgreSQL.
@@ -11,6 +12,7 @@
     reason = "tests: a panic is a failed assertion, with its message"
 )]
 
+mod credentials;
 mod interactive;
 mod sdk_worker;
 mod sessions;
