@@ -23,7 +23,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use phrony_client::{Client, Health};
+use phrony_client::{Client, ClientTls, Health};
 use phrony_test_support::postgres::PgDatabase;
 
 /// How long a daemon may take to answer `SERVING`.
@@ -126,6 +126,9 @@ pub fn phrony() -> Command {
     let mut cmd = Command::new(&binaries().phrony);
     cmd.env_remove("PHRONY_RUNTIME_ADDR")
         .env_remove("PHRONY_ACTOR")
+        .env_remove("PHRONY_TLS_CA")
+        .env_remove("PHRONY_TLS_CERT")
+        .env_remove("PHRONY_TLS_KEY")
         .env("NO_COLOR", "1");
     cmd
 }
@@ -140,6 +143,8 @@ pub struct Daemon {
     _postgres: Option<PgDatabase>,
     /// Extra environment variables of the daemon.
     env: Vec<(String, String)>,
+    /// How the readiness probe connects when the daemon serves TLS.
+    tls: Option<ClientTls>,
 }
 
 impl Daemon {
@@ -161,6 +166,20 @@ impl Daemon {
     /// As [`start`](Self::start).
     #[must_use]
     pub fn start_with_env(backend: Backend, env: &[(&str, &str)]) -> Option<Self> {
+        Self::start_with_tls(backend, env, None)
+    }
+
+    /// [`start_with_env`](Self::start_with_env) for a daemon whose `env` turns TLS on
+    /// (`RUNTIME_TLS_CERT`…): the readiness probe connects with `tls`.
+    ///
+    /// # Panics
+    /// As [`start`](Self::start).
+    #[must_use]
+    pub fn start_with_tls(
+        backend: Backend,
+        env: &[(&str, &str)],
+        tls: Option<ClientTls>,
+    ) -> Option<Self> {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
         let (url, postgres) = match backend {
             Backend::Sqlite => (
@@ -182,6 +201,7 @@ impl Daemon {
                 .iter()
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect(),
+            tls,
         };
         // A port found free can be taken before the daemon binds it: retry on that only.
         for _ in 0..3 {
@@ -240,7 +260,11 @@ impl Daemon {
                 return Err(format!("exited with {status}\n{}", self.logs()));
             }
             let healthy = rt.block_on(async {
-                match Client::connect(&self.addr).await {
+                let client = match &self.tls {
+                    Some(tls) => Client::connect_tls(&self.addr, tls).await,
+                    None => Client::connect(&self.addr).await,
+                };
+                match client {
                     Ok(client) => client.health().await.ok() == Some(Health::Serving),
                     Err(_) => false,
                 }
