@@ -13,6 +13,9 @@ from __future__ import annotations
 import asyncio
 import datetime
 import ipaddress
+import json
+import os
+import subprocess
 from pathlib import Path
 
 import grpc
@@ -22,6 +25,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from phrony import Phrony
 from phrony.client.runtime_client import RuntimeClient
 
 from runtime_daemon import RuntimeDaemon
@@ -77,11 +81,32 @@ def make_pki(directory: Path, ca_name: str = "phrony python CA") -> dict[str, Pa
     return {**paths, "ca_pem": ca_pem}
 
 
+GREETER = "tls/greeter"
+GREETER_YAML = """apiVersion: phrony.com/v1
+kind: Agent
+metadata:
+  name: greeter
+  namespace: tls
+  version: 0.1.0
+spec:
+  purpose: Say hello over TLS.
+  instructions:
+    text: Greet the user.
+  model:
+    provider: stub
+    name: scripted
+"""
+
+
 @pytest.fixture(scope="module")
 def tls_daemon(runtime_binary: Path, tmp_path_factory: pytest.TempPathFactory):
     work = tmp_path_factory.mktemp("tls")
     pki = make_pki(work)
-    env = {"RUNTIME_TLS_CERT": str(pki["cert"]), "RUNTIME_TLS_KEY": str(pki["key"])}
+    env = {
+        "RUNTIME_TLS_CERT": str(pki["cert"]),
+        "RUNTIME_TLS_KEY": str(pki["key"]),
+        "RUNTIME_ENABLE_STUB_PROVIDER": "1",
+    }
     probe = grpc.ssl_channel_credentials(root_certificates=pki["ca_pem"])
     with RuntimeDaemon(runtime_binary, work, extra_env=env, credentials=probe) as daemon:
         yield daemon, pki
@@ -125,3 +150,38 @@ def test_plaintext_and_an_untrusted_ca_get_no_answer(tls_daemon, tmp_path: Path)
     assert asyncio.run(attempt(None)) != grpc.StatusCode.OK
     untrusted = grpc.ssl_channel_credentials(root_certificates=rogue["ca_pem"])
     assert asyncio.run(attempt(untrusted)) == grpc.StatusCode.UNAVAILABLE
+
+
+def test_a_session_runs_over_tls_through_the_cli_and_the_published_sdk(
+    tls_daemon, cli_binary: Path, tmp_path: Path
+) -> None:
+    """Local mode over TLS: the CLI publishes and deploys with PHRONY_TLS_CA, the SDK runs a
+    session to completion over the SSL channel."""
+    daemon, pki = tls_daemon
+    project = tmp_path / "greeter"
+    project.mkdir()
+    (project / "agent.yaml").write_text(GREETER_YAML)
+    turns = [[{"type": "text_delta", "text": "Hello over TLS."}, {"type": "completed", "stop_reason": "end_turn"}]]
+    (project / "stub-script.json").write_text(json.dumps({"turns": turns}))
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("PHRONY_", "RUNTIME_"))
+    } | {"PHRONY_RUNTIME_ADDR": daemon.address, "PHRONY_TLS_CA": str(pki["ca"]), "NO_COLOR": "1"}
+    for args in (["agents", "publish", "./agent.yaml"], ["agents", "deploy", f"{GREETER}@0.1.0"]):
+        done = subprocess.run(
+            [str(cli_binary), *args], cwd=project, env=env, capture_output=True, text=True, timeout=60, check=False
+        )
+        assert done.returncode == 0, f"phrony {args}: {done.stdout}\n{done.stderr}"
+    credentials = grpc.composite_channel_credentials(
+        grpc.ssl_channel_credentials(root_certificates=pki["ca_pem"]),
+        grpc.access_token_call_credentials("phr_not_checked_before_the_edge_lands"),
+    )
+
+    async def scenario():
+        phrony = Phrony(runtime_addr=daemon.address, credentials=credentials)
+        try:
+            return await asyncio.wait_for(phrony.agent(GREETER).run(input="hi"), timeout=60)
+        finally:
+            await phrony.close()
+
+    result = asyncio.run(scenario())
+    assert result.output["message"] == "Hello over TLS.", result
