@@ -1,6 +1,7 @@
 //! Test certificates generated at test time (rcgen): a CA, a server certificate for
 //! `localhost` / `127.0.0.1`, and client certificates with a chosen subject CN for mutual TLS.
-//! Nothing is checked in; every run has fresh keys.
+//! Nothing is checked in; every run has fresh keys. [`TestIssuer`] is an OIDC issuer's key with
+//! its JWKS, minting the JWTs a test sends.
 
 use std::path::{Path, PathBuf};
 
@@ -116,5 +117,59 @@ impl TestCa {
     #[must_use]
     pub fn client(&self, cn: &str) -> Pem {
         self.issue(cn, Vec::new(), ExtendedKeyUsagePurpose::ClientAuth)
+    }
+}
+
+/// A throw-away OIDC issuer: an ES256 key with a `kid`, its JWKS, and tokens minted with it.
+pub struct TestIssuer {
+    kid: String,
+    key: jsonwebtoken::EncodingKey,
+    jwk: serde_json::Value,
+}
+
+impl std::fmt::Debug for TestIssuer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TestIssuer")
+            .field("kid", &self.kid)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TestIssuer {
+    /// A fresh key named `kid`.
+    ///
+    /// # Panics
+    /// When key generation fails.
+    #[must_use]
+    pub fn new(kid: &str) -> Self {
+        use base64::Engine as _;
+        let b64 = |b: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b);
+        let pair = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)
+            .unwrap_or_else(|e| panic!("EC key: {e}"));
+        let raw = pair.public_key_raw();
+        Self {
+            kid: kid.to_owned(),
+            key: jsonwebtoken::EncodingKey::from_ec_der(&pair.serialize_der()),
+            jwk: serde_json::json!({"kty": "EC", "crv": "P-256", "alg": "ES256", "use": "sig",
+                "kid": kid, "x": b64(&raw[1..33]), "y": b64(&raw[33..])}),
+        }
+    }
+
+    /// The JWKS document of `issuers`' keys.
+    #[must_use]
+    pub fn jwks(issuers: &[&Self]) -> String {
+        serde_json::json!({"keys": issuers.iter().map(|i| i.jwk.clone()).collect::<Vec<_>>()})
+            .to_string()
+    }
+
+    /// A JWT with these claims, signed with this key (header `alg: ES256`, this `kid`).
+    ///
+    /// # Panics
+    /// When signing fails.
+    #[must_use]
+    pub fn token(&self, claims: &serde_json::Value) -> String {
+        let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::ES256);
+        header.kid = Some(self.kid.clone());
+        jsonwebtoken::encode(&header, claims, &self.key).unwrap_or_else(|e| panic!("sign: {e}"))
     }
 }
