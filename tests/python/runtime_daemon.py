@@ -71,8 +71,16 @@ def free_port() -> int:
 class RuntimeDaemon:
     """One `phrony-runtime serve` process; use as a context manager."""
 
-    def __init__(self, binary: Path, workdir: Path, extra_env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        binary: Path,
+        workdir: Path,
+        extra_env: dict[str, str] | None = None,
+        credentials: grpc.ChannelCredentials | None = None,
+    ) -> None:
+        """`credentials`: how the readiness probe connects to a daemon serving TLS."""
         self.binary = binary
+        self.credentials = credentials
         self.workdir = workdir
         self.address = f"127.0.0.1:{free_port()}"
         self.database = workdir / "ledger.db"
@@ -123,7 +131,12 @@ class RuntimeDaemon:
                 )
             # A fresh channel per attempt: a channel that failed to connect waits out grpc's
             # reconnect backoff (about a second) before trying again.
-            with grpc.insecure_channel(self.address) as channel:
+            channel = (
+                grpc.secure_channel(self.address, self.credentials)
+                if self.credentials is not None
+                else grpc.insecure_channel(self.address)
+            )
+            with channel:
                 try:
                     reply = health_pb2_grpc.HealthStub(channel).Check(
                         health_pb2.HealthCheckRequest(service=""), timeout=1

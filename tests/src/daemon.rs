@@ -23,7 +23,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use phrony_client::{Client, Health};
+use phrony_client::{Client, ClientTls, Health};
 use phrony_test_support::postgres::PgDatabase;
 
 /// How long a daemon may take to answer `SERVING`.
@@ -127,6 +127,9 @@ pub fn phrony() -> Command {
     cmd.env_remove("PHRONY_RUNTIME_ADDR")
         .env_remove("PHRONY_ACTOR")
         .env_remove("PHRONY_TOKEN")
+        .env_remove("PHRONY_TLS_CA")
+        .env_remove("PHRONY_TLS_CERT")
+        .env_remove("PHRONY_TLS_KEY")
         .env("NO_COLOR", "1");
     cmd
 }
@@ -143,6 +146,8 @@ pub struct Daemon {
     database_url: String,
     /// Extra environment variables of the daemon.
     env: Vec<(String, String)>,
+    /// How the readiness probe connects when the daemon serves TLS.
+    tls: Option<ClientTls>,
 }
 
 impl Daemon {
@@ -164,6 +169,20 @@ impl Daemon {
     /// As [`start`](Self::start).
     #[must_use]
     pub fn start_with_env(backend: Backend, env: &[(&str, &str)]) -> Option<Self> {
+        Self::start_with_tls(backend, env, None)
+    }
+
+    /// [`start_with_env`](Self::start_with_env) for a daemon whose `env` turns TLS on
+    /// (`RUNTIME_TLS_CERT`…): the readiness probe connects with `tls`.
+    ///
+    /// # Panics
+    /// As [`start`](Self::start).
+    #[must_use]
+    pub fn start_with_tls(
+        backend: Backend,
+        env: &[(&str, &str)],
+        tls: Option<ClientTls>,
+    ) -> Option<Self> {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
         let (url, postgres) = match backend {
             Backend::Sqlite => (
@@ -186,6 +205,7 @@ impl Daemon {
                 .iter()
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect(),
+            tls,
         };
         // A port found free can be taken before the daemon binds it: retry on that only.
         for _ in 0..3 {
@@ -244,7 +264,11 @@ impl Daemon {
                 return Err(format!("exited with {status}\n{}", self.logs()));
             }
             let healthy = rt.block_on(async {
-                match Client::connect(&self.addr).await {
+                let client = match &self.tls {
+                    Some(tls) => Client::connect_tls(&self.addr, tls).await,
+                    None => Client::connect(&self.addr).await,
+                };
+                match client {
                     Ok(client) => client.health().await.ok() == Some(Health::Serving),
                     Err(_) => false,
                 }

@@ -8,7 +8,10 @@
 //! `RUNTIME_LOG`/`RUST_LOG`, `RUNTIME_SECRETS_ENCRYPTION_KEY`, `RUNTIME_AUTH`,
 //! `RUNTIME_AUDIT_KEY_FILE`, `RUNTIME_ALLOW_UNVERIFIED_LOG`, `PHRONY_ACTOR`, and for tool
 //! workers `RUNTIME_DISPATCH_QUEUE_WAIT`, `RUNTIME_TOOL_EXEC_TIMEOUT`, `RUNTIME_WORKER_LEASE_TTL`,
-//! `RUNTIME_TOOL_ALLOWLIST`); see `--help`. The behaviour lives in the `phrony-runtime` library.
+//! `RUNTIME_TOOL_ALLOWLIST`, and for TLS and OIDC `RUNTIME_TLS_CERT`, `RUNTIME_TLS_KEY`,
+//! `RUNTIME_TLS_CLIENT_CA`, `RUNTIME_TLS_CLIENT_ROLES`, `RUNTIME_OIDC_ISSUER`,
+//! `RUNTIME_OIDC_AUDIENCE`, `RUNTIME_OIDC_JWKS`, `RUNTIME_OIDC_ROLES_CLAIM`,
+//! `RUNTIME_OIDC_JWKS_REFRESH`); see `--help`. The behaviour lives in the `phrony-runtime` library.
 //! Failures print one line naming the problem and exit 1.
 
 use std::process::ExitCode;

@@ -6,6 +6,7 @@
 //!   answers "may it do this" ([`Principal::require`], [`Principal::may_approve_route`],
 //!   [`Principal::may_serve`]) and "who is recorded" ([`Principal::attribute`] →
 //!   [`Attribution`]).
+//! - [`oidc`]: the pure verifier of OIDC bearer JWTs over a JWKS.
 //! - [`Authenticator`]: the contract between the gRPC edge and whatever verifies credentials.
 //! - [`token`]: API token secrets (`phr_…`), generated from caller-supplied randomness, and the
 //!   hash the token store keeps instead of them.
@@ -15,6 +16,7 @@
 
 pub mod actor;
 mod authenticate;
+pub mod oidc;
 mod principal;
 mod role;
 pub mod token;

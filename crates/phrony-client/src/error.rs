@@ -22,6 +22,13 @@ pub enum ClientError {
         /// What is wrong with it (never the token itself).
         reason: String,
     },
+    /// The TLS settings cannot be used: a CA, certificate or key file that cannot be read or
+    /// holds no PEM, a key without a certificate, or `https://` without a CA.
+    #[error("TLS: {reason}")]
+    Tls {
+        /// What is wrong, naming the file.
+        reason: String,
+    },
     /// No connection to the runtime: nothing listens there, the host does not resolve, the
     /// connection was reset, or connecting timed out.
     #[error("cannot reach the phrony runtime at {addr} ({reason})")]

@@ -2,8 +2,10 @@
 //! of touching protobuf. It depends on the generated code of `phrony-proto` and on no ledger, SQL
 //! driver or session engine (a test of the `cli` package checks the dependency tree).
 //!
-//! [`Client::connect`] opens a plaintext HTTP/2 channel (failing fast with
-//! [`ClientError::Unreachable`] when nothing listens), and each method performs one RPC and
+//! [`Client::connect`] opens a plaintext HTTP/2 channel and [`Client::connect_tls`] a TLS one
+//! (verifying the runtime's certificate against the CA of [`ClientTls`], optionally presenting
+//! a client certificate for mutual TLS), failing fast with [`ClientError::Unreachable`] when
+//! nothing listens (or the handshake fails); and each method performs one RPC and
 //! returns plain values ([`Deployed`], [`AgentVersionSummary`]…: timestamps parsed, "empty means
 //! unset" strings as `Option`s). Errors keep the gRPC code and the server's message, so a CLI can
 //! render `publish: agent demo/x version "1.0.0" … (AlreadyExists)`.
@@ -33,6 +35,7 @@ pub mod interactive;
 mod sessions;
 mod types;
 
+use std::path::Path;
 use std::time::Duration;
 
 use phrony_manifest::CompiledAgent;
@@ -41,7 +44,7 @@ use phrony_proto::runtime::v1::runtime_client::RuntimeClient;
 use tonic::metadata::MetadataValue;
 use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_client::HealthClient;
 
@@ -94,7 +97,7 @@ impl Client {
     /// which this release does not speak); [`ClientError::Unreachable`] when no connection could
     /// be opened within [`CONNECT_TIMEOUT`].
     pub async fn connect(addr: &str) -> Result<Self, ClientError> {
-        Self::connect_with_token(addr, None).await
+        Self::connect_with(addr, None, None).await
     }
 
     /// [`Client::connect`], sending `token` as `authorization: Bearer <token>` on every call
@@ -104,15 +107,53 @@ impl Client {
     /// As [`Client::connect`]; [`ClientError::InvalidToken`] when `token` cannot be sent in a
     /// header (empty, or not visible ASCII).
     pub async fn connect_with_token(addr: &str, token: Option<&str>) -> Result<Self, ClientError> {
+        Self::connect_with(addr, None, token).await
+    }
+
+    /// Connects to the runtime at `addr` over TLS: `host:port` or an `https://host:port` URI.
+    /// The runtime's certificate must be signed by the CA of `tls` and name the host (a DNS
+    /// name or IP address in its subject alternative names).
+    ///
+    /// # Errors
+    /// [`ClientError::InvalidAddress`] for an address that does not parse or is `http://`;
+    /// [`ClientError::Unreachable`] when no connection (or no TLS handshake) could be
+    /// completed within [`CONNECT_TIMEOUT`].
+    pub async fn connect_tls(addr: &str, tls: &ClientTls) -> Result<Self, ClientError> {
+        Self::connect_with(addr, Some(tls), None).await
+    }
+
+    /// The general form: over TLS when `tls` is given (see [`Client::connect_tls`]), sending
+    /// `token` on every call when given (see [`Client::connect_with_token`]).
+    ///
+    /// # Errors
+    /// As [`Client::connect_tls`] and [`Client::connect_with_token`].
+    pub async fn connect_with(
+        addr: &str,
+        tls: Option<&ClientTls>,
+        token: Option<&str>,
+    ) -> Result<Self, ClientError> {
         let bearer = Bearer::new(token)?;
-        let (shown, uri) = normalize_addr(addr)?;
-        let endpoint = Endpoint::from_shared(uri)
+        let (shown, uri) = normalize_addr(addr, tls.is_some())?;
+        let mut endpoint = Endpoint::from_shared(uri)
             .map_err(|e| ClientError::InvalidAddress {
                 addr: addr.to_owned(),
                 reason: e.to_string(),
             })?
             .connect_timeout(CONNECT_TIMEOUT)
             .timeout(REQUEST_TIMEOUT);
+        if let Some(tls) = tls {
+            let mut config =
+                ClientTlsConfig::new().ca_certificate(Certificate::from_pem(&tls.ca_pem));
+            if let Some((cert, key)) = &tls.identity {
+                config = config.identity(Identity::from_pem(cert, key));
+            }
+            if let Some(domain) = &tls.domain {
+                config = config.domain_name(domain.clone());
+            }
+            endpoint = endpoint.tls_config(config).map_err(|e| ClientError::Tls {
+                reason: e.to_string(),
+            })?;
+        }
         let channel = endpoint
             .connect()
             .await
@@ -417,7 +458,7 @@ impl Client {
 }
 
 /// Splits a runtime address into its display form (`host:port`) and the URI to dial.
-fn normalize_addr(addr: &str) -> Result<(String, String), ClientError> {
+fn normalize_addr(addr: &str, tls: bool) -> Result<(String, String), ClientError> {
     let invalid = |reason: &str| ClientError::InvalidAddress {
         addr: addr.to_owned(),
         reason: reason.to_owned(),
@@ -426,15 +467,25 @@ fn normalize_addr(addr: &str) -> Result<(String, String), ClientError> {
     if trimmed.is_empty() {
         return Err(invalid("empty; expected host:port"));
     }
-    if trimmed.starts_with("https://") {
-        return Err(invalid(
-            "TLS is not supported by this release; use host:port (plaintext)",
-        ));
+    let host_port = match (
+        trimmed.strip_prefix("https://"),
+        trimmed.strip_prefix("http://"),
+    ) {
+        (Some(_), _) if !tls => {
+            return Err(invalid(
+                "https:// needs the runtime's CA certificate (PHRONY_TLS_CA / --tls-ca)",
+            ));
+        }
+        (Some(rest), _) => rest,
+        (None, Some(_)) if tls => {
+            return Err(invalid(
+                "http:// is plaintext but a TLS CA was given; use host:port or https://",
+            ));
+        }
+        (None, Some(rest)) => rest,
+        (None, None) => trimmed,
     }
-    let host_port = trimmed
-        .strip_prefix("http://")
-        .unwrap_or(trimmed)
-        .trim_end_matches('/');
+    .trim_end_matches('/');
     if host_port.contains("://") || host_port.contains('/') {
         return Err(invalid("expected host:port"));
     }
@@ -444,7 +495,116 @@ fn normalize_addr(addr: &str) -> Result<(String, String), ClientError> {
     if !port_ok {
         return Err(invalid("expected host:port, e.g. 127.0.0.1:7777"));
     }
-    Ok((host_port.to_owned(), format!("http://{host_port}")))
+    let scheme = if tls { "https" } else { "http" };
+    Ok((host_port.to_owned(), format!("{scheme}://{host_port}")))
+}
+
+/// The largest CA, certificate or key file [`ClientTls::from_files`] reads.
+const MAX_PEM_BYTES: u64 = 1 << 20;
+
+/// TLS settings of a connection ([`Client::connect_tls`]): the CA that signed the runtime's
+/// certificate and, for mutual TLS, the client's certificate and key.
+#[derive(Clone)]
+pub struct ClientTls {
+    ca_pem: Vec<u8>,
+    identity: Option<(Vec<u8>, Vec<u8>)>,
+    domain: Option<String>,
+}
+
+impl std::fmt::Debug for ClientTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientTls")
+            .field("client_certificate", &self.identity.is_some())
+            .field("domain", &self.domain)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ClientTls {
+    /// Trusts the CA certificates of `ca_pem` (PEM).
+    #[must_use]
+    pub fn new(ca_pem: impl Into<Vec<u8>>) -> Self {
+        Self {
+            ca_pem: ca_pem.into(),
+            identity: None,
+            domain: None,
+        }
+    }
+
+    /// Presents a client certificate (PEM chain and PEM key) for mutual TLS.
+    #[must_use]
+    pub fn with_identity(
+        mut self,
+        cert_pem: impl Into<Vec<u8>>,
+        key_pem: impl Into<Vec<u8>>,
+    ) -> Self {
+        self.identity = Some((cert_pem.into(), key_pem.into()));
+        self
+    }
+
+    /// Checks the runtime's certificate for `domain` instead of the address's host.
+    #[must_use]
+    pub fn with_domain(mut self, domain: impl Into<String>) -> Self {
+        self.domain = Some(domain.into());
+        self
+    }
+
+    /// Reads the CA file and, for mutual TLS, the client certificate and key files (PEM, each
+    /// at most 1 MiB).
+    ///
+    /// # Errors
+    /// [`ClientError::Tls`] naming the file that cannot be read or holds no PEM block, or a
+    /// certificate without a key (or the reverse).
+    pub fn from_files(
+        ca: &Path,
+        cert: Option<&Path>,
+        key: Option<&Path>,
+    ) -> Result<Self, ClientError> {
+        let tls = Self::new(read_pem("CA certificate", ca, "CERTIFICATE")?);
+        match (cert, key) {
+            (None, None) => Ok(tls),
+            (Some(c), Some(k)) => Ok(tls.with_identity(
+                read_pem("client certificate", c, "CERTIFICATE")?,
+                read_pem("client key", k, "PRIVATE KEY")?,
+            )),
+            (Some(c), None) => Err(ClientError::Tls {
+                reason: format!(
+                    "client certificate {} given without its key (PHRONY_TLS_KEY / --tls-key)",
+                    c.display()
+                ),
+            }),
+            (None, Some(k)) => Err(ClientError::Tls {
+                reason: format!(
+                    "client key {} given without its certificate (PHRONY_TLS_CERT / --tls-cert)",
+                    k.display()
+                ),
+            }),
+        }
+    }
+}
+
+/// Reads a PEM file that must contain a `-----BEGIN …{label}-----` block.
+fn read_pem(what: &str, path: &Path, label: &str) -> Result<Vec<u8>, ClientError> {
+    use std::io::Read as _;
+    let fail = |reason: String| ClientError::Tls {
+        reason: format!("{what} {}: {reason}", path.display()),
+    };
+    let file = std::fs::File::open(path).map_err(|e| fail(format!("cannot read: {e}")))?;
+    let mut bytes = Vec::new();
+    file.take(MAX_PEM_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| fail(format!("cannot read: {e}")))?;
+    if bytes.len() as u64 > MAX_PEM_BYTES {
+        return Err(fail("larger than 1 MiB".to_owned()));
+    }
+    let text = String::from_utf8_lossy(&bytes);
+    let has_block = text
+        .lines()
+        .any(|l| l.starts_with("-----BEGIN ") && l.trim_end().ends_with(&format!("{label}-----")));
+    if !has_block {
+        return Err(fail(format!("no PEM {label} block")));
+    }
+    Ok(bytes)
 }
 
 /// A request carrying the actor header, when the actor can travel as one (the message's own
@@ -476,17 +636,36 @@ mod tests {
     #[test]
     fn addresses_accept_host_port_and_http_uris() {
         assert_eq!(
-            normalize_addr("127.0.0.1:7777").unwrap(),
+            normalize_addr("127.0.0.1:7777", false).unwrap(),
             (
                 "127.0.0.1:7777".to_owned(),
                 "http://127.0.0.1:7777".to_owned()
             )
         );
         assert_eq!(
-            normalize_addr("http://localhost:9000/").unwrap().0,
+            normalize_addr("http://localhost:9000/", false).unwrap().0,
             "localhost:9000"
         );
-        assert_eq!(normalize_addr("[::1]:7777").unwrap().1, "http://[::1]:7777");
+        assert_eq!(
+            normalize_addr("[::1]:7777", false).unwrap().1,
+            "http://[::1]:7777"
+        );
+        // TLS: host:port or https://, never http://.
+        assert_eq!(
+            normalize_addr("localhost:7777", true).unwrap().1,
+            "https://localhost:7777"
+        );
+        assert_eq!(
+            normalize_addr("https://localhost:7777/", true).unwrap(),
+            (
+                "localhost:7777".to_owned(),
+                "https://localhost:7777".to_owned()
+            )
+        );
+        let err = normalize_addr("http://localhost:7777", true).unwrap_err();
+        assert!(err.to_string().contains("plaintext"), "{err}");
+        let err = normalize_addr("https://localhost:7777", false).unwrap_err();
+        assert!(err.to_string().contains("PHRONY_TLS_CA"), "{err}");
         for bad in [
             "",
             "localhost",
@@ -495,12 +674,51 @@ mod tests {
             "https://h:1",
             "h:1/path",
         ] {
-            let err = normalize_addr(bad).unwrap_err();
+            let err = normalize_addr(bad, false).unwrap_err();
             assert!(
                 matches!(err, ClientError::InvalidAddress { .. }),
                 "{bad}: {err}"
             );
         }
+    }
+
+    #[test]
+    fn tls_files_are_checked_and_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = dir.path().join("ca.pem");
+        let junk = dir.path().join("junk.pem");
+        std::fs::write(
+            &ca,
+            "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n",
+        )
+        .unwrap();
+        std::fs::write(&junk, "hello").unwrap();
+        assert!(ClientTls::from_files(&ca, None, None).is_ok());
+        let err = ClientTls::from_files(&junk, None, None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("junk.pem") && err.contains("CERTIFICATE"),
+            "{err}"
+        );
+        let err = ClientTls::from_files(&dir.path().join("nope.pem"), None, None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("nope.pem") && err.contains("cannot read"),
+            "{err}"
+        );
+        let err = ClientTls::from_files(&ca, Some(&ca), None)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("without its key"), "{err}");
+        let err = ClientTls::from_files(&ca, Some(&ca), Some(&ca))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("client key") && err.contains("PRIVATE KEY"),
+            "{err}"
+        );
     }
 
     #[tokio::test]

@@ -21,6 +21,8 @@ pub enum StatusClass {
     Aborted,
     /// `ResourceExhausted`.
     ResourceExhausted,
+    /// `PermissionDenied`: the worker's credential does not allow the registration.
+    PermissionDenied,
 }
 
 /// A Work-stream protocol error: the stream ends with this status.
@@ -113,6 +115,34 @@ pub enum DispatchError {
         /// The outbox capacity.
         capacity: usize,
     },
+    /// A verified worker credential advertised a handler its tool patterns do not allow.
+    #[error(
+        "worker \"{worker_id}\" may not serve {tool}: credential {credential} does not allow it \
+         (its tool patterns: {patterns})"
+    )]
+    ToolNotPermitted {
+        /// The worker.
+        worker_id: String,
+        /// The handler's `tool@version`.
+        tool: String,
+        /// The credential, e.g. `"refund-bot" (token)`.
+        credential: String,
+        /// The credential's tool patterns, comma-separated (`none` when it has none).
+        patterns: String,
+    },
+    /// The worker id is bound to another credential, which registered it first.
+    #[error(
+        "worker id \"{worker_id}\" is bound to credential {owner}, which registered it first; \
+         credential {credential} may not take it over (use another worker id)"
+    )]
+    WorkerIdBound {
+        /// The worker.
+        worker_id: String,
+        /// The credential that registered the id first.
+        owner: String,
+        /// The credential that tried to reuse it.
+        credential: String,
+    },
     /// The connection is no longer registered (its stream ended).
     #[error("unknown worker \"{worker_id}\"")]
     UnknownWorker {
@@ -141,6 +171,9 @@ impl DispatchError {
             Self::UnknownWorker { .. } => StatusClass::NotFound,
             Self::Superseded { .. } | Self::LeaseExpired { .. } => StatusClass::Aborted,
             Self::OutboxOverflow { .. } => StatusClass::ResourceExhausted,
+            Self::ToolNotPermitted { .. } | Self::WorkerIdBound { .. } => {
+                StatusClass::PermissionDenied
+            }
         }
     }
 }

@@ -25,6 +25,9 @@ use crate::types::{
 #[derive(Debug, Clone)]
 pub struct Router {
     inner: Arc<Inner>,
+    /// Worker id → the verified credential that registered it first (for the router's
+    /// lifetime). Only verified registrations ([`Router::connect_as`]) bind ids.
+    owners: Arc<std::sync::Mutex<HashMap<String, String>>>,
 }
 
 /// Builds a [`Router`] with optional hooks.
@@ -80,7 +83,10 @@ impl RouterBuilder {
             Arc::clone(&inner.reaper_wake),
             inner.stop.clone(),
         ));
-        Ok(Router { inner })
+        Ok(Router {
+            inner,
+            owners: Arc::default(),
+        })
     }
 }
 
@@ -198,7 +204,24 @@ impl Router {
     /// listed in `in_flight` stay attached (their results are accepted on the new stream),
     /// the others become indeterminate, and the old stream ends with
     /// [`DispatchError::Superseded`].
+    ///
+    /// A worker id bound to a verified credential ([`Router::connect_as`]) is refused here
+    /// ([`DispatchError::WorkerIdBound`]): an unverified caller never takes it over.
     pub async fn connect(
+        &self,
+        hello: WorkerHello,
+    ) -> Result<(WorkerConnection, Outbox), DispatchError> {
+        if let Some(owner) = self.worker_owner(&hello.worker_id) {
+            return Err(DispatchError::WorkerIdBound {
+                worker_id: hello.worker_id,
+                owner,
+                credential: "(unverified)".to_owned(),
+            });
+        }
+        self.connect_unbound(hello).await
+    }
+
+    async fn connect_unbound(
         &self,
         hello: WorkerHello,
     ) -> Result<(WorkerConnection, Outbox), DispatchError> {
@@ -228,6 +251,62 @@ impl Router {
             WorkerConnection::new(Arc::clone(&self.inner), worker_id, conn, Arc::clone(&close)),
             Outbox::new(rx, close),
         ))
+    }
+
+    /// [`Router::connect`] for a worker whose credential was verified: the worker id is bound
+    /// to `credential` (e.g. `"refund-bot" (token)`) by the first successful registration,
+    /// for the router's lifetime. The same credential registering the id again takes the
+    /// stream over as with [`Router::connect`]; another credential is refused with
+    /// [`DispatchError::WorkerIdBound`] and the registered worker keeps its stream.
+    ///
+    /// # Errors
+    /// [`DispatchError::WorkerIdBound`], or any error of [`Router::connect`].
+    pub async fn connect_as(
+        &self,
+        hello: WorkerHello,
+        credential: &str,
+    ) -> Result<(WorkerConnection, Outbox), DispatchError> {
+        validate_hello(&hello)?;
+        let worker_id = hello.worker_id.clone();
+        let claimed = {
+            let mut owners = self
+                .owners
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            match owners.get(&worker_id) {
+                Some(owner) if owner != credential => {
+                    return Err(DispatchError::WorkerIdBound {
+                        worker_id,
+                        owner: owner.clone(),
+                        credential: credential.to_owned(),
+                    });
+                }
+                Some(_) => false,
+                None => {
+                    owners.insert(worker_id.clone(), credential.to_owned());
+                    true
+                }
+            }
+        };
+        let connected = self.connect_unbound(hello).await;
+        if connected.is_err() && claimed {
+            // Only a registration that succeeded binds the id.
+            self.owners
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .remove(&worker_id);
+        }
+        connected
+    }
+
+    /// The credential a worker id is bound to, if a verified registration bound it.
+    #[must_use]
+    pub fn worker_owner(&self, worker_id: &str) -> Option<String> {
+        self.owners
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(worker_id)
+            .cloned()
     }
 
     /// Dispatches one call to the least-busy live worker advertising `tool@version`, waiting

@@ -143,6 +143,7 @@ pub async fn admit(
     authenticator: &dyn Authenticator,
     path: &str,
     headers: &http::HeaderMap,
+    peer_subject: Option<&str>,
 ) -> Result<Principal, Status> {
     let method = path
         .strip_prefix('/')
@@ -155,7 +156,7 @@ pub async fn admit(
         .transpose()?;
     let credentials = Credentials {
         bearer: token,
-        peer_subject: None,
+        peer_subject,
     };
     let principal = authenticator
         .authenticate(credentials)
@@ -223,7 +224,20 @@ where
         let authenticator = Arc::clone(&self.authenticator);
         Box::pin(async move {
             let path = request.uri().path().to_owned();
-            match admit(authenticator.as_ref(), &path, request.headers()).await {
+            // Over mutual TLS, the client certificate's subject (already verified against the
+            // client CA by the handshake); a certificate without a usable CN is refused here.
+            let peer_subject = match crate::peer::extensions_peer_subject(request.extensions()) {
+                Ok(subject) => subject,
+                Err(e) => return Ok(auth_status(&e).into_http()),
+            };
+            match admit(
+                authenticator.as_ref(),
+                &path,
+                request.headers(),
+                peer_subject.as_deref(),
+            )
+            .await
+            {
                 Ok(principal) => {
                     tracing::debug!(rpc = %path, principal = %principal.name, verification = %principal.verification, "rpc admitted");
                     request.extensions_mut().insert(principal);
@@ -323,16 +337,32 @@ mod tests {
     #[tokio::test]
     async fn credentials_are_read_checked_and_the_permission_is_named() {
         let path = "/phrony.runtime.v1.Runtime/Publish";
-        let ok = admit(&ByRole, path, &headers(Some("Bearer token-of-publisher")))
-            .await
-            .unwrap();
+        let ok = admit(
+            &ByRole,
+            path,
+            &headers(Some("Bearer token-of-publisher")),
+            None,
+        )
+        .await
+        .unwrap();
         assert_eq!(ok.name, "bot");
-        let lower = admit(&ByRole, path, &headers(Some("bearer token-of-publisher"))).await;
+        let lower = admit(
+            &ByRole,
+            path,
+            &headers(Some("bearer token-of-publisher")),
+            None,
+        )
+        .await;
         assert!(lower.is_ok(), "the scheme is case-insensitive");
 
-        let denied = admit(&ByRole, path, &headers(Some("Bearer token-of-viewer")))
-            .await
-            .unwrap_err();
+        let denied = admit(
+            &ByRole,
+            path,
+            &headers(Some("Bearer token-of-viewer")),
+            None,
+        )
+        .await
+        .unwrap_err();
         assert_eq!(denied.code(), tonic::Code::PermissionDenied);
         assert!(
             denied.message().contains("publish permission"),
@@ -345,7 +375,9 @@ mod tests {
             (Some("Bearer "), "carries no token"),
             (Some("Bearer nope"), "unknown token"),
         ] {
-            let status = admit(&ByRole, path, &headers(auth)).await.unwrap_err();
+            let status = admit(&ByRole, path, &headers(auth), None)
+                .await
+                .unwrap_err();
             assert_eq!(status.code(), tonic::Code::Unauthenticated, "{auth:?}");
             assert!(status.message().contains(needle), "{auth:?}: {status:?}");
         }
@@ -353,6 +385,7 @@ mod tests {
             &ByRole,
             "/phrony.runtime.v1.Runtime/Teleport",
             &headers(Some("Bearer token-of-admin")),
+            None,
         )
         .await
         .unwrap_err();
@@ -368,6 +401,7 @@ mod tests {
             &local,
             "/phrony.runtime.v1.Runtime/DecideApproval",
             &headers(None),
+            None,
         )
         .await
         .unwrap();

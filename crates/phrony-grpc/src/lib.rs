@@ -121,9 +121,11 @@
 pub mod auth;
 mod convert;
 pub mod health;
+mod peer;
 mod publish;
 mod service;
 
+pub use peer::{certificate_subject, peer_subject};
 pub use phrony_auth::{ACTOR_HEADER, Actor, ActorError, is_unprintable};
 pub use service::RuntimeService;
 

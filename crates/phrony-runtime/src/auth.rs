@@ -192,11 +192,15 @@ impl Authenticator for Composite {
 
 /// The authenticator the edge uses in `mode`: [`Unauthenticated`] (recording `default_actor`
 /// when a request names nobody) or a [`Composite`] over the ledger's token store.
+///
+/// In `required` mode the OIDC and mTLS arms are the configured ones, if any.
 #[must_use]
 pub fn authenticator(
     mode: AuthMode,
     ledger: &Ledger,
     default_actor: &str,
+    oidc: Option<Arc<dyn Authenticator>>,
+    mtls: Option<Arc<dyn Authenticator>>,
 ) -> Arc<dyn Authenticator> {
     match mode {
         AuthMode::Local => Arc::new(Unauthenticated {
@@ -204,7 +208,8 @@ pub fn authenticator(
         }),
         AuthMode::Required => Arc::new(Composite {
             tokens: Some(TokenStore::new(ledger.clone())),
-            ..Composite::default()
+            oidc,
+            mtls,
         }),
     }
 }

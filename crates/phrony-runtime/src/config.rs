@@ -204,6 +204,75 @@ pub struct Settings {
         global = true
     )]
     pub(crate) max_tool_calls_per_turn: Option<String>,
+
+    /// TLS certificate chain (PEM) of the gRPC listener; with RUNTIME_TLS_KEY it turns TLS on.
+    #[arg(long, env = "RUNTIME_TLS_CERT", value_name = "FILE", global = true)]
+    pub(crate) tls_cert: Option<std::ffi::OsString>,
+
+    /// TLS private key (PEM: PKCS#8, PKCS#1 or SEC1) of the certificate in RUNTIME_TLS_CERT.
+    #[arg(long, env = "RUNTIME_TLS_KEY", value_name = "FILE", global = true)]
+    pub(crate) tls_key: Option<std::ffi::OsString>,
+
+    /// CA certificates (PEM) for mutual TLS: when set, every client must present a
+    /// certificate signed by one of them.
+    #[arg(
+        long,
+        env = "RUNTIME_TLS_CLIENT_CA",
+        value_name = "FILE",
+        global = true
+    )]
+    pub(crate) tls_client_ca: Option<std::ffi::OsString>,
+
+    /// Mutual TLS: YAML mapping each client certificate's subject CN to roles, routes and tools.
+    #[arg(
+        long,
+        env = "RUNTIME_TLS_CLIENT_ROLES",
+        value_name = "FILE",
+        global = true
+    )]
+    pub(crate) tls_client_roles: Option<std::ffi::OsString>,
+
+    /// OIDC: the exact issuer (`iss`) of accepted bearer JWTs.
+    #[arg(long, env = "RUNTIME_OIDC_ISSUER", value_name = "URL", global = true)]
+    pub(crate) oidc_issuer: Option<String>,
+
+    /// OIDC: the audience (`aud`) accepted JWTs must carry.
+    #[arg(
+        long,
+        env = "RUNTIME_OIDC_AUDIENCE",
+        value_name = "AUDIENCE",
+        global = true
+    )]
+    pub(crate) oidc_audience: Option<String>,
+
+    /// OIDC: the issuer's JWKS, an http(s):// URL or a file path.
+    #[arg(
+        long,
+        env = "RUNTIME_OIDC_JWKS",
+        value_name = "URL|FILE",
+        global = true
+    )]
+    pub(crate) oidc_jwks: Option<String>,
+
+    /// OIDC: the claim holding the roles; a dotted path descends into objects
+    /// (`realm_access.roles`). [default: roles]
+    #[arg(
+        long,
+        env = "RUNTIME_OIDC_ROLES_CLAIM",
+        value_name = "CLAIM",
+        global = true
+    )]
+    pub(crate) oidc_roles_claim: Option<String>,
+
+    /// OIDC: the shortest time between two JWKS reloads caused by an unknown key id: whole
+    /// seconds or a duration. [default: 60s]
+    #[arg(
+        long,
+        env = "RUNTIME_OIDC_JWKS_REFRESH",
+        value_name = "DURATION",
+        global = true
+    )]
+    pub(crate) oidc_jwks_refresh: Option<String>,
 }
 
 /// `RUNTIME_LOG_FORMAT`.
@@ -404,6 +473,15 @@ mod tests {
             tool_allowlist: None,
             max_tool_args_bytes: None,
             max_tool_calls_per_turn: None,
+            tls_cert: None,
+            tls_key: None,
+            tls_client_ca: None,
+            tls_client_roles: None,
+            oidc_issuer: None,
+            oidc_audience: None,
+            oidc_jwks: None,
+            oidc_roles_claim: None,
+            oidc_jwks_refresh: None,
         }
     }
 

@@ -16,6 +16,8 @@ pub fn serve(settings: &Settings, env: &Env) -> anyhow::Result<()> {
         let db = settings.database(env);
         let configured_key = settings.configured_secrets_key()?;
         let workers = settings.workers()?;
+        let tls = settings.tls()?;
+        let oidc = settings.oidc()?;
         let listener = serve::bind(&settings.grpc_addr)
             .await
             .map_err(|e| match e {
@@ -31,7 +33,10 @@ pub fn serve(settings: &Settings, env: &Env) -> anyhow::Result<()> {
             })?;
         // Before the database is touched: a daemon reachable from other hosts must not serve
         // unauthenticated.
-        let auth = crate::auth::resolve_mode(settings.auth, false, listener.local_addr())?;
+        // OIDC or a client-certificate roles file configured means `required` by default.
+        let auth_configured = oidc.is_some() || tls.as_ref().is_some_and(|t| t.clients.is_some());
+        let auth =
+            crate::auth::resolve_mode(settings.auth, auth_configured, listener.local_addr())?;
         let ledger = open_ledger(&db).await?;
         let (audit_key, key_file) =
             crate::audit::load_key(&settings.audit_key_file(env, &db), true)?;
@@ -51,6 +56,24 @@ pub fn serve(settings: &Settings, env: &Env) -> anyhow::Result<()> {
         config.default_actor = settings.default_actor.clone();
         config.auth = auth;
         workers.apply(&mut config)?;
+        if let Some(tls) = tls {
+            tracing::info!(
+                mutual = tls.mutual,
+                "TLS on the gRPC listener{}",
+                if tls.mutual {
+                    ", client certificates required"
+                } else {
+                    ""
+                }
+            );
+            config.tls = Some(tls.server);
+            config.mtls = tls.clients;
+        }
+        if let Some(oidc) = oidc {
+            config.oidc = Some(std::sync::Arc::new(
+                crate::oidc::OidcAuthenticator::load(oidc).await?,
+            ));
+        }
         serve::serve(listener, ledger, config, shutdown).await?;
         Ok(())
     })

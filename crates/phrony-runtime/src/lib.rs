@@ -31,13 +31,15 @@
 //! # Ok(()) }
 //! ```
 
-pub mod auth;
 mod audit;
+pub mod auth;
 pub mod config;
 pub mod daemon;
 pub mod logging;
+pub mod oidc;
 mod serve;
 mod serve_config;
+pub mod tls;
 pub mod tokens;
 mod workers;
 
@@ -45,5 +47,7 @@ pub use config::{
     AUDIT_KEY_FILE, AuditCommand, AuditVerifyArgs, Cli, Command, Env, LogFormat, Settings,
     provider_env,
 };
+pub use oidc::OidcAuthenticator;
 pub use serve::{Listener, ServeError, bind, serve};
 pub use serve_config::{KeyError, KeyFileOutcome, SECRETS_KEY_FILE, SecretsKey, ServeConfig};
+pub use tls::MtlsAuthenticator;

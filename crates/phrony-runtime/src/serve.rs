@@ -72,6 +72,13 @@ pub enum ServeError {
     /// `local` auth on an address other hosts can reach.
     #[error(transparent)]
     UnsafeBind(#[from] crate::auth::UnsafeBind),
+    /// The TLS settings could not be turned into a TLS acceptor.
+    #[error("cannot configure TLS: {source}")]
+    Tls {
+        /// The transport error.
+        #[source]
+        source: tonic::transport::Error,
+    },
     /// The transport failed while serving.
     #[error("gRPC server failed: {source}")]
     Transport {
@@ -142,11 +149,14 @@ pub async fn bind(addr: &str) -> Result<Listener, ServeError> {
 /// worker get the first half of the grace period to finish; then every `Work` stream ends
 /// with `OK`. `ledger` must be migrated.
 ///
+/// With [`ServeConfig::tls`] the listener speaks TLS only (and, with a client CA, requires a
+/// client certificate signed by it).
+///
 /// Tool workers register with [`ServeConfig::router`] (or a default router when `None`).
 ///
 /// # Errors
 /// [`ServeError::UnsafeBind`] (`local` auth on a non-loopback address, before anything
-/// starts), [`ServeError::Reflection`] (a build defect), [`ServeError::Router`] or
+/// starts), [`ServeError::Reflection`] (a build defect), [`ServeError::Router`], [`ServeError::Tls`] or
 /// [`ServeError::Transport`].
 pub async fn serve(
     listener: Listener,
@@ -230,10 +240,23 @@ pub async fn serve(
     for (session_id, reason) in &report.failed {
         tracing::warn!(%session_id, %reason, "session could not be resumed and was failed");
     }
-    let authenticator = crate::auth::authenticator(mode, &ledger, &config.default_actor);
+    let authenticator = crate::auth::authenticator(
+        mode,
+        &ledger,
+        &config.default_actor,
+        config
+            .oidc
+            .clone()
+            .map(|o| o as Arc<dyn phrony_auth::Authenticator>),
+        config
+            .mtls
+            .clone()
+            .map(|m| m as Arc<dyn phrony_auth::Authenticator>),
+    );
     match mode {
         crate::auth::AuthMode::Local => tracing::warn!(
-            "the runtime is unauthenticated (RUNTIME_AUTH=local): any local process may call it              under any name, recorded as unverified; set RUNTIME_AUTH=required to require tokens"
+            "the runtime is unauthenticated (RUNTIME_AUTH=local): any local process may call it \
+             under any name, recorded as unverified; set RUNTIME_AUTH=required to require tokens"
         ),
         crate::auth::AuthMode::Required => {
             tracing::info!("authentication required on every RPC (RUNTIME_AUTH=required)")
@@ -252,8 +275,15 @@ pub async fn serve(
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     // Boxed (not stack-pinned) so it can be dropped before the pool is closed: dropping it
     // cancels calls still running after the grace period and returns their connections.
+    let tls = config.tls.is_some();
+    let mut builder = Server::builder();
+    if let Some(tls) = config.tls.clone() {
+        builder = builder
+            .tls_config(tls)
+            .map_err(|source| ServeError::Tls { source })?;
+    }
     let mut server = Box::pin(
-        Server::builder()
+        builder
             .trace_fn(|request| tracing::info_span!("rpc", method = %request.uri().path()))
             .add_service(health.service())
             .add_service(reflection_v1)
@@ -265,6 +295,7 @@ pub async fn serve(
     );
     tracing::info!(
         address = %local_addr,
+        tls,
         secrets_key_fingerprint = %config.secrets_key.fingerprint(),
         "phrony-runtime listening on {local_addr}"
     );

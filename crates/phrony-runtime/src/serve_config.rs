@@ -73,13 +73,21 @@ pub struct ServeConfig {
     /// [`crate::serve`] refuses it on any other address), `required` needs a credential on
     /// every RPC of the Runtime service.
     pub auth: crate::auth::AuthMode,
+    /// TLS on the listener (`RUNTIME_TLS_CERT`, `RUNTIME_TLS_KEY`, and `RUNTIME_TLS_CLIENT_CA`
+    /// for mutual TLS); `None` serves plaintext.
+    pub tls: Option<tonic::transport::ServerTlsConfig>,
+    /// The OIDC authenticator (`RUNTIME_OIDC_*`), for the edge's composite authenticator.
+    pub oidc: Option<Arc<crate::oidc::OidcAuthenticator>>,
+    /// The mutual-TLS subject mapping (`RUNTIME_TLS_CLIENT_ROLES`), for the edge's composite
+    /// authenticator.
+    pub mtls: Option<Arc<crate::tls::MtlsAuthenticator>>,
 }
 
 impl ServeConfig {
     /// Settings with defaults: `local` auth, actor `anonymous`, a health check every 3 s (2 s timeout), a
     /// 10 s shutdown grace period, a default router, a 10 s dispatch queue wait, a 60 s
-    /// tool execution timeout, and the engine's default bounds on tool calls (1 MiB of
-    /// arguments, 64 calls per model response).
+    /// tool execution timeout, the engine's default bounds on tool calls (1 MiB of
+    /// arguments, 64 calls per model response), plaintext and no OIDC or mTLS mapping.
     #[must_use]
     pub fn new(secrets_key: SecretsKey) -> Self {
         Self {
@@ -97,6 +105,9 @@ impl ServeConfig {
             max_tool_args_bytes: phrony_engine::DEFAULT_MAX_TOOL_ARGS_BYTES,
             max_tool_calls_per_turn: phrony_engine::DEFAULT_MAX_TOOL_CALLS_PER_TURN,
             auth: crate::auth::AuthMode::Local,
+            tls: None,
+            oidc: None,
+            mtls: None,
         }
     }
 }

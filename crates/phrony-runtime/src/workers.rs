@@ -127,7 +127,11 @@ impl Workers {
 }
 
 /// The value of `var`: `default` when unset or blank, else [`parse_duration`]'s result.
-fn duration(var: &str, value: Option<&str>, default: Duration) -> anyhow::Result<Duration> {
+pub(crate) fn duration(
+    var: &str,
+    value: Option<&str>,
+    default: Duration,
+) -> anyhow::Result<Duration> {
     match value.map(str::trim).filter(|v| !v.is_empty()) {
         None => Ok(default),
         Some(text) => parse_duration(text).map_err(|problem| {

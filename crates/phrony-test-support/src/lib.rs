@@ -3,6 +3,7 @@
 //! - [`postgres`]: a throw-away PostgreSQL database per test, dropped when it goes out of scope.
 //! - [`stub`]: the tutorial's refund agent on the scripted `stub` model, written to a directory.
 //! - [`worker`]: a Rust tool worker on the runtime's `Work` stream that records its calls.
+//! - [`pki`]: a throw-away CA, server and client certificates for TLS and mTLS tests.
 //! - [`proxy`]: a TCP proxy that loses the connection on cue.
 //! - [`fake_api`]: a local fake model vendor API answering scripted replies.
 //!
@@ -11,6 +12,7 @@
 //! without a second copy of itself in its test build.
 
 pub mod fake_api;
+pub mod pki;
 pub mod postgres;
 pub mod proxy;
 pub mod stub;

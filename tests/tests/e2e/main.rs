@@ -6,6 +6,7 @@
 //! - [`examples`]: each example's `cases.yaml` against the real policy engine.
 //! - [`lifecycle`]: the real daemon driven by the real CLI.
 //! - [`guard_rails`]: the layering rules of ARCHITECTURE.md on the sources and the dependency graph.
+//! - [`transport`]: TLS and mutual TLS between the real CLI and daemon.
 //! - [`sessions`] and [`tui`]: sessions and approvals through it, the attach TUI in a terminal.
 
 #![allow(
@@ -20,4 +21,5 @@ mod guard_rails;
 mod lifecycle;
 mod schema;
 mod sessions;
+mod transport;
 mod tui;

@@ -77,6 +77,18 @@ pub(crate) struct Global {
         value_name = "TOKEN"
     )]
     pub(crate) token: Option<String>,
+    /// CA certificate (PEM) that signed the runtime's TLS certificate: connect over TLS
+    /// (the address may then be `https://host:port`).
+    #[arg(long, global = true, env = "PHRONY_TLS_CA", value_name = "FILE")]
+    pub(crate) tls_ca: Option<std::path::PathBuf>,
+
+    /// Client certificate (PEM) for mutual TLS (with --tls-key; needs --tls-ca).
+    #[arg(long, global = true, env = "PHRONY_TLS_CERT", value_name = "FILE")]
+    pub(crate) tls_cert: Option<std::path::PathBuf>,
+
+    /// Private key (PEM) of the client certificate in --tls-cert.
+    #[arg(long, global = true, env = "PHRONY_TLS_KEY", value_name = "FILE")]
+    pub(crate) tls_key: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]

@@ -29,16 +29,38 @@ pub(crate) fn block_on<T>(body: impl Future<Output = anyhow::Result<T>>) -> anyh
 /// Connects to the runtime named by `--runtime-addr` / `PHRONY_RUNTIME_ADDR`, asks its version
 /// and warns on stderr when it differs from the CLI's.
 pub(crate) async fn connect(global: &Global) -> anyhow::Result<(Client, RuntimeVersion)> {
-    let token = global.token.as_deref().filter(|t| !t.trim().is_empty());
-    let client = Client::connect_with_token(&global.runtime_addr, token)
-        .await
-        .map_err(|e| failure("connect", e))?;
+    let client = open(global).await.map_err(|e| failure("connect", e))?;
     let version = client
         .get_version()
         .await
         .map_err(|e| version_failure(client.addr(), e))?;
     warn_if_skewed(&version.version, client.addr())?;
     Ok((client, version))
+}
+
+/// Opens the connection `--runtime-addr` names: over TLS when `--tls-ca` / `PHRONY_TLS_CA` is
+/// set (with a client certificate when `--tls-cert`/`--tls-key` are), else plaintext; sending
+/// `--token` / `PHRONY_TOKEN` on every call when set.
+pub(crate) async fn open(global: &Global) -> Result<Client, ClientError> {
+    let token = global.token.as_deref().filter(|t| !t.trim().is_empty());
+    let empty = |p: &Option<std::path::PathBuf>| p.clone().filter(|p| !p.as_os_str().is_empty());
+    let (ca, cert, key) = (
+        empty(&global.tls_ca),
+        empty(&global.tls_cert),
+        empty(&global.tls_key),
+    );
+    match ca {
+        Some(ca) => {
+            let tls = phrony_client::ClientTls::from_files(&ca, cert.as_deref(), key.as_deref())?;
+            Client::connect_with(&global.runtime_addr, Some(&tls), token).await
+        }
+        None if cert.is_some() || key.is_some() => Err(ClientError::Tls {
+            reason: "a client certificate (PHRONY_TLS_CERT / PHRONY_TLS_KEY) needs the runtime's \
+                     CA (PHRONY_TLS_CA / --tls-ca)"
+                .to_owned(),
+        }),
+        None => Client::connect_with_token(&global.runtime_addr, token).await,
+    }
 }
 
 /// The error of a failed `GetVersion`, the first call of every command.
@@ -74,7 +96,9 @@ pub(crate) fn failure(action: &str, error: ClientError) -> anyhow::Error {
             code: Code::Unimplemented,
             message,
         } => anyhow!("{action}: {message} (not implemented on this runtime yet)"),
-        ClientError::InvalidAddress { .. } | ClientError::InvalidToken { .. } => anyhow!(error),
+        ClientError::InvalidAddress { .. }
+        | ClientError::InvalidToken { .. }
+        | ClientError::Tls { .. } => anyhow!(error),
         ClientError::Rpc {
             code: Code::Unauthenticated,
             message,

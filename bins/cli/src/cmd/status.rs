@@ -3,7 +3,7 @@
 //! Exits 1 when the runtime cannot be reached or is not serving, so scripts can wait on it.
 
 use anyhow::anyhow;
-use phrony_client::{Client, ClientError, Health};
+use phrony_client::{ClientError, Health};
 use serde_json::json;
 
 use crate::cmd::remote::{self, CLI_VERSION};
@@ -29,7 +29,7 @@ struct Report {
 /// Prints the status table (or JSON), then fails if the runtime is unreachable or not serving.
 pub(crate) fn run(args: &Args, global: &Global) -> anyhow::Result<()> {
     remote::block_on(async {
-        let (report, failure) = probe(&global.runtime_addr).await?;
+        let (report, failure) = probe(global).await?;
         print(&report, &global.runtime_addr, args.output)?;
         failure.map_or(Ok(()), Err)
     })
@@ -37,8 +37,8 @@ pub(crate) fn run(args: &Args, global: &Global) -> anyhow::Result<()> {
 
 /// Asks the runtime what `status` shows; the error, if any, is what `status` fails with after
 /// printing the report.
-async fn probe(addr: &str) -> anyhow::Result<(Report, Option<anyhow::Error>)> {
-    let client = match Client::connect(addr).await {
+async fn probe(global: &Global) -> anyhow::Result<(Report, Option<anyhow::Error>)> {
+    let client = match remote::open(global).await {
         Ok(client) => client,
         Err(error) => {
             let report = Report {

@@ -863,3 +863,53 @@ async fn a_worker_lost_before_the_invoke_went_out_is_not_indeterminate() {
         ]
     );
 }
+
+#[tokio::test]
+async fn a_worker_id_is_bound_to_the_credential_that_registered_it_first() {
+    let router = router();
+    let owner = "\"refund-bot\" (token)";
+    let (first, _out) = router
+        .connect_as(hello("w", vec![handler("t", "1", 1)]), owner)
+        .await
+        .unwrap();
+    assert_eq!(router.worker_owner("w").as_deref(), Some(owner));
+
+    // Another credential, or an unverified caller, is refused and the worker keeps its slot.
+    let err = router
+        .connect_as(hello("w", vec![handler("t", "1", 1)]), "\"mallory\" (oidc)")
+        .await
+        .unwrap_err();
+    assert_eq!(err.status(), StatusClass::PermissionDenied);
+    assert!(
+        matches!(&err, DispatchError::WorkerIdBound { owner: o, credential, .. }
+            if o == owner && credential == "\"mallory\" (oidc)"),
+        "{err}"
+    );
+    let err = router
+        .connect(hello("w", vec![handler("t", "1", 1)]))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("(unverified)"), "{err}");
+    first.handle(FromWorker::Heartbeat).unwrap();
+
+    // The owner takes its id over, as any worker re-registering does.
+    let (_second, _out2) = router
+        .connect_as(hello("w", vec![handler("t", "1", 1)]), owner)
+        .await
+        .unwrap();
+    assert!(first.handle(FromWorker::Heartbeat).is_err());
+
+    // A registration that fails binds nothing.
+    let err = router
+        .connect_as(hello("fresh", vec![handler("", "1", 1)]), owner)
+        .await
+        .unwrap_err();
+    assert_eq!(err.status(), StatusClass::InvalidArgument);
+    assert_eq!(router.worker_owner("fresh"), None);
+    // Unbound ids keep today's behaviour.
+    router
+        .connect(hello("local", vec![handler("t", "1", 1)]))
+        .await
+        .unwrap();
+    assert_eq!(router.worker_owner("local"), None);
+}

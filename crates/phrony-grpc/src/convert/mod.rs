@@ -415,6 +415,7 @@ pub(crate) fn dispatch_status(error: &phrony_dispatch::DispatchError) -> Status 
         StatusClass::NotFound => tonic::Code::NotFound,
         StatusClass::Aborted => tonic::Code::Aborted,
         StatusClass::ResourceExhausted => tonic::Code::ResourceExhausted,
+        StatusClass::PermissionDenied => tonic::Code::PermissionDenied,
     };
     Status::new(code, error.to_string())
 }

@@ -511,7 +511,8 @@ impl Runtime for RuntimeService {
         &self,
         request: Request<Streaming<pb::WorkClientMsg>>,
     ) -> Result<Response<Self::WorkStream>, Status> {
-        let response = self.work.open(request.into_inner()).await?;
+        let principal = crate::auth::principal(&request, &self.default_actor);
+        let response = self.work.open(request.into_inner(), &principal).await?;
         Ok(Response::new(Box::pin(response)))
     }
 }

@@ -15,6 +15,18 @@
 //! 4. On daemon shutdown ([`WorkHub::stop`]) each response stream sends what is already queued
 //!    and ends with `OK`, so SDK workers return from `connect()` without an error.
 //!
+//! Worker restrictions (issue #12), for a principal the edge verified (an unverified principal,
+//! `local` mode, keeps the behaviour above):
+//!
+//! - every advertised `tool@version` must satisfy [`Principal::may_serve`] (the credential's
+//!   tool patterns; an admin serves anything), else `PERMISSION_DENIED` naming the tool and the
+//!   credential, logged at warn;
+//! - the worker id is bound to the credential (name and verification) that first registered
+//!   it, for the daemon's lifetime: the same credential reconnecting takes the stream over as
+//!   before, another one is `PERMISSION_DENIED` and the registered worker keeps its stream;
+//! - the workload identity the `RUNTIME_TOOL_ALLOWLIST` checks is the principal's name, not
+//!   what the worker says about itself.
+//!
 //! A stream that sends nothing within the lease (`RUNTIME_WORKER_LEASE_TTL`) is closed with
 //! `DEADLINE_EXCEEDED`, so idle unregistered connections cannot pile up.
 
@@ -23,6 +35,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use futures::{Stream, StreamExt as _};
+use phrony_auth::Principal;
 use phrony_dispatch::{
     CancellationToken, DispatchError, FromWorker, Outbox, Router, WorkerConnection, WorkerHello,
 };
@@ -59,15 +72,52 @@ impl WorkHub {
 
     /// Serves one Work stream: waits for the register, connects the worker and returns the
     /// response stream. Errors before registration are returned as the RPC's status.
-    pub(crate) async fn open<S>(&self, mut inbound: S) -> Result<WorkResponse, Status>
+    ///
+    /// A verified `principal` (see the module docs) is held to its credential: every handler
+    /// must satisfy [`Principal::may_serve`], the worker id is bound to the credential, and
+    /// the allowlist's workload identity is the principal's name.
+    pub(crate) async fn open<S>(
+        &self,
+        mut inbound: S,
+        principal: &Principal,
+    ) -> Result<WorkResponse, Status>
     where
         S: Stream<Item = Result<pb::WorkClientMsg, Status>> + Send + Unpin + 'static,
     {
-        let hello = self.await_register(&mut inbound).await?;
+        let mut hello = self.await_register(&mut inbound).await?;
         let worker_id = hello.worker_id.clone();
         let handlers: Vec<String> = hello.handlers.iter().map(|h| h.key()).collect();
-        let (conn, outbox) = self.router.connect(hello).await.map_err(|error| {
-            tracing::info!(%worker_id, %error, "work stream refused at registration");
+        let connected = if principal.verification.is_verified() {
+            let credential = credential(principal);
+            if let Err(error) = check_handlers(&hello, principal, &credential) {
+                tracing::warn!(
+                    %worker_id,
+                    principal = %principal.name,
+                    verification = %principal.verification,
+                    %error,
+                    "work stream refused: handler not allowed for the credential"
+                );
+                return Err(convert::dispatch_status(&error));
+            }
+            if !hello.workload_identity.is_empty() && hello.workload_identity != principal.name {
+                tracing::warn!(
+                    %worker_id,
+                    principal = %principal.name,
+                    claimed = %hello.workload_identity,
+                    "worker's self-asserted workload identity ignored: the allowlist checks the credential's name"
+                );
+            }
+            hello.workload_identity.clone_from(&principal.name);
+            self.router.connect_as(hello, &credential).await
+        } else {
+            self.router.connect(hello).await
+        };
+        let (conn, outbox) = connected.map_err(|error| {
+            if matches!(error, DispatchError::WorkerIdBound { .. }) {
+                tracing::warn!(%worker_id, principal = %principal.name, %error, "work stream refused at registration");
+            } else {
+                tracing::info!(%worker_id, %error, "work stream refused at registration");
+            }
             convert::dispatch_status(&error)
         })?;
         tracing::info!(%worker_id, ?handlers, generation = conn.generation(), "work stream open");
@@ -131,6 +181,35 @@ impl WorkHub {
             Err(error) => Err(refused(error)),
         }
     }
+}
+
+/// How a credential is named in errors and bound to worker ids: `"refund-bot" (token)`.
+fn credential(principal: &Principal) -> String {
+    format!("{:?} ({})", principal.name, principal.verification)
+}
+
+/// Every advertised handler must be one the principal may serve.
+fn check_handlers(
+    hello: &WorkerHello,
+    principal: &Principal,
+    credential: &str,
+) -> Result<(), DispatchError> {
+    for handler in &hello.handlers {
+        if !principal.may_serve(&handler.tool, &handler.version) {
+            let patterns: Vec<String> = principal.tools.iter().map(ToString::to_string).collect();
+            return Err(DispatchError::ToolNotPermitted {
+                worker_id: hello.worker_id.clone(),
+                tool: handler.key(),
+                credential: credential.to_owned(),
+                patterns: if patterns.is_empty() {
+                    "none".to_owned()
+                } else {
+                    patterns.join(", ")
+                },
+            });
+        }
+    }
+    Ok(())
 }
 
 /// The protocol name of a worker message, as used in `register before <name>`.

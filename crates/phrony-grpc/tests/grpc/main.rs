@@ -2,6 +2,7 @@
 //! gRPC (`client.rs` stays a binary of its own while the client moves to `phrony-client`).
 //!
 //! - [`access`]: the role × RPC matrix in `required` auth mode, revocation, impersonation.
+//! - [`credentials`]: mutual TLS subjects and worker restrictions, with a stand-in edge.
 //! - [`interactive`]: the interactive session stream and its approvals.
 //! - [`sdk_worker`]: the published Python SDK's worker against the server.
 //! - [`sessions`]: sessions end to end, on SQLite and PostgreSQL.
@@ -13,6 +14,7 @@
 )]
 
 mod access;
+mod credentials;
 mod interactive;
 mod sdk_worker;
 mod sessions;
