@@ -8,6 +8,7 @@ mod common;
 
 use common::{AgentOptions, Harness, Step, approve, refund};
 use criterion::{Criterion, criterion_group, criterion_main};
+use phrony_engine::VoteTarget;
 use phrony_ledger::SessionStatus;
 use serde_json::json;
 
@@ -55,7 +56,7 @@ fn sessions(c: &mut Criterion) {
                     .unwrap();
                 let approval = h.pending_approval(&s.id).await;
                 h.engine
-                    .decide_approval(approval.id, approve("emad", "ok"))
+                    .vote(VoteTarget::Approval(approval.id), approve("emad", "ok"))
                     .await
                     .unwrap();
                 let done = h.engine.wait_for(&s.id, &[]).await.unwrap();

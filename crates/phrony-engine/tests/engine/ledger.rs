@@ -144,8 +144,8 @@ async fn the_refund_tutorial_runs_on_the_ledger(db: Db) {
     assert_eq!(approval.agent.to_string(), "support/refund-agent@0.1.0");
     assert_eq!(h.worker.tools().len(), 2);
     h.engine
-        .decide_approval(
-            approval.id,
+        .vote(
+            VoteTarget::Approval(approval.id),
             approve("emad", "Damage claim verified, within policy."),
         )
         .await
@@ -207,12 +207,12 @@ async fn quorum_and_cancel_on_the_ledger(db: Db) {
     h.wait(&s.id, &[SessionStatus::AwaitingApproval]).await;
     let approval = h.pending_approval(&s.id).await;
     h.engine
-        .decide_approval(approval.id, approve("alice", "ok"))
+        .vote(VoteTarget::Approval(approval.id), approve("alice", "ok"))
         .await
         .unwrap();
     let dup = h
         .engine
-        .decide_approval(approval.id, approve("alice", "ok"))
+        .vote(VoteTarget::Approval(approval.id), approve("alice", "ok"))
         .await
         .unwrap_err();
     assert_eq!(dup.kind, ErrorKind::FailedPrecondition);
@@ -221,7 +221,7 @@ async fn quorum_and_cancel_on_the_ledger(db: Db) {
         "actor \"alice\" already decided on this approval"
     );
     h.engine
-        .decide_approval(approval.id, approve("bob", "ok"))
+        .vote(VoteTarget::Approval(approval.id), approve("bob", "ok"))
         .await
         .unwrap();
     assert_eq!(h.wait_end(&s.id).await.status, SessionStatus::Completed);
@@ -322,7 +322,10 @@ async fn a_pending_approval_survives_a_restart(db: Db) {
     );
 
     engine
-        .decide_approval(approval.id, approve("emad", "Verified."))
+        .vote(
+            VoteTarget::Approval(approval.id),
+            approve("emad", "Verified."),
+        )
         .await
         .unwrap();
     let done = tokio::time::timeout(Duration::from_secs(20), engine.wait_for(&s.id, &[]))
@@ -374,8 +377,8 @@ async fn a_conversation_with_rejection_revalidation_and_invalid_args(db: Db) {
     h.wait(&s.id, &[SessionStatus::AwaitingApproval]).await;
     let first = h.pending_approval(&s.id).await;
     h.engine
-        .decide_approval(
-            first.id,
+        .vote(
+            VoteTarget::Approval(first.id),
             reject("emad", "No damage claim on file for this order."),
         )
         .await
@@ -392,7 +395,11 @@ async fn a_conversation_with_rejection_revalidation_and_invalid_args(db: Db) {
         edited_args: Some(refund("ORD-1", 9000.0)),
         ..approve("mallory", "refund everything")
     };
-    let refused = h.engine.decide_approval(second.id, vote).await.unwrap_err();
+    let refused = h
+        .engine
+        .vote(VoteTarget::Approval(second.id), vote)
+        .await
+        .unwrap_err();
     assert_eq!(refused.kind, phrony_engine::ErrorKind::FailedPrecondition);
     assert!(
         refused.message.starts_with(
@@ -402,7 +409,10 @@ async fn a_conversation_with_rejection_revalidation_and_invalid_args(db: Db) {
         refused.message
     );
     h.engine
-        .decide_approval(second.id, reject("emad", "Not above the ceiling."))
+        .vote(
+            VoteTarget::Approval(second.id),
+            reject("emad", "Not above the ceiling."),
+        )
         .await
         .unwrap();
     h.wait(&s.id, &[SessionStatus::AwaitingInput]).await;
@@ -515,7 +525,10 @@ async fn a_revalidated_edit_needing_approval_dispatches_the_edit() {
         edited_args: Some(refund("ORD-1", 300.0)),
         ..approve("alice", "partial refund")
     };
-    h.engine.decide_approval(first.id, vote).await.unwrap();
+    h.engine
+        .vote(VoteTarget::Approval(first.id), vote)
+        .await
+        .unwrap();
     let second = loop {
         let pending: Vec<_> = h
             .store
@@ -536,7 +549,7 @@ async fn a_revalidated_edit_needing_approval_dispatches_the_edit() {
         "approvers see the edit"
     );
     h.engine
-        .decide_approval(second.id, approve("bob", "ok"))
+        .vote(VoteTarget::Approval(second.id), approve("bob", "ok"))
         .await
         .unwrap();
     assert_eq!(h.wait_end(&s.id).await.status, SessionStatus::Completed);

@@ -16,6 +16,7 @@ use futures::StreamExt as _;
 use phrony_dispatch::{
     FromWorker, HandlerAd, Invocation, Router, RouterConfig, ToWorker, ToolError, WorkerHello,
 };
+pub use phrony_engine::VoteTarget;
 use phrony_engine::{
     Clock as _, Engine, EngineConfig, EngineDeps, LedgerStore, ManualClock, PlainSecret,
     ProviderFactory, RouterHooks, SessionHandle, SessionMode, StartSession,
@@ -904,6 +905,20 @@ pub fn approve(actor: &str, comment: &str) -> phrony_ledger::Vote {
 pub fn reject(actor: &str, comment: &str) -> phrony_ledger::Vote {
     phrony_ledger::Vote {
         decision: phrony_ledger::VoteDecision::Reject,
+        ..approve(actor, comment)
+    }
+}
+
+/// The vote resolving an outcome review with `resolution` (every test vote is built from
+/// [`approve`], the one place that lists the vote's fields).
+pub fn resolve(
+    actor: &str,
+    resolution: phrony_ledger::ReviewResolution,
+    comment: &str,
+) -> phrony_ledger::Vote {
+    phrony_ledger::Vote {
+        decision: resolution.decision(),
+        resolution: Some(resolution),
         ..approve(actor, comment)
     }
 }
