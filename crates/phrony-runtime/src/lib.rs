@@ -28,6 +28,11 @@
 //! # Ok(()) }
 //! ```
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "phrony-runtime is the daemon's assembly crate: it reads the process environment and hands the libraries values"
+)]
+
 pub mod config;
 pub mod daemon;
 pub mod logging;

@@ -10,6 +10,11 @@
 //! every crate, the ledger and the server edge included, can take it as a dev-dependency
 //! without a second copy of itself in its test build.
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "dev-only test support: the test database URL and skip switch come from the environment"
+)]
+
 pub mod fake_api;
 pub mod postgres;
 pub mod proxy;

@@ -7,6 +7,14 @@
 //! - [`sessions`] and [`tui`]: sessions and approvals through it, the attach TUI in a terminal.
 
 #![allow(
+    clippy::too_many_lines,
+    reason = "a test scenario reads top to bottom as one story; splitting it would hide its steps"
+)]
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests: switches such as PHRONY_TEST_SKIP_TMUX come from the environment"
+)]
+#![allow(
     clippy::unwrap_used,
     reason = "tests: a panic is a failed assertion, with its message"
 )]
