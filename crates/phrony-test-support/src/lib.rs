@@ -16,6 +16,8 @@
 )]
 
 pub mod fake_api;
+#[cfg(feature = "model")]
+pub mod fake_model;
 pub mod postgres;
 pub mod proxy;
 pub mod stub;

@@ -1,6 +1,6 @@
 //! The same flows on the durable ledger: SQLite (a temporary file) always, PostgreSQL (a fresh
-//! database per test on `PHRONY_TEST_POSTGRES_URL`, default
-//! `postgres://postgres@127.0.0.1:5432/postgres`) unless `PHRONY_TEST_SKIP_POSTGRES=1`.
+//! database per test from `phrony_test_support::postgres::PgDatabase`, on
+//! `PHRONY_TEST_POSTGRES_URL`) unless it is unreachable and `PHRONY_TEST_SKIP_POSTGRES=1`.
 #![allow(clippy::unwrap_used, reason = "tests: a panic is a failed assertion")]
 
 use std::sync::Arc;
@@ -9,83 +9,41 @@ use std::time::Duration;
 use crate::common::*;
 use phrony_engine::{Engine, EngineDeps, ErrorKind, LedgerStore, ManualClock};
 use phrony_ledger::{ApprovalStatus, Ledger, SessionStatus};
+use phrony_test_support::postgres::PgDatabase;
 use serde_json::json;
-use sqlx::Connection as _;
-use sqlx::Executor as _;
-use uuid::Uuid;
 
-const DEFAULT_ADMIN_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
-
-/// A fresh database, dropped (PostgreSQL) or deleted (SQLite) at the end.
-struct Db {
-    url: String,
-    _dir: Option<tempfile::TempDir>,
-    pg: Option<(String, String)>,
-}
-
-impl Drop for Db {
-    fn drop(&mut self) {
-        let Some((admin, name)) = self.pg.take() else {
-            return;
-        };
-        let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async {
-                if let Ok(mut c) = sqlx::PgConnection::connect(&admin).await {
-                    let _ = c
-                        .execute(
-                            format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)").as_str(),
-                        )
-                        .await;
-                }
-            });
-        })
-        .join();
-    }
+/// A fresh database: SQLite in a temporary directory (deleted at the end), or a throw-away
+/// PostgreSQL database ([`PgDatabase`], dropped at the end).
+enum Db {
+    Sqlite {
+        url: String,
+        _dir: tempfile::TempDir,
+    },
+    Postgres(PgDatabase),
 }
 
 impl Db {
     fn sqlite() -> Self {
         let dir = tempfile::tempdir().unwrap();
         let url = format!("sqlite://{}", dir.path().join("phrony.db").display());
-        Self {
-            url,
-            _dir: Some(dir),
-            pg: None,
-        }
+        Self::Sqlite { url, _dir: dir }
     }
 
+    /// `None` when PostgreSQL is unreachable and `PHRONY_TEST_SKIP_POSTGRES=1`.
     async fn postgres() -> Option<Self> {
-        let admin = std::env::var("PHRONY_TEST_POSTGRES_URL")
-            .unwrap_or_else(|_| DEFAULT_ADMIN_URL.to_owned());
-        let mut conn = match sqlx::PgConnection::connect(&admin).await {
-            Ok(c) => c,
-            Err(e) if std::env::var("PHRONY_TEST_SKIP_POSTGRES").as_deref() == Ok("1") => {
-                eprintln!("skipping PostgreSQL test: {e}");
-                return None;
-            }
-            Err(e) => panic!(
-                "PostgreSQL at {admin} is unreachable: {e}; set PHRONY_TEST_SKIP_POSTGRES=1 to skip"
-            ),
-        };
-        let name = format!("phrony_engine_test_{}", Uuid::new_v4().simple());
-        conn.execute(format!("CREATE DATABASE \"{name}\"").as_str())
-            .await
-            .unwrap();
-        let base = admin.rsplit_once('/').map_or(admin.as_str(), |(b, _)| b);
-        Some(Self {
-            url: format!("{base}/{name}"),
-            _dir: None,
-            pg: Some((admin, name)),
-        })
+        PgDatabase::create().await.map(Self::Postgres)
+    }
+
+    fn url(&self) -> &str {
+        match self {
+            Self::Sqlite { url, .. } => url,
+            Self::Postgres(db) => db.url(),
+        }
     }
 
     /// The ledger on this database, its times following `clock`.
     async fn ledger(&self, clock: &Arc<ManualClock>) -> Ledger {
-        let ledger = Ledger::connect_with(&self.url, ledger_options(clock))
+        let ledger = Ledger::connect_with(self.url(), ledger_options(clock))
             .await
             .unwrap();
         ledger.migrate().await.unwrap();
