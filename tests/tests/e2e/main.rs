@@ -5,6 +5,7 @@
 //! - [`lifecycle`]: the real daemon driven by the real CLI.
 //! - [`guard_rails`]: the layering rules of ARCHITECTURE.md on the sources and the dependency graph.
 //! - [`sessions`] and [`tui`]: sessions and approvals through it, the attach TUI in a terminal.
+//! - [`tables`]: CLI tables as redacted insta snapshots (`snapshots/`).
 
 #![allow(
     clippy::too_many_lines,
@@ -24,4 +25,5 @@ mod guard_rails;
 mod lifecycle;
 mod schema;
 mod sessions;
+mod tables;
 mod tui;
