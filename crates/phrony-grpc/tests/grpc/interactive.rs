@@ -13,7 +13,6 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt as _;
 use pb::run_session_interactive_client_msg::Body as Up;
 use pb::run_session_interactive_server_msg::Body as Down;
 use phrony_engine::ProviderFactory;
