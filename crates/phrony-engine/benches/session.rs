@@ -6,9 +6,8 @@
 #[path = "../tests/engine/common/mod.rs"]
 mod common;
 
-use common::{AgentOptions, Harness, Step, approve, refund};
+use common::{AgentOptions, Harness, Step, VoteTarget, approve, refund};
 use criterion::{Criterion, criterion_group, criterion_main};
-use phrony_engine::VoteTarget;
 use phrony_ledger::SessionStatus;
 use serde_json::json;
 

@@ -15,7 +15,7 @@ use tests::cli::table;
 /// # Panics
 /// When a built-in pattern does not compile (a bug here).
 #[must_use]
-pub fn redacted(stdout: &str) -> String {
+pub(crate) fn redacted(stdout: &str) -> String {
     let kinds = [
         // A session id (`run_<uuid>`) before a bare UUID, so it keeps its own name.
         (

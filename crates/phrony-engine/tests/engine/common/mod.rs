@@ -239,6 +239,10 @@ spec:
 // ---------------------------------------------------------------------------------------------
 // The scripted model.
 
+#[allow(
+    unused_imports,
+    reason = "the test binary uses `completed`; the bench, which shares this file, does not"
+)]
 pub use phrony_test_support::fake_model::{Script, Step, completed};
 
 /// A [`ProviderFactory`] handing out providers that play one shared script.
