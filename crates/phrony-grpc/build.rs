@@ -3,6 +3,11 @@
 //! prost messages and tonic server (`grpc.health.v1.rs`) and `health_descriptor_set.bin` for
 //! server reflection.
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "a build script reads what cargo sets in its environment (OUT_DIR, CARGO_MANIFEST_DIR)"
+)]
+
 use std::env;
 use std::error::Error;
 use std::path::PathBuf;

@@ -4,6 +4,11 @@
 //! - `phrony_descriptor_set.bin`: the encoded `FileDescriptorSet` (with imports
 //!   and comments) served by gRPC reflection.
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "a build script reads what cargo sets in its environment (OUT_DIR, CARGO_MANIFEST_DIR)"
+)]
+
 use std::env;
 use std::error::Error;
 use std::path::PathBuf;

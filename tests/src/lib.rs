@@ -15,6 +15,11 @@
 //! The generic helpers (worker, proxy, the stub agent's files, throw-away PostgreSQL databases)
 //! live in `phrony-test-support`, shared with the other crates' tests; they are re-exported here.
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "test support: it finds cargo through the environment cargo sets"
+)]
+
 pub mod cli;
 pub mod daemon;
 pub mod stub;

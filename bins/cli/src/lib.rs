@@ -5,6 +5,11 @@
 //! binary only parses its arguments and calls these two. Each subcommand lives in its own
 //! module under `cmd`.
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "the CLI binary's behaviour: it reads the process environment (PHRONY_*, NO_COLOR, secrets) for its commands"
+)]
+
 mod cmd;
 pub mod exit;
 

@@ -6,7 +6,7 @@
 #[path = "../tests/engine/common/mod.rs"]
 mod common;
 
-use common::{AgentOptions, Harness, Step, approve, refund};
+use common::{AgentOptions, Harness, Step, VoteTarget, approve, refund};
 use criterion::{Criterion, criterion_group, criterion_main};
 use phrony_ledger::SessionStatus;
 use serde_json::json;
@@ -55,7 +55,7 @@ fn sessions(c: &mut Criterion) {
                     .unwrap();
                 let approval = h.pending_approval(&s.id).await;
                 h.engine
-                    .decide_approval(approval.id, approve("emad", "ok"))
+                    .vote(VoteTarget::Approval(approval.id), approve("emad", "ok"))
                     .await
                     .unwrap();
                 let done = h.engine.wait_for(&s.id, &[]).await.unwrap();

@@ -24,7 +24,9 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use chrono::{DateTime, Utc};
 use phrony_ledger::{
-    ApprovalStatus, Event, Session, SessionStatus, Usage, error_codes, event_types as types,
+    ApprovalRequired, ApprovalStatus, ApprovalVoted, AssistantSegment, CallStatus, Event,
+    EventBody, ModelCompletion, Session, SessionStatus, SessionTransition, ToolCompleted,
+    ToolRequested, Usage, VoteDecision, error_codes, event_types as types,
 };
 use phrony_manifest::CompiledAgent;
 use serde_json::{Map, Value};
@@ -32,10 +34,8 @@ use uuid::Uuid;
 
 use crate::calls::LIMIT_TOOL;
 use crate::engine::Engine;
-use crate::error::{EngineError, ErrorKind};
-use crate::fold::{
-    FAILURE_KEY, LIMIT_PREFIX, TRIGGER_KEY, engine_events, failure_text, rejection_text,
-};
+use crate::error::{EngineError, ErrorKind, StoreError};
+use crate::fold::{FAILURE_KEY, LIMIT_PREFIX, TRIGGER_KEY, failure_text, rejection_text};
 use crate::state::StreamingText;
 use crate::subscribe::{SessionUpdate, Subscription};
 
@@ -333,22 +333,14 @@ pub struct SessionView {
     replay: Vec<Activity>,
 }
 
-fn text_of(p: &Value, key: &str) -> String {
-    p.get(key).and_then(Value::as_str).unwrap_or("").to_owned()
+/// A stored optional text that is present and not empty.
+fn non_empty(text: Option<String>) -> Option<String> {
+    text.filter(|s| !s.is_empty())
 }
 
-fn opt_text(p: &Value, key: &str) -> Option<String> {
-    p.get(key)
-        .and_then(Value::as_str)
-        .filter(|s| !s.is_empty())
-        .map(str::to_owned)
-}
-
-fn u32_of(p: &Value, key: &str) -> u32 {
-    p.get(key)
-        .and_then(Value::as_u64)
-        .and_then(|v| u32::try_from(v).ok())
-        .unwrap_or(0)
+/// The ledger's `BadEvent` for an event the schema cannot read, as an engine error.
+fn body_of(event: &Event) -> Result<EventBody, EngineError> {
+    Ok(event.body().map_err(StoreError::from)?)
 }
 
 fn add_usage(total: &mut Usage, u: &Usage) {
@@ -383,9 +375,12 @@ impl SessionView {
     }
 
     /// The items of one update of a [`Subscription`].
-    pub fn update(&mut self, update: &SessionUpdate) -> Vec<Activity> {
-        match update {
-            SessionUpdate::Event(event) => self.apply(event),
+    ///
+    /// # Errors
+    /// As [`SessionView::apply`], for an event the schema cannot read.
+    pub fn update(&mut self, update: &SessionUpdate) -> Result<Vec<Activity>, EngineError> {
+        Ok(match update {
+            SessionUpdate::Event(event) => self.apply(event)?,
             SessionUpdate::TextDelta {
                 turn,
                 iteration,
@@ -395,7 +390,7 @@ impl SessionView {
                 .delta(*turn, *iteration, *offset, text)
                 .into_iter()
                 .collect(),
-        }
+        })
     }
 
     /// The items of a streamed delta: its text, unless it was already shown, belongs to a
@@ -429,283 +424,262 @@ impl SessionView {
     }
 
     /// The items of one event (none for events at or before the last one applied).
-    pub fn apply(&mut self, event: &Event) -> Vec<Activity> {
+    ///
+    /// # Errors
+    /// The ledger's `BadEvent` (an `Internal` error) for an event the schema cannot read: the
+    /// view never guesses a default for a renamed or missing field.
+    pub fn apply(&mut self, event: &Event) -> Result<Vec<Activity>, EngineError> {
         if event.seq <= self.last_seq {
-            return Vec::new();
+            return Ok(Vec::new());
         }
+        let body = body_of(event)?;
         self.last_seq = event.seq;
-        let p = &event.payload;
-        let mut out = Vec::new();
-        match event.event_type.as_str() {
-            types::SESSION_STARTED => {
-                self.status = Some(
-                    text_of(p, "status")
-                        .parse()
-                        .unwrap_or(SessionStatus::Running),
-                );
+        let ts = event.ts;
+        Ok(match body {
+            EventBody::SessionStarted(s) => {
+                self.status = Some(s.status);
+                Vec::new()
             }
-            types::SESSION_STATUS_CHANGED => {
-                let Ok(to) = text_of(p, "to").parse::<SessionStatus>() else {
-                    return out;
-                };
-                let reason = opt_text(p, "reason");
-                self.status = Some(to);
-                if to == SessionStatus::AwaitingInput
-                    && let Some(r) = reason.as_ref().filter(|r| r.starts_with(LIMIT_PREFIX))
-                {
-                    self.blocked = Some(r.clone());
-                }
-                out.push(Activity::Status { status: to, reason });
-                if to == SessionStatus::AwaitingInput {
-                    out.push(Activity::AwaitingInput(self.awaiting_input()));
-                }
-            }
-            types::SESSION_COMPLETED => {
-                let output = p.get("output").cloned().unwrap_or(Value::Null);
-                let stop_reason = output
-                    .get("stop_reason")
-                    .and_then(Value::as_str)
-                    .map(str::to_owned)
-                    .or_else(|| self.last_stop_reason());
-                out.push(self.end(
-                    SessionStatus::Completed,
-                    event.ts,
-                    Activity::Completed(Completion {
-                        stop_reason,
-                        output,
-                        stats: self.stats(),
-                        ended_at: event.ts,
-                    }),
-                ));
-            }
-            types::SESSION_FAILED => {
-                let message = opt_text(p, "message")
-                    .or_else(|| opt_text(p, "reason"))
+            EventBody::SessionStatusChanged(t) => self.status_changed(t),
+            EventBody::SessionCompleted(t) => vec![self.session_completed(t, ts)],
+            EventBody::SessionFailed(t) => {
+                let message = non_empty(t.message)
+                    .or_else(|| non_empty(t.reason))
                     .unwrap_or_else(|| "session failed".to_owned());
-                out.push(self.end(
-                    SessionStatus::Failed,
-                    event.ts,
-                    Activity::Failed { message },
-                ));
+                vec![self.end(SessionStatus::Failed, ts, Activity::Failed { message })]
             }
-            types::SESSION_CANCELLED => {
-                out.push(self.end(
-                    SessionStatus::Cancelled,
-                    event.ts,
-                    Activity::Cancelled { ended_at: event.ts },
-                ));
-            }
-            types::MESSAGE_USER => {
+            EventBody::SessionCancelled(_) => vec![self.end(
+                SessionStatus::Cancelled,
+                ts,
+                Activity::Cancelled { ended_at: ts },
+            )],
+            EventBody::MessageUser(m) => {
                 let turn = event.turn.unwrap_or_else(|| {
                     self.users
                         .keys()
                         .next_back()
                         .map_or(1, |t| t.saturating_add(1))
                 });
-                self.users.insert(turn, text_of(p, "content"));
+                self.users.insert(turn, m.content);
+                Vec::new()
             }
-            engine_events::MODEL_COMPLETION => {
-                if let Ok(record) =
-                    serde_json::from_value::<phrony_ledger::ModelCompletion>(p.clone())
-                {
-                    self.start_turn(record.turn);
-                    add_usage(
-                        self.usage.entry(record.turn).or_default(),
-                        &Usage {
-                            input_tokens: record.usage.input_tokens,
-                            output_tokens: record.usage.output_tokens,
-                            estimated: record.usage.estimated,
-                        },
-                    );
-                    let key = (record.turn, record.iteration);
-                    let sent = self.forwarded.remove(&key).map_or(0, |f| f.sent);
-                    self.forwarded.retain(|k, _| *k > key);
-                    self.closed = Some((key, sent));
-                }
+            EventBody::ModelCompletion(record) => {
+                self.model_completion(&record);
+                Vec::new()
             }
-            types::MESSAGE_ASSISTANT => {
-                let turn = event.turn.unwrap_or(self.current_turn.max(1));
-                self.start_turn(turn);
-                let content = text_of(p, "content");
-                let shown = match &mut self.closed {
-                    Some(((t, _), sent)) if *t == turn => std::mem::take(sent),
-                    _ => 0,
-                };
-                if let Some(rest) = content.get(shown.min(content.len())..)
-                    && !rest.is_empty()
-                {
-                    out.push(Activity::Text(rest.to_owned()));
-                }
-                let entry = self.assistant.entry(turn).or_default();
-                // One turn can take several completions (text, tool calls, more text): keep
-                // their texts apart in the history.
-                if !entry.text.is_empty() && !content.is_empty() {
-                    entry.text.push_str("\n\n");
-                }
-                entry.text.push_str(&content);
-                if let Some(stop_reason) = opt_text(p, "stop_reason") {
-                    entry.stop_reason = Some(stop_reason);
-                    entry.duration_ms = p.get("turn_duration_ms").and_then(Value::as_u64);
-                    self.last_finished = Some(self.last_finished.map_or(turn, |t| t.max(turn)));
-                    if turn == self.current_turn {
-                        self.turn_open = false;
-                        self.replay.clear();
-                    }
-                }
-            }
-            types::TOOL_REQUESTED => {
-                let call_id = text_of(p, "call_id");
-                if text_of(p, "tool") == LIMIT_TOOL {
-                    self.limit_calls.insert(call_id);
-                    return out;
-                }
-                let turn = p
-                    .get("turn")
-                    .and_then(Value::as_u64)
-                    .and_then(|t| u32::try_from(t).ok())
-                    .or(event.turn)
-                    .unwrap_or(self.current_turn);
-                self.start_turn(turn);
-                let call = Activity::ToolCall(ToolCallActivity {
-                    call_id,
-                    tool: text_of(p, "tool"),
-                    version: text_of(p, "version"),
-                    wire_name: opt_text(p, "wire_name"),
-                    args: p
-                        .get("args")
-                        .cloned()
-                        .unwrap_or_else(|| Value::Object(Map::new())),
-                });
-                out.push(self.replayed(call));
-            }
-            types::TOOL_COMPLETED => {
-                let status = text_of(p, "status");
-                let activity = if status == phrony_ledger::CallStatus::Succeeded.as_str() {
-                    ToolResultActivity {
-                        call_id: text_of(p, "call_id"),
-                        result: Some(p.get("result").cloned().unwrap_or(Value::Null)),
-                        error_code: None,
-                        error_message: None,
-                        policy_ref: None,
-                    }
-                } else {
-                    let code = text_of(p, "error_code");
-                    let message = text_of(p, "error_message");
-                    ToolResultActivity {
-                        call_id: text_of(p, "call_id"),
-                        result: None,
-                        error_message: Some(failure_text(&code, &message)),
-                        error_code: Some(code).filter(|c| !c.is_empty()),
-                        policy_ref: None,
-                    }
-                };
-                out.extend(self.result(activity));
-            }
-            types::TOOL_POLICY_DENIED => {
-                out.extend(self.result(ToolResultActivity {
-                    call_id: text_of(p, "call_id"),
+            EventBody::MessageAssistant(m) => self.assistant_segment(event.turn, m),
+            EventBody::ToolRequested(r) => self.tool_requested(r),
+            EventBody::ToolCompleted(c) => self.result(tool_result(c)).into_iter().collect(),
+            EventBody::ToolPolicyDenied(d) => self
+                .result(ToolResultActivity {
+                    call_id: d.call_id,
                     result: None,
                     error_code: Some(error_codes::POLICY_DENIED.to_owned()),
-                    error_message: Some(text_of(p, "reason")),
-                    policy_ref: opt_text(p, "policy_ref"),
-                }));
+                    error_message: Some(d.reason),
+                    policy_ref: non_empty(d.policy_ref),
+                })
+                .into_iter()
+                .collect(),
+            EventBody::ToolCancelled(c) => self
+                .result(ToolResultActivity {
+                    call_id: c.call_id,
+                    result: None,
+                    error_code: Some(
+                        if c.after_dispatch {
+                            error_codes::CANCELLED_AFTER_DISPATCH
+                        } else {
+                            error_codes::CANCELLED
+                        }
+                        .to_owned(),
+                    ),
+                    error_message: Some(format!("tool call cancelled: {}", c.reason)),
+                    policy_ref: None,
+                })
+                .into_iter()
+                .collect(),
+            EventBody::ApprovalRequired(a) => vec![self.approval_required(a)],
+            EventBody::ApprovalVote(v) => self.vote(v).into_iter().collect(),
+            EventBody::ApprovalDecided(d) => {
+                let review = d.resolution.is_some();
+                self.decided(
+                    Decided {
+                        approval_id: d.approval_id,
+                        call_id: d.call_id,
+                        status: d.status,
+                        decided_by: d.decided_by,
+                        comment: d.comment,
+                    },
+                    review,
+                )
             }
-            types::TOOL_CANCELLED => {
-                out.extend(
-                    self.result(ToolResultActivity {
-                        call_id: text_of(p, "call_id"),
-                        result: None,
-                        error_code: Some(
-                            if p.get("after_dispatch").and_then(Value::as_bool) == Some(true) {
-                                error_codes::CANCELLED_AFTER_DISPATCH
-                            } else {
-                                error_codes::CANCELLED
-                            }
-                            .to_owned(),
-                        ),
-                        error_message: Some(format!(
-                            "tool call cancelled: {}",
-                            text_of(p, "reason")
-                        )),
-                        policy_ref: None,
-                    }),
-                );
-            }
-            types::APPROVAL_REQUIRED => {
-                if let Some(request) = approval_request(p) {
-                    let runtime = &request.policy_runtime;
-                    if runtime.contains_key(TRIGGER_KEY) {
-                        let failure = runtime
-                            .get(FAILURE_KEY)
-                            .and_then(Value::as_str)
-                            .map_or_else(|| request.reason.clone(), str::to_owned);
-                        self.failure_approvals.insert(request.approval_id, failure);
-                    }
-                    self.approval_status
-                        .insert(request.approval_id, ApprovalStatus::Pending);
-                    self.approval_order.push(request.approval_id);
-                    self.approvals.insert(request.approval_id, request.clone());
-                    out.push(self.replayed(Activity::ApprovalRequired(request)));
-                }
-            }
-            types::APPROVAL_VOTE => {
-                let Some(id) = p
-                    .get("approval_id")
-                    .and_then(Value::as_str)
-                    .and_then(|s| Uuid::parse_str(s).ok())
-                else {
-                    return out;
-                };
-                let Some(request) = self.approvals.get_mut(&id) else {
-                    return out;
-                };
-                if text_of(p, "decision") != phrony_ledger::VoteDecision::Approve.as_str() {
-                    // A reject decides the approval: its `approval.decided` follows.
-                    return out;
-                }
-                request.approvals_received = request.approvals_received.saturating_add(1);
-                if request.approvals_received < request.approvals_required {
-                    let decision = ApprovalDecision {
-                        approval_id: id,
-                        call_id: request.call_id.clone(),
-                        status: ApprovalStatus::Pending,
-                        decided_by: text_of(p, "decided_by"),
-                        comment: text_of(p, "comment"),
-                        approvals_received: request.approvals_received,
-                        approvals_required: request.approvals_required,
-                    };
-                    out.push(self.replayed(Activity::ApprovalDecided(decision)));
-                }
-            }
-            types::APPROVAL_DECIDED | types::APPROVAL_ESCALATED => {
-                out.extend(self.decided(event));
-            }
-            _ => {}
+            EventBody::ApprovalEscalated(e) => self.decided(
+                Decided {
+                    approval_id: e.approval_id,
+                    call_id: e.call_id,
+                    status: ApprovalStatus::Escalated,
+                    decided_by: e.decided_by,
+                    comment: e.comment,
+                },
+                false,
+            ),
+            EventBody::SessionPrincipal(_)
+            | EventBody::EvidenceRecorded(_)
+            | EventBody::ToolQueued(_)
+            | EventBody::ToolDispatched(_)
+            | EventBody::ToolLateResult(_)
+            | EventBody::ToolIndeterminate(_)
+            | EventBody::AgentVersionPublished(_)
+            | EventBody::AgentDeployed(_)
+            | EventBody::AgentRolledBack(_)
+            | EventBody::AgentVersionDeprecated(_)
+            | EventBody::AgentVersionRetired(_)
+            | EventBody::AgentArchived(_) => Vec::new(),
+        })
+    }
+
+    fn status_changed(&mut self, t: SessionTransition) -> Vec<Activity> {
+        let to = t.to;
+        let reason = non_empty(t.reason);
+        self.status = Some(to);
+        if to == SessionStatus::AwaitingInput
+            && let Some(r) = reason.as_ref().filter(|r| r.starts_with(LIMIT_PREFIX))
+        {
+            self.blocked = Some(r.clone());
+        }
+        let mut out = vec![Activity::Status { status: to, reason }];
+        if to == SessionStatus::AwaitingInput {
+            out.push(Activity::AwaitingInput(self.awaiting_input()));
         }
         out
     }
 
-    fn decided(&mut self, event: &Event) -> Vec<Activity> {
-        let p = &event.payload;
-        let Some(id) = p
-            .get("approval_id")
+    fn session_completed(&mut self, t: SessionTransition, ts: DateTime<Utc>) -> Activity {
+        let output = t.output.unwrap_or(Value::Null);
+        // The session output (§5.9) is the engine's own object, not part of the event schema.
+        let stop_reason = output
+            .get("stop_reason")
             .and_then(Value::as_str)
-            .and_then(|s| Uuid::parse_str(s).ok())
-        else {
-            return Vec::new();
+            .map(str::to_owned)
+            .or_else(|| self.last_stop_reason());
+        let completion = Activity::Completed(Completion {
+            stop_reason,
+            output,
+            stats: self.stats(),
+            ended_at: ts,
+        });
+        self.end(SessionStatus::Completed, ts, completion)
+    }
+
+    fn model_completion(&mut self, record: &ModelCompletion) {
+        self.start_turn(record.turn);
+        add_usage(self.usage.entry(record.turn).or_default(), &record.usage);
+        let key = (record.turn, record.iteration);
+        let sent = self.forwarded.remove(&key).map_or(0, |f| f.sent);
+        self.forwarded.retain(|k, _| *k > key);
+        self.closed = Some((key, sent));
+    }
+
+    fn assistant_segment(&mut self, turn: Option<u32>, m: AssistantSegment) -> Vec<Activity> {
+        let mut out = Vec::new();
+        let turn = turn.unwrap_or(self.current_turn.max(1));
+        self.start_turn(turn);
+        let content = m.content;
+        let shown = match &mut self.closed {
+            Some(((t, _), sent)) if *t == turn => std::mem::take(sent),
+            _ => 0,
         };
-        let status = if event.event_type == types::APPROVAL_ESCALATED {
-            ApprovalStatus::Escalated
-        } else {
-            match text_of(p, "status").parse() {
-                Ok(s) => s,
-                Err(_) => return Vec::new(),
+        if let Some(rest) = content.get(shown.min(content.len())..)
+            && !rest.is_empty()
+        {
+            out.push(Activity::Text(rest.to_owned()));
+        }
+        let entry = self.assistant.entry(turn).or_default();
+        // One turn can take several completions (text, tool calls, more text): keep their
+        // texts apart in the history.
+        if !entry.text.is_empty() && !content.is_empty() {
+            entry.text.push_str("\n\n");
+        }
+        entry.text.push_str(&content);
+        if let Some(stop_reason) = non_empty(m.stop_reason) {
+            entry.stop_reason = Some(stop_reason);
+            entry.duration_ms = m.turn_duration_ms;
+            self.last_finished = Some(self.last_finished.map_or(turn, |t| t.max(turn)));
+            if turn == self.current_turn {
+                self.turn_open = false;
+                self.replay.clear();
             }
+        }
+        out
+    }
+
+    fn tool_requested(&mut self, r: ToolRequested) -> Vec<Activity> {
+        if r.tool == LIMIT_TOOL {
+            self.limit_calls.insert(r.call_id);
+            return Vec::new();
+        }
+        self.start_turn(r.turn);
+        let call = Activity::ToolCall(ToolCallActivity {
+            call_id: r.call_id,
+            tool: r.tool,
+            version: r.version,
+            wire_name: non_empty(r.wire_name),
+            args: r.args,
+        });
+        vec![self.replayed(call)]
+    }
+
+    fn approval_required(&mut self, a: ApprovalRequired) -> Activity {
+        let request = approval_request(a);
+        let runtime = &request.policy_runtime;
+        if runtime.contains_key(TRIGGER_KEY) {
+            // The failure the trigger reports is the policy's own runtime map entry.
+            let failure = match runtime.get(FAILURE_KEY) {
+                Some(Value::String(failure)) => failure.clone(),
+                _ => request.reason.clone(),
+            };
+            self.failure_approvals.insert(request.approval_id, failure);
+        }
+        self.approval_status
+            .insert(request.approval_id, ApprovalStatus::Pending);
+        self.approval_order.push(request.approval_id);
+        self.approvals.insert(request.approval_id, request.clone());
+        self.replayed(Activity::ApprovalRequired(request))
+    }
+
+    fn vote(&mut self, v: ApprovalVoted) -> Option<Activity> {
+        let request = self.approvals.get_mut(&v.approval_id)?;
+        if v.decision != VoteDecision::Approve {
+            // A reject decides the approval: its `approval.decided` follows.
+            return None;
+        }
+        request.approvals_received = request.approvals_received.saturating_add(1);
+        if request.approvals_received >= request.approvals_required {
+            return None;
+        }
+        let decision = ApprovalDecision {
+            approval_id: v.approval_id,
+            call_id: request.call_id.clone(),
+            status: ApprovalStatus::Pending,
+            decided_by: v.decided_by,
+            comment: v.comment,
+            approvals_received: request.approvals_received,
+            approvals_required: request.approvals_required,
         };
+        Some(self.replayed(Activity::ApprovalDecided(decision)))
+    }
+
+    /// An approval's decision or escalation; `review` for an outcome review's (its
+    /// `happened`/`fail` outcome is the `tool.completed` that follows, a `resend` the worker's
+    /// new result).
+    fn decided(&mut self, d: Decided, review: bool) -> Vec<Activity> {
+        let Decided {
+            approval_id: id,
+            call_id,
+            status,
+            decided_by,
+            comment,
+        } = d;
         self.approval_status.insert(id, status);
-        let call_id = text_of(p, "call_id");
-        let decided_by = text_of(p, "decided_by");
-        let comment = text_of(p, "comment");
         let (received, required) = self
             .approvals
             .get(&id)
@@ -720,9 +694,7 @@ impl SessionView {
             approvals_required: required,
         }))];
         let outcome = match status {
-            // An outcome review: its `happened`/`fail` outcome is the `tool.completed` that
-            // follows, a `resend` the worker's new result.
-            _ if p.get("resolution").is_some() => None,
+            _ if review => None,
             ApprovalStatus::Denied => Some((
                 error_codes::APPROVAL_DENIED,
                 match self.failure_approvals.get(&id) {
@@ -747,7 +719,6 @@ impl SessionView {
         }
         out
     }
-
     /// A call's outcome, once per call (limit escalations are not model calls).
     fn result(&mut self, activity: ToolResultActivity) -> Option<Activity> {
         if self.limit_calls.contains(&activity.call_id)
@@ -959,45 +930,58 @@ impl SessionView {
     }
 }
 
-fn approval_request(p: &Value) -> Option<ApprovalRequest> {
-    let approval_id = Uuid::parse_str(p.get("approval_id")?.as_str()?).ok()?;
-    Some(ApprovalRequest {
-        approval_id,
-        kind: p
-            .get("kind")
-            .and_then(Value::as_str)
-            .and_then(|k| k.parse().ok())
-            .unwrap_or_default(),
-        call_id: text_of(p, "call_id"),
-        tool: text_of(p, "tool"),
-        version: text_of(p, "version"),
-        args: p
-            .get("args")
-            .cloned()
-            .unwrap_or_else(|| Value::Object(Map::new())),
-        route: text_of(p, "route"),
-        reason: text_of(p, "reason"),
-        authority_ref: text_of(p, "authority_ref"),
-        policy_ref: opt_text(p, "policy_ref"),
-        policy_runtime: p
-            .get("policy_runtime")
-            .and_then(Value::as_object)
-            .cloned()
-            .unwrap_or_default(),
-        approvals_required: u32_of(p, "approvals_required").max(1),
+/// What an approval decision or escalation says, for the view.
+struct Decided {
+    approval_id: Uuid,
+    call_id: String,
+    status: ApprovalStatus,
+    decided_by: String,
+    comment: String,
+}
+
+/// A finished call's outcome, as the model receives it.
+fn tool_result(c: ToolCompleted) -> ToolResultActivity {
+    if c.status == CallStatus::Succeeded {
+        ToolResultActivity {
+            call_id: c.call_id,
+            result: Some(c.result.unwrap_or(Value::Null)),
+            error_code: None,
+            error_message: None,
+            policy_ref: None,
+        }
+    } else {
+        let code = c.error_code.unwrap_or_default();
+        let message = c.error_message.unwrap_or_default();
+        ToolResultActivity {
+            call_id: c.call_id,
+            result: None,
+            error_message: Some(failure_text(&code, &message)),
+            error_code: Some(code).filter(|c| !c.is_empty()),
+            policy_ref: None,
+        }
+    }
+}
+
+fn approval_request(a: ApprovalRequired) -> ApprovalRequest {
+    ApprovalRequest {
+        approval_id: a.approval_id,
+        kind: a.kind,
+        call_id: a.call_id,
+        tool: a.tool,
+        version: a.version,
+        args: a.args,
+        route: a.route,
+        reason: a.reason,
+        authority_ref: a.authority_ref,
+        policy_ref: non_empty(a.policy_ref),
+        policy_runtime: a.policy_runtime,
+        approvals_required: a.approvals_required.max(1),
         approvals_received: 0,
-        comprehension_required: p
-            .get("comprehension_required")
-            .and_then(Value::as_bool)
-            .unwrap_or(false),
-        on_reject: text_of(p, "on_reject"),
-        on_modify: text_of(p, "on_modify"),
-        expires_at: p
-            .get("expires_at")
-            .and_then(Value::as_str)
-            .and_then(|s| DateTime::parse_from_rfc3339(s).ok())
-            .map(|t| t.with_timezone(&Utc)),
-    })
+        comprehension_required: a.comprehension_required,
+        on_reject: a.on_reject.as_str().to_owned(),
+        on_modify: a.on_modify.as_str().to_owned(),
+        expires_at: a.expires_at,
+    }
 }
 
 impl Engine {
@@ -1029,22 +1013,25 @@ impl Engine {
             })?;
         let mut view = SessionView::default();
         let mut evidence = None;
-        let mut read = |view: &mut SessionView, page: &[Event]| {
+        let mut read = |view: &mut SessionView, page: &[Event]| -> Result<(), EngineError> {
             for event in page {
-                if event.event_type == types::EVIDENCE_RECORDED {
-                    evidence = Some(event.payload.clone());
+                if event.event_type == types::EVIDENCE_RECORDED
+                    && let EventBody::EvidenceRecorded(snapshot) = body_of(event)?
+                {
+                    evidence = Some(Value::Object(snapshot));
                 }
                 if from == AttachFrom::Now {
-                    view.apply(event);
+                    view.apply(event)?;
                 }
             }
+            Ok(())
         };
         let mut last = 0;
         loop {
             let page = inner.store.events_after(session_id, last, 500).await?;
             let Some(end) = page.last() else { break };
             last = end.seq;
-            read(&mut view, &page);
+            read(&mut view, &page)?;
             if from == AttachFrom::Start {
                 // Only the evidence is needed; it is recorded when the session starts.
                 break;
@@ -1073,7 +1060,7 @@ impl Engine {
                     if newer.is_empty() {
                         break streaming;
                     }
-                    read(&mut view, &newer);
+                    read(&mut view, &newer)?;
                 };
                 if view.ended() {
                     // It ended meanwhile: the catch-up carries the terminal item.

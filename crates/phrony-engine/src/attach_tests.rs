@@ -38,7 +38,7 @@ impl Log {
 
     fn completion(&mut self, turn: u32, iteration: u32) -> Event {
         self.event(
-            engine_events::MODEL_COMPLETION,
+            types::MODEL_COMPLETION,
             Some(turn),
             json!({"turn": turn, "iteration": iteration, "stop_reason": "end_turn",
                    "usage": {"input_tokens": 20, "output_tokens": 5}, "duration_ms": 3}),
@@ -73,10 +73,13 @@ fn streamed_text_is_shown_once() {
     shown.extend(view.delta(1, 0, 7, "issued."));
     // A delta delivered twice (e.g. by a catch-up and the subscription) is shown once.
     shown.extend(view.delta(1, 0, 7, "issued."));
-    shown.extend(view.apply(&log.completion(1, 0)));
+    shown.extend(view.apply(&log.completion(1, 0)).unwrap());
     // A delta that arrives after its completion was recorded is dropped.
     shown.extend(view.delta(1, 0, 7, "issued."));
-    shown.extend(view.apply(&log.assistant(1, "Refund issued.", Some("end_turn"))));
+    shown.extend(
+        view.apply(&log.assistant(1, "Refund issued.", Some("end_turn")))
+            .unwrap(),
+    );
     assert_eq!(texts(&shown), "Refund issued.");
 }
 
@@ -89,14 +92,21 @@ fn a_missed_delta_is_filled_in_from_the_recorded_message() {
     // "up " was lost (a slow subscriber); what follows is not shown out of order.
     shown.extend(view.delta(1, 0, 11, "the order."));
     assert_eq!(texts(&shown), "Looking ");
-    shown.extend(view.apply(&log.completion(1, 0)));
-    shown.extend(view.apply(&log.assistant(1, "Looking up the order.", None)));
+    shown.extend(view.apply(&log.completion(1, 0)).unwrap());
+    shown.extend(
+        view.apply(&log.assistant(1, "Looking up the order.", None))
+            .unwrap(),
+    );
     assert_eq!(texts(&shown), "Looking up the order.");
     // A client that saw no delta at all gets the whole text from the event.
     let mut log = Log::new();
     let mut fresh = SessionView::default();
-    let mut all = fresh.apply(&log.completion(1, 0));
-    all.extend(fresh.apply(&log.assistant(1, "Looking up the order.", None)));
+    let mut all = fresh.apply(&log.completion(1, 0)).unwrap();
+    all.extend(
+        fresh
+            .apply(&log.assistant(1, "Looking up the order.", None))
+            .unwrap(),
+    );
     assert_eq!(texts(&all), "Looking up the order.");
 }
 
@@ -108,11 +118,17 @@ fn deltas_of_the_next_completion_may_overtake_the_previous_ones_events() {
     shown.extend(view.delta(1, 0, 0, "Let me look. "));
     // The second completion streams before the first one's events were read.
     shown.extend(view.delta(1, 1, 0, "Found "));
-    shown.extend(view.apply(&log.completion(1, 0)));
-    shown.extend(view.apply(&log.assistant(1, "Let me look. ", None)));
+    shown.extend(view.apply(&log.completion(1, 0)).unwrap());
+    shown.extend(
+        view.apply(&log.assistant(1, "Let me look. ", None))
+            .unwrap(),
+    );
     shown.extend(view.delta(1, 1, 6, "it."));
-    shown.extend(view.apply(&log.completion(1, 1)));
-    shown.extend(view.apply(&log.assistant(1, "Found it.", Some("end_turn"))));
+    shown.extend(view.apply(&log.completion(1, 1)).unwrap());
+    shown.extend(
+        view.apply(&log.assistant(1, "Found it.", Some("end_turn")))
+            .unwrap(),
+    );
     assert_eq!(texts(&shown), "Let me look. Found it.");
 }
 
@@ -156,9 +172,11 @@ fn votes_below_the_quorum_are_pending_decisions() {
     let mut log = Log::new();
     let mut view = SessionView::default();
     let id = Uuid::new_v4();
-    let opened = view.apply(&approval_required(&mut log, id, 2));
+    let opened = view.apply(&approval_required(&mut log, id, 2)).unwrap();
     assert!(matches!(&opened[..], [Activity::ApprovalRequired(r)] if r.approvals_required == 2));
-    let first = view.apply(&vote(&mut log, id, "emad", "approved", "ok"));
+    let first = view
+        .apply(&vote(&mut log, id, "emad", "approved", "ok"))
+        .unwrap();
     let [Activity::ApprovalDecided(d)] = &first[..] else {
         panic!("{first:?}")
     };
@@ -169,9 +187,12 @@ fn votes_below_the_quorum_are_pending_decisions() {
     // The deciding vote shows only as the decision.
     assert!(
         view.apply(&vote(&mut log, id, "sara", "approved", ""))
+            .unwrap()
             .is_empty()
     );
-    let done = view.apply(&decided(&mut log, id, "approved", "sara", ""));
+    let done = view
+        .apply(&decided(&mut log, id, "approved", "sara", ""))
+        .unwrap();
     let [Activity::ApprovalDecided(d)] = &done[..] else {
         panic!("{done:?}")
     };
@@ -186,12 +207,15 @@ fn a_rejection_is_the_calls_result_with_the_comment() {
     let mut log = Log::new();
     let mut view = SessionView::default();
     let id = Uuid::new_v4();
-    view.apply(&approval_required(&mut log, id, 1));
+    view.apply(&approval_required(&mut log, id, 1)).unwrap();
     assert!(
         view.apply(&vote(&mut log, id, "emad", "denied", "No damage claim."))
+            .unwrap()
             .is_empty()
     );
-    let out = view.apply(&decided(&mut log, id, "denied", "emad", "No damage claim."));
+    let out = view
+        .apply(&decided(&mut log, id, "denied", "emad", "No damage claim."))
+        .unwrap();
     let [Activity::ApprovalDecided(d), Activity::ToolResult(r)] = &out[..] else {
         panic!("{out:?}")
     };
@@ -202,10 +226,36 @@ fn a_rejection_is_the_calls_result_with_the_comment() {
         Some("tool call c1 was rejected by emad: No damage claim.")
     );
     // A later cancellation of the same call is not a second result.
-    let again = view.apply(&log.event(
-        types::TOOL_CANCELLED,
-        None,
-        json!({"call_id": "c1", "from": "failed", "reason": "session ended"}),
-    ));
+    let again = view
+        .apply(&log.event(
+            types::TOOL_CANCELLED,
+            None,
+            json!({"call_id": "c1", "from": "failed", "reason": "session ended"}),
+        ))
+        .unwrap();
     assert!(again.is_empty(), "{again:?}");
+}
+
+#[test]
+fn an_event_the_schema_cannot_read_is_an_error_not_a_default() {
+    let mut log = Log::new();
+    let mut view = SessionView::default();
+    // A renamed field: `text` instead of `content`.
+    let renamed = log.event(
+        types::MESSAGE_ASSISTANT,
+        Some(1),
+        json!({"role": "assistant", "text": "Refund issued."}),
+    );
+    let err = view.apply(&renamed).unwrap_err();
+    assert_eq!(err.kind, ErrorKind::Internal);
+    assert!(
+        err.message
+            .contains("seq 1: event type message.assistant: payload")
+            && err.message.contains("missing field `content`"),
+        "{err}"
+    );
+    assert_eq!(view.last_seq(), 0, "the unreadable event is not applied");
+    let unknown = log.event("tool.teleported", None, json!({}));
+    let err = view.apply(&unknown).unwrap_err();
+    assert!(err.message.contains("unknown event type"), "{err}");
 }

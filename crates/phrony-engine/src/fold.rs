@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use phrony_ledger::{
     ApprovalStatus, CallStatus, Event, EventBody, ModelCompletion, Reasoning, SessionStatus,
-    TurnUsage,
+    ToolCompleted, ToolRequested, TurnUsage,
 };
 use phrony_providers::{ContentBlock, Message, ReasoningBlock, Role, Usage};
 use serde::Serialize;
@@ -366,33 +366,7 @@ impl Fold {
                 self.user_turns.insert(turn);
                 self.users.insert(turn, m.content);
             }
-            EventBody::ModelCompletion(stored) => {
-                let record = CompletionRecord::from(stored);
-                self.start_activity(record.turn);
-                if self
-                    .open
-                    .as_ref()
-                    .is_some_and(|o| o.turn != record.turn || o.iteration != Some(record.iteration))
-                {
-                    self.finalize_open();
-                }
-                self.open = Some(OpenAssistant {
-                    turn: record.turn,
-                    iteration: Some(record.iteration),
-                    text: String::new(),
-                    reasoning: record.reasoning.clone(),
-                    calls: Vec::new(),
-                });
-                self.completions += 1;
-                self.tokens_used = self.tokens_used.saturating_add(record.usage.total());
-                let u = self.turn_usage.entry(record.turn).or_default();
-                u.input_tokens = u.input_tokens.saturating_add(record.usage.input_tokens);
-                u.output_tokens = u.output_tokens.saturating_add(record.usage.output_tokens);
-                u.estimated |= record.usage.estimated;
-                let next = self.next_iteration.entry(record.turn).or_default();
-                *next = (*next).max(record.iteration + 1);
-                self.last_completion = Some(record);
-            }
+            EventBody::ModelCompletion(stored) => self.model_completion(stored),
             EventBody::MessageAssistant(m) => {
                 let turn = event.turn.unwrap_or(self.max_started_turn);
                 self.start_activity(turn);
@@ -417,51 +391,8 @@ impl Fold {
                 }
             }
             EventBody::ToolRequested(r) if r.tool == LIMIT_TOOL => {}
-            EventBody::ToolRequested(r) => {
-                let turn = r.turn;
-                let iteration = Some(r.iteration);
-                self.start_activity(turn);
-                let same = self.open.as_ref().is_some_and(|o| {
-                    o.turn == turn && (o.iteration.is_none() || o.iteration == iteration)
-                });
-                if !same {
-                    self.finalize_open();
-                    self.open = Some(OpenAssistant {
-                        turn,
-                        iteration,
-                        text: String::new(),
-                        reasoning: Vec::new(),
-                        calls: Vec::new(),
-                    });
-                }
-                if let Some(open) = self.open.as_mut() {
-                    if open.iteration.is_none() {
-                        open.iteration = iteration;
-                    }
-                    let name = r.wire_name.unwrap_or(r.tool);
-                    open.calls.push((r.index, r.call_id, name, r.args));
-                }
-            }
-            EventBody::ToolCompleted(c) => {
-                let outcome = if c.status == CallStatus::Succeeded {
-                    let result = c.result.unwrap_or(Value::Null);
-                    let content = match (c.resolved_by.as_deref(), result) {
-                        (Some(by), result) => confirmed_text(by, &result),
-                        (None, Value::Null) => "{}".to_owned(),
-                        (None, other) => other.to_string(),
-                    };
-                    (content, false)
-                } else {
-                    (
-                        failure_text(
-                            c.error_code.as_deref().unwrap_or_default(),
-                            c.error_message.as_deref().unwrap_or_default(),
-                        ),
-                        true,
-                    )
-                };
-                self.results.insert(c.call_id, outcome);
-            }
+            EventBody::ToolRequested(r) => self.tool_requested(r),
+            EventBody::ToolCompleted(c) => self.tool_completed(c),
             EventBody::ToolPolicyDenied(d) => {
                 self.results.insert(d.call_id, (d.reason, true));
             }
@@ -535,6 +466,85 @@ impl Fold {
             | EventBody::TokenRevoked(_) => {}
         }
         Ok(())
+    }
+
+    /// A completion opens its assistant message and counts its usage.
+    fn model_completion(&mut self, stored: ModelCompletion) {
+        let record = CompletionRecord::from(stored);
+        self.start_activity(record.turn);
+        if self
+            .open
+            .as_ref()
+            .is_some_and(|o| o.turn != record.turn || o.iteration != Some(record.iteration))
+        {
+            self.finalize_open();
+        }
+        self.open = Some(OpenAssistant {
+            turn: record.turn,
+            iteration: Some(record.iteration),
+            text: String::new(),
+            reasoning: record.reasoning.clone(),
+            calls: Vec::new(),
+        });
+        self.completions += 1;
+        self.tokens_used = self.tokens_used.saturating_add(record.usage.total());
+        let u = self.turn_usage.entry(record.turn).or_default();
+        u.input_tokens = u.input_tokens.saturating_add(record.usage.input_tokens);
+        u.output_tokens = u.output_tokens.saturating_add(record.usage.output_tokens);
+        u.estimated |= record.usage.estimated;
+        let next = self.next_iteration.entry(record.turn).or_default();
+        *next = (*next).max(record.iteration + 1);
+        self.last_completion = Some(record);
+    }
+
+    /// A model call joins the assistant message of its completion.
+    fn tool_requested(&mut self, r: ToolRequested) {
+        let turn = r.turn;
+        let iteration = Some(r.iteration);
+        self.start_activity(turn);
+        let same = self
+            .open
+            .as_ref()
+            .is_some_and(|o| o.turn == turn && (o.iteration.is_none() || o.iteration == iteration));
+        if !same {
+            self.finalize_open();
+            self.open = Some(OpenAssistant {
+                turn,
+                iteration,
+                text: String::new(),
+                reasoning: Vec::new(),
+                calls: Vec::new(),
+            });
+        }
+        if let Some(open) = self.open.as_mut() {
+            if open.iteration.is_none() {
+                open.iteration = iteration;
+            }
+            let name = r.wire_name.unwrap_or(r.tool);
+            open.calls.push((r.index, r.call_id, name, r.args));
+        }
+    }
+
+    /// A call's outcome, as the model receives it.
+    fn tool_completed(&mut self, c: ToolCompleted) {
+        let outcome = if c.status == CallStatus::Succeeded {
+            let result = c.result.unwrap_or(Value::Null);
+            let content = match (c.resolved_by.as_deref(), result) {
+                (Some(by), result) => confirmed_text(by, &result),
+                (None, Value::Null) => "{}".to_owned(),
+                (None, other) => other.to_string(),
+            };
+            (content, false)
+        } else {
+            (
+                failure_text(
+                    c.error_code.as_deref().unwrap_or_default(),
+                    c.error_message.as_deref().unwrap_or_default(),
+                ),
+                true,
+            )
+        };
+        self.results.insert(c.call_id, outcome);
     }
 
     /// Places the user messages of every turn up to `turn` before `turn`'s model activity.

@@ -19,13 +19,13 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use chrono::{DateTime, Utc};
 use phrony_ledger::event_types as types;
 use phrony_ledger::{
-    Approval, ApprovalStatus, CallStatus, Event, Session, SessionTimeline, TimelineEvent,
-    ToolInvocation, Usage, VoteDecision,
+    Approval, ApprovalStatus, CallStatus, Event, EventBody, Session, SessionTimeline,
+    TimelineEvent, ToolInvocation, Usage, VoteDecision,
 };
 use serde_json::Value;
 
-use crate::error::EngineError;
-use crate::fold::{Fold, engine_events};
+use crate::error::{EngineError, StoreError};
+use crate::fold::Fold;
 use crate::store::LedgerStore;
 
 /// The longest text (message content, reason, comment) a summary quotes before shortening it.
@@ -51,20 +51,6 @@ pub struct InspectedSession {
     pub evidence: Option<Value>,
     /// Its direct children, oldest first.
     pub children: Vec<InspectedSession>,
-}
-
-/// A recorded usage object (`turn_usage`, `session_usage`, a completion's `usage`); absent
-/// counts are 0.
-fn usage_from_json(v: &Value) -> Option<Usage> {
-    if !v.is_object() {
-        return None;
-    }
-    let n = |k: &str| v.get(k).and_then(Value::as_u64).unwrap_or(0);
-    Some(Usage {
-        input_tokens: n("input_tokens"),
-        output_tokens: n("output_tokens"),
-        estimated: v.get("estimated").and_then(Value::as_bool).unwrap_or(false),
-    })
 }
 
 /// One finished turn.
@@ -97,33 +83,29 @@ pub struct SessionOutput {
 
 impl SessionOutput {
     fn from_fold(fold: &Fold) -> Self {
-        let out = fold.output();
-        let turns = fold
-            .turns
-            .iter()
-            .map(|t| TurnSummary {
-                turn: t.turn,
-                stop_reason: t.stop_reason.clone(),
-                usage: t.turn_usage.map(Usage::from),
-                duration_ms: t.turn_duration_ms,
-            })
-            .collect();
+        let mut session_usage = Usage::default();
+        for u in fold.turns.iter().filter_map(|t| t.turn_usage) {
+            session_usage.input_tokens = session_usage.input_tokens.saturating_add(u.input_tokens);
+            session_usage.output_tokens =
+                session_usage.output_tokens.saturating_add(u.output_tokens);
+            session_usage.estimated |= u.estimated;
+        }
+        let last = fold.turns.last();
         Self {
-            message: out
-                .get("message")
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_owned(),
-            stop_reason: out
-                .get("stop_reason")
-                .and_then(Value::as_str)
-                .map(str::to_owned),
-            turn_usage: out.get("turn_usage").and_then(usage_from_json),
-            session_usage: out
-                .get("session_usage")
-                .and_then(usage_from_json)
-                .unwrap_or_default(),
-            turns,
+            message: fold.last_assistant.clone().unwrap_or_default(),
+            stop_reason: last.map(|t| t.stop_reason.clone()),
+            turn_usage: last.and_then(|t| t.turn_usage).map(Usage::from),
+            session_usage,
+            turns: fold
+                .turns
+                .iter()
+                .map(|t| TurnSummary {
+                    turn: t.turn,
+                    stop_reason: t.stop_reason.clone(),
+                    usage: t.turn_usage.map(Usage::from),
+                    duration_ms: t.turn_duration_ms,
+                })
+                .collect(),
         }
     }
 }
@@ -276,8 +258,8 @@ pub fn inspect(timeline: SessionTimeline) -> Result<Inspection, EngineError> {
         let mut evidence = None;
         for e in own {
             fold.apply(e)?;
-            if e.event_type == types::EVIDENCE_RECORDED {
-                evidence = Some(e.payload.clone());
+            if let EventBody::EvidenceRecorded(snapshot) = e.body().map_err(StoreError::from)? {
+                evidence = Some(Value::Object(snapshot));
             }
         }
         nodes.insert(
@@ -306,7 +288,7 @@ pub fn inspect(timeline: SessionTimeline) -> Result<Inspection, EngineError> {
             at: e.event.ts,
             gap_ms: 0,
             kind: e.event.event_type.clone(),
-            summary: event_summary(&e.event, &calls),
+            summary: event_summary(&e.event, &calls)?,
             session_id: e.session_id.clone(),
             depth: e.depth,
             seq: e.event.seq,
@@ -416,16 +398,17 @@ fn short(text: &str) -> String {
     out
 }
 
-fn s<'a>(p: &'a Value, key: &str) -> &'a str {
-    p.get(key).and_then(Value::as_str).unwrap_or("")
-}
-
 fn with_detail(head: String, detail: &str) -> String {
     if detail.trim().is_empty() {
         head
     } else {
         format!("{head}: {}", short(detail))
     }
+}
+
+/// An optional stored text, empty when absent.
+fn or_empty(text: Option<&str>) -> &str {
+    text.unwrap_or("")
 }
 
 fn tool_of(call_id: Option<&str>, calls: &HashMap<&str, &ToolInvocation>) -> (String, String) {
@@ -443,103 +426,162 @@ fn tool_label(tool: &str, version: &str) -> String {
     }
 }
 
-fn usage_suffix(p: &Value, usage_key: &str, duration_key: &str) -> String {
+fn usage_suffix(usage: Option<Usage>, duration_ms: Option<u64>) -> String {
     let mut out = String::new();
-    if let Some(u) = p.get(usage_key).and_then(usage_from_json) {
+    if let Some(u) = usage {
         let total = u.input_tokens.saturating_add(u.output_tokens);
         out.push_str(&format!(" tokens={total}"));
     }
-    if let Some(ms) = p.get(duration_key).and_then(Value::as_u64) {
+    if let Some(ms) = duration_ms {
         out.push_str(&format!(" duration_ms={ms}"));
     }
     out
 }
 
-/// The one-line summary of an event.
-fn event_summary(e: &Event, calls: &HashMap<&str, &ToolInvocation>) -> String {
-    let p = &e.payload;
-    let call_id = e.call_id.as_deref().unwrap_or("");
-    let (tool, version) = tool_of(e.call_id.as_deref(), calls);
-    let label = || {
-        let t = if s(p, "tool").is_empty() {
-            tool.clone()
-        } else {
-            s(p, "tool").to_owned()
-        };
-        let v = if s(p, "version").is_empty() {
-            version.clone()
-        } else {
-            s(p, "version").to_owned()
-        };
-        tool_label(&t, &v)
-    };
-    match e.event_type.as_str() {
-        types::SESSION_STARTED => {
-            let mode = s(p, "mode");
-            format!(
-                "session started: {}/{}@{}{} by {}",
-                s(p, "agent_namespace"),
-                s(p, "agent_name"),
-                s(p, "agent_version"),
-                if mode.is_empty() {
-                    String::new()
-                } else {
-                    format!(" mode={mode}")
-                },
-                e.actor_display()
-            )
+/// Who recorded an event, as a summary names them.
+fn actor_label(event: &Event) -> String {
+    event.actor_display()
+}
+
+/// The event's call, as summaries name it: its id and the tool it calls (the call's own
+/// record when the event does not name the tool).
+struct CallLabel {
+    call_id: String,
+    tool: String,
+    version: String,
+}
+
+impl CallLabel {
+    fn new(event: &Event, calls: &HashMap<&str, &ToolInvocation>) -> Self {
+        let (tool, version) = tool_of(event.call_id.as_deref(), calls);
+        Self {
+            call_id: event.call_id.clone().unwrap_or_default(),
+            tool,
+            version,
         }
-        types::SESSION_STATUS_CHANGED => with_detail(
-            format!("status {} → {}", s(p, "from"), s(p, "to")),
-            s(p, "reason"),
+    }
+
+    /// `tool@version`, preferring what the event itself records.
+    fn label(&self, tool: &str, version: &str) -> String {
+        let t = if tool.is_empty() { &self.tool } else { tool };
+        let v = if version.is_empty() {
+            &self.version
+        } else {
+            version
+        };
+        tool_label(t, v)
+    }
+
+    /// `tool@version` from the call's record.
+    fn recorded(&self) -> String {
+        self.label("", "")
+    }
+}
+
+/// The one-line summary of an event.
+///
+/// # Errors
+/// The ledger's `BadEvent` for an event the schema cannot read.
+fn event_summary(e: &Event, calls: &HashMap<&str, &ToolInvocation>) -> Result<String, EngineError> {
+    let body = e.body().map_err(StoreError::from)?;
+    let call = CallLabel::new(e, calls);
+    Ok(match body {
+        EventBody::SessionStarted(s) => format!(
+            "session started: {}/{}@{} mode={} by {}",
+            s.agent_namespace,
+            s.agent_name,
+            s.agent_version,
+            s.mode,
+            actor_label(e)
         ),
-        types::SESSION_COMPLETED => with_detail(
-            format!("session completed by {}", e.actor_display()),
-            s(p, "reason"),
+        EventBody::SessionStatusChanged(t) => with_detail(
+            format!("status {} → {}", t.from, t.to),
+            or_empty(t.reason.as_deref()),
         ),
-        types::SESSION_FAILED => with_detail("session failed".to_owned(), s(p, "message")),
-        types::SESSION_CANCELLED => with_detail(
-            format!("session cancelled by {}", e.actor_display()),
-            s(p, "reason"),
+        EventBody::SessionCompleted(t) => with_detail(
+            format!("session completed by {}", actor_label(e)),
+            or_empty(t.reason.as_deref()),
         ),
-        types::MESSAGE_USER => format!("user ({}): {}", e.actor_display(), short(s(p, "content"))),
-        types::MESSAGE_ASSISTANT => {
-            let reason = s(p, "stop_reason");
-            let head = if reason.is_empty() {
-                "assistant".to_owned()
-            } else {
-                format!("assistant ({reason})")
+        EventBody::SessionFailed(t) => {
+            with_detail("session failed".to_owned(), or_empty(t.message.as_deref()))
+        }
+        EventBody::SessionCancelled(t) => with_detail(
+            format!("session cancelled by {}", actor_label(e)),
+            or_empty(t.reason.as_deref()),
+        ),
+        EventBody::SessionPrincipal(_) => "principal claims recorded".to_owned(),
+        EventBody::MessageUser(m) => format!("user ({}): {}", actor_label(e), short(&m.content)),
+        EventBody::MessageAssistant(m) => {
+            let head = match m.stop_reason.as_deref() {
+                None | Some("") => "assistant".to_owned(),
+                Some(reason) => format!("assistant ({reason})"),
             };
             format!(
                 "{head}: {}{}",
-                short(s(p, "content")),
-                usage_suffix(p, "turn_usage", "turn_duration_ms")
+                short(&m.content),
+                usage_suffix(m.turn_usage.map(Usage::from), m.turn_duration_ms)
             )
         }
-        types::EVIDENCE_RECORDED => {
-            let owner = s(p, "owner");
-            if owner.is_empty() {
-                "evidence recorded".to_owned()
-            } else {
-                format!("evidence recorded (owner {owner})")
+        EventBody::ModelCompletion(c) => format!(
+            "model completion turn={} iteration={} stop={} tool_calls={}{}",
+            c.turn,
+            c.iteration,
+            c.stop_reason,
+            c.tool_calls.len(),
+            usage_suffix(Some(c.usage), Some(c.duration_ms))
+        ),
+        EventBody::EvidenceRecorded(snapshot) => {
+            // The snapshot (§5.11) is the evidence provider's object, not part of the schema.
+            match snapshot.get("owner").and_then(Value::as_str) {
+                None | Some("") => "evidence recorded".to_owned(),
+                Some(owner) => format!("evidence recorded (owner {owner})"),
             }
         }
-        types::TOOL_REQUESTED => format!("tool_call {} call_id={call_id}", label()),
-        types::TOOL_QUEUED => format!("tool queued {} call_id={call_id}", label()),
-        types::TOOL_DISPATCHED => format!(
+        EventBody::ApprovalRequired(_)
+        | EventBody::ApprovalVote(_)
+        | EventBody::ApprovalDecided(_)
+        | EventBody::ApprovalEscalated(_) => approval_summary(body, &call),
+        EventBody::AgentVersionPublished(_)
+        | EventBody::AgentDeployed(_)
+        | EventBody::AgentRolledBack(_)
+        | EventBody::AgentVersionDeprecated(_)
+        | EventBody::AgentVersionRetired(_)
+        | EventBody::AgentArchived(_) => format!("{} by {}", e.event_type, actor_label(e)),
+        EventBody::ToolRequested(_)
+        | EventBody::ToolQueued(_)
+        | EventBody::ToolDispatched(_)
+        | EventBody::ToolCompleted(_)
+        | EventBody::ToolLateResult(_)
+        | EventBody::ToolIndeterminate(_)
+        | EventBody::ToolPolicyDenied(_)
+        | EventBody::ToolCancelled(_) => tool_summary(body, &call),
+    })
+}
+
+/// The summary of a tool-call event (`body` is one).
+fn tool_summary(body: EventBody, call: &CallLabel) -> String {
+    let call_id = &call.call_id;
+    match body {
+        EventBody::ToolRequested(r) => {
+            format!(
+                "tool_call {} call_id={call_id}",
+                call.label(&r.tool, &r.version)
+            )
+        }
+        EventBody::ToolQueued(_) => format!("tool queued {} call_id={call_id}", call.recorded()),
+        EventBody::ToolDispatched(d) => format!(
             "tool dispatched {} to worker {} attempt={} call_id={call_id}",
-            label(),
-            s(p, "worker_id"),
-            p.get("attempt").and_then(Value::as_u64).unwrap_or(1)
+            call.label(&d.tool, &d.version),
+            d.worker_id,
+            d.attempt
         ),
-        types::TOOL_COMPLETED => {
-            let code = s(p, "error_code");
-            let status = s(p, "status");
-            if code.is_empty() && status == CallStatus::Succeeded.as_str() {
-                format!("tool_result {} ok call_id={call_id}", label())
+        EventBody::ToolCompleted(c) => {
+            let code = or_empty(c.error_code.as_deref());
+            if code.is_empty() && c.status == CallStatus::Succeeded {
+                format!("tool_result {} ok call_id={call_id}", call.recorded())
             } else {
-                let head = format!("tool_result {} {status}", label());
-                let detail = match (code.is_empty(), s(p, "error_message")) {
+                let head = format!("tool_result {} {}", call.recorded(), c.status);
+                let detail = match (code.is_empty(), or_empty(c.error_message.as_deref())) {
                     (true, m) => m.to_owned(),
                     (false, "") => code.to_owned(),
                     (false, m) => format!("{code}: {m}"),
@@ -547,94 +589,75 @@ fn event_summary(e: &Event, calls: &HashMap<&str, &ToolInvocation>) -> String {
                 format!("{} call_id={call_id}", with_detail(head, &detail))
             }
         }
-        types::TOOL_LATE_RESULT => with_detail(
-            format!("late tool result for {} ignored", label()),
-            s(p, "reason"),
+        EventBody::ToolLateResult(l) => with_detail(
+            format!("late tool result for {} ignored", call.recorded()),
+            &l.reason,
         ),
-        types::TOOL_INDETERMINATE => with_detail(
-            format!("tool outcome indeterminate {} call_id={call_id}", label()),
-            s(p, "reason"),
+        EventBody::ToolIndeterminate(i) => with_detail(
+            format!(
+                "tool outcome indeterminate {} call_id={call_id}",
+                call.recorded()
+            ),
+            &i.reason,
         ),
-        types::TOOL_POLICY_DENIED => {
-            let policy = s(p, "policy_ref");
-            let head = with_detail(format!("policy denied {}", tool_or(&tool)), s(p, "reason"));
-            if policy.is_empty() {
-                head
-            } else {
-                format!("{head} ({policy})")
+        EventBody::ToolPolicyDenied(d) => {
+            let head = with_detail(format!("policy denied {}", tool_or(&call.tool)), &d.reason);
+            match d.policy_ref.as_deref() {
+                None | Some("") => head,
+                Some(policy) => format!("{head} ({policy})"),
             }
         }
-        types::TOOL_CANCELLED => with_detail(
-            format!("tool call cancelled {} call_id={call_id}", label()),
-            s(p, "reason"),
+        EventBody::ToolCancelled(c) => with_detail(
+            format!("tool call cancelled {} call_id={call_id}", call.recorded()),
+            &c.reason,
         ),
-        types::APPROVAL_REQUIRED => {
-            let policy = s(p, "policy_ref");
+        other => other.event_type().to_owned(),
+    }
+}
+
+/// The summary of an approval event (`body` is one).
+fn approval_summary(body: EventBody, call: &CallLabel) -> String {
+    match body {
+        EventBody::ApprovalRequired(a) => {
             let head = with_detail(
                 format!(
                     "approval required for {} route={} quorum={}",
-                    label(),
-                    s(p, "route"),
-                    p.get("approvals_required")
-                        .and_then(Value::as_u64)
-                        .unwrap_or(1)
+                    call.label(&a.tool, &a.version),
+                    a.route,
+                    a.approvals_required
                 ),
-                s(p, "reason"),
+                &a.reason,
             );
-            if policy.is_empty() {
-                head
-            } else {
-                format!("{head} ({policy})")
+            match a.policy_ref.as_deref() {
+                None | Some("") => head,
+                Some(policy) => format!("{head} ({policy})"),
             }
         }
-        types::APPROVAL_VOTE => {
-            let decision = s(p, "decision");
-            let verb = match decision.parse() {
-                Ok(VoteDecision::Approve) => "approve",
-                Ok(VoteDecision::Reject) => "reject",
-                Err(_) => decision,
+        EventBody::ApprovalVote(v) => {
+            let verb = match v.decision {
+                VoteDecision::Approve => "approve",
+                VoteDecision::Reject => "reject",
             };
-            with_detail(
-                // The vote's event is the voter's: its attribution is the voter's.
-                format!("vote {verb} by {}", e.actor_display()),
-                s(p, "comment"),
-            )
+            with_detail(format!("vote {verb} by {}", actor_label(e)), &v.comment)
         }
-        types::APPROVAL_DECIDED if p.get("resolution").is_some() => with_detail(
-            format!(
-                "outcome review resolved {} by {}",
-                s(p, "resolution"),
-                s(p, "decided_by")
+        EventBody::ApprovalDecided(d) => match d.resolution {
+            Some(resolution) => with_detail(
+                format!("outcome review resolved {resolution} by {}", d.decided_by),
+                &d.comment,
             ),
-            s(p, "comment"),
-        ),
-        types::APPROVAL_DECIDED => with_detail(
-            format!("approval {} by {}", s(p, "status"), s(p, "decided_by")),
-            s(p, "comment"),
-        ),
-        types::APPROVAL_ESCALATED => with_detail(
+            None => with_detail(
+                format!("approval {} by {}", d.status, d.decided_by),
+                &d.comment,
+            ),
+        },
+        EventBody::ApprovalEscalated(x) => with_detail(
             format!(
                 "approval escalated to {} by {}",
-                s(p, "escalated_to"),
-                s(p, "decided_by")
+                x.escalated_to, x.decided_by
             ),
-            s(p, "comment"),
+            &x.comment,
         ),
-        engine_events::MODEL_COMPLETION => {
-            let calls = p
-                .get("tool_calls")
-                .and_then(Value::as_array)
-                .map_or(0, Vec::len);
-            format!(
-                "model completion turn={} iteration={} stop={} tool_calls={calls}{}",
-                p.get("turn").and_then(Value::as_u64).unwrap_or(0),
-                p.get("iteration").and_then(Value::as_u64).unwrap_or(0),
-                s(p, "stop_reason"),
-                usage_suffix(p, "usage", "duration_ms")
-            )
-        }
-        engine_events::SESSION_PRINCIPAL => "principal claims recorded".to_owned(),
-        other => format!("{other} by {}", e.actor_display()),
+        other => other.event_type().to_owned(),
     }
 }
 

@@ -114,18 +114,6 @@ impl Engine {
         })
     }
 
-    /// [`Engine::vote`] on an approval by id.
-    ///
-    /// # Errors
-    /// As [`Engine::vote`].
-    pub async fn decide_approval(
-        &self,
-        approval_id: Uuid,
-        vote: Vote,
-    ) -> Result<VoteAnswer, EngineError> {
-        self.vote(VoteTarget::Approval(approval_id), vote).await
-    }
-
     /// The approval a vote is for.
     async fn vote_target(&self, target: VoteTarget) -> Result<Approval, EngineError> {
         let store = &self.inner.store;

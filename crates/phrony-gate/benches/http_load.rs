@@ -11,6 +11,10 @@
 //! `LOAD_SECONDS` (default 5) and `LOAD_CONCURRENCY` (default 16) tune the run.
 
 #![allow(
+    clippy::disallowed_methods,
+    reason = "a benchmark: its run is tuned through the environment (LOAD_*)"
+)]
+#![allow(
     clippy::unwrap_used,
     reason = "a benchmark: a failure is a crash with its message"
 )]

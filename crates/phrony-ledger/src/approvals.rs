@@ -1358,176 +1358,9 @@ pub(crate) async fn close_for_call(
 pub(crate) async fn apply(conn: &mut Conn<'_>, event: &Event, body: &EventBody) -> Result<()> {
     let ts = event.ts;
     match body {
-        EventBody::ApprovalRequired(p) => {
-            let timeout = p.timeout.as_ref();
-            let rows = conn
-                .execute(
-                    "project approval",
-                    "INSERT INTO approvals (id, session_id, call_id, parent_approval_id, status, \
-                     route, reason, tool, tool_version, args, call_hash, agent_version_id, \
-                     agent_ref, policy_ref, policy_runtime, authority_ref, approvals_required, \
-                     approvals_received, comprehension_required, on_reject, on_modify, \
-                     timeout_default, escalation_depth, expires_at, created_at, timeout_minutes, \
-                     escalate_route, escalate_after_minutes, kind, allow_self_approval) \
-                     VALUES ($1, $2, $3, $4, 'pending', $5, $6, $7, $8, $9, $10, $11, $12, $13, \
-                     $14, $15, $16, 0, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, \
-                     $28)",
-                    vec![
-                        Arg::from(p.approval_id),
-                        Arg::from(event.stream.as_str()),
-                        Arg::from(p.call_id.as_str()),
-                        Arg::from(p.parent_approval_id),
-                        Arg::from(p.route.as_str()),
-                        Arg::from(p.reason.as_str()),
-                        Arg::from(p.tool.as_str()),
-                        Arg::from(p.version.as_str()),
-                        Arg::Json(p.args.clone()),
-                        Arg::from(p.call_hash.as_str()),
-                        Arg::from(p.agent_version_id),
-                        Arg::from(p.agent_ref.as_str()),
-                        Arg::from(p.policy_ref.clone()),
-                        Arg::Json(Value::Object(p.policy_runtime.clone())),
-                        Arg::from(p.authority_ref.as_str()),
-                        Arg::from(i64::from(p.approvals_required)),
-                        Arg::from(p.comprehension_required),
-                        Arg::from(p.on_reject.as_str()),
-                        Arg::from(p.on_modify.as_str()),
-                        Arg::from(timeout.map(|t| t.default.as_str())),
-                        Arg::from(i64::from(p.escalation_depth)),
-                        Arg::from(p.expires_at),
-                        Arg::from(ts),
-                        Arg::from(timeout.map(|t| i64::from(t.after_minutes))),
-                        Arg::from(timeout.and_then(|t| t.escalate_to_route.clone())),
-                        Arg::from(timeout.and_then(|t| t.escalate_after_minutes.map(i64::from))),
-                        Arg::from(p.kind.as_str()),
-                        Arg::from(p.allow_self_approval),
-                    ],
-                )
-                .await?;
-            expect_rows(rows, 1, event)?;
-            let rows = conn
-                .execute(
-                    "project call awaiting approval",
-                    "UPDATE tool_invocations SET status = 'awaiting_approval', updated_at = $2 \
-                     WHERE call_id = $1",
-                    args![p.call_id.as_str(), ts],
-                )
-                .await?;
-            expect_rows(rows, 1, event)
-        }
-        EventBody::ApprovalVote(p) => {
-            conn.execute(
-                "project vote",
-                "INSERT INTO approval_votes (approval_id, decided_by, decision, comment, \
-                 comprehension_acknowledged, edited_args, created_at, verification, via) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
-                vec![
-                    Arg::from(p.approval_id),
-                    Arg::from(p.decided_by.as_str()),
-                    Arg::from(p.decision.as_str()),
-                    Arg::from(p.comment.as_str()),
-                    Arg::from(p.comprehension_acknowledged),
-                    Arg::OptJson(p.edited_args.clone()),
-                    Arg::from(ts),
-                    // The voter's attribution is the vote event's (one source of truth for
-                    // the re-fold).
-                    Arg::from(event.actor_verification.map(Verification::as_str)),
-                    Arg::from(event.actor_via.clone()),
-                ],
-            )
-            .await?;
-            if p.decision == VoteDecision::Approve {
-                let rows = conn
-                    .execute(
-                        "project approve vote",
-                        "UPDATE approvals SET approvals_received = approvals_received + 1, \
-                         effective_args = COALESCE(effective_args, $2) WHERE id = $1",
-                        vec![
-                            Arg::from(p.approval_id),
-                            Arg::OptJson(p.edited_args.clone()),
-                        ],
-                    )
-                    .await?;
-                expect_rows(rows, 1, event)?;
-            }
-            Ok(())
-        }
-        EventBody::ApprovalDecided(p) => {
-            let rows = conn
-                .execute(
-                    "project approval decision",
-                    "UPDATE approvals SET status = $2, decided_by = $3, comment = $4, \
-                     decided_at = $5, effective_args = COALESCE($6, effective_args), \
-                     resolution = $7 WHERE id = $1 AND status = 'pending'",
-                    vec![
-                        Arg::from(p.approval_id),
-                        Arg::from(p.status.as_str()),
-                        Arg::from(p.decided_by.as_str()),
-                        Arg::from(p.comment.as_str()),
-                        Arg::from(ts),
-                        Arg::OptJson(p.effective_args.clone()),
-                        Arg::from(p.resolution.map(|r| r.as_str())),
-                    ],
-                )
-                .await?;
-            expect_rows(rows, 1, event)?;
-            if matches!(
-                p.resolution,
-                Some(ReviewResolution::Happened | ReviewResolution::Fail)
-            ) {
-                // The call's outcome is the `tool.completed` event that follows.
-                return Ok(());
-            }
-            let message = if p.comment.is_empty() {
-                "tool call denied".to_owned()
-            } else {
-                p.comment.clone()
-            };
-            // The call waits for this approval unless its outcome arrived first.
-            let (sql, a) = match p.status {
-                ApprovalStatus::Approved => (
-                    "UPDATE tool_invocations SET status = 'pending', args = $2, updated_at = $3 \
-                     WHERE call_id = $1 AND status = 'awaiting_approval'",
-                    vec![
-                        Arg::from(p.call_id.as_str()),
-                        Arg::Json(p.effective_args.clone().unwrap_or(Value::Null)),
-                        Arg::from(ts),
-                    ],
-                ),
-                ApprovalStatus::Denied => (
-                    "UPDATE tool_invocations SET status = 'failed', error_code = $2, \
-                     error_message = $3, completed_at = $4, updated_at = $4 \
-                     WHERE call_id = $1 AND status = 'awaiting_approval'",
-                    args![
-                        p.call_id.as_str(),
-                        error_codes::APPROVAL_DENIED,
-                        message,
-                        ts
-                    ],
-                ),
-                ApprovalStatus::Cancelled => (
-                    "UPDATE tool_invocations SET status = 'cancelled', error_code = $2, \
-                     error_message = $3, completed_at = $4, updated_at = $4 \
-                     WHERE call_id = $1 AND status = 'awaiting_approval'",
-                    args![p.call_id.as_str(), error_codes::CANCELLED, message, ts],
-                ),
-                other => {
-                    return Err(LedgerError::corrupt(format!(
-                        "stream {} seq {}: approval.decided with status {other}",
-                        event.stream, event.seq
-                    )));
-                }
-            };
-            if p.status == ApprovalStatus::Approved && p.effective_args.is_none() {
-                return Err(LedgerError::corrupt(format!(
-                    "stream {} seq {}: approval.decided approved without effective_args",
-                    event.stream, event.seq
-                )));
-            }
-            conn.execute("project approval outcome on call", sql, a)
-                .await?;
-            Ok(())
-        }
+        EventBody::ApprovalRequired(p) => apply_required(conn, event, p).await,
+        EventBody::ApprovalVote(p) => apply_vote(conn, event, p).await,
+        EventBody::ApprovalDecided(p) => apply_decided(conn, event, p).await,
         EventBody::ApprovalEscalated(p) => {
             let rows = conn
                 .execute(
@@ -1546,6 +1379,184 @@ pub(crate) async fn apply(conn: &mut Conn<'_>, event: &Event, body: &EventBody) 
             other.event_type()
         ))),
     }
+}
+
+/// `approval.required`: the approval row, and its call awaits it.
+async fn apply_required(conn: &mut Conn<'_>, event: &Event, p: &ApprovalRequired) -> Result<()> {
+    let ts = event.ts;
+    let timeout = p.timeout.as_ref();
+    let rows = conn
+        .execute(
+            "project approval",
+            "INSERT INTO approvals (id, session_id, call_id, parent_approval_id, status, \
+             route, reason, tool, tool_version, args, call_hash, agent_version_id, \
+             agent_ref, policy_ref, policy_runtime, authority_ref, approvals_required, \
+             approvals_received, comprehension_required, on_reject, on_modify, \
+             timeout_default, escalation_depth, expires_at, created_at, timeout_minutes, \
+             escalate_route, escalate_after_minutes, kind, allow_self_approval) \
+             VALUES ($1, $2, $3, $4, 'pending', $5, $6, $7, $8, $9, $10, $11, $12, $13, \
+             $14, $15, $16, 0, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28)",
+            vec![
+                Arg::from(p.approval_id),
+                Arg::from(event.stream.as_str()),
+                Arg::from(p.call_id.as_str()),
+                Arg::from(p.parent_approval_id),
+                Arg::from(p.route.as_str()),
+                Arg::from(p.reason.as_str()),
+                Arg::from(p.tool.as_str()),
+                Arg::from(p.version.as_str()),
+                Arg::Json(p.args.clone()),
+                Arg::from(p.call_hash.as_str()),
+                Arg::from(p.agent_version_id),
+                Arg::from(p.agent_ref.as_str()),
+                Arg::from(p.policy_ref.clone()),
+                Arg::Json(Value::Object(p.policy_runtime.clone())),
+                Arg::from(p.authority_ref.as_str()),
+                Arg::from(i64::from(p.approvals_required)),
+                Arg::from(p.comprehension_required),
+                Arg::from(p.on_reject.as_str()),
+                Arg::from(p.on_modify.as_str()),
+                Arg::from(timeout.map(|t| t.default.as_str())),
+                Arg::from(i64::from(p.escalation_depth)),
+                Arg::from(p.expires_at),
+                Arg::from(ts),
+                Arg::from(timeout.map(|t| i64::from(t.after_minutes))),
+                Arg::from(timeout.and_then(|t| t.escalate_to_route.clone())),
+                Arg::from(timeout.and_then(|t| t.escalate_after_minutes.map(i64::from))),
+                Arg::from(p.kind.as_str()),
+                Arg::from(p.allow_self_approval),
+            ],
+        )
+        .await?;
+    expect_rows(rows, 1, event)?;
+    let rows = conn
+        .execute(
+            "project call awaiting approval",
+            "UPDATE tool_invocations SET status = 'awaiting_approval', updated_at = $2 \
+             WHERE call_id = $1",
+            args![p.call_id.as_str(), ts],
+        )
+        .await?;
+    expect_rows(rows, 1, event)
+}
+
+/// `approval.vote`: the vote row, and an approve vote counts.
+async fn apply_vote(conn: &mut Conn<'_>, event: &Event, p: &ApprovalVoted) -> Result<()> {
+    let ts = event.ts;
+    conn.execute(
+        "project vote",
+        "INSERT INTO approval_votes (approval_id, decided_by, decision, comment, \
+         comprehension_acknowledged, edited_args, created_at, verification, via) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+        vec![
+            Arg::from(p.approval_id),
+            Arg::from(p.decided_by.as_str()),
+            Arg::from(p.decision.as_str()),
+            Arg::from(p.comment.as_str()),
+            Arg::from(p.comprehension_acknowledged),
+            Arg::OptJson(p.edited_args.clone()),
+            Arg::from(ts),
+            // The voter's attribution is the vote event's (one source of truth for the
+            // re-fold).
+            Arg::from(event.actor_verification.map(Verification::as_str)),
+            Arg::from(event.actor_via.clone()),
+        ],
+    )
+    .await?;
+    if p.decision == VoteDecision::Approve {
+        let rows = conn
+            .execute(
+                "project approve vote",
+                "UPDATE approvals SET approvals_received = approvals_received + 1, \
+                 effective_args = COALESCE(effective_args, $2) WHERE id = $1",
+                vec![
+                    Arg::from(p.approval_id),
+                    Arg::OptJson(p.edited_args.clone()),
+                ],
+            )
+            .await?;
+        expect_rows(rows, 1, event)?;
+    }
+    Ok(())
+}
+
+/// `approval.decided`: the decision, and the call it releases, fails or cancels.
+async fn apply_decided(conn: &mut Conn<'_>, event: &Event, p: &ApprovalDecided) -> Result<()> {
+    let ts = event.ts;
+    let rows = conn
+        .execute(
+            "project approval decision",
+            "UPDATE approvals SET status = $2, decided_by = $3, comment = $4, \
+             decided_at = $5, effective_args = COALESCE($6, effective_args), \
+             resolution = $7 WHERE id = $1 AND status = 'pending'",
+            vec![
+                Arg::from(p.approval_id),
+                Arg::from(p.status.as_str()),
+                Arg::from(p.decided_by.as_str()),
+                Arg::from(p.comment.as_str()),
+                Arg::from(ts),
+                Arg::OptJson(p.effective_args.clone()),
+                Arg::from(p.resolution.map(|r| r.as_str())),
+            ],
+        )
+        .await?;
+    expect_rows(rows, 1, event)?;
+    if matches!(
+        p.resolution,
+        Some(ReviewResolution::Happened | ReviewResolution::Fail)
+    ) {
+        // The call's outcome is the `tool.completed` event that follows.
+        return Ok(());
+    }
+    let message = if p.comment.is_empty() {
+        "tool call denied".to_owned()
+    } else {
+        p.comment.clone()
+    };
+    // The call waits for this approval unless its outcome arrived first.
+    let (sql, a) = match p.status {
+        ApprovalStatus::Approved => (
+            "UPDATE tool_invocations SET status = 'pending', args = $2, updated_at = $3 \
+             WHERE call_id = $1 AND status = 'awaiting_approval'",
+            vec![
+                Arg::from(p.call_id.as_str()),
+                Arg::Json(p.effective_args.clone().unwrap_or(Value::Null)),
+                Arg::from(ts),
+            ],
+        ),
+        ApprovalStatus::Denied => (
+            "UPDATE tool_invocations SET status = 'failed', error_code = $2, \
+             error_message = $3, completed_at = $4, updated_at = $4 \
+             WHERE call_id = $1 AND status = 'awaiting_approval'",
+            args![
+                p.call_id.as_str(),
+                error_codes::APPROVAL_DENIED,
+                message,
+                ts
+            ],
+        ),
+        ApprovalStatus::Cancelled => (
+            "UPDATE tool_invocations SET status = 'cancelled', error_code = $2, \
+             error_message = $3, completed_at = $4, updated_at = $4 \
+             WHERE call_id = $1 AND status = 'awaiting_approval'",
+            args![p.call_id.as_str(), error_codes::CANCELLED, message, ts],
+        ),
+        other => {
+            return Err(LedgerError::corrupt(format!(
+                "stream {} seq {}: approval.decided with status {other}",
+                event.stream, event.seq
+            )));
+        }
+    };
+    if p.status == ApprovalStatus::Approved && p.effective_args.is_none() {
+        return Err(LedgerError::corrupt(format!(
+            "stream {} seq {}: approval.decided approved without effective_args",
+            event.stream, event.seq
+        )));
+    }
+    conn.execute("project approval outcome on call", sql, a)
+        .await?;
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------------------------

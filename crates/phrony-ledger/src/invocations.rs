@@ -663,31 +663,7 @@ pub(crate) async fn cancel_open(
 pub(crate) async fn apply(conn: &mut Conn<'_>, event: &Event, body: &EventBody) -> Result<()> {
     let ts = event.ts;
     let rows = match body {
-        EventBody::ToolRequested(p) => {
-            conn.execute(
-                "project tool call",
-                "INSERT INTO tool_invocations (call_id, session_id, agent_version_id, turn, step, \
-                 call_index, tool, version, wire_name, side_effect_class, proposed_args, args, \
-                 status, attempt, created_at, updated_at) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $11, $12, 0, $13, $13)",
-                vec![
-                    Arg::from(p.call_id.as_str()),
-                    Arg::from(event.stream.as_str()),
-                    Arg::from(p.agent_version_id),
-                    Arg::from(i64::from(p.turn)),
-                    Arg::from(i64::from(p.iteration)),
-                    Arg::from(i64::from(p.index)),
-                    Arg::from(p.tool.as_str()),
-                    Arg::from(p.version.as_str()),
-                    Arg::from(p.wire_name.clone()),
-                    Arg::from(p.side_effect_class.map(|c| c.as_str())),
-                    Arg::Json(p.args.clone()),
-                    Arg::from(p.status.as_str()),
-                    Arg::from(ts),
-                ],
-            )
-            .await?
-        }
+        EventBody::ToolRequested(p) => apply_requested(conn, event, p).await?,
         EventBody::ToolQueued(p) => {
             conn.execute(
                 "project tool call queued",
@@ -718,34 +694,7 @@ pub(crate) async fn apply(conn: &mut Conn<'_>, event: &Event, body: &EventBody) 
             )
             .await?
         }
-        EventBody::ToolCompleted(p) => {
-            if !matches!(p.status, CallStatus::Succeeded | CallStatus::Failed) {
-                return Err(LedgerError::corrupt(format!(
-                    "stream {} seq {}: tool.completed with status {}",
-                    event.stream, event.seq, p.status
-                )));
-            }
-            let usage = p.usage.unwrap_or_default();
-            let has_usage = p.usage.is_some();
-            conn.execute(
-                "project tool call completed",
-                "UPDATE tool_invocations SET status = $2, result = $3, error_code = $4, \
-                 error_message = $5, usage_input_tokens = $6, usage_output_tokens = $7, \
-                 usage_estimated = $8, completed_at = $9, updated_at = $9 WHERE call_id = $1",
-                vec![
-                    Arg::from(p.call_id.as_str()),
-                    Arg::from(p.status.as_str()),
-                    Arg::OptJson(p.result.clone()),
-                    Arg::from(p.error_code.clone()),
-                    Arg::from(p.error_message.clone()),
-                    Arg::from(has_usage.then(|| saturating_i64(usage.input_tokens))),
-                    Arg::from(has_usage.then(|| saturating_i64(usage.output_tokens))),
-                    Arg::from(has_usage.then_some(usage.estimated)),
-                    Arg::from(ts),
-                ],
-            )
-            .await?
-        }
+        EventBody::ToolCompleted(p) => apply_completed(conn, event, p).await?,
         EventBody::ToolLateResult(_) => {
             return Ok(());
         }
@@ -805,6 +754,65 @@ pub(crate) async fn apply(conn: &mut Conn<'_>, event: &Event, body: &EventBody) 
         }
     };
     expect_rows(rows, 1, event)
+}
+
+/// `tool.requested`: the call row. Returns the rows it changed.
+async fn apply_requested(conn: &mut Conn<'_>, event: &Event, p: &ToolRequested) -> Result<u64> {
+    let ts = event.ts;
+    conn.execute(
+        "project tool call",
+        "INSERT INTO tool_invocations (call_id, session_id, agent_version_id, turn, step, \
+         call_index, tool, version, wire_name, side_effect_class, proposed_args, args, \
+         status, attempt, created_at, updated_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $11, $12, 0, $13, $13)",
+        vec![
+            Arg::from(p.call_id.as_str()),
+            Arg::from(event.stream.as_str()),
+            Arg::from(p.agent_version_id),
+            Arg::from(i64::from(p.turn)),
+            Arg::from(i64::from(p.iteration)),
+            Arg::from(i64::from(p.index)),
+            Arg::from(p.tool.as_str()),
+            Arg::from(p.version.as_str()),
+            Arg::from(p.wire_name.clone()),
+            Arg::from(p.side_effect_class.map(|c| c.as_str())),
+            Arg::Json(p.args.clone()),
+            Arg::from(p.status.as_str()),
+            Arg::from(ts),
+        ],
+    )
+    .await
+}
+
+/// `tool.completed`: the outcome on the call row. Returns the rows it changed.
+async fn apply_completed(conn: &mut Conn<'_>, event: &Event, p: &ToolCompleted) -> Result<u64> {
+    let ts = event.ts;
+    if !matches!(p.status, CallStatus::Succeeded | CallStatus::Failed) {
+        return Err(LedgerError::corrupt(format!(
+            "stream {} seq {}: tool.completed with status {}",
+            event.stream, event.seq, p.status
+        )));
+    }
+    let usage = p.usage.unwrap_or_default();
+    let has_usage = p.usage.is_some();
+    conn.execute(
+        "project tool call completed",
+        "UPDATE tool_invocations SET status = $2, result = $3, error_code = $4, \
+         error_message = $5, usage_input_tokens = $6, usage_output_tokens = $7, \
+         usage_estimated = $8, completed_at = $9, updated_at = $9 WHERE call_id = $1",
+        vec![
+            Arg::from(p.call_id.as_str()),
+            Arg::from(p.status.as_str()),
+            Arg::OptJson(p.result.clone()),
+            Arg::from(p.error_code.clone()),
+            Arg::from(p.error_message.clone()),
+            Arg::from(has_usage.then(|| saturating_i64(usage.input_tokens))),
+            Arg::from(has_usage.then(|| saturating_i64(usage.output_tokens))),
+            Arg::from(has_usage.then_some(usage.estimated)),
+            Arg::from(ts),
+        ],
+    )
+    .await
 }
 
 fn saturating_i64(v: u64) -> i64 {

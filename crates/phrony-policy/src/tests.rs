@@ -1,5 +1,10 @@
 //! Behaviour tests of the public API, table-driven where possible.
 
+#![allow(
+    clippy::too_many_lines,
+    reason = "a test scenario reads top to bottom as one story; splitting it would hide its steps"
+)]
+
 use serde_json::{Value, json};
 
 use crate::{

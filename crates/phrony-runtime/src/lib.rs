@@ -31,6 +31,11 @@
 //! # Ok(()) }
 //! ```
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "phrony-runtime is the daemon's assembly crate: it reads the process environment and hands the libraries values"
+)]
+
 mod audit;
 pub mod auth;
 pub mod config;

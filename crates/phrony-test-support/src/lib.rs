@@ -6,13 +6,23 @@
 //! - [`pki`]: a throw-away CA, server and client certificates for TLS and mTLS tests.
 //! - [`proxy`]: a TCP proxy that loses the connection on cue.
 //! - [`fake_api`]: a local fake model vendor API answering scripted replies.
+//! - `fake_model` (feature `model`): an in-process scripted `ModelProvider` that records every
+//!   request, for the engine's and the server edge's tests.
 //!
-//! This crate depends on no other phrony crate but the generated protocol (`phrony-proto`), so
-//! every crate, the ledger and the server edge included, can take it as a dev-dependency
-//! without a second copy of itself in its test build.
+//! This crate depends on no other phrony crate but the generated protocol (`phrony-proto`), and
+//! with the `model` feature `phrony-providers`, so every crate, the ledger and the server edge
+//! included, can take it as a dev-dependency without a second copy of itself in its test build
+//! (the providers' own tests take it without the feature).
+
+#![allow(
+    clippy::disallowed_methods,
+    reason = "dev-only test support: the test database URL and skip switch come from the environment"
+)]
 
 pub mod fake_api;
 pub mod pki;
+#[cfg(feature = "model")]
+pub mod fake_model;
 pub mod postgres;
 pub mod proxy;
 pub mod stub;

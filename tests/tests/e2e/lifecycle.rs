@@ -13,6 +13,8 @@ use serde_json::Value;
 use tests::cli::{fails, json, ok, run, table};
 use tests::daemon::{self, Backend, Daemon};
 
+use crate::tables::redacted;
+
 const AGENT: &str = "lifecycle/triage";
 const ACTOR: &str = "ci-alice";
 
@@ -155,17 +157,7 @@ fn lifecycle(backend: Backend) {
     let header = ["VERSION", "ID", "CONTENT_HASH", "PUBLISHED_AT", "STATUS"];
     let versions = ok(phrony(&daemon).args(["agents", "versions", AGENT]));
     assert_aligned(&versions, &header);
-    let rows = table(&versions);
-    assert_eq!(rows[0], header);
-    assert_eq!(rows.len(), 3, "{versions}");
-    assert_eq!(
-        (rows[1][0].as_str(), rows[1][4].as_str()),
-        ("1.1.0", "published")
-    );
-    assert_eq!(
-        (rows[2][0].as_str(), rows[2][4].as_str()),
-        ("1.0.0", "published")
-    );
+    insta::assert_snapshot!("agents_versions", redacted(&versions));
     let listed = json(&ok(
         phrony(&daemon).args(["agents", "versions", AGENT, "--output", "json"])
     ));
@@ -294,22 +286,7 @@ fn lifecycle(backend: Backend) {
     let history_header = ["VERSION", "ACTION", "ACTOR", "CREATED_AT"];
     let history = ok(phrony(&daemon).args(["agents", "history", AGENT]));
     assert_aligned(&history, &history_header);
-    let rows: Vec<Vec<String>> = table(&history);
-    assert_eq!(rows[0], history_header);
-    let summary: Vec<[&str; 3]> = rows[1..]
-        .iter()
-        .map(|r| [r[0].as_str(), r[1].as_str(), r[2].as_str()])
-        .collect();
-    assert_eq!(
-        summary,
-        [
-            ["1.1.0", "deploy", "os-carol"],
-            ["1.1.0", "rollback", "ci-bob"],
-            ["1.0.0", "rollback", ACTOR],
-            ["1.1.0", "deploy", ACTOR],
-            ["1.0.0", "deploy", ACTOR],
-        ]
-    );
+    insta::assert_snapshot!("agents_history", redacted(&history));
     let history = json(&ok(
         phrony(&daemon).args(["agents", "history", AGENT, "--output", "json"])
     ));
@@ -389,12 +366,7 @@ fn lifecycle(backend: Backend) {
     let ls_header = ["ID", "NAMESPACE", "NAME", "OWNER", "STATUS"];
     let ls = ok(phrony(&daemon).args(["agents", "ls"]));
     assert_aligned(&ls, &ls_header);
-    let rows = table(&ls);
-    assert_eq!(rows[0], ls_header);
-    assert_eq!(
-        rows[1][1..],
-        ["lifecycle", "triage", "platform-team", "archived"]
-    );
+    insta::assert_snapshot!("agents_ls_archived", redacted(&ls));
     assert_eq!(
         ok(phrony(&daemon).args(["agents", "ls", "-n", "elsewhere"])),
         "ID  NAMESPACE  NAME  OWNER  STATUS\n"

@@ -8,7 +8,16 @@
 //! - [`guard_rails`]: the layering rules of ARCHITECTURE.md on the sources and the dependency graph.
 //! - [`transport`]: TLS and mutual TLS between the real CLI and daemon.
 //! - [`sessions`] and [`tui`]: sessions and approvals through it, the attach TUI in a terminal.
+//! - [`tables`]: CLI tables as redacted insta snapshots (`snapshots/`).
 
+#![allow(
+    clippy::too_many_lines,
+    reason = "a test scenario reads top to bottom as one story; splitting it would hide its steps"
+)]
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests: switches such as PHRONY_TEST_SKIP_TMUX come from the environment"
+)]
 #![allow(
     clippy::unwrap_used,
     reason = "tests: a panic is a failed assertion, with its message"
@@ -22,4 +31,5 @@ mod lifecycle;
 mod schema;
 mod sessions;
 mod transport;
+mod tables;
 mod tui;

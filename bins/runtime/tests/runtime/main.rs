@@ -6,6 +6,14 @@
 //! - [`support`]: the daemon on a free port, fresh databases, a compiled test agent.
 
 #![allow(
+    clippy::too_many_lines,
+    reason = "a test scenario reads top to bottom as one story; splitting it would hide its steps"
+)]
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests: PHRONY_BLESS re-records a fixture"
+)]
+#![allow(
     clippy::unwrap_used,
     reason = "tests: a panic is a failed assertion, with its message"
 )]

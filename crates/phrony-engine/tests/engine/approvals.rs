@@ -31,7 +31,7 @@ async fn quorum_of_two_needs_two_distinct_actors_and_refuses_a_duplicate_vote() 
 
     let first = h
         .engine
-        .decide_approval(approval.id, approve("alice", "ok"))
+        .vote(VoteTarget::Approval(approval.id), approve("alice", "ok"))
         .await
         .unwrap();
     assert!(!first.decided);
@@ -40,7 +40,7 @@ async fn quorum_of_two_needs_two_distinct_actors_and_refuses_a_duplicate_vote() 
 
     let dup = h
         .engine
-        .decide_approval(approval.id, approve("alice", "again"))
+        .vote(VoteTarget::Approval(approval.id), approve("alice", "again"))
         .await
         .unwrap_err();
     assert_eq!(dup.kind, ErrorKind::FailedPrecondition);
@@ -60,7 +60,7 @@ async fn quorum_of_two_needs_two_distinct_actors_and_refuses_a_duplicate_vote() 
 
     let second = h
         .engine
-        .decide_approval(approval.id, approve("bob", "ok"))
+        .vote(VoteTarget::Approval(approval.id), approve("bob", "ok"))
         .await
         .unwrap();
     assert!(second.decided);
@@ -70,7 +70,7 @@ async fn quorum_of_two_needs_two_distinct_actors_and_refuses_a_duplicate_vote() 
 
     let late = h
         .engine
-        .decide_approval(approval.id, approve("carol", "late"))
+        .vote(VoteTarget::Approval(approval.id), approve("carol", "late"))
         .await
         .unwrap_err();
     assert_eq!(late.kind, ErrorKind::FailedPrecondition);
@@ -92,12 +92,15 @@ async fn any_reject_vetoes_a_partly_met_quorum() {
     h.wait(&s.id, &[SessionStatus::AwaitingApproval]).await;
     let approval = h.pending_approval(&s.id).await;
     h.engine
-        .decide_approval(approval.id, approve("alice", "fine"))
+        .vote(VoteTarget::Approval(approval.id), approve("alice", "fine"))
         .await
         .unwrap();
     let veto = h
         .engine
-        .decide_approval(approval.id, reject("bob", "Not without a damage report."))
+        .vote(
+            VoteTarget::Approval(approval.id),
+            reject("bob", "Not without a damage report."),
+        )
         .await
         .unwrap();
     assert!(veto.decided);
@@ -126,7 +129,7 @@ async fn comprehension_must_be_acknowledged_on_approve_and_reject() {
     for vote in [approve("alice", "ok"), reject("alice", "no")] {
         let err = h
             .engine
-            .decide_approval(approval.id, vote)
+            .vote(VoteTarget::Approval(approval.id), vote)
             .await
             .unwrap_err();
         assert_eq!(err.kind, ErrorKind::InvalidArgument);
@@ -138,7 +141,7 @@ async fn comprehension_must_be_acknowledged_on_approve_and_reject() {
     };
     assert!(
         h.engine
-            .decide_approval(approval.id, vote)
+            .vote(VoteTarget::Approval(approval.id), vote)
             .await
             .unwrap()
             .decided
@@ -160,7 +163,7 @@ async fn an_edit_past_the_hard_limit_is_refused(decision: &str) {
     };
     let err = h
         .engine
-        .decide_approval(approval.id, vote)
+        .vote(VoteTarget::Approval(approval.id), vote)
         .await
         .unwrap_err();
     assert_eq!(err.kind, ErrorKind::FailedPrecondition);
@@ -176,7 +179,7 @@ async fn an_edit_past_the_hard_limit_is_refused(decision: &str) {
     assert!(h.worker.tools().is_empty(), "the edit never runs");
     // The approver can still approve the proposed call.
     h.engine
-        .decide_approval(approval.id, approve("alice", "ok"))
+        .vote(VoteTarget::Approval(approval.id), approve("alice", "ok"))
         .await
         .unwrap();
     assert_eq!(h.wait_end(&s.id).await.status, SessionStatus::Completed);
@@ -205,7 +208,10 @@ async fn without_revalidate_an_edit_that_needs_approval_opens_no_new_approval() 
         edited_args: Some(refund("ORD-1", 450.0)),
         ..approve("alice", "a little more")
     };
-    h.engine.decide_approval(approval.id, vote).await.unwrap();
+    h.engine
+        .vote(VoteTarget::Approval(approval.id), vote)
+        .await
+        .unwrap();
     assert_eq!(h.wait_end(&s.id).await.status, SessionStatus::Completed);
     let approvals = h.store.session_approvals(&s.id).await.unwrap();
     assert_eq!(
@@ -232,7 +238,10 @@ async fn revalidate_opens_a_fresh_approval_when_the_edit_still_needs_one() {
         edited_args: Some(refund("ORD-1", 300.0)),
         ..approve("alice", "partial refund")
     };
-    h.engine.decide_approval(first.id, vote).await.unwrap();
+    h.engine
+        .vote(VoteTarget::Approval(first.id), vote)
+        .await
+        .unwrap();
     // A new approval for the same call, about the edited arguments.
     let second = loop {
         let pending: Vec<_> = h
@@ -252,7 +261,7 @@ async fn revalidate_opens_a_fresh_approval_when_the_edit_still_needs_one() {
     assert_eq!(second.call_id, first.call_id);
     assert!(h.worker.tools().is_empty());
     h.engine
-        .decide_approval(second.id, approve("bob", "ok"))
+        .vote(VoteTarget::Approval(second.id), approve("bob", "ok"))
         .await
         .unwrap();
     assert_eq!(h.wait_end(&s.id).await.status, SessionStatus::Completed);
@@ -303,7 +312,7 @@ async fn edited_arguments_must_still_match_the_schema() {
     };
     let err = h
         .engine
-        .decide_approval(approval.id, vote)
+        .vote(VoteTarget::Approval(approval.id), vote)
         .await
         .unwrap_err();
     assert_eq!(err.kind, ErrorKind::InvalidArgument);
@@ -334,7 +343,10 @@ async fn on_reject_fail_fails_the_session() {
     h.wait(&s.id, &[SessionStatus::AwaitingApproval]).await;
     let approval = h.pending_approval(&s.id).await;
     h.engine
-        .decide_approval(approval.id, reject("emad", "Fraud suspected."))
+        .vote(
+            VoteTarget::Approval(approval.id),
+            reject("emad", "Fraud suspected."),
+        )
         .await
         .unwrap();
     let done = h.wait_end(&s.id).await;
@@ -418,7 +430,7 @@ async fn a_timeout_with_default_escalate_hands_the_call_to_the_next_route() {
         SessionStatus::AwaitingApproval
     );
     h.engine
-        .decide_approval(next.id, approve("fiona", "ok"))
+        .vote(VoteTarget::Approval(next.id), approve("fiona", "ok"))
         .await
         .unwrap();
     assert_eq!(h.wait_end(&id).await.status, SessionStatus::Completed);
@@ -466,7 +478,10 @@ async fn cancelling_a_session_closes_its_pending_approval() {
     assert_eq!(closed.status, ApprovalStatus::Cancelled);
     let err = h
         .engine
-        .decide_approval(approval.id, approve("emad", "too late"))
+        .vote(
+            VoteTarget::Approval(approval.id),
+            approve("emad", "too late"),
+        )
         .await
         .unwrap_err();
     assert_eq!(err.kind, ErrorKind::FailedPrecondition);

@@ -35,7 +35,7 @@ async fn read_until(
     tokio::time::timeout(PATIENCE, async {
         let updates = engine_view.updates.as_mut().expect("the session is live");
         while let Some(update) = updates.recv().await {
-            for a in engine_view.view.update(&update) {
+            for a in engine_view.view.update(&update).unwrap() {
                 let done = stop(&a);
                 out.push(a);
                 if done {
@@ -137,7 +137,7 @@ async fn attaching_to_a_session_awaiting_approval_replays_the_turn_then_goes_liv
     assert_eq!(w.blocked_reason.as_deref(), Some(BLOCKED_AWAITING_APPROVAL));
 
     h.engine
-        .decide_approval(pending.id, approve("emad", "ok"))
+        .vote(VoteTarget::Approval(pending.id), approve("emad", "ok"))
         .await
         .unwrap();
     let live = read_until(&mut a, Activity::is_terminal).await;
@@ -288,7 +288,10 @@ async fn an_outcome_review_is_shown_as_one_and_its_fail_as_the_only_tool_result(
     };
     assert_eq!(review.kind, phrony_ledger::ApprovalKind::OutcomeReview);
     h.engine
-        .decide_approval(review.approval_id, reject("emad", "unknown"))
+        .vote(
+            VoteTarget::Approval(review.approval_id),
+            reject("emad", "unknown"),
+        )
         .await
         .unwrap();
     let after = read_until(&mut a, |a| matches!(a, Activity::ToolResult(_))).await;

@@ -8,9 +8,7 @@ use std::time::Duration;
 
 use crate::common::*;
 use phrony_engine::{Engine, EngineConfig, EngineDeps, ErrorKind, LedgerStore, TRIGGER_KEY};
-use phrony_ledger::{
-    ApprovalKind, ApprovalStatus, CallStatus, ReviewResolution, SessionStatus, Vote,
-};
+use phrony_ledger::{ApprovalKind, ApprovalStatus, CallStatus, ReviewResolution, SessionStatus};
 use serde_json::json;
 
 fn quick_timeouts() -> EngineConfig {
@@ -91,7 +89,10 @@ spec:
     // A worker comes back; the human approves; the same call is sent again.
     let worker = FakeWorker::connect(&h.router).await;
     h.engine
-        .decide_approval(approval.id, approve("oncall-amy", "worker restarted"))
+        .vote(
+            VoteTarget::Approval(approval.id),
+            approve("oncall-amy", "worker restarted"),
+        )
         .await
         .unwrap();
     assert_eq!(h.wait_end(&s.id).await.status, SessionStatus::Completed);
@@ -170,7 +171,10 @@ async fn an_execution_timeout_on_an_irreversible_write_asks_a_human() {
     // A plain approve is refused: it does not say whether the refund happened.
     let refused = h
         .engine
-        .decide_approval(approval.id, approve("emad", "looks fine"))
+        .vote(
+            VoteTarget::Approval(approval.id),
+            approve("emad", "looks fine"),
+        )
         .await
         .unwrap_err();
     assert_eq!(refused.kind, ErrorKind::FailedPrecondition);
@@ -179,9 +183,9 @@ async fn an_execution_timeout_on_an_irreversible_write_asks_a_human() {
     // The operator checked the payment provider: not refunded; send it again, explicitly.
     h.worker.set_behaviour(Behaviour::Answer);
     h.engine
-        .decide_approval(
-            approval.id,
-            Vote::resolve(
+        .vote(
+            VoteTarget::Approval(approval.id),
+            resolve(
                 "emad",
                 ReviewResolution::Resend,
                 "not issued upstream; retry",
@@ -288,7 +292,10 @@ async fn after_a_restart_an_unanswered_irreversible_write_waits_for_a_human() {
     );
     // A reject (what an approve/reject client sends) means: not re-sent, outcome unknown.
     engine
-        .decide_approval(approval.id, reject("emad", "cannot reach the PSP"))
+        .vote(
+            VoteTarget::Approval(approval.id),
+            reject("emad", "cannot reach the PSP"),
+        )
         .await
         .unwrap();
     let done = tokio::time::timeout(Duration::from_secs(10), engine.wait_for(&id, &[]))
@@ -328,9 +335,12 @@ async fn an_operator_confirming_a_lost_refund_records_it_succeeded_without_a_res
     .unwrap()
     .unwrap();
     let approval = h.pending_approval(&id).await;
-    let mut vote = Vote::resolve("emad", ReviewResolution::Happened, "rf_77 is in the PSP");
+    let mut vote = resolve("emad", ReviewResolution::Happened, "rf_77 is in the PSP");
     vote.result = Some(json!({"refund_id": "rf_77"}));
-    engine.decide_approval(approval.id, vote).await.unwrap();
+    engine
+        .vote(VoteTarget::Approval(approval.id), vote)
+        .await
+        .unwrap();
     let done = tokio::time::timeout(Duration::from_secs(10), engine.wait_for(&id, &[]))
         .await
         .unwrap()

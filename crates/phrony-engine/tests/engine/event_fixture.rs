@@ -174,7 +174,10 @@ async fn record_the_fixture() {
         comprehension_acknowledged: true,
         ..approve("alice", "partial refund, damage verified")
     };
-    h.engine.decide_approval(approval.id, vote).await.unwrap();
+    h.engine
+        .vote(VoteTarget::Approval(approval.id), vote)
+        .await
+        .unwrap();
     assert_eq!(h.wait_end(&s2.id).await.status, SessionStatus::Completed);
     ids.push(s2.id.clone());
 
@@ -186,7 +189,10 @@ async fn record_the_fixture() {
     h.wait(&s4.id, &[SessionStatus::AwaitingApproval]).await;
     let approval = h.pending_approval(&s4.id).await;
     h.engine
-        .decide_approval(approval.id, reject("bob", "no damage claim on file"))
+        .vote(
+            VoteTarget::Approval(approval.id),
+            reject("bob", "no damage claim on file"),
+        )
         .await
         .unwrap();
     h.wait(&s4.id, &[SessionStatus::AwaitingInput]).await;
@@ -212,9 +218,9 @@ async fn record_the_fixture() {
     let review = h.pending_approval(&s5.id).await;
     h.worker.set_behaviour(Behaviour::Answer);
     h.engine
-        .decide_approval(
-            review.id,
-            Vote::resolve(
+        .vote(
+            VoteTarget::Approval(review.id),
+            resolve(
                 "emad",
                 ReviewResolution::Resend,
                 "not issued upstream; retry",

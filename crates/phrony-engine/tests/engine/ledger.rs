@@ -1,6 +1,6 @@
 //! The same flows on the durable ledger: SQLite (a temporary file) always, PostgreSQL (a fresh
-//! database per test on `PHRONY_TEST_POSTGRES_URL`, default
-//! `postgres://postgres@127.0.0.1:5432/postgres`) unless `PHRONY_TEST_SKIP_POSTGRES=1`.
+//! database per test from `phrony_test_support::postgres::PgDatabase`, on
+//! `PHRONY_TEST_POSTGRES_URL`) unless it is unreachable and `PHRONY_TEST_SKIP_POSTGRES=1`.
 #![allow(clippy::unwrap_used, reason = "tests: a panic is a failed assertion")]
 
 use std::sync::Arc;
@@ -9,83 +9,41 @@ use std::time::Duration;
 use crate::common::*;
 use phrony_engine::{Engine, EngineDeps, ErrorKind, LedgerStore, ManualClock};
 use phrony_ledger::{ApprovalStatus, Ledger, SessionStatus};
+use phrony_test_support::postgres::PgDatabase;
 use serde_json::json;
-use sqlx::Connection as _;
-use sqlx::Executor as _;
-use uuid::Uuid;
 
-const DEFAULT_ADMIN_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
-
-/// A fresh database, dropped (PostgreSQL) or deleted (SQLite) at the end.
-struct Db {
-    url: String,
-    _dir: Option<tempfile::TempDir>,
-    pg: Option<(String, String)>,
-}
-
-impl Drop for Db {
-    fn drop(&mut self) {
-        let Some((admin, name)) = self.pg.take() else {
-            return;
-        };
-        let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async {
-                if let Ok(mut c) = sqlx::PgConnection::connect(&admin).await {
-                    let _ = c
-                        .execute(
-                            format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)").as_str(),
-                        )
-                        .await;
-                }
-            });
-        })
-        .join();
-    }
+/// A fresh database: SQLite in a temporary directory (deleted at the end), or a throw-away
+/// PostgreSQL database ([`PgDatabase`], dropped at the end).
+enum Db {
+    Sqlite {
+        url: String,
+        _dir: tempfile::TempDir,
+    },
+    Postgres(PgDatabase),
 }
 
 impl Db {
     fn sqlite() -> Self {
         let dir = tempfile::tempdir().unwrap();
         let url = format!("sqlite://{}", dir.path().join("phrony.db").display());
-        Self {
-            url,
-            _dir: Some(dir),
-            pg: None,
-        }
+        Self::Sqlite { url, _dir: dir }
     }
 
+    /// `None` when PostgreSQL is unreachable and `PHRONY_TEST_SKIP_POSTGRES=1`.
     async fn postgres() -> Option<Self> {
-        let admin = std::env::var("PHRONY_TEST_POSTGRES_URL")
-            .unwrap_or_else(|_| DEFAULT_ADMIN_URL.to_owned());
-        let mut conn = match sqlx::PgConnection::connect(&admin).await {
-            Ok(c) => c,
-            Err(e) if std::env::var("PHRONY_TEST_SKIP_POSTGRES").as_deref() == Ok("1") => {
-                eprintln!("skipping PostgreSQL test: {e}");
-                return None;
-            }
-            Err(e) => panic!(
-                "PostgreSQL at {admin} is unreachable: {e}; set PHRONY_TEST_SKIP_POSTGRES=1 to skip"
-            ),
-        };
-        let name = format!("phrony_engine_test_{}", Uuid::new_v4().simple());
-        conn.execute(format!("CREATE DATABASE \"{name}\"").as_str())
-            .await
-            .unwrap();
-        let base = admin.rsplit_once('/').map_or(admin.as_str(), |(b, _)| b);
-        Some(Self {
-            url: format!("{base}/{name}"),
-            _dir: None,
-            pg: Some((admin, name)),
-        })
+        PgDatabase::create().await.map(Self::Postgres)
+    }
+
+    fn url(&self) -> &str {
+        match self {
+            Self::Sqlite { url, .. } => url,
+            Self::Postgres(db) => db.url(),
+        }
     }
 
     /// The ledger on this database, its times following `clock`.
     async fn ledger(&self, clock: &Arc<ManualClock>) -> Ledger {
-        let ledger = Ledger::connect_with(&self.url, ledger_options(clock))
+        let ledger = Ledger::connect_with(self.url(), ledger_options(clock))
             .await
             .unwrap();
         ledger.migrate().await.unwrap();
@@ -144,8 +102,8 @@ async fn the_refund_tutorial_runs_on_the_ledger(db: Db) {
     assert_eq!(approval.agent.to_string(), "support/refund-agent@0.1.0");
     assert_eq!(h.worker.tools().len(), 2);
     h.engine
-        .decide_approval(
-            approval.id,
+        .vote(
+            VoteTarget::Approval(approval.id),
             approve("emad", "Damage claim verified, within policy."),
         )
         .await
@@ -207,12 +165,12 @@ async fn quorum_and_cancel_on_the_ledger(db: Db) {
     h.wait(&s.id, &[SessionStatus::AwaitingApproval]).await;
     let approval = h.pending_approval(&s.id).await;
     h.engine
-        .decide_approval(approval.id, approve("alice", "ok"))
+        .vote(VoteTarget::Approval(approval.id), approve("alice", "ok"))
         .await
         .unwrap();
     let dup = h
         .engine
-        .decide_approval(approval.id, approve("alice", "ok"))
+        .vote(VoteTarget::Approval(approval.id), approve("alice", "ok"))
         .await
         .unwrap_err();
     assert_eq!(dup.kind, ErrorKind::FailedPrecondition);
@@ -221,7 +179,7 @@ async fn quorum_and_cancel_on_the_ledger(db: Db) {
         "actor \"alice\" already decided on this approval"
     );
     h.engine
-        .decide_approval(approval.id, approve("bob", "ok"))
+        .vote(VoteTarget::Approval(approval.id), approve("bob", "ok"))
         .await
         .unwrap();
     assert_eq!(h.wait_end(&s.id).await.status, SessionStatus::Completed);
@@ -325,7 +283,10 @@ async fn a_pending_approval_survives_a_restart(db: Db) {
     );
 
     engine
-        .decide_approval(approval.id, approve("emad", "Verified."))
+        .vote(
+            VoteTarget::Approval(approval.id),
+            approve("emad", "Verified."),
+        )
         .await
         .unwrap();
     let done = tokio::time::timeout(Duration::from_secs(20), engine.wait_for(&s.id, &[]))
@@ -377,8 +338,8 @@ async fn a_conversation_with_rejection_revalidation_and_invalid_args(db: Db) {
     h.wait(&s.id, &[SessionStatus::AwaitingApproval]).await;
     let first = h.pending_approval(&s.id).await;
     h.engine
-        .decide_approval(
-            first.id,
+        .vote(
+            VoteTarget::Approval(first.id),
             reject("emad", "No damage claim on file for this order."),
         )
         .await
@@ -399,7 +360,11 @@ async fn a_conversation_with_rejection_revalidation_and_invalid_args(db: Db) {
         edited_args: Some(refund("ORD-1", 9000.0)),
         ..approve("mallory", "refund everything")
     };
-    let refused = h.engine.decide_approval(second.id, vote).await.unwrap_err();
+    let refused = h
+        .engine
+        .vote(VoteTarget::Approval(second.id), vote)
+        .await
+        .unwrap_err();
     assert_eq!(refused.kind, phrony_engine::ErrorKind::FailedPrecondition);
     assert!(
         refused.message.starts_with(
@@ -409,7 +374,10 @@ async fn a_conversation_with_rejection_revalidation_and_invalid_args(db: Db) {
         refused.message
     );
     h.engine
-        .decide_approval(second.id, reject("emad", "Not above the ceiling."))
+        .vote(
+            VoteTarget::Approval(second.id),
+            reject("emad", "Not above the ceiling."),
+        )
         .await
         .unwrap();
     h.wait(&s.id, &[SessionStatus::AwaitingInput]).await;
@@ -526,7 +494,10 @@ async fn a_revalidated_edit_needing_approval_dispatches_the_edit() {
         edited_args: Some(refund("ORD-1", 300.0)),
         ..approve("alice", "partial refund")
     };
-    h.engine.decide_approval(first.id, vote).await.unwrap();
+    h.engine
+        .vote(VoteTarget::Approval(first.id), vote)
+        .await
+        .unwrap();
     let second = loop {
         let pending: Vec<_> = h
             .store
@@ -547,7 +518,7 @@ async fn a_revalidated_edit_needing_approval_dispatches_the_edit() {
         "approvers see the edit"
     );
     h.engine
-        .decide_approval(second.id, approve("bob", "ok"))
+        .vote(VoteTarget::Approval(second.id), approve("bob", "ok"))
         .await
         .unwrap();
     assert_eq!(h.wait_end(&s.id).await.status, SessionStatus::Completed);

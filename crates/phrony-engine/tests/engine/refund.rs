@@ -118,8 +118,8 @@ async fn a_400_euro_refund_waits_for_approval_and_is_dispatched_once_approved() 
 
     let outcome = h
         .engine
-        .decide_approval(
-            approval.id,
+        .vote(
+            VoteTarget::Approval(approval.id),
             approve("emad", "Damage claim verified, within policy."),
         )
         .await
@@ -173,8 +173,8 @@ async fn a_rejected_refund_goes_back_to_the_model_and_the_task_still_completes()
     h.wait(&s.id, &[SessionStatus::AwaitingApproval]).await;
     let approval = h.pending_approval(&s.id).await;
     h.engine
-        .decide_approval(
-            approval.id,
+        .vote(
+            VoteTarget::Approval(approval.id),
             reject("emad", "No damage claim on file for this order."),
         )
         .await

@@ -123,8 +123,8 @@ async fn the_tutorial_conversation_rejects_then_approves() {
     h.wait(&s.id, &[SessionStatus::AwaitingApproval]).await;
     let first = h.pending_approval(&s.id).await;
     h.engine
-        .decide_approval(
-            first.id,
+        .vote(
+            VoteTarget::Approval(first.id),
             reject("emad", "No damage claim on file for this order."),
         )
         .await
@@ -144,8 +144,8 @@ async fn the_tutorial_conversation_rejects_then_approves() {
     assert_ne!(second.call_id, first.call_id);
     assert!(second.call_id.ends_with(":3:0:0"), "{}", second.call_id);
     h.engine
-        .decide_approval(
-            second.id,
+        .vote(
+            VoteTarget::Approval(second.id),
             approve("emad", "Damage claim verified, within policy."),
         )
         .await
@@ -318,7 +318,7 @@ async fn the_wall_clock_excludes_approval_waits_and_fails_the_session_when_spent
     );
     let approval = h.pending_approval(&s.id).await;
     h.engine
-        .decide_approval(approval.id, approve("emad", "ok"))
+        .vote(VoteTarget::Approval(approval.id), approve("emad", "ok"))
         .await
         .unwrap();
     // The next completion hangs; 61 s of running time spend the budget.
@@ -418,7 +418,7 @@ async fn a_restarted_engine_resumes_a_session_waiting_for_approval() {
         SessionStatus::AwaitingApproval
     );
     engine
-        .decide_approval(approval.id, approve("emad", "ok"))
+        .vote(VoteTarget::Approval(approval.id), approve("emad", "ok"))
         .await
         .unwrap();
     let done = tokio::time::timeout(Duration::from_secs(10), engine.wait_for(&s.id, &[]))
@@ -554,7 +554,10 @@ async fn an_escalated_limit_is_a_durable_approval_that_raises_the_budget() {
         "limit:escalate"
     );
     h.engine
-        .decide_approval(approval.id, approve("ops-olga", "one more step"))
+        .vote(
+            VoteTarget::Approval(approval.id),
+            approve("ops-olga", "one more step"),
+        )
         .await
         .unwrap();
     let done = h.wait_end(&s.id).await;
@@ -577,7 +580,10 @@ async fn a_rejected_limit_escalation_halts() {
     h.wait(&s.id, &[SessionStatus::AwaitingApproval]).await;
     let approval = h.pending_approval(&s.id).await;
     h.engine
-        .decide_approval(approval.id, reject("ops-olga", "enough"))
+        .vote(
+            VoteTarget::Approval(approval.id),
+            reject("ops-olga", "enough"),
+        )
         .await
         .unwrap();
     let done = h.wait_end(&s.id).await;
@@ -660,7 +666,7 @@ async fn the_stub_provider_resumes_its_script_after_a_restart() {
     restarted.recover().await.unwrap();
     let approval = h.pending_approval(&s.id).await;
     restarted
-        .decide_approval(approval.id, approve("emad", "ok"))
+        .vote(VoteTarget::Approval(approval.id), approve("emad", "ok"))
         .await
         .unwrap();
     let done = tokio::time::timeout(Duration::from_secs(10), restarted.wait_for(&s.id, &[]))

@@ -212,7 +212,7 @@ async fn each_rule_of_a_vote_has_one_message_and_a_refused_vote_records_nothing(
             h.engine
                 .vote(
                     by_id(a.id),
-                    Vote::resolve("emad", ReviewResolution::Happened, "done")
+                    resolve("emad", ReviewResolution::Happened, "done")
                 )
                 .await
         ),
@@ -344,7 +344,7 @@ async fn an_outcome_review_is_resolved_never_plainly_approved() {
     );
     let edited_resend = Vote {
         edited_args: Some(refund("ORD-1", 50.0)),
-        ..Vote::resolve("emad", ReviewResolution::Resend, "smaller")
+        ..resolve("emad", ReviewResolution::Resend, "smaller")
     };
     assert_eq!(
         refused(h.engine.vote(by_id(review.id), edited_resend).await),
@@ -356,7 +356,7 @@ async fn an_outcome_review_is_resolved_never_plainly_approved() {
     );
     let disagreeing = Vote {
         decision: VoteDecision::Reject,
-        ..Vote::resolve("emad", ReviewResolution::Happened, "it did")
+        ..resolve("emad", ReviewResolution::Happened, "it did")
     };
     assert_eq!(
         refused(h.engine.vote(by_id(review.id), disagreeing).await),
@@ -369,7 +369,7 @@ async fn an_outcome_review_is_resolved_never_plainly_approved() {
 
     let happened = Vote {
         result: Some(json!({"refund_id": "rf_1"})),
-        ..Vote::resolve("emad", ReviewResolution::Happened, "the PSP shows it")
+        ..resolve("emad", ReviewResolution::Happened, "the PSP shows it")
     };
     let answer = h.engine.vote(by_id(review.id), happened).await.unwrap();
     assert!(answer.decided);

@@ -226,7 +226,11 @@ impl InteractiveStream {
                 self.session_id
             ))));
         };
-        for activity in self.view.update(&update) {
+        let activities = self
+            .view
+            .update(&update)
+            .map_err(|e| End::Error(engine_status(e)))?;
+        for activity in activities {
             self.send(conv::activity(&activity)).await?;
             if activity.is_terminal() {
                 return Err(End::SessionEnded);

@@ -9,12 +9,10 @@
     reason = "tests: a panic is a failed assertion, with its message"
 )]
 
-use std::collections::VecDeque;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt as _;
 use pb::run_session_interactive_client_msg::Body as Up;
 use pb::run_session_interactive_server_msg::Body as Down;
 use phrony_engine::ProviderFactory;
@@ -23,10 +21,11 @@ use phrony_manifest::CompiledAgent;
 use phrony_proto::runtime::v1 as pb;
 use phrony_proto::runtime::v1::runtime_client::RuntimeClient;
 use phrony_providers::{
-    ApiKey, CompletionRequest, ContentBlock, Event as ModelEvent, EventStream, ModelProvider,
-    ProviderError, ProviderKind, Role, StopReason, Usage,
+    ApiKey, CompletionRequest, ContentBlock, Event as ModelEvent, ModelProvider, ProviderError,
+    Role, StopReason,
 };
 use phrony_runtime::{SecretsKey, ServeConfig};
+use phrony_test_support::fake_model::{Script, Step, completed};
 use serde_json::{Value, json};
 use tokio::sync::{Notify, mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
@@ -37,124 +36,17 @@ use tonic::{Code, Request, Status, Streaming};
 const PATIENCE: Duration = Duration::from_secs(30);
 
 // ---------------------------------------------------------------------------------------------
-// The scripted model.
+// The scripted model (`phrony_test_support::fake_model`), handed to the server.
 
-type Respond = Box<dyn FnOnce(&CompletionRequest) -> Vec<ModelEvent> + Send>;
-
-struct Step {
-    gate: Option<Arc<Notify>>,
-    respond: Respond,
-}
-
-fn completed(stop_reason: StopReason) -> ModelEvent {
-    ModelEvent::Completed {
-        stop_reason,
-        usage: Usage {
-            input_tokens: 20,
-            output_tokens: 10,
-            estimated: false,
-        },
-    }
-}
-
-impl Step {
-    fn from_fn(f: impl FnOnce(&CompletionRequest) -> Vec<ModelEvent> + Send + 'static) -> Self {
-        Self {
-            gate: None,
-            respond: Box::new(f),
-        }
-    }
-
-    fn call(name: &str, args: Value) -> Self {
-        let name = name.to_owned();
-        Self::from_fn(move |_| {
-            vec![
-                ModelEvent::ToolCall {
-                    id: "provider_call_0".into(),
-                    name,
-                    args,
-                },
-                completed(StopReason::ToolUse),
-            ]
-        })
-    }
-
-    /// Text in the given chunks, then the end of the turn.
-    fn say(chunks: &[&str]) -> Self {
-        let chunks: Vec<String> = chunks.iter().map(|c| (*c).to_owned()).collect();
-        Self::from_fn(move |_| {
-            let mut events: Vec<ModelEvent> =
-                chunks.into_iter().map(ModelEvent::TextDelta).collect();
-            events.push(completed(StopReason::EndTurn));
-            events
-        })
-    }
-
-    /// Answers with the last user text, prefixed.
-    fn echo() -> Self {
-        Self::from_fn(|r| {
-            let last = user_texts(r).pop().unwrap_or_default();
-            vec![
-                ModelEvent::TextDelta(format!("echo: {last}")),
-                completed(StopReason::EndTurn),
-            ]
-        })
-    }
-
-    /// Holds the completion until `gate` is notified.
-    fn gated(mut self, gate: &Arc<Notify>) -> Self {
-        self.gate = Some(Arc::clone(gate));
-        self
-    }
-}
-
-#[derive(Default)]
-struct Script {
-    steps: Mutex<VecDeque<Step>>,
-    requests: Mutex<Vec<CompletionRequest>>,
-}
-
-impl std::fmt::Debug for Script {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Script")
-    }
-}
-
-impl Script {
-    fn new(steps: Vec<Step>) -> Arc<Self> {
-        Arc::new(Self {
-            steps: Mutex::new(steps.into()),
-            requests: Mutex::default(),
-        })
-    }
-
-    fn requests(&self) -> Vec<CompletionRequest> {
-        self.requests.lock().unwrap().clone()
-    }
-}
-
-#[derive(Debug)]
-struct Scripted(Arc<Script>);
-
-#[async_trait::async_trait]
-impl ModelProvider for Scripted {
-    fn kind(&self) -> ProviderKind {
-        ProviderKind::Stub
-    }
-
-    async fn stream(&self, request: CompletionRequest) -> Result<EventStream, ProviderError> {
-        self.0.requests.lock().unwrap().push(request.clone());
-        let Some(step) = self.0.steps.lock().unwrap().pop_front() else {
-            return Err(ProviderError::InvalidRequest(
-                "the test script has no more steps".into(),
-            ));
-        };
-        if let Some(gate) = &step.gate {
-            gate.notified().await;
-        }
-        let events = (step.respond)(&request);
-        Ok(futures::stream::iter(events.into_iter().map(Ok)).boxed())
-    }
+/// Answers with the last user text, prefixed.
+fn echo() -> Step {
+    Step::from_fn(|r| {
+        let last = user_texts(r).pop().unwrap_or_default();
+        vec![
+            ModelEvent::TextDelta(format!("echo: {last}")),
+            completed(StopReason::EndTurn, 10),
+        ]
+    })
 }
 
 #[derive(Debug)]
@@ -167,7 +59,7 @@ impl ProviderFactory for ScriptFactory {
         _api_key: Option<ApiKey>,
         _completions_done: usize,
     ) -> Result<Box<dyn ModelProvider>, ProviderError> {
-        Ok(Box::new(Scripted(Arc::clone(&self.0))))
+        Ok(self.0.provider())
     }
 }
 
@@ -587,7 +479,7 @@ async fn a_task_streams_its_turn_and_ends_with_completed() {
                 "issue_refund",
                 json!({"order_id": "ORD-1", "amount": 100, "currency": "EUR"}),
             ),
-            Step::say(&["Your refund ", "of €100 ", "has been issued."]),
+            Step::say_in_chunks(&["Your refund ", "of €100 ", "has been issued."]),
         ],
         1,
     )
@@ -656,7 +548,7 @@ async fn a_task_streams_its_turn_and_ends_with_completed() {
 #[tokio::test]
 async fn a_conversation_parks_and_runs_the_next_message() {
     let server = Server::start(
-        vec![Step::say(&["Which order ", "is it?"]), Step::echo()],
+        vec![Step::say_in_chunks(&["Which order ", "is it?"]), echo()],
         1,
     )
     .await;
@@ -710,7 +602,7 @@ async fn an_approval_decided_on_the_stream_is_the_header_actors_and_its_comment_
                 let (result, _) = tool_results(r).pop().unwrap();
                 vec![
                     ModelEvent::TextDelta(format!("Not refunded: {result}")),
-                    completed(StopReason::EndTurn),
+                    completed(StopReason::EndTurn, 10),
                 ]
             }),
         ],
@@ -800,7 +692,7 @@ async fn attaching_mid_session_catches_up_in_order_then_follows_live() {
                 "issue_refund",
                 json!({"order_id": "ORD-1", "amount": 400, "currency": "EUR"}),
             ),
-            Step::say(&["Refund ", "issued."]),
+            Step::say_in_chunks(&["Refund ", "issued."]),
         ],
         2,
     )
@@ -902,7 +794,11 @@ async fn attaching_mid_session_catches_up_in_order_then_follows_live() {
 #[tokio::test]
 async fn dropping_the_stream_detaches_and_the_session_carries_on() {
     let gate = Arc::new(Notify::new());
-    let server = Server::start(vec![Step::say(&["Hello ", "there."]).gated(&gate)], 1).await;
+    let server = Server::start(
+        vec![Step::say_in_chunks(&["Hello ", "there."]).gated(Arc::clone(&gate))],
+        1,
+    )
+    .await;
     let mut s = open(
         &server,
         None,
@@ -935,9 +831,9 @@ async fn messages_sent_during_a_turn_are_all_run_in_order() {
     let gate = Arc::new(Notify::new());
     let server = Server::start(
         vec![
-            Step::say(&["first answer"]).gated(&gate),
-            Step::echo(),
-            Step::echo(),
+            Step::say_in_chunks(&["first answer"]).gated(Arc::clone(&gate)),
+            echo(),
+            echo(),
         ],
         1,
     )
@@ -1001,7 +897,7 @@ async fn a_slow_reader_gets_every_event() {
     let owned = chunks.clone();
     steps.push(Step::from_fn(move |_| {
         let mut events: Vec<ModelEvent> = owned.into_iter().map(ModelEvent::TextDelta).collect();
-        events.push(completed(StopReason::EndTurn));
+        events.push(completed(StopReason::EndTurn, 10));
         events
     }));
     let server = Server::start(steps, 1).await;
@@ -1035,7 +931,7 @@ async fn a_slow_reader_gets_every_event() {
 
 #[tokio::test]
 async fn protocol_errors_are_refused_with_their_status() {
-    let server = Server::start(vec![Step::say(&["Hi."])], 1).await;
+    let server = Server::start(vec![Step::say_in_chunks(&["Hi."])], 1).await;
     let err = open(&server, None, user("hello")).await.err().unwrap();
     assert_eq!(err.code(), Code::InvalidArgument);
     assert_eq!(err.message(), "first message must be start");
@@ -1117,7 +1013,7 @@ async fn protocol_errors_are_refused_with_their_status() {
 
 #[tokio::test]
 async fn shutdown_ends_open_streams_with_unavailable() {
-    let server = Server::start(vec![Step::say(&["Hello."])], 1).await;
+    let server = Server::start(vec![Step::say_in_chunks(&["Hello."])], 1).await;
     let mut s = open(
         &server,
         None,
@@ -1148,7 +1044,7 @@ async fn shutdown_ends_open_streams_with_unavailable() {
 #[tokio::test]
 async fn a_user_message_while_a_limit_blocks_input_gets_the_reason_again() {
     let server = Server::start_with(
-        vec![Step::say(&["One turn only."])],
+        vec![Step::say_in_chunks(&["One turn only."])],
         refund_agent(1, "    max_loop_iterations: 1\n"),
     )
     .await;

@@ -9,6 +9,10 @@
 //! - [`work`]: the `Work` stream's protocol.
 
 #![allow(
+    clippy::too_many_lines,
+    reason = "a test scenario reads top to bottom as one story; splitting it would hide its steps"
+)]
+#![allow(
     clippy::unwrap_used,
     reason = "tests: a panic is a failed assertion, with its message"
 )]

@@ -5,6 +5,10 @@
 //! (`connect`: what `Ledger::connect` says about bad URLs) share this binary.
 
 #![allow(
+    clippy::too_many_lines,
+    reason = "a test scenario reads top to bottom as one story; splitting it would hide its steps"
+)]
+#![allow(
     clippy::unwrap_used,
     reason = "test helpers outside #[test] fns: a panic there is a failed assertion"
 )]

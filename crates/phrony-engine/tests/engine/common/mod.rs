@@ -8,14 +8,13 @@
     reason = "test helpers: each test binary uses a different subset, and a panic is a failed assertion"
 )]
 
-use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::StreamExt as _;
 use phrony_dispatch::{
     FromWorker, HandlerAd, Invocation, Router, RouterConfig, ToWorker, ToolError, WorkerHello,
 };
+pub use phrony_engine::VoteTarget;
 use phrony_engine::{
     Clock as _, Engine, EngineConfig, EngineDeps, LedgerStore, ManualClock, PlainSecret,
     ProviderFactory, RouterHooks, SessionHandle, SessionMode, StartSession,
@@ -25,11 +24,9 @@ use phrony_ledger::{
 };
 use phrony_manifest::CompiledAgent;
 use phrony_providers::{
-    ApiKey, CompletionRequest, ContentBlock, Event as ModelEvent, EventStream, ModelProvider,
-    ProviderError, ProviderKind, Role, StopReason, Usage,
+    ApiKey, CompletionRequest, ContentBlock, ModelProvider, ProviderError, Role,
 };
 use serde_json::{Value, json};
-use tokio::sync::Notify;
 use uuid::Uuid;
 
 // ---------------------------------------------------------------------------------------------
@@ -242,142 +239,11 @@ spec:
 // ---------------------------------------------------------------------------------------------
 // The scripted model.
 
-type StepFn = Box<dyn FnOnce(&CompletionRequest) -> Vec<ModelEvent> + Send>;
-
-/// One scripted completion.
-pub struct Step {
-    gate: Option<Arc<Notify>>,
-    make: StepFn,
-}
-
-impl Step {
-    /// A completion computed from the request the model receives.
-    pub fn from_fn(f: impl FnOnce(&CompletionRequest) -> Vec<ModelEvent> + Send + 'static) -> Self {
-        Self {
-            gate: None,
-            make: Box::new(f),
-        }
-    }
-
-    /// The model calls one tool.
-    pub fn call(name: &str, args: Value) -> Self {
-        Self::calls(&[(name, args)])
-    }
-
-    /// The model calls several tools in one completion.
-    pub fn calls(calls: &[(&str, Value)]) -> Self {
-        let calls: Vec<(String, Value)> = calls
-            .iter()
-            .map(|(n, a)| ((*n).to_owned(), a.clone()))
-            .collect();
-        Self::from_fn(move |_| {
-            let mut events: Vec<ModelEvent> = calls
-                .into_iter()
-                .enumerate()
-                .map(|(i, (name, args))| ModelEvent::ToolCall {
-                    id: format!("provider_call_{i}"),
-                    name,
-                    args,
-                })
-                .collect();
-            events.push(completed(StopReason::ToolUse, 10));
-            events
-        })
-    }
-
-    /// The model answers with text and ends its turn.
-    pub fn say(text: &str) -> Self {
-        let text = text.to_owned();
-        Self::from_fn(move |_| {
-            vec![
-                ModelEvent::TextDelta(text),
-                completed(StopReason::EndTurn, 10),
-            ]
-        })
-    }
-
-    /// Holds the completion until `gate` is notified.
-    #[must_use]
-    pub fn gated(mut self, gate: Arc<Notify>) -> Self {
-        self.gate = Some(gate);
-        self
-    }
-}
-
-pub fn completed(stop_reason: StopReason, output_tokens: u64) -> ModelEvent {
-    ModelEvent::Completed {
-        stop_reason,
-        usage: Usage {
-            input_tokens: 20,
-            output_tokens,
-            estimated: false,
-        },
-    }
-}
-
-/// A scripted model: plays its steps in order and records every request.
-#[derive(Default)]
-pub struct Script {
-    steps: Mutex<VecDeque<Step>>,
-    requests: Mutex<Vec<CompletionRequest>>,
-    api_keys: Mutex<Vec<Option<String>>>,
-}
-
-impl std::fmt::Debug for Script {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Script")
-    }
-}
-
-impl Script {
-    pub fn new(steps: Vec<Step>) -> Arc<Self> {
-        Arc::new(Self {
-            steps: Mutex::new(steps.into()),
-            ..Self::default()
-        })
-    }
-
-    pub fn push(&self, step: Step) {
-        self.steps.lock().unwrap().push_back(step);
-    }
-
-    pub fn requests(&self) -> Vec<CompletionRequest> {
-        self.requests.lock().unwrap().clone()
-    }
-
-    pub fn api_keys(&self) -> Vec<Option<String>> {
-        self.api_keys.lock().unwrap().clone()
-    }
-}
-
-#[derive(Debug)]
-struct ScriptedProvider(Arc<Script>);
-
-#[async_trait::async_trait]
-impl ModelProvider for ScriptedProvider {
-    fn kind(&self) -> ProviderKind {
-        ProviderKind::Stub
-    }
-
-    async fn stream(&self, request: CompletionRequest) -> Result<EventStream, ProviderError> {
-        let step = self.0.steps.lock().unwrap().pop_front();
-        let n = {
-            let mut requests = self.0.requests.lock().unwrap();
-            requests.push(request.clone());
-            requests.len()
-        };
-        let Some(step) = step else {
-            return Err(ProviderError::InvalidRequest(format!(
-                "the test script has no step for completion {n}"
-            )));
-        };
-        if let Some(gate) = &step.gate {
-            gate.notified().await;
-        }
-        let events = (step.make)(&request);
-        Ok(futures::stream::iter(events.into_iter().map(Ok)).boxed())
-    }
-}
+#[allow(
+    unused_imports,
+    reason = "the test binary uses `completed`; the bench, which shares this file, does not"
+)]
+pub use phrony_test_support::fake_model::{Script, Step, completed};
 
 /// A [`ProviderFactory`] handing out providers that play one shared script.
 #[derive(Debug, Clone)]
@@ -391,11 +257,8 @@ impl ProviderFactory for ScriptedFactory {
         _completions_done: usize,
     ) -> Result<Box<dyn ModelProvider>, ProviderError> {
         self.0
-            .api_keys
-            .lock()
-            .unwrap()
-            .push(api_key.map(|k| k.expose().to_owned()));
-        Ok(Box::new(ScriptedProvider(Arc::clone(&self.0))))
+            .record_api_key(api_key.map(|k| k.expose().to_owned()));
+        Ok(self.0.provider())
     }
 }
 
@@ -905,6 +768,20 @@ pub fn approve(actor: &str, comment: &str) -> phrony_ledger::Vote {
 pub fn reject(actor: &str, comment: &str) -> phrony_ledger::Vote {
     phrony_ledger::Vote {
         decision: phrony_ledger::VoteDecision::Reject,
+        ..approve(actor, comment)
+    }
+}
+
+/// The vote resolving an outcome review with `resolution` (every test vote is built from
+/// [`approve`], the one place that lists the vote's fields).
+pub fn resolve(
+    actor: &str,
+    resolution: phrony_ledger::ReviewResolution,
+    comment: &str,
+) -> phrony_ledger::Vote {
+    phrony_ledger::Vote {
+        decision: resolution.decision(),
+        resolution: Some(resolution),
         ..approve(actor, comment)
     }
 }
