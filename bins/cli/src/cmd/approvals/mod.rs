@@ -83,9 +83,10 @@ fn policy(a: &Approval) -> Option<&str> {
     a.policy_ref.as_deref().or(a.policy_name.as_deref())
 }
 
-/// `emad approved at 2025-01-31T09:30:00Z: "comment" (comprehension acknowledged)`.
+/// `emad approved at 2025-01-31T09:30:00Z: "comment" (comprehension acknowledged)`; an
+/// unverified voter reads `emad (unverified) approved …`, a relayed one `alice via ui approved …`.
 pub(crate) fn vote_text(v: &Vote) -> String {
-    let mut line = format!("{} {}", v.decided_by, v.decision);
+    let mut line = format!("{} {}", v.voter_display(), v.decision);
     if let Some(t) = v.created_at {
         line.push_str(&format!(" at {}", render::time(t)));
     }
