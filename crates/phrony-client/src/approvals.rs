@@ -449,11 +449,24 @@ mod tests {
                     comment: "ok".into(),
                     comprehension_acknowledged: false,
                     created_at: "2025-01-31T09:30:00Z".into(),
+                    verification: "token".into(),
+                    via: "approvals-ui".into(),
                 }],
+                decided_by: "emad".into(),
+                decided_by_verification: "unverified".into(),
                 ..Default::default()
             },
         )
         .unwrap();
+        assert_eq!(a.votes[0].voter_display(), "emad via approvals-ui");
+        assert_eq!(a.decided_by.as_deref(), Some("emad"));
+        assert_eq!(a.decided_by_display().as_deref(), Some("emad (unverified)"));
+        assert_eq!(display_actor("system", None, None), "system");
+        assert_eq!(display_actor("emad", Some(""), None), "emad");
+        assert_eq!(
+            display_actor("emad", Some("bogus"), None),
+            "emad (unverified)"
+        );
         assert_eq!(a.args, json!({"order_id": "ORD-1", "amount": 400}));
         assert_eq!(a.effective_args, None);
         assert_eq!(a.route, None);
