@@ -105,6 +105,9 @@ fn write_approval(a: &Approval, out: &mut impl Write) -> io::Result<()> {
     super::write_args(out, "", a)?;
     for vote in &a.votes {
         render::write_line(out, &format!("vote: {}", super::vote_text(vote)))?;
+        if let Some(voter) = super::voter_text(vote) {
+            render::write_line(out, &format!("  {voter}"))?;
+        }
     }
     Ok(())
 }
@@ -143,7 +146,7 @@ pub(crate) mod tests {
             "{text}"
         );
         assert!(
-            text.ends_with("vote: emad (unverified) approved: \"verified\"\n"),
+            text.ends_with("vote: emad approved: \"verified\"\n  voter: emad (unverified)\n"),
             "{text}"
         );
     }

@@ -296,6 +296,9 @@ fn write_entry(
                     out,
                     &format!("    vote: {}", crate::cmd::approvals::vote_text(vote)),
                 )?;
+                if let Some(voter) = crate::cmd::approvals::voter_text(vote) {
+                    render::write_line(out, &format!("      {voter}"))?;
+                }
             }
             // Edited arguments: the proposed and the effective ones together, as `approvals
             // show` prints them, at the approval's latest milestone.
