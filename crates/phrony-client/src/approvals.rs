@@ -22,6 +22,42 @@ pub struct Vote {
     pub comprehension_acknowledged: bool,
     /// When the vote was cast.
     pub created_at: Option<DateTime<Utc>>,
+    /// How the runtime established the voter (`unverified`, `token`, `oidc`, `mtls`); `None`
+    /// when not recorded (older votes and servers).
+    pub verification: Option<String>,
+    /// The principal that relayed the vote, if any.
+    pub via: Option<String>,
+}
+
+impl Vote {
+    /// The voter as a person reads it: `emad (unverified)`, `alice via approvals-ui`, `ops-bot`
+    /// ([`display_actor`]).
+    #[must_use]
+    pub fn voter_display(&self) -> String {
+        display_actor(
+            &self.decided_by,
+            self.verification.as_deref(),
+            self.via.as_deref(),
+        )
+    }
+}
+
+/// How a recorded actor reads to a person: the bare name when no verification was recorded
+/// (the runtime's own actors, older records and servers), `name (unverified)` when nobody
+/// verified it, and `name via relay` when a relay acted for it. An unknown verification reads
+/// as unverified (the display never claims more than the record).
+#[must_use]
+pub fn display_actor(actor: &str, verification: Option<&str>, via: Option<&str>) -> String {
+    let Some(verification) = verification.filter(|v| !v.is_empty()) else {
+        return actor.to_owned();
+    };
+    phrony_auth::Attribution {
+        actor: actor.to_owned(),
+        verification: phrony_auth::Verification::parse(verification)
+            .unwrap_or(phrony_auth::Verification::Unverified),
+        via: via.filter(|v| !v.is_empty()).map(str::to_owned),
+    }
+    .to_string()
 }
 
 /// A request for a human decision on one held tool call.
@@ -86,6 +122,12 @@ pub struct Approval {
     pub decided_at: Option<DateTime<Utc>>,
     /// Who decided it.
     pub decided_by: Option<String>,
+    /// How the runtime established `decided_by` (the deciding voter's verification).
+    pub decided_by_verification: Option<String>,
+    /// The principal that relayed the deciding vote.
+    pub decided_by_via: Option<String>,
+    /// The policy opted out of separation of duties (`allow_self_approval: true`).
+    pub allow_self_approval: bool,
     /// The deciding comment.
     pub comment: Option<String>,
     /// The votes cast ([`Client::get_approval`] only).
@@ -101,6 +143,18 @@ impl Approval {
     #[must_use]
     pub fn is_outcome_review(&self) -> bool {
         self.kind == OUTCOME_REVIEW
+    }
+
+    /// [`Approval::decided_by`] as a person reads it ([`display_actor`]).
+    #[must_use]
+    pub fn decided_by_display(&self) -> Option<String> {
+        self.decided_by.as_deref().map(|by| {
+            display_actor(
+                by,
+                self.decided_by_verification.as_deref(),
+                self.decided_by_via.as_deref(),
+            )
+        })
     }
 }
 
@@ -291,6 +345,8 @@ fn votes(rpc: &'static str, votes: Vec<pb::ApprovalVote>) -> Result<Vec<Vote>, C
                 decision: v.decision,
                 comment: optional(v.comment),
                 comprehension_acknowledged: v.comprehension_acknowledged,
+                verification: optional(v.verification),
+                via: optional(v.via),
             })
         })
         .collect()
@@ -338,6 +394,9 @@ macro_rules! approval_from {
             call_hash: optional($a.call_hash),
             parent_approval_id: optional($a.parent_approval_id),
             decided_by: optional($a.decided_by),
+            decided_by_verification: optional($a.decided_by_verification),
+            decided_by_via: optional($a.decided_by_via),
+            allow_self_approval: $a.allow_self_approval,
             comment: optional($a.comment),
         }
     };
@@ -390,11 +449,24 @@ mod tests {
                     comment: "ok".into(),
                     comprehension_acknowledged: false,
                     created_at: "2025-01-31T09:30:00Z".into(),
+                    verification: "token".into(),
+                    via: "approvals-ui".into(),
                 }],
+                decided_by: "emad".into(),
+                decided_by_verification: "unverified".into(),
                 ..Default::default()
             },
         )
         .unwrap();
+        assert_eq!(a.votes[0].voter_display(), "emad via approvals-ui");
+        assert_eq!(a.decided_by.as_deref(), Some("emad"));
+        assert_eq!(a.decided_by_display().as_deref(), Some("emad (unverified)"));
+        assert_eq!(display_actor("system", None, None), "system");
+        assert_eq!(display_actor("emad", Some(""), None), "emad");
+        assert_eq!(
+            display_actor("emad", Some("bogus"), None),
+            "emad (unverified)"
+        );
         assert_eq!(a.args, json!({"order_id": "ORD-1", "amount": 400}));
         assert_eq!(a.effective_args, None);
         assert_eq!(a.route, None);

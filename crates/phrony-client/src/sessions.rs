@@ -402,6 +402,23 @@ pub struct SessionEvent {
     pub call_id: Option<String>,
     /// Who caused it: `system`, `user`, `agent`, `policy`, `worker`, or a voter's actor id.
     pub actor: String,
+    /// How the runtime established `actor` (`unverified`, `token`, `oidc`, `mtls`); `None`
+    /// for the runtime's own actors and older records.
+    pub actor_verification: Option<String>,
+    /// The principal that relayed `actor`, if any.
+    pub actor_via: Option<String>,
+}
+
+impl SessionEvent {
+    /// The actor as a person reads it ([`crate::display_actor`]).
+    #[must_use]
+    pub fn actor_display(&self) -> String {
+        crate::approvals::display_actor(
+            &self.actor,
+            self.actor_verification.as_deref(),
+            self.actor_via.as_deref(),
+        )
+    }
 }
 
 /// One tool invocation from the dispatch ledger.
@@ -872,6 +889,8 @@ fn timeline_entry(e: pb::InspectTimelineEntry) -> Result<TimelineEntry, ClientEr
             turn: event.turn,
             call_id: optional(event.call_id),
             actor: event.actor,
+            actor_verification: optional(event.actor_verification),
+            actor_via: optional(event.actor_via),
         })
     } else if let Some(i) = e.invocation {
         TimelineDetail::Invocation(ToolInvocation {

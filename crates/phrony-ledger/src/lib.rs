@@ -46,7 +46,23 @@
 //! 64 zeros for seq 1) and `hash` = hex SHA-256 over the canonical encoding
 //! `["phrony.event.v1", stream, seq, type, ts, actor, call_id, turn, payload, prev_hash]`
 //! (payload as canonical JSON with sorted keys; `ts` as RFC 3339 UTC with six fractional
-//! digits). The payload is stored as exactly those canonical bytes. The `streams` table keeps
+//! digits). The payload is stored as exactly those canonical bytes.
+//!
+//! **Attribution** (schema 4). An event also records how its actor was established:
+//! `actor_verification` (`unverified`, `token`, `oidc`, `mtls` — [`Verification`]) and
+//! `actor_via` (the relaying principal, or NULL). The hash of such an event appends both to the
+//! array: `[…, prev_hash, actor_verification, actor_via]` (`actor_via` a string or `null`). An
+//! event without a verification — written before attribution existed, or by one of the
+//! runtime's own actors (`system`, `system:timeout`, `agent`, `policy`, `worker`: the names
+//! [`phrony_auth::actor`] reserves, so no client can record one; see [`recorded_verification`])
+//! — hashes exactly the ten-element array, so older logs verify unchanged.
+//! [`Event::recompute_hash`] applies the same rule; [`Event::attribution`] and
+//! [`Event::actor_display`] (`emad (unverified)`, `alice via approvals-ui`, a bare name for the
+//! runtime and for older events) read it. The projections copy the event's attribution: the
+//! votes ([`ApprovalVote::attribution`]) and the session's starter ([`Session::started_by`]).
+//! Every API that records a caller's change takes an [`Attribution`].
+//!
+//! The `streams` table keeps
 //! each stream's head (`last_seq`, `last_hash`), which is locked for every append
 //! (`SELECT … FOR UPDATE` on PostgreSQL, the database write lock on SQLite), so concurrent
 //! writers — several pools or several runtime replicas — never share or skip a seq.

@@ -547,8 +547,8 @@ fn hostile_names_and_lost_answers_at_the_cli() {
         );
     }
     assert!(
-        shown.contains("decided_by:              Emad\n"),
-        "the voter's spelling is kept:\n{shown}"
+        shown.contains("decided_by:              Emad (unverified)\n"),
+        "the voter's spelling is kept, and nobody verified it:\n{shown}"
     );
 }
 

@@ -11,7 +11,9 @@ use phrony_engine::{
     ApprovalKind, ApprovalStatus, EngineConfig, EngineError, ErrorKind, LedgerStore, ManualClock,
     ReviewResolution, Vote, VoteDecision, VoteTarget,
 };
-use phrony_ledger::{Ledger, LedgerOptions, NewAgentVersion, SecretCipher, SessionStatus};
+use phrony_ledger::{
+    Ledger, LedgerOptions, NewAgentVersion, SecretCipher, SessionMode, SessionStatus,
+};
 use serde_json::json;
 use uuid::Uuid;
 
@@ -481,4 +483,158 @@ async fn a_session_target_finds_its_pending_approval() {
         .cancel_session(&other.id, &phrony_ledger::Attribution::unverified("emad"))
         .await
         .unwrap();
+}
+
+fn verified(name: &str) -> phrony_ledger::Attribution {
+    phrony_ledger::Attribution {
+        actor: name.to_owned(),
+        verification: phrony_ledger::Verification::Token,
+        via: None,
+    }
+}
+
+fn vote_as(actor: phrony_ledger::Attribution) -> Vote {
+    Vote {
+        actor,
+        ..approve("unused", "ok")
+    }
+}
+
+/// Separation of duties through `Engine::vote` (the one rule book): a verified principal that
+/// started the session cannot approve its call (PERMISSION_DENIED, nothing recorded); another
+/// verified principal can; the route restriction names the route; inspect prints the
+/// attribution.
+#[tokio::test]
+async fn a_verified_starter_cannot_approve_its_own_session_and_routes_restrict_approvers() {
+    let (h, _db) = on_ledger(
+        &AgentOptions::with_decision("    approvals_required: 2\n    runtime:\n      phrony.com/approver_role: support-lead\n"),
+        vec![
+            Step::call("issue_refund", refund("ORD-1", 400.0)),
+            Step::say("Issued."),
+        ],
+        test_config(),
+    )
+    .await;
+    let mut start = h.start_request(json!("Refund €400 for ORD-1."), SessionMode::Task);
+    start.actor = verified("emad");
+    let s = h.engine.start_session(start).await.unwrap();
+    h.wait(&s.id, &[SessionStatus::AwaitingApproval]).await;
+    let a = h.pending_approval(&s.id).await;
+    assert!(!a.allow_self_approval);
+
+    let (kind, message) = refused(h.engine.vote(by_id(a.id), vote_as(verified("EMAD"))).await);
+    assert_eq!(kind, ErrorKind::PermissionDenied);
+    assert!(message.contains("separation of duties"), "{message}");
+    let (kind, message) = refused(h.engine.vote(by_id(a.id), approve("zoe", "ok")).await);
+    assert_eq!(kind, ErrorKind::PermissionDenied);
+    assert!(message.contains("zoe (unverified)"), "{message}");
+    let mut routed = vote_as(verified("alice"));
+    routed.routes = vec!["legal".into()];
+    let (kind, message) = refused(h.engine.vote(by_id(a.id), routed).await);
+    assert_eq!(kind, ErrorKind::PermissionDenied);
+    assert_eq!(a.route, "support-lead");
+    assert!(message.contains("route \"support-lead\""), "{message}");
+    assert!(message.contains("routed to legal"), "{message}");
+    assert_eq!(
+        votes_recorded(&h, &s.id).await,
+        0,
+        "refused votes record nothing"
+    );
+
+    let relayed = phrony_ledger::Attribution {
+        via: Some("approvals-ui".into()),
+        ..verified("alice")
+    };
+    assert!(
+        !h.engine
+            .vote(by_id(a.id), vote_as(relayed))
+            .await
+            .unwrap()
+            .decided
+    );
+    let second = h
+        .engine
+        .vote(by_id(a.id), vote_as(verified("bob")))
+        .await
+        .unwrap();
+    assert!(second.decided);
+    assert_eq!(h.wait_end(&s.id).await.status, SessionStatus::Completed);
+
+    let inspection = phrony_engine::inspect(
+        phrony_engine::store_timeline(&h.store, &s.id)
+            .await
+            .unwrap(),
+    )
+    .unwrap();
+    let summaries: Vec<&str> = inspection
+        .timeline
+        .iter()
+        .map(|e| e.summary.as_str())
+        .collect();
+    assert!(
+        summaries
+            .iter()
+            .any(|s| s.starts_with("session started: ") && s.ends_with(" by emad")),
+        "{summaries:#?}"
+    );
+    assert!(
+        summaries.contains(&"vote approve by alice via approvals-ui: ok"),
+        "{summaries:#?}"
+    );
+    assert!(
+        summaries.contains(&"vote approve by bob: ok"),
+        "{summaries:#?}"
+    );
+}
+
+/// Local mode (every actor unverified): the person who started the session approves it, as in
+/// the tutorial, and inspect marks both as unverified.
+#[tokio::test]
+async fn in_local_mode_the_starter_approves_and_inspect_marks_it_unverified() {
+    let (h, _db) = on_ledger(
+        &AgentOptions::default(),
+        vec![
+            Step::call("issue_refund", refund("ORD-1", 400.0)),
+            Step::say("Issued."),
+        ],
+        test_config(),
+    )
+    .await;
+    let s = h.start("Refund €400 for ORD-1.").await;
+    h.wait(&s.id, &[SessionStatus::AwaitingApproval]).await;
+    let a = h.pending_approval(&s.id).await;
+    let answer = h
+        .engine
+        .vote(by_id(a.id), approve("emad", "ok"))
+        .await
+        .unwrap();
+    assert!(answer.decided);
+    assert_eq!(h.wait_end(&s.id).await.status, SessionStatus::Completed);
+    let inspection = phrony_engine::inspect(
+        phrony_engine::store_timeline(&h.store, &s.id)
+            .await
+            .unwrap(),
+    )
+    .unwrap();
+    let summaries: Vec<&str> = inspection
+        .timeline
+        .iter()
+        .map(|e| e.summary.as_str())
+        .collect();
+    assert!(
+        summaries
+            .iter()
+            .any(|s| s.starts_with("session started: ") && s.ends_with(" by emad (unverified)")),
+        "{summaries:#?}"
+    );
+    assert!(
+        summaries.contains(&"vote approve by emad (unverified): ok"),
+        "{summaries:#?}"
+    );
+    assert!(
+        summaries
+            .iter()
+            .any(|s| s.starts_with("approval approved by emad (unverified)")),
+        "{summaries:#?}"
+    );
 }

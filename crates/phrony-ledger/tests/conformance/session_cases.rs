@@ -2562,7 +2562,7 @@ async fn approval_started_by(
 /// Events record the attribution: a verified, a relayed and an unverified actor each keep
 /// their verification and via (in the event, the session's starter, the vote), the chain
 /// verifies and `Event::recompute_hash` agrees; the runtime's own actors record none.
-pub async fn events_record_the_attribution_and_the_chain_covers_it(db: &TestDb) {
+pub(crate) async fn events_record_the_attribution_and_the_chain_covers_it(db: &TestDb) {
     let ledger = db.migrated().await;
     let v = deploy_agent(ledger, &refund_agent(), "1.0.0").await;
     let (s, approval) = approval_started_by(ledger, &v, token("alice"), |_| {}).await;
@@ -2619,7 +2619,7 @@ pub async fn events_record_the_attribution_and_the_chain_covers_it(db: &TestDb) 
 /// Separation of duties: a verified starter cannot vote on its session's approval (any case),
 /// a relay voting for the starter neither; the policy's opt-out lets it and is recorded in
 /// `approval.required`; in local mode (everything unverified) the starter votes as before.
-pub async fn separation_of_duties_refuses_a_verified_starter_unless_the_policy_opts_out(
+pub(crate) async fn separation_of_duties_refuses_a_verified_starter_unless_the_policy_opts_out(
     db: &TestDb,
 ) {
     let ledger = db.migrated().await;
@@ -2698,7 +2698,7 @@ pub async fn separation_of_duties_refuses_a_verified_starter_unless_the_policy_o
 /// A quorum counts distinct verified principals: the same principal twice (case variants) is
 /// one vote; an unverified vote on a verified session's approval is refused; on an unverified
 /// (local) session unverified votes count as before.
-pub async fn a_quorum_counts_distinct_verified_principals(db: &TestDb) {
+pub(crate) async fn a_quorum_counts_distinct_verified_principals(db: &TestDb) {
     let ledger = db.migrated().await;
     let v = deploy_agent(ledger, &refund_agent(), "1.0.0").await;
     let (_, approval) = approval_started_by(ledger, &v, token("alice"), |a| {
@@ -2754,7 +2754,7 @@ pub async fn a_quorum_counts_distinct_verified_principals(db: &TestDb) {
 
 /// An approver restricted to routes votes only on approvals routed there; the refusal names
 /// the route. Without a restriction any route is fine.
-pub async fn a_route_restricted_approver_votes_only_on_its_routes(db: &TestDb) {
+pub(crate) async fn a_route_restricted_approver_votes_only_on_its_routes(db: &TestDb) {
     let ledger = db.migrated().await;
     let v = deploy_agent(ledger, &refund_agent(), "1.0.0").await;
     let (_, approval) = approval_started_by(ledger, &v, token("alice"), |a| {

@@ -376,7 +376,7 @@ fn unconditional_approvals_and_allow_lists_are_merged_by_scope() {
         policy_doc(name, &format!("  scope: agent\n  decision: {decision}\n"))
     };
     p.write("policies/a1.yaml", &approval("a1", "{type: require_approval, approvals_required: 2, timeout: {after_minutes: 30, default: allow}}"));
-    p.write("policies/a2.yaml", &approval("a2", "{type: require_approval, reason: Second opinion., on_reject: fail, on_modify: revalidate, comprehension_required: true, timeout: {after_minutes: 10, default: escalate}}"));
+    p.write("policies/a2.yaml", &approval("a2", "{type: require_approval, reason: Second opinion., on_reject: fail, on_modify: revalidate, comprehension_required: true, allow_self_approval: true, timeout: {after_minutes: 10, default: escalate}}"));
     p.write(
         "policies/allow1.yaml",
         &policy_doc(
@@ -391,7 +391,7 @@ fn unconditional_approvals_and_allow_lists_are_merged_by_scope() {
             "  scope: agent\n  allow: [eur, usd]\n  decision: {type: allow}\n",
         ),
     );
-    p.write("policies/cond.yaml", &policy_doc("cond", "  scope: agent\n  conditions: {field: n, op: gt, value: 1}\n  decision: {type: require_approval}\n"));
+    p.write("policies/cond.yaml", &policy_doc("cond", "  scope: agent\n  conditions: {field: n, op: gt, value: 1}\n  decision: {type: require_approval, allow_self_approval: true}\n"));
     p.write(
         "agent.yaml",
         &agent_doc("  default_policies: [p.a1, p.a2, p.allow1, p.allow2, p.cond]\n").replace(
@@ -430,6 +430,21 @@ fn unconditional_approvals_and_allow_lists_are_merged_by_scope() {
         ("fail", "revalidate")
     );
     assert!(merged.comprehension_required);
+    assert!(
+        !merged.allow_self_approval,
+        "a merged approval opts out of separation of duties only when every policy does"
+    );
+    assert!(
+        agent.spec.policies[0].allow_self_approval,
+        "the opt-out reaches the snapshot"
+    );
+    let set = agent.policy_set().unwrap();
+    assert!(
+        set.policies()
+            .iter()
+            .any(|p| p.name() == "cond" && p.allow_self_approval()),
+        "and the policy engine"
+    );
     let t = merged.timeout.as_ref().unwrap();
     assert_eq!(
         (t.after_minutes, t.default_decision.as_str()),

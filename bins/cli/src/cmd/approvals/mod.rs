@@ -83,7 +83,9 @@ fn policy(a: &Approval) -> Option<&str> {
     a.policy_ref.as_deref().or(a.policy_name.as_deref())
 }
 
-/// `emad approved at 2025-01-31T09:30:00Z: "comment" (comprehension acknowledged)`.
+/// `emad approved at 2025-01-31T09:30:00Z: "comment" (comprehension acknowledged)`. The line
+/// starts with the bare name as it always did (scripts and the tutorial read it); how the
+/// runtime knew the voter is [`voter_text`]'s line.
 pub(crate) fn vote_text(v: &Vote) -> String {
     let mut line = format!("{} {}", v.decided_by, v.decision);
     if let Some(t) = v.created_at {
@@ -96,6 +98,14 @@ pub(crate) fn vote_text(v: &Vote) -> String {
         line.push_str(" (comprehension acknowledged)");
     }
     line
+}
+
+/// `voter: emad (unverified)` or `voter: alice via approvals-ui`, printed under a vote whose
+/// attribution says more than the bare name; `None` for a verified voter and for votes recorded
+/// before attribution existed.
+pub(crate) fn voter_text(v: &Vote) -> Option<String> {
+    let display = v.voter_display();
+    (display != v.decided_by).then(|| format!("voter: {display}"))
 }
 
 /// The proposed arguments as an `args:` block and, when an approver edited them, the arguments

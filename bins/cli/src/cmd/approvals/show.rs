@@ -89,8 +89,8 @@ fn write_approval(a: &Approval, out: &mut impl Write) -> io::Result<()> {
     if let Some(t) = a.decided_at {
         field("decided_at", render::time(t));
     }
-    if let Some(by) = &a.decided_by {
-        field("decided_by", by.clone());
+    if let Some(by) = a.decided_by_display() {
+        field("decided_by", by);
     }
     if let Some(comment) = &a.comment {
         field("comment", comment.clone());
@@ -105,6 +105,9 @@ fn write_approval(a: &Approval, out: &mut impl Write) -> io::Result<()> {
     super::write_args(out, "", a)?;
     for vote in &a.votes {
         render::write_line(out, &format!("vote: {}", super::vote_text(vote)))?;
+        if let Some(voter) = super::voter_text(vote) {
+            render::write_line(out, &format!("  {voter}"))?;
+        }
     }
     Ok(())
 }
@@ -143,7 +146,7 @@ pub(crate) mod tests {
             "{text}"
         );
         assert!(
-            text.ends_with("vote: emad approved: \"verified\"\n"),
+            text.ends_with("vote: emad approved: \"verified\"\n  voter: emad (unverified)\n"),
             "{text}"
         );
     }
@@ -238,6 +241,10 @@ pub(crate) mod tests {
             expires_at: None,
             decided_at: None,
             decided_by: Some("emad".into()),
+            // Local mode: nobody verified the voter, and the output says so.
+            decided_by_verification: Some("unverified".into()),
+            decided_by_via: None,
+            allow_self_approval: false,
             comment: Some("verified".into()),
             votes: vec![Vote {
                 decided_by: "emad".into(),
@@ -245,6 +252,8 @@ pub(crate) mod tests {
                 comment: Some("verified".into()),
                 comprehension_acknowledged: false,
                 created_at: None,
+                verification: Some("unverified".into()),
+                via: None,
             }],
         }
     }

@@ -208,7 +208,7 @@ fn write_entry(
     match &entry.detail {
         TimelineDetail::Event(event) => {
             if !event.actor.is_empty() && !RUNTIME_ACTORS.contains(&event.actor.as_str()) {
-                render::write_line(out, &format!("    actor: {}", event.actor))?;
+                render::write_line(out, &format!("    actor: {}", event.actor_display()))?;
             }
             if payloads && !event.payload.is_null() {
                 render::write_line(
@@ -265,7 +265,7 @@ fn write_entry(
                 approval.status,
                 approval.resolution.as_deref().unwrap_or("-")
             );
-            if let Some(by) = &approval.decided_by {
+            if let Some(by) = approval.decided_by_display() {
                 line.push_str(&format!(" decided_by: {by}"));
             }
             if let Some(comment) = &approval.comment {
@@ -284,7 +284,7 @@ fn write_entry(
                 approval.approvals_received,
                 approval.approvals_required
             );
-            if let Some(by) = &approval.decided_by {
+            if let Some(by) = approval.decided_by_display() {
                 line.push_str(&format!(" decided_by: {by}"));
             }
             if let Some(comment) = &approval.comment {
@@ -296,6 +296,9 @@ fn write_entry(
                     out,
                     &format!("    vote: {}", crate::cmd::approvals::vote_text(vote)),
                 )?;
+                if let Some(voter) = crate::cmd::approvals::voter_text(vote) {
+                    render::write_line(out, &format!("      {voter}"))?;
+                }
             }
             // Edited arguments: the proposed and the effective ones together, as `approvals
             // show` prints them, at the approval's latest milestone.
@@ -609,6 +612,9 @@ mod tests {
                         turn: 0,
                         call_id: None,
                         actor: "emad".into(),
+                        // A relayed, verified voter.
+                        actor_verification: Some("token".into()),
+                        actor_via: Some("approvals-ui".into()),
                     }),
                     truncated: Vec::new(),
                 },
@@ -648,7 +654,7 @@ mod tests {
         assert!(field("children:", "run_child"), "{text}");
         assert!(
             text.contains(
-                "2025-01-31T09:30:00Z +0ms [event/approval.vote] vote approved by emad\n    actor: emad\n"
+                "2025-01-31T09:30:00Z +0ms [event/approval.vote] vote approved by emad\n    actor: emad via approvals-ui\n"
             ),
             "{text}"
         );
@@ -667,7 +673,9 @@ mod tests {
             insta::assert_snapshot!("inspect_dump_with_payloads", with_payloads);
         });
         assert!(
-            with_payloads.contains("    actor: emad\n    payload: {\"decision\":\"approved\"}\n"),
+            with_payloads.contains(
+                "    actor: emad via approvals-ui\n    payload: {\"decision\":\"approved\"}\n"
+            ),
             "{with_payloads}"
         );
         let json = inspection_json(&inspection);
@@ -709,6 +717,10 @@ mod tests {
             expires_at: None,
             decided_at: None,
             decided_by: Some("emad".into()),
+            // Recorded before attribution existed: printed as before, without a marker.
+            decided_by_verification: None,
+            decided_by_via: None,
+            allow_self_approval: false,
             comment: None,
             votes: Vec::new(),
         }
@@ -838,6 +850,8 @@ mod tests {
                 turn: 1,
                 call_id: None,
                 actor: "alice".into(),
+                actor_verification: Some("unverified".into()),
+                actor_via: None,
             }),
             truncated: vec![TruncatedPayload {
                 field: "event.payload".into(),
