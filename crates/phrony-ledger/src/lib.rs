@@ -48,7 +48,7 @@
 //! (payload as canonical JSON with sorted keys; `ts` as RFC 3339 UTC with six fractional
 //! digits). The payload is stored as exactly those canonical bytes.
 //!
-//! **Attribution** (schema 4). An event also records how its actor was established:
+//! **Attribution** (migration 0005). An event also records how its actor was established:
 //! `actor_verification` (`unverified`, `token`, `oidc`, `mtls` — [`Verification`]) and
 //! `actor_via` (the relaying principal, or NULL). The hash of such an event appends both to the
 //! array: `[…, prev_hash, actor_verification, actor_via]` (`actor_via` a string or `null`). An

@@ -72,8 +72,9 @@ fn allowed(role: Role, rpc: &str) -> bool {
     }
 }
 
+/// Sends `authorization: <value>` on every call when set.
 #[derive(Clone)]
-struct Bearer(Option<String>);
+pub(crate) struct Bearer(pub(crate) Option<String>);
 
 impl Interceptor for Bearer {
     fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, tonic::Status> {
@@ -86,7 +87,7 @@ impl Interceptor for Bearer {
     }
 }
 
-type Client = RuntimeClient<InterceptedService<Channel, Bearer>>;
+pub(crate) type Client = RuntimeClient<InterceptedService<Channel, Bearer>>;
 
 /// Calls `rpc` with a minimal request; returns the answer's code (`Ok` when it succeeded).
 async fn call(client: &mut Client, rpc: &str) -> Code {

@@ -15,8 +15,10 @@ use std::time::Duration;
 
 use pb::run_session_interactive_client_msg::Body as Up;
 use pb::run_session_interactive_server_msg::Body as Down;
+use phrony_auth::{Role as AuthRole, TokenSecret};
 use phrony_engine::ProviderFactory;
 use phrony_ledger::Ledger;
+use phrony_ledger::NewApiToken;
 use phrony_manifest::CompiledAgent;
 use phrony_proto::runtime::v1 as pb;
 use phrony_proto::runtime::v1::runtime_client::RuntimeClient;
@@ -24,8 +26,11 @@ use phrony_providers::{
     ApiKey, CompletionRequest, ContentBlock, Event as ModelEvent, ModelProvider, ProviderError,
     Role, StopReason,
 };
+use phrony_runtime::auth::AuthMode;
 use phrony_runtime::{SecretsKey, ServeConfig};
 use phrony_test_support::fake_model::{Script, Step, completed};
+
+use crate::access::{Bearer, Client};
 use serde_json::{Value, json};
 use tokio::sync::{Notify, mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
@@ -93,6 +98,9 @@ fn tool_results(r: &CompletionRequest) -> Vec<(String, bool)> {
 
 struct Server {
     addr: String,
+    /// The `authorization` value of the harness's own calls (`required` mode: an admin token).
+    bearer: Option<String>,
+    ledger: Ledger,
     script: Arc<Script>,
     stop: Option<oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<()>,
@@ -108,6 +116,12 @@ impl Server {
 
     /// A server running `agent` on `steps`.
     async fn start_with(steps: Vec<Step>, agent: CompiledAgent) -> Self {
+        Self::start_in(steps, agent, AuthMode::Local).await
+    }
+
+    /// [`Server::start_with`] in `auth` mode; in `required` mode the harness publishes,
+    /// deploys and serves tools with an admin token.
+    async fn start_in(steps: Vec<Step>, agent: CompiledAgent, auth: AuthMode) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let url = format!("sqlite://{}", dir.path().join("phrony.db").display());
         let ledger = Ledger::connect(&url).await.unwrap();
@@ -119,15 +133,21 @@ impl Server {
         config.providers = Some(Arc::new(ScriptFactory(Arc::clone(&script))));
         config.default_actor = "runtime-default".into();
         config.shutdown_grace = Duration::from_secs(2);
+        config.auth = auth;
+        let bearer = match auth {
+            AuthMode::Local => None,
+            AuthMode::Required => Some(token(&ledger, "harness-admin", AuthRole::Admin).await),
+        };
+        let serving = ledger.clone();
         let (stop, stopped) = oneshot::channel();
         let task = tokio::spawn(async move {
-            phrony_runtime::serve(listener, ledger, config, async {
+            phrony_runtime::serve(listener, serving, config, async {
                 let _ = stopped.await;
             })
             .await
             .unwrap();
         });
-        let mut client = connect(&addr).await;
+        let mut client = connect_with(&addr, bearer.clone()).await;
         client
             .publish(pb::PublishRequest {
                 manifest: agent.snapshot_json(),
@@ -145,9 +165,11 @@ impl Server {
             })
             .await
             .unwrap();
-        let worker = Worker::connect(&addr).await;
+        let worker = Worker::connect(&addr, bearer.clone()).await;
         Self {
             addr,
+            bearer,
+            ledger,
             script,
             stop: Some(stop),
             task,
@@ -156,8 +178,8 @@ impl Server {
         }
     }
 
-    async fn client(&self) -> RuntimeClient<Channel> {
-        connect(&self.addr).await
+    async fn client(&self) -> Client {
+        connect_with(&self.addr, self.bearer.clone()).await
     }
 
     async fn stop(mut self) {
@@ -169,10 +191,37 @@ impl Server {
     }
 }
 
-async fn connect(addr: &str) -> RuntimeClient<Channel> {
-    RuntimeClient::connect(format!("http://{addr}"))
-        .await
+/// A client sending `bearer` (`Bearer phr_…`) as its `authorization`, when given.
+async fn connect_with(addr: &str, bearer: Option<String>) -> Client {
+    let channel = Channel::from_shared(format!("http://{addr}"))
         .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    RuntimeClient::with_interceptor(channel, Bearer(bearer))
+}
+
+/// An API token named `name` with `role` in `ledger`; returns the `authorization` value.
+async fn token(ledger: &Ledger, name: &str, role: AuthRole) -> String {
+    let secret = TokenSecret::from_random(
+        *phrony_auth::hash_secret(name)
+            .as_bytes()
+            .first_chunk::<32>()
+            .unwrap(),
+    );
+    ledger
+        .create_api_token(NewApiToken {
+            name: name.into(),
+            secret_hash: secret.hash(),
+            roles: vec![role],
+            routes: vec![],
+            tools: vec![],
+            expires_at: None,
+            created_by: "test".into(),
+        })
+        .await
+        .unwrap();
+    format!("Bearer {}", secret.expose())
 }
 
 fn agent_ref() -> pb::AgentRef {
@@ -222,7 +271,7 @@ impl Drop for Worker {
 }
 
 impl Worker {
-    async fn connect(addr: &str) -> Self {
+    async fn connect(addr: &str, bearer: Option<String>) -> Self {
         use pb::work_client_msg::Body as WUp;
         use pb::work_server_msg::Body as WDown;
         let (up, rx) = mpsc::channel(16);
@@ -246,7 +295,7 @@ impl Worker {
         })))
         .await
         .unwrap();
-        let mut down = connect(addr)
+        let mut down = connect_with(addr, bearer)
             .await
             .work(ReceiverStream::new(rx))
             .await
@@ -342,6 +391,11 @@ fn decide(approval_id: &str, approved: bool, comment: &str) -> Up {
 
 /// Opens a stream whose first message is `first`, as `actor` (the `phrony-actor` header).
 async fn open(server: &Server, actor: Option<&str>, first: Up) -> Result<Stream, Status> {
+    open_with(server.client().await, actor, first).await
+}
+
+/// [`open`] on `client`.
+async fn open_with(mut client: Client, actor: Option<&str>, first: Up) -> Result<Stream, Status> {
     let (up, rx) = mpsc::channel(16);
     up.send(pb::RunSessionInteractiveClientMsg { body: Some(first) })
         .await
@@ -352,12 +406,7 @@ async fn open(server: &Server, actor: Option<&str>, first: Up) -> Result<Stream,
             .metadata_mut()
             .insert("phrony-actor", actor.parse().unwrap());
     }
-    let down = server
-        .client()
-        .await
-        .run_session_interactive(request)
-        .await?
-        .into_inner();
+    let down = client.run_session_interactive(request).await?.into_inner();
     Ok(Stream {
         up: Some(up),
         down,
@@ -1075,5 +1124,80 @@ async fn a_user_message_while_a_limit_blocks_input_gets_the_reason_again() {
     assert_eq!(again.stats.unwrap().turn, 1);
     // The message was not run.
     assert_eq!(server.script.requests().len(), 1);
+    server.stop().await;
+}
+
+/// In `required` mode a runner may open the stream and start the session, but its votes on it
+/// are refused naming the missing permission (the stream goes on); an approver's vote on its own
+/// stream decides.
+#[tokio::test]
+async fn a_runner_on_the_stream_cannot_approve_but_an_approver_can() {
+    let server = Server::start_in(
+        vec![
+            Step::call(
+                "issue_refund",
+                json!({"order_id": "ORD-1", "amount": 400, "currency": "EUR"}),
+            ),
+            Step::say(&["Refund handled."]),
+        ],
+        refund_agent(1, ""),
+        AuthMode::Required,
+    )
+    .await;
+    let runner = token(&server.ledger, "support-runner", AuthRole::Runner).await;
+    let runner_client = connect_with(&server.addr, Some(runner)).await;
+    let mut s = open_with(
+        runner_client,
+        None,
+        start_msg("Refund 400 for ORD-1.", pb::SessionMode::Unspecified),
+    )
+    .await
+    .unwrap();
+    let session_id = s.started().await.session_id;
+    s.until(|b| kind(b) == "approval_required").await;
+    s.send(decide("", true, "")).await;
+    let Some(Down::Status(st)) = s.until(|b| refusal(b, "permission")).await.pop() else {
+        unreachable!()
+    };
+    assert!(
+        st.reason
+            .contains("\"support-runner\" lacks the approve permission"),
+        "{}",
+        st.reason
+    );
+    assert_eq!(st.status, "awaiting_approval");
+
+    let approver = token(&server.ledger, "finance-approver", AuthRole::Approver).await;
+    let approver_client = connect_with(&server.addr, Some(approver.clone())).await;
+    // Opening the stream needs `run`, which an approver lacks.
+    let refused = open_with(approver_client, None, attach_msg(&session_id))
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(refused.code(), Code::PermissionDenied);
+    assert!(refused.message().contains("run permission"), "{refused:?}");
+    // The approver decides through DecideApproval; the runner's stream sees it.
+    let mut approver_client = connect_with(&server.addr, Some(approver)).await;
+    let approvals = approver_client
+        .list_approvals(pb::ListApprovalsRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .approvals;
+    let decided = approver_client
+        .decide_approval(pb::DecideApprovalRequest {
+            approval_id: approvals[0].id.clone(),
+            decision: pb::ApprovalDecision::Approve.into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(decided.status, "approved");
+    let rest = s.until(|b| kind(b) == "approval_decided").await;
+    let Some(Down::ApprovalDecided(d)) = rest.last() else {
+        unreachable!()
+    };
+    assert_eq!(d.decided_by, "finance-approver");
     server.stop().await;
 }
