@@ -533,7 +533,9 @@ impl SessionView {
             | EventBody::AgentRolledBack(_)
             | EventBody::AgentVersionDeprecated(_)
             | EventBody::AgentVersionRetired(_)
-            | EventBody::AgentArchived(_) => Vec::new(),
+            | EventBody::AgentArchived(_)
+            | EventBody::TokenCreated(_)
+            | EventBody::TokenRevoked(_) => Vec::new(),
         })
     }
 

@@ -540,13 +540,17 @@ fn event_summary(e: &Event, calls: &HashMap<&str, &ToolInvocation>) -> Result<St
         EventBody::ApprovalRequired(_)
         | EventBody::ApprovalVote(_)
         | EventBody::ApprovalDecided(_)
-        | EventBody::ApprovalEscalated(_) => approval_summary(body, &call),
+        | EventBody::ApprovalEscalated(_) => approval_summary(e, body, &call),
         EventBody::AgentVersionPublished(_)
         | EventBody::AgentDeployed(_)
         | EventBody::AgentRolledBack(_)
         | EventBody::AgentVersionDeprecated(_)
         | EventBody::AgentVersionRetired(_)
         | EventBody::AgentArchived(_) => format!("{} by {}", e.event_type, actor_label(e)),
+        // Not session events: the tokens stream's own.
+        EventBody::TokenCreated(_) | EventBody::TokenRevoked(_) => {
+            format!("{} by {}", e.event_type, actor_label(e))
+        }
         EventBody::ToolRequested(_)
         | EventBody::ToolQueued(_)
         | EventBody::ToolDispatched(_)
@@ -616,7 +620,7 @@ fn tool_summary(body: EventBody, call: &CallLabel) -> String {
 }
 
 /// The summary of an approval event (`body` is one).
-fn approval_summary(body: EventBody, call: &CallLabel) -> String {
+fn approval_summary(e: &Event, body: EventBody, call: &CallLabel) -> String {
     match body {
         EventBody::ApprovalRequired(a) => {
             let head = with_detail(

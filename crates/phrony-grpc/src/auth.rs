@@ -59,6 +59,9 @@ pub const PERMISSIONS: &[(&str, Permission)] = &[
     ("ListBundles", Permission::Read),
     ("ListBundleVersions", Permission::Read),
     ("ListBundleDeployments", Permission::Read),
+    // The audit trail: verifying the chains and exporting the events are reads.
+    ("VerifyAudit", Permission::Read),
+    ("ExportAudit", Permission::Read),
     // Sessions.
     ("RunSession", Permission::Run),
     ("RunSessionInteractive", Permission::Run),

@@ -113,7 +113,8 @@ fn tokio_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .context("cannot start the async runtime")
 }
 
-/// `phrony-runtime tokens …`: on the daemon's database (migrated first), printing to stdout.
+/// `phrony-runtime tokens …`: on the daemon's database (migrated first, under its audit key),
+/// printing to stdout.
 pub fn tokens(
     settings: &Settings,
     env: &Env,
@@ -121,7 +122,12 @@ pub fn tokens(
 ) -> anyhow::Result<()> {
     tokio_runtime()?.block_on(async {
         let db = settings.database(env);
-        let ledger = open_ledger(&db).await?;
+        // Token changes are events: appended under the audit key, on a log that passes the
+        // daemon's own start-up check (a new key seals the existing log first, as `serve` does).
+        let (audit_key, key_file) =
+            crate::audit::load_key(&settings.audit_key_file(env, &db), true)?;
+        let ledger = open_ledger(&db).await?.with_audit_key(audit_key);
+        crate::audit::check_at_start(&ledger, key_file, false, &settings.default_actor).await?;
         let mut out = std::io::stdout().lock();
         let result = crate::tokens::run(&ledger, command, &settings.default_actor, &mut out).await;
         ledger.close().await;

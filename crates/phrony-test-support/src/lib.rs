@@ -20,9 +20,9 @@
 )]
 
 pub mod fake_api;
-pub mod pki;
 #[cfg(feature = "model")]
 pub mod fake_model;
+pub mod pki;
 pub mod postgres;
 pub mod proxy;
 pub mod stub;

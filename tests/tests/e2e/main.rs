@@ -30,6 +30,6 @@ mod guard_rails;
 mod lifecycle;
 mod schema;
 mod sessions;
-mod transport;
 mod tables;
+mod transport;
 mod tui;

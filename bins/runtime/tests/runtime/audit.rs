@@ -28,10 +28,11 @@ fn offline_verify(launch: &Launch) -> (Option<i32>, String, String) {
     )
 }
 
-/// The event hash (`phrony.event.v1`), computed the way an attacker who read the docs would.
+/// The event hash (`phrony.event.v1`, with the attribution appended when recorded), computed
+/// the way an attacker who read the docs would.
 fn event_hash(row: &sqlx::sqlite::SqliteRow, payload: &str, prev: &str) -> String {
     let payload: Value = serde_json::from_str(payload).unwrap();
-    let encoded = json!([
+    let mut encoded = json!([
         "phrony.event.v1",
         row.get::<String, _>("stream"),
         row.get::<i64, _>("seq"),
@@ -43,6 +44,12 @@ fn event_hash(row: &sqlx::sqlite::SqliteRow, payload: &str, prev: &str) -> Strin
         payload,
         prev,
     ]);
+    // An attributed event appends its verification and relay (the ledger's documented rule).
+    if let Some(verification) = row.get::<Option<String>, _>("actor_verification") {
+        let items = encoded.as_array_mut().unwrap();
+        items.push(json!(verification));
+        items.push(json!(row.get::<Option<String>, _>("actor_via")));
+    }
     hex::encode(Sha256::digest(encoded.to_string().as_bytes()))
 }
 
@@ -306,4 +313,40 @@ async fn an_edited_projection_and_a_dropped_trigger_are_reported() {
     let (status, stderr) = launch.run(&[]);
     assert_eq!(status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("events_no_delete"), "{stderr}");
+}
+
+/// `phrony-runtime tokens …` run beside the daemon (before its first start, and while it is
+/// stopped) append under the same audit key: the log still verifies offline and the daemon
+/// starts on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_changes_made_offline_keep_the_log_sealed() {
+    let home = tempfile::tempdir().unwrap();
+    let url = sqlite_url(home.path());
+    let launch = Launch::new(home.path(), Some(&url));
+    let tokens = |args: &[&str]| {
+        let out = launch
+            .command()
+            .arg("tokens")
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "tokens {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    // Before the daemon ever ran: the key is created and the (empty) log sealed.
+    tokens(&["create", "--name", "ci-viewer", "--role", "viewer"]);
+    let mut daemon = launch.start().await;
+    assert_eq!(daemon.terminate().code(), Some(0));
+    // While it is stopped, on the log it sealed.
+    tokens(&["revoke", "ci-viewer"]);
+    tokens(&["create", "--name", "ops", "--role", "admin"]);
+    let (code, stdout, stderr) = offline_verify(&launch);
+    assert_eq!(code, Some(0), "{stdout}{stderr}");
+    assert!(stdout.starts_with("verified "), "{stdout}");
+    let mut daemon = launch.start().await;
+    assert_eq!(daemon.terminate().code(), Some(0));
 }

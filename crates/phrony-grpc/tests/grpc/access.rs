@@ -40,6 +40,8 @@ const READS: &[&str] = &[
     "ListBundles",
     "ListBundleVersions",
     "ListBundleDeployments",
+    "VerifyAudit",
+    "ExportAudit",
 ];
 const RUNS: &[&str] = &[
     "RunSession",
@@ -217,6 +219,9 @@ async fn call(client: &mut Client, rpc: &str) -> Code {
                 .archive_agent(pb::ArchiveAgentRequest { agent_ref: agent() })
                 .await,
         ),
+        "VerifyAudit" => code(client.verify_audit(pb::VerifyAuditRequest::default()).await),
+        // The stream opens (or is refused) before any event is read.
+        "ExportAudit" => code(client.export_audit(pb::ExportAuditRequest::default()).await),
         "Work" => code(
             client
                 .work(futures::stream::iter(vec![pb::WorkClientMsg::default()]))
@@ -391,7 +396,7 @@ async fn every_rpc_answers_every_role_as_the_table_says() {
     );
     assert_eq!(
         checked,
-        callers.len() * 30,
+        callers.len() * 32,
         "every RPC of the service was called"
     );
     server.stop().await;

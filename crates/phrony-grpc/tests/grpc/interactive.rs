@@ -1138,7 +1138,7 @@ async fn a_runner_on_the_stream_cannot_approve_but_an_approver_can() {
                 "issue_refund",
                 json!({"order_id": "ORD-1", "amount": 400, "currency": "EUR"}),
             ),
-            Step::say(&["Refund handled."]),
+            Step::say("Refund handled."),
         ],
         refund_agent(1, ""),
         AuthMode::Required,
