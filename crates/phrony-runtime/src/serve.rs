@@ -139,6 +139,65 @@ pub async fn bind(addr: &str) -> Result<Listener, ServeError> {
     })
 }
 
+/// The gRPC reflection services (v1 and v1alpha) over the runtime's and health's descriptors.
+fn reflection_services() -> Result<
+    (
+        tonic_reflection::server::v1::ServerReflectionServer<
+            impl tonic_reflection::server::v1::ServerReflection,
+        >,
+        tonic_reflection::server::v1alpha::ServerReflectionServer<
+            impl tonic_reflection::server::v1alpha::ServerReflection,
+        >,
+    ),
+    ServeError,
+> {
+    let reflection = |e: tonic_reflection::server::Error| ServeError::Reflection {
+        message: e.to_string(),
+    };
+    let v1 = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(phrony_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(health::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(reflection)?;
+    let v1alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(phrony_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(health::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()
+        .map_err(reflection)?;
+    Ok((v1, v1alpha))
+}
+
+/// The edge's authenticator in `mode` (with the configured OIDC and mTLS arms), said once at
+/// start-up: a warning in `local` mode, which verifies nobody.
+fn edge_authenticator(
+    mode: crate::auth::AuthMode,
+    ledger: &Ledger,
+    config: &ServeConfig,
+) -> Arc<dyn phrony_auth::Authenticator> {
+    match mode {
+        crate::auth::AuthMode::Local => tracing::warn!(
+            "the runtime is unauthenticated (RUNTIME_AUTH=local): any local process may call it \
+             under any name, recorded as unverified; set RUNTIME_AUTH=required to require tokens"
+        ),
+        crate::auth::AuthMode::Required => {
+            tracing::info!("authentication required on every RPC (RUNTIME_AUTH=required)");
+        }
+    }
+    crate::auth::authenticator(
+        mode,
+        ledger,
+        &config.default_actor,
+        config
+            .oidc
+            .clone()
+            .map(|o| o as Arc<dyn phrony_auth::Authenticator>),
+        config
+            .mtls
+            .clone()
+            .map(|m| m as Arc<dyn phrony_auth::Authenticator>),
+    )
+}
+
 /// Serves `phrony.runtime.v1.Runtime` (behind the access edge, in [`ServeConfig::auth`] mode),
 /// `grpc.health.v1.Health` and server reflection (v1 and v1alpha) on `listener` until
 /// `shutdown` completes, then stops gracefully: health turns
@@ -165,6 +224,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
     let mode = crate::auth::resolve_mode(Some(config.auth), false, listener.local_addr)?;
+    let authenticator = edge_authenticator(mode, &ledger, &config);
     let health = Health::new();
     let monitor = health.spawn_monitor(
         ledger.clone(),
@@ -172,19 +232,7 @@ pub async fn serve(
         config.health_check_timeout,
     );
 
-    let reflection = |e: tonic_reflection::server::Error| ServeError::Reflection {
-        message: e.to_string(),
-    };
-    let reflection_v1 = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(phrony_proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(health::FILE_DESCRIPTOR_SET)
-        .build_v1()
-        .map_err(reflection)?;
-    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(phrony_proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(health::FILE_DESCRIPTOR_SET)
-        .build_v1alpha()
-        .map_err(reflection)?;
+    let (reflection_v1, reflection_v1alpha) = reflection_services()?;
     let cipher = SecretCipher::new(config.secrets_key.as_bytes());
     let store = Arc::new(LedgerStore::new(ledger.clone(), Some(cipher)));
     let router = match config.router {
@@ -239,28 +287,6 @@ pub async fn serve(
     }
     for (session_id, reason) in &report.failed {
         tracing::warn!(%session_id, %reason, "session could not be resumed and was failed");
-    }
-    let authenticator = crate::auth::authenticator(
-        mode,
-        &ledger,
-        &config.default_actor,
-        config
-            .oidc
-            .clone()
-            .map(|o| o as Arc<dyn phrony_auth::Authenticator>),
-        config
-            .mtls
-            .clone()
-            .map(|m| m as Arc<dyn phrony_auth::Authenticator>),
-    );
-    match mode {
-        crate::auth::AuthMode::Local => tracing::warn!(
-            "the runtime is unauthenticated (RUNTIME_AUTH=local): any local process may call it \
-             under any name, recorded as unverified; set RUNTIME_AUTH=required to require tokens"
-        ),
-        crate::auth::AuthMode::Required => {
-            tracing::info!("authentication required on every RPC (RUNTIME_AUTH=required)")
-        }
     }
     let service = RuntimeService::new(ledger.clone(), config.default_actor, router.clone())
         .with_engine(engine.clone());

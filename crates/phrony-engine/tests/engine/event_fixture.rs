@@ -104,6 +104,10 @@ async fn inspect_text(ledger: &Ledger, ids: &[String]) -> String {
 /// Records the fixture with this build. Ignored: it rewrites files under `tests/fixtures`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "writes the fixture database; run by hand when recording a new fixture"]
+#[allow(
+    clippy::too_many_lines,
+    reason = "the recording script: one scenario after another, read top to bottom"
+)]
 async fn record_the_fixture() {
     let dir = fixture_dir();
     std::fs::create_dir_all(&dir).unwrap();
