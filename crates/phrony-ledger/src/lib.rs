@@ -33,7 +33,9 @@
 //!         actor: "alice".into(),
 //!     })
 //!     .await?;
-//! ledger.deploy(&agent, "0.1.0", "alice").await?;
+//! ledger
+//!     .deploy(&agent, "0.1.0", &phrony_ledger::Attribution::unverified("alice"))
+//!     .await?;
 //! let runnable = ledger.runnable_version(&agent, None).await?;
 //! # let _ = runnable; Ok(()) }
 //! ```
