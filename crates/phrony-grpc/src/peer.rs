@@ -17,13 +17,7 @@ use x509_parser::prelude::{FromDer as _, X509Certificate};
 /// # Errors
 /// [`AuthError::Rejected`] when the certificate has no usable CN (see the module docs).
 pub fn peer_subject<T>(request: &Request<T>) -> Result<Option<String>, AuthError> {
-    let Some(certs) = request.peer_certs() else {
-        return Ok(None);
-    };
-    match certs.first() {
-        None => Ok(None),
-        Some(leaf) => certificate_subject(leaf.as_ref()).map(Some),
-    }
+    leaf_subject(request.peer_certs().as_deref())
 }
 
 /// [`peer_subject`] from the extensions of the raw HTTP request (what the access edge sees
@@ -35,13 +29,15 @@ pub(crate) fn extensions_peer_subject(
     extensions: &tonic::codegen::http::Extensions,
 ) -> Result<Option<String>, AuthError> {
     use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
-    let Some(certs) = extensions
+    let certs = extensions
         .get::<TlsConnectInfo<TcpConnectInfo>>()
-        .and_then(TlsConnectInfo::peer_certs)
-    else {
-        return Ok(None);
-    };
-    match certs.first() {
+        .and_then(TlsConnectInfo::peer_certs);
+    leaf_subject(certs.as_deref())
+}
+
+/// The CN of the first (leaf) certificate of a verified chain, `None` without one.
+fn leaf_subject<C: AsRef<[u8]>>(certs: Option<&Vec<C>>) -> Result<Option<String>, AuthError> {
+    match certs.and_then(|c| c.first()) {
         None => Ok(None),
         Some(leaf) => certificate_subject(leaf.as_ref()).map(Some),
     }
