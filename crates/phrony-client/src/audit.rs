@@ -64,6 +64,10 @@ pub struct ExportedEvent {
     pub prev_hash: String,
     /// This event's hash.
     pub hash: String,
+    /// How the actor was verified, when the event records it (then hashed too).
+    pub actor_verification: Option<String>,
+    /// The relaying principal, when the event records one.
+    pub actor_via: Option<String>,
 }
 
 /// The events of an `ExportAudit` call, read as they arrive.
@@ -95,6 +99,8 @@ impl AuditExport {
             payload_json: e.payload_json,
             prev_hash: e.prev_hash,
             hash: e.hash,
+            actor_verification: e.actor_verification,
+            actor_via: e.actor_via,
         }))
     }
 }

@@ -2,7 +2,8 @@
 //! daemon (the tampering cases are in `bins/runtime/tests/runtime/audit.rs` and the ledger's
 //! conformance suite).
 
-use serde_json::Value;
+use serde_json::{Value, json};
+use sha2::{Digest as _, Sha256};
 use tests::cli::{fails, ok};
 use tests::daemon::{Backend, Daemon};
 
@@ -21,6 +22,29 @@ spec:
     provider: openai
     name: gpt-4o
 ";
+
+/// An exported line's hash, recomputed from the line alone by the documented rule (the
+/// `phrony.event.v1` array, with the attribution appended when the event records one).
+fn recomputed_hash(e: &Value) -> String {
+    let mut input = json!([
+        "phrony.event.v1",
+        e["stream"],
+        e["seq"],
+        e["type"],
+        e["ts"],
+        e["actor"],
+        e["call_id"],
+        e["turn"],
+        e["payload"],
+        e["prev_hash"],
+    ]);
+    if !e["actor_verification"].is_null() {
+        let items = input.as_array_mut().unwrap();
+        items.push(e["actor_verification"].clone());
+        items.push(e["actor_via"].clone());
+    }
+    hex::encode(Sha256::digest(input.to_string().as_bytes()))
+}
 
 fn audit(backend: Backend) {
     let Some(daemon) = Daemon::start(backend) else {
@@ -62,11 +86,12 @@ fn audit(backend: Backend) {
     assert_eq!(events[0]["payload"]["owner"], "platform-team");
     assert_eq!(events[1]["prev_hash"], events[0]["hash"]);
     assert_eq!(events[2]["type"], "audit.key_introduced");
-    assert!(
-        events
-            .iter()
-            .all(|e| e["hash"].as_str().is_some_and(|h| h.len() == 64))
-    );
+    // The CLI's changes are attributed (unverified in local mode), so the export must carry
+    // what the hash covers: every line recomputes to its own hash.
+    assert_eq!(events[0]["actor_verification"], "unverified", "{jsonl}");
+    for e in &events {
+        assert_eq!(e["hash"].as_str(), Some(recomputed_hash(e).as_str()), "{e}");
+    }
 
     let later = ok(phrony().args(["audit", "export", "--since", "2999-01-01T00:00:00Z"]));
     assert_eq!(later, "");

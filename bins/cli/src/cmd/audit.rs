@@ -113,11 +113,12 @@ fn export(args: &ExportArgs, global: &Global) -> anyhow::Result<()> {
     })
 }
 
-/// One JSONL line: the stored fields, the payload as JSON, both hashes.
+/// One JSONL line: the stored fields, the payload as JSON, both hashes, and the actor's
+/// attribution when the event records one (it is then part of the hashed input).
 fn event_json(e: &ExportedEvent) -> Value {
     let payload: Value = serde_json::from_str(&e.payload_json)
         .unwrap_or_else(|_| Value::String(e.payload_json.clone()));
-    json!({
+    let mut line = json!({
         "stream": e.stream,
         "seq": e.seq,
         "type": e.event_type,
@@ -128,5 +129,10 @@ fn event_json(e: &ExportedEvent) -> Value {
         "payload": payload,
         "prev_hash": e.prev_hash,
         "hash": e.hash,
-    })
+    });
+    if let Some(verification) = &e.actor_verification {
+        line["actor_verification"] = json!(verification);
+        line["actor_via"] = json!(e.actor_via);
+    }
+    line
 }

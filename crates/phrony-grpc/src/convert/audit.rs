@@ -99,5 +99,7 @@ pub(crate) fn audit_event(e: Event) -> pb::AuditEvent {
         turn: e.turn,
         prev_hash: e.prev_hash,
         hash: e.hash,
+        actor_verification: e.actor_verification.map(|v| v.as_str().to_owned()),
+        actor_via: e.actor_via,
     }
 }
