@@ -170,8 +170,18 @@ impl CallScope<'_> {
 
 impl DriverSetup {
     /// The schema violations of `args` for the tool `wire`, as one message.
+    /// Arguments the model sent as text that is not JSON (the providers pass such text on as a
+    /// JSON string) are named as such rather than as "not of type object".
     pub(crate) fn invalid_args(&self, wire: &str, args: &Value) -> Option<String> {
         let validator = self.validators.get(wire)?;
+        if let Value::String(raw) = args
+            && let Err(e) = serde_json::from_str::<Value>(raw)
+        {
+            return Some(format!(
+                "the arguments are not valid JSON ({e}); send one JSON object that matches the \
+                 tool's input schema"
+            ));
+        }
         validator.validate(args).err().map(|errors| {
             errors
                 .iter()

@@ -1,12 +1,13 @@
 //! `anthropic`: the Messages API with tool use, streamed as server-sent events.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use eventsource_stream::{EventStreamError, Eventsource as _};
 use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderValue};
 use serde_json::{Map, Value, json};
 
-use crate::driver::{Out, Translator, translate};
+use crate::driver::{Out, Translator, stalled_message, translate};
 use crate::error::{ProviderError, RequestContext};
 use crate::http::{connection_error, read_failure, truncate};
 use crate::openai::parse_args;
@@ -29,6 +30,7 @@ pub(crate) struct AnthropicProvider {
     base_url: String,
     headers: HeaderMap,
     retry: RetryPolicy,
+    idle: Duration,
 }
 
 impl std::fmt::Debug for AnthropicProvider {
@@ -46,6 +48,7 @@ impl AnthropicProvider {
         api_key: &ApiKey,
         http: reqwest::Client,
         retry: RetryPolicy,
+        idle: Duration,
     ) -> Result<Self, ProviderError> {
         let mut key =
             HeaderValue::from_str(api_key.expose()).map_err(|_| ProviderError::InvalidConfig {
@@ -67,6 +70,7 @@ impl AnthropicProvider {
             base_url,
             headers,
             retry,
+            idle,
         })
     }
 }
@@ -113,6 +117,7 @@ impl ModelProvider for AnthropicProvider {
                 Ok(translate(
                     events,
                     SseTranslator::new(context, url, input_estimate),
+                    self.idle,
                 ))
             }
         })
@@ -499,6 +504,31 @@ impl Translator<Result<eventsource_stream::Event, EventStreamError<reqwest::Erro
             .and_then(Value::as_str)
             .map_or_else(|| event.event.clone(), str::to_owned);
         self.on_data(&kind, &data, out);
+    }
+
+    fn stalled(&self, idle: Duration) -> ProviderError {
+        ProviderError::Connection {
+            context: Box::new(self.context.clone()),
+            url: self.url.clone(),
+            message: stalled_message(idle),
+            retryable: true,
+            attempts: 1,
+        }
+    }
+
+    fn pending_bytes(&self) -> usize {
+        self.blocks
+            .values()
+            .map(|b| match b {
+                Block::ToolUse { id, name, json, .. } => id.len() + name.len() + json.len(),
+                Block::Thinking {
+                    thinking,
+                    signature,
+                } => thinking.len() + signature.len(),
+                Block::Redacted { data } => data.len(),
+                Block::Text | Block::Other => 0,
+            })
+            .sum()
     }
 
     fn on_end(&mut self, out: &mut Out) {

@@ -121,6 +121,15 @@ pub enum ProviderError {
     /// A stream ended without a [`crate::Event::Completed`].
     #[error("model stream ended without a completed event")]
     Truncated,
+    /// The model's answer grew past [`crate::MAX_COMPLETION_BYTES`]; it was discarded.
+    #[error(
+        "model answer is larger than {limit} bytes (text, reasoning and tool arguments together); \
+         the completion was discarded. Lower spec.model.parameters.max_tokens or check the endpoint"
+    )]
+    AnswerTooLarge {
+        /// The bound, in bytes.
+        limit: usize,
+    },
     /// The stub script has no entry for this completion.
     #[error("unexpected completion call {call} (script has {turns} turns)")]
     StubExhausted {

@@ -28,7 +28,10 @@ pub(crate) fn client(
     }
     let client = reqwest::Client::builder()
         .connect_timeout(connect_timeout)
-        .read_timeout(idle_timeout)
+        // The stream's idle timeout is enforced per event by the driver (`driver::translate`),
+        // which names it; the client's read timeout, a second longer, backs it up and bounds
+        // the wait for the response headers.
+        .read_timeout(idle_timeout.saturating_add(Duration::from_secs(1)))
         .user_agent(concat!("phrony-runtime/", env!("CARGO_PKG_VERSION")))
         .build()
         .map_err(|e| ProviderError::InvalidConfig {

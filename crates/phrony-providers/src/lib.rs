@@ -49,6 +49,12 @@ use std::time::Duration;
 
 use futures::stream::BoxStream;
 
+/// The largest model answer a provider accepts, in bytes: text, reasoning, tool names and tool
+/// arguments of one completion together (4 MiB; about 1,000,000 tokens, far above any vendor's
+/// output limit). A longer answer fails the completion with [`ProviderError::AnswerTooLarge`]
+/// instead of growing the daemon's memory and the event log without bound.
+pub const MAX_COMPLETION_BYTES: usize = 4 * 1024 * 1024;
+
 pub use env::ProviderEnv;
 pub use error::{HttpFailure, ProviderError, RequestContext};
 pub use retry::RetryPolicy;
@@ -122,7 +128,9 @@ pub struct BuildOptions {
     pub retry: RetryPolicy,
     /// Limit on establishing a connection (default 10 s).
     pub connect_timeout: Duration,
-    /// Limit on silence between two reads of a response (default 300 s).
+    /// Limit on silence: between two events of a response stream, and for its headers (default
+    /// 300 s). A stream that stalls longer fails (retried like a broken connection before its
+    /// first event).
     pub idle_timeout: Duration,
     /// Provider `stub`: the `stub-script.json` text (the compiled agent's
     /// `phrony.com/stub-script` annotation).
@@ -202,6 +210,7 @@ pub fn build(
                 Some(key),
                 http()?,
                 options.retry.clone(),
+                options.idle_timeout,
             )?)
         }
         ProviderKind::OpenAiCompatible => {
@@ -218,6 +227,7 @@ pub fn build(
                 api_key,
                 http()?,
                 options.retry.clone(),
+                options.idle_timeout,
             )?)
         }
         ProviderKind::Anthropic => {
@@ -231,6 +241,7 @@ pub fn build(
                 &key,
                 http()?,
                 options.retry.clone(),
+                options.idle_timeout,
             )?)
         }
     })

@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use async_openai::Client;
 use async_openai::config::Config;
@@ -31,7 +32,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use sha2::{Digest as _, Sha256};
 
-use crate::driver::{Out, Translator, translate};
+use crate::driver::{Out, Translator, stalled_message, translate};
 use crate::error::{HttpFailure, ProviderError, RequestContext};
 use crate::http::{connection_error, error_chain, read_failure, truncate};
 use crate::retry::{RetryPolicy, open_with_retry};
@@ -133,6 +134,7 @@ pub(crate) struct OpenAiProvider {
     client: Client<ApiConfig>,
     base_url: String,
     retry: RetryPolicy,
+    idle: Duration,
 }
 
 impl std::fmt::Debug for OpenAiProvider {
@@ -152,6 +154,7 @@ impl OpenAiProvider {
         api_key: Option<ApiKey>,
         http: reqwest::Client,
         retry: RetryPolicy,
+        idle: Duration,
     ) -> Result<Self, ProviderError> {
         let auth = match &api_key {
             Some(key) => {
@@ -179,6 +182,7 @@ impl OpenAiProvider {
             client,
             base_url,
             retry,
+            idle,
         })
     }
 
@@ -217,6 +221,7 @@ impl ModelProvider for OpenAiProvider {
                 Ok(translate(
                     chunks,
                     ChunkTranslator::new(context, input_estimate),
+                    self.idle,
                 ))
             }
         })
@@ -597,6 +602,23 @@ impl Translator<Result<Chunk, OpenAIError>> for ChunkTranslator {
                 estimated: false,
             };
         }
+    }
+
+    fn stalled(&self, idle: Duration) -> ProviderError {
+        ProviderError::Connection {
+            context: Box::new(self.context.clone()),
+            url: format!("{}/chat/completions", self.context.base_url),
+            message: stalled_message(idle),
+            retryable: true,
+            attempts: 1,
+        }
+    }
+
+    fn pending_bytes(&self) -> usize {
+        self.calls
+            .values()
+            .map(|c| c.id.len() + c.name.len() + c.arguments.len())
+            .sum()
     }
 
     fn on_end(&mut self, out: &mut Out) {

@@ -20,6 +20,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::Response;
+use futures::StreamExt as _;
 use serde_json::Value;
 
 /// One scripted HTTP reply.
@@ -28,6 +29,7 @@ pub struct Reply {
     status: u16,
     headers: Vec<(String, String)>,
     chunks: Vec<Vec<u8>>,
+    stall: bool,
 }
 
 impl Reply {
@@ -37,6 +39,7 @@ impl Reply {
             status: 200,
             headers: vec![("content-type".into(), "text/event-stream".into())],
             chunks: vec![body.as_bytes().to_vec()],
+            stall: false,
         }
     }
 
@@ -47,6 +50,7 @@ impl Reply {
             status: 200,
             headers: vec![("content-type".into(), "text/event-stream".into())],
             chunks: body.as_bytes().chunks(size).map(<[u8]>::to_vec).collect(),
+            stall: false,
         }
     }
 
@@ -56,6 +60,7 @@ impl Reply {
             status,
             headers: vec![("content-type".into(), "application/json".into())],
             chunks: vec![body.as_bytes().to_vec()],
+            stall: false,
         }
     }
 
@@ -65,7 +70,16 @@ impl Reply {
             status,
             headers: vec![("content-type".into(), content_type.into())],
             chunks: vec![body.as_bytes().to_vec()],
+            stall: false,
         }
+    }
+
+    /// After its body, the reply neither sends anything more nor ends: a stalled stream (the
+    /// connection stays open until the client gives up or the server is dropped).
+    #[must_use]
+    pub fn stalled(mut self) -> Self {
+        self.stall = true;
+        self
     }
 
     /// Adds a header.
@@ -177,7 +191,15 @@ async fn handle(
         builder = builder.header(k, v);
     }
     let pieces = reply.chunks;
-    let body = if pieces.len() == 1 {
+    let body = if reply.stall {
+        let stream = futures::stream::iter(
+            pieces
+                .into_iter()
+                .map(|piece| Ok::<_, Infallible>(Bytes::from(piece))),
+        )
+        .chain(futures::stream::pending());
+        Body::from_stream(stream)
+    } else if pieces.len() == 1 {
         Body::from(pieces.into_iter().next().unwrap_or_default())
     } else {
         let stream = futures::stream::unfold(pieces.into_iter(), |mut it| async move {

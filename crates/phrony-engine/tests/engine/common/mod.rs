@@ -640,12 +640,27 @@ impl Harness {
         script: Arc<Script>,
         config: EngineConfig,
     ) -> Self {
+        let providers = Arc::new(ScriptedFactory(Arc::clone(&script)));
+        Self::on_factory(store, clock, agent, version_id, script, providers, config).await
+    }
+
+    /// On any store, with the model providers built by `providers` (e.g. the production
+    /// factory pointed at a fake vendor API); `script` is then only what `Harness::script` reads.
+    pub async fn on_factory(
+        store: Arc<LedgerStore>,
+        clock: Arc<ManualClock>,
+        agent: CompiledAgent,
+        version_id: Uuid,
+        script: Arc<Script>,
+        providers: Arc<dyn ProviderFactory>,
+        config: EngineConfig,
+    ) -> Self {
         let router = router_for(&store);
         let worker = FakeWorker::connect(&router).await;
         let engine = Engine::new(EngineDeps {
             store: Arc::clone(&store),
             router: Some(router.clone()),
-            providers: Arc::new(ScriptedFactory(Arc::clone(&script))),
+            providers,
             clock: clock.clone(),
             config,
         });
