@@ -62,7 +62,8 @@ pub use sessions::{
 };
 pub use types::{
     ActiveVersion, AgentName, AgentSummary, AgentVersion, AgentVersionSummary, Deployed,
-    DeploymentRecord, Health, Published, RolledBack, RuntimeVersion, VersionStatus,
+    DeploymentRecord, Health, Published, RolledBack, RuntimeVersion, SecretEndpointChange,
+    VersionStatus,
 };
 
 pub use phrony_auth::{ACTOR_HEADER, Actor, ActorError, is_unprintable};
@@ -255,9 +256,27 @@ impl Client {
         version: &str,
         actor: &str,
     ) -> Result<Deployed, ClientError> {
+        self.deploy_with(agent, version, actor, false).await
+    }
+
+    /// [`Client::deploy`]; `allow_new_secret_endpoints` lets a version that sends a secret to
+    /// an endpoint no earlier deployment used be deployed (the runtime records the change and
+    /// answers it in [`Deployed::secret_endpoint_changes`]); without it such a deploy is
+    /// `FailedPrecondition`.
+    ///
+    /// # Errors
+    /// As [`Client::deploy`].
+    pub async fn deploy_with(
+        &self,
+        agent: &AgentName,
+        version: &str,
+        actor: &str,
+        allow_new_secret_endpoints: bool,
+    ) -> Result<Deployed, ClientError> {
         let request = pb::DeployRequest {
             agent_ref: Some(agent.to_pb(version)),
             actor: actor.to_owned(),
+            allow_new_secret_endpoints,
         };
         let response = self
             .runtime
@@ -279,10 +298,26 @@ impl Client {
         to: Option<&str>,
         actor: &str,
     ) -> Result<RolledBack, ClientError> {
+        self.rollback_with(agent, to, actor, false).await
+    }
+
+    /// [`Client::rollback`]; `allow_new_secret_endpoints` as in [`Client::deploy_with`] (only a
+    /// `to` that was never deployed can send a secret somewhere new).
+    ///
+    /// # Errors
+    /// As [`Client::rollback`].
+    pub async fn rollback_with(
+        &self,
+        agent: &AgentName,
+        to: Option<&str>,
+        actor: &str,
+        allow_new_secret_endpoints: bool,
+    ) -> Result<RolledBack, ClientError> {
         let request = pb::RollbackRequest {
             agent_ref: Some(agent.to_pb("")),
             to_version: to.unwrap_or_default().to_owned(),
             actor: actor.to_owned(),
+            allow_new_secret_endpoints,
         };
         let response = self
             .runtime

@@ -90,6 +90,41 @@ pub struct Deployed {
     pub previous_version: Option<String>,
     /// When the deployment was recorded.
     pub deployed_at: DateTime<Utc>,
+    /// The secrets it sends to an endpoint no earlier deployment used (allowed explicitly).
+    pub secret_endpoint_changes: Vec<SecretEndpointChange>,
+}
+
+/// A secret sent to an endpoint no earlier deployment of the agent sent it to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SecretEndpointChange {
+    /// `secrets.<name>`.
+    pub secret: String,
+    /// The environment variable its value is read from.
+    pub from_env: String,
+    /// The new endpoint.
+    pub endpoint: String,
+    /// The endpoints earlier deployments sent it to (empty: none did).
+    pub previous_endpoints: Vec<String>,
+}
+
+impl std::fmt::Display for SecretEndpointChange {
+    /// `secret "openai" (OPENAI_API_KEY) is now sent to B (previous deployments: A)`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "secret {:?} ({}) is now sent to {} (",
+            self.secret, self.from_env, self.endpoint
+        )?;
+        if self.previous_endpoints.is_empty() {
+            write!(f, "no earlier deployment sent {})", self.from_env)
+        } else {
+            write!(
+                f,
+                "previous deployments: {})",
+                self.previous_endpoints.join(", ")
+            )
+        }
+    }
 }
 
 /// The outcome of `Rollback`.
@@ -99,6 +134,8 @@ pub struct RolledBack {
     pub version: String,
     /// The version active before it.
     pub previous_version: Option<String>,
+    /// The secrets it sends to an endpoint no earlier deployment used (allowed explicitly).
+    pub secret_endpoint_changes: Vec<SecretEndpointChange>,
 }
 
 /// The active deployment of an agent (`GetActiveVersion`).
@@ -291,6 +328,7 @@ pub(crate) fn deployed(r: pb::DeployResponse) -> Result<Deployed, ClientError> {
         agent: AgentName::new(r.namespace, r.name),
         version: r.version,
         previous_version: optional(r.previous_version),
+        secret_endpoint_changes: secret_endpoint_changes(r.secret_endpoint_changes),
     })
 }
 
@@ -298,7 +336,20 @@ pub(crate) fn rolled_back(r: pb::RollbackResponse) -> RolledBack {
     RolledBack {
         version: r.version,
         previous_version: optional(r.previous_version),
+        secret_endpoint_changes: secret_endpoint_changes(r.secret_endpoint_changes),
     }
+}
+
+fn secret_endpoint_changes(changes: Vec<pb::SecretEndpointChange>) -> Vec<SecretEndpointChange> {
+    changes
+        .into_iter()
+        .map(|c| SecretEndpointChange {
+            secret: c.secret,
+            from_env: c.from_env,
+            endpoint: c.endpoint,
+            previous_endpoints: c.previous_endpoints,
+        })
+        .collect()
 }
 
 pub(crate) fn active_version(

@@ -246,6 +246,12 @@ impl Engine {
         Self { inner }
     }
 
+    /// The factory of the sessions' model providers (and of where they send secrets).
+    #[must_use]
+    pub fn providers(&self) -> &dyn ProviderFactory {
+        self.inner.providers.as_ref()
+    }
+
     /// The router the engine dispatches through.
     #[must_use]
     pub fn router(&self) -> Option<&Router> {

@@ -80,6 +80,7 @@ mod calls;
 mod clock;
 mod config;
 mod driver;
+mod endpoints;
 mod engine;
 mod error;
 mod fold;
@@ -100,6 +101,7 @@ pub use attach::{
 pub use calls::LIMIT_TOOL;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{DEFAULT_MAX_TOOL_ARGS_BYTES, DEFAULT_MAX_TOOL_CALLS_PER_TURN, EngineConfig};
+pub use endpoints::{Activated, Activation, ActivationError, activate, describe_change};
 pub use engine::{Engine, EngineDeps, RecoveryReport, SessionHandle, StartSession};
 pub use error::{EngineError, ErrorKind, StoreError, StoreResult};
 pub use fold::{FAILURE_KEY, LIMIT_PREFIX, TRIGGER_KEY, codes, engine_events, wire_call_id};

@@ -3,7 +3,9 @@
 use std::fmt;
 
 use phrony_manifest::{ANNOTATION_STUB_SCRIPT, CompiledAgent};
-use phrony_providers::{ApiKey, BuildOptions, ModelProvider, ProviderEnv, ProviderError};
+use phrony_providers::{
+    ApiKey, BuildOptions, ModelProvider, ProviderEnv, ProviderError, SecretDestination,
+};
 
 /// Builds the model provider of a session. The daemon uses [`DefaultProviderFactory`]; tests
 /// inject scripted providers.
@@ -17,6 +19,14 @@ pub trait ProviderFactory: Send + Sync + fmt::Debug + 'static {
         api_key: Option<ApiKey>,
         completions_done: usize,
     ) -> Result<Box<dyn ModelProvider>, ProviderError>;
+
+    /// Where `agent` sends its declared secrets from this daemon
+    /// ([`phrony_providers::secret_destinations`] under the providers' configuration). The
+    /// default assumes the vendors' default endpoints (no `OPENAI_BASE_URL`/`ANTHROPIC_BASE_URL`);
+    /// [`DefaultProviderFactory`] uses the environment it was built with.
+    fn secret_destinations(&self, agent: &CompiledAgent) -> Vec<SecretDestination> {
+        phrony_providers::secret_destinations(agent, &ProviderEnv::default())
+    }
 }
 
 /// The production factory: [`phrony_providers::build`] with the daemon's environment.
@@ -56,16 +66,15 @@ impl ProviderFactory for DefaultProviderFactory {
         options.stub_position = completions_done;
         phrony_providers::build(&agent.spec.model, api_key, &self.env, &options)
     }
+
+    fn secret_destinations(&self, agent: &CompiledAgent) -> Vec<SecretDestination> {
+        phrony_providers::secret_destinations(agent, &self.env)
+    }
 }
 
 /// The secret holding the model API key: `spec.model.secret`, else the secret named after the
 /// provider.
 #[must_use]
 pub fn api_key_secret_name(agent: &CompiledAgent) -> String {
-    let model = &agent.spec.model;
-    if model.secret.is_empty() {
-        model.provider.clone()
-    } else {
-        model.secret.clone()
-    }
+    agent.spec.model.api_key_secret().to_owned()
 }

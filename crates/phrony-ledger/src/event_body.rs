@@ -930,6 +930,50 @@ pub struct AgentActivated {
     pub previous_version_id: Option<Uuid>,
     /// Its label.
     pub previous_version: Option<String>,
+    /// Where the activated version sends each of its secrets, computed by the server under its
+    /// provider configuration at the time; `None` in events of builds before it was recorded
+    /// (so they serialise, and hash, as they were written).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_endpoints: Option<Vec<SecretEndpoint>>,
+    /// The secrets this activation sends to an endpoint no earlier deployment of the agent used.
+    /// Non-empty only when the deployer allowed it explicitly (`allow_new_secret_endpoints`);
+    /// the server refuses such an activation otherwise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secret_endpoint_changes: Vec<SecretEndpointChange>,
+}
+
+/// One secret of a deployed version and the endpoint its value is sent to.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct SecretEndpoint {
+    /// `secrets.<name>`.
+    pub secret: String,
+    /// The environment variable the client reads its value from.
+    pub from_env: String,
+    /// The API root or server URL.
+    pub endpoint: String,
+}
+
+/// What a deploy or rollback records about secrets ([`AgentActivated::secret_endpoints`] and
+/// [`AgentActivated::secret_endpoint_changes`]); the server computes it, the ledger stores it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SecretEndpointRecord {
+    /// Where the activated version sends each secret.
+    pub endpoints: Vec<SecretEndpoint>,
+    /// The endpoints no earlier deployment used, allowed by the deployer.
+    pub changes: Vec<SecretEndpointChange>,
+}
+
+/// A secret sent to an endpoint no earlier deployment of the agent sent it to.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct SecretEndpointChange {
+    /// `secrets.<name>`.
+    pub secret: String,
+    /// The environment variable the client reads its value from.
+    pub from_env: String,
+    /// The new endpoint.
+    pub endpoint: String,
+    /// The endpoints earlier deployments sent this variable's value to (empty: none did).
+    pub previous: Vec<String>,
 }
 
 /// `agent.version_deprecated` and `agent.version_retired`.
@@ -1065,6 +1109,44 @@ mod tests {
         assert_eq!(
             body.payload().unwrap(),
             json!({"role": "assistant", "content": "hi"})
+        );
+    }
+
+    #[test]
+    fn a_deploy_event_of_an_earlier_build_keeps_its_payload_and_a_new_one_records_the_endpoints() {
+        let old = json!({
+            "agent_id": "00000000-0000-0000-0000-000000000001",
+            "deployment_id": "00000000-0000-0000-0000-000000000002",
+            "version_id": "00000000-0000-0000-0000-000000000003",
+            "version": "1.0.0",
+            "previous_version_id": null,
+            "previous_version": null
+        });
+        let body = EventBody::decode("agent:n/a", 2, "agent.deployed", &old).unwrap();
+        assert_eq!(body.payload().unwrap(), old, "re-encodes byte for byte");
+        let EventBody::AgentDeployed(mut activated) = body else {
+            panic!("decoded as {body:?}");
+        };
+        activated.secret_endpoints = Some(vec![SecretEndpoint {
+            secret: "openai".into(),
+            from_env: "OPENAI_API_KEY".into(),
+            endpoint: "http://b.example/v1".into(),
+        }]);
+        activated.secret_endpoint_changes = vec![SecretEndpointChange {
+            secret: "openai".into(),
+            from_env: "OPENAI_API_KEY".into(),
+            endpoint: "http://b.example/v1".into(),
+            previous: vec!["http://a.example/v1".into()],
+        }];
+        let body = EventBody::AgentRolledBack(activated);
+        let payload = body.payload().unwrap();
+        assert_eq!(
+            payload["secret_endpoint_changes"][0]["previous"],
+            json!(["http://a.example/v1"])
+        );
+        assert_eq!(
+            EventBody::decode("agent:n/a", 3, "agent.rolled_back", &payload).unwrap(),
+            body
         );
     }
 }

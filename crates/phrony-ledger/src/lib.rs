@@ -187,9 +187,10 @@ pub use event_body::{
     AgentActivated, AgentArchived, AgentVersionChanged, AgentVersionPublished, ApprovalDecided,
     ApprovalEscalated, ApprovalRequired, ApprovalVoted, AssistantSegment, CallRefusal,
     CompletionToolCall, EventBody, MessageRole, ModelCompletion, Reasoning, SCHEMA_VERSION,
-    SessionPrincipal, SessionStarted, SessionTransition, TokenCreated, TokenRevoked, ToolCancelled,
-    ToolCompleted, ToolDispatched, ToolIndeterminate, ToolLateResult, ToolPolicyDenied, ToolQueued,
-    ToolRequested, TurnUsage, UserMessage, event_types,
+    SecretEndpoint, SecretEndpointChange, SecretEndpointRecord, SessionPrincipal, SessionStarted,
+    SessionTransition, TokenCreated, TokenRevoked, ToolCancelled, ToolCompleted, ToolDispatched,
+    ToolIndeterminate, ToolLateResult, ToolPolicyDenied, ToolQueued, ToolRequested, TurnUsage,
+    UserMessage, event_types,
 };
 pub use invocations::{
     CallStatus, Dispatch, NewToolCall, RecordedResult, SideEffectClass, ToolInvocation,
@@ -600,8 +601,27 @@ impl Ledger {
     ) -> Result<Deployment> {
         agent.validate()?;
         require_version(version)?;
+        self.deploy_recording(agent, version, actor, None).await
+    }
+
+    /// [`Ledger::deploy`], recording where the version sends its secrets (`secrets`, computed
+    /// by the caller) in the `agent.deployed` event.
+    ///
+    /// # Errors
+    /// As [`Ledger::deploy`].
+    pub async fn deploy_recording(
+        &self,
+        agent: &AgentRef,
+        version: &str,
+        actor: &Attribution,
+        secrets: Option<&SecretEndpointRecord>,
+    ) -> Result<Deployment> {
+        agent.validate()?;
+        require_version(version)?;
         require_nonempty("actor", &actor.actor)?;
-        write_tx!(self, |tx| lifecycle::deploy(&mut tx, agent, version, actor))
+        write_tx!(self, |tx| lifecycle::deploy(
+            &mut tx, agent, version, actor, secrets
+        ))
     }
 
     /// Re-activates `to`, or (when `None`) the newest previously deployed version that differs
@@ -621,7 +641,33 @@ impl Ledger {
             require_version(v)?;
         }
         require_nonempty("actor", &actor.actor)?;
-        write_tx!(self, |tx| lifecycle::rollback(&mut tx, agent, to, actor))
+        write_tx!(self, |tx| lifecycle::rollback(
+            &mut tx, agent, to, actor, None
+        ))
+    }
+
+    /// [`Ledger::rollback`] to `to`, recording where that version sends its secrets (`secrets`,
+    /// computed by the caller) in the `agent.rolled_back` event.
+    ///
+    /// # Errors
+    /// As [`Ledger::rollback`].
+    pub async fn rollback_recording(
+        &self,
+        agent: &AgentRef,
+        to: &str,
+        actor: &Attribution,
+        secrets: &SecretEndpointRecord,
+    ) -> Result<Deployment> {
+        agent.validate()?;
+        require_version(to)?;
+        require_nonempty("actor", &actor.actor)?;
+        write_tx!(self, |tx| lifecycle::rollback(
+            &mut tx,
+            agent,
+            Some(to),
+            actor,
+            Some(secrets)
+        ))
     }
 
     /// The active deployment (the newest deploy/rollback row).

@@ -20,6 +20,7 @@ use crate::model::{
 
 use crate::event_body::{
     AgentActivated, AgentArchived, AgentVersionChanged, AgentVersionPublished, EventBody,
+    SecretEndpointRecord,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -286,6 +287,7 @@ async fn activate(
     target: &AgentVersion,
     action: DeploymentAction,
     actor: &Attribution,
+    secrets: Option<&SecretEndpointRecord>,
 ) -> Result<Deployment> {
     let previous = active_deployment(&mut tx.conn(), agent.id).await?;
     let payload = AgentActivated {
@@ -295,6 +297,8 @@ async fn activate(
         version: target.version.clone(),
         previous_version_id: previous.as_ref().map(|p| p.version_id),
         previous_version: previous.map(|p| p.version),
+        secret_endpoints: secrets.map(|s| s.endpoints.clone()),
+        secret_endpoint_changes: secrets.map(|s| s.changes.clone()).unwrap_or_default(),
     };
     let body = match action {
         DeploymentAction::Deploy => EventBody::AgentDeployed(payload.clone()),
@@ -319,6 +323,7 @@ pub(crate) async fn deploy(
     agent_ref: &AgentRef,
     version: &str,
     actor: &Attribution,
+    secrets: Option<&SecretEndpointRecord>,
 ) -> Result<Deployment> {
     let mut head = lock_stream(tx, &agent_ref.stream()).await?;
     let agent = require_agent(&mut tx.conn(), agent_ref).await?;
@@ -336,6 +341,7 @@ pub(crate) async fn deploy(
         &target,
         DeploymentAction::Deploy,
         actor,
+        secrets,
     )
     .await
 }
@@ -345,6 +351,7 @@ pub(crate) async fn rollback(
     agent_ref: &AgentRef,
     to: Option<&str>,
     actor: &Attribution,
+    secrets: Option<&SecretEndpointRecord>,
 ) -> Result<Deployment> {
     let mut head = lock_stream(tx, &agent_ref.stream()).await?;
     let agent = require_agent(&mut tx.conn(), agent_ref).await?;
@@ -393,6 +400,7 @@ pub(crate) async fn rollback(
         &target,
         DeploymentAction::Rollback,
         actor,
+        secrets,
     )
     .await
 }

@@ -62,6 +62,7 @@
 mod bundle;
 mod canonical;
 mod compile;
+mod destinations;
 mod diag;
 mod doc;
 mod load;
@@ -83,6 +84,7 @@ pub use bundle::{
     validate_bundle,
 };
 pub use canonical::Json;
+pub use destinations::{DeclaredDestination, DeclaredEndpoint, SecretUser, normalize_api_root};
 pub use diag::{Diagnostic, Diagnostics, Severity};
 pub use load::{Compiled, load_agent};
 pub use model::bundle::{LockMember, MemberOrigin};

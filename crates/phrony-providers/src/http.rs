@@ -54,7 +54,7 @@ pub(crate) fn api_root(field: &'static str, raw: &str) -> Result<String, Provide
             message: format!("{raw:?} must be an absolute http or https URL"),
         });
     }
-    Ok(raw.trim().trim_end_matches('/').to_owned())
+    Ok(phrony_manifest::normalize_api_root(raw))
 }
 
 /// Reads a non-success response into an [`HttpFailure`].

@@ -36,6 +36,7 @@
 
 mod anthropic;
 mod driver;
+mod endpoints;
 mod env;
 mod error;
 mod http;
@@ -55,6 +56,7 @@ use futures::stream::BoxStream;
 /// instead of growing the daemon's memory and the event log without bound.
 pub const MAX_COMPLETION_BYTES: usize = 4 * 1024 * 1024;
 
+pub use endpoints::{SecretDestination, resolve_endpoint, secret_destinations};
 pub use env::ProviderEnv;
 pub use error::{HttpFailure, ProviderError, RequestContext};
 pub use retry::RetryPolicy;
@@ -200,10 +202,7 @@ pub fn build(
         }
         ProviderKind::OpenAi => {
             let key = api_key.ok_or(ProviderError::MissingApiKey { provider: kind })?;
-            let base = match &env.openai_base_url {
-                Some(url) => http::api_root("OPENAI_BASE_URL", url)?,
-                None => openai::OPENAI_API_BASE.to_owned(),
-            };
+            let base = runtime_root(kind, env)?;
             Box::new(openai::OpenAiProvider::new(
                 kind,
                 base,
@@ -232,10 +231,7 @@ pub fn build(
         }
         ProviderKind::Anthropic => {
             let key = api_key.ok_or(ProviderError::MissingApiKey { provider: kind })?;
-            let base = match &env.anthropic_base_url {
-                Some(url) => http::api_root("ANTHROPIC_BASE_URL", url)?,
-                None => anthropic::ANTHROPIC_API_BASE.to_owned(),
-            };
+            let base = runtime_root(kind, env)?;
             Box::new(anthropic::AnthropicProvider::new(
                 base,
                 &key,
@@ -245,6 +241,16 @@ pub fn build(
             )?)
         }
     })
+}
+
+/// The checked API root of a provider whose endpoint is the daemon's (`openai`, `anthropic`):
+/// the same root [`secret_destinations`] reports.
+fn runtime_root(kind: ProviderKind, env: &ProviderEnv) -> Result<String, ProviderError> {
+    endpoints::RuntimeRoot::of(kind, env)
+        .ok_or(ProviderError::UnsupportedProvider {
+            provider: kind.as_str().to_owned(),
+        })?
+        .checked()
 }
 
 #[cfg(test)]

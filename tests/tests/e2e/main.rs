@@ -25,6 +25,7 @@
 
 mod access;
 mod audit;
+mod endpoints;
 mod examples;
 mod guard_rails;
 mod lifecycle;

@@ -99,11 +99,16 @@ impl Plan {
     }
 
     async fn start(self, client: &Client) -> anyhow::Result<StartedSession> {
-        let declared = declared_secrets(client, &self.agent, self.version.as_deref()).await?;
+        let (version, declared) =
+            declared_secrets(client, &self.agent, self.version.as_deref()).await?;
         let secrets = resolve_secrets(&declared, &self.env_files, |name| std::env::var(name).ok())?;
         let run = RunSession {
             agent: self.agent,
-            version: self.version,
+            // The version whose manifest the secrets were resolved for: a deploy between the
+            // look-up and RunSession makes the runtime refuse the run (the explicit version is no
+            // longer the active one) instead of sending these secrets to another version's
+            // endpoints.
+            version: Some(version),
             input: self.input,
             secrets,
             metadata: self.metadata,
@@ -191,12 +196,13 @@ struct DeclaredSecret {
     from_env: String,
 }
 
-/// The secrets the version that will run declares (`version`, else the active deployment).
+/// The version that will run (`version`, else the active deployment) and the secrets it
+/// declares.
 async fn declared_secrets(
     client: &Client,
     agent: &AgentName,
     version: Option<&str>,
-) -> anyhow::Result<Vec<DeclaredSecret>> {
+) -> anyhow::Result<(String, Vec<DeclaredSecret>)> {
     let version = match version {
         Some(v) => v.to_owned(),
         None => {
@@ -211,8 +217,9 @@ async fn declared_secrets(
         .get_agent_version(agent, &version)
         .await
         .map_err(remote::fails("run"))?;
-    secrets_of_manifest(&found.manifest_json)
-        .with_context(|| format!("read the secrets of {agent}@{version}"))
+    let declared = secrets_of_manifest(&found.manifest_json)
+        .with_context(|| format!("read the secrets of {agent}@{version}"))?;
+    Ok((version, declared))
 }
 
 /// `secrets: {<name>: {fromEnv: VAR}}` of a stored manifest snapshot, sorted by name.

@@ -142,6 +142,7 @@ async fn a_rewritten_chain_is_refused_at_start_and_found_offline() {
         .deploy(pb::DeployRequest {
             agent_ref: Some(agent_ref("0.1.0")),
             actor: "alice".into(),
+            allow_new_secret_endpoints: false,
         })
         .await
         .unwrap();

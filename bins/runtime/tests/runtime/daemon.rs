@@ -47,6 +47,7 @@ async fn deploy(
     let request = pb::DeployRequest {
         agent_ref: Some(agent_ref(version)),
         actor: actor.into(),
+        allow_new_secret_endpoints: false,
     };
     client
         .deploy(request)
@@ -63,6 +64,7 @@ async fn rollback(
         agent_ref: Some(agent_ref("")),
         to_version: to.into(),
         actor: actor.into(),
+        allow_new_secret_endpoints: false,
     };
     client
         .rollback(request)

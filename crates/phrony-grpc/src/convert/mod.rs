@@ -5,8 +5,10 @@
 //! precision and the empty string for "not set"; JSON documents travel as UTF-8 bytes.
 
 use chrono::{DateTime, SecondsFormat, Utc};
+use phrony_engine::{Activated, ActivationError};
 use phrony_ledger::{
     Agent, AgentRef, AgentVersion, ArchivedAgent, Deployment, LedgerError, Published,
+    SecretEndpointChange,
 };
 use phrony_proto::runtime::v1 as pb;
 use tonic::Status;
@@ -119,20 +121,51 @@ pub(crate) fn publish_response(p: Published) -> pb::PublishResponse {
     }
 }
 
-pub(crate) fn deploy_response(agent: AgentRef, d: Deployment) -> pb::DeployResponse {
+pub(crate) fn deploy_response(agent: AgentRef, a: Activated) -> pb::DeployResponse {
+    let d = a.deployment;
     pb::DeployResponse {
         namespace: agent.namespace,
         name: agent.name,
         version: d.version,
         previous_version: d.previous_version.unwrap_or_default(),
         deployed_at: timestamp(d.created_at),
+        secret_endpoint_changes: secret_endpoint_changes(a.changes),
     }
 }
 
-pub(crate) fn rollback_response(d: Deployment) -> pb::RollbackResponse {
+pub(crate) fn rollback_response(a: Activated) -> pb::RollbackResponse {
+    let d = a.deployment;
     pb::RollbackResponse {
         version: d.version,
         previous_version: d.previous_version.unwrap_or_default(),
+        secret_endpoint_changes: secret_endpoint_changes(a.changes),
+    }
+}
+
+fn secret_endpoint_changes(changes: Vec<SecretEndpointChange>) -> Vec<pb::SecretEndpointChange> {
+    changes
+        .into_iter()
+        .map(|c| pb::SecretEndpointChange {
+            secret: c.secret,
+            from_env: c.from_env,
+            endpoint: c.endpoint,
+            previous_endpoints: c.previous,
+        })
+        .collect()
+}
+
+/// A refused or failed deploy/rollback: the ledger's status, `FAILED_PRECONDITION` for a secret
+/// sent to a new endpoint, `DATA_LOSS` for an unreadable stored snapshot.
+pub(crate) fn activation_status(error: ActivationError) -> Status {
+    match error {
+        ActivationError::Ledger(e) => ledger_status(e),
+        refused @ ActivationError::NewSecretEndpoints { .. } => {
+            Status::failed_precondition(refused.to_string())
+        }
+        bad @ ActivationError::BadSnapshot { .. } => {
+            tracing::error!(error = %bad, "stored snapshot is unreadable");
+            Status::data_loss(bad.to_string())
+        }
     }
 }
 

@@ -2,6 +2,7 @@
 //! read-only views. The ledger implements the semantics; this module converts and logs.
 
 use phrony_auth::Attribution;
+use phrony_engine::{Activated, Activation, DefaultProviderFactory, ProviderFactory};
 use phrony_ledger::{AgentRef, NewAgentVersion};
 use phrony_proto::runtime::v1 as pb;
 use tonic::Status;
@@ -63,16 +64,20 @@ impl RuntimeService {
         actor: Attribution,
     ) -> Result<pb::DeployResponse, Status> {
         let (agent, version) = convert::versioned_agent_ref(request.agent_ref.as_ref())?;
-        let deployment = self
-            .ledger
-            .deploy(&agent, &version, &actor)
-            .await
-            .map_err(ledger_status)?;
+        let activated = self
+            .activate(
+                &agent,
+                Activation::Deploy(&version),
+                request.allow_new_secret_endpoints,
+                &actor,
+            )
+            .await?;
+        let deployment = &activated.deployment;
         tracing::info!(
             agent = %agent, %version, previous = deployment.previous_version.as_deref().unwrap_or(""),
-            %actor, "deployed agent version"
+            new_secret_endpoints = activated.changes.len(), %actor, "deployed agent version"
         );
-        Ok(convert::deploy_response(agent, deployment))
+        Ok(convert::deploy_response(agent, activated))
     }
 
     pub(super) async fn rollback_impl(
@@ -82,17 +87,48 @@ impl RuntimeService {
     ) -> Result<pb::RollbackResponse, Status> {
         let agent = convert::agent_ref(request.agent_ref.as_ref())?;
         let to = convert::optional(&request.to_version);
-        let deployment = self
-            .ledger
-            .rollback(&agent, to, &actor)
-            .await
-            .map_err(ledger_status)?;
+        let activated = self
+            .activate(
+                &agent,
+                Activation::Rollback(to),
+                request.allow_new_secret_endpoints,
+                &actor,
+            )
+            .await?;
+        let deployment = &activated.deployment;
         tracing::info!(
             agent = %agent, version = %deployment.version,
-            previous = deployment.previous_version.as_deref().unwrap_or(""), %actor,
-            "rolled back agent"
+            previous = deployment.previous_version.as_deref().unwrap_or(""),
+            new_secret_endpoints = activated.changes.len(), %actor, "rolled back agent"
         );
-        Ok(convert::rollback_response(deployment))
+        Ok(convert::rollback_response(activated))
+    }
+
+    /// A deploy or rollback through [`phrony_engine::activate`]: secrets follow the endpoints
+    /// of earlier deployments, as the engine's providers resolve them (a service without an
+    /// engine runs no sessions and assumes the vendors' default endpoints).
+    async fn activate(
+        &self,
+        agent: &AgentRef,
+        activation: Activation<'_>,
+        allow_new_secret_endpoints: bool,
+        actor: &Attribution,
+    ) -> Result<Activated, Status> {
+        let fallback = DefaultProviderFactory::default();
+        let providers: &dyn ProviderFactory = match &self.engine {
+            Some(engine) => engine.providers(),
+            None => &fallback,
+        };
+        phrony_engine::activate(
+            &self.ledger,
+            providers,
+            agent,
+            activation,
+            allow_new_secret_endpoints,
+            actor,
+        )
+        .await
+        .map_err(convert::activation_status)
     }
 
     pub(super) async fn get_active_version_impl(

@@ -198,6 +198,7 @@ async fn the_actor_comes_from_the_request_then_the_header_then_the_default() {
     let mut request = Request::new(pb::DeployRequest {
         agent_ref: Some(agent("0.2.0")),
         actor: String::new(),
+        allow_new_secret_endpoints: false,
     });
     request
         .metadata_mut()
@@ -362,6 +363,7 @@ async fn lifecycle_rpcs_report_the_reference_error_codes() {
         .deploy(Request::new(pb::DeployRequest {
             agent_ref: Some(agent("")),
             actor: "a".into(),
+            allow_new_secret_endpoints: false,
         }))
         .await;
     assert_status(
@@ -374,6 +376,7 @@ async fn lifecycle_rpcs_report_the_reference_error_codes() {
         .deploy(Request::new(pb::DeployRequest {
             agent_ref: Some(agent("1.0.0")),
             actor: "a".into(),
+            allow_new_secret_endpoints: false,
         }))
         .await;
     assert_status(

@@ -162,6 +162,7 @@ impl Server {
                     ..agent_ref()
                 }),
                 actor: "alice".into(),
+                allow_new_secret_endpoints: false,
             })
             .await
             .unwrap();

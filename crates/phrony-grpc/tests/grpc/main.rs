@@ -3,6 +3,7 @@
 //!
 //! - [`access`]: the role × RPC matrix in `required` auth mode, revocation, impersonation.
 //! - [`credentials`]: mutual TLS subjects and worker restrictions, with a stand-in edge.
+//! - [`endpoints`]: secrets follow the deployed versions' endpoints (Deploy, Rollback).
 //! - [`interactive`]: the interactive session stream and its approvals.
 //! - [`sdk_worker`]: the published Python SDK's worker against the server.
 //! - [`sessions`]: sessions end to end, on SQLite and PostgreSQL.
@@ -19,6 +20,7 @@
 
 mod access;
 mod credentials;
+mod endpoints;
 mod interactive;
 mod sdk_worker;
 mod sessions;

@@ -439,6 +439,7 @@ async fn publish_and_deploy(client: &mut RuntimeClient<Channel>, agent: &Compile
                 ..agent_ref(&agent.metadata.name)
             }),
             actor: "alice".into(),
+            allow_new_secret_endpoints: false,
         })
         .await
         .unwrap();

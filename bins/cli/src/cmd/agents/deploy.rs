@@ -1,5 +1,6 @@
 //! `phrony agents deploy NS/NAME@VERSION`: activate a published version.
 
+use phrony_client::SecretEndpointChange;
 use serde_json::json;
 
 use crate::cmd::{Global, Output, agent_ref, remote, render};
@@ -9,6 +10,11 @@ use crate::cmd::{Global, Output, agent_ref, remote, render};
 pub(crate) struct Args {
     /// The agent and version to activate: namespace/name@version.
     agent: String,
+    /// Deploy even though the version sends a secret to an endpoint (model API root, MCP
+    /// server) that no earlier deployment of the agent sent it to; the runtime records the
+    /// change. Without it such a deploy is refused.
+    #[arg(long)]
+    allow_new_secret_endpoints: bool,
     /// Output format.
     #[arg(long, value_enum, default_value_t)]
     output: Output,
@@ -20,7 +26,12 @@ pub(crate) fn run(args: &Args, global: &Global) -> anyhow::Result<()> {
     remote::block_on(async {
         let (client, _) = remote::connect(global).await?;
         let deployed = client
-            .deploy(&agent, &version, &remote::actor(client.sends_token())?)
+            .deploy_with(
+                &agent,
+                &version,
+                &remote::actor(client.sends_token())?,
+                args.allow_new_secret_endpoints,
+            )
             .await
             .map_err(remote::change_fails(
                 "deploy",
@@ -34,6 +45,7 @@ pub(crate) fn run(args: &Args, global: &Global) -> anyhow::Result<()> {
                 "version": deployed.version,
                 "previous_version": deployed.previous_version,
                 "deployed_at": render::time(deployed.deployed_at),
+                "secret_endpoint_changes": changes_json(&deployed.secret_endpoint_changes),
             })),
             Output::Text => {
                 let previous = deployed
@@ -46,8 +58,32 @@ pub(crate) fn run(args: &Args, global: &Global) -> anyhow::Result<()> {
                     deployed.agent,
                     deployed.version,
                     render::time(deployed.deployed_at)
-                ))
+                ))?;
+                print_changes(&deployed.secret_endpoint_changes)
             }
         }
     })
+}
+
+/// One line per secret sent to a new endpoint (runtime text, escaped).
+pub(crate) fn print_changes(changes: &[SecretEndpointChange]) -> anyhow::Result<()> {
+    for change in changes {
+        render::line(format_args!("{}", render::escape(&change.to_string())))?;
+    }
+    Ok(())
+}
+
+/// `[{secret, from_env, endpoint, previous_endpoints}]`.
+pub(crate) fn changes_json(changes: &[SecretEndpointChange]) -> serde_json::Value {
+    changes
+        .iter()
+        .map(|c| {
+            json!({
+                "secret": c.secret,
+                "from_env": c.from_env,
+                "endpoint": c.endpoint,
+                "previous_endpoints": c.previous_endpoints,
+            })
+        })
+        .collect()
 }

@@ -9,6 +9,7 @@ use std::io::{self, IsTerminal as _, Write};
 use std::path::PathBuf;
 
 use anyhow::Context as _;
+use phrony_manifest::{CompiledAgent, DeclaredEndpoint};
 use serde_json::{Map, Value, json};
 use similar::{ChangeTag, TextDiff};
 
@@ -43,6 +44,9 @@ pub(crate) fn run(args: &Args, global: &Global) -> anyhow::Result<()> {
             .map_err(remote::fails("diff"))?;
         let published_text = canonical_text(published.manifest_json.as_bytes())
             .context("the runtime returned a stored manifest that is not JSON")?;
+        let published_agent = CompiledAgent::from_snapshot_json(published.manifest_json.as_bytes())
+            .context("the runtime returned a stored manifest that is not an agent snapshot")?;
+        let endpoint_changes = new_secret_destinations(&published_agent, &local);
         let target = format!("{agent}@{version}");
         let from = format!("{target} (published)");
         let to = format!("{} (local)", args.manifest.display());
@@ -61,6 +65,15 @@ pub(crate) fn run(args: &Args, global: &Global) -> anyhow::Result<()> {
                     .context_radius(CONTEXT_LINES)
                     .header(&from, &to)
                     .to_string(),
+                "secret_endpoint_changes": endpoint_changes
+                    .iter()
+                    .map(|c| json!({
+                        "secret": c.secret,
+                        "from_env": c.from_env,
+                        "endpoint": c.endpoint.to_string(),
+                        "published_endpoints": c.published.iter().map(ToString::to_string).collect::<Vec<_>>(),
+                    }))
+                    .collect::<Vec<_>>(),
             })),
             Output::Text if identical => render::line(format_args!(
                 "No differences. local manifest matches {target}"
@@ -68,11 +81,71 @@ pub(crate) fn run(args: &Args, global: &Global) -> anyhow::Result<()> {
             Output::Text => {
                 let color = io::stdout().is_terminal()
                     && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
-                write_unified(&mut io::stdout().lock(), &diff, &from, &to, color)?;
+                let mut out = io::stdout().lock();
+                write_unified(&mut out, &diff, &from, &to, color)?;
+                for change in &endpoint_changes {
+                    writeln!(out, "{}", render::escape(&change.to_string()))?;
+                }
                 Ok(())
             }
         }
     })
+}
+
+/// A secret the local version sends somewhere the published one does not send it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct DestinationChange {
+    secret: String,
+    from_env: String,
+    endpoint: DeclaredEndpoint,
+    /// Where the published version sends the same variable (empty: nowhere).
+    published: Vec<DeclaredEndpoint>,
+}
+
+impl std::fmt::Display for DestinationChange {
+    /// `secret "openai" (OPENAI_API_KEY) would be sent to B (published version: A)`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "secret {:?} ({}) would be sent to {} (published version: ",
+            self.secret, self.from_env, self.endpoint
+        )?;
+        if self.published.is_empty() {
+            write!(f, "does not send {})", self.from_env)
+        } else {
+            let shown: Vec<String> = self.published.iter().map(ToString::to_string).collect();
+            write!(f, "{})", shown.join(", "))
+        }
+    }
+}
+
+/// The destinations of `local` that `published` does not have for the same `fromEnv` variable,
+/// in their declared form: a provider's runtime default endpoint is the same on both sides
+/// (it is the daemon's configuration), so only real differences are listed.
+fn new_secret_destinations(
+    published: &CompiledAgent,
+    local: &CompiledAgent,
+) -> Vec<DestinationChange> {
+    let before = published.secret_destinations();
+    local
+        .secret_destinations()
+        .into_iter()
+        .filter(|d| {
+            !before
+                .iter()
+                .any(|b| b.from_env == d.from_env && b.endpoint == d.endpoint)
+        })
+        .map(|d| DestinationChange {
+            published: before
+                .iter()
+                .filter(|b| b.from_env == d.from_env)
+                .map(|b| b.endpoint.clone())
+                .collect(),
+            secret: d.secret,
+            from_env: d.from_env,
+            endpoint: d.endpoint,
+        })
+        .collect()
 }
 
 /// A JSON document pretty-printed with sorted keys and a two-space indent, ending in a newline.
@@ -142,6 +215,59 @@ mod tests {
     #![allow(clippy::unwrap_used, reason = "tests: a panic is a failed assertion")]
 
     use super::*;
+
+    fn agent(provider: &str, base_url: &str) -> CompiledAgent {
+        serde_json::from_value(json!({
+            "apiVersion": "phrony.com/v1",
+            "kind": "Agent",
+            "metadata": {"name": "a", "namespace": "n", "version": "1.0.0"},
+            "secrets": {"openai": {"fromEnv": "OPENAI_API_KEY"}},
+            "spec": {
+                "purpose": "p",
+                "instructions": {"text": "t"},
+                "model": {"provider": provider, "name": "m", "base_url": base_url, "secret": "openai"}
+            }
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn only_a_real_change_of_destination_is_summarised() {
+        let openai = agent("openai", "");
+        let a = agent("openai-compatible", "http://a.example/v1");
+        let b = agent("openai-compatible", "http://b.example/v1/");
+        assert!(new_secret_destinations(&openai, &openai).is_empty());
+        assert!(
+            new_secret_destinations(&a, &agent("openai-compatible", "http://a.example/v1/"))
+                .is_empty()
+        );
+        let shown = |p: &CompiledAgent, l: &CompiledAgent| {
+            new_secret_destinations(p, l)
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            shown(&a, &b),
+            [
+                "secret \"openai\" (OPENAI_API_KEY) would be sent to http://b.example/v1 (published version: http://a.example/v1)"
+            ]
+        );
+        assert_eq!(
+            shown(&openai, &a),
+            [
+                "secret \"openai\" (OPENAI_API_KEY) would be sent to http://a.example/v1 (published version: provider openai (runtime default endpoint))"
+            ]
+        );
+        // Going back to the runtime's endpoint is a change of destination too.
+        assert_eq!(shown(&a, &openai).len(), 1);
+        let mut undeclared = b.clone();
+        undeclared.secrets.clear();
+        assert!(
+            new_secret_destinations(&a, &undeclared).is_empty(),
+            "nothing is sent"
+        );
+    }
 
     #[test]
     fn canonical_text_sorts_keys_and_indents_two_spaces() {

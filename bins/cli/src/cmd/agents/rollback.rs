@@ -2,6 +2,7 @@
 
 use serde_json::json;
 
+use super::deploy;
 use crate::cmd::{Global, Output, agent_ref, remote, render};
 
 /// Arguments of `phrony agents rollback`.
@@ -12,6 +13,10 @@ pub(crate) struct Args {
     /// The version to re-activate (default: the version deployed before the active one).
     #[arg(long, value_name = "VERSION")]
     to: Option<String>,
+    /// Roll back even though the `--to` version (never deployed before) sends a secret to an
+    /// endpoint no earlier deployment of the agent sent it to; the runtime records the change.
+    #[arg(long)]
+    allow_new_secret_endpoints: bool,
     /// Output format.
     #[arg(long, value_enum, default_value_t)]
     output: Output,
@@ -26,10 +31,11 @@ pub(crate) fn run(args: &Args, global: &Global) -> anyhow::Result<()> {
     remote::block_on(async {
         let (client, _) = remote::connect(global).await?;
         let rolled = client
-            .rollback(
+            .rollback_with(
                 &agent,
                 args.to.as_deref(),
                 &remote::actor(client.sends_token())?,
+                args.allow_new_secret_endpoints,
             )
             .await
             .map_err(remote::change_fails(
@@ -43,6 +49,7 @@ pub(crate) fn run(args: &Args, global: &Global) -> anyhow::Result<()> {
                 "name": agent.name,
                 "version": rolled.version,
                 "previous_version": rolled.previous_version,
+                "secret_endpoint_changes": deploy::changes_json(&rolled.secret_endpoint_changes),
             })),
             Output::Text => {
                 let was = rolled
@@ -53,7 +60,8 @@ pub(crate) fn run(args: &Args, global: &Global) -> anyhow::Result<()> {
                 render::line(format_args!(
                     "rolled back {agent} to {}{was}",
                     rolled.version
-                ))
+                ))?;
+                deploy::print_changes(&rolled.secret_endpoint_changes)
             }
         }
     })

@@ -1,0 +1,207 @@
+//! Secrets follow the deployed version's endpoints (issue #12), end to end: the real daemon in
+//! `required` mode, the real CLI with a publisher's and a runner's token, and two fake
+//! OpenAI-compatible servers A and B that record what they receive. The publisher deploys v1
+//! (base_url A) and publishes v2 (base_url B); whatever the runner does — run the active version,
+//! name v2, run after a refused deploy of v2 — the operator's `OPENAI_API_KEY` reaches A only,
+//! never B. Deploying v2 with `--allow-new-secret-endpoints` is allowed and recorded.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use phrony_test_support::fake_api::{FakeServer, Reply, openai_sse};
+use serde_json::{Value, json};
+use tests::cli::{fails, ok, run};
+use tests::daemon::{Backend, Daemon};
+
+const AGENT: &str = "endpoints/chat";
+const OPERATOR_KEY: &str = "sk-operator-key-never-for-b";
+const WAIT: Duration = Duration::from_secs(60);
+
+/// Creates a token with `role`; returns the secret (the last line of stdout).
+fn token(daemon: &Daemon, name: &str, role: &str) -> String {
+    let out = ok(daemon
+        .runtime()
+        .args(["tokens", "create", "--name", name, "--role", role]));
+    out.lines().last().unwrap().to_owned()
+}
+
+/// The CLI presenting `token`, with the operator's key in its environment.
+fn with(daemon: &Daemon, token: &str) -> Command {
+    let mut cmd = daemon.phrony();
+    cmd.env("PHRONY_TOKEN", token)
+        .env("OPENAI_API_KEY", OPERATOR_KEY)
+        .env_remove("PHRONY_ACTOR")
+        .env_remove("PHRONY_NO_TUI");
+    cmd
+}
+
+/// `endpoints/chat` at `version`, its key sent to `base_url` (provider `openai-compatible`).
+fn write_agent(dir: &Path, version: &str, base_url: &str) -> PathBuf {
+    let path = dir.join(format!("agent-{version}.yaml"));
+    std::fs::write(
+        &path,
+        format!(
+            "apiVersion: phrony.com/v1
+kind: Agent
+metadata:
+  name: chat
+  namespace: endpoints
+  version: {version}
+secrets:
+  openai:
+    fromEnv: OPENAI_API_KEY
+spec:
+  purpose: Chat.
+  instructions:
+    text: Answer briefly.
+  model:
+    provider: openai-compatible
+    base_url: {base_url}
+    secret: openai
+    name: gpt-4o
+"
+        ),
+    )
+    .unwrap();
+    path
+}
+
+fn answer(text: &str) -> Reply {
+    let chunk = |delta: Value, finish: Value| {
+        json!({
+            "id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1_726_000_000,
+            "model": "gpt-4o", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]
+        })
+    };
+    Reply::sse(&openai_sse(&[
+        chunk(json!({"role": "assistant", "content": text}), Value::Null),
+        chunk(json!({}), json!("stop")),
+    ]))
+}
+
+/// The `Authorization` headers a server received.
+fn authorizations(server: &FakeServer) -> Vec<String> {
+    server
+        .received()
+        .iter()
+        .map(|r| r.headers.get("authorization").cloned().unwrap_or_default())
+        .collect()
+}
+
+/// Waits until `server` has received `n` requests.
+fn wait_for_requests(server: &FakeServer, n: usize) {
+    let start = Instant::now();
+    while server.received().len() < n {
+        assert!(start.elapsed() < WAIT, "{n} requests expected, got {:?}", server.received());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn secrets_follow_deployed_endpoints(backend: Backend) {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let a = rt.block_on(FakeServer::start(vec![answer("from A"), answer("from A again")]));
+    let b = rt.block_on(FakeServer::start(Vec::new()));
+    let (url_a, url_b) = (format!("{}/v1", a.origin()), format!("{}/v1", b.origin()));
+    let Some(daemon) = Daemon::start_with_env(backend, &[("RUNTIME_AUTH", "required")]) else {
+        return;
+    };
+    let publisher = token(&daemon, "ci-publisher", "publisher");
+    let runner = token(&daemon, "support-runner", "runner");
+    let project = tempfile::tempdir().unwrap();
+    let v1 = write_agent(project.path(), "1.0.0", &url_a);
+    let v2 = write_agent(project.path(), "2.0.0", &format!("{url_b}/"));
+
+    ok(with(&daemon, &publisher).args(["agents", "publish"]).arg(&v1));
+    let first = ok(with(&daemon, &publisher).args(["agents", "deploy", &format!("{AGENT}@1.0.0")]));
+    assert!(first.starts_with("deployed endpoints/chat@1.0.0 at "), "{first}");
+    assert_eq!(first.lines().count(), 1, "a first deployment is no change: {first}");
+
+    // diff shows where v2 would send the key, besides the line diff.
+    let diff = ok(with(&daemon, &publisher)
+        .args(["agents", "diff"])
+        .arg(&v2)
+        .arg(format!("{AGENT}@1.0.0")));
+    assert!(
+        diff.lines().any(|l| l
+            == format!(
+                "secret \"openai\" (OPENAI_API_KEY) would be sent to {url_b} \
+                 (published version: {url_a})"
+            )),
+        "{diff}"
+    );
+
+    // Publishing v2 is fine; deploying it is refused (exit 1), naming both endpoints.
+    ok(with(&daemon, &publisher).args(["agents", "publish"]).arg(&v2));
+    let refused = fails(with(&daemon, &publisher).args(["agents", "deploy", &format!("{AGENT}@2.0.0")]));
+    assert!(
+        refused.contains(&format!(
+            "secret \"openai\" (OPENAI_API_KEY) is now sent to {url_b} (previous deployments: {url_a})"
+        )),
+        "{refused}"
+    );
+    assert!(refused.contains("--allow-new-secret-endpoints"), "{refused}");
+    assert!(refused.contains("FailedPrecondition") || refused.contains("failed precondition"), "{refused}");
+
+    // The runner cannot pick v2 by name: only the active deployment runs.
+    {
+        let agent = format!("{AGENT}@2.0.0");
+        let out = run(with(&daemon, &runner).args(["run", &agent, "--input", "hi"]));
+        assert_eq!(out.code, Some(1), "{out:?}");
+        assert!(out.stderr.contains("not the active deployment"), "{}", out.stderr);
+    }
+    // Running the agent uses v1: the key goes to A.
+    let started = ok(with(&daemon, &runner).args(["run", AGENT, "--input", "hi"]));
+    assert!(started.starts_with("session run_"), "{started}");
+    wait_for_requests(&a, 1);
+    assert_eq!(authorizations(&a), [format!("Bearer {OPERATOR_KEY}")]);
+    assert!(b.received().is_empty(), "B was reached: {:?}", b.received());
+
+    // The publisher allows it knowingly: deployed, the change printed and recorded.
+    let allowed = ok(with(&daemon, &publisher).args([
+        "agents",
+        "deploy",
+        &format!("{AGENT}@2.0.0"),
+        "--allow-new-secret-endpoints",
+    ]));
+    assert!(allowed.starts_with("deployed endpoints/chat@2.0.0 (previous: 1.0.0) at "), "{allowed}");
+    assert_eq!(
+        allowed.lines().nth(1),
+        Some(
+            format!(
+                "secret \"openai\" (OPENAI_API_KEY) is now sent to {url_b} (previous deployments: {url_a})"
+            )
+            .as_str()
+        ),
+        "{allowed}"
+    );
+    let exported = ok(with(&daemon, &runner).args(["audit", "export"]));
+    let deployed: Vec<Value> = exported
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|e| e["type"] == "agent.deployed")
+        .collect();
+    assert_eq!(deployed.len(), 2, "{exported}");
+    assert_eq!(
+        deployed[1]["payload"]["secret_endpoint_changes"],
+        json!([{"secret": "openai", "from_env": "OPENAI_API_KEY", "endpoint": url_b, "previous": [url_a]}]),
+        "{exported}"
+    );
+    assert_eq!(
+        deployed[0]["payload"]["secret_endpoints"],
+        json!([{"secret": "openai", "from_env": "OPENAI_API_KEY", "endpoint": url_a}])
+    );
+    assert!(b.received().is_empty(), "B was reached before v2 ran");
+    drop(daemon);
+    drop(rt);
+}
+
+#[test]
+fn secrets_follow_deployed_endpoints_on_sqlite() {
+    secrets_follow_deployed_endpoints(Backend::Sqlite);
+}
+
+#[test]
+fn secrets_follow_deployed_endpoints_on_postgres() {
+    secrets_follow_deployed_endpoints(Backend::Postgres);
+}
