@@ -512,6 +512,10 @@ impl Trial {
             }
         }
         self.worker.kill();
+        // An open client connection would hold the daemon's graceful stop to its grace period
+        // (its tasks live on the harness's runtime, so that goes too).
+        drop(self.client);
+        drop(self.rt);
         // The auditor's check offline, on the stopped daemon's database.
         let stopped = self.daemon.stop();
         if stopped.is_some_and(|s| !s.success()) {
