@@ -52,14 +52,19 @@ fn worker_args(args: &[String]) -> Result<WorkerArgs, String> {
     };
     let mut it = args.iter();
     while let Some(flag) = it.next() {
-        let mut value = || it.next().cloned().ok_or_else(|| format!("{flag} needs a value"));
+        let mut value = || {
+            it.next()
+                .cloned()
+                .ok_or_else(|| format!("{flag} needs a value"))
+        };
         match flag.as_str() {
             "--addr" => w.addr = value()?,
             "--journal" => w.journal = value()?.into(),
             "--work-ms" => {
                 let v = value()?;
                 w.work = Duration::from_millis(
-                    v.parse().map_err(|_| format!("--work-ms: not a number: {v:?}"))?,
+                    v.parse()
+                        .map_err(|_| format!("--work-ms: not a number: {v:?}"))?,
                 );
             }
             "--duplicate" => w.duplicate = true,

@@ -4,7 +4,8 @@
 //! call's last durable event.
 //!
 //! - **No double execution.** A `non_idempotent_write`, `irreversible_action` or unclassed
-//!   call ran at most once (the journal); reads and idempotent writes may run again (counted).
+//!   call ran at most once (the journal); reads and idempotent writes may run again (counted),
+//!   but no call ran more often than its dispatch was journaled.
 //! - **Nothing lost or duplicated.** Every stream's sequence numbers are 1..n without a gap;
 //!   each approval is opened once and decided once, and none is left pending; each voter
 //!   votes at most once per approval, every vote the runtime acknowledged is recorded, and no
@@ -100,7 +101,10 @@ fn text(v: &Value, key: &str) -> String {
 pub fn check_trial(inputs: &Inputs<'_>) -> TrialOutcome {
     let mut out = TrialOutcome::default();
     let v = &mut out.violations;
-    match inputs.rt.block_on(inputs.client.verify_audit(&AuditScope::All)) {
+    match inputs
+        .rt
+        .block_on(inputs.client.verify_audit(&AuditScope::All))
+    {
         Ok(report) => {
             if let Some(problem) = report.problem {
                 v.push(format!("VerifyAudit: {problem:?}"));
@@ -138,7 +142,12 @@ pub fn check_trial(inputs: &Inputs<'_>) -> TrialOutcome {
     out.kills = inputs
         .kills
         .iter()
-        .map(|k| (k.fault.name().to_owned(), classify(k, &events, &journal, inputs.lines)))
+        .map(|k| {
+            (
+                k.fault.name().to_owned(),
+                classify(k, &events, &journal, inputs.lines),
+            )
+        })
         .collect();
     out
 }
@@ -172,7 +181,9 @@ fn check_sequences(events: &[Ev], v: &mut Vec<String>) {
         seqs.sort_unstable();
         let expected: Vec<u64> = (1..=seqs.len() as u64).collect();
         if seqs != expected {
-            v.push(format!("stream {stream}: sequence numbers {seqs:?} are not 1..n"));
+            v.push(format!(
+                "stream {stream}: sequence numbers {seqs:?} are not 1..n"
+            ));
         }
     }
 }
@@ -214,8 +225,13 @@ fn check_approvals(events: &[Ev], casts: &[Cast], v: &mut Vec<String>) {
         if *n != 1 {
             v.push(format!("{voter} voted {n} times on approval {id}"));
         }
-        if !casts.iter().any(|c| c.approval_id == *id && c.voter == *voter) {
-            v.push(format!("a vote by {voter} on {id} that the operator never cast"));
+        if !casts
+            .iter()
+            .any(|c| c.approval_id == *id && c.voter == *voter)
+        {
+            v.push(format!(
+                "a vote by {voter} on {id} that the operator never cast"
+            ));
         }
     }
     for c in casts.iter().filter(|c| c.acknowledged) {
@@ -276,9 +292,20 @@ fn check_calls(events: &[Ev], journal: &[JournalEntry], v: &mut Vec<String>) -> 
                 execs.len()
             ));
         }
+        // Every execution follows its own durable dispatch (the journal line before the
+        // invoke), so a re-run of a read is one the runtime decided, never a stray resend.
+        let journaled = dispatched.get(call).map_or(0, Vec::len);
+        if execs.len() > journaled {
+            v.push(format!(
+                "{call} ({tool}) ran {} times but was dispatched {journaled} times",
+                execs.len()
+            ));
+        }
         for (args, _) in execs {
             if !dispatched.get(call).is_some_and(|d| d.contains(args)) {
-                v.push(format!("{call} ran with {args}, which was never dispatched"));
+                v.push(format!(
+                    "{call} ran with {args}, which was never dispatched"
+                ));
             }
             if let Some(want) = edited.get(call)
                 && *args != *want
@@ -305,7 +332,9 @@ fn check_calls(events: &[Ev], journal: &[JournalEntry], v: &mut Vec<String>) -> 
             v.push(format!("{call} completed {} times", done.len()));
         }
         for d in done.iter().filter(|d| d["status"] == "succeeded") {
-            let ran = runs.get(call).is_some_and(|r| r.iter().any(|(_, res)| **res == d["result"]));
+            let ran = runs
+                .get(call)
+                .is_some_and(|r| r.iter().any(|(_, res)| **res == d["result"]));
             if !ran {
                 v.push(format!(
                     "{call} recorded the result {} that the worker never returned",
@@ -351,9 +380,11 @@ fn classify(
             let sent = lines.iter().any(|(at, l)| {
                 *at <= kill.at_ms && l.strip_prefix("RESULT ") == Some(call.as_str())
             });
-            let received = journal.iter().any(|JournalEntry::Exec { call_id, at_ms, .. }| {
-                *call_id == call && *at_ms <= kill.at_ms
-            });
+            let received = journal
+                .iter()
+                .any(|JournalEntry::Exec { call_id, at_ms, .. }| {
+                    *call_id == call && *at_ms <= kill.at_ms
+                });
             if sent {
                 "result_received"
             } else if received {

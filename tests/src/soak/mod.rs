@@ -214,14 +214,16 @@ pub fn run(options: &Options) -> bool {
     let mut outcomes = Vec::new();
     for n in 0..options.trials {
         let seed = options.seed.wrapping_mul(1_000_003).wrapping_add(n);
+        let trial_started = Instant::now();
         let Some(outcome) = trial::run_trial(options, seed) else {
             println!("soak: PostgreSQL is not available; skipped");
             return true;
         };
         println!(
-            "soak: trial {}/{} (seed {seed}): kills {:?}, worker faults {:?}{}, duplicates {}, {}",
+            "soak: trial {}/{} (seed {seed}, {:.1}s): kills {:?}, worker faults {:?}{}, duplicates {}, {}",
             n + 1,
             options.trials,
+            trial_started.elapsed().as_secs_f64(),
             outcome.kills,
             outcome.worker_faults,
             if outcome.duplicated_results {
@@ -239,7 +241,10 @@ pub fn run(options: &Options) -> bool {
         outcomes.push(outcome);
     }
     let report = report(options, &outcomes, started.elapsed());
-    println!("{}", serde_json::to_string_pretty(&report).unwrap_or_default());
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&report).unwrap_or_default()
+    );
     if let Some(path) = &options.report {
         std::fs::write(path, format!("{report:#}\n"))
             .unwrap_or_else(|e| panic!("write {}: {e}", path.display()));

@@ -52,9 +52,7 @@ fn guard<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 fn signal(name: &str, pid: u32) {
-    let _ = Command::new("kill")
-        .args([name, &pid.to_string()])
-        .status();
+    let _ = Command::new("kill").args([name, &pid.to_string()]).status();
 }
 
 /// The worker process.
@@ -64,7 +62,13 @@ struct WorkerProc {
 }
 
 impl WorkerProc {
-    fn start(addr: &str, journal: &Path, duplicate: bool, lines: &Lines, trigger: &Trigger) -> Self {
+    fn start(
+        addr: &str,
+        journal: &Path,
+        duplicate: bool,
+        lines: &Lines,
+        trigger: &Trigger,
+    ) -> Self {
         let exe = std::env::current_exe().unwrap_or_else(|e| panic!("current_exe: {e}"));
         let mut cmd = Command::new(exe);
         cmd.args(["worker", "--addr", addr, "--journal"])
@@ -80,7 +84,10 @@ impl WorkerProc {
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start the soak worker: {e}"));
         let stdin = child.stdin.take().unwrap_or_else(|| panic!("worker stdin"));
-        let stdout = child.stdout.take().unwrap_or_else(|| panic!("worker stdout"));
+        let stdout = child
+            .stdout
+            .take()
+            .unwrap_or_else(|| panic!("worker stdout"));
         let (lines, trigger) = (Arc::clone(lines), Arc::clone(trigger));
         std::thread::spawn(move || {
             for line in std::io::BufReader::new(stdout).lines() {
@@ -221,7 +228,10 @@ fn publish_and_deploy(daemon: &Daemon, fixture: &Path) {
     );
     assert_eq!(publish.code, Some(0), "publish failed: {publish:?}");
     assert!(
-        publish.stderr.lines().all(|l| l.contains("has no side_effect_class")),
+        publish
+            .stderr
+            .lines()
+            .all(|l| l.contains("has no side_effect_class")),
         "publish warned: {}",
         publish.stderr
     );
@@ -257,7 +267,10 @@ impl Trial {
     fn wait_registered(&self) {
         let deadline = Instant::now() + Duration::from_secs(30);
         while !guard(&self.lines).iter().any(|(_, l)| l == "REGISTERED") {
-            assert!(Instant::now() < deadline, "the soak worker did not register");
+            assert!(
+                Instant::now() < deadline,
+                "the soak worker did not register"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -308,7 +321,7 @@ impl Trial {
                 _ => {}
             }
             polls += 1;
-            if polls % 10 == 0 && self.settled() {
+            if polls.is_multiple_of(10) && self.settled() {
                 *guard(&self.trigger) = None;
                 break None;
             }
@@ -370,7 +383,7 @@ impl Trial {
         loop {
             let _ = self.operator(false);
             polls += 1;
-            if polls % 5 == 0 && self.settled() {
+            if polls.is_multiple_of(5) && self.settled() {
                 return;
             }
             if Instant::now() > deadline {
@@ -385,7 +398,12 @@ impl Trial {
         self.sessions.iter().all(|id| {
             self.rt
                 .block_on(self.client.inspect_session(id))
-                .is_ok_and(|s| matches!(s.session.status.as_str(), "completed" | "failed" | "cancelled"))
+                .is_ok_and(|s| {
+                    matches!(
+                        s.session.status.as_str(),
+                        "completed" | "failed" | "cancelled"
+                    )
+                })
         })
     }
 
@@ -432,7 +450,10 @@ impl Trial {
     fn policy_vote(&mut self, approval: &Approval) -> Option<(&'static str, DecideApproval)> {
         let roll = self.rng.below(100);
         let plan = *self.plans.entry(approval.id.clone()).or_insert(roll);
-        let full = self.rt.block_on(self.client.get_approval(&approval.id)).ok()?;
+        let full = self
+            .rt
+            .block_on(self.client.get_approval(&approval.id))
+            .ok()?;
         let voted: HashSet<&str> = full.votes.iter().map(|v| v.decided_by.as_str()).collect();
         let voter = ["alice", "bob"].into_iter().find(|v| !voted.contains(v))?;
         let reject = plan >= 75;
@@ -519,11 +540,15 @@ impl Trial {
         // The auditor's check offline, on the stopped daemon's database.
         let stopped = self.daemon.stop();
         if stopped.is_some_and(|s| !s.success()) {
-            outcome
-                .violations
-                .push(format!("the daemon exited with {stopped:?} on SIGTERM ({backend:?})"));
+            outcome.violations.push(format!(
+                "the daemon exited with {stopped:?} on SIGTERM ({backend:?})"
+            ));
         }
-        let offline = self.daemon.runtime().args(["audit", "verify", "--all"]).output();
+        let offline = self
+            .daemon
+            .runtime()
+            .args(["audit", "verify", "--all"])
+            .output();
         match offline {
             Ok(out) if out.status.success() => {}
             Ok(out) => outcome.violations.push(format!(

@@ -10,7 +10,8 @@
 //!   again, as a real worker must.
 //! - It tells the harness what it does on stdout, one line each: `REGISTERED`,
 //!   `INVOKE <call_id>` (journaled, result not sent yet), `RESULT <call_id>` (result written to
-//!   the stream). A line `CUT` on stdin drops the stream (the worker reconnects).
+//!   the stream). A line `CUT` on stdin drops the stream (the worker reconnects); the end of
+//!   stdin (the harness exited) ends the worker.
 //! - `--duplicate` sends every result twice.
 
 use std::collections::BTreeMap;
@@ -124,7 +125,13 @@ pub fn read_journal(path: &Path) -> Result<Vec<JournalEntry>, String> {
                 result: v["result"].clone(),
                 at_ms,
             }),
-            _ => return Err(format!("{}:{}: unknown entry {line}", path.display(), n + 1)),
+            _ => {
+                return Err(format!(
+                    "{}:{}: unknown entry {line}",
+                    path.display(),
+                    n + 1
+                ));
+            }
         }
     }
     Ok(entries)
@@ -192,6 +199,8 @@ pub fn run(args: &WorkerArgs) {
                     Err(_) => break,
                 }
             }
+            // The harness is gone (its end of the pipe closed): so is the worker.
+            std::process::exit(0);
         });
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
