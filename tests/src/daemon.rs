@@ -91,13 +91,19 @@ pub fn binaries() -> &'static Binaries {
 }
 
 /// The target directory and profile directory (`debug`, `release`…) of the running test,
-/// from its own path: `<target>/<profile>/deps/<test>-<hash>`.
+/// from its own path: `<target>/<profile>/deps/<test>-<hash>`, or `<target>/<profile>/<bin>`
+/// for a binary of this package (the soak).
 fn target_dir() -> (PathBuf, String) {
     let exe = std::env::current_exe().unwrap_or_else(|e| panic!("current_exe: {e}"));
-    let profile = exe
+    let parent = exe
         .parent()
-        .and_then(Path::parent)
         .unwrap_or_else(|| panic!("unexpected test executable path {}", exe.display()));
+    let profile = if parent.file_name().is_some_and(|n| n == "deps") {
+        parent.parent()
+    } else {
+        Some(parent)
+    }
+    .unwrap_or_else(|| panic!("unexpected test executable path {}", exe.display()));
     let target = profile
         .parent()
         .map_or_else(|| crate::workspace_root().join("target"), Path::to_path_buf);
@@ -225,7 +231,12 @@ impl Daemon {
     }
 
     fn spawn(&mut self, database_url: &str) {
-        let log = File::create(self.log_path()).unwrap_or_else(|e| panic!("log file: {e}"));
+        // Appended to, so that a restarted daemon's log follows the killed one's.
+        let log = File::options()
+            .create(true)
+            .append(true)
+            .open(self.log_path())
+            .unwrap_or_else(|e| panic!("log file: {e}"));
         let err = log.try_clone().unwrap_or_else(|e| panic!("log file: {e}"));
         let data = self.dir.path().join("data");
         let child = Command::new(&binaries().runtime)
@@ -357,6 +368,31 @@ impl Daemon {
                     );
                 }
             }
+        }
+    }
+
+    /// Kills the daemon with SIGKILL (no clean-up of any kind) and waits for it to exit.
+    pub fn kill9(&mut self) {
+        self.kill();
+    }
+
+    /// The daemon's process id, while it runs.
+    #[must_use]
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Starts the daemon again on the same address, database and files (after [`kill9`](Self::kill9)
+    /// or [`stop`](Self::stop)) and waits until it is `SERVING`, as recovery runs.
+    ///
+    /// # Panics
+    /// When it is still running, or does not become ready (its log is in the message).
+    pub fn restart(&mut self) {
+        assert!(self.child.is_none(), "restart of a running daemon");
+        let url = self.database_url.clone();
+        self.spawn(&url);
+        if let Err(log) = self.wait_ready() {
+            panic!("phrony-runtime did not become ready again:\n{log}");
         }
     }
 

@@ -11,6 +11,8 @@
 //! - [`stub`] writes the tutorial's refund agent on the scripted `stub` model and deploys it.
 //! - [`worker`] serves the refund agent's tool on the `Work` stream and records its calls.
 //! - [`proxy`] stands between the CLI and the runtime and loses the connection on cue.
+//! - [`soak`] is the crash soak (binary `soak`): SIGKILLs the daemon and the worker at commit
+//!   points and checks that nothing ran twice and nothing was lost.
 //!
 //! The generic helpers (worker, proxy, the stub agent's files, throw-away PostgreSQL databases)
 //! live in `phrony-test-support`, shared with the other crates' tests; they are re-exported here.
@@ -22,6 +24,7 @@
 
 pub mod cli;
 pub mod daemon;
+pub mod soak;
 pub mod stub;
 
 pub use phrony_test_support::{examples_dir, proxy, worker, workspace_root};

@@ -1,0 +1,288 @@
+//! The crash soak: the real daemon, the soak agent on the scripted stub model, a journaling
+//! worker process, a scripted operator, and SIGKILL at chosen points; then the invariants.
+//!
+//! Run it by hand with `cargo run -p tests --bin soak -- --backend sqlite --trials 200`; the
+//! short run is `tests/tests/soak.rs`. One trial:
+//!
+//! 1. starts `phrony-runtime` (a fresh SQLite file or PostgreSQL database), publishes and
+//!    deploys `soak/soak-agent@0.1.0` (`tests/fixtures/soak/`: a tool of every side-effect
+//!    class and one binding without a class; a refund held for one approval, a transfer for a
+//!    quorum of two) with the real CLI, starts the journaling worker ([`worker`]) and a few
+//!    task sessions;
+//! 2. for each planned fault ([`Fault`]): waits for its trigger (the worker's `INVOKE` or
+//!    `RESULT` line, a vote RPC that returned, an approval the operator saw, a random delay),
+//!    then SIGKILLs the daemon and starts it again on the same database (or kills, stops,
+//!    cuts the worker);
+//! 3. lets recovery and the operator finish every session: policy approvals are approved
+//!    (by `alice`, then `bob` for the quorum), approved with edited arguments, or rejected;
+//!    outcome reviews are resolved as an operator would, from the worker's journal
+//!    (`happened` with the journaled result, or `resend` when it never ran);
+//! 4. checks the invariants ([`check`]) and classifies each kill by the affected call's last
+//!    durable event.
+
+pub mod check;
+pub mod trial;
+pub mod worker;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::daemon::Backend;
+
+/// What the harness was asked to do.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The storage.
+    pub backend: Backend,
+    /// How many trials.
+    pub trials: u64,
+    /// The seed every choice derives from (the same seed plans the same faults).
+    pub seed: u64,
+    /// Where to write the JSON report (none: stdout only).
+    pub report: Option<PathBuf>,
+    /// Sessions per trial.
+    pub sessions: usize,
+    /// Faults per trial.
+    pub faults: usize,
+    /// Also plan worker faults (kill, stop past the lease, stream cut, duplicated results).
+    pub worker_faults: bool,
+}
+
+impl Options {
+    /// Parses the command line (after the program name).
+    ///
+    /// # Errors
+    /// A message naming the bad or unknown argument.
+    pub fn parse(args: &[String]) -> Result<Self, String> {
+        let mut o = Self {
+            backend: Backend::Sqlite,
+            trials: 10,
+            seed: 1,
+            report: None,
+            sessions: 3,
+            faults: 2,
+            worker_faults: true,
+        };
+        let mut it = args.iter();
+        while let Some(flag) = it.next() {
+            let mut value = || {
+                it.next()
+                    .cloned()
+                    .ok_or_else(|| format!("{flag} needs a value"))
+            };
+            let number = |v: String| {
+                v.parse::<u64>()
+                    .map_err(|_| format!("{flag}: not a number: {v:?}"))
+            };
+            match flag.as_str() {
+                "--backend" => {
+                    o.backend = match value()?.as_str() {
+                        "sqlite" => Backend::Sqlite,
+                        "postgres" => Backend::Postgres,
+                        other => {
+                            return Err(format!(
+                                "--backend: expected sqlite or postgres, got {other:?}"
+                            ));
+                        }
+                    }
+                }
+                "--trials" => o.trials = number(value()?)?,
+                "--seed" => o.seed = number(value()?)?,
+                "--report" => o.report = Some(PathBuf::from(value()?)),
+                "--sessions" => {
+                    o.sessions = usize::try_from(number(value()?)?.clamp(1, 20)).unwrap_or(3);
+                }
+                "--faults" => {
+                    o.faults = usize::try_from(number(value()?)?.clamp(1, 20)).unwrap_or(2);
+                }
+                "--no-worker-faults" => o.worker_faults = false,
+                other => return Err(format!("unknown argument {other:?}")),
+            }
+        }
+        Ok(o)
+    }
+}
+
+/// A fault the harness injects, and when.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// SIGKILL the daemon when the worker says it received an invoke (journaled, no result).
+    DaemonAtInvoke,
+    /// SIGKILL the daemon when the worker says it sent a result.
+    DaemonAtResult,
+    /// SIGKILL the daemon right after a vote RPC returned.
+    DaemonAfterVote,
+    /// SIGKILL the daemon when the operator first sees an approval (before voting on it).
+    DaemonAtApproval,
+    /// SIGKILL the daemon after a random delay (0–1.5 s).
+    DaemonRandom,
+    /// SIGKILL the worker when it received an invoke; start it again.
+    WorkerKilled,
+    /// SIGSTOP the worker when it received an invoke, past its lease; then SIGCONT.
+    WorkerStopped,
+    /// Cut the worker's stream when it received an invoke (it reconnects).
+    StreamCut,
+}
+
+impl Fault {
+    /// The name in the report.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::DaemonAtInvoke => "daemon_kill_at_invoke",
+            Self::DaemonAtResult => "daemon_kill_at_result",
+            Self::DaemonAfterVote => "daemon_kill_after_vote",
+            Self::DaemonAtApproval => "daemon_kill_at_approval",
+            Self::DaemonRandom => "daemon_kill_random",
+            Self::WorkerKilled => "worker_kill",
+            Self::WorkerStopped => "worker_stop_past_lease",
+            Self::StreamCut => "stream_cut",
+        }
+    }
+
+    /// Whether it kills the daemon.
+    #[must_use]
+    pub fn kills_daemon(self) -> bool {
+        matches!(
+            self,
+            Self::DaemonAtInvoke
+                | Self::DaemonAtResult
+                | Self::DaemonAfterVote
+                | Self::DaemonAtApproval
+                | Self::DaemonRandom
+        )
+    }
+}
+
+/// A small deterministic generator (SplitMix64): the seed decides every choice.
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator for `seed`.
+    #[must_use]
+    pub fn new(seed: u64) -> Self {
+        Self(seed ^ 0x9E37_79B9_7F4A_7C15)
+    }
+
+    /// The next number.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// A number below `n` (`n` > 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n.max(1)
+    }
+}
+
+/// What one trial did and found.
+#[derive(Debug, Default, Clone)]
+pub struct TrialOutcome {
+    /// Daemon kills and their commit point (the affected call's last durable event).
+    pub kills: Vec<(String, String)>,
+    /// Worker faults injected, by name.
+    pub worker_faults: Vec<String>,
+    /// Whether the worker sent every result twice.
+    pub duplicated_results: bool,
+    /// Executions of non-idempotent, irreversible or unclassed calls beyond the first.
+    pub duplicates: u64,
+    /// Executions of read-only or idempotent calls beyond the first (allowed).
+    pub safe_reruns: u64,
+    /// Outcome reviews the operator resolved, by resolution.
+    pub reviews: Vec<String>,
+    /// Events exported and checked.
+    pub events: u64,
+    /// Broken invariants, each naming what broke.
+    pub violations: Vec<String>,
+}
+
+/// Runs the soak; returns whether every invariant held.
+///
+/// # Panics
+/// When the daemon, the CLI or the worker cannot be started (an environment problem, not a
+/// finding).
+#[must_use]
+pub fn run(options: &Options) -> bool {
+    let started = Instant::now();
+    let mut outcomes = Vec::new();
+    for n in 0..options.trials {
+        let seed = options.seed.wrapping_mul(1_000_003).wrapping_add(n);
+        let trial_started = Instant::now();
+        let Some(outcome) = trial::run_trial(options, seed) else {
+            println!("soak: PostgreSQL is not available; skipped");
+            return true;
+        };
+        println!(
+            "soak: trial {}/{} (seed {seed}, {:.1}s): kills {:?}, worker faults {:?}{}, duplicates {}, {}",
+            n + 1,
+            options.trials,
+            trial_started.elapsed().as_secs_f64(),
+            outcome.kills,
+            outcome.worker_faults,
+            if outcome.duplicated_results {
+                " (results duplicated)"
+            } else {
+                ""
+            },
+            outcome.duplicates,
+            if outcome.violations.is_empty() {
+                "ok".to_owned()
+            } else {
+                format!("VIOLATIONS: {:#?}", outcome.violations)
+            }
+        );
+        outcomes.push(outcome);
+    }
+    let report = report(options, &outcomes, started.elapsed());
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&report).unwrap_or_default()
+    );
+    if let Some(path) = &options.report {
+        std::fs::write(path, format!("{report:#}\n"))
+            .unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+    }
+    outcomes.iter().all(|o| o.violations.is_empty())
+}
+
+fn report(options: &Options, outcomes: &[TrialOutcome], elapsed: Duration) -> Value {
+    let mut per_point = std::collections::BTreeMap::<String, u64>::new();
+    let mut per_fault = std::collections::BTreeMap::<String, u64>::new();
+    let mut reviews = std::collections::BTreeMap::<String, u64>::new();
+    for o in outcomes {
+        for (fault, point) in &o.kills {
+            *per_point.entry(point.clone()).or_default() += 1;
+            *per_fault.entry(fault.clone()).or_default() += 1;
+        }
+        for f in &o.worker_faults {
+            *per_fault.entry(f.clone()).or_default() += 1;
+        }
+        for r in &o.reviews {
+            *reviews.entry(r.clone()).or_default() += 1;
+        }
+    }
+    let violations: Vec<&String> = outcomes.iter().flat_map(|o| &o.violations).collect();
+    json!({
+        "backend": match options.backend { Backend::Sqlite => "sqlite", Backend::Postgres => "postgres" },
+        "seed": options.seed,
+        "trials": outcomes.len(),
+        "sessions": outcomes.len() * options.sessions,
+        "daemon_kills": outcomes.iter().map(|o| o.kills.len()).sum::<usize>(),
+        "kills_per_commit_point": per_point,
+        "faults": per_fault,
+        "trials_with_duplicated_results": outcomes.iter().filter(|o| o.duplicated_results).count(),
+        "outcome_reviews": reviews,
+        "duplicates": outcomes.iter().map(|o| o.duplicates).sum::<u64>(),
+        "safe_reruns": outcomes.iter().map(|o| o.safe_reruns).sum::<u64>(),
+        "events_checked": outcomes.iter().map(|o| o.events).sum::<u64>(),
+        "violations": violations,
+        "seconds": elapsed.as_secs(),
+    })
+}
