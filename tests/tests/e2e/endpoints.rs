@@ -224,6 +224,16 @@ fn secrets_follow_deployed_endpoints(backend: Backend) {
         json!([{"secret": "openai", "from_env": "OPENAI_API_KEY", "endpoint": url_a}])
     );
     assert!(b.received().is_empty(), "B was reached before v2 ran");
+
+    // Back to v1: deployed before, so no flag is needed and nothing is printed about secrets.
+    let back = ok(with(&daemon, &publisher).args(["agents", "rollback", AGENT, "--to", "1.0.0"]));
+    assert_eq!(back, "rolled back endpoints/chat to 1.0.0 (was: 2.0.0)\n");
+    let history = ok(with(&daemon, &runner).args(["agents", "history", AGENT]));
+    assert_eq!(
+        history.lines().count(),
+        4,
+        "a header and three rows: {history}"
+    );
     drop(daemon);
     drop(rt);
 }
