@@ -93,14 +93,21 @@ fn authorizations(server: &FakeServer) -> Vec<String> {
 fn wait_for_requests(server: &FakeServer, n: usize) {
     let start = Instant::now();
     while server.received().len() < n {
-        assert!(start.elapsed() < WAIT, "{n} requests expected, got {:?}", server.received());
+        assert!(
+            start.elapsed() < WAIT,
+            "{n} requests expected, got {:?}",
+            server.received()
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
 
 fn secrets_follow_deployed_endpoints(backend: Backend) {
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let a = rt.block_on(FakeServer::start(vec![answer("from A"), answer("from A again")]));
+    let a = rt.block_on(FakeServer::start(vec![
+        answer("from A"),
+        answer("from A again"),
+    ]));
     let b = rt.block_on(FakeServer::start(Vec::new()));
     let (url_a, url_b) = (format!("{}/v1", a.origin()), format!("{}/v1", b.origin()));
     let Some(daemon) = Daemon::start_with_env(backend, &[("RUNTIME_AUTH", "required")]) else {
@@ -112,10 +119,19 @@ fn secrets_follow_deployed_endpoints(backend: Backend) {
     let v1 = write_agent(project.path(), "1.0.0", &url_a);
     let v2 = write_agent(project.path(), "2.0.0", &format!("{url_b}/"));
 
-    ok(with(&daemon, &publisher).args(["agents", "publish"]).arg(&v1));
+    ok(with(&daemon, &publisher)
+        .args(["agents", "publish"])
+        .arg(&v1));
     let first = ok(with(&daemon, &publisher).args(["agents", "deploy", &format!("{AGENT}@1.0.0")]));
-    assert!(first.starts_with("deployed endpoints/chat@1.0.0 at "), "{first}");
-    assert_eq!(first.lines().count(), 1, "a first deployment is no change: {first}");
+    assert!(
+        first.starts_with("deployed endpoints/chat@1.0.0 at "),
+        "{first}"
+    );
+    assert_eq!(
+        first.lines().count(),
+        1,
+        "a first deployment is no change: {first}"
+    );
 
     // diff shows where v2 would send the key, besides the line diff.
     let diff = ok(with(&daemon, &publisher)
@@ -132,23 +148,36 @@ fn secrets_follow_deployed_endpoints(backend: Backend) {
     );
 
     // Publishing v2 is fine; deploying it is refused (exit 1), naming both endpoints.
-    ok(with(&daemon, &publisher).args(["agents", "publish"]).arg(&v2));
-    let refused = fails(with(&daemon, &publisher).args(["agents", "deploy", &format!("{AGENT}@2.0.0")]));
+    ok(with(&daemon, &publisher)
+        .args(["agents", "publish"])
+        .arg(&v2));
+    let refused =
+        fails(with(&daemon, &publisher).args(["agents", "deploy", &format!("{AGENT}@2.0.0")]));
     assert!(
         refused.contains(&format!(
             "secret \"openai\" (OPENAI_API_KEY) is now sent to {url_b} (previous deployments: {url_a})"
         )),
         "{refused}"
     );
-    assert!(refused.contains("--allow-new-secret-endpoints"), "{refused}");
-    assert!(refused.contains("FailedPrecondition") || refused.contains("failed precondition"), "{refused}");
+    assert!(
+        refused.contains("--allow-new-secret-endpoints"),
+        "{refused}"
+    );
+    assert!(
+        refused.contains("FailedPrecondition") || refused.contains("failed precondition"),
+        "{refused}"
+    );
 
     // The runner cannot pick v2 by name: only the active deployment runs.
     {
         let agent = format!("{AGENT}@2.0.0");
         let out = run(with(&daemon, &runner).args(["run", &agent, "--input", "hi"]));
         assert_eq!(out.code, Some(1), "{out:?}");
-        assert!(out.stderr.contains("not the active deployment"), "{}", out.stderr);
+        assert!(
+            out.stderr.contains("not the active deployment"),
+            "{}",
+            out.stderr
+        );
     }
     // Running the agent uses v1: the key goes to A.
     let started = ok(with(&daemon, &runner).args(["run", AGENT, "--input", "hi"]));
@@ -164,7 +193,10 @@ fn secrets_follow_deployed_endpoints(backend: Backend) {
         &format!("{AGENT}@2.0.0"),
         "--allow-new-secret-endpoints",
     ]));
-    assert!(allowed.starts_with("deployed endpoints/chat@2.0.0 (previous: 1.0.0) at "), "{allowed}");
+    assert!(
+        allowed.starts_with("deployed endpoints/chat@2.0.0 (previous: 1.0.0) at "),
+        "{allowed}"
+    );
     assert_eq!(
         allowed.lines().nth(1),
         Some(
@@ -192,6 +224,16 @@ fn secrets_follow_deployed_endpoints(backend: Backend) {
         json!([{"secret": "openai", "from_env": "OPENAI_API_KEY", "endpoint": url_a}])
     );
     assert!(b.received().is_empty(), "B was reached before v2 ran");
+
+    // Back to v1: deployed before, so no flag is needed and nothing is printed about secrets.
+    let back = ok(with(&daemon, &publisher).args(["agents", "rollback", AGENT, "--to", "1.0.0"]));
+    assert_eq!(back, "rolled back endpoints/chat to 1.0.0 (was: 2.0.0)\n");
+    let history = ok(with(&daemon, &runner).args(["agents", "history", AGENT]));
+    assert_eq!(
+        history.lines().count(),
+        4,
+        "a header and three rows: {history}"
+    );
     drop(daemon);
     drop(rt);
 }

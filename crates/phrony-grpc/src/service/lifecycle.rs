@@ -1,5 +1,7 @@
 //! Agent lifecycle RPCs (§6.2): publish, deploy, rollback, deprecate, retire, archive, and the
-//! read-only views. The ledger implements the semantics; this module converts and logs.
+//! read-only views. The ledger implements the semantics (Deploy and Rollback go through
+//! `phrony_engine::activate`, which checks where the version sends its secrets first); this
+//! module converts and logs.
 
 use phrony_auth::Attribution;
 use phrony_engine::{Activated, Activation, DefaultProviderFactory, ProviderFactory};
