@@ -41,6 +41,9 @@ struct Armed {
     skip: u64,
     /// `kill` arguments (`-KILL <pid>`…); empty: only record.
     signal: Option<(&'static str, u32)>,
+    /// How long after the line to signal (a few ms after a result lands on the records
+    /// that follow it: the next model turn, the next call's decision and dispatch).
+    delay: Duration,
     /// The call of the line that fired.
     fired: Option<String>,
 }
@@ -98,6 +101,7 @@ impl WorkerProc {
                         && let Some(call) = line.strip_prefix(a.word).map(str::trim)
                     {
                         if a.skip == 0 {
+                            std::thread::sleep(a.delay);
                             if let Some((name, pid)) = a.signal {
                                 signal(name, pid);
                             }
@@ -294,11 +298,17 @@ impl Trial {
             Fault::WorkerStopped => Some(("-STOP", self.worker.pid())),
             _ => None,
         };
+        let delay = if fault == Fault::DaemonAtResult && self.rng.below(2) == 0 {
+            Duration::from_millis(1 + self.rng.below(40))
+        } else {
+            Duration::ZERO
+        };
         if let Some(word) = word {
             *guard(&self.trigger) = Some(Armed {
                 word,
                 skip,
                 signal: sig,
+                delay,
                 fired: None,
             });
         }
