@@ -132,10 +132,19 @@ pub fn check_trial(inputs: &Inputs<'_>) -> TrialOutcome {
     for id in inputs.sessions {
         match inputs.rt.block_on(inputs.client.inspect_session(id)) {
             Ok(s) if s.session.status == "completed" => {}
-            Ok(s) => v.push(format!(
-                "session {id} ended {} ({:?}), expected completed",
-                s.session.status, s.session.error
-            )),
+            Ok(s) => {
+                let log: Vec<String> = events
+                    .iter()
+                    .filter(|e| e.stream.contains(id.as_str()))
+                    .map(|e| format!("{} {} @{}", e.seq, e.kind, e.at_ms))
+                    .collect();
+                v.push(format!(
+                    "session {id} ended {} ({:?}), expected completed; its log: {log:?}; kills at {:?}",
+                    s.session.status,
+                    s.session.error,
+                    inputs.kills.iter().map(|k| k.at_ms).collect::<Vec<_>>()
+                ));
+            }
             Err(e) => v.push(format!("InspectSession {id}: {e}")),
         }
     }
@@ -378,7 +387,10 @@ fn classify(
         "approval.vote" | "approval.decided" => "vote_recorded",
         "tool.dispatched" => {
             let sent = lines.iter().any(|(at, l)| {
-                *at <= kill.at_ms && l.strip_prefix("RESULT ") == Some(call.as_str())
+                *at <= kill.at_ms
+                    && l.strip_prefix("RESULT ")
+                        .and_then(|rest| rest.split_whitespace().next())
+                        == Some(call.as_str())
             });
             let received = journal
                 .iter()
@@ -393,7 +405,20 @@ fn classify(
                 "dispatch_journaled"
             }
         }
-        "tool.completed" | "tool.late_result" => "result_recorded",
+        "tool.completed" | "tool.late_result" => {
+            // The session may have moved on: name the step it had recorded last.
+            let latest = before
+                .iter()
+                .filter(|e| e.stream == last.stream)
+                .max_by_key(|e| e.seq)
+                .map_or("", |e| e.kind.as_str());
+            match latest {
+                "model.completion" => "next_model_turn_recorded",
+                "message.assistant" => "assistant_message_recorded",
+                "session.completed" | "session.status_changed" => "session_status_recorded",
+                _ => "result_recorded",
+            }
+        }
         "tool.indeterminate" => "indeterminate_recorded",
         other => return format!("other:{other}"),
     };

@@ -48,6 +48,8 @@ pub struct Options {
     pub faults: usize,
     /// Also plan worker faults (kill, stop past the lease, stream cut, duplicated results).
     pub worker_faults: bool,
+    /// Plan only this fault (`--only <name>`, a name of [`Fault::name`]).
+    pub only: Option<Fault>,
 }
 
 impl Options {
@@ -64,6 +66,7 @@ impl Options {
             sessions: 3,
             faults: 2,
             worker_faults: true,
+            only: None,
         };
         let mut it = args.iter();
         while let Some(flag) = it.next() {
@@ -98,6 +101,15 @@ impl Options {
                     o.faults = usize::try_from(number(value()?)?.clamp(1, 20)).unwrap_or(2);
                 }
                 "--no-worker-faults" => o.worker_faults = false,
+                "--only" => {
+                    let name = value()?;
+                    o.only = Some(
+                        Fault::ALL
+                            .into_iter()
+                            .find(|f| f.name() == name)
+                            .ok_or_else(|| format!("--only: unknown fault {name:?}"))?,
+                    );
+                }
                 other => return Err(format!("unknown argument {other:?}")),
             }
         }
@@ -113,6 +125,9 @@ pub enum Fault {
     /// SIGKILL the daemon when the worker says it sent a result (half the time 1–40 ms later,
     /// on the records that follow it).
     DaemonAtResult,
+    /// SIGKILL the daemon 0–30 ms after the worker sent the result of a session's last call,
+    /// on the session's final model turn and its end.
+    DaemonAtLastResult,
     /// SIGKILL the daemon right after a vote RPC returned.
     DaemonAfterVote,
     /// SIGKILL the daemon when the operator first sees an approval (before voting on it).
@@ -128,12 +143,26 @@ pub enum Fault {
 }
 
 impl Fault {
+    /// Every fault.
+    pub const ALL: [Self; 9] = [
+        Self::DaemonAtInvoke,
+        Self::DaemonAtResult,
+        Self::DaemonAtLastResult,
+        Self::DaemonAfterVote,
+        Self::DaemonAtApproval,
+        Self::DaemonRandom,
+        Self::WorkerKilled,
+        Self::WorkerStopped,
+        Self::StreamCut,
+    ];
+
     /// The name in the report.
     #[must_use]
     pub fn name(self) -> &'static str {
         match self {
             Self::DaemonAtInvoke => "daemon_kill_at_invoke",
             Self::DaemonAtResult => "daemon_kill_at_result",
+            Self::DaemonAtLastResult => "daemon_kill_at_last_result",
             Self::DaemonAfterVote => "daemon_kill_after_vote",
             Self::DaemonAtApproval => "daemon_kill_at_approval",
             Self::DaemonRandom => "daemon_kill_random",
@@ -150,6 +179,7 @@ impl Fault {
             self,
             Self::DaemonAtInvoke
                 | Self::DaemonAtResult
+                | Self::DaemonAtLastResult
                 | Self::DaemonAfterVote
                 | Self::DaemonAtApproval
                 | Self::DaemonRandom

@@ -37,6 +37,8 @@ type Lines = Arc<Mutex<Vec<(u64, String)>>>;
 struct Armed {
     /// `INVOKE` or `RESULT`.
     word: &'static str,
+    /// Only lines about this tool (`None`: any).
+    tool: Option<&'static str>,
     /// Matching lines to let pass first.
     skip: u64,
     /// `kill` arguments (`-KILL <pid>`…); empty: only record.
@@ -97,8 +99,13 @@ impl WorkerProc {
                 let Ok(line) = line else { break };
                 {
                     let mut armed = guard(&trigger);
-                    if let Some(a) = armed.as_mut().filter(|a| a.fired.is_none())
-                        && let Some(call) = line.strip_prefix(a.word).map(str::trim)
+                    let mut words = line.split_whitespace();
+                    let (word, call, tool) = (words.next(), words.next(), words.next());
+                    if let Some(a) = armed.as_mut().filter(|a| {
+                        a.fired.is_none()
+                            && word == Some(a.word)
+                            && a.tool.is_none_or(|t| tool == Some(t))
+                    }) && let Some(call) = call
                     {
                         if a.skip == 0 {
                             std::thread::sleep(a.delay);
@@ -215,7 +222,9 @@ pub(crate) fn run_trial(options: &Options, seed: u64) -> Option<TrialOutcome> {
         trial.sessions.push(started.session_id);
     }
     for _ in 0..options.faults {
-        let fault = trial.plan_fault(options.worker_faults);
+        let fault = options
+            .only
+            .unwrap_or_else(|| trial.plan_fault(options.worker_faults));
         trial.inject(fault);
     }
     trial.finish();
@@ -253,9 +262,10 @@ fn connect(rt: &tokio::runtime::Runtime, addr: &str) -> Client {
 
 impl Trial {
     fn plan_fault(&mut self, worker_faults: bool) -> Fault {
-        const DAEMON: [Fault; 5] = [
+        const DAEMON: [Fault; 6] = [
             Fault::DaemonAtInvoke,
             Fault::DaemonAtResult,
+            Fault::DaemonAtLastResult,
             Fault::DaemonAfterVote,
             Fault::DaemonAtApproval,
             Fault::DaemonRandom,
@@ -264,7 +274,7 @@ impl Trial {
         if worker_faults && self.rng.below(10) < 3 {
             WORKER[usize::try_from(self.rng.below(3)).unwrap_or(0)]
         } else {
-            DAEMON[usize::try_from(self.rng.below(5)).unwrap_or(0)]
+            DAEMON[usize::try_from(self.rng.below(6)).unwrap_or(0)]
         }
     }
 
@@ -283,7 +293,7 @@ impl Trial {
     fn inject(&mut self, fault: Fault) {
         let skip = self.rng.below(3);
         let word = match fault {
-            Fault::DaemonAtResult => Some("RESULT"),
+            Fault::DaemonAtResult | Fault::DaemonAtLastResult => Some("RESULT"),
             Fault::DaemonAtInvoke
             | Fault::WorkerKilled
             | Fault::WorkerStopped
@@ -291,21 +301,33 @@ impl Trial {
             _ => None,
         };
         let sig = match fault {
-            Fault::DaemonAtInvoke | Fault::DaemonAtResult => {
+            Fault::DaemonAtInvoke | Fault::DaemonAtResult | Fault::DaemonAtLastResult => {
                 self.daemon.pid().map(|pid| ("-KILL", pid))
             }
             Fault::WorkerKilled => Some(("-KILL", self.worker.pid())),
             Fault::WorkerStopped => Some(("-STOP", self.worker.pid())),
             _ => None,
         };
-        let delay = if fault == Fault::DaemonAtResult && self.rng.below(2) == 0 {
-            Duration::from_millis(1 + self.rng.below(40))
+        let delay = match fault {
+            Fault::DaemonAtResult if self.rng.below(2) == 0 => {
+                Duration::from_millis(1 + self.rng.below(40))
+            }
+            Fault::DaemonAtLastResult => Duration::from_millis(self.rng.below(30)),
+            _ => Duration::ZERO,
+        };
+        let (skip, tool) = if fault == Fault::DaemonAtLastResult {
+            (
+                self.rng
+                    .below(u64::try_from(self.sessions.len()).unwrap_or(1)),
+                Some("partners.notify-partner"),
+            )
         } else {
-            Duration::ZERO
+            (skip, None)
         };
         if let Some(word) = word {
             *guard(&self.trigger) = Some(Armed {
                 word,
+                tool,
                 skip,
                 signal: sig,
                 delay,
