@@ -50,6 +50,11 @@ pub struct Options {
     pub worker_faults: bool,
     /// Plan only this fault (`--only <name>`, a name of [`Fault::name`]).
     pub only: Option<Fault>,
+    /// Count a session failed by the known final-turn re-run (a crash between the final
+    /// `model.completion` and its `message.assistant` makes recovery ask the model again; the
+    /// stub's script then runs out) as a known issue instead of a violation
+    /// (`--tolerate-final-turn-rerun`). Remove once the engine records both in one transaction.
+    pub tolerate_final_turn_rerun: bool,
 }
 
 impl Options {
@@ -67,6 +72,7 @@ impl Options {
             faults: 2,
             worker_faults: true,
             only: None,
+            tolerate_final_turn_rerun: false,
         };
         let mut it = args.iter();
         while let Some(flag) = it.next() {
@@ -101,6 +107,7 @@ impl Options {
                     o.faults = usize::try_from(number(value()?)?.clamp(1, 20)).unwrap_or(2);
                 }
                 "--no-worker-faults" => o.worker_faults = false,
+                "--tolerate-final-turn-rerun" => o.tolerate_final_turn_rerun = true,
                 "--only" => {
                     let name = value()?;
                     o.only = Some(
@@ -232,6 +239,8 @@ pub struct TrialOutcome {
     pub events: u64,
     /// Broken invariants, each naming what broke.
     pub violations: Vec<String>,
+    /// Sessions failed by the known final-turn re-run, when tolerated.
+    pub known_issues: Vec<String>,
 }
 
 /// Runs the soak; returns whether every invariant held.
@@ -314,6 +323,7 @@ fn report(options: &Options, outcomes: &[TrialOutcome], elapsed: Duration) -> Va
         "safe_reruns": outcomes.iter().map(|o| o.safe_reruns).sum::<u64>(),
         "events_checked": outcomes.iter().map(|o| o.events).sum::<u64>(),
         "violations": violations,
+        "known_issue_final_turn_rerun": outcomes.iter().map(|o| o.known_issues.len()).sum::<usize>(),
         "seconds": elapsed.as_secs(),
     })
 }

@@ -155,6 +155,7 @@ struct Trial {
     /// When the worker was last disturbed (killed, stopped, cut, its daemon killed).
     disturbed_ms: u64,
     notes: Vec<String>,
+    tolerate_final_turn_rerun: bool,
     _dir: tempfile::TempDir,
 }
 
@@ -209,6 +210,7 @@ pub(crate) fn run_trial(options: &Options, seed: u64) -> Option<TrialOutcome> {
         worker_faults: Vec::new(),
         disturbed_ms: 0,
         notes: Vec::new(),
+        tolerate_final_turn_rerun: options.tolerate_final_turn_rerun,
         _dir: dir,
     };
     trial.wait_registered();
@@ -555,6 +557,7 @@ impl Trial {
             casts: &self.casts,
             kills: &self.kills,
             lines: &guard(&self.lines),
+            tolerate_final_turn_rerun: self.tolerate_final_turn_rerun,
         });
         outcome.worker_faults = std::mem::take(&mut self.worker_faults);
         outcome.duplicated_results = self.duplicate;
