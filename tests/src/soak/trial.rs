@@ -37,10 +37,15 @@ type Lines = Arc<Mutex<Vec<(u64, String)>>>;
 struct Armed {
     /// `INVOKE` or `RESULT`.
     word: &'static str,
+    /// Only lines about this tool (`None`: any).
+    tool: Option<&'static str>,
     /// Matching lines to let pass first.
     skip: u64,
     /// `kill` arguments (`-KILL <pid>`…); empty: only record.
     signal: Option<(&'static str, u32)>,
+    /// How long after the line to signal (a few ms after a result lands on the records
+    /// that follow it: the next model turn, the next call's decision and dispatch).
+    delay: Duration,
     /// The call of the line that fired.
     fired: Option<String>,
 }
@@ -94,10 +99,16 @@ impl WorkerProc {
                 let Ok(line) = line else { break };
                 {
                     let mut armed = guard(&trigger);
-                    if let Some(a) = armed.as_mut().filter(|a| a.fired.is_none())
-                        && let Some(call) = line.strip_prefix(a.word).map(str::trim)
+                    let mut words = line.split_whitespace();
+                    let (word, call, tool) = (words.next(), words.next(), words.next());
+                    if let Some(a) = armed.as_mut().filter(|a| {
+                        a.fired.is_none()
+                            && word == Some(a.word)
+                            && a.tool.is_none_or(|t| tool == Some(t))
+                    }) && let Some(call) = call
                     {
                         if a.skip == 0 {
+                            std::thread::sleep(a.delay);
                             if let Some((name, pid)) = a.signal {
                                 signal(name, pid);
                             }
@@ -144,6 +155,7 @@ struct Trial {
     /// When the worker was last disturbed (killed, stopped, cut, its daemon killed).
     disturbed_ms: u64,
     notes: Vec<String>,
+    tolerate_final_turn_rerun: bool,
     _dir: tempfile::TempDir,
 }
 
@@ -198,6 +210,7 @@ pub(crate) fn run_trial(options: &Options, seed: u64) -> Option<TrialOutcome> {
         worker_faults: Vec::new(),
         disturbed_ms: 0,
         notes: Vec::new(),
+        tolerate_final_turn_rerun: options.tolerate_final_turn_rerun,
         _dir: dir,
     };
     trial.wait_registered();
@@ -211,7 +224,9 @@ pub(crate) fn run_trial(options: &Options, seed: u64) -> Option<TrialOutcome> {
         trial.sessions.push(started.session_id);
     }
     for _ in 0..options.faults {
-        let fault = trial.plan_fault(options.worker_faults);
+        let fault = options
+            .only
+            .unwrap_or_else(|| trial.plan_fault(options.worker_faults));
         trial.inject(fault);
     }
     trial.finish();
@@ -249,9 +264,10 @@ fn connect(rt: &tokio::runtime::Runtime, addr: &str) -> Client {
 
 impl Trial {
     fn plan_fault(&mut self, worker_faults: bool) -> Fault {
-        const DAEMON: [Fault; 5] = [
+        const DAEMON: [Fault; 6] = [
             Fault::DaemonAtInvoke,
             Fault::DaemonAtResult,
+            Fault::DaemonAtLastResult,
             Fault::DaemonAfterVote,
             Fault::DaemonAtApproval,
             Fault::DaemonRandom,
@@ -260,7 +276,7 @@ impl Trial {
         if worker_faults && self.rng.below(10) < 3 {
             WORKER[usize::try_from(self.rng.below(3)).unwrap_or(0)]
         } else {
-            DAEMON[usize::try_from(self.rng.below(5)).unwrap_or(0)]
+            DAEMON[usize::try_from(self.rng.below(6)).unwrap_or(0)]
         }
     }
 
@@ -279,7 +295,7 @@ impl Trial {
     fn inject(&mut self, fault: Fault) {
         let skip = self.rng.below(3);
         let word = match fault {
-            Fault::DaemonAtResult => Some("RESULT"),
+            Fault::DaemonAtResult | Fault::DaemonAtLastResult => Some("RESULT"),
             Fault::DaemonAtInvoke
             | Fault::WorkerKilled
             | Fault::WorkerStopped
@@ -287,18 +303,36 @@ impl Trial {
             _ => None,
         };
         let sig = match fault {
-            Fault::DaemonAtInvoke | Fault::DaemonAtResult => {
+            Fault::DaemonAtInvoke | Fault::DaemonAtResult | Fault::DaemonAtLastResult => {
                 self.daemon.pid().map(|pid| ("-KILL", pid))
             }
             Fault::WorkerKilled => Some(("-KILL", self.worker.pid())),
             Fault::WorkerStopped => Some(("-STOP", self.worker.pid())),
             _ => None,
         };
+        let delay = match fault {
+            Fault::DaemonAtResult if self.rng.below(2) == 0 => {
+                Duration::from_millis(1 + self.rng.below(40))
+            }
+            Fault::DaemonAtLastResult => Duration::from_millis(self.rng.below(30)),
+            _ => Duration::ZERO,
+        };
+        let (skip, tool) = if fault == Fault::DaemonAtLastResult {
+            (
+                self.rng
+                    .below(u64::try_from(self.sessions.len()).unwrap_or(1)),
+                Some("partners.notify-partner"),
+            )
+        } else {
+            (skip, None)
+        };
         if let Some(word) = word {
             *guard(&self.trigger) = Some(Armed {
                 word,
+                tool,
                 skip,
                 signal: sig,
+                delay,
                 fired: None,
             });
         }
@@ -523,6 +557,7 @@ impl Trial {
             casts: &self.casts,
             kills: &self.kills,
             lines: &guard(&self.lines),
+            tolerate_final_turn_rerun: self.tolerate_final_turn_rerun,
         });
         outcome.worker_faults = std::mem::take(&mut self.worker_faults);
         outcome.duplicated_results = self.duplicate;

@@ -9,8 +9,8 @@
 //!   same worker id, lists its unacknowledged calls in `in_flight` and sends their results
 //!   again, as a real worker must.
 //! - It tells the harness what it does on stdout, one line each: `REGISTERED`,
-//!   `INVOKE <call_id>` (journaled, result not sent yet), `RESULT <call_id>` (result written to
-//!   the stream). A line `CUT` on stdin drops the stream (the worker reconnects); the end of
+//!   `INVOKE <call_id> <tool>` (journaled, result not sent yet), `RESULT <call_id> <tool>`
+//!   (result written to the stream). A line `CUT` on stdin drops the stream (the worker reconnects); the end of
 //!   stdin (the harness exited) ends the worker.
 //! - `--duplicate` sends every result twice.
 
@@ -141,8 +141,8 @@ struct State {
     journal: std::fs::File,
     /// Executions so far per call id (from the journal at start).
     executions: BTreeMap<String, u64>,
-    /// Results sent but not acknowledged.
-    unacked: BTreeMap<String, Vec<u8>>,
+    /// Results sent but not acknowledged (tool, payload).
+    unacked: BTreeMap<String, (String, Vec<u8>)>,
 }
 
 impl State {
@@ -227,7 +227,7 @@ async fn connection(args: &WorkerArgs, state: &Arc<Mutex<State>>, cut: &Arc<Noti
         return;
     };
     let (tx, rx) = mpsc::channel::<pb::WorkClientMsg>(64);
-    let pending: Vec<(String, Vec<u8>)> = lock(state)
+    let pending: Vec<(String, (String, Vec<u8>))> = lock(state)
         .unacked
         .iter()
         .map(|(k, v)| (k.clone(), v.clone()))
@@ -283,8 +283,8 @@ async fn connection(args: &WorkerArgs, state: &Arc<Mutex<State>>, cut: &Arc<Noti
                 );
                 heartbeat = Some(tokio::spawn(beat(tx.clone(), every)));
                 say("REGISTERED");
-                for (call_id, payload) in &pending {
-                    send_result(&tx, call_id, payload).await;
+                for (call_id, (tool, payload)) in &pending {
+                    send_result(&tx, call_id, tool, payload).await;
                 }
             }
             Some(pb::work_server_msg::Body::Invoke(invoke)) => {
@@ -343,18 +343,26 @@ async fn execute(
             "at_ms": now_ms(),
         }));
         let payload = result.to_string().into_bytes();
-        st.unacked.insert(invoke.call_id.clone(), payload.clone());
+        st.unacked.insert(
+            invoke.call_id.clone(),
+            (invoke.tool.clone(), payload.clone()),
+        );
         payload
     };
-    say(&format!("INVOKE {}", invoke.call_id));
+    say(&format!("INVOKE {} {}", invoke.call_id, invoke.tool));
     tokio::time::sleep(work).await;
-    send_result(&tx, &invoke.call_id, &payload).await;
+    send_result(&tx, &invoke.call_id, &invoke.tool, &payload).await;
     if duplicate {
-        send_result(&tx, &invoke.call_id, &payload).await;
+        send_result(&tx, &invoke.call_id, &invoke.tool, &payload).await;
     }
 }
 
-async fn send_result(tx: &mpsc::Sender<pb::WorkClientMsg>, call_id: &str, payload: &[u8]) {
+async fn send_result(
+    tx: &mpsc::Sender<pb::WorkClientMsg>,
+    call_id: &str,
+    tool: &str,
+    payload: &[u8],
+) {
     let result = pb::WorkToolResult {
         call_id: call_id.to_owned(),
         payload: payload.to_vec(),
@@ -365,7 +373,7 @@ async fn send_result(tx: &mpsc::Sender<pb::WorkClientMsg>, call_id: &str, payloa
         .await
         .is_ok()
     {
-        say(&format!("RESULT {call_id}"));
+        say(&format!("RESULT {call_id} {tool}"));
     }
 }
 
