@@ -19,17 +19,15 @@
 
 use std::fmt;
 
-use hmac::{Hmac, Mac as _};
 use serde_json::{Value, json};
 use sha2::{Digest as _, Sha256};
 
+use crate::audit_key::AuditKey;
 use crate::chain::ViolationKind;
 use crate::db::{Arg, Backend, Conn, Row, Tx, args};
 use crate::error::{LedgerError, Result};
-use crate::events::{self, append, lock_stream};
+use crate::events::{self, append, lock_stream, seal_head};
 use crate::model::{AgentRef, Event, NewEvent};
-
-type HmacSha256 = Hmac<Sha256>;
 
 /// The stream that records the audit key's introduction and start-up overrides.
 pub const AUDIT_STREAM: &str = "audit";
@@ -48,73 +46,6 @@ use audit_event_types as types;
 const STREAM_PAGE: i64 = 500;
 /// At most this many heads are listed in an `audit.key_introduced` payload (the digest covers all).
 const MAX_LISTED_HEADS: usize = 1000;
-
-/// The 32-byte key that MACs the chain heads. Kept outside the database. `Debug` shows only
-/// its [`AuditKey::key_id`].
-#[derive(Clone, PartialEq, Eq)]
-pub struct AuditKey([u8; AuditKey::LEN]);
-
-impl AuditKey {
-    /// Key length in bytes.
-    pub const LEN: usize = 32;
-
-    /// Wraps raw key bytes.
-    #[must_use]
-    pub fn from_bytes(bytes: [u8; Self::LEN]) -> Self {
-        Self(bytes)
-    }
-
-    fn hmac(&self) -> HmacSha256 {
-        // HMAC accepts keys of any length; 32 bytes cannot fail.
-        match HmacSha256::new_from_slice(&self.0) {
-            Ok(mac) => mac,
-            Err(_) => unreachable!("HMAC-SHA256 takes keys of any length"),
-        }
-    }
-
-    /// A non-secret identifier of the key (16 hex digits of a domain-separated HMAC), recorded
-    /// when the log is sealed so that a wrong key file is named as such.
-    #[must_use]
-    pub fn key_id(&self) -> String {
-        let mut mac = self.hmac();
-        mac.update(b"phrony.audit.key-id");
-        hex::encode(&mac.finalize().into_bytes()[..8])
-    }
-
-    fn head_mac(&self, stream: &str, seq: i64, hash: &str) -> HmacSha256 {
-        let mut mac = self.hmac();
-        mac.update(b"phrony.head.v1");
-        mac.update(
-            &u64::try_from(stream.len())
-                .unwrap_or(u64::MAX)
-                .to_be_bytes(),
-        );
-        mac.update(stream.as_bytes());
-        mac.update(&seq.to_be_bytes());
-        mac.update(hash.as_bytes());
-        mac
-    }
-
-    /// The MAC of a stream head, as stored in `chain_heads.mac`.
-    #[must_use]
-    pub(crate) fn mac(&self, stream: &str, seq: i64, hash: &str) -> String {
-        hex::encode(self.head_mac(stream, seq, hash).finalize().into_bytes())
-    }
-
-    /// Whether `mac_hex` is the MAC of the head (compared in constant time).
-    fn verifies(&self, stream: &str, seq: i64, hash: &str, mac_hex: &str) -> bool {
-        let Ok(mac) = hex::decode(mac_hex) else {
-            return false;
-        };
-        self.head_mac(stream, seq, hash).verify_slice(&mac).is_ok()
-    }
-}
-
-impl fmt::Debug for AuditKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "AuditKey(id {})", self.key_id())
-    }
-}
 
 /// What [`crate::Ledger::verify_audit`] covers.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -233,25 +164,6 @@ fn problem(
         seq: seq.and_then(|s| u64::try_from(s).ok()),
         message,
     }
-}
-
-/// Writes the sealed head of `stream` (in the append's transaction).
-pub(crate) async fn seal_head(
-    conn: &mut Conn<'_>,
-    key: &AuditKey,
-    stream: &str,
-    seq: i64,
-    hash: &str,
-) -> Result<()> {
-    conn.execute(
-        "seal stream head",
-        "INSERT INTO chain_heads (stream, seq, hash, mac) VALUES ($1, $2, $3, $4) \
-         ON CONFLICT (stream) DO UPDATE SET seq = excluded.seq, hash = excluded.hash, \
-         mac = excluded.mac",
-        args![stream, seq, hash, key.mac(stream, seq, hash)],
-    )
-    .await?;
-    Ok(())
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 //! Appending to and reading the hash-chained event log.
 
+use crate::audit_key::AuditKey;
 use crate::chain::{
     ChainVerifier, GENESIS_HASH, HashInput, StoredEvent, canonical_json, event_hash,
 };
@@ -116,7 +117,7 @@ pub(crate) async fn append(tx: &mut Tx, head: &mut StreamHead, event: NewEvent) 
         });
     }
     if let Some(key) = tx.audit_key() {
-        crate::audit::seal_head(&mut tx.conn(), &key, &head.stream, seq, &hash).await?;
+        seal_head(&mut tx.conn(), &key, &head.stream, seq, &hash).await?;
     }
     let prev_hash = std::mem::replace(&mut head.last_hash, hash.clone());
     head.last_seq = seq;
@@ -263,4 +264,23 @@ pub(crate) async fn verify(conn: &mut Conn<'_>, stream: &str) -> Result<VerifyRe
         head_hash: (head_seq > 0).then_some(head_hash),
         violation,
     })
+}
+
+/// Writes the sealed head of `stream` (in the append's transaction).
+pub(crate) async fn seal_head(
+    conn: &mut Conn<'_>,
+    key: &AuditKey,
+    stream: &str,
+    seq: i64,
+    hash: &str,
+) -> Result<()> {
+    conn.execute(
+        "seal stream head",
+        "INSERT INTO chain_heads (stream, seq, hash, mac) VALUES ($1, $2, $3, $4) \
+         ON CONFLICT (stream) DO UPDATE SET seq = excluded.seq, hash = excluded.hash, \
+         mac = excluded.mac",
+        args![stream, seq, hash, key.mac(stream, seq, hash)],
+    )
+    .await?;
+    Ok(())
 }

@@ -140,6 +140,7 @@
 //! retryable, `Unavailable` means the database cannot be reached.
 
 mod audit;
+mod audit_key;
 mod chain;
 mod db;
 mod error;
@@ -162,9 +163,10 @@ use sqlx::{ConnectOptions as _, Connection as _};
 use uuid::Uuid;
 
 pub use audit::{
-    AUDIT_STREAM, AuditKey, AuditProblem, AuditProblemKind, AuditReport, AuditScope, AuditStart,
+    AUDIT_STREAM, AuditProblem, AuditProblemKind, AuditReport, AuditScope, AuditStart,
     audit_event_types,
 };
+pub use audit_key::AuditKey;
 pub use chain::{ChainViolation, GENESIS_HASH, ViolationKind, canonical_json};
 pub use db::Backend;
 pub use error::LedgerError;
@@ -244,10 +246,12 @@ macro_rules! write_tx {
 // Modules that write through `write_tx!` are declared after it (macro_rules! scoping is
 // textual).
 mod approvals;
+mod cascade;
 mod cipher;
 mod invocations;
 mod names;
 mod paging;
+mod rows;
 mod secrets;
 mod session_log;
 mod sessions;
@@ -677,7 +681,7 @@ impl Ledger {
     /// `NotFound`: `agent version "id" not found`.
     pub async fn get_agent_version_by_id(&self, id: Uuid) -> Result<AgentVersion> {
         let mut conn = self.pool.acquire().await?;
-        lifecycle::find_version_by_id(&mut conn.conn(), id)
+        rows::find_version_by_id(&mut conn.conn(), id)
             .await?
             .ok_or_else(|| LedgerError::not_found(format!("agent version \"{id}\" not found")))
     }
