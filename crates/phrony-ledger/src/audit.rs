@@ -19,26 +19,32 @@
 
 use std::fmt;
 
-use serde_json::{Value, json};
+use serde_json::Value;
 use sha2::{Digest as _, Sha256};
 
 use crate::audit_key::AuditKey;
 use crate::chain::ViolationKind;
 use crate::db::{Arg, Backend, Conn, Row, Tx, args};
 use crate::error::{LedgerError, Result};
+use crate::event_body::{AuditKeyIntroduced, AuditUnverifiedLogAllowed, EventBody, SealedHead};
 use crate::events::{self, append, lock_stream, seal_head};
-use crate::model::{AgentRef, Event, NewEvent};
+use crate::model::{AgentRef, Event};
 
 /// The stream that records the audit key's introduction and start-up overrides.
 pub const AUDIT_STREAM: &str = "audit";
 
 /// Event types of the [`AUDIT_STREAM`].
+/// (The same strings as [`crate::event_types::AUDIT_KEY_INTRODUCED`] and
+/// [`crate::event_types::AUDIT_UNVERIFIED_LOG_ALLOWED`]; the payloads are
+/// [`crate::AuditKeyIntroduced`] and [`crate::AuditUnverifiedLogAllowed`].)
 pub mod audit_event_types {
+    use crate::event_body::event_types as body;
+
     /// The log was sealed with a key (`key_id, reason, streams, events, heads_digest, heads`).
-    pub const KEY_INTRODUCED: &str = "audit.key_introduced";
+    pub const KEY_INTRODUCED: &str = body::AUDIT_KEY_INTRODUCED;
     /// The daemon served a log that failed its start-up check, by explicit override
     /// (`problem, kind, stream?, seq?, triggers_restored`).
-    pub const UNVERIFIED_LOG_ALLOWED: &str = "audit.unverified_log_allowed";
+    pub const UNVERIFIED_LOG_ALLOWED: &str = body::AUDIT_UNVERIFIED_LOG_ALLOWED;
 }
 use audit_event_types as types;
 
@@ -435,7 +441,7 @@ async fn sealed_key_id(conn: &mut Conn<'_>) -> Result<Option<String>> {
     let row = conn
         .fetch_optional(
             "read audit key introduction",
-            "SELECT payload FROM events WHERE stream = $1 AND type = $2 \
+            "SELECT seq, payload FROM events WHERE stream = $1 AND type = $2 \
              ORDER BY seq DESC LIMIT 1",
             args![AUDIT_STREAM, types::KEY_INTRODUCED],
         )
@@ -443,13 +449,14 @@ async fn sealed_key_id(conn: &mut Conn<'_>) -> Result<Option<String>> {
     let Some(row) = row else { return Ok(None) };
     let payload: Value = serde_json::from_str(&row.text("payload")?)
         .map_err(|e| LedgerError::corrupt(format!("audit.key_introduced payload: {e}")))?;
-    Ok(Some(
-        payload
-            .get("key_id")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_owned(),
-    ))
+    let seq = u64::try_from(row.int("seq")?).unwrap_or(0);
+    match EventBody::decode(AUDIT_STREAM, seq, types::KEY_INTRODUCED, &payload)? {
+        EventBody::AuditKeyIntroduced(p) => Ok(Some(p.key_id)),
+        other => Err(LedgerError::corrupt(format!(
+            "audit stream seq {seq}: {} where audit.key_introduced was read",
+            other.event_type()
+        ))),
+    }
 }
 
 async fn count(conn: &mut Conn<'_>, context: &'static str, sql: &str) -> Result<i64> {
@@ -494,7 +501,7 @@ async fn seal_all(
             seal_head(&mut tx.conn(), key, &stream, seq, &hash).await?;
             digest.update(format!("{stream}\n{seq}\n{hash}\n").as_bytes());
             if listed.len() < MAX_LISTED_HEADS {
-                listed.push(json!({"stream": stream, "seq": seq, "hash": hash}));
+                listed.push(SealedHead { stream, seq, hash });
             }
             streams += 1;
             total_events += u64::try_from(seq).unwrap_or(0);
@@ -515,34 +522,23 @@ async fn seal_all(
             vec![],
         )
         .await?;
-    let payload = json!({
-        "key_id": key.key_id(),
-        "reason": reason,
-        "streams": streams,
-        "events": total_events,
-        "heads_digest": hex::encode(digest.finalize()),
-        "heads": listed,
-        "heads_listed_all": usize::try_from(streams).is_ok_and(|n| n <= MAX_LISTED_HEADS),
-        "dropped_heads": dropped,
+    let body = EventBody::AuditKeyIntroduced(AuditKeyIntroduced {
+        key_id: key.key_id(),
+        reason: reason.to_owned(),
+        streams,
+        events: total_events,
+        heads_digest: hex::encode(digest.finalize()),
+        heads: listed,
+        heads_listed_all: usize::try_from(streams).is_ok_and(|n| n <= MAX_LISTED_HEADS),
+        dropped_heads: dropped,
     });
-    append_audit_event(tx, types::KEY_INTRODUCED, payload).await?;
+    append_audit_event(tx, body).await?;
     Ok(Ok((streams, total_events)))
 }
 
-async fn append_audit_event(tx: &mut Tx, event_type: &str, payload: Value) -> Result<Event> {
+async fn append_audit_event(tx: &mut Tx, body: EventBody) -> Result<Event> {
     let mut head = lock_stream(tx, AUDIT_STREAM).await?;
-    append(
-        tx,
-        &mut head,
-        NewEvent {
-            event_type: event_type.to_owned(),
-            actor: "system".into(),
-            call_id: None,
-            turn: None,
-            payload,
-        },
-    )
-    .await
+    append(tx, &mut head, body.into_new_event("system")?).await
 }
 
 fn chain_problem(stream: &str, v: crate::chain::ChainViolation) -> AuditProblem {
@@ -628,14 +624,13 @@ pub(crate) async fn allow_unverified(
     }
     let event = append_audit_event(
         tx,
-        types::UNVERIFIED_LOG_ALLOWED,
-        json!({
-            "problem": failed.message,
-            "kind": format!("{:?}", failed.kind),
-            "stream": failed.stream,
-            "seq": failed.seq,
-            "allowed_by": actor,
-            "triggers_restored": triggers_restored,
+        EventBody::AuditUnverifiedLogAllowed(AuditUnverifiedLogAllowed {
+            problem: failed.message.clone(),
+            kind: format!("{:?}", failed.kind),
+            stream: failed.stream.clone(),
+            seq: failed.seq,
+            allowed_by: actor.to_owned(),
+            triggers_restored,
         }),
     )
     .await?;
@@ -985,5 +980,72 @@ mod tests {
         assert!(!other.verifies("run_a", 3, &"a".repeat(64), &mac));
         assert_ne!(key.key_id(), other.key_id());
         assert!(!format!("{key:?}").contains("0707"));
+    }
+
+    /// The typed audit bodies store exactly the bytes the raw `json!` payloads of the build
+    /// before them stored (canonical JSON, so every hash of an existing audit stream stays), and
+    /// those stored payloads decode into the typed bodies.
+    #[test]
+    fn typed_audit_payloads_are_the_bytes_earlier_builds_wrote() {
+        use crate::chain::canonical_json;
+        let (stream, seq, hash) = ("run_a".to_owned(), 3_i64, "a".repeat(64));
+        // The literal earlier builds wrote (audit.rs before the typed bodies).
+        let written = serde_json::json!({
+            "key_id": "0011223344556677",
+            "reason": "first start with an audit key",
+            "streams": 2_u64,
+            "events": 5_u64,
+            "heads_digest": "f".repeat(64),
+            "heads": [serde_json::json!({"stream": stream, "seq": seq, "hash": hash})],
+            "heads_listed_all": true,
+            "dropped_heads": 0_u64,
+        });
+        let typed = EventBody::AuditKeyIntroduced(AuditKeyIntroduced {
+            key_id: "0011223344556677".into(),
+            reason: "first start with an audit key".into(),
+            streams: 2,
+            events: 5,
+            heads_digest: "f".repeat(64),
+            heads: vec![SealedHead { stream, seq, hash }],
+            heads_listed_all: true,
+            dropped_heads: 0,
+        });
+        assert_eq!(
+            canonical_json(&typed.payload().unwrap()),
+            canonical_json(&written)
+        );
+        assert_eq!(
+            EventBody::decode(AUDIT_STREAM, 1, types::KEY_INTRODUCED, &written).unwrap(),
+            typed
+        );
+
+        for (stream, seq) in [(Some("run_b".to_owned()), Some(4_u64)), (None, None)] {
+            let written = serde_json::json!({
+                "problem": "stream run_b: the sealed head is missing",
+                "kind": "HeadMissing",
+                "stream": stream,
+                "seq": seq,
+                "allowed_by": "operator",
+                "triggers_restored": false,
+            });
+            let typed = EventBody::AuditUnverifiedLogAllowed(AuditUnverifiedLogAllowed {
+                problem: "stream run_b: the sealed head is missing".into(),
+                kind: "HeadMissing".into(),
+                stream,
+                seq,
+                allowed_by: "operator".into(),
+                triggers_restored: false,
+            });
+            assert_eq!(
+                canonical_json(&typed.payload().unwrap()),
+                canonical_json(&written),
+                "absent stream/seq stay null, as first written"
+            );
+            assert_eq!(
+                EventBody::decode(AUDIT_STREAM, 2, types::UNVERIFIED_LOG_ALLOWED, &written)
+                    .unwrap(),
+                typed
+            );
+        }
     }
 }

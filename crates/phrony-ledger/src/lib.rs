@@ -187,11 +187,12 @@ pub use approvals::{
 pub use cipher::{CipherError, KEY_LEN, SecretCipher};
 pub use event_body::{
     AgentActivated, AgentArchived, AgentVersionChanged, AgentVersionPublished, ApprovalDecided,
-    ApprovalEscalated, ApprovalRequired, ApprovalVoted, AssistantSegment, CallRefusal,
-    CompletionToolCall, EventBody, MessageRole, ModelCompletion, Reasoning, SCHEMA_VERSION,
-    SessionPrincipal, SessionStarted, SessionTransition, TokenCreated, TokenRevoked, ToolCancelled,
-    ToolCompleted, ToolDispatched, ToolIndeterminate, ToolLateResult, ToolPolicyDenied, ToolQueued,
-    ToolRequested, TurnUsage, UserMessage, event_types,
+    ApprovalEscalated, ApprovalRequired, ApprovalVoted, AssistantSegment, AuditKeyIntroduced,
+    AuditUnverifiedLogAllowed, CallRefusal, CompletionToolCall, EventBody, MessageRole,
+    ModelCompletion, Reasoning, SCHEMA_VERSION, SealedHead, SessionPrincipal, SessionStarted,
+    SessionTransition, TokenCreated, TokenRevoked, ToolCancelled, ToolCompleted, ToolDispatched,
+    ToolIndeterminate, ToolLateResult, ToolPolicyDenied, ToolQueued, ToolRequested, TurnUsage,
+    UserMessage, event_types,
 };
 pub use invocations::{
     CallStatus, Dispatch, NewToolCall, RecordedResult, SideEffectClass, ToolInvocation,

@@ -698,7 +698,9 @@ pub(crate) async fn apply(conn: &mut Conn<'_>, event: &Event) -> Result<()> {
         | EventBody::ApprovalDecided(_)
         | EventBody::ApprovalEscalated(_)
         | EventBody::TokenCreated(_)
-        | EventBody::TokenRevoked(_) => {
+        | EventBody::TokenRevoked(_)
+        | EventBody::AuditKeyIntroduced(_)
+        | EventBody::AuditUnverifiedLogAllowed(_) => {
             return Err(LedgerError::corrupt(format!(
                 "stream {} seq {}: event {} does not belong in an agent lifecycle stream",
                 event.stream, event.seq, event.event_type

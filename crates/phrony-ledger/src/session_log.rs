@@ -153,7 +153,9 @@ pub(crate) async fn apply(conn: &mut Conn<'_>, event: &Event) -> Result<()> {
         | EventBody::AgentVersionRetired(_)
         | EventBody::AgentArchived(_)
         | EventBody::TokenCreated(_)
-        | EventBody::TokenRevoked(_) => Err(LedgerError::corrupt(format!(
+        | EventBody::TokenRevoked(_)
+        | EventBody::AuditKeyIntroduced(_)
+        | EventBody::AuditUnverifiedLogAllowed(_) => Err(LedgerError::corrupt(format!(
             "stream {} seq {}: event {} does not belong in a session stream",
             event.stream, event.seq, event.event_type
         ))),

@@ -2,8 +2,8 @@
 //! `Ledger::verify_audit`, against an attacker who can write the database but not read the key.
 
 use phrony_ledger::{
-    AUDIT_STREAM, AuditKey, AuditProblemKind, AuditScope, AuditStart, Ledger, NewEvent,
-    ViolationKind, audit_event_types,
+    AUDIT_STREAM, AuditKey, AuditKeyIntroduced, AuditProblemKind, AuditScope, AuditStart,
+    EventBody, Ledger, NewEvent, ViolationKind, audit_event_types,
 };
 use serde_json::json;
 
@@ -381,4 +381,61 @@ pub(crate) async fn an_existing_log_is_sealed_once_and_keyless_writes_are_caught
         .unwrap();
     assert_eq!(only.len(), 4);
     assert!(only.iter().all(|e| e.hash.len() == 64));
+}
+
+/// The audit stream's events are typed (`EventBody::AuditKeyIntroduced`,
+/// `EventBody::AuditUnverifiedLogAllowed`): each stored one decodes, re-encodes to its stored
+/// payload byte for byte (so its hash is unchanged), and the log keeps verifying.
+pub(crate) async fn audit_events_are_typed_and_the_log_still_verifies(db: &TestDb) {
+    let ledger = keyed(db).await;
+    // Written before the key existed (no sealed head), then sealed at the first start.
+    append_n(&db.ledger, "run_before", 2).await;
+    assert!(matches!(
+        ledger.start_audit(true).await.unwrap(),
+        AuditStart::Sealed { streams: 1, .. }
+    ));
+    db.raw_exec("DELETE FROM chain_heads WHERE stream = 'run_before'")
+        .await;
+    let AuditStart::Failed(problem) = ledger.start_audit(false).await.unwrap() else {
+        panic!("a deleted head must fail the start-up check");
+    };
+    ledger
+        .allow_unverified_log(&problem, "operator")
+        .await
+        .unwrap();
+
+    let events = ledger.list_events(AUDIT_STREAM, 0, 100).await.unwrap();
+    assert_eq!(events.len(), 3, "{events:#?}");
+    for e in &events {
+        let body = e.body().unwrap();
+        assert_eq!(body.event_type(), e.event_type);
+        assert_eq!(
+            phrony_ledger::canonical_json(&body.payload().unwrap()),
+            phrony_ledger::canonical_json(&e.payload),
+            "seq {}",
+            e.seq
+        );
+        assert_eq!(e.recompute_hash(), e.hash);
+    }
+    let EventBody::AuditKeyIntroduced(sealed) = events[0].body().unwrap() else {
+        panic!("{:?}", events[0]);
+    };
+    assert_eq!(
+        (sealed.key_id.as_str(), sealed.streams, sealed.events),
+        (key().key_id().as_str(), 1, 2)
+    );
+    assert_eq!(sealed.heads[0].stream, "run_before");
+    let EventBody::AuditUnverifiedLogAllowed(allowed) = events[1].body().unwrap() else {
+        panic!("{:?}", events[1]);
+    };
+    assert_eq!(allowed.allowed_by, "operator");
+    assert_eq!(allowed.stream.as_deref(), Some("run_before"));
+    assert_eq!(allowed.kind, "HeadMissing");
+    assert!(matches!(
+        events[2].body().unwrap(),
+        EventBody::AuditKeyIntroduced(AuditKeyIntroduced { ref reason, .. })
+            if reason == "re-sealed after --allow-unverified-log"
+    ));
+    let report = ledger.verify_audit(AuditScope::All).await.unwrap();
+    assert_eq!(report.problem, None);
 }

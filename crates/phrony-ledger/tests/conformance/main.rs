@@ -102,4 +102,5 @@ conformance!(
     an_edited_vote_is_a_projection_difference,
     a_dropped_trigger_alone_is_reported,
     an_existing_log_is_sealed_once_and_keyless_writes_are_caught,
+    audit_events_are_typed_and_the_log_still_verifies,
 );
