@@ -209,7 +209,7 @@ pub use sessions::{
 };
 pub use tokens::{ApiToken, NewApiToken, TOKENS_STREAM};
 
-use crate::db::{Backend as B, Pool};
+use crate::db::{Backend as B, Pool, args};
 use crate::error::Result;
 
 /// How often a write that lost a race is retried before [`LedgerError::Conflict`] is returned.
@@ -490,20 +490,29 @@ impl Ledger {
         &self.display_url
     }
 
-    /// Applies the embedded migrations for this backend. Idempotent; safe to run from several
-    /// processes at once (PostgreSQL takes an advisory lock; SQLite serialises writers).
+    /// Applies the embedded migrations for this backend, then records the number of the last
+    /// one as `runtime_meta.schema_version` (derived from the migrations, so a new migration
+    /// moves it without anyone remembering to). Idempotent; safe to run from several processes
+    /// at once (PostgreSQL takes an advisory lock; SQLite serialises writers).
     ///
     /// # Errors
     /// [`LedgerError::Migration`], e.g. when the database was migrated by a newer build.
     pub async fn migrate(&self) -> Result<()> {
+        let migrator = match &self.pool {
+            Pool::Sqlite(_) => sqlx::migrate!("migrations/sqlite"),
+            Pool::Postgres(_) => sqlx::migrate!("migrations/postgres"),
+        };
         let mut attempt = 1;
         loop {
             let result = match &self.pool {
-                Pool::Sqlite(p) => sqlx::migrate!("migrations/sqlite").run(p).await,
-                Pool::Postgres(p) => sqlx::migrate!("migrations/postgres").run(p).await,
+                Pool::Sqlite(p) => migrator.run(p).await,
+                Pool::Postgres(p) => migrator.run(p).await,
             };
             match result {
-                Ok(()) => return Ok(()),
+                Ok(()) => {
+                    let latest = migrator.iter().map(|m| m.version).max().unwrap_or(0);
+                    return self.record_schema_version(latest).await;
+                }
                 // SQLite has no migration lock: a process migrating the same file at the same
                 // moment makes this run fail on "table exists". Re-running sees its work.
                 Err(sqlx::migrate::MigrateError::ExecuteMigration(..))
@@ -517,8 +526,25 @@ impl Ledger {
         }
     }
 
-    /// The schema version (`runtime_meta.schema_version`), or `None` before the first
-    /// migration. Shown by `phrony status`.
+    /// Upserts `runtime_meta.schema_version` to `version` (the last applied migration).
+    async fn record_schema_version(&self, version: i64) -> Result<()> {
+        let version = version.to_string();
+        write_tx!(self, |tx| async {
+            tx.conn()
+                .execute(
+                    "record the schema version",
+                    "INSERT INTO runtime_meta (key, value) VALUES ('schema_version', $1) \
+                     ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                    args![version.as_str()],
+                )
+                .await
+                .map(|_| ())
+        })
+    }
+
+    /// The schema version (`runtime_meta.schema_version`: the number of the last migration
+    /// applied, e.g. `"7"` after `0007_*.sql`), or `None` before the first migration. Shown by
+    /// `phrony status`.
     ///
     /// # Errors
     /// [`LedgerError::Unavailable`] / [`LedgerError::Database`] when the query fails.

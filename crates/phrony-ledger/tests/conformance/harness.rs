@@ -185,3 +185,36 @@ impl TestDb {
             .await
     }
 }
+
+/// The migrations shipped in `migrations/<backend>/`, as (number, file name), in order.
+pub(crate) fn migration_files(backend: Backend) -> Vec<(i64, String)> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("migrations")
+        .join(match backend {
+            Backend::Sqlite => "sqlite",
+            Backend::Postgres => "postgres",
+        });
+    let mut files: Vec<(i64, String)> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| name.ends_with(".sql"))
+        .map(|name| {
+            let number = name
+                .split('_')
+                .next()
+                .and_then(|n| n.parse().ok())
+                .unwrap_or_else(|| panic!("migration {name} does not start with its number"));
+            (number, name)
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+/// What `schema_version()` must say after `migrate()`: the number of the last migration file.
+pub(crate) fn latest_schema_version(backend: Backend) -> String {
+    migration_files(backend)
+        .last()
+        .map(|(n, _)| n.to_string())
+        .expect("at least one migration")
+}
