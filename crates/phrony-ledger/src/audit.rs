@@ -78,6 +78,18 @@ pub enum AuditProblemKind {
     HeadMac,
     /// A sealed head names a stream that no longer exists (a deleted stream).
     StreamDeleted,
+    /// The log has another number of streams, or other streams, than the sealed stream set:
+    /// a whole stream was deleted together with its sealed head (or added without the key).
+    StreamSetMismatch {
+        /// Streams the sealed set counts.
+        sealed: u64,
+        /// Streams the log has.
+        found: u64,
+    },
+    /// The sealed stream set's MAC does not verify with the key (forged or recomputed).
+    StreamSetMac,
+    /// The log was sealed with a stream set, and its record is gone.
+    StreamSetMissing,
     /// The log has streams but was never sealed with the audit key.
     Unsealed,
     /// The log was sealed with a different key.
@@ -396,6 +408,119 @@ async fn check_all_heads(
     Ok((checked, deleted_stream(conn).await?))
 }
 
+/// What [`check_stream_set`] found.
+enum StreamSet {
+    /// The sealed set is the log's set of streams.
+    Verified,
+    /// No stream set was sealed yet (a log sealed before migration 0007).
+    NotSealed,
+    /// The set is missing, forged, or not the log's.
+    Problem(AuditProblem),
+}
+
+/// Compares the streams of the log (those with at least one event) with the sealed stream set:
+/// count, digest of the names, MAC. Names a stream listed in the latest `audit.key_introduced`
+/// that the log no longer has, when there is one.
+async fn check_stream_set(conn: &mut Conn<'_>, key: &AuditKey) -> Result<StreamSet> {
+    let sealed = conn
+        .fetch_optional(
+            "read the stream set",
+            "SELECT streams, digest, mac FROM stream_set WHERE id = 1",
+            vec![],
+        )
+        .await?;
+    let introduced = latest_key_introduced(conn).await?;
+    let Some(sealed) = sealed else {
+        return Ok(if introduced.is_some_and(|i| i.stream_set_sealed) {
+            StreamSet::Problem(problem(
+                AuditProblemKind::StreamSetMissing,
+                None,
+                None,
+                "the sealed stream set (table stream_set) is gone: streams may have been deleted \
+                 with their sealed heads"
+                    .to_owned(),
+            ))
+        } else {
+            StreamSet::NotSealed
+        });
+    };
+    let (count, digest, mac) = (
+        sealed.int("streams")?,
+        sealed.text("digest")?,
+        sealed.text("mac")?,
+    );
+    if !key.stream_set_verifies(count, &digest, &mac) {
+        return Ok(StreamSet::Problem(problem(
+            AuditProblemKind::StreamSetMac,
+            None,
+            None,
+            format!(
+                "the sealed stream set ({count} streams) does not verify with the audit key \
+                 (forged or recomputed, or another key)"
+            ),
+        )));
+    }
+    let (mut found, mut found_digest) = (0_i64, events::EMPTY_STREAM_SET.to_owned());
+    let mut after = String::new();
+    loop {
+        let names: Vec<String> = conn
+            .fetch_all(
+                "list streams for the stream set",
+                "SELECT stream FROM streams WHERE stream > $1 AND last_seq > 0 \
+                 ORDER BY stream LIMIT $2",
+                args![&after, STREAM_PAGE],
+            )
+            .await?
+            .iter()
+            .map(|r| r.text("stream"))
+            .collect::<Result<_>>()?;
+        for name in &names {
+            found += 1;
+            found_digest = events::stream_set_with(&found_digest, name)?;
+        }
+        match names.last() {
+            Some(last) if i64::try_from(names.len()).unwrap_or(0) == STREAM_PAGE => {
+                after.clone_from(last);
+            }
+            _ => break,
+        }
+    }
+    if found == count && found_digest == digest {
+        return Ok(StreamSet::Verified);
+    }
+    let mut named = None;
+    for head in introduced.map(|i| i.heads).unwrap_or_default() {
+        let exists = conn
+            .fetch_optional(
+                "check a sealed stream",
+                "SELECT 1 AS one FROM streams WHERE stream = $1 AND last_seq > 0",
+                args![&head.stream],
+            )
+            .await?
+            .is_some();
+        if !exists {
+            named = Some(head.stream);
+            break;
+        }
+    }
+    let which = named.as_ref().map_or_else(String::new, |s| {
+        format!(" (stream {s}, sealed when the key was introduced, is gone)")
+    });
+    Ok(StreamSet::Problem(problem(
+        AuditProblemKind::StreamSetMismatch {
+            sealed: u64::try_from(count).unwrap_or(0),
+            found: u64::try_from(found).unwrap_or(0),
+        },
+        named.as_deref(),
+        None,
+        format!(
+            "the log has {found} streams but the sealed stream set has {count}, or other \
+             names{which}: a whole stream was deleted together with its sealed head, or one was \
+             added without the audit key"
+        ),
+    )))
+}
+
 async fn deleted_stream(conn: &mut Conn<'_>) -> Result<Option<AuditProblem>> {
     let row = conn
         .fetch_optional(
@@ -438,6 +563,11 @@ async fn check_one_head(
 
 /// The key id recorded by the latest `audit.key_introduced`, if the log is sealed.
 async fn sealed_key_id(conn: &mut Conn<'_>) -> Result<Option<String>> {
+    Ok(latest_key_introduced(conn).await?.map(|p| p.key_id))
+}
+
+/// The latest `audit.key_introduced`, if the log is sealed.
+async fn latest_key_introduced(conn: &mut Conn<'_>) -> Result<Option<AuditKeyIntroduced>> {
     let row = conn
         .fetch_optional(
             "read audit key introduction",
@@ -451,7 +581,7 @@ async fn sealed_key_id(conn: &mut Conn<'_>) -> Result<Option<String>> {
         .map_err(|e| LedgerError::corrupt(format!("audit.key_introduced payload: {e}")))?;
     let seq = u64::try_from(row.int("seq")?).unwrap_or(0);
     match EventBody::decode(AUDIT_STREAM, seq, types::KEY_INTRODUCED, &payload)? {
-        EventBody::AuditKeyIntroduced(p) => Ok(Some(p.key_id)),
+        EventBody::AuditKeyIntroduced(p) => Ok(Some(p)),
         other => Err(LedgerError::corrupt(format!(
             "audit stream seq {seq}: {} where audit.key_introduced was read",
             other.event_type()
@@ -477,6 +607,7 @@ async fn seal_all(
     let mut digest = Sha256::new();
     let mut listed = Vec::new();
     let (mut streams, mut total_events) = (0_u64, 0_u64);
+    let (mut set_count, mut set_digest) = (0_i64, events::EMPTY_STREAM_SET.to_owned());
     let mut after = String::new();
     loop {
         let rows = tx
@@ -499,6 +630,10 @@ async fn seal_all(
                 }
             }
             seal_head(&mut tx.conn(), key, &stream, seq, &hash).await?;
+            if seq > 0 {
+                set_count += 1;
+                set_digest = events::stream_set_with(&set_digest, &stream)?;
+            }
             digest.update(format!("{stream}\n{seq}\n{hash}\n").as_bytes());
             if listed.len() < MAX_LISTED_HEADS {
                 listed.push(SealedHead { stream, seq, hash });
@@ -531,7 +666,11 @@ async fn seal_all(
         heads: listed,
         heads_listed_all: usize::try_from(streams).is_ok_and(|n| n <= MAX_LISTED_HEADS),
         dropped_heads: dropped,
+        stream_set_sealed: true,
     });
+    // Sealed before the audit event: a first seal creates the audit stream, which its own
+    // first append then adds to the set.
+    events::write_stream_set(&mut tx.conn(), key, set_count, &set_digest).await?;
     append_audit_event(tx, body).await?;
     Ok(Ok((streams, total_events)))
 }
@@ -603,9 +742,20 @@ pub(crate) async fn start(tx: &mut Tx, key: &AuditKey, key_is_new: bool) -> Resu
         )));
     }
     let (streams, p) = check_all_heads(&mut tx.conn(), key).await?;
-    Ok(match p {
-        Some(p) => AuditStart::Failed(p),
-        None => AuditStart::Verified { streams },
+    if let Some(p) = p {
+        return Ok(AuditStart::Failed(p));
+    }
+    Ok(match check_stream_set(&mut tx.conn(), key).await? {
+        StreamSet::Verified => AuditStart::Verified { streams },
+        StreamSet::Problem(p) => AuditStart::Failed(p),
+        // Sealed by a build before the stream set: every head just verified, so seal the set
+        // now, once (recorded as `audit.key_introduced` with `stream_set_sealed`).
+        StreamSet::NotSealed => {
+            match seal_all(tx, key, "sealed the stream set (migration 0007)", false).await? {
+                Ok(_) => AuditStart::Verified { streams },
+                Err(p) => AuditStart::Failed(p),
+            }
+        }
     })
 }
 
@@ -694,6 +844,10 @@ pub(crate) async fn verify_streams(
         }
     }
     if let Some(p) = deleted_stream(conn).await? {
+        report.problem = Some(p);
+        return Ok(report);
+    }
+    if let StreamSet::Problem(p) = check_stream_set(conn, key).await? {
         report.problem = Some(p);
         return Ok(report);
     }
@@ -1009,6 +1163,8 @@ mod tests {
             heads: vec![SealedHead { stream, seq, hash }],
             heads_listed_all: true,
             dropped_heads: 0,
+            // Events of builds before the stream set omit it; it stays omitted when false.
+            stream_set_sealed: false,
         });
         assert_eq!(
             canonical_json(&typed.payload().unwrap()),

@@ -70,6 +70,37 @@ impl AuditKey {
     }
 }
 
+impl AuditKey {
+    fn stream_set_hmac(&self, streams: i64, digest: &str) -> HmacSha256 {
+        let mut mac = self.hmac();
+        mac.update(b"phrony.stream-set.v1");
+        mac.update(&streams.to_be_bytes());
+        mac.update(digest.as_bytes());
+        mac
+    }
+
+    /// The MAC of the stream set (`stream_set.mac`): the number of streams and the digest of
+    /// their names.
+    #[must_use]
+    pub(crate) fn stream_set_mac(&self, streams: i64, digest: &str) -> String {
+        hex::encode(
+            self.stream_set_hmac(streams, digest)
+                .finalize()
+                .into_bytes(),
+        )
+    }
+
+    /// Whether `mac_hex` is the MAC of the stream set (compared in constant time).
+    pub(crate) fn stream_set_verifies(&self, streams: i64, digest: &str, mac_hex: &str) -> bool {
+        let Ok(mac) = hex::decode(mac_hex) else {
+            return false;
+        };
+        self.stream_set_hmac(streams, digest)
+            .verify_slice(&mac)
+            .is_ok()
+    }
+}
+
 impl fmt::Debug for AuditKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "AuditKey(id {})", self.key_id())

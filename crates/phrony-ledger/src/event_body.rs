@@ -1019,6 +1019,10 @@ pub struct AuditKeyIntroduced {
     pub heads_listed_all: bool,
     /// Sealed heads dropped because their stream no longer existed.
     pub dropped_heads: u64,
+    /// Whether the stream set (`stream_set`: count and digest of the streams, MACed) was
+    /// sealed too; absent (`false`) in events of builds before migration 0007.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stream_set_sealed: bool,
 }
 
 /// One head listed in [`AuditKeyIntroduced::heads`].

@@ -129,6 +129,29 @@ impl TestDb {
         }
     }
 
+    /// What a careful attacker does after editing: puts the append-only triggers back as the
+    /// migrations created them, so the trigger check sees nothing.
+    pub(crate) async fn restore_append_only_guard(&self) {
+        match self.kind {
+            Backend::Sqlite => {
+                self.raw_exec(
+                    "CREATE TRIGGER events_no_update BEFORE UPDATE ON events BEGIN \
+                     SELECT RAISE(ABORT, 'events are append-only: UPDATE refused'); END",
+                )
+                .await;
+                self.raw_exec(
+                    "CREATE TRIGGER events_no_delete BEFORE DELETE ON events BEGIN \
+                     SELECT RAISE(ABORT, 'events are append-only: DELETE refused'); END",
+                )
+                .await;
+            }
+            Backend::Postgres => {
+                self.raw_exec("ALTER TABLE events ENABLE TRIGGER USER")
+                    .await
+            }
+        }
+    }
+
     /// Rows of `sql` with every column read as optional text.
     pub(crate) async fn raw_strings(&self, sql: &str) -> Vec<Vec<Option<String>>> {
         match &self.raw {
