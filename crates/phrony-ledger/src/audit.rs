@@ -12,6 +12,14 @@
 //! it is independent of the event hash formula. Without the key a recomputed chain cannot get
 //! a head whose MAC verifies.
 //!
+//! # The sealed stream set
+//!
+//! Heads cannot show a stream that is gone with its head. The one-row `stream_set` table
+//! holds the number of streams with events and the XOR of SHA-256 of their names, with
+//! `mac = HMAC-SHA256(key, "phrony.stream-set.v1" ‖ count ‖ digest)`; the append that creates
+//! a stream updates it in its transaction (`events::append`), sealing writes it whole, and
+//! `check_stream_set` compares it with the log.
+//!
 //! A log is *sealed* when the `audit` stream holds an `audit.key_introduced` event (its
 //! `key_id` names the key). [`crate::Ledger::start_audit`] seals an existing log the first
 //! time a new key is used (after verifying every chain), and otherwise checks the triggers and
