@@ -19,7 +19,8 @@ pub enum AuditScope {
 /// The first problem the runtime found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AuditProblem {
-    /// `chain`, `head_missing`, `head_mismatch`, `head_mac`, `stream_deleted`, `unsealed`,
+    /// `chain`, `head_missing`, `head_mismatch`, `head_mac`, `stream_deleted`,
+    /// `stream_set_mismatch`, `stream_set_mac`, `stream_set_missing`, `unsealed`,
     /// `key_mismatch`, `trigger_missing` or `projection`.
     pub kind: String,
     /// The stream, when the problem is in one.

@@ -535,7 +535,9 @@ impl SessionView {
             | EventBody::AgentVersionRetired(_)
             | EventBody::AgentArchived(_)
             | EventBody::TokenCreated(_)
-            | EventBody::TokenRevoked(_) => Vec::new(),
+            | EventBody::TokenRevoked(_)
+            | EventBody::AuditKeyIntroduced(_)
+            | EventBody::AuditUnverifiedLogAllowed(_) => Vec::new(),
         })
     }
 

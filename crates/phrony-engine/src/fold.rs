@@ -463,7 +463,9 @@ impl Fold {
             | EventBody::AgentVersionRetired(_)
             | EventBody::AgentArchived(_)
             | EventBody::TokenCreated(_)
-            | EventBody::TokenRevoked(_) => {}
+            | EventBody::TokenRevoked(_)
+            | EventBody::AuditKeyIntroduced(_)
+            | EventBody::AuditUnverifiedLogAllowed(_) => {}
         }
         Ok(())
     }

@@ -547,8 +547,11 @@ fn event_summary(e: &Event, calls: &HashMap<&str, &ToolInvocation>) -> Result<St
         | EventBody::AgentVersionDeprecated(_)
         | EventBody::AgentVersionRetired(_)
         | EventBody::AgentArchived(_) => format!("{} by {}", e.event_type, actor_label(e)),
-        // Not session events: the tokens stream's own.
-        EventBody::TokenCreated(_) | EventBody::TokenRevoked(_) => {
+        // Not session events: the tokens and audit streams' own.
+        EventBody::TokenCreated(_)
+        | EventBody::TokenRevoked(_)
+        | EventBody::AuditKeyIntroduced(_)
+        | EventBody::AuditUnverifiedLogAllowed(_) => {
             format!("{} by {}", e.event_type, actor_label(e))
         }
         EventBody::ToolRequested(_)

@@ -35,7 +35,8 @@ use crate::events::{StreamHead, append, lock_stream};
 use crate::invocations::{self, ToolInvocation};
 use crate::model::{AgentRef, Event};
 use crate::paging::{Page, PageRequest, Where, decode_token, encode_token};
-use crate::sessions::{self, AgentVersionRef};
+use crate::rows::{self, AgentVersionRef};
+use crate::sessions;
 use crate::vocabulary::{CallStatus, SessionStatus, error_codes};
 
 /// Escalations beyond this depth are denied (`approval escalation depth exceeded`).
@@ -521,7 +522,7 @@ fn approval_from_row(row: &Row) -> Result<Approval> {
         approvals_required: u32_col(row, "approvals_required")?,
         approvals_received: u32_col(row, "approvals_received")?,
         allow_self_approval: row.bool("allow_self_approval")?,
-        session_started_by: sessions::attribution_cols(
+        session_started_by: rows::attribution_cols(
             row,
             "created_by",
             "created_by_verification",
@@ -560,7 +561,7 @@ async fn load_votes(conn: &mut Conn<'_>, approval: &mut Approval) -> Result<()> 
                 comprehension_acknowledged: r.bool("comprehension_acknowledged")?,
                 edited_args: r.opt_json("edited_args")?,
                 created_at: r.ts("created_at")?,
-                verification: sessions::opt_verification(r, "verification")?,
+                verification: rows::opt_verification(r, "verification")?,
                 via: r.opt_text("via")?,
             })
         })
@@ -725,7 +726,7 @@ fn expiry(now: DateTime<Utc>, minutes: u32) -> DateTime<Utc> {
 async fn open(tx: &mut Tx, new: &NewApproval) -> Result<Approval> {
     use CallStatus as C;
     let mut head = lock_stream(tx, &new.session_id).await?;
-    let session = sessions::require(&mut tx.conn(), &new.session_id).await?;
+    let session = rows::require_session(&mut tx.conn(), &new.session_id).await?;
     if session.status != SessionStatus::AwaitingApproval
         && !session
             .status
@@ -798,11 +799,10 @@ async fn open(tx: &mut Tx, new: &NewApproval) -> Result<Approval> {
         payload,
     )
     .await?;
-    sessions::ensure_status(
+    sessions::ensure_awaiting_approval(
         tx,
         &mut head,
         &session,
-        SessionStatus::AwaitingApproval,
         format!("approval {} opened", new.id),
     )
     .await?;

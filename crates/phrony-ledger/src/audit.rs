@@ -12,6 +12,14 @@
 //! it is independent of the event hash formula. Without the key a recomputed chain cannot get
 //! a head whose MAC verifies.
 //!
+//! # The sealed stream set
+//!
+//! Heads cannot show a stream that is gone with its head. The one-row `stream_set` table
+//! holds the number of streams with events and the XOR of SHA-256 of their names, with
+//! `mac = HMAC-SHA256(key, "phrony.stream-set.v1" ‖ count ‖ digest)`; the append that creates
+//! a stream updates it in its transaction (`events::append`), sealing writes it whole, and
+//! `check_stream_set` compares it with the log.
+//!
 //! A log is *sealed* when the `audit` stream holds an `audit.key_introduced` event (its
 //! `key_id` names the key). [`crate::Ledger::start_audit`] seals an existing log the first
 //! time a new key is used (after verifying every chain), and otherwise checks the triggers and
@@ -19,28 +27,32 @@
 
 use std::fmt;
 
-use hmac::{Hmac, Mac as _};
-use serde_json::{Value, json};
+use serde_json::Value;
 use sha2::{Digest as _, Sha256};
 
+use crate::audit_key::AuditKey;
 use crate::chain::ViolationKind;
 use crate::db::{Arg, Backend, Conn, Row, Tx, args};
 use crate::error::{LedgerError, Result};
-use crate::events::{self, append, lock_stream};
-use crate::model::{AgentRef, Event, NewEvent};
-
-type HmacSha256 = Hmac<Sha256>;
+use crate::event_body::{AuditKeyIntroduced, AuditUnverifiedLogAllowed, EventBody, SealedHead};
+use crate::events::{self, append, lock_stream, seal_head};
+use crate::model::{AgentRef, Event};
 
 /// The stream that records the audit key's introduction and start-up overrides.
 pub const AUDIT_STREAM: &str = "audit";
 
 /// Event types of the [`AUDIT_STREAM`].
+/// (The same strings as [`crate::event_types::AUDIT_KEY_INTRODUCED`] and
+/// [`crate::event_types::AUDIT_UNVERIFIED_LOG_ALLOWED`]; the payloads are
+/// [`crate::AuditKeyIntroduced`] and [`crate::AuditUnverifiedLogAllowed`].)
 pub mod audit_event_types {
+    use crate::event_body::event_types as body;
+
     /// The log was sealed with a key (`key_id, reason, streams, events, heads_digest, heads`).
-    pub const KEY_INTRODUCED: &str = "audit.key_introduced";
+    pub const KEY_INTRODUCED: &str = body::AUDIT_KEY_INTRODUCED;
     /// The daemon served a log that failed its start-up check, by explicit override
     /// (`problem, kind, stream?, seq?, triggers_restored`).
-    pub const UNVERIFIED_LOG_ALLOWED: &str = "audit.unverified_log_allowed";
+    pub const UNVERIFIED_LOG_ALLOWED: &str = body::AUDIT_UNVERIFIED_LOG_ALLOWED;
 }
 use audit_event_types as types;
 
@@ -48,73 +60,6 @@ use audit_event_types as types;
 const STREAM_PAGE: i64 = 500;
 /// At most this many heads are listed in an `audit.key_introduced` payload (the digest covers all).
 const MAX_LISTED_HEADS: usize = 1000;
-
-/// The 32-byte key that MACs the chain heads. Kept outside the database. `Debug` shows only
-/// its [`AuditKey::key_id`].
-#[derive(Clone, PartialEq, Eq)]
-pub struct AuditKey([u8; AuditKey::LEN]);
-
-impl AuditKey {
-    /// Key length in bytes.
-    pub const LEN: usize = 32;
-
-    /// Wraps raw key bytes.
-    #[must_use]
-    pub fn from_bytes(bytes: [u8; Self::LEN]) -> Self {
-        Self(bytes)
-    }
-
-    fn hmac(&self) -> HmacSha256 {
-        // HMAC accepts keys of any length; 32 bytes cannot fail.
-        match HmacSha256::new_from_slice(&self.0) {
-            Ok(mac) => mac,
-            Err(_) => unreachable!("HMAC-SHA256 takes keys of any length"),
-        }
-    }
-
-    /// A non-secret identifier of the key (16 hex digits of a domain-separated HMAC), recorded
-    /// when the log is sealed so that a wrong key file is named as such.
-    #[must_use]
-    pub fn key_id(&self) -> String {
-        let mut mac = self.hmac();
-        mac.update(b"phrony.audit.key-id");
-        hex::encode(&mac.finalize().into_bytes()[..8])
-    }
-
-    fn head_mac(&self, stream: &str, seq: i64, hash: &str) -> HmacSha256 {
-        let mut mac = self.hmac();
-        mac.update(b"phrony.head.v1");
-        mac.update(
-            &u64::try_from(stream.len())
-                .unwrap_or(u64::MAX)
-                .to_be_bytes(),
-        );
-        mac.update(stream.as_bytes());
-        mac.update(&seq.to_be_bytes());
-        mac.update(hash.as_bytes());
-        mac
-    }
-
-    /// The MAC of a stream head, as stored in `chain_heads.mac`.
-    #[must_use]
-    pub(crate) fn mac(&self, stream: &str, seq: i64, hash: &str) -> String {
-        hex::encode(self.head_mac(stream, seq, hash).finalize().into_bytes())
-    }
-
-    /// Whether `mac_hex` is the MAC of the head (compared in constant time).
-    fn verifies(&self, stream: &str, seq: i64, hash: &str, mac_hex: &str) -> bool {
-        let Ok(mac) = hex::decode(mac_hex) else {
-            return false;
-        };
-        self.head_mac(stream, seq, hash).verify_slice(&mac).is_ok()
-    }
-}
-
-impl fmt::Debug for AuditKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "AuditKey(id {})", self.key_id())
-    }
-}
 
 /// What [`crate::Ledger::verify_audit`] covers.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -141,6 +86,18 @@ pub enum AuditProblemKind {
     HeadMac,
     /// A sealed head names a stream that no longer exists (a deleted stream).
     StreamDeleted,
+    /// The log has another number of streams, or other streams, than the sealed stream set:
+    /// a whole stream was deleted together with its sealed head (or added without the key).
+    StreamSetMismatch {
+        /// Streams the sealed set counts.
+        sealed: u64,
+        /// Streams the log has.
+        found: u64,
+    },
+    /// The sealed stream set's MAC does not verify with the key (forged or recomputed).
+    StreamSetMac,
+    /// The log was sealed with a stream set, and its record is gone.
+    StreamSetMissing,
     /// The log has streams but was never sealed with the audit key.
     Unsealed,
     /// The log was sealed with a different key.
@@ -233,25 +190,6 @@ fn problem(
         seq: seq.and_then(|s| u64::try_from(s).ok()),
         message,
     }
-}
-
-/// Writes the sealed head of `stream` (in the append's transaction).
-pub(crate) async fn seal_head(
-    conn: &mut Conn<'_>,
-    key: &AuditKey,
-    stream: &str,
-    seq: i64,
-    hash: &str,
-) -> Result<()> {
-    conn.execute(
-        "seal stream head",
-        "INSERT INTO chain_heads (stream, seq, hash, mac) VALUES ($1, $2, $3, $4) \
-         ON CONFLICT (stream) DO UPDATE SET seq = excluded.seq, hash = excluded.hash, \
-         mac = excluded.mac",
-        args![stream, seq, hash, key.mac(stream, seq, hash)],
-    )
-    .await?;
-    Ok(())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -478,6 +416,119 @@ async fn check_all_heads(
     Ok((checked, deleted_stream(conn).await?))
 }
 
+/// What [`check_stream_set`] found.
+enum StreamSet {
+    /// The sealed set is the log's set of streams.
+    Verified,
+    /// No stream set was sealed yet (a log sealed before migration 0007).
+    NotSealed,
+    /// The set is missing, forged, or not the log's.
+    Problem(AuditProblem),
+}
+
+/// Compares the streams of the log (those with at least one event) with the sealed stream set:
+/// count, digest of the names, MAC. Names a stream listed in the latest `audit.key_introduced`
+/// that the log no longer has, when there is one.
+async fn check_stream_set(conn: &mut Conn<'_>, key: &AuditKey) -> Result<StreamSet> {
+    let sealed = conn
+        .fetch_optional(
+            "read the stream set",
+            "SELECT streams, digest, mac FROM stream_set WHERE id = 1",
+            vec![],
+        )
+        .await?;
+    let introduced = latest_key_introduced(conn).await?;
+    let Some(sealed) = sealed else {
+        return Ok(if introduced.is_some_and(|i| i.stream_set_sealed) {
+            StreamSet::Problem(problem(
+                AuditProblemKind::StreamSetMissing,
+                None,
+                None,
+                "the sealed stream set (table stream_set) is gone: streams may have been deleted \
+                 with their sealed heads"
+                    .to_owned(),
+            ))
+        } else {
+            StreamSet::NotSealed
+        });
+    };
+    let (count, digest, mac) = (
+        sealed.int("streams")?,
+        sealed.text("digest")?,
+        sealed.text("mac")?,
+    );
+    if !key.stream_set_verifies(count, &digest, &mac) {
+        return Ok(StreamSet::Problem(problem(
+            AuditProblemKind::StreamSetMac,
+            None,
+            None,
+            format!(
+                "the sealed stream set ({count} streams) does not verify with the audit key \
+                 (forged or recomputed, or another key)"
+            ),
+        )));
+    }
+    let (mut found, mut found_digest) = (0_i64, events::EMPTY_STREAM_SET.to_owned());
+    let mut after = String::new();
+    loop {
+        let names: Vec<String> = conn
+            .fetch_all(
+                "list streams for the stream set",
+                "SELECT stream FROM streams WHERE stream > $1 AND last_seq > 0 \
+                 ORDER BY stream LIMIT $2",
+                args![&after, STREAM_PAGE],
+            )
+            .await?
+            .iter()
+            .map(|r| r.text("stream"))
+            .collect::<Result<_>>()?;
+        for name in &names {
+            found += 1;
+            found_digest = events::stream_set_with(&found_digest, name)?;
+        }
+        match names.last() {
+            Some(last) if i64::try_from(names.len()).unwrap_or(0) == STREAM_PAGE => {
+                after.clone_from(last);
+            }
+            _ => break,
+        }
+    }
+    if found == count && found_digest == digest {
+        return Ok(StreamSet::Verified);
+    }
+    let mut named = None;
+    for head in introduced.map(|i| i.heads).unwrap_or_default() {
+        let exists = conn
+            .fetch_optional(
+                "check a sealed stream",
+                "SELECT 1 AS one FROM streams WHERE stream = $1 AND last_seq > 0",
+                args![&head.stream],
+            )
+            .await?
+            .is_some();
+        if !exists {
+            named = Some(head.stream);
+            break;
+        }
+    }
+    let which = named.as_ref().map_or_else(String::new, |s| {
+        format!(" (stream {s}, sealed when the key was introduced, is gone)")
+    });
+    Ok(StreamSet::Problem(problem(
+        AuditProblemKind::StreamSetMismatch {
+            sealed: u64::try_from(count).unwrap_or(0),
+            found: u64::try_from(found).unwrap_or(0),
+        },
+        named.as_deref(),
+        None,
+        format!(
+            "the log has {found} streams but the sealed stream set has {count}, or other \
+             names{which}: a whole stream was deleted together with its sealed head, or one was \
+             added without the audit key"
+        ),
+    )))
+}
+
 async fn deleted_stream(conn: &mut Conn<'_>) -> Result<Option<AuditProblem>> {
     let row = conn
         .fetch_optional(
@@ -520,10 +571,15 @@ async fn check_one_head(
 
 /// The key id recorded by the latest `audit.key_introduced`, if the log is sealed.
 async fn sealed_key_id(conn: &mut Conn<'_>) -> Result<Option<String>> {
+    Ok(latest_key_introduced(conn).await?.map(|p| p.key_id))
+}
+
+/// The latest `audit.key_introduced`, if the log is sealed.
+async fn latest_key_introduced(conn: &mut Conn<'_>) -> Result<Option<AuditKeyIntroduced>> {
     let row = conn
         .fetch_optional(
             "read audit key introduction",
-            "SELECT payload FROM events WHERE stream = $1 AND type = $2 \
+            "SELECT seq, payload FROM events WHERE stream = $1 AND type = $2 \
              ORDER BY seq DESC LIMIT 1",
             args![AUDIT_STREAM, types::KEY_INTRODUCED],
         )
@@ -531,13 +587,14 @@ async fn sealed_key_id(conn: &mut Conn<'_>) -> Result<Option<String>> {
     let Some(row) = row else { return Ok(None) };
     let payload: Value = serde_json::from_str(&row.text("payload")?)
         .map_err(|e| LedgerError::corrupt(format!("audit.key_introduced payload: {e}")))?;
-    Ok(Some(
-        payload
-            .get("key_id")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_owned(),
-    ))
+    let seq = u64::try_from(row.int("seq")?).unwrap_or(0);
+    match EventBody::decode(AUDIT_STREAM, seq, types::KEY_INTRODUCED, &payload)? {
+        EventBody::AuditKeyIntroduced(p) => Ok(Some(p)),
+        other => Err(LedgerError::corrupt(format!(
+            "audit stream seq {seq}: {} where audit.key_introduced was read",
+            other.event_type()
+        ))),
+    }
 }
 
 async fn count(conn: &mut Conn<'_>, context: &'static str, sql: &str) -> Result<i64> {
@@ -558,6 +615,7 @@ async fn seal_all(
     let mut digest = Sha256::new();
     let mut listed = Vec::new();
     let (mut streams, mut total_events) = (0_u64, 0_u64);
+    let (mut set_count, mut set_digest) = (0_i64, events::EMPTY_STREAM_SET.to_owned());
     let mut after = String::new();
     loop {
         let rows = tx
@@ -580,9 +638,13 @@ async fn seal_all(
                 }
             }
             seal_head(&mut tx.conn(), key, &stream, seq, &hash).await?;
+            if seq > 0 {
+                set_count += 1;
+                set_digest = events::stream_set_with(&set_digest, &stream)?;
+            }
             digest.update(format!("{stream}\n{seq}\n{hash}\n").as_bytes());
             if listed.len() < MAX_LISTED_HEADS {
-                listed.push(json!({"stream": stream, "seq": seq, "hash": hash}));
+                listed.push(SealedHead { stream, seq, hash });
             }
             streams += 1;
             total_events += u64::try_from(seq).unwrap_or(0);
@@ -603,34 +665,27 @@ async fn seal_all(
             vec![],
         )
         .await?;
-    let payload = json!({
-        "key_id": key.key_id(),
-        "reason": reason,
-        "streams": streams,
-        "events": total_events,
-        "heads_digest": hex::encode(digest.finalize()),
-        "heads": listed,
-        "heads_listed_all": usize::try_from(streams).is_ok_and(|n| n <= MAX_LISTED_HEADS),
-        "dropped_heads": dropped,
+    let body = EventBody::AuditKeyIntroduced(AuditKeyIntroduced {
+        key_id: key.key_id(),
+        reason: reason.to_owned(),
+        streams,
+        events: total_events,
+        heads_digest: hex::encode(digest.finalize()),
+        heads: listed,
+        heads_listed_all: usize::try_from(streams).is_ok_and(|n| n <= MAX_LISTED_HEADS),
+        dropped_heads: dropped,
+        stream_set_sealed: true,
     });
-    append_audit_event(tx, types::KEY_INTRODUCED, payload).await?;
+    // Sealed before the audit event: a first seal creates the audit stream, which its own
+    // first append then adds to the set.
+    events::write_stream_set(&mut tx.conn(), key, set_count, &set_digest).await?;
+    append_audit_event(tx, body).await?;
     Ok(Ok((streams, total_events)))
 }
 
-async fn append_audit_event(tx: &mut Tx, event_type: &str, payload: Value) -> Result<Event> {
+async fn append_audit_event(tx: &mut Tx, body: EventBody) -> Result<Event> {
     let mut head = lock_stream(tx, AUDIT_STREAM).await?;
-    append(
-        tx,
-        &mut head,
-        NewEvent {
-            event_type: event_type.to_owned(),
-            actor: "system".into(),
-            call_id: None,
-            turn: None,
-            payload,
-        },
-    )
-    .await
+    append(tx, &mut head, body.into_new_event("system")?).await
 }
 
 fn chain_problem(stream: &str, v: crate::chain::ChainViolation) -> AuditProblem {
@@ -695,9 +750,20 @@ pub(crate) async fn start(tx: &mut Tx, key: &AuditKey, key_is_new: bool) -> Resu
         )));
     }
     let (streams, p) = check_all_heads(&mut tx.conn(), key).await?;
-    Ok(match p {
-        Some(p) => AuditStart::Failed(p),
-        None => AuditStart::Verified { streams },
+    if let Some(p) = p {
+        return Ok(AuditStart::Failed(p));
+    }
+    Ok(match check_stream_set(&mut tx.conn(), key).await? {
+        StreamSet::Verified => AuditStart::Verified { streams },
+        StreamSet::Problem(p) => AuditStart::Failed(p),
+        // Sealed by a build before the stream set: every head just verified, so seal the set
+        // now, once (recorded as `audit.key_introduced` with `stream_set_sealed`).
+        StreamSet::NotSealed => {
+            match seal_all(tx, key, "sealed the stream set (migration 0007)", false).await? {
+                Ok(_) => AuditStart::Verified { streams },
+                Err(p) => AuditStart::Failed(p),
+            }
+        }
     })
 }
 
@@ -716,14 +782,13 @@ pub(crate) async fn allow_unverified(
     }
     let event = append_audit_event(
         tx,
-        types::UNVERIFIED_LOG_ALLOWED,
-        json!({
-            "problem": failed.message,
-            "kind": format!("{:?}", failed.kind),
-            "stream": failed.stream,
-            "seq": failed.seq,
-            "allowed_by": actor,
-            "triggers_restored": triggers_restored,
+        EventBody::AuditUnverifiedLogAllowed(AuditUnverifiedLogAllowed {
+            problem: failed.message.clone(),
+            kind: format!("{:?}", failed.kind),
+            stream: failed.stream.clone(),
+            seq: failed.seq,
+            allowed_by: actor.to_owned(),
+            triggers_restored,
         }),
     )
     .await?;
@@ -787,6 +852,10 @@ pub(crate) async fn verify_streams(
         }
     }
     if let Some(p) = deleted_stream(conn).await? {
+        report.problem = Some(p);
+        return Ok(report);
+    }
+    if let StreamSet::Problem(p) = check_stream_set(conn, key).await? {
         report.problem = Some(p);
         return Ok(report);
     }
@@ -1073,5 +1142,74 @@ mod tests {
         assert!(!other.verifies("run_a", 3, &"a".repeat(64), &mac));
         assert_ne!(key.key_id(), other.key_id());
         assert!(!format!("{key:?}").contains("0707"));
+    }
+
+    /// The typed audit bodies store exactly the bytes the raw `json!` payloads of the build
+    /// before them stored (canonical JSON, so every hash of an existing audit stream stays), and
+    /// those stored payloads decode into the typed bodies.
+    #[test]
+    fn typed_audit_payloads_are_the_bytes_earlier_builds_wrote() {
+        use crate::chain::canonical_json;
+        let (stream, seq, hash) = ("run_a".to_owned(), 3_i64, "a".repeat(64));
+        // The literal earlier builds wrote (audit.rs before the typed bodies).
+        let written = serde_json::json!({
+            "key_id": "0011223344556677",
+            "reason": "first start with an audit key",
+            "streams": 2_u64,
+            "events": 5_u64,
+            "heads_digest": "f".repeat(64),
+            "heads": [serde_json::json!({"stream": stream, "seq": seq, "hash": hash})],
+            "heads_listed_all": true,
+            "dropped_heads": 0_u64,
+        });
+        let typed = EventBody::AuditKeyIntroduced(AuditKeyIntroduced {
+            key_id: "0011223344556677".into(),
+            reason: "first start with an audit key".into(),
+            streams: 2,
+            events: 5,
+            heads_digest: "f".repeat(64),
+            heads: vec![SealedHead { stream, seq, hash }],
+            heads_listed_all: true,
+            dropped_heads: 0,
+            // Events of builds before the stream set omit it; it stays omitted when false.
+            stream_set_sealed: false,
+        });
+        assert_eq!(
+            canonical_json(&typed.payload().unwrap()),
+            canonical_json(&written)
+        );
+        assert_eq!(
+            EventBody::decode(AUDIT_STREAM, 1, types::KEY_INTRODUCED, &written).unwrap(),
+            typed
+        );
+
+        for (stream, seq) in [(Some("run_b".to_owned()), Some(4_u64)), (None, None)] {
+            let written = serde_json::json!({
+                "problem": "stream run_b: the sealed head is missing",
+                "kind": "HeadMissing",
+                "stream": stream,
+                "seq": seq,
+                "allowed_by": "operator",
+                "triggers_restored": false,
+            });
+            let typed = EventBody::AuditUnverifiedLogAllowed(AuditUnverifiedLogAllowed {
+                problem: "stream run_b: the sealed head is missing".into(),
+                kind: "HeadMissing".into(),
+                stream,
+                seq,
+                allowed_by: "operator".into(),
+                triggers_restored: false,
+            });
+            assert_eq!(
+                canonical_json(&typed.payload().unwrap()),
+                canonical_json(&written),
+                "absent stream/seq stay null, as first written"
+            );
+            assert_eq!(
+                EventBody::decode(AUDIT_STREAM, 2, types::UNVERIFIED_LOG_ALLOWED, &written)
+                    .unwrap(),
+                typed
+            );
+        }
     }
 }

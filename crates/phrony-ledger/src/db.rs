@@ -13,7 +13,7 @@ use sqlx::{Postgres, Row as _, Sqlite};
 use uuid::Uuid;
 
 use crate::LedgerClock;
-use crate::audit::AuditKey;
+use crate::audit_key::AuditKey;
 use crate::chain::{canonical_json, format_ts};
 use crate::error::{LedgerError, Result, SqlxResultExt};
 

@@ -100,6 +100,11 @@ pub mod event_types {
     pub const TOKEN_CREATED: &str = "token.created";
     /// An API token was revoked (`tokens` stream).
     pub const TOKEN_REVOKED: &str = "token.revoked";
+    /// The log was sealed with an audit key (`audit` stream).
+    pub const AUDIT_KEY_INTRODUCED: &str = "audit.key_introduced";
+    /// The daemon served a log that failed its start-up check, by explicit override (`audit`
+    /// stream).
+    pub const AUDIT_UNVERIFIED_LOG_ALLOWED: &str = "audit.unverified_log_allowed";
 
     /// Session-stream types only the ledger writes, each with its projection change.
     pub const LEDGER_OWNED: &[&str] = &[
@@ -221,6 +226,12 @@ pub enum EventBody {
     /// `token.revoked` (`tokens` stream).
     #[serde(rename = "token.revoked")]
     TokenRevoked(TokenRevoked),
+    /// `audit.key_introduced` (`audit` stream).
+    #[serde(rename = "audit.key_introduced")]
+    AuditKeyIntroduced(AuditKeyIntroduced),
+    /// `audit.unverified_log_allowed` (`audit` stream).
+    #[serde(rename = "audit.unverified_log_allowed")]
+    AuditUnverifiedLogAllowed(AuditUnverifiedLogAllowed),
 }
 
 /// Every type [`EventBody`] knows, for telling an unknown type from a malformed payload.
@@ -255,6 +266,8 @@ const KNOWN_TYPES: &[&str] = &[
     types::AGENT_ARCHIVED,
     types::TOKEN_CREATED,
     types::TOKEN_REVOKED,
+    types::AUDIT_KEY_INTRODUCED,
+    types::AUDIT_UNVERIFIED_LOG_ALLOWED,
 ];
 
 impl EventBody {
@@ -313,6 +326,8 @@ impl EventBody {
             Self::AgentArchived(_) => types::AGENT_ARCHIVED,
             Self::TokenCreated(_) => types::TOKEN_CREATED,
             Self::TokenRevoked(_) => types::TOKEN_REVOKED,
+            Self::AuditKeyIntroduced(_) => types::AUDIT_KEY_INTRODUCED,
+            Self::AuditUnverifiedLogAllowed(_) => types::AUDIT_UNVERIFIED_LOG_ALLOWED,
         }
     }
 
@@ -375,6 +390,8 @@ one_variant! {
     AgentArchived => AgentArchived,
     TokenCreated => TokenCreated,
     TokenRevoked => TokenRevoked,
+    AuditKeyIntroduced => AuditKeyIntroduced,
+    AuditUnverifiedLogAllowed => AuditUnverifiedLogAllowed,
 }
 
 /// Checks the row count an event's projection change expected.
@@ -1022,6 +1039,63 @@ pub struct TokenCreated {
 pub struct TokenRevoked {
     /// The token's name.
     pub name: String,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Audit events (`audit` stream), written by the ledger with the audit key.
+
+/// `audit.key_introduced`: the log was sealed with the key `key_id`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuditKeyIntroduced {
+    /// The key's non-secret id (`AuditKey::key_id`).
+    pub key_id: String,
+    /// Why it was sealed (first start with the key, or a re-seal after an override).
+    pub reason: String,
+    /// Streams sealed.
+    pub streams: u64,
+    /// Events in them.
+    pub events: u64,
+    /// Hex SHA-256 over `stream\nseq\nhash\n` of every sealed head, in stream order.
+    pub heads_digest: String,
+    /// The first heads sealed (at most 1000; the digest covers all).
+    pub heads: Vec<SealedHead>,
+    /// Whether `heads` lists every sealed head.
+    pub heads_listed_all: bool,
+    /// Sealed heads dropped because their stream no longer existed.
+    pub dropped_heads: u64,
+    /// Whether the stream set (`stream_set`: count and digest of the streams, MACed) was
+    /// sealed too; absent (`false`) in events of builds before migration 0007.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stream_set_sealed: bool,
+}
+
+/// One head listed in [`AuditKeyIntroduced::heads`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SealedHead {
+    /// The stream.
+    pub stream: String,
+    /// Its last seq.
+    pub seq: i64,
+    /// Its last event's hash.
+    pub hash: String,
+}
+
+/// `audit.unverified_log_allowed`: the daemon served a log that failed its start-up check.
+/// `stream` and `seq` are stored as `null` when the problem named none (as first written).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuditUnverifiedLogAllowed {
+    /// The problem, as the start-up check named it.
+    pub problem: String,
+    /// Its kind (`AuditProblemKind`, debug form).
+    pub kind: String,
+    /// The stream it was in.
+    pub stream: Option<String>,
+    /// The first bad seq.
+    pub seq: Option<u64>,
+    /// Who allowed it.
+    pub allowed_by: String,
+    /// Whether missing append-only triggers were restored.
+    pub triggers_restored: bool,
 }
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
 //! Appending to and reading the hash-chained event log.
 
+use crate::audit_key::AuditKey;
 use crate::chain::{
     ChainVerifier, GENESIS_HASH, HashInput, StoredEvent, canonical_json, event_hash,
 };
@@ -116,7 +117,11 @@ pub(crate) async fn append(tx: &mut Tx, head: &mut StreamHead, event: NewEvent) 
         });
     }
     if let Some(key) = tx.audit_key() {
-        crate::audit::seal_head(&mut tx.conn(), &key, &head.stream, seq, &hash).await?;
+        seal_head(&mut tx.conn(), &key, &head.stream, seq, &hash).await?;
+        if seq == 1 {
+            let backend = tx.backend();
+            add_to_stream_set(&mut tx.conn(), backend, &key, &head.stream).await?;
+        }
     }
     let prev_hash = std::mem::replace(&mut head.last_hash, hash.clone());
     head.last_seq = seq;
@@ -263,4 +268,86 @@ pub(crate) async fn verify(conn: &mut Conn<'_>, stream: &str) -> Result<VerifyRe
         head_hash: (head_seq > 0).then_some(head_hash),
         violation,
     })
+}
+
+/// Writes the sealed head of `stream` (in the append's transaction).
+pub(crate) async fn seal_head(
+    conn: &mut Conn<'_>,
+    key: &AuditKey,
+    stream: &str,
+    seq: i64,
+    hash: &str,
+) -> Result<()> {
+    conn.execute(
+        "seal stream head",
+        "INSERT INTO chain_heads (stream, seq, hash, mac) VALUES ($1, $2, $3, $4) \
+         ON CONFLICT (stream) DO UPDATE SET seq = excluded.seq, hash = excluded.hash, \
+         mac = excluded.mac",
+        args![stream, seq, hash, key.mac(stream, seq, hash)],
+    )
+    .await?;
+    Ok(())
+}
+
+/// The digest of an empty stream set.
+pub(crate) const EMPTY_STREAM_SET: &str =
+    "0000000000000000000000000000000000000000000000000000000000000000";
+
+/// `digest` with `stream` added (or removed: XOR is its own inverse): the XOR of SHA-256 of
+/// every stream name, so a new stream updates it without reading the others.
+pub(crate) fn stream_set_with(digest: &str, stream: &str) -> Result<String> {
+    use sha2::{Digest as _, Sha256};
+    let mut bytes = hex::decode(digest)
+        .ok()
+        .filter(|b| b.len() == 32)
+        .ok_or_else(|| {
+            LedgerError::corrupt(format!("stream_set.digest {digest:?} is not 32 hex bytes"))
+        })?;
+    for (b, h) in bytes.iter_mut().zip(Sha256::digest(stream.as_bytes())) {
+        *b ^= h;
+    }
+    Ok(hex::encode(bytes))
+}
+
+/// Writes the sealed stream set (in the sealing transaction).
+pub(crate) async fn write_stream_set(
+    conn: &mut Conn<'_>,
+    key: &AuditKey,
+    streams: i64,
+    digest: &str,
+) -> Result<()> {
+    conn.execute(
+        "seal the stream set",
+        "INSERT INTO stream_set (id, streams, digest, mac) VALUES (1, $1, $2, $3) \
+         ON CONFLICT (id) DO UPDATE SET streams = excluded.streams, digest = excluded.digest, \
+         mac = excluded.mac",
+        args![streams, digest, key.stream_set_mac(streams, digest)],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Adds a new stream to the sealed stream set, in the transaction of the stream's first
+/// append. The row is locked (PostgreSQL: `FOR UPDATE`) until that transaction ends, so the
+/// creations of streams are serialised; appends to existing streams never come here. Before
+/// the log is sealed there is no row, and nothing to extend (sealing counts every stream).
+async fn add_to_stream_set(
+    conn: &mut Conn<'_>,
+    backend: Backend,
+    key: &AuditKey,
+    stream: &str,
+) -> Result<()> {
+    let sql = match backend {
+        Backend::Postgres => "SELECT streams, digest FROM stream_set WHERE id = 1 FOR UPDATE",
+        Backend::Sqlite => "SELECT streams, digest FROM stream_set WHERE id = 1",
+    };
+    let Some(row) = conn
+        .fetch_optional("lock the stream set", sql, vec![])
+        .await?
+    else {
+        return Ok(());
+    };
+    let streams = row.int("streams")? + 1;
+    let digest = stream_set_with(&row.text("digest")?, stream)?;
+    write_stream_set(conn, key, streams, &digest).await
 }

@@ -1,5 +1,6 @@
 //! The tool-call ledger (`tool_invocations`): one row per deterministic call id, driven through
-//! the state machine of §4.8 by events in the owning session's stream.
+//! the state machine of §4.8 by events in the owning session's stream. A worker's result and a
+//! cancellation, which may close the call's approval, are in `cascade` (above `approvals`).
 
 use chrono::{DateTime, SubsecRound, Utc};
 use phrony_auth::Attribution;
@@ -7,16 +8,15 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use crate::Ledger;
-use crate::approvals;
 use crate::db::{Arg, Conn, Row, Tx, args};
 use crate::error::{LedgerError, Result};
 use crate::event_body::{
-    EventBody, ToolCancelled, ToolCompleted, ToolDispatched, ToolIndeterminate, ToolLateResult,
-    ToolPolicyDenied, ToolQueued, ToolRequested, expect_rows,
+    EventBody, ToolCancelled, ToolCompleted, ToolDispatched, ToolIndeterminate, ToolPolicyDenied,
+    ToolQueued, ToolRequested, expect_rows,
 };
 use crate::events::{StreamHead, append, lock_stream};
 use crate::model::Event;
-use crate::sessions;
+use crate::rows;
 
 pub use crate::vocabulary::{CallStatus, SideEffectClass, Usage, error_codes};
 
@@ -281,7 +281,7 @@ pub(crate) async fn for_session(
 
 /// Locks the stream of the call's session (named by the call id's first part, see
 /// [`tool_call_id`]) and returns the call as it is under the lock.
-async fn lock_call(tx: &mut Tx, call_id: &str) -> Result<(StreamHead, ToolInvocation)> {
+pub(crate) async fn lock_call(tx: &mut Tx, call_id: &str) -> Result<(StreamHead, ToolInvocation)> {
     let session_id = call_id
         .split_once(':')
         .map(|(session, _)| session)
@@ -309,7 +309,7 @@ fn check_from(call: &ToolInvocation, to: CallStatus, allowed: &[CallStatus]) -> 
     }
 }
 
-async fn emit(
+pub(crate) async fn emit(
     tx: &mut Tx,
     head: &mut StreamHead,
     call: &ToolInvocation,
@@ -327,7 +327,7 @@ async fn emit(
 
 async fn record(tx: &mut Tx, new: &NewToolCall) -> Result<ToolInvocation> {
     let mut head = lock_stream(tx, &new.session_id).await?;
-    let session = sessions::require(&mut tx.conn(), &new.session_id).await?;
+    let session = rows::require_session(&mut tx.conn(), &new.session_id).await?;
     if session.status.is_terminal() {
         return Err(LedgerError::precondition(format!(
             "session {} is {} and cannot record tool calls",
@@ -424,76 +424,8 @@ async fn dispatch_call(tx: &mut Tx, call_id: &str, d: &Dispatch) -> Result<ToolI
     require(&mut tx.conn(), call_id).await
 }
 
-async fn record_result(tx: &mut Tx, call_id: &str, r: &ToolResult) -> Result<RecordedResult> {
-    use CallStatus as C;
-    let (mut head, call) = lock_call(tx, call_id).await?;
-    let (result, error_code, error_message) = match &r.outcome {
-        ToolOutcome::Success(v) => (Some(v.clone()), None, None),
-        ToolOutcome::Error { code, message } => (None, Some(code.clone()), Some(message.clone())),
-    };
-    // Any open call that was sent to a worker at least once: the worker really ran it, so its
-    // outcome wins over a pending re-dispatch or a recovery approval. So does the outcome of a
-    // call closed without knowing it: cancelled with its session, or resolved "outcome
-    // unknown, not re-sent" by an operator.
-    let accepts = call.attempt >= 1 && (!call.status.is_terminal() || outcome_in_doubt(&call));
-    if !accepts {
-        let reason = if call.status.is_terminal() {
-            format!("the call is already {}", call.status)
-        } else {
-            format!("the call was never dispatched (status {})", call.status)
-        };
-        let payload = ToolLateResult {
-            call_id: call.call_id.clone(),
-            status: call.status,
-            reason,
-            worker_id: r.worker_id.clone(),
-            result,
-            error_code,
-            error_message,
-        };
-        emit(tx, &mut head, &call, "worker", payload).await?;
-        return Ok(RecordedResult {
-            applied: false,
-            invocation: call,
-            closed_approval: None,
-        });
-    }
-    let status = if result.is_some() {
-        C::Succeeded
-    } else {
-        C::Failed
-    };
-    let payload = ToolCompleted {
-        call_id: call.call_id.clone(),
-        status,
-        result,
-        error_code,
-        error_message,
-        worker_id: r.worker_id.clone(),
-        usage: r.usage,
-        resolved_by: None,
-    };
-    emit(tx, &mut head, &call, "worker", payload).await?;
-    let closed_approval = if call.status == C::AwaitingApproval {
-        approvals::close_for_call(
-            tx,
-            &mut head,
-            &call.call_id,
-            "the tool outcome arrived before a decision",
-        )
-        .await?
-    } else {
-        None
-    };
-    Ok(RecordedResult {
-        applied: true,
-        invocation: require(&mut tx.conn(), call_id).await?,
-        closed_approval,
-    })
-}
-
 /// A terminal call whose recorded outcome says the runtime does not know what happened.
-fn outcome_in_doubt(call: &ToolInvocation) -> bool {
+pub(crate) fn outcome_in_doubt(call: &ToolInvocation) -> bool {
     match call.status {
         CallStatus::Cancelled => true,
         CallStatus::Failed => call.error_code.as_deref() == Some(error_codes::OUTCOME_UNKNOWN),
@@ -595,24 +527,7 @@ async fn indeterminate(tx: &mut Tx, call_id: &str, reason: &str) -> Result<ToolI
     require(&mut tx.conn(), call_id).await
 }
 
-async fn cancel(tx: &mut Tx, call_id: &str, reason: &str) -> Result<ToolInvocation> {
-    let (mut head, call) = lock_call(tx, call_id).await?;
-    if call.status.is_terminal() {
-        return Err(LedgerError::precondition(format!(
-            "tool call {} cannot go from {} to cancelled",
-            call.call_id, call.status
-        )));
-    }
-    if approvals::close_for_call(tx, &mut head, call_id, reason)
-        .await?
-        .is_none()
-    {
-        cancel_locked(tx, &mut head, &call, reason).await?;
-    }
-    require(&mut tx.conn(), call_id).await
-}
-
-async fn cancel_locked(
+pub(crate) async fn cancel_locked(
     tx: &mut Tx,
     head: &mut StreamHead,
     call: &ToolInvocation,
@@ -822,7 +737,7 @@ fn saturating_i64(v: u64) -> i64 {
 // ---------------------------------------------------------------------------------------------
 // Public API.
 
-fn require_text(what: &str, value: &str) -> Result<()> {
+pub(crate) fn require_text(what: &str, value: &str) -> Result<()> {
     if value.trim().is_empty() {
         return Err(LedgerError::invalid(format!("{what} is required")));
     }
@@ -870,28 +785,6 @@ impl Ledger {
         write_tx!(self, |tx| dispatch_call(&mut tx, call_id, &dispatch))
     }
 
-    /// Records a worker's result, idempotently. A result for a call that was dispatched at
-    /// least once and is still open (`dispatched`, `indeterminate`, or waiting to be sent again:
-    /// re-`queued`, `pending`, or `awaiting_approval` for a recovery approval, which is then
-    /// closed as `cancelled`) completes it (`tool.completed`): the worker ran it, so a
-    /// re-dispatch would run it twice.
-    /// Any other result — a duplicate, a late result for a cancelled call, a result for a call
-    /// never dispatched — is recorded as `tool.late_result` and changes nothing; either way the
-    /// worker can be acknowledged.
-    ///
-    /// # Errors
-    /// `NotFound`: `tool call "X" not found`.
-    pub async fn record_tool_result(
-        &self,
-        call_id: &str,
-        result: ToolResult,
-    ) -> Result<RecordedResult> {
-        if let ToolOutcome::Error { code, .. } = &result.outcome {
-            require_text("error code", code)?;
-        }
-        write_tx!(self, |tx| record_result(&mut tx, call_id, &result))
-    }
-
     /// Fails an open call on the runtime's side (no handler, capacity exhausted, invalid
     /// arguments, deadline, a read-only call left indeterminate…): `tool.completed` with
     /// `status: failed`. Allowed from `pending`, `queued`, `dispatched`, `indeterminate`.
@@ -937,16 +830,6 @@ impl Ledger {
         write_tx!(self, |tx| indeterminate(&mut tx, call_id, reason))
     }
 
-    /// Cancels an open call (`tool.cancelled`, code `cancelled`); a pending approval for it is
-    /// decided `cancelled` instead. A result arriving later is recorded as `tool.late_result`.
-    ///
-    /// # Errors
-    /// `NotFound`; `FailedPrecondition` for a terminal call.
-    pub async fn cancel_tool_call(&self, call_id: &str, reason: &str) -> Result<ToolInvocation> {
-        require_text("reason", reason)?;
-        write_tx!(self, |tx| cancel(&mut tx, call_id, reason))
-    }
-
     /// One call.
     ///
     /// # Errors
@@ -977,7 +860,7 @@ impl Ledger {
     pub async fn in_flight_calls(&self, session_id: &str) -> Result<Vec<ToolInvocation>> {
         let mut conn = self.pool.acquire().await?;
         let mut c = conn.conn();
-        sessions::require(&mut c, session_id).await?;
+        rows::require_session(&mut c, session_id).await?;
         Ok(for_session(&mut c, session_id)
             .await?
             .into_iter()

@@ -140,6 +140,7 @@
 //! retryable, `Unavailable` means the database cannot be reached.
 
 mod audit;
+mod audit_key;
 mod chain;
 mod db;
 mod error;
@@ -162,9 +163,10 @@ use sqlx::{ConnectOptions as _, Connection as _};
 use uuid::Uuid;
 
 pub use audit::{
-    AUDIT_STREAM, AuditKey, AuditProblem, AuditProblemKind, AuditReport, AuditScope, AuditStart,
+    AUDIT_STREAM, AuditProblem, AuditProblemKind, AuditReport, AuditScope, AuditStart,
     audit_event_types,
 };
+pub use audit_key::AuditKey;
 pub use chain::{ChainViolation, GENESIS_HASH, ViolationKind, canonical_json};
 pub use db::Backend;
 pub use error::LedgerError;
@@ -185,9 +187,10 @@ pub use approvals::{
 pub use cipher::{CipherError, KEY_LEN, SecretCipher};
 pub use event_body::{
     AgentActivated, AgentArchived, AgentVersionChanged, AgentVersionPublished, ApprovalDecided,
-    ApprovalEscalated, ApprovalRequired, ApprovalVoted, AssistantSegment, CallRefusal,
-    CompletionToolCall, EventBody, MessageRole, ModelCompletion, Reasoning, SCHEMA_VERSION,
-    SecretEndpoint, SecretEndpointChange, SecretEndpointRecord, SessionPrincipal, SessionStarted,
+    ApprovalEscalated, ApprovalRequired, ApprovalVoted, AssistantSegment, AuditKeyIntroduced,
+    AuditUnverifiedLogAllowed, CallRefusal, CompletionToolCall, EventBody, MessageRole,
+    ModelCompletion, Reasoning, SCHEMA_VERSION, SealedHead, SecretEndpoint, SecretEndpointChange,
+    SecretEndpointRecord, SessionPrincipal, SessionStarted,
     SessionTransition, TokenCreated, TokenRevoked, ToolCancelled, ToolCompleted, ToolDispatched,
     ToolIndeterminate, ToolLateResult, ToolPolicyDenied, ToolQueued, ToolRequested, TurnUsage,
     UserMessage, event_types,
@@ -207,7 +210,7 @@ pub use sessions::{
 };
 pub use tokens::{ApiToken, NewApiToken, TOKENS_STREAM};
 
-use crate::db::{Backend as B, Pool};
+use crate::db::{Backend as B, Pool, args};
 use crate::error::Result;
 
 /// How often a write that lost a race is retried before [`LedgerError::Conflict`] is returned.
@@ -245,10 +248,12 @@ macro_rules! write_tx {
 // Modules that write through `write_tx!` are declared after it (macro_rules! scoping is
 // textual).
 mod approvals;
+mod cascade;
 mod cipher;
 mod invocations;
 mod names;
 mod paging;
+mod rows;
 mod secrets;
 mod session_log;
 mod sessions;
@@ -486,20 +491,29 @@ impl Ledger {
         &self.display_url
     }
 
-    /// Applies the embedded migrations for this backend. Idempotent; safe to run from several
-    /// processes at once (PostgreSQL takes an advisory lock; SQLite serialises writers).
+    /// Applies the embedded migrations for this backend, then records the number of the last
+    /// one as `runtime_meta.schema_version` (derived from the migrations, so a new migration
+    /// moves it without anyone remembering to). Idempotent; safe to run from several processes
+    /// at once (PostgreSQL takes an advisory lock; SQLite serialises writers).
     ///
     /// # Errors
     /// [`LedgerError::Migration`], e.g. when the database was migrated by a newer build.
     pub async fn migrate(&self) -> Result<()> {
+        let migrator = match &self.pool {
+            Pool::Sqlite(_) => sqlx::migrate!("migrations/sqlite"),
+            Pool::Postgres(_) => sqlx::migrate!("migrations/postgres"),
+        };
         let mut attempt = 1;
         loop {
             let result = match &self.pool {
-                Pool::Sqlite(p) => sqlx::migrate!("migrations/sqlite").run(p).await,
-                Pool::Postgres(p) => sqlx::migrate!("migrations/postgres").run(p).await,
+                Pool::Sqlite(p) => migrator.run(p).await,
+                Pool::Postgres(p) => migrator.run(p).await,
             };
             match result {
-                Ok(()) => return Ok(()),
+                Ok(()) => {
+                    let latest = migrator.iter().map(|m| m.version).max().unwrap_or(0);
+                    return self.record_schema_version(latest).await;
+                }
                 // SQLite has no migration lock: a process migrating the same file at the same
                 // moment makes this run fail on "table exists". Re-running sees its work.
                 Err(sqlx::migrate::MigrateError::ExecuteMigration(..))
@@ -513,8 +527,25 @@ impl Ledger {
         }
     }
 
-    /// The schema version (`runtime_meta.schema_version`), or `None` before the first
-    /// migration. Shown by `phrony status`.
+    /// Upserts `runtime_meta.schema_version` to `version` (the last applied migration).
+    async fn record_schema_version(&self, version: i64) -> Result<()> {
+        let version = version.to_string();
+        write_tx!(self, |tx| async {
+            tx.conn()
+                .execute(
+                    "record the schema version",
+                    "INSERT INTO runtime_meta (key, value) VALUES ('schema_version', $1) \
+                     ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                    args![version.as_str()],
+                )
+                .await
+                .map(|_| ())
+        })
+    }
+
+    /// The schema version (`runtime_meta.schema_version`: the number of the last migration
+    /// applied, e.g. `"7"` after `0007_*.sql`), or `None` before the first migration. Shown by
+    /// `phrony status`.
     ///
     /// # Errors
     /// [`LedgerError::Unavailable`] / [`LedgerError::Database`] when the query fails.
@@ -723,7 +754,7 @@ impl Ledger {
     /// `NotFound`: `agent version "id" not found`.
     pub async fn get_agent_version_by_id(&self, id: Uuid) -> Result<AgentVersion> {
         let mut conn = self.pool.acquire().await?;
-        lifecycle::find_version_by_id(&mut conn.conn(), id)
+        rows::find_version_by_id(&mut conn.conn(), id)
             .await?
             .ok_or_else(|| LedgerError::not_found(format!("agent version \"{id}\" not found")))
     }

@@ -15,8 +15,9 @@ use crate::error::{LedgerError, Result};
 use crate::events::{append, lock_stream};
 use crate::model::{
     Agent, AgentRef, AgentVersion, ArchivedAgent, Deployment, DeploymentAction, Event,
-    NewAgentVersion, Published, RetiredVersion, VersionOrigin,
+    NewAgentVersion, Published, RetiredVersion,
 };
+use crate::rows::{VERSION_SELECT, find_version_by_id, version_from_row};
 
 use crate::event_body::{
     AgentActivated, AgentArchived, AgentVersionChanged, AgentVersionPublished, EventBody,
@@ -78,29 +79,6 @@ pub(crate) async fn list_agents(
     rows.iter().map(agent_from_row).collect()
 }
 
-const VERSION_SELECT: &str = "SELECT v.id, v.agent_id, a.namespace, a.name, v.version, \
-     v.content_hash, v.snapshot, v.origin, v.published_by, v.published_at, v.deprecated_at, \
-     v.deprecated_by, v.retired_at, v.retired_by \
-     FROM agent_versions v JOIN agents a ON a.id = v.agent_id";
-
-fn version_from_row(row: &Row) -> Result<AgentVersion> {
-    Ok(AgentVersion {
-        id: row.uuid("id")?,
-        agent_id: row.uuid("agent_id")?,
-        agent: AgentRef::new(row.text("namespace")?, row.text("name")?),
-        version: row.text("version")?,
-        content_hash: row.text("content_hash")?,
-        snapshot_json: row.text("snapshot")?,
-        origin: VersionOrigin::parse(&row.text("origin")?)?,
-        published_by: row.text("published_by")?,
-        published_at: row.ts("published_at")?,
-        deprecated_at: row.opt_ts("deprecated_at")?,
-        deprecated_by: row.opt_text("deprecated_by")?,
-        retired_at: row.opt_ts("retired_at")?,
-        retired_by: row.opt_text("retired_by")?,
-    })
-}
-
 pub(crate) async fn find_version(
     conn: &mut Conn<'_>,
     agent_id: Uuid,
@@ -108,17 +86,6 @@ pub(crate) async fn find_version(
 ) -> Result<Option<AgentVersion>> {
     let sql = format!("{VERSION_SELECT} WHERE v.agent_id = $1 AND v.version = $2");
     conn.fetch_optional("read agent version", &sql, args![agent_id, version])
-        .await?
-        .map(|row| version_from_row(&row))
-        .transpose()
-}
-
-pub(crate) async fn find_version_by_id(
-    conn: &mut Conn<'_>,
-    id: Uuid,
-) -> Result<Option<AgentVersion>> {
-    let sql = format!("{VERSION_SELECT} WHERE v.id = $1");
-    conn.fetch_optional("read agent version", &sql, args![id])
         .await?
         .map(|row| version_from_row(&row))
         .transpose()
@@ -496,7 +463,7 @@ pub(crate) async fn retire_ending_sessions(
         retired.version, actor.actor
     );
     let ended_sessions =
-        crate::sessions::end_for_versions(tx, &[retired.id], &reason, actor).await?;
+        crate::cascade::end_for_versions(tx, &[retired.id], &reason, actor).await?;
     Ok(RetiredVersion {
         version: retired,
         ended_sessions,
@@ -580,7 +547,7 @@ pub(crate) async fn archive(
         .map(|v| v.id)
         .collect();
     let reason = format!("agent {agent_ref} archived by {}", actor.actor);
-    let ended_sessions = crate::sessions::end_for_versions(tx, &all, &reason, actor).await?;
+    let ended_sessions = crate::cascade::end_for_versions(tx, &all, &reason, actor).await?;
     Ok(ArchivedAgent {
         agent_id: agent.id,
         deprecated_versions: payload.deprecated_versions,
@@ -739,7 +706,9 @@ pub(crate) async fn apply(conn: &mut Conn<'_>, event: &Event) -> Result<()> {
         | EventBody::ApprovalDecided(_)
         | EventBody::ApprovalEscalated(_)
         | EventBody::TokenCreated(_)
-        | EventBody::TokenRevoked(_) => {
+        | EventBody::TokenRevoked(_)
+        | EventBody::AuditKeyIntroduced(_)
+        | EventBody::AuditUnverifiedLogAllowed(_) => {
             return Err(LedgerError::corrupt(format!(
                 "stream {} seq {}: event {} does not belong in an agent lifecycle stream",
                 event.stream, event.seq, event.event_type

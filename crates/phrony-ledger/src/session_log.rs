@@ -14,7 +14,8 @@ use crate::event_body::{AssistantSegment, EventBody, MessageRole, TurnUsage, Use
 use crate::events::{append, lock_stream, read_page};
 use crate::invocations::{self, ToolInvocation, Usage};
 use crate::model::{Event, NewEvent};
-use crate::sessions::{self, Session};
+use crate::rows::{self, Session};
+use crate::sessions;
 
 use crate::event_body::event_types as types;
 
@@ -152,7 +153,9 @@ pub(crate) async fn apply(conn: &mut Conn<'_>, event: &Event) -> Result<()> {
         | EventBody::AgentVersionRetired(_)
         | EventBody::AgentArchived(_)
         | EventBody::TokenCreated(_)
-        | EventBody::TokenRevoked(_) => Err(LedgerError::corrupt(format!(
+        | EventBody::TokenRevoked(_)
+        | EventBody::AuditKeyIntroduced(_)
+        | EventBody::AuditUnverifiedLogAllowed(_) => Err(LedgerError::corrupt(format!(
             "stream {} seq {}: event {} does not belong in a session stream",
             event.stream, event.seq, event.event_type
         ))),
@@ -201,7 +204,7 @@ impl Ledger {
         let new = event.to_new_event()?;
         write_tx!(self, |tx| async {
             let mut head = lock_stream(&mut tx, session_id).await?;
-            let session = sessions::require(&mut tx.conn(), session_id).await?;
+            let session = rows::require_session(&mut tx.conn(), session_id).await?;
             if session.status.is_terminal() {
                 return Err(LedgerError::precondition(format!(
                     "session {session_id} is {} and accepts no further events",
@@ -225,7 +228,7 @@ impl Ledger {
     ) -> Result<Vec<Event>> {
         let mut conn = self.pool.acquire().await?;
         let mut c = conn.conn();
-        sessions::require(&mut c, session_id).await?;
+        rows::require_session(&mut c, session_id).await?;
         let after = i64::try_from(after_seq).unwrap_or(i64::MAX);
         read_page(&mut c, session_id, after, i64::from(limit.clamp(1, 1000)))
             .await?
@@ -242,9 +245,9 @@ impl Ledger {
     pub async fn session_timeline(&self, session_id: &str) -> Result<SessionTimeline> {
         let mut conn = self.pool.acquire().await?;
         let mut c = conn.conn();
-        let tree = sessions::subtree(&mut c, session_id).await?;
+        let tree = rows::session_subtree(&mut c, session_id).await?;
         if tree.is_empty() {
-            return Err(sessions::not_found(session_id));
+            return Err(rows::session_not_found(session_id));
         }
         let depth_of: BTreeMap<&str, u32> = tree.iter().map(|s| (s.id.as_str(), s.depth)).collect();
         let mut events = Vec::new();

@@ -1,4 +1,6 @@
 //! Sessions: creation, status transitions (every one an event), reads, listing and recovery.
+//! The `sessions` row and its readers live in the leaf `rows`; a terminal transition, which
+//! also closes what the session held, is `cascade::transition` (this module appends the event).
 //!
 //! Writes follow the crate's pattern: lock the session's stream (named by the session id),
 //! check the request against the projections, append the event and apply it with [`apply`],
@@ -6,76 +8,26 @@
 
 use phrony_auth::{Attribution, Verification};
 use std::collections::BTreeMap;
-use std::fmt;
 
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 use uuid::Uuid;
 
 use crate::Ledger;
-use crate::approvals;
-use crate::db::{Arg, Conn, Row, Tx, args};
+use crate::db::{Arg, Conn, Tx, args};
 use crate::error::{LedgerError, Result};
 use crate::event_body::{
     EventBody, SessionStarted, SessionTransition, event_types as types, expect_rows,
 };
 use crate::events::{StreamHead, append, lock_stream};
-use crate::invocations;
-use crate::lifecycle;
 use crate::model::{AgentRef, Event, VersionOrigin};
 use crate::paging::{Page, PageRequest, Where, decode_token, encode_token};
+use crate::rows::{self, SESSION_COLUMNS, find_session, require_session, session_from_row};
 use crate::secrets::{self, SealedSecret};
 
+pub use crate::rows::{AgentVersionRef, Session};
+
 pub use crate::vocabulary::{OnLimit, SessionLimits, SessionMode, SessionStatus};
-
-/// `namespace/name@version` of the agent version a session runs (also for bundle members that
-/// have no published agent).
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct AgentVersionRef {
-    /// `metadata.namespace`.
-    pub namespace: String,
-    /// `metadata.name`.
-    pub name: String,
-    /// `metadata.version`.
-    pub version: String,
-}
-
-impl AgentVersionRef {
-    /// Builds a reference.
-    pub fn new(
-        namespace: impl Into<String>,
-        name: impl Into<String>,
-        version: impl Into<String>,
-    ) -> Self {
-        Self {
-            namespace: namespace.into(),
-            name: name.into(),
-            version: version.into(),
-        }
-    }
-
-    /// `namespace/name` without the version.
-    #[must_use]
-    pub fn agent(&self) -> AgentRef {
-        AgentRef::new(&self.namespace, &self.name)
-    }
-
-    fn validate(&self) -> Result<()> {
-        self.agent().validate()?;
-        if self.version.is_empty() {
-            return Err(LedgerError::invalid(
-                "agent_ref requires namespace, name, and version",
-            ));
-        }
-        Ok(())
-    }
-}
-
-impl fmt::Display for AgentVersionRef {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}@{}", self.namespace, self.name, self.version)
-    }
-}
 
 /// Input of [`Ledger::create_session`].
 #[derive(Debug, Clone, PartialEq)]
@@ -101,81 +53,6 @@ pub struct NewSession {
     pub secrets: Vec<SealedSecret>,
     /// Who started the session.
     pub actor: Attribution,
-}
-
-/// A session (`sessions` row).
-#[derive(Clone, PartialEq)]
-pub struct Session {
-    /// `run_<uuid>`.
-    pub id: String,
-    /// The agent version it runs.
-    pub agent_version_id: Uuid,
-    /// `namespace/name@version` of that version.
-    pub agent: AgentVersionRef,
-    /// Task or conversation.
-    pub mode: SessionMode,
-    /// The input object.
-    pub input: Value,
-    /// Caller metadata.
-    pub metadata: BTreeMap<String, String>,
-    /// Current status.
-    pub status: SessionStatus,
-    /// The failure message of a failed session.
-    pub error: Option<String>,
-    /// The output of a completed session, when one was recorded.
-    pub output: Option<Value>,
-    /// The delegating session.
-    pub parent_session_id: Option<String>,
-    /// The root of the delegation tree (itself for a root session).
-    pub root_session_id: String,
-    /// Delegation depth (0 for a root session).
-    pub depth: u32,
-    /// The limits in force.
-    pub limits: Option<SessionLimits>,
-    /// Who started it (the name; see [`Session::started_by`]).
-    pub created_by: String,
-    /// How the starter was established (`None`: recorded before attribution existed).
-    pub created_by_verification: Option<Verification>,
-    /// The principal that relayed the starter, if any.
-    pub created_by_via: Option<String>,
-    /// `session.started` time.
-    pub created_at: DateTime<Utc>,
-    /// Time of the last status change.
-    pub updated_at: DateTime<Utc>,
-    /// Time of the terminal transition.
-    pub ended_at: Option<DateTime<Utc>>,
-}
-
-/// `Debug` lists every field, except attribution fields that were not recorded (so a dump of a
-/// log recorded before attribution existed reads exactly as it did).
-impl std::fmt::Debug for Session {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let mut d = f.debug_struct("Session");
-        d.field("id", &self.id);
-        d.field("agent_version_id", &self.agent_version_id);
-        d.field("agent", &self.agent);
-        d.field("mode", &self.mode);
-        d.field("input", &self.input);
-        d.field("metadata", &self.metadata);
-        d.field("status", &self.status);
-        d.field("error", &self.error);
-        d.field("output", &self.output);
-        d.field("parent_session_id", &self.parent_session_id);
-        d.field("root_session_id", &self.root_session_id);
-        d.field("depth", &self.depth);
-        d.field("limits", &self.limits);
-        d.field("created_by", &self.created_by);
-        if self.created_by_verification.is_some() {
-            d.field("created_by_verification", &self.created_by_verification);
-        }
-        if self.created_by_via.is_some() {
-            d.field("created_by_via", &self.created_by_via);
-        }
-        d.field("created_at", &self.created_at);
-        d.field("updated_at", &self.updated_at);
-        d.field("ended_at", &self.ended_at);
-        d.finish()
-    }
 }
 
 /// A requested status change for [`Ledger::set_session_status`].
@@ -381,135 +258,6 @@ fn event_type_for(to: SessionStatus) -> &'static str {
 // ---------------------------------------------------------------------------------------------
 // Reads.
 
-const SESSION_COLUMNS: &str = "s.id, s.agent_version_id, s.agent_namespace, s.agent_name, \
-     s.agent_version, s.mode, s.input, s.metadata, s.status, s.error, s.output, \
-     s.parent_session_id, s.root_session_id, s.depth, s.limits, s.created_by, s.created_at, \
-     s.updated_at, s.ended_at, s.created_by_verification, s.created_by_via";
-
-/// A stored verification column (`NULL` or empty: not recorded).
-pub(crate) fn opt_verification(row: &Row, column: &str) -> Result<Option<Verification>> {
-    row.opt_text(column)?
-        .filter(|v| !v.is_empty())
-        .map(|v| {
-            Verification::parse(&v).ok_or_else(|| {
-                LedgerError::corrupt(format!("{column}: unknown verification {v:?}"))
-            })
-        })
-        .transpose()
-}
-
-/// The attribution stored in three columns (name, verification, via); `None` when no
-/// verification was recorded.
-pub(crate) fn attribution_cols(
-    row: &Row,
-    name: &str,
-    verification: &str,
-    via: &str,
-) -> Result<Option<Attribution>> {
-    let Some(verification) = opt_verification(row, verification)? else {
-        return Ok(None);
-    };
-    Ok(Some(Attribution {
-        actor: row.text(name)?,
-        verification,
-        via: row.opt_text(via)?,
-    }))
-}
-
-impl Session {
-    /// Who started the session, when an attribution was recorded (`None` for sessions
-    /// recorded before attribution existed, and those the runtime started itself).
-    #[must_use]
-    pub fn started_by(&self) -> Option<Attribution> {
-        self.created_by_verification
-            .map(|verification| Attribution {
-                actor: self.created_by.clone(),
-                verification,
-                via: self.created_by_via.clone(),
-            })
-    }
-
-    /// The starter as a person reads it: `emad (unverified)`, `alice via approvals-ui`, or the
-    /// bare name ([`crate::display_actor`]).
-    #[must_use]
-    pub fn created_by_display(&self) -> String {
-        crate::model::display_actor(
-            &self.created_by,
-            self.created_by_verification,
-            self.created_by_via.as_deref(),
-        )
-    }
-}
-
-fn session_from_row(row: &Row) -> Result<Session> {
-    let metadata: BTreeMap<String, String> = serde_json::from_value(row.json("metadata")?)
-        .map_err(|e| LedgerError::corrupt(format!("sessions.metadata: {e}")))?;
-    let limits = row
-        .opt_json("limits")?
-        .map(serde_json::from_value)
-        .transpose()
-        .map_err(|e| LedgerError::corrupt(format!("sessions.limits: {e}")))?;
-    Ok(Session {
-        id: row.text("id")?,
-        agent_version_id: row.uuid("agent_version_id")?,
-        agent: AgentVersionRef::new(
-            row.text("agent_namespace")?,
-            row.text("agent_name")?,
-            row.text("agent_version")?,
-        ),
-        mode: SessionMode::parse_stored(&row.text("mode")?)?,
-        input: row.json("input")?,
-        metadata,
-        status: SessionStatus::parse_stored(&row.text("status")?)?,
-        error: row.opt_text("error")?,
-        output: row.opt_json("output")?,
-        parent_session_id: row.opt_text("parent_session_id")?,
-        root_session_id: row.text("root_session_id")?,
-        depth: u32::try_from(row.int("depth")?)
-            .map_err(|_| LedgerError::corrupt("sessions.depth out of range"))?,
-        limits,
-        created_by: row.text("created_by")?,
-        created_by_verification: opt_verification(row, "created_by_verification")?,
-        created_by_via: row.opt_text("created_by_via")?,
-        created_at: row.ts("created_at")?,
-        updated_at: row.ts("updated_at")?,
-        ended_at: row.opt_ts("ended_at")?,
-    })
-}
-
-pub(crate) fn not_found(id: &str) -> LedgerError {
-    LedgerError::not_found(format!("session {id} not found"))
-}
-
-pub(crate) async fn find(conn: &mut Conn<'_>, id: &str) -> Result<Option<Session>> {
-    let sql = format!("SELECT {SESSION_COLUMNS} FROM sessions s WHERE s.id = $1");
-    conn.fetch_optional("read session", &sql, args![id])
-        .await?
-        .map(|row| session_from_row(&row))
-        .transpose()
-}
-
-pub(crate) async fn require(conn: &mut Conn<'_>, id: &str) -> Result<Session> {
-    find(conn, id).await?.ok_or_else(|| not_found(id))
-}
-
-/// The session and all its descendants, the session first, then by depth and creation.
-pub(crate) async fn subtree(conn: &mut Conn<'_>, id: &str) -> Result<Vec<Session>> {
-    let sql = format!(
-        "WITH RECURSIVE tree (id) AS ( \
-             SELECT id FROM sessions WHERE id = $1 \
-             UNION ALL \
-             SELECT c.id FROM sessions c JOIN tree t ON c.parent_session_id = t.id) \
-         SELECT {SESSION_COLUMNS} FROM sessions s WHERE s.id IN (SELECT id FROM tree) \
-         ORDER BY s.depth, s.created_at, s.id"
-    );
-    conn.fetch_all("read session tree", &sql, args![id])
-        .await?
-        .iter()
-        .map(session_from_row)
-        .collect()
-}
-
 async fn list(
     conn: &mut Conn<'_>,
     filter: &SessionFilter,
@@ -599,7 +347,7 @@ async fn list(
 async fn create(tx: &mut Tx, new: &NewSession) -> Result<Session> {
     let mut head = lock_stream(tx, &new.id).await?;
     if head.last_seq > 0 {
-        return Err(if find(&mut tx.conn(), &new.id).await?.is_some() {
+        return Err(if find_session(&mut tx.conn(), &new.id).await?.is_some() {
             LedgerError::AlreadyExists {
                 message: format!("session {} already exists", new.id),
             }
@@ -610,7 +358,7 @@ async fn create(tx: &mut Tx, new: &NewSession) -> Result<Session> {
             ))
         });
     }
-    let version = lifecycle::find_version_by_id(&mut tx.conn(), new.agent_version_id)
+    let version = rows::find_version_by_id(&mut tx.conn(), new.agent_version_id)
         .await?
         .ok_or_else(|| {
             LedgerError::not_found(format!(
@@ -629,9 +377,11 @@ async fn create(tx: &mut Tx, new: &NewSession) -> Result<Session> {
     let (root, depth) = match &new.parent_session_id {
         None => (new.id.clone(), 0),
         Some(parent_id) => {
-            let parent = find(&mut tx.conn(), parent_id).await?.ok_or_else(|| {
-                LedgerError::not_found(format!("parent session {parent_id} not found"))
-            })?;
+            let parent = find_session(&mut tx.conn(), parent_id)
+                .await?
+                .ok_or_else(|| {
+                    LedgerError::not_found(format!("parent session {parent_id} not found"))
+                })?;
             if parent.status.is_terminal() {
                 return Err(LedgerError::precondition(format!(
                     "parent session {parent_id} is {} and cannot start child sessions",
@@ -660,10 +410,10 @@ async fn create(tx: &mut Tx, new: &NewSession) -> Result<Session> {
     let event = append(tx, &mut head, event).await?;
     apply(&mut tx.conn(), &event, &body).await?;
     secrets::insert(&mut tx.conn(), &new.id, &new.secrets, event.ts).await?;
-    require(&mut tx.conn(), &new.id).await
+    require_session(&mut tx.conn(), &new.id).await
 }
 
-fn check_change(session: &Session, change: &StatusChange) -> Result<()> {
+pub(crate) fn check_change(session: &Session, change: &StatusChange) -> Result<()> {
     if let Some(expected) = change.expect_from
         && session.status != expected
     {
@@ -681,109 +431,14 @@ fn check_change(session: &Session, change: &StatusChange) -> Result<()> {
     Ok(())
 }
 
-async fn set_status(tx: &mut Tx, id: &str, change: &StatusChange) -> Result<StatusChanged> {
-    let mut head = lock_stream(tx, id).await?;
-    let session = require(&mut tx.conn(), id).await?;
-    check_change(&session, change)?;
-    let mut changed = StatusChanged {
-        session: session.clone(),
-        from: session.status,
-        closed_approvals: Vec::new(),
-        cancelled_calls: Vec::new(),
-        cancelled_children: Vec::new(),
-        secrets_purged: 0,
-    };
-    transition(tx, &mut head, &session, change, &mut changed).await?;
-    changed.session = require(&mut tx.conn(), id).await?;
-    Ok(changed)
-}
-
-/// Fails every live session running one of `version_ids` because the version was taken out of
-/// use (retired, or its agent archived), inside the lifecycle change's transaction: each
-/// session's pending approvals are closed (`cancelled`) and its open calls cancelled with
-/// `reason`, so nothing they held is dispatched, then the session fails with `reason`
-/// (`actor` recorded). Returns the ids of the sessions it ended.
-pub(crate) async fn end_for_versions(
-    tx: &mut Tx,
-    version_ids: &[Uuid],
-    reason: &str,
-    actor: &Attribution,
-) -> Result<Vec<String>> {
-    let mut ended = Vec::new();
-    for version_id in version_ids {
-        let rows = tx
-            .conn()
-            .fetch_all(
-                "find live sessions of a version",
-                "SELECT id FROM sessions WHERE agent_version_id = $1 \
-                 AND status NOT IN ('completed', 'failed', 'cancelled') ORDER BY created_at, id",
-                args![*version_id],
-            )
-            .await?;
-        let ids = rows
-            .iter()
-            .map(|r| r.text("id"))
-            .collect::<Result<Vec<_>>>()?;
-        for id in ids {
-            let mut head = lock_stream(tx, &id).await?;
-            // A parent ended earlier in this loop may have cancelled it already.
-            if require(&mut tx.conn(), &id).await?.status.is_terminal() {
-                continue;
-            }
-            approvals::close_pending(tx, &mut head, &id, reason).await?;
-            invocations::cancel_open(tx, &mut head, &id, reason).await?;
-            set_status(tx, &id, &StatusChange::failed(reason).by(actor)).await?;
-            ended.push(id);
-        }
-    }
-    Ok(ended)
-}
-
-/// Appends and applies one status change of a locked session. A terminal change first closes
-/// the session's pending approvals, cancels its open tool calls and cancels its running
-/// descendants (each in its own stream), then purges its secrets (in [`apply`]).
-async fn transition(
+/// Appends and applies one status change of a locked session, nothing else: a terminal
+/// change goes through `cascade::transition`, which first closes what the session held.
+pub(crate) async fn append_transition(
     tx: &mut Tx,
     head: &mut StreamHead,
     session: &Session,
     change: &StatusChange,
-    out: &mut StatusChanged,
 ) -> Result<()> {
-    if change.to.is_terminal() {
-        let why = format!("session {} ended ({})", session.id, change.to);
-        out.closed_approvals
-            .extend(approvals::close_pending(tx, head, &session.id, &why).await?);
-        out.cancelled_calls
-            .extend(invocations::cancel_open(tx, head, &session.id, &why).await?);
-        let children = tx
-            .conn()
-            .fetch_all(
-                "find running children",
-                "SELECT id FROM sessions WHERE parent_session_id = $1 \
-                 AND status NOT IN ('completed', 'failed', 'cancelled') ORDER BY id",
-                args![&session.id],
-            )
-            .await?;
-        for row in children {
-            let child_id = row.text("id")?;
-            let mut child_head = lock_stream(tx, &child_id).await?;
-            let child = require(&mut tx.conn(), &child_id).await?;
-            if child.status.is_terminal() {
-                continue;
-            }
-            let cascade = StatusChange::cancelled()
-                .by(change.actor.clone())
-                .because(format!(
-                    "parent session {} ended ({})",
-                    session.id, change.to
-                ));
-            out.cancelled_children.push(child_id.clone());
-            Box::pin(transition(tx, &mut child_head, &child, &cascade, out)).await?;
-        }
-        if head.stream == out.session.id {
-            out.secrets_purged = secrets::count(&mut tx.conn(), &session.id).await?;
-        }
-    }
     let transition = SessionTransition {
         from: session.status,
         to: change.to,
@@ -801,28 +456,21 @@ async fn transition(
     apply(&mut tx.conn(), &event, &body).await
 }
 
-/// Moves a locked session to `to` if it is not there yet (used when an approval opens).
-pub(crate) async fn ensure_status(
+/// Moves a locked session to `awaiting_approval` if it is not there yet (used when an approval
+/// opens). Not a terminal change, so nothing cascades.
+pub(crate) async fn ensure_awaiting_approval(
     tx: &mut Tx,
     head: &mut StreamHead,
     session: &Session,
-    to: SessionStatus,
     reason: String,
 ) -> Result<()> {
+    let to = SessionStatus::AwaitingApproval;
     if session.status == to {
         return Ok(());
     }
     let change = StatusChange::to(to).because(reason);
     check_change(session, &change)?;
-    let mut ignored = StatusChanged {
-        session: session.clone(),
-        from: session.status,
-        closed_approvals: Vec::new(),
-        cancelled_calls: Vec::new(),
-        cancelled_children: Vec::new(),
-        secrets_purged: 0,
-    };
-    transition(tx, head, session, &change, &mut ignored).await
+    append_transition(tx, head, session, &change).await
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -965,54 +613,7 @@ impl Ledger {
     /// `NotFound`: `session X not found`.
     pub async fn get_session(&self, id: &str) -> Result<Session> {
         let mut conn = self.pool.acquire().await?;
-        require(&mut conn.conn(), id).await
-    }
-
-    /// Changes a session's status, appending one event: `session.status_changed`, or
-    /// `session.completed` / `session.failed` / `session.cancelled` for terminal statuses. A
-    /// terminal change also, in the same transaction: decides the session's pending approvals
-    /// as `cancelled`, cancels its open tool calls, cancels its running descendant sessions and
-    /// deletes its secrets. See [`SessionStatus::can_change_to`] for the allowed changes.
-    ///
-    /// # Errors
-    /// - `NotFound`: `session X not found`;
-    /// - `FailedPrecondition`: `session X cannot change status from A to B`, or
-    ///   `session X is A, not B` when [`StatusChange::expect_from`] does not hold;
-    /// - `InvalidArgument`: `failed` without an error message, an error on another status, an
-    ///   output on a status other than `completed`, an empty actor.
-    pub async fn set_session_status(
-        &self,
-        id: &str,
-        change: StatusChange,
-    ) -> Result<StatusChanged> {
-        if change.actor.actor.trim().is_empty() {
-            return Err(LedgerError::invalid("actor is required"));
-        }
-        match (change.to, &change.error) {
-            (SessionStatus::Failed, None) => {
-                return Err(LedgerError::invalid(
-                    "a failed session needs an error message",
-                ));
-            }
-            (SessionStatus::Failed, Some(e)) if e.trim().is_empty() => {
-                return Err(LedgerError::invalid(
-                    "a failed session needs an error message",
-                ));
-            }
-            (to, Some(_)) if to != SessionStatus::Failed => {
-                return Err(LedgerError::invalid(format!(
-                    "an error message is only recorded with status failed, not {to}"
-                )));
-            }
-            _ => {}
-        }
-        if change.output.is_some() && change.to != SessionStatus::Completed {
-            return Err(LedgerError::invalid(format!(
-                "an output is only recorded with status completed, not {}",
-                change.to
-            )));
-        }
-        write_tx!(self, |tx| set_status(&mut tx, id, &change))
+        require_session(&mut conn.conn(), id).await
     }
 
     /// Sessions matching `filter`, newest first (`created_at`, then id), one page at a time.

@@ -26,7 +26,7 @@ pub(crate) fn load_key(path: &Path, create: bool) -> anyhow::Result<(AuditKey, K
             path.display()
         );
     }
-    let (key, outcome) = SecretsKey::load_or_create(path)
+    let (key, outcome) = SecretsKey::load_or_create_named(path, "audit key file")
         .with_context(|| format!("cannot set up the audit key {}", path.display()))?;
     let key = AuditKey::from_bytes(*key.as_bytes());
     match outcome {

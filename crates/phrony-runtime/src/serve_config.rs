@@ -251,7 +251,19 @@ impl SecretsKey {
     /// [`KeyError::BadFile`] for an existing file that does not hold a key; [`KeyError::Io`];
     /// [`KeyError::Random`].
     pub fn load_or_create(path: &Path) -> Result<(Self, KeyFileOutcome), KeyError> {
-        match Self::read(path) {
+        Self::load_or_create_named(path, "secrets key file")
+    }
+
+    /// [`SecretsKey::load_or_create`] for a key file of the same format that holds another key
+    /// (`noun` names it in the warning about its permissions, e.g. `"audit key file"`).
+    ///
+    /// # Errors
+    /// As [`SecretsKey::load_or_create`].
+    pub fn load_or_create_named(
+        path: &Path,
+        noun: &'static str,
+    ) -> Result<(Self, KeyFileOutcome), KeyError> {
+        match Self::read(path, noun) {
             Ok(key) => return Ok((key, KeyFileOutcome::Loaded)),
             Err(KeyError::Io { source, .. }) if source.kind() == io::ErrorKind::NotFound => {}
             Err(other) => return Err(other),
@@ -261,17 +273,17 @@ impl SecretsKey {
             Ok((key, KeyFileOutcome::Created))
         } else {
             // Another process created the file first: use its key.
-            Ok((Self::read(path)?, KeyFileOutcome::Loaded))
+            Ok((Self::read(path, noun)?, KeyFileOutcome::Loaded))
         }
     }
 
-    fn read(path: &Path) -> Result<Self, KeyError> {
+    fn read(path: &Path, noun: &'static str) -> Result<Self, KeyError> {
         let text = fs::read_to_string(path).map_err(|source| KeyError::Io {
             action: "cannot read key file",
             path: path.to_path_buf(),
             source,
         })?;
-        warn_if_shared(path);
+        warn_if_shared(path, noun);
         Self::parse(&text).map_err(|e| KeyError::BadFile {
             path: path.to_path_buf(),
             source: Box::new(e),
@@ -382,7 +394,7 @@ fn sync_dir(dir: &Path) {
 }
 
 #[cfg(unix)]
-fn warn_if_shared(path: &Path) {
+fn warn_if_shared(path: &Path, noun: &str) {
     use std::os::unix::fs::PermissionsExt as _;
     if let Ok(meta) = fs::metadata(path) {
         let mode = meta.permissions().mode() & 0o777;
@@ -390,14 +402,14 @@ fn warn_if_shared(path: &Path) {
             tracing::warn!(
                 path = %path.display(),
                 mode = format!("{mode:o}"),
-                "the secrets key file is readable by other users; run chmod 600 on it"
+                "the {noun} is readable by other users; run chmod 600 on it"
             );
         }
     }
 }
 
 #[cfg(not(unix))]
-fn warn_if_shared(_path: &Path) {}
+fn warn_if_shared(_path: &Path, _noun: &str) {}
 
 #[cfg(test)]
 mod tests {

@@ -341,3 +341,162 @@ fn layering_matches_architecture() {
         "ARCHITECTURE.md's dependency edges differ from cargo metadata (left: documented, right: actual)"
     );
 }
+
+/// `module -> the modules it names` for one crate: every `src/**/*.rs` file is a module (its
+/// path below `src/`, `a/b.rs` and `a/b/mod.rs` both `a::b`; a `<name>_tests.rs` file is the
+/// test module of `<name>`), and every `crate::<module>` path outside a comment — `use`
+/// statements, paths in code, `$crate::` in macros — is an edge to the top-level module it
+/// names. The crate root (`lib.rs`) declares every module and is not part of the graph:
+/// `crate::Item` names an item of the root, not a module.
+fn crate_module_graph(crate_dir: &str) -> BTreeMap<String, BTreeSet<String>> {
+    fn walk(dir: &Path, src: &Path, out: &mut Vec<(String, String)>) {
+        let mut entries: Vec<_> = std::fs::read_dir(dir)
+            .expect("src/ is readable")
+            .filter_map(Result::ok)
+            .collect();
+        entries.sort_by_key(std::fs::DirEntry::path);
+        for entry in entries {
+            let path = entry.path();
+            if path.is_dir() {
+                walk(&path, src, out);
+            } else if path.extension().and_then(|e| e.to_str()) == Some("rs") {
+                let rel = path
+                    .strip_prefix(src)
+                    .expect("under src/")
+                    .with_extension("")
+                    .to_string_lossy()
+                    .replace('\\', "/");
+                let text = std::fs::read_to_string(&path).expect("source is UTF-8");
+                out.push((rel, text));
+            }
+        }
+    }
+    let src = workspace_root().join(crate_dir).join("src");
+    let mut files = Vec::new();
+    walk(&src, &src, &mut files);
+    let top = |rel: &str| -> String {
+        let first = rel.split('/').next().unwrap_or_default();
+        first.strip_suffix("_tests").unwrap_or(first).to_owned()
+    };
+    let modules: BTreeSet<String> = files
+        .iter()
+        .map(|(rel, _)| top(rel))
+        .filter(|m| m != "lib")
+        .collect();
+    let mut graph: BTreeMap<String, BTreeSet<String>> = modules
+        .iter()
+        .map(|m| (m.clone(), BTreeSet::new()))
+        .collect();
+    for (rel, text) in &files {
+        let from = top(rel);
+        if from == "lib" {
+            continue;
+        }
+        for line in text.lines() {
+            let code = line.split_once("//").map_or(line, |(code, _)| code);
+            for (at, _) in code.match_indices("crate::") {
+                let name: String = code[at + "crate::".len()..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '_')
+                    .collect();
+                if name != from && modules.contains(&name) {
+                    graph.entry(from.clone()).or_default().insert(name);
+                }
+            }
+        }
+    }
+    graph
+}
+
+/// A cycle of `graph`, as `a -> b -> a`, or `None` when the graph is acyclic.
+fn find_cycle(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<String> {
+    fn visit<'a>(
+        node: &'a str,
+        graph: &'a BTreeMap<String, BTreeSet<String>>,
+        done: &mut BTreeSet<&'a str>,
+        path: &mut Vec<&'a str>,
+    ) -> Option<String> {
+        if let Some(at) = path.iter().position(|n| *n == node) {
+            let mut cycle: Vec<&str> = path[at..].to_vec();
+            cycle.push(node);
+            return Some(cycle.join(" -> "));
+        }
+        if !done.insert(node) {
+            return None;
+        }
+        path.push(node);
+        for next in graph.get(node).into_iter().flatten() {
+            if let Some(cycle) = visit(next, graph, done, path) {
+                return Some(cycle);
+            }
+        }
+        path.pop();
+        None
+    }
+    let mut done = BTreeSet::new();
+    graph
+        .keys()
+        .find_map(|node| visit(node, graph, &mut done, &mut Vec::new()))
+}
+
+#[test]
+fn the_cycle_finder_names_a_loop_and_accepts_a_dag() {
+    let graph = |edges: &[(&str, &str)]| {
+        let mut g: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for (from, to) in edges {
+            g.entry((*from).to_owned())
+                .or_default()
+                .insert((*to).to_owned());
+            g.entry((*to).to_owned()).or_default();
+        }
+        g
+    };
+    let dag = graph(&[("a", "b"), ("b", "c"), ("a", "c")]);
+    assert_eq!(find_cycle(&dag), None);
+    let looped = graph(&[
+        ("approvals", "sessions"),
+        ("sessions", "db"),
+        ("sessions", "approvals"),
+    ]);
+    assert_eq!(
+        find_cycle(&looped).as_deref(),
+        Some("approvals -> sessions -> approvals")
+    );
+}
+
+#[test]
+fn ledger_and_engine_modules_form_an_acyclic_graph() {
+    for crate_dir in ["crates/phrony-ledger", "crates/phrony-engine"] {
+        let graph = crate_module_graph(crate_dir);
+        assert!(graph.len() > 10, "{crate_dir}: found only {graph:?}");
+        if let Some(cycle) = find_cycle(&graph) {
+            panic!("{crate_dir}: modules import each other in a loop: {cycle}\n{graph:#?}");
+        }
+    }
+    // The shapes ARCHITECTURE.md describes: the ledger's row readers and the audit key are
+    // leaves of the writers, and nothing below the cross-entity changes imports them.
+    let ledger = crate_module_graph("crates/phrony-ledger");
+    for writer in [
+        "approvals",
+        "invocations",
+        "sessions",
+        "secrets",
+        "lifecycle",
+    ] {
+        assert!(
+            !ledger["rows"].contains(writer),
+            "rows must not import {writer}"
+        );
+    }
+    for lower in ["approvals", "invocations", "sessions", "secrets", "rows"] {
+        assert!(
+            !ledger[lower].contains("cascade"),
+            "{lower} must not import cascade (the cross-entity changes sit above it)"
+        );
+    }
+    assert!(
+        ledger["audit_key"].is_empty(),
+        "audit_key must stay a leaf: {:?}",
+        ledger["audit_key"]
+    );
+}

@@ -351,3 +351,102 @@ async fn token_changes_made_offline_keep_the_log_sealed() {
     let mut daemon = launch.start().await;
     assert_eq!(daemon.terminate().code(), Some(0));
 }
+
+/// An audit key file readable by others is named as the audit key file (not the secrets key
+/// file) in the warning, by the offline verifier that reads it.
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_audit_key_file_is_named_in_the_warning() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let home = tempfile::tempdir().unwrap();
+    let url = sqlite_url(home.path());
+    let launch = Launch::new(home.path(), Some(&url));
+    let mut daemon = launch.start().await;
+    assert_eq!(daemon.terminate().code(), Some(0));
+    let key_file = find_file(home.path(), "audit.key").expect("the daemon created audit.key");
+    std::fs::set_permissions(&key_file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let (code, stdout, stderr) = offline_verify(&launch);
+    assert_eq!(code, Some(0), "{stdout}{stderr}");
+    assert!(
+        stderr.contains("the audit key file is readable by other users; run chmod 600 on it"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("secrets key file"), "{stderr}");
+}
+
+/// The first file called `name` under `dir`.
+fn find_file(dir: &std::path::Path, name: &str) -> Option<std::path::PathBuf> {
+    for entry in std::fs::read_dir(dir).ok()?.filter_map(Result::ok) {
+        let path = entry.path();
+        if path.is_dir() {
+            if let Some(found) = find_file(&path, name) {
+                return Some(found);
+            }
+        } else if path.file_name().is_some_and(|n| n == name) {
+            return Some(path);
+        }
+    }
+    None
+}
+
+/// An attacker deletes a whole stream (the `tokens` stream: its events with the triggers
+/// dropped and put back, its `streams` and `chain_heads` rows, the token row): every chain and
+/// head left verifies, but the sealed stream set does not — the daemon refuses to start and the
+/// offline verifier names it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_deleted_with_its_head_is_refused_at_start() {
+    let home = tempfile::tempdir().unwrap();
+    let url = sqlite_url(home.path());
+    let launch = Launch::new(home.path(), Some(&url));
+    let mut daemon = launch.start().await;
+    assert_eq!(daemon.terminate().code(), Some(0));
+    let out = launch
+        .command()
+        .args([
+            "tokens",
+            "create",
+            "--name",
+            "ci-viewer",
+            "--role",
+            "viewer",
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let pool = SqlitePool::connect(&url).await.unwrap();
+    for sql in [
+        "DROP TRIGGER events_no_update",
+        "DROP TRIGGER events_no_delete",
+        "DELETE FROM events WHERE stream = 'tokens'",
+        "DELETE FROM streams WHERE stream = 'tokens'",
+        "DELETE FROM chain_heads WHERE stream = 'tokens'",
+        "DELETE FROM api_tokens",
+        "CREATE TRIGGER events_no_update BEFORE UPDATE ON events BEGIN \
+         SELECT RAISE(ABORT, 'events are append-only: UPDATE refused'); END",
+        "CREATE TRIGGER events_no_delete BEFORE DELETE ON events BEGIN \
+         SELECT RAISE(ABORT, 'events are append-only: DELETE refused'); END",
+    ] {
+        sqlx::query(sql).execute(&pool).await.unwrap();
+    }
+    pool.close().await;
+
+    let (code, stdout, stderr) = offline_verify(&launch);
+    assert_ne!(code, Some(0), "{stdout}{stderr}");
+    assert!(
+        format!("{stdout}{stderr}").contains("a whole stream was deleted"),
+        "{stdout}{stderr}"
+    );
+    let (status, stderr) = launch.run(&[]);
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("a whole stream was deleted"), "{stderr}");
+    assert!(
+        stderr.contains("RUNTIME_ALLOW_UNVERIFIED_LOG=1"),
+        "{stderr}"
+    );
+}

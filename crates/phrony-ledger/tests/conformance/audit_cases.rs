@@ -2,8 +2,8 @@
 //! `Ledger::verify_audit`, against an attacker who can write the database but not read the key.
 
 use phrony_ledger::{
-    AUDIT_STREAM, AuditKey, AuditProblemKind, AuditScope, AuditStart, Ledger, NewEvent,
-    ViolationKind, audit_event_types,
+    AUDIT_STREAM, AuditKey, AuditKeyIntroduced, AuditProblemKind, AuditScope, AuditStart,
+    EventBody, Ledger, NewEvent, ViolationKind, audit_event_types,
 };
 use serde_json::json;
 
@@ -381,4 +381,255 @@ pub(crate) async fn an_existing_log_is_sealed_once_and_keyless_writes_are_caught
         .unwrap();
     assert_eq!(only.len(), 4);
     assert!(only.iter().all(|e| e.hash.len() == 64));
+}
+
+/// The audit stream's events are typed (`EventBody::AuditKeyIntroduced`,
+/// `EventBody::AuditUnverifiedLogAllowed`): each stored one decodes, re-encodes to its stored
+/// payload byte for byte (so its hash is unchanged), and the log keeps verifying.
+pub(crate) async fn audit_events_are_typed_and_the_log_still_verifies(db: &TestDb) {
+    let ledger = keyed(db).await;
+    // Written before the key existed (no sealed head), then sealed at the first start.
+    append_n(&db.ledger, "run_before", 2).await;
+    assert!(matches!(
+        ledger.start_audit(true).await.unwrap(),
+        AuditStart::Sealed { streams: 1, .. }
+    ));
+    db.raw_exec("DELETE FROM chain_heads WHERE stream = 'run_before'")
+        .await;
+    let AuditStart::Failed(problem) = ledger.start_audit(false).await.unwrap() else {
+        panic!("a deleted head must fail the start-up check");
+    };
+    ledger
+        .allow_unverified_log(&problem, "operator")
+        .await
+        .unwrap();
+
+    let events = ledger.list_events(AUDIT_STREAM, 0, 100).await.unwrap();
+    assert_eq!(events.len(), 3, "{events:#?}");
+    for e in &events {
+        let body = e.body().unwrap();
+        assert_eq!(body.event_type(), e.event_type);
+        assert_eq!(
+            phrony_ledger::canonical_json(&body.payload().unwrap()),
+            phrony_ledger::canonical_json(&e.payload),
+            "seq {}",
+            e.seq
+        );
+        assert_eq!(e.recompute_hash(), e.hash);
+    }
+    let EventBody::AuditKeyIntroduced(sealed) = events[0].body().unwrap() else {
+        panic!("{:?}", events[0]);
+    };
+    assert_eq!(
+        (sealed.key_id.as_str(), sealed.streams, sealed.events),
+        (key().key_id().as_str(), 1, 2)
+    );
+    assert_eq!(sealed.heads[0].stream, "run_before");
+    let EventBody::AuditUnverifiedLogAllowed(allowed) = events[1].body().unwrap() else {
+        panic!("{:?}", events[1]);
+    };
+    assert_eq!(allowed.allowed_by, "operator");
+    assert_eq!(allowed.stream.as_deref(), Some("run_before"));
+    assert_eq!(allowed.kind, "HeadMissing");
+    assert!(matches!(
+        events[2].body().unwrap(),
+        EventBody::AuditKeyIntroduced(AuditKeyIntroduced { ref reason, .. })
+            if reason == "re-sealed after --allow-unverified-log"
+    ));
+    let report = ledger.verify_audit(AuditScope::All).await.unwrap();
+    assert_eq!(report.problem, None);
+}
+
+/// The attacker deletes a whole session stream: its events (triggers dropped, then put back),
+/// its `streams` row and its sealed head. Every remaining chain and head verifies, but the
+/// sealed stream set still counts it: `verify_audit` names the problem and the start-up check
+/// refuses the log. The stream set cannot be re-sealed without the key.
+pub(crate) async fn a_stream_deleted_with_its_sealed_head_is_detected(db: &TestDb) {
+    let ledger = keyed(db).await;
+    ledger.start_audit(true).await.unwrap();
+    append_n(&ledger, "run_victim", 3).await;
+    append_n(&ledger, "run_bystander", 2).await;
+    assert_eq!(
+        ledger.verify_audit(AuditScope::All).await.unwrap().problem,
+        None
+    );
+
+    db.disable_append_only_guard().await;
+    db.raw_exec("DELETE FROM events WHERE stream = 'run_victim'")
+        .await;
+    db.raw_exec("DELETE FROM streams WHERE stream = 'run_victim'")
+        .await;
+    db.raw_exec("DELETE FROM chain_heads WHERE stream = 'run_victim'")
+        .await;
+    db.restore_append_only_guard().await;
+
+    let report = ledger.verify_audit(AuditScope::All).await.unwrap();
+    let p = report.problem.expect("a deleted stream must be reported");
+    // audit, run_bystander and run_victim were sealed; two are left.
+    assert_eq!(
+        p.kind,
+        AuditProblemKind::StreamSetMismatch {
+            sealed: 3,
+            found: 2
+        },
+        "{p:?}"
+    );
+    assert!(
+        p.message.contains("a whole stream was deleted"),
+        "{}",
+        p.message
+    );
+    let restarted = Ledger::connect(&db.url)
+        .await
+        .unwrap()
+        .with_audit_key(key());
+    let AuditStart::Failed(at_start) = restarted.start_audit(false).await.unwrap() else {
+        panic!("the daemon must refuse a log missing a stream");
+    };
+    assert_eq!(at_start.kind, p.kind);
+
+    // Forging the record without the key: the count fixed, the MAC cannot be.
+    db.raw_exec("UPDATE stream_set SET streams = 2").await;
+    let p = ledger
+        .verify_audit(AuditScope::All)
+        .await
+        .unwrap()
+        .problem
+        .unwrap();
+    assert_eq!(p.kind, AuditProblemKind::StreamSetMac, "{p:?}");
+    // Deleting the record too: the log was sealed with one, so its absence is the problem.
+    db.raw_exec("DELETE FROM stream_set").await;
+    let AuditStart::Failed(p) = restarted.start_audit(false).await.unwrap() else {
+        panic!("a missing stream set must fail the start-up check");
+    };
+    assert_eq!(p.kind, AuditProblemKind::StreamSetMissing, "{p:?}");
+
+    // The recorded override re-seals the set as it now is, and the log verifies again.
+    restarted
+        .allow_unverified_log(&p, "operator")
+        .await
+        .unwrap();
+    assert_eq!(
+        restarted
+            .verify_audit(AuditScope::All)
+            .await
+            .unwrap()
+            .problem,
+        None
+    );
+    assert_eq!(
+        restarted.start_audit(false).await.unwrap(),
+        AuditStart::Verified { streams: 2 }
+    );
+}
+
+/// The head MAC as the audit module documents it, computed with the key as an earlier build
+/// (which had the key) would have written it.
+fn head_mac(stream: &str, seq: u64, hash: &str) -> String {
+    use hmac::{Hmac, Mac as _};
+    let mut mac = Hmac::<sha2::Sha256>::new_from_slice(&[42; 32]).unwrap();
+    mac.update(b"phrony.head.v1");
+    mac.update(&(stream.len() as u64).to_be_bytes());
+    mac.update(stream.as_bytes());
+    mac.update(&seq.to_be_bytes());
+    mac.update(hash.as_bytes());
+    hex::encode(mac.finalize().into_bytes())
+}
+
+/// A log sealed by a build before the stream set (no `stream_set` row, no
+/// `stream_set_sealed` in its `audit.key_introduced`) is not refused: the first start of this
+/// build verifies every head and then seals the stream set, once, recorded in the audit stream;
+/// from then on a deleted stream is caught.
+pub(crate) async fn a_log_sealed_before_the_stream_set_gets_it_at_start(db: &TestDb) {
+    let ledger = keyed(db).await;
+    ledger.start_audit(true).await.unwrap();
+    append_n(&ledger, "run_old", 2).await;
+    // What the earlier build wrote: a key introduction without the flag, and no stream set.
+    let mut introduced = ledger.list_events(AUDIT_STREAM, 0, 10).await.unwrap();
+    assert_eq!(introduced.len(), 1);
+    let old = &mut introduced[0];
+    assert_eq!(old.payload["stream_set_sealed"], json!(true));
+    old.payload
+        .as_object_mut()
+        .unwrap()
+        .remove("stream_set_sealed");
+    old.hash = old.recompute_hash();
+    db.disable_append_only_guard().await;
+    db.raw_exec(&format!(
+        "UPDATE events SET payload = '{}', hash = '{}' WHERE stream = 'audit' AND seq = 1",
+        phrony_ledger::canonical_json(&old.payload),
+        old.hash
+    ))
+    .await;
+    db.restore_append_only_guard().await;
+    db.raw_exec(&format!(
+        "UPDATE streams SET last_hash = '{}' WHERE stream = 'audit'",
+        old.hash
+    ))
+    .await;
+    db.raw_exec(&format!(
+        "UPDATE chain_heads SET hash = '{}', mac = '{}' WHERE stream = 'audit'",
+        old.hash,
+        head_mac("audit", 1, &old.hash)
+    ))
+    .await;
+    db.raw_exec("DELETE FROM stream_set").await;
+    assert_eq!(
+        ledger.verify_audit(AuditScope::All).await.unwrap().problem,
+        None,
+        "a log sealed before the stream set verifies as it did"
+    );
+
+    let upgraded = Ledger::connect(&db.url)
+        .await
+        .unwrap()
+        .with_audit_key(key());
+    assert_eq!(
+        upgraded.start_audit(false).await.unwrap(),
+        AuditStart::Verified { streams: 2 }
+    );
+    let audit = upgraded.list_events(AUDIT_STREAM, 0, 10).await.unwrap();
+    assert_eq!(audit.len(), 2, "{audit:#?}");
+    let EventBody::AuditKeyIntroduced(sealed) = audit[1].body().unwrap() else {
+        panic!("{:?}", audit[1]);
+    };
+    assert!(sealed.stream_set_sealed);
+    assert_eq!(sealed.reason, "sealed the stream set (migration 0007)");
+    // Once only: the next start verifies and writes nothing.
+    assert_eq!(
+        upgraded.start_audit(false).await.unwrap(),
+        AuditStart::Verified { streams: 2 }
+    );
+    assert_eq!(
+        upgraded
+            .list_events(AUDIT_STREAM, 0, 10)
+            .await
+            .unwrap()
+            .len(),
+        2
+    );
+
+    db.disable_append_only_guard().await;
+    db.raw_exec("DELETE FROM events WHERE stream = 'run_old'")
+        .await;
+    db.raw_exec("DELETE FROM streams WHERE stream = 'run_old'")
+        .await;
+    db.raw_exec("DELETE FROM chain_heads WHERE stream = 'run_old'")
+        .await;
+    db.restore_append_only_guard().await;
+    let p = upgraded
+        .verify_audit(AuditScope::All)
+        .await
+        .unwrap()
+        .problem
+        .unwrap();
+    assert_eq!(
+        p.kind,
+        AuditProblemKind::StreamSetMismatch {
+            sealed: 2,
+            found: 1
+        }
+    );
+    // The key introduction listed run_old's head, so the message names it.
+    assert_eq!(p.stream.as_deref(), Some("run_old"), "{p:?}");
 }

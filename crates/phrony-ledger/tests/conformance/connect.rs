@@ -62,7 +62,11 @@ async fn sqlite_file_is_created_with_its_directories() {
     ledger.migrate().await.unwrap();
     assert!(path.exists());
     assert_eq!(ledger.backend(), Backend::Sqlite);
-    assert_eq!(ledger.schema_version().await.unwrap().as_deref(), Some("2"));
+    let latest = crate::harness::latest_schema_version(Backend::Sqlite);
+    assert_eq!(
+        ledger.schema_version().await.unwrap().as_deref(),
+        Some(latest.as_str())
+    );
 }
 
 #[tokio::test]
@@ -81,7 +85,10 @@ async fn relative_sqlite_path_and_in_memory_work() {
     let memory = Ledger::connect("sqlite::memory:").await.unwrap();
     memory.migrate().await.unwrap();
     memory.ping().await.unwrap();
-    assert_eq!(memory.schema_version().await.unwrap().as_deref(), Some("2"));
+    assert_eq!(
+        memory.schema_version().await.unwrap().as_deref(),
+        Some(crate::harness::latest_schema_version(Backend::Sqlite).as_str())
+    );
 }
 
 /// `target` relative to `base` using `..` components (both absolute).
@@ -127,5 +134,49 @@ async fn a_file_that_is_not_a_database_is_reported() {
     assert!(
         text.contains("cannot open SQLite database") && text.contains("not a database"),
         "{text}"
+    );
+}
+
+/// Both backends ship the same migrations, numbered 1, 2, 3, … without gaps, so the schema
+/// version (the last number) means the same schema on both, and a migration added to one
+/// backend only fails here.
+#[test]
+fn both_backends_ship_the_same_gap_free_migrations() {
+    let sqlite = crate::harness::migration_files(Backend::Sqlite);
+    let postgres = crate::harness::migration_files(Backend::Postgres);
+    assert_eq!(
+        sqlite, postgres,
+        "the migration files differ between the backends"
+    );
+    let numbers: Vec<i64> = sqlite.iter().map(|(n, _)| *n).collect();
+    let expected: Vec<i64> = (1..=i64::try_from(numbers.len()).unwrap()).collect();
+    assert_eq!(
+        numbers, expected,
+        "migration numbers must run 1, 2, 3, … without gaps"
+    );
+}
+
+/// A database migrated by a build whose last migration set `schema_version` by hand (`2`, the
+/// value 0002 wrote and 0004–0006 never moved) reads the last migration's number after this
+/// build migrates it.
+#[tokio::test]
+async fn a_stale_schema_version_is_corrected_by_migrate() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!(
+        "sqlite://{}?mode=rwc",
+        dir.path().join("stale.db").display()
+    );
+    let ledger = Ledger::connect(&url).await.unwrap();
+    ledger.migrate().await.unwrap();
+    let raw = sqlx::SqlitePool::connect(&url).await.unwrap();
+    sqlx::query("UPDATE runtime_meta SET value = '2' WHERE key = 'schema_version'")
+        .execute(&raw)
+        .await
+        .unwrap();
+    assert_eq!(ledger.schema_version().await.unwrap().as_deref(), Some("2"));
+    ledger.migrate().await.unwrap();
+    assert_eq!(
+        ledger.schema_version().await.unwrap().as_deref(),
+        Some(crate::harness::latest_schema_version(Backend::Sqlite).as_str())
     );
 }

@@ -129,6 +129,29 @@ impl TestDb {
         }
     }
 
+    /// What a careful attacker does after editing: puts the append-only triggers back as the
+    /// migrations created them, so the trigger check sees nothing.
+    pub(crate) async fn restore_append_only_guard(&self) {
+        match self.kind {
+            Backend::Sqlite => {
+                self.raw_exec(
+                    "CREATE TRIGGER events_no_update BEFORE UPDATE ON events BEGIN \
+                     SELECT RAISE(ABORT, 'events are append-only: UPDATE refused'); END",
+                )
+                .await;
+                self.raw_exec(
+                    "CREATE TRIGGER events_no_delete BEFORE DELETE ON events BEGIN \
+                     SELECT RAISE(ABORT, 'events are append-only: DELETE refused'); END",
+                )
+                .await;
+            }
+            Backend::Postgres => {
+                self.raw_exec("ALTER TABLE events ENABLE TRIGGER USER")
+                    .await
+            }
+        }
+    }
+
     /// Rows of `sql` with every column read as optional text.
     pub(crate) async fn raw_strings(&self, sql: &str) -> Vec<Vec<Option<String>>> {
         match &self.raw {
@@ -184,4 +207,37 @@ impl TestDb {
         self.raw_strings(&format!("SELECT {select} FROM {table} ORDER BY 1"))
             .await
     }
+}
+
+/// The migrations shipped in `migrations/<backend>/`, as (number, file name), in order.
+pub(crate) fn migration_files(backend: Backend) -> Vec<(i64, String)> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("migrations")
+        .join(match backend {
+            Backend::Sqlite => "sqlite",
+            Backend::Postgres => "postgres",
+        });
+    let mut files: Vec<(i64, String)> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| name.ends_with(".sql"))
+        .map(|name| {
+            let number = name
+                .split('_')
+                .next()
+                .and_then(|n| n.parse().ok())
+                .unwrap_or_else(|| panic!("migration {name} does not start with its number"));
+            (number, name)
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+/// What `schema_version()` must say after `migrate()`: the number of the last migration file.
+pub(crate) fn latest_schema_version(backend: Backend) -> String {
+    migration_files(backend)
+        .last()
+        .map(|(n, _)| n.to_string())
+        .expect("at least one migration")
 }

@@ -102,4 +102,7 @@ conformance!(
     an_edited_vote_is_a_projection_difference,
     a_dropped_trigger_alone_is_reported,
     an_existing_log_is_sealed_once_and_keyless_writes_are_caught,
+    audit_events_are_typed_and_the_log_still_verifies,
+    a_stream_deleted_with_its_sealed_head_is_detected,
+    a_log_sealed_before_the_stream_set_gets_it_at_start,
 );

@@ -1,0 +1,309 @@
+//! Changes that cross entities, above the modules whose rows they change: a session's end
+//! (its pending approvals closed, its open calls cancelled, its running descendants cancelled,
+//! its secrets purged), sessions failed because their version was retired or their agent
+//! archived, a worker's result that closes the call's pending approval, and a cancelled call
+//! whose approval is closed instead. `approvals`, `invocations`, `sessions` and `secrets` never
+//! import this module, so their graph stays acyclic
+//! (`guard_rails::ledger_and_engine_modules_form_an_acyclic_graph`).
+
+use phrony_auth::Attribution;
+use uuid::Uuid;
+
+use crate::Ledger;
+use crate::approvals;
+use crate::db::{Tx, args};
+use crate::error::{LedgerError, Result};
+use crate::event_body::{ToolCompleted, ToolLateResult};
+use crate::events::{StreamHead, lock_stream};
+use crate::invocations::{
+    self, CallStatus, RecordedResult, ToolInvocation, ToolOutcome, ToolResult, emit, lock_call,
+    outcome_in_doubt, require, require_text,
+};
+use crate::rows::{Session, require_session};
+use crate::secrets;
+use crate::sessions::{self, SessionStatus, StatusChange, StatusChanged, check_change};
+
+// ---------------------------------------------------------------------------------------------
+// Sessions.
+
+async fn set_status(tx: &mut Tx, id: &str, change: &StatusChange) -> Result<StatusChanged> {
+    let mut head = lock_stream(tx, id).await?;
+    let session = require_session(&mut tx.conn(), id).await?;
+    check_change(&session, change)?;
+    let mut changed = StatusChanged {
+        session: session.clone(),
+        from: session.status,
+        closed_approvals: Vec::new(),
+        cancelled_calls: Vec::new(),
+        cancelled_children: Vec::new(),
+        secrets_purged: 0,
+    };
+    transition(tx, &mut head, &session, change, &mut changed).await?;
+    changed.session = require_session(&mut tx.conn(), id).await?;
+    Ok(changed)
+}
+
+/// Fails every live session running one of `version_ids` because the version was taken out of
+/// use (retired, or its agent archived), inside the lifecycle change's transaction: each
+/// session's pending approvals are closed (`cancelled`) and its open calls cancelled with
+/// `reason`, so nothing they held is dispatched, then the session fails with `reason`
+/// (`actor` recorded). Returns the ids of the sessions it ended.
+pub(crate) async fn end_for_versions(
+    tx: &mut Tx,
+    version_ids: &[Uuid],
+    reason: &str,
+    actor: &Attribution,
+) -> Result<Vec<String>> {
+    let mut ended = Vec::new();
+    for version_id in version_ids {
+        let rows = tx
+            .conn()
+            .fetch_all(
+                "find live sessions of a version",
+                "SELECT id FROM sessions WHERE agent_version_id = $1 \
+                 AND status NOT IN ('completed', 'failed', 'cancelled') ORDER BY created_at, id",
+                args![*version_id],
+            )
+            .await?;
+        let ids = rows
+            .iter()
+            .map(|r| r.text("id"))
+            .collect::<Result<Vec<_>>>()?;
+        for id in ids {
+            let mut head = lock_stream(tx, &id).await?;
+            // A parent ended earlier in this loop may have cancelled it already.
+            if require_session(&mut tx.conn(), &id)
+                .await?
+                .status
+                .is_terminal()
+            {
+                continue;
+            }
+            approvals::close_pending(tx, &mut head, &id, reason).await?;
+            invocations::cancel_open(tx, &mut head, &id, reason).await?;
+            set_status(tx, &id, &StatusChange::failed(reason).by(actor)).await?;
+            ended.push(id);
+        }
+    }
+    Ok(ended)
+}
+
+/// Appends and applies one status change of a locked session. A terminal change first closes
+/// the session's pending approvals, cancels its open tool calls and cancels its running
+/// descendants (each in its own stream), then purges its secrets (in [`apply`]).
+async fn transition(
+    tx: &mut Tx,
+    head: &mut StreamHead,
+    session: &Session,
+    change: &StatusChange,
+    out: &mut StatusChanged,
+) -> Result<()> {
+    if change.to.is_terminal() {
+        let why = format!("session {} ended ({})", session.id, change.to);
+        out.closed_approvals
+            .extend(approvals::close_pending(tx, head, &session.id, &why).await?);
+        out.cancelled_calls
+            .extend(invocations::cancel_open(tx, head, &session.id, &why).await?);
+        let children = tx
+            .conn()
+            .fetch_all(
+                "find running children",
+                "SELECT id FROM sessions WHERE parent_session_id = $1 \
+                 AND status NOT IN ('completed', 'failed', 'cancelled') ORDER BY id",
+                args![&session.id],
+            )
+            .await?;
+        for row in children {
+            let child_id = row.text("id")?;
+            let mut child_head = lock_stream(tx, &child_id).await?;
+            let child = require_session(&mut tx.conn(), &child_id).await?;
+            if child.status.is_terminal() {
+                continue;
+            }
+            let cascade = StatusChange::cancelled()
+                .by(change.actor.clone())
+                .because(format!(
+                    "parent session {} ended ({})",
+                    session.id, change.to
+                ));
+            out.cancelled_children.push(child_id.clone());
+            Box::pin(transition(tx, &mut child_head, &child, &cascade, out)).await?;
+        }
+        if head.stream == out.session.id {
+            out.secrets_purged = secrets::count(&mut tx.conn(), &session.id).await?;
+        }
+    }
+    sessions::append_transition(tx, head, session, change).await
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tool calls and their approvals.
+
+async fn record_result(tx: &mut Tx, call_id: &str, r: &ToolResult) -> Result<RecordedResult> {
+    use CallStatus as C;
+    let (mut head, call) = lock_call(tx, call_id).await?;
+    let (result, error_code, error_message) = match &r.outcome {
+        ToolOutcome::Success(v) => (Some(v.clone()), None, None),
+        ToolOutcome::Error { code, message } => (None, Some(code.clone()), Some(message.clone())),
+    };
+    // Any open call that was sent to a worker at least once: the worker really ran it, so its
+    // outcome wins over a pending re-dispatch or a recovery approval. So does the outcome of a
+    // call closed without knowing it: cancelled with its session, or resolved "outcome
+    // unknown, not re-sent" by an operator.
+    let accepts = call.attempt >= 1 && (!call.status.is_terminal() || outcome_in_doubt(&call));
+    if !accepts {
+        let reason = if call.status.is_terminal() {
+            format!("the call is already {}", call.status)
+        } else {
+            format!("the call was never dispatched (status {})", call.status)
+        };
+        let payload = ToolLateResult {
+            call_id: call.call_id.clone(),
+            status: call.status,
+            reason,
+            worker_id: r.worker_id.clone(),
+            result,
+            error_code,
+            error_message,
+        };
+        emit(tx, &mut head, &call, "worker", payload).await?;
+        return Ok(RecordedResult {
+            applied: false,
+            invocation: call,
+            closed_approval: None,
+        });
+    }
+    let status = if result.is_some() {
+        C::Succeeded
+    } else {
+        C::Failed
+    };
+    let payload = ToolCompleted {
+        call_id: call.call_id.clone(),
+        status,
+        result,
+        error_code,
+        error_message,
+        worker_id: r.worker_id.clone(),
+        usage: r.usage,
+        resolved_by: None,
+    };
+    emit(tx, &mut head, &call, "worker", payload).await?;
+    let closed_approval = if call.status == C::AwaitingApproval {
+        approvals::close_for_call(
+            tx,
+            &mut head,
+            &call.call_id,
+            "the tool outcome arrived before a decision",
+        )
+        .await?
+    } else {
+        None
+    };
+    Ok(RecordedResult {
+        applied: true,
+        invocation: require(&mut tx.conn(), call_id).await?,
+        closed_approval,
+    })
+}
+
+async fn cancel(tx: &mut Tx, call_id: &str, reason: &str) -> Result<ToolInvocation> {
+    let (mut head, call) = lock_call(tx, call_id).await?;
+    if call.status.is_terminal() {
+        return Err(LedgerError::precondition(format!(
+            "tool call {} cannot go from {} to cancelled",
+            call.call_id, call.status
+        )));
+    }
+    if approvals::close_for_call(tx, &mut head, call_id, reason)
+        .await?
+        .is_none()
+    {
+        invocations::cancel_locked(tx, &mut head, &call, reason).await?;
+    }
+    require(&mut tx.conn(), call_id).await
+}
+
+// ---------------------------------------------------------------------------------------------
+// Public API.
+
+impl Ledger {
+    /// Changes a session's status, appending one event: `session.status_changed`, or
+    /// `session.completed` / `session.failed` / `session.cancelled` for terminal statuses. A
+    /// terminal change also, in the same transaction: decides the session's pending approvals
+    /// as `cancelled`, cancels its open tool calls, cancels its running descendant sessions and
+    /// deletes its secrets. See [`SessionStatus::can_change_to`] for the allowed changes.
+    ///
+    /// # Errors
+    /// - `NotFound`: `session X not found`;
+    /// - `FailedPrecondition`: `session X cannot change status from A to B`, or
+    ///   `session X is A, not B` when [`StatusChange::expect_from`] does not hold;
+    /// - `InvalidArgument`: `failed` without an error message, an error on another status, an
+    ///   output on a status other than `completed`, an empty actor.
+    pub async fn set_session_status(
+        &self,
+        id: &str,
+        change: StatusChange,
+    ) -> Result<StatusChanged> {
+        if change.actor.actor.trim().is_empty() {
+            return Err(LedgerError::invalid("actor is required"));
+        }
+        match (change.to, &change.error) {
+            (SessionStatus::Failed, None) => {
+                return Err(LedgerError::invalid(
+                    "a failed session needs an error message",
+                ));
+            }
+            (SessionStatus::Failed, Some(e)) if e.trim().is_empty() => {
+                return Err(LedgerError::invalid(
+                    "a failed session needs an error message",
+                ));
+            }
+            (to, Some(_)) if to != SessionStatus::Failed => {
+                return Err(LedgerError::invalid(format!(
+                    "an error message is only recorded with status failed, not {to}"
+                )));
+            }
+            _ => {}
+        }
+        if change.output.is_some() && change.to != SessionStatus::Completed {
+            return Err(LedgerError::invalid(format!(
+                "an output is only recorded with status completed, not {}",
+                change.to
+            )));
+        }
+        write_tx!(self, |tx| set_status(&mut tx, id, &change))
+    }
+
+    /// Records a worker's result, idempotently. A result for a call that was dispatched at
+    /// least once and is still open (`dispatched`, `indeterminate`, or waiting to be sent again:
+    /// re-`queued`, `pending`, or `awaiting_approval` for a recovery approval, which is then
+    /// closed as `cancelled`) completes it (`tool.completed`): the worker ran it, so a
+    /// re-dispatch would run it twice.
+    /// Any other result — a duplicate, a late result for a cancelled call, a result for a call
+    /// never dispatched — is recorded as `tool.late_result` and changes nothing; either way the
+    /// worker can be acknowledged.
+    ///
+    /// # Errors
+    /// `NotFound`: `tool call "X" not found`.
+    pub async fn record_tool_result(
+        &self,
+        call_id: &str,
+        result: ToolResult,
+    ) -> Result<RecordedResult> {
+        if let ToolOutcome::Error { code, .. } = &result.outcome {
+            require_text("error code", code)?;
+        }
+        write_tx!(self, |tx| record_result(&mut tx, call_id, &result))
+    }
+
+    /// Cancels an open call (`tool.cancelled`, code `cancelled`); a pending approval for it is
+    /// decided `cancelled` instead. A result arriving later is recorded as `tool.late_result`.
+    ///
+    /// # Errors
+    /// `NotFound`; `FailedPrecondition` for a terminal call.
+    pub async fn cancel_tool_call(&self, call_id: &str, reason: &str) -> Result<ToolInvocation> {
+        require_text("reason", reason)?;
+        write_tx!(self, |tx| cancel(&mut tx, call_id, reason))
+    }
+}
