@@ -9,7 +9,7 @@ use std::process::Command;
 
 use phrony_client::ClientTls;
 use phrony_test_support::pki::TestCa;
-use tests::cli::{fails, json, ok};
+use tests::cli::{fails, json, ok, run};
 use tests::daemon::{Backend, Daemon, binaries};
 
 struct Tls {
@@ -244,9 +244,9 @@ fn bad_tls_and_oidc_settings_stop_the_daemon_with_one_line_naming_the_file() {
     }
 }
 
-/// What the CLI says for `agents ls` with `PHRONY_TOKEN=token` over TLS: `Ok(stdout)` or
-/// `Err(stderr)`.
-fn agents_ls_with(daemon: &Daemon, t: &Tls, token: &str) -> Result<String, String> {
+/// What the CLI says for `agents ls` with `PHRONY_TOKEN=token` over TLS: `Ok(stdout)`, or
+/// `Err((exit code, stderr))`.
+fn agents_ls_with(daemon: &Daemon, t: &Tls, token: &str) -> Result<String, (Option<i32>, String)> {
     let out = daemon
         .phrony()
         .env("PHRONY_TLS_CA", &t.ca_file)
@@ -257,16 +257,28 @@ fn agents_ls_with(daemon: &Daemon, t: &Tls, token: &str) -> Result<String, Strin
     if out.status.success() {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     } else {
-        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        Err((
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        ))
     }
+}
+
+/// A refusal at the access edge as the CLI reports it: exit 4 (`UNAUTHENTICATED` and
+/// `PERMISSION_DENIED`), one line, `not authenticated` naming why.
+fn unauthenticated(code: Option<i32>, stderr: &str, why: &str) {
+    assert_eq!(code, Some(4), "{why}: {stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{why}: one line: {stderr}");
+    assert!(
+        stderr.contains("not authenticated") && stderr.contains(why),
+        "{why}: {stderr}"
+    );
 }
 
 /// OIDC at the edge, over TLS, in `required` mode: a JWT from the configured issuer is accepted
 /// with the roles of its claim; expired, wrong-audience, wrong-issuer, badly signed and
 /// unknown-key tokens are `UNAUTHENTICATED`.
 #[test]
-#[ignore = "needs the access slice's authenticating edge (RUNTIME_AUTH, PHRONY_TOKEN, the composite \
-            authenticator with OidcAuthenticator wired in); un-ignore at merge"]
 fn oidc_tokens_are_verified_at_the_edge() {
     use phrony_test_support::pki::TestIssuer;
     use serde_json::json;
@@ -316,20 +328,14 @@ fn oidc_tokens_are_verified_at_the_edge() {
             "unknown key id",
         ),
     ] {
-        let err = agents_ls_with(&daemon, &t, &token).unwrap_err();
-        assert!(
-            err.contains("Unauthenticated") && err.contains(reason),
-            "{reason}: {err}"
-        );
+        let (code, err) = agents_ls_with(&daemon, &t, &token).unwrap_err();
+        unauthenticated(code, &err, reason);
     }
 }
 
 /// Mutual TLS at the edge in `required` mode: the mapped CN works with its roles, a CN the
 /// roles file does not list is `UNAUTHENTICATED` naming it.
 #[test]
-#[ignore = "needs the access slice's authenticating edge (RUNTIME_AUTH, the composite \
-            authenticator with MtlsAuthenticator and phrony_grpc::peer_subject wired in); \
-            un-ignore at merge"]
 fn unknown_certificate_subjects_are_unauthenticated_at_the_edge() {
     let t = tls();
     let roles = t.dir.path().join("clients.yaml");
@@ -360,9 +366,19 @@ fn unknown_certificate_subjects_are_unauthenticated_at_the_edge() {
         cmd
     };
     ok(with("ops-cli").args(["agents", "ls"]));
-    let err = fails(with("mallory").args(["agents", "ls"]));
+    let out = run(with("mallory").args(["agents", "ls"]));
+    unauthenticated(out.code, &out.stderr, "\"mallory\"");
     assert!(
-        err.contains("Unauthenticated") && err.contains("\"mallory\""),
-        "{err}"
+        out.stderr.contains("not in RUNTIME_TLS_CLIENT_ROLES"),
+        "{}",
+        out.stderr
+    );
+    // The mapped subject has its roles and no more: a viewer cannot deploy.
+    let out = run(with("ops-cli").args(["agents", "deploy", "support/refund-agent@0.1.0"]));
+    assert_eq!(out.code, Some(4), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("\"ops-cli\" lacks the publish permission"),
+        "{}",
+        out.stderr
     );
 }
