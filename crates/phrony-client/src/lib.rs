@@ -57,8 +57,8 @@ pub use error::{ClientError, Code};
 pub use sessions::{
     PayloadRef, RunSession, SessionAgent, SessionDetail, SessionEvent, SessionFilter,
     SessionInspection, SessionMode, SessionOutput, SessionPage, SessionSummary, StartedSession,
-    TimelineDetail, TimelineEntry, TokenUsage, ToolInvocation, TruncatedPayload, TurnSummary,
-    VersionedName,
+    Starter, TimelineDetail, TimelineEntry, TokenUsage, ToolInvocation, TruncatedPayload,
+    TurnSummary, VersionedName,
 };
 pub use types::{
     ActiveVersion, AgentName, AgentSummary, AgentVersion, AgentVersionSummary, Deployed,

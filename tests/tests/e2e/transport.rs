@@ -377,7 +377,8 @@ fn unknown_certificate_subjects_are_unauthenticated_at_the_edge() {
     let out = run(with("ops-cli").args(["agents", "deploy", "support/refund-agent@0.1.0"]));
     assert_eq!(out.code, Some(4), "{}", out.stderr);
     assert!(
-        out.stderr.contains("\"ops-cli\" lacks the publish permission"),
+        out.stderr
+            .contains("\"ops-cli\" lacks the publish permission"),
         "{}",
         out.stderr
     );
