@@ -66,9 +66,9 @@ fn the_cli_talks_to_a_tls_daemon_with_phrony_tls_ca() {
         "agents",
         "ls",
     ]));
-    // Plaintext against the TLS listener does not get an answer.
+    // Plaintext against the TLS listener does not get an answer; the CLI says what to set.
     let err = fails(daemon.phrony().args(["status"]));
-    assert!(err.contains("connection"), "{err}");
+    assert!(err.contains("speaks TLS; pass --tls-ca"), "{err}");
     // https:// without a CA is refused before connecting, naming what to set.
     let err = fails(
         daemon
@@ -382,4 +382,51 @@ fn unknown_certificate_subjects_are_unauthenticated_at_the_edge() {
         "{}",
         out.stderr
     );
+}
+
+/// A CLI and a daemon that disagree about TLS: the CLI says what to change instead of a
+/// generic connection failure, both ways, in one line and quickly.
+#[test]
+fn mismatched_transports_say_what_to_set() {
+    let t = tls();
+    let secure = Daemon::start_with_tls(
+        Backend::Sqlite,
+        &[("RUNTIME_TLS_CERT", &t.cert), ("RUNTIME_TLS_KEY", &t.key)],
+        Some(ClientTls::new(t.ca.cert_pem())),
+    )
+    .unwrap();
+    let plain = Daemon::start(Backend::Sqlite).unwrap();
+    for (cmd, expected) in [
+        (
+            secure.phrony(),
+            format!(
+                "Error: the runtime at {} speaks TLS; pass --tls-ca (or set PHRONY_TLS_CA) to \
+                 the CA that signed its certificate\n",
+                secure.addr()
+            ),
+        ),
+        (
+            {
+                let mut cmd = plain.phrony();
+                cmd.env("PHRONY_TLS_CA", &t.ca_file);
+                cmd
+            },
+            format!(
+                "Error: the runtime at {} does not speak TLS (it answered in plaintext); unset \
+                 PHRONY_TLS_CA / --tls-ca, or serve TLS (RUNTIME_TLS_CERT, RUNTIME_TLS_KEY)\n",
+                plain.addr()
+            ),
+        ),
+    ] {
+        let mut cmd = cmd;
+        let started = std::time::Instant::now();
+        let out = run(cmd.args(["agents", "ls"]));
+        assert_eq!(out.code, Some(1), "{}", out.stderr);
+        assert_eq!(out.stderr, expected);
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(10),
+            "{:?}",
+            started.elapsed()
+        );
+    }
 }
