@@ -430,3 +430,128 @@ fn mismatched_transports_say_what_to_set() {
         );
     }
 }
+
+/// One name across credential kinds is one principal for the vote rules: a session started with
+/// the API token `alice` cannot be approved by the certificate subject `alice` (separation of
+/// duties compares names, not credentials), while the audit keeps which kind each event came
+/// from (`actor_verification`). See README "Running it for real" and ARCHITECTURE.md.
+#[test]
+fn one_name_across_credential_kinds_is_one_principal_for_the_vote_rules() {
+    use std::time::{Duration, Instant};
+    use tests::stub::{REFUND_AGENT, write_refund_agent};
+    let t = tls();
+    let roles = t.dir.path().join("clients.yaml");
+    std::fs::write(
+        &roles,
+        "clients:\n  alice:\n    roles: [approver]\n  readiness-probe:\n    roles: [viewer]\n",
+    )
+    .unwrap();
+    let roles = roles.display().to_string();
+    let daemon = Daemon::start_with_tls(
+        Backend::Sqlite,
+        &[
+            ("RUNTIME_TLS_CERT", &t.cert),
+            ("RUNTIME_TLS_KEY", &t.key),
+            ("RUNTIME_TLS_CLIENT_CA", &t.ca_file),
+            ("RUNTIME_TLS_CLIENT_ROLES", &roles),
+            ("RUNTIME_AUTH", "required"),
+            ("RUNTIME_ENABLE_STUB_PROVIDER", "1"),
+        ],
+        Some(probe(&t)),
+    )
+    .unwrap();
+    let token = |name: &str, role: &str| {
+        let out = ok(daemon
+            .runtime()
+            .args(["tokens", "create", "--name", name, "--role", role]));
+        out.lines().last().unwrap().to_owned()
+    };
+    let (probe_cert, probe_key) = t.ca.client("readiness-probe").write(t.dir.path(), "probe");
+    let (alice_cert, alice_key) = t.ca.client("alice").write(t.dir.path(), "alice");
+    // Every connection presents a certificate (mutual TLS); a token, when sent, names the caller.
+    let cli = |cert: &std::path::Path, key: &std::path::Path, token: Option<&str>| {
+        let mut cmd = daemon.phrony();
+        cmd.env("PHRONY_TLS_CA", &t.ca_file)
+            .env("PHRONY_TLS_CERT", cert)
+            .env("PHRONY_TLS_KEY", key);
+        if let Some(token) = token {
+            cmd.env("PHRONY_TOKEN", token);
+        }
+        cmd
+    };
+    let publisher = token("ci-publisher", "publisher");
+    let alice_token = token("alice", "runner");
+    let bob = token("bob", "approver");
+    let project = tempfile::tempdir().unwrap();
+    write_refund_agent(
+        project.path(),
+        &serde_json::json!([[
+            {"type": "tool_call", "name": "issue_refund",
+             "args": {"order_id": "ORD-1", "amount": 400, "currency": "EUR",
+                      "reason": "The item arrived damaged."}},
+            {"type": "completed", "stop_reason": "tool_use"}
+        ]]),
+    );
+    ok(cli(&probe_cert, &probe_key, Some(&publisher))
+        .args(["agents", "publish"])
+        .arg(project.path().join("agent.yaml")));
+    ok(cli(&probe_cert, &probe_key, Some(&publisher)).args([
+        "agents",
+        "deploy",
+        &format!("{REFUND_AGENT}@0.1.0"),
+    ]));
+    let started = ok(cli(&probe_cert, &probe_key, Some(&alice_token)).args([
+        "run",
+        REFUND_AGENT,
+        "--input",
+        "Refund €400 for ORD-1.",
+    ]));
+    let session = started
+        .strip_prefix("session ")
+        .and_then(|r| r.strip_suffix(" started\n"))
+        .unwrap_or_else(|| panic!("{started}"))
+        .to_owned();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let approval = loop {
+        let listed = json(&ok(cli(&probe_cert, &probe_key, None).args([
+            "approvals",
+            "list",
+            "--session-id",
+            &session,
+            "--output",
+            "json",
+        ])));
+        if let Some(a) = listed["approvals"].as_array().and_then(|a| a.first()) {
+            break a["id"].as_str().unwrap().to_owned();
+        }
+        assert!(Instant::now() < deadline, "no approval\n{}", daemon.logs());
+        std::thread::sleep(Duration::from_millis(100));
+    };
+
+    // The certificate `alice` (an approver) is the token `alice` (who started the session).
+    let out = run(cli(&alice_cert, &alice_key, None).args(["approvals", "approve", &approval]));
+    assert_eq!(out.code, Some(4), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("separation of duties") && out.stderr.contains("alice started"),
+        "{}",
+        out.stderr
+    );
+    ok(cli(&probe_cert, &probe_key, Some(&bob)).args(["approvals", "approve", &approval]));
+
+    // The audit tells the kinds apart: the start came from the token, the vote from bob's token.
+    let inspected = json(&ok(cli(&probe_cert, &probe_key, None)
+        .args(["sessions", "inspect", &session, "--output", "json"])));
+    let event = |kind: &str| {
+        inspected["timeline"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["kind"] == kind)
+            .unwrap_or_else(|| panic!("no {kind}: {inspected}"))["event"]
+            .clone()
+    };
+    assert_eq!(event("session.started")["actor"], "alice");
+    assert_eq!(event("session.started")["actor_verification"], "token");
+    assert_eq!(event("approval.vote")["actor"], "bob");
+    assert_eq!(inspected["session"]["started_by"]["verification"], "token");
+}

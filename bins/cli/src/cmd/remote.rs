@@ -241,8 +241,9 @@ pub(crate) fn change_fails(
     move |error| change_failure(action, what, &check, error)
 }
 
-/// Who the runtime records as the author of a change: `PHRONY_ACTOR`, else (with a token) no
-/// name at all, so the runtime records the token's principal, else the OS user (`USER`,
+/// Who the runtime records as the author of a change: `PHRONY_ACTOR`, else (with a token or a
+/// client certificate: a verified credential) no
+/// name at all, so the runtime records the credential's principal, else the OS user (`USER`,
 /// `LOGNAME`, `USERNAME`), else `unknown`. A variable that is unset or only whitespace is
 /// skipped; the first other one must be a valid actor name ([`phrony_client::Actor::parse`],
 /// the rule the runtime applies), so a bad name fails before anything is sent.

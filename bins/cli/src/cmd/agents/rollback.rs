@@ -29,7 +29,7 @@ pub(crate) fn run(args: &Args, global: &Global) -> anyhow::Result<()> {
             .rollback(
                 &agent,
                 args.to.as_deref(),
-                &remote::actor(client.sends_token())?,
+                &remote::actor(client.sends_credential())?,
             )
             .await
             .map_err(remote::change_fails(
