@@ -1068,8 +1068,15 @@ mod tests {
                 .into_iter()
                 .collect(),
             mode: pb::SessionMode::Conversation.into(),
+            started_by: "alice".into(),
+            started_by_verification: "token".into(),
+            started_by_via: "approvals-ui".into(),
         })
         .unwrap();
+        assert_eq!(
+            summary.started_by.as_ref().map(ToString::to_string),
+            Some("alice via approvals-ui".to_owned())
+        );
         assert_eq!(summary.kind, "agent");
         assert_eq!(
             summary.target().unwrap().to_string(),
@@ -1089,5 +1096,25 @@ mod tests {
         })
         .unwrap_err();
         assert!(err.to_string().contains("updated_at \"soon\""), "{err}");
+    }
+
+    #[test]
+    fn a_starter_reads_as_its_attribution_and_an_older_server_names_none() {
+        let starter = |actor: &str, verification: &str, via: &str| {
+            Starter::from_pb(actor.into(), verification.into(), via.into()).map(|s| s.to_string())
+        };
+        assert_eq!(
+            starter("emad", "unverified", ""),
+            Some("emad (unverified)".into())
+        );
+        assert_eq!(starter("alice", "oidc", ""), Some("alice".into()));
+        assert_eq!(
+            starter("alice", "token", "approvals-ui"),
+            Some("alice via approvals-ui".into())
+        );
+        // Recorded before attribution existed: the bare name.
+        assert_eq!(starter("ci", "", ""), Some("ci".into()));
+        // An older server sends nothing.
+        assert_eq!(starter("", "", ""), None);
     }
 }
