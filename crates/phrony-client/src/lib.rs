@@ -57,8 +57,8 @@ pub use error::{ClientError, Code};
 pub use sessions::{
     PayloadRef, RunSession, SessionAgent, SessionDetail, SessionEvent, SessionFilter,
     SessionInspection, SessionMode, SessionOutput, SessionPage, SessionSummary, StartedSession,
-    TimelineDetail, TimelineEntry, TokenUsage, ToolInvocation, TruncatedPayload, TurnSummary,
-    VersionedName,
+    Starter, TimelineDetail, TimelineEntry, TokenUsage, ToolInvocation, TruncatedPayload,
+    TurnSummary, VersionedName,
 };
 pub use types::{
     ActiveVersion, AgentName, AgentSummary, AgentVersion, AgentVersionSummary, Deployed,
@@ -88,6 +88,7 @@ pub struct Client {
     health: HealthClient<Channel>,
     addr: String,
     runtime_token: bool,
+    client_certificate: bool,
 }
 
 impl Client {
@@ -165,6 +166,7 @@ impl Client {
             health: HealthClient::new(channel),
             addr: shown,
             runtime_token: token.is_some(),
+            client_certificate: tls.is_some_and(|t| t.identity.is_some()),
         })
     }
 
@@ -172,6 +174,15 @@ impl Client {
     #[must_use]
     pub fn sends_token(&self) -> bool {
         self.runtime_token
+    }
+
+    /// Whether this client presents a credential the runtime verifies: a bearer token, or a
+    /// client certificate (mutual TLS). Such a caller is recorded as its verified principal, so
+    /// it names no actor of its own (naming one would be impersonation without the relay
+    /// permission).
+    #[must_use]
+    pub fn sends_credential(&self) -> bool {
+        self.runtime_token || self.client_certificate
     }
 
     /// The runtime's address as given to [`connect`](Self::connect) (without scheme).

@@ -201,6 +201,47 @@ pub struct SessionSummary {
     pub metadata: BTreeMap<String, String>,
     /// Its mode, when the runtime reports one.
     pub mode: Option<SessionMode>,
+    /// Who started it, when the runtime reports it.
+    pub started_by: Option<Starter>,
+}
+
+/// Who started a session, as the runtime recorded it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Starter {
+    /// The recorded actor.
+    pub actor: String,
+    /// How the runtime established it (`unverified`, `token`, `oidc`, `mtls`); `None` when not
+    /// recorded (sessions recorded before attribution existed, or older servers).
+    pub verification: Option<String>,
+    /// The principal that relayed the starter, if any.
+    pub via: Option<String>,
+}
+
+impl Starter {
+    /// `None` for an empty actor (an older server, or a session the runtime started itself
+    /// without naming anyone).
+    fn from_pb(actor: String, verification: String, via: String) -> Option<Self> {
+        if actor.is_empty() {
+            return None;
+        }
+        Some(Self {
+            actor,
+            verification: optional(verification),
+            via: optional(via),
+        })
+    }
+}
+
+/// As a person reads it ([`crate::display_actor`]): `emad`, `emad (unverified)`,
+/// `alice via approvals-ui`.
+impl std::fmt::Display for Starter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&crate::approvals::display_actor(
+            &self.actor,
+            self.verification.as_deref(),
+            self.via.as_deref(),
+        ))
+    }
 }
 
 impl SessionSummary {
@@ -321,6 +362,8 @@ pub struct SessionDetail {
     pub metadata: BTreeMap<String, String>,
     /// The mode, when reported.
     pub mode: Option<SessionMode>,
+    /// Who started it, when the runtime reports it.
+    pub started_by: Option<Starter>,
     /// Delegated child sessions.
     pub children: Vec<SessionDetail>,
     /// The fields the runtime shortened (`input`, `output.message`…).
@@ -802,6 +845,7 @@ fn session_summary(s: pb::SessionSummary) -> Result<SessionSummary, ClientError>
         bundle_version_id: optional(s.bundle_version_id),
         metadata: s.metadata.into_iter().collect(),
         mode: SessionMode::from_pb(s.mode),
+        started_by: Starter::from_pb(s.started_by, s.started_by_verification, s.started_by_via),
     })
 }
 
@@ -869,6 +913,7 @@ fn session_detail(s: pb::SessionInspect) -> Result<SessionDetail, ClientError> {
         error: optional(s.error),
         metadata: s.metadata.into_iter().collect(),
         mode: SessionMode::from_pb(s.mode),
+        started_by: Starter::from_pb(s.started_by, s.started_by_verification, s.started_by_via),
         truncated: s
             .truncated
             .into_iter()
@@ -1023,8 +1068,15 @@ mod tests {
                 .into_iter()
                 .collect(),
             mode: pb::SessionMode::Conversation.into(),
+            started_by: "alice".into(),
+            started_by_verification: "token".into(),
+            started_by_via: "approvals-ui".into(),
         })
         .unwrap();
+        assert_eq!(
+            summary.started_by.as_ref().map(ToString::to_string),
+            Some("alice via approvals-ui".to_owned())
+        );
         assert_eq!(summary.kind, "agent");
         assert_eq!(
             summary.target().unwrap().to_string(),
@@ -1044,5 +1096,25 @@ mod tests {
         })
         .unwrap_err();
         assert!(err.to_string().contains("updated_at \"soon\""), "{err}");
+    }
+
+    #[test]
+    fn a_starter_reads_as_its_attribution_and_an_older_server_names_none() {
+        let starter = |actor: &str, verification: &str, via: &str| {
+            Starter::from_pb(actor.into(), verification.into(), via.into()).map(|s| s.to_string())
+        };
+        assert_eq!(
+            starter("emad", "unverified", ""),
+            Some("emad (unverified)".into())
+        );
+        assert_eq!(starter("alice", "oidc", ""), Some("alice".into()));
+        assert_eq!(
+            starter("alice", "token", "approvals-ui"),
+            Some("alice via approvals-ui".into())
+        );
+        // Recorded before attribution existed: the bare name.
+        assert_eq!(starter("ci", "", ""), Some("ci".into()));
+        // An older server sends nothing.
+        assert_eq!(starter("", "", ""), None);
     }
 }

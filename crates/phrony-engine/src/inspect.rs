@@ -288,7 +288,7 @@ pub fn inspect(timeline: SessionTimeline) -> Result<Inspection, EngineError> {
             at: e.event.ts,
             gap_ms: 0,
             kind: e.event.event_type.clone(),
-            summary: event_summary(&e.event, &calls)?,
+            summary: event_summary(&e.event, &calls, &approvals)?,
             session_id: e.session_id.clone(),
             depth: e.depth,
             seq: e.event.seq,
@@ -482,7 +482,11 @@ impl CallLabel {
 ///
 /// # Errors
 /// The ledger's `BadEvent` for an event the schema cannot read.
-fn event_summary(e: &Event, calls: &HashMap<&str, &ToolInvocation>) -> Result<String, EngineError> {
+fn event_summary(
+    e: &Event,
+    calls: &HashMap<&str, &ToolInvocation>,
+    approvals: &[Approval],
+) -> Result<String, EngineError> {
     let body = e.body().map_err(StoreError::from)?;
     let call = CallLabel::new(e, calls);
     Ok(match body {
@@ -540,7 +544,7 @@ fn event_summary(e: &Event, calls: &HashMap<&str, &ToolInvocation>) -> Result<St
         EventBody::ApprovalRequired(_)
         | EventBody::ApprovalVote(_)
         | EventBody::ApprovalDecided(_)
-        | EventBody::ApprovalEscalated(_) => approval_summary(e, body, &call),
+        | EventBody::ApprovalEscalated(_) => approval_summary(e, body, &call, approvals),
         EventBody::AgentVersionPublished(_)
         | EventBody::AgentDeployed(_)
         | EventBody::AgentRolledBack(_)
@@ -623,7 +627,14 @@ fn tool_summary(body: EventBody, call: &CallLabel) -> String {
 }
 
 /// The summary of an approval event (`body` is one).
-fn approval_summary(e: &Event, body: EventBody, call: &CallLabel) -> String {
+/// (`approvals`: the timeline's, which name an `approval.decided` event's decider with its
+/// attribution.)
+fn approval_summary(
+    e: &Event,
+    body: EventBody,
+    call: &CallLabel,
+    approvals: &[Approval],
+) -> String {
     match body {
         EventBody::ApprovalRequired(a) => {
             let head = with_detail(
@@ -647,16 +658,16 @@ fn approval_summary(e: &Event, body: EventBody, call: &CallLabel) -> String {
             };
             with_detail(format!("vote {verb} by {}", actor_label(e)), &v.comment)
         }
-        EventBody::ApprovalDecided(d) => match d.resolution {
-            Some(resolution) => with_detail(
-                format!("outcome review resolved {resolution} by {}", d.decided_by),
-                &d.comment,
-            ),
-            None => with_detail(
-                format!("approval {} by {}", d.status, d.decided_by),
-                &d.comment,
-            ),
-        },
+        EventBody::ApprovalDecided(d) => {
+            let by = decider_label(approvals, d.approval_id, &d.decided_by);
+            match d.resolution {
+                Some(resolution) => with_detail(
+                    format!("outcome review resolved {resolution} by {by}"),
+                    &d.comment,
+                ),
+                None => with_detail(format!("approval {} by {by}", d.status), &d.comment),
+            }
+        }
         EventBody::ApprovalEscalated(x) => with_detail(
             format!(
                 "approval escalated to {} by {}",
@@ -666,6 +677,18 @@ fn approval_summary(e: &Event, body: EventBody, call: &CallLabel) -> String {
         ),
         other => other.event_type().to_owned(),
     }
+}
+
+/// The decider of an `approval.decided` event as a person reads it: the attribution of the
+/// deciding vote (`emad (unverified)`, `alice via approvals-ui`, `alice`), found among the
+/// approval's votes; the bare name for the runtime's deciders (`system:timeout`) and for votes
+/// recorded before attribution existed.
+fn decider_label(approvals: &[Approval], approval_id: uuid::Uuid, decided_by: &str) -> String {
+    approvals
+        .iter()
+        .find(|a| a.id == approval_id)
+        .and_then(|a| a.votes.iter().rev().find(|v| v.decided_by == decided_by))
+        .map_or_else(|| decided_by.to_owned(), |v| v.voter_display())
 }
 
 fn tool_or(tool: &str) -> &str {
@@ -1194,7 +1217,7 @@ mod tests {
              (payments/refund-hard-limit@1.0.0)",
         );
         let required = position("(payments/refund-approval-boundary@1.0.0)");
-        let decided = position("approval approved by emad: Damage claim on file.");
+        let decided = position("approval approved by emad (unverified): Damage claim on file.");
         let dispatched = position("tool dispatched payments.issue-refund@1.0.0 to worker w1");
         let answered =
             position("assistant (end_turn): Refund rf_1 issued. tokens=42 duration_ms=900");
@@ -1305,14 +1328,17 @@ mod tests {
         };
         assert_eq!(a.args["amount"], 400, "the proposed arguments stay");
         assert_eq!(a.effective_args.as_ref(), Some(&edited));
-        // Without an edit the summary is unchanged.
+        // The `approval.decided` event names the decider as the milestone does, with its
+        // attribution (not the bare name).
         let (store, id) = recorded_session().await;
         let inspection = inspect(store_timeline(&store, &id).await.unwrap()).unwrap();
-        assert!(
-            inspection
-                .timeline
-                .iter()
-                .any(|e| e.summary == "approval approved by emad: Damage claim on file."),
+        let event = inspection
+            .timeline
+            .iter()
+            .find(|e| e.kind == types::APPROVAL_DECIDED);
+        assert_eq!(
+            event.map(|e| e.summary.as_str()),
+            Some("approval approved by emad (unverified): Damage claim on file."),
             "{:#?}",
             inspection.timeline
         );

@@ -187,7 +187,15 @@ fn approvals_from_the_cli(backend: Backend) {
     let rows = table(&listed);
     assert_eq!(
         rows[0],
-        ["ID", "KIND", "TARGET", "STATUS", "UPDATED_AT", "RESUMABLE"],
+        [
+            "ID",
+            "KIND",
+            "TARGET",
+            "STATUS",
+            "UPDATED_AT",
+            "RESUMABLE",
+            "STARTED_BY"
+        ],
         "{listed}"
     );
     let row = rows
@@ -197,6 +205,8 @@ fn approvals_from_the_cli(backend: Backend) {
     assert_eq!(row[1], "agent");
     assert_eq!(row[2], "support/refund-agent@0.1.0");
     assert_eq!(row[5], "no");
+    // `local` mode: nobody verified the starter, and the table says so.
+    assert_eq!(row[6], "emad (unverified)", "{listed}");
 
     // The approval appears, pending.
     let approval = wait_for_approval(&daemon, &approved_id);
@@ -315,6 +325,27 @@ fn approvals_from_the_cli(backend: Backend) {
         inspected.lines().any(|l| l.contains("emad")),
         "the approver is not in the timeline:\n{inspected}"
     );
+    // The header names the unverified starter; the `approval.decided` event and the
+    // milestone name the decider with its attribution, as the vote does.
+    assert!(
+        inspected.lines().any(|l| l
+            .split_whitespace()
+            .eq(["started_by:", "emad", "(unverified)"])),
+        "{inspected}"
+    );
+    let decided: Vec<&str> = inspected
+        .lines()
+        .filter(|l| {
+            l.contains("[event/approval.decided]") || l.contains("[approval/approval_decided]")
+        })
+        .collect();
+    assert_eq!(decided.len(), 2, "{inspected}");
+    for line in decided {
+        assert!(
+            line.contains("approval approved by emad (unverified)"),
+            "{line}"
+        );
+    }
     let inspected = json(&ok(phrony(&daemon, "ci").args([
         "sessions",
         "inspect",

@@ -28,14 +28,107 @@ pub(crate) fn block_on<T>(body: impl Future<Output = anyhow::Result<T>>) -> anyh
 
 /// Connects to the runtime named by `--runtime-addr` / `PHRONY_RUNTIME_ADDR`, asks its version
 /// and warns on stderr when it differs from the CLI's.
+///
+/// When the connection fails and the runtime turns out to speak the other transport (TLS
+/// while the CLI has no CA, or plaintext while it has one), the error says what to set instead
+/// of a generic connection failure ([`transport_mismatch`]).
 pub(crate) async fn connect(global: &Global) -> anyhow::Result<(Client, RuntimeVersion)> {
-    let client = open(global).await.map_err(|e| failure("connect", e))?;
-    let version = client
-        .get_version()
-        .await
-        .map_err(|e| version_failure(client.addr(), e))?;
+    let client = match open(global).await {
+        Ok(client) => client,
+        Err(e) => return Err(diagnosed(global, e, |e| failure("connect", e)).await),
+    };
+    let version = match client.get_version().await {
+        Ok(version) => version,
+        Err(e) => {
+            let addr = client.addr().to_owned();
+            return Err(diagnosed(global, e, |e| version_failure(&addr, e)).await);
+        }
+    };
     warn_if_skewed(&version.version, client.addr())?;
     Ok((client, version))
+}
+
+/// A failed connection (`error`) as [`transport_mismatch`] explains it, else as `otherwise`
+/// renders it.
+pub(crate) async fn diagnosed(
+    global: &Global,
+    error: ClientError,
+    otherwise: impl FnOnce(ClientError) -> anyhow::Error,
+) -> anyhow::Error {
+    let tls = global
+        .tls_ca
+        .as_ref()
+        .is_some_and(|p| !p.as_os_str().is_empty());
+    let addr = match &error {
+        ClientError::Unreachable { addr, reason } if reason != "connection refused" => addr,
+        ClientError::ConnectionLost { addr, .. } => addr,
+        _ => return otherwise(error),
+    };
+    match transport_mismatch(addr, tls).await {
+        Some(explained) => explained,
+        None => otherwise(error),
+    }
+}
+
+/// What the server at `addr` speaks, as far as one probe can tell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Transport {
+    /// It answered the HTTP/2 preface with a TLS record (an alert or a handshake).
+    Tls,
+    /// It answered the HTTP/2 preface with an HTTP/2 SETTINGS frame.
+    PlainHttp2,
+}
+
+/// How long the probe of a failed connection may take, in all.
+const PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Probes `addr` after a failed connection: sends the HTTP/2 client preface and an empty
+/// SETTINGS frame in plaintext and reads the first bytes of the answer. A TLS listener answers
+/// with a TLS record (`0x15 0x03 …` alert, or a handshake), a plaintext HTTP/2 server with a
+/// SETTINGS frame (type `0x04` in the fourth byte). `None`: no connection, no answer in time,
+/// or anything else.
+async fn probe(addr: &str) -> Option<Transport> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let exchange = async {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+        let mut hello = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+        hello.extend_from_slice(&[0, 0, 0, 0x04, 0, 0, 0, 0, 0]);
+        stream.write_all(&hello).await.ok()?;
+        let mut answer = [0u8; 9];
+        let mut read = 0;
+        while read < 4 {
+            match stream.read(&mut answer[read..]).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => read += n,
+            }
+        }
+        let answer = &answer[..read];
+        match answer {
+            [0x15 | 0x16, 0x03, ..] => Some(Transport::Tls),
+            [_, _, _, 0x04, ..] => Some(Transport::PlainHttp2),
+            _ => None,
+        }
+    };
+    tokio::time::timeout(PROBE_TIMEOUT, exchange)
+        .await
+        .ok()
+        .flatten()
+}
+
+/// The error for a CLI and a runtime that disagree about TLS (`tls`: the CLI connected with
+/// TLS), naming what to set; `None` when the probe finds no disagreement.
+async fn transport_mismatch(addr: &str, tls: bool) -> Option<anyhow::Error> {
+    match (probe(addr).await?, tls) {
+        (Transport::Tls, false) => Some(anyhow!(
+            "the runtime at {addr} speaks TLS; pass --tls-ca (or set PHRONY_TLS_CA) to the CA \
+             that signed its certificate"
+        )),
+        (Transport::PlainHttp2, true) => Some(anyhow!(
+            "the runtime at {addr} does not speak TLS (it answered in plaintext); unset \
+             PHRONY_TLS_CA / --tls-ca, or serve TLS (RUNTIME_TLS_CERT, RUNTIME_TLS_KEY)"
+        )),
+        _ => None,
+    }
 }
 
 /// Opens the connection `--runtime-addr` names: over TLS when `--tls-ca` / `PHRONY_TLS_CA` is
@@ -148,8 +241,9 @@ pub(crate) fn change_fails(
     move |error| change_failure(action, what, &check, error)
 }
 
-/// Who the runtime records as the author of a change: `PHRONY_ACTOR`, else (with a token) no
-/// name at all, so the runtime records the token's principal, else the OS user (`USER`,
+/// Who the runtime records as the author of a change: `PHRONY_ACTOR`, else (with a token or a
+/// client certificate: a verified credential) no
+/// name at all, so the runtime records the credential's principal, else the OS user (`USER`,
 /// `LOGNAME`, `USERNAME`), else `unknown`. A variable that is unset or only whitespace is
 /// skipped; the first other one must be a valid actor name ([`phrony_client::Actor::parse`],
 /// the rule the runtime applies), so a bad name fails before anything is sent.
@@ -280,6 +374,46 @@ mod tests {
                 .contains("unprintable character U+000A"),
         );
         assert!(error(&[("USER", "\u{1b}[31mroot")]).starts_with("USER: "));
+    }
+
+    /// A one-shot server on a free port answering the first bytes it reads with `answer`.
+    async fn answering(answer: &'static [u8]) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        tokio::spawn(async move {
+            use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let mut buf = [0u8; 64];
+            let _ = stream.read(&mut buf).await;
+            let _ = stream.write_all(answer).await;
+        });
+        addr
+    }
+
+    #[tokio::test]
+    async fn the_probe_tells_tls_from_plaintext_http2() {
+        // rustls' answer to the HTTP/2 preface: a fatal decode_error alert.
+        let tls = answering(&[0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x32]).await;
+        assert_eq!(probe(&tls).await, Some(Transport::Tls));
+        // An HTTP/2 server's first frame: SETTINGS (length 6, type 4).
+        let h2 = answering(&[0, 0, 6, 0x04, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 100]).await;
+        assert_eq!(probe(&h2).await, Some(Transport::PlainHttp2));
+        let http1 = answering(b"HTTP/1.1 400 Bad Request\r\n\r\n").await;
+        assert_eq!(probe(&http1).await, None);
+        let silent = answering(b"").await;
+        assert_eq!(probe(&silent).await, None);
+
+        let tls = answering(&[0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x32]).await;
+        let message = transport_mismatch(&tls, false).await.unwrap().to_string();
+        assert!(
+            message.contains("speaks TLS; pass --tls-ca (or set PHRONY_TLS_CA)"),
+            "{message}"
+        );
+        let tls = answering(&[0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x32]).await;
+        assert!(
+            transport_mismatch(&tls, true).await.is_none(),
+            "no disagreement"
+        );
     }
 
     #[test]

@@ -115,7 +115,7 @@ impl Plan {
             mode: self.mode,
         };
         client
-            .run_session(&run, &remote::actor(client.sends_token())?)
+            .run_session(&run, &remote::actor(client.sends_credential())?)
             .await
             .map_err(remote::change_fails(
                 "run",

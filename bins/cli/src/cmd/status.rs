@@ -46,7 +46,8 @@ async fn probe(global: &Global) -> anyhow::Result<(Report, Option<anyhow::Error>
                 schema_version: None,
                 health: None,
             };
-            return Ok((report, Some(remote::failure("status", error))));
+            let error = remote::diagnosed(global, error, |e| remote::failure("status", e)).await;
+            return Ok((report, Some(error)));
         }
     };
     let (version, version_error) = match client.get_version().await {
@@ -54,12 +55,22 @@ async fn probe(global: &Global) -> anyhow::Result<(Report, Option<anyhow::Error>
             remote::warn_if_skewed(&version.version, client.addr())?;
             (Some(version), None)
         }
-        Err(error) => (None, Some(remote::version_failure(client.addr(), error))),
+        Err(error @ ClientError::Rpc { .. }) => {
+            (None, Some(remote::version_failure(client.addr(), error)))
+        }
+        Err(error) => {
+            let addr = client.addr().to_owned();
+            let error = remote::diagnosed(global, error, |e| remote::version_failure(&addr, e));
+            (None, Some(error.await))
+        }
     };
     let health = match client.health().await {
         Ok(health) => health,
         Err(ClientError::Rpc { .. }) => Health::Unknown,
-        Err(other) => return Err(remote::failure("health", other)),
+        Err(other) => {
+            // When the connection failed already, the version's error says why.
+            return Err(version_error.unwrap_or_else(|| remote::failure("health", other)));
+        }
     };
     let not_serving = (health == Health::NotServing).then(|| {
         anyhow!(

@@ -336,6 +336,12 @@ fn session_summary(s: phrony_ledger::Session) -> pb::SessionSummary {
         kind: "agent".to_owned(),
         bundle_version_id: String::new(),
         bundle_ref: None,
+        started_by_verification: s
+            .created_by_verification
+            .map(|v| v.as_str().to_owned())
+            .unwrap_or_default(),
+        started_by_via: s.created_by_via.unwrap_or_default(),
+        started_by: s.created_by,
         metadata: s.metadata.into_iter().collect(),
         mode: mode_to_pb(s.mode),
     }
@@ -525,6 +531,12 @@ fn session_inspect(n: phrony_engine::InspectedSession, models: &Models) -> pb::S
         metadata: s.metadata.into_iter().collect(),
         mode: mode_to_pb(s.mode),
         truncated: bound.done(),
+        started_by_verification: s
+            .created_by_verification
+            .map(|v| v.as_str().to_owned())
+            .unwrap_or_default(),
+        started_by_via: s.created_by_via.unwrap_or_default(),
+        started_by: s.created_by,
     }
 }
 

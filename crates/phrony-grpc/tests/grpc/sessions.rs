@@ -693,7 +693,9 @@ async fn a_rejected_refund_returns_the_comment_to_the_model_and_an_approved_one_
         "{summaries:#?}"
     );
     assert!(
-        summaries.contains(&"approval denied by emad: No damage claim on file."),
+        // The `approval.decided` event names the decider as people read it (`local` mode:
+        // unverified), as the `approval_decided` milestone does.
+        summaries.contains(&"approval denied by emad (unverified): No damage claim on file."),
         "{summaries:#?}"
     );
     let decided_entry = timeline

@@ -29,7 +29,7 @@ pub(crate) fn run(args: &Args, global: &Global) -> anyhow::Result<()> {
             .deploy_with(
                 &agent,
                 &version,
-                &remote::actor(client.sends_token())?,
+                &remote::actor(client.sends_credential())?,
                 args.allow_new_secret_endpoints,
             )
             .await

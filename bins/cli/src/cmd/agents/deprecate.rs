@@ -20,7 +20,7 @@ pub(crate) fn run(args: &Args, global: &Global) -> anyhow::Result<()> {
     remote::block_on(async {
         let (client, _) = remote::connect(global).await?;
         let id = client
-            .deprecate(&agent, &version, &remote::actor(client.sends_token())?)
+            .deprecate(&agent, &version, &remote::actor(client.sends_credential())?)
             .await
             .map_err(remote::change_fails(
                 "deprecate",

@@ -23,7 +23,7 @@ pub(crate) fn run(args: &Args, global: &Global) -> anyhow::Result<()> {
     remote::block_on(async {
         let (client, _) = remote::connect(global).await?;
         let published = client
-            .publish(&agent, &remote::actor(client.sends_token())?)
+            .publish(&agent, &remote::actor(client.sends_credential())?)
             .await
             .map_err(remote::change_fails(
                 "publish",

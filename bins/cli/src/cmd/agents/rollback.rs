@@ -34,7 +34,7 @@ pub(crate) fn run(args: &Args, global: &Global) -> anyhow::Result<()> {
             .rollback_with(
                 &agent,
                 args.to.as_deref(),
-                &remote::actor(client.sends_token())?,
+                &remote::actor(client.sends_credential())?,
                 args.allow_new_secret_endpoints,
             )
             .await

@@ -146,7 +146,7 @@ fn decide(
     remote::block_on(async {
         let (client, _) = remote::connect(global).await?;
         let outcome = client
-            .decide_approval(vote, &remote::actor(client.sends_token())?)
+            .decide_approval(vote, &remote::actor(client.sends_credential())?)
             .await
             .map_err(remote::change_fails(
                 action,

@@ -166,13 +166,26 @@ pub(crate) fn approval_json(a: &Approval) -> Value {
         "expires_at": render::json_time(a.expires_at),
         "decided_at": render::json_time(a.decided_at),
         "decided_by": a.decided_by,
+        "decided_by_verification": a.decided_by_verification,
+        "decided_by_via": a.decided_by_via,
+        "decided_by_display": a.decided_by_display(),
+        "allow_self_approval": a.allow_self_approval,
         "comment": a.comment,
-        "votes": a.votes.iter().map(|v| json!({
-            "decided_by": v.decided_by,
-            "decision": v.decision,
-            "comment": v.comment,
-            "comprehension_acknowledged": v.comprehension_acknowledged,
-            "created_at": render::json_time(v.created_at),
-        })).collect::<Vec<_>>(),
+        "votes": a.votes.iter().map(vote_json).collect::<Vec<_>>(),
+    })
+}
+
+/// A vote in [`approval_json`]: the voter's bare name, how the runtime knew it (`verification`,
+/// `via`) and how a person reads it (`display`).
+fn vote_json(v: &Vote) -> Value {
+    json!({
+        "decided_by": v.decided_by,
+        "verification": v.verification,
+        "via": v.via,
+        "display": v.voter_display(),
+        "decision": v.decision,
+        "comment": v.comment,
+        "comprehension_acknowledged": v.comprehension_acknowledged,
+        "created_at": render::json_time(v.created_at),
     })
 }

@@ -78,6 +78,10 @@ fn write_approval(a: &Approval, out: &mut impl Write) -> io::Result<()> {
         if let Some(on_modify) = &a.on_modify {
             field("on_modify", on_modify.clone());
         }
+        if a.allow_self_approval {
+            // The policy's separation-of-duties opt-out: the session's starter may vote.
+            field("allow_self_approval", "true".to_owned());
+        }
     }
     if let Some(t) = a.created_at {
         field("created_at", render::time(t));

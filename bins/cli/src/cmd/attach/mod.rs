@@ -97,7 +97,7 @@ pub(crate) async fn run_attached(
 /// Opens the stream to `session_id` and runs the chosen renderer until the operator leaves or
 /// the session ends.
 async fn attach(client: &Client, session_id: &str, no_tui: bool) -> anyhow::Result<Outcome> {
-    let actor = remote::actor(client.sends_token())?;
+    let actor = remote::actor(client.sends_credential())?;
     let session = client
         .attach(session_id, &actor)
         .await

@@ -107,6 +107,9 @@ fn write_session(s: &SessionDetail, out: &mut impl Write) -> io::Result<()> {
     if let Some(mode) = s.mode {
         field("mode", mode.to_string());
     }
+    if let Some(starter) = &s.started_by {
+        field("started_by", starter.to_string());
+    }
     field("depth", s.depth.to_string());
     if let Some(parent) = &s.parent_session_id {
         field("parent", parent.clone());
@@ -459,6 +462,7 @@ fn session_json(s: &SessionDetail) -> Value {
         })),
         "mode": s.mode.map(|m| m.as_str()),
         "metadata": s.metadata,
+        "started_by": super::ls::started_by_json(s.started_by.as_ref()),
         "created_at": render::json_time(s.created_at),
         "updated_at": render::json_time(s.updated_at),
         "started_at": render::json_time(s.started_at),
@@ -504,6 +508,8 @@ fn entry_json(e: &TimelineEntry) -> Value {
                 "turn": ev.turn,
                 "call_id": ev.call_id,
                 "actor": ev.actor,
+                "actor_verification": ev.actor_verification,
+                "actor_via": ev.actor_via,
                 "payload": ev.payload,
             }),
         )),
@@ -579,6 +585,11 @@ mod tests {
             descriptive_metadata: Value::Null,
             metadata: BTreeMap::new(),
             mode: None,
+            started_by: Some(phrony_client::Starter {
+                actor: "emad".into(),
+                verification: Some("unverified".into()),
+                via: None,
+            }),
             children: Vec::new(),
             truncated: Vec::new(),
         }
@@ -590,6 +601,12 @@ mod tests {
         let mut child = session("run_child");
         child.depth = 1;
         child.parent_session_id = Some("run_root".into());
+        // A child started by a relaying principal: `alice via approvals-ui`.
+        child.started_by = Some(phrony_client::Starter {
+            actor: "alice".into(),
+            verification: Some("token".into()),
+            via: Some("approvals-ui".into()),
+        });
         root.children.push(child);
         let inspection = SessionInspection {
             session: root,

@@ -1,6 +1,6 @@
 //! `phrony sessions ls [NS/NAME[@VERSION]]`: sessions, most recently updated first.
 
-use phrony_client::{SessionFilter, SessionSummary};
+use phrony_client::{SessionFilter, SessionSummary, Starter};
 use serde_json::{Value, json};
 
 use crate::cmd::table::Table;
@@ -31,7 +31,8 @@ pub(crate) struct Args {
     output: Output,
 }
 
-/// Prints `ID KIND TARGET STATUS UPDATED_AT RESUMABLE`; when more sessions match, says how to
+/// Prints `ID KIND TARGET STATUS UPDATED_AT RESUMABLE STARTED_BY` (the starter as people read
+/// it: `emad`, `emad (unverified)`, `alice via approvals-ui`); when more sessions match, says how to
 /// get them on stderr.
 pub(crate) fn run(args: &Args, global: &Global) -> anyhow::Result<()> {
     let target = args.agent.as_deref().map(agent_ref::parse).transpose()?;
@@ -60,8 +61,15 @@ pub(crate) fn run(args: &Args, global: &Global) -> anyhow::Result<()> {
                 "next_page_token": page.next_page_token,
             })),
             Output::Text => {
-                let mut table =
-                    Table::new(&["ID", "KIND", "TARGET", "STATUS", "UPDATED_AT", "RESUMABLE"]);
+                let mut table = Table::new(&[
+                    "ID",
+                    "KIND",
+                    "TARGET",
+                    "STATUS",
+                    "UPDATED_AT",
+                    "RESUMABLE",
+                    "STARTED_BY",
+                ]);
                 for s in &page.sessions {
                     table.row(vec![
                         s.id.clone(),
@@ -71,6 +79,9 @@ pub(crate) fn run(args: &Args, global: &Global) -> anyhow::Result<()> {
                         s.status.clone(),
                         render::time(s.updated_at),
                         if s.resumable() { "yes" } else { "no" }.to_owned(),
+                        s.started_by
+                            .as_ref()
+                            .map_or_else(|| "-".to_owned(), ToString::to_string),
                     ]);
                 }
                 table.print()?;
@@ -96,7 +107,21 @@ fn summary_json(s: &SessionSummary) -> Value {
         "bundle_version_id": s.bundle_version_id,
         "mode": s.mode.map(|m| m.as_str()),
         "metadata": s.metadata,
+        "started_by": started_by_json(s.started_by.as_ref()),
         "created_at": render::time(s.created_at),
         "updated_at": render::time(s.updated_at),
+    })
+}
+
+/// The starter in `--output json`: `{"actor", "verification", "via", "display"}` (`null` when
+/// the runtime reports none).
+pub(super) fn started_by_json(s: Option<&Starter>) -> Value {
+    s.map_or(Value::Null, |s| {
+        json!({
+            "actor": s.actor,
+            "verification": s.verification,
+            "via": s.via,
+            "display": s.to_string(),
+        })
     })
 }

@@ -28,7 +28,7 @@ pub(crate) fn run(args: &Args, global: &Global, stop: Stop) -> anyhow::Result<()
     let id = super::session_id(&args.session_id)?;
     remote::block_on(async {
         let (client, _) = remote::connect(global).await?;
-        let actor = remote::actor(client.sends_token())?;
+        let actor = remote::actor(client.sends_credential())?;
         let done = match stop {
             Stop::Cancel => {
                 client
