@@ -47,18 +47,19 @@ use tokio::sync::Mutex;
 use crate::admin::ApproverName;
 use crate::cedar::CedarVerdict;
 use crate::config::{
-    AgentStatus, Auth, DERIVED_FACTS, FlagRules, Mandate, RiskCondition, Settings,
+    AgentSettings, AgentStatus, Auth, DERIVED_FACTS, FlagRules, Mandate, RiskCondition, Settings,
+    ToolSettings,
 };
 use crate::error::{ApiError, GateError};
 use crate::keys::SigningKey;
 use crate::money::display;
 use crate::oidc::{VerifiedUser, Verifier};
-use crate::request::{DecisionRequest, Prepared, excerpt, json_kind, prepare};
+use crate::request::{DecisionRequest, Money, Prepared, excerpt, json_kind, prepare};
 use crate::signing::{self, Assertion, SignedRequest};
 use crate::state::{
     ApprovalEvent, ApprovalOutcome, ApprovalRecord, ApprovalStatus, Approver, CompleteStatus,
-    CompletionEvent, DecisionEvent, EV_APPROVAL, EV_COMPLETED, EV_DECISION, EV_REPLAY, Escalation,
-    Hold, HoldOutcome, HoldState, ReplayEvent, State, Verdict, windows,
+    CompletionEvent, Counter, DecisionEvent, EV_APPROVAL, EV_COMPLETED, EV_DECISION, EV_REPLAY,
+    Escalation, Hold, HoldOutcome, HoldState, ReplayEvent, State, Verdict, windows,
 };
 use crate::store::{AuditEvent, GateStore, NewAuditEvent};
 use crate::tokens::{
@@ -159,7 +160,10 @@ enum Outcome {
 struct Refusal {
     code: &'static str,
     reason: String,
+    /// The purchase currency, when the refusal is about an amount.
     currency: Option<String>,
+    /// The policies that decided it (a forbid names its policies).
+    policies: Vec<String>,
 }
 
 fn refuse(code: &'static str, reason: impl Into<String>) -> Refusal {
@@ -167,6 +171,15 @@ fn refuse(code: &'static str, reason: impl Into<String>) -> Refusal {
         code,
         reason: reason.into(),
         currency: None,
+        policies: Vec::new(),
+    }
+}
+
+/// A refusal about an amount: it names the purchase currency.
+fn refuse_in(code: &'static str, reason: impl Into<String>, money: &Money) -> Refusal {
+    Refusal {
+        currency: Some(money.currency.clone()),
+        ..refuse(code, reason)
     }
 }
 
@@ -176,8 +189,146 @@ impl From<Refusal> for Outcome {
             code: r.code,
             reason: r.reason,
             currency: r.currency,
-            policies: Vec::new(),
+            policies: r.policies,
         }
+    }
+}
+
+/// What the policy step passes on: the policies that permitted (or escalated) the request,
+/// and the escalation an `@escalate` forbid asks for.
+#[derive(Debug, Default)]
+struct PolicyPass {
+    policies: Vec<String>,
+    escalation: Option<PendingEscalation>,
+}
+
+/// An escalation a step asked for; it is answered only after every hard check passed.
+#[derive(Debug)]
+struct PendingEscalation {
+    approver: String,
+    reason: String,
+    policies: Vec<String>,
+}
+
+/// One mandate checked against one amount: the caps counted with the amount.
+#[derive(Debug, Clone, Copy)]
+struct MandateTerms<'a> {
+    id: &'a str,
+    mandate: &'a Mandate,
+    money: &'a Money,
+}
+
+impl MandateTerms<'_> {
+    /// The per-transaction cap (`MANDATE_LIMIT_EXCEEDED`).
+    fn check_per_tx(&self) -> Result<(), Refusal> {
+        let Self { id, mandate, money } = *self;
+        if let Some(cap) = mandate.per_tx_limit
+            && money.amount > cap
+        {
+            return Err(refuse_in(
+                codes::MANDATE_LIMIT_EXCEEDED,
+                format!(
+                    "{} {} is over the per-transaction limit {} of mandate `{id}`",
+                    display(money.amount),
+                    money.currency,
+                    display(cap)
+                ),
+                money,
+            ));
+        }
+        Ok(())
+    }
+
+    /// The daily and monthly caps, counted with what is already held in the UTC day and
+    /// month (`MANDATE_LIMIT_EXCEEDED`). Passes on the hold for those windows.
+    fn check_periods(&self, state: &State, now: DateTime<Utc>) -> Result<Hold, Refusal> {
+        let Self { id, mandate, money } = *self;
+        let (day, month) = windows(now);
+        if let Some(cap) = mandate.daily_limit {
+            let total = state.usage(&Counter::Day(id.into(), day.clone())) + money.amount;
+            if total > cap {
+                return Err(self.over("daily", cap, total));
+            }
+        }
+        if let Some(cap) = mandate.monthly_limit {
+            let total = state.usage(&Counter::Month(id.into(), month.clone())) + money.amount;
+            if total > cap {
+                return Err(self.over("monthly", cap, total));
+            }
+        }
+        Ok(Hold {
+            mandate_id: id.to_owned(),
+            amount: money.amount,
+            day,
+            month,
+            entity: None,
+            reference: None,
+            reference_amount: None,
+        })
+    }
+
+    /// The per-entity sub-budget, keyed by a fact: it applies whenever the fact is sent; a
+    /// request without the fact is skipped only when the mandate says the sub-budget is
+    /// optional, and fails closed otherwise. A fact sent with another type or empty is refused
+    /// either way (it cannot be counted, and must not dodge the budget). Passes on the entity
+    /// the hold counts against.
+    fn check_entity(
+        &self,
+        state: &State,
+        req: &DecisionRequest,
+        month: &str,
+    ) -> Result<Option<String>, Refusal> {
+        let Self { id, mandate, money } = *self;
+        let (Some(cap), Some(key)) = (mandate.per_entity_limit, &mandate.entity_key) else {
+            return Ok(None);
+        };
+        let entity = match req.context.get(key) {
+            Some(Value::String(s)) if !s.trim().is_empty() => s.clone(),
+            Some(other) => {
+                return Err(refuse(
+                    codes::POLICY_DENIED,
+                    format!(
+                        "fail closed: fact `{key}` must be a non-empty string, got `{}`",
+                        excerpt(other)
+                    ),
+                ));
+            }
+            None if mandate.entity_optional => return Ok(None),
+            None => {
+                return Err(refuse(
+                    codes::POLICY_DENIED,
+                    format!(
+                        "fail closed: missing fact `{key}` (mandate `{id}` caps spend per {key})"
+                    ),
+                ));
+            }
+        };
+        let total = state.usage(&Counter::Entity(
+            id.into(),
+            entity.clone(),
+            month.to_owned(),
+        )) + money.amount;
+        if total > cap {
+            return Err(self.over(&format!("per-{key} monthly"), cap, total));
+        }
+        Ok(Some(entity))
+    }
+
+    /// A counted cap exceeded (`MANDATE_LIMIT_EXCEEDED`).
+    fn over(&self, what: &str, limit: Decimal, total: Decimal) -> Refusal {
+        let Self { id, money, .. } = *self;
+        refuse_in(
+            codes::MANDATE_LIMIT_EXCEEDED,
+            format!(
+                "{} {} would exceed the {what} limit {} of mandate `{id}` (counted with this \
+                 request: {})",
+                display(money.amount),
+                money.currency,
+                display(limit),
+                display(total)
+            ),
+            money,
+        )
     }
 }
 
@@ -594,10 +745,8 @@ impl Gate {
         }
     }
 
-    #[allow(
-        clippy::too_many_lines,
-        reason = "the documented pipeline reads best in one place"
-    )]
+    /// The decision pipeline in the documented order (module docs): every hard check, then
+    /// escalation, then allow. A refused step ends the pipeline with a deny.
     fn evaluate(
         &self,
         state: &State,
@@ -607,39 +756,105 @@ impl Gate {
         now: DateTime<Utc>,
         approved: bool,
     ) -> Outcome {
+        self.run_checks(state, caller, p, user, now, approved)
+            .unwrap_or_else(Outcome::from)
+    }
+
+    fn run_checks(
+        &self,
+        state: &State,
+        caller: &Caller,
+        p: &Prepared,
+        user: &Result<Option<VerifiedUser>, String>,
+        now: DateTime<Utc>,
+        approved: bool,
+    ) -> Result<Outcome, Refusal> {
         let req = &p.req;
-        let s = &self.settings;
-        let flags = s.flags.as_ref();
+        let flags = self.settings.flags.as_ref();
         if flags.is_some_and(|f| f.deny_all) {
-            return deny(
+            return Err(refuse(
                 codes::POLICY_DENIED,
                 "mock-gate --deny-all: every request is denied",
-            );
+            ));
         }
-
         // 1. Identity.
-        let agent = match &s.agents {
+        let agent = self.resolve_agent(caller, req)?;
+        // 2. Velocity.
+        let velocity_ratio = self.check_velocity(state, agent, req, now)?;
+        // 3. Tool catalog.
+        let tool = self.check_catalog(agent, req)?;
+        // 4. The user.
+        let user = user
+            .as_ref()
+            .map_err(|problem| refuse(codes::IDENTITY_NOT_RESOLVED, problem.clone()))?
+            .as_ref();
+        // 5. Policy.
+        let PolicyPass {
+            policies,
+            escalation,
+        } = self.check_policy(req, p, user)?;
+        // 6. Mandate (flags mode: the amount rules).
+        let (mandate, hold, amount_escalation) = match flags {
+            Some(rules) => (None, None, self.check_flag_amounts(rules, p)?),
+            None => {
+                let (mandate, hold) = self.check_spend(state, p, tool, &policies, now)?;
+                (mandate, hold, self.escalation_amount(p))
+            }
+        };
+        let escalation = escalation.or(amount_escalation);
+        // 7. Duplicates (an approved retry is the deliberate repeat of its escalation).
+        if !approved {
+            self.check_duplicate(state, p, now)?;
+        }
+        // 8. Risk.
+        let risk = self.risk_score(p, velocity_ratio)?;
+        // 9. Escalation.
+        if let Some(escalation) = escalation
+            && !approved
+        {
+            return Ok(Outcome::Escalate {
+                approver: escalation.approver,
+                reason: escalation.reason,
+                policies: escalation.policies,
+                mandate,
+            });
+        }
+        // 10. Allow.
+        Ok(Outcome::Allow {
+            policies,
+            mandate,
+            hold,
+            risk,
+        })
+    }
+
+    /// Step 1, identity: the agent is registered (when agents are configured), the key is not
+    /// bound to another agent (`IDENTITY_NOT_RESOLVED`), the agent is active
+    /// (`AGENT_NOT_ACTIVE`).
+    fn resolve_agent(
+        &self,
+        caller: &Caller,
+        req: &DecisionRequest,
+    ) -> Result<Option<&AgentSettings>, Refusal> {
+        let agent = match &self.settings.agents {
             None => None,
-            Some(agents) => match agents.get(&req.agent_id) {
-                Some(a) => Some(a),
-                None => {
-                    return deny(
-                        codes::IDENTITY_NOT_RESOLVED,
-                        format!("agent `{}` is not registered", req.agent_id),
-                    );
-                }
-            },
+            Some(agents) => Some(agents.get(&req.agent_id).ok_or_else(|| {
+                refuse(
+                    codes::IDENTITY_NOT_RESOLVED,
+                    format!("agent `{}` is not registered", req.agent_id),
+                )
+            })?),
         };
         if let Some(bound) = &caller.bound_agent
             && *bound != req.agent_id
         {
-            return deny(
+            return Err(refuse(
                 codes::IDENTITY_NOT_RESOLVED,
                 format!(
                     "this API key is bound to agent `{bound}`, not `{}`",
                     req.agent_id
                 ),
-            );
+            ));
         }
         if let Some(a) = agent
             && a.status != AgentStatus::Active
@@ -649,278 +864,303 @@ impl Gate {
             } else {
                 "revoked"
             };
-            return deny(
+            return Err(refuse(
                 codes::AGENT_NOT_ACTIVE,
                 format!("agent `{}` is {status}", req.agent_id),
-            );
+            ));
         }
+        Ok(agent)
+    }
 
-        // 2. Velocity.
-        let velocity = agent.and_then(|a| a.velocity).or(s.limits.velocity);
-        let mut velocity_ratio = 0.0;
-        if let Some(v) = velocity {
-            let since = now - chrono::Duration::seconds(i64::from(v.window_seconds));
-            let used = state.decisions_since(&req.agent_id, since);
-            velocity_ratio = used as f64 / f64::from(v.max);
-            if used >= v.max as usize {
-                return deny(
-                    codes::VELOCITY_EXCEEDED,
-                    format!(
-                        "agent `{}` made {used} decisions in the last {}s (limit {}); back off",
-                        req.agent_id, v.window_seconds, v.max
-                    ),
-                );
-            }
+    /// Step 2, velocity: the agent's decisions in its window stay below the limit
+    /// (`VELOCITY_EXCEEDED`). Passes on the fraction of the limit used (a risk signal).
+    fn check_velocity(
+        &self,
+        state: &State,
+        agent: Option<&AgentSettings>,
+        req: &DecisionRequest,
+        now: DateTime<Utc>,
+    ) -> Result<f64, Refusal> {
+        let Some(v) = agent
+            .and_then(|a| a.velocity)
+            .or(self.settings.limits.velocity)
+        else {
+            return Ok(0.0);
+        };
+        let since = now - chrono::Duration::seconds(i64::from(v.window_seconds));
+        let used = state.decisions_since(&req.agent_id, since);
+        if used >= v.max as usize {
+            return Err(refuse(
+                codes::VELOCITY_EXCEEDED,
+                format!(
+                    "agent `{}` made {used} decisions in the last {}s (limit {}); back off",
+                    req.agent_id, v.window_seconds, v.max
+                ),
+            ));
         }
+        Ok(used as f64 / f64::from(v.max))
+    }
 
-        // 3. Tool catalog.
-        if flags.is_some_and(|f| f.deny_tools.contains(&req.tool)) {
-            return deny(
+    /// Step 3, the tool catalog: the tool is not denied (`--deny-tool`), is in the agent's
+    /// catalog and exposes the action (`TOOL_NOT_ALLOWED`).
+    fn check_catalog(
+        &self,
+        agent: Option<&AgentSettings>,
+        req: &DecisionRequest,
+    ) -> Result<Option<&ToolSettings>, Refusal> {
+        if self
+            .settings
+            .flags
+            .as_ref()
+            .is_some_and(|f| f.deny_tools.contains(&req.tool))
+        {
+            return Err(refuse(
                 codes::TOOL_NOT_ALLOWED,
                 format!("tool `{}` is denied (--deny-tool)", req.tool),
-            );
+            ));
         }
-        let tool = match &s.tools {
-            None => None,
-            Some(tools) => {
-                let in_catalog = agent.is_some_and(|a| a.tools.contains(&req.tool));
-                match tools.get(&req.tool) {
-                    Some(t) if in_catalog => {
-                        if !t.actions.contains(&req.action) {
-                            return deny(
-                                codes::TOOL_NOT_ALLOWED,
-                                format!(
-                                    "tool `{}` does not expose action `{}`",
-                                    req.tool, req.action
-                                ),
-                            );
-                        }
-                        Some(t)
-                    }
-                    _ => {
-                        return deny(
-                            codes::TOOL_NOT_ALLOWED,
-                            format!(
-                                "tool `{}` is not in the catalog of agent `{}`",
-                                req.tool, req.agent_id
-                            ),
-                        );
-                    }
-                }
-            }
+        let Some(tools) = &self.settings.tools else {
+            return Ok(None);
         };
-
-        // 4. The user.
-        let user = match user {
-            Ok(u) => u.as_ref(),
-            Err(problem) => return deny(codes::IDENTITY_NOT_RESOLVED, problem.clone()),
+        let in_catalog = agent.is_some_and(|a| a.tools.contains(&req.tool));
+        let Some(tool) = tools.get(&req.tool).filter(|_| in_catalog) else {
+            return Err(refuse(
+                codes::TOOL_NOT_ALLOWED,
+                format!(
+                    "tool `{}` is not in the catalog of agent `{}`",
+                    req.tool, req.agent_id
+                ),
+            ));
         };
+        if !tool.actions.contains(&req.action) {
+            return Err(refuse(
+                codes::TOOL_NOT_ALLOWED,
+                format!(
+                    "tool `{}` does not expose action `{}`",
+                    req.tool, req.action
+                ),
+            ));
+        }
+        Ok(Some(tool))
+    }
 
-        // 5. Policy.
-        let mut policies = Vec::new();
-        let mut escalation: Option<(String, String, Vec<String>)> = None;
-        if let Some(policy) = &s.policy {
-            let context = self.policy_context(req, p, user);
-            match policy
-                .cedar
-                .evaluate(&req.agent_id, &req.action, &req.tool, &context)
-            {
-                CedarVerdict::Allow { permits } => policies = permits,
-                CedarVerdict::Deny { forbids } => {
-                    return Outcome::Deny {
-                        code: codes::POLICY_DENIED,
-                        reason: format!("forbidden by policy {}", forbids.join(", ")),
-                        currency: None,
-                        policies: forbids,
-                    };
-                }
-                CedarVerdict::NoPermit => {
-                    return deny(
-                        codes::POLICY_DENIED,
-                        "no permit policy matched (default deny)",
-                    );
-                }
-                CedarVerdict::Escalate {
-                    policies: ids,
+    /// Step 5, policy: a hard forbid, no permit, or missing or mistyped facts deny
+    /// (`POLICY_DENIED`); an `@escalate` forbid passes on an escalation.
+    fn check_policy(
+        &self,
+        req: &DecisionRequest,
+        p: &Prepared,
+        user: Option<&VerifiedUser>,
+    ) -> Result<PolicyPass, Refusal> {
+        let Some(policy) = &self.settings.policy else {
+            return Ok(PolicyPass::default());
+        };
+        let context = self.policy_context(req, p, user);
+        match policy
+            .cedar
+            .evaluate(&req.agent_id, &req.action, &req.tool, &context)
+        {
+            CedarVerdict::Allow { permits } => Ok(PolicyPass {
+                policies: permits,
+                escalation: None,
+            }),
+            CedarVerdict::Deny { forbids } => Err(Refusal {
+                code: codes::POLICY_DENIED,
+                reason: format!("forbidden by policy {}", forbids.join(", ")),
+                currency: None,
+                policies: forbids,
+            }),
+            CedarVerdict::NoPermit => Err(refuse(
+                codes::POLICY_DENIED,
+                "no permit policy matched (default deny)",
+            )),
+            CedarVerdict::Escalate {
+                policies: ids,
+                approver,
+            } => Ok(PolicyPass {
+                escalation: Some(PendingEscalation {
                     approver,
-                } => {
-                    escalation = Some((
-                        approver,
-                        format!("policy {} requires an approval", ids.join(", ")),
-                        ids.clone(),
-                    ));
-                    policies = ids;
-                }
-                CedarVerdict::Invalid { problem } => {
-                    return deny(codes::POLICY_DENIED, format!("fail closed: {problem}"));
-                }
-            }
+                    reason: format!("policy {} requires an approval", ids.join(", ")),
+                    policies: ids.clone(),
+                }),
+                policies: ids,
+            }),
+            CedarVerdict::Invalid { problem } => Err(refuse(
+                codes::POLICY_DENIED,
+                format!("fail closed: {problem}"),
+            )),
         }
+    }
 
-        // 6. Mandate.
-        let mut mandate = None;
-        let mut hold = None;
-        if let Some(rules) = flags {
-            if p.money.is_none() && (rules.deny_over.is_some() || rules.escalate_over.is_some()) {
+    /// Step 6 in flags mode: an amount rule needs a readable amount (fail closed), an amount
+    /// above `--deny-over` is denied (`MANDATE_LIMIT_EXCEEDED`), one above `--escalate-over`
+    /// passes on an escalation.
+    fn check_flag_amounts(
+        &self,
+        rules: &FlagRules,
+        p: &Prepared,
+    ) -> Result<Option<PendingEscalation>, Refusal> {
+        let Some(money) = &p.money else {
+            if rules.deny_over.is_some() || rules.escalate_over.is_some() {
                 // An amount rule cannot be applied to an amount the gate cannot read: fail
                 // closed instead of reading it as zero (the dev mock's behaviour).
-                return deny(codes::POLICY_DENIED, unreadable_amount(rules, &req.args));
-            }
-            if let Some(money) = &p.money {
-                if let Some(cap) = rules.deny_over
-                    && money.amount > cap
-                {
-                    return deny(
-                        codes::MANDATE_LIMIT_EXCEEDED,
-                        format!(
-                            "{} {} is over the limit {} (--deny-over)",
-                            display(money.amount),
-                            money.currency,
-                            display(cap)
-                        ),
-                    );
-                }
-                if let Some(threshold) = rules.escalate_over
-                    && money.amount > threshold
-                    && escalation.is_none()
-                {
-                    escalation = Some((
-                        s.approvals.default_approver.clone(),
-                        format!(
-                            "{} {} is over the escalation threshold {} (--escalate-over)",
-                            display(money.amount),
-                            money.currency,
-                            display(threshold)
-                        ),
-                        Vec::new(),
-                    ));
-                }
-            }
-        } else {
-            let bound = tool.and_then(|t| t.mandate.clone());
-            let mandate_id = p.mandate_id.clone().or(bound.clone());
-            match (&p.money, mandate_id) {
-                (None, Some(id)) if bound.is_some() => {
-                    return deny(
-                        codes::POLICY_DENIED,
-                        format!(
-                            "fail closed: tool `{}` spends under mandate `{id}`, so the request \
-                             needs amount_usd (or amount + currency)",
-                            req.tool
-                        ),
-                    );
-                }
-                (None, _) => {}
-                (Some(money), None) => {
-                    return Outcome::Deny {
-                        code: codes::MANDATE_NOT_FOUND,
-                        reason: format!(
-                            "no mandate covers {} {} on tool `{}`",
-                            display(money.amount),
-                            money.currency,
-                            req.tool
-                        ),
-                        currency: Some(money.currency.clone()),
-                        policies,
-                    };
-                }
-                (Some(_), Some(id)) => {
-                    match self.check_mandate(state, p, &id, bound.as_deref(), now) {
-                        Ok((m, h)) => {
-                            mandate = Some(m);
-                            hold = Some(h);
-                        }
-                        Err(refusal) => return refusal.into(),
-                    }
-                }
-            }
-            if let (Some(money), Some(threshold)) = (
-                &p.money,
-                s.policy.as_ref().and_then(|p| p.profile.escalation_amount),
-            ) && money.amount > threshold
-                && escalation.is_none()
-            {
-                escalation = Some((
-                    s.approvals.default_approver.clone(),
-                    format!(
-                        "{} {} is above the escalation amount {}",
-                        display(money.amount),
-                        money.currency,
-                        display(threshold)
-                    ),
-                    Vec::new(),
+                return Err(refuse(
+                    codes::POLICY_DENIED,
+                    unreadable_amount(rules, &p.req.args),
                 ));
             }
-        }
-
-        // 7. Duplicates.
-        if p.money.is_some()
-            && p.idempotency_key.is_none()
-            && s.limits.duplicate_window_seconds > 0
-            && !approved
-            && let Some((at, previous)) = state
-                .recent_allows
-                .get(&(req.agent_id.clone(), p.fingerprint.clone()))
-            && now - *at < chrono::Duration::seconds(i64::from(s.limits.duplicate_window_seconds))
+            return Ok(None);
+        };
+        if let Some(cap) = rules.deny_over
+            && money.amount > cap
         {
-            return deny(
+            return Err(refuse(
+                codes::MANDATE_LIMIT_EXCEEDED,
+                format!(
+                    "{} {} is over the limit {} (--deny-over)",
+                    display(money.amount),
+                    money.currency,
+                    display(cap)
+                ),
+            ));
+        }
+        Ok(rules
+            .escalate_over
+            .filter(|threshold| money.amount > *threshold)
+            .map(|threshold| PendingEscalation {
+                approver: self.settings.approvals.default_approver.clone(),
+                reason: format!(
+                    "{} {} is over the escalation threshold {} (--escalate-over)",
+                    display(money.amount),
+                    money.currency,
+                    display(threshold)
+                ),
+                policies: Vec::new(),
+            }))
+    }
+
+    /// Step 6 with mandates: an amount on a tool bound to a mandate is required (fail
+    /// closed), an amount needs a mandate (`MANDATE_NOT_FOUND`), and the mandate's terms are
+    /// checked ([`Self::check_mandate`]). Passes on the mandate and the hold to take.
+    fn check_spend(
+        &self,
+        state: &State,
+        p: &Prepared,
+        tool: Option<&ToolSettings>,
+        policies: &[String],
+        now: DateTime<Utc>,
+    ) -> Result<(Option<Mandate>, Option<Hold>), Refusal> {
+        let req = &p.req;
+        let bound = tool.and_then(|t| t.mandate.as_deref());
+        let mandate_id = p.mandate_id.as_deref().or(bound);
+        match (&p.money, mandate_id) {
+            (None, Some(id)) if bound.is_some() => Err(refuse(
+                codes::POLICY_DENIED,
+                format!(
+                    "fail closed: tool `{}` spends under mandate `{id}`, so the request needs \
+                     amount_usd (or amount + currency)",
+                    req.tool
+                ),
+            )),
+            (None, _) => Ok((None, None)),
+            (Some(money), None) => Err(Refusal {
+                code: codes::MANDATE_NOT_FOUND,
+                reason: format!(
+                    "no mandate covers {} {} on tool `{}`",
+                    display(money.amount),
+                    money.currency,
+                    req.tool
+                ),
+                currency: Some(money.currency.clone()),
+                policies: policies.to_vec(),
+            }),
+            (Some(_), Some(id)) => {
+                let (mandate, hold) = self.check_mandate(state, p, id, bound, now)?;
+                Ok((Some(mandate), Some(hold)))
+            }
+        }
+    }
+
+    /// Step 6, the profile's escalation amount: an amount above it passes on an escalation.
+    fn escalation_amount(&self, p: &Prepared) -> Option<PendingEscalation> {
+        let threshold = self
+            .settings
+            .policy
+            .as_ref()
+            .and_then(|policy| policy.profile.escalation_amount)?;
+        let money = p.money.as_ref().filter(|m| m.amount > threshold)?;
+        Some(PendingEscalation {
+            approver: self.settings.approvals.default_approver.clone(),
+            reason: format!(
+                "{} {} is above the escalation amount {}",
+                display(money.amount),
+                money.currency,
+                display(threshold)
+            ),
+            policies: Vec::new(),
+        })
+    }
+
+    /// Step 7, duplicates: a money request without an idempotency key identical to one
+    /// allowed within the window is denied (`DUPLICATE_REQUEST`).
+    fn check_duplicate(
+        &self,
+        state: &State,
+        p: &Prepared,
+        now: DateTime<Utc>,
+    ) -> Result<(), Refusal> {
+        let window = self.settings.limits.duplicate_window_seconds;
+        if p.money.is_none() || p.idempotency_key.is_some() || window == 0 {
+            return Ok(());
+        }
+        if let Some((at, previous)) = state
+            .recent_allows
+            .get(&(p.req.agent_id.clone(), p.fingerprint.clone()))
+            && now - *at < chrono::Duration::seconds(i64::from(window))
+        {
+            return Err(refuse(
                 codes::DUPLICATE_REQUEST,
                 format!(
                     "an identical request was allowed at {} as {previous}; pass an \
                      idempotency_key to repeat it deliberately",
                     rfc3339(*at)
                 ),
-            );
+            ));
         }
+        Ok(())
+    }
 
-        // 8. Risk.
-        let mut risk = None;
-        if let Some(model) = &s.risk {
-            let mut score = 0.0;
-            let mut matched = Vec::new();
-            for signal in &model.signals {
-                let hit = match &signal.when {
-                    RiskCondition::AmountOver(a) => p.money.as_ref().is_some_and(|m| m.amount > *a),
-                    RiskCondition::VelocityRatioOver(r) => velocity_ratio > *r,
-                    RiskCondition::FactEquals(name, value) => req.context.get(name) == Some(value),
-                };
-                if hit {
-                    score += signal.score;
-                    matched.push(signal.id.clone());
-                }
-            }
-            let score: f64 = score.clamp(0.0, 1.0);
-            if score > model.deny_above {
-                return deny(
-                    codes::RISK_THRESHOLD_EXCEEDED,
-                    format!(
-                        "risk score {score:.2} is above {:.2} ({})",
-                        model.deny_above,
-                        matched.join(", ")
-                    ),
-                );
-            }
-            risk = Some(score);
-        }
-
-        // 9. Escalation.
-        if let Some((approver, reason, ids)) = escalation
-            && !approved
-        {
-            return Outcome::Escalate {
-                approver,
-                reason,
-                policies: ids,
-                mandate,
+    /// Step 8, risk: the sum of the matched signals (capped at 1) above the threshold is
+    /// denied (`RISK_THRESHOLD_EXCEEDED`). Passes on the score when a model is configured.
+    fn risk_score(&self, p: &Prepared, velocity_ratio: f64) -> Result<Option<f64>, Refusal> {
+        let Some(model) = &self.settings.risk else {
+            return Ok(None);
+        };
+        let mut score = 0.0;
+        let mut matched = Vec::new();
+        for signal in &model.signals {
+            let hit = match &signal.when {
+                RiskCondition::AmountOver(a) => p.money.as_ref().is_some_and(|m| m.amount > *a),
+                RiskCondition::VelocityRatioOver(r) => velocity_ratio > *r,
+                RiskCondition::FactEquals(name, value) => p.req.context.get(name) == Some(value),
             };
+            if hit {
+                score += signal.score;
+                matched.push(signal.id.clone());
+            }
         }
-
-        Outcome::Allow {
-            policies,
-            mandate,
-            hold,
-            risk,
+        let score: f64 = score.clamp(0.0, 1.0);
+        if score > model.deny_above {
+            return Err(refuse(
+                codes::RISK_THRESHOLD_EXCEEDED,
+                format!(
+                    "risk score {score:.2} is above {:.2} ({})",
+                    model.deny_above,
+                    matched.join(", ")
+                ),
+            ));
         }
+        Ok(Some(score))
     }
 
     /// The context Cedar sees: the client's facts without the derived keys, then the derived
@@ -951,10 +1191,9 @@ impl Gate {
         context
     }
 
-    #[allow(
-        clippy::too_many_lines,
-        reason = "one check per mandate term, in order"
-    )]
+    /// The mandate's terms, in order: it applies to this request ([`Self::applicable_mandate`]),
+    /// then the per-transaction, daily and monthly caps, the per-entity sub-budget and the
+    /// relational cap. Passes on the hold the allow takes.
     fn check_mandate(
         &self,
         state: &State,
@@ -963,15 +1202,34 @@ impl Gate {
         bound: Option<&str>,
         now: DateTime<Utc>,
     ) -> Result<(Mandate, Hold), Refusal> {
-        let req = &p.req;
         let Some(money) = &p.money else {
             return Err(refuse(codes::POLICY_DENIED, "no amount"));
         };
-        let not_found = |why: String| Refusal {
-            code: codes::MANDATE_NOT_FOUND,
-            reason: why,
-            currency: Some(money.currency.clone()),
-        };
+        let mandate = self.applicable_mandate(p, money, id, bound, now)?;
+        let terms = MandateTerms { id, mandate, money };
+        terms.check_per_tx()?;
+        let mut hold = terms.check_periods(state, now)?;
+        hold.entity = terms.check_entity(state, &p.req, &hold.month)?;
+        if mandate.relational_cap {
+            let (reference, base) = self.check_reference(state, p, &terms)?;
+            hold.reference = Some(reference);
+            hold.reference_amount = Some(base);
+        }
+        Ok((mandate.clone(), hold))
+    }
+
+    /// The mandate exists, is the one the tool is bound to, belongs to the agent, is active,
+    /// unexpired, in the request's currency and covers the tool (`MANDATE_NOT_FOUND`).
+    fn applicable_mandate(
+        &self,
+        p: &Prepared,
+        money: &Money,
+        id: &str,
+        bound: Option<&str>,
+        now: DateTime<Utc>,
+    ) -> Result<&Mandate, Refusal> {
+        let req = &p.req;
+        let not_found = |why: String| refuse_in(codes::MANDATE_NOT_FOUND, why, money);
         let Some(m) = self.settings.mandates.get(id) else {
             return Err(not_found(format!("mandate `{id}` does not exist")));
         };
@@ -1016,160 +1274,78 @@ impl Gate {
                 )));
             }
         }
-        let over = |what: &str, limit: Decimal, total: Decimal| Refusal {
-            code: codes::MANDATE_LIMIT_EXCEEDED,
-            reason: format!(
-                "{} {} would exceed the {what} limit {} of mandate `{id}` (counted with this \
-                 request: {})",
-                display(money.amount),
-                money.currency,
-                display(limit),
-                display(total)
-            ),
-            currency: Some(money.currency.clone()),
-        };
-        if let Some(cap) = m.per_tx_limit
-            && money.amount > cap
-        {
-            return Err(Refusal {
-                code: codes::MANDATE_LIMIT_EXCEEDED,
-                reason: format!(
-                    "{} {} is over the per-transaction limit {} of mandate `{id}`",
-                    display(money.amount),
-                    money.currency,
-                    display(cap)
+        Ok(m)
+    }
+
+    /// The relational cap: refunds against a reference, with this one, stay within the
+    /// original charge (`EXCEEDS_REFERENCE`); the reference and its amount are required (fail
+    /// closed). Passes on the reference and the amount it is capped by.
+    fn check_reference(
+        &self,
+        state: &State,
+        p: &Prepared,
+        terms: &MandateTerms<'_>,
+    ) -> Result<(String, Decimal), Refusal> {
+        let MandateTerms { id, money, .. } = *terms;
+        let Some(reference) = p.reference.clone() else {
+            return Err(refuse(
+                codes::POLICY_DENIED,
+                format!(
+                    "fail closed: missing fact `reference` (mandate `{id}` caps refunds by the \
+                     original charge)"
                 ),
-                currency: Some(money.currency.clone()),
-            });
-        }
-        let (day, month) = windows(now);
-        let mut hold = Hold {
-            mandate_id: id.to_owned(),
-            amount: money.amount,
-            day,
-            month,
-            entity: None,
-            reference: None,
-            reference_amount: None,
+            ));
         };
-        if let Some(cap) = m.daily_limit {
-            let total = state.usage(&crate::state::Counter::Day(id.into(), hold.day.clone()))
-                + money.amount;
-            if total > cap {
-                return Err(over("daily", cap, total));
+        let pinned = self
+            .settings
+            .references
+            .get(&reference)
+            .copied()
+            .or_else(|| {
+                state
+                    .reference_pins
+                    .get(&(id.to_owned(), reference.clone()))
+                    .copied()
+            });
+        let base = match (pinned, p.reference_amount) {
+            (Some(pinned), Some(given)) if pinned != given => {
+                return Err(refuse_in(
+                    codes::EXCEEDS_REFERENCE,
+                    format!(
+                        "reference {reference} is recorded with amount {}, the request says {}",
+                        display(pinned),
+                        display(given)
+                    ),
+                    money,
+                ));
             }
-        }
-        if let Some(cap) = m.monthly_limit {
-            let total = state.usage(&crate::state::Counter::Month(id.into(), hold.month.clone()))
-                + money.amount;
-            if total > cap {
-                return Err(over("monthly", cap, total));
-            }
-        }
-        if let (Some(cap), Some(key)) = (m.per_entity_limit, &m.entity_key) {
-            // A sub-budget keyed by a fact: it applies whenever the fact is sent; a request
-            // without the fact is skipped only when the mandate says the sub-budget is
-            // optional, and fails closed otherwise. A fact sent with another type or empty is
-            // refused either way (it cannot be counted, and must not dodge the budget).
-            let entity = match req.context.get(key) {
-                Some(Value::String(s)) if !s.trim().is_empty() => Some(s.clone()),
-                Some(other) => {
-                    return Err(refuse(
-                        codes::POLICY_DENIED,
-                        format!(
-                            "fail closed: fact `{key}` must be a non-empty string, got `{}`",
-                            excerpt(other)
-                        ),
-                    ));
-                }
-                None if m.entity_optional => None,
-                None => {
-                    return Err(refuse(
-                        codes::POLICY_DENIED,
-                        format!(
-                            "fail closed: missing fact `{key}` (mandate `{id}` caps spend per {key})"
-                        ),
-                    ));
-                }
-            };
-            if let Some(entity) = entity {
-                let total = state.usage(&crate::state::Counter::Entity(
-                    id.into(),
-                    entity.clone(),
-                    hold.month.clone(),
-                )) + money.amount;
-                if total > cap {
-                    return Err(over(&format!("per-{key} monthly"), cap, total));
-                }
-                hold.entity = Some(entity);
-            }
-        }
-        if m.relational_cap {
-            let Some(reference) = p.reference.clone() else {
+            (Some(pinned), _) => pinned,
+            (None, Some(given)) => given,
+            (None, None) => {
                 return Err(refuse(
                     codes::POLICY_DENIED,
                     format!(
-                        "fail closed: missing fact `reference` (mandate `{id}` caps refunds by the \
-                         original charge)"
+                        "fail closed: missing fact `reference_amount` for reference {reference}"
                     ),
                 ));
-            };
-            let pinned = self
-                .settings
-                .references
-                .get(&reference)
-                .copied()
-                .or_else(|| {
-                    state
-                        .reference_pins
-                        .get(&(id.to_owned(), reference.clone()))
-                        .copied()
-                });
-            let base = match (pinned, p.reference_amount) {
-                (Some(pinned), Some(given)) if pinned != given => {
-                    return Err(Refusal {
-                        code: codes::EXCEEDS_REFERENCE,
-                        reason: format!(
-                            "reference {reference} is recorded with amount {}, the request says {}",
-                            display(pinned),
-                            display(given)
-                        ),
-                        currency: Some(money.currency.clone()),
-                    });
-                }
-                (Some(pinned), _) => pinned,
-                (None, Some(given)) => given,
-                (None, None) => {
-                    return Err(refuse(
-                        codes::POLICY_DENIED,
-                        format!(
-                            "fail closed: missing fact `reference_amount` for reference {reference}"
-                        ),
-                    ));
-                }
-            };
-            let already = state.usage(&crate::state::Counter::Reference(
-                id.into(),
-                reference.clone(),
-            ));
-            if already + money.amount > base {
-                return Err(Refusal {
-                    code: codes::EXCEEDS_REFERENCE,
-                    reason: format!(
-                        "refunds against {reference} would total {} {}, above the original {} \
-                         (already {} refunded or held)",
-                        display(already + money.amount),
-                        money.currency,
-                        display(base),
-                        display(already)
-                    ),
-                    currency: Some(money.currency.clone()),
-                });
             }
-            hold.reference = Some(reference);
-            hold.reference_amount = Some(base);
+        };
+        let already = state.usage(&Counter::Reference(id.into(), reference.clone()));
+        if already + money.amount > base {
+            return Err(refuse_in(
+                codes::EXCEEDS_REFERENCE,
+                format!(
+                    "refunds against {reference} would total {} {}, above the original {} \
+                     (already {} refunded or held)",
+                    display(already + money.amount),
+                    money.currency,
+                    display(base),
+                    display(already)
+                ),
+                money,
+            ));
         }
-        Ok((m.clone(), hold))
+        Ok((reference, base))
     }
 
     /// Records an outcome as a decision event and answers it.

@@ -13,6 +13,7 @@
     reason = "test helpers outside #[test] fns: a panic there is a failed assertion"
 )]
 
+mod approval_properties;
 mod audit_cases;
 mod cases;
 mod connect;

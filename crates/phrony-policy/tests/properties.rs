@@ -1,0 +1,396 @@
+//! Property tests of the policy engine on generated policy sets and calls: a matching deny always
+//! wins, evaluation is deterministic and independent of the order policies are given in (for the
+//! decision type), and a definition survives its JSON round trip and evaluates identically.
+
+use phrony_policy::{DecisionKind, PolicyDef, PolicySet, Request, ToolCtx};
+use proptest::prelude::*;
+use proptest::test_runner::Config;
+use serde_json::{Map, Value, json};
+
+/// The tool every generated call is made to (a scope may name it, or another tool).
+const TOOL: &str = "payments.issue-refund";
+
+/// Keys generated arguments use, and condition paths read (some are never sent).
+const FIELDS: [&str; 8] = [
+    "amount",
+    "currency",
+    "tier",
+    "flag",
+    "note",
+    "items[any].price",
+    "items[all].price",
+    "customer.tier",
+];
+
+fn scalar() -> impl Strategy<Value = Value> {
+    prop_oneof![
+        (-1000i64..10_000).prop_map(Value::from),
+        (-100.0f64..1000.0).prop_map(|f| json!((f * 100.0).round() / 100.0)),
+        (0i64..600).prop_map(|n| Value::from(n.to_string())),
+        prop::sample::select(vec![
+            "USD", "usd ", "EUR", "gold", "Gold", "silver", "", "x"
+        ])
+        .prop_map(Value::from),
+        any::<bool>().prop_map(Value::from),
+    ]
+}
+
+fn arg_value() -> impl Strategy<Value = Value> {
+    prop_oneof![
+        4 => scalar(),
+        1 => Just(Value::Null),
+        1 => prop::collection::vec(scalar(), 0..3).prop_map(Value::from),
+    ]
+}
+
+/// Tool arguments of several JSON types, with some keys missing.
+fn args() -> impl Strategy<Value = Value> {
+    (
+        prop::option::of(arg_value()),
+        prop::option::of(arg_value()),
+        prop::option::of(arg_value()),
+        prop::option::of(arg_value()),
+        prop::collection::vec(prop::option::of(scalar()), 0..3),
+        prop::option::of(scalar()),
+    )
+        .prop_map(|(amount, currency, tier, flag, prices, customer_tier)| {
+            let mut map = Map::new();
+            for (key, value) in [
+                ("amount", amount),
+                ("currency", currency),
+                ("tier", tier),
+                ("flag", flag),
+            ] {
+                if let Some(value) = value {
+                    map.insert(key.to_owned(), value);
+                }
+            }
+            if !prices.is_empty() {
+                let items = prices
+                    .into_iter()
+                    .map(|price| match price {
+                        Some(p) => json!({"price": p}),
+                        None => json!({}),
+                    })
+                    .collect();
+                map.insert("items".to_owned(), Value::Array(items));
+            }
+            if let Some(tier) = customer_tier {
+                map.insert("customer".to_owned(), json!({"tier": tier}));
+            }
+            Value::Object(map)
+        })
+}
+
+/// A condition leaf that compiles: an operator with a value of the type it takes.
+fn leaf() -> impl Strategy<Value = Value> {
+    let field = prop::sample::select(FIELDS.to_vec());
+    let threshold = prop_oneof![
+        (-100i64..2000).prop_map(Value::from),
+        (0i64..600).prop_map(|n| Value::from(n.to_string())),
+        (0.0f64..500.0).prop_map(|f| json!((f * 10.0).round() / 10.0)),
+    ];
+    let op_value = prop_oneof![
+        (
+            prop::sample::select(vec!["gt", "gte", "lt", "lte", ">", "<="]),
+            threshold
+        )
+            .prop_map(|(op, v)| (op, v)),
+        (
+            prop::sample::select(vec!["eq", "neq", "==", "!="]),
+            scalar()
+        )
+            .prop_map(|(op, v)| (op, v)),
+        (
+            prop::sample::select(vec!["in", "not_in"]),
+            prop::collection::vec(scalar(), 1..4)
+        )
+            .prop_map(|(op, v)| (op, Value::from(v))),
+        any::<bool>().prop_map(|b| ("exists", Value::from(b))),
+        (
+            prop::sample::select(vec!["contains", "starts_with", "ends_with"]),
+            prop::sample::select(vec!["us", "G", "1", "old", "d"])
+        )
+            .prop_map(|(op, v)| (op, Value::from(v))),
+        prop::sample::select(vec!["^[0-9]+$", "(?i)usd", "^g", "5"])
+            .prop_map(|re| ("matches", Value::from(re))),
+    ];
+    (field, op_value)
+        .prop_map(|(field, (op, value))| json!({"field": field, "op": op, "value": value}))
+}
+
+/// A condition tree of `all`/`any`/`not` over leaves, a few levels deep.
+fn condition() -> impl Strategy<Value = Value> {
+    leaf().prop_recursive(3, 12, 3, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..3).prop_map(|c| json!({"all": c})),
+            prop::collection::vec(inner.clone(), 1..3).prop_map(|c| json!({"any": c})),
+            inner.prop_map(|c| json!({"not": c})),
+        ]
+    })
+}
+
+/// A condition that holds for every call: `any: [c, not c]` (a missing value makes `c` false and
+/// `not c` true).
+fn tautology() -> impl Strategy<Value = Value> {
+    condition().prop_map(|c| json!({"any": [c.clone(), {"not": c}]}))
+}
+
+#[derive(Debug, Clone)]
+struct Shape {
+    action: &'static str,
+    scope: &'static str,
+    conditions: Option<Value>,
+    quorum: Option<i64>,
+    reason: Option<&'static str>,
+    route: Option<&'static str>,
+    allow_list: bool,
+}
+
+fn shape() -> impl Strategy<Value = Shape> {
+    (
+        prop::sample::select(vec![
+            "allow",
+            "deny",
+            "block",
+            "require_approval",
+            "escalate",
+        ]),
+        prop::sample::select(vec![
+            "",
+            "agent",
+            "tool:payments.issue-refund",
+            "tool:crm.lookup",
+        ]),
+        prop::option::weighted(0.85, condition()),
+        prop::option::of(1i64..4),
+        prop::option::of(prop::sample::select(vec!["over the limit", "needs a lead"])),
+        prop::option::of(prop::sample::select(vec!["finance", "support-lead"])),
+        any::<bool>(),
+    )
+        .prop_map(
+            |(action, scope, conditions, quorum, reason, route, allow_list)| Shape {
+                action,
+                scope,
+                conditions,
+                quorum,
+                reason,
+                route,
+                allow_list,
+            },
+        )
+}
+
+/// A definition that compiles (every problem `PolicySet::compile` names is avoided).
+fn def_of(index: usize, s: &Shape) -> PolicyDef {
+    let approval = matches!(s.action, "require_approval" | "escalate");
+    let allow_list = s.action == "allow" && (s.allow_list || s.conditions.is_none());
+    let mut def = PolicyDef {
+        name: format!("policy-{index}"),
+        namespace: "payments".to_owned(),
+        version: "1.0.0".to_owned(),
+        // A policy needs a scope, conditions or an allow list.
+        scope: if s.scope.is_empty() && s.conditions.is_none() && !allow_list {
+            "agent".to_owned()
+        } else {
+            s.scope.to_owned()
+        },
+        action: s.action.to_owned(),
+        conditions: s.conditions.clone(),
+        reason: s.reason.map(str::to_owned),
+        ..PolicyDef::default()
+    };
+    if allow_list {
+        def.allow = vec!["USD".to_owned(), "gold".to_owned()];
+        def.allow_field = Some("currency".to_owned());
+    }
+    if approval {
+        def.approvals_required = s.quorum;
+        def.runtime = s.route.map(|r| {
+            let mut runtime = Map::new();
+            runtime.insert("phrony.com/approver_role".to_owned(), Value::from(r));
+            runtime
+        });
+    }
+    def
+}
+
+fn defs() -> impl Strategy<Value = Vec<PolicyDef>> {
+    prop::collection::vec(shape(), 0..7).prop_map(|shapes| {
+        shapes
+            .iter()
+            .enumerate()
+            .map(|(i, s)| def_of(i, s))
+            .collect()
+    })
+}
+
+#[track_caller]
+fn compile(defs: &[PolicyDef]) -> PolicySet {
+    match PolicySet::compile(defs.to_vec()) {
+        Ok(set) => set,
+        Err(errors) => panic!("the generator made an invalid set: {errors}\n{defs:#?}"),
+    }
+}
+
+/// What a decision says, as data to compare.
+fn decide(set: &PolicySet, args: &Value) -> (DecisionKind, Option<String>, Option<String>) {
+    let decision = set.evaluate(&Request::new(ToolCtx::new(TOOL), args));
+    (
+        decision.kind(),
+        decision.policy().map(|p| p.id().to_string()),
+        decision.reason().map(str::to_owned),
+    )
+}
+
+/// Each policy's own verdict in the explanation, by name: `(applies, matched, effect)`.
+fn verdicts(set: &PolicySet, args: &Value) -> Vec<(String, Value, Value, Value)> {
+    let explanation = serde_json::to_value(set.explain(&Request::new(ToolCtx::new(TOOL), args)))
+        .expect("an explanation serializes");
+    let mut out: Vec<_> = explanation["policies"]
+        .as_array()
+        .expect("the explanation lists its policies")
+        .iter()
+        .map(|t| {
+            (
+                t["policy"].as_str().unwrap_or_default().to_owned(),
+                t["applies"].clone(),
+                t["matched"].clone(),
+                t["effect"].clone(),
+            )
+        })
+        .collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+fn config() -> Config {
+    Config {
+        cases: 256,
+        failure_persistence: None,
+        ..Config::default()
+    }
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// A set with a deny policy that matches the call denies it, wherever the deny sits and
+    /// whatever else matches (allows, allow lists, approvals of any quorum), and names a deny.
+    #[test]
+    fn a_matching_deny_always_wins(
+        defs in defs(),
+        deny_conditions in tautology(),
+        deny_scope in prop::sample::select(vec!["", "agent", "tool:payments.issue-refund"]),
+        position in any::<prop::sample::Index>(),
+        args in args(),
+    ) {
+        let mut defs = defs;
+        let deny = PolicyDef {
+            name: "the-deny".to_owned(),
+            namespace: "payments".to_owned(),
+            version: "1.0.0".to_owned(),
+            scope: deny_scope.to_owned(),
+            action: "deny".to_owned(),
+            conditions: Some(deny_conditions),
+            reason: Some("never".to_owned()),
+            ..PolicyDef::default()
+        };
+        defs.insert(position.index(defs.len() + 1), deny);
+        let set = compile(&defs);
+        let decision = set.evaluate(&Request::new(ToolCtx::new(TOOL), &args));
+        prop_assert_eq!(decision.kind(), DecisionKind::Deny);
+        let decider = decision.policy().expect("a deny names its policy");
+        prop_assert!(
+            matches!(decider.action().as_str(), "deny" | "allow"),
+            "a deny is decided by a deny or an allow-list violation, not {}",
+            decider.action().as_str()
+        );
+    }
+
+    /// Whenever the explanation shows a matching deny policy in scope, the decision is a deny.
+    #[test]
+    fn any_matching_deny_in_a_random_set_denies(defs in defs(), args in args()) {
+        let set = compile(&defs);
+        let a_deny_matched = verdicts(&set, &args).iter().any(|(_, applies, matched, effect)| {
+            applies == &Value::Bool(true) && matched == &Value::Bool(true) && effect == "deny"
+        });
+        if a_deny_matched {
+            prop_assert_eq!(decide(&set, &args).0, DecisionKind::Deny);
+        }
+    }
+
+    /// The same call against the same set twice gives the same decision and the same
+    /// explanation; the set given in another order decides the same type, and every policy's
+    /// own verdict is unchanged.
+    #[test]
+    fn evaluation_is_deterministic_and_order_independent(
+        defs in defs(),
+        args in args(),
+        seed in any::<u64>(),
+    ) {
+        let set = compile(&defs);
+        let request = Request::new(ToolCtx::new(TOOL), &args);
+        prop_assert_eq!(decide(&set, &args), decide(&set, &args));
+        let first = serde_json::to_value(set.explain(&request)).expect("serializes");
+        let second = serde_json::to_value(set.explain(&request)).expect("serializes");
+        prop_assert_eq!(&first, &second);
+        prop_assert_eq!(set.explain(&request).to_string(), set.explain(&request).to_string());
+
+        let mut permuted = defs.clone();
+        shuffle(&mut permuted, seed);
+        let other = compile(&permuted);
+        let (kind, policy, _) = decide(&set, &args);
+        let (other_kind, other_policy, _) = decide(&other, &args);
+        prop_assert_eq!(kind, other_kind, "order changed the decision type: {:?}", permuted);
+        prop_assert_eq!(verdicts(&set, &args), verdicts(&other, &args));
+        // A single deciding candidate decides in any order.
+        let deciders = verdicts(&set, &args)
+            .iter()
+            .filter(|(_, applies, matched, effect)| {
+                applies == &Value::Bool(true) && matched == &Value::Bool(true) && effect == "deny"
+            })
+            .count();
+        if kind == DecisionKind::Deny && deciders == 1 {
+            prop_assert_eq!(policy, other_policy);
+        }
+    }
+
+    /// A definition serialises to the snapshot's JSON and parses back to itself (as a value
+    /// and from text), and the parsed set evaluates and explains every call identically.
+    #[test]
+    fn definitions_round_trip_and_evaluate_identically(
+        defs in defs(),
+        calls in prop::collection::vec(args(), 1..4),
+    ) {
+        let text = serde_json::to_string(&defs).expect("definitions serialize");
+        let parsed: Vec<PolicyDef> = serde_json::from_str(&text).expect("and parse back");
+        prop_assert_eq!(&parsed, &defs);
+        let as_value: Vec<PolicyDef> =
+            serde_json::from_value(serde_json::to_value(&defs).expect("serialize"))
+                .expect("parse");
+        prop_assert_eq!(&as_value, &defs);
+        let original = compile(&defs);
+        let reparsed = compile(&parsed);
+        for args in &calls {
+            let request = Request::new(ToolCtx::new(TOOL), args);
+            prop_assert_eq!(decide(&original, args), decide(&reparsed, args));
+            prop_assert_eq!(
+                serde_json::to_value(original.explain(&request)).expect("serializes"),
+                serde_json::to_value(reparsed.explain(&request)).expect("serializes")
+            );
+        }
+    }
+}
+
+/// A Fisher–Yates shuffle driven by `seed` (a small xorshift: reproducible from the case).
+fn shuffle<T>(items: &mut [T], seed: u64) {
+    let mut state = seed | 1;
+    for i in (1..items.len()).rev() {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        let j = usize::try_from(state % (i as u64 + 1)).unwrap_or(0);
+        items.swap(i, j);
+    }
+}
