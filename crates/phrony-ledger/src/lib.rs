@@ -190,10 +190,9 @@ pub use event_body::{
     ApprovalEscalated, ApprovalRequired, ApprovalVoted, AssistantSegment, AuditKeyIntroduced,
     AuditUnverifiedLogAllowed, CallRefusal, CompletionToolCall, EventBody, MessageRole,
     ModelCompletion, Reasoning, SCHEMA_VERSION, SealedHead, SecretEndpoint, SecretEndpointChange,
-    SecretEndpointRecord, SessionPrincipal, SessionStarted,
-    SessionTransition, TokenCreated, TokenRevoked, ToolCancelled, ToolCompleted, ToolDispatched,
-    ToolIndeterminate, ToolLateResult, ToolPolicyDenied, ToolQueued, ToolRequested, TurnUsage,
-    UserMessage, event_types,
+    SecretEndpointRecord, SessionPrincipal, SessionStarted, SessionTransition, TokenCreated,
+    TokenRevoked, ToolCancelled, ToolCompleted, ToolDispatched, ToolIndeterminate, ToolLateResult,
+    ToolPolicyDenied, ToolQueued, ToolRequested, TurnUsage, UserMessage, event_types,
 };
 pub use invocations::{
     CallStatus, Dispatch, NewToolCall, RecordedResult, SideEffectClass, ToolInvocation,
