@@ -69,6 +69,8 @@ pub struct Inputs<'a> {
     pub lines: &'a [(u64, String)],
     /// See [`super::Options::tolerate_final_turn_rerun`].
     pub tolerate_final_turn_rerun: bool,
+    /// See [`super::Options::tolerate_late_result_race`].
+    pub tolerate_late_result_race: bool,
 }
 
 /// One exported event, decoded.
@@ -140,12 +142,12 @@ pub fn check_trial(inputs: &Inputs<'_>) -> TrialOutcome {
                     .filter(|e| e.stream.contains(id.as_str()))
                     .map(|e| format!("{} {} @{}", e.seq, e.kind, e.at_ms))
                     .collect();
-                let known = inputs.tolerate_final_turn_rerun
-                    && s.session.status == "failed"
-                    && s.session
-                        .error
-                        .as_deref()
-                        .is_some_and(|e| e.starts_with("unexpected completion call"));
+                let error = s.session.error.as_deref().unwrap_or_default();
+                let known = s.session.status == "failed"
+                    && ((inputs.tolerate_final_turn_rerun
+                        && error.starts_with("unexpected completion call"))
+                        || (inputs.tolerate_late_result_race
+                            && error.ends_with("cannot go from succeeded to failed")));
                 let target = if known {
                     &mut out.known_issues
                 } else {

@@ -156,6 +156,7 @@ struct Trial {
     disturbed_ms: u64,
     notes: Vec<String>,
     tolerate_final_turn_rerun: bool,
+    tolerate_late_result_race: bool,
     _dir: tempfile::TempDir,
 }
 
@@ -211,6 +212,7 @@ pub(crate) fn run_trial(options: &Options, seed: u64) -> Option<TrialOutcome> {
         disturbed_ms: 0,
         notes: Vec::new(),
         tolerate_final_turn_rerun: options.tolerate_final_turn_rerun,
+        tolerate_late_result_race: options.tolerate_late_result_race,
         _dir: dir,
     };
     trial.wait_registered();
@@ -558,6 +560,7 @@ impl Trial {
             kills: &self.kills,
             lines: &guard(&self.lines),
             tolerate_final_turn_rerun: self.tolerate_final_turn_rerun,
+            tolerate_late_result_race: self.tolerate_late_result_race,
         });
         outcome.worker_faults = std::mem::take(&mut self.worker_faults);
         outcome.duplicated_results = self.duplicate;
