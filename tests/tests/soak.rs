@@ -11,13 +11,6 @@ fn soak(args: &[&str]) {
     let report = tempfile::NamedTempFile::new().expect("a temporary report file");
     let out = Command::new(env!("CARGO_BIN_EXE_soak"))
         .args(args)
-        // A known engine bug the soak found (README, "Fault soak"): a crash between a session's
-        // final `model.completion` and its `message.assistant` re-asks the model on recovery.
-        // Counted in the report, not a failure, until the engine records both atomically.
-        .arg("--tolerate-final-turn-rerun")
-        // Another (README): a late result recorded for a safe call just marked indeterminate
-        // makes the engine's "fail it" step a store error that fails the session.
-        .arg("--tolerate-late-result-race")
         .arg("--report")
         .arg(report.path())
         .output()

@@ -740,7 +740,7 @@ impl Ctx {
         if failure.outcome_unknown() && current.status == CallStatus::Dispatched {
             current = self
                 .store()
-                .mark_tool_call_indeterminate(&call.call_id, &message)
+                .mark_indeterminate_unless_settled(&call.call_id, &message)
                 .await?;
         }
         if current.status.is_terminal() {
@@ -782,10 +782,16 @@ impl Ctx {
                 Ok(())
             }
             f if f.outcome_unknown() && after_hitl && safe_class(binding) => {
-                self.store()
-                    .fail_tool_call(&call.call_id, codes::INDETERMINATE, &message)
+                let current = self
+                    .store()
+                    .fail_tool_call_unless_settled(&call.call_id, codes::INDETERMINATE, &message)
                     .await?;
-                Err(CallStop::Fail(message))
+                if current.error_code.as_deref() == Some(codes::INDETERMINATE) {
+                    Err(CallStop::Fail(message))
+                } else {
+                    // A late result settled the call first: the model gets it.
+                    Ok(())
+                }
             }
             f if f.outcome_unknown() => {
                 self.unknown_outcome(&current, binding, wire, &message, None)
@@ -813,8 +819,10 @@ impl Ctx {
         route: Option<String>,
     ) -> Result<(), CallStop> {
         if safe_class(binding) {
+            // A late result may have settled the call since it was marked indeterminate: then
+            // the model gets the recorded result (and the call is not re-sent).
             self.store()
-                .fail_tool_call(&call.call_id, codes::INDETERMINATE, reason)
+                .fail_tool_call_unless_settled(&call.call_id, codes::INDETERMINATE, reason)
                 .await?;
             return Ok(());
         }

@@ -709,27 +709,36 @@ impl Driver {
                     "model stopped for tool_use without tool calls".to_owned(),
                 ));
             }
-            let text = completion.text.clone();
-            let stop_reason = completion.stop_reason.clone();
+            // The completion and its assistant message commit together: a crash cannot leave a
+            // recorded completion without its text, which recovery would have to ask again.
+            let assistant = if has_calls {
+                (!completion.text.is_empty())
+                    .then(|| self.assistant_message(turn, completion.text.clone(), None, started))
+            } else {
+                let stop_reason = Some(completion.stop_reason.clone());
+                let mut message =
+                    self.assistant_message(turn, completion.text.clone(), stop_reason, started);
+                // The turn's usage includes this completion's (not folded yet).
+                if let Some(u) = message.turn_usage.as_mut() {
+                    let own = &completion.record.usage;
+                    u.input_tokens = u.input_tokens.saturating_add(own.input_tokens);
+                    u.output_tokens = u.output_tokens.saturating_add(own.output_tokens);
+                    u.estimated |= own.estimated;
+                }
+                Some(message)
+            };
             self.ctx
                 .store()
-                .append_engine_event(
+                .record_completion(
                     &session_id,
                     engine_event(
                         turn,
                         EventBody::ModelCompletion(ModelCompletion::from(&completion.record)),
                     )?,
+                    assistant.map(SessionEvent::AssistantMessage),
                 )
                 .await?;
             self.sync().await?;
-            if has_calls {
-                if !text.is_empty() {
-                    self.record_assistant(turn, text, None, started).await?;
-                }
-            } else {
-                self.record_assistant(turn, text, Some(stop_reason), started)
-                    .await?;
-            }
             self.ctx.notify();
             if !has_calls {
                 return Ok(TurnEnd::Finished);
@@ -750,16 +759,18 @@ impl Driver {
         }
     }
 
-    async fn record_assistant(
-        &mut self,
+    /// The assistant message of `turn` (on the final segment: the turn's usage as folded so
+    /// far and its duration).
+    fn assistant_message(
+        &self,
         turn: u32,
         content: String,
         stop_reason: Option<String>,
         started: DateTime<Utc>,
-    ) -> Result<(), Stop> {
+    ) -> AssistantMessage {
         let final_segment = stop_reason.is_some();
         let usage = self.fold.turn_usage.get(&turn).copied().unwrap_or_default();
-        let message = AssistantMessage {
+        AssistantMessage {
             turn,
             content,
             stop_reason,
@@ -770,15 +781,7 @@ impl Driver {
             }),
             turn_duration_ms: final_segment
                 .then(|| u64::try_from((self.ctx.now() - started).num_milliseconds()).unwrap_or(0)),
-        };
-        self.ctx
-            .store()
-            .record_session_event(
-                &self.ctx.session.id,
-                SessionEvent::AssistantMessage(message),
-            )
-            .await?;
-        self.sync().await
+        }
     }
 
     /// Streams one completion, forwarding text to subscribers.

@@ -153,6 +153,20 @@ impl LedgerStore {
         Ok(self.ledger.append_session_event(session_id, event).await?)
     }
 
+    /// Appends a model completion and the assistant message it produced in one ledger
+    /// transaction (see [`phrony_ledger::Ledger::record_completion`]).
+    pub async fn record_completion(
+        &self,
+        session_id: &str,
+        completion: NewEvent,
+        assistant: Option<SessionEvent>,
+    ) -> StoreResult<Vec<Event>> {
+        Ok(self
+            .ledger
+            .record_completion(session_id, completion, assistant)
+            .await?)
+    }
+
     /// Events with `seq > after_seq`, ascending, at most `limit`.
     pub async fn events_after(
         &self,
@@ -243,6 +257,51 @@ impl LedgerStore {
         message: &str,
     ) -> StoreResult<ToolInvocation> {
         Ok(self.ledger.fail_tool_call(call_id, code, message).await?)
+    }
+
+    /// Fails an open call on the runtime's side unless a result was recorded first: a worker
+    /// that reconnects may re-send the result of a call the engine is about to fail as
+    /// indeterminate (a late result, recorded by the router hooks). When the ledger refuses the
+    /// transition because the call is already terminal, the call as recorded is returned and
+    /// nothing is written; the caller goes on with the recorded outcome (the call is never
+    /// re-sent, so it cannot run twice).
+    pub async fn fail_tool_call_unless_settled(
+        &self,
+        call_id: &str,
+        code: &str,
+        message: &str,
+    ) -> StoreResult<ToolInvocation> {
+        match self.fail_tool_call(call_id, code, message).await {
+            Ok(call) => Ok(call),
+            Err(refused) => self.settled_or(call_id, refused).await,
+        }
+    }
+
+    /// `dispatched → indeterminate` unless a late result settled the call first (see
+    /// [`Self::fail_tool_call_unless_settled`]): then the call as recorded.
+    pub async fn mark_indeterminate_unless_settled(
+        &self,
+        call_id: &str,
+        reason: &str,
+    ) -> StoreResult<ToolInvocation> {
+        match self.mark_tool_call_indeterminate(call_id, reason).await {
+            Ok(call) => Ok(call),
+            Err(refused) => self.settled_or(call_id, refused).await,
+        }
+    }
+
+    /// The call when `refused` is a refused transition of a call that is already terminal;
+    /// otherwise `refused`.
+    async fn settled_or(&self, call_id: &str, refused: StoreError) -> StoreResult<ToolInvocation> {
+        if refused.kind != crate::ErrorKind::FailedPrecondition {
+            return Err(refused);
+        }
+        let current = self.get_tool_call(call_id).await?;
+        if current.status.is_terminal() {
+            Ok(current)
+        } else {
+            Err(refused)
+        }
     }
 
     /// A policy denied the call (`tool.policy_denied`).

@@ -215,6 +215,49 @@ impl Ledger {
         })
     }
 
+    /// Appends a model completion (an engine event such as `model.completion`, which the ledger
+    /// does not own) and the assistant message it produced in one transaction: either both are
+    /// in the stream or neither is, so a crash between them cannot leave a recorded completion
+    /// without its text (recovery would have to ask the model again). `assistant` is `None`
+    /// for a completion with tool calls and no text.
+    ///
+    /// # Errors
+    /// As [`Self::record_session_event`]; `InvalidArgument` when `completion` is malformed or
+    /// of a ledger-owned type.
+    pub async fn record_completion(
+        &self,
+        session_id: &str,
+        completion: NewEvent,
+        assistant: Option<SessionEvent>,
+    ) -> Result<Vec<Event>> {
+        completion.validate()?;
+        if is_ledger_owned(&completion.event_type) {
+            return Err(LedgerError::invalid(format!(
+                "event type {} is written by the ledger and cannot be recorded as a completion",
+                completion.event_type
+            )));
+        }
+        let mut batch = vec![completion];
+        if let Some(message) = &assistant {
+            batch.push(message.to_new_event()?);
+        }
+        write_tx!(self, |tx| async {
+            let mut head = lock_stream(&mut tx, session_id).await?;
+            let session = rows::require_session(&mut tx.conn(), session_id).await?;
+            if session.status.is_terminal() {
+                return Err(LedgerError::precondition(format!(
+                    "session {session_id} is {} and accepts no further events",
+                    session.status
+                )));
+            }
+            let mut written = Vec::with_capacity(batch.len());
+            for new in &batch {
+                written.push(append(&mut tx, &mut head, new.clone()).await?);
+            }
+            Ok(written)
+        })
+    }
+
     /// Events of a session with `seq > after_seq`, ascending, at most `limit` (1..=1000): the
     /// catch-up read of attach. Pass the last seq seen to continue.
     ///

@@ -442,6 +442,209 @@ async fn a_conversation_with_rejection_revalidation_and_invalid_args(db: Db) {
     );
 }
 
+/// A late result beats the engine's "indeterminate" failure (the crash soak's late-result race):
+/// the worker's stream is cut mid-call, the call is marked `tool.indeterminate`, the worker
+/// reconnects and re-sends its result (`tool.completed`, succeeded) before the engine fails the
+/// read as indeterminate. Failing it is refused; the engine's step keeps the recorded result,
+/// the model gets it, the call is not sent again and the session completes.
+async fn a_late_result_settles_a_call_marked_indeterminate(db: Db) {
+    let (h, ledger) = harness(
+        &db,
+        &AgentOptions::default(),
+        vec![
+            Step::call("lookup_order", json!({"order_id": "ORD-1"})),
+            Step::say("ORD-1 totals 400 EUR."),
+        ],
+    )
+    .await;
+    h.worker.set_behaviour(Behaviour::Hold);
+    let s = h.start("What does ORD-1 total?").await;
+    let mut held = Vec::new();
+    for _ in 0..500 {
+        held = h.worker.invoked("orders.lookup-order");
+        if !held.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let call_id = held.first().expect("the lookup reached the worker").call_id.clone();
+
+    // The stream is cut: the call is marked indeterminate; the worker reconnects and its
+    // re-sent result is recorded (what the router hooks do with a late result).
+    h.store
+        .mark_tool_call_indeterminate(&call_id, "worker lost")
+        .await
+        .unwrap();
+    h.store
+        .record_tool_result(
+            &call_id,
+            phrony_ledger::ToolResult {
+                worker_id: Some("refund-worker-1".into()),
+                outcome: phrony_ledger::ToolOutcome::Success(
+                    json!({"order_id": "ORD-1", "found": true, "total": 400.0}),
+                ),
+                usage: None,
+            },
+        )
+        .await
+        .unwrap();
+    // The engine's step now: the plain transition is refused (what failed the session)…
+    let refused = h
+        .store
+        .fail_tool_call(&call_id, "indeterminate", "worker lost")
+        .await
+        .unwrap_err();
+    assert_eq!(refused.kind, ErrorKind::FailedPrecondition, "{refused}");
+    // …and the engine's call keeps the recorded result, writing nothing.
+    let before = h.events(&s.id).await.len();
+    let settled = h
+        .store
+        .fail_tool_call_unless_settled(&call_id, "indeterminate", "worker lost")
+        .await
+        .unwrap();
+    assert_eq!(settled.status, phrony_ledger::CallStatus::Succeeded);
+    assert_eq!(settled.result.as_ref().unwrap()["total"], 400.0);
+    let again = h
+        .store
+        .mark_indeterminate_unless_settled(&call_id, "worker lost")
+        .await
+        .unwrap();
+    assert_eq!(again.status, phrony_ledger::CallStatus::Succeeded);
+    assert_eq!(h.events(&s.id).await.len(), before, "nothing written");
+
+    // The engine learns the worker was lost and goes on with the recorded result.
+    h.worker.disconnect().await;
+    let done = h.wait_end(&s.id).await;
+    assert_eq!(done.status, SessionStatus::Completed, "{done:?}");
+    assert_eq!(h.worker.invoked("orders.lookup-order").len(), 1, "not sent again");
+    let requests = h.script.requests();
+    assert_eq!(requests.len(), 2);
+    assert!(last_tool_result(&requests[1]).0.contains("\"total\":400"));
+    let types = h.event_types(&s.id).await;
+    assert_eq!(
+        types.iter().filter(|t| *t == "tool.completed").count(),
+        1,
+        "{types:?}"
+    );
+    assert!(
+        ledger
+            .verify_stream(&s.id)
+            .await
+            .unwrap()
+            .violation
+            .is_none()
+    );
+}
+
+/// A crash right after a session's final model turn (the crash soak's final-turn rerun): the
+/// engine records the final `model.completion` and its `message.assistant` in one commit
+/// (`Ledger::record_completion`), so a daemon that dies after it leaves the answer in the
+/// stream. Recovery must finish the session from it: no second (billed) model call, and the
+/// output is the recorded answer.
+async fn a_crash_after_the_final_completion_does_not_ask_the_model_again(db: Db) {
+    let gate = Arc::new(tokio::sync::Notify::new());
+    let (h, _ledger) = harness(
+        &db,
+        &AgentOptions::default(),
+        vec![Step::say("ORD-1 totals 400 EUR.").gated(Arc::clone(&gate))],
+    )
+    .await;
+    let s = h.start("What does ORD-1 total?").await;
+    for _ in 0..500 {
+        if !h.script.requests().is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(h.script.requests().len(), 1, "the model was asked");
+    // The model answered; the engine committed the completion with its message and died
+    // before the session's status changed (the daemon is killed: nothing else is written).
+    let completion = phrony_ledger::EventBody::ModelCompletion(phrony_ledger::ModelCompletion {
+        turn: 1,
+        iteration: 0,
+        stop_reason: "end_turn".into(),
+        usage: phrony_ledger::Usage {
+            input_tokens: 20,
+            output_tokens: 10,
+            estimated: false,
+        },
+        duration_ms: 5,
+        tool_calls: Vec::new(),
+        reasoning: Vec::new(),
+    });
+    let mut completion = completion.into_new_event("agent").unwrap();
+    completion.turn = Some(1);
+    let message = phrony_ledger::AssistantMessage {
+        turn: 1,
+        content: "ORD-1 totals 400 EUR.".into(),
+        stop_reason: Some("end_turn".into()),
+        turn_usage: Some(phrony_ledger::Usage {
+            input_tokens: 20,
+            output_tokens: 10,
+            estimated: false,
+        }),
+        turn_duration_ms: Some(5),
+    };
+    h.engine.shutdown();
+    let Harness { clock, .. } = h;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let ledger = db.ledger(&clock).await;
+    let store = Arc::new(LedgerStore::new(ledger.clone(), Some(cipher())));
+    let written = store
+        .record_completion(
+            &s.id,
+            completion,
+            Some(phrony_ledger::SessionEvent::AssistantMessage(message)),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        written.iter().map(|e| e.event_type.as_str()).collect::<Vec<_>>(),
+        ["model.completion", "message.assistant"]
+    );
+    assert!(
+        !store.get_session(&s.id).await.unwrap().status.is_terminal(),
+        "the session is still open"
+    );
+
+    // A new process recovers it with a model that would answer differently.
+    let script = Script::new(vec![Step::say("A different, billed answer.")]);
+    let router = router_for(&store);
+    let _worker = FakeWorker::connect(&router).await;
+    let engine = Engine::new(EngineDeps {
+        store: Arc::clone(&store),
+        router: Some(router),
+        providers: Arc::new(ScriptedFactory(script.clone())),
+        clock,
+        config: test_config(),
+    });
+    engine.recover().await.unwrap();
+    let done = tokio::time::timeout(Duration::from_secs(20), engine.wait_for(&s.id, &[]))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(done.status, SessionStatus::Completed, "{done:?}");
+    assert_eq!(done.output.unwrap()["message"], "ORD-1 totals 400 EUR.");
+    assert!(script.requests().is_empty(), "the model was not asked again");
+    let events = store.events_after(&s.id, 0, 1000).await.unwrap();
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| e.event_type == "model.completion")
+            .count(),
+        1
+    );
+    assert!(
+        ledger
+            .verify_stream(&s.id)
+            .await
+            .unwrap()
+            .violation
+            .is_none()
+    );
+    gate.notify_waiters();
+}
+
 macro_rules! on_both_backends {
     ($($case:ident),* $(,)?) => {
         mod sqlite {
@@ -471,6 +674,8 @@ on_both_backends!(
     a_timeout_default_applies_from_the_stored_expiry,
     a_pending_approval_survives_a_restart,
     a_conversation_with_rejection_revalidation_and_invalid_args,
+    a_late_result_settles_a_call_marked_indeterminate,
+    a_crash_after_the_final_completion_does_not_ask_the_model_again,
 );
 
 /// A revalidated edit that still needs approval opens a fresh approval about the *edited*
