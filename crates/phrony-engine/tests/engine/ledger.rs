@@ -467,7 +467,11 @@ async fn a_late_result_settles_a_call_marked_indeterminate(db: Db) {
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let call_id = held.first().expect("the lookup reached the worker").call_id.clone();
+    let call_id = held
+        .first()
+        .expect("the lookup reached the worker")
+        .call_id
+        .clone();
 
     // The stream is cut: the call is marked indeterminate; the worker reconnects and its
     // re-sent result is recorded (what the router hooks do with a late result).
@@ -516,7 +520,11 @@ async fn a_late_result_settles_a_call_marked_indeterminate(db: Db) {
     h.worker.disconnect().await;
     let done = h.wait_end(&s.id).await;
     assert_eq!(done.status, SessionStatus::Completed, "{done:?}");
-    assert_eq!(h.worker.invoked("orders.lookup-order").len(), 1, "not sent again");
+    assert_eq!(
+        h.worker.invoked("orders.lookup-order").len(),
+        1,
+        "not sent again"
+    );
     let requests = h.script.requests();
     assert_eq!(requests.len(), 2);
     assert!(last_tool_result(&requests[1]).0.contains("\"total\":400"));
@@ -599,7 +607,10 @@ async fn a_crash_after_the_final_completion_does_not_ask_the_model_again(db: Db)
         .await
         .unwrap();
     assert_eq!(
-        written.iter().map(|e| e.event_type.as_str()).collect::<Vec<_>>(),
+        written
+            .iter()
+            .map(|e| e.event_type.as_str())
+            .collect::<Vec<_>>(),
         ["model.completion", "message.assistant"]
     );
     assert!(
@@ -625,7 +636,10 @@ async fn a_crash_after_the_final_completion_does_not_ask_the_model_again(db: Db)
         .unwrap();
     assert_eq!(done.status, SessionStatus::Completed, "{done:?}");
     assert_eq!(done.output.unwrap()["message"], "ORD-1 totals 400 EUR.");
-    assert!(script.requests().is_empty(), "the model was not asked again");
+    assert!(
+        script.requests().is_empty(),
+        "the model was not asked again"
+    );
     let events = store.events_after(&s.id, 0, 1000).await.unwrap();
     assert_eq!(
         events

@@ -80,6 +80,7 @@ conformance!(
     rebuild_refuses_a_tampered_log_and_changes_nothing,
     committed_data_survives_reopening,
     session_lifecycle_records_every_transition,
+    a_completion_and_its_message_commit_together,
     child_sessions_follow_their_parent,
     list_sessions_filters_and_paginates_stably,
     tool_calls_follow_the_ledger_state_machine,

@@ -2785,3 +2785,96 @@ pub(crate) async fn a_route_restricted_approver_votes_only_on_its_routes(db: &Te
             .decided
     );
 }
+
+/// `record_completion`: a model completion and its assistant message commit together (both or
+/// neither), on live sessions only, and the message is stored exactly as
+/// `record_session_event` stores it.
+pub(crate) async fn a_completion_and_its_message_commit_together(db: &TestDb) {
+    let ledger = db.migrated().await;
+    let v = deploy_agent(ledger, &refund_agent(), "0.1.0").await;
+    let completion = || {
+        let body = phrony_ledger::EventBody::ModelCompletion(phrony_ledger::ModelCompletion {
+            turn: 1,
+            iteration: 0,
+            stop_reason: "end_turn".into(),
+            usage: Usage {
+                input_tokens: 20,
+                output_tokens: 10,
+                estimated: false,
+            },
+            duration_ms: 5,
+            tool_calls: Vec::new(),
+            reasoning: Vec::new(),
+        });
+        let mut e = body.into_new_event("agent").unwrap();
+        e.turn = Some(1);
+        e
+    };
+    let message = SessionEvent::AssistantMessage(phrony_ledger::AssistantMessage {
+        turn: 1,
+        content: "Done.".into(),
+        stop_reason: Some("end_turn".into()),
+        turn_usage: Some(Usage {
+            input_tokens: 20,
+            output_tokens: 10,
+            estimated: false,
+        }),
+        turn_duration_ms: Some(5),
+    });
+
+    let s = start(ledger, &v).await;
+    let before = ledger.events_after(&s.id, 0, 100).await.unwrap().len();
+    let written = ledger
+        .record_completion(&s.id, completion(), Some(message.clone()))
+        .await
+        .unwrap();
+    assert_eq!(
+        written
+            .iter()
+            .map(|e| e.event_type.as_str())
+            .collect::<Vec<_>>(),
+        ["model.completion", "message.assistant"]
+    );
+    assert_eq!(written[1].seq, written[0].seq + 1);
+    let all = ledger.events_after(&s.id, 0, 100).await.unwrap();
+    assert_eq!(all.len(), before + 2);
+
+    // The same message through `record_session_event` is stored identically.
+    let other = start(ledger, &v).await;
+    let single = ledger
+        .record_session_event(&other.id, message.clone())
+        .await
+        .unwrap();
+    assert_eq!(single.payload, written[1].payload);
+    assert_eq!(single.actor, written[1].actor);
+    assert_eq!(single.turn, written[1].turn);
+
+    // A ledger-owned type is refused, and nothing is written.
+    let mut owned = completion();
+    owned.event_type = "tool.completed".into();
+    assert!(matches!(
+        ledger
+            .record_completion(&s.id, owned, Some(message.clone()))
+            .await,
+        Err(LedgerError::InvalidArgument { .. })
+    ));
+    // An ended session takes neither event.
+    ledger
+        .set_session_status(&s.id, StatusChange::failed("stopped"))
+        .await
+        .unwrap();
+    let ended = ledger.events_after(&s.id, 0, 100).await.unwrap().len();
+    assert_eq!(
+        precondition(
+            ledger
+                .record_completion(&s.id, completion(), Some(message))
+                .await
+        ),
+        format!("session {} is failed and accepts no further events", s.id)
+    );
+    assert_eq!(
+        ledger.events_after(&s.id, 0, 100).await.unwrap().len(),
+        ended,
+        "a refused completion appends nothing"
+    );
+}
