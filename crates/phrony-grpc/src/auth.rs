@@ -31,7 +31,7 @@ use std::sync::Arc;
 use phrony_auth::{AuthError, Authenticator, Credentials, Permission, Principal};
 use tonic::body::Body;
 use tonic::codegen::http;
-use tonic::codegen::{BoxFuture, Context, Poll, Service};
+use tonic::codegen::{Body as _, BoxFuture, Context, Poll, Service};
 use tonic::server::NamedService;
 use tonic::{Request, Status};
 
@@ -231,7 +231,7 @@ where
             // client CA by the handshake); a certificate without a usable CN is refused here.
             let peer_subject = match crate::peer::extensions_peer_subject(request.extensions()) {
                 Ok(subject) => subject,
-                Err(e) => return Ok(auth_status(&e).into_http()),
+                Err(e) => return Ok(refuse(auth_status(&e), request).await),
             };
             match admit(
                 authenticator.as_ref(),
@@ -248,11 +248,54 @@ where
                 }
                 Err(status) => {
                     tracing::info!(rpc = %path, code = ?status.code(), message = status.message(), "rpc refused at the access edge");
-                    Ok(status.into_http())
+                    Ok(refuse(status, request).await)
                 }
             }
         })
     }
+}
+
+/// How long a refusal waits for the call's first request message, and then how long (and how
+/// many request bytes) the rest of the request body is read in the background.
+const REFUSAL_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+const REFUSAL_DRAIN_BYTES: usize = 64 * 1024;
+
+/// Answers a refused call with `status`, once its first request message has arrived (at most
+/// [`REFUSAL_WAIT`]), and keeps reading the request body in the background for at most
+/// [`REFUSAL_WAIT`] and [`REFUSAL_DRAIN_BYTES`] instead of dropping it. A client that is still
+/// writing its first message when the call ends — the published SDK on a streaming RPC, under
+/// load — otherwise sees that write fail and reports `INTERNAL: Internal error from Core`
+/// instead of the refusal's status (`tests/python/test_access_sdk.py`).
+async fn refuse(status: Status, request: http::Request<Body>) -> http::Response<Body> {
+    let mut body = Box::pin(request.into_body());
+    let first = tokio::time::timeout(
+        REFUSAL_WAIT,
+        std::future::poll_fn(|cx| body.as_mut().poll_frame(cx)),
+    )
+    .await;
+    let more = match first {
+        // The body ended (or broke): nothing more will be written.
+        Ok(None | Some(Err(_))) => false,
+        Ok(Some(Ok(_))) | Err(_) => true,
+    };
+    if more {
+        tokio::spawn(async move {
+            let drain = async {
+                let mut read = 0usize;
+                while let Some(Ok(frame)) =
+                    std::future::poll_fn(|cx| body.as_mut().poll_frame(cx)).await
+                {
+                    read = read.saturating_add(frame.data_ref().map_or(0, |d| d.len()));
+                    if read > REFUSAL_DRAIN_BYTES {
+                        break;
+                    }
+                }
+            };
+            // Either way the body is dropped here, which ends the stream.
+            let _ = tokio::time::timeout(REFUSAL_WAIT, drain).await;
+        });
+    }
+    status.into_http()
 }
 
 #[cfg(test)]
