@@ -53,11 +53,13 @@ pub struct Options {
     /// Count a session failed by the known final-turn re-run (a crash between the final
     /// `model.completion` and its `message.assistant` makes recovery ask the model again; the
     /// stub's script then runs out) as a known issue instead of a violation
-    /// (`--tolerate-final-turn-rerun`). Remove once the engine records both in one transaction.
+    /// (`--tolerate-final-turn-rerun`). Fixed since the completion and its message commit together;
+    /// kept only to soak builds from before the fix (the short test never sets it).
     pub tolerate_final_turn_rerun: bool,
     /// Count a session failed by the known late-result race (a safe call marked indeterminate
     /// whose late result is recorded before the engine fails it: `cannot go from succeeded to
-    /// failed`) as a known issue (`--tolerate-late-result-race`).
+    /// failed`) as a known issue (`--tolerate-late-result-race`). Fixed since the engine takes the
+    /// recorded result; kept only to soak builds from before the fix (the short test never sets it).
     pub tolerate_late_result_race: bool,
 }
 
