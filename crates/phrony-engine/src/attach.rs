@@ -531,6 +531,7 @@ impl SessionView {
             | EventBody::AgentVersionPublished(_)
             | EventBody::AgentDeployed(_)
             | EventBody::AgentRolledBack(_)
+            | EventBody::AgentActivationRefused(_)
             | EventBody::AgentVersionDeprecated(_)
             | EventBody::AgentVersionRetired(_)
             | EventBody::AgentArchived(_)

@@ -3,7 +3,8 @@
 //! under the daemon's current provider configuration) are compared with those of every version
 //! the agent has ever had deployed. A secret's value (its `fromEnv` variable) sent to an
 //! endpoint no earlier deployment sent it to is refused unless the deployer allows it; the
-//! activation event records the endpoints and the allowed changes.
+//! activation event records the endpoints and the allowed changes, and a refusal is recorded
+//! as `agent.activation_refused` (who tried, which version, which endpoints).
 //!
 //! The check reads the history before the ledger's write transaction. History only grows
 //! (deployments are append-only, versions immutable), so a concurrent deployment can only turn a
@@ -12,8 +13,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use phrony_ledger::{
-    AgentRef, Attribution, Deployment, Ledger, LedgerError, SecretEndpoint, SecretEndpointChange,
-    SecretEndpointRecord,
+    AgentRef, Attribution, Deployment, DeploymentAction, Ledger, LedgerError, SecretEndpoint,
+    SecretEndpointChange, SecretEndpointRecord,
 };
 use phrony_manifest::CompiledAgent;
 use uuid::Uuid;
@@ -139,6 +140,18 @@ pub async fn activate(
             %agent, version = %target, %actor, changes = ?changes,
             "refused an activation that sends secrets to new endpoints"
         );
+        let action = match activation {
+            Activation::Deploy(_) => DeploymentAction::Deploy,
+            Activation::Rollback(_) => DeploymentAction::Rollback,
+        };
+        // The refusal stands whether or not it could be recorded: a failed record must not
+        // turn a refused activation into an error that hides why it was refused.
+        if let Err(e) = ledger
+            .record_activation_refused(agent, &target, action, &changes, actor)
+            .await
+        {
+            tracing::error!(%agent, version = %target, error = %e, "could not record a refused activation");
+        }
         return Err(ActivationError::NewSecretEndpoints {
             agent: agent.clone(),
             version: target,

@@ -459,6 +459,7 @@ impl Fold {
             | EventBody::AgentVersionPublished(_)
             | EventBody::AgentDeployed(_)
             | EventBody::AgentRolledBack(_)
+            | EventBody::AgentActivationRefused(_)
             | EventBody::AgentVersionDeprecated(_)
             | EventBody::AgentVersionRetired(_)
             | EventBody::AgentArchived(_)

@@ -548,6 +548,7 @@ fn event_summary(
         EventBody::AgentVersionPublished(_)
         | EventBody::AgentDeployed(_)
         | EventBody::AgentRolledBack(_)
+        | EventBody::AgentActivationRefused(_)
         | EventBody::AgentVersionDeprecated(_)
         | EventBody::AgentVersionRetired(_)
         | EventBody::AgentArchived(_) => format!("{} by {}", e.event_type, actor_label(e)),

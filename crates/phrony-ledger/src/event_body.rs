@@ -23,7 +23,7 @@ use serde_json::{Map, Value};
 use uuid::Uuid;
 
 use crate::error::{LedgerError, Result};
-use crate::model::{Event, NewEvent};
+use crate::model::{DeploymentAction, Event, NewEvent};
 use crate::vocabulary::{
     ApprovalKind, ApprovalStatus, ApprovalTimeout, CallStatus, OnModify, OnReject,
     ReviewResolution, SessionLimits, SessionMode, SessionStatus, SideEffectClass, Usage,
@@ -90,6 +90,9 @@ pub mod event_types {
     pub const AGENT_DEPLOYED: &str = "agent.deployed";
     /// The active deployment went back to an earlier version (agent stream).
     pub const AGENT_ROLLED_BACK: &str = "agent.rolled_back";
+    /// A deploy or rollback was refused because the version would send a secret to an
+    /// endpoint no earlier deployment used (agent stream; nothing else changed).
+    pub const AGENT_ACTIVATION_REFUSED: &str = "agent.activation_refused";
     /// A version was deprecated (agent stream).
     pub const AGENT_VERSION_DEPRECATED: &str = "agent.version_deprecated";
     /// A version was retired (agent stream).
@@ -211,6 +214,9 @@ pub enum EventBody {
     /// `agent.rolled_back`.
     #[serde(rename = "agent.rolled_back")]
     AgentRolledBack(AgentActivated),
+    /// `agent.activation_refused`.
+    #[serde(rename = "agent.activation_refused")]
+    AgentActivationRefused(AgentActivationRefused),
     /// `agent.version_deprecated`.
     #[serde(rename = "agent.version_deprecated")]
     AgentVersionDeprecated(AgentVersionChanged),
@@ -261,6 +267,7 @@ const KNOWN_TYPES: &[&str] = &[
     types::AGENT_VERSION_PUBLISHED,
     types::AGENT_DEPLOYED,
     types::AGENT_ROLLED_BACK,
+    types::AGENT_ACTIVATION_REFUSED,
     types::AGENT_VERSION_DEPRECATED,
     types::AGENT_VERSION_RETIRED,
     types::AGENT_ARCHIVED,
@@ -321,6 +328,7 @@ impl EventBody {
             Self::AgentVersionPublished(_) => types::AGENT_VERSION_PUBLISHED,
             Self::AgentDeployed(_) => types::AGENT_DEPLOYED,
             Self::AgentRolledBack(_) => types::AGENT_ROLLED_BACK,
+            Self::AgentActivationRefused(_) => types::AGENT_ACTIVATION_REFUSED,
             Self::AgentVersionDeprecated(_) => types::AGENT_VERSION_DEPRECATED,
             Self::AgentVersionRetired(_) => types::AGENT_VERSION_RETIRED,
             Self::AgentArchived(_) => types::AGENT_ARCHIVED,
@@ -388,6 +396,7 @@ one_variant! {
     ApprovalEscalated => ApprovalEscalated,
     AgentVersionPublished => AgentVersionPublished,
     AgentArchived => AgentArchived,
+    AgentActivationRefused => AgentActivationRefused,
     TokenCreated => TokenCreated,
     TokenRevoked => TokenRevoked,
     AuditKeyIntroduced => AuditKeyIntroduced,
@@ -957,6 +966,23 @@ pub struct AgentActivated {
     /// the server refuses such an activation otherwise.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub secret_endpoint_changes: Vec<SecretEndpointChange>,
+}
+
+/// `agent.activation_refused`: a deploy or rollback the server refused because the version
+/// would send secrets to endpoints no earlier deployment of the agent used, and the caller did
+/// not allow it. Who tried is the event's actor; nothing else changed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentActivationRefused {
+    /// The agent.
+    pub agent_id: Uuid,
+    /// The version that was to be activated.
+    pub version_id: Uuid,
+    /// Its label.
+    pub version: String,
+    /// `deploy` or `rollback`.
+    pub action: DeploymentAction,
+    /// Each secret and the new endpoint it would have been sent to.
+    pub changes: Vec<SecretEndpointChange>,
 }
 
 /// One secret of a deployed version and the endpoint its value is sent to.

@@ -82,6 +82,7 @@
 //! |---|---|
 //! | `agent.version_published` | `agent_id, namespace, name, owner, labels, version_id, version, content_hash, snapshot_json` |
 //! | `agent.deployed`, `agent.rolled_back` | `agent_id, deployment_id, version_id, version, previous_version_id, previous_version` |
+//! | `agent.activation_refused` | `agent_id, version_id, version, action` (`deploy`/`rollback`), `changes` (the secrets it would have sent to new endpoints); changes no projection |
 //! | `agent.version_deprecated`, `agent.version_retired` | `agent_id, version_id, version` |
 //! | `agent.archived` | `agent_id, deprecated_version_ids, deprecated_versions` |
 //!
@@ -186,13 +187,14 @@ pub use approvals::{
 };
 pub use cipher::{CipherError, KEY_LEN, SecretCipher};
 pub use event_body::{
-    AgentActivated, AgentArchived, AgentVersionChanged, AgentVersionPublished, ApprovalDecided,
-    ApprovalEscalated, ApprovalRequired, ApprovalVoted, AssistantSegment, AuditKeyIntroduced,
-    AuditUnverifiedLogAllowed, CallRefusal, CompletionToolCall, EventBody, MessageRole,
-    ModelCompletion, Reasoning, SCHEMA_VERSION, SealedHead, SecretEndpoint, SecretEndpointChange,
-    SecretEndpointRecord, SessionPrincipal, SessionStarted, SessionTransition, TokenCreated,
-    TokenRevoked, ToolCancelled, ToolCompleted, ToolDispatched, ToolIndeterminate, ToolLateResult,
-    ToolPolicyDenied, ToolQueued, ToolRequested, TurnUsage, UserMessage, event_types,
+    AgentActivated, AgentActivationRefused, AgentArchived, AgentVersionChanged,
+    AgentVersionPublished, ApprovalDecided, ApprovalEscalated, ApprovalRequired, ApprovalVoted,
+    AssistantSegment, AuditKeyIntroduced, AuditUnverifiedLogAllowed, CallRefusal,
+    CompletionToolCall, EventBody, MessageRole, ModelCompletion, Reasoning, SCHEMA_VERSION,
+    SealedHead, SecretEndpoint, SecretEndpointChange, SecretEndpointRecord, SessionPrincipal,
+    SessionStarted, SessionTransition, TokenCreated, TokenRevoked, ToolCancelled, ToolCompleted,
+    ToolDispatched, ToolIndeterminate, ToolLateResult, ToolPolicyDenied, ToolQueued, ToolRequested,
+    TurnUsage, UserMessage, event_types,
 };
 pub use invocations::{
     CallStatus, Dispatch, NewToolCall, RecordedResult, SideEffectClass, ToolInvocation,
@@ -651,6 +653,28 @@ impl Ledger {
         require_nonempty("actor", &actor.actor)?;
         write_tx!(self, |tx| lifecycle::deploy(
             &mut tx, agent, version, actor, secrets
+        ))
+    }
+
+    /// Records that a deploy or rollback of `version` was refused because it would send the
+    /// secrets in `changes` to endpoints no earlier deployment used (`agent.activation_refused`
+    /// on the agent's stream, by `actor`). Nothing else changes.
+    ///
+    /// # Errors
+    /// `NotFound` (agent or version), `InvalidArgument` (empty actor), the database's errors.
+    pub async fn record_activation_refused(
+        &self,
+        agent: &AgentRef,
+        version: &str,
+        action: DeploymentAction,
+        changes: &[SecretEndpointChange],
+        actor: &Attribution,
+    ) -> Result<()> {
+        agent.validate()?;
+        require_version(version)?;
+        require_nonempty("actor", &actor.actor)?;
+        write_tx!(self, |tx| lifecycle::record_activation_refused(
+            &mut tx, agent, version, action, changes, actor
         ))
     }
 

@@ -20,8 +20,8 @@ use crate::model::{
 use crate::rows::{VERSION_SELECT, find_version_by_id, version_from_row};
 
 use crate::event_body::{
-    AgentActivated, AgentArchived, AgentVersionChanged, AgentVersionPublished, EventBody,
-    SecretEndpointRecord,
+    AgentActivated, AgentActivationRefused, AgentArchived, AgentVersionChanged,
+    AgentVersionPublished, EventBody, SecretEndpointChange, SecretEndpointRecord,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -311,6 +311,32 @@ pub(crate) async fn deploy(
         secrets,
     )
     .await
+}
+
+/// Records a refused deploy or rollback of `version` (see [`AgentActivationRefused`]). The
+/// version must exist; nothing but the event is written.
+pub(crate) async fn record_activation_refused(
+    tx: &mut Tx,
+    agent_ref: &AgentRef,
+    version: &str,
+    action: DeploymentAction,
+    changes: &[SecretEndpointChange],
+    actor: &Attribution,
+) -> Result<()> {
+    let mut head = lock_stream(tx, &agent_ref.stream()).await?;
+    let agent = require_agent(&mut tx.conn(), agent_ref).await?;
+    let target = find_version(&mut tx.conn(), agent.id, version)
+        .await?
+        .ok_or_else(|| no_published_version(agent_ref, version))?;
+    let body = EventBody::AgentActivationRefused(AgentActivationRefused {
+        agent_id: agent.id,
+        version_id: target.id,
+        version: target.version,
+        action,
+        changes: changes.to_vec(),
+    });
+    let event = append(tx, &mut head, body.into_new_event(actor)?).await?;
+    apply(&mut tx.conn(), &event).await
 }
 
 pub(crate) async fn rollback(
@@ -653,6 +679,8 @@ pub(crate) async fn apply(conn: &mut Conn<'_>, event: &Event) -> Result<()> {
         EventBody::AgentRolledBack(p) => {
             apply_activated(conn, event, seq, DeploymentAction::Rollback, &p).await?
         }
+        // A refusal changes no projection; the event is the record.
+        EventBody::AgentActivationRefused(_) => {}
         EventBody::AgentVersionDeprecated(p) => {
             apply_version_change(conn, event, VersionChange::Deprecate, &p).await?
         }

@@ -236,8 +236,9 @@ impl AgentVersion {
     }
 }
 
-/// A deploy or rollback.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A deploy or rollback (in events: `"deploy"` / `"rollback"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum DeploymentAction {
     /// `phrony agents deploy`.
     Deploy,

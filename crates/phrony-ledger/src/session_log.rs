@@ -149,6 +149,7 @@ pub(crate) async fn apply(conn: &mut Conn<'_>, event: &Event) -> Result<()> {
         EventBody::AgentVersionPublished(_)
         | EventBody::AgentDeployed(_)
         | EventBody::AgentRolledBack(_)
+        | EventBody::AgentActivationRefused(_)
         | EventBody::AgentVersionDeprecated(_)
         | EventBody::AgentVersionRetired(_)
         | EventBody::AgentArchived(_)

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use phrony_engine::DefaultProviderFactory;
-use phrony_ledger::{EventBody, Ledger, SecretEndpoint};
+use phrony_ledger::{DeploymentAction, EventBody, Ledger, SecretEndpoint};
 use phrony_manifest::CompiledAgent;
 use phrony_proto::runtime::v1 as pb;
 use phrony_proto::runtime::v1::runtime_client::RuntimeClient;
@@ -286,6 +286,35 @@ async fn secrets_follow_deployed_endpoints(url: &str) {
         ]
     );
     assert!(events[1].payload["secret_endpoint_changes"][0]["previous"] == serde_json::json!([A]));
+
+    // Each refusal is recorded: who tried to activate which version, and where the key would
+    // have gone.
+    let refusals: Vec<(String, String, DeploymentAction, Vec<String>)> = ledger
+        .export_events(None, None, None, 1000)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.stream == "agent:endpoints/chat")
+        .filter_map(|e| match e.body().unwrap() {
+            EventBody::AgentActivationRefused(r) => Some((
+                e.actor.clone(),
+                r.version,
+                r.action,
+                r.changes.into_iter().map(|c| c.endpoint).collect(),
+            )),
+            _ => None,
+        })
+        .collect();
+    let refusal =
+        |v: &str, a, e: &str| ("publisher".to_owned(), v.to_owned(), a, vec![e.to_owned()]);
+    assert_eq!(
+        refusals,
+        [
+            refusal("2.0.0", DeploymentAction::Deploy, B),
+            refusal("3.0.0", DeploymentAction::Deploy, PROXY),
+            refusal("3.0.0", DeploymentAction::Rollback, PROXY),
+        ]
+    );
     assert!(
         ledger
             .verify_stream("agent:endpoints/chat")
