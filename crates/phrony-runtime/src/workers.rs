@@ -351,7 +351,7 @@ mod tests {
              than zero, or `unlimited` for no bound"
         );
         assert!(
-            error(&["--max-sessions-per-agent", "-1"])
+            error(&["--max-sessions-per-agent=-1"])
                 .starts_with("invalid RUNTIME_MAX_SESSIONS_PER_AGENT \"-1\": "),
         );
         assert_eq!(
