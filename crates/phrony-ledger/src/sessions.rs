@@ -383,7 +383,11 @@ async fn check_live_sessions(tx: &mut Tx, agent: &AgentVersionRef, max: u64) -> 
              (SELECT pg_advisory_xact_lock({CREATE_LOCK_CLASS}, hashtext($1))) AS l"
         );
         tx.conn()
-            .fetch_optional("lock the agent's session creates", &sql, args![key.as_str()])
+            .fetch_optional(
+                "lock the agent's session creates",
+                &sql,
+                args![key.as_str()],
+            )
             .await?;
     }
     let live = count_live_sessions(&mut tx.conn(), &agent.namespace, &agent.name).await?;

@@ -53,7 +53,10 @@ async fn user_messages_past_the_waiting_bound_are_refused_and_not_recorded() {
     let emad = Attribution::unverified("emad");
     for (text, turn) in [("second", 2), ("third", 3)] {
         assert_eq!(
-            h.engine.send_user_message(&s.id, &emad, text).await.unwrap(),
+            h.engine
+                .send_user_message(&s.id, &emad, text)
+                .await
+                .unwrap(),
             turn
         );
     }
@@ -115,11 +118,7 @@ async fn a_start_past_the_live_sessions_of_its_agent_is_refused_and_creates_noth
     };
     let h = Harness::memory_with(
         &AgentOptions::default(),
-        vec![
-            Step::say("one"),
-            Step::say("two"),
-            Step::say("three"),
-        ],
+        vec![Step::say("one"), Step::say("two"), Step::say("three")],
         config,
     )
     .await;
@@ -131,7 +130,9 @@ async fn a_start_past_the_live_sessions_of_its_agent_is_refused_and_creates_noth
 
     let err = h
         .engine
-        .start_session(h.start_request(serde_json::json!("third"), phrony_engine::SessionMode::Task))
+        .start_session(
+            h.start_request(serde_json::json!("third"), phrony_engine::SessionMode::Task),
+        )
         .await
         .unwrap_err();
     assert_eq!(err.kind, ErrorKind::ResourceExhausted);
@@ -141,7 +142,11 @@ async fn a_start_past_the_live_sessions_of_its_agent_is_refused_and_creates_noth
          may be live at once, so no session was started (RUNTIME_MAX_SESSIONS_PER_AGENT); retry \
          when some have ended"
     );
-    assert_eq!(h.script.requests().len(), 2, "no model call for the refused start");
+    assert_eq!(
+        h.script.requests().len(),
+        2,
+        "no model call for the refused start"
+    );
     assert_eq!(
         h.store
             .ledger()
@@ -158,4 +163,51 @@ async fn a_start_past_the_live_sessions_of_its_agent_is_refused_and_creates_noth
         .unwrap();
     let third = h.start("third").await;
     assert_eq!(h.wait_end(&third.id).await.status, SessionStatus::Completed);
+}
+
+#[tokio::test]
+async fn after_a_restart_only_messages_whose_turn_has_not_started_count() {
+    let config = phrony_engine::EngineConfig {
+        max_queued_user_messages: 1,
+        ..test_config()
+    };
+    let h = Harness::memory_with(
+        &AgentOptions::default(),
+        vec![Step::say("answer 1")],
+        config.clone(),
+    )
+    .await;
+    let s = h.start_conversation("hi").await;
+    h.wait(&s.id, &[SessionStatus::AwaitingInput]).await;
+    h.engine.shutdown();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+
+    // A new engine over the same store: turn 1 ran before the restart, so nothing waits and
+    // the parked conversation takes its next message at once.
+    let script = Script::new(vec![Step::say("answer 2")]);
+    let engine = phrony_engine::Engine::new(phrony_engine::EngineDeps {
+        store: h.store.clone(),
+        router: Some(h.router.clone()),
+        providers: Arc::new(ScriptedFactory(script.clone())),
+        clock: h.clock.clone(),
+        config,
+    });
+    let report = engine.recover().await.unwrap();
+    assert_eq!(report.resumed, std::slice::from_ref(&s.id));
+    let emad = Attribution::unverified("emad");
+    assert_eq!(
+        engine
+            .send_user_message(&s.id, &emad, "second")
+            .await
+            .unwrap(),
+        2
+    );
+    for _ in 0..500 {
+        if script.requests().len() == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(user_texts(&script.requests()[0]), ["hi", "second"]);
+    engine.shutdown();
 }

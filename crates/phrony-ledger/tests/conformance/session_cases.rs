@@ -2955,7 +2955,10 @@ pub(crate) async fn live_sessions_per_agent_are_bounded(db: &TestDb) {
             .create_session_within(new_session(&other, &[]), 1)
             .await,
     );
-    ledger.create_session(new_session(&other, &[])).await.unwrap();
+    ledger
+        .create_session(new_session(&other, &[]))
+        .await
+        .unwrap();
 
     // Each end (completed, failed, cancelled) frees one slot, and only one.
     for (session, end) in [
@@ -3015,7 +3018,11 @@ pub(crate) async fn concurrent_creates_never_exceed_the_live_session_bound(db: &
             Err(other) => panic!("a create failed otherwise: {other:?}"),
         }
     }
-    assert_eq!(created, BOUND - ALREADY_LIVE, "exactly the free slots were taken");
+    assert_eq!(
+        created,
+        BOUND - ALREADY_LIVE,
+        "exactly the free slots were taken"
+    );
     assert_eq!(refused, CREATES as u64 - (BOUND - ALREADY_LIVE));
     assert_eq!(first.live_sessions_of_agent(&agent).await.unwrap(), BOUND);
     assert_eq!(session_count(&first).await as u64, BOUND);
