@@ -19,7 +19,8 @@ pub struct EngineConfig {
     /// nothing told them to (a safety net for changes made by another process; default 2 s).
     pub poll_interval: Duration,
     /// After a restart, how long a call that was sent to a worker waits for the worker to
-    /// reconnect and report before it is handled as indeterminate (default 30 s, the lease).
+    /// reconnect and report before it is handled as indeterminate (`RUNTIME_RECOVERY_GRACE`,
+    /// default 30 s, the worker lease).
     pub recovery_grace: Duration,
     /// The largest tool-call arguments (compact JSON bytes) the engine dispatches
     /// (`RUNTIME_MAX_TOOL_ARGS_BYTES`, default [`DEFAULT_MAX_TOOL_ARGS_BYTES`]). A larger call is
@@ -29,6 +30,16 @@ pub struct EngineConfig {
     /// default [`DEFAULT_MAX_TOOL_CALLS_PER_TURN`]). The calls beyond it are not run: each gets
     /// a tool error, so the model still receives one result per call it made.
     pub max_tool_calls_per_turn: usize,
+    /// The most user messages that may wait in one conversation, recorded but their turn not
+    /// started yet (`RUNTIME_MAX_QUEUED_USER_MESSAGES`, default
+    /// [`DEFAULT_MAX_QUEUED_USER_MESSAGES`]). One more is refused (`ResourceExhausted`) and
+    /// not recorded.
+    pub max_queued_user_messages: usize,
+    /// The most live sessions (created, not yet ended) one agent may have, over all its
+    /// versions (`RUNTIME_MAX_SESSIONS_PER_AGENT`, default [`DEFAULT_MAX_SESSIONS_PER_AGENT`];
+    /// `None`: unlimited). A start past it is refused (`ResourceExhausted`) and creates
+    /// nothing.
+    pub max_sessions_per_agent: Option<u64>,
 }
 
 /// 1 MiB: a quarter of the 4 MiB gRPC message limit of the published SDK worker (grpcio's
@@ -38,6 +49,17 @@ pub const DEFAULT_MAX_TOOL_ARGS_BYTES: usize = 1 << 20;
 /// 64: far more parallel calls than models make in practice, and a quarter of the router's
 /// default per-tool queue (256), so one response cannot fill a tool's queue by itself.
 pub const DEFAULT_MAX_TOOL_CALLS_PER_TURN: usize = 64;
+
+/// 32: a person typing ahead of a slow turn, or a client sending a few messages at once, stays
+/// far below it; each waiting message is a whole model turn still to run (up to the 4 MiB
+/// message bound each), so a client that sends faster than the agent answers is told so
+/// instead of building an ever longer backlog.
+pub const DEFAULT_MAX_QUEUED_USER_MESSAGES: usize = 32;
+
+/// 10,000: far above what one agent runs at once in practice, and a tenth of the 100,000 parked
+/// sessions the runtime is sized for, so one agent (or a runaway client starting sessions in a
+/// loop) cannot take the whole runtime's capacity.
+pub const DEFAULT_MAX_SESSIONS_PER_AGENT: u64 = 10_000;
 
 impl Default for EngineConfig {
     fn default() -> Self {
@@ -49,6 +71,8 @@ impl Default for EngineConfig {
             recovery_grace: Duration::from_secs(30),
             max_tool_args_bytes: DEFAULT_MAX_TOOL_ARGS_BYTES,
             max_tool_calls_per_turn: DEFAULT_MAX_TOOL_CALLS_PER_TURN,
+            max_queued_user_messages: DEFAULT_MAX_QUEUED_USER_MESSAGES,
+            max_sessions_per_agent: Some(DEFAULT_MAX_SESSIONS_PER_AGENT),
         }
     }
 }

@@ -467,7 +467,7 @@ impl Driver {
                 return self.complete_task().await;
             }
             match self.next_turn(blocked.is_some()) {
-                Some(turn) => match self.run_turn(turn).await? {
+                Some(turn) => match self.start_turn(turn).await? {
                     TurnEnd::Finished => {
                         if self.ctx.session.mode == SessionMode::Task {
                             self.sync().await?;
@@ -496,6 +496,13 @@ impl Driver {
                 }
             }
         }
+    }
+
+    /// Runs `turn`, first marking it started: its user message stops counting against
+    /// `EngineConfig::max_queued_user_messages`.
+    async fn start_turn(&mut self, turn: u32) -> Result<TurnEnd, Stop> {
+        self.ctx.live.turn_started(turn).await;
+        self.run_turn(turn).await
     }
 
     /// The turn to run next: an unfinished one, the next one with a user message, or (task

@@ -324,7 +324,21 @@ impl Engine {
             secrets: Vec::new(),
             actor,
         };
-        let session = self.inner.store.create_session(new, secrets).await?;
+        let session = self
+            .inner
+            .store
+            .create_session_within(new, secrets, self.inner.config.max_sessions_per_agent)
+            .await
+            .map_err(|e| {
+                if e.kind == ErrorKind::ResourceExhausted {
+                    EngineError::exhausted(format!(
+                        "{} (RUNTIME_MAX_SESSIONS_PER_AGENT); retry when some have ended",
+                        e.message
+                    ))
+                } else {
+                    e.into()
+                }
+            })?;
         if let Some(claims) = principal {
             self.inner
                 .store
@@ -356,7 +370,7 @@ impl Engine {
                 .await?;
         }
         let next_turn = if first.is_some() { 2 } else { 1 };
-        self.spawn(session.clone(), Arc::new(agent), setup, provider, next_turn)?;
+        self.spawn(session.clone(), Arc::new(agent), setup, provider, next_turn, 0)?;
         Ok(SessionHandle {
             id,
             agent_version_id,
@@ -371,8 +385,9 @@ impl Engine {
         setup: DriverSetup,
         provider: Box<dyn ModelProvider>,
         next_turn: u32,
+        started_turn: u32,
     ) -> Result<(), EngineError> {
-        let Some(live) = self.inner.register(&session.id, next_turn) else {
+        let Some(live) = self.inner.register(&session.id, next_turn, started_turn) else {
             return Err(EngineError::precondition(format!(
                 "session {} is already active",
                 session.id
@@ -385,11 +400,14 @@ impl Engine {
 
     /// Queues a user message for a conversation session: it starts the next turn now if the
     /// session is parked, or after the running turn. Messages are recorded (durably) in the
-    /// order they arrive and are never dropped. Returns the turn the message starts.
+    /// order they arrive and are never dropped; at most
+    /// [`EngineConfig::max_queued_user_messages`] may wait for their turn to start. Returns the
+    /// turn the message starts.
     ///
     /// # Errors
     /// `InvalidArgument` for an empty text; `NotFound`; `FailedPrecondition` for a task-mode or
-    /// ended session, one whose input is blocked by a limit, or one not live in this engine.
+    /// ended session, one whose input is blocked by a limit, or one not live in this engine;
+    /// `ResourceExhausted` (nothing recorded) when the bound of waiting messages is reached.
     pub async fn send_user_message(
         &self,
         session_id: &str,
@@ -430,6 +448,15 @@ impl Engine {
             if let Some(reason) = &input.blocked {
                 return Err(EngineError::precondition(format!(
                     "session {session_id} accepts no further input: {reason}"
+                )));
+            }
+            let queued = input.queued();
+            let max = self.inner.config.max_queued_user_messages;
+            if usize::try_from(queued).unwrap_or(usize::MAX) >= max {
+                return Err(EngineError::exhausted(format!(
+                    "session {session_id} has {queued} user messages waiting for their turn; at \
+                     most {max} may wait (RUNTIME_MAX_QUEUED_USER_MESSAGES), so this one was not \
+                     recorded: send it after the session answered"
                 )));
             }
             let turn = input.next_turn;
@@ -620,7 +647,15 @@ impl Engine {
             .max(fold.max_started_turn)
             .max(u32::from(has_first))
             + 1;
-        self.spawn(session, Arc::new(agent), setup, provider, next_turn)
+        let started_turn = fold.max_started_turn;
+        self.spawn(
+            session,
+            Arc::new(agent),
+            setup,
+            provider,
+            next_turn,
+            started_turn,
+        )
     }
 
     /// Follows a session's events after `after_seq` (0 for all), then live, until it ends. A

@@ -20,6 +20,10 @@ pub enum ErrorKind {
     InvalidArgument,
     /// `Aborted`: a concurrent writer won a race; retrying may succeed.
     Conflict,
+    /// `ResourceExhausted`: a configured bound is reached (queued user messages of a session,
+    /// live sessions of an agent); the message names the bound and its variable. Retrying
+    /// after the backlog shrinks may succeed.
+    ResourceExhausted,
     /// `Unavailable`: the database cannot be reached.
     Unavailable,
     /// `Internal`: anything else (database errors, corrupt data, bugs).
@@ -37,6 +41,7 @@ impl ErrorKind {
             Self::PermissionDenied => "permission_denied",
             Self::InvalidArgument => "invalid_argument",
             Self::Conflict => "conflict",
+            Self::ResourceExhausted => "resource_exhausted",
             Self::Unavailable => "unavailable",
             Self::Internal => "internal",
         }
@@ -107,6 +112,7 @@ impl From<LedgerError> for StoreError {
             LedgerError::PermissionDenied { .. } => ErrorKind::PermissionDenied,
             LedgerError::InvalidArgument { .. } => ErrorKind::InvalidArgument,
             LedgerError::Conflict { .. } => ErrorKind::Conflict,
+            LedgerError::ResourceExhausted { .. } => ErrorKind::ResourceExhausted,
             LedgerError::Unavailable { .. } => ErrorKind::Unavailable,
             _ => ErrorKind::Internal,
         };
@@ -154,6 +160,11 @@ impl EngineError {
     /// `NotFound`.
     pub fn not_found(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::NotFound, message)
+    }
+
+    /// `ResourceExhausted`.
+    pub fn exhausted(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::ResourceExhausted, message)
     }
 }
 

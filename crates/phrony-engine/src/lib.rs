@@ -100,7 +100,10 @@ pub use attach::{
 };
 pub use calls::LIMIT_TOOL;
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use config::{DEFAULT_MAX_TOOL_ARGS_BYTES, DEFAULT_MAX_TOOL_CALLS_PER_TURN, EngineConfig};
+pub use config::{
+    DEFAULT_MAX_QUEUED_USER_MESSAGES, DEFAULT_MAX_SESSIONS_PER_AGENT, DEFAULT_MAX_TOOL_ARGS_BYTES,
+    DEFAULT_MAX_TOOL_CALLS_PER_TURN, EngineConfig,
+};
 pub use endpoints::{Activated, Activation, ActivationError, activate, describe_change};
 pub use engine::{Engine, EngineDeps, RecoveryReport, SessionHandle, StartSession};
 pub use error::{EngineError, ErrorKind, StoreError, StoreResult};

@@ -85,11 +85,29 @@ pub(crate) struct Live {
 pub(crate) struct InputState {
     /// The turn the next user message starts.
     pub(crate) next_turn: u32,
+    /// The last turn the driver started (0 before the first): the user messages of the turns
+    /// after it, up to `next_turn - 1`, are waiting.
+    pub(crate) started_turn: u32,
     /// Why input is blocked (a limit was hit), if it is.
     pub(crate) blocked: Option<String>,
 }
 
+impl InputState {
+    /// How many recorded user messages wait for their turn to start.
+    pub(crate) fn queued(&self) -> u32 {
+        self.next_turn
+            .saturating_sub(1)
+            .saturating_sub(self.started_turn)
+    }
+}
+
 impl Live {
+    /// The driver starts running `turn`: its user message no longer waits.
+    pub(crate) async fn turn_started(&self, turn: u32) {
+        let mut input = self.input.lock().await;
+        input.started_turn = input.started_turn.max(turn);
+    }
+
     pub(crate) fn bump_approvals(&self) {
         self.approvals.send_modify(|v| *v = v.wrapping_add(1));
     }
@@ -161,8 +179,14 @@ impl Inner {
         }
     }
 
-    /// Registers a live session; `None` if one is already live.
-    pub(crate) fn register(&self, session_id: &str, next_turn: u32) -> Option<Arc<Live>> {
+    /// Registers a live session whose next user message starts `next_turn` and whose last
+    /// started turn is `started_turn`; `None` if one is already live.
+    pub(crate) fn register(
+        &self,
+        session_id: &str,
+        next_turn: u32,
+        started_turn: u32,
+    ) -> Option<Arc<Live>> {
         let mut live = self
             .live
             .lock()
@@ -183,6 +207,7 @@ impl Inner {
             streaming: Mutex::new(StreamingText::default()),
             input: tokio::sync::Mutex::new(InputState {
                 next_turn,
+                started_turn,
                 blocked: None,
             }),
             decisions: Mutex::new(HashMap::new()),

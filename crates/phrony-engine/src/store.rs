@@ -91,8 +91,20 @@ impl LedgerStore {
     /// sealed, in one step. `new.secrets` is ignored: plaintext secrets come in `secrets`.
     pub async fn create_session(
         &self,
+        new: NewSession,
+        secrets: Vec<PlainSecret>,
+    ) -> StoreResult<Session> {
+        self.create_session_within(new, secrets, None).await
+    }
+
+    /// [`LedgerStore::create_session`], refused (`ResourceExhausted`, nothing created) when the
+    /// agent already has `max_live_per_agent` live sessions; `None` sets no bound. The count
+    /// and the insert are one ledger transaction (`Ledger::create_session_within`).
+    pub async fn create_session_within(
+        &self,
         mut new: NewSession,
         secrets: Vec<PlainSecret>,
+        max_live_per_agent: Option<u64>,
     ) -> StoreResult<Session> {
         new.secrets.clear();
         if !secrets.is_empty() {
@@ -110,7 +122,10 @@ impl LedgerStore {
                 );
             }
         }
-        Ok(self.ledger.create_session(new).await?)
+        Ok(match max_live_per_agent {
+            Some(max) => self.ledger.create_session_within(new, max).await?,
+            None => self.ledger.create_session(new).await?,
+        })
     }
 
     /// One session.

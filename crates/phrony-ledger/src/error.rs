@@ -47,6 +47,12 @@ pub enum LedgerError {
         /// What was contended.
         message: String,
     },
+    /// A configured bound is reached (the live sessions of an agent); nothing was written.
+    #[error("{message}")]
+    ResourceExhausted {
+        /// Which bound, the count, the bound's value and the variable that sets it.
+        message: String,
+    },
     /// The database URL or ledger options are unusable.
     #[error("{message}")]
     Config {

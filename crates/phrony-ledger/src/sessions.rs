@@ -14,7 +14,7 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use crate::Ledger;
-use crate::db::{Arg, Conn, Tx, args};
+use crate::db::{Arg, Backend, Conn, Tx, args};
 use crate::error::{LedgerError, Result};
 use crate::event_body::{
     EventBody, SessionStarted, SessionTransition, event_types as types, expect_rows,
@@ -344,7 +344,64 @@ async fn list(
 // ---------------------------------------------------------------------------------------------
 // Writes.
 
-async fn create(tx: &mut Tx, new: &NewSession) -> Result<Session> {
+/// The first key of the PostgreSQL advisory lock that serialises the session creates of one
+/// agent (the second is `hashtext` of its `namespace/name`). The two-key form never collides
+/// with the one-key (bigint) locks of the migrator.
+const CREATE_LOCK_CLASS: i32 = 0x7068_7273; // "phrs"
+
+/// The live sessions (created, not yet ended) of the agent `$1/$2`. The predicate is the one
+/// of the partial index `sessions_agent_live` (migration 0009), so the count reads only that
+/// agent's live sessions, never its history.
+const COUNT_LIVE_SESSIONS: &str = "SELECT COUNT(*) AS n FROM sessions \
+     WHERE agent_namespace = $1 AND agent_name = $2 \
+     AND status NOT IN ('completed', 'failed', 'cancelled')";
+
+async fn count_live_sessions(conn: &mut Conn<'_>, namespace: &str, name: &str) -> Result<u64> {
+    let n = conn
+        .fetch_optional(
+            "count the agent's live sessions",
+            COUNT_LIVE_SESSIONS,
+            args![namespace, name],
+        )
+        .await?
+        .map(|row| row.int("n"))
+        .transpose()?
+        .unwrap_or(0);
+    Ok(u64::try_from(n).unwrap_or(0))
+}
+
+/// Refuses the create when the agent already has `max` live sessions, in the create's own
+/// transaction: SQLite's `BEGIN IMMEDIATE` serialises writers, and on PostgreSQL the agent's
+/// advisory lock (held until commit; each statement of a read-committed transaction sees what
+/// committed before it) makes concurrent creates of the same agent count one after the
+/// other, so two of them never both take the last slot.
+async fn check_live_sessions(tx: &mut Tx, agent: &AgentVersionRef, max: u64) -> Result<()> {
+    let key = format!("{}/{}", agent.namespace, agent.name);
+    if tx.backend() == Backend::Postgres {
+        let sql = format!(
+            "SELECT 1 AS locked FROM \
+             (SELECT pg_advisory_xact_lock({CREATE_LOCK_CLASS}, hashtext($1))) AS l"
+        );
+        tx.conn()
+            .fetch_optional("lock the agent's session creates", &sql, args![key.as_str()])
+            .await?;
+    }
+    let live = count_live_sessions(&mut tx.conn(), &agent.namespace, &agent.name).await?;
+    if live >= max {
+        return Err(LedgerError::ResourceExhausted {
+            message: format!(
+                "agent {key} has {live} live sessions (created and not yet ended); at most {max} \
+                 may be live at once, so no session was started"
+            ),
+        });
+    }
+    Ok(())
+}
+
+async fn create(tx: &mut Tx, new: &NewSession, max_live_per_agent: Option<u64>) -> Result<Session> {
+    if let Some(max) = max_live_per_agent {
+        check_live_sessions(tx, &new.agent, max).await?;
+    }
     let mut head = lock_stream(tx, &new.id).await?;
     if head.last_seq > 0 {
         return Err(if find_session(&mut tx.conn(), &new.id).await?.is_some() {
@@ -604,7 +661,38 @@ impl Ledger {
     /// - `FailedPrecondition`: a terminal parent.
     pub async fn create_session(&self, new: NewSession) -> Result<Session> {
         new.validate()?;
-        write_tx!(self, |tx| create(&mut tx, &new))
+        write_tx!(self, |tx| create(&mut tx, &new, None))
+    }
+
+    /// [`Ledger::create_session`], refused when the agent (`namespace/name`, any version)
+    /// already has `max_live_per_agent` live sessions: created and not yet `completed`,
+    /// `failed` or `cancelled` (running, awaiting approval, input or a tool, parked
+    /// conversations, child sessions). The count and the insert are one transaction, and
+    /// concurrent creates of the same agent are serialised (on PostgreSQL by an advisory lock
+    /// on the agent), so the bound holds under any concurrency: with `k` slots left, exactly
+    /// `k` of any number of concurrent creates succeed.
+    ///
+    /// # Errors
+    /// Those of [`Ledger::create_session`], and `ResourceExhausted` naming the agent, its live
+    /// sessions and the bound; nothing is written then.
+    pub async fn create_session_within(
+        &self,
+        new: NewSession,
+        max_live_per_agent: u64,
+    ) -> Result<Session> {
+        new.validate()?;
+        write_tx!(self, |tx| create(&mut tx, &new, Some(max_live_per_agent)))
+    }
+
+    /// How many live sessions (created, not yet ended) the agent `namespace/name` has, over
+    /// all its versions: what [`Ledger::create_session_within`] compares with its bound.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for a malformed agent name; database errors.
+    pub async fn live_sessions_of_agent(&self, agent: &AgentRef) -> Result<u64> {
+        agent.validate()?;
+        let mut conn = self.pool.acquire().await?;
+        count_live_sessions(&mut conn.conn(), &agent.namespace, &agent.name).await
     }
 
     /// One session.

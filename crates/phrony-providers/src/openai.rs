@@ -195,6 +195,12 @@ impl OpenAiProvider {
     }
 }
 
+/// The Chat Completions endpoint under an API root (`{base}/chat/completions`): where a request
+/// goes and what its errors, also those of a stream that breaks or stalls, name.
+fn endpoint(base_url: &str) -> String {
+    format!("{base_url}/chat/completions")
+}
+
 #[async_trait::async_trait]
 impl ModelProvider for OpenAiProvider {
     fn kind(&self) -> ProviderKind {
@@ -206,7 +212,7 @@ impl ModelProvider for OpenAiProvider {
         let context = self.context(&request.model);
         let body = chat_request(&request);
         let input_estimate = request.estimated_input_tokens();
-        let endpoint = format!("{}/chat/completions", self.base_url);
+        let endpoint = endpoint(&self.base_url);
         open_with_retry(&self.retry, &context, || {
             let body = body.clone();
             let context = context.clone();
@@ -559,7 +565,7 @@ impl Translator<Result<Chunk, OpenAIError>> for ChunkTranslator {
         let chunk = match item {
             Ok(c) => c,
             Err(e) => {
-                let endpoint = format!("{}/chat/completions", self.context.base_url);
+                let endpoint = endpoint(&self.context.base_url);
                 out.push_back(Err(map_error(&self.context, &endpoint, e)));
                 return;
             }
@@ -607,7 +613,7 @@ impl Translator<Result<Chunk, OpenAIError>> for ChunkTranslator {
     fn stalled(&self, idle: Duration) -> ProviderError {
         ProviderError::Connection {
             context: Box::new(self.context.clone()),
-            url: format!("{}/chat/completions", self.context.base_url),
+            url: endpoint(&self.context.base_url),
             message: stalled_message(idle),
             retryable: true,
             attempts: 1,

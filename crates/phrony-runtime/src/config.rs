@@ -205,6 +205,37 @@ pub struct Settings {
     )]
     pub(crate) max_tool_calls_per_turn: Option<String>,
 
+    /// After a restart, how long a tool call that was in flight waits for its worker to
+    /// reconnect and report before it is handled as indeterminate. Seconds or a duration.
+    /// [default: 30s]
+    #[arg(
+        long,
+        env = "RUNTIME_RECOVERY_GRACE",
+        value_name = "DURATION",
+        global = true
+    )]
+    pub(crate) recovery_grace: Option<String>,
+
+    /// The most user messages that may wait in one conversation (recorded, their turn not
+    /// started); one more is refused with RESOURCE_EXHAUSTED. [default: 32]
+    #[arg(
+        long,
+        env = "RUNTIME_MAX_QUEUED_USER_MESSAGES",
+        value_name = "COUNT",
+        global = true
+    )]
+    pub(crate) max_queued_user_messages: Option<String>,
+
+    /// The most live sessions (created, not yet ended) one agent may have; one more is refused
+    /// with RESOURCE_EXHAUSTED. A whole number, or `unlimited`. [default: 10000]
+    #[arg(
+        long,
+        env = "RUNTIME_MAX_SESSIONS_PER_AGENT",
+        value_name = "COUNT",
+        global = true
+    )]
+    pub(crate) max_sessions_per_agent: Option<String>,
+
     /// TLS certificate chain (PEM) of the gRPC listener; with RUNTIME_TLS_KEY it turns TLS on.
     #[arg(long, env = "RUNTIME_TLS_CERT", value_name = "FILE", global = true)]
     pub(crate) tls_cert: Option<std::ffi::OsString>,
@@ -473,6 +504,9 @@ mod tests {
             tool_allowlist: None,
             max_tool_args_bytes: None,
             max_tool_calls_per_turn: None,
+            recovery_grace: None,
+            max_queued_user_messages: None,
+            max_sessions_per_agent: None,
             tls_cert: None,
             tls_key: None,
             tls_client_ca: None,

@@ -270,6 +270,9 @@ pub async fn serve(
             exec_timeout: config.tool_exec_timeout,
             max_tool_args_bytes: config.max_tool_args_bytes,
             max_tool_calls_per_turn: config.max_tool_calls_per_turn,
+            recovery_grace: config.recovery_grace,
+            max_queued_user_messages: config.max_queued_user_messages,
+            max_sessions_per_agent: config.max_sessions_per_agent,
             ..EngineConfig::default()
         },
     });

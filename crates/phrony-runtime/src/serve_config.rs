@@ -69,6 +69,16 @@ pub struct ServeConfig {
     /// The most tool calls one model response may request (`RUNTIME_MAX_TOOL_CALLS_PER_TURN`);
     /// see `phrony_engine::EngineConfig::max_tool_calls_per_turn`.
     pub max_tool_calls_per_turn: usize,
+    /// After a restart, how long an in-flight call waits for its worker before it is judged
+    /// (`RUNTIME_RECOVERY_GRACE`); see `phrony_engine::EngineConfig::recovery_grace`.
+    pub recovery_grace: Duration,
+    /// The most user messages that may wait in one conversation
+    /// (`RUNTIME_MAX_QUEUED_USER_MESSAGES`); see
+    /// `phrony_engine::EngineConfig::max_queued_user_messages`.
+    pub max_queued_user_messages: usize,
+    /// The most live sessions of one agent (`RUNTIME_MAX_SESSIONS_PER_AGENT`; `None`:
+    /// unlimited); see `phrony_engine::EngineConfig::max_sessions_per_agent`.
+    pub max_sessions_per_agent: Option<u64>,
     /// Who may call (`RUNTIME_AUTH`): `local` admits everyone unverified (loopback only;
     /// [`crate::serve`] refuses it on any other address), `required` needs a credential on
     /// every RPC of the Runtime service.
@@ -87,7 +97,9 @@ impl ServeConfig {
     /// Settings with defaults: `local` auth, actor `anonymous`, a health check every 3 s (2 s timeout), a
     /// 10 s shutdown grace period, a default router, a 10 s dispatch queue wait, a 60 s
     /// tool execution timeout, the engine's default bounds on tool calls (1 MiB of
-    /// arguments, 64 calls per model response), plaintext and no OIDC or mTLS mapping.
+    /// arguments, 64 calls per model response), a 30 s recovery grace, at most 32 waiting user
+    /// messages per session and 10,000 live sessions per agent, plaintext and no OIDC or mTLS
+    /// mapping.
     #[must_use]
     pub fn new(secrets_key: SecretsKey) -> Self {
         Self {
@@ -104,6 +116,9 @@ impl ServeConfig {
             tool_exec_timeout: Duration::from_secs(60),
             max_tool_args_bytes: phrony_engine::DEFAULT_MAX_TOOL_ARGS_BYTES,
             max_tool_calls_per_turn: phrony_engine::DEFAULT_MAX_TOOL_CALLS_PER_TURN,
+            recovery_grace: Duration::from_secs(30),
+            max_queued_user_messages: phrony_engine::DEFAULT_MAX_QUEUED_USER_MESSAGES,
+            max_sessions_per_agent: Some(phrony_engine::DEFAULT_MAX_SESSIONS_PER_AGENT),
             auth: crate::auth::AuthMode::Local,
             tls: None,
             oidc: None,

@@ -1,18 +1,24 @@
-//! Tool-worker settings: the `Work`-stream router (worker lease, integrity allowlist) and the
-//! deadlines of each tool call dispatched to a worker.
+//! Tool-worker and session settings: the `Work`-stream router (worker lease, integrity
+//! allowlist), the deadlines of each tool call dispatched to a worker, the recovery grace, and
+//! the bounds on what clients and models may ask for.
 //!
 //! Durations (`RUNTIME_DISPATCH_QUEUE_WAIT`, `RUNTIME_TOOL_EXEC_TIMEOUT`,
-//! `RUNTIME_WORKER_LEASE_TTL`) are whole seconds (`10`) or a duration (`500ms`, `60s`, `2m`,
-//! `1h30m`). Unlike the reference, an invalid value stops the daemon instead of silently
-//! becoming the default. The bounds on what a model may ask for (`RUNTIME_MAX_TOOL_ARGS_BYTES`,
-//! `RUNTIME_MAX_TOOL_CALLS_PER_TURN`) are positive whole numbers.
+//! `RUNTIME_WORKER_LEASE_TTL`, `RUNTIME_RECOVERY_GRACE`) are whole seconds (`10`) or a duration
+//! (`500ms`, `60s`, `2m`, `1h30m`). Unlike the reference, an invalid value stops the daemon
+//! instead of silently becoming the default. The bounds (`RUNTIME_MAX_TOOL_ARGS_BYTES`,
+//! `RUNTIME_MAX_TOOL_CALLS_PER_TURN`, `RUNTIME_MAX_QUEUED_USER_MESSAGES`) are positive whole
+//! numbers; `RUNTIME_MAX_SESSIONS_PER_AGENT` is one too, or the word `unlimited` (never `0`,
+//! which would read as either "none" or "no bound").
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::serve_config::ServeConfig;
 use phrony_dispatch::{Allowlist, RouterConfig};
-use phrony_engine::{DEFAULT_MAX_TOOL_ARGS_BYTES, DEFAULT_MAX_TOOL_CALLS_PER_TURN};
+use phrony_engine::{
+    DEFAULT_MAX_QUEUED_USER_MESSAGES, DEFAULT_MAX_SESSIONS_PER_AGENT, DEFAULT_MAX_TOOL_ARGS_BYTES,
+    DEFAULT_MAX_TOOL_CALLS_PER_TURN,
+};
 
 use crate::config::Settings;
 
@@ -20,6 +26,9 @@ use crate::config::Settings;
 const DEFAULT_QUEUE_WAIT: Duration = Duration::from_secs(10);
 /// `RUNTIME_TOOL_EXEC_TIMEOUT` when unset.
 const DEFAULT_EXEC_TIMEOUT: Duration = Duration::from_secs(60);
+/// `RUNTIME_RECOVERY_GRACE` when unset: the default worker lease, the time a worker has to
+/// show up again anyway.
+const DEFAULT_RECOVERY_GRACE: Duration = Duration::from_secs(30);
 
 /// The validated tool-worker settings.
 #[derive(Debug, Clone)]
@@ -31,6 +40,10 @@ pub(crate) struct Workers {
     exec_timeout: Duration,
     max_tool_args_bytes: usize,
     max_tool_calls_per_turn: usize,
+    recovery_grace: Duration,
+    max_queued_user_messages: usize,
+    /// `None`: unlimited.
+    max_sessions_per_agent: Option<u64>,
 }
 
 impl Settings {
@@ -57,6 +70,17 @@ impl Settings {
             self.max_tool_calls_per_turn.as_deref(),
             DEFAULT_MAX_TOOL_CALLS_PER_TURN,
         )?;
+        let recovery_grace = duration(
+            "RUNTIME_RECOVERY_GRACE",
+            self.recovery_grace.as_deref(),
+            DEFAULT_RECOVERY_GRACE,
+        )?;
+        let max_queued_user_messages = count(
+            "RUNTIME_MAX_QUEUED_USER_MESSAGES",
+            self.max_queued_user_messages.as_deref(),
+            DEFAULT_MAX_QUEUED_USER_MESSAGES,
+        )?;
+        let max_sessions_per_agent = sessions_per_agent(self.max_sessions_per_agent.as_deref())?;
         let mut router = RouterConfig::default();
         router.lease_ttl = duration(
             "RUNTIME_WORKER_LEASE_TTL",
@@ -87,6 +111,9 @@ impl Settings {
             exec_timeout,
             max_tool_args_bytes,
             max_tool_calls_per_turn,
+            recovery_grace,
+            max_queued_user_messages,
+            max_sessions_per_agent,
         })
     }
 }
@@ -116,12 +143,29 @@ impl Workers {
             max_tool_calls_per_turn = self.max_tool_calls_per_turn,
             "tool dispatch settings"
         );
+        match self.max_sessions_per_agent {
+            Some(max) => tracing::info!(
+                recovery_grace = %humantime::format_duration(self.recovery_grace),
+                max_queued_user_messages = self.max_queued_user_messages,
+                max_sessions_per_agent = max,
+                "session settings"
+            ),
+            None => tracing::warn!(
+                recovery_grace = %humantime::format_duration(self.recovery_grace),
+                max_queued_user_messages = self.max_queued_user_messages,
+                "session settings: RUNTIME_MAX_SESSIONS_PER_AGENT=unlimited, one agent may \
+                 start sessions until the runtime runs out of memory or database"
+            ),
+        }
         config.router_config = self.router.clone();
         config.tool_allowlist = self.allowlist.map(|(_, list)| list);
         config.dispatch_queue_wait = self.queue_wait;
         config.tool_exec_timeout = self.exec_timeout;
         config.max_tool_args_bytes = self.max_tool_args_bytes;
         config.max_tool_calls_per_turn = self.max_tool_calls_per_turn;
+        config.recovery_grace = self.recovery_grace;
+        config.max_queued_user_messages = self.max_queued_user_messages;
+        config.max_sessions_per_agent = self.max_sessions_per_agent;
         Ok(())
     }
 }
@@ -151,6 +195,23 @@ fn count(var: &str, value: Option<&str>, default: usize) -> anyhow::Result<usize
             Ok(n) if n > 0 => Ok(n),
             _ => Err(anyhow::anyhow!(
                 "invalid {var} {text:?}: expected a whole number greater than zero"
+            )),
+        },
+    }
+}
+
+/// `RUNTIME_MAX_SESSIONS_PER_AGENT`: the default when unset or blank, a positive whole number,
+/// or `unlimited` (`None`). `0` is refused rather than read as "no bound".
+fn sessions_per_agent(value: Option<&str>) -> anyhow::Result<Option<u64>> {
+    const VAR: &str = "RUNTIME_MAX_SESSIONS_PER_AGENT";
+    match value.map(str::trim).filter(|v| !v.is_empty()) {
+        None => Ok(Some(DEFAULT_MAX_SESSIONS_PER_AGENT)),
+        Some(text) if text.eq_ignore_ascii_case("unlimited") => Ok(None),
+        Some(text) => match text.parse::<u64>() {
+            Ok(n) if n > 0 => Ok(Some(n)),
+            _ => Err(anyhow::anyhow!(
+                "invalid {VAR} {text:?}: expected a whole number greater than zero, or \
+                 `unlimited` for no bound"
             )),
         },
     }
@@ -226,6 +287,9 @@ mod tests {
         assert!(w.allowlist.is_none());
         assert_eq!(w.max_tool_args_bytes, 1024 * 1024);
         assert_eq!(w.max_tool_calls_per_turn, 64);
+        assert_eq!(w.recovery_grace, Duration::from_secs(30));
+        assert_eq!(w.max_queued_user_messages, 32);
+        assert_eq!(w.max_sessions_per_agent, Some(10_000));
 
         let w = workers(&[
             "--dispatch-queue-wait",
@@ -260,6 +324,45 @@ mod tests {
             error(&["--max-tool-calls-per-turn", "0"]),
             "invalid RUNTIME_MAX_TOOL_CALLS_PER_TURN \"0\": expected a whole number greater than \
              zero"
+        );
+    }
+
+    #[test]
+    fn session_bounds_are_positive_whole_numbers_or_unlimited() {
+        let w = workers(&[
+            "--max-queued-user-messages",
+            "4",
+            "--max-sessions-per-agent",
+            " 250 ",
+            "--recovery-grace",
+            "2m",
+        ])
+        .unwrap();
+        assert_eq!(w.max_queued_user_messages, 4);
+        assert_eq!(w.max_sessions_per_agent, Some(250));
+        assert_eq!(w.recovery_grace, Duration::from_secs(120));
+        for word in ["unlimited", "Unlimited"] {
+            let w = workers(&["--max-sessions-per-agent", word]).unwrap();
+            assert_eq!(w.max_sessions_per_agent, None, "{word}");
+        }
+        assert_eq!(
+            error(&["--max-sessions-per-agent", "0"]),
+            "invalid RUNTIME_MAX_SESSIONS_PER_AGENT \"0\": expected a whole number greater \
+             than zero, or `unlimited` for no bound"
+        );
+        assert!(
+            error(&["--max-sessions-per-agent", "-1"])
+                .starts_with("invalid RUNTIME_MAX_SESSIONS_PER_AGENT \"-1\": "),
+        );
+        assert_eq!(
+            error(&["--max-queued-user-messages", "0"]),
+            "invalid RUNTIME_MAX_QUEUED_USER_MESSAGES \"0\": expected a whole number greater \
+             than zero"
+        );
+        assert_eq!(
+            error(&["--recovery-grace", "0s"]),
+            "invalid RUNTIME_RECOVERY_GRACE \"0s\": it must be greater than zero; expected \
+             whole seconds (e.g. 10) or a duration such as 500ms, 60s or 2m"
         );
     }
 

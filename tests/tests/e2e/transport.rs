@@ -369,8 +369,10 @@ fn unknown_certificate_subjects_are_unauthenticated_at_the_edge() {
     let out = run(with("mallory").args(["agents", "ls"]));
     unauthenticated(out.code, &out.stderr, "\"mallory\"");
     assert!(
-        out.stderr.contains("not in RUNTIME_TLS_CLIENT_ROLES"),
-        "{}",
+        out.stderr.contains("not in RUNTIME_TLS_CLIENT_ROLES")
+            && out.stderr.contains("--tls-cert and --tls-key")
+            && !out.stderr.contains("PHRONY_TOKEN"),
+        "the refusal of a certificate names the client-certificate options: {}",
         out.stderr
     );
     // The mapped subject has its roles and no more: a viewer cannot deploy.

@@ -195,15 +195,27 @@ pub(crate) fn failure(action: &str, error: ClientError) -> anyhow::Error {
         ClientError::Rpc {
             code: Code::Unauthenticated,
             message,
-        } => AccessRefused::new(format!(
-            "{action}: not authenticated: {message} (set PHRONY_TOKEN or --token)"
-        ))
-        .into(),
+        } => {
+            let hint = unauthenticated_hint(&message);
+            AccessRefused::new(format!("{action}: not authenticated: {message} ({hint})")).into()
+        }
         ClientError::Rpc {
             code: Code::PermissionDenied,
             message,
         } => AccessRefused::new(format!("{action}: permission denied: {message}")).into(),
         other => anyhow!(other).context(action.to_owned()),
+    }
+}
+
+/// What to change after an `UNAUTHENTICATED` refusal: the client-certificate options when the
+/// runtime refused the mutual-TLS certificate (its refusals name the "client certificate"),
+/// else the token options.
+fn unauthenticated_hint(message: &str) -> &'static str {
+    if message.contains("client certificate") {
+        "present a client certificate the runtime maps: --tls-cert and --tls-key (or \
+         PHRONY_TLS_CERT and PHRONY_TLS_KEY) with --tls-ca"
+    } else {
+        "set PHRONY_TOKEN or --token"
     }
 }
 
@@ -414,6 +426,36 @@ mod tests {
             transport_mismatch(&tls, true).await.is_none(),
             "no disagreement"
         );
+    }
+
+    #[test]
+    fn an_unauthenticated_refusal_names_the_options_of_its_credential() {
+        let refused = |message: &str| {
+            failure(
+                "list agents",
+                ClientError::Rpc {
+                    code: Code::Unauthenticated,
+                    message: message.to_owned(),
+                },
+            )
+            .to_string()
+        };
+        assert_eq!(
+            refused("unknown token"),
+            "list agents: not authenticated: unknown token (set PHRONY_TOKEN or --token)"
+        );
+        let shown = refused(
+            "credential rejected: client certificate subject \"mallory\" is not in \
+             RUNTIME_TLS_CLIENT_ROLES",
+        );
+        assert!(
+            shown.ends_with(
+                "(present a client certificate the runtime maps: --tls-cert and --tls-key (or \
+                 PHRONY_TLS_CERT and PHRONY_TLS_KEY) with --tls-ca)"
+            ),
+            "{shown}"
+        );
+        assert!(!shown.contains("PHRONY_TOKEN"), "{shown}");
     }
 
     #[test]

@@ -14,6 +14,7 @@ mod attach;
 mod bounds;
 mod dispatch;
 mod event_fixture;
+mod input_bounds;
 mod ledger;
 mod modules;
 mod provider_faults;

@@ -270,6 +270,7 @@ pub(crate) fn ledger_status(error: LedgerError) -> Status {
         LedgerError::AlreadyExists { message } => Status::already_exists(message),
         LedgerError::PermissionDenied { message } => Status::permission_denied(message),
         LedgerError::InvalidArgument { message } => Status::invalid_argument(message),
+        LedgerError::ResourceExhausted { message } => Status::resource_exhausted(message),
         LedgerError::Conflict { message } => {
             tracing::warn!(%message, "ledger write kept losing races");
             Status::aborted(format!("concurrent update, retry the request ({message})"))
@@ -312,6 +313,10 @@ pub(crate) fn engine_status(error: phrony_engine::EngineError) -> Status {
         ErrorKind::AlreadyExists => Status::already_exists(error.message),
         ErrorKind::PermissionDenied => Status::permission_denied(error.message),
         ErrorKind::InvalidArgument => Status::invalid_argument(error.message),
+        ErrorKind::ResourceExhausted => {
+            tracing::info!(message = %error.message, "refused at a configured bound");
+            Status::resource_exhausted(error.message)
+        }
         ErrorKind::Conflict => {
             tracing::warn!(message = %error.message, "session write kept losing races");
             Status::aborted(format!(
@@ -530,6 +535,12 @@ mod tests {
                 Code::InvalidArgument,
             ),
             (
+                LedgerError::ResourceExhausted {
+                    message: "m".into(),
+                },
+                Code::ResourceExhausted,
+            ),
+            (
                 LedgerError::Conflict {
                     message: "m".into(),
                 },
@@ -580,6 +591,20 @@ mod tests {
             "{}",
             status.message()
         );
+    }
+
+    #[test]
+    fn a_reached_bound_is_resource_exhausted_with_its_message() {
+        let message = "session run_x has 32 user messages waiting for their turn; at most 32 \
+                       may wait (RUNTIME_MAX_QUEUED_USER_MESSAGES)";
+        let status = engine_status(phrony_engine::EngineError::exhausted(message));
+        assert_eq!(status.code(), Code::ResourceExhausted);
+        assert_eq!(status.message(), message);
+        let status = ledger_status(LedgerError::ResourceExhausted {
+            message: message.into(),
+        });
+        assert_eq!(status.code(), Code::ResourceExhausted);
+        assert_eq!(status.message(), message);
     }
 
     /// A driver error value, built without naming the driver crate.

@@ -29,8 +29,9 @@
 //!    refused, naming the missing permission, and the stream goes on).
 //!
 //! **Refusals keep the stream open.** A client message the runtime refuses (empty text, a
-//! task-mode session, a duplicate vote, a missing comprehension acknowledgement, an unknown
-//! approval, malformed edited arguments, …) is logged and answered with a `status` message
+//! task-mode session, a user message past `RUNTIME_MAX_QUEUED_USER_MESSAGES` waiting ones, a
+//! duplicate vote, a missing comprehension acknowledgement, an unknown approval, malformed
+//! edited arguments, …) is logged and answered with a `status` message
 //! carrying the session's current status and the refusal as `reason`; nothing is ended. A user
 //! message while input is blocked by a limit is answered with `awaiting_input` carrying the
 //! reason. Only protocol violations end the stream with `InvalidArgument`: a second `start`

@@ -122,6 +122,16 @@ impl Server {
     /// [`Server::start_with`] in `auth` mode; in `required` mode the harness publishes,
     /// deploys and serves tools with an admin token.
     async fn start_in(steps: Vec<Step>, agent: CompiledAgent, auth: AuthMode) -> Self {
+        Self::start_configured(steps, agent, auth, |_| {}).await
+    }
+
+    /// [`Server::start_in`] with `configure` applied to the server's configuration.
+    async fn start_configured(
+        steps: Vec<Step>,
+        agent: CompiledAgent,
+        auth: AuthMode,
+        configure: impl FnOnce(&mut ServeConfig),
+    ) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let url = format!("sqlite://{}", dir.path().join("phrony.db").display());
         let ledger = Ledger::connect(&url).await.unwrap();
@@ -134,6 +144,7 @@ impl Server {
         config.default_actor = "runtime-default".into();
         config.shutdown_grace = Duration::from_secs(2);
         config.auth = auth;
+        configure(&mut config);
         let bearer = match auth {
             AuthMode::Local => None,
             AuthMode::Required => Some(token(&ledger, "harness-admin", AuthRole::Admin).await),
@@ -1200,5 +1211,147 @@ async fn a_runner_on_the_stream_cannot_approve_but_an_approver_can() {
         unreachable!()
     };
     assert_eq!(d.decided_by, "finance-approver");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_user_message_past_the_waiting_bound_is_refused_and_the_stream_goes_on() {
+    let gate = Arc::new(Notify::new());
+    let server = Server::start_configured(
+        vec![
+            Step::say_in_chunks(&["first answer"]).gated(Arc::clone(&gate)),
+            echo(),
+            echo(),
+        ],
+        refund_agent(1, ""),
+        AuthMode::Local,
+        |config| config.max_queued_user_messages = 1,
+    )
+    .await;
+    let mut s = open(
+        &server,
+        Some("emad"),
+        start_msg("one", pb::SessionMode::Conversation),
+    )
+    .await
+    .unwrap();
+    let session_id = s.started().await.session_id;
+    // Turn 1 runs (its model call is held): "one" no longer waits.
+    tokio::time::timeout(PATIENCE, async {
+        while server.script.requests().is_empty() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("turn 1 did not start");
+    s.send(user("two")).await;
+    s.send(user("three")).await;
+    let msgs = s
+        .until(|b| refusal(b, "RUNTIME_MAX_QUEUED_USER_MESSAGES"))
+        .await;
+    let Some(Down::Status(refused)) = msgs.last() else {
+        panic!("{msgs:#?}")
+    };
+    assert_eq!(
+        refused.reason,
+        format!(
+            "session {session_id} has 1 user messages waiting for their turn; at most 1 may \
+             wait (RUNTIME_MAX_QUEUED_USER_MESSAGES), so this one was not recorded: send it \
+             after the session answered"
+        )
+    );
+    // The stream goes on: turn 2 answers "two", and "three", sent again, is run as turn 3.
+    gate.notify_one();
+    let msgs = s
+        .until(|b| matches!(b, Down::AwaitingInput(w) if w.stats.unwrap().turn == 2))
+        .await;
+    assert_eq!(text(&msgs), "first answerecho: two");
+    s.send(user("three")).await;
+    let msgs = s
+        .until(|b| matches!(b, Down::AwaitingInput(w) if w.stats.unwrap().turn == 3))
+        .await;
+    assert_eq!(text(&msgs), "echo: three");
+    let users: Vec<String> = server
+        .script
+        .requests()
+        .iter()
+        .map(|r| user_texts(r).pop().unwrap())
+        .collect();
+    assert_eq!(users, ["one", "two", "three"], "the refused copy was never recorded");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_start_past_the_live_sessions_of_the_agent_is_resource_exhausted() {
+    let server = Server::start_configured(
+        vec![echo(), echo()],
+        refund_agent(1, ""),
+        AuthMode::Local,
+        |config| config.max_sessions_per_agent = Some(1),
+    )
+    .await;
+    let mut parked = open(
+        &server,
+        Some("emad"),
+        start_msg("one", pb::SessionMode::Conversation),
+    )
+    .await
+    .unwrap();
+    let session_id = parked.started().await.session_id;
+    parked.until(|b| matches!(b, Down::AwaitingInput(_))).await;
+    let expected = "agent support/refund-agent has 1 live sessions (created and not yet ended); \
+                    at most 1 may be live at once, so no session was started \
+                    (RUNTIME_MAX_SESSIONS_PER_AGENT); retry when some have ended";
+
+    // RunSession and the interactive start are refused alike, before anything is created.
+    let mut client = server.client().await;
+    let err = client
+        .run_session(pb::RunSessionRequest {
+            agent_ref: Some(agent_ref()),
+            input: serde_json::to_vec(&json!("two")).unwrap(),
+            resolved_secrets: [("openai".to_owned(), b"sk-test".to_vec())].into(),
+            bundle_ref: None,
+            metadata: std::collections::HashMap::new(),
+            mode: pb::SessionMode::Unspecified as i32,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+    assert_eq!(err.message(), expected);
+    let Err(err) = open(
+        &server,
+        Some("emad"),
+        start_msg("two", pb::SessionMode::Conversation),
+    )
+    .await
+    else {
+        panic!("the interactive start was not refused")
+    };
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+    assert_eq!(err.message(), expected);
+    let sessions = client
+        .list_sessions(pb::ListSessionsRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .sessions;
+    assert_eq!(sessions.len(), 1, "nothing was created: {sessions:?}");
+    assert_eq!(server.script.requests().len(), 1);
+
+    // Once the conversation ends its slot is free.
+    client
+        .complete_session(pb::CompleteSessionRequest { session_id })
+        .await
+        .unwrap();
+    let mut next = open(
+        &server,
+        Some("emad"),
+        start_msg("two", pb::SessionMode::Unspecified),
+    )
+    .await
+    .unwrap();
+    next.started().await;
+    let rest = next.rest().await;
+    assert_eq!(flow(&rest), ["completed"]);
     server.stop().await;
 }

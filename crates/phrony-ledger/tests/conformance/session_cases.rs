@@ -2878,3 +2878,187 @@ pub(crate) async fn a_completion_and_its_message_commit_together(db: &TestDb) {
         "a refused completion appends nothing"
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// live sessions per agent (RUNTIME_MAX_SESSIONS_PER_AGENT)
+
+#[track_caller]
+fn exhausted(result: Result<impl std::fmt::Debug, LedgerError>) -> String {
+    match result {
+        Err(LedgerError::ResourceExhausted { message }) => message,
+        other => panic!("expected ResourceExhausted, got {other:?}"),
+    }
+}
+
+async fn session_count(ledger: &Ledger) -> usize {
+    ledger
+        .list_sessions(
+            &SessionFilter {
+                include_children: true,
+                ..SessionFilter::default()
+            },
+            &PageRequest::default(),
+        )
+        .await
+        .unwrap()
+        .items
+        .len()
+}
+
+/// Every status short of an end counts (running, waiting for input, a tool or an approval; a
+/// child session), over every version of the agent; an end frees a slot; another agent has its
+/// own count; a refused create writes nothing.
+pub(crate) async fn live_sessions_per_agent_are_bounded(db: &TestDb) {
+    let ledger = db.migrated().await;
+    let agent = refund_agent();
+    let v1 = deploy_agent(ledger, &agent, "0.1.0").await;
+    let within = |new: NewSession| ledger.create_session_within(new, 3);
+    let parked = within(new_session(&v1, &[])).await.unwrap();
+    to(ledger, &parked.id, SessionStatus::AwaitingInput).await;
+    let approving = within(new_session(&v1, &[])).await.unwrap();
+    to(ledger, &approving.id, SessionStatus::AwaitingApproval).await;
+    // The next version counts against the same agent.
+    let v2 = deploy_agent(ledger, &agent, "0.2.0").await;
+    let mut child = new_session(&v2, &[]);
+    child.parent_session_id = Some(approving.id.clone());
+    let child = within(child).await.unwrap();
+    assert_eq!(ledger.live_sessions_of_agent(&agent).await.unwrap(), 3);
+
+    let before = session_count(ledger).await;
+    let refused = new_session(&v2, &[]);
+    let message = exhausted(within(refused.clone()).await);
+    assert_eq!(
+        message,
+        "agent support/refund-agent has 3 live sessions (created and not yet ended); at most 3 \
+         may be live at once, so no session was started"
+    );
+    assert_eq!(session_count(ledger).await, before, "nothing was created");
+    not_found(ledger.get_session(&refused.id).await);
+    assert!(
+        db.raw_strings(&format!(
+            "SELECT stream FROM events WHERE stream = '{}'",
+            refused.id
+        ))
+        .await
+        .is_empty(),
+        "no event was recorded for the refused session"
+    );
+
+    // Another agent has its own count; an unbounded create ignores it.
+    let other = deploy_agent(ledger, &AgentRef::new("support", "triage"), "1.0.0").await;
+    ledger
+        .create_session_within(new_session(&other, &[]), 1)
+        .await
+        .unwrap();
+    exhausted(
+        ledger
+            .create_session_within(new_session(&other, &[]), 1)
+            .await,
+    );
+    ledger.create_session(new_session(&other, &[])).await.unwrap();
+
+    // Each end (completed, failed, cancelled) frees one slot, and only one.
+    for (session, end) in [
+        (&parked.id, StatusChange::completed(None)),
+        (&child.id, StatusChange::failed("worker lost")),
+        (&approving.id, StatusChange::cancelled()),
+    ] {
+        ledger.set_session_status(session, end).await.unwrap();
+        assert_eq!(ledger.live_sessions_of_agent(&agent).await.unwrap(), 2);
+        within(new_session(&v2, &[])).await.unwrap();
+        exhausted(within(new_session(&v2, &[])).await);
+    }
+    assert_eq!(ledger.live_sessions_of_agent(&agent).await.unwrap(), 3);
+    for report in ledger.verify_all_streams().await.unwrap() {
+        assert!(report.is_intact(), "{report:?}");
+    }
+}
+
+/// Parallel creates over two connection pools (two "replicas") racing for the last `SLOTS`
+/// slots of one agent: exactly `SLOTS` succeed, every other one is `ResourceExhausted`, and
+/// the agent ends with exactly the bound live.
+pub(crate) async fn concurrent_creates_never_exceed_the_live_session_bound(db: &TestDb) {
+    const BOUND: u64 = 7;
+    const ALREADY_LIVE: u64 = 2;
+    const CREATES: usize = 16;
+    let first = db.migrated().await.clone();
+    let second = db.another_ledger().await;
+    let agent = refund_agent();
+    let v = deploy_agent(&first, &agent, "0.1.0").await;
+    for _ in 0..ALREADY_LIVE {
+        first.create_session(new_session(&v, &[])).await.unwrap();
+    }
+    let start = std::sync::Arc::new(tokio::sync::Barrier::new(CREATES));
+    let mut handles = Vec::new();
+    for i in 0..CREATES {
+        let ledger = if i % 2 == 0 {
+            first.clone()
+        } else {
+            second.clone()
+        };
+        let new = new_session(&v, &[]);
+        let start = std::sync::Arc::clone(&start);
+        handles.push(tokio::spawn(async move {
+            start.wait().await;
+            ledger.create_session_within(new, BOUND).await
+        }));
+    }
+    let mut created = 0;
+    let mut refused = 0;
+    for h in handles {
+        match h.await.unwrap() {
+            Ok(_) => created += 1,
+            Err(LedgerError::ResourceExhausted { message }) => {
+                assert!(message.contains("at most 7"), "{message}");
+                refused += 1;
+            }
+            Err(other) => panic!("a create failed otherwise: {other:?}"),
+        }
+    }
+    assert_eq!(created, BOUND - ALREADY_LIVE, "exactly the free slots were taken");
+    assert_eq!(refused, CREATES as u64 - (BOUND - ALREADY_LIVE));
+    assert_eq!(first.live_sessions_of_agent(&agent).await.unwrap(), BOUND);
+    assert_eq!(session_count(&first).await as u64, BOUND);
+}
+
+/// The live-session count reads the partial index of migration 0009, not the agent's
+/// history.
+pub(crate) async fn the_live_session_count_uses_its_index(db: &TestDb) {
+    use sqlx::{Connection as _, Row as _};
+    db.migrated().await;
+    let query = "SELECT COUNT(*) AS n FROM sessions WHERE agent_namespace = 'support' \
+                 AND agent_name = 'refund-agent' \
+                 AND status NOT IN ('completed', 'failed', 'cancelled')";
+    let plan: Vec<String> = match db.kind {
+        Backend::Sqlite => {
+            let mut conn = sqlx::SqliteConnection::connect(&db.url).await.unwrap();
+            sqlx::query(&format!("EXPLAIN QUERY PLAN {query}"))
+                .fetch_all(&mut conn)
+                .await
+                .unwrap()
+                .iter()
+                .map(|r| r.get::<String, _>("detail"))
+                .collect()
+        }
+        Backend::Postgres => {
+            let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
+            // An empty table would be scanned whatever the indexes; forbid that to see
+            // whether an index can answer.
+            sqlx::query("SET enable_seqscan = off")
+                .execute(&mut conn)
+                .await
+                .unwrap();
+            sqlx::query(&format!("EXPLAIN {query}"))
+                .fetch_all(&mut conn)
+                .await
+                .unwrap()
+                .iter()
+                .map(|r| r.get::<String, _>(0))
+                .collect()
+        }
+    };
+    assert!(
+        plan.iter().any(|line| line.contains("sessions_agent_live")),
+        "{plan:?}"
+    );
+}
