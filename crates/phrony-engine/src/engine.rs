@@ -370,7 +370,14 @@ impl Engine {
                 .await?;
         }
         let next_turn = if first.is_some() { 2 } else { 1 };
-        self.spawn(session.clone(), Arc::new(agent), setup, provider, next_turn, 0)?;
+        self.spawn(
+            session.clone(),
+            Arc::new(agent),
+            setup,
+            provider,
+            next_turn,
+            0,
+        )?;
         Ok(SessionHandle {
             id,
             agent_version_id,

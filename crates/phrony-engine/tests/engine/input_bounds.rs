@@ -53,7 +53,10 @@ async fn user_messages_past_the_waiting_bound_are_refused_and_not_recorded() {
     let emad = Attribution::unverified("emad");
     for (text, turn) in [("second", 2), ("third", 3)] {
         assert_eq!(
-            h.engine.send_user_message(&s.id, &emad, text).await.unwrap(),
+            h.engine
+                .send_user_message(&s.id, &emad, text)
+                .await
+                .unwrap(),
             turn
         );
     }
@@ -115,11 +118,7 @@ async fn a_start_past_the_live_sessions_of_its_agent_is_refused_and_creates_noth
     };
     let h = Harness::memory_with(
         &AgentOptions::default(),
-        vec![
-            Step::say("one"),
-            Step::say("two"),
-            Step::say("three"),
-        ],
+        vec![Step::say("one"), Step::say("two"), Step::say("three")],
         config,
     )
     .await;
@@ -131,7 +130,9 @@ async fn a_start_past_the_live_sessions_of_its_agent_is_refused_and_creates_noth
 
     let err = h
         .engine
-        .start_session(h.start_request(serde_json::json!("third"), phrony_engine::SessionMode::Task))
+        .start_session(
+            h.start_request(serde_json::json!("third"), phrony_engine::SessionMode::Task),
+        )
         .await
         .unwrap_err();
     assert_eq!(err.kind, ErrorKind::ResourceExhausted);
@@ -141,7 +142,11 @@ async fn a_start_past_the_live_sessions_of_its_agent_is_refused_and_creates_noth
          may be live at once, so no session was started (RUNTIME_MAX_SESSIONS_PER_AGENT); retry \
          when some have ended"
     );
-    assert_eq!(h.script.requests().len(), 2, "no model call for the refused start");
+    assert_eq!(
+        h.script.requests().len(),
+        2,
+        "no model call for the refused start"
+    );
     assert_eq!(
         h.store
             .ledger()

@@ -1277,7 +1277,11 @@ async fn a_user_message_past_the_waiting_bound_is_refused_and_the_stream_goes_on
         .iter()
         .map(|r| user_texts(r).pop().unwrap())
         .collect();
-    assert_eq!(users, ["one", "two", "three"], "the refused copy was never recorded");
+    assert_eq!(
+        users,
+        ["one", "two", "three"],
+        "the refused copy was never recorded"
+    );
     server.stop().await;
 }
 

@@ -2955,7 +2955,10 @@ pub(crate) async fn live_sessions_per_agent_are_bounded(db: &TestDb) {
             .create_session_within(new_session(&other, &[]), 1)
             .await,
     );
-    ledger.create_session(new_session(&other, &[])).await.unwrap();
+    ledger
+        .create_session(new_session(&other, &[]))
+        .await
+        .unwrap();
 
     // Each end (completed, failed, cancelled) frees one slot, and only one.
     for (session, end) in [
@@ -3015,7 +3018,11 @@ pub(crate) async fn concurrent_creates_never_exceed_the_live_session_bound(db: &
             Err(other) => panic!("a create failed otherwise: {other:?}"),
         }
     }
-    assert_eq!(created, BOUND - ALREADY_LIVE, "exactly the free slots were taken");
+    assert_eq!(
+        created,
+        BOUND - ALREADY_LIVE,
+        "exactly the free slots were taken"
+    );
     assert_eq!(refused, CREATES as u64 - (BOUND - ALREADY_LIVE));
     assert_eq!(first.live_sessions_of_agent(&agent).await.unwrap(), BOUND);
     assert_eq!(session_count(&first).await as u64, BOUND);
@@ -3060,5 +3067,64 @@ pub(crate) async fn the_live_session_count_uses_its_index(db: &TestDb) {
     assert!(
         plan.iter().any(|line| line.contains("sessions_agent_live")),
         "{plan:?}"
+    );
+}
+
+/// A create re-checks, in its own transaction, what the caller's `runnable_version` checked
+/// before: a retire or an archive that commits in between wins, and its cascade never misses a
+/// session that is being created meanwhile.
+pub(crate) async fn a_session_never_outlives_the_retire_or_archive_of_its_agent(db: &TestDb) {
+    let ledger = db.migrated().await;
+    let agent = refund_agent();
+    let v1 = deploy_agent(ledger, &agent, "0.1.0").await;
+    let v2 = deploy_agent(ledger, &agent, "0.2.0").await;
+    ledger
+        .retire_version(
+            &agent,
+            "0.1.0",
+            &phrony_ledger::Attribution::unverified("erin"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        precondition(ledger.create_session(new_session(&v1, &[])).await),
+        "agent support/refund-agent version \"0.1.0\" is retired and cannot be run"
+    );
+
+    // Creates racing an archive: each either lost (refused) or was ended by the archive.
+    let mut creates = Vec::new();
+    for _ in 0..16 {
+        let ledger = ledger.clone();
+        let new = new_session(&v2, &[]);
+        creates.push(tokio::spawn(async move {
+            ledger.create_session_within(new, 1_000).await
+        }));
+    }
+    let archived = ledger
+        .archive_agent(&agent, &phrony_ledger::Attribution::unverified("grace"))
+        .await
+        .unwrap();
+    let mut created = Vec::new();
+    for create in creates {
+        match create.await.unwrap() {
+            Ok(session) => created.push(session.id),
+            Err(e) => assert_eq!(
+                precondition(Err::<(), _>(e)),
+                "agent support/refund-agent is archived and cannot be run"
+            ),
+        }
+    }
+    for id in &created {
+        let s = ledger.get_session(id).await.unwrap();
+        assert_eq!(
+            s.status,
+            SessionStatus::Failed,
+            "session {id} outlived the archive"
+        );
+        assert!(archived.ended_sessions.contains(id), "{id}");
+    }
+    assert_eq!(
+        precondition(ledger.create_session(new_session(&v2, &[])).await),
+        "agent support/refund-agent is archived and cannot be run"
     );
 }
