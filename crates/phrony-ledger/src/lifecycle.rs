@@ -483,6 +483,7 @@ pub(crate) async fn retire_ending_sessions(
     version: &str,
     actor: &Attribution,
 ) -> Result<RetiredVersion> {
+    crate::sessions::lock_agent_sessions(tx, &agent_ref.namespace, &agent_ref.name).await?;
     let retired = retire(tx, agent_ref, version, actor).await?;
     let reason = format!(
         "agent version {agent_ref}@{} retired by {}",
@@ -542,6 +543,8 @@ pub(crate) async fn archive(
     agent_ref: &AgentRef,
     actor: &Attribution,
 ) -> Result<ArchivedAgent> {
+    // Before the stream lock: the order every session create takes them in.
+    crate::sessions::lock_agent_sessions(tx, &agent_ref.namespace, &agent_ref.name).await?;
     let mut head = lock_stream(tx, &agent_ref.stream()).await?;
     let agent = require_agent(&mut tx.conn(), agent_ref).await?;
     if agent.archived_at.is_some() {

@@ -370,14 +370,17 @@ async fn count_live_sessions(conn: &mut Conn<'_>, namespace: &str, name: &str) -
     Ok(u64::try_from(n).unwrap_or(0))
 }
 
-/// Refuses the create when the agent already has `max` live sessions, in the create's own
-/// transaction: SQLite's `BEGIN IMMEDIATE` serialises writers, and on PostgreSQL the agent's
-/// advisory lock (held until commit; each statement of a read-committed transaction sees what
-/// committed before it) makes concurrent creates of the same agent count one after the
-/// other, so two of them never both take the last slot.
-async fn check_live_sessions(tx: &mut Tx, agent: &AgentVersionRef, max: u64) -> Result<()> {
-    let key = format!("{}/{}", agent.namespace, agent.name);
+/// Serialises, on PostgreSQL, the transactions that create sessions of the agent
+/// `namespace/name` with those that end its sessions by retiring a version or archiving it (an
+/// advisory lock held until commit; each statement of a read-committed transaction then sees
+/// what committed before it). Without it a create could pass its checks while an archive's
+/// cascade runs, and a session would live on after its agent was archived. On SQLite,
+/// `BEGIN IMMEDIATE` already serialises every writer. Take it before any stream lock (creates
+/// lock a session stream, archives the agent's stream and then its sessions'), so the order is
+/// the same everywhere.
+pub(crate) async fn lock_agent_sessions(tx: &mut Tx, namespace: &str, name: &str) -> Result<()> {
     if tx.backend() == Backend::Postgres {
+        let key = format!("{namespace}/{name}");
         let sql = format!(
             "SELECT 1 AS locked FROM \
              (SELECT pg_advisory_xact_lock({CREATE_LOCK_CLASS}, hashtext($1))) AS l"
@@ -390,19 +393,57 @@ async fn check_live_sessions(tx: &mut Tx, agent: &AgentVersionRef, max: u64) -> 
             )
             .await?;
     }
+    Ok(())
+}
+
+/// Refuses the create when the agent already has `max` live sessions, in the create's own
+/// transaction, under [`lock_agent_sessions`]: two concurrent creates never both take the last
+/// slot.
+async fn check_live_sessions(tx: &mut Tx, agent: &AgentVersionRef, max: u64) -> Result<()> {
     let live = count_live_sessions(&mut tx.conn(), &agent.namespace, &agent.name).await?;
     if live >= max {
         return Err(LedgerError::ResourceExhausted {
             message: format!(
-                "agent {key} has {live} live sessions (created and not yet ended); at most {max} \
-                 may be live at once, so no session was started"
+                "agent {}/{} has {live} live sessions (created and not yet ended); at most {max} \
+                 may be live at once, so no session was started",
+                agent.namespace, agent.name
             ),
         });
     }
     Ok(())
 }
 
+/// A top-level session of a published version may only start while the agent is not archived
+/// and the version not retired — checked again here, in the create's transaction under
+/// [`lock_agent_sessions`], because the caller's earlier check ([`Ledger::runnable_version`])
+/// may have raced with an archive or a retire whose cascade then missed the new session.
+async fn check_still_runnable(tx: &mut Tx, version: &crate::model::AgentVersion) -> Result<()> {
+    if version.retired_at.is_some() {
+        return Err(LedgerError::precondition(format!(
+            "agent {} version {:?} is retired and cannot be run",
+            version.agent, version.version
+        )));
+    }
+    let archived = tx
+        .conn()
+        .fetch_optional(
+            "check the agent is not archived",
+            "SELECT 1 AS archived FROM agents WHERE id = $1 AND archived_at IS NOT NULL",
+            args![version.agent_id],
+        )
+        .await?
+        .is_some();
+    if archived {
+        return Err(LedgerError::precondition(format!(
+            "agent {} is archived and cannot be run",
+            version.agent
+        )));
+    }
+    Ok(())
+}
+
 async fn create(tx: &mut Tx, new: &NewSession, max_live_per_agent: Option<u64>) -> Result<Session> {
+    lock_agent_sessions(tx, &new.agent.namespace, &new.agent.name).await?;
     if let Some(max) = max_live_per_agent {
         check_live_sessions(tx, &new.agent, max).await?;
     }
@@ -434,6 +475,9 @@ async fn create(tx: &mut Tx, new: &NewSession, max_live_per_agent: Option<u64>) 
             "agent_ref {} does not match agent version {} ({}@{})",
             new.agent, new.agent_version_id, version.agent, version.version
         )));
+    }
+    if version.origin == VersionOrigin::Published && new.parent_session_id.is_none() {
+        check_still_runnable(tx, &version).await?;
     }
     let (root, depth) = match &new.parent_session_id {
         None => (new.id.clone(), 0),

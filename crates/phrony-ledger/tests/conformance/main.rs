@@ -110,4 +110,5 @@ conformance!(
     audit_events_are_typed_and_the_log_still_verifies,
     a_stream_deleted_with_its_sealed_head_is_detected,
     a_log_sealed_before_the_stream_set_gets_it_at_start,
+    a_session_never_outlives_the_retire_or_archive_of_its_agent,
 );

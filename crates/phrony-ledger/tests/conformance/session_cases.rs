@@ -3069,3 +3069,62 @@ pub(crate) async fn the_live_session_count_uses_its_index(db: &TestDb) {
         "{plan:?}"
     );
 }
+
+/// A create re-checks, in its own transaction, what the caller's `runnable_version` checked
+/// before: a retire or an archive that commits in between wins, and its cascade never misses a
+/// session that is being created meanwhile.
+pub(crate) async fn a_session_never_outlives_the_retire_or_archive_of_its_agent(db: &TestDb) {
+    let ledger = db.migrated().await;
+    let agent = refund_agent();
+    let v1 = deploy_agent(ledger, &agent, "0.1.0").await;
+    let v2 = deploy_agent(ledger, &agent, "0.2.0").await;
+    ledger
+        .retire_version(
+            &agent,
+            "0.1.0",
+            &phrony_ledger::Attribution::unverified("erin"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        precondition(ledger.create_session(new_session(&v1, &[])).await),
+        "agent support/refund-agent version \"0.1.0\" is retired and cannot be run"
+    );
+
+    // Creates racing an archive: each either lost (refused) or was ended by the archive.
+    let mut creates = Vec::new();
+    for _ in 0..16 {
+        let ledger = ledger.clone();
+        let new = new_session(&v2, &[]);
+        creates.push(tokio::spawn(async move {
+            ledger.create_session_within(new, 1_000).await
+        }));
+    }
+    let archived = ledger
+        .archive_agent(&agent, &phrony_ledger::Attribution::unverified("grace"))
+        .await
+        .unwrap();
+    let mut created = Vec::new();
+    for create in creates {
+        match create.await.unwrap() {
+            Ok(session) => created.push(session.id),
+            Err(e) => assert_eq!(
+                precondition(Err::<(), _>(e)),
+                "agent support/refund-agent is archived and cannot be run"
+            ),
+        }
+    }
+    for id in &created {
+        let s = ledger.get_session(id).await.unwrap();
+        assert_eq!(
+            s.status,
+            SessionStatus::Failed,
+            "session {id} outlived the archive"
+        );
+        assert!(archived.ended_sessions.contains(id), "{id}");
+    }
+    assert_eq!(
+        precondition(ledger.create_session(new_session(&v2, &[])).await),
+        "agent support/refund-agent is archived and cannot be run"
+    );
+}

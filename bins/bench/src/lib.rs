@@ -1,0 +1,404 @@
+//! The load benchmark of phrony-rs (issue #14): the real `phrony-runtime` daemon on SQLite and
+//! PostgreSQL, Rust workers on the `Work` stream, and the scripted `stub` model (it answers at
+//! once, so the daemon is what is measured), with baselines measured in the same run.
+//!
+//! Scenarios:
+//! - **closed loop**: `N` clients each start a task session of one allowed tool call
+//!   (`issue_refund` of 50, under the tutorial's approval boundary) on an interactive stream and
+//!   wait for it to complete, then start the next; throughput and latency from the start to
+//!   `completed`, per concurrency;
+//! - **parked**: `P` sessions wait in `awaiting_approval` (a refund of 400); the daemon's resident
+//!   memory before, while parked and after; then all are approved in one burst (64 voters at
+//!   once), each vote's latency and the time until every session completed;
+//! - **baselines**: raw durable SQLite commits per second with the daemon's settings (WAL,
+//!   `synchronous=FULL`, one row per transaction) on the same filesystem, and the unary gRPC
+//!   round trip to the same daemon (`Health/Check`).
+//!
+//! Every run checks the work: each completed session's tool call ran exactly once on a worker
+//! (`lost_or_duplicated` counts the difference and every failed session); the binary exits 1
+//! when it is not 0. Timing never fails a run.
+//!
+//! Not measured yet (listed under `not_measured` in the JSON): dispatch overhead (model tool
+//! call → invoke), open-loop latency at a fixed arrival rate, approve → invoke.
+
+mod baseline;
+mod load;
+mod stats;
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tests::daemon::{Backend, Daemon};
+
+pub use stats::Latencies;
+
+/// Command-line options.
+#[derive(Debug, Clone, clap::Parser)]
+#[command(name = "phrony-bench", about = "Load benchmark of the phrony runtime")]
+pub struct Options {
+    /// A smoke run for CI (about a minute): short phases, few parked sessions.
+    #[arg(long)]
+    pub quick: bool,
+    /// Print one JSON object last on stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// `sqlite`, `postgres` or `both`.
+    #[arg(long, default_value = "both")]
+    pub backend: String,
+    /// Closed-loop concurrencies, comma-separated.
+    #[arg(long, default_value = "1,16,64")]
+    pub concurrency: String,
+    /// Seconds per closed-loop phase (default 10, `--quick` 2).
+    #[arg(long)]
+    pub seconds: Option<u64>,
+    /// Sessions parked in `awaiting_approval` (default 1000, `--quick` 50).
+    #[arg(long)]
+    pub parked: Option<usize>,
+    /// Write the report as Markdown to this file (e.g. `BENCHMARKS.md`).
+    #[arg(long)]
+    pub report: Option<PathBuf>,
+}
+
+/// Why a run could not be made (not a slow run: timing never fails).
+#[derive(Debug)]
+pub struct BenchError(pub String);
+
+impl std::fmt::Display for BenchError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for BenchError {}
+
+impl BenchError {
+    pub(crate) fn new(message: impl Into<String>) -> Self {
+        Self(message.into())
+    }
+}
+
+/// One closed-loop phase.
+#[derive(Debug, Clone)]
+pub struct ClosedLoop {
+    /// `sqlite` or `postgres`.
+    pub backend: &'static str,
+    /// Concurrent clients.
+    pub concurrency: usize,
+    /// Sessions completed per second (= governed tool calls per second).
+    pub per_s: f64,
+    /// Start → completed.
+    pub latency: Latencies,
+    /// Sessions that did not complete.
+    pub failed: u64,
+}
+
+/// The parked-sessions phase.
+#[derive(Debug, Clone)]
+pub struct Parked {
+    /// `sqlite` or `postgres`.
+    pub backend: &'static str,
+    /// Sessions parked.
+    pub sessions: usize,
+    /// Daemon RSS (MiB) before parking, while parked, after they all ended.
+    pub rss_mb: [f64; 3],
+    /// Each `DecideApproval` of the burst.
+    pub vote: Latencies,
+    /// From the first vote of the burst until every session completed.
+    pub burst_ms: f64,
+}
+
+/// Everything a run measured.
+#[derive(Debug, Clone, Default)]
+pub struct Report {
+    /// Raw durable SQLite commits per second (baseline).
+    pub raw_commits_per_s: f64,
+    /// Unary round trips to the daemon (baseline), per backend.
+    pub rtt: Vec<(&'static str, Latencies)>,
+    /// Closed-loop phases.
+    pub closed: Vec<ClosedLoop>,
+    /// Parked phases.
+    pub parked: Vec<Parked>,
+    /// Tool calls that ran a different number of times than once per completed session, plus
+    /// sessions that did not complete.
+    pub lost_or_duplicated: u64,
+}
+
+/// The sizes of a run.
+#[derive(Debug, Clone)]
+pub(crate) struct Plan {
+    pub(crate) backends: Vec<Backend>,
+    pub(crate) concurrency: Vec<usize>,
+    pub(crate) phase: Duration,
+    pub(crate) parked: usize,
+    pub(crate) rtt_samples: usize,
+    pub(crate) commit_phase: Duration,
+}
+
+impl Plan {
+    fn from(options: &Options) -> Result<Self, BenchError> {
+        let backends = match options.backend.as_str() {
+            "sqlite" => vec![Backend::Sqlite],
+            "postgres" => vec![Backend::Postgres],
+            "both" => vec![Backend::Sqlite, Backend::Postgres],
+            other => {
+                return Err(BenchError::new(format!(
+                    "--backend {other:?}: expected sqlite, postgres or both"
+                )));
+            }
+        };
+        let mut concurrency = Vec::new();
+        for part in options.concurrency.split(',') {
+            let n: usize = part.trim().parse().map_err(|_| {
+                BenchError::new(format!(
+                    "--concurrency {:?}: {part:?} is not a whole number",
+                    options.concurrency
+                ))
+            })?;
+            if !(1..=1024).contains(&n) {
+                return Err(BenchError::new(format!(
+                    "--concurrency: {n} is outside 1..=1024"
+                )));
+            }
+            concurrency.push(n);
+        }
+        let seconds = options
+            .seconds
+            .unwrap_or(if options.quick { 2 } else { 10 });
+        if !(1..=3600).contains(&seconds) {
+            return Err(BenchError::new(format!(
+                "--seconds {seconds}: outside 1..=3600"
+            )));
+        }
+        let parked = options
+            .parked
+            .unwrap_or(if options.quick { 50 } else { 1000 });
+        if parked > 200_000 {
+            return Err(BenchError::new(format!(
+                "--parked {parked}: at most 200000"
+            )));
+        }
+        Ok(Self {
+            backends,
+            concurrency,
+            phase: Duration::from_secs(seconds),
+            parked,
+            rtt_samples: if options.quick { 200 } else { 2000 },
+            commit_phase: Duration::from_secs(if options.quick { 1 } else { 3 }),
+        })
+    }
+}
+
+fn backend_name(backend: Backend) -> &'static str {
+    match backend {
+        Backend::Sqlite => "sqlite",
+        Backend::Postgres => "postgres",
+    }
+}
+
+/// Runs the benchmark and prints the report (and its JSON, and writes the Markdown, as asked).
+///
+/// # Errors
+/// A daemon that does not start, a refused setup step, a scenario that cannot run.
+pub fn run(options: &Options) -> Result<Report, BenchError> {
+    let plan = Plan::from(options)?;
+    let mut report = Report {
+        raw_commits_per_s: baseline::raw_durable_commits(plan.commit_phase)?,
+        ..Report::default()
+    };
+    eprintln!(
+        "baseline: {:.0} raw durable SQLite commits/s",
+        report.raw_commits_per_s
+    );
+    for backend in &plan.backends {
+        load::backend(*backend, &plan, &mut report)?;
+    }
+    let value = to_json(&report);
+    eprint!("{}", markdown(&report));
+    if let Some(path) = &options.report {
+        write_report(path, &report)?;
+    }
+    if options.json {
+        println!("{value}");
+    }
+    Ok(report)
+}
+
+fn best(report: &Report, backend: &str) -> Option<f64> {
+    report
+        .closed
+        .iter()
+        .filter(|c| c.backend == backend)
+        .map(|c| c.per_s)
+        .reduce(f64::max)
+}
+
+/// The `--json` object.
+#[must_use]
+pub fn to_json(report: &Report) -> Value {
+    let mut out = serde_json::Map::new();
+    let mut put = |k: &str, v: Option<f64>| {
+        if let Some(v) = v {
+            out.insert(k.to_owned(), json!(v));
+        }
+    };
+    put("tool_calls_per_s", best(report, "sqlite"));
+    put("tool_calls_per_s_postgres", best(report, "postgres"));
+    put("raw_durable_commits_per_s", Some(report.raw_commits_per_s));
+    put(
+        "bare_rtt_p50_us",
+        report
+            .rtt
+            .iter()
+            .find(|(b, _)| *b == "sqlite")
+            .or_else(|| report.rtt.first())
+            .map(|(_, l)| l.p50_us()),
+    );
+    let parked = report
+        .parked
+        .iter()
+        .find(|p| p.backend == "sqlite")
+        .or_else(|| report.parked.first());
+    if let Some(p) = parked {
+        put("parked_rss_mb", Some(p.rss_mb[1]));
+        put("approve_burst_p99_ms", Some(p.vote.p99_us() / 1000.0));
+        put("approve_burst_all_completed_ms", Some(p.burst_ms));
+        out.insert("parked_sessions".to_owned(), json!(p.sessions));
+    }
+    out.insert(
+        "lost_or_duplicated".to_owned(),
+        json!(report.lost_or_duplicated),
+    );
+    out.insert(
+        "not_measured".to_owned(),
+        json!([
+            "dispatch_overhead_p50_us",
+            "open_loop_p99_ms_at_half_max",
+            "approve_to_invoke_p50_ms"
+        ]),
+    );
+    out.insert(
+        "closed_loop".to_owned(),
+        report
+            .closed
+            .iter()
+            .map(|c| {
+                json!({
+                    "backend": c.backend,
+                    "concurrency": c.concurrency,
+                    "per_s": c.per_s,
+                    "p50_ms": c.latency.p50_us() / 1000.0,
+                    "p99_ms": c.latency.p99_us() / 1000.0,
+                    "failed": c.failed,
+                })
+            })
+            .collect(),
+    );
+    Value::Object(out)
+}
+
+/// The human report (also the body of `--report`).
+#[must_use]
+pub fn markdown(report: &Report) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "\n| baseline | value |\n|---|---|\n| raw durable SQLite commits/s (WAL, synchronous=FULL) | {:.0} |",
+        report.raw_commits_per_s
+    );
+    for (backend, rtt) in &report.rtt {
+        let _ = writeln!(
+            s,
+            "| unary gRPC round trip ({backend} daemon), p50 / p99 | {:.0} µs / {:.0} µs |",
+            rtt.p50_us(),
+            rtt.p99_us()
+        );
+    }
+    let _ = writeln!(
+        s,
+        "\n| backend | concurrency | sessions (= tool calls)/s | ratio to raw commits/s | p50 | p99 | failed |\n|---|---|---|---|---|---|---|"
+    );
+    for c in &report.closed {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {:.1} | {:.4} | {:.1} ms | {:.1} ms | {} |",
+            c.backend,
+            c.concurrency,
+            c.per_s,
+            c.per_s / report.raw_commits_per_s.max(1.0),
+            c.latency.p50_us() / 1000.0,
+            c.latency.p99_us() / 1000.0,
+            c.failed
+        );
+    }
+    let _ = writeln!(
+        s,
+        "\n| backend | parked | RSS before / parked / after (MiB) | KiB per parked session | vote p50 / p99 | burst until all completed |\n|---|---|---|---|---|---|"
+    );
+    for p in &report.parked {
+        let per = (p.rss_mb[1] - p.rss_mb[0]) * 1024.0 / (p.sessions.max(1) as f64);
+        let _ = writeln!(
+            s,
+            "| {} | {} | {:.1} / {:.1} / {:.1} | {:.0} | {:.1} ms / {:.1} ms | {:.0} ms |",
+            p.backend,
+            p.sessions,
+            p.rss_mb[0],
+            p.rss_mb[1],
+            p.rss_mb[2],
+            per,
+            p.vote.p50_us() / 1000.0,
+            p.vote.p99_us() / 1000.0,
+            p.burst_ms
+        );
+    }
+    let _ = writeln!(
+        s,
+        "\nlost or duplicated tool calls: {}",
+        report.lost_or_duplicated
+    );
+    s
+}
+
+fn write_report(path: &Path, report: &Report) -> Result<(), BenchError> {
+    let commit = std::process::Command::new("git")
+        .args(["rev-parse", "--short", "HEAD"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_else(|| "unknown".to_owned());
+    let cpus = std::thread::available_parallelism().map_or(0, std::num::NonZero::get);
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".to_owned());
+    let text = format!(
+        "# Benchmarks\n\nWritten by `phrony-bench --report` (see `bins/bench`). Commit {commit}; {cpus} CPUs \
+         ({model}).\n{}",
+        markdown(report)
+    );
+    std::fs::write(path, text)
+        .map_err(|e| BenchError::new(format!("cannot write {}: {e}", path.display())))
+}
+
+/// The daemon's resident memory in MiB, from `/proc/<pid>/status`.
+pub(crate) fn rss_mb(daemon: &Daemon) -> f64 {
+    let Some(pid) = daemon.pid() else {
+        return 0.0;
+    };
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<f64>().ok())
+        })
+        .map_or(0.0, |kb| kb / 1024.0)
+}
