@@ -17,6 +17,7 @@ mod event_fixture;
 mod input_bounds;
 mod ledger;
 mod modules;
+mod outage;
 mod provider_faults;
 mod refund;
 mod sessions;
