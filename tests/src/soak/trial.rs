@@ -27,9 +27,10 @@ const AGENT: (&str, &str) = ("soak", "soak-agent");
 /// The worker's lease (the daemon's `RUNTIME_WORKER_LEASE_TTL`).
 const LEASE: Duration = Duration::from_secs(3);
 
-/// The daemon's SQLite busy timeout (the ledger's default): a writer waits this long for the
-/// write lock before its write fails.
-const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+/// The daemon's SQLite busy timeout in trials that plan database stalls
+/// (`RUNTIME_SQLITE_BUSY_TIMEOUT`; the default, 10 s, would make each `db_locked` last 12 s): a
+/// writer waits this long for the write lock before its write fails.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// How long a database stall may last at most while waiting for health to say `NOT_SERVING`,
 /// and how long health may take to say `SERVING` again once the database can write.
@@ -189,14 +190,16 @@ pub(crate) fn run_trial(options: &Options, seed: u64) -> Option<TrialOutcome> {
     } else {
         options.backend
     };
-    let daemon = Daemon::start_with_env(
-        backend,
-        &[
-            ("RUNTIME_ENABLE_STUB_PROVIDER", "1"),
-            ("RUNTIME_WORKER_LEASE_TTL", lease.as_str()),
-            ("RUNTIME_LOG", "warn"),
-        ],
-    )?;
+    let busy = format!("{}s", BUSY_TIMEOUT.as_secs());
+    let mut env = vec![
+        ("RUNTIME_ENABLE_STUB_PROVIDER", "1"),
+        ("RUNTIME_WORKER_LEASE_TTL", lease.as_str()),
+        ("RUNTIME_LOG", "warn"),
+    ];
+    if options.db_faults || options.only == Some(Fault::DbLocked) {
+        env.push(("RUNTIME_SQLITE_BUSY_TIMEOUT", busy.as_str()));
+    }
+    let daemon = Daemon::start_with_env(backend, &env)?;
     let fixture = crate::workspace_root().join("tests/fixtures/soak");
     publish_and_deploy(&daemon, &fixture);
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));

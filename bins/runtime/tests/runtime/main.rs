@@ -2,7 +2,7 @@
 //!
 //! - [`audit`]: the audit against an attacker who can write the SQLite file.
 //! - [`daemon`]: the real `phrony-runtime` process (start, stop, storage, signals, workers).
-//! - [`outage`]: the database stalled under a running daemon (PostgreSQL restarted, a full disk).
+//! - [`db_faults`]: the database stalled under a running daemon (PostgreSQL restarted, a full disk).
 //! - [`sdk_fixture`]: the Python SDK's committed agent snapshot matches the compiler.
 //! - [`support`]: the daemon on a free port, fresh databases, a compiled test agent.
 
@@ -21,6 +21,6 @@
 
 mod audit;
 mod daemon;
-mod outage;
+mod db_faults;
 mod sdk_fixture;
 mod support;

@@ -3,6 +3,7 @@
 //! says NOT_SERVING and calls answer UNAVAILABLE while it cannot write; nothing is lost or
 //! half-written; once the database can write again the daemon is SERVING by itself, the
 //! approval can be decided, both sessions complete, each call ran once and the audit verifies.
+//! The call's result reaches the daemon during the stall.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -238,6 +239,14 @@ async fn assert_refused_while_stalled(daemon: &mut Daemon, running: &Running) {
     assert_eq!(run.code(), Code::Unavailable, "{run:?}");
 }
 
+/// The worker answers the quick refund while the database still cannot write: the result must
+/// be kept (not acknowledged) until it can be recorded, and recorded once.
+fn answer_during_the_stall(worker: &RefundWorker) {
+    worker.release();
+    // Time for the result to reach the daemon and its first write to fail (not an assertion).
+    std::thread::sleep(Duration::from_secs(1));
+}
+
 /// Once the database can write again: SERVING by itself, the refused vote left nothing, the
 /// approval can be decided, both sessions complete, each refund ran once, the audit verifies.
 async fn assert_recovered(daemon: &mut Daemon, running: &Running, worker: &RefundWorker) {
@@ -253,7 +262,6 @@ async fn assert_recovered(daemon: &mut Daemon, running: &Running, worker: &Refun
     assert_eq!(full.status, "pending", "{full:?}");
     assert!(full.votes.is_empty(), "a refused vote was recorded: {full:?}");
 
-    worker.release();
     client
         .decide_approval(pb::DecideApprovalRequest {
             approval_id: running.approval.id.clone(),
@@ -327,6 +335,7 @@ fn a_postgres_restart_mid_run_is_ridden_out_and_loses_nothing() {
     // A crash of the server as its clients see it: every connection lost at once.
     pg.stop(StopMode::Immediate);
     rt.block_on(assert_refused_while_stalled(&mut daemon, &running));
+    answer_during_the_stall(&worker);
     pg.start_again();
     rt.block_on(assert_recovered(&mut daemon, &running, &worker));
     let log = daemon.stderr();
@@ -357,6 +366,7 @@ fn a_full_disk_is_ridden_out_and_nothing_is_half_written() {
     let filled = fs.fill();
     assert!(filled > 0, "the filesystem was already full");
     rt.block_on(assert_refused_while_stalled(&mut daemon, &running));
+    answer_during_the_stall(&worker);
     fs.free();
     rt.block_on(assert_recovered(&mut daemon, &running, &worker));
     drop(worker);
