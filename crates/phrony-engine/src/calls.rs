@@ -24,7 +24,7 @@ use serde_json::{Map, Value, json};
 use uuid::Uuid;
 
 use crate::driver::{CallStop, Ctx, DriverSetup, LimitEscalation, Stop, limit_message};
-use crate::error::StoreError;
+use crate::error::{ErrorKind, StoreError};
 use crate::fold::{FAILURE_KEY, TRIGGER_KEY, codes, rejection_text};
 use crate::hooks::ledger_outcome;
 use crate::store::LedgerStore;
@@ -696,9 +696,30 @@ impl Ctx {
                     outcome: ledger_outcome(&done.outcome),
                     usage: None,
                 };
-                self.store()
-                    .record_tool_result(&call.call_id, result)
-                    .await?;
+                // The worker's result is held (and not acknowledged) until it is recorded: a
+                // storage outage makes this wait for the database instead of dropping it. A
+                // result that did commit before a lost connection is recorded again as
+                // `tool.late_result`, never as a second outcome.
+                loop {
+                    match self
+                        .store()
+                        .record_tool_result(&call.call_id, result.clone())
+                        .await
+                    {
+                        Ok(_) => break,
+                        Err(e) if e.kind == ErrorKind::Unavailable => {
+                            tracing::warn!(
+                                call_id = %call.call_id,
+                                error = %e,
+                                "tool result held: database unavailable"
+                            );
+                            if !self.store().until_writable(&self.live.cancel).await {
+                                return Err(CallStop::Stopped);
+                            }
+                        }
+                        Err(e) => return Err(e.into()),
+                    }
+                }
                 done.ack.ack();
                 self.notify();
                 Ok(())
@@ -728,6 +749,16 @@ impl Ctx {
     ) -> Result<(), CallStop> {
         if self.live.cancel.is_cancelled() || matches!(failure, DispatchFailure::Cancelled { .. }) {
             return Err(CallStop::Stopped);
+        }
+        if matches!(failure, DispatchFailure::JournalFailed { .. })
+            && !self.store().ledger().is_writable()
+        {
+            // The dispatch could not be journaled because the database is down: nothing was
+            // sent, the call stays queued and is dispatched when the session resumes.
+            return Err(CallStop::Store(StoreError::new(
+                ErrorKind::Unavailable,
+                format!("the database is unavailable: {failure}"),
+            )));
         }
         let message = failure.to_string();
         let trigger = match &failure {

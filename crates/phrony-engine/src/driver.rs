@@ -318,9 +318,18 @@ pub(crate) async fn run(
         r = drive(Arc::clone(&inner), Arc::clone(&live), session, agent, setup, provider) => r,
         () = cancel.cancelled() => Err(Stop::Cancelled),
     };
-    match outcome {
-        Ok(()) | Err(Stop::Cancelled) => {}
-        Err(Stop::Fail(message)) => fail_session(&inner, &session_id, &message).await,
+    let suspend = match outcome {
+        Ok(()) | Err(Stop::Cancelled) => false,
+        Err(Stop::Fail(message)) => !fail_session(&inner, &session_id, &message).await,
+        Err(Stop::Store(e)) if e.kind == ErrorKind::Unavailable => {
+            // A storage outage never fails a session: it is resumed by the recovery path.
+            if cancel.is_cancelled() {
+                false
+            } else {
+                tracing::warn!(%session_id, error = %e, "session suspended: database unavailable");
+                true
+            }
+        }
         Err(Stop::Store(e)) => {
             let ended = inner
                 .store
@@ -330,22 +339,43 @@ pub(crate) async fn run(
                 .unwrap_or(false);
             if !ended && !cancel.is_cancelled() {
                 tracing::error!(%session_id, error = %e, "session driver failed on a store error");
-                fail_session(&inner, &session_id, &format!("internal error: {e}")).await;
+                !fail_session(&inner, &session_id, &format!("internal error: {e}")).await
+            } else {
+                false
             }
         }
-    }
+    };
     inner.unregister(&live);
+    // After unregistering: the resume task's recovery skips live sessions.
+    if suspend {
+        inner.suspend(&session_id);
+    }
 }
 
-async fn fail_session(inner: &Inner, session_id: &str, message: &str) {
+/// Fails the session; `false` when the store was unavailable, so the session is still live in
+/// the store and must be suspended instead (recovery runs its turn again).
+async fn fail_session(inner: &Inner, session_id: &str, message: &str) -> bool {
     match inner
         .store
         .set_status(session_id, StatusChange::failed(message))
         .await
     {
-        Ok(_) => tracing::info!(%session_id, %message, "session failed"),
+        Ok(_) => {
+            tracing::info!(%session_id, %message, "session failed");
+            true
+        }
+        Err(e) if e.kind == ErrorKind::Unavailable => {
+            tracing::warn!(
+                %session_id,
+                %message,
+                error = %e,
+                "session suspended: database unavailable (it could not be failed)"
+            );
+            false
+        }
         Err(e) => {
             tracing::debug!(%session_id, error = %e, "session not failed (it ended meanwhile)");
+            true
         }
     }
 }

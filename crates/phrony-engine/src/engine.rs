@@ -1,6 +1,6 @@
 //! [`Engine`]: the public face of the session engine.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
@@ -112,6 +112,9 @@ pub struct RecoveryReport {
     /// Sessions that could not be resumed and were failed (e.g. their agent version no longer
     /// loads), with the reason.
     pub failed: Vec<(String, String)>,
+    /// Sessions not resumed because the database was unavailable: they are not failed, and the
+    /// engine resumes them when the database takes writes again.
+    pub suspended: Vec<String>,
 }
 
 /// The session engine. Cheap to clone; clones share everything.
@@ -241,8 +244,20 @@ impl Engine {
             live: Mutex::new(HashMap::new()),
             timer_kick: Arc::new(Notify::new()),
             stop: CancellationToken::new(),
+            suspended: Mutex::new(HashSet::new()),
+            resume_kick: Arc::new(Notify::new()),
         });
         tokio::spawn(timer::run(Arc::downgrade(&inner), inner.stop.clone()));
+        tokio::spawn(crate::resume::run(
+            Arc::downgrade(&inner),
+            inner.stop.clone(),
+            |inner, only| async move {
+                Engine { inner }
+                    .recover_sessions(Some(&only))
+                    .await
+                    .map(|report| report.resumed)
+            },
+        ));
         Self { inner }
     }
 
@@ -421,6 +436,14 @@ impl Engine {
             )));
         }
         let Some(live) = self.inner.live(session_id) else {
+            if self.inner.is_suspended(session_id) {
+                return Err(EngineError::new(
+                    ErrorKind::Unavailable,
+                    format!(
+                        "session {session_id} is suspended: the runtime's database is                          unavailable; retry later"
+                    ),
+                ));
+            }
             return Err(EngineError::precondition(format!(
                 "session {session_id} is not active in this runtime"
             )));
@@ -558,7 +581,8 @@ impl Engine {
         Ok(changed.session)
     }
 
-    /// Resumes every session the store has not seen end (call once at daemon start): sessions
+    /// Resumes every session the store has not seen end and that is not live (at daemon start,
+    /// and by the engine itself after a storage outage suspended sessions): sessions
     /// waiting for a decision stay paused until it comes; calls that were in flight are handled
     /// by side-effect class (§5.8); interrupted model turns are run again from the event log;
     /// parked conversations wait for their next message.
@@ -566,13 +590,37 @@ impl Engine {
     /// # Errors
     /// Store errors listing the sessions; per-session failures are reported in the result.
     pub async fn recover(&self) -> Result<RecoveryReport, EngineError> {
+        self.recover_sessions(None).await
+    }
+
+    /// [`Engine::recover`], limited to the sessions in `only` when given (the resume task passes
+    /// the suspended ones, so that a session being started right now, which is not live yet, is
+    /// left to its starter).
+    pub(crate) async fn recover_sessions(
+        &self,
+        only: Option<&HashSet<String>>,
+    ) -> Result<RecoveryReport, EngineError> {
         let mut report = RecoveryReport::default();
         for session in self.inner.store.sessions_needing_recovery().await? {
-            if session.parent_session_id.is_some() || self.inner.live(&session.id).is_some() {
+            if session.parent_session_id.is_some()
+                || self.inner.live(&session.id).is_some()
+                || only.is_some_and(|ids| !ids.contains(&session.id))
+            {
                 continue;
             }
             match self.resume(session.clone()).await {
                 Ok(()) => report.resumed.push(session.id),
+                Err(e) if e.kind == ErrorKind::Unavailable => {
+                    // A storage outage is no reason to fail the session: it waits for the
+                    // database, and the resume task tries again.
+                    tracing::warn!(
+                        session_id = %session.id,
+                        error = %e,
+                        "session suspended: database unavailable"
+                    );
+                    self.inner.suspend(&session.id);
+                    report.suspended.push(session.id);
+                }
                 Err(e) => {
                     let message = format!("session could not be resumed: {}", e.message);
                     tracing::error!(session_id = %session.id, error = %e, "recovery failed");
@@ -665,6 +713,23 @@ impl Engine {
                 None => tokio::time::sleep(poll).await,
             }
         }
+    }
+
+    /// The sessions suspended by a storage outage: their driver stopped on a write the
+    /// database could not take; they are not failed, and the engine resumes them (through
+    /// [`Engine::recover`]) as soon as a write probe succeeds. Sorted.
+    #[must_use]
+    pub fn suspended_sessions(&self) -> Vec<String> {
+        let mut ids: Vec<String> = self
+            .inner
+            .suspended
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .cloned()
+            .collect();
+        ids.sort();
+        ids
     }
 
     /// Stops the engine's tasks: drivers stop where they are (sessions keep their status and

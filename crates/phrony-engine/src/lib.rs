@@ -87,6 +87,7 @@ mod fold;
 mod hooks;
 mod inspect;
 mod provider;
+mod resume;
 mod state;
 mod store;
 mod subscribe;

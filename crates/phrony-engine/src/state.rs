@@ -4,7 +4,7 @@
 //! The modules that act on this state (`engine`, `driver`, `calls`, `attach`, `subscribe`,
 //! `timer`) import it from here, never from each other in a loop.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use phrony_dispatch::Router;
@@ -57,6 +57,11 @@ pub(crate) struct Inner {
     pub(crate) timer_kick: Arc<Notify>,
     /// Stops the engine's tasks (not the sessions).
     pub(crate) stop: CancellationToken,
+    /// Sessions whose driver stopped because the store was unavailable: not live, not failed,
+    /// waiting for the resume task ([`crate::resume`]) to re-adopt them.
+    pub(crate) suspended: Mutex<HashSet<String>>,
+    /// Wakes the resume task (a session was suspended).
+    pub(crate) resume_kick: Arc<Notify>,
 }
 
 /// The in-memory side of one live session (one driver).
@@ -152,6 +157,56 @@ impl Inner {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .len()
+    }
+
+    /// Marks a session suspended by a storage outage and wakes the resume task.
+    pub(crate) fn suspend(&self, session_id: &str) {
+        self.suspended
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(session_id.to_owned());
+        self.resume_kick.notify_one();
+    }
+
+    pub(crate) fn suspended_ids(&self) -> HashSet<String> {
+        self.suspended
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    pub(crate) fn suspended_count(&self) -> usize {
+        self.suspended
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .len()
+    }
+
+    /// Whether a session is suspended by a storage outage.
+    pub(crate) fn is_suspended(&self, session_id: &str) -> bool {
+        self.suspended
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .contains(session_id)
+    }
+
+    /// After a recovery round: a suspended session that is live again, or has ended, is no
+    /// longer suspended. The others (not resumed: the store failed again) stay.
+    pub(crate) async fn settle_suspended(&self) {
+        for id in self.suspended_ids() {
+            let done = self.live(&id).is_some()
+                || self
+                    .store
+                    .get_session(&id)
+                    .await
+                    .is_ok_and(|s| s.status.is_terminal());
+            if done {
+                self.suspended
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .remove(&id);
+            }
+        }
     }
 
     pub(crate) fn wake_approvals(&self, session_id: &str) {

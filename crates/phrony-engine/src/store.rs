@@ -12,6 +12,7 @@
 
 use std::collections::HashSet;
 use std::fmt;
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use phrony_ledger::{
@@ -20,6 +21,7 @@ use phrony_ledger::{
     StatusChanged, TimeoutOutcome, ToolInvocation, ToolResult, Vote, VoteOutcome,
 };
 use secrecy::{ExposeSecret as _, SecretSlice};
+use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::error::{StoreError, StoreResult};
@@ -80,7 +82,43 @@ impl LedgerStore {
     pub fn ledger(&self) -> &Ledger {
         &self.ledger
     }
+
+    /// A real, durable write that proves the database takes writes now
+    /// ([`Ledger::probe_write`]).
+    pub async fn probe_write(&self) -> StoreResult<()> {
+        Ok(self.ledger.probe_write().await?)
+    }
+
+    /// Waits until a write probe succeeds: probes, then sleeps with a capped backoff
+    /// ([`FIRST_BACKOFF`] doubling up to [`MAX_BACKOFF`]), woken early when the ledger reports
+    /// a successful write by anyone. `false` when `cancel` fired first.
+    pub(crate) async fn until_writable(&self, cancel: &CancellationToken) -> bool {
+        let mut writable = self.ledger.writable();
+        let mut backoff = FIRST_BACKOFF;
+        loop {
+            if cancel.is_cancelled() {
+                return false;
+            }
+            match self.probe_write().await {
+                Ok(()) => return true,
+                Err(e) => tracing::debug!(error = %e, "the database does not take writes yet"),
+            }
+            // The failed probe marked the ledger not writable; wait for a change or the backoff.
+            writable.borrow_and_update();
+            tokio::select! {
+                () = cancel.cancelled() => return false,
+                () = tokio::time::sleep(backoff) => {}
+                _ = writable.wait_for(|w| *w) => {}
+            }
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+        }
+    }
 }
+
+/// The first wait between write probes while the store is unavailable.
+pub(crate) const FIRST_BACKOFF: Duration = Duration::from_millis(250);
+/// The longest wait between write probes.
+pub(crate) const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
 fn cipher_error(e: phrony_ledger::CipherError) -> StoreError {
     StoreError::internal(e.to_string())

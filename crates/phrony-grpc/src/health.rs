@@ -1,10 +1,15 @@
 //! `grpc.health.v1.Health`: `SERVING` for `""` and `phrony.runtime.v1.Runtime` only while the
-//! database answers.
+//! database takes writes.
 //!
 //! A background task ([`Health::spawn_monitor`], started by the daemon's assembly in
-//! `phrony-runtime`) pings the ledger at a configured interval; a failed or
-//! slow ping flips both services to `NOT_SERVING` until a later ping succeeds, and shutdown flips
-//! them for good. Transitions are logged, steady states are not.
+//! `phrony-runtime`) runs the ledger's write probe ([`Ledger::probe_write`]: a real, durable
+//! write, so a SQLite file locked by another process or a full disk counts, not only a database
+//! that does not answer) at a configured interval; a failed or slow probe flips both services
+//! to `NOT_SERVING` until a later probe succeeds. The monitor also follows the ledger's
+//! writable signal ([`Ledger::writable`]): the first write of any request or session that finds
+//! the database unavailable flips health at once, without waiting for the next tick, and a
+//! successful write flips it back. Shutdown flips both for good. Transitions are logged once,
+//! naming the cause; steady states are not.
 //!
 //! `Check` and `Watch` are the standard protocol (an unknown service is `NOT_FOUND` for Check and
 //! `SERVICE_UNKNOWN` for Watch). `List` is the variant the published SDKs call (statuses as a map
@@ -46,7 +51,7 @@ const SERVICES: [&str; 2] = ["", RUNTIME_SERVICE_NAME];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct State {
-    /// The last ping succeeded.
+    /// The last write probe (or write) succeeded.
     database_ok: bool,
     /// Shutdown has begun; Watch streams end after reporting it.
     stopping: bool,
@@ -71,7 +76,7 @@ pub struct Health {
 }
 
 impl Health {
-    /// `NOT_SERVING` until the first successful ping.
+    /// `NOT_SERVING` until the first successful write probe.
     #[must_use]
     pub fn new() -> Self {
         let (state, _) = watch::channel(State {
@@ -81,7 +86,7 @@ impl Health {
         Self { state }
     }
 
-    /// Records a ping result; `true` when it changed the status.
+    /// Records a probe result; `true` when it changed the status.
     fn set_database_ok(&self, ok: bool) -> bool {
         self.state.send_if_modified(|s| {
             let changed = s.database_ok != ok;
@@ -108,7 +113,7 @@ impl Health {
         })
     }
 
-    /// Starts the monitor. The first check runs immediately. Abort the handle to stop it.
+    /// Starts the monitor. The first probe runs immediately. Abort the handle to stop it.
     pub fn spawn_monitor(
         &self,
         ledger: Ledger,
@@ -119,20 +124,44 @@ impl Health {
         tokio::spawn(async move {
             let mut ticker = tokio::time::interval(interval);
             ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut writable = ledger.writable();
+            let mut signal_open = true;
             loop {
-                ticker.tick().await;
-                let problem = match tokio::time::timeout(timeout, ledger.ping()).await {
-                    Ok(Ok(())) => None,
-                    Ok(Err(e)) => Some(e.to_string()),
-                    Err(_) => Some(format!("no answer within {} ms", timeout.as_millis())),
+                let problem = tokio::select! {
+                    _ = ticker.tick() => {
+                        match tokio::time::timeout(timeout, ledger.probe_write()).await {
+                            Ok(Ok(())) => None,
+                            Ok(Err(e)) => Some(e.to_string()),
+                            Err(_) => Some(format!(
+                                "the write probe got no answer within {} ms",
+                                timeout.as_millis()
+                            )),
+                        }
+                    }
+                    changed = writable.changed(), if signal_open => {
+                        if changed.is_err() {
+                            signal_open = false;
+                            continue;
+                        }
+                        if *writable.borrow_and_update() {
+                            None
+                        } else {
+                            Some(ledger.last_outage().unwrap_or_else(|| {
+                                "a database write failed".to_owned()
+                            }))
+                        }
+                    }
                 };
                 if !health.set_database_ok(problem.is_none()) {
                     continue;
                 }
                 match problem {
-                    None => tracing::info!("database answers; health is SERVING"),
+                    None => tracing::info!("database takes writes; health is SERVING"),
                     Some(error) => {
-                        tracing::warn!(%error, "database does not answer; health is NOT_SERVING");
+                        tracing::warn!(
+                            %error,
+                            "database does not take writes; health is NOT_SERVING"
+                        );
                     }
                 }
             }

@@ -18,7 +18,7 @@
 //!   dispatches tool calls to them. The bundle RPCs answer `UNIMPLEMENTED` with a message naming
 //!   them.
 //! - `grpc.health.v1.Health` ([`health::Health`]): `SERVING` for `""` and
-//!   `phrony.runtime.v1.Runtime` only while the database answers a ping (re-checked in the
+//!   `phrony.runtime.v1.Runtime` only while the database takes a write probe (re-checked in the
 //!   background every few seconds).
 //! - The encoded descriptors ([`health::FILE_DESCRIPTOR_SET`], with
 //!   `phrony_proto::FILE_DESCRIPTOR_SET`) that the daemon registers for gRPC server reflection

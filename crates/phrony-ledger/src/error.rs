@@ -140,9 +140,17 @@ impl LedgerError {
         }
     }
 
-    /// Classifies a driver error: lost races and lock timeouts become [`LedgerError::Conflict`],
-    /// connectivity failures [`LedgerError::Unavailable`], everything else
-    /// [`LedgerError::Database`].
+    /// Whether the database could not take the write (or read) for a reason that passes by
+    /// itself: it is locked by another process past the busy timeout, its disk is full, it is
+    /// restarting or unreachable. The daemon reports `NOT_SERVING`, suspends the sessions that
+    /// hit it and resumes them when a write succeeds again.
+    #[must_use]
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, Self::Unavailable { .. })
+    }
+
+    /// Classifies a driver error: lost races become [`LedgerError::Conflict`], storage outages
+    /// ([`is_outage`]) [`LedgerError::Unavailable`], everything else [`LedgerError::Database`].
     pub(crate) fn from_sqlx(context: impl Into<Cow<'static, str>>, source: sqlx::Error) -> Self {
         let context = context.into();
         if is_contention(&source) {
@@ -150,18 +158,40 @@ impl LedgerError {
                 message: format!("{context}: concurrent update ({source})"),
             };
         }
-        match source {
-            sqlx::Error::Io(_)
-            | sqlx::Error::Tls(_)
-            | sqlx::Error::PoolTimedOut
-            | sqlx::Error::PoolClosed
-            | sqlx::Error::WorkerCrashed => Self::Unavailable {
+        if is_outage(&source) {
+            return Self::Unavailable {
                 context: context.into_owned(),
                 source,
-            },
-            source => Self::Database { context, source },
+            };
         }
+        Self::Database { context, source }
     }
+}
+
+/// SQLite primary result codes that mean the storage, not the statement, is the problem.
+mod sqlite_code {
+    /// `SQLITE_READONLY`: the file (or its directory, or the disk) cannot be written.
+    pub(super) const READONLY: i64 = 8;
+    /// `SQLITE_BUSY`: another connection (another process) holds the lock past the busy
+    /// timeout.
+    pub(super) const BUSY: i64 = 5;
+    /// `SQLITE_LOCKED`: a lock conflict inside the process.
+    pub(super) const LOCKED: i64 = 6;
+    /// `SQLITE_IOERR` and its extended codes: a read, write or fsync failed.
+    pub(super) const IOERR: i64 = 10;
+    /// `SQLITE_FULL`: the disk (or a size limit) is full.
+    pub(super) const FULL: i64 = 13;
+    /// `SQLITE_CANTOPEN`: the file (or its journal) cannot be opened.
+    pub(super) const CANTOPEN: i64 = 14;
+    /// `SQLITE_BUSY_SNAPSHOT`: a read transaction that tried to write saw a newer snapshot: a
+    /// lost race, retried at once, not an outage.
+    pub(super) const BUSY_SNAPSHOT: i64 = 517;
+}
+
+/// The (extended) result code of a SQLite error; `None` for other backends' errors.
+fn sqlite_code(db: &dyn sqlx::error::DatabaseError) -> Option<i64> {
+    db.try_downcast_ref::<sqlx::sqlite::SqliteError>()?;
+    db.code()?.parse::<i64>().ok()
 }
 
 /// Errors that mean "another transaction got there first; try again".
@@ -172,16 +202,49 @@ fn is_contention(error: &sqlx::Error) -> bool {
     if db.is_unique_violation() {
         return true;
     }
-    let Some(code) = db.code() else {
-        return false;
-    };
-    match code.as_ref() {
-        // PostgreSQL: serialization_failure, deadlock_detected, lock_not_available.
-        "40001" | "40P01" | "55P03" => true,
-        // SQLite reports the (extended) result code; BUSY = 5 and LOCKED = 6 plus extensions.
-        other => other
-            .parse::<i64>()
-            .is_ok_and(|c| matches!(c & 0xff, 5 | 6)),
+    if let Some(code) = sqlite_code(db.as_ref()) {
+        return code == sqlite_code::BUSY_SNAPSHOT;
+    }
+    // PostgreSQL: serialization_failure, deadlock_detected, lock_not_available.
+    db.code()
+        .is_some_and(|code| matches!(code.as_ref(), "40001" | "40P01" | "55P03"))
+}
+
+/// Errors that mean "the database cannot take this now" (see [`LedgerError::is_unavailable`]):
+/// the connection failed or was lost, the pool timed out or closed; SQLite BUSY/LOCKED (past
+/// the busy timeout), FULL, IOERR, CANTOPEN, READONLY (all with their extended codes);
+/// PostgreSQL `admin_shutdown`, `crash_shutdown`, `cannot_connect_now` (57P01–57P03),
+/// `too_many_connections` (53300), `disk_full` (53100), `insufficient_resources` (53000),
+/// `out_of_memory` (53200) and the connection-exception class (08xxx). Constraint and
+/// serialization errors are not outages.
+pub(crate) fn is_outage(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(db) => {
+            if let Some(code) = sqlite_code(db.as_ref()) {
+                return code != sqlite_code::BUSY_SNAPSHOT
+                    && matches!(
+                        code & 0xff,
+                        sqlite_code::BUSY
+                            | sqlite_code::LOCKED
+                            | sqlite_code::READONLY
+                            | sqlite_code::IOERR
+                            | sqlite_code::FULL
+                            | sqlite_code::CANTOPEN
+                    );
+            }
+            db.code().is_some_and(|code| {
+                matches!(
+                    code.as_ref(),
+                    "57P01" | "57P02" | "57P03" | "53000" | "53100" | "53200" | "53300"
+                ) || code.starts_with("08")
+            })
+        }
+        _ => false,
     }
 }
 
@@ -197,5 +260,157 @@ pub(crate) trait SqlxResultExt<T> {
 impl<T> SqlxResultExt<T> for std::result::Result<T, sqlx::Error> {
     fn ctx(self, context: &'static str) -> Result<T> {
         self.map_err(|e| LedgerError::from_sqlx(context, e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The classification on real driver errors: each error is produced by SQLite (or
+    //! PostgreSQL, when the test server answers) and classified by [`LedgerError::from_sqlx`].
+    #![allow(clippy::unwrap_used, reason = "test set-up: a panic is a failed test")]
+
+    use std::str::FromStr as _;
+    use std::time::Duration;
+
+    use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode};
+    use sqlx::{ConnectOptions as _, Connection as _, Executor as _};
+
+    use super::*;
+
+    fn classify(source: sqlx::Error) -> LedgerError {
+        LedgerError::from_sqlx("test", source)
+    }
+
+    fn options(path: &std::path::Path) -> SqliteConnectOptions {
+        SqliteConnectOptions::from_str(&format!("sqlite://{}", path.display()))
+            .unwrap()
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+    }
+
+    async fn table(path: &std::path::Path) -> sqlx::SqliteConnection {
+        let mut conn = options(path).connect().await.unwrap();
+        conn.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, n INTEGER CHECK (n > 0))")
+            .await
+            .unwrap();
+        conn
+    }
+
+    #[tokio::test]
+    async fn sqlite_write_lock_held_elsewhere_past_the_busy_timeout_is_unavailable() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.db");
+        let mut holder = table(&path).await;
+        holder.execute("BEGIN EXCLUSIVE").await.unwrap();
+        let mut writer = options(&path)
+            .busy_timeout(Duration::from_millis(50))
+            .connect()
+            .await
+            .unwrap();
+        let err = writer.execute("BEGIN IMMEDIATE").await.unwrap_err();
+        let classified = classify(err);
+        assert!(classified.is_unavailable(), "{classified:?}");
+        assert!(!classified.is_retryable(), "{classified:?}");
+        holder.execute("COMMIT").await.unwrap();
+        writer.execute("BEGIN IMMEDIATE").await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn sqlite_read_only_and_unopenable_files_are_unavailable() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.db");
+        drop(table(&path).await);
+        let mut read_only = options(&path).read_only(true).connect().await.unwrap();
+        let err = read_only
+            .execute("INSERT INTO t (id, n) VALUES (1, 1)")
+            .await
+            .unwrap_err();
+        assert!(classify(err).is_unavailable());
+
+        let missing = dir.path().join("no-such-dir").join("t.db");
+        let err = SqliteConnectOptions::from_str(&format!("sqlite://{}", missing.display()))
+            .unwrap()
+            .create_if_missing(true)
+            .connect()
+            .await
+            .unwrap_err();
+        assert!(classify(err).is_unavailable());
+    }
+
+    #[tokio::test]
+    async fn sqlite_constraint_errors_are_not_outages() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut conn = table(&dir.path().join("t.db")).await;
+        conn.execute("INSERT INTO t (id, n) VALUES (1, 1)")
+            .await
+            .unwrap();
+        let duplicate = conn
+            .execute("INSERT INTO t (id, n) VALUES (1, 1)")
+            .await
+            .unwrap_err();
+        assert!(matches!(classify(duplicate), LedgerError::Conflict { .. }));
+        let check = conn
+            .execute("INSERT INTO t (id, n) VALUES (2, 0)")
+            .await
+            .unwrap_err();
+        assert!(matches!(classify(check), LedgerError::Database { .. }));
+        let syntax = conn
+            .execute("INSERT INTO nowhere VALUES (1)")
+            .await
+            .unwrap_err();
+        assert!(matches!(classify(syntax), LedgerError::Database { .. }));
+    }
+
+    #[test]
+    fn pool_and_connection_failures_are_unavailable() {
+        for error in [
+            sqlx::Error::PoolTimedOut,
+            sqlx::Error::PoolClosed,
+            sqlx::Error::WorkerCrashed,
+            sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::ConnectionReset)),
+        ] {
+            assert!(classify(error).is_unavailable());
+        }
+        assert!(!classify(sqlx::Error::RowNotFound).is_unavailable());
+    }
+
+    /// PostgreSQL: a backend terminated by an administrator (57P01, or the lost connection)
+    /// is an outage; a unique violation is a lost race; a check violation is neither.
+    #[tokio::test]
+    async fn postgres_admin_shutdown_is_unavailable_and_constraints_are_not() {
+        let Some(db) = phrony_test_support::postgres::PgDatabase::create().await else {
+            return;
+        };
+        let mut victim = sqlx::PgConnection::connect(db.url()).await.unwrap();
+        let mut admin = sqlx::PgConnection::connect(db.url()).await.unwrap();
+        victim
+            .execute("CREATE TABLE t (id INT PRIMARY KEY, n INT CHECK (n > 0))")
+            .await
+            .unwrap();
+        victim.execute("INSERT INTO t VALUES (1, 1)").await.unwrap();
+        let duplicate = victim
+            .execute("INSERT INTO t VALUES (1, 1)")
+            .await
+            .unwrap_err();
+        assert!(matches!(classify(duplicate), LedgerError::Conflict { .. }));
+        let check = victim
+            .execute("INSERT INTO t VALUES (2, 0)")
+            .await
+            .unwrap_err();
+        assert!(matches!(classify(check), LedgerError::Database { .. }));
+
+        let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(&mut victim)
+            .await
+            .unwrap();
+        sqlx::query("SELECT pg_terminate_backend($1)")
+            .bind(pid)
+            .execute(&mut admin)
+            .await
+            .unwrap();
+        let err = victim.execute("SELECT 1").await.unwrap_err();
+        let classified = classify(err);
+        assert!(classified.is_unavailable(), "{classified:?}");
+        admin.close().await.unwrap();
     }
 }

@@ -160,6 +160,7 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous,
 };
 use sqlx::{ConnectOptions as _, Connection as _};
+use tokio::sync::watch;
 use uuid::Uuid;
 
 pub use audit::{
@@ -220,8 +221,15 @@ const MAX_WRITE_ATTEMPTS: u32 = 6;
 macro_rules! write_tx {
     ($ledger:expr, |$tx:ident| $body:expr) => {{
         let mut attempt: u32 = 1;
-        loop {
-            let mut $tx = $ledger.pool.begin_write(&$ledger.clock, $ledger.audit_key.clone()).await?;
+        let outcome = loop {
+            let mut $tx = match $ledger
+                .pool
+                .begin_write(&$ledger.clock, $ledger.audit_key.clone())
+                .await
+            {
+                Ok(tx) => tx,
+                Err(error) => break Err(error),
+            };
             let outcome = match $body.await {
                 Ok(value) => $tx.commit().await.map(|()| value),
                 Err(error) => {
@@ -240,7 +248,9 @@ macro_rules! write_tx {
                 }
                 other => break other,
             }
-        }
+        };
+        $ledger.note_write(outcome.as_ref().err());
+        outcome
     }};
 }
 
@@ -287,6 +297,10 @@ pub struct LedgerOptions {
     pub acquire_timeout: Duration,
     /// SQLite busy timeout: how long a writer waits for the write lock.
     pub sqlite_busy_timeout: Duration,
+    /// How long [`Ledger::probe_write`] waits for the SQLite write lock (its own connection's
+    /// busy timeout; default 1 s): short, so that a health check answers quickly while another
+    /// process holds the lock.
+    pub probe_busy_timeout: Duration,
     /// Where event timestamps and approval expiries come from ([`LedgerClock::system`] unless a
     /// test injects another).
     pub clock: LedgerClock,
@@ -298,6 +312,7 @@ impl Default for LedgerOptions {
             max_connections: 10,
             acquire_timeout: Duration::from_secs(10),
             sqlite_busy_timeout: Duration::from_secs(10),
+            probe_busy_timeout: Duration::from_secs(1),
             clock: LedgerClock::system(),
         }
     }
@@ -349,6 +364,23 @@ pub struct Ledger {
     clock: LedgerClock,
     /// The URL with any password removed, for messages.
     display_url: String,
+    /// Whether the last write (or write probe) went through: see [`Ledger::writable`].
+    writable: Arc<watch::Sender<bool>>,
+    /// The error of the last write that found the database unavailable.
+    last_outage: Arc<std::sync::Mutex<Option<String>>>,
+    /// The connection [`Ledger::probe_write`] uses: on a SQLite file its own one-connection
+    /// pool with the short probe busy timeout; otherwise the main pool.
+    probe: Probe,
+}
+
+/// How [`Ledger::probe_write`] reaches the database.
+#[derive(Debug, Clone)]
+struct Probe {
+    /// A one-connection SQLite pool with [`LedgerOptions::probe_busy_timeout`]; `None` uses the
+    /// main pool (PostgreSQL, in-memory SQLite).
+    sqlite: Option<sqlx::SqlitePool>,
+    /// Bounds the probe's statements on PostgreSQL (`SET LOCAL statement_timeout`).
+    timeout: Duration,
 }
 
 impl Ledger {
@@ -421,6 +453,14 @@ impl Ledger {
             context: format!("cannot open SQLite database {display_url}"),
             source,
         };
+        // The probe's own connection: the same file and settings, a short busy timeout.
+        let probe_pool = (!in_memory).then(|| {
+            SqlitePoolOptions::new()
+                .max_connections(1)
+                .acquire_timeout(o.acquire_timeout)
+                .after_release(|conn, _| Box::pin(roll_back_abandoned_transaction(conn)))
+                .connect_lazy_with(opts.clone().busy_timeout(o.probe_busy_timeout))
+        });
         let pool = if in_memory {
             pool_options
                 .acquire_timeout(o.acquire_timeout)
@@ -438,12 +478,12 @@ impl Ledger {
                 .await
         }
         .map_err(unavailable)?;
-        Ok(Self {
-            pool: Pool::Sqlite(pool),
-            audit_key: None,
-            clock: o.clock.clone(),
+        Ok(Self::assemble(
+            Pool::Sqlite(pool),
+            o,
             display_url,
-        })
+            probe_pool,
+        ))
     }
 
     async fn connect_postgres(url: &str, display_url: String, o: &LedgerOptions) -> Result<Self> {
@@ -470,12 +510,27 @@ impl Ledger {
             .connect_with(opts)
             .await
             .map_err(unavailable)?;
-        Ok(Self {
-            pool: Pool::Postgres(pool),
+        Ok(Self::assemble(Pool::Postgres(pool), o, display_url, None))
+    }
+
+    fn assemble(
+        pool: Pool,
+        o: &LedgerOptions,
+        display_url: String,
+        probe_pool: Option<sqlx::SqlitePool>,
+    ) -> Self {
+        Self {
+            pool,
             audit_key: None,
             clock: o.clock.clone(),
             display_url,
-        })
+            writable: Arc::new(watch::channel(true).0),
+            last_outage: Arc::default(),
+            probe: Probe {
+                sqlite: probe_pool,
+                timeout: o.probe_busy_timeout,
+            },
+        }
     }
 
     /// Which backend this ledger uses.
@@ -586,9 +641,118 @@ impl Ledger {
         Ok(())
     }
 
+    /// Proves that the database takes a durable write now: upserts the `health_probe` row
+    /// (migration 0008) in a committed write transaction. On a SQLite file it uses its own
+    /// connection whose busy timeout is [`LedgerOptions::probe_busy_timeout`], so it fails
+    /// within that time while another process holds the write lock, and fails on a full disk
+    /// (the commit appends to the WAL and syncs it); on PostgreSQL its statements are bounded
+    /// by the same time (`statement_timeout`). Success marks the ledger writable, an outage
+    /// marks it not writable ([`Ledger::writable`]). Writes no event: the probe is not part of
+    /// the audit log.
+    ///
+    /// # Errors
+    /// [`LedgerError::Unavailable`] when the database cannot take the write now;
+    /// [`LedgerError::Database`] for other failures (e.g. an unmigrated database).
+    pub async fn probe_write(&self) -> Result<()> {
+        let outcome = self.probe_once().await;
+        self.note_write(outcome.as_ref().err());
+        outcome
+    }
+
+    async fn probe_once(&self) -> Result<()> {
+        const UPSERT: &str = "INSERT INTO health_probe (id, probed_at, probes) VALUES (1, $1, 1) \
+                              ON CONFLICT (id) DO UPDATE \
+                              SET probed_at = excluded.probed_at, probes = health_probe.probes + 1";
+        let now = chain::format_ts(&self.clock.now());
+        match (&self.probe.sqlite, &self.pool) {
+            (Some(pool), _) | (None, Pool::Sqlite(pool)) => {
+                let mut tx = pool
+                    .begin_with("BEGIN IMMEDIATE")
+                    .await
+                    .map_err(|e| LedgerError::from_sqlx("probe write: begin", e))?;
+                sqlx::query(UPSERT)
+                    .bind(now)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(|e| LedgerError::from_sqlx("probe write: upsert", e))?;
+                tx.commit()
+                    .await
+                    .map_err(|e| LedgerError::from_sqlx("probe write: commit", e))
+            }
+            (None, Pool::Postgres(pool)) => {
+                let mut tx = pool
+                    .begin()
+                    .await
+                    .map_err(|e| LedgerError::from_sqlx("probe write: begin", e))?;
+                let millis = self.probe.timeout.as_millis().clamp(1, 600_000);
+                sqlx::query(&format!("SET LOCAL statement_timeout = {millis}"))
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(|e| LedgerError::from_sqlx("probe write: set timeout", e))?;
+                sqlx::query(UPSERT)
+                    .bind(now)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(|e| LedgerError::from_sqlx("probe write: upsert", e))?;
+                tx.commit()
+                    .await
+                    .map_err(|e| LedgerError::from_sqlx("probe write: commit", e))
+            }
+        }
+    }
+
+    /// Follows whether the database takes writes: `false` from the moment a write (or
+    /// [`Ledger::probe_write`]) fails with [`LedgerError::Unavailable`], `true` again after
+    /// the next one that succeeds. Starts `true`. Pure bookkeeping (no I/O); shared by clones.
+    #[must_use]
+    pub fn writable(&self) -> watch::Receiver<bool> {
+        self.writable.subscribe()
+    }
+
+    /// The current value of [`Ledger::writable`].
+    #[must_use]
+    pub fn is_writable(&self) -> bool {
+        *self.writable.borrow()
+    }
+
+    /// The error of the last write that found the database unavailable (what turned
+    /// [`Ledger::writable`] to `false`), for logs.
+    #[must_use]
+    pub fn last_outage(&self) -> Option<String> {
+        self.last_outage
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Records the outcome of a write for [`Ledger::writable`]: an outage marks the store not
+    /// writable, a success writable; other errors (a refused request, a lost race) say nothing
+    /// about the storage.
+    pub(crate) fn note_write(&self, error: Option<&LedgerError>) {
+        let writable = match error {
+            None => true,
+            Some(e) if e.is_unavailable() => {
+                *self
+                    .last_outage
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(e.to_string());
+                false
+            }
+            Some(_) => return,
+        };
+        self.writable.send_if_modified(|w| {
+            let changed = *w != writable;
+            *w = writable;
+            changed
+        });
+    }
+
     /// Closes the pool, waiting for checked-out connections to be returned.
     pub async fn close(&self) {
         self.pool.close().await;
+        if let Some(probe) = &self.probe.sqlite {
+            probe.close().await;
+        }
     }
 
     // -----------------------------------------------------------------------------------------

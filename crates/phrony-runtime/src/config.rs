@@ -205,6 +205,17 @@ pub struct Settings {
     )]
     pub(crate) max_tool_calls_per_turn: Option<String>,
 
+    /// How long a SQLite write waits for the database's write lock (held by another process)
+    /// before it counts as a database outage: the session waits, health turns NOT_SERVING.
+    /// Seconds or a duration. [default: 10s]
+    #[arg(
+        long,
+        env = "RUNTIME_SQLITE_BUSY_TIMEOUT",
+        value_name = "DURATION",
+        global = true
+    )]
+    pub(crate) sqlite_busy_timeout: Option<String>,
+
     /// TLS certificate chain (PEM) of the gRPC listener; with RUNTIME_TLS_KEY it turns TLS on.
     #[arg(long, env = "RUNTIME_TLS_CERT", value_name = "FILE", global = true)]
     pub(crate) tls_cert: Option<std::ffi::OsString>,
@@ -362,6 +373,22 @@ impl Settings {
         }
     }
 
+    /// The ledger's connection options: `RUNTIME_SQLITE_BUSY_TIMEOUT` (default 10 s); the
+    /// write probe's busy timeout is the smaller of 1 s and that.
+    pub(crate) fn ledger_options(&self) -> anyhow::Result<phrony_ledger::LedgerOptions> {
+        let defaults = phrony_ledger::LedgerOptions::default();
+        let busy = crate::workers::duration(
+            "RUNTIME_SQLITE_BUSY_TIMEOUT",
+            self.sqlite_busy_timeout.as_deref(),
+            defaults.sqlite_busy_timeout,
+        )?;
+        Ok(phrony_ledger::LedgerOptions {
+            sqlite_busy_timeout: busy,
+            probe_busy_timeout: defaults.probe_busy_timeout.min(busy),
+            ..defaults
+        })
+    }
+
     /// Where a generated key is kept: beside the SQLite file, else in the data directory.
     pub(crate) fn key_file(&self, env: &Env, db: &Database) -> PathBuf {
         let dir = match db.sqlite_file.as_deref().and_then(Path::parent) {
@@ -473,6 +500,7 @@ mod tests {
             tool_allowlist: None,
             max_tool_args_bytes: None,
             max_tool_calls_per_turn: None,
+            sqlite_busy_timeout: None,
             tls_cert: None,
             tls_key: None,
             tls_client_ca: None,

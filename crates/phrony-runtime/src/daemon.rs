@@ -37,7 +37,7 @@ pub fn serve(settings: &Settings, env: &Env) -> anyhow::Result<()> {
         let auth_configured = oidc.is_some() || tls.as_ref().is_some_and(|t| t.clients.is_some());
         let auth =
             crate::auth::resolve_mode(settings.auth, auth_configured, listener.local_addr())?;
-        let ledger = open_ledger(&db).await?;
+        let ledger = open_ledger(&db, settings.ledger_options()?).await?;
         let (audit_key, key_file) =
             crate::audit::load_key(&settings.audit_key_file(env, &db), true)?;
         let ledger = ledger.with_audit_key(audit_key);
@@ -83,7 +83,7 @@ pub fn serve(settings: &Settings, env: &Env) -> anyhow::Result<()> {
 pub fn migrate(settings: &Settings, env: &Env) -> anyhow::Result<()> {
     tokio_runtime()?.block_on(async {
         let db = settings.database(env);
-        let ledger = open_ledger(&db).await?;
+        let ledger = open_ledger(&db, settings.ledger_options()?).await?;
         ledger.close().await;
         Ok(())
     })
@@ -99,7 +99,9 @@ pub fn audit_verify(
     tokio_runtime()?.block_on(async {
         let db = settings.database(env);
         let (key, _) = crate::audit::load_key(&settings.audit_key_file(env, &db), false)?;
-        let ledger = open_ledger(&db).await?.with_audit_key(key);
+        let ledger = open_ledger(&db, settings.ledger_options()?)
+            .await?
+            .with_audit_key(key);
         let result = crate::audit::verify(&ledger, args).await;
         ledger.close().await;
         result
@@ -126,7 +128,9 @@ pub fn tokens(
         // daemon's own start-up check (a new key seals the existing log first, as `serve` does).
         let (audit_key, key_file) =
             crate::audit::load_key(&settings.audit_key_file(env, &db), true)?;
-        let ledger = open_ledger(&db).await?.with_audit_key(audit_key);
+        let ledger = open_ledger(&db, settings.ledger_options()?)
+            .await?
+            .with_audit_key(audit_key);
         crate::audit::check_at_start(&ledger, key_file, false, &settings.default_actor).await?;
         let mut out = std::io::stdout().lock();
         let result = crate::tokens::run(&ledger, command, &settings.default_actor, &mut out).await;
@@ -136,14 +140,19 @@ pub fn tokens(
 }
 
 /// Connects, migrates and reports where the data lives.
-pub(crate) async fn open_ledger(db: &Database) -> anyhow::Result<Ledger> {
-    let ledger = Ledger::connect(&db.url).await.map_err(|e| match e {
-        LedgerError::Config { message } => {
-            anyhow::anyhow!("invalid RUNTIME_DATABASE_URL: {message}")
-        }
-        LedgerError::Unavailable { .. } => anyhow::anyhow!("database unreachable: {e}"),
-        other => anyhow::Error::new(other).context("cannot open the database"),
-    })?;
+pub(crate) async fn open_ledger(
+    db: &Database,
+    options: phrony_ledger::LedgerOptions,
+) -> anyhow::Result<Ledger> {
+    let ledger = Ledger::connect_with(&db.url, options)
+        .await
+        .map_err(|e| match e {
+            LedgerError::Config { message } => {
+                anyhow::anyhow!("invalid RUNTIME_DATABASE_URL: {message}")
+            }
+            LedgerError::Unavailable { .. } => anyhow::anyhow!("database unreachable: {e}"),
+            other => anyhow::Error::new(other).context("cannot open the database"),
+        })?;
     match (ledger.backend(), &db.sqlite_file) {
         (Backend::Sqlite, Some(file)) => {
             let shown = std::path::absolute(file).unwrap_or_else(|_| file.clone());

@@ -90,6 +90,8 @@ impl Launch {
             "RUNTIME_TOOL_EXEC_TIMEOUT",
             "RUNTIME_WORKER_LEASE_TTL",
             "RUNTIME_TOOL_ALLOWLIST",
+            "RUNTIME_SQLITE_BUSY_TIMEOUT",
+            "RUNTIME_ENABLE_STUB_PROVIDER",
             "PHRONY_ACTOR",
         ] {
             cmd.env_remove(var);

@@ -16,6 +16,7 @@ mod dispatch;
 mod event_fixture;
 mod ledger;
 mod modules;
+mod outage;
 mod provider_faults;
 mod refund;
 mod sessions;

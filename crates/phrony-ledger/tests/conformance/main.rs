@@ -18,6 +18,7 @@ mod audit_cases;
 mod cases;
 mod connect;
 mod harness;
+mod outage;
 mod session_cases;
 mod token_cases;
 
