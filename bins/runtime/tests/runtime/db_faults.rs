@@ -239,12 +239,17 @@ async fn assert_refused_while_stalled(daemon: &mut Daemon, running: &Running) {
     assert_eq!(run.code(), Code::Unavailable, "{run:?}");
 }
 
-/// The worker answers the quick refund while the database still cannot write: the result must
-/// be kept (not acknowledged) until it can be recorded, and recorded once.
-fn answer_during_the_stall(worker: &RefundWorker) {
+/// The ledger's pool acquire timeout: on PostgreSQL a write waits this long for a connection
+/// before it fails, so a shorter outage is only a slow write.
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The worker answers the quick refund while the database still cannot write, and the stall
+/// goes on for `linger` (long enough for the daemon's attempt to record it to fail — not an
+/// assertion): the result must be kept (not acknowledged) until it can be recorded, and
+/// recorded once.
+fn answer_during_the_stall(worker: &RefundWorker, linger: Duration) {
     worker.release();
-    // Time for the result to reach the daemon and its first write to fail (not an assertion).
-    std::thread::sleep(Duration::from_secs(1));
+    std::thread::sleep(linger);
 }
 
 /// Once the database can write again: SERVING by itself, the refused vote left nothing, the
@@ -335,7 +340,7 @@ fn a_postgres_restart_mid_run_is_ridden_out_and_loses_nothing() {
     // A crash of the server as its clients see it: every connection lost at once.
     pg.stop(StopMode::Immediate);
     rt.block_on(assert_refused_while_stalled(&mut daemon, &running));
-    answer_during_the_stall(&worker);
+    answer_during_the_stall(&worker, ACQUIRE_TIMEOUT + Duration::from_secs(2));
     pg.start_again();
     rt.block_on(assert_recovered(&mut daemon, &running, &worker));
     let log = daemon.stderr();
@@ -366,7 +371,7 @@ fn a_full_disk_is_ridden_out_and_nothing_is_half_written() {
     let filled = fs.fill();
     assert!(filled > 0, "the filesystem was already full");
     rt.block_on(assert_refused_while_stalled(&mut daemon, &running));
-    answer_during_the_stall(&worker);
+    answer_during_the_stall(&worker, Duration::from_secs(2));
     fs.free();
     rt.block_on(assert_recovered(&mut daemon, &running, &worker));
     drop(worker);
