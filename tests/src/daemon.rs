@@ -336,7 +336,9 @@ impl Daemon {
     /// The SQLite file the daemon runs on ([`Backend::Sqlite`]).
     #[must_use]
     pub fn sqlite_path(&self) -> Option<PathBuf> {
-        self.database_url.strip_prefix("sqlite://").map(PathBuf::from)
+        self.database_url
+            .strip_prefix("sqlite://")
+            .map(PathBuf::from)
     }
 
     /// What the daemon logged so far.

@@ -34,7 +34,10 @@ fn soak_stalls(fault: &str, args: &[&str]) {
             report["db_stalls_not_serving_seen"], report["db_stalls"],
             "{report:#}"
         );
-        assert_eq!(report["db_stalls_recovered"], report["db_stalls"], "{report:#}");
+        assert_eq!(
+            report["db_stalls_recovered"], report["db_stalls"],
+            "{report:#}"
+        );
     }
 }
 
@@ -78,18 +81,36 @@ fn crash_soak_postgres() {
 
 #[test]
 fn database_stall_soak_sqlite_locked() {
-    // 2 trials × 1 stall: the write lock held past the busy timeout (about 12 s each).
+    // 2 trials × 1 stall: the write lock held past the (3 s) busy timeout, about 5 s each.
     soak_stalls(
         "db_locked",
-        &["--backend", "sqlite", "--trials", "2", "--faults", "1", "--seed", "11"],
+        &[
+            "--backend",
+            "sqlite",
+            "--trials",
+            "2",
+            "--faults",
+            "1",
+            "--seed",
+            "11",
+        ],
     );
 }
 
 #[test]
 fn database_stall_soak_postgres_restarted() {
-    // 2 trials × 2 restarts of the private cluster the trial runs on.
+    // 1 trial × 2 restarts of the private cluster the trial runs on (about 30 s).
     soak_stalls(
         "db_restart",
-        &["--backend", "postgres", "--trials", "2", "--faults", "2", "--seed", "5"],
+        &[
+            "--backend",
+            "postgres",
+            "--trials",
+            "1",
+            "--faults",
+            "2",
+            "--seed",
+            "5",
+        ],
     );
 }

@@ -29,9 +29,9 @@ pub mod fake_model;
 pub mod pki;
 pub mod postgres;
 pub mod private_postgres;
+pub mod proxy;
 pub mod small_fs;
 pub mod sqlite_lock;
-pub mod proxy;
 pub mod stub;
 pub mod worker;
 

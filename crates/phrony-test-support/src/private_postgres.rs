@@ -199,7 +199,14 @@ impl PrivatePostgres {
     pub fn create_database(&self, name: &str) -> String {
         let out = self
             .tool("createdb")
-            .args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "-U", "postgres"])
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-U",
+                "postgres",
+            ])
             .arg(name)
             .output()
             .unwrap_or_else(|e| panic!("cannot run createdb: {e}"));

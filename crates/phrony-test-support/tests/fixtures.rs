@@ -58,7 +58,10 @@ fn a_small_filesystem_refuses_writes_when_filled_and_takes_them_when_freed() {
     let probe = fs.path().join("probe");
     std::fs::write(&probe, b"before").unwrap();
     let added = fs.fill();
-    assert!(added > 3 * 1024 * 1024, "filled only {added} bytes of 4 MiB");
+    assert!(
+        added > 3 * 1024 * 1024,
+        "filled only {added} bytes of 4 MiB"
+    );
     assert_eq!(fs.available_bytes(), Some(0));
     let mut file = std::fs::OpenOptions::new()
         .append(true)
@@ -87,7 +90,9 @@ async fn an_sqlite_write_lock_makes_writers_time_out_until_released() {
         .create_if_missing(true)
         .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
         .busy_timeout(Duration::from_millis(300));
-    let mut writer = sqlx::SqliteConnection::connect_with(&options).await.unwrap();
+    let mut writer = sqlx::SqliteConnection::connect_with(&options)
+        .await
+        .unwrap();
     writer.execute("CREATE TABLE t (v int)").await.unwrap();
 
     let lock = SqliteWriteLock::hold(&path).unwrap();

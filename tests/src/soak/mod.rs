@@ -339,7 +339,11 @@ pub fn run(options: &Options) -> bool {
                     "{} {} ms, NOT_SERVING {}, SERVING again after {:?} ms",
                     s.fault.name(),
                     s.held_ms,
-                    if s.not_serving_seen { "seen" } else { "NOT seen" },
+                    if s.not_serving_seen {
+                        "seen"
+                    } else {
+                        "NOT seen"
+                    },
                     s.recovered_after_ms
                 ))
                 .collect::<Vec<_>>(),

@@ -481,7 +481,9 @@ impl Trial {
             _ => {
                 self.daemon
                     .private_postgres()
-                    .unwrap_or_else(|| panic!("db_restart planned on a daemon without a private cluster"))
+                    .unwrap_or_else(|| {
+                        panic!("db_restart planned on a daemon without a private cluster")
+                    })
                     .stop(StopMode::Immediate);
                 None
             }
@@ -694,7 +696,8 @@ impl Trial {
         outcome.db_stalls = std::mem::take(&mut self.db_stalls);
         outcome.reviews = std::mem::take(&mut self.reviews);
         for note in &self.notes {
-            if note.starts_with("sessions did not end") || note.starts_with("db_locked: could not") {
+            if note.starts_with("sessions did not end") || note.starts_with("db_locked: could not")
+            {
                 outcome.violations.push(note.clone());
             }
         }

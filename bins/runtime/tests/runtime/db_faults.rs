@@ -82,7 +82,10 @@ fn as_actor<T>(message: T, actor: &'static str) -> Request<T> {
 
 /// Publishes and deploys both agents.
 async fn deploy_agents(client: &mut RuntimeClient<Channel>, work: &Path) {
-    for (name, order, amount) in [(HELD_AGENT, "ORD-HELD", 900), (QUICK_AGENT, "ORD-QUICK", 120)] {
+    for (name, order, amount) in [
+        (HELD_AGENT, "ORD-HELD", 900),
+        (QUICK_AGENT, "ORD-QUICK", 120),
+    ] {
         let manifest = snapshot(&work.join(name), name, order, amount);
         client
             .publish(pb::PublishRequest {
@@ -265,7 +268,10 @@ async fn assert_recovered(daemon: &mut Daemon, running: &Running, worker: &Refun
         .unwrap()
         .into_inner();
     assert_eq!(full.status, "pending", "{full:?}");
-    assert!(full.votes.is_empty(), "a refused vote was recorded: {full:?}");
+    assert!(
+        full.votes.is_empty(),
+        "a refused vote was recorded: {full:?}"
+    );
 
     client
         .decide_approval(pb::DecideApprovalRequest {
@@ -294,7 +300,10 @@ async fn assert_recovered(daemon: &mut Daemon, running: &Running, worker: &Refun
                     .into_iter()
                     .filter(|a| a.kind == "outcome_review")
                     .collect();
-                assert!(reviews.is_empty(), "the outage opened a review: {reviews:?}");
+                assert!(
+                    reviews.is_empty(),
+                    "the outage opened a review: {reviews:?}"
+                );
                 (now == "completed").then_some(())
             }
         })
