@@ -58,7 +58,7 @@ pub(crate) struct Inner {
     /// Stops the engine's tasks (not the sessions).
     pub(crate) stop: CancellationToken,
     /// Sessions whose driver stopped because the store was unavailable: not live, not failed,
-    /// waiting for the resume task ([`crate::resume`]) to re-adopt them.
+    /// waiting for the engine's resume task to re-adopt them.
     pub(crate) suspended: Mutex<HashSet<String>>,
     /// Wakes the resume task (a session was suspended).
     pub(crate) resume_kick: Arc<Notify>,

@@ -1,6 +1,8 @@
 //! The durable approval timer: expiries live in the store, so a restart loses none. The task
 //! sleeps until the earliest expiry (or the poll interval), applies every due approval's
-//! timeout default, and wakes the sessions concerned.
+//! timeout default, and wakes the sessions concerned. A storage outage only postpones a timeout:
+//! a failed read or expiry is logged and retried at the next round (the poll interval at most),
+//! never in a busy loop.
 
 use std::sync::Weak;
 
@@ -14,6 +16,9 @@ pub(crate) async fn run(inner: Weak<Inner>, stop: CancellationToken) {
             return;
         };
         let now = engine.clock.now();
+        // A due approval the database could not expire: wait the poll interval, not for its
+        // (past) expiry, before the next try.
+        let mut postponed = false;
         match engine.store.due_approvals(now, 100).await {
             Ok(due) => {
                 for approval in due {
@@ -24,6 +29,16 @@ pub(crate) async fn run(inner: Weak<Inner>, stop: CancellationToken) {
                                 session_id = %approval.session_id,
                                 status = %outcome.approval.status,
                                 "approval timed out"
+                            );
+                        }
+                        Err(e) if e.kind == crate::error::ErrorKind::Unavailable => {
+                            // Still due: the next round applies it once the database takes
+                            // writes again.
+                            postponed = true;
+                            tracing::warn!(
+                                approval_id = %approval.id,
+                                error = %e,
+                                "approval timeout postponed: database unavailable"
                             );
                         }
                         Err(e) => {
@@ -52,8 +67,8 @@ pub(crate) async fn run(inner: Weak<Inner>, stop: CancellationToken) {
         drop(engine);
         let until_expiry = async {
             match next {
-                Some(at) => clock.sleep_until(at).await,
-                None => std::future::pending().await,
+                Some(at) if !postponed => clock.sleep_until(at).await,
+                _ => std::future::pending().await,
             }
         };
         tokio::select! {

@@ -314,6 +314,81 @@ mod tests {
         );
     }
 
+    /// Waits (bounded) until the health state's `database_ok` is `want`.
+    async fn until_database_ok(health: &Health, want: bool) {
+        let mut rx = health.state.subscribe();
+        let reached = tokio::time::timeout(
+            Duration::from_secs(30),
+            rx.wait_for(|s| s.database_ok == want),
+        )
+        .await;
+        assert!(
+            matches!(reached, Ok(Ok(_))),
+            "health never became database_ok = {want}"
+        );
+    }
+
+    /// A write that finds the SQLite file locked by another connection turns health
+    /// NOT_SERVING at once — the monitor's next probe is an hour away — and the next write that
+    /// succeeds turns it SERVING again.
+    #[tokio::test]
+    async fn a_failed_write_turns_health_not_serving_without_waiting_for_the_probe() {
+        use sqlx::{ConnectOptions as _, Executor as _};
+        use std::str::FromStr as _;
+
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
+        let ledger = Ledger::connect_with(
+            &url,
+            phrony_ledger::LedgerOptions {
+                sqlite_busy_timeout: Duration::from_millis(100),
+                probe_busy_timeout: Duration::from_millis(100),
+                ..phrony_ledger::LedgerOptions::default()
+            },
+        )
+        .await
+        .unwrap();
+        ledger.migrate().await.unwrap();
+        let health = Health::new();
+        let monitor = health.spawn_monitor(
+            ledger.clone(),
+            Duration::from_secs(3600),
+            Duration::from_secs(5),
+        );
+        until_database_ok(&health, true).await;
+
+        let publish = |version: &str| phrony_ledger::NewAgentVersion {
+            namespace: "support".into(),
+            name: "refunds".into(),
+            version: version.into(),
+            owner: "team".into(),
+            labels: Default::default(),
+            snapshot_json: r#"{"kind":"Agent"}"#.into(),
+            content_hash: format!("hash-{version}"),
+            actor: phrony_ledger::Attribution::unverified("alice".to_owned()),
+        };
+        let mut holder = sqlx::sqlite::SqliteConnectOptions::from_str(&url)
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        holder.execute("BEGIN EXCLUSIVE").await.unwrap();
+        let err = ledger
+            .publish_agent_version(publish("1.0.0"))
+            .await
+            .unwrap_err();
+        assert!(err.is_unavailable(), "{err:?}");
+        until_database_ok(&health, false).await;
+
+        holder.execute("COMMIT").await.unwrap();
+        ledger
+            .publish_agent_version(publish("1.0.0"))
+            .await
+            .unwrap();
+        until_database_ok(&health, true).await;
+        monitor.abort();
+    }
+
     #[tokio::test]
     async fn watch_reports_changes_and_ends_at_shutdown() {
         let health = Health::new();

@@ -278,10 +278,11 @@ pub async fn serve(
         .recover()
         .await
         .map_err(|source| ServeError::Recovery { source })?;
-    if !report.resumed.is_empty() || !report.failed.is_empty() {
+    if !report.resumed.is_empty() || !report.failed.is_empty() || !report.suspended.is_empty() {
         tracing::info!(
             resumed = report.resumed.len(),
             failed = report.failed.len(),
+            suspended = report.suspended.len(),
             "recovered the sessions that were live at the last stop"
         );
     }

@@ -33,8 +33,7 @@ impl Locker {
                       c.execute('BEGIN EXCLUSIVE')\n\
                       print('locked', flush=True)\n\
                       sys.stdin.readline()\n\
-                      c.execute('COMMIT')\n\
-                      print('released', flush=True)\n";
+                      c.execute('COMMIT')\n";
         let mut child = Command::new("python3")
             .args(["-c", script])
             .arg(db)
@@ -235,4 +234,8 @@ async fn a_sqlite_lock_held_by_another_process_turns_health_not_serving_and_noth
         .unwrap()
         .into_inner();
     assert!(audit.verified, "{audit:?}");
+    // The worker owns a Tokio runtime, which must not be dropped inside this one.
+    tokio::task::spawn_blocking(move || drop(worker))
+        .await
+        .unwrap();
 }
