@@ -137,7 +137,12 @@
 //!
 //! All fallible calls return [`LedgerError`]; its user-facing variants map one-to-one onto gRPC
 //! codes (NotFound, FailedPrecondition, AlreadyExists, InvalidArgument), `Conflict` is
-//! retryable, `Unavailable` means the database cannot be reached.
+//! retryable, `Unavailable` means the database cannot take the request now: unreachable,
+//! restarting, locked by another process past the busy timeout, out of disk
+//! ([`LedgerError::is_unavailable`]). Every write that fails so turns [`Ledger::writable`]
+//! `false` and the next one that succeeds turns it `true`; [`Ledger::probe_write`] (a committed
+//! upsert of the one `health_probe` row, migration 0008, outside the event log) proves the
+//! database takes writes, for the health check and the engine's resume task.
 
 mod audit;
 mod audit_key;

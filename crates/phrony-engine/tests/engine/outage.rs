@@ -198,3 +198,61 @@ async fn a_worker_result_that_arrives_during_an_outage_is_recorded_once_when_it_
     assert_eq!(acks[0], held.call_id);
     assert!(!events.iter().any(|e| e.event_type == "session.failed"));
 }
+
+/// An approval timeout that falls due while the database cannot write is postponed — not
+/// lost, not retried in a loop, and the session is not failed — and applies once when the lock
+/// is gone: the call is rejected by the timeout's default and the session goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approval_timeout_due_during_an_outage_applies_once_when_it_ends() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::starting_now());
+    let agent = refund_agent(&AgentOptions::with_decision(
+        "    timeout:\n      after_minutes: 5\n      default: deny\n",
+    ));
+    let (store, version_id, url) = file_store(&dir, &clock, &agent).await;
+    let script = Script::new(vec![
+        Step::call("issue_refund", refund("ORD-1", 400.0)),
+        Step::say("The refund needs a human; none answered in time."),
+    ]);
+    let h = Harness::on(
+        Arc::clone(&store),
+        Arc::clone(&clock),
+        agent,
+        version_id,
+        script,
+    )
+    .await;
+    let s = h.start("Refund €400 for ORD-1.").await;
+    h.wait(&s.id, &[SessionStatus::AwaitingApproval]).await;
+    let approval = h.pending_approval(&s.id).await;
+
+    let lock = Lock::take(&url).await;
+    clock.advance(Duration::from_secs(6 * 60));
+    until("the timeout could not be recorded", async || {
+        !store.ledger().is_writable()
+    })
+    .await;
+    assert_eq!(
+        store.get_approval(approval.id).await.unwrap().status,
+        phrony_ledger::ApprovalStatus::Pending
+    );
+    assert_eq!(
+        store.get_session(&s.id).await.unwrap().status,
+        SessionStatus::AwaitingApproval
+    );
+
+    lock.release().await;
+    let done = h.wait_end(&s.id).await;
+    assert_eq!(done.status, SessionStatus::Completed, "{done:#?}");
+    assert!(h.worker.tools().is_empty(), "the refund never ran");
+    let (text, is_error) = last_tool_result(&h.script.requests()[1]);
+    assert!(is_error);
+    assert!(text.contains("system:timeout"), "{text}");
+    let decided = h
+        .events(&s.id)
+        .await
+        .into_iter()
+        .filter(|e| e.event_type == "approval.decided")
+        .count();
+    assert_eq!(decided, 1, "the timeout applied once");
+}
