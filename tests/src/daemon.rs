@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use phrony_client::{Client, ClientTls, Health};
 use phrony_test_support::postgres::PgDatabase;
+use phrony_test_support::private_postgres::PrivatePostgres;
 
 /// How long a daemon may take to answer `SERVING`.
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -39,6 +40,10 @@ pub enum Backend {
     Sqlite,
     /// A fresh database on the local PostgreSQL server.
     Postgres,
+    /// A database on a private PostgreSQL cluster of the daemon's own (see
+    /// [`PrivatePostgres`]), which a test may stop and start again under the running daemon
+    /// ([`Daemon::private_postgres`]).
+    PrivatePostgres,
 }
 
 /// The built `phrony` and `phrony-runtime` binaries.
@@ -148,6 +153,9 @@ pub struct Daemon {
     backend: Backend,
     dir: tempfile::TempDir,
     _postgres: Option<PgDatabase>,
+    /// The private cluster of [`Backend::PrivatePostgres`] (stopped and removed after the daemon
+    /// stopped).
+    private: Option<PrivatePostgres>,
     /// The database it runs on.
     database_url: String,
     /// Extra environment variables of the daemon.
@@ -158,7 +166,9 @@ pub struct Daemon {
 
 impl Daemon {
     /// Starts a daemon on a free port and waits until its health is `SERVING`. `None` only for
-    /// [`Backend::Postgres`] when PostgreSQL is down and `PHRONY_TEST_SKIP_POSTGRES=1`.
+    /// [`Backend::Postgres`] when PostgreSQL is down and `PHRONY_TEST_SKIP_POSTGRES=1`, and for
+    /// [`Backend::PrivatePostgres`] when this environment cannot host a private cluster (no
+    /// `initdb`; the reason is printed).
     ///
     /// # Panics
     /// When the daemon does not become healthy (its log is in the message), or PostgreSQL is
@@ -190,14 +200,19 @@ impl Daemon {
         tls: Option<ClientTls>,
     ) -> Option<Self> {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
-        let (url, postgres) = match backend {
+        let (url, postgres, private) = match backend {
             Backend::Sqlite => (
                 format!("sqlite://{}", dir.path().join("phrony.db").display()),
+                None,
                 None,
             ),
             Backend::Postgres => {
                 let db = PgDatabase::create_blocking()?;
-                (db.url().to_owned(), Some(db))
+                (db.url().to_owned(), Some(db), None)
+            }
+            Backend::PrivatePostgres => {
+                let cluster = PrivatePostgres::start()?;
+                (cluster.create_database("phrony"), None, Some(cluster))
             }
         };
         let mut daemon = Self {
@@ -206,6 +221,7 @@ impl Daemon {
             backend,
             dir,
             _postgres: postgres,
+            private,
             database_url: url.clone(),
             env: env
                 .iter()
@@ -309,6 +325,20 @@ impl Daemon {
     #[must_use]
     pub fn backend(&self) -> Backend {
         self.backend
+    }
+
+    /// The private cluster the daemon runs on ([`Backend::PrivatePostgres`]), to stop and start
+    /// under it.
+    pub fn private_postgres(&mut self) -> Option<&mut PrivatePostgres> {
+        self.private.as_mut()
+    }
+
+    /// The SQLite file the daemon runs on ([`Backend::Sqlite`]).
+    #[must_use]
+    pub fn sqlite_path(&self) -> Option<PathBuf> {
+        self.database_url
+            .strip_prefix("sqlite://")
+            .map(PathBuf::from)
     }
 
     /// What the daemon logged so far.
@@ -415,6 +445,7 @@ impl Drop for Daemon {
                 self.logs()
             );
         }
-        // The database (if any) is dropped with `self._postgres`, after the daemon stopped.
+        // The database (if any) is dropped with `self._postgres`, the private cluster with
+        // `self.private`, after the daemon stopped.
     }
 }

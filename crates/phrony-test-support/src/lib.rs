@@ -1,6 +1,10 @@
 //! Dev-only helpers shared by the workspace's tests (never a normal dependency).
 //!
 //! - [`postgres`]: a throw-away PostgreSQL database per test, dropped when it goes out of scope.
+//! - [`private_postgres`]: a private PostgreSQL cluster (its own `initdb`, port and socket) a
+//!   test may stop, crash and start again.
+//! - [`small_fs`]: a small `tmpfs` a test can fill up (a full disk).
+//! - [`sqlite_lock`]: another process's hold on an SQLite database's write lock.
 //! - [`stub`]: the tutorial's refund agent on the scripted `stub` model, written to a directory.
 //! - [`worker`]: a Rust tool worker on the runtime's `Work` stream that records its calls.
 //! - [`pki`]: a throw-away CA, server and client certificates for TLS and mTLS tests.
@@ -24,7 +28,10 @@ pub mod fake_api;
 pub mod fake_model;
 pub mod pki;
 pub mod postgres;
+pub mod private_postgres;
 pub mod proxy;
+pub mod small_fs;
+pub mod sqlite_lock;
 pub mod stub;
 pub mod worker;
 

@@ -26,10 +26,16 @@ const VERSION: &str = "1.0.0";
 /// third of the lease, records the arguments of each invocation and answers
 /// `{"refund_id": "rf_<order_id>", "amount": <amount>, "status": "issued"}`.
 ///
+/// Started with [`start_holding`](Self::start_holding), it records each invocation on arrival
+/// but holds its result back until [`release`](Self::release): a call that stays in flight
+/// (dispatched, executed, no result yet) for as long as the test needs.
+///
 /// Dropping it closes the stream.
 #[derive(Debug)]
 pub struct RefundWorker {
     invoked: Arc<Mutex<Vec<Value>>>,
+    /// `true` while results are held back.
+    holding: tokio::sync::watch::Sender<bool>,
     _runtime: tokio::runtime::Runtime,
 }
 
@@ -41,6 +47,25 @@ impl RefundWorker {
     /// When the runtime cannot be reached or does not confirm the registration in time.
     #[must_use]
     pub fn start(addr: &str, worker_id: &str) -> Self {
+        Self::start_with(addr, worker_id, false)
+    }
+
+    /// [`start`](Self::start), holding every result back until [`release`](Self::release).
+    ///
+    /// # Panics
+    /// As [`start`](Self::start).
+    #[must_use]
+    pub fn start_holding(addr: &str, worker_id: &str) -> Self {
+        Self::start_with(addr, worker_id, true)
+    }
+
+    /// Sends the results held back so far, and answers every later invocation at once.
+    pub fn release(&self) {
+        self.holding.send_replace(false);
+    }
+
+    fn start_with(addr: &str, worker_id: &str, hold: bool) -> Self {
+        let (holding, held) = tokio::sync::watch::channel(hold);
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
@@ -65,6 +90,7 @@ impl RefundWorker {
             format!("http://{addr}"),
             register,
             Arc::clone(&invoked),
+            held,
             ready_tx,
         ));
         match ready_rx.recv_timeout(REGISTER_TIMEOUT) {
@@ -74,6 +100,7 @@ impl RefundWorker {
         }
         Self {
             invoked,
+            holding,
             _runtime: runtime,
         }
     }
@@ -107,6 +134,7 @@ async fn serve(
     uri: String,
     register: pb::WorkRegister,
     invoked: Arc<Mutex<Vec<Value>>>,
+    held: tokio::sync::watch::Receiver<bool>,
     ready: std::sync::mpsc::Sender<Result<(), String>>,
 ) {
     let channel = match tonic::transport::Endpoint::from_shared(uri) {
@@ -165,11 +193,16 @@ async fn serve(
                     payload: payload.to_string().into_bytes(),
                     error: None,
                 };
-                if tx
-                    .send(message(pb::work_client_msg::Body::Result(result)))
-                    .await
-                    .is_err()
-                {
+                let result = message(pb::work_client_msg::Body::Result(result));
+                if *held.borrow() {
+                    // Sent once released (or never, when the worker is dropped first).
+                    let (tx, mut held) = (tx.clone(), held.clone());
+                    tokio::spawn(async move {
+                        if held.wait_for(|holding| !*holding).await.is_ok() {
+                            let _ = tx.send(result).await;
+                        }
+                    });
+                } else if tx.send(result).await.is_err() {
                     break;
                 }
             }

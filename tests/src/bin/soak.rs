@@ -2,7 +2,8 @@
 //!
 //! ```text
 //! soak [--backend sqlite|postgres] [--trials N] [--seed S] [--report FILE]
-//!      [--sessions N] [--faults N] [--no-worker-faults]
+//!      [--sessions N] [--faults N] [--no-worker-faults] [--db-faults] [--only FAULT]
+//!      [--tolerate-final-turn-rerun] [--tolerate-late-result-race]
 //! soak worker --addr HOST:PORT --journal FILE [--work-ms MS] [--duplicate]
 //! ```
 //!

@@ -12,7 +12,10 @@
 //! 2. for each planned fault ([`Fault`]): waits for its trigger (the worker's `INVOKE` or
 //!    `RESULT` line, a vote RPC that returned, an approval the operator saw, a random delay),
 //!    then SIGKILLs the daemon and starts it again on the same database (or kills, stops,
-//!    cuts the worker);
+//!    cuts the worker; or, with `--db-faults`, stalls the database under the running daemon:
+//!    another process holds SQLite's write lock past the busy timeout, or the private
+//!    PostgreSQL cluster the trial runs on is crashed and started again — health must say
+//!    `NOT_SERVING` meanwhile and `SERVING` again by itself after);
 //! 3. lets recovery and the operator finish every session: policy approvals are approved
 //!    (by `alice`, then `bob` for the quorum), approved with edited arguments, or rejected;
 //!    outcome reviews are resolved as an operator would, from the worker's journal
@@ -48,6 +51,9 @@ pub struct Options {
     pub faults: usize,
     /// Also plan worker faults (kill, stop past the lease, stream cut, duplicated results).
     pub worker_faults: bool,
+    /// Also plan database stalls (`--db-faults`): [`Fault::DbLocked`] on SQLite,
+    /// [`Fault::DbRestart`] on PostgreSQL (whose trials then run on a private cluster).
+    pub db_faults: bool,
     /// Plan only this fault (`--only <name>`, a name of [`Fault::name`]).
     pub only: Option<Fault>,
     /// Count a session failed by the known final-turn re-run (a crash between the final
@@ -77,6 +83,7 @@ impl Options {
             sessions: 3,
             faults: 2,
             worker_faults: true,
+            db_faults: false,
             only: None,
             tolerate_final_turn_rerun: false,
             tolerate_late_result_race: false,
@@ -114,6 +121,7 @@ impl Options {
                     o.faults = usize::try_from(number(value()?)?.clamp(1, 20)).unwrap_or(2);
                 }
                 "--no-worker-faults" => o.worker_faults = false,
+                "--db-faults" => o.db_faults = true,
                 "--tolerate-final-turn-rerun" => o.tolerate_final_turn_rerun = true,
                 "--tolerate-late-result-race" => o.tolerate_late_result_race = true,
                 "--only" => {
@@ -128,7 +136,21 @@ impl Options {
                 other => return Err(format!("unknown argument {other:?}")),
             }
         }
-        Ok(o)
+        match (o.only, o.backend) {
+            (Some(Fault::DbLocked), Backend::Postgres) => {
+                Err("--only db_locked needs --backend sqlite (PostgreSQL has no file lock)".into())
+            }
+            (Some(Fault::DbRestart), Backend::Sqlite) => {
+                Err("--only db_restart needs --backend postgres".into())
+            }
+            _ => Ok(o),
+        }
+    }
+
+    /// Whether the PostgreSQL trials run on a private cluster (the restart fault needs one).
+    #[must_use]
+    pub fn private_postgres(&self) -> bool {
+        self.backend == Backend::Postgres && (self.db_faults || self.only == Some(Fault::DbRestart))
     }
 }
 
@@ -155,11 +177,19 @@ pub enum Fault {
     WorkerStopped,
     /// Cut the worker's stream when it received an invoke (it reconnects).
     StreamCut,
+    /// SQLite: when the worker received an invoke, another process takes the database's write
+    /// lock and holds it past the daemon's busy timeout (until health said `NOT_SERVING`, and
+    /// at least the busy timeout and 2 s), then releases it.
+    DbLocked,
+    /// PostgreSQL: when the worker received an invoke, the (private) cluster is stopped in
+    /// immediate mode — a crash as the daemon sees it — and started again once health said
+    /// `NOT_SERVING` (and at least 1–3 s later).
+    DbRestart,
 }
 
 impl Fault {
     /// Every fault.
-    pub const ALL: [Self; 9] = [
+    pub const ALL: [Self; 11] = [
         Self::DaemonAtInvoke,
         Self::DaemonAtResult,
         Self::DaemonAtLastResult,
@@ -169,6 +199,8 @@ impl Fault {
         Self::WorkerKilled,
         Self::WorkerStopped,
         Self::StreamCut,
+        Self::DbLocked,
+        Self::DbRestart,
     ];
 
     /// The name in the report.
@@ -184,6 +216,8 @@ impl Fault {
             Self::WorkerKilled => "worker_kill",
             Self::WorkerStopped => "worker_stop_past_lease",
             Self::StreamCut => "stream_cut",
+            Self::DbLocked => "db_locked",
+            Self::DbRestart => "db_restart",
         }
     }
 
@@ -200,6 +234,28 @@ impl Fault {
                 | Self::DaemonRandom
         )
     }
+}
+
+impl Fault {
+    /// Whether it stalls the database under the running daemon.
+    #[must_use]
+    pub fn stalls_database(self) -> bool {
+        matches!(self, Self::DbLocked | Self::DbRestart)
+    }
+}
+
+/// A database stall and what the daemon's health said during and after it.
+#[derive(Debug, Clone)]
+pub struct DbStall {
+    /// Which fault.
+    pub fault: Fault,
+    /// How long the database could not write, in ms.
+    pub held_ms: u64,
+    /// Whether health said `NOT_SERVING` while it could not write.
+    pub not_serving_seen: bool,
+    /// How long after the database could write again health said `SERVING` (by itself), in
+    /// ms; `None` when it did not within the bound.
+    pub recovered_after_ms: Option<u64>,
 }
 
 /// A small deterministic generator (SplitMix64): the seed decides every choice.
@@ -237,6 +293,8 @@ pub struct TrialOutcome {
     pub worker_faults: Vec<String>,
     /// Whether the worker sent every result twice.
     pub duplicated_results: bool,
+    /// Database stalls injected.
+    pub db_stalls: Vec<DbStall>,
     /// Executions of non-idempotent, irreversible or unclassed calls beyond the first.
     pub duplicates: u64,
     /// Executions of read-only or idempotent calls beyond the first (allowed).
@@ -268,12 +326,27 @@ pub fn run(options: &Options) -> bool {
             return true;
         };
         println!(
-            "soak: trial {}/{} (seed {seed}, {:.1}s): kills {:?}, worker faults {:?}{}, duplicates {}, {}",
+            "soak: trial {}/{} (seed {seed}, {:.1}s): kills {:?}, worker faults {:?}, db stalls {:?}{}, duplicates {}, {}",
             n + 1,
             options.trials,
             trial_started.elapsed().as_secs_f64(),
             outcome.kills,
             outcome.worker_faults,
+            outcome
+                .db_stalls
+                .iter()
+                .map(|s| format!(
+                    "{} {} ms, NOT_SERVING {}, SERVING again after {:?} ms",
+                    s.fault.name(),
+                    s.held_ms,
+                    if s.not_serving_seen {
+                        "seen"
+                    } else {
+                        "NOT seen"
+                    },
+                    s.recovered_after_ms
+                ))
+                .collect::<Vec<_>>(),
             if outcome.duplicated_results {
                 " (results duplicated)"
             } else {
@@ -312,19 +385,32 @@ fn report(options: &Options, outcomes: &[TrialOutcome], elapsed: Duration) -> Va
         for f in &o.worker_faults {
             *per_fault.entry(f.clone()).or_default() += 1;
         }
+        for stall in &o.db_stalls {
+            *per_fault.entry(stall.fault.name().to_owned()).or_default() += 1;
+        }
         for r in &o.reviews {
             *reviews.entry(r.clone()).or_default() += 1;
         }
     }
     let violations: Vec<&String> = outcomes.iter().flat_map(|o| &o.violations).collect();
+    let stalls: Vec<&DbStall> = outcomes.iter().flat_map(|o| &o.db_stalls).collect();
+    let recoveries: Vec<u64> = stalls.iter().filter_map(|s| s.recovered_after_ms).collect();
     json!({
-        "backend": match options.backend { Backend::Sqlite => "sqlite", Backend::Postgres => "postgres" },
+        "backend": match options.backend {
+            Backend::Sqlite => "sqlite",
+            Backend::Postgres if options.private_postgres() => "postgres (private cluster)",
+            Backend::Postgres | Backend::PrivatePostgres => "postgres",
+        },
         "seed": options.seed,
         "trials": outcomes.len(),
         "sessions": outcomes.len() * options.sessions,
         "daemon_kills": outcomes.iter().map(|o| o.kills.len()).sum::<usize>(),
         "kills_per_commit_point": per_point,
         "faults": per_fault,
+        "db_stalls": stalls.len(),
+        "db_stalls_not_serving_seen": stalls.iter().filter(|s| s.not_serving_seen).count(),
+        "db_stalls_recovered": recoveries.len(),
+        "db_stall_max_recovery_ms": recoveries.iter().max(),
         "trials_with_duplicated_results": outcomes.iter().filter(|o| o.duplicated_results).count(),
         "outcome_reviews": reviews,
         "duplicates": outcomes.iter().map(|o| o.duplicates).sum::<u64>(),

@@ -15,14 +15,26 @@ use serde_json::{Value, json};
 
 use super::check::{self, Cast, KillRecord};
 use super::worker::{JournalEntry, now_ms, read_journal};
-use super::{Fault, Options, Rng, TrialOutcome};
+use super::{DbStall, Fault, Options, Rng, TrialOutcome};
 use crate::daemon::{Backend, Daemon};
+use phrony_client::Health;
+use phrony_test_support::private_postgres::StopMode;
+use phrony_test_support::sqlite_lock::SqliteWriteLock;
 
 /// The soak agent.
 const AGENT: (&str, &str) = ("soak", "soak-agent");
 
 /// The worker's lease (the daemon's `RUNTIME_WORKER_LEASE_TTL`).
 const LEASE: Duration = Duration::from_secs(3);
+
+/// The daemon's SQLite busy timeout in trials that plan database stalls
+/// (`RUNTIME_SQLITE_BUSY_TIMEOUT`; the default, 10 s, would make each `db_locked` last 12 s): a
+/// writer waits this long for the write lock before its write fails.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// How long a database stall may last at most while waiting for health to say `NOT_SERVING`,
+/// and how long health may take to say `SERVING` again once the database can write.
+const STALL_BOUND: Duration = Duration::from_secs(30);
 
 /// How long every session may take to end after the last fault (recovery waits up to 30 s
 /// for a worker to report a call it was sent before a restart).
@@ -152,6 +164,8 @@ struct Trial {
     reviews: Vec<String>,
     kills: Vec<KillRecord>,
     worker_faults: Vec<String>,
+    db_stalls: Vec<DbStall>,
+    db_faults: bool,
     /// When the worker was last disturbed (killed, stopped, cut, its daemon killed).
     disturbed_ms: u64,
     notes: Vec<String>,
@@ -171,14 +185,21 @@ enum Seen {
 pub(crate) fn run_trial(options: &Options, seed: u64) -> Option<TrialOutcome> {
     let mut rng = Rng::new(seed);
     let lease = format!("{}s", LEASE.as_secs());
-    let daemon = Daemon::start_with_env(
-        options.backend,
-        &[
-            ("RUNTIME_ENABLE_STUB_PROVIDER", "1"),
-            ("RUNTIME_WORKER_LEASE_TTL", lease.as_str()),
-            ("RUNTIME_LOG", "warn"),
-        ],
-    )?;
+    let backend = if options.private_postgres() {
+        Backend::PrivatePostgres
+    } else {
+        options.backend
+    };
+    let busy = format!("{}s", BUSY_TIMEOUT.as_secs());
+    let mut env = vec![
+        ("RUNTIME_ENABLE_STUB_PROVIDER", "1"),
+        ("RUNTIME_WORKER_LEASE_TTL", lease.as_str()),
+        ("RUNTIME_LOG", "warn"),
+    ];
+    if options.db_faults || options.only == Some(Fault::DbLocked) {
+        env.push(("RUNTIME_SQLITE_BUSY_TIMEOUT", busy.as_str()));
+    }
+    let daemon = Daemon::start_with_env(backend, &env)?;
     let fixture = crate::workspace_root().join("tests/fixtures/soak");
     publish_and_deploy(&daemon, &fixture);
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
@@ -209,6 +230,8 @@ pub(crate) fn run_trial(options: &Options, seed: u64) -> Option<TrialOutcome> {
         reviews: Vec::new(),
         kills: Vec::new(),
         worker_faults: Vec::new(),
+        db_stalls: Vec::new(),
+        db_faults: options.db_faults,
         disturbed_ms: 0,
         notes: Vec::new(),
         tolerate_final_turn_rerun: options.tolerate_final_turn_rerun,
@@ -275,6 +298,14 @@ impl Trial {
             Fault::DaemonRandom,
         ];
         const WORKER: [Fault; 3] = [Fault::WorkerKilled, Fault::WorkerStopped, Fault::StreamCut];
+        // Drawn only with --db-faults, so that a seed plans the same faults as before without.
+        if self.db_faults && self.rng.below(10) < 2 {
+            return if self.daemon.sqlite_path().is_some() {
+                Fault::DbLocked
+            } else {
+                Fault::DbRestart
+            };
+        }
         if worker_faults && self.rng.below(10) < 3 {
             WORKER[usize::try_from(self.rng.below(3)).unwrap_or(0)]
         } else {
@@ -301,7 +332,9 @@ impl Trial {
             Fault::DaemonAtInvoke
             | Fault::WorkerKilled
             | Fault::WorkerStopped
-            | Fault::StreamCut => Some("INVOKE"),
+            | Fault::StreamCut
+            | Fault::DbLocked
+            | Fault::DbRestart => Some("INVOKE"),
             _ => None,
         };
         let sig = match fault {
@@ -372,6 +405,10 @@ impl Trial {
     }
 
     fn apply(&mut self, fault: Fault, call: String) {
+        if fault.stalls_database() {
+            self.stall_database(fault);
+            return;
+        }
         if fault.kills_daemon() {
             self.daemon.kill9();
             let at_ms = now_ms();
@@ -410,6 +447,81 @@ impl Trial {
         }
         self.disturbed_ms = now_ms();
         self.worker_faults.push(fault.name().to_owned());
+    }
+
+    /// The daemon's health as a client sees it (`None`: no answer).
+    fn health(&self) -> Option<Health> {
+        self.rt.block_on(self.client.health()).ok()
+    }
+
+    /// Takes the database away from the running daemon (the write lock, or the server), keeps
+    /// it away until health said `NOT_SERVING` (bounded) and at least the fault's minimum, gives
+    /// it back, and waits (bounded) for health to say `SERVING` by itself. The operator pauses
+    /// meanwhile: its calls would only wait out the busy timeout and fail.
+    fn stall_database(&mut self, fault: Fault) {
+        let minimum = match fault {
+            Fault::DbLocked => BUSY_TIMEOUT + Duration::from_secs(2),
+            _ => Duration::from_millis(1000 + self.rng.below(2000)),
+        };
+        let lock = match fault {
+            Fault::DbLocked => {
+                let path = self
+                    .daemon
+                    .sqlite_path()
+                    .unwrap_or_else(|| panic!("db_locked planned on a daemon without SQLite"));
+                match SqliteWriteLock::hold(&path) {
+                    Ok(lock) => Some(lock),
+                    Err(e) => {
+                        self.notes
+                            .push(format!("db_locked: could not take the write lock: {e}"));
+                        return;
+                    }
+                }
+            }
+            _ => {
+                self.daemon
+                    .private_postgres()
+                    .unwrap_or_else(|| {
+                        panic!("db_restart planned on a daemon without a private cluster")
+                    })
+                    .stop(StopMode::Immediate);
+                None
+            }
+        };
+        let started = Instant::now();
+        let mut not_serving_seen = false;
+        // Bounded by STALL_BOUND: the database comes back even when health never noticed.
+        while started.elapsed() < STALL_BOUND {
+            not_serving_seen |= self.health() == Some(Health::NotServing);
+            if not_serving_seen && started.elapsed() >= minimum {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let held_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        match lock {
+            Some(lock) => lock.release(),
+            None => {
+                if let Some(cluster) = self.daemon.private_postgres() {
+                    cluster.start_again();
+                }
+            }
+        }
+        let back = Instant::now();
+        let mut recovered_after_ms = None;
+        while back.elapsed() < STALL_BOUND {
+            if self.health() == Some(Health::Serving) {
+                recovered_after_ms = u64::try_from(back.elapsed().as_millis()).ok();
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        self.db_stalls.push(DbStall {
+            fault,
+            held_ms,
+            not_serving_seen,
+            recovered_after_ms,
+        });
     }
 
     /// Runs the operator until every session ended.
@@ -564,9 +676,28 @@ impl Trial {
         });
         outcome.worker_faults = std::mem::take(&mut self.worker_faults);
         outcome.duplicated_results = self.duplicate;
+        for stall in &self.db_stalls {
+            let name = stall.fault.name();
+            if !stall.not_serving_seen {
+                outcome.violations.push(format!(
+                    "{name}: health never said NOT_SERVING while the database could not write \
+                     ({} ms)",
+                    stall.held_ms
+                ));
+            }
+            if stall.recovered_after_ms.is_none() {
+                outcome.violations.push(format!(
+                    "{name}: health did not say SERVING again within {} s of the database \
+                     writing again",
+                    STALL_BOUND.as_secs()
+                ));
+            }
+        }
+        outcome.db_stalls = std::mem::take(&mut self.db_stalls);
         outcome.reviews = std::mem::take(&mut self.reviews);
         for note in &self.notes {
-            if note.starts_with("sessions did not end") {
+            if note.starts_with("sessions did not end") || note.starts_with("db_locked: could not")
+            {
                 outcome.violations.push(note.clone());
             }
         }

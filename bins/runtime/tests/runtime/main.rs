@@ -2,6 +2,7 @@
 //!
 //! - [`audit`]: the audit against an attacker who can write the SQLite file.
 //! - [`daemon`]: the real `phrony-runtime` process (start, stop, storage, signals, workers).
+//! - [`db_faults`]: the database stalled under a running daemon (PostgreSQL restarted, a full disk).
 //! - [`outage`]: the daemon while another process holds the SQLite write lock.
 //! - [`sdk_fixture`]: the Python SDK's committed agent snapshot matches the compiler.
 //! - [`support`]: the daemon on a free port, fresh databases, a compiled test agent.
@@ -21,6 +22,7 @@
 
 mod audit;
 mod daemon;
+mod db_faults;
 mod outage;
 mod sdk_fixture;
 mod support;
