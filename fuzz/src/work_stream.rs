@@ -395,37 +395,7 @@ async fn drive(data: &[u8]) -> bool {
             // A client message on a stream.
             op @ 1..=6 => {
                 let at = s.pick(MAX_STREAMS);
-                let msg: Result<pb::WorkClientMsg, Status> = match op {
-                    1 => Ok(Body::Register(register(&mut s))).map(Some),
-                    2 => Ok(Some(Body::Heartbeat(pb::WorkHeartbeat {}))),
-                    3 => {
-                        let call_id = CALL_IDS[s.pick(CALL_IDS.len())].to_owned();
-                        let error = (s.pick(3) == 0).then(|| pb::WorkToolError {
-                            code: "invalid_args".to_owned(),
-                            message: "amount must be positive".to_owned(),
-                        });
-                        Ok(Some(Body::Result(pb::WorkToolResult {
-                            call_id,
-                            payload: payload(&mut s),
-                            error,
-                        })))
-                    }
-                    4 => Ok(Some(Body::Nack(pb::WorkToolNack {
-                        call_id: CALL_IDS[s.pick(CALL_IDS.len())].to_owned(),
-                        code: ["unknown_handler", "", "busy"][s.pick(3)].to_owned(),
-                        message: "refused".to_owned(),
-                    }))),
-                    5 => Ok(None),
-                    _ => {
-                        // Arbitrary bytes, decoded as the server's codec would: a decode error
-                        // breaks the stream with the codec's status.
-                        let len = usize::from(s.byte().unwrap_or(0));
-                        pb::WorkClientMsg::decode(s.take(len))
-                            .map(|m| m.body)
-                            .map_err(|e| Status::internal(format!("decoding WorkClientMsg: {e}")))
-                    }
-                }
-                .map(|body| pb::WorkClientMsg { body });
+                let msg = client_message(op, &mut s);
                 sent += msg.as_ref().map_or(0, prost::Message::encoded_len);
                 if let Some(stream) = streams.get_mut(at) {
                     if stream.first.is_none() {
@@ -441,40 +411,7 @@ async fn drive(data: &[u8]) -> bool {
             // The runtime dispatches a call.
             7 => {
                 if dispatches.len() < MAX_DISPATCHES {
-                    let call_id = CALL_IDS[s.pick(4)].to_owned();
-                    let (tool, version) =
-                        [(LOOKUP, "1.0.0"), (REFUND, ""), ("unknown.tool", "1")][s.pick(3)];
-                    let invocation = Invocation {
-                        call_id,
-                        session_id: "s1".to_owned(),
-                        agent_version_id: "av1".to_owned(),
-                        turn: 1,
-                        tool: tool.to_owned(),
-                        version: version.to_owned(),
-                        args: serde_json::json!({"order_id": "ORD-1"}),
-                        side_effect_class: "read_only".to_owned(),
-                        deadline_unix_ms: 0,
-                    };
-                    let queue_wait =
-                        Duration::from_millis(500 * u64::from(s.byte().unwrap_or(0) % 8));
-                    let exec_timeout = match s.pick(3) {
-                        0 => None,
-                        n => Some(Duration::from_secs(3 * n as u64)),
-                    };
-                    let cancel = CancellationToken::new();
-                    let call = DispatchCall::new(
-                        invocation,
-                        "support/refund-agent",
-                        queue_wait,
-                        exec_timeout,
-                    )
-                    .with_cancel(cancel.clone());
-                    let router = router.clone();
-                    let task = tokio::spawn(async move { router.dispatch(call).await });
-                    dispatches.push(Dispatch {
-                        cancel,
-                        task: Some(task),
-                    });
+                    dispatches.push(dispatch(&router, &mut s));
                 }
             }
             // The session of a call is cancelled.
@@ -488,22 +425,22 @@ async fn drive(data: &[u8]) -> bool {
             9 => {
                 let at = s.pick(MAX_DISPATCHES);
                 let ack = s.pick(2) == 0;
-                if let Some(d) = dispatches.get_mut(at) {
-                    if d.task.as_ref().is_some_and(JoinHandle::is_finished) {
-                        let done = d
-                            .task
-                            .take()
-                            .expect("checked")
-                            .await
-                            .expect("a dispatch task");
-                        match done {
-                            Ok(completion) if ack => {
-                                let _ = completion.ack.ack();
-                            }
-                            Ok(completion) => unacked.push(completion),
-                            Err(failure) => {
-                                check_message("dispatch failure", &failure.to_string(), sent);
-                            }
+                if let Some(d) = dispatches.get_mut(at)
+                    && d.task.as_ref().is_some_and(JoinHandle::is_finished)
+                {
+                    let done = d
+                        .task
+                        .take()
+                        .expect("checked")
+                        .await
+                        .expect("a dispatch task");
+                    match done {
+                        Ok(completion) if ack => {
+                            let _ = completion.ack.ack();
+                        }
+                        Ok(completion) => unacked.push(completion),
+                        Err(failure) => {
+                            check_message("dispatch failure", &failure.to_string(), sent);
                         }
                     }
                 }
@@ -551,7 +488,83 @@ async fn drive(data: &[u8]) -> bool {
         check_router(&router);
     }
 
-    // Every stream goes away: its worker closes and stops reading.
+    finish(&router, streams, dispatches, unacked, sent).await
+}
+
+/// Client message `op` (1 to 6) of the script, as the server's codec hands it over.
+fn client_message(op: u8, s: &mut Script<'_>) -> Result<pb::WorkClientMsg, Status> {
+    match op {
+        1 => Ok(Some(Body::Register(register(s)))),
+        2 => Ok(Some(Body::Heartbeat(pb::WorkHeartbeat {}))),
+        3 => {
+            let call_id = CALL_IDS[s.pick(CALL_IDS.len())].to_owned();
+            let error = (s.pick(3) == 0).then(|| pb::WorkToolError {
+                code: "invalid_args".to_owned(),
+                message: "amount must be positive".to_owned(),
+            });
+            Ok(Some(Body::Result(pb::WorkToolResult {
+                call_id,
+                payload: payload(s),
+                error,
+            })))
+        }
+        4 => Ok(Some(Body::Nack(pb::WorkToolNack {
+            call_id: CALL_IDS[s.pick(CALL_IDS.len())].to_owned(),
+            code: ["unknown_handler", "", "busy"][s.pick(3)].to_owned(),
+            message: "refused".to_owned(),
+        }))),
+        5 => Ok(None),
+        _ => {
+            // Arbitrary bytes, decoded as the server's codec would: a decode error
+            // breaks the stream with the codec's status.
+            let len = usize::from(s.byte().unwrap_or(0));
+            pb::WorkClientMsg::decode(s.take(len))
+                .map(|m| m.body)
+                .map_err(|e| Status::internal(format!("decoding WorkClientMsg: {e}")))
+        }
+    }
+    .map(|body| pb::WorkClientMsg { body })
+}
+
+/// The runtime dispatches a call (operands: call id, tool, queue wait, execution timeout).
+fn dispatch(router: &Router, s: &mut Script<'_>) -> Dispatch {
+    let call_id = CALL_IDS[s.pick(4)].to_owned();
+    let (tool, version) = [(LOOKUP, "1.0.0"), (REFUND, ""), ("unknown.tool", "1")][s.pick(3)];
+    let invocation = Invocation {
+        call_id,
+        session_id: "s1".to_owned(),
+        agent_version_id: "av1".to_owned(),
+        turn: 1,
+        tool: tool.to_owned(),
+        version: version.to_owned(),
+        args: serde_json::json!({"order_id": "ORD-1"}),
+        side_effect_class: "read_only".to_owned(),
+        deadline_unix_ms: 0,
+    };
+    let queue_wait = Duration::from_millis(500 * u64::from(s.byte().unwrap_or(0) % 8));
+    let exec_timeout = match s.pick(3) {
+        0 => None,
+        n => Some(Duration::from_secs(3 * n as u64)),
+    };
+    let cancel = CancellationToken::new();
+    let call = DispatchCall::new(invocation, "support/refund-agent", queue_wait, exec_timeout)
+        .with_cancel(cancel.clone());
+    let router = router.clone();
+    let task = tokio::spawn(async move { router.dispatch(call).await });
+    Dispatch {
+        cancel,
+        task: Some(task),
+    }
+}
+
+/// Every stream goes away (its worker closes and stops reading), then the end checks.
+async fn finish(
+    router: &Router,
+    mut streams: Vec<Stream>,
+    dispatches: Vec<Dispatch>,
+    unacked: Vec<Completion>,
+    sent: usize,
+) -> bool {
     let mut accepted = false;
     for stream in &mut streams {
         if stream.first.is_none() {
