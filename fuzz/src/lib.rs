@@ -7,6 +7,12 @@
 //! Used by the cargo-fuzz binaries in `fuzz_targets/` and, on the stable toolchain, by the corpus
 //! replay test `tests/tests/fuzz_corpus.rs` (which includes this file), so the targets cannot rot.
 
+mod interactive_stream;
+mod work_stream;
+
+pub use interactive_stream::interactive_stream;
+pub use work_stream::work_stream;
+
 use std::cell::RefCell;
 use std::path::PathBuf;
 use std::sync::Arc;

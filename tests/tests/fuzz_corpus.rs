@@ -89,6 +89,16 @@ fn gate_signature_corpus_replays() {
 }
 
 #[test]
+fn work_stream_corpus_replays() {
+    replay("work_stream", bodies::work_stream);
+}
+
+#[test]
+fn interactive_stream_corpus_replays() {
+    replay("interactive_stream", bodies::interactive_stream);
+}
+
+#[test]
 fn every_fuzz_target_has_a_replayed_corpus() {
     // A new target in fuzz/Cargo.toml without a corpus and a replay test above fails here.
     let manifest =

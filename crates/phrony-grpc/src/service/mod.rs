@@ -11,7 +11,7 @@ mod audit;
 mod interactive;
 mod lifecycle;
 pub(crate) mod sessions;
-mod work;
+pub(crate) mod work;
 
 use std::future::Future;
 use std::time::Instant;

@@ -46,14 +46,19 @@ use tonic::Status;
 use crate::convert::{self, WorkerMessage};
 
 /// The router behind the Work stream, and the signal that ends every worker stream.
+///
+/// The daemon reaches it only through [`crate::RuntimeService`]; it is `pub` (hidden) so the
+/// `work_stream` fuzz target drives the real Work-stream handling without a network socket.
 #[derive(Debug, Clone)]
-pub(crate) struct WorkHub {
+pub struct WorkHub {
     router: Router,
     stop: CancellationToken,
 }
 
 impl WorkHub {
-    pub(crate) fn new(router: Router) -> Self {
+    /// A hub over `router`.
+    #[must_use]
+    pub fn new(router: Router) -> Self {
         Self {
             router,
             stop: CancellationToken::new(),
@@ -66,7 +71,7 @@ impl WorkHub {
 
     /// Ends every open Work stream with `OK` (after the messages already queued for it) and
     /// refuses streams that have not registered yet.
-    pub(crate) fn stop(&self) {
+    pub fn stop(&self) {
         self.stop.cancel();
     }
 
@@ -76,7 +81,11 @@ impl WorkHub {
     /// A verified `principal` (see the module docs) is held to its credential: every handler
     /// must satisfy [`Principal::may_serve`], the worker id is bound to the credential, and
     /// the allowlist's workload identity is the principal's name.
-    pub(crate) async fn open<S>(
+    ///
+    /// # Errors
+    /// The stream's status when the first message is not a valid register, none comes within
+    /// the lease, the runtime is stopping, or the router refuses the registration.
+    pub async fn open<S>(
         &self,
         mut inbound: S,
         principal: &Principal,
@@ -277,7 +286,7 @@ async fn read_worker_messages<S>(
 ///
 /// Ends with the status of a refused client message, with the router's status when it drops
 /// the worker, or with `OK` when the connection closes or the daemon stops.
-pub(crate) struct WorkResponse {
+pub struct WorkResponse {
     worker_id: String,
     outbox: Outbox,
     /// A protocol error found by the reader task; `None` once it reported or finished.
@@ -285,6 +294,15 @@ pub(crate) struct WorkResponse {
     /// Completes when the daemon stops.
     stop: Pin<Box<dyn Future<Output = ()> + Send>>,
     done: bool,
+}
+
+impl std::fmt::Debug for WorkResponse {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkResponse")
+            .field("worker_id", &self.worker_id)
+            .field("done", &self.done)
+            .finish_non_exhaustive()
+    }
 }
 
 impl WorkResponse {
