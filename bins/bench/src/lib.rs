@@ -194,6 +194,7 @@ fn backend_name(backend: Backend) -> &'static str {
     match backend {
         Backend::Sqlite => "sqlite",
         Backend::Postgres => "postgres",
+        Backend::PrivatePostgres => "postgres (private cluster)",
     }
 }
 
