@@ -11,7 +11,10 @@ use serde_json::Value;
 
 /// Packages that exist only for tests (dev-dependencies, test binaries): the layering rules on
 /// normal builds do not apply to them.
-const DEV_ONLY: &[&str] = &["tests", "phrony-test-support"];
+/// Packages that are never shipped nor depended on by shipped code: the tests, their helpers,
+/// and the load benchmark (`phrony-bench` drives the real daemon and measures a raw SQLite
+/// baseline, so it needs the test helpers and sqlx).
+const DEV_ONLY: &[&str] = &["tests", "phrony-test-support", "phrony-bench"];
 
 fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
