@@ -17,7 +17,9 @@ use crate::model::{
     Agent, AgentRef, AgentVersion, ArchivedAgent, Deployment, DeploymentAction, Event,
     NewAgentVersion, Published, RetiredVersion,
 };
-use crate::rows::{VERSION_SELECT, find_version_by_id, version_from_row};
+use crate::rows::{
+    VERSION_SELECT, archived_cannot_run, find_version_by_id, version_cannot_run, version_from_row,
+};
 
 use crate::event_body::{
     AgentActivated, AgentActivationRefused, AgentArchived, AgentVersionChanged,
@@ -593,9 +595,7 @@ pub(crate) async fn runnable(
 ) -> Result<AgentVersion> {
     let agent = require_agent(conn, agent_ref).await?;
     if agent.archived_at.is_some() {
-        return Err(LedgerError::precondition(format!(
-            "agent {agent_ref} is archived and cannot be run"
-        )));
+        return Err(archived_cannot_run(agent_ref));
     }
     let active = active_deployment(conn, agent.id)
         .await?
@@ -616,18 +616,10 @@ pub(crate) async fn runnable(
                 active.version_id
             ))
         })?;
-    for (at, what) in [
-        (target.retired_at, "retired"),
-        (target.deprecated_at, "deprecated"),
-    ] {
-        if at.is_some() {
-            return Err(LedgerError::precondition(format!(
-                "agent {agent_ref} version {:?} is {what} and cannot be run",
-                target.version
-            )));
-        }
+    match version_cannot_run(&target) {
+        Some(refusal) => Err(refusal),
+        None => Ok(target),
     }
-    Ok(target)
 }
 
 // ---------------------------------------------------------------------------------------------

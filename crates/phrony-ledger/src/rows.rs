@@ -301,6 +301,28 @@ pub(crate) fn version_from_row(row: &Row) -> Result<AgentVersion> {
     })
 }
 
+/// `agent ns/name is archived and cannot be run`: a new session of an archived agent.
+pub(crate) fn archived_cannot_run(agent: &AgentRef) -> LedgerError {
+    LedgerError::precondition(format!("agent {agent} is archived and cannot be run"))
+}
+
+/// `agent ns/name version "v" is retired|deprecated and cannot be run`, or `None` when the
+/// version may run. One rule for `Ledger::runnable_version` and the session create's own check.
+pub(crate) fn version_cannot_run(version: &AgentVersion) -> Option<LedgerError> {
+    [
+        (version.retired_at, "retired"),
+        (version.deprecated_at, "deprecated"),
+    ]
+    .into_iter()
+    .find(|(at, _)| at.is_some())
+    .map(|(_, what)| {
+        LedgerError::precondition(format!(
+            "agent {} version {:?} is {what} and cannot be run",
+            version.agent, version.version
+        ))
+    })
+}
+
 pub(crate) async fn find_version_by_id(
     conn: &mut Conn<'_>,
     id: Uuid,

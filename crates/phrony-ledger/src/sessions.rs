@@ -414,16 +414,11 @@ async fn check_live_sessions(tx: &mut Tx, agent: &AgentVersionRef, max: u64) -> 
 }
 
 /// A top-level session of a published version may only start while the agent is not archived
-/// and the version not retired — checked again here, in the create's transaction under
-/// [`lock_agent_sessions`], because the caller's earlier check ([`Ledger::runnable_version`])
-/// may have raced with an archive or a retire whose cascade then missed the new session.
+/// and the version neither retired nor deprecated (the rule of [`Ledger::runnable_version`]) —
+/// checked again here, in the create's transaction under [`lock_agent_sessions`], because the
+/// caller's earlier check may have raced with an archive or a retire whose cascade then missed
+/// the new session.
 async fn check_still_runnable(tx: &mut Tx, version: &crate::model::AgentVersion) -> Result<()> {
-    if version.retired_at.is_some() {
-        return Err(LedgerError::precondition(format!(
-            "agent {} version {:?} is retired and cannot be run",
-            version.agent, version.version
-        )));
-    }
     let archived = tx
         .conn()
         .fetch_optional(
@@ -433,13 +428,11 @@ async fn check_still_runnable(tx: &mut Tx, version: &crate::model::AgentVersion)
         )
         .await?
         .is_some();
+    // The agent first, as `runnable_version` does (an archive also deprecates every version).
     if archived {
-        return Err(LedgerError::precondition(format!(
-            "agent {} is archived and cannot be run",
-            version.agent
-        )));
+        return Err(rows::archived_cannot_run(&version.agent));
     }
-    Ok(())
+    rows::version_cannot_run(version).map_or(Ok(()), Err)
 }
 
 async fn create(tx: &mut Tx, new: &NewSession, max_live_per_agent: Option<u64>) -> Result<Session> {
