@@ -1,7 +1,6 @@
 //! The scenarios against one daemon: closed loop per concurrency, then parked sessions and an
 //! approval burst.
 
-use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -10,10 +9,11 @@ use phrony_client::interactive::SessionEvent;
 use phrony_client::{
     AgentName, ApprovalFilter, Client, DecideApproval, Decision, RunSession, SessionFilter,
 };
+use phrony_test_support::stub::{one_refund_turns, write_refund_agent_named};
 use phrony_test_support::worker::RefundWorker;
 use serde_json::{Value, json};
 use tests::daemon::{Backend, Daemon};
-use tests::stub::{publish_and_deploy, write_refund_agent};
+use tests::stub::publish_and_deploy;
 
 use crate::stats::Latencies;
 use crate::{BenchError, ClosedLoop, Parked, Plan, Report, backend_name, baseline, rss_mb};
@@ -28,32 +28,6 @@ const PHASE_GUARD: Duration = Duration::from_secs(600);
 const PER_WORKER: usize = 4;
 /// Concurrent voters in the approval burst.
 const VOTERS: usize = 64;
-
-fn turns(amount: u32) -> Value {
-    json!([
-        [
-            {"type": "tool_call", "name": "issue_refund",
-             "args": {"order_id": "ORD-1", "amount": amount, "currency": "EUR",
-                      "reason": "The item arrived damaged."}},
-            {"type": "completed", "stop_reason": "tool_use"}
-        ],
-        [
-            {"type": "text_delta", "text": "The refund was handled."},
-            {"type": "completed", "stop_reason": "end_turn"}
-        ]
-    ])
-}
-
-/// Writes the tutorial's refund agent, renamed `support/<name>`, with a script of one refund.
-fn write_agent(dir: &Path, name: &str, amount: u32) -> Result<(), BenchError> {
-    write_refund_agent(dir, &turns(amount));
-    let manifest = dir.join("agent.yaml");
-    let text = std::fs::read_to_string(&manifest)
-        .map_err(|e| BenchError::new(format!("read {}: {e}", manifest.display())))?;
-    let renamed = text.replacen("name: refund-agent", &format!("name: {name}"), 1);
-    std::fs::write(&manifest, renamed)
-        .map_err(|e| BenchError::new(format!("write {}: {e}", manifest.display())))
-}
 
 /// Runs every scenario on a fresh daemon of `backend` and adds the figures to `report`.
 ///
@@ -82,7 +56,11 @@ pub(crate) fn backend(
         let dir = project.path().join(agent);
         std::fs::create_dir_all(&dir)
             .map_err(|e| BenchError::new(format!("mkdir {}: {e}", dir.display())))?;
-        write_agent(&dir, agent, amount)?;
+        write_refund_agent_named(
+            &dir,
+            agent,
+            &one_refund_turns("ORD-1", amount, "The item arrived damaged."),
+        );
         publish_and_deploy(&daemon, &dir, &format!("support/{agent}"));
     }
     let max = plan.concurrency.iter().copied().max().unwrap_or(1);

@@ -90,3 +90,35 @@ pub fn write_refund_agent(dir: &Path, turns: &Value) {
         .unwrap_or_else(|e| panic!("write {}: {e}", manifest.display()));
     write_stub_script(dir, turns);
 }
+
+/// The stub script of one refund: a call of `issue_refund` with `{order_id, amount, "EUR",
+/// reason}`, then a closing text once the tool result is back (see [`write_stub_script`]).
+#[must_use]
+pub fn one_refund_turns(order_id: &str, amount: u32, reason: &str) -> Value {
+    json!([
+        [
+            {"type": "tool_call", "name": "issue_refund",
+             "args": {"order_id": order_id, "amount": amount, "currency": "EUR", "reason": reason}},
+            {"type": "completed", "stop_reason": "tool_use"}
+        ],
+        [
+            {"type": "text_delta", "text": "The refund was handled."},
+            {"type": "completed", "stop_reason": "end_turn"}
+        ]
+    ])
+}
+
+/// [`write_refund_agent`], the agent renamed `support/<name>` (same tool, policy and version),
+/// for tests and tools that deploy several refund agents with different scripts side by side.
+///
+/// # Panics
+/// As [`write_refund_agent`].
+pub fn write_refund_agent_named(dir: &Path, name: &str, turns: &Value) {
+    write_refund_agent(dir, turns);
+    let manifest = dir.join("agent.yaml");
+    std::fs::write(
+        &manifest,
+        REFUND_AGENT_YAML.replacen("name: refund-agent", &format!("name: {name}"), 1),
+    )
+    .unwrap_or_else(|e| panic!("write {}: {e}", manifest.display()));
+}

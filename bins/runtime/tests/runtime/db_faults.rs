@@ -13,7 +13,7 @@ use pb::runtime_client::RuntimeClient;
 use phrony_proto::runtime::v1 as pb;
 use phrony_test_support::private_postgres::{PrivatePostgres, StopMode};
 use phrony_test_support::small_fs::SmallFs;
-use phrony_test_support::stub::write_refund_agent;
+use phrony_test_support::stub::{one_refund_turns, write_refund_agent_named};
 use phrony_test_support::worker::RefundWorker;
 use serde_json::{Value, json};
 use tonic::metadata::MetadataValue;
@@ -44,28 +44,12 @@ fn agent(name: &str) -> pb::AgentRef {
 /// The refund agent on the stub model, named `name`, refunding `amount` for `order_id` and then
 /// answering; compiled to the snapshot the CLI would publish.
 fn snapshot(dir: &Path, name: &str, order_id: &str, amount: u32) -> Vec<u8> {
-    write_refund_agent(
+    write_refund_agent_named(
         dir,
-        &json!([
-            [
-                {"type": "tool_call", "name": "issue_refund",
-                 "args": {"order_id": order_id, "amount": amount, "currency": "EUR",
-                          "reason": "The parcel never arrived."}},
-                {"type": "completed", "stop_reason": "tool_use"}
-            ],
-            [
-                {"type": "text_delta", "text": "The refund was handled."},
-                {"type": "completed", "stop_reason": "end_turn"}
-            ]
-        ]),
+        name,
+        &one_refund_turns(order_id, amount, "The parcel never arrived."),
     );
     let manifest = dir.join("agent.yaml");
-    let yaml = std::fs::read_to_string(&manifest).unwrap();
-    std::fs::write(
-        &manifest,
-        yaml.replacen("name: refund-agent", &format!("name: {name}"), 1),
-    )
-    .unwrap();
     phrony_manifest::load_agent(&manifest)
         .unwrap_or_else(|d| panic!("the outage agent does not compile:\n{d}"))
         .agent

@@ -13,9 +13,8 @@ use std::time::Duration;
 use crate::support::{Launch, agent_ref, sqlite_url};
 use pb::runtime_client::RuntimeClient;
 use phrony_proto::runtime::v1 as pb;
-use phrony_test_support::stub::write_refund_agent;
+use phrony_test_support::stub::{one_refund_turns, write_refund_agent};
 use phrony_test_support::worker::RefundWorker;
-use serde_json::json;
 use tonic::Code;
 use tonic::transport::Channel;
 use tonic_health::pb::health_check_response::ServingStatus;
@@ -68,21 +67,6 @@ impl Drop for Locker {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn refund_turns() -> serde_json::Value {
-    json!([
-        [
-            {"type": "tool_call", "name": "issue_refund",
-             "args": {"order_id": "ORD-1", "amount": 400, "currency": "EUR",
-                      "reason": "The item arrived damaged."}},
-            {"type": "completed", "stop_reason": "tool_use"}
-        ],
-        [
-            {"type": "text_delta", "text": "The refund was issued."},
-            {"type": "completed", "stop_reason": "end_turn"}
-        ]
-    ])
 }
 
 async fn session_status(client: &mut RuntimeClient<Channel>, id: &str) -> String {
@@ -150,7 +134,10 @@ async fn a_sqlite_lock_held_by_another_process_turns_health_not_serving_and_noth
     let mut daemon = daemon;
     let mut client = daemon.client().await;
     let project = home.path().join("agent");
-    write_refund_agent(&project, &refund_turns());
+    write_refund_agent(
+        &project,
+        &one_refund_turns("ORD-1", 400, "The item arrived damaged."),
+    );
     let snapshot = phrony_manifest::load_agent(project.join("agent.yaml"))
         .unwrap_or_else(|d| panic!("the refund agent does not compile:\n{d}"))
         .agent
