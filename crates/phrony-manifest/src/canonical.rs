@@ -94,7 +94,8 @@ pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
 }
 
 /// A free-form JSON value (inline schemas, conditions, runtime maps) whose objects serialize
-/// with sorted keys, like a Go `map[string]any`.
+/// with sorted keys, like a Go `map[string]any`. Build it with `From` (and read it with serde):
+/// both give the value its canonical shape, so a value equals its own written-and-read copy.
 #[derive(Clone, PartialEq, Default)]
 pub struct Json(pub serde_json::Value);
 
@@ -105,8 +106,9 @@ impl fmt::Debug for Json {
 }
 
 impl From<serde_json::Value> for Json {
+    /// The value in its canonical shape (see [`normalize`]).
     fn from(v: serde_json::Value) -> Self {
-        Self(v)
+        Self(normalize(v))
     }
 }
 
@@ -143,8 +145,47 @@ impl Serialize for Json {
 }
 
 impl<'de> Deserialize<'de> for Json {
+    /// Reads a value in its canonical shape (see [`normalize`]), so that reading what
+    /// [`to_vec`] wrote gives back an equal value: the canonical form is a fixed point.
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        serde_json::Value::deserialize(d).map(Json)
+        serde_json::Value::deserialize(d).map(|v| Json(normalize(v)))
+    }
+}
+
+/// The canonical shape of a free-form value: a float with an integral value that fits an
+/// integer becomes that integer (the reference runtime reads every JSON number as a Go
+/// `float64`, so `50`, `50.0` and `50.00` are one number, and [`go_float`] writes all three as
+/// `50`, which reads back as an integer), and object keys are in sorted order (they are written
+/// sorted; this keeps an in-memory value equal to its re-read whatever map type serde_json uses).
+pub(crate) fn normalize(v: serde_json::Value) -> serde_json::Value {
+    use serde_json::{Number, Value};
+    match v {
+        Value::Number(n) => match n.as_f64() {
+            Some(f) if n.is_f64() && f.fract() == 0.0 => {
+                // An integral f64 inside these bounds converts exactly (2^64 and -2^63 are exact
+                // in f64; `as` would saturate outside them).
+                if (0.0..18_446_744_073_709_551_616.0).contains(&f) {
+                    Value::Number(Number::from(f as u64))
+                } else if (-9_223_372_036_854_775_808.0..0.0).contains(&f) {
+                    Value::Number(Number::from(f as i64))
+                } else {
+                    Value::Number(n)
+                }
+            }
+            _ => Value::Number(n),
+        },
+        Value::Array(items) => Value::Array(items.into_iter().map(normalize).collect()),
+        Value::Object(map) => {
+            let mut entries: Vec<_> = map.into_iter().collect();
+            entries.sort_by(|a, b| a.0.cmp(&b.0));
+            Value::Object(
+                entries
+                    .into_iter()
+                    .map(|(k, v)| (k, normalize(v)))
+                    .collect(),
+            )
+        }
+        other => other,
     }
 }
 
@@ -178,6 +219,36 @@ mod tests {
         for (v, want) in cases {
             assert_eq!(go_float(v), want, "{v}");
         }
+    }
+
+    #[test]
+    fn integral_floats_read_as_integers_and_the_written_form_is_a_fixed_point() {
+        let read = |text: &str| serde_json::from_str::<Json>(text).unwrap();
+        assert_eq!(read("50.00"), Json(json!(50)));
+        assert_eq!(read("-3.0"), Json(json!(-3)));
+        assert_eq!(read("-0.0"), Json(json!(0)));
+        assert_eq!(read("1.5"), Json(json!(1.5)));
+        // Out of the integer ranges: stays a float, written and read back alike.
+        for text in [
+            "18446744073709551616.0",
+            "1e20",
+            "-9223372036854775809.0",
+            "18446744073709551615",
+            "-9223372036854775808.0",
+            "1.5e-7",
+            "{\"b\":[2.50,{\"z\":1,\"a\":7.0}],\"a\":1e300}",
+        ] {
+            let first = read(text);
+            let written = to_vec(&first).unwrap();
+            let second: Json = serde_json::from_slice(&written).unwrap();
+            assert_eq!(second, first, "{text}");
+            assert_eq!(to_vec(&second).unwrap(), written, "{text}");
+        }
+        assert_eq!(read("-9223372036854775808.0"), Json(json!(i64::MIN)));
+        assert_eq!(
+            to_vec(&read("18446744073709551616.0")).unwrap(),
+            b"18446744073709552000"
+        );
     }
 
     #[test]

@@ -278,7 +278,7 @@ fn resolve_schema(
         let value = s.inline.clone()?;
         let inline_at = format!("{at}.inline");
         return match check_schema(&value) {
-            Ok(()) => Some(Json(value)),
+            Ok(()) => Some(Json::from(value)),
             Err(p) => {
                 let path = if p.path.is_empty() {
                     inline_at
@@ -317,7 +317,7 @@ fn resolve_schema(
         }
     };
     match check_schema(&value) {
-        Ok(()) => Some(Json(value)),
+        Ok(()) => Some(Json::from(value)),
         Err(p) => {
             let inner = if p.path.is_empty() {
                 String::new()
@@ -727,7 +727,7 @@ fn assemble(
     let model = spec.model.clone().unwrap_or_default();
     let json_map = |m: &BTreeMap<String, serde_json::Value>| -> BTreeMap<String, Json> {
         m.iter()
-            .map(|(k, v)| (k.clone(), Json(v.clone())))
+            .map(|(k, v)| (k.clone(), Json::from(v.clone())))
             .collect()
     };
     CompiledAgent {
@@ -944,7 +944,7 @@ fn compile_delegation(
             &format!("{base}.input_schema"),
             &mut src.diags(out),
         )?,
-        None => Json(default_delegation_schema()),
+        None => Json::from(default_delegation_schema()),
     };
     let wire_name = if blank(&a.wire_name) {
         parsed.default_wire_name()
@@ -1026,7 +1026,7 @@ fn compiled_from_doc(doc: &PolicyDoc, scope: String) -> CompiledPolicy {
             .conditions
             .clone()
             .filter(|c| !c.is_null() && c.as_object().is_none_or(|m| !m.is_empty()))
-            .map(Json),
+            .map(Json::from),
         authority_ref: d.authority_ref.clone(),
         approvals_required: if is_approval(&d.kind) { n.max(1) } else { n },
         reason: d.reason.clone(),
@@ -1041,7 +1041,7 @@ fn compiled_from_doc(doc: &PolicyDoc, scope: String) -> CompiledPolicy {
         runtime: d
             .runtime
             .iter()
-            .map(|(k, v)| (k.clone(), Json(v.clone())))
+            .map(|(k, v)| (k.clone(), Json::from(v.clone())))
             .collect(),
         allow_field: doc.spec.allow_field.trim().to_owned(),
         namespace: doc.metadata.namespace.clone(),

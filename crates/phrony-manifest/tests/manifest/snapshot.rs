@@ -207,3 +207,46 @@ fn snapshots_with_names_the_runtime_refuses_do_not_validate() {
         ]
     );
 }
+
+/// Fuzz finding (`snapshot_json`, 10-minute run): the snapshot's canonical form must be a fixed
+/// point, or a compiled snapshot's content hash changes the next time it is read and written.
+/// Two ways it was not: a float written with trailing zeros (`50.00`) read as a float, was written
+/// as `50` and read back as an integer; and an inline schema with unsorted keys read back with
+/// its keys in another order.
+#[test]
+fn a_snapshot_read_and_written_again_is_a_fixed_point() {
+    let refund = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../fuzz/corpus/snapshot_json/refund-ce2b1c6cef0029f5"),
+    )
+    .unwrap();
+    let found = refund
+        .replacen(r#""value":5000"#, r#""value":50.00"#, 1)
+        .replacen(
+            r#""properties":{"#,
+            r#""ordel":{"provider":"openai","name":"gpting"},"properties":{"#,
+            1,
+        );
+    assert_ne!(found, refund, "the corpus file changed; update the edits");
+    for (what, input) in [
+        ("the fuzz finding", found.as_str()),
+        ("the corpus", &refund),
+    ] {
+        let first = CompiledAgent::from_snapshot_json(input.as_bytes()).unwrap();
+        let written = first.snapshot_json();
+        let second = CompiledAgent::from_snapshot_json(&written).unwrap();
+        assert_eq!(second, first, "{what}: the round trip changed the agent");
+        assert_eq!(second.snapshot_json(), written, "{what}: not a fixed point");
+        assert_eq!(second.content_hash(), first.content_hash(), "{what}");
+    }
+    // Integral floats and integers are one number, as in the reference runtime (Go reads every
+    // JSON number as a float64): `50.00`, `50.0` and `50` hash alike.
+    let hash = |value: &str| {
+        CompiledAgent::from_snapshot_json(refund.replacen("5000", value, 1).as_bytes())
+            .unwrap()
+            .content_hash()
+    };
+    assert_eq!(hash("50.00"), hash("50"));
+    assert_eq!(hash("50.0"), hash("50"));
+    assert_ne!(hash("50.5"), hash("50"));
+}
