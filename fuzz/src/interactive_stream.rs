@@ -397,6 +397,9 @@ fn check_status(status: &Status, sent: usize) {
                 | Code::PermissionDenied
                 | Code::Unimplemented
                 | Code::ResourceExhausted
+                // A frame announcing more than the 4 MiB message bound (tonic's decoder; the
+                // README's Limits table).
+                | Code::OutOfRange
                 | Code::Unavailable
                 | Code::Internal
         ),
