@@ -31,6 +31,16 @@ pub enum DispatchError {
     /// The register message has an empty `worker_id`.
     #[error("worker_id is required")]
     WorkerIdRequired,
+    /// A registration field is past its bound or holds control characters (worker ids, tool
+    /// names and versions land in audit events and logs): `field` names it, `problem` says
+    /// what is wrong.
+    #[error("{field} {problem}")]
+    RegistrationFieldInvalid {
+        /// `worker_id`, `handlers[i].tool`, `handlers`, … as in the register message.
+        field: String,
+        /// What is wrong, with the bound.
+        problem: String,
+    },
     /// The daemon is stopping and accepts no registrations.
     #[error("tool worker registry is shutting down")]
     ShuttingDown,
@@ -157,6 +167,7 @@ impl DispatchError {
     pub fn status(&self) -> StatusClass {
         match self {
             Self::WorkerIdRequired
+            | Self::RegistrationFieldInvalid { .. }
             | Self::ShuttingDown
             | Self::HandlerToolRequired { .. }
             | Self::HandlerVersionRequired { .. }

@@ -69,7 +69,10 @@ pub use hooks::{
     AbandonReason, CompletedCalls, DispatchJournal, HookError, LateOutcome, LateReason, LateResult,
     RouterEvent, RouterObserver,
 };
-pub use router::{Completion, DispatchCall, Router, RouterBuilder};
+pub use router::{
+    Completion, DispatchCall, MAX_HANDLERS, MAX_IN_FLIGHT_REPORTED, MAX_REGISTRATION_NAME_BYTES,
+    Router, RouterBuilder,
+};
 pub use snapshot::{HandlerSnapshot, QueueSnapshot, RouterSnapshot, WorkerSnapshot};
 pub use tokio_util::sync::CancellationToken;
 pub use types::{

@@ -676,15 +676,56 @@ impl Drop for AttemptGuard<'_> {
     }
 }
 
+/// The longest worker id, advertised tool name or version (bytes).
+pub const MAX_REGISTRATION_NAME_BYTES: usize = 256;
+/// The most handlers one registration may advertise.
+pub const MAX_HANDLERS: usize = 1024;
+/// The most in-flight call ids one registration may report.
+pub const MAX_IN_FLIGHT_REPORTED: usize = 65_536;
+
+/// A worker id, tool or version: at most [`MAX_REGISTRATION_NAME_BYTES`], no control characters
+/// (they are written to audit events and log lines, where a newline could forge a line).
+fn check_name(field: impl FnOnce() -> String, value: &str) -> Result<(), DispatchError> {
+    let problem = if value.len() > MAX_REGISTRATION_NAME_BYTES {
+        format!(
+            "is {} bytes long; the limit is {MAX_REGISTRATION_NAME_BYTES}",
+            value.len()
+        )
+    } else if let Some(c) = value.chars().find(|c| c.is_control()) {
+        format!("contains the control character {c:?}")
+    } else {
+        return Ok(());
+    };
+    Err(DispatchError::RegistrationFieldInvalid {
+        field: field(),
+        problem,
+    })
+}
+
+fn check_count(field: &str, count: usize, limit: usize) -> Result<(), DispatchError> {
+    if count > limit {
+        return Err(DispatchError::RegistrationFieldInvalid {
+            field: field.to_owned(),
+            problem: format!("has {count} entries; the limit is {limit}"),
+        });
+    }
+    Ok(())
+}
+
 fn validate_hello(hello: &WorkerHello) -> Result<(), DispatchError> {
     if hello.worker_id.trim().is_empty() {
         return Err(DispatchError::WorkerIdRequired);
     }
+    check_name(|| "worker_id".to_owned(), &hello.worker_id)?;
+    check_count("handlers", hello.handlers.len(), MAX_HANDLERS)?;
+    check_count("in_flight", hello.in_flight.len(), MAX_IN_FLIGHT_REPORTED)?;
     let mut seen: HashMap<String, usize> = HashMap::new();
     for (index, ad) in hello.handlers.iter().enumerate() {
         if ad.tool.trim().is_empty() {
             return Err(DispatchError::HandlerToolRequired { index });
         }
+        check_name(|| format!("handlers[{index}].tool"), &ad.tool)?;
+        check_name(|| format!("handlers[{index}].version"), &ad.version)?;
         if ad.version.trim().is_empty() {
             return Err(DispatchError::HandlerVersionRequired {
                 index,

@@ -693,7 +693,41 @@ async fn malformed_registrations_and_messages_are_refused_with_clear_errors() {
     })
     .await;
     assert_eq!(err.to_string(), "in_flight[1].call_id is required");
+    // Names land in audit events and log lines: bounded, no control characters.
+    let long = "w".repeat(phrony_dispatch::MAX_REGISTRATION_NAME_BYTES + 1);
+    let err = refused(hello(&long, vec![])).await;
+    assert_eq!(
+        err.to_string(),
+        "worker_id is 257 bytes long; the limit is 256"
+    );
+    assert_eq!(err.status(), StatusClass::InvalidArgument);
+    let err = refused(hello("w\nINFO forged", vec![])).await;
+    assert_eq!(
+        err.to_string(),
+        "worker_id contains the control character '\\n'"
+    );
+    let err = refused(hello("w", vec![handler(TOOL, "1.0\u{1b}[2J", 1)])).await;
+    assert_eq!(
+        err.to_string(),
+        "handlers[0].version contains the control character '\\u{1b}'"
+    );
+    let many: Vec<HandlerAd> = (0..=phrony_dispatch::MAX_HANDLERS)
+        .map(|i| handler(&format!("tool.n{i}"), VERSION, 1))
+        .collect();
+    let err = refused(hello("w", many)).await;
+    assert_eq!(
+        err.to_string(),
+        "handlers has 1025 entries; the limit is 1024"
+    );
     assert!(router.snapshot().workers.is_empty());
+    // At the bound, a name is accepted.
+    let at_bound = "w".repeat(phrony_dispatch::MAX_REGISTRATION_NAME_BYTES);
+    let other = crate::common::router();
+    let _registered = other
+        .connect(hello(&at_bound, vec![handler(TOOL, VERSION, 1)]))
+        .await
+        .unwrap();
+    assert_eq!(other.snapshot().workers.len(), 1);
 
     let worker = FakeWorker::simple(&router, "w", 1).await;
     let err = worker
