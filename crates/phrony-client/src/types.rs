@@ -53,9 +53,11 @@ pub struct RuntimeVersion {
 /// The runtime's gRPC health (`grpc.health.v1`) for the runtime service.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Health {
-    /// The runtime serves and its database answers.
+    /// The runtime serves, and its database took a durable write at the last probe (or
+    /// since: every write the runtime makes counts).
     Serving,
-    /// The runtime is up but not serving (e.g. its database does not answer).
+    /// The runtime is up but cannot serve: its database cannot take a durable write (down,
+    /// locked by another process past the busy timeout, full disk), or it is shutting down.
     NotServing,
     /// The health service gave no usable answer.
     Unknown,

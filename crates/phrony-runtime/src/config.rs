@@ -247,6 +247,19 @@ pub struct Settings {
     )]
     pub(crate) sqlite_busy_timeout: Option<String>,
 
+    /// How long `serve` waits at start-up for a PostgreSQL database it cannot reach (connection
+    /// refused, server starting or shutting down, too many connections), retrying with backoff
+    /// while health answers NOT_SERVING, before it gives up and exits 1. A SQLite file that
+    /// cannot be opened is a configuration error and fails at once. Seconds or a duration;
+    /// `0` does not wait. [default: 5m]
+    #[arg(
+        long,
+        env = "RUNTIME_DATABASE_START_TIMEOUT",
+        value_name = "DURATION",
+        global = true
+    )]
+    pub(crate) database_start_timeout: Option<String>,
+
     /// TLS certificate chain (PEM) of the gRPC listener; with RUNTIME_TLS_KEY it turns TLS on.
     #[arg(long, env = "RUNTIME_TLS_CERT", value_name = "FILE", global = true)]
     pub(crate) tls_cert: Option<std::ffi::OsString>,
@@ -420,6 +433,18 @@ impl Settings {
         })
     }
 
+    /// `RUNTIME_DATABASE_START_TIMEOUT` (default 5 minutes; `0`: do not wait).
+    pub(crate) fn database_start_timeout(&self) -> anyhow::Result<std::time::Duration> {
+        if self.database_start_timeout.as_deref().map(str::trim) == Some("0") {
+            return Ok(std::time::Duration::ZERO);
+        }
+        crate::workers::duration(
+            "RUNTIME_DATABASE_START_TIMEOUT",
+            self.database_start_timeout.as_deref(),
+            std::time::Duration::from_secs(300),
+        )
+    }
+
     /// Where a generated key is kept: beside the SQLite file, else in the data directory.
     pub(crate) fn key_file(&self, env: &Env, db: &Database) -> PathBuf {
         let dir = match db.sqlite_file.as_deref().and_then(Path::parent) {
@@ -535,6 +560,7 @@ mod tests {
             max_queued_user_messages: None,
             max_sessions_per_agent: None,
             sqlite_busy_timeout: None,
+            database_start_timeout: None,
             tls_cert: None,
             tls_key: None,
             tls_client_ca: None,

@@ -2,6 +2,8 @@
 
 use crate::serve::{self, ServeError};
 use crate::serve_config::ServeConfig;
+use std::time::Duration;
+
 use anyhow::Context as _;
 use phrony_ledger::{Backend, Ledger, LedgerError};
 
@@ -12,13 +14,15 @@ use crate::config::{Database, Env, Settings};
 pub fn serve(settings: &Settings, env: &Env) -> anyhow::Result<()> {
     tokio_runtime()?.block_on(async {
         // Before anything slow, so a signal during start-up is a clean stop too.
-        let shutdown = shutdown_signal()?;
+        let mut shutdown = Box::pin(shutdown_signal()?);
         let db = settings.database(env);
         let configured_key = settings.configured_secrets_key()?;
         let workers = settings.workers()?;
+        let ledger_options = settings.ledger_options()?;
+        let database_wait = settings.database_start_timeout()?;
         let tls = settings.tls()?;
         let oidc = settings.oidc()?;
-        let listener = serve::bind(&settings.grpc_addr)
+        let mut listener = serve::bind(&settings.grpc_addr)
             .await
             .map_err(|e| match e {
                 ServeError::AddrInUse { addr } => {
@@ -37,7 +41,14 @@ pub fn serve(settings: &Settings, env: &Env) -> anyhow::Result<()> {
         let auth_configured = oidc.is_some() || tls.as_ref().is_some_and(|t| t.clients.is_some());
         let auth =
             crate::auth::resolve_mode(settings.auth, auth_configured, listener.local_addr())?;
-        let ledger = open_ledger(&db, settings.ledger_options()?).await?;
+        // Health checks get NOT_SERVING (not a silent port) until the server runs.
+        listener.serve_starting(tls.as_ref().map(|t| t.server.clone()))?;
+        let Some(ledger) =
+            open_ledger_waiting(&db, ledger_options, database_wait, &mut shutdown).await?
+        else {
+            tracing::info!("stopped while waiting for the database");
+            return Ok(());
+        };
         let (audit_key, key_file) =
             crate::audit::load_key(&settings.audit_key_file(env, &db), true)?;
         let ledger = ledger.with_audit_key(audit_key);
@@ -139,20 +150,88 @@ pub fn tokens(
     })
 }
 
+/// The first wait between two attempts of [`open_ledger_waiting`]; it doubles up to
+/// [`OPEN_RETRY_MAX`].
+const OPEN_RETRY_FIRST: Duration = Duration::from_millis(250);
+const OPEN_RETRY_MAX: Duration = Duration::from_secs(5);
+
+/// [`open_ledger`], waiting up to `wait` for a PostgreSQL database that is unreachable
+/// ([`LedgerError::Unavailable`]: refused, starting, shutting down, out of connections) and
+/// retrying with backoff; `None` when `shutdown` completed first. Any other failure, and any
+/// failure of a SQLite file (a path problem, not an outage), is returned at once.
+async fn open_ledger_waiting(
+    db: &Database,
+    options: phrony_ledger::LedgerOptions,
+    wait: Duration,
+    shutdown: &mut (impl Future<Output = ()> + Unpin),
+) -> anyhow::Result<Option<Ledger>> {
+    let deadline = tokio::time::Instant::now() + wait;
+    let mut backoff = OPEN_RETRY_FIRST;
+    let mut retries = 0u32;
+    loop {
+        let attempt = tokio::select! {
+            attempt = try_open(db, options.clone()) => attempt,
+            () = &mut *shutdown => return Ok(None),
+        };
+        let (error, report) = match attempt {
+            Ok(ledger) => {
+                if retries > 0 {
+                    tracing::info!(retries, "the database is reachable");
+                }
+                return Ok(Some(ledger));
+            }
+            Err(failed) => failed,
+        };
+        let outage = matches!(error, LedgerError::Unavailable { .. }) && db.sqlite_file.is_none();
+        let now = tokio::time::Instant::now();
+        if !outage || wait.is_zero() {
+            return Err(report);
+        }
+        if now >= deadline {
+            return Err(report.context(format!(
+                "gave up waiting for the database after {} (RUNTIME_DATABASE_START_TIMEOUT)",
+                humantime::format_duration(wait)
+            )));
+        }
+        retries += 1;
+        let pause = backoff.min(deadline - now);
+        tracing::warn!(
+            error = format!("{report:#}"),
+            retry_in_ms = u64::try_from(pause.as_millis()).unwrap_or(u64::MAX),
+            "database unreachable at start-up; health answers NOT_SERVING until it is reachable"
+        );
+        tokio::select! {
+            () = tokio::time::sleep(pause) => {}
+            () = &mut *shutdown => return Ok(None),
+        }
+        backoff = (backoff * 2).min(OPEN_RETRY_MAX);
+    }
+}
+
 /// Connects, migrates and reports where the data lives.
 pub(crate) async fn open_ledger(
     db: &Database,
     options: phrony_ledger::LedgerOptions,
 ) -> anyhow::Result<Ledger> {
-    let ledger = Ledger::connect_with(&db.url, options)
-        .await
-        .map_err(|e| match e {
+    try_open(db, options).await.map_err(|(_, report)| report)
+}
+
+/// [`open_ledger`], keeping the ledger's own error beside the report (to tell an outage from a
+/// configuration problem).
+async fn try_open(
+    db: &Database,
+    options: phrony_ledger::LedgerOptions,
+) -> Result<Ledger, (LedgerError, anyhow::Error)> {
+    let ledger = Ledger::connect_with(&db.url, options).await.map_err(|e| {
+        let report = match &e {
             LedgerError::Config { message } => {
                 anyhow::anyhow!("invalid RUNTIME_DATABASE_URL: {message}")
             }
             LedgerError::Unavailable { .. } => anyhow::anyhow!("database unreachable: {e}"),
-            other => anyhow::Error::new(other).context("cannot open the database"),
-        })?;
+            other => anyhow::anyhow!("cannot open the database: {other}"),
+        };
+        (e, report)
+    })?;
     match (ledger.backend(), &db.sqlite_file) {
         (Backend::Sqlite, Some(file)) => {
             let shown = std::path::absolute(file).unwrap_or_else(|_| file.clone());
@@ -160,14 +239,22 @@ pub(crate) async fn open_ledger(
         }
         _ => tracing::info!("database: {}", ledger.display_url()),
     }
-    ledger
-        .migrate()
-        .await
-        .with_context(|| format!("cannot migrate the database {}", ledger.display_url()))?;
-    let schema = ledger
-        .schema_version()
-        .await
-        .with_context(|| format!("cannot read the schema version of {}", ledger.display_url()))?;
+    if let Err(e) = ledger.migrate().await {
+        let report = anyhow::anyhow!("cannot migrate the database {}: {e}", ledger.display_url());
+        ledger.close().await;
+        return Err((e, report));
+    }
+    let schema = match ledger.schema_version().await {
+        Ok(schema) => schema,
+        Err(e) => {
+            let report = anyhow::anyhow!(
+                "cannot read the schema version of {}: {e}",
+                ledger.display_url()
+            );
+            ledger.close().await;
+            return Err((e, report));
+        }
+    };
     tracing::info!(
         "database migrated to schema version {}",
         schema.as_deref().unwrap_or("(none)")

@@ -91,15 +91,99 @@ pub enum ServeError {
 /// A bound TCP listener, ready for [`serve`].
 #[derive(Debug)]
 pub struct Listener {
-    listener: TcpListener,
+    listener: Arc<TcpListener>,
     local_addr: SocketAddr,
+    starting: Option<Starting>,
 }
+
+/// The placeholder server of [`Listener::serve_starting`].
+#[derive(Debug)]
+struct Starting {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// How long the placeholder's connections get to finish when [`serve`] takes the listener over.
+const STARTING_HANDOVER: Duration = Duration::from_millis(500);
 
 impl Listener {
     /// The address actually bound (useful with port 0).
     #[must_use]
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    /// Until [`serve`] takes the listener over, answers `grpc.health.v1.Health` on it with
+    /// `NOT_SERVING` (every other RPC is `UNIMPLEMENTED`), so that a daemon waiting for its
+    /// database at start-up says so instead of leaving clients' connections unanswered. With
+    /// `tls`, the placeholder speaks TLS as the real server will.
+    ///
+    /// # Errors
+    /// [`ServeError::Tls`] when the TLS settings are refused.
+    pub fn serve_starting(
+        &mut self,
+        tls: Option<tonic::transport::ServerTlsConfig>,
+    ) -> Result<(), ServeError> {
+        if self.starting.is_some() {
+            return Ok(());
+        }
+        let mut builder = Server::builder();
+        if let Some(tls) = tls {
+            builder = builder
+                .tls_config(tls)
+                .map_err(|source| ServeError::Tls { source })?;
+        }
+        let health = Health::new();
+        let incoming = SharedIncoming(Arc::clone(&self.listener));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = builder
+            .add_service(health.service())
+            .serve_with_incoming_shutdown(incoming, async {
+                let _ = stopped.await;
+            });
+        let task = tokio::spawn(async move {
+            if let Err(e) = server.await {
+                tracing::warn!(error = %e, "the start-up health server failed");
+            }
+        });
+        self.starting = Some(Starting { stop, task });
+        Ok(())
+    }
+
+    /// Stops the placeholder of [`Listener::serve_starting`] (its connections get
+    /// [`STARTING_HANDOVER`] to finish) and returns the listener for the real server.
+    async fn take(self) -> Result<TcpListener, ServeError> {
+        if let Some(Starting { stop, mut task }) = self.starting {
+            let _ = stop.send(());
+            if tokio::time::timeout(STARTING_HANDOVER, &mut task)
+                .await
+                .is_err()
+            {
+                task.abort();
+                let _ = task.await;
+            }
+        }
+        // The placeholder's incoming stream (the only other owner) was dropped with its task.
+        Arc::try_unwrap(self.listener).map_err(|_| ServeError::Bind {
+            addr: self.local_addr.to_string(),
+            source: io::Error::other("the start-up health server did not release the listener"),
+        })
+    }
+}
+
+/// Accepts connections on a listener the placeholder server shares with [`Listener`].
+struct SharedIncoming(Arc<TcpListener>);
+
+impl tonic::codegen::tokio_stream::Stream for SharedIncoming {
+    type Item = io::Result<tokio::net::TcpStream>;
+
+    fn poll_next(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        self.0
+            .poll_accept(cx)
+            .map(|accepted| Some(accepted.map(|(stream, _)| stream)))
     }
 }
 
@@ -134,8 +218,9 @@ pub async fn bind(addr: &str) -> Result<Listener, ServeError> {
         source,
     })?;
     Ok(Listener {
-        listener,
+        listener: Arc::new(listener),
         local_addr,
+        starting: None,
     })
 }
 
@@ -301,7 +386,7 @@ pub async fn serve(
     );
 
     let local_addr = listener.local_addr;
-    let incoming = TcpIncoming::from(listener.listener).with_nodelay(Some(true));
+    let incoming = TcpIncoming::from(listener.take().await?).with_nodelay(Some(true));
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     // Boxed (not stack-pinned) so it can be dropped before the pool is closed: dropping it
     // cancels calls still running after the grace period and returns their connections.

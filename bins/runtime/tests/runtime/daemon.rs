@@ -654,7 +654,9 @@ async fn bad_configuration_is_refused_with_one_line() {
             "phrony-runtime: error: invalid RUNTIME_TOOL_ALLOWLIST: read tool allowlist /nonexistent/allow.yaml: ",
         ),
         (
-            Launch::new(home.path(), Some("postgres://postgres@127.0.0.1:1/none")),
+            // `0`: an unreachable database at start-up is not waited for (db_faults.rs tests the wait).
+            Launch::new(home.path(), Some("postgres://postgres@127.0.0.1:1/none"))
+                .env("RUNTIME_DATABASE_START_TIMEOUT", "0"),
             "phrony-runtime: error: database unreachable: ",
         ),
     ];

@@ -387,3 +387,104 @@ fn a_full_disk_is_ridden_out_and_nothing_is_half_written() {
         conn.close().await.unwrap();
     });
 }
+
+/// PostgreSQL is down when the daemon starts: the daemon does not exit, its port answers health
+/// checks with NOT_SERVING while it retries, and once the database is up it migrates and serves
+/// by itself; a session then runs to completion.
+#[test]
+fn a_daemon_started_while_postgres_is_down_waits_not_serving_then_serves() {
+    let Some(mut pg) = PrivatePostgres::start() else {
+        return;
+    };
+    let url = pg.create_database("phrony");
+    pg.stop(StopMode::Fast);
+    let rt = runtime();
+    let home = tempfile::tempdir().unwrap();
+    let launch = Launch::new(home.path(), Some(&url)).env("RUNTIME_ENABLE_STUB_PROVIDER", "1");
+    let mut daemon = launch.spawn();
+    rt.block_on(async {
+        daemon.wait_for_health(ServingStatus::NotServing).await;
+        // Still there a few retries later (wait_for_health fails if the process exited).
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        daemon.wait_for_health(ServingStatus::NotServing).await;
+    });
+    let log = daemon.stderr();
+    assert!(log.contains("database unreachable at start-up"), "{log}");
+
+    pg.start_again();
+    rt.block_on(async {
+        daemon.wait_for_health(ServingStatus::Serving).await;
+        let mut client = daemon.client().await;
+        deploy_agents(&mut client, home.path()).await;
+    });
+    let worker = RefundWorker::start(&daemon.addr, "late-db-worker");
+    rt.block_on(async {
+        let mut client = daemon.client().await;
+        let session = run_session(&mut client, QUICK_AGENT).await;
+        wait_for(&daemon, "the session to complete", || {
+            let mut client = client.clone();
+            let session = session.clone();
+            async move { (status(&mut client, &session).await == "completed").then_some(()) }
+        })
+        .await;
+    });
+    assert_eq!(worker.invocations().len(), 1);
+    drop(worker);
+    drop(daemon);
+}
+
+/// A database that never comes up: a SIGTERM while the daemon waits is a clean stop (exit 0),
+/// and `RUNTIME_DATABASE_START_TIMEOUT` bounds the wait (exit 1 naming the database and the
+/// setting). A SQLite file that cannot be opened is not waited for.
+#[test]
+fn the_start_up_wait_for_the_database_ends_on_sigterm_or_its_timeout() {
+    let rt = runtime();
+    let home = tempfile::tempdir().unwrap();
+    // Nothing listens on a fresh free port.
+    let url = format!(
+        "postgres://postgres@127.0.0.1:{}/phrony",
+        crate::support::free_port()
+    );
+    let launch = Launch::new(home.path(), Some(&url));
+    let mut daemon = launch.spawn();
+    rt.block_on(daemon.wait_for_health(ServingStatus::NotServing));
+    let status = daemon.terminate();
+    assert!(status.success(), "{status}: {}", daemon.stderr());
+    assert!(
+        daemon
+            .stderr()
+            .contains("stopped while waiting for the database"),
+        "{}",
+        daemon.stderr()
+    );
+
+    let started = Instant::now();
+    let (status, log) = launch
+        .clone()
+        .env("RUNTIME_DATABASE_START_TIMEOUT", "2s")
+        .run(&[]);
+    assert_eq!(status.code(), Some(1), "{log}");
+    assert!(
+        log.contains("gave up waiting for the database after 2s"),
+        "{log}"
+    );
+    assert!(log.contains("RUNTIME_DATABASE_START_TIMEOUT"), "{log}");
+    assert!(started.elapsed() < PATIENCE, "{log}");
+
+    // Below a regular file: no directory can be made there.
+    let file = home.path().join("a-file");
+    std::fs::write(&file, b"not a directory").unwrap();
+    let unopenable = file.join("ledger.db");
+    let sqlite = Launch::new(
+        home.path(),
+        Some(&format!("sqlite://{}", unopenable.display())),
+    );
+    let started = Instant::now();
+    let (status, log) = sqlite.run(&[]);
+    assert_eq!(status.code(), Some(1), "{log}");
+    assert!(
+        !log.contains("retry"),
+        "a SQLite path problem is not waited for: {log}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(5), "{log}");
+}
