@@ -103,6 +103,12 @@ class FakeRuntime(runtime_pb2_grpc.RuntimeServicer):
 
     # --- what the test makes the runtime do ---------------------------------------------
 
+    def summary(self) -> str:
+        return (
+            f"registers={len(self.registers)} results={sorted(self.results)} nacks={sorted(self.nacks)} "
+            f"heartbeats={self.heartbeats} connected={self.connected()} closed_by_worker={self.streams_closed_by_worker}"
+        )
+
     def connected(self) -> bool:
         return self._out is not None
 
@@ -148,7 +154,7 @@ class FakeRuntime(runtime_pb2_grpc.RuntimeServicer):
         while not predicate():
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise TimeoutError(f"timed out waiting for {what}")
+                raise TimeoutError(f"timed out waiting for {what} ({self.summary()})")
             self._changed.clear()
             try:
                 await asyncio.wait_for(self._changed.wait(), min(remaining, 0.05))

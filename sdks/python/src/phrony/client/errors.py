@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import grpc
 
-GrpcStatusCode = grpc.StatusCode
+# The status code's name, e.g. "NOT_FOUND" (as in 0.1.0); `PhronyRuntimeError.status` is the enum.
+GrpcStatusCode = str
 
 
 class PhronyError(Exception):
@@ -36,15 +37,18 @@ class PhronyError(Exception):
 class PhronyRuntimeError(PhronyError):
     """The runtime answered an RPC with an error status.
 
-    `action` is what the SDK was doing (e.g. `"list approvals"`), `grpc_code` the status code,
-    `code` its number, `details` the runtime's message, `rpc_message` the text shown.
+    `action` is what the SDK was doing (e.g. `"list approvals"`), `grpc_code` the status
+    code's name (`"NOT_FOUND"`), `status` the `grpc.StatusCode`, `code` its number, `details`
+    the runtime's message, `rpc_message` the text shown.
     """
 
     def __init__(self, action: str, *, code: int, grpc_code: GrpcStatusCode, details: str, rpc_message: str) -> None:
         super().__init__(rpc_message)
+        self.name = "PhronyRuntimeError"
         self.action = action
         self.code = code
         self.grpc_code = grpc_code
+        self.status = grpc.StatusCode[grpc_code] if grpc_code in grpc.StatusCode.__members__ else grpc.StatusCode.UNKNOWN
         self.details = details
         self.rpc_message = rpc_message
 
@@ -144,7 +148,7 @@ def wrap_rpc_error(action: str, err: object) -> PhronyRuntimeError:
     return cls(
         action,
         code=status.value[0],
-        grpc_code=status,
+        grpc_code=status.name,
         details=details,
-        rpc_message=f"{action}: {status.name}: {details}",
+        rpc_message=f"{action}: {details} ({status.name})",
     )

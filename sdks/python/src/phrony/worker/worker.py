@@ -216,7 +216,7 @@ class Worker:
                 error = await self._one_stream(dialed.runtime)
                 if self._stopping.is_set():
                     break
-                if error is not None and error.grpc_code in FATAL_CODES:
+                if error is not None and error.status in FATAL_CODES:
                     raise error
                 if not self.reconnect:
                     if error is not None:
@@ -347,7 +347,7 @@ class Worker:
         if error is None:
             return None
         wrapped = wrap_rpc_error("work stream", error)
-        if wrapped.grpc_code == grpc.StatusCode.NOT_FOUND:
+        if wrapped.status == grpc.StatusCode.NOT_FOUND:
             # A result the runtime no longer knows ends the stream: do not offer it again.
             for call_id in [c for c in self._calls if c in wrapped.details and self._calls[c].result is not None]:
                 log.warning("worker %s: dropping the result of %s (%s)", self.worker_id, call_id, wrapped.details)
