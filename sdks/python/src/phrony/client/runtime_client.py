@@ -71,7 +71,7 @@ class RuntimeClient:
         try:
             return await method(request, metadata=self._metadata or None)
         except aio.AioRpcError as error:
-            raise wrap_rpc_error(action, error) from None
+            raise wrap_rpc_error(action, error) from error
 
     # --- version, lifecycle -------------------------------------------------------------
 
@@ -79,19 +79,19 @@ class RuntimeClient:
         return await self._unary("get version", self._stub.GetVersion, request or runtime_pb2.GetVersionRequest())
 
     async def publish(self, request: runtime_pb2.PublishRequest) -> runtime_pb2.PublishResponse:
-        return await self._unary("publish", self._stub.Publish, request)
+        return await self._unary("publish agent", self._stub.Publish, request)
 
     async def publish_bundle(self, request: runtime_pb2.PublishBundleRequest) -> runtime_pb2.PublishBundleResponse:
         return await self._unary("publish bundle", self._stub.PublishBundle, request)
 
     async def deploy(self, request: runtime_pb2.DeployRequest) -> runtime_pb2.DeployResponse:
-        return await self._unary("deploy", self._stub.Deploy, request)
+        return await self._unary("deploy agent", self._stub.Deploy, request)
 
     async def deploy_bundle(self, request: runtime_pb2.DeployBundleRequest) -> runtime_pb2.DeployBundleResponse:
         return await self._unary("deploy bundle", self._stub.DeployBundle, request)
 
     async def rollback(self, request: runtime_pb2.RollbackRequest) -> runtime_pb2.RollbackResponse:
-        return await self._unary("rollback", self._stub.Rollback, request)
+        return await self._unary("rollback deployment", self._stub.Rollback, request)
 
     async def get_active_version(
         self, request: runtime_pb2.GetActiveVersionRequest
@@ -209,7 +209,7 @@ class RuntimeClient:
             ):
                 parts.append(chunk.data)
         except aio.AioRpcError as error:
-            raise wrap_rpc_error("get session payload", error) from None
+            raise wrap_rpc_error("get session payload", error) from error
         return b"".join(parts)
 
     # --- approvals ----------------------------------------------------------------------
@@ -285,7 +285,7 @@ class RuntimeClient:
             ):
                 yield event
         except aio.AioRpcError as error:
-            raise wrap_rpc_error("export audit", error) from None
+            raise wrap_rpc_error("export audit", error) from error
 
     # --- streams ------------------------------------------------------------------------
 

@@ -28,6 +28,8 @@ from phrony.types import (
 
 # Events buffered for a reader that falls behind; the stream pauses (gRPC flow control) beyond it.
 EVENT_BUFFER = 1024
+# Event types 0.1.0 did not have; `events()` yields them only when asked (`extended=True`).
+EXTENDED_EVENT_TYPES = frozenset({"approval_decided", "status"})
 
 
 def _json_or_text(data: bytes) -> Any:
@@ -168,7 +170,9 @@ class InteractiveSession:
                 await self._events.put(event)
             await self._events.put({"type": "stream_end"})
         except aio.AioRpcError as error:
-            await self._events.put(wrap_rpc_error("interactive session", error))
+            wrapped = wrap_rpc_error("run session interactive", error)
+            wrapped.__cause__ = error
+            await self._events.put(wrapped)
         except asyncio.CancelledError:
             raise
 
@@ -239,16 +243,21 @@ class InteractiveSession:
             )
         )
 
-    def events(self) -> AsyncIterator[InteractiveEvent]:
-        """Events until (and including) `stream_end`; an error status is raised."""
-        return self._event_iterator()
+    def events(self, *, extended: bool = False) -> AsyncIterator[InteractiveEvent]:
+        """Events until (and including) `stream_end`; an error status is raised.
 
-    async def _event_iterator(self) -> AsyncIterator[InteractiveEvent]:
+        `extended=True` also yields the 0.2.0 event types `approval_decided` and `status`
+        (left out by default: code written for 0.1.0 sees the events it knows)."""
+        return self._event_iterator(extended)
+
+    async def _event_iterator(self, extended: bool) -> AsyncIterator[InteractiveEvent]:
         self._ensure_tasks()
         while True:
             item = await self._events.get()
             if isinstance(item, BaseException):
                 raise item
+            if not extended and item["type"] in EXTENDED_EVENT_TYPES:
+                continue
             yield item  # type: ignore[misc]
             if item["type"] == "stream_end":
                 return
