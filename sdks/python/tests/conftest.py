@@ -56,6 +56,8 @@ def seed_world(runtime_binary: Path, cli_binary: Path, tmp_path_factory: pytest.
     from tutorial_env import Tutorial
 
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        # Like the daemon's listener: a port in TIME_WAIT from an earlier run is free.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind(("127.0.0.1", SEED_ADDRESS_PORT))
         except OSError as error:
