@@ -58,7 +58,7 @@ class FakeRuntime(runtime_pb2_grpc.RuntimeServicer):
 
     # --- the Work stream ----------------------------------------------------------------
 
-    async def Work(self, request_iterator: Any, context: aio.ServicerContext) -> Any:  # noqa: N802 - gRPC's name
+    async def Work(self, request_iterator: Any, context: aio.ServicerContext) -> Any:
         if self.refuse is not None:
             await context.abort(*self.refuse)
         out: asyncio.Queue[runtime_pb2.WorkServerMsg | None] = asyncio.Queue()

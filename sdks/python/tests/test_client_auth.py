@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from runtime_daemon import RuntimeDaemon
 
 from phrony import (
     Client,
@@ -23,8 +24,6 @@ from phrony import (
     SessionCancelledError,
     UnauthenticatedError,
 )
-
-from runtime_daemon import RuntimeDaemon
 
 AGENT = "support/hello-agent"
 AGENT_YAML = """apiVersion: phrony.com/v1

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from fake_openai import ChatRequest, Text, ToolCalls, after_tool, all_of, user_says
 
 SEED_APP = Path(__file__).resolve().parent / "seed"

@@ -7,22 +7,18 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import os
 import signal
-import subprocess
 import sys
 import textwrap
-from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
+from fake_runtime import FakeRuntime
+from worker_scenarios import concurrent_results
 
 from phrony import PermissionDeniedError
 from phrony.worker import Worker
-
-from fake_runtime import FakeRuntime
-from worker_scenarios import concurrent_results
 
 
 def run(coro: Any, timeout: float = 30.0) -> Any:

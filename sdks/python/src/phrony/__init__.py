@@ -75,9 +75,9 @@ from phrony.worker import DEFAULT_MAX_CONCURRENCY, ToolError, Worker, handler_ke
 __version__ = SDK_VERSION
 
 __all__ = [
-    "SDK_VERSION",
-    "DEFAULT_RUNTIME_ADDR",
     "DEFAULT_MAX_CONCURRENCY",
+    "DEFAULT_RUNTIME_ADDR",
+    "SDK_VERSION",
     "AbortedError",
     "AgentRef",
     "AgentRefParseError",

@@ -37,8 +37,7 @@ def is_loopback(address: str) -> bool:
     """Whether `host:port` names this machine (`localhost`, 127.0.0.0/8, ::1)."""
     host = address
     for scheme in ("http://", "https://"):
-        if host.startswith(scheme):
-            host = host[len(scheme) :]
+        host = host.removeprefix(scheme)
     if host.startswith("["):
         host = host[1:].split("]", 1)[0]
     elif host.count(":") == 1:

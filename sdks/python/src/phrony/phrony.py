@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import grpc
 
@@ -78,7 +78,8 @@ async def _follow_to_end(session: InteractiveSession) -> AgentRunResult:
     session_id = ""
     agent_version_id: str | None = None
     try:
-        async for event in session.events():
+        async for typed in session.events():
+            event = cast(dict[str, Any], typed)
             kind = event["type"]
             if kind == "session_started":
                 session_id = event["session_id"]

@@ -38,7 +38,7 @@ class DialResult:
     address: str
 
     async def close(self) -> None:
-        await self.channel.close()
+        await self.channel.close(None)
 
 
 def default_channel_options() -> list[ChannelOption]:
@@ -58,8 +58,7 @@ def dial_runtime(
     `https://` prefix is stripped (the credentials decide whether TLS is used)."""
     target = resolve_runtime_addr(address)
     for scheme in ("http://", "https://"):
-        if target.startswith(scheme):
-            target = target[len(scheme) :]
+        target = target.removeprefix(scheme)
     target = target.rstrip("/")
     options = [*default_channel_options(), *(channel_options or [])]
     channel = (

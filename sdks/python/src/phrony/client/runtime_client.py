@@ -7,7 +7,7 @@ instead); every failed RPC raises the typed `PhronyRuntimeError` subclass for it
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import grpc
 from grpc import aio
@@ -18,7 +18,6 @@ from phrony.client.json_bytes import json_bytes, resolved_secrets_map
 from phrony.gen.grpc.health.v1 import health_pb2_grpc
 from phrony.gen.phrony.runtime.v1 import runtime_pb2, runtime_pb2_grpc
 from phrony.types import AgentRefLike, BundleRefLike, coerce_agent_ref, coerce_bundle_ref
-
 
 if TYPE_CHECKING:
     from phrony.session.interactive_session import InteractiveSession
@@ -59,7 +58,7 @@ class RuntimeClient:
         return cls(dialed.channel, dialed.runtime, dialed.health, dialed.address, metadata=metadata)
 
     async def close(self) -> None:
-        await self._channel.close()
+        await self._channel.close(None)
 
     async def __aenter__(self) -> RuntimeClient:
         return self
@@ -159,7 +158,7 @@ class RuntimeClient:
         input: Any = None,
         resolved_secrets: Mapping[str, str] | None = None,
         metadata: Mapping[str, str] | None = None,
-        mode: runtime_pb2.SessionMode.ValueType | None = None,
+        mode: runtime_pb2.SessionMode | None = None,
     ) -> runtime_pb2.RunSessionResponse:
         """Starts a session (`request`, or built from the keyword arguments: exactly one of
         `agent_ref` / `bundle_ref`; `input` any JSON value)."""
@@ -248,7 +247,7 @@ class RuntimeClient:
         request: runtime_pb2.DecideApprovalRequest | None = None,
         *,
         approval_id: str | None = None,
-        decision: runtime_pb2.ApprovalDecision.ValueType | str | None = None,
+        decision: runtime_pb2.ApprovalDecision | str | None = None,
         comment: str | None = None,
         args: Any = None,
         comprehension_acknowledged: bool = False,
@@ -310,7 +309,7 @@ def _required(name: str, value: str | None) -> str:
     return value
 
 
-def _decision(decision: runtime_pb2.ApprovalDecision.ValueType | str | None) -> runtime_pb2.ApprovalDecision.ValueType:
+def _decision(decision: runtime_pb2.ApprovalDecision | str | None) -> runtime_pb2.ApprovalDecision:
     if decision is None:
         return runtime_pb2.APPROVAL_DECISION_UNSPECIFIED
     if isinstance(decision, str):
@@ -326,7 +325,7 @@ def _decision(decision: runtime_pb2.ApprovalDecision.ValueType | str | None) -> 
         if key in named:
             return named[key]
         try:
-            return runtime_pb2.ApprovalDecision.Value(decision)
+            return cast(runtime_pb2.ApprovalDecision, runtime_pb2.ApprovalDecision.Value(decision))
         except ValueError:
             raise ValueError(f"unknown approval decision {decision!r} (use 'approve' or 'reject')") from None
     return decision

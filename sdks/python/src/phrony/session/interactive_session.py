@@ -93,25 +93,25 @@ def event_of(msg: runtime_pb2.RunSessionInteractiveServerMsg) -> dict[str, Any] 
             "error_message": r.error_message,
         }
     if kind == "approval_required":
-        a = msg.approval_required
+        ar = msg.approval_required
         return {
             "type": "approval_required",
-            "approval_id": a.approval_id,
-            "call_id": a.call_id,
-            "tool": a.tool,
-            "version": a.version,
-            "route": a.route,
-            "reason": a.reason,
-            "authority_ref": a.authority_ref,
-            "policy_name": a.policy_name,
-            "policy_ref": a.policy_ref,
-            "args": _json_or_text(a.args),
-            "policy_runtime": _json_or_text(a.policy_runtime),
-            "approvals_required": a.approvals_required,
-            "approvals_received": a.approvals_received,
-            "comprehension_required": a.comprehension_required,
-            "expires_at": a.expires_at,
-            "kind": a.kind,
+            "approval_id": ar.approval_id,
+            "call_id": ar.call_id,
+            "tool": ar.tool,
+            "version": ar.version,
+            "route": ar.route,
+            "reason": ar.reason,
+            "authority_ref": ar.authority_ref,
+            "policy_name": ar.policy_name,
+            "policy_ref": ar.policy_ref,
+            "args": _json_or_text(ar.args),
+            "policy_runtime": _json_or_text(ar.policy_runtime),
+            "approvals_required": ar.approvals_required,
+            "approvals_received": ar.approvals_received,
+            "comprehension_required": ar.comprehension_required,
+            "expires_at": ar.expires_at,
+            "kind": ar.kind,
         }
     if kind == "approval_decided":
         d = msg.approval_decided
@@ -189,7 +189,7 @@ class InteractiveSession:
         resolved_secrets: Mapping[str, str] | None = None,
         agent_ref: AgentRefLike | None = None,
         bundle_ref: BundleRefLike | None = None,
-        mode: runtime_pb2.SessionMode.ValueType | None = None,
+        mode: runtime_pb2.SessionMode | None = None,
         metadata: Mapping[str, str] | None = None,
     ) -> None:
         """Starts a new session of `agent_ref` (or `bundle_ref`) on this stream."""

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, TypedDict
 
-from phrony.types import AgentRefLike, BundleRefLike  # noqa: F401 - 0.1.0 exposed them here
-
+from phrony.types import AgentRefLike, BundleRefLike
 
 
 class InteractiveSessionStartOptions(TypedDict, total=False):

@@ -6,7 +6,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, Union
+from typing import Any, TypeVar
 
 from phrony.gen.phrony.runtime.v1 import runtime_pb2
 
@@ -67,7 +67,7 @@ class ToolHandlerContext:
         return None if deadline is None else deadline - time.time()
 
 
-ToolHandler = Callable[[Any, ToolHandlerContext], Union[Any, Awaitable[Any]]]
+ToolHandler = Callable[[Any, ToolHandlerContext], Any | Awaitable[Any]]
 
 
 @dataclass

@@ -261,10 +261,10 @@ class Worker:
         log.info("worker %s: draining (%d calls running)", self.worker_id, len(self._calls))
         self._drain_task = asyncio.ensure_future(self._drain())
 
-    def _install_signal_handlers(self, loop: asyncio.AbstractEventLoop) -> list[int]:
+    def _install_signal_handlers(self, loop: asyncio.AbstractEventLoop) -> list[signal.Signals]:
         if not self.handle_signals or threading.current_thread() is not threading.main_thread():
             return []
-        installed = []
+        installed: list[signal.Signals] = []
         for sig in (signal.SIGTERM, signal.SIGINT):
             try:
                 loop.add_signal_handler(sig, self.drain)
