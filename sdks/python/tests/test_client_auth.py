@@ -62,9 +62,9 @@ class World:
         )
         return env
 
-    def token(self, name: str, role: str) -> str:
+    def token(self, name: str, role: str, *extra: str) -> str:
         done = subprocess.run(
-            [str(self.runtime_binary), "tokens", "create", "--name", name, "--role", role],
+            [str(self.runtime_binary), "tokens", "create", "--name", name, "--role", role, *extra],
             env=self.env(),
             capture_output=True,
             text=True,
@@ -182,3 +182,35 @@ def test_a_token_is_never_sent_in_plaintext_off_loopback():
     # Loopback is fine (gRPC local credentials), and so is TLS.
     Client(runtime_addr="127.0.0.1:7777", token="phr_secret")
     Client(runtime_addr="https://runtime.internal:7777", token="phr_secret")
+
+
+def test_a_worker_token_registers_and_no_token_ends_connect_unauthenticated(world: World):
+    from phrony.worker import Worker
+
+    async def scenario() -> None:
+        worker = Worker(
+            worker_id="sdk-auth-worker",
+            runtime_addr=world.daemon.address,
+            token=world.token("refund-worker", "worker", "--tool", "payments.issue-refund@1.*"),
+            handle_signals=False,
+        )
+
+        @worker.tool("payments.issue-refund", version="1.0.0")
+        async def refund(args: dict, ctx: Any) -> dict:
+            return {}
+
+        running = asyncio.ensure_future(worker.connect())
+        for _ in range(200):
+            if worker.registrations:
+                break
+            await asyncio.sleep(0.05)
+        assert worker.registrations == 1, world.daemon.log()[-2000:]
+        await worker.close()
+        await asyncio.wait_for(running, 10)
+
+        anonymous = Worker(worker_id="sdk-anon-worker", runtime_addr=world.daemon.address, handle_signals=False)
+        anonymous.register_tool(tool="payments.issue-refund", version="1.0.0", handler=lambda a, c: {})
+        with pytest.raises(UnauthenticatedError):
+            await asyncio.wait_for(anonymous.connect(), 10)
+
+    run(scenario())
