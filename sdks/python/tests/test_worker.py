@@ -273,3 +273,37 @@ def test_sigterm_drains_running_calls_refuses_new_ones_and_exits_0(tmp_path):
             assert runtime.streams_closed_by_worker == 1  # it half-closed: the runtime unregisters it
 
     run(scenario())
+
+
+SECOND_SIGNAL_WORKER = DRAIN_WORKER.replace('"running"', '"running"').replace(
+    "drain_timeout=10", "drain_timeout=60"
+)
+
+
+def test_a_second_sigterm_cancels_the_running_calls(tmp_path):
+    script = tmp_path / "drain_worker.py"
+    script.write_text(SECOND_SIGNAL_WORKER)
+
+    async def scenario() -> None:
+        async with FakeRuntime() as runtime:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, str(script), runtime.address, stdout=asyncio.subprocess.PIPE
+            )
+            try:
+                await runtime.wait_for(lambda: runtime.registers, "registration")
+                runtime.invoke("long", {"sleep": 120})
+                assert proc.stdout is not None
+                await asyncio.wait_for(proc.stdout.readline(), 10)
+                proc.send_signal(signal.SIGTERM)
+                await asyncio.sleep(0.3)
+                assert proc.returncode is None, "the first SIGTERM should wait for the running call"
+                proc.send_signal(signal.SIGTERM)
+                code = await asyncio.wait_for(proc.wait(), 15)
+            finally:
+                if proc.returncode is None:
+                    proc.kill()
+                    await proc.wait()
+            assert code == 0
+            assert runtime.results["long"].error.code == "cancelled"
+
+    run(scenario())

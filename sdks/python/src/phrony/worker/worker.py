@@ -18,7 +18,8 @@
   typed error.
 - SIGTERM / SIGINT (or `await worker.close()`) drains: new calls are refused (nack `unavailable`,
   the call never ran), running calls get up to `drain_timeout` seconds to finish and have their
-  results acknowledged, then the stream is closed and `connect()` returns.
+  results acknowledged, then the stream is closed and `connect()` returns. A second signal
+  cancels the running calls at once (they report `cancelled`).
 """
 
 from __future__ import annotations
@@ -253,6 +254,18 @@ class Worker:
         if self._drain_task is not None:
             await asyncio.shield(self._drain_task)
 
+    def _on_signal(self) -> None:
+        """The first SIGTERM/SIGINT drains; a second one cancels the running calls at once
+        (they report `cancelled`) so the drain ends without waiting for them."""
+        if not self._draining:
+            self.drain()
+            return
+        log.warning("worker %s: second signal, cancelling %d running calls", self.worker_id, len(self._calls))
+        for call in self._calls.values():
+            if call.task is not None and not call.task.done():
+                call.signal.abort()
+                call.task.cancel()
+
     def drain(self) -> None:
         """Starts a graceful drain (what SIGTERM does)."""
         if self._draining or self._stopping is None:
@@ -267,7 +280,7 @@ class Worker:
         installed: list[signal.Signals] = []
         for sig in (signal.SIGTERM, signal.SIGINT):
             try:
-                loop.add_signal_handler(sig, self.drain)
+                loop.add_signal_handler(sig, self._on_signal)
                 installed.append(sig)
             except (NotImplementedError, RuntimeError):
                 pass
