@@ -1,0 +1,3 @@
+"""The SDK's release version."""
+
+SDK_VERSION = "0.2.0"
