@@ -8,6 +8,7 @@
 //! - [`guard_rails`]: the layering rules of ARCHITECTURE.md on the sources and the dependency graph.
 //! - [`transport`]: TLS and mutual TLS between the real CLI and daemon.
 //! - [`sessions`] and [`tui`]: sessions and approvals through it, the attach TUI in a terminal.
+//! - [`sdk`]: the Rust SDK's Worker and Client against the real daemon.
 //! - [`tables`]: CLI tables as redacted insta snapshots (`snapshots/`).
 
 #![allow(
@@ -30,6 +31,7 @@ mod examples;
 mod guard_rails;
 mod lifecycle;
 mod schema;
+mod sdk;
 mod sessions;
 mod tables;
 mod transport;
