@@ -68,11 +68,17 @@ fn refund_worker(
                 calls.lock().unwrap().push(args.clone());
                 let (mut gate, cancelled) = (gate.clone(), Arc::clone(&cancelled));
                 async move {
-                    // Records the cancel the worker delivers, however the handler ends.
+                    // Records the cancel the worker delivers, however the handler ends, unless
+                    // it is only the call's deadline passing.
                     let watcher = call.clone();
                     tokio::spawn(async move {
                         watcher.cancelled().await;
-                        cancelled.lock().unwrap().push(watcher.call_id.clone());
+                        let by_deadline = watcher
+                            .deadline
+                            .is_some_and(|at| std::time::SystemTime::now() >= at);
+                        if !by_deadline {
+                            cancelled.lock().unwrap().push(watcher.call_id.clone());
+                        }
                     });
                     let _ = gate.wait_for(|open| *open).await;
                     Ok::<_, ToolError>(json!({"refund_id": format!("rf_{}", args.order_id), "amount": args.amount}))

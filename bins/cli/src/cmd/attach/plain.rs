@@ -149,7 +149,13 @@ async fn drive(
                 None => input_open = false,
             },
         }
-        if !input_open && plain.idle() && director.is_empty() {
+        // Directed, only a held approval waits on the operator: the director sends the rest.
+        let stuck = if prompting {
+            plain.idle()
+        } else {
+            plain.view.phase == Phase::AwaitingApproval && plain.idle()
+        };
+        if !input_open && stuck && director.is_empty() {
             break;
         }
     }

@@ -205,6 +205,7 @@ fn worker_for(
 /// the session id once the session completed.
 async fn converse(client: &Client, actor: &str, args: &Args) -> anyhow::Result<String> {
     let first = agent::SCENARIOS[0];
+    // The first scenario's message is the session's input; the director sends the others.
     let mut run = RunSession::new(AgentName::new("support", "refund-agent"));
     run.mode = SessionMode::Conversation;
     run.input = Some(serde_json::Value::String(first.message.to_owned()));
@@ -216,8 +217,6 @@ async fn converse(client: &Client, actor: &str, args: &Args) -> anyhow::Result<S
     let session_id = session.started().session_id.clone();
     let tui = attach::use_tui(args.no_tui, |name| std::env::var(name).ok());
     let (steps, director) = mpsc::channel(16);
-    let _ = steps.try_send(Directed::Note(first.title.to_owned()));
-    let _ = steps.try_send(Directed::Note(format!("you: {}", first.message)));
     let link = Director {
         inner: RemoteLink::new(client, session, actor.to_owned()),
         steps,
@@ -298,6 +297,11 @@ impl Director<'_> {
 
     fn react(&mut self, event: &SessionEvent) {
         match event {
+            SessionEvent::Started(_) => {
+                let first = agent::SCENARIOS[0];
+                self.step(Directed::Note(first.title.to_owned()));
+                self.step(Directed::Note(format!("you: {}", first.message)));
+            }
             SessionEvent::ApprovalRequired(required) if required.kind == "policy" => {
                 if self.yes {
                     let mut decision = Decision::approve();
