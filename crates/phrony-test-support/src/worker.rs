@@ -39,8 +39,7 @@ pub struct RefundWorker {
     invoked: Arc<Mutex<Vec<Value>>>,
     /// `true` while results are held back.
     holding: tokio::sync::watch::Sender<bool>,
-    /// Dropped before the runtime: stops the worker.
-    running: Option<phrony_sdk::RunningWorker>,
+    /// Runs the worker; shutting it down stops the worker (its stream closes).
     runtime: Option<tokio::runtime::Runtime>,
 }
 
@@ -97,10 +96,18 @@ impl RefundWorker {
             })
             .build()
             .unwrap_or_else(|e| panic!("worker {worker_id}: {e}"));
-        let mut running = runtime.block_on(async { worker.start() });
-        let registered = runtime
-            .block_on(async { tokio::time::timeout(REGISTER_TIMEOUT, running.registered()).await });
-        match registered {
+        // Started and awaited on the worker's own runtime, waited for here with a plain
+        // channel: the caller may itself be inside an async test.
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        runtime.spawn(async move {
+            let mut running = worker.start();
+            let registered = running.registered().await.map_err(|e| e.to_string());
+            let _ = ready_tx.send(registered);
+            // Serves until the runtime shuts down (the worker is dropped with this task).
+            std::future::pending::<()>().await;
+            drop(running);
+        });
+        match ready_rx.recv_timeout(REGISTER_TIMEOUT) {
             Ok(Ok(())) => {}
             Ok(Err(error)) => panic!("worker {worker_id} at {addr}: {error}"),
             Err(_) => panic!("the runtime at {addr} did not confirm worker {worker_id}"),
@@ -108,7 +115,6 @@ impl RefundWorker {
         Self {
             invoked,
             holding,
-            running: Some(running),
             runtime: Some(runtime),
         }
     }
@@ -125,9 +131,7 @@ impl RefundWorker {
 
 impl Drop for RefundWorker {
     fn drop(&mut self) {
-        // Stop the worker (its stream closes), then its runtime without blocking: the
-        // worker may be dropped inside an async test.
-        drop(self.running.take());
+        // Without blocking: the worker may be dropped inside an async test.
         if let Some(runtime) = self.runtime.take() {
             runtime.shutdown_background();
         }
