@@ -74,10 +74,16 @@ fn the_demo_walks_the_three_scenarios_on_an_embedded_runtime() {
     let home = tempfile::tempdir().unwrap();
     let stdout = ok(phrony()
         .args(["demo", "--no-tui", "--yes"])
+        .env("PHRONY_ACTOR", "emad")
         .env("HOME", home.path())
         .env("XDG_DATA_HOME", home.path())
         .stdin(Stdio::null()));
     check_the_walk(&stdout);
+    // Attribution: the operator named by PHRONY_ACTOR started the session and approved.
+    assert!(
+        stdout.contains("started_by:   emad (unverified)"),
+        "{stdout}"
+    );
     assert!(
         stdout.starts_with("phrony demo: started a runtime in this process"),
         "{stdout}"

@@ -87,11 +87,8 @@ pub(crate) fn run(args: &Args, global: &Global) -> anyhow::Result<()> {
 async fn demo(args: &Args, global: &Global) -> anyhow::Result<()> {
     let mut out = io::stdout();
     let (runtime, client) = start_runtime(global, &mut out).await?;
-    let actor = match runtime {
-        #[cfg(feature = "embedded-runtime")]
-        Runtime::Embedded { .. } => "demo".to_owned(),
-        Runtime::External => remote::actor(client.sends_credential())?,
-    };
+    // You, as the tutorial has it: PHRONY_ACTOR, else the OS user (or a token's principal).
+    let actor = remote::actor(client.sends_credential())?;
     let project = tempfile::tempdir().context("create a temporary directory")?;
     let manifest_path = agent::write(project.path()).context("write the demo agent")?;
     let compiled = manifest::load_agent(&manifest_path)?;
