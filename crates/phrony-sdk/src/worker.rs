@@ -107,13 +107,13 @@ pub enum WorkerError {
     },
     /// The runtime refused the registration for good (an invalid registration, a credential
     /// that may not serve a tool, a worker id bound to another credential).
-    #[error("the runtime refused worker {worker_id:?}: {source}")]
+    #[error("the runtime refused worker {worker_id:?}: {reason}")]
     Refused {
         /// The worker id.
         worker_id: String,
-        /// The runtime's answer.
-        #[source]
-        source: ClientError,
+        /// The runtime's answer (its status code and message), or the setting that cannot
+        /// work (an invalid address, token or TLS file).
+        reason: String,
     },
     /// The worker task ended before it registered (it panicked or was dropped).
     #[error("worker {worker_id:?} stopped before it registered")]
@@ -486,10 +486,7 @@ impl RunningWorker {
     fn refused(&self, reason: String) -> WorkerError {
         WorkerError::Refused {
             worker_id: self.worker_id.clone(),
-            source: ClientError::Rpc {
-                code: Code::PermissionDenied,
-                message: reason,
-            },
+            reason,
         }
     }
 

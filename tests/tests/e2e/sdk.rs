@@ -332,3 +332,92 @@ fn a_bad_worker_configuration_is_named() {
         "{err}"
     );
 }
+
+/// Creates an API token on the daemon's database (`phrony-runtime tokens create`); returns the
+/// secret (the last line of stdout).
+fn token(daemon: &Daemon, name: &str, args: &[&str]) -> String {
+    let out = tests::cli::ok(
+        daemon
+            .runtime()
+            .args(["tokens", "create", "--name", name])
+            .args(args),
+    );
+    out.lines().last().unwrap().to_owned()
+}
+
+/// In `required` mode a worker without a credential, or whose token may not serve the tool, is
+/// refused for good (it stops instead of retrying); with a worker token for the tool it
+/// registers and serves.
+#[test]
+fn a_worker_needs_a_token_that_may_serve_its_tools() {
+    let Some(daemon) = Daemon::start_with_env(
+        Backend::Sqlite,
+        &[
+            ("RUNTIME_ENABLE_STUB_PROVIDER", "1"),
+            ("RUNTIME_AUTH", "required"),
+        ],
+    ) else {
+        return;
+    };
+    let allowed = token(
+        &daemon,
+        "refund-bot",
+        &["--role", "worker", "--tool", "payments.issue-refund@1.0.0"],
+    );
+    let other = token(
+        &daemon,
+        "lookup-bot",
+        &["--role", "worker", "--tool", "orders.*"],
+    );
+    let rt = runtime();
+    rt.block_on(async {
+        let calls = Arc::new(Mutex::new(Vec::new()));
+        let cancelled = Arc::new(Mutex::new(Vec::new()));
+        let (_open, gate) = watch::channel(true);
+        let build = |id: &str| refund_worker(daemon.addr(), id, &calls, &gate, &cancelled);
+
+        let mut anonymous = build("sdk-anon").start();
+        let err = tokio::time::timeout(WAIT, anonymous.registered())
+            .await
+            .unwrap()
+            .unwrap_err();
+        assert!(err.to_string().contains("refused"), "{err}");
+        assert!(matches!(anonymous.state(), WorkerState::Stopped(Some(_))));
+
+        let mut wrong = Worker::builder()
+            .runtime_addr(daemon.addr())
+            .worker_id("sdk-wrong")
+            .token(&other)
+            .tool(
+                "payments.issue-refund",
+                "1.0.0",
+                |_: Value, _: Call| async { Ok::<_, ToolError>(json!({})) },
+            )
+            .build()
+            .unwrap()
+            .start();
+        let err = tokio::time::timeout(WAIT, wrong.registered())
+            .await
+            .unwrap()
+            .unwrap_err();
+        assert!(err.to_string().contains("payments.issue-refund"), "{err}");
+
+        let mut served = Worker::builder()
+            .runtime_addr(daemon.addr())
+            .worker_id("sdk-token")
+            .token(&allowed)
+            .tool(
+                "payments.issue-refund",
+                "1.0.0",
+                |_: Value, _: Call| async { Ok::<_, ToolError>(json!({})) },
+            )
+            .build()
+            .unwrap()
+            .start();
+        tokio::time::timeout(WAIT, served.registered())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(served.state(), WorkerState::Serving);
+    });
+}
