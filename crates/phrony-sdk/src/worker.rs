@@ -536,6 +536,9 @@ struct Shared {
     running: Mutex<HashMap<String, CancellationToken>>,
     /// Results sent (or to send) and not yet acknowledged.
     unacked: Mutex<BTreeMap<String, Outcome>>,
+    /// The stream now open, if any: a call that ends sends its result there (a call started
+    /// on an earlier stream too).
+    current: Mutex<Option<WorkSender>>,
 }
 
 impl Shared {
@@ -645,6 +648,7 @@ impl Runner {
             Ok(pair) => pair,
             Err(e) => return classify(&e),
         };
+        *lock(&self.shared.current) = Some(sender.clone());
         let mut heartbeat: Option<tokio::task::JoinHandle<()>> = None;
         let ended = loop {
             let event = tokio::select! {
@@ -693,6 +697,7 @@ impl Runner {
         if let Some(beat) = heartbeat {
             beat.abort();
         }
+        lock(&self.shared.current).take();
         ended
     }
 
@@ -767,7 +772,6 @@ impl Runner {
         lock(&self.shared.running).insert(call_id.clone(), cancel.clone());
         let shared = Arc::clone(&self.shared);
         let slots = Arc::clone(slots);
-        let sender = sender.clone();
         let deadline = invocation.deadline;
         calls.spawn(async move {
             let outcome = tokio::select! {
@@ -783,8 +787,12 @@ impl Runner {
             };
             lock(&shared.unacked).insert(call_id.clone(), outcome.clone());
             lock(&shared.running).remove(&call_id);
-            // A send that fails (the stream broke) is retried after the reconnect.
-            let _ = send_outcome(&sender, &call_id, outcome).await;
+            // Without an open stream, or when the send fails (the stream broke), the result is
+            // offered again after the reconnect.
+            let current = lock(&shared.current).clone();
+            if let Some(sender) = current {
+                let _ = send_outcome(&sender, &call_id, outcome).await;
+            }
         });
     }
 }
