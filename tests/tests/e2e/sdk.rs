@@ -162,6 +162,22 @@ fn a_typed_worker_and_the_client_walk_the_tutorials_approval() {
             .await
             .unwrap();
         assert_eq!(outcome.status, "approved");
+        let decided = approvals.get(&approval.id).await.unwrap();
+        assert_eq!(decided.status, "approved");
+        assert_eq!(
+            decided.decided_by_display().as_deref(),
+            Some("sdk (unverified)")
+        );
+        let listed = client
+            .sessions()
+            .list(&phrony_sdk::SessionFilter {
+                metadata: BTreeMap::from([("ticket".to_owned(), "T-1042".to_owned())]),
+                ..phrony_sdk::SessionFilter::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(listed.sessions.len(), 1);
+        assert_eq!(listed.sessions[0].id, session.id());
         let result = session.wait_for(WAIT).await.unwrap();
         assert!(result.is_completed(), "{result:?}");
         assert_eq!(result.output.as_deref(), Some("The refund was handled."));
