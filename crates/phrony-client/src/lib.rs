@@ -20,6 +20,9 @@
 //! # Ok(()) }
 //! ```
 //!
+//! [`work`] is the worker side of the `Work` stream (register, heartbeat, results, nacks), on
+//! which the `phrony-sdk` crate builds its `Worker`.
+//!
 //! # Actors
 //!
 //! Every change names its actor. It travels in the request's `actor` field where the message
@@ -34,6 +37,7 @@ mod error;
 pub mod interactive;
 mod sessions;
 mod types;
+pub mod work;
 
 use std::path::Path;
 use std::time::Duration;

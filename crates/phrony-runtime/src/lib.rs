@@ -40,6 +40,7 @@ mod audit;
 pub mod auth;
 pub mod config;
 pub mod daemon;
+pub mod embedded;
 pub mod logging;
 pub mod oidc;
 mod serve;

@@ -6,17 +6,18 @@
 //! - [`small_fs`]: a small `tmpfs` a test can fill up (a full disk).
 //! - [`sqlite_lock`]: another process's hold on an SQLite database's write lock.
 //! - [`stub`]: the tutorial's refund agent on the scripted `stub` model, written to a directory.
-//! - [`worker`]: a Rust tool worker on the runtime's `Work` stream that records its calls.
+//! - `worker` (feature `worker`): a Rust tool worker on the SDK's `Worker` that records its calls.
 //! - [`pki`]: a throw-away CA, server and client certificates for TLS and mTLS tests.
 //! - [`proxy`]: a TCP proxy that loses the connection on cue.
 //! - [`fake_api`]: a local fake model vendor API answering scripted replies.
 //! - `fake_model` (feature `model`): an in-process scripted `ModelProvider` that records every
 //!   request, for the engine's and the server edge's tests.
 //!
-//! This crate depends on no other phrony crate but the generated protocol (`phrony-proto`), and
-//! with the `model` feature `phrony-providers`, so every crate, the ledger and the server edge
-//! included, can take it as a dev-dependency without a second copy of itself in its test build
-//! (the providers' own tests take it without the feature).
+//! This crate depends on no other phrony crate, but with the `model` feature on
+//! `phrony-providers`, and with the `worker` feature `phrony-sdk` (and so
+//! `phrony-client`), so every crate, the ledger and the server edge included, can take it as a
+//! dev-dependency without a second copy of itself in its test build (the providers' own tests
+//! take it without `model`; only the end-to-end tests and the benchmark turn on `worker`).
 
 #![allow(
     clippy::disallowed_methods,
@@ -33,6 +34,7 @@ pub mod proxy;
 pub mod small_fs;
 pub mod sqlite_lock;
 pub mod stub;
+#[cfg(feature = "worker")]
 pub mod worker;
 
 use std::path::{Path, PathBuf};

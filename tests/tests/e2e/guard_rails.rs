@@ -235,9 +235,15 @@ fn libraries_never_read_the_process_environment() {
     let mut found = Vec::new();
     for (rel, text) in rust_sources() {
         let pkg = package_dir(&rel);
-        // Build scripts read what cargo hands them in the environment (OUT_DIR, …).
+        // Build scripts read what cargo hands them in the environment (OUT_DIR, …); a
+        // library's examples are programs of their own (`cargo run --example`).
         let build_script = rel.ends_with("/build.rs");
-        if pkg.starts_with("bins/") || MAY_READ.contains(&pkg) || is_test_code(&rel) || build_script
+        let example = rel.starts_with(&format!("{pkg}/examples/"));
+        if pkg.starts_with("bins/")
+            || MAY_READ.contains(&pkg)
+            || is_test_code(&rel)
+            || build_script
+            || example
         {
             continue;
         }

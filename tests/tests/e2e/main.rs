@@ -8,6 +8,8 @@
 //! - [`guard_rails`]: the layering rules of ARCHITECTURE.md on the sources and the dependency graph.
 //! - [`transport`]: TLS and mutual TLS between the real CLI and daemon.
 //! - [`sessions`] and [`tui`]: sessions and approvals through it, the attach TUI in a terminal.
+//! - [`demo`]: `phrony demo` through the real CLI, embedded and against a daemon.
+//! - [`sdk`]: the Rust SDK's Worker and Client against the real daemon.
 //! - [`tables`]: CLI tables as redacted insta snapshots (`snapshots/`).
 
 #![allow(
@@ -25,11 +27,13 @@
 
 mod access;
 mod audit;
+mod demo;
 mod endpoints;
 mod examples;
 mod guard_rails;
 mod lifecycle;
 mod schema;
+mod sdk;
 mod sessions;
 mod tables;
 mod transport;

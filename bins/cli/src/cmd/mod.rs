@@ -6,6 +6,7 @@ mod approvals;
 mod attach;
 mod audit;
 mod bundles;
+mod demo;
 mod init;
 mod manifest;
 mod policies;
@@ -66,6 +67,11 @@ pub(crate) struct Global {
     )]
     pub(crate) runtime_addr: String,
 
+    /// Whether `--runtime-addr` or `PHRONY_RUNTIME_ADDR` named the runtime (`phrony demo`
+    /// embeds one otherwise); set by [`Cli::parse_args`].
+    #[arg(skip)]
+    pub(crate) runtime_addr_given: bool,
+
     /// API token sent as `authorization: Bearer <token>` on every call (runtimes in `required`
     /// auth mode need one; create it with `phrony-runtime tokens create`). With a token and no
     /// PHRONY_ACTOR, changes are recorded as the token's name.
@@ -93,6 +99,10 @@ pub(crate) struct Global {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// The tutorial in one command, no API key or set-up: an embedded runtime, the refund
+    /// agent on a scripted model, an in-process worker, three scenarios (dispatched, held for
+    /// your approval, denied by policy) and the audit trail.
+    Demo(demo::Args),
     /// Scaffold the refund-agent starter project (agent.yaml, tools/, policies/, worker.py).
     Init(init::Args),
     /// Show the runtime's address, version and health (exit 1 when unreachable or not serving).
@@ -132,12 +142,25 @@ pub(crate) enum Output {
 }
 
 impl Cli {
+    /// Parses the process's arguments (exiting with clap's usage error on bad ones), noting
+    /// whether the runtime's address was given (`--runtime-addr` or `PHRONY_RUNTIME_ADDR`)
+    /// rather than defaulted.
+    #[must_use]
+    pub fn parse_args() -> Self {
+        use clap::{CommandFactory as _, FromArgMatches as _};
+        let matches = Self::command().get_matches();
+        let mut cli = Self::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+        cli.global.runtime_addr_given = addr_given(&matches);
+        cli
+    }
+
     /// Runs the chosen command.
     ///
     /// # Errors
     /// The command's failure; [`crate::exit_code`] turns it into the exit code.
     pub fn run(self) -> anyhow::Result<()> {
         match self.command {
+            Command::Demo(args) => demo::run(&args, &self.global),
             Command::Init(args) => init::run(&args),
             Command::Status(args) => status::run(&args, &self.global),
             Command::Agents(cmd) => cmd.run(&self.global),
@@ -150,4 +173,15 @@ impl Cli {
             Command::Schema(args) => schema::run(&args),
         }
     }
+}
+
+/// Whether `runtime_addr` came from the command line or the environment at any level of the
+/// subcommand chain (a global flag may be given after the subcommand).
+fn addr_given(matches: &clap::ArgMatches) -> bool {
+    use clap::parser::ValueSource;
+    let here = matches!(
+        matches.value_source("runtime_addr"),
+        Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+    );
+    here || matches.subcommand().is_some_and(|(_, sub)| addr_given(sub))
 }

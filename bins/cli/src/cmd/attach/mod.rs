@@ -14,11 +14,11 @@
 //! session keeps running on the runtime. Model and tool text is stripped of control characters
 //! before it is drawn or printed ([`sanitize`]).
 
-mod plain;
+pub(crate) mod plain;
 #[cfg(test)]
 mod testing;
-mod tui;
-mod view;
+pub(crate) mod tui;
+pub(crate) mod view;
 
 use std::io::IsTerminal as _;
 
@@ -145,9 +145,18 @@ async fn agent_label(client: &Client, session_id: &str) -> Option<String> {
 
 /// The TUI when stdin and stdout are terminals and neither `--no-tui` nor `PHRONY_NO_TUI` asks
 /// for the plain renderer.
-fn use_tui(no_tui: bool, env: impl Fn(&str) -> Option<String>) -> bool {
+pub(crate) fn use_tui(no_tui: bool, env: impl Fn(&str) -> Option<String>) -> bool {
     let env_says_no = env("PHRONY_NO_TUI").is_some_and(|v| !v.trim().is_empty());
     !no_tui && !env_says_no && std::io::stdin().is_terminal() && std::io::stdout().is_terminal()
+}
+
+/// A step of a scripted operator (`phrony demo`), taken by a renderer as if typed.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Directed {
+    /// A narration line (a status line; the TUI's hint).
+    Note(String),
+    /// An action, performed on the session and shown as the operator's.
+    Act(Action),
 }
 
 /// The renderers' connection to the session: its events in, the operator's actions out.
@@ -159,7 +168,7 @@ pub(crate) trait Link {
 }
 
 /// The real link: the interactive stream plus the unary Complete/Cancel RPCs.
-struct RemoteLink<'a> {
+pub(crate) struct RemoteLink<'a> {
     client: &'a Client,
     session_id: String,
     actor: String,
@@ -170,7 +179,7 @@ struct RemoteLink<'a> {
 }
 
 impl<'a> RemoteLink<'a> {
-    fn new(client: &'a Client, session: InteractiveSession, actor: String) -> Self {
+    pub(crate) fn new(client: &'a Client, session: InteractiveSession, actor: String) -> Self {
         let started = SessionEvent::Started(session.started().clone());
         let session_id = session.started().session_id.clone();
         let (sender, events) = session.split();

@@ -25,7 +25,7 @@ use phrony_client::interactive::{
 use tokio::sync::mpsc;
 
 use super::view::{Action, Phase, View, model_label};
-use super::{Link, Outcome, compact_json, pretty_json, sanitize};
+use super::{Directed, Link, Outcome, compact_json, pretty_json, sanitize};
 
 /// The longest tool result or argument text shown on a status line, in characters.
 const MAX_INLINE: usize = 240;
@@ -45,7 +45,7 @@ pub(crate) async fn run_stdio(link: impl Link, view: View) -> anyhow::Result<Out
 
 /// Reads stdin lines on a thread of its own (a blocking read cannot be cancelled, and must
 /// not keep the process alive once the viewer is done); the channel closes at end of input.
-fn stdin_lines() -> mpsc::Receiver<String> {
+pub(crate) fn stdin_lines() -> mpsc::Receiver<String> {
     let (lines, receiver) = mpsc::channel(16);
     std::thread::spawn(move || {
         for line in io::stdin().lines() {
@@ -61,18 +61,64 @@ fn stdin_lines() -> mpsc::Receiver<String> {
 /// Runs the plain renderer: session events from `link`, operator lines from `input` (closed
 /// at end of input), text to `out`, status lines to `err`.
 pub(crate) async fn run(
+    link: impl Link,
+    view: View,
+    input: mpsc::Receiver<String>,
+    out: impl Write,
+    err: impl Write,
+) -> anyhow::Result<Outcome> {
+    let (_none, director) = mpsc::channel(1);
+    drive(link, view, input, director, true, out, err).await
+}
+
+/// [`run`], also taking [`Directed`] steps from `director` (`phrony demo`'s script): a
+/// message it sends is shown as `you: …`, a note as a status line. While the director has a
+/// step queued, end of input does not detach.
+pub(crate) async fn run_directed(
+    link: impl Link,
+    view: View,
+    input: mpsc::Receiver<String>,
+    director: mpsc::Receiver<Directed>,
+    out: impl Write,
+    err: impl Write,
+) -> anyhow::Result<Outcome> {
+    drive(link, view, input, director, false, out, err).await
+}
+
+/// The renderer's loop; `prompting` shows the `> ` prompt when the session waits for a
+/// message (not when a director types them).
+async fn drive(
     mut link: impl Link,
     view: View,
     mut input: mpsc::Receiver<String>,
+    mut director: mpsc::Receiver<Directed>,
+    prompting: bool,
     out: impl Write,
     err: impl Write,
 ) -> anyhow::Result<Outcome> {
     let mut plain = Plain::new(view, out, err);
+    plain.prompting = prompting;
     let mut input_open = true;
+    let mut directed = true;
     let mut lost = None;
     loop {
         tokio::select! {
             biased;
+            // A step the last event led to goes first, so it follows that event.
+            step = director.recv(), if directed => match step {
+                Some(Directed::Note(text)) => plain.status(&text)?,
+                Some(Directed::Act(Action::Detach)) => break,
+                Some(Directed::Act(action)) => {
+                    if let Action::Send(text) = &action {
+                        plain.status(&format!("you: {text}"))?;
+                    }
+                    match link.perform(&action).await {
+                        Ok(()) => plain.performed(action)?,
+                        Err(error) => plain.status(&error)?,
+                    }
+                }
+                None => directed = false,
+            },
             event = link.next(), if !plain.view.stream_closed => match event {
                 Ok(Some(event)) => {
                     plain.event(event, Utc::now())?;
@@ -103,7 +149,13 @@ pub(crate) async fn run(
                 None => input_open = false,
             },
         }
-        if !input_open && plain.idle() {
+        // Directed, only a held approval waits on the operator: the director sends the rest.
+        let stuck = if prompting {
+            plain.idle()
+        } else {
+            plain.view.phase == Phase::AwaitingApproval && plain.idle()
+        };
+        if !input_open && stuck && director.is_empty() {
             break;
         }
     }
@@ -130,6 +182,8 @@ struct Plain<O, E> {
     outstanding: usize,
     /// The `> ` prompt is the last thing on stderr.
     prompted: bool,
+    /// Whether to show the prompt at all.
+    prompting: bool,
 }
 
 /// `text` cut to [`MAX_INLINE`] characters.
@@ -153,6 +207,7 @@ impl<O: Write, E: Write> Plain<O, E> {
             acknowledging: None,
             outstanding: 0,
             prompted: false,
+            prompting: true,
         }
     }
 
@@ -178,6 +233,9 @@ impl<O: Write, E: Write> Plain<O, E> {
     }
 
     fn prompt(&mut self) -> io::Result<()> {
+        if !self.prompting {
+            return Ok(());
+        }
         self.prompted = true;
         write!(self.err, "> ")?;
         self.err.flush()

@@ -24,7 +24,7 @@ use tokio::sync::mpsc;
 use unicode_width::{UnicodeWidthChar as _, UnicodeWidthStr as _};
 
 use super::view::{Action, Block, Focus, Key, MenuItem, Phase, Prompt, Scroll, Tone, View};
-use super::{Link, Outcome, pretty_json, sanitize};
+use super::{Directed, Link, Outcome, pretty_json, sanitize};
 
 /// How often the screen is redrawn without events (the wall-clock countdown).
 const TICK: Duration = Duration::from_secs(1);
@@ -36,7 +36,18 @@ const KEY_POLL: Duration = Duration::from_millis(100);
 const MAX_RESULT_LINES: usize = 24;
 
 /// Runs the TUI until the operator leaves.
-pub(crate) async fn run(mut link: impl Link, mut view: View) -> anyhow::Result<Outcome> {
+pub(crate) async fn run(link: impl Link, view: View) -> anyhow::Result<Outcome> {
+    run_directed(link, view, mpsc::channel(1).1).await
+}
+
+/// [`run`], also taking [`Directed`] steps from `director` (`phrony demo`'s script): its
+/// messages appear as the operator's, its notes in the hint line.
+pub(crate) async fn run_directed(
+    mut link: impl Link,
+    mut view: View,
+    mut director: mpsc::Receiver<Directed>,
+) -> anyhow::Result<Outcome> {
+    let mut directed = true;
     let mut screen = Screen::enter().context("set up the terminal")?;
     let (keys_tx, mut keys) = mpsc::channel(64);
     let stop = Arc::new(AtomicBool::new(false));
@@ -76,6 +87,19 @@ pub(crate) async fn run(mut link: impl Link, mut view: View) -> anyhow::Result<O
                 }
                 Some(Input::Resize) => {}
                 None => break Err(anyhow::anyhow!("the terminal stopped delivering input")),
+            },
+            step = director.recv(), if directed => match step {
+                Some(Directed::Note(text)) => view.hint = Some(text),
+                Some(Directed::Act(Action::Detach)) => break Ok(()),
+                Some(Directed::Act(action)) => match link.perform(&action).await {
+                    Ok(()) => {
+                        if let Action::Send(text) = action {
+                            view.sent_message(text);
+                        }
+                    }
+                    Err(error) => view.hint = Some(error),
+                },
+                None => directed = false,
             },
             _ = tick.tick() => {}
         }

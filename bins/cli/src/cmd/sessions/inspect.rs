@@ -49,7 +49,7 @@ pub(crate) fn run(args: &Args, global: &Global) -> anyhow::Result<()> {
     })
 }
 
-fn write_inspection(
+pub(crate) fn write_inspection(
     inspection: &SessionInspection,
     payloads: bool,
     out: &mut impl Write,

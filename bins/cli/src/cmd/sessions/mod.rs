@@ -5,6 +5,8 @@ mod ls;
 mod payload;
 mod stop;
 
+pub(crate) use inspect::write_inspection;
+
 use crate::cmd::Global;
 
 /// Subcommands of `phrony sessions`.
