@@ -240,3 +240,37 @@ async fn a_watch_of_decided_approvals_is_refused() {
         "a watch follows pending approvals: status must be empty or \"pending\""
     );
 }
+
+/// An escalating timeout decides the approval and opens the next one in one ledger step, with
+/// no session status change after it: only the timer's own bump reports it.
+#[tokio::test]
+async fn an_escalating_timeout_shows_the_escalation_and_the_next_approval() {
+    let h = Harness::memory_with(
+        &AgentOptions::with_decision(
+            "    timeout:\n      after_minutes: 5\n      default: escalate\n    runtime:\n      \
+             phrony.com/approver_role: support-leads\n      phrony.com/escalate_to_role: finance-leads\n",
+        ),
+        vec![
+            Step::call("issue_refund", refund("ORD-1", 400.0)),
+            Step::say("Done."),
+        ],
+        watch_config(),
+    )
+    .await;
+    let s = h.start("Refund €400 for ORD-1.").await;
+    h.wait(&s.id, &[SessionStatus::AwaitingApproval]).await;
+    let mut watch = h.engine.watch_approvals(ApprovalFilter::default()).unwrap();
+    let first = opened(&mut watch).await;
+    assert_eq!(first.route, "support-leads");
+    assert_eq!(next(&mut watch).await, ApprovalChange::CurrentEnd);
+
+    h.clock.advance(Duration::from_secs(6 * 60));
+    let next_level = opened(&mut watch).await;
+    assert_eq!(next_level.route, "finance-leads");
+    assert_eq!(next_level.parent_approval_id, Some(first.id));
+    let escalated = decided(&mut watch).await;
+    assert_eq!(
+        (escalated.id, escalated.status),
+        (first.id, ApprovalStatus::Escalated)
+    );
+}
