@@ -116,7 +116,6 @@ async fn a_watch_sends_the_current_set_then_openings_and_decisions() {
     w.client
         .cancel_session(pb::CancelSessionRequest {
             session_id: second.clone(),
-            ..Default::default()
         })
         .await
         .unwrap();
