@@ -224,7 +224,124 @@ pub struct DecisionOutcome {
     pub session_status: String,
 }
 
+/// What happened in one [`ApprovalWatch`] change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApprovalChangeKind {
+    /// A pending approval: in the current set (before [`ApprovalChangeKind::CurrentEnd`]) or
+    /// newly opened.
+    Opened,
+    /// A pending approval changed without being decided (a vote of a quorum).
+    Updated,
+    /// The approval left the pending set; its status says how.
+    Decided,
+    /// Every approval pending when the watch started has been sent.
+    CurrentEnd,
+}
+
+impl ApprovalChangeKind {
+    /// `opened`, `updated`, `decided` or `current_end`.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Opened => "opened",
+            Self::Updated => "updated",
+            Self::Decided => "decided",
+            Self::CurrentEnd => "current_end",
+        }
+    }
+}
+
+/// One change of [`Client::watch_approvals`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApprovalChange {
+    /// What happened.
+    pub kind: ApprovalChangeKind,
+    /// The approval (with its votes when decided); `None` for
+    /// [`ApprovalChangeKind::CurrentEnd`].
+    pub approval: Option<Approval>,
+}
+
+/// The changes of a `WatchApprovals` call, read as they arrive.
+#[derive(Debug)]
+pub struct ApprovalWatch {
+    stream: tonic::Streaming<pb::ApprovalChange>,
+    client: Client,
+}
+
+impl ApprovalWatch {
+    /// The next change, or `None` when the runtime ended the watch.
+    ///
+    /// # Errors
+    /// Any [`ClientError`] the stream ends with (`ResourceExhausted` for a watcher that did not
+    /// read), or a change the client cannot read.
+    pub async fn next(&mut self) -> Result<Option<ApprovalChange>, ClientError> {
+        let Some(message) = self
+            .stream
+            .message()
+            .await
+            .map_err(|s| self.client.status(&s))?
+        else {
+            return Ok(None);
+        };
+        let kind = match pb::ApprovalChangeKind::try_from(message.kind) {
+            Ok(pb::ApprovalChangeKind::Opened) => ApprovalChangeKind::Opened,
+            Ok(pb::ApprovalChangeKind::Updated) => ApprovalChangeKind::Updated,
+            Ok(pb::ApprovalChangeKind::Decided) => ApprovalChangeKind::Decided,
+            Ok(pb::ApprovalChangeKind::CurrentEnd) => ApprovalChangeKind::CurrentEnd,
+            _ => {
+                return Err(ClientError::InvalidResponse {
+                    rpc: "WatchApprovals",
+                    reason: format!("unknown change kind {}", message.kind),
+                });
+            }
+        };
+        let approval = match message.approval {
+            Some(a) => Some(approval("WatchApprovals", a)?),
+            None if kind == ApprovalChangeKind::CurrentEnd => None,
+            None => {
+                return Err(ClientError::InvalidResponse {
+                    rpc: "WatchApprovals",
+                    reason: format!("a {} change without its approval", kind.as_str()),
+                });
+            }
+        };
+        Ok(Some(ApprovalChange { kind, approval }))
+    }
+}
+
 impl Client {
+    /// Watches the pending approvals matching `filter` (`WatchApprovals`; `limit` and
+    /// `page_token` are ignored, `status` must be unset or `pending`): each one pending now,
+    /// then [`ApprovalChangeKind::CurrentEnd`], then the changes as they happen.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for bad filters, `ResourceExhausted` when the runtime has too many
+    /// watchers; any other [`ClientError`].
+    pub async fn watch_approvals(
+        &self,
+        filter: &ApprovalFilter,
+    ) -> Result<ApprovalWatch, ClientError> {
+        let agent = filter.agent.as_ref();
+        let request = pb::WatchApprovalsRequest {
+            status: filter.status.clone().unwrap_or_default(),
+            route: filter.route.clone().unwrap_or_default(),
+            session_id: filter.session_id.clone().unwrap_or_default(),
+            agent_namespace: agent.map(|a| a.namespace.clone()).unwrap_or_default(),
+            agent_name: agent.map(|a| a.name.clone()).unwrap_or_default(),
+        };
+        let stream = self
+            .runtime
+            .clone()
+            .watch_approvals(request)
+            .await
+            .map_err(|s| self.status(&s))?
+            .into_inner();
+        Ok(ApprovalWatch {
+            stream,
+            client: self.clone(),
+        })
+    }
+
     /// One approval with its votes (`GetApproval`).
     ///
     /// # Errors

@@ -53,8 +53,8 @@ use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_client::HealthClient;
 
 pub use approvals::{
-    Approval, ApprovalFilter, ApprovalPage, DecideApproval, Decision, DecisionOutcome,
-    OUTCOME_REVIEW, Vote, display_actor,
+    Approval, ApprovalChange, ApprovalChangeKind, ApprovalFilter, ApprovalPage, ApprovalWatch,
+    DecideApproval, Decision, DecisionOutcome, OUTCOME_REVIEW, Vote, display_actor,
 };
 pub use audit::{AuditExport, AuditProblem, AuditScope, AuditVerification, ExportedEvent};
 pub use error::{ClientError, Code};

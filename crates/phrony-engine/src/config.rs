@@ -40,7 +40,18 @@ pub struct EngineConfig {
     /// `None`: unlimited). A start past it is refused (`ResourceExhausted`) and creates
     /// nothing.
     pub max_sessions_per_agent: Option<u64>,
+    /// The most approval watchers ([`crate::Engine::watch_approvals`]) open at once (default
+    /// [`DEFAULT_MAX_APPROVAL_WATCHERS`]). One more is refused (`ResourceExhausted`).
+    pub max_approval_watchers: usize,
+    /// How often an approval watcher re-reads the pending set when no approval changed in this
+    /// process (a safety net for changes another runtime process made on the same database;
+    /// default 2 s).
+    pub approval_watch_interval: Duration,
 }
+
+/// 256 concurrent approval watchers: each re-reads the pending set when an approval changes,
+/// so the bound caps the reads one change causes.
+pub const DEFAULT_MAX_APPROVAL_WATCHERS: usize = 256;
 
 /// 1 MiB: a quarter of the 4 MiB gRPC message limit of the published SDK worker (grpcio's
 /// default), so an invoke always reaches the worker, and far above what a tool needs.
@@ -73,6 +84,8 @@ impl Default for EngineConfig {
             max_tool_calls_per_turn: DEFAULT_MAX_TOOL_CALLS_PER_TURN,
             max_queued_user_messages: DEFAULT_MAX_QUEUED_USER_MESSAGES,
             max_sessions_per_agent: Some(DEFAULT_MAX_SESSIONS_PER_AGENT),
+            max_approval_watchers: DEFAULT_MAX_APPROVAL_WATCHERS,
+            approval_watch_interval: Duration::from_secs(2),
         }
     }
 }

@@ -235,6 +235,9 @@ impl Engine {
     /// When called outside a Tokio runtime.
     #[must_use]
     pub fn new(deps: EngineDeps) -> Self {
+        let approval_watchers = Arc::new(tokio::sync::Semaphore::new(
+            deps.config.max_approval_watchers,
+        ));
         let inner = Arc::new(Inner {
             store: deps.store,
             router: deps.router,
@@ -246,6 +249,7 @@ impl Engine {
             stop: CancellationToken::new(),
             suspended: Mutex::new(HashSet::new()),
             resume_kick: Arc::new(Notify::new()),
+            approval_watchers,
         });
         tokio::spawn(timer::run(Arc::downgrade(&inner), inner.stop.clone()));
         tokio::spawn(crate::resume::run(
@@ -563,6 +567,10 @@ impl Engine {
     /// # Errors
     /// Store errors.
     pub async fn stop_ended_sessions(&self, session_ids: &[String]) -> Result<(), EngineError> {
+        // The ledger closed the ended sessions' pending approvals with the lifecycle change.
+        if !session_ids.is_empty() {
+            self.inner.store.approvals_changed();
+        }
         for id in session_ids {
             let Some(live) = self.inner.live(id) else {
                 continue;

@@ -75,6 +75,7 @@
 
 #![warn(missing_docs)]
 
+mod approval_watch;
 mod attach;
 mod calls;
 mod clock;
@@ -94,6 +95,7 @@ mod subscribe;
 mod timer;
 mod vote;
 
+pub use approval_watch::{ApprovalChange, ApprovalWatch, MAX_WATCHED_APPROVALS};
 pub use attach::{
     Activity, ApprovalDecision, ApprovalRequest, AttachFrom, Attachment, AwaitingInput,
     BLOCKED_AWAITING_APPROVAL, BLOCKED_AWAITING_TOOL, CatchUp, Completion, HistoryEntry,
@@ -102,8 +104,9 @@ pub use attach::{
 pub use calls::LIMIT_TOOL;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{
-    DEFAULT_MAX_QUEUED_USER_MESSAGES, DEFAULT_MAX_SESSIONS_PER_AGENT, DEFAULT_MAX_TOOL_ARGS_BYTES,
-    DEFAULT_MAX_TOOL_CALLS_PER_TURN, EngineConfig,
+    DEFAULT_MAX_APPROVAL_WATCHERS, DEFAULT_MAX_QUEUED_USER_MESSAGES,
+    DEFAULT_MAX_SESSIONS_PER_AGENT, DEFAULT_MAX_TOOL_ARGS_BYTES, DEFAULT_MAX_TOOL_CALLS_PER_TURN,
+    EngineConfig,
 };
 pub use endpoints::{Activated, Activation, ActivationError, activate, describe_change};
 pub use engine::{Engine, EngineDeps, RecoveryReport, SessionHandle, StartSession};

@@ -62,6 +62,8 @@ pub(crate) struct Inner {
     pub(crate) suspended: Mutex<HashSet<String>>,
     /// Wakes the resume task (a session was suspended).
     pub(crate) resume_kick: Arc<Notify>,
+    /// One permit per open approval watcher ([`crate::Engine::watch_approvals`]).
+    pub(crate) approval_watchers: Arc<tokio::sync::Semaphore>,
 }
 
 /// The in-memory side of one live session (one driver).

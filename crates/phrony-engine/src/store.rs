@@ -12,6 +12,7 @@
 
 use std::collections::HashSet;
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -21,6 +22,7 @@ use phrony_ledger::{
     StatusChanged, TimeoutOutcome, ToolInvocation, ToolResult, Vote, VoteOutcome,
 };
 use secrecy::{ExposeSecret as _, SecretSlice};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
@@ -68,13 +70,33 @@ pub struct StoredAgentVersion {
 pub struct LedgerStore {
     ledger: Ledger,
     cipher: Option<SecretCipher>,
+    /// The approval change counter: bumped after every committed step that can open, vote on
+    /// or decide an approval (approval watchers re-read the pending set when it moves).
+    approval_changes: Arc<watch::Sender<u64>>,
 }
 
 impl LedgerStore {
     /// A store on `ledger`, sealing secrets with `cipher`.
     #[must_use]
     pub fn new(ledger: Ledger, cipher: Option<SecretCipher>) -> Self {
-        Self { ledger, cipher }
+        Self {
+            ledger,
+            cipher,
+            approval_changes: Arc::new(watch::Sender::new(0)),
+        }
+    }
+
+    /// Bumps the approval change counter. Called after each committed step that can open,
+    /// vote on or decide an approval, whether it succeeded or not (a failed step may have
+    /// committed nothing; a spurious bump costs watchers one re-read).
+    pub(crate) fn approvals_changed(&self) {
+        self.approval_changes
+            .send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// A receiver of the approval change counter ([`Self::approvals_changed`]).
+    pub(crate) fn watch_approval_changes(&self) -> watch::Receiver<u64> {
+        self.approval_changes.subscribe()
     }
 
     /// The underlying ledger.
@@ -177,7 +199,10 @@ impl LedgerStore {
         session_id: &str,
         change: StatusChange,
     ) -> StoreResult<StatusChanged> {
-        Ok(self.ledger.set_session_status(session_id, change).await?)
+        let changed = self.ledger.set_session_status(session_id, change).await;
+        // A terminal change closes the session's (and its children's) pending approvals.
+        self.approvals_changed();
+        Ok(changed?)
     }
 
     /// Appends a user or assistant message or the evidence snapshot to a live session.
@@ -414,12 +439,16 @@ impl LedgerStore {
 
     /// Opens an approval; the call and the session go to `awaiting_approval` in the same step.
     pub async fn open_approval(&self, new: NewApproval) -> StoreResult<Approval> {
-        Ok(self.ledger.open_approval(new).await?)
+        let opened = self.ledger.open_approval(new).await;
+        self.approvals_changed();
+        Ok(opened?)
     }
 
     /// Records a vote and decides the approval when the quorum or a veto is reached.
     pub async fn cast_vote(&self, approval_id: Uuid, vote: Vote) -> StoreResult<VoteOutcome> {
-        Ok(self.ledger.cast_vote(approval_id, vote).await?)
+        let outcome = self.ledger.cast_vote(approval_id, vote).await;
+        self.approvals_changed();
+        Ok(outcome?)
     }
 
     /// Applies an expired approval's timeout default as of `now`.
@@ -428,7 +457,9 @@ impl LedgerStore {
         approval_id: Uuid,
         now: DateTime<Utc>,
     ) -> StoreResult<TimeoutOutcome> {
-        Ok(self.ledger.expire_approval(approval_id, now).await?)
+        let outcome = self.ledger.expire_approval(approval_id, now).await;
+        self.approvals_changed();
+        Ok(outcome?)
     }
 
     /// One approval with its votes.

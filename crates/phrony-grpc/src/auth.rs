@@ -54,6 +54,7 @@ pub const PERMISSIONS: &[(&str, Permission)] = &[
     ("GetSessionPayload", Permission::Read),
     ("GetApproval", Permission::Read),
     ("ListApprovals", Permission::Read),
+    ("WatchApprovals", Permission::Read),
     ("GetActiveBundle", Permission::Read),
     ("GetBundleSecretRequirements", Permission::Read),
     ("ListBundles", Permission::Read),

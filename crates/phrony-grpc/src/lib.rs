@@ -127,12 +127,12 @@ mod service;
 
 pub use peer::{certificate_subject, peer_subject};
 pub use phrony_auth::{ACTOR_HEADER, Actor, ActorError, is_unprintable};
-pub use service::RuntimeService;
 /// The Work stream's handling below the tonic service (first-message rules, protobuf to
 /// `phrony-dispatch` conversion, the reader task, the response stream). The daemon uses it
 /// through [`RuntimeService`]; it is public, hidden, only for the `work_stream` fuzz target.
 #[doc(hidden)]
 pub use service::work::{WorkHub, WorkResponse};
+pub use service::{DEFAULT_WATCH_BUFFER, DEFAULT_WATCH_GRACE, RuntimeService};
 
 /// The largest request or stream message the runtime accepts (gRPC's default, set explicitly):
 /// it bounds every payload a client or worker can hand in (a session input, a user message, a

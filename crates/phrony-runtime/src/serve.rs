@@ -358,6 +358,7 @@ pub async fn serve(
             recovery_grace: config.recovery_grace,
             max_queued_user_messages: config.max_queued_user_messages,
             max_sessions_per_agent: config.max_sessions_per_agent,
+            max_approval_watchers: config.max_approval_watchers,
             ..EngineConfig::default()
         },
     });
@@ -378,7 +379,8 @@ pub async fn serve(
         tracing::warn!(%session_id, %reason, "session could not be resumed and was failed");
     }
     let service = RuntimeService::new(ledger.clone(), config.default_actor, router.clone())
-        .with_engine(engine.clone());
+        .with_engine(engine.clone())
+        .with_watch_buffer(config.approval_watch_buffer, config.approval_watch_grace);
     let work_streams = service.clone();
     let runtime = Authenticated::new(
         RuntimeServer::new(service).max_decoding_message_size(MAX_MESSAGE_BYTES),

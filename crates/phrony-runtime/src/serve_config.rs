@@ -79,6 +79,15 @@ pub struct ServeConfig {
     /// The most live sessions of one agent (`RUNTIME_MAX_SESSIONS_PER_AGENT`; `None`:
     /// unlimited); see `phrony_engine::EngineConfig::max_sessions_per_agent`.
     pub max_sessions_per_agent: Option<u64>,
+    /// The most `WatchApprovals` streams open at once; see
+    /// `phrony_engine::EngineConfig::max_approval_watchers`.
+    pub max_approval_watchers: usize,
+    /// Changes buffered per `WatchApprovals` stream; see
+    /// `phrony_grpc::RuntimeService::with_watch_buffer`.
+    pub approval_watch_buffer: usize,
+    /// How long a `WatchApprovals` client may leave its buffer full before it is ended
+    /// (`RESOURCE_EXHAUSTED`).
+    pub approval_watch_grace: Duration,
     /// Who may call (`RUNTIME_AUTH`): `local` admits everyone unverified (loopback only;
     /// [`crate::serve`] refuses it on any other address), `required` needs a credential on
     /// every RPC of the Runtime service.
@@ -98,7 +107,8 @@ impl ServeConfig {
     /// 10 s shutdown grace period, a default router, a 10 s dispatch queue wait, a 60 s
     /// tool execution timeout, the engine's default bounds on tool calls (1 MiB of
     /// arguments, 64 calls per model response), a 30 s recovery grace, at most 32 waiting user
-    /// messages per session and 10,000 live sessions per agent, plaintext and no OIDC or mTLS
+    /// messages per session, 10,000 live sessions per agent, 256 approval watchers
+    /// buffering 256 changes each (ended after 10 s not reading), plaintext and no OIDC or mTLS
     /// mapping.
     #[must_use]
     pub fn new(secrets_key: SecretsKey) -> Self {
@@ -119,6 +129,9 @@ impl ServeConfig {
             recovery_grace: Duration::from_secs(30),
             max_queued_user_messages: phrony_engine::DEFAULT_MAX_QUEUED_USER_MESSAGES,
             max_sessions_per_agent: Some(phrony_engine::DEFAULT_MAX_SESSIONS_PER_AGENT),
+            max_approval_watchers: phrony_engine::DEFAULT_MAX_APPROVAL_WATCHERS,
+            approval_watch_buffer: phrony_grpc::DEFAULT_WATCH_BUFFER,
+            approval_watch_grace: phrony_grpc::DEFAULT_WATCH_GRACE,
             auth: crate::auth::AuthMode::Local,
             tls: None,
             oidc: None,

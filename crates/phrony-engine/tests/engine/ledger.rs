@@ -14,7 +14,7 @@ use serde_json::json;
 
 /// A fresh database: SQLite in a temporary directory (deleted at the end), or a throw-away
 /// PostgreSQL database ([`PgDatabase`], dropped at the end).
-enum Db {
+pub(crate) enum Db {
     Sqlite {
         url: String,
         _dir: tempfile::TempDir,
@@ -23,14 +23,14 @@ enum Db {
 }
 
 impl Db {
-    fn sqlite() -> Self {
+    pub(crate) fn sqlite() -> Self {
         let dir = tempfile::tempdir().unwrap();
         let url = format!("sqlite://{}", dir.path().join("phrony.db").display());
         Self::Sqlite { url, _dir: dir }
     }
 
     /// `None` when PostgreSQL is unreachable and `PHRONY_TEST_SKIP_POSTGRES=1`.
-    async fn postgres() -> Option<Self> {
+    pub(crate) async fn postgres() -> Option<Self> {
         PgDatabase::create().await.map(Self::Postgres)
     }
 
@@ -42,7 +42,7 @@ impl Db {
     }
 
     /// The ledger on this database, its times following `clock`.
-    async fn ledger(&self, clock: &Arc<ManualClock>) -> Ledger {
+    pub(crate) async fn ledger(&self, clock: &Arc<ManualClock>) -> Ledger {
         let ledger = Ledger::connect_with(self.url(), ledger_options(clock))
             .await
             .unwrap();

@@ -9,6 +9,7 @@
 
 mod common;
 
+mod approval_watch;
 mod approvals;
 mod attach;
 mod bounds;

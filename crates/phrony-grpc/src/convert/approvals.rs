@@ -1,8 +1,8 @@
-//! Approvals: `GetApproval`, `ListApprovals` and `DecideApproval` requests and responses, and the
+//! Approvals: `GetApproval`, `ListApprovals`, `WatchApprovals` and `DecideApproval` requests and responses, and the
 //! approvals of the `InspectSession` timeline.
 
 use phrony_auth::Attribution;
-use phrony_engine::VoteAnswer;
+use phrony_engine::{ApprovalChange, VoteAnswer};
 use phrony_ledger::{
     AgentRef, Approval, ApprovalFilter, ApprovalStatus, ApprovalVote, PageRequest,
     ReviewResolution, Vote, VoteDecision,
@@ -52,6 +52,35 @@ pub(crate) fn approval_filter(
         route: super::optional(r.route.trim()).map(str::to_owned),
     };
     Ok((filter, page_request(r.page_size, &r.page_token)?))
+}
+
+/// The ledger filter of a `WatchApprovals` request, validated like `ListApprovals`' (the
+/// engine refuses a status other than pending).
+pub(crate) fn watch_filter(r: &pb::WatchApprovalsRequest) -> Result<ApprovalFilter, Status> {
+    let as_list = pb::ListApprovalsRequest {
+        status: r.status.clone(),
+        route: r.route.clone(),
+        session_id: r.session_id.clone(),
+        agent_namespace: r.agent_namespace.clone(),
+        agent_name: r.agent_name.clone(),
+        page_size: 0,
+        page_token: String::new(),
+    };
+    approval_filter(&as_list).map(|(filter, _)| filter)
+}
+
+/// One `WatchApprovals` message.
+pub(crate) fn approval_change(change: ApprovalChange) -> pb::ApprovalChange {
+    let (kind, approval) = match change {
+        ApprovalChange::Opened(a) => (pb::ApprovalChangeKind::Opened, Some(approval(a, false))),
+        ApprovalChange::Updated(a) => (pb::ApprovalChangeKind::Updated, Some(approval(a, false))),
+        ApprovalChange::Decided(a) => (pb::ApprovalChangeKind::Decided, Some(approval(a, true))),
+        ApprovalChange::CurrentEnd => (pb::ApprovalChangeKind::CurrentEnd, None),
+    };
+    pb::ApprovalChange {
+        kind: kind.into(),
+        approval,
+    }
 }
 
 /// The vote a `DecideApprovalRequest` casts, by `actor` (already attributed to the request's

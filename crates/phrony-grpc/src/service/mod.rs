@@ -40,7 +40,19 @@ pub struct RuntimeService {
     engine: Option<Engine>,
     /// Ends the open `RunSessionInteractive` streams (shutdown).
     session_streams: phrony_dispatch::CancellationToken,
+    /// Changes buffered per `WatchApprovals` stream ([`DEFAULT_WATCH_BUFFER`]).
+    watch_buffer: usize,
+    /// How long a `WatchApprovals` client may leave its buffer full before it is ended
+    /// ([`DEFAULT_WATCH_GRACE`]).
+    watch_grace: std::time::Duration,
 }
+
+/// Changes buffered per `WatchApprovals` stream, beyond what HTTP/2 flow control holds.
+pub const DEFAULT_WATCH_BUFFER: usize = 256;
+
+/// How long a `WatchApprovals` client may leave its buffer full (not reading) before it is ended
+/// with `RESOURCE_EXHAUSTED`.
+pub const DEFAULT_WATCH_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl RuntimeService {
     /// A service on `ledger` (already migrated). Changes whose request names no actor are
@@ -54,7 +66,19 @@ impl RuntimeService {
             work: work::WorkHub::new(router),
             engine: None,
             session_streams: phrony_dispatch::CancellationToken::new(),
+            watch_buffer: DEFAULT_WATCH_BUFFER,
+            watch_grace: DEFAULT_WATCH_GRACE,
         }
+    }
+
+    /// The service with `changes` (at least 1) buffered per `WatchApprovals` stream instead of
+    /// [`DEFAULT_WATCH_BUFFER`], and a client that leaves them unread for `grace` ended instead
+    /// of after [`DEFAULT_WATCH_GRACE`].
+    #[must_use]
+    pub fn with_watch_buffer(mut self, changes: usize, grace: std::time::Duration) -> Self {
+        self.watch_buffer = changes.max(1);
+        self.watch_grace = grace;
+        self
     }
 
     /// The service with `engine` running its sessions (the session and approval RPCs need
@@ -194,6 +218,7 @@ impl Runtime for RuntimeService {
     type WorkStream = BoxStream<pb::WorkServerMsg>;
     type GetSessionPayloadStream = BoxStream<pb::SessionPayloadChunk>;
     type ExportAuditStream = BoxStream<pb::AuditEvent>;
+    type WatchApprovalsStream = BoxStream<pb::ApprovalChange>;
 
     // --- Audit ------------------------------------------------------------------------------
 
@@ -438,6 +463,16 @@ impl Runtime for RuntimeService {
             "ListApprovals",
             self.list_approvals_impl(request.into_inner()),
         )
+        .await
+    }
+
+    async fn watch_approvals(
+        &self,
+        request: Request<pb::WatchApprovalsRequest>,
+    ) -> Result<Response<Self::WatchApprovalsStream>, Status> {
+        unary("WatchApprovals", async {
+            self.watch_approvals_impl(&request.into_inner())
+        })
         .await
     }
 

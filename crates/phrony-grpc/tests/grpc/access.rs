@@ -35,6 +35,7 @@ const READS: &[&str] = &[
     "GetSessionPayload",
     "GetApproval",
     "ListApprovals",
+    "WatchApprovals",
     "GetActiveBundle",
     "GetBundleSecretRequirements",
     "ListBundles",
@@ -145,6 +146,12 @@ async fn call(client: &mut Client, rpc: &str) -> Code {
         "ListApprovals" => code(
             client
                 .list_approvals(pb::ListApprovalsRequest::default())
+                .await,
+        ),
+        // The stream opens (or is refused) before any change is read.
+        "WatchApprovals" => code(
+            client
+                .watch_approvals(pb::WatchApprovalsRequest::default())
                 .await,
         ),
         "GetActiveBundle" => code(
@@ -396,7 +403,7 @@ async fn every_rpc_answers_every_role_as_the_table_says() {
     );
     assert_eq!(
         checked,
-        callers.len() * 32,
+        callers.len() * 33,
         "every RPC of the service was called"
     );
     server.stop().await;

@@ -7,6 +7,7 @@
 //! - [`interactive`]: the interactive session stream and its approvals.
 //! - [`sdk_worker`]: the published Python SDK's worker against the server.
 //! - [`sessions`]: sessions end to end, on SQLite and PostgreSQL.
+//! - [`watch`]: `WatchApprovals`: the current set, changes, bounds.
 //! - [`work`]: the `Work` stream's protocol.
 
 #![allow(
@@ -24,4 +25,5 @@ mod endpoints;
 mod interactive;
 mod sdk_worker;
 mod sessions;
+mod watch;
 mod work;

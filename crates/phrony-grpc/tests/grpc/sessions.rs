@@ -44,7 +44,7 @@ const API_KEY: &str = "sk-test-never-shown";
 /// "Refund <amount>" → calls `issue_refund` once; after the tool outcome it reports it and ends
 /// the turn. Anything else is echoed. Records every request.
 #[derive(Debug, Default)]
-struct RuleModel {
+pub(crate) struct RuleModel {
     requests: Mutex<Vec<CompletionRequest>>,
 }
 
@@ -179,14 +179,14 @@ impl ProviderFactory for RuleFactory {
 // The server and its database.
 
 /// Where the ledger lives; a PostgreSQL database is dropped with it.
-struct Db {
+pub(crate) struct Db {
     url: String,
     _dir: Option<tempfile::TempDir>,
     _pg: Option<PgDatabase>,
 }
 
 impl Db {
-    fn sqlite() -> Self {
+    pub(crate) fn sqlite() -> Self {
         let dir = tempfile::tempdir().unwrap();
         let url = format!("sqlite://{}", dir.path().join("phrony.db").display());
         Self {
@@ -208,8 +208,8 @@ impl Db {
     }
 }
 
-struct Server {
-    addr: String,
+pub(crate) struct Server {
+    pub(crate) addr: String,
     model: Arc<RuleModel>,
     factory: Arc<RuleFactory>,
     stop: Option<oneshot::Sender<()>>,
@@ -218,6 +218,16 @@ struct Server {
 
 impl Server {
     async fn start(db: &Db, key: &SecretsKey, model: Arc<RuleModel>) -> Self {
+        Self::start_with(db, key, model, |_| {}).await
+    }
+
+    /// [`Self::start`], with `tweak` applied to the server's settings.
+    pub(crate) async fn start_with(
+        db: &Db,
+        key: &SecretsKey,
+        model: Arc<RuleModel>,
+        tweak: impl FnOnce(&mut ServeConfig),
+    ) -> Self {
         let ledger = Ledger::connect(&db.url).await.unwrap();
         ledger.migrate().await.unwrap();
         let listener = phrony_runtime::bind("127.0.0.1:0").await.unwrap();
@@ -230,6 +240,7 @@ impl Server {
         config.providers = Some(factory.clone());
         config.default_actor = "runtime-default".into();
         config.shutdown_grace = Duration::from_secs(2);
+        tweak(&mut config);
         let (stop, stopped) = oneshot::channel();
         let task = tokio::spawn(async move {
             phrony_runtime::serve(listener, ledger, config, async {
@@ -247,7 +258,7 @@ impl Server {
         }
     }
 
-    async fn client(&self) -> RuntimeClient<Channel> {
+    pub(crate) async fn client(&self) -> RuntimeClient<Channel> {
         RuntimeClient::connect(format!("http://{}", self.addr))
             .await
             .unwrap()
@@ -265,7 +276,7 @@ impl Server {
 // ---------------------------------------------------------------------------------------------
 // The worker, on the Work stream like the SDK's.
 
-struct Worker {
+pub(crate) struct Worker {
     invocations: Arc<Mutex<Vec<pb::WorkInvoke>>>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -287,7 +298,7 @@ fn handler(tool: &str) -> pb::WorkHandlerAdvertisement {
 }
 
 impl Worker {
-    async fn connect(server: &Server) -> Self {
+    pub(crate) async fn connect(server: &Server) -> Self {
         Self::connect_with(server, true, 0).await
     }
 
@@ -391,7 +402,7 @@ fn example_dir() -> PathBuf {
 }
 
 /// The refund example, optionally renamed and with the approval boundary's quorum changed.
-fn refund_agent(name: &str, quorum: u32) -> CompiledAgent {
+pub(crate) fn refund_agent(name: &str, quorum: u32) -> CompiledAgent {
     let dir = tempfile::tempdir().unwrap();
     let src = example_dir();
     for sub in ["tools", "policies"] {
@@ -424,7 +435,7 @@ fn agent_ref(name: &str) -> pb::AgentRef {
     }
 }
 
-async fn publish_and_deploy(client: &mut RuntimeClient<Channel>, agent: &CompiledAgent) {
+pub(crate) async fn publish_and_deploy(client: &mut RuntimeClient<Channel>, agent: &CompiledAgent) {
     client
         .publish(pb::PublishRequest {
             manifest: agent.snapshot_json(),
@@ -456,7 +467,7 @@ fn run_request(name: &str, input: &str) -> pb::RunSessionRequest {
     }
 }
 
-async fn run(client: &mut RuntimeClient<Channel>, name: &str, input: &str) -> String {
+pub(crate) async fn run(client: &mut RuntimeClient<Channel>, name: &str, input: &str) -> String {
     let started = client
         .run_session(run_request(name, input))
         .await
@@ -479,7 +490,7 @@ async fn inspect(client: &mut RuntimeClient<Channel>, id: &str) -> pb::InspectSe
 }
 
 /// Waits (polling the API, bounded by [`PATIENCE`]) until the session reaches `status`.
-async fn wait_status(
+pub(crate) async fn wait_status(
     client: &mut RuntimeClient<Channel>,
     id: &str,
     status: &str,
@@ -516,7 +527,12 @@ async fn pending_approvals(client: &mut RuntimeClient<Channel>, id: &str) -> Vec
         .approvals
 }
 
-fn decide(id: &str, approve: bool, actor: &str, comment: &str) -> pb::DecideApprovalRequest {
+pub(crate) fn decide(
+    id: &str,
+    approve: bool,
+    actor: &str,
+    comment: &str,
+) -> pb::DecideApprovalRequest {
     pb::DecideApprovalRequest {
         approval_id: id.into(),
         decision: if approve {

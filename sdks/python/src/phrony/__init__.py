@@ -11,6 +11,7 @@ from phrony._version import SDK_VERSION
 from phrony.agent_ref import AgentRefParseError, format_agent_ref, parse_agent_ref
 from phrony.api import (
     Approval,
+    ApprovalChange,
     Approvals,
     ApprovalVote,
     Client,
@@ -85,6 +86,7 @@ __all__ = [
     "AgentSessionError",
     "AlreadyExistsError",
     "Approval",
+    "ApprovalChange",
     "ApprovalDecision",
     "ApprovalVote",
     "Approvals",

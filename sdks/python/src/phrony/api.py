@@ -13,17 +13,19 @@ again for each event loop it is used from (gRPC channels belong to one loop).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, overload
 
 import grpc
 
 from phrony.agent_ref import parse_agent_ref
 from phrony.client.dial import ChannelOption, resolve_runtime_addr
-from phrony.client.errors import PhronyError
+from phrony.client.errors import PhronyError, ResourceExhaustedError, UnavailableError
 from phrony.client.json_bytes import parse_json_bytes
 from phrony.client.runtime_client import RuntimeClient
 from phrony.credentials import channel_credentials
@@ -31,6 +33,8 @@ from phrony.gen.phrony.runtime.v1 import runtime_pb2
 from phrony.phrony import AgentSessionError
 from phrony.secrets import declared_secrets, resolve
 from phrony.types import AgentRefLike, agent_ref_to_dict
+
+logger = logging.getLogger("phrony.client")
 
 ACTOR_HEADER = "phrony-actor"
 TERMINAL_STATUSES = frozenset({"completed", "failed", "cancelled"})
@@ -134,6 +138,29 @@ class Approval:
                 ApprovalVote(v.decided_by, v.decision, v.comment, v.created_at, v.verification, v.via) for v in a.votes
             ),
         )
+
+
+@dataclass(frozen=True)
+class ApprovalChange:
+    """One change of `client.approvals.watch(include_decided=True)`.
+
+    `kind`: `"opened"` (pending: in the set when the watch started, or opened since),
+    `"updated"` (still pending, e.g. one vote of a quorum) or `"decided"` (left the pending set:
+    `approval.status` is approved, denied, escalated or cancelled)."""
+
+    kind: str
+    approval: Approval
+
+
+_CHANGE_KINDS = {
+    runtime_pb2.APPROVAL_CHANGE_KIND_OPENED: "opened",
+    runtime_pb2.APPROVAL_CHANGE_KIND_UPDATED: "updated",
+    runtime_pb2.APPROVAL_CHANGE_KIND_DECIDED: "decided",
+}
+
+# Reconnect backoff of `Approvals.watch`: first wait, and the cap.
+WATCH_FIRST_BACKOFF = 0.2
+WATCH_MAX_BACKOFF = 5.0
 
 
 @dataclass(frozen=True)
@@ -282,6 +309,110 @@ class Approvals:
             token = page.next_page_token
             if not token:
                 return found
+
+    @overload
+    def watch(
+        self,
+        *,
+        status: str = ...,
+        session_id: str | None = ...,
+        route: str | None = ...,
+        agent: str | None = ...,
+        include_decided: Literal[False] = ...,
+        reconnect: bool = ...,
+    ) -> AsyncIterator[Approval]: ...
+
+    @overload
+    def watch(
+        self,
+        *,
+        status: str = ...,
+        session_id: str | None = ...,
+        route: str | None = ...,
+        agent: str | None = ...,
+        include_decided: Literal[True],
+        reconnect: bool = ...,
+    ) -> AsyncIterator[ApprovalChange]: ...
+
+    async def watch(
+        self,
+        *,
+        status: str = "pending",
+        session_id: str | None = None,
+        route: str | None = None,
+        agent: str | None = None,
+        include_decided: bool = False,
+        reconnect: bool = True,
+    ) -> AsyncIterator[Any]:
+        """The pending approvals matching the filters, then each one opened later, as they
+        happen, without polling (`WatchApprovals`). `agent`: `namespace/name`; `status` must be
+        `"pending"` (a watch follows the pending set).
+
+        Yields `Approval` items, each once. With `include_decided=True` yields `ApprovalChange`
+        objects instead: `"opened"` as above, `"updated"` and `"decided"` changes of the
+        approvals already yielded.
+
+        When the runtime becomes unavailable (a restart) or ends a watcher that fell behind,
+        the watch connects again with backoff (0.2 s doubling to 5 s; `reconnect=False` raises
+        instead) and resumes without duplicates: the runtime sends the current set again, the
+        ids already yielded are skipped, and (with `include_decided`) an approval yielded
+        before that is no longer pending is fetched and yielded as `"decided"`."""
+        namespace = name = ""
+        if agent:
+            ref = parse_agent_ref(agent)
+            namespace, name = ref["namespace"], ref["name"]
+        yielded: set[str] = set()
+        backoff = WATCH_FIRST_BACKOFF
+        while True:
+            current: set[str] | None = set()
+            try:
+                rc = await self._client._runtime()
+                changes = rc.watch_approvals(
+                    status=status, session_id=session_id, route=route, agent_namespace=namespace, agent_name=name
+                )
+                # aclosing: the call ends as soon as the caller stops iterating.
+                async with contextlib.aclosing(changes):
+                    async for change in changes:
+                        if change.kind == runtime_pb2.APPROVAL_CHANGE_KIND_CURRENT_END:
+                            assert current is not None
+                            gone = yielded - current
+                            yielded &= current
+                            current = None
+                            backoff = WATCH_FIRST_BACKOFF
+                            if include_decided:
+                                for approval_id in sorted(gone):
+                                    yield ApprovalChange("decided", await self.get(approval_id))
+                            continue
+                        kind = _CHANGE_KINDS.get(change.kind)
+                        if kind is None or not change.HasField("approval"):
+                            continue
+                        approval = Approval.from_proto(change.approval)
+                        if kind == "opened":
+                            if current is not None:
+                                current.add(approval.id)
+                            if approval.id in yielded:
+                                continue
+                            yielded.add(approval.id)
+                            yield ApprovalChange(kind, approval) if include_decided else approval
+                        elif approval.id in yielded:
+                            if kind == "decided":
+                                yielded.discard(approval.id)
+                            if include_decided:
+                                yield ApprovalChange(kind, approval)
+                raise UnavailableError(
+                    "watch approvals",
+                    code=grpc.StatusCode.UNAVAILABLE.value[0],
+                    grpc_code="UNAVAILABLE",
+                    details="the runtime ended the watch",
+                    rpc_message="watch approvals: the runtime ended the watch (UNAVAILABLE)",
+                )
+            except (UnavailableError, ResourceExhaustedError) as error:
+                # ResourceExhausted: this watcher fell behind (or too many watch); both retry.
+                if not reconnect:
+                    raise
+                logger.info("approval watch interrupted (%s); reconnecting in %.1fs", error, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, WATCH_MAX_BACKOFF)
 
     async def get(self, approval_id: str) -> Approval:
         rc = await self._client._runtime()

@@ -1,10 +1,11 @@
-//! `phrony approvals …`: list, show and decide the tool calls held for a human.
+//! `phrony approvals …`: list, watch, show and decide the tool calls held for a human.
 //!
 //! Votes are recorded with the actor (`PHRONY_ACTOR`, else the OS user).
 
 mod decide;
 mod list;
 mod show;
+mod watch;
 
 use std::io::{self, Write};
 
@@ -28,6 +29,9 @@ pub(crate) enum Command {
     /// Resolve an outcome review (a call whose worker was lost: did it happen?):
     /// --happened [--result FILE], --fail, or --resend --confirm-not-happened.
     Resolve(decide::ResolveArgs),
+    /// Print the pending approvals, then each change as it happens (opened, updated,
+    /// decided), one line each, until interrupted.
+    Watch(watch::Args),
 }
 
 impl Command {
@@ -39,6 +43,7 @@ impl Command {
             Self::Approve(args) => decide::approve(&args, global),
             Self::Reject(args) => decide::reject(&args, global),
             Self::Resolve(args) => decide::resolve(&args, global),
+            Self::Watch(args) => watch::run(&args, global),
         }
     }
 }

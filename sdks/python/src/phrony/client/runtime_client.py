@@ -269,6 +269,34 @@ class RuntimeClient:
             )
         return await self._unary("decide approval", self._stub.DecideApproval, request)
 
+    async def watch_approvals(
+        self,
+        request: runtime_pb2.WatchApprovalsRequest | None = None,
+        *,
+        status: str | None = None,
+        route: str | None = None,
+        session_id: str | None = None,
+        agent_namespace: str | None = None,
+        agent_name: str | None = None,
+    ) -> AsyncIterator[runtime_pb2.ApprovalChange]:
+        """`WatchApprovals`, streamed: the pending approvals (OPENED), one CURRENT_END, then each
+        change as it happens. Ends the call when the iterator is closed."""
+        request = request or runtime_pb2.WatchApprovalsRequest(
+            status=status or "",
+            route=route or "",
+            session_id=session_id or "",
+            agent_namespace=agent_namespace or "",
+            agent_name=agent_name or "",
+        )
+        call = self._stub.WatchApprovals(request, metadata=self._metadata or None)
+        try:
+            async for change in call:
+                yield change
+        except aio.AioRpcError as error:
+            raise wrap_rpc_error("watch approvals", error) from error
+        finally:
+            call.cancel()
+
     # --- audit --------------------------------------------------------------------------
 
     async def verify_audit(self, request: runtime_pb2.VerifyAuditRequest | None = None) -> runtime_pb2.VerifyAuditResponse:

@@ -19,12 +19,25 @@ class SessionMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SESSION_MODE_UNSPECIFIED: _ClassVar[SessionMode]
     SESSION_MODE_TASK: _ClassVar[SessionMode]
     SESSION_MODE_CONVERSATION: _ClassVar[SessionMode]
+
+class ApprovalChangeKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    APPROVAL_CHANGE_KIND_UNSPECIFIED: _ClassVar[ApprovalChangeKind]
+    APPROVAL_CHANGE_KIND_OPENED: _ClassVar[ApprovalChangeKind]
+    APPROVAL_CHANGE_KIND_UPDATED: _ClassVar[ApprovalChangeKind]
+    APPROVAL_CHANGE_KIND_DECIDED: _ClassVar[ApprovalChangeKind]
+    APPROVAL_CHANGE_KIND_CURRENT_END: _ClassVar[ApprovalChangeKind]
 APPROVAL_DECISION_UNSPECIFIED: ApprovalDecision
 APPROVAL_DECISION_APPROVE: ApprovalDecision
 APPROVAL_DECISION_REJECT: ApprovalDecision
 SESSION_MODE_UNSPECIFIED: SessionMode
 SESSION_MODE_TASK: SessionMode
 SESSION_MODE_CONVERSATION: SessionMode
+APPROVAL_CHANGE_KIND_UNSPECIFIED: ApprovalChangeKind
+APPROVAL_CHANGE_KIND_OPENED: ApprovalChangeKind
+APPROVAL_CHANGE_KIND_UPDATED: ApprovalChangeKind
+APPROVAL_CHANGE_KIND_DECIDED: ApprovalChangeKind
+APPROVAL_CHANGE_KIND_CURRENT_END: ApprovalChangeKind
 
 class VerifyAuditRequest(_message.Message):
     __slots__ = ("session_id", "agent")
@@ -1463,6 +1476,28 @@ class ListApprovalsResponse(_message.Message):
     approvals: _containers.RepeatedCompositeFieldContainer[Approval]
     next_page_token: str
     def __init__(self, approvals: _Optional[_Iterable[_Union[Approval, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class WatchApprovalsRequest(_message.Message):
+    __slots__ = ("status", "route", "session_id", "agent_namespace", "agent_name")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    ROUTE_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    AGENT_NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    AGENT_NAME_FIELD_NUMBER: _ClassVar[int]
+    status: str
+    route: str
+    session_id: str
+    agent_namespace: str
+    agent_name: str
+    def __init__(self, status: _Optional[str] = ..., route: _Optional[str] = ..., session_id: _Optional[str] = ..., agent_namespace: _Optional[str] = ..., agent_name: _Optional[str] = ...) -> None: ...
+
+class ApprovalChange(_message.Message):
+    __slots__ = ("kind", "approval")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    APPROVAL_FIELD_NUMBER: _ClassVar[int]
+    kind: ApprovalChangeKind
+    approval: Approval
+    def __init__(self, kind: _Optional[_Union[ApprovalChangeKind, str]] = ..., approval: _Optional[_Union[Approval, _Mapping]] = ...) -> None: ...
 
 class DecideApprovalRequest(_message.Message):
     __slots__ = ("approval_id", "decision", "comment", "args", "comprehension_acknowledged", "actor", "resolution", "result")

@@ -166,6 +166,11 @@ class RuntimeStub:
                 request_serializer=phrony_dot_runtime_dot_v1_dot_runtime__pb2.ListApprovalsRequest.SerializeToString,
                 response_deserializer=phrony_dot_runtime_dot_v1_dot_runtime__pb2.ListApprovalsResponse.FromString,
                 _registered_method=True)
+        self.WatchApprovals = channel.unary_stream(
+                '/phrony.runtime.v1.Runtime/WatchApprovals',
+                request_serializer=phrony_dot_runtime_dot_v1_dot_runtime__pb2.WatchApprovalsRequest.SerializeToString,
+                response_deserializer=phrony_dot_runtime_dot_v1_dot_runtime__pb2.ApprovalChange.FromString,
+                _registered_method=True)
         self.DecideApproval = channel.unary_unary(
                 '/phrony.runtime.v1.Runtime/DecideApproval',
                 request_serializer=phrony_dot_runtime_dot_v1_dot_runtime__pb2.DecideApprovalRequest.SerializeToString,
@@ -411,6 +416,22 @@ class RuntimeServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchApprovals(self, request, context):
+        """phrony-rs addition: the pending approvals matching the filters, then each
+        change to that set as it happens, for an approvals surface that does not
+        poll. First every matching pending approval as an OPENED change (oldest
+        first), then one CURRENT_END; then OPENED (a new approval), UPDATED (a
+        vote of a quorum, edited arguments) and DECIDED (approved, denied,
+        escalated, expired or cancelled: the approval's status says which) changes,
+        each with the whole approval. A client that reconnects gets the current
+        set again. At most 256 watches are open at once (one more is refused with
+        RESOURCE_EXHAUSTED), and a client that does not read its changes is ended
+        with RESOURCE_EXHAUSTED.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def DecideApproval(self, request, context):
         """Records one actor's vote (approve or reject) on a pending approval.
         """
@@ -596,6 +617,11 @@ def add_RuntimeServicer_to_server(servicer, server):
                     servicer.ListApprovals,
                     request_deserializer=phrony_dot_runtime_dot_v1_dot_runtime__pb2.ListApprovalsRequest.FromString,
                     response_serializer=phrony_dot_runtime_dot_v1_dot_runtime__pb2.ListApprovalsResponse.SerializeToString,
+            ),
+            'WatchApprovals': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchApprovals,
+                    request_deserializer=phrony_dot_runtime_dot_v1_dot_runtime__pb2.WatchApprovalsRequest.FromString,
+                    response_serializer=phrony_dot_runtime_dot_v1_dot_runtime__pb2.ApprovalChange.SerializeToString,
             ),
             'DecideApproval': grpc.unary_unary_rpc_method_handler(
                     servicer.DecideApproval,
@@ -1332,6 +1358,33 @@ class Runtime:
             '/phrony.runtime.v1.Runtime/ListApprovals',
             phrony_dot_runtime_dot_v1_dot_runtime__pb2.ListApprovalsRequest.SerializeToString,
             phrony_dot_runtime_dot_v1_dot_runtime__pb2.ListApprovalsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchApprovals(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/phrony.runtime.v1.Runtime/WatchApprovals',
+            phrony_dot_runtime_dot_v1_dot_runtime__pb2.WatchApprovalsRequest.SerializeToString,
+            phrony_dot_runtime_dot_v1_dot_runtime__pb2.ApprovalChange.FromString,
             options,
             channel_credentials,
             insecure,
