@@ -1426,18 +1426,24 @@ pub(crate) async fn concurrent_writes_share_commits_and_a_refusal_fails_only_its
          '[\"viewer\"]', '[]', '[]', '2026-01-01T00:00:00Z', 'ops', NULL)",
     )
     .await;
+    // Another connection pool: it sees only what was committed.
+    let other = db.another_ledger().await;
     let before = ledger.group_commit_stats();
     let start = std::sync::Arc::new(tokio::sync::Barrier::new(WRITERS + 1));
     let mut appends = Vec::new();
     for i in 0..WRITERS {
         let ledger = ledger.clone();
+        let other = other.clone();
         let start = start.clone();
         appends.push(tokio::spawn(async move {
             start.wait().await;
+            let stream = format!("run_batch_{i}");
             let event = NewEvent::new("message.assistant", "writer", json!({ "i": i }));
-            ledger
-                .append_session_event(&format!("run_batch_{i}"), event)
-                .await
+            let appended = ledger.append_session_event(&stream, event).await?;
+            // Acknowledged only once committed: visible to the other pool the moment it returns.
+            let seen = other.list_events(&stream, 0, 10).await?;
+            assert_eq!(seen.len(), 1, "{stream} acknowledged before it committed");
+            Ok::<_, LedgerError>(appended)
         }));
     }
     let refused = {
@@ -1473,8 +1479,7 @@ pub(crate) async fn concurrent_writes_share_commits_and_a_refusal_fails_only_its
         other => panic!("expected the refused write's own error, got {other:?}"),
     }
 
-    // Every acknowledged write is there, and durable: a second connection pool sees it.
-    let other = db.another_ledger().await;
+    // Every acknowledged write is there.
     for i in 0..WRITERS {
         let stream = format!("run_batch_{i}");
         let events = other.list_events(&stream, 0, 10).await.unwrap();
