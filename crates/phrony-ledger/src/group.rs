@@ -394,13 +394,12 @@ async fn commit(mut conn: PoolConnection<Sqlite>, mut batch: Batch, counters: &C
                 writes = batch.writes,
                 "ledger group commit failed; failing every write of the batch"
             );
-            if conn.is_in_transaction() {
-                if let Err(error) =
+            if conn.is_in_transaction()
+                && let Err(error) =
                     <Sqlite as sqlx::Database>::TransactionManager::rollback(&mut conn).await
-                {
-                    tracing::warn!(%error, "rollback after a failed group commit failed");
-                    conn.close_on_drop();
-                }
+            {
+                tracing::warn!(%error, "rollback after a failed group commit failed");
+                conn.close_on_drop();
             }
             let message = format!(
                 "a batch of {} writes did not commit: {reason}",
