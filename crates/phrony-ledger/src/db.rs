@@ -16,6 +16,7 @@ use crate::LedgerClock;
 use crate::audit_key::AuditKey;
 use crate::chain::{canonical_json, format_ts};
 use crate::error::{LedgerError, Result, SqlxResultExt};
+use crate::group::{GroupWriter, Lease};
 
 /// Which database a [`crate::Ledger`] talks to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,31 +46,50 @@ impl std::fmt::Display for Backend {
 
 #[derive(Debug, Clone)]
 pub(crate) enum Pool {
-    Sqlite(SqlitePool),
+    /// Reads use the pool; writes queue on the group-commit writer (which takes its connection
+    /// from the same pool).
+    Sqlite(SqlitePool, GroupWriter),
     Postgres(PgPool),
 }
 
 impl Pool {
     pub(crate) fn backend(&self) -> Backend {
         match self {
-            Self::Sqlite(_) => Backend::Sqlite,
+            Self::Sqlite(..) => Backend::Sqlite,
             Self::Postgres(_) => Backend::Postgres,
         }
     }
 
-    /// Starts a write transaction. On SQLite it is `BEGIN IMMEDIATE`, so the database write
-    /// lock is taken up front (waiting up to the busy timeout) instead of failing on upgrade.
+    /// Starts a write transaction. On PostgreSQL it is a transaction of its own; on SQLite a
+    /// savepoint in the group-commit writer's batch (`BEGIN IMMEDIATE` when the batch starts,
+    /// so the database write lock is taken up front, waiting up to the busy timeout), whose
+    /// commit returns once the whole batch committed (see the `group` module).
     pub(crate) async fn begin_write(
         &self,
         clock: &LedgerClock,
         audit_key: Option<Arc<AuditKey>>,
     ) -> Result<Tx> {
+        self.begin(clock, audit_key, false).await
+    }
+
+    /// [`Pool::begin_write`] for a write that changes connection state later writes of a
+    /// batch would inherit (e.g. `PRAGMA defer_foreign_keys`): on SQLite it is a batch of its own.
+    pub(crate) async fn begin_write_alone(
+        &self,
+        clock: &LedgerClock,
+        audit_key: Option<Arc<AuditKey>>,
+    ) -> Result<Tx> {
+        self.begin(clock, audit_key, true).await
+    }
+
+    async fn begin(
+        &self,
+        clock: &LedgerClock,
+        audit_key: Option<Arc<AuditKey>>,
+        alone: bool,
+    ) -> Result<Tx> {
         let kind = match self {
-            Self::Sqlite(p) => TxKind::Sqlite(
-                p.begin_with("BEGIN IMMEDIATE")
-                    .await
-                    .ctx("begin transaction")?,
-            ),
+            Self::Sqlite(_, writer) => TxKind::Sqlite(writer.begin(alone).await?),
             Self::Postgres(p) => TxKind::Postgres(p.begin().await.ctx("begin transaction")?),
         };
         Ok(Tx {
@@ -81,7 +101,7 @@ impl Pool {
 
     pub(crate) async fn acquire(&self) -> Result<PooledConn> {
         match self {
-            Self::Sqlite(p) => Ok(PooledConn::Sqlite(
+            Self::Sqlite(p, _) => Ok(PooledConn::Sqlite(
                 p.acquire().await.ctx("acquire connection")?,
             )),
             Self::Postgres(p) => Ok(PooledConn::Postgres(
@@ -92,7 +112,7 @@ impl Pool {
 
     pub(crate) async fn close(&self) {
         match self {
-            Self::Sqlite(p) => p.close().await,
+            Self::Sqlite(p, _) => p.close().await,
             Self::Postgres(p) => p.close().await,
         }
     }
@@ -107,7 +127,7 @@ pub(crate) struct Tx {
 }
 
 enum TxKind {
-    Sqlite(sqlx::Transaction<'static, Sqlite>),
+    Sqlite(Lease),
     Postgres(sqlx::Transaction<'static, Postgres>),
 }
 
@@ -124,7 +144,7 @@ impl Tx {
 
     pub(crate) fn conn(&mut self) -> Conn<'_> {
         match &mut self.kind {
-            TxKind::Sqlite(tx) => Conn::Sqlite(tx),
+            TxKind::Sqlite(lease) => Conn::Sqlite(lease.conn()),
             TxKind::Postgres(tx) => Conn::Postgres(tx),
         }
     }
@@ -136,22 +156,29 @@ impl Tx {
         }
     }
 
+    /// Commits; on SQLite returns once the write's batch committed (a write is acknowledged
+    /// only when it is durable).
     pub(crate) async fn commit(self) -> Result<()> {
         match self.kind {
-            TxKind::Sqlite(tx) => tx.commit().await.ctx("commit transaction"),
+            TxKind::Sqlite(lease) => lease.release().await,
             TxKind::Postgres(tx) => tx.commit().await.ctx("commit transaction"),
         }
     }
 
-    pub(crate) async fn rollback(self) {
-        let result = match self.kind {
-            TxKind::Sqlite(tx) => tx.rollback().await,
-            TxKind::Postgres(tx) => tx.rollback().await,
-        };
-        if let Err(error) = result {
-            // The connection is discarded by the pool when a rollback fails; nothing was
-            // committed, so there is nothing else to undo.
-            tracing::warn!(%error, "ledger transaction rollback failed");
+    /// Rolls back. `Err` only on SQLite, when the write ran after others in its batch and
+    /// that batch did not commit: what the caller concluded from the state it read is then not
+    /// durable, and it must report the outage instead.
+    pub(crate) async fn rollback(self) -> Result<()> {
+        match self.kind {
+            TxKind::Sqlite(lease) => lease.roll_back().await,
+            TxKind::Postgres(tx) => {
+                if let Err(error) = tx.rollback().await {
+                    // The connection is discarded by the pool when a rollback fails; nothing
+                    // was committed, so there is nothing else to undo.
+                    tracing::warn!(%error, "ledger transaction rollback failed");
+                }
+                Ok(())
+            }
         }
     }
 }

@@ -153,6 +153,7 @@ mod error;
 mod event_body;
 mod events;
 mod files;
+mod group;
 mod lifecycle;
 mod model;
 
@@ -177,6 +178,7 @@ pub use audit_key::AuditKey;
 pub use chain::{ChainViolation, GENESIS_HASH, ViolationKind, canonical_json};
 pub use db::Backend;
 pub use error::LedgerError;
+pub use group::{GroupCommitStats, MAX_BATCH_AGE, MAX_BATCH_WRITES};
 pub use model::{
     Agent, AgentRef, AgentVersion, ArchivedAgent, Deployment, DeploymentAction, Event,
     NewAgentVersion, NewEvent, Published, RebuildReport, RetiredVersion, VerifyReport,
@@ -224,14 +226,22 @@ use crate::error::Result;
 const MAX_WRITE_ATTEMPTS: u32 = 6;
 
 /// Runs `$body` (an expression using `&mut $tx`) in a write transaction, committing on success
-/// and retrying the whole transaction when it lost a race with a concurrent writer.
+/// and retrying the whole transaction when it lost a race with a concurrent writer. With
+/// `alone`, the transaction is a group-commit batch of its own on SQLite
+/// ([`db::Pool::begin_write_alone`]).
 macro_rules! write_tx {
-    ($ledger:expr, |$tx:ident| $body:expr) => {{
+    ($ledger:expr, |$tx:ident| $body:expr) => {
+        write_tx!(@run $ledger, begin_write, |$tx| $body)
+    };
+    ($ledger:expr, alone, |$tx:ident| $body:expr) => {
+        write_tx!(@run $ledger, begin_write_alone, |$tx| $body)
+    };
+    (@run $ledger:expr, $begin:ident, |$tx:ident| $body:expr) => {{
         let mut attempt: u32 = 1;
         let outcome = loop {
             let mut $tx = match $ledger
                 .pool
-                .begin_write(&$ledger.clock, $ledger.audit_key.clone())
+                .$begin(&$ledger.clock, $ledger.audit_key.clone())
                 .await
             {
                 Ok(tx) => tx,
@@ -239,10 +249,8 @@ macro_rules! write_tx {
             };
             let outcome = match $body.await {
                 Ok(value) => $tx.commit().await.map(|()| value),
-                Err(error) => {
-                    $tx.rollback().await;
-                    Err(error)
-                }
+                // A batch that did not commit turns the refusal into the outage.
+                Err(error) => $tx.rollback().await.and(Err(error)),
             };
             match outcome {
                 Err(error) if error.is_retryable() && attempt < $crate::MAX_WRITE_ATTEMPTS => {
@@ -486,7 +494,7 @@ impl Ledger {
         }
         .map_err(unavailable)?;
         Ok(Self::assemble(
-            Pool::Sqlite(pool),
+            Pool::Sqlite(pool.clone(), group::GroupWriter::spawn(pool)),
             o,
             display_url,
             probe_pool,
@@ -561,13 +569,13 @@ impl Ledger {
     /// [`LedgerError::Migration`], e.g. when the database was migrated by a newer build.
     pub async fn migrate(&self) -> Result<()> {
         let migrator = match &self.pool {
-            Pool::Sqlite(_) => sqlx::migrate!("migrations/sqlite"),
+            Pool::Sqlite(..) => sqlx::migrate!("migrations/sqlite"),
             Pool::Postgres(_) => sqlx::migrate!("migrations/postgres"),
         };
         let mut attempt = 1;
         loop {
             let result = match &self.pool {
-                Pool::Sqlite(p) => migrator.run(p).await,
+                Pool::Sqlite(p, _) => migrator.run(p).await,
                 Pool::Postgres(p) => migrator.run(p).await,
             };
             match result {
@@ -672,7 +680,7 @@ impl Ledger {
                               SET probed_at = excluded.probed_at, probes = health_probe.probes + 1";
         let now = chain::format_ts(&self.clock.now());
         match (&self.probe.sqlite, &self.pool) {
-            (Some(pool), _) | (None, Pool::Sqlite(pool)) => {
+            (Some(pool), _) | (None, Pool::Sqlite(pool, _)) => {
                 let mut tx = pool
                     .begin_with("BEGIN IMMEDIATE")
                     .await
@@ -714,6 +722,17 @@ impl Ledger {
     #[must_use]
     pub fn writable(&self) -> watch::Receiver<bool> {
         self.writable.subscribe()
+    }
+
+    /// What the SQLite group-commit writer has committed since this ledger connected:
+    /// batches (`COMMIT`s, each one fsync) and the write transactions they carried. `None` on
+    /// PostgreSQL, where every write transaction commits on its own. For benchmarks and tests.
+    #[must_use]
+    pub fn group_commit_stats(&self) -> Option<GroupCommitStats> {
+        match &self.pool {
+            Pool::Sqlite(_, writer) => Some(writer.stats()),
+            Pool::Postgres(_) => None,
+        }
     }
 
     /// The current value of [`Ledger::writable`].
@@ -1192,17 +1211,14 @@ impl Ledger {
             .await?;
         match audit::start(&mut tx, &key, key_is_new).await {
             Ok(AuditStart::Failed(p)) => {
-                tx.rollback().await;
+                tx.rollback().await?;
                 Ok(AuditStart::Failed(p))
             }
             Ok(other) => {
                 tx.commit().await?;
                 Ok(other)
             }
-            Err(e) => {
-                tx.rollback().await;
-                Err(e)
-            }
+            Err(e) => tx.rollback().await.and(Err(e)),
         }
     }
 
@@ -1250,7 +1266,7 @@ impl Ledger {
         }
         let mut tx = self.pool.begin_write(&self.clock, None).await?;
         let compared = audit::compare_projections(&mut tx, &scope).await;
-        tx.rollback().await;
+        tx.rollback().await?;
         report.problem = compared?;
         Ok(report)
     }
@@ -1297,7 +1313,8 @@ impl Ledger {
     /// `Corrupt` when a stream's chain is broken or an event cannot be applied (nothing is
     /// changed then); database errors.
     pub async fn rebuild_projections(&self) -> Result<RebuildReport> {
-        write_tx!(self, |tx| rebuild(&mut tx))
+        // `rebuild` defers foreign keys for its transaction: a batch of its own.
+        write_tx!(self, alone, |tx| rebuild(&mut tx))
     }
 
     // -----------------------------------------------------------------------------------------

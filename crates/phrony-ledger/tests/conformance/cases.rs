@@ -1405,3 +1405,114 @@ pub(crate) async fn committed_data_survives_reopening(db: &TestDb) {
         assert_eq!(mode[0][0].as_deref(), Some("wal"));
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// group commit
+
+/// Many concurrent writers: every write lands and is acknowledged, on SQLite fewer `COMMIT`s
+/// than writes (the group-commit writer batches them), and one write refused inside the batch
+/// after it wrote something fails alone: its own changes are undone, the others' stay.
+pub(crate) async fn concurrent_writes_share_commits_and_a_refusal_fails_only_its_caller(
+    db: &TestDb,
+) {
+    const WRITERS: usize = 48;
+    let ledger = db.migrated().await.clone();
+    // A token row that exists without its `tokens` stream: creating a token of the same name
+    // first creates the stream (a write), then is refused (the name is taken).
+    db.raw_exec(
+        "INSERT INTO api_tokens (name, secret_hash, roles, routes, tools, created_at, \
+         created_by, expires_at) VALUES ('taken', \
+         '0000000000000000000000000000000000000000000000000000000000000000', \
+         '[\"viewer\"]', '[]', '[]', '2026-01-01T00:00:00Z', 'ops', NULL)",
+    )
+    .await;
+    // Another connection pool: it sees only what was committed.
+    let other = db.another_ledger().await;
+    let before = ledger.group_commit_stats();
+    let start = std::sync::Arc::new(tokio::sync::Barrier::new(WRITERS + 1));
+    let mut appends = Vec::new();
+    for i in 0..WRITERS {
+        let ledger = ledger.clone();
+        let other = other.clone();
+        let start = start.clone();
+        appends.push(tokio::spawn(async move {
+            start.wait().await;
+            let stream = format!("run_batch_{i}");
+            let event = NewEvent::new("message.assistant", "writer", json!({ "i": i }));
+            let appended = ledger.append_session_event(&stream, event).await?;
+            // Acknowledged only once committed: visible to the other pool the moment it returns.
+            let seen = other.list_events(&stream, 0, 10).await?;
+            assert_eq!(seen.len(), 1, "{stream} acknowledged before it committed");
+            Ok::<_, LedgerError>(appended)
+        }));
+    }
+    let refused = {
+        let ledger = ledger.clone();
+        let start = start.clone();
+        tokio::spawn(async move {
+            start.wait().await;
+            // Queued behind some of the appends, so that it runs inside a batch.
+            tokio::task::yield_now().await;
+            ledger
+                .create_api_token(phrony_ledger::NewApiToken {
+                    name: "taken".to_owned(),
+                    secret_hash: "1".repeat(64),
+                    roles: vec![phrony_auth::Role::Viewer],
+                    routes: Vec::new(),
+                    tools: Vec::new(),
+                    expires_at: None,
+                    created_by: "ops".to_owned(),
+                })
+                .await
+        })
+    };
+    for (i, handle) in appends.into_iter().enumerate() {
+        let event = handle.await.unwrap().unwrap_or_else(|e| {
+            panic!("append {i} failed next to a refused write: {e}");
+        });
+        assert_eq!(event.seq, 1, "append {i}");
+    }
+    match refused.await.unwrap() {
+        Err(LedgerError::AlreadyExists { message }) => {
+            assert!(message.contains("\"taken\" already exists"), "{message}");
+        }
+        other => panic!("expected the refused write's own error, got {other:?}"),
+    }
+
+    // Every acknowledged write is there.
+    for i in 0..WRITERS {
+        let stream = format!("run_batch_{i}");
+        let events = other.list_events(&stream, 0, 10).await.unwrap();
+        assert_eq!(events.len(), 1, "{stream}");
+        assert_eq!(events[0].payload, json!({ "i": i }));
+        assert!(other.verify_stream(&stream).await.unwrap().is_intact());
+    }
+    // The refused write's own change (the stream it created) was undone.
+    let tokens_stream = db
+        .raw_strings(&format!(
+            "SELECT stream FROM streams WHERE stream = '{}'",
+            phrony_ledger::TOKENS_STREAM
+        ))
+        .await;
+    assert!(
+        tokens_stream.is_empty(),
+        "the refused write left its stream behind: {tokens_stream:?}"
+    );
+
+    match (db.kind, before, ledger.group_commit_stats()) {
+        (Backend::Sqlite, Some(before), Some(after)) => {
+            let writes = after.writes - before.writes;
+            let commits = after.commits - before.commits;
+            assert_eq!(
+                writes, WRITERS as u64,
+                "the refused write is not counted as committed"
+            );
+            assert!(
+                commits < writes,
+                "{commits} COMMITs for {writes} concurrent writes: no batching"
+            );
+        }
+        (Backend::Postgres, None, None) => {}
+        (kind, before, after) => panic!("group commit stats on {kind:?}: {before:?} {after:?}"),
+    }
+}

@@ -77,6 +77,7 @@ conformance!(
     verify_detects_reordering,
     concurrent_appends_are_gap_free_across_pools,
     concurrent_lifecycle_writes_are_serialised,
+    concurrent_writes_share_commits_and_a_refusal_fails_only_its_caller,
     rebuild_reproduces_projections_exactly,
     rebuild_refuses_a_tampered_log_and_changes_nothing,
     committed_data_survives_reopening,

@@ -1,0 +1,413 @@
+//! Group commit on SQLite: one writer task batches concurrent write transactions into one
+//! database transaction and one fsync.
+//!
+//! SQLite takes one writer at a time, and with `synchronous=FULL` every `COMMIT` waits for an
+//! fsync, so separate transactions queue on the write lock and on the disk. Here one task (the
+//! writer) owns the write connection while a batch is open:
+//!
+//! - the first queued write starts the batch with `BEGIN IMMEDIATE`;
+//! - each write runs in its own `SAVEPOINT` inside the batch: the writer lends the connection
+//!   to the caller (a [`Lease`]), the caller runs its statements on it and hands it back with
+//!   "release" (its body succeeded) or "roll back" (its body failed, or the caller was
+//!   cancelled). A rolled-back write undoes only its own savepoint; the others of the batch
+//!   stay;
+//! - the writer commits when its queue is empty, after [`MAX_BATCH_WRITES`] writes or when the
+//!   batch is [`MAX_BATCH_AGE`] old, whichever comes first;
+//! - a caller is answered only after the batch's `COMMIT` returned: a write is acknowledged
+//!   only when it is durable. A failed `COMMIT` fails every write of the batch with
+//!   [`LedgerError::Unavailable`] (nothing of the batch was written);
+//! - a write whose body failed after other writes of the same batch ran may have seen their
+//!   uncommitted rows (that is what made it fail, say "already decided"); it is answered after
+//!   the batch's outcome too, and gets `Unavailable` instead of its own error when the batch
+//!   did not commit.
+//!
+//! Writes still run one at a time and in queue order, so the ordering, sequence and hash-chain
+//! guarantees are those of separate transactions. Reads do not go through the writer.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use sqlx::pool::PoolConnection;
+use sqlx::sqlite::SqlitePool;
+use sqlx::{Connection as _, Sqlite, TransactionManager as _};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::error::{LedgerError, Result};
+
+/// A batch commits after this many writes even when more are queued.
+pub const MAX_BATCH_WRITES: u32 = 64;
+
+/// A batch commits once it is this old even when more writes are queued.
+pub const MAX_BATCH_AGE: Duration = Duration::from_millis(10);
+
+const SAVEPOINT: &str = "SAVEPOINT phrony_write";
+const RELEASE: &str = "RELEASE phrony_write";
+const ROLLBACK_TO: &str = "ROLLBACK TO phrony_write";
+
+/// What the writer has committed so far (see [`crate::Ledger::group_commit_stats`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GroupCommitStats {
+    /// Batches committed (each one `COMMIT`, one fsync).
+    pub commits: u64,
+    /// Write transactions those commits made durable.
+    pub writes: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    commits: AtomicU64,
+    writes: AtomicU64,
+}
+
+/// The handle callers queue their writes on. Cheap to clone; the writer task stops when the
+/// last handle is dropped.
+#[derive(Debug, Clone)]
+pub(crate) struct GroupWriter {
+    queue: mpsc::UnboundedSender<Request>,
+    counters: Arc<Counters>,
+}
+
+/// A queued write: where to send the lease, and whether it must be a batch of its own.
+struct Request {
+    alone: bool,
+    reply: oneshot::Sender<Result<Lease>>,
+}
+
+/// The write connection lent to one caller, inside its own savepoint of the open batch.
+/// Dropping it without [`Lease::release`] or [`Lease::roll_back`] (a cancelled caller) rolls
+/// its savepoint back.
+pub(crate) struct Lease {
+    /// `Some` until the lease is handed back.
+    conn: Option<PoolConnection<Sqlite>>,
+    back: Option<oneshot::Sender<Returned>>,
+    /// Whether earlier writes of the batch ran before this one (its reads may have seen them).
+    after_others: bool,
+}
+
+enum Ending {
+    Release,
+    RollBack,
+}
+
+/// A lease handed back to the writer.
+struct Returned {
+    conn: PoolConnection<Sqlite>,
+    ending: Ending,
+    /// Where the writer answers once the write's fate is known; `None` when nobody waits.
+    ack: Option<oneshot::Sender<Result<()>>>,
+}
+
+impl std::fmt::Debug for Lease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lease")
+            .field("after_others", &self.after_others)
+            .finish_non_exhaustive()
+    }
+}
+
+/// An outage error the writer builds for several callers (a driver error is not `Clone`).
+fn unavailable(context: &str, message: impl std::fmt::Display) -> LedgerError {
+    LedgerError::Unavailable {
+        context: context.to_owned(),
+        source: sqlx::Error::Io(std::io::Error::other(message.to_string())),
+    }
+}
+
+fn writer_stopped() -> LedgerError {
+    unavailable("ledger write", "the ledger's writer has stopped")
+}
+
+impl GroupWriter {
+    /// Starts the writer task on the current Tokio runtime; it takes its connection from
+    /// `pool` for each batch.
+    pub(crate) fn spawn(pool: SqlitePool) -> Self {
+        let (queue, rx) = mpsc::unbounded_channel();
+        let counters = Arc::new(Counters::default());
+        tokio::spawn(run(pool, rx, counters.clone()));
+        Self { queue, counters }
+    }
+
+    /// Queues a write and waits for its turn: the connection, inside the write's savepoint.
+    /// `alone` makes the write a batch of its own (it changes connection state that would
+    /// leak into later writes of the batch, e.g. `PRAGMA defer_foreign_keys`).
+    pub(crate) async fn begin(&self, alone: bool) -> Result<Lease> {
+        let (reply, lease) = oneshot::channel();
+        self.queue
+            .send(Request { alone, reply })
+            .map_err(|_| writer_stopped())?;
+        lease.await.map_err(|_| writer_stopped())?
+    }
+
+    pub(crate) fn stats(&self) -> GroupCommitStats {
+        GroupCommitStats {
+            commits: self.counters.commits.load(Ordering::Relaxed),
+            writes: self.counters.writes.load(Ordering::Relaxed),
+        }
+    }
+}
+
+impl Lease {
+    pub(crate) fn conn(&mut self) -> &mut sqlx::SqliteConnection {
+        self.conn
+            .as_mut()
+            .expect("a lease holds its connection until it is handed back")
+    }
+
+    /// Keeps the write and waits until its batch committed.
+    pub(crate) async fn release(mut self) -> Result<()> {
+        let (ack, done) = oneshot::channel();
+        self.hand_back(Ending::Release, Some(ack));
+        done.await.map_err(|_| writer_stopped())?
+    }
+
+    /// Undoes the write. When other writes of the batch ran before it, waits for the batch:
+    /// `Err` when the batch failed, so whatever the caller concluded from the state it saw is
+    /// not reported as if that state were durable.
+    pub(crate) async fn roll_back(mut self) -> Result<()> {
+        if !self.after_others {
+            self.hand_back(Ending::RollBack, None);
+            return Ok(());
+        }
+        let (ack, done) = oneshot::channel();
+        self.hand_back(Ending::RollBack, Some(ack));
+        done.await.map_err(|_| writer_stopped())?
+    }
+
+    fn hand_back(&mut self, ending: Ending, ack: Option<oneshot::Sender<Result<()>>>) {
+        if let (Some(conn), Some(back)) = (self.conn.take(), self.back.take()) {
+            // The writer waits on the other end for as long as a lease is out.
+            let _ = back.send(Returned { conn, ending, ack });
+        }
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.hand_back(Ending::RollBack, None);
+    }
+}
+
+/// The batch being built: who waits for its commit.
+struct Batch {
+    started: Instant,
+    writes: u32,
+    released: u64,
+    waiters: Vec<oneshot::Sender<Result<()>>>,
+    /// Set when the transaction can no longer be committed (a savepoint could not be undone).
+    broken: Option<String>,
+}
+
+async fn run(
+    pool: SqlitePool,
+    mut queue: mpsc::UnboundedReceiver<Request>,
+    counters: Arc<Counters>,
+) {
+    let mut carried: Option<Request> = None;
+    loop {
+        let first = match carried.take() {
+            Some(request) => request,
+            None => match queue.recv().await {
+                Some(request) => request,
+                None => return,
+            },
+        };
+        if first.reply.is_closed() {
+            continue;
+        }
+        let conn = match begin(&pool).await {
+            Ok(conn) => conn,
+            Err(error) => {
+                fail_queued(first, &mut queue, error);
+                continue;
+            }
+        };
+        if let Some((conn, batch)) = fill(conn, first, &mut queue, &mut carried).await {
+            commit(conn, batch, &counters).await;
+        }
+    }
+}
+
+/// Runs queued writes in the open batch until it should commit; `None` when the connection
+/// was lost (the batch's waiters are answered then).
+async fn fill(
+    mut conn: PoolConnection<Sqlite>,
+    first: Request,
+    queue: &mut mpsc::UnboundedReceiver<Request>,
+    carried: &mut Option<Request>,
+) -> Option<(PoolConnection<Sqlite>, Batch)> {
+    let mut batch = Batch {
+        started: Instant::now(),
+        writes: 0,
+        released: 0,
+        waiters: Vec::new(),
+        broken: None,
+    };
+    let mut next = Some(first);
+    loop {
+        let request = match next.take() {
+            Some(request) => request,
+            None => match queue.try_recv() {
+                Ok(request) => request,
+                Err(_) => return Some((conn, batch)),
+            },
+        };
+        if request.alone && batch.writes > 0 {
+            *carried = Some(request);
+            return Some((conn, batch));
+        }
+        let alone = request.alone;
+        let Some(back) = lend(conn, request, &mut batch).await else {
+            // Cannot happen (a lease hands its connection back when dropped), but without
+            // the connection the batch cannot commit: its writes are not durable.
+            for waiter in batch.waiters {
+                let _ = waiter.send(Err(unavailable(
+                    "commit transaction",
+                    "the write connection was lost",
+                )));
+            }
+            return None;
+        };
+        conn = back;
+        if batch.broken.is_some()
+            || alone
+            || batch.writes >= MAX_BATCH_WRITES
+            || batch.started.elapsed() >= MAX_BATCH_AGE
+        {
+            return Some((conn, batch));
+        }
+    }
+}
+
+/// Takes the connection and starts the batch's transaction.
+async fn begin(pool: &SqlitePool) -> Result<PoolConnection<Sqlite>> {
+    let mut conn = pool
+        .acquire()
+        .await
+        .map_err(|e| LedgerError::from_sqlx("acquire connection", e))?;
+    <Sqlite as sqlx::Database>::TransactionManager::begin(
+        &mut conn,
+        Some("BEGIN IMMEDIATE".into()),
+    )
+    .await
+    .map_err(|e| LedgerError::from_sqlx("begin transaction", e))?;
+    Ok(conn)
+}
+
+/// Answers a write whose batch could not start. When the database is unavailable (locked by
+/// another process past the busy timeout, unreachable), every write queued now would wait as
+/// long to fail the same way, so they all get the outage at once, as concurrent transactions
+/// each waiting for the lock did.
+fn fail_queued(first: Request, queue: &mut mpsc::UnboundedReceiver<Request>, error: LedgerError) {
+    if error.is_unavailable() {
+        let message = error.to_string();
+        while let Ok(request) = queue.try_recv() {
+            let _ = request
+                .reply
+                .send(Err(unavailable("begin transaction", &message)));
+        }
+    }
+    let _ = first.reply.send(Err(error));
+}
+
+/// Runs one write of the batch: opens its savepoint, lends the connection, and settles the
+/// savepoint when the connection comes back. `None` when it did not come back.
+async fn lend(
+    mut conn: PoolConnection<Sqlite>,
+    request: Request,
+    batch: &mut Batch,
+) -> Option<PoolConnection<Sqlite>> {
+    if request.reply.is_closed() {
+        return Some(conn);
+    }
+    if let Err(e) = sqlx::query(SAVEPOINT).execute(&mut *conn).await {
+        let _ = request
+            .reply
+            .send(Err(LedgerError::from_sqlx("begin savepoint", e)));
+        return Some(conn);
+    }
+    let (back, returned) = oneshot::channel();
+    let lease = Lease {
+        conn: Some(conn),
+        back: Some(back),
+        after_others: batch.writes > 0,
+    };
+    batch.writes += 1;
+    // A caller that stopped waiting drops the lease, which hands it back as a rollback.
+    let _ = request.reply.send(Ok(lease));
+    let Returned {
+        mut conn,
+        ending,
+        ack,
+    } = returned.await.ok()?;
+    match ending {
+        Ending::Release => match sqlx::query(RELEASE).execute(&mut *conn).await {
+            Ok(_) => {
+                batch.released += 1;
+                batch.waiters.extend(ack);
+            }
+            Err(e) => {
+                undo_savepoint(&mut conn, batch).await;
+                if let Some(ack) = ack {
+                    let _ = ack.send(Err(LedgerError::from_sqlx("release savepoint", e)));
+                }
+            }
+        },
+        Ending::RollBack => {
+            undo_savepoint(&mut conn, batch).await;
+            batch.waiters.extend(ack);
+        }
+    }
+    Some(conn)
+}
+
+/// `ROLLBACK TO` and `RELEASE` the write's savepoint; when that fails the transaction is in an
+/// unknown state and the batch must not commit.
+async fn undo_savepoint(conn: &mut PoolConnection<Sqlite>, batch: &mut Batch) {
+    for sql in [ROLLBACK_TO, RELEASE] {
+        if let Err(e) = sqlx::query(sql).execute(&mut **conn).await {
+            batch.broken = Some(format!("undo a failed write: {e}"));
+            return;
+        }
+    }
+}
+
+/// Commits the batch (or rolls it back when it is broken) and answers every waiter.
+async fn commit(mut conn: PoolConnection<Sqlite>, mut batch: Batch, counters: &Counters) {
+    let outcome = match batch.broken.take() {
+        Some(reason) => Err(reason),
+        None => <Sqlite as sqlx::Database>::TransactionManager::commit(&mut conn)
+            .await
+            .map_err(|e| e.to_string()),
+    };
+    match outcome {
+        Ok(()) => {
+            counters.commits.fetch_add(1, Ordering::Relaxed);
+            counters.writes.fetch_add(batch.released, Ordering::Relaxed);
+            for waiter in batch.waiters {
+                let _ = waiter.send(Ok(()));
+            }
+        }
+        Err(reason) => {
+            tracing::warn!(
+                error = %reason,
+                writes = batch.writes,
+                "ledger group commit failed; failing every write of the batch"
+            );
+            if conn.is_in_transaction()
+                && let Err(error) =
+                    <Sqlite as sqlx::Database>::TransactionManager::rollback(&mut conn).await
+            {
+                tracing::warn!(%error, "rollback after a failed group commit failed");
+                conn.close_on_drop();
+            }
+            let message = format!(
+                "a batch of {} writes did not commit: {reason}",
+                batch.writes
+            );
+            for waiter in batch.waiters {
+                let _ = waiter.send(Err(unavailable("commit transaction", &message)));
+            }
+        }
+    }
+}
