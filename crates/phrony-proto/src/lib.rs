@@ -109,7 +109,12 @@ mod tests {
     }
 
     /// The RPCs phrony-rs adds to the published service.
-    const ADDED_RPCS: [&str; 3] = ["GetSessionPayload", "VerifyAudit", "ExportAudit"];
+    const ADDED_RPCS: [&str; 4] = [
+        "GetSessionPayload",
+        "WatchApprovals",
+        "VerifyAudit",
+        "ExportAudit",
+    ];
 
     #[test]
     fn runtime_service_has_exactly_the_published_rpcs_and_our_additions() {
@@ -125,7 +130,7 @@ mod tests {
     }
 
     #[test]
-    fn only_the_session_work_payload_and_export_streams_are_streaming() {
+    fn only_the_session_work_payload_watch_and_export_streams_are_streaming() {
         let set = descriptor_set();
         let streaming: Vec<(&str, bool, bool)> = runtime_service(&set)
             .method
@@ -138,6 +143,7 @@ mod tests {
             [
                 ("RunSessionInteractive", true, true),
                 ("GetSessionPayload", false, true),
+                ("WatchApprovals", false, true),
                 ("Work", true, true),
                 ("ExportAudit", false, true)
             ]
