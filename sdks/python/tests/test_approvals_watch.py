@@ -89,6 +89,9 @@ def test_watch_resumes_after_a_daemon_restart_without_duplicates(seed_world):
             # The daemon restarts under the open watch (UNAVAILABLE); the approval stays pending.
             await asyncio.to_thread(seed_world.daemon.stop)
             await asyncio.to_thread(seed_world.daemon.start)
+            # worker.py reconnects with backoff: a refund started before it registered again
+            # would fail for want of a handler.
+            await asyncio.to_thread(seed_world._wait_for_worker)
             after_restart = await asyncio.to_thread(start_refund, seed_world, "T-W4")
 
             # The reconnected watch re-receives `first` in the current set and skips it.
