@@ -11,7 +11,6 @@
     reason = "an example binary: reads its actor and token from the environment like the CLI"
 )]
 
-use std::time::Duration;
 
 use futures::StreamExt as _;
 use phrony_sdk::{Approval, Client, ClientOptions};
@@ -42,7 +41,7 @@ async fn main() -> anyhow::Result<()> {
     )
     .await?;
     let approvals = client.approvals();
-    let mut pending = std::pin::pin!(approvals.watch(Duration::from_millis(500)));
+    let mut pending = std::pin::pin!(approvals.watch());
     while let Some(approval) = pending.next().await {
         let approval = approval?;
         println!(

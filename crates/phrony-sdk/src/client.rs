@@ -3,7 +3,7 @@
 //! The shape follows the tutorial's backend integration: `client.run(agent, input, metadata)`
 //! returns a [`Session`] whose [`wait`](Session::wait) resolves to its [`SessionResult`];
 //! `client.approvals()` lists, reads, approves and rejects pending approvals and
-//! [`watch`](Approvals::watch)es for new ones; `client.sessions()` lists, inspects and cancels.
+//! [`watch`](Approvals::watch)es for new ones (pushed by the runtime); `client.sessions()` lists, inspects and cancels.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -19,7 +19,7 @@ use serde_json::Value;
 /// The first pause between two looks at a session in [`Session::wait`]; it doubles up to
 /// [`MAX_POLL`].
 const MIN_POLL: Duration = Duration::from_millis(50);
-/// The longest pause between two looks in [`Session::wait`] and [`Approvals::watch`].
+/// The longest pause between two looks in [`Session::wait`].
 pub const MAX_POLL: Duration = Duration::from_secs(1);
 
 /// Why a client call failed.
@@ -381,36 +381,44 @@ impl Approvals<'_> {
             .await?)
     }
 
-    /// The approvals that become pending from now on (and those pending already), each once,
-    /// looking every `every` (at most [`MAX_POLL`] apart is a good choice). The stream ends
-    /// after the first error it yields.
-    pub fn watch(&self, every: Duration) -> impl Stream<Item = Result<Approval, Error>> + '_ {
-        let every = every.max(Duration::from_millis(10));
+    /// The approvals pending now, oldest first, then each approval as it becomes pending, each
+    /// once — pushed by the runtime (`WatchApprovals`), not polled. The stream ends after the
+    /// first error it yields (the runtime stopped, or ended a watcher that did not read); open a
+    /// new watch to go on: it starts again with the pending set, so skip the ids already seen.
+    pub fn watch(&self) -> impl Stream<Item = Result<Approval, Error>> + '_ {
+        enum State {
+            Start,
+            Open(Box<phrony_client::ApprovalWatch>),
+            Done,
+        }
         futures::stream::unfold(
-            (BTreeSet::<String>::new(), Vec::<Approval>::new(), false),
-            move |(mut seen, mut ready, mut failed)| async move {
+            (State::Start, BTreeSet::<String>::new()),
+            move |(mut state, mut seen)| async move {
                 loop {
-                    if failed {
-                        return None;
-                    }
-                    if let Some(next) = ready.pop() {
-                        return Some((Ok(next), (seen, ready, failed)));
-                    }
-                    match self.list(Some("pending")).await {
-                        Ok(pending) => {
-                            // Oldest first out of `pop`: the list is newest first.
-                            ready = pending
-                                .into_iter()
-                                .filter(|a| seen.insert(a.id.clone()))
-                                .collect();
-                            if ready.is_empty() {
-                                tokio::time::sleep(every).await;
+                    match state {
+                        State::Done => return None,
+                        State::Start => {
+                            let filter = ApprovalFilter {
+                                status: Some("pending".to_owned()),
+                                ..ApprovalFilter::default()
+                            };
+                            match self.client.inner.watch_approvals(&filter).await {
+                                Ok(watch) => state = State::Open(Box::new(watch)),
+                                Err(e) => return Some((Err(e.into()), (State::Done, seen))),
                             }
                         }
-                        Err(e) => {
-                            failed = true;
-                            return Some((Err(e), (seen, ready, failed)));
-                        }
+                        State::Open(mut watch) => match watch.next().await {
+                            Ok(Some(phrony_client::ApprovalChange {
+                                kind: phrony_client::ApprovalChangeKind::Opened,
+                                approval: Some(approval),
+                            })) if seen.insert(approval.id.clone()) => {
+                                return Some((Ok(approval), (State::Open(watch), seen)));
+                            }
+                            // The end of the current set, votes and decisions: not new approvals.
+                            Ok(Some(_)) => state = State::Open(watch),
+                            Ok(None) => return None,
+                            Err(e) => return Some((Err(e.into()), (State::Done, seen))),
+                        },
                     }
                 }
             },

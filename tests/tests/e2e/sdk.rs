@@ -130,7 +130,7 @@ fn a_typed_worker_and_the_client_walk_the_tutorials_approval() {
             .unwrap();
 
         let approvals = client.approvals();
-        let mut pending = std::pin::pin!(approvals.watch(Duration::from_millis(50)));
+        let mut pending = std::pin::pin!(approvals.watch());
         let approval = tokio::time::timeout(WAIT, pending.next())
             .await
             .unwrap()
