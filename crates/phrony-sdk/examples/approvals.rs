@@ -11,7 +11,6 @@
     reason = "an example binary: reads its actor and token from the environment like the CLI"
 )]
 
-
 use futures::StreamExt as _;
 use phrony_sdk::{Approval, Client, ClientOptions};
 
