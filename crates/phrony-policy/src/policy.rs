@@ -563,6 +563,15 @@ impl Policy {
         }
     }
 
+    /// The tool ref of a `tool:<ref>` scope; `None` for an agent-wide policy. The set's scope
+    /// index groups policies by it.
+    pub(crate) fn scope_tool(&self) -> Option<&str> {
+        match &self.scope {
+            Scope::Agent => None,
+            Scope::Tool(r) => Some(r),
+        }
+    }
+
     pub(crate) fn matches(&self, ctx: &Ctx<'_, '_>) -> bool {
         self.conditions.as_ref().is_none_or(|c| c.eval(ctx))
     }
@@ -572,6 +581,12 @@ impl Policy {
         if !self.applies_to(ctx.req.tool.r#ref) {
             return Verdict::NotApplicable;
         }
+        self.verdict_in_scope(ctx)
+    }
+
+    /// This policy's verdict on a call its scope is already known to cover (the set's scope
+    /// index only visits those).
+    pub(crate) fn verdict_in_scope(&self, ctx: &Ctx<'_, '_>) -> Verdict<'_> {
         if !self.matches(ctx) {
             return Verdict::NoMatch;
         }

@@ -1,6 +1,21 @@
 //! The policy set: compile once, evaluate many.
+//!
+//! # Scope index
+//!
+//! A policy's scope is either the whole agent or one tool (`tool:<ref>`), so a call can only be
+//! affected by the agent-wide policies and those of its own tool. At compile time the set records
+//! the positions of the agent-wide policies and, per tool ref, the positions of that tool's
+//! policies (both ascending). [`PolicySet::evaluate`] and [`PolicySet::evaluate_failure`] walk
+//! the merge of the two lists, which is exactly the in-scope subsequence of the set in the order
+//! given, so every order-dependent rule (first deny, approval candidate tie-breaks, first
+//! failure route) is unchanged while out-of-scope policies cost nothing: a call to one tool of a
+//! set of 1,000 policies spread over 50 tools visits only the agent-wide ones and its tool's.
+//! [`PolicySet::explain`] still reports every policy. The property test
+//! `indexed_evaluation_equals_the_linear_scan` (src/tests.rs) checks the index against the linear
+//! scan it replaced.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::condition::Ctx;
 use crate::decision::Decision;
@@ -14,6 +29,105 @@ use crate::request::{Request, Trigger};
 #[derive(Debug, Clone, Default)]
 pub struct PolicySet {
     policies: Vec<Policy>,
+    index: ScopeIndex,
+}
+
+/// Positions (into `PolicySet::policies`, ascending) of the policies each tool can see.
+#[derive(Debug, Clone, Default)]
+struct ScopeIndex {
+    /// Agent-wide policies (scope empty or `agent`).
+    agent: Vec<usize>,
+    /// `tool:<ref>` policies, by ref.
+    tools: HashMap<Box<str>, Vec<usize>, BuildHasherDefault<RefHasher>>,
+}
+
+/// A word-at-a-time multiplicative hash for the tool-ref lookup on every decision: about a
+/// third of SipHash's cost on refs like `payments.issue-refund`, which is most of what the index
+/// adds to a small set. Flooding resistance is not needed: the keys are the set's own tool refs,
+/// fixed at compile time; a request's ref only probes.
+#[derive(Debug, Clone, Copy, Default)]
+struct RefHasher(u64);
+
+impl RefHasher {
+    const K: u64 = 0x517c_c1b7_2722_0a95;
+
+    fn add(&mut self, word: u64) {
+        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(Self::K);
+    }
+}
+
+impl Hasher for RefHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        let mut chunks = bytes.chunks_exact(8);
+        for chunk in &mut chunks {
+            let mut word = [0; 8];
+            word.copy_from_slice(chunk);
+            self.add(u64::from_le_bytes(word));
+        }
+        let rest = chunks.remainder();
+        if !rest.is_empty() {
+            let mut word = [0; 8];
+            word[..rest.len()].copy_from_slice(rest);
+            self.add(u64::from_le_bytes(word));
+        }
+    }
+
+    fn write_u8(&mut self, byte: u8) {
+        self.add(u64::from(byte));
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+impl ScopeIndex {
+    fn new(policies: &[Policy]) -> Self {
+        let mut index = Self::default();
+        for (position, policy) in policies.iter().enumerate() {
+            match policy.scope_tool() {
+                None => index.agent.push(position),
+                Some(tool) => index.tools.entry(tool.into()).or_default().push(position),
+            }
+        }
+        index
+    }
+
+    /// The positions of the policies whose scope covers `tool_ref`, ascending.
+    fn in_scope(&self, tool_ref: &str) -> InScope<'_> {
+        InScope {
+            agent: &self.agent,
+            tool: self.tools.get(tool_ref).map_or(&[], Vec::as_slice),
+        }
+    }
+}
+
+/// The merge of two ascending position lists.
+struct InScope<'i> {
+    agent: &'i [usize],
+    tool: &'i [usize],
+}
+
+impl Iterator for InScope<'_> {
+    type Item = usize;
+
+    fn next(&mut self) -> Option<usize> {
+        match (self.agent.split_first(), self.tool.split_first()) {
+            (Some((&a, rest)), Some((&t, _))) if a < t => {
+                self.agent = rest;
+                Some(a)
+            }
+            (_, Some((&t, rest))) => {
+                self.tool = rest;
+                Some(t)
+            }
+            (Some((&a, rest)), None) => {
+                self.agent = rest;
+                Some(a)
+            }
+            (None, None) => None,
+        }
+    }
 }
 
 impl PolicySet {
@@ -48,7 +162,8 @@ impl PolicySet {
             errors.append(&mut diags.list);
         }
         if errors.is_empty() {
-            Ok(Self { policies })
+            let index = ScopeIndex::new(&policies);
+            Ok(Self { policies, index })
         } else {
             Err(CompileErrors::new(errors))
         }
@@ -80,11 +195,13 @@ impl PolicySet {
     /// The first denying policy in order decides. Among matching approval policies the first
     /// wins, unless a later one has a reason where the current has none, or a route where the
     /// current has none.
+    ///
+    /// Only the policies whose scope covers the call's tool are visited (see the module docs).
     pub fn evaluate<'s>(&'s self, req: &Request<'_>) -> Decision<'s> {
         let ctx = Ctx { req, trigger: None };
         let mut candidate: Option<&'s Policy> = None;
-        for policy in &self.policies {
-            match policy.verdict(&ctx) {
+        for policy in self.in_scope(req.tool.r#ref) {
+            match policy.verdict_in_scope(&ctx) {
                 Verdict::Deny(message) => return Decision::Deny { policy, message },
                 Verdict::Approval => {
                     if candidate.is_none_or(|c| better_candidate(c, policy)) {
@@ -105,6 +222,52 @@ impl PolicySet {
     /// `escalate`. `None` means no policy routes this failure to a human (the runtime applies its
     /// default route).
     pub fn evaluate_failure<'s>(
+        &'s self,
+        req: &Request<'_>,
+        trigger: Trigger,
+    ) -> Option<&'s Policy> {
+        let ctx = Ctx {
+            req,
+            trigger: Some(trigger),
+        };
+        self.in_scope(req.tool.r#ref)
+            .find(|p| p.action().is_approval() && p.has_conditions() && p.matches(&ctx))
+    }
+
+    /// The policies whose scope covers `tool_ref`, in evaluation order.
+    fn in_scope<'s>(&'s self, tool_ref: &str) -> impl Iterator<Item = &'s Policy> + 's {
+        // Every indexed position is in bounds: the index is built from `policies`, and neither
+        // changes after compilation.
+        let positions = self.index.in_scope(tool_ref);
+        positions.filter_map(|position| self.policies.get(position))
+    }
+
+    /// The linear scan the scope index replaced: the oracle of the property test
+    /// `indexed_evaluation_equals_the_linear_scan`.
+    #[cfg(test)]
+    pub(crate) fn evaluate_linear<'s>(&'s self, req: &Request<'_>) -> Decision<'s> {
+        let ctx = Ctx { req, trigger: None };
+        let mut candidate: Option<&'s Policy> = None;
+        for policy in &self.policies {
+            match policy.verdict(&ctx) {
+                Verdict::Deny(message) => return Decision::Deny { policy, message },
+                Verdict::Approval => {
+                    if candidate.is_none_or(|c| better_candidate(c, policy)) {
+                        candidate = Some(policy);
+                    }
+                }
+                Verdict::NotApplicable | Verdict::NoMatch | Verdict::Allow => {}
+            }
+        }
+        match candidate {
+            Some(policy) => Decision::RequireApproval { policy },
+            None => Decision::Allow,
+        }
+    }
+
+    /// The linear form of [`evaluate_failure`](Self::evaluate_failure), for the same test.
+    #[cfg(test)]
+    pub(crate) fn evaluate_failure_linear<'s>(
         &'s self,
         req: &Request<'_>,
         trigger: Trigger,

@@ -1369,3 +1369,166 @@ fn nesting_and_path_limits() {
         vec![("conditions.field".to_owned(), "BadPath".to_owned())]
     );
 }
+
+mod scope_index {
+    //! The scope index against the linear scan it replaced.
+
+    use proptest::prelude::*;
+    use proptest::test_runner::Config;
+    use serde_json::{Map, Value, json};
+
+    use crate::{Decision, PolicyDef, PolicySet, Request, ToolCtx, Trigger};
+
+    const SCOPES: [&str; 5] = ["", "agent", "tool:a.one", "tool:a.two", "tool:b.three"];
+    /// Tools of the calls: three that policies name and one that none does.
+    const TOOLS: [&str; 4] = ["a.one", "a.two", "b.three", "c.none"];
+    const ACTIONS: [&str; 5] = ["allow", "deny", "block", "require_approval", "escalate"];
+
+    fn conditions() -> Vec<Value> {
+        vec![
+            json!({"field": "amount", "op": "gt", "value": 250}),
+            json!({"field": "amount", "op": "lte", "value": 600}),
+            json!({"field": "currency", "op": "in", "value": ["USD", "EUR"]}),
+            json!({"not": {"field": "currency", "op": "exists"}}),
+            json!({"field": "dispatch.outcome", "op": "eq", "value": "no_handler"}),
+            json!({"field": "phrony.dispatch.trigger", "op": "neq", "value": "limit:escalate"}),
+            json!({"any": [
+                {"field": "amount", "op": "gt", "value": 900},
+                {"field": "dispatch.outcome", "op": "eq", "value": "indeterminate"}
+            ]}),
+        ]
+    }
+
+    /// One compiling definition from indexes into the tables above.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "one parameter per generated field keeps the strategy a flat tuple"
+    )]
+    fn def(
+        i: usize,
+        scope: usize,
+        action: usize,
+        condition: Option<usize>,
+        quorum: i64,
+        reason: bool,
+        route: bool,
+        allow_list: bool,
+    ) -> PolicyDef {
+        let action = ACTIONS[action % ACTIONS.len()];
+        let conditions = condition.map(|c| {
+            let pool = conditions();
+            pool[c % pool.len()].clone()
+        });
+        let allow_list = action == "allow" && allow_list;
+        let mut scope = SCOPES[scope % SCOPES.len()].to_owned();
+        if scope.is_empty() && conditions.is_none() && !allow_list {
+            scope = "agent".to_owned();
+        }
+        let mut def = PolicyDef {
+            name: format!("p{i}"),
+            namespace: "ns".to_owned(),
+            version: "1.0.0".to_owned(),
+            scope,
+            action: action.to_owned(),
+            conditions,
+            reason: reason.then(|| format!("reason {i}")),
+            ..PolicyDef::default()
+        };
+        if allow_list {
+            def.allow = vec!["USD".to_owned(), "GBP".to_owned()];
+        }
+        if matches!(action, "require_approval" | "escalate") {
+            def.approvals_required = Some(quorum);
+            def.runtime = route.then(|| {
+                let mut runtime = Map::new();
+                runtime.insert("approver_role".to_owned(), Value::from(format!("role-{i}")));
+                runtime
+            });
+        }
+        def
+    }
+
+    fn set() -> impl Strategy<Value = PolicySet> {
+        let one = (
+            0..SCOPES.len(),
+            0..ACTIONS.len(),
+            prop::option::weighted(0.8, 0..7usize),
+            1i64..4,
+            any::<bool>(),
+            any::<bool>(),
+            any::<bool>(),
+        );
+        prop::collection::vec(one, 0..24).prop_map(|shapes| {
+            let defs = shapes.into_iter().enumerate().map(
+                |(i, (scope, action, condition, quorum, reason, route, allow_list))| {
+                    def(
+                        i, scope, action, condition, quorum, reason, route, allow_list,
+                    )
+                },
+            );
+            match PolicySet::compile(defs) {
+                Ok(set) => set,
+                Err(e) => panic!("the generator made an invalid set: {e}"),
+            }
+        })
+    }
+
+    fn args() -> impl Strategy<Value = Value> {
+        (
+            prop::option::of(0i64..1000),
+            prop::option::of(prop::sample::select(vec!["USD", "EUR", "GBP", "JPY"])),
+        )
+            .prop_map(|(amount, currency)| {
+                let mut map = Map::new();
+                if let Some(a) = amount {
+                    map.insert("amount".to_owned(), Value::from(a));
+                }
+                if let Some(c) = currency {
+                    map.insert("currency".to_owned(), Value::from(c));
+                }
+                Value::Object(map)
+            })
+    }
+
+    /// The same decision, down to the deciding policy (by address) and the message.
+    fn same(a: &Decision<'_>, b: &Decision<'_>) -> bool {
+        a.kind() == b.kind()
+            && a.reason() == b.reason()
+            && match (a.policy(), b.policy()) {
+                (Some(x), Some(y)) => std::ptr::eq(x, y),
+                (None, None) => true,
+                _ => false,
+            }
+    }
+
+    proptest! {
+        #![proptest_config(Config { cases: 512, failure_persistence: None, ..Config::default() })]
+
+        /// `evaluate` and `evaluate_failure` visit only the agent-wide policies and the call's
+        /// tool's, and decide exactly as the linear scan over every policy did: the same kind,
+        /// deciding policy and message, for every tool (one no policy names included) and trigger.
+        #[test]
+        fn indexed_evaluation_equals_the_linear_scan(set in set(), args in args()) {
+            for tool in TOOLS {
+                let req = Request::new(ToolCtx::new(tool), &args);
+                let indexed = set.evaluate(&req);
+                let linear = set.evaluate_linear(&req);
+                prop_assert!(same(&indexed, &linear), "{tool}: {indexed:?} vs {linear:?}");
+                for trigger in Trigger::ALL {
+                    let indexed = set.evaluate_failure(&req, trigger);
+                    let linear = set.evaluate_failure_linear(&req, trigger);
+                    prop_assert!(
+                        match (indexed, linear) {
+                            (Some(x), Some(y)) => std::ptr::eq(x, y),
+                            (None, None) => true,
+                            _ => false,
+                        },
+                        "{tool} {trigger}: {:?} vs {:?}",
+                        indexed.map(|p| p.name()),
+                        linear.map(|p| p.name())
+                    );
+                }
+            }
+        }
+    }
+}
