@@ -1,10 +1,13 @@
 //! Decisions per second: the refund tutorial's two policies, and a generated set of 1,000.
 //!
 //! `cargo bench -p phrony-policy --bench decisions` (criterion reports `elem/s` = decisions/s).
+//! Times are the benchmark thread's CPU time unless `PHRONY_BENCH_CLOCK=wall`
+//! (`support/cpu_time.rs`).
 
 use std::hint::black_box;
 
-use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use criterion::measurement::Measurement;
+use criterion::{BenchmarkId, Criterion, Throughput};
 use phrony_policy::{DecisionKind, PolicyDef, PolicySet, Request, ToolCtx};
 use serde_json::{Value, json};
 
@@ -68,7 +71,10 @@ fn generated_defs(all_in_scope: bool) -> Vec<PolicyDef> {
         .collect()
 }
 
-fn bench(c: &mut Criterion) {
+#[path = "support/cpu_time.rs"]
+mod cpu_time;
+
+fn bench<M: Measurement>(c: &mut Criterion<M>) {
     let refund = refund_policies();
     let mut group = c.benchmark_group("refund");
     group.throughput(Throughput::Elements(1));
@@ -117,5 +123,6 @@ fn bench(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench);
-criterion_main!(benches);
+fn main() {
+    cpu_time::run(bench, bench);
+}
