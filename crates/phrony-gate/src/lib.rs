@@ -38,6 +38,7 @@ pub mod admin;
 pub mod admin_client;
 pub mod canonical;
 pub mod config;
+pub mod console;
 pub mod engine;
 mod error;
 mod http;
