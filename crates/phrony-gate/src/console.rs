@@ -685,6 +685,7 @@ async fn login(
         }
     };
     let (token, session) = console.open_session(user, role, via)?;
+    tracing::info!(user = %session.user.escape_debug(), via = ?session.via, "console login");
     let ttl = console.gate.settings().console.session_ttl_seconds;
     let mut response = axum::Json(session.view()).into_response();
     response

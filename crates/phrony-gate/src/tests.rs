@@ -1533,4 +1533,4 @@ fn config_aliases_are_refused_with_their_position() {
     );
 }
 
-mod console;
+mod console_tests;
