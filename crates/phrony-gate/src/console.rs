@@ -29,7 +29,9 @@
 //! logout) must send it back in the [`CSRF_HEADER`] header, which another site cannot set
 //! without a CORS preflight the console never grants, and a request whose `Origin` is not this
 //! host is refused. At most [`MAX_SESSIONS`] sessions live at once; each lasts
-//! `console.session_ttl_seconds` (default [`DEFAULT_SESSION_TTL`]).
+//! `console.session_ttl_seconds` (default [`DEFAULT_SESSION_TTL`]). Sessions live in memory:
+//! a restarted gate signs everyone out. The cookie is not `Secure` because mock-gate serves
+//! plain HTTP; keep the console on loopback.
 //!
 //! # Bounds
 //!
