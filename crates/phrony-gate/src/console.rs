@@ -830,3 +830,93 @@ async fn reject(
 ) -> Result<Response, ApiError> {
     decide(&console, &headers, &reference, &body, Resolution::Reject).await
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{FlagRules, Settings};
+    use crate::engine::SystemClock;
+    use crate::keys::SigningKey;
+    use crate::store::MemoryStore;
+
+    async fn console() -> Console {
+        let settings = Settings::flags(FlagRules::default(), Some("rgnt_admin_unit_test".into()));
+        let gate = Gate::open(
+            settings,
+            SigningKey::generate().unwrap(),
+            Arc::new(MemoryStore::new()),
+            Arc::new(SystemClock),
+        )
+        .await
+        .unwrap();
+        Console {
+            gate: Arc::new(gate),
+            sessions: Mutex::new(HashMap::new()),
+            failures: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn cookie(token: &str) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            header::COOKIE,
+            HeaderValue::from_str(&format!("other=1; {COOKIE}={token}")).unwrap(),
+        );
+        headers
+    }
+
+    #[tokio::test]
+    async fn sessions_expire_and_are_bounded() {
+        let console = console().await;
+        let (token, _) = console
+            .open_session("admin".into(), None, Via::AdminKey)
+            .unwrap();
+        assert_eq!(console.session(&cookie(&token)).unwrap().1.user, "admin");
+        // Only the SHA-256 of the token is kept.
+        assert!(console.lock_sessions().contains_key(&token_key(&token)));
+        console
+            .lock_sessions()
+            .get_mut(&token_key(&token))
+            .unwrap()
+            .expires = Instant::now() - Duration::from_secs(1);
+        let err = console.session(&cookie(&token)).unwrap_err();
+        assert_eq!(err.status, 401);
+        assert!(err.detail.contains("expired"), "{}", err.detail);
+        assert!(
+            console.lock_sessions().is_empty(),
+            "the expired session is dropped"
+        );
+
+        for _ in 0..MAX_SESSIONS {
+            console
+                .open_session("admin".into(), None, Via::AdminKey)
+                .unwrap();
+        }
+        let full = console
+            .open_session("admin".into(), None, Via::AdminKey)
+            .unwrap_err();
+        assert_eq!(full.status, 503);
+        assert!(full.detail.contains(&MAX_SESSIONS.to_string()));
+    }
+
+    #[test]
+    fn the_cookie_is_found_among_others_and_origins_must_match_the_host() {
+        assert_eq!(cookie_token(&cookie("abc")).as_deref(), Some("abc"));
+        assert_eq!(cookie_token(&HeaderMap::new()), None);
+        let mut headers = HeaderMap::new();
+        headers.insert(header::HOST, HeaderValue::from_static("127.0.0.1:8009"));
+        assert!(
+            check_origin(&headers).is_ok(),
+            "no Origin: same-origin GET or a tool"
+        );
+        headers.insert(
+            header::ORIGIN,
+            HeaderValue::from_static("http://127.0.0.1:8009"),
+        );
+        assert!(check_origin(&headers).is_ok());
+        for bad in ["http://127.0.0.1:8010", "null", "https://evil.example"] {
+            headers.insert(header::ORIGIN, HeaderValue::from_static(bad));
+            assert_eq!(check_origin(&headers).unwrap_err().status, 403, "{bad}");
+        }
+    }
+}
