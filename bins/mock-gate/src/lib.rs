@@ -10,6 +10,7 @@
 //!                                       (--admin-key K | --config FILE) [--url URL]
 //! mock-gate idp-token --config FILE --sub S --role R
 //! mock-gate audit export (--config FILE | --url URL --admin-key K) [--out FILE]
+//! mock-gate console hash-password < password                                              (console.managers[].password_hash)
 //! ```
 //!
 //! In flags mode the admin key is generated at start and printed once on standard error,
@@ -98,6 +99,19 @@ enum Command {
         #[command(subcommand)]
         action: AuditAction,
     },
+    /// The web console (`/console/`).
+    Console {
+        #[command(subcommand)]
+        action: ConsoleAction,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum ConsoleAction {
+    /// Read a manager's password from the first line of standard input and print its Argon2id
+    /// hash for `console.managers[].password_hash` (never pass a password as an argument: the
+    /// process list shows arguments).
+    HashPassword,
 }
 
 /// What to do when an admin command has no admin key.
@@ -215,7 +229,23 @@ pub async fn run(cli: Cli) -> Result<()> {
                     out,
                 },
         }) => audit_export(url, admin_key, config, state_dir, out).await,
+        Some(Command::Console {
+            action: ConsoleAction::HashPassword,
+        }) => hash_password(std::io::stdin().lock()),
     }
+}
+
+/// `console hash-password`: the Argon2id PHC hash of the first line of `input` (without its
+/// line ending).
+fn hash_password(mut input: impl std::io::BufRead) -> Result<()> {
+    let mut line = String::new();
+    input
+        .read_line(&mut line)
+        .context("reading the password from standard input")?;
+    let password = line.strip_suffix('\n').unwrap_or(&line);
+    let password = password.strip_suffix('\r').unwrap_or(password);
+    println!("{}", phrony_gate::console::hash_password(password)?);
+    Ok(())
 }
 
 /// `idp-token`: an id_token for `sub` with `role` from the configuration's test IdP.

@@ -98,6 +98,9 @@ struct FileConfig {
     /// Authoritative original amounts per reference (a provider fixture), e.g. charge ids.
     #[serde(default)]
     references: BTreeMap<String, String>,
+    /// The web console's manager logins ([`crate::console`]).
+    #[serde(default)]
+    console: Option<crate::console::ConsoleFile>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -392,6 +395,8 @@ pub struct Settings {
     pub state_dir: Option<PathBuf>,
     /// The port named in the file, if any.
     pub port: Option<u16>,
+    /// The web console: manager logins and session life ([`crate::console`]).
+    pub console: crate::console::ConsoleSettings,
 }
 
 /// How bearer keys are checked.
@@ -674,6 +679,7 @@ impl Settings {
             references: BTreeMap::new(),
             state_dir: None,
             port: None,
+            console: crate::console::ConsoleSettings::default(),
         }
     }
 
@@ -783,6 +789,8 @@ fn compile(file: FileConfig, path: &Path, base: &Path) -> Result<Settings, Confi
         references,
         state_dir: file.state_dir.as_deref().map(|p| src.resolve(p)),
         port: file.port,
+        console: crate::console::compile(file.console.as_ref())
+            .map_err(|(field, message)| src.bad(&field, message))?,
     })
 }
 

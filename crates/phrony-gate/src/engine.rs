@@ -132,6 +132,20 @@ pub enum Resolution {
     Reject,
 }
 
+/// How the person deciding an escalation was authenticated.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Vouch<'a> {
+    /// Their `id_token` (verified against the IdP).
+    IdToken(&'a str),
+    /// The admin key vouches for the name given.
+    AdminKey,
+    /// A console login: the gate checked the manager's password; `role` is the login's role.
+    Manager {
+        /// The role configured for the login.
+        role: &'a str,
+    },
+}
+
 /// The outcome of the pipeline before it is recorded.
 #[derive(Debug)]
 enum Outcome {
@@ -1708,6 +1722,29 @@ impl Gate {
         approver_token: Option<&str>,
         comment: Option<String>,
     ) -> Result<Value, ApiError> {
+        let vouch = match approver_token {
+            Some(token) => Vouch::IdToken(token),
+            None => Vouch::AdminKey,
+        };
+        self.resolve_vouched(reference, resolution, name, vouch, comment)
+            .await
+    }
+
+    /// [`Gate::resolve`] with the way the approver was authenticated: an `id_token`, the admin
+    /// key vouching for `name`, or a console login whose password the gate checked (recorded
+    /// `via: console_login` with the login's role, which must be the escalation's approver
+    /// role).
+    ///
+    /// # Errors
+    /// As [`Gate::resolve`].
+    pub(crate) async fn resolve_vouched(
+        &self,
+        reference: &str,
+        resolution: Resolution,
+        name: &ApproverName,
+        vouch: Vouch<'_>,
+        comment: Option<String>,
+    ) -> Result<Value, ApiError> {
         let mut state = self.state.lock().await;
         let now = self.clock.now();
         let record = state
@@ -1726,8 +1763,30 @@ impl Gate {
             .decisions
             .get(&record.decision_id)
             .and_then(|d| d.event.user.clone());
-        let approver = match approver_token {
-            Some(token) => {
+        let approver = match vouch {
+            Vouch::Manager { role } => {
+                if role != record.escalation.approver {
+                    return Err(ApiError::forbidden(format!(
+                        "`{name}` has role `{role}`; this escalation needs `{}`",
+                        record.escalation.approver
+                    )));
+                }
+                if requester.as_ref().is_some_and(|r| {
+                    r.sub == name.as_str() || r.email.as_deref() == Some(name.as_str())
+                }) {
+                    return Err(ApiError::forbidden(format!(
+                        "`{name}` asked for this action and cannot approve it"
+                    )));
+                }
+                Approver {
+                    sub: name.as_str().to_owned(),
+                    role: Some(role.to_owned()),
+                    email: None,
+                    via: "console_login".into(),
+                    name: Some(name.as_str().to_owned()),
+                }
+            }
+            Vouch::IdToken(token) => {
                 let verifier = self.oidc.as_ref().ok_or_else(|| {
                     ApiError::forbidden("no IdP is configured to verify approver tokens")
                 })?;
@@ -1760,13 +1819,13 @@ impl Gate {
                     name: Some(name.as_str().to_owned()),
                 }
             }
-            None if self.settings.approvals.require_approver_token => {
+            Vouch::AdminKey if self.settings.approvals.require_approver_token => {
                 return Err(ApiError::forbidden(format!(
                     "deciding needs an approver id_token with role `{}`",
                     record.escalation.approver
                 )));
             }
-            None => {
+            Vouch::AdminKey => {
                 if requester.as_ref().is_some_and(|r| {
                     r.sub == name.as_str() || r.email.as_deref() == Some(name.as_str())
                 }) {
@@ -1850,6 +1909,50 @@ impl Gate {
                     "amount": e.amount.map(display), "currency": e.currency,
                     "on_behalf_of": on_behalf, "intent": e.intent, "policies": e.policies,
                     "observed_code": e.observed_code, "observed_reason": e.observed_reason,
+                })
+            })
+            .collect()
+    }
+}
+
+impl Gate {
+    /// The mandates with what they have used (committed by `complete(success)`) and what is
+    /// held (allowed, not yet completed) in the current UTC day and month, by id. Released
+    /// holds count in neither.
+    pub async fn mandates(&self) -> Vec<Value> {
+        let state = self.state.lock().await;
+        let (day, month) = windows(self.clock.now());
+        self.settings
+            .mandates
+            .values()
+            .map(|m| {
+                let mut totals = [Decimal::ZERO; 4]; // day used, day held, month used, month held
+                for record in state.decisions.values() {
+                    let Some(hold) = record.event.hold.as_ref().filter(|h| h.mandate_id == m.id)
+                    else {
+                        continue;
+                    };
+                    let offset = match record.hold_state {
+                        Some(HoldState::Committed) => 0,
+                        Some(HoldState::Held) => 1,
+                        Some(HoldState::Released) | None => continue,
+                    };
+                    if hold.day == day {
+                        totals[offset] += hold.amount;
+                    }
+                    if hold.month == month {
+                        totals[2 + offset] += hold.amount;
+                    }
+                }
+                json!({
+                    "mandate_id": m.id, "version": m.version, "status": m.status,
+                    "agent": m.agent, "currency": m.currency,
+                    "per_tx_limit": m.per_tx_limit.map(display),
+                    "daily_limit": m.daily_limit.map(display),
+                    "monthly_limit": m.monthly_limit.map(display),
+                    "day": day, "month": month,
+                    "used_today": display(totals[0]), "held_today": display(totals[1]),
+                    "used_this_month": display(totals[2]), "held_this_month": display(totals[3]),
                 })
             })
             .collect()

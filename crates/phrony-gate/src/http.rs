@@ -10,7 +10,9 @@
 //! | `POST /v1/admin/approvals/{ref}/approve` · `…/reject` | decide an escalation (admin key; body `{approver, comment?, approver_token?}`; without a printable `approver` name: 400) |
 //! | `GET /v1/admin/decisions[?limit=N]` | recent decisions (admin key) |
 //! | `GET /v1/admin/audit` | the audit log as JSONL (admin key) |
+//! | `GET /v1/admin/mandates` | mandates with their used and held amounts today and this month (admin key, read-only) |
 //! | `GET /v1/admin/policy/reveal` · `GET /v1/admin/mandates/{id}/reveal` | commitment reveals for `regent-verify` (admin key) |
+//! | `GET /console/` · `/console/assets/…` · `/console/api/…` | the web console (manager login or admin key; see [`crate::console`]) |
 //!
 //! Errors that produce no decision answer `{"detail": …, "code": …}` with a 4xx/5xx status and
 //! an `x-request-id` header. The `@authority` of RFC 9421 signatures is the `Host` header.
@@ -47,10 +49,12 @@ pub fn router(gate: Arc<Gate>) -> Router {
         .route("/v1/admin/approvals/{reference}/reject", post(reject))
         .route("/v1/admin/decisions", get(list_decisions))
         .route("/v1/admin/audit", get(audit))
+        .route("/v1/admin/mandates", get(list_mandates))
         .route("/v1/admin/policy/reveal", get(policy_reveal))
         .route("/v1/admin/mandates/{id}/reveal", get(mandate_reveal))
         .fallback(not_found)
-        .with_state(gate)
+        .with_state(gate.clone())
+        .merge(crate::console::router(gate))
 }
 
 impl IntoResponse for ApiError {
@@ -306,6 +310,14 @@ async fn audit(State(gate): State<Arc<Gate>>, headers: HeaderMap) -> Result<Resp
     Ok(with_request_id(
         ([(header::CONTENT_TYPE, "application/x-ndjson")], body).into_response(),
     ))
+}
+
+async fn list_mandates(
+    State(gate): State<Arc<Gate>>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    admin(&gate, &headers)?;
+    Ok(ok(json!({"mandates": gate.mandates().await})))
 }
 
 async fn policy_reveal(

@@ -15,6 +15,9 @@
 //!   (see [`cedar`]), mandates with per-transaction, daily, monthly, per-entity and relational
 //!   caps, OIDC delegation, approvals, velocity and duplicate windows, and a risk model.
 //!
+//! A small web console for managers ([`console`], under `/console/`) shows decisions, pending
+//! escalations, mandates and the audit export, behind a manager login or the admin key.
+//!
 //! The decision pipeline, idempotency and holds are described in [`engine`]. State lives in a
 //! [`GateStore`]: its hash-chained event log is both the audit log and the source of every
 //! projection, so a restarted gate resumes with its pending escalations.
@@ -38,6 +41,7 @@ pub mod admin;
 pub mod admin_client;
 pub mod canonical;
 pub mod config;
+pub mod console;
 pub mod engine;
 mod error;
 mod http;

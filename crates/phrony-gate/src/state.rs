@@ -140,7 +140,8 @@ pub(crate) struct Approver {
     pub(crate) sub: String,
     pub(crate) role: Option<String>,
     pub(crate) email: Option<String>,
-    /// `id_token` (verified) or `admin_key`.
+    /// `id_token` (verified), `admin_key`, or `console_login` (a console manager login whose
+    /// password the gate checked).
     pub(crate) via: String,
     /// The approver name the decision was made under (absent in events recorded before
     /// decisions named their approver).

@@ -1532,3 +1532,5 @@ fn config_aliases_are_refused_with_their_position() {
         )
     );
 }
+
+mod console_tests;
