@@ -18,8 +18,17 @@
 //! (`lost_or_duplicated` counts the difference and every failed session); the binary exits 1
 //! when it is not 0. Timing never fails a run.
 //!
-//! Not measured yet (listed under `not_measured` in the JSON): dispatch overhead (model tool
-//! call → invoke), open-loop latency at a fixed arrival rate, approve → invoke.
+//! - **open loop**: sessions started at a fixed rate (half the best closed-loop rate of the same
+//!   run), each timed from its *scheduled* start, so queueing shows as latency instead of
+//!   hiding behind a lower rate (no coordinated omission);
+//! - **dispatch overhead**: per closed-loop call, from the moment the client saw the model's tool
+//!   call on the session's stream until the invoke reached a worker (both one loopback hop from
+//!   the daemon);
+//! - **approve → invoke**: from sending `DecideApproval` until the invoke reached a worker, for
+//!   20 approvals one at a time and for every approval of the burst.
+//!
+//! Not measured yet (listed under `not_measured` in the JSON): a bare bidi-stream round trip
+//! baseline (only the unary one is measured).
 
 mod baseline;
 mod load;
@@ -90,8 +99,25 @@ pub struct ClosedLoop {
     pub per_s: f64,
     /// Start → completed.
     pub latency: Latencies,
+    /// The model's tool call seen on the stream → the invoke at a worker.
+    pub dispatch: Latencies,
     /// Sessions that did not complete.
     pub failed: u64,
+}
+
+/// The open-loop phase.
+#[derive(Debug, Clone)]
+pub struct OpenLoop {
+    /// `sqlite` or `postgres`.
+    pub backend: &'static str,
+    /// Sessions started per second.
+    pub rate: f64,
+    /// Scheduled start → completed.
+    pub latency: Latencies,
+    /// Sessions that did not complete.
+    pub failed: u64,
+    /// Starts skipped because too many sessions were still running.
+    pub overloaded: u64,
 }
 
 /// The parked-sessions phase.
@@ -103,8 +129,12 @@ pub struct Parked {
     pub sessions: usize,
     /// Daemon RSS (MiB) before parking, while parked, after they all ended.
     pub rss_mb: [f64; 3],
+    /// Approve → invoke, approvals one at a time.
+    pub approve_to_invoke: Latencies,
     /// Each `DecideApproval` of the burst.
     pub vote: Latencies,
+    /// Approve → invoke of each approval of the burst.
+    pub burst_to_invoke: Latencies,
     /// From the first vote of the burst until every session completed.
     pub burst_ms: f64,
 }
@@ -118,6 +148,8 @@ pub struct Report {
     pub rtt: Vec<(&'static str, Latencies)>,
     /// Closed-loop phases.
     pub closed: Vec<ClosedLoop>,
+    /// Open-loop phases.
+    pub open: Vec<OpenLoop>,
     /// Parked phases.
     pub parked: Vec<Parked>,
     /// Tool calls that ran a different number of times than once per completed session, plus
@@ -256,6 +288,25 @@ pub fn to_json(report: &Report) -> Value {
             .or_else(|| report.rtt.first())
             .map(|(_, l)| l.p50_us()),
     );
+    let first_closed = report
+        .closed
+        .iter()
+        .find(|c| c.backend == "sqlite")
+        .or_else(|| report.closed.first());
+    if let Some(c) = first_closed.filter(|c| !c.dispatch.is_empty()) {
+        put("dispatch_overhead_p50_us", Some(c.dispatch.p50_us()));
+        put("dispatch_overhead_p99_us", Some(c.dispatch.p99_us()));
+    }
+    let open = report
+        .open
+        .iter()
+        .find(|o| o.backend == "sqlite")
+        .or_else(|| report.open.first());
+    if let Some(o) = open.filter(|o| !o.latency.is_empty()) {
+        put("open_loop_rate_per_s", Some(o.rate));
+        put("open_loop_p50_ms_at_half_max", Some(o.latency.p50_us() / 1000.0));
+        put("open_loop_p99_ms_at_half_max", Some(o.latency.p99_us() / 1000.0));
+    }
     let parked = report
         .parked
         .iter()
@@ -263,6 +314,22 @@ pub fn to_json(report: &Report) -> Value {
         .or_else(|| report.parked.first());
     if let Some(p) = parked {
         put("parked_rss_mb", Some(p.rss_mb[1]));
+        if !p.approve_to_invoke.is_empty() {
+            put(
+                "approve_to_invoke_p50_ms",
+                Some(p.approve_to_invoke.p50_us() / 1000.0),
+            );
+        }
+        if !p.burst_to_invoke.is_empty() {
+            put(
+                "approve_burst_to_invoke_p50_ms",
+                Some(p.burst_to_invoke.p50_us() / 1000.0),
+            );
+            put(
+                "approve_burst_to_invoke_p99_ms",
+                Some(p.burst_to_invoke.p99_us() / 1000.0),
+            );
+        }
         put("approve_burst_p99_ms", Some(p.vote.p99_us() / 1000.0));
         put("approve_burst_all_completed_ms", Some(p.burst_ms));
         out.insert("parked_sessions".to_owned(), json!(p.sessions));
@@ -273,11 +340,7 @@ pub fn to_json(report: &Report) -> Value {
     );
     out.insert(
         "not_measured".to_owned(),
-        json!([
-            "dispatch_overhead_p50_us",
-            "open_loop_p99_ms_at_half_max",
-            "approve_to_invoke_p50_ms"
-        ]),
+        json!(["bare_bidi_rtt_p50_us"]),
     );
     out.insert(
         "closed_loop".to_owned(),
@@ -291,6 +354,7 @@ pub fn to_json(report: &Report) -> Value {
                     "per_s": c.per_s,
                     "p50_ms": c.latency.p50_us() / 1000.0,
                     "p99_ms": c.latency.p99_us() / 1000.0,
+                    "dispatch_overhead_p50_us": c.dispatch.p50_us(),
                     "failed": c.failed,
                 })
             })
@@ -318,38 +382,59 @@ pub fn markdown(report: &Report) -> String {
     }
     let _ = writeln!(
         s,
-        "\n| backend | concurrency | sessions (= tool calls)/s | ratio to raw commits/s | p50 | p99 | failed |\n|---|---|---|---|---|---|---|"
+        "\n| backend | concurrency | sessions (= tool calls)/s | ratio to raw commits/s | p50 | p99 | dispatch overhead p50 / p99 | failed |\n|---|---|---|---|---|---|---|---|"
     );
     for c in &report.closed {
         let _ = writeln!(
             s,
-            "| {} | {} | {:.1} | {:.4} | {:.1} ms | {:.1} ms | {} |",
+            "| {} | {} | {:.1} | {:.4} | {:.1} ms | {:.1} ms | {:.0} µs / {:.0} µs | {} |",
             c.backend,
             c.concurrency,
             c.per_s,
             c.per_s / report.raw_commits_per_s.max(1.0),
             c.latency.p50_us() / 1000.0,
             c.latency.p99_us() / 1000.0,
+            c.dispatch.p50_us(),
+            c.dispatch.p99_us(),
             c.failed
         );
     }
     let _ = writeln!(
         s,
-        "\n| backend | parked | RSS before / parked / after (MiB) | KiB per parked session | vote p50 / p99 | burst until all completed |\n|---|---|---|---|---|---|"
+        "\n| backend | open loop: sessions started/s (half the best closed loop) | p50 | p99 (from the scheduled start) | failed | not started |\n|---|---|---|---|---|---|"
+    );
+    for o in &report.open {
+        let _ = writeln!(
+            s,
+            "| {} | {:.1} | {:.1} ms | {:.1} ms | {} | {} |",
+            o.backend,
+            o.rate,
+            o.latency.p50_us() / 1000.0,
+            o.latency.p99_us() / 1000.0,
+            o.failed,
+            o.overloaded
+        );
+    }
+    let _ = writeln!(
+        s,
+        "\n| backend | parked | RSS before / parked / after (MiB) | KiB per parked session | approve → invoke p50 (one at a time) | burst: vote p50 / p99 | burst: approve → invoke p50 / p99 | burst until all completed |\n|---|---|---|---|---|---|---|---|"
     );
     for p in &report.parked {
         let per = (p.rss_mb[1] - p.rss_mb[0]) * 1024.0 / (p.sessions.max(1) as f64);
         let _ = writeln!(
             s,
-            "| {} | {} | {:.1} / {:.1} / {:.1} | {:.0} | {:.1} ms / {:.1} ms | {:.0} ms |",
+            "| {} | {} | {:.1} / {:.1} / {:.1} | {:.0} | {:.1} ms | {:.1} ms / {:.1} ms | {:.1} ms / {:.1} ms | {:.0} ms |",
             p.backend,
             p.sessions,
             p.rss_mb[0],
             p.rss_mb[1],
             p.rss_mb[2],
             per,
+            p.approve_to_invoke.p50_us() / 1000.0,
             p.vote.p50_us() / 1000.0,
             p.vote.p99_us() / 1000.0,
+            p.burst_to_invoke.p50_us() / 1000.0,
+            p.burst_to_invoke.p99_us() / 1000.0,
             p.burst_ms
         );
     }

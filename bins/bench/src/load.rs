@@ -16,7 +16,9 @@ use tests::daemon::{Backend, Daemon};
 use tests::stub::publish_and_deploy;
 
 use crate::stats::Latencies;
-use crate::{BenchError, ClosedLoop, Parked, Plan, Report, backend_name, baseline, rss_mb};
+use crate::{
+    BenchError, ClosedLoop, OpenLoop, Parked, Plan, Report, backend_name, baseline, rss_mb,
+};
 
 /// The allowed refund's agent (one tool call of 50, then a closing text).
 const FAST: &str = "bench-fast";
@@ -64,9 +66,11 @@ pub(crate) fn backend(
         publish_and_deploy(&daemon, &dir, &format!("support/{agent}"));
     }
     let max = plan.concurrency.iter().copied().max().unwrap_or(1);
-    let workers: Vec<RefundWorker> = (0..max.div_ceil(PER_WORKER).clamp(1, 64))
-        .map(|i| RefundWorker::start(daemon.addr(), &format!("bench-{name}-{i}")))
-        .collect();
+    let workers: Arc<Vec<RefundWorker>> = Arc::new(
+        (0..max.div_ceil(PER_WORKER).clamp(1, 64))
+            .map(|i| RefundWorker::start(daemon.addr(), &format!("bench-{name}-{i}")))
+            .collect(),
+    );
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -85,25 +89,47 @@ pub(crate) fn backend(
         report.rtt.push((name, rtt));
         let mut completed_fast = 0;
         // One session first: the daemon's first session pays for lazy set-up.
-        completed_fast += closed_loop(&client, 1, Duration::ZERO).await.0;
+        completed_fast += closed_loop(&client, &workers, 1, Duration::ZERO).await.0;
+        let mut best: f64 = 0.0;
         for &concurrency in &plan.concurrency {
-            let (completed, phase) = closed_loop(&client, concurrency, plan.phase).await;
+            let (completed, phase) = closed_loop(&client, &workers, concurrency, plan.phase).await;
             completed_fast += completed;
             eprintln!(
-                "{name}: concurrency {concurrency}: {:.1} sessions/s, p50 {:.1} ms, p99 {:.1} ms, {} failed",
+                "{name}: concurrency {concurrency}: {:.1} sessions/s, p50 {:.1} ms, p99 {:.1} ms, \
+                 dispatch overhead p50 {:.0} µs, {} failed",
                 phase.per_s,
                 phase.latency.p50_us() / 1000.0,
                 phase.latency.p99_us() / 1000.0,
+                phase.dispatch.p50_us(),
                 phase.failed
             );
+            best = best.max(phase.per_s);
             report.lost_or_duplicated += phase.failed;
             report.closed.push(ClosedLoop {
                 backend: name,
                 ..phase
             });
         }
+        // Open loop at half the best closed-loop rate of this run.
+        let rate = best / 2.0;
+        if rate >= 1.0 {
+            let (completed, open) = open_loop(&client, rate, plan.phase).await;
+            completed_fast += completed;
+            eprintln!(
+                "{name}: open loop at {rate:.1}/s: p50 {:.1} ms, p99 {:.1} ms, {} failed, {} not started (over {OPEN_LOOP_IN_FLIGHT} in flight)",
+                open.latency.p50_us() / 1000.0,
+                open.latency.p99_us() / 1000.0,
+                open.failed,
+                open.overloaded
+            );
+            report.lost_or_duplicated += open.failed;
+            report.open.push(OpenLoop {
+                backend: name,
+                ..open
+            });
+        }
         let completed_held = if plan.parked > 0 {
-            let parked = parked(&client, &daemon, plan.parked).await?;
+            let parked = parked(&client, &daemon, &workers, plan.parked).await?;
             let ended = parked.sessions as u64;
             report.parked.push(Parked {
                 backend: name,
@@ -139,7 +165,12 @@ pub(crate) fn backend(
 /// `concurrency` clients, each starting a session of the fast agent and waiting for its end,
 /// until `phase` has passed (at least one session each). Returns the completed sessions and the
 /// phase's figures (`backend` filled in by the caller).
-async fn closed_loop(client: &Client, concurrency: usize, phase: Duration) -> (u64, ClosedLoop) {
+async fn closed_loop(
+    client: &Client,
+    workers: &[RefundWorker],
+    concurrency: usize,
+    phase: Duration,
+) -> (u64, ClosedLoop) {
     let started = Instant::now();
     let deadline = started + phase;
     let failed = Arc::new(AtomicU64::new(0));
@@ -149,25 +180,33 @@ async fn closed_loop(client: &Client, concurrency: usize, phase: Duration) -> (u
         let failed = Arc::clone(&failed);
         tasks.push(tokio::spawn(async move {
             let mut latencies = Latencies::default();
+            let mut calls = Vec::new();
             loop {
                 let t0 = Instant::now();
                 match one_session(&client).await {
-                    Ok(()) => latencies.push(t0.elapsed()),
+                    Ok(call) => {
+                        latencies.push(t0.elapsed());
+                        calls.extend(call);
+                    }
                     Err(e) => {
                         eprintln!("session failed: {e}");
                         failed.fetch_add(1, Ordering::Relaxed);
                     }
                 }
                 if Instant::now() >= deadline {
-                    return latencies;
+                    return (latencies, calls);
                 }
             }
         }));
     }
     let mut latency = Latencies::default();
+    let mut calls = Vec::new();
     for task in tasks {
         match task.await {
-            Ok(l) => latency.extend(&l),
+            Ok((l, c)) => {
+                latency.extend(&l);
+                calls.extend(c);
+            }
             Err(_) => {
                 failed.fetch_add(1, Ordering::Relaxed);
             }
@@ -182,7 +221,90 @@ async fn closed_loop(client: &Client, concurrency: usize, phase: Duration) -> (u
             concurrency,
             per_s: completed as f64 / elapsed,
             latency,
+            dispatch: dispatch_overhead(workers, &calls),
             failed: failed.load(Ordering::Relaxed),
+        },
+    )
+}
+
+/// When the invoke of `call_id` reached one of `workers`.
+fn arrival(workers: &[RefundWorker], call_id: &str) -> Option<Instant> {
+    workers.iter().find_map(|w| w.arrived(call_id))
+}
+
+/// Dispatch overhead per call: from the moment the client saw the model's tool call on the
+/// session's stream until the invoke reached a worker. Both are one loopback hop from the
+/// daemon, so the difference is the daemon's time from the model's tool call to the invoke
+/// (binding, validation, policy, the durable decision and dispatch journal). An invoke that
+/// arrived before the stream's event counts as zero.
+fn dispatch_overhead(workers: &[RefundWorker], calls: &[(String, Instant)]) -> Latencies {
+    let mut overhead = Latencies::default();
+    for (call_id, seen) in calls {
+        if let Some(at) = arrival(workers, call_id) {
+            overhead.push(at.saturating_duration_since(*seen));
+        }
+    }
+    overhead
+}
+
+/// Sessions started at most this many at once in the open loop; a start due while this many
+/// are running is counted as not started (the daemon fell behind the arrival rate).
+pub(crate) const OPEN_LOOP_IN_FLIGHT: usize = 4096;
+
+/// Starts sessions of the fast agent at a fixed `rate` per second for `phase`, each measured
+/// from its *scheduled* start (so a daemon that falls behind shows as latency, not as a lower
+/// rate: no coordinated omission), and waits for them all.
+async fn open_loop(client: &Client, rate: f64, phase: Duration) -> (u64, OpenLoop) {
+    let started = tokio::time::Instant::now();
+    let interval = Duration::from_secs_f64(1.0 / rate);
+    let slots = Arc::new(tokio::sync::Semaphore::new(OPEN_LOOP_IN_FLIGHT));
+    let failed = Arc::new(AtomicU64::new(0));
+    let mut overloaded = 0u64;
+    let mut tasks = Vec::new();
+    let mut k: u32 = 0;
+    loop {
+        let scheduled = started + interval * k;
+        if scheduled.duration_since(started) >= phase {
+            break;
+        }
+        tokio::time::sleep_until(scheduled).await;
+        k = k.saturating_add(1);
+        let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
+            overloaded += 1;
+            continue;
+        };
+        let client = client.clone();
+        let failed = Arc::clone(&failed);
+        tasks.push(tokio::spawn(async move {
+            let _slot = slot;
+            match one_session(&client).await {
+                Ok(_) => Some(scheduled.elapsed()),
+                Err(e) => {
+                    eprintln!("session failed: {e}");
+                    failed.fetch_add(1, Ordering::Relaxed);
+                    None
+                }
+            }
+        }));
+    }
+    let mut latency = Latencies::default();
+    for task in tasks {
+        match task.await {
+            Ok(Some(l)) => latency.push(l),
+            Ok(None) => {}
+            Err(_) => {
+                failed.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+    (
+        latency.len() as u64,
+        OpenLoop {
+            backend: "",
+            rate,
+            latency,
+            failed: failed.load(Ordering::Relaxed),
+            overloaded,
         },
     )
 }
@@ -193,16 +315,22 @@ fn run_of(agent: &str) -> RunSession {
     run
 }
 
-/// One task session on an interactive stream, until it ends: `Ok` when it completed.
-async fn one_session(client: &Client) -> Result<(), String> {
+/// One task session on an interactive stream, until it ends: `Ok` when it completed, with its
+/// tool call's id and when the stream showed it.
+async fn one_session(client: &Client) -> Result<Option<(String, Instant)>, String> {
     let session = client
         .start_interactive(&run_of(FAST), "bench")
         .await
         .map_err(|e| e.to_string())?;
     let (_sender, mut events) = session.split();
+    let mut call = None;
     loop {
         match events.next().await.map_err(|e| e.to_string())? {
-            Some(SessionEvent::Completed(_)) => return Ok(()),
+            Some(SessionEvent::ToolCall(c)) => {
+                let seen = Instant::now();
+                call.get_or_insert((c.call_id, seen));
+            }
+            Some(SessionEvent::Completed(_)) => return Ok(call),
             Some(event) if event.is_terminal() => return Err(format!("ended: {event:?}")),
             Some(_) => {}
             None => return Err("the stream ended before the session".to_owned()),
@@ -212,7 +340,12 @@ async fn one_session(client: &Client) -> Result<(), String> {
 
 /// Parks `n` sessions of the held agent in `awaiting_approval`, measures the daemon's memory,
 /// approves them all in one burst and waits until they completed.
-async fn parked(client: &Client, daemon: &Daemon, n: usize) -> Result<Parked, BenchError> {
+async fn parked(
+    client: &Client,
+    daemon: &Daemon,
+    workers: &[RefundWorker],
+    n: usize,
+) -> Result<Parked, BenchError> {
     let before = rss_mb(daemon);
     let mut starts = Vec::new();
     for chunk in 0..32usize {
@@ -234,69 +367,132 @@ async fn parked(client: &Client, daemon: &Daemon, n: usize) -> Result<Parked, Be
             .await
             .map_err(|e| BenchError::new(format!("a start task failed: {e}")))??;
     }
-    let ids = wait_for_pending(client, n).await?;
+    let held = wait_for_pending(client, n).await?;
     let parked_rss = rss_mb(daemon);
     eprintln!(
         "parked {n}: daemon RSS {before:.1} MiB before, {parked_rss:.1} MiB parked ({:.0} KiB each)",
         (parked_rss - before) * 1024.0 / (n.max(1) as f64)
     );
+    // Approve → invoke with nothing else going on: a few approvals one at a time, each
+    // waited for until its invoke reached a worker.
+    let singles = (n / 5).min(SINGLE_APPROVALS);
+    let mut approve_to_invoke = Latencies::default();
+    for (id, call_id) in &held[..singles] {
+        let t0 = Instant::now();
+        approve(client, id).await?;
+        approve_to_invoke.push(wait_for_arrival(workers, call_id, t0).await?);
+    }
+    // The burst: every other parked session approved at once by 64 voters.
     let burst = Instant::now();
-    let ids = Arc::new(ids);
+    let rest: Arc<Vec<(String, String)>> = Arc::new(held[singles..].to_vec());
     let mut voters = Vec::new();
     for voter in 0..VOTERS {
         let client = client.clone();
-        let ids = Arc::clone(&ids);
+        let rest = Arc::clone(&rest);
         voters.push(tokio::spawn(async move {
             let mut latencies = Latencies::default();
+            let mut sent = Vec::new();
             let mut i = voter;
-            while i < ids.len() {
-                let vote = DecideApproval {
-                    approval_id: ids[i].clone(),
-                    decision: Decision::Approve,
-                    comment: Some("bench burst".to_owned()),
-                    args: None,
-                    comprehension_acknowledged: true,
-                    resolution: None,
-                    result: None,
-                };
+            while i < rest.len() {
                 let t0 = Instant::now();
-                client
-                    .decide_approval(&vote, "bench-approver")
-                    .await
-                    .map_err(|e| BenchError::new(format!("DecideApproval: {e}")))?;
+                approve(&client, &rest[i].0).await?;
                 latencies.push(t0.elapsed());
+                sent.push((rest[i].1.clone(), t0));
                 i += VOTERS;
             }
-            Ok::<_, BenchError>(latencies)
+            Ok::<_, BenchError>((latencies, sent))
         }));
     }
     let mut vote = Latencies::default();
+    let mut sent = Vec::new();
     for voter in voters {
-        vote.extend(
-            &voter
-                .await
-                .map_err(|e| BenchError::new(format!("a voter failed: {e}")))??,
-        );
+        let (latencies, s) = voter
+            .await
+            .map_err(|e| BenchError::new(format!("a voter failed: {e}")))??;
+        vote.extend(&latencies);
+        sent.extend(s);
     }
     wait_for_completed(client, n).await?;
     let burst_ms = burst.elapsed().as_secs_f64() * 1000.0;
+    let mut burst_to_invoke = Latencies::default();
+    for (call_id, t0) in &sent {
+        if let Some(at) = arrival(workers, call_id) {
+            burst_to_invoke.push(at.saturating_duration_since(*t0));
+        }
+    }
     let after = rss_mb(daemon);
     eprintln!(
-        "burst of {n} approvals: vote p50 {:.1} ms, p99 {:.1} ms; all completed after {burst_ms:.0} ms; RSS after {after:.1} MiB",
+        "approve → invoke, one at a time: p50 {:.1} ms; burst of {}: vote p50 {:.1} ms, p99 {:.1} ms, \
+         approve → invoke p50 {:.1} ms, p99 {:.1} ms; all completed after {burst_ms:.0} ms; RSS after {after:.1} MiB",
+        approve_to_invoke.p50_us() / 1000.0,
+        rest.len(),
         vote.p50_us() / 1000.0,
-        vote.p99_us() / 1000.0
+        vote.p99_us() / 1000.0,
+        burst_to_invoke.p50_us() / 1000.0,
+        burst_to_invoke.p99_us() / 1000.0,
     );
     Ok(Parked {
         backend: "",
         sessions: n,
         rss_mb: [before, parked_rss, after],
+        approve_to_invoke,
         vote,
+        burst_to_invoke,
         burst_ms,
     })
 }
 
-/// Waits until the held agent has `n` pending approvals; returns their ids.
-async fn wait_for_pending(client: &Client, n: usize) -> Result<Vec<String>, BenchError> {
+/// Approvals decided one at a time before the burst (approve → invoke unloaded).
+const SINGLE_APPROVALS: usize = 20;
+
+async fn approve(client: &Client, approval_id: &str) -> Result<(), BenchError> {
+    let vote = DecideApproval {
+        approval_id: approval_id.to_owned(),
+        decision: Decision::Approve,
+        comment: Some("bench".to_owned()),
+        args: None,
+        comprehension_acknowledged: true,
+        resolution: None,
+        result: None,
+    };
+    client
+        .decide_approval(&vote, "bench-approver")
+        .await
+        .map_err(|e| BenchError::new(format!("DecideApproval: {e}")))?;
+    Ok(())
+}
+
+/// Waits until the invoke of `call_id` reached a worker; returns the time since `t0`.
+async fn wait_for_arrival(
+    workers: &[RefundWorker],
+    call_id: &str,
+    t0: Instant,
+) -> Result<Duration, BenchError> {
+    let mut changes: Vec<_> = workers.iter().map(RefundWorker::arrivals).collect();
+    loop {
+        if let Some(at) = arrival(workers, call_id) {
+            return Ok(at.saturating_duration_since(t0));
+        }
+        let any_change = futures::future::select_all(
+            changes.iter_mut().map(|c| Box::pin(c.changed())),
+        );
+        if tokio::time::timeout(PHASE_GUARD.saturating_sub(t0.elapsed()), any_change)
+            .await
+            .is_err()
+        {
+            return Err(BenchError::new(format!(
+                "call {call_id} was approved but never reached a worker within {} s",
+                PHASE_GUARD.as_secs()
+            )));
+        }
+    }
+}
+
+/// Waits until the held agent has `n` pending approvals; returns their ids and call ids.
+async fn wait_for_pending(
+    client: &Client,
+    n: usize,
+) -> Result<Vec<(String, String)>, BenchError> {
     let deadline = Instant::now() + PHASE_GUARD;
     loop {
         let mut ids = Vec::new();
@@ -311,7 +507,7 @@ async fn wait_for_pending(client: &Client, n: usize) -> Result<Vec<String>, Benc
                 .list_approvals(&filter)
                 .await
                 .map_err(|e| BenchError::new(format!("ListApprovals: {e}")))?;
-            ids.extend(page.approvals.into_iter().map(|a| a.id));
+            ids.extend(page.approvals.into_iter().map(|a| (a.id, a.call_id)));
             match page.next_page_token {
                 Some(token) => filter.page_token = Some(token),
                 None => break,

@@ -9,8 +9,9 @@
 //! assert!(worker.invocations().is_empty());
 //! ```
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use phrony_sdk::{Call, ToolError, Worker};
 use serde_json::{Value, json};
@@ -37,6 +38,11 @@ const CONCURRENCY: u32 = 4;
 #[derive(Debug)]
 pub struct RefundWorker {
     invoked: Arc<Mutex<Vec<Value>>>,
+    /// When each call's invoke arrived, by call id (the benchmark's dispatch and approval
+    /// latencies).
+    arrived: Arc<Mutex<HashMap<String, Instant>>>,
+    /// Bumped after each arrival is recorded.
+    arrivals: tokio::sync::watch::Sender<u64>,
     /// `true` while results are held back.
     holding: tokio::sync::watch::Sender<bool>,
     /// Runs the worker; shutting it down stops the worker (its stream closes).
@@ -77,12 +83,22 @@ impl RefundWorker {
             .unwrap_or_else(|e| panic!("cannot build the worker's runtime: {e}"));
         let invoked = Arc::new(Mutex::new(Vec::new()));
         let recorder = Arc::clone(&invoked);
+        let arrived = Arc::new(Mutex::new(HashMap::new()));
+        let arrivals = Arc::clone(&arrived);
+        let (arrivals_tx, _) = tokio::sync::watch::channel(0u64);
+        let bump = arrivals_tx.clone();
         let worker = Worker::builder()
             .runtime_addr(addr)
             .worker_id(worker_id)
             .workload_identity(format!("tests/{worker_id}"))
             .concurrency(CONCURRENCY)
-            .tool(TOOL, VERSION, move |args: Value, _call: Call| {
+            .tool(TOOL, VERSION, move |args: Value, call: Call| {
+                arrivals
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .entry(call.call_id.clone())
+                    .or_insert_with(Instant::now);
+                bump.send_modify(|n| *n += 1);
                 recorder
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
@@ -114,6 +130,8 @@ impl RefundWorker {
         }
         Self {
             invoked,
+            arrived,
+            arrivals: arrivals_tx,
             holding,
             runtime: Some(runtime),
         }
@@ -126,6 +144,26 @@ impl RefundWorker {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
+    }
+}
+
+impl RefundWorker {
+    /// When the invoke of call `call_id` arrived (its first arrival: the handler runs once per
+    /// delivery, and a re-delivery keeps the first instant).
+    #[must_use]
+    pub fn arrived(&self, call_id: &str) -> Option<Instant> {
+        self.arrived
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(call_id)
+            .copied()
+    }
+
+    /// A receiver that changes after every arrival ([`arrived`](Self::arrived) then knows it):
+    /// subscribe, check, then wait for a change.
+    #[must_use]
+    pub fn arrivals(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.arrivals.subscribe()
     }
 }
 
