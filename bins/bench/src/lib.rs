@@ -304,8 +304,14 @@ pub fn to_json(report: &Report) -> Value {
         .or_else(|| report.open.first());
     if let Some(o) = open.filter(|o| !o.latency.is_empty()) {
         put("open_loop_rate_per_s", Some(o.rate));
-        put("open_loop_p50_ms_at_half_max", Some(o.latency.p50_us() / 1000.0));
-        put("open_loop_p99_ms_at_half_max", Some(o.latency.p99_us() / 1000.0));
+        put(
+            "open_loop_p50_ms_at_half_max",
+            Some(o.latency.p50_us() / 1000.0),
+        );
+        put(
+            "open_loop_p99_ms_at_half_max",
+            Some(o.latency.p99_us() / 1000.0),
+        );
     }
     let parked = report
         .parked
@@ -338,10 +344,7 @@ pub fn to_json(report: &Report) -> Value {
         "lost_or_duplicated".to_owned(),
         json!(report.lost_or_duplicated),
     );
-    out.insert(
-        "not_measured".to_owned(),
-        json!(["bare_bidi_rtt_p50_us"]),
-    );
+    out.insert("not_measured".to_owned(), json!(["bare_bidi_rtt_p50_us"]));
     out.insert(
         "closed_loop".to_owned(),
         report

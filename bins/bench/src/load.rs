@@ -473,9 +473,8 @@ async fn wait_for_arrival(
         if let Some(at) = arrival(workers, call_id) {
             return Ok(at.saturating_duration_since(t0));
         }
-        let any_change = futures::future::select_all(
-            changes.iter_mut().map(|c| Box::pin(c.changed())),
-        );
+        let any_change =
+            futures::future::select_all(changes.iter_mut().map(|c| Box::pin(c.changed())));
         if tokio::time::timeout(PHASE_GUARD.saturating_sub(t0.elapsed()), any_change)
             .await
             .is_err()
@@ -489,10 +488,7 @@ async fn wait_for_arrival(
 }
 
 /// Waits until the held agent has `n` pending approvals; returns their ids and call ids.
-async fn wait_for_pending(
-    client: &Client,
-    n: usize,
-) -> Result<Vec<(String, String)>, BenchError> {
+async fn wait_for_pending(client: &Client, n: usize) -> Result<Vec<(String, String)>, BenchError> {
     let deadline = Instant::now() + PHASE_GUARD;
     loop {
         let mut ids = Vec::new();
