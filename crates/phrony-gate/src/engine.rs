@@ -519,6 +519,17 @@ impl Gate {
             .map(|d| d.event.agent_id.clone())
     }
 
+    /// How a recorded decision was completed, if it was (the routing routes never forward a
+    /// completed decision again).
+    pub async fn completion_status(&self, decision_id: &str) -> Option<CompleteStatus> {
+        let state = self.state.lock().await;
+        state
+            .decisions
+            .get(decision_id)
+            .and_then(|d| d.completion.as_ref())
+            .map(|c| c.status)
+    }
+
     // -----------------------------------------------------------------------------------------
     // Decisions
 
