@@ -5,7 +5,8 @@
 //! random 12-byte nonce and the associated data `"mock-gate-vault/<org id>" + "\0" + <name>`,
 //! so an entry copied under another name or into another organisation's vault does not open.
 //! The key is never in the configuration: it comes from the environment variable
-//! [`VAULT_KEY_ENV`] or from `routing.vault.key_file` (32 bytes as hex or base64, the same
+//! [`VAULT_KEY_ENV`] (read by `mock-gate` into [`VaultSettings::key`]) or from
+//! `routing.vault.key_file` (32 bytes as hex or base64, the same
 //! text form as `RUNTIME_SECRETS_ENCRYPTION_KEY`).
 //!
 //! Opened secrets are [`SecretString`]s: their `Debug` is redacted, and no error of this module
@@ -109,12 +110,15 @@ fn scope(org_id: &str) -> String {
 }
 
 /// Where the vault is and how its key is found.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct VaultSettings {
     /// The sealed vault file.
     pub file: PathBuf,
-    /// A file holding the key (else [`VAULT_KEY_ENV`]).
+    /// A file holding the key (used when [`Self::key`] is not set).
     pub key_file: Option<PathBuf>,
+    /// The key text given by the embedder: `mock-gate` reads [`VAULT_KEY_ENV`] into it (a
+    /// library does not read the environment). Takes precedence over the key file.
+    pub key: Option<SecretString>,
 }
 
 /// The vault cipher, with the key found per [`VaultSettings`].
@@ -122,8 +126,9 @@ pub struct VaultSettings {
 /// # Errors
 /// [`VaultError::NoKey`] or [`VaultError::Key`].
 pub fn cipher(settings: &VaultSettings) -> Result<SecretCipher, VaultError> {
-    let (text, origin) = match &settings.key_file {
-        Some(path) => (
+    let (text, origin) = match (&settings.key, &settings.key_file) {
+        (Some(key), _) => (key.clone(), VAULT_KEY_ENV.to_owned()),
+        (None, Some(path)) => (
             SecretString::from(
                 std::fs::read_to_string(path).map_err(|source| VaultError::Io {
                     path: path.clone(),
@@ -132,10 +137,7 @@ pub fn cipher(settings: &VaultSettings) -> Result<SecretCipher, VaultError> {
             ),
             format!("file {}", path.display()),
         ),
-        None => match std::env::var(VAULT_KEY_ENV) {
-            Ok(v) => (SecretString::from(v), VAULT_KEY_ENV.to_owned()),
-            Err(_) => return Err(VaultError::NoKey),
-        },
+        (None, None) => return Err(VaultError::NoKey),
     };
     SecretCipher::from_key_text(text.expose_secret())
         .map_err(|source| VaultError::Key { origin, source })
@@ -300,6 +302,7 @@ mod tests {
         VaultSettings {
             file: dir.join("vault.json"),
             key_file: Some(key_file),
+            key: None,
         }
     }
 
@@ -356,13 +359,24 @@ mod tests {
         assert!(err.to_string().contains("printable ASCII"), "{err}");
         let err = put(&s, "o", "p", &SecretString::from("")).unwrap_err();
         assert!(err.to_string().contains("1 to 8192 bytes"), "{err}");
-        let missing = VaultSettings {
+        let mut keyless = VaultSettings {
             file: dir.path().join("v.json"),
             key_file: None,
+            key: None,
         };
-        // Without a key file, the environment is the only source; the test does not set it.
-        if std::env::var(VAULT_KEY_ENV).is_err() {
-            assert!(matches!(cipher(&missing).unwrap_err(), VaultError::NoKey));
-        }
+        assert!(matches!(cipher(&keyless).unwrap_err(), VaultError::NoKey));
+        keyless.key = Some(SecretString::from("abc"));
+        let err = cipher(&keyless).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("vault key MOCK_GATE_VAULT_KEY: "),
+            "{err}"
+        );
+        keyless.key = Some(SecretString::from(KEY));
+        put(&keyless, "o", "p", &SecretString::from("v")).unwrap();
+        assert_eq!(
+            open(&keyless, "o", &["p"]).unwrap()["p"].expose_secret(),
+            "v"
+        );
     }
 }

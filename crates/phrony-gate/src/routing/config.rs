@@ -474,6 +474,7 @@ pub(crate) fn compile_routing(
         vault: file.vault.as_ref().map(|v| VaultSettings {
             file: resolve(&v.file),
             key_file: v.key_file.as_deref().map(&resolve),
+            key: None,
         }),
     })
 }

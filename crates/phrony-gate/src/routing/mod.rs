@@ -96,6 +96,18 @@ enum Kind {
     Gateway,
 }
 
+/// The parts of one routed HTTP request.
+#[derive(Debug, Clone, Copy)]
+struct Call<'a> {
+    kind: Kind,
+    tool: &'a str,
+    /// The path after the tool, without the leading `/`.
+    path: &'a str,
+    method: &'a Method,
+    uri: &'a Uri,
+    headers: &'a HeaderMap,
+}
+
 #[derive(Debug, Clone)]
 struct Stored {
     status: StatusCode,
@@ -278,7 +290,15 @@ async fn sidecar(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    handle(&r, Kind::Sidecar, tool, path, method, &uri, &headers, body).await
+    let call = Call {
+        kind: Kind::Sidecar,
+        tool: &tool,
+        path: &path,
+        method: &method,
+        uri: &uri,
+        headers: &headers,
+    };
+    handle(&r, call, body).await
 }
 
 async fn sidecar_root(
@@ -289,17 +309,15 @@ async fn sidecar_root(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    handle(
-        &r,
-        Kind::Sidecar,
-        tool,
-        String::new(),
-        method,
-        &uri,
-        &headers,
-        body,
-    )
-    .await
+    let call = Call {
+        kind: Kind::Sidecar,
+        tool: &tool,
+        path: "",
+        method: &method,
+        uri: &uri,
+        headers: &headers,
+    };
+    handle(&r, call, body).await
 }
 
 async fn gateway(
@@ -310,7 +328,15 @@ async fn gateway(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    handle(&r, Kind::Gateway, tool, path, method, &uri, &headers, body).await
+    let call = Call {
+        kind: Kind::Gateway,
+        tool: &tool,
+        path: &path,
+        method: &method,
+        uri: &uri,
+        headers: &headers,
+    };
+    handle(&r, call, body).await
 }
 
 async fn gateway_root(
@@ -321,17 +347,15 @@ async fn gateway_root(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    handle(
-        &r,
-        Kind::Gateway,
-        tool,
-        String::new(),
-        method,
-        &uri,
-        &headers,
-        body,
-    )
-    .await
+    let call = Call {
+        kind: Kind::Gateway,
+        tool: &tool,
+        path: "",
+        method: &method,
+        uri: &uri,
+        headers: &headers,
+    };
+    handle(&r, call, body).await
 }
 
 fn with_request_id(mut response: Response) -> Response {
@@ -410,16 +434,20 @@ fn scalar_text(v: &Value) -> Option<String> {
 
 /// The decision request of a routed call.
 fn decision_request(
+    call: Call<'_>,
     agent: &str,
-    tool: &str,
-    path: &str,
-    method: &Method,
-    uri: &Uri,
-    headers: &HeaderMap,
     body: &[u8],
     operation: Option<&Operation>,
     mandate: Option<&str>,
 ) -> Result<DecisionRequest, ApiError> {
+    let Call {
+        tool,
+        path,
+        method,
+        uri,
+        headers,
+        ..
+    } = call;
     let mut context = match header_text(headers, "x-agent-facts")? {
         None => Map::new(),
         Some(text) => match serde_json::from_str::<Value>(&text) {
@@ -538,23 +566,35 @@ fn decision_request(
 }
 
 /// Who is calling, per route family.
-fn identify(
-    r: &Routing,
-    kind: Kind,
-    method: &Method,
-    uri: &Uri,
-    headers: &HeaderMap,
-    body: &[u8],
-) -> Result<(Caller, String), Response> {
+/// Why a caller is not let through: a control-API error, or a refusal envelope.
+enum Refused {
+    Api(ApiError),
+    Envelope(StatusCode, &'static str, String),
+}
+
+impl From<ApiError> for Refused {
+    fn from(e: ApiError) -> Self {
+        Self::Api(e)
+    }
+}
+
+fn identify(r: &Routing, call: Call<'_>, body: &[u8]) -> Result<(Caller, String), Refused> {
+    let Call {
+        kind,
+        method,
+        uri,
+        headers,
+        ..
+    } = call;
     let settings = r.gate.settings();
     let Some(routing) = settings.routing.as_ref() else {
         return Err(ApiError::not_found(format!(
             "no route for {} (this gate has no `routing` section)",
             uri.path()
         ))
-        .into_response());
+        .into());
     };
-    let agent_header = header_text(headers, "x-agent-id").map_err(IntoResponse::into_response)?;
+    let agent_header = header_text(headers, "x-agent-id")?;
     match kind {
         Kind::Sidecar => {
             let Some(agents) = routing.sidecar_agents.as_ref() else {
@@ -562,17 +602,17 @@ fn identify(
                     "no route for {} (the sidecar routes are off: `routing.sidecar`)",
                     uri.path()
                 ))
-                .into_response());
+                .into());
             };
             let Some(agent) = agent_header else {
-                return Err(refusal(
+                return Err(Refused::Envelope(
                     StatusCode::FORBIDDEN,
                     codes::IDENTITY_NOT_RESOLVED,
                     "the sidecar needs `X-Agent-Id` (SidecarSession(agent_id=…))".into(),
                 ));
             };
             if !agents.contains(&agent) {
-                return Err(refusal(
+                return Err(Refused::Envelope(
                     StatusCode::FORBIDDEN,
                     codes::IDENTITY_NOT_RESOLVED,
                     format!("agent `{agent}` is not served by this sidecar"),
@@ -594,7 +634,7 @@ fn identify(
                     "no route for {} (the gateway routes are off: `routing.gateway`)",
                     uri.path()
                 ))
-                .into_response());
+                .into());
             }
             let bearer = headers
                 .get(header::AUTHORIZATION)
@@ -603,16 +643,13 @@ fn identify(
                     v.strip_prefix("Bearer ")
                         .or_else(|| v.strip_prefix("bearer "))
                 });
-            let mut caller = r
-                .gate
-                .authenticate_key(bearer)
-                .map_err(IntoResponse::into_response)?;
+            let mut caller = r.gate.authenticate_key(bearer)?;
             let Some(agent) = agent_header.or_else(|| caller.bound_agent.clone()) else {
                 return Err(ApiError::bad_request(
                     "the gateway needs an agent: use an agent-bound key (rgnt_agt_…) or send \
                      `X-Agent-Id`",
                 )
-                .into_response());
+                .into());
             };
             let host = headers
                 .get(header::HOST)
@@ -620,47 +657,41 @@ fn identify(
                 .unwrap_or_default()
                 .to_owned();
             let lookup = |name: &str| header_values(headers, name);
-            r.gate
-                .verify_signature(
-                    &mut caller,
-                    &agent,
-                    &SignedRequest {
-                        method: method.as_str(),
-                        authority: &host,
-                        path: uri.path(),
-                        header: &lookup,
-                        body,
-                    },
-                )
-                .map_err(IntoResponse::into_response)?;
+            r.gate.verify_signature(
+                &mut caller,
+                &agent,
+                &SignedRequest {
+                    method: method.as_str(),
+                    authority: &host,
+                    path: uri.path(),
+                    header: &lookup,
+                    body,
+                },
+            )?;
             Ok((caller, agent))
         }
     }
 }
 
-#[allow(
-    clippy::too_many_arguments,
-    reason = "the parts of one HTTP request, passed on from the four route handlers"
-)]
-async fn handle(
-    r: &Routing,
-    kind: Kind,
-    tool: String,
-    path: String,
-    method: Method,
-    uri: &Uri,
-    headers: &HeaderMap,
-    body: Bytes,
-) -> Response {
-    if let Some(answer) = sidecar_housekeeping(&method, uri.path()) {
+async fn handle(r: &Routing, call: Call<'_>, body: Bytes) -> Response {
+    let Call {
+        tool,
+        path,
+        method,
+        uri,
+        headers,
+        ..
+    } = call;
+    if let Some(answer) = sidecar_housekeeping(method, uri.path()) {
         return answer;
     }
-    let (caller, agent) = match identify(r, kind, &method, uri, headers, &body) {
+    let (caller, agent) = match identify(r, call, &body) {
         Ok(v) => v,
-        Err(response) => return response,
+        Err(Refused::Api(e)) => return e.into_response(),
+        Err(Refused::Envelope(status, code, reason)) => return refusal(status, code, reason),
     };
     let settings = r.gate.settings();
-    let tool_settings = settings.tools.as_ref().and_then(|t| t.get(&tool));
+    let tool_settings = settings.tools.as_ref().and_then(|t| t.get(tool));
     let upstream = tool_settings.and_then(|t| t.upstream.as_ref());
     if tool_settings.is_some() && upstream.is_none() {
         return ApiError::not_found(format!(
@@ -668,14 +699,10 @@ async fn handle(
         ))
         .into_response();
     }
-    let operation = upstream.and_then(|u| u.operation(&method, &path));
+    let operation = upstream.and_then(|u| u.operation(method, path));
     let request = match decision_request(
+        call,
         &agent,
-        &tool,
-        &path,
-        &method,
-        uri,
-        headers,
         &body,
         operation,
         tool_settings.and_then(|t| t.mandate.as_deref()),
@@ -731,18 +758,7 @@ async fn handle(
         }
     }
     let idempotency = decision_idempotency(headers);
-    let outcome = forward(
-        r,
-        &tool,
-        upstream,
-        &method,
-        &path,
-        uri,
-        headers,
-        body,
-        idempotency,
-    )
-    .await;
+    let outcome = forward(r, call, upstream, body, idempotency).await;
     let (status, error, downstream_ref, response) = match outcome {
         Ok(stored) => {
             let ok = stored.status.is_success();
@@ -908,21 +924,21 @@ fn stripped(name: &HeaderName) -> bool {
 
 type Failure = (StatusCode, String);
 
-#[allow(
-    clippy::too_many_arguments,
-    reason = "the parts of the call being forwarded"
-)]
 async fn forward(
     r: &Routing,
-    tool: &str,
+    call: Call<'_>,
     upstream: &Upstream,
-    method: &Method,
-    path: &str,
-    uri: &Uri,
-    headers: &HeaderMap,
     body: Bytes,
     idempotency: Option<HeaderValue>,
 ) -> Result<Stored, Failure> {
+    let Call {
+        tool,
+        path,
+        method,
+        uri,
+        headers,
+        ..
+    } = call;
     let Some(routing) = r.gate.settings().routing.as_ref() else {
         return Err((StatusCode::BAD_GATEWAY, "routing is not configured".into()));
     };

@@ -79,6 +79,7 @@ async fn env_with(auth: Auth, upstream_url: Option<&str>, timeout_ms: u64) -> En
         &VaultSettings {
             file: dir.path().join("vault.json"),
             key_file: Some(dir.path().join("vault.key")),
+            key: None,
         },
         "org_bank",
         "payments_api_key",
