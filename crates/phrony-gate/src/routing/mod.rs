@@ -45,13 +45,16 @@
 //! the first call is in flight also gets the 409. A decision completed as failed (provider
 //! non-2xx, unreachable, timeout) is decided afresh by the engine on retry, so it may be
 //! forwarded again: the provider receives the agent's `Idempotency-Key` to de-duplicate a
-//! timed-out call it did perform.
+//! timed-out call it did perform. Not covered: a gate that stops between forwarding a call and
+//! completing its decision leaves an allow that is neither completed nor held here, so a retry
+//! after the restart is forwarded again (the provider's `Idempotency-Key` is the guard then).
 //!
 //! # Headers
 //! Stripped before forwarding: `Authorization`, `Proxy-Authorization`, `Cookie`, every
 //! `X-Agent-*` header (id, user token, intent, facts, signatures), `Signature`,
-//! `Signature-Input`, `Content-Digest`, `Host`, hop-by-hop headers, and the credential's own
-//! header. Injected: the credential, and `Idempotency-Key` when the agent sent one.
+//! `Signature-Input`, `Content-Digest`, `Host`, hop-by-hop headers, `Accept-Encoding` (the
+//! provider's body is returned with its `content-type` only, so it must not be compressed), and
+//! the credential's own header. Injected: the credential, and `Idempotency-Key` when the agent sent one.
 //! Credentials never appear in logs, errors, audit events or responses.
 
 pub mod config;
@@ -918,6 +921,7 @@ fn stripped(name: &HeaderName) -> bool {
                 | "transfer-encoding"
                 | "upgrade"
                 | "idempotency-key"
+                | "accept-encoding"
                 | "x-regent-decision-id"
         )
 }

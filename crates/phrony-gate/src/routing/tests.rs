@@ -240,6 +240,7 @@ async fn an_allowed_sidecar_call_is_forwarded_with_the_vaulted_key_and_completed
     headers.push(("x-api-key", "agent-guess".into()));
     headers.push(("signature", "regent=:AAAA:".into()));
     headers.push(("x-trace", "kept".into()));
+    headers.push(("accept-encoding", "gzip".into()));
     let a = send(
         &e.app,
         "POST",
@@ -271,6 +272,7 @@ async fn an_allowed_sidecar_call_is_forwarded_with_the_vaulted_key_and_completed
         "x-agent-user-token",
         "x-agent-facts",
         "x-agent-intent",
+        "accept-encoding",
     ] {
         assert!(
             !seen.contains(&gone),
