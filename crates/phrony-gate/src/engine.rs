@@ -545,6 +545,31 @@ impl Gate {
         request: DecisionRequest,
         idempotency_header: Option<&str>,
     ) -> Result<Value, ApiError> {
+        self.decide_minting(caller, request, idempotency_header, true)
+            .await
+    }
+
+    /// [`Self::decide`] without minting the allow token: the routing routes act on an allow
+    /// themselves and never hand the token out, so they skip its RS256 signature. The decision
+    /// (its claims, holds and audit record) is the same.
+    ///
+    /// # Errors
+    /// As [`Self::decide`].
+    pub async fn decide_without_token(
+        &self,
+        caller: &Caller,
+        request: DecisionRequest,
+    ) -> Result<Value, ApiError> {
+        self.decide_minting(caller, request, None, false).await
+    }
+
+    async fn decide_minting(
+        &self,
+        caller: &Caller,
+        request: DecisionRequest,
+        idempotency_header: Option<&str>,
+        mint: bool,
+    ) -> Result<Value, ApiError> {
         let prepared = prepare(request, idempotency_header, self.settings.flags.is_some())?;
         // Pure work happens outside the lock: verifying the user's token before, signing the
         // allow token after. Only the decision itself and its durable append are serialised.
@@ -556,11 +581,11 @@ impl Gate {
                 .await?
         };
         let token = match &event.claims {
-            Some(claims) => Some(
+            Some(claims) if mint => Some(
                 mint_allow(&self.key, claims, self.clock.now().timestamp())
                     .map_err(ApiError::internal)?,
             ),
-            None => None,
+            _ => None,
         };
         Ok(response(&event, token))
     }

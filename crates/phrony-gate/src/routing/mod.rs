@@ -713,7 +713,7 @@ async fn handle(r: &Routing, call: Call<'_>, body: Bytes) -> Response {
         Ok(req) => req,
         Err(e) => return e.into_response(),
     };
-    let decision = match r.gate.decide(&caller, request, None).await {
+    let decision = match r.gate.decide_without_token(&caller, request).await {
         Ok(d) => d,
         Err(e) => return e.into_response(),
     };

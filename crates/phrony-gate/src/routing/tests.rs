@@ -663,3 +663,36 @@ async fn the_provider_refuses_a_missing_or_wrong_key() {
     assert_eq!(e.provider.rejected(), 2);
     assert!(e.provider.refunds().await.is_empty());
 }
+
+#[tokio::test]
+async fn a_routed_decision_mints_no_allow_token() {
+    let e = env().await;
+    let caller = e.gate.authenticate_key(Some(AGENT_KEY)).unwrap();
+    let request = |charge: &str| {
+        crate::request::DecisionRequest::from_json(
+            json!({"agent_id": AGENT, "tool": "payments", "action": "refund.create",
+                   "context": {"amount": 5, "currency": "USD", "mandate_id": "mnd_support_refunds",
+                               "user_token": e.token("alice@bank", "support_agent"),
+                               "op": "refund.create", "account_status": "active",
+                               "refund_to_original": true, "reference": charge,
+                               "reference_amount": 50}})
+            .to_string()
+            .as_bytes(),
+        )
+        .unwrap()
+    };
+    let routed = e
+        .gate
+        .decide_without_token(&caller, request("ch_r1"))
+        .await
+        .unwrap();
+    assert_eq!(routed["decision"], "allow");
+    assert!(routed.get("token").is_none(), "{routed}");
+    let direct = e
+        .gate
+        .decide(&caller, request("ch_r2"), None)
+        .await
+        .unwrap();
+    assert_eq!(direct["decision"], "allow");
+    assert!(direct["token"].is_string());
+}
