@@ -11,7 +11,18 @@
 //! mock-gate idp-token --config FILE --sub S --role R
 //! mock-gate audit export (--config FILE | --url URL --admin-key K) [--out FILE]
 //! mock-gate console hash-password < password                                              (console.managers[].password_hash)
+//! mock-gate vault put --config FILE --name NAME          (the secret on standard input)
+//! mock-gate vault keygen                                 (a fresh MOCK_GATE_VAULT_KEY)
+//! mock-gate provider [--host H] [--port P] [--auth header|bearer|oauth2] [--header NAME]
+//!                    [--client-id ID] [--token-ttl S]    (the key in MOCK_PROVIDER_KEY)
 //! ```
+//! The vault key is `MOCK_GATE_VAULT_KEY` (or `routing.vault.key_file`).
+//! ```text
+//! ```
+//!
+//! With a `routing` section the gate also serves the sidecar (`/{tool}/{path}`) and gateway
+//! (`/gw/{tool}/{path}`) routes; it opens the vault at start and refuses to start when a
+//! vaulted credential cannot be opened.
 //!
 //! In flags mode the admin key is generated at start and printed once on standard error,
 //! unless `--admin-key` or `MOCK_GATE_ADMIN_KEY` chooses one.
@@ -67,6 +78,15 @@ struct ServeArgs {
     /// Prefer the environment variable: a flag is visible to other users in the process list.
     #[arg(long, env = "MOCK_GATE_ADMIN_KEY", hide_env_values = true)]
     admin_key: Option<String>,
+    /// The key of the routing credential vault (32 bytes, hex or base64; overrides
+    /// `routing.vault.key_file`). Use the environment variable: a flag is visible to other users.
+    #[arg(
+        long,
+        env = "MOCK_GATE_VAULT_KEY",
+        hide_env_values = true,
+        value_name = "KEY"
+    )]
+    vault_key: Option<String>,
     /// Keep the token key and the SQLite state here (config mode: overrides `state_dir`).
     #[arg(long, value_name = "DIR")]
     state_dir: Option<PathBuf>,
@@ -104,6 +124,78 @@ enum Command {
         #[command(subcommand)]
         action: ConsoleAction,
     },
+    /// The sealed credential vault of the routing routes.
+    Vault {
+        #[command(subcommand)]
+        action: VaultAction,
+    },
+    /// The walkthrough's mock provider: a refunds API that only the vaulted key opens.
+    Provider(ProviderArgs),
+}
+
+#[derive(Debug, Subcommand)]
+enum VaultAction {
+    /// Seal the secret read from standard input (one line) under NAME in the configuration's
+    /// vault file (`routing.vault.file`; key from MOCK_GATE_VAULT_KEY or `routing.vault.key_file`).
+    Put {
+        /// The configuration file.
+        #[arg(long, value_name = "FILE")]
+        config: PathBuf,
+        /// The secret's name, as the tool's `credential.secret` names it.
+        #[arg(long)]
+        name: String,
+        /// The vault key (overrides `routing.vault.key_file`); use the environment variable.
+        #[arg(
+            long,
+            env = "MOCK_GATE_VAULT_KEY",
+            hide_env_values = true,
+            value_name = "KEY"
+        )]
+        vault_key: Option<String>,
+    },
+    /// Print a fresh random vault key (32 bytes, hex).
+    Keygen,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum ProviderAuthKind {
+    /// A static header (`--header`, default X-Api-Key) carrying the key.
+    Header,
+    /// `Authorization: Bearer <key>`.
+    Bearer,
+    /// OAuth2 client credentials at `POST /oauth/token` (`--client-id`; the key is the secret).
+    Oauth2,
+}
+
+#[derive(Debug, Args)]
+struct ProviderArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Port to listen on.
+    #[arg(long, default_value_t = 8010)]
+    port: u16,
+    /// How callers authenticate.
+    #[arg(long, value_enum, default_value_t = ProviderAuthKind::Header)]
+    auth: ProviderAuthKind,
+    /// The header of `--auth header`.
+    #[arg(long, default_value = "X-Api-Key")]
+    header: String,
+    /// The OAuth2 client id of `--auth oauth2`.
+    #[arg(long, default_value = "mock-gate")]
+    client_id: String,
+    /// OAuth2 token lifetime in seconds.
+    #[arg(long, default_value_t = 3600)]
+    token_ttl: u64,
+    /// The key (or OAuth2 client secret). Use the environment variable: a flag is visible to
+    /// other users in the process list.
+    #[arg(
+        long,
+        env = "MOCK_PROVIDER_KEY",
+        hide_env_values = true,
+        value_name = "KEY"
+    )]
+    key: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -232,7 +324,100 @@ pub async fn run(cli: Cli) -> Result<()> {
         Some(Command::Console {
             action: ConsoleAction::HashPassword,
         }) => hash_password(std::io::stdin().lock()),
+        Some(Command::Vault { action }) => vault(action),
+        Some(Command::Provider(args)) => provider(args).await,
     }
+}
+
+/// `vault put` / `vault keygen`.
+fn vault(action: VaultAction) -> Result<()> {
+    match action {
+        VaultAction::Keygen => {
+            let mut key = [0_u8; 32];
+            getrandom::fill(&mut key).map_err(|e| anyhow::anyhow!("no randomness: {e}"))?;
+            println!("{}", hex_encode(&key));
+            Ok(())
+        }
+        VaultAction::Put {
+            config,
+            name,
+            vault_key,
+        } => {
+            let settings = with_vault_key(Settings::load(&config)?, vault_key);
+            let vault = settings
+                .routing
+                .as_ref()
+                .and_then(|r| r.vault.as_ref())
+                .context("the configuration has no routing.vault section")?;
+            let mut line = String::new();
+            std::io::stdin()
+                .read_line(&mut line)
+                .context("reading the secret from standard input")?;
+            let secret =
+                secrecy::SecretString::from(line.trim_end_matches(['\r', '\n']).to_owned());
+            phrony_gate::vault::put(vault, &settings.org_id, &name, &secret)?;
+            eprintln!("sealed `{name}` into {}", vault.file.display());
+            Ok(())
+        }
+    }
+}
+
+/// The settings with the vault key given (`--vault-key` / `MOCK_GATE_VAULT_KEY`), which takes
+/// precedence over `routing.vault.key_file`.
+fn with_vault_key(mut settings: Settings, key: Option<String>) -> Settings {
+    if let Some(vault) = settings.routing.as_mut().and_then(|r| r.vault.as_mut())
+        && let Some(key) = key.filter(|k| !k.is_empty())
+    {
+        vault.key = Some(secrecy::SecretString::from(key));
+    }
+    settings
+}
+
+fn hex_encode(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// `provider`: serves the mock refunds API until Ctrl-C; the first stdout line is its URL.
+async fn provider(args: ProviderArgs) -> Result<()> {
+    use phrony_gate::provider::{Provider, ProviderAuth};
+    let key = args
+        .key
+        .clone()
+        .filter(|k| !k.is_empty())
+        .context("set MOCK_PROVIDER_KEY to the provider's key")?;
+    let key = secrecy::SecretString::from(key);
+    let auth = match args.auth {
+        ProviderAuthKind::Header => ProviderAuth::Header {
+            name: axum::http::HeaderName::from_bytes(args.header.as_bytes())
+                .with_context(|| format!("--header `{}` is not a header name", args.header))?,
+            key,
+        },
+        ProviderAuthKind::Bearer => ProviderAuth::Bearer(key),
+        ProviderAuthKind::Oauth2 => ProviderAuth::OAuth2 {
+            client_id: args.client_id.clone(),
+            secret: key,
+            token_ttl: args.token_ttl,
+        },
+    };
+    let addr: SocketAddr = format!("{}:{}", args.host, args.port)
+        .parse()
+        .with_context(|| format!("invalid listen address {}:{}", args.host, args.port))?;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr}"))?;
+    println!(
+        "mock-provider listening on http://{} ({:?})",
+        listener.local_addr()?,
+        args.auth
+    );
+    std::io::stdout().flush()?;
+    let app = phrony_gate::provider::router(Arc::new(Provider::new(auth)));
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await?;
+    Ok(())
 }
 
 /// `console hash-password`: the Argon2id PHC hash of the first line of `input` (without its
@@ -313,11 +498,15 @@ async fn serve(args: ServeArgs) -> Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let (settings, mode) = match &args.config {
-        Some(file) => (Settings::load(file)?, format!("config {}", file.display())),
+        Some(file) => (
+            with_vault_key(Settings::load(file)?, args.vault_key.clone()),
+            format!("config {}", file.display()),
+        ),
         None => flags_settings(&args)?,
     };
     let port = args.port.or(settings.port).unwrap_or(8009);
     let gate = service::open(settings, args.state_dir.clone()).await?;
+    phrony_gate::routing::preflight(&gate).context("the routing vault")?;
     let addr: SocketAddr = format!("{}:{port}", args.host)
         .parse()
         .with_context(|| format!("invalid listen address {}:{port}", args.host))?;

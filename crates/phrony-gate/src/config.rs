@@ -101,6 +101,9 @@ struct FileConfig {
     /// The web console's manager logins ([`crate::console`]).
     #[serde(default)]
     console: Option<crate::console::ConsoleFile>,
+    /// The sidecar and gateway routes (see [`crate::routing`]).
+    #[serde(default)]
+    routing: Option<crate::routing::config::RoutingFile>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -171,6 +174,9 @@ struct ToolFile {
     actions: Vec<String>,
     #[serde(default)]
     mandate: Option<String>,
+    /// Where routed calls go (sidecar and gateway routes).
+    #[serde(default)]
+    upstream: Option<crate::routing::config::UpstreamFile>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -397,6 +403,8 @@ pub struct Settings {
     pub port: Option<u16>,
     /// The web console: manager logins and session life ([`crate::console`]).
     pub console: crate::console::ConsoleSettings,
+    /// The sidecar and gateway routes; `None`: off.
+    pub routing: Option<crate::routing::config::RoutingSettings>,
 }
 
 /// How bearer keys are checked.
@@ -450,6 +458,8 @@ pub struct ToolSettings {
     pub actions: BTreeSet<String>,
     /// The mandate every amount on it is counted against.
     pub mandate: Option<String>,
+    /// Where the routing routes forward its calls, with the vaulted credential.
+    pub upstream: Option<crate::routing::config::Upstream>,
 }
 
 /// The drop-in rules of flags mode.
@@ -680,6 +690,7 @@ impl Settings {
             state_dir: None,
             port: None,
             console: crate::console::ConsoleSettings::default(),
+            routing: None,
         }
     }
 
@@ -757,6 +768,12 @@ fn compile(file: FileConfig, path: &Path, base: &Path) -> Result<Settings, Confi
     crate::admin::check_admin_key(&file.admin.key).map_err(|e| src.bad("admin.key", e))?;
     let tools = compile_tools(&src, &file)?;
     let agents = compile_agents(&src, &file, &tools)?;
+    let routing = file
+        .routing
+        .as_ref()
+        .map(|r| crate::routing::config::compile_routing(r, |p| src.resolve(p), &agents))
+        .transpose()
+        .map_err(|(field, message)| src.bad(&format!("routing.{field}"), message))?;
     let keys = compile_api_keys(&src, &file, &agents)?;
     let mandates = compile_mandates(&src, &file, &agents)?;
     let policy = compile_policy(&src, &file, &tools)?;
@@ -791,6 +808,7 @@ fn compile(file: FileConfig, path: &Path, base: &Path) -> Result<Settings, Confi
         port: file.port,
         console: crate::console::compile(file.console.as_ref())
             .map_err(|(field, message)| src.bad(&field, message))?,
+        routing,
     })
 }
 
@@ -819,11 +837,23 @@ fn compile_tools(
                 format!("unknown mandate `{m}`"),
             ));
         }
+        let actions: BTreeSet<String> = tool.actions.iter().cloned().collect();
+        let has_vault = file
+            .routing
+            .as_ref()
+            .is_some_and(crate::routing::config::RoutingFile::has_vault);
+        let upstream = tool
+            .upstream
+            .as_ref()
+            .map(|u| crate::routing::config::compile_upstream(u, &actions, has_vault))
+            .transpose()
+            .map_err(|(f, message)| src.bad(&format!("{field}.upstream.{f}"), message))?;
         tools.insert(
             name.clone(),
             ToolSettings {
-                actions: tool.actions.iter().cloned().collect(),
+                actions,
                 mandate: tool.mandate.clone(),
+                upstream,
             },
         );
     }

@@ -533,6 +533,17 @@ impl Gate {
             .map(|d| d.event.agent_id.clone())
     }
 
+    /// How a recorded decision was completed, if it was (the routing routes never forward a
+    /// completed decision again).
+    pub async fn completion_status(&self, decision_id: &str) -> Option<CompleteStatus> {
+        let state = self.state.lock().await;
+        state
+            .decisions
+            .get(decision_id)
+            .and_then(|d| d.completion.as_ref())
+            .map(|c| c.status)
+    }
+
     // -----------------------------------------------------------------------------------------
     // Decisions
 
@@ -548,6 +559,31 @@ impl Gate {
         request: DecisionRequest,
         idempotency_header: Option<&str>,
     ) -> Result<Value, ApiError> {
+        self.decide_minting(caller, request, idempotency_header, true)
+            .await
+    }
+
+    /// [`Self::decide`] without minting the allow token: the routing routes act on an allow
+    /// themselves and never hand the token out, so they skip its RS256 signature. The decision
+    /// (its claims, holds and audit record) is the same.
+    ///
+    /// # Errors
+    /// As [`Self::decide`].
+    pub async fn decide_without_token(
+        &self,
+        caller: &Caller,
+        request: DecisionRequest,
+    ) -> Result<Value, ApiError> {
+        self.decide_minting(caller, request, None, false).await
+    }
+
+    async fn decide_minting(
+        &self,
+        caller: &Caller,
+        request: DecisionRequest,
+        idempotency_header: Option<&str>,
+        mint: bool,
+    ) -> Result<Value, ApiError> {
         let prepared = prepare(request, idempotency_header, self.settings.flags.is_some())?;
         // Pure work happens outside the lock: verifying the user's token before, signing the
         // allow token after. Only the decision itself and its durable append are serialised.
@@ -559,11 +595,11 @@ impl Gate {
                 .await?
         };
         let token = match &event.claims {
-            Some(claims) => Some(
+            Some(claims) if mint => Some(
                 mint_allow(&self.key, claims, self.clock.now().timestamp())
                     .map_err(ApiError::internal)?,
             ),
-            None => None,
+            _ => None,
         };
         Ok(response(&event, token))
     }

@@ -13,6 +13,12 @@
 //! | `GET /v1/admin/mandates` | mandates with their used and held amounts today and this month (admin key, read-only) |
 //! | `GET /v1/admin/policy/reveal` · `GET /v1/admin/mandates/{id}/reveal` | commitment reveals for `regent-verify` (admin key) |
 //! | `GET /console/` · `/console/assets/…` · `/console/api/…` | the web console (manager login or admin key; see [`crate::console`]) |
+//! | `ANY /{tool}/{path}` | sidecar routing (`routing.sidecar`: no key, `X-Agent-Id` of a listed agent): decide, inject the vaulted credential, forward, complete ([`crate::routing`]) |
+//! | `ANY /gw/{tool}/{path}` | Cloud Gateway routing (`routing.gateway`: bearer key and signatures as above), same flow |
+//! | `POST /license/validate` · `POST /heartbeat` (also as a suffix of any path) | the real sidecar binary's calls, answered as the dev mock does |
+//!
+//! The routing routes never shadow the ones above (static segments win); a routed refusal is a
+//! 4xx envelope `{decision, decision_id, code, reason}` (403; 429 for `VELOCITY_EXCEEDED`).
 //!
 //! Errors that produce no decision answer `{"detail": …, "code": …}` with a 4xx/5xx status and
 //! an `x-request-id` header. The `@authority` of RFC 9421 signatures is the `Host` header.
@@ -53,8 +59,9 @@ pub fn router(gate: Arc<Gate>) -> Router {
         .route("/v1/admin/policy/reveal", get(policy_reveal))
         .route("/v1/admin/mandates/{id}/reveal", get(mandate_reveal))
         .fallback(not_found)
-        .with_state(gate.clone())
-        .merge(crate::console::router(gate))
+        .with_state(Arc::clone(&gate))
+        .merge(crate::console::router(Arc::clone(&gate)))
+        .merge(crate::routing::router(gate))
 }
 
 impl IntoResponse for ApiError {

@@ -49,12 +49,15 @@ pub mod keys;
 pub mod ledger_store;
 pub mod money;
 pub mod oidc;
+pub mod provider;
 mod request;
+pub mod routing;
 pub mod service;
 pub mod signing;
 mod state;
 pub mod store;
 pub mod tokens;
+pub mod vault;
 
 pub use admin::ApproverName;
 pub use admin_client::{AdminClient, AdminError};
