@@ -6,7 +6,7 @@ use phrony_client::{Approval, ApprovalFilter};
 use serde_json::json;
 
 use crate::cmd::table::Table;
-use crate::cmd::{Global, Output, agent_ref, remote, render};
+use crate::cmd::{Global, Output, remote, render};
 
 /// Arguments of `phrony approvals list`.
 #[derive(Debug, clap::Args)]
@@ -14,15 +14,8 @@ pub(crate) struct Args {
     /// Only approvals in this status: pending, approved, denied, escalated, or `all`.
     #[arg(long, default_value = "pending")]
     status: String,
-    /// Only approvals routed to this route (e.g. a role).
-    #[arg(long)]
-    route: Option<String>,
-    /// Only approvals of this session.
-    #[arg(long, value_name = "SESSION_ID")]
-    session_id: Option<String>,
-    /// Only approvals of this agent's sessions: namespace/name.
-    #[arg(long, value_name = "NS/NAME")]
-    agent: Option<String>,
+    #[command(flatten)]
+    scope: super::Scope,
     /// At most this many approvals, at most 1000 (default: every match, up to 10,000).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     limit: Option<u32>,
@@ -36,17 +29,6 @@ pub(crate) struct Args {
 
 /// Prints `ID STATUS SESSION_ID AGENT TOOL POLICY ROUTE RECEIVED EXPIRES_AT`.
 pub(crate) fn run(args: &Args, global: &Global) -> anyhow::Result<()> {
-    let agent = args
-        .agent
-        .as_deref()
-        .map(|a| agent_ref::unversioned(a, ""))
-        .transpose()?;
-    let non_empty = |flag: &str, value: &Option<String>| -> anyhow::Result<Option<String>> {
-        match value.as_deref().map(str::trim) {
-            Some("") => anyhow::bail!("--{flag} must not be empty"),
-            other => Ok(other.map(str::to_owned)),
-        }
-    };
     let status = match args.status.trim() {
         "" => anyhow::bail!("--status must not be empty (use --status all for every status)"),
         "all" => None,
@@ -54,11 +36,9 @@ pub(crate) fn run(args: &Args, global: &Global) -> anyhow::Result<()> {
     };
     let filter = ApprovalFilter {
         status,
-        route: non_empty("route", &args.route)?,
-        session_id: non_empty("session-id", &args.session_id)?,
-        agent,
         limit: args.limit,
         page_token: args.page_token.clone().filter(|t| !t.is_empty()),
+        ..args.scope.filter()?
     };
     remote::block_on(async {
         let (client, _) = remote::connect(global).await?;

@@ -9,10 +9,10 @@ mod watch;
 
 use std::io::{self, Write};
 
-use phrony_client::{Approval, Vote};
+use phrony_client::{Approval, ApprovalFilter, Vote};
 use serde_json::{Value, json};
 
-use crate::cmd::{Global, render};
+use crate::cmd::{Global, agent_ref, render};
 
 /// Subcommands of `phrony approvals`.
 #[derive(Debug, clap::Subcommand)]
@@ -45,6 +45,43 @@ impl Command {
             Self::Resolve(args) => decide::resolve(&args, global),
             Self::Watch(args) => watch::run(&args, global),
         }
+    }
+}
+
+/// The filters `approvals list` and `approvals watch` share.
+#[derive(Debug, clap::Args)]
+pub(crate) struct Scope {
+    /// Only approvals routed to this route (e.g. a role).
+    #[arg(long)]
+    route: Option<String>,
+    /// Only approvals of this session.
+    #[arg(long, value_name = "SESSION_ID")]
+    session_id: Option<String>,
+    /// Only approvals of this agent's sessions: namespace/name.
+    #[arg(long, value_name = "NS/NAME")]
+    agent: Option<String>,
+}
+
+impl Scope {
+    /// The filter these flags select (no status, limit or page): an empty flag value is an
+    /// error naming the flag, not "every approval".
+    fn filter(&self) -> anyhow::Result<ApprovalFilter> {
+        let non_empty = |flag: &str, value: &Option<String>| -> anyhow::Result<Option<String>> {
+            match value.as_deref().map(str::trim) {
+                Some("") => anyhow::bail!("--{flag} must not be empty"),
+                other => Ok(other.map(str::to_owned)),
+            }
+        };
+        Ok(ApprovalFilter {
+            route: non_empty("route", &self.route)?,
+            session_id: non_empty("session-id", &self.session_id)?,
+            agent: self
+                .agent
+                .as_deref()
+                .map(|a| agent_ref::unversioned(a, ""))
+                .transpose()?,
+            ..ApprovalFilter::default()
+        })
     }
 }
 
@@ -193,4 +230,41 @@ fn vote_json(v: &Vote) -> Value {
         "comprehension_acknowledged": v.comprehension_acknowledged,
         "created_at": render::json_time(v.created_at),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Scope;
+
+    fn scope(route: Option<&str>, session_id: Option<&str>, agent: Option<&str>) -> Scope {
+        Scope {
+            route: route.map(str::to_owned),
+            session_id: session_id.map(str::to_owned),
+            agent: agent.map(str::to_owned),
+        }
+    }
+
+    #[test]
+    fn list_and_watch_filters_trim_values_and_refuse_empty_ones_by_name() {
+        let filter = scope(Some(" finance "), Some("s-1"), Some("support/refunds"))
+            .filter()
+            .unwrap();
+        assert_eq!(filter.route.as_deref(), Some("finance"));
+        assert_eq!(filter.session_id.as_deref(), Some("s-1"));
+        let agent = filter.agent.unwrap();
+        assert_eq!(
+            (agent.namespace.as_str(), agent.name.as_str()),
+            ("support", "refunds")
+        );
+        assert!(filter.status.is_none() && filter.limit.is_none());
+
+        let none = scope(None, None, None).filter().unwrap();
+        assert!(none.route.is_none() && none.session_id.is_none() && none.agent.is_none());
+
+        let error = scope(Some("  "), None, None).filter().unwrap_err();
+        assert_eq!(error.to_string(), "--route must not be empty");
+        let error = scope(None, Some(""), None).filter().unwrap_err();
+        assert_eq!(error.to_string(), "--session-id must not be empty");
+        assert!(scope(None, None, Some("no-slash")).filter().is_err());
+    }
 }

@@ -3,23 +3,16 @@
 
 use std::io::{self, Write};
 
-use phrony_client::{ApprovalChange, ApprovalFilter};
+use phrony_client::ApprovalChange;
 use serde_json::json;
 
-use crate::cmd::{Global, Output, agent_ref, remote, render};
+use crate::cmd::{Global, Output, remote, render};
 
 /// Arguments of `phrony approvals watch`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
-    /// Only approvals routed to this route (e.g. a role).
-    #[arg(long)]
-    route: Option<String>,
-    /// Only approvals of this session.
-    #[arg(long, value_name = "SESSION_ID")]
-    session_id: Option<String>,
-    /// Only approvals of this agent's sessions: namespace/name.
-    #[arg(long, value_name = "NS/NAME")]
-    agent: Option<String>,
+    #[command(flatten)]
+    scope: super::Scope,
     /// Output format: `json` prints one compact JSON document per line.
     #[arg(long, value_enum, default_value_t)]
     output: Output,
@@ -27,23 +20,7 @@ pub(crate) struct Args {
 
 /// Prints `CHANGE ID KIND STATUS SESSION_ID AGENT TOOL POLICY ROUTE RECEIVED EXPIRES_AT` lines.
 pub(crate) fn run(args: &Args, global: &Global) -> anyhow::Result<()> {
-    let agent = args
-        .agent
-        .as_deref()
-        .map(|a| agent_ref::unversioned(a, ""))
-        .transpose()?;
-    let non_empty = |flag: &str, value: &Option<String>| -> anyhow::Result<Option<String>> {
-        match value.as_deref().map(str::trim) {
-            Some("") => anyhow::bail!("--{flag} must not be empty"),
-            other => Ok(other.map(str::to_owned)),
-        }
-    };
-    let filter = ApprovalFilter {
-        route: non_empty("route", &args.route)?,
-        session_id: non_empty("session-id", &args.session_id)?,
-        agent,
-        ..ApprovalFilter::default()
-    };
+    let filter = args.scope.filter()?;
     remote::block_on(async {
         let (client, _) = remote::connect(global).await?;
         let mut watch = client
