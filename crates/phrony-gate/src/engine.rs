@@ -58,8 +58,9 @@ use crate::request::{DecisionRequest, Money, Prepared, excerpt, json_kind, prepa
 use crate::signing::{self, Assertion, SignedRequest};
 use crate::state::{
     ApprovalEvent, ApprovalOutcome, ApprovalRecord, ApprovalStatus, Approver, CompleteStatus,
-    CompletionEvent, Counter, DecisionEvent, EV_APPROVAL, EV_COMPLETED, EV_DECISION, EV_REPLAY,
-    Escalation, Hold, HoldOutcome, HoldState, ReplayEvent, State, Verdict, windows,
+    CompletionEvent, Counter, DecisionEvent, DecisionRecord, EV_APPROVAL, EV_COMPLETED,
+    EV_DECISION, EV_REPLAY, Escalation, Hold, HoldOutcome, HoldState, ReplayEvent, State, Verdict,
+    windows,
 };
 use crate::store::{AuditEvent, GateStore, NewAuditEvent};
 use crate::tokens::{
@@ -121,6 +122,22 @@ pub struct Caller {
     pub key_label: Option<String>,
     /// How the request was signed.
     pub assertion: Assertion,
+}
+
+/// Whether the routing routes may forward a recorded decision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ForwardState {
+    /// No such decision.
+    Unknown,
+    /// Not completed and decided by this run: it may be claimed and forwarded once.
+    Open,
+    /// Completed: never forwarded again.
+    Completed(CompleteStatus),
+    /// A routed allow an earlier run of the gate decided and never completed: it may have been
+    /// forwarded before the gate stopped. Never forwarded again until someone with the org key
+    /// completes it (`failed` lets a retry be decided and forwarded afresh; `success` keeps it
+    /// answered).
+    OutcomeUnknown,
 }
 
 /// Approve or reject.
@@ -366,6 +383,8 @@ pub struct Gate {
     state: Mutex<State>,
     policy: Option<Commitment>,
     mandates: BTreeMap<String, Commitment>,
+    /// The last seq replayed on open: decisions at or below it were made by an earlier run.
+    boot_seq: u64,
 }
 
 impl Gate {
@@ -387,6 +406,7 @@ impl Gate {
         for event in store.load().await? {
             state.apply(event.seq, &event.event_type, &event.payload)?;
         }
+        let boot_seq = state.applied;
         let policy = policy_commitment(&settings, &key);
         let mandates = settings
             .mandates
@@ -402,6 +422,7 @@ impl Gate {
             state: Mutex::new(state),
             policy,
             mandates,
+            boot_seq,
         })
     }
 
@@ -533,6 +554,24 @@ impl Gate {
             .map(|d| d.event.agent_id.clone())
     }
 
+    /// Whether the routing routes may forward a recorded decision (see [`ForwardState`]).
+    pub async fn forward_state(&self, decision_id: &str) -> ForwardState {
+        let state = self.state.lock().await;
+        match state.decisions.get(decision_id) {
+            None => ForwardState::Unknown,
+            Some(d) => match &d.completion {
+                Some(c) => ForwardState::Completed(c.status),
+                None if d.event.routed
+                    && d.event.verdict == Verdict::Allow
+                    && d.seq <= self.boot_seq =>
+                {
+                    ForwardState::OutcomeUnknown
+                }
+                None => ForwardState::Open,
+            },
+        }
+    }
+
     /// How a recorded decision was completed, if it was (the routing routes never forward a
     /// completed decision again).
     pub async fn completion_status(&self, decision_id: &str) -> Option<CompleteStatus> {
@@ -563,9 +602,10 @@ impl Gate {
             .await
     }
 
-    /// [`Self::decide`] without minting the allow token: the routing routes act on an allow
-    /// themselves and never hand the token out, so they skip its RS256 signature. The decision
-    /// (its claims, holds and audit record) is the same.
+    /// [`Self::decide`] for the routing routes, which forward an allow themselves: the decision
+    /// is recorded as routed (see [`Self::forward_state`]) and no allow token is minted (the
+    /// routes never hand it out, so they skip its RS256 signature). The decision (its claims,
+    /// holds and audit record) is otherwise the same.
     ///
     /// # Errors
     /// As [`Self::decide`].
@@ -584,7 +624,8 @@ impl Gate {
         idempotency_header: Option<&str>,
         mint: bool,
     ) -> Result<Value, ApiError> {
-        let prepared = prepare(request, idempotency_header, self.settings.flags.is_some())?;
+        let mut prepared = prepare(request, idempotency_header, self.settings.flags.is_some())?;
+        prepared.routed = !mint;
         // Pure work happens outside the lock: verifying the user's token before, signing the
         // allow token after. Only the decision itself and its durable append are serialised.
         let user = self.verify_user(prepared.user_token.as_deref());
@@ -1454,6 +1495,7 @@ impl Gate {
             claims: None,
             observed_code,
             observed_reason,
+            routed: p.routed,
         };
         match outcome {
             Outcome::Allow {
@@ -1642,56 +1684,39 @@ impl Gate {
         let downstream_ref = text("downstream_ref")?;
         let error = text("error")?;
 
+        // The receipt's RS256 signature is the costly part: it is made outside the state lock,
+        // between a first look at the decision and the locked re-check that appends.
+        let (record, receipt_claims, now) = {
+            let state = self.state.lock().await;
+            let Some(record) = completable(&state, caller, decision_id, status)? else {
+                return already_completed(&state, decision_id);
+            };
+            let now = self.clock.now();
+            let claims = record.event.claims.clone().unwrap_or_else(|| json!({}));
+            let receipt_claims = receipt_claims(
+                &claims,
+                &record.event.tool,
+                &record.event.action,
+                status.as_str(),
+                downstream_ref.as_deref(),
+                now.timestamp(),
+            );
+            (record, receipt_claims, now)
+        };
+        let receipt = self
+            .key
+            .sign("receipt+jwt", &receipt_claims)
+            .map_err(|e| ApiError::internal(e.to_string()))?;
         let mut state = self.state.lock().await;
-        let now = self.clock.now();
-        let record =
-            state.decisions.get(decision_id).cloned().ok_or_else(|| {
-                ApiError::not_found(format!("decision `{decision_id}` not found"))
-            })?;
-        if let Some(bound) = &caller.bound_agent
-            && *bound != record.event.agent_id
-        {
-            return Err(ApiError::forbidden(format!(
-                "decision `{decision_id}` belongs to another agent"
-            )));
-        }
-        if record.event.verdict != Verdict::Allow {
-            return Err(ApiError::conflict(format!(
-                "decision `{decision_id}` was {}; only allowed decisions are completed",
-                record.event.verdict.as_str()
-            )));
-        }
-        if let Some(done) = &record.completion {
-            if done.status == status {
-                return Ok(complete_response(
-                    decision_id,
-                    done,
-                    record.hold_state.is_some(),
-                ));
-            }
-            return Err(ApiError::conflict(format!(
-                "decision `{decision_id}` was already completed as {}",
-                done.status.as_str()
-            )));
+        // A concurrent completion may have landed while the receipt was signed.
+        if completable(&state, caller, decision_id, status)?.is_none() {
+            return already_completed(&state, decision_id);
         }
         let hold = match (record.hold_state, status) {
             (Some(HoldState::Held), CompleteStatus::Success) => HoldOutcome::Committed,
             (Some(HoldState::Held), _) => HoldOutcome::Released,
             _ => HoldOutcome::None,
         };
-        let claims = record.event.claims.clone().unwrap_or_else(|| json!({}));
-        let receipt_claims = receipt_claims(
-            &claims,
-            &record.event.tool,
-            &record.event.action,
-            status.as_str(),
-            downstream_ref.as_deref(),
-            now.timestamp(),
-        );
-        let receipt = self
-            .key
-            .sign("receipt+jwt", &receipt_claims)
-            .map_err(|e| ApiError::internal(e.to_string()))?;
         let event = CompletionEvent {
             decision_id: decision_id.to_owned(),
             at: now,
@@ -2072,6 +2097,58 @@ fn response(event: &DecisionEvent, token: Option<(String, i64)>) -> Value {
         }
     }
     out
+}
+
+/// The decision `decision_id` if `caller` may complete it as `status` now; `Ok(None)` when it
+/// is already completed with that same status (an idempotent repeat).
+fn completable(
+    state: &State,
+    caller: &Caller,
+    decision_id: &str,
+    status: CompleteStatus,
+) -> Result<Option<DecisionRecord>, ApiError> {
+    let record = state
+        .decisions
+        .get(decision_id)
+        .ok_or_else(|| ApiError::not_found(format!("decision `{decision_id}` not found")))?;
+    if let Some(bound) = &caller.bound_agent
+        && *bound != record.event.agent_id
+    {
+        return Err(ApiError::forbidden(format!(
+            "decision `{decision_id}` belongs to another agent"
+        )));
+    }
+    if record.event.verdict != Verdict::Allow {
+        return Err(ApiError::conflict(format!(
+            "decision `{decision_id}` was {}; only allowed decisions are completed",
+            record.event.verdict.as_str()
+        )));
+    }
+    match &record.completion {
+        Some(done) if done.status == status => Ok(None),
+        Some(done) => Err(ApiError::conflict(format!(
+            "decision `{decision_id}` was already completed as {}",
+            done.status.as_str()
+        ))),
+        None => Ok(Some(record.clone())),
+    }
+}
+
+/// The answer to a repeated completion with the recorded status: the recorded one.
+fn already_completed(state: &State, decision_id: &str) -> Result<Value, ApiError> {
+    let record = state
+        .decisions
+        .get(decision_id)
+        .ok_or_else(|| ApiError::not_found(format!("decision `{decision_id}` not found")))?;
+    let done = record
+        .completion
+        .as_ref()
+        .ok_or_else(|| ApiError::internal(format!("decision `{decision_id}` has no completion")))?;
+    Ok(complete_response(
+        decision_id,
+        done,
+        record.hold_state.is_some(),
+    ))
 }
 
 fn complete_response(decision_id: &str, event: &CompletionEvent, had_hold: bool) -> Value {

@@ -6,9 +6,11 @@
 
 use std::path::{Path, PathBuf};
 
+use aws_lc_rs::rand::SystemRandom;
+use aws_lc_rs::signature::{RSA_PKCS1_SHA256, RsaKeyPair};
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use jsonwebtoken::{Algorithm, EncodingKey, Header};
+use jsonwebtoken::{Algorithm, Header};
 use rsa::PrivateKey as RsaPrivateKey;
 use rsa::pkcs1::EncodeRsaPrivateKey as _;
 use rsa::pkcs8::{DecodePrivateKey as _, EncodePrivateKey as _, LineEnding};
@@ -46,7 +48,8 @@ pub enum KeyError {
 /// An RSA signing key with its `kid`.
 pub struct SigningKey {
     kid: String,
-    encoding: EncodingKey,
+    /// Parsed and checked once: every token and receipt is signed with it.
+    pair: RsaKeyPair,
     jwk: Value,
     /// PKCS#1 DER of the private key; also the secret behind commitment salts.
     secret: Vec<u8>,
@@ -114,8 +117,10 @@ impl SigningKey {
         let thumbprint_input = format!(r#"{{"e":"{e}","kty":"RSA","n":"{n}"}}"#);
         let kid = sha256_hex(thumbprint_input.as_bytes())[..16].to_owned();
         let jwk = json!({"kty": "RSA", "use": "sig", "alg": "RS256", "kid": kid, "n": n, "e": e});
+        let pair = RsaKeyPair::from_der(der.as_bytes())
+            .map_err(|e| KeyError::Crypto(format!("loading the key for signing: {e}")))?;
         Ok(Self {
-            encoding: EncodingKey::from_rsa_der(der.as_bytes()),
+            pair,
             secret: der.as_bytes().to_vec(),
             kid,
             jwk,
@@ -148,8 +153,21 @@ impl SigningKey {
         let mut header = Header::new(Algorithm::RS256);
         header.kid = Some(self.kid.clone());
         header.typ = Some(typ.to_owned());
-        jsonwebtoken::encode(&header, claims, &self.encoding)
-            .map_err(|e| KeyError::Crypto(format!("signing a token: {e}")))
+        let mut jws = json_part(&header)?;
+        jws.push('.');
+        jws.push_str(&json_part(claims)?);
+        let mut signature = vec![0; self.pair.public_modulus_len()];
+        self.pair
+            .sign(
+                &RSA_PKCS1_SHA256,
+                &SystemRandom::new(),
+                jws.as_bytes(),
+                &mut signature,
+            )
+            .map_err(|e| KeyError::Crypto(format!("signing a token: {e}")))?;
+        jws.push('.');
+        jws.push_str(&URL_SAFE_NO_PAD.encode(signature));
+        Ok(jws)
     }
 
     /// A secret, stable per key, derived for `label` (hex, 32 characters): the salt of the
@@ -161,6 +179,13 @@ impl SigningKey {
         message.extend_from_slice(label.as_bytes());
         hmac_sha256_hex(&self.secret, &message)[..32].to_owned()
     }
+}
+
+/// A JWS part: the base64url (unpadded) JSON of `value`.
+fn json_part<T: Serialize + ?Sized>(value: &T) -> Result<String, KeyError> {
+    let json = serde_json::to_vec(value)
+        .map_err(|e| KeyError::Crypto(format!("encoding a token part: {e}")))?;
+    Ok(URL_SAFE_NO_PAD.encode(json))
 }
 
 #[cfg(unix)]

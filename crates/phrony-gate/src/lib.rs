@@ -62,7 +62,7 @@ pub mod vault;
 pub use admin::ApproverName;
 pub use admin_client::{AdminClient, AdminError};
 pub use config::{ConfigError, FlagRules, Settings};
-pub use engine::{Caller, Clock, Gate, Resolution, SystemClock, codes};
+pub use engine::{Caller, Clock, ForwardState, Gate, Resolution, SystemClock, codes};
 pub use error::{ApiError, GateError};
 pub use http::router;
 pub use keys::{KeyError, SigningKey};

@@ -71,10 +71,17 @@ impl std::fmt::Debug for ProviderAuth {
 #[derive(Debug)]
 pub struct Provider {
     auth: ProviderAuth,
-    refunds: Mutex<Vec<Value>>,
+    refunds: Mutex<Refunds>,
     tokens: Mutex<VecDeque<SecretString>>,
     tokens_issued: AtomicU64,
     rejected: AtomicU64,
+}
+
+/// The recorded refunds, and how many each charge has (its next id, without a scan).
+#[derive(Debug, Default)]
+struct Refunds {
+    list: Vec<Value>,
+    per_charge: std::collections::HashMap<String, usize>,
 }
 
 impl Provider {
@@ -83,7 +90,7 @@ impl Provider {
     pub fn new(auth: ProviderAuth) -> Self {
         Self {
             auth,
-            refunds: Mutex::new(Vec::new()),
+            refunds: Mutex::new(Refunds::default()),
             tokens: Mutex::new(VecDeque::new()),
             tokens_issued: AtomicU64::new(0),
             rejected: AtomicU64::new(0),
@@ -92,7 +99,7 @@ impl Provider {
 
     /// The refunds recorded so far.
     pub async fn refunds(&self) -> Vec<Value> {
-        self.refunds.lock().await.clone()
+        self.refunds.lock().await.list.clone()
     }
 
     /// How many OAuth2 tokens were issued.
@@ -213,17 +220,14 @@ async fn create_refund(
             .into_response();
     }
     let mut refunds = p.refunds.lock().await;
-    if refunds.len() >= MAX_RECORDS {
+    if refunds.list.len() >= MAX_RECORDS {
         return error(
             StatusCode::INSUFFICIENT_STORAGE,
             "api_error",
             "the mock provider is full",
         );
     }
-    let earlier = refunds
-        .iter()
-        .filter(|r| r.get("charge").and_then(Value::as_str) == Some(charge))
-        .count();
+    let earlier = refunds.per_charge.get(charge).copied().unwrap_or(0);
     let id = if earlier == 0 {
         format!("re_{charge}")
     } else {
@@ -242,7 +246,8 @@ async fn create_refund(
         "idempotency_key": headers.get("idempotency-key").and_then(|v| v.to_str().ok()),
         "headers": names,
     });
-    refunds.push(refund.clone());
+    refunds.list.push(refund.clone());
+    *refunds.per_charge.entry(charge.to_owned()).or_default() += 1;
     drop(refunds);
     let mut answer = refund;
     if let Some(obj) = answer.as_object_mut() {

@@ -61,6 +61,8 @@ pub(crate) struct Prepared {
     pub(crate) reference_amount: Option<Decimal>,
     pub(crate) intent: Option<String>,
     pub(crate) user_token: Option<String>,
+    /// Decided on a routing route (the gate forwards an allow itself).
+    pub(crate) routed: bool,
 }
 
 impl DecisionRequest {
@@ -296,6 +298,7 @@ pub(crate) fn prepare(
         reference_amount,
         intent,
         user_token,
+        routed: false,
     })
 }
 

@@ -36,6 +36,10 @@ pub enum Assertion {
         /// The key's RFC 7638 thumbprint.
         kid: String,
     },
+    /// No proof at all: a sidecar route, where the caller named an agent (`X-Agent-Id`) that
+    /// the sidecar's configuration serves (`routing.sidecar.agents`) and no key or signature was
+    /// checked. Recorded as such so that an audit reader never takes it for a verified key.
+    Sidecar,
 }
 
 impl Assertion {
@@ -46,6 +50,7 @@ impl Assertion {
             Self::Bearer => "bearer",
             Self::Hmac => "hmac-sha256",
             Self::Rfc9421 { .. } => "rfc9421-ed25519",
+            Self::Sidecar => "sidecar-unauthenticated",
         }
     }
 
@@ -58,12 +63,13 @@ impl Assertion {
         }
     }
 
-    /// `key_custody`: who holds the key that proved the request.
+    /// `key_custody`: who holds the key that proved the request (`none` when no key did).
     #[must_use]
     pub fn custody(&self) -> &'static str {
         match self {
             Self::Rfc9421 { .. } => "agent",
-            _ => "organization",
+            Self::Bearer | Self::Hmac => "organization",
+            Self::Sidecar => "none",
         }
     }
 }

@@ -112,6 +112,11 @@ pub(crate) struct DecisionEvent {
     /// Observe mode: its reason.
     #[serde(default)]
     pub(crate) observed_reason: Option<String>,
+    /// Decided on a routing route: on allow, the gate itself forwards the call. After a restart
+    /// an uncompleted routed allow may have been forwarded already, so it is never forwarded
+    /// again until someone completes it (see `Gate::forward_state`). Absent in older logs.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub(crate) routed: bool,
 }
 
 /// The payload of `gate.decision_replayed`.
@@ -213,6 +218,8 @@ pub(crate) enum HoldState {
 
 #[derive(Debug, Clone)]
 pub(crate) struct DecisionRecord {
+    /// The seq of its `gate.decision` event.
+    pub(crate) seq: u64,
     pub(crate) event: DecisionEvent,
     pub(crate) hold_state: Option<HoldState>,
     pub(crate) completion: Option<CompletionEvent>,
@@ -336,7 +343,7 @@ impl State {
             EV_DECISION => {
                 let e: DecisionEvent =
                     serde_json::from_value(payload.clone()).map_err(|e| fail(e.to_string()))?;
-                self.apply_decision(e);
+                self.apply_decision(seq, e);
             }
             EV_REPLAY => {
                 let _: ReplayEvent =
@@ -362,7 +369,7 @@ impl State {
         Ok(())
     }
 
-    fn apply_decision(&mut self, e: DecisionEvent) {
+    fn apply_decision(&mut self, seq: u64, e: DecisionEvent) {
         let agent = e.agent_id.clone();
         self.recent
             .entry(agent.clone())
@@ -434,6 +441,7 @@ impl State {
         self.decisions.insert(
             e.decision_id.clone(),
             DecisionRecord {
+                seq,
                 event: e,
                 hold_state,
                 completion: None,

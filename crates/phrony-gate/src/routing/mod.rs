@@ -32,7 +32,7 @@
 //! | deny | 403 (429 for `VELOCITY_EXCEEDED`) | the decision: `{decision, decision_id, code, reason}` |
 //! | escalate | 403 | the decision with `code: ESCALATION_REQUIRED` and `escalation` |
 //! | upstream unreachable / too large / token endpoint down | 502 (504 on timeout) | `{decision: "deny", code: "INTERNAL_ERROR", reason, decision_id}`; the decision is completed as failed |
-//! | retry of an allow already forwarded | the stored provider answer (`x-regent-replayed: true`), or 409 `DUPLICATE_REQUEST` when this process no longer holds it |
+//! | retry of an allow already forwarded | the stored provider answer (`x-regent-replayed: true`), or 409 `DUPLICATE_REQUEST` when this process no longer holds it or the outcome is unknown after a restart |
 //!
 //! Refusals are never 2xx (§1.15), and the published SDK turns them into its typed errors.
 //!
@@ -45,9 +45,14 @@
 //! the first call is in flight also gets the 409. A decision completed as failed (provider
 //! non-2xx, unreachable, timeout) is decided afresh by the engine on retry, so it may be
 //! forwarded again: the provider receives the agent's `Idempotency-Key` to de-duplicate a
-//! timed-out call it did perform. Not covered: a gate that stops between forwarding a call and
-//! completing its decision leaves an allow that is neither completed nor held here, so a retry
-//! after the restart is forwarded again (the provider's `Idempotency-Key` is the guard then).
+//! timed-out call it did perform.
+//!
+//! A gate that stops between forwarding a call and completing its decision (crash, `kill -9`)
+//! cannot know whether the provider acted. The decision event records that it was decided on
+//! a routing route (`routed: true`), so after the restart an uncompleted routed allow is
+//! [`ForwardState::OutcomeUnknown`]: a retry gets a 409 `DUPLICATE_REQUEST` saying so, and the
+//! call is forwarded again only after someone with the org key checks with the provider and
+//! completes the decision as `failed` (a `success` completion keeps the retry answered).
 //!
 //! # Headers
 //! Stripped before forwarding: `Authorization`, `Proxy-Authorization`, `Cookie`, every
@@ -78,7 +83,7 @@ use secrecy::{ExposeSecret as _, SecretString};
 use serde_json::{Map, Value, json};
 
 use self::config::{Credential, Operation, Upstream};
-use crate::engine::{Caller, Gate, codes};
+use crate::engine::{Caller, ForwardState, Gate, codes};
 use crate::error::ApiError;
 use crate::request::DecisionRequest;
 use crate::signing::{Assertion, SignedRequest};
@@ -626,7 +631,7 @@ fn identify(r: &Routing, call: Call<'_>, body: &[u8]) -> Result<(Caller, String)
                     api_key: String::new(),
                     bound_agent: Some(agent.clone()),
                     key_label: Some("sidecar".into()),
-                    assertion: Assertion::Bearer,
+                    assertion: Assertion::Sidecar,
                 },
                 agent,
             ))
@@ -854,15 +859,35 @@ async fn claim(r: &Routing, decision_id: &str, gate: &Gate) -> Claim {
             }
         }
     }
-    if gate.completion_status(decision_id).await.is_some() {
-        // Completed before this process held its outcome: never forward it again.
-        finish_keep_refusal(r, decision_id);
-        return Claim::Refuse(format!(
-            "decision {decision_id} was already forwarded and completed; its response is no \
-             longer held by this gate (use a new idempotency key for a new call)"
-        ));
+    match gate.forward_state(decision_id).await {
+        ForwardState::Open => Claim::Forward,
+        ForwardState::Completed(_) => {
+            // Completed before this process held its outcome: never forward it again.
+            finish_keep_refusal(r, decision_id);
+            Claim::Refuse(format!(
+                "decision {decision_id} was already forwarded and completed; its response is no \
+                 longer held by this gate (use a new idempotency key for a new call)"
+            ))
+        }
+        ForwardState::OutcomeUnknown => {
+            finish_keep_refusal(r, decision_id);
+            tracing::warn!(
+                %decision_id,
+                "a retry of a routed call the gate may have forwarded before it stopped: refused \
+                 until the decision is completed"
+            );
+            Claim::Refuse(format!(
+                "decision {decision_id} may have been forwarded before the gate restarted and its \
+                 outcome is unknown, so it is not forwarded again; check with the provider, then \
+                 complete the decision with the org key (`failed` lets this retry through, \
+                 `success` keeps it answered)"
+            ))
+        }
+        ForwardState::Unknown => {
+            finish_keep_refusal(r, decision_id);
+            Claim::Refuse(format!("decision {decision_id} is not recorded"))
+        }
     }
-    Claim::Forward
 }
 
 /// Drops the in-flight claim of a decision that must not be forwarded.

@@ -37,7 +37,8 @@ struct Env {
     routing: Arc<Routing>,
     gate: Arc<Gate>,
     provider: Arc<Provider>,
-    _dir: tempfile::TempDir,
+    store: Arc<MemoryStore>,
+    dir: tempfile::TempDir,
 }
 
 async fn serve(app: axum::Router) -> String {
@@ -109,17 +110,8 @@ async fn env_with(auth: Auth, upstream_url: Option<&str>, timeout_ms: u64) -> En
          vault.json, key_file: vault.key}}\n"
     ));
     std::fs::write(dir.path().join("gate.yaml"), yaml).unwrap();
-    let settings = Settings::load(&dir.path().join("gate.yaml")).unwrap();
-    let gate = Arc::new(
-        Gate::open(
-            settings,
-            SigningKey::load_or_create(&dir.path().join("gate-key.pem")).unwrap(),
-            Arc::new(MemoryStore::new()),
-            Arc::new(SystemClock),
-        )
-        .await
-        .unwrap(),
-    );
+    let store = Arc::new(MemoryStore::new());
+    let gate = open_gate(dir.path(), &store).await;
     let routing = Arc::new(Routing::new(gate.clone()));
     Env {
         app: router_with(routing.clone()),
@@ -127,8 +119,24 @@ async fn env_with(auth: Auth, upstream_url: Option<&str>, timeout_ms: u64) -> En
         routing,
         gate,
         provider,
-        _dir: dir,
+        store,
+        dir,
     }
+}
+
+/// The gate of `dir`'s configuration and key on `store` (opening it again is a restart).
+async fn open_gate(dir: &Path, store: &Arc<MemoryStore>) -> Arc<Gate> {
+    let settings = Settings::load(&dir.join("gate.yaml")).unwrap();
+    Arc::new(
+        Gate::open(
+            settings,
+            SigningKey::load_or_create(&dir.join("gate-key.pem")).unwrap(),
+            store.clone(),
+            Arc::new(SystemClock),
+        )
+        .await
+        .unwrap(),
+    )
 }
 
 async fn env() -> Env {
@@ -299,8 +307,45 @@ async fn an_allowed_sidecar_call_is_forwarded_with_the_vaulted_key_and_completed
         "the provider id is the downstream_ref"
     );
     assert!(audit.contains("refund.create"));
+    // No key or signature was checked on the sidecar: the record says so, never "bearer".
+    let decision = audit_event(&audit, "gate.decision");
+    assert_eq!(
+        decision["payload"]["assertion_scheme"],
+        "sidecar-unauthenticated"
+    );
+    assert_eq!(decision["payload"]["key_label"], "sidecar");
+    assert_eq!(decision["payload"]["routed"], true);
+    let receipt = audit_event(&audit, "gate.completed")["payload"]["receipt"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let claims = jwt_claims(&receipt);
+    assert_eq!(claims["assertion_scheme"], "sidecar-unauthenticated");
+    assert_eq!(claims["key_custody"], "none");
     assert!(!audit.contains(SECRET), "the credential is never audited");
     assert!(!format!("{:?}", e.routing).contains(SECRET));
+}
+
+/// The last audit event of `event_type` in a JSON Lines export.
+fn audit_event(audit: &str, event_type: &str) -> Value {
+    audit
+        .lines()
+        .rev()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .find(|e| e["type"] == event_type)
+        .unwrap_or_else(|| panic!("no {event_type} in {audit}"))
+}
+
+/// A JWT's claims (its signature is the engine tests' subject).
+fn jwt_claims(jwt: &str) -> Value {
+    use base64::Engine as _;
+    let payload = jwt.split('.').nth(1).unwrap();
+    serde_json::from_slice(
+        &base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(payload)
+            .unwrap(),
+    )
+    .unwrap()
 }
 
 #[tokio::test]
@@ -576,6 +621,8 @@ async fn the_gateway_checks_the_key_and_the_sidecar_the_agent() {
     let a = send(&e.app, "POST", "/gw/payments/refunds", &headers, body).await;
     assert_eq!(a.status, StatusCode::OK, "{}", a.text);
     assert_eq!(a.body["id"], "re_ch_aaa");
+    let decision = audit_event(&e.audit_text().await, "gate.decision");
+    assert_eq!(decision["payload"]["assertion_scheme"], "bearer");
     let seen = e.provider.refunds().await[0]["headers"].to_string();
     assert!(
         !seen.contains("authorization"),
@@ -695,4 +742,104 @@ async fn a_routed_decision_mints_no_allow_token() {
         .unwrap();
     assert_eq!(direct["decision"], "allow");
     assert!(direct["token"].is_string());
+}
+
+/// An upstream that takes the first refund and never answers it (the gate is "killed" while
+/// waiting), then answers every later one; it counts what it received.
+async fn hanging_upstream() -> (
+    String,
+    Arc<std::sync::atomic::AtomicUsize>,
+    Arc<tokio::sync::Notify>,
+) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let hits = Arc::new(AtomicUsize::new(0));
+    let arrived = Arc::new(tokio::sync::Notify::new());
+    let (h, n) = (hits.clone(), arrived.clone());
+    let app = axum::Router::new().route(
+        "/refunds",
+        axum::routing::post(move || {
+            let (h, n) = (h.clone(), n.clone());
+            async move {
+                let nth = h.fetch_add(1, Ordering::SeqCst);
+                n.notify_one();
+                if nth == 0 {
+                    std::future::pending::<()>().await;
+                }
+                axum::Json(json!({"id": format!("re_{nth}")}))
+            }
+        }),
+    );
+    (serve(app).await, hits, arrived)
+}
+
+#[tokio::test]
+async fn a_call_forwarded_before_a_restart_is_not_forwarded_again_until_someone_completes_it() {
+    use std::sync::atomic::Ordering;
+    let (upstream, hits, arrived) = hanging_upstream().await;
+    let e = env_with(Auth::Header, Some(&upstream), 60_000).await;
+    let headers = e.agent_headers("active", 80, Some("T-7:ch_rst"));
+    let body = br#"{"charge":"ch_rst","amount":50}"#.to_vec();
+    // The first call reaches the provider; the gate dies before the answer (the task is dropped,
+    // so the decision is never completed).
+    let first = {
+        let (app, headers, body) = (e.app.clone(), headers.clone(), body.clone());
+        tokio::spawn(async move { send(&app, "POST", "/payments/refunds", &headers, &body).await })
+    };
+    arrived.notified().await;
+    first.abort();
+    assert_eq!(hits.load(Ordering::SeqCst), 1);
+
+    // Restart: the same log, a new process.
+    let gate = open_gate(e.dir.path(), &e.store).await;
+    let app = router_with(Arc::new(Routing::new(gate.clone())));
+    let retry = send(&app, "POST", "/payments/refunds", &headers, &body).await;
+    assert_eq!(retry.status, StatusCode::CONFLICT, "{}", retry.text);
+    assert_eq!(retry.body["code"], "DUPLICATE_REQUEST");
+    assert!(retry.text.contains("outcome is unknown"), "{}", retry.text);
+    let decision_id = retry.body["decision_id"].as_str().unwrap().to_owned();
+    assert_eq!(
+        gate.forward_state(&decision_id).await,
+        crate::ForwardState::OutcomeUnknown
+    );
+    assert_eq!(hits.load(Ordering::SeqCst), 1, "never forwarded twice");
+
+    // Someone holding the org key checks with the provider and settles it (the sidecar's agent
+    // holds no key, so it cannot).
+    let org = gate
+        .authenticate_key(Some("rgnt_ctrl_walkthrough_local"))
+        .unwrap();
+    gate.complete(
+        &org,
+        &decision_id,
+        br#"{"status":"failed","error":"checked: not refunded"}"#,
+    )
+    .await
+    .unwrap();
+    let again = send(&app, "POST", "/payments/refunds", &headers, &body).await;
+    assert_eq!(again.status, StatusCode::OK, "{}", again.text);
+    assert_eq!(hits.load(Ordering::SeqCst), 2);
+    assert_ne!(
+        again.headers["x-regent-decision-id"].to_str().unwrap(),
+        decision_id,
+        "a fresh decision after the failed one"
+    );
+}
+
+#[tokio::test]
+async fn the_provider_numbers_repeated_refunds_of_a_charge() {
+    let e = env().await;
+    let app = crate::provider::router(e.provider.clone());
+    let headers = [("x-api-key", SECRET.to_owned())];
+    let mut ids = Vec::new();
+    for charge in ["ch_num", "ch_other", "ch_num", "ch_num"] {
+        let body = json!({"charge": charge, "amount": 1}).to_string();
+        let a = send(&app, "POST", "/refunds", &headers, body.as_bytes()).await;
+        assert_eq!(a.status, StatusCode::OK, "{}", a.text);
+        ids.push(a.body["id"].as_str().unwrap().to_owned());
+    }
+    assert_eq!(
+        ids,
+        ["re_ch_num", "re_ch_other", "re_ch_num_2", "re_ch_num_3"]
+    );
+    assert_eq!(e.provider.refunds().await.len(), 4);
 }
