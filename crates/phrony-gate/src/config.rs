@@ -838,14 +838,16 @@ fn compile_tools(
             ));
         }
         let actions: BTreeSet<String> = tool.actions.iter().cloned().collect();
-        let has_vault = file
-            .routing
-            .as_ref()
-            .is_some_and(crate::routing::config::RoutingFile::has_vault);
+        let routing = file.routing.as_ref();
+        let has_vault = routing.is_some_and(crate::routing::config::RoutingFile::has_vault);
+        let insecure_http =
+            routing.is_some_and(crate::routing::config::RoutingFile::allows_insecure_http);
         let upstream = tool
             .upstream
             .as_ref()
-            .map(|u| crate::routing::config::compile_upstream(u, &actions, has_vault))
+            .map(|u| {
+                crate::routing::config::compile_upstream(u, &actions, has_vault, insecure_http)
+            })
             .transpose()
             .map_err(|(f, message)| src.bad(&format!("{field}.upstream.{f}"), message))?;
         tools.insert(

@@ -8,6 +8,8 @@
 //!   max_request_bytes: 1048576
 //!   max_response_bytes: 4194304
 //!   vault: {file: .state/vault.json, key_file: null}   # key: MOCK_GATE_VAULT_KEY
+//!   ca_file: null              # PEM trust anchors for https:// upstreams, besides the system's
+//!   allow_insecure_http: false # http:// upstreams on hosts other than loopback (credentials in clear)
 //! tools:
 //!   payments:
 //!     actions: [refund.create]
@@ -24,6 +26,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use axum::http::{HeaderName, Method, Uri};
+use rustls_pki_types::CertificateDer;
+use rustls_pki_types::pem::PemObject as _;
 use serde::Deserialize;
 
 use crate::vault::VaultSettings;
@@ -48,12 +52,21 @@ pub(crate) struct RoutingFile {
     max_response_bytes: Option<usize>,
     #[serde(default)]
     vault: Option<VaultFileConfig>,
+    #[serde(default)]
+    ca_file: Option<PathBuf>,
+    #[serde(default)]
+    allow_insecure_http: bool,
 }
 
 impl RoutingFile {
     /// Whether a vault is configured (vaulted credentials need one).
     pub(crate) fn has_vault(&self) -> bool {
         self.vault.is_some()
+    }
+
+    /// Whether `http://` upstreams on other hosts than loopback are allowed.
+    pub(crate) fn allows_insecure_http(&self) -> bool {
+        self.allow_insecure_http
     }
 }
 
@@ -138,12 +151,16 @@ pub struct RoutingSettings {
     pub max_response_bytes: usize,
     /// The sealed credentials.
     pub vault: Option<VaultSettings>,
+    /// Trust anchors for `https://` upstreams besides the system's (`routing.ca_file`).
+    pub ca_certs: Vec<CertificateDer<'static>>,
+    /// `http://` upstreams on non-loopback hosts were allowed (`routing.allow_insecure_http`).
+    pub allow_insecure_http: bool,
 }
 
 /// Where a tool's calls go and how they are authorised upstream.
 #[derive(Debug, Clone)]
 pub struct Upstream {
-    /// `http://host:port[/prefix]`, without a trailing `/`.
+    /// `https://host[:port][/prefix]` (or `http://` on loopback), without a trailing `/`.
     pub base_url: String,
     /// The vaulted credential injected on every forwarded call.
     pub credential: Option<Credential>,
@@ -254,16 +271,41 @@ fn field_name(name: &str) -> bool {
             .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'))
 }
 
-/// An `http://` URL without query, checked; returned without a trailing `/`.
-fn http_url(text: &str) -> Result<String, String> {
+/// Whether `host` (a URI authority's host) is a loopback address or `localhost`.
+fn loopback(host: &str) -> bool {
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// An upstream URL without query, checked; returned without a trailing `/`. `https://` always;
+/// `http://` only to a loopback host unless `insecure_http` (the credential would cross the
+/// network in clear).
+fn upstream_url(text: &str, insecure_http: bool) -> Result<String, String> {
     let uri: Uri = text
         .parse()
         .map_err(|e| format!("`{text}` is not a URL: {e}"))?;
-    if uri.scheme_str() != Some("http") || uri.authority().is_none() {
+    let Some(authority) = uri.authority() else {
         return Err(format!(
-            "`{text}` must be an http://host[:port][/path] URL (this local mock forwards over \
-             plain HTTP only, e.g. to the mock provider on loopback)"
+            "`{text}` must be an https://host[:port][/path] URL"
         ));
+    };
+    match uri.scheme_str() {
+        Some("https") => {}
+        Some("http") if insecure_http || loopback(authority.host()) => {}
+        Some("http") => {
+            return Err(format!(
+                "`{text}` would send the vaulted credential in clear to a host that is not \
+                 loopback: use https://, or set `routing.allow_insecure_http: true`"
+            ));
+        }
+        _ => {
+            return Err(format!(
+                "`{text}` must be an https://host[:port][/path] URL"
+            ));
+        }
     }
     if uri.query().is_some() {
         return Err(format!("`{text}` must not have a query"));
@@ -271,13 +313,27 @@ fn http_url(text: &str) -> Result<String, String> {
     Ok(text.trim_end_matches('/').to_owned())
 }
 
+/// The certificates of a PEM file (at least one).
+fn ca_certs(path: &std::path::Path) -> Result<Vec<CertificateDer<'static>>, String> {
+    let certs = CertificateDer::pem_file_iter(path)
+        .map_err(|e| format!("{}: {e}", path.display()))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("{}: not a PEM certificate file: {e}", path.display()))?;
+    if certs.is_empty() {
+        return Err(format!("{}: holds no PEM certificate", path.display()));
+    }
+    Ok(certs)
+}
+
 /// Compiles a tool's `upstream:`; `actions` are the tool's catalog actions.
 pub(crate) fn compile_upstream(
     file: &UpstreamFile,
     actions: &BTreeSet<String>,
     has_vault: bool,
+    insecure_http: bool,
 ) -> Result<Upstream, FieldError> {
-    let base_url = http_url(&file.base_url).map_err(|m| ("base_url".to_owned(), m))?;
+    let base_url =
+        upstream_url(&file.base_url, insecure_http).map_err(|m| ("base_url".to_owned(), m))?;
     let credential = match &file.credential {
         None => None,
         Some(c) => {
@@ -313,8 +369,8 @@ pub(crate) fn compile_upstream(
                     secret,
                     scope,
                 } => {
-                    let token_url =
-                        http_url(token_url).map_err(|m| ("credential.token_url".to_owned(), m))?;
+                    let token_url = upstream_url(token_url, insecure_http)
+                        .map_err(|m| ("credential.token_url".to_owned(), m))?;
                     if client_id.is_empty()
                         || client_id.len() > 256
                         || client_id.contains(':')
@@ -476,6 +532,11 @@ pub(crate) fn compile_routing(
             key_file: v.key_file.as_deref().map(&resolve),
             key: None,
         }),
+        ca_certs: match &file.ca_file {
+            Some(path) => ca_certs(&resolve(path)).map_err(|m| ("ca_file".to_owned(), m))?,
+            None => Vec::new(),
+        },
+        allow_insecure_http: file.allow_insecure_http,
     })
 }
 
@@ -518,11 +579,27 @@ mod tests {
     }
 
     #[test]
-    fn upstreams_must_be_plain_http_and_credentials_need_a_vault() {
-        assert!(http_url("https://api.example").is_err());
-        assert!(http_url("http://127.0.0.1:1/x?y=1").is_err());
+    fn upstreams_are_https_or_loopback_http_and_credentials_need_a_vault() {
         assert_eq!(
-            http_url("http://127.0.0.1:1/v1/").unwrap(),
+            upstream_url("https://api.example/v1/", false).unwrap(),
+            "https://api.example/v1"
+        );
+        for local in [
+            "http://127.0.0.1:1/v1/",
+            "http://localhost:8010",
+            "http://[::1]:8010",
+        ] {
+            assert!(upstream_url(local, false).is_ok(), "{local}");
+        }
+        // The credential would cross the network in clear: only when chosen explicitly.
+        let err = upstream_url("http://payments.internal:8010", false).unwrap_err();
+        assert!(err.contains("allow_insecure_http"), "{err}");
+        assert!(upstream_url("http://payments.internal:8010", true).is_ok());
+        for bad in ["http://127.0.0.1:1/x?y=1", "ftp://127.0.0.1/x", "/refunds"] {
+            assert!(upstream_url(bad, true).is_err(), "{bad}");
+        }
+        assert_eq!(
+            upstream_url("http://127.0.0.1:1/v1/", false).unwrap(),
             "http://127.0.0.1:1/v1"
         );
         let file: UpstreamFile = serde_yaml::from_str(
@@ -531,11 +608,11 @@ mod tests {
         )
         .unwrap();
         let actions: BTreeSet<String> = ["refund.create".to_owned()].into();
-        let err = compile_upstream(&file, &actions, false).unwrap_err();
+        let err = compile_upstream(&file, &actions, false, false).unwrap_err();
         assert_eq!(err.0, "credential");
-        assert!(compile_upstream(&file, &actions, true).is_ok());
+        assert!(compile_upstream(&file, &actions, true, false).is_ok());
         let other: BTreeSet<String> = ["refund.read".to_owned()].into();
-        let err = compile_upstream(&file, &other, true).unwrap_err();
+        let err = compile_upstream(&file, &other, true, false).unwrap_err();
         assert_eq!(err.0, "operation_map[0].action");
     }
 }

@@ -76,13 +76,14 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{any, post};
 use base64::Engine as _;
 use http_body_util::{BodyExt as _, Full, Limited};
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use secrecy::{ExposeSecret as _, SecretString};
 use serde_json::{Map, Value, json};
 
-use self::config::{Credential, Operation, Upstream};
+use self::config::{Credential, Operation, RoutingSettings, Upstream};
 use crate::engine::{Caller, ForwardState, Gate, codes};
 use crate::error::ApiError;
 use crate::request::DecisionRequest;
@@ -141,13 +142,13 @@ struct CachedToken {
     until: Instant,
 }
 
-type HttpClient = Client<HttpConnector, Full<Bytes>>;
+type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 
 /// The routing layer's state: the gate, the upstream client, the opened vault, the OAuth2
 /// token cache and the forwarded outcomes.
 pub struct Routing {
     gate: Arc<Gate>,
-    client: HttpClient,
+    client: Result<HttpClient, String>,
     secrets: Result<BTreeMap<String, SecretString>, String>,
     tokens: BTreeMap<String, tokio::sync::Mutex<Option<CachedToken>>>,
     outcomes: StdMutex<Outcomes>,
@@ -204,6 +205,64 @@ fn open_secrets(gate: &Gate) -> Result<BTreeMap<String, SecretString>, crate::va
     }
 }
 
+/// The upstream client: `https://` with rustls (the system's trust anchors plus
+/// `routing.ca_file`), and `http://` where the configuration allowed it. `Err` names why TLS
+/// cannot be set up (every routed call is then a 502 saying so).
+fn https_client(routing: Option<&RoutingSettings>) -> Result<HttpClient, String> {
+    let mut roots = rustls::RootCertStore::empty();
+    let native = rustls_native_certs::load_native_certs();
+    for e in &native.errors {
+        tracing::warn!("reading the system's trust anchors: {e}");
+    }
+    let (_, unparsable) = roots.add_parsable_certificates(native.certs);
+    if unparsable > 0 {
+        tracing::warn!(unparsable, "system trust anchors skipped");
+    }
+    if let Some(routing) = routing {
+        for cert in &routing.ca_certs {
+            roots
+                .add(cert.clone())
+                .map_err(|e| format!("a certificate of `routing.ca_file` is not usable: {e}"))?;
+        }
+        if routing.allow_insecure_http {
+            tracing::warn!(
+                "routing.allow_insecure_http: vaulted credentials may be sent in clear over http://"
+            );
+        }
+    }
+    let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::aws_lc_rs::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| format!("TLS cannot be set up: {e}"))?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let mut http = HttpConnector::new();
+    http.set_nodelay(true);
+    http.enforce_http(false);
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(http);
+    Ok(Client::builder(TokioExecutor::new()).build(connector))
+}
+
+/// An error and its sources, `: `-joined (hyper's own message says only "client error").
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let more = s.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        source = s.source();
+    }
+    text
+}
+
 impl Routing {
     /// The routing state of `gate` (a vault that does not open makes every routed call a
     /// 503 naming the problem; [`preflight`] reports it at start).
@@ -223,11 +282,10 @@ impl Routing {
             })
             .map(|(name, _)| (name.clone(), tokio::sync::Mutex::new(None)))
             .collect();
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
+        let client = https_client(gate.settings().routing.as_ref());
         Self {
             gate,
-            client: Client::builder(TokioExecutor::new()).build(connector),
+            client,
             secrets,
             tokens,
             outcomes: StdMutex::new(Outcomes::default()),
@@ -1008,10 +1066,14 @@ async fn forward(
     *request.headers_mut() = out;
     let max = routing.max_response_bytes;
     let exchange = async {
-        let response = r.client.request(request).await.map_err(|e| {
+        let client = r
+            .client
+            .as_ref()
+            .map_err(|e| (StatusCode::BAD_GATEWAY, e.clone()))?;
+        let response = client.request(request).await.map_err(|e| {
             (
                 StatusCode::BAD_GATEWAY,
-                format!("upstream `{tool}` is unreachable: {e}"),
+                format!("upstream `{tool}` is unreachable: {}", error_chain(&e)),
             )
         })?;
         let (parts, body) = response.into_parts();
@@ -1170,9 +1232,11 @@ async fn oauth2_token(
             ))
         })?;
     let exchange = async {
-        let response = r.client.request(request).await.map_err(|e| {
+        let client = r.client.as_ref().map_err(|e| fail(e.clone()))?;
+        let response = client.request(request).await.map_err(|e| {
             fail(format!(
-                "the token endpoint of `{tool}` is unreachable: {e}"
+                "the token endpoint of `{tool}` is unreachable: {}",
+                error_chain(&e)
             ))
         })?;
         let status = response.status();

@@ -60,6 +60,11 @@ fn walkthrough(name: &str) -> String {
 }
 
 async fn env_with(auth: Auth, upstream_url: Option<&str>, timeout_ms: u64) -> Env {
+    env_full(auth, upstream_url, timeout_ms, "").await
+}
+
+/// [`env_with`], with `extra` lines added to the `routing:` section (indented two spaces).
+async fn env_full(auth: Auth, upstream_url: Option<&str>, timeout_ms: u64, extra: &str) -> Env {
     let provider = Arc::new(Provider::new(match auth {
         Auth::Header => ProviderAuth::Header {
             name: HeaderName::from_static("x-api-key"),
@@ -107,7 +112,7 @@ async fn env_with(auth: Auth, upstream_url: Option<&str>, timeout_ms: u64) -> En
     yaml.push_str(&format!(
         "\nrouting:\n  sidecar: {{agents: [agent_refund_bot]}}\n  gateway: true\n  \
          upstream_timeout_ms: {timeout_ms}\n  max_request_bytes: 4096\n  vault: {{file: \
-         vault.json, key_file: vault.key}}\n"
+         vault.json, key_file: vault.key}}\n{extra}"
     ));
     std::fs::write(dir.path().join("gate.yaml"), yaml).unwrap();
     let store = Arc::new(MemoryStore::new());
@@ -842,4 +847,150 @@ async fn the_provider_numbers_repeated_refunds_of_a_charge() {
         ["re_ch_num", "re_ch_other", "re_ch_num_2", "re_ch_num_3"]
     );
     assert_eq!(e.provider.refunds().await.len(), 4);
+}
+
+/// A TLS listener for `axum::serve`: each connection is handshaken before it is served (a
+/// failed handshake is dropped).
+struct TlsListener {
+    tcp: tokio::net::TcpListener,
+    tls: tokio_rustls::TlsAcceptor,
+}
+
+impl axum::serve::Listener for TlsListener {
+    type Io = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
+    type Addr = std::net::SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            let Ok((tcp, addr)) = self.tcp.accept().await else {
+                continue;
+            };
+            if let Ok(stream) = self.tls.accept(tcp).await {
+                return (stream, addr);
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        self.tcp.local_addr()
+    }
+}
+
+/// The mock provider of `provider` behind TLS with a certificate of `ca`: `https://127.0.0.1:…`.
+async fn serve_tls(provider: Arc<Provider>, ca: &phrony_test_support::pki::TestCa) -> String {
+    use rustls_pki_types::pem::PemObject as _;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let pem = ca.server();
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::aws_lc_rs::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(
+        vec![CertificateDer::from_pem_slice(pem.cert.as_bytes()).unwrap()],
+        PrivateKeyDer::from_pem_slice(pem.key.as_bytes()).unwrap(),
+    )
+    .unwrap();
+    let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = tcp.local_addr().unwrap();
+    let listener = TlsListener {
+        tcp,
+        tls: tokio_rustls::TlsAcceptor::from(Arc::new(config)),
+    };
+    let app = crate::provider::router(provider);
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    format!("https://127.0.0.1:{}", addr.port())
+}
+
+#[tokio::test]
+async fn https_upstreams_are_verified_against_the_configured_ca() {
+    let ca = phrony_test_support::pki::TestCa::new("provider test CA");
+    let provider = Arc::new(Provider::new(ProviderAuth::Header {
+        name: HeaderName::from_static("x-api-key"),
+        key: SecretString::from(SECRET),
+    }));
+    let url = serve_tls(provider.clone(), &ca).await;
+
+    // Trusted through `routing.ca_file`: forwarded with the vaulted key, over TLS.
+    let ca_dir = tempfile::tempdir().unwrap();
+    let ca_file = ca.write(ca_dir.path(), "provider-ca");
+    let e = env_full(
+        Auth::Header,
+        Some(&url),
+        5000,
+        &format!("  ca_file: \"{}\"\n", ca_file.display()),
+    )
+    .await;
+    let a = e
+        .refund("ch_tls", 50, "active", 80, Some("T-1:ch_tls"))
+        .await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.text);
+    assert_eq!(a.body["id"], "re_ch_tls");
+    assert_eq!(provider.refunds().await.len(), 1);
+    assert_eq!(provider.rejected(), 0);
+
+    // Not trusted (no CA file, and not a system root): the handshake fails, nothing is sent,
+    // the caller gets a 502 envelope naming the certificate problem, the decision is failed.
+    let untrusted = env_with(Auth::Header, Some(&url), 5000).await;
+    let a = untrusted
+        .refund("ch_tls2", 50, "active", 80, Some("T-2:ch_tls2"))
+        .await;
+    assert_eq!(a.status, StatusCode::BAD_GATEWAY, "{}", a.text);
+    assert_eq!(a.body["code"], "INTERNAL_ERROR");
+    assert!(
+        a.text.to_lowercase().contains("certificate"),
+        "the reason names the certificate problem: {}",
+        a.text
+    );
+    let id = a.body["decision_id"].as_str().unwrap();
+    assert_eq!(
+        untrusted.gate.completion_status(id).await,
+        Some(crate::state::CompleteStatus::Failed)
+    );
+    assert_eq!(
+        provider.refunds().await.len(),
+        1,
+        "nothing reached the provider"
+    );
+}
+
+#[tokio::test]
+async fn a_bad_ca_file_or_a_clear_text_remote_upstream_is_refused_at_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = walkthrough("gate.yaml");
+    let load = |upstream: &str, routing_extra: &str| {
+        let upstream = format!(
+            "    mandate: mnd_support_refunds\n    upstream:\n      base_url: \"{upstream}\"\n      \
+             operation_map:\n        - {{method: POST, path: /refunds, op: refund.create}}\n"
+        );
+        let mut yaml = base.replacen("    mandate: mnd_support_refunds\n", &upstream, 1);
+        yaml.push_str(&format!(
+            "\nrouting:\n  sidecar: {{agents: [agent_refund_bot]}}\n{routing_extra}"
+        ));
+        std::fs::write(dir.path().join("policy.cedar"), walkthrough("policy.cedar")).unwrap();
+        std::fs::write(dir.path().join("gate.yaml"), yaml).unwrap();
+        Settings::load(&dir.path().join("gate.yaml"))
+    };
+    let err = load("http://payments.internal:8010", "")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("upstream.base_url") && err.contains("allow_insecure_http"),
+        "{err}"
+    );
+    load(
+        "http://payments.internal:8010",
+        "  allow_insecure_http: true\n",
+    )
+    .unwrap();
+    load("https://payments.example", "").unwrap();
+    std::fs::write(dir.path().join("not-a-ca.pem"), "hello").unwrap();
+    let err = load("https://payments.example", "  ca_file: not-a-ca.pem\n")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("routing.ca_file") && err.contains("not-a-ca.pem"),
+        "{err}"
+    );
 }
