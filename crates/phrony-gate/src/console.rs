@@ -320,6 +320,16 @@ enum Via {
     AdminKey,
 }
 
+impl Via {
+    /// `via` in the audit's `gate.console_login`.
+    fn audit_name(self) -> &'static str {
+        match self {
+            Self::Manager => "manager",
+            Self::AdminKey => "admin_key",
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 struct Session {
     user: String,
@@ -646,6 +656,7 @@ async fn login(
             let expected = console.gate.settings().admin_key.as_deref();
             if !expected.is_some_and(|e| constant_time_eq(key.trim().as_bytes(), e.as_bytes())) {
                 console.record_failure("\u{0}admin");
+                audit_refusal(&console, "admin", "admin_key").await;
                 return Err(ApiError::unauthorized("wrong admin key"));
             }
             ("admin".to_owned(), None, Via::AdminKey)
@@ -673,9 +684,14 @@ async fn login(
                 .map_err(|e| ApiError::internal(format!("checking the password: {e}")))?;
             match login {
                 Some(login) if matches => (username, Some(login.role), Via::Manager),
-                _ => {
+                known => {
                     console.record_failure(&username);
                     tracing::warn!(username = %username.escape_debug(), "console login refused");
+                    // Only a configured manager's refusals are audited: a guessed username
+                    // must not grow the log (the throttle bounds a known one's).
+                    if known.is_some() {
+                        audit_refusal(&console, &username, "manager").await;
+                    }
                     return Err(ApiError::unauthorized(WRONG_LOGIN));
                 }
             }
@@ -686,6 +702,11 @@ async fn login(
             ));
         }
     };
+    // Recorded before the session exists: a sign-in the audit log cannot hold does not happen.
+    console
+        .gate
+        .record_console_login(&user, via.audit_name(), role.as_deref(), true)
+        .await?;
     let (token, session) = console.open_session(user, role, via)?;
     tracing::info!(user = %session.user.escape_debug(), via = ?session.via, "console login");
     let ttl = console.gate.settings().console.session_ttl_seconds;
@@ -694,6 +715,17 @@ async fn login(
         .headers_mut()
         .insert(header::SET_COOKIE, session_cookie(&token, ttl)?);
     Ok(response)
+}
+
+/// Audits a refused sign-in; a store failure is logged, and the refusal stands.
+async fn audit_refusal(console: &Console, user: &str, via: &str) {
+    if let Err(e) = console
+        .gate
+        .record_console_login(user, via, None, false)
+        .await
+    {
+        tracing::error!(detail = %e.detail, "auditing a refused console login failed");
+    }
 }
 
 async fn logout(State(console): State<Shared>, headers: HeaderMap) -> Result<Response, ApiError> {

@@ -58,9 +58,9 @@ use crate::request::{DecisionRequest, Money, Prepared, excerpt, json_kind, prepa
 use crate::signing::{self, Assertion, SignedRequest};
 use crate::state::{
     ApprovalEvent, ApprovalOutcome, ApprovalRecord, ApprovalStatus, Approver, CompleteStatus,
-    CompletionEvent, Counter, DecisionEvent, DecisionRecord, EV_APPROVAL, EV_COMPLETED,
-    EV_DECISION, EV_REPLAY, Escalation, Hold, HoldOutcome, HoldState, ReplayEvent, State, Verdict,
-    windows,
+    CompletionEvent, ConsoleLoginEvent, Counter, DecisionEvent, DecisionRecord, EV_APPROVAL,
+    EV_COMPLETED, EV_CONSOLE_LOGIN, EV_DECISION, EV_REPLAY, Escalation, Hold, HoldOutcome,
+    HoldState, ReplayEvent, State, Verdict, windows,
 };
 use crate::store::{AuditEvent, GateStore, NewAuditEvent};
 use crate::tokens::{
@@ -1745,6 +1745,42 @@ impl Gate {
             &event,
             record.hold_state.is_some(),
         ))
+    }
+
+    /// Appends a console sign-in (or a refused one) to the audit log.
+    ///
+    /// # Errors
+    /// HTTP 500 when the store fails.
+    pub(crate) async fn record_console_login(
+        &self,
+        user: &str,
+        via: &str,
+        role: Option<&str>,
+        signed_in: bool,
+    ) -> Result<(), ApiError> {
+        let mut state = self.state.lock().await;
+        let event = ConsoleLoginEvent {
+            at: self.clock.now(),
+            user: user.to_owned(),
+            via: via.to_owned(),
+            role: role.map(str::to_owned),
+            outcome: if signed_in { "signed_in" } else { "refused" }.to_owned(),
+        };
+        let payload = serde_json::to_value(&event)
+            .map_err(|e| ApiError::internal(format!("encoding a console login: {e}")))?;
+        let stored = self
+            .store
+            .append(NewAuditEvent {
+                event_type: EV_CONSOLE_LOGIN.into(),
+                actor: user.to_owned(),
+                payload: payload.clone(),
+            })
+            .await
+            .map_err(|e| ApiError::internal(e.to_string()))?;
+        state
+            .apply(stored.seq, EV_CONSOLE_LOGIN, &payload)
+            .map_err(|e| ApiError::internal(e.to_string()))?;
+        Ok(())
     }
 
     // -----------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ pub(crate) const EV_DECISION: &str = "gate.decision";
 pub(crate) const EV_REPLAY: &str = "gate.decision_replayed";
 pub(crate) const EV_APPROVAL: &str = "gate.approval_decided";
 pub(crate) const EV_COMPLETED: &str = "gate.completed";
+pub(crate) const EV_CONSOLE_LOGIN: &str = "gate.console_login";
 
 /// allow | deny | escalate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -117,6 +118,21 @@ pub(crate) struct DecisionEvent {
     /// again until someone completes it (see `Gate::forward_state`). Absent in older logs.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub(crate) routed: bool,
+}
+
+/// The payload of `gate.console_login`: a console sign-in, successful or refused (refusals only
+/// for a configured manager or the admin key, so that guessed usernames cannot grow the log).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct ConsoleLoginEvent {
+    pub(crate) at: DateTime<Utc>,
+    /// The manager's username, or `admin` for the admin key.
+    pub(crate) user: String,
+    /// `manager` or `admin_key`.
+    pub(crate) via: String,
+    /// The manager's role, on success.
+    pub(crate) role: Option<String>,
+    /// `signed_in` or `refused`.
+    pub(crate) outcome: String,
 }
 
 /// The payload of `gate.decision_replayed`.
@@ -357,6 +373,11 @@ impl State {
                     .get_mut(&e.reference)
                     .ok_or_else(|| fail(format!("unknown approval `{}`", e.reference)))?;
                 record.status = ApprovalStatus::Decided(e);
+            }
+            EV_CONSOLE_LOGIN => {
+                // Audit only: no projection reads sign-ins.
+                let _: ConsoleLoginEvent =
+                    serde_json::from_value(payload.clone()).map_err(|e| fail(e.to_string()))?;
             }
             EV_COMPLETED => {
                 let e: CompletionEvent =

@@ -22,7 +22,7 @@ pub const GENESIS_HASH: &str = "000000000000000000000000000000000000000000000000
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewAuditEvent {
     /// Dotted type: `gate.decision`, `gate.decision_replayed`, `gate.approval_decided`,
-    /// `gate.completed`.
+    /// `gate.completed`, `gate.console_login`.
     pub event_type: String,
     /// Who caused it (an agent id or an approver).
     pub actor: String,

@@ -290,6 +290,43 @@ async fn wrong_logins_are_401_alike_and_repeated_failures_429() {
         login(&app, "audra@bank", PASSWORD).await.status,
         StatusCode::OK
     );
+
+    // The hash-chained audit holds who signed in and a known user's refusals, never a guessed
+    // username's (which would let anyone grow the log) and never a password.
+    let logins: Vec<Value> = audit_events(&app)
+        .await
+        .into_iter()
+        .filter(|e| e["type"] == "gate.console_login")
+        .collect();
+    let seen: Vec<(String, String, String)> = logins
+        .iter()
+        .map(|e| {
+            let p = &e["payload"];
+            (
+                p["user"].as_str().unwrap().to_owned(),
+                p["via"].as_str().unwrap().to_owned(),
+                p["outcome"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    let refused = |user: &str, via: &str| (user.to_owned(), via.to_owned(), "refused".to_owned());
+    let mut want = vec![
+        refused("bob@bank", "manager"),
+        refused("admin", "admin_key"),
+    ];
+    for _ in 1..MAX_LOGIN_FAILURES {
+        want.push(refused("bob@bank", "manager"));
+    }
+    want.push((
+        "audra@bank".to_owned(),
+        "manager".to_owned(),
+        "signed_in".to_owned(),
+    ));
+    assert_eq!(seen, want);
+    assert_eq!(logins.last().unwrap()["actor"], "audra@bank");
+    assert!(logins.last().unwrap()["payload"]["role"].is_string());
+    let text = serde_json::to_string(&logins).unwrap();
+    assert!(!text.contains("mallory") && !text.contains(PASSWORD) && !text.contains("guess"));
 }
 
 #[tokio::test]
