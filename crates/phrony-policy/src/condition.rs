@@ -1,11 +1,14 @@
 //! Condition trees: strict compilation and evaluation.
 
+use regex::RegexSet;
 use serde_json::{Map, Value};
 
 use crate::error::{CompileErrorKind, Diags, type_name};
 use crate::ops::{Op, OpName};
-use crate::path::{Field, Source};
+use crate::path::{Field, Source, walk};
 use crate::request::{Request, Trigger};
+use crate::slots::{PathTable, SlotRef, Slots, plain_len, regex_may_match};
+use crate::value::Scalar;
 
 /// A compiled condition node.
 #[derive(Debug, Clone)]
@@ -13,8 +16,16 @@ pub(crate) enum Cond {
     All(Vec<Cond>),
     Any(Vec<Cond>),
     Not(Box<Cond>),
-    Leaf { source: Source, op: Op },
-    Trigger { trigger: Trigger, negate: bool },
+    /// `slot`: where the decision caches the path's plain prefix (set by [`Cond::intern`]).
+    Leaf {
+        source: Source,
+        op: Op,
+        slot: Option<SlotRef>,
+    },
+    Trigger {
+        trigger: Trigger,
+        negate: bool,
+    },
 }
 
 /// What a condition is evaluated against.
@@ -23,6 +34,10 @@ pub(crate) struct Ctx<'r, 'a> {
     pub(crate) req: &'r Request<'a>,
     /// The dispatch-failure trigger; `None` before dispatch.
     pub(crate) trigger: Option<Trigger>,
+    /// The decision's path slots (empty: every path is resolved directly).
+    pub(crate) slots: Slots<'r, 'a>,
+    /// The set's `matches` filters, by slot (empty: none).
+    pub(crate) filters: &'r [Option<RegexSet>],
 }
 
 impl Cond {
@@ -31,11 +46,95 @@ impl Cond {
             Cond::All(children) => children.iter().all(|c| c.eval(ctx)),
             Cond::Any(children) => children.iter().any(|c| c.eval(ctx)),
             Cond::Not(child) => !child.eval(ctx),
-            Cond::Leaf { source, op } => source.resolve(ctx.req, &mut |a| op.test(a)),
+            Cond::Leaf { source, op, slot } => match source.slotted(ctx.req, *slot, ctx.slots) {
+                Some((Some(value), [])) => {
+                    if let (Op::Matches(_), Some(slot)) = (op, slot)
+                        && !regex_may_match(ctx.filters, ctx.slots, slot.index, value)
+                    {
+                        return false;
+                    }
+                    op.test_json(value)
+                }
+                Some((Some(value), rest)) => walk(rest, value, &mut |a| op.test(a)),
+                Some((None, _)) => op.test(None),
+                None => source.resolve(ctx.req, &mut |a| op.test(a)),
+            },
             // No trigger (normal pre-dispatch evaluation): false for eq and neq alike.
             Cond::Trigger { trigger, negate } => {
                 ctx.trigger.is_some_and(|t| (t == *trigger) != *negate)
             }
+        }
+    }
+
+    /// Gives every leaf whose path starts with key or index steps the slot of that prefix.
+    pub(crate) fn intern(&mut self, table: &mut PathTable) {
+        match self {
+            Cond::All(children) | Cond::Any(children) => {
+                children.iter_mut().for_each(|c| c.intern(table));
+            }
+            Cond::Not(child) => child.intern(table),
+            Cond::Leaf { source, slot, .. } => {
+                *slot = source.json_path().and_then(|(root, segs)| {
+                    let plain = plain_len(segs);
+                    if plain == 0 {
+                        return None;
+                    }
+                    Some(SlotRef {
+                        index: table.intern(root, segs.get(..plain)?)?,
+                        plain: u32::try_from(plain).ok()?,
+                    })
+                });
+            }
+            Cond::Trigger { .. } => {}
+        }
+    }
+
+    /// Calls `f` with the slot and pattern of every `matches` leaf that tests its slot's value
+    /// itself (no steps after the prefix): the leaves a slot's regex filter can answer for.
+    pub(crate) fn slotted_patterns<'c>(&'c self, f: &mut impl FnMut(u32, &'c str)) {
+        match self {
+            Cond::All(children) | Cond::Any(children) => {
+                children.iter().for_each(|c| c.slotted_patterns(f));
+            }
+            Cond::Not(child) => child.slotted_patterns(f),
+            Cond::Leaf {
+                source,
+                op: Op::Matches(re),
+                slot: Some(slot),
+            } => {
+                if source
+                    .json_path()
+                    .is_some_and(|(_, segs)| usize::try_from(slot.plain).ok() == Some(segs.len()))
+                {
+                    f(slot.index, re.as_str());
+                }
+            }
+            Cond::Leaf { .. } | Cond::Trigger { .. } => {}
+        }
+    }
+
+    /// An equality this condition cannot hold without: a leaf `eq` or `in` on a path that is its
+    /// own slot (no `[any]`/`[all]` step), reached from the root through `all` nodes only. The
+    /// condition is false unless the slot's value equals one of the returned values.
+    pub(crate) fn gate(&self) -> Option<(u32, &[Scalar])> {
+        match self {
+            Cond::All(children) => children.iter().find_map(Cond::gate),
+            Cond::Leaf {
+                source,
+                op,
+                slot: Some(slot),
+            } => {
+                let (_, segs) = source.json_path()?;
+                if usize::try_from(slot.plain).ok()? != segs.len() {
+                    return None;
+                }
+                match op {
+                    Op::Eq(value) => Some((slot.index, std::slice::from_ref(value))),
+                    Op::In(values) => Some((slot.index, values)),
+                    _ => None,
+                }
+            }
+            _ => None,
         }
     }
 }
@@ -197,8 +296,13 @@ fn compile_leaf(m: &Map<String, Value>, at: &str, diags: &mut Diags<'_>) -> Opti
         return None;
     };
     match field {
-        Field::Value(source) => Op::compile(op_kind, op_name, value, &value_at, diags)
-            .map(|op| Cond::Leaf { source, op }),
+        Field::Value(source) => {
+            Op::compile(op_kind, op_name, value, &value_at, diags).map(|op| Cond::Leaf {
+                source,
+                op,
+                slot: None,
+            })
+        }
         f @ (Field::Trigger | Field::Outcome) => {
             let field_name = if f == Field::Trigger {
                 "phrony.dispatch.trigger"

@@ -22,14 +22,22 @@ use crate::decision::Decision;
 use crate::def::PolicyDef;
 use crate::error::{CompileErrorKind, CompileErrors, Diags};
 use crate::explain::{Explanation, PolicyTrace};
+use crate::gate::Gates;
 use crate::policy::{Policy, Verdict};
 use crate::request::{Request, Trigger};
+use crate::slots::{PathTable, RegexFilters, with_slots};
 
 /// A compiled, immutable set of policies. Cheap to share across threads (`Send + Sync`).
 #[derive(Debug, Clone, Default)]
 pub struct PolicySet {
     policies: Vec<Policy>,
     index: ScopeIndex,
+    /// The distinct path prefixes the conditions read, by slot number.
+    paths: PathTable,
+    /// The equality gates of the policies, by position.
+    gates: Gates,
+    /// The `matches` filters, by slot.
+    filters: RegexFilters,
 }
 
 /// Positions (into `PolicySet::policies`, ascending) of the policies each tool can see.
@@ -162,8 +170,24 @@ impl PolicySet {
             errors.append(&mut diags.list);
         }
         if errors.is_empty() {
+            let mut paths = PathTable::default();
+            for policy in &mut policies {
+                policy.intern_paths(&mut paths);
+            }
             let index = ScopeIndex::new(&policies);
-            Ok(Self { policies, index })
+            let gates = Gates::new(&policies, &paths);
+            let mut patterns = Vec::new();
+            for policy in &policies {
+                policy.slotted_patterns(&mut |slot, pattern| patterns.push((slot, pattern)));
+            }
+            let filters = RegexFilters::new(paths.len(), patterns);
+            Ok(Self {
+                policies,
+                index,
+                paths,
+                gates,
+                filters,
+            })
         } else {
             Err(CompileErrors::new(errors))
         }
@@ -198,23 +222,30 @@ impl PolicySet {
     ///
     /// Only the policies whose scope covers the call's tool are visited (see the module docs).
     pub fn evaluate<'s>(&'s self, req: &Request<'_>) -> Decision<'s> {
-        let ctx = Ctx { req, trigger: None };
-        let mut candidate: Option<&'s Policy> = None;
-        for policy in self.in_scope(req.tool.r#ref) {
-            match policy.verdict_in_scope(&ctx) {
-                Verdict::Deny(message) => return Decision::Deny { policy, message },
-                Verdict::Approval => {
-                    if candidate.is_none_or(|c| better_candidate(c, policy)) {
-                        candidate = Some(policy);
+        with_slots(self.paths.len(), |slots| {
+            let ctx = Ctx {
+                req,
+                trigger: None,
+                slots,
+                filters: self.filters.as_slice(),
+            };
+            let mut candidate: Option<&'s Policy> = None;
+            for policy in self.candidates(&ctx) {
+                match policy.verdict_in_scope(&ctx) {
+                    Verdict::Deny(message) => return Decision::Deny { policy, message },
+                    Verdict::Approval => {
+                        if candidate.is_none_or(|c| better_candidate(c, policy)) {
+                            candidate = Some(policy);
+                        }
                     }
+                    Verdict::NotApplicable | Verdict::NoMatch | Verdict::Allow => {}
                 }
-                Verdict::NotApplicable | Verdict::NoMatch | Verdict::Allow => {}
             }
-        }
-        match candidate {
-            Some(policy) => Decision::RequireApproval { policy },
-            None => Decision::Allow,
-        }
+            match candidate {
+                Some(policy) => Decision::RequireApproval { policy },
+                None => Decision::Allow,
+            }
+        })
     }
 
     /// Decides what a dispatch failure escalates to: the first policy in scope **with
@@ -226,27 +257,42 @@ impl PolicySet {
         req: &Request<'_>,
         trigger: Trigger,
     ) -> Option<&'s Policy> {
-        let ctx = Ctx {
-            req,
-            trigger: Some(trigger),
-        };
-        self.in_scope(req.tool.r#ref)
-            .find(|p| p.action().is_approval() && p.has_conditions() && p.matches(&ctx))
+        with_slots(self.paths.len(), |slots| {
+            let ctx = Ctx {
+                req,
+                trigger: Some(trigger),
+                slots,
+                filters: self.filters.as_slice(),
+            };
+            self.candidates(&ctx)
+                .find(|p| p.action().is_approval() && p.has_conditions() && p.matches(&ctx))
+        })
     }
 
-    /// The policies whose scope covers `tool_ref`, in evaluation order.
-    fn in_scope<'s>(&'s self, tool_ref: &str) -> impl Iterator<Item = &'s Policy> + 's {
+    /// The policies whose scope covers the call's tool and whose gate, if any, admits the call,
+    /// in evaluation order: the only ones that can match.
+    fn candidates<'s, 'c, 'a>(
+        &'s self,
+        ctx: &'c Ctx<'c, 'a>,
+    ) -> impl Iterator<Item = &'s Policy> + use<'s, 'c, 'a> {
         // Every indexed position is in bounds: the index is built from `policies`, and neither
         // changes after compilation.
-        let positions = self.index.in_scope(tool_ref);
-        positions.filter_map(|position| self.policies.get(position))
+        let positions = self.index.in_scope(ctx.req.tool.r#ref);
+        positions
+            .filter(|position| self.gates.open(*position, ctx.slots, &self.paths, ctx.req))
+            .filter_map(|position| self.policies.get(position))
     }
 
     /// The linear scan the scope index replaced: the oracle of the property test
     /// `indexed_evaluation_equals_the_linear_scan`.
     #[cfg(test)]
     pub(crate) fn evaluate_linear<'s>(&'s self, req: &Request<'_>) -> Decision<'s> {
-        let ctx = Ctx { req, trigger: None };
+        let ctx = Ctx {
+            req,
+            trigger: None,
+            slots: &[],
+            filters: &[],
+        };
         let mut candidate: Option<&'s Policy> = None;
         for policy in &self.policies {
             match policy.verdict(&ctx) {
@@ -275,6 +321,8 @@ impl PolicySet {
         let ctx = Ctx {
             req,
             trigger: Some(trigger),
+            slots: &[],
+            filters: &[],
         };
         self.policies.iter().find(|p| {
             p.action().is_approval()
@@ -287,18 +335,24 @@ impl PolicySet {
     /// Decides a call like [`evaluate`](Self::evaluate) and reports every policy's verdict.
     /// Every policy is evaluated, even after a denial, so the explanation is complete.
     pub fn explain<'s>(&'s self, req: &Request<'_>) -> Explanation<'s> {
-        let ctx = Ctx { req, trigger: None };
         let decision = self.evaluate(req);
         let decider = decision.policy();
-        let policies = self
-            .policies
-            .iter()
-            .map(|p| {
-                let mut trace = PolicyTrace::new(p, p.verdict(&ctx));
-                trace.deciding = decider.is_some_and(|d| std::ptr::eq(d, p));
-                trace
-            })
-            .collect();
+        let policies = with_slots(self.paths.len(), |slots| {
+            let ctx = Ctx {
+                req,
+                trigger: None,
+                slots,
+                filters: self.filters.as_slice(),
+            };
+            self.policies
+                .iter()
+                .map(|p| {
+                    let mut trace = PolicyTrace::new(p, p.verdict(&ctx));
+                    trace.deciding = decider.is_some_and(|d| std::ptr::eq(d, p));
+                    trace
+                })
+                .collect()
+        });
         Explanation { decision, policies }
     }
 }

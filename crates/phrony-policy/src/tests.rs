@@ -1396,6 +1396,28 @@ mod scope_index {
                 {"field": "amount", "op": "gt", "value": 900},
                 {"field": "dispatch.outcome", "op": "eq", "value": "indeterminate"}
             ]}),
+            // Equality gates (an `eq`/`in` the conditions cannot hold without), on numbers given
+            // as text, null, booleans, case and whitespace variants, nested paths.
+            json!({"field": "amount", "op": "eq", "value": "250"}),
+            json!({"field": "amount", "op": "in", "value": [0, "500.0", null, true]}),
+            json!({"all": [
+                {"field": "amount", "op": "gte", "value": 100},
+                {"all": [{"field": "currency", "op": "eq", "value": " usd "}]}
+            ]}),
+            json!({"field": "customer.tier", "op": "eq", "value": "Gold"}),
+            json!({"field": "customer.tier", "op": "in", "value": [1, "SILVER", "gölD"]}),
+            json!({"not": {"field": "customer.tier", "op": "in", "value": ["gold", "silver"]}}),
+            json!({"any": [
+                {"field": "currency", "op": "eq", "value": "GBP"},
+                {"field": "customer.tier", "op": "eq", "value": null}
+            ]}),
+            // `matches` leaves behind a slot's regex filter, and one walking past the slot.
+            json!({"field": "currency", "op": "matches", "value": "^(?i)us"}),
+            json!({"any": [
+                {"field": "currency", "op": "matches", "value": "P$"},
+                {"field": "amount", "op": "matches", "value": "^2"}
+            ]}),
+            json!({"field": "customer.tags[any]", "op": "matches", "value": "vip"}),
         ]
     }
 
@@ -1452,7 +1474,7 @@ mod scope_index {
         let one = (
             0..SCOPES.len(),
             0..ACTIONS.len(),
-            prop::option::weighted(0.8, 0..7usize),
+            prop::option::weighted(0.8, 0..conditions().len()),
             1i64..4,
             any::<bool>(),
             any::<bool>(),
@@ -1474,17 +1496,59 @@ mod scope_index {
     }
 
     fn args() -> impl Strategy<Value = Value> {
+        let amount = prop_oneof![
+            (0i64..1000).prop_map(Value::from),
+            prop::sample::select(vec![
+                json!(250),
+                json!(250.0),
+                json!("250"),
+                json!(" 500 "),
+                json!(-0.0),
+                json!(0),
+                json!(null),
+                json!(true),
+                json!("2x"),
+                json!([250]),
+            ]),
+        ];
+        let currency = prop::sample::select(vec![
+            json!("USD"),
+            json!("EUR"),
+            json!("GBP"),
+            json!("JPY"),
+            json!("usd"),
+            json!(" Usd\t"),
+            json!("gbp"),
+            json!("ÜSD"),
+            json!(1),
+            json!(null),
+            json!({"code": "USD"}),
+        ]);
+        let customer = prop::sample::select(vec![
+            json!({"tier": "gold"}),
+            json!({"tier": " GOLD "}),
+            json!({"tier": "Silver", "tags": ["vip", "new"]}),
+            json!({"tier": "GÖLD"}),
+            json!({"tier": 1.0}),
+            json!({"tier": null}),
+            json!({"tags": []}),
+            json!("gold"),
+        ]);
         (
-            prop::option::of(0i64..1000),
-            prop::option::of(prop::sample::select(vec!["USD", "EUR", "GBP", "JPY"])),
+            prop::option::of(amount),
+            prop::option::of(currency),
+            prop::option::of(customer),
         )
-            .prop_map(|(amount, currency)| {
+            .prop_map(|(amount, currency, customer)| {
                 let mut map = Map::new();
-                if let Some(a) = amount {
-                    map.insert("amount".to_owned(), Value::from(a));
-                }
-                if let Some(c) = currency {
-                    map.insert("currency".to_owned(), Value::from(c));
+                for (key, value) in [
+                    ("amount", amount),
+                    ("currency", currency),
+                    ("customer", customer),
+                ] {
+                    if let Some(v) = value {
+                        map.insert(key.to_owned(), v);
+                    }
                 }
                 Value::Object(map)
             })
@@ -1505,8 +1569,11 @@ mod scope_index {
         #![proptest_config(Config { cases: 512, failure_persistence: None, ..Config::default() })]
 
         /// `evaluate` and `evaluate_failure` visit only the agent-wide policies and the call's
-        /// tool's, and decide exactly as the linear scan over every policy did: the same kind,
-        /// deciding policy and message, for every tool (one no policy names included) and trigger.
+        /// tool's, skip the policies whose equality gate the call fails, read each path prefix
+        /// once through the decision's slots and answer `matches` leaves from the slots' regex
+        /// filters, and still decide exactly as the linear scan over every policy (no slots, no
+        /// gates, no filters) did: the same kind, deciding policy and message, for every tool
+        /// (one no policy names included) and trigger.
         #[test]
         fn indexed_evaluation_equals_the_linear_scan(set in set(), args in args()) {
             for tool in TOOLS {
