@@ -4,6 +4,7 @@ use regex::RegexSet;
 use serde_json::{Map, Value};
 
 use crate::error::{CompileErrorKind, Diags, type_name};
+use crate::gate::Gates;
 use crate::ops::{Op, OpName};
 use crate::path::{Field, Source, walk};
 use crate::request::{Request, Trigger};
@@ -17,10 +18,13 @@ pub(crate) enum Cond {
     Any(Vec<Cond>),
     Not(Box<Cond>),
     /// `slot`: where the decision caches the path's plain prefix (set by [`Cond::intern`]).
+    /// `keys`: for an `eq`, `neq`, `in` or `not_in` on a whole slot, the ids of its values in
+    /// the slot's key table (set by [`Cond::assign_keys`]; see `gate.rs`).
     Leaf {
         source: Source,
         op: Op,
         slot: Option<SlotRef>,
+        keys: Option<Box<[u32]>>,
     },
     Trigger {
         trigger: Trigger,
@@ -38,6 +42,8 @@ pub(crate) struct Ctx<'r, 'a> {
     pub(crate) slots: Slots<'r, 'a>,
     /// The set's `matches` filters, by slot (empty: none).
     pub(crate) filters: &'r [Option<RegexSet>],
+    /// The set's key tables (`None`: equalities compare values).
+    pub(crate) gates: Option<&'r Gates>,
 }
 
 impl Cond {
@@ -46,12 +52,27 @@ impl Cond {
             Cond::All(children) => children.iter().all(|c| c.eval(ctx)),
             Cond::Any(children) => children.iter().any(|c| c.eval(ctx)),
             Cond::Not(child) => !child.eval(ctx),
-            Cond::Leaf { source, op, slot } => match source.slotted(ctx.req, *slot, ctx.slots) {
+            Cond::Leaf {
+                source,
+                op,
+                slot,
+                keys,
+            } => match source.slotted(ctx.req, *slot, ctx.slots) {
                 Some((Some(value), [])) => {
                     if let (Op::Matches(_), Some(slot)) = (op, slot)
                         && !regex_may_match(ctx.filters, ctx.slots, slot.index, value)
                     {
                         return false;
+                    }
+                    if let (Some(keys), Some(slot), Some(gates)) = (keys, slot, ctx.gates)
+                        && let Some(id) = gates.leaf_key(slot.index, ctx.slots, value)
+                    {
+                        let listed = keys.contains(&id);
+                        return if matches!(op, Op::Neq(_) | Op::NotIn(_)) {
+                            !listed
+                        } else {
+                            listed
+                        };
                     }
                     op.test_json(value)
                 }
@@ -89,6 +110,48 @@ impl Cond {
         }
     }
 
+    /// Calls `f` with the slot and values of every `eq`, `neq`, `in` and `not_in` leaf on a whole
+    /// slot: the values the slot's key table must hold.
+    pub(crate) fn keyed_values<'c>(&'c self, f: &mut impl FnMut(u32, &'c [Scalar])) {
+        match self {
+            Cond::All(children) | Cond::Any(children) => {
+                children.iter().for_each(|c| c.keyed_values(f));
+            }
+            Cond::Not(child) => child.keyed_values(f),
+            Cond::Leaf {
+                source, op, slot, ..
+            } => {
+                if let Some(index) = whole_slot(source, *slot)
+                    && let Some(values) = op.equality_values()
+                {
+                    f(index, values);
+                }
+            }
+            Cond::Trigger { .. } => {}
+        }
+    }
+
+    /// Gives every leaf [`keyed_values`](Self::keyed_values) reported the ids of its values.
+    pub(crate) fn assign_keys(&mut self, gates: &Gates) {
+        match self {
+            Cond::All(children) | Cond::Any(children) => {
+                children.iter_mut().for_each(|c| c.assign_keys(gates));
+            }
+            Cond::Not(child) => child.assign_keys(gates),
+            Cond::Leaf {
+                source,
+                op,
+                slot,
+                keys,
+            } => {
+                *keys = whole_slot(source, *slot)
+                    .zip(op.equality_values())
+                    .and_then(|(index, values)| gates.ids(index, values));
+            }
+            Cond::Trigger { .. } => {}
+        }
+    }
+
     /// Calls `f` with the slot and pattern of every `matches` leaf that tests its slot's value
     /// itself (no steps after the prefix): the leaves a slot's regex filter can answer for.
     pub(crate) fn slotted_patterns<'c>(&'c self, f: &mut impl FnMut(u32, &'c str)) {
@@ -100,13 +163,11 @@ impl Cond {
             Cond::Leaf {
                 source,
                 op: Op::Matches(re),
-                slot: Some(slot),
+                slot,
+                ..
             } => {
-                if source
-                    .json_path()
-                    .is_some_and(|(_, segs)| usize::try_from(slot.plain).ok() == Some(segs.len()))
-                {
-                    f(slot.index, re.as_str());
+                if let Some(index) = whole_slot(source, *slot) {
+                    f(index, re.as_str());
                 }
             }
             Cond::Leaf { .. } | Cond::Trigger { .. } => {}
@@ -120,23 +181,25 @@ impl Cond {
         match self {
             Cond::All(children) => children.iter().find_map(Cond::gate),
             Cond::Leaf {
-                source,
-                op,
-                slot: Some(slot),
+                source, op, slot, ..
             } => {
-                let (_, segs) = source.json_path()?;
-                if usize::try_from(slot.plain).ok()? != segs.len() {
-                    return None;
-                }
+                let index = whole_slot(source, *slot)?;
                 match op {
-                    Op::Eq(value) => Some((slot.index, std::slice::from_ref(value))),
-                    Op::In(values) => Some((slot.index, values)),
+                    Op::Eq(value) => Some((index, std::slice::from_ref(value))),
+                    Op::In(values) => Some((index, values)),
                     _ => None,
                 }
             }
             _ => None,
         }
     }
+}
+
+/// The slot number of a leaf whose whole path is its slot's prefix (no steps after it).
+fn whole_slot(source: &Source, slot: Option<SlotRef>) -> Option<u32> {
+    let slot = slot?;
+    let (_, segs) = source.json_path()?;
+    (usize::try_from(slot.plain).ok()? == segs.len()).then_some(slot.index)
 }
 
 /// The result of compiling a policy's `conditions`.
@@ -301,6 +364,7 @@ fn compile_leaf(m: &Map<String, Value>, at: &str, diags: &mut Diags<'_>) -> Opti
                 source,
                 op,
                 slot: None,
+                keys: None,
             })
         }
         f @ (Field::Trigger | Field::Outcome) => {

@@ -168,19 +168,15 @@ pub(crate) struct Gates {
 impl Gates {
     pub(crate) fn new(policies: &[Policy], paths: &PathTable) -> Self {
         let mut tables = vec![KeyTable::default(); paths.len()];
-        let gated: Vec<Option<(u32, Vec<Key>)>> = policies
-            .iter()
-            .map(|p| {
-                let (slot, values) = p.gate()?;
-                Some((slot, values.iter().map(Key::of).collect()))
-            })
-            .collect();
-        for (slot, keys) in gated.iter().flatten() {
-            if let Some(table) = usize::try_from(*slot).ok().and_then(|s| tables.get_mut(s)) {
-                table
-                    .entries
-                    .extend(keys.iter().map(|k| (k.hash(), k.clone())));
-            }
+        for policy in policies {
+            policy.keyed_values(&mut |slot, values| {
+                if let Some(table) = usize::try_from(slot).ok().and_then(|s| tables.get_mut(s)) {
+                    table.entries.extend(values.iter().map(|v| {
+                        let key = Key::of(v);
+                        (key.hash(), key)
+                    }));
+                }
+            });
         }
         for table in &mut tables {
             table
@@ -188,16 +184,47 @@ impl Gates {
                 .sort_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.cmp(&b.1)));
             table.entries.dedup_by(|a, b| a.0 == b.0 && a.1 == b.1);
         }
-        let by_policy = gated
-            .into_iter()
-            .map(|gate| {
-                let (slot, keys) = gate?;
-                let table = tables.get(usize::try_from(slot).ok()?)?;
-                let keys = keys.iter().map(|k| table.id_of_key(k)).collect();
+        let mut gates = Self {
+            by_policy: Vec::with_capacity(policies.len()),
+            tables,
+        };
+        gates.by_policy = policies
+            .iter()
+            .map(|p| {
+                let (slot, values) = p.gate()?;
+                let keys = gates.ids(slot, values)?;
                 Some(Gate { slot, keys })
             })
             .collect();
-        Self { by_policy, tables }
+        gates
+    }
+
+    /// The ids of `values` in slot `slot`'s key table; `None` if one is missing (every value
+    /// [`Policy::keyed_values`] reports is in it).
+    pub(crate) fn ids(&self, slot: u32, values: &[Scalar]) -> Option<Box<[u32]>> {
+        let table = self.tables.get(usize::try_from(slot).ok()?)?;
+        values
+            .iter()
+            .map(|v| Some(table.id_of_key(&Key::of(v))).filter(|id| *id != KEY_NONE))
+            .collect()
+    }
+
+    /// The key id of the value `value` of the already resolved slot `index` (looked up once per
+    /// decision); `None` when the decision has no such slot.
+    pub(crate) fn leaf_key(&self, index: u32, slots: Slots<'_, '_>, value: &Value) -> Option<u32> {
+        let cell = slots.get(usize::try_from(index).ok()?)?;
+        match cell.get() {
+            Slot::Found(_, id, _) if id != KEY_UNKNOWN => Some(id),
+            Slot::Found(found, _, hit) => {
+                let id = self
+                    .tables
+                    .get(usize::try_from(index).ok()?)
+                    .map_or(KEY_NONE, |t| t.id_of_value(value));
+                cell.set(Slot::Found(found, id, hit));
+                Some(id)
+            }
+            Slot::Unresolved | Slot::Missing => None,
+        }
     }
 
     /// Whether the policy at `position` can match the call: `false` only when it has a gate and

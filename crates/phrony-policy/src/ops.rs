@@ -203,6 +203,15 @@ impl Op {
         }
     }
 
+    /// The values of an equality operator (`eq`, `neq`, `in`, `not_in`).
+    pub(crate) fn equality_values(&self) -> Option<&[Scalar]> {
+        match self {
+            Op::Eq(value) | Op::Neq(value) => Some(std::slice::from_ref(value)),
+            Op::In(values) | Op::NotIn(values) => Some(values),
+            _ => None,
+        }
+    }
+
     /// [`test`](Self::test) on a JSON value found at the path. Takes the value by pointer, so a
     /// slotted leaf (the common case) passes it in a register instead of through memory.
     pub(crate) fn test_json(&self, value: &Value) -> bool {

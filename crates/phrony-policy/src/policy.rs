@@ -586,6 +586,20 @@ impl Policy {
         self.conditions.as_ref()?.gate()
     }
 
+    /// The slot and values of every equality leaf on a whole slot (see `Cond::keyed_values`).
+    pub(crate) fn keyed_values<'p>(&'p self, f: &mut impl FnMut(u32, &'p [Scalar])) {
+        if let Some(conditions) = &self.conditions {
+            conditions.keyed_values(f);
+        }
+    }
+
+    /// Gives the equality leaves the ids of their values in the set's key tables.
+    pub(crate) fn assign_keys(&mut self, gates: &crate::gate::Gates) {
+        if let Some(conditions) = &mut self.conditions {
+            conditions.assign_keys(gates);
+        }
+    }
+
     /// The slot and pattern of every `matches` leaf a slot's regex filter answers for.
     pub(crate) fn slotted_patterns<'p>(&'p self, f: &mut impl FnMut(u32, &'p str)) {
         if let Some(conditions) = &self.conditions {

@@ -176,6 +176,9 @@ impl PolicySet {
             }
             let index = ScopeIndex::new(&policies);
             let gates = Gates::new(&policies, &paths);
+            for policy in &mut policies {
+                policy.assign_keys(&gates);
+            }
             let mut patterns = Vec::new();
             for policy in &policies {
                 policy.slotted_patterns(&mut |slot, pattern| patterns.push((slot, pattern)));
@@ -228,6 +231,7 @@ impl PolicySet {
                 trigger: None,
                 slots,
                 filters: self.filters.as_slice(),
+                gates: Some(&self.gates),
             };
             let mut candidate: Option<&'s Policy> = None;
             for policy in self.candidates(&ctx) {
@@ -263,6 +267,7 @@ impl PolicySet {
                 trigger: Some(trigger),
                 slots,
                 filters: self.filters.as_slice(),
+                gates: Some(&self.gates),
             };
             self.candidates(&ctx)
                 .find(|p| p.action().is_approval() && p.has_conditions() && p.matches(&ctx))
@@ -292,6 +297,7 @@ impl PolicySet {
             trigger: None,
             slots: &[],
             filters: &[],
+            gates: None,
         };
         let mut candidate: Option<&'s Policy> = None;
         for policy in &self.policies {
@@ -323,6 +329,7 @@ impl PolicySet {
             trigger: Some(trigger),
             slots: &[],
             filters: &[],
+            gates: None,
         };
         self.policies.iter().find(|p| {
             p.action().is_approval()
@@ -343,6 +350,7 @@ impl PolicySet {
                 trigger: None,
                 slots,
                 filters: self.filters.as_slice(),
+                gates: Some(&self.gates),
             };
             self.policies
                 .iter()

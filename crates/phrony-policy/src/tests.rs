@@ -1396,8 +1396,9 @@ mod scope_index {
                 {"field": "amount", "op": "gt", "value": 900},
                 {"field": "dispatch.outcome", "op": "eq", "value": "indeterminate"}
             ]}),
-            // Equality gates (an `eq`/`in` the conditions cannot hold without), on numbers given
-            // as text, null, booleans, case and whitespace variants, nested paths.
+            // Equality gates (an `eq`/`in` the conditions cannot hold without) and keyed
+            // equalities, on numbers given as text, null, booleans, case and whitespace variants,
+            // nested paths.
             json!({"field": "amount", "op": "eq", "value": "250"}),
             json!({"field": "amount", "op": "in", "value": [0, "500.0", null, true]}),
             json!({"all": [
@@ -1407,6 +1408,8 @@ mod scope_index {
             json!({"field": "customer.tier", "op": "eq", "value": "Gold"}),
             json!({"field": "customer.tier", "op": "in", "value": [1, "SILVER", "gölD"]}),
             json!({"not": {"field": "customer.tier", "op": "in", "value": ["gold", "silver"]}}),
+            json!({"field": "currency", "op": "neq", "value": "usd"}),
+            json!({"field": "amount", "op": "not_in", "value": [250, "gbp", null]}),
             json!({"any": [
                 {"field": "currency", "op": "eq", "value": "GBP"},
                 {"field": "customer.tier", "op": "eq", "value": null}
