@@ -11,22 +11,6 @@ use criterion::{BenchmarkId, Criterion, Throughput};
 use phrony_policy::{DecisionKind, PolicyDef, PolicySet, Request, ToolCtx};
 use serde_json::{Value, json};
 
-fn refund_policies() -> PolicySet {
-    let defs: Vec<PolicyDef> = serde_json::from_value(json!([
-        {"namespace": "payments", "name": "refund-approval-boundary", "version": "1.0.0",
-         "scope": "tool:payments.issue-refund", "action": "require_approval",
-         "conditions": {"field": "amount", "op": "gt", "value": 250},
-         "approvals_required": 1, "reason": "Refund amount above delegated limit.",
-         "on_reject": "return_to_agent"},
-        {"namespace": "payments", "name": "refund-hard-limit", "version": "1.0.0",
-         "scope": "tool:payments.issue-refund", "action": "deny",
-         "conditions": {"field": "amount", "op": "gt", "value": 5000},
-         "reason": "Refund amount exceeds the absolute ceiling for agent-initiated refunds."}
-    ]))
-    .expect("refund policies");
-    PolicySet::compile(defs).expect("refund policies compile")
-}
-
 /// 1,000 policies mixing every decision type, scopes and condition shapes. None matches the
 /// benchmark's calls, so every decision scans every policy in scope (the slowest allow).
 fn generated_defs(all_in_scope: bool) -> Vec<PolicyDef> {
@@ -73,9 +57,11 @@ fn generated_defs(all_in_scope: bool) -> Vec<PolicyDef> {
 
 #[path = "support/cpu_time.rs"]
 mod cpu_time;
+#[path = "support/refund.rs"]
+mod refund;
 
 fn bench<M: Measurement>(c: &mut Criterion<M>) {
-    let refund = refund_policies();
+    let refund = refund::policies();
     let mut group = c.benchmark_group("refund");
     group.throughput(Throughput::Elements(1));
     for (amount, want) in [

@@ -304,6 +304,7 @@ impl Source {
     /// Looks the path's plain prefix up through the decision's path slots: the value at the
     /// prefix (`None`: missing) and the steps after it, still to walk. `None` when the leaf has
     /// no slot or the decision lacks it (the path is then resolved directly).
+    #[inline]
     pub(crate) fn slotted<'a>(
         &self,
         req: &Request<'a>,

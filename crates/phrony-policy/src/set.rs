@@ -10,9 +10,39 @@
 //! given, so every order-dependent rule (first deny, approval candidate tie-breaks, first
 //! failure route) is unchanged while out-of-scope policies cost nothing: a call to one tool of a
 //! set of 1,000 policies spread over 50 tools visits only the agent-wide ones and its tool's.
-//! [`PolicySet::explain`] still reports every policy. The property test
-//! `indexed_evaluation_equals_the_linear_scan` (src/tests.rs) checks the index against the linear
-//! scan it replaced.
+//! [`PolicySet::explain`] still reports every policy.
+//!
+//! # Within the scope: slots, equality keys, gates, regex filters
+//!
+//! A call still in scope of a few hundred policies pays for each policy's conditions, so the set
+//! also prepares, at compile time, what lets a decision share work between policies:
+//!
+//! - **Path slots** (`slots.rs`). Every distinct plain path prefix the conditions read
+//!   (`amount`, `customer.tier`, the `items` of `items[any].sku`, `phrony.principal.role`…) gets
+//!   a slot number; a decision looks each prefix up once, on first use, into a slot array on the
+//!   stack (for up to 128 distinct prefixes; a set with more puts it on the heap, the one case
+//!   where an allowing decision allocates), and every later condition on it walks only the steps
+//!   after the prefix.
+//! - **Equality keys** (`gate.rs`). The values of every `eq`, `neq`, `in` and `not_in` on a whole
+//!   slot are reduced to canonical keys of the language's equality (one number key for `250`,
+//!   `"250.0"`; one folded text for `" EUR "`, `"eur"`) in a per-slot table; a decision keys the
+//!   slot's value once, and each such leaf is then an integer comparison.
+//! - **Gates** (`gate.rs`). A policy whose conditions cannot hold without an `eq`/`in` on a whole
+//!   slot (the root leaf, or one under `all` nodes only) is skipped, before its conditions are
+//!   touched, when the slot's key is none of that leaf's values.
+//! - **Regex filters** (`slots.rs`). All `matches` patterns on one whole slot form one `RegexSet`;
+//!   a decision searches the slot's value with it once, and when no pattern matches (the usual
+//!   case) every `matches` leaf on the slot is false without running its own regex.
+//!
+//! None of them changes which policies are visited in which order, only how fast each answers,
+//! so every order-dependent rule is unchanged. The property test
+//! `indexed_evaluation_equals_the_linear_scan` (src/tests.rs) checks the index, slots, keys,
+//! gates and filters together against the linear scan over every policy without any of them, on
+//! generated sets whose conditions mix all of these (numbers as text, null, case and whitespace
+//! variants, nested and `[any]` paths, `neq`/`not_in`, regexes on and past a slot).
+//!
+//! On the benchmark's 1,000 generated policies (270 in scope of the call) these bring a decision
+//! from 14.1 µs to about 4.2 µs (`benches/decisions.rs`).
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -216,7 +246,8 @@ impl PolicySet {
         self.policies.is_empty()
     }
 
-    /// Decides a call before dispatch. Does not allocate unless it denies on an allow list.
+    /// Decides a call before dispatch. Does not allocate unless it denies on an allow list (or
+    /// the set's conditions read more than 128 distinct path prefixes, see the module docs).
     ///
     /// Precedence: deny (including allow-list violations) > require_approval/escalate > allow.
     /// The first denying policy in order decides. Among matching approval policies the first

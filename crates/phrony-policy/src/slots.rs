@@ -227,6 +227,7 @@ pub(crate) const MAX_STACK_SLOTS: usize = 128;
 
 /// Runs `f` with `n` fresh slots: on the stack up to [`MAX_STACK_SLOTS`] (in arrays of 8, 32 or
 /// 128, so a small set clears little), on the heap above.
+#[inline]
 pub(crate) fn with_slots<'a, R>(n: usize, f: impl FnOnce(Slots<'_, 'a>) -> R) -> R {
     fn fresh<'a, const N: usize>() -> [Cell<Slot<'a>>; N] {
         [const { Cell::new(Slot::Unresolved) }; N]
