@@ -319,6 +319,12 @@ impl PolicySet {
             .filter_map(|position| self.policies.get(position))
     }
 
+    /// The number of path slots a decision of this set needs.
+    #[cfg(test)]
+    pub(crate) fn slot_count(&self) -> usize {
+        self.paths.len()
+    }
+
     /// The linear scan the scope index replaced: the oracle of the property test
     /// `indexed_evaluation_equals_the_linear_scan`.
     #[cfg(test)]

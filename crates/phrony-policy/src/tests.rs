@@ -1568,6 +1568,44 @@ mod scope_index {
             }
     }
 
+    /// A set reading more distinct path prefixes than fit on the stack keeps its slots on the
+    /// heap and decides as the linear scan does; its gates still skip the policies of other
+    /// values.
+    #[test]
+    fn many_path_prefixes_decide_like_the_linear_scan() {
+        let defs = (0..200).map(|i| PolicyDef {
+            name: format!("p{i}"),
+            scope: "agent".to_owned(),
+            action: if i % 2 == 0 {
+                "deny"
+            } else {
+                "require_approval"
+            }
+            .to_owned(),
+            conditions: Some(json!({"all": [
+                {"field": format!("f{i}"), "op": "eq", "value": i},
+                {"field": format!("g{i}.h"), "op": "matches", "value": "^x"}
+            ]})),
+            ..PolicyDef::default()
+        });
+        let set = PolicySet::compile(defs).expect("compiles");
+        assert!(set.slot_count() > crate::slots::MAX_STACK_SLOTS);
+        for (args, want) in [
+            (json!({"f150": "150.0", "g150": {"h": "xy"}}), Some("p150")),
+            (
+                json!({"f151": 151, "g151": {"h": "X"}, "f3": 3, "g3": {"h": "x"}}),
+                Some("p3"),
+            ),
+            (json!({"f150": 150, "g150": {"h": "y"}}), None),
+            (json!({"f150": 151, "g150": {"h": "x"}}), None),
+        ] {
+            let req = Request::new(ToolCtx::new("t.any"), &args);
+            let indexed = set.evaluate(&req);
+            assert!(same(&indexed, &set.evaluate_linear(&req)), "{args}");
+            assert_eq!(indexed.policy().map(crate::Policy::name), want, "{args}");
+        }
+    }
+
     proptest! {
         #![proptest_config(Config { cases: 512, failure_persistence: None, ..Config::default() })]
 
