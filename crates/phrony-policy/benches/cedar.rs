@@ -36,26 +36,11 @@ use serde_json::{Map, Value, json};
 
 #[path = "support/cpu_time.rs"]
 mod cpu_time;
+#[path = "support/refund.rs"]
+mod refund;
 
 const ACTION: &str = "call_tool";
 const PRINCIPAL: &str = "refund-bot";
-
-/// The refund tutorial's two policies.
-fn refund_phrony() -> PolicySet {
-    let defs: Vec<PolicyDef> = serde_json::from_value(json!([
-        {"namespace": "payments", "name": "refund-approval-boundary", "version": "1.0.0",
-         "scope": "tool:payments.issue-refund", "action": "require_approval",
-         "conditions": {"field": "amount", "op": "gt", "value": 250},
-         "approvals_required": 1, "reason": "Refund amount above delegated limit.",
-         "on_reject": "return_to_agent"},
-        {"namespace": "payments", "name": "refund-hard-limit", "version": "1.0.0",
-         "scope": "tool:payments.issue-refund", "action": "deny",
-         "conditions": {"field": "amount", "op": "gt", "value": 5000},
-         "reason": "Refund amount exceeds the absolute ceiling for agent-initiated refunds."}
-    ]))
-    .expect("refund policies");
-    PolicySet::compile(defs).expect("refund policies compile")
-}
 
 /// The same two policies in Cedar, under the crate's `@id` / `@escalate` conventions.
 const REFUND_CEDAR: &str = r#"
@@ -349,7 +334,7 @@ fn bench<M: Measurement>(c: &mut Criterion<M>) {
     compare(
         c,
         "refund_vs_cedar",
-        &refund_phrony(),
+        &refund::policies(),
         REFUND_CEDAR,
         &spec(&[("amount", FactType::Long)]),
         &refund_calls,

@@ -3,6 +3,19 @@
 //! `cargo bench -p phrony-policy --bench decisions` (criterion reports `elem/s` = decisions/s).
 //! Times are the benchmark thread's CPU time unless `PHRONY_BENCH_CLOCK=wall`
 //! (`support/cpu_time.rs`).
+//!
+//! Figures of issue #14 (2 vCPU VM shared with other builds, load ≈ 2–3; "before" = scope index
+//! only, "after" = path slots, equality keys, gates and regex filters; same session, two
+//! alternating runs each; README "Benchmarks"):
+//!
+//! | benchmark | before | after |
+//! |---|---|---|
+//! | `refund/amount/100` | 47.0 / 47.5 ns | 50.3 / 50.8 ns |
+//! | `refund/amount/400` | 47.8 / 48.2 ns | 50.5 / 50.6 ns |
+//! | `refund/amount/14000` | 53.5 / 54.6 ns | 56.6 / 56.1 ns |
+//! | `generated_1000/scoped` (target ≤ 5 µs) | 13.6 / 13.6 µs | 4.30 / 4.29 µs |
+//! | `generated_1000/all_in_scope` | 55.2 / 55.4 µs | 20.7 / 20.1 µs |
+//! | `compile/generated_1000` | 14.5 / 13.8 ms | 22.9 / 22.5 ms |
 
 use std::hint::black_box;
 
@@ -10,22 +23,6 @@ use criterion::measurement::Measurement;
 use criterion::{BenchmarkId, Criterion, Throughput};
 use phrony_policy::{DecisionKind, PolicyDef, PolicySet, Request, ToolCtx};
 use serde_json::{Value, json};
-
-fn refund_policies() -> PolicySet {
-    let defs: Vec<PolicyDef> = serde_json::from_value(json!([
-        {"namespace": "payments", "name": "refund-approval-boundary", "version": "1.0.0",
-         "scope": "tool:payments.issue-refund", "action": "require_approval",
-         "conditions": {"field": "amount", "op": "gt", "value": 250},
-         "approvals_required": 1, "reason": "Refund amount above delegated limit.",
-         "on_reject": "return_to_agent"},
-        {"namespace": "payments", "name": "refund-hard-limit", "version": "1.0.0",
-         "scope": "tool:payments.issue-refund", "action": "deny",
-         "conditions": {"field": "amount", "op": "gt", "value": 5000},
-         "reason": "Refund amount exceeds the absolute ceiling for agent-initiated refunds."}
-    ]))
-    .expect("refund policies");
-    PolicySet::compile(defs).expect("refund policies compile")
-}
 
 /// 1,000 policies mixing every decision type, scopes and condition shapes. None matches the
 /// benchmark's calls, so every decision scans every policy in scope (the slowest allow).
@@ -73,9 +70,11 @@ fn generated_defs(all_in_scope: bool) -> Vec<PolicyDef> {
 
 #[path = "support/cpu_time.rs"]
 mod cpu_time;
+#[path = "support/refund.rs"]
+mod refund;
 
 fn bench<M: Measurement>(c: &mut Criterion<M>) {
-    let refund = refund_policies();
+    let refund = refund::policies();
     let mut group = c.benchmark_group("refund");
     group.throughput(Throughput::Elements(1));
     for (amount, want) in [

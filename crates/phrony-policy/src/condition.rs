@@ -1,11 +1,15 @@
 //! Condition trees: strict compilation and evaluation.
 
+use regex::RegexSet;
 use serde_json::{Map, Value};
 
 use crate::error::{CompileErrorKind, Diags, type_name};
+use crate::gate::Gates;
 use crate::ops::{Op, OpName};
-use crate::path::{Field, Source};
+use crate::path::{Field, Source, walk};
 use crate::request::{Request, Trigger};
+use crate::slots::{PathTable, SlotRef, Slots, plain_len, regex_may_match};
+use crate::value::Scalar;
 
 /// A compiled condition node.
 #[derive(Debug, Clone)]
@@ -13,8 +17,19 @@ pub(crate) enum Cond {
     All(Vec<Cond>),
     Any(Vec<Cond>),
     Not(Box<Cond>),
-    Leaf { source: Source, op: Op },
-    Trigger { trigger: Trigger, negate: bool },
+    /// `slot`: where the decision caches the path's plain prefix (set by [`Cond::intern`]).
+    /// `keys`: for an `eq`, `neq`, `in` or `not_in` on a whole slot, the ids of its values in
+    /// the slot's key table (set by [`Cond::assign_keys`]; see `gate.rs`).
+    Leaf {
+        source: Source,
+        op: Op,
+        slot: Option<SlotRef>,
+        keys: Option<Box<[u32]>>,
+    },
+    Trigger {
+        trigger: Trigger,
+        negate: bool,
+    },
 }
 
 /// What a condition is evaluated against.
@@ -23,6 +38,12 @@ pub(crate) struct Ctx<'r, 'a> {
     pub(crate) req: &'r Request<'a>,
     /// The dispatch-failure trigger; `None` before dispatch.
     pub(crate) trigger: Option<Trigger>,
+    /// The decision's path slots (empty: every path is resolved directly).
+    pub(crate) slots: Slots<'r, 'a>,
+    /// The set's `matches` filters, by slot (empty: none).
+    pub(crate) filters: &'r [Option<RegexSet>],
+    /// The set's key tables (`None`: equalities compare values).
+    pub(crate) gates: Option<&'r Gates>,
 }
 
 impl Cond {
@@ -31,13 +52,154 @@ impl Cond {
             Cond::All(children) => children.iter().all(|c| c.eval(ctx)),
             Cond::Any(children) => children.iter().any(|c| c.eval(ctx)),
             Cond::Not(child) => !child.eval(ctx),
-            Cond::Leaf { source, op } => source.resolve(ctx.req, &mut |a| op.test(a)),
+            Cond::Leaf {
+                source,
+                op,
+                slot,
+                keys,
+            } => match source.slotted(ctx.req, *slot, ctx.slots) {
+                Some((Some(value), [])) => {
+                    if let (Op::Matches(_), Some(slot)) = (op, slot)
+                        && !regex_may_match(ctx.filters, ctx.slots, slot.index, value)
+                    {
+                        return false;
+                    }
+                    if let (Some(keys), Some(slot), Some(gates)) = (keys, slot, ctx.gates)
+                        && let Some(id) = gates.leaf_key(slot.index, ctx.slots, value)
+                    {
+                        let listed = keys.contains(&id);
+                        return if matches!(op, Op::Neq(_) | Op::NotIn(_)) {
+                            !listed
+                        } else {
+                            listed
+                        };
+                    }
+                    op.test_json(value)
+                }
+                Some((Some(value), rest)) => walk(rest, value, &mut |a| op.test(a)),
+                Some((None, _)) => op.test(None),
+                None => source.resolve(ctx.req, &mut |a| op.test(a)),
+            },
             // No trigger (normal pre-dispatch evaluation): false for eq and neq alike.
             Cond::Trigger { trigger, negate } => {
                 ctx.trigger.is_some_and(|t| (t == *trigger) != *negate)
             }
         }
     }
+
+    /// Gives every leaf whose path starts with key or index steps the slot of that prefix.
+    pub(crate) fn intern(&mut self, table: &mut PathTable) {
+        match self {
+            Cond::All(children) | Cond::Any(children) => {
+                children.iter_mut().for_each(|c| c.intern(table));
+            }
+            Cond::Not(child) => child.intern(table),
+            Cond::Leaf { source, slot, .. } => {
+                *slot = source.json_path().and_then(|(root, segs)| {
+                    let plain = plain_len(segs);
+                    if plain == 0 {
+                        return None;
+                    }
+                    Some(SlotRef {
+                        index: table.intern(root, segs.get(..plain)?)?,
+                        plain: u32::try_from(plain).ok()?,
+                    })
+                });
+            }
+            Cond::Trigger { .. } => {}
+        }
+    }
+
+    /// Calls `f` with the slot and values of every `eq`, `neq`, `in` and `not_in` leaf on a whole
+    /// slot: the values the slot's key table must hold.
+    pub(crate) fn keyed_values<'c>(&'c self, f: &mut impl FnMut(u32, &'c [Scalar])) {
+        match self {
+            Cond::All(children) | Cond::Any(children) => {
+                children.iter().for_each(|c| c.keyed_values(f));
+            }
+            Cond::Not(child) => child.keyed_values(f),
+            Cond::Leaf {
+                source, op, slot, ..
+            } => {
+                if let Some(index) = whole_slot(source, *slot)
+                    && let Some(values) = op.equality_values()
+                {
+                    f(index, values);
+                }
+            }
+            Cond::Trigger { .. } => {}
+        }
+    }
+
+    /// Gives every leaf [`keyed_values`](Self::keyed_values) reported the ids of its values.
+    pub(crate) fn assign_keys(&mut self, gates: &Gates) {
+        match self {
+            Cond::All(children) | Cond::Any(children) => {
+                children.iter_mut().for_each(|c| c.assign_keys(gates));
+            }
+            Cond::Not(child) => child.assign_keys(gates),
+            Cond::Leaf {
+                source,
+                op,
+                slot,
+                keys,
+            } => {
+                *keys = whole_slot(source, *slot)
+                    .zip(op.equality_values())
+                    .and_then(|(index, values)| gates.ids(index, values));
+            }
+            Cond::Trigger { .. } => {}
+        }
+    }
+
+    /// Calls `f` with the slot and pattern of every `matches` leaf that tests its slot's value
+    /// itself (no steps after the prefix): the leaves a slot's regex filter can answer for.
+    pub(crate) fn slotted_patterns<'c>(&'c self, f: &mut impl FnMut(u32, &'c str)) {
+        match self {
+            Cond::All(children) | Cond::Any(children) => {
+                children.iter().for_each(|c| c.slotted_patterns(f));
+            }
+            Cond::Not(child) => child.slotted_patterns(f),
+            Cond::Leaf {
+                source,
+                op: Op::Matches(re),
+                slot,
+                ..
+            } => {
+                if let Some(index) = whole_slot(source, *slot) {
+                    f(index, re.as_str());
+                }
+            }
+            Cond::Leaf { .. } | Cond::Trigger { .. } => {}
+        }
+    }
+
+    /// An equality this condition cannot hold without: a leaf `eq` or `in` on a path that is its
+    /// own slot (no `[any]`/`[all]` step), reached from the root through `all` nodes only. The
+    /// condition is false unless the slot's value equals one of the returned values.
+    pub(crate) fn gate(&self) -> Option<(u32, &[Scalar])> {
+        match self {
+            Cond::All(children) => children.iter().find_map(Cond::gate),
+            Cond::Leaf {
+                source, op, slot, ..
+            } => {
+                let index = whole_slot(source, *slot)?;
+                match op {
+                    Op::Eq(value) => Some((index, std::slice::from_ref(value))),
+                    Op::In(values) => Some((index, values)),
+                    _ => None,
+                }
+            }
+            _ => None,
+        }
+    }
+}
+
+/// The slot number of a leaf whose whole path is its slot's prefix (no steps after it).
+fn whole_slot(source: &Source, slot: Option<SlotRef>) -> Option<u32> {
+    let slot = slot?;
+    let (_, segs) = source.json_path()?;
+    (usize::try_from(slot.plain).ok()? == segs.len()).then_some(slot.index)
 }
 
 /// The result of compiling a policy's `conditions`.
@@ -197,8 +359,14 @@ fn compile_leaf(m: &Map<String, Value>, at: &str, diags: &mut Diags<'_>) -> Opti
         return None;
     };
     match field {
-        Field::Value(source) => Op::compile(op_kind, op_name, value, &value_at, diags)
-            .map(|op| Cond::Leaf { source, op }),
+        Field::Value(source) => {
+            Op::compile(op_kind, op_name, value, &value_at, diags).map(|op| Cond::Leaf {
+                source,
+                op,
+                slot: None,
+                keys: None,
+            })
+        }
         f @ (Field::Trigger | Field::Outcome) => {
             let field_name = if f == Field::Trigger {
                 "phrony.dispatch.trigger"

@@ -8,11 +8,13 @@ mod decision;
 mod def;
 mod error;
 mod explain;
+mod gate;
 mod ops;
 mod path;
 mod policy;
 mod request;
 mod set;
+mod slots;
 mod text;
 mod value;
 

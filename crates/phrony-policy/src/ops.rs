@@ -64,6 +64,12 @@ impl OpName {
     }
 }
 
+/// `actual` equals an element of `list` (its numeric reading taken once).
+pub(crate) fn listed(list: &[Scalar], actual: Actual<'_>) -> bool {
+    let number = actual.number();
+    list.iter().any(|s| s.matches_read(actual, number))
+}
+
 impl Op {
     /// Compiles operator `name` (as written, for messages) with `value`, reporting problems at
     /// `at` (the path of the node's `value`).
@@ -197,8 +203,24 @@ impl Op {
         }
     }
 
+    /// The values of an equality operator (`eq`, `neq`, `in`, `not_in`).
+    pub(crate) fn equality_values(&self) -> Option<&[Scalar]> {
+        match self {
+            Op::Eq(value) | Op::Neq(value) => Some(std::slice::from_ref(value)),
+            Op::In(values) | Op::NotIn(values) => Some(values),
+            _ => None,
+        }
+    }
+
+    /// [`test`](Self::test) on a JSON value found at the path. Takes the value by pointer, so a
+    /// slotted leaf (the common case) passes it in a register instead of through memory.
+    pub(crate) fn test_json(&self, value: &Value) -> bool {
+        self.test(Some(Actual::Json(value)))
+    }
+
     /// Tests the value found at the path (`None`: the path is missing). A missing path is false
     /// for every operator except `exists: false`.
+    #[inline(always)]
     pub(crate) fn test(&self, actual: Option<Actual<'_>>) -> bool {
         let Some(a) = actual else {
             return matches!(self, Op::Exists(false));
@@ -211,8 +233,8 @@ impl Op {
             Op::Gte(n) => a.number().is_some_and(|x| x >= *n),
             Op::Lt(n) => a.number().is_some_and(|x| x < *n),
             Op::Lte(n) => a.number().is_some_and(|x| x <= *n),
-            Op::In(list) => list.iter().any(|s| s.matches(a)),
-            Op::NotIn(list) => !list.iter().any(|s| s.matches(a)),
+            Op::In(list) => listed(list, a),
+            Op::NotIn(list) => !listed(list, a),
             Op::Matches(re) => a.with_any_text(|t| re.is_match(t)),
             Op::Contains(s) => match a {
                 Actual::Json(Value::Array(items)) => {

@@ -10,11 +10,12 @@ use serde_json::Value;
 use crate::def::write_ref;
 use crate::error::{CompileErrorKind, Diags};
 use crate::request::Request;
+use crate::slots::{self, Root, SlotRef, Slots};
 use crate::text::StackStr;
 use crate::value::Actual;
 
 /// One step of a path.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) enum Seg {
     /// A map key.
     Key(String),
@@ -287,6 +288,34 @@ impl Source {
             Source::TimeHour => leaf(req.now_unix.map(|t| Actual::Num(utc_hour(t) as f64))),
             Source::TimeWeekday => leaf(req.now_unix.map(|t| Actual::Str(utc_weekday(t)))),
         }
+    }
+
+    /// The root and steps of a path into JSON (arguments, session metadata, principal claims);
+    /// `None` for the other context fields.
+    pub(crate) fn json_path(&self) -> Option<(Root, &[Seg])> {
+        match self {
+            Source::Args(segs) => Some((Root::Args, segs)),
+            Source::SessionMetadata(segs) => Some((Root::SessionMetadata, segs)),
+            Source::Principal(segs) => Some((Root::Principal, segs)),
+            _ => None,
+        }
+    }
+
+    /// Looks the path's plain prefix up through the decision's path slots: the value at the
+    /// prefix (`None`: missing) and the steps after it, still to walk. `None` when the leaf has
+    /// no slot or the decision lacks it (the path is then resolved directly).
+    #[inline]
+    pub(crate) fn slotted<'a>(
+        &self,
+        req: &Request<'a>,
+        slot: Option<SlotRef>,
+        slots: Slots<'_, 'a>,
+    ) -> Option<(Option<&'a Value>, &[Seg])> {
+        let slot = slot?;
+        let cell = slots.get(usize::try_from(slot.index).ok()?)?;
+        let (root, segs) = self.json_path()?;
+        let (prefix, rest) = segs.split_at_checked(usize::try_from(slot.plain).ok()?)?;
+        Some((slots::resolve(cell, root, prefix, req), rest))
     }
 
     /// Whether the path has an `[any]` step.

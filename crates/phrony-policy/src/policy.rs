@@ -12,6 +12,7 @@ use crate::def::{PolicyDef, PolicyId};
 use crate::error::{CompileErrorKind, Diags};
 use crate::path::{Field, Source};
 use crate::request::Request;
+use crate::slots::PathTable;
 use crate::value::{Actual, Scalar};
 
 /// A decision type.
@@ -572,6 +573,40 @@ impl Policy {
         }
     }
 
+    /// Gives the condition leaves their path slots (see `slots.rs`).
+    pub(crate) fn intern_paths(&mut self, table: &mut PathTable) {
+        if let Some(conditions) = &mut self.conditions {
+            conditions.intern(table);
+        }
+    }
+
+    /// The slot and values of an equality the conditions cannot hold without (see
+    /// `Cond::gate`); `None` when there is none (or no conditions).
+    pub(crate) fn gate(&self) -> Option<(u32, &[Scalar])> {
+        self.conditions.as_ref()?.gate()
+    }
+
+    /// The slot and values of every equality leaf on a whole slot (see `Cond::keyed_values`).
+    pub(crate) fn keyed_values<'p>(&'p self, f: &mut impl FnMut(u32, &'p [Scalar])) {
+        if let Some(conditions) = &self.conditions {
+            conditions.keyed_values(f);
+        }
+    }
+
+    /// Gives the equality leaves the ids of their values in the set's key tables.
+    pub(crate) fn assign_keys(&mut self, gates: &crate::gate::Gates) {
+        if let Some(conditions) = &mut self.conditions {
+            conditions.assign_keys(gates);
+        }
+    }
+
+    /// The slot and pattern of every `matches` leaf a slot's regex filter answers for.
+    pub(crate) fn slotted_patterns<'p>(&'p self, f: &mut impl FnMut(u32, &'p str)) {
+        if let Some(conditions) = &self.conditions {
+            conditions.slotted_patterns(f);
+        }
+    }
+
     pub(crate) fn matches(&self, ctx: &Ctx<'_, '_>) -> bool {
         self.conditions.as_ref().is_none_or(|c| c.eval(ctx))
     }
@@ -605,7 +640,7 @@ impl Policy {
 
     /// Checks the allow list; `Some(message)` on a violation.
     fn check_allow(&self, list: &AllowList, req: &Request<'_>) -> Option<String> {
-        let listed = |a: Actual<'_>| list.values.iter().any(|s| s.matches(a));
+        let listed = |a: Actual<'_>| crate::ops::listed(&list.values, a);
         let Some((field, source)) = &list.field else {
             let candidate = req.args.as_object().and_then(|m| {
                 let scalar = |v: &&Value| v.is_string() || v.is_number();

@@ -10,9 +10,39 @@
 //! given, so every order-dependent rule (first deny, approval candidate tie-breaks, first
 //! failure route) is unchanged while out-of-scope policies cost nothing: a call to one tool of a
 //! set of 1,000 policies spread over 50 tools visits only the agent-wide ones and its tool's.
-//! [`PolicySet::explain`] still reports every policy. The property test
-//! `indexed_evaluation_equals_the_linear_scan` (src/tests.rs) checks the index against the linear
-//! scan it replaced.
+//! [`PolicySet::explain`] still reports every policy.
+//!
+//! # Within the scope: slots, equality keys, gates, regex filters
+//!
+//! A call still in scope of a few hundred policies pays for each policy's conditions, so the set
+//! also prepares, at compile time, what lets a decision share work between policies:
+//!
+//! - **Path slots** (`slots.rs`). Every distinct plain path prefix the conditions read
+//!   (`amount`, `customer.tier`, the `items` of `items[any].sku`, `phrony.principal.role`…) gets
+//!   a slot number; a decision looks each prefix up once, on first use, into a slot array on the
+//!   stack (for up to 128 distinct prefixes; a set with more puts it on the heap, the one case
+//!   where an allowing decision allocates), and every later condition on it walks only the steps
+//!   after the prefix.
+//! - **Equality keys** (`gate.rs`). The values of every `eq`, `neq`, `in` and `not_in` on a whole
+//!   slot are reduced to canonical keys of the language's equality (one number key for `250`,
+//!   `"250.0"`; one folded text for `" EUR "`, `"eur"`) in a per-slot table; a decision keys the
+//!   slot's value once, and each such leaf is then an integer comparison.
+//! - **Gates** (`gate.rs`). A policy whose conditions cannot hold without an `eq`/`in` on a whole
+//!   slot (the root leaf, or one under `all` nodes only) is skipped, before its conditions are
+//!   touched, when the slot's key is none of that leaf's values.
+//! - **Regex filters** (`slots.rs`). All `matches` patterns on one whole slot form one `RegexSet`;
+//!   a decision searches the slot's value with it once, and when no pattern matches (the usual
+//!   case) every `matches` leaf on the slot is false without running its own regex.
+//!
+//! None of them changes which policies are visited in which order, only how fast each answers,
+//! so every order-dependent rule is unchanged. The property test
+//! `indexed_evaluation_equals_the_linear_scan` (src/tests.rs) checks the index, slots, keys,
+//! gates and filters together against the linear scan over every policy without any of them, on
+//! generated sets whose conditions mix all of these (numbers as text, null, case and whitespace
+//! variants, nested and `[any]` paths, `neq`/`not_in`, regexes on and past a slot).
+//!
+//! On the benchmark's 1,000 generated policies (270 in scope of the call) these bring a decision
+//! from 14.1 µs to about 4.2 µs (`benches/decisions.rs`).
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -22,14 +52,22 @@ use crate::decision::Decision;
 use crate::def::PolicyDef;
 use crate::error::{CompileErrorKind, CompileErrors, Diags};
 use crate::explain::{Explanation, PolicyTrace};
+use crate::gate::Gates;
 use crate::policy::{Policy, Verdict};
 use crate::request::{Request, Trigger};
+use crate::slots::{PathTable, RegexFilters, with_slots};
 
 /// A compiled, immutable set of policies. Cheap to share across threads (`Send + Sync`).
 #[derive(Debug, Clone, Default)]
 pub struct PolicySet {
     policies: Vec<Policy>,
     index: ScopeIndex,
+    /// The distinct path prefixes the conditions read, by slot number.
+    paths: PathTable,
+    /// The equality gates of the policies, by position.
+    gates: Gates,
+    /// The `matches` filters, by slot.
+    filters: RegexFilters,
 }
 
 /// Positions (into `PolicySet::policies`, ascending) of the policies each tool can see.
@@ -162,8 +200,27 @@ impl PolicySet {
             errors.append(&mut diags.list);
         }
         if errors.is_empty() {
+            let mut paths = PathTable::default();
+            for policy in &mut policies {
+                policy.intern_paths(&mut paths);
+            }
             let index = ScopeIndex::new(&policies);
-            Ok(Self { policies, index })
+            let gates = Gates::new(&policies, &paths);
+            for policy in &mut policies {
+                policy.assign_keys(&gates);
+            }
+            let mut patterns = Vec::new();
+            for policy in &policies {
+                policy.slotted_patterns(&mut |slot, pattern| patterns.push((slot, pattern)));
+            }
+            let filters = RegexFilters::new(paths.len(), patterns);
+            Ok(Self {
+                policies,
+                index,
+                paths,
+                gates,
+                filters,
+            })
         } else {
             Err(CompileErrors::new(errors))
         }
@@ -189,7 +246,8 @@ impl PolicySet {
         self.policies.is_empty()
     }
 
-    /// Decides a call before dispatch. Does not allocate unless it denies on an allow list.
+    /// Decides a call before dispatch. Does not allocate unless it denies on an allow list (or
+    /// the set's conditions read more than 128 distinct path prefixes, see the module docs).
     ///
     /// Precedence: deny (including allow-list violations) > require_approval/escalate > allow.
     /// The first denying policy in order decides. Among matching approval policies the first
@@ -198,23 +256,31 @@ impl PolicySet {
     ///
     /// Only the policies whose scope covers the call's tool are visited (see the module docs).
     pub fn evaluate<'s>(&'s self, req: &Request<'_>) -> Decision<'s> {
-        let ctx = Ctx { req, trigger: None };
-        let mut candidate: Option<&'s Policy> = None;
-        for policy in self.in_scope(req.tool.r#ref) {
-            match policy.verdict_in_scope(&ctx) {
-                Verdict::Deny(message) => return Decision::Deny { policy, message },
-                Verdict::Approval => {
-                    if candidate.is_none_or(|c| better_candidate(c, policy)) {
-                        candidate = Some(policy);
+        with_slots(self.paths.len(), |slots| {
+            let ctx = Ctx {
+                req,
+                trigger: None,
+                slots,
+                filters: self.filters.as_slice(),
+                gates: Some(&self.gates),
+            };
+            let mut candidate: Option<&'s Policy> = None;
+            for policy in self.candidates(&ctx) {
+                match policy.verdict_in_scope(&ctx) {
+                    Verdict::Deny(message) => return Decision::Deny { policy, message },
+                    Verdict::Approval => {
+                        if candidate.is_none_or(|c| better_candidate(c, policy)) {
+                            candidate = Some(policy);
+                        }
                     }
+                    Verdict::NotApplicable | Verdict::NoMatch | Verdict::Allow => {}
                 }
-                Verdict::NotApplicable | Verdict::NoMatch | Verdict::Allow => {}
             }
-        }
-        match candidate {
-            Some(policy) => Decision::RequireApproval { policy },
-            None => Decision::Allow,
-        }
+            match candidate {
+                Some(policy) => Decision::RequireApproval { policy },
+                None => Decision::Allow,
+            }
+        })
     }
 
     /// Decides what a dispatch failure escalates to: the first policy in scope **with
@@ -226,27 +292,50 @@ impl PolicySet {
         req: &Request<'_>,
         trigger: Trigger,
     ) -> Option<&'s Policy> {
-        let ctx = Ctx {
-            req,
-            trigger: Some(trigger),
-        };
-        self.in_scope(req.tool.r#ref)
-            .find(|p| p.action().is_approval() && p.has_conditions() && p.matches(&ctx))
+        with_slots(self.paths.len(), |slots| {
+            let ctx = Ctx {
+                req,
+                trigger: Some(trigger),
+                slots,
+                filters: self.filters.as_slice(),
+                gates: Some(&self.gates),
+            };
+            self.candidates(&ctx)
+                .find(|p| p.action().is_approval() && p.has_conditions() && p.matches(&ctx))
+        })
     }
 
-    /// The policies whose scope covers `tool_ref`, in evaluation order.
-    fn in_scope<'s>(&'s self, tool_ref: &str) -> impl Iterator<Item = &'s Policy> + 's {
+    /// The policies whose scope covers the call's tool and whose gate, if any, admits the call,
+    /// in evaluation order: the only ones that can match.
+    fn candidates<'s, 'c, 'a>(
+        &'s self,
+        ctx: &'c Ctx<'c, 'a>,
+    ) -> impl Iterator<Item = &'s Policy> + use<'s, 'c, 'a> {
         // Every indexed position is in bounds: the index is built from `policies`, and neither
         // changes after compilation.
-        let positions = self.index.in_scope(tool_ref);
-        positions.filter_map(|position| self.policies.get(position))
+        let positions = self.index.in_scope(ctx.req.tool.r#ref);
+        positions
+            .filter(|position| self.gates.open(*position, ctx.slots, &self.paths, ctx.req))
+            .filter_map(|position| self.policies.get(position))
+    }
+
+    /// The number of path slots a decision of this set needs.
+    #[cfg(test)]
+    pub(crate) fn slot_count(&self) -> usize {
+        self.paths.len()
     }
 
     /// The linear scan the scope index replaced: the oracle of the property test
     /// `indexed_evaluation_equals_the_linear_scan`.
     #[cfg(test)]
     pub(crate) fn evaluate_linear<'s>(&'s self, req: &Request<'_>) -> Decision<'s> {
-        let ctx = Ctx { req, trigger: None };
+        let ctx = Ctx {
+            req,
+            trigger: None,
+            slots: &[],
+            filters: &[],
+            gates: None,
+        };
         let mut candidate: Option<&'s Policy> = None;
         for policy in &self.policies {
             match policy.verdict(&ctx) {
@@ -275,6 +364,9 @@ impl PolicySet {
         let ctx = Ctx {
             req,
             trigger: Some(trigger),
+            slots: &[],
+            filters: &[],
+            gates: None,
         };
         self.policies.iter().find(|p| {
             p.action().is_approval()
@@ -287,18 +379,25 @@ impl PolicySet {
     /// Decides a call like [`evaluate`](Self::evaluate) and reports every policy's verdict.
     /// Every policy is evaluated, even after a denial, so the explanation is complete.
     pub fn explain<'s>(&'s self, req: &Request<'_>) -> Explanation<'s> {
-        let ctx = Ctx { req, trigger: None };
         let decision = self.evaluate(req);
         let decider = decision.policy();
-        let policies = self
-            .policies
-            .iter()
-            .map(|p| {
-                let mut trace = PolicyTrace::new(p, p.verdict(&ctx));
-                trace.deciding = decider.is_some_and(|d| std::ptr::eq(d, p));
-                trace
-            })
-            .collect();
+        let policies = with_slots(self.paths.len(), |slots| {
+            let ctx = Ctx {
+                req,
+                trigger: None,
+                slots,
+                filters: self.filters.as_slice(),
+                gates: Some(&self.gates),
+            };
+            self.policies
+                .iter()
+                .map(|p| {
+                    let mut trace = PolicyTrace::new(p, p.verdict(&ctx));
+                    trace.deciding = decider.is_some_and(|d| std::ptr::eq(d, p));
+                    trace
+                })
+                .collect()
+        });
         Explanation { decision, policies }
     }
 }

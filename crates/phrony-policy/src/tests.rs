@@ -1396,6 +1396,31 @@ mod scope_index {
                 {"field": "amount", "op": "gt", "value": 900},
                 {"field": "dispatch.outcome", "op": "eq", "value": "indeterminate"}
             ]}),
+            // Equality gates (an `eq`/`in` the conditions cannot hold without) and keyed
+            // equalities, on numbers given as text, null, booleans, case and whitespace variants,
+            // nested paths.
+            json!({"field": "amount", "op": "eq", "value": "250"}),
+            json!({"field": "amount", "op": "in", "value": [0, "500.0", null, true]}),
+            json!({"all": [
+                {"field": "amount", "op": "gte", "value": 100},
+                {"all": [{"field": "currency", "op": "eq", "value": " usd "}]}
+            ]}),
+            json!({"field": "customer.tier", "op": "eq", "value": "Gold"}),
+            json!({"field": "customer.tier", "op": "in", "value": [1, "SILVER", "gölD"]}),
+            json!({"not": {"field": "customer.tier", "op": "in", "value": ["gold", "silver"]}}),
+            json!({"field": "currency", "op": "neq", "value": "usd"}),
+            json!({"field": "amount", "op": "not_in", "value": [250, "gbp", null]}),
+            json!({"any": [
+                {"field": "currency", "op": "eq", "value": "GBP"},
+                {"field": "customer.tier", "op": "eq", "value": null}
+            ]}),
+            // `matches` leaves behind a slot's regex filter, and one walking past the slot.
+            json!({"field": "currency", "op": "matches", "value": "^(?i)us"}),
+            json!({"any": [
+                {"field": "currency", "op": "matches", "value": "P$"},
+                {"field": "amount", "op": "matches", "value": "^2"}
+            ]}),
+            json!({"field": "customer.tags[any]", "op": "matches", "value": "vip"}),
         ]
     }
 
@@ -1452,7 +1477,7 @@ mod scope_index {
         let one = (
             0..SCOPES.len(),
             0..ACTIONS.len(),
-            prop::option::weighted(0.8, 0..7usize),
+            prop::option::weighted(0.8, 0..conditions().len()),
             1i64..4,
             any::<bool>(),
             any::<bool>(),
@@ -1474,17 +1499,59 @@ mod scope_index {
     }
 
     fn args() -> impl Strategy<Value = Value> {
+        let amount = prop_oneof![
+            (0i64..1000).prop_map(Value::from),
+            prop::sample::select(vec![
+                json!(250),
+                json!(250.0),
+                json!("250"),
+                json!(" 500 "),
+                json!(-0.0),
+                json!(0),
+                json!(null),
+                json!(true),
+                json!("2x"),
+                json!([250]),
+            ]),
+        ];
+        let currency = prop::sample::select(vec![
+            json!("USD"),
+            json!("EUR"),
+            json!("GBP"),
+            json!("JPY"),
+            json!("usd"),
+            json!(" Usd\t"),
+            json!("gbp"),
+            json!("ÜSD"),
+            json!(1),
+            json!(null),
+            json!({"code": "USD"}),
+        ]);
+        let customer = prop::sample::select(vec![
+            json!({"tier": "gold"}),
+            json!({"tier": " GOLD "}),
+            json!({"tier": "Silver", "tags": ["vip", "new"]}),
+            json!({"tier": "GÖLD"}),
+            json!({"tier": 1.0}),
+            json!({"tier": null}),
+            json!({"tags": []}),
+            json!("gold"),
+        ]);
         (
-            prop::option::of(0i64..1000),
-            prop::option::of(prop::sample::select(vec!["USD", "EUR", "GBP", "JPY"])),
+            prop::option::of(amount),
+            prop::option::of(currency),
+            prop::option::of(customer),
         )
-            .prop_map(|(amount, currency)| {
+            .prop_map(|(amount, currency, customer)| {
                 let mut map = Map::new();
-                if let Some(a) = amount {
-                    map.insert("amount".to_owned(), Value::from(a));
-                }
-                if let Some(c) = currency {
-                    map.insert("currency".to_owned(), Value::from(c));
+                for (key, value) in [
+                    ("amount", amount),
+                    ("currency", currency),
+                    ("customer", customer),
+                ] {
+                    if let Some(v) = value {
+                        map.insert(key.to_owned(), v);
+                    }
                 }
                 Value::Object(map)
             })
@@ -1501,12 +1568,53 @@ mod scope_index {
             }
     }
 
+    /// A set reading more distinct path prefixes than fit on the stack keeps its slots on the
+    /// heap and decides as the linear scan does; its gates still skip the policies of other
+    /// values.
+    #[test]
+    fn many_path_prefixes_decide_like_the_linear_scan() {
+        let defs = (0..200).map(|i| PolicyDef {
+            name: format!("p{i}"),
+            scope: "agent".to_owned(),
+            action: if i % 2 == 0 {
+                "deny"
+            } else {
+                "require_approval"
+            }
+            .to_owned(),
+            conditions: Some(json!({"all": [
+                {"field": format!("f{i}"), "op": "eq", "value": i},
+                {"field": format!("g{i}.h"), "op": "matches", "value": "^x"}
+            ]})),
+            ..PolicyDef::default()
+        });
+        let set = PolicySet::compile(defs).expect("compiles");
+        assert!(set.slot_count() > crate::slots::MAX_STACK_SLOTS);
+        for (args, want) in [
+            (json!({"f150": "150.0", "g150": {"h": "xy"}}), Some("p150")),
+            (
+                json!({"f151": 151, "g151": {"h": "X"}, "f3": 3, "g3": {"h": "x"}}),
+                Some("p3"),
+            ),
+            (json!({"f150": 150, "g150": {"h": "y"}}), None),
+            (json!({"f150": 151, "g150": {"h": "x"}}), None),
+        ] {
+            let req = Request::new(ToolCtx::new("t.any"), &args);
+            let indexed = set.evaluate(&req);
+            assert!(same(&indexed, &set.evaluate_linear(&req)), "{args}");
+            assert_eq!(indexed.policy().map(crate::Policy::name), want, "{args}");
+        }
+    }
+
     proptest! {
         #![proptest_config(Config { cases: 512, failure_persistence: None, ..Config::default() })]
 
         /// `evaluate` and `evaluate_failure` visit only the agent-wide policies and the call's
-        /// tool's, and decide exactly as the linear scan over every policy did: the same kind,
-        /// deciding policy and message, for every tool (one no policy names included) and trigger.
+        /// tool's, skip the policies whose equality gate the call fails, read each path prefix
+        /// once through the decision's slots and answer `matches` leaves from the slots' regex
+        /// filters, and still decide exactly as the linear scan over every policy (no slots, no
+        /// gates, no filters) did: the same kind, deciding policy and message, for every tool
+        /// (one no policy names included) and trigger.
         #[test]
         fn indexed_evaluation_equals_the_linear_scan(set in set(), args in args()) {
             for tool in TOOLS {

@@ -15,19 +15,44 @@ fn folded(s: &str) -> impl Iterator<Item = char> + Clone + '_ {
     s.chars().flat_map(char::to_lowercase)
 }
 
+/// The trimmed `actual` when it is ASCII: its case fold is then its ASCII lowercase, so the
+/// comparisons below can work on bytes. (Only the actual side must be ASCII: a non-ASCII expected
+/// value simply never equals an ASCII byte.)
+fn ascii(actual: &str) -> Option<&[u8]> {
+    let t = actual.trim();
+    t.is_ascii().then_some(t.as_bytes())
+}
+
+fn lower(bytes: &[u8]) -> impl DoubleEndedIterator<Item = u8> + Clone + '_ {
+    bytes.iter().map(u8::to_ascii_lowercase)
+}
+
 /// `actual` (trimmed, case-folded) equals the already folded `expected`.
 pub(crate) fn eq_folded(actual: &str, expected: &str) -> bool {
-    folded(actual.trim()).eq(expected.chars())
+    match ascii(actual) {
+        Some(a) => a.len() == expected.len() && lower(a).eq(expected.bytes()),
+        None => folded(actual.trim()).eq(expected.chars()),
+    }
 }
 
 /// `actual` (trimmed, case-folded) starts with the already folded `needle`.
 pub(crate) fn starts_with_folded(actual: &str, needle: &str) -> bool {
+    if let Some(a) = ascii(actual) {
+        return a.len() >= needle.len() && lower(a).zip(needle.bytes()).all(|(x, n)| x == n);
+    }
     let mut it = folded(actual.trim());
     needle.chars().all(|n| it.next() == Some(n))
 }
 
 /// `actual` (trimmed, case-folded) ends with the already folded `needle`.
 pub(crate) fn ends_with_folded(actual: &str, needle: &str) -> bool {
+    if let Some(a) = ascii(actual) {
+        return a.len() >= needle.len()
+            && lower(a)
+                .rev()
+                .zip(needle.bytes().rev())
+                .all(|(x, n)| x == n);
+    }
     let mut it = actual
         .trim()
         .chars()
@@ -38,6 +63,12 @@ pub(crate) fn ends_with_folded(actual: &str, needle: &str) -> bool {
 
 /// `actual` (trimmed, case-folded) contains the already folded `needle`.
 pub(crate) fn contains_folded(actual: &str, needle: &str) -> bool {
+    if let Some(a) = ascii(actual) {
+        let n = needle.as_bytes();
+        return n.is_empty()
+            || a.windows(n.len())
+                .any(|w| lower(w).zip(n.iter()).all(|(x, y)| x == *y));
+    }
     let mut it = folded(actual.trim());
     loop {
         let mut probe = it.clone();
@@ -124,6 +155,67 @@ mod tests {
         assert!(contains_folded("aaab", "aab"));
         assert!(!contains_folded("refun", "refund"));
         assert!(contains_folded("x", ""));
+    }
+
+    /// The Unicode definitions the ASCII fast paths must agree with.
+    fn reference(actual: &str, expected: &str) -> [bool; 4] {
+        let all: Vec<char> = folded(actual.trim()).collect();
+        let want: Vec<char> = expected.chars().collect();
+        [
+            all == want,
+            all.starts_with(&want),
+            all.ends_with(&want),
+            want.is_empty() || all.windows(want.len()).any(|w| w == want.as_slice()),
+        ]
+    }
+
+    #[test]
+    fn ascii_fast_paths_keep_unicode_folding() {
+        let actuals = [
+            "  EUR ",
+            "eur",
+            "Kelvin",
+            "\u{212A}elvin",
+            "ÄRGER",
+            "ärger",
+            "ΟΔΟΣ",
+            "İstanbul",
+            "istanbul",
+            "\u{b}tab\u{b}",
+            "",
+            "report.PDF",
+        ];
+        let expected = [
+            fold("eur"),
+            fold("\u{212A}"),
+            fold("kelvin"),
+            fold("\u{212A}elvin"),
+            fold("ärger"),
+            fold("ÄR"),
+            fold("οδοσ"),
+            fold("İstanbul"),
+            fold("istanbul"),
+            fold("tab"),
+            fold(".pdf"),
+            String::new(),
+        ];
+        for a in actuals {
+            for e in &expected {
+                let got = [
+                    eq_folded(a, e),
+                    starts_with_folded(a, e),
+                    ends_with_folded(a, e),
+                    contains_folded(a, e),
+                ];
+                assert_eq!(got, reference(a, e), "{a:?} against {e:?}");
+            }
+        }
+        // The Kelvin sign folds to an ASCII `k`, so an ASCII value equals it.
+        assert!(eq_folded("kelvin", &fold("\u{212A}ELVIN")));
+        assert!(eq_folded("\u{212A}ELVIN", "kelvin"));
+        // `İ` folds to `i` plus a combining dot: not plain `i`.
+        assert!(!eq_folded("İstanbul", "istanbul"));
+        assert!(starts_with_folded("İstanbul", "i"));
     }
 
     #[test]

@@ -120,6 +120,11 @@ impl Scalar {
         self.text.as_deref()
     }
 
+    /// The numeric reading, if any.
+    pub(crate) fn num(&self) -> Option<f64> {
+        self.num
+    }
+
     /// The condition language's equality.
     ///
     /// - null equals only null;
@@ -128,10 +133,25 @@ impl Scalar {
     /// - otherwise the trimmed string forms, compared case-insensitively (lists and maps never
     ///   equal a scalar).
     pub(crate) fn matches(&self, actual: Actual<'_>) -> bool {
+        if self.num.is_none()
+            && let Some(text) = &self.text
+        {
+            // A non-numeric expected value: the actual's numeric reading need not be taken
+            // (parsing is the costly part). Were the actual numeric, its folded text could not
+            // equal `text` (the folded form of a numeric text still parses: folding maps no
+            // character onto a digit, sign, `.` or `e`), so the text comparison is false exactly
+            // when the numeric rule says so.
+            return actual.with_text(|t| eq_folded(t, text)).unwrap_or(false);
+        }
+        self.matches_read(actual, actual.number())
+    }
+
+    /// [`matches`](Self::matches) given `number = actual.number()`, read once for a list.
+    pub(crate) fn matches_read(&self, actual: Actual<'_>, number: Option<f64>) -> bool {
         let Some(text) = &self.text else {
             return actual.is_null();
         };
-        match (actual.number(), self.num) {
+        match (number, self.num) {
             (Some(a), Some(b)) => a == b,
             (Some(_), None) | (None, Some(_)) => false,
             (None, None) => actual.with_text(|t| eq_folded(t, text)).unwrap_or(false),
