@@ -15,7 +15,7 @@ use phrony_dispatch::{
 };
 use phrony_ledger::{
     Approval, ApprovalKind, ApprovalStatus, ApprovalTimeout, CallStatus, Dispatch, NewApproval,
-    NewToolCall, OnModify, OnReject, SessionStatus, SideEffectClass, TimeoutDefault,
+    NewToolCall, OnModify, OnReject, SessionMode, SessionStatus, SideEffectClass, TimeoutDefault,
     ToolInvocation, ToolResult,
 };
 use phrony_manifest::ToolBinding;
@@ -301,7 +301,8 @@ impl Ctx {
                 if let Some(approval) = self.latest_approval(&call.call_id).await?
                     && approval.status == ApprovalStatus::Approved
                 {
-                    self.took_decision(approval.id).await;
+                    self.took_decision(approval.id, SessionStatus::AwaitingTool)
+                        .await?;
                     return self.after_approval(&call, &binding, &wire, approval).await;
                 }
                 let args = call.proposed_args.clone();
@@ -324,7 +325,8 @@ impl Ctx {
                         self.wait_and_apply(&call, &binding, &wire, a.id).await
                     }
                     Some(a) => {
-                        self.took_decision(a.id).await;
+                        self.took_decision(a.id, SessionStatus::AwaitingTool)
+                            .await?;
                         self.after_approval(&call, &binding, &wire, a).await
                     }
                     None => Ok(()),
@@ -459,7 +461,11 @@ impl Ctx {
         approval_id: Uuid,
     ) -> Result<(), CallStop> {
         let approval = self
-            .wait_for_decision(approval_id, SessionStatus::AwaitingTool)
+            .wait_for_decision(
+                approval_id,
+                SessionStatus::AwaitingTool,
+                Some(&call.call_id),
+            )
             .await?;
         Box::pin(self.after_approval(call, binding, wire, approval)).await
     }
@@ -467,15 +473,32 @@ impl Ctx {
     /// Waits for a decision, counting the wait against the approval-wait budget and out of the
     /// wall clock; once no approval of the session is pending any more, the session leaves
     /// `awaiting_approval` for `resume_to`.
+    ///
+    /// With `park_call`, the call waiting: when the session may be parked
+    /// ([`Ctx::may_park`]) and that call's stored state is what recovery resumes (it is
+    /// `awaiting_approval` on this approval), the wait ends with [`CallStop::Parked`] instead.
     async fn wait_for_decision(
         &self,
         approval_id: Uuid,
         resume_to: SessionStatus,
+        park_call: Option<&str>,
     ) -> Result<Approval, CallStop> {
         self.waits().open(self.now());
-        let decided = self.await_decision(approval_id).await;
+        let decided = self.await_decision(approval_id, park_call).await;
         self.waits().close(self.now());
         let approval = decided?;
+        self.settle_decision(approval.id, resume_to).await?;
+        Ok(approval)
+    }
+
+    /// A decision of `approval_id` was taken: once no approval of the session is pending any
+    /// more, the session leaves `awaiting_approval` for `resume_to`; then the votes waiting for
+    /// the decision are answered with the status.
+    async fn settle_decision(
+        &self,
+        approval_id: Uuid,
+        resume_to: SessionStatus,
+    ) -> Result<(), CallStop> {
         let mut state = self.status.lock().await;
         // A cancelled or completed session stops here: its driver is being dropped, so nothing
         // more is recorded for it (the end already closed its approvals and calls).
@@ -496,26 +519,63 @@ impl Ctx {
                     Err(Stop::Cancelled) => return Err(CallStop::Stopped),
                     Err(Stop::Fail(m)) => return Err(CallStop::Fail(m)),
                     Err(Stop::Store(e)) => return Err(CallStop::Store(e)),
+                    Err(Stop::Parked) => return Err(CallStop::Parked),
                 }
             }
         }
-        self.live.decision_taken(approval.id, state.status);
-        Ok(approval)
+        self.live.decision_taken(approval_id, state.status);
+        Ok(())
     }
 
-    /// Acknowledges a decision taken without waiting for it (it was already recorded when
-    /// the driver came to the call, e.g. after a restart): the vote that made it is answered
-    /// with the session's current status.
-    async fn took_decision(&self, approval_id: Uuid) {
-        let status = self.status.lock().await.status;
-        self.live.decision_taken(approval_id, status);
+    /// A decision taken without waiting for it (it was already recorded when the driver came
+    /// to the call: the session was parked, or the daemon restarted) is settled as a waited one
+    /// (see [`Ctx::settle_decision`]).
+    async fn took_decision(
+        &self,
+        approval_id: Uuid,
+        resume_to: SessionStatus,
+    ) -> Result<(), CallStop> {
+        self.settle_decision(approval_id, resume_to).await
     }
 
     /// Waits until the approval is decided (following escalations), the session ends, or the
     /// approval-wait budget (`max_hitl_wait_minutes`) is spent.
-    async fn await_decision(&self, mut approval_id: Uuid) -> Result<Approval, CallStop> {
+    async fn await_decision(
+        &self,
+        mut approval_id: Uuid,
+        park_call: Option<&str>,
+    ) -> Result<Approval, CallStop> {
         let mut changes = self.live.approvals.subscribe();
+        let mut parkable = false;
+        if let Some(call_id) = park_call
+            && self.may_park()
+            && self.parkable(call_id, approval_id).await?
+        {
+            parkable = true;
+            self.park.wait_started();
+        }
+        let result = self
+            .await_decision_in(&mut approval_id, &mut changes, parkable)
+            .await;
+        if parkable && !matches!(result, Err(CallStop::Parked)) {
+            self.park.wait_ended();
+        }
+        result
+    }
+
+    async fn await_decision_in(
+        &self,
+        approval_id: &mut Uuid,
+        changes: &mut tokio::sync::watch::Receiver<u64>,
+        parkable: bool,
+    ) -> Result<Approval, CallStop> {
+        let approval_id_ref = approval_id;
         loop {
+            let approval_id = *approval_id_ref;
+            // Enabled before the check below, so a call that parks meanwhile wakes this wait.
+            let gate = self.park.changed.notified();
+            tokio::pin!(gate);
+            gate.as_mut().enable();
             let approval = self.store().get_approval(approval_id).await?;
             match approval.status {
                 ApprovalStatus::Pending => {}
@@ -531,11 +591,14 @@ impl Ctx {
                         // the escalation's approval.
                         self.live
                             .decision_taken(approval_id, SessionStatus::AwaitingApproval);
-                        approval_id = next.id;
+                        *approval_id_ref = next.id;
                         continue;
                     }
                 }
                 _ => return Ok(approval),
+            }
+            if parkable && self.park.parking() {
+                return Err(CallStop::Parked);
             }
             let hitl = self.limits.max_hitl_wait_minutes.map(|max| {
                 let now = self.now();
@@ -552,6 +615,7 @@ impl Ctx {
             };
             tokio::select! {
                 _ = changes.changed() => {}
+                () = &mut gate, if parkable => {}
                 // Decisions made by this engine wake the wait at once; this re-read is a safety
                 // net for decisions made elsewhere.
                 () = tokio::time::sleep(self.inner.config.poll_interval * 10) => {}
@@ -564,6 +628,29 @@ impl Ctx {
                 }
             }
         }
+    }
+
+    /// Whether this session may be unloaded while a call waits for a human: parking is on, the
+    /// session runs in task mode (no user message can arrive for a driver that is gone), no
+    /// approval-wait budget has to be timed, and the session is not ending.
+    fn may_park(&self) -> bool {
+        self.inner.config.park_approval_waits
+            && self.session.mode == SessionMode::Task
+            && self.limits.max_hitl_wait_minutes.is_none()
+            && !self.live.cancel.is_cancelled()
+    }
+
+    /// Whether recovery would resume `call_id` waiting on `approval_id`: the stored call is
+    /// `awaiting_approval` and the approval is its latest.
+    async fn parkable(&self, call_id: &str, approval_id: Uuid) -> Result<bool, CallStop> {
+        let call = self.store().get_tool_call(call_id).await?;
+        if call.status != CallStatus::AwaitingApproval {
+            return Ok(false);
+        }
+        Ok(self
+            .latest_approval(call_id)
+            .await?
+            .is_some_and(|a| a.id == approval_id))
     }
 
     /// Applies a decided approval to its call.
@@ -993,7 +1080,7 @@ impl Ctx {
         let approval_id = match (call.status, latest) {
             (CallStatus::AwaitingApproval, Some(a)) if a.status == ApprovalStatus::Pending => a.id,
             (_, Some(a)) if a.status == ApprovalStatus::Approved => {
-                self.took_decision(a.id).await;
+                self.took_decision(a.id, SessionStatus::Running).await?;
                 self.close_limit_call(&call.call_id, a.id).await?;
                 return Ok(true);
             }
@@ -1010,7 +1097,7 @@ impl Ctx {
             _ => return Ok(false),
         };
         let approval = self
-            .wait_for_decision(approval_id, SessionStatus::Running)
+            .wait_for_decision(approval_id, SessionStatus::Running, None)
             .await?;
         if approval.status == ApprovalStatus::Approved {
             self.close_limit_call(&call.call_id, approval.id).await?;

@@ -47,6 +47,12 @@ pub struct EngineConfig {
     /// process (a safety net for changes another runtime process made on the same database;
     /// default 2 s).
     pub approval_watch_interval: Duration,
+    /// Whether a task-mode session whose every open call waits for a human is *parked*: its
+    /// driver and everything it holds in memory are dropped, and it is resumed from the event
+    /// log (the recovery path) when one of its approvals is decided, expires or is cancelled
+    /// (`RUNTIME_PARK_APPROVAL_WAITS`, default `true`). Sessions with a
+    /// `max_hitl_wait_minutes` budget, and conversations, keep their driver while they wait.
+    pub park_approval_waits: bool,
 }
 
 /// 256 concurrent approval watchers: each re-reads the pending set when an approval changes,
@@ -86,6 +92,7 @@ impl Default for EngineConfig {
             max_sessions_per_agent: Some(DEFAULT_MAX_SESSIONS_PER_AGENT),
             max_approval_watchers: DEFAULT_MAX_APPROVAL_WATCHERS,
             approval_watch_interval: Duration::from_secs(2),
+            park_approval_waits: true,
         }
     }
 }

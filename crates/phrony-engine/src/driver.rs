@@ -11,8 +11,9 @@ use chrono::{DateTime, Utc};
 use futures::StreamExt as _;
 use futures::stream::FuturesUnordered;
 use phrony_ledger::{
-    Approval, AssistantMessage, EventBody, ModelCompletion, NewEvent, OnLimit, Session,
-    SessionEvent, SessionLimits, SessionMode, SessionStatus, StatusChange, Usage,
+    Approval, ApprovalStatus, AssistantMessage, CallStatus, EventBody, ModelCompletion, NewEvent,
+    OnLimit, OnReject, Session, SessionEvent, SessionLimits, SessionMode, SessionStatus,
+    StatusChange, Usage,
 };
 use phrony_manifest::{CompiledAgent, ToolArgsValidator, ToolBinding};
 use phrony_policy::PolicySet;
@@ -22,7 +23,6 @@ use serde_json::{Value, json};
 use crate::error::{EngineError, ErrorKind, StoreError};
 use crate::fold::{CompletionRecord, Fold, ToolCallRecord};
 use crate::state::{Inner, Live, first_user_message};
-use crate::subscribe::SessionUpdate;
 
 /// What a session needs from its agent version, prepared once.
 pub(crate) struct DriverSetup {
@@ -92,6 +92,9 @@ pub(crate) enum Stop {
     Cancelled,
     /// The store failed.
     Store(StoreError),
+    /// Every open call of the session waits for a human: the driver unloads (the session is
+    /// parked) and the session is resumed from its event log when a decision comes.
+    Parked,
 }
 
 impl From<StoreError> for Stop {
@@ -111,6 +114,8 @@ pub(crate) enum CallStop {
     Stopped,
     /// The store failed.
     Store(StoreError),
+    /// The call waits for a human and the session may be parked meanwhile.
+    Parked,
 }
 
 impl From<StoreError> for CallStop {
@@ -204,9 +209,98 @@ pub(crate) struct Ctx {
     pub(crate) limits: SessionLimits,
     pub(crate) status: tokio::sync::Mutex<StatusState>,
     pub(crate) waits: Mutex<WaitTracker>,
+    pub(crate) park: ParkGate,
+}
+
+/// When the calls of one completion may be parked: only once *every* call still running waits
+/// for a human, so a parked session has nothing in flight. Reset per completion by
+/// `process_calls`; the waiting calls re-check on `changed`.
+#[derive(Default)]
+pub(crate) struct ParkGate {
+    /// Calls of the completion not finished yet.
+    running: std::sync::atomic::AtomicUsize,
+    /// Of those, the calls in a wait that may be parked.
+    waiting: std::sync::atomic::AtomicUsize,
+    /// Set once `waiting` reached `running`: every waiting call ends with `CallStop::Parked`.
+    parking: std::sync::atomic::AtomicBool,
+    pub(crate) changed: tokio::sync::Notify,
+}
+
+impl ParkGate {
+    fn reset(&self, running: usize) {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.running.store(running, SeqCst);
+        self.waiting.store(0, SeqCst);
+        self.parking.store(false, SeqCst);
+    }
+
+    /// A call entered a parkable wait.
+    pub(crate) fn wait_started(&self) {
+        self.waiting
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.settle();
+    }
+
+    /// A call left its parkable wait (its decision came).
+    pub(crate) fn wait_ended(&self) {
+        self.waiting
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// A call finished.
+    fn call_done(&self) {
+        self.running
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        self.settle();
+    }
+
+    fn settle(&self) {
+        use std::sync::atomic::Ordering::SeqCst;
+        let running = self.running.load(SeqCst);
+        if running > 0 && self.waiting.load(SeqCst) >= running {
+            self.parking.store(true, SeqCst);
+            self.changed.notify_waiters();
+        }
+    }
+
+    /// Whether the waiting calls park now.
+    pub(crate) fn parking(&self) -> bool {
+        self.parking.load(std::sync::atomic::Ordering::SeqCst)
+    }
 }
 
 impl Ctx {
+    /// A driver that starts after decisions were taken without it (the session was parked, or
+    /// the daemon restarted) moves the session on as a waiting driver would have: out of
+    /// `awaiting_approval` once nothing is pending, and the votes waiting for the decisions
+    /// (`Engine::vote` on a parked session) are answered with that status.
+    async fn acknowledge_taken_decisions(&self, approvals: &[Approval]) -> Result<(), Stop> {
+        let decided = || {
+            approvals.iter().filter(|a| {
+                !matches!(
+                    a.status,
+                    ApprovalStatus::Pending | ApprovalStatus::Escalated
+                )
+            })
+        };
+        if decided().next().is_none() {
+            return Ok(());
+        }
+        let mut state = self.status.lock().await;
+        if state.status == SessionStatus::AwaitingApproval
+            && !approvals
+                .iter()
+                .any(|a| a.status == ApprovalStatus::Pending)
+        {
+            self.set_status_locked(&mut state, SessionStatus::AwaitingTool, None)
+                .await?;
+        }
+        for a in decided() {
+            self.live.decision_taken(a.id, state.status);
+        }
+        Ok(())
+    }
+
     pub(crate) fn store(&self) -> &crate::store::LedgerStore {
         self.inner.store.as_ref()
     }
@@ -318,8 +412,9 @@ pub(crate) async fn run(
         r = drive(Arc::clone(&inner), Arc::clone(&live), session, agent, setup, provider) => r,
         () = cancel.cancelled() => Err(Stop::Cancelled),
     };
+    let parked = matches!(outcome, Err(Stop::Parked));
     let suspend = match outcome {
-        Ok(()) | Err(Stop::Cancelled) => false,
+        Ok(()) | Err(Stop::Cancelled | Stop::Parked) => false,
         Err(Stop::Fail(message)) => !fail_session(&inner, &session_id, &message).await,
         Err(Stop::Store(e)) if e.kind == ErrorKind::Unavailable => {
             // A storage outage never fails a session: it is resumed by the recovery path.
@@ -345,11 +440,60 @@ pub(crate) async fn run(
             }
         }
     };
-    inner.unregister(&live);
+    inner.unregister(&live, parked);
     // After unregistering: the resume task's recovery skips live sessions.
     if suspend {
         inner.suspend(&session_id);
     }
+    if parked {
+        tracing::debug!(%session_id, "session parked until a decision");
+        settle_parked(&inner, &session_id).await;
+    }
+}
+
+/// Closes the race between parking and a decision: a vote recorded while the driver was
+/// unloading found the session live and woke nobody. Checked after unregistering, so a
+/// decision recorded after this check finds the session parked and resumes it itself
+/// (`Engine::vote`, the approval timer); one recorded before is seen here.
+async fn settle_parked(inner: &Inner, session_id: &str) {
+    let wake = match still_parked(inner, session_id).await {
+        Ok(parked) => !parked,
+        Err(e) => {
+            // Resuming re-reads everything: a spurious resume only parks again.
+            tracing::debug!(%session_id, error = %e, "parked session re-check failed; resuming");
+            true
+        }
+    };
+    if wake {
+        inner.request_unpark(session_id);
+    }
+}
+
+/// Whether the session still waits only for humans (the rule of
+/// `Ledger::sessions_with_decided_waits`): `awaiting_approval`, an approval still pending, and
+/// no call approved meanwhile that waits to be sent.
+async fn still_parked(inner: &Inner, session_id: &str) -> Result<bool, StoreError> {
+    let session = inner.store.get_session(session_id).await?;
+    if session.status != SessionStatus::AwaitingApproval {
+        return Ok(session.status.is_terminal());
+    }
+    let approvals = inner.store.session_approvals(session_id).await?;
+    if !approvals
+        .iter()
+        .any(|a| a.status == ApprovalStatus::Pending)
+    {
+        return Ok(false);
+    }
+    for a in approvals
+        .iter()
+        .filter(|a| a.status == ApprovalStatus::Approved)
+    {
+        let status = inner.store.get_tool_call(&a.call_id).await?.status;
+        if matches!(status, CallStatus::Pending | CallStatus::Queued) {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
 
 /// Fails the session; `false` when the store was unavailable, so the session is still live in
@@ -430,6 +574,19 @@ async fn drive(
     if current.status.is_terminal() {
         return Ok(());
     }
+    // A rejection with `on_reject: fail` fails the session. The ledger closes the call with the
+    // decision; a driver that was not waiting when it was recorded (the session was parked, or
+    // the daemon restarted in between) applies the rest here.
+    if let Some(rejected) = approvals
+        .iter()
+        .find(|a| a.status == ApprovalStatus::Denied && a.on_reject == OnReject::Fail)
+    {
+        return Err(Stop::Fail(crate::fold::rejection_text(
+            &rejected.call_id,
+            rejected.decided_by.as_deref().unwrap_or("an approver"),
+            rejected.comment.as_deref().unwrap_or(""),
+        )));
+    }
     {
         let mut input = live.input.lock().await;
         input.blocked.clone_from(&fold.input_blocked);
@@ -445,12 +602,14 @@ async fn drive(
             status: current.status,
         }),
         waits: Mutex::new(WaitTracker::from_approvals(&approvals, now)),
+        park: ParkGate::default(),
         inner,
         live,
         session,
         agent,
         setup,
     });
+    ctx.acknowledge_taken_decisions(&approvals).await?;
     let watchdog = wall_watchdog(Arc::clone(&ctx));
     let grants = ctx.limit_grants().await?;
     let mut driver = Driver {
@@ -612,6 +771,7 @@ impl Driver {
             Err(CallStop::Fail(m)) => Err(Stop::Fail(m)),
             Err(CallStop::Stopped) => Err(Stop::Cancelled),
             Err(CallStop::Store(e)) => Err(Stop::Store(e)),
+            Err(CallStop::Parked) => Err(Stop::Parked),
         }
     }
 
@@ -706,6 +866,7 @@ impl Driver {
                     Err(CallStop::Fail(message)) => return Err(Stop::Fail(message)),
                     Err(CallStop::Stopped) => return Err(Stop::Cancelled),
                     Err(CallStop::Store(e)) => return Err(Stop::Store(e)),
+                    Err(CallStop::Parked) => return Err(Stop::Parked),
                 }
             }
             let iteration = self.fold.next_iteration(turn);
@@ -846,7 +1007,7 @@ impl Driver {
                     self.ctx
                         .live
                         .record_streaming(turn, iteration, offset, &delta);
-                    let _ = self.ctx.live.deltas.send(SessionUpdate::TextDelta {
+                    self.ctx.live.send_delta(crate::state::TextDelta {
                         turn,
                         iteration,
                         offset,
@@ -924,15 +1085,29 @@ impl Driver {
             }
         }
         self.ctx.notify();
+        self.ctx.park.reset(recorded.len());
         let mut running: FuturesUnordered<_> = recorded
             .into_iter()
             .map(|call| {
                 let ctx = Arc::clone(&self.ctx);
-                async move { ctx.drive_call(call).await }
+                async move {
+                    let result = ctx.drive_call(call).await;
+                    ctx.park.call_done();
+                    result
+                }
             })
             .collect();
+        // A call that parks ends its future; the others run to their end first, so a parked
+        // session has nothing in flight.
+        let mut parked = false;
         while let Some(result) = running.next().await {
-            result?;
+            match result {
+                Err(CallStop::Parked) => parked = true,
+                other => other?,
+            }
+        }
+        if parked {
+            return Err(CallStop::Parked);
         }
         Ok(())
     }

@@ -13,7 +13,7 @@ use phrony_manifest::{ANNOTATION_POLICIES_COMPILED, ANNOTATION_STUB_SCRIPT, Comp
 use phrony_providers::{ApiKey, ModelProvider};
 use secrecy::ExposeSecret as _;
 use serde_json::{Value, json};
-use tokio::sync::Notify;
+use tokio::sync::{Notify, oneshot};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
@@ -238,6 +238,7 @@ impl Engine {
         let approval_watchers = Arc::new(tokio::sync::Semaphore::new(
             deps.config.max_approval_watchers,
         ));
+        let (unpark_tx, unpark_rx) = tokio::sync::mpsc::unbounded_channel();
         let inner = Arc::new(Inner {
             store: deps.store,
             router: deps.router,
@@ -250,8 +251,16 @@ impl Engine {
             suspended: Mutex::new(HashSet::new()),
             resume_kick: Arc::new(Notify::new()),
             approval_watchers,
+            unpark: unpark_tx,
+            registered: tokio::sync::watch::channel(0).0,
+            handover: Mutex::new(HashMap::new()),
         });
         tokio::spawn(timer::run(Arc::downgrade(&inner), inner.stop.clone()));
+        tokio::spawn(unpark_task(
+            Arc::downgrade(&inner),
+            inner.stop.clone(),
+            unpark_rx,
+        ));
         tokio::spawn(crate::resume::run(
             Arc::downgrade(&inner),
             inner.stop.clone(),
@@ -396,6 +405,7 @@ impl Engine {
             provider,
             next_turn,
             0,
+            None,
         )?;
         Ok(SessionHandle {
             id,
@@ -404,6 +414,10 @@ impl Engine {
         })
     }
 
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the pieces of one driver, handed over whole"
+    )]
     fn spawn(
         &self,
         session: Session,
@@ -412,16 +426,68 @@ impl Engine {
         provider: Box<dyn ModelProvider>,
         next_turn: u32,
         started_turn: u32,
-    ) -> Result<(), EngineError> {
+        expect: Option<Uuid>,
+    ) -> Result<Option<oneshot::Receiver<SessionStatus>>, EngineError> {
         let Some(live) = self.inner.register(&session.id, next_turn, started_turn) else {
             return Err(EngineError::precondition(format!(
                 "session {} is already active",
                 session.id
             )));
         };
+        // Before the driver runs, so it cannot take the decision unseen.
+        let taken = expect.map(|id| live.expect_decision(id));
         let inner = Arc::clone(&self.inner);
         tokio::spawn(driver::run(inner, live, session, agent, setup, provider));
-        Ok(())
+        Ok(taken)
+    }
+
+    /// Drives a parked session again (see [`EngineConfig::park_approval_waits`]): when it is
+    /// not live, not suspended and not ended, it is resumed from its event log. With `expect`,
+    /// the answer resolves once the resumed driver took that approval's decision. `None` when
+    /// there was nothing to resume (live, suspended, ended, a child, or resumed meanwhile by
+    /// another caller).
+    ///
+    /// # Errors
+    /// Store errors; a session that cannot be resumed is failed and its error returned.
+    pub(crate) async fn unpark(
+        &self,
+        session_id: &str,
+        expect: Option<Uuid>,
+    ) -> Result<Option<oneshot::Receiver<SessionStatus>>, EngineError> {
+        if self.inner.live(session_id).is_some() || self.inner.is_suspended(session_id) {
+            return Ok(None);
+        }
+        let session = self.inner.store.get_session(session_id).await?;
+        if session.status.is_terminal() || session.parent_session_id.is_some() {
+            return Ok(None);
+        }
+        match self.resume(session, expect).await {
+            Ok(taken) => {
+                tracing::debug!(%session_id, "parked session resumed");
+                Ok(taken)
+            }
+            // Resumed meanwhile by a concurrent decision: that driver takes it.
+            Err(e)
+                if e.kind == ErrorKind::FailedPrecondition
+                    && self.inner.live(session_id).is_some() =>
+            {
+                Ok(None)
+            }
+            Err(e) if e.kind == ErrorKind::Unavailable => {
+                tracing::warn!(%session_id, error = %e, "session suspended: database unavailable");
+                self.inner.suspend(session_id);
+                Ok(None)
+            }
+            Err(e) => {
+                let message = format!("session could not be resumed: {}", e.message);
+                tracing::error!(%session_id, error = %e, "resuming a parked session failed");
+                self.inner
+                    .store
+                    .set_status(session_id, StatusChange::failed(message))
+                    .await?;
+                Err(e)
+            }
+        }
     }
 
     /// Queues a user message for a conversation session: it starts the next turn now if the
@@ -651,8 +717,12 @@ impl Engine {
             {
                 continue;
             }
-            match self.resume(session.clone()).await {
-                Ok(()) => report.resumed.push(session.id),
+            match self.resume(session.clone(), None).await {
+                Ok(_) => report.resumed.push(session.id),
+                // A decision resumed it meanwhile (a parked session): it is driven.
+                Err(e)
+                    if e.kind == ErrorKind::FailedPrecondition
+                        && self.inner.live(&session.id).is_some() => {}
                 Err(e) if e.kind == ErrorKind::Unavailable => {
                     // A storage outage is no reason to fail the session: it waits for the
                     // database, and the resume task tries again.
@@ -687,7 +757,11 @@ impl Engine {
         Ok(report)
     }
 
-    async fn resume(&self, session: Session) -> Result<(), EngineError> {
+    async fn resume(
+        &self,
+        session: Session,
+        expect: Option<Uuid>,
+    ) -> Result<Option<oneshot::Receiver<SessionStatus>>, EngineError> {
         let stored = self
             .inner
             .store
@@ -719,6 +793,7 @@ impl Engine {
             provider,
             next_turn,
             started_turn,
+            expect,
         )
     }
 
@@ -751,6 +826,7 @@ impl Engine {
         statuses: &[SessionStatus],
     ) -> Result<Session, EngineError> {
         loop {
+            let mut registered = self.inner.registered.subscribe();
             let changed = self.inner.live(session_id).map(|l| l.changed.subscribe());
             let session = self.inner.store.get_session(session_id).await?;
             if session.status.is_terminal() || statuses.contains(&session.status) {
@@ -761,7 +837,11 @@ impl Engine {
                 Some(mut rx) => {
                     let _ = tokio::time::timeout(poll, rx.changed()).await;
                 }
-                None => tokio::time::sleep(poll).await,
+                // Not live here (parked, or driven elsewhere): look again when a session
+                // becomes live or at the next poll.
+                None => {
+                    let _ = tokio::time::timeout(poll, registered.changed()).await;
+                }
             }
         }
     }
@@ -781,6 +861,20 @@ impl Engine {
             .collect();
         ids.sort();
         ids
+    }
+
+    /// Whether `session_id` has a driver in memory here. A session waiting only for humans is
+    /// *parked* (no driver, see [`EngineConfig::park_approval_waits`]); so is one driven by
+    /// another process, or ended.
+    #[must_use]
+    pub fn is_driven(&self, session_id: &str) -> bool {
+        self.inner.live(session_id).is_some()
+    }
+
+    /// How many sessions have a driver in memory here.
+    #[must_use]
+    pub fn driven_sessions(&self) -> usize {
+        self.inner.live_count()
     }
 
     /// Stops the engine's tasks: drivers stop where they are (sessions keep their status and
@@ -805,4 +899,52 @@ pub(crate) fn provider_error(e: &phrony_providers::ProviderError) -> EngineError
         _ => ErrorKind::InvalidArgument,
     };
     EngineError::new(kind, e.to_string())
+}
+
+/// Resumes the parked sessions [`Inner::request_unpark`] names (a decision, an expiry or a
+/// cancellation reached a session whose driver is unloaded). Holds only a weak reference, so
+/// the engine can drop.
+async fn unpark_task(
+    inner: std::sync::Weak<Inner>,
+    stop: CancellationToken,
+    mut requests: tokio::sync::mpsc::UnboundedReceiver<String>,
+) {
+    // The safety net, like the live wait's re-read: a decision recorded by another process (or
+    // straight into the store) wakes nobody here, so the decided waits are swept periodically.
+    let period = match inner.upgrade() {
+        Some(inner) => inner.config.poll_interval * 10,
+        None => return,
+    };
+    let mut sweep = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+    sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let ids = tokio::select! {
+            () = stop.cancelled() => return,
+            id = requests.recv() => match id {
+                Some(id) => vec![id],
+                None => return,
+            },
+            _ = sweep.tick() => {
+                let Some(inner) = inner.upgrade() else {
+                    return;
+                };
+                match inner.store.sessions_with_decided_waits(1000).await {
+                    Ok(ids) => ids.into_iter().filter(|id| inner.live(id).is_none()).collect(),
+                    Err(e) => {
+                        tracing::debug!(error = %e, "could not sweep the parked sessions");
+                        Vec::new()
+                    }
+                }
+            }
+        };
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        let engine = Engine { inner };
+        for id in ids {
+            if let Err(e) = engine.unpark(&id, None).await {
+                tracing::warn!(session_id = %id, error = %e, "could not resume a parked session");
+            }
+        }
+    }
 }

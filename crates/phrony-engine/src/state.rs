@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use phrony_dispatch::Router;
 use phrony_ledger::{Event, SessionStatus};
 use serde_json::Value;
-use tokio::sync::{Notify, broadcast, oneshot, watch};
+use tokio::sync::{Notify, broadcast, mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
@@ -64,7 +64,21 @@ pub(crate) struct Inner {
     pub(crate) resume_kick: Arc<Notify>,
     /// One permit per open approval watcher ([`crate::Engine::watch_approvals`]).
     pub(crate) approval_watchers: Arc<tokio::sync::Semaphore>,
+    /// Sessions that may have to be driven again: a *parked* session (its driver unloaded
+    /// while it waits for an approval, see `EngineConfig::park_approval_waits`) whose approval
+    /// was decided, expired or cancelled. The engine's unpark task resumes each that is not
+    /// live, not suspended and not ended.
+    pub(crate) unpark: mpsc::UnboundedSender<String>,
+    /// Bumped whenever a session becomes live (a parked one resumed): waiters that found no
+    /// live session look again at once instead of at the next poll.
+    pub(crate) registered: watch::Sender<u64>,
+    /// Votes waiting for a decision of a session whose driver parked before taking it: the
+    /// session's next driver answers them (`register` moves them into its `Live`).
+    pub(crate) handover: Mutex<HashMap<String, Decisions>>,
 }
+
+/// Votes waiting for the driver to take their approval's decision, by approval.
+pub(crate) type Decisions = HashMap<Uuid, Vec<oneshot::Sender<SessionStatus>>>;
 
 /// The in-memory side of one live session (one driver).
 pub(crate) struct Live {
@@ -77,15 +91,18 @@ pub(crate) struct Live {
     pub(crate) approvals: watch::Sender<u64>,
     /// Bumped whenever the session's stream grew (wakes subscriptions and waiters).
     pub(crate) changed: watch::Sender<u64>,
-    /// Streamed model text, for subscribers (lossy).
-    pub(crate) deltas: broadcast::Sender<SessionUpdate>,
+    /// Streamed model text, for subscribers (lossy). Created by the first subscriber: a
+    /// broadcast channel allocates its whole ring at once, and most sessions have none.
+    deltas: Mutex<Option<broadcast::Sender<TextDelta>>>,
+    /// The ring size of `deltas`.
+    delta_buffer: usize,
     /// The text of the completion being streamed, for clients that attach mid-completion.
     pub(crate) streaming: Mutex<StreamingText>,
     /// Turn numbering of user messages and the input block of a halted session.
     pub(crate) input: tokio::sync::Mutex<InputState>,
     /// Votes waiting for the driver to take their approval's decision
     /// ([`Live::expect_decision`]).
-    decisions: Mutex<HashMap<Uuid, Vec<oneshot::Sender<SessionStatus>>>>,
+    decisions: Mutex<Decisions>,
 }
 
 #[derive(Debug)]
@@ -154,9 +171,17 @@ impl Live {
         }
     }
 
-    fn decisions(
-        &self,
-    ) -> std::sync::MutexGuard<'_, HashMap<Uuid, Vec<oneshot::Sender<SessionStatus>>>> {
+    /// The votes still waiting (their callers not gone), taken out of this `Live`.
+    fn take_waiting_decisions(&self) -> Decisions {
+        let mut all = std::mem::take(&mut *self.decisions());
+        all.retain(|_, senders| {
+            senders.retain(|s| !s.is_closed());
+            !senders.is_empty()
+        });
+        all
+    }
+
+    fn decisions(&self) -> std::sync::MutexGuard<'_, Decisions> {
         self.decisions
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -229,11 +254,21 @@ impl Inner {
         }
     }
 
+    /// One of the session's approvals may have changed: its live driver re-reads them, and a
+    /// parked session is handed to the unpark task.
     pub(crate) fn wake_approvals(&self, session_id: &str) {
         if let Some(live) = self.live(session_id) {
             live.bump_approvals();
             live.notify_changed();
+        } else {
+            self.request_unpark(session_id);
         }
+    }
+
+    /// Asks the unpark task to drive `session_id` again if it is parked.
+    pub(crate) fn request_unpark(&self, session_id: &str) {
+        // The receiver lives as long as the engine's tasks; after a shutdown nothing resumes.
+        let _ = self.unpark.send(session_id.to_owned());
     }
 
     /// Registers a live session whose next user message starts `next_turn` and whose last
@@ -253,28 +288,38 @@ impl Inner {
         }
         let (approvals, _) = watch::channel(0);
         let (changed, _) = watch::channel(0);
-        let (deltas, _) = broadcast::channel(self.config.subscription_buffer.max(16));
         let entry = Arc::new(Live {
             session_id: session_id.to_owned(),
             cancel: self.stop.child_token(),
             inbox: Notify::new(),
             approvals,
             changed,
-            deltas,
+            deltas: Mutex::new(None),
+            delta_buffer: self.config.subscription_buffer.max(16),
             streaming: Mutex::new(StreamingText::default()),
             input: tokio::sync::Mutex::new(InputState {
                 next_turn,
                 started_turn,
                 blocked: None,
             }),
-            decisions: Mutex::new(HashMap::new()),
+            decisions: Mutex::new(
+                self.handover
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .remove(session_id)
+                    .unwrap_or_default(),
+            ),
         });
         live.insert(session_id.to_owned(), Arc::clone(&entry));
+        drop(live);
+        self.registered.send_modify(|v| *v = v.wrapping_add(1));
         Some(entry)
     }
 
-    /// Removes a live session's entry (if it is still `entry`).
-    pub(crate) fn unregister(&self, entry: &Arc<Live>) {
+    /// Removes a live session's entry (if it is still `entry`). A parked driver hands the votes
+    /// waiting for its decisions to the session's next driver; otherwise they read the stored
+    /// status.
+    pub(crate) fn unregister(&self, entry: &Arc<Live>, parked: bool) {
         {
             let mut live = self
                 .live
@@ -285,6 +330,27 @@ impl Inner {
                 .is_some_and(|e| Arc::ptr_eq(e, entry))
             {
                 live.remove(&entry.session_id);
+            }
+            // Under the `live` lock, so a driver registering now finds them.
+            if parked {
+                let waiting = entry.take_waiting_decisions();
+                let mut handover = self
+                    .handover
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                handover.retain(|_, d| {
+                    d.retain(|_, senders| {
+                        senders.retain(|s| !s.is_closed());
+                        !senders.is_empty()
+                    });
+                    !d.is_empty()
+                });
+                if !waiting.is_empty() {
+                    handover
+                        .entry(entry.session_id.clone())
+                        .or_default()
+                        .extend(waiting);
+                }
             }
         }
         entry.decisions_closed(None);
@@ -341,7 +407,57 @@ pub(crate) struct StreamingText {
     pub(crate) text: String,
 }
 
+/// A piece of streamed model text on its way to subscribers ([`SessionUpdate::TextDelta`]
+/// without the event variant's size in every slot of the ring).
+#[derive(Debug, Clone)]
+pub(crate) struct TextDelta {
+    pub(crate) turn: u32,
+    pub(crate) iteration: u32,
+    pub(crate) offset: usize,
+    pub(crate) text: String,
+}
+
+impl From<TextDelta> for SessionUpdate {
+    fn from(d: TextDelta) -> Self {
+        SessionUpdate::TextDelta {
+            turn: d.turn,
+            iteration: d.iteration,
+            offset: d.offset,
+            text: d.text,
+        }
+    }
+}
+
 impl Live {
+    /// Follows the streamed text from now on.
+    pub(crate) fn subscribe_deltas(&self) -> broadcast::Receiver<TextDelta> {
+        let mut deltas = self
+            .deltas
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match deltas.as_ref() {
+            Some(tx) => tx.subscribe(),
+            None => {
+                let (tx, rx) = broadcast::channel(self.delta_buffer);
+                *deltas = Some(tx);
+                rx
+            }
+        }
+    }
+
+    /// Sends a streamed delta to the subscribers, if there are any.
+    pub(crate) fn send_delta(&self, delta: TextDelta) {
+        let deltas = self
+            .deltas
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(tx) = deltas.as_ref()
+            && tx.receiver_count() > 0
+        {
+            let _ = tx.send(delta);
+        }
+    }
+
     /// Records a streamed delta (`offset` = where it starts in the completion's text).
     pub(crate) fn record_streaming(&self, turn: u32, iteration: u32, offset: usize, delta: &str) {
         let mut s = self

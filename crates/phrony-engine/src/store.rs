@@ -299,6 +299,12 @@ impl LedgerStore {
         Ok(self.ledger.sessions_needing_recovery().await?)
     }
 
+    /// Sessions still `awaiting_approval` whose awaited decision was taken (see
+    /// `Ledger::sessions_with_decided_waits`).
+    pub async fn sessions_with_decided_waits(&self, limit: u32) -> StoreResult<Vec<String>> {
+        Ok(self.ledger.sessions_with_decided_waits(limit).await?)
+    }
+
     /// Records a model tool call (`pending`); idempotent for the same call.
     pub async fn record_tool_call(&self, new: NewToolCall) -> StoreResult<ToolInvocation> {
         Ok(self.ledger.record_tool_call(new).await?)

@@ -6,7 +6,7 @@ use phrony_ledger::{Event, event_types as types};
 use tokio::sync::{broadcast, mpsc, watch};
 use tokio::task::JoinHandle;
 
-use crate::state::Inner;
+use crate::state::{Inner, TextDelta};
 
 pub use crate::state::SessionUpdate;
 
@@ -37,7 +37,7 @@ impl Subscription {
         let (tx, rx) = mpsc::channel(inner.config.subscription_buffer.max(1));
         let live = inner
             .live(&session_id)
-            .map(|live| (live.changed.subscribe(), live.deltas.subscribe()));
+            .map(|live| (live.changed.subscribe(), live.subscribe_deltas()));
         let task = tokio::spawn(feed(inner, session_id, after_seq, tx, live));
         Self { rx, task }
     }
@@ -57,7 +57,7 @@ async fn feed(
     session_id: String,
     mut last: u64,
     tx: mpsc::Sender<SessionUpdate>,
-    live: Option<(watch::Receiver<u64>, broadcast::Receiver<SessionUpdate>)>,
+    live: Option<(watch::Receiver<u64>, broadcast::Receiver<TextDelta>)>,
 ) {
     let (mut changed, mut deltas) = live.unzip();
     loop {
@@ -65,7 +65,7 @@ async fn feed(
             && let Some(live) = inner.live(&session_id)
         {
             changed = Some(live.changed.subscribe());
-            deltas = Some(live.deltas.subscribe());
+            deltas = Some(live.subscribe_deltas());
         }
         let page = match inner.store.events_after(&session_id, last, 500).await {
             Ok(page) => page,
@@ -91,9 +91,12 @@ async fn feed(
         // Nothing more in the store: wait for a change, forwarding deltas meanwhile.
         let poll = tokio::time::sleep(inner.config.poll_interval);
         tokio::pin!(poll);
+        // Not live (parked, or not resumed yet): a session becoming live wakes the read.
+        let mut registered = inner.registered.subscribe();
         loop {
             let wake = tokio::select! {
                 () = &mut poll => Wake::Poll,
+                _ = registered.changed(), if changed.is_none() => Wake::Changed,
                 ok = async {
                     match changed.as_mut() {
                         Some(rx) => rx.changed().await.is_ok(),
@@ -115,8 +118,8 @@ async fn feed(
                     break;
                 }
                 Wake::Delta(delta) => match *delta {
-                    Ok(update) => {
-                        if tx.send(update).await.is_err() {
+                    Ok(delta) => {
+                        if tx.send(delta.into()).await.is_err() {
                             return;
                         }
                     }
@@ -132,5 +135,5 @@ enum Wake {
     Poll,
     Changed,
     DriverGone,
-    Delta(Box<Result<SessionUpdate, broadcast::error::RecvError>>),
+    Delta(Box<Result<TextDelta, broadcast::error::RecvError>>),
 }

@@ -11,8 +11,9 @@
 //!    concurrent vote cannot slip past it).
 //! 4. The answer carries the approval as decided and the session's status: when the vote
 //!    decided the approval of a session live here, the status the driver moved the session to
-//!    when it took the decision (the driver acknowledges every decision it takes); otherwise
-//!    the stored status. Nothing polls.
+//!    when it took the decision (the driver acknowledges every decision it takes); a *parked*
+//!    session (no driver in memory) is resumed by the deciding vote and answers the same way;
+//!    otherwise the stored status. Nothing polls.
 
 use phrony_ledger::{Approval, ApprovalStatus, SessionStatus, Vote, VoteDecision, VoteOutcome};
 use phrony_manifest::CompiledAgent;
@@ -93,7 +94,18 @@ impl Engine {
         let taken = live.as_ref().map(|l| l.expect_decision(approval.id));
         let VoteOutcome { approval, decided } =
             self.inner.store.cast_vote(approval.id, vote).await?;
-        self.inner.wake_approvals(&session_id);
+        let taken = match live {
+            Some(live) => {
+                live.bump_approvals();
+                live.notify_changed();
+                taken
+            }
+            // A parked session (its driver unloaded while it waited) is resumed by the
+            // decision; the resumed driver acknowledges it like a live one. (A driver that was
+            // parking as this vote landed re-checks after unloading and resumes itself.)
+            None if decided => self.unpark(&session_id, Some(approval.id)).await?,
+            None => None,
+        };
         let acknowledged = match taken {
             Some(taken) if decided => tokio::time::timeout(DECISION_ACK_WAIT, taken)
                 .await

@@ -1706,6 +1706,30 @@ impl Ledger {
         .await
     }
 
+    /// Sessions `awaiting_approval` with a decision to act on: none of their approvals is
+    /// pending any more, or one of their calls was approved and waits to be sent (`pending` or
+    /// `queued`) — decided, expired or closed possibly by another process on the same database.
+    /// The engine resumes those whose driver it unloaded while they waited (live sessions act
+    /// on their own). At most `limit` (1..=1000), any order.
+    ///
+    /// # Errors
+    /// Database errors.
+    pub async fn sessions_with_decided_waits(&self, limit: u32) -> Result<Vec<String>> {
+        let mut conn = self.pool.acquire().await?;
+        let rows = conn
+            .conn()
+            .fetch_all(
+                "list sessions whose approval wait is decided",
+                "SELECT s.id AS session_id FROM sessions s WHERE s.status = 'awaiting_approval' \
+                 AND (NOT EXISTS (SELECT 1 FROM approvals a WHERE a.session_id = s.id \
+                 AND a.status = 'pending') OR EXISTS (SELECT 1 FROM tool_invocations t \
+                 WHERE t.session_id = s.id AND t.status IN ('pending', 'queued'))) LIMIT $1",
+                args![i64::from(limit.clamp(1, 1000))],
+            )
+            .await?;
+        rows.iter().map(|r| r.text("session_id")).collect()
+    }
+
     /// The earliest expiry among pending approvals, to arm the timer.
     ///
     /// # Errors

@@ -141,6 +141,19 @@ pub struct Settings {
     )]
     pub(crate) allow_unverified_log: bool,
 
+    /// Park a task session while every open call waits for a human: its driver is unloaded
+    /// and the session resumes from its event log when a decision comes (memory then does not
+    /// grow with the sessions waiting). `false` keeps every waiting driver in memory.
+    #[arg(
+        long,
+        env = "RUNTIME_PARK_APPROVAL_WAITS",
+        value_name = "BOOL",
+        value_parser = clap::builder::BoolishValueParser::new(),
+        default_value = "true",
+        global = true
+    )]
+    pub(crate) park_approval_waits: bool,
+
     /// Actor recorded for changes whose request names none.
     #[arg(long, env = "PHRONY_ACTOR", default_value = "anonymous", global = true)]
     pub(crate) default_actor: String,
@@ -549,6 +562,7 @@ mod tests {
             auth: None,
             audit_key_file: None,
             allow_unverified_log: false,
+            park_approval_waits: true,
             default_actor: "anonymous".into(),
             dispatch_queue_wait: None,
             tool_exec_timeout: None,

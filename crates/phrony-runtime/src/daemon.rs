@@ -65,6 +65,7 @@ pub fn serve(settings: &Settings, env: &Env) -> anyhow::Result<()> {
         };
         let mut config = ServeConfig::new(secrets_key);
         config.default_actor = settings.default_actor.clone();
+        config.park_approval_waits = settings.park_approval_waits;
         config.auth = auth;
         workers.apply(&mut config)?;
         if let Some(tls) = tls {

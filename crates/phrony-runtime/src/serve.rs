@@ -359,6 +359,7 @@ pub async fn serve(
             max_queued_user_messages: config.max_queued_user_messages,
             max_sessions_per_agent: config.max_sessions_per_agent,
             max_approval_watchers: config.max_approval_watchers,
+            park_approval_waits: config.park_approval_waits,
             ..EngineConfig::default()
         },
     });

@@ -82,6 +82,9 @@ pub struct ServeConfig {
     /// The most `WatchApprovals` streams open at once; see
     /// `phrony_engine::EngineConfig::max_approval_watchers`.
     pub max_approval_watchers: usize,
+    /// Whether task sessions waiting only for approvals are parked (`RUNTIME_PARK_APPROVAL_WAITS`);
+    /// see `phrony_engine::EngineConfig::park_approval_waits`.
+    pub park_approval_waits: bool,
     /// Changes buffered per `WatchApprovals` stream; see
     /// `phrony_grpc::RuntimeService::with_watch_buffer`.
     pub approval_watch_buffer: usize,
@@ -130,6 +133,7 @@ impl ServeConfig {
             max_queued_user_messages: phrony_engine::DEFAULT_MAX_QUEUED_USER_MESSAGES,
             max_sessions_per_agent: Some(phrony_engine::DEFAULT_MAX_SESSIONS_PER_AGENT),
             max_approval_watchers: phrony_engine::DEFAULT_MAX_APPROVAL_WATCHERS,
+            park_approval_waits: true,
             approval_watch_buffer: phrony_grpc::DEFAULT_WATCH_BUFFER,
             approval_watch_grace: phrony_grpc::DEFAULT_WATCH_GRACE,
             auth: crate::auth::AuthMode::Local,
