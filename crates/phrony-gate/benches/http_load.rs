@@ -101,15 +101,27 @@ async fn load(
     )
 }
 
-async fn serve(gate: Gate) -> String {
+async fn serve(gate: Arc<Gate>) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
-        axum::serve(listener, phrony_gate::router(Arc::new(gate)))
+        axum::serve(listener, phrony_gate::router(gate))
             .await
             .unwrap();
     });
     format!("http://{addr}")
+}
+
+/// The log writer's batching over a run: events per commit.
+fn report_commits(gate: &Gate) {
+    let stats = gate.log_stats();
+    println!(
+        "{:<44} {} events in {} commits ({:.1} a commit)",
+        "",
+        stats.events,
+        stats.commits,
+        stats.events as f64 / stats.commits.max(1) as f64
+    );
 }
 
 fn report(name: &str, r: (f64, f64, f64, f64)) {
@@ -150,15 +162,19 @@ fn main() {
         )
         .await
         .unwrap();
-        let url = serve(gate).await;
+        let gate = Arc::new(gate);
+        let url = serve(gate.clone()).await;
         report("flags mode, in-memory log", load(&url, flags_body, "dev", seconds, concurrency).await);
+        report_commits(&gate);
 
         let dir = tempfile::tempdir().unwrap();
         let gate = service::open(Settings::flags(rules, None), Some(dir.path().join("flags")))
             .await
             .unwrap();
-        let url = serve(gate).await;
-        report("flags mode, SQLite log (fsync per decision)", load(&url, flags_body, "dev", seconds, concurrency).await);
+        let gate = Arc::new(gate);
+        let url = serve(gate.clone()).await;
+        report("flags mode, SQLite log (group commit)", load(&url, flags_body, "dev", seconds, concurrency).await);
+        report_commits(&gate);
 
         // Config mode: the walkthrough (Cedar, mandate, OIDC). Distinct keyless refunds against
         // one large reference so every request is a fresh allow.
@@ -175,11 +191,13 @@ fn main() {
             "user_token":token,"op":"refund.create","account_status":"active","refund_to_original":true,
             "reference":"ch_big","reference_amount":"1000000","customer_id":"cus_1"}});
         let body: &'static [u8] = Box::leak(serde_json::to_vec(&body).unwrap().into_boxed_slice());
-        let url = serve(gate).await;
+        let gate = Arc::new(gate);
+        let url = serve(gate.clone()).await;
         report(
             "walkthrough config, SQLite log (first: allow)",
             load(&url, body, "rgnt_ctrl_walkthrough_local", seconds, concurrency).await,
         );
+        report_commits(&gate);
     });
 }
 
