@@ -110,27 +110,27 @@ fn chain_hash(
 
 fn push(events: &mut Vec<AuditEvent>, event: NewAuditEvent) -> AuditEvent {
     let seq = events.len() as u64 + 1;
-        let prev_hash = events
-            .last()
-            .map_or_else(|| GENESIS_HASH.to_owned(), |e| e.hash.clone());
-        let ts = Utc::now();
-        let hash = chain_hash(
-            seq,
-            &event.event_type,
-            &ts,
-            &event.actor,
-            &event.payload,
-            &prev_hash,
-        );
-        let stored = AuditEvent {
-            seq,
-            ts,
-            event_type: event.event_type,
-            actor: event.actor,
-            payload: event.payload,
-            prev_hash,
-            hash,
-        };
+    let prev_hash = events
+        .last()
+        .map_or_else(|| GENESIS_HASH.to_owned(), |e| e.hash.clone());
+    let ts = Utc::now();
+    let hash = chain_hash(
+        seq,
+        &event.event_type,
+        &ts,
+        &event.actor,
+        &event.payload,
+        &prev_hash,
+    );
+    let stored = AuditEvent {
+        seq,
+        ts,
+        event_type: event.event_type,
+        actor: event.actor,
+        payload: event.payload,
+        prev_hash,
+        hash,
+    };
     events.push(stored.clone());
     stored
 }
@@ -145,10 +145,7 @@ impl GateStore for MemoryStore {
         Ok(push(&mut events, event))
     }
 
-    async fn append_batch(
-        &self,
-        batch: Vec<NewAuditEvent>,
-    ) -> Result<Vec<AuditEvent>, StoreError> {
+    async fn append_batch(&self, batch: Vec<NewAuditEvent>) -> Result<Vec<AuditEvent>, StoreError> {
         let mut events = self
             .events
             .lock()

@@ -50,9 +50,7 @@ struct TestStore {
 impl GateStore for TestStore {
     async fn append(&self, event: NewAuditEvent) -> Result<AuditEvent, StoreError> {
         let mut stored = self.append_batch(vec![event]).await?;
-        stored
-            .pop()
-            .ok_or_else(|| StoreError("empty batch".into()))
+        stored.pop().ok_or_else(|| StoreError("empty batch".into()))
     }
 
     async fn append_batch(
@@ -195,8 +193,12 @@ async fn concurrent_scenario(store: Arc<dyn GateStore>, n: i64) {
             let (gate, caller, id) = (gate.clone(), caller.clone(), id.clone());
             let status = if i % 2 == 0 { "success" } else { "failed" };
             tokio::spawn(async move {
-                gate.complete(&caller, &id, json!({"status": status}).to_string().as_bytes())
-                    .await
+                gate.complete(
+                    &caller,
+                    &id,
+                    json!({"status": status}).to_string().as_bytes(),
+                )
+                .await
             })
         })
         .collect();
@@ -215,7 +217,11 @@ async fn concurrent_scenario(store: Arc<dyn GateStore>, n: i64) {
 
     let live = views(&gate).await;
     let reopened = open_gate(&dir, store).await;
-    assert_eq!(views(&reopened).await, live, "the replayed state is the live one");
+    assert_eq!(
+        views(&reopened).await,
+        live,
+        "the replayed state is the live one"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

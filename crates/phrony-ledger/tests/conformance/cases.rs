@@ -1566,7 +1566,10 @@ pub(crate) async fn a_batch_append_is_ordered_chained_and_all_or_nothing(db: &Te
         .await
         .unwrap();
     // More rows than one multi-row INSERT takes.
-    let written = ledger.append_session_events(s, batch(300, 1)).await.unwrap();
+    let written = ledger
+        .append_session_events(s, batch(300, 1))
+        .await
+        .unwrap();
     assert_eq!(written.len(), 300);
     let mut prev = first.hash.clone();
     for (i, e) in written.iter().enumerate() {
@@ -1614,7 +1617,10 @@ pub(crate) async fn a_batch_append_is_ordered_chained_and_all_or_nothing(db: &Te
     assert_eq!(report.head_seq, 301);
 
     // The next batch continues the chain where the last durable one ended.
-    let next = ledger.append_session_events(s, batch(2, 301)).await.unwrap();
+    let next = ledger
+        .append_session_events(s, batch(2, 301))
+        .await
+        .unwrap();
     assert_eq!(
         (next[0].seq, next[0].prev_hash.as_str(), next[1].seq),
         (302, prev.as_str(), 303)
