@@ -9,6 +9,22 @@
 //!                                                                  # e.g. `regent-control dev`
 //! ```
 //! `LOAD_SECONDS` (default 5) and `LOAD_CONCURRENCY` (default 16) tune the run.
+//!
+//! After each in-process run the gate's log writer says how many events it committed in how
+//! many commits (`Gate::log_stats`): the gate groups concurrent decisions into one append (one
+//! transaction, one fsync on SQLite), and answers each once its event is durable.
+//!
+//! Group commit, same session, same 2-core machine shared with other builds (load 2–3.4; the
+//! figures move by 2× between rounds, so these are medians of 5 alternating rounds of 5 s):
+//!
+//! | run                          | conns | before (one append per event, under the lock) | after (log writer)            |
+//! |------------------------------|-------|------------------------------------------------|-------------------------------|
+//! | flags mode, SQLite log       | 16    | 587/s, p50 16.5 ms, p99 66 ms                  | 1,428/s, p50 11.3 ms, p99 24 ms (~7 events a commit) |
+//! | walkthrough config, SQLite   | 16    | 475/s, p50 32.1 ms, p99 64 ms                  | 1,329/s, p50 11.7 ms, p99 30 ms (~7 events a commit) |
+//! | flags mode, SQLite log       | 1     | 623/s, p50 0.92 ms                             | 546/s, p50 1.21 ms (1 event a commit) |
+//! | walkthrough config, SQLite   | 1     | 526/s, p50 1.20 ms                             | 553/s, p50 1.36 ms            |
+//!
+//! With one connection there is nothing to group: the writer's extra task hop costs a little.
 
 #![allow(
     clippy::disallowed_methods,
@@ -101,15 +117,27 @@ async fn load(
     )
 }
 
-async fn serve(gate: Gate) -> String {
+async fn serve(gate: Arc<Gate>) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
-        axum::serve(listener, phrony_gate::router(Arc::new(gate)))
+        axum::serve(listener, phrony_gate::router(gate))
             .await
             .unwrap();
     });
     format!("http://{addr}")
+}
+
+/// The log writer's batching over a run: events per commit.
+fn report_commits(gate: &Gate) {
+    let stats = gate.log_stats();
+    println!(
+        "{:<44} {} events in {} commits ({:.1} a commit)",
+        "",
+        stats.events,
+        stats.commits,
+        stats.events as f64 / stats.commits.max(1) as f64
+    );
 }
 
 fn report(name: &str, r: (f64, f64, f64, f64)) {
@@ -150,15 +178,19 @@ fn main() {
         )
         .await
         .unwrap();
-        let url = serve(gate).await;
+        let gate = Arc::new(gate);
+        let url = serve(gate.clone()).await;
         report("flags mode, in-memory log", load(&url, flags_body, "dev", seconds, concurrency).await);
+        report_commits(&gate);
 
         let dir = tempfile::tempdir().unwrap();
         let gate = service::open(Settings::flags(rules, None), Some(dir.path().join("flags")))
             .await
             .unwrap();
-        let url = serve(gate).await;
-        report("flags mode, SQLite log (fsync per decision)", load(&url, flags_body, "dev", seconds, concurrency).await);
+        let gate = Arc::new(gate);
+        let url = serve(gate.clone()).await;
+        report("flags mode, SQLite log (group commit)", load(&url, flags_body, "dev", seconds, concurrency).await);
+        report_commits(&gate);
 
         // Config mode: the walkthrough (Cedar, mandate, OIDC). Distinct keyless refunds against
         // one large reference so every request is a fresh allow.
@@ -175,11 +207,13 @@ fn main() {
             "user_token":token,"op":"refund.create","account_status":"active","refund_to_original":true,
             "reference":"ch_big","reference_amount":"1000000","customer_id":"cus_1"}});
         let body: &'static [u8] = Box::leak(serde_json::to_vec(&body).unwrap().into_boxed_slice());
-        let url = serve(gate).await;
+        let gate = Arc::new(gate);
+        let url = serve(gate.clone()).await;
         report(
             "walkthrough config, SQLite log (first: allow)",
             load(&url, body, "rgnt_ctrl_walkthrough_local", seconds, concurrency).await,
         );
+        report_commits(&gate);
     });
 }
 

@@ -42,7 +42,7 @@ use std::sync::Arc;
 use chrono::{DateTime, SecondsFormat, Utc};
 use rust_decimal::Decimal;
 use serde_json::{Map, Value, json};
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, MutexGuard};
 
 use crate::admin::ApproverName;
 use crate::cedar::CedarVerdict;
@@ -52,6 +52,7 @@ use crate::config::{
 };
 use crate::error::{ApiError, GateError};
 use crate::keys::SigningKey;
+use crate::log_writer::{LogStats, LogWriter, Ticket};
 use crate::money::display;
 use crate::oidc::{VerifiedUser, Verifier};
 use crate::request::{DecisionRequest, Money, Prepared, excerpt, json_kind, prepare};
@@ -380,7 +381,9 @@ pub struct Gate {
     oidc: Option<Verifier>,
     store: Arc<dyn GateStore>,
     clock: Arc<dyn Clock>,
-    state: Mutex<State>,
+    state: Mutex<Live>,
+    /// Owns the appends: events are queued under the state lock and committed in batches.
+    writer: LogWriter,
     policy: Option<Commitment>,
     mandates: BTreeMap<String, Commitment>,
     /// The last seq replayed on open: decisions at or below it were made by an earlier run.
@@ -402,10 +405,7 @@ impl Gate {
         if let Some(problem) = store.verify().await? {
             return Err(GateError::Tampered(problem));
         }
-        let mut state = State::default();
-        for event in store.load().await? {
-            state.apply(event.seq, &event.event_type, &event.payload)?;
-        }
+        let state = replay_log(&*store).await?;
         let boot_seq = state.applied;
         let policy = policy_commitment(&settings, &key);
         let mandates = settings
@@ -417,13 +417,97 @@ impl Gate {
             settings,
             key,
             oidc,
+            writer: LogWriter::spawn(store.clone()),
             store,
             clock,
-            state: Mutex::new(state),
+            state: Mutex::new(Live {
+                state,
+                epoch: 1,
+                stale: false,
+            }),
             policy,
             mandates,
             boot_seq,
         })
+    }
+
+    /// What the log writer has committed since the gate opened (batches and events).
+    #[must_use]
+    pub fn log_stats(&self) -> LogStats {
+        self.writer.stats()
+    }
+
+    /// Locks the state to decide or act on it. A state that counts events the log refused (a
+    /// failed batch) is first rebuilt from the durable log: the barrier of
+    /// [`crate::log_writer`]. Nothing is decided on a state the log does not hold.
+    ///
+    /// # Errors
+    /// HTTP 500 when the log cannot be read back (the state stays stale and the next call
+    /// tries again).
+    async fn lock_fresh(&self) -> Result<MutexGuard<'_, Live>, ApiError> {
+        let mut live = self.state.lock().await;
+        if live.stale || self.writer.failed_epoch() >= live.epoch {
+            live.stale = true;
+            // No event of this epoch is written after this: the log is final for it.
+            self.writer.close_epoch(live.epoch).await;
+            let state = replay_log(&*self.store).await.map_err(|e| {
+                ApiError::internal(format!(
+                    "rebuilding the gate's state from its log after a failed write: {e}"
+                ))
+            })?;
+            tracing::warn!(
+                seq = state.applied,
+                "rebuilt the gate's state from its log after a failed write"
+            );
+            live.state = state;
+            live.epoch += 1;
+            live.stale = false;
+        }
+        Ok(live)
+    }
+
+    /// Locks the state for a view: as [`Self::lock_fresh`], except that when the log cannot be
+    /// read back the view shows the state as it is (and the error is logged).
+    async fn lock_view(&self) -> MutexGuard<'_, Live> {
+        match self.lock_fresh().await {
+            Ok(live) => live,
+            Err(error) => {
+                tracing::error!(%error, "serving a view of a stale state");
+                self.state.lock().await
+            }
+        }
+    }
+
+    /// Applies one event to the state and queues it for the log, under the state lock (the
+    /// queue keeps the state's order). The caller releases the lock and answers only once the
+    /// returned [`Ticket`] says the event is durable.
+    ///
+    /// # Errors
+    /// HTTP 500 when the event cannot be encoded or applied (nothing is queued; a state that
+    /// may be half-changed is rebuilt from the log before the next decision).
+    fn stage(
+        &self,
+        live: &mut Live,
+        event_type: &'static str,
+        actor: String,
+        event: &impl serde::Serialize,
+    ) -> Result<Ticket, ApiError> {
+        let payload = serde_json::to_value(event)
+            .map_err(|e| ApiError::internal(format!("encoding a {event_type} event: {e}")))?;
+        let seq = live.state.applied + 1;
+        if let Err(e) = live.state.apply(seq, event_type, &payload) {
+            live.stale = true;
+            return Err(ApiError::internal(e.to_string()));
+        }
+        Ok(self.writer.enqueue(
+            live.epoch,
+            seq,
+            NewAuditEvent {
+                event_type: event_type.to_owned(),
+                actor,
+                payload,
+            },
+        ))
     }
 
     /// The settings.
@@ -547,7 +631,7 @@ impl Gate {
 
     /// The agent a recorded decision belongs to (to verify a `complete` signature).
     pub async fn decision_agent(&self, decision_id: &str) -> Option<String> {
-        let state = self.state.lock().await;
+        let state = self.lock_view().await;
         state
             .decisions
             .get(decision_id)
@@ -556,7 +640,7 @@ impl Gate {
 
     /// Whether the routing routes may forward a recorded decision (see [`ForwardState`]).
     pub async fn forward_state(&self, decision_id: &str) -> ForwardState {
-        let state = self.state.lock().await;
+        let state = self.lock_view().await;
         match state.decisions.get(decision_id) {
             None => ForwardState::Unknown,
             Some(d) => match &d.completion {
@@ -575,7 +659,7 @@ impl Gate {
     /// How a recorded decision was completed, if it was (the routing routes never forward a
     /// completed decision again).
     pub async fn completion_status(&self, decision_id: &str) -> Option<CompleteStatus> {
-        let state = self.state.lock().await;
+        let state = self.lock_view().await;
         state
             .decisions
             .get(decision_id)
@@ -629,12 +713,12 @@ impl Gate {
         // Pure work happens outside the lock: verifying the user's token before, signing the
         // allow token after. Only the decision itself and its durable append are serialised.
         let user = self.verify_user(prepared.user_token.as_deref());
-        let event = {
-            let mut state = self.state.lock().await;
+        let (event, ticket) = {
+            let mut state = self.lock_fresh().await?;
             let now = self.clock.now();
-            self.decide_locked(&mut state, caller, &prepared, user, now)
-                .await?
+            self.decide_locked(&mut state, caller, &prepared, user, now)?
         };
+        ticket.durable().await?;
         let token = match &event.claims {
             Some(claims) if mint => Some(
                 mint_allow(&self.key, claims, self.clock.now().timestamp())
@@ -645,14 +729,14 @@ impl Gate {
         Ok(response(&event, token))
     }
 
-    async fn decide_locked(
+    fn decide_locked(
         &self,
-        state: &mut State,
+        state: &mut Live,
         caller: &Caller,
         prepared: &Prepared,
         user: Result<Option<VerifiedUser>, String>,
         now: DateTime<Utc>,
-    ) -> Result<DecisionEvent, ApiError> {
+    ) -> Result<(DecisionEvent, Ticket), ApiError> {
         let agent = prepared.req.agent_id.clone();
 
         // Idempotency and approvals.
@@ -678,7 +762,7 @@ impl Gate {
                                 .as_ref()
                                 .is_some_and(|c| c.status != CompleteStatus::Success);
                             if !failed {
-                                return self.replay(state, &previous.event, now).await;
+                                return self.replay(state, &previous.event, now);
                             }
                         }
                         Verdict::Escalate => {
@@ -690,18 +774,16 @@ impl Gate {
                                 .unwrap_or_default();
                             match self.approval_gate(state, &reference, now) {
                                 ApprovalGate::Pending => {
-                                    return self.replay(state, &previous.event, now).await;
+                                    return self.replay(state, &previous.event, now);
                                 }
                                 ApprovalGate::Approved(decided) => {
                                     approval = Some((reference, decided));
                                 }
                                 ApprovalGate::Refused(reason) => {
                                     let outcome = deny(codes::POLICY_DENIED, reason);
-                                    return self
-                                        .record(
-                                            state, caller, prepared, outcome, None, None, None, now,
-                                        )
-                                        .await;
+                                    return self.record(
+                                        state, caller, prepared, outcome, None, None, None, now,
+                                    );
                                 }
                             }
                         }
@@ -724,7 +806,7 @@ impl Gate {
                             .map(|a| a.decision_id.clone())
                             .unwrap_or_default();
                         if let Some(previous) = state.decisions.get(&decision_id).cloned() {
-                            return self.replay(state, &previous.event, now).await;
+                            return self.replay(state, &previous.event, now);
                         }
                     }
                     ApprovalGate::Approved(decided) => approval = Some((reference, decided)),
@@ -790,7 +872,6 @@ impl Gate {
             observed,
             now,
         )
-        .await
     }
 
     fn verify_user(&self, token: Option<&str>) -> Result<Option<VerifiedUser>, String> {
@@ -1444,9 +1525,9 @@ impl Gate {
         clippy::too_many_arguments,
         reason = "the pieces of one decision record"
     )]
-    async fn record(
+    fn record(
         &self,
-        state: &mut State,
+        state: &mut Live,
         caller: &Caller,
         p: &Prepared,
         outcome: Outcome,
@@ -1454,7 +1535,7 @@ impl Gate {
         approval_ref: Option<String>,
         observed: Option<(String, String)>,
         now: DateTime<Utc>,
-    ) -> Result<DecisionEvent, ApiError> {
+    ) -> Result<(DecisionEvent, Ticket), ApiError> {
         let req = &p.req;
         let (observed_code, observed_reason) = observed.unzip();
         let decision_id = format!("dec_{}", &uuid::Uuid::new_v4().simple().to_string()[..24]);
@@ -1546,21 +1627,8 @@ impl Gate {
                 });
             }
         }
-        let payload = serde_json::to_value(&event)
-            .map_err(|e| ApiError::internal(format!("encoding the decision: {e}")))?;
-        let stored = self
-            .store
-            .append(NewAuditEvent {
-                event_type: EV_DECISION.into(),
-                actor: event.agent_id.clone(),
-                payload: payload.clone(),
-            })
-            .await
-            .map_err(|e| ApiError::internal(e.to_string()))?;
-        state
-            .apply(stored.seq, EV_DECISION, &payload)
-            .map_err(|e| ApiError::internal(e.to_string()))?;
-        Ok(event)
+        let ticket = self.stage(state, EV_DECISION, event.agent_id.clone(), &event)?;
+        Ok((event, ticket))
     }
 
     fn allow_claims(
@@ -1613,12 +1681,12 @@ impl Gate {
         claims
     }
 
-    async fn replay(
+    fn replay(
         &self,
-        state: &mut State,
+        state: &mut Live,
         previous: &DecisionEvent,
         now: DateTime<Utc>,
-    ) -> Result<DecisionEvent, ApiError> {
+    ) -> Result<(DecisionEvent, Ticket), ApiError> {
         let replay = ReplayEvent {
             decision_id: previous.decision_id.clone(),
             at: now,
@@ -1626,21 +1694,8 @@ impl Gate {
             idempotency_key: previous.idempotency_key.clone(),
             verdict: previous.verdict,
         };
-        let payload = serde_json::to_value(&replay)
-            .map_err(|e| ApiError::internal(format!("encoding the replay: {e}")))?;
-        let stored = self
-            .store
-            .append(NewAuditEvent {
-                event_type: EV_REPLAY.into(),
-                actor: previous.agent_id.clone(),
-                payload: payload.clone(),
-            })
-            .await
-            .map_err(|e| ApiError::internal(e.to_string()))?;
-        state
-            .apply(stored.seq, EV_REPLAY, &payload)
-            .map_err(|e| ApiError::internal(e.to_string()))?;
-        Ok(previous.clone())
+        let ticket = self.stage(state, EV_REPLAY, previous.agent_id.clone(), &replay)?;
+        Ok((previous.clone(), ticket))
     }
 
     // -----------------------------------------------------------------------------------------
@@ -1687,7 +1742,7 @@ impl Gate {
         // The receipt's RS256 signature is the costly part: it is made outside the state lock,
         // between a first look at the decision and the locked re-check that appends.
         let (record, receipt_claims, now) = {
-            let state = self.state.lock().await;
+            let state = self.lock_fresh().await?;
             let Some(record) = completable(&state, caller, decision_id, status)? else {
                 return already_completed(&state, decision_id);
             };
@@ -1707,7 +1762,7 @@ impl Gate {
             .key
             .sign("receipt+jwt", &receipt_claims)
             .map_err(|e| ApiError::internal(e.to_string()))?;
-        let mut state = self.state.lock().await;
+        let mut state = self.lock_fresh().await?;
         // A concurrent completion may have landed while the receipt was signed.
         if completable(&state, caller, decision_id, status)?.is_none() {
             return already_completed(&state, decision_id);
@@ -1726,20 +1781,14 @@ impl Gate {
             hold,
             receipt,
         };
-        let payload = serde_json::to_value(&event)
-            .map_err(|e| ApiError::internal(format!("encoding the completion: {e}")))?;
-        let stored = self
-            .store
-            .append(NewAuditEvent {
-                event_type: EV_COMPLETED.into(),
-                actor: record.event.agent_id.clone(),
-                payload: payload.clone(),
-            })
-            .await
-            .map_err(|e| ApiError::internal(e.to_string()))?;
-        state
-            .apply(stored.seq, EV_COMPLETED, &payload)
-            .map_err(|e| ApiError::internal(e.to_string()))?;
+        let ticket = self.stage(
+            &mut state,
+            EV_COMPLETED,
+            record.event.agent_id.clone(),
+            &event,
+        )?;
+        drop(state);
+        ticket.durable().await?;
         Ok(complete_response(
             decision_id,
             &event,
@@ -1758,7 +1807,7 @@ impl Gate {
         role: Option<&str>,
         signed_in: bool,
     ) -> Result<(), ApiError> {
-        let mut state = self.state.lock().await;
+        let mut state = self.lock_fresh().await?;
         let event = ConsoleLoginEvent {
             at: self.clock.now(),
             user: user.to_owned(),
@@ -1766,21 +1815,9 @@ impl Gate {
             role: role.map(str::to_owned),
             outcome: if signed_in { "signed_in" } else { "refused" }.to_owned(),
         };
-        let payload = serde_json::to_value(&event)
-            .map_err(|e| ApiError::internal(format!("encoding a console login: {e}")))?;
-        let stored = self
-            .store
-            .append(NewAuditEvent {
-                event_type: EV_CONSOLE_LOGIN.into(),
-                actor: user.to_owned(),
-                payload: payload.clone(),
-            })
-            .await
-            .map_err(|e| ApiError::internal(e.to_string()))?;
-        state
-            .apply(stored.seq, EV_CONSOLE_LOGIN, &payload)
-            .map_err(|e| ApiError::internal(e.to_string()))?;
-        Ok(())
+        let ticket = self.stage(&mut state, EV_CONSOLE_LOGIN, user.to_owned(), &event)?;
+        drop(state);
+        ticket.durable().await.map(|_| ())
     }
 
     // -----------------------------------------------------------------------------------------
@@ -1789,7 +1826,7 @@ impl Gate {
     /// Approvals, newest first; `status` filters on `pending`, `approved`, `rejected`,
     /// `consumed` or `expired`.
     pub async fn approvals(&self, status: Option<&str>) -> Vec<Value> {
-        let state = self.state.lock().await;
+        let state = self.lock_view().await;
         let now = self.clock.now();
         let mut list: Vec<(&ApprovalRecord, Value)> = state
             .approvals
@@ -1842,7 +1879,7 @@ impl Gate {
         vouch: Vouch<'_>,
         comment: Option<String>,
     ) -> Result<Value, ApiError> {
-        let mut state = self.state.lock().await;
+        let mut state = self.lock_fresh().await?;
         let now = self.clock.now();
         let record = state
             .approvals
@@ -1949,25 +1986,15 @@ impl Gate {
             approver,
             comment,
         };
-        let payload = serde_json::to_value(&event)
-            .map_err(|e| ApiError::internal(format!("encoding the approval: {e}")))?;
-        let stored = self
-            .store
-            .append(NewAuditEvent {
-                event_type: EV_APPROVAL.into(),
-                actor: event.approver.sub.clone(),
-                payload: payload.clone(),
-            })
-            .await
-            .map_err(|e| ApiError::internal(e.to_string()))?;
-        state
-            .apply(stored.seq, EV_APPROVAL, &payload)
-            .map_err(|e| ApiError::internal(e.to_string()))?;
+        let ticket = self.stage(&mut state, EV_APPROVAL, event.approver.sub.clone(), &event)?;
         let record = state
             .approvals
             .get(reference)
             .ok_or_else(|| ApiError::internal("approval vanished"))?;
-        Ok(approval_view(&state, record, now))
+        let view = approval_view(&state, record, now);
+        drop(state);
+        ticket.durable().await?;
+        Ok(view)
     }
 
     // -----------------------------------------------------------------------------------------
@@ -1986,7 +2013,7 @@ impl Gate {
 
     /// Recent decisions, newest first (the "Control → Decisions" view).
     pub async fn decisions(&self, limit: usize) -> Vec<Value> {
-        let state = self.state.lock().await;
+        let state = self.lock_view().await;
         let mut list: Vec<&DecisionEvent> = state.decisions.values().map(|d| &d.event).collect();
         list.sort_by_key(|e| std::cmp::Reverse(e.at));
         list.into_iter()
@@ -2017,7 +2044,7 @@ impl Gate {
     /// held (allowed, not yet completed) in the current UTC day and month, by id. Released
     /// holds count in neither.
     pub async fn mandates(&self) -> Vec<Value> {
-        let state = self.state.lock().await;
+        let state = self.lock_view().await;
         let (day, month) = windows(self.clock.now());
         self.settings
             .mandates
@@ -2054,6 +2081,40 @@ impl Gate {
             })
             .collect()
     }
+}
+
+/// The projections behind the state lock, with the log writer's epoch they belong to.
+#[derive(Debug)]
+struct Live {
+    state: State,
+    /// The writer's epoch: bumped each time the state is rebuilt from the log.
+    epoch: u64,
+    /// The state may count events the log does not hold (an event failed to apply, or a
+    /// rebuild failed): it is rebuilt before the next decision.
+    stale: bool,
+}
+
+impl std::ops::Deref for Live {
+    type Target = State;
+
+    fn deref(&self) -> &State {
+        &self.state
+    }
+}
+
+impl std::ops::DerefMut for Live {
+    fn deref_mut(&mut self) -> &mut State {
+        &mut self.state
+    }
+}
+
+/// The projections of the whole durable log: on open, and after a failed batch.
+async fn replay_log(store: &dyn GateStore) -> Result<State, GateError> {
+    let mut state = State::default();
+    for event in store.load().await? {
+        state.apply(event.seq, &event.event_type, &event.payload)?;
+    }
+    Ok(state)
 }
 
 /// Why flags mode cannot apply its amount rules to a request without a readable amount,

@@ -85,6 +85,21 @@ impl GateStore for LedgerStore {
             .map_err(|e| StoreError(e.to_string()))
     }
 
+    async fn append_batch(
+        &self,
+        events: Vec<NewAuditEvent>,
+    ) -> Result<Vec<AuditEvent>, StoreError> {
+        let batch = events
+            .into_iter()
+            .map(|e| NewEvent::new(e.event_type, e.actor, e.payload))
+            .collect();
+        self.ledger
+            .append_session_events(&self.stream, batch)
+            .await
+            .map(|stored| stored.into_iter().map(convert).collect())
+            .map_err(|e| StoreError(e.to_string()))
+    }
+
     async fn load(&self) -> Result<Vec<AuditEvent>, StoreError> {
         let mut out = Vec::new();
         loop {

@@ -47,6 +47,7 @@ mod error;
 mod http;
 pub mod keys;
 pub mod ledger_store;
+mod log_writer;
 pub mod money;
 pub mod oidc;
 pub mod provider;
@@ -67,6 +68,7 @@ pub use error::{ApiError, GateError};
 pub use http::router;
 pub use keys::{KeyError, SigningKey};
 pub use ledger_store::LedgerStore;
+pub use log_writer::LogStats;
 /// Cedar with gate semantics, from `phrony-policy` (feature `cedar`).
 pub use phrony_policy::cedar;
 pub use request::{DecisionRequest, Money};

@@ -60,6 +60,11 @@ pub struct StoreError(pub String);
 pub trait GateStore: Send + Sync + std::fmt::Debug {
     /// Appends one event durably and returns it as stored.
     async fn append(&self, event: NewAuditEvent) -> Result<AuditEvent, StoreError>;
+    /// Appends `events` durably, in order, as one write (one transaction, one fsync), and
+    /// returns them as stored: all of them, or on error none. The gate's log writer
+    /// ([`crate::engine`]) commits its queued events through this.
+    async fn append_batch(&self, events: Vec<NewAuditEvent>)
+    -> Result<Vec<AuditEvent>, StoreError>;
     /// Every event, in order.
     async fn load(&self) -> Result<Vec<AuditEvent>, StoreError>;
     /// Recomputes the hash chain; `Ok(None)` when intact, `Ok(Some(message))` naming the first
@@ -103,6 +108,33 @@ fn chain_hash(
     sha256_hex(canonical_json(&input).as_bytes())
 }
 
+fn push(events: &mut Vec<AuditEvent>, event: NewAuditEvent) -> AuditEvent {
+    let seq = events.len() as u64 + 1;
+    let prev_hash = events
+        .last()
+        .map_or_else(|| GENESIS_HASH.to_owned(), |e| e.hash.clone());
+    let ts = Utc::now();
+    let hash = chain_hash(
+        seq,
+        &event.event_type,
+        &ts,
+        &event.actor,
+        &event.payload,
+        &prev_hash,
+    );
+    let stored = AuditEvent {
+        seq,
+        ts,
+        event_type: event.event_type,
+        actor: event.actor,
+        payload: event.payload,
+        prev_hash,
+        hash,
+    };
+    events.push(stored.clone());
+    stored
+}
+
 #[async_trait]
 impl GateStore for MemoryStore {
     async fn append(&self, event: NewAuditEvent) -> Result<AuditEvent, StoreError> {
@@ -110,30 +142,18 @@ impl GateStore for MemoryStore {
             .events
             .lock()
             .map_err(|_| StoreError("memory store poisoned".into()))?;
-        let seq = events.len() as u64 + 1;
-        let prev_hash = events
-            .last()
-            .map_or_else(|| GENESIS_HASH.to_owned(), |e| e.hash.clone());
-        let ts = Utc::now();
-        let hash = chain_hash(
-            seq,
-            &event.event_type,
-            &ts,
-            &event.actor,
-            &event.payload,
-            &prev_hash,
-        );
-        let stored = AuditEvent {
-            seq,
-            ts,
-            event_type: event.event_type,
-            actor: event.actor,
-            payload: event.payload,
-            prev_hash,
-            hash,
-        };
-        events.push(stored.clone());
-        Ok(stored)
+        Ok(push(&mut events, event))
+    }
+
+    async fn append_batch(&self, batch: Vec<NewAuditEvent>) -> Result<Vec<AuditEvent>, StoreError> {
+        let mut events = self
+            .events
+            .lock()
+            .map_err(|_| StoreError("memory store poisoned".into()))?;
+        Ok(batch
+            .into_iter()
+            .map(|event| push(&mut events, event))
+            .collect())
     }
 
     async fn load(&self) -> Result<Vec<AuditEvent>, StoreError> {

@@ -1534,3 +1534,4 @@ fn config_aliases_are_refused_with_their_position() {
 }
 
 mod console_tests;
+mod group_commit_tests;

@@ -61,54 +61,128 @@ pub(crate) async fn lock_stream(tx: &mut Tx, stream: &str) -> Result<StreamHead>
 
 /// Appends one event to a locked stream and advances the head.
 pub(crate) async fn append(tx: &mut Tx, head: &mut StreamHead, event: NewEvent) -> Result<Event> {
-    event.validate()?;
-    let seq = head.last_seq + 1;
+    let mut appended = append_batch(tx, head, vec![event]).await?;
+    appended
+        .pop()
+        .ok_or_else(|| LedgerError::corrupt("an append of one event returned none"))
+}
+
+/// The columns of one `events` row.
+const EVENT_ROW_COLUMNS: usize = 12;
+
+/// Rows per multi-row `INSERT` of a batch append. 256 rows bind 3,072 parameters: under
+/// SQLite's limit (32,766 since 3.32; the bundled library is newer) and PostgreSQL's (65,535).
+pub(crate) const BATCH_INSERT_ROWS: usize = 256;
+
+/// One chained row of a batch, ready to insert.
+struct ChainedRow {
+    seq: i64,
+    ts: chrono::DateTime<chrono::Utc>,
+    payload_text: String,
+    turn: Option<i64>,
+    verification: Option<Verification>,
+    via: Option<String>,
+    prev_hash: String,
+    hash: String,
+    event: NewEvent,
+}
+
+/// Appends `events` to a locked stream, in order, chained one after the other, and advances
+/// the head once: multi-row `INSERT`s of up to [`BATCH_INSERT_ROWS`] rows, one head update,
+/// one seal of the head (with an audit key) and, when the batch starts the stream, one join
+/// of the stream set. Every event is validated before anything is written; the caller's
+/// transaction makes the batch all-or-nothing.
+pub(crate) async fn append_batch(
+    tx: &mut Tx,
+    head: &mut StreamHead,
+    events: Vec<NewEvent>,
+) -> Result<Vec<Event>> {
+    for event in &events {
+        event.validate()?;
+    }
+    if events.is_empty() {
+        return Ok(Vec::new());
+    }
     let ts = tx.now();
-    let payload_text = canonical_json(&event.payload);
-    let turn = event.turn.map(i64::from);
-    let verification = recorded_verification(&event.actor);
-    let via = verification.and(event.actor.via.clone());
-    let hash = event_hash(&HashInput {
-        stream: &head.stream,
-        seq,
-        event_type: &event.event_type,
-        ts: &ts,
-        actor: &event.actor.actor,
-        call_id: event.call_id.as_deref(),
-        turn,
-        payload: &payload_text,
-        prev_hash: &head.last_hash,
-        actor_verification: verification.map(Verification::as_str),
-        actor_via: via.as_deref(),
-    });
-    let mut conn = tx.conn();
-    conn.execute(
-        "append event",
-        "INSERT INTO events (stream, seq, type, ts, actor, call_id, turn, payload, prev_hash, hash, \
-         actor_verification, actor_via) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
-        args![
-            &head.stream,
+    let first_seq = head.last_seq + 1;
+    let mut rows = Vec::with_capacity(events.len());
+    let mut prev_hash = head.last_hash.clone();
+    let mut seq = head.last_seq;
+    for event in events {
+        seq += 1;
+        let payload_text = canonical_json(&event.payload);
+        let turn = event.turn.map(i64::from);
+        let verification = recorded_verification(&event.actor);
+        let via = verification.and(event.actor.via.clone());
+        let hash = event_hash(&HashInput {
+            stream: &head.stream,
             seq,
-            &event.event_type,
-            ts,
-            &event.actor.actor,
-            event.call_id.clone(),
+            event_type: &event.event_type,
+            ts: &ts,
+            actor: &event.actor.actor,
+            call_id: event.call_id.as_deref(),
             turn,
+            payload: &payload_text,
+            prev_hash: &prev_hash,
+            actor_verification: verification.map(Verification::as_str),
+            actor_via: via.as_deref(),
+        });
+        rows.push(ChainedRow {
+            seq,
+            ts,
             payload_text,
-            &head.last_hash,
-            &hash,
-            verification.map(Verification::as_str),
-            via.clone()
-        ],
-    )
-    .await?;
+            turn,
+            verification,
+            via,
+            prev_hash: std::mem::replace(&mut prev_hash, hash.clone()),
+            hash,
+            event,
+        });
+    }
+    let mut conn = tx.conn();
+    for chunk in rows.chunks(BATCH_INSERT_ROWS) {
+        let mut sql = String::from(
+            "INSERT INTO events (stream, seq, type, ts, actor, call_id, turn, payload, prev_hash, \
+             hash, actor_verification, actor_via) VALUES ",
+        );
+        let mut binds = Vec::with_capacity(chunk.len() * EVENT_ROW_COLUMNS);
+        for (i, row) in chunk.iter().enumerate() {
+            if i > 0 {
+                sql.push_str(", ");
+            }
+            sql.push('(');
+            for column in 0..EVENT_ROW_COLUMNS {
+                if column > 0 {
+                    sql.push_str(", ");
+                }
+                sql.push('$');
+                sql.push_str(&(i * EVENT_ROW_COLUMNS + column + 1).to_string());
+            }
+            sql.push(')');
+            binds.extend(args![
+                &head.stream,
+                row.seq,
+                &row.event.event_type,
+                row.ts,
+                &row.event.actor.actor,
+                row.event.call_id.clone(),
+                row.turn,
+                row.payload_text.clone(),
+                &row.prev_hash,
+                &row.hash,
+                row.verification.map(Verification::as_str),
+                row.via.clone()
+            ]);
+        }
+        conn.execute("append events", &sql, binds).await?;
+    }
+    let last_hash = prev_hash;
     let updated = conn
         .execute(
             "advance stream head",
             "UPDATE streams SET last_seq = $2, last_hash = $3, updated_at = $4 \
              WHERE stream = $1 AND last_seq = $5",
-            args![&head.stream, seq, &hash, ts, head.last_seq],
+            args![&head.stream, seq, &last_hash, ts, head.last_seq],
         )
         .await?;
     if updated != 1 {
@@ -117,28 +191,31 @@ pub(crate) async fn append(tx: &mut Tx, head: &mut StreamHead, event: NewEvent) 
         });
     }
     if let Some(key) = tx.audit_key() {
-        seal_head(&mut tx.conn(), &key, &head.stream, seq, &hash).await?;
-        if seq == 1 {
+        seal_head(&mut tx.conn(), &key, &head.stream, seq, &last_hash).await?;
+        if first_seq == 1 {
             let backend = tx.backend();
             add_to_stream_set(&mut tx.conn(), backend, &key, &head.stream).await?;
         }
     }
-    let prev_hash = std::mem::replace(&mut head.last_hash, hash.clone());
+    head.last_hash = last_hash;
     head.last_seq = seq;
-    Ok(Event {
-        stream: head.stream.clone(),
-        seq: u64::try_from(seq).unwrap_or_default(),
-        event_type: event.event_type,
-        ts,
-        actor: event.actor.actor,
-        actor_verification: verification,
-        actor_via: via,
-        call_id: event.call_id,
-        turn: event.turn,
-        payload: event.payload,
-        prev_hash,
-        hash,
-    })
+    Ok(rows
+        .into_iter()
+        .map(|row| Event {
+            stream: head.stream.clone(),
+            seq: u64::try_from(row.seq).unwrap_or_default(),
+            event_type: row.event.event_type,
+            ts: row.ts,
+            actor: row.event.actor.actor,
+            actor_verification: row.verification,
+            actor_via: row.via,
+            call_id: row.event.call_id,
+            turn: row.event.turn,
+            payload: row.event.payload,
+            prev_hash: row.prev_hash,
+            hash: row.hash,
+        })
+        .collect())
 }
 
 pub(crate) const EVENT_COLUMNS: &str = "stream, seq, type, ts, actor, call_id, turn, payload, prev_hash, hash, \

@@ -284,6 +284,28 @@ mod sessions;
 mod tokens;
 mod vocabulary;
 
+/// The checks of a raw append ([`Ledger::append_session_event`]): a usable stream name, a
+/// well-formed event, and no ledger-owned type.
+fn check_raw_append(stream: &str, event: &NewEvent) -> Result<()> {
+    if stream.is_empty() {
+        return Err(LedgerError::invalid("session_id is required"));
+    }
+    if stream.contains(':') || stream.chars().any(char::is_whitespace) {
+        return Err(LedgerError::invalid(format!(
+            "session id {stream:?} must not contain ':' or whitespace"
+        )));
+    }
+    event.validate()?;
+    if session_log::is_ledger_owned(&event.event_type) {
+        return Err(LedgerError::invalid(format!(
+            "event type {} is written by the ledger's session, tool-call and approval \
+             operations and cannot be appended directly",
+            event.event_type
+        )));
+    }
+    Ok(())
+}
+
 /// Runs when a SQLite connection goes back to the pool: if its user was cancelled at an unlucky
 /// moment (a client that disconnected, a session driver stopped mid-step), a transaction can
 /// still be open on it — e.g. a `BEGIN IMMEDIATE` that ran after the caller stopped waiting for
@@ -1092,25 +1114,36 @@ impl Ledger {
     /// `InvalidArgument` for an empty or reserved stream name (containing `:`), a malformed
     /// event (type not dotted lower-case, empty actor) or a ledger-owned event type.
     pub async fn append_session_event(&self, session_id: &str, event: NewEvent) -> Result<Event> {
-        if session_id.is_empty() {
-            return Err(LedgerError::invalid("session_id is required"));
-        }
-        if session_id.contains(':') || session_id.chars().any(char::is_whitespace) {
-            return Err(LedgerError::invalid(format!(
-                "session id {session_id:?} must not contain ':' or whitespace"
-            )));
-        }
-        event.validate()?;
-        if session_log::is_ledger_owned(&event.event_type) {
-            return Err(LedgerError::invalid(format!(
-                "event type {} is written by the ledger's session, tool-call and approval \
-                 operations and cannot be appended directly",
-                event.event_type
-            )));
-        }
+        check_raw_append(session_id, &event)?;
         write_tx!(self, |tx| async {
             let mut head = events::lock_stream(&mut tx, session_id).await?;
             events::append(&mut tx, &mut head, event.clone()).await
+        })
+    }
+
+    /// Appends `events` to a stream in ONE transaction, in order, chained one after the other,
+    /// and returns them as stored: all of them or (on any error) none. The stream head is
+    /// advanced and sealed once, the rows go in multi-row `INSERT`s, and a batch that creates
+    /// the stream joins the sealed stream set like a first single append. Each event passes
+    /// the checks of [`Ledger::append_session_event`]; an empty batch writes nothing.
+    ///
+    /// # Errors
+    /// As [`Ledger::append_session_event`], for the first event that fails a check (nothing is
+    /// written then).
+    pub async fn append_session_events(
+        &self,
+        stream: &str,
+        batch: Vec<NewEvent>,
+    ) -> Result<Vec<Event>> {
+        for event in &batch {
+            check_raw_append(stream, event)?;
+        }
+        if batch.is_empty() {
+            return Ok(Vec::new());
+        }
+        write_tx!(self, |tx| async {
+            let mut head = events::lock_stream(&mut tx, stream).await?;
+            events::append_batch(&mut tx, &mut head, batch.clone()).await
         })
     }
 

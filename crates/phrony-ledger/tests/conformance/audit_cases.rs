@@ -633,3 +633,50 @@ pub(crate) async fn a_log_sealed_before_the_stream_set_gets_it_at_start(db: &Tes
     // The key introduction listed run_old's head, so the message names it.
     assert_eq!(p.stream.as_deref(), Some("run_old"), "{p:?}");
 }
+
+pub(crate) async fn a_batch_append_seals_its_head_and_joins_the_stream_set(db: &TestDb) {
+    let ledger = keyed(db).await;
+    ledger.start_audit(true).await.unwrap();
+    let events = |n: usize| -> Vec<NewEvent> {
+        (0..n)
+            .map(|i| NewEvent::new("gate.decision", "agent", json!({"i": i})))
+            .collect()
+    };
+    // Batches that create their streams, then one that extends a stream.
+    ledger
+        .append_session_events("gate-org_a", events(3))
+        .await
+        .unwrap();
+    ledger
+        .append_session_events("gate-org_b", events(1))
+        .await
+        .unwrap();
+    ledger
+        .append_session_events("gate-org_a", events(2))
+        .await
+        .unwrap();
+
+    let report = ledger.verify_audit(AuditScope::All).await.unwrap();
+    assert_eq!(report.problem, None);
+    // The audit stream holds the key introduction.
+    assert_eq!((report.events, report.streams), (1 + 5 + 1, 3));
+    let again = Ledger::connect(&db.url)
+        .await
+        .unwrap()
+        .with_audit_key(key());
+    assert_eq!(
+        again.start_audit(false).await.unwrap(),
+        AuditStart::Verified { streams: 3 }
+    );
+
+    // The head a batch sealed is what a rewrite of its chain is checked against.
+    rewrite_chain(db, &ledger, "gate-org_a", 2).await;
+    let p = ledger
+        .verify_audit(AuditScope::All)
+        .await
+        .unwrap()
+        .problem
+        .unwrap();
+    assert_eq!(p.kind, AuditProblemKind::HeadMismatch, "{p:?}");
+    assert_eq!(p.stream.as_deref(), Some("gate-org_a"));
+}

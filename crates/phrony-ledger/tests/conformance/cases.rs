@@ -1516,3 +1516,116 @@ pub(crate) async fn concurrent_writes_share_commits_and_a_refusal_fails_only_its
         (kind, before, after) => panic!("group commit stats on {kind:?}: {before:?} {after:?}"),
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// batch appends
+
+fn batch(n: usize, from: usize) -> Vec<NewEvent> {
+    (from..from + n)
+        .map(|i| NewEvent::new("gate.decision", "agent", json!({"i": i})))
+        .collect()
+}
+
+/// Makes the database itself refuse one event type mid-`INSERT`, so a batch fails after some
+/// of its rows went in.
+async fn poison_event_type(db: &TestDb, event_type: &str) {
+    match db.kind {
+        Backend::Sqlite => {
+            db.raw_exec(&format!(
+                "CREATE TRIGGER events_poison BEFORE INSERT ON events WHEN NEW.type = \
+                 '{event_type}' BEGIN SELECT RAISE(ABORT, 'poisoned event'); END"
+            ))
+            .await;
+        }
+        Backend::Postgres => {
+            db.raw_exec(&format!(
+                "CREATE FUNCTION events_poison() RETURNS trigger AS $$ BEGIN \
+                 IF NEW.type = '{event_type}' THEN RAISE EXCEPTION 'poisoned event'; END IF; \
+                 RETURN NEW; END $$ LANGUAGE plpgsql"
+            ))
+            .await;
+            db.raw_exec(
+                "CREATE TRIGGER events_poison BEFORE INSERT ON events FOR EACH ROW \
+                 EXECUTE FUNCTION events_poison()",
+            )
+            .await;
+        }
+    }
+}
+
+pub(crate) async fn a_batch_append_is_ordered_chained_and_all_or_nothing(db: &TestDb) {
+    let ledger = db.migrated().await;
+    let s = "gate-batch";
+    assert_eq!(
+        ledger.append_session_events(s, Vec::new()).await.unwrap(),
+        vec![],
+        "an empty batch writes nothing"
+    );
+    let first = ledger
+        .append_session_event(s, NewEvent::new("gate.decision", "agent", json!({"i": 0})))
+        .await
+        .unwrap();
+    // More rows than one multi-row INSERT takes.
+    let written = ledger
+        .append_session_events(s, batch(300, 1))
+        .await
+        .unwrap();
+    assert_eq!(written.len(), 300);
+    let mut prev = first.hash.clone();
+    for (i, e) in written.iter().enumerate() {
+        assert_eq!(e.seq, i as u64 + 2, "in order, gap-free");
+        assert_eq!(e.payload, json!({"i": i + 1}));
+        assert_eq!(e.prev_hash, prev, "seq {} chains to the one before", e.seq);
+        assert_eq!(e.recompute_hash(), e.hash);
+        prev = e.hash.clone();
+    }
+    let listed = ledger.list_events(s, 1, 1000).await.unwrap();
+    assert_eq!(listed, written, "round-trips exactly");
+    let report = ledger.verify_stream(s).await.unwrap();
+    assert!(report.is_intact(), "{report:?}");
+    assert_eq!((report.head_seq, report.events_checked), (301, 301));
+
+    // A malformed event anywhere in the batch: nothing of it is written.
+    let mut bad = batch(3, 301);
+    bad.push(NewEvent::new("Bad Type", "agent", json!({})));
+    assert_invalid(ledger.append_session_events(s, bad).await, "event type");
+    let mut owned = batch(2, 301);
+    owned.insert(
+        1,
+        NewEvent::new(phrony_ledger::event_types::LEDGER_OWNED[0], "x", json!({})),
+    );
+    assert_invalid(
+        ledger.append_session_events(s, owned).await,
+        "cannot be appended directly",
+    );
+    assert_invalid(
+        ledger
+            .append_session_events("agent:support/x", batch(1, 0))
+            .await,
+        "must not contain ':'",
+    );
+    assert_eq!(ledger.verify_stream(s).await.unwrap().head_seq, 301);
+
+    // The database refuses a row of the second INSERT: the first INSERT's rows go too.
+    poison_event_type(db, "gate.poison").await;
+    let mut poisoned = batch(300, 301);
+    poisoned[280] = NewEvent::new("gate.poison", "agent", json!({}));
+    assert!(ledger.append_session_events(s, poisoned).await.is_err());
+    assert_eq!(ledger.list_events(s, 301, 1000).await.unwrap(), vec![]);
+    let report = ledger.verify_stream(s).await.unwrap();
+    assert!(report.is_intact(), "{report:?}");
+    assert_eq!(report.head_seq, 301);
+
+    // The next batch continues the chain where the last durable one ended.
+    let next = ledger
+        .append_session_events(s, batch(2, 301))
+        .await
+        .unwrap();
+    assert_eq!(
+        (next[0].seq, next[0].prev_hash.as_str(), next[1].seq),
+        (302, prev.as_str(), 303)
+    );
+    let report = ledger.verify_stream(s).await.unwrap();
+    assert!(report.is_intact(), "{report:?}");
+    assert_eq!(report.events_checked, 303);
+}

@@ -113,4 +113,6 @@ conformance!(
     a_stream_deleted_with_its_sealed_head_is_detected,
     a_log_sealed_before_the_stream_set_gets_it_at_start,
     a_session_never_outlives_the_retire_or_archive_of_its_agent,
+    a_batch_append_is_ordered_chained_and_all_or_nothing,
+    a_batch_append_seals_its_head_and_joins_the_stream_set,
 );
