@@ -103,7 +103,15 @@ impl Engine {
             // A parked session (its driver unloaded while it waited) is resumed by the
             // decision; the resumed driver acknowledges it like a live one. (A driver that was
             // parking as this vote landed re-checks after unloading and resumes itself.)
-            None if decided => self.unpark(&session_id, Some(approval.id)).await?,
+            // The vote is recorded whatever happens now: a failed resume is not this vote's
+            // error (the unpark sweep tries again; a session it failed reads as failed below).
+            None if decided => match self.unpark(&session_id, Some(approval.id)).await {
+                Ok(taken) => taken,
+                Err(e) => {
+                    tracing::warn!(%session_id, error = %e, "the decided session could not be resumed");
+                    None
+                }
+            },
             None => None,
         };
         let acknowledged = match taken {

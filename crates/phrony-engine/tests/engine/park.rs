@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use crate::common::*;
-use phrony_engine::EngineConfig;
+use phrony_engine::{EngineConfig, SessionHandle};
 use phrony_ledger::{ApprovalStatus, Attribution, SessionStatus};
 
 fn refund_then_say() -> Vec<Step> {
@@ -15,6 +15,15 @@ fn refund_then_say() -> Vec<Step> {
         Step::call("issue_refund", refund("ORD-1", 400.0)),
         Step::say("Done."),
     ]
+}
+
+/// Starts the one-refund session and waits until it is parked on its approval.
+async fn parked_refund(h: &Harness) -> (SessionHandle, phrony_ledger::Approval) {
+    let s = h.start("Refund €400 for ORD-1.").await;
+    h.wait(&s.id, &[SessionStatus::AwaitingApproval]).await;
+    parked(h, &s.id).await;
+    let approval = h.pending_approval(&s.id).await;
+    (s, approval)
 }
 
 /// Waits (bounded) until the session has no driver in memory.
@@ -66,10 +75,7 @@ async fn a_waiting_session_is_parked_and_the_deciding_vote_resumes_it() {
 #[tokio::test]
 async fn a_parked_sessions_rejection_goes_back_to_the_model() {
     let h = Harness::memory(&AgentOptions::default(), refund_then_say()).await;
-    let s = h.start("Refund €400 for ORD-1.").await;
-    h.wait(&s.id, &[SessionStatus::AwaitingApproval]).await;
-    parked(&h, &s.id).await;
-    let approval = h.pending_approval(&s.id).await;
+    let (s, approval) = parked_refund(&h).await;
     let answer = h
         .engine
         .vote(VoteTarget::Approval(approval.id), reject("emad", "no"))
@@ -103,10 +109,7 @@ async fn an_expiry_resumes_a_parked_session() {
 #[tokio::test]
 async fn a_decision_recorded_by_another_process_resumes_a_parked_session() {
     let h = Harness::memory(&AgentOptions::default(), refund_then_say()).await;
-    let s = h.start("Refund €400 for ORD-1.").await;
-    h.wait(&s.id, &[SessionStatus::AwaitingApproval]).await;
-    parked(&h, &s.id).await;
-    let approval = h.pending_approval(&s.id).await;
+    let (s, approval) = parked_refund(&h).await;
     // Straight into the store: this engine is told nothing, its sweep finds it.
     h.store
         .cast_vote(approval.id, approve("emad", "ok"))
@@ -119,10 +122,7 @@ async fn a_decision_recorded_by_another_process_resumes_a_parked_session() {
 #[tokio::test]
 async fn cancelling_a_parked_session_closes_its_approval_and_starts_nothing() {
     let h = Harness::memory(&AgentOptions::default(), refund_then_say()).await;
-    let s = h.start("Refund €400 for ORD-1.").await;
-    h.wait(&s.id, &[SessionStatus::AwaitingApproval]).await;
-    parked(&h, &s.id).await;
-    let approval = h.pending_approval(&s.id).await;
+    let (s, approval) = parked_refund(&h).await;
     let ended = h
         .engine
         .cancel_session(&s.id, &Attribution::unverified("emad"))
