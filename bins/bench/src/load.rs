@@ -1,6 +1,7 @@
 //! The scenarios against one daemon: closed loop per concurrency, then parked sessions and an
 //! approval burst.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -523,14 +524,15 @@ async fn wait_for_pending(client: &Client, n: usize) -> Result<Vec<(String, Stri
     }
 }
 
-/// Waits until the held agent has `n` completed sessions.
+/// Waits until the held agent has `n` completed sessions. Fails as soon as one of them ended
+/// otherwise (failed, cancelled) or, at the guard, names how many are in each status (a
+/// session still `awaiting_approval` after its vote was asked again: lost work).
 async fn wait_for_completed(client: &Client, n: usize) -> Result<(), BenchError> {
     let deadline = Instant::now() + PHASE_GUARD;
     loop {
-        let mut done = 0;
+        let mut statuses: BTreeMap<String, usize> = BTreeMap::new();
         let mut filter = SessionFilter {
             agent: Some(AgentName::new("support", HELD)),
-            status: Some("completed".to_owned()),
             limit: Some(1000),
             ..SessionFilter::default()
         };
@@ -539,19 +541,25 @@ async fn wait_for_completed(client: &Client, n: usize) -> Result<(), BenchError>
                 .list_sessions(&filter)
                 .await
                 .map_err(|e| BenchError::new(format!("ListSessions: {e}")))?;
-            done += page.sessions.len();
+            for session in page.sessions {
+                *statuses.entry(session.status).or_default() += 1;
+            }
             match page.next_page_token {
                 Some(token) => filter.page_token = Some(token),
                 None => break,
             }
         }
+        let done = statuses.get("completed").copied().unwrap_or(0);
         if done >= n {
             return Ok(());
         }
-        if Instant::now() > deadline {
+        let ended_otherwise: usize = ["failed", "cancelled"]
+            .iter()
+            .filter_map(|s| statuses.get(*s))
+            .sum();
+        if ended_otherwise > 0 || Instant::now() > deadline {
             return Err(BenchError::new(format!(
-                "only {done} of {n} approved sessions completed within {} s",
-                PHASE_GUARD.as_secs()
+                "only {done} of {n} approved sessions completed (sessions by status: {statuses:?})"
             )));
         }
         tokio::time::sleep(Duration::from_millis(50)).await;

@@ -4,13 +4,19 @@ use std::time::Duration;
 
 use crate::error::ConfigError;
 
+/// [`RouterConfig::queue_capacity`] by default.
+pub const DEFAULT_QUEUE_CAPACITY: usize = 4096;
+
 /// Settings of a [`crate::Router`]. `Default` gives the production values.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RouterConfig {
     /// The worker lease sent in `WorkRegistered`; a heartbeat renews it and a worker whose
     /// lease passes is dropped (its in-flight calls become indeterminate). Default 30s.
     pub lease_ttl: Duration,
-    /// Calls that may wait per `tool@version` for a free handler slot. Default 256.
+    /// Calls that may wait per `tool@version` for a free handler slot. Default 4096 (the
+    /// reference runtime's 256 failed approved calls when a burst of approvals resumed more
+    /// sessions at once than that; each waiting call costs about a hundred bytes here, and the
+    /// wait itself stays bounded by the call's `queue_wait`).
     pub queue_capacity: usize,
     /// How many times a nacked call is retried on another eligible worker. Default 1.
     pub nack_retries: u32,
@@ -26,7 +32,7 @@ impl Default for RouterConfig {
     fn default() -> Self {
         Self {
             lease_ttl: Duration::from_secs(30),
-            queue_capacity: 256,
+            queue_capacity: DEFAULT_QUEUE_CAPACITY,
             nack_retries: 1,
             abandon_grace: Duration::from_secs(30),
             outbox_capacity: 1024,

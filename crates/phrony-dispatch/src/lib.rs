@@ -62,7 +62,7 @@ mod types;
 
 pub use ack::AckHandle;
 pub use allowlist::{Allowlist, AllowlistError, IntegrityKind, IntegrityViolation};
-pub use config::RouterConfig;
+pub use config::{DEFAULT_QUEUE_CAPACITY, RouterConfig};
 pub use connection::{Outbox, WorkerConnection};
 pub use error::{ConfigError, DispatchError, DispatchFailure, StatusClass, WorkerLost};
 pub use hooks::{

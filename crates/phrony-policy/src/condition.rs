@@ -174,6 +174,17 @@ impl Cond {
         }
     }
 
+    /// Whether the condition reads the dispatch-failure trigger anywhere (`phrony.dispatch.trigger`
+    /// or `dispatch.outcome`, under any `all`, `any` or `not`).
+    pub(crate) fn reads_trigger(&self) -> bool {
+        match self {
+            Cond::All(children) | Cond::Any(children) => children.iter().any(Cond::reads_trigger),
+            Cond::Not(child) => child.reads_trigger(),
+            Cond::Leaf { .. } => false,
+            Cond::Trigger { .. } => true,
+        }
+    }
+
     /// An equality this condition cannot hold without: a leaf `eq` or `in` on a path that is its
     /// own slot (no `[any]`/`[all]` step), reached from the root through `all` nodes only. The
     /// condition is false unless the slot's value equals one of the returned values.

@@ -487,9 +487,16 @@ impl Policy {
         self.action
     }
 
-    /// Whether the policy has conditions (trigger policies must).
+    /// Whether the policy has conditions.
     pub fn has_conditions(&self) -> bool {
         self.conditions.is_some()
+    }
+
+    /// Whether the policy is a dispatch-failure trigger policy: its conditions read the trigger
+    /// (`phrony.dispatch.trigger` or `dispatch.outcome`). Only these can route a dispatch
+    /// failure to a human ([`crate::PolicySet::evaluate_failure`]).
+    pub fn reads_trigger(&self) -> bool {
+        self.conditions.as_ref().is_some_and(Cond::reads_trigger)
     }
 
     /// The field the allow list checks (`allow_field`), if one was set.

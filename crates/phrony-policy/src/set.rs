@@ -283,10 +283,15 @@ impl PolicySet {
         })
     }
 
-    /// Decides what a dispatch failure escalates to: the first policy in scope **with
-    /// conditions** that hold given `trigger`, whose decision is `require_approval` or
-    /// `escalate`. `None` means no policy routes this failure to a human (the runtime applies its
-    /// default route).
+    /// Decides what a dispatch failure escalates to: the first policy in scope whose conditions
+    /// **read the trigger** ([`Policy::reads_trigger`]) and hold given `trigger`, whose decision
+    /// is `require_approval` or `escalate`. `None` means no policy routes this failure to a human
+    /// (the runtime applies its default route).
+    ///
+    /// Unlike the reference runtime, a policy whose conditions never mention the trigger (say
+    /// `amount > 250 → require_approval`) is not a trigger policy: it already decided the call
+    /// before dispatch, and re-applying it to a failure asked the approvers the same question
+    /// again, with the policy's reason instead of the failure's, after they had approved.
     pub fn evaluate_failure<'s>(
         &'s self,
         req: &Request<'_>,
@@ -301,7 +306,7 @@ impl PolicySet {
                 gates: Some(&self.gates),
             };
             self.candidates(&ctx)
-                .find(|p| p.action().is_approval() && p.has_conditions() && p.matches(&ctx))
+                .find(|p| p.action().is_approval() && p.reads_trigger() && p.matches(&ctx))
         })
     }
 
@@ -370,7 +375,7 @@ impl PolicySet {
         };
         self.policies.iter().find(|p| {
             p.action().is_approval()
-                && p.has_conditions()
+                && p.reads_trigger()
                 && p.applies_to(req.tool.r#ref)
                 && p.matches(&ctx)
         })

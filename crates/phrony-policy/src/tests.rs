@@ -748,6 +748,9 @@ fn dispatch_failure_triggers() {
         {"name": "a-deny-on-trigger", "scope": "agent", "action": "deny",
          "conditions": {"field": "phrony.dispatch.trigger", "value": "dispatch:no_handler"}},
         {"name": "b-unconditional", "scope": "agent", "action": "require_approval"},
+        {"name": "b-amount-only", "scope": "agent", "action": "require_approval",
+         "reason": "Refund amount above delegated limit.",
+         "conditions": {"field": "amount", "op": "gt", "value": 250}},
         {"name": "c-other-tool", "scope": "tool:other.tool", "action": "escalate",
          "conditions": {"field": "phrony.dispatch.trigger", "op": "eq", "value": "dispatch:no_handler"}},
         {"name": "d-no-handler", "scope": "agent", "action": "escalate", "reason": "No handler.",
@@ -781,7 +784,15 @@ fn dispatch_failure_triggers() {
         name(&small, Trigger::Indeterminate).as_deref(),
         Some("f-not-capacity")
     );
+    // `b-amount-only` holds for `big` but never reads the trigger: it decided the call before
+    // dispatch and does not ask the approvers again when the dispatch fails.
     assert_eq!(name(&big, Trigger::CapacityExhausted), None);
+    let amount_only = set
+        .policies()
+        .iter()
+        .find(|p| p.name() == "b-amount-only")
+        .expect("policy");
+    assert!(amount_only.has_conditions() && !amount_only.reads_trigger());
     assert_eq!(
         name(&big, Trigger::LimitEscalate).as_deref(),
         Some("f-not-capacity")

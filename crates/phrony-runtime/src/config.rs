@@ -168,6 +168,16 @@ pub struct Settings {
     )]
     pub(crate) dispatch_queue_wait: Option<String>,
 
+    /// How many tool calls may wait for a free worker slot per `tool@version`; a call beyond
+    /// that fails at once as not dispatched (`dispatch:capacity_exhausted`). [default: 4096]
+    #[arg(
+        long,
+        env = "RUNTIME_DISPATCH_QUEUE_CAPACITY",
+        value_name = "N",
+        global = true
+    )]
+    pub(crate) dispatch_queue_capacity: Option<String>,
+
     /// How long a worker may run a tool call whose binding sets no timeout; then the call is
     /// cancelled. Seconds or a duration. [default: 60s]
     #[arg(
@@ -565,6 +575,7 @@ mod tests {
             park_approval_waits: true,
             default_actor: "anonymous".into(),
             dispatch_queue_wait: None,
+            dispatch_queue_capacity: None,
             tool_exec_timeout: None,
             worker_lease_ttl: None,
             tool_allowlist: None,

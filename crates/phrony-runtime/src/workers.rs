@@ -5,7 +5,8 @@
 //! Durations (`RUNTIME_DISPATCH_QUEUE_WAIT`, `RUNTIME_TOOL_EXEC_TIMEOUT`,
 //! `RUNTIME_WORKER_LEASE_TTL`, `RUNTIME_RECOVERY_GRACE`) are whole seconds (`10`) or a duration
 //! (`500ms`, `60s`, `2m`, `1h30m`). Unlike the reference, an invalid value stops the daemon
-//! instead of silently becoming the default. The bounds (`RUNTIME_MAX_TOOL_ARGS_BYTES`,
+//! instead of silently becoming the default. The bounds (`RUNTIME_DISPATCH_QUEUE_CAPACITY`,
+//! `RUNTIME_MAX_TOOL_ARGS_BYTES`,
 //! `RUNTIME_MAX_TOOL_CALLS_PER_TURN`, `RUNTIME_MAX_QUEUED_USER_MESSAGES`) are positive whole
 //! numbers; `RUNTIME_MAX_SESSIONS_PER_AGENT` is one too, or the word `unlimited` (never `0`,
 //! which would read as either "none" or "no bound").
@@ -86,6 +87,11 @@ impl Settings {
             "RUNTIME_WORKER_LEASE_TTL",
             self.worker_lease_ttl.as_deref(),
             router.lease_ttl,
+        )?;
+        router.queue_capacity = count(
+            "RUNTIME_DISPATCH_QUEUE_CAPACITY",
+            self.dispatch_queue_capacity.as_deref(),
+            router.queue_capacity,
         )?;
         router.validate().map_err(|e| {
             anyhow::anyhow!(
@@ -284,6 +290,7 @@ mod tests {
         assert_eq!(w.queue_wait, Duration::from_secs(10));
         assert_eq!(w.exec_timeout, Duration::from_secs(60));
         assert_eq!(w.router, RouterConfig::default());
+        assert_eq!(w.router.queue_capacity, 4096);
         assert!(w.allowlist.is_none());
         assert_eq!(w.max_tool_args_bytes, 1024 * 1024);
         assert_eq!(w.max_tool_calls_per_turn, 64);
@@ -375,8 +382,11 @@ mod tests {
             "2m",
             "--worker-lease-ttl",
             "10s",
+            "--dispatch-queue-capacity",
+            "20000",
         ])
         .unwrap();
+        assert_eq!(w.router.queue_capacity, 20_000);
         assert_eq!(w.queue_wait, Duration::from_secs(5));
         assert_eq!(w.exec_timeout, Duration::from_secs(120));
         assert_eq!(w.router.lease_ttl, Duration::from_secs(10));
@@ -395,6 +405,11 @@ mod tests {
             shown,
             "invalid RUNTIME_TOOL_EXEC_TIMEOUT \"0\": it must be greater than zero; expected \
              whole seconds (e.g. 10) or a duration such as 500ms, 60s or 2m"
+        );
+        let shown = error(&["--dispatch-queue-capacity", "0"]);
+        assert_eq!(
+            shown,
+            "invalid RUNTIME_DISPATCH_QUEUE_CAPACITY \"0\": expected a whole number greater than zero"
         );
         let shown = error(&["--worker-lease-ttl", "1s"]);
         assert!(

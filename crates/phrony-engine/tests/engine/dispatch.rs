@@ -41,6 +41,39 @@ async fn no_handler_fails_the_turn() {
 }
 
 #[tokio::test]
+async fn an_approved_call_whose_dispatch_fails_is_not_put_to_the_approvers_again() {
+    // The default agent's `refund-approval-boundary` (amount > 250 → require_approval) holds
+    // for €400 but never reads the dispatch trigger: it decided the call before dispatch. The
+    // reference re-applied it to the dispatch failure and asked the approvers who had just
+    // approved the refund the same question again; here the failure takes its default route.
+    let h = Harness::memory(
+        &AgentOptions::default(),
+        vec![Step::call("issue_refund", refund("ORD-1", 400.0))],
+    )
+    .await;
+    let s = h.start("Refund €400 for ORD-1.").await;
+    h.wait(&s.id, &[SessionStatus::AwaitingApproval]).await;
+    let approval = h.pending_approval(&s.id).await;
+    h.worker.disconnect().await;
+    h.engine
+        .vote(
+            VoteTarget::Approval(approval.id),
+            approve("lead-amy", "customer verified"),
+        )
+        .await
+        .unwrap();
+    let done = h.wait_end(&s.id).await;
+    assert_eq!(done.status, SessionStatus::Failed);
+    assert_eq!(
+        done.error.as_deref(),
+        Some("no handler registered for tool payments.issue-refund@1.0.0")
+    );
+    let approvals = h.store.session_approvals(&s.id).await.unwrap();
+    assert_eq!(approvals.len(), 1, "asked once: {approvals:?}");
+    assert_eq!(approvals[0].status, ApprovalStatus::Approved);
+}
+
+#[tokio::test]
 async fn a_no_handler_trigger_policy_escalates_to_a_human_and_approval_re_dispatches() {
     let opts = AgentOptions {
         extra_policies: vec![(
