@@ -422,26 +422,33 @@ async fn parked(
         }
     }
     let after = rss_mb(daemon);
+    // The allocator returns freed pages after its decay time (jemalloc: 10 s).
+    tokio::time::sleep(SETTLE).await;
+    let settled = rss_mb(daemon);
     eprintln!(
         "approve → invoke, one at a time: p50 {:.1} ms; burst of {}: vote p50 {:.1} ms, p99 {:.1} ms, \
-         approve → invoke p50 {:.1} ms, p99 {:.1} ms; all completed after {burst_ms:.0} ms; RSS after {after:.1} MiB",
+         approve → invoke p50 {:.1} ms, p99 {:.1} ms; all completed after {burst_ms:.0} ms; RSS {after:.1} MiB then, {settled:.1} MiB {} s later",
         approve_to_invoke.p50_us() / 1000.0,
         rest.len(),
         vote.p50_us() / 1000.0,
         vote.p99_us() / 1000.0,
         burst_to_invoke.p50_us() / 1000.0,
         burst_to_invoke.p99_us() / 1000.0,
+        SETTLE.as_secs(),
     );
     Ok(Parked {
         backend: "",
         sessions: n,
-        rss_mb: [before, parked_rss, after],
+        rss_mb: [before, parked_rss, after, settled],
         approve_to_invoke,
         vote,
         burst_to_invoke,
         burst_ms,
     })
 }
+
+/// How long after the burst ended the daemon's RSS is read again.
+pub(crate) const SETTLE: Duration = Duration::from_secs(12);
 
 /// Approvals decided one at a time before the burst (approve → invoke unloaded).
 const SINGLE_APPROVALS: usize = 20;

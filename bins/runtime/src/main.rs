@@ -16,6 +16,12 @@
 
 use std::process::ExitCode;
 
+/// jemalloc returns freed memory to the system (background threads purge dirty pages after
+/// their decay time); see `BENCHMARKS.md` for the RSS after a burst of sessions ends.
+#[cfg(not(target_env = "msvc"))]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 use clap::Parser as _;
 use phrony_runtime::{AuditCommand, Cli, Command, Env, LogFormat, daemon, logging};
 
