@@ -6,8 +6,9 @@ use std::sync::{Arc, Mutex};
 
 use phrony_dispatch::Router;
 use phrony_ledger::{
-    AgentVersionRef, Attribution, EventBody, NewSession, OnLimit, Session, SessionEvent,
-    SessionLimits, SessionMode, SessionPrincipal, SessionStatus, StatusChange, new_session_id,
+    AgentVersionRef, ApprovalStatus, Attribution, CallStatus, EventBody, NewSession, OnLimit,
+    Session, SessionEvent, SessionLimits, SessionMode, SessionPrincipal, SessionStatus,
+    StatusChange, new_session_id,
 };
 use phrony_manifest::{ANNOTATION_POLICIES_COMPILED, ANNOTATION_STUB_SCRIPT, CompiledAgent};
 use phrony_providers::{ApiKey, ModelProvider};
@@ -115,6 +116,10 @@ pub struct RecoveryReport {
     /// Sessions not resumed because the database was unavailable: they are not failed, and the
     /// engine resumes them when the database takes writes again.
     pub suspended: Vec<String>,
+    /// Sessions left parked: every open call waits for a human (see
+    /// [`EngineConfig::park_approval_waits`]), so a driver would only park again. A vote, the
+    /// approval timer or the sweep resumes each when its wait is decided.
+    pub parked: Vec<String>,
 }
 
 /// The session engine. Cheap to clone; clones share everything.
@@ -717,6 +722,15 @@ impl Engine {
             {
                 continue;
             }
+            match self.rests_parked(&session).await {
+                Ok(true) => {
+                    report.parked.push(session.id);
+                    continue;
+                }
+                Ok(false) => {}
+                // Resuming reports the error as it would have without this check.
+                Err(e) => tracing::debug!(session_id = %session.id, error = %e, "parked check"),
+            }
             match self.resume(session.clone(), None).await {
                 Ok(_) => report.resumed.push(session.id),
                 // A decision resumed it meanwhile (a parked session): it is driven.
@@ -755,6 +769,63 @@ impl Engine {
         }
         self.inner.timer_kick.notify_one();
         Ok(report)
+    }
+
+    /// Whether recovery finds `session` waiting on humans only, as a parked session does: parking
+    /// is on, it is a task session without an approval-wait budget in `awaiting_approval`, every
+    /// tool call of its latest completion has been recorded, and each one still open is
+    /// `awaiting_approval` on a pending approval. Such a session's driver would load, find
+    /// nothing to do and park again; leaving it unloaded keeps a restart with many sessions
+    /// waiting for people as cheap as the waiting itself.
+    async fn rests_parked(&self, session: &Session) -> Result<bool, EngineError> {
+        let eligible = self.inner.config.park_approval_waits
+            && session.mode == SessionMode::Task
+            && session.status == SessionStatus::AwaitingApproval
+            && session
+                .limits
+                .as_ref()
+                .is_none_or(|l| l.max_hitl_wait_minutes.is_none());
+        if !eligible {
+            return Ok(false);
+        }
+        let open = self.inner.store.open_calls(&session.id).await?;
+        if open.is_empty()
+            || open
+                .iter()
+                .any(|c| c.status != CallStatus::AwaitingApproval)
+        {
+            return Ok(false);
+        }
+        let approvals = self.inner.store.session_approvals(&session.id).await?;
+        let waiting = open.iter().all(|call| {
+            approvals
+                .iter()
+                .rfind(|a| a.call_id == call.call_id)
+                .is_some_and(|a| a.status == ApprovalStatus::Pending)
+        });
+        if !waiting {
+            return Ok(false);
+        }
+        // A crash between recording one call of a completion and the next leaves calls only
+        // the event log knows: the driver must record (and decide) them.
+        let fold = self.inner.fold(&session.id).await?;
+        let Some(last) = fold.last_completion.as_ref() else {
+            return Ok(false);
+        };
+        Ok(fold
+            .unresolved_calls(last.turn, &session.id, session.agent_version_id)
+            .is_some_and(|(iteration, calls)| {
+                calls.iter().all(|c| {
+                    let id = phrony_ledger::tool_call_id(
+                        &session.id,
+                        session.agent_version_id,
+                        last.turn,
+                        iteration,
+                        c.index,
+                    );
+                    open.iter().any(|o| o.call_id == id) || fold.has_result(&id)
+                })
+            }))
     }
 
     async fn resume(

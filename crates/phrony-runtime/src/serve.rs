@@ -368,17 +368,7 @@ pub async fn serve(
         .recover()
         .await
         .map_err(|source| ServeError::Recovery { source })?;
-    if !report.resumed.is_empty() || !report.failed.is_empty() || !report.suspended.is_empty() {
-        tracing::info!(
-            resumed = report.resumed.len(),
-            failed = report.failed.len(),
-            suspended = report.suspended.len(),
-            "recovered the sessions that were live at the last stop"
-        );
-    }
-    for (session_id, reason) in &report.failed {
-        tracing::warn!(%session_id, %reason, "session could not be resumed and was failed");
-    }
+    log_recovery(&report);
     let service = RuntimeService::new(ledger.clone(), config.default_actor, router.clone())
         .with_engine(engine.clone())
         .with_watch_buffer(config.approval_watch_buffer, config.approval_watch_grace);
@@ -496,5 +486,25 @@ async fn drain_dispatched_calls(router: &Router, limit: Duration) {
             );
         }
         tokio::time::sleep(POLL).await;
+    }
+}
+
+/// Logs what start-up recovery did with the sessions that were live at the last stop.
+fn log_recovery(report: &phrony_engine::RecoveryReport) {
+    if !report.resumed.is_empty()
+        || !report.failed.is_empty()
+        || !report.suspended.is_empty()
+        || !report.parked.is_empty()
+    {
+        tracing::info!(
+            resumed = report.resumed.len(),
+            failed = report.failed.len(),
+            suspended = report.suspended.len(),
+            parked = report.parked.len(),
+            "recovered the sessions that were live at the last stop"
+        );
+    }
+    for (session_id, reason) in &report.failed {
+        tracing::warn!(%session_id, %reason, "session could not be resumed and was failed");
     }
 }

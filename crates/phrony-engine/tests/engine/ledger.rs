@@ -265,13 +265,9 @@ async fn a_pending_approval_survives_a_restart(db: Db) {
         config: test_config(),
     });
     let report = engine.recover().await.unwrap();
-    assert_eq!(report.resumed, std::slice::from_ref(&s.id));
-    assert!(report.failed.is_empty());
-    assert_eq!(
-        script.api_keys(),
-        [Some("sk-test-123".to_owned())],
-        "unsealed from the store"
-    );
+    // Nothing to do until someone decides: it stays parked (no driver) until the vote.
+    assert_eq!(report.parked, std::slice::from_ref(&s.id));
+    assert!(report.resumed.is_empty() && report.failed.is_empty());
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(
         store.get_session(&s.id).await.unwrap().status,
@@ -296,6 +292,11 @@ async fn a_pending_approval_survives_a_restart(db: Db) {
     assert_eq!(done.status, SessionStatus::Completed, "{done:?}");
     assert_eq!(done.output.unwrap()["message"], "Refund rf_2891 issued.");
     assert_eq!(worker.tools(), ["payments.issue-refund"]);
+    assert_eq!(
+        script.api_keys(),
+        [Some("sk-test-123".to_owned())],
+        "unsealed from the store when the vote resumed it"
+    );
     let request = &script.requests()[0];
     let results = tool_results(request);
     assert_eq!(

@@ -6,8 +6,10 @@
 
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use crate::common::*;
-use phrony_engine::{EngineConfig, SessionHandle};
+use phrony_engine::{Engine, EngineConfig, EngineDeps, SessionHandle};
 use phrony_ledger::{ApprovalStatus, Attribution, SessionStatus};
 
 fn refund_then_say() -> Vec<Step> {
@@ -239,4 +241,73 @@ async fn a_budgeted_wait_or_a_conversation_is_not_parked() {
     h.wait(&c.id, &[SessionStatus::AwaitingApproval]).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(h.engine.is_driven(&c.id), "a conversation keeps its driver");
+}
+
+/// A new engine on `h`'s store and router (the daemon restarted), recovering.
+async fn restarted(h: &Harness, steps: Vec<Step>) -> (Engine, phrony_engine::RecoveryReport) {
+    h.engine.shutdown();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let engine = Engine::new(EngineDeps {
+        store: h.store.clone(),
+        router: Some(h.router.clone()),
+        providers: Arc::new(ScriptedFactory(Script::new(steps))),
+        clock: h.clock.clone(),
+        config: test_config(),
+    });
+    let report = engine.recover().await.unwrap();
+    (engine, report)
+}
+
+#[tokio::test]
+async fn a_restart_leaves_a_parked_session_unloaded_and_a_vote_still_resumes_it() {
+    let h = Harness::memory(&AgentOptions::default(), refund_then_say()).await;
+    let (s, approval) = parked_refund(&h).await;
+    let (engine, report) = restarted(&h, vec![Step::say("Done.")]).await;
+    assert_eq!(report.parked, std::slice::from_ref(&s.id));
+    assert!(report.resumed.is_empty(), "{report:?}");
+    assert!(!engine.is_driven(&s.id));
+
+    let answer = engine
+        .vote(VoteTarget::Approval(approval.id), approve("emad", "ok"))
+        .await
+        .unwrap();
+    assert!(answer.decided);
+    assert_eq!(answer.session_status, SessionStatus::AwaitingTool);
+    for _ in 0..500 {
+        if h.store.get_session(&s.id).await.unwrap().status == SessionStatus::Completed {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        h.store.get_session(&s.id).await.unwrap().status,
+        SessionStatus::Completed
+    );
+    assert_eq!(h.worker.tools(), ["payments.issue-refund"]);
+}
+
+#[tokio::test]
+async fn a_restart_resumes_a_waiting_session_whose_wait_was_decided_meanwhile() {
+    let h = Harness::memory(&AgentOptions::default(), refund_then_say()).await;
+    let (s, approval) = parked_refund(&h).await;
+    h.engine.shutdown();
+    // Decided while no daemon ran (another process, an operator's tool).
+    h.store
+        .cast_vote(approval.id, approve("emad", "ok"))
+        .await
+        .unwrap();
+    let (engine, report) = restarted(&h, vec![Step::say("Done.")]).await;
+    assert_eq!(report.resumed, std::slice::from_ref(&s.id));
+    assert!(report.parked.is_empty());
+    for _ in 0..500 {
+        if !engine.is_driven(&s.id) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        h.store.get_session(&s.id).await.unwrap().status,
+        SessionStatus::Completed
+    );
+    assert_eq!(h.worker.tools(), ["payments.issue-refund"]);
 }

@@ -407,12 +407,7 @@ async fn a_restarted_engine_resumes_a_session_waiting_for_approval() {
         config: test_config(),
     });
     let report = engine.recover().await.unwrap();
-    assert_eq!(report.resumed, std::slice::from_ref(&s.id));
-    assert_eq!(
-        script.api_keys(),
-        [Some("sk-test-123".to_owned())],
-        "the key comes back from the store"
-    );
+    assert_eq!(report.parked, std::slice::from_ref(&s.id), "{report:?}");
     assert_eq!(
         h.store.get_session(&s.id).await.unwrap().status,
         SessionStatus::AwaitingApproval
@@ -428,6 +423,11 @@ async fn a_restarted_engine_resumes_a_session_waiting_for_approval() {
     assert_eq!(done.status, SessionStatus::Completed);
     assert_eq!(done.output.unwrap()["message"], "Refund rf_2891 issued.");
     assert_eq!(h.worker.tools(), ["payments.issue-refund"]);
+    assert_eq!(
+        script.api_keys(),
+        [Some("sk-test-123".to_owned())],
+        "the key comes back from the store"
+    );
     // The resumed model saw the whole conversation, the approved call's result included.
     let request = &script.requests()[0];
     assert_eq!(user_texts(request)[0], "Refund €400 for ORD-1.");
