@@ -130,6 +130,10 @@ pub struct Parked {
     /// Daemon RSS (MiB) before parking, while parked, when they all ended, and
     /// [`SETTLE`](crate::load::SETTLE) later (what the allocator gave back).
     pub rss_mb: [f64; 4],
+    /// kill -9 with every session parked, then start again: milliseconds until `SERVING`.
+    pub restart_ms: f64,
+    /// Daemon RSS (MiB) right after that restart.
+    pub restart_rss_mb: f64,
     /// Approve → invoke, approvals one at a time.
     pub approve_to_invoke: Latencies,
     /// Each `DecideApproval` of the burst.
@@ -322,6 +326,7 @@ pub fn to_json(report: &Report) -> Value {
     if let Some(p) = parked {
         put("parked_rss_mb", Some(p.rss_mb[1]));
         put("parked_rss_settled_mb", Some(p.rss_mb[3]));
+        put("parked_restart_ms", Some(p.restart_ms));
         if !p.approve_to_invoke.is_empty() {
             put(
                 "approve_to_invoke_p50_ms",
@@ -422,13 +427,13 @@ pub fn markdown(report: &Report) -> String {
     }
     let _ = writeln!(
         s,
-        "\n| backend | parked | RSS before / parked / ended / settled (MiB) | KiB per parked session | approve → invoke p50 (one at a time) | burst: vote p50 / p99 | burst: approve → invoke p50 / p99 | burst until all completed |\n|---|---|---|---|---|---|---|---|"
+        "\n| backend | parked | RSS before / parked / ended / settled (MiB) | KiB per parked session | kill -9 → SERVING again (RSS then) | approve → invoke p50 (one at a time) | burst: vote p50 / p99 | burst: approve → invoke p50 / p99 | burst until all completed |\n|---|---|---|---|---|---|---|---|---|"
     );
     for p in &report.parked {
         let per = (p.rss_mb[1] - p.rss_mb[0]) * 1024.0 / (p.sessions.max(1) as f64);
         let _ = writeln!(
             s,
-            "| {} | {} | {:.1} / {:.1} / {:.1} / {:.1} | {:.0} | {:.1} ms | {:.1} ms / {:.1} ms | {:.1} ms / {:.1} ms | {:.0} ms |",
+            "| {} | {} | {:.1} / {:.1} / {:.1} / {:.1} | {:.0} | {:.0} ms ({:.1} MiB) | {:.1} ms | {:.1} ms / {:.1} ms | {:.1} ms / {:.1} ms | {:.0} ms |",
             p.backend,
             p.sessions,
             p.rss_mb[0],
@@ -436,6 +441,8 @@ pub fn markdown(report: &Report) -> String {
             p.rss_mb[2],
             p.rss_mb[3],
             per,
+            p.restart_ms,
+            p.restart_rss_mb,
             p.approve_to_invoke.p50_us() / 1000.0,
             p.vote.p50_us() / 1000.0,
             p.vote.p99_us() / 1000.0,

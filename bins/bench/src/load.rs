@@ -43,7 +43,7 @@ pub(crate) fn backend(
 ) -> Result<(), BenchError> {
     let name = backend_name(backend);
     let bound = (plan.parked * 2).max(10_000).to_string();
-    let Some(daemon) = Daemon::start_with_env(
+    let Some(mut daemon) = Daemon::start_with_env(
         backend,
         &[
             ("RUNTIME_ENABLE_STUB_PROVIDER", "1"),
@@ -130,7 +130,7 @@ pub(crate) fn backend(
             });
         }
         let completed_held = if plan.parked > 0 {
-            let parked = parked(&client, &daemon, &workers, plan.parked).await?;
+            let parked = parked(&client, &mut daemon, &workers, plan.parked).await?;
             let ended = parked.sessions as u64;
             report.parked.push(Parked {
                 backend: name,
@@ -343,7 +343,7 @@ async fn one_session(client: &Client) -> Result<Option<(String, Instant)>, Strin
 /// approves them all in one burst and waits until they completed.
 async fn parked(
     client: &Client,
-    daemon: &Daemon,
+    daemon: &mut Daemon,
     workers: &[RefundWorker],
     n: usize,
 ) -> Result<Parked, BenchError> {
@@ -373,6 +373,18 @@ async fn parked(
     eprintln!(
         "parked {n}: daemon RSS {before:.1} MiB before, {parked_rss:.1} MiB parked ({:.0} KiB each)",
         (parked_rss - before) * 1024.0 / (n.max(1) as f64)
+    );
+    // kill -9 with every session parked: how long recovery takes until SERVING, and what the
+    // daemon holds afterwards (the workers and the client reconnect on their own).
+    let restart = Instant::now();
+    tokio::task::block_in_place(|| {
+        daemon.kill9();
+        daemon.restart();
+    });
+    let restart_ms = restart.elapsed().as_secs_f64() * 1000.0;
+    let restart_rss = rss_mb(daemon);
+    eprintln!(
+        "parked {n}: kill -9 and restart until SERVING {restart_ms:.0} ms, RSS then {restart_rss:.1} MiB"
     );
     // Approve → invoke with nothing else going on: a few approvals one at a time, each
     // waited for until its invoke reached a worker.
@@ -440,6 +452,8 @@ async fn parked(
         backend: "",
         sessions: n,
         rss_mb: [before, parked_rss, after, settled],
+        restart_ms,
+        restart_rss_mb: restart_rss,
         approve_to_invoke,
         vote,
         burst_to_invoke,
