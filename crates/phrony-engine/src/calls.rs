@@ -23,10 +23,11 @@ use phrony_policy::{AgentCtx, Decision, Policy, Request, SessionCtx, ToolCtx, Tr
 use serde_json::{Map, Value, json};
 use uuid::Uuid;
 
-use crate::driver::{CallStop, Ctx, DriverSetup, LimitEscalation, Stop, limit_message};
+use crate::driver::{CallStop, Ctx, LimitEscalation, Stop, limit_message};
 use crate::error::{ErrorKind, StoreError};
 use crate::fold::{FAILURE_KEY, TRIGGER_KEY, codes, rejection_text};
 use crate::hooks::ledger_outcome;
+use crate::setup::DriverSetup;
 use crate::store::LedgerStore;
 
 pub use crate::fold::LIMIT_TOOL;

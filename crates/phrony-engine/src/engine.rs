@@ -20,9 +20,10 @@ use uuid::Uuid;
 
 use crate::clock::Clock;
 use crate::config::EngineConfig;
-use crate::driver::{self, DriverSetup};
+use crate::driver;
 use crate::error::{EngineError, ErrorKind, StoreError};
 use crate::provider::{ProviderFactory, api_key_secret_name};
+use crate::setup::DriverSetup;
 use crate::state::{Inner, first_user_message};
 use crate::store::{LedgerStore, PlainSecret};
 use crate::subscribe::Subscription;
@@ -259,6 +260,7 @@ impl Engine {
             unpark: unpark_tx,
             registered: tokio::sync::watch::channel(0).0,
             handover: Mutex::new(HashMap::new()),
+            prepared: Mutex::new(HashMap::new()),
         });
         tokio::spawn(timer::run(Arc::downgrade(&inner), inner.stop.clone()));
         tokio::spawn(unpark_task(
@@ -406,7 +408,7 @@ impl Engine {
         self.spawn(
             session.clone(),
             Arc::new(agent),
-            setup,
+            Arc::new(setup),
             provider,
             next_turn,
             0,
@@ -427,7 +429,7 @@ impl Engine {
         &self,
         session: Session,
         agent: Arc<CompiledAgent>,
-        setup: DriverSetup,
+        setup: Arc<DriverSetup>,
         provider: Box<dyn ModelProvider>,
         next_turn: u32,
         started_turn: u32,
@@ -838,9 +840,12 @@ impl Engine {
             .store
             .agent_version(session.agent_version_id)
             .await?;
-        let agent = CompiledAgent::from_snapshot_json(stored.snapshot_json.as_bytes())
-            .map_err(|e| EngineError::new(ErrorKind::Internal, e.to_string()))?;
-        let setup = DriverSetup::prepare(&agent)?;
+        let (agent, setup) =
+            self.inner
+                .prepare(session.agent_version_id, &stored.content_hash, || {
+                    CompiledAgent::from_snapshot_json(stored.snapshot_json.as_bytes())
+                        .map_err(|e| EngineError::new(ErrorKind::Internal, e.to_string()))
+                })?;
         let secrets = self.inner.store.load_secrets(&session.id).await?;
         let key = api_key(&agent, &secrets)?;
         let fold = self.inner.fold(&session.id).await?;
@@ -859,7 +864,7 @@ impl Engine {
         let started_turn = fold.max_started_turn;
         self.spawn(
             session,
-            Arc::new(agent),
+            agent,
             setup,
             provider,
             next_turn,

@@ -89,6 +89,7 @@ mod hooks;
 mod inspect;
 mod provider;
 mod resume;
+mod setup;
 mod state;
 mod store;
 mod subscribe;

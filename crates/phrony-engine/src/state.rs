@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use phrony_dispatch::Router;
 use phrony_ledger::{Event, SessionStatus};
+use phrony_manifest::CompiledAgent;
 use serde_json::Value;
 use tokio::sync::{Notify, broadcast, mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
@@ -19,6 +20,7 @@ use crate::config::EngineConfig;
 use crate::error::EngineError;
 use crate::fold::Fold;
 use crate::provider::ProviderFactory;
+use crate::setup::DriverSetup;
 use crate::store::LedgerStore;
 
 /// One update of a followed session.
@@ -75,7 +77,18 @@ pub(crate) struct Inner {
     /// Votes waiting for a decision of a session whose driver parked before taking it: the
     /// session's next driver answers them (`register` moves them into its `Live`).
     pub(crate) handover: Mutex<HashMap<String, Decisions>>,
+    /// Agent versions compiled for driving (snapshot parsed, policies and argument schemas
+    /// compiled), by version id and content hash: a published version never changes, so every
+    /// session of it shares one. Bounded by [`PREPARED_AGENTS`].
+    pub(crate) prepared: Mutex<HashMap<(Uuid, String), Prepared>>,
 }
+
+/// An agent version ready to drive sessions: the compiled agent and what drivers need from it.
+pub(crate) type Prepared = (Arc<CompiledAgent>, Arc<DriverSetup>);
+
+/// Agent versions [`Inner::prepared`] keeps; when full it starts over (versions in use are
+/// compiled again on their next session).
+pub(crate) const PREPARED_AGENTS: usize = 256;
 
 /// Votes waiting for the driver to take their approval's decision, by approval.
 pub(crate) type Decisions = HashMap<Uuid, Vec<oneshot::Sender<SessionStatus>>>;
@@ -189,6 +202,34 @@ impl Live {
 }
 
 impl Inner {
+    /// The prepared form of agent version `id` whose compiled snapshot is `agent` (or whose
+    /// stored snapshot `load` parses), compiled once per version.
+    pub(crate) fn prepare(
+        &self,
+        id: Uuid,
+        content_hash: &str,
+        load: impl FnOnce() -> Result<CompiledAgent, EngineError>,
+    ) -> Result<Prepared, EngineError> {
+        let key = (id, content_hash.to_owned());
+        if let Some(hit) = self.lock_prepared().get(&key) {
+            return Ok(hit.clone());
+        }
+        let agent = load()?;
+        let setup = DriverSetup::prepare(&agent)?;
+        let prepared = (Arc::new(agent), Arc::new(setup));
+        let mut cache = self.lock_prepared();
+        if cache.len() >= PREPARED_AGENTS {
+            cache.clear();
+        }
+        Ok(cache.entry(key).or_insert(prepared).clone())
+    }
+
+    fn lock_prepared(&self) -> std::sync::MutexGuard<'_, HashMap<(Uuid, String), Prepared>> {
+        self.prepared
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     pub(crate) fn live(&self, session_id: &str) -> Option<Arc<Live>> {
         self.live
             .lock()

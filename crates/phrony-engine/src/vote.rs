@@ -21,7 +21,6 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use crate::calls::{CallScope, EditRefusal, LIMIT_TOOL};
-use crate::driver::DriverSetup;
 use crate::engine::Engine;
 use crate::error::{EngineError, ErrorKind};
 
@@ -194,9 +193,13 @@ impl Engine {
         let session = store.get_session(&approval.session_id).await?;
         let call = store.get_tool_call(&approval.call_id).await?;
         let stored = store.agent_version(session.agent_version_id).await?;
-        let agent = CompiledAgent::from_snapshot_json(stored.snapshot_json.as_bytes())
-            .map_err(|e| EngineError::new(ErrorKind::Internal, e.to_string()))?;
-        let setup = DriverSetup::prepare(&agent)?;
+        let (agent, setup) =
+            self.inner
+                .prepare(session.agent_version_id, &stored.content_hash, || {
+                    CompiledAgent::from_snapshot_json(stored.snapshot_json.as_bytes())
+                        .map_err(|e| EngineError::new(ErrorKind::Internal, e.to_string()))
+                })?;
+        let agent: &CompiledAgent = &agent;
         let wire = call.wire_name.clone().unwrap_or_else(|| call.tool.clone());
         let Some(binding) = setup.binding(&wire) else {
             return Err(EngineError::precondition(format!(
@@ -207,7 +210,7 @@ impl Engine {
         let principal = self.inner.fold(&session.id).await?.principal;
         let metadata = serde_json::to_value(&session.metadata).unwrap_or(Value::Null);
         let scope = CallScope {
-            agent: &agent,
+            agent,
             session_id: &session.id,
             metadata: &metadata,
             principal: principal.as_ref(),
