@@ -410,9 +410,8 @@ async fn settle_parked(inner: &Inner, session_id: &str) {
     }
 }
 
-/// Whether the session still waits only for humans (the rule of
-/// `Ledger::sessions_with_decided_waits`): `awaiting_approval`, an approval still pending, and
-/// no call approved meanwhile that waits to be sent.
+/// Whether the session still waits only for humans: `awaiting_approval`, an approval still
+/// pending, and no call approved meanwhile that waits to be sent.
 async fn still_parked(inner: &Inner, session_id: &str) -> Result<bool, StoreError> {
     let session = inner.store.get_session(session_id).await?;
     if session.status != SessionStatus::AwaitingApproval {

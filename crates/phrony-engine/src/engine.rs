@@ -977,6 +977,13 @@ pub(crate) fn provider_error(e: &phrony_providers::ProviderError) -> EngineError
     EngineError::new(kind, e.to_string())
 }
 
+/// How far before the last sweep the next one looks: decisions recorded with another process's
+/// clock, or committed while the last sweep read, are not missed.
+const SWEEP_OVERLAP: chrono::Duration = chrono::Duration::seconds(60);
+
+/// Sessions one sweep resumes at most (the rest at the next one).
+const SWEEP_LIMIT: u32 = 10_000;
+
 /// Resumes the parked sessions [`Inner::request_unpark`] names (a decision, an expiry or a
 /// cancellation reached a session whose driver is unloaded). Holds only a weak reference, so
 /// the engine can drop.
@@ -986,29 +993,38 @@ async fn unpark_task(
     mut requests: tokio::sync::mpsc::UnboundedReceiver<String>,
 ) {
     // The safety net, like the live wait's re-read: a decision recorded by another process (or
-    // straight into the store) wakes nobody here, so the decided waits are swept periodically.
-    let period = match inner.upgrade() {
-        Some(inner) => inner.config.poll_interval * 10,
+    // straight into the store) wakes nobody here, so the decisions since the last sweep are
+    // looked at periodically. The cost follows those decisions, not the sessions waiting.
+    let (period, mut swept) = match inner.upgrade() {
+        Some(inner) => (inner.config.poll_interval * 10, inner.clock.now()),
         None => return,
     };
     let mut sweep = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
     sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        let ids = tokio::select! {
+        let (ids, sweep_started) = tokio::select! {
             () = stop.cancelled() => return,
             id = requests.recv() => match id {
-                Some(id) => vec![id],
+                Some(id) => (vec![id], None),
                 None => return,
             },
             _ = sweep.tick() => {
                 let Some(inner) = inner.upgrade() else {
                     return;
                 };
-                match inner.store.sessions_with_decided_waits(1000).await {
-                    Ok(ids) => ids.into_iter().filter(|id| inner.live(id).is_none()).collect(),
+                let started = inner.clock.now();
+                match inner
+                    .store
+                    .sessions_with_waits_decided_since(swept - SWEEP_OVERLAP, SWEEP_LIMIT)
+                    .await
+                {
+                    Ok(ids) => (
+                        ids.into_iter().filter(|id| inner.live(id).is_none()).collect(),
+                        Some(started),
+                    ),
                     Err(e) => {
                         tracing::debug!(error = %e, "could not sweep the parked sessions");
-                        Vec::new()
+                        (Vec::new(), None)
                     }
                 }
             }
@@ -1017,10 +1033,19 @@ async fn unpark_task(
             return;
         };
         let engine = Engine { inner };
+        let mut all_resumed = true;
         for id in ids {
             if let Err(e) = engine.unpark(&id, None).await {
+                all_resumed = false;
                 tracing::warn!(session_id = %id, error = %e, "could not resume a parked session");
             }
+        }
+        // The window moves on only when every session it found was resumed: a failed resume is
+        // tried again at the next sweep.
+        if let Some(started) = sweep_started
+            && all_resumed
+        {
+            swept = started;
         }
     }
 }

@@ -299,10 +299,17 @@ impl LedgerStore {
         Ok(self.ledger.sessions_needing_recovery().await?)
     }
 
-    /// Sessions still `awaiting_approval` whose awaited decision was taken (see
-    /// `Ledger::sessions_with_decided_waits`).
-    pub async fn sessions_with_decided_waits(&self, limit: u32) -> StoreResult<Vec<String>> {
-        Ok(self.ledger.sessions_with_decided_waits(limit).await?)
+    /// Sessions waiting for approval with an approval decided since `since` (see
+    /// `Ledger::sessions_with_waits_decided_since`).
+    pub async fn sessions_with_waits_decided_since(
+        &self,
+        since: DateTime<Utc>,
+        limit: u32,
+    ) -> StoreResult<Vec<String>> {
+        Ok(self
+            .ledger
+            .sessions_with_waits_decided_since(since, limit)
+            .await?)
     }
 
     /// Records a model tool call (`pending`); idempotent for the same call.

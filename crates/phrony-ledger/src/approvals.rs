@@ -1706,25 +1706,33 @@ impl Ledger {
         .await
     }
 
-    /// Sessions `awaiting_approval` with a decision to act on: none of their approvals is
-    /// pending any more, or one of their calls was approved and waits to be sent (`pending` or
-    /// `queued`) — decided, expired or closed possibly by another process on the same database.
-    /// The engine resumes those whose driver it unloaded while they waited (live sessions act
-    /// on their own). At most `limit` (1..=1000), any order.
+    /// Sessions `awaiting_approval` with an approval decided (approved, denied, expired,
+    /// cancelled or escalated) at or after `since` — by this process or another one on the same
+    /// database. The engine resumes those whose driver it unloaded while they waited (live
+    /// sessions act on their own). Reads the partial index `approvals_decided` (migration 0010):
+    /// the cost follows the decisions since `since`, not the sessions still waiting. At most
+    /// `limit` (1..=10,000), any order.
     ///
     /// # Errors
     /// Database errors.
-    pub async fn sessions_with_decided_waits(&self, limit: u32) -> Result<Vec<String>> {
+    pub async fn sessions_with_waits_decided_since(
+        &self,
+        since: DateTime<Utc>,
+        limit: u32,
+    ) -> Result<Vec<String>> {
         let mut conn = self.pool.acquire().await?;
         let rows = conn
             .conn()
             .fetch_all(
-                "list sessions whose approval wait is decided",
-                "SELECT s.id AS session_id FROM sessions s WHERE s.status = 'awaiting_approval' \
-                 AND (NOT EXISTS (SELECT 1 FROM approvals a WHERE a.session_id = s.id \
-                 AND a.status = 'pending') OR EXISTS (SELECT 1 FROM tool_invocations t \
-                 WHERE t.session_id = s.id AND t.status IN ('pending', 'queued'))) LIMIT $1",
-                args![i64::from(limit.clamp(1, 1000))],
+                "list sessions whose approval wait was decided",
+                // Driven from the approvals (the decided ones are few), the session's status
+                // checked per row by its key: a join would let the planner scan every waiting
+                // session instead.
+                "SELECT DISTINCT a.session_id AS session_id FROM approvals a \
+                 WHERE a.decided_at IS NOT NULL AND a.decided_at >= $1 \
+                 AND EXISTS (SELECT 1 FROM sessions s WHERE s.id = a.session_id \
+                 AND s.status = 'awaiting_approval') LIMIT $2",
+                args![since, i64::from(limit.clamp(1, 10_000))],
             )
             .await?;
         rows.iter().map(|r| r.text("session_id")).collect()

@@ -99,6 +99,7 @@ conformance!(
     retire_and_archive_end_the_sessions_of_their_versions,
     approvals_list_filters_and_paginates,
     a_pending_approval_survives_a_restart,
+    decided_waits_are_found_by_decision_time,
     secrets_are_sealed_and_purged_on_terminal_transitions,
     rebuild_reproduces_session_projections_exactly,
     cancelled_writes_never_leave_the_database_locked,

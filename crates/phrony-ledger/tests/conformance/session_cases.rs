@@ -3128,3 +3128,72 @@ pub(crate) async fn a_session_never_outlives_the_retire_or_archive_of_its_agent(
         "agent support/refund-agent is archived and cannot be run"
     );
 }
+
+/// The engine's sweep of parked sessions: the sessions still waiting that had an approval
+/// decided since a time, read through the partial index of migration 0010 — what was decided,
+/// not a scan of everything that still waits.
+pub(crate) async fn decided_waits_are_found_by_decision_time(db: &TestDb) {
+    use sqlx::{Connection as _, Row as _};
+    let ledger = db.migrated().await;
+    let v = deploy_agent(ledger, &refund_agent(), "0.1.0").await;
+    let (_waiting, _, _) = pending_approval(ledger, &v, |_| {}).await;
+    let (decided, _, approval) = pending_approval(ledger, &v, |_| {}).await;
+    let since = chrono::Utc::now() - Duration::seconds(5);
+    let found = |since| async move {
+        ledger
+            .sessions_with_waits_decided_since(since, 100)
+            .await
+            .unwrap()
+    };
+    assert!(found(since).await.is_empty(), "nothing decided yet");
+    ledger
+        .cast_vote(approval.id, approve("alice"))
+        .await
+        .unwrap();
+    assert_eq!(found(since).await, vec![decided.id.clone()]);
+    assert!(
+        found(chrono::Utc::now() + Duration::seconds(60))
+            .await
+            .is_empty(),
+        "decided before the window"
+    );
+    // Once the session moved on it is no longer waiting.
+    to(ledger, &decided.id, SessionStatus::AwaitingTool).await;
+    assert!(found(since).await.is_empty());
+
+    // The ledger's query, as `Ledger::sessions_with_waits_decided_since` sends it.
+    let query = "SELECT DISTINCT a.session_id FROM approvals a \
+                 WHERE a.decided_at IS NOT NULL AND a.decided_at >= '2026-01-01' \
+                 AND EXISTS (SELECT 1 FROM sessions s WHERE s.id = a.session_id \
+                 AND s.status = 'awaiting_approval')";
+    let plan: Vec<String> = match db.kind {
+        Backend::Sqlite => {
+            let mut conn = sqlx::SqliteConnection::connect(&db.url).await.unwrap();
+            sqlx::query(&format!("EXPLAIN QUERY PLAN {query}"))
+                .fetch_all(&mut conn)
+                .await
+                .unwrap()
+                .iter()
+                .map(|r| r.get::<String, _>("detail"))
+                .collect()
+        }
+        Backend::Postgres => {
+            let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
+            sqlx::query("SET enable_seqscan = off")
+                .execute(&mut conn)
+                .await
+                .unwrap();
+            sqlx::query(&format!("EXPLAIN {query}"))
+                .fetch_all(&mut conn)
+                .await
+                .unwrap()
+                .iter()
+                .map(|r| r.get::<String, _>(0))
+                .collect()
+        }
+    };
+    assert!(
+        plan.iter().any(|line| line.contains("approvals_decided")),
+        "{plan:?}"
+    );
+}
