@@ -8,11 +8,15 @@
 //!   wait for it to complete, then start the next; throughput and latency from the start to
 //!   `completed`, per concurrency;
 //! - **parked**: `P` sessions wait in `awaiting_approval` (a refund of 400); the daemon's resident
-//!   memory before, while parked and after; then all are approved in one burst (64 voters at
-//!   once), each vote's latency and the time until every session completed;
+//!   memory before and while parked, its CPU while nothing but parked sessions exist, a kill -9
+//!   and restart with all of them parked; then a burst of `B` approvals (default up to 1,000, 64
+//!   voters at once: each vote's latency, approve → invoke, the time until they all completed);
+//!   the sessions not approved are then cancelled, and the memory read again when all ended and
+//!   once more after the allocator's decay time;
 //! - **baselines**: raw durable SQLite commits per second with the daemon's settings (WAL,
-//!   `synchronous=FULL`, one row per transaction) on the same filesystem, and the unary gRPC
-//!   round trip to the same daemon (`Health/Check`).
+//!   `synchronous=FULL`, one row per transaction) on the same filesystem, and the unary
+//!   (`Health/Check`) and bidirectional-stream (`Work` heartbeat → ack) gRPC round trips to the
+//!   same daemon.
 //!
 //! Every run checks the work: each completed session's tool call ran exactly once on a worker
 //! (`lost_or_duplicated` counts the difference and every failed session); the binary exits 1
@@ -26,9 +30,6 @@
 //!   the daemon);
 //! - **approve → invoke**: from sending `DecideApproval` until the invoke reached a worker, for
 //!   20 approvals one at a time and for every approval of the burst.
-//!
-//! Not measured yet (listed under `not_measured` in the JSON): a bare bidi-stream round trip
-//! baseline (only the unary one is measured).
 
 mod baseline;
 mod load;
@@ -65,6 +66,10 @@ pub struct Options {
     /// Sessions parked in `awaiting_approval` (default 1000, `--quick` 50).
     #[arg(long)]
     pub parked: Option<usize>,
+    /// Parked sessions approved in the burst (default: 1000, or all of them when fewer); the
+    /// others are cancelled afterwards.
+    #[arg(long)]
+    pub burst: Option<usize>,
     /// Write the report as Markdown to this file (e.g. `BENCHMARKS.md`).
     #[arg(long)]
     pub report: Option<PathBuf>,
@@ -127,6 +132,11 @@ pub struct Parked {
     pub backend: &'static str,
     /// Sessions parked.
     pub sessions: usize,
+    /// Of those, approved (one at a time, then in the burst) and completed; the others were
+    /// cancelled.
+    pub approved: usize,
+    /// The daemon's CPU (% of one core) over a quiet window with only the parked sessions.
+    pub idle_cpu_pct: f64,
     /// Daemon RSS (MiB) before parking, while parked, when they all ended, and
     /// [`SETTLE`](crate::load::SETTLE) later (what the allocator gave back).
     pub rss_mb: [f64; 4],
@@ -136,12 +146,25 @@ pub struct Parked {
     pub restart_rss_mb: f64,
     /// Approve → invoke, approvals one at a time.
     pub approve_to_invoke: Latencies,
+    /// Approvals in the burst.
+    pub burst: usize,
     /// Each `DecideApproval` of the burst.
     pub vote: Latencies,
     /// Approve → invoke of each approval of the burst.
     pub burst_to_invoke: Latencies,
-    /// From the first vote of the burst until every session completed.
+    /// From the first vote of the burst until every approved session completed.
     pub burst_ms: f64,
+}
+
+/// The bare gRPC round trips to one daemon.
+#[derive(Debug, Clone)]
+pub struct Rtt {
+    /// `sqlite` or `postgres`.
+    pub backend: &'static str,
+    /// `Health/Check`, one call at a time.
+    pub unary: Latencies,
+    /// `Work` heartbeat → ack on one stream, one at a time.
+    pub bidi: Latencies,
 }
 
 /// Everything a run measured.
@@ -149,8 +172,8 @@ pub struct Parked {
 pub struct Report {
     /// Raw durable SQLite commits per second (baseline).
     pub raw_commits_per_s: f64,
-    /// Unary round trips to the daemon (baseline), per backend.
-    pub rtt: Vec<(&'static str, Latencies)>,
+    /// Round trips to the daemon (baselines), per backend.
+    pub rtt: Vec<Rtt>,
     /// Closed-loop phases.
     pub closed: Vec<ClosedLoop>,
     /// Open-loop phases.
@@ -162,6 +185,9 @@ pub struct Report {
     pub lost_or_duplicated: u64,
 }
 
+/// Approvals in the burst unless `--burst` says otherwise (all parked sessions when fewer).
+const DEFAULT_BURST: usize = 1000;
+
 /// The sizes of a run.
 #[derive(Debug, Clone)]
 pub(crate) struct Plan {
@@ -169,6 +195,8 @@ pub(crate) struct Plan {
     pub(crate) concurrency: Vec<usize>,
     pub(crate) phase: Duration,
     pub(crate) parked: usize,
+    pub(crate) burst: usize,
+    pub(crate) quick: bool,
     pub(crate) rtt_samples: usize,
     pub(crate) commit_phase: Duration,
 }
@@ -216,11 +244,19 @@ impl Plan {
                 "--parked {parked}: at most 200000"
             )));
         }
+        let burst = options.burst.unwrap_or(DEFAULT_BURST.min(parked));
+        if burst > parked {
+            return Err(BenchError::new(format!(
+                "--burst {burst}: more than the {parked} parked sessions"
+            )));
+        }
         Ok(Self {
             backends,
             concurrency,
             phase: Duration::from_secs(seconds),
             parked,
+            burst,
+            quick: options.quick,
             rtt_samples: if options.quick { 200 } else { 2000 },
             commit_phase: Duration::from_secs(if options.quick { 1 } else { 3 }),
         })
@@ -284,15 +320,13 @@ pub fn to_json(report: &Report) -> Value {
     put("tool_calls_per_s", best(report, "sqlite"));
     put("tool_calls_per_s_postgres", best(report, "postgres"));
     put("raw_durable_commits_per_s", Some(report.raw_commits_per_s));
-    put(
-        "bare_rtt_p50_us",
-        report
-            .rtt
-            .iter()
-            .find(|(b, _)| *b == "sqlite")
-            .or_else(|| report.rtt.first())
-            .map(|(_, l)| l.p50_us()),
-    );
+    let rtt = report
+        .rtt
+        .iter()
+        .find(|r| r.backend == "sqlite")
+        .or_else(|| report.rtt.first());
+    put("bare_rtt_p50_us", rtt.map(|r| r.unary.p50_us()));
+    put("bare_bidi_rtt_p50_us", rtt.map(|r| r.bidi.p50_us()));
     let first_closed = report
         .closed
         .iter()
@@ -326,6 +360,7 @@ pub fn to_json(report: &Report) -> Value {
     if let Some(p) = parked {
         put("parked_rss_mb", Some(p.rss_mb[1]));
         put("parked_rss_settled_mb", Some(p.rss_mb[3]));
+        put("parked_idle_cpu_pct", Some(p.idle_cpu_pct));
         put("parked_restart_ms", Some(p.restart_ms));
         if !p.approve_to_invoke.is_empty() {
             put(
@@ -346,12 +381,12 @@ pub fn to_json(report: &Report) -> Value {
         put("approve_burst_p99_ms", Some(p.vote.p99_us() / 1000.0));
         put("approve_burst_all_completed_ms", Some(p.burst_ms));
         out.insert("parked_sessions".to_owned(), json!(p.sessions));
+        out.insert("approve_burst_size".to_owned(), json!(p.burst));
     }
     out.insert(
         "lost_or_duplicated".to_owned(),
         json!(report.lost_or_duplicated),
     );
-    out.insert("not_measured".to_owned(), json!(["bare_bidi_rtt_p50_us"]));
     out.insert(
         "closed_loop".to_owned(),
         report
@@ -382,12 +417,17 @@ pub fn markdown(report: &Report) -> String {
         "\n| baseline | value |\n|---|---|\n| raw durable SQLite commits/s (WAL, synchronous=FULL) | {:.0} |",
         report.raw_commits_per_s
     );
-    for (backend, rtt) in &report.rtt {
+    for rtt in &report.rtt {
         let _ = writeln!(
             s,
-            "| unary gRPC round trip ({backend} daemon), p50 / p99 | {:.0} µs / {:.0} µs |",
-            rtt.p50_us(),
-            rtt.p99_us()
+            "| unary gRPC round trip ({} daemon), p50 / p99 | {:.0} µs / {:.0} µs |\n\
+             | bidi-stream gRPC round trip ({} daemon, `Work` heartbeat), p50 / p99 | {:.0} µs / {:.0} µs |",
+            rtt.backend,
+            rtt.unary.p50_us(),
+            rtt.unary.p99_us(),
+            rtt.backend,
+            rtt.bidi.p50_us(),
+            rtt.bidi.p99_us()
         );
     }
     let _ = writeln!(
@@ -427,13 +467,13 @@ pub fn markdown(report: &Report) -> String {
     }
     let _ = writeln!(
         s,
-        "\n| backend | parked | RSS before / parked / ended / settled (MiB) | KiB per parked session | kill -9 → SERVING again (RSS then) | approve → invoke p50 (one at a time) | burst: vote p50 / p99 | burst: approve → invoke p50 / p99 | burst until all completed |\n|---|---|---|---|---|---|---|---|---|"
+        "\n| backend | parked | RSS before / parked / ended / settled (MiB) | KiB per parked session | daemon CPU while parked | kill -9 → SERVING again (RSS then) | approve → invoke p50 (one at a time) | burst | burst: vote p50 / p99 | burst: approve → invoke p50 / p99 | burst until all completed |\n|---|---|---|---|---|---|---|---|---|---|---|"
     );
     for p in &report.parked {
         let per = (p.rss_mb[1] - p.rss_mb[0]) * 1024.0 / (p.sessions.max(1) as f64);
         let _ = writeln!(
             s,
-            "| {} | {} | {:.1} / {:.1} / {:.1} / {:.1} | {:.0} | {:.0} ms ({:.1} MiB) | {:.1} ms | {:.1} ms / {:.1} ms | {:.1} ms / {:.1} ms | {:.0} ms |",
+            "| {} | {} | {:.1} / {:.1} / {:.1} / {:.1} | {:.0} | {:.1} % of a core | {:.0} ms ({:.1} MiB) | {:.1} ms | {} | {:.1} ms / {:.1} ms | {:.1} ms / {:.1} ms | {:.0} ms |",
             p.backend,
             p.sessions,
             p.rss_mb[0],
@@ -441,9 +481,11 @@ pub fn markdown(report: &Report) -> String {
             p.rss_mb[2],
             p.rss_mb[3],
             per,
+            p.idle_cpu_pct,
             p.restart_ms,
             p.restart_rss_mb,
             p.approve_to_invoke.p50_us() / 1000.0,
+            p.burst,
             p.vote.p50_us() / 1000.0,
             p.vote.p99_us() / 1000.0,
             p.burst_to_invoke.p50_us() / 1000.0,
@@ -484,6 +526,19 @@ fn write_report(path: &Path, report: &Report) -> Result<(), BenchError> {
     );
     std::fs::write(path, text)
         .map_err(|e| BenchError::new(format!("cannot write {}: {e}", path.display())))
+}
+
+/// The daemon's CPU time so far (user + system), from `/proc/<pid>/stat`.
+pub(crate) fn cpu_time(daemon: &Daemon) -> Option<Duration> {
+    let pid = daemon.pid()?;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces: count the fields after its closing `)`.
+    let rest = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // Fields 14 and 15 (utime, stime) are the 12th and 13th after the name.
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    // The kernel reports them in USER_HZ, which is 100 on Linux.
+    Some(Duration::from_millis(ticks * 10))
 }
 
 /// The daemon's resident memory in MiB, from `/proc/<pid>/status`.

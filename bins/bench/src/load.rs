@@ -18,15 +18,19 @@ use tests::stub::publish_and_deploy;
 
 use crate::stats::Latencies;
 use crate::{
-    BenchError, ClosedLoop, OpenLoop, Parked, Plan, Report, backend_name, baseline, rss_mb,
+    BenchError, ClosedLoop, OpenLoop, Parked, Plan, Report, Rtt, backend_name, baseline, cpu_time,
+    rss_mb,
 };
 
 /// The allowed refund's agent (one tool call of 50, then a closing text).
 const FAST: &str = "bench-fast";
 /// The held refund's agent (a refund of 400 waits for one approval).
 const HELD: &str = "bench-held";
-/// How long the parked phase may wait for sessions to park or to complete (a guard, not a pace).
-const PHASE_GUARD: Duration = Duration::from_secs(600);
+/// How long the parked phase may wait for sessions to park or to complete (a guard, not a pace):
+/// ten minutes, and one more second per 100 sessions beyond 60,000.
+fn phase_guard(n: usize) -> Duration {
+    Duration::from_secs(600 + (n.saturating_sub(60_000) / 100) as u64)
+}
 /// Calls a `RefundWorker` takes at once.
 const PER_WORKER: usize = 4;
 /// Concurrent voters in the approval burst.
@@ -81,13 +85,20 @@ pub(crate) fn backend(
         let client = Client::connect(daemon.addr())
             .await
             .map_err(|e| BenchError::new(format!("connect {}: {e}", daemon.addr())))?;
-        let rtt = baseline::unary_rtt(&client, plan.rtt_samples).await?;
+        let unary = baseline::unary_rtt(&client, plan.rtt_samples).await?;
+        let bidi = baseline::bidi_rtt(daemon.addr(), plan.rtt_samples).await?;
         eprintln!(
-            "{name}: unary round trip p50 {:.0} µs, p99 {:.0} µs",
-            rtt.p50_us(),
-            rtt.p99_us()
+            "{name}: unary round trip p50 {:.0} µs, p99 {:.0} µs; bidi-stream round trip p50 {:.0} µs, p99 {:.0} µs",
+            unary.p50_us(),
+            unary.p99_us(),
+            bidi.p50_us(),
+            bidi.p99_us()
         );
-        report.rtt.push((name, rtt));
+        report.rtt.push(Rtt {
+            backend: name,
+            unary,
+            bidi,
+        });
         let mut completed_fast = 0;
         // One session first: the daemon's first session pays for lazy set-up.
         completed_fast += closed_loop(&client, &workers, 1, Duration::ZERO).await.0;
@@ -130,8 +141,8 @@ pub(crate) fn backend(
             });
         }
         let completed_held = if plan.parked > 0 {
-            let parked = parked(&client, &mut daemon, &workers, plan.parked).await?;
-            let ended = parked.sessions as u64;
+            let parked = parked(&client, &mut daemon, &workers, plan).await?;
+            let ended = parked.approved as u64;
             report.parked.push(Parked {
                 backend: name,
                 ..parked
@@ -339,14 +350,18 @@ async fn one_session(client: &Client) -> Result<Option<(String, Instant)>, Strin
     }
 }
 
-/// Parks `n` sessions of the held agent in `awaiting_approval`, measures the daemon's memory,
-/// approves them all in one burst and waits until they completed.
+/// Parks `plan.parked` sessions of the held agent in `awaiting_approval` and measures the
+/// daemon's memory and idle CPU; kills and restarts it; approves a few one at a time and
+/// `plan.burst` more in one burst and waits until they completed; cancels the rest; reads the
+/// memory again.
 async fn parked(
     client: &Client,
     daemon: &mut Daemon,
     workers: &[RefundWorker],
-    n: usize,
+    plan: &Plan,
 ) -> Result<Parked, BenchError> {
+    let n = plan.parked;
+    let guard = phase_guard(n);
     let before = rss_mb(daemon);
     let mut starts = Vec::new();
     for chunk in 0..32usize {
@@ -368,11 +383,23 @@ async fn parked(
             .await
             .map_err(|e| BenchError::new(format!("a start task failed: {e}")))??;
     }
-    let held = wait_for_pending(client, n).await?;
+    let held = wait_for_pending(client, n, guard).await?;
     let parked_rss = rss_mb(daemon);
     eprintln!(
         "parked {n}: daemon RSS {before:.1} MiB before, {parked_rss:.1} MiB parked ({:.0} KiB each)",
         (parked_rss - before) * 1024.0 / (n.max(1) as f64)
+    );
+    // Nothing runs but the parked sessions: the daemon's own CPU over a quiet window.
+    let window = if plan.quick { QUIET_QUICK } else { QUIET };
+    let cpu_before = cpu_time(daemon);
+    tokio::time::sleep(window).await;
+    let idle_cpu_pct = match (cpu_before, cpu_time(daemon)) {
+        (Some(a), Some(b)) => b.saturating_sub(a).as_secs_f64() * 100.0 / window.as_secs_f64(),
+        _ => 0.0,
+    };
+    eprintln!(
+        "parked {n}: daemon CPU {idle_cpu_pct:.1} % of a core over {} s with nothing else to do",
+        window.as_secs()
     );
     // kill -9 with every session parked: how long recovery takes until SERVING, and what the
     // daemon holds afterwards (the workers and the client reconnect on their own).
@@ -390,14 +417,16 @@ async fn parked(
     // waited for until its invoke reached a worker.
     let singles = (n / 5).min(SINGLE_APPROVALS);
     let mut approve_to_invoke = Latencies::default();
-    for (id, call_id) in &held[..singles] {
+    for h in &held[..singles] {
         let t0 = Instant::now();
-        approve(client, id).await?;
-        approve_to_invoke.push(wait_for_arrival(workers, call_id, t0).await?);
+        approve(client, &h.approval).await?;
+        approve_to_invoke.push(wait_for_arrival(workers, &h.call, t0, guard).await?);
     }
-    // The burst: every other parked session approved at once by 64 voters.
+    // The burst: `plan.burst` more approved at once by 64 voters.
+    let burst_size = plan.burst.min(n - singles);
+    let approved = singles + burst_size;
     let burst = Instant::now();
-    let rest: Arc<Vec<(String, String)>> = Arc::new(held[singles..].to_vec());
+    let rest: Arc<Vec<Held>> = Arc::new(held[singles..approved].to_vec());
     let mut voters = Vec::new();
     for voter in 0..VOTERS {
         let client = client.clone();
@@ -408,9 +437,9 @@ async fn parked(
             let mut i = voter;
             while i < rest.len() {
                 let t0 = Instant::now();
-                approve(&client, &rest[i].0).await?;
+                approve(&client, &rest[i].approval).await?;
                 latencies.push(t0.elapsed());
-                sent.push((rest[i].1.clone(), t0));
+                sent.push((rest[i].call.clone(), t0));
                 i += VOTERS;
             }
             Ok::<_, BenchError>((latencies, sent))
@@ -425,7 +454,7 @@ async fn parked(
         vote.extend(&latencies);
         sent.extend(s);
     }
-    wait_for_completed(client, n).await?;
+    wait_for_completed(client, approved, guard).await?;
     let burst_ms = burst.elapsed().as_secs_f64() * 1000.0;
     let mut burst_to_invoke = Latencies::default();
     for (call_id, t0) in &sent {
@@ -433,32 +462,72 @@ async fn parked(
             burst_to_invoke.push(at.saturating_duration_since(*t0));
         }
     }
+    eprintln!(
+        "approve → invoke, one at a time: p50 {:.1} ms; burst of {burst_size}: vote p50 {:.1} ms, p99 {:.1} ms, \
+         approve → invoke p50 {:.1} ms, p99 {:.1} ms; all completed after {burst_ms:.0} ms",
+        approve_to_invoke.p50_us() / 1000.0,
+        vote.p50_us() / 1000.0,
+        vote.p99_us() / 1000.0,
+        burst_to_invoke.p50_us() / 1000.0,
+        burst_to_invoke.p99_us() / 1000.0,
+    );
+    // The sessions not approved end too (cancelled), so every parked session has ended.
+    let unapproved: Arc<Vec<Held>> = Arc::new(held[approved..].to_vec());
+    cancel_all(client, &unapproved).await?;
     let after = rss_mb(daemon);
     // The allocator returns freed pages after its decay time (jemalloc: 10 s).
     tokio::time::sleep(SETTLE).await;
     let settled = rss_mb(daemon);
     eprintln!(
-        "approve → invoke, one at a time: p50 {:.1} ms; burst of {}: vote p50 {:.1} ms, p99 {:.1} ms, \
-         approve → invoke p50 {:.1} ms, p99 {:.1} ms; all completed after {burst_ms:.0} ms; RSS {after:.1} MiB then, {settled:.1} MiB {} s later",
-        approve_to_invoke.p50_us() / 1000.0,
-        rest.len(),
-        vote.p50_us() / 1000.0,
-        vote.p99_us() / 1000.0,
-        burst_to_invoke.p50_us() / 1000.0,
-        burst_to_invoke.p99_us() / 1000.0,
+        "parked {n}: {} cancelled; RSS {after:.1} MiB when all ended, {settled:.1} MiB {} s later",
+        unapproved.len(),
         SETTLE.as_secs(),
     );
     Ok(Parked {
         backend: "",
         sessions: n,
+        approved,
+        idle_cpu_pct,
         rss_mb: [before, parked_rss, after, settled],
         restart_ms,
         restart_rss_mb: restart_rss,
         approve_to_invoke,
+        burst: burst_size,
         vote,
         burst_to_invoke,
         burst_ms,
     })
+}
+
+/// The quiet window over which the daemon's CPU is read while sessions are parked.
+const QUIET: Duration = Duration::from_secs(10);
+/// The same for `--quick`.
+const QUIET_QUICK: Duration = Duration::from_secs(2);
+
+/// Cancels the sessions of `held` (64 at a time); each `CancelSession` returns once the
+/// cancellation is durable.
+async fn cancel_all(client: &Client, sessions: &Arc<Vec<Held>>) -> Result<(), BenchError> {
+    let mut tasks = Vec::new();
+    for worker in 0..VOTERS {
+        let client = client.clone();
+        let sessions = Arc::clone(sessions);
+        tasks.push(tokio::spawn(async move {
+            let mut i = worker;
+            while i < sessions.len() {
+                client
+                    .cancel_session(&sessions[i].session, "bench")
+                    .await
+                    .map_err(|e| BenchError::new(format!("CancelSession: {e}")))?;
+                i += VOTERS;
+            }
+            Ok::<_, BenchError>(())
+        }));
+    }
+    for task in tasks {
+        task.await
+            .map_err(|e| BenchError::new(format!("a cancel task failed: {e}")))??;
+    }
+    Ok(())
 }
 
 /// How long after the burst ended the daemon's RSS is read again.
@@ -489,6 +558,7 @@ async fn wait_for_arrival(
     workers: &[RefundWorker],
     call_id: &str,
     t0: Instant,
+    guard: Duration,
 ) -> Result<Duration, BenchError> {
     let mut changes: Vec<_> = workers.iter().map(RefundWorker::arrivals).collect();
     loop {
@@ -497,21 +567,35 @@ async fn wait_for_arrival(
         }
         let any_change =
             futures::future::select_all(changes.iter_mut().map(|c| Box::pin(c.changed())));
-        if tokio::time::timeout(PHASE_GUARD.saturating_sub(t0.elapsed()), any_change)
+        if tokio::time::timeout(guard.saturating_sub(t0.elapsed()), any_change)
             .await
             .is_err()
         {
             return Err(BenchError::new(format!(
                 "call {call_id} was approved but never reached a worker within {} s",
-                PHASE_GUARD.as_secs()
+                guard.as_secs()
             )));
         }
     }
 }
 
-/// Waits until the held agent has `n` pending approvals; returns their ids and call ids.
-async fn wait_for_pending(client: &Client, n: usize) -> Result<Vec<(String, String)>, BenchError> {
-    let deadline = Instant::now() + PHASE_GUARD;
+/// A parked session's pending approval.
+#[derive(Debug, Clone)]
+struct Held {
+    approval: String,
+    call: String,
+    session: String,
+}
+
+/// Waits until the held agent has `n` pending approvals; returns them.
+async fn wait_for_pending(
+    client: &Client,
+    n: usize,
+    guard: Duration,
+) -> Result<Vec<Held>, BenchError> {
+    let deadline = Instant::now() + guard;
+    // A listing of many pages is itself load on the daemon: poll less often when it is long.
+    let every = Duration::from_millis(100 + (n / 1000) as u64 * 20);
     loop {
         let mut ids = Vec::new();
         let mut filter = ApprovalFilter {
@@ -525,7 +609,11 @@ async fn wait_for_pending(client: &Client, n: usize) -> Result<Vec<(String, Stri
                 .list_approvals(&filter)
                 .await
                 .map_err(|e| BenchError::new(format!("ListApprovals: {e}")))?;
-            ids.extend(page.approvals.into_iter().map(|a| (a.id, a.call_id)));
+            ids.extend(page.approvals.into_iter().map(|a| Held {
+                approval: a.id,
+                call: a.call_id,
+                session: a.session_id,
+            }));
             match page.next_page_token {
                 Some(token) => filter.page_token = Some(token),
                 None => break,
@@ -538,51 +626,65 @@ async fn wait_for_pending(client: &Client, n: usize) -> Result<Vec<(String, Stri
             return Err(BenchError::new(format!(
                 "only {} of {n} sessions parked within {} s",
                 ids.len(),
-                PHASE_GUARD.as_secs()
+                guard.as_secs()
             )));
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(every).await;
     }
 }
 
-/// Waits until the held agent has `n` completed sessions. Fails as soon as one of them ended
-/// otherwise (failed, cancelled) or, at the guard, names how many are in each status (a
-/// session still `awaiting_approval` after its vote was asked again: lost work).
-async fn wait_for_completed(client: &Client, n: usize) -> Result<(), BenchError> {
-    let deadline = Instant::now() + PHASE_GUARD;
+/// Waits until the held agent has `n` completed sessions. Fails as soon as one of its sessions
+/// failed or was cancelled (none is cancelled before this returns) or, at the guard, names how
+/// many are in each status (a session still `awaiting_approval` after its vote was asked
+/// again: lost work). Only the completed and failed listings are polled, which stay short
+/// however many sessions remain parked.
+async fn wait_for_completed(client: &Client, n: usize, guard: Duration) -> Result<(), BenchError> {
+    let deadline = Instant::now() + guard;
     loop {
-        let mut statuses: BTreeMap<String, usize> = BTreeMap::new();
-        let mut filter = SessionFilter {
-            agent: Some(AgentName::new("support", HELD)),
-            limit: Some(1000),
-            ..SessionFilter::default()
-        };
-        loop {
-            let page = client
-                .list_sessions(&filter)
-                .await
-                .map_err(|e| BenchError::new(format!("ListSessions: {e}")))?;
-            for session in page.sessions {
-                *statuses.entry(session.status).or_default() += 1;
-            }
-            match page.next_page_token {
-                Some(token) => filter.page_token = Some(token),
-                None => break,
-            }
-        }
-        let done = statuses.get("completed").copied().unwrap_or(0);
+        let done = count_held(client, "completed", n).await?;
         if done >= n {
             return Ok(());
         }
-        let ended_otherwise: usize = ["failed", "cancelled"]
-            .iter()
-            .filter_map(|s| statuses.get(*s))
-            .sum();
+        let ended_otherwise =
+            count_held(client, "failed", 1).await? + count_held(client, "cancelled", 1).await?;
         if ended_otherwise > 0 || Instant::now() > deadline {
+            let mut statuses: BTreeMap<&str, usize> = BTreeMap::new();
+            for status in [
+                "completed",
+                "failed",
+                "cancelled",
+                "awaiting_approval",
+                "awaiting_tool",
+                "running",
+            ] {
+                statuses.insert(status, count_held(client, status, usize::MAX).await?);
+            }
             return Err(BenchError::new(format!(
                 "only {done} of {n} approved sessions completed (sessions by status: {statuses:?})"
             )));
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// How many sessions of the held agent are in `status`, counting no further than `enough`.
+async fn count_held(client: &Client, status: &str, enough: usize) -> Result<usize, BenchError> {
+    let mut filter = SessionFilter {
+        agent: Some(AgentName::new("support", HELD)),
+        status: Some(status.to_owned()),
+        limit: Some(1000),
+        ..SessionFilter::default()
+    };
+    let mut count = 0;
+    loop {
+        let page = client
+            .list_sessions(&filter)
+            .await
+            .map_err(|e| BenchError::new(format!("ListSessions: {e}")))?;
+        count += page.sessions.len();
+        match page.next_page_token {
+            Some(token) if count < enough => filter.page_token = Some(token),
+            _ => return Ok(count),
+        }
     }
 }
