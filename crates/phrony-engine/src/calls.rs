@@ -235,6 +235,43 @@ impl Ctx {
         iteration: u32,
         rec: &crate::fold::ToolCallRecord,
     ) -> Result<ToolInvocation, CallStop> {
+        Ok(self
+            .store()
+            .record_tool_call(self.new_tool_call(turn, iteration, rec))
+            .await?)
+    }
+
+    /// Records a completion that requested tool calls, the move to `awaiting_tool` and the
+    /// calls, in one ledger transaction (`Ledger::record_step`); returns the calls as stored.
+    pub(crate) async fn record_step(
+        &self,
+        completion: phrony_ledger::NewEvent,
+        assistant: Option<phrony_ledger::SessionEvent>,
+        calls: Vec<NewToolCall>,
+    ) -> Result<Vec<ToolInvocation>, StoreError> {
+        let mut state = self.status.lock().await;
+        let next = (state.status != SessionStatus::AwaitingTool).then(|| {
+            phrony_ledger::StatusChange::to(SessionStatus::AwaitingTool).from(state.status)
+        });
+        let step = self
+            .store()
+            .record_step(&self.session.id, completion, assistant, next, calls)
+            .await?;
+        if let Some(changed) = &step.status {
+            state.status = changed.session.status;
+        }
+        drop(state);
+        self.notify();
+        Ok(step.calls)
+    }
+
+    /// The ledger row of one model tool call, from its binding.
+    pub(crate) fn new_tool_call(
+        &self,
+        turn: u32,
+        iteration: u32,
+        rec: &crate::fold::ToolCallRecord,
+    ) -> NewToolCall {
         let binding = self.setup.binding(&rec.name);
         let (tool, version, class) = match binding {
             Some(b) => (
@@ -248,20 +285,17 @@ impl Ctx {
                 None,
             ),
         };
-        Ok(self
-            .store()
-            .record_tool_call(NewToolCall {
-                session_id: self.session.id.clone(),
-                turn,
-                iteration,
-                index: rec.index,
-                tool,
-                version,
-                wire_name: Some(rec.name.clone()),
-                args: rec.args.clone(),
-                side_effect_class: class,
-            })
-            .await?)
+        NewToolCall {
+            session_id: self.session.id.clone(),
+            turn,
+            iteration,
+            index: rec.index,
+            tool,
+            version,
+            wire_name: Some(rec.name.clone()),
+            args: rec.args.clone(),
+            side_effect_class: class,
+        }
     }
 
     /// Takes a recorded call from its current status to an outcome.

@@ -13,7 +13,7 @@ use futures::stream::FuturesUnordered;
 use phrony_ledger::{
     Approval, ApprovalStatus, AssistantMessage, CallStatus, EventBody, ModelCompletion, NewEvent,
     OnLimit, OnReject, Session, SessionEvent, SessionLimits, SessionMode, SessionStatus,
-    StatusChange, Usage,
+    StatusChange, ToolInvocation, Usage,
 };
 use phrony_manifest::CompiledAgent;
 use phrony_providers::{CompletionRequest, Event as ModelEvent, ModelProvider};
@@ -309,6 +309,9 @@ struct Driver {
     provider: Box<dyn ModelProvider>,
     /// Approved limit escalations per limit kind.
     grants: HashMap<String, u64>,
+    /// Tool calls recorded with the completion that requested them ([`Ctx::record_step`]),
+    /// by call id: taken by `process_calls` instead of recording them a second time.
+    prerecorded: HashMap<String, ToolInvocation>,
 }
 
 enum TurnEnd {
@@ -557,6 +560,7 @@ async fn drive(
         fold,
         provider,
         grants,
+        prerecorded: HashMap::new(),
     };
     tokio::select! {
         r = driver.main_loop() => r,
@@ -865,17 +869,38 @@ impl Driver {
                 }
                 Some(message)
             };
-            self.ctx
-                .store()
-                .record_completion(
-                    &session_id,
-                    engine_event(
-                        turn,
-                        EventBody::ModelCompletion(ModelCompletion::from(&completion.record)),
-                    )?,
-                    assistant.map(SessionEvent::AssistantMessage),
-                )
-                .await?;
+            let completion_event = engine_event(
+                turn,
+                EventBody::ModelCompletion(ModelCompletion::from(&completion.record)),
+            )?;
+            let assistant = assistant.map(SessionEvent::AssistantMessage);
+            // With calls that will run (no token budget in the way), the completion, the move
+            // to `awaiting_tool` and the calls are recorded in one transaction.
+            let within_budget = self.ctx.limits.max_tokens_per_run.is_none_or(|max| {
+                self.fold
+                    .tokens_used
+                    .saturating_add(completion.record.usage.total())
+                    <= self.effective(TOKEN_LIMIT, max)
+            });
+            if has_calls && within_budget {
+                let calls = completion
+                    .tool_calls
+                    .iter()
+                    .map(|rec| self.ctx.new_tool_call(turn, iteration, rec))
+                    .collect();
+                for call in self
+                    .ctx
+                    .record_step(completion_event, assistant, calls)
+                    .await?
+                {
+                    self.prerecorded.insert(call.call_id.clone(), call);
+                }
+            } else {
+                self.ctx
+                    .store()
+                    .record_completion(&session_id, completion_event, assistant)
+                    .await?;
+            }
             self.sync().await?;
             self.ctx.notify();
             if !has_calls {
@@ -1010,7 +1035,17 @@ impl Driver {
     ) -> Result<(), CallStop> {
         let mut recorded = Vec::with_capacity(calls.len());
         for rec in &calls {
-            let call = self.ctx.record_call(turn, iteration, rec).await?;
+            let id = phrony_ledger::tool_call_id(
+                &self.ctx.session.id,
+                self.ctx.session.agent_version_id,
+                turn,
+                iteration,
+                rec.index,
+            );
+            let call = match self.prerecorded.remove(&id) {
+                Some(call) => call,
+                None => self.ctx.record_call(turn, iteration, rec).await?,
+            };
             match &rec.refused {
                 // A refused call gets its tool error now (again after a restart that came
                 // before it was recorded); it never reaches binding, policy or a worker.

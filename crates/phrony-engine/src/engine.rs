@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use phrony_dispatch::Router;
 use phrony_ledger::{
     AgentVersionRef, ApprovalStatus, Attribution, CallStatus, EventBody, NewSession, OnLimit,
-    Session, SessionEvent, SessionLimits, SessionMode, SessionPrincipal, SessionStatus,
+    Opening, Session, SessionEvent, SessionLimits, SessionMode, SessionPrincipal, SessionStatus,
     StatusChange, new_session_id,
 };
 use phrony_manifest::{ANNOTATION_POLICIES_COMPILED, ANNOTATION_STUB_SCRIPT, CompiledAgent};
@@ -359,10 +359,36 @@ impl Engine {
             secrets: Vec::new(),
             actor,
         };
+        // The principal, the first user message and the evidence snapshot are written with
+        // `session.started`, in one transaction: a crash cannot leave a session started
+        // without them.
+        let mut opening = Vec::new();
+        if let Some(claims) = principal {
+            opening.push(Opening::Engine(
+                EventBody::SessionPrincipal(SessionPrincipal { claims })
+                    .into_new_event("system")
+                    .map_err(StoreError::from)?,
+            ));
+        }
+        if let Some(text) = &first {
+            opening.push(Opening::Session(SessionEvent::UserMessage {
+                actor: new.actor.clone(),
+                turn: 1,
+                content: text.clone(),
+            }));
+        }
+        if let Some(snapshot) = evidence(&agent) {
+            opening.push(Opening::Session(SessionEvent::Evidence { snapshot }));
+        }
         let session = self
             .inner
             .store
-            .create_session_within(new, secrets, self.inner.config.max_sessions_per_agent)
+            .open_session(
+                new,
+                secrets,
+                self.inner.config.max_sessions_per_agent,
+                opening,
+            )
             .await
             .map_err(|e| {
                 if e.kind == ErrorKind::ResourceExhausted {
@@ -374,36 +400,6 @@ impl Engine {
                     e.into()
                 }
             })?;
-        if let Some(claims) = principal {
-            self.inner
-                .store
-                .append_engine_event(
-                    &id,
-                    EventBody::SessionPrincipal(SessionPrincipal { claims })
-                        .into_new_event("system")
-                        .map_err(StoreError::from)?,
-                )
-                .await?;
-        }
-        if let Some(text) = &first {
-            self.inner
-                .store
-                .record_session_event(
-                    &id,
-                    SessionEvent::UserMessage {
-                        actor: crate::driver::starter(&session),
-                        turn: 1,
-                        content: text.clone(),
-                    },
-                )
-                .await?;
-        }
-        if let Some(snapshot) = evidence(&agent) {
-            self.inner
-                .store
-                .record_session_event(&id, SessionEvent::Evidence { snapshot })
-                .await?;
-        }
         let next_turn = if first.is_some() { 2 } else { 1 };
         self.spawn(
             session.clone(),

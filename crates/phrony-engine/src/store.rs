@@ -18,8 +18,9 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use phrony_ledger::{
     Approval, ApprovalFilter, Dispatch, Event, Ledger, NewApproval, NewEvent, NewSession,
-    NewToolCall, PageRequest, RecordedResult, SecretCipher, Session, SessionEvent, StatusChange,
-    StatusChanged, TimeoutOutcome, ToolInvocation, ToolResult, Vote, VoteOutcome,
+    NewToolCall, Opening, PageRequest, RecordedResult, RecordedStep, SecretCipher, Session,
+    SessionEvent, StatusChange, StatusChanged, TimeoutOutcome, ToolInvocation, ToolResult, Vote,
+    VoteOutcome,
 };
 use secrecy::{ExposeSecret as _, SecretSlice};
 use tokio::sync::watch;
@@ -162,9 +163,23 @@ impl LedgerStore {
     /// and the insert are one ledger transaction (`Ledger::create_session_within`).
     pub async fn create_session_within(
         &self,
+        new: NewSession,
+        secrets: Vec<PlainSecret>,
+        max_live_per_agent: Option<u64>,
+    ) -> StoreResult<Session> {
+        self.open_session(new, secrets, max_live_per_agent, Vec::new())
+            .await
+    }
+
+    /// [`LedgerStore::create_session_within`] with the session's `opening` events (its
+    /// principal, first user message, evidence snapshot) appended after `session.started` in
+    /// the same ledger transaction ([`Ledger::open_session`]).
+    pub async fn open_session(
+        &self,
         mut new: NewSession,
         secrets: Vec<PlainSecret>,
         max_live_per_agent: Option<u64>,
+        opening: Vec<Opening>,
     ) -> StoreResult<Session> {
         new.secrets.clear();
         if !secrets.is_empty() {
@@ -182,10 +197,10 @@ impl LedgerStore {
                 );
             }
         }
-        Ok(match max_live_per_agent {
-            Some(max) => self.ledger.create_session_within(new, max).await?,
-            None => self.ledger.create_session(new).await?,
-        })
+        Ok(self
+            .ledger
+            .open_session(new, max_live_per_agent, opening)
+            .await?)
     }
 
     /// One session.
@@ -242,6 +257,22 @@ impl LedgerStore {
         Ok(self
             .ledger
             .record_completion(session_id, completion, assistant)
+            .await?)
+    }
+
+    /// A completion, its assistant message, a status change and the tool calls it requested,
+    /// in one ledger transaction (see [`phrony_ledger::Ledger::record_step`]).
+    pub async fn record_step(
+        &self,
+        session_id: &str,
+        completion: NewEvent,
+        assistant: Option<SessionEvent>,
+        next: Option<StatusChange>,
+        calls: Vec<NewToolCall>,
+    ) -> StoreResult<RecordedStep> {
+        Ok(self
+            .ledger
+            .record_step(session_id, completion, assistant, next, calls)
             .await?)
     }
 

@@ -26,7 +26,44 @@ use crate::sessions::{self, SessionStatus, StatusChange, StatusChanged, check_ch
 // ---------------------------------------------------------------------------------------------
 // Sessions.
 
-async fn set_status(tx: &mut Tx, id: &str, change: &StatusChange) -> Result<StatusChanged> {
+/// The checks of a requested status change that need no database (actor, error message,
+/// output), shared by every write that changes a session's status.
+pub(crate) fn check_request(change: &StatusChange) -> Result<()> {
+    if change.actor.actor.trim().is_empty() {
+        return Err(LedgerError::invalid("actor is required"));
+    }
+    match (change.to, &change.error) {
+        (SessionStatus::Failed, None) => {
+            return Err(LedgerError::invalid(
+                "a failed session needs an error message",
+            ));
+        }
+        (SessionStatus::Failed, Some(e)) if e.trim().is_empty() => {
+            return Err(LedgerError::invalid(
+                "a failed session needs an error message",
+            ));
+        }
+        (to, Some(_)) if to != SessionStatus::Failed => {
+            return Err(LedgerError::invalid(format!(
+                "an error message is only recorded with status failed, not {to}"
+            )));
+        }
+        _ => {}
+    }
+    if change.output.is_some() && change.to != SessionStatus::Completed {
+        return Err(LedgerError::invalid(format!(
+            "an output is only recorded with status completed, not {}",
+            change.to
+        )));
+    }
+    Ok(())
+}
+
+pub(crate) async fn set_status(
+    tx: &mut Tx,
+    id: &str,
+    change: &StatusChange,
+) -> Result<StatusChanged> {
     let mut head = lock_stream(tx, id).await?;
     let session = require_session(&mut tx.conn(), id).await?;
     check_change(&session, change)?;
@@ -245,33 +282,7 @@ impl Ledger {
         id: &str,
         change: StatusChange,
     ) -> Result<StatusChanged> {
-        if change.actor.actor.trim().is_empty() {
-            return Err(LedgerError::invalid("actor is required"));
-        }
-        match (change.to, &change.error) {
-            (SessionStatus::Failed, None) => {
-                return Err(LedgerError::invalid(
-                    "a failed session needs an error message",
-                ));
-            }
-            (SessionStatus::Failed, Some(e)) if e.trim().is_empty() => {
-                return Err(LedgerError::invalid(
-                    "a failed session needs an error message",
-                ));
-            }
-            (to, Some(_)) if to != SessionStatus::Failed => {
-                return Err(LedgerError::invalid(format!(
-                    "an error message is only recorded with status failed, not {to}"
-                )));
-            }
-            _ => {}
-        }
-        if change.output.is_some() && change.to != SessionStatus::Completed {
-            return Err(LedgerError::invalid(format!(
-                "an output is only recorded with status completed, not {}",
-                change.to
-            )));
-        }
+        check_request(&change)?;
         write_tx!(self, |tx| set_status(&mut tx, id, &change))
     }
 

@@ -325,7 +325,7 @@ pub(crate) async fn emit(
     Ok(event)
 }
 
-async fn record(tx: &mut Tx, new: &NewToolCall) -> Result<ToolInvocation> {
+pub(crate) async fn record(tx: &mut Tx, new: &NewToolCall) -> Result<ToolInvocation> {
     let mut head = lock_stream(tx, &new.session_id).await?;
     let session = rows::require_session(&mut tx.conn(), &new.session_id).await?;
     if session.status.is_terminal() {

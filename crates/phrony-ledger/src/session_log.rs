@@ -25,6 +25,17 @@ pub fn is_ledger_owned(event_type: &str) -> bool {
     types::LEDGER_OWNED.contains(&event_type)
 }
 
+/// What [`Ledger::record_step`] wrote.
+#[derive(Debug, Clone)]
+pub struct RecordedStep {
+    /// The completion and its assistant message, as stored.
+    pub events: Vec<Event>,
+    /// The status change, when one was asked for.
+    pub status: Option<sessions::StatusChanged>,
+    /// The tool calls, as stored (in the order given).
+    pub calls: Vec<ToolInvocation>,
+}
+
 /// An event the session engine records in a session's stream (the ledger-owned ones are written
 /// by the ledger's session, tool-call and approval operations).
 #[derive(Debug, Clone, PartialEq)]
@@ -231,12 +242,48 @@ impl Ledger {
         completion: NewEvent,
         assistant: Option<SessionEvent>,
     ) -> Result<Vec<Event>> {
+        Ok(self
+            .record_step(session_id, completion, assistant, None, Vec::new())
+            .await?
+            .events)
+    }
+
+    /// [`Self::record_completion`], then in the SAME transaction the session's status change
+    /// `next` (e.g. `running → awaiting_tool`) and the tool calls the completion requested
+    /// (`tool.requested`, as [`Self::record_tool_call`] records them, idempotently): one
+    /// durable commit for a model step instead of one per event, and no state in which the
+    /// completion is recorded but its calls are not.
+    ///
+    /// # Errors
+    /// As [`Self::record_completion`], [`Self::set_session_status`] and
+    /// [`Self::record_tool_call`]; nothing is written when any part fails.
+    pub async fn record_step(
+        &self,
+        session_id: &str,
+        completion: NewEvent,
+        assistant: Option<SessionEvent>,
+        next: Option<sessions::StatusChange>,
+        calls: Vec<invocations::NewToolCall>,
+    ) -> Result<RecordedStep> {
         completion.validate()?;
         if is_ledger_owned(&completion.event_type) {
             return Err(LedgerError::invalid(format!(
                 "event type {} is written by the ledger and cannot be recorded as a completion",
                 completion.event_type
             )));
+        }
+        if let Some(change) = &next {
+            crate::cascade::check_request(change)?;
+        }
+        for call in &calls {
+            invocations::require_text("tool", &call.tool)?;
+            invocations::require_text("tool version", &call.version)?;
+            if call.session_id != session_id {
+                return Err(LedgerError::invalid(format!(
+                    "tool call of session {} recorded with a completion of session {session_id}",
+                    call.session_id
+                )));
+            }
         }
         let mut batch = vec![completion];
         if let Some(message) = &assistant {
@@ -251,11 +298,25 @@ impl Ledger {
                     session.status
                 )));
             }
-            let mut written = Vec::with_capacity(batch.len());
+            let mut events = Vec::with_capacity(batch.len());
             for new in &batch {
-                written.push(append(&mut tx, &mut head, new.clone()).await?);
+                events.push(append(&mut tx, &mut head, new.clone()).await?);
             }
-            Ok(written)
+            let status = match &next {
+                Some(change) => {
+                    Some(crate::cascade::set_status(&mut tx, session_id, change).await?)
+                }
+                None => None,
+            };
+            let mut recorded = Vec::with_capacity(calls.len());
+            for call in &calls {
+                recorded.push(invocations::record(&mut tx, call).await?);
+            }
+            Ok(RecordedStep {
+                events,
+                status,
+                calls: recorded,
+            })
         })
     }
 

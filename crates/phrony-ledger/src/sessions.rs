@@ -20,7 +20,7 @@ use crate::event_body::{
     EventBody, SessionStarted, SessionTransition, event_types as types, expect_rows,
 };
 use crate::events::{StreamHead, append, lock_stream};
-use crate::model::{AgentRef, Event, VersionOrigin};
+use crate::model::{AgentRef, Event, NewEvent, VersionOrigin};
 use crate::paging::{Page, PageRequest, Where, decode_token, encode_token};
 use crate::rows::{self, SESSION_COLUMNS, find_session, require_session, session_from_row};
 use crate::secrets::{self, SealedSecret};
@@ -53,6 +53,15 @@ pub struct NewSession {
     pub secrets: Vec<SealedSecret>,
     /// Who started the session.
     pub actor: Attribution,
+}
+
+/// An event [`Ledger::open_session`] appends right after `session.started`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Opening {
+    /// An engine event (a type the ledger does not own, e.g. `session.principal`).
+    Engine(NewEvent),
+    /// A user message or the evidence snapshot.
+    Session(crate::session_log::SessionEvent),
 }
 
 /// A requested status change for [`Ledger::set_session_status`].
@@ -435,7 +444,14 @@ async fn check_still_runnable(tx: &mut Tx, version: &crate::model::AgentVersion)
     rows::version_cannot_run(version).map_or(Ok(()), Err)
 }
 
-async fn create(tx: &mut Tx, new: &NewSession, max_live_per_agent: Option<u64>) -> Result<Session> {
+/// Creates the session (`session.started`) and appends `opening` after it, chained on the same
+/// head, in the caller's transaction.
+async fn create(
+    tx: &mut Tx,
+    new: &NewSession,
+    max_live_per_agent: Option<u64>,
+    opening: &[NewEvent],
+) -> Result<Session> {
     lock_agent_sessions(tx, &new.agent.namespace, &new.agent.name).await?;
     if let Some(max) = max_live_per_agent {
         check_live_sessions(tx, &new.agent, max).await?;
@@ -508,6 +524,9 @@ async fn create(tx: &mut Tx, new: &NewSession, max_live_per_agent: Option<u64>) 
     let event = append(tx, &mut head, event).await?;
     apply(&mut tx.conn(), &event, &body).await?;
     secrets::insert(&mut tx.conn(), &new.id, &new.secrets, event.ts).await?;
+    if !opening.is_empty() {
+        crate::events::append_batch(tx, &mut head, opening.to_vec()).await?;
+    }
     require_session(&mut tx.conn(), &new.id).await
 }
 
@@ -702,7 +721,7 @@ impl Ledger {
     /// - `FailedPrecondition`: a terminal parent.
     pub async fn create_session(&self, new: NewSession) -> Result<Session> {
         new.validate()?;
-        write_tx!(self, |tx| create(&mut tx, &new, None))
+        write_tx!(self, |tx| create(&mut tx, &new, None, &[]))
     }
 
     /// [`Ledger::create_session`], refused when the agent (`namespace/name`, any version)
@@ -722,7 +741,48 @@ impl Ledger {
         max_live_per_agent: u64,
     ) -> Result<Session> {
         new.validate()?;
-        write_tx!(self, |tx| create(&mut tx, &new, Some(max_live_per_agent)))
+        write_tx!(self, |tx| create(
+            &mut tx,
+            &new,
+            Some(max_live_per_agent),
+            &[]
+        ))
+    }
+
+    /// Creates a session as [`Ledger::create_session_within`] does (no bound when
+    /// `max_live_per_agent` is `None`) and appends its `opening` events right after
+    /// `session.started`, in order, in the SAME transaction: the session exists with all of
+    /// them or not at all. A session cannot be left started without its first user message (or
+    /// its principal, or its evidence snapshot) by a crash, and starting one costs one durable
+    /// commit instead of one per event.
+    ///
+    /// # Errors
+    /// Those of [`Ledger::create_session_within`]; an opening event that
+    /// [`Ledger::append_session_event`] (engine events) or [`Ledger::record_session_event`]
+    /// (session events) would refuse, for the first such event. Nothing is written then.
+    pub async fn open_session(
+        &self,
+        new: NewSession,
+        max_live_per_agent: Option<u64>,
+        opening: Vec<Opening>,
+    ) -> Result<Session> {
+        new.validate()?;
+        let mut events = Vec::with_capacity(opening.len());
+        for event in opening {
+            events.push(match event {
+                Opening::Engine(event) => {
+                    crate::check_raw_append(&new.id, &event)?;
+                    event
+                }
+                Opening::Session(event) => event.to_new_event()?,
+            });
+        }
+        write_tx!(self, |tx| create(
+            &mut tx,
+            &new,
+            max_live_per_agent,
+            &events
+        ))
     }
 
     /// How many live sessions (created, not yet ended) the agent `namespace/name` has, over

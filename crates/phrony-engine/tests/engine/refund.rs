@@ -328,3 +328,45 @@ async fn parallel_calls_of_one_completion_are_all_resolved() {
     tools.sort();
     assert_eq!(tools, ["orders.lookup-order", "orders.lookup-order"]);
 }
+
+#[tokio::test]
+async fn a_one_call_session_takes_eight_durable_writes_with_its_log_unchanged() {
+    // What a governed tool call costs in write transactions (each one savepoint of a group
+    // commit on SQLite, one COMMIT on PostgreSQL). A session's first events are written with
+    // `session.started`, and a completion with its move to `awaiting_tool` and the calls it
+    // requested: the event log is the same as when each was its own transaction.
+    let h = Harness::memory(
+        &AgentOptions::default(),
+        vec![
+            Step::call("issue_refund", refund("ORD-1", 100.0)),
+            Step::say("Refund rf_2891 issued for €100."),
+        ],
+    )
+    .await;
+    let before = h.store.ledger().group_commit_stats().unwrap();
+    let s = h.start("Refund €100 for ORD-1.").await;
+    let done = h.wait_end(&s.id).await;
+    assert_eq!(done.status, SessionStatus::Completed, "{done:#?}");
+    let after = h.store.ledger().group_commit_stats().unwrap();
+    assert_eq!(
+        h.event_types(&s.id).await,
+        [
+            "session.started",
+            "message.user",
+            "model.completion",
+            "session.status_changed",
+            "tool.requested",
+            "tool.queued",
+            "tool.dispatched",
+            "tool.completed",
+            "session.status_changed",
+            "model.completion",
+            "message.assistant",
+            "session.completed",
+        ]
+    );
+    // 1 start (started and the user message), 2 the model step (completion, status,
+    // request), 3 queued, 4 dispatched, 5 completed, 6 back to running, 7 the final
+    // completion with its message, 8 completed.
+    assert_eq!(after.writes - before.writes, 8, "{before:?} → {after:?}");
+}

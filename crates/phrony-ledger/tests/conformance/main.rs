@@ -100,6 +100,8 @@ conformance!(
     approvals_list_filters_and_paginates,
     a_pending_approval_survives_a_restart,
     decided_waits_are_found_by_decision_time,
+    a_session_opens_with_its_first_events_in_one_transaction,
+    a_model_step_commits_its_completion_status_and_calls_together,
     secrets_are_sealed_and_purged_on_terminal_transitions,
     rebuild_reproduces_session_projections_exactly,
     cancelled_writes_never_leave_the_database_locked,

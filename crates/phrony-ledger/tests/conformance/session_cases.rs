@@ -3197,3 +3197,212 @@ pub(crate) async fn decided_waits_are_found_by_decision_time(db: &TestDb) {
         "{plan:?}"
     );
 }
+
+pub(crate) async fn a_session_opens_with_its_first_events_in_one_transaction(db: &TestDb) {
+    use phrony_ledger::{EventBody, Opening, SessionPrincipal};
+    let ledger = db.migrated().await;
+    let v = deploy_agent(ledger, &refund_agent(), "0.1.0").await;
+    let alice = phrony_ledger::Attribution::unverified("alice".to_owned());
+    let principal = || {
+        let mut claims = Map::new();
+        claims.insert("sub".into(), json!("alice"));
+        Opening::Engine(
+            EventBody::SessionPrincipal(SessionPrincipal {
+                claims: Value::Object(claims),
+            })
+            .into_new_event("system")
+            .unwrap(),
+        )
+    };
+    let user = Opening::Session(SessionEvent::UserMessage {
+        actor: alice.clone(),
+        turn: 1,
+        content: "Refund order ORD-1.".to_owned(),
+    });
+    let evidence = Opening::Session(SessionEvent::Evidence {
+        snapshot: json!({"policies": []}),
+    });
+    let new = new_session(&v, &[]);
+    let id = new.id.clone();
+    let session = ledger
+        .open_session(new, Some(10), vec![principal(), user.clone(), evidence])
+        .await
+        .unwrap();
+    assert_eq!(session.status, SessionStatus::Running);
+    let events = ledger.list_events(&id, 0, 100).await.unwrap();
+    let types: Vec<&str> = events.iter().map(|e| e.event_type.as_str()).collect();
+    assert_eq!(
+        types,
+        [
+            "session.started",
+            "session.principal",
+            "message.user",
+            "evidence.recorded"
+        ]
+    );
+    assert_eq!(events[2].turn, Some(1));
+    assert_eq!(events[2].actor, "alice");
+    assert!(ledger.verify_stream(&id).await.unwrap().violation.is_none());
+
+    // An opening event the ledger refuses (a ledger-owned type appended raw) refuses the
+    // whole start: no session, no stream, no events.
+    let forged = Opening::Engine(
+        EventBody::SessionStatusChanged(phrony_ledger::SessionTransition {
+            from: SessionStatus::Running,
+            to: SessionStatus::Completed,
+            reason: None,
+            message: None,
+            output: None,
+        })
+        .into_new_event("system")
+        .unwrap(),
+    );
+    let refused = new_session(&v, &[]);
+    let refused_id = refused.id.clone();
+    let message = invalid(ledger.open_session(refused, None, vec![user, forged]).await);
+    assert!(message.contains("session.status_changed"), "{message}");
+    not_found(ledger.get_session(&refused_id).await);
+    assert!(
+        ledger
+            .list_events(&refused_id, 0, 10)
+            .await
+            .map_or(true, |e| e.is_empty()),
+        "a refused start wrote events"
+    );
+
+    // The bound applies as in create_session_within: with one live session and a bound of
+    // one, the start is refused and writes nothing either.
+    let bounded = new_session(&v, &[]);
+    let bounded_id = bounded.id.clone();
+    assert!(matches!(
+        ledger.open_session(bounded, Some(1), Vec::new()).await,
+        Err(LedgerError::ResourceExhausted { .. })
+    ));
+    not_found(ledger.get_session(&bounded_id).await);
+}
+
+/// `record_step`: a completion, the session's move to `awaiting_tool` and the calls it
+/// requested commit together, in that order, as the separate operations would have written
+/// them; any failing part writes nothing at all.
+pub(crate) async fn a_model_step_commits_its_completion_status_and_calls_together(db: &TestDb) {
+    let ledger = db.migrated().await;
+    let v = deploy_agent(ledger, &refund_agent(), "0.1.0").await;
+    let completion = |iteration: u32| {
+        let body = phrony_ledger::EventBody::ModelCompletion(phrony_ledger::ModelCompletion {
+            turn: 1,
+            iteration,
+            stop_reason: "tool_use".into(),
+            usage: Usage {
+                input_tokens: 20,
+                output_tokens: 10,
+                estimated: false,
+            },
+            duration_ms: 5,
+            tool_calls: Vec::new(),
+            reasoning: Vec::new(),
+        });
+        let mut e = body.into_new_event("agent").unwrap();
+        e.turn = Some(1);
+        e
+    };
+    let s = start(ledger, &v).await;
+    let step = ledger
+        .record_step(
+            &s.id,
+            completion(0),
+            None,
+            Some(StatusChange::to(SessionStatus::AwaitingTool).from(SessionStatus::Running)),
+            vec![refund_call(&s.id, 0, 0, 100), refund_call(&s.id, 0, 1, 50)],
+        )
+        .await
+        .unwrap();
+    assert_eq!(step.events.len(), 1);
+    let changed = step.status.expect("the status change");
+    assert_eq!(changed.from, SessionStatus::Running);
+    assert_eq!(changed.session.status, SessionStatus::AwaitingTool);
+    assert_eq!(step.calls.len(), 2);
+    assert!(step.calls.iter().all(|c| c.status == CallStatus::Pending));
+    assert_eq!(
+        step.calls[0].call_id,
+        tool_call_id(&s.id, v.id, 1, 0, 0),
+        "the calls' ids are the ones record_tool_call gives"
+    );
+    let types: Vec<String> = ledger
+        .events_after(&s.id, 0, 100)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.event_type)
+        .collect();
+    assert_eq!(
+        types,
+        [
+            "session.started",
+            "model.completion",
+            "session.status_changed",
+            "tool.requested",
+            "tool.requested"
+        ]
+    );
+    // Recording the same calls again (a driver that restarted) returns the same rows.
+    let again = ledger
+        .record_tool_call(refund_call(&s.id, 0, 1, 50))
+        .await
+        .unwrap();
+    assert_eq!(again.call_id, step.calls[1].call_id);
+
+    // A call that conflicts with a recorded one (same id, other arguments) fails the step
+    // inside its transaction: neither the completion, nor the status change, nor the first
+    // call is written.
+    let other = start(ledger, &v).await;
+    ledger
+        .record_tool_call(refund_call(&other.id, 1, 0, 100))
+        .await
+        .unwrap();
+    let before = ledger.events_after(&other.id, 0, 100).await.unwrap();
+    let conflict = ledger
+        .record_step(
+            &other.id,
+            completion(1),
+            None,
+            Some(StatusChange::to(SessionStatus::AwaitingTool).from(SessionStatus::Running)),
+            vec![
+                refund_call(&other.id, 1, 1, 10),
+                refund_call(&other.id, 1, 0, 999),
+            ],
+        )
+        .await;
+    assert!(
+        matches!(conflict, Err(LedgerError::AlreadyExists { .. })),
+        "{conflict:?}"
+    );
+    assert_eq!(
+        ledger.events_after(&other.id, 0, 100).await.unwrap(),
+        before
+    );
+    assert_eq!(
+        ledger.get_session(&other.id).await.unwrap().status,
+        SessionStatus::Running
+    );
+    not_found(
+        ledger
+            .get_tool_call(&tool_call_id(&other.id, v.id, 1, 1, 1))
+            .await,
+    );
+
+    // A status change the session cannot make refuses the whole step too.
+    let refused = ledger
+        .record_step(
+            &other.id,
+            completion(1),
+            None,
+            Some(StatusChange::to(SessionStatus::AwaitingTool).from(SessionStatus::AwaitingInput)),
+            vec![refund_call(&other.id, 1, 1, 10)],
+        )
+        .await;
+    precondition(refused);
+    assert_eq!(
+        ledger.events_after(&other.id, 0, 100).await.unwrap(),
+        before
+    );
+}
