@@ -227,20 +227,6 @@ impl Ctx {
         }
     }
 
-    /// Records one model tool call (idempotently: the same call after a restart returns the
-    /// stored row).
-    pub(crate) async fn record_call(
-        &self,
-        turn: u32,
-        iteration: u32,
-        rec: &crate::fold::ToolCallRecord,
-    ) -> Result<ToolInvocation, CallStop> {
-        Ok(self
-            .store()
-            .record_tool_call(self.new_tool_call(turn, iteration, rec))
-            .await?)
-    }
-
     /// Records a completion that requested tool calls, the move to `awaiting_tool` and the
     /// calls, in one ledger transaction (`Ledger::record_step`); returns the calls as stored.
     pub(crate) async fn record_step(

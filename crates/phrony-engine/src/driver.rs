@@ -1033,18 +1033,43 @@ impl Driver {
         iteration: u32,
         calls: Vec<ToolCallRecord>,
     ) -> Result<(), CallStop> {
+        // Recorded with their completion, or else all of them now in one transaction (a
+        // session resting on approvals never has a call only its event log knows).
+        let mut stored: Vec<Option<ToolInvocation>> = calls
+            .iter()
+            .map(|rec| {
+                self.prerecorded.remove(&phrony_ledger::tool_call_id(
+                    &self.ctx.session.id,
+                    self.ctx.session.agent_version_id,
+                    turn,
+                    iteration,
+                    rec.index,
+                ))
+            })
+            .collect();
+        if stored.iter().any(Option::is_none) {
+            let missing: Vec<_> = calls
+                .iter()
+                .zip(&stored)
+                .filter(|(_, s)| s.is_none())
+                .map(|(rec, _)| self.ctx.new_tool_call(turn, iteration, rec))
+                .collect();
+            let mut fresh = self
+                .ctx
+                .store()
+                .record_tool_calls(missing)
+                .await?
+                .into_iter();
+            for slot in stored.iter_mut().filter(|s| s.is_none()) {
+                *slot = fresh.next();
+            }
+        }
         let mut recorded = Vec::with_capacity(calls.len());
-        for rec in &calls {
-            let id = phrony_ledger::tool_call_id(
-                &self.ctx.session.id,
-                self.ctx.session.agent_version_id,
-                turn,
-                iteration,
-                rec.index,
-            );
-            let call = match self.prerecorded.remove(&id) {
-                Some(call) => call,
-                None => self.ctx.record_call(turn, iteration, rec).await?,
+        for (rec, call) in calls.iter().zip(stored) {
+            let Some(call) = call else {
+                return Err(CallStop::Store(crate::error::StoreError::internal(
+                    "the ledger recorded fewer tool calls than it was given",
+                )));
             };
             match &rec.refused {
                 // A refused call gets its tool error now (again after a restart that came

@@ -6,9 +6,8 @@ use std::sync::{Arc, Mutex};
 
 use phrony_dispatch::Router;
 use phrony_ledger::{
-    AgentVersionRef, ApprovalStatus, Attribution, CallStatus, EventBody, NewSession, OnLimit,
-    Opening, Session, SessionEvent, SessionLimits, SessionMode, SessionPrincipal, SessionStatus,
-    StatusChange, new_session_id,
+    AgentVersionRef, Attribution, EventBody, NewSession, OnLimit, Opening, Session, SessionEvent,
+    SessionLimits, SessionMode, SessionPrincipal, SessionStatus, StatusChange, new_session_id,
 };
 use phrony_manifest::{ANNOTATION_POLICIES_COMPILED, ANNOTATION_STUB_SCRIPT, CompiledAgent};
 use phrony_providers::{ApiKey, ModelProvider};
@@ -713,6 +712,11 @@ impl Engine {
         only: Option<&HashSet<String>>,
     ) -> Result<RecoveryReport, EngineError> {
         let mut report = RecoveryReport::default();
+        let resting = if self.inner.config.park_approval_waits {
+            self.inner.store.sessions_resting_on_approvals().await?
+        } else {
+            HashSet::new()
+        };
         for session in self.inner.store.sessions_needing_recovery().await? {
             if session.parent_session_id.is_some()
                 || self.inner.live(&session.id).is_some()
@@ -720,14 +724,9 @@ impl Engine {
             {
                 continue;
             }
-            match self.rests_parked(&session).await {
-                Ok(true) => {
-                    report.parked.push(session.id);
-                    continue;
-                }
-                Ok(false) => {}
-                // Resuming reports the error as it would have without this check.
-                Err(e) => tracing::debug!(session_id = %session.id, error = %e, "parked check"),
+            if self.rests_parked(&session, &resting) {
+                report.parked.push(session.id);
+                continue;
             }
             match self.resume(session.clone(), None).await {
                 Ok(_) => report.resumed.push(session.id),
@@ -769,61 +768,23 @@ impl Engine {
         Ok(report)
     }
 
-    /// Whether recovery finds `session` waiting on humans only, as a parked session does: parking
-    /// is on, it is a task session without an approval-wait budget in `awaiting_approval`, every
-    /// tool call of its latest completion has been recorded, and each one still open is
-    /// `awaiting_approval` on a pending approval. Such a session's driver would load, find
-    /// nothing to do and park again; leaving it unloaded keeps a restart with many sessions
-    /// waiting for people as cheap as the waiting itself.
-    async fn rests_parked(&self, session: &Session) -> Result<bool, EngineError> {
-        let eligible = self.inner.config.park_approval_waits
+    /// Whether a session found at start can stay unloaded: a root task session (parking on)
+    /// without an approval-wait budget, in `awaiting_approval`, whose every open call waits on
+    /// a pending approval (`resting`: one ledger query for all sessions,
+    /// [`LedgerStore::sessions_resting_on_approvals`]). Such a session's driver would load,
+    /// find nothing to do and park again; leaving it unloaded keeps a restart with many
+    /// sessions waiting for people as cheap as the waiting itself. A completion's calls are
+    /// recorded together (with the completion, or in one batch), so a resting session has no
+    /// call that only its event log knows.
+    fn rests_parked(&self, session: &Session, resting: &HashSet<String>) -> bool {
+        self.inner.config.park_approval_waits
             && session.mode == SessionMode::Task
             && session.status == SessionStatus::AwaitingApproval
             && session
                 .limits
                 .as_ref()
-                .is_none_or(|l| l.max_hitl_wait_minutes.is_none());
-        if !eligible {
-            return Ok(false);
-        }
-        let open = self.inner.store.open_calls(&session.id).await?;
-        if open.is_empty()
-            || open
-                .iter()
-                .any(|c| c.status != CallStatus::AwaitingApproval)
-        {
-            return Ok(false);
-        }
-        let approvals = self.inner.store.session_approvals(&session.id).await?;
-        let waiting = open.iter().all(|call| {
-            approvals
-                .iter()
-                .rfind(|a| a.call_id == call.call_id)
-                .is_some_and(|a| a.status == ApprovalStatus::Pending)
-        });
-        if !waiting {
-            return Ok(false);
-        }
-        // A crash between recording one call of a completion and the next leaves calls only
-        // the event log knows: the driver must record (and decide) them.
-        let fold = self.inner.fold(&session.id).await?;
-        let Some(last) = fold.last_completion.as_ref() else {
-            return Ok(false);
-        };
-        Ok(fold
-            .unresolved_calls(last.turn, &session.id, session.agent_version_id)
-            .is_some_and(|(iteration, calls)| {
-                calls.iter().all(|c| {
-                    let id = phrony_ledger::tool_call_id(
-                        &session.id,
-                        session.agent_version_id,
-                        last.turn,
-                        iteration,
-                        c.index,
-                    );
-                    open.iter().any(|o| o.call_id == id) || fold.has_result(&id)
-                })
-            }))
+                .is_none_or(|l| l.max_hitl_wait_minutes.is_none())
+            && resting.contains(&session.id)
     }
 
     async fn resume(

@@ -628,11 +628,6 @@ impl Fold {
         (assistant, results)
     }
 
-    /// Whether the call has a model-facing outcome (a result, an error, a denial).
-    pub(crate) fn has_result(&self, call_id: &str) -> bool {
-        self.results.contains_key(call_id)
-    }
-
     /// The tool calls of `turn`'s latest completion when some of them have no outcome yet:
     /// `(iteration, calls)`.
     pub(crate) fn unresolved_calls(

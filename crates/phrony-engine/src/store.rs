@@ -348,6 +348,20 @@ impl LedgerStore {
         Ok(self.ledger.record_tool_call(new).await?)
     }
 
+    /// Records the calls of one completion in one ledger transaction (all or none).
+    pub async fn record_tool_calls(
+        &self,
+        calls: Vec<NewToolCall>,
+    ) -> StoreResult<Vec<ToolInvocation>> {
+        Ok(self.ledger.record_tool_calls(calls).await?)
+    }
+
+    /// Root task sessions in `awaiting_approval` resting on pending approvals alone
+    /// ([`Ledger::sessions_resting_on_approvals`]).
+    pub async fn sessions_resting_on_approvals(&self) -> StoreResult<HashSet<String>> {
+        Ok(self.ledger.sessions_resting_on_approvals().await?)
+    }
+
     /// `pending | dispatched | indeterminate → queued`.
     pub async fn queue_tool_call(&self, call_id: &str) -> StoreResult<ToolInvocation> {
         Ok(self.ledger.queue_tool_call(call_id).await?)

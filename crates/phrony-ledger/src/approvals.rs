@@ -18,6 +18,8 @@
 //!   resolved with a [`ReviewResolution`] (`happened`, `resend`, `fail`), never by a plain
 //!   approve: approve without a resolution is refused, reject means `fail` (not re-sent).
 
+use std::collections::HashSet;
+
 use chrono::{DateTime, Duration, Utc};
 use phrony_auth::{Attribution, Verification};
 use serde_json::{Map, Value, json};
@@ -1736,6 +1738,39 @@ impl Ledger {
             )
             .await?;
         rows.iter().map(|r| r.text("session_id")).collect()
+    }
+
+    /// Root task sessions in `awaiting_approval` that rest on people alone: at least one open
+    /// call, every open call `awaiting_approval`, and each of those calls' latest approval
+    /// (in the order approvals were opened) still `pending`. One query for all of them, so a
+    /// restart with many sessions waiting for people does not read each one; the engine
+    /// leaves these unloaded (parked) and checks the rest of what parking needs (the
+    /// session's limits) on the rows it already has.
+    ///
+    /// # Errors
+    /// Database errors.
+    pub async fn sessions_resting_on_approvals(&self) -> Result<HashSet<String>> {
+        let mut conn = self.pool.acquire().await?;
+        let rows = conn
+            .conn()
+            .fetch_all(
+                "list sessions resting on pending approvals",
+                "SELECT s.id AS id FROM sessions s \
+                 WHERE s.status = 'awaiting_approval' AND s.mode = 'task' \
+                 AND s.parent_session_id IS NULL \
+                 AND EXISTS (SELECT 1 FROM tool_invocations c \
+                   WHERE c.session_id = s.id AND c.status = 'awaiting_approval') \
+                 AND NOT EXISTS (SELECT 1 FROM tool_invocations c \
+                   WHERE c.session_id = s.id \
+                   AND c.status IN ('pending', 'queued', 'dispatched', 'indeterminate')) \
+                 AND NOT EXISTS (SELECT 1 FROM tool_invocations c \
+                   WHERE c.session_id = s.id AND c.status = 'awaiting_approval' \
+                   AND COALESCE((SELECT a.status FROM approvals a WHERE a.call_id = c.call_id \
+                     ORDER BY a.created_at DESC, a.id DESC LIMIT 1), '') <> 'pending')",
+                vec![],
+            )
+            .await?;
+        rows.iter().map(|r| r.text("id")).collect()
     }
 
     /// The earliest expiry among pending approvals, to arm the timer.

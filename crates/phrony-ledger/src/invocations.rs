@@ -760,6 +760,29 @@ impl Ledger {
         write_tx!(self, |tx| record(&mut tx, &new))
     }
 
+    /// [`Self::record_tool_call`] for several calls in ONE transaction, in order: the calls of
+    /// one completion are recorded all together or not at all, so a session can never rest
+    /// with some of them recorded and the others known only to its event log.
+    ///
+    /// # Errors
+    /// As [`Self::record_tool_call`], for the first call that fails; nothing is written then.
+    pub async fn record_tool_calls(&self, calls: Vec<NewToolCall>) -> Result<Vec<ToolInvocation>> {
+        for call in &calls {
+            require_text("tool", &call.tool)?;
+            require_text("tool version", &call.version)?;
+        }
+        if calls.is_empty() {
+            return Ok(Vec::new());
+        }
+        write_tx!(self, |tx| async {
+            let mut recorded = Vec::with_capacity(calls.len());
+            for call in &calls {
+                recorded.push(record(&mut tx, call).await?);
+            }
+            Ok(recorded)
+        })
+    }
+
     /// `pending | dispatched | indeterminate → queued` (`tool.queued`): the call waits for a
     /// free handler (again, for a re-dispatch with the same call id).
     ///

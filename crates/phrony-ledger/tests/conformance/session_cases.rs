@@ -3406,3 +3406,88 @@ pub(crate) async fn a_model_step_commits_its_completion_status_and_calls_togethe
         before
     );
 }
+
+/// `sessions_resting_on_approvals`: the root task sessions a restart may leave unloaded are
+/// exactly those whose every open call waits on a pending approval.
+pub(crate) async fn sessions_resting_on_approvals_are_found_in_one_query(db: &TestDb) {
+    let ledger = db.migrated().await;
+    let v = deploy_agent(ledger, &refund_agent(), "0.1.0").await;
+    let (resting, _, _) = pending_approval(ledger, &v, |_| {}).await;
+    // A second call of the session still to be decided: the driver has work to do.
+    let (busy, _, _) = pending_approval(ledger, &v, |_| {}).await;
+    ledger
+        .record_tool_call(refund_call(&busy.id, 0, 1, 50))
+        .await
+        .unwrap();
+    // Approved: the call goes back to pending, to be dispatched.
+    let (approved, _, approval) = pending_approval(ledger, &v, |_| {}).await;
+    ledger
+        .cast_vote(approval.id, approve("alice"))
+        .await
+        .unwrap();
+    // Running, no calls.
+    let running = start(ledger, &v).await;
+    let found = ledger.sessions_resting_on_approvals().await.unwrap();
+    assert!(found.contains(&resting.id), "{found:?}");
+    for other in [&busy.id, &approved.id, &running.id] {
+        assert!(!found.contains(other), "{other} listed: {found:?}");
+    }
+    assert_eq!(found.len(), 1, "{found:?}");
+    // Cancelled: it ends, and its approval is closed.
+    ledger
+        .set_session_status(&resting.id, StatusChange::to(SessionStatus::Cancelled))
+        .await
+        .unwrap();
+    assert!(
+        ledger
+            .sessions_resting_on_approvals()
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
+/// `record_tool_calls`: the calls of one completion are recorded in one transaction, all or
+/// none, idempotently.
+pub(crate) async fn the_calls_of_a_completion_are_recorded_together(db: &TestDb) {
+    let ledger = db.migrated().await;
+    let v = deploy_agent(ledger, &refund_agent(), "0.1.0").await;
+    let s = start(ledger, &v).await;
+    let calls = ledger
+        .record_tool_calls(vec![
+            refund_call(&s.id, 0, 0, 100),
+            refund_call(&s.id, 0, 1, 50),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(calls.len(), 2);
+    assert_eq!(calls[1].call_id, tool_call_id(&s.id, v.id, 1, 0, 1));
+    // The same calls again: the same rows, nothing new in the log.
+    let before = ledger.events_after(&s.id, 0, 100).await.unwrap();
+    let again = ledger
+        .record_tool_calls(vec![
+            refund_call(&s.id, 0, 0, 100),
+            refund_call(&s.id, 0, 1, 50),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(again, calls);
+    assert_eq!(ledger.events_after(&s.id, 0, 100).await.unwrap(), before);
+    // A conflicting second call refuses the first too.
+    let refused = ledger
+        .record_tool_calls(vec![
+            refund_call(&s.id, 1, 0, 10),
+            refund_call(&s.id, 0, 1, 999),
+        ])
+        .await;
+    assert!(
+        matches!(refused, Err(LedgerError::AlreadyExists { .. })),
+        "{refused:?}"
+    );
+    assert_eq!(ledger.events_after(&s.id, 0, 100).await.unwrap(), before);
+    not_found(
+        ledger
+            .get_tool_call(&tool_call_id(&s.id, v.id, 1, 1, 0))
+            .await,
+    );
+}
