@@ -33,7 +33,6 @@ use crate::store::LedgerStore;
 pub use crate::fold::LIMIT_TOOL;
 
 mod mcp;
-pub(crate) use mcp::McpClients;
 
 /// Call indexes of limit escalations start here (model calls use 0, 1, …).
 const LIMIT_INDEX: u32 = 1_000_000;

@@ -467,7 +467,7 @@ impl Client {
             id,
         };
         let message = if is_sse {
-            reader.from_sse(response).await?
+            reader.read_sse(response).await?
         } else {
             let bytes = reader.read_bounded(response).await?;
             reader.parse(&bytes)?
@@ -545,7 +545,7 @@ impl Reader<'_> {
     }
 
     /// Reads SSE events until one carries the response to our id.
-    async fn from_sse(&self, mut response: reqwest::Response) -> Result<Value, McpError> {
+    async fn read_sse(&self, mut response: reqwest::Response) -> Result<Value, McpError> {
         let mut buffer: Vec<u8> = Vec::new();
         let mut read = 0usize;
         loop {

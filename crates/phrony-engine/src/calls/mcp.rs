@@ -3,7 +3,7 @@
 //! module only after argument validation, policy and approvals, and it is journaled
 //! `dispatched` (worker id `mcp:<server>`) before anything is sent.
 //!
-//! - One client per server per session ([`McpClients`]), connected on first use with the auth
+//! - One client per server per session ([`crate::mcp_clients::McpClients`]), connected on first use with the auth
 //!   header built from the session's secrets; a failure drops it, so the next call
 //!   initialises a new MCP session.
 //! - The result: `isError` → tool error `mcp_tool_error` (the joined text), else
@@ -19,8 +19,7 @@
 //! Secrets never reach an event, a log line or an error: header values are marked sensitive
 //! and errors name the server's URL and the header, never the value.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use phrony_ledger::{CallStatus, Dispatch, ToolInvocation, ToolOutcome, ToolResult};
@@ -41,39 +40,6 @@ const MCP_TOOL_ERROR: &str = "mcp_tool_error";
 const MCP_UNKNOWN_TOOL: &str = "mcp_unknown_tool";
 /// The tool-error code of a binding whose server or secret cannot be used.
 const MCP_CONFIG_ERROR: &str = "mcp_config_error";
-
-type Slot = Arc<tokio::sync::Mutex<Option<Arc<Client>>>>;
-
-/// The MCP clients of one session: one per server, connected on first use, dropped after a
-/// failure.
-#[derive(Default)]
-pub(crate) struct McpClients {
-    slots: Mutex<HashMap<String, Slot>>,
-}
-
-impl McpClients {
-    fn slot(&self, server: &str) -> Slot {
-        let mut slots = self
-            .slots
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        Arc::clone(slots.entry(server.to_owned()).or_default())
-    }
-
-    /// Drops `client` (if it is still the server's), so the next call initialises again.
-    async fn reset(&self, server: &str, client: Option<&Arc<Client>>) {
-        let slot = self.slot(server);
-        let mut current = slot.lock().await;
-        let same = match (current.as_ref(), client) {
-            (Some(c), Some(failed)) => Arc::ptr_eq(c, failed),
-            (_, None) => true,
-            (None, Some(_)) => false,
-        };
-        if same {
-            *current = None;
-        }
-    }
-}
 
 /// Why an MCP call produced no answer.
 enum Attempt {
