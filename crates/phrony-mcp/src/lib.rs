@@ -91,6 +91,15 @@ pub enum McpError {
         /// The start of the body (at most 512 bytes).
         body: String,
     },
+    /// The server no longer knows the MCP session (HTTP 404 to a request that carried its
+    /// `Mcp-Session-Id`): the request was not processed; a new session may send it again.
+    #[error("MCP server {server}: the MCP session expired ({method} answered HTTP 404)")]
+    SessionExpired {
+        /// The server's URL.
+        server: String,
+        /// The JSON-RPC method.
+        method: String,
+    },
     /// The server answered with a JSON-RPC error.
     #[error("MCP server {server}: {method} failed with JSON-RPC error {code}: {message}")]
     Rpc {
@@ -155,6 +164,7 @@ impl McpError {
             Self::UrlNotAllowed { .. } | Self::InvalidHeader { .. } => "mcp_config_error",
             Self::Unreachable { .. } => "mcp_unavailable",
             Self::Http { .. } => "mcp_http_error",
+            Self::SessionExpired { .. } => "mcp_session_expired",
             Self::Rpc { code, .. } if *code == -32602 || *code == -32601 => "mcp_rejected",
             Self::Rpc { .. } => "mcp_error",
             Self::TooLarge { .. } => "mcp_result_too_large",
@@ -447,6 +457,12 @@ impl Client {
             }
         })?;
         let status = response.status();
+        if status == reqwest::StatusCode::NOT_FOUND && self.session_id.is_some() {
+            return Err(McpError::SessionExpired {
+                server,
+                method: method.to_owned(),
+            });
+        }
         if !status.is_success() {
             return Err(McpError::Http {
                 server,

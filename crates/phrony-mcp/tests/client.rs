@@ -121,3 +121,15 @@ fn plain_http_is_refused_off_loopback() {
     assert!(Endpoint::new("http://[::1]:9/mcp").is_ok());
     assert!(Endpoint::new("https://mcp.example.com/mcp").is_ok());
 }
+
+#[tokio::test]
+async fn a_forgotten_session_is_reported_as_expired_not_as_an_unknown_outcome() {
+    let server = FakeMcp::start(vec![FakeTool::echo("a")]).await;
+    let client = Client::connect(Endpoint::new(&server.url()).unwrap())
+        .await
+        .unwrap();
+    server.expire_sessions();
+    let err = client.call_tool("a", &json!({})).await.unwrap_err();
+    assert!(matches!(err, McpError::SessionExpired { .. }), "{err}");
+    assert!(!err.outcome_unknown());
+}

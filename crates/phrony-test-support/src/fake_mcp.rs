@@ -114,6 +114,8 @@ struct Shared {
     sse: Mutex<bool>,
     requests: Mutex<Vec<Recorded>>,
     sessions: AtomicU64,
+    /// Sessions numbered below this are forgotten (HTTP 404).
+    first_live_session: AtomicU64,
 }
 
 /// The running fake server; stops when dropped.
@@ -194,6 +196,13 @@ impl FakeMcp {
             .into_iter()
             .filter(|r| r.method == method)
             .collect()
+    }
+
+    /// Forgets every session so far (a restarted server): requests carrying their ids get
+    /// HTTP 404, as the transport specifies.
+    pub fn expire_sessions(&self) {
+        let next = self.shared.sessions.load(Ordering::SeqCst) + 1;
+        self.shared.first_live_session.store(next, Ordering::SeqCst);
     }
 
     /// How many sessions were initialised.
@@ -280,18 +289,20 @@ async fn handle(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Byt
         }});
         return rpc_answer(&shared, &id, result, Some(format!("session-{n}")));
     }
-    let known = headers
-        .get("mcp-session-id")
-        .and_then(|v| v.to_str().ok())
+    let Some(session) = headers.get("mcp-session-id") else {
+        return reply(StatusCode::BAD_REQUEST, "text/plain", "no Mcp-Session-Id");
+    };
+    let known = session
+        .to_str()
+        .ok()
         .and_then(|s| s.strip_prefix("session-"))
         .and_then(|n| n.parse::<u64>().ok())
-        .is_some_and(|n| n >= 1 && n <= shared.sessions.load(Ordering::SeqCst));
+        .is_some_and(|n| {
+            n >= shared.first_live_session.load(Ordering::SeqCst).max(1)
+                && n <= shared.sessions.load(Ordering::SeqCst)
+        });
     if !known {
-        return reply(
-            StatusCode::BAD_REQUEST,
-            "text/plain",
-            "no valid Mcp-Session-Id",
-        );
+        return reply(StatusCode::NOT_FOUND, "text/plain", "unknown MCP session");
     }
     match method.as_str() {
         "notifications/initialized" => reply(StatusCode::ACCEPTED, "text/plain", ""),

@@ -10,6 +10,8 @@
 //!   `structuredContent`, else the content array. A refusal the server answered (HTTP 4xx, a
 //!   JSON-RPC error, an unreachable server: nothing ran) is a tool error with its code; a tool
 //!   the server does not list is `mcp_unknown_tool`.
+//! - A server that forgot the MCP session (HTTP 404 to its id: it did not process the call)
+//!   gets a new session and the call once more.
 //! - No answer after sending (transport error, HTTP 5xx, the execution deadline): the outcome
 //!   is unknown and routed like a lost worker (`dispatch:indeterminate`, by side-effect class;
 //!   a write is never sent again without a human).
@@ -96,6 +98,16 @@ impl Ctx {
             let client = self.mcp_client(server).await?;
             match client.call_tool(remote, &call.args).await {
                 Ok(out) => Ok(out),
+                // The server forgot the session (it restarted): the call was not processed, so
+                // it is sent once more on a new session.
+                Err(McpError::SessionExpired { .. }) => {
+                    self.mcp.reset(&server.name, Some(&client)).await;
+                    let client = self.mcp_client(server).await?;
+                    match client.call_tool(remote, &call.args).await {
+                        Ok(out) => Ok(out),
+                        Err(e) => Err(Attempt::Mcp(e, Some(client))),
+                    }
+                }
                 Err(e) => Err(Attempt::Mcp(e, Some(client))),
             }
         };

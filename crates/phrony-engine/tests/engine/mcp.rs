@@ -514,3 +514,52 @@ async fn after_a_restart_a_write_left_with_an_mcp_server_waits_for_a_human() {
     assert_eq!(done.status, SessionStatus::Completed);
     assert_eq!(m.calls().len(), 1);
 }
+
+#[tokio::test]
+async fn a_server_that_forgot_the_session_gets_a_new_one_and_the_call_once() {
+    // Parking off: the session keeps its driver, and so its MCP client, across the approval.
+    let m = McpHarness::with(
+        vec![
+            Step::call("web_search", json!({"q": "one"})),
+            Step::call("create_ticket", json!({"title": "Outage", "priority": 3})),
+            Step::say("Done."),
+        ],
+        EngineConfig {
+            park_approval_waits: false,
+            ..test_config()
+        },
+        "tickets_create",
+    )
+    .await;
+    let s = m.start("Search, then open an urgent ticket.").await;
+    m.h.wait(&s.id, &[SessionStatus::AwaitingApproval]).await;
+    assert_eq!(m.server.sessions(), 1);
+    // The server restarts while the ticket waits for its approval.
+    m.server.expire_sessions();
+    let approval = m.h.pending_approval(&s.id).await;
+    m.h.engine
+        .vote(VoteTarget::Approval(approval.id), approve("lead-amy", "ok"))
+        .await
+        .unwrap();
+    assert_eq!(m.h.wait_end(&s.id).await.status, SessionStatus::Completed);
+    let tickets: Vec<_> = m
+        .server
+        .requests_of("tools/call")
+        .into_iter()
+        .filter(|r| r.params["name"] == "tickets_create")
+        .collect();
+    assert_eq!(
+        tickets.len(),
+        2,
+        "refused on the forgotten session, then sent once on a new one"
+    );
+    assert_eq!(tickets[0].header("mcp-session-id"), Some("session-1"));
+    assert_eq!(tickets[1].header("mcp-session-id"), Some("session-2"));
+    let (text, is_error) = last_tool_result(&m.h.script.requests()[2]);
+    assert!(!is_error, "{text}");
+    assert_eq!(text, r#"{"ticket":"T-77"}"#);
+    assert!(
+        m.h.store.session_approvals(&s.id).await.unwrap().len() == 1,
+        "no outcome review"
+    );
+}
