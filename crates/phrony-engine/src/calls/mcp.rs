@@ -144,7 +144,7 @@ impl Ctx {
             Attempt::Mcp(e, client) if !e.outcome_unknown() => {
                 let (code, message) = match (&e, client.as_deref()) {
                     (McpError::Rpc { .. }, Some(c)) => {
-                        match self.unknown_tool(c, remote, &mcp.server).await {
+                        match self.unknown_tool(c, remote, &mcp.server, timeout).await {
                             Some(message) => (MCP_UNKNOWN_TOOL, message),
                             None => (e.code(), e.to_string()),
                         }
@@ -246,8 +246,19 @@ impl Ctx {
     }
 
     /// When the server refused a call and does not list `remote`: the message saying so.
-    async fn unknown_tool(&self, client: &Client, remote: &str, server: &str) -> Option<String> {
-        let tools = client.list_tools().await.ok()?;
+    /// The listing is bounded by the same deadline as a call; without an answer in time the
+    /// server's own error stands.
+    async fn unknown_tool(
+        &self,
+        client: &Client,
+        remote: &str,
+        server: &str,
+        timeout: Duration,
+    ) -> Option<String> {
+        let tools = tokio::time::timeout(timeout, client.list_tools())
+            .await
+            .ok()?
+            .ok()?;
         if tools.iter().any(|t| t.name == remote) {
             return None;
         }
