@@ -15,11 +15,13 @@ use phrony_test_support::fake_mcp::{Answer, FakeMcp, FakeTool, Fault};
 use serde_json::{Value, json};
 
 const TOKEN: &str = "tok-s3cret-9f2c";
+const BEARER: &str = "{scheme: bearer, secret: search_token}";
 
 /// An agent with two tools on the MCP server at `url`: `web_search` (read_only, remote name =
 /// wire name) and `create_ticket` (non_idempotent_write, remote `tickets_create`; denied above
-/// priority 5, held for approval above 2). `ticket_tool` overrides the remote name.
-fn mcp_agent(url: &str, ticket_tool: &str) -> CompiledAgent {
+/// priority 5, held for approval above 2). `ticket_tool` overrides the remote name; `auth` is
+/// the server's `auth` mapping.
+fn mcp_agent(url: &str, ticket_tool: &str, auth: &str) -> CompiledAgent {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     std::fs::create_dir_all(root.join("policies")).unwrap();
@@ -42,7 +44,7 @@ spec:
   mcp_servers:
     - name: search
       url: {url}
-      auth: {{scheme: bearer, secret: search_token}}
+      auth: {auth}
   tools:
     - ref: search.web
       as: web_search
@@ -113,8 +115,18 @@ impl McpHarness {
     async fn with(steps: Vec<Step>, config: EngineConfig, ticket_tool: &str) -> Self {
         let server = FakeMcp::start(tools()).await;
         server.require_header("authorization", &format!("Bearer {TOKEN}"));
+        Self::on(server, steps, config, ticket_tool, BEARER).await
+    }
+
+    async fn on(
+        server: FakeMcp,
+        steps: Vec<Step>,
+        config: EngineConfig,
+        ticket_tool: &str,
+        auth: &str,
+    ) -> Self {
         let clock = Arc::new(phrony_engine::ManualClock::starting_now());
-        let agent = mcp_agent(&server.url(), ticket_tool);
+        let agent = mcp_agent(&server.url(), ticket_tool, auth);
         let (store, version_id) = memory_store(&clock, &agent).await;
         let h = Harness::on_with(store, clock, agent, version_id, Script::new(steps), config).await;
         Self { h, server }
@@ -562,4 +574,29 @@ async fn a_server_that_forgot_the_session_gets_a_new_one_and_the_call_once() {
         m.h.store.session_approvals(&s.id).await.unwrap().len() == 1,
         "no outcome review"
     );
+}
+
+#[tokio::test]
+async fn the_header_scheme_sends_the_secret_in_the_named_header_only() {
+    let server = FakeMcp::start(tools()).await;
+    server.require_header("x-api-key", TOKEN);
+    let m = McpHarness::on(
+        server,
+        vec![
+            Step::call("web_search", json!({"q": "k"})),
+            Step::say("Found."),
+        ],
+        test_config(),
+        "tickets_create",
+        "{scheme: header, header: X-Api-Key, secret: search_token}",
+    )
+    .await;
+    let s = m.start("Search.").await;
+    assert_eq!(m.h.wait_end(&s.id).await.status, SessionStatus::Completed);
+    let calls = m.server.requests_of("tools/call");
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0].header("x-api-key"), Some(TOKEN));
+    assert_eq!(calls[0].header("authorization"), None);
+    assert!(!last_tool_result(&m.h.script.requests()[1]).1);
+    m.assert_secret_not_recorded(&s.id).await;
 }
