@@ -178,6 +178,9 @@ impl McpError {
 pub struct Endpoint {
     url: Url,
     headers: HeaderMap,
+    /// The secret values the headers carry, redacted from anything the server sends back that
+    /// ends up in an error (a server may echo a request's headers in its error page).
+    secrets: Vec<String>,
 }
 
 impl std::fmt::Debug for Endpoint {
@@ -211,6 +214,7 @@ impl Endpoint {
         Ok(Self {
             url: parsed,
             headers: HeaderMap::new(),
+            secrets: Vec::new(),
         })
     }
 
@@ -225,7 +229,11 @@ impl Endpoint {
     /// # Errors
     /// [`McpError::InvalidHeader`] for a name or value HTTP cannot carry (the value is not
     /// quoted).
-    pub fn header(mut self, name: &str, value: &str) -> Result<Self, McpError> {
+    pub fn header(self, name: &str, value: &str) -> Result<Self, McpError> {
+        self.secret_header(name, value, value)
+    }
+
+    fn secret_header(mut self, name: &str, value: &str, secret: &str) -> Result<Self, McpError> {
         let invalid = |reason: &str| McpError::InvalidHeader {
             server: self.url.to_string(),
             header: name.to_owned(),
@@ -237,6 +245,9 @@ impl Endpoint {
             .map_err(|_| invalid("the secret is not a valid header value"))?;
         header_value.set_sensitive(true);
         self.headers.insert(header_name, header_value);
+        if !secret.is_empty() {
+            self.secrets.push(secret.to_owned());
+        }
         Ok(self)
     }
 
@@ -245,7 +256,16 @@ impl Endpoint {
     /// # Errors
     /// As [`Endpoint::header`].
     pub fn bearer(self, token: &str) -> Result<Self, McpError> {
-        self.header("authorization", &format!("Bearer {token}"))
+        self.secret_header("authorization", &format!("Bearer {token}"), token)
+    }
+}
+
+impl Endpoint {
+    /// `text` with every secret value replaced by `[redacted]`.
+    fn redact(&self, text: &str) -> String {
+        self.secrets.iter().fold(text.to_owned(), |t, secret| {
+            t.replace(secret.as_str(), "[redacted]")
+        })
     }
 }
 
@@ -427,7 +447,7 @@ impl Client {
                 server: self.url().to_owned(),
                 method: method.to_owned(),
                 status: status.as_u16(),
-                body: error_quote(response).await,
+                body: self.endpoint.redact(&error_quote(response).await),
             });
         }
         Ok(())
@@ -468,7 +488,7 @@ impl Client {
                 server,
                 method: method.to_owned(),
                 status: status.as_u16(),
-                body: error_quote(response).await,
+                body: self.endpoint.redact(&error_quote(response).await),
             });
         }
         let session_id = response.headers().get(SESSION_HEADER).cloned();
@@ -481,6 +501,7 @@ impl Client {
             server: &server,
             method,
             id,
+            endpoint: &self.endpoint,
         };
         let message = if is_sse {
             reader.read_sse(response).await?
@@ -497,6 +518,7 @@ struct Reader<'a> {
     server: &'a str,
     method: &'a str,
     id: u64,
+    endpoint: &'a Endpoint,
 }
 
 impl Reader<'_> {
@@ -596,11 +618,12 @@ impl Reader<'_> {
                 server: self.server.to_owned(),
                 method: self.method.to_owned(),
                 code: error.get("code").and_then(Value::as_i64).unwrap_or(0),
-                message: error
-                    .get("message")
-                    .and_then(Value::as_str)
-                    .unwrap_or("(no message)")
-                    .to_owned(),
+                message: self.endpoint.redact(
+                    error
+                        .get("message")
+                        .and_then(Value::as_str)
+                        .unwrap_or("(no message)"),
+                ),
             });
         }
         match message.get_mut("result").map(Value::take) {

@@ -133,3 +133,21 @@ async fn a_forgotten_session_is_reported_as_expired_not_as_an_unknown_outcome() 
     assert!(matches!(err, McpError::SessionExpired { .. }), "{err}");
     assert!(!err.outcome_unknown());
 }
+
+#[tokio::test]
+async fn a_secret_the_server_echoes_back_is_redacted_from_the_error() {
+    let server = FakeMcp::start(vec![FakeTool::echo("a")]).await;
+    let client = Client::connect(
+        Endpoint::new(&server.url())
+            .unwrap()
+            .bearer("tok-echoed-42")
+            .unwrap(),
+    )
+    .await
+    .unwrap();
+    server.set_fault(Some(Fault::Status500EchoingAuth));
+    let err = client.call_tool("a", &json!({})).await.unwrap_err();
+    let text = err.to_string();
+    assert!(!text.contains("tok-echoed-42"), "{text}");
+    assert!(text.contains("authorization: Bearer [redacted]"), "{text}");
+}

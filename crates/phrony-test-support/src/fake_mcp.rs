@@ -79,6 +79,8 @@ impl FakeTool {
 pub enum Fault {
     /// HTTP 500 with a short text body.
     Status500,
+    /// HTTP 500 whose body echoes the request's `authorization` header (a careless server).
+    Status500EchoingAuth,
     /// `200 application/json` headers, then the connection is cut before the body ends.
     DropConnection,
     /// No answer, ever (until the client gives up).
@@ -326,7 +328,7 @@ async fn handle(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Byt
             }
             rpc_answer(&shared, &id, json!({"result": result}), None)
         }
-        "tools/call" => call(&shared, &id, &message).await,
+        "tools/call" => call(&shared, &id, &message, &headers).await,
         _ => rpc_answer(
             &shared,
             &id,
@@ -336,9 +338,20 @@ async fn handle(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Byt
     }
 }
 
-async fn call(shared: &Shared, id: &Value, message: &Value) -> Response {
+async fn call(shared: &Shared, id: &Value, message: &Value, headers: &HeaderMap) -> Response {
     let fault = *lock(&shared.fault);
     match fault {
+        Some(Fault::Status500EchoingAuth) => {
+            let auth = headers
+                .get("authorization")
+                .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+                .unwrap_or_default();
+            return reply(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "text/plain",
+                format!("crashed handling a request with authorization: {auth}"),
+            );
+        }
         Some(Fault::Status500) => {
             return reply(
                 StatusCode::INTERNAL_SERVER_ERROR,

@@ -600,3 +600,20 @@ async fn the_header_scheme_sends_the_secret_in_the_named_header_only() {
     assert!(!last_tool_result(&m.h.script.requests()[1]).1);
     m.assert_secret_not_recorded(&s.id).await;
 }
+
+#[tokio::test]
+async fn a_token_the_server_echoes_in_its_error_reaches_neither_the_model_nor_the_ledger() {
+    let m = McpHarness::new(vec![
+        Step::call("web_search", json!({"q": "x"})),
+        Step::say("The search failed."),
+    ])
+    .await;
+    m.server.set_fault(Some(Fault::Status500EchoingAuth));
+    let s = m.start("Search.").await;
+    assert_eq!(m.h.wait_end(&s.id).await.status, SessionStatus::Completed);
+    let (text, is_error) = last_tool_result(&m.h.script.requests()[1]);
+    assert!(is_error);
+    assert!(text.contains("authorization: Bearer [redacted]"), "{text}");
+    assert!(!text.contains(TOKEN), "{text}");
+    m.assert_secret_not_recorded(&s.id).await;
+}
