@@ -151,3 +151,19 @@ async fn a_secret_the_server_echoes_back_is_redacted_from_the_error() {
     assert!(!text.contains("tok-echoed-42"), "{text}");
     assert!(text.contains("authorization: Bearer [redacted]"), "{text}");
 }
+
+#[tokio::test]
+async fn an_answer_past_the_bound_is_refused_as_too_large_on_json_and_on_sse() {
+    let huge = "x".repeat(phrony_mcp::MAX_RESPONSE_BYTES + 1);
+    let server = FakeMcp::start(vec![FakeTool::echo("a").answering(Answer::Text(huge))]).await;
+    let client = Client::connect(Endpoint::new(&server.url()).unwrap())
+        .await
+        .unwrap();
+    for sse in [false, true] {
+        server.use_sse(sse);
+        let err = client.call_tool("a", &json!({})).await.unwrap_err();
+        assert!(matches!(err, McpError::TooLarge { .. }), "sse={sse}: {err}");
+        assert!(!err.outcome_unknown(), "the tool ran and answered");
+        assert_eq!(err.code(), "mcp_result_too_large");
+    }
+}
