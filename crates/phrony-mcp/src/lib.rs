@@ -15,6 +15,12 @@
 //! What a failure means for a call that may have taken effect is [`McpError::outcome_unknown`]:
 //! the runtime routes those by side-effect class, everything else is the server's answer.
 //! Auth header values are marked sensitive and never appear in an error or `Debug` output.
+//!
+//! Why not `rmcp`: its 3.x client (on reqwest 0.13, like the workspace) speaks the 2026-07-28
+//! draft first (`server/discover`, multi-round tool calls, tasks) and, on an expired session,
+//! re-initialises and re-sends POSTs itself. The runtime must decide every re-send of a call
+//! whose outcome may be known or unknown, so it keeps this subset (a few hundred lines) in its
+//! own hands, over the reqwest it already links; no dependency was added.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
