@@ -32,6 +32,8 @@ use crate::store::LedgerStore;
 
 pub use crate::fold::LIMIT_TOOL;
 
+mod mcp;
+
 /// Call indexes of limit escalations start here (model calls use 0, 1, …).
 const LIMIT_INDEX: u32 = 1_000_000;
 
@@ -40,6 +42,44 @@ const LIMIT_INDEX: u32 = 1_000_000;
 struct Journal {
     store: Arc<LedgerStore>,
     first: AtomicBool,
+}
+
+/// Why a dispatch produced no outcome: the Work-stream router's failure, or an MCP call whose
+/// outcome is unknown (routed like a lost worker, §2.7).
+pub(crate) enum Failure {
+    /// From the router.
+    Worker(DispatchFailure),
+    /// An MCP `tools/call` was sent and no answer came (transport error, HTTP 5xx, timeout):
+    /// the message.
+    McpUnknown(String),
+}
+
+impl From<DispatchFailure> for Failure {
+    fn from(f: DispatchFailure) -> Self {
+        Self::Worker(f)
+    }
+}
+
+impl Failure {
+    fn worker(&self) -> Option<&DispatchFailure> {
+        match self {
+            Self::Worker(f) => Some(f),
+            Self::McpUnknown(_) => None,
+        }
+    }
+
+    fn outcome_unknown(&self) -> bool {
+        self.worker().is_none_or(DispatchFailure::outcome_unknown)
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Worker(w) => w.fmt(f),
+            Self::McpUnknown(m) => f.write_str(m),
+        }
+    }
 }
 
 fn non_empty(s: &str) -> Option<String> {
@@ -302,15 +342,15 @@ impl Ctx {
             }
             return Ok(());
         };
-        if binding.mcp.is_some() || binding.agent.is_some() {
+        if binding.agent.is_some() {
             if matches!(call.status, CallStatus::Pending | CallStatus::Queued) {
                 self.store()
                     .fail_tool_call(
                         &call.call_id,
                         "unsupported",
                         &format!(
-                            "tool {wire:?} is served by an MCP server or a delegated agent, \
-                             which this runtime does not dispatch yet"
+                            "tool {wire:?} is served by a delegated agent, which this runtime \
+                             does not dispatch yet"
                         ),
                     )
                     .await?;
@@ -330,6 +370,9 @@ impl Ctx {
                 self.decide(&call, &binding, &wire, &args).await
             }
             CallStatus::Queued => self.dispatch(&call, &binding, &wire, false).await,
+            CallStatus::Dispatched if binding.mcp.is_some() => {
+                self.recover_mcp_dispatched(&call, &binding, &wire).await
+            }
             CallStatus::Dispatched => self.recover_dispatched(&call, &binding, &wire).await,
             CallStatus::Indeterminate => {
                 let reason = call
@@ -766,6 +809,12 @@ impl Ctx {
         } else {
             self.store().queue_tool_call(&call.call_id).await?
         };
+        if let Some(mcp) = &binding.mcp {
+            let timeout = self.exec_timeout(binding);
+            return self
+                .dispatch_mcp(&call, binding, wire, mcp, timeout, after_hitl)
+                .await;
+        }
         let Some(router) = self.inner.router.clone() else {
             let failure = DispatchFailure::NoHandler {
                 key: phrony_dispatch::handler_key(&call.tool, &call.version),
@@ -852,14 +901,19 @@ impl Ctx {
         call: &ToolInvocation,
         binding: &ToolBinding,
         wire: &str,
-        failure: DispatchFailure,
+        failure: impl Into<Failure>,
         after_hitl: bool,
     ) -> Result<(), CallStop> {
-        if self.live.cancel.is_cancelled() || matches!(failure, DispatchFailure::Cancelled { .. }) {
+        let failure = failure.into();
+        if self.live.cancel.is_cancelled()
+            || matches!(failure.worker(), Some(DispatchFailure::Cancelled { .. }))
+        {
             return Err(CallStop::Stopped);
         }
-        if matches!(failure, DispatchFailure::JournalFailed { .. })
-            && !self.store().ledger().is_writable()
+        if matches!(
+            failure.worker(),
+            Some(DispatchFailure::JournalFailed { .. })
+        ) && !self.store().ledger().is_writable()
         {
             // The dispatch could not be journaled because the database is down: nothing was
             // sent, the call stays queued and is dispatched when the session resumes.
@@ -869,10 +923,10 @@ impl Ctx {
             )));
         }
         let message = failure.to_string();
-        let trigger = match &failure {
-            DispatchFailure::NoHandler { .. } => Some(Trigger::NoHandler),
-            DispatchFailure::CapacityExhausted { .. } => Some(Trigger::CapacityExhausted),
-            f if f.outcome_unknown() => Some(Trigger::Indeterminate),
+        let trigger = match failure.worker() {
+            Some(DispatchFailure::NoHandler { .. }) => Some(Trigger::NoHandler),
+            Some(DispatchFailure::CapacityExhausted { .. }) => Some(Trigger::CapacityExhausted),
+            _ if failure.outcome_unknown() => Some(Trigger::Indeterminate),
             _ => None,
         };
         let mut current = self.store().get_tool_call(&call.call_id).await?;
@@ -913,14 +967,14 @@ impl Ctx {
                 return Box::pin(self.wait_and_apply(&current, binding, wire, approval.id)).await;
             }
         }
-        match &failure {
-            DispatchFailure::IntegrityViolation { violation, .. } => {
+        match failure.worker() {
+            Some(DispatchFailure::IntegrityViolation { violation, .. }) => {
                 self.store()
                     .fail_tool_call(&call.call_id, violation.kind.as_str(), &message)
                     .await?;
                 Ok(())
             }
-            f if f.outcome_unknown() && after_hitl && safe_class(binding) => {
+            _ if failure.outcome_unknown() && after_hitl && safe_class(binding) => {
                 let current = self
                     .store()
                     .fail_tool_call_unless_settled(&call.call_id, codes::INDETERMINATE, &message)
@@ -932,13 +986,14 @@ impl Ctx {
                     Ok(())
                 }
             }
-            f if f.outcome_unknown() => {
+            _ if failure.outcome_unknown() => {
                 self.unknown_outcome(&current, binding, wire, &message, None)
                     .await
             }
             f => {
+                let code = f.map_or(codes::INDETERMINATE, DispatchFailure::code);
                 self.store()
-                    .fail_tool_call(&call.call_id, f.code(), &message)
+                    .fail_tool_call(&call.call_id, code, &message)
                     .await?;
                 Err(CallStop::Fail(message))
             }

@@ -151,6 +151,8 @@ pub(crate) struct Ctx {
     pub(crate) status: tokio::sync::Mutex<StatusState>,
     pub(crate) waits: Mutex<WaitTracker>,
     pub(crate) park: ParkGate,
+    /// The session's MCP clients, one per server, connected on first use.
+    pub(crate) mcp: crate::mcp_clients::McpClients,
 }
 
 /// When the calls of one completion may be parked: only once *every* call still running waits
@@ -546,6 +548,7 @@ async fn drive(
         }),
         waits: Mutex::new(WaitTracker::from_approvals(&approvals, now)),
         park: ParkGate::default(),
+        mcp: crate::mcp_clients::McpClients::default(),
         inner,
         live,
         session,

@@ -87,6 +87,7 @@ mod error;
 mod fold;
 mod hooks;
 mod inspect;
+mod mcp_clients;
 mod provider;
 mod resume;
 mod setup;

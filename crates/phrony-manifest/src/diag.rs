@@ -91,6 +91,37 @@ impl Diagnostic {
     }
 }
 
+impl Diagnostic {
+    /// A diagnostic about the field `path` (such as `spec.tools[1].mcp.tool`) of the YAML file
+    /// `file`, positioned as validation positions its own (a missing field points at its
+    /// nearest existing parent), for checks made outside this crate — `phrony agents validate
+    /// --mcp` compares bindings with what their MCP servers list. Without a readable file the
+    /// position is unknown (0).
+    #[must_use]
+    pub fn at_field(
+        severity: Severity,
+        file: &std::path::Path,
+        path: &str,
+        message: impl Into<String>,
+    ) -> Self {
+        let (line, column) = crate::yaml_input::read_text_file(file)
+            .ok()
+            .and_then(|src| crate::yaml_pos::PosIndex::parse(&src).ok())
+            .map_or((0, 0), |(index, _)| {
+                let mark = index.locate(path);
+                (mark.line, mark.column)
+            });
+        Self {
+            severity,
+            file: file.to_path_buf(),
+            line,
+            column,
+            path: path.to_owned(),
+            message: message.into(),
+        }
+    }
+}
+
 impl fmt::Display for Diagnostic {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if !self.file.as_os_str().is_empty() {

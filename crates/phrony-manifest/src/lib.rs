@@ -99,5 +99,5 @@ pub use refs::{AgentRef, AgentRefError, parse_agent_ref};
 pub use schema::{ArgError, SchemaError, ToolArgsValidator};
 pub use secrets::{BundleSecret, SecretRequirement};
 pub use stub::{STUB_SCRIPT_FILE, StubEvent, StubScript, StubScriptError};
-pub use validate::PROVIDERS;
+pub use validate::{PROVIDERS, mcp_url_allowed};
 pub use yaml_input::{MAX_YAML_BYTES, YamlInputError, check_yaml, read_text_file, read_yaml_file};

@@ -329,6 +329,31 @@ impl WireNames {
     }
 }
 
+/// The rule an MCP server's URL breaks, as a diagnostic.
+const MCP_URL_MSG: &str = "must be a valid https URL (plain http only to a loopback host: \
+                           127.0.0.1, localhost or [::1])";
+
+/// Whether `url` may be an MCP server's address (`spec.mcp_servers[].url`): `https` with a
+/// host, or plain `http` to a loopback host (`127.0.0.0/8`, `localhost`, `[::1]`), for a
+/// server on the same machine. The runtime checks it again before it connects
+/// (`phrony-mcp`), so a snapshot published by an older validator cannot send a secret in
+/// clear text off the machine. No user info (`user:pass@`) is allowed: credentials come from
+/// `auth` and the session's secrets, never from the address.
+#[must_use]
+pub fn mcp_url_allowed(url: &url::Url) -> bool {
+    if !url.username().is_empty() || url.password().is_some() {
+        return false;
+    }
+    match (url.scheme(), url.host()) {
+        ("https", Some(url::Host::Domain(d))) => !d.is_empty(),
+        ("https", Some(_)) => true,
+        ("http", Some(url::Host::Domain(d))) => d.eq_ignore_ascii_case("localhost"),
+        ("http", Some(url::Host::Ipv4(ip))) => ip.is_loopback(),
+        ("http", Some(url::Host::Ipv6(ip))) => ip.is_loopback(),
+        _ => false,
+    }
+}
+
 /// `spec.mcp_servers[i]` as both forms have it.
 pub(crate) struct McpServerView<'a> {
     pub(crate) name: &'a str,
@@ -354,9 +379,8 @@ pub(crate) fn mcp_servers<'a, D: Report>(
         }
         if blank(s.url) {
             d.error(&format!("{at}.url"), "is required");
-        } else if !matches!(url::Url::parse(s.url), Ok(u) if u.scheme() == "https" && u.host_str().is_some_and(|h| !h.is_empty()))
-        {
-            d.error(&format!("{at}.url"), "must be a valid https URL");
+        } else if !url::Url::parse(s.url).is_ok_and(|u| mcp_url_allowed(&u)) {
+            d.error(&format!("{at}.url"), MCP_URL_MSG);
         }
         if !s.transport.is_empty() && s.transport != "streamable_http" {
             d.error(&format!("{at}.transport"), "must be streamable_http");

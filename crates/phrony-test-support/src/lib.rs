@@ -10,6 +10,7 @@
 //! - [`pki`]: a throw-away CA, server and client certificates for TLS and mTLS tests.
 //! - [`proxy`]: a TCP proxy that loses the connection on cue.
 //! - [`fake_api`]: a local fake model vendor API answering scripted replies.
+//! - [`fake_mcp`]: a fake MCP server (Streamable HTTP) with switches for failures and auth.
 //! - `fake_model` (feature `model`): an in-process scripted `ModelProvider` that records every
 //!   request, for the engine's and the server edge's tests.
 //!
@@ -25,6 +26,7 @@
 )]
 
 pub mod fake_api;
+pub mod fake_mcp;
 #[cfg(feature = "model")]
 pub mod fake_model;
 pub mod pki;

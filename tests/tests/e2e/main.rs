@@ -5,6 +5,7 @@
 //! - [`schema`]: the authoring JSON Schema against every example.
 //! - [`examples`]: each example's `cases.yaml` against the real policy engine.
 //! - [`lifecycle`]: the real daemon driven by the real CLI.
+//! - [`mcp`]: an MCP-backed tool through the real daemon and CLI, against the fake MCP server.
 //! - [`guard_rails`]: the layering rules of ARCHITECTURE.md on the sources and the dependency graph.
 //! - [`transport`]: TLS and mutual TLS between the real CLI and daemon.
 //! - [`sessions`] and [`tui`]: sessions and approvals through it, the attach TUI in a terminal.
@@ -32,6 +33,7 @@ mod endpoints;
 mod examples;
 mod guard_rails;
 mod lifecycle;
+mod mcp;
 mod schema;
 mod sdk;
 mod sessions;

@@ -17,6 +17,7 @@ mod dispatch;
 mod event_fixture;
 mod input_bounds;
 mod ledger;
+mod mcp;
 mod modules;
 mod outage;
 mod park;

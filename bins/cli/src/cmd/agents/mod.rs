@@ -12,6 +12,7 @@ mod diff;
 mod history;
 mod inspect;
 mod ls;
+mod mcp_check;
 mod publish;
 mod retire;
 mod rollback;
@@ -24,6 +25,7 @@ use crate::cmd::Global;
 #[derive(Debug, clap::Subcommand)]
 pub(crate) enum Command {
     /// Parse, validate and compile an agent manifest locally; warn about unset secret variables.
+    /// With --mcp, also check the MCP-backed bindings against their servers' tools/list.
     Validate(validate::Args),
     /// Compile an agent manifest and publish it as an immutable version (does not activate it).
     Publish(publish::Args),

@@ -1,4 +1,5 @@
-//! `phrony agents validate MANIFEST`: parse, validate and compile an agent locally.
+//! `phrony agents validate MANIFEST [--mcp]`: parse, validate and compile an agent locally;
+//! with `--mcp`, also check its MCP-backed bindings against their servers (`mcp_check.rs`).
 
 use std::path::PathBuf;
 
@@ -14,12 +15,29 @@ pub(crate) struct Args {
     /// Output format (warnings stay on stderr either way).
     #[arg(long, value_enum, default_value_t)]
     output: Output,
+    /// Also connect to every MCP server the bindings use (auth secrets from their fromEnv
+    /// variables) and check its tools/list: a bound tool the server does not list is an error,
+    /// an input_schema that differs from the server's inputSchema a warning, both reported at
+    /// the binding's file:line:column.
+    #[arg(long)]
+    mcp: bool,
 }
 
 /// Prints `valid: <namespace>/<name> <version>`, warning about secrets unset in this environment.
 pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     let agent = manifest::load_agent(&args.manifest)?;
     manifest::warn_unset_secrets(&agent.secret_requirements())?;
+    let mcp_checked = if args.mcp {
+        let (diags, checked) = super::mcp_check::check(&agent, &args.manifest)?;
+        let errors = diags.iter().filter(|d| d.is_error()).count();
+        manifest::print_diagnostics(&diags)?;
+        if errors > 0 {
+            anyhow::bail!("MCP bindings do not match their servers ({errors} errors)");
+        }
+        Some(checked)
+    } else {
+        None
+    };
     let meta = &agent.metadata;
     match args.output {
         Output::Json => render::json(&json!({
@@ -28,6 +46,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
             "name": meta.name,
             "version": meta.version,
             "content_hash": agent.content_hash(),
+            "mcp_bindings_checked": mcp_checked,
             "unset_secrets": agent
                 .secret_requirements()
                 .iter()
@@ -35,9 +54,15 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
                 .map(|s| json!({"name": s.name, "from_env": s.from_env}))
                 .collect::<Vec<_>>(),
         })),
-        Output::Text => render::line(format_args!(
-            "valid: {}/{} {}",
-            meta.namespace, meta.name, meta.version
-        )),
+        Output::Text => match mcp_checked {
+            Some(n) => render::line(format_args!(
+                "valid: {}/{} {} ({n} MCP bindings checked against their servers)",
+                meta.namespace, meta.name, meta.version
+            )),
+            None => render::line(format_args!(
+                "valid: {}/{} {}",
+                meta.namespace, meta.name, meta.version
+            )),
+        },
     }
 }
