@@ -819,9 +819,11 @@ impl Ctx {
         }
     }
 
-    fn exec_timeout(&self, _binding: &ToolBinding) -> Duration {
-        // Tool bindings carry no timeout in the Agent Spec yet: the daemon default applies.
-        self.inner.config.exec_timeout
+    /// The call's execution deadline: the binding's `timeout` (from the manifest), else the
+    /// daemon's default (`RUNTIME_TOOL_EXEC_TIMEOUT`). The wait for a free worker is bounded
+    /// separately (`queue_wait`).
+    fn exec_timeout(&self, binding: &ToolBinding) -> Duration {
+        binding.timeout().unwrap_or(self.inner.config.exec_timeout)
     }
 
     /// Routes a dispatch failure (§2.7): a matching trigger policy escalates to a human;
