@@ -96,7 +96,7 @@ pub use model::compiled::{
 };
 pub use names::{AgentNameError, ForbiddenChar, check_agent_name};
 pub use refs::{AgentRef, AgentRefError, parse_agent_ref};
-pub use schema::{ArgError, SchemaError, ToolArgsValidator};
+pub use schema::{ArgError, OutputSchemaError, OutputValidator, SchemaError, ToolArgsValidator};
 pub use secrets::{BundleSecret, SecretRequirement};
 pub use stub::{STUB_SCRIPT_FILE, StubEvent, StubScript, StubScriptError};
 pub use validate::PROVIDERS;

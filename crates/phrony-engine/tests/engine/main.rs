@@ -19,6 +19,7 @@ mod input_bounds;
 mod ledger;
 mod modules;
 mod outage;
+mod output;
 mod park;
 mod provider_faults;
 mod refund;
