@@ -525,10 +525,12 @@ async fn drive(
     // A rejection with `on_reject: fail` fails the session. The ledger closes the call with the
     // decision; a driver that was not waiting when it was recorded (the session was parked, or
     // the daemon restarted in between) applies the rest here.
-    if let Some(rejected) = approvals
-        .iter()
-        .find(|a| a.status == ApprovalStatus::Denied && a.on_reject == OnReject::Fail)
-    {
+    // (An output escalation's rejection is applied by the output check, with its own message.)
+    if let Some(rejected) = approvals.iter().find(|a| {
+        a.status == ApprovalStatus::Denied
+            && a.on_reject == OnReject::Fail
+            && a.tool != crate::fold::OUTPUT_TOOL
+    }) {
         return Err(Stop::Fail(crate::fold::rejection_text(
             &rejected.call_id,
             rejected.decided_by.as_deref().unwrap_or("an approver"),

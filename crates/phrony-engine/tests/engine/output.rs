@@ -4,7 +4,7 @@
 //! event. Text output is unchanged.
 #![allow(clippy::unwrap_used, reason = "tests: a panic is a failed assertion")]
 
-use phrony_engine::OUTPUT_TOOL;
+use phrony_engine::{Engine, EngineDeps, OUTPUT_TOOL};
 use phrony_ledger::{
     ApprovalStatus, EventBody, OutputAccepted, OutputAction, OutputInvalid, SessionStatus,
 };
@@ -367,4 +367,97 @@ async fn a_strict_schema_is_sent_to_the_provider() {
     assert_eq!(sent.name, "refund-agent");
     assert!(sent.strict);
     assert_eq!(sent.schema["required"], json!(["refund_id", "status"]));
+}
+
+/// Stops the engine while the output escalation waits, decides it (or not) meanwhile, and
+/// starts a new engine on the same store: the decision is applied once, the model is not
+/// asked again.
+async fn restart_during_output_escalation(
+    decide_while_stopped: Option<bool>,
+) -> (Harness, Engine, String, uuid::Uuid) {
+    let h = Harness::memory(
+        &json_output(Some("escalate")),
+        vec![Step::say("rf_2891 issued")],
+    )
+    .await;
+    let s = h.start("Refund ORD-1.").await;
+    h.wait(&s.id, &[SessionStatus::AwaitingApproval]).await;
+    let approval = h.pending_approval(&s.id).await;
+    h.engine.shutdown();
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    let vote = |approve_it: bool| {
+        if approve_it {
+            approve("alice", "ok")
+        } else {
+            reject("alice", "not usable")
+        }
+    };
+    if let Some(approve_it) = decide_while_stopped {
+        // Recorded by another process: the ledger takes it without a driver.
+        h.store
+            .cast_vote(approval.id, vote(approve_it))
+            .await
+            .unwrap();
+    }
+    let script = phrony_test_support::fake_model::Script::new(Vec::new());
+    let engine = Engine::new(EngineDeps {
+        store: h.store.clone(),
+        router: Some(h.router.clone()),
+        providers: std::sync::Arc::new(ScriptedFactory(script.clone())),
+        clock: h.clock.clone(),
+        config: test_config(),
+    });
+    engine.recover().await.unwrap();
+    if decide_while_stopped.is_none() {
+        engine
+            .vote(VoteTarget::Approval(approval.id), vote(true))
+            .await
+            .unwrap();
+    }
+    assert!(script.requests().is_empty(), "the model is not asked again");
+    (h, engine, s.id, approval.id)
+}
+
+#[tokio::test]
+async fn an_output_escalation_survives_a_restart() {
+    for decide_while_stopped in [None, Some(true)] {
+        let (h, engine, id, approval_id) =
+            restart_during_output_escalation(decide_while_stopped).await;
+        let done = tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            engine.wait_for(&id, &[]),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            done.status,
+            SessionStatus::Completed,
+            "{decide_while_stopped:?}: {:?}",
+            done.error
+        );
+        assert_eq!(done.output.unwrap()["json"], "rf_2891 issued");
+        let (invalid, accepted) = output_events(&h, &id).await;
+        assert_eq!(invalid.len(), 1, "the answer is checked once");
+        assert_eq!(accepted.len(), 1);
+        assert_eq!(accepted[0].approval_id, Some(approval_id));
+    }
+}
+
+#[tokio::test]
+async fn an_output_rejected_while_the_engine_was_stopped_fails_with_the_output_message() {
+    let (_h, engine, id, _) = restart_during_output_escalation(Some(false)).await;
+    let done = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        engine.wait_for(&id, &[]),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(done.status, SessionStatus::Failed);
+    let error = done.error.unwrap();
+    assert!(
+        error.starts_with("the output was rejected by alice: not usable (on_invalid: escalate)"),
+        "{error}"
+    );
 }
