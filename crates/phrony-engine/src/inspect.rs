@@ -934,11 +934,12 @@ pub fn payload(inspection: &Inspection, selector: &PayloadSelector) -> Result<Va
             match field {
                 "input" => Ok(node.session.input.clone()),
                 "output" => Ok(text(&node.output.message)),
+                "output_json" => Ok(node.output.json.clone().unwrap_or(Value::Null)),
                 "error" => Ok(node.session.error.as_deref().map_or(Value::Null, text)),
                 "descriptive_metadata" => Ok(node.evidence.clone().unwrap_or(Value::Null)),
                 _ => Err(unknown(
                     "a session",
-                    "input, output, error, descriptive_metadata",
+                    "input, output, output_json, error, descriptive_metadata",
                 )),
             }
         }
