@@ -308,6 +308,11 @@ pub struct SessionOutput {
     pub session_usage: Option<TokenUsage>,
     /// Every turn.
     pub turns: Vec<TurnSummary>,
+    /// With the agent's `output.format: json`: the accepted output. `None` for free-text
+    /// output, before the output is accepted, and when the runtime shortened it (then
+    /// [`SessionDetail::truncation`]`("output.json")` names the payload to fetch whole), and
+    /// when the runtime sent text that does not parse.
+    pub json: Option<serde_json::Value>,
 }
 
 /// The agent a session runs, with its model and limits.
@@ -883,6 +888,9 @@ fn session_detail(s: pb::SessionInspect) -> Result<SessionDetail, ClientError> {
             max_wall_clock_seconds: a.max_wall_clock_seconds,
         }),
         output: s.output.map(|o| SessionOutput {
+            json: (!o.json.is_empty())
+                .then(|| serde_json::from_str(&o.json).ok())
+                .flatten(),
             message: o.message,
             stop_reason: o.stop_reason,
             turn_usage: usage(o.turn_usage),

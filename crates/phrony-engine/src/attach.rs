@@ -467,6 +467,13 @@ impl SessionView {
                 self.model_completion(&record);
                 Vec::new()
             }
+            EventBody::OutputInvalid(invalid) => {
+                // The model is asked again: the feedback is the next turn's user message.
+                if let Some(feedback) = invalid.feedback {
+                    self.users.insert(invalid.turn.saturating_add(1), feedback);
+                }
+                Vec::new()
+            }
             EventBody::MessageAssistant(m) => self.assistant_segment(event.turn, m),
             EventBody::ToolRequested(r) => self.tool_requested(r),
             EventBody::ToolCompleted(c) => self.result(tool_result(c)).into_iter().collect(),
@@ -523,6 +530,7 @@ impl SessionView {
                 false,
             ),
             EventBody::SessionPrincipal(_)
+            | EventBody::OutputAccepted(_)
             | EventBody::EvidenceRecorded(_)
             | EventBody::ToolQueued(_)
             | EventBody::ToolDispatched(_)
@@ -618,7 +626,8 @@ impl SessionView {
     }
 
     fn tool_requested(&mut self, r: ToolRequested) -> Vec<Activity> {
-        if r.tool == LIMIT_TOOL {
+        if r.tool == LIMIT_TOOL || r.tool == crate::fold::OUTPUT_TOOL {
+            // Pseudo calls (limit and output escalations) are no model calls.
             self.limit_calls.insert(r.call_id);
             return Vec::new();
         }

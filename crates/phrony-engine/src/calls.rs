@@ -15,8 +15,8 @@ use phrony_dispatch::{
 };
 use phrony_ledger::{
     Approval, ApprovalKind, ApprovalStatus, ApprovalTimeout, CallStatus, Dispatch, NewApproval,
-    NewToolCall, OnModify, OnReject, SessionMode, SessionStatus, SideEffectClass, TimeoutDefault,
-    ToolInvocation, ToolResult,
+    NewToolCall, OnModify, OnReject, OutputInvalid, SessionMode, SessionStatus, SideEffectClass,
+    TimeoutDefault, ToolInvocation, ToolResult,
 };
 use phrony_manifest::ToolBinding;
 use phrony_policy::{AgentCtx, Decision, Policy, Request, SessionCtx, ToolCtx, Trigger};
@@ -25,8 +25,9 @@ use uuid::Uuid;
 
 use crate::driver::{CallStop, Ctx, LimitEscalation, Stop, limit_message};
 use crate::error::{ErrorKind, StoreError};
-use crate::fold::{FAILURE_KEY, TRIGGER_KEY, codes, rejection_text};
+use crate::fold::{FAILURE_KEY, OUTPUT_TOOL, TRIGGER_KEY, codes, rejection_text};
 use crate::hooks::ledger_outcome;
+use crate::output::{OutputDecision, rejected_message};
 use crate::setup::DriverSetup;
 use crate::store::LedgerStore;
 
@@ -36,6 +37,8 @@ mod mcp;
 
 /// Call indexes of limit escalations start here (model calls use 0, 1, …).
 const LIMIT_INDEX: u32 = 1_000_000;
+/// Call indexes of output escalations: this plus the check's attempt number.
+const OUTPUT_INDEX: u32 = 2_000_000;
 
 /// Records each dispatch in the store before the invoke is sent; a re-dispatch after a nack
 /// re-queues the call first.
@@ -888,9 +891,11 @@ impl Ctx {
         }
     }
 
-    fn exec_timeout(&self, _binding: &ToolBinding) -> Duration {
-        // Tool bindings carry no timeout in the Agent Spec yet: the daemon default applies.
-        self.inner.config.exec_timeout
+    /// The call's execution deadline: the binding's `timeout` (from the manifest), else the
+    /// daemon's default (`RUNTIME_TOOL_EXEC_TIMEOUT`). The wait for a free worker is bounded
+    /// separately (`queue_wait`).
+    fn exec_timeout(&self, binding: &ToolBinding) -> Duration {
+        binding.timeout().unwrap_or(self.inner.config.exec_timeout)
     }
 
     /// Routes a dispatch failure (§2.7): a matching trigger policy escalates to a human;
@@ -1190,5 +1195,119 @@ impl Ctx {
                 .await?;
         }
         Ok(())
+    }
+
+    /// `output.on_invalid: escalate`: records the invalid answer as a call of the pseudo tool
+    /// [`OUTPUT_TOOL`] (arguments `{answer, errors}`), opens an approval on it (one approver,
+    /// `on_reject: fail`) and waits for the decision. The driver keeps waiting (it is not
+    /// parked). A decision taken while no driver waited (a restart) is found and applied.
+    pub(crate) async fn escalate_output(
+        &self,
+        invalid: &OutputInvalid,
+        iteration: u32,
+        answer: &str,
+    ) -> Result<OutputDecision, CallStop> {
+        let call = self
+            .store()
+            .record_tool_call(NewToolCall {
+                session_id: self.session.id.clone(),
+                turn: invalid.turn,
+                iteration,
+                index: OUTPUT_INDEX.saturating_add(invalid.attempt.min(999_999)),
+                tool: OUTPUT_TOOL.to_owned(),
+                version: "1".to_owned(),
+                wire_name: None,
+                args: json!({"answer": answer, "errors": invalid.errors}),
+                side_effect_class: None,
+            })
+            .await?;
+        let latest = self.latest_approval(&call.call_id).await?;
+        let approval = match (call.status, latest) {
+            (_, Some(a))
+                if !matches!(
+                    a.status,
+                    ApprovalStatus::Pending | ApprovalStatus::Escalated
+                ) =>
+            {
+                self.took_decision(a.id, SessionStatus::Running).await?;
+                a
+            }
+            (_, Some(a)) => {
+                self.wait_for_decision(a.id, SessionStatus::Running, None)
+                    .await?
+            }
+            (CallStatus::Pending, None) => {
+                let opened = self
+                    .open_approval(self.output_approval(&call, invalid))
+                    .await?;
+                self.wait_for_decision(opened.id, SessionStatus::Running, None)
+                    .await?
+            }
+            (status, None) => {
+                return Err(CallStop::Fail(format!(
+                    "the output review {} is {status} without an approval",
+                    call.call_id
+                )));
+            }
+        };
+        let by = approval
+            .decided_by
+            .clone()
+            .unwrap_or_else(|| "an approver".to_owned());
+        match approval.status {
+            ApprovalStatus::Approved => {
+                let call = self.store().get_tool_call(&call.call_id).await?;
+                if !call.status.is_terminal() {
+                    self.store()
+                        .cancel_tool_call(
+                            &call.call_id,
+                            &format!("output accepted by approval {}", approval.id),
+                        )
+                        .await?;
+                }
+                Ok(OutputDecision::Accepted {
+                    approval_id: approval.id,
+                    accepted_by: by,
+                })
+            }
+            ApprovalStatus::Denied => Ok(OutputDecision::Rejected {
+                message: rejected_message(
+                    invalid,
+                    &by,
+                    approval.comment.as_deref().unwrap_or_default(),
+                ),
+            }),
+            ApprovalStatus::Cancelled | ApprovalStatus::Pending | ApprovalStatus::Escalated => {
+                Err(CallStop::Stopped)
+            }
+        }
+    }
+
+    /// The approval of an output escalation.
+    fn output_approval(&self, call: &ToolInvocation, invalid: &OutputInvalid) -> NewApproval {
+        let mut runtime = Map::new();
+        runtime.insert("phrony.com/output_errors".into(), json!(invalid.errors));
+        NewApproval {
+            id: Uuid::new_v4(),
+            session_id: self.session.id.clone(),
+            call_id: call.call_id.clone(),
+            kind: ApprovalKind::Policy,
+            policy_ref: None,
+            reason: format!(
+                "the final answer does not match the agent's output format (output.format \
+                 json); approve to complete the session with it, reject to fail it: {}",
+                invalid.errors.join("; ")
+            ),
+            route: String::new(),
+            authority_ref: String::new(),
+            approvals_required: 1,
+            allow_self_approval: false,
+            comprehension_required: false,
+            on_reject: OnReject::Fail,
+            on_modify: OnModify::Unchecked,
+            timeout: None,
+            policy_runtime: runtime,
+            actor: "system".into(),
+        }
     }
 }

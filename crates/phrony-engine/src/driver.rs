@@ -12,8 +12,8 @@ use futures::StreamExt as _;
 use futures::stream::FuturesUnordered;
 use phrony_ledger::{
     Approval, ApprovalStatus, AssistantMessage, CallStatus, EventBody, ModelCompletion, NewEvent,
-    OnLimit, OnReject, Session, SessionEvent, SessionLimits, SessionMode, SessionStatus,
-    StatusChange, ToolInvocation, Usage,
+    OnLimit, OnReject, OutputAccepted, OutputAction, OutputInvalid, Session, SessionEvent,
+    SessionLimits, SessionMode, SessionStatus, StatusChange, ToolInvocation, Usage,
 };
 use phrony_manifest::CompiledAgent;
 use phrony_providers::{CompletionRequest, Event as ModelEvent, ModelProvider};
@@ -326,6 +326,14 @@ enum LimitOutcome {
     Halt(String),
 }
 
+/// Where a task stands after its final answer was checked.
+enum OutputStep {
+    /// The output is settled: complete the session.
+    Done,
+    /// The model is asked again (a feedback turn was recorded).
+    AskAgain,
+}
+
 /// `max_tokens_per_run`.
 pub(crate) const TOKEN_LIMIT: &str = "max_tokens_per_run";
 /// `max_loop_iterations`.
@@ -522,10 +530,12 @@ async fn drive(
     // A rejection with `on_reject: fail` fails the session. The ledger closes the call with the
     // decision; a driver that was not waiting when it was recorded (the session was parked, or
     // the daemon restarted in between) applies the rest here.
-    if let Some(rejected) = approvals
-        .iter()
-        .find(|a| a.status == ApprovalStatus::Denied && a.on_reject == OnReject::Fail)
-    {
+    // (An output escalation's rejection is applied by the output check, with its own message.)
+    if let Some(rejected) = approvals.iter().find(|a| {
+        a.status == ApprovalStatus::Denied
+            && a.on_reject == OnReject::Fail
+            && a.tool != crate::fold::OUTPUT_TOOL
+    }) {
         return Err(Stop::Fail(crate::fold::rejection_text(
             &rejected.call_id,
             rejected.decided_by.as_deref().unwrap_or("an approver"),
@@ -599,15 +609,23 @@ impl Driver {
         loop {
             self.sync().await?;
             let blocked = self.ctx.live.input.lock().await.blocked.clone();
-            if self.ctx.session.mode == SessionMode::Task && self.fold.last_finished_turn >= 1 {
-                return self.complete_task().await;
+            // A task ends with its first finished turn whose answer passes the output check;
+            // an answer that fails it may ask the model again (a feedback turn).
+            if self.ctx.session.mode == SessionMode::Task
+                && self.fold.last_finished_turn >= 1
+                && self.fold.max_user_turn <= self.fold.last_finished_turn
+            {
+                match self.check_output().await? {
+                    OutputStep::Done => return self.complete_task().await,
+                    OutputStep::AskAgain => continue,
+                }
             }
             match self.next_turn(blocked.is_some()) {
                 Some(turn) => match self.start_turn(turn).await? {
                     TurnEnd::Finished => {
                         if self.ctx.session.mode == SessionMode::Task {
-                            self.sync().await?;
-                            return self.complete_task().await;
+                            // Checked and completed at the top of the loop.
+                            continue;
                         }
                         self.sync().await?;
                         if let Some(message) = self.session_limit_reached() {
@@ -720,6 +738,123 @@ impl Driver {
             Err(CallStop::Store(e)) => Err(Stop::Store(e)),
             Err(CallStop::Parked) => Err(Stop::Parked),
         }
+    }
+
+    /// Checks the task's final answer against the agent's output contract (`output.format:
+    /// json`), records the outcome (`output.accepted`, or `output.invalid` with what happens
+    /// next) and acts on it. A check already recorded for the answer (a restarted driver) is
+    /// acted on again, not repeated.
+    async fn check_output(&mut self) -> Result<OutputStep, Stop> {
+        let Some(check) = self.ctx.setup.output.as_ref() else {
+            return Ok(OutputStep::Done);
+        };
+        let turn = self.fold.last_finished_turn;
+        if self
+            .fold
+            .output_accepted
+            .as_ref()
+            .is_some_and(|(t, _)| *t == turn)
+        {
+            return Ok(OutputStep::Done);
+        }
+        let answer = self.fold.last_assistant.clone().unwrap_or_default();
+        let invalid = match self.fold.output_invalid.clone() {
+            Some(invalid) if invalid.turn == turn => invalid,
+            _ => {
+                let attempt = self.fold.output_failures.saturating_add(1);
+                match check.validator.check(&answer) {
+                    Ok(output) => {
+                        self.record_output(OutputAccepted {
+                            turn,
+                            attempt,
+                            output,
+                            approval_id: None,
+                            accepted_by: None,
+                        })
+                        .await?;
+                        return Ok(OutputStep::Done);
+                    }
+                    Err(errors) => {
+                        let action = check.action(attempt);
+                        let feedback =
+                            crate::output::feedback(action, &errors, check.validator.schema());
+                        let invalid = OutputInvalid {
+                            turn,
+                            attempt,
+                            errors,
+                            on_invalid: check.on_invalid,
+                            action,
+                            feedback,
+                        };
+                        self.ctx
+                            .store()
+                            .append_engine_event(
+                                &self.ctx.session.id,
+                                system_event(turn, EventBody::OutputInvalid(invalid.clone()))?,
+                            )
+                            .await?;
+                        self.sync().await?;
+                        self.ctx.notify();
+                        invalid
+                    }
+                }
+            }
+        };
+        match invalid.action {
+            OutputAction::Retry | OutputAction::Repair => Ok(OutputStep::AskAgain),
+            OutputAction::Fail => Err(Stop::Fail(crate::output::failure_message(&invalid))),
+            OutputAction::Escalate => self.escalate_output(&invalid, &answer).await,
+        }
+    }
+
+    /// `on_invalid: escalate`: a human accepts the answer (the session completes with it) or
+    /// rejects it (the session fails).
+    async fn escalate_output(
+        &mut self,
+        invalid: &OutputInvalid,
+        answer: &str,
+    ) -> Result<OutputStep, Stop> {
+        let iteration = self.fold.next_iteration(invalid.turn).saturating_sub(1);
+        let decision = match self.ctx.escalate_output(invalid, iteration, answer).await {
+            Ok(d) => d,
+            Err(CallStop::Fail(m) | CallStop::Halt(m)) => return Err(Stop::Fail(m)),
+            Err(CallStop::Stopped) => return Err(Stop::Cancelled),
+            Err(CallStop::Store(e)) => return Err(Stop::Store(e)),
+            Err(CallStop::Parked) => return Err(Stop::Parked),
+        };
+        match decision {
+            crate::output::OutputDecision::Accepted {
+                approval_id,
+                accepted_by,
+            } => {
+                let output = phrony_manifest::OutputValidator::parse(answer)
+                    .unwrap_or_else(|| Value::String(answer.to_owned()));
+                self.record_output(OutputAccepted {
+                    turn: invalid.turn,
+                    attempt: invalid.attempt,
+                    output,
+                    approval_id: Some(approval_id),
+                    accepted_by: Some(accepted_by),
+                })
+                .await?;
+                Ok(OutputStep::Done)
+            }
+            crate::output::OutputDecision::Rejected { message } => Err(Stop::Fail(message)),
+        }
+    }
+
+    async fn record_output(&mut self, accepted: OutputAccepted) -> Result<(), Stop> {
+        let turn = accepted.turn;
+        self.ctx
+            .store()
+            .append_engine_event(
+                &self.ctx.session.id,
+                system_event(turn, EventBody::OutputAccepted(accepted))?,
+            )
+            .await?;
+        self.sync().await?;
+        self.ctx.notify();
+        Ok(())
     }
 
     async fn complete_task(&mut self) -> Result<(), Stop> {
@@ -1121,6 +1256,13 @@ struct Completed {
     stop_reason: String,
     tool_calls: Vec<ToolCallRecord>,
     record: CompletionRecord,
+}
+
+/// An event of the runtime's own checks (actor `system`).
+fn system_event(turn: u32, body: EventBody) -> Result<NewEvent, StoreError> {
+    let mut e = body.into_new_event("system")?;
+    e.turn = Some(turn);
+    Ok(e)
 }
 
 fn engine_event(turn: u32, body: EventBody) -> Result<NewEvent, StoreError> {

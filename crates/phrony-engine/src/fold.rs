@@ -8,8 +8,8 @@
 use std::collections::{BTreeMap, HashMap};
 
 use phrony_ledger::{
-    ApprovalStatus, CallStatus, Event, EventBody, ModelCompletion, Reasoning, SessionStatus,
-    ToolCompleted, ToolRequested, TurnUsage,
+    ApprovalStatus, CallStatus, Event, EventBody, ModelCompletion, OutputInvalid, Reasoning,
+    SessionStatus, ToolCompleted, ToolRequested, TurnUsage,
 };
 use phrony_providers::{ContentBlock, Message, ReasoningBlock, Role, Usage};
 use serde::Serialize;
@@ -55,6 +55,12 @@ pub const LIMIT_PREFIX: &str = "run limit ";
 /// The pseudo tool of limit escalations: a `limit:escalate` approval gates this recorded call
 /// (version = the limit kind, arguments = `{limit, used, max}`); the model never sees it.
 pub const LIMIT_TOOL: &str = "phrony.limit";
+
+/// The pseudo tool of output escalations (`output.on_invalid: escalate`): an approval on this
+/// recorded call (version `1`, arguments `{answer, errors}`) asks a human to accept a final
+/// answer that failed the output check (approve: the session completes with it) or not
+/// (reject: the session fails). The model never sees it.
+pub const OUTPUT_TOOL: &str = "phrony.output";
 
 /// One model completion as the engine works with it (stored as
 /// [`phrony_ledger::ModelCompletion`]).
@@ -335,6 +341,12 @@ pub(crate) struct Fold {
     pub(crate) input_blocked: Option<String>,
     pub(crate) principal: Option<Value>,
     pub(crate) last_completion: Option<CompletionRecord>,
+    /// `output.invalid` events so far (the number of failed output checks).
+    pub(crate) output_failures: u32,
+    /// The latest `output.invalid`.
+    pub(crate) output_invalid: Option<OutputInvalid>,
+    /// The accepted output (`output.accepted`) and the turn whose answer it is.
+    pub(crate) output_accepted: Option<(u32, Value)>,
 }
 
 impl Fold {
@@ -390,7 +402,19 @@ impl Fold {
                     self.finalize_open();
                 }
             }
-            EventBody::ToolRequested(r) if r.tool == LIMIT_TOOL => {}
+            EventBody::ToolRequested(r) if r.tool == LIMIT_TOOL || r.tool == OUTPUT_TOOL => {}
+            EventBody::OutputInvalid(invalid) => {
+                self.output_failures = self.output_failures.saturating_add(1);
+                if let Some(feedback) = &invalid.feedback {
+                    // The model is asked again: the feedback is the next turn's user message.
+                    let turn = invalid.turn.saturating_add(1);
+                    self.max_user_turn = self.max_user_turn.max(turn);
+                    self.user_turns.insert(turn);
+                    self.users.insert(turn, feedback.clone());
+                }
+                self.output_invalid = Some(invalid);
+            }
+            EventBody::OutputAccepted(a) => self.output_accepted = Some((a.turn, a.output)),
             EventBody::ToolRequested(r) => self.tool_requested(r),
             EventBody::ToolCompleted(c) => self.tool_completed(c),
             EventBody::ToolPolicyDenied(d) => {
@@ -678,7 +702,7 @@ impl Fold {
             session.2 |= u.estimated;
         }
         let last = self.turns.last();
-        json!({
+        let mut output = json!({
             "message": self.last_assistant.clone().unwrap_or_default(),
             "stop_reason": last.map(|t| t.stop_reason.clone()),
             "turn_usage": last.and_then(|t| t.turn_usage),
@@ -689,7 +713,13 @@ impl Fold {
                 "estimated": session.2,
             },
             "turns": self.turns,
-        })
+        });
+        // `output.format: json`: the accepted JSON output (absent for text output, whose
+        // output is unchanged).
+        if let (Some((_, json)), Value::Object(map)) = (&self.output_accepted, &mut output) {
+            map.insert("json".to_owned(), json.clone());
+        }
+        output
     }
 }
 

@@ -67,7 +67,7 @@ pub struct TurnSummary {
 }
 
 /// A session's output (§5.9): the last assistant message and the usage so far.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Clone, Default, PartialEq, Eq)]
 pub struct SessionOutput {
     /// The last assistant message (empty when the model said nothing yet).
     pub message: String,
@@ -79,6 +79,26 @@ pub struct SessionOutput {
     pub session_usage: Usage,
     /// The finished turns, in order.
     pub turns: Vec<TurnSummary>,
+    /// With `output.format: json`: the accepted output (the final answer parsed as JSON, or
+    /// what a human accepted); `None` for free-text output or before it is accepted.
+    pub json: Option<Value>,
+}
+
+impl std::fmt::Debug for SessionOutput {
+    /// The derived form, with `json` only when there is one: the inspect output of sessions
+    /// without a JSON output reads as it did before the field existed (`event_fixture.rs`).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut d = f.debug_struct("SessionOutput");
+        d.field("message", &self.message)
+            .field("stop_reason", &self.stop_reason)
+            .field("turn_usage", &self.turn_usage)
+            .field("session_usage", &self.session_usage)
+            .field("turns", &self.turns);
+        if let Some(json) = &self.json {
+            d.field("json", json);
+        }
+        d.finish()
+    }
 }
 
 impl SessionOutput {
@@ -106,6 +126,7 @@ impl SessionOutput {
                     duration_ms: t.turn_duration_ms,
                 })
                 .collect(),
+            json: fold.output_accepted.as_ref().map(|(_, v)| v.clone()),
         }
     }
 }
@@ -534,6 +555,29 @@ fn event_summary(
             c.tool_calls.len(),
             usage_suffix(Some(c.usage), Some(c.duration_ms))
         ),
+        EventBody::OutputInvalid(i) => with_detail(
+            format!(
+                "output invalid (check {}, on_invalid {}): {}",
+                i.attempt,
+                i.on_invalid,
+                match i.action {
+                    phrony_ledger::OutputAction::Retry => "the model is asked again",
+                    phrony_ledger::OutputAction::Repair => "the model is asked to repair it",
+                    phrony_ledger::OutputAction::Escalate => "a human decides",
+                    phrony_ledger::OutputAction::Fail => "the session fails",
+                }
+            ),
+            &short(&i.errors.join("; ")),
+        ),
+        EventBody::OutputAccepted(a) => match (&a.accepted_by, a.approval_id) {
+            (Some(by), Some(id)) => {
+                format!(
+                    "output accepted by {by} (approval {id}), check {}",
+                    a.attempt
+                )
+            }
+            _ => format!("output accepted: valid JSON, check {}", a.attempt),
+        },
         EventBody::EvidenceRecorded(snapshot) => {
             // The snapshot (§5.11) is the evidence provider's object, not part of the schema.
             match snapshot.get("owner").and_then(Value::as_str) {
@@ -890,11 +934,12 @@ pub fn payload(inspection: &Inspection, selector: &PayloadSelector) -> Result<Va
             match field {
                 "input" => Ok(node.session.input.clone()),
                 "output" => Ok(text(&node.output.message)),
+                "output_json" => Ok(node.output.json.clone().unwrap_or(Value::Null)),
                 "error" => Ok(node.session.error.as_deref().map_or(Value::Null, text)),
                 "descriptive_metadata" => Ok(node.evidence.clone().unwrap_or(Value::Null)),
                 _ => Err(unknown(
                     "a session",
-                    "input, output, error, descriptive_metadata",
+                    "input, output, output_json, error, descriptive_metadata",
                 )),
             }
         }

@@ -88,6 +88,7 @@ mod fold;
 mod hooks;
 mod inspect;
 mod mcp_clients;
+mod output;
 mod provider;
 mod resume;
 mod setup;
@@ -113,6 +114,7 @@ pub use config::{
 pub use endpoints::{Activated, Activation, ActivationError, activate, describe_change};
 pub use engine::{Engine, EngineDeps, RecoveryReport, SessionHandle, StartSession};
 pub use error::{EngineError, ErrorKind, StoreError, StoreResult};
+pub use fold::OUTPUT_TOOL;
 pub use fold::{FAILURE_KEY, LIMIT_PREFIX, TRIGGER_KEY, codes, engine_events, wire_call_id};
 pub use hooks::RouterHooks;
 pub use inspect::{

@@ -4,9 +4,10 @@
 
 use std::collections::HashMap;
 
-use phrony_manifest::{CompiledAgent, ToolArgsValidator, ToolBinding};
+use phrony_ledger::OutputAction;
+use phrony_manifest::{CompiledAgent, OutputValidator, ToolArgsValidator, ToolBinding};
 use phrony_policy::PolicySet;
-use phrony_providers::{CompletionRequest, ToolSpec};
+use phrony_providers::{CompletionRequest, ResponseSchema, ToolSpec};
 use serde_json::json;
 
 use crate::error::EngineError;
@@ -19,6 +20,31 @@ pub(crate) struct DriverSetup {
     pub(crate) validators: HashMap<String, ToolArgsValidator>,
     /// System prompt, tools and model parameters; messages are added per completion.
     pub(crate) base_request: CompletionRequest,
+    /// The check of a task's final answer (`output.format: json`), if the agent has one.
+    pub(crate) output: Option<OutputCheck>,
+}
+
+/// How many answers a task gets under `on_invalid: retry`: the first and two retries.
+pub(crate) const MAX_OUTPUT_ATTEMPTS: u32 = 3;
+
+/// The agent's output contract: the compiled check and what an invalid answer leads to.
+pub(crate) struct OutputCheck {
+    pub(crate) validator: OutputValidator,
+    /// `output.on_invalid`; `fail` when unset.
+    pub(crate) on_invalid: OutputAction,
+}
+
+impl OutputCheck {
+    /// What the `attempt`-th invalid answer of a session leads to: `retry` until
+    /// [`MAX_OUTPUT_ATTEMPTS`] answers were checked, `repair` once, then `fail`.
+    pub(crate) fn action(&self, attempt: u32) -> OutputAction {
+        match self.on_invalid {
+            OutputAction::Retry if attempt < MAX_OUTPUT_ATTEMPTS => OutputAction::Retry,
+            OutputAction::Repair if attempt < 2 => OutputAction::Repair,
+            OutputAction::Escalate => OutputAction::Escalate,
+            OutputAction::Retry | OutputAction::Repair | OutputAction::Fail => OutputAction::Fail,
+        }
+    }
 }
 
 impl DriverSetup {
@@ -54,11 +80,14 @@ impl DriverSetup {
             base_request.system = Some(agent.spec.instructions.text.clone());
         }
         base_request.tools = tools;
+        let output = output_check(agent)?;
+        base_request.response_schema = response_schema(agent, output.as_ref());
         Ok(Self {
             policies,
             bindings,
             validators,
             base_request,
+            output,
         })
     }
 
@@ -68,4 +97,59 @@ impl DriverSetup {
             .find(|(w, _)| w == wire)
             .map(|(_, b)| b)
     }
+}
+
+/// The agent's output check, compiled once per version.
+fn output_check(agent: &CompiledAgent) -> Result<Option<OutputCheck>, EngineError> {
+    let Some(validator) = OutputValidator::for_agent(agent)
+        .map_err(|e| EngineError::invalid(format!("the agent version's {e}")))?
+    else {
+        return Ok(None);
+    };
+    let configured = agent
+        .output
+        .as_ref()
+        .map(|o| o.on_invalid.as_str())
+        .unwrap_or_default();
+    let on_invalid = match configured {
+        "" => OutputAction::Fail,
+        other => other
+            .parse::<OutputAction>()
+            .map_err(|e| EngineError::invalid(format!("the agent version's output: {e}")))?,
+    };
+    Ok(Some(OutputCheck {
+        validator,
+        on_invalid,
+    }))
+}
+
+/// `strict: true` with a schema: the schema goes to providers with structured output, named
+/// after the agent (`[A-Za-z0-9_-]`, at most 64 characters).
+fn response_schema(agent: &CompiledAgent, check: Option<&OutputCheck>) -> Option<ResponseSchema> {
+    let strict = agent.output.as_ref().is_some_and(|o| o.strict);
+    let schema = check?.validator.schema()?;
+    if !strict {
+        return None;
+    }
+    let mut name: String = agent
+        .metadata
+        .name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(64)
+        .collect();
+    if name.is_empty() {
+        name = "output".to_owned();
+    }
+    Some(ResponseSchema {
+        name,
+        schema: schema.clone(),
+        strict: true,
+    })
 }

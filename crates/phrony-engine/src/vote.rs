@@ -190,6 +190,12 @@ impl Engine {
                 approval.id
             )));
         }
+        if approval.tool == crate::fold::OUTPUT_TOOL {
+            return Err(EngineError::invalid(format!(
+                "approval {} accepts or rejects a final answer and takes no edited arguments",
+                approval.id
+            )));
+        }
         let session = store.get_session(&approval.session_id).await?;
         let call = store.get_tool_call(&approval.call_id).await?;
         let stored = store.agent_version(session.agent_version_id).await?;

@@ -25,7 +25,7 @@ use uuid::Uuid;
 use crate::error::{LedgerError, Result};
 use crate::model::{DeploymentAction, Event, NewEvent};
 use crate::vocabulary::{
-    ApprovalKind, ApprovalStatus, ApprovalTimeout, CallStatus, OnModify, OnReject,
+    ApprovalKind, ApprovalStatus, ApprovalTimeout, CallStatus, OnModify, OnReject, OutputAction,
     ReviewResolution, SessionLimits, SessionMode, SessionStatus, SideEffectClass, Usage,
     VoteDecision,
 };
@@ -60,6 +60,11 @@ pub mod event_types {
     pub const MODEL_COMPLETION: &str = "model.completion";
     /// The evidence snapshot (§5.11).
     pub const EVIDENCE_RECORDED: &str = "evidence.recorded";
+    /// A task's final answer failed the agent's output check (`output.format: json`), and
+    /// what the engine does about it (written by the engine).
+    pub const OUTPUT_INVALID: &str = "output.invalid";
+    /// A task's final answer passed the output check, or a human accepted it (engine).
+    pub const OUTPUT_ACCEPTED: &str = "output.accepted";
     /// The model requested a tool call (ledger row created, status `pending`).
     pub const TOOL_REQUESTED: &str = "tool.requested";
     /// The call waits for a free handler.
@@ -169,6 +174,12 @@ pub enum EventBody {
     /// `evidence.recorded`: the evidence snapshot, a JSON object (§5.11).
     #[serde(rename = "evidence.recorded")]
     EvidenceRecorded(Map<String, Value>),
+    /// `output.invalid` (engine).
+    #[serde(rename = "output.invalid")]
+    OutputInvalid(OutputInvalid),
+    /// `output.accepted` (engine).
+    #[serde(rename = "output.accepted")]
+    OutputAccepted(OutputAccepted),
     /// `tool.requested`.
     #[serde(rename = "tool.requested")]
     ToolRequested(ToolRequested),
@@ -252,6 +263,8 @@ const KNOWN_TYPES: &[&str] = &[
     types::MESSAGE_ASSISTANT,
     types::MODEL_COMPLETION,
     types::EVIDENCE_RECORDED,
+    types::OUTPUT_INVALID,
+    types::OUTPUT_ACCEPTED,
     types::TOOL_REQUESTED,
     types::TOOL_QUEUED,
     types::TOOL_DISPATCHED,
@@ -313,6 +326,8 @@ impl EventBody {
             Self::MessageAssistant(_) => types::MESSAGE_ASSISTANT,
             Self::ModelCompletion(_) => types::MODEL_COMPLETION,
             Self::EvidenceRecorded(_) => types::EVIDENCE_RECORDED,
+            Self::OutputInvalid(_) => types::OUTPUT_INVALID,
+            Self::OutputAccepted(_) => types::OUTPUT_ACCEPTED,
             Self::ToolRequested(_) => types::TOOL_REQUESTED,
             Self::ToolQueued(_) => types::TOOL_QUEUED,
             Self::ToolDispatched(_) => types::TOOL_DISPATCHED,
@@ -382,6 +397,8 @@ one_variant! {
     UserMessage => MessageUser,
     AssistantSegment => MessageAssistant,
     ModelCompletion => ModelCompletion,
+    OutputInvalid => OutputInvalid,
+    OutputAccepted => OutputAccepted,
     ToolRequested => ToolRequested,
     ToolQueued => ToolQueued,
     ToolDispatched => ToolDispatched,
@@ -484,6 +501,46 @@ pub struct SessionTransition {
 pub struct SessionPrincipal {
     /// The principal's claims (a JSON object; policies see them).
     pub claims: Value,
+}
+
+/// `output.invalid`: the final answer of `turn` is not JSON, or does not match the output
+/// schema (attempt `attempt`, counting from 1 over the session); `action` is what the engine
+/// does next under `on_invalid`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutputInvalid {
+    /// The turn whose final answer was checked.
+    pub turn: u32,
+    /// Which check of the session this was (1 for the first answer).
+    pub attempt: u32,
+    /// What is wrong: `not JSON: …`, or one line per schema violation (`/path: message`).
+    pub errors: Vec<String>,
+    /// The agent's `output.on_invalid` (`fail` when unset).
+    pub on_invalid: OutputAction,
+    /// What the engine does: `retry`/`repair` (the model is asked again in turn `turn + 1`,
+    /// with `feedback` as the user message), `escalate` (an approval on the pseudo tool
+    /// `phrony.output`), `fail` (the session fails; also when the retries are spent).
+    pub action: OutputAction,
+    /// The message sent to the model (`retry`, `repair`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub feedback: Option<String>,
+}
+
+/// `output.accepted`: the session's output, the final answer of `turn` parsed as JSON (or the
+/// answer as a JSON string when a human accepted one that is not JSON).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OutputAccepted {
+    /// The turn whose final answer this is.
+    pub turn: u32,
+    /// Which check of the session accepted it.
+    pub attempt: u32,
+    /// The output.
+    pub output: Value,
+    /// The approval through which a human accepted an answer that failed the check.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval_id: Option<Uuid>,
+    /// Who accepted it (with `approval_id`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accepted_by: Option<String>,
 }
 
 /// Who wrote a message.
@@ -1129,6 +1186,48 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn output_checks_are_typed_events_that_round_trip() {
+        let invalid = EventBody::OutputInvalid(OutputInvalid {
+            turn: 1,
+            attempt: 1,
+            errors: vec!["/: \"status\" is a required property".into()],
+            on_invalid: OutputAction::Retry,
+            action: OutputAction::Retry,
+            feedback: Some("Answer again.".into()),
+        });
+        let payload = invalid.payload().unwrap();
+        assert_eq!(payload["on_invalid"], "retry");
+        assert_eq!(payload["action"], "retry");
+        assert_eq!(
+            EventBody::decode("s", 4, "output.invalid", &payload).unwrap(),
+            invalid
+        );
+        let accepted = EventBody::OutputAccepted(OutputAccepted {
+            turn: 2,
+            attempt: 2,
+            output: json!({"status": "issued"}),
+            approval_id: None,
+            accepted_by: None,
+        });
+        let payload = accepted.payload().unwrap();
+        assert_eq!(
+            payload,
+            json!({"turn": 2, "attempt": 2, "output": {"status": "issued"}}),
+            "no approval fields unless a human accepted it"
+        );
+        assert_eq!(
+            EventBody::decode("s", 5, "output.accepted", &payload).unwrap(),
+            accepted
+        );
+        let wrong =
+            json!({"turn": 1, "attempt": 1, "errors": [], "on_invalid": "shrug", "action": "fail"});
+        assert!(matches!(
+            EventBody::decode("s", 6, "output.invalid", &wrong),
+            Err(LedgerError::BadEvent { .. })
+        ));
+    }
 
     #[test]
     fn every_known_type_round_trips_its_payload() {

@@ -198,11 +198,11 @@ pub use event_body::{
     AgentActivated, AgentActivationRefused, AgentArchived, AgentVersionChanged,
     AgentVersionPublished, ApprovalDecided, ApprovalEscalated, ApprovalRequired, ApprovalVoted,
     AssistantSegment, AuditKeyIntroduced, AuditUnverifiedLogAllowed, CallRefusal,
-    CompletionToolCall, EventBody, MessageRole, ModelCompletion, Reasoning, SCHEMA_VERSION,
-    SealedHead, SecretEndpoint, SecretEndpointChange, SecretEndpointRecord, SessionPrincipal,
-    SessionStarted, SessionTransition, TokenCreated, TokenRevoked, ToolCancelled, ToolCompleted,
-    ToolDispatched, ToolIndeterminate, ToolLateResult, ToolPolicyDenied, ToolQueued, ToolRequested,
-    TurnUsage, UserMessage, event_types,
+    CompletionToolCall, EventBody, MessageRole, ModelCompletion, OutputAccepted, OutputInvalid,
+    Reasoning, SCHEMA_VERSION, SealedHead, SecretEndpoint, SecretEndpointChange,
+    SecretEndpointRecord, SessionPrincipal, SessionStarted, SessionTransition, TokenCreated,
+    TokenRevoked, ToolCancelled, ToolCompleted, ToolDispatched, ToolIndeterminate, ToolLateResult,
+    ToolPolicyDenied, ToolQueued, ToolRequested, TurnUsage, UserMessage, event_types,
 };
 pub use invocations::{
     CallStatus, Dispatch, NewToolCall, RecordedResult, SideEffectClass, ToolInvocation,
@@ -218,6 +218,7 @@ pub use sessions::{
     SessionLimits, SessionMode, SessionStatus, StatusChange, StatusChanged, new_session_id,
 };
 pub use tokens::{ApiToken, NewApiToken, TOKENS_STREAM};
+pub use vocabulary::OutputAction;
 
 use crate::db::{Backend as B, Pool, args};
 use crate::error::Result;

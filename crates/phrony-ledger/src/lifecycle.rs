@@ -715,6 +715,8 @@ pub(crate) async fn apply(conn: &mut Conn<'_>, event: &Event) -> Result<()> {
         | EventBody::MessageUser(_)
         | EventBody::MessageAssistant(_)
         | EventBody::ModelCompletion(_)
+        | EventBody::OutputInvalid(_)
+        | EventBody::OutputAccepted(_)
         | EventBody::EvidenceRecorded(_)
         | EventBody::ToolRequested(_)
         | EventBody::ToolQueued(_)

@@ -156,6 +156,8 @@ pub(crate) async fn apply(conn: &mut Conn<'_>, event: &Event) -> Result<()> {
         | EventBody::MessageUser(_)
         | EventBody::MessageAssistant(_)
         | EventBody::ModelCompletion(_)
+        | EventBody::OutputInvalid(_)
+        | EventBody::OutputAccepted(_)
         | EventBody::EvidenceRecorded(_) => Ok(()),
         EventBody::AgentVersionPublished(_)
         | EventBody::AgentDeployed(_)

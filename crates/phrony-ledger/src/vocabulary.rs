@@ -96,6 +96,21 @@ str_enum! {
     }
 }
 
+str_enum! {
+    /// What the engine does with a final answer that fails the agent's output check
+    /// (`output.on_invalid`, and the action an `output.invalid` event records).
+    pub enum OutputAction ("on_invalid") {
+        /// Ask the model again, naming the errors (bounded attempts).
+        Retry => "retry",
+        /// Ask the model once to correct its answer.
+        Repair => "repair",
+        /// Ask a human to accept or reject the answer.
+        Escalate => "escalate",
+        /// Fail the session.
+        Fail => "fail",
+    }
+}
+
 /// The limits in force when a session started (`spec.limits`, §1.15), kept with the session so
 /// that recovery enforces the same budget.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -29,7 +29,9 @@ use crate::refs::{DelegationRef, check_constraint, parse_delegation_ref, parse_t
 use crate::resolve::{RefKind, prompt_from_text, resolve_file, schema_from_text, yaml_files};
 use crate::schema::check_schema;
 use crate::stub::{STUB_SCRIPT_FILE, StubScript};
-use crate::validate::{SIDE_EFFECT_CLASSES, SIDE_EFFECT_MSG, envelope, metadata, schema_exclusive};
+use crate::validate::{
+    SIDE_EFFECT_CLASSES, SIDE_EFFECT_MSG, envelope, metadata, parse_timeout, schema_exclusive,
+};
 
 /// The input schema of a delegation binding that declares none.
 fn default_delegation_schema() -> serde_json::Value {
@@ -174,6 +176,7 @@ impl Project {
         {
             d.error("spec.side_effect_class", SIDE_EFFECT_MSG);
         }
+        crate::validate::timeout(&mut d, "spec.timeout", &spec.timeout);
         for (j, id) in spec.default_policies.iter().enumerate() {
             if blank(id) {
                 d.error(
@@ -846,6 +849,7 @@ fn compile_binding(
         wire_name: b.wire_name.clone(),
         description: b.description.clone(),
         side_effect_class: b.side_effect_class.clone(),
+        timeout_ms: parse_timeout(&b.timeout).unwrap_or(0),
         ..ToolBinding::default()
     };
     if let Some(mcp) = &b.mcp {
@@ -871,6 +875,9 @@ fn compile_binding(
             }
             if binding.side_effect_class.is_empty() {
                 binding.side_effect_class = tool.doc.spec.side_effect_class.clone();
+            }
+            if binding.timeout_ms == 0 {
+                binding.timeout_ms = parse_timeout(&tool.doc.spec.timeout).unwrap_or(0);
             }
             if binding.side_effect_class.is_empty() {
                 src.diags(out).warning(

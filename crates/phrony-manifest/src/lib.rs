@@ -48,6 +48,10 @@
 //!   pin, and `<2.0` means "below 2.0".
 //! - A Policy document without a scope attached through a binding governs that binding only.
 //! - Bundle secret conflicts are found before the lock is written.
+//! - A binding or Tool document may set `timeout` (`30s`, `2m`, `1m30s`, `500ms`, bare seconds; at
+//!   most 24h), the execution deadline of one call; it compiles to the binding's `timeout_ms`,
+//!   omitted when unset so other snapshots hash as before. `output.format: json` answers are
+//!   checked at run time with [`OutputValidator`] (the reference never enforces `output`).
 //! - An allow-list policy scoped to a tool the agent does not bind is a compile error (the
 //!   reference compiles it and then refuses the snapshot at publish), and one attached through
 //!   `spec.default_policies` without a scope compiles to `scope: agent` (the reference leaves the
@@ -96,7 +100,7 @@ pub use model::compiled::{
 };
 pub use names::{AgentNameError, ForbiddenChar, check_agent_name};
 pub use refs::{AgentRef, AgentRefError, parse_agent_ref};
-pub use schema::{ArgError, SchemaError, ToolArgsValidator};
+pub use schema::{ArgError, OutputSchemaError, OutputValidator, SchemaError, ToolArgsValidator};
 pub use secrets::{BundleSecret, SecretRequirement};
 pub use stub::{STUB_SCRIPT_FILE, StubEvent, StubScript, StubScriptError};
 pub use validate::{PROVIDERS, mcp_url_allowed};

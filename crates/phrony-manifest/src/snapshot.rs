@@ -20,9 +20,9 @@ use crate::policy_bridge::one_line;
 use crate::schema::check_schema;
 use crate::stub::StubScript;
 use crate::validate::{
-    McpBindingView, McpServerView, ModelView, WireNames, agent_identity, delegation_result,
-    envelope, mcp_binding, mcp_servers, metadata, model, negative_limits, on_limit, output_enums,
-    secret_def, side_effect_class,
+    MAX_TOOL_TIMEOUT_MS, McpBindingView, McpServerView, ModelView, WireNames, agent_identity,
+    delegation_result, envelope, mcp_binding, mcp_servers, metadata, model, negative_limits,
+    on_limit, output_enums, secret_def, side_effect_class,
 };
 
 impl CompiledAgent {
@@ -255,6 +255,20 @@ fn check_binding(
         );
     }
     side_effect_class(d, &base, &t.side_effect_class);
+    if t.timeout_ms > MAX_TOOL_TIMEOUT_MS {
+        d.error(
+            &format!("{base}.timeout_ms"),
+            format!(
+                "must be at most {MAX_TOOL_TIMEOUT_MS} (24h); 0 or absent is the runtime's default"
+            ),
+        );
+    }
+    if t.agent.is_some() && t.timeout_ms > 0 {
+        d.error(
+            &format!("{base}.timeout_ms"),
+            "is not supported on agent-backed tools (a delegation is a session, not a worker call)",
+        );
+    }
     if !t.version.is_empty() && !is_lenient_semver(&t.version) {
         d.error(&format!("{base}.version"), "must be valid semver");
     }

@@ -27,6 +27,65 @@ pub(crate) const SIDE_EFFECT_CLASSES: [&str; 4] = [
 pub(crate) const SIDE_EFFECT_MSG: &str =
     "must be one of read_only, idempotent_write, non_idempotent_write, irreversible_action";
 
+/// The longest execution deadline a binding or Tool document may set: 24 hours.
+pub(crate) const MAX_TOOL_TIMEOUT_MS: u64 = 24 * 60 * 60 * 1000;
+
+/// What a `timeout` must look like.
+pub(crate) const TIMEOUT_MSG: &str = "must be a duration such as 30s, 2m, 1m30s or 500ms (units \
+     ms, s, m, h; a bare number is seconds), more than 0 and at most 24h";
+
+/// Parses a tool `timeout`: `<number><unit>` parts (`ms`, `s`, `m`, `h`), as in `1m30s`, or a
+/// bare number of seconds. Returns milliseconds, in `1..=MAX_TOOL_TIMEOUT_MS`.
+pub(crate) fn parse_timeout(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let bad = || Err(TIMEOUT_MSG.to_owned());
+    if text.is_empty() {
+        return bad();
+    }
+    let total = if text.bytes().all(|b| b.is_ascii_digit()) {
+        text.parse::<u64>().ok().and_then(|s| s.checked_mul(1000))
+    } else {
+        let mut total: Option<u64> = Some(0);
+        let mut rest = text;
+        while !rest.is_empty() {
+            let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+            if digits == 0 {
+                return bad();
+            }
+            let (number, after) = rest.split_at(digits);
+            let unit_len = after.bytes().take_while(u8::is_ascii_alphabetic).count();
+            let (unit, after) = after.split_at(unit_len);
+            let factor = match unit {
+                "ms" => 1,
+                "s" => 1000,
+                "m" => 60_000,
+                "h" => 3_600_000,
+                _ => return bad(),
+            };
+            let part = number
+                .parse::<u64>()
+                .ok()
+                .and_then(|n| n.checked_mul(factor));
+            total = total.zip(part).and_then(|(t, p)| t.checked_add(p));
+            rest = after;
+        }
+        total
+    };
+    match total {
+        Some(ms) if ms > 0 && ms <= MAX_TOOL_TIMEOUT_MS => Ok(ms),
+        _ => bad(),
+    }
+}
+
+/// A `timeout` field, when set, must parse ([`parse_timeout`]).
+pub(crate) fn timeout<D: Report>(d: &mut D, at: &str, text: &str) {
+    if !blank(text)
+        && let Err(message) = parse_timeout(text)
+    {
+        d.error(at, message);
+    }
+}
+
 /// Validates the envelope shared by every kind: `apiVersion`, `kind`.
 pub(crate) fn envelope<D: Report>(d: &mut D, api_version: &str, kind: &str, want: &str) {
     if api_version != API_VERSION {
@@ -172,6 +231,7 @@ pub(crate) fn validate_agent(doc: &AgentDoc, file: &Path, in_bundle: bool, d: &m
             schema_exclusive(s, &format!("{base}.input_schema"), d);
         }
         side_effect_class(d, &base, &t.side_effect_class);
+        timeout(d, &format!("{base}.timeout"), &t.timeout);
         if let Some(mcp) = &t.mcp {
             mcp_binding(
                 d,
@@ -694,5 +754,36 @@ fn same_file(a: &Path, b: &Path) -> bool {
     match (a.canonicalize(), b.canonicalize()) {
         (Ok(x), Ok(y)) => x == y,
         _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{MAX_TOOL_TIMEOUT_MS, parse_timeout};
+
+    #[test]
+    fn timeouts_parse_units_and_bare_seconds_and_refuse_the_rest() {
+        assert_eq!(parse_timeout("30s"), Ok(30_000));
+        assert_eq!(parse_timeout("2m"), Ok(120_000));
+        assert_eq!(parse_timeout("1m30s"), Ok(90_000));
+        assert_eq!(parse_timeout("500ms"), Ok(500));
+        assert_eq!(parse_timeout("1h"), Ok(3_600_000));
+        assert_eq!(parse_timeout("45"), Ok(45_000));
+        assert_eq!(parse_timeout(" 24h "), Ok(MAX_TOOL_TIMEOUT_MS));
+        for bad in [
+            "",
+            "0",
+            "0s",
+            "25h",
+            "30x",
+            "s",
+            "1.5s",
+            "-3s",
+            "30 s",
+            "1m30",
+            "99999999999999999999s",
+        ] {
+            assert!(parse_timeout(bad).is_err(), "{bad:?} was accepted");
+        }
     }
 }

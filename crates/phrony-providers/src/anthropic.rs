@@ -557,6 +557,7 @@ mod tests {
                 ..Parameters::default()
             },
             reasoning,
+            response_schema: None,
         }
     }
 

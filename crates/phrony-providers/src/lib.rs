@@ -63,7 +63,7 @@ pub use retry::RetryPolicy;
 pub use secret::ApiKey;
 pub use types::{
     Completion, CompletionRequest, ContentBlock, DEFAULT_MAX_OUTPUT_TOKENS, Event, Message,
-    Parameters, ReasoningBlock, ReasoningEffort, Role, StopReason, ToolSpec, Usage,
+    Parameters, ReasoningBlock, ReasoningEffort, ResponseSchema, Role, StopReason, ToolSpec, Usage,
     estimate_tokens,
 };
 

@@ -24,7 +24,7 @@ use async_openai::types::chat::{
     ChatCompletionRequestToolMessageContent, ChatCompletionRequestUserMessage,
     ChatCompletionRequestUserMessageContent, ChatCompletionStreamOptions, ChatCompletionTool,
     ChatCompletionTools, CreateChatCompletionRequest, FunctionCall, FunctionObject,
-    ReasoningEffort as OaiEffort, StopConfiguration,
+    ReasoningEffort as OaiEffort, ResponseFormat, ResponseFormatJsonSchema, StopConfiguration,
 };
 use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderValue};
 use secrecy::SecretString;
@@ -356,6 +356,17 @@ fn chat_request(req: &CompletionRequest) -> CreateChatCompletionRequest {
         stop: (!p.stop_sequences.is_empty())
             .then(|| StopConfiguration::StringArray(p.stop_sequences.clone())),
         tools: (!tools.is_empty()).then_some(tools),
+        response_format: req
+            .response_schema
+            .as_ref()
+            .map(|r| ResponseFormat::JsonSchema {
+                json_schema: ResponseFormatJsonSchema {
+                    description: None,
+                    name: r.name.clone(),
+                    schema: r.schema.clone(),
+                    strict: Some(r.strict),
+                },
+            }),
         reasoning_effort: req.reasoning.map(|e| match e {
             ReasoningEffort::Low => OaiEffort::Low,
             ReasoningEffort::Medium => OaiEffort::Medium,
@@ -736,6 +747,7 @@ mod tests {
             }],
             parameters: crate::Parameters::default(),
             reasoning: Some(ReasoningEffort::High),
+            response_schema: None,
         };
         req.parameters.stop_sequences = vec!["END".into()];
         let body = serde_json::to_value(chat_request(&req)).unwrap();

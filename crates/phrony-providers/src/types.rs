@@ -27,6 +27,22 @@ pub struct CompletionRequest {
     /// Reasoning effort, when the agent asks for one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reasoning: Option<ReasoningEffort>,
+    /// The answer's JSON Schema, for providers with structured output (the agent's
+    /// `output.schema` with `strict: true`); the others ignore it (the runtime checks every
+    /// answer either way).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_schema: Option<ResponseSchema>,
+}
+
+/// A JSON Schema the answer must follow (OpenAI's `response_format: {type: json_schema}`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ResponseSchema {
+    /// The format's name (`[A-Za-z0-9_-]{1,64}`).
+    pub name: String,
+    /// The JSON Schema object.
+    pub schema: Value,
+    /// Strict adherence (only a subset of JSON Schema is accepted by the vendor then).
+    pub strict: bool,
 }
 
 impl CompletionRequest {
@@ -72,6 +88,7 @@ impl CompletionRequest {
             tools: Vec::new(),
             parameters,
             reasoning,
+            response_schema: None,
         })
     }
 

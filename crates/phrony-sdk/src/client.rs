@@ -54,6 +54,14 @@ pub enum Error {
         /// How long it was waited for.
         waited: Duration,
     },
+    /// The runtime sent a session's JSON output that does not parse.
+    #[error("session {session_id}: the runtime sent a JSON output that does not parse: {reason}")]
+    InvalidOutput {
+        /// The session.
+        session_id: String,
+        /// The parser's message.
+        reason: String,
+    },
 }
 
 /// Connection settings for [`Client::connect_with`].
@@ -206,6 +214,10 @@ pub struct SessionResult {
     pub status: String,
     /// The agent's last message, when it produced one.
     pub output: Option<String>,
+    /// With the agent's `output.format: json`: the output the runtime accepted (the final
+    /// answer parsed as JSON and checked against `output.schema`, or what a human accepted);
+    /// `None` for free-text output.
+    pub output_json: Option<Value>,
     /// Why it failed.
     pub error: Option<String>,
 }
@@ -260,10 +272,24 @@ impl Session {
                 session.status.as_str(),
                 "completed" | "failed" | "cancelled"
             ) {
+                let output_json = match session.truncation("output.json") {
+                    // Too large to be sent inline: read whole.
+                    Some(t) => {
+                        let text = self.client.inner.session_payload(&t.reference).await?;
+                        Some(
+                            serde_json::from_slice(&text).map_err(|e| Error::InvalidOutput {
+                                session_id: self.id.clone(),
+                                reason: e.to_string(),
+                            })?,
+                        )
+                    }
+                    None => session.output.as_ref().and_then(|o| o.json.clone()),
+                };
                 return Ok(SessionResult {
                     session_id: self.id.clone(),
                     status: session.status,
                     output: session.output.map(|o| o.message).filter(|m| !m.is_empty()),
+                    output_json,
                     error: session.error,
                 });
             }

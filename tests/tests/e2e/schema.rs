@@ -237,6 +237,16 @@ fn typical_mistakes_are_rejected() {
             }),
         ),
         (
+            "binding timeout in words",
+            edited(AGENT, |d| {
+                d["spec"]["tools"][0]["timeout"] = json!("30 seconds")
+            }),
+        ),
+        (
+            "tool timeout of 0",
+            edited(TOOL, |d| d["spec"]["timeout"] = json!(0)),
+        ),
+        (
             "tool typo",
             edited(TOOL, |d| d["spec"]["side_efect_class"] = json!("read_only")),
         ),
@@ -373,4 +383,27 @@ fn typical_mistakes_are_rejected() {
 /// Removes `key` from the object `doc`, returning its value.
 fn remove(doc: &mut Value, key: &str) -> Value {
     doc.as_object_mut().and_then(|map| map.remove(key)).unwrap()
+}
+
+/// The schema accepts the `timeout` spellings the manifest validator accepts.
+#[test]
+fn tool_timeouts_in_the_validators_spellings_are_valid() {
+    use serde_json::json;
+    let validator = validator();
+    for value in [
+        json!("30s"),
+        json!("1m30s"),
+        json!("500ms"),
+        json!("2h"),
+        json!(45),
+    ] {
+        let binding = edited(AGENT, |d| d["spec"]["tools"][0]["timeout"] = value.clone());
+        assert_eq!(
+            errors(&validator, &binding),
+            Vec::<String>::new(),
+            "{value}"
+        );
+        let tool = edited(TOOL, |d| d["spec"]["timeout"] = value.clone());
+        assert_eq!(errors(&validator, &tool), Vec::<String>::new(), "{value}");
+    }
 }

@@ -565,3 +565,41 @@ async fn a_worker_reporting_after_a_restart_resolves_the_call_without_a_resend()
     assert_eq!(call.status, CallStatus::Succeeded);
     assert_eq!(call.attempt, 1);
 }
+
+/// A binding's `timeout` overrides the daemon's execution deadline for that tool: with a 10 s
+/// default, a `lookup_order` bound with `timeout: 300ms` is cut after 300 ms, and its worker told
+/// to stop.
+#[tokio::test]
+async fn a_binding_timeout_shorter_than_the_default_cuts_a_slow_call() {
+    let opts = AgentOptions {
+        lookup_timeout: Some("300ms".into()),
+        ..AgentOptions::default()
+    };
+    let h = Harness::memory_with(
+        &opts,
+        vec![
+            Step::call("lookup_order", json!({"order_id": "ORD-1"})),
+            Step::say("The order system is slow."),
+        ],
+        test_config(),
+    )
+    .await;
+    assert_eq!(h.agent.spec.tools[0].timeout_ms, 300);
+    h.worker.set_behaviour(Behaviour::Hold);
+    let s = h.start("Check ORD-1.").await;
+    let ended = tokio::time::timeout(Duration::from_secs(5), h.wait_end(&s.id))
+        .await
+        .expect("the binding's 300ms deadline, not the default 10s, ends the call");
+    assert_eq!(ended.status, SessionStatus::Completed);
+    let (text, is_error) = last_tool_result(&h.script.requests()[1]);
+    assert!(is_error);
+    assert!(
+        text.starts_with("indeterminate: tool orders.lookup-order@1.0.0 did not finish"),
+        "{text}"
+    );
+    assert_eq!(
+        h.worker.wait_cancels(1).await.len(),
+        1,
+        "the worker is told to stop"
+    );
+}

@@ -20,6 +20,7 @@ mod ledger;
 mod mcp;
 mod modules;
 mod outage;
+mod output;
 mod park;
 mod provider_faults;
 mod refund;

@@ -638,3 +638,58 @@ async fn a_huge_answer_is_refused_within_the_bound_and_nothing_is_recorded() {
         out.assert_nothing_half_recorded();
     }
 }
+
+/// `output.strict: true` reaches the vendor through the production factory: the OpenAI request
+/// carries the agent's output schema as a strict `json_schema` response format, and the answer
+/// it returns becomes the session's JSON output.
+#[tokio::test]
+async fn a_strict_output_schema_reaches_openai_as_its_response_format() {
+    let server = FakeServer::start(vec![oa_text(r#"{"refund_id": "rf_1"}"#)]).await;
+    let clock = Arc::new(ManualClock::starting_now());
+    let agent = refund_agent(&AgentOptions {
+        output: Some(
+            "  format: json\n  strict: true\n  schema:\n    inline:\n      type: object\n      properties:\n        refund_id: {type: string}\n      required: [refund_id]\n      additionalProperties: false\n"
+                .to_owned(),
+        ),
+        ..AgentOptions::default()
+    });
+    let (store, version_id) = memory_store(&clock, &agent).await;
+    let factory: Arc<dyn ProviderFactory> = Arc::new(DefaultProviderFactory {
+        env: ProviderEnv {
+            openai_base_url: Some(format!("{}/v1", server.origin())),
+            ..ProviderEnv::default()
+        },
+        options: options(),
+    });
+    let h = Harness::on_factory(
+        store,
+        clock,
+        agent,
+        version_id,
+        Script::new(Vec::new()),
+        factory,
+        test_config(),
+    )
+    .await;
+    let s = h.start("Refund order A-1001.").await;
+    let done = h.wait_end(&s.id).await;
+    assert_eq!(done.status, SessionStatus::Completed, "{:?}", done.error);
+    assert_eq!(done.output.unwrap()["json"], json!({"refund_id": "rf_1"}));
+    let body = &server.received()[0].body;
+    assert_eq!(
+        body["response_format"],
+        json!({
+            "type": "json_schema",
+            "json_schema": {
+                "name": "refund-agent",
+                "strict": true,
+                "schema": {
+                    "type": "object",
+                    "properties": {"refund_id": {"type": "string"}},
+                    "required": ["refund_id"],
+                    "additionalProperties": false
+                }
+            }
+        })
+    );
+}

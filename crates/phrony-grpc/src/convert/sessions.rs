@@ -445,6 +445,17 @@ impl Shortener {
         }
     }
 
+    /// A JSON value sent as its text: whole when it fits the inline budget, else empty and
+    /// noted as shortened (a shortened JSON text would not parse).
+    pub(crate) fn json_text(&mut self, shown: &str, field: &str, v: &Value) -> String {
+        let text = v.to_string();
+        if text.len() <= phrony_engine::INLINE_PAYLOAD_BYTES {
+            return text;
+        }
+        self.note(shown, field, v);
+        String::new()
+    }
+
     fn done(self) -> Vec<pb::TruncatedPayload> {
         self.truncated
     }
@@ -456,6 +467,11 @@ fn output_inspect(
 ) -> pb::SessionOutputInspect {
     pb::SessionOutputInspect {
         message: bound.text("output.message", "output", &o.message),
+        json: o
+            .json
+            .as_ref()
+            .map(|j| bound.json_text("output.json", "output_json", j))
+            .unwrap_or_default(),
         stop_reason: o.stop_reason.clone().unwrap_or_default(),
         turn_usage: o.turn_usage.as_ref().map(token_usage),
         session_usage: Some(token_usage(&o.session_usage)),

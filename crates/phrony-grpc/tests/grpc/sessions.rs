@@ -119,8 +119,12 @@ impl RuleModel {
                     },
                     done(StopReason::ToolUse),
                 ],
+                // `answer: <text>` is answered with the text as it is.
                 None => vec![
-                    ModelEvent::TextDelta(format!("echo: {first}")),
+                    ModelEvent::TextDelta(match first.strip_prefix("answer: ") {
+                        Some(answer) => answer.to_owned(),
+                        None => format!("echo: {first}"),
+                    }),
                     done(StopReason::EndTurn),
                 ],
             },
@@ -403,6 +407,11 @@ fn example_dir() -> PathBuf {
 
 /// The refund example, optionally renamed and with the approval boundary's quorum changed.
 pub(crate) fn refund_agent(name: &str, quorum: u32) -> CompiledAgent {
+    refund_agent_with_output(name, quorum, "  format: text\n")
+}
+
+/// [`refund_agent`] with `output` as its `output` section's lines.
+pub(crate) fn refund_agent_with_output(name: &str, quorum: u32, output: &str) -> CompiledAgent {
     let dir = tempfile::tempdir().unwrap();
     let src = example_dir();
     for sub in ["tools", "policies"] {
@@ -419,7 +428,8 @@ pub(crate) fn refund_agent(name: &str, quorum: u32) -> CompiledAgent {
     }
     let agent = std::fs::read_to_string(src.join("agent.yaml"))
         .unwrap()
-        .replace("name: refund-agent", &format!("name: {name}"));
+        .replace("name: refund-agent", &format!("name: {name}"))
+        .replace("output:\n  format: text\n", &format!("output:\n{output}"));
     std::fs::write(dir.path().join("agent.yaml"), agent).unwrap();
     match phrony_manifest::load_agent(dir.path().join("agent.yaml")) {
         Ok(c) => c.agent,
@@ -1838,4 +1848,41 @@ async fn a_worker_lost_mid_refund_opens_an_outcome_review_and_only_resend_sends_
         "is a policy approval",
     );
     w.server.stop().await;
+}
+
+/// With `output.format: json`, InspectSession carries the accepted output as JSON text
+/// (`SessionOutputInspect.json`); a text agent's is empty.
+#[tokio::test]
+async fn inspect_carries_a_json_output() {
+    let mut w = world().await;
+    publish_and_deploy(
+        &mut w.client,
+        &refund_agent_with_output(
+            "json-agent",
+            1,
+            "  format: json\n  schema:\n    inline:\n      type: object\n      required: [refund_id]\n",
+        ),
+    )
+    .await;
+    let id = run(
+        &mut w.client,
+        "json-agent",
+        r#"answer: {"refund_id": "rf_1"}"#,
+    )
+    .await;
+    let done = wait_status(&mut w.client, &id, "completed").await;
+    let output = done.output.as_ref().unwrap();
+    assert_eq!(
+        serde_json::from_str::<Value>(&output.json).unwrap(),
+        json!({"refund_id": "rf_1"})
+    );
+    let text = run(
+        &mut w.client,
+        "refund-agent",
+        r#"answer: {"refund_id": "rf_1"}"#,
+    )
+    .await;
+    let done = wait_status(&mut w.client, &text, "completed").await;
+    assert_eq!(output_message(&done), r#"{"refund_id": "rf_1"}"#);
+    assert_eq!(done.output.unwrap().json, "", "text output has no JSON");
 }

@@ -126,6 +126,10 @@ pub(crate) struct ToolBindingDoc {
     pub(crate) mcp: Option<McpRefDoc>,
     #[serde(default, deserialize_with = "nd")]
     pub(crate) policies: Vec<PolicyAttachment>,
+    /// Execution deadline of one call (`30s`, `2m`, `1m30s`, `500ms`; a bare number is
+    /// seconds); overrides the Tool document's and the runtime's default.
+    #[serde(default, deserialize_with = "nd")]
+    pub(crate) timeout: String,
     // Forbidden on authoring bindings (§1.12).
     #[serde(default)]
     pub(crate) version: Option<serde_yaml::Value>,

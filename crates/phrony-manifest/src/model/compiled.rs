@@ -19,6 +19,10 @@ fn is_zero(v: &i64) -> bool {
     *v == 0
 }
 
+fn is_zero_u64(v: &u64) -> bool {
+    *v == 0
+}
+
 fn is_false(v: &bool) -> bool {
     !*v
 }
@@ -229,6 +233,12 @@ pub struct ToolBinding {
     /// Set on delegation bindings.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent: Option<AgentTarget>,
+    /// Our extension: the execution deadline of one call in milliseconds (the binding's
+    /// `timeout`, else its Tool document's); 0 = the runtime's default
+    /// (`RUNTIME_TOOL_EXEC_TIMEOUT`). Omitted when 0, so snapshots and content hashes of
+    /// manifests without it are unchanged; hashed when set (it changes what runs).
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub timeout_ms: u64,
 }
 
 impl ToolBinding {
@@ -240,6 +250,11 @@ impl ToolBinding {
         } else {
             self.wire_name.clone()
         }
+    }
+
+    /// The execution deadline the binding sets, if any (see [`ToolBinding::timeout_ms`]).
+    pub fn timeout(&self) -> Option<std::time::Duration> {
+        (self.timeout_ms > 0).then(|| std::time::Duration::from_millis(self.timeout_ms))
     }
 
     /// The version workers advertise for this tool: the pinned contract version or `default`.

@@ -30,4 +30,8 @@ pub(crate) struct ToolSpecDoc {
     pub(crate) output_schema: Option<SchemaDoc>,
     #[serde(default, deserialize_with = "nd")]
     pub(crate) default_policies: Vec<String>,
+    /// Default execution deadline of one call, for bindings that set none (see
+    /// `ToolBindingDoc::timeout`).
+    #[serde(default, deserialize_with = "nd")]
+    pub(crate) timeout: String,
 }

@@ -596,3 +596,54 @@ fn an_unknown_side_effect_class_stays_empty_in_the_snapshot() {
         json!({"ref": "payments.issue-refund", "as": "issue_refund"})
     );
 }
+
+/// A binding's `timeout` wins over its Tool document's, which applies to bindings that set none;
+/// it is compiled to milliseconds, hashed when set, and omitted (hash unchanged) when unset.
+#[test]
+fn a_binding_timeout_overrides_the_tool_documents_and_is_omitted_when_unset() {
+    let p = Project::new();
+    let tool = |name: &str, timeout: &str| {
+        format!(
+            "apiVersion: phrony.com/v1\nkind: Tool\nmetadata: {{name: {name}, namespace: demo, version: 1.0.0}}\nspec:\n  side_effect_class: read_only\n{timeout}"
+        )
+    };
+    p.write("tools/slow.yaml", &tool("slow", "  timeout: 2m\n"));
+    p.write("tools/plain.yaml", &tool("plain", ""));
+    let agent = |bindings: &str| {
+        format!(
+            "apiVersion: phrony.com/v1\nkind: Agent\nmetadata: {{name: a, namespace: demo, version: 1.0.0}}\nspec:\n  purpose: p\n  instructions: {{text: hi}}\n  model: {{provider: openai, name: gpt-4o}}\n  tools:\n{bindings}"
+        )
+    };
+    p.write(
+        "agent.yaml",
+        &agent(
+            "    - ref: demo.slow@1.0.0\n    - ref: demo.slow\n      as: slow_fast\n      timeout: 1m30s\n    - ref: demo.plain\n      timeout: 45\n",
+        ),
+    );
+    let compiled = p.load("agent.yaml").unwrap().agent;
+    let timeouts: Vec<u64> = compiled.spec.tools.iter().map(|t| t.timeout_ms).collect();
+    assert_eq!(timeouts, [120_000, 90_000, 45_000]);
+    let json: Value = serde_json::from_slice(&compiled.snapshot_json()).unwrap();
+    assert_eq!(json["spec"]["tools"][0]["timeout_ms"], json!(120_000));
+    compiled.validate().unwrap();
+    let again = CompiledAgent::from_snapshot_json(&compiled.snapshot_json()).unwrap();
+    assert_eq!(again, compiled);
+
+    // Without any timeout the snapshot has no such key, and the hash is the one of the same
+    // agent compiled before the field existed (computed from the same bytes).
+    p.write("agent.yaml", &agent("    - ref: demo.plain\n"));
+    let plain = p.load("agent.yaml").unwrap().agent;
+    let text = String::from_utf8(plain.canonical_json()).unwrap();
+    assert!(!text.contains("timeout"), "{text}");
+    let mut with = plain.clone();
+    with.spec.tools[0].timeout_ms = 1_000;
+    assert_ne!(with.content_hash(), plain.content_hash());
+
+    // A snapshot from elsewhere is held to the same bound.
+    with.spec.tools[0].timeout_ms = 25 * 3_600_000;
+    let err = with.validate().unwrap_err().to_string();
+    assert!(
+        err.contains("spec.tools[0].timeout_ms: must be at most"),
+        "{err}"
+    );
+}

@@ -135,6 +135,10 @@ async fn streams_text_and_reports_usage() {
         body.get("tools").is_none(),
         "no tools key without tools: {body}"
     );
+    assert!(
+        body.get("response_format").is_none(),
+        "no response_format without an output schema: {body}"
+    );
     assert_eq!(
         body["messages"],
         json!([
@@ -596,5 +600,35 @@ async fn unreachable_endpoint_is_a_connection_error_after_retries() {
             "Check that the base URL is reachable from the runtime (gave up after 4 attempts)"
         ),
         "{msg}"
+    );
+}
+
+/// An agent's `output.schema` with `strict: true` reaches OpenAI as structured output:
+/// `response_format: {type: json_schema, json_schema: {name, schema, strict: true}}`.
+#[tokio::test]
+async fn a_response_schema_is_sent_as_a_strict_json_schema_response_format() {
+    let server = FakeServer::start(vec![Reply::sse(&text_stream(&["{\"ok\":true}"], 9, 3))]).await;
+    let p = openai_at(&server, &BuildOptions::default());
+    let schema = json!({
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}},
+        "required": ["ok"],
+        "additionalProperties": false
+    });
+    let mut req = request("Answer in JSON.");
+    req.response_schema = Some(phrony_providers::ResponseSchema {
+        name: "refund-agent".into(),
+        schema: schema.clone(),
+        strict: true,
+    });
+    let done = complete(p.as_ref(), req).await.unwrap();
+    assert_eq!(done.text, "{\"ok\":true}");
+    let body = &server.received()[0].body;
+    assert_eq!(
+        body["response_format"],
+        json!({
+            "type": "json_schema",
+            "json_schema": {"name": "refund-agent", "schema": schema, "strict": true}
+        })
     );
 }

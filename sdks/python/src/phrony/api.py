@@ -214,17 +214,22 @@ class SessionDetails:
     updated_at: str
     started_by: str
     raw: runtime_pb2.InspectSessionResponse = field(repr=False, compare=False)
+    # With the agent's `output.format: json`: the accepted output, parsed (None for text output).
+    output_json: Any = None
 
 
 @dataclass(frozen=True)
 class SessionResult:
-    """A finished session: `output` is the agent's final answer (text)."""
+    """A finished session: `output` is the agent's final answer (text); with the agent's
+    `output.format: json`, `output_json` is the output the runtime accepted (the answer parsed
+    as JSON and checked against `output.schema`, or what a human accepted), else None."""
 
     session_id: str
     status: str
     output: str | None
     stop_reason: str
     metadata: dict[str, str]
+    output_json: Any = None
 
 
 class Session:
@@ -256,6 +261,7 @@ class Session:
                     output=details.output,
                     stop_reason=details.raw.session.output.stop_reason,
                     metadata=details.metadata,
+                    output_json=details.output_json,
                 )
             if details.status == "failed":
                 raise SessionFailedError(self.id, details.error)
@@ -519,10 +525,15 @@ class Sessions:
         reply = await rc.inspect_session(runtime_pb2.InspectSessionRequest(session_id=session_id, page_size=1))
         s = reply.session
         output: str | None = s.output.message if s.HasField("output") else None
+        output_json: Any = None
+        if s.HasField("output") and s.output.json:
+            output_json = parse_json_bytes(s.output.json.encode("utf-8"))
         for truncated in s.truncated:
             if truncated.field == "output.message":
                 full = _json_or_text(await rc.get_session_payload(truncated.ref))
                 output = full if isinstance(full, str) else output
+            elif truncated.field == "output.json":
+                output_json = parse_json_bytes(await rc.get_session_payload(truncated.ref))
         return SessionDetails(
             id=s.id,
             status=s.status,
@@ -534,6 +545,7 @@ class Sessions:
             updated_at=s.updated_at,
             started_by=s.started_by,
             raw=reply,
+            output_json=output_json,
         )
 
     async def cancel(self, session_id: str) -> None:

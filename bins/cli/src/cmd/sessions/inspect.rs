@@ -166,6 +166,12 @@ fn write_session(s: &SessionDetail, out: &mut impl Write) -> io::Result<()> {
         if !output.stop_reason.is_empty() {
             field("stop_reason", output.stop_reason.clone());
         }
+        // `output.format: json`: the accepted output.
+        match (&output.json, s.truncation("output.json")) {
+            (_, Some(t)) => field("output_json", truncated_text("", t)),
+            (Some(json), None) => field("output_json", inline_json(json)),
+            (None, None) => {}
+        }
     }
     if let Some(error) = &s.error {
         field("error", error.clone());

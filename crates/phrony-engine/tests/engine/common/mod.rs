@@ -43,6 +43,10 @@ pub struct AgentOptions {
     pub extra_policies: Vec<(String, String)>,
     /// Run on the dev `stub` provider with this `stub-script.json` (no secrets).
     pub stub_script: Option<String>,
+    /// The top-level `output` section's lines (indented by 2 spaces); `format: text` when unset.
+    pub output: Option<String>,
+    /// `timeout` of the `lookup_order` binding, if any.
+    pub lookup_timeout: Option<String>,
 }
 
 impl Default for AgentOptions {
@@ -52,6 +56,8 @@ impl Default for AgentOptions {
             limits: None,
             extra_policies: Vec::new(),
             stub_script: None,
+            output: None,
+            lookup_timeout: None,
         }
     }
 }
@@ -72,18 +78,8 @@ impl AgentOptions {
     }
 }
 
-/// The tutorial's `agent.yaml`, `tools/` and `policies/` (from the seed document), compiled.
-pub fn refund_agent(opts: &AgentOptions) -> CompiledAgent {
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path();
-    std::fs::create_dir_all(root.join("tools")).unwrap();
-    std::fs::create_dir_all(root.join("policies")).unwrap();
-    let mut attachments = String::from(
-        "        - ref: policies/refund-approval-boundary.yaml\n        - ref: policies/refund-hard-limit.yaml\n",
-    );
-    for (name, _) in &opts.extra_policies {
-        attachments.push_str(&format!("        - ref: policies/{name}\n"));
-    }
+/// The tutorial's `agent.yaml` with `opts` applied (writes the stub script beside it).
+fn agent_yaml(opts: &AgentOptions, root: &std::path::Path, attachments: &str) -> String {
     let limits = opts
         .limits
         .as_ref()
@@ -99,7 +95,16 @@ pub fn refund_agent(opts: &AgentOptions) -> CompiledAgent {
             "    provider: openai\n    name: gpt-4o\n",
         ),
     };
-    let agent = format!(
+    let output = opts
+        .output
+        .clone()
+        .unwrap_or_else(|| "  format: text\n".to_owned());
+    let lookup_timeout = opts
+        .lookup_timeout
+        .as_ref()
+        .map(|t| format!("      timeout: {t}\n"))
+        .unwrap_or_default();
+    format!(
         r"apiVersion: phrony.com/v1
 kind: Agent
 
@@ -120,14 +125,28 @@ metadata:
 {model}  tools:
     - ref: orders.lookup-order
       as: lookup_order
-    - ref: payments.issue-refund
+{lookup_timeout}    - ref: payments.issue-refund
       as: issue_refund
       policies:
 {attachments}{limits}
 output:
-  format: text
-"
+{output}"
+    )
+}
+
+/// The tutorial's `agent.yaml`, `tools/` and `policies/` (from the seed document), compiled.
+pub fn refund_agent(opts: &AgentOptions) -> CompiledAgent {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    std::fs::create_dir_all(root.join("tools")).unwrap();
+    std::fs::create_dir_all(root.join("policies")).unwrap();
+    let mut attachments = String::from(
+        "        - ref: policies/refund-approval-boundary.yaml\n        - ref: policies/refund-hard-limit.yaml\n",
     );
+    for (name, _) in &opts.extra_policies {
+        attachments.push_str(&format!("        - ref: policies/{name}\n"));
+    }
+    let agent = agent_yaml(opts, root, &attachments);
     std::fs::write(root.join("agent.yaml"), agent).unwrap();
     std::fs::write(
         root.join("tools/orders.lookup-order.yaml"),

@@ -1077,18 +1077,20 @@ class SessionTurnInspect(_message.Message):
     def __init__(self, stop_reason: _Optional[str] = ..., turn_usage: _Optional[_Union[TokenUsage, _Mapping]] = ..., turn_duration_ms: _Optional[int] = ...) -> None: ...
 
 class SessionOutputInspect(_message.Message):
-    __slots__ = ("message", "stop_reason", "turn_usage", "session_usage", "turns")
+    __slots__ = ("message", "stop_reason", "turn_usage", "session_usage", "turns", "json")
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     STOP_REASON_FIELD_NUMBER: _ClassVar[int]
     TURN_USAGE_FIELD_NUMBER: _ClassVar[int]
     SESSION_USAGE_FIELD_NUMBER: _ClassVar[int]
     TURNS_FIELD_NUMBER: _ClassVar[int]
+    JSON_FIELD_NUMBER: _ClassVar[int]
     message: str
     stop_reason: str
     turn_usage: TokenUsage
     session_usage: TokenUsage
     turns: _containers.RepeatedCompositeFieldContainer[SessionTurnInspect]
-    def __init__(self, message: _Optional[str] = ..., stop_reason: _Optional[str] = ..., turn_usage: _Optional[_Union[TokenUsage, _Mapping]] = ..., session_usage: _Optional[_Union[TokenUsage, _Mapping]] = ..., turns: _Optional[_Iterable[_Union[SessionTurnInspect, _Mapping]]] = ...) -> None: ...
+    json: str
+    def __init__(self, message: _Optional[str] = ..., stop_reason: _Optional[str] = ..., turn_usage: _Optional[_Union[TokenUsage, _Mapping]] = ..., session_usage: _Optional[_Union[TokenUsage, _Mapping]] = ..., turns: _Optional[_Iterable[_Union[SessionTurnInspect, _Mapping]]] = ..., json: _Optional[str] = ...) -> None: ...
 
 class SessionAgentContext(_message.Message):
     __slots__ = ("namespace", "name", "version", "model_provider", "model_name", "max_tokens_per_run", "max_wall_clock_seconds")
