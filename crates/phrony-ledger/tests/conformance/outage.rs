@@ -134,3 +134,60 @@ async fn the_writable_signal_follows_ordinary_writes() {
         .unwrap();
     assert!(ledger.is_writable());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_our_own_writes_is_not_an_outage() {
+    // The probe's own connection may wait longer than its busy timeout for the write lock
+    // while this process's group commit takes batch after batch: the database is taking
+    // writes, so health must not say otherwise (a burst of 1,000 approvals once made the
+    // daemon call itself unavailable and stall its sessions).
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
+    let ledger = Ledger::connect_with(
+        &url,
+        LedgerOptions {
+            probe_busy_timeout: Duration::from_millis(20),
+            ..LedgerOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    ledger.migrate().await.unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut writers = Vec::new();
+    for w in 0..16 {
+        let ledger = ledger.clone();
+        let stop = std::sync::Arc::clone(&stop);
+        writers.push(tokio::spawn(async move {
+            let mut n = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                ledger
+                    .append_session_event(
+                        &format!("burst-{w}"),
+                        phrony_ledger::NewEvent::new(
+                            "bench.tick",
+                            "system",
+                            serde_json::json!({"n": n}),
+                        ),
+                    )
+                    .await
+                    .unwrap();
+                n += 1;
+            }
+            n
+        }));
+    }
+    let mut probes = 0;
+    let started = std::time::Instant::now();
+    while started.elapsed() < Duration::from_millis(1500) {
+        ledger.probe_write().await.unwrap();
+        assert!(ledger.is_writable());
+        probes += 1;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut written = 0;
+    for w in writers {
+        written += w.await.unwrap();
+    }
+    assert!(probes > 0 && written > 100, "{probes} probes, {written} writes");
+}
