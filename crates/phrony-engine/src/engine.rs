@@ -717,51 +717,65 @@ impl Engine {
         } else {
             HashSet::new()
         };
-        for session in self.inner.store.sessions_needing_recovery().await? {
-            if session.parent_session_id.is_some()
-                || self.inner.live(&session.id).is_some()
-                || only.is_some_and(|ids| !ids.contains(&session.id))
-            {
-                continue;
-            }
-            if self.rests_parked(&session, &resting) {
-                report.parked.push(session.id);
-                continue;
-            }
-            match self.resume(session.clone(), None).await {
-                Ok(_) => report.resumed.push(session.id),
-                // A decision resumed it meanwhile (a parked session): it is driven.
-                Err(e)
-                    if e.kind == ErrorKind::FailedPrecondition
-                        && self.inner.live(&session.id).is_some() => {}
-                Err(e) if e.kind == ErrorKind::Unavailable => {
-                    // A storage outage is no reason to fail the session: it waits for the
-                    // database, and the resume task tries again.
-                    tracing::warn!(
-                        session_id = %session.id,
-                        error = %e,
-                        "session suspended: database unavailable"
-                    );
-                    self.inner.suspend(&session.id);
-                    report.suspended.push(session.id);
+        // Page by page: a restart with many sessions left holds one page in memory.
+        let mut after = None;
+        loop {
+            let page = self
+                .inner
+                .store
+                .sessions_needing_recovery_after(after.take(), RECOVERY_PAGE)
+                .await?;
+            let full = page.len() == RECOVERY_PAGE as usize;
+            after = page.last().map(|s| (s.created_at, s.id.clone()));
+            for session in page {
+                if session.parent_session_id.is_some()
+                    || self.inner.live(&session.id).is_some()
+                    || only.is_some_and(|ids| !ids.contains(&session.id))
+                {
+                    continue;
                 }
-                Err(e) => {
-                    let message = format!("session could not be resumed: {}", e.message);
-                    tracing::error!(session_id = %session.id, error = %e, "recovery failed");
-                    if let Err(err) = self
-                        .inner
-                        .store
-                        .set_status(&session.id, StatusChange::failed(message.clone()))
-                        .await
-                    {
-                        tracing::error!(
+                if self.rests_parked(&session, &resting) {
+                    report.parked.push(session.id);
+                    continue;
+                }
+                match self.resume(session.clone(), None).await {
+                    Ok(_) => report.resumed.push(session.id),
+                    // A decision resumed it meanwhile (a parked session): it is driven.
+                    Err(e)
+                        if e.kind == ErrorKind::FailedPrecondition
+                            && self.inner.live(&session.id).is_some() => {}
+                    Err(e) if e.kind == ErrorKind::Unavailable => {
+                        // A storage outage is no reason to fail the session: it waits for the
+                        // database, and the resume task tries again.
+                        tracing::warn!(
                             session_id = %session.id,
-                            error = %err,
-                            "could not fail an unrecoverable session"
+                            error = %e,
+                            "session suspended: database unavailable"
                         );
+                        self.inner.suspend(&session.id);
+                        report.suspended.push(session.id);
                     }
-                    report.failed.push((session.id, message));
+                    Err(e) => {
+                        let message = format!("session could not be resumed: {}", e.message);
+                        tracing::error!(session_id = %session.id, error = %e, "recovery failed");
+                        if let Err(err) = self
+                            .inner
+                            .store
+                            .set_status(&session.id, StatusChange::failed(message.clone()))
+                            .await
+                        {
+                            tracing::error!(
+                                session_id = %session.id,
+                                error = %err,
+                                "could not fail an unrecoverable session"
+                            );
+                        }
+                        report.failed.push((session.id, message));
+                    }
                 }
+            }
+            if !full {
+                break;
             }
         }
         self.inner.timer_kick.notify_one();
@@ -940,6 +954,9 @@ const SWEEP_OVERLAP: chrono::Duration = chrono::Duration::seconds(60);
 
 /// Sessions one sweep resumes at most (the rest at the next one).
 const SWEEP_LIMIT: u32 = 10_000;
+
+/// Sessions read per page by recovery ([`Engine::recover`]).
+const RECOVERY_PAGE: u32 = 1000;
 
 /// Resumes the parked sessions [`Inner::request_unpark`] names (a decision, an expiry or a
 /// cancellation reached a session whose driver is unloaded). Holds only a weak reference, so

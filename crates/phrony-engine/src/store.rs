@@ -330,6 +330,19 @@ impl LedgerStore {
         Ok(self.ledger.sessions_needing_recovery().await?)
     }
 
+    /// One page of the sessions not seen to end, oldest first, after `after` (its
+    /// `created_at` and id) ([`Ledger::sessions_needing_recovery_after`]).
+    pub async fn sessions_needing_recovery_after(
+        &self,
+        after: Option<(DateTime<Utc>, String)>,
+        limit: u32,
+    ) -> StoreResult<Vec<Session>> {
+        Ok(self
+            .ledger
+            .sessions_needing_recovery_after(after, limit)
+            .await?)
+    }
+
     /// Sessions waiting for approval with an approval decided since `since` (see
     /// `Ledger::sessions_with_waits_decided_since`).
     pub async fn sessions_with_waits_decided_since(

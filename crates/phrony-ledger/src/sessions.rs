@@ -825,18 +825,61 @@ impl Ledger {
     /// # Errors
     /// Database errors.
     pub async fn sessions_needing_recovery(&self) -> Result<Vec<Session>> {
+        let mut all = Vec::new();
+        let mut after = None;
+        loop {
+            let page = self.sessions_needing_recovery_after(after, 1000).await?;
+            let full = page.len() == 1000;
+            after = page.last().map(|s| (s.created_at, s.id.clone()));
+            all.extend(page);
+            if !full {
+                return Ok(all);
+            }
+        }
+    }
+
+    /// One page of [`Ledger::sessions_needing_recovery`]: at most `limit` (1..=10,000) of
+    /// them, oldest first, after the session `after` (its `created_at` and id) when given.
+    /// Recovery reads them page by page, so a restart with many sessions left holds one page
+    /// in memory, not all of them.
+    ///
+    /// # Errors
+    /// Database errors.
+    pub async fn sessions_needing_recovery_after(
+        &self,
+        after: Option<(DateTime<Utc>, String)>,
+        limit: u32,
+    ) -> Result<Vec<Session>> {
         let mut conn = self.pool.acquire().await?;
-        let sql = format!(
-            "SELECT {SESSION_COLUMNS} FROM sessions s \
-             WHERE s.status NOT IN ('completed', 'failed', 'cancelled') \
-             ORDER BY s.created_at, s.id"
-        );
-        conn.conn()
-            .fetch_all("list sessions to recover", &sql, vec![])
-            .await?
-            .iter()
-            .map(session_from_row)
-            .collect()
+        let limit = i64::from(limit.clamp(1, 10_000));
+        let rows = match after {
+            None => {
+                let sql = format!(
+                    "SELECT {SESSION_COLUMNS} FROM sessions s \
+                     WHERE s.status NOT IN ('completed', 'failed', 'cancelled') \
+                     ORDER BY s.created_at, s.id LIMIT $1"
+                );
+                conn.conn()
+                    .fetch_all("list sessions to recover", &sql, args![limit])
+                    .await?
+            }
+            Some((created_at, id)) => {
+                let sql = format!(
+                    "SELECT {SESSION_COLUMNS} FROM sessions s \
+                     WHERE s.status NOT IN ('completed', 'failed', 'cancelled') \
+                     AND (s.created_at > $1 OR (s.created_at = $1 AND s.id > $2)) \
+                     ORDER BY s.created_at, s.id LIMIT $3"
+                );
+                conn.conn()
+                    .fetch_all(
+                        "list sessions to recover",
+                        &sql,
+                        args![created_at, id, limit],
+                    )
+                    .await?
+            }
+        };
+        rows.iter().map(session_from_row).collect()
     }
 }
 

@@ -104,6 +104,7 @@ conformance!(
     a_model_step_commits_its_completion_status_and_calls_together,
     sessions_resting_on_approvals_are_found_in_one_query,
     the_calls_of_a_completion_are_recorded_together,
+    sessions_to_recover_are_read_page_by_page,
     secrets_are_sealed_and_purged_on_terminal_transitions,
     rebuild_reproduces_session_projections_exactly,
     cancelled_writes_never_leave_the_database_locked,

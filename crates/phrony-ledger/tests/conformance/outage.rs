@@ -189,5 +189,8 @@ async fn a_burst_of_our_own_writes_is_not_an_outage() {
     for w in writers {
         written += w.await.unwrap();
     }
-    assert!(probes > 0 && written > 100, "{probes} probes, {written} writes");
+    assert!(
+        probes > 0 && written > 100,
+        "{probes} probes, {written} writes"
+    );
 }

@@ -3491,3 +3491,42 @@ pub(crate) async fn the_calls_of_a_completion_are_recorded_together(db: &TestDb)
             .await,
     );
 }
+
+/// `sessions_needing_recovery_after`: recovery reads the sessions left page by page, oldest
+/// first, each once, without the ended ones.
+pub(crate) async fn sessions_to_recover_are_read_page_by_page(db: &TestDb) {
+    let ledger = db.migrated().await;
+    let v = deploy_agent(ledger, &refund_agent(), "0.1.0").await;
+    let mut live = Vec::new();
+    for i in 0..7 {
+        let s = start(ledger, &v).await;
+        if i == 3 {
+            to(ledger, &s.id, SessionStatus::Cancelled).await;
+        } else {
+            live.push(s.id);
+        }
+    }
+    let mut seen = Vec::new();
+    let mut after = None;
+    loop {
+        let page = ledger
+            .sessions_needing_recovery_after(after.take(), 2)
+            .await
+            .unwrap();
+        assert!(page.len() <= 2);
+        after = page.last().map(|s| (s.created_at, s.id.clone()));
+        let done = page.len() < 2;
+        seen.extend(page.into_iter().map(|s| s.id));
+        if done {
+            break;
+        }
+    }
+    let mut expected = ledger.sessions_needing_recovery().await.unwrap();
+    expected.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
+    let expected: Vec<String> = expected.into_iter().map(|s| s.id).collect();
+    assert_eq!(seen, expected, "oldest first, each once");
+    let mut sorted = seen.clone();
+    sorted.sort();
+    live.sort();
+    assert_eq!(sorted, live, "every live session, no ended one");
+}
