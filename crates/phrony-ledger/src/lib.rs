@@ -211,10 +211,11 @@ pub use invocations::{
 pub use paging::{MAX_PAGE_SIZE, Page, PageRequest, UNSIZED_PAGE_LIMIT};
 pub use secrets::{NONCE_LEN, SealedSecret};
 pub use session_log::{
-    AssistantMessage, RecordedStep, SessionEvent, SessionTimeline, TimelineEvent, is_ledger_owned,
+    AssistantMessage, Opening, RecordedStep, SessionEvent, SessionTimeline, TimelineEvent,
+    is_ledger_owned,
 };
 pub use sessions::{
-    AgentVersionRef, MAX_METADATA_PAIRS, NewSession, OnLimit, Opening, Session, SessionFilter,
+    AgentVersionRef, MAX_METADATA_PAIRS, NewSession, OnLimit, Session, SessionFilter,
     SessionLimits, SessionMode, SessionStatus, StatusChange, StatusChanged, new_session_id,
 };
 pub use tokens::{ApiToken, NewApiToken, TOKENS_STREAM};

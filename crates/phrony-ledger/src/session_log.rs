@@ -25,6 +25,15 @@ pub fn is_ledger_owned(event_type: &str) -> bool {
     types::LEDGER_OWNED.contains(&event_type)
 }
 
+/// An event [`Ledger::open_session`] appends right after `session.started`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Opening {
+    /// An engine event (a type the ledger does not own, e.g. `session.principal`).
+    Engine(NewEvent),
+    /// A user message or the evidence snapshot.
+    Session(SessionEvent),
+}
+
 /// What [`Ledger::record_step`] wrote.
 #[derive(Debug, Clone)]
 pub struct RecordedStep {
@@ -227,6 +236,42 @@ impl Ledger {
             }
             append(&mut tx, &mut head, new.clone()).await
         })
+    }
+
+    /// Creates a session as [`Ledger::create_session_within`] does (no bound when
+    /// `max_live_per_agent` is `None`) and appends its `opening` events right after
+    /// `session.started`, in order, in the SAME transaction: the session exists with all of
+    /// them or not at all. A session cannot be left started without its first user message (or
+    /// its principal, or its evidence snapshot) by a crash, and starting one costs one durable
+    /// commit instead of one per event.
+    ///
+    /// # Errors
+    /// Those of [`Ledger::create_session_within`]; an opening event that
+    /// [`Ledger::append_session_event`] (engine events) or [`Ledger::record_session_event`]
+    /// (session events) would refuse, for the first such event. Nothing is written then.
+    pub async fn open_session(
+        &self,
+        new: sessions::NewSession,
+        max_live_per_agent: Option<u64>,
+        opening: Vec<Opening>,
+    ) -> Result<Session> {
+        new.validate()?;
+        let mut events = Vec::with_capacity(opening.len());
+        for event in opening {
+            events.push(match event {
+                Opening::Engine(event) => {
+                    crate::check_raw_append(&new.id, &event)?;
+                    event
+                }
+                Opening::Session(event) => event.to_new_event()?,
+            });
+        }
+        write_tx!(self, |tx| sessions::create(
+            &mut tx,
+            &new,
+            max_live_per_agent,
+            &events
+        ))
     }
 
     /// Appends a model completion (an engine event such as `model.completion`, which the ledger

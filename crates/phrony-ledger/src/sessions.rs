@@ -55,15 +55,6 @@ pub struct NewSession {
     pub actor: Attribution,
 }
 
-/// An event [`Ledger::open_session`] appends right after `session.started`.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Opening {
-    /// An engine event (a type the ledger does not own, e.g. `session.principal`).
-    Engine(NewEvent),
-    /// A user message or the evidence snapshot.
-    Session(crate::session_log::SessionEvent),
-}
-
 /// A requested status change for [`Ledger::set_session_status`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct StatusChange {
@@ -232,7 +223,7 @@ fn validate_metadata(metadata: &BTreeMap<String, String>) -> Result<()> {
 }
 
 impl NewSession {
-    fn validate(&self) -> Result<()> {
+    pub(crate) fn validate(&self) -> Result<()> {
         validate_session_id(&self.id)?;
         self.agent.validate()?;
         if !self.input.is_object() {
@@ -446,7 +437,7 @@ async fn check_still_runnable(tx: &mut Tx, version: &crate::model::AgentVersion)
 
 /// Creates the session (`session.started`) and appends `opening` after it, chained on the same
 /// head, in the caller's transaction.
-async fn create(
+pub(crate) async fn create(
     tx: &mut Tx,
     new: &NewSession,
     max_live_per_agent: Option<u64>,
@@ -746,42 +737,6 @@ impl Ledger {
             &new,
             Some(max_live_per_agent),
             &[]
-        ))
-    }
-
-    /// Creates a session as [`Ledger::create_session_within`] does (no bound when
-    /// `max_live_per_agent` is `None`) and appends its `opening` events right after
-    /// `session.started`, in order, in the SAME transaction: the session exists with all of
-    /// them or not at all. A session cannot be left started without its first user message (or
-    /// its principal, or its evidence snapshot) by a crash, and starting one costs one durable
-    /// commit instead of one per event.
-    ///
-    /// # Errors
-    /// Those of [`Ledger::create_session_within`]; an opening event that
-    /// [`Ledger::append_session_event`] (engine events) or [`Ledger::record_session_event`]
-    /// (session events) would refuse, for the first such event. Nothing is written then.
-    pub async fn open_session(
-        &self,
-        new: NewSession,
-        max_live_per_agent: Option<u64>,
-        opening: Vec<Opening>,
-    ) -> Result<Session> {
-        new.validate()?;
-        let mut events = Vec::with_capacity(opening.len());
-        for event in opening {
-            events.push(match event {
-                Opening::Engine(event) => {
-                    crate::check_raw_append(&new.id, &event)?;
-                    event
-                }
-                Opening::Session(event) => event.to_new_event()?,
-            });
-        }
-        write_tx!(self, |tx| create(
-            &mut tx,
-            &new,
-            max_live_per_agent,
-            &events
         ))
     }
 
