@@ -60,6 +60,7 @@ pub const PERMISSIONS: &[(&str, Permission)] = &[
     ("ListBundles", Permission::Read),
     ("ListBundleVersions", Permission::Read),
     ("ListBundleDeployments", Permission::Read),
+    ("GetBundleVersion", Permission::Read),
     // The audit trail: verifying the chains and exporting the events are reads.
     ("VerifyAudit", Permission::Read),
     ("ExportAudit", Permission::Read),
@@ -75,6 +76,7 @@ pub const PERMISSIONS: &[(&str, Permission)] = &[
     ("PublishBundle", Permission::Publish),
     ("Deploy", Permission::Publish),
     ("DeployBundle", Permission::Publish),
+    ("RollbackBundle", Permission::Publish),
     ("Rollback", Permission::Publish),
     ("DeprecateAgentVersion", Permission::Publish),
     ("RetireAgentVersion", Permission::Publish),

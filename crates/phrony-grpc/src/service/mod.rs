@@ -540,6 +540,20 @@ impl Runtime for RuntimeService {
         later("ListBundleDeployments")
     }
 
+    async fn rollback_bundle(
+        &self,
+        _request: Request<pb::RollbackBundleRequest>,
+    ) -> Result<Response<pb::RollbackBundleResponse>, Status> {
+        later("RollbackBundle")
+    }
+
+    async fn get_bundle_version(
+        &self,
+        _request: Request<pb::GetBundleVersionRequest>,
+    ) -> Result<Response<pb::GetBundleVersionResponse>, Status> {
+        later("GetBundleVersion")
+    }
+
     // --- Workers ----------------------------------------------------------------------------
 
     async fn work(

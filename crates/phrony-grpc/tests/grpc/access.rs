@@ -41,6 +41,7 @@ const READS: &[&str] = &[
     "ListBundles",
     "ListBundleVersions",
     "ListBundleDeployments",
+    "GetBundleVersion",
     "VerifyAudit",
     "ExportAudit",
 ];
@@ -55,6 +56,7 @@ const PUBLISHES: &[&str] = &[
     "PublishBundle",
     "Deploy",
     "DeployBundle",
+    "RollbackBundle",
     "Rollback",
     "DeprecateAgentVersion",
     "RetireAgentVersion",
@@ -173,6 +175,16 @@ async fn call(client: &mut Client, rpc: &str) -> Code {
         "ListBundleDeployments" => code(
             client
                 .list_bundle_deployments(pb::ListBundleDeploymentsRequest::default())
+                .await,
+        ),
+        "GetBundleVersion" => code(
+            client
+                .get_bundle_version(pb::GetBundleVersionRequest::default())
+                .await,
+        ),
+        "RollbackBundle" => code(
+            client
+                .rollback_bundle(pb::RollbackBundleRequest::default())
                 .await,
         ),
         "RunSession" => code(client.run_session(pb::RunSessionRequest::default()).await),

@@ -775,16 +775,18 @@ class ListBundleVersionsRequest(_message.Message):
     def __init__(self, bundle_ref: _Optional[_Union[BundleRef, _Mapping]] = ...) -> None: ...
 
 class BundleVersionSummary(_message.Message):
-    __slots__ = ("id", "version", "published_at", "lock_hash")
+    __slots__ = ("id", "version", "published_at", "lock_hash", "published_by")
     ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     PUBLISHED_AT_FIELD_NUMBER: _ClassVar[int]
     LOCK_HASH_FIELD_NUMBER: _ClassVar[int]
+    PUBLISHED_BY_FIELD_NUMBER: _ClassVar[int]
     id: str
     version: str
     published_at: str
     lock_hash: str
-    def __init__(self, id: _Optional[str] = ..., version: _Optional[str] = ..., published_at: _Optional[str] = ..., lock_hash: _Optional[str] = ...) -> None: ...
+    published_by: str
+    def __init__(self, id: _Optional[str] = ..., version: _Optional[str] = ..., published_at: _Optional[str] = ..., lock_hash: _Optional[str] = ..., published_by: _Optional[str] = ...) -> None: ...
 
 class ListBundleVersionsResponse(_message.Message):
     __slots__ = ("versions",)
@@ -803,6 +805,84 @@ class ListBundleDeploymentsResponse(_message.Message):
     DEPLOYMENTS_FIELD_NUMBER: _ClassVar[int]
     deployments: _containers.RepeatedCompositeFieldContainer[DeploymentEntry]
     def __init__(self, deployments: _Optional[_Iterable[_Union[DeploymentEntry, _Mapping]]] = ...) -> None: ...
+
+class RollbackBundleRequest(_message.Message):
+    __slots__ = ("bundle_ref", "to_version", "actor")
+    BUNDLE_REF_FIELD_NUMBER: _ClassVar[int]
+    TO_VERSION_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_FIELD_NUMBER: _ClassVar[int]
+    bundle_ref: BundleRef
+    to_version: str
+    actor: str
+    def __init__(self, bundle_ref: _Optional[_Union[BundleRef, _Mapping]] = ..., to_version: _Optional[str] = ..., actor: _Optional[str] = ...) -> None: ...
+
+class RollbackBundleResponse(_message.Message):
+    __slots__ = ("version", "previous_version", "lock_hash", "previous_lock_hash", "deployed_at")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_VERSION_FIELD_NUMBER: _ClassVar[int]
+    LOCK_HASH_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_LOCK_HASH_FIELD_NUMBER: _ClassVar[int]
+    DEPLOYED_AT_FIELD_NUMBER: _ClassVar[int]
+    version: str
+    previous_version: str
+    lock_hash: str
+    previous_lock_hash: str
+    deployed_at: str
+    def __init__(self, version: _Optional[str] = ..., previous_version: _Optional[str] = ..., lock_hash: _Optional[str] = ..., previous_lock_hash: _Optional[str] = ..., deployed_at: _Optional[str] = ...) -> None: ...
+
+class GetBundleVersionRequest(_message.Message):
+    __slots__ = ("bundle_ref",)
+    BUNDLE_REF_FIELD_NUMBER: _ClassVar[int]
+    bundle_ref: BundleRef
+    def __init__(self, bundle_ref: _Optional[_Union[BundleRef, _Mapping]] = ...) -> None: ...
+
+class BundleMemberInfo(_message.Message):
+    __slots__ = ("child_name", "origin", "ref", "member_version_id", "is_root", "namespace", "name", "version", "content_hash")
+    CHILD_NAME_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_FIELD_NUMBER: _ClassVar[int]
+    REF_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_VERSION_ID_FIELD_NUMBER: _ClassVar[int]
+    IS_ROOT_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_HASH_FIELD_NUMBER: _ClassVar[int]
+    child_name: str
+    origin: str
+    ref: str
+    member_version_id: str
+    is_root: bool
+    namespace: str
+    name: str
+    version: str
+    content_hash: str
+    def __init__(self, child_name: _Optional[str] = ..., origin: _Optional[str] = ..., ref: _Optional[str] = ..., member_version_id: _Optional[str] = ..., is_root: _Optional[bool] = ..., namespace: _Optional[str] = ..., name: _Optional[str] = ..., version: _Optional[str] = ..., content_hash: _Optional[str] = ...) -> None: ...
+
+class GetBundleVersionResponse(_message.Message):
+    __slots__ = ("bundle_version_id", "namespace", "name", "version", "lock_hash", "lock", "bundle_manifest", "members", "published_at", "published_by", "active")
+    BUNDLE_VERSION_ID_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    LOCK_HASH_FIELD_NUMBER: _ClassVar[int]
+    LOCK_FIELD_NUMBER: _ClassVar[int]
+    BUNDLE_MANIFEST_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    PUBLISHED_AT_FIELD_NUMBER: _ClassVar[int]
+    PUBLISHED_BY_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_FIELD_NUMBER: _ClassVar[int]
+    bundle_version_id: str
+    namespace: str
+    name: str
+    version: str
+    lock_hash: str
+    lock: bytes
+    bundle_manifest: bytes
+    members: _containers.RepeatedCompositeFieldContainer[BundleMemberInfo]
+    published_at: str
+    published_by: str
+    active: bool
+    def __init__(self, bundle_version_id: _Optional[str] = ..., namespace: _Optional[str] = ..., name: _Optional[str] = ..., version: _Optional[str] = ..., lock_hash: _Optional[str] = ..., lock: _Optional[bytes] = ..., bundle_manifest: _Optional[bytes] = ..., members: _Optional[_Iterable[_Union[BundleMemberInfo, _Mapping]]] = ..., published_at: _Optional[str] = ..., published_by: _Optional[str] = ..., active: _Optional[bool] = ...) -> None: ...
 
 class ListDeploymentsRequest(_message.Message):
     __slots__ = ("agent_ref",)

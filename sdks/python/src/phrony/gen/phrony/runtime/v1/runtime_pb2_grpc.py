@@ -106,6 +106,16 @@ class RuntimeStub:
                 request_serializer=phrony_dot_runtime_dot_v1_dot_runtime__pb2.ListBundleDeploymentsRequest.SerializeToString,
                 response_deserializer=phrony_dot_runtime_dot_v1_dot_runtime__pb2.ListBundleDeploymentsResponse.FromString,
                 _registered_method=True)
+        self.RollbackBundle = channel.unary_unary(
+                '/phrony.runtime.v1.Runtime/RollbackBundle',
+                request_serializer=phrony_dot_runtime_dot_v1_dot_runtime__pb2.RollbackBundleRequest.SerializeToString,
+                response_deserializer=phrony_dot_runtime_dot_v1_dot_runtime__pb2.RollbackBundleResponse.FromString,
+                _registered_method=True)
+        self.GetBundleVersion = channel.unary_unary(
+                '/phrony.runtime.v1.Runtime/GetBundleVersion',
+                request_serializer=phrony_dot_runtime_dot_v1_dot_runtime__pb2.GetBundleVersionRequest.SerializeToString,
+                response_deserializer=phrony_dot_runtime_dot_v1_dot_runtime__pb2.GetBundleVersionResponse.FromString,
+                _registered_method=True)
         self.ListDeployments = channel.unary_unary(
                 '/phrony.runtime.v1.Runtime/ListDeployments',
                 request_serializer=phrony_dot_runtime_dot_v1_dot_runtime__pb2.ListDeploymentsRequest.SerializeToString,
@@ -314,6 +324,25 @@ class RuntimeServicer:
 
     def ListBundleDeployments(self, request, context):
         """Lists a bundle's deployment history, newest first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RollbackBundle(self, request, context):
+        """phrony-rs addition: re-activates an earlier bundle version: `to_version`
+        (semver or lock hash), or else the most recent previously deployed version
+        that differs from the active one. Appends a `rollback` row to the bundle's
+        deployment history.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetBundleVersion(self, request, context):
+        """phrony-rs addition: one published bundle version: its lock, the Bundle
+        document, its members (with the agent version each runs) and who
+        published it.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -557,6 +586,16 @@ def add_RuntimeServicer_to_server(servicer, server):
                     servicer.ListBundleDeployments,
                     request_deserializer=phrony_dot_runtime_dot_v1_dot_runtime__pb2.ListBundleDeploymentsRequest.FromString,
                     response_serializer=phrony_dot_runtime_dot_v1_dot_runtime__pb2.ListBundleDeploymentsResponse.SerializeToString,
+            ),
+            'RollbackBundle': grpc.unary_unary_rpc_method_handler(
+                    servicer.RollbackBundle,
+                    request_deserializer=phrony_dot_runtime_dot_v1_dot_runtime__pb2.RollbackBundleRequest.FromString,
+                    response_serializer=phrony_dot_runtime_dot_v1_dot_runtime__pb2.RollbackBundleResponse.SerializeToString,
+            ),
+            'GetBundleVersion': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetBundleVersion,
+                    request_deserializer=phrony_dot_runtime_dot_v1_dot_runtime__pb2.GetBundleVersionRequest.FromString,
+                    response_serializer=phrony_dot_runtime_dot_v1_dot_runtime__pb2.GetBundleVersionResponse.SerializeToString,
             ),
             'ListDeployments': grpc.unary_unary_rpc_method_handler(
                     servicer.ListDeployments,
@@ -1034,6 +1073,60 @@ class Runtime:
             '/phrony.runtime.v1.Runtime/ListBundleDeployments',
             phrony_dot_runtime_dot_v1_dot_runtime__pb2.ListBundleDeploymentsRequest.SerializeToString,
             phrony_dot_runtime_dot_v1_dot_runtime__pb2.ListBundleDeploymentsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RollbackBundle(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/phrony.runtime.v1.Runtime/RollbackBundle',
+            phrony_dot_runtime_dot_v1_dot_runtime__pb2.RollbackBundleRequest.SerializeToString,
+            phrony_dot_runtime_dot_v1_dot_runtime__pb2.RollbackBundleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetBundleVersion(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/phrony.runtime.v1.Runtime/GetBundleVersion',
+            phrony_dot_runtime_dot_v1_dot_runtime__pb2.GetBundleVersionRequest.SerializeToString,
+            phrony_dot_runtime_dot_v1_dot_runtime__pb2.GetBundleVersionResponse.FromString,
             options,
             channel_credentials,
             insecure,
