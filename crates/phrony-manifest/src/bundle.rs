@@ -41,6 +41,10 @@ pub struct Bundle {
     pub name: String,
     /// Bundle version (semver).
     pub version: String,
+    /// `metadata.labels`.
+    pub labels: std::collections::BTreeMap<String, String>,
+    /// `spec.root` as written (trimmed).
+    pub root_ref: String,
     /// Members in DFS walk order, root first.
     pub members: Vec<BundleMember>,
     /// Warnings of every member.
@@ -264,6 +268,8 @@ fn walk(path: &Path, out: &mut Vec<Diagnostic>) -> Option<Bundle> {
         namespace: doc.metadata.namespace,
         name: doc.metadata.name,
         version: doc.metadata.version,
+        labels: doc.metadata.labels,
+        root_ref: doc.spec.root.trim().to_owned(),
         members: w.members,
         warnings: Vec::new(),
     })
@@ -390,7 +396,7 @@ fn agent_edge_path(agent: &CompiledAgent, i: usize) -> String {
     format!("spec.agents[{j}].ref")
 }
 
-fn normalize(p: &Path) -> PathBuf {
+pub(crate) fn normalize(p: &Path) -> PathBuf {
     let mut out = PathBuf::new();
     for c in p.components() {
         match c {

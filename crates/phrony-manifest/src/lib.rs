@@ -73,6 +73,7 @@ mod load;
 mod model;
 mod names;
 mod policy_bridge;
+mod publication;
 mod refs;
 mod resolve;
 mod schema;
@@ -99,6 +100,7 @@ pub use model::compiled::{
     Output, Parameters, PolicyTimeout, Reasoning, Schema, SecretRef, SnapshotError, ToolBinding,
 };
 pub use names::{AgentNameError, ForbiddenChar, check_agent_name};
+pub use publication::{BundleHeader, BundleHeaderMetadata, BundleHeaderSpec, PublishedMember};
 pub use refs::{AgentRef, AgentRefError, parse_agent_ref};
 pub use schema::{ArgError, OutputSchemaError, OutputValidator, SchemaError, ToolArgsValidator};
 pub use secrets::{BundleSecret, SecretRequirement};

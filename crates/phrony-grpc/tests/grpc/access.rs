@@ -415,7 +415,7 @@ async fn every_rpc_answers_every_role_as_the_table_says() {
     );
     assert_eq!(
         checked,
-        callers.len() * 33,
+        callers.len() * 35,
         "every RPC of the service was called"
     );
     server.stop().await;
