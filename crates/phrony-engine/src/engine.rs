@@ -76,6 +76,18 @@ pub struct StartSession {
     pub secrets: Vec<PlainSecret>,
     /// Who starts the session (recorded with its verification and relay).
     pub actor: Attribution,
+    /// Set when the session runs a bundle's root member.
+    pub bundle: Option<BundleStart>,
+}
+
+/// A session started from a bundle version: its root member runs, and its secret pool holds
+/// the union of every member's secrets (delegated child sessions draw from it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BundleStart {
+    /// The `bundle_versions` id.
+    pub bundle_version_id: Uuid,
+    /// The union of the members' secret names: the resolved secrets must be exactly these.
+    pub secret_names: std::collections::BTreeSet<String>,
 }
 
 impl fmt::Debug for StartSession {
@@ -90,6 +102,7 @@ impl fmt::Debug for StartSession {
             .field("principal", &self.principal)
             .field("secrets", &self.secrets)
             .field("actor", &self.actor)
+            .field("bundle", &self.bundle)
             .finish()
     }
 }
@@ -216,6 +229,33 @@ fn check_secrets(agent: &CompiledAgent, secrets: &[PlainSecret]) -> Result<(), E
     Ok(())
 }
 
+/// Checks a bundle session's resolved secrets against the union of its members' names.
+fn check_secret_names(
+    names: &std::collections::BTreeSet<String>,
+    secrets: &[PlainSecret],
+) -> Result<(), EngineError> {
+    if names.is_empty() && !secrets.is_empty() {
+        return Err(EngineError::invalid(
+            "resolved_secrets provided but no bundle member declares secrets",
+        ));
+    }
+    if let Some(s) = secrets.iter().find(|s| !names.contains(&s.name)) {
+        return Err(EngineError::invalid(format!(
+            "unknown resolved secret {:?}",
+            s.name
+        )));
+    }
+    if let Some(name) = names
+        .iter()
+        .find(|n| !secrets.iter().any(|s| &s.name == *n))
+    {
+        return Err(EngineError::invalid(format!(
+            "missing resolved secret {name:?}"
+        )));
+    }
+    Ok(())
+}
+
 /// The model API key among a session's secrets.
 pub(crate) fn api_key(
     agent: &CompiledAgent,
@@ -311,6 +351,7 @@ impl Engine {
             principal,
             secrets,
             actor,
+            bundle,
         } = req;
         if actor.actor.trim().is_empty() {
             return Err(EngineError::invalid("actor is required"));
@@ -333,7 +374,10 @@ impl Engine {
                 "principal claims must be a JSON object",
             ));
         }
-        check_secrets(&agent, &secrets)?;
+        match &bundle {
+            None => check_secrets(&agent, &secrets)?,
+            Some(b) => check_secret_names(&b.secret_names, &secrets)?,
+        }
         let setup = DriverSetup::prepare(&agent)?;
         let key = api_key(&agent, &secrets)?;
         let provider = self

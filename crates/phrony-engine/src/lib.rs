@@ -66,6 +66,7 @@
 //!         principal: None,
 //!         secrets: vec![PlainSecret::new("openai", "sk-…")],
 //!         actor: "emad".into(),
+//!         bundle: None,
 //!     })
 //!     .await?;
 //! let done = engine.wait_for(&session.id, &[]).await?; // until it ends
@@ -112,7 +113,7 @@ pub use config::{
     EngineConfig,
 };
 pub use endpoints::{Activated, Activation, ActivationError, activate, describe_change};
-pub use engine::{Engine, EngineDeps, RecoveryReport, SessionHandle, StartSession};
+pub use engine::{BundleStart, Engine, EngineDeps, RecoveryReport, SessionHandle, StartSession};
 pub use error::{EngineError, ErrorKind, StoreError, StoreResult};
 pub use fold::OUTPUT_TOOL;
 pub use fold::{FAILURE_KEY, LIMIT_PREFIX, TRIGGER_KEY, codes, engine_events, wire_call_id};

@@ -103,7 +103,7 @@ pub use names::{AgentNameError, ForbiddenChar, check_agent_name};
 pub use publication::{BundleHeader, BundleHeaderMetadata, BundleHeaderSpec, PublishedMember};
 pub use refs::{AgentRef, AgentRefError, parse_agent_ref};
 pub use schema::{ArgError, OutputSchemaError, OutputValidator, SchemaError, ToolArgsValidator};
-pub use secrets::{BundleSecret, SecretRequirement};
+pub use secrets::{BundleSecret, SecretRequirement, secret_union as bundle_secret_union};
 pub use stub::{STUB_SCRIPT_FILE, StubEvent, StubScript, StubScriptError};
 pub use validate::{PROVIDERS, mcp_url_allowed};
 pub use yaml_input::{MAX_YAML_BYTES, YamlInputError, check_yaml, read_text_file, read_yaml_file};

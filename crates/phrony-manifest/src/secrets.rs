@@ -59,7 +59,7 @@ pub struct BundleSecret {
 
 /// Builds the union of members' secrets. Two members giving one name different variables is a
 /// conflict: `secret "openai": member "a" uses X, member "b" uses Y`.
-pub(crate) fn secret_union<'a>(
+pub fn secret_union<'a>(
     members: impl IntoIterator<Item = (&'a str, &'a CompiledAgent)>,
 ) -> Result<Vec<BundleSecret>, Vec<String>> {
     let mut union: BTreeMap<String, BundleSecret> = BTreeMap::new();

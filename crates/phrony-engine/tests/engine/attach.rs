@@ -425,6 +425,7 @@ impl<'a> StartRequestBuilder<'a> {
             principal: None,
             secrets: vec![phrony_engine::PlainSecret::new("openai", "sk-test")],
             actor: "emad".into(),
+            bundle: None,
         }
     }
 }

@@ -17,6 +17,7 @@ use crate::publish::SnapshotRejection;
 
 pub(crate) mod approvals;
 pub(crate) mod audit;
+pub(crate) mod bundles;
 pub(crate) mod interactive;
 pub(crate) mod sessions;
 
@@ -338,11 +339,6 @@ pub(crate) fn engine_status(error: phrony_engine::EngineError) -> Status {
 /// A refused Publish snapshot: always `InvalidArgument`.
 pub(crate) fn snapshot_status(rejection: &SnapshotRejection) -> Status {
     Status::invalid_argument(rejection.to_string())
-}
-
-/// An RPC that a later release implements.
-pub(crate) fn unimplemented(rpc: &str) -> Status {
-    Status::unimplemented(format!("{rpc} is not implemented by this runtime yet"))
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use phrony_engine::{PlainSecret, SessionHandle};
-use phrony_ledger::{AgentRef, SessionMode};
+use phrony_ledger::{AgentRef, BundleRef, SessionMode};
 use phrony_manifest::CompiledAgent;
 use phrony_proto::runtime::v1 as pb;
 use serde_json::Value;
@@ -15,14 +15,22 @@ use super::{int32, optional_timestamp, token_usage, unix_ms};
 // ---------------------------------------------------------------------------------------------
 // Start
 
-/// The agent a start names, and its explicit version (`None`: the active deployment).
-///
-/// Exactly one of `agent_ref` and `bundle_ref` must be set (an all-empty message counts as
-/// unset). Bundles cannot be published on this runtime, so a `bundle_ref` is `Unimplemented`.
+/// What a start names: an agent or a bundle, and its explicit version (`None`: the active
+/// deployment).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum StartTarget {
+    /// `agent_ref`.
+    Agent(AgentRef, Option<String>),
+    /// `bundle_ref`: the bundle's root member runs.
+    Bundle(BundleRef, Option<String>),
+}
+
+/// The target of a start. Exactly one of `agent_ref` and `bundle_ref` must be set (an
+/// all-empty message counts as unset).
 pub(crate) fn start_target(
     agent_ref: Option<&pb::AgentRef>,
     bundle_ref: Option<&pb::BundleRef>,
-) -> Result<(AgentRef, Option<String>), Status> {
+) -> Result<StartTarget, Status> {
     let agent_ref = agent_ref
         .filter(|r| !(r.namespace.is_empty() && r.name.is_empty() && r.version.is_empty()));
     let bundle_ref = bundle_ref
@@ -34,14 +42,16 @@ pub(crate) fn start_target(
         (None, None) => Err(Status::invalid_argument(
             "agent_ref or bundle_ref is required",
         )),
-        (None, Some(b)) => Err(Status::unimplemented(format!(
-            "bundle_ref {}/{}: bundles cannot be published or run on this runtime yet; \
-             run the agent with agent_ref instead",
-            b.namespace, b.name
-        ))),
+        (None, Some(b)) => {
+            let (bundle, version) = super::bundles::bundle_ref(Some(b))?;
+            Ok(StartTarget::Bundle(bundle, version))
+        }
         (Some(r), None) => {
             let agent = super::agent_ref(Some(r))?;
-            Ok((agent, super::optional(&r.version).map(str::to_owned)))
+            Ok(StartTarget::Agent(
+                agent,
+                super::optional(&r.version).map(str::to_owned),
+            ))
         }
     }
 }
@@ -150,17 +160,15 @@ fn metadata_key(key: &str) -> Result<(), Status> {
     Ok(())
 }
 
-/// The resolved secrets, which must be exactly the names the manifest declares. Every missing
-/// and every unknown name is listed; values never appear in errors.
+/// The resolved secrets, which must be exactly the `declared` names (an agent's secrets, or
+/// the union over a bundle's members); `target` names what declares them in errors
+/// (`agent ns/name@v`). Every missing and every unknown name is listed; values never appear
+/// in errors.
 pub(crate) fn resolved_secrets(
-    agent: &CompiledAgent,
+    declared: &BTreeSet<String>,
+    target: &str,
     resolved: HashMap<String, Vec<u8>>,
 ) -> Result<Vec<PlainSecret>, Status> {
-    let declared: BTreeSet<String> = agent
-        .secret_requirements()
-        .into_iter()
-        .map(|r| r.name)
-        .collect();
     let given: BTreeSet<&String> = resolved.keys().collect();
     let missing: Vec<&String> = declared.iter().filter(|n| !given.contains(n)).collect();
     let unknown: Vec<&String> = given
@@ -196,11 +204,8 @@ pub(crate) fn resolved_secrets(
             .collect::<Vec<_>>()
             .join(", ");
         return Err(Status::invalid_argument(format!(
-            "{}; agent {}/{}@{} declares [{declared_list}]",
+            "{}; {target} declares [{declared_list}]",
             problems.join("; "),
-            agent.metadata.namespace,
-            agent.metadata.name,
-            agent.metadata.version,
         )));
     }
     Ok(resolved
@@ -229,12 +234,11 @@ pub(crate) fn run_session_response(handle: &SessionHandle) -> pb::RunSessionResp
 // ---------------------------------------------------------------------------------------------
 // ListSessions
 
-/// The ledger filter and page of a `ListSessions` request, or `None` when the request asks for
-/// bundle sessions: this runtime cannot run bundles, so there are none (an empty list, not an
-/// error, so scripts listing "bundle sessions" keep working).
+/// The ledger filter and page of a `ListSessions` request. `kind` empty lists both kinds;
+/// a `bundle_ref` implies bundle sessions.
 pub(crate) fn session_filter(
     r: &pb::ListSessionsRequest,
-) -> Result<Option<(phrony_ledger::SessionFilter, phrony_ledger::PageRequest)>, Status> {
+) -> Result<(phrony_ledger::SessionFilter, phrony_ledger::PageRequest), Status> {
     let agent_ref = r
         .agent_ref
         .as_ref()
@@ -248,22 +252,33 @@ pub(crate) fn session_filter(
             "agent_ref and bundle_ref are mutually exclusive",
         ));
     }
-    let bundle = match r.kind.as_str() {
-        "" | "agent" => false,
-        "bundle" => true,
+    let kind = match r.kind.as_str() {
+        "" => None,
+        "agent" => Some(phrony_ledger::SessionKind::Agent),
+        "bundle" => Some(phrony_ledger::SessionKind::Bundle),
         other => {
             return Err(Status::invalid_argument(format!(
                 "kind {other:?} is not a session kind; expected \"agent\" or \"bundle\""
             )));
         }
     };
-    if let Some(b) = bundle_ref
-        && (b.namespace.is_empty() || b.name.is_empty())
-    {
+    if kind == Some(phrony_ledger::SessionKind::Agent) && bundle_ref.is_some() {
         return Err(Status::invalid_argument(
-            "bundle_ref requires namespace and name",
+            "kind \"agent\" and bundle_ref are mutually exclusive",
         ));
     }
+    if kind == Some(phrony_ledger::SessionKind::Bundle) && agent_ref.is_some() {
+        return Err(Status::invalid_argument(
+            "kind \"bundle\" and agent_ref are mutually exclusive",
+        ));
+    }
+    let (bundle, bundle_version) = match bundle_ref {
+        Some(b) => {
+            let (bundle, version) = super::bundles::bundle_ref(Some(b))?;
+            (Some(bundle), version)
+        }
+        None => (None, None),
+    };
     let status = match r.status.trim() {
         "" => None,
         s => Some(
@@ -275,9 +290,6 @@ pub(crate) fn session_filter(
         metadata_key(key)?;
     }
     let page = page_request(r.page_size, &r.page_token)?;
-    if bundle || bundle_ref.is_some() {
-        return Ok(None);
-    }
     let (agent, agent_version) = match agent_ref {
         Some(a) => (
             Some(super::agent_ref(Some(a))?),
@@ -285,10 +297,13 @@ pub(crate) fn session_filter(
         ),
         None => (None, None),
     };
-    Ok(Some((
+    Ok((
         phrony_ledger::SessionFilter {
             agent,
             agent_version,
+            kind,
+            bundle,
+            bundle_version,
             status,
             metadata: r
                 .metadata
@@ -301,7 +316,7 @@ pub(crate) fn session_filter(
             created_before: None,
         },
         page,
-    )))
+    ))
 }
 
 /// `page_size` (0 = every match up to [`phrony_ledger::UNSIZED_PAGE_LIMIT`], as the unpaged
@@ -859,9 +874,13 @@ mod tests {
             name: "desk".into(),
             version: String::new(),
         };
-        let (a, v) = start_target(Some(&agent), None).unwrap();
-        assert_eq!(a, AgentRef::new("support", "refund-agent"));
-        assert_eq!(v.as_deref(), Some("0.1.0"));
+        assert_eq!(
+            start_target(Some(&agent), None).unwrap(),
+            StartTarget::Agent(
+                AgentRef::new("support", "refund-agent"),
+                Some("0.1.0".to_owned())
+            )
+        );
         let empty = pb::BundleRef::default();
         assert!(start_target(Some(&agent), Some(&empty)).is_ok());
         assert_eq!(
@@ -871,8 +890,16 @@ mod tests {
             Code::InvalidArgument
         );
         assert_eq!(
-            start_target(None, Some(&bundle)).unwrap_err().code(),
-            Code::Unimplemented
+            start_target(None, Some(&bundle)).unwrap(),
+            StartTarget::Bundle(BundleRef::new("support", "desk"), None)
+        );
+        let nameless = pb::BundleRef {
+            namespace: "support".into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            start_target(None, Some(&nameless)).unwrap_err().message(),
+            "bundle_ref requires namespace and name"
         );
         assert_eq!(
             start_target(None, None).unwrap_err().message(),

@@ -1,13 +1,14 @@
 //! The `phrony.runtime.v1.Runtime` service.
 //!
 //! [`RuntimeService`] implements the generated trait by delegating each RPC to the module of
-//! its area: [`lifecycle`] (agents, versions, deployments), [`sessions`] (start, cancel,
-//! complete, list, inspect; the engine runs them), [`approvals`] (read, list, vote) and [`work`]
-//! (the tool workers' `Work` stream, backed by a `phrony-dispatch` [`Router`]). Bundles come in
-//! a later release; until then their RPCs answer `Unimplemented` naming the RPC.
+//! its area: [`lifecycle`] (agents, versions, deployments), [`bundles`] (bundle publish,
+//! deployments and reads), [`sessions`] (start, cancel, complete, list, inspect; the engine runs
+//! them), [`approvals`] (read, list, vote) and [`work`] (the tool workers' `Work` stream, backed
+//! by a `phrony-dispatch` [`Router`]).
 
 mod approvals;
 mod audit;
+mod bundles;
 mod interactive;
 mod lifecycle;
 pub(crate) mod sessions;
@@ -204,12 +205,6 @@ fn warn_if_capped(rpc: &'static str, page_size: i32, next_token: Option<&String>
              page and a next_page_token (clients should page with page_size/page_token)"
         );
     }
-}
-
-/// Answers an RPC of a later release.
-fn later<T>(rpc: &'static str) -> Result<Response<T>, Status> {
-    tracing::debug!(rpc, "rpc not implemented");
-    Err(convert::unimplemented(rpc))
 }
 
 #[tonic::async_trait]
@@ -489,69 +484,101 @@ impl Runtime for RuntimeService {
         .await
     }
 
-    // --- Bundles (later) --------------------------------------------------------------------
+    // --- Bundles ----------------------------------------------------------------------------
 
     async fn publish_bundle(
         &self,
-        _request: Request<pb::PublishBundleRequest>,
+        request: Request<pb::PublishBundleRequest>,
     ) -> Result<Response<pb::PublishBundleResponse>, Status> {
-        later("PublishBundle")
+        let actor = self.actor(&request, &request.get_ref().actor);
+        unary("PublishBundle", async {
+            self.publish_bundle_impl(request.into_inner(), actor?).await
+        })
+        .await
     }
 
     async fn deploy_bundle(
         &self,
-        _request: Request<pb::DeployBundleRequest>,
+        request: Request<pb::DeployBundleRequest>,
     ) -> Result<Response<pb::DeployBundleResponse>, Status> {
-        later("DeployBundle")
-    }
-
-    async fn get_active_bundle(
-        &self,
-        _request: Request<pb::GetActiveBundleRequest>,
-    ) -> Result<Response<pb::GetActiveBundleResponse>, Status> {
-        later("GetActiveBundle")
-    }
-
-    async fn get_bundle_secret_requirements(
-        &self,
-        _request: Request<pb::GetBundleSecretRequirementsRequest>,
-    ) -> Result<Response<pb::GetBundleSecretRequirementsResponse>, Status> {
-        later("GetBundleSecretRequirements")
-    }
-
-    async fn list_bundles(
-        &self,
-        _request: Request<pb::ListBundlesRequest>,
-    ) -> Result<Response<pb::ListBundlesResponse>, Status> {
-        later("ListBundles")
-    }
-
-    async fn list_bundle_versions(
-        &self,
-        _request: Request<pb::ListBundleVersionsRequest>,
-    ) -> Result<Response<pb::ListBundleVersionsResponse>, Status> {
-        later("ListBundleVersions")
-    }
-
-    async fn list_bundle_deployments(
-        &self,
-        _request: Request<pb::ListBundleDeploymentsRequest>,
-    ) -> Result<Response<pb::ListBundleDeploymentsResponse>, Status> {
-        later("ListBundleDeployments")
+        let actor = self.actor(&request, &request.get_ref().actor);
+        unary("DeployBundle", async {
+            self.deploy_bundle_impl(request.into_inner(), actor?).await
+        })
+        .await
     }
 
     async fn rollback_bundle(
         &self,
-        _request: Request<pb::RollbackBundleRequest>,
+        request: Request<pb::RollbackBundleRequest>,
     ) -> Result<Response<pb::RollbackBundleResponse>, Status> {
-        later("RollbackBundle")
+        let actor = self.actor(&request, &request.get_ref().actor);
+        unary("RollbackBundle", async {
+            self.rollback_bundle_impl(request.into_inner(), actor?).await
+        })
+        .await
+    }
+
+    async fn get_active_bundle(
+        &self,
+        request: Request<pb::GetActiveBundleRequest>,
+    ) -> Result<Response<pb::GetActiveBundleResponse>, Status> {
+        unary(
+            "GetActiveBundle",
+            self.get_active_bundle_impl(request.into_inner()),
+        )
+        .await
+    }
+
+    async fn get_bundle_secret_requirements(
+        &self,
+        request: Request<pb::GetBundleSecretRequirementsRequest>,
+    ) -> Result<Response<pb::GetBundleSecretRequirementsResponse>, Status> {
+        unary(
+            "GetBundleSecretRequirements",
+            self.get_bundle_secret_requirements_impl(request.into_inner()),
+        )
+        .await
+    }
+
+    async fn list_bundles(
+        &self,
+        request: Request<pb::ListBundlesRequest>,
+    ) -> Result<Response<pb::ListBundlesResponse>, Status> {
+        unary("ListBundles", self.list_bundles_impl(request.into_inner())).await
+    }
+
+    async fn list_bundle_versions(
+        &self,
+        request: Request<pb::ListBundleVersionsRequest>,
+    ) -> Result<Response<pb::ListBundleVersionsResponse>, Status> {
+        unary(
+            "ListBundleVersions",
+            self.list_bundle_versions_impl(request.into_inner()),
+        )
+        .await
+    }
+
+    async fn list_bundle_deployments(
+        &self,
+        request: Request<pb::ListBundleDeploymentsRequest>,
+    ) -> Result<Response<pb::ListBundleDeploymentsResponse>, Status> {
+        unary(
+            "ListBundleDeployments",
+            self.list_bundle_deployments_impl(request.into_inner()),
+        )
+        .await
     }
 
     async fn get_bundle_version(
         &self,
-        _request: Request<pb::GetBundleVersionRequest>,
+        request: Request<pb::GetBundleVersionRequest>,
     ) -> Result<Response<pb::GetBundleVersionResponse>, Status> {
-        later("GetBundleVersion")
+        unary(
+            "GetBundleVersion",
+            self.get_bundle_version_impl(request.into_inner()),
+        )
+        .await
     }
 
     // --- Workers ----------------------------------------------------------------------------

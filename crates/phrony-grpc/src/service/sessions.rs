@@ -2,9 +2,9 @@
 //! complete, list and inspect. The engine runs the sessions; the ledger answers the reads.
 
 use phrony_auth::Attribution;
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 
-use phrony_engine::{SessionHandle, StartSession};
+use phrony_engine::{BundleStart, SessionHandle, StartSession};
 use phrony_manifest::CompiledAgent;
 use phrony_proto::runtime::v1 as pb;
 use tonic::Status;
@@ -18,7 +18,7 @@ use crate::convert::{engine_status, ledger_status};
 pub(crate) struct StartRequest {
     /// The agent to run (exclusive with `bundle_ref`).
     pub agent_ref: Option<pb::AgentRef>,
-    /// The bundle to run (exclusive with `agent_ref`; not runnable on this runtime yet).
+    /// The bundle to run: its root member (exclusive with `agent_ref`).
     pub bundle_ref: Option<pb::BundleRef>,
     /// UTF-8 JSON: an object or a string; empty means `{}`.
     pub input: Vec<u8>,
@@ -48,14 +48,36 @@ impl std::fmt::Debug for StartRequest {
     }
 }
 
+/// A start target resolved to the agent version that runs.
+struct ResolvedTarget {
+    agent_version_id: uuid::Uuid,
+    agent: CompiledAgent,
+    /// The secret names the start must resolve: the agent's, or the bundle's union.
+    secret_names: BTreeSet<String>,
+    /// `agent ns/name@v` or `bundle ns/name@v`, for messages and logs.
+    label: String,
+    bundle: Option<BundleStart>,
+}
+
+/// Loads a stored snapshot; one that does not load is an internal error (logged in full).
+fn load_snapshot(snapshot_json: &str, label: &str) -> Result<CompiledAgent, Status> {
+    CompiledAgent::from_snapshot_json(snapshot_json.as_bytes()).map_err(|e| {
+        tracing::error!(target_ref = %label, error = %e, "stored agent snapshot does not load");
+        Status::internal(format!(
+            "the stored snapshot of {label} does not load; see the runtime log"
+        ))
+    })
+}
+
 impl RuntimeService {
-    /// Starts a session (§5.3): resolves the agent to its active deployment (an explicit version
-    /// must be that one), checks the input, the secrets (exactly the declared set) and the
-    /// metadata, and hands it to the engine, whose driver runs the first turn in the
+    /// Starts a session (§5.3): resolves the agent to its active deployment, or the bundle to
+    /// its active deployment's root member (an explicit version must be the active one), checks
+    /// the input, the secrets (exactly the declared set; for a bundle, the union over its
+    /// members) and the metadata, and hands it to the engine, whose driver runs the first turn in the
     /// background. Returns the started session and the compiled agent it runs.
     ///
     /// Errors: `InvalidArgument` for a malformed request (naming the field and the problem);
-    /// `Unimplemented` for `bundle_ref`; `NotFound` for an unknown agent; `FailedPrecondition`
+    /// `NotFound` for an unknown agent or bundle; `FailedPrecondition`
     /// when the agent cannot be run (archived, nothing deployed, a version that is not the
     /// active one, a retired or deprecated active version, an unusable model configuration);
     /// `Unavailable` when this service runs no engine.
@@ -68,43 +90,89 @@ impl RuntimeService {
         let input = conv::session_input(&req.input)?;
         let mode = conv::session_mode(req.mode)?;
         let metadata = conv::metadata(req.metadata)?;
-        let (agent, version) = target;
-        let stored = self
-            .ledger
-            .runnable_version(&agent, version.as_deref())
-            .await
-            .map_err(ledger_status)?;
-        let compiled = CompiledAgent::from_snapshot_json(stored.snapshot_json.as_bytes())
-            .map_err(|e| {
-                tracing::error!(
-                    agent = %agent, version = %stored.version, error = %e,
-                    "stored agent snapshot does not load"
-                );
-                Status::internal(format!(
-                    "the stored snapshot of {agent} version {:?} does not load; see the runtime log",
-                    stored.version
-                ))
-            })?;
-        let secrets = conv::resolved_secrets(&compiled, req.resolved_secrets)?;
+        let resolved = self.resolve_target(&target).await?;
+        let secrets = conv::resolved_secrets(&resolved.secret_names, &resolved.label, req.resolved_secrets)?;
         let handle = engine
             .start_session(StartSession {
                 session_id: None,
-                agent_version_id: stored.id,
-                agent: compiled.clone(),
+                agent_version_id: resolved.agent_version_id,
+                agent: resolved.agent.clone(),
                 input,
                 metadata,
                 mode,
                 principal: None,
                 secrets,
                 actor: req.actor.clone(),
+                bundle: resolved.bundle,
             })
             .await
             .map_err(engine_status)?;
         tracing::info!(
-            session_id = %handle.id, agent = %agent, version = %stored.version,
-            actor = %req.actor, ?mode, "session started"
+            session_id = %handle.id, target = %resolved.label, actor = %req.actor, ?mode,
+            "session started"
         );
-        Ok((handle, compiled))
+        Ok((handle, resolved.agent))
+    }
+
+    /// The runnable agent version a start target names: the agent's active deployment, or the
+    /// root member of the bundle's active deployment (an explicit version must be that one).
+    async fn resolve_target(&self, target: &conv::StartTarget) -> Result<ResolvedTarget, Status> {
+        match target {
+            conv::StartTarget::Agent(agent, version) => {
+                let stored = self
+                    .ledger
+                    .runnable_version(agent, version.as_deref())
+                    .await
+                    .map_err(ledger_status)?;
+                let label = format!("agent {agent}@{}", stored.version);
+                let compiled = load_snapshot(&stored.snapshot_json, &label)?;
+                let secret_names = compiled
+                    .secret_requirements()
+                    .into_iter()
+                    .map(|r| r.name)
+                    .collect();
+                Ok(ResolvedTarget {
+                    agent_version_id: stored.id,
+                    agent: compiled,
+                    secret_names,
+                    label,
+                    bundle: None,
+                })
+            }
+            conv::StartTarget::Bundle(bundle, version) => {
+                let runnable = self
+                    .ledger
+                    .runnable_bundle(bundle, version.as_deref())
+                    .await
+                    .map_err(ledger_status)?;
+                let label = format!("bundle {bundle}@{}", runnable.version.version);
+                let mut members = Vec::with_capacity(runnable.members.len());
+                for m in &runnable.members {
+                    members.push((m.child_name.clone(), super::bundles::load_member(bundle, m)?));
+                }
+                let union = phrony_manifest::bundle_secret_union(
+                    members.iter().map(|(c, a)| (c.as_str(), a)),
+                )
+                .map_err(|conflicts| {
+                    Status::data_loss(format!(
+                        "the stored members of {label} declare conflicting secrets: {}",
+                        conflicts.join("; ")
+                    ))
+                })?;
+                let secret_names: BTreeSet<String> = union.into_iter().map(|s| s.name).collect();
+                let compiled = load_snapshot(&runnable.root.snapshot_json, &label)?;
+                Ok(ResolvedTarget {
+                    agent_version_id: runnable.root.id,
+                    agent: compiled,
+                    secret_names: secret_names.clone(),
+                    label,
+                    bundle: Some(BundleStart {
+                        bundle_version_id: runnable.version.id,
+                        secret_names,
+                    }),
+                })
+            }
+        }
     }
 
     pub(super) async fn run_session_impl(
@@ -185,10 +253,7 @@ impl RuntimeService {
         &self,
         request: pb::ListSessionsRequest,
     ) -> Result<pb::ListSessionsResponse, Status> {
-        let Some((filter, page)) = conv::session_filter(&request)? else {
-            // Bundle sessions: this runtime cannot run bundles, so there are none.
-            return Ok(pb::ListSessionsResponse::default());
-        };
+        let (filter, page) = conv::session_filter(&request)?;
         let found = self
             .ledger
             .list_sessions(&filter, &page)

@@ -2,6 +2,7 @@
 //! gRPC (`client.rs` stays a binary of its own while the client moves to `phrony-client`).
 //!
 //! - [`access`]: the role × RPC matrix in `required` auth mode, revocation, impersonation.
+//! - [`bundles`]: bundle publish, deploy, rollback, reads and runs, on SQLite and PostgreSQL.
 //! - [`credentials`]: mutual TLS subjects and worker restrictions, with a stand-in edge.
 //! - [`endpoints`]: secrets follow the deployed versions' endpoints (Deploy, Rollback).
 //! - [`interactive`]: the interactive session stream and its approvals.
@@ -20,6 +21,7 @@
 )]
 
 mod access;
+mod bundles;
 mod credentials;
 mod endpoints;
 mod interactive;

@@ -184,7 +184,7 @@ impl ProviderFactory for RuleFactory {
 
 /// Where the ledger lives; a PostgreSQL database is dropped with it.
 pub(crate) struct Db {
-    url: String,
+    pub(crate) url: String,
     _dir: Option<tempfile::TempDir>,
     _pg: Option<PgDatabase>,
 }
@@ -202,7 +202,7 @@ impl Db {
 
     /// A fresh PostgreSQL database (see [`PgDatabase::create`]), or `None` when
     /// `PHRONY_TEST_SKIP_POSTGRES=1` and the server is unreachable.
-    async fn postgres() -> Option<Self> {
+    pub(crate) async fn postgres() -> Option<Self> {
         let pg = PgDatabase::create().await?;
         Some(Self {
             url: pg.url().to_owned(),
@@ -221,7 +221,7 @@ pub(crate) struct Server {
 }
 
 impl Server {
-    async fn start(db: &Db, key: &SecretsKey, model: Arc<RuleModel>) -> Self {
+    pub(crate) async fn start(db: &Db, key: &SecretsKey, model: Arc<RuleModel>) -> Self {
         Self::start_with(db, key, model, |_| {}).await
     }
 
@@ -268,7 +268,7 @@ impl Server {
             .unwrap()
     }
 
-    async fn stop(mut self) {
+    pub(crate) async fn stop(mut self) {
         let _ = self.stop.take().unwrap().send(());
         tokio::time::timeout(PATIENCE, self.task)
             .await
@@ -488,7 +488,7 @@ pub(crate) async fn run(client: &mut RuntimeClient<Channel>, name: &str, input: 
     started.session_id
 }
 
-async fn inspect(client: &mut RuntimeClient<Channel>, id: &str) -> pb::InspectSessionResponse {
+pub(crate) async fn inspect(client: &mut RuntimeClient<Channel>, id: &str) -> pb::InspectSessionResponse {
     client
         .inspect_session(pb::InspectSessionRequest {
             session_id: id.into(),
@@ -583,7 +583,7 @@ fn output_message(s: &pb::SessionInspect) -> String {
         .unwrap_or_default()
 }
 
-fn assert_code<T: std::fmt::Debug>(result: Result<T, tonic::Status>, code: Code, contains: &str) {
+pub(crate) fn assert_code<T: std::fmt::Debug>(result: Result<T, tonic::Status>, code: Code, contains: &str) {
     let status = result.unwrap_err();
     assert_eq!(status.code(), code, "{status:?}");
     assert!(

@@ -706,6 +706,7 @@ impl Harness {
             principal: None,
             secrets: vec![PlainSecret::new("openai", "sk-test-123")],
             actor: phrony_ledger::Attribution::unverified("emad".to_owned()),
+            bundle: None,
         }
     }
 
