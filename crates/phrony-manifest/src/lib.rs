@@ -100,7 +100,11 @@ pub use model::compiled::{
     Output, Parameters, PolicyTimeout, Reasoning, Schema, SecretRef, SnapshotError, ToolBinding,
 };
 pub use names::{AgentNameError, ForbiddenChar, check_agent_name};
-pub use publication::{BundleHeader, BundleHeaderMetadata, BundleHeaderSpec, PublishedMember};
+pub use publication::{
+    BundleHeader, BundleHeaderMetadata, BundleHeaderSpec, MAX_BUNDLE_LOCK_BYTES,
+    MAX_BUNDLE_MANIFEST_BYTES, MAX_BUNDLE_MEMBERS, MAX_MEMBER_SNAPSHOT_BYTES, PublicationError,
+    PublishedMember, ReceivedMember, VerifiedBundle, VerifiedMember, verify_publication,
+};
 pub use refs::{AgentRef, AgentRefError, parse_agent_ref};
 pub use schema::{ArgError, OutputSchemaError, OutputValidator, SchemaError, ToolArgsValidator};
 pub use secrets::{BundleSecret, SecretRequirement};
