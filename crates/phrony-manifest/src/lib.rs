@@ -24,6 +24,10 @@
 //!
 //! Bundles: [`load_bundle`] walks the closure from `spec.root`, [`lock_bundle`] writes
 //! `bundle.lock.json`, and [`validate_bundle`] checks a committed lock for drift.
+//! [`Bundle::header`] and [`Bundle::published_members`] build what `bundles publish` sends; a
+//! runtime checks it with [`verify_publication`], which re-derives the lock from the members,
+//! pins their local delegations to the version ids it is about to store and reports every
+//! problem at once ([`PublicationError`]).
 //!
 //! A runtime that receives a compiled snapshot (Publish) reads it with
 //! [`CompiledAgent::from_snapshot_json`] and checks it with [`CompiledAgent::validate`]: the

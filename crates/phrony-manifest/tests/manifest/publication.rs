@@ -758,3 +758,38 @@ fn garbage_never_panics() {
     let err = verify_publication(&parts.manifest, &members, &parts.lock, noop).unwrap_err();
     assert!(err.problems.iter().all(|p| p.len() < 1_000), "{err}");
 }
+
+#[test]
+fn authoring_refs_are_bundle_relative_and_local_targets_carry_no_version() {
+    let got = rejected(|p| {
+        p.members[2].authoring_ref = "/abs/ledger.yaml".into();
+        p.relock();
+    });
+    assert_eq!(
+        got[0], "vendored member \"ledger\" authoring_ref must be bundle-relative",
+        "{got:?}"
+    );
+    // No member is at the path the delegations name any more.
+    assert_eq!(got.len(), 3, "{got:?}");
+    assert!(got[1].ends_with("is not a member of the bundle"), "{got:?}");
+
+    let got = rejected(|p| {
+        p.members[2].authoring_ref = "./specialists/../specialists/deep/ledger.yaml".into();
+        p.relock();
+    });
+    assert!(got.is_empty(), "refs are compared normalised: {got:?}");
+
+    let got = rejected(|p| {
+        p.edit(1, |a| {
+            if let Some(t) = &mut a.spec.tools[0].agent {
+                t.version = "1.0.0".into();
+            }
+        });
+        p.relock();
+    });
+    assert_only(
+        got,
+        "vendored member \"payment\": spec.tools[0].agent.version must be empty for a local \
+         delegation (bundle publish pins it by agent_version_id)",
+    );
+}
