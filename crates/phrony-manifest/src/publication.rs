@@ -546,7 +546,7 @@ fn check_members(
     let mut paths: HashMap<&Path, usize> = HashMap::new();
     let mut duplicates = Vec::new();
     for (i, c) in candidates.iter().enumerate() {
-        if !c.child_name.is_empty() && names.insert(&c.child_name, i).is_some() {
+        if !c.child_name.is_empty() && *names.entry(&c.child_name).or_insert(i) != i {
             p.push(format!(
                 "duplicate members[{i}].child_name {}",
                 q(&c.child_name)
@@ -554,7 +554,8 @@ fn check_members(
             duplicates.push(i);
         }
         if let Some(path) = &c.path
-            && let Some(first) = paths.insert(path, i)
+            && let first = *paths.entry(path).or_insert(i)
+            && first != i
         {
             p.push(format!(
                 "members[{i}].authoring_ref {} names the same file as members[{first}]",

@@ -793,3 +793,19 @@ fn authoring_refs_are_bundle_relative_and_local_targets_carry_no_version() {
          delegation (bundle publish pins it by agent_version_id)",
     );
 }
+
+#[test]
+fn two_members_cannot_share_a_file() {
+    let got = rejected(|p| {
+        p.members[2].authoring_ref = "specialists/payment.yaml".into();
+        p.relock();
+    });
+    assert!(
+        got.contains(
+            &"members[2].authoring_ref \"specialists/payment.yaml\" names the same file as \
+              members[1]"
+                .to_owned()
+        ),
+        "{got:?}"
+    );
+}
