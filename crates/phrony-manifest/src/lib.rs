@@ -24,6 +24,10 @@
 //!
 //! Bundles: [`load_bundle`] walks the closure from `spec.root`, [`lock_bundle`] writes
 //! `bundle.lock.json`, and [`validate_bundle`] checks a committed lock for drift.
+//! [`Bundle::header`] and [`Bundle::published_members`] build what `bundles publish` sends; a
+//! runtime checks it with [`verify_publication`], which re-derives the lock from the members,
+//! pins their local delegations to the version ids it is about to store and reports every
+//! problem at once ([`PublicationError`]).
 //!
 //! A runtime that receives a compiled snapshot (Publish) reads it with
 //! [`CompiledAgent::from_snapshot_json`] and checks it with [`CompiledAgent::validate`]: the
@@ -100,7 +104,11 @@ pub use model::compiled::{
     Output, Parameters, PolicyTimeout, Reasoning, Schema, SecretRef, SnapshotError, ToolBinding,
 };
 pub use names::{AgentNameError, ForbiddenChar, check_agent_name};
-pub use publication::{BundleHeader, BundleHeaderMetadata, BundleHeaderSpec, PublishedMember};
+pub use publication::{
+    BundleHeader, BundleHeaderMetadata, BundleHeaderSpec, MAX_BUNDLE_LOCK_BYTES,
+    MAX_BUNDLE_MANIFEST_BYTES, MAX_BUNDLE_MEMBERS, MAX_MEMBER_SNAPSHOT_BYTES, PublicationError,
+    PublishedMember, ReceivedMember, VerifiedBundle, VerifiedMember, verify_publication,
+};
 pub use refs::{AgentRef, AgentRefError, parse_agent_ref};
 pub use schema::{ArgError, OutputSchemaError, OutputValidator, SchemaError, ToolArgsValidator};
 pub use secrets::{BundleSecret, SecretRequirement, secret_union as bundle_secret_union};

@@ -13,6 +13,7 @@
 mod args;
 mod bundles;
 mod compile;
+mod publication;
 mod rules;
 mod snapshot;
 mod stub;
