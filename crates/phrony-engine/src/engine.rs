@@ -399,6 +399,7 @@ impl Engine {
             mode,
             parent_session_id: None,
             limits: session_limits(&agent),
+            bundle_version_id: None,
             secrets: Vec::new(),
             actor,
         };

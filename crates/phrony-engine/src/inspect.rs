@@ -595,7 +595,10 @@ fn event_summary(
         | EventBody::AgentActivationRefused(_)
         | EventBody::AgentVersionDeprecated(_)
         | EventBody::AgentVersionRetired(_)
-        | EventBody::AgentArchived(_) => format!("{} by {}", e.event_type, actor_label(e)),
+        | EventBody::AgentArchived(_)
+        | EventBody::BundleVersionPublished(_)
+        | EventBody::BundleDeployed(_)
+        | EventBody::BundleRolledBack(_) => format!("{} by {}", e.event_type, actor_label(e)),
         // Not session events: the tokens and audit streams' own.
         EventBody::TokenCreated(_)
         | EventBody::TokenRevoked(_)
@@ -1121,6 +1124,7 @@ mod tests {
                     mode: SessionMode::Task,
                     parent_session_id: None,
                     limits: None,
+                    bundle_version_id: None,
                     secrets: Vec::new(),
                     actor: "alice".into(),
                 },

@@ -92,6 +92,7 @@ fn bench_backend(c: &mut Criterion, rt: &tokio::runtime::Runtime, name: &str, le
                 mode: SessionMode::Task,
                 parent_session_id: None,
                 limits: None,
+                bundle_version_id: None,
                 secrets: Vec::new(),
                 actor: "bench".into(),
             })

@@ -887,6 +887,10 @@ const PROJECTIONS: &[(&str, &[&str])] = &[
     ("agents", &["id"]),
     ("agent_versions", &["id"]),
     ("deployments", &["id"]),
+    ("bundles", &["id"]),
+    ("bundle_versions", &["id"]),
+    ("bundle_members", &["bundle_version_id", "child_name"]),
+    ("bundle_deployments", &["id"]),
     ("sessions", &["id"]),
     ("session_metadata", &["session_id", "key"]),
     ("tool_invocations", &["call_id"]),
@@ -896,7 +900,15 @@ const PROJECTIONS: &[(&str, &[&str])] = &[
 
 /// The rows of `table` in `scope` (`None`: the table is outside the scope), with its binds.
 fn scope_filter(table: &str, scope: &AuditScope) -> Option<(String, Vec<Arg>)> {
-    let agent_tables = ["agents", "agent_versions", "deployments"];
+    let agent_tables = [
+        "agents",
+        "agent_versions",
+        "deployments",
+        "bundles",
+        "bundle_versions",
+        "bundle_members",
+        "bundle_deployments",
+    ];
     match scope {
         AuditScope::All => Some(("1 = 1".to_owned(), Vec::new())),
         AuditScope::Session(id) => {

@@ -23,7 +23,7 @@ use serde_json::{Map, Value};
 use uuid::Uuid;
 
 use crate::error::{LedgerError, Result};
-use crate::model::{DeploymentAction, Event, NewEvent};
+use crate::model::{BundleMemberOrigin, DeploymentAction, Event, NewEvent};
 use crate::vocabulary::{
     ApprovalKind, ApprovalStatus, ApprovalTimeout, CallStatus, OnModify, OnReject, OutputAction,
     ReviewResolution, SessionLimits, SessionMode, SessionStatus, SideEffectClass, Usage,
@@ -104,6 +104,12 @@ pub mod event_types {
     pub const AGENT_VERSION_RETIRED: &str = "agent.version_retired";
     /// The agent was archived (agent stream).
     pub const AGENT_ARCHIVED: &str = "agent.archived";
+    /// A bundle version (its closure, lock and vendored members) was published (bundle stream).
+    pub const BUNDLE_VERSION_PUBLISHED: &str = "bundle.version_published";
+    /// A bundle version became the active bundle deployment (bundle stream).
+    pub const BUNDLE_DEPLOYED: &str = "bundle.deployed";
+    /// The active bundle deployment went back to an earlier version (bundle stream).
+    pub const BUNDLE_ROLLED_BACK: &str = "bundle.rolled_back";
     /// An API token was created (`tokens` stream; never the secret or its hash).
     pub const TOKEN_CREATED: &str = "token.created";
     /// An API token was revoked (`tokens` stream).
@@ -237,6 +243,15 @@ pub enum EventBody {
     /// `agent.archived`.
     #[serde(rename = "agent.archived")]
     AgentArchived(AgentArchived),
+    /// `bundle.version_published` (bundle stream).
+    #[serde(rename = "bundle.version_published")]
+    BundleVersionPublished(BundleVersionPublished),
+    /// `bundle.deployed` (bundle stream).
+    #[serde(rename = "bundle.deployed")]
+    BundleDeployed(BundleActivated),
+    /// `bundle.rolled_back` (bundle stream).
+    #[serde(rename = "bundle.rolled_back")]
+    BundleRolledBack(BundleActivated),
     /// `token.created` (`tokens` stream).
     #[serde(rename = "token.created")]
     TokenCreated(TokenCreated),
@@ -284,6 +299,9 @@ const KNOWN_TYPES: &[&str] = &[
     types::AGENT_VERSION_DEPRECATED,
     types::AGENT_VERSION_RETIRED,
     types::AGENT_ARCHIVED,
+    types::BUNDLE_VERSION_PUBLISHED,
+    types::BUNDLE_DEPLOYED,
+    types::BUNDLE_ROLLED_BACK,
     types::TOKEN_CREATED,
     types::TOKEN_REVOKED,
     types::AUDIT_KEY_INTRODUCED,
@@ -347,6 +365,9 @@ impl EventBody {
             Self::AgentVersionDeprecated(_) => types::AGENT_VERSION_DEPRECATED,
             Self::AgentVersionRetired(_) => types::AGENT_VERSION_RETIRED,
             Self::AgentArchived(_) => types::AGENT_ARCHIVED,
+            Self::BundleVersionPublished(_) => types::BUNDLE_VERSION_PUBLISHED,
+            Self::BundleDeployed(_) => types::BUNDLE_DEPLOYED,
+            Self::BundleRolledBack(_) => types::BUNDLE_ROLLED_BACK,
             Self::TokenCreated(_) => types::TOKEN_CREATED,
             Self::TokenRevoked(_) => types::TOKEN_REVOKED,
             Self::AuditKeyIntroduced(_) => types::AUDIT_KEY_INTRODUCED,
@@ -414,6 +435,7 @@ one_variant! {
     AgentVersionPublished => AgentVersionPublished,
     AgentArchived => AgentArchived,
     AgentActivationRefused => AgentActivationRefused,
+    BundleVersionPublished => BundleVersionPublished,
     TokenCreated => TokenCreated,
     TokenRevoked => TokenRevoked,
     AuditKeyIntroduced => AuditKeyIntroduced,
@@ -476,6 +498,10 @@ pub struct SessionStarted {
     pub limits: Option<SessionLimits>,
     /// The initial status.
     pub status: SessionStatus,
+    /// The bundle version a bundle's root session runs; omitted for agent sessions (so events
+    /// of earlier builds, and their hashes, are unchanged).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bundle_version_id: Option<Uuid>,
 }
 
 /// A session status change (`session.status_changed`, `.completed`, `.failed`, `.cancelled`).
@@ -1096,6 +1122,85 @@ pub struct AgentArchived {
     pub deprecated_version_ids: Vec<Uuid>,
     /// Their labels.
     pub deprecated_versions: Vec<String>,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bundle events (stream `bundle:<namespace>/<name>`).
+
+/// `bundle.version_published`: everything the bundle projections are rebuilt from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BundleVersionPublished {
+    /// The bundle (created on first publish).
+    pub bundle_id: Uuid,
+    /// Its namespace.
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+    /// Its labels (overwritten by every new version).
+    pub labels: BTreeMap<String, String>,
+    /// The new bundle version.
+    pub version_id: Uuid,
+    /// Its semver (`metadata.version`).
+    pub version: String,
+    /// The lock hash (`sha256:…`).
+    pub lock_hash: String,
+    /// The lock (`bundle.lock.json`) text, byte for byte.
+    pub lock_json: String,
+    /// The Bundle document as published, byte for byte.
+    pub manifest_json: String,
+    /// The root member's agent version.
+    pub root_member_version_id: Uuid,
+    /// Every member of the closure.
+    pub members: Vec<BundleMemberPublished>,
+}
+
+/// One member of a [`BundleVersionPublished`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BundleMemberPublished {
+    /// The member's name in the bundle (its `metadata.name`).
+    pub child_name: String,
+    /// Vendored or external.
+    pub origin: BundleMemberOrigin,
+    /// The ref recorded in the lock.
+    pub reference: String,
+    /// Whether it is the bundle's root.
+    pub is_root: bool,
+    /// Its agent version (for a vendored member: the version this event creates).
+    pub version_id: Uuid,
+    /// Its `metadata.namespace`.
+    pub namespace: String,
+    /// Its `metadata.name`.
+    pub name: String,
+    /// Its `metadata.version`.
+    pub version: String,
+    /// The content hash the lock recorded for it.
+    pub lock_content_hash: String,
+    /// The stored snapshot's content hash.
+    pub content_hash: String,
+    /// The stored snapshot (delegations pinned), byte for byte; vendored members only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot_json: Option<String>,
+}
+
+/// `bundle.deployed` and `bundle.rolled_back`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BundleActivated {
+    /// The bundle.
+    pub bundle_id: Uuid,
+    /// The new deployment.
+    pub deployment_id: Uuid,
+    /// The bundle version now active.
+    pub version_id: Uuid,
+    /// Its semver.
+    pub version: String,
+    /// Its lock hash.
+    pub lock_hash: String,
+    /// The bundle version active before, if any.
+    pub previous_version_id: Option<Uuid>,
+    /// Its semver.
+    pub previous_version: Option<String>,
+    /// Its lock hash.
+    pub previous_lock_hash: Option<String>,
 }
 
 // ---------------------------------------------------------------------------------------------

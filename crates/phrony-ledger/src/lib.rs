@@ -86,6 +86,14 @@
 //! | `agent.version_deprecated`, `agent.version_retired` | `agent_id, version_id, version` |
 //! | `agent.archived` | `agent_id, deprecated_version_ids, deprecated_versions` |
 //!
+//! Bundle events (stream `bundle:<ns>/<name>`, actor = who asked; [`Ledger::publish_bundle`],
+//! [`Ledger::deploy_bundle`], [`Ledger::rollback_bundle`]):
+//!
+//! | Type | Payload |
+//! |---|---|
+//! | `bundle.version_published` | `bundle_id, namespace, name, labels, version_id, version, lock_hash, lock_json, manifest_json, root_member_version_id, members[]` (`child_name, origin, reference, is_root, version_id, namespace, name, version, lock_content_hash, content_hash, snapshot_json?`) |
+//! | `bundle.deployed`, `bundle.rolled_back` | `bundle_id, deployment_id, version_id, version, lock_hash, previous_version_id, previous_version, previous_lock_hash` |
+//!
 //! # Sessions, tool calls and approvals
 //!
 //! A session's stream holds everything that happens to it; the `sessions`, `session_metadata`,
@@ -94,7 +102,7 @@
 //!
 //! | Type (actor) | Written by | Payload |
 //! |---|---|---|
-//! | `session.started` (creator) | [`Ledger::create_session`] | `session_id, agent_version_id, agent_namespace, agent_name, agent_version, mode, input, metadata, parent_session_id?, root_session_id, depth, limits?, status` |
+//! | `session.started` (creator) | [`Ledger::create_session`] | `session_id, agent_version_id, agent_namespace, agent_name, agent_version, mode, input, metadata, parent_session_id?, root_session_id, depth, limits?, status, bundle_version_id?` |
 //! | `session.status_changed`, `session.completed`, `session.failed`, `session.cancelled` | [`Ledger::set_session_status`] (also [`Ledger::open_approval`], cascades) | `from, to, reason?, message?` (failed), `output?` (completed) |
 //! | `message.user`, `message.assistant`, `evidence.recorded` | [`Ledger::record_session_event`] | [`SessionEvent`] |
 //! | `tool.requested` (agent) | [`Ledger::record_tool_call`] | `call_id, agent_version_id, tool, version, wire_name?, args, turn, iteration, index, side_effect_class?, status` |
@@ -175,13 +183,17 @@ pub use audit::{
     audit_event_types,
 };
 pub use audit_key::AuditKey;
+pub use bundles::{
+    Bundle, BundleDeployment, BundleMember, BundleRef, BundleVersion, NewBundleMember,
+    NewBundleVersion, PublishedBundle, RunnableBundle,
+};
 pub use chain::{ChainViolation, GENESIS_HASH, ViolationKind, canonical_json};
 pub use db::Backend;
 pub use error::LedgerError;
 pub use group::{GroupCommitStats, MAX_BATCH_AGE, MAX_BATCH_WRITES};
 pub use model::{
-    Agent, AgentRef, AgentVersion, ArchivedAgent, Deployment, DeploymentAction, Event,
-    NewAgentVersion, NewEvent, Published, RebuildReport, RetiredVersion, VerifyReport,
+    Agent, AgentRef, AgentVersion, ArchivedAgent, BundleMemberOrigin, Deployment, DeploymentAction,
+    Event, NewAgentVersion, NewEvent, Published, RebuildReport, RetiredVersion, VerifyReport,
     VersionOrigin, VersionStatus, display_actor, is_runtime_actor, recorded_verification,
 };
 /// Who an event is attributed to, re-exported so that the ledger's users name one type.
@@ -197,12 +209,13 @@ pub use cipher::{CipherError, KEY_LEN, SecretCipher};
 pub use event_body::{
     AgentActivated, AgentActivationRefused, AgentArchived, AgentVersionChanged,
     AgentVersionPublished, ApprovalDecided, ApprovalEscalated, ApprovalRequired, ApprovalVoted,
-    AssistantSegment, AuditKeyIntroduced, AuditUnverifiedLogAllowed, CallRefusal,
-    CompletionToolCall, EventBody, MessageRole, ModelCompletion, OutputAccepted, OutputInvalid,
-    Reasoning, SCHEMA_VERSION, SealedHead, SecretEndpoint, SecretEndpointChange,
-    SecretEndpointRecord, SessionPrincipal, SessionStarted, SessionTransition, TokenCreated,
-    TokenRevoked, ToolCancelled, ToolCompleted, ToolDispatched, ToolIndeterminate, ToolLateResult,
-    ToolPolicyDenied, ToolQueued, ToolRequested, TurnUsage, UserMessage, event_types,
+    AssistantSegment, AuditKeyIntroduced, AuditUnverifiedLogAllowed, BundleActivated,
+    BundleMemberPublished, BundleVersionPublished, CallRefusal, CompletionToolCall, EventBody,
+    MessageRole, ModelCompletion, OutputAccepted, OutputInvalid, Reasoning, SCHEMA_VERSION,
+    SealedHead, SecretEndpoint, SecretEndpointChange, SecretEndpointRecord, SessionPrincipal,
+    SessionStarted, SessionTransition, TokenCreated, TokenRevoked, ToolCancelled, ToolCompleted,
+    ToolDispatched, ToolIndeterminate, ToolLateResult, ToolPolicyDenied, ToolQueued, ToolRequested,
+    TurnUsage, UserMessage, event_types,
 };
 pub use invocations::{
     CallStatus, Dispatch, NewToolCall, RecordedResult, SideEffectClass, ToolInvocation,
@@ -215,7 +228,7 @@ pub use session_log::{
     is_ledger_owned,
 };
 pub use sessions::{
-    AgentVersionRef, MAX_METADATA_PAIRS, NewSession, OnLimit, Session, SessionFilter,
+    AgentVersionRef, MAX_METADATA_PAIRS, NewSession, OnLimit, Session, SessionFilter, SessionKind,
     SessionLimits, SessionMode, SessionStatus, StatusChange, StatusChanged, new_session_id,
 };
 pub use tokens::{ApiToken, NewApiToken, TOKENS_STREAM};
@@ -274,6 +287,7 @@ macro_rules! write_tx {
 // Modules that write through `write_tx!` are declared after it (macro_rules! scoping is
 // textual).
 mod approvals;
+mod bundles;
 mod cascade;
 mod cipher;
 mod invocations;
@@ -1440,7 +1454,8 @@ pub(crate) async fn rebuild(tx: &mut db::Tx) -> Result<RebuildReport> {
         B::Postgres => {
             c.execute(
                 "lock projections",
-                "LOCK TABLE agents, agent_versions, deployments, sessions, session_metadata, \
+                "LOCK TABLE agents, agent_versions, deployments, bundles, bundle_versions, \
+                 bundle_members, bundle_deployments, sessions, session_metadata, \
                  tool_invocations, approvals, approval_votes, session_secrets \
                  IN EXCLUSIVE MODE",
                 vec![],
@@ -1457,20 +1472,23 @@ pub(crate) async fn rebuild(tx: &mut db::Tx) -> Result<RebuildReport> {
         ("wipe session metadata", "DELETE FROM session_metadata"),
         ("wipe sessions", "DELETE FROM sessions"),
         ("wipe deployments", "DELETE FROM deployments"),
-        (
-            "wipe agent versions",
-            "DELETE FROM agent_versions WHERE origin = 'published'",
-        ),
+        ("wipe bundle deployments", "DELETE FROM bundle_deployments"),
+        ("wipe bundle members", "DELETE FROM bundle_members"),
+        // Published and vendored (bundle member) versions alike: both are replayed.
+        ("wipe agent versions", "DELETE FROM agent_versions"),
+        ("wipe bundle versions", "DELETE FROM bundle_versions"),
+        ("wipe bundles", "DELETE FROM bundles"),
         ("wipe agents", "DELETE FROM agents"),
     ] {
         c.execute(context, sql, vec![]).await?;
     }
-    // Agent streams first, then session streams (streams whose first event is
-    // `session.started`); other streams (audit logs) own no projections.
+    // Agent streams first, then bundle streams, then session streams (streams whose first
+    // event is `session.started`); other streams (audit logs) own no projections.
     let sql = format!(
         "SELECT stream, last_seq, last_hash FROM streams \
-         WHERE stream LIKE 'agent:%' OR {} \
-         ORDER BY CASE WHEN stream LIKE 'agent:%' THEN 0 ELSE 1 END, stream",
+         WHERE stream LIKE 'agent:%' OR stream LIKE 'bundle:%' OR {} \
+         ORDER BY CASE WHEN stream LIKE 'agent:%' THEN 0 \
+         WHEN stream LIKE 'bundle:%' THEN 1 ELSE 2 END, stream",
         session_log::SESSION_STREAMS_SQL
     );
     let streams = c.fetch_all("list projection streams", &sql, vec![]).await?;
@@ -1481,6 +1499,7 @@ pub(crate) async fn rebuild(tx: &mut db::Tx) -> Result<RebuildReport> {
     for row in streams {
         let stream = row.text("stream")?;
         let lifecycle_stream = stream.starts_with("agent:");
+        let bundle_stream = stream.starts_with("bundle:");
         let mut verifier = chain::ChainVerifier::new(&stream);
         let mut after = 0;
         loop {
@@ -1495,6 +1514,8 @@ pub(crate) async fn rebuild(tx: &mut db::Tx) -> Result<RebuildReport> {
                 let event = stored.into_event()?;
                 if lifecycle_stream {
                     lifecycle::apply(&mut c, &event).await?;
+                } else if bundle_stream {
+                    bundles::apply(&mut c, &event).await?;
                 } else {
                     session_log::apply(&mut c, &event).await?;
                 }

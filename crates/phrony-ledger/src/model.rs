@@ -191,23 +191,63 @@ impl VersionOrigin {
     }
 }
 
+/// How a bundle member is held (`bundle_members.origin`; in events `"vendored"` /
+/// `"external"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BundleMemberOrigin {
+    /// A private copy compiled from the bundle's own files, stored as a vendored agent version.
+    Vendored,
+    /// A reference to an agent version published on its own.
+    External,
+}
+
+impl BundleMemberOrigin {
+    /// `vendored` or `external`.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Vendored => "vendored",
+            Self::External => "external",
+        }
+    }
+
+    pub(crate) fn parse(s: &str) -> Result<Self> {
+        match s {
+            "vendored" => Ok(Self::Vendored),
+            "external" => Ok(Self::External),
+            other => Err(LedgerError::corrupt(format!(
+                "unknown bundle member origin {other:?}"
+            ))),
+        }
+    }
+}
+
+impl fmt::Display for BundleMemberOrigin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// An immutable agent version (`agent_versions` row).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AgentVersion {
     /// Id (UUID v4).
     pub id: Uuid,
-    /// The agent's id.
-    pub agent_id: Uuid,
-    /// Namespace and name.
+    /// The agent's id; `None` for a vendored version (a private bundle member has no agent).
+    pub agent_id: Option<Uuid>,
+    /// Namespace and name (a vendored member's own `metadata.namespace` / `metadata.name`).
     pub agent: AgentRef,
-    /// Release label.
+    /// Release label (`metadata.version`).
     pub version: String,
     /// Content hash given at publish.
     pub content_hash: String,
     /// The compiled snapshot JSON text, exactly as published.
     pub snapshot_json: String,
-    /// `published` (or `vendored` for bundle members, later).
+    /// `published`, or `vendored` for a private bundle member.
     pub origin: VersionOrigin,
+    /// The bundle version a vendored member belongs to (`None` for published versions).
+    pub bundle_version_id: Option<Uuid>,
     /// Who published it.
     pub published_by: String,
     /// When it was published.

@@ -75,6 +75,9 @@ pub struct Session {
     pub agent_version_id: Uuid,
     /// `namespace/name@version` of that version.
     pub agent: AgentVersionRef,
+    /// The bundle version a root session of a bundle runs (its root member); `None` for an
+    /// agent session (see [`crate::SessionKind`]).
+    pub bundle_version_id: Option<Uuid>,
     /// Task or conversation.
     pub mode: SessionMode,
     /// The input object.
@@ -117,6 +120,9 @@ impl std::fmt::Debug for Session {
         d.field("id", &self.id);
         d.field("agent_version_id", &self.agent_version_id);
         d.field("agent", &self.agent);
+        if self.bundle_version_id.is_some() {
+            d.field("bundle_version_id", &self.bundle_version_id);
+        }
         d.field("mode", &self.mode);
         d.field("input", &self.input);
         d.field("metadata", &self.metadata);
@@ -147,7 +153,7 @@ impl std::fmt::Debug for Session {
 pub(crate) const SESSION_COLUMNS: &str = "s.id, s.agent_version_id, s.agent_namespace, s.agent_name, \
      s.agent_version, s.mode, s.input, s.metadata, s.status, s.error, s.output, \
      s.parent_session_id, s.root_session_id, s.depth, s.limits, s.created_by, s.created_at, \
-     s.updated_at, s.ended_at, s.created_by_verification, s.created_by_via";
+     s.updated_at, s.ended_at, s.created_by_verification, s.created_by_via, s.bundle_version_id";
 
 /// A stored verification column (`NULL` or empty: not recorded).
 pub(crate) fn opt_verification(row: &Row, column: &str) -> Result<Option<Verification>> {
@@ -220,6 +226,7 @@ pub(crate) fn session_from_row(row: &Row) -> Result<Session> {
             row.text("agent_name")?,
             row.text("agent_version")?,
         ),
+        bundle_version_id: row.opt_uuid("bundle_version_id")?,
         mode: SessionMode::parse_stored(&row.text("mode")?)?,
         input: row.json("input")?,
         metadata,
@@ -278,20 +285,25 @@ pub(crate) async fn session_subtree(conn: &mut Conn<'_>, id: &str) -> Result<Vec
 // ---------------------------------------------------------------------------------------------
 // Agent versions.
 
-pub(crate) const VERSION_SELECT: &str = "SELECT v.id, v.agent_id, a.namespace, a.name, v.version, \
-     v.content_hash, v.snapshot, v.origin, v.published_by, v.published_at, v.deprecated_at, \
-     v.deprecated_by, v.retired_at, v.retired_by \
-     FROM agent_versions v JOIN agents a ON a.id = v.agent_id";
+/// Published versions read their namespace and name from their agent; vendored ones (no
+/// agent) from their own row (migration 0011).
+pub(crate) const VERSION_SELECT: &str = "SELECT v.id, v.agent_id, \
+     COALESCE(a.namespace, v.member_namespace) AS namespace, \
+     COALESCE(a.name, v.member_name) AS name, v.version, \
+     v.content_hash, v.snapshot, v.origin, v.bundle_version_id, v.published_by, v.published_at, \
+     v.deprecated_at, v.deprecated_by, v.retired_at, v.retired_by \
+     FROM agent_versions v LEFT JOIN agents a ON a.id = v.agent_id";
 
 pub(crate) fn version_from_row(row: &Row) -> Result<AgentVersion> {
     Ok(AgentVersion {
         id: row.uuid("id")?,
-        agent_id: row.uuid("agent_id")?,
+        agent_id: row.opt_uuid("agent_id")?,
         agent: AgentRef::new(row.text("namespace")?, row.text("name")?),
         version: row.text("version")?,
         content_hash: row.text("content_hash")?,
         snapshot_json: row.text("snapshot")?,
         origin: VersionOrigin::parse(&row.text("origin")?)?,
+        bundle_version_id: row.opt_uuid("bundle_version_id")?,
         published_by: row.text("published_by")?,
         published_at: row.ts("published_at")?,
         deprecated_at: row.opt_ts("deprecated_at")?,

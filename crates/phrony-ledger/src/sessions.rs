@@ -14,6 +14,7 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use crate::Ledger;
+use crate::bundles::BundleRef;
 use crate::db::{Arg, Backend, Conn, Tx, args};
 use crate::error::{LedgerError, Result};
 use crate::event_body::{
@@ -49,6 +50,11 @@ pub struct NewSession {
     pub parent_session_id: Option<String>,
     /// The limits in force.
     pub limits: Option<SessionLimits>,
+    /// The bundle version a bundle's root session runs: `agent_version_id` must then be its
+    /// root member. `None` for agent sessions and child sessions. A vendored (bundle member)
+    /// version runs only as a child session or as the root of its bundle; a published version
+    /// never has one.
+    pub bundle_version_id: Option<Uuid>,
     /// Secrets sealed to this session id, stored in the same transaction (never in events).
     pub secrets: Vec<SealedSecret>,
     /// Who started the session.
@@ -150,6 +156,26 @@ pub struct StatusChanged {
     pub secrets_purged: u64,
 }
 
+/// What a session was started from ([`SessionFilter::kind`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SessionKind {
+    /// An agent session (`bundle_version_id` is NULL), child sessions included.
+    Agent,
+    /// A bundle's root session (`bundle_version_id` is set).
+    Bundle,
+}
+
+impl SessionKind {
+    /// `agent` or `bundle`.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Agent => "agent",
+            Self::Bundle => "bundle",
+        }
+    }
+}
+
 /// Filters of [`Ledger::list_sessions`]; every set field must match.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SessionFilter {
@@ -169,6 +195,12 @@ pub struct SessionFilter {
     pub created_after: Option<DateTime<Utc>>,
     /// Created strictly before.
     pub created_before: Option<DateTime<Utc>>,
+    /// Sessions started from this bundle (any version).
+    pub bundle: Option<BundleRef>,
+    /// …and from this bundle version, a semver or a `sha256:` lock hash (requires `bundle`).
+    pub bundle_version: Option<String>,
+    /// Agent or bundle sessions only.
+    pub kind: Option<SessionKind>,
 }
 
 /// A new root session id: `run_` + a random UUID.
@@ -286,6 +318,7 @@ async fn list(
         let v = w.bind(Arg::from(version.as_str()));
         w.push(format!("s.agent_version = {v}"));
     }
+    bundle_filters(&mut w, filter)?;
     if let Some(status) = filter.status {
         let st = w.bind(Arg::from(status.as_str()));
         w.push(format!("s.status = {st}"));
@@ -339,6 +372,38 @@ async fn list(
         None
     };
     Ok(Page { items, next_token })
+}
+
+/// The `bundle`, `bundle_version` and `kind` filters.
+fn bundle_filters(w: &mut Where, filter: &SessionFilter) -> Result<()> {
+    match filter.kind {
+        Some(SessionKind::Agent) => w.push("s.bundle_version_id IS NULL".to_owned()),
+        Some(SessionKind::Bundle) => w.push("s.bundle_version_id IS NOT NULL".to_owned()),
+        None => {}
+    }
+    if filter.bundle_version.is_some() && filter.bundle.is_none() {
+        return Err(LedgerError::invalid(
+            "the bundle_version filter requires the bundle filter",
+        ));
+    }
+    if let Some(bundle) = &filter.bundle {
+        bundle.validate()?;
+        let ns = w.bind(Arg::from(bundle.namespace.as_str()));
+        let name = w.bind(Arg::from(bundle.name.as_str()));
+        let version = match &filter.bundle_version {
+            Some(v) => {
+                let v = w.bind(Arg::from(v.as_str()));
+                format!(" AND (bv.version = {v} OR bv.lock_hash = {v})")
+            }
+            None => String::new(),
+        };
+        w.push(format!(
+            "s.bundle_version_id IN (SELECT bv.id FROM bundle_versions bv \
+             JOIN bundles b ON b.id = bv.bundle_id \
+             WHERE b.namespace = {ns} AND b.name = {name}{version})"
+        ));
+    }
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -435,6 +500,51 @@ async fn check_still_runnable(tx: &mut Tx, version: &crate::model::AgentVersion)
     rows::version_cannot_run(version).map_or(Ok(()), Err)
 }
 
+/// A vendored version (a bundle member) runs only through its bundle: as a child session, or
+/// as the root session of a bundle version whose root member it is. A published version is
+/// never started as a bundle's session.
+async fn check_bundle_member(
+    tx: &mut Tx,
+    new: &NewSession,
+    version: &crate::model::AgentVersion,
+) -> Result<()> {
+    match (version.origin, new.bundle_version_id) {
+        (VersionOrigin::Published, None) => Ok(()),
+        (VersionOrigin::Published, Some(bundle_version)) => Err(LedgerError::invalid(format!(
+            "bundle_version_id {bundle_version} is set but agent version {} is a published \
+             version, not a bundle member",
+            version.id
+        ))),
+        (VersionOrigin::Vendored, None) if new.parent_session_id.is_some() => Ok(()),
+        (VersionOrigin::Vendored, None) => Err(LedgerError::precondition(format!(
+            "agent version \"{}\" ({}@{}) is a bundle member and runs only through its bundle",
+            version.id, version.agent, version.version
+        ))),
+        (VersionOrigin::Vendored, Some(bundle_version)) => {
+            let root = tx
+                .conn()
+                .fetch_optional(
+                    "read the bundle version's root",
+                    "SELECT root_member_version_id FROM bundle_versions WHERE id = $1",
+                    args![bundle_version],
+                )
+                .await?
+                .ok_or_else(|| {
+                    LedgerError::not_found(format!("bundle version \"{bundle_version}\" not found"))
+                })?
+                .opt_uuid("root_member_version_id")?;
+            if root == Some(version.id) {
+                Ok(())
+            } else {
+                Err(LedgerError::precondition(format!(
+                    "agent version \"{}\" is not the root member of bundle version \"{}\"",
+                    version.id, bundle_version
+                )))
+            }
+        }
+    }
+}
+
 /// Creates the session (`session.started`) and appends `opening` after it, chained on the same
 /// head, in the caller's transaction.
 pub(crate) async fn create(
@@ -468,9 +578,7 @@ pub(crate) async fn create(
                 new.agent_version_id
             ))
         })?;
-    if version.origin == VersionOrigin::Published
-        && (version.agent != new.agent.agent() || version.version != new.agent.version)
-    {
+    if version.agent != new.agent.agent() || version.version != new.agent.version {
         return Err(LedgerError::invalid(format!(
             "agent_ref {} does not match agent version {} ({}@{})",
             new.agent, new.agent_version_id, version.agent, version.version
@@ -479,6 +587,7 @@ pub(crate) async fn create(
     if version.origin == VersionOrigin::Published && new.parent_session_id.is_none() {
         check_still_runnable(tx, &version).await?;
     }
+    check_bundle_member(tx, new, &version).await?;
     let (root, depth) = match &new.parent_session_id {
         None => (new.id.clone(), 0),
         Some(parent_id) => {
@@ -510,6 +619,7 @@ pub(crate) async fn create(
         depth,
         limits: new.limits.clone(),
         status: SessionStatus::Running,
+        bundle_version_id: new.bundle_version_id,
     });
     let event = body.clone().into_new_event(&new.actor)?;
     let event = append(tx, &mut head, event).await?;
@@ -600,9 +710,9 @@ pub(crate) async fn apply(conn: &mut Conn<'_>, event: &Event, body: &EventBody) 
                 "INSERT INTO sessions (id, agent_version_id, parent_session_id, root_session_id, \
                  depth, mode, input, metadata, status, created_by, created_at, updated_at, \
                  agent_namespace, agent_name, agent_version, limits, created_by_verification, \
-                 created_by_via) \
+                 created_by_via, bundle_version_id) \
                  VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $11, $12, $13, $14, $15, \
-                 $16, $17)",
+                 $16, $17, $18)",
                 vec![
                     Arg::from(p.session_id.as_str()),
                     Arg::from(p.agent_version_id),
@@ -621,6 +731,7 @@ pub(crate) async fn apply(conn: &mut Conn<'_>, event: &Event, body: &EventBody) 
                     Arg::OptJson(limits),
                     Arg::from(event.actor_verification.map(Verification::as_str)),
                     Arg::from(event.actor_via.clone()),
+                    Arg::from(p.bundle_version_id),
                 ],
             )
             .await?;

@@ -314,6 +314,9 @@ pub(crate) fn session_filter(
             include_children: r.include_children,
             created_after: None,
             created_before: None,
+            bundle: None,
+            bundle_version: None,
+            kind: None,
         },
         page,
     ))

@@ -565,6 +565,7 @@ async fn lists_without_a_page_size_return_every_match() {
                 mode: SessionMode::Task,
                 parent_session_id: None,
                 limits: None,
+                bundle_version_id: None,
                 secrets: Vec::new(),
                 actor: phrony_ledger::Attribution::unverified("alice".to_owned()),
             })

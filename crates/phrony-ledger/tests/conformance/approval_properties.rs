@@ -179,6 +179,7 @@ async fn open(
             mode: SessionMode::Task,
             parent_session_id: None,
             limits: None,
+            bundle_version_id: None,
             secrets: Vec::new(),
             actor: attribution(STARTER, s.verified_session),
         })

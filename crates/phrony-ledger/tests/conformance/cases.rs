@@ -164,7 +164,7 @@ pub(crate) async fn publish_creates_agent_and_immutable_version(db: &TestDb) {
 
     let v = ledger.get_agent_version(&a, "1.0.0").await.unwrap();
     assert_eq!(v.id, published.version_id);
-    assert_eq!(v.agent_id, published.agent_id);
+    assert_eq!(v.agent_id, Some(published.agent_id));
     assert_eq!(
         v.snapshot_json, new.snapshot_json,
         "snapshot must be stored byte for byte"

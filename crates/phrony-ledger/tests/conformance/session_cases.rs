@@ -96,6 +96,7 @@ fn new_session(v: &AgentVersion, metadata: &[(&str, &str)]) -> NewSession {
         mode: SessionMode::Task,
         parent_session_id: None,
         limits: None,
+        bundle_version_id: None,
         secrets: Vec::new(),
         actor: phrony_ledger::Attribution::unverified("alice".to_owned()),
     }
