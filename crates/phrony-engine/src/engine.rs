@@ -399,7 +399,7 @@ impl Engine {
             mode,
             parent_session_id: None,
             limits: session_limits(&agent),
-            bundle_version_id: None,
+            bundle_version_id: bundle.as_ref().map(|b| b.bundle_version_id),
             secrets: Vec::new(),
             actor,
         };

@@ -1124,4 +1124,19 @@ impl Ledger {
         let mut conn = self.pool.acquire().await?;
         runnable(&mut conn.conn(), bundle, version.filter(|v| !v.is_empty())).await
     }
+
+    /// One bundle version by its id (what a bundle session records).
+    ///
+    /// # Errors
+    /// `NotFound`: `bundle version "id" not found`.
+    pub async fn get_bundle_version_by_id(&self, id: Uuid) -> Result<BundleVersion> {
+        let mut conn = self.pool.acquire().await?;
+        let sql = format!("{VERSION_SELECT} WHERE bv.id = $1");
+        conn.conn()
+            .fetch_optional("read bundle version", &sql, args![id])
+            .await?
+            .map(|row| version_from_row(&row))
+            .transpose()?
+            .ok_or_else(|| LedgerError::not_found(format!("bundle version \"{id}\" not found")))
+    }
 }

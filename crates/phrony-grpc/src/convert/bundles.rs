@@ -1,6 +1,8 @@
 //! Bundles (§6.5): `BundleRef` fields in, ledger bundle records out.
 
-use phrony_ledger::{Bundle, BundleDeployment, BundleMember, BundleRef, BundleVersion, PublishedBundle};
+use phrony_ledger::{
+    Bundle, BundleDeployment, BundleMember, BundleRef, BundleVersion, PublishedBundle,
+};
 use phrony_manifest::BundleSecret;
 use phrony_proto::runtime::v1 as pb;
 use tonic::Status;
@@ -111,7 +113,9 @@ pub(crate) fn list_response(bundles: Vec<Bundle>) -> pb::ListBundlesResponse {
     }
 }
 
-pub(crate) fn list_versions_response(versions: Vec<BundleVersion>) -> pb::ListBundleVersionsResponse {
+pub(crate) fn list_versions_response(
+    versions: Vec<BundleVersion>,
+) -> pb::ListBundleVersionsResponse {
     pb::ListBundleVersionsResponse {
         versions: versions
             .into_iter()

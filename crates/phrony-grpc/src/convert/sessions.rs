@@ -5,7 +5,6 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use phrony_engine::{PlainSecret, SessionHandle};
 use phrony_ledger::{AgentRef, BundleRef, SessionMode};
-use phrony_manifest::CompiledAgent;
 use phrony_proto::runtime::v1 as pb;
 use serde_json::Value;
 use tonic::Status;
@@ -314,9 +313,6 @@ pub(crate) fn session_filter(
             include_children: r.include_children,
             created_after: None,
             created_before: None,
-            bundle: None,
-            bundle_version: None,
-            kind: None,
         },
         page,
     ))
@@ -343,7 +339,12 @@ fn session_agent_ref(s: &phrony_ledger::Session) -> pb::AgentRef {
     }
 }
 
-fn session_summary(s: phrony_ledger::Session) -> pb::SessionSummary {
+/// A session's summary; `bundles` holds the bundle versions bundle sessions record.
+fn session_summary(
+    s: phrony_ledger::Session,
+    bundles: &HashMap<uuid::Uuid, phrony_ledger::BundleVersion>,
+) -> pb::SessionSummary {
+    let bundle = s.bundle_version_id.and_then(|id| bundles.get(&id));
     pb::SessionSummary {
         agent_ref: Some(session_agent_ref(&s)),
         id: s.id,
@@ -351,9 +352,21 @@ fn session_summary(s: phrony_ledger::Session) -> pb::SessionSummary {
         status: s.status.to_string(),
         created_at: super::timestamp(s.created_at),
         updated_at: super::timestamp(s.updated_at),
-        kind: "agent".to_owned(),
-        bundle_version_id: String::new(),
-        bundle_ref: None,
+        kind: if s.bundle_version_id.is_some() {
+            "bundle"
+        } else {
+            "agent"
+        }
+        .to_owned(),
+        bundle_version_id: s
+            .bundle_version_id
+            .map(|id| id.to_string())
+            .unwrap_or_default(),
+        bundle_ref: bundle.map(|b| pb::BundleRef {
+            namespace: b.bundle.namespace.clone(),
+            name: b.bundle.name.clone(),
+            version: b.version.clone(),
+        }),
         started_by_verification: s
             .created_by_verification
             .map(|v| v.as_str().to_owned())
@@ -367,9 +380,14 @@ fn session_summary(s: phrony_ledger::Session) -> pb::SessionSummary {
 
 pub(crate) fn list_sessions_response(
     page: phrony_ledger::Page<phrony_ledger::Session>,
+    bundles: &HashMap<uuid::Uuid, phrony_ledger::BundleVersion>,
 ) -> pb::ListSessionsResponse {
     pb::ListSessionsResponse {
-        sessions: page.items.into_iter().map(session_summary).collect(),
+        sessions: page
+            .items
+            .into_iter()
+            .map(|s| session_summary(s, bundles))
+            .collect(),
         next_page_token: page.next_token.unwrap_or_default(),
     }
 }
@@ -548,7 +566,10 @@ fn session_inspect(n: phrony_engine::InspectedSession, models: &Models) -> pb::S
         status: s.status.to_string(),
         parent_session_id: s.parent_session_id.unwrap_or_default(),
         depth: int32(s.depth),
-        bundle_version_id: String::new(),
+        bundle_version_id: s
+            .bundle_version_id
+            .map(|id| id.to_string())
+            .unwrap_or_default(),
         created_at: super::timestamp(s.created_at),
         updated_at: super::timestamp(s.updated_at),
         input: Some(input),

@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 
 use phrony_auth::Attribution;
-use phrony_ledger::{AgentVersionRef, NewBundleMember, NewBundleVersion, BundleRef};
+use phrony_ledger::{AgentVersionRef, BundleRef, NewBundleMember, NewBundleVersion};
 use phrony_manifest::{BundleSecret, CompiledAgent, ReceivedMember};
 use phrony_proto::runtime::v1 as pb;
 use tonic::Status;
@@ -43,7 +43,11 @@ impl RuntimeService {
             &request.bundle_manifest,
             &received,
             &request.committed_lock,
-            &mut |child: &str| ids.entry(child.to_owned()).or_insert_with(Uuid::new_v4).to_string(),
+            &mut |child: &str| {
+                ids.entry(child.to_owned())
+                    .or_insert_with(Uuid::new_v4)
+                    .to_string()
+            },
         )
         .map_err(|e| Status::invalid_argument(e.to_string()))?;
         let header = &verified.header;
@@ -227,14 +231,15 @@ impl RuntimeService {
         for m in &runnable.members {
             agents.push((m.child_name.clone(), load_member(bundle, m)?));
         }
-        phrony_manifest::bundle_secret_union(agents.iter().map(|(c, a)| (c.as_str(), a)))
-            .map_err(|conflicts| {
+        phrony_manifest::bundle_secret_union(agents.iter().map(|(c, a)| (c.as_str(), a))).map_err(
+            |conflicts| {
                 tracing::error!(bundle = %bundle, ?conflicts, "stored bundle has secret conflicts");
                 Status::data_loss(format!(
                     "the stored members of bundle {bundle} declare conflicting secrets: {}",
                     conflicts.join("; ")
                 ))
-            })
+            },
+        )
     }
 }
 

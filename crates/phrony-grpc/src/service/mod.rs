@@ -514,7 +514,8 @@ impl Runtime for RuntimeService {
     ) -> Result<Response<pb::RollbackBundleResponse>, Status> {
         let actor = self.actor(&request, &request.get_ref().actor);
         unary("RollbackBundle", async {
-            self.rollback_bundle_impl(request.into_inner(), actor?).await
+            self.rollback_bundle_impl(request.into_inner(), actor?)
+                .await
         })
         .await
     }

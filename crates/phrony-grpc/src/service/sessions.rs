@@ -91,7 +91,11 @@ impl RuntimeService {
         let mode = conv::session_mode(req.mode)?;
         let metadata = conv::metadata(req.metadata)?;
         let resolved = self.resolve_target(&target).await?;
-        let secrets = conv::resolved_secrets(&resolved.secret_names, &resolved.label, req.resolved_secrets)?;
+        let secrets = conv::resolved_secrets(
+            &resolved.secret_names,
+            &resolved.label,
+            req.resolved_secrets,
+        )?;
         let handle = engine
             .start_session(StartSession {
                 session_id: None,
@@ -148,7 +152,10 @@ impl RuntimeService {
                 let label = format!("bundle {bundle}@{}", runnable.version.version);
                 let mut members = Vec::with_capacity(runnable.members.len());
                 for m in &runnable.members {
-                    members.push((m.child_name.clone(), super::bundles::load_member(bundle, m)?));
+                    members.push((
+                        m.child_name.clone(),
+                        super::bundles::load_member(bundle, m)?,
+                    ));
                 }
                 let union = phrony_manifest::bundle_secret_union(
                     members.iter().map(|(c, a)| (c.as_str(), a)),
@@ -260,7 +267,19 @@ impl RuntimeService {
             .await
             .map_err(ledger_status)?;
         super::warn_if_capped("ListSessions", request.page_size, found.next_token.as_ref());
-        Ok(conv::list_sessions_response(found))
+        // The bundle each bundle session was started from (one read per distinct version).
+        let mut bundles = HashMap::new();
+        for id in found.items.iter().filter_map(|s| s.bundle_version_id) {
+            if let std::collections::hash_map::Entry::Vacant(slot) = bundles.entry(id) {
+                let version = self
+                    .ledger
+                    .get_bundle_version_by_id(id)
+                    .await
+                    .map_err(ledger_status)?;
+                slot.insert(version);
+            }
+        }
+        Ok(conv::list_sessions_response(found, &bundles))
     }
 
     /// One page of a session's inspection (see `runtime.proto`: every response stays under

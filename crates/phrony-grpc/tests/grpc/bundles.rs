@@ -77,8 +77,11 @@ fn edit(path: &Path, member: &str, from: &str, to: &str, version: &str) {
     assert!(text.contains(from), "{member} has no {from:?}");
     std::fs::write(&file, text.replace(from, to)).unwrap();
     let bundle = std::fs::read_to_string(path).unwrap();
-    std::fs::write(path, bundle.replace("version: 1.0.0", &format!("version: {version}")))
-        .unwrap();
+    std::fs::write(
+        path,
+        bundle.replace("version: 1.0.0", &format!("version: {version}")),
+    )
+    .unwrap();
     phrony_manifest::lock_bundle(path).unwrap();
 }
 
@@ -142,7 +145,11 @@ async fn scenario(db: Db) {
     let committed = phrony_manifest::BundleLock::parse(&request.committed_lock).unwrap();
     assert_eq!(published.lock_hash, committed.version);
     assert_eq!(
-        (published.namespace.as_str(), published.name.as_str(), published.version.as_str()),
+        (
+            published.namespace.as_str(),
+            published.name.as_str(),
+            published.version.as_str()
+        ),
         (NAMESPACE, NAME, "1.0.0")
     );
     assert_eq!(
@@ -150,7 +157,11 @@ async fn scenario(db: Db) {
         committed
     );
     // An identical re-publish changes nothing and answers the same version.
-    let again = client.publish_bundle(request.clone()).await.unwrap().into_inner();
+    let again = client
+        .publish_bundle(request.clone())
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(again.bundle_version_id, published.bundle_version_id);
 
     let v1 = client
@@ -198,13 +209,19 @@ async fn scenario(db: Db) {
         .unwrap();
     assert_eq!(target.agent_version_id, v1.members[1].member_version_id);
     assert_eq!(
-        (target.namespace.as_str(), target.name.as_str(), target.child_name.as_str()),
+        (
+            target.namespace.as_str(),
+            target.name.as_str(),
+            target.child_name.as_str()
+        ),
         (NAMESPACE, "refund-specialist", "refund-specialist")
     );
 
     // Not deployed: it cannot run.
     assert_code(
-        client.run_session(run_request("", &[("openai", "sk-x")])).await,
+        client
+            .run_session(run_request("", &[("openai", "sk-x")]))
+            .await,
         Code::FailedPrecondition,
         "no active deployment for bundle support/refund-desk",
     );
@@ -246,28 +263,49 @@ async fn scenario(db: Db) {
         .into_inner();
     assert_eq!(started.agent_version_id, v1.members[0].member_version_id);
     let done = wait_status(&mut client, &started.session_id, "completed").await;
-    assert_eq!(done.agent_ref.as_ref().unwrap().name, "front-desk");
+    assert_eq!(done.agent.as_ref().unwrap().name, "front-desk");
+    assert_eq!(done.bundle_version_id, v1.bundle_version_id);
     let listed = |kind: &str| pb::ListSessionsRequest {
         kind: kind.into(),
         ..Default::default()
     };
-    let bundles = client.list_sessions(listed("bundle")).await.unwrap().into_inner();
+    let bundles = client
+        .list_sessions(listed("bundle"))
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(bundles.sessions.len(), 1);
     let summary = &bundles.sessions[0];
     assert_eq!(summary.kind, "bundle");
     assert_eq!(summary.bundle_version_id, v1.bundle_version_id);
     assert_eq!(summary.bundle_ref, bundle_ref("1.0.0"));
-    let agents = client.list_sessions(listed("agent")).await.unwrap().into_inner();
+    let agents = client
+        .list_sessions(listed("agent"))
+        .await
+        .unwrap()
+        .into_inner();
     assert!(agents.sessions.is_empty());
 
     // A second version: same semver with another closure is refused; a new semver is not.
-    edit(&path, "specialists/refunds.yaml", "summarize the result", "summarize it", "1.0.0");
+    edit(
+        &path,
+        "specialists/refunds.yaml",
+        "summarize the result",
+        "summarize it",
+        "1.0.0",
+    );
     assert_code(
         client.publish_bundle(publish_request(&path)).await,
         Code::AlreadyExists,
         "bundle support/refund-desk version \"1.0.0\" is already published",
     );
-    edit(&path, "specialists/refunds.yaml", "summarize it", "summarize it briefly", "1.1.0");
+    edit(
+        &path,
+        "specialists/refunds.yaml",
+        "summarize it",
+        "summarize it briefly",
+        "1.1.0",
+    );
     let v2 = client
         .publish_bundle(publish_request(&path))
         .await
@@ -302,7 +340,9 @@ async fn scenario(db: Db) {
     );
     assert_eq!(second.previous_lock_hash, published.lock_hash);
     assert_code(
-        client.run_session(run_request("1.0.0", &[("openai", "sk-x")])).await,
+        client
+            .run_session(run_request("1.0.0", &[("openai", "sk-x")]))
+            .await,
         Code::FailedPrecondition,
         "version \"1.0.0\" is not the active bundle deployment (active: \"1.1.0\")",
     );
@@ -328,13 +368,28 @@ async fn scenario(db: Db) {
         .await
         .unwrap()
         .into_inner();
-    assert_eq!((active.version.as_str(), active.actor.as_str()), ("1.0.0", "ops"));
+    assert_eq!(
+        (active.version.as_str(), active.actor.as_str()),
+        ("1.0.0", "ops")
+    );
     assert_eq!(
         deployments(&mut client).await,
         [
-            ("1.0.0".to_owned(), "rollback".to_owned(), published.lock_hash.clone()),
-            ("1.1.0".to_owned(), "deploy".to_owned(), v2.lock_hash.clone()),
-            ("1.0.0".to_owned(), "deploy".to_owned(), published.lock_hash.clone()),
+            (
+                "1.0.0".to_owned(),
+                "rollback".to_owned(),
+                published.lock_hash.clone()
+            ),
+            (
+                "1.1.0".to_owned(),
+                "deploy".to_owned(),
+                v2.lock_hash.clone()
+            ),
+            (
+                "1.0.0".to_owned(),
+                "deploy".to_owned(),
+                published.lock_hash.clone()
+            ),
         ]
     );
     let listed: Vec<String> = client

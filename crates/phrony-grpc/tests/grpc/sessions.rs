@@ -488,7 +488,10 @@ pub(crate) async fn run(client: &mut RuntimeClient<Channel>, name: &str, input: 
     started.session_id
 }
 
-pub(crate) async fn inspect(client: &mut RuntimeClient<Channel>, id: &str) -> pb::InspectSessionResponse {
+pub(crate) async fn inspect(
+    client: &mut RuntimeClient<Channel>,
+    id: &str,
+) -> pb::InspectSessionResponse {
     client
         .inspect_session(pb::InspectSessionRequest {
             session_id: id.into(),
@@ -583,7 +586,11 @@ fn output_message(s: &pb::SessionInspect) -> String {
         .unwrap_or_default()
 }
 
-pub(crate) fn assert_code<T: std::fmt::Debug>(result: Result<T, tonic::Status>, code: Code, contains: &str) {
+pub(crate) fn assert_code<T: std::fmt::Debug>(
+    result: Result<T, tonic::Status>,
+    code: Code,
+    contains: &str,
+) {
     let status = result.unwrap_err();
     assert_eq!(status.code(), code, "{status:?}");
     assert!(
