@@ -943,6 +943,34 @@ fn bundles_validate_detects_drift_after_a_member_changes() {
 }
 
 #[test]
+fn bundles_publish_refuses_a_missing_or_drifted_lock_before_connecting() {
+    // Nothing listens on port 9: a refusal that reached the network would say so instead.
+    let tmp = bundle_fixture();
+    bundles(tmp.path(), &["publish"])
+        .env("PHRONY_RUNTIME_ADDR", "127.0.0.1:9")
+        .assert()
+        .code(1)
+        .stdout("")
+        .stderr(predicate::str::ends_with(
+            "Error: no committed lock; run phrony bundles lock\n",
+        ));
+    bundles(tmp.path(), &["lock"]).assert().success();
+    write(
+        tmp.path(),
+        "specialists/refunds.yaml",
+        &SPECIALIST.replace("Answer refund questions.", "Answer refund questions fast."),
+    );
+    bundles(tmp.path(), &["publish"])
+        .env("PHRONY_RUNTIME_ADDR", "127.0.0.1:9")
+        .assert()
+        .code(1)
+        .stdout("")
+        .stderr(contains("bundle.lock.json drift: "))
+        .stderr(contains("run phrony bundles lock"))
+        .stderr(contains("cannot reach").not());
+}
+
+#[test]
 fn bundles_validate_require_lock_needs_a_committed_lock() {
     let tmp = bundle_fixture();
     bundles(tmp.path(), &["validate", "--require-lock"])

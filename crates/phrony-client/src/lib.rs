@@ -33,6 +33,7 @@
 pub use phrony_auth::actor;
 mod approvals;
 mod audit;
+mod bundles;
 mod error;
 pub mod interactive;
 mod sessions;
@@ -57,9 +58,15 @@ pub use approvals::{
     DecideApproval, Decision, DecisionOutcome, OUTCOME_REVIEW, Vote, display_actor,
 };
 pub use audit::{AuditExport, AuditProblem, AuditScope, AuditVerification, ExportedEvent};
+pub use bundles::{
+    ActiveBundle, BundleMemberInfo, BundleMemberPackage, BundleSecretRequirement, BundleSummary,
+    BundleVersion, BundleVersionSummary, DeployedBundle, PublishBundle, PublishedBundle,
+    RolledBackBundle, bundle_deployments_from_pb, bundle_versions_from_pb, bundles_from_pb,
+    secret_requirements_from_pb,
+};
 pub use error::{ClientError, Code};
 pub use sessions::{
-    PayloadRef, RunSession, SessionAgent, SessionDetail, SessionEvent, SessionFilter,
+    PayloadRef, RunSession, RunTarget, SessionAgent, SessionDetail, SessionEvent, SessionFilter,
     SessionInspection, SessionMode, SessionOutput, SessionPage, SessionSummary, StartedSession,
     Starter, TimelineDetail, TimelineEntry, TokenUsage, ToolInvocation, TruncatedPayload,
     TurnSummary, VersionedName,

@@ -79,11 +79,24 @@ impl fmt::Display for VersionedName {
     }
 }
 
+/// What a session runs: an agent, or a bundle (its root member).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum RunTarget {
+    /// [`RunSession::agent`] names an agent (sent as `agent_ref`).
+    #[default]
+    Agent,
+    /// [`RunSession::agent`] names a bundle (sent as `bundle_ref`); its version may be a
+    /// `sha256:` lock hash.
+    Bundle,
+}
+
 /// What [`Client::run_session`] starts.
 #[derive(Clone, PartialEq, Eq)]
 pub struct RunSession {
-    /// The agent; its active deployment runs.
+    /// The agent (or, with [`RunTarget::Bundle`], the bundle); its active deployment runs.
     pub agent: AgentName,
+    /// Whether `agent` names an agent or a bundle.
+    pub target: RunTarget,
     /// When set, the version that must be the active deployment.
     pub version: Option<String>,
     /// The session input (the runtime expects an object or a string; `None` sends `{}`).
@@ -102,6 +115,7 @@ impl RunSession {
     pub fn new(agent: AgentName) -> Self {
         Self {
             agent,
+            target: RunTarget::Agent,
             version: None,
             input: None,
             secrets: BTreeMap::new(),
@@ -110,12 +124,24 @@ impl RunSession {
         }
     }
 
+    /// A task session of the active deployment of the bundle `bundle`, without input, secrets
+    /// or metadata.
+    #[must_use]
+    pub fn bundle(bundle: AgentName) -> Self {
+        Self {
+            target: RunTarget::Bundle,
+            ..Self::new(bundle)
+        }
+    }
+
     pub(super) fn to_pb(&self) -> pb::RunSessionRequest {
+        let version = self.version.as_deref().unwrap_or_default();
+        let (agent_ref, bundle_ref) = match self.target {
+            RunTarget::Agent => (Some(self.agent.to_pb(version)), None),
+            RunTarget::Bundle => (None, Some(self.agent.to_bundle_pb(version))),
+        };
         pb::RunSessionRequest {
-            agent_ref: Some(
-                self.agent
-                    .to_pb(self.version.as_deref().unwrap_or_default()),
-            ),
+            agent_ref,
             input: self
                 .input
                 .as_ref()
@@ -126,7 +152,7 @@ impl RunSession {
                 .iter()
                 .map(|(k, v)| (k.clone(), v.clone().into_bytes()))
                 .collect(),
-            bundle_ref: None,
+            bundle_ref,
             metadata: self.metadata.clone().into_iter().collect(),
             mode: self.mode.to_pb().into(),
         }
@@ -137,6 +163,7 @@ impl fmt::Debug for RunSession {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RunSession")
             .field("agent", &self.agent)
+            .field("target", &self.target)
             .field("version", &self.version)
             .field("input", &self.input)
             .field("secrets", &self.secrets.keys().collect::<Vec<_>>())
@@ -1045,6 +1072,21 @@ mod tests {
                 .input
                 .is_empty()
         );
+    }
+
+    #[test]
+    fn a_bundle_run_sends_a_bundle_ref_and_no_agent_ref() {
+        let mut run = RunSession::bundle(AgentName::new("support", "desk"));
+        run.version = Some("sha256:ab".into());
+        let request = run.to_pb();
+        assert_eq!(request.agent_ref, None);
+        let bundle = request.bundle_ref.unwrap();
+        assert_eq!(
+            (bundle.namespace.as_str(), bundle.name.as_str()),
+            ("support", "desk")
+        );
+        assert_eq!(bundle.version, "sha256:ab");
+        assert!(format!("{run:?}").contains("Bundle"));
     }
 
     #[test]

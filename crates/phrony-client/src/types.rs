@@ -162,6 +162,8 @@ pub struct DeploymentRecord {
     pub actor: String,
     /// When.
     pub created_at: DateTime<Utc>,
+    /// The lock hash of the bundle version activated (bundle deployments only).
+    pub lock_hash: Option<String>,
 }
 
 /// A published version with its stored manifest (`GetAgentVersion`).
@@ -367,14 +369,23 @@ pub(crate) fn active_version(
 pub(crate) fn deployments(
     r: pb::ListDeploymentsResponse,
 ) -> Result<Vec<DeploymentRecord>, ClientError> {
-    r.deployments
+    deployment_records("ListDeployments", r.deployments)
+}
+
+/// The rows of an agent's or a bundle's deployment history.
+pub(crate) fn deployment_records(
+    rpc: &'static str,
+    entries: Vec<pb::DeploymentEntry>,
+) -> Result<Vec<DeploymentRecord>, ClientError> {
+    entries
         .into_iter()
         .map(|d| {
             Ok(DeploymentRecord {
-                created_at: timestamp("ListDeployments", "created_at", &d.created_at)?,
+                created_at: timestamp(rpc, "created_at", &d.created_at)?,
                 version: d.version,
                 action: d.action,
                 actor: d.actor,
+                lock_hash: optional(d.lock_hash),
             })
         })
         .collect()

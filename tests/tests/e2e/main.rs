@@ -2,6 +2,7 @@
 //!
 //! - [`access`]: `required` auth mode with tokens, the real daemon and CLI; `local` mode.
 //! - [`audit`]: `phrony audit verify` / `export` through the real daemon.
+//! - [`bundles`]: a bundle's lifecycle and run through the real daemon and CLI.
 //! - [`schema`]: the authoring JSON Schema against every example.
 //! - [`examples`]: each example's `cases.yaml` against the real policy engine.
 //! - [`lifecycle`]: the real daemon driven by the real CLI.
@@ -28,6 +29,7 @@
 
 mod access;
 mod audit;
+mod bundles;
 mod demo;
 mod endpoints;
 mod examples;

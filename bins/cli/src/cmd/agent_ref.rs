@@ -88,6 +88,10 @@ mod tests {
         assert_eq!(parsed.version.as_deref(), Some("0.1.0"));
         assert_eq!(parsed.to_string(), "support/refund-agent@0.1.0");
         assert_eq!(parse("a/b").unwrap().version, None);
+        // A bundle version may be its lock hash.
+        let (bundle, version) = versioned("support/refund-desk@sha256:0a1b").unwrap();
+        assert_eq!(bundle, AgentName::new("support", "refund-desk"));
+        assert_eq!(version, "sha256:0a1b");
     }
 
     #[test]

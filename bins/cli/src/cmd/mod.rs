@@ -124,7 +124,7 @@ enum Command {
     /// Verify the runtime's event log (hash chains, sealed heads, projections) and export it.
     #[command(subcommand)]
     Audit(audit::Command),
-    /// Lock and validate bundles of agents.
+    /// Lock, validate, publish, deploy and run bundles of agents.
     #[command(subcommand)]
     Bundles(bundles::Command),
     /// Print the JSON Schema of the authoring format (Agent, Tool, Policy, Bundle) for editors.
@@ -169,7 +169,7 @@ impl Cli {
             Command::Sessions(cmd) => cmd.run(&self.global),
             Command::Approvals(cmd) => cmd.run(&self.global),
             Command::Audit(cmd) => cmd.run(&self.global),
-            Command::Bundles(cmd) => cmd.run(),
+            Command::Bundles(cmd) => cmd.run(&self.global),
             Command::Schema(args) => schema::run(&args),
         }
     }

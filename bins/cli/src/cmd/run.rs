@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, anyhow, bail};
-use phrony_client::{AgentName, Client, RunSession, SessionMode, StartedSession};
+use phrony_client::{AgentName, Client, RunSession, RunTarget, SessionMode, StartedSession};
 use serde_json::{Value, json};
 
 use crate::cmd::{Global, Output, agent_ref, attach, remote, render};
@@ -24,6 +24,14 @@ quotes, # comments). The environment wins over the files; a later file wins over
 pub(crate) struct Args {
     /// The agent: namespace/name, or namespace/name@version (which must be the active deployment).
     pub(crate) agent: String,
+    #[command(flatten)]
+    pub(crate) options: Options,
+}
+
+/// What `phrony run` and `phrony bundles run` share: the session's input, labels and mode, the
+/// env files secrets are resolved from, and what to do once it started.
+#[derive(Debug, clap::Args)]
+pub(crate) struct Options {
     /// The session input: a JSON object or JSON string; any other text is sent as a JSON string.
     #[arg(long, value_name = "JSON|TEXT")]
     pub(crate) input: Option<String>,
@@ -51,28 +59,52 @@ pub(crate) struct Args {
 
 /// Starts the session and prints `session <id> started`.
 pub(crate) fn run(args: &Args, global: &Global) -> anyhow::Result<()> {
-    let plan = Plan::from_args(args)?;
+    start(RunTarget::Agent, &args.agent, &args.options, global)
+}
+
+/// Starts a session of `reference` (an agent or a bundle, `namespace/name[@version]`) after
+/// resolving the secrets its version declares, then prints `session <id> started` (a bundle's:
+/// `session <id> started (status: <status>)`) or, with `--attach`, attaches to it.
+pub(crate) fn start(
+    target: RunTarget,
+    reference: &str,
+    options: &Options,
+    global: &Global,
+) -> anyhow::Result<()> {
+    let plan = Plan::new(target, reference, options)?;
     remote::block_on(async {
         let (client, _) = remote::connect(global).await?;
         let started = plan.start(&client).await?;
-        if args.attach {
+        if options.attach {
             eprintln!("session {} started", started.session_id);
-            return attach::run_attached(&client, &started.session_id, args.no_tui).await;
+            return attach::run_attached(&client, &started.session_id, options.no_tui).await;
         }
-        match args.output {
+        match options.output {
             Output::Json => render::json(&json!({
                 "session_id": started.session_id,
                 "agent_version_id": started.agent_version_id,
                 "status": started.status,
             })),
-            Output::Text => render::line(format_args!("session {} started", started.session_id)),
+            Output::Text => render::line(started_line(target, &started)),
         }
     })
 }
 
-/// A checked `phrony run`: everything that needs no runtime is parsed and read up front.
+/// `session <id> started`; for a bundle, with the status the runtime reported.
+fn started_line(target: RunTarget, started: &StartedSession) -> String {
+    match target {
+        RunTarget::Agent => format!("session {} started", started.session_id),
+        RunTarget::Bundle => format!(
+            "session {} started (status: {})",
+            started.session_id, started.status
+        ),
+    }
+}
+
+/// A checked run: everything that needs no runtime is parsed and read up front.
 struct Plan {
-    agent: AgentName,
+    target: RunTarget,
+    name: AgentName,
     version: Option<String>,
     input: Option<Value>,
     metadata: BTreeMap<String, String>,
@@ -82,28 +114,36 @@ struct Plan {
 }
 
 impl Plan {
-    fn from_args(args: &Args) -> anyhow::Result<Self> {
-        let parsed = agent_ref::parse(&args.agent)?;
+    fn new(target: RunTarget, reference: &str, options: &Options) -> anyhow::Result<Self> {
+        let parsed = agent_ref::parse(reference)?;
         Ok(Self {
-            agent: parsed.agent,
+            target,
+            name: parsed.agent,
             version: parsed.version,
-            input: args.input.as_deref().map(parse_input).transpose()?,
-            metadata: parse_metadata(&args.metadata)?,
-            mode: if args.conversation || args.attach {
+            input: options.input.as_deref().map(parse_input).transpose()?,
+            metadata: parse_metadata(&options.metadata)?,
+            mode: if options.conversation || options.attach {
                 SessionMode::Conversation
             } else {
                 SessionMode::Task
             },
-            env_files: read_env_files(&args.env_files)?,
+            env_files: read_env_files(&options.env_files)?,
         })
     }
 
     async fn start(self, client: &Client) -> anyhow::Result<StartedSession> {
-        let (version, declared) =
-            declared_secrets(client, &self.agent, self.version.as_deref()).await?;
+        let (version, declared) = match self.target {
+            RunTarget::Agent => {
+                declared_secrets(client, &self.name, self.version.as_deref()).await?
+            }
+            RunTarget::Bundle => {
+                bundle_secrets(client, &self.name, self.version.as_deref()).await?
+            }
+        };
         let secrets = resolve_secrets(&declared, &self.env_files, |name| std::env::var(name).ok())?;
         let run = RunSession {
-            agent: self.agent,
+            agent: self.name,
+            target: self.target,
             // The version whose manifest the secrets were resolved for: a deploy between the
             // look-up and RunSession makes the runtime refuse the run (the explicit version is no
             // longer the active one) instead of sending these secrets to another version's
@@ -114,14 +154,14 @@ impl Plan {
             metadata: self.metadata,
             mode: self.mode,
         };
+        let check = match run.target {
+            RunTarget::Agent => format!("phrony sessions ls {}", run.agent),
+            RunTarget::Bundle => "phrony sessions ls".to_owned(),
+        };
         client
             .run_session(&run, &remote::actor(client.sends_credential())?)
             .await
-            .map_err(remote::change_fails(
-                "run",
-                "the session",
-                format!("phrony sessions ls {}", run.agent),
-            ))
+            .map_err(remote::change_fails("run", "the session", check))
     }
 }
 
@@ -222,6 +262,37 @@ async fn declared_secrets(
     Ok((version, declared))
 }
 
+/// The bundle version that will run (`version`, else the active deployment) and the union of the
+/// secrets its members declare (`GetBundleSecretRequirements`), sorted by name.
+async fn bundle_secrets(
+    client: &Client,
+    bundle: &AgentName,
+    version: Option<&str>,
+) -> anyhow::Result<(String, Vec<DeclaredSecret>)> {
+    let version = match version {
+        Some(v) => v.to_owned(),
+        None => {
+            client
+                .active_bundle(bundle)
+                .await
+                .map_err(remote::fails("run"))?
+                .version
+        }
+    };
+    let required = client
+        .bundle_secret_requirements(bundle, Some(&version))
+        .await
+        .map_err(remote::fails("run"))?;
+    let declared = required
+        .into_iter()
+        .map(|s| DeclaredSecret {
+            name: s.name,
+            from_env: s.from_env,
+        })
+        .collect();
+    Ok((version, declared))
+}
+
 /// `secrets: {<name>: {fromEnv: VAR}}` of a stored manifest snapshot, sorted by name.
 fn secrets_of_manifest(manifest_json: &str) -> anyhow::Result<Vec<DeclaredSecret>> {
     let manifest: Value = serde_json::from_str(manifest_json)
@@ -314,6 +385,44 @@ mod tests {
         // Other JSON scalars are text the user typed.
         assert_eq!(parse_input("42").unwrap(), json!("42"));
         assert_eq!(parse_input("true").unwrap(), json!("true"));
+    }
+
+    #[test]
+    fn a_bundle_run_reports_the_status_an_agent_run_does_not() {
+        let started = StartedSession {
+            session_id: "run_1".into(),
+            agent_version_id: "av-1".into(),
+            status: "running".into(),
+        };
+        assert_eq!(
+            started_line(RunTarget::Agent, &started),
+            "session run_1 started"
+        );
+        assert_eq!(
+            started_line(RunTarget::Bundle, &started),
+            "session run_1 started (status: running)"
+        );
+    }
+
+    #[test]
+    fn a_bundle_plan_parses_like_an_agent_plan() {
+        use clap::Parser as _;
+        #[derive(Debug, clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            options: Options,
+        }
+        let cli = Cli::parse_from(["x", "--input", "hi", "--metadata", "ticket=T-1", "-a"]);
+        let plan = Plan::new(RunTarget::Bundle, "support/desk@sha256:0a1b", &cli.options).unwrap();
+        assert_eq!(plan.target, RunTarget::Bundle);
+        assert_eq!(plan.name, AgentName::new("support", "desk"));
+        assert_eq!(plan.version.as_deref(), Some("sha256:0a1b"));
+        assert_eq!(plan.mode, SessionMode::Conversation, "--attach converses");
+        assert_eq!(plan.metadata["ticket"], "T-1");
+        assert_eq!(
+            error(Plan::new(RunTarget::Bundle, "desk", &cli.options).map(|_| ())),
+            r#"agent must be namespace/name, got "desk""#
+        );
     }
 
     #[test]

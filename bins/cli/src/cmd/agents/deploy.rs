@@ -1,9 +1,11 @@
-//! `phrony agents deploy NS/NAME@VERSION`: activate a published version.
+//! `phrony agents deploy NS/NAME@VERSION`: activate a published version. A `sha256:` version
+//! is a bundle's lock hash: the deployment is forwarded to `DeployBundle` (as
+//! `phrony bundles deploy`).
 
 use phrony_client::SecretEndpointChange;
 use serde_json::json;
 
-use crate::cmd::{Global, Output, agent_ref, remote, render};
+use crate::cmd::{Global, Output, agent_ref, bundles, remote, render};
 
 /// Arguments of `phrony agents deploy`.
 #[derive(Debug, clap::Args)]
@@ -23,6 +25,19 @@ pub(crate) struct Args {
 /// Prints `deployed ns/name@v (previous: p) at <time>`.
 pub(crate) fn run(args: &Args, global: &Global) -> anyhow::Result<()> {
     let (agent, version) = agent_ref::versioned(&args.agent)?;
+    if is_lock_hash(&version) {
+        if args.allow_new_secret_endpoints {
+            anyhow::bail!(
+                "--allow-new-secret-endpoints applies to agent versions; {version} is a bundle \
+                 lock hash"
+            );
+        }
+        return remote::block_on(async {
+            let (client, _) = remote::connect(global).await?;
+            let deployed = bundles::deploy::deploy(&client, &agent, &version).await?;
+            bundles::deploy::print_deployed(&deployed, args.output)
+        });
+    }
     remote::block_on(async {
         let (client, _) = remote::connect(global).await?;
         let deployed = client
@@ -65,6 +80,12 @@ pub(crate) fn run(args: &Args, global: &Global) -> anyhow::Result<()> {
     })
 }
 
+/// A bundle version named by its lock hash (`sha256:…`), which `agents deploy` forwards to
+/// the bundle deployment.
+fn is_lock_hash(version: &str) -> bool {
+    version.starts_with("sha256:")
+}
+
 /// One line per secret sent to a new endpoint (runtime text, escaped).
 pub(crate) fn print_changes(changes: &[SecretEndpointChange]) -> anyhow::Result<()> {
     for change in changes {
@@ -86,4 +107,16 @@ pub(crate) fn changes_json(changes: &[SecretEndpointChange]) -> serde_json::Valu
             })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_sha256_version_is_forwarded_to_the_bundle_deployment() {
+        assert!(is_lock_hash("sha256:0a1b"));
+        assert!(!is_lock_hash("1.0.0"));
+        assert!(!is_lock_hash("1.0.0-sha256"));
+    }
 }
