@@ -339,6 +339,20 @@ fn bundle_lifecycle(backend: Backend) {
     ]));
     assert!(inactive.starts_with("Error: run: "), "{inactive}");
 
+    // `phrony run --bundle` starts the same kind of session as `bundles run`.
+    let via_run = ok(phrony(&daemon).env(SECRET_VAR, "set").args([
+        "run",
+        "--bundle",
+        BUNDLE,
+        "--input",
+        "Can ORD-7 be refunded?",
+    ]));
+    let second = via_run
+        .strip_prefix("session ")
+        .and_then(|s| s.strip_suffix(" started (status: running)\n"))
+        .unwrap_or_else(|| panic!("unexpected run --bundle output: {via_run:?}"));
+    wait_until_completed(&daemon, second);
+
     // rollback to the previous deployment, then forward again with --to (a lock hash).
     assert_eq!(
         ok(phrony(&daemon).args(["bundles", "rollback", BUNDLE])),

@@ -1,4 +1,5 @@
-//! `phrony run NS/NAME[@VERSION]`: start a session of an agent's active deployment.
+//! `phrony run NS/NAME[@VERSION]`: start a session of an agent's active deployment (with
+//! `--bundle`, of a bundle's root agent: `phrony bundles run`).
 //!
 //! The session runs in the background on the runtime; this prints `session <id> started`.
 //! Before starting it, the CLI resolves the secrets the deployed version declares (`secrets:
@@ -22,8 +23,13 @@ Secrets: each secret the deployed version declares (secrets.<name>.fromEnv: VAR)
 the environment variable VAR, else from the --env-file files (dotenv: KEY=VALUE, `export`,
 quotes, # comments). The environment wins over the files; a later file wins over an earlier one.")]
 pub(crate) struct Args {
-    /// The agent: namespace/name, or namespace/name@version (which must be the active deployment).
+    /// The agent: namespace/name, or namespace/name@version (which must be the active deployment);
+    /// with --bundle, the bundle (its version may be a sha256: lock hash).
     pub(crate) agent: String,
+    /// Run a bundle's root agent instead: the reference names a bundle (as `phrony bundles run`;
+    /// the secrets are the union its members declare).
+    #[arg(long)]
+    pub(crate) bundle: bool,
     #[command(flatten)]
     pub(crate) options: Options,
 }
@@ -59,7 +65,12 @@ pub(crate) struct Options {
 
 /// Starts the session and prints `session <id> started`.
 pub(crate) fn run(args: &Args, global: &Global) -> anyhow::Result<()> {
-    start(RunTarget::Agent, &args.agent, &args.options, global)
+    let target = if args.bundle {
+        RunTarget::Bundle
+    } else {
+        RunTarget::Agent
+    };
+    start(target, &args.agent, &args.options, global)
 }
 
 /// Starts a session of `reference` (an agent or a bundle, `namespace/name[@version]`) after
