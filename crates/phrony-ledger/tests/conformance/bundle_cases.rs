@@ -494,7 +494,7 @@ pub(crate) async fn a_bundle_session_runs_the_root_member_and_lists_by_kind(db: 
         })
         .await
         .unwrap(),
-        [root.id.clone()]
+        vec![root.id.clone()]
     );
     assert_eq!(
         list(SessionFilter {
@@ -503,7 +503,7 @@ pub(crate) async fn a_bundle_session_runs_the_root_member_and_lists_by_kind(db: 
         })
         .await
         .unwrap(),
-        [agent_session.id.clone()]
+        vec![agent_session.id.clone()]
     );
     assert_eq!(
         list(SessionFilter {
@@ -524,7 +524,7 @@ pub(crate) async fn a_bundle_session_runs_the_root_member_and_lists_by_kind(db: 
             })
             .await
             .unwrap(),
-            [root.id.clone()],
+            vec![root.id.clone()],
             "{version:?}"
         );
     }
