@@ -11,6 +11,7 @@ use serde_json::json;
 use crate::harness::TestDb;
 
 pub(crate) use crate::audit_cases::*;
+pub(crate) use crate::bundle_cases::*;
 pub(crate) use crate::session_cases::*;
 pub(crate) use crate::token_cases::*;
 

@@ -15,6 +15,7 @@
 
 mod approval_properties;
 mod audit_cases;
+mod bundle_cases;
 mod cases;
 mod connect;
 mod harness;
@@ -121,4 +122,8 @@ conformance!(
     a_session_never_outlives_the_retire_or_archive_of_its_agent,
     a_batch_append_is_ordered_chained_and_all_or_nothing,
     a_batch_append_seals_its_head_and_joins_the_stream_set,
+    a_bundle_publish_vendors_its_members_and_is_immutable,
+    bundle_deploy_rollback_and_history_follow_the_rules,
+    a_bundle_session_runs_the_root_member_and_lists_by_kind,
+    rebuild_reproduces_bundle_projections_exactly,
 );
