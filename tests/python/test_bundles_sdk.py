@@ -39,6 +39,7 @@ def desk(runtime_binary: Path, cli_binary: Path, tmp_path_factory: pytest.TempPa
     project = workdir / "refund-desk"
     shutil.copytree(DESK, project)
     env = {"RUNTIME_ENABLE_STUB_PROVIDER": "1", "RUNTIME_SECRETS_ENCRYPTION_KEY": secrets.token_hex(32)}
+    (workdir / "runtime").mkdir()
     with RuntimeDaemon(runtime_binary, workdir / "runtime", env) as daemon:
         cli = PhronyCli(cli_binary, daemon.address, workdir / "home", "unused")
         cli("bundles", "lock", "./bundle.yaml", cwd=project)
@@ -76,8 +77,8 @@ def test_run_waits_for_the_root_member_to_finish(desk: RuntimeDaemon):
         desk.address,
         lambda p: p.bundle(BUNDLE).run(input={"message": "Can I get a refund for ORD-7?"}, resolved_secrets=SECRETS),
     )
-    assert result.status == "completed", result
-    assert FINAL_TEXT in str(result.output), result
+    assert result.output["message"] == FINAL_TEXT, result
+    assert result.stop_reason == "end_turn"
     listed = {s.id: s for s in bundle_sessions(desk.address)}
     summary = listed[result.session_id]
     assert summary.kind == "bundle"
