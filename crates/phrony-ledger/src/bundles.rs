@@ -48,17 +48,7 @@ impl BundleRef {
     /// # Errors
     /// [`LedgerError::InvalidArgument`] naming the bad part.
     pub fn validate(&self) -> Result<()> {
-        if self.namespace.is_empty() || self.name.is_empty() {
-            return Err(LedgerError::invalid(
-                "bundle_ref requires namespace and name",
-            ));
-        }
-        for (what, value) in [("namespace", &self.namespace), ("name", &self.name)] {
-            if let Err(e) = phrony_manifest::check_agent_name(value) {
-                return Err(LedgerError::invalid(format!("bundle {what} {value:?} {e}")));
-            }
-        }
-        Ok(())
+        crate::model::validate_name_pair("bundle", &self.namespace, &self.name)
     }
 
     /// The bundle's event stream: `bundle:<namespace>/<name>`.

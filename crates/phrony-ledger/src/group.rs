@@ -52,12 +52,17 @@ pub struct GroupCommitStats {
     pub commits: u64,
     /// Write transactions those commits made durable.
     pub writes: u64,
+    /// Whether a batch holds the database's write lock right now (between its `BEGIN IMMEDIATE`
+    /// and its `COMMIT` or rollback).
+    pub holding_write_lock: bool,
 }
 
 #[derive(Debug, Default)]
 struct Counters {
     commits: AtomicU64,
     writes: AtomicU64,
+    /// 1 while a batch holds the write lock.
+    holding: AtomicU64,
 }
 
 /// The handle callers queue their writes on. Cheap to clone; the writer task stops when the
@@ -143,6 +148,7 @@ impl GroupWriter {
         GroupCommitStats {
             commits: self.counters.commits.load(Ordering::Relaxed),
             writes: self.counters.writes.load(Ordering::Relaxed),
+            holding_write_lock: self.counters.holding.load(Ordering::Relaxed) == 1,
         }
     }
 }
@@ -222,9 +228,11 @@ async fn run(
                 continue;
             }
         };
+        counters.holding.store(1, Ordering::Relaxed);
         if let Some((conn, batch)) = fill(conn, first, &mut queue, &mut carried).await {
             commit(conn, batch, &counters).await;
         }
+        counters.holding.store(0, Ordering::Relaxed);
     }
 }
 

@@ -718,8 +718,13 @@ impl Ledger {
             Err(e)
                 if e.is_unavailable()
                     && before.is_some_and(|b| {
-                        self.group_commit_stats()
-                            .is_some_and(|now| now.commits > b.commits)
+                        // Our own writer held the lock (a batch was open before or after the
+                        // probe waited, or committed meanwhile): the database takes writes.
+                        self.group_commit_stats().is_some_and(|now| {
+                            b.holding_write_lock
+                                || now.holding_write_lock
+                                || now.commits > b.commits
+                        })
                     }) =>
             {
                 tracing::debug!(error = %e, "write probe busy while our own writes commit");

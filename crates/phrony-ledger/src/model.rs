@@ -38,17 +38,7 @@ impl AgentRef {
     /// # Errors
     /// [`LedgerError::InvalidArgument`] naming the bad part and character.
     pub fn validate(&self) -> Result<()> {
-        if self.namespace.is_empty() || self.name.is_empty() {
-            return Err(LedgerError::invalid(
-                "agent_ref requires namespace and name",
-            ));
-        }
-        for (what, value) in [("namespace", &self.namespace), ("name", &self.name)] {
-            if let Err(e) = phrony_manifest::check_agent_name(value) {
-                return Err(LedgerError::invalid(format!("agent {what} {value:?} {e}")));
-            }
-        }
-        Ok(())
+        validate_name_pair("agent", &self.namespace, &self.name)
     }
 
     /// The audit stream of this agent's lifecycle: `agent:<namespace>/<name>`.
@@ -56,6 +46,23 @@ impl AgentRef {
     pub fn stream(&self) -> String {
         format!("agent:{self}")
     }
+}
+
+/// The rule of [`AgentRef::validate`] for a `kind` (`agent`, `bundle`) of `namespace/name`
+/// reference: both present (`<kind>_ref requires namespace and name`), each passing
+/// [`phrony_manifest::check_agent_name`].
+pub(crate) fn validate_name_pair(kind: &str, namespace: &str, name: &str) -> Result<()> {
+    if namespace.is_empty() || name.is_empty() {
+        return Err(LedgerError::invalid(format!(
+            "{kind}_ref requires namespace and name"
+        )));
+    }
+    for (what, value) in [("namespace", namespace), ("name", name)] {
+        if let Err(e) = phrony_manifest::check_agent_name(value) {
+            return Err(LedgerError::invalid(format!("{kind} {what} {value:?} {e}")));
+        }
+    }
+    Ok(())
 }
 
 impl fmt::Display for AgentRef {
