@@ -15,8 +15,9 @@
 //!   `CompleteSession`, `ListSessions` and `InspectSession`; approvals: `GetApproval`,
 //!   `ListApprovals` and `DecideApproval`; and the tool workers' `Work` stream, whose workers
 //!   register with the `phrony-dispatch` router given to [`RuntimeService::new`], which
-//!   dispatches tool calls to them. The bundle RPCs answer `UNIMPLEMENTED` with a message naming
-//!   them.
+//!   dispatches tool calls to them; bundles: `PublishBundle`, `DeployBundle`,
+//!   `RollbackBundle`, `GetActiveBundle`, `GetBundleVersion`, `GetBundleSecretRequirements`,
+//!   `ListBundles`, `ListBundleVersions` and `ListBundleDeployments`.
 //! - `grpc.health.v1.Health` ([`health::Health`]): `SERVING` for `""` and
 //!   `phrony.runtime.v1.Runtime` only while the database takes a write probe (re-checked in the
 //!   background every few seconds).
@@ -61,8 +62,9 @@
 //!   active deployment; an explicit `agent_ref.version` must be that one
 //!   (`FAILED_PRECONDITION: version "x" is not the active deployment (active: "y")`). Archived
 //!   agents, retired or deprecated active versions and agents with nothing deployed are
-//!   `FAILED_PRECONDITION`, unknown agents `NOT_FOUND`. A `bundle_ref` is `UNIMPLEMENTED`
-//!   (bundles cannot be published on this runtime yet). The input is UTF-8 JSON, an object or a
+//!   `FAILED_PRECONDITION`, unknown agents `NOT_FOUND`. A `bundle_ref` runs the root member of
+//!   the bundle's active deployment (an explicit version, semver or `sha256:` lock hash, must be
+//!   that one) with the union of its members' secrets. The input is UTF-8 JSON, an object or a
 //!   string (the published SDK sends `run(input="text")` as a JSON string, which becomes the
 //!   first user message); empty means `{}`. `resolved_secrets` must name exactly the secrets
 //!   the manifest declares: the error lists every missing and unknown name (never a value).

@@ -424,17 +424,49 @@ async fn lifecycle_rpcs_report_the_reference_error_codes() {
 }
 
 #[tokio::test]
-async fn later_rpcs_are_unimplemented_and_say_which() {
+async fn bundle_reads_answer_without_an_engine_and_name_what_is_missing() {
     let f = Fixture::new().await;
     let bundles = f
         .service
         .list_bundles(Request::new(pb::ListBundlesRequest::default()))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(bundles.bundles.is_empty());
+    let desk = || {
+        Some(pb::BundleRef {
+            namespace: "support".into(),
+            name: "desk".into(),
+            version: String::new(),
+        })
+    };
+    let active = f
+        .service
+        .get_active_bundle(Request::new(pb::GetActiveBundleRequest {
+            bundle_ref: desk(),
+        }))
+        .await;
+    assert_status(active, Code::NotFound, "bundle support/desk not found");
+    let deploy = f
+        .service
+        .deploy_bundle(Request::new(pb::DeployBundleRequest {
+            bundle_ref: desk(),
+            actor: String::new(),
+        }))
         .await;
     assert_status(
-        bundles,
-        Code::Unimplemented,
-        "ListBundles is not implemented",
+        deploy,
+        Code::InvalidArgument,
+        "bundle_ref requires namespace, name, and version",
     );
+    let run = f
+        .service
+        .run_session(Request::new(pb::RunSessionRequest {
+            bundle_ref: desk(),
+            ..Default::default()
+        }))
+        .await;
+    assert_status(run, Code::Unavailable, "this runtime does not run sessions");
 }
 
 #[tokio::test]

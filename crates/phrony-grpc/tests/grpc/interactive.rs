@@ -1012,7 +1012,8 @@ async fn protocol_errors_are_refused_with_their_status() {
     .await
     .err()
     .unwrap();
-    assert_eq!(err.code(), Code::Unimplemented, "{err:?}");
+    assert_eq!(err.code(), Code::NotFound, "{err:?}");
+    assert_eq!(err.message(), "bundle support/desk not found");
 
     let err = open(
         &server,

@@ -1307,8 +1307,8 @@ async fn bad_requests_get_clear_errors() {
             });
         })
         .await,
-        Code::Unimplemented,
-        "bundles cannot be published or run on this runtime yet",
+        Code::NotFound,
+        "bundle support/desk not found",
     );
     assert_code(
         bad(|r| r.agent_ref.as_mut().unwrap().version = "0.0.1".into()).await,
