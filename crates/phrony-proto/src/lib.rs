@@ -109,11 +109,13 @@ mod tests {
     }
 
     /// The RPCs phrony-rs adds to the published service.
-    const ADDED_RPCS: [&str; 4] = [
+    const ADDED_RPCS: [&str; 6] = [
         "GetSessionPayload",
         "WatchApprovals",
         "VerifyAudit",
         "ExportAudit",
+        "RollbackBundle",
+        "GetBundleVersion",
     ];
 
     #[test]
