@@ -121,8 +121,8 @@ MUTATIONS = [
         id="oneof-membership",
     ),
     pytest.param(
-        "string to_version = 2;",
-        "optional string to_version = 2;",
+        "empty means the previous deployment.\n  string to_version = 2;",
+        "empty means the previous deployment.\n  optional string to_version = 2;",
         "field phrony.runtime.v1.RollbackRequest.to_version: has_presence is True, expected False",
         id="explicit-presence",
     ),
