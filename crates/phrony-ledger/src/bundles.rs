@@ -387,13 +387,19 @@ async fn find_version(
         .transpose()
 }
 
-async fn find_version_by_bundle_version_id(conn: &mut Conn<'_>, id: Uuid) -> Result<BundleVersion> {
+async fn find_bundle_version(conn: &mut Conn<'_>, id: Uuid) -> Result<Option<BundleVersion>> {
     let sql = format!("{VERSION_SELECT} WHERE bv.id = $1");
-    let row = conn
-        .fetch_optional("read bundle version", &sql, args![id])
+    conn.fetch_optional("read bundle version", &sql, args![id])
         .await?
-        .ok_or_else(|| LedgerError::corrupt(format!("bundle version {id} is missing")))?;
-    version_from_row(&row)
+        .map(|row| version_from_row(&row))
+        .transpose()
+}
+
+/// A bundle version a stored row points at: missing means the projections are corrupt.
+async fn find_version_by_bundle_version_id(conn: &mut Conn<'_>, id: Uuid) -> Result<BundleVersion> {
+    find_bundle_version(conn, id)
+        .await?
+        .ok_or_else(|| LedgerError::corrupt(format!("bundle version {id} is missing")))
 }
 
 async fn list_versions(conn: &mut Conn<'_>, bundle_id: Uuid) -> Result<Vec<BundleVersion>> {
@@ -1121,12 +1127,8 @@ impl Ledger {
     /// `NotFound`: `bundle version "id" not found`.
     pub async fn get_bundle_version_by_id(&self, id: Uuid) -> Result<BundleVersion> {
         let mut conn = self.pool.acquire().await?;
-        let sql = format!("{VERSION_SELECT} WHERE bv.id = $1");
-        conn.conn()
-            .fetch_optional("read bundle version", &sql, args![id])
+        find_bundle_version(&mut conn.conn(), id)
             .await?
-            .map(|row| version_from_row(&row))
-            .transpose()?
             .ok_or_else(|| LedgerError::not_found(format!("bundle version \"{id}\" not found")))
     }
 }
