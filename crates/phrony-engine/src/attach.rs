@@ -178,6 +178,18 @@ pub struct ToolCallActivity {
     pub wire_name: Option<String>,
     /// The model's arguments.
     pub args: Value,
+    /// Set for a delegation: the agent it runs (see [`phrony_ledger::NewToolCall::delegation`])
+    /// and the child session id ([`crate::child_session_id`]).
+    pub delegation: Option<Delegation>,
+}
+
+/// The child session a delegation call runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delegation {
+    /// `namespace/name[@version]`, or the bundle child's name.
+    pub target: String,
+    /// The child session (`run_` + UUIDv5 of the call id).
+    pub child_session_id: String,
 }
 
 /// A tool call's outcome.
@@ -635,12 +647,17 @@ impl SessionView {
             return Vec::new();
         }
         self.start_turn(r.turn);
+        let delegation = r.delegation.map(|target| Delegation {
+            target,
+            child_session_id: crate::child_session_id(&r.call_id),
+        });
         let call = Activity::ToolCall(ToolCallActivity {
             call_id: r.call_id,
             tool: r.tool,
             version: r.version,
             wire_name: non_empty(r.wire_name),
             args: r.args,
+            delegation,
         });
         vec![self.replayed(call)]
     }

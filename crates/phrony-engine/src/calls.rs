@@ -314,6 +314,9 @@ impl Ctx {
                 None,
             ),
         };
+        let delegation = binding
+            .and_then(|b| b.agent.as_ref())
+            .map(crate::delegate::target_label);
         NewToolCall {
             session_id: self.session.id.clone(),
             turn,
@@ -324,6 +327,7 @@ impl Ctx {
             wire_name: Some(rec.name.clone()),
             args: rec.args.clone(),
             side_effect_class: class,
+            delegation,
         }
     }
 
@@ -345,21 +349,6 @@ impl Ctx {
             }
             return Ok(());
         };
-        if binding.agent.is_some() {
-            if matches!(call.status, CallStatus::Pending | CallStatus::Queued) {
-                self.store()
-                    .fail_tool_call(
-                        &call.call_id,
-                        "unsupported",
-                        &format!(
-                            "tool {wire:?} is served by a delegated agent, which this runtime \
-                             does not dispatch yet"
-                        ),
-                    )
-                    .await?;
-            }
-            return Ok(());
-        }
         match call.status {
             CallStatus::Pending => {
                 if let Some(approval) = self.latest_approval(&call.call_id).await?
@@ -373,6 +362,10 @@ impl Ctx {
                 self.decide(&call, &binding, &wire, &args).await
             }
             CallStatus::Queued => self.dispatch(&call, &binding, &wire, false).await,
+            // A delegation in flight: its child session is found and supervised again.
+            CallStatus::Dispatched if binding.agent.is_some() => {
+                self.dispatch(&call, &binding, &wire, false).await
+            }
             CallStatus::Dispatched if binding.mcp.is_some() => {
                 self.recover_mcp_dispatched(&call, &binding, &wire).await
             }
@@ -701,7 +694,9 @@ impl Ctx {
     /// session runs in task mode (no user message can arrive for a driver that is gone), no
     /// approval-wait budget has to be timed, and the session is not ending.
     fn may_park(&self) -> bool {
+        // A child session never parks: its parent's call waits on its driver.
         self.inner.config.park_approval_waits
+            && self.session.parent_session_id.is_none()
             && self.session.mode == SessionMode::Task
             && self.limits.max_hitl_wait_minutes.is_none()
             && !self.live.cancel.is_cancelled()
@@ -807,11 +802,16 @@ impl Ctx {
         wire: &str,
         after_hitl: bool,
     ) -> Result<(), CallStop> {
-        let call = if call.status == CallStatus::Queued {
+        let in_flight = call.status == CallStatus::Queued
+            || (call.status == CallStatus::Dispatched && binding.agent.is_some());
+        let call = if in_flight {
             call.clone()
         } else {
             self.store().queue_tool_call(&call.call_id).await?
         };
+        if let Some(target) = &binding.agent {
+            return self.delegate(&call, binding, target).await;
+        }
         if let Some(mcp) = &binding.mcp {
             let timeout = self.exec_timeout(binding);
             return self
@@ -1137,10 +1137,10 @@ impl Ctx {
         else {
             return Ok(false);
         };
-        let kind_index: u32 = if hit.kind == crate::driver::TOKEN_LIMIT {
-            0
-        } else {
-            1
+        let kind_index: u32 = match hit.kind {
+            crate::driver::TOKEN_LIMIT => 0,
+            crate::driver::LOOP_LIMIT => 1,
+            _ => 2,
         };
         let grants = u32::try_from(hit.grants).unwrap_or(u32::MAX / 2).min(9_999);
         let call = self
@@ -1155,6 +1155,7 @@ impl Ctx {
                 wire_name: None,
                 args,
                 side_effect_class: None,
+                delegation: None,
             })
             .await?;
         let latest = self.latest_approval(&call.call_id).await?;
@@ -1219,6 +1220,7 @@ impl Ctx {
                 wire_name: None,
                 args: json!({"answer": answer, "errors": invalid.errors}),
                 side_effect_class: None,
+                delegation: None,
             })
             .await?;
         let latest = self.latest_approval(&call.call_id).await?;

@@ -395,6 +395,14 @@ pub(crate) async fn run(
         }
     };
     inner.unregister(&live, parked);
+    // A session that ended took its running children with it in the ledger (the cascade):
+    // their drivers stop too. (Children of a session that merely stopped keep running.)
+    let children = live.children();
+    if !children.is_empty()
+        && let Err(e) = inner.stop_ended(&children).await
+    {
+        tracing::warn!(%session_id, error = %e, "could not stop the drivers of ended children");
+    }
     // After unregistering: the resume task's recovery skips live sessions.
     if suspend {
         inner.suspend(&session_id);

@@ -341,6 +341,16 @@ impl Engine {
     /// stub provider is disabled, the API key is missing, or secrets cannot be stored); the
     /// store's errors (metadata limits, unknown agent version, …).
     pub async fn start_session(&self, req: StartSession) -> Result<SessionHandle, EngineError> {
+        self.open(req, None).await
+    }
+
+    /// [`Engine::start_session`], as the child of `parent` when given (a delegation: the ledger
+    /// derives its root and depth from the parent).
+    pub(crate) async fn open(
+        &self,
+        req: StartSession,
+        parent: Option<String>,
+    ) -> Result<SessionHandle, EngineError> {
         let StartSession {
             session_id,
             agent_version_id,
@@ -397,7 +407,7 @@ impl Engine {
             input,
             metadata,
             mode,
-            parent_session_id: None,
+            parent_session_id: parent,
             limits: session_limits(&agent),
             bundle_version_id: bundle.as_ref().map(|b| b.bundle_version_id),
             secrets: Vec::new(),
@@ -684,17 +694,7 @@ impl Engine {
         if !session_ids.is_empty() {
             self.inner.store.approvals_changed();
         }
-        for id in session_ids {
-            let Some(live) = self.inner.live(id) else {
-                continue;
-            };
-            if self.inner.store.get_session(id).await?.status.is_terminal() {
-                live.cancel.cancel();
-                live.bump_approvals();
-                live.notify_changed();
-            }
-        }
-        Ok(())
+        Ok(self.inner.stop_ended(session_ids).await?)
     }
 
     async fn end(&self, session_id: &str, change: StatusChange) -> Result<Session, EngineError> {
@@ -846,7 +846,7 @@ impl Engine {
             && resting.contains(&session.id)
     }
 
-    async fn resume(
+    pub(crate) async fn resume(
         &self,
         session: Session,
         expect: Option<Uuid>,

@@ -40,6 +40,20 @@ pub mod codes {
     pub const TOO_MANY_CALLS: &str = "too_many_tool_calls";
     /// The worker may or may not have run the call.
     pub const INDETERMINATE: &str = "indeterminate";
+    /// A delegation's child would be deeper than the delegating agent's `max_subagent_depth`.
+    pub const SUBAGENT_DEPTH_EXCEEDED: &str = "subagent_depth_exceeded";
+    /// A delegation binding names no frozen version and is not late-bound.
+    pub const SUBAGENT_UNPINNED: &str = "subagent_unpinned";
+    /// A late-bound (or version-pinned) delegation target has no runnable version.
+    pub const SUBAGENT_UNRESOLVED: &str = "subagent_unresolved";
+    /// A delegation's target version could not be loaded or its child started.
+    pub const SUBAGENT_LOAD_FAILED: &str = "subagent_load_failed";
+    /// A secret the delegated agent declares is not among the root session's secrets.
+    pub const SUBAGENT_MISSING_SECRET: &str = "subagent_missing_secret";
+    /// The delegated child session failed.
+    pub const SUBAGENT_FAILED: &str = "subagent_failed";
+    /// The delegated child session was cancelled (by someone other than its parent).
+    pub const SUBAGENT_CANCELLED: &str = "subagent_cancelled";
 }
 
 /// Marker in an approval's `policy_runtime` for approvals opened by a dispatch failure: the
@@ -557,6 +571,12 @@ impl Fold {
 
     /// A call's outcome, as the model receives it.
     fn tool_completed(&mut self, c: ToolCompleted) {
+        // A delegated child's usage is charged to the parent (`max_tokens_per_run`).
+        if let Some(u) = &c.usage {
+            self.tokens_used = self
+                .tokens_used
+                .saturating_add(u.input_tokens.saturating_add(u.output_tokens));
+        }
         let outcome = if c.status == CallStatus::Succeeded {
             let result = c.result.unwrap_or(Value::Null);
             let content = match (c.resolved_by.as_deref(), result) {

@@ -1095,6 +1095,7 @@ mod tests {
             wire_name: Some("issue_refund".into()),
             args: json!({"order_id": "ORD-1", "amount": amount, "currency": "EUR"}),
             side_effect_class: None,
+            delegation: None,
         }
     }
 

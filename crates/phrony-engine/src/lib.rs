@@ -81,6 +81,7 @@ mod attach;
 mod calls;
 mod clock;
 mod config;
+mod delegate;
 mod driver;
 mod endpoints;
 mod engine;
@@ -102,8 +103,8 @@ mod vote;
 pub use approval_watch::{ApprovalChange, ApprovalWatch, MAX_WATCHED_APPROVALS};
 pub use attach::{
     Activity, ApprovalDecision, ApprovalRequest, AttachFrom, Attachment, AwaitingInput,
-    BLOCKED_AWAITING_APPROVAL, BLOCKED_AWAITING_TOOL, CatchUp, Completion, HistoryEntry,
-    SessionView, ToolCallActivity, ToolResultActivity, TurnStats,
+    BLOCKED_AWAITING_APPROVAL, BLOCKED_AWAITING_TOOL, CatchUp, Completion, Delegation,
+    HistoryEntry, SessionView, ToolCallActivity, ToolResultActivity, TurnStats,
 };
 pub use calls::LIMIT_TOOL;
 pub use clock::{Clock, ManualClock, SystemClock};
@@ -112,6 +113,7 @@ pub use config::{
     DEFAULT_MAX_SESSIONS_PER_AGENT, DEFAULT_MAX_TOOL_ARGS_BYTES, DEFAULT_MAX_TOOL_CALLS_PER_TURN,
     EngineConfig,
 };
+pub use delegate::{DEFAULT_MAX_SUBAGENT_DEPTH, child_session_id};
 pub use endpoints::{Activated, Activation, ActivationError, activate, describe_change};
 pub use engine::{BundleStart, Engine, EngineDeps, RecoveryReport, SessionHandle, StartSession};
 pub use error::{EngineError, ErrorKind, StoreError, StoreResult};

@@ -17,7 +17,7 @@ use uuid::Uuid;
 
 use crate::clock::Clock;
 use crate::config::EngineConfig;
-use crate::error::EngineError;
+use crate::error::{EngineError, StoreError};
 use crate::fold::Fold;
 use crate::provider::ProviderFactory;
 use crate::setup::DriverSetup;
@@ -116,6 +116,8 @@ pub(crate) struct Live {
     /// Votes waiting for the driver to take their approval's decision
     /// ([`Live::expect_decision`]).
     decisions: Mutex<Decisions>,
+    /// Child sessions its delegation calls started or supervise: stopped with it when it ends.
+    children: Mutex<Vec<String>>,
 }
 
 #[derive(Debug)]
@@ -143,6 +145,25 @@ impl Live {
     pub(crate) async fn turn_started(&self, turn: u32) {
         let mut input = self.input.lock().await;
         input.started_turn = input.started_turn.max(turn);
+    }
+
+    /// Remembers a child session this session's calls supervise.
+    pub(crate) fn add_child(&self, child_id: &str) {
+        let mut children = self
+            .children
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !children.iter().any(|c| c == child_id) {
+            children.push(child_id.to_owned());
+        }
+    }
+
+    /// The child sessions this session's calls supervised.
+    pub(crate) fn children(&self) -> Vec<String> {
+        self.children
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     pub(crate) fn bump_approvals(&self) {
@@ -350,6 +371,7 @@ impl Inner {
                     .remove(session_id)
                     .unwrap_or_default(),
             ),
+            children: Mutex::new(Vec::new()),
         });
         live.insert(session_id.to_owned(), Arc::clone(&entry));
         drop(live);
@@ -396,6 +418,23 @@ impl Inner {
         }
         entry.decisions_closed(None);
         entry.notify_changed();
+    }
+
+    /// Stops the drivers of the sessions among `session_ids` that the store has already ended
+    /// (their dispatches are cancelled, their waits woken); live sessions still running in the
+    /// store are left alone.
+    pub(crate) async fn stop_ended(&self, session_ids: &[String]) -> Result<(), StoreError> {
+        for id in session_ids {
+            let Some(live) = self.live(id) else {
+                continue;
+            };
+            if self.store.get_session(id).await?.status.is_terminal() {
+                live.cancel.cancel();
+                live.bump_approvals();
+                live.notify_changed();
+            }
+        }
+        Ok(())
     }
 
     /// Reads a session's whole stream into a fold.

@@ -33,6 +33,22 @@ fn event(i: u64) -> NewEvent {
     )
 }
 
+/// Call `index` of the benchmark's session: a refund.
+fn refund_call(session: &str, index: u32) -> NewToolCall {
+    NewToolCall {
+        session_id: session.to_owned(),
+        turn: 1,
+        iteration: 0,
+        index,
+        tool: "payments.issue-refund".into(),
+        version: "1.0.0".into(),
+        wire_name: None,
+        args: json!({"order_id": "ORD-1", "amount": 100}),
+        side_effect_class: None,
+        delegation: None,
+    }
+}
+
 fn bench_backend(c: &mut Criterion, rt: &tokio::runtime::Runtime, name: &str, ledger: &Ledger) {
     rt.block_on(async {
         ledger.migrate().await.unwrap();
@@ -104,17 +120,7 @@ fn bench_backend(c: &mut Criterion, rt: &tokio::runtime::Runtime, name: &str, le
             .unwrap();
         s.id
     });
-    let call = |index: u32| NewToolCall {
-        session_id: session.clone(),
-        turn: 1,
-        iteration: 0,
-        index,
-        tool: "payments.issue-refund".into(),
-        version: "1.0.0".into(),
-        wire_name: None,
-        args: json!({"order_id": "ORD-1", "amount": 100}),
-        side_effect_class: None,
-    };
+    let call = |index: u32| refund_call(&session, index);
     let mut index = 0;
     group.bench_function("tool_call_round_trip", |b| {
         b.iter(|| {

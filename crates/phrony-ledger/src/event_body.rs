@@ -737,6 +737,10 @@ pub struct ToolRequested {
     pub side_effect_class: Option<SideEffectClass>,
     /// The initial status.
     pub status: CallStatus,
+    /// The agent a delegation call runs as a child session (see
+    /// [`crate::NewToolCall::delegation`]); absent for other calls and in earlier events.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delegation: Option<String>,
 }
 
 /// `tool.queued`.

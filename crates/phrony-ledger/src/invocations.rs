@@ -61,6 +61,10 @@ pub struct NewToolCall {
     pub args: Value,
     /// The binding's side-effect class.
     pub side_effect_class: Option<SideEffectClass>,
+    /// Set when the binding delegates to an agent (`spec.agents`): the target the call starts
+    /// a child session of (`namespace/name@version`, or the bundle child's name). Recorded in
+    /// `tool.requested`, so the audit trail says which agent a delegation ran.
+    pub delegation: Option<String>,
 }
 
 /// One tool call (`tool_invocations` row).
@@ -368,6 +372,7 @@ pub(crate) async fn record(tx: &mut Tx, new: &NewToolCall) -> Result<ToolInvocat
         index: new.index,
         side_effect_class: new.side_effect_class,
         status: CallStatus::Pending,
+        delegation: new.delegation.clone(),
     };
     let body = EventBody::ToolRequested(payload);
     let mut event = body.clone().into_new_event("agent")?;

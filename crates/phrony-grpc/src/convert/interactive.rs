@@ -197,9 +197,17 @@ pub(crate) fn activity(a: &Activity) -> pb::RunSessionInteractiveServerMsg {
             tool: c.tool.clone(),
             version: c.version.clone(),
             args: json_bytes(&c.args),
-            agent_delegation: false,
-            child_session_id: String::new(),
-            delegation_target: String::new(),
+            agent_delegation: c.delegation.is_some(),
+            child_session_id: c
+                .delegation
+                .as_ref()
+                .map(|d| d.child_session_id.clone())
+                .unwrap_or_default(),
+            delegation_target: c
+                .delegation
+                .as_ref()
+                .map(|d| d.target.clone())
+                .unwrap_or_default(),
             wire_name: c.wire_name.clone().unwrap_or_default(),
         })),
         Activity::ToolResult(r) => msg(ServerBody::ToolResult(

@@ -618,6 +618,7 @@ async fn lists_without_a_page_size_return_every_match() {
                 wire_name: None,
                 args: serde_json::json!({"amount": 400}),
                 side_effect_class: None,
+                delegation: None,
             })
             .await
             .unwrap();

@@ -4,6 +4,7 @@
 //! - [`access`]: the role × RPC matrix in `required` auth mode, revocation, impersonation.
 //! - [`bundles`]: bundle publish, deploy, rollback, reads and runs, on SQLite and PostgreSQL.
 //! - [`credentials`]: mutual TLS subjects and worker restrictions, with a stand-in edge.
+//! - [`delegation`]: delegated child sessions of a bundle, on SQLite and PostgreSQL.
 //! - [`endpoints`]: secrets follow the deployed versions' endpoints (Deploy, Rollback).
 //! - [`interactive`]: the interactive session stream and its approvals.
 //! - [`sdk_worker`]: the published Python SDK's worker against the server.
@@ -23,6 +24,7 @@
 mod access;
 mod bundles;
 mod credentials;
+mod delegation;
 mod endpoints;
 mod interactive;
 mod sdk_worker;

@@ -387,7 +387,7 @@ impl Worker {
         Self { invocations, task }
     }
 
-    fn refunds(&self) -> Vec<Value> {
+    pub(crate) fn refunds(&self) -> Vec<Value> {
         self.invocations
             .lock()
             .unwrap()

@@ -200,6 +200,7 @@ async fn open(
             wire_name: Some("issue_refund".to_owned()),
             args: json!({"order_id": "ORD-1", "amount": 400}),
             side_effect_class: Some(phrony_ledger::SideEffectClass::NonIdempotentWrite),
+            delegation: None,
         })
         .await
         .unwrap();

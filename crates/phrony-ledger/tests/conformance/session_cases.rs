@@ -124,6 +124,7 @@ fn refund_call(session: &str, iteration: u32, index: u32, amount: i64) -> NewToo
         wire_name: Some("issue_refund".to_owned()),
         args: json!({"order_id": "ORD-1", "amount": amount}),
         side_effect_class: Some(SideEffectClass::NonIdempotentWrite),
+        delegation: None,
     }
 }
 
