@@ -3,6 +3,8 @@
 //! - [`access`]: `required` auth mode with tokens, the real daemon and CLI; `local` mode.
 //! - [`audit`]: `phrony audit verify` / `export` through the real daemon.
 //! - [`bundles`]: a bundle's lifecycle and run through the real daemon and CLI.
+//! - [`delegation`]: delegated child sessions through the real daemon, CLI and a worker process,
+//!   with the daemon SIGKILLed while a child waits for a human.
 //! - [`schema`]: the authoring JSON Schema against every example.
 //! - [`examples`]: each example's `cases.yaml` against the real policy engine.
 //! - [`lifecycle`]: the real daemon driven by the real CLI.
@@ -30,6 +32,7 @@
 mod access;
 mod audit;
 mod bundles;
+mod delegation;
 mod demo;
 mod endpoints;
 mod examples;
