@@ -688,6 +688,59 @@ fn check_accepts_the_logical_id_and_reads_are_ungoverned() {
 }
 
 #[test]
+fn check_decides_a_bundles_delegation_and_its_members_calls() {
+    let desk = refund_example()
+        .with_file_name("refund-desk")
+        .join("bundle.yaml");
+    // The root's policy on the delegation call itself.
+    phrony()
+        .args(["policies", "check"])
+        .arg(&desk)
+        .args([
+            "--tool",
+            "ask_refunds",
+            "--args",
+            r#"{"task": "fraud on ORD-9"}"#,
+        ])
+        .assert()
+        .success()
+        .stdout(contains(
+            "decision: deny\npolicy: support/fraud-goes-to-the-fraud-team@1.0.0\n",
+        ));
+    // A member's own calls, by its name.
+    phrony()
+        .args(["policies", "check"])
+        .arg(&desk)
+        .args(["--member", "refund-specialist", "--tool", "issue_refund"])
+        .args([
+            "--args",
+            r#"{"order_id": "ORD-1", "amount": 400, "currency": "EUR"}"#,
+        ])
+        .assert()
+        .success()
+        .stdout(contains(
+            "decision: require_approval\npolicy: payments/refund-approval-boundary@1.0.0\n",
+        ));
+    phrony()
+        .args(["policies", "check"])
+        .arg(&desk)
+        .args(["--member", "nobody", "--tool", "x"])
+        .assert()
+        .code(1)
+        .stderr(contains(
+            "has no local member \"nobody\" (members: front-desk, refund-specialist)",
+        ));
+    // --member is for bundles only.
+    phrony()
+        .args(["policies", "check"])
+        .arg(refund_example().join("agent.yaml"))
+        .args(["--member", "refund-specialist", "--tool", "issue_refund"])
+        .assert()
+        .code(1)
+        .stderr(contains("is not a Bundle"));
+}
+
+#[test]
 fn check_warns_when_the_arguments_break_the_input_schema() {
     let mut cmd = phrony();
     cmd.args(["policies", "check"])

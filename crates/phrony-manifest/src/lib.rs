@@ -95,7 +95,7 @@ pub use bundle::{
 pub use canonical::Json;
 pub use destinations::{DeclaredDestination, DeclaredEndpoint, SecretUser, normalize_api_root};
 pub use diag::{Diagnostic, Diagnostics, Severity};
-pub use load::{Compiled, load_agent};
+pub use load::{Compiled, document_kind, load_agent};
 pub use model::bundle::{LockMember, MemberOrigin};
 pub use model::common::is_lenient_semver;
 pub use model::compiled::{

@@ -28,6 +28,18 @@ pub fn load_agent(path: impl AsRef<Path>) -> Result<Compiled, Diagnostics> {
     load_agent_with(path.as_ref(), false)
 }
 
+/// The `kind` of the document at `path` (`Agent`, `Bundle`, `Tool`, `Policy`), when the file
+/// reads as bounded YAML and has one; `None` otherwise (the loaders then report what is wrong).
+#[must_use]
+pub fn document_kind(path: impl AsRef<Path>) -> Option<String> {
+    let text = crate::yaml_input::read_yaml_file(path.as_ref()).ok()?;
+    #[derive(serde::Deserialize)]
+    struct Kind {
+        kind: String,
+    }
+    serde_yaml::from_str::<Kind>(&text).ok().map(|k| k.kind)
+}
+
 /// The pipeline; `in_bundle` allows `spec.agents`.
 pub(crate) fn load_agent_with(path: &Path, in_bundle: bool) -> Result<Compiled, Diagnostics> {
     let mut out = Vec::new();

@@ -206,13 +206,33 @@ fn check_case(
     problems
 }
 
+/// An example's `agent.yaml`, compiled; in a bundle example (a `bundle.yaml` beside it, whose
+/// root it is) as the bundle compiles it, with every member's warnings and a committed lock that
+/// must match the closure.
+fn load_example(dir: &Path) -> Result<phrony_manifest::Compiled, phrony_manifest::Diagnostics> {
+    let bundle = dir.join("bundle.yaml");
+    if !bundle.is_file() {
+        return phrony_manifest::load_agent(dir.join("agent.yaml"));
+    }
+    let validated = phrony_manifest::validate_bundle(&bundle, true)?;
+    let root = validated.bundle.members.into_iter().next();
+    let agent = root
+        .and_then(|m| m.vendored)
+        .map(|(_, agent)| agent)
+        .unwrap_or_else(|| panic!("{}: the bundle's root is not a local member", dir.display()));
+    Ok(phrony_manifest::Compiled {
+        agent,
+        warnings: validated.bundle.warnings,
+    })
+}
+
 #[test]
 fn every_example_case_gets_its_expected_decision() {
     let mut report = String::new();
     let mut total = 0;
     for dir in example_dirs() {
         let example = dir.file_name().unwrap().to_string_lossy().into_owned();
-        let agent = match phrony_manifest::load_agent(dir.join("agent.yaml")) {
+        let agent = match load_example(&dir) {
             Ok(compiled) => compiled.agent,
             Err(diags) => {
                 let _ = writeln!(report, "{example}: the agent does not compile:\n{diags}");
@@ -252,7 +272,7 @@ fn every_example_compiles_without_warnings() {
     let mut report = String::new();
     let dirs = example_dirs();
     for dir in &dirs {
-        match phrony_manifest::load_agent(dir.join("agent.yaml")) {
+        match load_example(dir) {
             Ok(compiled) => {
                 for warning in compiled.warnings {
                     let _ = writeln!(report, "{warning}");

@@ -23,6 +23,42 @@ pub(crate) fn load_agent(path: &Path) -> anyhow::Result<CompiledAgent> {
     }
 }
 
+/// The agent `phrony policies check` decides for: the agent manifest at `path`, or, when `path`
+/// is a Bundle, its member named `member` (default: the root), compiled as the bundle compiles
+/// it (delegations allowed).
+pub(crate) fn load_checked_agent(
+    path: &Path,
+    member: Option<&str>,
+) -> anyhow::Result<CompiledAgent> {
+    if phrony_manifest::document_kind(path).as_deref() != Some("Bundle") {
+        if let Some(m) = member {
+            anyhow::bail!(
+                "--member {m:?}: {} is not a Bundle; --member picks a member of a bundle",
+                path.display()
+            );
+        }
+        return load_agent(path);
+    }
+    let validated = phrony_manifest::validate_bundle(path, false)
+        .map_err(|diags| rejected(&diags, "bundle"))?;
+    print_diagnostics(&validated.bundle.warnings)?;
+    let mut members = validated.bundle.members.into_iter();
+    let names: Vec<String> = members.clone().map(|m| m.child_name).collect();
+    let found = match member {
+        None => members.next(),
+        Some(m) => members.find(|b| b.child_name == m),
+    };
+    match found.and_then(|m| m.vendored) {
+        Some((_, agent)) => Ok(agent),
+        None => anyhow::bail!(
+            "bundle {} has no local member {:?} (members: {})",
+            path.display(),
+            member.unwrap_or("root"),
+            names.join(", ")
+        ),
+    }
+}
+
 /// The policy engine of a compiled agent.
 pub(crate) fn policy_set(agent: &CompiledAgent, path: &Path) -> anyhow::Result<PolicySet> {
     agent.policy_set().map_err(|errors| {

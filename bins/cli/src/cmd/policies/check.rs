@@ -20,8 +20,11 @@ use crate::cmd::{Output, manifest, render};
 /// Arguments of `phrony policies check`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
-    /// Agent manifest (agent.yaml).
+    /// Agent manifest (agent.yaml), or a bundle (bundle.yaml: its root member, or `--member`).
     manifest: PathBuf,
+    /// With a bundle: the member whose policies decide (its `metadata.name`); default the root.
+    #[arg(long, value_name = "NAME")]
+    member: Option<String>,
     /// The tool called: its wire name (`issue_refund`) or logical id (`payments.issue-refund`).
     #[arg(long, value_name = "TOOL")]
     tool: String,
@@ -45,7 +48,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         Some(text) => parse_context(text)?,
         None => Context::default(),
     };
-    let agent = manifest::load_agent(&args.manifest)?;
+    let agent = manifest::load_checked_agent(&args.manifest, args.member.as_deref())?;
     let binding = find_tool(&agent, &args.tool)?;
     let policies = manifest::policy_set(&agent, &args.manifest)?;
     let args_errors = schema_errors(binding, &call_args);
