@@ -121,6 +121,9 @@ impl Desk {
             return say(format!("{agent} {head}: {content}"));
         }
         match agent {
+            "front-desk" if first.contains("escalate") => {
+                call("escalate", json!({ "task": first }))
+            }
             "front-desk" if first.contains("notes") => {
                 call("ask_notes", json!({"task": "What is the status of ORD-1?"}))
             }
@@ -141,6 +144,7 @@ impl Desk {
                 }
             }
             "order-notes" => say("Payment to ORD-1 is pending settlement."),
+            "escalations" => say("Escalation taken by the on-call team."),
             other => say(format!("{other} has no rule")),
         }
     }
@@ -552,6 +556,36 @@ async fn scenario(db: Db) {
     assert_eq!(closed.status, "cancelled");
     assert_eq!(worker_refunds(&worker), [100, 400]);
 
+    // 8. A late-bound delegation runs whatever version of the published agent is deployed
+    //    when the call is made: none yet is a tool error, then the deployed one runs.
+    let root = run(&mut client, "escalate: customer is angry").await;
+    let done = wait_for(&mut client, &root, &["completed", "failed"]).await;
+    assert_eq!(done.status, "completed", "{}", done.error);
+    let results = desk.results("front-desk", "escalate: customer is angry");
+    assert_eq!(results.len(), 1);
+    assert!(results[0].1, "{results:?}");
+    assert!(
+        results[0].0.contains("support/escalations could not be resolved"),
+        "{results:?}"
+    );
+    assert!(tree_of(&mut client, &root).await.children.is_empty());
+    let escalations = phrony_manifest::load_agent(fixture().join("escalations/agent.yaml"))
+        .unwrap()
+        .agent;
+    crate::sessions::publish_and_deploy(&mut client, &escalations).await;
+    let root = run(&mut client, "escalate: customer is still angry").await;
+    let done = wait_for(&mut client, &root, &["completed", "failed"]).await;
+    assert_eq!(done.status, "completed", "{}", done.error);
+    assert_eq!(
+        desk.results("front-desk", "escalate: customer is still angry"),
+        [(
+            json!({"output": "Escalation taken by the on-call team."}).to_string(),
+            false
+        )]
+    );
+    let tree = tree_of(&mut client, &root).await;
+    assert_eq!(children(&tree)[0].3, "escalations");
+
     // 7. A restart while the child waits for its approval: the same child is resumed (not a
     //    second one started, not an outcome review of the delegation), and approving it
     //    finishes both.
@@ -592,6 +626,10 @@ async fn scenario(db: Db) {
         "the parent asked a human: {approvals:?}"
     );
     server.stop().await;
+}
+
+async fn tree_of(client: &mut RuntimeClient<Channel>, id: &str) -> pb::SessionInspect {
+    inspect(client, id).await.session.unwrap()
 }
 
 fn worker_refunds(worker: &Worker) -> Vec<u64> {
