@@ -565,7 +565,9 @@ async fn scenario(db: Db) {
     assert_eq!(results.len(), 1);
     assert!(results[0].1, "{results:?}");
     assert!(
-        results[0].0.contains("support/escalations could not be resolved"),
+        results[0]
+            .0
+            .contains("support/escalations could not be resolved"),
         "{results:?}"
     );
     assert!(tree_of(&mut client, &root).await.children.is_empty());

@@ -71,6 +71,8 @@ pub(crate) enum Outcome {
     },
     /// The stream broke before the session ended.
     Lost(String),
+    /// The operator opened this child session (a delegation's) from the viewer.
+    Open(String),
 }
 
 /// `phrony sessions attach ID`: attaches to an existing session.
@@ -94,9 +96,29 @@ pub(crate) async fn run_attached(
     finish(session_id, &outcome, true)
 }
 
+/// Views `session_id` until the operator leaves it; a child session opened from the viewer is
+/// viewed in turn, and leaving it returns to its parent's view.
+async fn attach(client: &Client, session_id: &str, no_tui: bool) -> anyhow::Result<Outcome> {
+    let mut stack = vec![session_id.to_owned()];
+    loop {
+        let current = stack.last().map_or(session_id, String::as_str);
+        match attach_one(client, current, no_tui).await? {
+            Outcome::Open(child) if stack.len() < MAX_OPEN_CHILDREN => stack.push(child),
+            Outcome::Open(_) => {}
+            _ if stack.len() > 1 => {
+                stack.pop();
+            }
+            outcome => return Ok(outcome),
+        }
+    }
+}
+
+/// How deep the viewer follows delegations (parent → child → …) before it stops opening more.
+const MAX_OPEN_CHILDREN: usize = 16;
+
 /// Opens the stream to `session_id` and runs the chosen renderer until the operator leaves or
 /// the session ends.
-async fn attach(client: &Client, session_id: &str, no_tui: bool) -> anyhow::Result<Outcome> {
+async fn attach_one(client: &Client, session_id: &str, no_tui: bool) -> anyhow::Result<Outcome> {
     let actor = remote::actor(client.sends_credential())?;
     let session = client
         .attach(session_id, &actor)
@@ -115,6 +137,8 @@ async fn attach(client: &Client, session_id: &str, no_tui: bool) -> anyhow::Resu
 fn finish(session_id: &str, outcome: &Outcome, fail_on_failure: bool) -> anyhow::Result<()> {
     match outcome {
         Outcome::Lost(reason) => bail!("lost the stream of session {session_id}: {reason}"),
+        // `attach` follows an opened child itself; this never reaches here.
+        Outcome::Open(_) => Ok(()),
         Outcome::Detached {
             phase: Phase::Failed,
             failure,
@@ -224,7 +248,7 @@ impl Link for RemoteLink<'_> {
                 .cancel_session(&self.session_id, &self.actor)
                 .await
                 .map_err(|e| format!("cancel: {e}")),
-            Action::Detach => Ok(()),
+            Action::Detach | Action::Open(_) => Ok(()),
         }
     }
 }

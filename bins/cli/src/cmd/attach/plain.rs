@@ -548,7 +548,7 @@ impl<O: Write, E: Write> Plain<O, E> {
             }
             Action::Complete => self.status("completing the session")?,
             Action::Cancel => self.status("cancelling the session")?,
-            Action::Detach => {}
+            Action::Detach | Action::Open(_) => {}
         }
         Ok(())
     }

@@ -57,6 +57,7 @@ pub(crate) async fn run_directed(
     };
     let mut tick = tokio::time::interval(TICK);
     let mut lost: Option<String> = None;
+    let mut open: Option<String> = None;
     let result = loop {
         if let Err(e) = screen.terminal.draw(|frame| draw(frame, &view, Utc::now())) {
             break Err(anyhow::Error::new(e).context("draw the terminal"));
@@ -74,6 +75,10 @@ pub(crate) async fn run_directed(
                 Some(Input::Key(key)) => {
                     let Some(action) = view.key(key) else { continue };
                     if action == Action::Detach {
+                        break Ok(());
+                    }
+                    if let Action::Open(child) = action {
+                        open = Some(child);
                         break Ok(());
                     }
                     match link.perform(&action).await {
@@ -109,8 +114,9 @@ pub(crate) async fn run_directed(
     // The reader notices `stop` within KEY_POLL; a failed join only means it panicked.
     let _ = reader.join();
     result?;
-    Ok(match lost {
-        Some(error) if !view.phase.is_terminal() => Outcome::Lost(error),
+    Ok(match (open, lost) {
+        (Some(child), _) => Outcome::Open(child),
+        (None, Some(error)) if !view.phase.is_terminal() => Outcome::Lost(error),
         _ => Outcome::Detached {
             phase: view.phase,
             failure: view.failure.clone(),
@@ -966,7 +972,12 @@ fn centered(area: Rect, width: u16, height: u16) -> Rect {
 
 fn draw_menu(frame: &mut Frame<'_>, view: &View, selected: usize, area: Rect) {
     let items = view.menu_items();
-    let width = items.iter().map(|i| i.label().width()).max().unwrap_or(0) + 6;
+    let width = items
+        .iter()
+        .map(|i| i.label(view).width())
+        .max()
+        .unwrap_or(0)
+        + 6;
     let rect = centered(
         area,
         u16::try_from(width).unwrap_or(u16::MAX),
@@ -978,11 +989,11 @@ fn draw_menu(frame: &mut Frame<'_>, view: &View, selected: usize, area: Rect) {
         .map(|(i, item): (usize, &MenuItem)| {
             if i == selected {
                 Line::styled(
-                    format!(" › {} ", item.label()),
+                    format!(" › {} ", item.label(view)),
                     Style::new().add_modifier(Modifier::REVERSED | Modifier::BOLD),
                 )
             } else {
-                Line::raw(format!("   {} ", item.label()))
+                Line::raw(format!("   {} ", item.label(view)))
             }
         })
         .collect();

@@ -104,6 +104,8 @@ pub(crate) enum Action {
     Cancel,
     /// Leave the viewer; the session keeps running.
     Detach,
+    /// Switch the viewer to this child session (a delegation's); leaving it comes back here.
+    Open(String),
 }
 
 /// How a notice reads.
@@ -292,17 +294,25 @@ pub(crate) enum Prompt {
 pub(crate) enum MenuItem {
     Complete,
     Cancel,
+    /// Open the `n`-th delegation's child session ([`View::children`]).
+    OpenChild(usize),
     Detach,
     Close,
 }
 
 impl MenuItem {
-    pub(crate) fn label(self) -> &'static str {
+    pub(crate) fn label(self, view: &View) -> String {
         match self {
-            Self::Complete => "Complete session",
-            Self::Cancel => "Cancel session",
-            Self::Detach => "Detach (the session keeps running)",
-            Self::Close => "Close viewer",
+            Self::Complete => "Complete session".to_owned(),
+            Self::Cancel => "Cancel session".to_owned(),
+            Self::OpenChild(i) => view
+                .children
+                .get(i)
+                .map_or_else(String::new, |(target, id)| {
+                    format!("Open child {target} ({id})")
+                }),
+            Self::Detach => "Detach (the session keeps running)".to_owned(),
+            Self::Close => "Close viewer".to_owned(),
         }
     }
 }
@@ -359,6 +369,8 @@ pub(crate) struct View {
     last_status: Option<String>,
     tools: HashMap<String, String>,
     approvals_seen: HashSet<String>,
+    /// The child sessions of the session's delegations, in call order: (target, session id).
+    pub(crate) children: Vec<(String, String)>,
 }
 
 /// What an empty Enter says.
@@ -395,6 +407,7 @@ impl View {
             last_status: None,
             tools: HashMap::new(),
             approvals_seen: HashSet::new(),
+            children: Vec::new(),
         }
     }
 
@@ -469,6 +482,15 @@ impl View {
             SessionEvent::ToolCall(call) => {
                 let tool = format!("{}@{}", call.tool, call.version);
                 self.tools.insert(call.call_id, tool.clone());
+                if let Some(d) = &call.delegation
+                    && !self
+                        .children
+                        .iter()
+                        .any(|(_, id)| id == &d.child_session_id)
+                {
+                    self.children
+                        .push((d.target.clone(), d.child_session_id.clone()));
+                }
                 self.blocks.push(Block::ToolCall {
                     tool,
                     args: call.args,
@@ -713,10 +735,16 @@ impl View {
 
     /// The entries of the action menu.
     pub(crate) fn menu_items(&self) -> Vec<MenuItem> {
+        // The latest delegation first: its child is the one most likely waiting for a human.
+        let children = (0..self.children.len()).rev().map(MenuItem::OpenChild);
         if self.ended() {
-            vec![MenuItem::Close]
+            children.chain([MenuItem::Close]).collect()
         } else {
-            vec![MenuItem::Complete, MenuItem::Cancel, MenuItem::Detach]
+            [MenuItem::Complete, MenuItem::Cancel]
+                .into_iter()
+                .chain(children)
+                .chain([MenuItem::Detach])
+                .collect()
         }
     }
 
@@ -963,6 +991,10 @@ impl View {
                         return match items.get(selected) {
                             Some(MenuItem::Complete) => Some(Action::Complete),
                             Some(MenuItem::Cancel) => Some(Action::Cancel),
+                            Some(MenuItem::OpenChild(i)) => self
+                                .children
+                                .get(*i)
+                                .map(|(_, id)| Action::Open(id.clone())),
                             Some(MenuItem::Detach | MenuItem::Close) => Some(Action::Detach),
                             None => None,
                         };
@@ -1449,6 +1481,55 @@ mod tests {
         view.key(Key::Char('a'));
         view.key(Key::Ctrl('p'));
         assert_eq!(view.key(Key::Ctrl('c')), Some(Action::Detach));
+    }
+
+    #[test]
+    fn the_menu_opens_a_delegations_child_session() {
+        let mut view = started_view();
+        let delegation = |call_id: &str, child: &str| {
+            let mut call = tool_call(call_id, "./specialists/refunds.yaml", r#"{"task":"x"}"#);
+            if let SessionEvent::ToolCall(c) = &mut call {
+                c.delegation = Some(phrony_client::interactive::Delegation {
+                    child_session_id: child.into(),
+                    target: "support/refund-specialist".into(),
+                });
+            }
+            call
+        };
+        view.apply(delegation("call_1", "run_child_1"), Utc::now());
+        view.apply(delegation("call_2", "run_child_2"), Utc::now());
+        // The same call seen again (a replay after re-attaching) adds no entry.
+        view.apply(delegation("call_2", "run_child_2"), Utc::now());
+        let items = view.menu_items();
+        assert_eq!(
+            items,
+            vec![
+                MenuItem::Complete,
+                MenuItem::Cancel,
+                MenuItem::OpenChild(1),
+                MenuItem::OpenChild(0),
+                MenuItem::Detach
+            ]
+        );
+        assert_eq!(
+            items[2].label(&view),
+            "Open child support/refund-specialist (run_child_2)"
+        );
+        // The latest delegation's child comes first.
+        assert_eq!(
+            keys(
+                &mut view,
+                &[Key::Ctrl('p'), Key::Down, Key::Down, Key::Enter]
+            ),
+            vec![Action::Open("run_child_2".into())]
+        );
+        assert_eq!(
+            keys(
+                &mut view,
+                &[Key::Ctrl('p'), Key::Down, Key::Down, Key::Down, Key::Enter]
+            ),
+            vec![Action::Open("run_child_1".into())]
+        );
     }
 
     #[test]

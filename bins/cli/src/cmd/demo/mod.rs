@@ -269,6 +269,8 @@ async fn converse(client: &Client, actor: &str, args: &Args) -> anyhow::Result<S
             bail!("the demo ended early (session {})", phase.label())
         }
         Outcome::Lost(reason) => bail!("lost the demo session's stream: {reason}"),
+        // The demo agent delegates nothing, and its plain renderer opens no child.
+        Outcome::Open(child) => bail!("the demo ended early (opened session {child})"),
     }
 }
 
