@@ -3,9 +3,11 @@
 //! The same pattern as the agent lifecycle (`lifecycle.rs`): every write locks the bundle's
 //! stream (`bundle:<ns>/<name>`), checks the request against the projections, appends ONE
 //! event and applies it with [`apply`], which [`Ledger::rebuild_projections`] replays. A
-//! publish writes the bundle, its version, one vendored agent version per member (no `agents`
-//! row: the version row names the member's `metadata.namespace` / `metadata.name`) and the
-//! member rows, all from the one `bundle.version_published` event, in one transaction.
+//! publish writes the bundle, its version, one vendored agent version per vendored member (no
+//! `agents` row: the version row names the member's `metadata.namespace` / `metadata.name`) and
+//! the member rows, all from the one `bundle.version_published` event, in one transaction. An
+//! external member (`namespace.name@version`) gets no version of its own: its row points at the
+//! published catalog version, which the publish checks exists and may be used.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -21,7 +23,7 @@ use crate::event_body::{
     BundleActivated, BundleMemberPublished, BundleVersionPublished, EventBody, expect_rows,
 };
 use crate::events::{StreamHead, append, lock_stream};
-use crate::model::{AgentVersion, BundleMemberOrigin, DeploymentAction, Event};
+use crate::model::{AgentVersion, BundleMemberOrigin, DeploymentAction, Event, VersionOrigin};
 use crate::rows::{AgentVersionRef, find_version_by_id, version_cannot_run};
 
 /// `namespace/name` of a bundle.
@@ -85,26 +87,32 @@ pub struct NewBundleVersion {
     pub actor: Attribution,
 }
 
-/// One member of a [`NewBundleVersion`]. Every member is stored as a vendored agent version
-/// (the manifest refuses external members for now).
+/// One member of a [`NewBundleVersion`]. A vendored member is stored as a new vendored agent
+/// version; an external member names an existing published agent version.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewBundleMember {
     /// The member's name in the bundle (its `metadata.name`).
     pub child_name: String,
+    /// Vendored (a new private version) or external (a published catalog version).
+    pub origin: BundleMemberOrigin,
     /// The ref recorded in the lock.
     pub reference: String,
     /// Whether it is the root.
     pub is_root: bool,
     /// The content hash the lock recorded for it.
     pub lock_content_hash: String,
-    /// The id its vendored agent version gets, chosen by the caller: the members' snapshots
-    /// are pinned to these ids before publish. Must not name an existing version.
+    /// Vendored: the id its vendored agent version gets, chosen by the caller (the members'
+    /// snapshots are pinned to these ids before publish); must not name an existing version.
+    /// External: the id of the published agent version it names; must name a published
+    /// (catalog, not retired) version of `agent`, whose agent is not archived, with
+    /// `content_hash`.
     pub version_id: Uuid,
-    /// The member's `metadata.namespace/name@version`.
+    /// The member's `metadata.namespace/name@version` (external: the ref's).
     pub agent: AgentVersionRef,
     /// Its compiled snapshot (delegations pinned), stored byte for byte; a JSON object.
+    /// Empty (and not stored) for an external member.
     pub snapshot_json: String,
-    /// The snapshot's content hash.
+    /// The snapshot's content hash (external: the published version's).
     pub content_hash: String,
 }
 
@@ -284,7 +292,25 @@ impl NewBundleVersion {
             }
             m.agent.validate()?;
             require_text(&format!("members[{i}].content_hash"), &m.content_hash)?;
-            require_json_object(&format!("members[{i}].snapshot_json"), &m.snapshot_json)?;
+            match m.origin {
+                BundleMemberOrigin::Vendored => {
+                    require_json_object(&format!("members[{i}].snapshot_json"), &m.snapshot_json)?;
+                }
+                BundleMemberOrigin::External => {
+                    if m.is_root {
+                        return Err(LedgerError::invalid(format!(
+                            "members[{i}] {:?}: an external member cannot be the root",
+                            m.child_name
+                        )));
+                    }
+                    if !m.snapshot_json.is_empty() {
+                        return Err(LedgerError::invalid(format!(
+                            "members[{i}] {:?}: an external member carries no snapshot",
+                            m.child_name
+                        )));
+                    }
+                }
+            }
         }
         Ok(())
     }
@@ -598,16 +624,19 @@ async fn publish(tx: &mut Tx, new: &NewBundleVersion) -> Result<PublishedBundle>
         }
     }
     for m in &new.members {
-        if find_version_by_id(&mut tx.conn(), m.version_id)
-            .await?
-            .is_some()
-        {
-            return Err(LedgerError::AlreadyExists {
-                message: format!(
-                    "bundle member {:?}: agent version {} already exists",
-                    m.child_name, m.version_id
-                ),
-            });
+        let found = find_version_by_id(&mut tx.conn(), m.version_id).await?;
+        match m.origin {
+            BundleMemberOrigin::Vendored => {
+                if found.is_some() {
+                    return Err(LedgerError::AlreadyExists {
+                        message: format!(
+                            "bundle member {:?}: agent version {} already exists",
+                            m.child_name, m.version_id
+                        ),
+                    });
+                }
+            }
+            BundleMemberOrigin::External => check_external(tx, m, found).await?,
         }
     }
     let payload = published_payload(new, existing.map_or_else(Uuid::new_v4, |b| b.id))?;
@@ -627,6 +656,56 @@ async fn publish(tx: &mut Tx, new: &NewBundleVersion) -> Result<PublishedBundle>
         lock_json: payload.lock_json,
         created: true,
     })
+}
+
+/// An external member must name a published catalog version of its agent, with its content
+/// hash, neither retired nor of an archived agent.
+async fn check_external(
+    tx: &mut Tx,
+    m: &NewBundleMember,
+    found: Option<AgentVersion>,
+) -> Result<()> {
+    let refused = |why: String| {
+        LedgerError::precondition(format!(
+            "external bundle member {:?} ({}): {why}",
+            m.child_name, m.agent
+        ))
+    };
+    let Some(v) = found else {
+        return Err(refused(format!(
+            "agent version {} does not exist",
+            m.version_id
+        )));
+    };
+    if v.origin != VersionOrigin::Published {
+        return Err(refused(format!(
+            "agent version {} is a vendored bundle member, not a published version",
+            m.version_id
+        )));
+    }
+    if v.agent.namespace != m.agent.namespace
+        || v.agent.name != m.agent.name
+        || v.version != m.agent.version
+    {
+        return Err(refused(format!(
+            "agent version {} is {}@{}",
+            m.version_id, v.agent, v.version
+        )));
+    }
+    if v.content_hash != m.content_hash {
+        return Err(refused(format!(
+            "content hash {:?} differs from the published version's {:?}",
+            m.content_hash, v.content_hash
+        )));
+    }
+    if v.retired_at.is_some() {
+        return Err(refused("the version is retired".to_owned()));
+    }
+    let agent = crate::lifecycle::find_agent(&mut tx.conn(), &v.agent).await?;
+    if agent.is_none_or(|a| a.archived_at.is_some()) {
+        return Err(refused(format!("agent {} is archived", v.agent)));
+    }
+    Ok(())
 }
 
 fn published_payload(new: &NewBundleVersion, bundle_id: Uuid) -> Result<BundleVersionPublished> {
@@ -650,7 +729,7 @@ fn published_payload(new: &NewBundleVersion, bundle_id: Uuid) -> Result<BundleVe
             .iter()
             .map(|m| BundleMemberPublished {
                 child_name: m.child_name.clone(),
-                origin: BundleMemberOrigin::Vendored,
+                origin: m.origin,
                 reference: m.reference.clone(),
                 is_root: m.is_root,
                 version_id: m.version_id,
@@ -659,7 +738,8 @@ fn published_payload(new: &NewBundleVersion, bundle_id: Uuid) -> Result<BundleVe
                 version: m.agent.version.clone(),
                 lock_content_hash: m.lock_content_hash.clone(),
                 content_hash: m.content_hash.clone(),
-                snapshot_json: Some(m.snapshot_json.clone()),
+                snapshot_json: (m.origin == BundleMemberOrigin::Vendored)
+                    .then(|| m.snapshot_json.clone()),
             })
             .collect(),
     })

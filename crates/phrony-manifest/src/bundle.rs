@@ -1,9 +1,10 @@
 //! Bundles (§1.5, §1.6, §6.5, §6.6): the closure walk from `spec.root`, `bundle.lock.json`
 //! computation and drift checks, and the secret union.
 //!
-//! Only local (vendored) members are compiled here. External members (`namespace.name@version`)
-//! are recorded, but their content hash lives in a runtime: locking a bundle that has any is
-//! refused with a clear message until the CLI can ask the daemon.
+//! Only local (vendored) members are compiled here. External members (`namespace.name@version`,
+//! a published catalog version) are recorded and not walked; their content hash lives in a
+//! runtime, so [`Bundle::compute_lock_with`] takes a resolver (`phrony bundles lock` asks the
+//! daemon) and [`Bundle::compute_lock`], which has none, refuses them.
 //!
 //! Lock `ref`s: the root member's ref is `spec.root` as written. A delegation declared by a member
 //! that lives in the bundle directory keeps its ref as written (`./specialists/payment.yaml`);
@@ -125,10 +126,29 @@ impl Bundle {
         )
     }
 
-    /// The lock of this closure. Fails when a member is external (its content hash is known
-    /// only to a runtime).
+    /// The lock of this closure, without a runtime. Fails when a member is external (its
+    /// content hash is known only to a runtime): use [`Bundle::compute_lock_with`], as
+    /// `phrony bundles lock` does with a reachable runtime.
     pub fn compute_lock(&self) -> Result<BundleLock, String> {
+        self.compute_lock_with(&mut |_, _, _| {
+            Err(
+                "resolving its content_hash needs a runtime; run phrony bundles lock with a \
+                 reachable runtime (--runtime-addr)"
+                    .to_owned(),
+            )
+        })
+        .map_err(|problems| problems.join("; "))
+    }
+
+    /// The lock of this closure; `resolve(namespace, name, version)` gives the content hash
+    /// of an external member's published version (or why it cannot). It is called once per
+    /// external member, in walk order. Every member that cannot be locked is reported.
+    pub fn compute_lock_with(
+        &self,
+        resolve: &mut dyn FnMut(&str, &str, &str) -> Result<String, String>,
+    ) -> Result<BundleLock, Vec<String>> {
         let mut members = Vec::with_capacity(self.members.len());
+        let mut problems = Vec::new();
         for m in &self.members {
             match (&m.vendored, &m.external) {
                 (Some((_, agent)), _) => members.push(LockMember {
@@ -140,14 +160,41 @@ impl Bundle {
                     name: String::new(),
                     version: String::new(),
                 }),
-                (None, _) => {
-                    return Err(format!(
-                        "bundle has external member {:?}: resolving its content_hash needs a \
-                         runtime, which local locking does not support yet",
-                        m.child_name
-                    ));
+                (None, Some((namespace, name, version))) => {
+                    let refused = |why: &str| {
+                        format!(
+                            "bundle has external member {:?} ({}): {why}",
+                            m.child_name, m.reference
+                        )
+                    };
+                    if version.is_empty() {
+                        problems.push(refused(
+                            "an external member must pin a version (namespace.name@version)",
+                        ));
+                        continue;
+                    }
+                    match resolve(namespace, name, version) {
+                        Ok(hash) if !hash.trim().is_empty() => members.push(LockMember {
+                            child_name: m.child_name.clone(),
+                            origin: MemberOrigin::External,
+                            content_hash: hash,
+                            reference: m.reference.clone(),
+                            namespace: namespace.clone(),
+                            name: name.clone(),
+                            version: version.clone(),
+                        }),
+                        Ok(_) => problems.push(refused("the runtime gave an empty content_hash")),
+                        Err(why) => problems.push(refused(&why)),
+                    }
                 }
+                (None, None) => problems.push(format!(
+                    "member {:?}: neither vendored nor external",
+                    m.child_name
+                )),
             }
+        }
+        if !problems.is_empty() {
+            return Err(problems);
         }
         let root = self
             .members
@@ -155,6 +202,11 @@ impl Bundle {
             .map(|m| m.child_name.clone())
             .unwrap_or_default();
         Ok(BundleLock::new(root, members))
+    }
+
+    /// True when the closure has an external member (locking it needs a runtime).
+    pub fn has_external_members(&self) -> bool {
+        self.members.iter().any(|m| m.external.is_some())
     }
 
     fn lock_path(&self) -> PathBuf {
@@ -364,6 +416,11 @@ impl Walk<'_> {
                     name,
                     version,
                 }) => {
+                    // The compiler keeps `namespace.name` as the binding's ref and the pinned
+                    // version in its target.
+                    let version = version
+                        .filter(|v| !v.is_empty())
+                        .unwrap_or_else(|| target.version.clone());
                     if self.by_child.contains_key(&name) {
                         continue;
                     }
@@ -371,12 +428,9 @@ impl Walk<'_> {
                     self.members.push(BundleMember {
                         child_name: name.clone(),
                         origin: MemberOrigin::External,
-                        reference: format!(
-                            "{namespace}.{name}@{}",
-                            version.clone().unwrap_or_default()
-                        ),
+                        reference: format!("{namespace}.{name}@{version}"),
                         vendored: None,
-                        external: Some((namespace, name, version.unwrap_or_default())),
+                        external: Some((namespace, name, version)),
                     });
                 }
                 // Invalid refs were reported when the member was validated.
@@ -437,13 +491,36 @@ pub struct Locked {
 }
 
 /// Walks the closure, checks the secret union, and writes `bundle.lock.json` beside the bundle
-/// (atomically; nothing is written when anything fails, including a secret conflict).
+/// (atomically; nothing is written when anything fails, including a secret conflict). A closure
+/// with an external member is refused: see [`lock_loaded_bundle`].
 pub fn lock_bundle(path: impl AsRef<Path>) -> Result<Locked, Diagnostics> {
     let bundle = load_bundle(path)?;
+    lock_loaded_bundle(bundle, &mut |_, _, _| {
+        Err(
+            "resolving its content_hash needs a runtime; run phrony bundles lock with a \
+             reachable runtime (--runtime-addr)"
+                .to_owned(),
+        )
+    })
+}
+
+/// Locks a loaded bundle: checks the secret union, computes the lock with
+/// [`Bundle::compute_lock_with`] (`resolve` gives external members' content hashes) and
+/// writes `bundle.lock.json` beside the bundle (atomically; nothing is written when anything
+/// fails).
+pub fn lock_loaded_bundle(
+    bundle: Bundle,
+    resolve: &mut dyn FnMut(&str, &str, &str) -> Result<String, String>,
+) -> Result<Locked, Diagnostics> {
     secrets_or_diags(&bundle)?;
-    let lock = bundle
-        .compute_lock()
-        .map_err(|m| Diagnostics::single(lock_diag(&bundle.path, m)))?;
+    let lock = bundle.compute_lock_with(resolve).map_err(|problems| {
+        Diagnostics::new(
+            problems
+                .into_iter()
+                .map(|m| lock_diag(&bundle.path, m))
+                .collect(),
+        )
+    })?;
     let lock_path = bundle.lock_path();
     write_atomically(&lock_path, &lock.to_file_bytes()).map_err(|e| {
         Diagnostics::single(lock_diag(&lock_path, format!("cannot write the lock: {e}")))

@@ -90,7 +90,7 @@ mod yaml_pos;
 
 pub use bundle::{
     Bundle, BundleLock, BundleMember, LOCK_FILE, Locked, ValidatedBundle, load_bundle, lock_bundle,
-    validate_bundle,
+    lock_loaded_bundle, validate_bundle,
 };
 pub use canonical::Json;
 pub use destinations::{DeclaredDestination, DeclaredEndpoint, SecretUser, normalize_api_root};
@@ -107,7 +107,8 @@ pub use names::{AgentNameError, ForbiddenChar, check_agent_name};
 pub use publication::{
     BundleHeader, BundleHeaderMetadata, BundleHeaderSpec, MAX_BUNDLE_LOCK_BYTES,
     MAX_BUNDLE_MANIFEST_BYTES, MAX_BUNDLE_MEMBERS, MAX_MEMBER_SNAPSHOT_BYTES, PublicationError,
-    PublishedMember, ReceivedMember, VerifiedBundle, VerifiedMember, verify_publication,
+    PublishedMember, ReceivedMember, ResolvedExternal, VerifiedBundle, VerifiedMember,
+    external_member_ref, verify_publication,
 };
 pub use refs::{AgentRef, AgentRefError, parse_agent_ref};
 pub use schema::{ArgError, OutputSchemaError, OutputValidator, SchemaError, ToolArgsValidator};

@@ -4,10 +4,12 @@
 //! The wire carries three parts: the Bundle document as canonical JSON ([`BundleHeader`]), one
 //! [`PublishedMember`] per closure member (vendored members carry their compiled snapshot
 //! exactly as the compiler wrote it, delegation bindings still unpinned), and the committed
-//! `bundle.lock.json`. The server trusts none of it: it re-derives the lock from the members,
-//! refuses any drift, and pins each vendored member's local delegations to the version ids it
-//! is about to store, so a bundle run is reproducible even when an agent of the same name is
-//! re-published later.
+//! `bundle.lock.json`. External members (`namespace.name@version`) carry no snapshot: the
+//! server resolves each to the published catalog version it names before verifying. The server
+//! trusts none of it: it re-derives the lock from the members (external content hashes from
+//! its own catalog), refuses any drift, and pins each vendored member's delegations, local ones
+//! to the version ids it is about to store and external ones to the published versions, so a
+//! bundle run is reproducible even when an agent of the same name is re-published later.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -76,11 +78,12 @@ impl BundleHeader {
 pub struct PublishedMember {
     /// The member agent's `metadata.name`.
     pub child_name: String,
-    /// Vendored (this runtime publishes only vendored members so far).
+    /// Vendored or external.
     pub origin: MemberOrigin,
-    /// The ref recorded in the lock.
+    /// The ref recorded in the lock (`namespace.name@version` for an external member).
     pub authoring_ref: String,
-    /// The compiled snapshot (canonical JSON, delegations unpinned).
+    /// The compiled snapshot (canonical JSON, delegations unpinned); empty for an external
+    /// member (the runtime has its published version).
     pub snapshot_json: Vec<u8>,
     /// True for the root member (the first).
     pub is_root: bool,
@@ -104,23 +107,29 @@ impl Bundle {
         }
     }
 
-    /// The members to publish, root first. Fails when a member is external: publishing
-    /// external members is not supported yet.
+    /// The members to publish, root first: vendored members with their compiled snapshot,
+    /// external members with their `namespace.name@version` ref and no snapshot.
     pub fn published_members(&self) -> Result<Vec<PublishedMember>, String> {
         self.members
             .iter()
             .enumerate()
-            .map(|(i, m)| match &m.vendored {
-                Some((_, agent)) => Ok(PublishedMember {
+            .map(|(i, m)| match (&m.vendored, &m.external) {
+                (Some((_, agent)), _) => Ok(PublishedMember {
                     child_name: m.child_name.clone(),
                     origin: MemberOrigin::Vendored,
                     authoring_ref: m.reference.clone(),
                     snapshot_json: agent.snapshot_json(),
                     is_root: i == 0,
                 }),
-                None => Err(format!(
-                    "bundle has external member {:?}: publishing bundles with external members \
-                     is not supported by this runtime yet",
+                (None, Some(_)) => Ok(PublishedMember {
+                    child_name: m.child_name.clone(),
+                    origin: MemberOrigin::External,
+                    authoring_ref: m.reference.clone(),
+                    snapshot_json: Vec::new(),
+                    is_root: i == 0,
+                }),
+                (None, None) => Err(format!(
+                    "member {:?} is neither vendored nor external",
                     m.child_name
                 )),
             })
@@ -153,7 +162,8 @@ pub struct ReceivedMember<'a> {
     pub child_name: &'a str,
     /// `vendored` or `external` (anything else is refused).
     pub origin: &'a str,
-    /// The ref recorded in the lock: a bundle-relative path for vendored members.
+    /// The ref recorded in the lock: a bundle-relative path for vendored members,
+    /// `namespace.name@version` for external ones.
     pub authoring_ref: &'a str,
     /// The compiled snapshot of a vendored member, canonical, delegations unpinned.
     pub resolved_manifest: &'a [u8],
@@ -181,26 +191,49 @@ pub struct VerifiedBundle {
     pub secrets: Vec<BundleSecret>,
 }
 
-/// One verified vendored member, its local delegations pinned.
+/// What the runtime found for an external member (`namespace.name@version`): the published
+/// catalog version it names, which must exist, be published (not retired) and belong to an
+/// agent that is not archived. Passed to [`verify_publication`] by child name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResolvedExternal {
+    /// The published agent version's id.
+    pub version_id: String,
+    /// Its content hash.
+    pub content_hash: String,
+}
+
+/// One verified member. A vendored member has its delegations pinned; an external member is
+/// the published version it names (no snapshot of its own: `agent` is `None`,
+/// `snapshot_json` empty).
 #[derive(Debug, Clone)]
 pub struct VerifiedMember {
     /// The member's name inside the bundle.
     pub child_name: String,
-    /// Always [`MemberOrigin::Vendored`] so far.
+    /// Vendored or external.
     pub origin: MemberOrigin,
+    /// The member agent's namespace (`metadata.namespace`, or the external ref's).
+    pub namespace: String,
+    /// The member agent's name.
+    pub name: String,
+    /// The member agent's version label.
+    pub version: String,
     /// The authoring ref as received (the lock's `ref`).
     pub reference: String,
     /// True for the root (the first member).
     pub is_root: bool,
-    /// Content hash of the snapshot as received (delegations unpinned), as in the lock.
+    /// Content hash of the snapshot as received (delegations unpinned), as in the lock; for
+    /// an external member, the published version's content hash.
     pub lock_content_hash: String,
-    /// The version id the runtime stores this member under (from `version_id_for`).
+    /// The version id the runtime stores this member under (from `version_id_for`); for an
+    /// external member, the published version's id.
     pub version_id: String,
-    /// The compiled agent with its local delegations pinned.
-    pub agent: CompiledAgent,
-    /// The canonical snapshot of the pinned agent: what gets stored.
+    /// The compiled agent with its delegations pinned (`None` for an external member).
+    pub agent: Option<CompiledAgent>,
+    /// The canonical snapshot of the pinned agent: what gets stored (empty for an external
+    /// member).
     pub snapshot_json: String,
-    /// [`CompiledAgent::content_hash`] of the pinned agent.
+    /// [`CompiledAgent::content_hash`] of the pinned agent; for an external member, the
+    /// published version's content hash.
     pub content_hash: String,
 }
 
@@ -305,8 +338,13 @@ struct Candidate {
     agent: Option<CompiledAgent>,
     /// Content hash of the snapshot as received.
     unpinned_hash: String,
-    /// The version id the runtime assigns (vendored members with a unique child name).
+    /// The version id the runtime assigns (vendored members with a unique child name), or
+    /// the published version an external member resolved to.
     version_id: Option<String>,
+    /// An external member's `(namespace, name, version)`, when its ref parsed.
+    external: Option<(String, String, String)>,
+    /// An external member's published version, when the runtime resolved it.
+    resolved: Option<ResolvedExternal>,
 }
 
 /// Verifies a `PublishBundle` request and pins every vendored member's local delegations.
@@ -314,21 +352,26 @@ struct Candidate {
 /// The checks, all reported at once: the three parts are present and bounded (at most
 /// [`MAX_BUNDLE_MEMBERS`] members); the Bundle document parses (unknown keys refused), is in
 /// canonical form and is valid (envelope, metadata, `spec.root`); exactly one root, first, whose
-/// `authoring_ref` is `spec.root`; unique child names; vendored members only (publishing external
-/// members is not supported yet); each snapshot parses, is canonical and names its child; the
-/// committed lock parses, its `version` is its body hash, and it equals the lock recomputed from
-/// the members; every local delegation names a member, and every member is reachable from the
-/// root in closure walk order without a cycle; each pinned member passes
-/// [`CompiledAgent::validate`]; the secret union has no conflict.
+/// `authoring_ref` is `spec.root`; unique child names; each vendored snapshot parses, is
+/// canonical and names its child; each external member (never the root) has no snapshot, an
+/// `authoring_ref` `namespace.name@version` whose name is its child name, and was resolved by the
+/// runtime (`externals`); the committed lock parses, its `version` is its body hash, and it
+/// equals the lock recomputed from the members (external content hashes from `externals`);
+/// every delegation names a member, and every member is reachable from the root in closure walk
+/// order without a cycle; each pinned member passes [`CompiledAgent::validate`]; the secret union
+/// of the vendored members has no conflict.
 ///
 /// `version_id_for(child_name)` gives the version id the runtime will store a vendored member
 /// under; it is called once per vendored member whose snapshot parsed, in member order, and the
 /// ids are written into the delegation bindings that target that member
-/// (`agent.agent_version_id`, with `namespace`, `name` and `child_name`).
+/// (`agent.agent_version_id`, with `namespace`, `name` and `child_name`). `externals` maps an
+/// external member's child name to the published version the runtime found for its ref, or why
+/// there is none; bindings whose ref is that external ref are pinned to it.
 pub fn verify_publication(
     manifest_json: &[u8],
     members: &[ReceivedMember<'_>],
     committed_lock: &[u8],
+    externals: &HashMap<String, Result<ResolvedExternal, String>>,
     version_id_for: &mut dyn FnMut(&str) -> String,
 ) -> Result<VerifiedBundle, PublicationError> {
     let mut p = Problems::default();
@@ -355,7 +398,7 @@ pub fn verify_publication(
         return Err(p.into_error());
     }
 
-    let mut candidates = check_members(members, header.as_ref(), &mut p);
+    let mut candidates = check_members(members, header.as_ref(), externals, &mut p);
     let recomputed = recompute_lock(&candidates);
     if let (Some(committed), Some(recomputed)) = (&committed, &recomputed) {
         for detail in lock_drift(committed, recomputed) {
@@ -372,9 +415,9 @@ pub fn verify_publication(
     let graph = pin_members(&mut candidates, &mut p);
     // The closure is known only when every member was read: a member that was not has no
     // edges, and everything below it would look unreachable.
-    let complete = candidates
-        .iter()
-        .all(|c| c.agent.is_some() && c.path.is_some() && c.version_id.is_some());
+    let complete = candidates.iter().all(|c| {
+        c.version_id.is_some() && (c.resolved.is_some() || (c.agent.is_some() && c.path.is_some()))
+    });
     if complete && candidates.first().is_some_and(|c| c.is_root) {
         check_closure(&candidates, &graph, &mut p);
     }
@@ -506,12 +549,13 @@ fn check_committed_lock(bytes: &[u8], p: &mut Problems) -> Option<BundleLock> {
 fn check_members(
     members: &[ReceivedMember<'_>],
     header: Option<&BundleHeader>,
+    externals: &HashMap<String, Result<ResolvedExternal, String>>,
     p: &mut Problems,
 ) -> Vec<Candidate> {
     let mut candidates: Vec<Candidate> = members
         .iter()
         .enumerate()
-        .map(|(i, m)| receive_member(i, m, p))
+        .map(|(i, m)| receive_member(i, m, externals, p))
         .collect();
 
     let roots: Vec<usize> = candidates
@@ -572,7 +616,12 @@ fn check_members(
 }
 
 /// Reads one member: origin, authoring ref, snapshot.
-fn receive_member(i: usize, m: &ReceivedMember<'_>, p: &mut Problems) -> Candidate {
+fn receive_member(
+    i: usize,
+    m: &ReceivedMember<'_>,
+    externals: &HashMap<String, Result<ResolvedExternal, String>>,
+    p: &mut Problems,
+) -> Candidate {
     let mut c = Candidate {
         child_name: m.child_name.to_owned(),
         reference: m.authoring_ref.to_owned(),
@@ -582,6 +631,8 @@ fn receive_member(i: usize, m: &ReceivedMember<'_>, p: &mut Problems) -> Candida
         agent: None,
         unpinned_hash: String::new(),
         version_id: None,
+        external: None,
+        resolved: None,
     };
     if blank(m.child_name) {
         p.push(format!("members[{i}].child_name is required"));
@@ -589,7 +640,7 @@ fn receive_member(i: usize, m: &ReceivedMember<'_>, p: &mut Problems) -> Candida
     match m.origin {
         "vendored" => {}
         "external" => {
-            p.push(external_refused(m.child_name));
+            receive_external(i, m, externals, &mut c, p);
             return c;
         }
         _ => {
@@ -651,21 +702,90 @@ fn receive_member(i: usize, m: &ReceivedMember<'_>, p: &mut Problems) -> Candida
     c
 }
 
-fn external_refused(child_name: &str) -> String {
-    format!(
-        "external member {}: publishing external bundle members is not supported by this \
-         runtime yet",
-        q(child_name)
-    )
+/// `(namespace, name, version)` of an external member's `authoring_ref`
+/// (`namespace.name@version`, version pinned); `None` for anything else. A runtime uses it to
+/// find the published versions to pass to [`verify_publication`].
+pub fn external_member_ref(authoring_ref: &str) -> Option<(String, String, String)> {
+    match parse_delegation_ref(authoring_ref.trim()) {
+        Ok(DelegationRef::External {
+            namespace,
+            name,
+            version: Some(version),
+        }) if !version.is_empty() => Some((namespace, name, version)),
+        _ => None,
+    }
 }
 
-/// The lock of the received members, when every member is a vendored one that parsed.
+/// Reads an external member: its ref, and what the runtime resolved it to.
+fn receive_external(
+    i: usize,
+    m: &ReceivedMember<'_>,
+    externals: &HashMap<String, Result<ResolvedExternal, String>>,
+    c: &mut Candidate,
+    p: &mut Problems,
+) {
+    let name = q(m.child_name);
+    let at = format!("external member {name} (members[{i}])");
+    if m.is_root {
+        p.push(format!(
+            "{at} cannot be the root: the root must be a vendored member"
+        ));
+    }
+    if !m.resolved_manifest.is_empty() {
+        p.push(format!(
+            "{at}: resolved_manifest must be empty (the runtime uses the published version)"
+        ));
+    }
+    match external_member_ref(m.authoring_ref) {
+        Some((namespace, ext, version)) => {
+            if ext != m.child_name {
+                p.push(format!(
+                    "{at}: child_name must be the external name {}",
+                    q(&ext)
+                ));
+            }
+            c.external = Some((namespace, ext, version));
+        }
+        None => {
+            p.push(format!(
+                "{at}: authoring_ref {} must be namespace.name@version",
+                q(m.authoring_ref)
+            ));
+            return;
+        }
+    }
+    match externals.get(m.child_name) {
+        Some(Ok(found)) => {
+            if !m.member_version_id.is_empty() && m.member_version_id != found.version_id {
+                p.push(format!(
+                    "{at}: member_version_id {} is not the published version {} of {}",
+                    q(m.member_version_id),
+                    q(&found.version_id),
+                    q(m.authoring_ref)
+                ));
+            }
+            c.version_id = Some(found.version_id.clone());
+            c.resolved = Some(found.clone());
+        }
+        Some(Err(why)) => p.push(format!(
+            "{at}: {} cannot be used: {why}",
+            q(m.authoring_ref)
+        )),
+        None => p.push(format!(
+            "{at}: {} was not resolved by the runtime",
+            q(m.authoring_ref)
+        )),
+    }
+}
+
+/// The lock of the received members, when every member was read (vendored members parsed,
+/// external members resolved).
 fn recompute_lock(candidates: &[Candidate]) -> Option<BundleLock> {
     let root = candidates.first()?.child_name.clone();
     let members = candidates
         .iter()
-        .map(|c| {
-            c.agent.as_ref().map(|_| LockMember {
+        .map(|c| match (&c.agent, &c.external, &c.resolved) {
+            (Some(_), _, _) => Some(LockMember {
                 child_name: c.child_name.clone(),
                 origin: MemberOrigin::Vendored,
                 content_hash: c.unpinned_hash.clone(),
@@ -673,7 +793,17 @@ fn recompute_lock(candidates: &[Candidate]) -> Option<BundleLock> {
                 namespace: String::new(),
                 name: String::new(),
                 version: String::new(),
-            })
+            }),
+            (None, Some((namespace, name, version)), Some(found)) => Some(LockMember {
+                child_name: c.child_name.clone(),
+                origin: MemberOrigin::External,
+                content_hash: found.content_hash.clone(),
+                reference: c.reference.clone(),
+                namespace: namespace.clone(),
+                name: name.clone(),
+                version: version.clone(),
+            }),
+            _ => None,
         })
         .collect::<Option<Vec<_>>>()?;
     Some(BundleLock::new(root, members))
@@ -718,9 +848,20 @@ fn lock_drift(committed: &BundleLock, recomputed: &BundleLock) -> Vec<String> {
             }
         }
         if lock.content_hash != want.content_hash {
-            out.push(format!(
-                "members[{i}] content_hash drift: lock is out of date"
-            ));
+            if want.origin == MemberOrigin::External {
+                out.push(format!(
+                    "members[{i}] content_hash drift: the lock records {} for external member \
+                     {}, but this runtime's published version has {} (published versions are \
+                     immutable, so the lock was made against another runtime)",
+                    q(&lock.content_hash),
+                    q(&want.reference),
+                    q(&want.content_hash)
+                ));
+            } else {
+                out.push(format!(
+                    "members[{i}] content_hash drift: lock is out of date"
+                ));
+            }
         }
     }
     out
@@ -747,15 +888,25 @@ struct Pinned {
 /// Pins every vendored member's local delegations to the members they name.
 fn pin_members(candidates: &mut [Candidate], p: &mut Problems) -> Vec<Pinned> {
     let mut by_path: HashMap<PathBuf, usize> = HashMap::new();
+    let mut by_external: HashMap<(String, String, String), usize> = HashMap::new();
     let mut targets: Vec<Option<PinTarget>> = Vec::with_capacity(candidates.len());
     for (i, c) in candidates.iter().enumerate() {
         if let Some(path) = &c.path {
             by_path.entry(path.clone()).or_insert(i);
         }
-        targets.push(match (&c.agent, &c.version_id) {
-            (Some(a), Some(id)) => Some(PinTarget {
+        if let Some(key) = &c.external {
+            by_external.entry(key.clone()).or_insert(i);
+        }
+        targets.push(match (&c.agent, &c.external, &c.version_id) {
+            (Some(a), _, Some(id)) => Some(PinTarget {
                 namespace: a.metadata.namespace.clone(),
                 name: a.metadata.name.clone(),
+                child_name: c.child_name.clone(),
+                version_id: id.clone(),
+            }),
+            (None, Some((namespace, name, _)), Some(id)) => Some(PinTarget {
+                namespace: namespace.clone(),
+                name: name.clone(),
                 child_name: c.child_name.clone(),
                 version_id: id.clone(),
             }),
@@ -776,9 +927,36 @@ fn pin_members(candidates: &mut [Candidate], p: &mut Problems) -> Vec<Pinned> {
             }
             let local = match parse_delegation_ref(&t.reference) {
                 Ok(DelegationRef::Local(rel)) => rel,
-                Ok(DelegationRef::External { name: ext, .. }) => {
-                    p.push(external_refused(&ext));
-                    out.unpinned.push(k);
+                Ok(DelegationRef::External {
+                    namespace,
+                    name: ext,
+                    version,
+                }) => {
+                    // The compiler keeps the pinned version in the target.
+                    let version = version
+                        .filter(|v| !v.is_empty())
+                        .unwrap_or_else(|| target.version.clone());
+                    let key = (namespace, ext, version.clone());
+                    let Some(&j) = by_external.get(&key) else {
+                        p.push(format!(
+                            "vendored member {name}: delegation ref {} is not a member of the \
+                             bundle",
+                            q(&format!("{}.{}@{}", key.0, key.1, key.2))
+                        ));
+                        out.unpinned.push(k);
+                        continue;
+                    };
+                    // An external member that was not resolved was reported when received.
+                    if let Some(pin) = targets.get(j).and_then(Option::as_ref) {
+                        target.namespace.clone_from(&pin.namespace);
+                        target.name.clone_from(&pin.name);
+                        target.version = version;
+                        target.child_name.clone_from(&pin.child_name);
+                        target.agent_version_id.clone_from(&pin.version_id);
+                        out.edges.push(j);
+                    } else {
+                        out.unpinned.push(k);
+                    }
                     continue;
                 }
                 Err(e) => {
@@ -925,22 +1103,43 @@ fn assemble(
     let lock_json = utf8(lock.to_file_bytes())?;
     let mut members = Vec::with_capacity(candidates.len());
     for c in candidates {
-        let (Some(agent), Some(version_id)) = (c.agent, c.version_id) else {
-            return Err(incomplete());
-        };
-        let snapshot_json = utf8(agent.snapshot_json())?;
-        let content_hash = agent.content_hash();
-        members.push(VerifiedMember {
-            child_name: c.child_name,
-            origin: MemberOrigin::Vendored,
-            reference: c.reference,
-            is_root: c.is_root,
-            lock_content_hash: c.unpinned_hash,
-            version_id,
-            agent,
-            snapshot_json,
-            content_hash,
-        });
+        match (c.agent, c.external, c.resolved, c.version_id) {
+            (Some(agent), _, _, Some(version_id)) => {
+                let snapshot_json = utf8(agent.snapshot_json())?;
+                let content_hash = agent.content_hash();
+                members.push(VerifiedMember {
+                    child_name: c.child_name,
+                    origin: MemberOrigin::Vendored,
+                    namespace: agent.metadata.namespace.clone(),
+                    name: agent.metadata.name.clone(),
+                    version: agent.metadata.version.clone(),
+                    reference: c.reference,
+                    is_root: c.is_root,
+                    lock_content_hash: c.unpinned_hash,
+                    version_id,
+                    agent: Some(agent),
+                    snapshot_json,
+                    content_hash,
+                });
+            }
+            (None, Some((namespace, name, version)), Some(found), Some(version_id)) => {
+                members.push(VerifiedMember {
+                    child_name: c.child_name,
+                    origin: MemberOrigin::External,
+                    namespace,
+                    name,
+                    version,
+                    reference: c.reference,
+                    is_root: c.is_root,
+                    lock_content_hash: found.content_hash.clone(),
+                    version_id,
+                    agent: None,
+                    snapshot_json: String::new(),
+                    content_hash: found.content_hash,
+                });
+            }
+            _ => return Err(incomplete()),
+        }
     }
     Ok(VerifiedBundle {
         header,

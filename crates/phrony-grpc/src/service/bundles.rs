@@ -2,14 +2,21 @@
 //!
 //! `phrony_manifest::verify_publication` decides whether a publication is acceptable (lock
 //! recomputed from the members, no drift, local delegations pinned to the version ids stored
-//! here); the ledger stores it, and decides deployments, in one transaction per change. This
+//! here, external ones to the published versions this module resolves first); the ledger
+//! stores it, and decides deployments, in one transaction per change. This
 //! module converts and logs.
 
 use std::collections::HashMap;
 
 use phrony_auth::Attribution;
-use phrony_ledger::{AgentVersionRef, BundleRef, NewBundleMember, NewBundleVersion};
-use phrony_manifest::{BundleSecret, CompiledAgent, ReceivedMember};
+use phrony_ledger::{
+    AgentRef, AgentVersionRef, BundleMemberOrigin, BundleRef, LedgerError, NewBundleMember,
+    NewBundleVersion, VersionStatus,
+};
+use phrony_manifest::{
+    BundleSecret, CompiledAgent, MemberOrigin, ReceivedMember, ResolvedExternal,
+    external_member_ref,
+};
 use phrony_proto::runtime::v1 as pb;
 use tonic::Status;
 use uuid::Uuid;
@@ -38,11 +45,13 @@ impl RuntimeService {
             .collect();
         // The version id each vendored member will be stored under: delegations are pinned to
         // it before anything is written.
+        let externals = self.resolve_externals(&received).await?;
         let mut ids: HashMap<String, Uuid> = HashMap::new();
         let verified = phrony_manifest::verify_publication(
             &request.bundle_manifest,
             &received,
             &request.committed_lock,
+            &externals,
             &mut |child: &str| {
                 ids.entry(child.to_owned())
                     .or_insert_with(Uuid::new_v4)
@@ -61,9 +70,12 @@ impl RuntimeService {
                 tracing::error!(child = %m.child_name, error = %e, "member version id is not a UUID");
                 Status::internal("internal error; see the runtime log")
             })?;
-            let meta = &m.agent.metadata;
             members.push(NewBundleMember {
-                agent: AgentVersionRef::new(&meta.namespace, &meta.name, &meta.version),
+                origin: match m.origin {
+                    MemberOrigin::Vendored => BundleMemberOrigin::Vendored,
+                    MemberOrigin::External => BundleMemberOrigin::External,
+                },
+                agent: AgentVersionRef::new(&m.namespace, &m.name, &m.version),
                 child_name: m.child_name,
                 reference: m.reference,
                 is_root: m.is_root,
@@ -100,6 +112,45 @@ impl RuntimeService {
             );
         }
         Ok(conv::publish_response(published))
+    }
+
+    /// What each external member's ref (`namespace.name@version`) names in this runtime's
+    /// catalog, by child name: a published version (not retired) of an agent that is not
+    /// archived, or why not. Members whose ref does not parse are left to
+    /// `verify_publication`, which reports them.
+    async fn resolve_externals(
+        &self,
+        members: &[ReceivedMember<'_>],
+    ) -> Result<HashMap<String, Result<ResolvedExternal, String>>, Status> {
+        let mut found = HashMap::new();
+        for m in members.iter().filter(|m| m.origin == "external") {
+            let Some((namespace, name, version)) = external_member_ref(m.authoring_ref) else {
+                continue;
+            };
+            if found.contains_key(m.child_name) {
+                continue;
+            }
+            let agent = AgentRef::new(&namespace, &name);
+            let resolved = match self.ledger.get_agent(&agent).await {
+                Ok(a) if a.archived_at.is_some() => Err(format!("agent {agent} is archived")),
+                Ok(_) => match self.ledger.get_agent_version(&agent, &version).await {
+                    Ok(v) if v.status() == VersionStatus::Retired => {
+                        Err(format!("agent {agent} version {version:?} is retired"))
+                    }
+                    Ok(v) => Ok(ResolvedExternal {
+                        version_id: v.id.to_string(),
+                        content_hash: v.content_hash,
+                    }),
+                    Err(LedgerError::NotFound { message }) => Err(message),
+                    Err(e) => return Err(ledger_status(e)),
+                },
+                Err(LedgerError::NotFound { message }) => Err(message),
+                Err(LedgerError::InvalidArgument { message }) => Err(message),
+                Err(e) => return Err(ledger_status(e)),
+            };
+            found.insert(m.child_name.to_owned(), resolved);
+        }
+        Ok(found)
     }
 
     pub(super) async fn deploy_bundle_impl(

@@ -1,12 +1,13 @@
-//! Conformance cases for bundles: publish (vendored members), deploy, rollback, the reads, bundle
-//! sessions and the rebuild of bundle streams.
+//! Conformance cases for bundles: publish (vendored and external members), deploy, rollback, the
+//! reads, bundle sessions and the rebuild of bundle streams.
 
 use std::collections::BTreeMap;
 
 use phrony_ledger::{
-    AgentVersionRef, Attribution, AuditKey, AuditScope, BundleMemberOrigin, BundleRef,
-    DeploymentAction, Ledger, LedgerError, NewBundleMember, NewBundleVersion, NewSession,
-    PageRequest, SessionFilter, SessionKind, SessionMode, VersionOrigin, new_session_id,
+    AgentVersion, AgentVersionRef, Attribution, AuditKey, AuditScope, BundleMemberOrigin,
+    BundleRef, DeploymentAction, Ledger, LedgerError, NewAgentVersion, NewBundleMember,
+    NewBundleVersion, NewSession, PageRequest, SessionFilter, SessionKind, SessionMode,
+    VersionOrigin, new_session_id,
 };
 use serde_json::json;
 use uuid::Uuid;
@@ -32,6 +33,7 @@ fn member(child: &str, version: &str, is_root: bool) -> NewBundleMember {
     );
     NewBundleMember {
         child_name: child.to_owned(),
+        origin: BundleMemberOrigin::Vendored,
         reference: format!("./{child}/agent.yaml"),
         is_root,
         lock_content_hash: format!("sha256:lock-{child}-{version}"),
@@ -656,5 +658,213 @@ pub(crate) async fn rebuild_reproduces_bundle_projections_exactly(db: &TestDb) {
     assert_eq!(
         ledger.active_bundle(&bundle()).await.unwrap().action,
         DeploymentAction::Rollback
+    );
+}
+
+/// A change to one member (a refusal case).
+type MemberEdit = Box<dyn Fn(&mut NewBundleMember)>;
+
+/// A member naming the published version `v` (`support.refund-agent@…`).
+fn external_member(v: &AgentVersion) -> NewBundleMember {
+    NewBundleMember {
+        child_name: v.agent.name.clone(),
+        origin: BundleMemberOrigin::External,
+        reference: format!("{}.{}@{}", v.agent.namespace, v.agent.name, v.version),
+        is_root: false,
+        lock_content_hash: v.content_hash.clone(),
+        version_id: v.id,
+        agent: AgentVersionRef::new(&v.agent.namespace, &v.agent.name, &v.version),
+        snapshot_json: String::new(),
+        content_hash: v.content_hash.clone(),
+    }
+}
+
+/// `triage` (vendored root) and `refund-agent` (external, `v`).
+fn bundle_with_external(version: &str, lock: &str, v: &AgentVersion) -> NewBundleVersion {
+    let mut new = new_bundle(version, lock);
+    new.members[1] = external_member(v);
+    new
+}
+
+pub(crate) async fn an_external_bundle_member_names_a_published_version(db: &TestDb) {
+    let ledger = db.migrated().await;
+    let published = deploy_agent(ledger, &refund_agent(), "1.0.0").await;
+    let agent_versions_before = ledger
+        .list_agent_versions(&refund_agent())
+        .await
+        .unwrap()
+        .len();
+
+    // Every way an external member can fail to name a usable published version is refused,
+    // and nothing is written.
+    let refusals: Vec<(&str, MemberEdit, &str)> = vec![
+        (
+            "FailedPrecondition",
+            Box::new(|m| m.version_id = Uuid::new_v4()),
+            "does not exist",
+        ),
+        (
+            "FailedPrecondition",
+            Box::new(|m| m.content_hash = "sha256:other".to_owned()),
+            "differs from the published version's",
+        ),
+        (
+            "FailedPrecondition",
+            Box::new(|m| m.agent.version = "9.9.9".to_owned()),
+            "is support/refund-agent@1.0.0",
+        ),
+        (
+            "InvalidArgument",
+            Box::new(|m| m.snapshot_json = "{}".to_owned()),
+            "an external member carries no snapshot",
+        ),
+    ];
+    for (code, mutate, fragment) in refusals {
+        let mut new = bundle_with_external("1.0.0", "ext", &published);
+        mutate(&mut new.members[1]);
+        let (got_code, got) = message(ledger.publish_bundle(&new).await);
+        assert_eq!(got_code, code, "{got}");
+        assert!(
+            got.contains("\"refund-agent\"") && got.contains(fragment),
+            "{fragment}: {got}"
+        );
+    }
+    let mut root_external = bundle_with_external("1.0.0", "ext", &published);
+    root_external.members.swap(0, 1);
+    root_external.members[0].is_root = true;
+    root_external.members[1].is_root = false;
+    let (code, got) = message(ledger.publish_bundle(&root_external).await);
+    assert_eq!(
+        (code, got.as_str()),
+        (
+            "InvalidArgument",
+            "members[0] \"refund-agent\": an external member cannot be the root"
+        )
+    );
+    assert!(ledger.list_bundles(None).await.unwrap().is_empty());
+
+    // A vendored version is not a published one.
+    ledger
+        .publish_bundle(&new_bundle("0.1.0", "vendored"))
+        .await
+        .unwrap();
+    let (_, members, _) = ledger
+        .get_bundle_version(&bundle(), Some("0.1.0"))
+        .await
+        .unwrap();
+    let vendored_id = members[0].member_version_id;
+    let vendored_version = ledger.get_agent_version_by_id(vendored_id).await.unwrap();
+    let mut new = bundle_with_external("0.2.0", "vendored-as-external", &published);
+    new.members[1].version_id = vendored_id;
+    new.members[1].agent = AgentVersionRef::new(
+        &vendored_version.agent.namespace,
+        &vendored_version.agent.name,
+        &vendored_version.version,
+    );
+    new.members[1].content_hash = vendored_version.content_hash.clone();
+    let (code, got) = message(ledger.publish_bundle(&new).await);
+    assert_eq!(code, "FailedPrecondition", "{got}");
+    assert!(
+        got.contains("is a vendored bundle member, not a published version"),
+        "{got}"
+    );
+
+    // The valid publication: no version is created for the external member; its row points at
+    // the published version; the event records it as external, without a snapshot.
+    let new = bundle_with_external("1.0.0", "ext", &published);
+    let done = ledger.publish_bundle(&new).await.unwrap();
+    assert!(done.created);
+    assert_eq!(
+        ledger
+            .list_agent_versions(&refund_agent())
+            .await
+            .unwrap()
+            .len(),
+        agent_versions_before
+    );
+    let unchanged = ledger.get_agent_version_by_id(published.id).await.unwrap();
+    assert_eq!(unchanged.origin, VersionOrigin::Published);
+    assert_eq!(unchanged.bundle_version_id, None);
+    let (_, members, _) = ledger
+        .get_bundle_version(&bundle(), Some("1.0.0"))
+        .await
+        .unwrap();
+    let external = members
+        .iter()
+        .find(|m| m.child_name == "refund-agent")
+        .unwrap();
+    assert_eq!(external.origin, BundleMemberOrigin::External);
+    assert_eq!(external.member_version_id, published.id);
+    assert_eq!(external.reference, "support.refund-agent@1.0.0");
+    assert_eq!(external.snapshot_json, published.snapshot_json);
+    assert_eq!(external.lock_content_hash, published.content_hash);
+    let events = ledger
+        .list_events("bundle:support/refund-desk", 0, 1000)
+        .await
+        .unwrap();
+    let payload = &events.last().unwrap().payload;
+    let recorded = &payload["members"][1];
+    assert_eq!(recorded["origin"], "external", "{payload}");
+    assert_eq!(recorded["version_id"], published.id.to_string());
+    assert!(recorded.get("snapshot_json").is_none(), "{payload}");
+
+    // The bundle deploys and runs; a rebuild reproduces the external member row.
+    ledger
+        .deploy_bundle(&bundle(), "1.0.0", &alice())
+        .await
+        .unwrap();
+    let runnable = ledger.runnable_bundle(&bundle(), None).await.unwrap();
+    assert!(
+        runnable
+            .members
+            .iter()
+            .any(|m| m.member_version_id == published.id)
+    );
+    let before = db.table_snapshot("bundle_members").await;
+    ledger.rebuild_projections().await.unwrap();
+    assert_eq!(db.table_snapshot("bundle_members").await, before);
+
+    // A retired version, or a version of an archived agent, cannot be named.
+    ledger
+        .publish_agent_version(NewAgentVersion {
+            namespace: "support".to_owned(),
+            name: "refund-agent".to_owned(),
+            version: "1.1.0".to_owned(),
+            owner: "payments-team".to_owned(),
+            labels: BTreeMap::new(),
+            snapshot_json: r#"{"kind":"Agent","version":"1.1.0"}"#.to_owned(),
+            content_hash: "sha256:refund-1.1.0".to_owned(),
+            actor: alice(),
+        })
+        .await
+        .unwrap();
+    ledger
+        .retire_version(&refund_agent(), "1.1.0", &alice())
+        .await
+        .unwrap();
+    let retired = ledger
+        .get_agent_version(&refund_agent(), "1.1.0")
+        .await
+        .unwrap();
+    let (code, got) = message(
+        ledger
+            .publish_bundle(&bundle_with_external("1.1.0", "retired", &retired))
+            .await,
+    );
+    assert_eq!(code, "FailedPrecondition", "{got}");
+    assert!(got.ends_with("the version is retired"), "{got}");
+    ledger
+        .archive_agent(&refund_agent(), &alice())
+        .await
+        .unwrap();
+    let (code, got) = message(
+        ledger
+            .publish_bundle(&bundle_with_external("1.2.0", "archived", &published))
+            .await,
+    );
+    assert_eq!(code, "FailedPrecondition", "{got}");
+    assert!(
+        got.ends_with("agent support/refund-agent is archived"),
+        "{got}"
     );
 }

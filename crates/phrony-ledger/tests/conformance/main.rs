@@ -123,6 +123,7 @@ conformance!(
     a_batch_append_is_ordered_chained_and_all_or_nothing,
     a_batch_append_seals_its_head_and_joins_the_stream_set,
     a_bundle_publish_vendors_its_members_and_is_immutable,
+    an_external_bundle_member_names_a_published_version,
     bundle_deploy_rollback_and_history_follow_the_rules,
     a_bundle_session_runs_the_root_member_and_lists_by_kind,
     rebuild_reproduces_bundle_projections_exactly,

@@ -265,7 +265,34 @@ fn closure_walk_rules() {
     assert_eq!(
         error_lines(&err),
         [
-            "bundle has external member \"published\": resolving its content_hash needs a runtime, which local locking does not support yet"
+            "bundle has external member \"published\" (demo.published@1.2.0): resolving its \
+             content_hash needs a runtime; run phrony bundles lock with a reachable runtime \
+             (--runtime-addr)"
+        ]
+    );
+    assert!(!p.path(LOCK_FILE).exists());
+
+    // With a resolver, every external member it cannot resolve is reported, and nothing is
+    // written.
+    let p = bundle_project("./a.yaml");
+    p.write(
+        "a.yaml",
+        &member("a", &["demo.published@1.2.0", "ops.other@2.0.0"]),
+    );
+    let bundle = load_bundle(p.path("bundle.yaml")).unwrap();
+    let err = phrony_manifest::lock_loaded_bundle(bundle, &mut |ns, name, version| {
+        Err(format!(
+            "no published version {version:?} for agent {ns}/{name}"
+        ))
+    })
+    .unwrap_err();
+    assert_eq!(
+        error_lines(&err),
+        [
+            "bundle has external member \"published\" (demo.published@1.2.0): no published \
+             version \"1.2.0\" for agent demo/published",
+            "bundle has external member \"other\" (ops.other@2.0.0): no published version \
+             \"2.0.0\" for agent ops/other",
         ]
     );
     assert!(!p.path(LOCK_FILE).exists());

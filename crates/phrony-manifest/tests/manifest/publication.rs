@@ -1,8 +1,11 @@
 //! Server-side verification of a bundle publication (`verify_publication`).
 
+use std::collections::HashMap;
+
 use phrony_manifest::{
     BundleLock, CompiledAgent, LockMember, MemberOrigin, PublicationError, ReceivedMember,
-    VerifiedBundle, load_agent, lock_bundle, verify_publication,
+    ResolvedExternal, VerifiedBundle, load_agent, load_bundle, lock_bundle, lock_loaded_bundle,
+    verify_publication,
 };
 
 use crate::support::Project;
@@ -25,6 +28,8 @@ struct Parts {
     members: Vec<Member>,
     lock: Vec<u8>,
     extra: Vec<u8>,
+    /// What the runtime resolved external members to, by child name.
+    externals: HashMap<String, Result<ResolvedExternal, String>>,
 }
 
 const BUNDLE: &str = "\
@@ -102,6 +107,7 @@ fn valid() -> Parts {
             .unwrap()
             .agent
             .snapshot_json(),
+        externals: HashMap::new(),
     }
 }
 
@@ -125,6 +131,7 @@ impl Parts {
             &self.manifest,
             &self.received(),
             &self.lock,
+            &self.externals,
             &mut |child: &str| format!("ver-{child}"),
         )
     }
@@ -192,6 +199,7 @@ fn a_valid_bundle_verifies_with_every_delegation_pinned() {
         &parts.manifest,
         &parts.received(),
         &parts.lock,
+        &parts.externals,
         &mut |child: &str| {
             calls.push(child.to_owned());
             format!("ver-{child}")
@@ -233,6 +241,8 @@ fn a_valid_bundle_verifies_with_every_delegation_pinned() {
     let pins = |i: usize| -> Vec<(String, String, String, String)> {
         verified.members[i]
             .agent
+            .as_ref()
+            .unwrap()
             .spec
             .tools
             .iter()
@@ -260,13 +270,11 @@ fn a_valid_bundle_verifies_with_every_delegation_pinned() {
     assert!(pins(2).is_empty());
 
     for (m, sent) in verified.members.iter().zip(&parts.members) {
-        m.agent.validate().unwrap();
+        let agent = m.agent.as_ref().unwrap();
+        agent.validate().unwrap();
         assert_eq!(m.origin, MemberOrigin::Vendored);
-        assert_eq!(
-            m.snapshot_json.as_bytes(),
-            m.agent.snapshot_json().as_slice()
-        );
-        assert_eq!(m.content_hash, m.agent.content_hash());
+        assert_eq!(m.snapshot_json.as_bytes(), agent.snapshot_json().as_slice());
+        assert_eq!(m.content_hash, agent.content_hash());
         let unpinned = CompiledAgent::from_snapshot_json(&sent.manifest).unwrap();
         assert_eq!(m.lock_content_hash, unpinned.content_hash());
         if m.child_name == "ledger" {
@@ -296,7 +304,8 @@ fn a_valid_bundle_verifies_with_every_delegation_pinned() {
 
 #[test]
 fn missing_parts_are_all_reported() {
-    let err = verify_publication(b"", &[], b"", &mut |c: &str| c.to_owned()).unwrap_err();
+    let err = verify_publication(b"", &[], b"", &HashMap::new(), &mut |c: &str| c.to_owned())
+        .unwrap_err();
     assert_eq!(
         err.problems,
         [
@@ -418,7 +427,7 @@ fn child_names_are_unique() {
 }
 
 #[test]
-fn origins_are_vendored_or_external_and_external_is_refused() {
+fn origins_are_vendored_or_external_and_a_path_is_not_an_external_ref() {
     let got = rejected(|p| p.members[2].origin = "copied".into());
     assert!(
         got.contains(&"members[2].origin must be vendored or external".to_owned()),
@@ -430,8 +439,8 @@ fn origins_are_vendored_or_external_and_external_is_refused() {
     });
     assert!(
         got.contains(
-            &"external member \"ledger\": publishing external bundle members is not supported by \
-              this runtime yet"
+            &"external member \"ledger\" (members[2]): authoring_ref \
+              \"./specialists/deep/ledger.yaml\" must be namespace.name@version"
                 .to_owned()
         ),
         "{got:?}"
@@ -581,7 +590,7 @@ fn local_delegations_must_name_members() {
 }
 
 #[test]
-fn external_delegations_are_refused() {
+fn external_delegations_must_name_members() {
     let got = rejected(|p| {
         p.edit(2, |a| {
             let mut t = p_binding();
@@ -598,8 +607,8 @@ fn external_delegations_are_refused() {
     });
     assert_only(
         got,
-        "external member \"published\": publishing external bundle members is not supported by \
-         this runtime yet",
+        "vendored member \"ledger\": delegation ref \"demo.published@1.2.0\" is not a member of \
+         the bundle",
     );
 }
 
@@ -726,6 +735,7 @@ fn garbage_never_panics() {
         &[b'['; 4096],
     ];
     let noop = &mut |c: &str| c.to_owned();
+    let none = &HashMap::new();
     for g in garbage {
         let member = ReceivedMember {
             child_name: "\u{0}x",
@@ -735,27 +745,27 @@ fn garbage_never_panics() {
             is_root: true,
             member_version_id: "",
         };
-        let err = verify_publication(g, &[member], g, noop).unwrap_err();
+        let err = verify_publication(g, &[member], g, none, noop).unwrap_err();
         assert!(!err.problems.is_empty());
     }
     // Every prefix of the valid parts is refused or accepted, never a panic.
     let received = parts.received();
     for cut in (0..parts.manifest.len()).step_by(7) {
-        let _ = verify_publication(&parts.manifest[..cut], &received, &parts.lock, noop);
+        let _ = verify_publication(&parts.manifest[..cut], &received, &parts.lock, none, noop);
     }
     for cut in (0..parts.lock.len()).step_by(11) {
-        let _ = verify_publication(&parts.manifest, &received, &parts.lock[..cut], noop);
+        let _ = verify_publication(&parts.manifest, &received, &parts.lock[..cut], none, noop);
     }
     for cut in (0..parts.members[1].manifest.len()).step_by(13) {
         let mut members = received.clone();
         members[1].resolved_manifest = &parts.members[1].manifest[..cut];
-        assert!(verify_publication(&parts.manifest, &members, &parts.lock, noop).is_err());
+        assert!(verify_publication(&parts.manifest, &members, &parts.lock, none, noop).is_err());
     }
     // Long strings are cut in messages.
     let long = "n".repeat(10_000);
     let mut members = received.clone();
     members[2].child_name = &long;
-    let err = verify_publication(&parts.manifest, &members, &parts.lock, noop).unwrap_err();
+    let err = verify_publication(&parts.manifest, &members, &parts.lock, none, noop).unwrap_err();
     assert!(err.problems.iter().all(|p| p.len() < 1_000), "{err}");
 }
 
@@ -808,4 +818,318 @@ fn two_members_cannot_share_a_file() {
         ),
         "{got:?}"
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// External members (`namespace.name@version`, a published catalog version).
+
+const REFUNDER: &str = "ops.refunder@1.2.0";
+const REFUNDER_HASH: &str = "f00dfeed";
+
+fn refunder_found() -> Result<ResolvedExternal, String> {
+    Ok(ResolvedExternal {
+        version_id: "pub-refunder".to_owned(),
+        content_hash: REFUNDER_HASH.to_owned(),
+    })
+}
+
+/// root (`desk`) → `./payment.yaml` → `ops.refunder@1.2.0`, and the root delegates to the
+/// external agent too. Locked with a resolver that knows its content hash.
+fn with_external() -> Parts {
+    let p = Project::new();
+    p.write("bundle.yaml", BUNDLE);
+    p.write(
+        "root.yaml",
+        &agent_yaml("desk", None, &["./payment.yaml", REFUNDER]),
+    );
+    p.write("payment.yaml", &agent_yaml("payment", None, &[REFUNDER]));
+    let bundle = load_bundle(p.path("bundle.yaml")).unwrap();
+    assert!(bundle.has_external_members());
+    let refused = bundle.compute_lock().unwrap_err();
+    assert!(
+        refused.contains("bundle has external member \"refunder\" (ops.refunder@1.2.0)")
+            && refused.contains("run phrony bundles lock with a reachable runtime"),
+        "{refused}"
+    );
+    let mut asked = Vec::new();
+    let locked = lock_loaded_bundle(bundle, &mut |ns, name, version| {
+        asked.push(format!("{ns}.{name}@{version}"));
+        Ok(REFUNDER_HASH.to_owned())
+    })
+    .unwrap();
+    assert_eq!(asked, [REFUNDER], "once per external member");
+    let external = &locked.lock.members[2];
+    assert_eq!(
+        (
+            external.child_name.as_str(),
+            external.origin,
+            external.content_hash.as_str(),
+            external.reference.as_str(),
+            external.namespace.as_str(),
+            external.name.as_str(),
+            external.version.as_str(),
+        ),
+        (
+            "refunder",
+            MemberOrigin::External,
+            REFUNDER_HASH,
+            REFUNDER,
+            "ops",
+            "refunder",
+            "1.2.0"
+        )
+    );
+    let members = locked
+        .bundle
+        .published_members()
+        .unwrap()
+        .into_iter()
+        .map(|m| Member {
+            child_name: m.child_name,
+            origin: m.origin.as_str().to_owned(),
+            authoring_ref: m.authoring_ref,
+            manifest: m.snapshot_json,
+            is_root: m.is_root,
+            member_version_id: String::new(),
+        })
+        .collect();
+    Parts {
+        manifest: locked.bundle.header().to_json(),
+        members,
+        lock: std::fs::read(&locked.lock_path).unwrap(),
+        extra: Vec::new(),
+        externals: HashMap::from([("refunder".to_owned(), refunder_found())]),
+    }
+}
+
+#[test]
+fn an_external_member_is_published_and_delegations_to_it_are_pinned() {
+    let parts = with_external();
+    let sent = &parts.members[2];
+    assert_eq!(
+        (
+            sent.origin.as_str(),
+            sent.authoring_ref.as_str(),
+            sent.is_root
+        ),
+        ("external", REFUNDER, false)
+    );
+    assert!(
+        sent.manifest.is_empty(),
+        "an external member has no snapshot"
+    );
+
+    let mut calls = Vec::new();
+    let verified = verify_publication(
+        &parts.manifest,
+        &parts.received(),
+        &parts.lock,
+        &parts.externals,
+        &mut |child: &str| {
+            calls.push(child.to_owned());
+            format!("ver-{child}")
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        calls,
+        ["desk", "payment"],
+        "only vendored members get new ids"
+    );
+    assert_eq!(verified.lock, BundleLock::parse(&parts.lock).unwrap());
+
+    let external = &verified.members[2];
+    assert_eq!(external.origin, MemberOrigin::External);
+    assert_eq!(
+        (
+            external.child_name.as_str(),
+            external.namespace.as_str(),
+            external.name.as_str(),
+            external.version.as_str(),
+            external.version_id.as_str(),
+            external.content_hash.as_str(),
+            external.lock_content_hash.as_str(),
+            external.reference.as_str(),
+        ),
+        (
+            "refunder",
+            "ops",
+            "refunder",
+            "1.2.0",
+            "pub-refunder",
+            REFUNDER_HASH,
+            REFUNDER_HASH,
+            REFUNDER
+        )
+    );
+    assert!(external.agent.is_none() && external.snapshot_json.is_empty());
+
+    let pins = |i: usize| -> Vec<(String, String, String, String, String)> {
+        verified.members[i]
+            .agent
+            .as_ref()
+            .unwrap()
+            .spec
+            .tools
+            .iter()
+            .filter_map(|t| t.agent.as_ref())
+            .map(|a| {
+                (
+                    a.namespace.clone(),
+                    a.name.clone(),
+                    a.version.clone(),
+                    a.child_name.clone(),
+                    a.agent_version_id.clone(),
+                )
+            })
+            .collect()
+    };
+    let to_refunder = (
+        "ops".to_owned(),
+        "refunder".to_owned(),
+        "1.2.0".to_owned(),
+        "refunder".to_owned(),
+        "pub-refunder".to_owned(),
+    );
+    let to_payment = (
+        "demo".to_owned(),
+        "payment".to_owned(),
+        String::new(),
+        "payment".to_owned(),
+        "ver-payment".to_owned(),
+    );
+    assert_eq!(pins(0), [to_payment, to_refunder.clone()]);
+    assert_eq!(pins(1), [to_refunder]);
+    for m in &verified.members[..2] {
+        m.agent.as_ref().unwrap().validate().unwrap();
+    }
+}
+
+#[test]
+fn an_external_content_hash_that_differs_from_the_lock_is_drift() {
+    let mut parts = with_external();
+    parts.externals.insert(
+        "refunder".to_owned(),
+        Ok(ResolvedExternal {
+            version_id: "pub-refunder".to_owned(),
+            content_hash: "beef".to_owned(),
+        }),
+    );
+    assert_only(
+        parts.problems(),
+        "committed_lock drift: members[2] content_hash drift: the lock records \"f00dfeed\" for \
+         external member \"ops.refunder@1.2.0\", but this runtime's published version has \
+         \"beef\" (published versions are immutable, so the lock was made against another \
+         runtime); run phrony bundles lock",
+    );
+}
+
+#[test]
+fn an_external_member_the_runtime_did_not_resolve_is_refused_by_name() {
+    let mut parts = with_external();
+    parts.externals.insert(
+        "refunder".to_owned(),
+        Err("agent ops/refunder version \"1.2.0\" is retired".to_owned()),
+    );
+    assert_only(
+        parts.problems(),
+        "external member \"refunder\" (members[2]): \"ops.refunder@1.2.0\" cannot be used: agent \
+         ops/refunder version \"1.2.0\" is retired",
+    );
+    parts.externals.clear();
+    assert_only(
+        parts.problems(),
+        "external member \"refunder\" (members[2]): \"ops.refunder@1.2.0\" was not resolved by \
+         the runtime",
+    );
+}
+
+#[test]
+fn an_external_member_is_never_the_root_and_names_a_pinned_version() {
+    let mut parts = with_external();
+    parts.members[2].member_version_id = "someone-else".into();
+    assert_only(
+        parts.problems(),
+        "external member \"refunder\" (members[2]): member_version_id \"someone-else\" is not \
+         the published version \"pub-refunder\" of \"ops.refunder@1.2.0\"",
+    );
+
+    let mut parts = with_external();
+    parts.members[2].authoring_ref = "ops.refunder".into();
+    let got = parts.problems();
+    assert!(
+        got.contains(
+            &"external member \"refunder\" (members[2]): authoring_ref \"ops.refunder\" must be \
+              namespace.name@version"
+                .to_owned()
+        ),
+        "{got:?}"
+    );
+
+    let mut parts = with_external();
+    parts.members[2].child_name = "other".into();
+    parts.externals.insert("other".to_owned(), refunder_found());
+    let got = parts.problems();
+    assert!(
+        got.contains(
+            &"external member \"other\" (members[2]): child_name must be the external name \
+              \"refunder\""
+                .to_owned()
+        ),
+        "{got:?}"
+    );
+
+    let mut parts = with_external();
+    parts.members.swap(0, 2);
+    parts.members[0].is_root = true;
+    parts.members[2].is_root = false;
+    let got = parts.problems();
+    assert!(
+        got.contains(
+            &"external member \"refunder\" (members[0]) cannot be the root: the root must be a \
+              vendored member"
+                .to_owned()
+        ),
+        "{got:?}"
+    );
+}
+
+#[test]
+fn external_garbage_never_panics() {
+    let parts = with_external();
+    let received = parts.received();
+    let externals = HashMap::from([
+        ("refunder".to_owned(), refunder_found()),
+        ("\u{0}".to_owned(), Err("x".repeat(5_000))),
+    ]);
+    let noop = &mut |c: &str| c.to_owned();
+    for r in [
+        "",
+        "@",
+        ".@1",
+        "a.b@",
+        "a.b@x",
+        "\u{0}.\u{0}@1.0.0",
+        "./x.yaml",
+        "a.b@1.0.0",
+    ] {
+        for child in ["refunder", "\u{0}", ""] {
+            let mut members = received.clone();
+            members[2].authoring_ref = r;
+            members[2].child_name = child;
+            members[2].resolved_manifest = b"{}";
+            let err = verify_publication(&parts.manifest, &members, &parts.lock, &externals, noop)
+                .unwrap_err();
+            assert!(!err.problems.is_empty());
+        }
+    }
+    for cut in (0..parts.lock.len()).step_by(11) {
+        let _ = verify_publication(
+            &parts.manifest,
+            &received,
+            &parts.lock[..cut],
+            &externals,
+            noop,
+        );
+    }
 }
