@@ -958,6 +958,51 @@ fn bundles_lock_writes_a_compact_lock_and_validate_accepts_it() {
 }
 
 #[test]
+fn bundles_lock_connects_only_for_external_members_and_says_why_it_cannot() {
+    // Nothing listens on port 9. A closure without external members never connects.
+    let tmp = bundle_fixture();
+    bundles(tmp.path(), &["lock"])
+        .env("PHRONY_RUNTIME_ADDR", "127.0.0.1:9")
+        .assert()
+        .success();
+    let lock_before = fs::read(tmp.path().join("bundle.lock.json")).unwrap();
+
+    // With an external member, the lock needs its published content hash from the runtime.
+    write(
+        tmp.path(),
+        "orchestrator.yaml",
+        &format!(
+            "{ORCHESTRATOR}    - ref: billing.invoicer@2.1.0\n      description: Ask billing.\n"
+        ),
+    );
+    let out = bundles(tmp.path(), &["lock"])
+        .env("PHRONY_RUNTIME_ADDR", "127.0.0.1:9")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        stderr.starts_with(
+            "Error: bundle has external members (billing.invoicer@2.1.0): locking them needs the \
+             content hash of each published version from the runtime at 127.0.0.1:9: cannot \
+             reach the phrony runtime at 127.0.0.1:9"
+        ),
+        "{stderr}"
+    );
+    assert!(stderr.contains("--runtime-addr"), "{stderr}");
+    // Nothing was written.
+    assert_eq!(
+        fs::read(tmp.path().join("bundle.lock.json")).unwrap(),
+        lock_before
+    );
+    // validate compares without a runtime: the committed lock no longer matches the closure.
+    bundles(tmp.path(), &["validate"])
+        .assert()
+        .code(1)
+        .stderr(contains("member count drift"));
+}
+
+#[test]
 fn bundles_validate_detects_drift_after_a_member_changes() {
     let tmp = bundle_fixture();
     let first = stdout_of(&mut bundles(tmp.path(), &["lock"]));

@@ -2,8 +2,9 @@
 //!
 //! A bundle is named like an agent (`namespace/name[@version]`, with the agents' reference
 //! messages); a version is its semver label or its `sha256:` lock hash. Every subcommand but
-//! `lock` and `validate` talks to the runtime (`--runtime-addr`), and each change is recorded
-//! with the actor (`PHRONY_ACTOR`, else the OS user).
+//! `lock` and `validate` talks to the runtime (`--runtime-addr`; `lock` does too, only when the
+//! closure has external members, to read their published content hashes), and each change is
+//! recorded with the actor (`PHRONY_ACTOR`, else the OS user).
 
 mod active;
 pub(crate) mod deploy;
@@ -56,7 +57,7 @@ impl Command {
     /// Runs the subcommand.
     pub(crate) fn run(self, global: &Global) -> anyhow::Result<()> {
         match self {
-            Self::Lock(args) => lock::run(&args),
+            Self::Lock(args) => lock::run(&args, global),
             Self::Validate(args) => validate::run(&args),
             Self::Publish(args) => publish::run(&args, global),
             Self::Deploy(args) => deploy::run(&args, global),
