@@ -5,6 +5,8 @@
 //! - [`bundles`]: bundle publish, deploy, rollback, reads and runs, on SQLite and PostgreSQL.
 //! - [`credentials`]: mutual TLS subjects and worker restrictions, with a stand-in edge.
 //! - [`delegation`]: delegated child sessions of a bundle, on SQLite and PostgreSQL.
+//! - [`external_members`]: bundles with external members (`ns.name@version`): lock, publish,
+//!   run, on SQLite and PostgreSQL.
 //! - [`endpoints`]: secrets follow the deployed versions' endpoints (Deploy, Rollback).
 //! - [`interactive`]: the interactive session stream and its approvals.
 //! - [`sdk_worker`]: the published Python SDK's worker against the server.
@@ -26,6 +28,7 @@ mod bundles;
 mod credentials;
 mod delegation;
 mod endpoints;
+mod external_members;
 mod interactive;
 mod sdk_worker;
 mod sessions;
