@@ -5,7 +5,9 @@
 //!
 //! The bundle is `tests/fixtures/bundles/refund-desk`: a front desk (root) that delegates to a
 //! refund specialist in `specialists/`, both declaring the secret `crm`, with its committed
-//! `bundle.lock.json` (written by `phrony bundles lock`).
+//! `bundle.lock.json` (written by `phrony bundles lock`). `external_member_*` use
+//! `tests/fixtures/bundles/external-desk`, whose root delegates to a published agent
+//! (`support.translator@1.0.0`): lock through the runtime, publish, deploy, run.
 
 #![allow(
     clippy::unwrap_used,
@@ -462,4 +464,122 @@ fn bundle_references_are_checked_before_any_connection() {
         );
         assert_eq!(stderr, format!("Error: {message}\n"), "{args:?}");
     }
+}
+
+/// `tests/fixtures/bundles/external-desk`: a concierge delegating to the published agent
+/// `support.translator@1.0.0`. `bundles lock` refuses clearly while the runtime does not have
+/// that version, then locks with its content hash; publish, deploy and run follow, and the
+/// delegation runs a child of exactly the published version.
+fn external_member(backend: Backend) {
+    let Some(daemon) = stub_daemon(backend) else {
+        return;
+    };
+    let project = tempfile::tempdir().unwrap();
+    let fixture = tests::workspace_root().join("tests/fixtures/bundles/external-desk");
+    for rel in [
+        "bundle.yaml",
+        "concierge.yaml",
+        "stub-script.json",
+        "translator/agent.yaml",
+        "translator/stub-script.json",
+    ] {
+        let target = project.path().join(rel);
+        std::fs::create_dir_all(target.parent().unwrap()).unwrap();
+        std::fs::copy(fixture.join(rel), &target).unwrap();
+    }
+    let bundle_yaml = project.path().join("bundle.yaml");
+    let lock_file = project.path().join("bundle.lock.json");
+
+    // Not published yet: the lock names the member and the runtime's answer, writes nothing.
+    let refused = fails(phrony(&daemon).args(["bundles", "lock"]).arg(&bundle_yaml));
+    assert!(
+        refused.contains(
+            "bundle has external member \"translator\" (support.translator@1.0.0): agent \
+             support/translator not found (runtime at "
+        ),
+        "{refused}"
+    );
+    assert!(!lock_file.exists());
+
+    ok(phrony(&daemon)
+        .args(["agents", "publish"])
+        .arg(project.path().join("translator/agent.yaml")));
+    ok(phrony(&daemon).args(["agents", "deploy", "support/translator@1.0.0"]));
+    let published = json(&ok(phrony(&daemon).args([
+        "agents",
+        "versions",
+        "support/translator",
+        "--output",
+        "json",
+    ])));
+    let published = &published[0];
+
+    let out = ok(phrony(&daemon).args(["bundles", "lock"]).arg(&bundle_yaml));
+    assert!(
+        out.starts_with("locked: support/external-desk sha256:")
+            && out.ends_with("members: 2 (root: concierge)\n"),
+        "{out}"
+    );
+    let lock: Value = serde_json::from_slice(&std::fs::read(&lock_file).unwrap()).unwrap();
+    assert_eq!(lock["members"][1]["origin"], "external");
+    assert_eq!(
+        lock["members"][1]["content_hash"],
+        published["content_hash"]
+    );
+    ok(phrony(&daemon)
+        .args(["bundles", "validate", "--require-lock"])
+        .arg(&bundle_yaml));
+
+    ok(phrony(&daemon)
+        .args(["bundles", "publish"])
+        .arg(&bundle_yaml));
+    ok(phrony(&daemon).args(["bundles", "deploy", "support/external-desk@1.0.0"]));
+    let inspected = json(&ok(phrony(&daemon).args([
+        "bundles",
+        "inspect",
+        "support/external-desk",
+        "--output",
+        "json",
+    ])));
+    let external = inspected["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["child_name"] == "translator")
+        .unwrap_or_else(|| panic!("{inspected}"))
+        .clone();
+    assert_eq!(external["origin"], "external");
+    assert_eq!(external["member_version_id"], published["id"]);
+
+    let started = ok(phrony(&daemon).args([
+        "bundles",
+        "run",
+        "support/external-desk",
+        "--input",
+        "good morning",
+    ]));
+    let root = started
+        .strip_prefix("session ")
+        .and_then(|s| s.strip_suffix(" started (status: running)\n"))
+        .unwrap_or_else(|| panic!("unexpected run output: {started:?}"))
+        .to_owned();
+    wait_until_completed(&daemon, &root);
+    let done = json(&ok(
+        phrony(&daemon).args(["sessions", "inspect", &root, "--output", "json"])
+    ));
+    let children = done["session"]["children"].as_array().unwrap();
+    assert_eq!(children.len(), 1, "{done}");
+    assert_eq!(children[0]["agent_version_id"], published["id"], "{done}");
+    assert_eq!(children[0]["status"], "completed", "{done}");
+    assert_eq!(done["session"]["output"]["message"], "In French: bonjour.");
+}
+
+#[test]
+fn external_member_on_sqlite() {
+    external_member(Backend::Sqlite);
+}
+
+#[test]
+fn external_member_on_postgres() {
+    external_member(Backend::Postgres);
 }
