@@ -1037,8 +1037,9 @@ async fn apply_activated(
 
 impl Ledger {
     /// Publishes an immutable bundle version (creating the bundle on first publish): the
-    /// bundle version, one vendored agent version per member (with the caller's version ids),
-    /// the member rows and the root, from one `bundle.version_published` event, in one
+    /// bundle version, one vendored agent version per vendored member (with the caller's
+    /// version ids), the member rows (an external member's row names the published version it
+    /// refers to) and the root, from one `bundle.version_published` event, in one
     /// transaction. Does not deploy it. Re-publishing the same semver with the same lock hash
     /// returns the existing version (`created = false`) and writes nothing.
     ///
@@ -1048,7 +1049,11 @@ impl Ledger {
     ///   one root, duplicate child names or version ids;
     /// - `AlreadyExists`: `bundle lock hash "…" is already published as version "…" and cannot
     ///   be changed`; `bundle ns/name version "v" is already published and cannot be changed;
-    ///   increment metadata.version …`; a member version id that already exists.
+    ///   increment metadata.version …`; a vendored member version id that already exists;
+    /// - `FailedPrecondition`: an external member whose version id does not name a published
+    ///   (not vendored, not retired) version of its agent with its content hash, or whose agent
+    ///   is archived (`external bundle member "x" (ns/name@v): …`). An external member that is
+    ///   the root or carries a snapshot is `InvalidArgument`.
     pub async fn publish_bundle(&self, new: &NewBundleVersion) -> Result<PublishedBundle> {
         new.validate()?;
         write_tx!(self, |tx| publish(&mut tx, new))

@@ -23,11 +23,13 @@
 //! ```
 //!
 //! Bundles: [`load_bundle`] walks the closure from `spec.root`, [`lock_bundle`] writes
-//! `bundle.lock.json`, and [`validate_bundle`] checks a committed lock for drift.
-//! [`Bundle::header`] and [`Bundle::published_members`] build what `bundles publish` sends; a
-//! runtime checks it with [`verify_publication`], which re-derives the lock from the members,
-//! pins their local delegations to the version ids it is about to store and reports every
-//! problem at once ([`PublicationError`]).
+//! `bundle.lock.json` ([`lock_loaded_bundle`] with a resolver for external members'
+//! content hashes, which only a runtime knows), and [`validate_bundle`] checks a committed lock
+//! for drift. [`Bundle::header`] and [`Bundle::published_members`] build what `bundles publish`
+//! sends; a runtime resolves external members ([`external_member_ref`], [`ResolvedExternal`]) and
+//! checks it with [`verify_publication`], which re-derives the lock from the members, pins their
+//! delegations to the version ids it is about to store (external ones to the published versions)
+//! and reports every problem at once ([`PublicationError`]).
 //!
 //! A runtime that receives a compiled snapshot (Publish) reads it with
 //! [`CompiledAgent::from_snapshot_json`] and checks it with [`CompiledAgent::validate`]: the
