@@ -194,12 +194,15 @@ pub struct VerifiedBundle {
 /// What the runtime found for an external member (`namespace.name@version`): the published
 /// catalog version it names, which must exist, be published (not retired) and belong to an
 /// agent that is not archived. Passed to [`verify_publication`] by child name.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ResolvedExternal {
     /// The published agent version's id.
     pub version_id: String,
     /// Its content hash.
     pub content_hash: String,
+    /// Its stored snapshot, when the runtime read it: its secrets join the bundle's secret
+    /// union (a bundle run resolves them for the child), so a conflict is refused here.
+    pub agent: Option<CompiledAgent>,
 }
 
 /// One verified member. A vendored member has its delegations pinned; an external member is
@@ -359,7 +362,7 @@ struct Candidate {
 /// equals the lock recomputed from the members (external content hashes from `externals`);
 /// every delegation names a member, and every member is reachable from the root in closure walk
 /// order without a cycle; each pinned member passes [`CompiledAgent::validate`]; the secret union
-/// of the vendored members has no conflict.
+/// of the members (external ones through their published snapshot, when given) has no conflict.
 ///
 /// `version_id_for(child_name)` gives the version id the runtime will store a vendored member
 /// under; it is called once per vendored member whose snapshot parsed, in member order, and the
@@ -424,11 +427,12 @@ pub fn verify_publication(
     for (c, pinned) in candidates.iter().zip(&graph) {
         validate_member(c, &pinned.unpinned, &mut p);
     }
-    let secrets = match secret_union(
-        candidates
-            .iter()
-            .filter_map(|c| c.agent.as_ref().map(|a| (c.child_name.as_str(), a))),
-    ) {
+    let secrets = match secret_union(candidates.iter().filter_map(|c| {
+        c.agent
+            .as_ref()
+            .or_else(|| c.resolved.as_ref().and_then(|r| r.agent.as_ref()))
+            .map(|a| (c.child_name.as_str(), a))
+    })) {
         Ok(s) => s,
         Err(conflicts) => {
             for c in conflicts {

@@ -139,6 +139,7 @@ impl RuntimeService {
                     }
                     Ok(v) => Ok(ResolvedExternal {
                         version_id: v.id.to_string(),
+                        agent: Some(load_published(&v)?),
                         content_hash: v.content_hash,
                     }),
                     Err(LedgerError::NotFound { message }) => Err(message),
@@ -292,6 +293,20 @@ impl RuntimeService {
             },
         )
     }
+}
+
+/// Loads a published version's stored snapshot; one that does not load is an internal error.
+fn load_published(version: &phrony_ledger::AgentVersion) -> Result<CompiledAgent, Status> {
+    CompiledAgent::from_snapshot_json(version.snapshot_json.as_bytes()).map_err(|e| {
+        tracing::error!(
+            agent = %version.agent, version = %version.version, error = %e,
+            "stored agent version snapshot does not load"
+        );
+        Status::internal(format!(
+            "the stored snapshot of agent {} version {:?} does not load; see the runtime log",
+            version.agent, version.version
+        ))
+    })
 }
 
 /// Loads a stored member snapshot; one that does not load is an internal error.

@@ -830,17 +830,23 @@ fn refunder_found() -> Result<ResolvedExternal, String> {
     Ok(ResolvedExternal {
         version_id: "pub-refunder".to_owned(),
         content_hash: REFUNDER_HASH.to_owned(),
+        agent: None,
     })
 }
 
 /// root (`desk`) → `./payment.yaml` → `ops.refunder@1.2.0`, and the root delegates to the
 /// external agent too. Locked with a resolver that knows its content hash.
 fn with_external() -> Parts {
+    with_external_and_secret(None)
+}
+
+/// [`with_external`], the root declaring the secret `openai` from `secret_env`.
+fn with_external_and_secret(secret_env: Option<&str>) -> Parts {
     let p = Project::new();
     p.write("bundle.yaml", BUNDLE);
     p.write(
         "root.yaml",
-        &agent_yaml("desk", None, &["./payment.yaml", REFUNDER]),
+        &agent_yaml("desk", secret_env, &["./payment.yaml", REFUNDER]),
     );
     p.write("payment.yaml", &agent_yaml("payment", None, &[REFUNDER]));
     let bundle = load_bundle(p.path("bundle.yaml")).unwrap();
@@ -1013,6 +1019,7 @@ fn an_external_content_hash_that_differs_from_the_lock_is_drift() {
         Ok(ResolvedExternal {
             version_id: "pub-refunder".to_owned(),
             content_hash: "beef".to_owned(),
+            agent: None,
         }),
     );
     assert_only(
@@ -1132,4 +1139,51 @@ fn external_garbage_never_panics() {
             noop,
         );
     }
+}
+
+#[test]
+fn an_external_members_secrets_join_the_union_and_a_conflict_is_refused() {
+    let published = |env: &str| {
+        let p = Project::new();
+        p.write("refunder.yaml", &agent_yaml("refunder", Some(env), &[]));
+        load_agent(p.path("refunder.yaml")).unwrap().agent
+    };
+    let mut parts = with_external_and_secret(Some("OPENAI_API_KEY"));
+    parts.externals.insert(
+        "refunder".to_owned(),
+        Ok(ResolvedExternal {
+            agent: Some(published("OPENAI_API_KEY")),
+            ..refunder_found().unwrap()
+        }),
+    );
+    let verified = parts.verify().unwrap();
+    let secrets: Vec<(&str, &str, Vec<String>)> = verified
+        .secrets
+        .iter()
+        .map(|s| (s.name.as_str(), s.from_env.as_str(), s.declared_by.clone()))
+        .collect();
+    assert_eq!(
+        secrets,
+        [(
+            "openai",
+            "OPENAI_API_KEY",
+            vec!["desk".to_owned(), "refunder".to_owned()]
+        )]
+    );
+
+    parts.externals.insert(
+        "refunder".to_owned(),
+        Ok(ResolvedExternal {
+            agent: Some(published("REFUNDER_OPENAI_KEY")),
+            ..refunder_found().unwrap()
+        }),
+    );
+    let got = parts.problems();
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert!(
+        got[0].contains("openai")
+            && got[0].contains("refunder")
+            && got[0].contains("REFUNDER_OPENAI_KEY"),
+        "{got:?}"
+    );
 }
