@@ -46,7 +46,7 @@ fn desk() -> (tempfile::TempDir, PathBuf) {
 }
 
 /// What `phrony bundles publish` sends for the bundle at `path` (its committed lock must match).
-fn publish_request(path: &Path) -> pb::PublishBundleRequest {
+pub(crate) fn publish_request(path: &Path) -> pb::PublishBundleRequest {
     let validated = validate_bundle(path, true).unwrap();
     let bundle = validated.bundle;
     let lock = std::fs::read(path.with_file_name(phrony_manifest::LOCK_FILE)).unwrap();

@@ -25,6 +25,7 @@ use phrony_runtime::SecretsKey;
 use serde_json::{Value, json};
 use tonic::transport::Channel;
 
+use crate::bundles::publish_request;
 use crate::sessions::{Db, Server, inspect};
 
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -168,29 +169,6 @@ fn lock_with(
     })
     .map(|_| ())
     .map_err(|d| d.errors().map(|e| e.message.clone()).collect())
-}
-
-/// `PublishBundle` as `phrony bundles publish` sends it, from the committed lock.
-fn publish_request(path: &Path) -> pb::PublishBundleRequest {
-    let bundle = load_bundle(path).unwrap();
-    pb::PublishBundleRequest {
-        bundle_manifest: bundle.header().to_json(),
-        members: bundle
-            .published_members()
-            .unwrap()
-            .into_iter()
-            .map(|m| pb::BundleMemberPackage {
-                child_name: m.child_name,
-                origin: m.origin.as_str().to_owned(),
-                authoring_ref: m.authoring_ref,
-                resolved_manifest: m.snapshot_json,
-                is_root: m.is_root,
-                member_version_id: String::new(),
-            })
-            .collect(),
-        actor: "release-bot".into(),
-        committed_lock: std::fs::read(path.with_file_name(phrony_manifest::LOCK_FILE)).unwrap(),
-    }
 }
 
 fn bundle_ref() -> pb::BundleRef {

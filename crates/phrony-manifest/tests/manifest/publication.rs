@@ -85,8 +85,54 @@ fn valid() -> Parts {
     );
     p.write("extra.yaml", &agent_yaml("extra", None, &[]));
     let locked = lock_bundle(p.path("bundle.yaml")).unwrap();
-    let members = locked
-        .bundle
+    let members = sent(&locked.bundle);
+    Parts {
+        manifest: locked.bundle.header().to_json(),
+        members,
+        lock: std::fs::read(&locked.lock_path).unwrap(),
+        extra: load_agent(p.path("extra.yaml"))
+            .unwrap()
+            .agent
+            .snapshot_json(),
+        externals: HashMap::new(),
+    }
+}
+
+/// `(namespace, name, version, child_name, agent_version_id)` of member `i`'s delegation
+/// targets, in binding order.
+fn pins(verified: &VerifiedBundle, i: usize) -> Vec<(String, String, String, String, String)> {
+    verified.members[i]
+        .agent
+        .as_ref()
+        .unwrap()
+        .spec
+        .tools
+        .iter()
+        .filter_map(|t| t.agent.as_ref())
+        .map(|a| {
+            (
+                a.namespace.clone(),
+                a.name.clone(),
+                a.version.clone(),
+                a.child_name.clone(),
+                a.agent_version_id.clone(),
+            )
+        })
+        .collect()
+}
+
+/// `(name, from_env, declared_by)` of the verified secret union.
+fn secret_rows(verified: &VerifiedBundle) -> Vec<(&str, &str, Vec<String>)> {
+    verified
+        .secrets
+        .iter()
+        .map(|s| (s.name.as_str(), s.from_env.as_str(), s.declared_by.clone()))
+        .collect()
+}
+
+/// The members `phrony bundles publish` sends for `bundle`.
+fn sent(bundle: &phrony_manifest::Bundle) -> Vec<Member> {
+    bundle
         .published_members()
         .unwrap()
         .into_iter()
@@ -98,17 +144,7 @@ fn valid() -> Parts {
             is_root: m.is_root,
             member_version_id: String::new(),
         })
-        .collect();
-    Parts {
-        manifest: locked.bundle.header().to_json(),
-        members,
-        lock: std::fs::read(&locked.lock_path).unwrap(),
-        extra: load_agent(p.path("extra.yaml"))
-            .unwrap()
-            .agent
-            .snapshot_json(),
-        externals: HashMap::new(),
-    }
+        .collect()
 }
 
 impl Parts {
@@ -134,6 +170,23 @@ impl Parts {
             &self.externals,
             &mut |child: &str| format!("ver-{child}"),
         )
+    }
+
+    /// Verifies (it must pass); also returns the child names `version_id_for` was asked for.
+    fn verify_recording_ids(&self) -> (VerifiedBundle, Vec<String>) {
+        let mut calls = Vec::new();
+        let verified = verify_publication(
+            &self.manifest,
+            &self.received(),
+            &self.lock,
+            &self.externals,
+            &mut |child: &str| {
+                calls.push(child.to_owned());
+                format!("ver-{child}")
+            },
+        )
+        .unwrap();
+        (verified, calls)
     }
 
     fn problems(&self) -> Vec<String> {
@@ -194,18 +247,7 @@ fn assert_only(got: Vec<String>, want: &str) {
 #[test]
 fn a_valid_bundle_verifies_with_every_delegation_pinned() {
     let parts = valid();
-    let mut calls = Vec::new();
-    let verified = verify_publication(
-        &parts.manifest,
-        &parts.received(),
-        &parts.lock,
-        &parts.externals,
-        &mut |child: &str| {
-            calls.push(child.to_owned());
-            format!("ver-{child}")
-        },
-    )
-    .unwrap();
+    let (verified, calls) = parts.verify_recording_ids();
     assert_eq!(calls, ["desk", "payment", "ledger"], "once per member");
     assert_eq!(verified.manifest_json.as_bytes(), parts.manifest.as_slice());
     assert_eq!(verified.lock_json.as_bytes(), parts.lock.as_slice());
@@ -238,29 +280,12 @@ fn a_valid_bundle_verifies_with_every_delegation_pinned() {
         ]
     );
 
-    let pins = |i: usize| -> Vec<(String, String, String, String)> {
-        verified.members[i]
-            .agent
-            .as_ref()
-            .unwrap()
-            .spec
-            .tools
-            .iter()
-            .filter_map(|t| t.agent.as_ref())
-            .map(|a| {
-                (
-                    a.namespace.clone(),
-                    a.name.clone(),
-                    a.child_name.clone(),
-                    a.agent_version_id.clone(),
-                )
-            })
-            .collect()
-    };
+    let pins = |i: usize| pins(&verified, i);
     let pin = |child: &str| {
         (
             "demo".to_owned(),
             child.to_owned(),
+            String::new(),
             child.to_owned(),
             format!("ver-{child}"),
         )
@@ -287,11 +312,7 @@ fn a_valid_bundle_verifies_with_every_delegation_pinned() {
         }
     }
 
-    let secrets: Vec<(&str, &str, Vec<String>)> = verified
-        .secrets
-        .iter()
-        .map(|s| (s.name.as_str(), s.from_env.as_str(), s.declared_by.clone()))
-        .collect();
+    let secrets = secret_rows(&verified);
     assert_eq!(
         secrets,
         [(
@@ -885,20 +906,7 @@ fn with_external_and_secret(secret_env: Option<&str>) -> Parts {
             "1.2.0"
         )
     );
-    let members = locked
-        .bundle
-        .published_members()
-        .unwrap()
-        .into_iter()
-        .map(|m| Member {
-            child_name: m.child_name,
-            origin: m.origin.as_str().to_owned(),
-            authoring_ref: m.authoring_ref,
-            manifest: m.snapshot_json,
-            is_root: m.is_root,
-            member_version_id: String::new(),
-        })
-        .collect();
+    let members = sent(&locked.bundle);
     Parts {
         manifest: locked.bundle.header().to_json(),
         members,
@@ -925,18 +933,7 @@ fn an_external_member_is_published_and_delegations_to_it_are_pinned() {
         "an external member has no snapshot"
     );
 
-    let mut calls = Vec::new();
-    let verified = verify_publication(
-        &parts.manifest,
-        &parts.received(),
-        &parts.lock,
-        &parts.externals,
-        &mut |child: &str| {
-            calls.push(child.to_owned());
-            format!("ver-{child}")
-        },
-    )
-    .unwrap();
+    let (verified, calls) = parts.verify_recording_ids();
     assert_eq!(
         calls,
         ["desk", "payment"],
@@ -970,26 +967,7 @@ fn an_external_member_is_published_and_delegations_to_it_are_pinned() {
     );
     assert!(external.agent.is_none() && external.snapshot_json.is_empty());
 
-    let pins = |i: usize| -> Vec<(String, String, String, String, String)> {
-        verified.members[i]
-            .agent
-            .as_ref()
-            .unwrap()
-            .spec
-            .tools
-            .iter()
-            .filter_map(|t| t.agent.as_ref())
-            .map(|a| {
-                (
-                    a.namespace.clone(),
-                    a.name.clone(),
-                    a.version.clone(),
-                    a.child_name.clone(),
-                    a.agent_version_id.clone(),
-                )
-            })
-            .collect()
-    };
+    let pins = |i: usize| pins(&verified, i);
     let to_refunder = (
         "ops".to_owned(),
         "refunder".to_owned(),
@@ -1157,11 +1135,7 @@ fn an_external_members_secrets_join_the_union_and_a_conflict_is_refused() {
         }),
     );
     let verified = parts.verify().unwrap();
-    let secrets: Vec<(&str, &str, Vec<String>)> = verified
-        .secrets
-        .iter()
-        .map(|s| (s.name.as_str(), s.from_env.as_str(), s.declared_by.clone()))
-        .collect();
+    let secrets = secret_rows(&verified);
     assert_eq!(
         secrets,
         [(
