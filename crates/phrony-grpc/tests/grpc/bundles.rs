@@ -24,7 +24,7 @@ fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../phrony-manifest/tests/fixtures/bundles/desk")
 }
 
-fn copy_dir(from: &Path, to: &Path) {
+pub(crate) fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
     for entry in std::fs::read_dir(from).unwrap() {
         let entry = entry.unwrap();
@@ -46,7 +46,7 @@ fn desk() -> (tempfile::TempDir, PathBuf) {
 }
 
 /// What `phrony bundles publish` sends for the bundle at `path` (its committed lock must match).
-fn publish_request(path: &Path) -> pb::PublishBundleRequest {
+pub(crate) fn publish_request(path: &Path) -> pb::PublishBundleRequest {
     let validated = validate_bundle(path, true).unwrap();
     let bundle = validated.bundle;
     let lock = std::fs::read(path.with_file_name(phrony_manifest::LOCK_FILE)).unwrap();

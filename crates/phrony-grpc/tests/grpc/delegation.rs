@@ -13,18 +13,21 @@ use std::time::Duration;
 use futures::StreamExt as _;
 use phrony_engine::{ProviderFactory, child_session_id};
 use phrony_ledger::Ledger;
-use phrony_manifest::{CompiledAgent, validate_bundle};
+use phrony_manifest::CompiledAgent;
 use phrony_proto::runtime::v1 as pb;
 use phrony_proto::runtime::v1::runtime_client::RuntimeClient;
 use phrony_providers::{
-    ApiKey, CompletionRequest, ContentBlock, Event as ModelEvent, EventStream, ModelProvider,
-    ProviderError, ProviderKind, Role, StopReason, Usage,
+    ApiKey, CompletionRequest, Event as ModelEvent, EventStream, ModelProvider, ProviderError,
+    ProviderKind, StopReason,
 };
 use phrony_runtime::SecretsKey;
 use serde_json::{Value, json};
 use tonic::transport::Channel;
 
-use crate::sessions::{Db, Server, Worker, decide, inspect};
+use crate::bundles::{copy_dir, publish_request};
+use crate::sessions::{
+    Db, Server, Worker, decide, done, inspect, pending_approvals, tool_results, user_texts,
+};
 
 const PATIENCE: Duration = Duration::from_secs(30);
 const OPENAI_KEY: &str = "sk-desk-openai";
@@ -42,42 +45,6 @@ struct Desk {
     seen: Mutex<Vec<Seen>>,
     /// (agent name, API key) of every provider built.
     keys: Mutex<Vec<(String, Option<String>)>>,
-}
-
-fn user_texts(r: &CompletionRequest) -> Vec<String> {
-    r.messages
-        .iter()
-        .filter(|m| m.role == Role::User)
-        .flat_map(|m| m.content.iter())
-        .filter_map(|b| match b {
-            ContentBlock::Text { text } => Some(text.clone()),
-            _ => None,
-        })
-        .collect()
-}
-
-fn tool_results(r: &CompletionRequest) -> Vec<(String, bool)> {
-    r.messages
-        .iter()
-        .flat_map(|m| m.content.iter())
-        .filter_map(|b| match b {
-            ContentBlock::ToolResult {
-                content, is_error, ..
-            } => Some((content.clone(), *is_error)),
-            _ => None,
-        })
-        .collect()
-}
-
-fn done(stop_reason: StopReason) -> ModelEvent {
-    ModelEvent::Completed {
-        stop_reason,
-        usage: Usage {
-            input_tokens: 20,
-            output_tokens: 10,
-            estimated: false,
-        },
-    }
 }
 
 fn call(name: &str, args: Value) -> Vec<ModelEvent> {
@@ -207,19 +174,6 @@ fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/delegation")
 }
 
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let target = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_dir(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), &target).unwrap();
-        }
-    }
-}
-
 /// Locks a copy of the fixture and publishes and deploys it, as `phrony bundles publish` and
 /// `deploy` would.
 async fn publish_and_deploy(client: &mut RuntimeClient<Channel>) {
@@ -227,27 +181,7 @@ async fn publish_and_deploy(client: &mut RuntimeClient<Channel>) {
     copy_dir(&fixture(), dir.path());
     let path = dir.path().join("bundle.yaml");
     phrony_manifest::lock_bundle(&path).unwrap();
-    let validated = validate_bundle(&path, true).unwrap();
-    let bundle = validated.bundle;
-    let lock = std::fs::read(path.with_file_name(phrony_manifest::LOCK_FILE)).unwrap();
-    let request = pb::PublishBundleRequest {
-        bundle_manifest: bundle.header().to_json(),
-        members: bundle
-            .published_members()
-            .unwrap()
-            .into_iter()
-            .map(|m| pb::BundleMemberPackage {
-                child_name: m.child_name,
-                origin: m.origin.as_str().to_owned(),
-                authoring_ref: m.authoring_ref,
-                resolved_manifest: m.snapshot_json,
-                is_root: m.is_root,
-                member_version_id: String::new(),
-            })
-            .collect(),
-        actor: "release-bot".into(),
-        committed_lock: lock,
-    };
+    let request = publish_request(&path);
     client.publish_bundle(request).await.unwrap();
     #[allow(
         clippy::needless_update,
@@ -313,16 +247,7 @@ async fn wait_for(
 async fn pending_approval(client: &mut RuntimeClient<Channel>, id: &str) -> pb::Approval {
     tokio::time::timeout(PATIENCE, async {
         loop {
-            let approvals = client
-                .list_approvals(pb::ListApprovalsRequest {
-                    status: "pending".into(),
-                    session_id: id.into(),
-                    ..Default::default()
-                })
-                .await
-                .unwrap()
-                .into_inner()
-                .approvals;
+            let approvals = pending_approvals(client, id).await;
             if let Some(a) = approvals.into_iter().next() {
                 return a;
             }
