@@ -112,6 +112,7 @@ impl Desk {
             }
             "order-notes" => say("Payment to ORD-1 is pending settlement."),
             "escalations" => say("Escalation taken by the on-call team."),
+            "auditor" => say("The refund looks right."),
             other => say(format!("{other} has no rule")),
         }
     }
@@ -425,23 +426,62 @@ async fn scenario(db: Db) {
     );
     assert_eq!(worker_refunds(&worker), [100, 400]);
 
-    // 4. Depth: the specialist (max_subagent_depth 1) may not start the auditor at depth 2;
-    //    its call gets the tool error and the specialist still answers.
+    // 4. Depth: the specialist (max_subagent_depth 1, on_limit: escalate) may start the
+    //    auditor at depth 2 only when a human raises its limit. Rejected: its call gets the
+    //    tool error and the specialist still answers.
     let root = run(&mut client, "audit refund 10").await;
+    let specialist = child_session_id(
+        delegation_wait(&ledger, &root).await["call_id"]
+            .as_str()
+            .unwrap(),
+    );
+    let escalation = pending_approval(&mut client, &specialist).await;
+    assert_eq!(escalation.tool, phrony_engine::LIMIT_TOOL);
+    client
+        .decide_approval(decide(&escalation.id, false, "carol", "no auditing today"))
+        .await
+        .unwrap();
     let done = wait_for(&mut client, &root, &["completed", "failed"]).await;
     assert_eq!(done.status, "completed", "{}", done.error);
-    let specialist = desk.results("refund-specialist", "audit refund 10");
-    assert_eq!(specialist.len(), 1, "{specialist:?}");
-    assert!(specialist[0].1);
+    let results = desk.results("refund-specialist", "audit refund 10");
+    assert_eq!(results.len(), 1, "{results:?}");
+    assert!(results[0].1);
     assert!(
-        specialist[0]
+        results[0]
             .0
             .contains("delegation depth 2 exceeds max_subagent_depth 1"),
-        "{specialist:?}"
+        "{results:?}"
     );
-    let tree = inspect(&mut client, &root).await.session.unwrap();
+    let tree = tree_of(&mut client, &root).await;
     assert_eq!(tree.children.len(), 1);
     assert!(tree.children[0].children.is_empty());
+    //    Approved: the auditor runs as a grandchild (depth 2) and its answer reaches the
+    //    specialist, whose answer reaches the front desk.
+    let root = run(&mut client, "audit refund 20").await;
+    let specialist = child_session_id(
+        delegation_wait(&ledger, &root).await["call_id"]
+            .as_str()
+            .unwrap(),
+    );
+    let escalation = pending_approval(&mut client, &specialist).await;
+    client
+        .decide_approval(decide(&escalation.id, true, "carol", "audit it"))
+        .await
+        .unwrap();
+    let done = wait_for(&mut client, &root, &["completed", "failed"]).await;
+    assert_eq!(done.status, "completed", "{}", done.error);
+    let tree = tree_of(&mut client, &root).await;
+    let grandchildren = &tree.children[0].children;
+    assert_eq!(grandchildren.len(), 1, "{tree:?}");
+    assert_eq!(grandchildren[0].depth, 2);
+    assert_eq!(grandchildren[0].agent.as_ref().unwrap().name, "auditor");
+    assert_eq!(
+        desk.results("refund-specialist", "audit refund 20"),
+        [(
+            json!({"output": "The refund looks right."}).to_string(),
+            false
+        )]
+    );
 
     // 5. `result: full` returns the child's whole output; a child without tools works.
     let root = run(&mut client, "notes for ORD-1").await;
