@@ -214,6 +214,7 @@ fn endpoints_of(
         .secret_destinations(&compiled)
         .into_iter()
         .map(|d| SecretEndpoint {
+            member: None,
             secret: d.secret,
             from_env: d.from_env,
             endpoint: d.endpoint,
@@ -252,6 +253,7 @@ fn new_endpoints(
                 .is_none_or(|seen| !seen.contains(&e.endpoint))
         })
         .map(|e| SecretEndpointChange {
+            member: e.member.clone(),
             secret: e.secret.clone(),
             from_env: e.from_env.clone(),
             endpoint: e.endpoint.clone(),
@@ -269,6 +271,7 @@ mod tests {
 
     fn endpoint(secret: &str, var: &str, url: &str) -> SecretEndpoint {
         SecretEndpoint {
+            member: None,
             secret: secret.into(),
             from_env: var.into(),
             endpoint: url.into(),
