@@ -176,6 +176,7 @@ fn change(secret_endpoint: &str, previous: &[&str]) -> pb::SecretEndpointChange 
         from_env: "OPENAI_API_KEY".into(),
         endpoint: secret_endpoint.into(),
         previous_endpoints: previous.iter().map(|p| (*p).to_owned()).collect(),
+        member: String::new(),
     }
 }
 
