@@ -184,10 +184,6 @@ async fn publish_and_deploy(client: &mut RuntimeClient<Channel>) {
     phrony_manifest::lock_bundle(&path).unwrap();
     let request = publish_request(&path);
     client.publish_bundle(request).await.unwrap();
-    #[allow(
-        clippy::needless_update,
-        reason = "the request may grow fields (as the agent Deploy did) that stay at their defaults"
-    )]
     client
         .deploy_bundle(pb::DeployBundleRequest {
             bundle_ref: Some(bundle_ref()),
