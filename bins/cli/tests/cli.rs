@@ -1132,3 +1132,48 @@ fn an_invalid_member_fails_the_lock() {
         .stderr(contains("metadata.version: must be valid semver"));
     assert!(!tmp.path().join("bundle.lock.json").exists());
 }
+
+// ---------------------------------------------------------------------------------------------
+// completions and man pages
+
+#[test]
+fn completions_are_generated_for_each_shell_from_the_command_tree() {
+    let bash = stdout_of(phrony().args(["completions", "bash"]));
+    assert!(bash.contains("_phrony()"), "{bash}");
+    for command in ["bundles", "approvals", "sessions", "completions"] {
+        assert!(bash.contains(command), "bash completion lacks {command}");
+    }
+    let zsh = stdout_of(phrony().args(["completions", "zsh"]));
+    assert!(zsh.starts_with("#compdef phrony"), "{zsh}");
+    let fish = stdout_of(phrony().args(["completions", "fish"]));
+    assert!(fish.contains("complete -c phrony"), "{fish}");
+    phrony()
+        .args(["completions", "tcsh"])
+        .assert()
+        .code(2)
+        .stderr(contains("invalid value 'tcsh'"));
+}
+
+#[test]
+fn man_pages_cover_every_command_with_the_global_flags() {
+    let page = stdout_of(phrony().arg("man"));
+    assert!(page.contains(".TH phrony 1"), "{page}");
+    let dir = tempfile::tempdir().unwrap();
+    let written = stdout_of(phrony().arg("man").arg("--dir").arg(dir.path()));
+    assert!(written.starts_with("wrote "), "{written}");
+    let deploy = std::fs::read_to_string(dir.path().join("phrony-bundles-deploy.1")).unwrap();
+    let title = format!(
+        ".TH phrony-bundles-deploy 1  \"phrony {}\"",
+        env!("CARGO_PKG_VERSION")
+    );
+    assert!(deploy.contains(&title), "{deploy}");
+    assert!(deploy.contains("phrony bundles deploy"), "{deploy}");
+    assert!(deploy.contains("runtime\\-addr"), "{deploy}");
+    for page in [
+        "phrony.1",
+        "phrony-agents-publish.1",
+        "phrony-approvals-approve.1",
+    ] {
+        assert!(dir.path().join(page).is_file(), "no {page}");
+    }
+}

@@ -10,7 +10,10 @@
 use chrono::{DateTime, Utc};
 use phrony_proto::runtime::v1 as pb;
 
-use super::types::{DeploymentRecord, optional, optional_timestamp, timestamp};
+use super::types::{
+    DeploymentRecord, SecretEndpointChange, optional, optional_timestamp, secret_endpoint_changes,
+    timestamp,
+};
 use super::{AgentName, Client, ClientError, with_actor};
 
 impl AgentName {
@@ -82,6 +85,9 @@ pub struct DeployedBundle {
     pub previous_lock_hash: Option<String>,
     /// When the deployment was recorded.
     pub deployed_at: DateTime<Utc>,
+    /// The members' secrets it sends to an endpoint no earlier deployment of the bundle used
+    /// (allowed explicitly), each naming its member.
+    pub secret_endpoint_changes: Vec<SecretEndpointChange>,
 }
 
 /// The outcome of `RollbackBundle`.
@@ -97,6 +103,8 @@ pub struct RolledBackBundle {
     pub previous_lock_hash: Option<String>,
     /// When the rollback was recorded (`None` when the runtime did not say).
     pub deployed_at: Option<DateTime<Utc>>,
+    /// As [`DeployedBundle::secret_endpoint_changes`].
+    pub secret_endpoint_changes: Vec<SecretEndpointChange>,
 }
 
 /// The active deployment of a bundle (`GetActiveBundle`).
@@ -229,6 +237,7 @@ impl TryFrom<pb::DeployBundleResponse> for DeployedBundle {
             lock_hash: r.lock_hash,
             previous_version: optional(r.previous_version),
             previous_lock_hash: optional(r.previous_lock_hash),
+            secret_endpoint_changes: secret_endpoint_changes(r.secret_endpoint_changes),
         })
     }
 }
@@ -243,6 +252,7 @@ impl TryFrom<pb::RollbackBundleResponse> for RolledBackBundle {
             lock_hash: r.lock_hash,
             previous_version: optional(r.previous_version),
             previous_lock_hash: optional(r.previous_lock_hash),
+            secret_endpoint_changes: secret_endpoint_changes(r.secret_endpoint_changes),
         })
     }
 }
@@ -399,19 +409,24 @@ impl Client {
     }
 
     /// Activates a published bundle version, a semver label or a `sha256:` lock hash
-    /// (`DeployBundle`).
+    /// (`DeployBundle`). `allow_new_secret_endpoints` lets a version whose members send a
+    /// secret to an endpoint no earlier deployment of the bundle used be deployed (the runtime
+    /// records the change and answers it in [`DeployedBundle::secret_endpoint_changes`]).
     ///
     /// # Errors
-    /// `NotFound` for an unknown bundle or version; any other [`ClientError`].
+    /// `NotFound` for an unknown bundle or version; `FailedPrecondition` for a new secret
+    /// endpoint without `allow_new_secret_endpoints`; any other [`ClientError`].
     pub async fn deploy_bundle(
         &self,
         bundle: &AgentName,
         version: &str,
         actor: &str,
+        allow_new_secret_endpoints: bool,
     ) -> Result<DeployedBundle, ClientError> {
         let request = pb::DeployBundleRequest {
             bundle_ref: Some(bundle.to_bundle_pb(version)),
             actor: actor.to_owned(),
+            allow_new_secret_endpoints,
         };
         let response = self
             .runtime
@@ -422,21 +437,26 @@ impl Client {
         response.into_inner().try_into()
     }
 
-    /// Re-activates the previously deployed bundle version, or `to` (`RollbackBundle`).
+    /// Re-activates the previously deployed bundle version, or `to` (`RollbackBundle`);
+    /// `allow_new_secret_endpoints` as in [`Client::deploy_bundle`] (only a `to` that was never
+    /// deployed can send a secret somewhere new).
     ///
     /// # Errors
-    /// `FailedPrecondition` without an active or previous deployment; `NotFound` for an
-    /// unknown `to`; any other [`ClientError`].
+    /// `FailedPrecondition` without an active or previous deployment, or for a new secret
+    /// endpoint without `allow_new_secret_endpoints`; `NotFound` for an unknown `to`; any other
+    /// [`ClientError`].
     pub async fn rollback_bundle(
         &self,
         bundle: &AgentName,
         to: Option<&str>,
         actor: &str,
+        allow_new_secret_endpoints: bool,
     ) -> Result<RolledBackBundle, ClientError> {
         let request = pb::RollbackBundleRequest {
             bundle_ref: Some(bundle.to_bundle_pb("")),
             to_version: to.unwrap_or_default().to_owned(),
             actor: actor.to_owned(),
+            allow_new_secret_endpoints,
         };
         let response = self
             .runtime
@@ -589,6 +609,7 @@ mod tests {
             deployed_at: "2025-01-31T09:30:00Z".into(),
             lock_hash: "sha256:ab".into(),
             previous_lock_hash: String::new(),
+            secret_endpoint_changes: Vec::new(),
         })
         .unwrap();
         assert_eq!(deployed.bundle.to_string(), "support/desk");
@@ -600,10 +621,24 @@ mod tests {
             lock_hash: "sha256:ab".into(),
             previous_lock_hash: "sha256:cd".into(),
             deployed_at: String::new(),
+            secret_endpoint_changes: vec![pb::SecretEndpointChange {
+                secret: "openai".into(),
+                from_env: "OPENAI_API_KEY".into(),
+                endpoint: "http://b/v1".into(),
+                previous_endpoints: Vec::new(),
+                member: "specialist".into(),
+            }],
         })
         .unwrap();
         assert_eq!(rolled.deployed_at, None);
         assert_eq!(rolled.previous_version.as_deref(), Some("1.1.0"));
+        let change = &rolled.secret_endpoint_changes[0];
+        assert_eq!(change.member.as_deref(), Some("specialist"));
+        assert_eq!(
+            change.to_string(),
+            "member \"specialist\": secret \"openai\" (OPENAI_API_KEY) is now sent to \
+             http://b/v1 (no earlier deployment sent OPENAI_API_KEY)"
+        );
     }
 
     #[test]

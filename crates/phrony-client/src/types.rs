@@ -96,9 +96,11 @@ pub struct Deployed {
     pub secret_endpoint_changes: Vec<SecretEndpointChange>,
 }
 
-/// A secret sent to an endpoint no earlier deployment of the agent sent it to.
+/// A secret sent to an endpoint no earlier deployment of the agent (or bundle) sent it to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SecretEndpointChange {
+    /// The bundle member (child name) that sends it; `None` for an agent's own deployment.
+    pub member: Option<String>,
     /// `secrets.<name>`.
     pub secret: String,
     /// The environment variable its value is read from.
@@ -110,8 +112,12 @@ pub struct SecretEndpointChange {
 }
 
 impl std::fmt::Display for SecretEndpointChange {
-    /// `secret "openai" (OPENAI_API_KEY) is now sent to B (previous deployments: A)`.
+    /// `secret "openai" (OPENAI_API_KEY) is now sent to B (previous deployments: A)`, after
+    /// `member "front-desk": ` for a bundle member's.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if let Some(member) = &self.member {
+            write!(f, "member {member:?}: ")?;
+        }
         write!(
             f,
             "secret {:?} ({}) is now sent to {} (",
@@ -344,10 +350,14 @@ pub(crate) fn rolled_back(r: pb::RollbackResponse) -> RolledBack {
     }
 }
 
-fn secret_endpoint_changes(changes: Vec<pb::SecretEndpointChange>) -> Vec<SecretEndpointChange> {
+/// The changes a deploy or rollback answered (an empty `member` is none).
+pub(crate) fn secret_endpoint_changes(
+    changes: Vec<pb::SecretEndpointChange>,
+) -> Vec<SecretEndpointChange> {
     changes
         .into_iter()
         .map(|c| SecretEndpointChange {
+            member: optional(c.member),
             secret: c.secret,
             from_env: c.from_env,
             endpoint: c.endpoint,

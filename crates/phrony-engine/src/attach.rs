@@ -558,6 +558,7 @@ impl SessionView {
             | EventBody::BundleVersionPublished(_)
             | EventBody::BundleDeployed(_)
             | EventBody::BundleRolledBack(_)
+            | EventBody::BundleActivationRefused(_)
             | EventBody::TokenCreated(_)
             | EventBody::TokenRevoked(_)
             | EventBody::AuditKeyIntroduced(_)

@@ -504,6 +504,7 @@ impl Fold {
             | EventBody::BundleVersionPublished(_)
             | EventBody::BundleDeployed(_)
             | EventBody::BundleRolledBack(_)
+            | EventBody::BundleActivationRefused(_)
             | EventBody::TokenCreated(_)
             | EventBody::TokenRevoked(_)
             | EventBody::AuditKeyIntroduced(_)

@@ -598,7 +598,10 @@ fn event_summary(
         | EventBody::AgentArchived(_)
         | EventBody::BundleVersionPublished(_)
         | EventBody::BundleDeployed(_)
-        | EventBody::BundleRolledBack(_) => format!("{} by {}", e.event_type, actor_label(e)),
+        | EventBody::BundleRolledBack(_)
+        | EventBody::BundleActivationRefused(_) => {
+            format!("{} by {}", e.event_type, actor_label(e))
+        }
         // Not session events: the tokens and audit streams' own.
         EventBody::TokenCreated(_)
         | EventBody::TokenRevoked(_)

@@ -114,7 +114,10 @@ pub use config::{
     EngineConfig,
 };
 pub use delegate::{DEFAULT_MAX_SUBAGENT_DEPTH, child_session_id};
-pub use endpoints::{Activated, Activation, ActivationError, activate, describe_change};
+pub use endpoints::{
+    Activated, ActivatedBundle, Activation, ActivationError, activate, activate_bundle,
+    describe_change,
+};
 pub use engine::{BundleStart, Engine, EngineDeps, RecoveryReport, SessionHandle, StartSession};
 pub use error::{EngineError, ErrorKind, StoreError, StoreResult};
 pub use fold::OUTPUT_TOOL;

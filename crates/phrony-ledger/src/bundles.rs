@@ -20,7 +20,8 @@ use crate::Ledger;
 use crate::db::{Arg, Conn, Row, Tx, args};
 use crate::error::{LedgerError, Result};
 use crate::event_body::{
-    BundleActivated, BundleMemberPublished, BundleVersionPublished, EventBody, expect_rows,
+    BundleActivated, BundleActivationRefused, BundleMemberPublished, BundleVersionPublished,
+    EventBody, SecretEndpointChange, SecretEndpointRecord, expect_rows,
 };
 use crate::events::{StreamHead, append, lock_stream};
 use crate::model::{AgentVersion, BundleMemberOrigin, DeploymentAction, Event, VersionOrigin};
@@ -314,6 +315,15 @@ impl NewBundleVersion {
         }
         Ok(())
     }
+}
+
+fn require_version_or_lock_hash(version: &str) -> Result<()> {
+    if version.is_empty() {
+        return Err(LedgerError::invalid(
+            "bundle_ref requires namespace, name, and version (semver or lock hash)",
+        ));
+    }
+    Ok(())
 }
 
 fn bundle_not_found(bundle: &BundleRef) -> LedgerError {
@@ -752,6 +762,7 @@ async fn activate(
     target: &BundleVersion,
     action: DeploymentAction,
     actor: &Attribution,
+    secrets: Option<&SecretEndpointRecord>,
 ) -> Result<BundleDeployment> {
     let previous = active_deployment(&mut tx.conn(), bundle.id).await?;
     let payload = BundleActivated {
@@ -763,6 +774,8 @@ async fn activate(
         previous_version_id: previous.as_ref().map(|p| p.version_id),
         previous_version: previous.as_ref().map(|p| p.version.clone()),
         previous_lock_hash: previous.map(|p| p.lock_hash),
+        secret_endpoints: secrets.map(|s| s.endpoints.clone()),
+        secret_endpoint_changes: secrets.map(|s| s.changes.clone()).unwrap_or_default(),
     };
     let body = match action {
         DeploymentAction::Deploy => EventBody::BundleDeployed(payload.clone()),
@@ -789,6 +802,7 @@ async fn deploy(
     bundle_ref: &BundleRef,
     version: &str,
     actor: &Attribution,
+    secrets: Option<&SecretEndpointRecord>,
 ) -> Result<BundleDeployment> {
     let mut head = lock_stream(tx, &bundle_ref.stream()).await?;
     let bundle = require_bundle(&mut tx.conn(), bundle_ref).await?;
@@ -802,8 +816,36 @@ async fn deploy(
         &target,
         DeploymentAction::Deploy,
         actor,
+        secrets,
     )
     .await
+}
+
+/// Records a refused deploy or rollback of `version` (semver or lock hash; see
+/// [`BundleActivationRefused`]). The version must exist; nothing but the event is written.
+async fn record_activation_refused(
+    tx: &mut Tx,
+    bundle_ref: &BundleRef,
+    version: &str,
+    action: DeploymentAction,
+    changes: &[SecretEndpointChange],
+    actor: &Attribution,
+) -> Result<()> {
+    let mut head = lock_stream(tx, &bundle_ref.stream()).await?;
+    let bundle = require_bundle(&mut tx.conn(), bundle_ref).await?;
+    let target = find_version(&mut tx.conn(), bundle.id, VersionKey::Either, version)
+        .await?
+        .ok_or_else(|| no_published_version(bundle_ref, version))?;
+    let body = EventBody::BundleActivationRefused(BundleActivationRefused {
+        bundle_id: bundle.id,
+        version_id: target.id,
+        version: target.version,
+        lock_hash: target.lock_hash,
+        action,
+        changes: changes.to_vec(),
+    });
+    let event = append(tx, &mut head, body.into_new_event(actor)?).await?;
+    apply(&mut tx.conn(), &event).await
 }
 
 async fn rollback(
@@ -811,6 +853,7 @@ async fn rollback(
     bundle_ref: &BundleRef,
     to: Option<&str>,
     actor: &Attribution,
+    secrets: Option<&SecretEndpointRecord>,
 ) -> Result<BundleDeployment> {
     let mut head = lock_stream(tx, &bundle_ref.stream()).await?;
     let bundle = require_bundle(&mut tx.conn(), bundle_ref).await?;
@@ -849,6 +892,7 @@ async fn rollback(
         &target,
         DeploymentAction::Rollback,
         actor,
+        secrets,
     )
     .await
 }
@@ -868,6 +912,8 @@ pub(crate) async fn apply(conn: &mut Conn<'_>, event: &Event) -> Result<()> {
         EventBody::BundleRolledBack(p) => {
             apply_activated(conn, event, seq, DeploymentAction::Rollback, &p).await
         }
+        // A refusal changes no projection; the event is the record.
+        EventBody::BundleActivationRefused(_) => Ok(()),
         EventBody::SessionStarted(_)
         | EventBody::SessionStatusChanged(_)
         | EventBody::SessionCompleted(_)
@@ -1070,17 +1116,59 @@ impl Ledger {
         version_or_lock_hash: &str,
         actor: &Attribution,
     ) -> Result<BundleDeployment> {
+        self.deploy_bundle_recording(bundle, version_or_lock_hash, actor, None)
+            .await
+    }
+
+    /// [`Ledger::deploy_bundle`], recording where the version's members send their secrets
+    /// (`secrets`, computed by the caller) in the `bundle.deployed` event.
+    ///
+    /// # Errors
+    /// As [`Ledger::deploy_bundle`].
+    pub async fn deploy_bundle_recording(
+        &self,
+        bundle: &BundleRef,
+        version_or_lock_hash: &str,
+        actor: &Attribution,
+        secrets: Option<&SecretEndpointRecord>,
+    ) -> Result<BundleDeployment> {
         bundle.validate()?;
-        if version_or_lock_hash.is_empty() {
-            return Err(LedgerError::invalid(
-                "bundle_ref requires namespace, name, and version (semver or lock hash)",
-            ));
-        }
+        require_version_or_lock_hash(version_or_lock_hash)?;
         require_text("actor", &actor.actor)?;
         write_tx!(self, |tx| deploy(
             &mut tx,
             bundle,
             version_or_lock_hash,
+            actor,
+            secrets
+        ))
+    }
+
+    /// Records that a deploy or rollback of `version_or_lock_hash` was refused because its
+    /// members would send the secrets in `changes` to endpoints no earlier deployment of the
+    /// bundle used (`bundle.activation_refused` on the bundle's stream, by `actor`). Nothing
+    /// else changes.
+    ///
+    /// # Errors
+    /// `NotFound` (bundle or version), `InvalidArgument` (empty version or actor), the
+    /// database's errors.
+    pub async fn record_bundle_activation_refused(
+        &self,
+        bundle: &BundleRef,
+        version_or_lock_hash: &str,
+        action: DeploymentAction,
+        changes: &[SecretEndpointChange],
+        actor: &Attribution,
+    ) -> Result<()> {
+        bundle.validate()?;
+        require_version_or_lock_hash(version_or_lock_hash)?;
+        require_text("actor", &actor.actor)?;
+        write_tx!(self, |tx| record_activation_refused(
+            &mut tx,
+            bundle,
+            version_or_lock_hash,
+            action,
+            changes,
             actor
         ))
     }
@@ -1100,7 +1188,32 @@ impl Ledger {
         bundle.validate()?;
         require_text("actor", &actor.actor)?;
         let to = to.filter(|v| !v.is_empty());
-        write_tx!(self, |tx| rollback(&mut tx, bundle, to, actor))
+        write_tx!(self, |tx| rollback(&mut tx, bundle, to, actor, None))
+    }
+
+    /// [`Ledger::rollback_bundle`] to `to` (semver or lock hash), recording where that
+    /// version's members send their secrets (`secrets`, computed by the caller) in the
+    /// `bundle.rolled_back` event.
+    ///
+    /// # Errors
+    /// As [`Ledger::rollback_bundle`]; `InvalidArgument` for an empty `to`.
+    pub async fn rollback_bundle_recording(
+        &self,
+        bundle: &BundleRef,
+        to: &str,
+        actor: &Attribution,
+        secrets: &SecretEndpointRecord,
+    ) -> Result<BundleDeployment> {
+        bundle.validate()?;
+        require_version_or_lock_hash(to)?;
+        require_text("actor", &actor.actor)?;
+        write_tx!(self, |tx| rollback(
+            &mut tx,
+            bundle,
+            Some(to),
+            actor,
+            Some(secrets)
+        ))
     }
 
     /// The active bundle deployment (the newest deploy or rollback row).
@@ -1204,6 +1317,16 @@ impl Ledger {
         bundle.validate()?;
         let mut conn = self.pool.acquire().await?;
         runnable(&mut conn.conn(), bundle, version.filter(|v| !v.is_empty())).await
+    }
+
+    /// The members of the bundle version with id `version_id` (root first), each with its
+    /// stored snapshot; empty for an id that names no bundle version.
+    ///
+    /// # Errors
+    /// Database errors, and `Corrupt` for a member row that does not read.
+    pub async fn list_bundle_members(&self, version_id: Uuid) -> Result<Vec<BundleMember>> {
+        let mut conn = self.pool.acquire().await?;
+        list_members(&mut conn.conn(), version_id).await
     }
 
     /// One bundle version by its id (what a bundle session records).

@@ -110,6 +110,9 @@ pub mod event_types {
     pub const BUNDLE_DEPLOYED: &str = "bundle.deployed";
     /// The active bundle deployment went back to an earlier version (bundle stream).
     pub const BUNDLE_ROLLED_BACK: &str = "bundle.rolled_back";
+    /// A bundle deploy or rollback was refused because a member would send a secret to an
+    /// endpoint no earlier deployment of the bundle used (bundle stream; nothing else changed).
+    pub const BUNDLE_ACTIVATION_REFUSED: &str = "bundle.activation_refused";
     /// An API token was created (`tokens` stream; never the secret or its hash).
     pub const TOKEN_CREATED: &str = "token.created";
     /// An API token was revoked (`tokens` stream).
@@ -252,6 +255,9 @@ pub enum EventBody {
     /// `bundle.rolled_back` (bundle stream).
     #[serde(rename = "bundle.rolled_back")]
     BundleRolledBack(BundleActivated),
+    /// `bundle.activation_refused` (bundle stream).
+    #[serde(rename = "bundle.activation_refused")]
+    BundleActivationRefused(BundleActivationRefused),
     /// `token.created` (`tokens` stream).
     #[serde(rename = "token.created")]
     TokenCreated(TokenCreated),
@@ -302,6 +308,7 @@ const KNOWN_TYPES: &[&str] = &[
     types::BUNDLE_VERSION_PUBLISHED,
     types::BUNDLE_DEPLOYED,
     types::BUNDLE_ROLLED_BACK,
+    types::BUNDLE_ACTIVATION_REFUSED,
     types::TOKEN_CREATED,
     types::TOKEN_REVOKED,
     types::AUDIT_KEY_INTRODUCED,
@@ -368,6 +375,7 @@ impl EventBody {
             Self::BundleVersionPublished(_) => types::BUNDLE_VERSION_PUBLISHED,
             Self::BundleDeployed(_) => types::BUNDLE_DEPLOYED,
             Self::BundleRolledBack(_) => types::BUNDLE_ROLLED_BACK,
+            Self::BundleActivationRefused(_) => types::BUNDLE_ACTIVATION_REFUSED,
             Self::TokenCreated(_) => types::TOKEN_CREATED,
             Self::TokenRevoked(_) => types::TOKEN_REVOKED,
             Self::AuditKeyIntroduced(_) => types::AUDIT_KEY_INTRODUCED,
@@ -436,6 +444,7 @@ one_variant! {
     AgentArchived => AgentArchived,
     AgentActivationRefused => AgentActivationRefused,
     BundleVersionPublished => BundleVersionPublished,
+    BundleActivationRefused => BundleActivationRefused,
     TokenCreated => TokenCreated,
     TokenRevoked => TokenRevoked,
     AuditKeyIntroduced => AuditKeyIntroduced,
@@ -1075,6 +1084,10 @@ pub struct AgentActivationRefused {
 /// One secret of a deployed version and the endpoint its value is sent to.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct SecretEndpoint {
+    /// The bundle member (its child name) that sends it; `None` for an agent's own deployment
+    /// (and absent from its events).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub member: Option<String>,
     /// `secrets.<name>`.
     pub secret: String,
     /// The environment variable the client reads its value from.
@@ -1084,7 +1097,8 @@ pub struct SecretEndpoint {
 }
 
 /// What a deploy or rollback records about secrets ([`AgentActivated::secret_endpoints`] and
-/// [`AgentActivated::secret_endpoint_changes`]); the server computes it, the ledger stores it.
+/// [`AgentActivated::secret_endpoint_changes`], or the same fields of [`BundleActivated`]); the
+/// server computes it, the ledger stores it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SecretEndpointRecord {
     /// Where the activated version sends each secret.
@@ -1093,9 +1107,13 @@ pub struct SecretEndpointRecord {
     pub changes: Vec<SecretEndpointChange>,
 }
 
-/// A secret sent to an endpoint no earlier deployment of the agent sent it to.
+/// A secret sent to an endpoint no earlier deployment of the agent (or bundle) sent it to.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct SecretEndpointChange {
+    /// The bundle member (its child name) that sends it; `None` for an agent's own deployment
+    /// (and absent from its events).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub member: Option<String>,
     /// `secrets.<name>`.
     pub secret: String,
     /// The environment variable the client reads its value from.
@@ -1205,6 +1223,36 @@ pub struct BundleActivated {
     pub previous_version: Option<String>,
     /// Its lock hash.
     pub previous_lock_hash: Option<String>,
+    /// Where the activated version's members send each of their secrets (each with its
+    /// [`SecretEndpoint::member`]), computed by the server under its provider configuration at
+    /// the time; `None` in events of builds before it was recorded (so they serialise, and
+    /// hash, as they were written).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_endpoints: Option<Vec<SecretEndpoint>>,
+    /// The secrets this activation sends to an endpoint no earlier deployment of the bundle
+    /// used. Non-empty only when the deployer allowed it explicitly
+    /// (`allow_new_secret_endpoints`); the server refuses such an activation otherwise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secret_endpoint_changes: Vec<SecretEndpointChange>,
+}
+
+/// `bundle.activation_refused`: a bundle deploy or rollback the server refused because a
+/// member of the version would send secrets to endpoints no earlier deployment of the bundle
+/// used, and the caller did not allow it. Who tried is the event's actor; nothing else changed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BundleActivationRefused {
+    /// The bundle.
+    pub bundle_id: Uuid,
+    /// The bundle version that was to be activated.
+    pub version_id: Uuid,
+    /// Its semver.
+    pub version: String,
+    /// Its lock hash.
+    pub lock_hash: String,
+    /// `deploy` or `rollback`.
+    pub action: DeploymentAction,
+    /// Each member's secret and the new endpoint it would have been sent to.
+    pub changes: Vec<SecretEndpointChange>,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1436,11 +1484,13 @@ mod tests {
             panic!("decoded as {body:?}");
         };
         activated.secret_endpoints = Some(vec![SecretEndpoint {
+            member: None,
             secret: "openai".into(),
             from_env: "OPENAI_API_KEY".into(),
             endpoint: "http://b.example/v1".into(),
         }]);
         activated.secret_endpoint_changes = vec![SecretEndpointChange {
+            member: None,
             secret: "openai".into(),
             from_env: "OPENAI_API_KEY".into(),
             endpoint: "http://b.example/v1".into(),
@@ -1456,5 +1506,66 @@ mod tests {
             EventBody::decode("agent:n/a", 3, "agent.rolled_back", &payload).unwrap(),
             body
         );
+        assert!(
+            payload["secret_endpoints"][0].get("member").is_none(),
+            "an agent's endpoints name no member: {payload}"
+        );
+    }
+
+    #[test]
+    fn a_bundle_event_of_an_earlier_build_keeps_its_payload_and_a_new_one_names_the_members() {
+        let earlier = json!({
+            "bundle_id": "00000000-0000-0000-0000-00000000000b",
+            "deployment_id": "00000000-0000-0000-0000-00000000000d",
+            "version_id": "00000000-0000-0000-0000-00000000000e",
+            "version": "1.0.0",
+            "lock_hash": "sha256:01",
+            "previous_version_id": null,
+            "previous_version": null,
+            "previous_lock_hash": null
+        });
+        let decoded = EventBody::decode("bundle:n/b", 2, "bundle.rolled_back", &earlier).unwrap();
+        assert_eq!(
+            decoded.payload().unwrap(),
+            earlier,
+            "hashes as it was written"
+        );
+        let EventBody::BundleRolledBack(mut activation) = decoded else {
+            panic!("decoded as {decoded:?}");
+        };
+        assert_eq!(activation.secret_endpoints, None);
+        let sent = |endpoint: &str| SecretEndpoint {
+            member: Some("front-desk".into()),
+            secret: "openai".into(),
+            from_env: "OPENAI_API_KEY".into(),
+            endpoint: endpoint.into(),
+        };
+        activation.secret_endpoints = Some(vec![sent("http://b.example/v1")]);
+        let refused = EventBody::BundleActivationRefused(BundleActivationRefused {
+            bundle_id: activation.bundle_id,
+            version_id: activation.version_id,
+            version: activation.version.clone(),
+            lock_hash: activation.lock_hash.clone(),
+            action: DeploymentAction::Deploy,
+            changes: vec![SecretEndpointChange {
+                member: Some("front-desk".into()),
+                secret: "openai".into(),
+                from_env: "OPENAI_API_KEY".into(),
+                endpoint: "http://b.example/v1".into(),
+                previous: vec!["http://a.example/v1".into()],
+            }],
+        });
+        for (seq, body) in [(3, EventBody::BundleDeployed(activation)), (4, refused)] {
+            let payload = body.payload().unwrap();
+            let member = payload
+                .get("secret_endpoints")
+                .or_else(|| payload.get("changes"))
+                .map(|list| list[0]["member"].clone());
+            assert_eq!(member, Some(json!("front-desk")), "{payload}");
+            assert_eq!(
+                EventBody::decode("bundle:n/b", seq, body.event_type(), &payload).unwrap(),
+                body
+            );
+        }
     }
 }

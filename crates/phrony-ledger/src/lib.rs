@@ -81,18 +81,20 @@
 //! | Type | Payload |
 //! |---|---|
 //! | `agent.version_published` | `agent_id, namespace, name, owner, labels, version_id, version, content_hash, snapshot_json` |
-//! | `agent.deployed`, `agent.rolled_back` | `agent_id, deployment_id, version_id, version, previous_version_id, previous_version` |
+//! | `agent.deployed`, `agent.rolled_back` | `agent_id, deployment_id, version_id, version, previous_version_id, previous_version`, `secret_endpoints?` (`secret, from_env, endpoint` of every secret the version sends), `secret_endpoint_changes?` (those no earlier deployment sent there: `…, previous`) |
 //! | `agent.activation_refused` | `agent_id, version_id, version, action` (`deploy`/`rollback`), `changes` (the secrets it would have sent to new endpoints); changes no projection |
 //! | `agent.version_deprecated`, `agent.version_retired` | `agent_id, version_id, version` |
 //! | `agent.archived` | `agent_id, deprecated_version_ids, deprecated_versions` |
 //!
 //! Bundle events (stream `bundle:<ns>/<name>`, actor = who asked; [`Ledger::publish_bundle`],
-//! [`Ledger::deploy_bundle`], [`Ledger::rollback_bundle`]):
+//! [`Ledger::deploy_bundle`], [`Ledger::rollback_bundle`] and their `_recording` forms,
+//! [`Ledger::record_bundle_activation_refused`]):
 //!
 //! | Type | Payload |
 //! |---|---|
 //! | `bundle.version_published` | `bundle_id, namespace, name, labels, version_id, version, lock_hash, lock_json, manifest_json, root_member_version_id, members[]` (`child_name, origin, reference, is_root, version_id, namespace, name, version, lock_content_hash, content_hash, snapshot_json?`) |
-//! | `bundle.deployed`, `bundle.rolled_back` | `bundle_id, deployment_id, version_id, version, lock_hash, previous_version_id, previous_version, previous_lock_hash` |
+//! | `bundle.deployed`, `bundle.rolled_back` | `bundle_id, deployment_id, version_id, version, lock_hash, previous_version_id, previous_version, previous_lock_hash`, `secret_endpoints?`, `secret_endpoint_changes?` (as the agent events', each with the `member` that sends it) |
+//! | `bundle.activation_refused` | `bundle_id, version_id, version, lock_hash, action` (`deploy`/`rollback`), `changes` (each member's secret it would have sent to a new endpoint); changes no projection |
 //!
 //! # Sessions, tool calls and approvals
 //!
@@ -210,12 +212,12 @@ pub use event_body::{
     AgentActivated, AgentActivationRefused, AgentArchived, AgentVersionChanged,
     AgentVersionPublished, ApprovalDecided, ApprovalEscalated, ApprovalRequired, ApprovalVoted,
     AssistantSegment, AuditKeyIntroduced, AuditUnverifiedLogAllowed, BundleActivated,
-    BundleMemberPublished, BundleVersionPublished, CallRefusal, CompletionToolCall, EventBody,
-    MessageRole, ModelCompletion, OutputAccepted, OutputInvalid, Reasoning, SCHEMA_VERSION,
-    SealedHead, SecretEndpoint, SecretEndpointChange, SecretEndpointRecord, SessionPrincipal,
-    SessionStarted, SessionTransition, TokenCreated, TokenRevoked, ToolCancelled, ToolCompleted,
-    ToolDispatched, ToolIndeterminate, ToolLateResult, ToolPolicyDenied, ToolQueued, ToolRequested,
-    TurnUsage, UserMessage, event_types,
+    BundleActivationRefused, BundleMemberPublished, BundleVersionPublished, CallRefusal,
+    CompletionToolCall, EventBody, MessageRole, ModelCompletion, OutputAccepted, OutputInvalid,
+    Reasoning, SCHEMA_VERSION, SealedHead, SecretEndpoint, SecretEndpointChange,
+    SecretEndpointRecord, SessionPrincipal, SessionStarted, SessionTransition, TokenCreated,
+    TokenRevoked, ToolCancelled, ToolCompleted, ToolDispatched, ToolIndeterminate, ToolLateResult,
+    ToolPolicyDenied, ToolQueued, ToolRequested, TurnUsage, UserMessage, event_types,
 };
 pub use invocations::{
     CallStatus, Dispatch, NewToolCall, RecordedResult, SideEffectClass, ToolInvocation,

@@ -178,6 +178,7 @@ pub(crate) async fn apply(conn: &mut Conn<'_>, event: &Event) -> Result<()> {
         | EventBody::BundleVersionPublished(_)
         | EventBody::BundleDeployed(_)
         | EventBody::BundleRolledBack(_)
+        | EventBody::BundleActivationRefused(_)
         | EventBody::TokenCreated(_)
         | EventBody::TokenRevoked(_)
         | EventBody::AuditKeyIntroduced(_)

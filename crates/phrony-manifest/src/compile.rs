@@ -585,6 +585,26 @@ fn compile_policies(
         });
     }
 
+    // A delegation may be scoped by its child's name or by the name the model calls it
+    // (`scope: tool:refund-specialist`, `tool:ask_refunds`): the compiled scope names the
+    // binding's ref, which is what the runtime matches (a local delegation's ref is a path).
+    for s in &mut sourced {
+        let Some(target) = s.policy.scope.strip_prefix("tool:") else {
+            continue;
+        };
+        if tools.iter().any(|t| t.reference == target) {
+            continue;
+        }
+        let mut delegations = tools.iter().filter(|t| {
+            t.agent
+                .as_ref()
+                .is_some_and(|a| a.child_name == target || t.wire_name() == target)
+        });
+        if let (Some(t), None) = (delegations.next(), delegations.next()) {
+            s.policy.scope = format!("tool:{}", t.reference);
+        }
+    }
+
     // Scopes that name no bound tool never apply. An allow list scoped that way is an error:
     // runtimes refuse it at publish (§1.11, "references undeclared tool ref").
     let bound: Vec<&str> = tools.iter().map(|t| t.reference.as_str()).collect();

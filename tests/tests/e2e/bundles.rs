@@ -39,23 +39,25 @@ fn phrony(daemon: &Daemon) -> Command {
     cmd
 }
 
+/// Copies the directory tree `from` into `to`.
+pub(crate) fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let path = entry.unwrap().path();
+        let target = to.join(path.file_name().unwrap());
+        if path.is_dir() {
+            copy_dir(&path, &target);
+        } else {
+            std::fs::copy(&path, &target).unwrap();
+        }
+    }
+}
+
 /// The fixture bundle, copied into `dir` (so the test can edit and re-lock it); returns the
 /// path of its bundle.yaml.
 fn copy_fixture(dir: &Path) -> PathBuf {
-    fn copy(from: &Path, to: &Path) {
-        std::fs::create_dir_all(to).unwrap();
-        for entry in std::fs::read_dir(from).unwrap() {
-            let path = entry.unwrap().path();
-            let target = to.join(path.file_name().unwrap());
-            if path.is_dir() {
-                copy(&path, &target);
-            } else {
-                std::fs::copy(&path, &target).unwrap();
-            }
-        }
-    }
     let fixture = tests::workspace_root().join("tests/fixtures/bundles/refund-desk");
-    copy(&fixture, dir);
+    copy_dir(&fixture, dir);
     dir.join("bundle.yaml")
 }
 

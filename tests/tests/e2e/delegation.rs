@@ -23,6 +23,8 @@ use tests::daemon::{Backend, Daemon};
 use tests::soak::worker::{JournalEntry, read_journal};
 use tests::stub::stub_daemon;
 
+use crate::bundles::copy_dir;
+
 const BUNDLE: &str = "finance/payment-desk";
 const ACTOR: &str = "ci-alice";
 const SECRET_VAR: &str = "PHRONY_TEST_PAYDESK_TOKEN";
@@ -33,19 +35,6 @@ fn phrony(daemon: &Daemon) -> Command {
     let mut cmd = tests::cli::phrony(daemon, ACTOR);
     cmd.env(SECRET_VAR, "paydesk-token-never-shown");
     cmd
-}
-
-fn copy(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let path = entry.unwrap().path();
-        let target = to.join(path.file_name().unwrap());
-        if path.is_dir() {
-            copy(&path, &target);
-        } else {
-            std::fs::copy(&path, &target).unwrap();
-        }
-    }
 }
 
 /// The soak worker serving `payments.transfer-funds@1.0.0` (among others), journaling every
@@ -143,7 +132,7 @@ fn scenario(backend: Backend) {
     };
     let project = tempfile::tempdir().unwrap();
     let fixture: PathBuf = tests::workspace_root().join("tests/fixtures/bundles/payment-desk");
-    copy(&fixture, project.path());
+    copy_dir(&fixture, project.path());
     let bundle = project.path().join("bundle.yaml");
     ok(phrony(&daemon).args(["bundles", "publish"]).arg(&bundle));
     ok(phrony(&daemon).args(["bundles", "deploy", &format!("{BUNDLE}@1.0.0")]));

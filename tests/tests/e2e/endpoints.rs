@@ -4,6 +4,12 @@
 //! (base_url A) and publishes v2 (base_url B); whatever the runner does — run the active version,
 //! name v2, run after a refused deploy of v2 — the operator's `OPENAI_API_KEY` reaches A only,
 //! never B. Deploying v2 with `--allow-new-secret-endpoints` is allowed and recorded.
+//!
+//! The same rule for bundles (issue #17): `phrony bundles deploy`, `bundles rollback` and
+//! `agents deploy …@sha256:` of `tests/fixtures/bundles/endpoint-desk`, whose next version has a
+//! member send the key to another endpoint: refused (exit 1, the runtime's message naming the
+//! member), allowed with `--allow-new-secret-endpoints` (the change printed and recorded), and a
+//! rollback to an earlier deployment is no change.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -11,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use phrony_test_support::fake_api::{FakeServer, Reply, openai_sse};
 use serde_json::{Value, json};
-use tests::cli::{fails, ok, run};
+use tests::cli::{fails, json, ok, run};
 use tests::daemon::{Backend, Daemon};
 
 const AGENT: &str = "endpoints/chat";
@@ -246,4 +252,227 @@ fn secrets_follow_deployed_endpoints_on_sqlite() {
 #[test]
 fn secrets_follow_deployed_endpoints_on_postgres() {
     secrets_follow_deployed_endpoints(Backend::Postgres);
+}
+
+const DESK: &str = "endpoints/desk";
+/// The endpoint both members of the `endpoint-desk` fixture send `OPENAI_API_KEY` to.
+const DESK_A: &str = "http://a.example:8080/v1";
+
+/// The CLI acting as `ci-alice` in `local` mode, with `OPENAI_API_KEY` set (so that `bundles
+/// lock` and `publish` warn about nothing). Nothing is ever sent to the fixture's hosts: no
+/// session runs.
+fn desk_cli(daemon: &Daemon) -> Command {
+    let mut cmd = tests::cli::phrony(daemon, "ci-alice");
+    cmd.env("OPENAI_API_KEY", "set");
+    cmd
+}
+
+/// Points `member` of the copied fixture at `to` instead of `from`, bumps the bundle to
+/// `version`, locks and publishes it.
+fn publish_desk(
+    daemon: &Daemon,
+    bundle_yaml: &Path,
+    edit: Option<(&str, &str, &str)>,
+    version: &str,
+) {
+    if let Some((member, from, to)) = edit {
+        let file = bundle_yaml.with_file_name(member);
+        let text = std::fs::read_to_string(&file).unwrap();
+        assert!(text.contains(from), "{member}: {text}");
+        std::fs::write(&file, text.replace(from, to)).unwrap();
+        let bundle = std::fs::read_to_string(bundle_yaml).unwrap();
+        let bumped: String = bundle
+            .lines()
+            .map(|l| {
+                if l.starts_with("  version: ") {
+                    format!("  version: {version}\n")
+                } else {
+                    format!("{l}\n")
+                }
+            })
+            .collect();
+        std::fs::write(bundle_yaml, bumped).unwrap();
+    }
+    ok(desk_cli(daemon).args(["bundles", "lock"]).arg(bundle_yaml));
+    let published = ok(desk_cli(daemon)
+        .args(["bundles", "publish"])
+        .arg(bundle_yaml));
+    assert!(
+        published.starts_with(&format!("{DESK} {version} (sha256:")),
+        "{published}"
+    );
+}
+
+fn bundle_secrets_follow_deployed_endpoints(backend: Backend) {
+    let Some(daemon) = Daemon::start(backend) else {
+        return;
+    };
+    let project = tempfile::tempdir().unwrap();
+    let fixture = tests::workspace_root().join("tests/fixtures/bundles/endpoint-desk");
+    crate::bundles::copy_dir(&fixture, project.path());
+    let desk = project.path().join("bundle.yaml");
+    let (b, c) = ("http://b.example:8080/v1", "http://c.example:8080/v1");
+
+    publish_desk(&daemon, &desk, None, "1.0.0");
+    let first = ok(desk_cli(&daemon).args(["bundles", "deploy", &format!("{DESK}@1.0.0")]));
+    assert_eq!(
+        first.lines().count(),
+        1,
+        "a first deployment is no change: {first}"
+    );
+
+    // 1.1.0: the specialist sends the key to B. Deploying it is refused (exit 1), naming the
+    // bundle version, the member and both endpoints, and the way forward.
+    publish_desk(
+        &daemon,
+        &desk,
+        Some(("specialist.yaml", DESK_A, b)),
+        "1.1.0",
+    );
+    let change = format!(
+        "member \"specialist\": secret \"openai\" (OPENAI_API_KEY) is now sent to {b} \
+         (previous deployments: {DESK_A})"
+    );
+    let refused = fails(desk_cli(&daemon).args(["bundles", "deploy", &format!("{DESK}@1.1.0")]));
+    assert!(refused.starts_with("Error: deploy: "), "{refused}");
+    assert!(
+        refused.contains(&format!(
+            "bundle {DESK}@1.1.0 sends secrets to endpoints no earlier deployment of bundle \
+             {DESK} used: {change}"
+        )),
+        "{refused}"
+    );
+    assert!(
+        refused.contains("phrony bundles deploy/rollback --allow-new-secret-endpoints"),
+        "{refused}"
+    );
+    assert!(
+        refused.contains("FailedPrecondition") || refused.contains("failed precondition"),
+        "{refused}"
+    );
+    let active = ok(desk_cli(&daemon).args(["bundles", "active", DESK]));
+    assert!(active.starts_with(&format!("{DESK}@1.0.0 ")), "{active}");
+
+    // Allowed knowingly: deployed, the change printed under the deployment line.
+    let allowed = ok(desk_cli(&daemon).args([
+        "bundles",
+        "deploy",
+        &format!("{DESK}@1.1.0"),
+        "--allow-new-secret-endpoints",
+    ]));
+    let lines: Vec<&str> = allowed.lines().collect();
+    assert!(
+        lines[0].starts_with(&format!("deployed {DESK}@1.1.0 (sha256:")),
+        "{allowed}"
+    );
+    assert_eq!(lines[1..], [change.as_str()], "{allowed}");
+
+    // Back to 1.0.0: deployed before, so no flag is needed and nothing is printed about secrets.
+    let back = ok(desk_cli(&daemon).args(["bundles", "rollback", DESK]));
+    assert_eq!(back, format!("rolled back {DESK} to 1.0.0 (was: 1.1.0)\n"));
+
+    // 1.2.0 by its lock hash through `agents deploy`: the front desk to C is refused, then
+    // allowed (the flag goes with the forwarded bundle deployment); JSON names the member.
+    publish_desk(
+        &daemon,
+        &desk,
+        Some(("front-desk.yaml", DESK_A, c)),
+        "1.2.0",
+    );
+    let hash = json(&ok(desk_cli(&daemon).args([
+        "bundles",
+        "inspect",
+        &format!("{DESK}@1.2.0"),
+        "--output",
+        "json",
+    ])))["lock_hash"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let by_hash = format!("{DESK}@{hash}");
+    let refused = fails(desk_cli(&daemon).args(["agents", "deploy", &by_hash]));
+    assert!(
+        refused.contains(&format!(
+            "member \"front-desk\": secret \"openai\" (OPENAI_API_KEY) is now sent to {c}"
+        )),
+        "{refused}"
+    );
+    let allowed = json(&ok(desk_cli(&daemon).args([
+        "agents",
+        "deploy",
+        &by_hash,
+        "--allow-new-secret-endpoints",
+        "--output",
+        "json",
+    ])));
+    assert_eq!(allowed["version"], "1.2.0");
+    assert_eq!(
+        allowed["secret_endpoint_changes"],
+        json!([{
+            "member": "front-desk",
+            "secret": "openai",
+            "from_env": "OPENAI_API_KEY",
+            "endpoint": c,
+            "previous_endpoints": [DESK_A, b],
+        }])
+    );
+
+    // The log: every activation records each member's endpoints, the allowed changes, and each
+    // refusal who tried what.
+    let exported = ok(desk_cli(&daemon).args(["audit", "export"]));
+    let events: Vec<Value> = exported
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|e| e["stream"] == "bundle:endpoints/desk")
+        .collect();
+    let of = |kind: &str| -> Vec<&Value> { events.iter().filter(|e| e["type"] == kind).collect() };
+    let deployed = of("bundle.deployed");
+    assert_eq!(deployed.len(), 3, "{exported}");
+    assert_eq!(
+        deployed[1]["payload"]["secret_endpoints"],
+        json!([
+            {"member": "front-desk", "secret": "openai", "from_env": "OPENAI_API_KEY", "endpoint": DESK_A},
+            {"member": "specialist", "secret": "openai", "from_env": "OPENAI_API_KEY", "endpoint": b},
+        ])
+    );
+    assert_eq!(
+        deployed[1]["payload"]["secret_endpoint_changes"],
+        json!([{"member": "specialist", "secret": "openai", "from_env": "OPENAI_API_KEY", "endpoint": b, "previous": [DESK_A]}])
+    );
+    let rolled_back = of("bundle.rolled_back");
+    assert_eq!(rolled_back.len(), 1, "{exported}");
+    assert!(
+        rolled_back[0]["payload"]
+            .get("secret_endpoint_changes")
+            .is_none()
+    );
+    let refusals: Vec<(&str, &str, &str)> = of("bundle.activation_refused")
+        .iter()
+        .map(|e| {
+            (
+                e["actor"].as_str().unwrap(),
+                e["payload"]["version"].as_str().unwrap(),
+                e["payload"]["changes"][0]["member"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        refusals,
+        [
+            ("ci-alice", "1.1.0", "specialist"),
+            ("ci-alice", "1.2.0", "front-desk")
+        ]
+    );
+    ok(desk_cli(&daemon).args(["audit", "verify"]));
+    drop(daemon);
+}
+
+#[test]
+fn bundle_secrets_follow_deployed_endpoints_on_sqlite() {
+    bundle_secrets_follow_deployed_endpoints(Backend::Sqlite);
+}
+
+#[test]
+fn bundle_secrets_follow_deployed_endpoints_on_postgres() {
+    bundle_secrets_follow_deployed_endpoints(Backend::Postgres);
 }

@@ -6,6 +6,7 @@ mod approvals;
 mod attach;
 mod audit;
 mod bundles;
+mod completions;
 mod demo;
 mod init;
 mod manifest;
@@ -129,6 +130,10 @@ enum Command {
     Bundles(bundles::Command),
     /// Print the JSON Schema of the authoring format (Agent, Tool, Policy, Bundle) for editors.
     Schema(schema::Args),
+    /// Print the shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions(completions::CompletionsArgs),
+    /// Print the phrony(1) man page, or write every command's page into a directory.
+    Man(completions::ManArgs),
 }
 
 /// How a command prints its result.
@@ -171,6 +176,8 @@ impl Cli {
             Command::Audit(cmd) => cmd.run(&self.global),
             Command::Bundles(cmd) => cmd.run(&self.global),
             Command::Schema(args) => schema::run(&args),
+            Command::Completions(args) => completions::completions(&args),
+            Command::Man(args) => completions::man(&args),
         }
     }
 }

@@ -1,5 +1,6 @@
 //! Bundles (§6.5): `BundleRef` fields in, ledger bundle records out.
 
+use phrony_engine::ActivatedBundle;
 use phrony_ledger::{
     Bundle, BundleDeployment, BundleMember, BundleRef, BundleVersion, PublishedBundle,
 };
@@ -7,7 +8,7 @@ use phrony_manifest::BundleSecret;
 use phrony_proto::runtime::v1 as pb;
 use tonic::Status;
 
-use super::timestamp;
+use super::{secret_endpoint_changes, timestamp};
 
 /// `bundle_ref` with namespace and name; its version is returned when set.
 pub(crate) fn bundle_ref(r: Option<&pb::BundleRef>) -> Result<(BundleRef, Option<String>), Status> {
@@ -49,7 +50,8 @@ pub(crate) fn publish_response(p: PublishedBundle) -> pb::PublishBundleResponse 
     }
 }
 
-pub(crate) fn deploy_response(bundle: &BundleRef, d: BundleDeployment) -> pb::DeployBundleResponse {
+pub(crate) fn deploy_response(bundle: &BundleRef, a: ActivatedBundle) -> pb::DeployBundleResponse {
+    let d = a.deployment;
     pb::DeployBundleResponse {
         namespace: bundle.namespace.clone(),
         name: bundle.name.clone(),
@@ -58,16 +60,19 @@ pub(crate) fn deploy_response(bundle: &BundleRef, d: BundleDeployment) -> pb::De
         deployed_at: timestamp(d.created_at),
         lock_hash: d.lock_hash,
         previous_lock_hash: d.previous_lock_hash.unwrap_or_default(),
+        secret_endpoint_changes: secret_endpoint_changes(a.changes),
     }
 }
 
-pub(crate) fn rollback_response(d: BundleDeployment) -> pb::RollbackBundleResponse {
+pub(crate) fn rollback_response(a: ActivatedBundle) -> pb::RollbackBundleResponse {
+    let d = a.deployment;
     pb::RollbackBundleResponse {
         version: d.version,
         previous_version: d.previous_version.unwrap_or_default(),
         lock_hash: d.lock_hash,
         previous_lock_hash: d.previous_lock_hash.unwrap_or_default(),
         deployed_at: timestamp(d.created_at),
+        secret_endpoint_changes: secret_endpoint_changes(a.changes),
     }
 }
 

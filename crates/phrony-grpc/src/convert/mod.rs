@@ -143,7 +143,10 @@ pub(crate) fn rollback_response(a: Activated) -> pb::RollbackResponse {
     }
 }
 
-fn secret_endpoint_changes(changes: Vec<SecretEndpointChange>) -> Vec<pb::SecretEndpointChange> {
+/// The changes as answered (`member` empty for an agent's own).
+pub(crate) fn secret_endpoint_changes(
+    changes: Vec<SecretEndpointChange>,
+) -> Vec<pb::SecretEndpointChange> {
     changes
         .into_iter()
         .map(|c| pb::SecretEndpointChange {
@@ -151,16 +154,18 @@ fn secret_endpoint_changes(changes: Vec<SecretEndpointChange>) -> Vec<pb::Secret
             from_env: c.from_env,
             endpoint: c.endpoint,
             previous_endpoints: c.previous,
+            member: c.member.unwrap_or_default(),
         })
         .collect()
 }
 
-/// A refused or failed deploy/rollback: the ledger's status, `FAILED_PRECONDITION` for a secret
-/// sent to a new endpoint, `DATA_LOSS` for an unreadable stored snapshot.
+/// A refused or failed deploy/rollback (of an agent or a bundle): the ledger's status,
+/// `FAILED_PRECONDITION` for a secret sent to a new endpoint, `DATA_LOSS` for an unreadable stored snapshot.
 pub(crate) fn activation_status(error: ActivationError) -> Status {
     match error {
         ActivationError::Ledger(e) => ledger_status(e),
-        refused @ ActivationError::NewSecretEndpoints { .. } => {
+        refused @ (ActivationError::NewSecretEndpoints { .. }
+        | ActivationError::BundleNewSecretEndpoints { .. }) => {
             Status::failed_precondition(refused.to_string())
         }
         bad @ ActivationError::BadSnapshot { .. } => {

@@ -3,12 +3,14 @@
 //! `phrony_manifest::verify_publication` decides whether a publication is acceptable (lock
 //! recomputed from the members, no drift, local delegations pinned to the version ids stored
 //! here, external ones to the published versions this module resolves first); the ledger
-//! stores it, and decides deployments, in one transaction per change. This
-//! module converts and logs.
+//! stores it, and decides deployments, in one transaction per change. Deploy and rollback go
+//! through `phrony_engine::activate_bundle` first, which checks where the members send their
+//! secrets. This module converts and logs.
 
 use std::collections::HashMap;
 
 use phrony_auth::Attribution;
+use phrony_engine::{ActivatedBundle, Activation};
 use phrony_ledger::{
     AgentRef, AgentVersionRef, BundleMemberOrigin, BundleRef, LedgerError, NewBundleMember,
     NewBundleVersion, VersionStatus,
@@ -160,17 +162,21 @@ impl RuntimeService {
         actor: Attribution,
     ) -> Result<pb::DeployBundleResponse, Status> {
         let (bundle, version) = conv::versioned_bundle_ref(request.bundle_ref.as_ref())?;
-        let deployment = self
-            .ledger
-            .deploy_bundle(&bundle, &version, &actor)
-            .await
-            .map_err(ledger_status)?;
+        let activated = self
+            .activate_bundle(
+                &bundle,
+                Activation::Deploy(&version),
+                request.allow_new_secret_endpoints,
+                &actor,
+            )
+            .await?;
+        let deployment = &activated.deployment;
         tracing::info!(
             bundle = %bundle, version = %deployment.version, lock_hash = %deployment.lock_hash,
-            previous = deployment.previous_version.as_deref().unwrap_or(""), %actor,
-            "deployed bundle version"
+            previous = deployment.previous_version.as_deref().unwrap_or(""),
+            new_secret_endpoints = activated.changes.len(), %actor, "deployed bundle version"
         );
-        Ok(conv::deploy_response(&bundle, deployment))
+        Ok(conv::deploy_response(&bundle, activated))
     }
 
     pub(super) async fn rollback_bundle_impl(
@@ -180,17 +186,42 @@ impl RuntimeService {
     ) -> Result<pb::RollbackBundleResponse, Status> {
         let (bundle, _) = conv::bundle_ref(request.bundle_ref.as_ref())?;
         let to = crate::convert::optional(&request.to_version);
-        let deployment = self
-            .ledger
-            .rollback_bundle(&bundle, to, &actor)
-            .await
-            .map_err(ledger_status)?;
+        let activated = self
+            .activate_bundle(
+                &bundle,
+                Activation::Rollback(to),
+                request.allow_new_secret_endpoints,
+                &actor,
+            )
+            .await?;
+        let deployment = &activated.deployment;
         tracing::info!(
             bundle = %bundle, version = %deployment.version,
-            previous = deployment.previous_version.as_deref().unwrap_or(""), %actor,
-            "rolled back bundle"
+            previous = deployment.previous_version.as_deref().unwrap_or(""),
+            new_secret_endpoints = activated.changes.len(), %actor, "rolled back bundle"
         );
-        Ok(conv::rollback_response(deployment))
+        Ok(conv::rollback_response(activated))
+    }
+
+    /// A bundle deploy or rollback through [`phrony_engine::activate_bundle`]: the members'
+    /// secrets follow the endpoints of the bundle's earlier deployments.
+    async fn activate_bundle(
+        &self,
+        bundle: &BundleRef,
+        activation: Activation<'_>,
+        allow_new_secret_endpoints: bool,
+        actor: &Attribution,
+    ) -> Result<ActivatedBundle, Status> {
+        phrony_engine::activate_bundle(
+            &self.ledger,
+            self.secret_providers(),
+            bundle,
+            activation,
+            allow_new_secret_endpoints,
+            actor,
+        )
+        .await
+        .map_err(crate::convert::activation_status)
     }
 
     pub(super) async fn get_active_bundle_impl(

@@ -4,7 +4,7 @@
 //! module converts and logs.
 
 use phrony_auth::Attribution;
-use phrony_engine::{Activated, Activation, DefaultProviderFactory, ProviderFactory};
+use phrony_engine::{Activated, Activation};
 use phrony_ledger::{AgentRef, NewAgentVersion};
 use phrony_proto::runtime::v1 as pb;
 use tonic::Status;
@@ -116,14 +116,9 @@ impl RuntimeService {
         allow_new_secret_endpoints: bool,
         actor: &Attribution,
     ) -> Result<Activated, Status> {
-        let fallback = DefaultProviderFactory::default();
-        let providers: &dyn ProviderFactory = match &self.engine {
-            Some(engine) => engine.providers(),
-            None => &fallback,
-        };
         phrony_engine::activate(
             &self.ledger,
-            providers,
+            self.secret_providers(),
             agent,
             activation,
             allow_new_secret_endpoints,

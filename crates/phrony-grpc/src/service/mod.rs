@@ -15,11 +15,12 @@ pub(crate) mod sessions;
 pub(crate) mod work;
 
 use std::future::Future;
+use std::sync::LazyLock;
 use std::time::Instant;
 
 use pb::runtime_server::Runtime;
 use phrony_dispatch::Router;
-use phrony_engine::Engine;
+use phrony_engine::{DefaultProviderFactory, Engine, ProviderFactory};
 use phrony_ledger::Ledger;
 use phrony_proto::runtime::v1 as pb;
 use tonic::codegen::BoxStream;
@@ -95,6 +96,18 @@ impl RuntimeService {
         self.engine
             .as_ref()
             .ok_or_else(|| Status::unavailable("this runtime does not run sessions"))
+    }
+
+    /// The providers that say where a version sends its secrets (the deploy and rollback
+    /// check): the engine's, or, for a service without an engine (it runs no sessions), the
+    /// vendors' default endpoints.
+    fn secret_providers(&self) -> &dyn ProviderFactory {
+        static VENDOR_DEFAULTS: LazyLock<DefaultProviderFactory> =
+            LazyLock::new(DefaultProviderFactory::default);
+        match &self.engine {
+            Some(engine) => engine.providers(),
+            None => &*VENDOR_DEFAULTS,
+        }
     }
 
     /// The router tool workers register with.

@@ -452,6 +452,7 @@ async fn bundle_reads_answer_without_an_engine_and_name_what_is_missing() {
         .deploy_bundle(Request::new(pb::DeployBundleRequest {
             bundle_ref: desk(),
             actor: String::new(),
+            allow_new_secret_endpoints: false,
         }))
         .await;
     assert_status(

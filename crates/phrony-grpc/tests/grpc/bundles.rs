@@ -24,7 +24,7 @@ fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../phrony-manifest/tests/fixtures/bundles/desk")
 }
 
-fn copy_dir(from: &Path, to: &Path) {
+pub(crate) fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
     for entry in std::fs::read_dir(from).unwrap() {
         let entry = entry.unwrap();
@@ -229,6 +229,7 @@ async fn scenario(db: Db) {
         .deploy_bundle(pb::DeployBundleRequest {
             bundle_ref: bundle_ref("1.0.0"),
             actor: "ops".into(),
+            allow_new_secret_endpoints: false,
         })
         .await
         .unwrap()
@@ -330,6 +331,7 @@ async fn scenario(db: Db) {
         .deploy_bundle(pb::DeployBundleRequest {
             bundle_ref: bundle_ref(&v2.lock_hash),
             actor: "ops".into(),
+            allow_new_secret_endpoints: false,
         })
         .await
         .unwrap()
@@ -353,6 +355,7 @@ async fn scenario(db: Db) {
             bundle_ref: bundle_ref(""),
             to_version: String::new(),
             actor: "ops".into(),
+            allow_new_secret_endpoints: false,
         })
         .await
         .unwrap()
@@ -461,6 +464,7 @@ async fn a_tampered_publication_is_refused_and_nothing_is_stored() {
             .deploy_bundle(pb::DeployBundleRequest {
                 bundle_ref: bundle_ref(""),
                 actor: String::new(),
+                allow_new_secret_endpoints: false,
             })
             .await,
         Code::InvalidArgument,

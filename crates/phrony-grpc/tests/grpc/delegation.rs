@@ -13,18 +13,21 @@ use std::time::Duration;
 use futures::StreamExt as _;
 use phrony_engine::{ProviderFactory, child_session_id};
 use phrony_ledger::Ledger;
-use phrony_manifest::{CompiledAgent, validate_bundle};
+use phrony_manifest::CompiledAgent;
 use phrony_proto::runtime::v1 as pb;
 use phrony_proto::runtime::v1::runtime_client::RuntimeClient;
 use phrony_providers::{
-    ApiKey, CompletionRequest, ContentBlock, Event as ModelEvent, EventStream, ModelProvider,
-    ProviderError, ProviderKind, Role, StopReason, Usage,
+    ApiKey, CompletionRequest, Event as ModelEvent, EventStream, ModelProvider, ProviderError,
+    ProviderKind, StopReason,
 };
 use phrony_runtime::SecretsKey;
 use serde_json::{Value, json};
 use tonic::transport::Channel;
 
-use crate::sessions::{Db, Server, Worker, decide, inspect};
+use crate::bundles::{copy_dir, publish_request};
+use crate::sessions::{
+    Db, Server, Worker, decide, done, inspect, pending_approvals, tool_results, user_texts,
+};
 
 const PATIENCE: Duration = Duration::from_secs(30);
 const OPENAI_KEY: &str = "sk-desk-openai";
@@ -42,42 +45,6 @@ struct Desk {
     seen: Mutex<Vec<Seen>>,
     /// (agent name, API key) of every provider built.
     keys: Mutex<Vec<(String, Option<String>)>>,
-}
-
-fn user_texts(r: &CompletionRequest) -> Vec<String> {
-    r.messages
-        .iter()
-        .filter(|m| m.role == Role::User)
-        .flat_map(|m| m.content.iter())
-        .filter_map(|b| match b {
-            ContentBlock::Text { text } => Some(text.clone()),
-            _ => None,
-        })
-        .collect()
-}
-
-fn tool_results(r: &CompletionRequest) -> Vec<(String, bool)> {
-    r.messages
-        .iter()
-        .flat_map(|m| m.content.iter())
-        .filter_map(|b| match b {
-            ContentBlock::ToolResult {
-                content, is_error, ..
-            } => Some((content.clone(), *is_error)),
-            _ => None,
-        })
-        .collect()
-}
-
-fn done(stop_reason: StopReason) -> ModelEvent {
-    ModelEvent::Completed {
-        stop_reason,
-        usage: Usage {
-            input_tokens: 20,
-            output_tokens: 10,
-            estimated: false,
-        },
-    }
 }
 
 fn call(name: &str, args: Value) -> Vec<ModelEvent> {
@@ -145,6 +112,7 @@ impl Desk {
             }
             "order-notes" => say("Payment to ORD-1 is pending settlement."),
             "escalations" => say("Escalation taken by the on-call team."),
+            "auditor" => say("The refund looks right."),
             other => say(format!("{other} has no rule")),
         }
     }
@@ -207,19 +175,6 @@ fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/delegation")
 }
 
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let target = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_dir(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), &target).unwrap();
-        }
-    }
-}
-
 /// Locks a copy of the fixture and publishes and deploys it, as `phrony bundles publish` and
 /// `deploy` would.
 async fn publish_and_deploy(client: &mut RuntimeClient<Channel>) {
@@ -227,32 +182,8 @@ async fn publish_and_deploy(client: &mut RuntimeClient<Channel>) {
     copy_dir(&fixture(), dir.path());
     let path = dir.path().join("bundle.yaml");
     phrony_manifest::lock_bundle(&path).unwrap();
-    let validated = validate_bundle(&path, true).unwrap();
-    let bundle = validated.bundle;
-    let lock = std::fs::read(path.with_file_name(phrony_manifest::LOCK_FILE)).unwrap();
-    let request = pb::PublishBundleRequest {
-        bundle_manifest: bundle.header().to_json(),
-        members: bundle
-            .published_members()
-            .unwrap()
-            .into_iter()
-            .map(|m| pb::BundleMemberPackage {
-                child_name: m.child_name,
-                origin: m.origin.as_str().to_owned(),
-                authoring_ref: m.authoring_ref,
-                resolved_manifest: m.snapshot_json,
-                is_root: m.is_root,
-                member_version_id: String::new(),
-            })
-            .collect(),
-        actor: "release-bot".into(),
-        committed_lock: lock,
-    };
+    let request = publish_request(&path);
     client.publish_bundle(request).await.unwrap();
-    #[allow(
-        clippy::needless_update,
-        reason = "the request may grow fields (as the agent Deploy did) that stay at their defaults"
-    )]
     client
         .deploy_bundle(pb::DeployBundleRequest {
             bundle_ref: Some(bundle_ref()),
@@ -313,16 +244,7 @@ async fn wait_for(
 async fn pending_approval(client: &mut RuntimeClient<Channel>, id: &str) -> pb::Approval {
     tokio::time::timeout(PATIENCE, async {
         loop {
-            let approvals = client
-                .list_approvals(pb::ListApprovalsRequest {
-                    status: "pending".into(),
-                    session_id: id.into(),
-                    ..Default::default()
-                })
-                .await
-                .unwrap()
-                .into_inner()
-                .approvals;
+            let approvals = pending_approvals(client, id).await;
             if let Some(a) = approvals.into_iter().next() {
                 return a;
             }
@@ -500,23 +422,62 @@ async fn scenario(db: Db) {
     );
     assert_eq!(worker_refunds(&worker), [100, 400]);
 
-    // 4. Depth: the specialist (max_subagent_depth 1) may not start the auditor at depth 2;
-    //    its call gets the tool error and the specialist still answers.
+    // 4. Depth: the specialist (max_subagent_depth 1, on_limit: escalate) may start the
+    //    auditor at depth 2 only when a human raises its limit. Rejected: its call gets the
+    //    tool error and the specialist still answers.
     let root = run(&mut client, "audit refund 10").await;
+    let specialist = child_session_id(
+        delegation_wait(&ledger, &root).await["call_id"]
+            .as_str()
+            .unwrap(),
+    );
+    let escalation = pending_approval(&mut client, &specialist).await;
+    assert_eq!(escalation.tool, phrony_engine::LIMIT_TOOL);
+    client
+        .decide_approval(decide(&escalation.id, false, "carol", "no auditing today"))
+        .await
+        .unwrap();
     let done = wait_for(&mut client, &root, &["completed", "failed"]).await;
     assert_eq!(done.status, "completed", "{}", done.error);
-    let specialist = desk.results("refund-specialist", "audit refund 10");
-    assert_eq!(specialist.len(), 1, "{specialist:?}");
-    assert!(specialist[0].1);
+    let results = desk.results("refund-specialist", "audit refund 10");
+    assert_eq!(results.len(), 1, "{results:?}");
+    assert!(results[0].1);
     assert!(
-        specialist[0]
+        results[0]
             .0
             .contains("delegation depth 2 exceeds max_subagent_depth 1"),
-        "{specialist:?}"
+        "{results:?}"
     );
-    let tree = inspect(&mut client, &root).await.session.unwrap();
+    let tree = tree_of(&mut client, &root).await;
     assert_eq!(tree.children.len(), 1);
     assert!(tree.children[0].children.is_empty());
+    //    Approved: the auditor runs as a grandchild (depth 2) and its answer reaches the
+    //    specialist, whose answer reaches the front desk.
+    let root = run(&mut client, "audit refund 20").await;
+    let specialist = child_session_id(
+        delegation_wait(&ledger, &root).await["call_id"]
+            .as_str()
+            .unwrap(),
+    );
+    let escalation = pending_approval(&mut client, &specialist).await;
+    client
+        .decide_approval(decide(&escalation.id, true, "carol", "audit it"))
+        .await
+        .unwrap();
+    let done = wait_for(&mut client, &root, &["completed", "failed"]).await;
+    assert_eq!(done.status, "completed", "{}", done.error);
+    let tree = tree_of(&mut client, &root).await;
+    let grandchildren = &tree.children[0].children;
+    assert_eq!(grandchildren.len(), 1, "{tree:?}");
+    assert_eq!(grandchildren[0].depth, 2);
+    assert_eq!(grandchildren[0].agent.as_ref().unwrap().name, "auditor");
+    assert_eq!(
+        desk.results("refund-specialist", "audit refund 20"),
+        [(
+            json!({"output": "The refund looks right."}).to_string(),
+            false
+        )]
+    );
 
     // 5. `result: full` returns the child's whole output; a child without tools works.
     let root = run(&mut client, "notes for ORD-1").await;

@@ -296,6 +296,7 @@ async fn scenario(db: Db) {
                 ..bundle_ref()
             }),
             actor: "release-bot".into(),
+            ..Default::default()
         })
         .await
         .unwrap();

@@ -48,7 +48,7 @@ pub(crate) struct RuleModel {
     requests: Mutex<Vec<CompletionRequest>>,
 }
 
-fn user_texts(r: &CompletionRequest) -> Vec<String> {
+pub(crate) fn user_texts(r: &CompletionRequest) -> Vec<String> {
     r.messages
         .iter()
         .filter(|m| m.role == Role::User)
@@ -60,7 +60,7 @@ fn user_texts(r: &CompletionRequest) -> Vec<String> {
         .collect()
 }
 
-fn tool_results(r: &CompletionRequest) -> Vec<(String, bool)> {
+pub(crate) fn tool_results(r: &CompletionRequest) -> Vec<(String, bool)> {
     r.messages
         .iter()
         .flat_map(|m| m.content.iter())
@@ -83,7 +83,7 @@ fn refund_amount(text: &str) -> Option<f64> {
     number.parse().ok()
 }
 
-fn done(stop_reason: StopReason) -> ModelEvent {
+pub(crate) fn done(stop_reason: StopReason) -> ModelEvent {
     ModelEvent::Completed {
         stop_reason,
         usage: Usage {
@@ -527,7 +527,10 @@ pub(crate) async fn wait_status(
     found.unwrap_or_else(|_| panic!("session {id} never reached {status}"))
 }
 
-async fn pending_approvals(client: &mut RuntimeClient<Channel>, id: &str) -> Vec<pb::Approval> {
+pub(crate) async fn pending_approvals(
+    client: &mut RuntimeClient<Channel>,
+    id: &str,
+) -> Vec<pb::Approval> {
     client
         .list_approvals(pb::ListApprovalsRequest {
             status: "pending".into(),

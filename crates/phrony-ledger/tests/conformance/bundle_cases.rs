@@ -5,9 +5,9 @@ use std::collections::BTreeMap;
 
 use phrony_ledger::{
     AgentVersion, AgentVersionRef, Attribution, AuditKey, AuditScope, BundleMemberOrigin,
-    BundleRef, DeploymentAction, Ledger, LedgerError, NewAgentVersion, NewBundleMember,
-    NewBundleVersion, NewSession, PageRequest, SessionFilter, SessionKind, SessionMode,
-    VersionOrigin, new_session_id,
+    BundleRef, DeploymentAction, EventBody, Ledger, LedgerError, NewAgentVersion, NewBundleMember,
+    NewBundleVersion, NewSession, PageRequest, SecretEndpoint, SecretEndpointChange,
+    SecretEndpointRecord, SessionFilter, SessionKind, SessionMode, VersionOrigin, new_session_id,
 };
 use serde_json::json;
 use uuid::Uuid;
@@ -601,14 +601,71 @@ pub(crate) async fn rebuild_reproduces_bundle_projections_exactly(db: &TestDb) {
         .deploy_bundle(&bundle(), "1.0.0", &alice())
         .await
         .unwrap();
+    // A refusal and a deploy that records a member's new endpoint are part of the stream: the
+    // chain and the rebuild take them as they come (the refusal changes no projection).
+    let change = SecretEndpointChange {
+        member: Some("triage".into()),
+        secret: "openai".into(),
+        from_env: "OPENAI_API_KEY".into(),
+        endpoint: "http://b.example/v1".into(),
+        previous: vec!["http://a.example/v1".into()],
+    };
     ledger
-        .deploy_bundle(&bundle(), "2.0.0", &alice())
+        .record_bundle_activation_refused(
+            &bundle(),
+            &lock_hash("b"),
+            DeploymentAction::Deploy,
+            std::slice::from_ref(&change),
+            &alice(),
+        )
+        .await
+        .unwrap();
+    let record = SecretEndpointRecord {
+        endpoints: vec![SecretEndpoint {
+            member: change.member.clone(),
+            secret: change.secret.clone(),
+            from_env: change.from_env.clone(),
+            endpoint: change.endpoint.clone(),
+        }],
+        changes: vec![change.clone()],
+    };
+    ledger
+        .deploy_bundle_recording(&bundle(), "2.0.0", &alice(), Some(&record))
         .await
         .unwrap();
     ledger
         .rollback_bundle(&bundle(), None, &alice())
         .await
         .unwrap();
+    let recorded: Vec<EventBody> = ledger
+        .export_events(None, None, None, 1000)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.stream == bundle().stream())
+        .map(|e| e.body().unwrap())
+        .filter(|b| !matches!(b, EventBody::BundleVersionPublished(_)))
+        .collect();
+    let [
+        EventBody::BundleDeployed(first),
+        EventBody::BundleActivationRefused(refused),
+        EventBody::BundleDeployed(second),
+        EventBody::BundleRolledBack(back),
+    ] = recorded.as_slice()
+    else {
+        panic!("{recorded:?}");
+    };
+    assert_eq!(
+        (&refused.version, refused.action, &refused.changes),
+        (&"2.0.0".to_owned(), DeploymentAction::Deploy, &vec![change])
+    );
+    assert_eq!(
+        first.secret_endpoints, None,
+        "deploy_bundle records nothing"
+    );
+    assert_eq!(second.secret_endpoints.as_ref(), Some(&record.endpoints));
+    assert_eq!(second.secret_endpoint_changes, record.changes);
+    assert_eq!(back.secret_endpoints, None);
     let runnable = ledger.runnable_bundle(&bundle(), None).await.unwrap();
     let mut root = session_on(
         runnable.root.id,

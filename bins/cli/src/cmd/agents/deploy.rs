@@ -13,8 +13,8 @@ pub(crate) struct Args {
     /// The agent and version to activate: namespace/name@version.
     agent: String,
     /// Deploy even though the version sends a secret to an endpoint (model API root, MCP
-    /// server) that no earlier deployment of the agent sent it to; the runtime records the
-    /// change. Without it such a deploy is refused.
+    /// server) that no earlier deployment of the agent (of the bundle, for a sha256: version)
+    /// sent it to; the runtime records the change. Without it such a deploy is refused.
     #[arg(long)]
     allow_new_secret_endpoints: bool,
     /// Output format.
@@ -26,15 +26,11 @@ pub(crate) struct Args {
 pub(crate) fn run(args: &Args, global: &Global) -> anyhow::Result<()> {
     let (agent, version) = agent_ref::versioned(&args.agent)?;
     if is_lock_hash(&version) {
-        if args.allow_new_secret_endpoints {
-            anyhow::bail!(
-                "--allow-new-secret-endpoints applies to agent versions; {version} is a bundle \
-                 lock hash"
-            );
-        }
         return remote::block_on(async {
             let (client, _) = remote::connect(global).await?;
-            let deployed = bundles::deploy::deploy(&client, &agent, &version).await?;
+            let deployed =
+                bundles::deploy::deploy(&client, &agent, &version, args.allow_new_secret_endpoints)
+                    .await?;
             bundles::deploy::print_deployed(&deployed, args.output)
         });
     }
@@ -86,7 +82,8 @@ fn is_lock_hash(version: &str) -> bool {
     version.starts_with("sha256:")
 }
 
-/// One line per secret sent to a new endpoint (runtime text, escaped).
+/// One line per secret sent to a new endpoint (runtime text, escaped); a bundle's each name
+/// the member that sends it.
 pub(crate) fn print_changes(changes: &[SecretEndpointChange]) -> anyhow::Result<()> {
     for change in changes {
         render::line(format_args!("{}", render::escape(&change.to_string())))?;
@@ -94,17 +91,22 @@ pub(crate) fn print_changes(changes: &[SecretEndpointChange]) -> anyhow::Result<
     Ok(())
 }
 
-/// `[{secret, from_env, endpoint, previous_endpoints}]`.
+/// `[{secret, from_env, endpoint, previous_endpoints}]`, each with its `member` for a
+/// bundle's.
 pub(crate) fn changes_json(changes: &[SecretEndpointChange]) -> serde_json::Value {
     changes
         .iter()
         .map(|c| {
-            json!({
+            let mut change = json!({
                 "secret": c.secret,
                 "from_env": c.from_env,
                 "endpoint": c.endpoint,
                 "previous_endpoints": c.previous_endpoints,
-            })
+            });
+            if let Some(member) = &c.member {
+                change["member"] = json!(member);
+            }
+            change
         })
         .collect()
 }

@@ -6,7 +6,7 @@
 
 mod active;
 mod archive;
-mod deploy;
+pub(crate) mod deploy;
 mod deprecate;
 mod diff;
 mod history;

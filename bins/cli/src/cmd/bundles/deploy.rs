@@ -4,6 +4,7 @@
 use phrony_client::{AgentName, Client, DeployedBundle};
 use serde_json::json;
 
+use crate::cmd::agents::deploy::{changes_json, print_changes};
 use crate::cmd::{Global, Output, agent_ref, remote, render};
 
 /// Arguments of `phrony bundles deploy`.
@@ -11,17 +12,23 @@ use crate::cmd::{Global, Output, agent_ref, remote, render};
 pub(crate) struct Args {
     /// The bundle and version to activate: namespace/name@version (semver or sha256: lock hash).
     bundle: String,
+    /// Deploy even though a member of the version sends a secret to an endpoint (model API
+    /// root, MCP server) that no earlier deployment of the bundle sent it to; the runtime
+    /// records the change. Without it such a deploy is refused.
+    #[arg(long)]
+    allow_new_secret_endpoints: bool,
     /// Output format.
     #[arg(long, value_enum, default_value_t)]
     output: Output,
 }
 
-/// Prints `deployed ns/name@v (<lock hash>) (previous: p) at <time>`.
+/// Prints `deployed ns/name@v (<lock hash>) (previous: p) at <time>`, then each allowed
+/// secret endpoint change.
 pub(crate) fn run(args: &Args, global: &Global) -> anyhow::Result<()> {
     let (bundle, version) = agent_ref::versioned(&args.bundle)?;
     remote::block_on(async {
         let (client, _) = remote::connect(global).await?;
-        let deployed = deploy(&client, &bundle, &version).await?;
+        let deployed = deploy(&client, &bundle, &version, args.allow_new_secret_endpoints).await?;
         print_deployed(&deployed, args.output)
     })
 }
@@ -31,9 +38,15 @@ pub(crate) async fn deploy(
     client: &Client,
     bundle: &AgentName,
     version: &str,
+    allow_new_secret_endpoints: bool,
 ) -> anyhow::Result<DeployedBundle> {
     client
-        .deploy_bundle(bundle, version, &remote::actor(client.sends_credential())?)
+        .deploy_bundle(
+            bundle,
+            version,
+            &remote::actor(client.sends_credential())?,
+            allow_new_secret_endpoints,
+        )
         .await
         .map_err(remote::change_fails(
             "deploy",
@@ -42,11 +55,14 @@ pub(crate) async fn deploy(
         ))
 }
 
-/// Prints a bundle deployment as text or JSON.
+/// Prints a bundle deployment as text (its line, then one per allowed change) or JSON.
 pub(crate) fn print_deployed(deployed: &DeployedBundle, output: Output) -> anyhow::Result<()> {
     match output {
         Output::Json => render::json(&deployed_json(deployed)),
-        Output::Text => render::line(deployed_line(deployed)),
+        Output::Text => {
+            render::line(deployed_line(deployed))?;
+            print_changes(&deployed.secret_endpoint_changes)
+        }
     }
 }
 
@@ -76,6 +92,7 @@ fn deployed_json(deployed: &DeployedBundle) -> serde_json::Value {
         "previous_version": deployed.previous_version,
         "previous_lock_hash": deployed.previous_lock_hash,
         "deployed_at": render::time(deployed.deployed_at),
+        "secret_endpoint_changes": changes_json(&deployed.secret_endpoint_changes),
     })
 }
 
@@ -96,6 +113,13 @@ mod tests {
             deployed_at: "2025-01-31T09:30:00.123456Z".into(),
             lock_hash: "sha256:0a1b".into(),
             previous_lock_hash: previous_lock.into(),
+            secret_endpoint_changes: vec![pb::SecretEndpointChange {
+                secret: "openai".into(),
+                from_env: "OPENAI_API_KEY".into(),
+                endpoint: "http://b.example/v1".into(),
+                previous_endpoints: vec!["http://a.example/v1".into()],
+                member: "front-desk".into(),
+            }],
         })
         .unwrap()
     }
@@ -117,6 +141,21 @@ mod tests {
         assert_eq!(
             deployed_json(&response("1.0.0", "sha256:9f8e"))["previous_lock_hash"],
             "sha256:9f8e"
+        );
+        assert_eq!(
+            first["secret_endpoint_changes"],
+            serde_json::json!([{
+                "member": "front-desk",
+                "secret": "openai",
+                "from_env": "OPENAI_API_KEY",
+                "endpoint": "http://b.example/v1",
+                "previous_endpoints": ["http://a.example/v1"],
+            }])
+        );
+        assert_eq!(
+            response("", "").secret_endpoint_changes[0].to_string(),
+            "member \"front-desk\": secret \"openai\" (OPENAI_API_KEY) is now sent to \
+             http://b.example/v1 (previous deployments: http://a.example/v1)"
         );
     }
 }

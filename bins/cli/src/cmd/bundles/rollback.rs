@@ -4,6 +4,7 @@
 use phrony_client::{AgentName, RolledBackBundle};
 use serde_json::json;
 
+use crate::cmd::agents::deploy::{changes_json, print_changes};
 use crate::cmd::{Global, Output, agent_ref, remote, render};
 
 /// Arguments of `phrony bundles rollback`.
@@ -15,12 +16,17 @@ pub(crate) struct Args {
     /// before the active one).
     #[arg(long, value_name = "VERSION")]
     to: Option<String>,
+    /// Roll back even though a member of the `--to` version (never deployed before) sends a
+    /// secret to an endpoint no earlier deployment of the bundle sent it to; the runtime records
+    /// the change.
+    #[arg(long)]
+    allow_new_secret_endpoints: bool,
     /// Output format.
     #[arg(long, value_enum, default_value_t)]
     output: Output,
 }
 
-/// Prints `rolled back ns/name to V (was: P)`.
+/// Prints `rolled back ns/name to V (was: P)`, then each allowed secret endpoint change.
 pub(crate) fn run(args: &Args, global: &Global) -> anyhow::Result<()> {
     let bundle = agent_ref::unversioned(&args.bundle, "; use --to VERSION to pick the version")?;
     if args.to.as_deref().is_some_and(|v| v.trim().is_empty()) {
@@ -33,6 +39,7 @@ pub(crate) fn run(args: &Args, global: &Global) -> anyhow::Result<()> {
                 &bundle,
                 args.to.as_deref(),
                 &remote::actor(client.sends_credential())?,
+                args.allow_new_secret_endpoints,
             )
             .await
             .map_err(remote::change_fails(
@@ -42,7 +49,10 @@ pub(crate) fn run(args: &Args, global: &Global) -> anyhow::Result<()> {
             ))?;
         match args.output {
             Output::Json => render::json(&rolled_json(&bundle, &rolled)),
-            Output::Text => render::line(rolled_line(&bundle, &rolled)),
+            Output::Text => {
+                render::line(rolled_line(&bundle, &rolled))?;
+                print_changes(&rolled.secret_endpoint_changes)
+            }
         }
     })
 }
@@ -66,6 +76,7 @@ fn rolled_json(bundle: &AgentName, rolled: &RolledBackBundle) -> serde_json::Val
         "previous_version": rolled.previous_version,
         "previous_lock_hash": rolled.previous_lock_hash,
         "deployed_at": render::json_time(rolled.deployed_at),
+        "secret_endpoint_changes": changes_json(&rolled.secret_endpoint_changes),
     })
 }
 
@@ -85,6 +96,7 @@ mod tests {
             lock_hash: "sha256:0a1b".into(),
             previous_lock_hash: "sha256:9f8e".into(),
             deployed_at: "2025-01-31T09:30:00Z".into(),
+            secret_endpoint_changes: Vec::new(),
         })
         .unwrap();
         let bundle = AgentName::new("support", "refund-desk");
@@ -95,5 +107,6 @@ mod tests {
         let shown = rolled_json(&bundle, &rolled);
         assert_eq!(shown["lock_hash"], "sha256:0a1b");
         assert_eq!(shown["deployed_at"], "2025-01-31T09:30:00Z");
+        assert_eq!(shown["secret_endpoint_changes"], serde_json::json!([]));
     }
 }

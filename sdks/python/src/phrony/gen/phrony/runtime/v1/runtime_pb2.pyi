@@ -624,27 +624,31 @@ class DeployResponse(_message.Message):
     def __init__(self, namespace: _Optional[str] = ..., name: _Optional[str] = ..., version: _Optional[str] = ..., previous_version: _Optional[str] = ..., deployed_at: _Optional[str] = ..., secret_endpoint_changes: _Optional[_Iterable[_Union[SecretEndpointChange, _Mapping]]] = ...) -> None: ...
 
 class SecretEndpointChange(_message.Message):
-    __slots__ = ("secret", "from_env", "endpoint", "previous_endpoints")
+    __slots__ = ("secret", "from_env", "endpoint", "previous_endpoints", "member")
     SECRET_FIELD_NUMBER: _ClassVar[int]
     FROM_ENV_FIELD_NUMBER: _ClassVar[int]
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     PREVIOUS_ENDPOINTS_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_FIELD_NUMBER: _ClassVar[int]
     secret: str
     from_env: str
     endpoint: str
     previous_endpoints: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, secret: _Optional[str] = ..., from_env: _Optional[str] = ..., endpoint: _Optional[str] = ..., previous_endpoints: _Optional[_Iterable[str]] = ...) -> None: ...
+    member: str
+    def __init__(self, secret: _Optional[str] = ..., from_env: _Optional[str] = ..., endpoint: _Optional[str] = ..., previous_endpoints: _Optional[_Iterable[str]] = ..., member: _Optional[str] = ...) -> None: ...
 
 class DeployBundleRequest(_message.Message):
-    __slots__ = ("bundle_ref", "actor")
+    __slots__ = ("bundle_ref", "actor", "allow_new_secret_endpoints")
     BUNDLE_REF_FIELD_NUMBER: _ClassVar[int]
     ACTOR_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_NEW_SECRET_ENDPOINTS_FIELD_NUMBER: _ClassVar[int]
     bundle_ref: BundleRef
     actor: str
-    def __init__(self, bundle_ref: _Optional[_Union[BundleRef, _Mapping]] = ..., actor: _Optional[str] = ...) -> None: ...
+    allow_new_secret_endpoints: bool
+    def __init__(self, bundle_ref: _Optional[_Union[BundleRef, _Mapping]] = ..., actor: _Optional[str] = ..., allow_new_secret_endpoints: _Optional[bool] = ...) -> None: ...
 
 class DeployBundleResponse(_message.Message):
-    __slots__ = ("namespace", "name", "version", "previous_version", "deployed_at", "lock_hash", "previous_lock_hash")
+    __slots__ = ("namespace", "name", "version", "previous_version", "deployed_at", "lock_hash", "previous_lock_hash", "secret_endpoint_changes")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -652,6 +656,7 @@ class DeployBundleResponse(_message.Message):
     DEPLOYED_AT_FIELD_NUMBER: _ClassVar[int]
     LOCK_HASH_FIELD_NUMBER: _ClassVar[int]
     PREVIOUS_LOCK_HASH_FIELD_NUMBER: _ClassVar[int]
+    SECRET_ENDPOINT_CHANGES_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     name: str
     version: str
@@ -659,7 +664,8 @@ class DeployBundleResponse(_message.Message):
     deployed_at: str
     lock_hash: str
     previous_lock_hash: str
-    def __init__(self, namespace: _Optional[str] = ..., name: _Optional[str] = ..., version: _Optional[str] = ..., previous_version: _Optional[str] = ..., deployed_at: _Optional[str] = ..., lock_hash: _Optional[str] = ..., previous_lock_hash: _Optional[str] = ...) -> None: ...
+    secret_endpoint_changes: _containers.RepeatedCompositeFieldContainer[SecretEndpointChange]
+    def __init__(self, namespace: _Optional[str] = ..., name: _Optional[str] = ..., version: _Optional[str] = ..., previous_version: _Optional[str] = ..., deployed_at: _Optional[str] = ..., lock_hash: _Optional[str] = ..., previous_lock_hash: _Optional[str] = ..., secret_endpoint_changes: _Optional[_Iterable[_Union[SecretEndpointChange, _Mapping]]] = ...) -> None: ...
 
 class RollbackRequest(_message.Message):
     __slots__ = ("agent_ref", "to_version", "actor", "allow_new_secret_endpoints")
@@ -807,28 +813,32 @@ class ListBundleDeploymentsResponse(_message.Message):
     def __init__(self, deployments: _Optional[_Iterable[_Union[DeploymentEntry, _Mapping]]] = ...) -> None: ...
 
 class RollbackBundleRequest(_message.Message):
-    __slots__ = ("bundle_ref", "to_version", "actor")
+    __slots__ = ("bundle_ref", "to_version", "actor", "allow_new_secret_endpoints")
     BUNDLE_REF_FIELD_NUMBER: _ClassVar[int]
     TO_VERSION_FIELD_NUMBER: _ClassVar[int]
     ACTOR_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_NEW_SECRET_ENDPOINTS_FIELD_NUMBER: _ClassVar[int]
     bundle_ref: BundleRef
     to_version: str
     actor: str
-    def __init__(self, bundle_ref: _Optional[_Union[BundleRef, _Mapping]] = ..., to_version: _Optional[str] = ..., actor: _Optional[str] = ...) -> None: ...
+    allow_new_secret_endpoints: bool
+    def __init__(self, bundle_ref: _Optional[_Union[BundleRef, _Mapping]] = ..., to_version: _Optional[str] = ..., actor: _Optional[str] = ..., allow_new_secret_endpoints: _Optional[bool] = ...) -> None: ...
 
 class RollbackBundleResponse(_message.Message):
-    __slots__ = ("version", "previous_version", "lock_hash", "previous_lock_hash", "deployed_at")
+    __slots__ = ("version", "previous_version", "lock_hash", "previous_lock_hash", "deployed_at", "secret_endpoint_changes")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     PREVIOUS_VERSION_FIELD_NUMBER: _ClassVar[int]
     LOCK_HASH_FIELD_NUMBER: _ClassVar[int]
     PREVIOUS_LOCK_HASH_FIELD_NUMBER: _ClassVar[int]
     DEPLOYED_AT_FIELD_NUMBER: _ClassVar[int]
+    SECRET_ENDPOINT_CHANGES_FIELD_NUMBER: _ClassVar[int]
     version: str
     previous_version: str
     lock_hash: str
     previous_lock_hash: str
     deployed_at: str
-    def __init__(self, version: _Optional[str] = ..., previous_version: _Optional[str] = ..., lock_hash: _Optional[str] = ..., previous_lock_hash: _Optional[str] = ..., deployed_at: _Optional[str] = ...) -> None: ...
+    secret_endpoint_changes: _containers.RepeatedCompositeFieldContainer[SecretEndpointChange]
+    def __init__(self, version: _Optional[str] = ..., previous_version: _Optional[str] = ..., lock_hash: _Optional[str] = ..., previous_lock_hash: _Optional[str] = ..., deployed_at: _Optional[str] = ..., secret_endpoint_changes: _Optional[_Iterable[_Union[SecretEndpointChange, _Mapping]]] = ...) -> None: ...
 
 class GetBundleVersionRequest(_message.Message):
     __slots__ = ("bundle_ref",)
