@@ -303,6 +303,20 @@ impl Ctx {
                 }
             }
         };
+        // A pinned *published* version (an external bundle member) is frozen, but a retired
+        // version or an archived agent starts no new session, as for a run of the agent itself.
+        match self.pinned_version_retired(version_id).await {
+            Ok(None) => {}
+            Ok(Some(why)) => {
+                return Ok(Err(Refusal::new(
+                    codes::SUBAGENT_UNRESOLVED,
+                    format!("delegation target {label} cannot run: {why}"),
+                )));
+            }
+            Err(e) if e.kind == ErrorKind::Unavailable => return Err(e.into()),
+            // Not found and the like: the load below names it.
+            Err(_) => {}
+        }
         let stored = match self.store().agent_version(version_id).await {
             Ok(s) => s,
             Err(e) if e.kind == ErrorKind::Unavailable => return Err(e.into()),
@@ -330,6 +344,32 @@ impl Ctx {
                 ),
             ))),
         }
+    }
+
+    /// Why the pinned version `id` may not start a session: a published version that was
+    /// retired, or whose agent was archived (`None` for a runnable one and for bundle-private
+    /// versions, which have no lifecycle of their own).
+    async fn pinned_version_retired(&self, id: Uuid) -> Result<Option<String>, StoreError> {
+        let ledger = self.store().ledger();
+        let version = ledger.get_agent_version_by_id(id).await?;
+        if version.origin != phrony_ledger::VersionOrigin::Published {
+            return Ok(None);
+        }
+        if version.retired_at.is_some() {
+            return Ok(Some(format!(
+                "agent {} version {:?} was retired",
+                version.agent, version.version
+            )));
+        }
+        if ledger
+            .get_agent(&version.agent)
+            .await?
+            .archived_at
+            .is_some()
+        {
+            return Ok(Some(format!("agent {} was archived", version.agent)));
+        }
+        Ok(None)
     }
 
     /// A target resolved at call time: without a version, the agent's active deployment with

@@ -357,6 +357,62 @@ async fn scenario(db: Db) {
     assert_eq!(child.agent_version_id, published.id);
     let child_view = wait_for(&mut client, &child_id).await;
     assert_eq!(child_view.status, "completed", "{}", child_view.error);
+
+    // 5. The published version is retired (after 1.1.0 replaced it as the agent's active
+    //    deployment): the bundle stays frozen on 1.0.0, and its delegation starts no new child
+    //    (a tool error for the model), as a run of the agent would be refused.
+    let mut next = translator.clone();
+    next.metadata.version = "1.1.0".into();
+    crate::sessions::publish_and_deploy(&mut client, &next).await;
+    client
+        .retire_agent_version(pb::RetireAgentVersionRequest {
+            agent_ref: Some(pb::AgentRef {
+                namespace: "support".into(),
+                name: "translator".into(),
+                version: "1.0.0".into(),
+            }),
+        })
+        .await
+        .unwrap();
+    let root = client
+        .run_session(pb::RunSessionRequest {
+            bundle_ref: Some(bundle_ref()),
+            input: serde_json::to_vec(&json!({ "message": "translate goodbye" })).unwrap(),
+            resolved_secrets: [("openai".to_owned(), b"sk-test".to_vec())].into(),
+            mode: pb::SessionMode::Task as i32,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .session_id;
+    let done = wait_for(&mut client, &root).await;
+    assert_eq!(done.status, "completed", "{}", done.error);
+    let failed: Vec<Value> = ledger
+        .list_events(&root, 0, 1000)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.event_type == "tool.completed")
+        .map(|e| e.payload)
+        .collect();
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    assert_eq!(failed[0]["error_code"], "subagent_unresolved");
+    assert!(
+        failed[0]["error_message"]
+            .as_str()
+            .unwrap()
+            .contains("agent support/translator version \"1.0.0\" was retired"),
+        "{failed:?}"
+    );
+    assert!(
+        inspect(&mut client, &root)
+            .await
+            .session
+            .unwrap()
+            .children
+            .is_empty()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
