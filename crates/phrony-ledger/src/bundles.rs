@@ -711,7 +711,7 @@ async fn check_external(
     if v.retired_at.is_some() {
         return Err(refused("the version is retired".to_owned()));
     }
-    let agent = crate::lifecycle::find_agent(&mut tx.conn(), &v.agent).await?;
+    let agent = crate::rows::find_agent(&mut tx.conn(), &v.agent).await?;
     if agent.is_none_or(|a| a.archived_at.is_some()) {
         return Err(refused(format!("agent {} is archived", v.agent)));
     }

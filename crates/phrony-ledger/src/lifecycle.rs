@@ -6,7 +6,6 @@
 //! [`crate::Ledger::rebuild_projections`] replays, so live state and rebuilt state cannot drift.
 
 use phrony_auth::Attribution;
-use std::collections::BTreeMap;
 
 use uuid::Uuid;
 
@@ -29,32 +28,7 @@ use crate::event_body::{
 // ---------------------------------------------------------------------------------------------
 // Projection reads.
 
-const AGENT_COLUMNS: &str =
-    "id, namespace, name, owner, labels, archived_at, archived_by, created_at, updated_at";
-
-pub(crate) fn agent_from_row(row: &Row) -> Result<Agent> {
-    let labels = row.json("labels")?;
-    let labels: BTreeMap<String, String> = serde_json::from_value(labels)
-        .map_err(|e| LedgerError::corrupt(format!("agents.labels: {e}")))?;
-    Ok(Agent {
-        id: row.uuid("id")?,
-        agent: AgentRef::new(row.text("namespace")?, row.text("name")?),
-        owner: row.text("owner")?,
-        labels,
-        archived_at: row.opt_ts("archived_at")?,
-        archived_by: row.opt_text("archived_by")?,
-        created_at: row.ts("created_at")?,
-        updated_at: row.ts("updated_at")?,
-    })
-}
-
-pub(crate) async fn find_agent(conn: &mut Conn<'_>, agent: &AgentRef) -> Result<Option<Agent>> {
-    let sql = format!("SELECT {AGENT_COLUMNS} FROM agents WHERE namespace = $1 AND name = $2");
-    conn.fetch_optional("read agent", &sql, args![&agent.namespace, &agent.name])
-        .await?
-        .map(|row| agent_from_row(&row))
-        .transpose()
-}
+pub(crate) use crate::rows::{AGENT_COLUMNS, agent_from_row, find_agent};
 
 pub(crate) async fn require_agent(conn: &mut Conn<'_>, agent: &AgentRef) -> Result<Agent> {
     find_agent(conn, agent)

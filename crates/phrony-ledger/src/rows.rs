@@ -14,7 +14,7 @@ use uuid::Uuid;
 
 use crate::db::{Conn, Row, args};
 use crate::error::{LedgerError, Result};
-use crate::model::{AgentRef, AgentVersion, VersionOrigin};
+use crate::model::{Agent, AgentRef, AgentVersion, VersionOrigin};
 use crate::vocabulary::{SessionLimits, SessionMode, SessionStatus};
 
 /// `namespace/name@version` of the agent version a session runs (also for bundle members that
@@ -343,5 +343,38 @@ pub(crate) async fn find_version_by_id(
     conn.fetch_optional("read agent version", &sql, args![id])
         .await?
         .map(|row| version_from_row(&row))
+        .transpose()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Agents.
+
+/// The `agents` columns [`agent_from_row`] reads.
+pub(crate) const AGENT_COLUMNS: &str =
+    "id, namespace, name, owner, labels, archived_at, archived_by, created_at, updated_at";
+
+/// An `agents` row.
+pub(crate) fn agent_from_row(row: &Row) -> Result<Agent> {
+    let labels = row.json("labels")?;
+    let labels: BTreeMap<String, String> = serde_json::from_value(labels)
+        .map_err(|e| LedgerError::corrupt(format!("agents.labels: {e}")))?;
+    Ok(Agent {
+        id: row.uuid("id")?,
+        agent: AgentRef::new(row.text("namespace")?, row.text("name")?),
+        owner: row.text("owner")?,
+        labels,
+        archived_at: row.opt_ts("archived_at")?,
+        archived_by: row.opt_text("archived_by")?,
+        created_at: row.ts("created_at")?,
+        updated_at: row.ts("updated_at")?,
+    })
+}
+
+/// The agent `agent`, if it exists (archived or not).
+pub(crate) async fn find_agent(conn: &mut Conn<'_>, agent: &AgentRef) -> Result<Option<Agent>> {
+    let sql = format!("SELECT {AGENT_COLUMNS} FROM agents WHERE namespace = $1 AND name = $2");
+    conn.fetch_optional("read agent", &sql, args![&agent.namespace, &agent.name])
+        .await?
+        .map(|row| agent_from_row(&row))
         .transpose()
 }
