@@ -179,6 +179,22 @@ fn bundle_ref() -> pb::BundleRef {
     }
 }
 
+/// Starts a task session of the bundle with `message`; returns its id.
+async fn run(client: &mut RuntimeClient<Channel>, message: &str) -> String {
+    client
+        .run_session(pb::RunSessionRequest {
+            bundle_ref: Some(bundle_ref()),
+            input: serde_json::to_vec(&json!({ "message": message })).unwrap(),
+            resolved_secrets: [("openai".to_owned(), b"sk-test".to_vec())].into(),
+            mode: pb::SessionMode::Task as i32,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .session_id
+}
+
 async fn wait_for(client: &mut RuntimeClient<Channel>, id: &str) -> pb::SessionInspect {
     tokio::time::timeout(PATIENCE, async {
         loop {
@@ -328,18 +344,7 @@ async fn scenario(db: Db) {
     );
 
     // 4. Run the bundle: the delegation runs a child of the published version.
-    let root = client
-        .run_session(pb::RunSessionRequest {
-            bundle_ref: Some(bundle_ref()),
-            input: serde_json::to_vec(&json!({ "message": "translate hello" })).unwrap(),
-            resolved_secrets: [("openai".to_owned(), b"sk-test".to_vec())].into(),
-            mode: pb::SessionMode::Task as i32,
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .session_id;
+    let root = run(&mut client, "translate hello").await;
     let done = wait_for(&mut client, &root).await;
     assert_eq!(done.status, "completed", "{}", done.error);
     let calls: Vec<Value> = ledger
@@ -374,18 +379,7 @@ async fn scenario(db: Db) {
         })
         .await
         .unwrap();
-    let root = client
-        .run_session(pb::RunSessionRequest {
-            bundle_ref: Some(bundle_ref()),
-            input: serde_json::to_vec(&json!({ "message": "translate goodbye" })).unwrap(),
-            resolved_secrets: [("openai".to_owned(), b"sk-test".to_vec())].into(),
-            mode: pb::SessionMode::Task as i32,
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .session_id;
+    let root = run(&mut client, "translate goodbye").await;
     let done = wait_for(&mut client, &root).await;
     assert_eq!(done.status, "completed", "{}", done.error);
     let failed: Vec<Value> = ledger
