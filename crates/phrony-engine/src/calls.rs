@@ -1094,13 +1094,9 @@ impl Ctx {
     pub(crate) async fn limit_grants(
         &self,
     ) -> Result<std::collections::HashMap<String, u64>, StoreError> {
-        let mut grants = std::collections::HashMap::new();
-        for a in self.store().session_approvals(&self.session.id).await? {
-            if a.tool == LIMIT_TOOL && a.status == ApprovalStatus::Approved {
-                *grants.entry(a.tool_version.clone()).or_insert(0) += 1;
-            }
-        }
-        Ok(grants)
+        Ok(limit_grants(
+            &self.store().session_approvals(&self.session.id).await?,
+        ))
     }
 
     /// `on_limit: escalate`: when a policy matches the `limit:escalate` trigger, records the
@@ -1312,4 +1308,16 @@ impl Ctx {
             actor: "system".into(),
         }
     }
+}
+
+/// How many times each limit (by kind) was raised by an approved `limit:escalate` approval
+/// among `approvals` (a session's).
+pub(crate) fn limit_grants(approvals: &[Approval]) -> std::collections::HashMap<String, u64> {
+    let mut grants = std::collections::HashMap::new();
+    for a in approvals {
+        if a.tool == LIMIT_TOOL && a.status == ApprovalStatus::Approved {
+            *grants.entry(a.tool_version.clone()).or_insert(0) += 1;
+        }
+    }
+    grants
 }

@@ -485,17 +485,23 @@ async fn fail_session(inner: &Inner, session_id: &str, message: &str) -> bool {
     }
 }
 
+/// Events read per page when the driver catches up with the log.
+const SYNC_PAGE: u32 = 500;
+
+/// Folds the events recorded since the fold's last one. A short page is the end of the log
+/// (events are appended in sequence order under the session's stream head), so catching up
+/// costs one read, not one more to find the log empty.
 async fn sync(inner: &Inner, session_id: &str, fold: &mut Fold) -> Result<(), StoreError> {
     loop {
         let page = inner
             .store
-            .events_after(session_id, fold.last_seq(), 500)
+            .events_after(session_id, fold.last_seq(), SYNC_PAGE)
             .await?;
-        if page.is_empty() {
-            return Ok(());
-        }
         for event in &page {
             fold.apply(event)?;
+        }
+        if page.len() < SYNC_PAGE as usize {
+            return Ok(());
         }
     }
 }
@@ -575,7 +581,7 @@ async fn drive(
     });
     ctx.acknowledge_taken_decisions(&approvals).await?;
     let watchdog = wall_watchdog(Arc::clone(&ctx));
-    let grants = ctx.limit_grants().await?;
+    let grants = crate::calls::limit_grants(&approvals);
     let mut driver = Driver {
         ctx,
         fold,
