@@ -41,6 +41,7 @@ pub mod auth;
 pub mod config;
 pub mod daemon;
 pub mod embedded;
+pub mod http;
 pub mod logging;
 pub mod oidc;
 mod serve;
