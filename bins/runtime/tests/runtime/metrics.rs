@@ -9,7 +9,7 @@ use std::time::Duration;
 use crate::support::{Launch, agent_ref, free_port, sqlite_url};
 use pb::runtime_client::RuntimeClient;
 use phrony_proto::runtime::v1 as pb;
-use phrony_test_support::stub::{one_refund_turns, write_refund_agent};
+use phrony_test_support::stub::{one_refund_turns, write_refund_agent_named};
 use phrony_test_support::worker::RefundWorker;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tonic::transport::Channel;
@@ -50,12 +50,19 @@ async fn scrape(addr: &str, bearer: Option<&str>) -> (Vec<(String, f64)>, String
     (samples, body)
 }
 
-async fn publish_refund_agent(client: &mut RuntimeClient<Channel>, home: &std::path::Path) {
-    let project = home.join("agent");
-    // 40 EUR: under the approval boundary, so policy allows the call.
-    write_refund_agent(
+/// Publishes and deploys `support/<name>` refunding `amount` EUR (over 250 waits for an
+/// approval).
+async fn publish_refund_agent(
+    client: &mut RuntimeClient<Channel>,
+    home: &std::path::Path,
+    name: &str,
+    amount: u32,
+) {
+    let project = home.join(name);
+    write_refund_agent_named(
         &project,
-        &one_refund_turns("ORD-1", 40, "The item arrived damaged."),
+        name,
+        &one_refund_turns("ORD-1", amount, "The item arrived damaged."),
     );
     let snapshot = phrony_manifest::load_agent(project.join("agent.yaml"))
         .unwrap_or_else(|d| panic!("the refund agent does not compile:\n{d}"))
@@ -70,7 +77,10 @@ async fn publish_refund_agent(client: &mut RuntimeClient<Channel>, home: &std::p
         .unwrap();
     client
         .deploy(pb::DeployRequest {
-            agent_ref: Some(agent_ref("0.1.0")),
+            agent_ref: Some(pb::AgentRef {
+                name: name.into(),
+                ..agent_ref("0.1.0")
+            }),
             actor: "alice".into(),
             allow_new_secret_endpoints: false,
         })
@@ -129,7 +139,8 @@ async fn probes_and_metrics_follow_a_governed_session_and_a_database_outage() {
     assert_eq!(wait_for_ready(&http, 200).await, "ready\n");
 
     let mut client = daemon.client().await;
-    publish_refund_agent(&mut client, home.path()).await;
+    // 40 EUR: under the approval boundary, so policy allows the call.
+    publish_refund_agent(&mut client, home.path(), "refund-agent", 40).await;
     let worker = RefundWorker::start(&daemon.addr, "metrics-worker");
     let session_id = client
         .run_session(pb::RunSessionRequest {
@@ -171,6 +182,66 @@ async fn probes_and_metrics_follow_a_governed_session_and_a_database_outage() {
         assert!(!body.contains(secret), "{secret} leaked into\n{body}");
     }
 
+    // A call over the boundary waits for an approval, then is approved.
+    publish_refund_agent(&mut client, home.path(), "refund-big", 400).await;
+    let big = client
+        .run_session(pb::RunSessionRequest {
+            agent_ref: Some(pb::AgentRef {
+                name: "refund-big".into(),
+                ..agent_ref("")
+            }),
+            input: br#"{"message": "Refund 400 EUR for ORD-1."}"#.to_vec(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .session_id;
+    wait_for_status(&mut client, &big, "awaiting_approval").await;
+    let (samples, body) = scrape(&http, None).await;
+    let value = |series: &str| sample(&samples, series, &body);
+    assert_eq!(value("phrony_tool_calls_total{decision=\"approval\"}"), 1.0);
+    assert_eq!(value("phrony_approvals_pending"), 1.0);
+    assert_eq!(value("phrony_sessions{status=\"awaiting_approval\"}"), 1.0);
+    let approval_id = client
+        .list_approvals(pb::ListApprovalsRequest {
+            session_id: big.clone(),
+            status: "pending".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .approvals[0]
+        .id
+        .clone();
+    client
+        .decide_approval(pb::DecideApprovalRequest {
+            approval_id,
+            decision: pb::ApprovalDecision::Approve.into(),
+            comment: "ok".into(),
+            actor: "emad".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    wait_for_status(&mut client, &big, "completed").await;
+    let (samples, body) = scrape(&http, None).await;
+    let value = |series: &str| sample(&samples, series, &body);
+    assert_eq!(
+        value("phrony_approvals_decided_total{decision=\"approved\"}"),
+        1.0
+    );
+    assert_eq!(value("phrony_approvals_expired_total"), 0.0);
+    assert_eq!(value("phrony_approval_wait_seconds_count"), 1.0);
+    assert_eq!(value("phrony_approvals_pending"), 0.0);
+    assert_eq!(
+        value("phrony_tool_call_outcomes_total{outcome=\"succeeded\"}"),
+        2.0
+    );
+    assert_eq!(value("phrony_sessions{status=\"completed\"}"), 2.0);
+    assert!(!body.contains(&big), "the session id is no label");
+
     // Another process holds the write lock: not ready, naming the database; then ready again.
     let lock = crate::outage::Locker::hold(&db_file);
     daemon.wait_for_health(ServingStatus::NotServing).await;
@@ -181,7 +252,7 @@ async fn probes_and_metrics_follow_a_governed_session_and_a_database_outage() {
     daemon.wait_for_health(ServingStatus::Serving).await;
     wait_for_ready(&http, 200).await;
 
-    assert_eq!(worker.invocations().len(), 1, "the refund ran once");
+    assert_eq!(worker.invocations().len(), 2, "each refund ran once");
     // The worker owns a Tokio runtime, which must not be dropped inside this one.
     tokio::task::spawn_blocking(move || drop(worker))
         .await
