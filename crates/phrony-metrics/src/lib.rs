@@ -318,7 +318,7 @@ pub fn catalog() -> Vec<Metric> {
         },
         Metric {
             name: "phrony_tool_call_outcomes",
-            help: "Tool calls sent to workers, by outcome.",
+            help: "Tool calls that reached an outcome, by outcome.",
             value: Value::Counters {
                 label: Outcome::NAME,
                 values: TOOL_CALL_OUTCOMES.values(),
