@@ -11,14 +11,14 @@
 //!   status and pending approvals from the ledger, queue depth and workers per tool from the
 //!   router). In `required` auth mode the bearer token is authenticated exactly as a gRPC call's
 //!   (the same authenticator) and needs the `read` permission: `401` without or with a bad
-//!   credential, `403` without `read`. Reads are not audited.
+//!   credential, `403` without `read`. Reads are not audited. Before the daemon serves it answers
+//!   `503` (the ledger and the authenticator are not there yet).
 //!
 //! The listener speaks plain HTTP (no TLS, so no client certificates): in `local` auth mode it
 //! must bind a loopback address ([`HttpServer::start`] refuses any other), as the gRPC listener
 //! must; in `required` mode it may bind any address because `/metrics` then needs a token and
 //! the probes reveal nothing but up/ready.
 
-use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -454,9 +454,7 @@ pub fn parse_exposition(body: &str) -> Result<Vec<(String, f64)>, String> {
                 }
             }
         }
-        let mut key = String::new();
-        let _ = write!(key, "{series}");
-        samples.push((key, value));
+        samples.push((series.to_owned(), value));
     }
     if last != "# EOF" {
         return Err(format!(
