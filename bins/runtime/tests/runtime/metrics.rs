@@ -335,3 +335,31 @@ async fn a_non_loopback_http_address_is_refused_in_local_mode() {
         "refused before the database is touched"
     );
 }
+
+#[tokio::test]
+async fn while_waiting_for_the_database_the_daemon_is_alive_but_not_ready() {
+    let home = tempfile::tempdir().unwrap();
+    // Nobody listens there: the daemon waits for PostgreSQL at start-up.
+    let url = format!("postgres://postgres@127.0.0.1:{}/postgres", free_port());
+    let http = format!("127.0.0.1:{}", free_port());
+    let mut daemon = Launch::new(home.path(), Some(&url))
+        .env("RUNTIME_DATABASE_START_TIMEOUT", "60s")
+        .env("RUNTIME_HTTP_ADDR", &http)
+        .spawn();
+    let mut alive = false;
+    for _ in 0..300 {
+        if tokio::net::TcpStream::connect(&http).await.is_ok() {
+            alive = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(alive, "no HTTP listener:\n{}", daemon.stderr());
+    assert_eq!(get(&http, "/healthz", None).await, (200, "ok\n".to_owned()));
+    let (status, body) = get(&http, "/readyz", None).await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("starting"), "{body}");
+    assert_eq!(get(&http, "/metrics", None).await.0, 503);
+    let status = daemon.terminate();
+    assert!(status.success(), "{status}\n{}", daemon.stderr());
+}
