@@ -391,7 +391,9 @@ impl Router {
                     }
                 }
             };
-            queued_for += admitted_at.elapsed();
+            let waited = admitted_at.elapsed();
+            phrony_metrics::DISPATCH_QUEUE_WAIT.observe(waited);
+            queued_for += waited;
 
             // Phase 2: journal the dispatch, then send the invoke.
             if let Some(journal) = &journal {

@@ -420,10 +420,17 @@ impl Ctx {
             return Ok(());
         }
         let scope = self.scope();
+        let started = std::time::Instant::now();
         let decision = self
             .setup
             .policies
             .evaluate(&scope.request(binding, wire, args));
+        phrony_metrics::POLICY_EVALUATION.observe(started.elapsed());
+        phrony_metrics::TOOL_CALLS.inc(match &decision {
+            Decision::Allow => phrony_metrics::Decision::Allow,
+            Decision::Deny { .. } => phrony_metrics::Decision::Deny,
+            Decision::RequireApproval { .. } => phrony_metrics::Decision::Approval,
+        });
         match decision {
             Decision::Allow => self.dispatch(call, binding, wire, false).await,
             Decision::Deny { policy, message } => {

@@ -996,7 +996,10 @@ impl Driver {
                 }
             }
             self.ctx.set_status(SessionStatus::Running, None).await?;
-            let completion = self.complete(request, turn, iteration).await?;
+            let model_started = std::time::Instant::now();
+            let completion = self.complete(request, turn, iteration).await;
+            phrony_metrics::MODEL_CALL.observe(model_started.elapsed());
+            let completion = completion.inspect_err(|_| phrony_metrics::MODEL_ERRORS.inc())?;
             let has_calls = !completion.tool_calls.is_empty();
             if !has_calls && completion.stop_reason == "tool_use" {
                 return Err(Stop::Fail(

@@ -395,7 +395,11 @@ impl LedgerStore {
         call_id: &str,
         result: ToolResult,
     ) -> StoreResult<RecordedResult> {
-        Ok(self.ledger.record_tool_result(call_id, result).await?)
+        let recorded = self.ledger.record_tool_result(call_id, result).await?;
+        if recorded.applied {
+            count_outcome(&recorded.invocation);
+        }
+        Ok(recorded)
     }
 
     /// Fails an open call on the runtime's side.
@@ -405,7 +409,9 @@ impl LedgerStore {
         code: &str,
         message: &str,
     ) -> StoreResult<ToolInvocation> {
-        Ok(self.ledger.fail_tool_call(call_id, code, message).await?)
+        let call = self.ledger.fail_tool_call(call_id, code, message).await?;
+        count_outcome(&call);
+        Ok(call)
     }
 
     /// Fails an open call on the runtime's side unless a result was recorded first: a worker
@@ -472,10 +478,12 @@ impl LedgerStore {
         call_id: &str,
         reason: &str,
     ) -> StoreResult<ToolInvocation> {
-        Ok(self
+        let call = self
             .ledger
             .mark_tool_call_indeterminate(call_id, reason)
-            .await?)
+            .await?;
+        count_outcome(&call);
+        Ok(call)
     }
 
     /// Cancels an open call (a pending approval for it is closed).
@@ -484,7 +492,9 @@ impl LedgerStore {
         call_id: &str,
         reason: &str,
     ) -> StoreResult<ToolInvocation> {
-        Ok(self.ledger.cancel_tool_call(call_id, reason).await?)
+        let call = self.ledger.cancel_tool_call(call_id, reason).await?;
+        count_outcome(&call);
+        Ok(call)
     }
 
     /// One call.
@@ -519,7 +529,11 @@ impl LedgerStore {
     pub async fn cast_vote(&self, approval_id: Uuid, vote: Vote) -> StoreResult<VoteOutcome> {
         let outcome = self.ledger.cast_vote(approval_id, vote).await;
         self.approvals_changed();
-        Ok(outcome?)
+        let outcome = outcome?;
+        if outcome.decided {
+            count_decided(&outcome.approval, false);
+        }
+        Ok(outcome)
     }
 
     /// Applies an expired approval's timeout default as of `now`.
@@ -530,7 +544,9 @@ impl LedgerStore {
     ) -> StoreResult<TimeoutOutcome> {
         let outcome = self.ledger.expire_approval(approval_id, now).await;
         self.approvals_changed();
-        Ok(outcome?)
+        let outcome = outcome?;
+        count_decided(&outcome.approval, true);
+        Ok(outcome)
     }
 
     /// One approval with its votes.
@@ -571,5 +587,42 @@ impl LedgerStore {
     /// The earliest expiry among pending approvals.
     pub async fn next_approval_expiry(&self) -> StoreResult<Option<DateTime<Utc>>> {
         Ok(self.ledger.next_approval_expiry().await?)
+    }
+}
+
+/// `phrony_tool_call_outcomes_total`: a call that reached an outcome (recorded once, here, after
+/// the write committed).
+fn count_outcome(call: &ToolInvocation) {
+    use phrony_ledger::CallStatus;
+    let outcome = match call.status {
+        CallStatus::Succeeded => phrony_metrics::Outcome::Succeeded,
+        CallStatus::Failed => phrony_metrics::Outcome::Failed,
+        CallStatus::Indeterminate => phrony_metrics::Outcome::Indeterminate,
+        CallStatus::Cancelled => phrony_metrics::Outcome::Cancelled,
+        _ => return,
+    };
+    phrony_metrics::TOOL_CALL_OUTCOMES.inc(outcome);
+}
+
+/// The approval metrics of a decided (`expired`: timed out) approval: the decision or the
+/// expiry, and its wait.
+fn count_decided(approval: &Approval, expired: bool) {
+    use phrony_ledger::ApprovalStatus;
+    if expired {
+        phrony_metrics::APPROVALS_EXPIRED.inc();
+    } else {
+        match approval.status {
+            ApprovalStatus::Approved => {
+                phrony_metrics::APPROVALS_DECIDED.inc(phrony_metrics::ApprovalDecision::Approved);
+            }
+            ApprovalStatus::Denied => {
+                phrony_metrics::APPROVALS_DECIDED.inc(phrony_metrics::ApprovalDecision::Rejected);
+            }
+            _ => return,
+        }
+    }
+    let decided_at = approval.decided_at.unwrap_or_else(Utc::now);
+    if let Ok(wait) = (decided_at - approval.created_at).to_std() {
+        phrony_metrics::APPROVAL_WAIT.observe(wait);
     }
 }

@@ -105,6 +105,20 @@ impl Health {
         *self.state.borrow()
     }
 
+    /// `None` while `SERVING`; otherwise why not, in a few words (the daemon's HTTP readiness
+    /// probe answers with it).
+    #[must_use]
+    pub fn not_serving_reason(&self) -> Option<&'static str> {
+        let state = self.current();
+        if state.stopping {
+            Some("shutting down")
+        } else if !state.database_ok {
+            Some("the database does not take writes")
+        } else {
+            None
+        }
+    }
+
     /// The gRPC service over this state.
     #[must_use]
     pub fn service(&self) -> pb::health_server::HealthServer<HealthService> {

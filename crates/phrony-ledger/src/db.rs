@@ -161,7 +161,12 @@ impl Tx {
     pub(crate) async fn commit(self) -> Result<()> {
         match self.kind {
             TxKind::Sqlite(lease) => lease.release().await,
-            TxKind::Postgres(tx) => tx.commit().await.ctx("commit transaction"),
+            TxKind::Postgres(tx) => {
+                let started = std::time::Instant::now();
+                tx.commit().await.ctx("commit transaction")?;
+                phrony_metrics::LEDGER_COMMIT.observe(started.elapsed());
+                Ok(())
+            }
         }
     }
 

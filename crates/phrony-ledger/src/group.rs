@@ -382,6 +382,7 @@ async fn undo_savepoint(conn: &mut PoolConnection<Sqlite>, batch: &mut Batch) {
 
 /// Commits the batch (or rolls it back when it is broken) and answers every waiter.
 async fn commit(mut conn: PoolConnection<Sqlite>, mut batch: Batch, counters: &Counters) {
+    let started = std::time::Instant::now();
     let outcome = match batch.broken.take() {
         Some(reason) => Err(reason),
         None => <Sqlite as sqlx::Database>::TransactionManager::commit(&mut conn)
@@ -390,6 +391,7 @@ async fn commit(mut conn: PoolConnection<Sqlite>, mut batch: Batch, counters: &C
     };
     match outcome {
         Ok(()) => {
+            phrony_metrics::LEDGER_COMMIT.observe(started.elapsed());
             counters.commits.fetch_add(1, Ordering::Relaxed);
             counters.writes.fetch_add(batch.released, Ordering::Relaxed);
             for waiter in batch.waiters {

@@ -1444,6 +1444,55 @@ impl Ledger {
         let mut conn = self.pool.acquire().await?;
         tokens::find_by_hash(&mut conn.conn(), secret_hash).await
     }
+
+    /// What the daemon's metrics read at scrape time: the sessions per status (every status
+    /// with at least one session, from the `(status, updated_at)` index) and the approvals
+    /// waiting for a decision.
+    ///
+    /// # Errors
+    /// When the database cannot be read.
+    pub async fn metric_counts(&self) -> Result<MetricCounts> {
+        let mut conn = self.pool.acquire().await?;
+        let mut c = conn.conn();
+        let mut sessions = Vec::new();
+        for row in c
+            .fetch_all(
+                "count sessions by status",
+                "SELECT status, COUNT(*) AS n FROM sessions GROUP BY status ORDER BY status",
+                vec![],
+            )
+            .await?
+        {
+            let n = u64::try_from(row.int("n")?).unwrap_or(0);
+            sessions.push((
+                vocabulary::SessionStatus::parse_stored(&row.text("status")?)?,
+                n,
+            ));
+        }
+        let pending = c
+            .fetch_optional(
+                "count pending approvals",
+                "SELECT COUNT(*) AS n FROM approvals WHERE status = 'pending'",
+                vec![],
+            )
+            .await?
+            .map(|row| row.int("n"))
+            .transpose()?
+            .unwrap_or(0);
+        Ok(MetricCounts {
+            sessions_by_status: sessions,
+            approvals_pending: u64::try_from(pending).unwrap_or(0),
+        })
+    }
+}
+
+/// Result of [`Ledger::metric_counts`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MetricCounts {
+    /// (session status, sessions), for every status that has sessions.
+    pub sessions_by_status: Vec<(vocabulary::SessionStatus, u64)>,
+    /// Approvals whose status is `pending`.
+    pub approvals_pending: u64,
 }
 
 pub(crate) async fn rebuild(tx: &mut db::Tx) -> Result<RebuildReport> {

@@ -79,6 +79,12 @@ pub struct Settings {
     )]
     pub(crate) grpc_addr: String,
 
+    /// HTTP address (host:port) for `/healthz`, `/readyz` and `/metrics` (Prometheus).
+    /// Loopback only unless RUNTIME_AUTH=required (then `/metrics` needs a token with `read`).
+    /// [default: off]
+    #[arg(long, env = "RUNTIME_HTTP_ADDR", value_name = "ADDR", global = true)]
+    pub(crate) http_addr: Option<String>,
+
     /// Database URL: sqlite://PATH or postgres://USER@HOST:PORT/DB.
     /// [default: SQLite file phrony.db in the data directory]
     #[arg(long, env = "RUNTIME_DATABASE_URL", value_name = "URL", global = true)]
@@ -565,6 +571,7 @@ mod tests {
     fn settings(url: Option<&str>) -> Settings {
         Settings {
             grpc_addr: "127.0.0.1:7777".into(),
+            http_addr: None,
             database_url: url.map(str::to_owned),
             log_format: LogFormat::Text,
             log_filter: None,

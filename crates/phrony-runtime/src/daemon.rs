@@ -41,12 +41,28 @@ pub fn serve(settings: &Settings, env: &Env) -> anyhow::Result<()> {
         let auth_configured = oidc.is_some() || tls.as_ref().is_some_and(|t| t.clients.is_some());
         let auth =
             crate::auth::resolve_mode(settings.auth, auth_configured, listener.local_addr())?;
+        // The probes answer from now on (`/readyz` 503 until recovery is done); a non-loopback
+        // HTTP address needs `required` mode, like the gRPC one.
+        let http = match settings.http_addr.as_deref().filter(|a| !a.is_empty()) {
+            None => None,
+            Some(addr) => Some(crate::http::HttpServer::start(addr, auth).await.map_err(
+                |e| match e {
+                    ServeError::AddrInUse { addr } => {
+                        anyhow::anyhow!("address {addr} is already in use; set RUNTIME_HTTP_ADDR")
+                    }
+                    other => anyhow::Error::new(other).context("RUNTIME_HTTP_ADDR"),
+                },
+            )?),
+        };
         // Health checks get NOT_SERVING (not a silent port) until the server runs.
         listener.serve_starting(tls.as_ref().map(|t| t.server.clone()))?;
         let Some(ledger) =
             open_ledger_waiting(&db, ledger_options, database_wait, &mut shutdown).await?
         else {
             tracing::info!("stopped while waiting for the database");
+            if let Some(http) = http {
+                http.stop(HTTP_STOP_GRACE).await;
+            }
             return Ok(());
         };
         let (audit_key, key_file) =
@@ -86,10 +102,20 @@ pub fn serve(settings: &Settings, env: &Env) -> anyhow::Result<()> {
                 crate::oidc::OidcAuthenticator::load(oidc).await?,
             ));
         }
-        serve::serve(listener, ledger, config, shutdown).await?;
+        config.http = http.as_ref().map(crate::http::HttpServer::readiness);
+        let served = serve::serve(listener, ledger, config, shutdown).await;
+        // After the gRPC server's graceful stop (probes said `not ready: shutting down` during
+        // it).
+        if let Some(http) = http {
+            http.stop(HTTP_STOP_GRACE).await;
+        }
+        served?;
         Ok(())
     })
 }
+
+/// How long open HTTP requests (a scrape) get to finish once the daemon stopped.
+const HTTP_STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// `phrony-runtime migrate`: apply the migrations and exit.
 pub fn migrate(settings: &Settings, env: &Env) -> anyhow::Result<()> {

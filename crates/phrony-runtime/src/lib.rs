@@ -14,6 +14,8 @@
 //! - [`auth`]: the auth mode (`RUNTIME_AUTH=local|required`) and the composite authenticator
 //!   (API tokens; OIDC and mTLS arms) the gRPC edge asks on every RPC.
 //! - [`tokens`]: `phrony-runtime tokens create|list|revoke` on the daemon's database.
+//! - [`http`]: the optional HTTP listener (`RUNTIME_HTTP_ADDR`): `/healthz`, `/readyz` and the
+//!   Prometheus `/metrics`.
 //! - [`SecretsKey`]: the key that encrypts session secrets at rest, from
 //!   `RUNTIME_SECRETS_ENCRYPTION_KEY` or a generated owner-only key file.
 //!
@@ -41,6 +43,7 @@ pub mod auth;
 pub mod config;
 pub mod daemon;
 pub mod embedded;
+pub mod http;
 pub mod logging;
 pub mod oidc;
 mod serve;

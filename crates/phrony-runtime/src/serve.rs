@@ -193,7 +193,21 @@ impl tonic::codegen::tokio_stream::Stream for SharedIncoming {
 /// # Errors
 /// [`ServeError::AddrInUse`], [`ServeError::InvalidAddress`] or [`ServeError::Bind`].
 pub async fn bind(addr: &str) -> Result<Listener, ServeError> {
-    let listener = TcpListener::bind(addr)
+    let listener = bind_tcp(addr).await?;
+    let local_addr = listener.local_addr().map_err(|source| ServeError::Bind {
+        addr: addr.to_owned(),
+        source,
+    })?;
+    Ok(Listener {
+        listener: Arc::new(listener),
+        local_addr,
+        starting: None,
+    })
+}
+
+/// Binds a TCP listener on `addr`, naming a port conflict, a bad address or another failure.
+pub(crate) async fn bind_tcp(addr: &str) -> Result<TcpListener, ServeError> {
+    TcpListener::bind(addr)
         .await
         .map_err(|source| match source.kind() {
             io::ErrorKind::AddrInUse => ServeError::AddrInUse {
@@ -212,16 +226,7 @@ pub async fn bind(addr: &str) -> Result<Listener, ServeError> {
                 addr: addr.to_owned(),
                 source,
             },
-        })?;
-    let local_addr = listener.local_addr().map_err(|source| ServeError::Bind {
-        addr: addr.to_owned(),
-        source,
-    })?;
-    Ok(Listener {
-        listener: Arc::new(listener),
-        local_addr,
-        starting: None,
-    })
+        })
 }
 
 /// The gRPC reflection services (v1 and v1alpha) over the runtime's and health's descriptors.
@@ -375,7 +380,7 @@ pub async fn serve(
     let work_streams = service.clone();
     let runtime = Authenticated::new(
         RuntimeServer::new(service).max_decoding_message_size(MAX_MESSAGE_BYTES),
-        authenticator,
+        Arc::clone(&authenticator),
     );
 
     let local_addr = listener.local_addr;
@@ -401,6 +406,15 @@ pub async fn serve(
                 let _ = stop_rx.await;
             }),
     );
+    // Recovery is done: `/readyz` follows the health state from now on.
+    if let Some(http) = &config.http {
+        http.serving(crate::http::Serving {
+            health: health.clone(),
+            ledger: ledger.clone(),
+            router: router.clone(),
+            authenticator,
+        });
+    }
     tracing::info!(
         address = %local_addr,
         tls,

@@ -103,6 +103,9 @@ pub struct ServeConfig {
     /// The mutual-TLS subject mapping (`RUNTIME_TLS_CLIENT_ROLES`), for the edge's composite
     /// authenticator.
     pub mtls: Option<Arc<crate::tls::MtlsAuthenticator>>,
+    /// The HTTP listener's readiness handle ([`crate::http::HttpServer::readiness`]), when
+    /// `RUNTIME_HTTP_ADDR` is set: [`crate::serve`] marks it ready after start-up recovery.
+    pub http: Option<crate::http::Readiness>,
 }
 
 impl ServeConfig {
@@ -140,6 +143,7 @@ impl ServeConfig {
             tls: None,
             oidc: None,
             mtls: None,
+            http: None,
         }
     }
 }

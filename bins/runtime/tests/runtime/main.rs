@@ -3,6 +3,7 @@
 //! - [`audit`]: the audit against an attacker who can write the SQLite file.
 //! - [`daemon`]: the real `phrony-runtime` process (start, stop, storage, signals, workers).
 //! - [`db_faults`]: the database stalled under a running daemon (PostgreSQL restarted, a full disk).
+//! - [`metrics`]: the HTTP probes and Prometheus metrics (`RUNTIME_HTTP_ADDR`).
 //! - [`outage`]: the daemon while another process holds the SQLite write lock.
 //! - [`sdk_fixture`]: the Python SDK's committed agent snapshot matches the compiler.
 //! - [`support`]: the daemon on a free port, fresh databases, a compiled test agent.
@@ -23,6 +24,7 @@
 mod audit;
 mod daemon;
 mod db_faults;
+mod metrics;
 mod outage;
 mod sdk_fixture;
 mod support;

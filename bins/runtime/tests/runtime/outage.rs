@@ -20,13 +20,13 @@ use tonic::transport::Channel;
 use tonic_health::pb::health_check_response::ServingStatus;
 
 /// A Python process holding `BEGIN EXCLUSIVE` on the database until [`Locker::release`].
-struct Locker {
+pub(crate) struct Locker {
     child: Child,
     stdin: Option<ChildStdin>,
 }
 
 impl Locker {
-    fn hold(db: &Path) -> Self {
+    pub(crate) fn hold(db: &Path) -> Self {
         let script = "import sqlite3, sys\n\
                       c = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=30)\n\
                       c.execute('BEGIN EXCLUSIVE')\n\
@@ -53,7 +53,7 @@ impl Locker {
         Self { child, stdin }
     }
 
-    fn release(mut self) {
+    pub(crate) fn release(mut self) {
         let mut stdin = self.stdin.take().unwrap();
         stdin.write_all(b"\n").unwrap();
         drop(stdin);

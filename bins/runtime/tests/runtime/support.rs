@@ -80,6 +80,8 @@ impl Launch {
         for var in [
             "RUNTIME_DATABASE_URL",
             "RUNTIME_GRPC_ADDR",
+            "RUNTIME_HTTP_ADDR",
+            "RUNTIME_AUTH",
             "RUNTIME_LOG_FORMAT",
             "RUNTIME_LOG",
             "RUST_LOG",

@@ -2084,6 +2084,13 @@ pub(crate) async fn a_pending_approval_survives_a_restart(db: &TestDb) {
         reopened.next_approval_expiry().await.unwrap(),
         approval.expires_at
     );
+    // What the daemon's metrics read at scrape time.
+    let counts = reopened.metric_counts().await.unwrap();
+    assert_eq!(counts.approvals_pending, 1);
+    assert_eq!(
+        counts.sessions_by_status,
+        vec![(SessionStatus::AwaitingApproval, 1)]
+    );
     let decided = reopened
         .cast_vote(approval.id, approve("alice"))
         .await
@@ -2104,6 +2111,12 @@ pub(crate) async fn a_pending_approval_survives_a_restart(db: &TestDb) {
     for r in reopened.verify_all_streams().await.unwrap() {
         assert!(r.is_intact(), "{r:?}");
     }
+    let counts = reopened.metric_counts().await.unwrap();
+    assert_eq!(counts.approvals_pending, 0);
+    assert_eq!(
+        counts.sessions_by_status,
+        vec![(SessionStatus::AwaitingTool, 1)]
+    );
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,0 +1,365 @@
+//! The daemon's HTTP listener (`RUNTIME_HTTP_ADDR`) on the real binary: the probes, the
+//! Prometheus metrics after one governed session (stub model, the Rust refund worker), the
+//! readiness probe during a database outage (another process holds the SQLite write lock), the
+//! token `/metrics` needs in `required` mode, and the refusal of a non-loopback address in `local`
+//! mode.
+
+use std::time::Duration;
+
+use crate::support::{Launch, agent_ref, free_port, sqlite_url};
+use pb::runtime_client::RuntimeClient;
+use phrony_proto::runtime::v1 as pb;
+use phrony_test_support::stub::{one_refund_turns, write_refund_agent_named};
+use phrony_test_support::worker::RefundWorker;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tonic::transport::Channel;
+use tonic_health::pb::health_check_response::ServingStatus;
+
+/// `GET path` on `addr` (HTTP/1.1, `Connection: close`): the status code and the body.
+async fn get(addr: &str, path: &str, bearer: Option<&str>) -> (u16, String) {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let auth = bearer.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Connection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).await.unwrap();
+    let response = String::from_utf8(response).unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap();
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status line in {head:?}"));
+    (status, body.to_owned())
+}
+
+/// The value of the sample `series` (name with its labels, as exported).
+fn sample(samples: &[(String, f64)], series: &str, body: &str) -> f64 {
+    samples
+        .iter()
+        .find(|(s, _)| s == series)
+        .map(|(_, v)| *v)
+        .unwrap_or_else(|| panic!("no {series} in\n{body}"))
+}
+
+async fn scrape(addr: &str, bearer: Option<&str>) -> (Vec<(String, f64)>, String) {
+    let (status, body) = get(addr, "/metrics", bearer).await;
+    assert_eq!(status, 200, "{body}");
+    let samples = phrony_runtime::http::parse_exposition(&body)
+        .unwrap_or_else(|e| panic!("the exposition does not parse: {e}\n{body}"));
+    (samples, body)
+}
+
+/// Publishes and deploys `support/<name>` refunding `amount` EUR (over 250 waits for an
+/// approval).
+async fn publish_refund_agent(
+    client: &mut RuntimeClient<Channel>,
+    home: &std::path::Path,
+    name: &str,
+    amount: u32,
+) {
+    let project = home.join(name);
+    write_refund_agent_named(
+        &project,
+        name,
+        &one_refund_turns("ORD-1", amount, "The item arrived damaged."),
+    );
+    let snapshot = phrony_manifest::load_agent(project.join("agent.yaml"))
+        .unwrap_or_else(|d| panic!("the refund agent does not compile:\n{d}"))
+        .agent
+        .snapshot_json();
+    client
+        .publish(pb::PublishRequest {
+            manifest: snapshot,
+            actor: "alice".into(),
+        })
+        .await
+        .unwrap();
+    client
+        .deploy(pb::DeployRequest {
+            agent_ref: Some(pb::AgentRef {
+                name: name.into(),
+                ..agent_ref("0.1.0")
+            }),
+            actor: "alice".into(),
+            allow_new_secret_endpoints: false,
+        })
+        .await
+        .unwrap();
+}
+
+async fn wait_for_status(client: &mut RuntimeClient<Channel>, id: &str, want: &str) {
+    let mut last = String::new();
+    for _ in 0..300 {
+        let sessions = client
+            .list_sessions(pb::ListSessionsRequest::default())
+            .await
+            .unwrap()
+            .into_inner()
+            .sessions;
+        last = sessions
+            .into_iter()
+            .find(|s| s.id == id)
+            .map(|s| s.status)
+            .unwrap_or_default();
+        if last == want {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("session {id} is {last:?}, not {want:?}");
+}
+
+async fn wait_for_ready(http: &str, want: u16) -> String {
+    let mut last = (0, String::new());
+    for _ in 0..300 {
+        last = get(http, "/readyz", None).await;
+        if last.0 == want {
+            return last.1;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("/readyz stayed {} ({:?}), not {want}", last.0, last.1);
+}
+
+#[tokio::test]
+async fn probes_and_metrics_follow_a_governed_session_and_a_database_outage() {
+    let home = tempfile::tempdir().unwrap();
+    let url = sqlite_url(home.path());
+    let db_file = home.path().join("ledger.db");
+    let http = format!("127.0.0.1:{}", free_port());
+    let daemon = Launch::new(home.path(), Some(&url))
+        .env("RUNTIME_ENABLE_STUB_PROVIDER", "1")
+        .env("RUNTIME_SQLITE_BUSY_TIMEOUT", "500ms")
+        .env("RUNTIME_HTTP_ADDR", &http)
+        .start()
+        .await;
+    let mut daemon = daemon;
+    assert_eq!(get(&http, "/healthz", None).await, (200, "ok\n".to_owned()));
+    assert_eq!(wait_for_ready(&http, 200).await, "ready\n");
+
+    let mut client = daemon.client().await;
+    // 40 EUR: under the approval boundary, so policy allows the call.
+    publish_refund_agent(&mut client, home.path(), "refund-agent", 40).await;
+    let worker = RefundWorker::start(&daemon.addr, "metrics-worker");
+    let session_id = client
+        .run_session(pb::RunSessionRequest {
+            agent_ref: Some(agent_ref("")),
+            input: br#"{"message": "Refund 40 EUR for ORD-1, the item arrived damaged."}"#.to_vec(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .session_id;
+    wait_for_status(&mut client, &session_id, "completed").await;
+
+    let (samples, body) = scrape(&http, None).await;
+    let value = |series: &str| sample(&samples, series, &body);
+    assert_eq!(value("phrony_tool_calls_total{decision=\"allow\"}"), 1.0);
+    assert_eq!(value("phrony_tool_calls_total{decision=\"deny\"}"), 0.0);
+    assert_eq!(
+        value("phrony_tool_call_outcomes_total{outcome=\"succeeded\"}"),
+        1.0
+    );
+    assert_eq!(value("phrony_sessions{status=\"completed\"}"), 1.0);
+    assert_eq!(value("phrony_sessions{status=\"running\"}"), 0.0);
+    assert_eq!(value("phrony_approvals_pending"), 0.0);
+    assert_eq!(value("phrony_policy_evaluation_seconds_count"), 1.0);
+    assert_eq!(value("phrony_dispatch_queue_wait_seconds_count"), 1.0);
+    assert!(value("phrony_model_call_seconds_count") >= 2.0, "{body}");
+    assert_eq!(value("phrony_model_errors_total"), 0.0);
+    assert!(value("phrony_ledger_commit_seconds_count") >= 1.0, "{body}");
+    assert_eq!(value("phrony_dispatch_queue_depth"), 0.0);
+    assert!(
+        samples.iter().any(|(s, v)| s
+            == "phrony_workers_connected{tool=\"payments.issue-refund@1.0.0\"}"
+            && *v == 1.0),
+        "{body}"
+    );
+    // No label value comes from the session: not its id, input or the worker's id.
+    for secret in [session_id.as_str(), "ORD-1", "metrics-worker", "alice"] {
+        assert!(!body.contains(secret), "{secret} leaked into\n{body}");
+    }
+
+    // A call over the boundary waits for an approval, then is approved.
+    publish_refund_agent(&mut client, home.path(), "refund-big", 400).await;
+    let big = client
+        .run_session(pb::RunSessionRequest {
+            agent_ref: Some(pb::AgentRef {
+                name: "refund-big".into(),
+                ..agent_ref("")
+            }),
+            input: br#"{"message": "Refund 400 EUR for ORD-1."}"#.to_vec(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .session_id;
+    wait_for_status(&mut client, &big, "awaiting_approval").await;
+    let (samples, body) = scrape(&http, None).await;
+    let value = |series: &str| sample(&samples, series, &body);
+    assert_eq!(value("phrony_tool_calls_total{decision=\"approval\"}"), 1.0);
+    assert_eq!(value("phrony_approvals_pending"), 1.0);
+    assert_eq!(value("phrony_sessions{status=\"awaiting_approval\"}"), 1.0);
+    let approval_id = client
+        .list_approvals(pb::ListApprovalsRequest {
+            session_id: big.clone(),
+            status: "pending".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .approvals[0]
+        .id
+        .clone();
+    client
+        .decide_approval(pb::DecideApprovalRequest {
+            approval_id,
+            decision: pb::ApprovalDecision::Approve.into(),
+            comment: "ok".into(),
+            actor: "emad".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    wait_for_status(&mut client, &big, "completed").await;
+    let (samples, body) = scrape(&http, None).await;
+    let value = |series: &str| sample(&samples, series, &body);
+    assert_eq!(
+        value("phrony_approvals_decided_total{decision=\"approved\"}"),
+        1.0
+    );
+    assert_eq!(value("phrony_approvals_expired_total"), 0.0);
+    assert_eq!(value("phrony_approval_wait_seconds_count"), 1.0);
+    assert_eq!(value("phrony_approvals_pending"), 0.0);
+    assert_eq!(
+        value("phrony_tool_call_outcomes_total{outcome=\"succeeded\"}"),
+        2.0
+    );
+    assert_eq!(value("phrony_sessions{status=\"completed\"}"), 2.0);
+    assert!(!body.contains(&big), "the session id is no label");
+
+    // Another process holds the write lock: not ready, naming the database; then ready again.
+    let lock = crate::outage::Locker::hold(&db_file);
+    daemon.wait_for_health(ServingStatus::NotServing).await;
+    let reason = wait_for_ready(&http, 503).await;
+    assert!(reason.contains("database"), "{reason}");
+    assert_eq!(get(&http, "/healthz", None).await.0, 200, "alive all along");
+    lock.release();
+    daemon.wait_for_health(ServingStatus::Serving).await;
+    wait_for_ready(&http, 200).await;
+
+    assert_eq!(worker.invocations().len(), 2, "each refund ran once");
+    // The worker owns a Tokio runtime, which must not be dropped inside this one.
+    tokio::task::spawn_blocking(move || drop(worker))
+        .await
+        .unwrap();
+    let status = daemon.terminate();
+    assert!(status.success(), "{status}\n{}", daemon.stderr());
+    assert!(
+        tokio::net::TcpStream::connect(&http).await.is_err(),
+        "the HTTP listener stops with the daemon"
+    );
+}
+
+#[tokio::test]
+async fn metrics_need_a_read_token_in_required_mode_and_probes_do_not() {
+    let home = tempfile::tempdir().unwrap();
+    let url = sqlite_url(home.path());
+    let http = format!("127.0.0.1:{}", free_port());
+    let launch = Launch::new(home.path(), Some(&url))
+        .env("RUNTIME_AUTH", "required")
+        .env("RUNTIME_HTTP_ADDR", &http);
+    let token = |name: &str, role: &str| {
+        let out = launch
+            .command()
+            .args(["tokens", "create", "--name", name, "--role", role])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .last()
+            .unwrap()
+            .trim()
+            .to_owned()
+    };
+    let viewer = token("scraper", "viewer");
+    let worker = token("a-worker", "worker");
+    let mut daemon = launch.start().await;
+
+    assert_eq!(get(&http, "/healthz", None).await.0, 200);
+    assert_eq!(wait_for_ready(&http, 200).await, "ready\n");
+
+    let (status, body) = get(&http, "/metrics", None).await;
+    assert_eq!(status, 401, "{body}");
+    assert!(body.contains("no credential"), "{body}");
+    let forged = "phr_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA";
+    let (status, body) = get(&http, "/metrics", Some(forged)).await;
+    assert_eq!(status, 401, "{body}");
+    assert!(!body.contains(forged), "the token is never echoed: {body}");
+    let (status, body) = get(&http, "/metrics", Some(&worker)).await;
+    assert_eq!(status, 403, "a worker token has no read permission: {body}");
+    let (samples, body) = scrape(&http, Some(&viewer)).await;
+    assert_eq!(sample(&samples, "phrony_approvals_pending", &body), 0.0);
+    assert!(
+        !daemon.stderr().contains(&viewer),
+        "the token is never logged"
+    );
+
+    let status = daemon.terminate();
+    assert!(status.success(), "{status}\n{}", daemon.stderr());
+}
+
+#[tokio::test]
+async fn a_non_loopback_http_address_is_refused_in_local_mode() {
+    let home = tempfile::tempdir().unwrap();
+    let url = sqlite_url(home.path());
+    let (status, stderr) = Launch::new(home.path(), Some(&url))
+        .env("RUNTIME_AUTH", "local")
+        .env("RUNTIME_HTTP_ADDR", &format!("0.0.0.0:{}", free_port()))
+        .run(&[]);
+    assert!(!status.success(), "{stderr}");
+    assert!(stderr.contains("RUNTIME_HTTP_ADDR"), "{stderr}");
+    assert!(stderr.contains("RUNTIME_AUTH=required"), "{stderr}");
+    assert!(
+        !home.path().join("ledger.db").exists(),
+        "refused before the database is touched"
+    );
+}
+
+#[tokio::test]
+async fn while_waiting_for_the_database_the_daemon_is_alive_but_not_ready() {
+    let home = tempfile::tempdir().unwrap();
+    // Nobody listens there: the daemon waits for PostgreSQL at start-up.
+    let url = format!("postgres://postgres@127.0.0.1:{}/postgres", free_port());
+    let http = format!("127.0.0.1:{}", free_port());
+    let mut daemon = Launch::new(home.path(), Some(&url))
+        .env("RUNTIME_DATABASE_START_TIMEOUT", "60s")
+        .env("RUNTIME_HTTP_ADDR", &http)
+        .spawn();
+    let mut alive = false;
+    for _ in 0..300 {
+        if tokio::net::TcpStream::connect(&http).await.is_ok() {
+            alive = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(alive, "no HTTP listener:\n{}", daemon.stderr());
+    assert_eq!(get(&http, "/healthz", None).await, (200, "ok\n".to_owned()));
+    let (status, body) = get(&http, "/readyz", None).await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("starting"), "{body}");
+    assert_eq!(get(&http, "/metrics", None).await.0, 503);
+    let status = daemon.terminate();
+    assert!(status.success(), "{status}\n{}", daemon.stderr());
+}
