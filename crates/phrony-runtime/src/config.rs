@@ -207,6 +207,7 @@ pub struct Settings {
         env = "RUNTIME_REQUIRE_DESCRIPTOR_PINS",
         value_name = "BOOL",
         value_parser = clap::builder::BoolishValueParser::new(),
+        action = clap::ArgAction::Set,
         default_value = "false",
         global = true
     )]
