@@ -1443,7 +1443,7 @@ impl Ledger {
     /// sorted; empty when none binds it.
     ///
     /// # Errors
-    /// Database errors; `Corrupt` for a stored snapshot this build cannot read.
+    /// Database errors (a stored snapshot this build cannot read is skipped and logged).
     pub async fn descriptor_pins(&self, tool: &str, version: &str) -> Result<Vec<String>> {
         let mut conn = self.pool.acquire().await?;
         workers::descriptor_pins(&mut conn.conn(), tool, version).await

@@ -12,7 +12,7 @@ use std::collections::BTreeSet;
 use phrony_manifest::CompiledAgent;
 
 use crate::db::{Conn, Tx, args};
-use crate::error::{LedgerError, Result};
+use crate::error::Result;
 use crate::event_body::{EventBody, WorkerDescriptorRefused};
 use crate::events::{append, lock_stream};
 use crate::model::Event;
@@ -34,7 +34,7 @@ fn prefilterable(tool: &str) -> bool {
 }
 
 /// The distinct pins that published or vendored, non-retired agent versions hold for
-/// `tool@version`, sorted.
+/// `tool@version`, sorted. A stored snapshot this build cannot read is skipped (logged).
 pub(crate) async fn descriptor_pins(
     conn: &mut Conn<'_>,
     tool: &str,
@@ -59,10 +59,16 @@ pub(crate) async fn descriptor_pins(
     let mut pins = BTreeSet::new();
     for row in rows {
         let snapshot = row.text("snapshot")?;
-        let agent = CompiledAgent::from_snapshot_json(snapshot.as_bytes()).map_err(|e| {
-            let id = row.text("id").unwrap_or_default();
-            LedgerError::corrupt(format!("agent version {id}: stored snapshot: {e}"))
-        })?;
+        let agent = match CompiledAgent::from_snapshot_json(snapshot.as_bytes()) {
+            Ok(agent) => agent,
+            Err(e) => {
+                // A version this build cannot read cannot run here either (the engine reads
+                // the same snapshot): it holds no pin a worker could serve.
+                let id = row.text("id").unwrap_or_default();
+                tracing::warn!(agent_version_id = %id, error = %e, "stored snapshot unreadable; its tool pins are ignored");
+                continue;
+            }
+        };
         pins.extend(
             agent
                 .tool_pins()
