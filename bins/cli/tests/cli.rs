@@ -1177,3 +1177,51 @@ fn man_pages_cover_every_command_with_the_global_flags() {
         assert!(dir.path().join(page).is_file(), "no {page}");
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// tools pin
+
+#[test]
+fn tools_pin_prints_the_pin_a_worker_advertises_for_each_tool_document() {
+    let tools = refund_example().join("tools");
+    let refund = tools.join("payments.issue-refund.yaml");
+    let lookup = tools.join("orders.lookup-order.yaml");
+    let out = stdout_of(phrony().args(["tools", "pin"]).arg(&refund).arg(&lookup));
+    // The pins of the compiled agent's bindings (neither overrides its Tool document).
+    let agent = phrony_manifest::load_agent(refund_example().join("agent.yaml"))
+        .unwrap()
+        .agent;
+    let pin = |tool: &str| {
+        agent
+            .tool_pins()
+            .into_iter()
+            .find(|p| p.tool == tool)
+            .unwrap()
+            .pin
+    };
+    assert_eq!(
+        out,
+        format!(
+            "payments.issue-refund@1.0.0 {}\norders.lookup-order@1.0.0 {}\n",
+            pin("payments.issue-refund"),
+            pin("orders.lookup-order")
+        )
+    );
+    let json: Value = serde_json::from_str(&stdout_of(
+        phrony()
+            .args(["tools", "pin", "--output", "json"])
+            .arg(&refund),
+    ))
+    .unwrap();
+    assert_eq!(json[0]["tool"], "payments.issue-refund");
+    assert_eq!(json[0]["version"], "1.0.0");
+    assert_eq!(json[0]["pin"], pin("payments.issue-refund").as_str());
+
+    // Not a Tool document: exit 1 with the diagnostic.
+    phrony()
+        .args(["tools", "pin"])
+        .arg(refund_example().join("agent.yaml"))
+        .assert()
+        .code(1)
+        .stderr(contains("expected kind Tool"));
+}

@@ -26,6 +26,9 @@ pub struct RouterConfig {
     /// Messages buffered per worker stream; a worker that lets this fill up is dropped as
     /// unresponsive. Default 1024.
     pub outbox_capacity: usize,
+    /// Refuse handler advertisements without a `descriptor_hash` (`RUNTIME_REQUIRE_DESCRIPTOR_PINS`).
+    /// Default false: an empty hash (the published Python SDK's default) registers unpinned.
+    pub require_descriptor_pins: bool,
 }
 
 impl Default for RouterConfig {
@@ -36,6 +39,7 @@ impl Default for RouterConfig {
             nack_retries: 1,
             abandon_grace: Duration::from_secs(30),
             outbox_capacity: 1024,
+            require_descriptor_pins: false,
         }
     }
 }

@@ -23,6 +23,8 @@ pub enum StatusClass {
     ResourceExhausted,
     /// `PermissionDenied`: the worker's credential does not allow the registration.
     PermissionDenied,
+    /// `Unavailable`: the runtime could not check the registration now; the worker retries.
+    Unavailable,
 }
 
 /// A Work-stream protocol error: the stream ends with this status.
@@ -153,6 +155,41 @@ pub enum DispatchError {
         /// The credential that tried to reuse it.
         credential: String,
     },
+    /// A handler's `descriptor_hash` matches no pin that published agent versions hold for
+    /// its `tool@version`, or it is empty while pins are required. The registration is refused
+    /// (the Work protocol cannot refuse one handler and keep the others) and audited.
+    #[error(
+        "worker \"{worker_id}\" may not serve {key}: {}; expected {}{}",
+        if .received.is_empty() {
+            "it advertises no descriptor_hash and this runtime requires one \
+             (RUNTIME_REQUIRE_DESCRIPTOR_PINS)".to_owned()
+        } else {
+            format!("its descriptor_hash {:?} matches no pin of a published agent version", .received)
+        },
+        if .expected.is_empty() { "a descriptor_hash (no published agent version pins it yet)".to_owned() }
+        else { format!("one of: {}", .expected.join(", ")) },
+        "; `phrony tools pin TOOL.yaml` prints a Tool document's pin, `phrony agents inspect` an \
+         agent version's"
+    )]
+    DescriptorRefused {
+        /// The worker.
+        worker_id: String,
+        /// The handler's `tool@version`.
+        key: String,
+        /// The advertised `descriptor_hash` (empty when none).
+        received: String,
+        /// The pins published, non-retired agent versions hold for the key.
+        expected: Vec<String>,
+    },
+    /// The pins of a registration's handlers could not be read (the database is unavailable);
+    /// nothing was registered.
+    #[error("cannot check the descriptor pins of worker \"{worker_id}\" now: {message}")]
+    DescriptorCheckFailed {
+        /// The worker.
+        worker_id: String,
+        /// The lookup's error.
+        message: String,
+    },
     /// The connection is no longer registered (its stream ended).
     #[error("unknown worker \"{worker_id}\"")]
     UnknownWorker {
@@ -176,9 +213,10 @@ impl DispatchError {
             | Self::MessageRequired { .. }
             | Self::UnknownMessage
             | Self::CallIdRequired { .. } => StatusClass::InvalidArgument,
-            Self::RegisterFirst { .. } | Self::AlreadyRegistered { .. } => {
-                StatusClass::FailedPrecondition
-            }
+            Self::RegisterFirst { .. }
+            | Self::AlreadyRegistered { .. }
+            | Self::DescriptorRefused { .. } => StatusClass::FailedPrecondition,
+            Self::DescriptorCheckFailed { .. } => StatusClass::Unavailable,
             Self::UnknownWorker { .. } => StatusClass::NotFound,
             Self::Superseded { .. } | Self::LeaseExpired { .. } => StatusClass::Aborted,
             Self::OutboxOverflow { .. } => StatusClass::ResourceExhausted,
@@ -282,6 +320,20 @@ pub enum DispatchFailure {
         /// What was violated.
         violation: IntegrityViolation,
     },
+    /// Workers advertise the key, but none with the descriptor pin of the calling agent
+    /// version (after waiting `queue_wait`): it was published with another descriptor.
+    #[error(
+        "no worker serving {key} advertises the descriptor this agent version was published \
+         with (pin {pin}; a worker advertises {advertised})"
+    )]
+    DescriptorMismatch {
+        /// `tool@version`.
+        key: String,
+        /// The calling agent version's pin.
+        pin: String,
+        /// A `descriptor_hash` a worker advertises instead.
+        advertised: String,
+    },
     /// The caller's journal refused to record the dispatch; nothing was sent.
     #[error("could not record the dispatch of {key}: {message}")]
     JournalFailed {
@@ -312,6 +364,7 @@ impl DispatchFailure {
             Self::Indeterminate { .. } => "indeterminate",
             Self::Cancelled { .. } => "cancelled",
             Self::IntegrityViolation { violation, .. } => violation.kind.as_str(),
+            Self::DescriptorMismatch { .. } => "descriptor_mismatch",
             Self::JournalFailed { .. } | Self::ShuttingDown | Self::AlreadyInFlight { .. } => {
                 "dispatch_error"
             }

@@ -134,3 +134,37 @@ pub trait DispatchJournal: Send + Sync + 'static {
         attempt: u32,
     ) -> Result<(), HookError>;
 }
+
+/// Where a registering worker's descriptor hashes are checked against the pins of published
+/// agent versions, and where a refusal is recorded.
+#[async_trait]
+pub trait DescriptorPins: Send + Sync + 'static {
+    /// The pins the published, non-retired agent versions hold for `tool@version` (empty when
+    /// none binds it).
+    async fn expected(&self, tool: &str, version: &str) -> Result<Vec<String>, HookError>;
+
+    /// Records a refused advertisement durably; called before the worker is told.
+    async fn refused(&self, refusal: &DescriptorRefusal) -> Result<(), HookError>;
+}
+
+/// A handler advertisement refused because of its `descriptor_hash`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DescriptorRefusal {
+    /// The worker.
+    pub worker_id: String,
+    /// Its workload identity (the verified principal's name for a verified worker).
+    pub workload_identity: String,
+    /// Its self-asserted image digest.
+    pub image_digest: String,
+    /// The verified credential that registered, e.g. `"refund-bot" (token)`; `None` when
+    /// nobody was verified (`local` mode).
+    pub credential: Option<String>,
+    /// The handler's tool.
+    pub tool: String,
+    /// The handler's version.
+    pub version: String,
+    /// The advertised `descriptor_hash` (empty when none was sent).
+    pub received: String,
+    /// The pins published agent versions hold for `tool@version`.
+    pub expected: Vec<String>,
+}

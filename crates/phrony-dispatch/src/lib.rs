@@ -24,6 +24,12 @@
 //!   ([`CompletedCalls`]) are acknowledged at once.
 //! - **Integrity**: an optional [`Allowlist`] (`RUNTIME_TOOL_ALLOWLIST`) restricts which
 //!   workers may serve which agent's calls.
+//! - **Descriptor pins**: a registration whose non-empty `descriptor_hash` for a `tool@version`
+//!   matches none of the pins published agent versions hold for it ([`DescriptorPins`]) is
+//!   refused ([`DispatchError::DescriptorRefused`]) and recorded; with
+//!   [`RouterConfig::require_descriptor_pins`] so is an empty one. A call whose
+//!   [`DispatchCall::descriptor_pin`] is set goes only to workers advertising that hash or
+//!   none ([`DispatchFailure::DescriptorMismatch`] when only others serve the key).
 //!
 //! This crate never sees protobuf: the gRPC layer converts `WorkClientMsg` to [`WorkerHello`]
 //! / [`FromWorker`] and [`ToWorker`] to `WorkServerMsg`.
@@ -66,8 +72,8 @@ pub use config::{DEFAULT_QUEUE_CAPACITY, RouterConfig};
 pub use connection::{Outbox, WorkerConnection};
 pub use error::{ConfigError, DispatchError, DispatchFailure, StatusClass, WorkerLost};
 pub use hooks::{
-    AbandonReason, CompletedCalls, DispatchJournal, HookError, LateOutcome, LateReason, LateResult,
-    RouterEvent, RouterObserver,
+    AbandonReason, CompletedCalls, DescriptorPins, DescriptorRefusal, DispatchJournal, HookError,
+    LateOutcome, LateReason, LateResult, RouterEvent, RouterObserver,
 };
 pub use router::{
     Completion, DispatchCall, MAX_HANDLERS, MAX_IN_FLIGHT_REPORTED, MAX_REGISTRATION_NAME_BYTES,

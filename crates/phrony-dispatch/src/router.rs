@@ -14,7 +14,10 @@ use crate::allowlist::Allowlist;
 use crate::config::RouterConfig;
 use crate::connection::{Outbox, WorkerConnection};
 use crate::error::{ConfigError, DispatchError, DispatchFailure, WorkerLost};
-use crate::hooks::{AbandonReason, CompletedCalls, DispatchJournal, RouterObserver};
+use crate::hooks::{
+    AbandonReason, CompletedCalls, DescriptorPins, DescriptorRefusal, DispatchJournal,
+    RouterObserver,
+};
 use crate::snapshot::RouterSnapshot;
 use crate::state::{self, Admission, CallEvent, Inner, Request, Resolution};
 use crate::types::{
@@ -22,12 +25,23 @@ use crate::types::{
 };
 
 /// The worker registry and dispatch router. Cheap to clone; all clones share one registry.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Router {
     inner: Arc<Inner>,
     /// Worker id → the verified credential that registered it first (for the router's
     /// lifetime). Only verified registrations ([`Router::connect_as`]) bind ids.
     owners: Arc<std::sync::Mutex<HashMap<String, String>>>,
+    /// The pins registrations are checked against.
+    pins: Option<Arc<dyn DescriptorPins>>,
+}
+
+impl fmt::Debug for Router {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Router")
+            .field("inner", &self.inner)
+            .field("pins", &self.pins.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 /// Builds a [`Router`] with optional hooks.
@@ -36,6 +50,7 @@ pub struct RouterBuilder {
     allowlist: Option<Allowlist>,
     observer: Option<Arc<dyn RouterObserver>>,
     completed: Option<Arc<dyn CompletedCalls>>,
+    pins: Option<Arc<dyn DescriptorPins>>,
 }
 
 impl fmt::Debug for RouterBuilder {
@@ -45,6 +60,7 @@ impl fmt::Debug for RouterBuilder {
             .field("allowlist", &self.allowlist)
             .field("observer", &self.observer.is_some())
             .field("completed", &self.completed.is_some())
+            .field("pins", &self.pins.is_some())
             .finish()
     }
 }
@@ -71,6 +87,13 @@ impl RouterBuilder {
         self
     }
 
+    /// Checks registrations' descriptor hashes against these pins and records refusals there.
+    #[must_use]
+    pub fn descriptor_pins(mut self, pins: Arc<dyn DescriptorPins>) -> Self {
+        self.pins = Some(pins);
+        self
+    }
+
     /// Validates the settings and starts the router, including its lease reaper task.
     ///
     /// # Panics
@@ -86,6 +109,7 @@ impl RouterBuilder {
         Ok(Router {
             inner,
             owners: Arc::default(),
+            pins: self.pins,
         })
     }
 }
@@ -108,6 +132,9 @@ pub struct DispatchCall {
     pub cancel: CancellationToken,
     /// Records the dispatch before the invoke is sent.
     pub journal: Option<Arc<dyn DispatchJournal>>,
+    /// The calling agent version's descriptor pin for the tool: the call goes only to workers
+    /// advertising this `descriptor_hash` or none. `None` routes to any worker of the key.
+    pub descriptor_pin: Option<String>,
 }
 
 impl DispatchCall {
@@ -125,7 +152,15 @@ impl DispatchCall {
             exec_timeout,
             cancel: CancellationToken::new(),
             journal: None,
+            descriptor_pin: None,
         }
+    }
+
+    /// Routes the call only to workers advertising this descriptor pin (or no hash).
+    #[must_use]
+    pub fn with_descriptor_pin(mut self, pin: Option<String>) -> Self {
+        self.descriptor_pin = pin;
+        self
     }
 
     /// Uses this cancellation token.
@@ -151,6 +186,7 @@ impl fmt::Debug for DispatchCall {
             .field("queue_wait", &self.queue_wait)
             .field("exec_timeout", &self.exec_timeout)
             .field("journal", &self.journal.is_some())
+            .field("descriptor_pin", &self.descriptor_pin)
             .finish_non_exhaustive()
     }
 }
@@ -187,6 +223,7 @@ impl Router {
             allowlist: None,
             observer: None,
             completed: None,
+            pins: None,
         }
     }
 
@@ -218,17 +255,19 @@ impl Router {
                 credential: "(unverified)".to_owned(),
             });
         }
-        self.connect_unbound(hello).await
+        self.connect_unbound(hello, None).await
     }
 
     async fn connect_unbound(
         &self,
         hello: WorkerHello,
+        credential: Option<&str>,
     ) -> Result<(WorkerConnection, Outbox), DispatchError> {
         validate_hello(&hello)?;
         if self.inner.is_shutting_down() {
             return Err(DispatchError::ShuttingDown);
         }
+        self.check_descriptors(&hello, credential).await?;
         let completed = match &self.inner.completed {
             Some(lookup) if !hello.in_flight.is_empty() => {
                 match lookup.completed(&hello.in_flight).await {
@@ -288,7 +327,7 @@ impl Router {
                 }
             }
         };
-        let connected = self.connect_unbound(hello).await;
+        let connected = self.connect_unbound(hello, Some(credential)).await;
         if connected.is_err() && claimed {
             // Only a registration that succeeded binds the id.
             self.owners
@@ -297,6 +336,63 @@ impl Router {
                 .remove(&worker_id);
         }
         connected
+    }
+
+    /// Checks every handler's `descriptor_hash` against the pins published agent versions hold
+    /// for its `tool@version` (see [`DescriptorPins`]): a non-empty hash that matches none of
+    /// them, or an empty one under [`RouterConfig::require_descriptor_pins`], refuses the
+    /// registration after the refusal is recorded. Without a [`DescriptorPins`] hook only the
+    /// strict rule applies.
+    async fn check_descriptors(
+        &self,
+        hello: &WorkerHello,
+        credential: Option<&str>,
+    ) -> Result<(), DispatchError> {
+        let strict = self.inner.config.require_descriptor_pins;
+        for ad in &hello.handlers {
+            let expected = match &self.pins {
+                Some(pins) => pins.expected(&ad.tool, &ad.version).await.map_err(|err| {
+                    DispatchError::DescriptorCheckFailed {
+                        worker_id: hello.worker_id.clone(),
+                        message: err.to_string(),
+                    }
+                })?,
+                None => Vec::new(),
+            };
+            let refused = if ad.descriptor_hash.is_empty() {
+                strict
+            } else {
+                !expected.is_empty() && !expected.contains(&ad.descriptor_hash)
+            };
+            if !refused {
+                continue;
+            }
+            let refusal = DescriptorRefusal {
+                worker_id: hello.worker_id.clone(),
+                workload_identity: hello.workload_identity.clone(),
+                image_digest: hello.image_digest.clone(),
+                credential: credential.map(str::to_owned),
+                tool: ad.tool.clone(),
+                version: ad.version.clone(),
+                received: ad.descriptor_hash.clone(),
+                expected,
+            };
+            let error = DispatchError::DescriptorRefused {
+                worker_id: refusal.worker_id.clone(),
+                key: ad.key(),
+                received: refusal.received.clone(),
+                expected: refusal.expected.clone(),
+            };
+            tracing::warn!(worker_id = %hello.worker_id, %error, "tool worker registration refused");
+            if let Some(pins) = &self.pins
+                && let Err(err) = pins.refused(&refusal).await
+            {
+                // Refusing is the safe side; the refusal is still logged above.
+                tracing::warn!(worker_id = %hello.worker_id, error = %err, "could not record a descriptor refusal");
+            }
+            return Err(error);
+        }
+        Ok(())
     }
 
     /// The credential a worker id is bound to, if a verified registration bound it.
@@ -323,6 +419,7 @@ impl Router {
             exec_timeout,
             cancel,
             journal,
+            descriptor_pin,
         } = call;
         if invocation.version.is_empty() {
             invocation.version = DEFAULT_VERSION.to_owned();
@@ -344,6 +441,7 @@ impl Router {
                 tool: &invocation.tool,
                 version: &invocation.version,
                 excluded: &excluded,
+                pin: descriptor_pin.as_deref(),
             };
             let (tx, rx) = mpsc::unbounded_channel();
             let admitted_at = Instant::now();
@@ -645,7 +743,8 @@ fn nack_or(
             Some(nack),
             DispatchFailure::NoHandler { .. }
             | DispatchFailure::CapacityExhausted { .. }
-            | DispatchFailure::IntegrityViolation { .. },
+            | DispatchFailure::IntegrityViolation { .. }
+            | DispatchFailure::DescriptorMismatch { .. },
         ) => Ok(nack_answer(nack, attempts, queued_for)),
         _ => Err(failure),
     }

@@ -73,6 +73,8 @@ pub(crate) struct Request<'a> {
     pub(crate) tool: &'a str,
     pub(crate) version: &'a str,
     pub(crate) excluded: &'a [String],
+    /// The calling agent version's descriptor pin: only workers advertising it (or no hash).
+    pub(crate) pin: Option<&'a str>,
 }
 
 #[derive(Debug)]
@@ -143,6 +145,7 @@ struct Waiter {
     tool: String,
     version: String,
     excluded: Vec<String>,
+    pin: Option<String>,
     events: mpsc::UnboundedSender<CallEvent>,
 }
 
@@ -176,6 +179,9 @@ enum Pick {
     Busy,
     NoAdvertiser,
     Integrity(IntegrityViolation),
+    /// Only workers advertising another descriptor hash than the call's pin serve the key
+    /// (one of their hashes).
+    Mismatch(String),
 }
 
 /// The router's shared core.
@@ -752,6 +758,7 @@ impl Inner {
         let mut advertised = false;
         let mut violation: Option<(u64, IntegrityViolation)> = None;
         let mut full = false;
+        let mut mismatch: Option<(u64, &str)> = None;
         let mut best: Option<((u32, u64, u64), &String)> = None;
         for (id, worker) in &st.workers {
             if worker.lease_expires <= now || req.excluded.contains(id) {
@@ -760,6 +767,15 @@ impl Inner {
             let Some(ad) = worker.handler(req.key) else {
                 continue;
             };
+            if let Some(pin) = req.pin
+                && !ad.descriptor_hash.is_empty()
+                && ad.descriptor_hash != pin
+            {
+                if mismatch.is_none_or(|(conn, _)| worker.conn < conn) {
+                    mismatch = Some((worker.conn, &ad.descriptor_hash));
+                }
+                continue;
+            }
             advertised = true;
             if let Some(allowlist) = &self.allowlist {
                 let claims = WorkerClaims {
@@ -792,7 +808,10 @@ impl Inner {
             (None, true, _) => Pick::Busy,
             (None, false, Some((_, v))) => Pick::Integrity(v),
             (None, false, None) if advertised => Pick::Busy,
-            (None, false, None) => Pick::NoAdvertiser,
+            (None, false, None) => match mismatch {
+                Some((_, hash)) => Pick::Mismatch(hash.to_owned()),
+                None => Pick::NoAdvertiser,
+            },
         }
     }
 
@@ -861,7 +880,7 @@ impl Inner {
                     self.reserve(st, &worker_id, req.call_id, req.key, token, events);
                     return Ok((token, Admission::Reserved));
                 }
-                Pick::Integrity(_) | Pick::NoAdvertiser if retry => {
+                Pick::Integrity(_) | Pick::NoAdvertiser | Pick::Mismatch(_) if retry => {
                     return Ok((token, Admission::NoAlternative));
                 }
                 Pick::Integrity(violation) => {
@@ -870,7 +889,7 @@ impl Inner {
                         violation,
                     });
                 }
-                Pick::Busy | Pick::NoAdvertiser => {}
+                Pick::Busy | Pick::NoAdvertiser | Pick::Mismatch(_) => {}
             }
             let queue = st.queues.entry(req.key.to_owned()).or_default();
             if queue.len() >= self.config.queue_capacity {
@@ -886,6 +905,7 @@ impl Inner {
                 tool: req.tool.to_owned(),
                 version: req.version.to_owned(),
                 excluded: req.excluded.to_vec(),
+                pin: req.pin.map(str::to_owned),
                 events,
             });
             st.queued.insert(req.call_id.to_owned(), token);
@@ -927,6 +947,7 @@ impl Inner {
                     tool: &waiter.tool,
                     version: &waiter.version,
                     excluded: &waiter.excluded,
+                    pin: waiter.pin.as_deref(),
                 };
                 if let Pick::Worker(worker_id) = self.pick(st, now, &req) {
                     chosen = Some((index, worker_id));
@@ -969,6 +990,11 @@ impl Inner {
             let key = req.key.to_owned();
             Some(match self.pick(st, Instant::now(), req) {
                 Pick::NoAdvertiser => DispatchFailure::NoHandler { key },
+                Pick::Mismatch(advertised) => DispatchFailure::DescriptorMismatch {
+                    key,
+                    pin: req.pin.unwrap_or_default().to_owned(),
+                    advertised,
+                },
                 Pick::Integrity(violation) => {
                     DispatchFailure::IntegrityViolation { key, violation }
                 }

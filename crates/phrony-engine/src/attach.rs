@@ -562,7 +562,8 @@ impl SessionView {
             | EventBody::TokenCreated(_)
             | EventBody::TokenRevoked(_)
             | EventBody::AuditKeyIntroduced(_)
-            | EventBody::AuditUnverifiedLogAllowed(_) => Vec::new(),
+            | EventBody::AuditUnverifiedLogAllowed(_)
+            | EventBody::WorkerDescriptorRefused(_) => Vec::new(),
         })
     }
 

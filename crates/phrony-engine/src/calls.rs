@@ -855,7 +855,9 @@ impl Ctx {
             Some(self.exec_timeout(binding)),
         )
         .with_cancel(self.live.cancel.child_token())
-        .with_journal(journal);
+        .with_journal(journal)
+        // Only workers serving the descriptor this version was published with (or unpinned).
+        .with_descriptor_pin(binding.descriptor_pin());
         match router.dispatch(request).await {
             Ok(done) => {
                 let result = ToolResult {

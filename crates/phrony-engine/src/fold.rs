@@ -508,7 +508,8 @@ impl Fold {
             | EventBody::TokenCreated(_)
             | EventBody::TokenRevoked(_)
             | EventBody::AuditKeyIntroduced(_)
-            | EventBody::AuditUnverifiedLogAllowed(_) => {}
+            | EventBody::AuditUnverifiedLogAllowed(_)
+            | EventBody::WorkerDescriptorRefused(_) => {}
         }
         Ok(())
     }

@@ -1,13 +1,16 @@
 //! [`RouterHooks`]: what the dispatch router needs from the store — late results recorded
-//! before they are acknowledged, and the lookup of calls already recorded for reconnecting
-//! workers. Install them when building the router:
+//! before they are acknowledged, the lookup of calls already recorded for reconnecting
+//! workers, and the descriptor pins of published agent versions a registration is checked
+//! against (its refusals recorded in the `workers` stream). Install them when building the
+//! router:
 //!
 //! ```no_run
 //! # fn demo(store: std::sync::Arc<phrony_engine::LedgerStore>) -> Result<(), phrony_dispatch::ConfigError> {
 //! let hooks = std::sync::Arc::new(phrony_engine::RouterHooks::new(store));
 //! let router = phrony_dispatch::Router::builder(phrony_dispatch::RouterConfig::default())
 //!     .observer(hooks.clone())
-//!     .completed_calls(hooks)
+//!     .completed_calls(hooks.clone())
+//!     .descriptor_pins(hooks)
 //!     .build()?;
 //! # let _ = router; Ok(()) }
 //! ```
@@ -17,9 +20,10 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use phrony_dispatch::{
-    CompletedCalls, HookError, LateOutcome, LateResult, RouterEvent, RouterObserver,
+    CompletedCalls, DescriptorPins, DescriptorRefusal, HookError, LateOutcome, LateResult,
+    RouterEvent, RouterObserver,
 };
-use phrony_ledger::{ToolOutcome, ToolResult};
+use phrony_ledger::{ToolOutcome, ToolResult, WorkerDescriptorRefused};
 
 use crate::store::LedgerStore;
 
@@ -110,5 +114,29 @@ impl RouterObserver for RouterHooks {
 impl CompletedCalls for RouterHooks {
     async fn completed(&self, call_ids: &[String]) -> Result<HashSet<String>, HookError> {
         Ok(self.store.completed_calls(call_ids).await?)
+    }
+}
+
+#[async_trait]
+impl DescriptorPins for RouterHooks {
+    async fn expected(&self, tool: &str, version: &str) -> Result<Vec<String>, HookError> {
+        Ok(self.store.ledger().descriptor_pins(tool, version).await?)
+    }
+
+    async fn refused(&self, refusal: &DescriptorRefusal) -> Result<(), HookError> {
+        self.store
+            .ledger()
+            .record_descriptor_refusal(WorkerDescriptorRefused {
+                worker_id: refusal.worker_id.clone(),
+                workload_identity: refusal.workload_identity.clone(),
+                image_digest: refusal.image_digest.clone(),
+                verified_credential: refusal.credential.clone(),
+                tool: refusal.tool.clone(),
+                version: refusal.version.clone(),
+                received_hash: refusal.received.clone(),
+                expected_pins: refusal.expected.clone(),
+            })
+            .await?;
+        Ok(())
     }
 }

@@ -606,7 +606,8 @@ fn event_summary(
         EventBody::TokenCreated(_)
         | EventBody::TokenRevoked(_)
         | EventBody::AuditKeyIntroduced(_)
-        | EventBody::AuditUnverifiedLogAllowed(_) => {
+        | EventBody::AuditUnverifiedLogAllowed(_)
+        | EventBody::WorkerDescriptorRefused(_) => {
             format!("{} by {}", e.event_type, actor_label(e))
         }
         EventBody::ToolRequested(_)

@@ -122,6 +122,10 @@ pub mod event_types {
     /// The daemon served a log that failed its start-up check, by explicit override (`audit`
     /// stream).
     pub const AUDIT_UNVERIFIED_LOG_ALLOWED: &str = "audit.unverified_log_allowed";
+    /// A worker's registration was refused because a handler's `descriptor_hash` matched no
+    /// pin of a published agent version (or was empty where pins are required) (`workers`
+    /// stream).
+    pub const WORKER_DESCRIPTOR_REFUSED: &str = "worker.descriptor_refused";
 
     /// Session-stream types only the ledger writes, each with its projection change.
     pub const LEDGER_OWNED: &[&str] = &[
@@ -144,6 +148,7 @@ pub mod event_types {
         APPROVAL_ESCALATED,
         TOKEN_CREATED,
         TOKEN_REVOKED,
+        WORKER_DESCRIPTOR_REFUSED,
     ];
 }
 
@@ -270,6 +275,9 @@ pub enum EventBody {
     /// `audit.unverified_log_allowed` (`audit` stream).
     #[serde(rename = "audit.unverified_log_allowed")]
     AuditUnverifiedLogAllowed(AuditUnverifiedLogAllowed),
+    /// `worker.descriptor_refused`.
+    #[serde(rename = "worker.descriptor_refused")]
+    WorkerDescriptorRefused(WorkerDescriptorRefused),
 }
 
 /// Every type [`EventBody`] knows, for telling an unknown type from a malformed payload.
@@ -313,6 +321,7 @@ const KNOWN_TYPES: &[&str] = &[
     types::TOKEN_REVOKED,
     types::AUDIT_KEY_INTRODUCED,
     types::AUDIT_UNVERIFIED_LOG_ALLOWED,
+    types::WORKER_DESCRIPTOR_REFUSED,
 ];
 
 impl EventBody {
@@ -380,6 +389,7 @@ impl EventBody {
             Self::TokenRevoked(_) => types::TOKEN_REVOKED,
             Self::AuditKeyIntroduced(_) => types::AUDIT_KEY_INTRODUCED,
             Self::AuditUnverifiedLogAllowed(_) => types::AUDIT_UNVERIFIED_LOG_ALLOWED,
+            Self::WorkerDescriptorRefused(_) => types::WORKER_DESCRIPTOR_REFUSED,
         }
     }
 
@@ -449,6 +459,7 @@ one_variant! {
     TokenRevoked => TokenRevoked,
     AuditKeyIntroduced => AuditKeyIntroduced,
     AuditUnverifiedLogAllowed => AuditUnverifiedLogAllowed,
+    WorkerDescriptorRefused => WorkerDescriptorRefused,
 }
 
 /// Checks the row count an event's projection change expected.
@@ -1279,6 +1290,36 @@ pub struct TokenCreated {
 pub struct TokenRevoked {
     /// The token's name.
     pub name: String,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Worker events (`workers` stream).
+
+/// `worker.descriptor_refused`: a worker's registration was refused because of one handler's
+/// `descriptor_hash` (the first refused handler; nothing of the registration was kept).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerDescriptorRefused {
+    /// The worker id it registered with.
+    pub worker_id: String,
+    /// Its workload identity (for a verified worker, the credential's name).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub workload_identity: String,
+    /// Its self-asserted image digest.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub image_digest: String,
+    /// The verified credential that registered (e.g. `"refund-bot" (token)`); absent when
+    /// nobody was verified (`local` mode).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verified_credential: Option<String>,
+    /// The handler's tool.
+    pub tool: String,
+    /// The handler's version.
+    pub version: String,
+    /// The `descriptor_hash` it advertised (empty when none).
+    pub received_hash: String,
+    /// The pins published, non-retired agent versions hold for `tool@version` (empty when
+    /// none, i.e. refused only because pins are required).
+    pub expected_pins: Vec<String>,
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -217,7 +217,8 @@ pub use event_body::{
     Reasoning, SCHEMA_VERSION, SealedHead, SecretEndpoint, SecretEndpointChange,
     SecretEndpointRecord, SessionPrincipal, SessionStarted, SessionTransition, TokenCreated,
     TokenRevoked, ToolCancelled, ToolCompleted, ToolDispatched, ToolIndeterminate, ToolLateResult,
-    ToolPolicyDenied, ToolQueued, ToolRequested, TurnUsage, UserMessage, event_types,
+    ToolPolicyDenied, ToolQueued, ToolRequested, TurnUsage, UserMessage, WorkerDescriptorRefused,
+    event_types,
 };
 pub use invocations::{
     CallStatus, Dispatch, NewToolCall, RecordedResult, SideEffectClass, ToolInvocation,
@@ -235,6 +236,7 @@ pub use sessions::{
 };
 pub use tokens::{ApiToken, NewApiToken, TOKENS_STREAM};
 pub use vocabulary::OutputAction;
+pub use workers::WORKERS_STREAM;
 
 use crate::db::{Backend as B, Pool, args};
 use crate::error::Result;
@@ -301,6 +303,7 @@ mod session_log;
 mod sessions;
 mod tokens;
 mod vocabulary;
+mod workers;
 
 /// The checks of a raw append ([`Ledger::append_session_event`]): a usable stream name, a
 /// well-formed event, and no ledger-owned type.
@@ -1433,6 +1436,32 @@ impl Ledger {
         require_nonempty("token name", name)?;
         require_nonempty("actor", actor)?;
         write_tx!(self, |tx| tokens::revoke(&mut tx, name, actor))
+    }
+
+    /// The distinct descriptor pins (`phrony_manifest::CompiledAgent::tool_pins`) that
+    /// published and vendored agent versions which are not retired hold for `tool@version`,
+    /// sorted; empty when none binds it.
+    ///
+    /// # Errors
+    /// Database errors (a stored snapshot this build cannot read is skipped and logged).
+    pub async fn descriptor_pins(&self, tool: &str, version: &str) -> Result<Vec<String>> {
+        let mut conn = self.pool.acquire().await?;
+        workers::descriptor_pins(&mut conn.conn(), tool, version).await
+    }
+
+    /// Records a worker registration refused because of a handler's descriptor hash: one
+    /// `worker.descriptor_refused` event in the [`WORKERS_STREAM`] stream, by the runtime's
+    /// `worker` actor.
+    ///
+    /// # Errors
+    /// `InvalidArgument` without a worker id or tool; database errors.
+    pub async fn record_descriptor_refusal(
+        &self,
+        refusal: WorkerDescriptorRefused,
+    ) -> Result<Event> {
+        require_nonempty("worker_id", &refusal.worker_id)?;
+        require_nonempty("tool", &refusal.tool)?;
+        write_tx!(self, |tx| workers::record_refusal(&mut tx, &refusal))
     }
 
     /// The token whose secret hashes to `secret_hash`, revoked and expired ones included (the

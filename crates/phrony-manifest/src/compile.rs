@@ -130,7 +130,7 @@ impl Project {
                 self.unreadable_tools.push(file);
                 continue;
             };
-            let input_schema = self.validate_tool(&src, &doc, out);
+            let input_schema = validate_tool(&self.root, &src, &doc, out);
             let id = format!("{}.{}", doc.metadata.namespace, doc.metadata.name);
             if blank(&doc.metadata.namespace) || blank(&doc.metadata.name) {
                 continue;
@@ -152,48 +152,6 @@ impl Project {
                 },
             );
         }
-    }
-
-    /// Validates a Tool document and resolves its input schema.
-    fn validate_tool(
-        &self,
-        src: &Source,
-        doc: &ToolDoc,
-        out: &mut Vec<Diagnostic>,
-    ) -> Option<Json> {
-        let mut d = src.diags(out);
-        envelope(&mut d, &doc.api_version, &doc.kind, "Tool");
-        metadata(
-            &mut d,
-            &doc.metadata.name,
-            &doc.metadata.namespace,
-            &doc.metadata.version,
-            false,
-        );
-        let spec = &doc.spec;
-        if !spec.side_effect_class.is_empty()
-            && !SIDE_EFFECT_CLASSES.contains(&spec.side_effect_class.as_str())
-        {
-            d.error("spec.side_effect_class", SIDE_EFFECT_MSG);
-        }
-        crate::validate::timeout(&mut d, "spec.timeout", &spec.timeout);
-        for (j, id) in spec.default_policies.iter().enumerate() {
-            if blank(id) {
-                d.error(
-                    &format!("spec.default_policies[{j}]"),
-                    "policy reference must not be empty",
-                );
-            }
-        }
-        let input = spec.input_schema.as_ref().and_then(|s| {
-            schema_exclusive(s, "spec.input_schema", &mut d);
-            resolve_schema(&self.root, s, "spec.input_schema", &mut d)
-        });
-        if let Some(s) = &spec.output_schema {
-            schema_exclusive(s, "spec.output_schema", &mut d);
-            resolve_schema(&self.root, s, "spec.output_schema", &mut d);
-        }
-        input
     }
 
     fn load_policies(&mut self, out: &mut Vec<Diagnostic>) {
@@ -256,8 +214,51 @@ impl PolicyStore {
     }
 }
 
+/// Validates a Tool document and resolves its input schema (`root` is the bundle root that
+/// schema refs are relative to).
+pub(crate) fn validate_tool(
+    root: &Path,
+    src: &Source,
+    doc: &ToolDoc,
+    out: &mut Vec<Diagnostic>,
+) -> Option<Json> {
+    let mut d = src.diags(out);
+    envelope(&mut d, &doc.api_version, &doc.kind, "Tool");
+    metadata(
+        &mut d,
+        &doc.metadata.name,
+        &doc.metadata.namespace,
+        &doc.metadata.version,
+        false,
+    );
+    let spec = &doc.spec;
+    if !spec.side_effect_class.is_empty()
+        && !SIDE_EFFECT_CLASSES.contains(&spec.side_effect_class.as_str())
+    {
+        d.error("spec.side_effect_class", SIDE_EFFECT_MSG);
+    }
+    crate::validate::timeout(&mut d, "spec.timeout", &spec.timeout);
+    for (j, id) in spec.default_policies.iter().enumerate() {
+        if blank(id) {
+            d.error(
+                &format!("spec.default_policies[{j}]"),
+                "policy reference must not be empty",
+            );
+        }
+    }
+    let input = spec.input_schema.as_ref().and_then(|s| {
+        schema_exclusive(s, "spec.input_schema", &mut d);
+        resolve_schema(root, s, "spec.input_schema", &mut d)
+    });
+    if let Some(s) = &spec.output_schema {
+        schema_exclusive(s, "spec.output_schema", &mut d);
+        resolve_schema(root, s, "spec.output_schema", &mut d);
+    }
+    input
+}
+
 /// Reads a Tool document; `None` (with diagnostics) when it cannot be used.
-fn read_tool(file: &Path, out: &mut Vec<Diagnostic>) -> Option<(Source, ToolDoc)> {
+pub(crate) fn read_tool(file: &Path, out: &mut Vec<Diagnostic>) -> Option<(Source, ToolDoc)> {
     let src = load_source(file, out)?;
     if probe_kind(&src).as_deref() != Some("Tool") {
         src.diags(out).error("kind", "expected kind Tool");

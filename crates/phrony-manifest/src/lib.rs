@@ -31,6 +31,10 @@
 //! delegations to the version ids it is about to store (external ones to the published versions)
 //! and reports every problem at once ([`PublicationError`]).
 //!
+//! Tool descriptor pins: [`descriptor_pin`] hashes a tool's name, version, description and input
+//! schema; [`ToolBinding::descriptor_pin`] and [`CompiledAgent::tool_pins`] compute it from a
+//! snapshot (nothing is added to the snapshot), [`tool_descriptor_pin`] from a Tool document.
+//!
 //! A runtime that receives a compiled snapshot (Publish) reads it with
 //! [`CompiledAgent::from_snapshot_json`] and checks it with [`CompiledAgent::validate`]: the
 //! authoring rules that still apply to compiled output, the reference's compiled-only checks
@@ -78,6 +82,7 @@ mod doc;
 mod load;
 mod model;
 mod names;
+mod pin;
 mod policy_bridge;
 mod publication;
 mod refs;
@@ -106,6 +111,7 @@ pub use model::compiled::{
     Output, Parameters, PolicyTimeout, Reasoning, Schema, SecretRef, SnapshotError, ToolBinding,
 };
 pub use names::{AgentNameError, ForbiddenChar, check_agent_name};
+pub use pin::{PIN_PREFIX, ToolPin, descriptor_pin, tool_descriptor_pin};
 pub use publication::{
     BundleHeader, BundleHeaderMetadata, BundleHeaderSpec, MAX_BUNDLE_LOCK_BYTES,
     MAX_BUNDLE_MANIFEST_BYTES, MAX_BUNDLE_MEMBERS, MAX_MEMBER_SNAPSHOT_BYTES, PublicationError,

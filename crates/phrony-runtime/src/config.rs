@@ -204,6 +204,21 @@ pub struct Settings {
     )]
     pub(crate) worker_lease_ttl: Option<String>,
 
+    /// Refuse tool workers that advertise a handler without a `descriptor_hash` (the pin of
+    /// the Tool document, `phrony tools pin`). A non-empty hash that matches no pin of a
+    /// published agent version is refused either way. [default: false: an empty hash, the
+    /// published Python SDK's default, registers unpinned]
+    #[arg(
+        long,
+        env = "RUNTIME_REQUIRE_DESCRIPTOR_PINS",
+        value_name = "BOOL",
+        value_parser = clap::builder::BoolishValueParser::new(),
+        action = clap::ArgAction::Set,
+        default_value = "false",
+        global = true
+    )]
+    pub(crate) require_descriptor_pins: bool,
+
     /// Tool integrity allowlist (YAML): which workers may serve which agent's tool calls.
     /// [default: none, every registered worker may serve every call]
     #[arg(
@@ -585,6 +600,7 @@ mod tests {
             dispatch_queue_capacity: None,
             tool_exec_timeout: None,
             worker_lease_ttl: None,
+            require_descriptor_pins: false,
             tool_allowlist: None,
             max_tool_args_bytes: None,
             max_tool_calls_per_turn: None,

@@ -331,7 +331,8 @@ pub async fn serve(
             let hooks = Arc::new(RouterHooks::new(Arc::clone(&store)));
             let mut builder = Router::builder(config.router_config.clone())
                 .observer(hooks.clone())
-                .completed_calls(hooks);
+                .completed_calls(hooks.clone())
+                .descriptor_pins(hooks);
             if let Some(allowlist) = config.tool_allowlist.clone() {
                 builder = builder.allowlist(allowlist);
             }

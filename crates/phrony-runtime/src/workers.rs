@@ -93,6 +93,7 @@ impl Settings {
             self.dispatch_queue_capacity.as_deref(),
             router.queue_capacity,
         )?;
+        router.require_descriptor_pins = self.require_descriptor_pins;
         router.validate().map_err(|e| {
             anyhow::anyhow!(
                 "invalid RUNTIME_WORKER_LEASE_TTL {:?}: {e}",
@@ -145,6 +146,7 @@ impl Workers {
             queue_wait = %humantime::format_duration(self.queue_wait),
             exec_timeout = %humantime::format_duration(self.exec_timeout),
             worker_lease = %humantime::format_duration(self.router.lease_ttl),
+            require_descriptor_pins = self.router.require_descriptor_pins,
             max_tool_args_bytes = self.max_tool_args_bytes,
             max_tool_calls_per_turn = self.max_tool_calls_per_turn,
             "tool dispatch settings"
@@ -390,6 +392,13 @@ mod tests {
         assert_eq!(w.queue_wait, Duration::from_secs(5));
         assert_eq!(w.exec_timeout, Duration::from_secs(120));
         assert_eq!(w.router.lease_ttl, Duration::from_secs(10));
+    }
+
+    #[test]
+    fn descriptor_pins_are_optional_unless_required() {
+        assert!(!workers(&[]).unwrap().router.require_descriptor_pins);
+        let w = workers(&["--require-descriptor-pins", "true"]).unwrap();
+        assert!(w.router.require_descriptor_pins);
     }
 
     #[test]

@@ -394,6 +394,55 @@ fn lifecycle_on_postgres() {
     lifecycle(Backend::Postgres);
 }
 
+/// `agents inspect` shows one `pin:` line per tool a worker serves, the pin `phrony tools pin`
+/// prints for the Tool document (the refund example's bindings override neither description
+/// nor schema); JSON lists them as `tool_pins`.
+#[test]
+fn inspect_shows_the_pins_tools_pin_prints() {
+    let Some(daemon) = Daemon::start(Backend::Sqlite) else {
+        return;
+    };
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies-examples/refund-agent");
+    ok(phrony(&daemon)
+        .args(["agents", "publish"])
+        .arg(example.join("agent.yaml"))
+        .env("OPENAI_API_KEY", "sk-test"));
+    let printed = ok(phrony(&daemon)
+        .args(["tools", "pin"])
+        .arg(example.join("tools/orders.lookup-order.yaml"))
+        .arg(example.join("tools/payments.issue-refund.yaml")));
+    let expected: Vec<String> = printed.lines().map(str::to_owned).collect();
+    assert_eq!(expected.len(), 2, "{printed}");
+    let inspect = ok(phrony(&daemon).args(["agents", "inspect", "support/refund-agent@0.1.0"]));
+    let pins: Vec<String> = table(&inspect)
+        .into_iter()
+        .filter(|row| row[0] == "pin:")
+        .map(|row| row[1].clone())
+        .collect();
+    assert_eq!(pins, expected, "{inspect}");
+    let inspected = json(&ok(phrony(&daemon).args([
+        "agents",
+        "inspect",
+        "support/refund-agent@0.1.0",
+        "--output",
+        "json",
+    ])));
+    let listed: Vec<String> = inspected["tool_pins"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            format!(
+                "{}@{} {}",
+                p["tool"].as_str().unwrap(),
+                p["version"].as_str().unwrap(),
+                p["pin"].as_str().unwrap()
+            )
+        })
+        .collect();
+    assert_eq!(listed, expected);
+}
+
 #[test]
 fn unreachable_runtime_says_where_and_how_to_start_it() {
     let addr = format!("127.0.0.1:{}", daemon::free_port());

@@ -18,6 +18,7 @@ mod schema;
 mod sessions;
 mod status;
 mod table;
+mod tools;
 
 use clap::{ArgAction, Parser, Subcommand, ValueEnum};
 
@@ -114,6 +115,9 @@ enum Command {
     /// Dry-run policies against a tool call.
     #[command(subcommand)]
     Policies(policies::Command),
+    /// Print the descriptor pins of Tool documents (the `descriptor_hash` workers advertise).
+    #[command(subcommand)]
+    Tools(tools::Command),
     /// Start a session of an agent's active deployment (prints `session <id> started`).
     Run(run::Args),
     /// List, inspect, cancel and complete sessions.
@@ -170,6 +174,7 @@ impl Cli {
             Command::Status(args) => status::run(&args, &self.global),
             Command::Agents(cmd) => cmd.run(&self.global),
             Command::Policies(cmd) => cmd.run(),
+            Command::Tools(cmd) => cmd.run(),
             Command::Run(args) => run::run(&args, &self.global),
             Command::Sessions(cmd) => cmd.run(&self.global),
             Command::Approvals(cmd) => cmd.run(&self.global),

@@ -2,6 +2,7 @@
 //!
 //! - [`protocol`]: the worker protocol (registration, leases, results).
 //! - [`routing`]: choosing a worker for a call.
+//! - [`pins`]: descriptor pins at registration and dispatch.
 //! - [`common`]: an in-process fake worker and a recording observer, shared by both.
 
 #![allow(
@@ -10,5 +11,6 @@
 )]
 
 mod common;
+mod pins;
 mod protocol;
 mod routing;

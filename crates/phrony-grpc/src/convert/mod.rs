@@ -455,6 +455,7 @@ pub(crate) fn dispatch_status(error: &phrony_dispatch::DispatchError) -> Status 
         StatusClass::Aborted => tonic::Code::Aborted,
         StatusClass::ResourceExhausted => tonic::Code::ResourceExhausted,
         StatusClass::PermissionDenied => tonic::Code::PermissionDenied,
+        StatusClass::Unavailable => tonic::Code::Unavailable,
     };
     Status::new(code, error.to_string())
 }

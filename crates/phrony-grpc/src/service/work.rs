@@ -27,6 +27,12 @@
 //! - the workload identity the `RUNTIME_TOOL_ALLOWLIST` checks is the principal's name, not
 //!   what the worker says about itself.
 //!
+//! Descriptor pins (issue #18) are the router's rule ([`Router::connect`]): a handler whose
+//! non-empty `descriptor_hash` matches no pin of a published agent version for its
+//! `tool@version` (or an empty one under `RUNTIME_REQUIRE_DESCRIPTOR_PINS`) ends the stream with
+//! `FAILED_PRECONDITION` naming the tool, the expected pins and the received hash, after the
+//! refusal is recorded (`worker.descriptor_refused`); pins that cannot be read are `UNAVAILABLE`.
+//!
 //! A stream that sends nothing within the lease (`RUNTIME_WORKER_LEASE_TTL`) is closed with
 //! `DEADLINE_EXCEEDED`, so idle unregistered connections cannot pile up.
 

@@ -9,6 +9,7 @@
 //!   run, on SQLite and PostgreSQL.
 //! - [`endpoints`]: secrets follow the deployed versions' endpoints (Deploy, Rollback).
 //! - [`interactive`]: the interactive session stream and its approvals.
+//! - [`pins`]: tool descriptor pins at worker registration and dispatch, SQLite and PostgreSQL.
 //! - [`sdk_worker`]: the published Python SDK's worker against the server.
 //! - [`sessions`]: sessions end to end, on SQLite and PostgreSQL.
 //! - [`watch`]: `WatchApprovals`: the current set, changes, bounds.
@@ -30,6 +31,7 @@ mod delegation;
 mod endpoints;
 mod external_members;
 mod interactive;
+mod pins;
 mod sdk_worker;
 mod sessions;
 mod watch;

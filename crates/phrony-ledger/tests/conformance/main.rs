@@ -110,6 +110,7 @@ conformance!(
     rebuild_reproduces_session_projections_exactly,
     cancelled_writes_never_leave_the_database_locked,
     tokens_are_stored_hashed_found_by_hash_and_revoked,
+    descriptor_pins_follow_versions_and_refusals_are_audited,
     token_names_are_unique_and_bad_requests_are_named,
     a_clean_log_verifies_with_the_exact_count,
     a_recomputed_chain_fails_the_sealed_head,

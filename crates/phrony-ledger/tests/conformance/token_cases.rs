@@ -232,3 +232,171 @@ pub(crate) async fn token_names_are_unique_and_bad_requests_are_named(db: &TestD
             .is_err()
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// Worker descriptor pins (`workers.rs`).
+
+fn pinned_agent(name: &str, version: &str, description: &str, tool_version: &str) -> String {
+    use phrony_manifest::{AgentSpec, CompiledAgent, Metadata, ToolBinding};
+    let agent = CompiledAgent {
+        api_version: "phrony.com/v1".to_owned(),
+        kind: "Agent".to_owned(),
+        metadata: Metadata {
+            name: name.to_owned(),
+            namespace: "support".to_owned(),
+            version: version.to_owned(),
+            annotations: std::collections::BTreeMap::from([(
+                phrony_manifest::ANNOTATION_POLICIES_COMPILED.to_owned(),
+                "true".to_owned(),
+            )]),
+            ..Metadata::default()
+        },
+        secrets: std::collections::BTreeMap::new(),
+        spec: AgentSpec {
+            purpose: "Refunds.".to_owned(),
+            tools: vec![ToolBinding {
+                reference: "payments.issue-refund".to_owned(),
+                description: description.to_owned(),
+                version: tool_version.to_owned(),
+                ..ToolBinding::default()
+            }],
+            ..AgentSpec::default()
+        },
+        output: None,
+    };
+    String::from_utf8(agent.snapshot_json()).unwrap()
+}
+
+fn pin(description: &str, tool_version: &str) -> String {
+    phrony_manifest::descriptor_pin("payments.issue-refund", tool_version, description, None)
+}
+
+pub(crate) async fn descriptor_pins_follow_versions_and_refusals_are_audited(db: &TestDb) {
+    use phrony_ledger::{
+        AgentRef, AuditScope, NewAgentVersion, WORKERS_STREAM, WorkerDescriptorRefused,
+    };
+    db.migrated().await;
+    let ledger = phrony_ledger::Ledger::connect(&db.url)
+        .await
+        .unwrap()
+        .with_audit_key(phrony_ledger::AuditKey::from_bytes([7; 32]));
+    ledger.start_audit(true).await.unwrap();
+    let publish = |name: &str, version: &str, snapshot: String| NewAgentVersion {
+        namespace: "support".to_owned(),
+        name: name.to_owned(),
+        version: version.to_owned(),
+        owner: String::new(),
+        labels: std::collections::BTreeMap::new(),
+        content_hash: format!("hash-{name}-{version}"),
+        snapshot_json: snapshot,
+        actor: phrony_ledger::Attribution::unverified("alice".to_owned()),
+    };
+    for (name, version, description, tool_version) in [
+        ("a", "1.0.0", "Contract A.", "1.0.0"),
+        ("a", "2.0.0", "Contract B.", "1.0.0"),
+        ("b", "1.0.0", "Contract B.", "1.0.0"),
+        ("b", "2.0.0", "Contract C.", "2.0.0"),
+    ] {
+        ledger
+            .publish_agent_version(publish(
+                name,
+                version,
+                pinned_agent(name, version, description, tool_version),
+            ))
+            .await
+            .unwrap();
+    }
+    // A stored snapshot this build cannot read holds no pin (and breaks nothing).
+    ledger
+        .publish_agent_version(publish(
+            "c",
+            "1.0.0",
+            r#"{"kind":"Agent","spec":{"tools":"payments.issue-refund"}}"#.to_owned(),
+        ))
+        .await
+        .unwrap();
+
+    let mut both = vec![pin("Contract A.", "1.0.0"), pin("Contract B.", "1.0.0")];
+    both.sort();
+    assert_eq!(
+        ledger
+            .descriptor_pins("payments.issue-refund", "1.0.0")
+            .await
+            .unwrap(),
+        both,
+        "distinct and sorted"
+    );
+    assert_eq!(
+        ledger
+            .descriptor_pins("payments.issue-refund", "2.0.0")
+            .await
+            .unwrap(),
+        [pin("Contract C.", "2.0.0")]
+    );
+    assert!(
+        ledger
+            .descriptor_pins("orders.lookup", "1.0.0")
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    // A retired version runs nothing, so its pin no longer counts.
+    ledger
+        .retire_version(
+            &AgentRef::new("support", "a"),
+            "1.0.0",
+            &phrony_ledger::Attribution::unverified("ops"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        ledger
+            .descriptor_pins("payments.issue-refund", "1.0.0")
+            .await
+            .unwrap(),
+        [pin("Contract B.", "1.0.0")]
+    );
+
+    // A refusal is one typed event in the workers stream; the log still verifies and the
+    // projections rebuild.
+    let refusal = WorkerDescriptorRefused {
+        worker_id: "w-1".to_owned(),
+        workload_identity: "refund-bot".to_owned(),
+        image_digest: String::new(),
+        verified_credential: Some("\"refund-bot\" (token)".to_owned()),
+        tool: "payments.issue-refund".to_owned(),
+        version: "1.0.0".to_owned(),
+        received_hash: "sha256:forged".to_owned(),
+        expected_pins: vec![pin("Contract B.", "1.0.0")],
+    };
+    ledger
+        .record_descriptor_refusal(refusal.clone())
+        .await
+        .unwrap();
+    let events = ledger.list_events(WORKERS_STREAM, 0, 10).await.unwrap();
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].event_type, "worker.descriptor_refused");
+    assert_eq!(events[0].actor, "worker");
+    assert_eq!(
+        events[0].body().unwrap(),
+        EventBody::WorkerDescriptorRefused(refusal.clone())
+    );
+    // Optional fields that are empty are not stored.
+    assert!(
+        events[0].payload.get("image_digest").is_none(),
+        "{}",
+        events[0].payload
+    );
+    assert!(
+        ledger
+            .record_descriptor_refusal(WorkerDescriptorRefused {
+                worker_id: String::new(),
+                ..refusal
+            })
+            .await
+            .is_err()
+    );
+    ledger.rebuild_projections().await.unwrap();
+    let report = ledger.verify_audit(AuditScope::All).await.unwrap();
+    assert!(report.problem.is_none(), "{report:?}");
+}

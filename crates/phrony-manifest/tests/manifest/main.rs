@@ -13,6 +13,7 @@
 mod args;
 mod bundles;
 mod compile;
+mod pins;
 mod publication;
 mod rules;
 mod snapshot;

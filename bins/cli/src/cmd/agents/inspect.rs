@@ -17,7 +17,10 @@ pub(crate) struct Args {
 }
 
 /// Prints `key: value` lines: agent, status, content_hash, published_at, published_by and,
-/// when set, deprecated_at and retired_at.
+/// when set, deprecated_at and retired_at; then one `pin:` line per tool a worker serves
+/// (`tool@version sha256:…`, computed from the stored manifest by
+/// `phrony_manifest::CompiledAgent::tool_pins`: the `descriptor_hash` its workers must
+/// advertise, or none).
 pub(crate) fn run(args: &Args, global: &Global) -> anyhow::Result<()> {
     let (agent, version) = agent_ref::versioned(&args.agent)?;
     remote::block_on(async {
@@ -26,6 +29,10 @@ pub(crate) fn run(args: &Args, global: &Global) -> anyhow::Result<()> {
             .get_agent_version(&agent, &version)
             .await
             .map_err(remote::fails("inspect"))?;
+        let pins =
+            phrony_manifest::CompiledAgent::from_snapshot_json(found.manifest_json.as_bytes())
+                .context("the runtime returned a stored manifest this client cannot read")?
+                .tool_pins();
         match args.output {
             Output::Json => {
                 let manifest: Value = serde_json::from_str(&found.manifest_json)
@@ -40,6 +47,10 @@ pub(crate) fn run(args: &Args, global: &Global) -> anyhow::Result<()> {
                     "published_by": found.published_by,
                     "deprecated_at": render::json_time(found.deprecated_at),
                     "retired_at": render::json_time(found.retired_at),
+                    "tool_pins": pins
+                        .iter()
+                        .map(|p| json!({"tool": p.tool, "version": p.version, "pin": p.pin}))
+                        .collect::<Vec<_>>(),
                     "manifest": manifest,
                 }))
             }
@@ -60,6 +71,10 @@ pub(crate) fn run(args: &Args, global: &Global) -> anyhow::Result<()> {
                 }
                 if let Some(t) = found.retired_at {
                     field("retired_at", render::time(t));
+                }
+                for p in &pins {
+                    // The table escapes every cell.
+                    field("pin", format!("{}@{} {}", p.tool, p.version, p.pin));
                 }
                 Ok(table.print()?)
             }
