@@ -125,6 +125,15 @@ pub trait CompletedCalls: Send + Sync + 'static {
 /// for a call that was not sent.
 #[async_trait]
 pub trait DispatchJournal: Send + Sync + 'static {
+    /// No handler slot is free: `invocation` (attempt number `attempt`, from 1) is about to
+    /// wait in its tool's queue. Called before the wait, so a journal can record that the call
+    /// is queued; a call that gets a slot at once is never announced here (a journal records
+    /// its queueing with the dispatch, in one write). An error fails the dispatch; nothing is
+    /// sent. The default records nothing.
+    async fn queued(&self, _invocation: &Invocation, _attempt: u32) -> Result<(), HookError> {
+        Ok(())
+    }
+
     /// A handler slot on `worker` is reserved for `invocation` (attempt number `attempt`,
     /// from 1). An error releases the slot and fails the dispatch; nothing is sent.
     async fn dispatching(

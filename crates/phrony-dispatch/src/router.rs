@@ -471,6 +471,16 @@ impl Router {
                     _ => continue,
                 }
             } else {
+                if let Some(journal) = &journal {
+                    journal_queued(
+                        journal.as_ref(),
+                        &invocation,
+                        attempts.saturating_add(1),
+                        &cancel,
+                        &key,
+                    )
+                    .await?;
+                }
                 let queue = Queue {
                     deadline: admitted_at + queue_wait,
                     cancel: &cancel,
@@ -687,6 +697,29 @@ struct Attempt<'a> {
     exec_timeout: Option<Duration>,
     cancel: &'a CancellationToken,
     key: &'a str,
+}
+
+/// Phase 1 of an attempt that must wait for a slot: journals that the call is queued before
+/// the wait (a cancellation stops it). On an error the attempt's guard withdraws the call
+/// from the queue.
+async fn journal_queued(
+    journal: &dyn DispatchJournal,
+    invocation: &Invocation,
+    attempt: u32,
+    cancel: &CancellationToken,
+    key: &str,
+) -> Result<(), DispatchFailure> {
+    let recorded = tokio::select! {
+        biased;
+        () = cancel.cancelled() => {
+            return Err(DispatchFailure::Cancelled { key: key.to_owned(), worker: None });
+        }
+        recorded = journal.queued(invocation, attempt) => recorded,
+    };
+    recorded.map_err(|err| DispatchFailure::JournalFailed {
+        key: key.to_owned(),
+        message: err.to_string(),
+    })
 }
 
 /// Phase 2 of an attempt: journals the dispatch before the invoke is sent (a cancellation

@@ -42,9 +42,13 @@ const OUTPUT_INDEX: u32 = 2_000_000;
 
 /// Records each dispatch in the store before the invoke is sent; a re-dispatch after a nack
 /// re-queues the call first.
+/// Journals a router dispatch in the ledger. A call reaches the router `pending` or already
+/// `queued`; it is recorded `queued` before it waits for a slot ([`DispatchJournal::queued`]),
+/// and a call that gets one at once is queued and dispatched in one transaction.
 struct Journal {
     store: Arc<LedgerStore>,
-    first: AtomicBool,
+    /// Whether the ledger holds the call `queued` (so a dispatch need not queue it first).
+    queued: AtomicBool,
 }
 
 /// Why a dispatch produced no outcome: the Work-stream router's failure, or an MCP call whose
@@ -91,30 +95,41 @@ fn non_empty(s: &str) -> Option<String> {
 
 #[async_trait]
 impl DispatchJournal for Journal {
+    async fn queued(&self, invocation: &Invocation, _attempt: u32) -> Result<(), HookError> {
+        if !self.queued.load(Ordering::SeqCst) {
+            self.store.queue_tool_call(&invocation.call_id).await?;
+            self.queued.store(true, Ordering::SeqCst);
+        }
+        Ok(())
+    }
+
     async fn dispatching(
         &self,
         invocation: &Invocation,
         worker: &WorkerProvenance,
         _attempt: u32,
     ) -> Result<(), HookError> {
-        if !self.first.swap(false, Ordering::SeqCst) {
-            self.store.queue_tool_call(&invocation.call_id).await?;
-        }
         let deadline_at = (invocation.deadline_unix_ms > 0)
             .then(|| DateTime::from_timestamp_millis(invocation.deadline_unix_ms))
             .flatten();
-        self.store
-            .dispatch_tool_call(
-                &invocation.call_id,
-                Dispatch {
-                    worker_id: worker.worker_id.clone(),
-                    worker_identity: non_empty(&worker.workload_identity),
-                    image_digest: non_empty(&worker.image_digest),
-                    descriptor_hash: non_empty(&worker.descriptor_hash),
-                    deadline_at,
-                },
-            )
-            .await?;
+        let dispatch = Dispatch {
+            worker_id: worker.worker_id.clone(),
+            worker_identity: non_empty(&worker.workload_identity),
+            image_digest: non_empty(&worker.image_digest),
+            descriptor_hash: non_empty(&worker.descriptor_hash),
+            deadline_at,
+        };
+        if self.queued.load(Ordering::SeqCst) {
+            self.store
+                .dispatch_tool_call(&invocation.call_id, dispatch)
+                .await?;
+        } else {
+            self.store
+                .queue_and_dispatch_tool_call(&invocation.call_id, dispatch)
+                .await?;
+        }
+        // A later attempt (after a nack) queues the call again.
+        self.queued.store(false, Ordering::SeqCst);
         Ok(())
     }
 }
@@ -811,7 +826,10 @@ impl Ctx {
     ) -> Result<(), CallStop> {
         let in_flight = call.status == CallStatus::Queued
             || (call.status == CallStatus::Dispatched && binding.agent.is_some());
-        let call = if in_flight {
+        // A call for a worker is queued by the router's journal: before it waits for a slot, or
+        // with its dispatch in one transaction when a worker is free at once.
+        let by_worker = binding.agent.is_none() && binding.mcp.is_none();
+        let call = if in_flight || by_worker {
             call.clone()
         } else {
             self.store().queue_tool_call(&call.call_id).await?
@@ -846,7 +864,7 @@ impl Ctx {
         };
         let journal = Arc::new(Journal {
             store: Arc::clone(&self.inner.store),
-            first: AtomicBool::new(true),
+            queued: AtomicBool::new(call.status == CallStatus::Queued),
         });
         let request = DispatchCall::new(
             invocation,

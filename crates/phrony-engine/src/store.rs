@@ -389,6 +389,18 @@ impl LedgerStore {
         Ok(self.ledger.dispatch_tool_call(call_id, dispatch).await?)
     }
 
+    /// `queued` (unless it is) then `dispatched`, in one transaction, before the invoke is sent.
+    pub async fn queue_and_dispatch_tool_call(
+        &self,
+        call_id: &str,
+        dispatch: Dispatch,
+    ) -> StoreResult<ToolInvocation> {
+        Ok(self
+            .ledger
+            .queue_and_dispatch_tool_call(call_id, dispatch)
+            .await?)
+    }
+
     /// Records a worker's result (late and duplicate results are recorded without effect).
     pub async fn record_tool_result(
         &self,

@@ -813,6 +813,29 @@ impl Ledger {
         write_tx!(self, |tx| dispatch_call(&mut tx, call_id, &dispatch))
     }
 
+    /// [`Ledger::queue_tool_call`] then [`Ledger::dispatch_tool_call`] in one transaction
+    /// (`tool.queued`, then `tool.dispatched`): a call that gets a worker at once is queued and
+    /// dispatched in one durable write. A call already `queued` is only dispatched.
+    ///
+    /// # Errors
+    /// As the two of them: `NotFound`; `FailedPrecondition` (a call that is neither
+    /// `pending`, `queued`, `dispatched` nor `indeterminate`); `InvalidArgument`: empty worker
+    /// id. Nothing is written on an error.
+    pub async fn queue_and_dispatch_tool_call(
+        &self,
+        call_id: &str,
+        dispatch: Dispatch,
+    ) -> Result<ToolInvocation> {
+        require_text("worker_id", &dispatch.worker_id)?;
+        write_tx!(self, |tx| async {
+            let (_, call) = lock_call(&mut tx, call_id).await?;
+            if call.status != CallStatus::Queued {
+                queue(&mut tx, call_id).await?;
+            }
+            dispatch_call(&mut tx, call_id, &dispatch).await
+        })
+    }
+
     /// Fails an open call on the runtime's side (no handler, capacity exhausted, invalid
     /// arguments, deadline, a read-only call left indeterminate…): `tool.completed` with
     /// `status: failed`. Allowed from `pending`, `queued`, `dispatched`, `indeterminate`.

@@ -544,14 +544,29 @@ async fn a_failing_completed_lookup_does_not_prevent_registration() {
     assert_eq!(outbox.try_recv(), None);
 }
 
-/// Records dispatches and can hold one until released.
+/// Records dispatches (and calls announced as queued) and can hold one dispatch until released.
+#[derive(Default)]
 struct Journal {
     records: Mutex<Vec<(String, String, u32)>>,
     gate: Mutex<Option<oneshot::Receiver<Result<(), String>>>>,
+    queued: Mutex<Vec<(String, u32)>>,
+    /// The answer of the next `queued` call (an error fails it).
+    refuse_queued: Mutex<Option<String>>,
 }
 
 #[async_trait]
 impl DispatchJournal for Journal {
+    async fn queued(&self, invocation: &Invocation, attempt: u32) -> Result<(), HookError> {
+        if let Some(message) = self.refuse_queued.lock().unwrap().take() {
+            return Err(HookError::from(message));
+        }
+        self.queued
+            .lock()
+            .unwrap()
+            .push((invocation.call_id.clone(), attempt));
+        Ok(())
+    }
+
     async fn dispatching(
         &self,
         invocation: &Invocation,
@@ -577,8 +592,8 @@ async fn the_journal_records_the_dispatch_before_the_invoke_is_sent() {
     let mut worker = FakeWorker::simple(&router, "w1", 1).await;
     let (release, gate) = oneshot::channel();
     let journal = Arc::new(Journal {
-        records: Mutex::new(Vec::new()),
         gate: Mutex::new(Some(gate)),
+        ..Journal::default()
     });
     let handle = tokio::spawn({
         let router = router.clone();
@@ -600,8 +615,8 @@ async fn the_journal_records_the_dispatch_before_the_invoke_is_sent() {
     // A failed journal write sends nothing and frees the slot.
     let (release, gate) = oneshot::channel();
     let journal = Arc::new(Journal {
-        records: Mutex::new(Vec::new()),
         gate: Mutex::new(Some(gate)),
+        ..Journal::default()
     });
     let handle = tokio::spawn({
         let router = router.clone();
@@ -871,8 +886,8 @@ async fn a_worker_lost_before_the_invoke_went_out_is_not_indeterminate() {
     let mut b = FakeWorker::simple(&router, "b", 1).await;
     let (release, gate) = oneshot::channel();
     let journal = Arc::new(Journal {
-        records: Mutex::new(Vec::new()),
         gate: Mutex::new(Some(gate)),
+        ..Journal::default()
     });
     let handle = tokio::spawn({
         let router = router.clone();
@@ -946,4 +961,60 @@ async fn a_worker_id_is_bound_to_the_credential_that_registered_it_first() {
         .await
         .unwrap();
     assert_eq!(router.worker_owner("local"), None);
+}
+
+/// A call that gets a slot at once is never announced as queued (its journal records the
+/// queueing with the dispatch); one that must wait is announced before the wait, and a
+/// journal that cannot record it fails the dispatch and takes the call out of the queue.
+#[tokio::test(start_paused = true)]
+async fn the_journal_hears_of_a_queued_call_before_it_waits() {
+    let router = router();
+    let mut worker = FakeWorker::simple(&router, "w1", 1).await;
+    let journal = Arc::new(Journal::default());
+    let first = tokio::spawn({
+        let router = router.clone();
+        let c = call("c1").with_journal(journal.clone());
+        async move { router.dispatch(c).await }
+    });
+    assert_eq!(worker.expect_invoke().await.call_id, "c1");
+    assert!(journal.queued.lock().unwrap().is_empty());
+
+    // The only slot is busy: c2 waits, announced first.
+    let second = tokio::spawn({
+        let router = router.clone();
+        let c = call("c2").with_journal(journal.clone());
+        async move { router.dispatch(c).await }
+    });
+    settle().await;
+    assert_eq!(*journal.queued.lock().unwrap(), [("c2".to_string(), 1)]);
+    assert_eq!(router.snapshot().queues[0].depth, 1);
+    worker.expect_nothing().await;
+
+    // A refused announcement fails c3 before it waits, and leaves nothing in the queue.
+    *journal.refuse_queued.lock().unwrap() = Some("disk full".into());
+    let err = router
+        .dispatch(call("c3").with_journal(journal.clone()))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err,
+        DispatchFailure::JournalFailed {
+            key: format!("{TOOL}@{VERSION}"),
+            message: "disk full".into()
+        }
+    );
+    assert_eq!(router.snapshot().queues[0].depth, 1);
+
+    worker.succeed("c1", json!({})).unwrap();
+    first.await.unwrap().unwrap();
+    assert_eq!(worker.expect_invoke().await.call_id, "c2");
+    worker.succeed("c2", json!({})).unwrap();
+    second.await.unwrap().unwrap();
+    assert_eq!(
+        *journal.records.lock().unwrap(),
+        [
+            ("c1".to_string(), "w1".to_string(), 1),
+            ("c2".to_string(), "w1".to_string(), 1)
+        ]
+    );
 }

@@ -90,6 +90,7 @@ conformance!(
     the_live_session_count_uses_its_index,
     list_sessions_filters_and_paginates_stably,
     tool_calls_follow_the_ledger_state_machine,
+    queue_and_dispatch_is_one_write,
     a_late_result_closes_a_recovery_approval,
     outcome_reviews_are_resolved_not_approved,
     a_call_cancelled_after_dispatch_keeps_its_late_result,

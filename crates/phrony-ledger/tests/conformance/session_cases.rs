@@ -747,6 +747,86 @@ pub(crate) async fn list_sessions_filters_and_paginates_stably(db: &TestDb) {
 // ---------------------------------------------------------------------------------------------
 // tool calls
 
+/// A call that gets a worker at once is queued and dispatched in one write; one already queued
+/// is only dispatched; a refused dispatch writes nothing (not even the queueing).
+pub(crate) async fn queue_and_dispatch_is_one_write(db: &TestDb) {
+    let ledger = db.migrated().await;
+    let v = deploy_agent(ledger, &refund_agent(), "0.1.0").await;
+    let s = start(ledger, &v).await;
+    to(ledger, &s.id, SessionStatus::AwaitingTool).await;
+    let call = ledger
+        .record_tool_call(refund_call(&s.id, 0, 0, 100))
+        .await
+        .unwrap();
+    let before = types_of(ledger, &s.id).await;
+
+    // Refused: nothing is written, the call stays pending.
+    let empty = Dispatch {
+        worker_id: String::new(),
+        ..worker()
+    };
+    assert!(
+        invalid(
+            ledger
+                .queue_and_dispatch_tool_call(&call.call_id, empty)
+                .await
+        )
+        .contains("worker_id"),
+    );
+    assert_eq!(
+        ledger.get_tool_call(&call.call_id).await.unwrap().status,
+        CallStatus::Pending
+    );
+    assert_eq!(types_of(ledger, &s.id).await, before);
+
+    // Pending → queued → dispatched, both events in order.
+    let dispatched = ledger
+        .queue_and_dispatch_tool_call(&call.call_id, worker())
+        .await
+        .unwrap();
+    assert_eq!(dispatched.status, CallStatus::Dispatched);
+    assert_eq!(dispatched.attempt, 1);
+    assert!(dispatched.queued_at.is_some());
+    assert_eq!(dispatched.worker_id.as_deref(), Some("worker-1"));
+    let after = types_of(ledger, &s.id).await;
+    assert_eq!(after[..before.len()], before[..]);
+    assert_eq!(after[before.len()..], ["tool.queued", "tool.dispatched"]);
+
+    // An already-queued call is only dispatched (one `tool.queued`, not two).
+    let second = ledger
+        .record_tool_call(refund_call(&s.id, 1, 0, 100))
+        .await
+        .unwrap();
+    ledger.queue_tool_call(&second.call_id).await.unwrap();
+    let before = types_of(ledger, &s.id).await;
+    let dispatched = ledger
+        .queue_and_dispatch_tool_call(&second.call_id, worker())
+        .await
+        .unwrap();
+    assert_eq!(dispatched.status, CallStatus::Dispatched);
+    let after = types_of(ledger, &s.id).await;
+    assert_eq!(after[before.len()..], ["tool.dispatched"]);
+
+    // A settled call cannot be dispatched again, and nothing is written.
+    ledger
+        .record_tool_result(&call.call_id, ok(json!({"refund_id": "R-1"})))
+        .await
+        .unwrap();
+    let before = types_of(ledger, &s.id).await;
+    assert_eq!(
+        precondition(
+            ledger
+                .queue_and_dispatch_tool_call(&call.call_id, worker())
+                .await
+        ),
+        format!(
+            "tool call {} cannot go from succeeded to queued",
+            call.call_id
+        )
+    );
+    assert_eq!(types_of(ledger, &s.id).await, before);
+}
+
 pub(crate) async fn tool_calls_follow_the_ledger_state_machine(db: &TestDb) {
     let ledger = db.migrated().await;
     let v = deploy_agent(ledger, &refund_agent(), "0.1.0").await;
