@@ -1121,7 +1121,7 @@ impl Ctx {
     pub(crate) async fn limit_grants(
         &self,
     ) -> Result<std::collections::HashMap<String, u64>, StoreError> {
-        Ok(limit_grants(
+        Ok(crate::fold::limit_grants(
             &self.store().session_approvals(&self.session.id).await?,
         ))
     }
@@ -1335,16 +1335,4 @@ impl Ctx {
             actor: "system".into(),
         }
     }
-}
-
-/// How many times each limit (by kind) was raised by an approved `limit:escalate` approval
-/// among `approvals` (a session's).
-pub(crate) fn limit_grants(approvals: &[Approval]) -> std::collections::HashMap<String, u64> {
-    let mut grants = std::collections::HashMap::new();
-    for a in approvals {
-        if a.tool == LIMIT_TOOL && a.status == ApprovalStatus::Approved {
-            *grants.entry(a.tool_version.clone()).or_insert(0) += 1;
-        }
-    }
-    grants
 }

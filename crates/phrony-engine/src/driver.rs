@@ -581,7 +581,7 @@ async fn drive(
     });
     ctx.acknowledge_taken_decisions(&approvals).await?;
     let watchdog = wall_watchdog(Arc::clone(&ctx));
-    let grants = crate::calls::limit_grants(&approvals);
+    let grants = crate::fold::limit_grants(&approvals);
     let mut driver = Driver {
         ctx,
         fold,

@@ -779,3 +779,17 @@ mod tests {
         );
     }
 }
+
+/// How many times each limit (by kind) was raised by an approved `limit:escalate` approval
+/// among `approvals` (a session's).
+pub(crate) fn limit_grants(
+    approvals: &[phrony_ledger::Approval],
+) -> std::collections::HashMap<String, u64> {
+    let mut grants = std::collections::HashMap::new();
+    for a in approvals {
+        if a.tool == LIMIT_TOOL && a.status == phrony_ledger::ApprovalStatus::Approved {
+            *grants.entry(a.tool_version.clone()).or_insert(0) += 1;
+        }
+    }
+    grants
+}
