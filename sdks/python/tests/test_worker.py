@@ -5,7 +5,6 @@ calls in flight, refusals that end it, and the descriptor hash at registration."
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import signal
 import sys
@@ -200,7 +199,14 @@ def test_a_refusal_a_retry_cannot_fix_ends_connect_with_the_typed_error():
 
 def test_the_descriptor_hash_is_sent_at_registration(tmp_path):
     descriptor = tmp_path / "payments.issue-refund.yaml"
-    descriptor.write_text("apiVersion: phrony.com/v1\nkind: Tool\n")
+    descriptor.write_text(
+        "apiVersion: phrony.com/v1\nkind: Tool\n"
+        "metadata: {name: issue-refund, namespace: payments, version: 1.0.0}\n"
+        "spec:\n  description: Issue a refund.\n"
+        "  input_schema:\n    inline:\n      type: object\n"
+        "      properties: {order_id: {type: string}, amount: {type: number}}\n"
+        "      required: [order_id, amount]\n"
+    )
 
     async def scenario() -> None:
         async with FakeRuntime() as runtime:
@@ -213,7 +219,9 @@ def test_the_descriptor_hash_is_sent_at_registration(tmp_path):
             await runtime.wait_for(lambda: runtime.registers, "registration")
             hashes = {h.tool: h.descriptor_hash for h in runtime.registers[0].handlers}
             assert hashes == {
-                "payments.issue-refund": "sha256:" + hashlib.sha256(descriptor.read_bytes()).hexdigest(),
+                # The descriptor pin (what `phrony tools pin` prints; the runtime's pin.rs test
+                # pins this very descriptor), not a hash of the file's bytes.
+                "payments.issue-refund": "sha256:d49b527b1979c00c6fc285f1116fc2bb7544033175a663b3a6dafbcc7a3d3a1e",
                 "orders.lookup-order": "sha256:given",
             }
             await worker.close()

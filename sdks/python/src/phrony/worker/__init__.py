@@ -8,6 +8,7 @@ from phrony.worker.types import (
     handler_key,
     heartbeat_interval_ms,
 )
+from phrony.worker.pins import descriptor_pin, descriptor_pin_of, tool_pin_of
 from phrony.worker.work_stream import WorkStream, build_handler_advertisements
 from phrony.worker.worker import Worker, descriptor_hash_of
 
@@ -20,6 +21,9 @@ __all__ = [
     "Worker",
     "build_handler_advertisements",
     "descriptor_hash_of",
+    "descriptor_pin",
+    "descriptor_pin_of",
     "handler_key",
     "heartbeat_interval_ms",
+    "tool_pin_of",
 ]

@@ -25,7 +25,6 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import inspect
 import logging
 import os
@@ -33,9 +32,9 @@ import random
 import signal
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
@@ -45,6 +44,7 @@ from phrony.client.errors import PhronyRuntimeError, wrap_rpc_error
 from phrony.client.json_bytes import json_bytes, parse_json_bytes
 from phrony.credentials import channel_credentials
 from phrony.gen.phrony.runtime.v1 import runtime_pb2
+from phrony.worker.pins import descriptor_pin_of, tool_pin_of
 from phrony.worker.types import (
     DEFAULT_MAX_CONCURRENCY,
     CancelSignal,
@@ -70,8 +70,14 @@ MAX_RESULT_DELIVERIES = 5
 
 
 def descriptor_hash_of(path: str | os.PathLike[str]) -> str:
-    """`sha256:<hex>` of a tool descriptor file's bytes (what the runtime records per call)."""
-    return "sha256:" + hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    """Deprecated alias of :func:`phrony.worker.descriptor_pin_of`: the descriptor pin of a Tool
+    document (it used to hash the file's bytes, which the runtime now refuses)."""
+    warnings.warn(
+        "descriptor_hash_of is deprecated; use descriptor_pin_of (it returns the same pin)",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return descriptor_pin_of(path)
 
 
 @dataclass
@@ -172,8 +178,10 @@ class Worker:
         descriptor: str | os.PathLike[str] | None = None,
     ) -> Worker:
         """Serves `tool@version` with `handler(args, ctx)` (sync or async). `descriptor`: the
-        tool's YAML file, whose hash is sent at registration and recorded with each call
-        (or pass `descriptor_hash` yourself)."""
+        tool's Tool document (`tools/*.yaml`), whose descriptor pin (`descriptor_pin_of`, the
+        same value as `phrony tools pin FILE`) is sent at registration and recorded with each
+        call; it must describe this `tool@version`. Or pass `descriptor_hash` yourself: the
+        runtime refuses a worker whose non-empty hash matches no pin published for the tool."""
         if not tool or not version:
             raise ValueError("tool and version are required (the runtime routes by exact tool@version)")
         if max_concurrency is not None and max_concurrency < 1:
@@ -181,7 +189,11 @@ class Worker:
         if descriptor is not None:
             if descriptor_hash is not None:
                 raise ValueError("pass descriptor or descriptor_hash, not both")
-            descriptor_hash = descriptor_hash_of(descriptor)
+            pinned_tool, pinned_version, descriptor_hash = tool_pin_of(descriptor)
+            if (pinned_tool, pinned_version) != (tool, version):
+                raise ValueError(
+                    f"{os.fspath(descriptor)} describes {pinned_tool}@{pinned_version}, not {tool}@{version}"
+                )
         key = handler_key(tool, version)
         if key in self._handlers:
             raise ValueError(f"{key} is already registered")
