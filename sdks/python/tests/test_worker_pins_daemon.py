@@ -96,9 +96,8 @@ def test_a_worker_advertising_the_file_bytes_hash_is_refused(seed_world):
     tool, version, pin = tool_pin_of(file)
     old_hash = "sha256:" + hashlib.sha256(file.read_bytes()).hexdigest()
     assert old_hash != pin
-    worker = Worker(
-        worker_id="bytes-hash-worker", runtime_addr=seed_world.daemon.address, reconnect=False, handle_signals=False
-    )
+    # Reconnecting is on: a refused registration must stop the worker, not retry it forever.
+    worker = Worker(worker_id="bytes-hash-worker", runtime_addr=seed_world.daemon.address, handle_signals=False)
     worker.register_tool(tool=tool, version=version, handler=lambda a, c: {}, descriptor_hash=old_hash)
 
     async def connect() -> None:

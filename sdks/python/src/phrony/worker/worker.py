@@ -14,8 +14,8 @@
   reconnects with exponential backoff (0.2 s doubling to 10 s, with jitter) and registers again
   with the calls still running or whose results were not acknowledged (`in_flight`); results
   finished while disconnected are sent once it is registered again. Refusals that a retry
-  cannot fix (UNAUTHENTICATED, PERMISSION_DENIED, INVALID_ARGUMENT) end `connect()` with the
-  typed error.
+  cannot fix (UNAUTHENTICATED, PERMISSION_DENIED, INVALID_ARGUMENT, and FAILED_PRECONDITION: a
+  descriptor pin no published version holds) end `connect()` with the typed error.
 - SIGTERM / SIGINT (or `await worker.close()`) drains: new calls are refused (nack `unavailable`,
   the call never ran), running calls get up to `drain_timeout` seconds to finish and have their
   results acknowledged, then the stream is closed and `connect()` returns. A second signal
@@ -61,9 +61,16 @@ log = logging.getLogger("phrony.worker")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-# Statuses a reconnect cannot fix: configuration or credential problems.
+# Statuses a reconnect cannot fix: configuration or credential problems. FAILED_PRECONDITION is
+# a refused registration (a descriptor pin no published version holds) or a protocol misuse:
+# reconnecting would be refused (and audited) again.
 FATAL_CODES = frozenset(
-    {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.INVALID_ARGUMENT}
+    {
+        grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.FAILED_PRECONDITION,
+    }
 )
 # A result is offered again on at most this many registrations before it is dropped (logged).
 MAX_RESULT_DELIVERIES = 5
