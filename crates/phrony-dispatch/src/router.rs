@@ -471,20 +471,13 @@ impl Router {
                     _ => continue,
                 }
             } else {
-                if let Some(journal) = &journal {
-                    journal_queued(
-                        journal.as_ref(),
-                        &invocation,
-                        attempts.saturating_add(1),
-                        &cancel,
-                        &key,
-                    )
-                    .await?;
-                }
                 let queue = Queue {
                     deadline: admitted_at + queue_wait,
                     cancel: &cancel,
                     key: &key,
+                    journal: journal.as_deref(),
+                    invocation: &invocation,
+                    attempt: attempts.saturating_add(1),
                 };
                 match self.await_slot(&mut guard, &queue).await {
                     Ok(worker) => worker,
@@ -585,6 +578,18 @@ impl Router {
         guard: &mut AttemptGuard<'_>,
         queue: &Queue<'_>,
     ) -> Result<WorkerProvenance, SlotWait> {
+        if let Some(journal) = queue.journal {
+            // On an error the still-armed guard takes the call out of the queue.
+            journal_queued(
+                journal,
+                queue.invocation,
+                queue.attempt,
+                queue.cancel,
+                queue.key,
+            )
+            .await
+            .map_err(SlotWait::Failed)?;
+        }
         let event = tokio::select! {
             biased;
             event = guard.rx.recv() => event,
@@ -678,6 +683,10 @@ struct Queue<'a> {
     deadline: Instant,
     cancel: &'a CancellationToken,
     key: &'a str,
+    /// Told that the call waits, before the wait.
+    journal: Option<&'a dyn DispatchJournal>,
+    invocation: &'a Invocation,
+    attempt: u32,
 }
 
 /// Why phase 1 ended without a slot.

@@ -748,6 +748,20 @@ impl Fold {
     }
 }
 
+/// How many times each limit (by kind) was raised by an approved `limit:escalate` approval
+/// among `approvals` (a session's).
+pub(crate) fn limit_grants(
+    approvals: &[phrony_ledger::Approval],
+) -> std::collections::HashMap<String, u64> {
+    let mut grants = std::collections::HashMap::new();
+    for a in approvals {
+        if a.tool == LIMIT_TOOL && a.status == phrony_ledger::ApprovalStatus::Approved {
+            *grants.entry(a.tool_version.clone()).or_insert(0) += 1;
+        }
+    }
+    grants
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -778,18 +792,4 @@ mod tests {
             "tool call c1 was rejected by emad: No damage claim on file for this order."
         );
     }
-}
-
-/// How many times each limit (by kind) was raised by an approved `limit:escalate` approval
-/// among `approvals` (a session's).
-pub(crate) fn limit_grants(
-    approvals: &[phrony_ledger::Approval],
-) -> std::collections::HashMap<String, u64> {
-    let mut grants = std::collections::HashMap::new();
-    for a in approvals {
-        if a.tool == LIMIT_TOOL && a.status == phrony_ledger::ApprovalStatus::Approved {
-            *grants.entry(a.tool_version.clone()).or_insert(0) += 1;
-        }
-    }
-    grants
 }
