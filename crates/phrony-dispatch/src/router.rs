@@ -15,7 +15,7 @@ use crate::config::RouterConfig;
 use crate::connection::{Outbox, WorkerConnection};
 use crate::error::{ConfigError, DispatchError, DispatchFailure, WorkerLost};
 use crate::hooks::{
-    AbandonReason, CompletedCalls, DescriptorPins, DescriptorRefusal, DispatchJournal,
+    AbandonReason, CompletedCalls, DescriptorPins, DescriptorRefusal, DispatchJournal, HookError,
     RouterObserver,
 };
 use crate::snapshot::RouterSnapshot;
@@ -709,8 +709,7 @@ struct Attempt<'a> {
 }
 
 /// Phase 1 of an attempt that must wait for a slot: journals that the call is queued before
-/// the wait (a cancellation stops it). On an error the attempt's guard withdraws the call
-/// from the queue.
+/// the wait. On an error the attempt's guard withdraws the call from the queue.
 async fn journal_queued(
     journal: &dyn DispatchJournal,
     invocation: &Invocation,
@@ -718,21 +717,10 @@ async fn journal_queued(
     cancel: &CancellationToken,
     key: &str,
 ) -> Result<(), DispatchFailure> {
-    let recorded = tokio::select! {
-        biased;
-        () = cancel.cancelled() => {
-            return Err(DispatchFailure::Cancelled { key: key.to_owned(), worker: None });
-        }
-        recorded = journal.queued(invocation, attempt) => recorded,
-    };
-    recorded.map_err(|err| DispatchFailure::JournalFailed {
-        key: key.to_owned(),
-        message: err.to_string(),
-    })
+    journaled(journal.queued(invocation, attempt), cancel, key).await
 }
 
-/// Phase 2 of an attempt: journals the dispatch before the invoke is sent (a cancellation
-/// stops the wait).
+/// Phase 2 of an attempt: journals the dispatch before the invoke is sent.
 async fn journal_dispatch(
     journal: &dyn DispatchJournal,
     invocation: &Invocation,
@@ -741,12 +729,27 @@ async fn journal_dispatch(
     cancel: &CancellationToken,
     key: &str,
 ) -> Result<(), DispatchFailure> {
+    journaled(
+        journal.dispatching(invocation, worker, attempt),
+        cancel,
+        key,
+    )
+    .await
+}
+
+/// Awaits a journal write unless the caller cancels first; a refused write is
+/// [`DispatchFailure::JournalFailed`].
+async fn journaled(
+    write: impl Future<Output = Result<(), HookError>>,
+    cancel: &CancellationToken,
+    key: &str,
+) -> Result<(), DispatchFailure> {
     let recorded = tokio::select! {
         biased;
         () = cancel.cancelled() => {
             return Err(DispatchFailure::Cancelled { key: key.to_owned(), worker: None });
         }
-        recorded = journal.dispatching(invocation, worker, attempt) => recorded,
+        recorded = write => recorded,
     };
     recorded.map_err(|err| DispatchFailure::JournalFailed {
         key: key.to_owned(),
