@@ -23,7 +23,7 @@ use phrony_policy::{AgentCtx, Decision, Policy, Request, SessionCtx, ToolCtx, Tr
 use serde_json::{Map, Value, json};
 use uuid::Uuid;
 
-use crate::driver::{CallStop, Ctx, LimitEscalation, Stop, limit_message};
+use crate::driver::{CallStop, Ctx, LimitEscalation, Recorded, Stop, limit_message};
 use crate::error::{ErrorKind, StoreError};
 use crate::fold::{FAILURE_KEY, OUTPUT_TOOL, TRIGGER_KEY, codes, rejection_text};
 use crate::hooks::ledger_outcome;
@@ -347,7 +347,11 @@ impl Ctx {
     }
 
     /// Takes a recorded call from its current status to an outcome.
-    pub(crate) async fn drive_call(&self, call: ToolInvocation) -> Result<(), CallStop> {
+    pub(crate) async fn drive_call(
+        &self,
+        call: ToolInvocation,
+        recorded: Recorded,
+    ) -> Result<(), CallStop> {
         if call.status.is_terminal() {
             return Ok(());
         }
@@ -366,9 +370,16 @@ impl Ctx {
         };
         match call.status {
             CallStatus::Pending => {
-                if let Some(approval) = self.latest_approval(&call.call_id).await?
-                    && approval.status == ApprovalStatus::Approved
-                {
+                // A pending call approved earlier (a restart, a dispatch-failure approval)
+                // goes on from its approval; one recorded just now has none.
+                let approved = match recorded {
+                    Recorded::JustNow => None,
+                    Recorded::Earlier => self
+                        .latest_approval(&call.call_id)
+                        .await?
+                        .filter(|a| a.status == ApprovalStatus::Approved),
+                };
+                if let Some(approval) = approved {
                     self.took_decision(approval.id, SessionStatus::AwaitingTool)
                         .await?;
                     return self.after_approval(&call, &binding, &wire, approval).await;
@@ -1089,7 +1100,7 @@ impl Ctx {
         loop {
             let current = self.store().get_tool_call(&call.call_id).await?;
             if current.status != CallStatus::Dispatched {
-                return Box::pin(self.drive_call(current)).await;
+                return Box::pin(self.drive_call(current, Recorded::Earlier)).await;
             }
             if tokio::time::Instant::now() >= deadline {
                 break;

@@ -4,7 +4,7 @@
 //! live path and recovery are the same code: whatever the stream says was requested but not
 //! resolved is resolved next, whatever turn was started but not finished is continued.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use chrono::{DateTime, Utc};
@@ -349,6 +349,16 @@ pub(crate) struct LimitEscalation<'a> {
     /// Escalations of this kind already approved.
     pub(crate) grants: u64,
     pub(crate) message: &'a str,
+}
+
+/// Where a call handed to `Ctx::drive_call` comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Recorded {
+    /// Recorded by this driver with the completion that requested it, moments ago: no approval
+    /// or decision can refer to it yet.
+    JustNow,
+    /// Read from the ledger (a resumed session, a call driven again): it may have an approval.
+    Earlier,
 }
 
 /// Runs one session until it ends, its input is blocked, or the engine stops.
@@ -1202,6 +1212,10 @@ impl Driver {
                 ))
             })
             .collect();
+        // Calls this driver recorded with their completion moments ago: nothing refers to
+        // them yet (no approval, no decision), so they need no lookup before deciding.
+        let just_recorded: HashSet<String> =
+            stored.iter().flatten().map(|c| c.call_id.clone()).collect();
         if stored.iter().any(Option::is_none) {
             let missing: Vec<_> = calls
                 .iter()
@@ -1245,8 +1259,13 @@ impl Driver {
             .into_iter()
             .map(|call| {
                 let ctx = Arc::clone(&self.ctx);
+                let recorded = if just_recorded.contains(&call.call_id) {
+                    Recorded::JustNow
+                } else {
+                    Recorded::Earlier
+                };
                 async move {
-                    let result = ctx.drive_call(call).await;
+                    let result = ctx.drive_call(call, recorded).await;
                     ctx.park.call_done();
                     result
                 }

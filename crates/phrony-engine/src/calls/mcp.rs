@@ -331,7 +331,7 @@ impl Ctx {
             .mark_tool_call_indeterminate(&call.call_id, &reason)
             .await?;
         if current.status != CallStatus::Indeterminate {
-            return Box::pin(self.drive_call(current)).await;
+            return Box::pin(self.drive_call(current, crate::driver::Recorded::Earlier)).await;
         }
         self.unknown_outcome(&current, binding, wire, &reason, None)
             .await
