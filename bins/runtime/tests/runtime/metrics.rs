@@ -242,6 +242,60 @@ async fn probes_and_metrics_follow_a_governed_session_and_a_database_outage() {
     assert_eq!(value("phrony_sessions{status=\"completed\"}"), 2.0);
     assert!(!body.contains(&big), "the session id is no label");
 
+    // A rejected call is counted as rejected and never runs; the model hears of it and the
+    // session completes.
+    let rejected = client
+        .run_session(pb::RunSessionRequest {
+            agent_ref: Some(pb::AgentRef {
+                name: "refund-big".into(),
+                ..agent_ref("")
+            }),
+            input: br#"{"message": "Refund 400 EUR for ORD-1 again."}"#.to_vec(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .session_id;
+    wait_for_status(&mut client, &rejected, "awaiting_approval").await;
+    let approval_id = client
+        .list_approvals(pb::ListApprovalsRequest {
+            session_id: rejected.clone(),
+            status: "pending".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .approvals[0]
+        .id
+        .clone();
+    client
+        .decide_approval(pb::DecideApprovalRequest {
+            approval_id,
+            decision: pb::ApprovalDecision::Reject.into(),
+            comment: "not this one".into(),
+            actor: "emad".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    wait_for_status(&mut client, &rejected, "completed").await;
+    let (samples, body) = scrape(&http, None).await;
+    let value = |series: &str| sample(&samples, series, &body);
+    assert_eq!(
+        value("phrony_approvals_decided_total{decision=\"rejected\"}"),
+        1.0
+    );
+    assert_eq!(
+        value("phrony_approvals_decided_total{decision=\"approved\"}"),
+        1.0
+    );
+    assert_eq!(value("phrony_tool_calls_total{decision=\"approval\"}"), 2.0);
+    assert_eq!(value("phrony_approval_wait_seconds_count"), 2.0);
+    assert_eq!(value("phrony_approvals_pending"), 0.0);
+    assert_eq!(value("phrony_sessions{status=\"completed\"}"), 3.0);
+
     // Another process holds the write lock: not ready, naming the database; then ready again.
     let lock = crate::outage::Locker::hold(&db_file);
     daemon.wait_for_health(ServingStatus::NotServing).await;
