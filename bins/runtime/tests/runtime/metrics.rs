@@ -110,6 +110,37 @@ async fn wait_for_status(client: &mut RuntimeClient<Channel>, id: &str, want: &s
     panic!("session {id} is {last:?}, not {want:?}");
 }
 
+/// Decides the session's (first) pending approval as `emad`.
+async fn decide_pending(
+    client: &mut RuntimeClient<Channel>,
+    session_id: &str,
+    decision: pb::ApprovalDecision,
+    comment: &str,
+) {
+    let approval_id = client
+        .list_approvals(pb::ListApprovalsRequest {
+            session_id: session_id.to_owned(),
+            status: "pending".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .approvals[0]
+        .id
+        .clone();
+    client
+        .decide_approval(pb::DecideApprovalRequest {
+            approval_id,
+            decision: decision.into(),
+            comment: comment.into(),
+            actor: "emad".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+}
+
 async fn wait_for_ready(http: &str, want: u16) -> String {
     let mut last = (0, String::new());
     for _ in 0..300 {
@@ -203,28 +234,7 @@ async fn probes_and_metrics_follow_a_governed_session_and_a_database_outage() {
     assert_eq!(value("phrony_tool_calls_total{decision=\"approval\"}"), 1.0);
     assert_eq!(value("phrony_approvals_pending"), 1.0);
     assert_eq!(value("phrony_sessions{status=\"awaiting_approval\"}"), 1.0);
-    let approval_id = client
-        .list_approvals(pb::ListApprovalsRequest {
-            session_id: big.clone(),
-            status: "pending".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .approvals[0]
-        .id
-        .clone();
-    client
-        .decide_approval(pb::DecideApprovalRequest {
-            approval_id,
-            decision: pb::ApprovalDecision::Approve.into(),
-            comment: "ok".into(),
-            actor: "emad".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    decide_pending(&mut client, &big, pb::ApprovalDecision::Approve, "ok").await;
     wait_for_status(&mut client, &big, "completed").await;
     let (samples, body) = scrape(&http, None).await;
     let value = |series: &str| sample(&samples, series, &body);
@@ -258,28 +268,13 @@ async fn probes_and_metrics_follow_a_governed_session_and_a_database_outage() {
         .into_inner()
         .session_id;
     wait_for_status(&mut client, &rejected, "awaiting_approval").await;
-    let approval_id = client
-        .list_approvals(pb::ListApprovalsRequest {
-            session_id: rejected.clone(),
-            status: "pending".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .approvals[0]
-        .id
-        .clone();
-    client
-        .decide_approval(pb::DecideApprovalRequest {
-            approval_id,
-            decision: pb::ApprovalDecision::Reject.into(),
-            comment: "not this one".into(),
-            actor: "emad".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    decide_pending(
+        &mut client,
+        &rejected,
+        pb::ApprovalDecision::Reject,
+        "not this one",
+    )
+    .await;
     wait_for_status(&mut client, &rejected, "completed").await;
     let (samples, body) = scrape(&http, None).await;
     let value = |series: &str| sample(&samples, series, &body);
