@@ -1,8 +1,8 @@
 //! [`RouterHooks`]: what the dispatch router needs from the store — late results recorded
 //! before they are acknowledged, the lookup of calls already recorded for reconnecting
 //! workers, and the descriptor pins of published agent versions a registration is checked
-//! against (its refusals recorded in the `workers` stream). Install them when building the
-//! router:
+//! against (its refusals recorded in the `workers` stream, within the bound of
+//! [`refusals`](crate::refusals)). Install them when building the router:
 //!
 //! ```no_run
 //! # fn demo(store: std::sync::Arc<phrony_engine::LedgerStore>) -> Result<(), phrony_dispatch::ConfigError> {
@@ -16,7 +16,8 @@
 //! ```
 
 use std::collections::HashSet;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
 
 use async_trait::async_trait;
 use phrony_dispatch::{
@@ -25,19 +26,30 @@ use phrony_dispatch::{
 };
 use phrony_ledger::{ToolOutcome, ToolResult, WorkerDescriptorRefused};
 
+use crate::refusals::{Admission, RefusalKey, RefusalLimiter};
 use crate::store::LedgerStore;
 
 /// Router hooks backed by a [`LedgerStore`].
 #[derive(Debug, Clone)]
 pub struct RouterHooks {
     store: Arc<LedgerStore>,
+    refusals: Arc<Mutex<RefusalLimiter>>,
 }
 
 impl RouterHooks {
     /// Hooks recording into `store`.
     #[must_use]
     pub fn new(store: Arc<LedgerStore>) -> Self {
-        Self { store }
+        Self {
+            store,
+            refusals: Arc::default(),
+        }
+    }
+
+    /// Runs `f` on the refusal limiter (never held across an await; a panic while it was held
+    /// cannot leave it inconsistent in a way that matters more than a count).
+    fn limiter<T>(&self, f: impl FnOnce(&mut RefusalLimiter) -> T) -> T {
+        f(&mut self.refusals.lock().unwrap_or_else(PoisonError::into_inner))
     }
 }
 
@@ -124,7 +136,29 @@ impl DescriptorPins for RouterHooks {
     }
 
     async fn refused(&self, refusal: &DescriptorRefusal) -> Result<(), HookError> {
-        self.store
+        let key = RefusalKey {
+            credential: refusal.credential.clone(),
+            tool: refusal.tool.clone(),
+            version: refusal.version.clone(),
+            received: refusal.received.clone(),
+        };
+        let admitted = self.limiter(|l| l.admit(&key, Instant::now()));
+        let Admission::Record {
+            repeated,
+            unrecorded,
+        } = admitted
+        else {
+            tracing::warn!(
+                worker_id = %refusal.worker_id,
+                tool = %refusal.tool,
+                version = %refusal.version,
+                received = %refusal.received,
+                "worker registration refused (descriptor pin); event folded into a later one"
+            );
+            return Ok(());
+        };
+        let written = self
+            .store
             .ledger()
             .record_descriptor_refusal(WorkerDescriptorRefused {
                 worker_id: refusal.worker_id.clone(),
@@ -135,8 +169,14 @@ impl DescriptorPins for RouterHooks {
                 version: refusal.version.clone(),
                 received_hash: refusal.received.clone(),
                 expected_pins: refusal.expected.clone(),
+                repeated,
+                unrecorded_refusals: unrecorded,
             })
-            .await?;
+            .await;
+        if written.is_err() {
+            self.limiter(|l| l.not_written(&key, admitted));
+        }
+        written?;
         Ok(())
     }
 }

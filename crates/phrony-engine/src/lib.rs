@@ -92,6 +92,7 @@ mod inspect;
 mod mcp_clients;
 mod output;
 mod provider;
+pub mod refusals;
 mod resume;
 mod setup;
 mod state;

@@ -1320,6 +1320,19 @@ pub struct WorkerDescriptorRefused {
     /// The pins published, non-retired agent versions hold for `tool@version` (empty when
     /// none, i.e. refused only because pins are required).
     pub expected_pins: Vec<String>,
+    /// Identical refusals (same verified credential, tool, version and received hash) since
+    /// the previous event for them that got no event of their own (the runtime writes one
+    /// per minute per registration).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub repeated: u64,
+    /// Refusals of any registration that got no event because the runtime's budget of
+    /// refusal events was spent, since the previous event carrying such a count.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub unrecorded_refusals: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -3,7 +3,8 @@
 //! mismatch is refused (`FAILED_PRECONDITION`) and recorded as `worker.descriptor_refused`, an
 //! empty hash keeps working (recorded unpinned on `tool.dispatched`) unless the daemon requires
 //! pins, and two agent versions that pin different descriptors of one `tool@version` each get
-//! the workers serving theirs.
+//! the workers serving theirs. A flood of refused registrations writes a bounded number of
+//! events (`phrony_engine::refusals`), each registration still refused.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -234,6 +235,8 @@ async fn pinned_workers_and_audited_refusals(db: Db) {
             version: "1.0.0".into(),
             received_hash: "sha256:forged".into(),
             expected_pins: expected,
+            repeated: 0,
+            unrecorded_refusals: 0,
         }]
     );
 
@@ -331,5 +334,49 @@ async fn required_pins_refuse_an_empty_hash_and_a_pinned_worker_serves() {
     refund(&server, "refund-a").await;
     assert_eq!(pinned.refunds(), 1);
     drop(pinned);
+    server.stop().await;
+}
+
+/// A process that keeps registering with forged hashes is refused every time, but writes at
+/// most one event per registration a minute and at most the budget over all of them.
+#[tokio::test]
+async fn a_flood_of_refused_registrations_writes_a_bounded_number_of_events() {
+    use phrony_engine::refusals::EVENTS_PER_WINDOW;
+    let db = Db::sqlite();
+    let server = Server::start(&db, &SecretsKey::generate().unwrap(), Arc::default()).await;
+    let mut client = server.client().await;
+    publish_and_deploy(&mut client, &agent("refund-a", "Refund the order.")).await;
+
+    let refuse = |worker: String, hash: String| {
+        let server = &server;
+        async move {
+            let refused = Worker::connect(server, &worker, &hash, "")
+                .await
+                .err()
+                .unwrap_or_else(|| panic!("{worker} registered with {hash}"));
+            assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+        }
+    };
+    // The same forged registration from five processes (five worker ids): one event.
+    for i in 0..5 {
+        refuse(format!("w-same-{i}"), "sha256:forged".into()).await;
+    }
+    let recorded = refusals(&db).await;
+    assert_eq!(recorded.len(), 1, "{recorded:?}");
+    assert_eq!(recorded[0].worker_id, "w-same-0");
+
+    // A new hash each time: events up to the budget, every registration still refused.
+    let budget = usize::try_from(EVENTS_PER_WINDOW).unwrap();
+    for i in 0..budget + 5 {
+        refuse(format!("w-flood-{i}"), format!("sha256:flood-{i}")).await;
+    }
+    let recorded = refusals(&db).await;
+    assert_eq!(recorded.len(), budget, "{recorded:?}");
+    assert!(
+        recorded
+            .iter()
+            .all(|r| r.repeated == 0 && r.unrecorded_refusals == 0),
+        "no count is carried before the windows end: {recorded:?}"
+    );
     server.stop().await;
 }

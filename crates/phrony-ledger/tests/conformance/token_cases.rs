@@ -368,6 +368,8 @@ pub(crate) async fn descriptor_pins_follow_versions_and_refusals_are_audited(db:
         version: "1.0.0".to_owned(),
         received_hash: "sha256:forged".to_owned(),
         expected_pins: vec![pin("Contract B.", "1.0.0")],
+        repeated: 0,
+        unrecorded_refusals: 0,
     };
     ledger
         .record_descriptor_refusal(refusal.clone())
@@ -381,11 +383,30 @@ pub(crate) async fn descriptor_pins_follow_versions_and_refusals_are_audited(db:
         events[0].body().unwrap(),
         EventBody::WorkerDescriptorRefused(refusal.clone())
     );
-    // Optional fields that are empty are not stored.
-    assert!(
-        events[0].payload.get("image_digest").is_none(),
-        "{}",
-        events[0].payload
+    // Optional fields that are empty (or zero counts) are not stored.
+    for absent in ["image_digest", "repeated", "unrecorded_refusals"] {
+        assert!(
+            events[0].payload.get(absent).is_none(),
+            "{absent} in {}",
+            events[0].payload
+        );
+    }
+    // The counts of refusals folded into an event are stored and read back.
+    let folded = WorkerDescriptorRefused {
+        repeated: 59,
+        unrecorded_refusals: 7,
+        ..refusal.clone()
+    };
+    ledger
+        .record_descriptor_refusal(folded.clone())
+        .await
+        .unwrap();
+    let events = ledger.list_events(WORKERS_STREAM, 0, 10).await.unwrap();
+    assert_eq!(events.len(), 2);
+    assert_eq!(events[1].payload["repeated"], 59);
+    assert_eq!(
+        events[1].body().unwrap(),
+        EventBody::WorkerDescriptorRefused(folded)
     );
     assert!(
         ledger
