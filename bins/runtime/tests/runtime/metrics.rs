@@ -1,8 +1,8 @@
 //! The daemon's HTTP listener (`RUNTIME_HTTP_ADDR`) on the real binary: the probes, the
 //! Prometheus metrics after one governed session (stub model, the Rust refund worker), the
 //! readiness probe during a database outage (another process holds the SQLite write lock), the
-//! token `/metrics` needs in `required` mode, and the refusal of a non-loopback address in `local`
-//! mode.
+//! token `/metrics` needs in `required` mode, the refusal of a non-loopback address in `local`
+//! mode, and the counters of a policy denial and of a failed model call.
 
 use std::time::Duration;
 
@@ -409,6 +409,136 @@ async fn while_waiting_for_the_database_the_daemon_is_alive_but_not_ready() {
     assert_eq!(status, 503, "{body}");
     assert!(body.contains("starting"), "{body}");
     assert_eq!(get(&http, "/metrics", None).await.0, 503);
+    let status = daemon.terminate();
+    assert!(status.success(), "{status}\n{}", daemon.stderr());
+}
+
+/// Publishes and deploys `support/<name>` with the stub `turns`; `hard_limit` adds the
+/// tutorial's `refund-hard-limit` policy (a refund above 5000 is denied).
+async fn publish_scripted_agent(
+    client: &mut RuntimeClient<Channel>,
+    home: &std::path::Path,
+    name: &str,
+    turns: &serde_json::Value,
+    hard_limit: bool,
+) {
+    let project = home.join(name);
+    write_refund_agent_named(&project, name, turns);
+    if hard_limit {
+        let policy = "policies/refund-hard-limit.yaml";
+        std::fs::copy(
+            phrony_test_support::examples_dir()
+                .join("refund-agent")
+                .join(policy),
+            project.join(policy),
+        )
+        .unwrap();
+        let manifest = project.join("agent.yaml");
+        let yaml = std::fs::read_to_string(&manifest).unwrap().replacen(
+            "        - ref: policies/refund-approval-boundary.yaml\n",
+            &format!(
+                "        - ref: policies/refund-approval-boundary.yaml\n        - ref: {policy}\n"
+            ),
+            1,
+        );
+        assert!(yaml.contains(policy), "{yaml}");
+        std::fs::write(&manifest, yaml).unwrap();
+    }
+    let snapshot = phrony_manifest::load_agent(project.join("agent.yaml"))
+        .unwrap_or_else(|d| panic!("{name} does not compile:\n{d}"))
+        .agent
+        .snapshot_json();
+    client
+        .publish(pb::PublishRequest {
+            manifest: snapshot,
+            actor: "alice".into(),
+        })
+        .await
+        .unwrap();
+    client
+        .deploy(pb::DeployRequest {
+            agent_ref: Some(pb::AgentRef {
+                name: name.into(),
+                ..agent_ref("0.1.0")
+            }),
+            actor: "alice".into(),
+            allow_new_secret_endpoints: false,
+        })
+        .await
+        .unwrap();
+}
+
+async fn run_named(client: &mut RuntimeClient<Channel>, name: &str, message: &str) -> String {
+    client
+        .run_session(pb::RunSessionRequest {
+            agent_ref: Some(pb::AgentRef {
+                name: name.into(),
+                ..agent_ref("")
+            }),
+            input: serde_json::json!({ "message": message })
+                .to_string()
+                .into_bytes(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .session_id
+}
+
+#[tokio::test]
+async fn a_policy_denial_and_a_failed_model_call_are_counted() {
+    let home = tempfile::tempdir().unwrap();
+    let url = sqlite_url(home.path());
+    let http = format!("127.0.0.1:{}", free_port());
+    let mut daemon = Launch::new(home.path(), Some(&url))
+        .env("RUNTIME_ENABLE_STUB_PROVIDER", "1")
+        .env("RUNTIME_HTTP_ADDR", &http)
+        .start()
+        .await;
+    wait_for_ready(&http, 200).await;
+    let mut client = daemon.client().await;
+
+    // 9000 EUR: over the hard limit, denied by policy without reaching a worker.
+    publish_scripted_agent(
+        &mut client,
+        home.path(),
+        "refund-huge",
+        &one_refund_turns("ORD-1", 9000, "Damaged."),
+        true,
+    )
+    .await;
+    let denied = run_named(&mut client, "refund-huge", "Refund 9000 EUR for ORD-1.").await;
+    wait_for_status(&mut client, &denied, "completed").await;
+    let (samples, body) = scrape(&http, None).await;
+    let value = |series: &str| sample(&samples, series, &body);
+    assert_eq!(value("phrony_tool_calls_total{decision=\"deny\"}"), 1.0);
+    assert_eq!(value("phrony_tool_calls_total{decision=\"allow\"}"), 0.0);
+    assert_eq!(value("phrony_policy_evaluation_seconds_count"), 1.0);
+    assert_eq!(value("phrony_dispatch_queue_wait_seconds_count"), 0.0);
+    assert_eq!(value("phrony_model_errors_total"), 0.0);
+
+    // The model provider fails: counted as a model error, and the session fails.
+    publish_scripted_agent(
+        &mut client,
+        home.path(),
+        "refund-broken",
+        &serde_json::json!([[{"type": "failed", "error": "upstream overloaded"}]]),
+        false,
+    )
+    .await;
+    let broken = run_named(&mut client, "refund-broken", "Refund 40 EUR for ORD-1.").await;
+    wait_for_status(&mut client, &broken, "failed").await;
+    let (samples, body) = scrape(&http, None).await;
+    let value = |series: &str| sample(&samples, series, &body);
+    assert!(value("phrony_model_errors_total") >= 1.0, "{body}");
+    assert_eq!(value("phrony_sessions{status=\"failed\"}"), 1.0);
+    assert_eq!(value("phrony_sessions{status=\"completed\"}"), 1.0);
+    assert!(
+        !body.contains("upstream overloaded"),
+        "no error text in a label"
+    );
+
     let status = daemon.terminate();
     assert!(status.success(), "{status}\n{}", daemon.stderr());
 }
