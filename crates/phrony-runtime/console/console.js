@@ -4,7 +4,7 @@
 "use strict";
 
 const TERMINAL = new Set(["completed", "failed", "cancelled"]);
-const state = { session: null, csrf: null, events: null, view: null, approval: null, poll: null };
+const state = { session: null, csrf: null, events: null, view: null, approval: null, poll: null, flash: null };
 
 function $(id) { return document.getElementById(id); }
 
@@ -148,6 +148,9 @@ function onChange(kind, approval) {
 // Views
 
 function showView(name) {
+  // A message survives one navigation (the outcome of a decision shown on the session's page).
+  say(state.flash ? state.flash.message : "", state.flash ? state.flash.isError : false);
+  state.flash = null;
   state.view = name;
   $("list-view").hidden = name !== "list";
   $("approval-view").hidden = name !== "approval";
@@ -279,8 +282,8 @@ async function decide(decision) {
     const answer = await api("/console/api/approvals/" + encodeURIComponent(a.id) + "/decide", {
       method: "POST", body: JSON.stringify(body),
     });
-    say((decision === "approve" ? "Approved" : "Rejected") + ": approval " + answer.status +
-      ", session " + answer.session_status + ".");
+    state.flash = { message: (decision === "approve" ? "Approved" : "Rejected") + ": approval " + answer.status +
+      ", session " + answer.session_status + ".", isError: false };
     location.hash = "#/sessions/" + encodeURIComponent(a.session_id);
   } catch (error) {
     handleError(error);
@@ -336,6 +339,6 @@ document.addEventListener("DOMContentLoaded", () => {
   $("approve-button").addEventListener("click", () => decide("approve"));
   $("reject-button").addEventListener("click", () => decide("reject"));
   $("edit-args").addEventListener("change", () => { $("edited-args").hidden = !$("edit-args").checked; });
-  window.addEventListener("hashchange", () => { say(""); route(); });
+  window.addEventListener("hashchange", route);
   start();
 });
