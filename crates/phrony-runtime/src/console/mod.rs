@@ -207,6 +207,16 @@ struct Session {
     expires: Instant,
 }
 
+/// Never prints the credential or the CSRF token.
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("bearer", &self.bearer.as_ref().map(|_| "<redacted>"))
+            .field("expires", &self.expires)
+            .finish_non_exhaustive()
+    }
+}
+
 /// The console sessions of one listener, keyed by the SHA-256 of their cookie value.
 #[derive(Default)]
 pub(crate) struct Sessions(Mutex<HashMap<[u8; 32], Session>>);
