@@ -24,25 +24,16 @@ from typing import Any
 
 import pytest
 
-from browser import Browser
+from browser import Browser, screenshot_dir
 from fake_openai import Text
 from runtime_daemon import RuntimeDaemon, free_port
-from tutorial_env import AGENT, REPO_ROOT, TUTORIAL_DIR, PhronyCli, Tutorial, script_refund, wait_until
+from tutorial_env import AGENT, TUTORIAL_DIR, PhronyCli, Tutorial, script_refund, wait_until
 
 ARGS = {"order_id": "ORD-1", "amount": 400, "currency": "EUR", "reason": "item arrived damaged"}
 APPROVAL_POLICY = "payments/refund-approval-boundary@1.0.0"
 APPROVAL_REASON = "Refund amount above delegated limit."
 APPROVE_COMMENT = "Damage claim verified in the console."
 REJECT_COMMENT = "No damage claim on file; rejected in the console."
-
-
-def screenshot_dir(name: str) -> Path:
-    target = Path(os.environ.get("CARGO_TARGET_DIR") or REPO_ROOT / "target")
-    if not target.is_absolute():
-        target = REPO_ROOT / target
-    path = target / "console-screenshots" / name
-    shutil.rmtree(path, ignore_errors=True)
-    return path
 
 
 @pytest.fixture
