@@ -34,6 +34,7 @@ APPROVAL_POLICY = "payments/refund-approval-boundary@1.0.0"
 APPROVAL_REASON = "Refund amount above delegated limit."
 APPROVE_COMMENT = "Damage claim verified in the console."
 REJECT_COMMENT = "No damage claim on file; rejected in the console."
+XSS = '<img src=x onerror="document.body.dataset.xss=1">'
 
 
 @pytest.fixture
@@ -141,10 +142,12 @@ def test_the_operator_rejects_a_refund_with_a_comment_the_agent_relays(world, br
     browser.click("#apply-filters")
     open_pending(browser, session)
     assert_shows_the_refund(browser)
-    browser.type("#comment", REJECT_COMMENT)
+    # Hostile text from a person (or a model) is shown as text, never run.
+    browser.type("#comment", REJECT_COMMENT + " " + XSS)
     browser.click("#reject-button")
     browser.wait_for(lambda: browser.text("#session-status") == "completed", "the session to complete")
-    assert REJECT_COMMENT in browser.text("#session-output")
+    assert REJECT_COMMENT + " " + XSS in browser.text("#session-output")
+    assert browser.script("return document.body.dataset.xss === undefined") is True
     browser.screenshot("session-after-reject")
     assert [i for i in world.worker.invocations("payments.issue-refund") if i["session_id"] == session] == []
     assert csp_violations(browser) == []
