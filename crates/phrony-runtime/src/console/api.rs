@@ -269,6 +269,8 @@ pub(crate) async fn inspect_session(
 /// matching the filters): first the current set (`opened` each, then `current_end`), then
 /// `opened`, `updated` and `decided` as they happen. A watch the service ends (it fell behind,
 /// or the database failed) sends `error` and closes; the browser's `EventSource` reconnects.
+/// The stream ends when the console session expires (a reconnect then needs a live session and
+/// a credential that still verifies).
 pub(crate) async fn events(
     State(console): State<Console>,
     headers: HeaderMap,
@@ -292,26 +294,29 @@ pub(crate) async fn events(
         .await
         .map_err(|s| ApiError::from_status(&s))?
         .into_inner();
-    let events = changes.map(|change| {
-        Ok(match change {
-            Ok(change) => {
-                let kind = match pb::ApprovalChangeKind::try_from(change.kind) {
-                    Ok(pb::ApprovalChangeKind::Opened) => "opened",
-                    Ok(pb::ApprovalChangeKind::Updated) => "updated",
-                    Ok(pb::ApprovalChangeKind::Decided) => "decided",
-                    Ok(pb::ApprovalChangeKind::CurrentEnd) => "current_end",
-                    Ok(pb::ApprovalChangeKind::Unspecified) | Err(_) => "unspecified",
-                };
-                let approval = change.approval.as_ref().map(approval_json);
-                Event::default()
-                    .event(kind)
-                    .data(json!({"approval": approval}).to_string())
-            }
-            Err(status) => Event::default()
-                .event("error")
-                .data(json!({"message": status.message()}).to_string()),
-        })
-    });
+    let session_end = tokio::time::Instant::from_std(caller.expires);
+    let events = changes
+        .take_until(tokio::time::sleep_until(session_end))
+        .map(|change| {
+            Ok(match change {
+                Ok(change) => {
+                    let kind = match pb::ApprovalChangeKind::try_from(change.kind) {
+                        Ok(pb::ApprovalChangeKind::Opened) => "opened",
+                        Ok(pb::ApprovalChangeKind::Updated) => "updated",
+                        Ok(pb::ApprovalChangeKind::Decided) => "decided",
+                        Ok(pb::ApprovalChangeKind::CurrentEnd) => "current_end",
+                        Ok(pb::ApprovalChangeKind::Unspecified) | Err(_) => "unspecified",
+                    };
+                    let approval = change.approval.as_ref().map(approval_json);
+                    Event::default()
+                        .event(kind)
+                        .data(json!({"approval": approval}).to_string())
+                }
+                Err(status) => Event::default()
+                    .event("error")
+                    .data(json!({"message": status.message()}).to_string()),
+            })
+        });
     Ok(Sse::new(events).keep_alive(KeepAlive::default()))
 }
 

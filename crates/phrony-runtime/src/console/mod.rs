@@ -321,6 +321,8 @@ fn same_secret(a: &[u8], b: &[u8]) -> bool {
 pub(crate) struct Caller {
     pub(crate) principal: Principal,
     csrf: String,
+    /// When the console session ends (a live-updates stream ends then too).
+    pub(crate) expires: Instant,
 }
 
 impl Caller {
@@ -396,6 +398,7 @@ impl Console {
         Ok(Caller {
             principal,
             csrf: session.csrf,
+            expires: session.expires,
         })
     }
 
@@ -422,6 +425,7 @@ impl Console {
             Caller {
                 principal,
                 csrf: session.csrf,
+                expires: session.expires,
             },
         ))
     }
@@ -630,6 +634,7 @@ async fn login(
     let caller = Caller {
         principal,
         csrf: session.csrf,
+        expires: session.expires,
     };
     let mut response = axum::Json(caller.view(console.0.mode)).into_response();
     response.headers_mut().insert(
