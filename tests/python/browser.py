@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Callable, TypeVar
@@ -52,6 +53,19 @@ CHROMIUM_FLAGS = [
 ]
 
 T = TypeVar("T")
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def screenshot_dir(name: str) -> Path:
+    """An emptied `target/console-screenshots/<name>/` (CARGO_TARGET_DIR respected), where a test's
+    screenshots go for a reviewer to look at."""
+    target = Path(os.environ.get("CARGO_TARGET_DIR") or REPO_ROOT / "target")
+    if not target.is_absolute():
+        target = REPO_ROOT / target
+    path = target / "console-screenshots" / name
+    shutil.rmtree(path, ignore_errors=True)
+    return path
 
 
 def require_chromium() -> None:

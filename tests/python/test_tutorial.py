@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from fake_openai import ChatRequest, FakeOpenAI, Text, ToolCalls, after_tool, all_of, user_says
-from tutorial_env import AGENT, AGENT_VERSION, WORKER_ID, Tutorial, approvals_of
+from tutorial_env import AGENT, AGENT_VERSION, WORKER_ID, Tutorial, approvals_of, no_tool_results, script_refund
 
 AGENT_REF = f"{AGENT}@{AGENT_VERSION}"
 APPROVAL_POLICY = "payments/refund-approval-boundary@1.0.0"
@@ -30,34 +30,6 @@ APPROVAL_REASON = "Refund amount above delegated limit."
 REJECT_COMMENT = "No damage claim on file for this order."
 APPROVE_COMMENT = "Damage claim verified, within policy."
 REFUND_ID = "rf_2891"  # what the tutorial's worker returns
-
-
-def no_tool_results(request: ChatRequest) -> bool:
-    return not request.tool_results()
-
-
-def script_refund(
-    fake: FakeOpenAI,
-    message: str,
-    order_id: str,
-    refund: dict[str, Any],
-    answer,
-) -> None:
-    """The model's side of a refund conversation, as the tutorial tells it: look the order up,
-    call issue_refund with `refund`, then `answer` (a function of the request carrying the
-    refund's outcome)."""
-    conversation = user_says(message)
-    fake.reply(
-        ToolCalls.of(("lookup_order", {"order_id": order_id})),
-        when=all_of(conversation, no_tool_results),
-        label=f"{message!r}: lookup",
-    )
-    fake.reply(
-        ToolCalls.of(("issue_refund", refund), text="Let me process that refund."),
-        when=all_of(conversation, after_tool("lookup_order")),
-        label=f"{message!r}: refund",
-    )
-    fake.reply(answer, when=all_of(conversation, after_tool("issue_refund")), label=f"{message!r}: answer")
 
 
 def outcome_request(fake: FakeOpenAI, message: str) -> ChatRequest:

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
-from fake_openai import FakeOpenAI
+from fake_openai import ChatRequest, FakeOpenAI, ToolCalls, after_tool, all_of, user_says
 from runtime_daemon import RuntimeDaemon
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -179,7 +179,10 @@ class Tutorial:
 
     @classmethod
     @contextlib.contextmanager
-    def started(cls, runtime_binary: Path, cli_binary: Path, workdir: Path) -> Iterator[Tutorial]:
+    def started(
+        cls, runtime_binary: Path, cli_binary: Path, workdir: Path, extra_env: dict[str, str] | None = None
+    ) -> Iterator[Tutorial]:
+        """`extra_env`: more of the daemon's environment (e.g. `RUNTIME_HTTP_ADDR`)."""
         project = workdir / "refund-agent"
         shutil.copytree(TUTORIAL_DIR, project, ignore=shutil.ignore_patterns("cases.yaml", "__pycache__"))
         api_key = "sk-test-" + secrets.token_hex(16)
@@ -193,6 +196,7 @@ class Tutorial:
                 {
                     "OPENAI_BASE_URL": fake.base_url,
                     "RUNTIME_SECRETS_ENCRYPTION_KEY": secrets.token_hex(32),
+                    **(extra_env or {}),
                 },
             )
             stack.enter_context(daemon)
@@ -273,6 +277,28 @@ class Tutorial:
     def pending_approvals(self, session_id: str) -> list[dict[str, Any]]:
         listed = self.cli.json("approvals", "list")
         return [a for a in approvals_of(listed) if a["session_id"] == session_id]
+
+
+def no_tool_results(request: ChatRequest) -> bool:
+    return not request.tool_results()
+
+
+def script_refund(fake: FakeOpenAI, message: str, order_id: str, refund: dict[str, Any], answer) -> None:
+    """The model's side of a refund conversation, as the tutorial tells it: look the order up,
+    call issue_refund with `refund`, then `answer` (a function of the request carrying the
+    refund's outcome)."""
+    conversation = user_says(message)
+    fake.reply(
+        ToolCalls.of(("lookup_order", {"order_id": order_id})),
+        when=all_of(conversation, no_tool_results),
+        label=f"{message!r}: lookup",
+    )
+    fake.reply(
+        ToolCalls.of(("issue_refund", refund), text="Let me process that refund."),
+        when=all_of(conversation, after_tool("lookup_order")),
+        label=f"{message!r}: refund",
+    )
+    fake.reply(answer, when=all_of(conversation, after_tool("issue_refund")), label=f"{message!r}: answer")
 
 
 def approvals_of(listed: dict[str, Any]) -> list[dict[str, Any]]:

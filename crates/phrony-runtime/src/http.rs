@@ -1,5 +1,6 @@
 //! The daemon's HTTP listener (`RUNTIME_HTTP_ADDR`, off when unset): liveness and readiness
-//! probes and the Prometheus metrics, on the daemon's tokio runtime (axum).
+//! probes, the Prometheus metrics and the approvals console ([`crate::console`], under
+//! `/console/`), on the daemon's tokio runtime (axum).
 //!
 //! - `GET /healthz`: `200 ok` while the process serves HTTP (from before the database is
 //!   reached until shutdown). Unauthenticated.
@@ -16,8 +17,8 @@
 //!
 //! The listener speaks plain HTTP (no TLS, so no client certificates): in `local` auth mode it
 //! must bind a loopback address ([`HttpServer::start`] refuses any other), as the gRPC listener
-//! must; in `required` mode it may bind any address because `/metrics` then needs a token and
-//! the probes reveal nothing but up/ready.
+//! must; in `required` mode it may bind any address because `/metrics` and the console then
+//! need a token and the probes reveal nothing but up/ready.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
@@ -52,11 +53,16 @@ pub(crate) struct Serving {
     pub(crate) ledger: Ledger,
     pub(crate) router: Router,
     pub(crate) authenticator: Arc<dyn Authenticator>,
+    /// The gRPC service, called in process by the console (`crate::console`).
+    pub(crate) service: phrony_grpc::RuntimeService,
 }
 
-struct Shared {
-    mode: AuthMode,
-    serving: OnceLock<Serving>,
+/// The listener's state, shared by its routes and the console's.
+pub(crate) struct Shared {
+    pub(crate) mode: AuthMode,
+    pub(crate) serving: OnceLock<Serving>,
+    /// The console's signed-in sessions.
+    pub(crate) console: crate::console::Sessions,
 }
 
 /// The handle [`crate::serve`] uses to mark the daemon ready (see [`ServeConfig::http`]).
@@ -111,12 +117,14 @@ impl HttpServer {
         let shared = Arc::new(Shared {
             mode,
             serving: OnceLock::new(),
+            console: crate::console::Sessions::default(),
         });
         let app = axum::Router::new()
             .route("/healthz", get(healthz))
             .route("/readyz", get(readyz))
             .route("/metrics", get(metrics))
-            .with_state(Arc::clone(&shared));
+            .with_state(Arc::clone(&shared))
+            .merge(crate::console::router(Arc::clone(&shared)));
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(async move {
             let served = axum::serve(listener, app)
@@ -128,7 +136,10 @@ impl HttpServer {
                 tracing::warn!(%error, "the HTTP listener failed");
             }
         });
-        tracing::info!(address = %local_addr, "HTTP probes and metrics on http://{local_addr}");
+        tracing::info!(
+            address = %local_addr,
+            "HTTP probes, metrics and the approvals console on http://{local_addr}/console/"
+        );
         Self {
             readiness: Readiness(shared),
             local_addr,

@@ -41,6 +41,7 @@
 mod audit;
 pub mod auth;
 pub mod config;
+pub mod console;
 pub mod daemon;
 pub mod embedded;
 pub mod http;

@@ -379,6 +379,7 @@ pub async fn serve(
         .with_engine(engine.clone())
         .with_watch_buffer(config.approval_watch_buffer, config.approval_watch_grace);
     let work_streams = service.clone();
+    let console_service = service.clone();
     let runtime = Authenticated::new(
         RuntimeServer::new(service).max_decoding_message_size(MAX_MESSAGE_BYTES),
         Arc::clone(&authenticator),
@@ -414,6 +415,7 @@ pub async fn serve(
             ledger: ledger.clone(),
             router: router.clone(),
             authenticator,
+            service: console_service,
         });
     }
     tracing::info!(

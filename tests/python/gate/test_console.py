@@ -8,8 +8,6 @@ Screenshots go to target/console-screenshots/<test>/ (printed; CARGO_TARGET_DIR 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 from decimal import Decimal
 from pathlib import Path
@@ -18,21 +16,12 @@ import httpx
 import pytest
 from regent_control import Escalated, PolicyDenied, RegentControl
 
-from browser import Browser
-from gate_helpers import ADMIN_KEY, AGENT, ORG_KEY, REPO_ROOT, RunningGate, copy_walkthrough
+from browser import Browser, screenshot_dir
+from gate_helpers import ADMIN_KEY, AGENT, ORG_KEY, RunningGate, copy_walkthrough
 
 MANAGER = "bob@bank"
 MANAGER_PASSWORD = "correct horse battery staple"
 XSS = '<img src=x onerror="document.body.dataset.xss=1">'
-
-
-def screenshot_dir(name: str) -> Path:
-    target = Path(os.environ.get("CARGO_TARGET_DIR") or REPO_ROOT / "target")
-    if not target.is_absolute():
-        target = REPO_ROOT / target
-    path = target / "console-screenshots" / name
-    shutil.rmtree(path, ignore_errors=True)
-    return path
 
 
 @pytest.fixture

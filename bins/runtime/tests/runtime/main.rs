@@ -1,6 +1,7 @@
 //! The daemon binary's integration tests in one binary.
 //!
 //! - [`audit`]: the audit against an attacker who can write the SQLite file.
+//! - [`console`]: the approvals console (`/console/` on `RUNTIME_HTTP_ADDR`) through its HTTP API.
 //! - [`daemon`]: the real `phrony-runtime` process (start, stop, storage, signals, workers).
 //! - [`db_faults`]: the database stalled under a running daemon (PostgreSQL restarted, a full disk).
 //! - [`metrics`]: the HTTP probes and Prometheus metrics (`RUNTIME_HTTP_ADDR`).
@@ -22,6 +23,7 @@
 )]
 
 mod audit;
+mod console;
 mod daemon;
 mod db_faults;
 mod metrics;

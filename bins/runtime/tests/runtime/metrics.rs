@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use crate::support::{Launch, agent_ref, free_port, sqlite_url};
+use crate::support::{Launch, agent_ref, authed, free_port, sqlite_url};
 use pb::runtime_client::RuntimeClient;
 use phrony_proto::runtime::v1 as pb;
 use phrony_test_support::stub::{one_refund_turns, write_refund_agent_named};
@@ -16,7 +16,7 @@ use tonic::transport::Channel;
 use tonic_health::pb::health_check_response::ServingStatus;
 
 /// `GET path` on `addr` (HTTP/1.1, `Connection: close`): the status code and the body.
-async fn get(addr: &str, path: &str, bearer: Option<&str>) -> (u16, String) {
+pub(crate) async fn get(addr: &str, path: &str, bearer: Option<&str>) -> (u16, String) {
     let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
     let auth = bearer.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
     let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Connection: close\r\n\r\n");
@@ -51,12 +51,13 @@ async fn scrape(addr: &str, bearer: Option<&str>) -> (Vec<(String, f64)>, String
 }
 
 /// Publishes and deploys `support/<name>` refunding `amount` EUR (over 250 waits for an
-/// approval).
-async fn publish_refund_agent(
+/// approval), with `bearer` (a publisher's token) in `required` auth mode.
+pub(crate) async fn publish_refund_agent(
     client: &mut RuntimeClient<Channel>,
     home: &std::path::Path,
     name: &str,
     amount: u32,
+    bearer: Option<&str>,
 ) {
     let project = home.join(name);
     write_refund_agent_named(
@@ -68,31 +69,45 @@ async fn publish_refund_agent(
         .unwrap_or_else(|d| panic!("the refund agent does not compile:\n{d}"))
         .agent
         .snapshot_json();
+    // With a token the recorded actor is the token's name: the request names nobody.
+    let actor = if bearer.is_some() { "" } else { "alice" };
     client
-        .publish(pb::PublishRequest {
-            manifest: snapshot,
-            actor: "alice".into(),
-        })
+        .publish(authed(
+            pb::PublishRequest {
+                manifest: snapshot,
+                actor: actor.into(),
+            },
+            bearer,
+        ))
         .await
         .unwrap();
     client
-        .deploy(pb::DeployRequest {
-            agent_ref: Some(pb::AgentRef {
-                name: name.into(),
-                ..agent_ref("0.1.0")
-            }),
-            actor: "alice".into(),
-            allow_new_secret_endpoints: false,
-        })
+        .deploy(authed(
+            pb::DeployRequest {
+                agent_ref: Some(pb::AgentRef {
+                    name: name.into(),
+                    ..agent_ref("0.1.0")
+                }),
+                actor: actor.into(),
+                allow_new_secret_endpoints: false,
+            },
+            bearer,
+        ))
         .await
         .unwrap();
 }
 
-async fn wait_for_status(client: &mut RuntimeClient<Channel>, id: &str, want: &str) {
+/// Waits until session `id` is `want` (listing sessions with `bearer`, if given).
+pub(crate) async fn wait_for_status(
+    client: &mut RuntimeClient<Channel>,
+    id: &str,
+    want: &str,
+    bearer: Option<&str>,
+) {
     let mut last = String::new();
     for _ in 0..300 {
         let sessions = client
-            .list_sessions(pb::ListSessionsRequest::default())
+            .list_sessions(authed(pb::ListSessionsRequest::default(), bearer))
             .await
             .unwrap()
             .into_inner()
@@ -141,7 +156,7 @@ async fn decide_pending(
         .unwrap();
 }
 
-async fn wait_for_ready(http: &str, want: u16) -> String {
+pub(crate) async fn wait_for_ready(http: &str, want: u16) -> String {
     let mut last = (0, String::new());
     for _ in 0..300 {
         last = get(http, "/readyz", None).await;
@@ -171,7 +186,7 @@ async fn probes_and_metrics_follow_a_governed_session_and_a_database_outage() {
 
     let mut client = daemon.client().await;
     // 40 EUR: under the approval boundary, so policy allows the call.
-    publish_refund_agent(&mut client, home.path(), "refund-agent", 40).await;
+    publish_refund_agent(&mut client, home.path(), "refund-agent", 40, None).await;
     let worker = RefundWorker::start(&daemon.addr, "metrics-worker");
     let session_id = client
         .run_session(pb::RunSessionRequest {
@@ -183,7 +198,7 @@ async fn probes_and_metrics_follow_a_governed_session_and_a_database_outage() {
         .unwrap()
         .into_inner()
         .session_id;
-    wait_for_status(&mut client, &session_id, "completed").await;
+    wait_for_status(&mut client, &session_id, "completed", None).await;
 
     let (samples, body) = scrape(&http, None).await;
     let value = |series: &str| sample(&samples, series, &body);
@@ -214,7 +229,7 @@ async fn probes_and_metrics_follow_a_governed_session_and_a_database_outage() {
     }
 
     // A call over the boundary waits for an approval, then is approved.
-    publish_refund_agent(&mut client, home.path(), "refund-big", 400).await;
+    publish_refund_agent(&mut client, home.path(), "refund-big", 400, None).await;
     let big = client
         .run_session(pb::RunSessionRequest {
             agent_ref: Some(pb::AgentRef {
@@ -228,14 +243,14 @@ async fn probes_and_metrics_follow_a_governed_session_and_a_database_outage() {
         .unwrap()
         .into_inner()
         .session_id;
-    wait_for_status(&mut client, &big, "awaiting_approval").await;
+    wait_for_status(&mut client, &big, "awaiting_approval", None).await;
     let (samples, body) = scrape(&http, None).await;
     let value = |series: &str| sample(&samples, series, &body);
     assert_eq!(value("phrony_tool_calls_total{decision=\"approval\"}"), 1.0);
     assert_eq!(value("phrony_approvals_pending"), 1.0);
     assert_eq!(value("phrony_sessions{status=\"awaiting_approval\"}"), 1.0);
     decide_pending(&mut client, &big, pb::ApprovalDecision::Approve, "ok").await;
-    wait_for_status(&mut client, &big, "completed").await;
+    wait_for_status(&mut client, &big, "completed", None).await;
     let (samples, body) = scrape(&http, None).await;
     let value = |series: &str| sample(&samples, series, &body);
     assert_eq!(
@@ -267,7 +282,7 @@ async fn probes_and_metrics_follow_a_governed_session_and_a_database_outage() {
         .unwrap()
         .into_inner()
         .session_id;
-    wait_for_status(&mut client, &rejected, "awaiting_approval").await;
+    wait_for_status(&mut client, &rejected, "awaiting_approval", None).await;
     decide_pending(
         &mut client,
         &rejected,
@@ -275,7 +290,7 @@ async fn probes_and_metrics_follow_a_governed_session_and_a_database_outage() {
         "not this one",
     )
     .await;
-    wait_for_status(&mut client, &rejected, "completed").await;
+    wait_for_status(&mut client, &rejected, "completed", None).await;
     let (samples, body) = scrape(&http, None).await;
     let value = |series: &str| sample(&samples, series, &body);
     assert_eq!(
@@ -322,27 +337,8 @@ async fn metrics_need_a_read_token_in_required_mode_and_probes_do_not() {
     let launch = Launch::new(home.path(), Some(&url))
         .env("RUNTIME_AUTH", "required")
         .env("RUNTIME_HTTP_ADDR", &http);
-    let token = |name: &str, role: &str| {
-        let out = launch
-            .command()
-            .args(["tokens", "create", "--name", name, "--role", role])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout)
-            .unwrap()
-            .lines()
-            .last()
-            .unwrap()
-            .trim()
-            .to_owned()
-    };
-    let viewer = token("scraper", "viewer");
-    let worker = token("a-worker", "worker");
+    let viewer = launch.token("scraper", "viewer");
+    let worker = launch.token("a-worker", "worker");
     let mut daemon = launch.start().await;
 
     assert_eq!(get(&http, "/healthz", None).await.0, 200);

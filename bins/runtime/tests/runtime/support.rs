@@ -61,6 +61,28 @@ impl Launch {
         }
     }
 
+    /// `phrony-runtime tokens create --name <name> --role <role>` on this daemon's database:
+    /// the new token's secret.
+    pub(crate) fn token(&self, name: &str, role: &str) -> String {
+        let out = self
+            .command()
+            .args(["tokens", "create", "--name", name, "--role", role])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .last()
+            .unwrap()
+            .trim()
+            .to_owned()
+    }
+
     pub(crate) fn env(mut self, key: &str, value: &str) -> Self {
         self.env.push((key.to_owned(), value.to_owned()));
         self
@@ -351,6 +373,17 @@ spec:
     let compiled = phrony_manifest::load_agent(dir.join("agent.yaml"))
         .unwrap_or_else(|d| panic!("the test agent does not compile:\n{d}"));
     compiled.agent.snapshot_json()
+}
+
+/// `msg` with `authorization: Bearer <bearer>` when a token is given (`required` auth mode).
+pub(crate) fn authed<T>(msg: T, bearer: Option<&str>) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(msg);
+    if let Some(token) = bearer {
+        request
+            .metadata_mut()
+            .insert("authorization", format!("Bearer {token}").parse().unwrap());
+    }
+    request
 }
 
 pub(crate) fn agent_ref(version: &str) -> pb::AgentRef {
