@@ -42,7 +42,7 @@ fn phrony(daemon: &Daemon, actor: &str) -> Command {
 
 /// Polls `probe` until it returns a value (the CLI has no subscription command); panics with
 /// `what` and the daemon's log after [`WAIT`].
-fn wait_for<T>(daemon: &Daemon, what: &str, mut probe: impl FnMut() -> Option<T>) -> T {
+pub(crate) fn wait_for<T>(daemon: &Daemon, what: &str, mut probe: impl FnMut() -> Option<T>) -> T {
     let deadline = Instant::now() + WAIT;
     loop {
         if let Some(found) = probe() {
@@ -65,7 +65,7 @@ fn session_status(daemon: &Daemon, id: &str) -> String {
     inspected["session"]["status"].as_str().unwrap().to_owned()
 }
 
-fn wait_for_status(daemon: &Daemon, id: &str, want: &str) {
+pub(crate) fn wait_for_status(daemon: &Daemon, id: &str, want: &str) {
     wait_for(daemon, &format!("session {id} to be {want}"), || {
         let status = session_status(daemon, id);
         assert!(
@@ -93,7 +93,7 @@ fn wait_for_approval(daemon: &Daemon, session_id: &str) -> Value {
 }
 
 /// `phrony run …` that must print `session <id> started`; returns the id.
-fn start(cmd: &mut Command) -> String {
+pub(crate) fn start(cmd: &mut Command) -> String {
     let stdout = ok(cmd);
     let id = stdout
         .strip_prefix("session ")
