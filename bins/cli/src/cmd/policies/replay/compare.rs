@@ -262,7 +262,7 @@ mod tests {
             boundary_policy,
         )
         .unwrap();
-        let compiled = phrony_manifest::load_agent(&dir.path().join("agent.yaml")).unwrap();
+        let compiled = phrony_manifest::load_agent(dir.path().join("agent.yaml")).unwrap();
         Candidate::new(compiled.agent).unwrap()
     }
 
