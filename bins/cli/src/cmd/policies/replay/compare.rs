@@ -278,6 +278,10 @@ mod tests {
         }
     }
 
+    fn refund_call(id: &str, amount: u32, stored: Option<Decided>) -> StoredCall {
+        call(id, "issue_refund", refund(amount), stored)
+    }
+
     fn refund(amount: u32) -> Value {
         json!({"order_id": "ORD-1", "amount": amount, "currency": "EUR", "reason": "damaged"})
     }
@@ -317,19 +321,9 @@ mod tests {
     #[test]
     fn raising_the_boundary_flips_only_the_call_between_the_old_and_the_new() {
         let calls = [
-            call("c100", "issue_refund", refund(100), Some(allow())),
-            call(
-                "c300",
-                "issue_refund",
-                refund(300),
-                Some(approval("approved")),
-            ),
-            call(
-                "c600",
-                "issue_refund",
-                refund(600),
-                Some(approval("denied")),
-            ),
+            refund_call("c100", 100, Some(allow())),
+            refund_call("c300", 300, Some(approval("approved"))),
+            refund_call("c600", 600, Some(approval("denied"))),
         ];
         let replay = replay(&candidate(500), &calls);
         assert_eq!(
@@ -356,13 +350,8 @@ mod tests {
     #[test]
     fn the_same_manifest_flips_nothing() {
         let calls = [
-            call("c100", "issue_refund", refund(100), Some(allow())),
-            call(
-                "c300",
-                "issue_refund",
-                refund(300),
-                Some(approval("pending")),
-            ),
+            refund_call("c100", 100, Some(allow())),
+            refund_call("c300", 300, Some(approval("pending"))),
         ];
         let replay = replay(&candidate(250), &calls);
         assert!(replay.flips.is_empty(), "{:?}", replay.flips);
@@ -372,7 +361,7 @@ mod tests {
 
     #[test]
     fn lowering_the_boundary_flips_allow_to_approval_and_names_the_policy() {
-        let calls = [call("c100", "issue_refund", refund(100), Some(allow()))];
+        let calls = [refund_call("c100", 100, Some(allow()))];
         let replay = replay(&candidate(50), &calls);
         assert_eq!(replay.flips.len(), 1);
         assert_eq!(
