@@ -8,10 +8,9 @@ use std::path::Path;
 use serde_json::{Value, json};
 use tests::cli::{fails, json, ok, run, table};
 use tests::daemon::{Backend, Daemon};
-use tests::stub::{REFUND_AGENT as AGENT, publish_and_deploy, stub_daemon, write_refund_agent};
-use tests::worker::RefundWorker;
+use tests::stub::{REFUND_AGENT as AGENT, deployed_refund_agent, write_refund_agent};
 
-use crate::sessions::{start, wait_for, wait_for_status};
+use crate::sessions::{pending_approvals, start, wait_for, wait_for_status};
 
 /// The exit code of a replay that found a flip.
 const FLIPPED: i32 = 5;
@@ -57,28 +56,18 @@ fn write_candidate(dir: &Path, version: &str, boundary: u32) {
 /// The session's approvals once `n` are listed, by amount.
 fn approvals_of(daemon: &Daemon, session_id: &str, n: usize) -> Vec<Value> {
     wait_for(daemon, &format!("{n} approvals of {session_id}"), || {
-        let listed = json(&ok(tests::cli::phrony(daemon, "ci").args([
-            "approvals",
-            "list",
-            "--session-id",
-            session_id,
-            "--output",
-            "json",
-        ])));
-        let mut found = listed["approvals"].as_array().unwrap().clone();
+        let mut found = pending_approvals(daemon, session_id);
         found.sort_by_key(|a| a["args"]["amount"].as_u64());
         (found.len() == n).then_some(found)
     })
 }
 
 fn replay_flips_only_the_call_between_the_boundaries(backend: Backend) {
-    let Some(daemon) = stub_daemon(backend) else {
+    let Some((daemon, _worker, project)) =
+        deployed_refund_agent(backend, &three_refunds(), "replay-test-worker")
+    else {
         return;
     };
-    let _worker = RefundWorker::start(daemon.addr(), "replay-test-worker");
-    let project = tempfile::tempdir().unwrap();
-    write_refund_agent(project.path(), &three_refunds());
-    publish_and_deploy(&daemon, project.path(), AGENT);
     let phrony = |actor: &str| tests::cli::phrony(&daemon, actor);
 
     let session = start(phrony("emad").args([
