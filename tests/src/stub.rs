@@ -30,6 +30,7 @@ pub use phrony_test_support::stub::{
 
 use crate::cli::{ok, phrony};
 use crate::daemon::{Backend, Daemon};
+use crate::worker::RefundWorker;
 
 /// A daemon that accepts the `stub` model provider (`RUNTIME_ENABLE_STUB_PROVIDER=1`); `None`
 /// as for [`Daemon::start`].
@@ -48,4 +49,24 @@ pub fn publish_and_deploy(daemon: &Daemon, dir: &Path, agent: &str) {
         .args(["agents", "publish"])
         .arg(&manifest));
     ok(phrony(daemon, "ci").args(["agents", "deploy", &format!("{agent}@{AGENT_VERSION}")]));
+}
+
+/// A daemon accepting the stub model ([`stub_daemon`]), a [`RefundWorker`] named `worker_id`
+/// connected to it, and the refund agent with this script written into a temporary project
+/// directory, published and deployed; `None` as for [`Daemon::start`].
+///
+/// # Panics
+/// When a file cannot be written or a command fails.
+#[must_use]
+pub fn deployed_refund_agent(
+    backend: Backend,
+    turns: &serde_json::Value,
+    worker_id: &str,
+) -> Option<(Daemon, RefundWorker, tempfile::TempDir)> {
+    let daemon = stub_daemon(backend)?;
+    let worker = RefundWorker::start(daemon.addr(), worker_id);
+    let project = tempfile::tempdir().unwrap_or_else(|e| panic!("temporary directory: {e}"));
+    write_refund_agent(project.path(), turns);
+    publish_and_deploy(&daemon, project.path(), REFUND_AGENT);
+    Some((daemon, worker, project))
 }

@@ -7,6 +7,7 @@
 //! | 2 | usage error: unknown command or flag, missing or malformed argument (printed by clap) |
 //! | 3 | outcome unknown: the connection was lost after a change was sent ([`Unsure`]); it may have been recorded |
 //! | 4 | access refused ([`AccessRefused`]): `UNAUTHENTICATED` (no credential, or a bad one) or `PERMISSION_DENIED` (the message names the missing permission) |
+//! | 5 | `policies replay` found a stored decision that would flip ([`Flipped`]); the report is on stdout |
 
 use std::fmt;
 use std::io::{self, ErrorKind};
@@ -21,6 +22,9 @@ const UNSURE: u8 = 3;
 /// Exit code of a call the runtime refused at its access edge ([`AccessRefused`]).
 const ACCESS_REFUSED: u8 = 4;
 
+/// Exit code of a replay that found decisions that would flip ([`Flipped`]).
+const FLIPPED: u8 = 5;
+
 /// Maps a command's outcome to the process exit code, printing the error to stderr.
 ///
 /// A closed stdout (`phrony schema | head`) is not an error: the reader got what it wanted.
@@ -34,6 +38,10 @@ pub fn code(outcome: anyhow::Result<()>) -> ExitCode {
         .any(|io| io.kind() == ErrorKind::BrokenPipe);
     if broken_pipe {
         return ExitCode::SUCCESS;
+    }
+    if let Some(flipped) = err.downcast_ref::<Flipped>() {
+        eprintln!("{flipped}");
+        return ExitCode::from(FLIPPED);
     }
     eprintln!("Error: {err:#}");
     let hint = err.chain().find_map(|cause| {
@@ -137,3 +145,28 @@ impl fmt::Display for AccessRefused {
 }
 
 impl std::error::Error for AccessRefused {}
+
+/// `policies replay` found stored decisions the candidate would take differently. Not a
+/// failure of the command (its report is on stdout): the one line goes to stderr without
+/// `Error:` and the process exits with code 5, so CI can gate a policy change on it.
+#[derive(Debug)]
+pub(crate) struct Flipped {
+    message: String,
+}
+
+impl Flipped {
+    /// The one line to print, e.g. `1 stored decision would flip under …`.
+    pub(crate) fn new(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for Flipped {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Flipped {}

@@ -573,6 +573,70 @@ fn a_missing_manifest_is_an_error() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// policies replay (through a daemon: tests/tests/e2e/replay.rs)
+
+/// The candidate is checked before the runtime is asked anything: a broken manifest gets every
+/// diagnostic as `agents validate` prints them and exit 1, with no daemon running.
+#[test]
+fn replay_reports_a_broken_candidate_before_connecting() {
+    let tmp = TempDir::new().unwrap();
+    let text = GOOD_AGENT
+        .replace("1.0.0", "not-a-version")
+        .replace("purpose: test", "purpose: ''");
+    let path = write(tmp.path(), "agent.yaml", &text);
+    let out = phrony()
+        .args(["policies", "replay", "demo/a", "--against"])
+        .arg(&path)
+        .args(["--runtime-addr", "127.0.0.1:1"])
+        .env("OPENAI_API_KEY", "x")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(out.stdout.is_empty());
+    let file = path.display().to_string();
+    let diagnostics: Vec<&str> = stderr.lines().filter(|l| l.starts_with(&file)).collect();
+    assert_eq!(diagnostics.len(), 2, "{stderr}");
+    assert!(
+        stderr.ends_with("Error: invalid manifest (2 errors)\n"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("cannot reach"), "{stderr}");
+}
+
+#[test]
+fn replay_refuses_bad_arguments_with_their_name() {
+    phrony()
+        .args(["policies", "replay", "demo/a"])
+        .assert()
+        .code(2)
+        .stderr(contains("--against"));
+    phrony()
+        .args([
+            "policies",
+            "replay",
+            "demo/a@1.0.0",
+            "--against",
+            "agent.yaml",
+        ])
+        .assert()
+        .code(1)
+        .stderr(contains("must not include @version"));
+    phrony()
+        .args([
+            "policies",
+            "replay",
+            "demo/a",
+            "--against",
+            "agent.yaml",
+            "--limit",
+            "0",
+        ])
+        .assert()
+        .code(2);
+}
+
+// ---------------------------------------------------------------------------------------------
 // policies check
 
 fn check(amount: u32, output: &str) -> Command {

@@ -18,6 +18,7 @@ use phrony_ledger::{
     NewToolCall, OnModify, OnReject, OutputInvalid, SessionMode, SessionStatus, SideEffectClass,
     TimeoutDefault, ToolInvocation, ToolResult,
 };
+pub(crate) use phrony_manifest::CallScope;
 use phrony_manifest::ToolBinding;
 use phrony_policy::{AgentCtx, Decision, Policy, Request, SessionCtx, ToolCtx, Trigger};
 use serde_json::{Map, Value, json};
@@ -194,37 +195,6 @@ pub(crate) enum EditRefusal {
         /// Its reason.
         message: String,
     },
-}
-
-/// What policies see of one call: the tool, its arguments, the agent, the session (id and
-/// metadata), the principal's claims, and the time.
-pub(crate) struct CallScope<'a> {
-    pub(crate) agent: &'a phrony_manifest::CompiledAgent,
-    pub(crate) session_id: &'a str,
-    pub(crate) metadata: &'a Value,
-    pub(crate) principal: Option<&'a Value>,
-    pub(crate) now: i64,
-}
-
-impl CallScope<'_> {
-    pub(crate) fn request<'a>(
-        &'a self,
-        binding: &'a ToolBinding,
-        wire: &'a str,
-        args: &'a Value,
-    ) -> Request<'a> {
-        let mut req = Request::new(binding.tool_ctx(wire), args)
-            .with_agent(self.agent.agent_ctx())
-            .with_session(SessionCtx {
-                id: self.session_id,
-                metadata: Some(self.metadata),
-            })
-            .at(self.now);
-        if let Some(claims) = self.principal {
-            req = req.with_principal(claims);
-        }
-        req
-    }
 }
 
 impl DriverSetup {

@@ -574,7 +574,7 @@ async fn drive(
             .max(fold.max_user_turn.max(fold.max_started_turn) + 1);
     }
     let ctx = Arc::new(Ctx {
-        metadata: serde_json::to_value(&session.metadata).unwrap_or(Value::Null),
+        metadata: phrony_manifest::session_metadata(&session.metadata),
         principal: fold.principal.clone(),
         limits: session.limits.clone().unwrap_or_default(),
         status: tokio::sync::Mutex::new(StatusState {

@@ -214,7 +214,7 @@ impl Engine {
             )));
         };
         let principal = self.inner.fold(&session.id).await?.principal;
-        let metadata = serde_json::to_value(&session.metadata).unwrap_or(Value::Null);
+        let metadata = phrony_manifest::session_metadata(&session.metadata);
         let scope = CallScope {
             agent,
             session_id: &session.id,

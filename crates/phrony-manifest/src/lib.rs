@@ -112,6 +112,7 @@ pub use model::compiled::{
 };
 pub use names::{AgentNameError, ForbiddenChar, check_agent_name};
 pub use pin::{PIN_PREFIX, ToolPin, descriptor_pin, tool_descriptor_pin};
+pub use policy_bridge::{CallScope, session_metadata};
 pub use publication::{
     BundleHeader, BundleHeaderMetadata, BundleHeaderSpec, MAX_BUNDLE_LOCK_BYTES,
     MAX_BUNDLE_MANIFEST_BYTES, MAX_BUNDLE_MEMBERS, MAX_MEMBER_SNAPSHOT_BYTES, PublicationError,

@@ -1,7 +1,10 @@
 //! The bridge to `phrony-policy`: Policy documents and compiled policies become `PolicyDef`s, and
 //! the engine's compile errors are placed back on the Policy document's YAML nodes.
 
-use phrony_policy::{AgentCtx, CompileErrors, PolicyDef, PolicySet, TimeoutDef, ToolCtx};
+use phrony_policy::{
+    AgentCtx, CompileErrors, PolicyDef, PolicySet, Request, SessionCtx, TimeoutDef, ToolCtx,
+};
+use serde_json::Value;
 
 use crate::diag::FileDiags;
 use crate::model::common::{blank, is_lenient_semver};
@@ -181,6 +184,60 @@ impl ToolBinding {
             name: wire_name,
         }
     }
+}
+
+/// What policies see of one call besides the tool and its arguments: the agent, the session (id
+/// and metadata), the principal's claims, and the decision time (Unix seconds).
+///
+/// [`CallScope::request`] is the one construction of a call's policy [`Request`]: the runtime
+/// decides every tool call with it, and `phrony policies replay` re-decides stored calls with
+/// it, so a replay sees exactly the fields the runtime saw.
+#[derive(Debug, Clone, Copy)]
+pub struct CallScope<'a> {
+    /// The agent whose policies decide (`phrony.agent.*`).
+    pub agent: &'a CompiledAgent,
+    /// The session's id (`phrony.session.id`).
+    pub session_id: &'a str,
+    /// The session's metadata (`phrony.session.metadata.*`), see [`session_metadata`].
+    pub metadata: &'a Value,
+    /// The claims of the principal the session runs for (`phrony.principal.*`), if any.
+    pub principal: Option<&'a Value>,
+    /// When the call is decided, Unix seconds (`phrony.now`).
+    pub now: i64,
+}
+
+impl CallScope<'_> {
+    /// The policy request of a call of `binding` (called `wire` by the model) with `args`.
+    #[must_use]
+    pub fn request<'a>(
+        &'a self,
+        binding: &'a ToolBinding,
+        wire: &'a str,
+        args: &'a Value,
+    ) -> Request<'a> {
+        let mut req = Request::new(binding.tool_ctx(wire), args)
+            .with_agent(self.agent.agent_ctx())
+            .with_session(SessionCtx {
+                id: self.session_id,
+                metadata: Some(self.metadata),
+            })
+            .at(self.now);
+        if let Some(claims) = self.principal {
+            req = req.with_principal(claims);
+        }
+        req
+    }
+}
+
+/// A session's metadata as policies see it: a JSON object of its string pairs.
+#[must_use]
+pub fn session_metadata<'a>(pairs: impl IntoIterator<Item = (&'a String, &'a String)>) -> Value {
+    Value::Object(
+        pairs
+            .into_iter()
+            .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+            .collect(),
+    )
 }
 
 #[cfg(test)]

@@ -271,6 +271,44 @@ fn libraries_never_read_the_process_environment() {
 }
 
 #[test]
+fn a_tool_calls_policy_request_is_built_in_one_place() {
+    // The runtime decides a call, and `phrony policies replay` re-decides a stored one, on the
+    // request `phrony_manifest::CallScope::request` builds; a second construction could drift
+    // from it (a field the runtime sets and the replay forgets). `with_session` is the marker:
+    // besides `CallScope`, only the limit escalation's pseudo call (no tool binding) and
+    // `policies check`'s `--context` (the user spells the session) set a session.
+    const MAY_BUILD: &[&str] = &[
+        "crates/phrony-manifest/src/policy_bridge.rs",
+        "crates/phrony-engine/src/calls.rs",
+        "bins/cli/src/cmd/policies/check.rs",
+        "crates/phrony-policy/src/request.rs",
+    ];
+    let mut found = Vec::new();
+    for (rel, text) in rust_sources() {
+        if is_test_code(&rel) || MAY_BUILD.contains(&rel.as_str()) {
+            continue;
+        }
+        for (n, line) in non_test_part(&text).lines().enumerate() {
+            if line.contains(".with_session(") {
+                found.push(format!("{rel}:{}: {}", n + 1, line.trim()));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "policy requests built outside phrony_manifest::CallScope:\n{}",
+        found.join("\n")
+    );
+    let calls = std::fs::read_to_string(workspace_root().join("crates/phrony-engine/src/calls.rs"))
+        .expect("calls.rs");
+    assert_eq!(
+        calls.matches(".with_session(").count(),
+        1,
+        "calls.rs builds one request itself (the limit escalation); tool calls use CallScope"
+    );
+}
+
+#[test]
 fn every_source_file_opens_with_a_doc_line() {
     let missing: Vec<_> = rust_sources()
         .into_iter()

@@ -8,6 +8,7 @@
 //! - [`schema`]: the authoring JSON Schema against every example.
 //! - [`examples`]: each example's `cases.yaml` against the real policy engine.
 //! - [`lifecycle`]: the real daemon driven by the real CLI.
+//! - [`replay`]: `phrony policies replay` of a deployed agent's stored calls under a candidate.
 //! - [`mcp`]: an MCP-backed tool through the real daemon and CLI, against the fake MCP server.
 //! - [`guard_rails`]: the layering rules of ARCHITECTURE.md on the sources and the dependency graph.
 //! - [`transport`]: TLS and mutual TLS between the real CLI and daemon.
@@ -39,6 +40,7 @@ mod examples;
 mod guard_rails;
 mod lifecycle;
 mod mcp;
+mod replay;
 mod schema;
 mod sdk;
 mod sessions;

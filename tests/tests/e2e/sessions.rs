@@ -17,9 +17,9 @@ use tests::cli::{fails, json, ok, run, table};
 use tests::daemon::{Backend, Daemon};
 use tests::proxy::LossyProxy;
 use tests::stub::{
-    REFUND_AGENT as AGENT, publish_and_deploy, stub_daemon, write_refund_agent, write_stub_script,
+    REFUND_AGENT as AGENT, deployed_refund_agent, publish_and_deploy, stub_daemon,
+    write_stub_script,
 };
-use tests::worker::RefundWorker;
 
 use crate::tables::redacted;
 
@@ -42,7 +42,7 @@ fn phrony(daemon: &Daemon, actor: &str) -> Command {
 
 /// Polls `probe` until it returns a value (the CLI has no subscription command); panics with
 /// `what` and the daemon's log after [`WAIT`].
-fn wait_for<T>(daemon: &Daemon, what: &str, mut probe: impl FnMut() -> Option<T>) -> T {
+pub(crate) fn wait_for<T>(daemon: &Daemon, what: &str, mut probe: impl FnMut() -> Option<T>) -> T {
     let deadline = Instant::now() + WAIT;
     loop {
         if let Some(found) = probe() {
@@ -65,7 +65,7 @@ fn session_status(daemon: &Daemon, id: &str) -> String {
     inspected["session"]["status"].as_str().unwrap().to_owned()
 }
 
-fn wait_for_status(daemon: &Daemon, id: &str, want: &str) {
+pub(crate) fn wait_for_status(daemon: &Daemon, id: &str, want: &str) {
     wait_for(daemon, &format!("session {id} to be {want}"), || {
         let status = session_status(daemon, id);
         assert!(
@@ -77,23 +77,29 @@ fn wait_for_status(daemon: &Daemon, id: &str, want: &str) {
     });
 }
 
+/// The pending approvals of a session, as `approvals list --session-id ID --output json` lists
+/// them.
+pub(crate) fn pending_approvals(daemon: &Daemon, session_id: &str) -> Vec<Value> {
+    let listed = json(&ok(phrony(daemon, "ci").args([
+        "approvals",
+        "list",
+        "--session-id",
+        session_id,
+        "--output",
+        "json",
+    ])));
+    listed["approvals"].as_array().unwrap().clone()
+}
+
 /// The pending approval of a session, once it is listed (as JSON).
 fn wait_for_approval(daemon: &Daemon, session_id: &str) -> Value {
     wait_for(daemon, &format!("an approval of {session_id}"), || {
-        let listed = json(&ok(phrony(daemon, "ci").args([
-            "approvals",
-            "list",
-            "--session-id",
-            session_id,
-            "--output",
-            "json",
-        ])));
-        listed["approvals"].as_array().unwrap().first().cloned()
+        pending_approvals(daemon, session_id).first().cloned()
     })
 }
 
 /// `phrony run …` that must print `session <id> started`; returns the id.
-fn start(cmd: &mut Command) -> String {
+pub(crate) fn start(cmd: &mut Command) -> String {
     let stdout = ok(cmd);
     let id = stdout
         .strip_prefix("session ")
@@ -164,13 +170,11 @@ fn refund_turns() -> Value {
 /// Approve and reject from the CLI: run detached, see the approval, decide it as `emad`, and
 /// find the decision with its actor in the session's timeline.
 fn approvals_from_the_cli(backend: Backend) {
-    let Some(daemon) = stub_daemon(backend) else {
+    let Some((daemon, worker, _project)) =
+        deployed_refund_agent(backend, &refund_turns(), "sessions-test-worker")
+    else {
         return;
     };
-    let worker = RefundWorker::start(daemon.addr(), "sessions-test-worker");
-    let project = tempfile::tempdir().unwrap();
-    write_refund_agent(project.path(), &refund_turns());
-    publish_and_deploy(&daemon, project.path(), AGENT);
 
     // run, detached.
     let approved_id = start(phrony(&daemon, "emad").args([
@@ -498,13 +502,11 @@ fn approvals_from_the_cli_postgres() {
 /// `approvals show` and `sessions inspect`.
 #[test]
 fn hostile_names_and_lost_answers_at_the_cli() {
-    let Some(daemon) = stub_daemon(Backend::Sqlite) else {
+    let Some((daemon, _worker, _project)) =
+        deployed_refund_agent(Backend::Sqlite, &refund_turns(), "edges-test-worker")
+    else {
         return;
     };
-    let _worker = RefundWorker::start(daemon.addr(), "edges-test-worker");
-    let project = tempfile::tempdir().unwrap();
-    write_refund_agent(project.path(), &refund_turns());
-    publish_and_deploy(&daemon, project.path(), AGENT);
     let id = start(phrony(&daemon, "emad").args(["run", AGENT, "--input", "Refund 400 for ORD-1"]));
     let approval = wait_for_approval(&daemon, &id);
     let approval_id = approval["id"].as_str().unwrap().to_owned();

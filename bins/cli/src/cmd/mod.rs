@@ -34,7 +34,8 @@ Exit codes:
   3  the connection to the runtime was lost after a change was sent: it may have been
      recorded (the error says how to check)
   4  access refused: no credential or a bad one (UNAUTHENTICATED), or the credential lacks
-     the permission (PERMISSION_DENIED; the error names it)";
+     the permission (PERMISSION_DENIED; the error names it)
+  5  `policies replay`: a stored decision would flip under the candidate manifest";
 
 /// Declare, validate and dry-run Phrony agents; operate the Phrony runtime.
 #[derive(Debug, Parser)]
@@ -112,7 +113,7 @@ enum Command {
     /// Validate agent manifests; publish, deploy, roll back and retire agent versions.
     #[command(subcommand)]
     Agents(agents::Command),
-    /// Dry-run policies against a tool call.
+    /// Dry-run policies against a tool call; replay stored calls under a candidate manifest.
     #[command(subcommand)]
     Policies(policies::Command),
     /// Print the descriptor pins of Tool documents (the `descriptor_hash` workers advertise).
@@ -173,7 +174,7 @@ impl Cli {
             Command::Init(args) => init::run(&args),
             Command::Status(args) => status::run(&args, &self.global),
             Command::Agents(cmd) => cmd.run(&self.global),
-            Command::Policies(cmd) => cmd.run(),
+            Command::Policies(cmd) => cmd.run(&self.global),
             Command::Tools(cmd) => cmd.run(),
             Command::Run(args) => run::run(&args, &self.global),
             Command::Sessions(cmd) => cmd.run(&self.global),
