@@ -505,7 +505,7 @@ async fn a_policy_denial_and_a_failed_model_call_are_counted() {
     )
     .await;
     let denied = run_named(&mut client, "refund-huge", "Refund 9000 EUR for ORD-1.").await;
-    wait_for_status(&mut client, &denied, "completed").await;
+    wait_for_status(&mut client, &denied, "completed", None).await;
     let (samples, body) = scrape(&http, None).await;
     let value = |series: &str| sample(&samples, series, &body);
     assert_eq!(value("phrony_tool_calls_total{decision=\"deny\"}"), 1.0);
@@ -524,7 +524,7 @@ async fn a_policy_denial_and_a_failed_model_call_are_counted() {
     )
     .await;
     let broken = run_named(&mut client, "refund-broken", "Refund 40 EUR for ORD-1.").await;
-    wait_for_status(&mut client, &broken, "failed").await;
+    wait_for_status(&mut client, &broken, "failed", None).await;
     let (samples, body) = scrape(&http, None).await;
     let value = |series: &str| sample(&samples, series, &body);
     assert!(value("phrony_model_errors_total") >= 1.0, "{body}");
