@@ -185,6 +185,18 @@ impl Cond {
         }
     }
 
+    /// Whether the condition reads the call's arguments anywhere (a leaf on a path that does not
+    /// start with `phrony.`, under any `all`, `any` or `not`). A condition that does not is
+    /// decided by the call's context alone.
+    pub(crate) fn reads_args(&self) -> bool {
+        match self {
+            Cond::All(children) | Cond::Any(children) => children.iter().any(Cond::reads_args),
+            Cond::Not(child) => child.reads_args(),
+            Cond::Leaf { source, .. } => source.reads_args(),
+            Cond::Trigger { .. } => false,
+        }
+    }
+
     /// An equality this condition cannot hold without: a leaf `eq` or `in` on a path that is its
     /// own slot (no `[any]`/`[all]` step), reached from the root through `all` nodes only. The
     /// condition is false unless the slot's value equals one of the returned values.
