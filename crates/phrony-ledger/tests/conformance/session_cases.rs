@@ -2900,6 +2900,7 @@ pub(crate) async fn a_completion_and_its_message_commit_together(db: &TestDb) {
             duration_ms: 5,
             tool_calls: Vec::new(),
             reasoning: Vec::new(),
+            hidden_tools: Vec::new(),
         });
         let mut e = body.into_new_event("agent").unwrap();
         e.turn = Some(1);
@@ -3395,6 +3396,7 @@ pub(crate) async fn a_model_step_commits_its_completion_status_and_calls_togethe
             duration_ms: 5,
             tool_calls: Vec::new(),
             reasoning: Vec::new(),
+            hidden_tools: Vec::new(),
         });
         let mut e = body.into_new_event("agent").unwrap();
         e.turn = Some(1);
