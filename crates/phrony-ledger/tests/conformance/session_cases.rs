@@ -2975,6 +2975,77 @@ pub(crate) async fn a_completion_and_its_message_commit_together(db: &TestDb) {
     );
 }
 
+/// Tool visibility: a `model.completion` names the tools policy hid from its request, and reads
+/// back typed; one that hid none stores no `hidden_tools` key (the bytes earlier builds wrote),
+/// and the chain verifies over both.
+pub(crate) async fn a_completion_records_the_tools_policy_hid(db: &TestDb) {
+    let ledger = db.migrated().await;
+    let v = deploy_agent(ledger, &refund_agent(), "0.1.0").await;
+    let completion = |hidden_tools: Vec<phrony_ledger::HiddenTool>| {
+        let body = phrony_ledger::EventBody::ModelCompletion(phrony_ledger::ModelCompletion {
+            turn: 1,
+            iteration: 0,
+            stop_reason: "end_turn".into(),
+            usage: Usage {
+                input_tokens: 20,
+                output_tokens: 10,
+                estimated: false,
+            },
+            duration_ms: 5,
+            tool_calls: Vec::new(),
+            reasoning: Vec::new(),
+            hidden_tools,
+        });
+        let mut e = body.into_new_event("agent").unwrap();
+        e.turn = Some(1);
+        e
+    };
+    let hidden = vec![phrony_ledger::HiddenTool {
+        name: "issue_refund".into(),
+        policy: "ops/viewers-cannot-refund@1.0.0".into(),
+    }];
+    let s = start(ledger, &v).await;
+    ledger
+        .record_completion(&s.id, completion(hidden.clone()), None)
+        .await
+        .unwrap();
+    ledger
+        .record_completion(&s.id, completion(Vec::new()), None)
+        .await
+        .unwrap();
+    let stored: Vec<phrony_ledger::Event> = ledger
+        .events_after(&s.id, 0, 100)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.event_type == "model.completion")
+        .collect();
+    assert_eq!(stored.len(), 2);
+    assert_eq!(
+        stored[0].payload["hidden_tools"],
+        serde_json::json!([{"name": "issue_refund", "policy": "ops/viewers-cannot-refund@1.0.0"}])
+    );
+    assert!(
+        stored[1].payload.get("hidden_tools").is_none(),
+        "{}",
+        stored[1].payload
+    );
+    let read = |e: &phrony_ledger::Event| match e.body().unwrap() {
+        phrony_ledger::EventBody::ModelCompletion(c) => c.hidden_tools,
+        other => panic!("expected a model completion, got {other:?}"),
+    };
+    assert_eq!(read(&stored[0]), hidden);
+    assert!(read(&stored[1]).is_empty());
+    assert!(
+        ledger
+            .verify_stream(&s.id)
+            .await
+            .unwrap()
+            .violation
+            .is_none()
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // live sessions per agent (RUNTIME_MAX_SESSIONS_PER_AGENT)
 
