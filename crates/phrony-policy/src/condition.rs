@@ -46,6 +46,20 @@ pub(crate) struct Ctx<'r, 'a> {
     pub(crate) gates: Option<&'r Gates>,
 }
 
+impl<'r, 'a> Ctx<'r, 'a> {
+    /// A context that resolves every path directly: no slots, filters or key tables (the
+    /// linear scan, and questions asked outside a decision such as tool visibility).
+    pub(crate) fn unindexed(req: &'r Request<'a>, trigger: Option<Trigger>) -> Self {
+        Self {
+            req,
+            trigger,
+            slots: &[],
+            filters: &[],
+            gates: None,
+        }
+    }
+}
+
 impl Cond {
     pub(crate) fn eval(&self, ctx: &Ctx<'_, '_>) -> bool {
         match self {

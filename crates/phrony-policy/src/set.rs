@@ -325,13 +325,7 @@ impl PolicySet {
     /// those arguments): property `a_hidden_tool_is_denied_whatever_the_args`
     /// (tests/properties.rs).
     pub fn hidden_tool<'s>(&'s self, req: &Request<'_>) -> Option<&'s Policy> {
-        let ctx = Ctx {
-            req,
-            trigger: None,
-            slots: &[],
-            filters: &[],
-            gates: None,
-        };
+        let ctx = Ctx::unindexed(req, None);
         self.index
             .in_scope(req.tool.r#ref)
             .filter_map(|position| self.policies.get(position))
@@ -362,13 +356,7 @@ impl PolicySet {
     /// `indexed_evaluation_equals_the_linear_scan`.
     #[cfg(test)]
     pub(crate) fn evaluate_linear<'s>(&'s self, req: &Request<'_>) -> Decision<'s> {
-        let ctx = Ctx {
-            req,
-            trigger: None,
-            slots: &[],
-            filters: &[],
-            gates: None,
-        };
+        let ctx = Ctx::unindexed(req, None);
         let mut candidate: Option<&'s Policy> = None;
         for policy in &self.policies {
             match policy.verdict(&ctx) {
@@ -394,13 +382,7 @@ impl PolicySet {
         req: &Request<'_>,
         trigger: Trigger,
     ) -> Option<&'s Policy> {
-        let ctx = Ctx {
-            req,
-            trigger: Some(trigger),
-            slots: &[],
-            filters: &[],
-            gates: None,
-        };
+        let ctx = Ctx::unindexed(req, Some(trigger));
         self.policies.iter().find(|p| {
             p.action().is_approval()
                 && p.reads_trigger()

@@ -157,7 +157,7 @@ fn check_case(
     }
 
     if let Some(want) = case.hidden {
-        check_visibility(policies, request, want, case.expect, &mut problems);
+        check_visibility(policies, &request, want, case.expect, &mut problems);
     }
     let decision = policies.evaluate(&request);
     let kind = decision.kind().as_str();
@@ -212,23 +212,19 @@ fn check_case(
     problems
 }
 
-/// Whether the case's tool is hidden in its context as `want` says: asked with `null` arguments,
-/// as the runtime asks before each completion. A hidden tool's case must expect a deny.
+/// Whether the case's tool is hidden in its context as `want` says (visibility does not read
+/// the case's arguments). A hidden tool's case must expect a deny.
 fn check_visibility(
     policies: &phrony_policy::PolicySet,
-    request: Request<'_>,
+    request: &Request<'_>,
     want: bool,
     expect: Expect,
     problems: &mut Vec<String>,
 ) {
-    let no_args = Value::Null;
-    let hidden_by = policies
-        .hidden_tool(&Request {
-            args: &no_args,
-            ..request
-        })
-        .map(|p| p.id().to_string());
-    match (&hidden_by, want) {
+    match (
+        policies.hidden_tool(request).map(|p| p.id().to_string()),
+        want,
+    ) {
         (Some(policy), false) => {
             problems.push(format!(
                 "the tool is hidden (by {policy}), expected it offered"

@@ -89,13 +89,8 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     }
 
     let explanation = policies.explain(&request);
-    let no_args = Value::Null;
-    let hidden_by = policies
-        .hidden_tool(&Request {
-            args: &no_args,
-            ..request
-        })
-        .map(|p| p.id().to_string());
+    // Visibility does not read the arguments: the call's own request asks it.
+    let hidden_by = policies.hidden_tool(&request).map(|p| p.id().to_string());
     let mut stdout = io::stdout().lock();
     match args.output {
         Output::Text => write_text(&mut stdout, &tool, &explanation, hidden_by.as_deref())?,
