@@ -579,4 +579,19 @@ mod tests {
         assert!(none.get("thinking").is_none());
         assert_eq!(none["max_tokens"], 4096);
     }
+
+    /// Every tool hidden by policy (tool visibility): no `tools` key; with tools, one entry each.
+    #[test]
+    fn an_empty_tool_list_sends_no_tools() {
+        let mut req = request(None, 4096);
+        assert!(messages_request(&req).get("tools").is_none());
+        req.tools.push(crate::ToolSpec {
+            name: "lookup_order".into(),
+            description: String::new(),
+            input_schema: json!({"type": "object"}),
+        });
+        let body = messages_request(&req);
+        assert_eq!(body["tools"][0]["name"], "lookup_order");
+        assert!(body["tools"][0].get("description").is_none());
+    }
 }
