@@ -752,6 +752,53 @@ fn check_accepts_the_logical_id_and_reads_are_ungoverned() {
 }
 
 #[test]
+fn check_says_when_a_tool_is_hidden_from_the_model_in_the_context() {
+    let change = refund_example()
+        .with_file_name("change-management")
+        .join("agent.yaml");
+    let check = |context: &str, output: &str| {
+        let out = phrony()
+            .args(["policies", "check"])
+            .arg(&change)
+            .args([
+                "--tool",
+                "restart_service",
+                "--args",
+                r#"{"service": "search-api"}"#,
+            ])
+            .args(["--context", context, "--output", output])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let developer = r#"{"principal": {"role": "developer"}, "now": "2025-03-12T10:00:00Z"}"#;
+    let text = check(developer, "text");
+    assert!(
+        text.contains(
+            "hidden: infra/operators-only@1.0.0 denies every call of this tool in this context, \
+             whatever the arguments; the model is not offered it\n"
+        ),
+        "{text}"
+    );
+    let report: Value = serde_json::from_str(&check(developer, "json")).unwrap();
+    assert_eq!(report["hidden_by"], "infra/operators-only@1.0.0");
+    // An operator is offered the tool; a deny that reads the arguments hides nothing.
+    let oncall = r#"{"principal": {"role": "oncall"}, "now": "2025-03-12T10:00:00Z"}"#;
+    assert!(!check(oncall, "text").contains("hidden:"));
+    let report: Value = serde_json::from_str(&check(oncall, "json")).unwrap();
+    assert!(report.get("hidden_by").is_none(), "{report}");
+    phrony()
+        .args(["policies", "check"])
+        .arg(refund_example().join("agent.yaml"))
+        .args(["--tool", "issue_refund", "--args", r#"{"amount": 14000}"#])
+        .assert()
+        .success()
+        .stdout(contains("decision: deny"))
+        .stdout(contains("hidden:").not());
+}
+
+#[test]
 fn check_decides_a_bundles_delegation_and_its_members_calls() {
     let desk = refund_example()
         .with_file_name("refund-desk")

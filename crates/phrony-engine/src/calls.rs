@@ -245,6 +245,34 @@ impl DriverSetup {
 }
 
 impl Ctx {
+    /// Tool visibility: removes from `tools` (a completion request's) every tool whose every
+    /// call policy denies in this session's context now, whatever the arguments
+    /// ([`phrony_policy::PolicySet::hidden_tool`], asked with the dispatch-time context and
+    /// `null` arguments), and returns each with the policy that hid it. A call the model makes
+    /// to a hidden tool anyway is decided like any other (and denied).
+    pub(crate) fn hide_denied_tools(
+        &self,
+        tools: &mut Vec<phrony_providers::ToolSpec>,
+    ) -> Vec<phrony_ledger::HiddenTool> {
+        let scope = self.scope();
+        let mut hidden = Vec::new();
+        tools.retain(|tool| {
+            let Some(binding) = self.setup.binding(&tool.name) else {
+                return true;
+            };
+            let request = scope.request(binding, &tool.name, &Value::Null);
+            let Some(policy) = self.setup.policies.hidden_tool(&request) else {
+                return true;
+            };
+            hidden.push(phrony_ledger::HiddenTool {
+                name: tool.name.clone(),
+                policy: policy.id().to_string(),
+            });
+            false
+        });
+        hidden
+    }
+
     pub(crate) fn scope(&self) -> CallScope<'_> {
         CallScope {
             agent: &self.agent,

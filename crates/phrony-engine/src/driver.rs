@@ -11,9 +11,9 @@ use chrono::{DateTime, Utc};
 use futures::StreamExt as _;
 use futures::stream::FuturesUnordered;
 use phrony_ledger::{
-    Approval, ApprovalStatus, AssistantMessage, CallStatus, EventBody, ModelCompletion, NewEvent,
-    OnLimit, OnReject, OutputAccepted, OutputAction, OutputInvalid, Session, SessionEvent,
-    SessionLimits, SessionMode, SessionStatus, StatusChange, ToolInvocation, Usage,
+    Approval, ApprovalStatus, AssistantMessage, CallStatus, EventBody, HiddenTool, ModelCompletion,
+    NewEvent, OnLimit, OnReject, OutputAccepted, OutputAction, OutputInvalid, Session,
+    SessionEvent, SessionLimits, SessionMode, SessionStatus, StatusChange, ToolInvocation, Usage,
 };
 use phrony_manifest::CompiledAgent;
 use phrony_providers::{CompletionRequest, Event as ModelEvent, ModelProvider};
@@ -988,8 +988,7 @@ impl Driver {
                     LimitOutcome::Halt(message) => return Ok(TurnEnd::Halted(message)),
                 }
             }
-            let mut request = self.ctx.setup.base_request.clone();
-            request.messages = self.fold.messages(turn);
+            let (request, hidden) = self.next_request(turn);
             let needed = self
                 .fold
                 .tokens_used
@@ -1007,7 +1006,7 @@ impl Driver {
             }
             self.ctx.set_status(SessionStatus::Running, None).await?;
             let model_started = std::time::Instant::now();
-            let completion = self.complete(request, turn, iteration).await;
+            let completion = self.complete(request, hidden, turn, iteration).await;
             phrony_metrics::MODEL_CALL.observe(model_started.elapsed());
             let completion = completion.inspect_err(|_| phrony_metrics::MODEL_ERRORS.inc())?;
             let has_calls = !completion.tool_calls.is_empty();
@@ -1113,9 +1112,20 @@ impl Driver {
     }
 
     /// Streams one completion, forwarding text to subscribers.
+    /// The next completion's request: the agent's template, the turn's messages, and the tools
+    /// policy does not hide in the session's context now (time conditions change between
+    /// completions); with the tools it hid.
+    fn next_request(&self, turn: u32) -> (CompletionRequest, Vec<HiddenTool>) {
+        let mut request = self.ctx.setup.base_request.clone();
+        request.messages = self.fold.messages(turn);
+        let hidden = self.ctx.hide_denied_tools(&mut request.tools);
+        (request, hidden)
+    }
+
     async fn complete(
         &mut self,
         request: CompletionRequest,
+        hidden_tools: Vec<HiddenTool>,
         turn: u32,
         iteration: u32,
     ) -> Result<Completed, Stop> {
@@ -1186,6 +1196,7 @@ impl Driver {
                 duration_ms,
                 tool_calls: calls,
                 reasoning,
+                hidden_tools,
             },
         })
     }

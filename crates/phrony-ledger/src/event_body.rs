@@ -684,6 +684,19 @@ pub struct ModelCompletion {
     /// Reasoning blocks to replay verbatim.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub reasoning: Vec<Reasoning>,
+    /// The agent's tools left out of this completion's request because policy denies every call
+    /// of them in the session's context at that moment (tool visibility); omitted when none was.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hidden_tools: Vec<HiddenTool>,
+}
+
+/// A tool the model was not offered in a [`ModelCompletion`], and the policy that hid it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HiddenTool {
+    /// The wire name the model would have called it by.
+    pub name: String,
+    /// The policy that denies every call of it in the session's context (`namespace/name@version`).
+    pub policy: String,
 }
 
 /// One tool call of a [`ModelCompletion`].

@@ -645,6 +645,27 @@ impl Policy {
         }
     }
 
+    /// Whether this policy, in scope of the call, denies it whatever its arguments: its
+    /// conditions (if any) read only the call's context and hold in `ctx`, and it is a deny, or
+    /// an allow whose allow list checks a context field (`allow_field: phrony.…`) that the
+    /// context fails. Anything that reads the arguments (a condition on an argument path, an
+    /// allow list on arguments) answers `false`.
+    pub(crate) fn denies_whatever_the_args(&self, ctx: &Ctx<'_, '_>) -> bool {
+        if self.conditions.as_ref().is_some_and(Cond::reads_args) || !self.matches(ctx) {
+            return false;
+        }
+        match (self.action, &self.allow) {
+            (Action::Deny, _) => true,
+            (Action::Allow, Some(list)) => {
+                list.field
+                    .as_ref()
+                    .is_some_and(|(_, source)| !source.reads_args())
+                    && self.check_allow(list, ctx.req).is_some()
+            }
+            (Action::Allow, None) | (Action::RequireApproval | Action::Escalate, _) => false,
+        }
+    }
+
     /// Checks the allow list; `Some(message)` on a violation.
     fn check_allow(&self, list: &AllowList, req: &Request<'_>) -> Option<String> {
         let listed = |a: Actual<'_>| crate::ops::listed(&list.values, a);

@@ -310,6 +310,28 @@ impl PolicySet {
         })
     }
 
+    /// Whether policy denies **every** call of the request's tool in the request's context,
+    /// whatever its arguments: the first policy in scope, in evaluation order, that does so, or
+    /// `None`. A runtime can leave such a tool out of what it offers the model (tool visibility);
+    /// it must still decide every call with [`evaluate`](Self::evaluate).
+    ///
+    /// `req.args` is not read. A policy answers only when it decides without the arguments: a
+    /// `deny` whose conditions read only context fields (`phrony.agent.*`, `phrony.session.*`,
+    /// `phrony.principal.*`, `phrony.time.*`, `phrony.tool.*`) and hold, or has none; or an
+    /// `allow` whose allow list checks a context field (`allow_field: phrony.principal.role`)
+    /// the context fails. A condition on an argument path, an allow list on the arguments, and
+    /// approval policies never hide a tool. When this returns `Some`, `evaluate` denies the
+    /// same request with any arguments (deny wins; it may name an earlier deny that matched
+    /// those arguments): property `a_hidden_tool_is_denied_whatever_the_args`
+    /// (tests/properties.rs).
+    pub fn hidden_tool<'s>(&'s self, req: &Request<'_>) -> Option<&'s Policy> {
+        let ctx = Ctx::unindexed(req, None);
+        self.index
+            .in_scope(req.tool.r#ref)
+            .filter_map(|position| self.policies.get(position))
+            .find(|policy| policy.denies_whatever_the_args(&ctx))
+    }
+
     /// The policies whose scope covers the call's tool and whose gate, if any, admits the call,
     /// in evaluation order: the only ones that can match.
     fn candidates<'s, 'c, 'a>(
@@ -334,13 +356,7 @@ impl PolicySet {
     /// `indexed_evaluation_equals_the_linear_scan`.
     #[cfg(test)]
     pub(crate) fn evaluate_linear<'s>(&'s self, req: &Request<'_>) -> Decision<'s> {
-        let ctx = Ctx {
-            req,
-            trigger: None,
-            slots: &[],
-            filters: &[],
-            gates: None,
-        };
+        let ctx = Ctx::unindexed(req, None);
         let mut candidate: Option<&'s Policy> = None;
         for policy in &self.policies {
             match policy.verdict(&ctx) {
@@ -366,13 +382,7 @@ impl PolicySet {
         req: &Request<'_>,
         trigger: Trigger,
     ) -> Option<&'s Policy> {
-        let ctx = Ctx {
-            req,
-            trigger: Some(trigger),
-            slots: &[],
-            filters: &[],
-            gates: None,
-        };
+        let ctx = Ctx::unindexed(req, Some(trigger));
         self.policies.iter().find(|p| {
             p.action().is_approval()
                 && p.reads_trigger()

@@ -84,6 +84,7 @@ conformance!(
     committed_data_survives_reopening,
     session_lifecycle_records_every_transition,
     a_completion_and_its_message_commit_together,
+    a_completion_records_the_tools_policy_hid,
     child_sessions_follow_their_parent,
     live_sessions_per_agent_are_bounded,
     concurrent_creates_never_exceed_the_live_session_bound,

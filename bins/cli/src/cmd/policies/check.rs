@@ -2,7 +2,8 @@
 //!
 //! The manifest is compiled exactly as `agents validate` does, the call is decided by the same
 //! engine the runtime embeds, and the explanation names the deciding policy and every policy
-//! whose scope covered the tool.
+//! whose scope covered the tool. When policy denies every call of the tool in the given context
+//! whatever its arguments, it says so: the runtime does not offer such a tool to the model.
 
 use std::io::{self, Write as _};
 use std::path::PathBuf;
@@ -88,11 +89,14 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     }
 
     let explanation = policies.explain(&request);
+    // Visibility does not read the arguments: the call's own request asks it.
+    let hidden_by = policies.hidden_tool(&request).map(|p| p.id().to_string());
     let mut stdout = io::stdout().lock();
     match args.output {
-        Output::Text => write_text(&mut stdout, &tool, &explanation)?,
+        Output::Text => write_text(&mut stdout, &tool, &explanation, hidden_by.as_deref())?,
         Output::Json => {
-            let report = Report::new(&explanation, &tool, &agent, &args_errors);
+            let mut report = Report::new(&explanation, &tool, &agent, &args_errors);
+            report.hidden_by = hidden_by.as_deref();
             serde_json::to_writer_pretty(&mut stdout, &report)?;
             writeln!(stdout)?;
         }
@@ -248,6 +252,7 @@ fn write_text(
     out: &mut impl io::Write,
     tool: &ToolCtx<'_>,
     explanation: &Explanation<'_>,
+    hidden_by: Option<&str>,
 ) -> io::Result<()> {
     let decision = &explanation.decision;
     write!(out, "tool: {} ({}@{}", tool.name, tool.r#ref, tool.version)?;
@@ -285,6 +290,14 @@ fn write_text(
         if let Some(authority) = policy.authority_ref() {
             writeln!(out, "authority_ref: {authority}")?;
         }
+    }
+
+    if let Some(policy) = hidden_by {
+        writeln!(
+            out,
+            "hidden: {policy} denies every call of this tool in this context, whatever the \
+             arguments; the model is not offered it"
+        )?;
     }
 
     let applied: Vec<&PolicyTrace<'_>> =
@@ -335,6 +348,9 @@ struct Report<'a> {
     /// Violations of the binding's input_schema (absent when the arguments match).
     #[serde(skip_serializing_if = "<[String]>::is_empty")]
     args_errors: &'a [String],
+    /// The policy that hides the tool from the model in this context (absent when offered).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    hidden_by: Option<&'a str>,
 }
 
 #[derive(Serialize)]
@@ -364,6 +380,7 @@ impl<'a> Report<'a> {
             agent: format!("{}/{}@{}", meta.namespace, meta.name, meta.version),
             applied: explanation.policies.iter().filter(|t| t.applies).collect(),
             args_errors,
+            hidden_by: None,
         }
     }
 }
