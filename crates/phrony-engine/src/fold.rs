@@ -509,7 +509,8 @@ impl Fold {
             | EventBody::TokenRevoked(_)
             | EventBody::AuditKeyIntroduced(_)
             | EventBody::AuditUnverifiedLogAllowed(_)
-            | EventBody::WorkerDescriptorRefused(_) => {}
+            | EventBody::WorkerDescriptorRefused(_)
+            | EventBody::PolicyShadow(_) => {}
         }
         Ok(())
     }

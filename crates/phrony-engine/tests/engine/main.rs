@@ -25,4 +25,5 @@ mod park;
 mod provider_faults;
 mod refund;
 mod sessions;
+mod shadow;
 mod vote;
