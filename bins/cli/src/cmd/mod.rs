@@ -112,7 +112,7 @@ enum Command {
     /// Validate agent manifests; publish, deploy, roll back and retire agent versions.
     #[command(subcommand)]
     Agents(agents::Command),
-    /// Dry-run policies against a tool call.
+    /// Dry-run policies against a tool call; report what shadow policies would have changed.
     #[command(subcommand)]
     Policies(policies::Command),
     /// Print the descriptor pins of Tool documents (the `descriptor_hash` workers advertise).
@@ -173,7 +173,7 @@ impl Cli {
             Command::Init(args) => init::run(&args),
             Command::Status(args) => status::run(&args, &self.global),
             Command::Agents(cmd) => cmd.run(&self.global),
-            Command::Policies(cmd) => cmd.run(),
+            Command::Policies(cmd) => cmd.run(&self.global),
             Command::Tools(cmd) => cmd.run(),
             Command::Run(args) => run::run(&args, &self.global),
             Command::Sessions(cmd) => cmd.run(&self.global),

@@ -1,19 +1,25 @@
-//! `phrony policies …`: policy dry runs.
+//! `phrony policies …`: policy dry runs and shadow-mode reports.
 
 mod check;
+mod shadow_report;
+
+use crate::cmd::Global;
 
 /// Subcommands of `phrony policies`.
 #[derive(Debug, clap::Subcommand)]
 pub(crate) enum Command {
     /// Dry-run the agent's policies against one tool call and explain the decision.
     Check(check::Args),
+    /// List the calls a `mode: shadow` policy would have denied or held for approval.
+    ShadowReport(shadow_report::Args),
 }
 
 impl Command {
     /// Runs the subcommand.
-    pub(crate) fn run(self) -> anyhow::Result<()> {
+    pub(crate) fn run(self, global: &Global) -> anyhow::Result<()> {
         match self {
             Self::Check(args) => check::run(&args),
+            Self::ShadowReport(args) => shadow_report::run(&args, global),
         }
     }
 }
