@@ -42,6 +42,7 @@ mod mcp;
 mod schema;
 mod sdk;
 mod sessions;
+mod shadow;
 mod tables;
 mod transport;
 mod tui;
