@@ -171,3 +171,55 @@ pub(crate) fn audit_event(e: Event) -> pb::AuditEvent {
         actor_via: e.actor_via,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use phrony_proto::runtime::v1 as pb;
+    use tonic::Code;
+
+    use super::shadow_filter;
+
+    fn request(policy: &str, since: &str, limit: u32) -> pb::ListShadowDecisionsRequest {
+        pb::ListShadowDecisionsRequest {
+            policy: policy.to_owned(),
+            since: since.to_owned(),
+            limit,
+        }
+    }
+
+    #[test]
+    fn a_shadow_request_names_one_policy_a_time_and_a_bounded_limit() {
+        let filter = shadow_filter(&request(" payments/no-gold ", "", 0)).unwrap();
+        assert_eq!(
+            (
+                filter.namespace.as_str(),
+                filter.name.as_str(),
+                filter.since,
+                filter.limit
+            ),
+            ("payments", "no-gold", None, 100)
+        );
+        let filter =
+            shadow_filter(&request("payments/no-gold", "2026-12-01T00:00:00Z", 999)).unwrap();
+        assert_eq!(filter.limit, 999);
+        assert!(filter.since.is_some());
+        for (bad, says) in [
+            (request("no-gold", "", 0), "must be namespace/name"),
+            (
+                request("payments/no-gold@1.0.0", "", 0),
+                "must be namespace/name",
+            ),
+            (request("/no-gold", "", 0), "must be namespace/name"),
+            (request("payments/no-gold", "", 1000), "ask for at most 999"),
+            (request("payments/no-gold", "yesterday", 0), "RFC 3339"),
+        ] {
+            let status = shadow_filter(&bad).unwrap_err();
+            assert_eq!(status.code(), Code::InvalidArgument);
+            assert!(
+                status.message().contains(says),
+                "{bad:?}: {}",
+                status.message()
+            );
+        }
+    }
+}

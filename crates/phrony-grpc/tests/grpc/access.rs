@@ -424,7 +424,7 @@ async fn every_rpc_answers_every_role_as_the_table_says() {
     );
     assert_eq!(
         checked,
-        callers.len() * 35,
+        callers.len() * 36,
         "every RPC of the service was called"
     );
     server.stop().await;
