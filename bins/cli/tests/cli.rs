@@ -1336,3 +1336,82 @@ fn tools_pin_prints_the_pin_a_worker_advertises_for_each_tool_document() {
         .code(1)
         .stderr(contains("expected kind Tool"));
 }
+
+// ---------------------------------------------------------------------------------------------
+// mode: shadow
+
+#[test]
+fn validate_and_check_show_shadow_policies_and_what_they_would_change() {
+    let tmp = TempDir::new().unwrap();
+    phrony().arg("init").arg(tmp.path()).assert().success();
+    fs::write(
+        tmp.path().join("policies/refund-review-over-50.yaml"),
+        "apiVersion: phrony.com/v1
+kind: Policy
+metadata: {name: refund-review-over-50, namespace: payments, version: 1.0.0}
+spec:
+  mode: shadow
+  conditions: {field: amount, op: gt, value: 50}
+  decision: {type: deny, reason: Try a lower limit first.}
+",
+    )
+    .unwrap();
+    let agent = tmp.path().join("agent.yaml");
+    let text = fs::read_to_string(&agent).unwrap();
+    let anchor = "        - ref: policies/refund-hard-limit.yaml\n";
+    assert!(text.contains(anchor), "{text}");
+    fs::write(
+        &agent,
+        text.replace(
+            anchor,
+            &format!("{anchor}        - ref: policies/refund-review-over-50.yaml\n"),
+        ),
+    )
+    .unwrap();
+    phrony()
+        .args(["agents", "validate"])
+        .arg(&agent)
+        .env("OPENAI_API_KEY", "sk-test")
+        .assert()
+        .success()
+        .stdout(
+            "valid: support/refund-agent 0.1.0\n\
+             shadow: payments/refund-review-over-50@1.0.0 (evaluated and recorded on every call, \
+             never enforced)\n",
+        );
+    let check = |amount: u32, output: &str| {
+        let mut cmd = phrony();
+        cmd.args(["policies", "check"])
+            .arg(&agent)
+            .args(["--tool", "issue_refund", "--output", output, "--args"])
+            .arg(format!(r#"{{"order_id":"ORD-1","amount":{amount}}}"#));
+        cmd
+    };
+    // Allowed; the shadow policy would have denied. It is not among the applied policies.
+    let text = stdout_of(&mut check(100, "text"));
+    assert!(text.starts_with("tool: issue_refund"), "{text}");
+    assert!(text.contains("decision: allow\n"), "{text}");
+    assert!(!text.contains("refund-review-over-50@1.0.0  "), "{text}");
+    assert!(
+        text.ends_with(
+            "shadow policies (never enforced): payments/refund-review-over-50@1.0.0\n\
+             shadow: would have deny by payments/refund-review-over-50@1.0.0 (Try a lower limit first.)\n"
+        ),
+        "{text}"
+    );
+    let json: Value = serde_json::from_str(&stdout_of(&mut check(100, "json"))).unwrap();
+    assert_eq!(json["decision"], "allow");
+    assert_eq!(json["shadow"]["would_have"]["decision"], "deny");
+    assert_eq!(
+        json["shadow"]["policy"],
+        "payments/refund-review-over-50@1.0.0"
+    );
+    // Below the shadow threshold nothing would change.
+    let text = stdout_of(&mut check(20, "text"));
+    assert!(
+        text.ends_with("shadow: would have changed nothing\n"),
+        "{text}"
+    );
+    let json: Value = serde_json::from_str(&stdout_of(&mut check(20, "json"))).unwrap();
+    assert!(json.get("shadow").is_none(), "{json}");
+}

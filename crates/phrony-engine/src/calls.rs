@@ -15,12 +15,14 @@ use phrony_dispatch::{
 };
 use phrony_ledger::{
     Approval, ApprovalKind, ApprovalStatus, ApprovalTimeout, CallStatus, Dispatch, NewApproval,
-    NewToolCall, OnModify, OnReject, OutputInvalid, SessionMode, SessionStatus, SideEffectClass,
-    TimeoutDefault, ToolInvocation, ToolResult,
+    NewToolCall, OnModify, OnReject, OutputInvalid, PolicyShadowed, PolicyVerdict, SessionMode,
+    SessionStatus, SideEffectClass, TimeoutDefault, ToolInvocation, ToolResult,
 };
 pub(crate) use phrony_manifest::CallScope;
 use phrony_manifest::ToolBinding;
-use phrony_policy::{AgentCtx, Decision, Policy, Request, SessionCtx, ToolCtx, Trigger};
+use phrony_policy::{
+    AgentCtx, Decision, DecisionKind, Policy, Request, SessionCtx, ShadowOutcome, ToolCtx, Trigger,
+};
 use serde_json::{Map, Value, json};
 use uuid::Uuid;
 
@@ -195,6 +197,36 @@ pub(crate) enum EditRefusal {
         /// Its reason.
         message: String,
     },
+}
+
+/// The ledger's name of a policy decision kind.
+fn verdict(kind: DecisionKind) -> PolicyVerdict {
+    match kind {
+        DecisionKind::Allow => PolicyVerdict::Allow,
+        DecisionKind::Deny => PolicyVerdict::Deny,
+        DecisionKind::RequireApproval => PolicyVerdict::RequireApproval,
+    }
+}
+
+/// The `policy.shadow` record of what a shadow policy would have changed about `call`.
+fn shadow_record(
+    session: &phrony_ledger::Session,
+    call: &ToolInvocation,
+    enforced: &Decision<'_>,
+    outcome: &ShadowOutcome<'_>,
+) -> PolicyShadowed {
+    PolicyShadowed {
+        session_id: session.id.clone(),
+        call_id: call.call_id.clone(),
+        agent: session.agent.to_string(),
+        tool: call.tool.clone(),
+        args_digest: phrony_ledger::call_hash(&session.id, call),
+        enforced: verdict(enforced.kind()),
+        enforced_policy: enforced.policy().map(|p| p.id().to_string()),
+        shadow: verdict(outcome.shadow.kind()),
+        policy: outcome.policy.id().to_string(),
+        reason: outcome.shadow.reason().map(str::to_owned),
+    }
 }
 
 impl DriverSetup {
@@ -444,12 +476,17 @@ impl Ctx {
             return Ok(());
         }
         let scope = self.scope();
+        let request = scope.request(binding, wire, args);
         let started = std::time::Instant::now();
-        let decision = self
-            .setup
-            .policies
-            .evaluate(&scope.request(binding, wire, args));
+        let decision = self.setup.policies.evaluate(&request);
         phrony_metrics::POLICY_EVALUATION.observe(started.elapsed());
+        // Shadow policies are evaluated on every decided call and never change it: what they
+        // would have changed is recorded (once per call and policy, so a re-decide after a
+        // crash adds nothing) before the call goes on exactly as enforced.
+        if let Some(outcome) = self.setup.policies.shadow(&request, decision.kind()) {
+            let shadowed = shadow_record(&self.session, call, &decision, &outcome);
+            self.store().record_shadow_decision(shadowed).await?;
+        }
         phrony_metrics::TOOL_CALLS.inc(match &decision {
             Decision::Allow => phrony_metrics::Decision::Allow,
             Decision::Deny { .. } => phrony_metrics::Decision::Deny,

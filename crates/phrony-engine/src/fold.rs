@@ -513,7 +513,8 @@ impl Fold {
             | EventBody::TokenRevoked(_)
             | EventBody::AuditKeyIntroduced(_)
             | EventBody::AuditUnverifiedLogAllowed(_)
-            | EventBody::WorkerDescriptorRefused(_) => {}
+            | EventBody::WorkerDescriptorRefused(_)
+            | EventBody::PolicyShadow(_) => {}
         }
         Ok(())
     }

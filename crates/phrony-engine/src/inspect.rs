@@ -620,7 +620,8 @@ fn event_summary(
         | EventBody::TokenRevoked(_)
         | EventBody::AuditKeyIntroduced(_)
         | EventBody::AuditUnverifiedLogAllowed(_)
-        | EventBody::WorkerDescriptorRefused(_) => {
+        | EventBody::WorkerDescriptorRefused(_)
+        | EventBody::PolicyShadow(_) => {
             format!("{} by {}", e.event_type, actor_label(e))
         }
         EventBody::ToolRequested(_)

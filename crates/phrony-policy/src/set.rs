@@ -41,6 +41,16 @@
 //! generated sets whose conditions mix all of these (numbers as text, null, case and whitespace
 //! variants, nested and `[any]` paths, `neq`/`not_in`, regexes on and past a slot).
 //!
+//! # Shadow policies
+//!
+//! A policy with `mode: shadow` never decides a call. At compile time the set keeps its enforced
+//! policies as itself, so [`PolicySet::evaluate`], [`PolicySet::evaluate_failure`] and
+//! [`PolicySet::explain`] see exactly the set without the shadow policies, and, only when there
+//! is a shadow policy, a second *what-if* set of every policy, enforced and shadow, in the order
+//! given. [`PolicySet::shadow`] decides the call on the what-if set and reports the outcome when a
+//! shadow policy would have changed the enforced decision. A set without shadow policies has no
+//! what-if set: `shadow` returns at once.
+//!
 //! On the benchmark's 1,000 generated policies (270 in scope of the call) these bring a decision
 //! from 14.1 µs to about 4.2 µs (`benches/decisions.rs`).
 
@@ -48,7 +58,7 @@ use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::condition::Ctx;
-use crate::decision::Decision;
+use crate::decision::{Decision, DecisionKind};
 use crate::def::PolicyDef;
 use crate::error::{CompileErrorKind, CompileErrors, Diags};
 use crate::explain::{Explanation, PolicyTrace};
@@ -68,6 +78,20 @@ pub struct PolicySet {
     gates: Gates,
     /// The `matches` filters, by slot.
     filters: RegexFilters,
+    /// Every policy, enforced and shadow, as one enforcing set; only when there is a shadow
+    /// policy (see the module docs).
+    what_if: Option<Box<PolicySet>>,
+}
+
+/// What a set's shadow policies would have changed about one call (see [`PolicySet::shadow`]).
+#[derive(Debug, Clone)]
+pub struct ShadowOutcome<'s> {
+    /// The decision kind actually taken (by the enforced policies).
+    pub enforced: DecisionKind,
+    /// The decision the set would have taken with its shadow policies enforced.
+    pub shadow: Decision<'s>,
+    /// The shadow policy that would have decided the call (the policy of `shadow`).
+    pub policy: &'s Policy,
 }
 
 /// Positions (into `PolicySet::policies`, ascending) of the policies each tool can see.
@@ -173,7 +197,29 @@ impl PolicySet {
     ///
     /// Policies are evaluated in the order given. (The manifest compiler gives them sorted by
     /// scope, then name, as the reference runtime does.)
+    ///
+    /// Shadow policies (`mode: shadow`) are validated like the others and then kept apart: the
+    /// set decides as if they were absent (see the module docs).
     pub fn compile(defs: impl IntoIterator<Item = PolicyDef>) -> Result<Self, CompileErrors> {
+        let defs: Vec<PolicyDef> = defs.into_iter().collect();
+        let enforced: Option<Vec<PolicyDef>> = defs.iter().any(|d| d.mode == "shadow").then(|| {
+            defs.iter()
+                .filter(|d| d.mode != "shadow")
+                .cloned()
+                .collect()
+        });
+        let all = Self::compile_enforcing(defs)?;
+        match enforced {
+            None => Ok(all),
+            Some(enforced) => Ok(Self {
+                what_if: Some(Box::new(all)),
+                ..Self::compile_enforcing(enforced)?
+            }),
+        }
+    }
+
+    /// Compiles every definition as one enforcing set (shadow policies included).
+    fn compile_enforcing(defs: Vec<PolicyDef>) -> Result<Self, CompileErrors> {
         let mut errors = Vec::new();
         let mut policies = Vec::new();
         let mut first_by_name: HashMap<String, usize> = HashMap::new();
@@ -220,15 +266,52 @@ impl PolicySet {
                 paths,
                 gates,
                 filters,
+                what_if: None,
             })
         } else {
             Err(CompileErrors::new(errors))
         }
     }
 
-    /// The policies, in evaluation order.
+    /// The enforced policies, in evaluation order (shadow policies are in
+    /// [`shadow_policies`](Self::shadow_policies)).
     pub fn policies(&self) -> &[Policy] {
         &self.policies
+    }
+
+    /// The shadow policies (`mode: shadow`), in evaluation order.
+    pub fn shadow_policies(&self) -> impl Iterator<Item = &Policy> {
+        self.what_if
+            .iter()
+            .flat_map(|all| all.policies.iter().filter(|p| p.is_shadow()))
+    }
+
+    /// Whether the set has at least one shadow policy.
+    pub fn has_shadow(&self) -> bool {
+        self.what_if.is_some()
+    }
+
+    /// What the set's shadow policies would have changed about a call whose enforced decision
+    /// was `enforced` (the kind [`evaluate`](Self::evaluate) returned for `req`): the decision
+    /// of the set with its shadow policies enforced, when a shadow policy decides it and it
+    /// differs — a deny or an approval instead of an allow, a deny instead of an approval, or
+    /// an approval under the shadow policy's terms (quorum, route, timeout) instead of an
+    /// enforced policy's. A shadow deny where the enforced policies deny anyway changes nothing
+    /// and is not reported. `None` at once for a set without shadow policies.
+    pub fn shadow<'s>(
+        &'s self,
+        req: &Request<'_>,
+        enforced: DecisionKind,
+    ) -> Option<ShadowOutcome<'s>> {
+        let all = self.what_if.as_deref()?;
+        let shadow = all.evaluate(req);
+        let decider = shadow.policy()?;
+        let changes = shadow.kind() != enforced || shadow.kind() == DecisionKind::RequireApproval;
+        (decider.is_shadow() && changes).then_some(ShadowOutcome {
+            enforced,
+            shadow,
+            policy: decider,
+        })
     }
 
     /// The policy with this name.

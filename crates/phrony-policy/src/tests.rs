@@ -1514,6 +1514,115 @@ fn nesting_and_path_limits() {
     );
 }
 
+#[test]
+fn shadow_policies_are_reported_and_never_decide() {
+    let set = compile(json!([
+        {"namespace": "payments", "name": "big", "version": "1.0.0", "scope": "agent",
+         "action": "require_approval", "conditions": {"field": "amount", "op": "gt", "value": 1000}},
+        {"namespace": "payments", "name": "no-gold", "version": "2.0.0", "scope": "agent",
+         "mode": "shadow", "action": "deny", "reason": "gold is off limits",
+         "conditions": {"field": "tier", "op": "eq", "value": "gold"}},
+        {"namespace": "payments", "name": "mid", "version": "1.0.0", "scope": "agent",
+         "mode": "shadow", "action": "require_approval", "approvals_required": 2,
+         "conditions": {"field": "amount", "op": "gt", "value": 100}},
+        {"namespace": "payments", "name": "currencies", "version": "1.0.0",
+         "mode": "shadow", "action": "allow", "allow": ["USD"], "allow_field": "currency"}
+    ]));
+    assert_eq!(set.len(), 1, "only the enforced policy decides");
+    let shadow: Vec<String> = set.shadow_policies().map(|p| p.id().to_string()).collect();
+    assert_eq!(
+        shadow,
+        [
+            "payments/no-gold@2.0.0",
+            "payments/mid@1.0.0",
+            "payments/currencies@1.0.0"
+        ]
+    );
+    assert!(set.has_shadow());
+
+    // A shadow deny of an allowed call: allowed, and reported as a deny by `no-gold`.
+    let args = json!({"amount": 5, "tier": "gold", "currency": "USD"});
+    let decision = set.evaluate(&req(&args));
+    assert_eq!(decision.kind(), DecisionKind::Allow);
+    let outcome = set
+        .shadow(&req(&args), decision.kind())
+        .expect("the shadow deny would have changed the call");
+    assert_eq!(outcome.enforced, DecisionKind::Allow);
+    assert_eq!(outcome.shadow.kind(), DecisionKind::Deny);
+    assert_eq!(outcome.shadow.reason(), Some("gold is off limits"));
+    assert_eq!(outcome.policy.id().to_string(), "payments/no-gold@2.0.0");
+
+    // A shadow approval on an allowed call.
+    let args = json!({"amount": 500, "currency": "USD"});
+    let outcome = set
+        .shadow(&req(&args), set.evaluate(&req(&args)).kind())
+        .expect("the shadow approval would have held the call");
+    assert_eq!(outcome.shadow.kind(), DecisionKind::RequireApproval);
+    assert_eq!(outcome.policy.name(), "mid");
+
+    // An approval either way, but under the shadow policy's stricter quorum.
+    let args = json!({"amount": 5000, "currency": "USD"});
+    let decision = set.evaluate(&req(&args));
+    assert_eq!(decision.policy().map(|p| p.name()), Some("big"));
+    let outcome = set
+        .shadow(&req(&args), decision.kind())
+        .expect("the shadow quorum would have applied");
+    assert_eq!(outcome.policy.approvals_required(), 2);
+
+    // A shadow allow list that passes, and shadow policies that do not match: nothing.
+    let args = json!({"amount": 5, "tier": "silver", "currency": "usd"});
+    assert_eq!(set.evaluate(&req(&args)).kind(), DecisionKind::Allow);
+    assert!(set.shadow(&req(&args), DecisionKind::Allow).is_none());
+    // The shadow allow list would deny another currency.
+    let args = json!({"amount": 5, "currency": "EUR"});
+    let outcome = set
+        .shadow(&req(&args), DecisionKind::Allow)
+        .expect("the allow list would have denied");
+    assert_eq!(outcome.policy.name(), "currencies");
+
+    // The explanation lists only the enforced policies.
+    let explanation = serde_json::to_value(set.explain(&req(&args))).expect("serializes");
+    assert_eq!(explanation["policies"].as_array().map(Vec::len), Some(1));
+
+    // A shadow deny where the enforced policies deny anyway changes nothing.
+    let both = compile(json!([
+        {"name": "deny-all", "scope": "agent", "action": "deny"},
+        {"name": "shadow-deny", "scope": "agent", "action": "deny", "mode": "shadow"}
+    ]));
+    assert!(both.shadow(&req(&args), DecisionKind::Deny).is_none());
+    // A set without shadow policies has none to report.
+    let plain = refund_set();
+    assert!(!plain.has_shadow());
+    assert!(plain.shadow(&req(&args), DecisionKind::Allow).is_none());
+}
+
+#[test]
+fn an_unknown_mode_is_a_compile_error_naming_it() {
+    let errors = compile_err(json!([
+        {"name": "p", "scope": "agent", "action": "deny", "mode": "log-only"}
+    ]));
+    let text = errors.to_string();
+    assert!(
+        text.contains("unknown mode `log-only`; expected enforce or shadow"),
+        "{text}"
+    );
+    assert!(errors.into_iter().any(|e| e.path == "mode"), "{text}");
+    // `enforce` is the default, written or not, and does not change the definition's bytes.
+    let enforced =
+        compile(json!([{"name": "p", "scope": "agent", "action": "deny", "mode": "enforce"}]));
+    assert_eq!(enforced.len(), 1);
+    assert!(!enforced.has_shadow());
+    let def = PolicyDef {
+        name: "p".to_owned(),
+        ..PolicyDef::default()
+    };
+    assert!(
+        !serde_json::to_string(&def)
+            .expect("serializes")
+            .contains("mode")
+    );
+}
+
 mod scope_index {
     //! The scope index against the linear scan it replaced.
 

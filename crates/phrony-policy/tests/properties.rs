@@ -3,7 +3,7 @@
 //! decision type), a definition survives its JSON round trip and evaluates identically, and a
 //! tool hidden in a context (`PolicySet::hidden_tool`) is denied there whatever its arguments.
 
-use phrony_policy::{DecisionKind, PolicyDef, PolicySet, Request, SessionCtx, ToolCtx};
+use phrony_policy::{DecisionKind, PolicyDef, PolicySet, Request, SessionCtx, ToolCtx, Trigger};
 use proptest::prelude::*;
 use proptest::test_runner::Config;
 use serde_json::{Map, Value, json};
@@ -354,6 +354,58 @@ proptest! {
             .count();
         if kind == DecisionKind::Deny && deciders == 1 {
             prop_assert_eq!(policy, other_policy);
+        }
+    }
+
+    /// Shadow policies never decide: a set with extra shadow policies (anywhere in the order,
+    /// names of their own) decides, explains and routes failures exactly like the set without
+    /// them, and whatever `shadow` reports is the what-if decision of the set with those
+    /// policies enforced, named by a shadow policy and different from the enforced decision.
+    #[test]
+    fn shadow_policies_never_change_the_enforced_decision(
+        defs in defs(),
+        extra in defs(),
+        positions in prop::collection::vec(any::<prop::sample::Index>(), 7),
+        args in args(),
+    ) {
+        let plain = compile(&defs);
+        let mut mixed = defs.clone();
+        let mut enforced_all = defs.clone();
+        for (i, (def, at)) in extra.into_iter().zip(&positions).enumerate() {
+            let renamed = PolicyDef { name: format!("shadow-{i}"), ..def };
+            let at = at.index(mixed.len() + 1);
+            enforced_all.insert(at, renamed.clone());
+            mixed.insert(at, PolicyDef { mode: "shadow".to_owned(), ..renamed });
+        }
+        let with_shadow = compile(&mixed);
+        prop_assert_eq!(decide(&plain, &args), decide(&with_shadow, &args));
+        let request = Request::new(ToolCtx::new(TOOL), &args);
+        prop_assert_eq!(
+            serde_json::to_value(plain.explain(&request)).expect("serializes"),
+            serde_json::to_value(with_shadow.explain(&request)).expect("serializes")
+        );
+        for trigger in Trigger::ALL {
+            prop_assert_eq!(
+                plain.evaluate_failure(&request, trigger).map(|p| p.id().to_string()),
+                with_shadow.evaluate_failure(&request, trigger).map(|p| p.id().to_string())
+            );
+        }
+        let enforced = with_shadow.evaluate(&request).kind();
+        prop_assert!(plain.shadow(&request, enforced).is_none());
+        let what_if = compile(&enforced_all);
+        let would = what_if.evaluate(&request);
+        match with_shadow.shadow(&request, enforced) {
+            Some(outcome) => {
+                prop_assert!(outcome.policy.is_shadow());
+                prop_assert_eq!(outcome.shadow.kind(), would.kind());
+                prop_assert_eq!(outcome.enforced, enforced);
+                prop_assert!(
+                    outcome.shadow.kind() != enforced
+                        || enforced == DecisionKind::RequireApproval
+                );
+            }
+            // Nothing reported: the shadow policies change nothing about the kind.
+            None => prop_assert_eq!(would.kind(), enforced),
         }
     }
 

@@ -37,6 +37,11 @@ struct Case {
     on_reject: Option<String>,
     message_contains: Option<String>,
     hidden: Option<bool>,
+    /// What the example's `mode: shadow` policies would have made of the call (absent: they
+    /// would change nothing).
+    shadow: Option<Expect>,
+    /// The shadow policy responsible (required with `shadow`).
+    shadow_policy: Option<String>,
 }
 
 fn empty_object() -> Value {
@@ -208,6 +213,22 @@ fn check_case(
         if !reason.contains(needle.as_str()) {
             problems.push(format!("reason {reason:?} does not contain {needle:?}"));
         }
+    }
+    let shadow = policies.shadow(&request, decision.kind());
+    let got = shadow
+        .as_ref()
+        .map(|s| (s.shadow.kind().as_str(), s.policy.id().to_string()));
+    let want = case
+        .shadow
+        .map(|k| (k.as_str(), case.shadow_policy.clone()));
+    match (got, want) {
+        (None, None) => {}
+        (Some((kind, policy)), Some((want_kind, want_policy)))
+            if kind == want_kind && want_policy.as_deref() == Some(policy.as_str()) => {}
+        (got, want) => problems.push(format!(
+            "the shadow policies would change the call to {got:?}, expected {want:?} (`shadow` \
+             and `shadow_policy`)"
+        )),
     }
     problems
 }

@@ -11,7 +11,8 @@ use std::path::PathBuf;
 use anyhow::{Context as _, anyhow, bail};
 use phrony_manifest::{CompiledAgent, ToolArgsValidator, ToolBinding};
 use phrony_policy::{
-    Action, AgentCtx, Decision, Effect, Explanation, PolicyTrace, Request, SessionCtx, ToolCtx,
+    Action, AgentCtx, Decision, Effect, Explanation, PolicySet, PolicyTrace, Request, SessionCtx,
+    ShadowOutcome, ToolCtx,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -91,12 +92,20 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     let explanation = policies.explain(&request);
     // Visibility does not read the arguments: the call's own request asks it.
     let hidden_by = policies.hidden_tool(&request).map(|p| p.id().to_string());
+    let shadow = policies.shadow(&request, explanation.decision.kind());
     let mut stdout = io::stdout().lock();
     match args.output {
-        Output::Text => write_text(&mut stdout, &tool, &explanation, hidden_by.as_deref())?,
+        Output::Text => {
+            write_text(&mut stdout, &tool, &explanation, hidden_by.as_deref())?;
+            write_shadow(&mut stdout, &policies, shadow.as_ref())?;
+        }
         Output::Json => {
             let mut report = Report::new(&explanation, &tool, &agent, &args_errors);
             report.hidden_by = hidden_by.as_deref();
+            report.shadow = shadow.as_ref().map(|s| ShadowReport {
+                would_have: &s.shadow,
+                policy: s.policy.id().to_string(),
+            });
             serde_json::to_writer_pretty(&mut stdout, &report)?;
             writeln!(stdout)?;
         }
@@ -335,6 +344,42 @@ fn write_text(
     Ok(())
 }
 
+/// The shadow policies' part of the text report: what they would have changed, and which
+/// shadow policies there are (evaluated, never enforced).
+fn write_shadow(
+    out: &mut impl io::Write,
+    policies: &PolicySet,
+    shadow: Option<&ShadowOutcome<'_>>,
+) -> io::Result<()> {
+    let names: Vec<String> = policies
+        .shadow_policies()
+        .map(|p| p.id().to_string())
+        .collect();
+    if names.is_empty() {
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "shadow policies (never enforced): {}",
+        names.join(", ")
+    )?;
+    match shadow {
+        Some(s) => {
+            write!(
+                out,
+                "shadow: would have {} by {}",
+                s.shadow.kind(),
+                s.policy.id()
+            )?;
+            match s.shadow.reason() {
+                Some(reason) => writeln!(out, " ({reason})"),
+                None => writeln!(out),
+            }
+        }
+        None => writeln!(out, "shadow: would have changed nothing"),
+    }
+}
+
 /// The `--output json` report: the decision's fields (`decision`, `policy`, `reason`, and for
 /// approvals `approvals_required`, `on_reject`, …), then the tool, the agent and `applied`: every
 /// policy whose scope covers the tool, with its verdict.
@@ -351,6 +396,16 @@ struct Report<'a> {
     /// The policy that hides the tool from the model in this context (absent when offered).
     #[serde(skip_serializing_if = "Option::is_none")]
     hidden_by: Option<&'a str>,
+    /// What the shadow policies would have decided instead (absent when nothing would change).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    shadow: Option<ShadowReport<'a>>,
+}
+
+/// `shadow` of the JSON report: the decision the shadow policy would have taken.
+#[derive(Serialize)]
+struct ShadowReport<'a> {
+    would_have: &'a Decision<'a>,
+    policy: String,
 }
 
 #[derive(Serialize)]
@@ -381,6 +436,7 @@ impl<'a> Report<'a> {
             applied: explanation.policies.iter().filter(|t| t.applies).collect(),
             args_errors,
             hidden_by: None,
+            shadow: None,
         }
     }
 }

@@ -39,6 +39,52 @@ APPROVAL_CHANGE_KIND_UPDATED: ApprovalChangeKind
 APPROVAL_CHANGE_KIND_DECIDED: ApprovalChangeKind
 APPROVAL_CHANGE_KIND_CURRENT_END: ApprovalChangeKind
 
+class ListShadowDecisionsRequest(_message.Message):
+    __slots__ = ("policy", "since", "limit")
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    policy: str
+    since: str
+    limit: int
+    def __init__(self, policy: _Optional[str] = ..., since: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class ShadowDecision(_message.Message):
+    __slots__ = ("recorded_at", "session_id", "call_id", "agent", "tool", "args_digest", "enforced", "enforced_policy", "shadow", "policy", "reason", "seq")
+    RECORDED_AT_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    AGENT_FIELD_NUMBER: _ClassVar[int]
+    TOOL_FIELD_NUMBER: _ClassVar[int]
+    ARGS_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    ENFORCED_FIELD_NUMBER: _ClassVar[int]
+    ENFORCED_POLICY_FIELD_NUMBER: _ClassVar[int]
+    SHADOW_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    recorded_at: str
+    session_id: str
+    call_id: str
+    agent: str
+    tool: str
+    args_digest: str
+    enforced: str
+    enforced_policy: str
+    shadow: str
+    policy: str
+    reason: str
+    seq: int
+    def __init__(self, recorded_at: _Optional[str] = ..., session_id: _Optional[str] = ..., call_id: _Optional[str] = ..., agent: _Optional[str] = ..., tool: _Optional[str] = ..., args_digest: _Optional[str] = ..., enforced: _Optional[str] = ..., enforced_policy: _Optional[str] = ..., shadow: _Optional[str] = ..., policy: _Optional[str] = ..., reason: _Optional[str] = ..., seq: _Optional[int] = ...) -> None: ...
+
+class ListShadowDecisionsResponse(_message.Message):
+    __slots__ = ("decisions", "truncated")
+    DECISIONS_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    decisions: _containers.RepeatedCompositeFieldContainer[ShadowDecision]
+    truncated: bool
+    def __init__(self, decisions: _Optional[_Iterable[_Union[ShadowDecision, _Mapping]]] = ..., truncated: _Optional[bool] = ...) -> None: ...
+
 class VerifyAuditRequest(_message.Message):
     __slots__ = ("session_id", "agent")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
