@@ -52,7 +52,7 @@ async fn scrape(addr: &str, bearer: Option<&str>) -> (Vec<(String, f64)>, String
 
 /// Publishes and deploys `support/<name>` refunding `amount` EUR (over 250 waits for an
 /// approval).
-async fn publish_refund_agent(
+pub(crate) async fn publish_refund_agent(
     client: &mut RuntimeClient<Channel>,
     home: &std::path::Path,
     name: &str,
@@ -88,7 +88,7 @@ async fn publish_refund_agent(
         .unwrap();
 }
 
-async fn wait_for_status(client: &mut RuntimeClient<Channel>, id: &str, want: &str) {
+pub(crate) async fn wait_for_status(client: &mut RuntimeClient<Channel>, id: &str, want: &str) {
     let mut last = String::new();
     for _ in 0..300 {
         let sessions = client
@@ -111,7 +111,7 @@ async fn wait_for_status(client: &mut RuntimeClient<Channel>, id: &str, want: &s
 }
 
 /// Decides the session's (first) pending approval as `emad`.
-async fn decide_pending(
+pub(crate) async fn decide_pending(
     client: &mut RuntimeClient<Channel>,
     session_id: &str,
     decision: pb::ApprovalDecision,

@@ -98,6 +98,12 @@ impl Launch {
         ] {
             cmd.env_remove(var);
         }
+        // Trace export only where a test asks for it.
+        for (var, _) in std::env::vars_os() {
+            if var.to_string_lossy().starts_with("OTEL_") {
+                cmd.env_remove(var);
+            }
+        }
         cmd.env("XDG_DATA_HOME", self.home.join("xdg"))
             .env("HOME", &self.home)
             .env("RUNTIME_GRPC_ADDR", &self.addr)

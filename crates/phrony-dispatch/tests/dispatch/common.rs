@@ -48,6 +48,7 @@ pub(crate) fn invocation_for(call_id: &str, tool: &str, version: &str) -> Invoca
         args: json!({"order_id": call_id}),
         side_effect_class: "non_idempotent_write".into(),
         deadline_unix_ms: 0,
+        trace_context: std::collections::BTreeMap::new(),
     }
 }
 

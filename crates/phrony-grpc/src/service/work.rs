@@ -383,6 +383,7 @@ mod tests {
             args,
             side_effect_class: "read_only".into(),
             deadline_unix_ms: 1_700_000_000_000,
+            trace_context: std::collections::BTreeMap::new(),
         }));
         match msg.body {
             Some(pb::work_server_msg::Body::Invoke(invoke)) => invoke,
