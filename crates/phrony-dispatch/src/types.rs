@@ -101,7 +101,7 @@ pub enum ToWorker {
         lease_ttl_ms: i64,
     },
     /// `WorkInvoke`: run a tool call.
-    Invoke(Invocation),
+    Invoke(Box<Invocation>),
     /// `WorkToolCancel`: stop working on a call.
     Cancel {
         /// The call to stop.

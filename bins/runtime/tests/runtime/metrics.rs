@@ -88,6 +88,29 @@ pub(crate) async fn publish_refund_agent(
         .unwrap();
 }
 
+/// Starts a session of `support/<agent>` with `message` as its input; returns its id.
+pub(crate) async fn run_refund(
+    client: &mut RuntimeClient<Channel>,
+    agent: &str,
+    message: &str,
+) -> String {
+    client
+        .run_session(pb::RunSessionRequest {
+            agent_ref: Some(pb::AgentRef {
+                name: agent.into(),
+                ..agent_ref("")
+            }),
+            input: serde_json::json!({ "message": message })
+                .to_string()
+                .into_bytes(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .session_id
+}
+
 pub(crate) async fn wait_for_status(client: &mut RuntimeClient<Channel>, id: &str, want: &str) {
     let mut last = String::new();
     for _ in 0..300 {
@@ -173,16 +196,12 @@ async fn probes_and_metrics_follow_a_governed_session_and_a_database_outage() {
     // 40 EUR: under the approval boundary, so policy allows the call.
     publish_refund_agent(&mut client, home.path(), "refund-agent", 40).await;
     let worker = RefundWorker::start(&daemon.addr, "metrics-worker");
-    let session_id = client
-        .run_session(pb::RunSessionRequest {
-            agent_ref: Some(agent_ref("")),
-            input: br#"{"message": "Refund 40 EUR for ORD-1, the item arrived damaged."}"#.to_vec(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .session_id;
+    let session_id = run_refund(
+        &mut client,
+        "refund-agent",
+        "Refund 40 EUR for ORD-1, the item arrived damaged.",
+    )
+    .await;
     wait_for_status(&mut client, &session_id, "completed").await;
 
     let (samples, body) = scrape(&http, None).await;
@@ -215,19 +234,7 @@ async fn probes_and_metrics_follow_a_governed_session_and_a_database_outage() {
 
     // A call over the boundary waits for an approval, then is approved.
     publish_refund_agent(&mut client, home.path(), "refund-big", 400).await;
-    let big = client
-        .run_session(pb::RunSessionRequest {
-            agent_ref: Some(pb::AgentRef {
-                name: "refund-big".into(),
-                ..agent_ref("")
-            }),
-            input: br#"{"message": "Refund 400 EUR for ORD-1."}"#.to_vec(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .session_id;
+    let big = run_refund(&mut client, "refund-big", "Refund 400 EUR for ORD-1.").await;
     wait_for_status(&mut client, &big, "awaiting_approval").await;
     let (samples, body) = scrape(&http, None).await;
     let value = |series: &str| sample(&samples, series, &body);
@@ -254,19 +261,7 @@ async fn probes_and_metrics_follow_a_governed_session_and_a_database_outage() {
 
     // A rejected call is counted as rejected and never runs; the model hears of it and the
     // session completes.
-    let rejected = client
-        .run_session(pb::RunSessionRequest {
-            agent_ref: Some(pb::AgentRef {
-                name: "refund-big".into(),
-                ..agent_ref("")
-            }),
-            input: br#"{"message": "Refund 400 EUR for ORD-1 again."}"#.to_vec(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .session_id;
+    let rejected = run_refund(&mut client, "refund-big", "Refund 400 EUR for ORD-1 again.").await;
     wait_for_status(&mut client, &rejected, "awaiting_approval").await;
     decide_pending(
         &mut client,
@@ -302,10 +297,7 @@ async fn probes_and_metrics_follow_a_governed_session_and_a_database_outage() {
     wait_for_ready(&http, 200).await;
 
     assert_eq!(worker.invocations().len(), 2, "each refund ran once");
-    // The worker owns a Tokio runtime, which must not be dropped inside this one.
-    tokio::task::spawn_blocking(move || drop(worker))
-        .await
-        .unwrap();
+    crate::support::stop_worker(worker).await;
     let status = daemon.terminate();
     assert!(status.success(), "{status}\n{}", daemon.stderr());
     assert!(

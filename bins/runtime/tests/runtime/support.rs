@@ -366,3 +366,10 @@ pub(crate) fn agent_ref(version: &str) -> pb::AgentRef {
         version: version.into(),
     }
 }
+
+/// Stops a test worker: it owns a Tokio runtime, which must not be dropped inside the test's.
+pub(crate) async fn stop_worker(worker: phrony_test_support::worker::RefundWorker) {
+    tokio::task::spawn_blocking(move || drop(worker))
+        .await
+        .unwrap();
+}

@@ -18,7 +18,7 @@ use opentelemetry_proto::tonic::trace::v1::Span;
 use phrony_proto::runtime::v1 as pb;
 use phrony_test_support::worker::RefundWorker;
 
-use crate::metrics::{decide_pending, publish_refund_agent, wait_for_status};
+use crate::metrics::{decide_pending, publish_refund_agent, run_refund, wait_for_status};
 use crate::support::{Launch, agent_ref, free_port, sqlite_url};
 
 /// The client's trace: W3C `traceparent` version 00, sampled.
@@ -193,11 +193,8 @@ async fn a_governed_session_is_one_trace_under_the_clients_traceparent() {
     let context = worker
         .trace_context(&approval.call_id)
         .unwrap_or_else(|| panic!("the worker saw no call {}", approval.call_id));
-    // The worker owns a Tokio runtime, which must not be dropped inside this one; its stream
-    // would hold the daemon's graceful stop.
-    tokio::task::spawn_blocking(move || drop(worker))
-        .await
-        .unwrap();
+    // Its stream would hold the daemon's graceful stop.
+    crate::support::stop_worker(worker).await;
     drop(client);
     // The last spans are flushed on the way out.
     assert!(daemon.terminate().success(), "{}", daemon.stderr());
@@ -363,16 +360,7 @@ async fn a_collector_that_is_down_loses_and_delays_nothing() {
     let mut ids = Vec::new();
     for _ in 0..3 {
         let started = Instant::now();
-        let id = client
-            .run_session(pb::RunSessionRequest {
-                agent_ref: Some(agent_ref("")),
-                input: br#"{"message": "Refund 40 EUR for ORD-1."}"#.to_vec(),
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .session_id;
+        let id = run_refund(&mut client, "refund-agent", "Refund 40 EUR for ORD-1.").await;
         wait_for_status(&mut client, &id, "completed").await;
         assert!(
             started.elapsed() < Duration::from_secs(10),
@@ -396,9 +384,7 @@ async fn a_collector_that_is_down_loses_and_delays_nothing() {
             "{id} not completed: {sessions:?}"
         );
     }
-    tokio::task::spawn_blocking(move || drop(worker))
-        .await
-        .unwrap();
+    crate::support::stop_worker(worker).await;
     // An open client connection would hold the graceful stop for its grace period.
     drop(client);
     assert!(daemon.terminate().success(), "{}", daemon.stderr());
