@@ -11,7 +11,7 @@ use tracing_subscriber::util::SubscriberInitExt as _;
 use tracing_subscriber::{Layer as _, fmt};
 
 use crate::config::{LogFormat, Settings};
-use crate::telemetry::{TRACE_TARGET, Telemetry, TraceConfig};
+use crate::telemetry::{RPC_TARGET, TRACE_TARGET, Telemetry, TraceConfig};
 
 /// Installs the global subscriber: logs filtered by `RUNTIME_LOG` (or `--log`), else
 /// `RUST_LOG`, else `info`; and, when the `OTEL_*` variables configure it, the trace export
@@ -85,6 +85,5 @@ fn is_trace_span(meta: &Metadata<'_>) -> bool {
 /// What the exporter sees: the engine's spans and the gRPC server's `rpc` spans; no events (log
 /// lines may quote errors with arguments in them).
 fn is_exported(meta: &Metadata<'_>) -> bool {
-    is_trace_span(meta)
-        || (meta.is_span() && meta.name() == "rpc" && meta.target() == "phrony_runtime::telemetry")
+    is_trace_span(meta) || (meta.is_span() && meta.target() == RPC_TARGET)
 }

@@ -26,6 +26,9 @@ use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 /// The span target the engine's spans use (`phrony.session`, `phrony.turn`, …).
 pub use phrony_engine::TRACE_TARGET;
 
+/// The target of the gRPC server's `rpc` spans (exported with the engine's).
+pub const RPC_TARGET: &str = "phrony_runtime::rpc";
+
 /// `service.name` when `OTEL_SERVICE_NAME` is not set.
 pub const DEFAULT_SERVICE_NAME: &str = "phrony-runtime";
 
@@ -257,7 +260,12 @@ impl Telemetry {
 /// The server span of one RPC (tonic's `trace_fn`): a child of the caller's W3C
 /// `traceparent` (and `tracestate`) when the request carries a valid one.
 pub fn rpc_span(request: &tonic::codegen::http::Request<()>) -> tracing::Span {
-    let span = tracing::info_span!("rpc", method = %request.uri().path(), otel.kind = "server");
+    let span = tracing::info_span!(
+        target: RPC_TARGET,
+        "rpc",
+        method = %request.uri().path(),
+        otel.kind = "server"
+    );
     if span.is_disabled() {
         return span;
     }
