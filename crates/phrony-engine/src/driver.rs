@@ -415,6 +415,14 @@ pub(crate) async fn run(
             }
         }
     };
+    if parked {
+        // Before unregistering: from then on a decision may resume the session, whose next
+        // driver continues this trace.
+        inner.park_trace(
+            &session_id,
+            crate::trace::context_of(&tracing::Span::current()),
+        );
+    }
     inner.unregister(&live, parked);
     // A session that ended took its running children with it in the ledger (the cascade):
     // their drivers stop too. (Children of a session that merely stopped keep running.)
@@ -430,10 +438,6 @@ pub(crate) async fn run(
     }
     if parked {
         tracing::debug!(%session_id, "session parked until a decision");
-        inner.park_trace(
-            &session_id,
-            crate::trace::context_of(&tracing::Span::current()),
-        );
         settle_parked(&inner, &session_id).await;
     }
 }
