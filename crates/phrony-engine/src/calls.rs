@@ -24,6 +24,7 @@ use phrony_policy::{
     AgentCtx, Decision, DecisionKind, Policy, Request, SessionCtx, ShadowOutcome, ToolCtx, Trigger,
 };
 use serde_json::{Map, Value, json};
+use tracing::Instrument as _;
 use uuid::Uuid;
 
 use crate::driver::{CallStop, Ctx, LimitEscalation, Recorded, Stop, limit_message};
@@ -477,9 +478,20 @@ impl Ctx {
         }
         let scope = self.scope();
         let request = scope.request(binding, wire, args);
+        let span = crate::trace::decision(&call.call_id, &call.tool, &call.version);
         let started = std::time::Instant::now();
-        let decision = self.setup.policies.evaluate(&request);
+        let decision = span.in_scope(|| self.setup.policies.evaluate(&request));
         phrony_metrics::POLICY_EVALUATION.observe(started.elapsed());
+        match &decision {
+            Decision::Allow => crate::trace::decided(&span, "allow", None),
+            Decision::Deny { policy, .. } => {
+                crate::trace::decided(&span, "deny", Some(&policy.id().to_string()));
+            }
+            Decision::RequireApproval { policy } => {
+                crate::trace::decided(&span, "require_approval", Some(&policy.id().to_string()))
+            }
+        }
+        drop(span);
         // Shadow policies are evaluated on every decided call and never change it: what they
         // would have changed is recorded (once per call and policy, so a re-decide after a
         // crash adds nothing) before the call goes on exactly as enforced.
@@ -588,14 +600,28 @@ impl Ctx {
         wire: &str,
         approval_id: Uuid,
     ) -> Result<(), CallStop> {
+        let span = crate::trace::approval_wait(&call.call_id, &approval_id);
         let approval = self
             .wait_for_decision(
                 approval_id,
                 SessionStatus::AwaitingTool,
                 Some(&call.call_id),
             )
-            .await?;
-        Box::pin(self.after_approval(call, binding, wire, approval)).await
+            .instrument(span.clone())
+            .await;
+        crate::trace::approval_outcome(
+            &span,
+            match &approval {
+                Ok(a) => a.status.as_str(),
+                Err(CallStop::Parked) => "parked",
+                Err(CallStop::Stopped) => "stopped",
+                Err(CallStop::Halt(_)) => "halted",
+                Err(CallStop::Fail(_)) => "failed",
+                Err(CallStop::Store(_)) => "store_error",
+            },
+        );
+        drop(span);
+        Box::pin(self.after_approval(call, binding, wire, approval?)).await
     }
 
     /// Waits for a decision, counting the wait against the approval-wait budget and out of the
@@ -897,7 +923,10 @@ impl Ctx {
                 .dispatch_failed(&call, binding, wire, failure, after_hitl)
                 .await;
         };
+        // The worker's spans join the session's trace under this one.
+        let span = crate::trace::dispatch(&call.call_id, &call.tool, &call.version);
         let invocation = Invocation {
+            trace_context: crate::trace::context_of(&span),
             call_id: call.call_id.clone(),
             session_id: self.session.id.clone(),
             agent_version_id: self.session.agent_version_id.hyphenated().to_string(),
@@ -922,7 +951,13 @@ impl Ctx {
         .with_journal(journal)
         // Only workers serving the descriptor this version was published with (or unpinned).
         .with_descriptor_pin(binding.descriptor_pin());
-        match router.dispatch(request).await {
+        let dispatched = router.dispatch(request).instrument(span.clone()).await;
+        match &dispatched {
+            Ok(done) => crate::trace::dispatched(&span, done),
+            Err(failure) => crate::trace::dispatch_failed(&span, failure),
+        }
+        drop(span);
+        match dispatched {
             Ok(done) => {
                 let result = ToolResult {
                     worker_id: Some(done.worker.worker_id.clone()),

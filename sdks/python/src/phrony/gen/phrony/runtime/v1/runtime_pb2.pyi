@@ -1766,7 +1766,14 @@ class WorkHeartbeatAck(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkInvoke(_message.Message):
-    __slots__ = ("call_id", "session_id", "agent_version_id", "turn", "tool", "version", "args", "side_effect_class", "deadline_unix_ms")
+    __slots__ = ("call_id", "session_id", "agent_version_id", "turn", "tool", "version", "args", "side_effect_class", "deadline_unix_ms", "trace_context")
+    class TraceContextEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     CALL_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     AGENT_VERSION_ID_FIELD_NUMBER: _ClassVar[int]
@@ -1776,6 +1783,7 @@ class WorkInvoke(_message.Message):
     ARGS_FIELD_NUMBER: _ClassVar[int]
     SIDE_EFFECT_CLASS_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     call_id: str
     session_id: str
     agent_version_id: str
@@ -1785,7 +1793,8 @@ class WorkInvoke(_message.Message):
     args: bytes
     side_effect_class: str
     deadline_unix_ms: int
-    def __init__(self, call_id: _Optional[str] = ..., session_id: _Optional[str] = ..., agent_version_id: _Optional[str] = ..., turn: _Optional[int] = ..., tool: _Optional[str] = ..., version: _Optional[str] = ..., args: _Optional[bytes] = ..., side_effect_class: _Optional[str] = ..., deadline_unix_ms: _Optional[int] = ...) -> None: ...
+    trace_context: _containers.ScalarMap[str, str]
+    def __init__(self, call_id: _Optional[str] = ..., session_id: _Optional[str] = ..., agent_version_id: _Optional[str] = ..., turn: _Optional[int] = ..., tool: _Optional[str] = ..., version: _Optional[str] = ..., args: _Optional[bytes] = ..., side_effect_class: _Optional[str] = ..., deadline_unix_ms: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class WorkToolCancel(_message.Message):
     __slots__ = ("call_id",)
