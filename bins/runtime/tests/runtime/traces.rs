@@ -141,7 +141,7 @@ async fn a_governed_session_is_one_trace_under_the_clients_traceparent() {
         .await;
     let mut client = daemon.client().await;
     // 400 EUR: over the approval boundary.
-    publish_refund_agent(&mut client, home.path(), "refund-agent", 400).await;
+    publish_refund_agent(&mut client, home.path(), "refund-agent", 400, None).await;
     let worker = RefundWorker::start(&daemon.addr, "trace-worker");
     let mut request = tonic::Request::new(pb::RunSessionRequest {
         agent_ref: Some(agent_ref("")),
@@ -160,7 +160,7 @@ async fn a_governed_session_is_one_trace_under_the_clients_traceparent() {
         .unwrap()
         .into_inner()
         .session_id;
-    wait_for_status(&mut client, &session_id, "awaiting_approval").await;
+    wait_for_status(&mut client, &session_id, "awaiting_approval", None).await;
     let parking = Instant::now();
     while !daemon.stderr().contains("session parked until a decision") {
         assert!(
@@ -188,7 +188,7 @@ async fn a_governed_session_is_one_trace_under_the_clients_traceparent() {
         "ok",
     )
     .await;
-    wait_for_status(&mut client, &session_id, "completed").await;
+    wait_for_status(&mut client, &session_id, "completed", None).await;
     assert_eq!(worker.invocations().len(), 1);
     let context = worker
         .trace_context(&approval.call_id)
@@ -355,13 +355,13 @@ async fn a_collector_that_is_down_loses_and_delays_nothing() {
         .await;
     let mut client = daemon.client().await;
     // 40 EUR: allowed at once.
-    publish_refund_agent(&mut client, home.path(), "refund-agent", 40).await;
+    publish_refund_agent(&mut client, home.path(), "refund-agent", 40, None).await;
     let worker = RefundWorker::start(&daemon.addr, "down-worker");
     let mut ids = Vec::new();
     for _ in 0..3 {
         let started = Instant::now();
         let id = run_refund(&mut client, "refund-agent", "Refund 40 EUR for ORD-1.").await;
-        wait_for_status(&mut client, &id, "completed").await;
+        wait_for_status(&mut client, &id, "completed", None).await;
         assert!(
             started.elapsed() < Duration::from_secs(10),
             "a session took {:?}",
