@@ -73,6 +73,7 @@
 //! only `1.0.0`; `@1.2` matches `1.2.x`); `^`, `~`, `>=`, `<`, `=`, `*` and comma-separated
 //! combinations mean what they mean in Cargo.
 
+mod analysis;
 mod bundle;
 mod canonical;
 mod compile;
@@ -95,6 +96,7 @@ mod validate;
 mod yaml_input;
 mod yaml_pos;
 
+pub use analysis::{Finding, FindingKind};
 pub use bundle::{
     Bundle, BundleLock, BundleMember, LOCK_FILE, Locked, ValidatedBundle, load_bundle, lock_bundle,
     lock_loaded_bundle, validate_bundle,
