@@ -486,8 +486,13 @@ fn type_problem(leaf: &Leaf<'_>, prop: &Value) -> Option<String> {
             let numeric_enum = enum_values
                 .is_some_and(|e| e.iter().any(|v| matches!(key_of(v), Some(Key::Num(_)))));
             (!numeric_enum).then(|| {
+                let note = if has("string") {
+                    " (only strings that read as numbers compare)"
+                } else {
+                    "; it never matches"
+                };
                 format!(
-                    "`{}` compares numbers, but the schema's type of `{}` is {shown}",
+                    "`{}` compares numbers, but the schema's type of `{}` is {shown}{note}",
                     leaf.op, leaf.field
                 )
             })

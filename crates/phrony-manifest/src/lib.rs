@@ -31,6 +31,12 @@
 //! delegations to the version ids it is about to store (external ones to the published versions)
 //! and reports every problem at once ([`PublicationError`]).
 //!
+//! Policy analysis: [`Compiled::findings`] lists what in the agent's policies can never take
+//! effect — conditions that cannot match the tool's input schema or cannot hold, policies shadowed
+//! by an unconditional deny, allow lists that allow everything, approval policies whose quorum is
+//! never used — each a [`Finding`] (a warning with its position, [`FindingKind`], and an example
+//! call where one helps).
+//!
 //! Tool descriptor pins: [`descriptor_pin`] hashes a tool's name, version, description and input
 //! schema; [`ToolBinding::descriptor_pin`] and [`CompiledAgent::tool_pins`] compute it from a
 //! snapshot (nothing is added to the snapshot), [`tool_descriptor_pin`] from a Tool document.
