@@ -13,11 +13,10 @@ use std::fmt;
 
 use serde_json::{Map, Value, json};
 
-use crate::compile::is_approval;
 use crate::diag::{Diagnostic, Severity};
 use crate::doc::Source;
 use crate::model::compiled::{CompiledPolicy, ToolBinding};
-use crate::policy_bridge::def_from_compiled;
+use crate::policy_bridge::{def_from_compiled, is_approval};
 
 /// What a [`Finding`] is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
@@ -332,6 +331,20 @@ enum Found<'s> {
     },
 }
 
+/// Schema keywords that may admit properties `properties` does not list: a schema using any of
+/// them is not judged on undeclared names.
+const OPENING_KEYWORDS: [&str; 9] = [
+    "patternProperties",
+    "allOf",
+    "anyOf",
+    "oneOf",
+    "$ref",
+    "if",
+    "dependentSchemas",
+    "unevaluatedProperties",
+    "$dynamicRef",
+];
+
 fn resolve<'s>(schema: &'s Value, steps: &[Step<'s>]) -> Found<'s> {
     let mut cur = schema;
     let mut prefix = String::new();
@@ -343,7 +356,9 @@ fn resolve<'s>(schema: &'s Value, steps: &[Step<'s>]) -> Found<'s> {
                 };
                 match props.get(*k) {
                     Some(child) => cur = child,
-                    None if cur.get("patternProperties").is_some() => return Found::Unknown,
+                    None if OPENING_KEYWORDS.iter().any(|k| cur.get(*k).is_some()) => {
+                        return Found::Unknown;
+                    }
                     None => {
                         return Found::Missing {
                             key: k,

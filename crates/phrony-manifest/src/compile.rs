@@ -25,7 +25,7 @@ use crate::model::compiled::{
 };
 use crate::model::policy::PolicyDoc;
 use crate::model::tool::ToolDoc;
-use crate::policy_bridge::{def_from_compiled, validate_policy_doc};
+use crate::policy_bridge::{def_from_compiled, is_approval, validate_policy_doc};
 use crate::refs::{DelegationRef, check_constraint, parse_delegation_ref, parse_tool_ref};
 use crate::resolve::{RefKind, prompt_from_text, resolve_file, schema_from_text, yaml_files};
 use crate::schema::check_schema;
@@ -1048,10 +1048,6 @@ fn compile_delegation(
         agent: Some(target),
         ..ToolBinding::default()
     })
-}
-
-pub(crate) fn is_approval(action: &str) -> bool {
-    action == "require_approval" || action == "escalate"
 }
 
 /// A Policy document as a compiled policy with the given effective scope.
