@@ -542,6 +542,7 @@ fn dispatch(router: &Router, s: &mut Script<'_>) -> Dispatch {
         args: serde_json::json!({"order_id": "ORD-1"}),
         side_effect_class: "read_only".to_owned(),
         deadline_unix_ms: 0,
+        trace_context: std::collections::BTreeMap::new(),
     };
     let queue_wait = Duration::from_millis(500 * u64::from(s.byte().unwrap_or(0) % 8));
     let exec_timeout = match s.pick(3) {

@@ -868,6 +868,53 @@ fn check_accepts_the_logical_id_and_reads_are_ungoverned() {
 }
 
 #[test]
+fn check_says_when_a_tool_is_hidden_from_the_model_in_the_context() {
+    let change = refund_example()
+        .with_file_name("change-management")
+        .join("agent.yaml");
+    let check = |context: &str, output: &str| {
+        let out = phrony()
+            .args(["policies", "check"])
+            .arg(&change)
+            .args([
+                "--tool",
+                "restart_service",
+                "--args",
+                r#"{"service": "search-api"}"#,
+            ])
+            .args(["--context", context, "--output", output])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let developer = r#"{"principal": {"role": "developer"}, "now": "2025-03-12T10:00:00Z"}"#;
+    let text = check(developer, "text");
+    assert!(
+        text.contains(
+            "hidden: infra/operators-only@1.0.0 denies every call of this tool in this context, \
+             whatever the arguments; the model is not offered it\n"
+        ),
+        "{text}"
+    );
+    let report: Value = serde_json::from_str(&check(developer, "json")).unwrap();
+    assert_eq!(report["hidden_by"], "infra/operators-only@1.0.0");
+    // An operator is offered the tool; a deny that reads the arguments hides nothing.
+    let oncall = r#"{"principal": {"role": "oncall"}, "now": "2025-03-12T10:00:00Z"}"#;
+    assert!(!check(oncall, "text").contains("hidden:"));
+    let report: Value = serde_json::from_str(&check(oncall, "json")).unwrap();
+    assert!(report.get("hidden_by").is_none(), "{report}");
+    phrony()
+        .args(["policies", "check"])
+        .arg(refund_example().join("agent.yaml"))
+        .args(["--tool", "issue_refund", "--args", r#"{"amount": 14000}"#])
+        .assert()
+        .success()
+        .stdout(contains("decision: deny"))
+        .stdout(contains("hidden:").not());
+}
+
+#[test]
 fn check_decides_a_bundles_delegation_and_its_members_calls() {
     let desk = refund_example()
         .with_file_name("refund-desk")
@@ -1404,4 +1451,83 @@ fn tools_pin_prints_the_pin_a_worker_advertises_for_each_tool_document() {
         .assert()
         .code(1)
         .stderr(contains("expected kind Tool"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// mode: shadow
+
+#[test]
+fn validate_and_check_show_shadow_policies_and_what_they_would_change() {
+    let tmp = TempDir::new().unwrap();
+    phrony().arg("init").arg(tmp.path()).assert().success();
+    fs::write(
+        tmp.path().join("policies/refund-review-over-50.yaml"),
+        "apiVersion: phrony.com/v1
+kind: Policy
+metadata: {name: refund-review-over-50, namespace: payments, version: 1.0.0}
+spec:
+  mode: shadow
+  conditions: {field: amount, op: gt, value: 50}
+  decision: {type: deny, reason: Try a lower limit first.}
+",
+    )
+    .unwrap();
+    let agent = tmp.path().join("agent.yaml");
+    let text = fs::read_to_string(&agent).unwrap();
+    let anchor = "        - ref: policies/refund-hard-limit.yaml\n";
+    assert!(text.contains(anchor), "{text}");
+    fs::write(
+        &agent,
+        text.replace(
+            anchor,
+            &format!("{anchor}        - ref: policies/refund-review-over-50.yaml\n"),
+        ),
+    )
+    .unwrap();
+    phrony()
+        .args(["agents", "validate"])
+        .arg(&agent)
+        .env("OPENAI_API_KEY", "sk-test")
+        .assert()
+        .success()
+        .stdout(
+            "valid: support/refund-agent 0.1.0\n\
+             shadow: payments/refund-review-over-50@1.0.0 (evaluated and recorded on every call, \
+             never enforced)\n",
+        );
+    let check = |amount: u32, output: &str| {
+        let mut cmd = phrony();
+        cmd.args(["policies", "check"])
+            .arg(&agent)
+            .args(["--tool", "issue_refund", "--output", output, "--args"])
+            .arg(format!(r#"{{"order_id":"ORD-1","amount":{amount}}}"#));
+        cmd
+    };
+    // Allowed; the shadow policy would have denied. It is not among the applied policies.
+    let text = stdout_of(&mut check(100, "text"));
+    assert!(text.starts_with("tool: issue_refund"), "{text}");
+    assert!(text.contains("decision: allow\n"), "{text}");
+    assert!(!text.contains("refund-review-over-50@1.0.0  "), "{text}");
+    assert!(
+        text.ends_with(
+            "shadow policies (never enforced): payments/refund-review-over-50@1.0.0\n\
+             shadow: would have deny by payments/refund-review-over-50@1.0.0 (Try a lower limit first.)\n"
+        ),
+        "{text}"
+    );
+    let json: Value = serde_json::from_str(&stdout_of(&mut check(100, "json"))).unwrap();
+    assert_eq!(json["decision"], "allow");
+    assert_eq!(json["shadow"]["would_have"]["decision"], "deny");
+    assert_eq!(
+        json["shadow"]["policy"],
+        "payments/refund-review-over-50@1.0.0"
+    );
+    // Below the shadow threshold nothing would change.
+    let text = stdout_of(&mut check(20, "text"));
+    assert!(
+        text.ends_with("shadow: would have changed nothing\n"),
+        "{text}"
+    );
+    let json: Value = serde_json::from_str(&stdout_of(&mut check(20, "json"))).unwrap();
+    assert!(json.get("shadow").is_none(), "{json}");
 }

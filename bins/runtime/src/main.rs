@@ -11,7 +11,8 @@
 //! `RUNTIME_TOOL_ALLOWLIST`, `RUNTIME_REQUIRE_DESCRIPTOR_PINS`, and for TLS and OIDC `RUNTIME_TLS_CERT`, `RUNTIME_TLS_KEY`,
 //! `RUNTIME_TLS_CLIENT_CA`, `RUNTIME_TLS_CLIENT_ROLES`, `RUNTIME_OIDC_ISSUER`,
 //! `RUNTIME_OIDC_AUDIENCE`, `RUNTIME_OIDC_JWKS`, `RUNTIME_OIDC_ROLES_CLAIM`,
-//! `RUNTIME_OIDC_JWKS_REFRESH`); see `--help`. The behaviour lives in the `phrony-runtime` library.
+//! `RUNTIME_OIDC_JWKS_REFRESH`), and for trace export the standard `OTEL_EXPORTER_OTLP_*`,
+//! `OTEL_SERVICE_NAME`, `OTEL_TRACES_EXPORTER` and `OTEL_SDK_DISABLED`; see `--help`. The behaviour lives in the `phrony-runtime` library.
 //! Failures print one line naming the problem and exit 1.
 
 use std::process::ExitCode;
@@ -28,10 +29,13 @@ use phrony_runtime::{AuditCommand, Cli, Command, Env, LogFormat, daemon, logging
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let json = cli.settings.log_format == LogFormat::Json;
-    if let Err(error) = logging::init(&cli.settings) {
-        eprintln!("phrony-runtime: error: {error:#}");
-        return ExitCode::FAILURE;
-    }
+    let telemetry = match logging::init(&cli.settings) {
+        Ok(telemetry) => telemetry,
+        Err(error) => {
+            eprintln!("phrony-runtime: error: {error:#}");
+            return ExitCode::FAILURE;
+        }
+    };
     let env = Env::from_process();
     let result = match cli.command.unwrap_or(Command::Serve) {
         Command::Serve => daemon::serve(&cli.settings, &env),
@@ -41,6 +45,9 @@ fn main() -> ExitCode {
             command: AuditCommand::Verify(args),
         } => daemon::audit_verify(&cli.settings, &env, &args),
     };
+    // The last spans, within a bounded wait (a collector that is down delays the exit by at
+    // most `telemetry::FLUSH_TIMEOUT`).
+    telemetry.shutdown();
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {

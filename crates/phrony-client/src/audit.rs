@@ -1,5 +1,6 @@
-//! The audit RPCs: `VerifyAudit` (chains, sealed heads, triggers, re-folded projections) and
-//! `ExportAudit` (every event with its hashes).
+//! The audit RPCs: `VerifyAudit` (chains, sealed heads, triggers, re-folded projections),
+//! `ExportAudit` (every event with its hashes) and `ListShadowDecisions` (what a `mode: shadow`
+//! policy would have changed).
 
 use phrony_proto::runtime::v1 as pb;
 
@@ -71,6 +72,42 @@ pub struct ExportedEvent {
     pub actor_via: Option<String>,
 }
 
+/// One recorded shadow decision: a call a `mode: shadow` policy would have denied or held.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShadowDecision {
+    /// When it was recorded (RFC 3339, microseconds).
+    pub recorded_at: String,
+    /// The session of the call.
+    pub session_id: String,
+    /// The call.
+    pub call_id: String,
+    /// The agent, `namespace/name@version`.
+    pub agent: String,
+    /// The tool's dispatch ref.
+    pub tool: String,
+    /// The call hash of the call (its arguments included).
+    pub args_digest: String,
+    /// What the enforced policies decided: `allow`, `deny` or `require_approval`.
+    pub enforced: String,
+    /// The enforced decision's policy, when one decided.
+    pub enforced_policy: Option<String>,
+    /// What the shadow policy would have made of it: `deny` or `require_approval`.
+    pub shadow: String,
+    /// The shadow policy, `namespace/name@version`.
+    pub policy: String,
+    /// Its deny message or approval reason.
+    pub reason: Option<String>,
+}
+
+/// The answer of `ListShadowDecisions`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShadowDecisions {
+    /// The decisions, oldest first.
+    pub decisions: Vec<ShadowDecision>,
+    /// Whether more matched than the limit returned.
+    pub truncated: bool,
+}
+
 /// The events of an `ExportAudit` call, read as they arrive.
 #[derive(Debug)]
 pub struct AuditExport {
@@ -138,6 +175,54 @@ impl Client {
                     seq: Some(p.seq).filter(|s| *s > 0),
                     message: p.message,
                 }),
+        })
+    }
+
+    /// What the shadow policy `namespace/name` (every version) would have changed
+    /// (`ListShadowDecisions`): decisions recorded at or after `since` (RFC 3339), oldest
+    /// first, at most `limit` (0: the runtime's default of 100).
+    ///
+    /// # Errors
+    /// `InvalidArgument` for a policy that is not `namespace/name`, a bad `since` or a limit
+    /// over 999; any other [`ClientError`].
+    pub async fn list_shadow_decisions(
+        &self,
+        policy: &str,
+        since: Option<&str>,
+        limit: u32,
+    ) -> Result<ShadowDecisions, ClientError> {
+        let request = pb::ListShadowDecisionsRequest {
+            policy: policy.to_owned(),
+            since: since.unwrap_or_default().to_owned(),
+            limit,
+        };
+        let response = self
+            .runtime
+            .clone()
+            .list_shadow_decisions(request)
+            .await
+            .map_err(|s| self.status(&s))?
+            .into_inner();
+        let optional = |s: String| Some(s).filter(|s| !s.is_empty());
+        Ok(ShadowDecisions {
+            decisions: response
+                .decisions
+                .into_iter()
+                .map(|d| ShadowDecision {
+                    recorded_at: d.recorded_at,
+                    session_id: d.session_id,
+                    call_id: d.call_id,
+                    agent: d.agent,
+                    tool: d.tool,
+                    args_digest: d.args_digest,
+                    enforced: d.enforced,
+                    enforced_policy: optional(d.enforced_policy),
+                    shadow: d.shadow,
+                    policy: d.policy,
+                    reason: optional(d.reason),
+                })
+                .collect(),
+            truncated: response.truncated,
         })
     }
 

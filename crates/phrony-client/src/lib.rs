@@ -57,7 +57,10 @@ pub use approvals::{
     Approval, ApprovalChange, ApprovalChangeKind, ApprovalFilter, ApprovalPage, ApprovalWatch,
     DecideApproval, Decision, DecisionOutcome, OUTCOME_REVIEW, Vote, display_actor,
 };
-pub use audit::{AuditExport, AuditProblem, AuditScope, AuditVerification, ExportedEvent};
+pub use audit::{
+    AuditExport, AuditProblem, AuditScope, AuditVerification, ExportedEvent, ShadowDecision,
+    ShadowDecisions,
+};
 pub use bundles::{
     ActiveBundle, BundleMemberInfo, BundleMemberPackage, BundleSecretRequirement, BundleSummary,
     BundleVersion, BundleVersionSummary, DeployedBundle, PublishBundle, PublishedBundle,

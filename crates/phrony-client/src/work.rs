@@ -21,6 +21,7 @@
 //! - [`WorkEvent::Cancel`] tells the worker the runtime stopped waiting for a call (the session
 //!   ended or the deadline passed): any result sent later is recorded as a late result only.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use pb::work_client_msg::Body as ClientBody;
@@ -89,6 +90,10 @@ pub struct Invocation {
     pub side_effect_class: String,
     /// When the runtime stops waiting for the call, if it set a deadline.
     pub deadline: Option<SystemTime>,
+    /// The W3C trace context of the runtime's dispatch span (`traceparent`, `tracestate`):
+    /// a worker that traces makes it the parent of its own spans. Empty when the runtime
+    /// exports no traces.
+    pub trace_context: BTreeMap<String, String>,
 }
 
 /// A runtime message on the Work stream.
@@ -241,6 +246,7 @@ impl WorkStream {
                     .ok()
                     .filter(|ms| *ms > 0)
                     .map(|ms| UNIX_EPOCH + Duration::from_millis(ms)),
+                trace_context: i.trace_context.into_iter().collect(),
             }),
             Some(ServerBody::Cancel(c)) => WorkEvent::Cancel { call_id: c.call_id },
             Some(ServerBody::ResultAck(a)) => WorkEvent::ResultAck { call_id: a.call_id },

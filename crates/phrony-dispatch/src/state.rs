@@ -1031,7 +1031,7 @@ impl Inner {
             };
             let mut invoke = invocation.clone();
             invoke.deadline_unix_ms = deadline_unix_ms;
-            if !self.send(st, &worker_id, ToWorker::Invoke(invoke)) {
+            if !self.send(st, &worker_id, ToWorker::Invoke(Box::new(invoke))) {
                 return None;
             }
             let call = st.calls.get_mut(&invocation.call_id)?;

@@ -3,6 +3,7 @@
 //! The gRPC layer converts protobuf messages to and from these types; nothing in this crate
 //! sees protobuf.
 
+use std::collections::BTreeMap;
 use std::fmt;
 
 /// The version a binding without a version dispatches to (and a worker must advertise).
@@ -100,7 +101,7 @@ pub enum ToWorker {
         lease_ttl_ms: i64,
     },
     /// `WorkInvoke`: run a tool call.
-    Invoke(Invocation),
+    Invoke(Box<Invocation>),
     /// `WorkToolCancel`: stop working on a call.
     Cancel {
         /// The call to stop.
@@ -137,6 +138,9 @@ pub struct Invocation {
     /// Wall-clock deadline in Unix milliseconds, 0 for none. On dispatch the router lowers it
     /// to the execution deadline, so the worker learns when the runtime stops waiting.
     pub deadline_unix_ms: i64,
+    /// The W3C trace context of the caller's dispatch span (`traceparent`, `tracestate`), sent
+    /// to the worker as is; empty when the caller exports no traces.
+    pub trace_context: BTreeMap<String, String>,
 }
 
 /// A handler error (`WorkToolError`), or a nack turned into a tool error.

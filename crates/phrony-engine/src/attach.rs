@@ -563,7 +563,8 @@ impl SessionView {
             | EventBody::TokenRevoked(_)
             | EventBody::AuditKeyIntroduced(_)
             | EventBody::AuditUnverifiedLogAllowed(_)
-            | EventBody::WorkerDescriptorRefused(_) => Vec::new(),
+            | EventBody::WorkerDescriptorRefused(_)
+            | EventBody::PolicyShadow(_) => Vec::new(),
         })
     }
 

@@ -15,13 +15,16 @@ use phrony_dispatch::{
 };
 use phrony_ledger::{
     Approval, ApprovalKind, ApprovalStatus, ApprovalTimeout, CallStatus, Dispatch, NewApproval,
-    NewToolCall, OnModify, OnReject, OutputInvalid, SessionMode, SessionStatus, SideEffectClass,
-    TimeoutDefault, ToolInvocation, ToolResult,
+    NewToolCall, OnModify, OnReject, OutputInvalid, PolicyShadowed, PolicyVerdict, SessionMode,
+    SessionStatus, SideEffectClass, TimeoutDefault, ToolInvocation, ToolResult,
 };
 pub(crate) use phrony_manifest::CallScope;
 use phrony_manifest::ToolBinding;
-use phrony_policy::{AgentCtx, Decision, Policy, Request, SessionCtx, ToolCtx, Trigger};
+use phrony_policy::{
+    AgentCtx, Decision, DecisionKind, Policy, Request, SessionCtx, ShadowOutcome, ToolCtx, Trigger,
+};
 use serde_json::{Map, Value, json};
+use tracing::Instrument as _;
 use uuid::Uuid;
 
 use crate::driver::{CallStop, Ctx, LimitEscalation, Recorded, Stop, limit_message};
@@ -197,6 +200,36 @@ pub(crate) enum EditRefusal {
     },
 }
 
+/// The ledger's name of a policy decision kind.
+fn verdict(kind: DecisionKind) -> PolicyVerdict {
+    match kind {
+        DecisionKind::Allow => PolicyVerdict::Allow,
+        DecisionKind::Deny => PolicyVerdict::Deny,
+        DecisionKind::RequireApproval => PolicyVerdict::RequireApproval,
+    }
+}
+
+/// The `policy.shadow` record of what a shadow policy would have changed about `call`.
+fn shadow_record(
+    session: &phrony_ledger::Session,
+    call: &ToolInvocation,
+    enforced: &Decision<'_>,
+    outcome: &ShadowOutcome<'_>,
+) -> PolicyShadowed {
+    PolicyShadowed {
+        session_id: session.id.clone(),
+        call_id: call.call_id.clone(),
+        agent: session.agent.to_string(),
+        tool: call.tool.clone(),
+        args_digest: phrony_ledger::call_hash(&session.id, call),
+        enforced: verdict(enforced.kind()),
+        enforced_policy: enforced.policy().map(|p| p.id().to_string()),
+        shadow: verdict(outcome.shadow.kind()),
+        policy: outcome.policy.id().to_string(),
+        reason: outcome.shadow.reason().map(str::to_owned),
+    }
+}
+
 impl DriverSetup {
     /// The schema violations of `args` for the tool `wire`, as one message.
     /// Arguments the model sent as text that is not JSON (the providers pass such text on as a
@@ -245,6 +278,34 @@ impl DriverSetup {
 }
 
 impl Ctx {
+    /// Tool visibility: removes from `tools` (a completion request's) every tool whose every
+    /// call policy denies in this session's context now, whatever the arguments
+    /// ([`phrony_policy::PolicySet::hidden_tool`], asked with the dispatch-time context and
+    /// `null` arguments), and returns each with the policy that hid it. A call the model makes
+    /// to a hidden tool anyway is decided like any other (and denied).
+    pub(crate) fn hide_denied_tools(
+        &self,
+        tools: &mut Vec<phrony_providers::ToolSpec>,
+    ) -> Vec<phrony_ledger::HiddenTool> {
+        let scope = self.scope();
+        let mut hidden = Vec::new();
+        tools.retain(|tool| {
+            let Some(binding) = self.setup.binding(&tool.name) else {
+                return true;
+            };
+            let request = scope.request(binding, &tool.name, &Value::Null);
+            let Some(policy) = self.setup.policies.hidden_tool(&request) else {
+                return true;
+            };
+            hidden.push(phrony_ledger::HiddenTool {
+                name: tool.name.clone(),
+                policy: policy.id().to_string(),
+            });
+            false
+        });
+        hidden
+    }
+
     pub(crate) fn scope(&self) -> CallScope<'_> {
         CallScope {
             agent: &self.agent,
@@ -416,12 +477,28 @@ impl Ctx {
             return Ok(());
         }
         let scope = self.scope();
+        let request = scope.request(binding, wire, args);
+        let span = crate::trace::decision(&call.call_id, &call.tool, &call.version);
         let started = std::time::Instant::now();
-        let decision = self
-            .setup
-            .policies
-            .evaluate(&scope.request(binding, wire, args));
+        let decision = span.in_scope(|| self.setup.policies.evaluate(&request));
         phrony_metrics::POLICY_EVALUATION.observe(started.elapsed());
+        match &decision {
+            Decision::Allow => crate::trace::decided(&span, "allow", None),
+            Decision::Deny { policy, .. } => {
+                crate::trace::decided(&span, "deny", Some(&policy.id().to_string()));
+            }
+            Decision::RequireApproval { policy } => {
+                crate::trace::decided(&span, "require_approval", Some(&policy.id().to_string()))
+            }
+        }
+        drop(span);
+        // Shadow policies are evaluated on every decided call and never change it: what they
+        // would have changed is recorded (once per call and policy, so a re-decide after a
+        // crash adds nothing) before the call goes on exactly as enforced.
+        if let Some(outcome) = self.setup.policies.shadow(&request, decision.kind()) {
+            let shadowed = shadow_record(&self.session, call, &decision, &outcome);
+            self.store().record_shadow_decision(shadowed).await?;
+        }
         phrony_metrics::TOOL_CALLS.inc(match &decision {
             Decision::Allow => phrony_metrics::Decision::Allow,
             Decision::Deny { .. } => phrony_metrics::Decision::Deny,
@@ -523,14 +600,28 @@ impl Ctx {
         wire: &str,
         approval_id: Uuid,
     ) -> Result<(), CallStop> {
+        let span = crate::trace::approval_wait(&call.call_id, &approval_id);
         let approval = self
             .wait_for_decision(
                 approval_id,
                 SessionStatus::AwaitingTool,
                 Some(&call.call_id),
             )
-            .await?;
-        Box::pin(self.after_approval(call, binding, wire, approval)).await
+            .instrument(span.clone())
+            .await;
+        crate::trace::approval_outcome(
+            &span,
+            match &approval {
+                Ok(a) => a.status.as_str(),
+                Err(CallStop::Parked) => "parked",
+                Err(CallStop::Stopped) => "stopped",
+                Err(CallStop::Halt(_)) => "halted",
+                Err(CallStop::Fail(_)) => "failed",
+                Err(CallStop::Store(_)) => "store_error",
+            },
+        );
+        drop(span);
+        Box::pin(self.after_approval(call, binding, wire, approval?)).await
     }
 
     /// Waits for a decision, counting the wait against the approval-wait budget and out of the
@@ -832,7 +923,10 @@ impl Ctx {
                 .dispatch_failed(&call, binding, wire, failure, after_hitl)
                 .await;
         };
+        // The worker's spans join the session's trace under this one.
+        let span = crate::trace::dispatch(&call.call_id, &call.tool, &call.version);
         let invocation = Invocation {
+            trace_context: crate::trace::context_of(&span),
             call_id: call.call_id.clone(),
             session_id: self.session.id.clone(),
             agent_version_id: self.session.agent_version_id.hyphenated().to_string(),
@@ -857,7 +951,13 @@ impl Ctx {
         .with_journal(journal)
         // Only workers serving the descriptor this version was published with (or unpinned).
         .with_descriptor_pin(binding.descriptor_pin());
-        match router.dispatch(request).await {
+        let dispatched = router.dispatch(request).instrument(span.clone()).await;
+        match &dispatched {
+            Ok(done) => crate::trace::dispatched(&span, done),
+            Err(failure) => crate::trace::dispatch_failed(&span, failure),
+        }
+        drop(span);
+        match dispatched {
             Ok(done) => {
                 let result = ToolResult {
                     worker_id: Some(done.worker.worker_id.clone()),

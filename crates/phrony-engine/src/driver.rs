@@ -11,13 +11,14 @@ use chrono::{DateTime, Utc};
 use futures::StreamExt as _;
 use futures::stream::FuturesUnordered;
 use phrony_ledger::{
-    Approval, ApprovalStatus, AssistantMessage, CallStatus, EventBody, ModelCompletion, NewEvent,
-    OnLimit, OnReject, OutputAccepted, OutputAction, OutputInvalid, Session, SessionEvent,
-    SessionLimits, SessionMode, SessionStatus, StatusChange, ToolInvocation, Usage,
+    Approval, ApprovalStatus, AssistantMessage, CallStatus, EventBody, HiddenTool, ModelCompletion,
+    NewEvent, OnLimit, OnReject, OutputAccepted, OutputAction, OutputInvalid, Session,
+    SessionEvent, SessionLimits, SessionMode, SessionStatus, StatusChange, ToolInvocation, Usage,
 };
 use phrony_manifest::CompiledAgent;
 use phrony_providers::{CompletionRequest, Event as ModelEvent, ModelProvider};
 use serde_json::Value;
+use tracing::Instrument as _;
 
 use crate::error::{ErrorKind, StoreError};
 use crate::fold::{CompletionRecord, Fold, ToolCallRecord};
@@ -377,6 +378,16 @@ pub(crate) async fn run(
         () = cancel.cancelled() => Err(Stop::Cancelled),
     };
     let parked = matches!(outcome, Err(Stop::Parked));
+    crate::trace::session_outcome(
+        &tracing::Span::current(),
+        match &outcome {
+            Ok(()) => "ended",
+            Err(Stop::Fail(_)) => "failed",
+            Err(Stop::Cancelled) => "stopped",
+            Err(Stop::Store(_)) => "store_error",
+            Err(Stop::Parked) => "parked",
+        },
+    );
     let suspend = match outcome {
         Ok(()) | Err(Stop::Cancelled | Stop::Parked) => false,
         Err(Stop::Fail(message)) => !fail_session(&inner, &session_id, &message).await,
@@ -404,6 +415,14 @@ pub(crate) async fn run(
             }
         }
     };
+    if parked {
+        // Before unregistering: from then on a decision may resume the session, whose next
+        // driver continues this trace.
+        inner.park_trace(
+            &session_id,
+            crate::trace::context_of(&tracing::Span::current()),
+        );
+    }
     inner.unregister(&live, parked);
     // A session that ended took its running children with it in the ledger (the cascade):
     // their drivers stop too. (Children of a session that merely stopped keep running.)
@@ -680,7 +699,9 @@ impl Driver {
     /// `EngineConfig::max_queued_user_messages`.
     async fn start_turn(&mut self, turn: u32) -> Result<TurnEnd, Stop> {
         self.ctx.live.turn_started(turn).await;
-        self.run_turn(turn).await
+        self.run_turn(turn)
+            .instrument(crate::trace::turn(turn))
+            .await
     }
 
     /// The turn to run next: an unfinished one, the next one with a user message, or (task
@@ -988,8 +1009,7 @@ impl Driver {
                     LimitOutcome::Halt(message) => return Ok(TurnEnd::Halted(message)),
                 }
             }
-            let mut request = self.ctx.setup.base_request.clone();
-            request.messages = self.fold.messages(turn);
+            let (request, hidden) = self.next_request(turn);
             let needed = self
                 .fold
                 .tokens_used
@@ -1006,10 +1026,7 @@ impl Driver {
                 }
             }
             self.ctx.set_status(SessionStatus::Running, None).await?;
-            let model_started = std::time::Instant::now();
-            let completion = self.complete(request, turn, iteration).await;
-            phrony_metrics::MODEL_CALL.observe(model_started.elapsed());
-            let completion = completion.inspect_err(|_| phrony_metrics::MODEL_ERRORS.inc())?;
+            let completion = self.call_model(request, hidden, turn, iteration).await?;
             let has_calls = !completion.tool_calls.is_empty();
             if !has_calls && completion.stop_reason == "tool_use" {
                 return Err(Stop::Fail(
@@ -1113,9 +1130,51 @@ impl Driver {
     }
 
     /// Streams one completion, forwarding text to subscribers.
+    /// The next completion's request: the agent's template, the turn's messages, and the tools
+    /// policy does not hide in the session's context now (time conditions change between
+    /// completions); with the tools it hid.
+    fn next_request(&self, turn: u32) -> (CompletionRequest, Vec<HiddenTool>) {
+        let mut request = self.ctx.setup.base_request.clone();
+        request.messages = self.fold.messages(turn);
+        let hidden = self.ctx.hide_denied_tools(&mut request.tools);
+        (request, hidden)
+    }
+
+    /// One model call ([`Driver::complete`]) with its metrics and its GenAI span.
+    async fn call_model(
+        &mut self,
+        request: CompletionRequest,
+        hidden: Vec<HiddenTool>,
+        turn: u32,
+        iteration: u32,
+    ) -> Result<Completed, Stop> {
+        let model = &self.ctx.agent.spec.model;
+        let span = crate::trace::model_call(&model.provider, &model.name, iteration);
+        let model_started = std::time::Instant::now();
+        let completion = self
+            .complete(request, hidden, turn, iteration)
+            .instrument(span.clone())
+            .await;
+        phrony_metrics::MODEL_CALL.observe(model_started.elapsed());
+        match &completion {
+            Ok(c) => crate::trace::model_usage(
+                &span,
+                c.record.usage.input_tokens,
+                c.record.usage.output_tokens,
+                &c.stop_reason,
+            ),
+            Err(_) => {
+                phrony_metrics::MODEL_ERRORS.inc();
+                crate::trace::failed(&span, "model_error");
+            }
+        }
+        completion
+    }
+
     async fn complete(
         &mut self,
         request: CompletionRequest,
+        hidden_tools: Vec<HiddenTool>,
         turn: u32,
         iteration: u32,
     ) -> Result<Completed, Stop> {
@@ -1186,6 +1245,7 @@ impl Driver {
                 duration_ms,
                 tool_calls: calls,
                 reasoning,
+                hidden_tools,
             },
         })
     }

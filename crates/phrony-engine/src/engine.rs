@@ -15,6 +15,7 @@ use secrecy::ExposeSecret as _;
 use serde_json::{Value, json};
 use tokio::sync::{Notify, oneshot};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 use uuid::Uuid;
 
 use crate::clock::Clock;
@@ -300,6 +301,7 @@ impl Engine {
             registered: tokio::sync::watch::channel(0).0,
             handover: Mutex::new(HashMap::new()),
             prepared: Mutex::new(HashMap::new()),
+            parked_traces: Mutex::new(HashMap::new()),
         });
         tokio::spawn(timer::run(Arc::downgrade(&inner), inner.stop.clone()));
         tokio::spawn(unpark_task(
@@ -494,7 +496,18 @@ impl Engine {
         // Before the driver runs, so it cannot take the decision unseen.
         let taken = expect.map(|id| live.expect_decision(id));
         let inner = Arc::clone(&self.inner);
-        tokio::spawn(driver::run(inner, live, session, agent, setup, provider));
+        // A child of the current span: the RPC that started (or resumed) the session.
+        let span = crate::trace::session(
+            &session.id,
+            &agent.qualified_name(),
+            &agent.metadata.version,
+            &session.agent_version_id,
+        );
+        if let Some(parked) = self.inner.take_parked_trace(&session.id) {
+            // A parked session resumed: its trace goes on under its previous session span.
+            crate::trace::continue_from(&span, &parked);
+        }
+        tokio::spawn(driver::run(inner, live, session, agent, setup, provider).instrument(span));
         Ok(taken)
     }
 

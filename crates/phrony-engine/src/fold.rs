@@ -8,8 +8,8 @@
 use std::collections::{BTreeMap, HashMap};
 
 use phrony_ledger::{
-    ApprovalStatus, CallStatus, Event, EventBody, ModelCompletion, OutputInvalid, Reasoning,
-    SessionStatus, ToolCompleted, ToolRequested, TurnUsage,
+    ApprovalStatus, CallStatus, Event, EventBody, HiddenTool, ModelCompletion, OutputInvalid,
+    Reasoning, SessionStatus, ToolCompleted, ToolRequested, TurnUsage,
 };
 use phrony_providers::{ContentBlock, Message, ReasoningBlock, Role, Usage};
 use serde::Serialize;
@@ -87,6 +87,8 @@ pub(crate) struct CompletionRecord {
     pub(crate) duration_ms: u64,
     pub(crate) tool_calls: Vec<ToolCallRecord>,
     pub(crate) reasoning: Vec<ReasoningBlock>,
+    /// The tools policy hid from this completion's request.
+    pub(crate) hidden_tools: Vec<HiddenTool>,
 }
 
 impl From<ModelCompletion> for CompletionRecord {
@@ -128,6 +130,7 @@ impl From<ModelCompletion> for CompletionRecord {
                     Reasoning::Redacted { data } => ReasoningBlock::Redacted { data },
                 })
                 .collect(),
+            hidden_tools: m.hidden_tools,
         }
     }
 }
@@ -171,6 +174,7 @@ impl From<&CompletionRecord> for ModelCompletion {
                     ReasoningBlock::Redacted { data } => Reasoning::Redacted { data: data.clone() },
                 })
                 .collect(),
+            hidden_tools: r.hidden_tools.clone(),
         }
     }
 }
@@ -509,7 +513,8 @@ impl Fold {
             | EventBody::TokenRevoked(_)
             | EventBody::AuditKeyIntroduced(_)
             | EventBody::AuditUnverifiedLogAllowed(_)
-            | EventBody::WorkerDescriptorRefused(_) => {}
+            | EventBody::WorkerDescriptorRefused(_)
+            | EventBody::PolicyShadow(_) => {}
         }
         Ok(())
     }

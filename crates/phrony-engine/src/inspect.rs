@@ -447,6 +447,18 @@ fn tool_label(tool: &str, version: &str) -> String {
     }
 }
 
+/// ` hidden=refund (payments/deny-viewers@1.0.0), …`: the tools policy hid from a completion.
+fn hidden_suffix(hidden: &[phrony_ledger::HiddenTool]) -> String {
+    if hidden.is_empty() {
+        return String::new();
+    }
+    let list: Vec<String> = hidden
+        .iter()
+        .map(|h| format!("{} ({})", h.name, h.policy))
+        .collect();
+    format!(" hidden={}", list.join(", "))
+}
+
 fn usage_suffix(usage: Option<Usage>, duration_ms: Option<u64>) -> String {
     let mut out = String::new();
     if let Some(u) = usage {
@@ -548,11 +560,12 @@ fn event_summary(
             )
         }
         EventBody::ModelCompletion(c) => format!(
-            "model completion turn={} iteration={} stop={} tool_calls={}{}",
+            "model completion turn={} iteration={} stop={} tool_calls={}{}{}",
             c.turn,
             c.iteration,
             c.stop_reason,
             c.tool_calls.len(),
+            hidden_suffix(&c.hidden_tools),
             usage_suffix(Some(c.usage), Some(c.duration_ms))
         ),
         EventBody::OutputInvalid(i) => with_detail(
@@ -607,7 +620,8 @@ fn event_summary(
         | EventBody::TokenRevoked(_)
         | EventBody::AuditKeyIntroduced(_)
         | EventBody::AuditUnverifiedLogAllowed(_)
-        | EventBody::WorkerDescriptorRefused(_) => {
+        | EventBody::WorkerDescriptorRefused(_)
+        | EventBody::PolicyShadow(_) => {
             format!("{} by {}", e.event_type, actor_label(e))
         }
         EventBody::ToolRequested(_)

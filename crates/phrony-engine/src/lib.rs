@@ -99,6 +99,7 @@ mod state;
 mod store;
 mod subscribe;
 mod timer;
+mod trace;
 mod vote;
 
 pub use approval_watch::{ApprovalChange, ApprovalWatch, MAX_WATCHED_APPROVALS};
@@ -132,6 +133,7 @@ pub use inspect::{
 pub use provider::{DefaultProviderFactory, ProviderFactory, api_key_secret_name};
 pub use store::{LedgerStore, PlainSecret, StoredAgentVersion};
 pub use subscribe::{SessionUpdate, Subscription};
+pub use trace::TARGET as TRACE_TARGET;
 pub use vote::{VoteAnswer, VoteTarget};
 
 /// The ledger's domain types the engine's API speaks.

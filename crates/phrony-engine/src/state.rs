@@ -4,7 +4,7 @@
 //! The modules that act on this state (`engine`, `driver`, `calls`, `attach`, `subscribe`,
 //! `timer`) import it from here, never from each other in a loop.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use phrony_dispatch::Router;
@@ -81,7 +81,15 @@ pub(crate) struct Inner {
     /// compiled), by version id and content hash: a published version never changes, so every
     /// session of it shares one. Bounded by [`PREPARED_AGENTS`].
     pub(crate) prepared: Mutex<HashMap<(Uuid, String), Prepared>>,
+    /// The W3C trace context of each parked session's last `phrony.session` span, by session
+    /// id: the driver that resumes the session continues that trace. In memory only (a session
+    /// resumed after a restart starts a new trace); bounded by [`PARKED_TRACES`].
+    pub(crate) parked_traces: Mutex<HashMap<String, BTreeMap<String, String>>>,
 }
+
+/// Parked sessions' trace contexts [`Inner::parked_traces`] keeps; when full it starts over
+/// (those sessions' resumptions start new traces).
+pub(crate) const PARKED_TRACES: usize = 10_000;
 
 /// An agent version ready to drive sessions: the compiled agent and what drivers need from it.
 pub(crate) type Prepared = (Arc<CompiledAgent>, Arc<DriverSetup>);
@@ -382,6 +390,29 @@ impl Inner {
     /// Removes a live session's entry (if it is still `entry`). A parked driver hands the votes
     /// waiting for its decisions to the session's next driver; otherwise they read the stored
     /// status.
+    /// Keeps a parking session's trace context (empty: no trace exported) for its next driver.
+    pub(crate) fn park_trace(&self, session_id: &str, context: BTreeMap<String, String>) {
+        if context.is_empty() {
+            return;
+        }
+        let mut traces = self
+            .parked_traces
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if traces.len() >= PARKED_TRACES {
+            traces.clear();
+        }
+        traces.insert(session_id.to_owned(), context);
+    }
+
+    /// The trace context a parked session left ([`Inner::park_trace`]), taken.
+    pub(crate) fn take_parked_trace(&self, session_id: &str) -> Option<BTreeMap<String, String>> {
+        self.parked_traces
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(session_id)
+    }
+
     pub(crate) fn unregister(&self, entry: &Arc<Live>, parked: bool) {
         {
             let mut live = self

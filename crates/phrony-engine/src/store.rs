@@ -18,9 +18,9 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use phrony_ledger::{
     Approval, ApprovalFilter, Dispatch, Event, Ledger, NewApproval, NewEvent, NewSession,
-    NewToolCall, Opening, PageRequest, RecordedResult, RecordedStep, SecretCipher, Session,
-    SessionEvent, StatusChange, StatusChanged, TimeoutOutcome, ToolInvocation, ToolResult, Vote,
-    VoteOutcome,
+    NewToolCall, Opening, PageRequest, PolicyShadowed, RecordedResult, RecordedStep, SecretCipher,
+    Session, SessionEvent, StatusChange, StatusChanged, TimeoutOutcome, ToolInvocation, ToolResult,
+    Vote, VoteOutcome,
 };
 use secrecy::{ExposeSecret as _, SecretSlice};
 use tokio::sync::watch;
@@ -469,6 +469,16 @@ impl LedgerStore {
         } else {
             Err(refused)
         }
+    }
+
+    /// Records what a shadow policy would have changed about a call (once per call and
+    /// policy; a repeat writes nothing).
+    ///
+    /// # Errors
+    /// Ledger errors.
+    pub async fn record_shadow_decision(&self, shadowed: PolicyShadowed) -> StoreResult<()> {
+        self.ledger.record_shadow_decision(shadowed).await?;
+        Ok(())
     }
 
     /// A policy denied the call (`tool.policy_denied`).

@@ -64,6 +64,8 @@ pub const PERMISSIONS: &[(&str, Permission)] = &[
     // The audit trail: verifying the chains and exporting the events are reads.
     ("VerifyAudit", Permission::Read),
     ("ExportAudit", Permission::Read),
+    // What shadow policies would have changed: a read of the audit trail.
+    ("ListShadowDecisions", Permission::Read),
     // Sessions.
     ("RunSession", Permission::Run),
     ("RunSessionInteractive", Permission::Run),

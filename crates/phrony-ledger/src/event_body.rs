@@ -26,8 +26,8 @@ use crate::error::{LedgerError, Result};
 use crate::model::{BundleMemberOrigin, DeploymentAction, Event, NewEvent};
 use crate::vocabulary::{
     ApprovalKind, ApprovalStatus, ApprovalTimeout, CallStatus, OnModify, OnReject, OutputAction,
-    ReviewResolution, SessionLimits, SessionMode, SessionStatus, SideEffectClass, Usage,
-    VoteDecision,
+    PolicyVerdict, ReviewResolution, SessionLimits, SessionMode, SessionStatus, SideEffectClass,
+    Usage, VoteDecision,
 };
 
 /// The version of this schema (see the module docs for what changes it).
@@ -126,6 +126,9 @@ pub mod event_types {
     /// pin of a published agent version (or was empty where pins are required) (`workers`
     /// stream).
     pub const WORKER_DESCRIPTOR_REFUSED: &str = "worker.descriptor_refused";
+    /// A `mode: shadow` policy would have changed a call's decision (`shadow:<ns>/<name>`
+    /// stream; the call went on as enforced).
+    pub const POLICY_SHADOW: &str = "policy.shadow";
 
     /// Session-stream types only the ledger writes, each with its projection change.
     pub const LEDGER_OWNED: &[&str] = &[
@@ -149,6 +152,7 @@ pub mod event_types {
         TOKEN_CREATED,
         TOKEN_REVOKED,
         WORKER_DESCRIPTOR_REFUSED,
+        POLICY_SHADOW,
     ];
 }
 
@@ -278,6 +282,9 @@ pub enum EventBody {
     /// `worker.descriptor_refused`.
     #[serde(rename = "worker.descriptor_refused")]
     WorkerDescriptorRefused(WorkerDescriptorRefused),
+    /// `policy.shadow`.
+    #[serde(rename = "policy.shadow")]
+    PolicyShadow(PolicyShadowed),
 }
 
 /// Every type [`EventBody`] knows, for telling an unknown type from a malformed payload.
@@ -322,6 +329,7 @@ const KNOWN_TYPES: &[&str] = &[
     types::AUDIT_KEY_INTRODUCED,
     types::AUDIT_UNVERIFIED_LOG_ALLOWED,
     types::WORKER_DESCRIPTOR_REFUSED,
+    types::POLICY_SHADOW,
 ];
 
 impl EventBody {
@@ -390,6 +398,7 @@ impl EventBody {
             Self::AuditKeyIntroduced(_) => types::AUDIT_KEY_INTRODUCED,
             Self::AuditUnverifiedLogAllowed(_) => types::AUDIT_UNVERIFIED_LOG_ALLOWED,
             Self::WorkerDescriptorRefused(_) => types::WORKER_DESCRIPTOR_REFUSED,
+            Self::PolicyShadow(_) => types::POLICY_SHADOW,
         }
     }
 
@@ -460,6 +469,7 @@ one_variant! {
     AuditKeyIntroduced => AuditKeyIntroduced,
     AuditUnverifiedLogAllowed => AuditUnverifiedLogAllowed,
     WorkerDescriptorRefused => WorkerDescriptorRefused,
+    PolicyShadowed => PolicyShadow,
 }
 
 /// Checks the row count an event's projection change expected.
@@ -684,6 +694,19 @@ pub struct ModelCompletion {
     /// Reasoning blocks to replay verbatim.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub reasoning: Vec<Reasoning>,
+    /// The agent's tools left out of this completion's request because policy denies every call
+    /// of them in the session's context at that moment (tool visibility); omitted when none was.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hidden_tools: Vec<HiddenTool>,
+}
+
+/// A tool the model was not offered in a [`ModelCompletion`], and the policy that hid it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HiddenTool {
+    /// The wire name the model would have called it by.
+    pub name: String,
+    /// The policy that denies every call of it in the session's context (`namespace/name@version`).
+    pub policy: String,
 }
 
 /// One tool call of a [`ModelCompletion`].
@@ -1333,6 +1356,38 @@ pub struct WorkerDescriptorRefused {
 
 fn is_zero(n: &u64) -> bool {
     *n == 0
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shadow decisions (`shadow:<namespace>/<name>` streams).
+
+/// `policy.shadow`: a `mode: shadow` policy would have changed the decision on one call; the call
+/// went on as the enforced policies decided. The event's `call_id` column names the call too.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PolicyShadowed {
+    /// The session of the call.
+    pub session_id: String,
+    /// The call.
+    pub call_id: String,
+    /// The agent whose policies decided, `namespace/name@version`.
+    pub agent: String,
+    /// The tool called (its dispatch ref).
+    pub tool: String,
+    /// `call_hash` of the call (session, call id, tool, version, arguments): the arguments are
+    /// in the session's own log; this names exactly which ones were decided.
+    pub args_digest: String,
+    /// What the enforced policies decided.
+    pub enforced: PolicyVerdict,
+    /// The enforced decision's policy, `namespace/name@version` (absent for the default allow).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enforced_policy: Option<String>,
+    /// What the set would have decided with its shadow policies enforced.
+    pub shadow: PolicyVerdict,
+    /// The shadow policy responsible, `namespace/name@version`.
+    pub policy: String,
+    /// The shadow decision's deny message or approval reason.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 // ---------------------------------------------------------------------------------------------

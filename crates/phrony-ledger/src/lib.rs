@@ -213,12 +213,12 @@ pub use event_body::{
     AgentVersionPublished, ApprovalDecided, ApprovalEscalated, ApprovalRequired, ApprovalVoted,
     AssistantSegment, AuditKeyIntroduced, AuditUnverifiedLogAllowed, BundleActivated,
     BundleActivationRefused, BundleMemberPublished, BundleVersionPublished, CallRefusal,
-    CompletionToolCall, EventBody, MessageRole, ModelCompletion, OutputAccepted, OutputInvalid,
-    Reasoning, SCHEMA_VERSION, SealedHead, SecretEndpoint, SecretEndpointChange,
-    SecretEndpointRecord, SessionPrincipal, SessionStarted, SessionTransition, TokenCreated,
-    TokenRevoked, ToolCancelled, ToolCompleted, ToolDispatched, ToolIndeterminate, ToolLateResult,
-    ToolPolicyDenied, ToolQueued, ToolRequested, TurnUsage, UserMessage, WorkerDescriptorRefused,
-    event_types,
+    CompletionToolCall, EventBody, HiddenTool, MessageRole, ModelCompletion, OutputAccepted,
+    OutputInvalid, PolicyShadowed, Reasoning, SCHEMA_VERSION, SealedHead, SecretEndpoint,
+    SecretEndpointChange, SecretEndpointRecord, SessionPrincipal, SessionStarted,
+    SessionTransition, TokenCreated, TokenRevoked, ToolCancelled, ToolCompleted, ToolDispatched,
+    ToolIndeterminate, ToolLateResult, ToolPolicyDenied, ToolQueued, ToolRequested, TurnUsage,
+    UserMessage, WorkerDescriptorRefused, event_types,
 };
 pub use invocations::{
     CallStatus, Dispatch, NewToolCall, RecordedResult, SideEffectClass, ToolInvocation,
@@ -234,8 +234,12 @@ pub use sessions::{
     AgentVersionRef, MAX_METADATA_PAIRS, NewSession, OnLimit, Session, SessionFilter, SessionKind,
     SessionLimits, SessionMode, SessionStatus, StatusChange, StatusChanged, new_session_id,
 };
+pub use shadow::{
+    MAX_SHADOW_DECISIONS, SHADOW_STREAM_PREFIX, ShadowDecision, ShadowDecisionFilter, shadow_stream,
+};
 pub use tokens::{ApiToken, NewApiToken, TOKENS_STREAM};
 pub use vocabulary::OutputAction;
+pub use vocabulary::PolicyVerdict;
 pub use workers::WORKERS_STREAM;
 
 use crate::db::{Backend as B, Pool, args};
@@ -301,6 +305,7 @@ mod rows;
 mod secrets;
 mod session_log;
 mod sessions;
+mod shadow;
 mod tokens;
 mod vocabulary;
 mod workers;
@@ -1462,6 +1467,44 @@ impl Ledger {
         require_nonempty("worker_id", &refusal.worker_id)?;
         require_nonempty("tool", &refusal.tool)?;
         write_tx!(self, |tx| workers::record_refusal(&mut tx, &refusal))
+    }
+
+    /// Records what a `mode: shadow` policy would have changed about one call: a
+    /// `policy.shadow` event in the policy's stream ([`shadow_stream`]) by the runtime's `policy`
+    /// actor, and its index row, in one transaction. Idempotent per call and policy ref: a call
+    /// decided again (after a crash) gets `Ok(None)` and nothing is written.
+    ///
+    /// # Errors
+    /// `InvalidArgument` without a session, call, tool or agent, or a policy that is not
+    /// `namespace/name@version`; database errors.
+    pub async fn record_shadow_decision(&self, shadowed: PolicyShadowed) -> Result<Option<Event>> {
+        require_nonempty("session_id", &shadowed.session_id)?;
+        require_nonempty("call_id", &shadowed.call_id)?;
+        require_nonempty("tool", &shadowed.tool)?;
+        require_nonempty("agent", &shadowed.agent)?;
+        write_tx!(self, |tx| shadow::record(&mut tx, &shadowed))
+    }
+
+    /// The shadow decisions of one policy (every version), oldest first, read through the
+    /// `shadow_decisions` index.
+    ///
+    /// # Errors
+    /// `InvalidArgument` without a namespace or name, or a limit outside 1 to
+    /// [`MAX_SHADOW_DECISIONS`]; database errors; `Corrupt` for an event this build cannot read.
+    pub async fn shadow_decisions(
+        &self,
+        filter: &ShadowDecisionFilter,
+    ) -> Result<Vec<ShadowDecision>> {
+        require_nonempty("policy namespace", &filter.namespace)?;
+        require_nonempty("policy name", &filter.name)?;
+        if filter.limit == 0 || filter.limit > MAX_SHADOW_DECISIONS {
+            return Err(LedgerError::invalid(format!(
+                "limit must be 1 to {MAX_SHADOW_DECISIONS}, not {}",
+                filter.limit
+            )));
+        }
+        let mut conn = self.pool.acquire().await?;
+        shadow::list(&mut conn.conn(), filter).await
     }
 
     /// The token whose secret hashes to `secret_hash`, revoked and expired ones included (the

@@ -712,7 +712,8 @@ pub(crate) async fn apply(conn: &mut Conn<'_>, event: &Event) -> Result<()> {
         | EventBody::TokenRevoked(_)
         | EventBody::AuditKeyIntroduced(_)
         | EventBody::AuditUnverifiedLogAllowed(_)
-        | EventBody::WorkerDescriptorRefused(_) => {
+        | EventBody::WorkerDescriptorRefused(_)
+        | EventBody::PolicyShadow(_) => {
             return Err(LedgerError::corrupt(format!(
                 "stream {} seq {}: event {} does not belong in an agent lifecycle stream",
                 event.stream, event.seq, event.event_type

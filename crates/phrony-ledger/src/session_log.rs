@@ -183,7 +183,8 @@ pub(crate) async fn apply(conn: &mut Conn<'_>, event: &Event) -> Result<()> {
         | EventBody::TokenRevoked(_)
         | EventBody::AuditKeyIntroduced(_)
         | EventBody::AuditUnverifiedLogAllowed(_)
-        | EventBody::WorkerDescriptorRefused(_) => Err(LedgerError::corrupt(format!(
+        | EventBody::WorkerDescriptorRefused(_)
+        | EventBody::PolicyShadow(_) => Err(LedgerError::corrupt(format!(
             "stream {} seq {}: event {} does not belong in a session stream",
             event.stream, event.seq, event.event_type
         ))),

@@ -372,3 +372,18 @@ pub struct ApprovalTimeout {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub escalate_after_minutes: Option<u32>,
 }
+
+// ---------------------------------------------------------------------------------------------
+// From shadow decisions.
+
+str_enum! {
+    /// A policy decision's kind, as a shadow decision records it (`policy.shadow`).
+    pub enum PolicyVerdict ("policy decision") {
+        /// The call runs.
+        Allow => "allow",
+        /// The call is denied.
+        Deny => "deny",
+        /// The call waits for a human.
+        RequireApproval => "require_approval",
+    }
+}

@@ -158,6 +158,11 @@ fn scoped_tool<'t>(p: &CompiledPolicy, tools: &'t [ToolBinding]) -> Option<&'t T
     tools.iter().find(|t| t.reference == target)
 }
 
+/// Whether the policy is `mode: shadow` (evaluated and recorded, never enforced).
+fn is_shadow(p: &CompiledPolicy) -> bool {
+    p.mode == "shadow"
+}
+
 fn agent_wide(p: &CompiledPolicy) -> bool {
     p.scope.is_empty() || p.scope == "agent"
 }
@@ -719,13 +724,15 @@ fn report_conflicts(s: &Subject<'_>, list_at: &str, leaves: &[Leaf<'_>], out: &m
 /// Reports policies whose every call is denied by an unconditional `deny` covering their scope.
 fn check_shadowed(subjects: &[Subject<'_>], tools: &[ToolBinding], out: &mut Vec<Finding>) {
     let is_deny = |p: &CompiledPolicy| p.action == "deny" || p.action == "block";
+    // A `mode: shadow` policy is recorded, never enforced: it shadows nothing, and nothing
+    // enforced keeps it from being recorded.
     let blanket: Vec<&Subject<'_>> = subjects
         .iter()
-        .filter(|s| is_deny(s.policy) && s.policy.conditions.is_none())
+        .filter(|s| is_deny(s.policy) && s.policy.conditions.is_none() && !is_shadow(s.policy))
         .collect();
     for s in subjects {
         let p = s.policy;
-        if is_deny(p) && p.conditions.is_none() {
+        if (is_deny(p) && p.conditions.is_none()) || is_shadow(p) {
             continue;
         }
         let Some(d) = blanket
@@ -872,7 +879,7 @@ fn check_overlapping_approvals(
 ) {
     let mut approvals: Vec<&Subject<'_>> = subjects
         .iter()
-        .filter(|s| is_approval(&s.policy.action))
+        .filter(|s| is_approval(&s.policy.action) && !is_shadow(s.policy))
         .collect();
     // The compiled set's evaluation order.
     approvals

@@ -1082,6 +1082,13 @@ fn compiled_from_doc(doc: &PolicyDoc, scope: String) -> CompiledPolicy {
             .map(|(k, v)| (k.clone(), Json::from(v.clone())))
             .collect(),
         allow_field: doc.spec.allow_field.trim().to_owned(),
+        // `enforce` is the default and stored as nothing, so the hash of an enforced policy is
+        // the same whether or not its document says `mode: enforce`.
+        mode: if doc.spec.mode == "shadow" {
+            "shadow".to_owned()
+        } else {
+            String::new()
+        },
         namespace: doc.metadata.namespace.clone(),
         version: doc.metadata.version.clone(),
         merged_from: Vec::new(),
@@ -1118,7 +1125,11 @@ pub(crate) fn merge_policies(policies: Vec<CompiledPolicy>) -> (Vec<CompiledPoli
     let mut allow_groups: Vec<((String, String), Vec<CompiledPolicy>)> = Vec::new();
     let mut approval_groups: Vec<(String, Vec<CompiledPolicy>)> = Vec::new();
     for p in policies {
-        if p.action == "allow" && !p.allow.is_empty() && p.conditions.is_none() {
+        // A shadow policy is never merged: it must stay apart to be reported by its own name
+        // and must not change an enforced policy it would be merged with.
+        if !p.mode.is_empty() {
+            kept.push(p);
+        } else if p.action == "allow" && !p.allow.is_empty() && p.conditions.is_none() {
             let key = (p.scope.clone(), p.allow_field.clone());
             match allow_groups.iter_mut().find(|(k, _)| *k == key) {
                 Some((_, g)) => g.push(p),

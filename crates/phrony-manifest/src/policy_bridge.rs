@@ -46,6 +46,7 @@ pub(crate) fn def_from_doc(doc: &PolicyDoc) -> PolicyDef {
         namespace: doc.metadata.namespace.clone(),
         version: doc.metadata.version.clone(),
         allow_field: opt(spec.allow_field.trim()),
+        mode: spec.mode.clone(),
     }
 }
 
@@ -77,6 +78,7 @@ pub(crate) fn def_from_compiled(p: &CompiledPolicy) -> PolicyDef {
         namespace: p.namespace.clone(),
         version: p.version.clone(),
         allow_field: opt(&p.allow_field),
+        mode: p.mode.clone(),
     }
 }
 
@@ -90,7 +92,7 @@ pub(crate) fn doc_path(path: &str) -> String {
     match head {
         "name" => format!("metadata.name{rest}"),
         "action" => format!("spec.decision.type{rest}"),
-        "scope" | "allow" | "allow_field" | "conditions" => format!("spec.{head}{rest}"),
+        "scope" | "allow" | "allow_field" | "conditions" | "mode" => format!("spec.{head}{rest}"),
         "" => "spec".to_owned(),
         other => format!("spec.decision.{other}{rest}"),
     }
@@ -264,6 +266,7 @@ mod tests {
             "spec.decision.runtime.approver_role"
         );
         assert_eq!(doc_path("scope"), "spec.scope");
+        assert_eq!(doc_path("mode"), "spec.mode");
         assert_eq!(doc_path("name"), "metadata.name");
     }
 }

@@ -46,6 +46,20 @@ pub(crate) struct Ctx<'r, 'a> {
     pub(crate) gates: Option<&'r Gates>,
 }
 
+impl<'r, 'a> Ctx<'r, 'a> {
+    /// A context that resolves every path directly: no slots, filters or key tables (the
+    /// linear scan, and questions asked outside a decision such as tool visibility).
+    pub(crate) fn unindexed(req: &'r Request<'a>, trigger: Option<Trigger>) -> Self {
+        Self {
+            req,
+            trigger,
+            slots: &[],
+            filters: &[],
+            gates: None,
+        }
+    }
+}
+
 impl Cond {
     pub(crate) fn eval(&self, ctx: &Ctx<'_, '_>) -> bool {
         match self {
@@ -182,6 +196,18 @@ impl Cond {
             Cond::Not(child) => child.reads_trigger(),
             Cond::Leaf { .. } => false,
             Cond::Trigger { .. } => true,
+        }
+    }
+
+    /// Whether the condition reads the call's arguments anywhere (a leaf on a path that does not
+    /// start with `phrony.`, under any `all`, `any` or `not`). A condition that does not is
+    /// decided by the call's context alone.
+    pub(crate) fn reads_args(&self) -> bool {
+        match self {
+            Cond::All(children) | Cond::Any(children) => children.iter().any(Cond::reads_args),
+            Cond::Not(child) => child.reads_args(),
+            Cond::Leaf { source, .. } => source.reads_args(),
+            Cond::Trigger { .. } => false,
         }
     }
 

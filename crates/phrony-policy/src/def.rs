@@ -9,8 +9,9 @@ use serde_json::{Map, Value};
 ///
 /// The serde names are those of the compiled snapshot (`name, scope, action, allow, conditions,
 /// authority_ref, approvals_required, reason, on_reject, on_modify, comprehension_required, timeout,
-/// runtime`) plus three additions of this project: `namespace` and `version` (the identity of the
-/// Policy document the definition came from) and `allow_field` (the argument an allow list checks).
+/// runtime`) plus four additions of this project: `namespace` and `version` (the identity of the
+/// Policy document the definition came from), `allow_field` (the argument an allow list checks)
+/// and `mode` (`enforce` or `shadow`).
 ///
 /// Unknown keys are rejected when deserializing: a typo must not silently disable a policy.
 /// Nothing is validated here; [`PolicySet::compile`](crate::PolicySet::compile) does that and
@@ -70,6 +71,11 @@ pub struct PolicyDef {
     /// Field path the allow list checks (addition). Without it the reference heuristic picks one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allow_field: Option<String>,
+    /// `enforce` (also when empty, the default) or `shadow` (addition): a shadow policy is
+    /// evaluated and reported by [`PolicySet::shadow`](crate::PolicySet::shadow) but never
+    /// decides a call. Serialized only when set, so definitions without it keep their bytes.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub mode: String,
 }
 
 fn is_false(b: &bool) -> bool {

@@ -100,6 +100,12 @@ pub enum CompileErrorKind {
          `scope: tool:<namespace.name>` for one tool, or conditions"
     )]
     NoTarget,
+    /// Unknown `mode`.
+    #[error("unknown mode `{value}`; expected enforce or shadow")]
+    UnknownMode {
+        /// The value given.
+        value: String,
+    },
     /// Unknown `on_reject`.
     #[error("unknown on_reject `{value}`; expected return_to_agent or fail")]
     UnknownOnReject {

@@ -22,9 +22,9 @@ pub use decision::{Decision, DecisionKind};
 pub use def::{PolicyDef, PolicyId, TimeoutDef};
 pub use error::{CompileError, CompileErrorKind, CompileErrors};
 pub use explain::{Effect, Explanation, PolicyTrace};
-pub use policy::{Action, OnModify, OnReject, Policy, Timeout, TimeoutDefault};
+pub use policy::{Action, Mode, OnModify, OnReject, Policy, Timeout, TimeoutDefault};
 pub use request::{AgentCtx, Request, SessionCtx, ToolCtx, Trigger, UnknownTrigger};
-pub use set::PolicySet;
+pub use set::{PolicySet, ShadowOutcome};
 
 #[cfg(test)]
 mod tests;

@@ -318,6 +318,11 @@ impl Source {
         Some((slots::resolve(cell, root, prefix, req), rest))
     }
 
+    /// Whether the source reads the call's arguments (every other source is the call's context).
+    pub(crate) fn reads_args(&self) -> bool {
+        matches!(self, Source::Args(_))
+    }
+
     /// Whether the path has an `[any]` step.
     pub(crate) fn has_any_step(&self) -> bool {
         match self {

@@ -55,6 +55,36 @@ impl Action {
     }
 }
 
+/// Whether a policy decides calls or is only evaluated and reported (`mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Mode {
+    /// The policy decides calls (`enforce`, also when `mode` is absent).
+    #[default]
+    Enforce,
+    /// The policy never decides a call; what it would have changed is reported by
+    /// [`PolicySet::shadow`](crate::PolicySet::shadow) (`shadow`).
+    Shadow,
+}
+
+impl Mode {
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Enforce => "enforce",
+            Mode::Shadow => "shadow",
+        }
+    }
+
+    /// Reads a `mode` value: empty or `enforce`, or `shadow`.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "" | "enforce" => Some(Mode::Enforce),
+            "shadow" => Some(Mode::Shadow),
+            _ => None,
+        }
+    }
+}
+
 /// What happens when an approver rejects.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum OnReject {
@@ -132,7 +162,7 @@ macro_rules! serialize_as_str {
         }
     )*};
 }
-serialize_as_str!(Action, OnReject, TimeoutDefault);
+serialize_as_str!(Action, Mode, OnReject, TimeoutDefault);
 
 impl Serialize for Timeout {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
@@ -161,6 +191,7 @@ struct AllowList {
 #[derive(Debug, Clone)]
 pub struct Policy {
     id: PolicyId,
+    mode: Mode,
     scope_text: String,
     scope: Scope,
     action: Action,
@@ -239,6 +270,19 @@ fn compile_action(def: &PolicyDef, diags: &mut Diags<'_>) -> Option<Action> {
         }
         a
     }
+}
+
+/// `mode`: `enforce` (the default) or `shadow`.
+fn compile_mode(def: &PolicyDef, diags: &mut Diags<'_>) -> Mode {
+    Mode::parse(&def.mode).unwrap_or_else(|| {
+        diags.push(
+            "mode",
+            CompileErrorKind::UnknownMode {
+                value: def.mode.clone(),
+            },
+        );
+        Mode::Enforce
+    })
 }
 
 /// `on_reject`: `return_to_agent` (the default) or `fail`.
@@ -384,6 +428,8 @@ impl Policy {
                 }),
         };
 
+        let mode = compile_mode(&def, diags);
+
         let on_reject = compile_on_reject(&def, diags);
 
         let on_modify = compile_on_modify(&def, diags);
@@ -445,6 +491,7 @@ impl Policy {
                 name: def.name,
                 version: def.version,
             },
+            mode,
             scope_text: def.scope,
             scope,
             action,
@@ -475,6 +522,16 @@ impl Policy {
     /// The policy name.
     pub fn name(&self) -> &str {
         &self.id.name
+    }
+
+    /// Whether the policy decides calls or is only evaluated and reported.
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// Whether the policy is a shadow policy (`mode: shadow`).
+    pub fn is_shadow(&self) -> bool {
+        self.mode == Mode::Shadow
     }
 
     /// The scope as written (`""`, `agent` or `tool:<ref>`).
@@ -642,6 +699,27 @@ impl Policy {
                 },
                 None => Verdict::Allow,
             },
+        }
+    }
+
+    /// Whether this policy, in scope of the call, denies it whatever its arguments: its
+    /// conditions (if any) read only the call's context and hold in `ctx`, and it is a deny, or
+    /// an allow whose allow list checks a context field (`allow_field: phrony.…`) that the
+    /// context fails. Anything that reads the arguments (a condition on an argument path, an
+    /// allow list on arguments) answers `false`.
+    pub(crate) fn denies_whatever_the_args(&self, ctx: &Ctx<'_, '_>) -> bool {
+        if self.conditions.as_ref().is_some_and(Cond::reads_args) || !self.matches(ctx) {
+            return false;
+        }
+        match (self.action, &self.allow) {
+            (Action::Deny, _) => true,
+            (Action::Allow, Some(list)) => {
+                list.field
+                    .as_ref()
+                    .is_some_and(|(_, source)| !source.reads_args())
+                    && self.check_allow(list, ctx.req).is_some()
+            }
+            (Action::Allow, None) | (Action::RequireApproval | Action::Escalate, _) => false,
         }
     }
 

@@ -41,6 +41,16 @@
 //! generated sets whose conditions mix all of these (numbers as text, null, case and whitespace
 //! variants, nested and `[any]` paths, `neq`/`not_in`, regexes on and past a slot).
 //!
+//! # Shadow policies
+//!
+//! A policy with `mode: shadow` never decides a call. At compile time the set keeps its enforced
+//! policies as itself, so [`PolicySet::evaluate`], [`PolicySet::evaluate_failure`] and
+//! [`PolicySet::explain`] see exactly the set without the shadow policies, and, only when there
+//! is a shadow policy, a second *what-if* set of every policy, enforced and shadow, in the order
+//! given. [`PolicySet::shadow`] decides the call on the what-if set and reports the outcome when a
+//! shadow policy would have changed the enforced decision. A set without shadow policies has no
+//! what-if set: `shadow` returns at once.
+//!
 //! On the benchmark's 1,000 generated policies (270 in scope of the call) these bring a decision
 //! from 14.1 µs to about 4.2 µs (`benches/decisions.rs`).
 
@@ -48,7 +58,7 @@ use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::condition::Ctx;
-use crate::decision::Decision;
+use crate::decision::{Decision, DecisionKind};
 use crate::def::PolicyDef;
 use crate::error::{CompileErrorKind, CompileErrors, Diags};
 use crate::explain::{Explanation, PolicyTrace};
@@ -68,6 +78,20 @@ pub struct PolicySet {
     gates: Gates,
     /// The `matches` filters, by slot.
     filters: RegexFilters,
+    /// Every policy, enforced and shadow, as one enforcing set; only when there is a shadow
+    /// policy (see the module docs).
+    what_if: Option<Box<PolicySet>>,
+}
+
+/// What a set's shadow policies would have changed about one call (see [`PolicySet::shadow`]).
+#[derive(Debug, Clone)]
+pub struct ShadowOutcome<'s> {
+    /// The decision kind actually taken (by the enforced policies).
+    pub enforced: DecisionKind,
+    /// The decision the set would have taken with its shadow policies enforced.
+    pub shadow: Decision<'s>,
+    /// The shadow policy that would have decided the call (the policy of `shadow`).
+    pub policy: &'s Policy,
 }
 
 /// Positions (into `PolicySet::policies`, ascending) of the policies each tool can see.
@@ -173,7 +197,29 @@ impl PolicySet {
     ///
     /// Policies are evaluated in the order given. (The manifest compiler gives them sorted by
     /// scope, then name, as the reference runtime does.)
+    ///
+    /// Shadow policies (`mode: shadow`) are validated like the others and then kept apart: the
+    /// set decides as if they were absent (see the module docs).
     pub fn compile(defs: impl IntoIterator<Item = PolicyDef>) -> Result<Self, CompileErrors> {
+        let defs: Vec<PolicyDef> = defs.into_iter().collect();
+        let enforced: Option<Vec<PolicyDef>> = defs.iter().any(|d| d.mode == "shadow").then(|| {
+            defs.iter()
+                .filter(|d| d.mode != "shadow")
+                .cloned()
+                .collect()
+        });
+        let all = Self::compile_enforcing(defs)?;
+        match enforced {
+            None => Ok(all),
+            Some(enforced) => Ok(Self {
+                what_if: Some(Box::new(all)),
+                ..Self::compile_enforcing(enforced)?
+            }),
+        }
+    }
+
+    /// Compiles every definition as one enforcing set (shadow policies included).
+    fn compile_enforcing(defs: Vec<PolicyDef>) -> Result<Self, CompileErrors> {
         let mut errors = Vec::new();
         let mut policies = Vec::new();
         let mut first_by_name: HashMap<String, usize> = HashMap::new();
@@ -220,15 +266,52 @@ impl PolicySet {
                 paths,
                 gates,
                 filters,
+                what_if: None,
             })
         } else {
             Err(CompileErrors::new(errors))
         }
     }
 
-    /// The policies, in evaluation order.
+    /// The enforced policies, in evaluation order (shadow policies are in
+    /// [`shadow_policies`](Self::shadow_policies)).
     pub fn policies(&self) -> &[Policy] {
         &self.policies
+    }
+
+    /// The shadow policies (`mode: shadow`), in evaluation order.
+    pub fn shadow_policies(&self) -> impl Iterator<Item = &Policy> {
+        self.what_if
+            .iter()
+            .flat_map(|all| all.policies.iter().filter(|p| p.is_shadow()))
+    }
+
+    /// Whether the set has at least one shadow policy.
+    pub fn has_shadow(&self) -> bool {
+        self.what_if.is_some()
+    }
+
+    /// What the set's shadow policies would have changed about a call whose enforced decision
+    /// was `enforced` (the kind [`evaluate`](Self::evaluate) returned for `req`): the decision
+    /// of the set with its shadow policies enforced, when a shadow policy decides it and it
+    /// differs — a deny or an approval instead of an allow, a deny instead of an approval, or
+    /// an approval under the shadow policy's terms (quorum, route, timeout) instead of an
+    /// enforced policy's. A shadow deny where the enforced policies deny anyway changes nothing
+    /// and is not reported. `None` at once for a set without shadow policies.
+    pub fn shadow<'s>(
+        &'s self,
+        req: &Request<'_>,
+        enforced: DecisionKind,
+    ) -> Option<ShadowOutcome<'s>> {
+        let all = self.what_if.as_deref()?;
+        let shadow = all.evaluate(req);
+        let decider = shadow.policy()?;
+        let changes = shadow.kind() != enforced || shadow.kind() == DecisionKind::RequireApproval;
+        (decider.is_shadow() && changes).then_some(ShadowOutcome {
+            enforced,
+            shadow,
+            policy: decider,
+        })
     }
 
     /// The policy with this name.
@@ -310,6 +393,28 @@ impl PolicySet {
         })
     }
 
+    /// Whether policy denies **every** call of the request's tool in the request's context,
+    /// whatever its arguments: the first policy in scope, in evaluation order, that does so, or
+    /// `None`. A runtime can leave such a tool out of what it offers the model (tool visibility);
+    /// it must still decide every call with [`evaluate`](Self::evaluate).
+    ///
+    /// `req.args` is not read. A policy answers only when it decides without the arguments: a
+    /// `deny` whose conditions read only context fields (`phrony.agent.*`, `phrony.session.*`,
+    /// `phrony.principal.*`, `phrony.time.*`, `phrony.tool.*`) and hold, or has none; or an
+    /// `allow` whose allow list checks a context field (`allow_field: phrony.principal.role`)
+    /// the context fails. A condition on an argument path, an allow list on the arguments, and
+    /// approval policies never hide a tool. When this returns `Some`, `evaluate` denies the
+    /// same request with any arguments (deny wins; it may name an earlier deny that matched
+    /// those arguments): property `a_hidden_tool_is_denied_whatever_the_args`
+    /// (tests/properties.rs).
+    pub fn hidden_tool<'s>(&'s self, req: &Request<'_>) -> Option<&'s Policy> {
+        let ctx = Ctx::unindexed(req, None);
+        self.index
+            .in_scope(req.tool.r#ref)
+            .filter_map(|position| self.policies.get(position))
+            .find(|policy| policy.denies_whatever_the_args(&ctx))
+    }
+
     /// The policies whose scope covers the call's tool and whose gate, if any, admits the call,
     /// in evaluation order: the only ones that can match.
     fn candidates<'s, 'c, 'a>(
@@ -334,13 +439,7 @@ impl PolicySet {
     /// `indexed_evaluation_equals_the_linear_scan`.
     #[cfg(test)]
     pub(crate) fn evaluate_linear<'s>(&'s self, req: &Request<'_>) -> Decision<'s> {
-        let ctx = Ctx {
-            req,
-            trigger: None,
-            slots: &[],
-            filters: &[],
-            gates: None,
-        };
+        let ctx = Ctx::unindexed(req, None);
         let mut candidate: Option<&'s Policy> = None;
         for policy in &self.policies {
             match policy.verdict(&ctx) {
@@ -366,13 +465,7 @@ impl PolicySet {
         req: &Request<'_>,
         trigger: Trigger,
     ) -> Option<&'s Policy> {
-        let ctx = Ctx {
-            req,
-            trigger: Some(trigger),
-            slots: &[],
-            filters: &[],
-            gates: None,
-        };
+        let ctx = Ctx::unindexed(req, Some(trigger));
         self.policies.iter().find(|p| {
             p.action().is_approval()
                 && p.reads_trigger()

@@ -855,6 +855,139 @@ fn trigger_wire_forms() {
 }
 
 /// Compiles one policy and returns its errors as `(path, variant name)`.
+/// The name of the policy that hides the tool `tool` for a principal, session metadata and time.
+fn hidden_by(
+    set: &PolicySet,
+    tool: &str,
+    principal: &Value,
+    metadata: &Value,
+    now: i64,
+) -> Option<String> {
+    let args = Value::Null;
+    let req = Request::new(ToolCtx::new(tool), &args)
+        .with_agent(AgentCtx {
+            namespace: "support",
+            name: "refund-desk",
+            version: "1.0.0",
+        })
+        .with_session(SessionCtx {
+            id: "run_1",
+            metadata: Some(metadata),
+        })
+        .with_principal(principal)
+        .at(now);
+    set.hidden_tool(&req).map(|p| p.name().to_owned())
+}
+
+#[test]
+fn tools_denied_whatever_the_args_are_hidden() {
+    let set = compile(json!([
+        {"name": "a-amount-cap", "scope": "tool:payments.issue-refund", "action": "deny",
+         "conditions": {"field": "amount", "op": "gt", "value": 5000}},
+        {"name": "b-approval", "scope": "tool:payments.issue-refund", "action": "require_approval",
+         "conditions": {"field": "phrony.principal.role", "op": "eq", "value": "intern"}},
+        {"name": "c-interns", "scope": "tool:payments.issue-refund", "action": "deny",
+         "conditions": {"all": [
+            {"field": "phrony.principal.role", "op": "eq", "value": "viewer"},
+            {"not": {"field": "phrony.dispatch.trigger", "op": "eq", "value": "dispatch:no_handler"}}
+         ]}},
+        {"name": "d-sandbox", "scope": "tool:payments.issue-refund", "action": "deny",
+         "conditions": {"field": "phrony.session.metadata.env", "op": "eq", "value": "sandbox"}},
+        {"name": "e-night", "scope": "agent", "action": "deny",
+         "conditions": {"any": [
+            {"field": "phrony.time.hour", "op": "lt", "value": 6},
+            {"field": "phrony.time.hour", "op": "gte", "value": 22}
+         ]}},
+        {"name": "f-mixed", "scope": "tool:crm.update", "action": "deny",
+         "conditions": {"all": [
+            {"field": "phrony.principal.role", "op": "eq", "value": "viewer"},
+            {"field": "note", "op": "exists", "value": true}
+         ]}},
+        {"name": "g-roles", "scope": "tool:crm.export", "action": "allow",
+         "allow": ["ops", "admin"], "allow_field": "phrony.principal.role"},
+        {"name": "h-args-list", "scope": "tool:crm.lookup", "action": "allow",
+         "allow": ["USD"], "allow_field": "currency"},
+        {"name": "i-always", "scope": "tool:admin.wipe", "action": "block"}
+    ]));
+    let noon = 1_733_400_000 - 1_733_400_000 % 86_400 + 12 * 3_600;
+    let night = noon + 11 * 3_600;
+    let ops = json!({"role": "ops"});
+    let viewer = json!({"role": "viewer"});
+    let intern = json!({"role": "intern"});
+    let prod = json!({"env": "prod"});
+    let sandbox = json!({"env": "sandbox"});
+    let refund = "payments.issue-refund";
+    // The same tool: hidden for one principal and not for another; an argument-dependent deny
+    // and an approval never hide.
+    assert_eq!(hidden_by(&set, refund, &ops, &prod, noon), None);
+    assert_eq!(hidden_by(&set, refund, &intern, &prod, noon), None);
+    assert_eq!(
+        hidden_by(&set, refund, &viewer, &prod, noon).as_deref(),
+        Some("c-interns")
+    );
+    // Session metadata, then the time (an agent-wide deny hides every tool).
+    assert_eq!(
+        hidden_by(&set, refund, &ops, &sandbox, noon).as_deref(),
+        Some("d-sandbox")
+    );
+    assert_eq!(
+        hidden_by(&set, refund, &ops, &prod, night).as_deref(),
+        Some("e-night")
+    );
+    assert_eq!(
+        hidden_by(&set, "crm.lookup", &ops, &prod, night).as_deref(),
+        Some("e-night")
+    );
+    // A deny that also reads an argument does not hide.
+    assert_eq!(hidden_by(&set, "crm.update", &viewer, &prod, noon), None);
+    // An allow list on a context field hides from principals it does not list; one on the
+    // arguments never hides.
+    assert_eq!(hidden_by(&set, "crm.export", &ops, &prod, noon), None);
+    assert_eq!(
+        hidden_by(&set, "crm.export", &viewer, &prod, noon).as_deref(),
+        Some("g-roles")
+    );
+    assert_eq!(hidden_by(&set, "crm.lookup", &viewer, &prod, noon), None);
+    // No conditions: always hidden; without a principal an allow list on it hides too.
+    assert_eq!(
+        hidden_by(&set, "admin.wipe", &ops, &prod, noon).as_deref(),
+        Some("i-always")
+    );
+    let args = Value::Null;
+    let bare = Request::new(ToolCtx::new("crm.export"), &args);
+    assert_eq!(
+        set.hidden_tool(&bare)
+            .map(|p| p.name().to_owned())
+            .as_deref(),
+        Some("g-roles")
+    );
+    // Whenever a tool is hidden, the call is denied whatever its arguments.
+    for args in [
+        json!({}),
+        json!({"amount": 1}),
+        json!({"amount": 9000, "note": "x"}),
+        Value::Null,
+    ] {
+        let req = Request::new(ToolCtx::new(refund), &args)
+            .with_principal(&viewer)
+            .at(noon);
+        assert_eq!(set.evaluate(&req).kind(), DecisionKind::Deny, "{args}");
+    }
+    // A visible tool is still decided by its arguments.
+    for (args, kind) in [
+        (json!({"amount": 1}), DecisionKind::Allow),
+        (json!({"amount": 9000}), DecisionKind::Deny),
+    ] {
+        let req = Request::new(ToolCtx::new(refund), &args)
+            .with_principal(&ops)
+            .at(noon);
+        assert_eq!(set.evaluate(&req).kind(), kind, "{args}");
+    }
+    // An empty set hides nothing.
+    let empty = PolicySet::default();
+    assert_eq!(hidden_by(&empty, refund, &viewer, &sandbox, night), None);
+}
+
 fn errors_of(policy: Value) -> Vec<(String, String)> {
     compile_err(json!([policy]))
         .into_iter()
@@ -1378,6 +1511,115 @@ fn nesting_and_path_limits() {
     assert_eq!(
         errors_of(policy(path(65))),
         vec![("conditions.field".to_owned(), "BadPath".to_owned())]
+    );
+}
+
+#[test]
+fn shadow_policies_are_reported_and_never_decide() {
+    let set = compile(json!([
+        {"namespace": "payments", "name": "big", "version": "1.0.0", "scope": "agent",
+         "action": "require_approval", "conditions": {"field": "amount", "op": "gt", "value": 1000}},
+        {"namespace": "payments", "name": "no-gold", "version": "2.0.0", "scope": "agent",
+         "mode": "shadow", "action": "deny", "reason": "gold is off limits",
+         "conditions": {"field": "tier", "op": "eq", "value": "gold"}},
+        {"namespace": "payments", "name": "mid", "version": "1.0.0", "scope": "agent",
+         "mode": "shadow", "action": "require_approval", "approvals_required": 2,
+         "conditions": {"field": "amount", "op": "gt", "value": 100}},
+        {"namespace": "payments", "name": "currencies", "version": "1.0.0",
+         "mode": "shadow", "action": "allow", "allow": ["USD"], "allow_field": "currency"}
+    ]));
+    assert_eq!(set.len(), 1, "only the enforced policy decides");
+    let shadow: Vec<String> = set.shadow_policies().map(|p| p.id().to_string()).collect();
+    assert_eq!(
+        shadow,
+        [
+            "payments/no-gold@2.0.0",
+            "payments/mid@1.0.0",
+            "payments/currencies@1.0.0"
+        ]
+    );
+    assert!(set.has_shadow());
+
+    // A shadow deny of an allowed call: allowed, and reported as a deny by `no-gold`.
+    let args = json!({"amount": 5, "tier": "gold", "currency": "USD"});
+    let decision = set.evaluate(&req(&args));
+    assert_eq!(decision.kind(), DecisionKind::Allow);
+    let outcome = set
+        .shadow(&req(&args), decision.kind())
+        .expect("the shadow deny would have changed the call");
+    assert_eq!(outcome.enforced, DecisionKind::Allow);
+    assert_eq!(outcome.shadow.kind(), DecisionKind::Deny);
+    assert_eq!(outcome.shadow.reason(), Some("gold is off limits"));
+    assert_eq!(outcome.policy.id().to_string(), "payments/no-gold@2.0.0");
+
+    // A shadow approval on an allowed call.
+    let args = json!({"amount": 500, "currency": "USD"});
+    let outcome = set
+        .shadow(&req(&args), set.evaluate(&req(&args)).kind())
+        .expect("the shadow approval would have held the call");
+    assert_eq!(outcome.shadow.kind(), DecisionKind::RequireApproval);
+    assert_eq!(outcome.policy.name(), "mid");
+
+    // An approval either way, but under the shadow policy's stricter quorum.
+    let args = json!({"amount": 5000, "currency": "USD"});
+    let decision = set.evaluate(&req(&args));
+    assert_eq!(decision.policy().map(|p| p.name()), Some("big"));
+    let outcome = set
+        .shadow(&req(&args), decision.kind())
+        .expect("the shadow quorum would have applied");
+    assert_eq!(outcome.policy.approvals_required(), 2);
+
+    // A shadow allow list that passes, and shadow policies that do not match: nothing.
+    let args = json!({"amount": 5, "tier": "silver", "currency": "usd"});
+    assert_eq!(set.evaluate(&req(&args)).kind(), DecisionKind::Allow);
+    assert!(set.shadow(&req(&args), DecisionKind::Allow).is_none());
+    // The shadow allow list would deny another currency.
+    let args = json!({"amount": 5, "currency": "EUR"});
+    let outcome = set
+        .shadow(&req(&args), DecisionKind::Allow)
+        .expect("the allow list would have denied");
+    assert_eq!(outcome.policy.name(), "currencies");
+
+    // The explanation lists only the enforced policies.
+    let explanation = serde_json::to_value(set.explain(&req(&args))).expect("serializes");
+    assert_eq!(explanation["policies"].as_array().map(Vec::len), Some(1));
+
+    // A shadow deny where the enforced policies deny anyway changes nothing.
+    let both = compile(json!([
+        {"name": "deny-all", "scope": "agent", "action": "deny"},
+        {"name": "shadow-deny", "scope": "agent", "action": "deny", "mode": "shadow"}
+    ]));
+    assert!(both.shadow(&req(&args), DecisionKind::Deny).is_none());
+    // A set without shadow policies has none to report.
+    let plain = refund_set();
+    assert!(!plain.has_shadow());
+    assert!(plain.shadow(&req(&args), DecisionKind::Allow).is_none());
+}
+
+#[test]
+fn an_unknown_mode_is_a_compile_error_naming_it() {
+    let errors = compile_err(json!([
+        {"name": "p", "scope": "agent", "action": "deny", "mode": "log-only"}
+    ]));
+    let text = errors.to_string();
+    assert!(
+        text.contains("unknown mode `log-only`; expected enforce or shadow"),
+        "{text}"
+    );
+    assert!(errors.into_iter().any(|e| e.path == "mode"), "{text}");
+    // `enforce` is the default, written or not, and does not change the definition's bytes.
+    let enforced =
+        compile(json!([{"name": "p", "scope": "agent", "action": "deny", "mode": "enforce"}]));
+    assert_eq!(enforced.len(), 1);
+    assert!(!enforced.has_shadow());
+    let def = PolicyDef {
+        name: "p".to_owned(),
+        ..PolicyDef::default()
+    };
+    assert!(
+        !serde_json::to_string(&def)
+            .expect("serializes")
+            .contains("mode")
     );
 }
 

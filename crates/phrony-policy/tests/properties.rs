@@ -1,8 +1,9 @@
 //! Property tests of the policy engine on generated policy sets and calls: a matching deny always
 //! wins, evaluation is deterministic and independent of the order policies are given in (for the
-//! decision type), and a definition survives its JSON round trip and evaluates identically.
+//! decision type), a definition survives its JSON round trip and evaluates identically, and a
+//! tool hidden in a context (`PolicySet::hidden_tool`) is denied there whatever its arguments.
 
-use phrony_policy::{DecisionKind, PolicyDef, PolicySet, Request, ToolCtx};
+use phrony_policy::{DecisionKind, PolicyDef, PolicySet, Request, SessionCtx, ToolCtx, Trigger};
 use proptest::prelude::*;
 use proptest::test_runner::Config;
 use serde_json::{Map, Value, json};
@@ -356,6 +357,58 @@ proptest! {
         }
     }
 
+    /// Shadow policies never decide: a set with extra shadow policies (anywhere in the order,
+    /// names of their own) decides, explains and routes failures exactly like the set without
+    /// them, and whatever `shadow` reports is the what-if decision of the set with those
+    /// policies enforced, named by a shadow policy and different from the enforced decision.
+    #[test]
+    fn shadow_policies_never_change_the_enforced_decision(
+        defs in defs(),
+        extra in defs(),
+        positions in prop::collection::vec(any::<prop::sample::Index>(), 7),
+        args in args(),
+    ) {
+        let plain = compile(&defs);
+        let mut mixed = defs.clone();
+        let mut enforced_all = defs.clone();
+        for (i, (def, at)) in extra.into_iter().zip(&positions).enumerate() {
+            let renamed = PolicyDef { name: format!("shadow-{i}"), ..def };
+            let at = at.index(mixed.len() + 1);
+            enforced_all.insert(at, renamed.clone());
+            mixed.insert(at, PolicyDef { mode: "shadow".to_owned(), ..renamed });
+        }
+        let with_shadow = compile(&mixed);
+        prop_assert_eq!(decide(&plain, &args), decide(&with_shadow, &args));
+        let request = Request::new(ToolCtx::new(TOOL), &args);
+        prop_assert_eq!(
+            serde_json::to_value(plain.explain(&request)).expect("serializes"),
+            serde_json::to_value(with_shadow.explain(&request)).expect("serializes")
+        );
+        for trigger in Trigger::ALL {
+            prop_assert_eq!(
+                plain.evaluate_failure(&request, trigger).map(|p| p.id().to_string()),
+                with_shadow.evaluate_failure(&request, trigger).map(|p| p.id().to_string())
+            );
+        }
+        let enforced = with_shadow.evaluate(&request).kind();
+        prop_assert!(plain.shadow(&request, enforced).is_none());
+        let what_if = compile(&enforced_all);
+        let would = what_if.evaluate(&request);
+        match with_shadow.shadow(&request, enforced) {
+            Some(outcome) => {
+                prop_assert!(outcome.policy.is_shadow());
+                prop_assert_eq!(outcome.shadow.kind(), would.kind());
+                prop_assert_eq!(outcome.enforced, enforced);
+                prop_assert!(
+                    outcome.shadow.kind() != enforced
+                        || enforced == DecisionKind::RequireApproval
+                );
+            }
+            // Nothing reported: the shadow policies change nothing about the kind.
+            None => prop_assert_eq!(would.kind(), enforced),
+        }
+    }
+
     /// A definition serialises to the snapshot's JSON and parses back to itself (as a value
     /// and from text), and the parsed set evaluates and explains every call identically.
     #[test]
@@ -379,6 +432,146 @@ proptest! {
                 serde_json::to_value(original.explain(&request)).expect("serializes"),
                 serde_json::to_value(reparsed.explain(&request)).expect("serializes")
             );
+        }
+    }
+}
+
+/// Context paths the visibility sets read, beside the argument paths of [`FIELDS`].
+const CONTEXT_FIELDS: [&str; 5] = [
+    "phrony.principal.role",
+    "phrony.session.metadata.env",
+    "phrony.time.hour",
+    "phrony.time.weekday",
+    "phrony.tool.side_effect_class",
+];
+
+/// A leaf on a context path (mostly) or an argument path, with values the context can hold.
+fn context_leaf() -> impl Strategy<Value = Value> {
+    let context = (
+        prop::sample::select(CONTEXT_FIELDS.to_vec()),
+        prop::sample::select(vec!["eq", "neq", "in", "not_in", "exists", "lt", "gte"]),
+        prop::sample::select(vec![
+            "viewer",
+            "ops",
+            "sandbox",
+            "prod",
+            "monday",
+            "saturday",
+            "read_only",
+            "12",
+            "6",
+        ]),
+    )
+        .prop_map(|(field, op, value)| match op {
+            "in" | "not_in" => json!({"field": field, "op": op, "value": [value, "ops"]}),
+            "exists" => json!({"field": field, "op": op, "value": value.len() % 2 == 0}),
+            "lt" | "gte" => json!({"field": field, "op": op, "value": value.len() * 3}),
+            _ => json!({"field": field, "op": op, "value": value}),
+        });
+    prop_oneof![4 => context, 1 => leaf()]
+}
+
+fn context_condition() -> impl Strategy<Value = Value> {
+    context_leaf().prop_recursive(2, 8, 3, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..3).prop_map(|c| json!({"all": c})),
+            prop::collection::vec(inner.clone(), 1..3).prop_map(|c| json!({"any": c})),
+            inner.prop_map(|c| json!({"not": c})),
+        ]
+    })
+}
+
+/// A policy of a visibility set: deny, allow (with an allow list on the principal's role or on
+/// an argument) or approval, on the call's tool, another tool or the agent.
+fn visibility_def() -> impl Strategy<Value = (PolicyDef, bool)> {
+    (
+        prop::sample::select(vec!["deny", "allow", "require_approval"]),
+        prop::sample::select(vec![
+            "agent",
+            "tool:payments.issue-refund",
+            "tool:crm.lookup",
+        ]),
+        prop::option::weighted(0.8, context_condition()),
+        prop::sample::select(vec!["phrony.principal.role", "currency"]),
+    )
+        .prop_map(|(action, scope, conditions, allow_field)| {
+            let mut def = PolicyDef {
+                namespace: "payments".to_owned(),
+                version: "1.0.0".to_owned(),
+                scope: scope.to_owned(),
+                action: action.to_owned(),
+                conditions,
+                ..PolicyDef::default()
+            };
+            if action == "allow" {
+                def.allow = vec!["ops".to_owned(), "USD".to_owned()];
+                def.allow_field = Some(allow_field.to_owned());
+            }
+            let reads_args = def.conditions.as_ref().is_some_and(|c| {
+                FIELDS
+                    .iter()
+                    .any(|f| c.to_string().contains(&format!("\"{f}\"")))
+            });
+            (def, reads_args)
+        })
+}
+
+/// The context a visibility call runs in: the principal's role, the session's `env`, the time.
+fn context() -> impl Strategy<Value = (Value, Value, i64)> {
+    (
+        prop::option::of(prop::sample::select(vec!["viewer", "ops", "admin"])),
+        prop::option::of(prop::sample::select(vec!["sandbox", "prod"])),
+        0i64..(14 * 86_400),
+    )
+        .prop_map(|(role, env, now)| {
+            let principal = role.map_or_else(|| json!({}), |r| json!({"role": r}));
+            let metadata = env.map_or_else(|| json!({}), |e| json!({"env": e}));
+            (principal, metadata, now)
+        })
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// Whenever `hidden_tool` hides the call's tool in a context, `evaluate` denies the call in
+    /// that context with every generated argument value; and a set none of whose in-scope deny
+    /// or allow-list policies can decide without the arguments hides nothing.
+    #[test]
+    fn a_hidden_tool_is_denied_whatever_the_args(
+        defs in prop::collection::vec(visibility_def(), 0..6),
+        (principal, metadata, now) in context(),
+        side_effect_class in prop::sample::select(vec!["read_only", "irreversible_action"]),
+        calls in prop::collection::vec(args(), 1..6),
+    ) {
+        let all_read_args = defs.iter().all(|(def, reads_args)| {
+            *reads_args || def.action == "require_approval" || def.allow_field.as_deref() == Some("currency")
+        });
+        let defs: Vec<PolicyDef> = defs
+            .into_iter()
+            .enumerate()
+            .map(|(i, (def, _))| PolicyDef { name: format!("policy-{i}"), ..def })
+            .collect();
+        let set = compile(&defs);
+        let tool = ToolCtx { side_effect_class, ..ToolCtx::new(TOOL) };
+        let request = |args| {
+            Request::new(tool, args)
+                .with_session(SessionCtx { id: "run_1", metadata: Some(&metadata) })
+                .with_principal(&principal)
+                .at(now)
+        };
+        let hidden = set.hidden_tool(&request(&Value::Null)).map(|p| p.name().to_owned());
+        if all_read_args {
+            prop_assert_eq!(&hidden, &None, "nothing here decides without the arguments");
+        }
+        if let Some(name) = hidden {
+            for args in calls.iter().chain([&Value::Null, &json!({})]) {
+                let decision = set.evaluate(&request(args));
+                prop_assert_eq!(
+                    decision.kind(),
+                    DecisionKind::Deny,
+                    "{} hides the tool but {} is not denied", name, args
+                );
+            }
         }
     }
 }

@@ -109,13 +109,14 @@ mod tests {
     }
 
     /// The RPCs phrony-rs adds to the published service.
-    const ADDED_RPCS: [&str; 6] = [
+    const ADDED_RPCS: [&str; 7] = [
         "GetSessionPayload",
         "WatchApprovals",
         "VerifyAudit",
         "ExportAudit",
         "RollbackBundle",
         "GetBundleVersion",
+        "ListShadowDecisions",
     ];
 
     #[test]

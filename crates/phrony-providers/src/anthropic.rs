@@ -126,14 +126,19 @@ impl ModelProvider for AnthropicProvider {
 }
 
 /// The Messages API request body.
+///
+/// The API refuses `tool_use` and `tool_result` blocks in a request that defines no tools, which
+/// is what a request looks like once policy hides every tool mid-session (tool visibility): such
+/// a request carries the earlier calls and results as text instead.
 pub(crate) fn messages_request(req: &CompletionRequest) -> Value {
+    let calls_as_text = req.tools.is_empty();
     let messages: Vec<Value> = req
         .messages
         .iter()
         .filter_map(|m| {
             let content = match m.role {
-                Role::User => user_blocks(&m.content),
-                Role::Assistant => assistant_blocks(&m.content),
+                Role::User => user_blocks(&m.content, calls_as_text),
+                Role::Assistant => assistant_blocks(&m.content, calls_as_text),
             };
             (!content.is_empty()).then(|| {
                 json!({
@@ -193,11 +198,22 @@ pub(crate) fn messages_request(req: &CompletionRequest) -> Value {
     Value::Object(body)
 }
 
-fn user_blocks(content: &[ContentBlock]) -> Vec<Value> {
+fn user_blocks(content: &[ContentBlock], calls_as_text: bool) -> Vec<Value> {
     // Tool results must come first in a user message, before any text.
     let mut blocks: Vec<Value> = content
         .iter()
         .filter_map(|b| match b {
+            ContentBlock::ToolResult {
+                tool_use_id,
+                content,
+                is_error,
+            } if calls_as_text => {
+                let error = if *is_error { " (error)" } else { "" };
+                Some(json!({
+                    "type": "text",
+                    "text": format!("[result of tool call {tool_use_id}{error}]: {content}"),
+                }))
+            }
             ContentBlock::ToolResult {
                 tool_use_id,
                 content,
@@ -217,7 +233,7 @@ fn user_blocks(content: &[ContentBlock]) -> Vec<Value> {
     blocks
 }
 
-fn assistant_blocks(content: &[ContentBlock]) -> Vec<Value> {
+fn assistant_blocks(content: &[ContentBlock], calls_as_text: bool) -> Vec<Value> {
     // Thinking first, then text, then tool uses: the order Anthropic produced them in.
     let mut blocks: Vec<Value> = content
         .iter()
@@ -241,7 +257,11 @@ fn assistant_blocks(content: &[ContentBlock]) -> Vec<Value> {
             } else {
                 json!({})
             };
-            Some(json!({"type": "tool_use", "id": id, "name": name, "input": input}))
+            Some(if calls_as_text {
+                json!({"type": "text", "text": format!("[tool call {id}: {name} {input}]")})
+            } else {
+                json!({"type": "tool_use", "id": id, "name": name, "input": input})
+            })
         }
         _ => None,
     }));
@@ -578,5 +598,60 @@ mod tests {
         let none = messages_request(&request(None, 4096));
         assert!(none.get("thinking").is_none());
         assert_eq!(none["max_tokens"], 4096);
+    }
+
+    /// Every tool hidden by policy (tool visibility): no `tools` key, and the earlier calls and
+    /// results travel as text (the API refuses tool blocks without tool definitions); with
+    /// tools, one entry each and the blocks as they were.
+    #[test]
+    fn an_empty_tool_list_sends_no_tools_and_earlier_calls_as_text() {
+        let mut req = request(None, 4096);
+        req.messages.push(Message {
+            role: Role::Assistant,
+            content: vec![
+                ContentBlock::Text {
+                    text: "Looking.".into(),
+                },
+                ContentBlock::ToolUse {
+                    id: "toolu_1".into(),
+                    name: "lookup_order".into(),
+                    args: json!({"order_id": "7"}),
+                },
+            ],
+        });
+        req.messages.push(Message {
+            role: Role::User,
+            content: vec![ContentBlock::ToolResult {
+                tool_use_id: "toolu_1".into(),
+                content: "no such order".into(),
+                is_error: true,
+            }],
+        });
+        let body = messages_request(&req);
+        assert!(body.get("tools").is_none(), "{body}");
+        assert_eq!(
+            body["messages"][1]["content"],
+            json!([
+                {"type": "text", "text": "Looking."},
+                {"type": "text", "text": "[tool call toolu_1: lookup_order {\"order_id\":\"7\"}]"}
+            ])
+        );
+        assert_eq!(
+            body["messages"][2]["content"],
+            json!([{"type": "text", "text": "[result of tool call toolu_1 (error)]: no such order"}])
+        );
+        req.tools.push(crate::ToolSpec {
+            name: "lookup_order".into(),
+            description: String::new(),
+            input_schema: json!({"type": "object"}),
+        });
+        let body = messages_request(&req);
+        assert_eq!(body["tools"][0]["name"], "lookup_order");
+        assert!(body["tools"][0].get("description").is_none());
+        assert_eq!(body["messages"][1]["content"][1]["type"], "tool_use");
+        assert_eq!(
+            body["messages"][2]["content"][0],
+            json!({"type": "tool_result", "tool_use_id": "toolu_1", "content": "no such order", "is_error": true})
+        );
     }
 }

@@ -773,6 +773,13 @@ mod tests {
             json!({"type": "object", "properties": {}})
         );
         assert!(body.get("temperature").is_none());
+        // Every tool hidden by policy (tool visibility): the request carries no `tools`, and
+        // the history, earlier calls included, is unchanged.
+        let messages = body["messages"].clone();
+        req.tools.clear();
+        let body = serde_json::to_value(chat_request(&req)).unwrap();
+        assert!(body.get("tools").is_none(), "{body}");
+        assert_eq!(body["messages"], messages);
     }
 
     #[test]

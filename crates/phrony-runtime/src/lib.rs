@@ -49,6 +49,7 @@ pub mod logging;
 pub mod oidc;
 mod serve;
 mod serve_config;
+pub mod telemetry;
 pub mod tls;
 pub mod tokens;
 mod workers;

@@ -399,7 +399,7 @@ pub async fn serve(
     }
     let mut server = Box::pin(
         builder
-            .trace_fn(|request| tracing::info_span!("rpc", method = %request.uri().path()))
+            .trace_fn(crate::telemetry::rpc_span)
             .add_service(health.service())
             .add_service(reflection_v1)
             .add_service(reflection_v1alpha)

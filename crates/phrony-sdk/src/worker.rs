@@ -69,6 +69,10 @@ pub struct Call {
     pub side_effect_class: String,
     /// When the runtime stops waiting for the result, if it set a deadline.
     pub deadline: Option<SystemTime>,
+    /// The W3C trace context of the runtime's dispatch span (`traceparent`, `tracestate`):
+    /// extract it with a W3C propagator to make it the parent of the handler's spans. Empty
+    /// when the runtime exports no traces.
+    pub trace_context: BTreeMap<String, String>,
     cancel: CancellationToken,
 }
 
@@ -760,6 +764,7 @@ impl Runner {
             version: invocation.version,
             side_effect_class: invocation.side_effect_class,
             deadline: invocation.deadline,
+            trace_context: invocation.trace_context,
             cancel: cancel.clone(),
         };
         let running = match (tool.handler)(&invocation.args, call) {

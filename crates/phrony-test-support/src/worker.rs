@@ -9,7 +9,7 @@
 //! assert!(worker.invocations().is_empty());
 //! ```
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -41,6 +41,8 @@ pub struct RefundWorker {
     /// When each call's invoke arrived, by call id (the benchmark's dispatch and approval
     /// latencies).
     arrived: Arc<Mutex<HashMap<String, Instant>>>,
+    /// The trace context each call's invoke carried, by call id (its first arrival).
+    trace_contexts: Arc<Mutex<HashMap<String, BTreeMap<String, String>>>>,
     /// Bumped after each arrival is recorded.
     arrivals: tokio::sync::watch::Sender<u64>,
     /// `true` while results are held back.
@@ -85,6 +87,8 @@ impl RefundWorker {
         let recorder = Arc::clone(&invoked);
         let arrived = Arc::new(Mutex::new(HashMap::new()));
         let arrivals = Arc::clone(&arrived);
+        let trace_contexts = Arc::new(Mutex::new(HashMap::new()));
+        let contexts = Arc::clone(&trace_contexts);
         let (arrivals_tx, _) = tokio::sync::watch::channel(0u64);
         let bump = arrivals_tx.clone();
         let worker = Worker::builder()
@@ -98,6 +102,11 @@ impl RefundWorker {
                     .unwrap_or_else(PoisonError::into_inner)
                     .entry(call.call_id.clone())
                     .or_insert_with(Instant::now);
+                contexts
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .entry(call.call_id.clone())
+                    .or_insert_with(|| call.trace_context.clone());
                 bump.send_modify(|n| *n += 1);
                 recorder
                     .lock()
@@ -131,6 +140,7 @@ impl RefundWorker {
         Self {
             invoked,
             arrived,
+            trace_contexts,
             arrivals: arrivals_tx,
             holding,
             runtime: Some(runtime),
@@ -157,6 +167,17 @@ impl RefundWorker {
             .unwrap_or_else(PoisonError::into_inner)
             .get(call_id)
             .copied()
+    }
+
+    /// The W3C trace context (`traceparent`, `tracestate`) the invoke of call `call_id` carried
+    /// on its first arrival; `None` before it arrived.
+    #[must_use]
+    pub fn trace_context(&self, call_id: &str) -> Option<BTreeMap<String, String>> {
+        self.trace_contexts
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(call_id)
+            .cloned()
     }
 
     /// A receiver that changes after every arrival ([`arrived`](Self::arrived) then knows it):

@@ -119,6 +119,7 @@ class FakeRuntime(runtime_pb2_grpc.RuntimeServicer):
         tool: str = "payments.issue-refund",
         version: str = "1.0.0",
         deadline_in: float | None = None,
+        trace_context: dict[str, str] | None = None,
     ) -> None:
         assert self._out is not None, "no worker is connected"
         deadline = int((time.time() + deadline_in) * 1000) if deadline_in is not None else 0
@@ -136,6 +137,7 @@ class FakeRuntime(runtime_pb2_grpc.RuntimeServicer):
                     args=json.dumps(args).encode(),
                     side_effect_class="irreversible_action",
                     deadline_unix_ms=deadline,
+                    trace_context=trace_context or {},
                 )
             )
         )

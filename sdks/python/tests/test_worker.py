@@ -92,6 +92,30 @@ def test_a_call_past_its_deadline_is_cancelled():
     run(scenario())
 
 
+def test_the_handler_sees_the_invokes_trace_context():
+    async def scenario() -> None:
+        async with FakeRuntime() as runtime:
+            worker = make_worker(runtime)
+            seen: dict[str, dict[str, str]] = {}
+
+            @worker.tool("payments.issue-refund", version="1.0.0")
+            async def refund(args: dict, ctx: Any) -> dict:
+                seen[ctx.call_id] = ctx.trace_context
+                return {}
+
+            running = asyncio.ensure_future(worker.connect())
+            await runtime.wait_for(lambda: runtime.registers, "registration")
+            parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+            runtime.invoke("traced", {}, trace_context={"traceparent": parent})
+            runtime.invoke("untraced", {})
+            await runtime.wait_for(lambda: len(runtime.results) == 2, "the results", 5)
+            assert seen == {"traced": {"traceparent": parent}, "untraced": {}}
+            await worker.close()
+            await running
+
+    run(scenario())
+
+
 def test_handler_errors_unknown_tools_and_bad_arguments():
     async def scenario() -> None:
         async with FakeRuntime() as runtime:

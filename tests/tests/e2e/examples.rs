@@ -2,7 +2,9 @@
 //! every call of its `cases.yaml` gets the expected decision from the real policy engine.
 //!
 //! A case is `{name, tool, args, context?, expect, policy?, approvals_required?, on_reject?,
-//! message_contains?}`; `tool` is a wire name or a logical id, `context` is what
+//! message_contains?, hidden?}`; `hidden` (tool visibility) says whether policy denies every call
+//! of the tool in the case's context whatever its arguments (`PolicySet::hidden_tool`), so the
+//! runtime does not offer it to the model; `tool` is a wire name or a logical id, `context` is what
 //! `phrony policies check --context` takes. All mismatches of all examples are reported at once.
 
 #![allow(
@@ -34,6 +36,12 @@ struct Case {
     approvals_required: Option<u32>,
     on_reject: Option<String>,
     message_contains: Option<String>,
+    hidden: Option<bool>,
+    /// What the example's `mode: shadow` policies would have made of the call (absent: they
+    /// would change nothing).
+    shadow: Option<Expect>,
+    /// The shadow policy responsible (required with `shadow`).
+    shadow_policy: Option<String>,
 }
 
 fn empty_object() -> Value {
@@ -153,6 +161,9 @@ fn check_case(
         }
     }
 
+    if let Some(want) = case.hidden {
+        check_visibility(policies, &request, want, case.expect, &mut problems);
+    }
     let decision = policies.evaluate(&request);
     let kind = decision.kind().as_str();
     if kind != case.expect.as_str() {
@@ -203,7 +214,49 @@ fn check_case(
             problems.push(format!("reason {reason:?} does not contain {needle:?}"));
         }
     }
+    let shadow = policies.shadow(&request, decision.kind());
+    let got = shadow
+        .as_ref()
+        .map(|s| (s.shadow.kind().as_str(), s.policy.id().to_string()));
+    let want = case
+        .shadow
+        .map(|k| (k.as_str(), case.shadow_policy.clone()));
+    match (got, want) {
+        (None, None) => {}
+        (Some((kind, policy)), Some((want_kind, want_policy)))
+            if kind == want_kind && want_policy.as_deref() == Some(policy.as_str()) => {}
+        (got, want) => problems.push(format!(
+            "the shadow policies would change the call to {got:?}, expected {want:?} (`shadow` \
+             and `shadow_policy`)"
+        )),
+    }
     problems
+}
+
+/// Whether the case's tool is hidden in its context as `want` says (visibility does not read
+/// the case's arguments). A hidden tool's case must expect a deny.
+fn check_visibility(
+    policies: &phrony_policy::PolicySet,
+    request: &Request<'_>,
+    want: bool,
+    expect: Expect,
+    problems: &mut Vec<String>,
+) {
+    match (
+        policies.hidden_tool(request).map(|p| p.id().to_string()),
+        want,
+    ) {
+        (Some(policy), false) => {
+            problems.push(format!(
+                "the tool is hidden (by {policy}), expected it offered"
+            ));
+        }
+        (None, true) => problems.push("the tool is offered, expected it hidden".to_owned()),
+        _ => {}
+    }
+    if want && expect != Expect::Deny {
+        problems.push("a hidden tool's case must expect deny".to_owned());
+    }
 }
 
 /// An example's `agent.yaml`, compiled; in a bundle example (a `bundle.yaml` beside it, whose

@@ -44,6 +44,7 @@ mod replay;
 mod schema;
 mod sdk;
 mod sessions;
+mod shadow;
 mod tables;
 mod transport;
 mod tui;

@@ -113,7 +113,8 @@ enum Command {
     /// Validate agent manifests; publish, deploy, roll back and retire agent versions.
     #[command(subcommand)]
     Agents(agents::Command),
-    /// Dry-run policies against a tool call; replay stored calls under a candidate manifest.
+    /// Dry-run policies against a tool call; replay stored calls under a candidate manifest;
+    /// report what shadow policies would have changed.
     #[command(subcommand)]
     Policies(policies::Command),
     /// Print the descriptor pins of Tool documents (the `descriptor_hash` workers advertise).

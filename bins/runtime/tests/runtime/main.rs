@@ -7,6 +7,7 @@
 //! - [`metrics`]: the HTTP probes and Prometheus metrics (`RUNTIME_HTTP_ADDR`).
 //! - [`outage`]: the daemon while another process holds the SQLite write lock.
 //! - [`sdk_fixture`]: the Python SDK's committed agent snapshot matches the compiler.
+//! - [`traces`]: OpenTelemetry trace export to a fake OTLP collector, and to none.
 //! - [`support`]: the daemon on a free port, fresh databases, a compiled test agent.
 
 #![allow(
@@ -30,3 +31,4 @@ mod metrics;
 mod outage;
 mod sdk_fixture;
 mod support;
+mod traces;

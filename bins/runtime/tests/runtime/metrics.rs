@@ -97,6 +97,29 @@ pub(crate) async fn publish_refund_agent(
         .unwrap();
 }
 
+/// Starts a session of `support/<agent>` with `message` as its input; returns its id.
+pub(crate) async fn run_refund(
+    client: &mut RuntimeClient<Channel>,
+    agent: &str,
+    message: &str,
+) -> String {
+    client
+        .run_session(pb::RunSessionRequest {
+            agent_ref: Some(pb::AgentRef {
+                name: agent.into(),
+                ..agent_ref("")
+            }),
+            input: serde_json::json!({ "message": message })
+                .to_string()
+                .into_bytes(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .session_id
+}
+
 /// Waits until session `id` is `want` (listing sessions with `bearer`, if given).
 pub(crate) async fn wait_for_status(
     client: &mut RuntimeClient<Channel>,
@@ -126,7 +149,7 @@ pub(crate) async fn wait_for_status(
 }
 
 /// Decides the session's (first) pending approval as `emad`.
-async fn decide_pending(
+pub(crate) async fn decide_pending(
     client: &mut RuntimeClient<Channel>,
     session_id: &str,
     decision: pb::ApprovalDecision,
@@ -188,16 +211,12 @@ async fn probes_and_metrics_follow_a_governed_session_and_a_database_outage() {
     // 40 EUR: under the approval boundary, so policy allows the call.
     publish_refund_agent(&mut client, home.path(), "refund-agent", 40, None).await;
     let worker = RefundWorker::start(&daemon.addr, "metrics-worker");
-    let session_id = client
-        .run_session(pb::RunSessionRequest {
-            agent_ref: Some(agent_ref("")),
-            input: br#"{"message": "Refund 40 EUR for ORD-1, the item arrived damaged."}"#.to_vec(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .session_id;
+    let session_id = run_refund(
+        &mut client,
+        "refund-agent",
+        "Refund 40 EUR for ORD-1, the item arrived damaged.",
+    )
+    .await;
     wait_for_status(&mut client, &session_id, "completed", None).await;
 
     let (samples, body) = scrape(&http, None).await;
@@ -230,19 +249,7 @@ async fn probes_and_metrics_follow_a_governed_session_and_a_database_outage() {
 
     // A call over the boundary waits for an approval, then is approved.
     publish_refund_agent(&mut client, home.path(), "refund-big", 400, None).await;
-    let big = client
-        .run_session(pb::RunSessionRequest {
-            agent_ref: Some(pb::AgentRef {
-                name: "refund-big".into(),
-                ..agent_ref("")
-            }),
-            input: br#"{"message": "Refund 400 EUR for ORD-1."}"#.to_vec(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .session_id;
+    let big = run_refund(&mut client, "refund-big", "Refund 400 EUR for ORD-1.").await;
     wait_for_status(&mut client, &big, "awaiting_approval", None).await;
     let (samples, body) = scrape(&http, None).await;
     let value = |series: &str| sample(&samples, series, &body);
@@ -269,19 +276,7 @@ async fn probes_and_metrics_follow_a_governed_session_and_a_database_outage() {
 
     // A rejected call is counted as rejected and never runs; the model hears of it and the
     // session completes.
-    let rejected = client
-        .run_session(pb::RunSessionRequest {
-            agent_ref: Some(pb::AgentRef {
-                name: "refund-big".into(),
-                ..agent_ref("")
-            }),
-            input: br#"{"message": "Refund 400 EUR for ORD-1 again."}"#.to_vec(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .session_id;
+    let rejected = run_refund(&mut client, "refund-big", "Refund 400 EUR for ORD-1 again.").await;
     wait_for_status(&mut client, &rejected, "awaiting_approval", None).await;
     decide_pending(
         &mut client,
@@ -317,10 +312,7 @@ async fn probes_and_metrics_follow_a_governed_session_and_a_database_outage() {
     wait_for_ready(&http, 200).await;
 
     assert_eq!(worker.invocations().len(), 2, "each refund ran once");
-    // The worker owns a Tokio runtime, which must not be dropped inside this one.
-    tokio::task::spawn_blocking(move || drop(worker))
-        .await
-        .unwrap();
+    crate::support::stop_worker(worker).await;
     let status = daemon.terminate();
     assert!(status.success(), "{status}\n{}", daemon.stderr());
     assert!(
@@ -464,24 +456,6 @@ async fn publish_scripted_agent(
         .unwrap();
 }
 
-async fn run_named(client: &mut RuntimeClient<Channel>, name: &str, message: &str) -> String {
-    client
-        .run_session(pb::RunSessionRequest {
-            agent_ref: Some(pb::AgentRef {
-                name: name.into(),
-                ..agent_ref("")
-            }),
-            input: serde_json::json!({ "message": message })
-                .to_string()
-                .into_bytes(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .session_id
-}
-
 #[tokio::test]
 async fn a_policy_denial_and_a_failed_model_call_are_counted() {
     let home = tempfile::tempdir().unwrap();
@@ -504,8 +478,8 @@ async fn a_policy_denial_and_a_failed_model_call_are_counted() {
         true,
     )
     .await;
-    let denied = run_named(&mut client, "refund-huge", "Refund 9000 EUR for ORD-1.").await;
-    wait_for_status(&mut client, &denied, "completed").await;
+    let denied = run_refund(&mut client, "refund-huge", "Refund 9000 EUR for ORD-1.").await;
+    wait_for_status(&mut client, &denied, "completed", None).await;
     let (samples, body) = scrape(&http, None).await;
     let value = |series: &str| sample(&samples, series, &body);
     assert_eq!(value("phrony_tool_calls_total{decision=\"deny\"}"), 1.0);
@@ -523,8 +497,8 @@ async fn a_policy_denial_and_a_failed_model_call_are_counted() {
         false,
     )
     .await;
-    let broken = run_named(&mut client, "refund-broken", "Refund 40 EUR for ORD-1.").await;
-    wait_for_status(&mut client, &broken, "failed").await;
+    let broken = run_refund(&mut client, "refund-broken", "Refund 40 EUR for ORD-1.").await;
+    wait_for_status(&mut client, &broken, "failed", None).await;
     let (samples, body) = scrape(&http, None).await;
     let value = |series: &str| sample(&samples, series, &body);
     assert!(value("phrony_model_errors_total") >= 1.0, "{body}");

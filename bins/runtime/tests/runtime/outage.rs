@@ -221,8 +221,5 @@ async fn a_sqlite_lock_held_by_another_process_turns_health_not_serving_and_noth
         .unwrap()
         .into_inner();
     assert!(audit.verified, "{audit:?}");
-    // The worker owns a Tokio runtime, which must not be dropped inside this one.
-    tokio::task::spawn_blocking(move || drop(worker))
-        .await
-        .unwrap();
+    crate::support::stop_worker(worker).await;
 }

@@ -120,6 +120,12 @@ impl Launch {
         ] {
             cmd.env_remove(var);
         }
+        // Trace export only where a test asks for it.
+        for (var, _) in std::env::vars_os() {
+            if var.to_string_lossy().starts_with("OTEL_") {
+                cmd.env_remove(var);
+            }
+        }
         cmd.env("XDG_DATA_HOME", self.home.join("xdg"))
             .env("HOME", &self.home)
             .env("RUNTIME_GRPC_ADDR", &self.addr)
@@ -392,4 +398,11 @@ pub(crate) fn agent_ref(version: &str) -> pb::AgentRef {
         name: "refund-agent".into(),
         version: version.into(),
     }
+}
+
+/// Stops a test worker: it owns a Tokio runtime, which must not be dropped inside the test's.
+pub(crate) async fn stop_worker(worker: phrony_test_support::worker::RefundWorker) {
+    tokio::task::spawn_blocking(move || drop(worker))
+        .await
+        .unwrap();
 }

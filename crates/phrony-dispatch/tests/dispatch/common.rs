@@ -48,6 +48,7 @@ pub(crate) fn invocation_for(call_id: &str, tool: &str, version: &str) -> Invoca
         args: json!({"order_id": call_id}),
         side_effect_class: "non_idempotent_write".into(),
         deadline_unix_ms: 0,
+        trace_context: std::collections::BTreeMap::new(),
     }
 }
 
@@ -131,7 +132,7 @@ impl FakeWorker {
 
     pub(crate) async fn expect_invoke(&mut self) -> Invocation {
         match self.next().await {
-            Some(ToWorker::Invoke(invocation)) => invocation,
+            Some(ToWorker::Invoke(invocation)) => *invocation,
             other => panic!("expected an invoke, got {other:?}"),
         }
     }
@@ -142,7 +143,7 @@ impl FakeWorker {
         let mut out = Vec::new();
         while let Some(msg) = self.outbox.try_recv() {
             match msg {
-                ToWorker::Invoke(invocation) => out.push(invocation),
+                ToWorker::Invoke(invocation) => out.push(*invocation),
                 other => panic!("expected only invokes, got {other:?}"),
             }
         }

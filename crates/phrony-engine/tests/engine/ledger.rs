@@ -580,6 +580,7 @@ async fn a_crash_after_the_final_completion_does_not_ask_the_model_again(db: Db)
         duration_ms: 5,
         tool_calls: Vec::new(),
         reasoning: Vec::new(),
+        hidden_tools: Vec::new(),
     });
     let mut completion = completion.into_new_event("agent").unwrap();
     completion.turn = Some(1);

@@ -25,4 +25,6 @@ mod park;
 mod provider_faults;
 mod refund;
 mod sessions;
+mod shadow;
+mod visibility;
 mod vote;

@@ -1,7 +1,10 @@
 //! Audit RPCs: the verification scope from a request, reports and exported events to messages.
 
 use chrono::{DateTime, Utc};
-use phrony_ledger::{AgentRef, AuditProblem, AuditProblemKind, AuditReport, AuditScope, Event};
+use phrony_ledger::{
+    AgentRef, AuditProblem, AuditProblemKind, AuditReport, AuditScope, Event, MAX_SHADOW_DECISIONS,
+    ShadowDecision, ShadowDecisionFilter,
+};
 use phrony_proto::runtime::v1 as pb;
 use tonic::Status;
 
@@ -90,6 +93,68 @@ pub(crate) fn since(text: &str) -> Result<Option<DateTime<Utc>>, Status> {
         })
 }
 
+/// The default number of shadow decisions a `ListShadowDecisions` without a limit returns.
+const DEFAULT_SHADOW_LIMIT: u32 = 100;
+
+/// The ledger filter of a `ListShadowDecisions` request: `policy` is `namespace/name`, `since`
+/// empty or RFC 3339, `limit` 0 (the default, 100) or 1 to one less than the ledger's maximum
+/// (the service asks for one more, to know whether the answer is complete).
+pub(crate) fn shadow_filter(
+    request: &pb::ListShadowDecisionsRequest,
+) -> Result<ShadowDecisionFilter, Status> {
+    let policy = request.policy.trim();
+    let (namespace, name) = match policy.split_once('/') {
+        Some((namespace, name))
+            if !namespace.trim().is_empty()
+                && !name.trim().is_empty()
+                && !name.contains(['/', '@']) =>
+        {
+            (namespace.trim(), name.trim())
+        }
+        _ => {
+            return Err(Status::invalid_argument(format!(
+                "policy {policy:?} must be namespace/name (every version is listed)"
+            )));
+        }
+    };
+    let limit = match request.limit {
+        0 => DEFAULT_SHADOW_LIMIT,
+        n if n < MAX_SHADOW_DECISIONS => n,
+        n => {
+            return Err(Status::invalid_argument(format!(
+                "limit {n} is too large; ask for at most {}",
+                MAX_SHADOW_DECISIONS - 1
+            )));
+        }
+    };
+    Ok(ShadowDecisionFilter {
+        namespace: namespace.to_owned(),
+        name: name.to_owned(),
+        since: since(&request.since)?,
+        limit,
+    })
+}
+
+pub(crate) fn shadow_decision(d: ShadowDecision) -> pb::ShadowDecision {
+    let s = d.decision;
+    pb::ShadowDecision {
+        recorded_at: d
+            .recorded_at
+            .to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+        session_id: s.session_id,
+        call_id: s.call_id,
+        agent: s.agent,
+        tool: s.tool,
+        args_digest: s.args_digest,
+        enforced: s.enforced.as_str().to_owned(),
+        enforced_policy: s.enforced_policy.unwrap_or_default(),
+        shadow: s.shadow.as_str().to_owned(),
+        policy: s.policy,
+        reason: s.reason.unwrap_or_default(),
+        seq: d.seq,
+    }
+}
+
 pub(crate) fn audit_event(e: Event) -> pb::AuditEvent {
     pb::AuditEvent {
         ts: e.ts.to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
@@ -104,5 +169,57 @@ pub(crate) fn audit_event(e: Event) -> pb::AuditEvent {
         hash: e.hash,
         actor_verification: e.actor_verification.map(|v| v.as_str().to_owned()),
         actor_via: e.actor_via,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use phrony_proto::runtime::v1 as pb;
+    use tonic::Code;
+
+    use super::shadow_filter;
+
+    fn request(policy: &str, since: &str, limit: u32) -> pb::ListShadowDecisionsRequest {
+        pb::ListShadowDecisionsRequest {
+            policy: policy.to_owned(),
+            since: since.to_owned(),
+            limit,
+        }
+    }
+
+    #[test]
+    fn a_shadow_request_names_one_policy_a_time_and_a_bounded_limit() {
+        let filter = shadow_filter(&request(" payments/no-gold ", "", 0)).unwrap();
+        assert_eq!(
+            (
+                filter.namespace.as_str(),
+                filter.name.as_str(),
+                filter.since,
+                filter.limit
+            ),
+            ("payments", "no-gold", None, 100)
+        );
+        let filter =
+            shadow_filter(&request("payments/no-gold", "2026-12-01T00:00:00Z", 999)).unwrap();
+        assert_eq!(filter.limit, 999);
+        assert!(filter.since.is_some());
+        for (bad, says) in [
+            (request("no-gold", "", 0), "must be namespace/name"),
+            (
+                request("payments/no-gold@1.0.0", "", 0),
+                "must be namespace/name",
+            ),
+            (request("/no-gold", "", 0), "must be namespace/name"),
+            (request("payments/no-gold", "", 1000), "ask for at most 999"),
+            (request("payments/no-gold", "yesterday", 0), "RFC 3339"),
+        ] {
+            let status = shadow_filter(&bad).unwrap_err();
+            assert_eq!(status.code(), Code::InvalidArgument);
+            assert!(
+                status.message().contains(says),
+                "{bad:?}: {}",
+                status.message()
+            );
+        }
     }
 }

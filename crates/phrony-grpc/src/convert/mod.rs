@@ -435,6 +435,7 @@ pub(crate) fn work_server_msg(msg: phrony_dispatch::ToWorker) -> pb::WorkServerM
             },
             side_effect_class: i.side_effect_class,
             deadline_unix_ms: i.deadline_unix_ms,
+            trace_context: i.trace_context.into_iter().collect(),
         }),
         ToWorker::Cancel { call_id } => Body::Cancel(pb::WorkToolCancel { call_id }),
         ToWorker::ResultAck { call_id } => Body::ResultAck(pb::WorkResultAck { call_id }),

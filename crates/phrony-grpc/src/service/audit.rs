@@ -1,4 +1,5 @@
-//! `VerifyAudit` and `ExportAudit`: the ledger's audit verification and event export.
+//! `VerifyAudit` and `ExportAudit`: the ledger's audit verification and event export;
+//! `ListShadowDecisions`: what a shadow policy would have changed.
 
 use phrony_proto::runtime::v1 as pb;
 use tonic::Status;
@@ -23,6 +24,28 @@ impl RuntimeService {
             .await
             .map_err(ledger_status)?;
         Ok(conv::verify_audit_response(report))
+    }
+
+    /// One shadow policy's recorded decisions, oldest first, with `truncated` when more match.
+    pub(super) async fn list_shadow_decisions_impl(
+        &self,
+        request: pb::ListShadowDecisionsRequest,
+    ) -> Result<pb::ListShadowDecisionsResponse, Status> {
+        let mut filter = conv::shadow_filter(&request)?;
+        let limit = filter.limit;
+        // One more than asked tells whether the answer is complete.
+        filter.limit += 1;
+        let mut decisions = self
+            .ledger
+            .shadow_decisions(&filter)
+            .await
+            .map_err(ledger_status)?;
+        let truncated = decisions.len() > limit as usize;
+        decisions.truncate(limit as usize);
+        Ok(pb::ListShadowDecisionsResponse {
+            decisions: decisions.into_iter().map(conv::shadow_decision).collect(),
+            truncated,
+        })
     }
 
     /// Checks the request and the session, then streams the events page by page.

@@ -244,6 +244,17 @@ impl Runtime for RuntimeService {
         unary("ExportAudit", self.export_audit_impl(request.into_inner())).await
     }
 
+    async fn list_shadow_decisions(
+        &self,
+        request: Request<pb::ListShadowDecisionsRequest>,
+    ) -> Result<Response<pb::ListShadowDecisionsResponse>, Status> {
+        unary(
+            "ListShadowDecisions",
+            self.list_shadow_decisions_impl(request.into_inner()),
+        )
+        .await
+    }
+
     async fn get_version(
         &self,
         _request: Request<pb::GetVersionRequest>,

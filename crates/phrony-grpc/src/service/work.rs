@@ -373,7 +373,7 @@ mod tests {
     use super::*;
 
     fn invoke(args: serde_json::Value, version: &str) -> pb::WorkInvoke {
-        let msg = convert::work_server_msg(ToWorker::Invoke(Invocation {
+        let msg = convert::work_server_msg(ToWorker::Invoke(Box::new(Invocation {
             call_id: "c1".into(),
             session_id: "s1".into(),
             agent_version_id: "av1".into(),
@@ -383,7 +383,8 @@ mod tests {
             args,
             side_effect_class: "read_only".into(),
             deadline_unix_ms: 1_700_000_000_000,
-        }));
+            trace_context: std::collections::BTreeMap::new(),
+        })));
         match msg.body {
             Some(pb::work_server_msg::Body::Invoke(invoke)) => invoke,
             other => panic!("expected an invoke, got {other:?}"),

@@ -44,6 +44,7 @@ const READS: &[&str] = &[
     "GetBundleVersion",
     "VerifyAudit",
     "ExportAudit",
+    "ListShadowDecisions",
 ];
 const RUNS: &[&str] = &[
     "RunSession",
@@ -241,6 +242,14 @@ async fn call(client: &mut Client, rpc: &str) -> Code {
         "VerifyAudit" => code(client.verify_audit(pb::VerifyAuditRequest::default()).await),
         // The stream opens (or is refused) before any event is read.
         "ExportAudit" => code(client.export_audit(pb::ExportAuditRequest::default()).await),
+        "ListShadowDecisions" => code(
+            client
+                .list_shadow_decisions(pb::ListShadowDecisionsRequest {
+                    policy: "payments/no-gold".to_owned(),
+                    ..pb::ListShadowDecisionsRequest::default()
+                })
+                .await,
+        ),
         "Work" => code(
             client
                 .work(futures::stream::iter(vec![pb::WorkClientMsg::default()]))
@@ -415,7 +424,7 @@ async fn every_rpc_answers_every_role_as_the_table_says() {
     );
     assert_eq!(
         checked,
-        callers.len() * 35,
+        callers.len() * 36,
         "every RPC of the service was called"
     );
     server.stop().await;

@@ -65,6 +65,7 @@ fn invocation(call_id: &str, tool: &str, version: &str, args: serde_json::Value)
         args,
         side_effect_class: "non_idempotent_write".into(),
         deadline_unix_ms: 0,
+        trace_context: std::collections::BTreeMap::new(),
     }
 }
 

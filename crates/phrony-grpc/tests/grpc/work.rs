@@ -212,6 +212,7 @@ fn invocation(call_id: &str) -> Invocation {
         args: json!({"order_id": "A-100", "amount": 100}),
         side_effect_class: "non_idempotent_write".into(),
         deadline_unix_ms: 0,
+        trace_context: std::collections::BTreeMap::new(),
     }
 }
 

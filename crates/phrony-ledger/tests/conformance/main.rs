@@ -21,6 +21,7 @@ mod connect;
 mod harness;
 mod outage;
 mod session_cases;
+mod shadow_cases;
 mod token_cases;
 
 /// Generates `sqlite::<case>` and `postgres::<case>` tests for every case.
@@ -84,6 +85,7 @@ conformance!(
     committed_data_survives_reopening,
     session_lifecycle_records_every_transition,
     a_completion_and_its_message_commit_together,
+    a_completion_records_the_tools_policy_hid,
     child_sessions_follow_their_parent,
     live_sessions_per_agent_are_bounded,
     concurrent_creates_never_exceed_the_live_session_bound,
@@ -112,6 +114,7 @@ conformance!(
     cancelled_writes_never_leave_the_database_locked,
     tokens_are_stored_hashed_found_by_hash_and_revoked,
     descriptor_pins_follow_versions_and_refusals_are_audited,
+    shadow_decisions_are_recorded_once_indexed_and_verified,
     token_names_are_unique_and_bad_requests_are_named,
     a_clean_log_verifies_with_the_exact_count,
     a_recomputed_chain_fails_the_sealed_head,

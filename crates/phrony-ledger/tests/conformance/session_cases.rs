@@ -2881,30 +2881,38 @@ pub(crate) async fn a_route_restricted_approver_votes_only_on_its_routes(db: &Te
     );
 }
 
+/// A turn-1 `model.completion` by `agent`, its `iteration` of the turn, that hid `hidden_tools`.
+fn completion_event(
+    iteration: u32,
+    stop_reason: &str,
+    hidden_tools: Vec<phrony_ledger::HiddenTool>,
+) -> phrony_ledger::NewEvent {
+    let body = phrony_ledger::EventBody::ModelCompletion(phrony_ledger::ModelCompletion {
+        turn: 1,
+        iteration,
+        stop_reason: stop_reason.into(),
+        usage: Usage {
+            input_tokens: 20,
+            output_tokens: 10,
+            estimated: false,
+        },
+        duration_ms: 5,
+        tool_calls: Vec::new(),
+        reasoning: Vec::new(),
+        hidden_tools,
+    });
+    let mut e = body.into_new_event("agent").unwrap();
+    e.turn = Some(1);
+    e
+}
+
 /// `record_completion`: a model completion and its assistant message commit together (both or
 /// neither), on live sessions only, and the message is stored exactly as
 /// `record_session_event` stores it.
 pub(crate) async fn a_completion_and_its_message_commit_together(db: &TestDb) {
     let ledger = db.migrated().await;
     let v = deploy_agent(ledger, &refund_agent(), "0.1.0").await;
-    let completion = || {
-        let body = phrony_ledger::EventBody::ModelCompletion(phrony_ledger::ModelCompletion {
-            turn: 1,
-            iteration: 0,
-            stop_reason: "end_turn".into(),
-            usage: Usage {
-                input_tokens: 20,
-                output_tokens: 10,
-                estimated: false,
-            },
-            duration_ms: 5,
-            tool_calls: Vec::new(),
-            reasoning: Vec::new(),
-        });
-        let mut e = body.into_new_event("agent").unwrap();
-        e.turn = Some(1);
-        e
-    };
+    let completion = || completion_event(0, "end_turn", Vec::new());
     let message = SessionEvent::AssistantMessage(phrony_ledger::AssistantMessage {
         turn: 1,
         content: "Done.".into(),
@@ -2971,6 +2979,59 @@ pub(crate) async fn a_completion_and_its_message_commit_together(db: &TestDb) {
         ledger.events_after(&s.id, 0, 100).await.unwrap().len(),
         ended,
         "a refused completion appends nothing"
+    );
+}
+
+/// Tool visibility: a `model.completion` names the tools policy hid from its request, and reads
+/// back typed; one that hid none stores no `hidden_tools` key (the bytes earlier builds wrote),
+/// and the chain verifies over both.
+pub(crate) async fn a_completion_records_the_tools_policy_hid(db: &TestDb) {
+    let ledger = db.migrated().await;
+    let v = deploy_agent(ledger, &refund_agent(), "0.1.0").await;
+    let completion = |hidden_tools| completion_event(0, "end_turn", hidden_tools);
+    let hidden = vec![phrony_ledger::HiddenTool {
+        name: "issue_refund".into(),
+        policy: "ops/viewers-cannot-refund@1.0.0".into(),
+    }];
+    let s = start(ledger, &v).await;
+    ledger
+        .record_completion(&s.id, completion(hidden.clone()), None)
+        .await
+        .unwrap();
+    ledger
+        .record_completion(&s.id, completion(Vec::new()), None)
+        .await
+        .unwrap();
+    let stored: Vec<phrony_ledger::Event> = ledger
+        .events_after(&s.id, 0, 100)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.event_type == "model.completion")
+        .collect();
+    assert_eq!(stored.len(), 2);
+    assert_eq!(
+        stored[0].payload["hidden_tools"],
+        serde_json::json!([{"name": "issue_refund", "policy": "ops/viewers-cannot-refund@1.0.0"}])
+    );
+    assert!(
+        stored[1].payload.get("hidden_tools").is_none(),
+        "{}",
+        stored[1].payload
+    );
+    let read = |e: &phrony_ledger::Event| match e.body().unwrap() {
+        phrony_ledger::EventBody::ModelCompletion(c) => c.hidden_tools,
+        other => panic!("expected a model completion, got {other:?}"),
+    };
+    assert_eq!(read(&stored[0]), hidden);
+    assert!(read(&stored[1]).is_empty());
+    assert!(
+        ledger
+            .verify_stream(&s.id)
+            .await
+            .unwrap()
+            .violation
+            .is_none()
     );
 }
 
@@ -3382,24 +3443,7 @@ pub(crate) async fn a_session_opens_with_its_first_events_in_one_transaction(db:
 pub(crate) async fn a_model_step_commits_its_completion_status_and_calls_together(db: &TestDb) {
     let ledger = db.migrated().await;
     let v = deploy_agent(ledger, &refund_agent(), "0.1.0").await;
-    let completion = |iteration: u32| {
-        let body = phrony_ledger::EventBody::ModelCompletion(phrony_ledger::ModelCompletion {
-            turn: 1,
-            iteration,
-            stop_reason: "tool_use".into(),
-            usage: Usage {
-                input_tokens: 20,
-                output_tokens: 10,
-                estimated: false,
-            },
-            duration_ms: 5,
-            tool_calls: Vec::new(),
-            reasoning: Vec::new(),
-        });
-        let mut e = body.into_new_event("agent").unwrap();
-        e.turn = Some(1);
-        e
-    };
+    let completion = |iteration: u32| completion_event(iteration, "tool_use", Vec::new());
     let s = start(ledger, &v).await;
     let step = ledger
         .record_step(

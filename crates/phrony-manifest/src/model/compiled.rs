@@ -439,6 +439,11 @@ pub struct CompiledPolicy {
     /// Provenance: the Policy document's version.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub version: String,
+    /// Our extension: `shadow` for a policy that is evaluated and recorded but never enforced
+    /// (`spec.mode: shadow`); empty for an enforced one, so snapshots and content hashes of
+    /// enforced policies are unchanged. It changes what the runtime does, so it is hashed.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub mode: String,
     /// Provenance of a policy the compiler merged from several documents: their
     /// `namespace/name@version`, in attachment order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

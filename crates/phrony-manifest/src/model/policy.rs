@@ -40,6 +40,9 @@ pub(crate) struct PolicySpecDoc {
     pub(crate) conditions: Option<serde_json::Value>,
     #[serde(default)]
     pub(crate) decision: Option<DecisionDoc>,
+    /// `enforce` (the default) or `shadow`: evaluated and recorded on every call, never enforced.
+    #[serde(default, deserialize_with = "nd")]
+    pub(crate) mode: String,
 }
 
 /// `spec.decision`.

@@ -647,3 +647,84 @@ fn a_binding_timeout_overrides_the_tool_documents_and_is_omitted_when_unset() {
         "{err}"
     );
 }
+
+#[test]
+fn shadow_policies_reach_the_snapshot_unmerged_and_never_decide() {
+    let p = Project::new();
+    let approval = |name: &str, mode: &str| {
+        policy_doc(
+            name,
+            &format!("  scope: agent\n{mode}  decision: {{type: require_approval}}\n"),
+        )
+    };
+    p.write("policies/a1.yaml", &approval("a1", ""));
+    p.write("policies/a2.yaml", &approval("a2", "  mode: enforce\n"));
+    p.write("policies/s1.yaml", &approval("s1", "  mode: shadow\n"));
+    p.write(
+        "policies/deny.yaml",
+        &policy_doc(
+            "deny",
+            "  mode: shadow\n  scope: agent\n  conditions: {field: n, op: gt, value: 1}\n  decision: {type: deny}\n",
+        ),
+    );
+    p.write(
+        "agent.yaml",
+        &agent_doc("  default_policies: [p.a1, p.a2, p.s1, p.deny]\n"),
+    );
+    let agent = p.load("agent.yaml").unwrap().agent;
+    let modes: Vec<(&str, &str)> = agent
+        .spec
+        .policies
+        .iter()
+        .map(|p| (p.name.as_str(), p.mode.as_str()))
+        .collect();
+    // The two enforced approvals merge (`mode: enforce` is stored as nothing); the shadow
+    // approval stays apart, so it neither changes the merged one nor loses its name.
+    assert_eq!(
+        modes,
+        [
+            ("deny", "shadow"),
+            ("merged-approval-agent", ""),
+            ("s1", "shadow")
+        ]
+    );
+    let snapshot = String::from_utf8(agent.snapshot_json()).unwrap();
+    assert_eq!(
+        snapshot.matches("\"mode\":\"shadow\"").count(),
+        2,
+        "{snapshot}"
+    );
+    assert!(!snapshot.contains("enforce"), "{snapshot}");
+    let reread = CompiledAgent::from_snapshot_json(snapshot.as_bytes()).unwrap();
+    assert_eq!(reread, agent);
+    assert_ne!(
+        agent.canonical_json(),
+        {
+            let mut enforced = agent.clone();
+            for policy in &mut enforced.spec.policies {
+                policy.mode.clear();
+            }
+            enforced.canonical_json()
+        },
+        "the mode changes what the agent does, so it is hashed"
+    );
+
+    let set = agent.policy_set().unwrap();
+    assert_eq!(set.len(), 1);
+    assert_eq!(set.shadow_policies().count(), 2);
+    // Enforced: the merged approval. The shadow deny would have denied.
+    let args = json!({"n": 5});
+    let request = Request::new(ToolCtx::new("x.a"), &args);
+    assert_eq!(
+        decide(&agent, "x.a", args.clone()),
+        (
+            DecisionKind::RequireApproval,
+            Some("merged-approval-agent".to_owned())
+        )
+    );
+    let outcome = set
+        .shadow(&request, DecisionKind::RequireApproval)
+        .expect("the shadow deny would have changed it");
+    assert_eq!(outcome.shadow.kind(), DecisionKind::Deny);
+    assert_eq!(outcome.policy.id().to_string(), "p/deny@1.0.0");
+}

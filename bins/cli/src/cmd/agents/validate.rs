@@ -32,7 +32,8 @@ pub(crate) struct Args {
     deny_warnings: bool,
 }
 
-/// Prints `valid: <namespace>/<name> <version>`, warning about secrets unset in this environment.
+/// Prints `valid: <namespace>/<name> <version>`, then one `shadow: <policy>` line per `mode:
+/// shadow` policy, warning about secrets unset in this environment.
 pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     let compiled = manifest::load_compiled(&args.manifest)?;
     manifest::print_findings(&compiled.findings)?;
@@ -56,6 +57,13 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         None
     };
     let meta = &agent.metadata;
+    let shadow: Vec<String> = agent
+        .spec
+        .policies
+        .iter()
+        .filter(|p| p.mode == "shadow")
+        .map(phrony_manifest::CompiledPolicy::qualified_name)
+        .collect();
     match args.output {
         Output::Json => render::json(&json!({
             "valid": true,
@@ -64,6 +72,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
             "version": meta.version,
             "content_hash": agent.content_hash(),
             "mcp_bindings_checked": mcp_checked,
+            "shadow_policies": shadow,
             "findings": compiled.findings.iter().map(Finding::to_json).collect::<Vec<_>>(),
             "unset_secrets": agent
                 .secret_requirements()
@@ -72,15 +81,23 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
                 .map(|s| json!({"name": s.name, "from_env": s.from_env}))
                 .collect::<Vec<_>>(),
         })),
-        Output::Text => match mcp_checked {
-            Some(n) => render::line(format_args!(
-                "valid: {}/{} {} ({n} MCP bindings checked against their servers)",
-                meta.namespace, meta.name, meta.version
-            )),
-            None => render::line(format_args!(
-                "valid: {}/{} {}",
-                meta.namespace, meta.name, meta.version
-            )),
-        },
+        Output::Text => {
+            match mcp_checked {
+                Some(n) => render::line(format_args!(
+                    "valid: {}/{} {} ({n} MCP bindings checked against their servers)",
+                    meta.namespace, meta.name, meta.version
+                ))?,
+                None => render::line(format_args!(
+                    "valid: {}/{} {}",
+                    meta.namespace, meta.name, meta.version
+                ))?,
+            }
+            for policy in &shadow {
+                render::line(format_args!(
+                    "shadow: {policy} (evaluated and recorded on every call, never enforced)"
+                ))?;
+            }
+            Ok(())
+        }
     }
 }

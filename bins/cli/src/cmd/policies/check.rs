@@ -2,7 +2,8 @@
 //!
 //! The manifest is compiled exactly as `agents validate` does, the call is decided by the same
 //! engine the runtime embeds, and the explanation names the deciding policy and every policy
-//! whose scope covered the tool.
+//! whose scope covered the tool. When policy denies every call of the tool in the given context
+//! whatever its arguments, it says so: the runtime does not offer such a tool to the model.
 
 use std::io::{self, Write as _};
 use std::path::PathBuf;
@@ -10,7 +11,8 @@ use std::path::PathBuf;
 use anyhow::{Context as _, anyhow, bail};
 use phrony_manifest::{CompiledAgent, ToolArgsValidator, ToolBinding};
 use phrony_policy::{
-    Action, AgentCtx, Decision, Effect, Explanation, PolicyTrace, Request, SessionCtx, ToolCtx,
+    Action, AgentCtx, Decision, Effect, Explanation, PolicySet, PolicyTrace, Request, SessionCtx,
+    ShadowOutcome, ToolCtx,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -96,11 +98,22 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     }
 
     let explanation = policies.explain(&request);
+    // Visibility does not read the arguments: the call's own request asks it.
+    let hidden_by = policies.hidden_tool(&request).map(|p| p.id().to_string());
+    let shadow = policies.shadow(&request, explanation.decision.kind());
     let mut stdout = io::stdout().lock();
     match args.output {
-        Output::Text => write_text(&mut stdout, &tool, &explanation)?,
+        Output::Text => {
+            write_text(&mut stdout, &tool, &explanation, hidden_by.as_deref())?;
+            write_shadow(&mut stdout, &policies, shadow.as_ref())?;
+        }
         Output::Json => {
-            let report = Report::new(&explanation, &tool, &agent, &args_errors);
+            let mut report = Report::new(&explanation, &tool, &agent, &args_errors);
+            report.hidden_by = hidden_by.as_deref();
+            report.shadow = shadow.as_ref().map(|s| ShadowReport {
+                would_have: &s.shadow,
+                policy: s.policy.id().to_string(),
+            });
             serde_json::to_writer_pretty(&mut stdout, &report)?;
             writeln!(stdout)?;
         }
@@ -288,6 +301,7 @@ fn write_text(
     out: &mut impl io::Write,
     tool: &ToolCtx<'_>,
     explanation: &Explanation<'_>,
+    hidden_by: Option<&str>,
 ) -> io::Result<()> {
     let decision = &explanation.decision;
     write!(out, "tool: {} ({}@{}", tool.name, tool.r#ref, tool.version)?;
@@ -327,6 +341,14 @@ fn write_text(
         }
     }
 
+    if let Some(policy) = hidden_by {
+        writeln!(
+            out,
+            "hidden: {policy} denies every call of this tool in this context, whatever the \
+             arguments; the model is not offered it"
+        )?;
+    }
+
     let applied: Vec<&PolicyTrace<'_>> =
         explanation.policies.iter().filter(|t| t.applies).collect();
     if applied.is_empty() {
@@ -362,6 +384,42 @@ fn write_text(
     Ok(())
 }
 
+/// The shadow policies' part of the text report: what they would have changed, and which
+/// shadow policies there are (evaluated, never enforced).
+fn write_shadow(
+    out: &mut impl io::Write,
+    policies: &PolicySet,
+    shadow: Option<&ShadowOutcome<'_>>,
+) -> io::Result<()> {
+    let names: Vec<String> = policies
+        .shadow_policies()
+        .map(|p| p.id().to_string())
+        .collect();
+    if names.is_empty() {
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "shadow policies (never enforced): {}",
+        names.join(", ")
+    )?;
+    match shadow {
+        Some(s) => {
+            write!(
+                out,
+                "shadow: would have {} by {}",
+                s.shadow.kind(),
+                s.policy.id()
+            )?;
+            match s.shadow.reason() {
+                Some(reason) => writeln!(out, " ({reason})"),
+                None => writeln!(out),
+            }
+        }
+        None => writeln!(out, "shadow: would have changed nothing"),
+    }
+}
+
 /// The `--output json` report: the decision's fields (`decision`, `policy`, `reason`, and for
 /// approvals `approvals_required`, `on_reject`, …), then the tool, the agent and `applied`: every
 /// policy whose scope covers the tool, with its verdict.
@@ -375,6 +433,19 @@ struct Report<'a> {
     /// Violations of the binding's input_schema (absent when the arguments match).
     #[serde(skip_serializing_if = "<[String]>::is_empty")]
     args_errors: &'a [String],
+    /// The policy that hides the tool from the model in this context (absent when offered).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    hidden_by: Option<&'a str>,
+    /// What the shadow policies would have decided instead (absent when nothing would change).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    shadow: Option<ShadowReport<'a>>,
+}
+
+/// `shadow` of the JSON report: the decision the shadow policy would have taken.
+#[derive(Serialize)]
+struct ShadowReport<'a> {
+    would_have: &'a Decision<'a>,
+    policy: String,
 }
 
 #[derive(Serialize)]
@@ -404,6 +475,8 @@ impl<'a> Report<'a> {
             agent: format!("{}/{}@{}", meta.namespace, meta.name, meta.version),
             applied: explanation.policies.iter().filter(|t| t.applies).collect(),
             args_errors,
+            hidden_by: None,
+            shadow: None,
         }
     }
 }

@@ -1,7 +1,9 @@
-//! `phrony policies …`: policy dry runs, and replays of stored calls under a candidate.
+//! `phrony policies …`: policy dry runs, replays of stored calls under a candidate, and
+//! shadow-mode reports.
 
 mod check;
 mod replay;
+mod shadow_report;
 
 use crate::cmd::Global;
 
@@ -13,6 +15,8 @@ pub(crate) enum Command {
     /// Re-decide a deployed agent's stored calls under a candidate manifest and report every
     /// decision that would flip (exit 5 when one would).
     Replay(replay::Args),
+    /// List the calls a `mode: shadow` policy would have denied or held for approval.
+    ShadowReport(shadow_report::Args),
 }
 
 impl Command {
@@ -21,6 +25,7 @@ impl Command {
         match self {
             Self::Check(args) => check::run(&args),
             Self::Replay(args) => replay::run(&args, global),
+            Self::ShadowReport(args) => shadow_report::run(&args, global),
         }
     }
 }

@@ -433,7 +433,7 @@ impl FakeWorker {
                 let Some(msg) = msg else { break };
                 match msg {
                     Ok(ToWorker::Invoke(inv)) => {
-                        inv2.lock().unwrap().push(inv.clone());
+                        inv2.lock().unwrap().push((*inv).clone());
                         if *behaviour2.lock().unwrap() == Behaviour::Hold {
                             continue;
                         }

@@ -61,6 +61,13 @@ class ToolHandlerContext:
         """The runtime's deadline for this call as a `time.time()` value, if it has one."""
         return self.invoke.deadline_unix_ms / 1000 if self.invoke.deadline_unix_ms > 0 else None
 
+    @property
+    def trace_context(self) -> dict[str, str]:
+        """The W3C trace context of the runtime's dispatch span (`traceparent`, `tracestate`):
+        extract it with an OpenTelemetry propagator to parent the handler's spans. Empty when the
+        runtime exports no traces."""
+        return dict(self.invoke.trace_context)
+
     def remaining(self) -> float | None:
         """Seconds until the deadline (negative when passed); `None` without one."""
         deadline = self.deadline

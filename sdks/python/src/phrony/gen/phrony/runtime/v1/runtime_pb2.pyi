@@ -39,6 +39,52 @@ APPROVAL_CHANGE_KIND_UPDATED: ApprovalChangeKind
 APPROVAL_CHANGE_KIND_DECIDED: ApprovalChangeKind
 APPROVAL_CHANGE_KIND_CURRENT_END: ApprovalChangeKind
 
+class ListShadowDecisionsRequest(_message.Message):
+    __slots__ = ("policy", "since", "limit")
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    policy: str
+    since: str
+    limit: int
+    def __init__(self, policy: _Optional[str] = ..., since: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class ShadowDecision(_message.Message):
+    __slots__ = ("recorded_at", "session_id", "call_id", "agent", "tool", "args_digest", "enforced", "enforced_policy", "shadow", "policy", "reason", "seq")
+    RECORDED_AT_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    AGENT_FIELD_NUMBER: _ClassVar[int]
+    TOOL_FIELD_NUMBER: _ClassVar[int]
+    ARGS_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    ENFORCED_FIELD_NUMBER: _ClassVar[int]
+    ENFORCED_POLICY_FIELD_NUMBER: _ClassVar[int]
+    SHADOW_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    recorded_at: str
+    session_id: str
+    call_id: str
+    agent: str
+    tool: str
+    args_digest: str
+    enforced: str
+    enforced_policy: str
+    shadow: str
+    policy: str
+    reason: str
+    seq: int
+    def __init__(self, recorded_at: _Optional[str] = ..., session_id: _Optional[str] = ..., call_id: _Optional[str] = ..., agent: _Optional[str] = ..., tool: _Optional[str] = ..., args_digest: _Optional[str] = ..., enforced: _Optional[str] = ..., enforced_policy: _Optional[str] = ..., shadow: _Optional[str] = ..., policy: _Optional[str] = ..., reason: _Optional[str] = ..., seq: _Optional[int] = ...) -> None: ...
+
+class ListShadowDecisionsResponse(_message.Message):
+    __slots__ = ("decisions", "truncated")
+    DECISIONS_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    decisions: _containers.RepeatedCompositeFieldContainer[ShadowDecision]
+    truncated: bool
+    def __init__(self, decisions: _Optional[_Iterable[_Union[ShadowDecision, _Mapping]]] = ..., truncated: _Optional[bool] = ...) -> None: ...
+
 class VerifyAuditRequest(_message.Message):
     __slots__ = ("session_id", "agent")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
@@ -1720,7 +1766,14 @@ class WorkHeartbeatAck(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkInvoke(_message.Message):
-    __slots__ = ("call_id", "session_id", "agent_version_id", "turn", "tool", "version", "args", "side_effect_class", "deadline_unix_ms")
+    __slots__ = ("call_id", "session_id", "agent_version_id", "turn", "tool", "version", "args", "side_effect_class", "deadline_unix_ms", "trace_context")
+    class TraceContextEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     CALL_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     AGENT_VERSION_ID_FIELD_NUMBER: _ClassVar[int]
@@ -1730,6 +1783,7 @@ class WorkInvoke(_message.Message):
     ARGS_FIELD_NUMBER: _ClassVar[int]
     SIDE_EFFECT_CLASS_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     call_id: str
     session_id: str
     agent_version_id: str
@@ -1739,7 +1793,8 @@ class WorkInvoke(_message.Message):
     args: bytes
     side_effect_class: str
     deadline_unix_ms: int
-    def __init__(self, call_id: _Optional[str] = ..., session_id: _Optional[str] = ..., agent_version_id: _Optional[str] = ..., turn: _Optional[int] = ..., tool: _Optional[str] = ..., version: _Optional[str] = ..., args: _Optional[bytes] = ..., side_effect_class: _Optional[str] = ..., deadline_unix_ms: _Optional[int] = ...) -> None: ...
+    trace_context: _containers.ScalarMap[str, str]
+    def __init__(self, call_id: _Optional[str] = ..., session_id: _Optional[str] = ..., agent_version_id: _Optional[str] = ..., turn: _Optional[int] = ..., tool: _Optional[str] = ..., version: _Optional[str] = ..., args: _Optional[bytes] = ..., side_effect_class: _Optional[str] = ..., deadline_unix_ms: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class WorkToolCancel(_message.Message):
     __slots__ = ("call_id",)

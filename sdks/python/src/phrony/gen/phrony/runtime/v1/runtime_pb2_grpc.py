@@ -211,6 +211,11 @@ class RuntimeStub:
                 request_serializer=phrony_dot_runtime_dot_v1_dot_runtime__pb2.ExportAuditRequest.SerializeToString,
                 response_deserializer=phrony_dot_runtime_dot_v1_dot_runtime__pb2.AuditEvent.FromString,
                 _registered_method=True)
+        self.ListShadowDecisions = channel.unary_unary(
+                '/phrony.runtime.v1.Runtime/ListShadowDecisions',
+                request_serializer=phrony_dot_runtime_dot_v1_dot_runtime__pb2.ListShadowDecisionsRequest.SerializeToString,
+                response_deserializer=phrony_dot_runtime_dot_v1_dot_runtime__pb2.ListShadowDecisionsResponse.FromString,
+                _registered_method=True)
 
 
 class RuntimeServicer:
@@ -514,6 +519,16 @@ class RuntimeServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListShadowDecisions(self, request, context):
+        """phrony-rs addition: what one `mode: shadow` policy (every version) would
+        have changed, oldest first: each call it would have denied or held for
+        approval while the enforced policies decided otherwise. Read through an
+        index, not a scan of the log.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RuntimeServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -691,6 +706,11 @@ def add_RuntimeServicer_to_server(servicer, server):
                     servicer.ExportAudit,
                     request_deserializer=phrony_dot_runtime_dot_v1_dot_runtime__pb2.ExportAuditRequest.FromString,
                     response_serializer=phrony_dot_runtime_dot_v1_dot_runtime__pb2.AuditEvent.SerializeToString,
+            ),
+            'ListShadowDecisions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListShadowDecisions,
+                    request_deserializer=phrony_dot_runtime_dot_v1_dot_runtime__pb2.ListShadowDecisionsRequest.FromString,
+                    response_serializer=phrony_dot_runtime_dot_v1_dot_runtime__pb2.ListShadowDecisionsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1640,6 +1660,33 @@ class Runtime:
             '/phrony.runtime.v1.Runtime/ExportAudit',
             phrony_dot_runtime_dot_v1_dot_runtime__pb2.ExportAuditRequest.SerializeToString,
             phrony_dot_runtime_dot_v1_dot_runtime__pb2.AuditEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListShadowDecisions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/phrony.runtime.v1.Runtime/ListShadowDecisions',
+            phrony_dot_runtime_dot_v1_dot_runtime__pb2.ListShadowDecisionsRequest.SerializeToString,
+            phrony_dot_runtime_dot_v1_dot_runtime__pb2.ListShadowDecisionsResponse.FromString,
             options,
             channel_credentials,
             insecure,
