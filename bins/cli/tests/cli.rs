@@ -294,6 +294,122 @@ fn validate_warns_about_an_unset_secret_variable_and_succeeds() {
     }
 }
 
+fn analysis_fixture(case: &str) -> PathBuf {
+    repo_root()
+        .join("crates/phrony-manifest/tests/fixtures/analysis")
+        .join(case)
+        .join("agent.yaml")
+}
+
+#[test]
+fn validate_prints_policy_analysis_warnings_with_positions_and_succeeds() {
+    phrony()
+        .args(["agents", "validate"])
+        .arg(analysis_fixture("shadowed"))
+        .assert()
+        .success()
+        .stdout("valid: tests/shadowed 0.1.0\n")
+        .stderr(contains(
+            "shadowed/policies/big-refund.yaml:16:11: warning: spec.decision.type: policy \
+             big-refund never decides: every call it matches is denied by freeze at ",
+        ))
+        .stderr(contains("freeze.yaml:10:11 [never_decides]\n"))
+        .stderr(contains(
+            "  example call: {\"tool\":\"issue_refund\",\"arguments\":{\"amount\":251,\"currency\":\"EUR\"}}\n",
+        ));
+}
+
+#[test]
+fn validate_deny_warnings_fails_on_analysis_warnings_only() {
+    phrony()
+        .args(["agents", "validate", "--deny-warnings"])
+        .arg(analysis_fixture("unsatisfiable"))
+        .assert()
+        .failure()
+        .stdout("")
+        .stderr(contains(
+            "range.yaml:9:5: warning: spec.conditions.all: unsatisfiable",
+        ))
+        .stderr(contains(
+            "Error: 3 warnings, and --deny-warnings makes warnings fatal",
+        ));
+    phrony()
+        .args(["agents", "validate", "--deny-warnings"])
+        .arg(analysis_fixture("allow-lists-ok"))
+        .assert()
+        .success()
+        .stdout("valid: tests/allow-lists-ok 0.1.0\n")
+        .stderr("");
+}
+
+#[test]
+fn validate_json_lists_the_findings() {
+    let out = stdout_of(
+        phrony()
+            .args(["agents", "validate", "--output", "json"])
+            .arg(analysis_fixture("overlapping")),
+    );
+    let report: Value = serde_json::from_str(&out).unwrap();
+    let findings = report["findings"].as_array().unwrap();
+    assert_eq!(findings.len(), 1, "{report}");
+    assert_eq!(findings[0]["kind"], "overlapping_approval");
+    assert_eq!(
+        (&findings[0]["line"], &findings[0]["column"]),
+        (&13.into(), &11.into())
+    );
+    assert_eq!(findings[0]["example"]["arguments"]["amount"], 1001);
+}
+
+#[test]
+fn policies_check_analyze_lists_findings_in_text_and_json() {
+    phrony()
+        .args(["policies", "check", "--analyze"])
+        .arg(analysis_fixture("schema"))
+        .assert()
+        .success()
+        .stdout(contains(
+            "typo.yaml:9:12: warning: spec.conditions.field: condition on `amout` can never \
+             match a valid call",
+        ))
+        .stdout(contains("did you mean `amount`? [unknown_field]\n"))
+        .stdout(contains("\n6 policy analysis warnings\n"));
+    let out = stdout_of(
+        phrony()
+            .args(["policies", "check", "--analyze", "--output", "json"])
+            .arg(analysis_fixture("schema")),
+    );
+    let report: Value = serde_json::from_str(&out).unwrap();
+    let kinds: Vec<&str> = report["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "type_mismatch",
+            "type_mismatch",
+            "unknown_field",
+            "type_mismatch",
+            "type_mismatch",
+            "unknown_field"
+        ]
+    );
+    // Without --analyze a tool is required; --analyze decides no call.
+    phrony()
+        .args(["policies", "check"])
+        .arg(analysis_fixture("schema"))
+        .assert()
+        .code(2)
+        .stderr(contains("--tool"));
+    phrony()
+        .args(["policies", "check", "--analyze", "--tool", "issue_refund"])
+        .arg(analysis_fixture("schema"))
+        .assert()
+        .code(2);
+}
+
 const BROKEN_AGENT: &str = "\
 apiVersion: phrony.com/v1
 kind: Agent

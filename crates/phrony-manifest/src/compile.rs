@@ -12,6 +12,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
+use crate::analysis::{Finding, Subject, analyze};
 use crate::canonical::Json;
 use crate::diag::Diagnostic;
 use crate::doc::{Source, UnknownKeys, load_source, parse_typed, probe_kind, read_text_result};
@@ -24,7 +25,7 @@ use crate::model::compiled::{
 };
 use crate::model::policy::PolicyDoc;
 use crate::model::tool::ToolDoc;
-use crate::policy_bridge::{def_from_compiled, validate_policy_doc};
+use crate::policy_bridge::{def_from_compiled, is_approval, validate_policy_doc};
 use crate::refs::{DelegationRef, check_constraint, parse_delegation_ref, parse_tool_ref};
 use crate::resolve::{RefKind, prompt_from_text, resolve_file, schema_from_text, yaml_files};
 use crate::schema::check_schema;
@@ -360,7 +361,7 @@ pub(crate) fn compile_agent(
     src: &Source,
     file: &Path,
     out: &mut Vec<Diagnostic>,
-) -> CompiledAgent {
+) -> (CompiledAgent, Vec<Finding>) {
     let root = file
         .parent()
         .map_or_else(|| PathBuf::from("."), Path::to_path_buf);
@@ -368,7 +369,7 @@ pub(crate) fn compile_agent(
     let instructions = compile_instructions(doc, &root, src, out);
     let tool_defaults = tool_default_attachments(&project);
     let (tools, attachments) = compile_bindings(doc, &project, &tool_defaults, src, out);
-    let policies = compile_policies(doc, &attachments, &tools, &mut project, src, out);
+    let (policies, findings) = compile_policies(doc, &attachments, &tools, &mut project, src, out);
     let mut annotations = doc.metadata.annotations.clone();
     annotations.insert(ANNOTATION_POLICIES_COMPILED.to_owned(), "true".to_owned());
     if doc
@@ -388,7 +389,8 @@ pub(crate) fn compile_agent(
         strict: o.strict.unwrap_or(false),
         on_invalid: o.on_invalid.clone(),
     });
-    assemble(doc, instructions, tools, policies, annotations, output)
+    let agent = assemble(doc, instructions, tools, policies, annotations, output);
+    (agent, findings)
 }
 
 fn inline_schema(inline: Json) -> Schema {
@@ -526,7 +528,7 @@ fn compile_policies(
     project: &mut Project,
     src: &Source,
     out: &mut Vec<Diagnostic>,
-) -> Vec<CompiledPolicy> {
+) -> (Vec<CompiledPolicy>, Vec<Finding>) {
     let mut sourced: Vec<Sourced> = Vec::new();
     for a in attachments {
         let diag_src = match a.in_tool {
@@ -636,6 +638,18 @@ fn compile_policies(
         }
     }
 
+    let subjects: Vec<Subject<'_>> = sourced
+        .iter()
+        .filter_map(|s| {
+            let entry = project.store.entries.get(&s.origin)?.as_ref()?;
+            Some(Subject {
+                policy: &s.policy,
+                src: &entry.src,
+            })
+        })
+        .collect();
+    let findings = analyze(&subjects, tools);
+
     // Authority boundaries, then the deny-wins merge.
     let mut policies: Vec<CompiledPolicy> = sourced.into_iter().map(|s| s.policy).collect();
     if let Some(g) = &doc.metadata.governance {
@@ -665,7 +679,7 @@ fn compile_policies(
             src.diags(out).error("spec", msg);
         }
     }
-    policies
+    (policies, findings)
 }
 
 /// The store key of the Policy document an attachment names, loading it if needed.
@@ -1034,10 +1048,6 @@ fn compile_delegation(
         agent: Some(target),
         ..ToolBinding::default()
     })
-}
-
-fn is_approval(action: &str) -> bool {
-    action == "require_approval" || action == "escalate"
 }
 
 /// A Policy document as a compiled policy with the given effective scope.

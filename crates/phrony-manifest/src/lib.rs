@@ -31,6 +31,12 @@
 //! delegations to the version ids it is about to store (external ones to the published versions)
 //! and reports every problem at once ([`PublicationError`]).
 //!
+//! Policy analysis: [`Compiled::findings`] lists what in the agent's policies can never take
+//! effect — conditions that cannot match the tool's input schema or cannot hold, policies shadowed
+//! by an unconditional deny, allow lists that allow everything, approval policies whose quorum is
+//! never used — each a [`Finding`] (a warning with its position, [`FindingKind`], and an example
+//! call where one helps).
+//!
 //! Tool descriptor pins: [`descriptor_pin`] hashes a tool's name, version, description and input
 //! schema; [`ToolBinding::descriptor_pin`] and [`CompiledAgent::tool_pins`] compute it from a
 //! snapshot (nothing is added to the snapshot), [`tool_descriptor_pin`] from a Tool document.
@@ -73,6 +79,7 @@
 //! only `1.0.0`; `@1.2` matches `1.2.x`); `^`, `~`, `>=`, `<`, `=`, `*` and comma-separated
 //! combinations mean what they mean in Cargo.
 
+mod analysis;
 mod bundle;
 mod canonical;
 mod compile;
@@ -95,6 +102,7 @@ mod validate;
 mod yaml_input;
 mod yaml_pos;
 
+pub use analysis::{Finding, FindingKind};
 pub use bundle::{
     Bundle, BundleLock, BundleMember, LOCK_FILE, Locked, ValidatedBundle, load_bundle, lock_bundle,
     lock_loaded_bundle, validate_bundle,

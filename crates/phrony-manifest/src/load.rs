@@ -3,6 +3,7 @@
 
 use std::path::Path;
 
+use crate::analysis::Finding;
 use crate::compile::compile_agent;
 use crate::diag::{Diagnostic, Diagnostics};
 use crate::doc::{UnknownKeys, load_source, parse_typed, probe_kind};
@@ -17,6 +18,10 @@ pub struct Compiled {
     pub agent: CompiledAgent,
     /// Warnings (unknown keys, tools without a Tool document, policies that never apply, …).
     pub warnings: Vec<Diagnostic>,
+    /// The policy analysis' warnings ([`Finding`]): conditions that can never match the tool's
+    /// input schema or never hold, policies that never decide, allow lists that allow
+    /// everything. Kept apart from `warnings`, which every load prints.
+    pub findings: Vec<Finding>,
 }
 
 /// Loads, validates and compiles the authoring Agent at `path` (standalone: `spec.agents` is
@@ -46,9 +51,10 @@ pub(crate) fn load_agent_with(path: &Path, in_bundle: bool) -> Result<Compiled, 
     let agent = run(path, in_bundle, &mut out);
     crate::diag::sort_diagnostics(&mut out);
     match agent {
-        Some(agent) if !out.iter().any(Diagnostic::is_error) => Ok(Compiled {
+        Some((agent, findings)) if !out.iter().any(Diagnostic::is_error) => Ok(Compiled {
             agent,
             warnings: out,
+            findings,
         }),
         _ => {
             if !out.iter().any(Diagnostic::is_error) {
@@ -63,7 +69,11 @@ pub(crate) fn load_agent_with(path: &Path, in_bundle: bool) -> Result<Compiled, 
     }
 }
 
-fn run(path: &Path, in_bundle: bool, out: &mut Vec<Diagnostic>) -> Option<CompiledAgent> {
+fn run(
+    path: &Path,
+    in_bundle: bool,
+    out: &mut Vec<Diagnostic>,
+) -> Option<(CompiledAgent, Vec<Finding>)> {
     let src = load_source(path, out)?;
     match probe_kind(&src).as_deref() {
         Some("Bundle") => {

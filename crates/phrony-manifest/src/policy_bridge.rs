@@ -15,6 +15,11 @@ fn opt(s: &str) -> Option<String> {
     (!s.is_empty()).then(|| s.to_owned())
 }
 
+/// Whether a decision type asks for approvals (`require_approval`, `escalate`).
+pub(crate) fn is_approval(action: &str) -> bool {
+    action == "require_approval" || action == "escalate"
+}
+
 /// The definition of a Policy document as written (its own scope).
 pub(crate) fn def_from_doc(doc: &PolicyDoc) -> PolicyDef {
     let spec = &doc.spec;

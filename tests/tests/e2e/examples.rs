@@ -276,6 +276,8 @@ fn load_example(dir: &Path) -> Result<phrony_manifest::Compiled, phrony_manifest
     Ok(phrony_manifest::Compiled {
         agent,
         warnings: validated.bundle.warnings,
+        // Bundles do not run the policy analysis (`policies check --analyze` takes an agent).
+        findings: Vec::new(),
     })
 }
 

@@ -14,10 +14,16 @@ use phrony_policy::PolicySet;
 
 /// Loads, validates and compiles the agent at `path`, printing its warnings.
 pub(crate) fn load_agent(path: &Path) -> anyhow::Result<CompiledAgent> {
+    load_compiled(path).map(|compiled| compiled.agent)
+}
+
+/// [`load_agent`], keeping the load warnings (already printed) and the policy analysis'
+/// findings (not printed).
+pub(crate) fn load_compiled(path: &Path) -> anyhow::Result<phrony_manifest::Compiled> {
     match phrony_manifest::load_agent(path) {
         Ok(compiled) => {
             print_diagnostics(&compiled.warnings)?;
-            Ok(compiled.agent)
+            Ok(compiled)
         }
         Err(diags) => Err(rejected(&diags, "manifest")),
     }
@@ -75,6 +81,16 @@ pub(crate) fn print_diagnostics(diags: &[Diagnostic]) -> io::Result<()> {
     let mut stderr = io::stderr().lock();
     for diag in diags {
         writeln!(stderr, "{diag}")?;
+    }
+    Ok(())
+}
+
+/// Prints the policy analysis' findings on stderr, one `file:line:col: warning: …` each (with
+/// the example call on the next line when there is one).
+pub(crate) fn print_findings(findings: &[phrony_manifest::Finding]) -> io::Result<()> {
+    let mut stderr = io::stderr().lock();
+    for f in findings {
+        writeln!(stderr, "{f}")?;
     }
     Ok(())
 }

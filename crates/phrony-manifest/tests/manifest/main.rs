@@ -10,6 +10,7 @@
     reason = "test helpers: a panic is a failed assertion"
 )]
 
+mod analysis;
 mod args;
 mod bundles;
 mod compile;

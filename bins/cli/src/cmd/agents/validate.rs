@@ -1,9 +1,13 @@
 //! `phrony agents validate MANIFEST [--mcp]`: parse, validate and compile an agent locally;
 //! with `--mcp`, also check its MCP-backed bindings against their servers (`mcp_check.rs`).
+//! The policy analysis' findings are printed as warnings; `--deny-warnings` makes any warning
+//! fatal.
 
 use std::path::PathBuf;
 
 use serde_json::json;
+
+use phrony_manifest::Finding;
 
 use crate::cmd::{Output, manifest, render};
 
@@ -21,12 +25,25 @@ pub(crate) struct Args {
     /// the binding's file:line:column.
     #[arg(long)]
     mcp: bool,
+    /// Exit non-zero when there is any warning (load warnings and the policy analysis': conditions
+    /// that can never match the tool's input_schema or never hold, policies that never decide,
+    /// allow lists that allow everything).
+    #[arg(long)]
+    deny_warnings: bool,
 }
 
 /// Prints `valid: <namespace>/<name> <version>`, then one `shadow: <policy>` line per `mode:
 /// shadow` policy, warning about secrets unset in this environment.
 pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
-    let agent = manifest::load_agent(&args.manifest)?;
+    let compiled = manifest::load_compiled(&args.manifest)?;
+    manifest::print_findings(&compiled.findings)?;
+    if args.deny_warnings {
+        let count = compiled.warnings.len() + compiled.findings.len();
+        if count > 0 {
+            anyhow::bail!("{count} warnings, and --deny-warnings makes warnings fatal");
+        }
+    }
+    let agent = compiled.agent;
     manifest::warn_unset_secrets(&agent.secret_requirements())?;
     let mcp_checked = if args.mcp {
         let (diags, checked) = super::mcp_check::check(&agent, &args.manifest)?;
@@ -56,6 +73,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
             "content_hash": agent.content_hash(),
             "mcp_bindings_checked": mcp_checked,
             "shadow_policies": shadow,
+            "findings": compiled.findings.iter().map(Finding::to_json).collect::<Vec<_>>(),
             "unset_secrets": agent
                 .secret_requirements()
                 .iter()

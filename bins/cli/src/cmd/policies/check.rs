@@ -28,8 +28,13 @@ pub(crate) struct Args {
     #[arg(long, value_name = "NAME")]
     member: Option<String>,
     /// The tool called: its wire name (`issue_refund`) or logical id (`payments.issue-refund`).
-    #[arg(long, value_name = "TOOL")]
-    tool: String,
+    #[arg(long, value_name = "TOOL", required_unless_present = "analyze")]
+    tool: Option<String>,
+    /// Instead of deciding a call, analyse the agent's policies: conditions that can never match
+    /// the tool's input_schema or never hold, policies that never decide, allow lists that allow
+    /// everything. Each finding is printed with file:line:column (an agent manifest only).
+    #[arg(long, conflicts_with_all = ["tool", "member", "context"])]
+    analyze: bool,
     /// The call's arguments, a JSON object.
     #[arg(long, value_name = "JSON", default_value = "{}")]
     args: String,
@@ -45,13 +50,16 @@ pub(crate) struct Args {
 
 /// Compiles the manifest, decides the call and prints the explanation.
 pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
+    let Some(tool_name) = args.tool.as_deref().filter(|_| !args.analyze) else {
+        return analyze(args);
+    };
     let call_args = parse_args(&args.args)?;
     let context = match &args.context {
         Some(text) => parse_context(text)?,
         None => Context::default(),
     };
     let agent = manifest::load_checked_agent(&args.manifest, args.member.as_deref())?;
-    let binding = find_tool(&agent, &args.tool)?;
+    let binding = find_tool(&agent, tool_name)?;
     let policies = manifest::policy_set(&agent, &args.manifest)?;
     let args_errors = schema_errors(binding, &call_args);
     if !args_errors.is_empty() {
@@ -107,6 +115,38 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
                 policy: s.policy.id().to_string(),
             });
             serde_json::to_writer_pretty(&mut stdout, &report)?;
+            writeln!(stdout)?;
+        }
+    }
+    Ok(())
+}
+
+/// `--analyze`: prints the policy analysis' findings (text: one per line, then a count; JSON:
+/// `{"findings": […]}`). Findings are warnings: the exit status is 0.
+fn analyze(args: &Args) -> anyhow::Result<()> {
+    if phrony_manifest::document_kind(&args.manifest).as_deref() == Some("Bundle") {
+        bail!("--analyze takes an agent manifest; run it on each member's agent.yaml");
+    }
+    let compiled = manifest::load_compiled(&args.manifest)?;
+    let mut stdout = io::stdout().lock();
+    match args.output {
+        Output::Text => {
+            for f in &compiled.findings {
+                writeln!(stdout, "{f}")?;
+            }
+            writeln!(
+                stdout,
+                "{} policy analysis warnings",
+                compiled.findings.len()
+            )?;
+        }
+        Output::Json => {
+            let findings: Vec<Value> = compiled
+                .findings
+                .iter()
+                .map(phrony_manifest::Finding::to_json)
+                .collect();
+            serde_json::to_writer_pretty(&mut stdout, &serde_json::json!({"findings": findings}))?;
             writeln!(stdout)?;
         }
     }
