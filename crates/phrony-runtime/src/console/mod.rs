@@ -107,6 +107,11 @@ pub const MAX_COMMENT: usize = 4000;
 /// The most console sessions alive at once.
 pub const MAX_SESSIONS: usize = 1024;
 
+/// The most console sessions one principal keeps at once; signing in again past it ends that
+/// principal's oldest session, so one credential cannot use up [`MAX_SESSIONS`] and lock the
+/// others out.
+pub const MAX_SESSIONS_PER_PRINCIPAL: usize = 16;
+
 /// How long a console session lasts (a token's own expiry ends it sooner).
 pub const SESSION_TTL: Duration = Duration::from_secs(8 * 3600);
 
@@ -203,6 +208,8 @@ impl IntoResponse for ApiError {
 struct Session {
     /// The credential authenticated again on every call (`None` in `local` mode).
     bearer: Option<String>,
+    /// Who signed in (name and verification), for the per-principal bound.
+    owner: String,
     csrf: String,
     expires: Instant,
 }
@@ -212,6 +219,7 @@ impl std::fmt::Debug for Session {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Session")
             .field("bearer", &self.bearer.as_ref().map(|_| "<redacted>"))
+            .field("owner", &self.owner)
             .field("expires", &self.expires)
             .finish_non_exhaustive()
     }
@@ -234,16 +242,28 @@ impl Sessions {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn open(&self, bearer: Option<String>) -> Result<(String, Session), ApiError> {
+    fn open(&self, bearer: Option<String>, owner: String) -> Result<(String, Session), ApiError> {
         let token = random_token()?;
         let session = Session {
             bearer,
+            owner,
             csrf: random_token()?,
             expires: Instant::now() + SESSION_TTL,
         };
         let mut sessions = self.lock();
         let now = Instant::now();
         sessions.retain(|_, s| s.expires > now);
+        let mut own: Vec<([u8; 32], Instant)> = sessions
+            .iter()
+            .filter(|(_, s)| s.owner == session.owner)
+            .map(|(key, s)| (*key, s.expires))
+            .collect();
+        if own.len() >= MAX_SESSIONS_PER_PRINCIPAL {
+            own.sort_by_key(|(_, expires)| *expires);
+            for (key, _) in &own[..=own.len() - MAX_SESSIONS_PER_PRINCIPAL] {
+                sessions.remove(key);
+            }
+        }
         if sessions.len() >= MAX_SESSIONS {
             return Err(ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -624,7 +644,8 @@ async fn login(
             principal.name
         )));
     }
-    let (cookie, session) = console.0.console.open(bearer)?;
+    let owner = format!("{} ({})", principal.name, principal.verification.as_str());
+    let (cookie, session) = console.0.console.open(bearer, owner)?;
     tracing::info!(
         user = %principal.name.escape_debug(),
         verification = principal.verification.as_str(),
@@ -683,7 +704,9 @@ mod tests {
     #[test]
     fn sessions_expire_are_bounded_and_keep_only_a_hash() {
         let sessions = Sessions::default();
-        let (token, _) = sessions.open(Some("phr_x".into())).unwrap();
+        let (token, _) = sessions
+            .open(Some("phr_x".into()), "emad (token)".into())
+            .unwrap();
         assert!(sessions.lock().contains_key(&token_key(&token)));
         assert!(
             !sessions
@@ -700,12 +723,42 @@ mod tests {
         assert_eq!(err.status, StatusCode::UNAUTHORIZED);
         assert!(err.message.contains("expired"), "{}", err.message);
         assert!(sessions.lock().is_empty(), "the expired session is dropped");
-        for _ in 0..MAX_SESSIONS {
-            sessions.open(None).unwrap();
+        for i in 0..MAX_SESSIONS {
+            sessions.open(None, format!("user-{i} (token)")).unwrap();
         }
-        let full = sessions.open(None).unwrap_err();
+        let full = sessions.open(None, "latecomer (token)".into()).unwrap_err();
         assert_eq!(full.status, StatusCode::SERVICE_UNAVAILABLE);
         assert!(full.message.contains(&MAX_SESSIONS.to_string()));
+    }
+
+    #[test]
+    fn one_principal_signing_in_again_and_again_ends_its_own_oldest_session_only() {
+        let sessions = Sessions::default();
+        let (other, _) = sessions.open(None, "alice (token)".into()).unwrap();
+        let (first, _) = sessions.open(None, "mallory (token)".into()).unwrap();
+        let mut latest = Vec::new();
+        for _ in 0..2 * MAX_SESSIONS_PER_PRINCIPAL {
+            std::thread::sleep(Duration::from_millis(1));
+            latest.push(sessions.open(None, "mallory (token)".into()).unwrap().0);
+        }
+        let own = sessions
+            .lock()
+            .values()
+            .filter(|s| s.owner == "mallory (token)")
+            .count();
+        assert_eq!(own, MAX_SESSIONS_PER_PRINCIPAL);
+        assert_eq!(
+            sessions.get(&cookie(&first)).unwrap_err().status,
+            StatusCode::UNAUTHORIZED,
+            "the oldest session of that principal ended"
+        );
+        for token in &latest[latest.len() - MAX_SESSIONS_PER_PRINCIPAL..] {
+            assert!(sessions.get(&cookie(token)).is_ok(), "the newest are kept");
+        }
+        assert!(
+            sessions.get(&cookie(&other)).is_ok(),
+            "another principal's session stays"
+        );
     }
 
     #[test]
