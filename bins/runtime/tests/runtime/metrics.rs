@@ -65,8 +65,19 @@ pub(crate) async fn publish_refund_agent(
         name,
         &one_refund_turns("ORD-1", amount, "The item arrived damaged."),
     );
+    publish_project(client, &project, name, bearer).await;
+}
+
+/// Publishes and deploys the agent project in `project` as `support/<name>@0.1.0`, with `bearer`
+/// (a publisher's token) in `required` auth mode.
+async fn publish_project(
+    client: &mut RuntimeClient<Channel>,
+    project: &std::path::Path,
+    name: &str,
+    bearer: Option<&str>,
+) {
     let snapshot = phrony_manifest::load_agent(project.join("agent.yaml"))
-        .unwrap_or_else(|d| panic!("the refund agent does not compile:\n{d}"))
+        .unwrap_or_else(|d| panic!("{name} does not compile:\n{d}"))
         .agent
         .snapshot_json();
     // With a token the recorded actor is the token's name: the request names nobody.
@@ -432,28 +443,7 @@ async fn publish_scripted_agent(
         assert!(yaml.contains(policy), "{yaml}");
         std::fs::write(&manifest, yaml).unwrap();
     }
-    let snapshot = phrony_manifest::load_agent(project.join("agent.yaml"))
-        .unwrap_or_else(|d| panic!("{name} does not compile:\n{d}"))
-        .agent
-        .snapshot_json();
-    client
-        .publish(pb::PublishRequest {
-            manifest: snapshot,
-            actor: "alice".into(),
-        })
-        .await
-        .unwrap();
-    client
-        .deploy(pb::DeployRequest {
-            agent_ref: Some(pb::AgentRef {
-                name: name.into(),
-                ..agent_ref("0.1.0")
-            }),
-            actor: "alice".into(),
-            allow_new_secret_endpoints: false,
-        })
-        .await
-        .unwrap();
+    publish_project(client, &project, name, None).await;
 }
 
 #[tokio::test]
