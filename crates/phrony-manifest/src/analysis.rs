@@ -34,6 +34,8 @@ pub enum FindingKind {
     AlwaysAllow,
     /// Two approval policies match the same call and only one's quorum / route is used.
     OverlappingApproval,
+    /// No `permit` of a Cedar policy applies to a tool in its scope: every call is denied.
+    CedarNoPermit,
 }
 
 impl FindingKind {
@@ -47,6 +49,7 @@ impl FindingKind {
             Self::NeverDecides => "never_decides",
             Self::AlwaysAllow => "always_allow",
             Self::OverlappingApproval => "overlapping_approval",
+            Self::CedarNoPermit => "cedar_no_permit",
         }
     }
 }
@@ -123,6 +126,7 @@ pub(crate) fn analyze(subjects: &[Subject<'_>], tools: &[ToolBinding]) -> Vec<Fi
     check_shadowed(subjects, tools, &mut out);
     check_always_allow(subjects, tools, &mut out);
     check_overlapping_approvals(subjects, tools, &mut out);
+    check_cedar_permits(subjects, tools, &mut out);
     out.sort_by(|a, b| {
         let (x, y) = (&a.diagnostic, &b.diagnostic);
         (&x.file, x.line, x.column).cmp(&(&y.file, y.line, y.column))
@@ -872,6 +876,37 @@ fn check_always_allow(subjects: &[Subject<'_>], tools: &[ToolBinding], out: &mut
 /// Reports pairs of approval policies with different quorums or routes that both match one
 /// call (shown by an example call the policy engine confirms both match): the engine asks for
 /// one policy's approvals only.
+/// A Cedar policy none of whose `permit`s applies (by its action scope) to a tool in the
+/// policy's scope denies every call of that tool (Cedar's default deny).
+fn check_cedar_permits(subjects: &[Subject<'_>], tools: &[ToolBinding], out: &mut Vec<Finding>) {
+    for s in subjects.iter().filter(|s| s.policy.cedar.is_some()) {
+        let Ok(set) = phrony_policy::PolicySet::compile([def_from_compiled(s.policy, tools)])
+        else {
+            continue;
+        };
+        let Some(policy) = set.policies().iter().chain(set.shadow_policies()).next() else {
+            continue;
+        };
+        for tool_ref in policy.cedar_tools_without_permit() {
+            let Some(tool) = tools.iter().find(|t| t.reference == tool_ref) else {
+                continue;
+            };
+            let wire = tool.wire_name();
+            out.push(finding(
+                FindingKind::CedarNoPermit,
+                s.src,
+                "spec.cedar",
+                format!(
+                    "no Cedar permit of policy {} applies to tool {wire} ({tool_ref}): every call \
+                     of it is denied",
+                    s.policy.name
+                ),
+                Some(json!({"tool": wire, "arguments": {}})),
+            ));
+        }
+    }
+}
+
 fn check_overlapping_approvals(
     subjects: &[Subject<'_>],
     tools: &[ToolBinding],
@@ -879,7 +914,9 @@ fn check_overlapping_approvals(
 ) {
     let mut approvals: Vec<&Subject<'_>> = subjects
         .iter()
-        .filter(|s| is_approval(&s.policy.action) && !is_shadow(s.policy))
+        .filter(|s| {
+            is_approval(&s.policy.action) && !is_shadow(s.policy) && s.policy.cedar.is_none()
+        })
         .collect();
     // The compiled set's evaluation order.
     approvals
@@ -917,8 +954,8 @@ fn overlap_finding(a: &Subject<'_>, b: &Subject<'_>, tool: &ToolBinding) -> Opti
     let mut second = xb;
     second.extend(xa);
     let set = phrony_policy::PolicySet::compile([
-        def_from_compiled(a.policy),
-        def_from_compiled(b.policy),
+        def_from_compiled(a.policy, &[]),
+        def_from_compiled(b.policy, &[]),
     ])
     .ok()?;
     let wire = tool.wire_name();

@@ -25,7 +25,7 @@ use crate::model::compiled::{
 };
 use crate::model::policy::PolicyDoc;
 use crate::model::tool::ToolDoc;
-use crate::policy_bridge::{def_from_compiled, is_approval, validate_policy_doc};
+use crate::policy_bridge::{cedar_error, def_from_compiled, is_approval, validate_policy_doc};
 use crate::refs::{DelegationRef, check_constraint, parse_delegation_ref, parse_tool_ref};
 use crate::resolve::{RefKind, prompt_from_text, resolve_file, schema_from_text, yaml_files};
 use crate::schema::check_schema;
@@ -206,7 +206,7 @@ impl PolicyStore {
             }
             let doc = parse_typed::<PolicyDoc>(&src, UnknownKeys::Error, out)?;
             let before = out.iter().filter(|d| d.is_error()).count();
-            let ok = validate_policy_doc(&doc, &mut src.diags(out));
+            let ok = validate_policy_doc(&doc, &src.text, &mut src.diags(out));
             let valid = ok && out.iter().filter(|d| d.is_error()).count() == before;
             Some(PolicyEntry { src, doc, valid })
         });
@@ -638,6 +638,30 @@ fn compile_policies(
         }
     }
 
+    // Cedar texts are validated against the input schemas of the tools in their scope; each
+    // problem is placed in its Policy document, at its line and column inside `spec.cedar`.
+    for s in &sourced {
+        let (Some(cedar), Some(Some(entry))) =
+            (&s.policy.cedar, project.store.entries.get(&s.origin))
+        else {
+            continue;
+        };
+        if let Err(errors) =
+            phrony_policy::PolicySet::compile([def_from_compiled(&s.policy, tools)])
+        {
+            let mut d = entry.src.diags(out);
+            for e in errors.into_iter().filter(|e| e.path == "cedar") {
+                match e.kind {
+                    phrony_policy::CompileErrorKind::Cedar {
+                        message,
+                        offset: Some(offset),
+                    } => cedar_error(&entry.src.text, cedar, offset, &message, &mut d),
+                    kind => d.error("spec.cedar", kind.to_string()),
+                }
+            }
+        }
+    }
+
     let subjects: Vec<Subject<'_>> = sourced
         .iter()
         .filter_map(|s| {
@@ -673,8 +697,11 @@ fn compile_policies(
     for w in merge_warnings {
         src.diags(out).warning("spec", w);
     }
-    if let Err(errors) = phrony_policy::PolicySet::compile(policies.iter().map(def_from_compiled)) {
-        for e in errors {
+    if let Err(errors) =
+        phrony_policy::PolicySet::compile(policies.iter().map(|p| def_from_compiled(p, tools)))
+    {
+        // A Cedar text's problems were placed in its Policy document above.
+        for e in errors.into_iter().filter(|e| e.path != "cedar") {
             let msg = format!("compiled policy {:?}: {}: {}", e.policy, e.path, e.kind);
             src.diags(out).error("spec", msg);
         }
@@ -1052,7 +1079,11 @@ fn compile_delegation(
 
 /// A Policy document as a compiled policy with the given effective scope.
 fn compiled_from_doc(doc: &PolicyDoc, scope: String) -> CompiledPolicy {
-    let d = doc.spec.decision.clone().unwrap_or_default();
+    let mut d = doc.spec.decision.clone().unwrap_or_default();
+    if doc.spec.cedar.is_some() && d.kind.is_empty() {
+        // A Cedar policy's decision block holds the approval Cedar's escalate asks for.
+        d.kind = "require_approval".to_owned();
+    }
     let n = d.approvals_required.unwrap_or(0);
     CompiledPolicy {
         name: doc.metadata.name.clone(),
@@ -1091,6 +1122,7 @@ fn compiled_from_doc(doc: &PolicyDoc, scope: String) -> CompiledPolicy {
         },
         namespace: doc.metadata.namespace.clone(),
         version: doc.metadata.version.clone(),
+        cedar: doc.spec.cedar.clone(),
         merged_from: Vec::new(),
     }
 }
@@ -1127,7 +1159,8 @@ pub(crate) fn merge_policies(policies: Vec<CompiledPolicy>) -> (Vec<CompiledPoli
     for p in policies {
         // A shadow policy is never merged: it must stay apart to be reported by its own name
         // and must not change an enforced policy it would be merged with.
-        if !p.mode.is_empty() {
+        if !p.mode.is_empty() || p.cedar.is_some() {
+            // Nor is a Cedar policy: its effect is Cedar's, not its decision block's.
             kept.push(p);
         } else if p.action == "allow" && !p.allow.is_empty() && p.conditions.is_none() {
             let key = (p.scope.clone(), p.allow_field.clone());

@@ -308,6 +308,11 @@ impl<'a> FileDiags<'a> {
         self.push(Severity::Warning, path, message.into(), true);
     }
 
+    /// Where the node at `path` is (see `PosIndex::locate`).
+    pub(crate) fn mark(&self, path: &str) -> crate::yaml_pos::Mark {
+        self.pos.locate(path)
+    }
+
     /// An error at an explicit 1-based position.
     pub(crate) fn error_at(&mut self, line: usize, column: usize, path: &str, message: String) {
         self.out.push(Diagnostic {

@@ -2,7 +2,8 @@
 //! the engine's compile errors are placed back on the Policy document's YAML nodes.
 
 use phrony_policy::{
-    AgentCtx, CompileErrors, PolicyDef, PolicySet, Request, SessionCtx, TimeoutDef, ToolCtx,
+    AgentCtx, CompileErrorKind, CompileErrors, PolicyDef, PolicySet, Request, SessionCtx,
+    TimeoutDef, ToolCtx,
 };
 use serde_json::Value;
 
@@ -10,6 +11,7 @@ use crate::diag::FileDiags;
 use crate::model::common::{blank, is_lenient_semver};
 use crate::model::compiled::{CompiledAgent, CompiledPolicy, ToolBinding};
 use crate::model::policy::PolicyDoc;
+use crate::yaml_pos::Mark;
 
 fn opt(s: &str) -> Option<String> {
     (!s.is_empty()).then(|| s.to_owned())
@@ -27,7 +29,11 @@ pub(crate) fn def_from_doc(doc: &PolicyDoc) -> PolicyDef {
     PolicyDef {
         name: doc.metadata.name.clone(),
         scope: spec.scope.clone(),
-        action: decision.kind.clone(),
+        action: if spec.cedar.is_some() && decision.kind.is_empty() {
+            "require_approval".to_owned()
+        } else {
+            decision.kind.clone()
+        },
         allow: spec.allow.clone().unwrap_or_default(),
         conditions: spec.conditions.clone().filter(|c| !c.is_null()),
         authority_ref: opt(&decision.authority_ref),
@@ -47,11 +53,34 @@ pub(crate) fn def_from_doc(doc: &PolicyDoc) -> PolicyDef {
         version: doc.metadata.version.clone(),
         allow_field: opt(spec.allow_field.trim()),
         mode: spec.mode.clone(),
+        cedar: spec.cedar.clone(),
+        // Checked on its own the document has no tools: its Cedar text is parsed, and
+        // validated against the tools' input schemas when an agent attaches it.
+        cedar_tools: std::collections::BTreeMap::new(),
     }
 }
 
-/// The definition of a compiled policy.
-pub(crate) fn def_from_compiled(p: &CompiledPolicy) -> PolicyDef {
+/// The definition of a compiled policy. A Cedar policy gets the input schemas of the agent's
+/// `tools` in its scope (what types `context.args`; a tool without one has no typed arguments).
+pub(crate) fn def_from_compiled(p: &CompiledPolicy, tools: &[ToolBinding]) -> PolicyDef {
+    let cedar_tools = match &p.cedar {
+        None => std::collections::BTreeMap::new(),
+        Some(_) => {
+            let target = p.scope.strip_prefix("tool:");
+            tools
+                .iter()
+                .filter(|t| target.is_none_or(|r| r == t.reference))
+                .map(|t| {
+                    let schema = t
+                        .input_schema
+                        .as_ref()
+                        .and_then(|s| s.inline.as_ref())
+                        .map_or_else(|| Value::Object(serde_json::Map::new()), |j| j.0.clone());
+                    (t.reference.clone(), schema)
+                })
+                .collect()
+        }
+    };
     PolicyDef {
         name: p.name.clone(),
         scope: p.scope.clone(),
@@ -79,6 +108,8 @@ pub(crate) fn def_from_compiled(p: &CompiledPolicy) -> PolicyDef {
         version: p.version.clone(),
         allow_field: opt(&p.allow_field),
         mode: p.mode.clone(),
+        cedar: p.cedar.clone(),
+        cedar_tools,
     }
 }
 
@@ -92,7 +123,9 @@ pub(crate) fn doc_path(path: &str) -> String {
     match head {
         "name" => format!("metadata.name{rest}"),
         "action" => format!("spec.decision.type{rest}"),
-        "scope" | "allow" | "allow_field" | "conditions" | "mode" => format!("spec.{head}{rest}"),
+        "scope" | "allow" | "allow_field" | "conditions" | "mode" | "cedar" => {
+            format!("spec.{head}{rest}")
+        }
         "" => "spec".to_owned(),
         other => format!("spec.decision.{other}{rest}"),
     }
@@ -110,7 +143,7 @@ pub(crate) fn one_line(msg: &str) -> String {
 /// Validates a Policy document: envelope, identity, and everything the policy engine checks
 /// (decision type, scope, conditions, operators, regexes, on_reject, on_modify, timeout, allow
 /// list). Returns whether it is valid.
-pub(crate) fn validate_policy_doc(doc: &PolicyDoc, d: &mut FileDiags<'_>) -> bool {
+pub(crate) fn validate_policy_doc(doc: &PolicyDoc, src: &str, d: &mut FileDiags<'_>) -> bool {
     let mut ok = true;
     let mut err = |d: &mut FileDiags<'_>, path: &str, msg: String| {
         ok = false;
@@ -148,7 +181,8 @@ pub(crate) fn validate_policy_doc(doc: &PolicyDoc, d: &mut FileDiags<'_>) -> boo
             "must not be empty; remove it or list the allowed values".to_owned(),
         );
     }
-    if doc.spec.decision.is_none() {
+    let mut cedar_failed = false;
+    if doc.spec.decision.is_none() && doc.spec.cedar.is_none() {
         err(d, "spec.decision", "is required".to_owned());
     } else if let Err(errors) = PolicySet::compile([def_from_doc(doc)]) {
         for e in errors {
@@ -156,16 +190,85 @@ pub(crate) fn validate_policy_doc(doc: &PolicyDoc, d: &mut FileDiags<'_>) -> boo
             if e.path == "name" && blank(&md.name) {
                 continue;
             }
+            if let CompileErrorKind::Cedar {
+                message,
+                offset: Some(offset),
+            } = &e.kind
+                && e.path == "cedar"
+            {
+                cedar_failed = true;
+                cedar_error(
+                    src,
+                    doc.spec.cedar.as_deref().unwrap_or(""),
+                    *offset,
+                    message,
+                    d,
+                );
+                continue;
+            }
             err(d, &doc_path(&e.path), one_line(&e.kind.to_string()));
         }
     }
-    ok
+    ok && !cedar_failed
+}
+
+/// Reports a problem of a Cedar text at its position in the YAML file: inside a literal block
+/// scalar (`cedar: |`) the Cedar byte `offset` is mapped to its line and column in the file;
+/// for any other style the problem is placed on `spec.cedar`.
+pub(crate) fn cedar_error(
+    src: &str,
+    cedar: &str,
+    offset: usize,
+    message: &str,
+    d: &mut FileDiags<'_>,
+) {
+    let mark = d.mark("spec.cedar");
+    let message = one_line(message);
+    match cedar_position(src, mark, cedar, offset) {
+        Some((line, column)) => d.error_at(line, column, "spec.cedar", message),
+        None => d.error("spec.cedar", message),
+    }
+}
+
+/// The 1-based file line and column of byte `offset` of a literal block scalar's text whose
+/// node is at `mark` (the `|` indicator, or the first content line). `None` for other scalar
+/// styles.
+fn cedar_position(src: &str, mark: Mark, cedar: &str, offset: usize) -> Option<(usize, usize)> {
+    let lines: Vec<&str> = src.lines().collect();
+    let is_literal = |line: &str| {
+        let code = line.split(" #").next().unwrap_or(line).trim_end();
+        code.ends_with('|') || code.ends_with("|-") || code.ends_with("|+")
+    };
+    let at = lines.get(mark.line.checked_sub(1)?)?;
+    let indicator: String = at.chars().skip(mark.column.saturating_sub(1)).collect();
+    // The 0-based index of the first content line.
+    let first = if indicator.trim_start().starts_with('|') {
+        mark.line
+    } else if is_literal(lines.get(mark.line.checked_sub(2)?)?) {
+        mark.line - 1
+    } else {
+        return None;
+    };
+    let indent = lines
+        .iter()
+        .skip(first)
+        .find(|l| !l.trim().is_empty())
+        .map_or(0, |l| l.chars().take_while(|c| *c == ' ').count());
+    let before = cedar.get(..offset.min(cedar.len()))?;
+    let line = before.matches('\n').count();
+    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count());
+    Some((first + 1 + line, indent + column + 1))
 }
 
 impl CompiledAgent {
     /// The policy engine for this agent: its compiled policies in evaluation order.
     pub fn policy_set(&self) -> Result<PolicySet, CompileErrors> {
-        PolicySet::compile(self.spec.policies.iter().map(def_from_compiled))
+        PolicySet::compile(
+            self.spec
+                .policies
+                .iter()
+                .map(|p| def_from_compiled(p, &self.spec.tools)),
+        )
     }
 
     /// The agent as policies see it (`phrony.agent.*`): its namespace, name and version.

@@ -88,7 +88,7 @@ impl FactType {
         })
     }
 
-    fn schema_type(self) -> Value {
+    pub(crate) fn schema_type(self) -> Value {
         match self {
             Self::String => json!({"type": "String"}),
             Self::Bool => json!({"type": "Boolean"}),
@@ -120,15 +120,192 @@ pub struct CedarSpec {
     pub actions: BTreeMap<String, BTreeMap<String, FactSpec>>,
 }
 
-/// A compiled policy set.
+/// A parsed policy set with ids, the escalate convention and `@reason`s applied: what the gate's
+/// [`CedarPolicies`] and the runtime's Cedar documents (`cedar_doc.rs`) share.
 #[derive(Debug, Clone)]
-pub struct CedarPolicies {
-    all: PolicySet,
+pub(crate) struct Parsed {
+    pub(crate) all: PolicySet,
     /// The same set without the escalate forbids: used to learn whether a permit matched
     /// when only escalate forbids fired.
     without_escalate: PolicySet,
     escalate: BTreeMap<String, String>,
+    /// `@reason("…")` of the policies that carry one.
+    pub(crate) reasons: BTreeMap<String, String>,
     ids: Vec<String>,
+}
+
+/// A compile problem and, when Cedar knows it, the byte offset into the policy text it is at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Located {
+    pub(crate) error: CedarError,
+    pub(crate) offset: Option<usize>,
+}
+
+/// The annotation that gives a `forbid` its deny message.
+pub const REASON_ANNOTATION: &str = "reason";
+
+/// The offset of a Cedar diagnostic's first label.
+pub(crate) fn first_offset(d: &dyn miette::Diagnostic) -> Option<usize> {
+    d.labels()?.next().map(|l| l.offset())
+}
+
+impl Parsed {
+    /// Parses `text`, re-keys policies by `@id`, checks the escalate convention. Every parse
+    /// error is reported (one [`Located`] each); the other checks stop at the first problem.
+    pub(crate) fn parse(text: &str) -> Result<Self, Vec<Located>> {
+        let parsed = PolicySet::from_str(text).map_err(|e| {
+            e.iter()
+                .map(|one| Located {
+                    error: CedarError::Parse {
+                        message: render_error(one),
+                    },
+                    offset: first_offset(one),
+                })
+                .collect::<Vec<_>>()
+        })?;
+        let single = |error| {
+            vec![Located {
+                error,
+                offset: None,
+            }]
+        };
+        if let Some(t) = parsed.templates().next() {
+            return Err(single(CedarError::Template {
+                id: t.id().to_string(),
+            }));
+        }
+        let mut all = PolicySet::new();
+        let mut without_escalate = PolicySet::new();
+        let mut escalate = BTreeMap::new();
+        let mut reasons = BTreeMap::new();
+        let mut seen = BTreeSet::new();
+        let mut policies: Vec<&Policy> = parsed.policies().collect();
+        policies.sort_by_key(|p| p.id().to_string());
+        for policy in policies {
+            let id = policy
+                .annotation(ID_ANNOTATION)
+                .map_or_else(|| policy.id().to_string(), str::to_owned);
+            if id.trim().is_empty() || !seen.insert(id.clone()) {
+                return Err(single(CedarError::DuplicateId { id }));
+            }
+            let rekeyed = policy.new_id(PolicyId::new(&id));
+            if let Some(reason) = policy.annotation(REASON_ANNOTATION).map(str::trim)
+                && !reason.is_empty()
+            {
+                reasons.insert(id.clone(), reason.to_owned());
+            }
+            let approver = policy.annotation(ESCALATE_ANNOTATION).map(str::trim);
+            match (approver, policy.effect()) {
+                (Some(_), Effect::Permit) => {
+                    return Err(single(CedarError::Escalate {
+                        id,
+                        message: "@escalate applies to forbid policies only".into(),
+                    }));
+                }
+                (Some(""), Effect::Forbid) => {
+                    return Err(single(CedarError::Escalate {
+                        id,
+                        message: "@escalate needs the approver role, e.g. @escalate(\"manager\")"
+                            .into(),
+                    }));
+                }
+                (Some(role), Effect::Forbid) => {
+                    escalate.insert(id.clone(), role.to_owned());
+                }
+                (None, _) => {
+                    without_escalate.add(rekeyed.clone()).map_err(|e| {
+                        single(CedarError::DuplicateId {
+                            id: format!("{id} ({})", render_error(&e)),
+                        })
+                    })?;
+                }
+            }
+            all.add(rekeyed).map_err(|e| {
+                single(CedarError::DuplicateId {
+                    id: format!("{id} ({})", render_error(&e)),
+                })
+            })?;
+        }
+        Ok(Self {
+            all,
+            without_escalate,
+            escalate,
+            reasons,
+            ids: seen.into_iter().collect(),
+        })
+    }
+
+    /// The ids of every policy, sorted.
+    pub(crate) fn ids(&self) -> &[String] {
+        &self.ids
+    }
+
+    /// Validates the set in strict mode against `schema`: one [`Located`] per problem.
+    pub(crate) fn validate(&self, schema: &Schema) -> Result<(), Vec<Located>> {
+        let result = Validator::new(schema.clone()).validate(&self.all, ValidationMode::Strict);
+        if result.validation_passed() {
+            return Ok(());
+        }
+        Err(result
+            .validation_errors()
+            .map(|e| Located {
+                error: CedarError::Validation {
+                    messages: vec![format!("policy `{}`: {e}", e.policy_id())],
+                },
+                offset: first_offset(e),
+            })
+            .collect())
+    }
+
+    /// Decides one request: forbid wins, default deny, the escalate convention, and any
+    /// evaluation error fails closed.
+    pub(crate) fn decide(&self, request: &Request, entities: &Entities) -> CedarVerdict {
+        let authorizer = Authorizer::new();
+        let response = authorizer.is_authorized(request, &self.all, entities);
+        if let Some(error) = response.diagnostics().errors().next() {
+            return CedarVerdict::Invalid {
+                problem: format!("policy evaluation failed (fail closed): {error}"),
+            };
+        }
+        let mut reasons: Vec<String> = response
+            .diagnostics()
+            .reason()
+            .map(ToString::to_string)
+            .collect();
+        reasons.sort();
+        if response.decision() == Decision::Allow {
+            return CedarVerdict::Allow { permits: reasons };
+        }
+        if reasons.is_empty() {
+            return CedarVerdict::NoPermit;
+        }
+        let (escalating, hard): (Vec<String>, Vec<String>) = reasons
+            .into_iter()
+            .partition(|id| self.escalate.contains_key(id));
+        if !hard.is_empty() {
+            return CedarVerdict::Deny { forbids: hard };
+        }
+        // Only escalate forbids fired: escalate when a permit would have allowed it.
+        let without = authorizer.is_authorized(request, &self.without_escalate, entities);
+        if without.decision() != Decision::Allow {
+            return CedarVerdict::NoPermit;
+        }
+        let approver = escalating
+            .first()
+            .and_then(|id| self.escalate.get(id))
+            .cloned()
+            .unwrap_or_default();
+        CedarVerdict::Escalate {
+            policies: escalating,
+            approver,
+        }
+    }
+}
+
+/// A compiled policy set.
+#[derive(Debug, Clone)]
+pub struct CedarPolicies {
+    parsed: Parsed,
     schema: Schema,
     spec: CedarSpec,
 }
@@ -213,79 +390,14 @@ impl CedarPolicies {
     /// # Errors
     /// [`CedarError`] naming the offending policy, id or validation problem.
     pub fn compile(text: &str, spec: &CedarSpec) -> Result<Self, CedarError> {
-        let parsed = PolicySet::from_str(text).map_err(|e| CedarError::Parse {
-            message: render_error(&e),
-        })?;
-        if let Some(t) = parsed.templates().next() {
-            return Err(CedarError::Template {
-                id: t.id().to_string(),
-            });
-        }
-        let mut all = PolicySet::new();
-        let mut without_escalate = PolicySet::new();
-        let mut escalate = BTreeMap::new();
-        let mut seen = BTreeSet::new();
-        let mut policies: Vec<&Policy> = parsed.policies().collect();
-        policies.sort_by_key(|p| p.id().to_string());
-        for policy in policies {
-            let id = policy
-                .annotation(ID_ANNOTATION)
-                .map_or_else(|| policy.id().to_string(), str::to_owned);
-            if id.trim().is_empty() {
-                return Err(CedarError::DuplicateId { id });
-            }
-            if !seen.insert(id.clone()) {
-                return Err(CedarError::DuplicateId { id });
-            }
-            let rekeyed = policy.new_id(PolicyId::new(&id));
-            let approver = policy.annotation(ESCALATE_ANNOTATION).map(str::trim);
-            match (approver, policy.effect()) {
-                (Some(_), Effect::Permit) => {
-                    return Err(CedarError::Escalate {
-                        id,
-                        message: "@escalate applies to forbid policies only".into(),
-                    });
-                }
-                (Some(""), Effect::Forbid) => {
-                    return Err(CedarError::Escalate {
-                        id,
-                        message: "@escalate needs the approver role, e.g. @escalate(\"manager\")"
-                            .into(),
-                    });
-                }
-                (Some(role), Effect::Forbid) => {
-                    escalate.insert(id.clone(), role.to_owned());
-                }
-                (None, _) => {
-                    without_escalate
-                        .add(rekeyed.clone())
-                        .map_err(|e| CedarError::DuplicateId {
-                            id: format!("{id} ({})", render_error(&e)),
-                        })?;
-                }
-            }
-            all.add(rekeyed).map_err(|e| CedarError::DuplicateId {
-                id: format!("{id} ({})", render_error(&e)),
-            })?;
-        }
+        let parsed = Parsed::parse(text).map_err(first_error)?;
         let schema =
             Schema::from_json_value(schema_json(spec)).map_err(|e| CedarError::Schema {
                 message: render_error(&e),
             })?;
-        let result = Validator::new(schema.clone()).validate(&all, ValidationMode::Strict);
-        if !result.validation_passed() {
-            return Err(CedarError::Validation {
-                messages: result
-                    .validation_errors()
-                    .map(|e| format!("policy `{}`: {e}", e.policy_id()))
-                    .collect(),
-            });
-        }
+        parsed.validate(&schema).map_err(first_error)?;
         Ok(Self {
-            all,
-            without_escalate,
-            escalate,
-            ids: seen.into_iter().collect(),
+            parsed,
             schema,
             spec: spec.clone(),
         })
@@ -294,7 +406,7 @@ impl CedarPolicies {
     /// The ids of every policy, sorted.
     #[must_use]
     pub fn ids(&self) -> &[String] {
-        &self.ids
+        self.parsed.ids()
     }
 
     /// The declared facts of `action`, if the action is declared.
@@ -371,56 +483,17 @@ impl CedarPolicies {
     }
 
     fn decide(&self, request: &Request) -> CedarVerdict {
-        let authorizer = Authorizer::new();
-        let entities = Entities::empty();
-        let response = authorizer.is_authorized(request, &self.all, &entities);
-        if let Some(error) = response.diagnostics().errors().next() {
-            return CedarVerdict::Invalid {
-                problem: format!("policy evaluation failed (fail closed): {error}"),
-            };
-        }
-        let mut reasons: Vec<String> = response
-            .diagnostics()
-            .reason()
-            .map(ToString::to_string)
-            .collect();
-        reasons.sort();
-        if response.decision() == Decision::Allow {
-            return CedarVerdict::Allow { permits: reasons };
-        }
-        if reasons.is_empty() {
-            return CedarVerdict::NoPermit;
-        }
-        let (escalating, hard): (Vec<String>, Vec<String>) = reasons
-            .into_iter()
-            .partition(|id| self.escalate.contains_key(id));
-        if !hard.is_empty() {
-            return CedarVerdict::Deny { forbids: hard };
-        }
-        // Only escalate forbids fired: escalate when a permit would have allowed it.
-        let without = authorizer.is_authorized(request, &self.without_escalate, &entities);
-        if without.decision() != Decision::Allow {
-            return CedarVerdict::NoPermit;
-        }
-        let approver = escalating
-            .first()
-            .and_then(|id| self.escalate.get(id))
-            .cloned()
-            .unwrap_or_default();
-        CedarVerdict::Escalate {
-            policies: escalating,
-            approver,
-        }
+        self.parsed.decide(request, &Entities::empty())
     }
 }
 
-fn uid(type_name: &str, id: &str) -> Result<EntityUid, String> {
+pub(crate) fn uid(type_name: &str, id: &str) -> Result<EntityUid, String> {
     let ty = EntityTypeName::from_str(type_name)
         .map_err(|e| format!("invalid entity type `{type_name}`: {}", render_error(&e)))?;
     Ok(EntityUid::from_type_name_and_id(ty, EntityId::new(id)))
 }
 
-fn typed_value(name: &str, ty: FactType, value: &Value) -> Result<Value, String> {
+pub(crate) fn typed_value(name: &str, ty: FactType, value: &Value) -> Result<Value, String> {
     let mistyped = || {
         format!(
             "fact `{name}` must be a {}, got {} `{value}`",
@@ -450,7 +523,7 @@ fn typed_value(name: &str, ty: FactType, value: &Value) -> Result<Value, String>
 }
 
 /// Normalises a decimal literal to Cedar's `decimal` form (`-?digits.digits{1,4}`).
-fn cedar_decimal(text: &str) -> Option<String> {
+pub(crate) fn cedar_decimal(text: &str) -> Option<String> {
     let (sign, body) = match text.strip_prefix('-') {
         Some(rest) => ("-", rest),
         None => ("", text),
@@ -462,7 +535,7 @@ fn cedar_decimal(text: &str) -> Option<String> {
     (digits(int) && digits(frac) && frac.len() <= 4).then(|| format!("{sign}{int}.{frac}"))
 }
 
-fn json_kind(value: &Value) -> &'static str {
+pub(crate) fn json_kind(value: &Value) -> &'static str {
     match value {
         Value::Null => "null",
         Value::Bool(_) => "bool",
@@ -500,8 +573,33 @@ fn schema_json(spec: &CedarSpec) -> Value {
     json!({"": {"entityTypes": entity_types, "actions": actions}})
 }
 
+/// One [`CedarError`] from a list of located problems: every validation message together,
+/// else the first problem (the gate's [`CedarPolicies::compile`] reports one error).
+fn first_error(list: Vec<Located>) -> CedarError {
+    if list
+        .iter()
+        .all(|l| matches!(l.error, CedarError::Validation { .. }))
+        && !list.is_empty()
+    {
+        let messages = list
+            .into_iter()
+            .flat_map(|l| match l.error {
+                CedarError::Validation { messages } => messages,
+                _ => Vec::new(),
+            })
+            .collect();
+        return CedarError::Validation { messages };
+    }
+    list.into_iter().next().map_or_else(
+        || CedarError::Parse {
+            message: "the policies could not be compiled".into(),
+        },
+        |l| l.error,
+    )
+}
+
 /// Cedar errors print a short headline; the detail lives in their `source()` chain.
-fn render_error(error: &dyn std::error::Error) -> String {
+pub(crate) fn render_error(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(inner) = source {

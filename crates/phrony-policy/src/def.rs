@@ -1,5 +1,6 @@
 //! The input model: policy definitions as the manifest compiler emits them.
 
+use std::collections::BTreeMap;
 use std::fmt;
 
 use serde::{Deserialize, Serialize, Serializer};
@@ -76,6 +77,18 @@ pub struct PolicyDef {
     /// decides a call. Serialized only when set, so definitions without it keep their bytes.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub mode: String,
+    /// Cedar policies (addition): when set, the policy's effect on a call is computed by Cedar
+    /// (see the crate README, "Cedar policies"); `conditions`, `allow` and `allow_field` must
+    /// then be absent, and `action` is the approval kind used when Cedar escalates. Needs the
+    /// `cedar` feature. Serialized only when set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cedar: Option<String>,
+    /// The tools a Cedar policy may be asked about (addition): dispatch ref → the tool's input
+    /// schema (JSON Schema), which types `context.args`. A runtime fills it from the agent's
+    /// bindings in the policy's scope; empty, the Cedar text is only parsed and a call is
+    /// denied (fail closed). Serialized only when non-empty.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub cedar_tools: BTreeMap<String, Value>,
 }
 
 fn is_false(b: &bool) -> bool {

@@ -100,6 +100,14 @@ pub enum CompileErrorKind {
          `scope: tool:<namespace.name>` for one tool, or conditions"
     )]
     NoTarget,
+    /// A problem of a policy's Cedar text (`cedar`), or a field a Cedar policy must not have.
+    #[error("{message}")]
+    Cedar {
+        /// What is wrong, naming the Cedar policy (`@id`) where it is known.
+        message: String,
+        /// Byte offset into the Cedar text, when Cedar reports one.
+        offset: Option<usize>,
+    },
     /// Unknown `mode`.
     #[error("unknown mode `{value}`; expected enforce or shadow")]
     UnknownMode {

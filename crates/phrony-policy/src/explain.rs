@@ -35,6 +35,10 @@ pub struct PolicyTrace<'s> {
     pub message: Option<Cow<'s, str>>,
     /// It is the deciding policy.
     pub deciding: bool,
+    /// For a Cedar policy in scope: what Cedar said, naming the Cedar policies (`@id`) that
+    /// decided (`permit (…)`, `forbid (…)`, `escalate (…) to <role>`, `no permit matched
+    /// (default deny)`, `cannot decide: <problem>`).
+    pub cedar: Option<String>,
 }
 
 /// What a policy asks for on a call.
@@ -83,6 +87,7 @@ impl<'s> PolicyTrace<'s> {
             effect,
             message,
             deciding: false,
+            cedar: None,
         }
     }
 }
@@ -107,6 +112,9 @@ impl Serialize for PolicyTrace<'_> {
             map.serialize_entry("message", m)?;
         }
         map.serialize_entry("deciding", &self.deciding)?;
+        if let Some(cedar) = &self.cedar {
+            map.serialize_entry("cedar", cedar)?;
+        }
         map.end()
     }
 }
@@ -160,7 +168,11 @@ impl fmt::Display for Explanation<'_> {
             write!(f, " none")?;
         }
         for t in &self.policies {
-            write!(f, "\n  {} ({}): ", t.policy.id(), t.policy.action())?;
+            if t.policy.is_cedar() {
+                write!(f, "\n  {} (cedar): ", t.policy.id())?;
+            } else {
+                write!(f, "\n  {} ({}): ", t.policy.id(), t.policy.action())?;
+            }
             match (t.applies, t.matched) {
                 (false, _) => write!(f, "not applicable (scope {})", t.policy.scope())?,
                 (true, false) => write!(f, "not matched")?,
@@ -170,6 +182,9 @@ impl fmt::Display for Explanation<'_> {
                 && let Some(m) = &t.message
             {
                 write!(f, ": {m}")?;
+            }
+            if let Some(cedar) = &t.cedar {
+                write!(f, " [cedar: {cedar}]")?;
             }
             if t.deciding {
                 write!(f, " [deciding]")?;

@@ -3,6 +3,8 @@
 
 #[cfg(feature = "cedar")]
 pub mod cedar;
+#[cfg(feature = "cedar")]
+mod cedar_doc;
 mod condition;
 mod decision;
 mod def;
@@ -18,6 +20,8 @@ mod slots;
 mod text;
 mod value;
 
+#[cfg(feature = "cedar")]
+pub use cedar_doc::MAX_CEDAR_BYTES;
 pub use decision::{Decision, DecisionKind};
 pub use def::{PolicyDef, PolicyId, TimeoutDef};
 pub use error::{CompileError, CompileErrorKind, CompileErrors};

@@ -208,6 +208,89 @@ pub struct Policy {
     authority_ref: Option<String>,
     route: Option<String>,
     runtime: Option<Map<String, Value>>,
+    /// The compiled Cedar text of a Cedar policy (`cedar`).
+    cedar: CedarSlot,
+}
+
+#[cfg(feature = "cedar")]
+type CedarSlot = Option<std::sync::Arc<crate::cedar_doc::CedarDoc>>;
+/// Without the `cedar` feature a policy never has Cedar text (compiling one is an error).
+#[cfg(not(feature = "cedar"))]
+type CedarSlot = Option<std::convert::Infallible>;
+
+/// `cedar`: the compiled Cedar text, or `None` (problems go to `diags`).
+#[cfg(feature = "cedar")]
+fn compile_cedar(def: &PolicyDef, diags: &mut Diags<'_>) -> CedarSlot {
+    let text = def.cedar.as_ref()?;
+    match crate::cedar_doc::CedarDoc::compile(text, &def.cedar_tools) {
+        Ok(doc) => Some(std::sync::Arc::new(doc)),
+        Err(issues) => {
+            for issue in issues {
+                diags.push(
+                    "cedar",
+                    CompileErrorKind::Cedar {
+                        message: issue.message,
+                        offset: issue.offset,
+                    },
+                );
+            }
+            None
+        }
+    }
+}
+
+#[cfg(not(feature = "cedar"))]
+fn compile_cedar(def: &PolicyDef, diags: &mut Diags<'_>) -> CedarSlot {
+    if def.cedar.is_some() {
+        diags.push(
+            "cedar",
+            CompileErrorKind::Cedar {
+                message: "Cedar policies need phrony-policy's `cedar` feature".to_owned(),
+                offset: None,
+            },
+        );
+    }
+    None
+}
+
+/// The fields a Cedar policy must not have, and its decision type: only an approval kind (what
+/// Cedar's escalate convention asks for), `require_approval` when absent.
+fn check_cedar_fields(def: &PolicyDef, diags: &mut Diags<'_>) {
+    if def.cedar.is_none() {
+        return;
+    }
+    let mut no = |path: &str, message: &str| {
+        diags.push(
+            path.to_owned(),
+            CompileErrorKind::Cedar {
+                message: message.to_owned(),
+                offset: None,
+            },
+        );
+    };
+    if def.conditions.is_some() {
+        no(
+            "conditions",
+            "a Cedar policy has no conditions: write them in the Cedar text (cedar and \
+             conditions are mutually exclusive)",
+        );
+    }
+    if !def.allow.is_empty() {
+        no(
+            "allow",
+            "a Cedar policy has no allow list: write a permit in the Cedar text",
+        );
+    }
+    if def.allow_field.is_some() {
+        no("allow_field", "a Cedar policy has no allow list");
+    }
+    if !matches!(def.action.as_str(), "" | "require_approval" | "escalate") {
+        no(
+            "action",
+            "a Cedar policy's effect is computed by Cedar; the decision type may only be \
+             require_approval or escalate (the approval asked for when Cedar escalates)",
+        );
+    }
 }
 
 /// What one policy says about one call.
@@ -379,7 +462,16 @@ impl Policy {
 
         let scope = compile_scope(&def, diags);
 
-        let action = compile_action(&def, diags);
+        check_cedar_fields(&def, diags);
+        let action = if def.cedar.is_some() {
+            Some(match def.action.as_str() {
+                "escalate" => Action::Escalate,
+                _ => Action::RequireApproval,
+            })
+        } else {
+            compile_action(&def, diags)
+        };
+        let cedar = compile_cedar(&def, diags);
 
         let mut values = Vec::with_capacity(def.allow.len());
         for (i, entry) in def.allow.iter().enumerate() {
@@ -463,6 +555,7 @@ impl Policy {
         });
 
         if action.is_some()
+            && def.cedar.is_none()
             && def.scope.is_empty()
             && def.allow.is_empty()
             && matches!(conditions, Compiled::None)
@@ -511,6 +604,7 @@ impl Policy {
             authority_ref: non_empty(def.authority_ref),
             route,
             runtime: def.runtime,
+            cedar,
         })
     }
 
@@ -542,6 +636,83 @@ impl Policy {
     /// The decision type.
     pub fn action(&self) -> Action {
         self.action
+    }
+
+    /// Whether the policy's effect is computed by Cedar (`cedar`).
+    pub fn is_cedar(&self) -> bool {
+        self.cedar.is_some()
+    }
+
+    /// The `@id`s of a Cedar policy's Cedar policies, sorted (empty for other policies).
+    pub fn cedar_ids(&self) -> &[String] {
+        #[cfg(feature = "cedar")]
+        if let Some(doc) = &self.cedar {
+            return doc.ids();
+        }
+        &[]
+    }
+
+    /// The tools in a Cedar policy's scope that no Cedar `permit` applies to (by action
+    /// scope): every call of theirs is denied. Empty for other policies.
+    pub fn cedar_tools_without_permit(&self) -> Vec<&str> {
+        #[cfg(feature = "cedar")]
+        if let Some(doc) = &self.cedar {
+            return doc.tools_without_permit();
+        }
+        Vec::new()
+    }
+
+    /// What Cedar said about a call, for explanations: `None` for other policies and calls out
+    /// of scope.
+    pub(crate) fn cedar_detail(&self, req: &Request<'_>) -> Option<String> {
+        #[cfg(feature = "cedar")]
+        if let Some(doc) = &self.cedar
+            && self.applies_to(req.tool.r#ref)
+        {
+            use crate::cedar::CedarVerdict;
+            let list = |ids: &[String]| ids.join(", ");
+            return Some(match doc.evaluate(req) {
+                CedarVerdict::Allow { permits } => format!("permit ({})", list(&permits)),
+                CedarVerdict::Deny { forbids } => format!("forbid ({})", list(&forbids)),
+                CedarVerdict::NoPermit => "no permit matched (default deny)".to_owned(),
+                CedarVerdict::Escalate { policies, approver } => {
+                    format!("escalate ({}) to {approver}", list(&policies))
+                }
+                CedarVerdict::Invalid { problem } => format!("cannot decide: {problem}"),
+            });
+        }
+        #[cfg(not(feature = "cedar"))]
+        let _ = req;
+        None
+    }
+
+    /// A Cedar policy's verdict: forbid (or no permit, or a call Cedar cannot decide) denies,
+    /// the escalate convention asks for this policy's approval, permit allows.
+    #[cfg(feature = "cedar")]
+    fn cedar_verdict(&self, doc: &crate::cedar_doc::CedarDoc, req: &Request<'_>) -> Verdict<'_> {
+        use crate::cedar::CedarVerdict;
+        match doc.evaluate(req) {
+            CedarVerdict::Allow { .. } => Verdict::Allow,
+            CedarVerdict::Escalate { .. } => Verdict::Approval,
+            CedarVerdict::Deny { forbids } => {
+                let reason = forbids.iter().find_map(|id| doc.reason(id)).map_or_else(
+                    || format!("tool call blocked by policy {}", self.id.name),
+                    ToOwned::to_owned,
+                );
+                Verdict::Deny(Cow::Owned(format!(
+                    "{reason} (Cedar: {})",
+                    forbids.join(", ")
+                )))
+            }
+            CedarVerdict::NoPermit => Verdict::Deny(Cow::Owned(format!(
+                "no Cedar policy of {} permits this call (default deny)",
+                self.id.name
+            ))),
+            CedarVerdict::Invalid { problem } => Verdict::Deny(Cow::Owned(format!(
+                "policy {} cannot decide the call, denied (fail closed): {problem}",
+                self.id.name
+            ))),
+        }
     }
 
     /// Whether the policy has conditions.
@@ -686,6 +857,10 @@ impl Policy {
     /// This policy's verdict on a call its scope is already known to cover (the set's scope
     /// index only visits those).
     pub(crate) fn verdict_in_scope(&self, ctx: &Ctx<'_, '_>) -> Verdict<'_> {
+        #[cfg(feature = "cedar")]
+        if let Some(doc) = &self.cedar {
+            return self.cedar_verdict(doc, ctx.req);
+        }
         if !self.matches(ctx) {
             return Verdict::NoMatch;
         }
@@ -708,6 +883,10 @@ impl Policy {
     /// context fails. Anything that reads the arguments (a condition on an argument path, an
     /// allow list on arguments) answers `false`.
     pub(crate) fn denies_whatever_the_args(&self, ctx: &Ctx<'_, '_>) -> bool {
+        if self.is_cedar() {
+            // Cedar reads the arguments through its own context: never hides a tool.
+            return false;
+        }
         if self.conditions.as_ref().is_some_and(Cond::reads_args) || !self.matches(ctx) {
             return false;
         }

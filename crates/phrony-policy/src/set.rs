@@ -492,6 +492,7 @@ impl PolicySet {
                 .map(|p| {
                     let mut trace = PolicyTrace::new(p, p.verdict(&ctx));
                     trace.deciding = decider.is_some_and(|d| std::ptr::eq(d, p));
+                    trace.cedar = p.cedar_detail(req);
                     trace
                 })
                 .collect()

@@ -322,6 +322,69 @@ fn every_example_case_gets_its_expected_decision() {
     assert!(total >= 50, "only {total} cases found");
 }
 
+/// refund-agent's own cases, run against refund-agent-cedar (its policies written in Cedar):
+/// every call gets the same decision kind and quorum from both agents, and meets the YAML
+/// case's expectations with the Cedar document in place of the two YAML ones.
+#[test]
+fn the_cedar_refund_agent_decides_like_the_yaml_one() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies-examples");
+    let yaml = load_example(&root.join("refund-agent")).unwrap().agent;
+    let cedar = load_example(&root.join("refund-agent-cedar"))
+        .unwrap()
+        .agent;
+    let (yaml_set, cedar_set) = (yaml.policy_set().unwrap(), cedar.policy_set().unwrap());
+    assert!(
+        cedar_set
+            .policies()
+            .iter()
+            .any(phrony_policy::Policy::is_cedar)
+    );
+    let mut cases = load_cases(&root.join("refund-agent")).unwrap();
+    assert!(cases.len() >= 8, "{} cases", cases.len());
+    let mut report = String::new();
+    let quorum = |d: &Decision<'_>| match d {
+        Decision::RequireApproval { policy } => Some(policy.approvals_required()),
+        _ => None,
+    };
+    for case in &mut cases {
+        // The two YAML policies are one Cedar document.
+        if let Some(p) = &mut case.policy {
+            assert!(
+                [
+                    "payments/refund-approval-boundary@1.0.0",
+                    "payments/refund-hard-limit@1.0.0"
+                ]
+                .contains(&p.as_str()),
+                "{p}"
+            );
+            *p = "payments/refund-limits@1.0.0".to_owned();
+        }
+        for problem in check_case(&cedar, &cedar_set, case) {
+            let _ = writeln!(report, "{}: {problem}", case.name);
+        }
+        let (yb, cb) = (find_tool(&yaml, &case.tool), find_tool(&cedar, &case.tool));
+        let (Some(yb), Some(cb)) = (yb, cb) else {
+            let _ = writeln!(report, "{}: tool {} not bound", case.name, case.tool);
+            continue;
+        };
+        let (yw, cw) = (yb.wire_name(), cb.wire_name());
+        let y = yaml_set.evaluate(&Request::new(yb.tool_ctx(&yw), &case.args).at(1_700_000_000));
+        let c = cedar_set.evaluate(&Request::new(cb.tool_ctx(&cw), &case.args).at(1_700_000_000));
+        if (y.kind(), quorum(&y)) != (c.kind(), quorum(&c)) {
+            let _ = writeln!(
+                report,
+                "{}: YAML {:?} quorum {:?}, Cedar {:?} quorum {:?}",
+                case.name,
+                y.kind(),
+                quorum(&y),
+                c.kind(),
+                quorum(&c)
+            );
+        }
+    }
+    assert!(report.is_empty(), "mismatches:\n{report}");
+}
+
 #[test]
 fn every_example_compiles_without_warnings() {
     let mut report = String::new();

@@ -444,6 +444,11 @@ pub struct CompiledPolicy {
     /// enforced policies are unchanged. It changes what the runtime does, so it is hashed.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub mode: String,
+    /// Our extension: the Cedar text of a Cedar policy (`spec.cedar`), whose effect on a call
+    /// Cedar computes. Omitted when absent, so snapshots and content hashes of other policies
+    /// are unchanged; hashed when set (it decides calls).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cedar: Option<String>,
     /// Provenance of a policy the compiler merged from several documents: their
     /// `namespace/name@version`, in attachment order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -43,6 +43,10 @@ pub(crate) struct PolicySpecDoc {
     /// `enforce` (the default) or `shadow`: evaluated and recorded on every call, never enforced.
     #[serde(default, deserialize_with = "nd")]
     pub(crate) mode: String,
+    /// Our addition: Cedar policies computing the effect of this policy on a call (exclusive
+    /// with `conditions`, `allow` and `allow_field`).
+    #[serde(default)]
+    pub(crate) cedar: Option<String>,
 }
 
 /// `spec.decision`.

@@ -13,6 +13,7 @@
 mod analysis;
 mod args;
 mod bundles;
+mod cedar;
 mod compile;
 mod pins;
 mod publication;

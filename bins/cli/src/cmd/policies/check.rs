@@ -364,16 +364,20 @@ fn write_text(
                 (true, Effect::Deny) if t.policy.action() == Action::Allow => "violated",
                 (true, Effect::Deny | Effect::RequireApproval) => "matched",
             };
+            // A Cedar policy's effect is Cedar's: show what Cedar said (which `@id`s decided).
+            let (action, verdict) = match &t.cedar {
+                Some(cedar) => (
+                    "cedar".to_owned(),
+                    format!("{} ({cedar})", t.effect.as_str()),
+                ),
+                None => (t.policy.action().as_str().to_owned(), verdict.to_owned()),
+            };
             let outcome = if t.deciding {
                 format!("{verdict} (deciding)")
             } else {
-                verdict.into()
+                verdict
             };
-            [
-                t.policy.id().to_string(),
-                t.policy.action().as_str().to_owned(),
-                outcome,
-            ]
+            [t.policy.id().to_string(), action, outcome]
         })
         .collect();
     let width = |i: usize| rows.iter().map(|r| r[i].len()).max().unwrap_or(0);

@@ -1,0 +1,859 @@
+//! Cedar policy documents in a [`PolicySet`](crate::PolicySet): a policy whose effect on a call
+//! is computed by Cedar (`PolicyDef::cedar`).
+//!
+//! The text is parsed with the gate's semantics (`cedar.rs`: `@id` ids, forbid wins, default
+//! deny, the `@escalate` convention) plus `@reason("…")` for deny messages, and validated in
+//! Cedar's strict mode against a schema generated from the input schemas of the tools in the
+//! policy's scope (`PolicyDef::cedar_tools`), so a policy that reads an argument a tool does not
+//! have, or compares it with the wrong type, is refused at compile time. Each call becomes one
+//! Cedar request (see the crate README, "Cedar policies", for the mapping); a missing or
+//! mistyped fact, or any evaluation error, fails closed.
+//!
+//! `context.history` is an empty record today: the extension point where history-aware
+//! aggregates will be exposed to Cedar policies.
+
+use std::collections::BTreeMap;
+
+use cedar_policy::{Context, Entities, EntityUid, Schema};
+use serde_json::{Map, Value, json};
+
+use crate::cedar::{
+    CedarError, CedarVerdict, FactSpec, FactType, Located, Parsed, cedar_decimal, json_kind,
+    render_error, typed_value, uid,
+};
+use crate::request::Request;
+
+/// The largest Cedar text a policy may carry, in bytes.
+pub const MAX_CEDAR_BYTES: usize = 64 * 1024;
+
+/// Entity type of the principal.
+const PRINCIPAL: &str = "Principal";
+/// Entity type of the resource (the tool).
+const TOOL: &str = "Tool";
+/// Entity type of the session (`context.session`), whose tags are the session metadata.
+const SESSION: &str = "Session";
+/// The principal id when the claims carry no `sub`.
+const ANONYMOUS: &str = "anonymous";
+
+/// A compiled Cedar document.
+#[derive(Debug, Clone)]
+pub(crate) struct CedarDoc {
+    parsed: Parsed,
+    /// `None` when no tool is in scope (a document checked on its own): nothing to evaluate.
+    schema: Option<Schema>,
+    /// The typed arguments of every tool in scope, by dispatch ref.
+    tools: BTreeMap<String, BTreeMap<String, FactSpec>>,
+}
+
+/// A compile problem of a Cedar document: what is wrong and, when known, the byte offset in
+/// the Cedar text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct CedarIssue {
+    pub(crate) message: String,
+    pub(crate) offset: Option<usize>,
+}
+
+impl From<Located> for CedarIssue {
+    fn from(l: Located) -> Self {
+        let message = match l.error {
+            CedarError::Validation { messages } => messages.join("; "),
+            other => other.to_string(),
+        };
+        Self {
+            message,
+            offset: l.offset,
+        }
+    }
+}
+
+/// The Cedar type of one input-schema property, if it has one: `string` → String, `boolean` →
+/// Bool, `integer` → Long, `number` → decimal, an array of strings → Set<String>. Anything else
+/// (objects, other arrays, unions) is not passed to Cedar.
+fn property_type(schema: &Value) -> Option<FactType> {
+    match schema.get("type")?.as_str()? {
+        "string" => Some(FactType::String),
+        "boolean" => Some(FactType::Bool),
+        "integer" => Some(FactType::Long),
+        "number" => Some(FactType::Decimal),
+        "array" => {
+            (schema.get("items")?.get("type")?.as_str()? == "string").then_some(FactType::StringSet)
+        }
+        _ => None,
+    }
+}
+
+/// The typed arguments of a tool from its input schema (top-level properties; the `required`
+/// ones are required facts, the others optional).
+pub(crate) fn arg_facts(input_schema: &Value) -> BTreeMap<String, FactSpec> {
+    let required: Vec<&str> = input_schema
+        .get("required")
+        .and_then(Value::as_array)
+        .map(|r| r.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    input_schema
+        .get("properties")
+        .and_then(Value::as_object)
+        .map(|props| {
+            props
+                .iter()
+                .filter_map(|(name, prop)| {
+                    let ty = property_type(prop)?;
+                    Some((
+                        name.clone(),
+                        FactSpec {
+                            ty,
+                            optional: !required.contains(&name.as_str()),
+                        },
+                    ))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn string_record(names: &[&str]) -> Value {
+    let attributes: Map<String, Value> = names
+        .iter()
+        .map(|n| ((*n).to_owned(), json!({"type": "String"})))
+        .collect();
+    json!({"type": "Record", "attributes": attributes})
+}
+
+fn schema_json(tools: &BTreeMap<String, BTreeMap<String, FactSpec>>) -> Value {
+    let mut actions = Map::new();
+    for (tool, facts) in tools {
+        let mut args = Map::new();
+        for (name, fact) in facts {
+            let mut ty = fact.ty.schema_type();
+            if let Value::Object(map) = &mut ty {
+                map.insert("required".into(), Value::Bool(!fact.optional));
+            }
+            args.insert(name.clone(), ty);
+        }
+        let mut principal = string_record(&["id"]);
+        if let Value::Object(map) = &mut principal {
+            map.insert("required".into(), Value::Bool(false));
+            if let Some(Value::Object(attrs)) = map.get_mut("attributes") {
+                attrs.insert(
+                    "roles".into(),
+                    json!({"type": "Set", "element": {"type": "String"}}),
+                );
+            }
+        }
+        actions.insert(
+            tool.clone(),
+            json!({"appliesTo": {
+                "principalTypes": [PRINCIPAL],
+                "resourceTypes": [TOOL],
+                "context": {"type": "Record", "attributes": {
+                    "args": {"type": "Record", "attributes": args},
+                    "tool": string_record(&["ref", "version", "side_effect_class", "name"]),
+                    "agent": string_record(&["namespace", "name", "version"]),
+                    "principal": principal,
+                    "session": {"type": "Entity", "name": SESSION},
+                    "time": {"type": "Long", "required": false},
+                    "history": {"type": "Record", "attributes": {}},
+                }},
+            }}),
+        );
+    }
+    json!({"": {
+        "entityTypes": {
+            "Principal": {"tags": {"type": "String"}},
+            "Session": {"tags": {"type": "String"}},
+            "Tool": {},
+        },
+        "actions": actions,
+    }})
+}
+
+impl CedarDoc {
+    /// Parses and validates `text` against the tools in scope (`tools`: dispatch ref → input
+    /// schema). With no tool, only parses and checks the annotations.
+    pub(crate) fn compile(
+        text: &str,
+        tools: &BTreeMap<String, Value>,
+    ) -> Result<Self, Vec<CedarIssue>> {
+        if text.len() > MAX_CEDAR_BYTES {
+            return Err(vec![CedarIssue {
+                message: format!(
+                    "the Cedar text is {} bytes; at most {MAX_CEDAR_BYTES} are allowed",
+                    text.len()
+                ),
+                offset: None,
+            }]);
+        }
+        if text.trim().is_empty() {
+            return Err(vec![CedarIssue {
+                message: "the Cedar text is empty; write at least one permit".into(),
+                offset: None,
+            }]);
+        }
+        let parsed = Parsed::parse(text)
+            .map_err(|l| l.into_iter().map(CedarIssue::from).collect::<Vec<_>>())?;
+        let tools: BTreeMap<String, BTreeMap<String, FactSpec>> = tools
+            .iter()
+            .map(|(tool, schema)| (tool.clone(), arg_facts(schema)))
+            .collect();
+        let schema = if tools.is_empty() {
+            None
+        } else {
+            let schema = Schema::from_json_value(schema_json(&tools)).map_err(|e| {
+                vec![CedarIssue {
+                    message: format!("Cedar schema of the tools in scope: {}", render_error(&e)),
+                    offset: None,
+                }]
+            })?;
+            parsed
+                .validate(&schema)
+                .map_err(|l| l.into_iter().map(CedarIssue::from).collect::<Vec<_>>())?;
+            Some(schema)
+        };
+        Ok(Self {
+            parsed,
+            schema,
+            tools,
+        })
+    }
+
+    /// The `@id`s of the Cedar policies, sorted.
+    pub(crate) fn ids(&self) -> &[String] {
+        self.parsed.ids()
+    }
+
+    /// The `@reason` of a Cedar policy.
+    pub(crate) fn reason(&self, id: &str) -> Option<&str> {
+        self.parsed.reasons.get(id).map(String::as_str)
+    }
+
+    /// The tools in scope no `permit` can apply to (by its action scope): every call of theirs
+    /// is denied. (A permit whose condition can never hold is not detected.)
+    pub(crate) fn tools_without_permit(&self) -> Vec<&str> {
+        use cedar_policy::{ActionConstraint, Effect};
+        let permits: Vec<ActionConstraint> = self
+            .parsed
+            .all
+            .policies()
+            .filter(|p| p.effect() == Effect::Permit)
+            .map(cedar_policy::Policy::action_constraint)
+            .collect();
+        self.tools
+            .keys()
+            .filter(|tool| {
+                let Ok(action) = uid("Action", tool) else {
+                    return true;
+                };
+                !permits.iter().any(|c| match c {
+                    ActionConstraint::Any => true,
+                    ActionConstraint::Eq(a) => *a == action,
+                    ActionConstraint::In(list) => list.contains(&action),
+                })
+            })
+            .map(String::as_str)
+            .collect()
+    }
+
+    /// Decides one call.
+    pub(crate) fn evaluate(&self, req: &Request<'_>) -> CedarVerdict {
+        match self.request(req) {
+            Ok((request, entities)) => self.parsed.decide(&request, &entities),
+            Err(problem) => CedarVerdict::Invalid { problem },
+        }
+    }
+
+    fn request(&self, req: &Request<'_>) -> Result<(cedar_policy::Request, Entities), String> {
+        let tool = req.tool.r#ref;
+        let (Some(schema), Some(facts)) = (&self.schema, self.tools.get(tool)) else {
+            return Err(format!(
+                "tool `{tool}` is not in the scope the Cedar policies were compiled for"
+            ));
+        };
+        let empty = Map::new();
+        let args_in = req.args.as_object().unwrap_or(&empty);
+        let mut args = Map::new();
+        for (name, spec) in facts {
+            match args_in.get(name) {
+                None | Some(Value::Null) if spec.optional => {}
+                None | Some(Value::Null) => {
+                    return Err(format!(
+                        "missing fact `args.{name}` ({}) required by the input schema of `{tool}`",
+                        spec.ty.name()
+                    ));
+                }
+                Some(value) => {
+                    args.insert(name.clone(), arg_value(name, spec.ty, value)?);
+                }
+            }
+        }
+        let agent = req.agent.unwrap_or_default();
+        let session = req.session.unwrap_or_default();
+        let mut context = json!({
+            "args": args,
+            "tool": {
+                "ref": tool,
+                "version": req.tool.version,
+                "side_effect_class": req.tool.side_effect_class,
+                "name": req.tool.name,
+            },
+            "agent": {"namespace": agent.namespace, "name": agent.name, "version": agent.version},
+            "session": {"__entity": {"type": SESSION, "id": session.id}},
+            "history": {},
+        });
+        if let (Some(time), Value::Object(map)) = (req.now_unix, &mut context) {
+            map.insert("time".into(), Value::from(time));
+        }
+        let mut principal_id = ANONYMOUS.to_owned();
+        let mut claim_tags = Map::new();
+        if let Some(claims) = req.principal {
+            let Some(claims) = claims.as_object() else {
+                return Err("the principal's claims must be a JSON object".to_owned());
+            };
+            if let Some(sub) = claims.get("sub") {
+                principal_id = sub
+                    .as_str()
+                    .ok_or_else(|| {
+                        format!(
+                            "fact `principal.id` (claim `sub`) must be a string, got {}",
+                            json_kind(sub)
+                        )
+                    })?
+                    .to_owned();
+            }
+            let roles = roles(claims)?;
+            if let Value::Object(map) = &mut context {
+                map.insert(
+                    "principal".into(),
+                    json!({"id": principal_id, "roles": roles}),
+                );
+            }
+            claim_tags = tags(claims);
+        }
+        let metadata_tags = session
+            .metadata
+            .and_then(Value::as_object)
+            .map(tags)
+            .unwrap_or_default();
+        let entities = Entities::from_json_value(
+            json!([
+                {"uid": {"type": PRINCIPAL, "id": principal_id}, "attrs": {}, "parents": [],
+                 "tags": claim_tags},
+                {"uid": {"type": SESSION, "id": session.id}, "attrs": {}, "parents": [],
+                 "tags": metadata_tags},
+            ]),
+            Some(schema),
+        )
+        .map_err(|e| {
+            format!(
+                "principal or session does not fit the schema: {}",
+                render_error(&e)
+            )
+        })?;
+        let action: EntityUid = uid("Action", tool)?;
+        let context = Context::from_json_value(context, Some((schema, &action))).map_err(|e| {
+            format!(
+                "the call does not match the tool's declared facts: {}",
+                render_error(&e)
+            )
+        })?;
+        let request = cedar_policy::Request::new(
+            uid(PRINCIPAL, &principal_id)?,
+            action,
+            uid(TOOL, tool)?,
+            context,
+            Some(schema),
+        )
+        .map_err(|e| {
+            format!(
+                "the call does not match the Cedar schema: {}",
+                render_error(&e)
+            )
+        })?;
+        Ok((request, entities))
+    }
+}
+
+/// An argument's Cedar value: like the gate's facts, and a number or integer sent as text is
+/// read as the number it spells (the condition language compares `"14000"` as 14000 too).
+fn arg_value(name: &str, ty: FactType, value: &Value) -> Result<Value, String> {
+    let fact = format!("args.{name}");
+    match (ty, value) {
+        (FactType::Long, Value::String(s)) => s
+            .trim()
+            .parse::<i64>()
+            .map(Value::from)
+            .map_err(|_| format!("fact `{fact}` must be a long, got string `{value}`")),
+        (FactType::Decimal, Value::String(s)) => cedar_decimal(s.trim())
+            .map(|d| json!({"__extn": {"fn": "decimal", "arg": d}}))
+            .ok_or_else(|| format!("fact `{fact}` must be a decimal, got string `{value}`")),
+        _ => typed_value(&fact, ty, value),
+    }
+}
+
+/// The principal's verified roles: the `roles` claim (an array of strings) and the `role`
+/// claim (a string).
+fn roles(claims: &Map<String, Value>) -> Result<Vec<String>, String> {
+    let mut out = Vec::new();
+    match claims.get("roles") {
+        None | Some(Value::Null) => {}
+        Some(Value::Array(items)) => {
+            for item in items {
+                let Some(role) = item.as_str() else {
+                    return Err(format!(
+                        "fact `principal.roles` (claim `roles`) must hold strings, got {}",
+                        json_kind(item)
+                    ));
+                };
+                out.push(role.to_owned());
+            }
+        }
+        Some(other) => {
+            return Err(format!(
+                "fact `principal.roles` (claim `roles`) must be an array of strings, got {}",
+                json_kind(other)
+            ));
+        }
+    }
+    match claims.get("role") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(role)) => out.push(role.clone()),
+        Some(other) => {
+            return Err(format!(
+                "fact `principal.roles` (claim `role`) must be a string, got {}",
+                json_kind(other)
+            ));
+        }
+    }
+    out.sort();
+    out.dedup();
+    Ok(out)
+}
+
+/// Entity tags from a JSON object: strings as they are, numbers and booleans as their JSON
+/// text; arrays, objects and null are left out.
+fn tags(map: &Map<String, Value>) -> Map<String, Value> {
+    map.iter()
+        .filter_map(|(k, v)| match v {
+            Value::String(_) => Some((k.clone(), v.clone())),
+            Value::Number(_) | Value::Bool(_) => Some((k.clone(), Value::String(v.to_string()))),
+            _ => None,
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use crate::{
+        AgentCtx, CompileErrorKind, DecisionKind, PolicyDef, PolicySet, Request, SessionCtx,
+        ToolCtx,
+    };
+
+    use super::*;
+
+    const REFUND: &str = "payments.issue-refund";
+
+    /// The refund-agent policies in Cedar (policies-examples/refund-agent-cedar).
+    const REFUND_CEDAR: &str = r#"
+@id("delegated-refunds")
+permit (principal, action == Action::"payments.issue-refund", resource);
+
+@id("above-delegated-limit")
+@escalate("finance")
+forbid (principal, action, resource)
+when { context.args.amount.greaterThan(decimal("250.0")) };
+
+@id("absolute-ceiling")
+@reason("Refund amount exceeds the absolute ceiling for agent-initiated refunds.")
+forbid (principal, action, resource)
+when { context.args.amount.greaterThan(decimal("5000.0")) };
+"#;
+
+    fn refund_schema() -> Value {
+        json!({
+            "type": "object",
+            "properties": {
+                "order_id": {"type": "string"},
+                "amount": {"type": "number"},
+                "currency": {"type": "string"},
+                "reason": {"type": "string"},
+            },
+            "required": ["order_id", "amount", "currency"],
+        })
+    }
+
+    fn cedar_def(name: &str, text: &str) -> PolicyDef {
+        PolicyDef {
+            name: name.into(),
+            namespace: "payments".into(),
+            version: "1.0.0".into(),
+            scope: format!("tool:{REFUND}"),
+            approvals_required: Some(2),
+            reason: Some("Refund amount above delegated limit.".into()),
+            cedar: Some(text.into()),
+            cedar_tools: BTreeMap::from([(REFUND.to_owned(), refund_schema())]),
+            ..PolicyDef::default()
+        }
+    }
+
+    fn set(defs: Vec<PolicyDef>) -> PolicySet {
+        PolicySet::compile(defs).expect("compiles")
+    }
+
+    fn decide(set: &PolicySet, args: &Value) -> (DecisionKind, Option<String>, Option<u32>) {
+        let req = Request::new(ToolCtx::new(REFUND), args).at(1_700_000_000);
+        let d = set.evaluate(&req);
+        let quorum = match &d {
+            crate::Decision::RequireApproval { policy } => Some(policy.approvals_required()),
+            _ => None,
+        };
+        (d.kind(), d.reason().map(str::to_owned), quorum)
+    }
+
+    #[test]
+    fn refund_policies_decide_like_the_yaml_ones() {
+        let s = set(vec![cedar_def("refund-cedar", REFUND_CEDAR)]);
+        for amount in [json!(100), json!(250), json!("250.00")] {
+            let args = json!({"order_id": "O-1", "amount": amount, "currency": "EUR"});
+            assert_eq!(decide(&s, &args).0, DecisionKind::Allow, "{amount}");
+        }
+        for amount in [json!(400), json!(5000), json!(250.01)] {
+            let args = json!({"order_id": "O-1", "amount": amount, "currency": "EUR"});
+            let (kind, reason, quorum) = decide(&s, &args);
+            assert_eq!(kind, DecisionKind::RequireApproval, "{amount}");
+            assert_eq!(quorum, Some(2));
+            assert_eq!(
+                reason.as_deref(),
+                Some("Refund amount above delegated limit.")
+            );
+        }
+        for amount in [json!(14000), json!("14000")] {
+            let args = json!({"order_id": "O-1", "amount": amount, "currency": "EUR"});
+            let (kind, reason, _) = decide(&s, &args);
+            assert_eq!(kind, DecisionKind::Deny);
+            assert_eq!(
+                reason.as_deref(),
+                Some(
+                    "Refund amount exceeds the absolute ceiling for agent-initiated refunds. \
+                     (Cedar: absolute-ceiling)"
+                )
+            );
+        }
+    }
+
+    #[test]
+    fn missing_or_mistyped_facts_fail_closed_naming_the_fact() {
+        let s = set(vec![cedar_def("refund-cedar", REFUND_CEDAR)]);
+        let (kind, reason, _) = decide(&s, &json!({"order_id": "O-1", "currency": "EUR"}));
+        assert_eq!(kind, DecisionKind::Deny);
+        let reason = reason.unwrap_or_default();
+        assert!(
+            reason.contains("fail closed") && reason.contains("`args.amount`"),
+            "{reason}"
+        );
+        let (kind, reason, _) = decide(
+            &s,
+            &json!({"order_id": "O-1", "amount": "a lot", "currency": "EUR"}),
+        );
+        assert_eq!(kind, DecisionKind::Deny);
+        assert!(
+            reason
+                .unwrap_or_default()
+                .contains("`args.amount` must be a decimal")
+        );
+        let (kind, reason, _) = decide(
+            &s,
+            &json!({"order_id": "O-1", "amount": true, "currency": "EUR"}),
+        );
+        assert_eq!(kind, DecisionKind::Deny);
+        assert!(reason.unwrap_or_default().contains("args.amount"));
+    }
+
+    #[test]
+    fn no_permit_denies_and_a_tool_outside_the_compiled_scope_fails_closed() {
+        let text = r#"@id("only-small") permit (principal, action, resource)
+            when { context.args.amount.lessThan(decimal("10.0")) };"#;
+        let s = set(vec![cedar_def("small", text)]);
+        let (kind, reason, _) = decide(
+            &s,
+            &json!({"order_id": "O", "amount": 50, "currency": "EUR"}),
+        );
+        assert_eq!(kind, DecisionKind::Deny);
+        assert!(reason.unwrap_or_default().contains("default deny"));
+        // Agent-wide but compiled for one tool only: another tool is denied.
+        let mut def = cedar_def("wide", text);
+        def.scope = String::new();
+        let s = set(vec![def]);
+        let args = json!({});
+        let d = s.evaluate(&Request::new(ToolCtx::new("orders.lookup"), &args).at(1));
+        assert_eq!(d.kind(), DecisionKind::Deny);
+        assert!(d.reason().unwrap_or_default().contains("not in the scope"));
+    }
+
+    #[test]
+    fn deny_wins_over_approval_over_allow_across_cedar_and_condition_policies() {
+        let yaml_deny = PolicyDef {
+            name: "eur-only".into(),
+            scope: format!("tool:{REFUND}"),
+            action: "deny".into(),
+            reason: Some("EUR only".into()),
+            conditions: Some(json!({"field": "currency", "op": "neq", "value": "EUR"})),
+            ..PolicyDef::default()
+        };
+        let yaml_approval = PolicyDef {
+            name: "two-eyes".into(),
+            scope: format!("tool:{REFUND}"),
+            action: "require_approval".into(),
+            approvals_required: Some(3),
+            conditions: Some(json!({"field": "amount", "op": "gt", "value": 50})),
+            ..PolicyDef::default()
+        };
+        let s = set(vec![
+            cedar_def("refund-cedar", REFUND_CEDAR),
+            yaml_deny,
+            yaml_approval,
+        ]);
+        // Cedar escalates, YAML denies: deny.
+        let (kind, reason, _) = decide(
+            &s,
+            &json!({"order_id": "O", "amount": 400, "currency": "USD"}),
+        );
+        assert_eq!(
+            (kind, reason.as_deref()),
+            (DecisionKind::Deny, Some("EUR only"))
+        );
+        // Cedar permits, YAML asks 3: approval with the stricter quorum.
+        let (kind, _, quorum) = decide(
+            &s,
+            &json!({"order_id": "O", "amount": 100, "currency": "EUR"}),
+        );
+        assert_eq!((kind, quorum), (DecisionKind::RequireApproval, Some(3)));
+        // Both ask: the stricter quorum wins.
+        let (_, _, quorum) = decide(
+            &s,
+            &json!({"order_id": "O", "amount": 400, "currency": "EUR"}),
+        );
+        assert_eq!(quorum, Some(3));
+        // Cedar forbids, YAML asks: deny.
+        let (kind, _, _) = decide(
+            &s,
+            &json!({"order_id": "O", "amount": 9000, "currency": "EUR"}),
+        );
+        assert_eq!(kind, DecisionKind::Deny);
+    }
+
+    #[test]
+    fn a_shadow_cedar_document_reports_and_never_decides() {
+        let mut def = cedar_def("refund-cedar", REFUND_CEDAR);
+        def.mode = "shadow".into();
+        let s = set(vec![def]);
+        let args = json!({"order_id": "O", "amount": 14000, "currency": "EUR"});
+        let req = Request::new(ToolCtx::new(REFUND), &args).at(1);
+        let enforced = s.evaluate(&req);
+        assert_eq!(enforced.kind(), DecisionKind::Allow);
+        let outcome = s
+            .shadow(&req, enforced.kind())
+            .expect("the shadow policy would deny");
+        assert_eq!(outcome.shadow.kind(), DecisionKind::Deny);
+        assert_eq!(outcome.policy.name(), "refund-cedar");
+    }
+
+    #[test]
+    fn principal_roles_claims_metadata_agent_and_time_reach_cedar() {
+        let text = r#"
+@id("staff") permit (principal, action, resource)
+when { context has principal && context.principal.roles.contains("support") };
+
+@id("web-needs-eu") forbid (principal, action, resource)
+when { context.session.hasTag("channel") && context.session.getTag("channel") == "web"
+       && !(principal.hasTag("region") && principal.getTag("region") == "eu") };
+
+@id("night") @reason("No refunds at night.") forbid (principal, action, resource)
+when { !(context has time) || context.time < 1000 };
+
+@id("other-agent") forbid (principal, action, resource)
+when { context.agent.name != "refund-agent" || context.tool.ref != "payments.issue-refund" };
+
+@id("bob") forbid (principal == Principal::"bob", action, resource);
+"#;
+        let s = set(vec![cedar_def("ctx", text)]);
+        let args = json!({"order_id": "O", "amount": 1, "currency": "EUR"});
+        let agent = AgentCtx {
+            namespace: "support",
+            name: "refund-agent",
+            version: "1.0.0",
+        };
+        let decide = |claims: Option<&Value>, meta: &Value, now: i64| {
+            let mut req = Request::new(ToolCtx::new(REFUND), &args)
+                .with_agent(agent)
+                .with_session(SessionCtx {
+                    id: "s-1",
+                    metadata: Some(meta),
+                })
+                .at(now);
+            if let Some(c) = claims {
+                req = req.with_principal(c);
+            }
+            let d = s.evaluate(&req);
+            (d.kind(), d.reason().map(str::to_owned))
+        };
+        let support = json!({"sub": "alice", "roles": ["support"], "region": "us"});
+        let web = json!({"channel": "web"});
+        assert_eq!(
+            decide(Some(&support), &json!({}), 5000).0,
+            DecisionKind::Allow
+        );
+        assert_eq!(decide(None, &json!({}), 5000).0, DecisionKind::Deny);
+        let single = json!({"sub": "alice", "role": "support"});
+        assert_eq!(
+            decide(Some(&single), &json!({}), 5000).0,
+            DecisionKind::Allow
+        );
+        let (kind, reason) = decide(Some(&support), &web, 5000);
+        assert_eq!(kind, DecisionKind::Deny);
+        assert!(reason.unwrap_or_default().contains("web-needs-eu"));
+        let eu = json!({"sub": "alice", "roles": ["support"], "region": "eu"});
+        assert_eq!(decide(Some(&eu), &web, 5000).0, DecisionKind::Allow);
+        let (_, reason) = decide(Some(&support), &json!({}), 10);
+        assert_eq!(
+            reason.as_deref(),
+            Some("No refunds at night. (Cedar: night)")
+        );
+        // `time` is optional (the runtime always sets it): strict validation makes a policy
+        // test `context has time` first, and this one fails closed without it.
+        let no_time = Request::new(ToolCtx::new(REFUND), &args)
+            .with_agent(agent)
+            .with_principal(&support);
+        assert_eq!(s.evaluate(&no_time).kind(), DecisionKind::Deny);
+        let unguarded =
+            "@id(\"t\") forbid (principal, action, resource) when { context.time < 1 };";
+        assert!(PolicySet::compile([cedar_def("t", unguarded)]).is_err());
+        let bob = json!({"sub": "bob", "roles": ["support"]});
+        assert_eq!(decide(Some(&bob), &json!({}), 5000).0, DecisionKind::Deny);
+        let bad = json!({"sub": "alice", "roles": "support"});
+        let (kind, reason) = decide(Some(&bad), &json!({}), 5000);
+        assert_eq!(kind, DecisionKind::Deny);
+        assert!(reason.unwrap_or_default().contains("principal.roles"));
+    }
+
+    fn cedar_errors(def: PolicyDef) -> Vec<(String, CompileErrorKind)> {
+        PolicySet::compile([def])
+            .expect_err("must not compile")
+            .into_iter()
+            .map(|e| (e.path, e.kind))
+            .collect()
+    }
+
+    #[test]
+    fn compile_errors_name_the_problem_with_offsets() {
+        let text =
+            "@id(\"p\") permit (principal, action, resource)\nwhen { context.args.amout == 1 };";
+        let errors = cedar_errors(cedar_def("typo", text));
+        let [(path, CompileErrorKind::Cedar { message, offset })] = errors.as_slice() else {
+            panic!("{errors:?}")
+        };
+        assert_eq!(path, "cedar");
+        assert!(
+            message.contains("policy `p`") && message.contains("amout"),
+            "{message}"
+        );
+        let at = offset.expect("validation errors have a position");
+        assert!(
+            text[at..].starts_with("context.args.amout") || text[at..].contains("amout"),
+            "{}",
+            &text[at..]
+        );
+
+        // Two parse errors, both reported, each with its offset.
+        let text = "permit (principal, action, resource) when { ( };\nforbid (principal, action resource);";
+        let errors = cedar_errors(cedar_def("broken", text));
+        assert!(errors.len() >= 2, "{errors:?}");
+        assert!(errors.iter().all(|(p, k)| p == "cedar"
+            && matches!(
+                k,
+                CompileErrorKind::Cedar {
+                    offset: Some(_),
+                    ..
+                }
+            )));
+
+        // Fields a Cedar policy must not have.
+        let mut def = cedar_def("mixed", REFUND_CEDAR);
+        def.conditions = Some(json!({"field": "amount", "op": "gt", "value": 1}));
+        def.action = "deny".into();
+        let paths: Vec<String> = cedar_errors(def).into_iter().map(|(p, _)| p).collect();
+        assert_eq!(paths, ["conditions", "action"]);
+
+        // Bounded size.
+        let big = format!(
+            "permit (principal, action, resource);{}",
+            " ".repeat(MAX_CEDAR_BYTES)
+        );
+        let errors = cedar_errors(cedar_def("big", &big));
+        assert!(
+            matches!(&errors[0].1, CompileErrorKind::Cedar { message, .. } if message.contains("at most"))
+        );
+
+        // Escalate on a permit.
+        let errors = cedar_errors(cedar_def(
+            "esc",
+            "@id(\"p\") @escalate(\"x\") permit (principal, action, resource);",
+        ));
+        assert!(
+            matches!(&errors[0].1, CompileErrorKind::Cedar { message, .. } if message.contains("@escalate"))
+        );
+    }
+
+    #[test]
+    fn explanations_name_the_deciding_cedar_policies() {
+        let s = set(vec![cedar_def("refund-cedar", REFUND_CEDAR)]);
+        let args = json!({"order_id": "O", "amount": 400, "currency": "EUR"});
+        let req = Request::new(ToolCtx::new(REFUND), &args).at(1);
+        let explanation = s.explain(&req);
+        assert_eq!(
+            explanation.policies[0].cedar.as_deref(),
+            Some("escalate (above-delegated-limit) to finance")
+        );
+        let text = explanation.to_string();
+        assert!(text.contains("payments/refund-cedar@1.0.0 (cedar): matched -> require_approval [cedar: escalate (above-delegated-limit) to finance] [deciding]"), "{text}");
+        let json = serde_json::to_value(&explanation).unwrap_or_default();
+        assert_eq!(
+            json["policies"][0]["cedar"],
+            "escalate (above-delegated-limit) to finance"
+        );
+    }
+
+    #[test]
+    fn tools_without_a_permit_are_found() {
+        // Agent-wide, a forbid reading `amount` must say which tool it is about: strict
+        // validation refuses it for a tool without that argument.
+        let mut def = cedar_def("refund-cedar", REFUND_CEDAR);
+        def.scope = String::new();
+        def.cedar_tools
+            .insert("orders.lookup".into(), json!({"type": "object"}));
+        let errors = cedar_errors(def.clone());
+        assert!(
+            matches!(&errors[0].1, CompileErrorKind::Cedar { message, .. }
+                if message.contains("`args.amount`") && message.contains("orders.lookup")),
+            "{errors:?}"
+        );
+        let scoped = REFUND_CEDAR.replace(
+            "forbid (principal, action, resource)",
+            "forbid (principal, action == Action::\"payments.issue-refund\", resource)",
+        );
+        def.cedar = Some(scoped);
+        let s = set(vec![def]);
+        assert_eq!(
+            s.policies()[0].cedar_tools_without_permit(),
+            ["orders.lookup"]
+        );
+        assert_eq!(
+            s.policies()[0].cedar_ids(),
+            [
+                "above-delegated-limit",
+                "absolute-ceiling",
+                "delegated-refunds"
+            ]
+        );
+    }
+}
