@@ -33,6 +33,7 @@
 mod access;
 mod audit;
 mod bundles;
+mod cedar;
 mod delegation;
 mod demo;
 mod endpoints;
