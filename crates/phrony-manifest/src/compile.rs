@@ -638,29 +638,7 @@ fn compile_policies(
         }
     }
 
-    // Cedar texts are validated against the input schemas of the tools in their scope; each
-    // problem is placed in its Policy document, at its line and column inside `spec.cedar`.
-    for s in &sourced {
-        let (Some(cedar), Some(Some(entry))) =
-            (&s.policy.cedar, project.store.entries.get(&s.origin))
-        else {
-            continue;
-        };
-        if let Err(errors) =
-            phrony_policy::PolicySet::compile([def_from_compiled(&s.policy, tools)])
-        {
-            let mut d = entry.src.diags(out);
-            for e in errors.into_iter().filter(|e| e.path == "cedar") {
-                match e.kind {
-                    phrony_policy::CompileErrorKind::Cedar {
-                        message,
-                        offset: Some(offset),
-                    } => cedar_error(&entry.src.text, cedar, offset, &message, &mut d),
-                    kind => d.error("spec.cedar", kind.to_string()),
-                }
-            }
-        }
-    }
+    check_cedar_texts(&sourced, &project.store, tools, out);
 
     let subjects: Vec<Subject<'_>> = sourced
         .iter()
@@ -707,6 +685,36 @@ fn compile_policies(
         }
     }
     (policies, findings)
+}
+
+/// Cedar texts are validated against the input schemas of the tools in their scope; each
+/// problem is placed in its Policy document, at its line and column inside `spec.cedar`.
+fn check_cedar_texts(
+    sourced: &[Sourced],
+    store: &PolicyStore,
+    tools: &[ToolBinding],
+    out: &mut Vec<Diagnostic>,
+) {
+    for s in sourced {
+        let (Some(cedar), Some(Some(entry))) = (&s.policy.cedar, store.entries.get(&s.origin))
+        else {
+            continue;
+        };
+        if let Err(errors) =
+            phrony_policy::PolicySet::compile([def_from_compiled(&s.policy, tools)])
+        {
+            let mut d = entry.src.diags(out);
+            for e in errors.into_iter().filter(|e| e.path == "cedar") {
+                match e.kind {
+                    phrony_policy::CompileErrorKind::Cedar {
+                        message,
+                        offset: Some(offset),
+                    } => cedar_error(&entry.src.text, cedar, offset, &message, &mut d),
+                    kind => d.error("spec.cedar", kind.to_string()),
+                }
+            }
+        }
+    }
 }
 
 /// The store key of the Policy document an attachment names, loading it if needed.

@@ -14,6 +14,10 @@
 //! - `cedar_authorizer`: one bare `Authorizer::is_authorized` on a request built beforehand,
 //!   Cedar's core alone (a lower bound on what any Cedar embedding pays).
 //!
+//! The group `runtime_yaml_vs_cedar` measures the runtime path: a full call decided by
+//! [`PolicySet::evaluate`] on the refund tutorial's YAML policies and on the same policies as
+//! one Cedar document (`PolicyDef::cedar`, `policies-examples/refund-agent-cedar`).
+//!
 //! Equivalence. Phrony's scope `tool:<ref>` is Cedar's `resource == Tool::"<ref>"`; its default
 //! allow is a `permit` for every call; `deny` is a `forbid`; `require_approval`/`escalate` is an
 //! `@escalate("approver")` forbid (hard forbid > escalate > permit, as deny > approval > allow);
@@ -375,6 +379,89 @@ fn bench<M: Measurement>(c: &mut Criterion<M>) {
     );
 }
 
+/// The refund-agent-cedar example's Cedar document (`policies-examples/refund-agent-cedar`).
+const RUNTIME_CEDAR: &str = r#"
+@id("delegated-refunds")
+permit (principal, action == Action::"payments.issue-refund", resource);
+
+@id("above-delegated-limit")
+@escalate("finance")
+forbid (principal, action == Action::"payments.issue-refund", resource)
+when { context.args.amount.greaterThan(decimal("250.0")) };
+
+@id("absolute-ceiling")
+@reason("Refund amount exceeds the absolute ceiling for agent-initiated refunds.")
+forbid (principal, action == Action::"payments.issue-refund", resource)
+when { context.args.amount.greaterThan(decimal("5000.0")) };
+"#;
+
+/// The runtime path: one [`PolicySet::evaluate`] of a full call (tool, arguments, agent,
+/// session metadata, principal claims, time), on the refund tutorial's YAML policies and on
+/// the same policies as one Cedar document (`spec.cedar`) in the same run.
+fn runtime_path<M: Measurement>(c: &mut Criterion<M>) {
+    let yaml = refund::policies();
+    let def = PolicyDef {
+        namespace: "payments".into(),
+        name: "refund-limits".into(),
+        version: "1.0.0".into(),
+        scope: "tool:payments.issue-refund".into(),
+        approvals_required: Some(1),
+        reason: Some("Refund amount above delegated limit.".into()),
+        cedar: Some(RUNTIME_CEDAR.into()),
+        cedar_tools: std::collections::BTreeMap::from([(
+            "payments.issue-refund".to_owned(),
+            json!({"type": "object", "required": ["order_id", "amount", "currency"],
+                   "properties": {"order_id": {"type": "string"}, "amount": {"type": "number"},
+                                  "currency": {"type": "string"}, "reason": {"type": "string"}}}),
+        )]),
+        ..PolicyDef::default()
+    };
+    let cedar = PolicySet::compile([def]).expect("the Cedar document compiles");
+    let metadata = json!({"channel": "chat"});
+    let claims = json!({"sub": "u-1", "roles": ["support"]});
+    let mut group = c.benchmark_group("runtime_yaml_vs_cedar");
+    group.throughput(Throughput::Elements(1));
+    for amount in [100, 400, 14000] {
+        let args = json!({"order_id": "ORD-1", "amount": amount, "currency": "EUR"});
+        let tool = ToolCtx {
+            r#ref: "payments.issue-refund",
+            version: "1.0.0",
+            side_effect_class: "irreversible_action",
+            name: "issue_refund",
+        };
+        let req = Request::new(tool, &args)
+            .with_agent(phrony_policy::AgentCtx {
+                namespace: "support",
+                name: "refund-agent",
+                version: "0.1.0",
+            })
+            .with_session(phrony_policy::SessionCtx {
+                id: "run_1",
+                metadata: Some(&metadata),
+            })
+            .with_principal(&claims)
+            .at(1_700_000_000);
+        assert_eq!(
+            yaml.evaluate(&req).kind(),
+            cedar.evaluate(&req).kind(),
+            "amount {amount}"
+        );
+        let label = format!("amount={amount}");
+        group.bench_with_input(BenchmarkId::new("yaml", &label), &req, |b, req| {
+            b.iter(|| black_box(yaml.evaluate(black_box(req)).kind()));
+        });
+        group.bench_with_input(BenchmarkId::new("cedar", &label), &req, |b, req| {
+            b.iter(|| black_box(cedar.evaluate(black_box(req)).kind()));
+        });
+    }
+    group.finish();
+}
+
+fn bench_all<M: Measurement>(c: &mut Criterion<M>) {
+    bench(c);
+    runtime_path(c);
+}
+
 fn main() {
-    cpu_time::run(bench, bench);
+    cpu_time::run(bench_all, bench_all);
 }
