@@ -833,3 +833,94 @@ pub(crate) fn compile_leaf(
     };
     Some(HistoryLeaf { lhs: lhs?, cmp })
 }
+
+/// One earlier call, for computing facts in memory ([`HistoryFacts::from_calls`]): what
+/// `phrony policies check --history` and the examples' `cases.yaml` describe.
+#[derive(Debug, Clone, Copy)]
+pub struct EarlierCall<'a> {
+    /// Its tool.
+    pub tool: ToolCtx<'a>,
+    /// Its arguments.
+    pub args: &'a Value,
+    /// Its result, when it succeeded.
+    pub result: Option<&'a Value>,
+    /// Its session id.
+    pub session: &'a str,
+    /// Its agent `namespace/name`.
+    pub agent: &'a str,
+    /// When it was decided (Unix seconds); `None`: inside every window.
+    pub at_unix: Option<i64>,
+    /// `true`: it succeeded (committed); `false`: still reserved (in flight, waiting for an
+    /// approval, or of unknown outcome).
+    pub committed: bool,
+}
+
+impl HistoryFacts {
+    /// The facts of `req` computed from a list of earlier calls, with the semantics of the
+    /// runtime's ledger index: `count`/`sum`/`max` over reserved and committed calls, `last`
+    /// (the latest by `at_unix`, then list order) and `exists` over committed ones, scope and
+    /// group and window as the queries say. A query whose `same` arguments `req` lacks gets no
+    /// fact (its leaves fail closed).
+    pub fn from_calls(
+        set: &crate::PolicySet,
+        req: &Request<'_>,
+        earlier: &[EarlierCall<'_>],
+    ) -> Self {
+        let queries = set.history_queries();
+        let mut facts = Self::new(queries.len());
+        let agent = req
+            .agent
+            .map(|a| format!("{}/{}", a.namespace, a.name))
+            .unwrap_or_default();
+        let session = req.session.map(|s| s.id).unwrap_or_default();
+        for (index, q) in queries.iter().enumerate() {
+            let Some(group) = q.group_key(req.args) else {
+                continue;
+            };
+            let mut fact = HistoryFact::default();
+            let mut last_at = i64::MIN;
+            for call in earlier {
+                let in_scope = match q.scope {
+                    HistoryScope::Session => call.session == session,
+                    HistoryScope::Agent => call.agent == agent,
+                    HistoryScope::Everyone => true,
+                };
+                let in_window = match (q.within_secs, call.at_unix, req.now_unix) {
+                    (Some(w), Some(at), Some(now)) => {
+                        at >= now.saturating_sub(i64::try_from(w).unwrap_or(i64::MAX))
+                    }
+                    _ => true,
+                };
+                if !in_scope
+                    || !in_window
+                    || !q.matches_tool(&call.tool)
+                    || q.group_key(call.args).as_deref() != Some(group.as_str())
+                {
+                    continue;
+                }
+                let amount = match (&q.of_args, &q.of_result) {
+                    (Some(_), _) => q.amount(call.args),
+                    (None, Some(path)) if call.committed => {
+                        call.result.and_then(|r| lookup(r, path)).and_then(number)
+                    }
+                    _ => None,
+                };
+                fact.count += 1;
+                fact.sum += amount.unwrap_or(0.0);
+                if let Some(a) = amount {
+                    fact.max = Some(fact.max.map_or(a, |m| m.max(a)));
+                }
+                if call.committed {
+                    fact.committed += 1;
+                    let at = call.at_unix.unwrap_or(i64::MIN);
+                    if amount.is_some() && at >= last_at {
+                        last_at = at;
+                        fact.last = amount;
+                    }
+                }
+            }
+            facts.set(index, fact);
+        }
+        facts
+    }
+}

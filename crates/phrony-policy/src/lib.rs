@@ -24,8 +24,8 @@ pub use def::{PolicyDef, PolicyId, TimeoutDef};
 pub use error::{CompileError, CompileErrorKind, CompileErrors};
 pub use explain::{Effect, Explanation, PolicyTrace};
 pub use history::{
-    Aggregate, HistoryFact, HistoryFacts, HistoryQuery, HistoryScope, MAX_HISTORY_QUERIES,
-    MAX_HISTORY_WINDOW_SECS, parse_window,
+    Aggregate, EarlierCall, HistoryFact, HistoryFacts, HistoryQuery, HistoryScope,
+    MAX_HISTORY_QUERIES, MAX_HISTORY_WINDOW_SECS, parse_window,
 };
 pub use policy::{Action, Mode, OnModify, OnReject, Policy, Timeout, TimeoutDefault};
 pub use request::{AgentCtx, Request, SessionCtx, ToolCtx, Trigger, UnknownTrigger};

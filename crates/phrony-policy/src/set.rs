@@ -317,6 +317,16 @@ impl PolicySet {
         &self.history
     }
 
+    /// Whether a policy in scope of `tool_ref` (shadow ones included) has a `history` leaf: a
+    /// decision of a call of that tool needs facts.
+    pub fn reads_history_for(&self, tool_ref: &str) -> bool {
+        let set = self.what_if.as_deref().unwrap_or(self);
+        set.index
+            .in_scope(tool_ref)
+            .filter_map(|position| set.policies.get(position))
+            .any(Policy::reads_history)
+    }
+
     /// Whether any policy (shadow ones included) has a `history` leaf.
     pub fn has_history(&self) -> bool {
         !self.history.is_empty()
