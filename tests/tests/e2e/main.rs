@@ -38,6 +38,7 @@ mod demo;
 mod endpoints;
 mod examples;
 mod guard_rails;
+mod history;
 mod lifecycle;
 mod mcp;
 mod replay;
