@@ -336,7 +336,7 @@ fn check_history(
             // `same` must be declared by the earlier call's tool and by this call's; `of` by
             // the earlier call's.
             let mut holders = vec![calls];
-            if i < same_count {
+            if i < same_count && !matches!((calls, own), (Some(a), Some(b)) if std::ptr::eq(a, b)) {
                 holders.push(own);
             }
             for tool in holders.into_iter().flatten() {
