@@ -473,6 +473,11 @@ fn parse_path(text: &str) -> Option<Vec<String>> {
 }
 
 /// Compiles the map under `history` (at `at`, e.g. `conditions.history`).
+#[allow(
+    clippy::too_many_lines,
+    reason = "one block per key of a history query, in the order they are documented; every \
+              problem is reported before returning"
+)]
 pub(crate) fn compile_side(
     v: &Value,
     at: &str,
