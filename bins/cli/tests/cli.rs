@@ -1531,3 +1531,64 @@ spec:
     let json: Value = serde_json::from_str(&stdout_of(&mut check(20, "json"))).unwrap();
     assert!(json.get("shadow").is_none(), "{json}");
 }
+
+#[test]
+fn policies_check_reads_earlier_calls_from_history() {
+    let agent = repo_root().join("policies-examples/payout-verification/agent.yaml");
+    let tmp = TempDir::new().unwrap();
+    let payout = r#"{"payee_iban":"DE89370400440532013000","amount":500,"currency":"EUR"}"#;
+    // No earlier calls: the payout is denied.
+    phrony()
+        .args(["policies", "check"])
+        .arg(&agent)
+        .args(["--tool", "send_payout", "--args", payout])
+        .assert()
+        .success()
+        .stdout(contains("decision: deny"));
+    let history = write(
+        tmp.path(),
+        "calls.json",
+        r#"[{"tool": "verify_payee", "args": {"payee_iban": "DE89370400440532013000"}, "result": {"verified": true}}]"#,
+    );
+    phrony()
+        .args(["policies", "check"])
+        .arg(&agent)
+        .args(["--tool", "send_payout", "--args", payout, "--history"])
+        .arg(&history)
+        .assert()
+        .success()
+        .stdout(contains("decision: allow"));
+    // A verification still in flight does not count.
+    let reserved = write(
+        tmp.path(),
+        "reserved.json",
+        r#"[{"tool": "verify_payee", "args": {"payee_iban": "DE89370400440532013000"}, "outcome": "reserved"}]"#,
+    );
+    phrony()
+        .args(["policies", "check"])
+        .arg(&agent)
+        .args(["--tool", "send_payout", "--args", payout, "--history"])
+        .arg(&reserved)
+        .assert()
+        .success()
+        .stdout(contains("decision: deny"));
+    // Bad input is named.
+    let bad = write(tmp.path(), "bad.json", r#"{"tool": "verify_payee"}"#);
+    phrony()
+        .args(["policies", "check"])
+        .arg(&agent)
+        .args(["--tool", "send_payout", "--args", payout, "--history"])
+        .arg(&bad)
+        .assert()
+        .code(1)
+        .stderr(contains("expected a JSON list"));
+    let unknown = write(tmp.path(), "unknown.json", r#"[{"tool": "nope"}]"#);
+    phrony()
+        .args(["policies", "check"])
+        .arg(&agent)
+        .args(["--tool", "send_payout", "--args", payout, "--history"])
+        .arg(&unknown)
+        .assert()
+        .code(1)
+        .stderr(contains("--history: call 0"));
+}

@@ -37,6 +37,7 @@ use crate::store::LedgerStore;
 
 pub use crate::fold::LIMIT_TOOL;
 
+mod history;
 mod mcp;
 
 /// Call indexes of limit escalations start here (model calls use 0, 1, …).
@@ -477,28 +478,59 @@ impl Ctx {
             return Ok(());
         }
         let scope = self.scope();
-        let request = scope.request(binding, wire, args);
-        let span = crate::trace::decision(&call.call_id, &call.tool, &call.version);
-        let started = std::time::Instant::now();
-        let decision = span.in_scope(|| self.setup.policies.evaluate(&request));
-        phrony_metrics::POLICY_EVALUATION.observe(started.elapsed());
-        match &decision {
-            Decision::Allow => crate::trace::decided(&span, "allow", None),
-            Decision::Deny { policy, .. } => {
-                crate::trace::decided(&span, "deny", Some(&policy.id().to_string()));
+        let mut attempt = 1;
+        let (decision, prepared) = loop {
+            // History facts are read before each decision; its reservation is written only if
+            // nothing it read changed meanwhile, else the call is decided again.
+            let prepared = self.history_for(call, binding, wire, args).await?;
+            let mut request = scope.request(binding, wire, args);
+            if let Some(p) = &prepared {
+                request = request.with_history(&p.facts);
             }
-            Decision::RequireApproval { policy } => {
-                crate::trace::decided(&span, "require_approval", Some(&policy.id().to_string()))
+            let decision = self.evaluate_call(call, &request);
+            // Shadow policies are evaluated on every decided call and never change it: what
+            // they would have changed is recorded (once per call and policy, so a re-decide
+            // after a crash adds nothing) before the call goes on exactly as enforced.
+            if let Some(outcome) = self.setup.policies.shadow(&request, decision.kind()) {
+                let shadowed = shadow_record(&self.session, call, &decision, &outcome);
+                self.store().record_shadow_decision(shadowed).await?;
             }
-        }
-        drop(span);
-        // Shadow policies are evaluated on every decided call and never change it: what they
-        // would have changed is recorded (once per call and policy, so a re-decide after a
-        // crash adds nothing) before the call goes on exactly as enforced.
-        if let Some(outcome) = self.setup.policies.shadow(&request, decision.kind()) {
-            let shadowed = shadow_record(&self.session, call, &decision, &outcome);
-            self.store().record_shadow_decision(shadowed).await?;
-        }
+            let reserves = matches!(decision, Decision::Allow | Decision::RequireApproval { .. })
+                && prepared
+                    .as_ref()
+                    .is_some_and(|p| !p.reservations.is_empty());
+            if !reserves {
+                break (Some(decision), prepared);
+            }
+            let reservations = prepared
+                .as_ref()
+                .map_or(&[][..], |p| p.reservations.as_slice());
+            if self
+                .store()
+                .reserve_history(&self.session.id, &call.call_id, reservations)
+                .await?
+            {
+                break (Some(decision), prepared);
+            }
+            if attempt >= history::MAX_DECIDE_ATTEMPTS {
+                break (None, prepared);
+            }
+            attempt += 1;
+        };
+        drop(prepared);
+        let Some(decision) = decision else {
+            // The groups kept changing under this call: fail closed.
+            let message = format!(
+                "the call's history-aware policies could not be decided: the history they read \
+                 changed {} times while deciding",
+                history::MAX_DECIDE_ATTEMPTS
+            );
+            phrony_metrics::TOOL_CALLS.inc(phrony_metrics::Decision::Deny);
+            self.store()
+                .deny_tool_call(&call.call_id, &message, None)
+                .await?;
+            return Ok(());
+        };
         phrony_metrics::TOOL_CALLS.inc(match &decision {
             Decision::Allow => phrony_metrics::Decision::Allow,
             Decision::Deny { .. } => phrony_metrics::Decision::Deny,
@@ -518,6 +550,28 @@ impl Ctx {
                 Box::pin(self.wait_and_apply(call, binding, wire, approval.id)).await
             }
         }
+    }
+
+    /// Evaluates the policies on one request, traced and timed.
+    fn evaluate_call<'s>(
+        &'s self,
+        call: &ToolInvocation,
+        request: &phrony_policy::Request<'_>,
+    ) -> Decision<'s> {
+        let span = crate::trace::decision(&call.call_id, &call.tool, &call.version);
+        let started = std::time::Instant::now();
+        let decision = span.in_scope(|| self.setup.policies.evaluate(request));
+        phrony_metrics::POLICY_EVALUATION.observe(started.elapsed());
+        match &decision {
+            Decision::Allow => crate::trace::decided(&span, "allow", None),
+            Decision::Deny { policy, .. } => {
+                crate::trace::decided(&span, "deny", Some(&policy.id().to_string()));
+            }
+            Decision::RequireApproval { policy } => {
+                crate::trace::decided(&span, "require_approval", Some(&policy.id().to_string()))
+            }
+        }
+        decision
     }
 
     /// An approval request from a policy decision.

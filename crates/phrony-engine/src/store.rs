@@ -481,6 +481,35 @@ impl LedgerStore {
         Ok(())
     }
 
+    /// The history aggregates a decision of `call_id` needs (see [`Ledger::history_facts`]).
+    ///
+    /// # Errors
+    /// Ledger errors.
+    pub async fn history_facts(
+        &self,
+        call_id: &str,
+        reads: &[phrony_ledger::HistoryRead],
+    ) -> StoreResult<Vec<phrony_ledger::HistoryCounts>> {
+        Ok(self.ledger.history_facts(call_id, reads).await?)
+    }
+
+    /// Reserves a decided call's history contributions; `false` when a group changed since
+    /// it was read (see [`Ledger::reserve_history`]).
+    ///
+    /// # Errors
+    /// Ledger errors.
+    pub async fn reserve_history(
+        &self,
+        session_id: &str,
+        call_id: &str,
+        reservations: &[phrony_ledger::HistoryReservation],
+    ) -> StoreResult<bool> {
+        Ok(self
+            .ledger
+            .reserve_history(session_id, call_id, reservations)
+            .await?)
+    }
+
     /// A policy denied the call (`tool.policy_denied`).
     pub async fn deny_tool_call(
         &self,

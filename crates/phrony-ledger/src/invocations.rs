@@ -581,6 +581,18 @@ pub(crate) async fn cancel_open(
 // Projection writes: a pure function of the event.
 
 pub(crate) async fn apply(conn: &mut Conn<'_>, event: &Event, body: &EventBody) -> Result<()> {
+    // History reservations settle with the call's outcome, in the outcome's transaction.
+    match body {
+        EventBody::ToolCompleted(p) if p.status == CallStatus::Succeeded => {
+            crate::history::settle(conn, &p.call_id, Some(p.result.as_ref())).await?;
+        }
+        EventBody::ToolCompleted(ToolCompleted { call_id, .. })
+        | EventBody::ToolPolicyDenied(ToolPolicyDenied { call_id, .. })
+        | EventBody::ToolCancelled(ToolCancelled { call_id, .. }) => {
+            crate::history::settle(conn, call_id, None).await?;
+        }
+        _ => {}
+    }
     let ts = event.ts;
     let rows = match body {
         EventBody::ToolRequested(p) => apply_requested(conn, event, p).await?,

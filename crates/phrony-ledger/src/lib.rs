@@ -220,6 +220,7 @@ pub use event_body::{
     ToolIndeterminate, ToolLateResult, ToolPolicyDenied, ToolQueued, ToolRequested, TurnUsage,
     UserMessage, WorkerDescriptorRefused, event_types,
 };
+pub use history::{HistoryCounts, HistoryKey, HistoryRead, HistoryReservation, MAX_HISTORY_READS};
 pub use invocations::{
     CallStatus, Dispatch, NewToolCall, RecordedResult, SideEffectClass, ToolInvocation,
     ToolOutcome, ToolResult, Usage, error_codes, tool_call_id,
@@ -298,6 +299,7 @@ mod approvals;
 mod bundles;
 mod cascade;
 mod cipher;
+mod history;
 mod invocations;
 mod names;
 mod paging;
@@ -1467,6 +1469,54 @@ impl Ledger {
         require_nonempty("worker_id", &refusal.worker_id)?;
         require_nonempty("tool", &refusal.tool)?;
         write_tx!(self, |tx| workers::record_refusal(&mut tx, &refusal))
+    }
+
+    /// The aggregates of earlier calls a history-aware decision of `call_id` needs, one per
+    /// read, in order, answered from the `history_groups`/`history_entries` index (counters for
+    /// unwindowed counts and sums, the time index for windows; never a scan of the log). The
+    /// call's own entries are left out, so a call decided again after a restart does not count
+    /// itself. Each answer carries its group's version for [`Ledger::reserve_history`].
+    ///
+    /// # Errors
+    /// `InvalidArgument` without a call id, with an empty query or scope key, or more than
+    /// [`MAX_HISTORY_READS`] reads; database errors.
+    pub async fn history_facts(
+        &self,
+        call_id: &str,
+        reads: &[HistoryRead],
+    ) -> Result<Vec<HistoryCounts>> {
+        history::check_keys(call_id, reads.iter().map(|r| &r.key))?;
+        let mut conn = self.pool.acquire().await?;
+        history::facts(&mut conn.conn(), call_id, reads).await
+    }
+
+    /// Reserves a decided call's contributions to history aggregates, in one transaction:
+    /// `Ok(true)` when written (or already held by this call: idempotent per call and query),
+    /// `Ok(false)` when a group changed since the decision read it (nothing written; decide
+    /// again with fresh facts). The reservations are committed with the call's success event and
+    /// released with its failure, denial or cancellation event, in those events' transactions.
+    ///
+    /// # Errors
+    /// `InvalidArgument` without a session or call id, with an empty key, more than
+    /// [`MAX_HISTORY_READS`] reservations, or an amount that is not finite or not below 9e12;
+    /// database errors.
+    pub async fn reserve_history(
+        &self,
+        session_id: &str,
+        call_id: &str,
+        reservations: &[HistoryReservation],
+    ) -> Result<bool> {
+        require_nonempty("session_id", session_id)?;
+        history::check_keys(call_id, reservations.iter().map(|r| &r.key))?;
+        if reservations.is_empty() {
+            return Ok(true);
+        }
+        write_tx!(self, |tx| history::reserve(
+            &mut tx,
+            session_id,
+            call_id,
+            reservations
+        ))
     }
 
     /// Records what a `mode: shadow` policy would have changed about one call: a

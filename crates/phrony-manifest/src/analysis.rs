@@ -36,6 +36,11 @@ pub enum FindingKind {
     OverlappingApproval,
     /// No `permit` of a Cedar policy applies to a tool in its scope: every call is denied.
     CedarNoPermit,
+    /// A history condition that cannot work as written: `calls` names no tool of the agent, a
+    /// `same`/`of` path the tool's `input_schema` does not declare, or a history leaf whose
+    /// fail-closed answer (it holds when it cannot be answered) would allow: under `not`, or in
+    /// an `allow` policy.
+    History,
 }
 
 impl FindingKind {
@@ -50,6 +55,7 @@ impl FindingKind {
             Self::AlwaysAllow => "always_allow",
             Self::OverlappingApproval => "overlapping_approval",
             Self::CedarNoPermit => "cedar_no_permit",
+            Self::History => "history",
         }
     }
 }
@@ -122,6 +128,7 @@ pub(crate) fn analyze(subjects: &[Subject<'_>], tools: &[ToolBinding]) -> Vec<Fi
             }
         }
         check_unsatisfiable(s, conditions, "spec.conditions", &mut out);
+        check_history(s, tools, conditions, "spec.conditions", false, &mut out);
     }
     check_shadowed(subjects, tools, &mut out);
     check_always_allow(subjects, tools, &mut out);
@@ -243,6 +250,123 @@ fn collect_leaves<'v>(v: &'v Value, at: &str, out: &mut Vec<Leaf<'v>>) {
         return;
     }
     out.extend(leaf_of(m, at));
+}
+
+/// The history leaves under `v`: `calls` must name a tool of the agent, `same` and `of` (an
+/// argument path) must be declared by the schemas of the tools involved, and a leaf must not sit
+/// under `not` or in an `allow` policy (where failing closed would allow).
+fn check_history(
+    s: &Subject<'_>,
+    tools: &[ToolBinding],
+    v: &Value,
+    at: &str,
+    negated: bool,
+    out: &mut Vec<Finding>,
+) {
+    let Some(m) = v.as_object() else { return };
+    for key in ["all", "any"] {
+        if let Some(Value::Array(items)) = m.get(key) {
+            for (i, item) in items.iter().enumerate() {
+                check_history(s, tools, item, &format!("{at}.{key}[{i}]"), negated, out);
+            }
+            return;
+        }
+    }
+    if let Some(inner) = m.get("not") {
+        check_history(s, tools, inner, &format!("{at}.not"), !negated, out);
+        return;
+    }
+    let Some(query) = m.get("history") else {
+        return;
+    };
+    if negated || s.policy.action == "allow" {
+        out.push(finding(
+            FindingKind::History,
+            s.src,
+            &format!("{at}.history"),
+            format!(
+                "a history condition holds when it cannot be answered (fail-closed); {} it would \
+                 let such a call through: write it as the condition of a deny or approval policy",
+                if negated {
+                    "under `not`"
+                } else {
+                    "in an `allow` policy"
+                }
+            ),
+            None,
+        ));
+    }
+    let own = scoped_tool(s.policy, tools);
+    let mut sides = vec![(query, format!("{at}.history"))];
+    if let Some(from) = m.get("value_from").and_then(|f| f.get("history")) {
+        sides.push((from, format!("{at}.value_from.history")));
+    }
+    for (q, q_at) in sides {
+        let calls = match q.get("calls").and_then(Value::as_str) {
+            Some(name) => {
+                let found = tools
+                    .iter()
+                    .find(|t| t.wire_name() == name || t.reference == name);
+                if found.is_none() {
+                    out.push(finding(
+                        FindingKind::History,
+                        s.src,
+                        &format!("{q_at}.calls"),
+                        format!(
+                            "`calls: {name}` names no tool of this agent: no earlier call can match"
+                        ),
+                        None,
+                    ));
+                }
+                found
+            }
+            None => own,
+        };
+        let mut paths: Vec<(String, String)> = q
+            .get("same")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .enumerate()
+            .filter_map(|(i, p)| Some((p.as_str()?.to_owned(), format!("{q_at}.same[{i}]"))))
+            .collect();
+        let same_count = paths.len();
+        if let Some(of) = q.get("of").and_then(Value::as_str)
+            && !of.starts_with("result.")
+        {
+            paths.push((of.to_owned(), format!("{q_at}.of")));
+        }
+        for (i, (path, path_at)) in paths.iter().enumerate() {
+            // `same` must be declared by the earlier call's tool and by this call's; `of` by
+            // the earlier call's.
+            let mut holders = vec![calls];
+            if i < same_count && !matches!((calls, own), (Some(a), Some(b)) if std::ptr::eq(a, b)) {
+                holders.push(own);
+            }
+            for tool in holders.into_iter().flatten() {
+                let Some(schema) = tool.input_schema.as_ref().and_then(|x| x.inline.as_ref())
+                else {
+                    continue;
+                };
+                let Some(steps) = arg_steps(path) else {
+                    continue;
+                };
+                if let Found::Missing { key, .. } = resolve(&schema.0, &steps) {
+                    out.push(finding(
+                        FindingKind::History,
+                        s.src,
+                        path_at,
+                        format!(
+                            "`{path}` is not declared by the input_schema of {} (no `{key}`): \
+                             the history condition cannot group or sum by it",
+                            tool.wire_name()
+                        ),
+                        None,
+                    ));
+                }
+            }
+        }
+    }
 }
 
 /// One step of an argument path.

@@ -5,6 +5,7 @@ use serde_json::{Map, Value};
 
 use crate::error::{CompileErrorKind, Diags, type_name};
 use crate::gate::Gates;
+use crate::history::{self, HistoryLeaf, HistoryQuery};
 use crate::ops::{Op, OpName};
 use crate::path::{Field, Source, walk};
 use crate::request::{Request, Trigger};
@@ -30,6 +31,8 @@ pub(crate) enum Cond {
         trigger: Trigger,
         negate: bool,
     },
+    /// A `history` leaf: an aggregate of earlier calls given as facts on the request.
+    History(Box<HistoryLeaf>),
 }
 
 /// What a condition is evaluated against.
@@ -98,6 +101,30 @@ impl Cond {
             Cond::Trigger { trigger, negate } => {
                 ctx.trigger.is_some_and(|t| (t == *trigger) != *negate)
             }
+            Cond::History(leaf) => leaf.eval(ctx.req),
+        }
+    }
+
+    /// Gives every history leaf the index of its queries in `table`, adding new ones; `false`
+    /// when the table would exceed [`history::MAX_HISTORY_QUERIES`].
+    pub(crate) fn intern_history(&mut self, table: &mut Vec<HistoryQuery>) -> bool {
+        match self {
+            Cond::All(children) | Cond::Any(children) => {
+                children.iter_mut().all(|c| c.intern_history(table))
+            }
+            Cond::Not(child) => child.intern_history(table),
+            Cond::History(leaf) => leaf.sides_mut().all(|side| history::intern(side, table)),
+            Cond::Leaf { .. } | Cond::Trigger { .. } => true,
+        }
+    }
+
+    /// Whether the condition has a history leaf.
+    pub(crate) fn reads_history(&self) -> bool {
+        match self {
+            Cond::All(children) | Cond::Any(children) => children.iter().any(Cond::reads_history),
+            Cond::Not(child) => child.reads_history(),
+            Cond::History(_) => true,
+            Cond::Leaf { .. } | Cond::Trigger { .. } => false,
         }
     }
 
@@ -120,7 +147,7 @@ impl Cond {
                     })
                 });
             }
-            Cond::Trigger { .. } => {}
+            Cond::Trigger { .. } | Cond::History(_) => {}
         }
     }
 
@@ -141,7 +168,7 @@ impl Cond {
                     f(index, values);
                 }
             }
-            Cond::Trigger { .. } => {}
+            Cond::Trigger { .. } | Cond::History(_) => {}
         }
     }
 
@@ -162,7 +189,7 @@ impl Cond {
                     .zip(op.equality_values())
                     .and_then(|(index, values)| gates.ids(index, values));
             }
-            Cond::Trigger { .. } => {}
+            Cond::Trigger { .. } | Cond::History(_) => {}
         }
     }
 
@@ -184,7 +211,7 @@ impl Cond {
                     f(index, re.as_str());
                 }
             }
-            Cond::Leaf { .. } | Cond::Trigger { .. } => {}
+            Cond::Leaf { .. } | Cond::Trigger { .. } | Cond::History(_) => {}
         }
     }
 
@@ -194,7 +221,7 @@ impl Cond {
         match self {
             Cond::All(children) | Cond::Any(children) => children.iter().any(Cond::reads_trigger),
             Cond::Not(child) => child.reads_trigger(),
-            Cond::Leaf { .. } => false,
+            Cond::Leaf { .. } | Cond::History(_) => false,
             Cond::Trigger { .. } => true,
         }
     }
@@ -207,6 +234,9 @@ impl Cond {
             Cond::All(children) | Cond::Any(children) => children.iter().any(Cond::reads_args),
             Cond::Not(child) => child.reads_args(),
             Cond::Leaf { source, .. } => source.reads_args(),
+            // A history leaf depends on the call (its group, its amount): never decided by the
+            // context alone, so it never hides a tool.
+            Cond::History(_) => true,
             Cond::Trigger { .. } => false,
         }
     }
@@ -251,23 +281,34 @@ pub(crate) enum Compiled {
 }
 
 /// Compiles a policy's `conditions` value; problems are reported under the path `conditions`.
-pub(crate) fn compile(conditions: Option<&Value>, diags: &mut Diags<'_>) -> Compiled {
+/// `tool` is the policy's scope tool (`tool:<ref>`), the default `calls` of its history leaves.
+pub(crate) fn compile(
+    conditions: Option<&Value>,
+    tool: Option<&str>,
+    diags: &mut Diags<'_>,
+) -> Compiled {
     match conditions {
         None | Some(Value::Null) => Compiled::None,
         Some(Value::Object(m)) if m.is_empty() => Compiled::None,
-        Some(v) => match compile_node(v, "conditions", 1, diags) {
+        Some(v) => match compile_node(v, "conditions", 1, tool, diags) {
             Some(c) => Compiled::Tree(c),
             None => Compiled::Invalid,
         },
     }
 }
 
-const KINDS: [&str; 4] = ["all", "any", "not", "field"];
+const KINDS: [&str; 5] = ["all", "any", "not", "field", "history"];
 
 /// Deepest condition nesting accepted; bounds the recursion of compilation and evaluation.
 pub(crate) const MAX_DEPTH: usize = 64;
 
-fn compile_node(v: &Value, at: &str, depth: usize, diags: &mut Diags<'_>) -> Option<Cond> {
+fn compile_node(
+    v: &Value,
+    at: &str,
+    depth: usize,
+    tool: Option<&str>,
+    diags: &mut Diags<'_>,
+) -> Option<Cond> {
     if depth > MAX_DEPTH {
         diags.push(at, CompileErrorKind::TooDeep { limit: MAX_DEPTH });
         return None;
@@ -282,10 +323,13 @@ fn compile_node(v: &Value, at: &str, depth: usize, diags: &mut Diags<'_>) -> Opt
         return None;
     };
     let kinds: Vec<&str> = KINDS.into_iter().filter(|k| m.contains_key(*k)).collect();
-    let leaf_like = kinds.is_empty() || kinds.contains(&"field");
+    let leaf_like = kinds.is_empty() || kinds.contains(&"field") || kinds.contains(&"history");
+    let history_like = kinds.contains(&"history");
     let mut ok = true;
     for key in m.keys() {
-        let known = KINDS.contains(&key.as_str()) || (leaf_like && (key == "op" || key == "value"));
+        let known = KINDS.contains(&key.as_str())
+            || (leaf_like && (key == "op" || key == "value"))
+            || (history_like && key == "value_from");
         if !known {
             ok = false;
             diags.push(
@@ -293,9 +337,9 @@ fn compile_node(v: &Value, at: &str, depth: usize, diags: &mut Diags<'_>) -> Opt
                 CompileErrorKind::UnknownKey {
                     key: key.clone(),
                     expected: if leaf_like {
-                        "field, op and value (or one of all, any, not)"
+                        "field (or history), op and value (or one of all, any, not)"
                     } else {
-                        "only one of all, any, not or field (op and value go beside field)"
+                        "only one of all, any, not, field or history (op and value go beside field)"
                     },
                 },
             );
@@ -308,9 +352,11 @@ fn compile_node(v: &Value, at: &str, depth: usize, diags: &mut Diags<'_>) -> Opt
         }
         [kind] => {
             let node = match *kind {
-                "all" | "any" => compile_list(m, kind, at, depth, diags),
-                "not" => compile_node(&m["not"], &format!("{at}.not"), depth + 1, diags)
+                "all" | "any" => compile_list(m, kind, at, depth, tool, diags),
+                "not" => compile_node(&m["not"], &format!("{at}.not"), depth + 1, tool, diags)
                     .map(|c| Cond::Not(Box::new(c))),
+                "history" => history::compile_leaf(m, at, tool, diags)
+                    .map(|leaf| Cond::History(Box::new(leaf))),
                 _ => compile_leaf(m, at, diags),
             };
             node.filter(|_| ok)
@@ -332,6 +378,7 @@ fn compile_list(
     kind: &str,
     at: &str,
     depth: usize,
+    tool: Option<&str>,
     diags: &mut Diags<'_>,
 ) -> Option<Cond> {
     let key: &'static str = if kind == "all" { "all" } else { "any" };
@@ -347,7 +394,7 @@ fn compile_list(
     let mut children = Vec::with_capacity(items.len());
     let mut ok = true;
     for (i, item) in items.iter().enumerate() {
-        match compile_node(item, &format!("{at_key}[{i}]"), depth + 1, diags) {
+        match compile_node(item, &format!("{at_key}[{i}]"), depth + 1, tool, diags) {
             Some(c) => children.push(c),
             None => ok = false,
         }

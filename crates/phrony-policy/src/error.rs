@@ -193,6 +193,13 @@ pub enum CompileErrorKind {
         /// The keys found.
         keys: Vec<String>,
     },
+    /// A `history` leaf (or `value_from`) that is malformed: unknown aggregate, `of` missing for
+    /// `sum`, `max` or `last`, an unparseable or too long `within`, an unknown scope…
+    #[error("{reason}")]
+    BadHistory {
+        /// What is wrong, naming the key.
+        reason: String,
+    },
     /// An unknown key in a condition node.
     #[error("unknown key `{key}` in a condition node; expected {expected}")]
     UnknownKey {

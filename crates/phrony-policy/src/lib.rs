@@ -11,6 +11,7 @@ mod def;
 mod error;
 mod explain;
 mod gate;
+mod history;
 mod ops;
 mod path;
 mod policy;
@@ -26,6 +27,10 @@ pub use decision::{Decision, DecisionKind};
 pub use def::{PolicyDef, PolicyId, TimeoutDef};
 pub use error::{CompileError, CompileErrorKind, CompileErrors};
 pub use explain::{Effect, Explanation, PolicyTrace};
+pub use history::{
+    Aggregate, EarlierCall, HistoryFact, HistoryFacts, HistoryQuery, HistoryScope,
+    MAX_HISTORY_QUERIES, MAX_HISTORY_WINDOW_SECS, parse_window,
+};
 pub use policy::{Action, Mode, OnModify, OnReject, Policy, Timeout, TimeoutDefault};
 pub use request::{AgentCtx, Request, SessionCtx, ToolCtx, Trigger, UnknownTrigger};
 pub use set::{PolicySet, ShadowOutcome};

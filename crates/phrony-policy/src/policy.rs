@@ -504,7 +504,11 @@ impl Policy {
             );
         }
 
-        let conditions = condition::compile(def.conditions.as_ref(), diags);
+        let scope_tool = match &scope {
+            Some(Scope::Tool(r)) => Some(r.as_str()),
+            _ => None,
+        };
+        let conditions = condition::compile(def.conditions.as_ref(), scope_tool, diags);
 
         let approvals_required = match def.approvals_required {
             None => 1,
@@ -806,6 +810,19 @@ impl Policy {
             Scope::Agent => None,
             Scope::Tool(r) => Some(r),
         }
+    }
+
+    /// Gives the history leaves the indices of their queries in `table`; `false` when the set
+    /// would hold more than [`MAX_HISTORY_QUERIES`](crate::MAX_HISTORY_QUERIES) queries.
+    pub(crate) fn intern_history(&mut self, table: &mut Vec<crate::HistoryQuery>) -> bool {
+        self.conditions
+            .as_mut()
+            .is_none_or(|c| c.intern_history(table))
+    }
+
+    /// Whether the policy's conditions have a `history` leaf.
+    pub fn reads_history(&self) -> bool {
+        self.conditions.as_ref().is_some_and(Cond::reads_history)
     }
 
     /// Gives the condition leaves their path slots (see `slots.rs`).

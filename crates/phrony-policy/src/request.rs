@@ -24,6 +24,9 @@ pub struct Request<'a> {
     pub principal: Option<&'a Value>,
     /// The current time in Unix seconds. The engine never reads a clock.
     pub now_unix: Option<i64>,
+    /// Facts about earlier calls, by the set's query index (see [`crate::HistoryFacts`]); a
+    /// history leaf with none holds (fail-closed).
+    pub history: Option<&'a crate::HistoryFacts>,
 }
 
 impl<'a> Request<'a> {
@@ -36,7 +39,15 @@ impl<'a> Request<'a> {
             session: None,
             principal: None,
             now_unix: None,
+            history: None,
         }
+    }
+
+    /// Sets the history facts.
+    #[must_use]
+    pub fn with_history(mut self, facts: &'a crate::HistoryFacts) -> Self {
+        self.history = Some(facts);
+        self
     }
 
     /// Sets the agent.

@@ -81,6 +81,9 @@ pub struct PolicySet {
     /// Every policy, enforced and shadow, as one enforcing set; only when there is a shadow
     /// policy (see the module docs).
     what_if: Option<Box<PolicySet>>,
+    /// The distinct history queries of the conditions (of every policy, shadow ones included,
+    /// so the enforced and what-if sets index facts alike).
+    history: Vec<crate::HistoryQuery>,
 }
 
 /// What a set's shadow policies would have changed about one call (see [`PolicySet::shadow`]).
@@ -208,18 +211,25 @@ impl PolicySet {
                 .cloned()
                 .collect()
         });
-        let all = Self::compile_enforcing(defs)?;
+        let all = Self::compile_enforcing(defs, Vec::new())?;
         match enforced {
             None => Ok(all),
-            Some(enforced) => Ok(Self {
-                what_if: Some(Box::new(all)),
-                ..Self::compile_enforcing(enforced)?
-            }),
+            Some(enforced) => {
+                // Seeded with every query, so both sets give a query the same index.
+                let table = all.history.clone();
+                Ok(Self {
+                    what_if: Some(Box::new(all)),
+                    ..Self::compile_enforcing(enforced, table)?
+                })
+            }
         }
     }
 
     /// Compiles every definition as one enforcing set (shadow policies included).
-    fn compile_enforcing(defs: Vec<PolicyDef>) -> Result<Self, CompileErrors> {
+    fn compile_enforcing(
+        defs: Vec<PolicyDef>,
+        mut history: Vec<crate::HistoryQuery>,
+    ) -> Result<Self, CompileErrors> {
         let mut errors = Vec::new();
         let mut policies = Vec::new();
         let mut first_by_name: HashMap<String, usize> = HashMap::new();
@@ -237,7 +247,20 @@ impl PolicySet {
                 );
             }
             first_by_name.entry(name.clone()).or_insert(index);
-            let compiled = Policy::compile(def, &mut diags);
+            let mut compiled = Policy::compile(def, &mut diags);
+            if let Some(policy) = &mut compiled
+                && !policy.intern_history(&mut history)
+            {
+                diags.push(
+                    "conditions",
+                    CompileErrorKind::BadHistory {
+                        reason: format!(
+                            "the policy set asks more than {} distinct history queries",
+                            crate::MAX_HISTORY_QUERIES
+                        ),
+                    },
+                );
+            }
             if diags.list.is_empty()
                 && let Some(policy) = compiled
             {
@@ -267,6 +290,7 @@ impl PolicySet {
                 gates,
                 filters,
                 what_if: None,
+                history,
             })
         } else {
             Err(CompileErrors::new(errors))
@@ -284,6 +308,28 @@ impl PolicySet {
         self.what_if
             .iter()
             .flat_map(|all| all.policies.iter().filter(|p| p.is_shadow()))
+    }
+
+    /// The distinct history queries the set's conditions ask, by index: the facts of a
+    /// [`Request`] are given in this order ([`crate::HistoryFacts`]). Empty when no policy has
+    /// a `history` leaf.
+    pub fn history_queries(&self) -> &[crate::HistoryQuery] {
+        &self.history
+    }
+
+    /// Whether a policy in scope of `tool_ref` (shadow ones included) has a `history` leaf: a
+    /// decision of a call of that tool needs facts.
+    pub fn reads_history_for(&self, tool_ref: &str) -> bool {
+        let set = self.what_if.as_deref().unwrap_or(self);
+        set.index
+            .in_scope(tool_ref)
+            .filter_map(|position| set.policies.get(position))
+            .any(Policy::reads_history)
+    }
+
+    /// Whether any policy (shadow ones included) has a `history` leaf.
+    pub fn has_history(&self) -> bool {
+        !self.history.is_empty()
     }
 
     /// Whether the set has at least one shadow policy.

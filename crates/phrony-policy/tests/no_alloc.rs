@@ -4,7 +4,10 @@
 
 use std::alloc::System;
 
-use phrony_policy::{AgentCtx, DecisionKind, PolicyDef, PolicySet, Request, SessionCtx, ToolCtx};
+use phrony_policy::{
+    AgentCtx, DecisionKind, HistoryFact, HistoryFacts, PolicyDef, PolicySet, Request, SessionCtx,
+    ToolCtx,
+};
 use serde_json::{Value, json};
 use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
 
@@ -50,6 +53,16 @@ fn policies() -> PolicySet {
             {"field": "phrony.time.hour", "op": "gt", "value": 22},
             {"field": "phrony.dispatch.trigger", "op": "eq", "value": "dispatch:no_handler"}
         ]}},
+        {"name": "order-cap", "scope": "tool:payments.issue-refund", "action": "deny",
+         "conditions": {"history": {"calls": "issue_refund", "same": ["order_id"], "aggregate": "sum", "of": "amount"},
+                        "op": "gt",
+                        "value_from": {"history": {"calls": "lookup_order", "same": ["order_id"], "aggregate": "last", "of": "result.total"}}}},
+        {"name": "three-a-day", "scope": "tool:payments.issue-refund", "action": "deny",
+         "conditions": {"history": {"in": "everyone", "same": ["order_id"], "within": "24h", "aggregate": "count"},
+                        "op": "gt", "value": 3}},
+        {"name": "looked-up", "scope": "tool:payments.issue-refund", "action": "deny",
+         "conditions": {"history": {"calls": "lookup_order", "same": ["order_id"], "aggregate": "exists"},
+                        "op": "eq", "value": false}},
         {"name": "currency-allow", "scope": "agent", "action": "allow", "allow": ["EUR", "USD"]},
         {"name": "sku-allow", "scope": "agent", "action": "allow", "allow": ["A-1", "B-2"],
          "allow_field": "items[all].sku"},
@@ -75,6 +88,26 @@ fn evaluation_does_not_allocate() {
             })
         })
         .collect();
+    // Facts for every history query: one earlier refund of 100 for the order, a looked-up order
+    // total of 20,000.
+    let facts: &'static HistoryFacts = Box::leak(Box::new({
+        let mut facts = HistoryFacts::new(set.history_queries().len());
+        for (i, q) in set.history_queries().iter().enumerate() {
+            let last = (q.calls() == "lookup_order").then_some(20_000.0);
+            facts.set(
+                i,
+                HistoryFact {
+                    count: 1,
+                    sum: 100.0,
+                    max: Some(100.0),
+                    committed: 1,
+                    last,
+                },
+            );
+        }
+        facts
+    }));
+    assert_eq!(set.history_queries().len(), 4);
     let request = |args: &'static Value| {
         Request::new(
             ToolCtx {
@@ -96,6 +129,7 @@ fn evaluation_does_not_allocate() {
         })
         .with_principal(Box::leak(Box::new(claims.clone())))
         .at(1_704_542_400)
+        .with_history(facts)
     };
     let args: &'static [Value] = Box::leak(args.into_boxed_slice());
     let allow: Vec<Request<'static>> = args.iter().map(request).collect();

@@ -17,7 +17,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use phrony_manifest::{CompiledAgent, ToolBinding};
-use phrony_policy::{AgentCtx, Decision, Request, SessionCtx};
+use phrony_policy::{AgentCtx, Decision, EarlierCall, HistoryFacts, Request, SessionCtx};
 use serde::Deserialize;
 use serde_json::Value;
 use tests::{example_dirs, yaml_files, yaml_to_json, yaml_with_merges};
@@ -42,6 +42,34 @@ struct Case {
     shadow: Option<Expect>,
     /// The shadow policy responsible (required with `shadow`).
     shadow_policy: Option<String>,
+    /// Earlier calls the example's history-aware conditions see (absent: none).
+    #[serde(default)]
+    history: Vec<Earlier>,
+}
+
+/// One earlier call of a case's `history`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Earlier {
+    tool: String,
+    #[serde(default = "empty_object")]
+    args: Value,
+    result: Option<Value>,
+    /// Its session id (default: the case's).
+    session: Option<String>,
+    /// When it was decided (RFC 3339 or Unix seconds; default: inside every window).
+    at: Option<Value>,
+    /// `succeeded` (default) or `reserved` (allowed, not finished).
+    #[serde(default)]
+    outcome: EarlierOutcome,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum EarlierOutcome {
+    #[default]
+    Succeeded,
+    Reserved,
 }
 
 fn empty_object() -> Value {
@@ -159,6 +187,40 @@ fn check_case(
             Ok(t) => request = request.at(t),
             Err(e) => return vec![e],
         }
+    }
+
+    // The earlier calls, as the ledger index would answer for them.
+    let agent_key = format!("{}/{}", agent_ctx.namespace, agent_ctx.name);
+    let session_id = case.context.session.as_ref().map_or("", |s| s.id.as_str());
+    let mut earlier = Vec::with_capacity(case.history.len());
+    let mut wires = Vec::with_capacity(case.history.len());
+    for e in &case.history {
+        let Some(b) = find_tool(agent, &e.tool) else {
+            return vec![format!("history: no tool {:?} in the agent", e.tool)];
+        };
+        wires.push((b, b.wire_name()));
+    }
+    for (e, (b, wire)) in case.history.iter().zip(&wires) {
+        let at_unix = match e.at.as_ref().map(unix_seconds).transpose() {
+            Ok(t) => t,
+            Err(err) => return vec![format!("history: {err}")],
+        };
+        earlier.push(EarlierCall {
+            tool: b.tool_ctx(wire),
+            args: &e.args,
+            result: e.result.as_ref(),
+            session: e.session.as_deref().unwrap_or(session_id),
+            agent: &agent_key,
+            at_unix,
+            committed: e.outcome == EarlierOutcome::Succeeded,
+        });
+    }
+    if !case.history.is_empty() && !policies.has_history() {
+        problems.push("`history` is set but no policy has a history condition".to_owned());
+    }
+    let facts = HistoryFacts::from_calls(policies, &request, &earlier);
+    if policies.has_history() {
+        request = request.with_history(&facts);
     }
 
     if let Some(want) = case.hidden {

@@ -39,6 +39,7 @@ mod demo;
 mod endpoints;
 mod examples;
 mod guard_rails;
+mod history;
 mod lifecycle;
 mod mcp;
 mod replay;

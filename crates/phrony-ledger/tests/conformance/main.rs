@@ -19,6 +19,7 @@ mod bundle_cases;
 mod cases;
 mod connect;
 mod harness;
+mod history_cases;
 mod outage;
 mod session_cases;
 mod shadow_cases;
@@ -132,4 +133,7 @@ conformance!(
     bundle_deploy_rollback_and_history_follow_the_rules,
     a_bundle_session_runs_the_root_member_and_lists_by_kind,
     rebuild_reproduces_bundle_projections_exactly,
+    history_reservations_commit_release_and_are_idempotent,
+    history_windows_are_exact_at_the_edges,
+    concurrent_deciders_never_pass_a_cap_only_some_fit,
 );

@@ -11,8 +11,8 @@ use std::path::PathBuf;
 use anyhow::{Context as _, anyhow, bail};
 use phrony_manifest::{CompiledAgent, ToolArgsValidator, ToolBinding};
 use phrony_policy::{
-    Action, AgentCtx, Decision, Effect, Explanation, PolicySet, PolicyTrace, Request, SessionCtx,
-    ShadowOutcome, ToolCtx,
+    Action, AgentCtx, Decision, EarlierCall, Effect, Explanation, HistoryFacts, PolicySet,
+    PolicyTrace, Request, SessionCtx, ShadowOutcome, ToolCtx,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -43,6 +43,13 @@ pub(crate) struct Args {
     /// "agent": {"namespace": …, "name": …, "version": …}}`. The agent defaults to the manifest's.
     #[arg(long, value_name = "JSON")]
     context: Option<String>,
+    /// Earlier calls the policies' history conditions see: a JSON file holding a list of
+    /// `{"tool": wire name or logical id, "args": {…}, "result"?: {…}, "session"?: id (default
+    /// the context's), "at"?: RFC 3339 or Unix seconds, "outcome"?: "succeeded" (default) or
+    /// "reserved"}` (at most 10,000). Without it the call is decided as the first one (no
+    /// earlier calls).
+    #[arg(long, value_name = "FILE")]
+    history: Option<PathBuf>,
     /// Output format.
     #[arg(long, value_enum, default_value_t)]
     output: Output,
@@ -95,6 +102,34 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     }
     if let Some(now) = context.now {
         request = request.at(now);
+    }
+    let earlier = match &args.history {
+        Some(path) => read_history(path)?,
+        None => Vec::new(),
+    };
+    let agent_key = format!("{}/{}", agent_ctx.namespace, agent_ctx.name);
+    let session_id = context.session.as_ref().map_or("", |s| s.id.as_str());
+    let mut bindings = Vec::with_capacity(earlier.len());
+    for (i, call) in earlier.iter().enumerate() {
+        let b = find_tool(&agent, &call.tool).with_context(|| format!("--history: call {i}"))?;
+        bindings.push((b, b.wire_name()));
+    }
+    let calls: Vec<EarlierCall<'_>> = earlier
+        .iter()
+        .zip(&bindings)
+        .map(|(call, (b, wire))| EarlierCall {
+            tool: b.tool_ctx(wire),
+            args: &call.args,
+            result: call.result.as_ref(),
+            session: call.session.as_deref().unwrap_or(session_id),
+            agent: &agent_key,
+            at_unix: call.at,
+            committed: call.outcome != EarlierOutcome::Reserved,
+        })
+        .collect();
+    let facts = HistoryFacts::from_calls(&policies, &request, &calls);
+    if policies.has_history() {
+        request = request.with_history(&facts);
     }
 
     let explanation = policies.explain(&request);
@@ -164,6 +199,57 @@ fn parse_args(text: &str) -> anyhow::Result<Value> {
         );
     }
     Ok(value)
+}
+
+/// The most earlier calls `--history` may list.
+const MAX_HISTORY_CALLS: usize = 10_000;
+
+/// One earlier call of `--history`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Earlier {
+    tool: String,
+    #[serde(default = "empty_object")]
+    args: Value,
+    result: Option<Value>,
+    session: Option<String>,
+    #[serde(default, deserialize_with = "deserialize_now")]
+    at: Option<i64>,
+    #[serde(default)]
+    outcome: EarlierOutcome,
+}
+
+fn empty_object() -> Value {
+    Value::Object(serde_json::Map::new())
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum EarlierOutcome {
+    #[default]
+    Succeeded,
+    Reserved,
+}
+
+/// `--history FILE`: the list of earlier calls.
+fn read_history(path: &std::path::Path) -> anyhow::Result<Vec<Earlier>> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("--history: cannot read {}", path.display()))?;
+    let calls: Vec<Earlier> = serde_json::from_str(&text).with_context(|| {
+        format!(
+            "--history {}: expected a JSON list of {{\"tool\", \"args\", \"result\"?, \"session\"?, \
+             \"at\"?, \"outcome\"?}}",
+            path.display()
+        )
+    })?;
+    if calls.len() > MAX_HISTORY_CALLS {
+        bail!(
+            "--history {}: {} calls, at most {MAX_HISTORY_CALLS}",
+            path.display(),
+            calls.len()
+        );
+    }
+    Ok(calls)
 }
 
 /// The context of a call, as `--context` spells it.

@@ -1,0 +1,408 @@
+//! History-aware policy state (migration 0014): reservations at decision time, committed with
+//! the call's success and released with its failure, denial or cancellation, in those events'
+//! transactions; exact windows; idempotency per call; and no two deciders passing a cap only one
+//! fits.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
+
+use chrono::{DateTime, Duration, TimeZone, Utc};
+use phrony_ledger::{
+    Dispatch, HistoryCounts, HistoryKey, HistoryRead, HistoryReservation, Ledger, LedgerClock,
+    LedgerError, LedgerOptions, NewToolCall, SessionStatus, SideEffectClass, StatusChange,
+    ToolOutcome, ToolResult,
+};
+use serde_json::{Value, json};
+
+use crate::harness::TestDb;
+use crate::session_cases::{deploy_agent, refund_agent};
+
+fn key(query: &str, group: &str) -> HistoryKey {
+    HistoryKey {
+        query_key: query.to_owned(),
+        scope_key: "*".to_owned(),
+        group_key: group.to_owned(),
+    }
+}
+
+fn read(query: &str, group: &str) -> HistoryRead {
+    HistoryRead {
+        key: key(query, group),
+        since: None,
+    }
+}
+
+fn reserve(query: &str, group: &str, amount: Option<f64>, version: i64) -> HistoryReservation {
+    HistoryReservation {
+        key: key(query, group),
+        amount,
+        result_path: None,
+        expected_version: version,
+    }
+}
+
+async fn facts(ledger: &Ledger, call: &str, reads: &[HistoryRead]) -> Vec<HistoryCounts> {
+    ledger.history_facts(call, reads).await.unwrap()
+}
+
+/// A session awaiting tools with `n` recorded refund calls; returns (session id, call ids).
+async fn calls(ledger: &Ledger, n: u32) -> (String, Vec<String>) {
+    let v = deploy_agent(ledger, &refund_agent(), "0.1.0").await;
+    let s = ledger
+        .create_session(phrony_ledger::NewSession {
+            id: phrony_ledger::new_session_id(),
+            agent_version_id: v.id,
+            agent: phrony_ledger::AgentVersionRef::new("support", "refund-agent", "0.1.0"),
+            input: json!({"message": "refunds"}),
+            metadata: Default::default(),
+            mode: phrony_ledger::SessionMode::Task,
+            parent_session_id: None,
+            limits: None,
+            bundle_version_id: None,
+            secrets: Vec::new(),
+            actor: phrony_ledger::Attribution::unverified("alice".to_owned()),
+        })
+        .await
+        .unwrap();
+    ledger
+        .set_session_status(&s.id, StatusChange::to(SessionStatus::AwaitingTool))
+        .await
+        .unwrap();
+    let mut ids = Vec::new();
+    for i in 0..n {
+        let call = ledger
+            .record_tool_call(NewToolCall {
+                session_id: s.id.clone(),
+                turn: 1,
+                iteration: 0,
+                index: i,
+                tool: "payments.issue-refund".to_owned(),
+                version: "1.0.0".to_owned(),
+                wire_name: Some("issue_refund".to_owned()),
+                args: json!({"order_id": "ORD-1", "amount": i}),
+                side_effect_class: Some(SideEffectClass::NonIdempotentWrite),
+                delegation: None,
+            })
+            .await
+            .unwrap();
+        ids.push(call.call_id);
+    }
+    (s.id, ids)
+}
+
+async fn succeed(ledger: &Ledger, call: &str, result: Value) {
+    ledger.queue_tool_call(call).await.unwrap();
+    ledger
+        .dispatch_tool_call(
+            call,
+            Dispatch {
+                worker_id: "worker-1".to_owned(),
+                worker_identity: None,
+                image_digest: None,
+                descriptor_hash: None,
+                deadline_at: None,
+            },
+        )
+        .await
+        .unwrap();
+    ledger
+        .record_tool_result(
+            call,
+            ToolResult {
+                worker_id: Some("worker-1".to_owned()),
+                outcome: ToolOutcome::Success(result),
+                usage: None,
+            },
+        )
+        .await
+        .unwrap();
+}
+
+pub(crate) async fn history_reservations_commit_release_and_are_idempotent(db: &TestDb) {
+    let ledger = db.migrated().await;
+    let (session, ids) = calls(ledger, 6).await;
+    let q = "issue_refund|everyone|order_id||sum|amount";
+    let r = [read(q, "\"ORD-1\"")];
+
+    // Nothing yet: no group row, version 0.
+    assert_eq!(
+        facts(ledger, &ids[0], &r).await[0],
+        HistoryCounts::default()
+    );
+
+    // Reserve 40 for call 0: others see it (reserved counts for sums), it does not see itself.
+    assert!(
+        ledger
+            .reserve_history(&session, &ids[0], &[reserve(q, "\"ORD-1\"", Some(40.0), 0)])
+            .await
+            .unwrap()
+    );
+    let seen = facts(ledger, &ids[1], &r).await[0];
+    assert_eq!(
+        (
+            seen.count,
+            seen.sum,
+            seen.max,
+            seen.committed,
+            seen.last,
+            seen.version
+        ),
+        (1, 40.0, Some(40.0), 0, None, 1)
+    );
+    let own = facts(ledger, &ids[0], &r).await[0];
+    assert_eq!((own.count, own.sum, own.max), (0, 0.0, None));
+
+    // Reserving again (a re-decide after a restart) is idempotent, whatever the version.
+    assert!(
+        ledger
+            .reserve_history(&session, &ids[0], &[reserve(q, "\"ORD-1\"", Some(40.0), 0)])
+            .await
+            .unwrap()
+    );
+    assert_eq!(facts(ledger, &ids[1], &r).await[0].count, 1);
+
+    // A stale version refuses the reservation and writes nothing.
+    assert!(
+        !ledger
+            .reserve_history(&session, &ids[1], &[reserve(q, "\"ORD-1\"", Some(10.0), 0)])
+            .await
+            .unwrap()
+    );
+    assert_eq!(facts(ledger, &ids[2], &r).await[0].count, 1);
+
+    // Call 0 succeeds: committed, with the result event.
+    succeed(ledger, &ids[0], json!({"refund_id": "R-1"})).await;
+    let seen = facts(ledger, &ids[1], &r).await[0];
+    assert_eq!(
+        (seen.count, seen.sum, seen.committed, seen.last),
+        (1, 40.0, 1, Some(40.0))
+    );
+
+    // Call 1 is reserved, then fails: released with the failure.
+    let v = seen.version;
+    assert!(
+        ledger
+            .reserve_history(&session, &ids[1], &[reserve(q, "\"ORD-1\"", Some(25.5), v)])
+            .await
+            .unwrap()
+    );
+    assert_eq!(facts(ledger, &ids[2], &r).await[0].sum, 65.5);
+    ledger
+        .fail_tool_call(&ids[1], "worker_error", "bank down")
+        .await
+        .unwrap();
+    let seen = facts(ledger, &ids[2], &r).await[0];
+    assert_eq!((seen.count, seen.sum), (1, 40.0));
+
+    // Call 2 is reserved (an approval opened), then denied: released.
+    assert!(
+        ledger
+            .reserve_history(
+                &session,
+                &ids[2],
+                &[reserve(q, "\"ORD-1\"", Some(7.0), seen.version)]
+            )
+            .await
+            .unwrap()
+    );
+    ledger
+        .deny_tool_call(&ids[2], "rejected by an approver", None)
+        .await
+        .unwrap();
+    assert_eq!(facts(ledger, &ids[3], &r).await[0].sum, 40.0);
+
+    // Call 3 has an indeterminate outcome: it stays reserved (counted) until resolved.
+    let v = facts(ledger, &ids[3], &r).await[0].version;
+    assert!(
+        ledger
+            .reserve_history(&session, &ids[3], &[reserve(q, "\"ORD-1\"", Some(5.0), v)])
+            .await
+            .unwrap()
+    );
+    ledger.queue_tool_call(&ids[3]).await.unwrap();
+    ledger
+        .dispatch_tool_call(
+            &ids[3],
+            Dispatch {
+                worker_id: "w".into(),
+                worker_identity: None,
+                image_digest: None,
+                descriptor_hash: None,
+                deadline_at: None,
+            },
+        )
+        .await
+        .unwrap();
+    ledger
+        .mark_tool_call_indeterminate(&ids[3], "worker lost")
+        .await
+        .unwrap();
+    let seen = facts(ledger, &ids[4], &r).await[0];
+    assert_eq!((seen.count, seen.sum, seen.committed), (2, 45.0, 1));
+
+    // A result-based amount (`of: result.total`) is known when the call succeeds.
+    let lookup = "lookup_order|session|order_id||last|result.total";
+    let lr = [read(lookup, "\"ORD-1\"")];
+    assert!(
+        ledger
+            .reserve_history(
+                &session,
+                &ids[4],
+                &[HistoryReservation {
+                    result_path: Some("order.total".into()),
+                    ..reserve(lookup, "\"ORD-1\"", None, 0)
+                }]
+            )
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        facts(ledger, &ids[5], &lr).await[0].last,
+        None,
+        "a reserved lookup has no value yet"
+    );
+    succeed(ledger, &ids[4], json!({"order": {"total": "120.25"}})).await;
+    let seen = facts(ledger, &ids[5], &lr).await[0];
+    assert_eq!((seen.committed, seen.last), (1, Some(120.25)));
+
+    // Cancelling a call releases its reservation.
+    let v = facts(ledger, &ids[5], &r).await[0].version;
+    assert!(
+        ledger
+            .reserve_history(&session, &ids[5], &[reserve(q, "\"ORD-1\"", Some(1.0), v)])
+            .await
+            .unwrap()
+    );
+    assert_eq!(facts(ledger, "other", &r).await[0].count, 3);
+    ledger
+        .cancel_tool_call(&ids[5], "session cancelled")
+        .await
+        .unwrap();
+    let seen = facts(ledger, "other", &r).await[0];
+    assert_eq!((seen.count, seen.sum), (2, 45.0));
+
+    // Bad input is named.
+    let err = ledger
+        .reserve_history(&session, &ids[0], &[reserve(q, "g", Some(f64::NAN), 0)])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, LedgerError::InvalidArgument { .. })
+            && err.to_string().contains("not a finite number"),
+        "{err}"
+    );
+    let err = ledger.history_facts("", &r).await.unwrap_err();
+    assert!(err.to_string().contains("call_id is required"), "{err}");
+    let many: Vec<HistoryRead> = (0..65).map(|i| read(q, &i.to_string())).collect();
+    let err = ledger.history_facts("c", &many).await.unwrap_err();
+    assert!(err.to_string().contains("at most 64"), "{err}");
+}
+
+pub(crate) async fn history_windows_are_exact_at_the_edges(db: &TestDb) {
+    db.migrated().await;
+    let t0 = Utc.with_ymd_and_hms(2026, 1, 1, 12, 0, 0).unwrap();
+    let now = Arc::new(AtomicI64::new(t0.timestamp_micros()));
+    let clock_now = Arc::clone(&now);
+    let ledger = Ledger::connect_with(
+        &db.url,
+        LedgerOptions {
+            clock: LedgerClock::new(move || {
+                DateTime::from_timestamp_micros(clock_now.load(Ordering::SeqCst))
+                    .unwrap_or_default()
+            }),
+            ..LedgerOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    let q = "issue_refund|everyone|customer_id|86400|count|";
+    for (i, offset) in [0_i64, 3_600_000_000, 7_200_000_000]
+        .into_iter()
+        .enumerate()
+    {
+        now.store(t0.timestamp_micros() + offset, Ordering::SeqCst);
+        let v = ledger.history_facts("x", &[read(q, "c")]).await.unwrap()[0].version;
+        assert!(
+            ledger
+                .reserve_history("s", &format!("c{i}"), &[reserve(q, "c", None, v)])
+                .await
+                .unwrap()
+        );
+    }
+    let window = |since: DateTime<Utc>| {
+        [HistoryRead {
+            key: key(q, "c"),
+            since: Some(since),
+        }]
+    };
+    // The window starts exactly at the first entry: all three; one microsecond later: two.
+    assert_eq!(facts(&ledger, "x", &window(t0)).await[0].count, 3);
+    assert_eq!(
+        facts(&ledger, "x", &window(t0 + Duration::microseconds(1))).await[0].count,
+        2
+    );
+    assert_eq!(
+        facts(&ledger, "x", &window(t0 + Duration::hours(2))).await[0].count,
+        1
+    );
+    assert_eq!(
+        facts(
+            &ledger,
+            "x",
+            &window(t0 + Duration::hours(2) + Duration::microseconds(1))
+        )
+        .await[0]
+            .count,
+        0
+    );
+    // The asking call is left out of a window too.
+    assert_eq!(facts(&ledger, "c1", &window(t0)).await[0].count, 2);
+}
+
+pub(crate) async fn concurrent_deciders_never_pass_a_cap_only_some_fit(db: &TestDb) {
+    let ledger = db.migrated().await;
+    // Two more connections pools: deciders on separate "replicas".
+    let others = [db.another_ledger().await, db.another_ledger().await];
+    let ledgers: Vec<Ledger> = std::iter::once(ledger.clone()).chain(others).collect();
+    let q = "issue_refund|everyone|customer_id|86400|count|";
+    let allowed = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for i in 0..16 {
+        let ledger = ledgers[i % ledgers.len()].clone();
+        let allowed = Arc::clone(&allowed);
+        tasks.push(tokio::spawn(async move {
+            let call = format!("call-{i}");
+            for _attempt in 0..64 {
+                let fact = ledger
+                    .history_facts(
+                        &call,
+                        &[HistoryRead {
+                            key: key(q, "cust-7"),
+                            since: Some(Utc::now() - Duration::hours(24)),
+                        }],
+                    )
+                    .await
+                    .unwrap()[0];
+                // The policy: at most 3 in the window, this call included.
+                if fact.count + 1 > 3 {
+                    return;
+                }
+                if ledger
+                    .reserve_history("s", &call, &[reserve(q, "cust-7", None, fact.version)])
+                    .await
+                    .unwrap()
+                {
+                    allowed.fetch_add(1, Ordering::SeqCst);
+                    return;
+                }
+                tokio::task::yield_now().await;
+            }
+            panic!("{call}: no decision after 64 attempts");
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(allowed.load(Ordering::SeqCst), 3);
+    assert_eq!(facts(ledger, "x", &[read(q, "cust-7")]).await[0].count, 3);
+}
