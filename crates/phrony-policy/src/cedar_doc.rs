@@ -669,7 +669,7 @@ when { context.session.hasTag("channel") && context.session.getTag("channel") ==
        && !(principal.hasTag("region") && principal.getTag("region") == "eu") };
 
 @id("night") @reason("No refunds at night.") forbid (principal, action, resource)
-when { !(context has time) || context.time < 1000 };
+unless { context has time && context.time >= 1000 };
 
 @id("other-agent") forbid (principal, action, resource)
 when { context.agent.name != "refund-agent" || context.tool.ref != "payments.issue-refund" };
