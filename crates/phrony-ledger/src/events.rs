@@ -176,6 +176,18 @@ pub(crate) async fn append_batch(
         }
         conn.execute("append events", &sql, binds).await?;
     }
+    drop(conn);
+    if crate::webhooks::enqueue(
+        tx,
+        &head.stream,
+        rows.iter()
+            .map(|row| (row.seq, row.event.event_type.as_str(), &row.event.payload)),
+    )
+    .await?
+    {
+        tx.mark_outbox_written();
+    }
+    let mut conn = tx.conn();
     let last_hash = prev_hash;
     let updated = conn
         .execute(

@@ -23,6 +23,7 @@ mod outage;
 mod session_cases;
 mod shadow_cases;
 mod token_cases;
+mod webhook_cases;
 
 /// Generates `sqlite::<case>` and `postgres::<case>` tests for every case.
 macro_rules! conformance {
@@ -132,4 +133,7 @@ conformance!(
     bundle_deploy_rollback_and_history_follow_the_rules,
     a_bundle_session_runs_the_root_member_and_lists_by_kind,
     rebuild_reproduces_bundle_projections_exactly,
+    webhook_outbox_rows_commit_with_their_event,
+    webhook_deliveries_follow_their_state_machine,
+    concurrent_claimers_never_claim_the_same_delivery,
 );
