@@ -1631,10 +1631,11 @@ impl Ledger {
     pub async fn retry_webhook_delivery(
         &self,
         id: Uuid,
-        actor: &str,
+        actor: impl Into<phrony_auth::Attribution>,
     ) -> Result<(WebhookDelivery, Event)> {
-        require_nonempty("actor", actor)?;
-        write_tx!(self, |tx| webhooks::retry(&mut tx, id, actor))
+        let actor = actor.into();
+        require_nonempty("actor", &actor.actor)?;
+        write_tx!(self, |tx| webhooks::retry(&mut tx, id, &actor))
     }
 
     /// One delivery.

@@ -529,7 +529,11 @@ pub(crate) async fn get(conn: &mut Conn<'_>, id: Uuid) -> Result<WebhookDelivery
 }
 
 /// Re-queues a failed delivery (attempts from 0, due now) and records who did it.
-pub(crate) async fn retry(tx: &mut Tx, id: Uuid, actor: &str) -> Result<(WebhookDelivery, Event)> {
+pub(crate) async fn retry(
+    tx: &mut Tx,
+    id: Uuid,
+    actor: &phrony_auth::Attribution,
+) -> Result<(WebhookDelivery, Event)> {
     let mut head = lock_stream(tx, WEBHOOKS_STREAM).await?;
     let delivery = get(&mut tx.conn(), id).await?;
     if delivery.status != DeliveryStatus::Failed {
@@ -549,7 +553,7 @@ pub(crate) async fn retry(tx: &mut Tx, id: Uuid, actor: &str) -> Result<(Webhook
             seq: delivery.seq,
             attempts: u64::from(delivery.attempts),
         })
-        .into_new_event(actor)?,
+        .into_new_event(actor.clone())?,
     )
     .await?;
     let rows = tx

@@ -49,6 +49,12 @@ pub enum ServeError {
         #[source]
         source: io::Error,
     },
+    /// The webhook sender could not start (its HTTP client).
+    #[error("cannot start the webhook sender: {message}")]
+    Webhooks {
+        /// Why.
+        message: String,
+    },
     /// The reflection service could not be built from the descriptor sets.
     #[error("cannot build the reflection service: {message}")]
     Reflection {
@@ -314,6 +320,11 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
     let mode = crate::auth::resolve_mode(Some(config.auth), false, listener.local_addr)?;
+    // Webhooks on: every notifying event commits with its outbox rows from now on.
+    let ledger = match &config.webhooks {
+        Some(webhooks) => ledger.with_webhooks(webhooks.routes()),
+        None => ledger,
+    };
     let authenticator = edge_authenticator(mode, &ledger, &config);
     let health = Health::new();
     let monitor = health.spawn_monitor(
@@ -408,6 +419,16 @@ pub async fn serve(
                 let _ = stop_rx.await;
             }),
     );
+    let webhook_sender = match config.webhooks.clone() {
+        Some(webhooks) => Some(
+            crate::webhooks::WebhookSender::start(ledger.clone(), webhooks).map_err(|e| {
+                ServeError::Webhooks {
+                    message: format!("{e:#}"),
+                }
+            })?,
+        ),
+        None => None,
+    };
     // Recovery is done: `/readyz` follows the health state from now on.
     if let Some(http) = &config.http {
         http.serving(crate::http::Serving {
@@ -461,6 +482,9 @@ pub async fn serve(
         }
     };
     monitor.abort();
+    if let Some(sender) = webhook_sender {
+        sender.stop();
+    }
     drop(server);
     // Drivers stop where they are; their sessions resume from the log at the next start.
     engine.shutdown();

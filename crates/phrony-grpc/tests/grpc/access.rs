@@ -45,6 +45,7 @@ const READS: &[&str] = &[
     "VerifyAudit",
     "ExportAudit",
     "ListShadowDecisions",
+    "ListWebhookDeliveries",
 ];
 const RUNS: &[&str] = &[
     "RunSession",
@@ -247,6 +248,20 @@ async fn call(client: &mut Client, rpc: &str) -> Code {
                 .list_shadow_decisions(pb::ListShadowDecisionsRequest {
                     policy: "payments/no-gold".to_owned(),
                     ..pb::ListShadowDecisionsRequest::default()
+                })
+                .await,
+        ),
+        "ListWebhookDeliveries" => code(
+            client
+                .list_webhook_deliveries(pb::ListWebhookDeliveriesRequest::default())
+                .await,
+        ),
+        // An unknown delivery: NOT_FOUND for whoever may ask.
+        "RetryWebhookDelivery" => code(
+            client
+                .retry_webhook_delivery(pb::RetryWebhookDeliveryRequest {
+                    delivery_id: "00000000-0000-4000-8000-000000000000".to_owned(),
+                    actor: String::new(),
                 })
                 .await,
         ),
