@@ -17,7 +17,7 @@ use crate::audit_key::AuditKey;
 use crate::chain::{canonical_json, format_ts};
 use crate::error::{LedgerError, Result, SqlxResultExt};
 use crate::group::{GroupWriter, Lease};
-use crate::webhooks::Outbox;
+use crate::outbox::Outbox;
 
 /// Which database a [`crate::Ledger`] talks to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

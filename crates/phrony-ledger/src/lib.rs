@@ -224,6 +224,7 @@ pub use invocations::{
     CallStatus, Dispatch, NewToolCall, RecordedResult, SideEffectClass, ToolInvocation,
     ToolOutcome, ToolResult, Usage, error_codes, tool_call_id,
 };
+pub use outbox::{NotificationKind, WebhookRoute, notification};
 pub use paging::{MAX_PAGE_SIZE, Page, PageRequest, UNSIZED_PAGE_LIMIT};
 pub use secrets::{NONCE_LEN, SealedSecret};
 pub use session_log::{
@@ -242,8 +243,7 @@ pub use vocabulary::OutputAction;
 pub use vocabulary::PolicyVerdict;
 pub use webhooks::{
     AttemptOutcome, ClaimedDelivery, DeliveryFilter, DeliveryStatus, MAX_CLAIM, MAX_DELIVERY_LIST,
-    MAX_LAST_ERROR_CHARS, NotificationKind, WEBHOOK_RETENTION, WEBHOOKS_STREAM, WebhookDelivery,
-    WebhookRoute, notification,
+    MAX_LAST_ERROR_CHARS, WEBHOOK_RETENTION, WEBHOOKS_STREAM, WebhookDelivery,
 };
 pub use workers::WORKERS_STREAM;
 
@@ -305,6 +305,7 @@ mod cascade;
 mod cipher;
 mod invocations;
 mod names;
+mod outbox;
 mod paging;
 mod rows;
 mod secrets;
@@ -442,7 +443,7 @@ pub struct Ledger {
     probe: Probe,
     /// The configured webhooks: appends of notifying events write outbox rows for them
     /// (`webhooks.rs`); `None` (the default) writes none. See [`Ledger::with_webhooks`].
-    outbox: Option<Arc<webhooks::Outbox>>,
+    outbox: Option<Arc<outbox::Outbox>>,
 }
 
 /// How [`Ledger::probe_write`] reaches the database.
@@ -1578,7 +1579,7 @@ impl Ledger {
     /// include it, in the event's transaction. Routes with no kinds receive nothing.
     #[must_use]
     pub fn with_webhooks(mut self, routes: Vec<WebhookRoute>) -> Self {
-        self.outbox = Some(Arc::new(webhooks::Outbox {
+        self.outbox = Some(Arc::new(outbox::Outbox {
             routes,
             wake: Arc::new(tokio::sync::Notify::new()),
         }));

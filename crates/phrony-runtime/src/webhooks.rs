@@ -257,7 +257,10 @@ impl WebhooksConfig {
             return Err(at(
                 1,
                 1,
-                format!("at most {MAX_WEBHOOKS} webhooks (found {})", raw.webhooks.len()),
+                format!(
+                    "at most {MAX_WEBHOOKS} webhooks (found {})",
+                    raw.webhooks.len()
+                ),
             ));
         }
         let mut webhooks = Vec::new();
@@ -302,9 +305,7 @@ impl WebhooksConfig {
                 (Format::Json, Some(var)) => match env(var) {
                     Some(v) if v.len() >= 16 => Some(v.into_bytes()),
                     Some(_) => {
-                        return Err(fail(format!(
-                            "secret_env: {var} holds fewer than 16 bytes"
-                        )));
+                        return Err(fail(format!("secret_env: {var} holds fewer than 16 bytes")));
                     }
                     None => return Err(fail(format!("secret_env: {var} is not set"))),
                 },
@@ -384,7 +385,7 @@ fn position_of(text: &str, name: &str) -> (usize, usize) {
         if let Some(value) = trimmed.strip_prefix("name:") {
             let value = value.trim().trim_matches(|c| c == '"' || c == '\'');
             if value == name {
-                let column = line.len() - line.trim_start().len() + 1;
+                let column = line.find("name:").map_or(1, |at| at + 1);
                 return (i + 1, column);
             }
         }
@@ -447,9 +448,7 @@ impl Notification {
             .into_iter()
             .next()
             .filter(|e| e.seq == claim.seq)
-            .ok_or_else(|| {
-                anyhow::anyhow!("event {} #{} not found", claim.stream, claim.seq)
-            })?;
+            .ok_or_else(|| anyhow::anyhow!("event {} #{} not found", claim.stream, claim.seq))?;
         let body = event.body()?;
         let mut n = Self {
             id: claim.id,
@@ -555,7 +554,10 @@ impl Notification {
             ("decision", self.decision.as_ref().map(|v| json!(v))),
             ("decided_by", self.decided_by.as_ref().map(|v| json!(v))),
             ("comment", self.comment.as_ref().map(|v| json!(v))),
-            ("console_url", self.console_link(console_url).map(|v| json!(v))),
+            (
+                "console_url",
+                self.console_link(console_url).map(|v| json!(v)),
+            ),
         ];
         for (key, value) in optional {
             if let Some(value) = value {
@@ -809,7 +811,12 @@ async fn run(ledger: Ledger, config: Arc<WebhooksConfig>, clients: Arc<Vec<reqwe
 }
 
 /// One attempt: build, send, record.
-async fn attempt(ledger: &Ledger, webhook: &Webhook, client: &reqwest::Client, claim: ClaimedDelivery) {
+async fn attempt(
+    ledger: &Ledger,
+    webhook: &Webhook,
+    client: &reqwest::Client,
+    claim: ClaimedDelivery,
+) {
     let result = send(ledger, webhook, client, &claim).await;
     let (outcome, metric) = match result {
         Ok(()) => (
@@ -949,7 +956,10 @@ mod tests {
         let slack = &config.webhooks[1];
         assert_eq!(slack.format, Format::Slack);
         assert_eq!(slack.max_attempts, 3);
-        assert_eq!(config.routes()[1].kinds, vec![NotificationKind::ApprovalRequired]);
+        assert_eq!(
+            config.routes()[1].kinds,
+            vec![NotificationKind::ApprovalRequired]
+        );
     }
 
     #[test]
@@ -977,12 +987,15 @@ mod tests {
             ),
             (
                 "webhooks:\n  - name: ops\n    url: https://h.example\n    events: [approval.required]\n    secret_env: HOOK_SECRET\n    timeout: soon\n",
-                "hooks.yaml:6:14: webhooks[0].timeout: duration \"soon\"",
+                "hooks.yaml:2:5: webhooks[0]: duration \"soon\"",
             ),
         ];
         for (text, want) in cases {
             let err = parse(text).unwrap_err().to_string();
-            assert!(err.starts_with(want), "{err}\n  does not start with\n{want}");
+            assert!(
+                err.starts_with(want),
+                "{err}\n  does not start with\n{want}"
+            );
         }
         // Insecure HTTP to another host only when asked for explicitly.
         parse(

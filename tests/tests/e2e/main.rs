@@ -48,3 +48,4 @@ mod shadow;
 mod tables;
 mod transport;
 mod tui;
+mod webhooks;

@@ -13,7 +13,8 @@ use crate::cmd::{Global, remote};
 #[derive(Debug, clap::Subcommand)]
 pub(crate) enum Command {
     /// List deliveries, newest event first: id (the receiver's idempotency id), webhook,
-    /// kind, status, attempts, next attempt or delivery time, last error.
+    /// kind, status, attempts, when (the next attempt of a pending one, the delivery time of a
+    /// delivered one), last error.
     Deliveries(DeliveriesArgs),
     /// Re-queue a failed delivery: attempts start again under the same id. Needs the
     /// `operate` permission (the admin role); recorded with who asked.
@@ -60,7 +61,10 @@ fn deliveries(args: &DeliveriesArgs, global: &Global) -> anyhow::Result<()> {
         let list = client
             .list_webhook_deliveries(
                 args.failed.then_some("failed"),
-                args.webhook.as_deref().map(str::trim).filter(|w| !w.is_empty()),
+                args.webhook
+                    .as_deref()
+                    .map(str::trim)
+                    .filter(|w| !w.is_empty()),
                 args.limit,
             )
             .await
@@ -76,13 +80,19 @@ fn deliveries(args: &DeliveriesArgs, global: &Global) -> anyhow::Result<()> {
             return Ok(());
         }
         let mut table = Table::new(&[
-            "ID", "WEBHOOK", "KIND", "STATUS", "ATTEMPTS", "WHEN", "LAST ERROR",
+            "ID",
+            "WEBHOOK",
+            "KIND",
+            "STATUS",
+            "ATTEMPTS",
+            "WHEN",
+            "LAST ERROR",
         ]);
         for d in &list {
             let when = match d.status.as_str() {
                 "delivered" => d.delivered_at.clone().unwrap_or_default(),
                 "pending" => format!("next {}", d.next_attempt_at),
-                _ => d.next_attempt_at.clone(),
+                _ => "-".to_owned(),
             };
             let error: String = d
                 .last_error

@@ -200,8 +200,7 @@ async fn webhooks_are_signed_retried_and_survive_a_restart() {
     assert_eq!(body["tool"], "payments.issue-refund@1.0.0");
     assert_eq!(body["arguments"]["amount"], 400);
     assert_eq!(
-        body["policy"],
-        "payments/refund-approval-boundary@1.0.0",
+        body["policy"], "payments/refund-approval-boundary@1.0.0",
         "{body}"
     );
     assert_eq!(body["reason"], "Refund amount above delegated limit.");
@@ -255,7 +254,11 @@ async fn webhooks_are_signed_retried_and_survive_a_restart() {
     assert_eq!(dead_rows[0].1, "failed");
     assert_eq!(dead_rows[0].2, 2);
     assert!(
-        dead_rows[0].3.as_deref().unwrap().contains("request failed"),
+        dead_rows[0]
+            .3
+            .as_deref()
+            .unwrap()
+            .contains("request failed"),
         "{dead_rows:?}"
     );
 
@@ -301,7 +304,9 @@ async fn webhooks_are_signed_retried_and_survive_a_restart() {
         &receiver,
         "the second approval.required",
         move |r| {
-            r.path == "/ops" && r.json()["type"] == "approval.required" && r.json()["session_id"] == second.as_str()
+            r.path == "/ops"
+                && r.json()["type"] == "approval.required"
+                && r.json()["session_id"] == second.as_str()
         },
         1,
     )

@@ -128,7 +128,8 @@ pub(crate) fn delivery_filter(
 
 /// One delivery on the wire.
 pub(crate) fn webhook_delivery(d: phrony_ledger::WebhookDelivery) -> pb::WebhookDelivery {
-    let ts = |t: chrono::DateTime<chrono::Utc>| t.to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+    let ts =
+        |t: chrono::DateTime<chrono::Utc>| t.to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
     pb::WebhookDelivery {
         id: d.id.to_string(),
         webhook: d.webhook,

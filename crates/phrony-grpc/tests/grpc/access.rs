@@ -439,7 +439,7 @@ async fn every_rpc_answers_every_role_as_the_table_says() {
     );
     assert_eq!(
         checked,
-        callers.len() * 36,
+        callers.len() * 38,
         "every RPC of the service was called"
     );
     server.stop().await;
