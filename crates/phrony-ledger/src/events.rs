@@ -236,7 +236,6 @@ pub(crate) async fn append_batch(
         }
         conn.execute("append events", &sql, binds).await?;
     }
-    drop(conn);
     if enqueue_notifications(
         tx,
         &head.stream,

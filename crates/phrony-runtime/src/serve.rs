@@ -320,11 +320,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
     let mode = crate::auth::resolve_mode(Some(config.auth), false, listener.local_addr)?;
-    // Webhooks on: every notifying event commits with its outbox rows from now on.
-    let ledger = match &config.webhooks {
-        Some(webhooks) => ledger.with_webhooks(webhooks.routes()),
-        None => ledger,
-    };
+    let (ledger, webhook_sender) = start_webhooks(ledger, config.webhooks.clone())?;
     let authenticator = edge_authenticator(mode, &ledger, &config);
     let health = Health::new();
     let monitor = health.spawn_monitor(
@@ -419,16 +415,6 @@ pub async fn serve(
                 let _ = stop_rx.await;
             }),
     );
-    let webhook_sender = match config.webhooks.clone() {
-        Some(webhooks) => Some(
-            crate::webhooks::WebhookSender::start(ledger.clone(), webhooks).map_err(|e| {
-                ServeError::Webhooks {
-                    message: format!("{e:#}"),
-                }
-            })?,
-        ),
-        None => None,
-    };
     // Recovery is done: `/readyz` follows the health state from now on.
     if let Some(http) = &config.http {
         http.serving(crate::http::Serving {
@@ -482,10 +468,7 @@ pub async fn serve(
         }
     };
     monitor.abort();
-    if let Some(sender) = webhook_sender {
-        sender.stop();
-    }
-    drop(server);
+    drop((webhook_sender, server));
     // Drivers stop where they are; their sessions resume from the log at the next start.
     engine.shutdown();
     ledger.close().await;
@@ -496,6 +479,24 @@ pub async fn serve(
         }
         Err(source) => Err(ServeError::Transport { source }),
     }
+}
+
+/// With webhooks: the ledger writing their outbox rows in every notifying event's transaction
+/// from now on, and the sender (stopped when dropped).
+fn start_webhooks(
+    ledger: Ledger,
+    webhooks: Option<Arc<crate::webhooks::WebhooksConfig>>,
+) -> Result<(Ledger, Option<crate::webhooks::WebhookSender>), ServeError> {
+    let Some(webhooks) = webhooks else {
+        return Ok((ledger, None));
+    };
+    let ledger = ledger.with_webhooks(webhooks.routes());
+    let sender = crate::webhooks::WebhookSender::start(ledger.clone(), webhooks).map_err(|e| {
+        ServeError::Webhooks {
+            message: format!("{e:#}"),
+        }
+    })?;
+    Ok((ledger, Some(sender)))
 }
 
 /// Waits until no tool call is running on a worker and no result awaits its acknowledgement,

@@ -694,8 +694,8 @@ pub fn signature(secret: &[u8], timestamp: i64, body: &[u8]) -> String {
 // ---------------------------------------------------------------------------------------------
 // The sender
 
-/// The running sender; [`WebhookSender::stop`] ends it (an attempt cut off stays claimed and is
-/// sent again when its lease ends).
+/// The running sender; dropping it ends it (an attempt cut off stays claimed and is sent again
+/// when its lease ends).
 #[derive(Debug)]
 pub struct WebhookSender {
     task: tokio::task::JoinHandle<()>,
@@ -736,9 +736,10 @@ impl WebhookSender {
         let task = tokio::spawn(run(ledger, config, Arc::new(clients)));
         Ok(Self { task })
     }
+}
 
-    /// Stops the sender.
-    pub fn stop(self) {
+impl Drop for WebhookSender {
+    fn drop(&mut self) {
         self.task.abort();
     }
 }
