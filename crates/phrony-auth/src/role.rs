@@ -8,7 +8,7 @@
 //! | `publisher` | `Read`, [`Permission::Publish`] (publish, deploy, rollback, deprecate, retire, archive) |
 //! | `worker`    | [`Permission::Work`] (the Work stream, for the credential's tools)     |
 //! | `relay`     | [`Permission::Relay`] (record another actor, with this principal as `via`) |
-//! | `admin`     | every permission, including [`Permission::ManageTokens`]                |
+//! | `admin`     | every permission, including [`Permission::ManageTokens`] and [`Permission::Operate`] (re-queue failed webhook deliveries) |
 
 use std::fmt;
 use std::str::FromStr;
@@ -30,11 +30,13 @@ pub enum Permission {
     Relay,
     /// Create, list and revoke API tokens.
     ManageTokens,
+    /// Operate the runtime's delivery machinery: re-queue failed webhook deliveries.
+    Operate,
 }
 
 impl Permission {
     /// Every permission, in a fixed order.
-    pub const ALL: [Self; 7] = [
+    pub const ALL: [Self; 8] = [
         Self::Read,
         Self::Run,
         Self::Approve,
@@ -42,6 +44,7 @@ impl Permission {
         Self::Work,
         Self::Relay,
         Self::ManageTokens,
+        Self::Operate,
     ];
 
     /// The permission's name, as error messages print it (`approve`).
@@ -55,6 +58,7 @@ impl Permission {
             Self::Work => "work",
             Self::Relay => "relay",
             Self::ManageTokens => "manage-tokens",
+            Self::Operate => "operate",
         }
     }
 }

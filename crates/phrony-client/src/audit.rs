@@ -108,6 +108,52 @@ pub struct ShadowDecisions {
     pub truncated: bool,
 }
 
+/// One webhook delivery (`ListWebhookDeliveries`, `RetryWebhookDelivery`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WebhookDelivery {
+    /// The delivery id: the receiver's idempotency id.
+    pub id: String,
+    /// The webhook.
+    pub webhook: String,
+    /// `approval.required`, `approval.decided`, `approval.expired`, `approval.escalated` or
+    /// `session.failed`.
+    pub kind: String,
+    /// The event's stream.
+    pub stream: String,
+    /// The event's sequence number.
+    pub seq: u64,
+    /// `pending`, `delivered` or `failed`.
+    pub status: String,
+    /// Attempts made.
+    pub attempts: u32,
+    /// When the next attempt is due (RFC 3339).
+    pub next_attempt_at: String,
+    /// The last attempt's error.
+    pub last_error: Option<String>,
+    /// When it was delivered (RFC 3339).
+    pub delivered_at: Option<String>,
+    /// When the event committed (RFC 3339).
+    pub created_at: String,
+}
+
+impl From<pb::WebhookDelivery> for WebhookDelivery {
+    fn from(d: pb::WebhookDelivery) -> Self {
+        Self {
+            id: d.id,
+            webhook: d.webhook,
+            kind: d.kind,
+            stream: d.stream,
+            seq: d.seq,
+            status: d.status,
+            attempts: d.attempts,
+            next_attempt_at: d.next_attempt_at,
+            last_error: Some(d.last_error).filter(|e| !e.is_empty()),
+            delivered_at: Some(d.delivered_at).filter(|e| !e.is_empty()),
+            created_at: d.created_at,
+        }
+    }
+}
+
 /// The events of an `ExportAudit` call, read as they arrive.
 #[derive(Debug)]
 pub struct AuditExport {
@@ -144,6 +190,59 @@ impl AuditExport {
 }
 
 impl Client {
+    /// Webhook deliveries (`ListWebhookDeliveries`), newest event first: only `status`
+    /// (`pending`, `delivered`, `failed`) and `webhook` when given, at most `limit` (0: 100).
+    ///
+    /// # Errors
+    /// `InvalidArgument` for an unknown status or a limit over 1000; any other [`ClientError`].
+    pub async fn list_webhook_deliveries(
+        &self,
+        status: Option<&str>,
+        webhook: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<WebhookDelivery>, ClientError> {
+        let request = pb::ListWebhookDeliveriesRequest {
+            status: status.unwrap_or_default().to_owned(),
+            webhook: webhook.unwrap_or_default().to_owned(),
+            limit,
+        };
+        let response = self
+            .runtime
+            .clone()
+            .list_webhook_deliveries(request)
+            .await
+            .map_err(|s| self.status(&s))?
+            .into_inner();
+        Ok(response.deliveries.into_iter().map(Into::into).collect())
+    }
+
+    /// Re-queues a failed delivery (`RetryWebhookDelivery`), recorded as `actor` (empty: the
+    /// caller's credential).
+    ///
+    /// # Errors
+    /// `NotFound`, `FailedPrecondition` (not failed), `PermissionDenied` (needs the `operate`
+    /// permission: the admin role); any other [`ClientError`].
+    pub async fn retry_webhook_delivery(
+        &self,
+        delivery_id: &str,
+        actor: &str,
+    ) -> Result<WebhookDelivery, ClientError> {
+        let response = self
+            .runtime
+            .clone()
+            .retry_webhook_delivery(pb::RetryWebhookDeliveryRequest {
+                delivery_id: delivery_id.to_owned(),
+                actor: actor.to_owned(),
+            })
+            .await
+            .map_err(|s| self.status(&s))?
+            .into_inner();
+        response
+            .delivery
+            .map(Into::into)
+            .ok_or_else(|| ClientError::invalid_response("RetryWebhookDelivery", "no delivery"))
+    }
+
     /// Verifies the runtime's event log (`VerifyAudit`).
     ///
     /// # Errors

@@ -59,7 +59,7 @@ pub use approvals::{
 };
 pub use audit::{
     AuditExport, AuditProblem, AuditScope, AuditVerification, ExportedEvent, ShadowDecision,
-    ShadowDecisions,
+    ShadowDecisions, WebhookDelivery,
 };
 pub use bundles::{
     ActiveBundle, BundleMemberInfo, BundleMemberPackage, BundleSecretRequirement, BundleSummary,

@@ -561,6 +561,7 @@ impl SessionView {
             | EventBody::BundleActivationRefused(_)
             | EventBody::TokenCreated(_)
             | EventBody::TokenRevoked(_)
+            | EventBody::WebhookRetryRequested(_)
             | EventBody::AuditKeyIntroduced(_)
             | EventBody::AuditUnverifiedLogAllowed(_)
             | EventBody::WorkerDescriptorRefused(_)

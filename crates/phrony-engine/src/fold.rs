@@ -511,6 +511,7 @@ impl Fold {
             | EventBody::BundleActivationRefused(_)
             | EventBody::TokenCreated(_)
             | EventBody::TokenRevoked(_)
+            | EventBody::WebhookRetryRequested(_)
             | EventBody::AuditKeyIntroduced(_)
             | EventBody::AuditUnverifiedLogAllowed(_)
             | EventBody::WorkerDescriptorRefused(_)

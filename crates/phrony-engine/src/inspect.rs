@@ -618,6 +618,7 @@ fn event_summary(
         // Not session events: the tokens and audit streams' own.
         EventBody::TokenCreated(_)
         | EventBody::TokenRevoked(_)
+        | EventBody::WebhookRetryRequested(_)
         | EventBody::AuditKeyIntroduced(_)
         | EventBody::AuditUnverifiedLogAllowed(_)
         | EventBody::WorkerDescriptorRefused(_)

@@ -66,6 +66,9 @@ pub const PERMISSIONS: &[(&str, Permission)] = &[
     ("ExportAudit", Permission::Read),
     // What shadow policies would have changed: a read of the audit trail.
     ("ListShadowDecisions", Permission::Read),
+    // Webhook deliveries: listing is a read; re-queueing a failed one operates the runtime.
+    ("ListWebhookDeliveries", Permission::Read),
+    ("RetryWebhookDelivery", Permission::Operate),
     // Sessions.
     ("RunSession", Permission::Run),
     ("RunSessionInteractive", Permission::Run),

@@ -45,7 +45,7 @@ use crate::vocabulary::{CallStatus, SessionStatus, error_codes};
 pub const MAX_ESCALATION_DEPTH: u32 = 5;
 
 /// The `decided_by` of decisions made by a timeout.
-pub const TIMEOUT_ACTOR: &str = "system:timeout";
+pub use crate::vocabulary::TIMEOUT_ACTOR;
 
 /// Whether two actor names are the same voter: names that differ only in case (Unicode
 /// lowercase) are one person, so `EMAD` cannot add a second vote to `emad`'s. The recorded

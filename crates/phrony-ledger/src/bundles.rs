@@ -947,6 +947,7 @@ pub(crate) async fn apply(conn: &mut Conn<'_>, event: &Event) -> Result<()> {
         | EventBody::AgentArchived(_)
         | EventBody::TokenCreated(_)
         | EventBody::TokenRevoked(_)
+        | EventBody::WebhookRetryRequested(_)
         | EventBody::AuditKeyIntroduced(_)
         | EventBody::AuditUnverifiedLogAllowed(_)
         | EventBody::WorkerDescriptorRefused(_)

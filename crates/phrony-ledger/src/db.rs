@@ -17,6 +17,7 @@ use crate::audit_key::AuditKey;
 use crate::chain::{canonical_json, format_ts};
 use crate::error::{LedgerError, Result, SqlxResultExt};
 use crate::group::{GroupWriter, Lease};
+use crate::outbox::Outbox;
 
 /// Which database a [`crate::Ledger`] talks to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,8 +69,9 @@ impl Pool {
         &self,
         clock: &LedgerClock,
         audit_key: Option<Arc<AuditKey>>,
+        outbox: Option<Arc<Outbox>>,
     ) -> Result<Tx> {
-        self.begin(clock, audit_key, false).await
+        self.begin(clock, audit_key, outbox, false).await
     }
 
     /// [`Pool::begin_write`] for a write that changes connection state later writes of a
@@ -78,14 +80,16 @@ impl Pool {
         &self,
         clock: &LedgerClock,
         audit_key: Option<Arc<AuditKey>>,
+        outbox: Option<Arc<Outbox>>,
     ) -> Result<Tx> {
-        self.begin(clock, audit_key, true).await
+        self.begin(clock, audit_key, outbox, true).await
     }
 
     async fn begin(
         &self,
         clock: &LedgerClock,
         audit_key: Option<Arc<AuditKey>>,
+        outbox: Option<Arc<Outbox>>,
         alone: bool,
     ) -> Result<Tx> {
         let kind = match self {
@@ -96,6 +100,8 @@ impl Pool {
             kind,
             clock: clock.clone(),
             audit_key,
+            outbox,
+            outbox_written: false,
         })
     }
 
@@ -124,6 +130,10 @@ pub(crate) struct Tx {
     clock: LedgerClock,
     /// Seals each stream head the transaction appends to (`chain_heads`); `None` without a key.
     audit_key: Option<Arc<AuditKey>>,
+    /// The webhook routes appends write outbox rows for; `None` when webhooks are off.
+    outbox: Option<Arc<Outbox>>,
+    /// Whether this transaction wrote outbox or due delivery rows: its commit wakes the sender.
+    outbox_written: bool,
 }
 
 enum TxKind {
@@ -140,6 +150,16 @@ impl Tx {
     /// The audit key appends seal their stream heads with, if the ledger has one.
     pub(crate) fn audit_key(&self) -> Option<Arc<AuditKey>> {
         self.audit_key.clone()
+    }
+
+    /// The webhook routes, when webhooks are on.
+    pub(crate) fn outbox(&self) -> Option<Arc<Outbox>> {
+        self.outbox.clone()
+    }
+
+    /// Notes that this transaction made deliveries due: its commit wakes the sender.
+    pub(crate) fn mark_outbox_written(&mut self) {
+        self.outbox_written = true;
     }
 
     pub(crate) fn conn(&mut self) -> Conn<'_> {
@@ -160,14 +180,20 @@ impl Tx {
     /// only when it is durable).
     pub(crate) async fn commit(self) -> Result<()> {
         match self.kind {
-            TxKind::Sqlite(lease) => lease.release().await,
+            TxKind::Sqlite(lease) => lease.release().await?,
             TxKind::Postgres(tx) => {
                 let started = std::time::Instant::now();
                 tx.commit().await.ctx("commit transaction")?;
                 phrony_metrics::LEDGER_COMMIT.observe(started.elapsed());
-                Ok(())
             }
         }
+        // Only after the commit: the sender must find the rows when it wakes.
+        if self.outbox_written
+            && let Some(outbox) = &self.outbox
+        {
+            outbox.wake.notify_one();
+        }
+        Ok(())
     }
 
     /// Rolls back. `Err` only on SQLite, when the write ran after others in its batch and

@@ -129,6 +129,8 @@ pub mod event_types {
     /// A `mode: shadow` policy would have changed a call's decision (`shadow:<ns>/<name>`
     /// stream; the call went on as enforced).
     pub const POLICY_SHADOW: &str = "policy.shadow";
+    /// An operator re-queued a failed webhook delivery (`webhooks` stream).
+    pub const WEBHOOK_RETRY_REQUESTED: &str = "webhook.retry_requested";
 
     /// Session-stream types only the ledger writes, each with its projection change.
     pub const LEDGER_OWNED: &[&str] = &[
@@ -153,6 +155,7 @@ pub mod event_types {
         TOKEN_REVOKED,
         WORKER_DESCRIPTOR_REFUSED,
         POLICY_SHADOW,
+        WEBHOOK_RETRY_REQUESTED,
     ];
 }
 
@@ -285,6 +288,9 @@ pub enum EventBody {
     /// `policy.shadow`.
     #[serde(rename = "policy.shadow")]
     PolicyShadow(PolicyShadowed),
+    /// `webhook.retry_requested` (`webhooks` stream).
+    #[serde(rename = "webhook.retry_requested")]
+    WebhookRetryRequested(WebhookRetryRequested),
 }
 
 /// Every type [`EventBody`] knows, for telling an unknown type from a malformed payload.
@@ -330,6 +336,7 @@ const KNOWN_TYPES: &[&str] = &[
     types::AUDIT_UNVERIFIED_LOG_ALLOWED,
     types::WORKER_DESCRIPTOR_REFUSED,
     types::POLICY_SHADOW,
+    types::WEBHOOK_RETRY_REQUESTED,
 ];
 
 impl EventBody {
@@ -399,6 +406,7 @@ impl EventBody {
             Self::AuditUnverifiedLogAllowed(_) => types::AUDIT_UNVERIFIED_LOG_ALLOWED,
             Self::WorkerDescriptorRefused(_) => types::WORKER_DESCRIPTOR_REFUSED,
             Self::PolicyShadow(_) => types::POLICY_SHADOW,
+            Self::WebhookRetryRequested(_) => types::WEBHOOK_RETRY_REQUESTED,
         }
     }
 
@@ -470,6 +478,7 @@ one_variant! {
     AuditUnverifiedLogAllowed => AuditUnverifiedLogAllowed,
     WorkerDescriptorRefused => WorkerDescriptorRefused,
     PolicyShadowed => PolicyShadow,
+    WebhookRetryRequested => WebhookRetryRequested,
 }
 
 /// Checks the row count an event's projection change expected.
@@ -1360,6 +1369,24 @@ fn is_zero(n: &u64) -> bool {
 
 // ---------------------------------------------------------------------------------------------
 // Shadow decisions (`shadow:<namespace>/<name>` streams).
+
+/// `webhook.retry_requested` (`webhooks` stream): an operator re-queued a failed webhook
+/// delivery; the event's actor is who did it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WebhookRetryRequested {
+    /// The delivery re-queued (its id is the receiver's idempotency id).
+    pub delivery_id: Uuid,
+    /// The webhook it goes to.
+    pub webhook: String,
+    /// The notification kind (`approval.required`, …).
+    pub kind: String,
+    /// The stream of the event it notifies about.
+    pub stream: String,
+    /// That event's sequence number.
+    pub seq: u64,
+    /// The attempts made before the operator re-queued it.
+    pub attempts: u64,
+}
 
 /// `policy.shadow`: a `mode: shadow` policy would have changed the decision on one call; the call
 /// went on as the enforced policies decided. The event's `call_id` column names the call too.

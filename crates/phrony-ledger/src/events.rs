@@ -6,8 +6,68 @@ use crate::chain::{
 };
 use crate::db::{Backend, Conn, Row, Tx, args};
 use crate::error::{LedgerError, Result};
+use crate::event_body::EventBody;
 use crate::model::{Event, NewEvent, VerifyReport, recorded_verification};
 use phrony_auth::Verification;
+use serde_json::Value;
+use uuid::Uuid;
+
+/// Writes the outbox and delivery rows of the notifying events among `events` (the rows just
+/// appended to `stream`), in the caller's transaction. Returns whether it wrote any.
+async fn enqueue_notifications<'a>(
+    tx: &mut Tx,
+    stream: &str,
+    events: impl Iterator<Item = (i64, &'a str, &'a Value)>,
+) -> Result<bool> {
+    let Some(outbox) = tx.outbox() else {
+        return Ok(false);
+    };
+    let now = tx.now();
+    let mut wrote = false;
+    for (seq, event_type, payload) in events {
+        if !crate::outbox::NOTIFYING_TYPES.contains(&event_type) {
+            continue;
+        }
+        let body = EventBody::decode(
+            stream,
+            u64::try_from(seq).unwrap_or_default(),
+            event_type,
+            payload,
+        )?;
+        let Some(kind) = crate::outbox::notification(&body) else {
+            continue;
+        };
+        let targets: Vec<&str> = outbox
+            .routes
+            .iter()
+            .filter(|r| r.kinds.contains(&kind))
+            .map(|r| r.name.as_str())
+            .collect();
+        if targets.is_empty() {
+            continue;
+        }
+        let outbox_id = Uuid::new_v4();
+        let mut conn = tx.conn();
+        conn.execute(
+            "insert webhook outbox row",
+            "INSERT INTO webhook_outbox (id, stream, seq, kind, created_at) \
+             VALUES ($1, $2, $3, $4, $5)",
+            args![outbox_id, stream, seq, kind.as_str(), now],
+        )
+        .await?;
+        for webhook in targets {
+            conn.execute(
+                "insert webhook delivery",
+                "INSERT INTO webhook_deliveries (id, outbox_id, webhook, status, attempts, \
+                 next_attempt_at, updated_at) VALUES ($1, $2, $3, 'pending', 0, $4, $4)",
+                args![Uuid::new_v4(), outbox_id, webhook, now],
+            )
+            .await?;
+        }
+        wrote = true;
+    }
+    Ok(wrote)
+}
 
 /// Page size used when streaming a log for verification or replay.
 pub(crate) const PAGE: i64 = 500;
@@ -176,6 +236,17 @@ pub(crate) async fn append_batch(
         }
         conn.execute("append events", &sql, binds).await?;
     }
+    if enqueue_notifications(
+        tx,
+        &head.stream,
+        rows.iter()
+            .map(|row| (row.seq, row.event.event_type.as_str(), &row.event.payload)),
+    )
+    .await?
+    {
+        tx.mark_outbox_written();
+    }
+    let mut conn = tx.conn();
     let last_hash = prev_hash;
     let updated = conn
         .execute(

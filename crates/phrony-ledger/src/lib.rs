@@ -225,6 +225,7 @@ pub use invocations::{
     CallStatus, Dispatch, NewToolCall, RecordedResult, SideEffectClass, ToolInvocation,
     ToolOutcome, ToolResult, Usage, error_codes, tool_call_id,
 };
+pub use outbox::{NotificationKind, WebhookRoute, notification};
 pub use paging::{MAX_PAGE_SIZE, Page, PageRequest, UNSIZED_PAGE_LIMIT};
 pub use secrets::{NONCE_LEN, SealedSecret};
 pub use session_log::{
@@ -241,6 +242,10 @@ pub use shadow::{
 pub use tokens::{ApiToken, NewApiToken, TOKENS_STREAM};
 pub use vocabulary::OutputAction;
 pub use vocabulary::PolicyVerdict;
+pub use webhooks::{
+    AttemptOutcome, ClaimedDelivery, DeliveryFilter, DeliveryStatus, MAX_CLAIM, MAX_DELIVERY_LIST,
+    MAX_LAST_ERROR_CHARS, WEBHOOK_RETENTION, WEBHOOKS_STREAM, WebhookDelivery,
+};
 pub use workers::WORKERS_STREAM;
 
 use crate::db::{Backend as B, Pool, args};
@@ -265,7 +270,7 @@ macro_rules! write_tx {
         let outcome = loop {
             let mut $tx = match $ledger
                 .pool
-                .$begin(&$ledger.clock, $ledger.audit_key.clone())
+                .$begin(&$ledger.clock, $ledger.audit_key.clone(), $ledger.outbox.clone())
                 .await
             {
                 Ok(tx) => tx,
@@ -302,6 +307,7 @@ mod cipher;
 mod history;
 mod invocations;
 mod names;
+mod outbox;
 mod paging;
 mod rows;
 mod secrets;
@@ -310,6 +316,7 @@ mod sessions;
 mod shadow;
 mod tokens;
 mod vocabulary;
+mod webhooks;
 mod workers;
 
 /// The checks of a raw append ([`Ledger::append_session_event`]): a usable stream name, a
@@ -436,6 +443,9 @@ pub struct Ledger {
     /// The connection [`Ledger::probe_write`] uses: on a SQLite file its own one-connection
     /// pool with the short probe busy timeout; otherwise the main pool.
     probe: Probe,
+    /// The configured webhooks: appends of notifying events write outbox rows for them
+    /// (`webhooks.rs`); `None` (the default) writes none. See [`Ledger::with_webhooks`].
+    outbox: Option<Arc<outbox::Outbox>>,
 }
 
 /// How [`Ledger::probe_write`] reaches the database.
@@ -595,6 +605,7 @@ impl Ledger {
                 sqlite: probe_pool,
                 timeout: o.probe_busy_timeout,
             },
+            outbox: None,
         }
     }
 
@@ -1292,7 +1303,7 @@ impl Ledger {
         let key = self.require_audit_key()?;
         let mut tx = self
             .pool
-            .begin_write(&self.clock, Some(key.clone()))
+            .begin_write(&self.clock, Some(key.clone()), self.outbox.clone())
             .await?;
         match audit::start(&mut tx, &key, key_is_new).await {
             Ok(AuditStart::Failed(p)) => {
@@ -1349,7 +1360,7 @@ impl Ledger {
         if report.problem.is_some() {
             return Ok(report);
         }
-        let mut tx = self.pool.begin_write(&self.clock, None).await?;
+        let mut tx = self.pool.begin_write(&self.clock, None, None).await?;
         let compared = audit::compare_projections(&mut tx, &scope).await;
         tx.rollback().await?;
         report.problem = compared?;
@@ -1601,10 +1612,112 @@ impl Ledger {
             .map(|row| row.int("n"))
             .transpose()?
             .unwrap_or(0);
+        let webhook_deliveries_pending = if self.outbox.is_some() {
+            webhooks::pending_count(&mut c).await?
+        } else {
+            0
+        };
         Ok(MetricCounts {
             sessions_by_status: sessions,
             approvals_pending: u64::try_from(pending).unwrap_or(0),
+            webhook_deliveries_pending,
         })
+    }
+
+    /// Turns webhooks on: from now on, every append of an event that notifies
+    /// ([`notification`]) writes one outbox row and one pending delivery per route whose kinds
+    /// include it, in the event's transaction. Routes with no kinds receive nothing.
+    #[must_use]
+    pub fn with_webhooks(mut self, routes: Vec<WebhookRoute>) -> Self {
+        self.outbox = Some(Arc::new(outbox::Outbox {
+            routes,
+            wake: Arc::new(tokio::sync::Notify::new()),
+        }));
+        self
+    }
+
+    /// Notified after a commit that made deliveries due (an outbox row, a re-queued delivery),
+    /// by this ledger handle and its clones; `None` when webhooks are off. The sender waits on it
+    /// (and on a timer, for other processes' commits).
+    #[must_use]
+    pub fn webhook_wake(&self) -> Option<Arc<tokio::sync::Notify>> {
+        self.outbox.as_ref().map(|o| o.wake.clone())
+    }
+
+    /// Claims up to `limit` (1..=[`MAX_CLAIM`]) due pending deliveries of `webhook` for one
+    /// attempt each, leased until now + `lease`: until then no other claimer (another replica on
+    /// PostgreSQL, which claims with `FOR UPDATE SKIP LOCKED`) takes them. Soonest due first.
+    ///
+    /// # Errors
+    /// Database errors; `Corrupt` for a row this build cannot read.
+    pub async fn claim_webhook_deliveries(
+        &self,
+        webhook: &str,
+        lease: Duration,
+        limit: u32,
+    ) -> Result<Vec<ClaimedDelivery>> {
+        write_tx!(self, |tx| webhooks::claim(&mut tx, webhook, lease, limit))
+    }
+
+    /// Records how a claimed attempt ended. `Ok(false)` when the claim is no longer held (its
+    /// lease ran out and it was claimed again): nothing changed.
+    ///
+    /// # Errors
+    /// Database errors.
+    pub async fn finish_webhook_delivery(
+        &self,
+        claim: &ClaimedDelivery,
+        outcome: AttemptOutcome,
+    ) -> Result<bool> {
+        write_tx!(self, |tx| webhooks::finish(&mut tx, claim, &outcome))
+    }
+
+    /// An operator re-queues a failed delivery: attempts start again from 0, due now, under the
+    /// same delivery id; `webhook.retry_requested` by `actor` is appended to the `webhooks`
+    /// stream in the same transaction.
+    ///
+    /// # Errors
+    /// `NotFound`: `webhook delivery X not found`; `FailedPrecondition` when it is not failed;
+    /// `InvalidArgument` for an empty actor.
+    pub async fn retry_webhook_delivery(
+        &self,
+        id: Uuid,
+        actor: impl Into<phrony_auth::Attribution>,
+    ) -> Result<(WebhookDelivery, Event)> {
+        let actor = actor.into();
+        require_nonempty("actor", &actor.actor)?;
+        write_tx!(self, |tx| webhooks::retry(&mut tx, id, &actor))
+    }
+
+    /// One delivery.
+    ///
+    /// # Errors
+    /// `NotFound`: `webhook delivery X not found`.
+    pub async fn webhook_delivery(&self, id: Uuid) -> Result<WebhookDelivery> {
+        let mut conn = self.pool.acquire().await?;
+        webhooks::get(&mut conn.conn(), id).await
+    }
+
+    /// Deliveries matching `filter`, newest event first.
+    ///
+    /// # Errors
+    /// Database errors; `Corrupt` for a row this build cannot read.
+    pub async fn webhook_deliveries(
+        &self,
+        filter: &DeliveryFilter,
+    ) -> Result<Vec<WebhookDelivery>> {
+        let mut conn = self.pool.acquire().await?;
+        webhooks::list(&mut conn.conn(), filter).await
+    }
+
+    /// Removes deliveries delivered before `before` (the daemon passes now −
+    /// [`WEBHOOK_RETENTION`]) and the outbox rows left without a delivery; returns the
+    /// deliveries removed. Pending and failed deliveries stay.
+    ///
+    /// # Errors
+    /// Database errors.
+    pub async fn prune_webhook_deliveries(&self, before: DateTime<Utc>) -> Result<u64> {
+        write_tx!(self, |tx| webhooks::prune(&mut tx, before))
     }
 }
 
@@ -1615,6 +1728,8 @@ pub struct MetricCounts {
     pub sessions_by_status: Vec<(vocabulary::SessionStatus, u64)>,
     /// Approvals whose status is `pending`.
     pub approvals_pending: u64,
+    /// Webhook deliveries whose status is `pending` (0 when webhooks are off).
+    pub webhook_deliveries_pending: u64,
 }
 
 pub(crate) async fn rebuild(tx: &mut db::Tx) -> Result<RebuildReport> {

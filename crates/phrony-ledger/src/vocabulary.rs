@@ -387,3 +387,6 @@ str_enum! {
         RequireApproval => "require_approval",
     }
 }
+
+/// The `decided_by` of decisions made by a timeout (`approvals::TIMEOUT_ACTOR`).
+pub const TIMEOUT_ACTOR: &str = "system:timeout";

@@ -255,6 +255,18 @@ label!(
     }
 );
 
+label!(
+    /// How one webhook delivery attempt ended.
+    WebhookOutcome, "outcome", {
+        /// The receiver answered 2xx.
+        Delivered => "delivered",
+        /// It failed and will be tried again.
+        Retried => "retried",
+        /// It failed and was the last attempt: the delivery is `failed`.
+        Failed => "failed",
+    }
+);
+
 /// Tool calls by dispatch-time policy decision (`phrony_tool_calls_total{decision}`).
 pub static TOOL_CALLS: CounterVec<Decision, 3> = CounterVec::new();
 /// Tool calls by outcome (`phrony_tool_call_outcomes_total{outcome}`).
@@ -275,6 +287,9 @@ pub static LEDGER_COMMIT: Histogram<16> = Histogram::new(LATENCY_BUCKETS);
 pub static MODEL_CALL: Histogram<16> = Histogram::new(LATENCY_BUCKETS);
 /// Model calls that failed after the provider's retries (`phrony_model_errors_total`).
 pub static MODEL_ERRORS: Counter = Counter::new();
+/// Webhook delivery attempts by outcome (`phrony_webhook_deliveries_total{outcome}`; recorded by
+/// `phrony-runtime`'s sender after the ledger recorded the outcome).
+pub static WEBHOOK_DELIVERIES: CounterVec<WebhookOutcome, 3> = CounterVec::new();
 
 /// One recorded metric's current value, as the exporter encodes it.
 #[derive(Debug, Clone, PartialEq)]
@@ -367,6 +382,14 @@ pub fn catalog() -> Vec<Metric> {
             help: "Model calls that failed (after the provider's retries).",
             value: Value::Counter(MODEL_ERRORS.get()),
         },
+        Metric {
+            name: "phrony_webhook_deliveries",
+            help: "Webhook delivery attempts, by outcome.",
+            value: Value::Counters {
+                label: WebhookOutcome::NAME,
+                values: WEBHOOK_DELIVERIES.values(),
+            },
+        },
     ]
 }
 
@@ -411,6 +434,7 @@ mod tests {
         assert_eq!(TOOL_CALLS.counts.len(), Decision::ALL.len());
         assert_eq!(TOOL_CALL_OUTCOMES.counts.len(), Outcome::ALL.len());
         assert_eq!(APPROVALS_DECIDED.counts.len(), ApprovalDecision::ALL.len());
+        assert_eq!(WEBHOOK_DELIVERIES.counts.len(), WebhookOutcome::ALL.len());
         for m in catalog() {
             assert!(m.name.starts_with("phrony_"), "{}", m.name);
             assert!(

@@ -109,7 +109,7 @@ mod tests {
     }
 
     /// The RPCs phrony-rs adds to the published service.
-    const ADDED_RPCS: [&str; 7] = [
+    const ADDED_RPCS: [&str; 9] = [
         "GetSessionPayload",
         "WatchApprovals",
         "VerifyAudit",
@@ -117,6 +117,8 @@ mod tests {
         "RollbackBundle",
         "GetBundleVersion",
         "ListShadowDecisions",
+        "ListWebhookDeliveries",
+        "RetryWebhookDelivery",
     ];
 
     #[test]

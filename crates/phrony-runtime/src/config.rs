@@ -85,6 +85,18 @@ pub struct Settings {
     #[arg(long, env = "RUNTIME_HTTP_ADDR", value_name = "ADDR", global = true)]
     pub(crate) http_addr: Option<String>,
 
+    /// Webhooks file (YAML): a list of `{name, url, events, format: json|slack, secret_env,
+    /// console_url, timeout, max_attempts, backoff_initial, backoff_max,
+    /// allow_insecure_http}`; HMAC keys come from the environment variables it names.
+    /// [default: off]
+    #[arg(
+        long = "webhooks-file",
+        env = "RUNTIME_WEBHOOKS_FILE",
+        value_name = "FILE",
+        global = true
+    )]
+    pub(crate) webhooks_file: Option<PathBuf>,
+
     /// Database URL: sqlite://PATH or postgres://USER@HOST:PORT/DB.
     /// [default: SQLite file phrony.db in the data directory]
     #[arg(long, env = "RUNTIME_DATABASE_URL", value_name = "URL", global = true)]
@@ -587,6 +599,7 @@ mod tests {
         Settings {
             grpc_addr: "127.0.0.1:7777".into(),
             http_addr: None,
+            webhooks_file: None,
             database_url: url.map(str::to_owned),
             log_format: LogFormat::Text,
             log_filter: None,

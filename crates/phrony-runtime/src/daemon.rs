@@ -22,6 +22,14 @@ pub fn serve(settings: &Settings, env: &Env) -> anyhow::Result<()> {
         let database_wait = settings.database_start_timeout()?;
         let tls = settings.tls()?;
         let oidc = settings.oidc()?;
+        // Before anything starts: a bad webhooks file is a start-up error naming file:line:col.
+        let webhooks = match settings.webhooks_file.as_deref() {
+            Some(path) if !path.as_os_str().is_empty() => Some(std::sync::Arc::new(
+                crate::webhooks::WebhooksConfig::load(path)
+                    .map_err(|e| anyhow::anyhow!("RUNTIME_WEBHOOKS_FILE {e}"))?,
+            )),
+            _ => None,
+        };
         let mut listener = serve::bind(&settings.grpc_addr)
             .await
             .map_err(|e| match e {
@@ -103,6 +111,7 @@ pub fn serve(settings: &Settings, env: &Env) -> anyhow::Result<()> {
             ));
         }
         config.http = http.as_ref().map(crate::http::HttpServer::readiness);
+        config.webhooks = webhooks;
         let served = serve::serve(listener, ledger, config, shutdown).await;
         // After the gRPC server's graceful stop (probes said `not ready: shutting down` during
         // it).

@@ -364,6 +364,15 @@ impl Collector for Scrape {
                     MetricType::Gauge,
                 )?
                 .encode_gauge(&counts.approvals_pending)?;
+            encoder
+                .encode_descriptor(
+                    "phrony_webhook_deliveries_pending",
+                    "Webhook deliveries waiting for an attempt (read from the ledger at scrape \
+                     time; 0 when webhooks are off).",
+                    None,
+                    MetricType::Gauge,
+                )?
+                .encode_gauge(&counts.webhook_deliveries_pending)?;
         }
         encoder
             .encode_descriptor(
@@ -492,6 +501,7 @@ mod tests {
         let counts = MetricCounts {
             sessions_by_status: vec![(SessionStatus::Completed, 3)],
             approvals_pending: 2,
+            webhook_deliveries_pending: 4,
         };
         let body = Scrape::new(Some(counts), &router).encode().unwrap();
         let samples = parse_exposition(&body).unwrap_or_else(|e| panic!("{e}\n{body}"));
@@ -512,6 +522,7 @@ mod tests {
         assert_eq!(value("phrony_sessions{status=\"completed\"}"), 3.0);
         assert_eq!(value("phrony_sessions{status=\"running\"}"), 0.0);
         assert_eq!(value("phrony_approvals_pending"), 2.0);
+        assert_eq!(value("phrony_webhook_deliveries_pending"), 4.0);
         assert_eq!(value("phrony_dispatch_queue_depth"), 0.0);
         for metric in phrony_metrics::catalog() {
             assert!(

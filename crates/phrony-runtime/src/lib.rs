@@ -52,6 +52,7 @@ mod serve_config;
 pub mod telemetry;
 pub mod tls;
 pub mod tokens;
+pub mod webhooks;
 mod workers;
 
 pub use config::{

@@ -49,6 +49,12 @@ pub enum ServeError {
         #[source]
         source: io::Error,
     },
+    /// The webhook sender could not start (its HTTP client).
+    #[error("cannot start the webhook sender: {message}")]
+    Webhooks {
+        /// Why.
+        message: String,
+    },
     /// The reflection service could not be built from the descriptor sets.
     #[error("cannot build the reflection service: {message}")]
     Reflection {
@@ -314,6 +320,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
     let mode = crate::auth::resolve_mode(Some(config.auth), false, listener.local_addr)?;
+    let (ledger, webhook_sender) = start_webhooks(ledger, config.webhooks.clone())?;
     let authenticator = edge_authenticator(mode, &ledger, &config);
     let health = Health::new();
     let monitor = health.spawn_monitor(
@@ -461,7 +468,7 @@ pub async fn serve(
         }
     };
     monitor.abort();
-    drop(server);
+    drop((webhook_sender, server));
     // Drivers stop where they are; their sessions resume from the log at the next start.
     engine.shutdown();
     ledger.close().await;
@@ -472,6 +479,24 @@ pub async fn serve(
         }
         Err(source) => Err(ServeError::Transport { source }),
     }
+}
+
+/// With webhooks: the ledger writing their outbox rows in every notifying event's transaction
+/// from now on, and the sender (stopped when dropped).
+fn start_webhooks(
+    ledger: Ledger,
+    webhooks: Option<Arc<crate::webhooks::WebhooksConfig>>,
+) -> Result<(Ledger, Option<crate::webhooks::WebhookSender>), ServeError> {
+    let Some(webhooks) = webhooks else {
+        return Ok((ledger, None));
+    };
+    let ledger = ledger.with_webhooks(webhooks.routes());
+    let sender = crate::webhooks::WebhookSender::start(ledger.clone(), webhooks).map_err(|e| {
+        ServeError::Webhooks {
+            message: format!("{e:#}"),
+        }
+    })?;
+    Ok((ledger, Some(sender)))
 }
 
 /// Waits until no tool call is running on a worker and no result awaits its acknowledgement,

@@ -106,6 +106,9 @@ pub struct ServeConfig {
     /// The HTTP listener's readiness handle ([`crate::http::HttpServer::readiness`]), when
     /// `RUNTIME_HTTP_ADDR` is set: [`crate::serve`] marks it ready after start-up recovery.
     pub http: Option<crate::http::Readiness>,
+    /// The webhooks (`RUNTIME_WEBHOOKS_FILE`): [`crate::serve`] gives the ledger their routes
+    /// (outbox rows in the notifying events' transactions) and runs the sender; `None` is off.
+    pub webhooks: Option<Arc<crate::webhooks::WebhooksConfig>>,
 }
 
 impl ServeConfig {
@@ -144,6 +147,7 @@ impl ServeConfig {
             oidc: None,
             mtls: None,
             http: None,
+            webhooks: None,
         }
     }
 }

@@ -50,3 +50,4 @@ mod shadow;
 mod tables;
 mod transport;
 mod tui;
+mod webhooks;

@@ -19,6 +19,7 @@ mod sessions;
 mod status;
 mod table;
 mod tools;
+mod webhooks;
 
 use clap::{ArgAction, Parser, Subcommand, ValueEnum};
 
@@ -131,6 +132,9 @@ enum Command {
     /// Verify the runtime's event log (hash chains, sealed heads, projections) and export it.
     #[command(subcommand)]
     Audit(audit::Command),
+    /// List webhook deliveries (pending, delivered, failed) and re-queue a failed one.
+    #[command(subcommand)]
+    Webhooks(webhooks::Command),
     /// Lock, validate, publish, deploy and run bundles of agents.
     #[command(subcommand)]
     Bundles(bundles::Command),
@@ -181,6 +185,7 @@ impl Cli {
             Command::Sessions(cmd) => cmd.run(&self.global),
             Command::Approvals(cmd) => cmd.run(&self.global),
             Command::Audit(cmd) => cmd.run(&self.global),
+            Command::Webhooks(cmd) => cmd.run(&self.global),
             Command::Bundles(cmd) => cmd.run(&self.global),
             Command::Schema(args) => schema::run(&args),
             Command::Completions(args) => completions::completions(&args),

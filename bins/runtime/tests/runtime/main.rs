@@ -8,6 +8,7 @@
 //! - [`outage`]: the daemon while another process holds the SQLite write lock.
 //! - [`sdk_fixture`]: the Python SDK's committed agent snapshot matches the compiler.
 //! - [`traces`]: OpenTelemetry trace export to a fake OTLP collector, and to none.
+//! - [`webhooks`]: webhooks to an in-process receiver (signatures, retries, restart, Slack).
 //! - [`support`]: the daemon on a free port, fresh databases, a compiled test agent.
 
 #![allow(
@@ -32,3 +33,4 @@ mod outage;
 mod sdk_fixture;
 mod support;
 mod traces;
+mod webhooks;

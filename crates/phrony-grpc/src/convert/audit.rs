@@ -93,6 +93,58 @@ pub(crate) fn since(text: &str) -> Result<Option<DateTime<Utc>>, Status> {
         })
 }
 
+/// The ledger filter of a `ListWebhookDeliveries` request.
+///
+/// # Errors
+/// `INVALID_ARGUMENT` naming an unknown status or a limit over 1000.
+pub(crate) fn delivery_filter(
+    request: &pb::ListWebhookDeliveriesRequest,
+) -> Result<phrony_ledger::DeliveryFilter, Status> {
+    use phrony_ledger::DeliveryStatus as S;
+    let status = match request.status.trim() {
+        "" => None,
+        "pending" => Some(S::Pending),
+        "delivered" => Some(S::Delivered),
+        "failed" => Some(S::Failed),
+        other => {
+            return Err(Status::invalid_argument(format!(
+                "status {other:?}: expected pending, delivered or failed"
+            )));
+        }
+    };
+    if request.limit > phrony_ledger::MAX_DELIVERY_LIST {
+        return Err(Status::invalid_argument(format!(
+            "limit {}: at most {}",
+            request.limit,
+            phrony_ledger::MAX_DELIVERY_LIST
+        )));
+    }
+    Ok(phrony_ledger::DeliveryFilter {
+        status,
+        webhook: Some(request.webhook.trim().to_owned()).filter(|w| !w.is_empty()),
+        limit: request.limit,
+    })
+}
+
+/// One delivery on the wire.
+pub(crate) fn webhook_delivery(d: phrony_ledger::WebhookDelivery) -> pb::WebhookDelivery {
+    let ts =
+        |t: chrono::DateTime<chrono::Utc>| t.to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+    pb::WebhookDelivery {
+        id: d.id.to_string(),
+        webhook: d.webhook,
+        kind: d.kind.as_str().to_owned(),
+        stream: d.stream,
+        seq: d.seq,
+        status: d.status.as_str().to_owned(),
+        attempts: d.attempts,
+        next_attempt_at: ts(d.next_attempt_at),
+        last_error: d.last_error.unwrap_or_default(),
+        delivered_at: d.delivered_at.map(ts).unwrap_or_default(),
+        created_at: ts(d.created_at),
+    }
+}
+
 /// The default number of shadow decisions a `ListShadowDecisions` without a limit returns.
 const DEFAULT_SHADOW_LIMIT: u32 = 100;
 

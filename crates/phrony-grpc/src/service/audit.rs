@@ -1,5 +1,6 @@
 //! `VerifyAudit` and `ExportAudit`: the ledger's audit verification and event export;
-//! `ListShadowDecisions`: what a shadow policy would have changed.
+//! `ListShadowDecisions`: what a shadow policy would have changed; `ListWebhookDeliveries` and
+//! `RetryWebhookDelivery`: the webhook outbox's deliveries.
 
 use phrony_proto::runtime::v1 as pb;
 use tonic::Status;
@@ -45,6 +46,44 @@ impl RuntimeService {
         Ok(pb::ListShadowDecisionsResponse {
             decisions: decisions.into_iter().map(conv::shadow_decision).collect(),
             truncated,
+        })
+    }
+
+    /// Webhook deliveries, newest event first.
+    pub(super) async fn list_webhook_deliveries_impl(
+        &self,
+        request: pb::ListWebhookDeliveriesRequest,
+    ) -> Result<pb::ListWebhookDeliveriesResponse, Status> {
+        let filter = conv::delivery_filter(&request)?;
+        let deliveries = self
+            .ledger
+            .webhook_deliveries(&filter)
+            .await
+            .map_err(ledger_status)?;
+        Ok(pb::ListWebhookDeliveriesResponse {
+            deliveries: deliveries.into_iter().map(conv::webhook_delivery).collect(),
+        })
+    }
+
+    /// Re-queues a failed delivery, recorded as the caller's `webhook.retry_requested`.
+    pub(super) async fn retry_webhook_delivery_impl(
+        &self,
+        request: pb::RetryWebhookDeliveryRequest,
+        actor: phrony_auth::Attribution,
+    ) -> Result<pb::RetryWebhookDeliveryResponse, Status> {
+        let id = uuid::Uuid::parse_str(request.delivery_id.trim()).map_err(|_| {
+            Status::invalid_argument(format!(
+                "delivery_id {:?} is not a delivery id (a UUID)",
+                request.delivery_id
+            ))
+        })?;
+        let (delivery, _) = self
+            .ledger
+            .retry_webhook_delivery(id, actor)
+            .await
+            .map_err(ledger_status)?;
+        Ok(pb::RetryWebhookDeliveryResponse {
+            delivery: Some(conv::webhook_delivery(delivery)),
         })
     }
 

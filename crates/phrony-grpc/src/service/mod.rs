@@ -255,6 +255,29 @@ impl Runtime for RuntimeService {
         .await
     }
 
+    async fn list_webhook_deliveries(
+        &self,
+        request: Request<pb::ListWebhookDeliveriesRequest>,
+    ) -> Result<Response<pb::ListWebhookDeliveriesResponse>, Status> {
+        unary(
+            "ListWebhookDeliveries",
+            self.list_webhook_deliveries_impl(request.into_inner()),
+        )
+        .await
+    }
+
+    async fn retry_webhook_delivery(
+        &self,
+        request: Request<pb::RetryWebhookDeliveryRequest>,
+    ) -> Result<Response<pb::RetryWebhookDeliveryResponse>, Status> {
+        let actor = self.actor(&request, &request.get_ref().actor);
+        unary("RetryWebhookDelivery", async {
+            self.retry_webhook_delivery_impl(request.into_inner(), actor?)
+                .await
+        })
+        .await
+    }
+
     async fn get_version(
         &self,
         _request: Request<pb::GetVersionRequest>,

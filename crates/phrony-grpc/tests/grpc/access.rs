@@ -45,6 +45,7 @@ const READS: &[&str] = &[
     "VerifyAudit",
     "ExportAudit",
     "ListShadowDecisions",
+    "ListWebhookDeliveries",
 ];
 const RUNS: &[&str] = &[
     "RunSession",
@@ -250,6 +251,20 @@ async fn call(client: &mut Client, rpc: &str) -> Code {
                 })
                 .await,
         ),
+        "ListWebhookDeliveries" => code(
+            client
+                .list_webhook_deliveries(pb::ListWebhookDeliveriesRequest::default())
+                .await,
+        ),
+        // An unknown delivery: NOT_FOUND for whoever may ask.
+        "RetryWebhookDelivery" => code(
+            client
+                .retry_webhook_delivery(pb::RetryWebhookDeliveryRequest {
+                    delivery_id: "00000000-0000-4000-8000-000000000000".to_owned(),
+                    actor: String::new(),
+                })
+                .await,
+        ),
         "Work" => code(
             client
                 .work(futures::stream::iter(vec![pb::WorkClientMsg::default()]))
@@ -424,7 +439,7 @@ async fn every_rpc_answers_every_role_as_the_table_says() {
     );
     assert_eq!(
         checked,
-        callers.len() * 36,
+        callers.len() * 38,
         "every RPC of the service was called"
     );
     server.stop().await;

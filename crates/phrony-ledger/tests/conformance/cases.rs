@@ -16,6 +16,7 @@ pub(crate) use crate::history_cases::*;
 pub(crate) use crate::session_cases::*;
 pub(crate) use crate::shadow_cases::*;
 pub(crate) use crate::token_cases::*;
+pub(crate) use crate::webhook_cases::*;
 
 // ---------------------------------------------------------------------------------------------
 // helpers

@@ -24,6 +24,7 @@ mod outage;
 mod session_cases;
 mod shadow_cases;
 mod token_cases;
+mod webhook_cases;
 
 /// Generates `sqlite::<case>` and `postgres::<case>` tests for every case.
 macro_rules! conformance {
@@ -136,4 +137,7 @@ conformance!(
     history_reservations_commit_release_and_are_idempotent,
     history_windows_are_exact_at_the_edges,
     concurrent_deciders_never_pass_a_cap_only_some_fit,
+    webhook_outbox_rows_commit_with_their_event,
+    webhook_deliveries_follow_their_state_machine,
+    concurrent_claimers_never_claim_the_same_delivery,
 );

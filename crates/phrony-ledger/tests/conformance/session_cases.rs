@@ -102,18 +102,18 @@ fn new_session(v: &AgentVersion, metadata: &[(&str, &str)]) -> NewSession {
     }
 }
 
-async fn start(ledger: &Ledger, v: &AgentVersion) -> Session {
+pub(crate) async fn start(ledger: &Ledger, v: &AgentVersion) -> Session {
     ledger.create_session(new_session(v, &[])).await.unwrap()
 }
 
-async fn to(ledger: &Ledger, session: &str, status: SessionStatus) {
+pub(crate) async fn to(ledger: &Ledger, session: &str, status: SessionStatus) {
     ledger
         .set_session_status(session, StatusChange::to(status))
         .await
         .unwrap();
 }
 
-fn refund_call(session: &str, iteration: u32, index: u32, amount: i64) -> NewToolCall {
+pub(crate) fn refund_call(session: &str, iteration: u32, index: u32, amount: i64) -> NewToolCall {
     NewToolCall {
         session_id: session.to_owned(),
         turn: 1,
@@ -146,7 +146,7 @@ fn ok(payload: Value) -> ToolResult {
     }
 }
 
-fn approval_for(session: &str, call_id: &str) -> NewApproval {
+pub(crate) fn approval_for(session: &str, call_id: &str) -> NewApproval {
     NewApproval {
         allow_self_approval: false,
         id: Uuid::new_v4(),

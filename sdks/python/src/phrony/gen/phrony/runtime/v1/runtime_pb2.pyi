@@ -39,6 +39,62 @@ APPROVAL_CHANGE_KIND_UPDATED: ApprovalChangeKind
 APPROVAL_CHANGE_KIND_DECIDED: ApprovalChangeKind
 APPROVAL_CHANGE_KIND_CURRENT_END: ApprovalChangeKind
 
+class ListWebhookDeliveriesRequest(_message.Message):
+    __slots__ = ("status", "webhook", "limit")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    WEBHOOK_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    status: str
+    webhook: str
+    limit: int
+    def __init__(self, status: _Optional[str] = ..., webhook: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class WebhookDelivery(_message.Message):
+    __slots__ = ("id", "webhook", "kind", "stream", "seq", "status", "attempts", "next_attempt_at", "last_error", "delivered_at", "created_at")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    WEBHOOK_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_ATTEMPT_AT_FIELD_NUMBER: _ClassVar[int]
+    LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
+    DELIVERED_AT_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    webhook: str
+    kind: str
+    stream: str
+    seq: int
+    status: str
+    attempts: int
+    next_attempt_at: str
+    last_error: str
+    delivered_at: str
+    created_at: str
+    def __init__(self, id: _Optional[str] = ..., webhook: _Optional[str] = ..., kind: _Optional[str] = ..., stream: _Optional[str] = ..., seq: _Optional[int] = ..., status: _Optional[str] = ..., attempts: _Optional[int] = ..., next_attempt_at: _Optional[str] = ..., last_error: _Optional[str] = ..., delivered_at: _Optional[str] = ..., created_at: _Optional[str] = ...) -> None: ...
+
+class ListWebhookDeliveriesResponse(_message.Message):
+    __slots__ = ("deliveries",)
+    DELIVERIES_FIELD_NUMBER: _ClassVar[int]
+    deliveries: _containers.RepeatedCompositeFieldContainer[WebhookDelivery]
+    def __init__(self, deliveries: _Optional[_Iterable[_Union[WebhookDelivery, _Mapping]]] = ...) -> None: ...
+
+class RetryWebhookDeliveryRequest(_message.Message):
+    __slots__ = ("delivery_id", "actor")
+    DELIVERY_ID_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_FIELD_NUMBER: _ClassVar[int]
+    delivery_id: str
+    actor: str
+    def __init__(self, delivery_id: _Optional[str] = ..., actor: _Optional[str] = ...) -> None: ...
+
+class RetryWebhookDeliveryResponse(_message.Message):
+    __slots__ = ("delivery",)
+    DELIVERY_FIELD_NUMBER: _ClassVar[int]
+    delivery: WebhookDelivery
+    def __init__(self, delivery: _Optional[_Union[WebhookDelivery, _Mapping]] = ...) -> None: ...
+
 class ListShadowDecisionsRequest(_message.Message):
     __slots__ = ("policy", "since", "limit")
     POLICY_FIELD_NUMBER: _ClassVar[int]

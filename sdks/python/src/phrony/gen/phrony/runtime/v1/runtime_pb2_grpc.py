@@ -216,6 +216,16 @@ class RuntimeStub:
                 request_serializer=phrony_dot_runtime_dot_v1_dot_runtime__pb2.ListShadowDecisionsRequest.SerializeToString,
                 response_deserializer=phrony_dot_runtime_dot_v1_dot_runtime__pb2.ListShadowDecisionsResponse.FromString,
                 _registered_method=True)
+        self.ListWebhookDeliveries = channel.unary_unary(
+                '/phrony.runtime.v1.Runtime/ListWebhookDeliveries',
+                request_serializer=phrony_dot_runtime_dot_v1_dot_runtime__pb2.ListWebhookDeliveriesRequest.SerializeToString,
+                response_deserializer=phrony_dot_runtime_dot_v1_dot_runtime__pb2.ListWebhookDeliveriesResponse.FromString,
+                _registered_method=True)
+        self.RetryWebhookDelivery = channel.unary_unary(
+                '/phrony.runtime.v1.Runtime/RetryWebhookDelivery',
+                request_serializer=phrony_dot_runtime_dot_v1_dot_runtime__pb2.RetryWebhookDeliveryRequest.SerializeToString,
+                response_deserializer=phrony_dot_runtime_dot_v1_dot_runtime__pb2.RetryWebhookDeliveryResponse.FromString,
+                _registered_method=True)
 
 
 class RuntimeServicer:
@@ -529,6 +539,24 @@ class RuntimeServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListWebhookDeliveries(self, request, context):
+        """phrony-rs addition: webhook deliveries (RUNTIME_WEBHOOKS_FILE), newest
+        event first: pending, delivered or failed, with attempts and the last
+        error. Permission `read`.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RetryWebhookDelivery(self, request, context):
+        """phrony-rs addition: re-queues a failed webhook delivery (attempts start
+        again, same delivery id); recorded as `webhook.retry_requested` by the
+        caller in the `webhooks` stream. Permission `admin`.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RuntimeServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -711,6 +739,16 @@ def add_RuntimeServicer_to_server(servicer, server):
                     servicer.ListShadowDecisions,
                     request_deserializer=phrony_dot_runtime_dot_v1_dot_runtime__pb2.ListShadowDecisionsRequest.FromString,
                     response_serializer=phrony_dot_runtime_dot_v1_dot_runtime__pb2.ListShadowDecisionsResponse.SerializeToString,
+            ),
+            'ListWebhookDeliveries': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListWebhookDeliveries,
+                    request_deserializer=phrony_dot_runtime_dot_v1_dot_runtime__pb2.ListWebhookDeliveriesRequest.FromString,
+                    response_serializer=phrony_dot_runtime_dot_v1_dot_runtime__pb2.ListWebhookDeliveriesResponse.SerializeToString,
+            ),
+            'RetryWebhookDelivery': grpc.unary_unary_rpc_method_handler(
+                    servicer.RetryWebhookDelivery,
+                    request_deserializer=phrony_dot_runtime_dot_v1_dot_runtime__pb2.RetryWebhookDeliveryRequest.FromString,
+                    response_serializer=phrony_dot_runtime_dot_v1_dot_runtime__pb2.RetryWebhookDeliveryResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1687,6 +1725,60 @@ class Runtime:
             '/phrony.runtime.v1.Runtime/ListShadowDecisions',
             phrony_dot_runtime_dot_v1_dot_runtime__pb2.ListShadowDecisionsRequest.SerializeToString,
             phrony_dot_runtime_dot_v1_dot_runtime__pb2.ListShadowDecisionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListWebhookDeliveries(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/phrony.runtime.v1.Runtime/ListWebhookDeliveries',
+            phrony_dot_runtime_dot_v1_dot_runtime__pb2.ListWebhookDeliveriesRequest.SerializeToString,
+            phrony_dot_runtime_dot_v1_dot_runtime__pb2.ListWebhookDeliveriesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RetryWebhookDelivery(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/phrony.runtime.v1.Runtime/RetryWebhookDelivery',
+            phrony_dot_runtime_dot_v1_dot_runtime__pb2.RetryWebhookDeliveryRequest.SerializeToString,
+            phrony_dot_runtime_dot_v1_dot_runtime__pb2.RetryWebhookDeliveryResponse.FromString,
             options,
             channel_credentials,
             insecure,
