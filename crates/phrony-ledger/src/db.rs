@@ -17,6 +17,7 @@ use crate::audit_key::AuditKey;
 use crate::chain::{canonical_json, format_ts};
 use crate::error::{LedgerError, Result, SqlxResultExt};
 use crate::group::{GroupWriter, Lease};
+use crate::sqlite_raw::{RawRow, RawSlot, RawValue};
 
 /// Which database a [`crate::Ledger`] talks to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -144,7 +145,7 @@ impl Tx {
 
     pub(crate) fn conn(&mut self) -> Conn<'_> {
         match &mut self.kind {
-            TxKind::Sqlite(lease) => Conn::Sqlite(lease.conn()),
+            TxKind::Sqlite(lease) => Conn::SqliteRaw(lease.slot()),
             TxKind::Postgres(tx) => Conn::Postgres(tx),
         }
     }
@@ -205,6 +206,9 @@ impl PooledConn {
 /// A borrowed connection of either backend (inside or outside a transaction).
 pub(crate) enum Conn<'c> {
     Sqlite(&'c mut SqliteConnection),
+    /// The group-commit writer's connection, called directly (no hand-off per statement; see
+    /// the `sqlite_raw` module).
+    SqliteRaw(&'c RawSlot),
     Postgres(&'c mut PgConnection),
 }
 
@@ -364,6 +368,10 @@ impl Conn<'_> {
                 .await
                 .map(|r| r.rows_affected())
                 .ctx(context),
+            Conn::SqliteRaw(slot) => slot
+                .run(sql, &args, None)
+                .map(|o| o.rows_affected)
+                .ctx(context),
             Conn::Postgres(c) => bind_pg(sqlx::query(sql), args)
                 .execute(&mut **c)
                 .await
@@ -384,6 +392,12 @@ impl Conn<'_> {
                 .await
                 .ctx(context)?
                 .map(|row| Row::Sqlite(row, context))),
+            Conn::SqliteRaw(slot) => Ok(slot
+                .run(sql, &args, Some(1))
+                .ctx(context)?
+                .rows
+                .pop()
+                .map(|row| Row::Raw(row, context))),
             Conn::Postgres(c) => Ok(bind_pg(sqlx::query(sql), args)
                 .fetch_optional(&mut **c)
                 .await
@@ -406,6 +420,13 @@ impl Conn<'_> {
                 .into_iter()
                 .map(|row| Row::Sqlite(row, context))
                 .collect()),
+            Conn::SqliteRaw(slot) => Ok(slot
+                .run(sql, &args, None)
+                .ctx(context)?
+                .rows
+                .into_iter()
+                .map(|row| Row::Raw(row, context))
+                .collect()),
             Conn::Postgres(c) => Ok(bind_pg(sqlx::query(sql), args)
                 .fetch_all(&mut **c)
                 .await
@@ -420,13 +441,15 @@ impl Conn<'_> {
 /// A result row of either backend, with typed accessors that hide the storage differences.
 pub(crate) enum Row {
     Sqlite(SqliteRow, &'static str),
+    /// A row read on the group-commit writer's connection directly.
+    Raw(RawRow, &'static str),
     Postgres(PgRow, &'static str),
 }
 
 impl Row {
     fn context(&self) -> &'static str {
         match self {
-            Row::Sqlite(_, c) | Row::Postgres(_, c) => c,
+            Row::Sqlite(_, c) | Row::Raw(_, c) | Row::Postgres(_, c) => c,
         }
     }
 
@@ -444,16 +467,47 @@ impl Row {
         let result = match self {
             Row::Sqlite(row, _) => row.try_get::<T, _>(column),
             Row::Postgres(row, _) => row.try_get::<T, _>(column),
+            Row::Raw(..) => {
+                return Err(self.decode_err(column, "not decodable from a direct SQLite row"));
+            }
         };
         result.map_err(|e| self.decode_err(column, e))
     }
 
+    /// The value of a direct row's column, `None` for SQL `NULL`; `Err` names a missing column
+    /// or a value of another type than `expected` (as the driver refuses it).
+    fn raw<'r, T>(
+        &self,
+        row: &'r RawRow,
+        column: &str,
+        expected: &str,
+        pick: impl FnOnce(&'r RawValue) -> Option<T>,
+    ) -> Result<Option<T>> {
+        let value = row.get(column).map_err(|e| self.decode_err(column, e))?;
+        if *value == RawValue::Null {
+            return Ok(None);
+        }
+        pick(value).map(Some).ok_or_else(|| {
+            self.decode_err(
+                column,
+                format!("expected {expected}, found {}", value.type_name()),
+            )
+        })
+    }
+
     pub(crate) fn text(&self, column: &str) -> Result<String> {
-        self.get(column)
+        self.opt_text(column)?
+            .ok_or_else(|| self.decode_err(column, "unexpected NULL"))
     }
 
     pub(crate) fn opt_text(&self, column: &str) -> Result<Option<String>> {
-        self.get(column)
+        match self {
+            Row::Raw(row, _) => self.raw(row, column, "TEXT", |v| match v {
+                RawValue::Text(t) => Some(t.clone()),
+                _ => None,
+            }),
+            _ => self.get(column),
+        }
     }
 
     /// An integer column; PostgreSQL `integer` (int4) columns are widened.
@@ -465,6 +519,10 @@ impl Row {
     pub(crate) fn opt_int(&self, column: &str) -> Result<Option<i64>> {
         match self {
             Row::Sqlite(..) => self.get(column),
+            Row::Raw(row, _) => self.raw(row, column, "INTEGER", |v| match v {
+                RawValue::Integer(i) => Some(*i),
+                _ => None,
+            }),
             Row::Postgres(row, _) => match row.try_get::<Option<i64>, _>(column) {
                 Ok(v) => Ok(v),
                 Err(wide) => row
@@ -476,26 +534,39 @@ impl Row {
     }
 
     pub(crate) fn bool(&self, column: &str) -> Result<bool> {
-        self.get(column)
+        self.opt_bool(column)?
+            .ok_or_else(|| self.decode_err(column, "unexpected NULL"))
     }
 
     pub(crate) fn opt_bool(&self, column: &str) -> Result<Option<bool>> {
-        self.get(column)
+        match self {
+            Row::Raw(row, _) => self.raw(row, column, "INTEGER (boolean)", |v| match v {
+                RawValue::Integer(i) => Some(*i != 0),
+                _ => None,
+            }),
+            _ => self.get(column),
+        }
     }
 
     pub(crate) fn bytes(&self, column: &str) -> Result<Vec<u8>> {
-        self.get(column)
+        match self {
+            Row::Raw(row, _) => self
+                .raw(row, column, "BLOB", |v| match v {
+                    RawValue::Blob(b) => Some(b.clone()),
+                    RawValue::Text(t) => Some(t.clone().into_bytes()),
+                    _ => None,
+                })?
+                .ok_or_else(|| self.decode_err(column, "unexpected NULL")),
+            _ => self.get(column),
+        }
     }
 
     pub(crate) fn opt_json(&self, column: &str) -> Result<Option<Value>> {
         match self {
-            Row::Sqlite(row, _) => {
-                let text: Option<String> = row
-                    .try_get(column)
-                    .map_err(|e| self.decode_err(column, e))?;
-                text.map(|t| serde_json::from_str(&t).map_err(|e| self.decode_err(column, e)))
-                    .transpose()
-            }
+            Row::Sqlite(..) | Row::Raw(..) => self
+                .opt_text(column)?
+                .map(|t| serde_json::from_str(&t).map_err(|e| self.decode_err(column, e)))
+                .transpose(),
             Row::Postgres(row, _) => row
                 .try_get::<Option<sqlx::types::Json<Value>>, _>(column)
                 .map(|j| j.map(|j| j.0))
@@ -510,13 +581,10 @@ impl Row {
 
     pub(crate) fn opt_uuid(&self, column: &str) -> Result<Option<Uuid>> {
         match self {
-            Row::Sqlite(row, _) => {
-                let text: Option<String> = row
-                    .try_get(column)
-                    .map_err(|e| self.decode_err(column, e))?;
-                text.map(|t| Uuid::parse_str(&t).map_err(|e| self.decode_err(column, e)))
-                    .transpose()
-            }
+            Row::Sqlite(..) | Row::Raw(..) => self
+                .opt_text(column)?
+                .map(|t| Uuid::parse_str(&t).map_err(|e| self.decode_err(column, e)))
+                .transpose(),
             Row::Postgres(row, _) => row.try_get(column).map_err(|e| self.decode_err(column, e)),
         }
     }
@@ -528,33 +596,20 @@ impl Row {
 
     pub(crate) fn opt_ts(&self, column: &str) -> Result<Option<DateTime<Utc>>> {
         match self {
-            Row::Sqlite(row, _) => {
-                let text: Option<String> = row
-                    .try_get(column)
-                    .map_err(|e| self.decode_err(column, e))?;
-                text.map(|t| {
+            Row::Sqlite(..) | Row::Raw(..) => self
+                .opt_text(column)?
+                .map(|t| {
                     DateTime::parse_from_rfc3339(&t)
                         .map(|t| t.to_utc())
                         .map_err(|e| self.decode_err(column, format!("{e} in {t:?}")))
                 })
-                .transpose()
-            }
+                .transpose(),
             Row::Postgres(row, _) => row.try_get(column).map_err(|e| self.decode_err(column, e)),
         }
     }
 
     pub(crate) fn json(&self, column: &str) -> Result<Value> {
-        match self {
-            Row::Sqlite(row, _) => {
-                let text: String = row
-                    .try_get(column)
-                    .map_err(|e| self.decode_err(column, e))?;
-                serde_json::from_str(&text).map_err(|e| self.decode_err(column, e))
-            }
-            Row::Postgres(row, _) => row
-                .try_get::<sqlx::types::Json<Value>, _>(column)
-                .map(|j| j.0)
-                .map_err(|e| self.decode_err(column, e)),
-        }
+        self.opt_json(column)?
+            .ok_or_else(|| self.decode_err(column, "unexpected NULL"))
     }
 }

@@ -196,6 +196,9 @@ mod sqlite_code {
 
 /// The (extended) result code of a SQLite error; `None` for other backends' errors.
 fn sqlite_code(db: &dyn sqlx::error::DatabaseError) -> Option<i64> {
+    if let Some(raw) = db.try_downcast_ref::<crate::sqlite_raw::RawSqliteError>() {
+        return Some(i64::from(raw.code));
+    }
     db.try_downcast_ref::<sqlx::sqlite::SqliteError>()?;
     db.code()?.parse::<i64>().ok()
 }
