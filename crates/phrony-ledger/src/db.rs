@@ -331,6 +331,29 @@ fn bind_sqlite<'q>(
     q
 }
 
+/// A bind value with the encoding [`bind_sqlite`] gives it, for the writer's direct calls.
+fn raw_sqlite(args: Vec<Arg>) -> Vec<RawValue> {
+    let text = |v: Option<String>| v.map_or(RawValue::Null, RawValue::Text);
+    let int = |v: Option<i64>| v.map_or(RawValue::Null, RawValue::Integer);
+    args.into_iter()
+        .map(|arg| match arg {
+            Arg::Text(v) => RawValue::Text(v),
+            Arg::OptText(v) => text(v),
+            Arg::Int(v) => RawValue::Integer(v),
+            Arg::OptInt(v) => int(v),
+            Arg::Uuid(v) => RawValue::Text(v.hyphenated().to_string()),
+            Arg::OptUuid(v) => text(v.map(|v| v.hyphenated().to_string())),
+            Arg::Ts(v) => RawValue::Text(format_ts(&v)),
+            Arg::OptTs(v) => text(v.as_ref().map(format_ts)),
+            Arg::Json(v) => RawValue::Text(canonical_json(&v)),
+            Arg::OptJson(v) => text(v.as_ref().map(canonical_json)),
+            Arg::Bool(v) => RawValue::Integer(i64::from(v)),
+            Arg::OptBool(v) => int(v.map(i64::from)),
+            Arg::Bytes(v) => RawValue::Blob(v),
+        })
+        .collect()
+}
+
 fn bind_pg<'q>(
     mut q: Query<'q, Postgres, PgArguments>,
     args: Vec<Arg>,
@@ -369,7 +392,7 @@ impl Conn<'_> {
                 .map(|r| r.rows_affected())
                 .ctx(context),
             Conn::SqliteRaw(slot) => slot
-                .run(sql, &args, None)
+                .run(sql, &raw_sqlite(args), None)
                 .map(|o| o.rows_affected)
                 .ctx(context),
             Conn::Postgres(c) => bind_pg(sqlx::query(sql), args)
@@ -393,7 +416,7 @@ impl Conn<'_> {
                 .ctx(context)?
                 .map(|row| Row::Sqlite(row, context))),
             Conn::SqliteRaw(slot) => Ok(slot
-                .run(sql, &args, Some(1))
+                .run(sql, &raw_sqlite(args), Some(1))
                 .ctx(context)?
                 .rows
                 .pop()
@@ -421,7 +444,7 @@ impl Conn<'_> {
                 .map(|row| Row::Sqlite(row, context))
                 .collect()),
             Conn::SqliteRaw(slot) => Ok(slot
-                .run(sql, &args, None)
+                .run(sql, &raw_sqlite(args), None)
                 .ctx(context)?
                 .rows
                 .into_iter()

@@ -25,77 +25,16 @@ use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use libsqlite3_sys as ffi;
-use sqlx::error::{DatabaseError, ErrorKind};
 use sqlx::sqlite::LockedSqliteHandle;
 
-use crate::chain::{canonical_json, format_ts};
-use crate::db::Arg;
-
-/// A SQLite error from a direct call, classified like the driver's own
-/// ([`crate::error::LedgerError::from_sqlx`] reads its extended result code).
-#[derive(Debug)]
-pub(crate) struct RawSqliteError {
-    /// The extended result code.
-    pub(crate) code: i32,
-    message: String,
-}
-
-impl RawSqliteError {
-    fn other(message: impl Into<String>) -> Self {
-        Self {
-            code: ffi::SQLITE_MISUSE,
-            message: message.into(),
-        }
-    }
-}
-
-impl std::fmt::Display for RawSqliteError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "(code: {}) {}", self.code, self.message)
-    }
-}
-
-impl std::error::Error for RawSqliteError {}
-
-impl DatabaseError for RawSqliteError {
-    fn message(&self) -> &str {
-        &self.message
-    }
-
-    fn code(&self) -> Option<std::borrow::Cow<'_, str>> {
-        Some(self.code.to_string().into())
-    }
-
-    fn as_error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
-        self
-    }
-
-    fn as_error_mut(&mut self) -> &mut (dyn std::error::Error + Send + Sync + 'static) {
-        self
-    }
-
-    fn into_error(self: Box<Self>) -> Box<dyn std::error::Error + Send + Sync + 'static> {
-        self
-    }
-
-    fn kind(&self) -> ErrorKind {
-        match self.code {
-            ffi::SQLITE_CONSTRAINT_UNIQUE | ffi::SQLITE_CONSTRAINT_PRIMARYKEY => {
-                ErrorKind::UniqueViolation
-            }
-            ffi::SQLITE_CONSTRAINT_FOREIGNKEY => ErrorKind::ForeignKeyViolation,
-            ffi::SQLITE_CONSTRAINT_NOTNULL => ErrorKind::NotNullViolation,
-            ffi::SQLITE_CONSTRAINT_CHECK => ErrorKind::CheckViolation,
-            _ => ErrorKind::Other,
-        }
-    }
-}
+use crate::error::RawSqliteError;
 
 fn error(e: RawSqliteError) -> sqlx::Error {
     sqlx::Error::Database(Box::new(e))
 }
 
-/// One column value as SQLite returned it.
+/// One value as SQLite stores it: a column of a result row, or a parameter to bind (`db.rs`
+/// converts its bind values with the driver's encoding for SQLite).
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum RawValue {
     Null,
@@ -239,7 +178,7 @@ impl RawSlot {
     pub(crate) fn run(
         &self,
         sql: &str,
-        args: &[Arg],
+        args: &[RawValue],
         max_rows: Option<usize>,
     ) -> Result<Outcome, sqlx::Error> {
         let mut guard = self.0.lock().unwrap_or_else(PoisonError::into_inner);
@@ -261,7 +200,7 @@ impl RawConn {
             let message = CStr::from_ptr(ffi::sqlite3_errmsg(self.db.as_ptr()))
                 .to_string_lossy()
                 .into_owned();
-            RawSqliteError { code, message }
+            RawSqliteError::new(code, message)
         }
     }
 
@@ -275,7 +214,7 @@ impl RawConn {
         while offset < bytes.len() {
             let rest = &bytes[offset..];
             let len = c_int::try_from(rest.len())
-                .map_err(|_| error(RawSqliteError::other("SQL text too long")))?;
+                .map_err(|_| error(RawSqliteError::misuse("SQL text too long")))?;
             let mut stmt: *mut ffi::sqlite3_stmt = std::ptr::null_mut();
             let mut tail: *const std::ffi::c_char = std::ptr::null();
             // SAFETY: `rest` is valid for `len` bytes (it need not be NUL-terminated since the
@@ -318,7 +257,7 @@ impl RawConn {
     fn run(
         &mut self,
         sql: &str,
-        args: &[Arg],
+        args: &[RawValue],
         max_rows: Option<usize>,
     ) -> Result<Outcome, sqlx::Error> {
         self.prepare(sql)?;
@@ -326,7 +265,7 @@ impl RawConn {
         let statements = self
             .statements
             .get(sql)
-            .ok_or_else(|| error(RawSqliteError::other("statement vanished from the cache")))?;
+            .ok_or_else(|| error(RawSqliteError::misuse("statement vanished from the cache")))?;
         let mut outcome = Outcome::default();
         for stmt in statements {
             let result = run_one(db, stmt, args, max_rows, &mut outcome);
@@ -366,7 +305,7 @@ enum StepError {
 fn run_one(
     db: NonNull<ffi::sqlite3>,
     stmt: &Stmt,
-    args: &[Arg],
+    args: &[RawValue],
     max_rows: Option<usize>,
     outcome: &mut Outcome,
 ) -> Result<(), StepError> {
@@ -458,7 +397,7 @@ fn column_value(s: *mut ffi::sqlite3_stmt, i: usize) -> RawValue {
 
 /// Binds `args` to the statement's parameters: `$N` and `?N` take the N-th argument, a bare
 /// `?` the next one (as the driver does).
-fn bind(stmt: &Stmt, args: &[Arg]) -> Result<(), StepError> {
+fn bind(stmt: &Stmt, args: &[RawValue]) -> Result<(), StepError> {
     let s = stmt.0.as_ptr();
     // SAFETY: `s` is a prepared statement of the locked connection.
     let count = unsafe { ffi::sqlite3_bind_parameter_count(s) };
@@ -480,13 +419,13 @@ fn bind(stmt: &Stmt, args: &[Arg]) -> Result<(), StepError> {
                 .and_then(|n| n.parse::<usize>().ok())
                 .and_then(|n| n.checked_sub(1))
                 .ok_or_else(|| {
-                    StepError::Other(RawSqliteError::other(format!(
+                    StepError::Other(RawSqliteError::misuse(format!(
                         "unsupported SQL parameter {name:?} (use $1, $2, …)"
                     )))
                 })?,
         };
         let arg = args.get(index).ok_or_else(|| {
-            StepError::Other(RawSqliteError::other(format!(
+            StepError::Other(RawSqliteError::misuse(format!(
                 "SQL parameter {} has no argument ({} given)",
                 index + 1,
                 args.len()
@@ -524,35 +463,15 @@ fn bind_null(s: *mut ffi::sqlite3_stmt, param: c_int) -> c_int {
     unsafe { ffi::sqlite3_bind_null(s, param) }
 }
 
-/// Binds one value with the encoding the driver uses for SQLite (see `db::bind_sqlite`).
-fn bind_one(s: *mut ffi::sqlite3_stmt, param: c_int, arg: &Arg) -> c_int {
+/// Binds one value.
+fn bind_one(s: *mut ffi::sqlite3_stmt, param: c_int, arg: &RawValue) -> c_int {
     match arg {
-        Arg::Text(v) => bind_text(s, param, v),
-        Arg::OptText(v) => v
-            .as_deref()
-            .map_or_else(|| bind_null(s, param), |v| bind_text(s, param, v)),
-        Arg::Int(v) => bind_int(s, param, *v),
-        Arg::OptInt(v) => v.map_or_else(|| bind_null(s, param), |v| bind_int(s, param, v)),
-        Arg::Uuid(v) => bind_text(s, param, &v.hyphenated().to_string()),
-        Arg::OptUuid(v) => v.map_or_else(
-            || bind_null(s, param),
-            |v| bind_text(s, param, &v.hyphenated().to_string()),
-        ),
-        Arg::Ts(v) => bind_text(s, param, &format_ts(v)),
-        Arg::OptTs(v) => v.as_ref().map_or_else(
-            || bind_null(s, param),
-            |v| bind_text(s, param, &format_ts(v)),
-        ),
-        Arg::Json(v) => bind_text(s, param, &canonical_json(v)),
-        Arg::OptJson(v) => v.as_ref().map_or_else(
-            || bind_null(s, param),
-            |v| bind_text(s, param, &canonical_json(v)),
-        ),
-        Arg::Bool(v) => bind_int(s, param, i64::from(*v)),
-        Arg::OptBool(v) => {
-            v.map_or_else(|| bind_null(s, param), |v| bind_int(s, param, i64::from(v)))
-        }
-        Arg::Bytes(v) => {
+        RawValue::Null => bind_null(s, param),
+        RawValue::Integer(v) => bind_int(s, param, *v),
+        // SAFETY: `s` is a prepared statement; `param` is one of its parameters.
+        RawValue::Real(v) => unsafe { ffi::sqlite3_bind_double(s, param, *v) },
+        RawValue::Text(v) => bind_text(s, param, v),
+        RawValue::Blob(v) => {
             // SAFETY: `v` is valid for its length; SQLITE_TRANSIENT makes SQLite copy it.
             unsafe {
                 ffi::sqlite3_bind_blob64(
