@@ -636,3 +636,199 @@ impl Row {
             .ok_or_else(|| self.decode_err(column, "unexpected NULL"))
     }
 }
+
+#[cfg(test)]
+mod group_tests {
+    //! The writer's direct calls on a real SQLite file (the conformance suite runs every
+    //! ledger write through them; these cover what no ledger write does on purpose).
+    #![allow(clippy::unwrap_used, reason = "test set-up: a panic is a failed test")]
+
+    use std::str::FromStr as _;
+
+    use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
+
+    use sqlx::sqlite::SqlitePool;
+
+    use super::{Conn, Row, args};
+    use crate::error::LedgerError;
+    use crate::group::GroupWriter;
+
+    async fn writer(dir: &tempfile::TempDir) -> (SqlitePool, GroupWriter) {
+        let url = format!("sqlite://{}", dir.path().join("w.db").display());
+        let opts = SqliteConnectOptions::from_str(&url)
+            .unwrap()
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal);
+        let pool = SqlitePoolOptions::new()
+            .max_connections(2)
+            .connect_with(opts)
+            .await
+            .unwrap();
+        sqlx::query(
+            "CREATE TABLE t (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE, n INTEGER \
+             CHECK (n > 0), flag BOOLEAN, data BLOB)",
+        )
+        .execute(&pool)
+        .await
+        .unwrap();
+        (pool.clone(), GroupWriter::spawn(pool))
+    }
+
+    async fn count(pool: &SqlitePool) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM t")
+            .fetch_one(pool)
+            .await
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn direct_statements_bind_and_read_every_type_and_classify_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let (pool, writer) = writer(&dir).await;
+        let lease = writer.begin(false).await.unwrap();
+        let mut conn = Conn::SqliteRaw(lease.slot());
+        let inserted = conn
+            .execute(
+                "insert",
+                "INSERT INTO t (name, n, flag, data) VALUES ($1, $2, $3, $4), ($5, NULL, NULL, NULL)",
+                args![
+                    "a",
+                    7_i64,
+                    true,
+                    crate::db::Arg::Bytes(vec![0, 1, 255]),
+                    "b"
+                ],
+            )
+            .await
+            .unwrap();
+        assert_eq!(inserted, 2);
+        let row: Row = conn
+            .fetch_optional(
+                "read",
+                "SELECT name, n, flag, data FROM t WHERE name = $1",
+                args!["a"],
+            )
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(row.text("name").unwrap(), "a");
+        assert_eq!(row.int("n").unwrap(), 7);
+        assert!(row.bool("flag").unwrap());
+        assert_eq!(row.bytes("data").unwrap(), vec![0, 1, 255]);
+        let error = row.int("name").unwrap_err();
+        assert!(
+            error.to_string().contains("expected INTEGER, found TEXT"),
+            "{error}"
+        );
+        let error = row.text("missing").unwrap_err();
+        assert!(error.to_string().contains("no column named"), "{error}");
+        let all = conn
+            .fetch_all("read", "SELECT n FROM t ORDER BY name", args![])
+            .await
+            .unwrap();
+        assert_eq!(all.len(), 2);
+        assert_eq!(all[1].opt_int("n").unwrap(), None);
+        assert!(all[1].int("n").unwrap_err().to_string().contains("NULL"));
+
+        // A duplicate is a lost race (retried); a CHECK failure is a database error; both
+        // leave the connection usable.
+        let duplicate = conn
+            .execute("dup", "INSERT INTO t (name) VALUES ($1)", args!["a"])
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(duplicate, LedgerError::Conflict { .. }),
+            "{duplicate:?}"
+        );
+        let check = conn
+            .execute(
+                "check",
+                "INSERT INTO t (name, n) VALUES ($1, 0)",
+                args!["c"],
+            )
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(check, LedgerError::Database { .. }) && !check.is_unavailable(),
+            "{check:?}"
+        );
+        let missing = conn
+            .execute("bind", "INSERT INTO t (name) VALUES ($2)", args!["d"])
+            .await
+            .unwrap_err();
+        assert!(missing.to_string().contains("parameter 2"), "{missing}");
+        lease.release().await.unwrap();
+        assert_eq!(count(&pool).await, 2);
+    }
+
+    #[tokio::test]
+    async fn a_slot_kept_past_its_batch_finds_no_connection() {
+        let dir = tempfile::tempdir().unwrap();
+        let (pool, writer) = writer(&dir).await;
+        let lease = writer.begin(false).await.unwrap();
+        let kept = lease.slot().clone();
+        kept.run("INSERT INTO t (name) VALUES ('x')", &[], None)
+            .unwrap();
+        lease.release().await.unwrap();
+        let error = kept.run("SELECT 1", &[], None).unwrap_err();
+        assert!(error.to_string().contains("batch is over"), "{error}");
+        assert_eq!(count(&pool).await, 1);
+    }
+
+    #[tokio::test]
+    async fn a_write_that_ends_the_batch_transaction_fails_and_the_writer_goes_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let (pool, writer) = writer(&dir).await;
+        let lease = writer.begin(false).await.unwrap();
+        // Ends the batch's transaction and leaves a savepoint of the same name, which outside
+        // a transaction is a transaction of its own that its `RELEASE` commits.
+        lease.slot().run("ROLLBACK", &[], None).unwrap();
+        lease
+            .slot()
+            .run("SAVEPOINT phrony_write", &[], None)
+            .unwrap();
+        let error = lease.release().await.unwrap_err();
+        assert!(error.is_unavailable(), "{error:?}");
+
+        let lease = writer.begin(false).await.unwrap();
+        lease
+            .slot()
+            .run("INSERT INTO t (name) VALUES ('after')", &[], None)
+            .unwrap();
+        lease.release().await.unwrap();
+        assert_eq!(count(&pool).await, 1);
+        assert_eq!(writer.stats().commits, 1);
+    }
+
+    #[tokio::test]
+    async fn a_cancelled_write_rolls_back_only_its_own_savepoint() {
+        let dir = tempfile::tempdir().unwrap();
+        let (pool, writer) = writer(&dir).await;
+        let first = writer.begin(false).await.unwrap();
+        first
+            .slot()
+            .run("INSERT INTO t (name) VALUES ('kept')", &[], None)
+            .unwrap();
+        let (second, done) = tokio::join!(
+            async {
+                let second = writer.begin(false).await.unwrap();
+                second
+                    .slot()
+                    .run("INSERT INTO t (name) VALUES ('dropped')", &[], None)
+                    .unwrap();
+                drop(second);
+            },
+            first.release()
+        );
+        let () = second;
+        done.unwrap();
+        // The dropped write's savepoint was undone; the batch (or the next) committed the first.
+        let lease = writer.begin(false).await.unwrap();
+        lease.release().await.unwrap();
+        let names: Vec<String> = sqlx::query_scalar("SELECT name FROM t")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+        assert_eq!(names, ["kept"]);
+    }
+}
