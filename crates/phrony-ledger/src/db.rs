@@ -649,7 +649,7 @@ mod group_tests {
 
     use sqlx::sqlite::SqlitePool;
 
-    use super::{Conn, Row, args};
+    use super::{Conn, Row};
     use crate::error::LedgerError;
     use crate::group::GroupWriter;
 
