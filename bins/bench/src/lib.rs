@@ -108,6 +108,9 @@ pub struct ClosedLoop {
     pub dispatch: Latencies,
     /// Sessions that did not complete.
     pub failed: u64,
+    /// The daemon's CPU time (user + system) per completed session, in µs; `None` when
+    /// `/proc` cannot be read.
+    pub cpu_us_per_call: Option<f64>,
 }
 
 /// The open-loop phase.
@@ -400,6 +403,7 @@ pub fn to_json(report: &Report) -> Value {
                     "p50_ms": c.latency.p50_us() / 1000.0,
                     "p99_ms": c.latency.p99_us() / 1000.0,
                     "dispatch_overhead_p50_us": c.dispatch.p50_us(),
+                    "daemon_cpu_us_per_call": c.cpu_us_per_call,
                     "failed": c.failed,
                 })
             })
@@ -432,12 +436,12 @@ pub fn markdown(report: &Report) -> String {
     }
     let _ = writeln!(
         s,
-        "\n| backend | concurrency | sessions (= tool calls)/s | ratio to raw commits/s | p50 | p99 | dispatch overhead p50 / p99 | failed |\n|---|---|---|---|---|---|---|---|"
+        "\n| backend | concurrency | sessions (= tool calls)/s | ratio to raw commits/s | p50 | p99 | dispatch overhead p50 / p99 | daemon CPU per call | failed |\n|---|---|---|---|---|---|---|---|---|"
     );
     for c in &report.closed {
         let _ = writeln!(
             s,
-            "| {} | {} | {:.1} | {:.4} | {:.1} ms | {:.1} ms | {:.0} µs / {:.0} µs | {} |",
+            "| {} | {} | {:.1} | {:.4} | {:.1} ms | {:.1} ms | {:.0} µs / {:.0} µs | {} | {} |",
             c.backend,
             c.concurrency,
             c.per_s,
@@ -446,6 +450,8 @@ pub fn markdown(report: &Report) -> String {
             c.latency.p99_us() / 1000.0,
             c.dispatch.p50_us(),
             c.dispatch.p99_us(),
+            c.cpu_us_per_call
+                .map_or_else(|| "—".to_owned(), |us| format!("{us:.0} µs")),
             c.failed
         );
     }

@@ -104,15 +104,24 @@ pub(crate) fn backend(
         completed_fast += closed_loop(&client, &workers, 1, Duration::ZERO).await.0;
         let mut best: f64 = 0.0;
         for &concurrency in &plan.concurrency {
-            let (completed, phase) = closed_loop(&client, &workers, concurrency, plan.phase).await;
+            let cpu_before = cpu_time(&daemon);
+            let (completed, mut phase) =
+                closed_loop(&client, &workers, concurrency, plan.phase).await;
+            phase.cpu_us_per_call = match (cpu_before, cpu_time(&daemon)) {
+                (Some(before), Some(after)) if completed > 0 => {
+                    Some(after.saturating_sub(before).as_secs_f64() * 1e6 / completed as f64)
+                }
+                _ => None,
+            };
             completed_fast += completed;
             eprintln!(
                 "{name}: concurrency {concurrency}: {:.1} sessions/s, p50 {:.1} ms, p99 {:.1} ms, \
-                 dispatch overhead p50 {:.0} µs, {} failed",
+                 dispatch overhead p50 {:.0} µs, daemon CPU per call {:.0} µs, {} failed",
                 phase.per_s,
                 phase.latency.p50_us() / 1000.0,
                 phase.latency.p99_us() / 1000.0,
                 phase.dispatch.p50_us(),
+                phase.cpu_us_per_call.unwrap_or(f64::NAN),
                 phase.failed
             );
             best = best.max(phase.per_s);
@@ -235,6 +244,7 @@ async fn closed_loop(
             latency,
             dispatch: dispatch_overhead(workers, &calls),
             failed: failed.load(Ordering::Relaxed),
+            cpu_us_per_call: None,
         },
     )
 }

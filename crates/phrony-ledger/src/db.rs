@@ -18,6 +18,7 @@ use crate::chain::{canonical_json, format_ts};
 use crate::error::{LedgerError, Result, SqlxResultExt};
 use crate::group::{GroupWriter, Lease};
 use crate::outbox::Outbox;
+use crate::sqlite_raw::{RawRow, RawSlot, RawValue};
 
 /// Which database a [`crate::Ledger`] talks to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -164,7 +165,7 @@ impl Tx {
 
     pub(crate) fn conn(&mut self) -> Conn<'_> {
         match &mut self.kind {
-            TxKind::Sqlite(lease) => Conn::Sqlite(lease.conn()),
+            TxKind::Sqlite(lease) => Conn::SqliteRaw(lease.slot()),
             TxKind::Postgres(tx) => Conn::Postgres(tx),
         }
     }
@@ -231,6 +232,9 @@ impl PooledConn {
 /// A borrowed connection of either backend (inside or outside a transaction).
 pub(crate) enum Conn<'c> {
     Sqlite(&'c mut SqliteConnection),
+    /// The group-commit writer's connection, called directly (no hand-off per statement; see
+    /// the `sqlite_raw` module).
+    SqliteRaw(&'c RawSlot),
     Postgres(&'c mut PgConnection),
 }
 
@@ -353,6 +357,29 @@ fn bind_sqlite<'q>(
     q
 }
 
+/// A bind value with the encoding [`bind_sqlite`] gives it, for the writer's direct calls.
+fn raw_sqlite(args: Vec<Arg>) -> Vec<RawValue> {
+    let text = |v: Option<String>| v.map_or(RawValue::Null, RawValue::Text);
+    let int = |v: Option<i64>| v.map_or(RawValue::Null, RawValue::Integer);
+    args.into_iter()
+        .map(|arg| match arg {
+            Arg::Text(v) => RawValue::Text(v),
+            Arg::OptText(v) => text(v),
+            Arg::Int(v) => RawValue::Integer(v),
+            Arg::OptInt(v) => int(v),
+            Arg::Uuid(v) => RawValue::Text(v.hyphenated().to_string()),
+            Arg::OptUuid(v) => text(v.map(|v| v.hyphenated().to_string())),
+            Arg::Ts(v) => RawValue::Text(format_ts(&v)),
+            Arg::OptTs(v) => text(v.as_ref().map(format_ts)),
+            Arg::Json(v) => RawValue::Text(canonical_json(&v)),
+            Arg::OptJson(v) => text(v.as_ref().map(canonical_json)),
+            Arg::Bool(v) => RawValue::Integer(i64::from(v)),
+            Arg::OptBool(v) => int(v.map(i64::from)),
+            Arg::Bytes(v) => RawValue::Blob(v),
+        })
+        .collect()
+}
+
 fn bind_pg<'q>(
     mut q: Query<'q, Postgres, PgArguments>,
     args: Vec<Arg>,
@@ -390,6 +417,10 @@ impl Conn<'_> {
                 .await
                 .map(|r| r.rows_affected())
                 .ctx(context),
+            Conn::SqliteRaw(slot) => slot
+                .run(sql, &raw_sqlite(args), None)
+                .map(|o| o.rows_affected)
+                .ctx(context),
             Conn::Postgres(c) => bind_pg(sqlx::query(sql), args)
                 .execute(&mut **c)
                 .await
@@ -410,6 +441,12 @@ impl Conn<'_> {
                 .await
                 .ctx(context)?
                 .map(|row| Row::Sqlite(row, context))),
+            Conn::SqliteRaw(slot) => Ok(slot
+                .run(sql, &raw_sqlite(args), Some(1))
+                .ctx(context)?
+                .rows
+                .pop()
+                .map(|row| Row::Raw(row, context))),
             Conn::Postgres(c) => Ok(bind_pg(sqlx::query(sql), args)
                 .fetch_optional(&mut **c)
                 .await
@@ -432,6 +469,13 @@ impl Conn<'_> {
                 .into_iter()
                 .map(|row| Row::Sqlite(row, context))
                 .collect()),
+            Conn::SqliteRaw(slot) => Ok(slot
+                .run(sql, &raw_sqlite(args), None)
+                .ctx(context)?
+                .rows
+                .into_iter()
+                .map(|row| Row::Raw(row, context))
+                .collect()),
             Conn::Postgres(c) => Ok(bind_pg(sqlx::query(sql), args)
                 .fetch_all(&mut **c)
                 .await
@@ -446,13 +490,15 @@ impl Conn<'_> {
 /// A result row of either backend, with typed accessors that hide the storage differences.
 pub(crate) enum Row {
     Sqlite(SqliteRow, &'static str),
+    /// A row read on the group-commit writer's connection directly.
+    Raw(RawRow, &'static str),
     Postgres(PgRow, &'static str),
 }
 
 impl Row {
     fn context(&self) -> &'static str {
         match self {
-            Row::Sqlite(_, c) | Row::Postgres(_, c) => c,
+            Row::Sqlite(_, c) | Row::Raw(_, c) | Row::Postgres(_, c) => c,
         }
     }
 
@@ -470,16 +516,47 @@ impl Row {
         let result = match self {
             Row::Sqlite(row, _) => row.try_get::<T, _>(column),
             Row::Postgres(row, _) => row.try_get::<T, _>(column),
+            Row::Raw(..) => {
+                return Err(self.decode_err(column, "not decodable from a direct SQLite row"));
+            }
         };
         result.map_err(|e| self.decode_err(column, e))
     }
 
+    /// The value of a direct row's column, `None` for SQL `NULL`; `Err` names a missing column
+    /// or a value of another type than `expected` (as the driver refuses it).
+    fn raw<'r, T>(
+        &self,
+        row: &'r RawRow,
+        column: &str,
+        expected: &str,
+        pick: impl FnOnce(&'r RawValue) -> Option<T>,
+    ) -> Result<Option<T>> {
+        let value = row.get(column).map_err(|e| self.decode_err(column, e))?;
+        if *value == RawValue::Null {
+            return Ok(None);
+        }
+        pick(value).map(Some).ok_or_else(|| {
+            self.decode_err(
+                column,
+                format!("expected {expected}, found {}", value.type_name()),
+            )
+        })
+    }
+
     pub(crate) fn text(&self, column: &str) -> Result<String> {
-        self.get(column)
+        self.opt_text(column)?
+            .ok_or_else(|| self.decode_err(column, "unexpected NULL"))
     }
 
     pub(crate) fn opt_text(&self, column: &str) -> Result<Option<String>> {
-        self.get(column)
+        match self {
+            Row::Raw(row, _) => self.raw(row, column, "TEXT", |v| match v {
+                RawValue::Text(t) => Some(t.clone()),
+                _ => None,
+            }),
+            _ => self.get(column),
+        }
     }
 
     /// An integer column; PostgreSQL `integer` (int4) columns are widened.
@@ -491,6 +568,10 @@ impl Row {
     pub(crate) fn opt_int(&self, column: &str) -> Result<Option<i64>> {
         match self {
             Row::Sqlite(..) => self.get(column),
+            Row::Raw(row, _) => self.raw(row, column, "INTEGER", |v| match v {
+                RawValue::Integer(i) => Some(*i),
+                _ => None,
+            }),
             Row::Postgres(row, _) => match row.try_get::<Option<i64>, _>(column) {
                 Ok(v) => Ok(v),
                 Err(wide) => row
@@ -502,26 +583,39 @@ impl Row {
     }
 
     pub(crate) fn bool(&self, column: &str) -> Result<bool> {
-        self.get(column)
+        self.opt_bool(column)?
+            .ok_or_else(|| self.decode_err(column, "unexpected NULL"))
     }
 
     pub(crate) fn opt_bool(&self, column: &str) -> Result<Option<bool>> {
-        self.get(column)
+        match self {
+            Row::Raw(row, _) => self.raw(row, column, "INTEGER (boolean)", |v| match v {
+                RawValue::Integer(i) => Some(*i != 0),
+                _ => None,
+            }),
+            _ => self.get(column),
+        }
     }
 
     pub(crate) fn bytes(&self, column: &str) -> Result<Vec<u8>> {
-        self.get(column)
+        match self {
+            Row::Raw(row, _) => self
+                .raw(row, column, "BLOB", |v| match v {
+                    RawValue::Blob(b) => Some(b.clone()),
+                    RawValue::Text(t) => Some(t.clone().into_bytes()),
+                    _ => None,
+                })?
+                .ok_or_else(|| self.decode_err(column, "unexpected NULL")),
+            _ => self.get(column),
+        }
     }
 
     pub(crate) fn opt_json(&self, column: &str) -> Result<Option<Value>> {
         match self {
-            Row::Sqlite(row, _) => {
-                let text: Option<String> = row
-                    .try_get(column)
-                    .map_err(|e| self.decode_err(column, e))?;
-                text.map(|t| serde_json::from_str(&t).map_err(|e| self.decode_err(column, e)))
-                    .transpose()
-            }
+            Row::Sqlite(..) | Row::Raw(..) => self
+                .opt_text(column)?
+                .map(|t| serde_json::from_str(&t).map_err(|e| self.decode_err(column, e)))
+                .transpose(),
             Row::Postgres(row, _) => row
                 .try_get::<Option<sqlx::types::Json<Value>>, _>(column)
                 .map(|j| j.map(|j| j.0))
@@ -536,13 +630,10 @@ impl Row {
 
     pub(crate) fn opt_uuid(&self, column: &str) -> Result<Option<Uuid>> {
         match self {
-            Row::Sqlite(row, _) => {
-                let text: Option<String> = row
-                    .try_get(column)
-                    .map_err(|e| self.decode_err(column, e))?;
-                text.map(|t| Uuid::parse_str(&t).map_err(|e| self.decode_err(column, e)))
-                    .transpose()
-            }
+            Row::Sqlite(..) | Row::Raw(..) => self
+                .opt_text(column)?
+                .map(|t| Uuid::parse_str(&t).map_err(|e| self.decode_err(column, e)))
+                .transpose(),
             Row::Postgres(row, _) => row.try_get(column).map_err(|e| self.decode_err(column, e)),
         }
     }
@@ -554,33 +645,216 @@ impl Row {
 
     pub(crate) fn opt_ts(&self, column: &str) -> Result<Option<DateTime<Utc>>> {
         match self {
-            Row::Sqlite(row, _) => {
-                let text: Option<String> = row
-                    .try_get(column)
-                    .map_err(|e| self.decode_err(column, e))?;
-                text.map(|t| {
+            Row::Sqlite(..) | Row::Raw(..) => self
+                .opt_text(column)?
+                .map(|t| {
                     DateTime::parse_from_rfc3339(&t)
                         .map(|t| t.to_utc())
                         .map_err(|e| self.decode_err(column, format!("{e} in {t:?}")))
                 })
-                .transpose()
-            }
+                .transpose(),
             Row::Postgres(row, _) => row.try_get(column).map_err(|e| self.decode_err(column, e)),
         }
     }
 
     pub(crate) fn json(&self, column: &str) -> Result<Value> {
-        match self {
-            Row::Sqlite(row, _) => {
-                let text: String = row
-                    .try_get(column)
-                    .map_err(|e| self.decode_err(column, e))?;
-                serde_json::from_str(&text).map_err(|e| self.decode_err(column, e))
-            }
-            Row::Postgres(row, _) => row
-                .try_get::<sqlx::types::Json<Value>, _>(column)
-                .map(|j| j.0)
-                .map_err(|e| self.decode_err(column, e)),
-        }
+        self.opt_json(column)?
+            .ok_or_else(|| self.decode_err(column, "unexpected NULL"))
+    }
+}
+
+#[cfg(test)]
+mod group_tests {
+    //! The writer's direct calls on a real SQLite file (the conformance suite runs every
+    //! ledger write through them; these cover what no ledger write does on purpose).
+    #![allow(clippy::unwrap_used, reason = "test set-up: a panic is a failed test")]
+
+    use std::str::FromStr as _;
+
+    use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
+
+    use sqlx::sqlite::SqlitePool;
+
+    use super::{Conn, Row};
+    use crate::error::LedgerError;
+    use crate::group::GroupWriter;
+
+    async fn writer(dir: &tempfile::TempDir) -> (SqlitePool, GroupWriter) {
+        let url = format!("sqlite://{}", dir.path().join("w.db").display());
+        let opts = SqliteConnectOptions::from_str(&url)
+            .unwrap()
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal);
+        let pool = SqlitePoolOptions::new()
+            .max_connections(2)
+            .connect_with(opts)
+            .await
+            .unwrap();
+        sqlx::query(
+            "CREATE TABLE t (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE, n INTEGER \
+             CHECK (n > 0), flag BOOLEAN, data BLOB)",
+        )
+        .execute(&pool)
+        .await
+        .unwrap();
+        (pool.clone(), GroupWriter::spawn(pool))
+    }
+
+    async fn count(pool: &SqlitePool) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM t")
+            .fetch_one(pool)
+            .await
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn direct_statements_bind_and_read_every_type_and_classify_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let (pool, writer) = writer(&dir).await;
+        let lease = writer.begin(false).await.unwrap();
+        let mut conn = Conn::SqliteRaw(lease.slot());
+        let inserted = conn
+            .execute(
+                "insert",
+                "INSERT INTO t (name, n, flag, data) VALUES ($1, $2, $3, $4), ($5, NULL, NULL, NULL)",
+                args![
+                    "a",
+                    7_i64,
+                    true,
+                    crate::db::Arg::Bytes(vec![0, 1, 255]),
+                    "b"
+                ],
+            )
+            .await
+            .unwrap();
+        assert_eq!(inserted, 2);
+        let row: Row = conn
+            .fetch_optional(
+                "read",
+                "SELECT name, n, flag, data FROM t WHERE name = $1",
+                args!["a"],
+            )
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(row.text("name").unwrap(), "a");
+        assert_eq!(row.int("n").unwrap(), 7);
+        assert!(row.bool("flag").unwrap());
+        assert_eq!(row.bytes("data").unwrap(), vec![0, 1, 255]);
+        let error = row.int("name").unwrap_err();
+        assert!(
+            error.to_string().contains("expected INTEGER, found TEXT"),
+            "{error}"
+        );
+        let error = row.text("missing").unwrap_err();
+        assert!(error.to_string().contains("no column named"), "{error}");
+        let all = conn
+            .fetch_all("read", "SELECT n FROM t ORDER BY name", args![])
+            .await
+            .unwrap();
+        assert_eq!(all.len(), 2);
+        assert_eq!(all[1].opt_int("n").unwrap(), None);
+        assert!(all[1].int("n").unwrap_err().to_string().contains("NULL"));
+
+        // A duplicate is a lost race (retried); a CHECK failure is a database error; both
+        // leave the connection usable.
+        let duplicate = conn
+            .execute("dup", "INSERT INTO t (name) VALUES ($1)", args!["a"])
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(duplicate, LedgerError::Conflict { .. }),
+            "{duplicate:?}"
+        );
+        let check = conn
+            .execute(
+                "check",
+                "INSERT INTO t (name, n) VALUES ($1, 0)",
+                args!["c"],
+            )
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(check, LedgerError::Database { .. }) && !check.is_unavailable(),
+            "{check:?}"
+        );
+        let missing = conn
+            .execute("bind", "INSERT INTO t (name) VALUES ($2)", args!["d"])
+            .await
+            .unwrap_err();
+        assert!(missing.to_string().contains("parameter 2"), "{missing}");
+        lease.release().await.unwrap();
+        assert_eq!(count(&pool).await, 2);
+    }
+
+    #[tokio::test]
+    async fn a_slot_kept_past_its_batch_finds_no_connection() {
+        let dir = tempfile::tempdir().unwrap();
+        let (pool, writer) = writer(&dir).await;
+        let lease = writer.begin(false).await.unwrap();
+        let kept = lease.slot().clone();
+        kept.run("INSERT INTO t (name) VALUES ('x')", &[], None)
+            .unwrap();
+        lease.release().await.unwrap();
+        let error = kept.run("SELECT 1", &[], None).unwrap_err();
+        assert!(error.to_string().contains("batch is over"), "{error}");
+        assert_eq!(count(&pool).await, 1);
+    }
+
+    #[tokio::test]
+    async fn a_write_that_ends_the_batch_transaction_fails_and_the_writer_goes_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let (pool, writer) = writer(&dir).await;
+        let lease = writer.begin(false).await.unwrap();
+        // Ends the batch's transaction and leaves a savepoint of the same name, which outside
+        // a transaction is a transaction of its own that its `RELEASE` commits.
+        lease.slot().run("ROLLBACK", &[], None).unwrap();
+        lease
+            .slot()
+            .run("SAVEPOINT phrony_write", &[], None)
+            .unwrap();
+        let error = lease.release().await.unwrap_err();
+        assert!(error.is_unavailable(), "{error:?}");
+
+        let lease = writer.begin(false).await.unwrap();
+        lease
+            .slot()
+            .run("INSERT INTO t (name) VALUES ('after')", &[], None)
+            .unwrap();
+        lease.release().await.unwrap();
+        assert_eq!(count(&pool).await, 1);
+        assert_eq!(writer.stats().commits, 1);
+    }
+
+    #[tokio::test]
+    async fn a_cancelled_write_rolls_back_only_its_own_savepoint() {
+        let dir = tempfile::tempdir().unwrap();
+        let (pool, writer) = writer(&dir).await;
+        let first = writer.begin(false).await.unwrap();
+        first
+            .slot()
+            .run("INSERT INTO t (name) VALUES ('kept')", &[], None)
+            .unwrap();
+        let (second, done) = tokio::join!(
+            async {
+                let second = writer.begin(false).await.unwrap();
+                second
+                    .slot()
+                    .run("INSERT INTO t (name) VALUES ('dropped')", &[], None)
+                    .unwrap();
+                drop(second);
+            },
+            first.release()
+        );
+        let () = second;
+        done.unwrap();
+        // The dropped write's savepoint was undone; the batch (or the next) committed the first.
+        let lease = writer.begin(false).await.unwrap();
+        lease.release().await.unwrap();
+        let names: Vec<String> = sqlx::query_scalar("SELECT name FROM t")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+        assert_eq!(names, ["kept"]);
     }
 }

@@ -192,12 +192,89 @@ mod sqlite_code {
     /// `SQLITE_BUSY_SNAPSHOT`: a read transaction that tried to write saw a newer snapshot: a
     /// lost race, retried at once, not an outage.
     pub(super) const BUSY_SNAPSHOT: i64 = 517;
+    /// `SQLITE_MISUSE`.
+    pub(super) const MISUSE: i32 = 21;
+    /// `SQLITE_CONSTRAINT_UNIQUE`, `_PRIMARYKEY`, `_FOREIGNKEY`, `_NOTNULL`, `_CHECK`.
+    pub(super) const CONSTRAINT_UNIQUE: i32 = 2067;
+    pub(super) const CONSTRAINT_PRIMARYKEY: i32 = 1555;
+    pub(super) const CONSTRAINT_FOREIGNKEY: i32 = 787;
+    pub(super) const CONSTRAINT_NOTNULL: i32 = 1299;
+    pub(super) const CONSTRAINT_CHECK: i32 = 275;
 }
 
 /// The (extended) result code of a SQLite error; `None` for other backends' errors.
 fn sqlite_code(db: &dyn sqlx::error::DatabaseError) -> Option<i64> {
+    if let Some(direct) = db.try_downcast_ref::<RawSqliteError>() {
+        return Some(i64::from(direct.code));
+    }
     db.try_downcast_ref::<sqlx::sqlite::SqliteError>()?;
     db.code()?.parse::<i64>().ok()
+}
+
+/// A SQLite error from the group-commit writer's direct calls (`sqlite_raw`), classified like
+/// the driver's own by its extended result code.
+#[derive(Debug)]
+pub(crate) struct RawSqliteError {
+    /// The extended result code.
+    pub(crate) code: i32,
+    message: String,
+}
+
+impl RawSqliteError {
+    pub(crate) fn new(code: i32, message: String) -> Self {
+        Self { code, message }
+    }
+
+    /// A misuse found before SQLite was called (a parameter without an argument, …).
+    pub(crate) fn misuse(message: impl Into<String>) -> Self {
+        Self {
+            code: sqlite_code::MISUSE,
+            message: message.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for RawSqliteError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "(code: {}) {}", self.code, self.message)
+    }
+}
+
+impl std::error::Error for RawSqliteError {}
+
+impl sqlx::error::DatabaseError for RawSqliteError {
+    fn message(&self) -> &str {
+        &self.message
+    }
+
+    fn code(&self) -> Option<Cow<'_, str>> {
+        Some(self.code.to_string().into())
+    }
+
+    fn as_error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+        self
+    }
+
+    fn as_error_mut(&mut self) -> &mut (dyn std::error::Error + Send + Sync + 'static) {
+        self
+    }
+
+    fn into_error(self: Box<Self>) -> Box<dyn std::error::Error + Send + Sync + 'static> {
+        self
+    }
+
+    fn kind(&self) -> sqlx::error::ErrorKind {
+        use sqlx::error::ErrorKind;
+        match self.code {
+            sqlite_code::CONSTRAINT_UNIQUE | sqlite_code::CONSTRAINT_PRIMARYKEY => {
+                ErrorKind::UniqueViolation
+            }
+            sqlite_code::CONSTRAINT_FOREIGNKEY => ErrorKind::ForeignKeyViolation,
+            sqlite_code::CONSTRAINT_NOTNULL => ErrorKind::NotNullViolation,
+            sqlite_code::CONSTRAINT_CHECK => ErrorKind::CheckViolation,
+            _ => ErrorKind::Other,
+        }
+    }
 }
 
 /// Errors that mean "another transaction got there first; try again".

@@ -23,6 +23,12 @@
 //!
 //! Writes still run one at a time and in queue order, so the ordering, sequence and hash-chain
 //! guarantees are those of separate transactions. Reads do not go through the writer.
+//!
+//! Between `BEGIN IMMEDIATE` and `COMMIT` (both run by the driver, whose worker thread does
+//! the waiting: the busy timeout, the fsync) the writer locks the connection's handle out of
+//! the driver's worker thread, and the savepoints and every statement of the batch's writes
+//! run directly on it (the `sqlite_raw` module): no thread hand-off per statement. A lease
+//! lends that handle, not the driver's connection.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -34,6 +40,7 @@ use sqlx::{Connection as _, Sqlite, TransactionManager as _};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::error::{LedgerError, Result};
+use crate::sqlite_raw::{Locked, RawSlot};
 
 /// A batch commits after this many writes even when more are queued.
 pub const MAX_BATCH_WRITES: u32 = 64;
@@ -83,8 +90,9 @@ struct Request {
 /// Dropping it without [`Lease::release`] or [`Lease::roll_back`] (a cancelled caller) rolls
 /// its savepoint back.
 pub(crate) struct Lease {
+    /// The batch's directly called connection (empty once the batch is over).
+    slot: RawSlot,
     /// `Some` until the lease is handed back.
-    conn: Option<PoolConnection<Sqlite>>,
     back: Option<oneshot::Sender<Returned>>,
     /// Whether earlier writes of the batch ran before this one (its reads may have seen them).
     after_others: bool,
@@ -97,7 +105,6 @@ enum Ending {
 
 /// A lease handed back to the writer.
 struct Returned {
-    conn: PoolConnection<Sqlite>,
     ending: Ending,
     /// Where the writer answers once the write's fate is known; `None` when nobody waits.
     ack: Option<oneshot::Sender<Result<()>>>,
@@ -154,10 +161,8 @@ impl GroupWriter {
 }
 
 impl Lease {
-    pub(crate) fn conn(&mut self) -> &mut sqlx::SqliteConnection {
-        self.conn
-            .as_mut()
-            .expect("a lease holds its connection until it is handed back")
+    pub(crate) fn slot(&self) -> &RawSlot {
+        &self.slot
     }
 
     /// Keeps the write and waits until its batch committed.
@@ -181,9 +186,9 @@ impl Lease {
     }
 
     fn hand_back(&mut self, ending: Ending, ack: Option<oneshot::Sender<Result<()>>>) {
-        if let (Some(conn), Some(back)) = (self.conn.take(), self.back.take()) {
+        if let Some(back) = self.back.take() {
             // The writer waits on the other end for as long as a lease is out.
-            let _ = back.send(Returned { conn, ending, ack });
+            let _ = back.send(Returned { ending, ack });
         }
     }
 }
@@ -221,7 +226,7 @@ async fn run(
         if first.reply.is_closed() {
             continue;
         }
-        let conn = match begin(&pool).await {
+        let mut conn = match begin(&pool).await {
             Ok(conn) => conn,
             Err(error) => {
                 fail_queued(first, &mut queue, error);
@@ -229,21 +234,20 @@ async fn run(
             }
         };
         counters.holding.store(1, Ordering::Relaxed);
-        if let Some((conn, batch)) = fill(conn, first, &mut queue, &mut carried).await {
-            commit(conn, batch, &counters).await;
-        }
+        let batch = fill(&mut conn, first, &mut queue, &mut carried).await;
+        commit(conn, batch, &counters).await;
         counters.holding.store(0, Ordering::Relaxed);
     }
 }
 
-/// Runs queued writes in the open batch until it should commit; `None` when the connection
-/// was lost (the batch's waiters are answered then).
+/// Runs queued writes in the open batch until it should commit, on the connection's handle
+/// locked out of the driver's worker thread (given back before this returns).
 async fn fill(
-    mut conn: PoolConnection<Sqlite>,
+    conn: &mut PoolConnection<Sqlite>,
     first: Request,
     queue: &mut mpsc::UnboundedReceiver<Request>,
     carried: &mut Option<Request>,
-) -> Option<(PoolConnection<Sqlite>, Batch)> {
+) -> Batch {
     let mut batch = Batch {
         started: Instant::now(),
         writes: 0,
@@ -251,40 +255,46 @@ async fn fill(
         waiters: Vec::new(),
         broken: None,
     };
+    let mut locked = match conn.lock_handle().await {
+        Ok(handle) => Locked::new(handle),
+        Err(e) => {
+            batch.broken = Some(format!("lock the write connection: {e}"));
+            let _ = first
+                .reply
+                .send(Err(LedgerError::from_sqlx("lock the write connection", e)));
+            return batch;
+        }
+    };
+    let slot = locked.slot();
     let mut next = Some(first);
     loop {
         let request = match next.take() {
             Some(request) => request,
             None => match queue.try_recv() {
                 Ok(request) => request,
-                Err(_) => return Some((conn, batch)),
+                Err(_) => break,
             },
         };
         if request.alone && batch.writes > 0 {
             *carried = Some(request);
-            return Some((conn, batch));
+            break;
         }
         let alone = request.alone;
-        let Some(back) = lend(conn, request, &mut batch).await else {
-            // Cannot happen (a lease hands its connection back when dropped), but without
-            // the connection the batch cannot commit: its writes are not durable.
-            for waiter in batch.waiters {
-                let _ = waiter.send(Err(unavailable(
-                    "commit transaction",
-                    "the write connection was lost",
-                )));
-            }
-            return None;
-        };
-        conn = back;
+        lend(&slot, request, &mut batch).await;
         if batch.broken.is_some()
             || alone
             || batch.writes >= MAX_BATCH_WRITES
             || batch.started.elapsed() >= MAX_BATCH_AGE
         {
-            return Some((conn, batch));
+            break;
         }
     }
+    // No write may end the batch's transaction itself; if one did, what it "committed" is
+    // not the batch's to acknowledge.
+    if batch.broken.is_none() && !locked.in_transaction() {
+        batch.broken = Some("a write ended the batch's transaction".to_owned());
+    }
+    batch
 }
 
 /// Takes the connection and starts the batch's transaction.
@@ -319,61 +329,57 @@ fn fail_queued(first: Request, queue: &mut mpsc::UnboundedReceiver<Request>, err
 }
 
 /// Runs one write of the batch: opens its savepoint, lends the connection, and settles the
-/// savepoint when the connection comes back. `None` when it did not come back.
-async fn lend(
-    mut conn: PoolConnection<Sqlite>,
-    request: Request,
-    batch: &mut Batch,
-) -> Option<PoolConnection<Sqlite>> {
+/// savepoint when the lease comes back.
+async fn lend(slot: &RawSlot, request: Request, batch: &mut Batch) {
     if request.reply.is_closed() {
-        return Some(conn);
+        return;
     }
-    if let Err(e) = sqlx::query(SAVEPOINT).execute(&mut *conn).await {
+    if let Err(e) = slot.run(SAVEPOINT, &[], None) {
         let _ = request
             .reply
             .send(Err(LedgerError::from_sqlx("begin savepoint", e)));
-        return Some(conn);
+        return;
     }
     let (back, returned) = oneshot::channel();
     let lease = Lease {
-        conn: Some(conn),
+        slot: slot.clone(),
         back: Some(back),
         after_others: batch.writes > 0,
     };
     batch.writes += 1;
     // A caller that stopped waiting drops the lease, which hands it back as a rollback.
     let _ = request.reply.send(Ok(lease));
-    let Returned {
-        mut conn,
-        ending,
-        ack,
-    } = returned.await.ok()?;
+    let Ok(Returned { ending, ack }) = returned.await else {
+        // Cannot happen (a lease hands itself back when dropped); the savepoint's state is
+        // unknown, so the batch must not commit.
+        batch.broken = Some("a write's lease was lost".to_owned());
+        return;
+    };
     match ending {
-        Ending::Release => match sqlx::query(RELEASE).execute(&mut *conn).await {
+        Ending::Release => match slot.run(RELEASE, &[], None) {
             Ok(_) => {
                 batch.released += 1;
                 batch.waiters.extend(ack);
             }
             Err(e) => {
-                undo_savepoint(&mut conn, batch).await;
+                undo_savepoint(slot, batch);
                 if let Some(ack) = ack {
                     let _ = ack.send(Err(LedgerError::from_sqlx("release savepoint", e)));
                 }
             }
         },
         Ending::RollBack => {
-            undo_savepoint(&mut conn, batch).await;
+            undo_savepoint(slot, batch);
             batch.waiters.extend(ack);
         }
     }
-    Some(conn)
 }
 
 /// `ROLLBACK TO` and `RELEASE` the write's savepoint; when that fails the transaction is in an
 /// unknown state and the batch must not commit.
-async fn undo_savepoint(conn: &mut PoolConnection<Sqlite>, batch: &mut Batch) {
+fn undo_savepoint(slot: &RawSlot, batch: &mut Batch) {
     for sql in [ROLLBACK_TO, RELEASE] {
-        if let Err(e) = sqlx::query(sql).execute(&mut **conn).await {
+        if let Err(e) = slot.run(sql, &[], None) {
             batch.broken = Some(format!("undo a failed write: {e}"));
             return;
         }

@@ -166,6 +166,7 @@ mod files;
 mod group;
 mod lifecycle;
 mod model;
+mod sqlite_raw;
 
 use std::str::FromStr;
 use std::sync::Arc;

@@ -1,0 +1,487 @@
+//! Direct SQLite calls on the group-commit writer's connection, without a thread hand-off per
+//! statement.
+//!
+//! sqlx runs each SQLite statement on the connection's own worker thread: every statement is a
+//! message to that thread and a wake-up back, and a ledger write costs several statements.
+//! Profiles showed the hand-offs, not SQLite, taking most of the daemon's CPU. While a batch is
+//! open the writer locks the handle out of sqlx's worker thread
+//! ([`sqlx::sqlite::LockedSqliteHandle`]) and every statement of the batch's writes runs here,
+//! on the calling task's thread, through the `libsqlite3-sys` the driver itself links.
+//!
+//! Safety rests on one rule: the raw handle is used only through a [`RawSlot`], and the writer
+//! empties the slot (finalizing every statement prepared here) before it gives the handle back
+//! to sqlx ([`Locked`]'s `Drop`). A use after that finds the slot empty and fails with
+//! "the batch is over"; a use during it holds the slot's mutex, which the writer waits for.
+//! This is the only `unsafe` code of the workspace.
+#![allow(
+    unsafe_code,
+    reason = "FFI calls to the SQLite library on a handle locked out of sqlx's worker thread; \
+              every block states why it is sound"
+)]
+
+use std::collections::HashMap;
+use std::ffi::{CStr, c_int};
+use std::ptr::NonNull;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use libsqlite3_sys as ffi;
+use sqlx::sqlite::LockedSqliteHandle;
+
+use crate::error::RawSqliteError;
+
+fn error(e: RawSqliteError) -> sqlx::Error {
+    sqlx::Error::Database(Box::new(e))
+}
+
+/// One value as SQLite stores it: a column of a result row, or a parameter to bind (`db.rs`
+/// converts its bind values with the driver's encoding for SQLite).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum RawValue {
+    Null,
+    Integer(i64),
+    Real(f64),
+    Text(String),
+    Blob(Vec<u8>),
+}
+
+impl RawValue {
+    pub(crate) fn type_name(&self) -> &'static str {
+        match self {
+            Self::Null => "NULL",
+            Self::Integer(_) => "INTEGER",
+            Self::Real(_) => "REAL",
+            Self::Text(_) => "TEXT",
+            Self::Blob(_) => "BLOB",
+        }
+    }
+}
+
+/// A result row of a direct query.
+#[derive(Debug, Clone)]
+pub(crate) struct RawRow {
+    columns: Arc<[String]>,
+    values: Vec<RawValue>,
+}
+
+impl RawRow {
+    /// The value of `column`; `Err` names a column the statement does not return.
+    pub(crate) fn get(&self, column: &str) -> Result<&RawValue, String> {
+        self.columns
+            .iter()
+            .position(|c| c == column)
+            .and_then(|i| self.values.get(i))
+            .ok_or_else(|| format!("no column named {column:?} in the result"))
+    }
+}
+
+/// A prepared statement owned by a [`RawConn`].
+struct Stmt(NonNull<ffi::sqlite3_stmt>);
+
+/// The locked connection and the statements prepared on it during one batch.
+struct RawConn {
+    db: NonNull<ffi::sqlite3>,
+    /// Prepared statements by SQL text (one per statement of the text), reused across the
+    /// batch's writes and finalized when the batch ends.
+    statements: HashMap<String, Vec<Stmt>>,
+}
+
+// SAFETY: the handle is only used under the slot's mutex, by one thread at a time, and SQLite
+// connections (built thread-safe, as libsqlite3-sys bundles it) may move between threads.
+unsafe impl Send for RawConn {}
+
+impl Drop for RawConn {
+    fn drop(&mut self) {
+        for (_, statements) in self.statements.drain() {
+            for stmt in statements {
+                // SAFETY: each statement was prepared on `db`, which is still open (sqlx
+                // closes it only after the handle was given back, after this drop), and is
+                // finalized exactly once, here.
+                unsafe {
+                    ffi::sqlite3_finalize(stmt.0.as_ptr());
+                }
+            }
+        }
+    }
+}
+
+/// The raw connection of an open batch, shared by the writer and the write that holds the
+/// lease; empty once the batch is over.
+#[derive(Clone, Default)]
+pub(crate) struct RawSlot(Arc<Mutex<Option<RawConn>>>);
+
+impl std::fmt::Debug for RawSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RawSlot").finish_non_exhaustive()
+    }
+}
+
+/// The handle locked out of sqlx's worker thread for one batch. Dropping it empties the slot
+/// (finalizing the statements) and only then gives the handle back.
+pub(crate) struct Locked<'c> {
+    slot: RawSlot,
+    handle: LockedSqliteHandle<'c>,
+}
+
+impl std::fmt::Debug for Locked<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Locked").finish_non_exhaustive()
+    }
+}
+
+impl<'c> Locked<'c> {
+    pub(crate) fn new(mut handle: LockedSqliteHandle<'c>) -> Self {
+        let db = handle.as_raw_handle();
+        let slot = RawSlot(Arc::new(Mutex::new(Some(RawConn {
+            db,
+            statements: HashMap::new(),
+        }))));
+        Self { slot, handle }
+    }
+
+    pub(crate) fn slot(&self) -> RawSlot {
+        self.slot.clone()
+    }
+
+    /// Whether the connection is inside a transaction (SQLite's autocommit flag is off).
+    pub(crate) fn in_transaction(&mut self) -> bool {
+        // SAFETY: the handle is locked out of the worker thread while `self` lives.
+        unsafe { ffi::sqlite3_get_autocommit(self.handle.as_raw_handle().as_ptr()) == 0 }
+    }
+}
+
+impl Drop for Locked<'_> {
+    fn drop(&mut self) {
+        // Wait for a statement in progress, then finalize everything prepared here; `handle`
+        // (a field) is released after this body, so sqlx gets the handle back with none of
+        // our statements open.
+        let taken = self
+            .slot
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        drop(taken);
+    }
+}
+
+/// What one run of a SQL text produced.
+#[derive(Debug, Default)]
+pub(crate) struct Outcome {
+    pub(crate) rows: Vec<RawRow>,
+    pub(crate) rows_affected: u64,
+}
+
+impl RawSlot {
+    /// Runs `sql` (one or more statements) with `args` bound to `$N` / `?N` / `?` parameters,
+    /// keeping at most `max_rows` rows (`None`: all). Stops after the statement that produced
+    /// the last wanted row.
+    pub(crate) fn run(
+        &self,
+        sql: &str,
+        args: &[RawValue],
+        max_rows: Option<usize>,
+    ) -> Result<Outcome, sqlx::Error> {
+        let mut guard = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let conn = guard.as_mut().ok_or_else(|| {
+            sqlx::Error::Io(std::io::Error::other(
+                "the ledger write's batch is over; its connection is gone",
+            ))
+        })?;
+        conn.run(sql, args, max_rows)
+    }
+}
+
+impl RawConn {
+    fn errmsg(&self) -> RawSqliteError {
+        // SAFETY: `db` is open and locked to this thread; `sqlite3_errmsg` returns a valid
+        // NUL-terminated string (owned by SQLite, copied at once).
+        unsafe {
+            let code = ffi::sqlite3_extended_errcode(self.db.as_ptr());
+            let message = CStr::from_ptr(ffi::sqlite3_errmsg(self.db.as_ptr()))
+                .to_string_lossy()
+                .into_owned();
+            RawSqliteError::new(code, message)
+        }
+    }
+
+    fn prepare(&mut self, sql: &str) -> Result<(), sqlx::Error> {
+        if self.statements.contains_key(sql) {
+            return Ok(());
+        }
+        let mut prepared = Vec::new();
+        let bytes = sql.as_bytes();
+        let mut offset = 0usize;
+        while offset < bytes.len() {
+            let rest = &bytes[offset..];
+            let len = c_int::try_from(rest.len())
+                .map_err(|_| error(RawSqliteError::misuse("SQL text too long")))?;
+            let mut stmt: *mut ffi::sqlite3_stmt = std::ptr::null_mut();
+            let mut tail: *const std::ffi::c_char = std::ptr::null();
+            // SAFETY: `rest` is valid for `len` bytes (it need not be NUL-terminated since the
+            // length is given); `stmt` and `tail` are valid out-pointers; `tail` points into
+            // `rest` on return.
+            let rc = unsafe {
+                ffi::sqlite3_prepare_v3(
+                    self.db.as_ptr(),
+                    rest.as_ptr().cast(),
+                    len,
+                    ffi::SQLITE_PREPARE_PERSISTENT,
+                    &raw mut stmt,
+                    &raw mut tail,
+                )
+            };
+            if rc != ffi::SQLITE_OK {
+                let e = self.errmsg();
+                finalize_all(prepared);
+                return Err(error(e));
+            }
+            let consumed = if tail.is_null() {
+                rest.len()
+            } else {
+                // SAFETY: SQLite sets `tail` within `rest` (or one past its end).
+                usize::try_from(unsafe { tail.offset_from(rest.as_ptr().cast()) })
+                    .unwrap_or(rest.len())
+            };
+            if let Some(stmt) = NonNull::new(stmt) {
+                prepared.push(Stmt(stmt));
+            }
+            if consumed == 0 {
+                break;
+            }
+            offset += consumed;
+        }
+        self.statements.insert(sql.to_owned(), prepared);
+        Ok(())
+    }
+
+    fn run(
+        &mut self,
+        sql: &str,
+        args: &[RawValue],
+        max_rows: Option<usize>,
+    ) -> Result<Outcome, sqlx::Error> {
+        self.prepare(sql)?;
+        let db = self.db;
+        let statements = self
+            .statements
+            .get(sql)
+            .ok_or_else(|| error(RawSqliteError::misuse("statement vanished from the cache")))?;
+        let mut outcome = Outcome::default();
+        for stmt in statements {
+            let result = run_one(db, stmt, args, max_rows, &mut outcome);
+            // SAFETY: `stmt` belongs to `db`; resetting and clearing bindings leaves it ready
+            // for its next use and releases the read/write state the step held.
+            unsafe {
+                ffi::sqlite3_reset(stmt.0.as_ptr());
+                ffi::sqlite3_clear_bindings(stmt.0.as_ptr());
+            }
+            result.map_err(|e| match e {
+                StepError::Sqlite => error(self.errmsg()),
+                StepError::Other(e) => error(e),
+            })?;
+            if max_rows.is_some_and(|max| outcome.rows.len() >= max) {
+                break;
+            }
+        }
+        Ok(outcome)
+    }
+}
+
+fn finalize_all(statements: Vec<Stmt>) {
+    for stmt in statements {
+        // SAFETY: prepared above and not stored anywhere else.
+        unsafe {
+            ffi::sqlite3_finalize(stmt.0.as_ptr());
+        }
+    }
+}
+
+enum StepError {
+    /// The connection's last error says what.
+    Sqlite,
+    Other(RawSqliteError),
+}
+
+fn run_one(
+    db: NonNull<ffi::sqlite3>,
+    stmt: &Stmt,
+    args: &[RawValue],
+    max_rows: Option<usize>,
+    outcome: &mut Outcome,
+) -> Result<(), StepError> {
+    bind(stmt, args)?;
+    let s = stmt.0.as_ptr();
+    let mut columns: Option<Arc<[String]>> = None;
+    loop {
+        // SAFETY: `s` is a prepared statement of the locked connection.
+        let rc = unsafe { ffi::sqlite3_step(s) };
+        match rc {
+            ffi::SQLITE_ROW => {
+                let names = columns.get_or_insert_with(|| column_names(s)).clone();
+                let values = (0..names.len()).map(|i| column_value(s, i)).collect();
+                outcome.rows.push(RawRow {
+                    columns: names,
+                    values,
+                });
+                if max_rows.is_some_and(|max| outcome.rows.len() >= max) {
+                    return Ok(());
+                }
+            }
+            ffi::SQLITE_DONE => {
+                // SAFETY: as above; both calls only read the statement's and connection's
+                // state.
+                let writes = unsafe { ffi::sqlite3_stmt_readonly(s) } == 0;
+                if writes {
+                    let changes = unsafe { ffi::sqlite3_changes64(db.as_ptr()) };
+                    outcome.rows_affected += u64::try_from(changes).unwrap_or_default();
+                }
+                return Ok(());
+            }
+            _ => return Err(StepError::Sqlite),
+        }
+    }
+}
+
+fn column_names(s: *mut ffi::sqlite3_stmt) -> Arc<[String]> {
+    // SAFETY: `s` is a prepared statement; names are valid NUL-terminated strings until the
+    // statement is stepped again, and are copied at once.
+    unsafe {
+        let count = ffi::sqlite3_column_count(s);
+        (0..count)
+            .map(|i| {
+                let name = ffi::sqlite3_column_name(s, i);
+                if name.is_null() {
+                    String::new()
+                } else {
+                    CStr::from_ptr(name).to_string_lossy().into_owned()
+                }
+            })
+            .collect()
+    }
+}
+
+fn column_value(s: *mut ffi::sqlite3_stmt, i: usize) -> RawValue {
+    let Ok(i) = c_int::try_from(i) else {
+        return RawValue::Null;
+    };
+    // SAFETY: `s` has a current row (the last step returned SQLITE_ROW) and `i` is below its
+    // column count. Text and blob pointers are valid for the byte count SQLite reports, until
+    // the next step; both are copied at once.
+    unsafe {
+        match ffi::sqlite3_column_type(s, i) {
+            ffi::SQLITE_INTEGER => RawValue::Integer(ffi::sqlite3_column_int64(s, i)),
+            ffi::SQLITE_FLOAT => RawValue::Real(ffi::sqlite3_column_double(s, i)),
+            ffi::SQLITE_TEXT => {
+                let ptr = ffi::sqlite3_column_text(s, i);
+                let len = usize::try_from(ffi::sqlite3_column_bytes(s, i)).unwrap_or_default();
+                if ptr.is_null() {
+                    RawValue::Text(String::new())
+                } else {
+                    let bytes = std::slice::from_raw_parts(ptr, len);
+                    RawValue::Text(String::from_utf8_lossy(bytes).into_owned())
+                }
+            }
+            ffi::SQLITE_BLOB => {
+                let ptr = ffi::sqlite3_column_blob(s, i);
+                let len = usize::try_from(ffi::sqlite3_column_bytes(s, i)).unwrap_or_default();
+                if ptr.is_null() {
+                    RawValue::Blob(Vec::new())
+                } else {
+                    RawValue::Blob(std::slice::from_raw_parts(ptr.cast::<u8>(), len).to_vec())
+                }
+            }
+            _ => RawValue::Null,
+        }
+    }
+}
+
+/// Binds `args` to the statement's parameters: `$N` and `?N` take the N-th argument, a bare
+/// `?` the next one (as the driver does).
+fn bind(stmt: &Stmt, args: &[RawValue]) -> Result<(), StepError> {
+    let s = stmt.0.as_ptr();
+    // SAFETY: `s` is a prepared statement of the locked connection.
+    let count = unsafe { ffi::sqlite3_bind_parameter_count(s) };
+    let mut next = 0usize;
+    for param in 1..=count {
+        // SAFETY: `param` is within 1..=count; the name is NUL-terminated or null.
+        let name = unsafe {
+            let name = ffi::sqlite3_bind_parameter_name(s, param);
+            (!name.is_null()).then(|| CStr::from_ptr(name).to_string_lossy().into_owned())
+        };
+        let index = match name.as_deref() {
+            None => {
+                next += 1;
+                next - 1
+            }
+            Some(name) => name
+                .strip_prefix('$')
+                .or_else(|| name.strip_prefix('?'))
+                .and_then(|n| n.parse::<usize>().ok())
+                .and_then(|n| n.checked_sub(1))
+                .ok_or_else(|| {
+                    StepError::Other(RawSqliteError::misuse(format!(
+                        "unsupported SQL parameter {name:?} (use $1, $2, …)"
+                    )))
+                })?,
+        };
+        let arg = args.get(index).ok_or_else(|| {
+            StepError::Other(RawSqliteError::misuse(format!(
+                "SQL parameter {} has no argument ({} given)",
+                index + 1,
+                args.len()
+            )))
+        })?;
+        if bind_one(s, param, arg) != ffi::SQLITE_OK {
+            return Err(StepError::Sqlite);
+        }
+    }
+    Ok(())
+}
+
+fn bind_text(s: *mut ffi::sqlite3_stmt, param: c_int, text: &str) -> c_int {
+    // SAFETY: `text` is valid for its length; SQLITE_TRANSIENT makes SQLite copy it before the
+    // call returns.
+    unsafe {
+        ffi::sqlite3_bind_text64(
+            s,
+            param,
+            text.as_ptr().cast(),
+            text.len() as u64,
+            ffi::SQLITE_TRANSIENT(),
+            ffi::SQLITE_UTF8 as u8,
+        )
+    }
+}
+
+fn bind_int(s: *mut ffi::sqlite3_stmt, param: c_int, v: i64) -> c_int {
+    // SAFETY: `s` is a prepared statement; `param` is one of its parameters.
+    unsafe { ffi::sqlite3_bind_int64(s, param, v) }
+}
+
+fn bind_null(s: *mut ffi::sqlite3_stmt, param: c_int) -> c_int {
+    // SAFETY: as for `bind_int`.
+    unsafe { ffi::sqlite3_bind_null(s, param) }
+}
+
+/// Binds one value.
+fn bind_one(s: *mut ffi::sqlite3_stmt, param: c_int, arg: &RawValue) -> c_int {
+    match arg {
+        RawValue::Null => bind_null(s, param),
+        RawValue::Integer(v) => bind_int(s, param, *v),
+        // SAFETY: `s` is a prepared statement; `param` is one of its parameters.
+        RawValue::Real(v) => unsafe { ffi::sqlite3_bind_double(s, param, *v) },
+        RawValue::Text(v) => bind_text(s, param, v),
+        RawValue::Blob(v) => {
+            // SAFETY: `v` is valid for its length; SQLITE_TRANSIENT makes SQLite copy it.
+            unsafe {
+                ffi::sqlite3_bind_blob64(
+                    s,
+                    param,
+                    v.as_ptr().cast(),
+                    v.len() as u64,
+                    ffi::SQLITE_TRANSIENT(),
+                )
+            }
+        }
+    }
+}
