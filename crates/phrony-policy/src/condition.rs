@@ -408,6 +408,32 @@ fn compile_list(
     })
 }
 
+/// The `op` of a leaf at `op_at` (`eq` when absent): one rule for field and history leaves.
+pub(crate) fn parse_op<'m>(
+    m: &'m Map<String, Value>,
+    op_at: &str,
+    diags: &mut Diags<'_>,
+) -> Option<(OpName, &'m str)> {
+    let op_name = match m.get("op") {
+        None => "eq",
+        Some(Value::String(s)) => s.trim(),
+        Some(_) => {
+            diags.push(op_at, CompileErrorKind::OpNotString);
+            return None;
+        }
+    };
+    let parsed = OpName::parse(op_name);
+    if parsed.is_none() {
+        diags.push(
+            op_at,
+            CompileErrorKind::UnknownOp {
+                op: op_name.to_owned(),
+            },
+        );
+    }
+    parsed.map(|kind| (kind, op_name))
+}
+
 fn compile_leaf(m: &Map<String, Value>, at: &str, diags: &mut Diags<'_>) -> Option<Cond> {
     let field_at = format!("{at}.field");
     let op_at = format!("{at}.op");
@@ -419,23 +445,7 @@ fn compile_leaf(m: &Map<String, Value>, at: &str, diags: &mut Diags<'_>) -> Opti
             None
         }
     };
-    let op_name = match m.get("op") {
-        None => "eq",
-        Some(Value::String(s)) => s.trim(),
-        Some(_) => {
-            diags.push(&*op_at, CompileErrorKind::OpNotString);
-            return None;
-        }
-    };
-    let Some(op_kind) = OpName::parse(op_name) else {
-        diags.push(
-            &*op_at,
-            CompileErrorKind::UnknownOp {
-                op: op_name.to_owned(),
-            },
-        );
-        return None;
-    };
+    let (op_kind, op_name) = parse_op(m, &op_at, diags)?;
     let value = m.get("value");
     let Some(field) = field else {
         // The field was reported; still check the value so every problem shows at once.

@@ -726,23 +726,7 @@ pub(crate) fn compile_leaf(
 ) -> Option<HistoryLeaf> {
     let lhs = compile_side(&m["history"], &format!("{at}.history"), default_tool, diags);
     let op_at = format!("{at}.op");
-    let op_name = match m.get("op") {
-        None => "eq",
-        Some(Value::String(s)) => s.trim(),
-        Some(_) => {
-            diags.push(&*op_at, CompileErrorKind::OpNotString);
-            return None;
-        }
-    };
-    let Some(kind) = OpName::parse(op_name) else {
-        diags.push(
-            &*op_at,
-            CompileErrorKind::UnknownOp {
-                op: op_name.to_owned(),
-            },
-        );
-        return None;
-    };
+    let (kind, op_name) = crate::condition::parse_op(m, &op_at, diags)?;
     let num = match kind {
         OpName::Eq => NumCmp::Eq,
         OpName::Neq => NumCmp::Neq,
