@@ -248,9 +248,11 @@ async fn concurrent_decisions_on_postgres_are_answered_chained_and_replay_to_the
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn many_concurrent_requests_share_commits() {
-    // Each batch takes 20 ms, as a slow disk would: requests queue behind it.
+    // Each batch takes 100 ms, as a slow disk would: requests queue behind it. (20 ms was not
+    // enough on a loaded 2-core machine, where 48 requests' signing alone can spread their
+    // arrivals over more than a dozen 20 ms batches.)
     let store = Arc::new(TestStore {
-        delay: Duration::from_millis(20),
+        delay: Duration::from_millis(100),
         ..TestStore::default()
     });
     let dir = config_dir(roomy);
