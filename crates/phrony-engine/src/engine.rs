@@ -294,6 +294,7 @@ impl Engine {
             live: Mutex::new(HashMap::new()),
             timer_kick: Arc::new(Notify::new()),
             stop: CancellationToken::new(),
+            drivers: tokio_util::task::TaskTracker::new(),
             suspended: Mutex::new(HashSet::new()),
             resume_kick: Arc::new(Notify::new()),
             approval_watchers,
@@ -507,7 +508,9 @@ impl Engine {
             // A parked session resumed: its trace goes on under its previous session span.
             crate::trace::continue_from(&span, &parked);
         }
-        tokio::spawn(driver::run(inner, live, session, agent, setup, provider).instrument(span));
+        self.inner
+            .drivers
+            .spawn(driver::run(inner, live, session, agent, setup, provider).instrument(span));
         Ok(taken)
     }
 
@@ -986,6 +989,16 @@ impl Engine {
     /// are resumed by the next [`Engine::recover`]), the approval timer stops.
     pub fn shutdown(&self) {
         self.inner.stop.cancel();
+    }
+
+    /// After [`Engine::shutdown`]: waits up to `limit` for the session drivers to return (each
+    /// stops at its next await point), so their last writes and trace spans are complete.
+    /// Returns whether they all did.
+    pub async fn drained(&self, limit: std::time::Duration) -> bool {
+        self.inner.drivers.close();
+        tokio::time::timeout(limit, self.inner.drivers.wait())
+            .await
+            .is_ok()
     }
 }
 

@@ -59,6 +59,9 @@ pub(crate) struct Inner {
     pub(crate) timer_kick: Arc<Notify>,
     /// Stops the engine's tasks (not the sessions).
     pub(crate) stop: CancellationToken,
+    /// The session drivers' tasks: a graceful stop waits for them (bounded), so their spans and
+    /// last writes finish before the daemon flushes its traces and closes the ledger.
+    pub(crate) drivers: tokio_util::task::TaskTracker,
     /// Sessions whose driver stopped because the store was unavailable: not live, not failed,
     /// waiting for the engine's resume task to re-adopt them.
     pub(crate) suspended: Mutex<HashSet<String>>,

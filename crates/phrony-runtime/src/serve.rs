@@ -471,6 +471,11 @@ pub async fn serve(
     drop((webhook_sender, server));
     // Drivers stop where they are; their sessions resume from the log at the next start.
     engine.shutdown();
+    // Bounded: a driver stops at its next await point; one that does not within the limit is
+    // resumed from the log at the next start like any other.
+    if !engine.drained(std::time::Duration::from_secs(5)).await {
+        tracing::warn!("some session drivers were still stopping at shutdown");
+    }
     ledger.close().await;
     match result {
         Ok(()) => {
