@@ -470,12 +470,7 @@ pub async fn serve(
     monitor.abort();
     drop((webhook_sender, server));
     // Drivers stop where they are; their sessions resume from the log at the next start.
-    engine.shutdown();
-    // Bounded: a driver stops at its next await point; one that does not within the limit is
-    // resumed from the log at the next start like any other.
-    if !engine.drained(std::time::Duration::from_secs(5)).await {
-        tracing::warn!("some session drivers were still stopping at shutdown");
-    }
+    stop_engine(&engine).await;
     ledger.close().await;
     match result {
         Ok(()) => {
@@ -483,6 +478,16 @@ pub async fn serve(
             Ok(())
         }
         Err(source) => Err(ServeError::Transport { source }),
+    }
+}
+
+/// Stops the engine's tasks and waits for the session drivers, bounded: a driver stops at its
+/// next await point; one that does not within the limit resumes from the log at the next start
+/// like any other.
+async fn stop_engine(engine: &Engine) {
+    engine.shutdown();
+    if !engine.drained(std::time::Duration::from_secs(5)).await {
+        tracing::warn!("some session drivers were still stopping at shutdown");
     }
 }
 
