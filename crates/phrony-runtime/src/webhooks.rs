@@ -784,6 +784,9 @@ pub async fn fail_unconfigured(ledger: Ledger) {
 async fn run(ledger: Ledger, config: Arc<WebhooksConfig>, clients: Arc<Vec<reqwest::Client>>) {
     fail_unconfigured(ledger.clone()).await;
     let wake = ledger.webhook_wake();
+    // An attempt that ends frees a permit: more due deliveries may be claimed at once instead of
+    // at the next poll (without it the sender sent at most MAX_IN_FLIGHT per POLL_INTERVAL).
+    let finished = Arc::new(tokio::sync::Notify::new());
     let permits = Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT));
     let mut last_prune: Option<tokio::time::Instant> = None;
     loop {
@@ -826,13 +829,15 @@ async fn run(ledger: Ledger, config: Arc<WebhooksConfig>, clients: Arc<Vec<reqwe
                 let ledger = ledger.clone();
                 let config = Arc::clone(&config);
                 let clients = Arc::clone(&clients);
+                let finished = Arc::clone(&finished);
                 tokio::spawn(async move {
-                    let _permit = permit;
                     if let (Some(webhook), Some(client)) =
                         (config.webhooks.get(index), clients.get(index))
                     {
                         attempt(&ledger, webhook, client, claim).await;
                     }
+                    drop(permit);
+                    finished.notify_one();
                 });
             }
         }
@@ -841,10 +846,16 @@ async fn run(ledger: Ledger, config: Arc<WebhooksConfig>, clients: Arc<Vec<reqwe
             Some(wake) => {
                 tokio::select! {
                     () = wake.notified() => {}
+                    () = finished.notified() => {}
                     () = sleep => {}
                 }
             }
-            None => sleep.await,
+            None => {
+                tokio::select! {
+                    () = finished.notified() => {}
+                    () = sleep => {}
+                }
+            }
         }
     }
 }

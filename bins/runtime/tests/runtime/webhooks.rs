@@ -185,7 +185,7 @@ async fn webhooks_are_signed_retried_and_survive_a_restart() {
              - name: ops\n  url: {base}/ops\n  events: [approval.required, approval.decided, \
              approval.expired, approval.escalated, session.failed]\n  secret_env: HOOK_SECRET\n  \
              console_url: https://console.example.com/\n  timeout: 2s\n  max_attempts: 6\n  \
-             backoff_initial: 1s\n  backoff_max: 2s\n\
+             backoff_initial: 2s\n  backoff_max: 4s\n\
              - name: chat\n  url: {base}/slack\n  format: slack\n  events: [approval.required]\n  \
              console_url: https://console.example.com\n\
              - name: dead\n  url: {dead}\n  events: [approval.required]\n  secret_env: \
@@ -319,8 +319,9 @@ async fn webhooks_are_signed_retried_and_survive_a_restart() {
     assert_eq!(decided_row.1, "delivered");
     assert_eq!(decided_row.2, 3);
 
-    // A delivery pending when the daemon is killed is delivered after the restart, same id.
-    *receiver.fail_next.lock().unwrap() = 1;
+    // A delivery pending when the daemon is killed is delivered after the restart, same id: the
+    // receiver answers 500 until the daemon is gone, so the delivery is pending at the kill.
+    *receiver.fail_next.lock().unwrap() = 1000;
     let second = run_refund(
         &mut client,
         "refund-agent",
@@ -339,7 +340,8 @@ async fn webhooks_are_signed_retried_and_survive_a_restart() {
     )
     .await;
     drop(worker);
-    drop(daemon); // SIGKILL, with the retry due a second or two later
+    drop(daemon); // SIGKILL, with a retry due
+    *receiver.fail_next.lock().unwrap() = 0;
     let pending = delivery_rows(&url, "ops").await;
     assert!(
         pending
