@@ -30,10 +30,14 @@
 //!   the daemon);
 //! - **approve → invoke**: from sending `DecideApproval` until the invoke reached a worker, for
 //!   20 approvals one at a time and for every approval of the burst.
+//!
+//! `--webhooks N` runs only the webhook sender's scenario instead (`webhooks.rs`): deliveries
+//! per second and the latency from the event's commit to a local receiver.
 
 mod baseline;
 mod load;
 mod stats;
+pub mod webhooks;
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -73,6 +77,10 @@ pub struct Options {
     /// Write the report as Markdown to this file (e.g. `BENCHMARKS.md`).
     #[arg(long)]
     pub report: Option<PathBuf>,
+    /// Run only the webhook sender's scenario, with this many deliveries per phase (1 to
+    /// 100000).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    pub webhooks: Option<u64>,
 }
 
 /// Why a run could not be made (not a slow run: timing never fails).
@@ -280,6 +288,33 @@ fn backend_name(backend: Backend) -> &'static str {
 /// A daemon that does not start, a refused setup step, a scenario that cannot run.
 pub fn run(options: &Options) -> Result<Report, BenchError> {
     let plan = Plan::from(options)?;
+    if let Some(n) = options.webhooks {
+        let n = usize::try_from(n).map_err(|_| BenchError::new("--webhooks: too many"))?;
+        let mut report = Report::default();
+        for backend in &plan.backends {
+            if let Some(figures) = webhooks::run(*backend, n)? {
+                report.lost_or_duplicated +=
+                    u64::try_from(figures.lost_or_duplicated).unwrap_or(u64::MAX);
+                if options.json {
+                    println!(
+                        "{}",
+                        json!({
+                            "backend": figures.backend,
+                            "deliveries": figures.n,
+                            "steady_deliveries_per_s": figures.steady_per_s,
+                            "steady_events_per_s": figures.events_per_s,
+                            "commit_to_receiver_p50_ms": figures.latency.p50_us() / 1e3,
+                            "commit_to_receiver_p99_ms": figures.latency.p99_us() / 1e3,
+                            "commit_to_receiver_max_ms": figures.latency.quantile_us(1.0) / 1e3,
+                            "backlog_drain_deliveries_per_s": figures.drain_per_s,
+                            "lost_or_duplicated": figures.lost_or_duplicated,
+                        })
+                    );
+                }
+            }
+        }
+        return Ok(report);
+    }
     let mut report = Report {
         raw_commits_per_s: baseline::raw_durable_commits(plan.commit_phase)?,
         ..Report::default()

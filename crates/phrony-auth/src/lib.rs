@@ -10,6 +10,8 @@
 //! - [`Authenticator`]: the contract between the gRPC edge and whatever verifies credentials.
 //! - [`token`]: API token secrets (`phr_…`), generated from caller-supplied randomness, and the
 //!   hash the token store keeps instead of them.
+//! - [`throttle`]: failed sign-ins per client address and per account, locked out with a
+//!   doubling backoff (the web consoles' sign-in forms).
 //!
 //! The crate does no IO and reads no environment: the daemon's assembly (`phrony-runtime`)
 //! builds authenticators from its configuration and hands them to the edge.
@@ -19,6 +21,7 @@ mod authenticate;
 pub mod oidc;
 mod principal;
 mod role;
+pub mod throttle;
 pub mod token;
 
 pub use actor::{ACTOR_HEADER, Actor, ActorError, is_unprintable};
@@ -27,4 +30,5 @@ pub use principal::{
     Attribution, BadToolPattern, Denied, Impersonation, Principal, ToolPattern, Verification,
 };
 pub use role::{Permission, Role, UnknownRole};
+pub use throttle::{Lockout, LoginThrottle, ThrottleKey, ThrottleLimits};
 pub use token::{BadTokenSecret, TOKEN_PREFIX, TOKEN_RANDOM_BYTES, TokenSecret, hash_secret};

@@ -562,6 +562,7 @@ impl SessionView {
             | EventBody::TokenCreated(_)
             | EventBody::TokenRevoked(_)
             | EventBody::WebhookRetryRequested(_)
+            | EventBody::WebhookUnconfigured(_)
             | EventBody::AuditKeyIntroduced(_)
             | EventBody::AuditUnverifiedLogAllowed(_)
             | EventBody::WorkerDescriptorRefused(_)

@@ -512,6 +512,7 @@ impl Fold {
             | EventBody::TokenCreated(_)
             | EventBody::TokenRevoked(_)
             | EventBody::WebhookRetryRequested(_)
+            | EventBody::WebhookUnconfigured(_)
             | EventBody::AuditKeyIntroduced(_)
             | EventBody::AuditUnverifiedLogAllowed(_)
             | EventBody::WorkerDescriptorRefused(_)

@@ -619,6 +619,7 @@ fn event_summary(
         EventBody::TokenCreated(_)
         | EventBody::TokenRevoked(_)
         | EventBody::WebhookRetryRequested(_)
+        | EventBody::WebhookUnconfigured(_)
         | EventBody::AuditKeyIntroduced(_)
         | EventBody::AuditUnverifiedLogAllowed(_)
         | EventBody::WorkerDescriptorRefused(_)

@@ -948,6 +948,7 @@ pub(crate) async fn apply(conn: &mut Conn<'_>, event: &Event) -> Result<()> {
         | EventBody::TokenCreated(_)
         | EventBody::TokenRevoked(_)
         | EventBody::WebhookRetryRequested(_)
+        | EventBody::WebhookUnconfigured(_)
         | EventBody::AuditKeyIntroduced(_)
         | EventBody::AuditUnverifiedLogAllowed(_)
         | EventBody::WorkerDescriptorRefused(_)

@@ -131,6 +131,9 @@ pub mod event_types {
     pub const POLICY_SHADOW: &str = "policy.shadow";
     /// An operator re-queued a failed webhook delivery (`webhooks` stream).
     pub const WEBHOOK_RETRY_REQUESTED: &str = "webhook.retry_requested";
+    /// The pending deliveries of a webhook no longer configured were failed at start-up
+    /// (`webhooks` stream).
+    pub const WEBHOOK_UNCONFIGURED: &str = "webhook.unconfigured";
 
     /// Session-stream types only the ledger writes, each with its projection change.
     pub const LEDGER_OWNED: &[&str] = &[
@@ -156,6 +159,7 @@ pub mod event_types {
         WORKER_DESCRIPTOR_REFUSED,
         POLICY_SHADOW,
         WEBHOOK_RETRY_REQUESTED,
+        WEBHOOK_UNCONFIGURED,
     ];
 }
 
@@ -291,6 +295,9 @@ pub enum EventBody {
     /// `webhook.retry_requested` (`webhooks` stream).
     #[serde(rename = "webhook.retry_requested")]
     WebhookRetryRequested(WebhookRetryRequested),
+    /// `webhook.unconfigured` (`webhooks` stream).
+    #[serde(rename = "webhook.unconfigured")]
+    WebhookUnconfigured(WebhookUnconfigured),
 }
 
 /// Every type [`EventBody`] knows, for telling an unknown type from a malformed payload.
@@ -337,6 +344,7 @@ const KNOWN_TYPES: &[&str] = &[
     types::WORKER_DESCRIPTOR_REFUSED,
     types::POLICY_SHADOW,
     types::WEBHOOK_RETRY_REQUESTED,
+    types::WEBHOOK_UNCONFIGURED,
 ];
 
 impl EventBody {
@@ -407,6 +415,7 @@ impl EventBody {
             Self::WorkerDescriptorRefused(_) => types::WORKER_DESCRIPTOR_REFUSED,
             Self::PolicyShadow(_) => types::POLICY_SHADOW,
             Self::WebhookRetryRequested(_) => types::WEBHOOK_RETRY_REQUESTED,
+            Self::WebhookUnconfigured(_) => types::WEBHOOK_UNCONFIGURED,
         }
     }
 
@@ -479,6 +488,7 @@ one_variant! {
     WorkerDescriptorRefused => WorkerDescriptorRefused,
     PolicyShadowed => PolicyShadow,
     WebhookRetryRequested => WebhookRetryRequested,
+    WebhookUnconfigured => WebhookUnconfigured,
 }
 
 /// Checks the row count an event's projection change expected.
@@ -1386,6 +1396,19 @@ pub struct WebhookRetryRequested {
     pub seq: u64,
     /// The attempts made before the operator re-queued it.
     pub attempts: u64,
+}
+
+/// `webhook.unconfigured` (`webhooks` stream): at start-up, the pending deliveries of a webhook
+/// the webhooks file no longer names were failed (they could never be sent); the event's actor
+/// is the runtime (`system:webhooks`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WebhookUnconfigured {
+    /// The webhook no longer configured.
+    pub webhook: String,
+    /// How many pending deliveries were failed.
+    pub deliveries: u64,
+    /// The reason recorded as each delivery's last error.
+    pub reason: String,
 }
 
 /// `policy.shadow`: a `mode: shadow` policy would have changed the decision on one call; the call

@@ -219,7 +219,7 @@ pub use event_body::{
     SecretEndpointChange, SecretEndpointRecord, SessionPrincipal, SessionStarted,
     SessionTransition, TokenCreated, TokenRevoked, ToolCancelled, ToolCompleted, ToolDispatched,
     ToolIndeterminate, ToolLateResult, ToolPolicyDenied, ToolQueued, ToolRequested, TurnUsage,
-    UserMessage, WorkerDescriptorRefused, event_types,
+    UserMessage, WebhookRetryRequested, WebhookUnconfigured, WorkerDescriptorRefused, event_types,
 };
 pub use history::{HistoryCounts, HistoryKey, HistoryRead, HistoryReservation, MAX_HISTORY_READS};
 pub use invocations::{
@@ -245,7 +245,8 @@ pub use vocabulary::OutputAction;
 pub use vocabulary::PolicyVerdict;
 pub use webhooks::{
     AttemptOutcome, ClaimedDelivery, DeliveryFilter, DeliveryStatus, MAX_CLAIM, MAX_DELIVERY_LIST,
-    MAX_LAST_ERROR_CHARS, WEBHOOK_RETENTION, WEBHOOKS_STREAM, WebhookDelivery,
+    MAX_LAST_ERROR_CHARS, UnconfiguredWebhook, WEBHOOK_RETENTION, WEBHOOKS_ACTOR, WEBHOOKS_STREAM,
+    WebhookDelivery, unconfigured_reason,
 };
 pub use workers::WORKERS_STREAM;
 
@@ -1687,7 +1688,29 @@ impl Ledger {
     ) -> Result<(WebhookDelivery, Event)> {
         let actor = actor.into();
         require_nonempty("actor", &actor.actor)?;
-        write_tx!(self, |tx| webhooks::retry(&mut tx, id, &actor))
+        let configured = self.configured_webhooks();
+        write_tx!(self, |tx| webhooks::retry(&mut tx, id, &actor, &configured))
+    }
+
+    /// The names of the configured webhooks (none when webhooks are off).
+    fn configured_webhooks(&self) -> Vec<String> {
+        self.outbox
+            .as_ref()
+            .map(|o| o.routes.iter().map(|r| r.name.clone()).collect())
+            .unwrap_or_default()
+    }
+
+    /// At start-up: fails every pending delivery of a webhook that is not configured any more
+    /// (the configured ones are this handle's routes, see [`Ledger::with_webhooks`]; none when
+    /// webhooks are off), each with the reason [`unconfigured_reason`] as its last error, and
+    /// appends one `webhook.unconfigured` event per such webhook to the `webhooks` stream by
+    /// [`WEBHOOKS_ACTOR`], in one transaction. Returns what was failed, by webhook name.
+    ///
+    /// # Errors
+    /// Database errors.
+    pub async fn fail_unconfigured_webhook_deliveries(&self) -> Result<Vec<UnconfiguredWebhook>> {
+        let configured = self.configured_webhooks();
+        write_tx!(self, |tx| webhooks::fail_unconfigured(&mut tx, &configured))
     }
 
     /// One delivery.

@@ -122,7 +122,8 @@ pub fn notification(body: &EventBody) -> Option<NotificationKind> {
         | EventBody::AuditUnverifiedLogAllowed(_)
         | EventBody::WorkerDescriptorRefused(_)
         | EventBody::PolicyShadow(_)
-        | EventBody::WebhookRetryRequested(_) => None,
+        | EventBody::WebhookRetryRequested(_)
+        | EventBody::WebhookUnconfigured(_) => None,
     }
 }
 

@@ -14,7 +14,12 @@
 //!    │                  │ Retry     ─> pending (next_attempt_at = now + backoff, last_error)
 //!    │                  │ GiveUp    ─> failed (last_error)
 //!    └──── retry (operator, `webhook.retry_requested`) ──── failed
+//!
+//! pending ── its webhook is no longer configured (start-up, `webhook.unconfigured`) ─> failed
 //! ```
+//!
+//! A delivery whose webhook is not configured is never re-queued by an operator: nothing would
+//! send it.
 //!
 //! A sender that dies mid-attempt leaves its claim: the row is due again when the lease ends,
 //! and is sent again under the same delivery id (at-least-once; receivers dedupe on the id). A
@@ -26,7 +31,7 @@ use uuid::Uuid;
 
 use crate::db::{Backend, Conn, Row, Tx, args};
 use crate::error::{LedgerError, Result};
-use crate::event_body::{EventBody, WebhookRetryRequested};
+use crate::event_body::{EventBody, WebhookRetryRequested, WebhookUnconfigured};
 use crate::events::{append, lock_stream};
 use crate::model::Event;
 use crate::outbox::NotificationKind;
@@ -38,6 +43,25 @@ pub const WEBHOOKS_STREAM: &str = "webhooks";
 /// remove them (the daemon prunes what is older than this): 7 days. Failed and pending rows are
 /// never pruned.
 pub const WEBHOOK_RETENTION: std::time::Duration = std::time::Duration::from_secs(7 * 24 * 3600);
+
+/// The actor of what the runtime itself records in the `webhooks` stream
+/// (`webhook.unconfigured`).
+pub const WEBHOOKS_ACTOR: &str = "system:webhooks";
+
+/// The last error of a delivery failed because its webhook is no longer configured.
+#[must_use]
+pub fn unconfigured_reason(webhook: &str) -> String {
+    format!("webhook `{webhook}` is no longer configured")
+}
+
+/// The pending deliveries of one webhook no longer configured, failed at start-up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnconfiguredWebhook {
+    /// The webhook's name.
+    pub webhook: String,
+    /// How many pending deliveries were failed.
+    pub deliveries: u64,
+}
 
 /// The longest `last_error` kept, in characters (longer errors are cut with `…`).
 pub const MAX_LAST_ERROR_CHARS: usize = 1024;
@@ -324,11 +348,13 @@ pub(crate) async fn get(conn: &mut Conn<'_>, id: Uuid) -> Result<WebhookDelivery
     delivery_from_row(&row)
 }
 
-/// Re-queues a failed delivery (attempts from 0, due now) and records who did it.
+/// Re-queues a failed delivery (attempts from 0, due now) and records who did it; refused when
+/// its webhook is not among `configured` (nothing would ever send it).
 pub(crate) async fn retry(
     tx: &mut Tx,
     id: Uuid,
     actor: &phrony_auth::Attribution,
+    configured: &[String],
 ) -> Result<(WebhookDelivery, Event)> {
     let mut head = lock_stream(tx, WEBHOOKS_STREAM).await?;
     let delivery = get(&mut tx.conn(), id).await?;
@@ -336,6 +362,13 @@ pub(crate) async fn retry(
         return Err(LedgerError::precondition(format!(
             "webhook delivery {id} is {}, not failed: only a failed delivery can be retried",
             delivery.status.as_str()
+        )));
+    }
+    if !configured.contains(&delivery.webhook) {
+        return Err(LedgerError::precondition(format!(
+            "webhook delivery {id} cannot be retried: {}; add it back to the webhooks file \
+             and restart the runtime to send it",
+            unconfigured_reason(&delivery.webhook)
         )));
     }
     let event = append(
@@ -370,6 +403,68 @@ pub(crate) async fn retry(
     tx.mark_outbox_written();
     let delivery = get(&mut tx.conn(), id).await?;
     Ok((delivery, event))
+}
+
+/// Fails the pending deliveries of every webhook not in `configured`, with one
+/// `webhook.unconfigured` event per webhook (see `Ledger::fail_unconfigured_webhook_deliveries`).
+pub(crate) async fn fail_unconfigured(
+    tx: &mut Tx,
+    configured: &[String],
+) -> Result<Vec<UnconfiguredWebhook>> {
+    let rows = tx
+        .conn()
+        .fetch_all(
+            "count pending webhook deliveries by webhook",
+            "SELECT webhook, COUNT(*) AS n FROM webhook_deliveries WHERE status = 'pending' \
+             GROUP BY webhook ORDER BY webhook",
+            vec![],
+        )
+        .await?;
+    let mut gone = Vec::new();
+    for row in &rows {
+        let webhook = row.text("webhook")?;
+        if !configured.contains(&webhook) {
+            gone.push(webhook);
+        }
+    }
+    let mut failed = Vec::new();
+    if gone.is_empty() {
+        return Ok(failed);
+    }
+    let mut head = lock_stream(tx, WEBHOOKS_STREAM).await?;
+    for webhook in gone {
+        let reason = unconfigured_reason(&webhook);
+        let now = tx.now();
+        let deliveries = tx
+            .conn()
+            .execute(
+                "fail the deliveries of an unconfigured webhook",
+                "UPDATE webhook_deliveries SET status = 'failed', last_error = $2, \
+                 claim_token = NULL, updated_at = $3 WHERE webhook = $1 AND status = 'pending'",
+                args![webhook.as_str(), reason.as_str(), now],
+            )
+            .await?;
+        if deliveries == 0 {
+            // Another replica failed them first.
+            continue;
+        }
+        append(
+            tx,
+            &mut head,
+            EventBody::WebhookUnconfigured(WebhookUnconfigured {
+                webhook: webhook.clone(),
+                deliveries,
+                reason,
+            })
+            .into_new_event(phrony_auth::Attribution::unverified(WEBHOOKS_ACTOR))?,
+        )
+        .await?;
+        failed.push(UnconfiguredWebhook {
+            webhook,
+            deliveries,
+        });
+    }
+    Ok(failed)
 }
 
 pub(crate) async fn list(

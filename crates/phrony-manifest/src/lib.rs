@@ -133,3 +133,4 @@ pub use secrets::{BundleSecret, SecretRequirement, secret_union as bundle_secret
 pub use stub::{STUB_SCRIPT_FILE, StubEvent, StubScript, StubScriptError};
 pub use validate::{PROVIDERS, mcp_url_allowed};
 pub use yaml_input::{MAX_YAML_BYTES, YamlInputError, check_yaml, read_text_file, read_yaml_file};
+pub use yaml_pos::YamlPositions;

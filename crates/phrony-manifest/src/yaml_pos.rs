@@ -378,3 +378,40 @@ spec:
         assert_eq!(parent_path(""), None);
     }
 }
+
+/// Where the nodes of one YAML document are, by field path (`webhooks[0].timeout`), for the
+/// other YAML inputs (the runtime's webhooks file) to name the line and column of a value they
+/// refuse after deserializing it.
+#[derive(Debug, Default)]
+pub struct YamlPositions(PosIndex);
+
+impl YamlPositions {
+    /// Indexes `text`; a document that does not parse has no positions (every lookup answers
+    /// 1:1), as serde_yaml reports its syntax error itself.
+    #[must_use]
+    pub fn index(text: &str) -> Self {
+        PosIndex::parse(text).map_or_else(|_| Self::default(), |(index, _)| Self(index))
+    }
+
+    /// The 1-based line and column of the value at `path` (for a collection or an empty value,
+    /// its key; for a path that does not exist, its nearest existing ancestor's key).
+    #[must_use]
+    pub fn value(&self, path: &str) -> (usize, usize) {
+        if self.0.nodes.is_empty() {
+            return (1, 1);
+        }
+        let mark = self.0.locate(path);
+        (mark.line, mark.column)
+    }
+
+    /// The 1-based line and column of the key of `path` (for a sequence item, where the item
+    /// starts).
+    #[must_use]
+    pub fn key(&self, path: &str) -> (usize, usize) {
+        if self.0.nodes.is_empty() {
+            return (1, 1);
+        }
+        let mark = self.0.locate_key(path);
+        (mark.line, mark.column)
+    }
+}

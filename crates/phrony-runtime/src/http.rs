@@ -63,6 +63,8 @@ pub(crate) struct Shared {
     pub(crate) serving: OnceLock<Serving>,
     /// The console's signed-in sessions.
     pub(crate) console: crate::console::Sessions,
+    /// The console's failed sign-ins, per client address and per credential.
+    pub(crate) login_throttle: phrony_auth::LoginThrottle,
 }
 
 /// The handle [`crate::serve`] uses to mark the daemon ready (see [`ServeConfig::http`]).
@@ -118,6 +120,7 @@ impl HttpServer {
             mode,
             serving: OnceLock::new(),
             console: crate::console::Sessions::default(),
+            login_throttle: phrony_auth::LoginThrottle::default(),
         });
         let app = axum::Router::new()
             .route("/healthz", get(healthz))
@@ -127,6 +130,8 @@ impl HttpServer {
             .merge(crate::console::router(Arc::clone(&shared)));
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(async move {
+            // The peer address is the console's sign-in throttle's client key.
+            let app = app.into_make_service_with_connect_info::<SocketAddr>();
             let served = axum::serve(listener, app)
                 .with_graceful_shutdown(async {
                     let _ = stopped.await;

@@ -498,6 +498,8 @@ fn start_webhooks(
     webhooks: Option<Arc<crate::webhooks::WebhooksConfig>>,
 ) -> Result<(Ledger, Option<crate::webhooks::WebhookSender>), ServeError> {
     let Some(webhooks) = webhooks else {
+        // Deliveries written while a webhooks file was configured can never be sent now.
+        tokio::spawn(crate::webhooks::fail_unconfigured(ledger.clone()));
         return Ok((ledger, None));
     };
     let ledger = ledger.with_webhooks(webhooks.routes());

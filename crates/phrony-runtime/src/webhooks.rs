@@ -135,13 +135,13 @@ struct RawWebhook {
     #[serde(default)]
     console_url: Option<String>,
     #[serde(default)]
-    timeout: Option<Dur>,
+    timeout: Option<String>,
     #[serde(default)]
     max_attempts: Option<u32>,
     #[serde(default)]
-    backoff_initial: Option<Dur>,
+    backoff_initial: Option<String>,
     #[serde(default)]
-    backoff_max: Option<Dur>,
+    backoff_max: Option<String>,
     #[serde(default)]
     allow_insecure_http: bool,
 }
@@ -184,15 +184,12 @@ impl<'de> Deserialize<'de> for Kind {
     }
 }
 
-struct Dur(Duration);
-
-impl<'de> Deserialize<'de> for Dur {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        humantime::parse_duration(&s)
-            .map(Self)
-            .map_err(|e| serde::de::Error::custom(format!("duration {s:?}: {e} (e.g. 500ms, 10s)")))
-    }
+/// A duration setting (`500ms`, `10s`, `1h`), or what is wrong with it.
+fn duration(text: Option<&str>) -> Result<Option<Duration>, String> {
+    text.map(|s| {
+        humantime::parse_duration(s).map_err(|e| format!("duration {s:?}: {e} (e.g. 500ms, 10s)"))
+    })
+    .transpose()
 }
 
 /// Whether `host` is a loopback address or `localhost`.
@@ -263,36 +260,49 @@ impl WebhooksConfig {
                 ),
             ));
         }
+        let positions = phrony_manifest::YamlPositions::index(text);
         let mut webhooks = Vec::new();
         let mut names = BTreeSet::new();
-        for raw in raw.webhooks {
+        for (index, raw) in raw.webhooks.into_iter().enumerate() {
             let name = raw.name.0;
-            // The entry's position: its `name:` line (names are unique, checked below).
-            let (line, column) = position_of(text, &name);
-            let fail = |m: String| at(line, column, format!("webhook {name:?}: {m}"));
+            let entry = format!("webhooks[{index}]");
+            // A problem of the entry is reported where it starts; one of a setting, at the
+            // setting's value.
+            let fail = |m: String| {
+                let (line, column) = positions.key(&entry);
+                at(line, column, format!("webhook {name:?}: {m}"))
+            };
+            let fail_at = |field: &str, m: String| {
+                let (line, column) = positions.value(&format!("{entry}.{field}"));
+                at(line, column, format!("webhook {name:?}: {field}: {m}"))
+            };
             if !names.insert(name.clone()) {
                 return Err(fail("a second webhook with this name".to_owned()));
             }
-            let url = url::Url::parse(&raw.url).map_err(|e| fail(format!("url: {e}")))?;
+            let url = url::Url::parse(&raw.url).map_err(|e| fail_at("url", e.to_string()))?;
             match url.scheme() {
                 "https" => {}
                 "http" if is_loopback(&url) || raw.allow_insecure_http => {}
                 "http" => {
-                    return Err(fail(
-                        "url: plain http is refused to a non-loopback host; use https, or set \
+                    return Err(fail_at(
+                        "url",
+                        "plain http is refused to a non-loopback host; use https, or set \
                          allow_insecure_http: true"
                             .to_owned(),
                     ));
                 }
-                other => return Err(fail(format!("url: scheme {other:?} is not http(s)"))),
+                other => {
+                    return Err(fail_at("url", format!("scheme {other:?} is not http(s)")));
+                }
             }
             if !url.username().is_empty() || url.password().is_some() {
-                return Err(fail(
-                    "url: credentials in the URL are refused (they would be logged)".to_owned(),
+                return Err(fail_at(
+                    "url",
+                    "credentials in the URL are refused (they would be logged)".to_owned(),
                 ));
             }
             if raw.events.is_empty() {
-                return Err(fail("events: list at least one event".to_owned()));
+                return Err(fail_at("events", "list at least one event".to_owned()));
             }
             let secret = match (raw.format, raw.secret_env.as_deref()) {
                 (Format::Json, None) => {
@@ -305,14 +315,18 @@ impl WebhooksConfig {
                 (Format::Json, Some(var)) => match env(var) {
                     Some(v) if v.len() >= 16 => Some(v.into_bytes()),
                     Some(_) => {
-                        return Err(fail(format!("secret_env: {var} holds fewer than 16 bytes")));
+                        return Err(fail_at(
+                            "secret_env",
+                            format!("{var} holds fewer than 16 bytes"),
+                        ));
                     }
-                    None => return Err(fail(format!("secret_env: {var} is not set"))),
+                    None => return Err(fail_at("secret_env", format!("{var} is not set"))),
                 },
                 (Format::Slack, Some(_)) => {
-                    return Err(fail(
-                        "secret_env: slack messages are not signed (the URL is the secret); \
-                         remove secret_env"
+                    return Err(fail_at(
+                        "secret_env",
+                        "slack messages are not signed (the URL is the secret); remove \
+                         secret_env"
                             .to_owned(),
                     ));
                 }
@@ -325,28 +339,38 @@ impl WebhooksConfig {
                     url::Url::parse(u)
                         .ok()
                         .filter(|u| matches!(u.scheme(), "http" | "https"))
-                        .ok_or_else(|| fail(format!("console_url: {u:?} is not an http(s) URL")))
+                        .ok_or_else(|| {
+                            fail_at("console_url", format!("{u:?} is not an http(s) URL"))
+                        })
                 })
                 .transpose()?;
-            let timeout = raw.timeout.map_or(Duration::from_secs(10), |d| d.0);
+            let timeout = duration(raw.timeout.as_deref())
+                .map_err(|m| fail_at("timeout", m))?
+                .unwrap_or(Duration::from_secs(10));
             if timeout < TIMEOUT_RANGE.0 || timeout > TIMEOUT_RANGE.1 {
-                return Err(fail("timeout: between 100ms and 60s".to_owned()));
+                return Err(fail_at("timeout", "between 100ms and 60s".to_owned()));
             }
             let max_attempts = raw.max_attempts.unwrap_or(8);
             if max_attempts == 0 || max_attempts > MAX_MAX_ATTEMPTS {
-                return Err(fail(format!(
-                    "max_attempts: between 1 and {MAX_MAX_ATTEMPTS}"
-                )));
+                return Err(fail_at(
+                    "max_attempts",
+                    format!("between 1 and {MAX_MAX_ATTEMPTS}"),
+                ));
             }
-            let backoff_initial = raw.backoff_initial.map_or(Duration::from_secs(5), |d| d.0);
-            let backoff_max = raw.backoff_max.map_or(Duration::from_secs(600), |d| d.0);
+            let backoff_initial = duration(raw.backoff_initial.as_deref())
+                .map_err(|m| fail_at("backoff_initial", m))?
+                .unwrap_or(Duration::from_secs(5));
+            let backoff_max = duration(raw.backoff_max.as_deref())
+                .map_err(|m| fail_at("backoff_max", m))?
+                .unwrap_or(Duration::from_secs(600));
             if backoff_initial.is_zero() || backoff_max < backoff_initial {
-                return Err(fail(
-                    "backoff_initial must be positive and at most backoff_max".to_owned(),
+                return Err(fail_at(
+                    "backoff_initial",
+                    "must be positive and at most backoff_max".to_owned(),
                 ));
             }
             if backoff_max > Duration::from_secs(24 * 3600) {
-                return Err(fail("backoff_max: at most 24h".to_owned()));
+                return Err(fail_at("backoff_max", "at most 24h".to_owned()));
             }
             webhooks.push(Webhook {
                 name,
@@ -376,21 +400,6 @@ impl WebhooksConfig {
             })
             .collect()
     }
-}
-
-/// The line and column of the `name: <name>` key of an entry (1, 1 when not found).
-fn position_of(text: &str, name: &str) -> (usize, usize) {
-    for (i, line) in text.lines().enumerate() {
-        let trimmed = line.trim_start().trim_start_matches("- ");
-        if let Some(value) = trimmed.strip_prefix("name:") {
-            let value = value.trim().trim_matches(|c| c == '"' || c == '\'');
-            if value == name {
-                let column = line.find("name:").map_or(1, |at| at + 1);
-                return (i + 1, column);
-            }
-        }
-    }
-    (1, 1)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -744,8 +753,40 @@ impl Drop for WebhookSender {
     }
 }
 
+/// How often the start-up pass over the deliveries of webhooks no longer configured is tried
+/// (the database may be down at start).
+const UNCONFIGURED_ATTEMPTS: u32 = 60;
+
+/// At start-up: the pending deliveries of webhooks the file no longer names (the ledger's
+/// routes) are failed, audited as `webhook.unconfigured`; tried again every [`POLL_INTERVAL`]
+/// while the database is unreachable, at most [`UNCONFIGURED_ATTEMPTS`] times.
+pub async fn fail_unconfigured(ledger: Ledger) {
+    for _ in 0..UNCONFIGURED_ATTEMPTS {
+        match ledger.fail_unconfigured_webhook_deliveries().await {
+            Ok(failed) => {
+                for gone in failed {
+                    tracing::warn!(
+                        webhook = %gone.webhook,
+                        deliveries = gone.deliveries,
+                        "pending webhook deliveries failed: the webhook is no longer configured"
+                    );
+                }
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot check for deliveries of unconfigured webhooks");
+                tokio::time::sleep(POLL_INTERVAL).await;
+            }
+        }
+    }
+}
+
 async fn run(ledger: Ledger, config: Arc<WebhooksConfig>, clients: Arc<Vec<reqwest::Client>>) {
+    fail_unconfigured(ledger.clone()).await;
     let wake = ledger.webhook_wake();
+    // An attempt that ends frees a permit: more due deliveries may be claimed at once instead of
+    // at the next poll (without it the sender sent at most MAX_IN_FLIGHT per POLL_INTERVAL).
+    let finished = Arc::new(tokio::sync::Notify::new());
     let permits = Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT));
     let mut last_prune: Option<tokio::time::Instant> = None;
     loop {
@@ -788,13 +829,15 @@ async fn run(ledger: Ledger, config: Arc<WebhooksConfig>, clients: Arc<Vec<reqwe
                 let ledger = ledger.clone();
                 let config = Arc::clone(&config);
                 let clients = Arc::clone(&clients);
+                let finished = Arc::clone(&finished);
                 tokio::spawn(async move {
-                    let _permit = permit;
                     if let (Some(webhook), Some(client)) =
                         (config.webhooks.get(index), clients.get(index))
                     {
                         attempt(&ledger, webhook, client, claim).await;
                     }
+                    drop(permit);
+                    finished.notify_one();
                 });
             }
         }
@@ -803,10 +846,16 @@ async fn run(ledger: Ledger, config: Arc<WebhooksConfig>, clients: Arc<Vec<reqwe
             Some(wake) => {
                 tokio::select! {
                     () = wake.notified() => {}
+                    () = finished.notified() => {}
                     () = sleep => {}
                 }
             }
-            None => sleep.await,
+            None => {
+                tokio::select! {
+                    () = finished.notified() => {}
+                    () = sleep => {}
+                }
+            }
         }
     }
 }
@@ -824,14 +873,18 @@ async fn attempt(
             AttemptOutcome::Delivered,
             phrony_metrics::WebhookOutcome::Delivered,
         ),
-        Err(error) if claim.attempt >= webhook.max_attempts => (
+        Err(Failure::Permanent { error }) => (
             AttemptOutcome::GiveUp { error },
             phrony_metrics::WebhookOutcome::Failed,
         ),
-        Err(error) => (
+        Err(Failure::Transient { error, .. }) if claim.attempt >= webhook.max_attempts => (
+            AttemptOutcome::GiveUp { error },
+            phrony_metrics::WebhookOutcome::Failed,
+        ),
+        Err(Failure::Transient { error, retry_after }) => (
             AttemptOutcome::Retry {
                 error,
-                after: backoff(webhook, claim.attempt),
+                after: retry_delay(webhook, claim.attempt, retry_after),
             },
             phrony_metrics::WebhookOutcome::Retried,
         ),
@@ -877,20 +930,136 @@ pub fn backoff(webhook: &Webhook, attempt: u32) -> Duration {
     half + Duration::from_millis(jitter)
 }
 
+/// The delay before the next attempt: the backoff, or as long as the receiver asked with
+/// `Retry-After` when that is longer, never beyond `backoff_max`.
+#[must_use]
+pub fn retry_delay(webhook: &Webhook, attempt: u32, retry_after: Option<Duration>) -> Duration {
+    let backoff = backoff(webhook, attempt);
+    match retry_after {
+        Some(asked) => backoff.max(asked.min(webhook.backoff_max)),
+        None => backoff,
+    }
+}
+
+/// Why an attempt failed, and whether another attempt may succeed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Failure {
+    /// Timeouts, connection errors, 5xx, 408, 425, 429: tried again after the backoff (at least
+    /// the receiver's `Retry-After` on 429 and 503).
+    Transient {
+        error: String,
+        retry_after: Option<Duration>,
+    },
+    /// Any other answer: the receiver refused this delivery; it is `failed` at once.
+    Permanent { error: String },
+}
+
+/// How an answer's status is handled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StatusClass {
+    /// 2xx.
+    Delivered,
+    /// 5xx, 408 (request timeout), 425 (too early), 429 (too many requests).
+    Retry,
+    /// Every other status (400, 401, 403, 404, 410, 413, 422, a 3xx redirect, …).
+    Permanent,
+}
+
+/// The sender's rule for an HTTP status.
+#[must_use]
+pub fn classify(status: u16) -> StatusClass {
+    match status {
+        200..=299 => StatusClass::Delivered,
+        408 | 425 | 429 | 500..=599 => StatusClass::Retry,
+        _ => StatusClass::Permanent,
+    }
+}
+
+/// The longest `Retry-After` taken into account before the cap (a day).
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(24 * 3600);
+
+/// A `Retry-After` value: delay-seconds or an HTTP date (RFC 9110), relative to `now`.
+#[must_use]
+pub fn parse_retry_after(value: &str, now: DateTime<Utc>) -> Option<Duration> {
+    let value = value.trim();
+    if let Ok(seconds) = value.parse::<u64>() {
+        return Some(Duration::from_secs(seconds).min(MAX_RETRY_AFTER));
+    }
+    let at = DateTime::parse_from_rfc2822(value)
+        .ok()?
+        .with_timezone(&Utc);
+    Some(
+        (at - now)
+            .to_std()
+            .unwrap_or(Duration::ZERO)
+            .min(MAX_RETRY_AFTER),
+    )
+}
+
+/// The most body bytes read from a refusing receiver.
+const MAX_ERROR_BODY_BYTES: usize = 4096;
+/// The longest body excerpt kept in a delivery's error, in characters.
+pub const MAX_BODY_EXCERPT: usize = 200;
+
+/// What is kept of a receiver's error body: at most [`MAX_BODY_EXCERPT`] characters, control
+/// characters (newlines, escape sequences) as spaces, runs of whitespace as one.
+#[must_use]
+pub fn body_excerpt(bytes: &[u8]) -> String {
+    let text = String::from_utf8_lossy(bytes);
+    let cleaned: String = text
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    let mut out = String::new();
+    for word in cleaned.split_whitespace() {
+        if !out.is_empty() {
+            out.push(' ');
+        }
+        out.push_str(word);
+    }
+    if out.chars().count() > MAX_BODY_EXCERPT {
+        let mut cut: String = out.chars().take(MAX_BODY_EXCERPT - 1).collect();
+        cut.push('…');
+        return cut;
+    }
+    out
+}
+
+/// Reads at most [`MAX_ERROR_BODY_BYTES`] of a response body (a receiver cannot make the
+/// sender read more).
+async fn bounded_body(mut response: reqwest::Response) -> Vec<u8> {
+    let mut body = Vec::new();
+    while body.len() < MAX_ERROR_BODY_BYTES {
+        match response.chunk().await {
+            Ok(Some(chunk)) => {
+                let room = MAX_ERROR_BODY_BYTES - body.len();
+                body.extend_from_slice(&chunk[..chunk.len().min(room)]);
+            }
+            Ok(None) | Err(_) => break,
+        }
+    }
+    body
+}
+
 async fn send(
     ledger: &Ledger,
     webhook: &Webhook,
     client: &reqwest::Client,
     claim: &ClaimedDelivery,
-) -> Result<(), String> {
+) -> Result<(), Failure> {
+    let transient = |error: String| Failure::Transient {
+        error,
+        retry_after: None,
+    };
     let notification = Notification::read(ledger, claim)
         .await
-        .map_err(|e| format!("cannot build the body: {e:#}"))?;
+        .map_err(|e| transient(format!("cannot build the body: {e:#}")))?;
     let body = match webhook.format {
         Format::Json => notification.json_body(webhook.console_url.as_ref()),
         Format::Slack => notification.slack_body(webhook.console_url.as_ref()),
     };
-    let body = serde_json::to_vec(&body).map_err(|e| format!("cannot encode the body: {e}"))?;
+    let body =
+        serde_json::to_vec(&body).map_err(|e| transient(format!("cannot encode the body: {e}")))?;
     let timestamp = Utc::now().timestamp();
     let mut request = client
         .post(webhook.url.clone())
@@ -907,14 +1076,36 @@ async fn send(
         .body(body)
         .send()
         .await
-        .map_err(|e| format!("request failed: {}", error_chain(&e)))?;
+        .map_err(|e| transient(format!("request failed: {}", error_chain(&e))))?;
     let status = response.status();
-    if status.is_success() {
+    let class = classify(status.as_u16());
+    if class == StatusClass::Delivered {
         return Ok(());
     }
-    let text = response.text().await.unwrap_or_default();
-    let text: String = text.chars().take(200).collect();
-    Err(format!("HTTP {}: {}", status.as_u16(), text.trim()))
+    let retry_after = matches!(status.as_u16(), 429 | 503)
+        .then(|| response.headers().get(reqwest::header::RETRY_AFTER))
+        .flatten()
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| parse_retry_after(v, Utc::now()));
+    let excerpt = body_excerpt(&bounded_body(response).await);
+    let status_text = match status.canonical_reason() {
+        Some(reason) => format!("HTTP {} {reason}", status.as_u16()),
+        None => format!("HTTP {}", status.as_u16()),
+    };
+    let status_text = if class == StatusClass::Permanent {
+        format!("{status_text} (permanent, not retried)")
+    } else {
+        status_text
+    };
+    let error = if excerpt.is_empty() {
+        status_text
+    } else {
+        format!("{status_text}: {excerpt}")
+    };
+    Err(match class {
+        StatusClass::Permanent => Failure::Permanent { error },
+        StatusClass::Retry | StatusClass::Delivered => Failure::Transient { error, retry_after },
+    })
 }
 
 fn error_chain(e: &dyn std::error::Error) -> String {
@@ -976,7 +1167,7 @@ mod tests {
             ),
             (
                 "webhooks:\n  - name: ops\n    url: http://hooks.example.com/x\n    events: [approval.required]\n    secret_env: HOOK_SECRET\n",
-                "hooks.yaml:2:5: webhook \"ops\": url: plain http is refused",
+                "hooks.yaml:3:10: webhook \"ops\": url: plain http is refused",
             ),
             (
                 "webhooks:\n  - name: ops\n    url: https://h.example\n    events: [approval.required]\n",
@@ -984,11 +1175,24 @@ mod tests {
             ),
             (
                 "webhooks:\n  - name: ops\n    url: https://h.example\n    events: [approval.required]\n    secret_env: NOT_SET\n",
-                "hooks.yaml:2:5: webhook \"ops\": secret_env: NOT_SET is not set",
+                "hooks.yaml:5:17: webhook \"ops\": secret_env: NOT_SET is not set",
             ),
             (
                 "webhooks:\n  - name: ops\n    url: https://h.example\n    events: [approval.required]\n    secret_env: HOOK_SECRET\n    timeout: soon\n",
-                "hooks.yaml:2:5: webhooks[0]: duration \"soon\"",
+                "hooks.yaml:6:14: webhook \"ops\": timeout: duration \"soon\"",
+            ),
+            // A bad duration is reported at its value, in whichever entry it is.
+            (
+                "webhooks:\n  - name: ops\n    url: https://h.example\n    events: [approval.required]\n    secret_env: HOOK_SECRET\n  - url: https://i.example\n    name: pager\n    backoff_max:   1 fortnight\n    events: [approval.required]\n    secret_env: HOOK_SECRET\n",
+                "hooks.yaml:8:20: webhook \"pager\": backoff_max: duration \"1 fortnight\"",
+            ),
+            (
+                "webhooks:\n  - name: ops\n    url: https://h.example\n    events: [approval.required]\n    secret_env: HOOK_SECRET\n    timeout: 90s\n",
+                "hooks.yaml:6:14: webhook \"ops\": timeout: between 100ms and 60s",
+            ),
+            (
+                "webhooks:\n  - name: ops\n    url: https://h.example\n    events: [approval.required]\n    secret_env: HOOK_SECRET\n  - name: ops\n    url: https://h.example\n    events: [approval.required]\n    secret_env: HOOK_SECRET\n",
+                "hooks.yaml:6:5: webhook \"ops\": a second webhook with this name",
             ),
         ];
         for (text, want) in cases {
@@ -1016,5 +1220,73 @@ mod tests {
             signature(b"secret", 1_700_000_000, b"{}"),
             signature(b"secret", 1_700_000_001, b"{}")
         );
+    }
+
+    #[test]
+    fn only_timeouts_rate_limits_and_server_errors_are_retried() {
+        for status in [200, 201, 204, 299] {
+            assert_eq!(classify(status), StatusClass::Delivered, "{status}");
+        }
+        for status in [408, 425, 429, 500, 502, 503, 504, 599] {
+            assert_eq!(classify(status), StatusClass::Retry, "{status}");
+        }
+        for status in [
+            301, 302, 400, 401, 403, 404, 405, 409, 410, 413, 415, 422, 451,
+        ] {
+            assert_eq!(classify(status), StatusClass::Permanent, "{status}");
+        }
+    }
+
+    #[test]
+    fn retry_after_is_seconds_or_a_date_and_the_cap_wins() {
+        let now = DateTime::parse_from_rfc3339("2015-10-21T07:28:00Z")
+            .unwrap()
+            .with_timezone(&Utc);
+        assert_eq!(
+            parse_retry_after("120", now),
+            Some(Duration::from_secs(120))
+        );
+        assert_eq!(
+            parse_retry_after("Wed, 21 Oct 2015 07:28:30 GMT", now),
+            Some(Duration::from_secs(30))
+        );
+        assert_eq!(
+            parse_retry_after("Wed, 21 Oct 2015 07:00:00 GMT", now),
+            Some(Duration::ZERO),
+            "a date in the past is now"
+        );
+        assert_eq!(parse_retry_after("soon", now), None);
+        assert_eq!(parse_retry_after("-5", now), None);
+        assert_eq!(parse_retry_after("99999999999", now), Some(MAX_RETRY_AFTER));
+
+        let config = parse(
+            "webhooks:\n  - name: ops\n    url: https://h.example\n    events: [approval.required]\n    secret_env: HOOK_SECRET\n    backoff_initial: 1s\n    backoff_max: 30s\n",
+        )
+        .unwrap();
+        let ops = &config.webhooks[0];
+        // Attempt 1's backoff is 0.5–1 s: a longer Retry-After wins, up to the cap.
+        let asked = retry_delay(ops, 1, Some(Duration::from_secs(20)));
+        assert_eq!(asked, Duration::from_secs(20));
+        let capped = retry_delay(ops, 1, Some(Duration::from_secs(3600)));
+        assert_eq!(capped, Duration::from_secs(30));
+        let shorter = retry_delay(ops, 1, Some(Duration::ZERO));
+        assert!(
+            shorter >= Duration::from_millis(500) && shorter <= Duration::from_secs(1),
+            "{shorter:?}"
+        );
+    }
+
+    #[test]
+    fn error_bodies_are_cut_and_cleaned() {
+        assert_eq!(
+            body_excerpt(b"  no such\nhook \x1b[31mred\x1b[0m\r\n\t "),
+            "no such hook [31mred [0m"
+        );
+        let long = "x".repeat(10_000);
+        let cut = body_excerpt(long.as_bytes());
+        assert_eq!(cut.chars().count(), MAX_BODY_EXCERPT);
+        assert!(cut.ends_with('…'));
+        assert_eq!(body_excerpt(&[0xff, b'o', b'k']), "\u{fffd}ok");
+        assert_eq!(body_excerpt(b""), "");
     }
 }

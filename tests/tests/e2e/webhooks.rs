@@ -2,7 +2,9 @@
 //! PostgreSQL: the €400 refund's `approval.required` goes to a receiver nobody listens on, fails
 //! after its one attempt and is listed by `phrony webhooks deliveries --failed` (table and JSON);
 //! `phrony webhooks retry` re-queues it under the same id, recorded as `webhook.retry_requested`
-//! by whoever asked.
+//! by whoever asked. A delivery still pending when its webhook is removed from the file is failed
+//! at the next start ("webhook `pager` is no longer configured", audited as
+//! `webhook.unconfigured`), and an operator retry of it is refused.
 
 use std::time::{Duration, Instant};
 
@@ -36,6 +38,16 @@ fn wait_failed(daemon: &Daemon, n: usize, attempts: u64) -> Vec<Value> {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// The deliveries as `phrony webhooks deliveries --json` lists them.
+fn deliveries(daemon: &Daemon, args: &[&str]) -> Vec<Value> {
+    let mut all = vec!["webhooks", "deliveries", "--json"];
+    all.extend_from_slice(args);
+    json(&ok(phrony(daemon, "ci").args(all)))["deliveries"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
 }
 
 fn deliveries_fail_then_are_retried(backend: Backend) {
@@ -148,6 +160,124 @@ fn deliveries_fail_then_are_retried(backend: Backend) {
     assert!(unknown.contains("not found"), "{unknown}");
     let bad = fails(phrony(&daemon, "ops-lead").args(["webhooks", "retry", "nope"]));
     assert!(bad.contains("is not a delivery id"), "{bad}");
+
+    // `pager` now waits an hour between attempts: the next refund's delivery stays pending.
+    let mut daemon = daemon;
+    daemon.stop();
+    let dead = free_port();
+    std::fs::write(
+        &file,
+        format!(
+            "webhooks:\n  - name: pager\n    url: http://127.0.0.1:{dead}/hook\n    events: \
+             [approval.required]\n    secret_env: HOOK_SECRET\n    timeout: 1s\n    \
+             max_attempts: 5\n    backoff_initial: 1h\n    backoff_max: 1h\n"
+        ),
+    )
+    .unwrap();
+    daemon.restart();
+    ok(phrony(&daemon, "emad").args(["run", REFUND_AGENT, "--input", "Refund €400 for ORD-7."]));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let waiting = loop {
+        let pending = deliveries(&daemon, &[]);
+        if let Some(d) = pending
+            .iter()
+            .find(|d| d["status"] == "pending" && d["attempts"] == 1)
+        {
+            break d.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no pending delivery: {pending:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let waiting_id = waiting["id"].as_str().unwrap().to_owned();
+
+    // The file no longer names `pager`: at the next start its pending delivery is failed, with
+    // the reason, in one transaction with its audit record; the failed one keeps its error.
+    daemon.stop();
+    std::fs::write(
+        &file,
+        format!(
+            "webhooks:\n  - name: other\n    url: http://127.0.0.1:{dead}/other\n    events: \
+             [session.failed]\n    secret_env: HOOK_SECRET\n"
+        ),
+    )
+    .unwrap();
+    daemon.restart();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let gone = loop {
+        let failed = deliveries(&daemon, &["--failed"]);
+        if let Some(d) = failed.iter().find(|d| d["id"] == waiting_id.as_str()) {
+            break d.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the pending delivery was not failed: {failed:?}\n{}",
+            daemon.logs()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(gone["webhook"], "pager");
+    assert_eq!(gone["attempts"], 1);
+    assert_eq!(
+        gone["last_error"], "webhook `pager` is no longer configured",
+        "{gone}"
+    );
+    assert!(
+        deliveries(&daemon, &[])
+            .iter()
+            .all(|d| d["status"] != "pending"),
+        "no delivery is left pending"
+    );
+    let table_text = ok(phrony(&daemon, "ci").args(["webhooks", "deliveries", "--failed"]));
+    assert!(
+        table_text.contains("webhook `pager` is no longer configured"),
+        "{table_text}"
+    );
+    let audit = ok(phrony(&daemon, "ci").args(["audit", "export"]));
+    let unconfigured: Vec<Value> = audit
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|e| e["type"] == "webhook.unconfigured")
+        .collect();
+    assert_eq!(unconfigured.len(), 1, "{audit}");
+    assert_eq!(unconfigured[0]["stream"], "webhooks");
+    assert_eq!(unconfigured[0]["actor"], "system:webhooks");
+    assert_eq!(unconfigured[0]["payload"]["webhook"], "pager");
+    assert_eq!(unconfigured[0]["payload"]["deliveries"], 1);
+
+    // Nothing would send it: an operator retry is refused, naming why; nothing is recorded.
+    for stale in [waiting_id.as_str(), id.as_str()] {
+        let refused = fails(phrony(&daemon, "ops-lead").args(["webhooks", "retry", stale]));
+        assert!(
+            refused.contains("webhook `pager` is no longer configured"),
+            "{refused}"
+        );
+    }
+    let audit = ok(phrony(&daemon, "ci").args(["audit", "export"]));
+    assert_eq!(
+        audit
+            .lines()
+            .filter(|l| l.contains("\"webhook.retry_requested\""))
+            .count(),
+        1,
+        "{audit}"
+    );
+
+    // A second start finds nothing more to fail and records nothing.
+    daemon.stop();
+    daemon.restart();
+    std::thread::sleep(Duration::from_millis(500));
+    let audit = ok(phrony(&daemon, "ci").args(["audit", "export"]));
+    assert_eq!(
+        audit
+            .lines()
+            .filter(|l| l.contains("\"webhook.unconfigured\""))
+            .count(),
+        1,
+        "{audit}"
+    );
 }
 
 #[test]

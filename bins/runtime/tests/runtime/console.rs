@@ -5,7 +5,9 @@
 //! the recorded voter is the token's verified name (never a name the page sends), and the live
 //! updates stream the approval's opening and decision; every response carries the strict CSP. In
 //! `local` mode the console is the local operator (unverified), answers only loopback `Host`s,
-//! and an approval given there lets the session complete with the Rust refund worker.
+//! and an approval given there lets the session complete with the Rust refund worker. A live
+//! updates stream ends when the token that opened it is revoked; failed sign-ins are throttled
+//! per credential and per client address (429 with `Retry-After`), and a success starts over.
 
 use std::time::Duration;
 
@@ -162,7 +164,7 @@ impl Events {
         let mut stream = TcpStream::connect(&signed.addr).await.unwrap();
         let request = format!(
             "GET /console/api/events HTTP/1.1\r\nHost: {}\r\nCookie: {}\r\nAccept: \
-             text/event-stream\r\n\r\n",
+             text/event-stream\r\nConnection: close\r\n\r\n",
             signed.addr, signed.cookie
         );
         stream.write_all(request.as_bytes()).await.unwrap();
@@ -185,6 +187,27 @@ impl Events {
             self.seen.push_str(&String::from_utf8_lossy(&buf[..n]));
         }
         self.seen.clone()
+    }
+
+    /// Reads until the server closes the stream, which must happen within `within`.
+    async fn ended(&mut self, within: Duration) {
+        let deadline = tokio::time::Instant::now() + within;
+        let mut buf = [0_u8; 4096];
+        loop {
+            let n = tokio::time::timeout_at(deadline, self.stream.read(&mut buf))
+                .await
+                .unwrap_or_else(|_| {
+                    panic!(
+                        "the event stream is still open after {within:?}:\n{}",
+                        self.seen
+                    )
+                })
+                .unwrap_or(0);
+            if n == 0 {
+                return;
+            }
+            self.seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
     }
 }
 
@@ -572,4 +595,81 @@ async fn in_local_mode_the_console_is_the_local_operator_on_loopback_only() {
         .unwrap();
     let status = daemon.terminate();
     assert!(status.success(), "{status}\n{}", daemon.stderr());
+}
+
+#[tokio::test]
+async fn a_revoked_token_ends_its_live_updates_and_failed_sign_ins_are_throttled() {
+    let home = tempfile::tempdir().unwrap();
+    let url = sqlite_url(home.path());
+    let addr = format!("127.0.0.1:{}", free_port());
+    let launch = Launch::new(home.path(), Some(&url))
+        .env("RUNTIME_AUTH", "required")
+        .env("RUNTIME_HTTP_ADDR", &addr);
+    let viewer = launch.token("vera", "viewer");
+    let other = launch.token("olga", "viewer");
+    let daemon = launch.start().await;
+    wait_for_ready(&addr, 200).await;
+
+    // The live updates of vera's session end once her token is revoked, within the re-check
+    // interval, and the session's calls are refused.
+    let vera = Signed::login(&addr, Some(&viewer)).await;
+    let mut events = Events::open(&vera).await;
+    events.until("event: current_end").await;
+    let revoked = launch
+        .command()
+        .args(["tokens", "revoke", "vera"])
+        .output()
+        .unwrap();
+    assert!(
+        revoked.status.success(),
+        "{}",
+        String::from_utf8_lossy(&revoked.stderr)
+    );
+    events
+        .ended(phrony_runtime::console::EVENTS_RECHECK + Duration::from_secs(5))
+        .await;
+    assert_eq!(vera.get("/console/api/session").await.status, 401);
+    let reopened = vera.get("/console/api/events").await;
+    assert_eq!(reopened.status, 401, "{}", reopened.body);
+
+    // One credential failing again and again: the 5th failure locks it; the 6th try is 429
+    // with `Retry-After`, before the credential is even checked.
+    let wrong = "phr_BBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBB";
+    for _ in 0..5 {
+        let refused = post_json(&addr, "/console/api/login", &[], &json!({"token": wrong})).await;
+        assert_eq!(refused.status, 401, "{}", refused.body);
+    }
+    let throttled = post_json(&addr, "/console/api/login", &[], &json!({"token": wrong})).await;
+    assert_eq!(throttled.status, 429, "{}", throttled.body);
+    let wait: u64 = throttled.header("retry-after").unwrap().parse().unwrap();
+    assert!((1..=2).contains(&wait), "Retry-After: {wait}");
+    assert!(
+        throttled.message().contains("too many failed sign-ins"),
+        "{}",
+        throttled.body
+    );
+    assert!(!throttled.body.contains(wrong), "the token is never echoed");
+
+    // Another credential from the same address still signs in (5 failures of 10), and that
+    // success starts the address's count over...
+    Signed::login(&addr, Some(&other)).await;
+    // ...so it takes 10 more failures, with as many different tokens, to lock the address:
+    // then even a good token is refused for a while.
+    for i in 0..10 {
+        let guess = format!("phr_{i:0>43}");
+        let refused = post_json(&addr, "/console/api/login", &[], &json!({"token": guess})).await;
+        assert_eq!(refused.status, 401, "attempt {i}: {}", refused.body);
+    }
+    let locked = post_json(&addr, "/console/api/login", &[], &json!({"token": other})).await;
+    assert_eq!(locked.status, 429, "{}", locked.body);
+    assert!(locked.header("retry-after").is_some());
+
+    // The lockouts are logged, naming the key and never the token.
+    let log = daemon.stderr();
+    assert!(
+        log.contains("console sign-ins throttled after repeated failures"),
+        "{log}"
+    );
+    assert!(log.contains("client 127.0.0.1"), "{log}");
+    assert!(!log.contains(wrong) && !log.contains(&other), "{log}");
 }

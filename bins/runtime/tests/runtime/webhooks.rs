@@ -4,9 +4,13 @@
 //! under the same id after two 500s; a receiver nobody listens on ends `failed` after
 //! `max_attempts`; a delivery pending when the daemon is killed (-9) is delivered after the
 //! restart on the same database; a bad webhooks file stops the start naming file:line:column.
+//! A receiver's refusal (410) fails the delivery at once with the status and a cleaned excerpt
+//! of its body (an operator's retry sends it again), a 408 is retried, and a 429's
+//! `Retry-After` is waited out.
 
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
@@ -29,6 +33,7 @@ struct Received {
     timestamp: String,
     signature: Option<String>,
     body: Vec<u8>,
+    at: Instant,
 }
 
 impl Received {
@@ -42,14 +47,20 @@ struct Receiver {
     got: Mutex<Vec<Received>>,
     /// Answer 500 to this many requests (then 200).
     fail_next: Mutex<u32>,
+    /// Answers per path, used up first.
+    script: Mutex<HashMap<String, VecDeque<Scripted>>>,
 }
+
+/// A scripted answer: status, `Retry-After`, body.
+type Scripted = (u16, Option<&'static str>, String);
 
 async fn receive(
     State(receiver): State<Arc<Receiver>>,
     uri: axum::http::Uri,
     headers: HeaderMap,
     body: axum::body::Bytes,
-) -> StatusCode {
+) -> axum::response::Response {
+    use axum::response::IntoResponse as _;
     let header = |name: &str| {
         headers
             .get(name)
@@ -62,13 +73,29 @@ async fn receive(
         timestamp: header("phrony-webhook-timestamp").unwrap_or_default(),
         signature: header("phrony-webhook-signature"),
         body: body.to_vec(),
+        at: Instant::now(),
     });
+    let scripted = receiver
+        .script
+        .lock()
+        .unwrap()
+        .get_mut(uri.path())
+        .and_then(VecDeque::pop_front);
+    if let Some((status, retry_after, body)) = scripted {
+        let mut response = (StatusCode::from_u16(status).unwrap(), body).into_response();
+        if let Some(after) = retry_after {
+            response
+                .headers_mut()
+                .insert("retry-after", after.parse().unwrap());
+        }
+        return response;
+    }
     let mut fail = receiver.fail_next.lock().unwrap();
     if *fail > 0 {
         *fail -= 1;
-        StatusCode::INTERNAL_SERVER_ERROR
+        StatusCode::INTERNAL_SERVER_ERROR.into_response()
     } else {
-        StatusCode::OK
+        StatusCode::OK.into_response()
     }
 }
 
@@ -158,7 +185,7 @@ async fn webhooks_are_signed_retried_and_survive_a_restart() {
              - name: ops\n  url: {base}/ops\n  events: [approval.required, approval.decided, \
              approval.expired, approval.escalated, session.failed]\n  secret_env: HOOK_SECRET\n  \
              console_url: https://console.example.com/\n  timeout: 2s\n  max_attempts: 6\n  \
-             backoff_initial: 1s\n  backoff_max: 2s\n\
+             backoff_initial: 2s\n  backoff_max: 4s\n\
              - name: chat\n  url: {base}/slack\n  format: slack\n  events: [approval.required]\n  \
              console_url: https://console.example.com\n\
              - name: dead\n  url: {dead}\n  events: [approval.required]\n  secret_env: \
@@ -292,8 +319,9 @@ async fn webhooks_are_signed_retried_and_survive_a_restart() {
     assert_eq!(decided_row.1, "delivered");
     assert_eq!(decided_row.2, 3);
 
-    // A delivery pending when the daemon is killed is delivered after the restart, same id.
-    *receiver.fail_next.lock().unwrap() = 1;
+    // A delivery pending when the daemon is killed is delivered after the restart, same id: the
+    // receiver answers 500 until the daemon is gone, so the delivery is pending at the kill.
+    *receiver.fail_next.lock().unwrap() = 1000;
     let second = run_refund(
         &mut client,
         "refund-agent",
@@ -312,7 +340,8 @@ async fn webhooks_are_signed_retried_and_survive_a_restart() {
     )
     .await;
     drop(worker);
-    drop(daemon); // SIGKILL, with the retry due a second or two later
+    drop(daemon); // SIGKILL, with a retry due
+    *receiver.fail_next.lock().unwrap() = 0;
     let pending = delivery_rows(&url, "ops").await;
     assert!(
         pending
@@ -353,4 +382,126 @@ async fn a_bad_webhooks_file_stops_the_start_naming_file_line_and_column() {
         hooks.display()
     );
     assert!(stderr.contains(&want), "{stderr}");
+}
+
+/// Polls the delivery rows of `webhook` until one has `status`.
+async fn wait_row(url: &str, webhook: &str, status: &str) -> (String, String, i64, Option<String>) {
+    for _ in 0..300 {
+        if let Some(row) = delivery_rows(url, webhook)
+            .await
+            .into_iter()
+            .find(|d| d.1 == status)
+        {
+            return row;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!(
+        "no {status} delivery for {webhook}: {:?}",
+        delivery_rows(url, webhook).await
+    );
+}
+
+#[tokio::test]
+async fn refusals_fail_at_once_and_rate_limits_are_honoured() {
+    let home = tempfile::tempdir().unwrap();
+    let url = sqlite_url(home.path());
+    let (receiver, base) = start_receiver().await;
+    let noisy = format!("no such hook\n\u{1b}[31m{}", "x".repeat(5000));
+    receiver.script.lock().unwrap().extend([
+        ("/gone".to_owned(), VecDeque::from([(410, None, noisy)])),
+        (
+            "/busy".to_owned(),
+            VecDeque::from([(429, Some("2"), "slow down".to_owned())]),
+        ),
+        (
+            "/slow".to_owned(),
+            VecDeque::from([(408, None, String::new())]),
+        ),
+    ]);
+    let hook = |name: &str, backoff_max: &str| {
+        format!(
+            "- name: {name}\n  url: {base}/{name}\n  events: [approval.required]\n  secret_env: \
+             HOOK_SECRET\n  timeout: 2s\n  max_attempts: 5\n  backoff_initial: 100ms\n  \
+             backoff_max: {backoff_max}\n"
+        )
+    };
+    let hooks = home.path().join("hooks.yaml");
+    std::fs::write(
+        &hooks,
+        format!(
+            "webhooks:\n{}{}{}",
+            hook("gone", "200ms"),
+            hook("busy", "5s"),
+            hook("slow", "200ms")
+        ),
+    )
+    .unwrap();
+    let launch = Launch::new(home.path(), Some(&url))
+        .env("RUNTIME_ENABLE_STUB_PROVIDER", "1")
+        .env("RUNTIME_WEBHOOKS_FILE", hooks.to_str().unwrap())
+        .env("HOOK_SECRET", SECRET);
+    let daemon = launch.start().await;
+    let mut client = daemon.client().await;
+    publish_refund_agent(&mut client, home.path(), "refund-agent", 400, None).await;
+    let worker = RefundWorker::start(&daemon.addr, "webhook-worker");
+    let session = run_refund(
+        &mut client,
+        "refund-agent",
+        "Refund 400 EUR for ORD-1, the item arrived damaged.",
+    )
+    .await;
+    wait_for_status(&mut client, &session, "awaiting_approval", None).await;
+
+    // 408 is a timeout: retried, delivered on the 2nd attempt.
+    wait_for(&receiver, "2 × /slow", |r| r.path == "/slow", 2).await;
+    let slow = wait_row(&url, "slow", "delivered").await;
+    assert_eq!(slow.2, 2, "{slow:?}");
+
+    // 429 with `Retry-After: 2`: the next attempt waits 2 s, not the 100 ms backoff.
+    let busy = wait_for(&receiver, "2 × /busy", |r| r.path == "/busy", 2).await;
+    let waited = busy[1].at.duration_since(busy[0].at);
+    assert!(
+        waited >= Duration::from_millis(1900),
+        "the 2nd attempt came {waited:?} after the 429"
+    );
+    assert_eq!(wait_row(&url, "busy", "delivered").await.2, 2);
+
+    // 410: failed at once, with the status and a bounded, cleaned excerpt of the body.
+    let gone = wait_row(&url, "gone", "failed").await;
+    assert_eq!(gone.2, 1, "one attempt: {gone:?}");
+    let error = gone.3.clone().unwrap();
+    assert!(
+        error.starts_with("HTTP 410 Gone (permanent, not retried): no such hook [31mxxx"),
+        "{error}"
+    );
+    assert!(!error.chars().any(char::is_control), "{error:?}");
+    assert!(
+        error.chars().count() < 300 && error.ends_with('…'),
+        "bounded: {error}"
+    );
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let sent: Vec<Received> = receiver
+        .got
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|r| r.path == "/gone")
+        .cloned()
+        .collect();
+    assert_eq!(sent.len(), 1, "a refusal is not retried: {sent:?}");
+
+    // An operator re-queues it (the receiver was fixed): delivered under the same id.
+    client
+        .retry_webhook_delivery(pb::RetryWebhookDeliveryRequest {
+            delivery_id: gone.0.clone(),
+            actor: "ops-lead".into(),
+        })
+        .await
+        .unwrap();
+    let again = wait_for(&receiver, "/gone again", |r| r.path == "/gone", 2).await;
+    assert_eq!(again[1].id, gone.0);
+    assert_eq!(wait_row(&url, "gone", "delivered").await.2, 1);
+    drop(worker);
+    drop(daemon);
 }

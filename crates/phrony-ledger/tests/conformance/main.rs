@@ -140,4 +140,5 @@ conformance!(
     webhook_outbox_rows_commit_with_their_event,
     webhook_deliveries_follow_their_state_machine,
     concurrent_claimers_never_claim_the_same_delivery,
+    deliveries_of_unconfigured_webhooks_fail_with_their_audit,
 );

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use phrony_ledger::{
     AttemptOutcome, Backend, DeliveryFilter, DeliveryStatus, EventBody, Ledger, LedgerError,
-    NotificationKind, SessionStatus, StatusChange, TimeoutDefault, WEBHOOKS_STREAM, WebhookRoute,
+    NotificationKind, SessionStatus, StatusChange, TimeoutDefault, UnconfiguredWebhook,
+    WEBHOOKS_ACTOR, WEBHOOKS_STREAM, WebhookRoute,
 };
 use uuid::Uuid;
 
@@ -461,4 +462,128 @@ pub(crate) async fn concurrent_claimers_never_claim_the_same_delivery(db: &TestD
         assert!(seen.insert(*id), "delivery {id} was claimed twice");
     }
     assert_eq!(seen, all, "every due delivery was claimed once");
+}
+
+pub(crate) async fn deliveries_of_unconfigured_webhooks_fail_with_their_audit(db: &TestDb) {
+    let ledger = webhook_ledger(db).await;
+    let v = deploy_agent(&ledger, &refund_agent(), "0.1.0").await;
+    pending_approval(&ledger, &v, |_| {}).await;
+    let pending = ledger
+        .webhook_deliveries(&DeliveryFilter::default())
+        .await
+        .unwrap();
+    assert_eq!(pending.len(), 2, "{pending:?}");
+
+    // Everything configured: nothing to do, nothing recorded.
+    assert!(
+        ledger
+            .fail_unconfigured_webhook_deliveries()
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(
+        matches!(
+            ledger.list_events(WEBHOOKS_STREAM, 0, 10).await,
+            Err(LedgerError::NotFound { .. })
+        ),
+        "no webhooks stream was started"
+    );
+
+    // The file now names only `ops`: slack's pending delivery is failed with the reason and one
+    // audited event, in one transaction; ops' stays pending.
+    let only_ops = Ledger::connect(&db.url)
+        .await
+        .unwrap()
+        .with_webhooks(vec![WebhookRoute {
+            name: "ops".to_owned(),
+            kinds: NotificationKind::ALL.to_vec(),
+        }]);
+    let failed = only_ops
+        .fail_unconfigured_webhook_deliveries()
+        .await
+        .unwrap();
+    assert_eq!(
+        failed,
+        vec![UnconfiguredWebhook {
+            webhook: "slack".to_owned(),
+            deliveries: 1
+        }]
+    );
+    let slack = pending.iter().find(|d| d.webhook == "slack").unwrap();
+    let now_failed = only_ops.webhook_delivery(slack.id).await.unwrap();
+    assert_eq!(now_failed.status, DeliveryStatus::Failed);
+    assert_eq!(
+        now_failed.last_error.as_deref(),
+        Some("webhook `slack` is no longer configured")
+    );
+    assert_eq!(now_failed.attempts, 0);
+    let ops = pending.iter().find(|d| d.webhook == "ops").unwrap();
+    assert_eq!(
+        only_ops.webhook_delivery(ops.id).await.unwrap().status,
+        DeliveryStatus::Pending
+    );
+    let events = only_ops.list_events(WEBHOOKS_STREAM, 0, 10).await.unwrap();
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0].actor, WEBHOOKS_ACTOR);
+    let EventBody::WebhookUnconfigured(body) = events[0].body().unwrap() else {
+        panic!("not an unconfigured event: {:?}", events[0]);
+    };
+    assert_eq!(body.webhook, "slack");
+    assert_eq!(body.deliveries, 1);
+    assert_eq!(body.reason, "webhook `slack` is no longer configured");
+
+    // A second start changes nothing and records nothing.
+    assert!(
+        only_ops
+            .fail_unconfigured_webhook_deliveries()
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(
+        only_ops
+            .list_events(WEBHOOKS_STREAM, 0, 10)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+
+    // Nothing would send it: an operator retry is refused, and records nothing.
+    let refused = only_ops
+        .retry_webhook_delivery(slack.id, "user:carol")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&refused, LedgerError::FailedPrecondition { message }
+            if message.contains("webhook `slack` is no longer configured")),
+        "{refused}"
+    );
+    assert_eq!(
+        only_ops
+            .list_events(WEBHOOKS_STREAM, 0, 10)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+
+    // Webhooks turned off altogether: every pending delivery is failed.
+    let none = Ledger::connect(&db.url).await.unwrap();
+    let failed = none.fail_unconfigured_webhook_deliveries().await.unwrap();
+    assert_eq!(failed.len(), 1);
+    assert_eq!(failed[0].webhook, "ops");
+    assert_eq!(
+        none.webhook_delivery(ops.id).await.unwrap().status,
+        DeliveryStatus::Failed
+    );
+    let refused = none
+        .retry_webhook_delivery(ops.id, "user:carol")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&refused, LedgerError::FailedPrecondition { .. }),
+        "{refused}"
+    );
 }

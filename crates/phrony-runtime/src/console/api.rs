@@ -19,7 +19,7 @@ use phrony_proto::runtime::v1 as pb;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::{ApiError, Console, MAX_COMMENT, MAX_DECIDE_BODY, json_body};
+use super::{ApiError, Console, EVENTS_RECHECK, MAX_COMMENT, MAX_DECIDE_BODY, json_body};
 
 /// Approvals read per `ListApprovals` page, and the most a listing gathers.
 const LIST_PAGE: i32 = 200;
@@ -269,8 +269,10 @@ pub(crate) async fn inspect_session(
 /// matching the filters): first the current set (`opened` each, then `current_end`), then
 /// `opened`, `updated` and `decided` as they happen. A watch the service ends (it fell behind,
 /// or the database failed) sends `error` and closes; the browser's `EventSource` reconnects.
-/// The stream ends when the console session expires (a reconnect then needs a live session and
-/// a credential that still verifies).
+/// The stream ends when the console session expires or ends (sign-out), and when its credential
+/// no longer verifies or no longer grants `WatchApprovals` (a revoked token, an expired JWT):
+/// checked every [`EVENTS_RECHECK`]. A reconnect then needs a live session and a credential that
+/// still verifies.
 pub(crate) async fn events(
     State(console): State<Console>,
     headers: HeaderMap,
@@ -295,29 +297,59 @@ pub(crate) async fn events(
         .map_err(|s| ApiError::from_status(&s))?
         .into_inner();
     let session_end = tokio::time::Instant::from_std(caller.expires);
-    let events = changes
-        .take_until(tokio::time::sleep_until(session_end))
-        .map(|change| {
-            Ok(match change {
-                Ok(change) => {
-                    let kind = match pb::ApprovalChangeKind::try_from(change.kind) {
-                        Ok(pb::ApprovalChangeKind::Opened) => "opened",
-                        Ok(pb::ApprovalChangeKind::Updated) => "updated",
-                        Ok(pb::ApprovalChangeKind::Decided) => "decided",
-                        Ok(pb::ApprovalChangeKind::CurrentEnd) => "current_end",
-                        Ok(pb::ApprovalChangeKind::Unspecified) | Err(_) => "unspecified",
-                    };
-                    let approval = change.approval.as_ref().map(approval_json);
-                    Event::default()
-                        .event(kind)
-                        .data(json!({"approval": approval}).to_string())
-                }
-                Err(status) => Event::default()
-                    .event("error")
-                    .data(json!({"message": status.message()}).to_string()),
-            })
-        });
+    let revoked = still_allowed(console.clone(), headers);
+    let end = async move {
+        tokio::select! {
+            () = tokio::time::sleep_until(session_end) => {}
+            () = revoked => {}
+        }
+    };
+    let events = changes.take_until(end).map(|change| {
+        Ok(match change {
+            Ok(change) => {
+                let kind = match pb::ApprovalChangeKind::try_from(change.kind) {
+                    Ok(pb::ApprovalChangeKind::Opened) => "opened",
+                    Ok(pb::ApprovalChangeKind::Updated) => "updated",
+                    Ok(pb::ApprovalChangeKind::Decided) => "decided",
+                    Ok(pb::ApprovalChangeKind::CurrentEnd) => "current_end",
+                    Ok(pb::ApprovalChangeKind::Unspecified) | Err(_) => "unspecified",
+                };
+                let approval = change.approval.as_ref().map(approval_json);
+                Event::default()
+                    .event(kind)
+                    .data(json!({"approval": approval}).to_string())
+            }
+            Err(status) => Event::default()
+                .event("error")
+                .data(json!({"message": status.message()}).to_string()),
+        })
+    });
     Ok(Sse::new(events).keep_alive(KeepAlive::default()))
+}
+
+/// Resolves once the request's console session or its credential no longer allows
+/// `WatchApprovals`, checked every [`EVENTS_RECHECK`]. An unavailable database is not a
+/// refusal: the check is tried again at the next tick.
+async fn still_allowed(console: Console, headers: HeaderMap) {
+    let start = tokio::time::Instant::now() + EVENTS_RECHECK;
+    let mut ticks = tokio::time::interval_at(start, EVENTS_RECHECK);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        let refusal = match console.caller(&headers).await {
+            Ok(caller) => match caller.require_rpc("WatchApprovals") {
+                Ok(()) => continue,
+                Err(refusal) => refusal,
+            },
+            Err(e) if e.status == axum::http::StatusCode::SERVICE_UNAVAILABLE => continue,
+            Err(refusal) => refusal,
+        };
+        tracing::info!(
+            reason = %refusal.message.escape_debug(),
+            "console live updates ended: the session or its credential no longer holds"
+        );
+        return;
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -62,20 +62,20 @@
 mod api;
 
 use std::collections::HashMap;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{Request, State};
+use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
+use axum::{Extension, Router};
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use phrony_auth::{AuthError, Credentials, Permission, Principal, Role};
+use phrony_auth::{AuthError, Credentials, Permission, Principal, Role, ThrottleKey};
 use rand::TryRngCore as _;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -111,6 +111,10 @@ pub const MAX_SESSIONS: usize = 1024;
 /// principal's oldest session, so one credential cannot use up [`MAX_SESSIONS`] and lock the
 /// others out.
 pub const MAX_SESSIONS_PER_PRINCIPAL: usize = 16;
+
+/// How often a live-updates stream checks that its session and credential still hold (a
+/// revoked token, an expired JWT, a sign-out or a lost permission ends it within this).
+pub const EVENTS_RECHECK: Duration = Duration::from_secs(5);
 
 /// How long a console session lasts (a token's own expiry ends it sooner).
 pub const SESSION_TTL: Duration = Duration::from_secs(8 * 3600);
@@ -610,13 +614,89 @@ struct LoginBody {
     token: Option<String>,
 }
 
+/// The sign-in throttle's keys of a request: the peer's address (when known) and the presented
+/// credential, named by a digest of it (the console signs in with bearer credentials, so the
+/// credential is the account: one replayed from many addresses is limited as one).
+fn throttle_keys(peer: Option<SocketAddr>, bearer: Option<&str>) -> Vec<ThrottleKey> {
+    let mut keys = Vec::new();
+    if let Some(peer) = peer {
+        keys.push(ThrottleKey::Client(peer.ip().to_canonical()));
+    }
+    if let Some(bearer) = bearer {
+        let digest = Sha256::digest(bearer.as_bytes());
+        keys.push(ThrottleKey::Account(format!(
+            "credential sha256:{}",
+            hex::encode(&digest[..8])
+        )));
+    }
+    keys
+}
+
+/// 429 with `Retry-After` (whole seconds, rounded up).
+fn throttled(wait: Duration) -> Response {
+    let seconds = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+    let mut response = ApiError::new(
+        StatusCode::TOO_MANY_REQUESTS,
+        "too_many_attempts",
+        format!("too many failed sign-ins; try again in {seconds} s"),
+    )
+    .into_response();
+    if let Ok(value) = HeaderValue::from_str(&seconds.max(1).to_string()) {
+        response.headers_mut().insert(header::RETRY_AFTER, value);
+    }
+    response
+}
+
 async fn login(
     State(console): State<Console>,
+    peer: Option<Extension<ConnectInfo<SocketAddr>>>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     check_origin(&headers)?;
     let body: LoginBody = json_body("sign-in", &headers, &body, MAX_LOGIN_BODY)?;
+    if console.0.mode == AuthMode::Local {
+        return sign_in(&console, body).await;
+    }
+    let peer = peer.map(|Extension(ConnectInfo(addr))| addr);
+    let keys = throttle_keys(
+        peer,
+        body.token
+            .as_deref()
+            .map(str::trim)
+            .filter(|t| !t.is_empty()),
+    );
+    let throttle = &console.0.login_throttle;
+    if let Err(wait) = throttle.check(&keys, Instant::now()) {
+        tracing::info!(
+            client = ?peer.map(|p| p.ip()),
+            retry_after_s = wait.as_secs(),
+            "console sign-in refused: too many failed sign-ins"
+        );
+        return Ok(throttled(wait));
+    }
+    let signed = sign_in(&console, body).await;
+    match &signed {
+        Ok(_) => throttle.succeed(&keys),
+        // A refused credential (401) or one without the read permission (403) counts; a
+        // malformed request or an unavailable database does not.
+        Err(e) if matches!(e.status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN) => {
+            for lockout in throttle.fail(&keys, Instant::now()) {
+                tracing::warn!(
+                    key = %lockout.key,
+                    failures = lockout.failures,
+                    locked_for_s = lockout.duration.as_secs(),
+                    "console sign-ins throttled after repeated failures"
+                );
+            }
+        }
+        Err(_) => {}
+    }
+    signed
+}
+
+/// Verifies the sign-in body's credential and opens a console session.
+async fn sign_in(console: &Console, body: LoginBody) -> Result<Response, ApiError> {
     let token = body
         .token
         .map(|t| t.trim().to_owned())
