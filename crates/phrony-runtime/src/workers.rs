@@ -334,6 +334,26 @@ mod tests {
     }
 
     #[test]
+    fn the_session_lease_is_10s_by_default_and_at_least_300ms() {
+        assert_eq!(
+            workers(&[]).unwrap().session_lease_ttl,
+            Duration::from_secs(10)
+        );
+        let w = workers(&["--session-lease-ttl", "1500ms"]).unwrap();
+        assert_eq!(w.session_lease_ttl, Duration::from_millis(1500));
+        let mut config = ServeConfig::new(crate::serve_config::SecretsKey::from_bytes([7; 32]));
+        w.apply(&mut config).unwrap();
+        assert_eq!(config.session_lease_ttl, Some(Duration::from_millis(1500)));
+        assert_eq!(
+            error(&["--session-lease-ttl", "100ms"]),
+            "invalid RUNTIME_SESSION_LEASE_TTL \"100ms\": at least 300ms"
+        );
+        assert!(
+            error(&["--session-lease-ttl", "0"]).starts_with("invalid RUNTIME_SESSION_LEASE_TTL")
+        );
+    }
+
+    #[test]
     fn tool_call_bounds_are_positive_whole_numbers() {
         let w = workers(&[
             "--max-tool-args-bytes",
