@@ -22,7 +22,7 @@ use tests::daemon::{Backend, Daemon};
 use tests::stub::{REFUND_AGENT as AGENT, publish_and_deploy, write_refund_agent};
 use tests::worker::RefundWorker;
 
-use crate::sessions::{pending_approvals, start, wait_for, wait_for_status};
+use crate::sessions::{pending_approvals, refund_turns, start, wait_for, wait_for_status};
 
 /// The session lease of the replicas: short, so a takeover happens within seconds.
 const LEASE_TTL: &str = "2s";
@@ -32,22 +32,6 @@ const TAKEOVER_WITHIN: Duration = Duration::from_secs(10);
 
 fn phrony(daemon: &Daemon, actor: &str) -> Command {
     tests::cli::phrony(daemon, actor)
-}
-
-/// The refund agent's script: one refund of 400 (held for approval), then a closing message.
-fn refund_turns() -> Value {
-    json!([
-        [
-            {"type": "tool_call", "name": "issue_refund",
-             "args": {"order_id": "ORD-1", "amount": 400, "currency": "EUR",
-                      "reason": "The item arrived damaged."}},
-            {"type": "completed", "stop_reason": "tool_use"}
-        ],
-        [
-            {"type": "text_delta", "text": "The refund request was handled."},
-            {"type": "completed", "stop_reason": "end_turn"}
-        ]
-    ])
 }
 
 /// Three (or `n`) replicas on one fresh PostgreSQL database, each with a refund worker, the
