@@ -242,6 +242,54 @@ impl Daemon {
         panic!("phrony-runtime could not find a free port three times");
     }
 
+    /// Another daemon on this daemon's database — a replica, as several runtime processes share
+    /// one PostgreSQL — with this daemon's extra environment and then `env`, its own port and
+    /// files. The database stays this daemon's (dropped with it): drop replicas first. The
+    /// replicas must share the audit key and the secrets key (pass `RUNTIME_AUDIT_KEY_FILE`
+    /// and `RUNTIME_SECRETS_ENCRYPTION_KEY` to all).
+    ///
+    /// # Panics
+    /// As [`start`](Self::start).
+    #[must_use]
+    pub fn replica(&self, env: &[(&str, &str)]) -> Self {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+        let mut extra = self.env.clone();
+        extra.extend(env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
+        let mut daemon = Self {
+            child: None,
+            addr: String::new(),
+            backend: self.backend,
+            dir,
+            _postgres: None,
+            private: None,
+            database_url: self.database_url.clone(),
+            env: extra,
+            tls: self.tls.clone(),
+        };
+        let url = self.database_url.clone();
+        for _ in 0..3 {
+            daemon.addr = format!("127.0.0.1:{}", free_port());
+            daemon.spawn(&url);
+            match daemon.wait_ready() {
+                Ok(()) => return daemon,
+                Err(log) if log.contains("already in use") => {}
+                Err(log) => panic!("phrony-runtime replica did not become ready:\n{log}"),
+            }
+        }
+        panic!("phrony-runtime could not find a free port three times");
+    }
+
+    /// Stops the process with SIGSTOP (a replica paused, or cut off from its database) or
+    /// lets it go on with SIGCONT (`run: false`).
+    pub fn pause(&self, paused: bool) {
+        if let Some(pid) = self.pid() {
+            let signal = if paused { "-STOP" } else { "-CONT" };
+            let _ = Command::new("kill")
+                .args([signal, &pid.to_string()])
+                .status();
+        }
+    }
+
     fn log_path(&self) -> PathBuf {
         self.dir.path().join("runtime.log")
     }

@@ -53,6 +53,13 @@ pub struct EngineConfig {
     /// (`RUNTIME_PARK_APPROVAL_WAITS`, default `true`). Sessions with a
     /// `max_hitl_wait_minutes` budget, and conversations, keep their driver while they wait.
     pub park_approval_waits: bool,
+    /// Session leases (several runtime replicas on one database, issue #20): with a TTL, a
+    /// driver acquires its session's lease before it drives (and stops at once when another
+    /// replica holds it), the engine renews every lease it holds in one statement every TTL/3,
+    /// stops the drivers of leases it lost, releases a lease when its driver parks or ends,
+    /// and takes over (through the recovery path) the sessions whose lease expired, every
+    /// TTL/2, jittered. `None` (the default): no leases, one process per database.
+    pub session_lease_ttl: Option<Duration>,
 }
 
 /// 256 concurrent approval watchers: each re-reads the pending set when an approval changes,
@@ -93,6 +100,7 @@ impl Default for EngineConfig {
             max_approval_watchers: DEFAULT_MAX_APPROVAL_WATCHERS,
             approval_watch_interval: Duration::from_secs(2),
             park_approval_waits: true,
+            session_lease_ttl: None,
         }
     }
 }

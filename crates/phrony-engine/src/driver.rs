@@ -373,6 +373,23 @@ pub(crate) async fn run(
 ) {
     let session_id = session.id.clone();
     let cancel = live.cancel.clone();
+    // With session leases (several replicas), drive only under this replica's lease.
+    let epoch = match crate::lease::acquire(&inner, &session_id).await {
+        Ok(Some(epoch)) => epoch,
+        Ok(None) => {
+            // Driven by another replica: nothing to do here.
+            inner.unregister(&live, false);
+            return;
+        }
+        Err(e) => {
+            tracing::warn!(%session_id, error = %e, "could not acquire the session's lease");
+            inner.unregister(&live, false);
+            if e.kind == ErrorKind::Unavailable && !cancel.is_cancelled() {
+                inner.suspend(&session_id);
+            }
+            return;
+        }
+    };
     let outcome = tokio::select! {
         r = drive(Arc::clone(&inner), Arc::clone(&live), session, agent, setup, provider) => r,
         () = cancel.cancelled() => Err(Stop::Cancelled),
@@ -388,8 +405,14 @@ pub(crate) async fn run(
             Err(Stop::Parked) => "parked",
         },
     );
+    let fenced = matches!(&outcome, Err(Stop::Store(e)) if crate::lease::is_fenced(e));
     let suspend = match outcome {
         Ok(()) | Err(Stop::Cancelled | Stop::Parked) => false,
+        Err(Stop::Store(_)) if fenced => {
+            // Another replica took the session over: it drives it now. Never retried here.
+            tracing::warn!(%session_id, "session lease lost; its driver stopped here");
+            false
+        }
         Err(Stop::Fail(message)) => !fail_session(&inner, &session_id, &message).await,
         Err(Stop::Store(e)) if e.kind == ErrorKind::Unavailable => {
             // A storage outage never fails a session: it is resumed by the recovery path.
@@ -422,6 +445,12 @@ pub(crate) async fn run(
             &session_id,
             crate::trace::context_of(&tracing::Span::current()),
         );
+    }
+    // Before unregistering (a driver this replica starts next acquires a new epoch). Not when
+    // the engine stops or the session is suspended: the lease then runs out and another
+    // replica (or this one, resuming) takes the session over.
+    if !suspend && !inner.stop.is_cancelled() {
+        crate::lease::release(&inner, &session_id, epoch).await;
     }
     inner.unregister(&live, parked);
     // A session that ended took its running children with it in the ledger (the cascade):

@@ -305,6 +305,19 @@ impl Engine {
             parked_traces: Mutex::new(HashMap::new()),
         });
         tokio::spawn(timer::run(Arc::downgrade(&inner), inner.stop.clone()));
+        tokio::spawn(crate::lease::run(
+            Arc::downgrade(&inner),
+            inner.stop.clone(),
+            |inner, session_id| async move {
+                // Failures are the recovery path's (a session that cannot be resumed is failed
+                // and logged there); resumed meanwhile by a decision is no failure.
+                if let Err(e) = (Engine { inner }).unpark(&session_id, None).await
+                    && e.kind != ErrorKind::FailedPrecondition
+                {
+                    tracing::warn!(%session_id, error = %e, "could not resume a session taken over");
+                }
+            },
+        ));
         tokio::spawn(unpark_task(
             Arc::downgrade(&inner),
             inner.stop.clone(),

@@ -89,6 +89,7 @@ mod error;
 mod fold;
 mod hooks;
 mod inspect;
+mod lease;
 mod mcp_clients;
 mod output;
 mod provider;

@@ -18,6 +18,7 @@ use crate::chain::{canonical_json, format_ts};
 use crate::error::{LedgerError, Result, SqlxResultExt};
 use crate::group::{GroupWriter, Lease};
 use crate::outbox::Outbox;
+use crate::replica::Replica;
 use crate::sqlite_raw::{RawRow, RawSlot, RawValue};
 
 /// Which database a [`crate::Ledger`] talks to.
@@ -71,8 +72,9 @@ impl Pool {
         clock: &LedgerClock,
         audit_key: Option<Arc<AuditKey>>,
         outbox: Option<Arc<Outbox>>,
+        replica: Option<Arc<Replica>>,
     ) -> Result<Tx> {
-        self.begin(clock, audit_key, outbox, false).await
+        self.begin(clock, audit_key, outbox, replica, false).await
     }
 
     /// [`Pool::begin_write`] for a write that changes connection state later writes of a
@@ -82,8 +84,9 @@ impl Pool {
         clock: &LedgerClock,
         audit_key: Option<Arc<AuditKey>>,
         outbox: Option<Arc<Outbox>>,
+        replica: Option<Arc<Replica>>,
     ) -> Result<Tx> {
-        self.begin(clock, audit_key, outbox, true).await
+        self.begin(clock, audit_key, outbox, replica, true).await
     }
 
     async fn begin(
@@ -91,6 +94,7 @@ impl Pool {
         clock: &LedgerClock,
         audit_key: Option<Arc<AuditKey>>,
         outbox: Option<Arc<Outbox>>,
+        replica: Option<Arc<Replica>>,
         alone: bool,
     ) -> Result<Tx> {
         let kind = match self {
@@ -103,6 +107,7 @@ impl Pool {
             audit_key,
             outbox,
             outbox_written: false,
+            replica,
         })
     }
 
@@ -135,6 +140,9 @@ pub(crate) struct Tx {
     outbox: Option<Arc<Outbox>>,
     /// Whether this transaction wrote outbox or due delivery rows: its commit wakes the sender.
     outbox_written: bool,
+    /// The replica writing, whose session leases fence its appends to those sessions' streams
+    /// (`leases.rs`); `None` for writes that are never fenced.
+    replica: Option<Arc<Replica>>,
 }
 
 enum TxKind {
@@ -161,6 +169,15 @@ impl Tx {
     /// Notes that this transaction made deliveries due: its commit wakes the sender.
     pub(crate) fn mark_outbox_written(&mut self) {
         self.outbox_written = true;
+    }
+
+    /// The replica's fence on `stream`: its id and the epoch of the lease it holds on the
+    /// session of that id, when it holds one.
+    pub(crate) fn fence(&self, stream: &str) -> Option<(String, i64)> {
+        let replica = self.replica.as_ref()?;
+        replica
+            .fence(stream)
+            .map(|epoch| (replica.id().to_owned(), epoch))
     }
 
     pub(crate) fn conn(&mut self) -> Conn<'_> {

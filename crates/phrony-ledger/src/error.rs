@@ -53,6 +53,19 @@ pub enum LedgerError {
         /// Which bound, the count, the bound's value and the variable that sets it.
         message: String,
     },
+    /// A driver write to a session whose lease this replica no longer holds: another replica
+    /// took the session over at a higher epoch (this one was paused, partitioned or too slow
+    /// to renew). Nothing of the write was recorded. The driver must stop at once and never
+    /// retry: the session is driven elsewhere.
+    #[error(
+        "session {session_id}: this replica's lease (epoch {epoch}) was taken over by another          replica; the write was refused"
+    )]
+    Fenced {
+        /// The session.
+        session_id: String,
+        /// The epoch of the lease this replica held.
+        epoch: u64,
+    },
     /// The database URL or ledger options are unusable.
     #[error("{message}")]
     Config {

@@ -246,21 +246,8 @@ pub(crate) async fn append_batch(
     {
         tx.mark_outbox_written();
     }
-    let mut conn = tx.conn();
     let last_hash = prev_hash;
-    let updated = conn
-        .execute(
-            "advance stream head",
-            "UPDATE streams SET last_seq = $2, last_hash = $3, updated_at = $4 \
-             WHERE stream = $1 AND last_seq = $5",
-            args![&head.stream, seq, &last_hash, ts, head.last_seq],
-        )
-        .await?;
-    if updated != 1 {
-        return Err(LedgerError::Conflict {
-            message: format!("stream {} advanced concurrently", head.stream),
-        });
-    }
+    advance_head(tx, head, seq, &last_hash, ts).await?;
     if let Some(key) = tx.audit_key() {
         seal_head(&mut tx.conn(), &key, &head.stream, seq, &last_hash).await?;
         if first_seq == 1 {
@@ -287,6 +274,67 @@ pub(crate) async fn append_batch(
             hash: row.hash,
         })
         .collect())
+}
+
+/// Advances a locked stream's head to `seq`/`last_hash`. On a session stream this replica
+/// leases, only while that lease is still the one stored (checked in the same statement, no
+/// extra round trip; see `leases.rs`): otherwise [`LedgerError::Fenced`].
+async fn advance_head(
+    tx: &mut Tx,
+    head: &StreamHead,
+    seq: i64,
+    last_hash: &str,
+    ts: chrono::DateTime<chrono::Utc>,
+) -> Result<()> {
+    let fence = tx.fence(&head.stream);
+    let mut conn = tx.conn();
+    let updated = match &fence {
+        None => {
+            conn.execute(
+                "advance stream head",
+                "UPDATE streams SET last_seq = $2, last_hash = $3, updated_at = $4 \
+                 WHERE stream = $1 AND last_seq = $5",
+                args![&head.stream, seq, last_hash, ts, head.last_seq],
+            )
+            .await?
+        }
+        Some((owner, epoch)) => {
+            conn.execute(
+                "advance fenced stream head",
+                "UPDATE streams SET last_seq = $2, last_hash = $3, updated_at = $4 \
+                 WHERE stream = $1 AND last_seq = $5 AND EXISTS (SELECT 1 FROM session_leases \
+                 WHERE session_id = $1 AND owner = $6 AND epoch = $7)",
+                args![
+                    &head.stream,
+                    seq,
+                    last_hash,
+                    ts,
+                    head.last_seq,
+                    owner,
+                    *epoch
+                ],
+            )
+            .await?
+        }
+    };
+    if updated != 1 {
+        if let Some((_, epoch)) = fence {
+            phrony_metrics::LEDGER_FENCED_WRITES.inc();
+            tracing::warn!(
+                session_id = %head.stream,
+                epoch,
+                "a write to a session this replica no longer leases was refused"
+            );
+            return Err(LedgerError::Fenced {
+                session_id: head.stream.clone(),
+                epoch: u64::try_from(epoch).unwrap_or_default(),
+            });
+        }
+        return Err(LedgerError::Conflict {
+            message: format!("stream {} advanced concurrently", head.stream),
+        });
+    }
+    Ok(())
 }
 
 pub(crate) const EVENT_COLUMNS: &str = "stream, seq, type, ts, actor, call_id, turn, payload, prev_hash, hash, \

@@ -166,6 +166,7 @@ mod files;
 mod group;
 mod lifecycle;
 mod model;
+mod replica;
 mod sqlite_raw;
 
 use std::str::FromStr;
@@ -226,6 +227,7 @@ pub use invocations::{
     CallStatus, Dispatch, NewToolCall, RecordedResult, SideEffectClass, ToolInvocation,
     ToolOutcome, ToolResult, Usage, error_codes, tool_call_id,
 };
+pub use leases::{LeaseClaim, LeaseRenewal, MAX_REPLICA_ID_LEN, SessionLease};
 pub use outbox::{NotificationKind, WebhookRoute, notification};
 pub use paging::{MAX_PAGE_SIZE, Page, PageRequest, UNSIZED_PAGE_LIMIT};
 pub use secrets::{NONCE_LEN, SealedSecret};
@@ -272,7 +274,12 @@ macro_rules! write_tx {
         let outcome = loop {
             let mut $tx = match $ledger
                 .pool
-                .$begin(&$ledger.clock, $ledger.audit_key.clone(), $ledger.outbox.clone())
+                .$begin(
+                    &$ledger.clock,
+                    $ledger.audit_key.clone(),
+                    $ledger.outbox.clone(),
+                    Some($ledger.replica.clone()),
+                )
                 .await
             {
                 Ok(tx) => tx,
@@ -308,6 +315,7 @@ mod cascade;
 mod cipher;
 mod history;
 mod invocations;
+mod leases;
 mod names;
 mod outbox;
 mod paging;
@@ -448,6 +456,9 @@ pub struct Ledger {
     /// The configured webhooks: appends of notifying events write outbox rows for them
     /// (`webhooks.rs`); `None` (the default) writes none. See [`Ledger::with_webhooks`].
     outbox: Option<Arc<outbox::Outbox>>,
+    /// This handle's replica identity and the session leases it holds (`leases.rs`), shared by
+    /// its clones: appends to a session it holds a lease on are fenced by the lease's epoch.
+    replica: Arc<replica::Replica>,
 }
 
 /// How [`Ledger::probe_write`] reaches the database.
@@ -608,6 +619,7 @@ impl Ledger {
                 timeout: o.probe_busy_timeout,
             },
             outbox: None,
+            replica: Arc::new(replica::Replica::new(replica::default_replica_id())),
         }
     }
 
@@ -1305,7 +1317,7 @@ impl Ledger {
         let key = self.require_audit_key()?;
         let mut tx = self
             .pool
-            .begin_write(&self.clock, Some(key.clone()), self.outbox.clone())
+            .begin_write(&self.clock, Some(key.clone()), self.outbox.clone(), None)
             .await?;
         match audit::start(&mut tx, &key, key_is_new).await {
             Ok(AuditStart::Failed(p)) => {
@@ -1362,7 +1374,7 @@ impl Ledger {
         if report.problem.is_some() {
             return Ok(report);
         }
-        let mut tx = self.pool.begin_write(&self.clock, None, None).await?;
+        let mut tx = self.pool.begin_write(&self.clock, None, None, None).await?;
         let compared = audit::compare_projections(&mut tx, &scope).await;
         tx.rollback().await?;
         report.problem = compared?;

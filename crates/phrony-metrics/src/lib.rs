@@ -290,6 +290,12 @@ pub static MODEL_ERRORS: Counter = Counter::new();
 /// Webhook delivery attempts by outcome (`phrony_webhook_deliveries_total{outcome}`; recorded by
 /// `phrony-runtime`'s sender after the ledger recorded the outcome).
 pub static WEBHOOK_DELIVERIES: CounterVec<WebhookOutcome, 3> = CounterVec::new();
+/// Writes refused because this replica's session lease was taken over by another replica
+/// (`phrony_ledger_fenced_writes_total`; recorded by `phrony-ledger`'s append path).
+pub static LEDGER_FENCED_WRITES: Counter = Counter::new();
+/// Sessions this replica took over from a replica whose lease expired
+/// (`phrony_session_takeovers_total`; recorded by `phrony-engine`).
+pub static SESSION_TAKEOVERS: Counter = Counter::new();
 
 /// One recorded metric's current value, as the exporter encodes it.
 #[derive(Debug, Clone, PartialEq)]
@@ -389,6 +395,16 @@ pub fn catalog() -> Vec<Metric> {
                 label: WebhookOutcome::NAME,
                 values: WEBHOOK_DELIVERIES.values(),
             },
+        },
+        Metric {
+            name: "phrony_ledger_fenced_writes",
+            help: "Writes refused because another replica took the session's lease over.",
+            value: Value::Counter(LEDGER_FENCED_WRITES.get()),
+        },
+        Metric {
+            name: "phrony_session_takeovers",
+            help: "Sessions taken over from a replica whose lease expired.",
+            value: Value::Counter(SESSION_TAKEOVERS.get()),
         },
     ]
 }

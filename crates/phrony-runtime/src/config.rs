@@ -216,6 +216,23 @@ pub struct Settings {
     )]
     pub(crate) worker_lease_ttl: Option<String>,
 
+    /// This process's replica id, recorded as the owner of the session leases it holds when
+    /// several runtime processes share one PostgreSQL database. Must differ between processes
+    /// running at once. [default: `local` on SQLite, else the host name and 8 random hex digits]
+    #[arg(long, env = "RUNTIME_REPLICA_ID", value_name = "ID", global = true)]
+    pub(crate) replica_id: Option<String>,
+
+    /// The session lease: a session whose driving process renews nothing for this long is
+    /// taken over by another process on the same database (renewed every third of it). Seconds
+    /// or a duration, at least 300ms. [default: 10s]
+    #[arg(
+        long,
+        env = "RUNTIME_SESSION_LEASE_TTL",
+        value_name = "DURATION",
+        global = true
+    )]
+    pub(crate) session_lease_ttl: Option<String>,
+
     /// Refuse tool workers that advertise a handler without a `descriptor_hash` (the pin of
     /// the Tool document, `phrony tools pin`). A non-empty hash that matches no pin of a
     /// published agent version is refused either way. [default: false: an empty hash, the
@@ -613,6 +630,8 @@ mod tests {
             dispatch_queue_capacity: None,
             tool_exec_timeout: None,
             worker_lease_ttl: None,
+            replica_id: None,
+            session_lease_ttl: None,
             require_descriptor_pins: false,
             tool_allowlist: None,
             max_tool_args_bytes: None,

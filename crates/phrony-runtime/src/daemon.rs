@@ -75,7 +75,16 @@ pub fn serve(settings: &Settings, env: &Env) -> anyhow::Result<()> {
         };
         let (audit_key, key_file) =
             crate::audit::load_key(&settings.audit_key_file(env, &db), true)?;
-        let ledger = ledger.with_audit_key(audit_key);
+        let replica_id = settings
+            .replica_id
+            .clone()
+            .filter(|id| !id.trim().is_empty())
+            .unwrap_or_else(|| default_replica_id(ledger.backend()));
+        let ledger = ledger
+            .with_audit_key(audit_key)
+            .with_replica_id(&replica_id)
+            .map_err(|e| anyhow::anyhow!("invalid RUNTIME_REPLICA_ID: {e}"))?;
+        tracing::info!(replica_id = %replica_id, "runtime replica");
         crate::audit::check_at_start(
             &ledger,
             key_file,
@@ -322,4 +331,28 @@ fn shutdown_signal() -> anyhow::Result<impl Future<Output = ()> + Send> {
             std::future::pending::<()>().await;
         }
     })
+}
+
+/// A replica id for a process nobody named (`RUNTIME_REPLICA_ID`). On SQLite, whose file one
+/// daemon serves at a time, always `local`: a daemon restarted after a crash takes its sessions'
+/// leases back at once instead of waiting for them to expire. On PostgreSQL the host name and 8
+/// random hex digits, so two processes on one host differ too.
+fn default_replica_id(backend: Backend) -> String {
+    if backend == Backend::Sqlite {
+        return "local".to_owned();
+    }
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|h| {
+            h.trim()
+                .chars()
+                .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'))
+                .take(64)
+                .collect::<String>()
+        })
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "runtime".to_owned());
+    let random = uuid::Uuid::new_v4().simple().to_string();
+    format!("{host}-{}", &random[..8])
 }

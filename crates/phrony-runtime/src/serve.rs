@@ -294,6 +294,23 @@ fn edge_authenticator(
     )
 }
 
+/// The session engine's settings from the daemon's.
+fn engine_config(config: &ServeConfig) -> EngineConfig {
+    EngineConfig {
+        queue_wait: config.dispatch_queue_wait,
+        exec_timeout: config.tool_exec_timeout,
+        max_tool_args_bytes: config.max_tool_args_bytes,
+        max_tool_calls_per_turn: config.max_tool_calls_per_turn,
+        recovery_grace: config.recovery_grace,
+        max_queued_user_messages: config.max_queued_user_messages,
+        max_sessions_per_agent: config.max_sessions_per_agent,
+        max_approval_watchers: config.max_approval_watchers,
+        park_approval_waits: config.park_approval_waits,
+        session_lease_ttl: config.session_lease_ttl,
+        ..EngineConfig::default()
+    }
+}
+
 /// Serves `phrony.runtime.v1.Runtime` (behind the access edge, in [`ServeConfig::auth`] mode),
 /// `grpc.health.v1.Health` and server reflection (v1 and v1alpha) on `listener` until
 /// `shutdown` completes, then stops gracefully: health turns
@@ -332,6 +349,7 @@ pub async fn serve(
     let (reflection_v1, reflection_v1alpha) = reflection_services()?;
     let cipher = SecretCipher::new(config.secrets_key.as_bytes());
     let store = Arc::new(LedgerStore::new(ledger.clone(), Some(cipher)));
+    let engine_settings = engine_config(&config);
     let router = match config.router {
         Some(router) => router,
         None => {
@@ -363,18 +381,7 @@ pub async fn serve(
         router: Some(router.clone()),
         providers,
         clock: Arc::new(SystemClock),
-        config: EngineConfig {
-            queue_wait: config.dispatch_queue_wait,
-            exec_timeout: config.tool_exec_timeout,
-            max_tool_args_bytes: config.max_tool_args_bytes,
-            max_tool_calls_per_turn: config.max_tool_calls_per_turn,
-            recovery_grace: config.recovery_grace,
-            max_queued_user_messages: config.max_queued_user_messages,
-            max_sessions_per_agent: config.max_sessions_per_agent,
-            max_approval_watchers: config.max_approval_watchers,
-            park_approval_waits: config.park_approval_waits,
-            ..EngineConfig::default()
-        },
+        config: engine_settings,
     });
     // Sessions that were live when the daemon stopped resume where their event log says.
     let report = engine

@@ -85,6 +85,10 @@ pub struct ServeConfig {
     /// Whether task sessions waiting only for approvals are parked (`RUNTIME_PARK_APPROVAL_WAITS`);
     /// see `phrony_engine::EngineConfig::park_approval_waits`.
     pub park_approval_waits: bool,
+    /// Session leases for several replicas on one database (`RUNTIME_SESSION_LEASE_TTL`, the
+    /// daemon's default 10 s); `None` (the default here) runs without; see
+    /// `phrony_engine::EngineConfig::session_lease_ttl`.
+    pub session_lease_ttl: Option<Duration>,
     /// Changes buffered per `WatchApprovals` stream; see
     /// `phrony_grpc::RuntimeService::with_watch_buffer`.
     pub approval_watch_buffer: usize,
@@ -140,6 +144,7 @@ impl ServeConfig {
             max_sessions_per_agent: Some(phrony_engine::DEFAULT_MAX_SESSIONS_PER_AGENT),
             max_approval_watchers: phrony_engine::DEFAULT_MAX_APPROVAL_WATCHERS,
             park_approval_waits: true,
+            session_lease_ttl: None,
             approval_watch_buffer: phrony_grpc::DEFAULT_WATCH_BUFFER,
             approval_watch_grace: phrony_grpc::DEFAULT_WATCH_GRACE,
             auth: crate::auth::AuthMode::Local,

@@ -30,6 +30,11 @@ const DEFAULT_EXEC_TIMEOUT: Duration = Duration::from_secs(60);
 /// `RUNTIME_RECOVERY_GRACE` when unset: the default worker lease, the time a worker has to
 /// show up again anyway.
 const DEFAULT_RECOVERY_GRACE: Duration = Duration::from_secs(30);
+/// `RUNTIME_SESSION_LEASE_TTL` when unset: a replica killed is replaced within 10 s, and a
+/// renewal (every third of it) survives a few slow commits.
+const DEFAULT_SESSION_LEASE_TTL: Duration = Duration::from_secs(10);
+/// The shortest `RUNTIME_SESSION_LEASE_TTL`: renewals every 100 ms at most.
+const MIN_SESSION_LEASE_TTL: Duration = Duration::from_millis(300);
 
 /// The validated tool-worker settings.
 #[derive(Debug, Clone)]
@@ -45,6 +50,7 @@ pub(crate) struct Workers {
     max_queued_user_messages: usize,
     /// `None`: unlimited.
     max_sessions_per_agent: Option<u64>,
+    session_lease_ttl: Duration,
 }
 
 impl Settings {
@@ -82,6 +88,17 @@ impl Settings {
             DEFAULT_MAX_QUEUED_USER_MESSAGES,
         )?;
         let max_sessions_per_agent = sessions_per_agent(self.max_sessions_per_agent.as_deref())?;
+        let session_lease_ttl = duration(
+            "RUNTIME_SESSION_LEASE_TTL",
+            self.session_lease_ttl.as_deref(),
+            DEFAULT_SESSION_LEASE_TTL,
+        )?;
+        if session_lease_ttl < MIN_SESSION_LEASE_TTL {
+            anyhow::bail!(
+                "invalid RUNTIME_SESSION_LEASE_TTL {:?}: at least {MIN_SESSION_LEASE_TTL:?}",
+                self.session_lease_ttl.as_deref().unwrap_or_default()
+            );
+        }
         let mut router = RouterConfig::default();
         router.lease_ttl = duration(
             "RUNTIME_WORKER_LEASE_TTL",
@@ -121,6 +138,7 @@ impl Settings {
             recovery_grace,
             max_queued_user_messages,
             max_sessions_per_agent,
+            session_lease_ttl,
         })
     }
 }
@@ -174,6 +192,7 @@ impl Workers {
         config.recovery_grace = self.recovery_grace;
         config.max_queued_user_messages = self.max_queued_user_messages;
         config.max_sessions_per_agent = self.max_sessions_per_agent;
+        config.session_lease_ttl = Some(self.session_lease_ttl);
         Ok(())
     }
 }
@@ -312,6 +331,26 @@ mod tests {
         assert_eq!(w.queue_wait, Duration::from_secs(10));
         assert_eq!(w.exec_timeout, Duration::from_secs(60));
         assert!(w.allowlist.is_none());
+    }
+
+    #[test]
+    fn the_session_lease_is_10s_by_default_and_at_least_300ms() {
+        assert_eq!(
+            workers(&[]).unwrap().session_lease_ttl,
+            Duration::from_secs(10)
+        );
+        let w = workers(&["--session-lease-ttl", "1500ms"]).unwrap();
+        assert_eq!(w.session_lease_ttl, Duration::from_millis(1500));
+        let mut config = ServeConfig::new(crate::serve_config::SecretsKey::from_bytes([7; 32]));
+        w.apply(&mut config).unwrap();
+        assert_eq!(config.session_lease_ttl, Some(Duration::from_millis(1500)));
+        assert_eq!(
+            error(&["--session-lease-ttl", "100ms"]),
+            "invalid RUNTIME_SESSION_LEASE_TTL \"100ms\": at least 300ms"
+        );
+        assert!(
+            error(&["--session-lease-ttl", "0"]).starts_with("invalid RUNTIME_SESSION_LEASE_TTL")
+        );
     }
 
     #[test]

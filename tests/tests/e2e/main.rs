@@ -8,6 +8,8 @@
 //! - [`schema`]: the authoring JSON Schema against every example.
 //! - [`examples`]: each example's `cases.yaml` against the real policy engine.
 //! - [`lifecycle`]: the real daemon driven by the real CLI.
+//! - [`replicas`]: three daemons on one PostgreSQL database: any replica serves any session, a
+//!   killed or paused replica's session is taken over within its lease.
 //! - [`replay`]: `phrony policies replay` of a deployed agent's stored calls under a candidate.
 //! - [`mcp`]: an MCP-backed tool through the real daemon and CLI, against the fake MCP server.
 //! - [`guard_rails`]: the layering rules of ARCHITECTURE.md on the sources and the dependency graph.
@@ -43,6 +45,7 @@ mod history;
 mod lifecycle;
 mod mcp;
 mod replay;
+mod replicas;
 mod schema;
 mod sdk;
 mod sessions;

@@ -149,7 +149,7 @@ spec:
 }
 
 /// The refund agent's script: one refund of 400 (held for approval), then a closing message.
-fn refund_turns() -> Value {
+pub(crate) fn refund_turns() -> Value {
     json!([
         [
             {"type": "tool_call", "name": "issue_refund",

@@ -24,6 +24,7 @@ mod output;
 mod park;
 mod provider_faults;
 mod refund;
+mod replicas;
 mod sessions;
 mod shadow;
 mod visibility;

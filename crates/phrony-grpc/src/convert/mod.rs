@@ -281,6 +281,12 @@ pub(crate) fn ledger_status(error: LedgerError) -> Status {
             tracing::warn!(%message, "ledger write kept losing races");
             Status::aborted(format!("concurrent update, retry the request ({message})"))
         }
+        LedgerError::Fenced { ref session_id, .. } => {
+            tracing::warn!(error = %error, "write refused by a session lease's fence");
+            Status::unavailable(format!(
+                "session {session_id} is now driven by another runtime replica; retry the request"
+            ))
+        }
         LedgerError::Unavailable { .. } => {
             tracing::error!(error = %error, "database unavailable");
             Status::unavailable("the runtime's database is unavailable; retry later")

@@ -20,6 +20,7 @@ mod cases;
 mod connect;
 mod harness;
 mod history_cases;
+mod lease_cases;
 mod outage;
 mod session_cases;
 mod shadow_cases;
@@ -141,4 +142,8 @@ conformance!(
     webhook_deliveries_follow_their_state_machine,
     concurrent_claimers_never_claim_the_same_delivery,
     deliveries_of_unconfigured_webhooks_fail_with_their_audit,
+    a_session_lease_is_acquired_renewed_expired_and_taken_over,
+    a_replica_reacquiring_its_own_lease_fences_its_older_driver,
+    replicas_racing_for_an_expired_lease_get_one_epoch_each,
+    replicas_racing_to_expire_an_approval_expire_it_once,
 );

@@ -1,0 +1,184 @@
+//! Session leases in the engine (issue #20: several runtime replicas on one database; the
+//! ledger side is `phrony-ledger`'s `leases.rs`). With [`crate::EngineConfig::session_lease_ttl`]:
+//! - a driver acquires its session's lease before it drives ([`acquire`]); another replica
+//!   holding it unexpired means the session is driven there, and the driver returns at once;
+//! - [`run`] renews every lease this replica holds in one statement every TTL/3 and stops the
+//!   drivers of the leases it lost, and every TTL/2 (jittered) takes over the sessions whose
+//!   lease expired (a replica killed, paused or cut off): it acquires each (exactly one
+//!   replica wins, at a new epoch) and resumes it through the recovery path, whose
+//!   side-effect-class rules apply to calls that were in flight (a non-idempotent call goes to
+//!   operator review, never a silent re-run);
+//! - a driver that stops (parked, ended) releases its lease ([`release`]); a write refused by
+//!   the fence ([`is_fenced`]) stops the driver without failing the session: it is driven
+//!   elsewhere.
+
+use std::future::Future;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use phrony_ledger::{LeaseClaim, LedgerError};
+use tokio_util::sync::CancellationToken;
+
+use crate::error::StoreError;
+use crate::state::Inner;
+
+/// Expired leases one takeover scan acquires at most (the rest at the next scan).
+const TAKEOVER_BATCH: u32 = 100;
+
+/// Whether a store error is the ledger's fence: this replica lost the session's lease.
+pub(crate) fn is_fenced(error: &StoreError) -> bool {
+    error
+        .source
+        .as_deref()
+        .and_then(|s| s.downcast_ref::<LedgerError>())
+        .is_some_and(|e| matches!(e, LedgerError::Fenced { .. }))
+}
+
+/// Acquires `session_id`'s lease for a driver about to drive it: `Ok(Some(epoch))` when granted
+/// (`Some(0)` with leases off), `Ok(None)` when another replica holds it.
+pub(crate) async fn acquire(inner: &Inner, session_id: &str) -> Result<Option<u64>, StoreError> {
+    let Some(ttl) = inner.config.session_lease_ttl else {
+        return Ok(Some(0));
+    };
+    match inner
+        .store
+        .ledger()
+        .acquire_session_lease(session_id, ttl)
+        .await
+        .map_err(StoreError::from)?
+    {
+        LeaseClaim::Granted(lease) => Ok(Some(lease.epoch)),
+        LeaseClaim::Held(lease) => {
+            tracing::debug!(
+                %session_id,
+                owner = lease.owner.as_deref().unwrap_or_default(),
+                epoch = lease.epoch,
+                "session driven by another replica"
+            );
+            Ok(None)
+        }
+    }
+}
+
+/// Releases the lease a stopped driver held at `epoch` (nothing with leases off). A failure
+/// only leaves the lease to expire: whoever drives the session next takes it over then.
+pub(crate) async fn release(inner: &Inner, session_id: &str, epoch: u64) {
+    if inner.config.session_lease_ttl.is_none() || epoch == 0 {
+        return;
+    }
+    if let Err(error) = inner
+        .store
+        .ledger()
+        .release_session_lease(session_id, epoch)
+        .await
+    {
+        tracing::warn!(%session_id, %error, "could not release a session lease; it will expire");
+    }
+}
+
+/// A jittered period around `base` (±20 %), so replicas started together do not scan in step.
+fn jittered(base: Duration) -> Duration {
+    let spread = base / 5;
+    let nanos = u64::try_from(spread.as_nanos()).unwrap_or(u64::MAX).max(1);
+    let offset =
+        u64::try_from(uuid::Uuid::new_v4().as_u128() % u128::from(2 * nanos)).unwrap_or_default();
+    (base - spread) + Duration::from_nanos(offset)
+}
+
+/// Renews this replica's leases and takes over expired ones until `stop`, resuming each
+/// session taken over with `resume` (the engine's unpark: the recovery path). Holds only a
+/// weak reference, so the engine can drop.
+pub(crate) async fn run<F, Fut>(inner: Weak<Inner>, stop: CancellationToken, resume: F)
+where
+    F: Fn(Arc<Inner>, String) -> Fut + Send,
+    Fut: Future<Output = ()> + Send,
+{
+    let Some(ttl) = inner.upgrade().and_then(|i| i.config.session_lease_ttl) else {
+        return;
+    };
+    let mut renew = tokio::time::interval(ttl / 3);
+    renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut next_scan = tokio::time::Instant::now() + jittered(ttl / 2);
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            _ = renew.tick() => {
+                let Some(inner) = inner.upgrade() else { return };
+                renew_leases(&inner, ttl).await;
+            }
+            () = tokio::time::sleep_until(next_scan) => {
+                next_scan = tokio::time::Instant::now() + jittered(ttl / 2);
+                let Some(inner) = inner.upgrade() else { return };
+                take_over(inner, &resume).await;
+            }
+        }
+    }
+}
+
+async fn renew_leases(inner: &Inner, ttl: Duration) {
+    match inner.store.ledger().renew_session_leases(ttl).await {
+        Ok(renewal) => {
+            for session_id in renewal.lost {
+                tracing::warn!(
+                    %session_id,
+                    "session lease lost to another replica; stopping its driver here"
+                );
+                if let Some(live) = inner.live(&session_id) {
+                    live.cancel.cancel();
+                    live.bump_approvals();
+                    live.notify_changed();
+                }
+            }
+        }
+        // Not renewed: the leases run out and the fence refuses what this replica writes after
+        // another replica took them over.
+        Err(error) => tracing::warn!(%error, "could not renew the session leases"),
+    }
+}
+
+/// Takes over the sessions whose lease expired and that no driver here holds.
+async fn take_over<F, Fut>(inner: Arc<Inner>, resume: &F)
+where
+    F: Fn(Arc<Inner>, String) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let expired = match inner
+        .store
+        .ledger()
+        .expired_session_leases(TAKEOVER_BATCH)
+        .await
+    {
+        Ok(expired) => expired,
+        Err(error) => {
+            tracing::debug!(%error, "could not list expired session leases");
+            return;
+        }
+    };
+    for lease in expired {
+        let session_id = lease.session_id;
+        if inner.live(&session_id).is_some() || inner.is_suspended(&session_id) {
+            // Driven here: its lease is renewed at the next tick.
+            continue;
+        }
+        match acquire(&inner, &session_id).await {
+            Ok(Some(epoch)) => {
+                phrony_metrics::SESSION_TAKEOVERS.inc();
+                tracing::info!(
+                    %session_id,
+                    from = lease.owner.as_deref().unwrap_or_default(),
+                    epoch,
+                    "taking over a session whose lease expired"
+                );
+                // The driver acquires its own lease (this replica's: granted at once).
+                resume(Arc::clone(&inner), session_id.clone()).await;
+                if inner.live(&session_id).is_none() {
+                    // Nothing to drive here (a child its parent supervises, ended meanwhile):
+                    // free the lease for whoever drives it.
+                    release(&inner, &session_id, epoch).await;
+                }
+            }
+            Ok(None) => {}
+            Err(error) => tracing::debug!(%session_id, %error, "could not take a lease over"),
+        }
+    }
+}

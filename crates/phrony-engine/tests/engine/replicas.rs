@@ -1,0 +1,85 @@
+//! Session leases in the engine (issue #20, several replicas on one database): a driver holds
+//! its session's lease, and one whose lease another replica took over stops at its next write
+//! — refused by the fence — without failing the session or recording anything.
+
+#![allow(clippy::unwrap_used, reason = "tests: a panic is a failed assertion")]
+
+use std::time::Duration;
+
+use crate::common::*;
+use phrony_engine::EngineConfig;
+use phrony_ledger::{LeaseClaim, SessionStatus};
+
+fn with_leases() -> EngineConfig {
+    EngineConfig {
+        // Renewed once at start, then not within the test: the manual clock expires it.
+        session_lease_ttl: Some(Duration::from_secs(3600)),
+        // The call's deadline must not pass when the test moves the clock past the lease.
+        exec_timeout: Duration::from_secs(86_400),
+        ..test_config()
+    }
+}
+
+#[tokio::test]
+async fn a_driver_whose_lease_was_taken_over_stops_at_its_next_write_and_records_nothing() {
+    let h = Harness::memory_with(
+        &AgentOptions::default(),
+        vec![
+            Step::call("lookup_order", serde_json::json!({"order_id": "ORD-1"})),
+            Step::say("Done."),
+        ],
+        with_leases(),
+    )
+    .await;
+    h.worker.set_behaviour(Behaviour::Hold);
+    let s = h.start("Check ORD-1.").await;
+    let held = loop {
+        if let Some(inv) = h.worker.invoked("orders.lookup-order").pop() {
+            break inv;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let ledger = h.store.ledger();
+    let lease = ledger.session_lease(&s.id).await.unwrap().unwrap();
+    assert_eq!(lease.owner.as_deref(), Some(ledger.replica_id()));
+    assert_eq!(lease.epoch, 1);
+    let before = h.event_types(&s.id).await;
+
+    // The lease runs out (this replica stalled) and another replica takes the session over.
+    h.clock.advance(Duration::from_secs(2 * 3600));
+    let other = ledger.clone().with_replica_id("replica-b").unwrap();
+    match other
+        .acquire_session_lease(&s.id, Duration::from_secs(3600))
+        .await
+        .unwrap()
+    {
+        LeaseClaim::Granted(lease) => assert_eq!(lease.epoch, 2),
+        LeaseClaim::Held(lease) => panic!("the expired lease must be taken: {lease:?}"),
+    }
+
+    // The worker answers here: recording its result is refused by the fence, the driver stops
+    // and the session is left to the replica that took it over.
+    let fenced = phrony_metrics::LEDGER_FENCED_WRITES.get();
+    h.worker.release(held);
+    for _ in 0..500 {
+        if !h.engine.is_driven(&s.id) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(!h.engine.is_driven(&s.id), "the fenced driver stopped");
+    assert!(phrony_metrics::LEDGER_FENCED_WRITES.get() > fenced);
+    let session = h.store.get_session(&s.id).await.unwrap();
+    assert!(
+        !session.status.is_terminal() && session.status != SessionStatus::Failed,
+        "not failed: {:?}",
+        session.status
+    );
+    assert_eq!(h.event_types(&s.id).await, before, "nothing recorded");
+    // Its lease stays the other replica's.
+    let lease = ledger.session_lease(&s.id).await.unwrap().unwrap();
+    assert_eq!(
+        (lease.owner.as_deref(), lease.epoch),
+        (Some("replica-b"), 2)
+    );
+}

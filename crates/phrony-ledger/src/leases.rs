@@ -1,0 +1,341 @@
+//! Session leases with fencing (issue #20: several runtime replicas on one database;
+//! migration 0015).
+//!
+//! A replica drives a session only while it holds the session's lease: a `session_leases` row
+//! naming it as `owner`, with a fencing token `epoch` that grows by one on every acquisition
+//! (and is never reset: a released lease keeps its row, `owner` NULL) and an `expires_at` it
+//! moves forward by renewing. Safety never depends on clocks: every append this replica makes
+//! to the stream of a session it holds a lease on carries `(owner, epoch)` into the statement
+//! that advances the stream head (`events::append_batch`), so once another replica took the
+//! lease over (epoch + 1) the old holder's writes are refused with [`LedgerError::Fenced`]
+//! and roll back whole. An acquisition locks the session's stream head first, so it is ordered
+//! with every append: an append either committed before the takeover (and the new holder reads
+//! it) or runs after it (and is refused). Clocks only decide *when* a lease may be taken over.
+//!
+//! Writes of facts from people and workers (votes, tool results) received by a replica that
+//! holds no lease on the session are not fenced: they append under the stream-head lock like
+//! any write and the driver, wherever it runs, reads them from the log.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+use crate::Ledger;
+use crate::db::{Backend, Conn, Tx, args};
+use crate::error::{LedgerError, Result};
+use crate::replica::Replica;
+
+/// The longest replica id accepted ([`Ledger::with_replica_id`]).
+pub const MAX_REPLICA_ID_LEN: usize = 200;
+
+/// One session's lease as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionLease {
+    /// The session.
+    pub session_id: String,
+    /// The replica holding it; `None` once released (the session parked or ended).
+    pub owner: Option<String>,
+    /// The fencing token: +1 on every acquisition, never reset.
+    pub epoch: u64,
+    /// When the lease ends unless renewed.
+    pub expires_at: DateTime<Utc>,
+}
+
+/// The answer of [`Ledger::acquire_session_lease`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaseClaim {
+    /// This replica holds the lease now, at a new epoch: its appends to the session are fenced
+    /// by it.
+    Granted(SessionLease),
+    /// Another replica holds a lease that has not expired: this one must not drive the session.
+    Held(SessionLease),
+}
+
+/// What one [`Ledger::renew_session_leases`] found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LeaseRenewal {
+    /// Sessions whose lease this replica still holds, renewed (sorted).
+    pub renewed: Vec<String>,
+    /// Sessions whose lease this replica lost (taken over at a higher epoch): their drivers
+    /// must stop; their appends from this replica are refused (sorted).
+    pub lost: Vec<String>,
+}
+
+fn ttl_of(ttl: Duration) -> Result<chrono::Duration> {
+    if ttl.is_zero() {
+        return Err(LedgerError::invalid("a session lease needs a positive TTL"));
+    }
+    chrono::Duration::from_std(ttl)
+        .map_err(|_| LedgerError::invalid(format!("session lease TTL {ttl:?} is too long")))
+}
+
+fn epoch_of(raw: i64, session_id: &str) -> Result<u64> {
+    u64::try_from(raw).map_err(|_| {
+        LedgerError::corrupt(format!(
+            "session_leases: session {session_id} has a negative epoch {raw}"
+        ))
+    })
+}
+
+async fn read(conn: &mut Conn<'_>, session_id: &str) -> Result<Option<SessionLease>> {
+    let row = conn
+        .fetch_optional(
+            "read session lease",
+            "SELECT owner, epoch, expires_at FROM session_leases WHERE session_id = $1",
+            args![session_id],
+        )
+        .await?;
+    row.map(|row| {
+        Ok(SessionLease {
+            session_id: session_id.to_owned(),
+            owner: row.opt_text("owner")?,
+            epoch: epoch_of(row.int("epoch")?, session_id)?,
+            expires_at: row.ts("expires_at")?,
+        })
+    })
+    .transpose()
+}
+
+/// Takes the lease of `session_id` for `owner` when it is free (never taken, released,
+/// expired) or already `owner`'s, at epoch + 1. Locks the session's stream head first.
+async fn acquire(
+    tx: &mut Tx,
+    owner: &str,
+    session_id: &str,
+    ttl: chrono::Duration,
+) -> Result<LeaseClaim> {
+    let lock = match tx.backend() {
+        Backend::Postgres => "SELECT last_seq FROM streams WHERE stream = $1 FOR UPDATE",
+        Backend::Sqlite => "SELECT last_seq FROM streams WHERE stream = $1",
+    };
+    let now = tx.now();
+    let expires_at = now + ttl;
+    let mut conn = tx.conn();
+    if conn
+        .fetch_optional("lock session stream for its lease", lock, args![session_id])
+        .await?
+        .is_none()
+    {
+        return Err(LedgerError::not_found(format!(
+            "session {session_id} not found"
+        )));
+    }
+    let granted = conn
+        .fetch_all(
+            "acquire session lease",
+            "INSERT INTO session_leases (session_id, owner, epoch, expires_at, updated_at) \
+             VALUES ($1, $2, 1, $3, $4) \
+             ON CONFLICT (session_id) DO UPDATE SET owner = excluded.owner, \
+             epoch = session_leases.epoch + 1, expires_at = excluded.expires_at, \
+             updated_at = excluded.updated_at \
+             WHERE session_leases.owner IS NULL OR session_leases.owner = excluded.owner \
+             OR session_leases.expires_at <= excluded.updated_at \
+             RETURNING epoch",
+            args![session_id, owner, expires_at, now],
+        )
+        .await?;
+    if let Some(row) = granted.first() {
+        return Ok(LeaseClaim::Granted(SessionLease {
+            session_id: session_id.to_owned(),
+            owner: Some(owner.to_owned()),
+            epoch: epoch_of(row.int("epoch")?, session_id)?,
+            expires_at,
+        }));
+    }
+    let held = read(&mut conn, session_id).await?.ok_or_else(|| {
+        LedgerError::corrupt(format!(
+            "the lease of session {session_id} vanished while it was acquired"
+        ))
+    })?;
+    Ok(LeaseClaim::Held(held))
+}
+
+/// Renews every lease `owner` holds in one statement; returns each renewed session's epoch.
+/// Rows it owns that `held` does not know (a handle recreated under the same id) are released.
+async fn renew(
+    tx: &mut Tx,
+    owner: &str,
+    held: &HashMap<String, i64>,
+    ttl: chrono::Duration,
+) -> Result<HashMap<String, i64>> {
+    let now = tx.now();
+    let mut conn = tx.conn();
+    let rows = conn
+        .fetch_all(
+            "renew session leases",
+            "UPDATE session_leases SET expires_at = $2, updated_at = $3 WHERE owner = $1 \
+             RETURNING session_id, epoch",
+            args![owner, now + ttl, now],
+        )
+        .await?;
+    let mut renewed = HashMap::with_capacity(rows.len());
+    for row in rows {
+        let session_id = row.text("session_id")?;
+        let epoch = row.int("epoch")?;
+        if held.get(&session_id) == Some(&epoch) {
+            renewed.insert(session_id, epoch);
+        } else {
+            conn.execute(
+                "release a session lease nobody here drives",
+                "UPDATE session_leases SET owner = NULL, expires_at = $3, updated_at = $3 \
+                 WHERE session_id = $1 AND owner = $2 AND epoch = $4",
+                args![&session_id, owner, now, epoch],
+            )
+            .await?;
+        }
+    }
+    Ok(renewed)
+}
+
+impl Ledger {
+    /// Names this handle's replica (the default is `replica-` and 12 random hex digits): the
+    /// owner recorded on the session leases it acquires. Every process on one database needs
+    /// its own id; a restarted process may reuse its id (its earlier leases are then taken
+    /// over by its own next acquisitions, at a higher epoch).
+    ///
+    /// # Errors
+    /// `InvalidArgument` for an empty id, one longer than [`MAX_REPLICA_ID_LEN`] or one with
+    /// whitespace or control characters.
+    pub fn with_replica_id(mut self, id: &str) -> Result<Self> {
+        if id.is_empty()
+            || id.len() > MAX_REPLICA_ID_LEN
+            || id.chars().any(|c| c.is_whitespace() || c.is_control())
+        {
+            return Err(LedgerError::invalid(format!(
+                "replica id {id:?} must be 1 to {MAX_REPLICA_ID_LEN} characters without \
+                 whitespace or control characters"
+            )));
+        }
+        self.replica = std::sync::Arc::new(Replica::new(id.to_owned()));
+        Ok(self)
+    }
+
+    /// This handle's replica id (see [`Ledger::with_replica_id`]).
+    #[must_use]
+    pub fn replica_id(&self) -> &str {
+        self.replica.id()
+    }
+
+    /// Acquires the lease of `session_id` for this replica until now + `ttl`: granted when it
+    /// was never taken, released, expired, or already this replica's — always at a new epoch,
+    /// from which on this replica's appends to the session's stream are fenced by it (an
+    /// older driver of this replica included). [`LeaseClaim::Held`] when another replica holds
+    /// it unexpired. Locks the session's stream head, so it is ordered with every append.
+    ///
+    /// # Errors
+    /// `NotFound` for a session without events; `InvalidArgument` for a zero TTL; database
+    /// errors.
+    pub async fn acquire_session_lease(
+        &self,
+        session_id: &str,
+        ttl: Duration,
+    ) -> Result<LeaseClaim> {
+        let ttl = ttl_of(ttl)?;
+        let owner = self.replica.id().to_owned();
+        let claim = write_tx!(self, |tx| acquire(&mut tx, &owner, session_id, ttl))?;
+        if let LeaseClaim::Granted(lease) = &claim {
+            self.replica
+                .hold(session_id, i64::try_from(lease.epoch).unwrap_or(i64::MAX));
+        }
+        Ok(claim)
+    }
+
+    /// Renews every lease this replica holds until now + `ttl`, in one statement, and says
+    /// which it still holds and which it lost since the last renewal (taken over by another
+    /// replica at a higher epoch: the driver must stop; this replica's appends to that session
+    /// stay refused until the driver releases the lease, [`Ledger::release_session_lease`]).
+    ///
+    /// # Errors
+    /// `InvalidArgument` for a zero TTL; database errors (nothing is known lost then: a lease
+    /// that cannot be renewed simply expires, and the fence refuses what comes after).
+    pub async fn renew_session_leases(&self, ttl: Duration) -> Result<LeaseRenewal> {
+        let ttl = ttl_of(ttl)?;
+        let held = self.replica.live();
+        let owner = self.replica.id().to_owned();
+        let all = self.replica.lock().clone();
+        let all: HashMap<String, i64> = all.into_iter().map(|(s, h)| (s, h.epoch)).collect();
+        let renewed = write_tx!(self, |tx| renew(&mut tx, &owner, &all, ttl))?;
+        let mut report = LeaseRenewal::default();
+        for (session_id, epoch) in held {
+            if renewed.contains_key(&session_id) {
+                report.renewed.push(session_id);
+            } else {
+                self.replica.mark_lost(&session_id, epoch);
+                report.lost.push(session_id);
+            }
+        }
+        report.renewed.sort();
+        report.lost.sort();
+        Ok(report)
+    }
+
+    /// Releases this replica's lease of `session_id` at `epoch` (its driver stopped: the
+    /// session parked or ended), keeping the epoch, and stops fencing the session here unless a
+    /// newer acquisition replaced it. Whoever drives it next acquires it. Returns whether this
+    /// replica still held that lease.
+    ///
+    /// # Errors
+    /// Database errors; the session is no longer fenced here at `epoch` either way.
+    pub async fn release_session_lease(&self, session_id: &str, epoch: u64) -> Result<bool> {
+        let epoch = i64::try_from(epoch).unwrap_or(i64::MAX);
+        let owner = self.replica.id().to_owned();
+        let released = write_tx!(self, |tx| async {
+            let now = tx.now();
+            tx.conn()
+                .execute(
+                    "release session lease",
+                    "UPDATE session_leases SET owner = NULL, expires_at = $4, updated_at = $4 \
+                     WHERE session_id = $1 AND owner = $2 AND epoch = $3",
+                    args![session_id, &owner, epoch, now],
+                )
+                .await
+        });
+        self.replica.forget(session_id, epoch);
+        Ok(released? == 1)
+    }
+
+    /// The lease of `session_id` as stored, if it was ever acquired.
+    ///
+    /// # Errors
+    /// Database errors.
+    pub async fn session_lease(&self, session_id: &str) -> Result<Option<SessionLease>> {
+        let mut conn = self.pool.acquire().await?;
+        read(&mut conn.conn(), session_id).await
+    }
+
+    /// Sessions not ended whose lease is held (by any replica) but expired at the ledger's
+    /// clock: the takeover scan's work list, soonest expired first, at most `limit`
+    /// (1..=1000). The scan acquires each with [`Ledger::acquire_session_lease`], whose
+    /// conditional update lets exactly one replica win each.
+    ///
+    /// # Errors
+    /// Database errors.
+    pub async fn expired_session_leases(&self, limit: u32) -> Result<Vec<SessionLease>> {
+        let now = self.clock.now();
+        let mut conn = self.pool.acquire().await?;
+        let rows = conn
+            .conn()
+            .fetch_all(
+                "list expired session leases",
+                "SELECT l.session_id, l.owner, l.epoch, l.expires_at FROM session_leases l \
+                 JOIN sessions s ON s.id = l.session_id \
+                 WHERE l.owner IS NOT NULL AND l.expires_at <= $1 \
+                 AND s.status NOT IN ('completed', 'failed', 'cancelled') \
+                 ORDER BY l.expires_at, l.session_id LIMIT $2",
+                args![now, i64::from(limit.clamp(1, 1000))],
+            )
+            .await?;
+        rows.iter()
+            .map(|row| {
+                let session_id = row.text("session_id")?;
+                Ok(SessionLease {
+                    owner: row.opt_text("owner")?,
+                    epoch: epoch_of(row.int("epoch")?, &session_id)?,
+                    expires_at: row.ts("expires_at")?,
+                    session_id,
+                })
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,392 @@
+//! Conformance cases for session leases and fencing (issue #20, several replicas on one
+//! database): two ledger handles on one database play two replicas, on one manual clock.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration as StdDuration;
+
+use chrono::{DateTime, Duration, Utc};
+use phrony_ledger::{
+    ApprovalStatus, ApprovalTimeout, LeaseClaim, Ledger, LedgerClock, LedgerError, LedgerOptions,
+    NewEvent, SessionStatus, StatusChange, TimeoutDefault,
+};
+use serde_json::json;
+
+use crate::harness::TestDb;
+use crate::session_cases::{deploy_agent, pending_approval, refund_agent, start};
+
+const TTL: StdDuration = StdDuration::from_secs(10);
+
+/// A clock the test moves.
+#[derive(Clone)]
+struct Clock(Arc<Mutex<DateTime<Utc>>>);
+
+impl Clock {
+    fn new() -> Self {
+        Self(Arc::new(Mutex::new(Utc::now())))
+    }
+
+    fn advance(&self, by: Duration) {
+        *self.0.lock().unwrap() += by;
+    }
+
+    fn ledger_clock(&self) -> LedgerClock {
+        let now = Arc::clone(&self.0);
+        LedgerClock::new(move || *now.lock().unwrap())
+    }
+}
+
+/// A replica: its own pool on the test database, named `id`, on `clock`.
+async fn replica(db: &TestDb, clock: &Clock, id: &str) -> Ledger {
+    let ledger = Ledger::connect_with(
+        &db.url,
+        LedgerOptions {
+            clock: clock.ledger_clock(),
+            ..LedgerOptions::default()
+        },
+    )
+    .await
+    .unwrap()
+    .with_replica_id(id)
+    .unwrap();
+    ledger.migrate().await.unwrap();
+    ledger
+}
+
+fn note(text: &str) -> NewEvent {
+    NewEvent::new(
+        "message.user",
+        "user",
+        json!({"role": "user", "content": text}),
+    )
+}
+
+async fn contents(ledger: &Ledger, session: &str) -> Vec<String> {
+    ledger
+        .events_after(session, 0, 1000)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter_map(|e| {
+            e.payload
+                .get("content")
+                .and_then(|c| c.as_str())
+                .map(str::to_owned)
+        })
+        .collect()
+}
+
+#[track_caller]
+fn granted(claim: LeaseClaim) -> u64 {
+    match claim {
+        LeaseClaim::Granted(lease) => lease.epoch,
+        LeaseClaim::Held(lease) => panic!("expected the lease granted, it is held: {lease:?}"),
+    }
+}
+
+#[track_caller]
+fn fenced<T: std::fmt::Debug>(result: Result<T, LedgerError>, session: &str, epoch: u64) {
+    match result {
+        Err(LedgerError::Fenced {
+            session_id,
+            epoch: e,
+        }) => {
+            assert_eq!((session_id.as_str(), e), (session, epoch));
+        }
+        other => panic!("expected Fenced, got {other:?}"),
+    }
+}
+
+pub(crate) async fn a_session_lease_is_acquired_renewed_expired_and_taken_over(db: &TestDb) {
+    let clock = Clock::new();
+    let a = replica(db, &clock, "replica-a").await;
+    let b = replica(db, &clock, "replica-b").await;
+    let v = deploy_agent(&a, &refund_agent(), "0.1.0").await;
+    let s = start(&a, &v).await;
+    assert_eq!(a.session_lease(&s.id).await.unwrap(), None);
+
+    // A takes it; B is refused while it is held, renewed or not expired.
+    assert_eq!(
+        granted(a.acquire_session_lease(&s.id, TTL).await.unwrap()),
+        1
+    );
+    match b.acquire_session_lease(&s.id, TTL).await.unwrap() {
+        LeaseClaim::Held(lease) => {
+            assert_eq!(lease.owner.as_deref(), Some("replica-a"));
+            assert_eq!(lease.epoch, 1);
+        }
+        other => panic!("B must not get A's lease: {other:?}"),
+    }
+    clock.advance(Duration::seconds(8));
+    let renewal = a.renew_session_leases(TTL).await.unwrap();
+    assert_eq!(
+        (renewal.renewed, renewal.lost),
+        (vec![s.id.clone()], vec![])
+    );
+    clock.advance(Duration::seconds(8));
+    assert!(
+        matches!(
+            b.acquire_session_lease(&s.id, TTL).await.unwrap(),
+            LeaseClaim::Held(_)
+        ),
+        "a renewed lease is not expired 16 s after it was taken"
+    );
+    assert!(b.expired_session_leases(10).await.unwrap().is_empty());
+    a.append_session_event(&s.id, note("a, epoch 1"))
+        .await
+        .unwrap();
+
+    // A stalls past its TTL: the lease is listed for takeover and B takes it at epoch 2.
+    clock.advance(Duration::seconds(11));
+    let expired = b.expired_session_leases(10).await.unwrap();
+    assert_eq!(expired.len(), 1);
+    assert_eq!(
+        (
+            expired[0].session_id.as_str(),
+            expired[0].owner.as_deref(),
+            expired[0].epoch
+        ),
+        (s.id.as_str(), Some("replica-a"), 1)
+    );
+    assert_eq!(
+        granted(b.acquire_session_lease(&s.id, TTL).await.unwrap()),
+        2
+    );
+    assert!(b.expired_session_leases(10).await.unwrap().is_empty());
+
+    // A's late writes are refused, whole: neither the raw append nor a status change with its
+    // event and projection leaves anything.
+    fenced(
+        a.append_session_event(&s.id, note("a, late")).await,
+        &s.id,
+        1,
+    );
+    fenced(
+        a.set_session_status(&s.id, StatusChange::to(SessionStatus::AwaitingTool))
+            .await,
+        &s.id,
+        1,
+    );
+    assert_eq!(
+        b.get_session(&s.id).await.unwrap().status,
+        SessionStatus::Running
+    );
+    // Its renewal reports the loss; its writes stay refused afterwards.
+    let renewal = a.renew_session_leases(TTL).await.unwrap();
+    assert_eq!(
+        (renewal.renewed, renewal.lost),
+        (vec![], vec![s.id.clone()])
+    );
+    fenced(
+        a.append_session_event(&s.id, note("a, later")).await,
+        &s.id,
+        1,
+    );
+    b.append_session_event(&s.id, note("b, epoch 2"))
+        .await
+        .unwrap();
+    assert_eq!(contents(&b, &s.id).await, ["a, epoch 1", "b, epoch 2"]);
+    assert!(b.verify_stream(&s.id).await.unwrap().violation.is_none());
+
+    // A knows it lost and cannot take it back while B holds it.
+    assert!(matches!(
+        a.acquire_session_lease(&s.id, TTL).await.unwrap(),
+        LeaseClaim::Held(_)
+    ));
+    // B releases (the session parked): the epoch is kept, the next holder gets 3.
+    assert!(
+        !b.release_session_lease(&s.id, 1).await.unwrap(),
+        "not B's epoch"
+    );
+    assert!(b.release_session_lease(&s.id, 2).await.unwrap());
+    let released = a.session_lease(&s.id).await.unwrap().unwrap();
+    assert_eq!((released.owner, released.epoch), (None, 2));
+    assert!(
+        !b.release_session_lease(&s.id, 2).await.unwrap(),
+        "released once"
+    );
+    assert_eq!(
+        granted(a.acquire_session_lease(&s.id, TTL).await.unwrap()),
+        3
+    );
+    a.append_session_event(&s.id, note("a, epoch 3"))
+        .await
+        .unwrap();
+    // B no longer fences the session (a fact it receives is not a driver write).
+    b.append_session_event(&s.id, note("b, a fact"))
+        .await
+        .unwrap();
+    assert!(a.verify_stream(&s.id).await.unwrap().violation.is_none());
+}
+
+pub(crate) async fn a_replica_reacquiring_its_own_lease_fences_its_older_driver(db: &TestDb) {
+    let clock = Clock::new();
+    let a = replica(db, &clock, "replica-a").await;
+    let v = deploy_agent(&a, &refund_agent(), "0.1.0").await;
+    let s = start(&a, &v).await;
+    let other = start(&a, &v).await;
+    assert_eq!(
+        granted(a.acquire_session_lease(&s.id, TTL).await.unwrap()),
+        1
+    );
+    assert_eq!(
+        granted(a.acquire_session_lease(&other.id, TTL).await.unwrap()),
+        1
+    );
+    // The same process restarted under the same id (a new handle): it takes its own lease
+    // at once, and the handle of the earlier life is fenced.
+    let restarted = replica(db, &clock, "replica-a").await;
+    assert_eq!(
+        granted(restarted.acquire_session_lease(&s.id, TTL).await.unwrap()),
+        2
+    );
+    fenced(
+        a.append_session_event(&s.id, note("old life")).await,
+        &s.id,
+        1,
+    );
+    restarted
+        .append_session_event(&s.id, note("new life"))
+        .await
+        .unwrap();
+    // Its first renewal renews what it drives and frees what only its earlier life held, so
+    // another replica takes that session at once instead of after waiting for nobody.
+    let renewal = restarted.renew_session_leases(TTL).await.unwrap();
+    assert_eq!(
+        (renewal.renewed, renewal.lost),
+        (vec![s.id.clone()], vec![])
+    );
+    let freed = restarted.session_lease(&other.id).await.unwrap().unwrap();
+    assert_eq!((freed.owner, freed.epoch), (None, 1));
+    let b = replica(db, &clock, "replica-b").await;
+    assert_eq!(
+        granted(b.acquire_session_lease(&other.id, TTL).await.unwrap()),
+        2
+    );
+    // Leases of sessions that do not exist are refused; a zero TTL too.
+    assert!(matches!(
+        a.acquire_session_lease("run_missing", TTL).await,
+        Err(LedgerError::NotFound { .. })
+    ));
+    assert!(matches!(
+        a.acquire_session_lease(&s.id, StdDuration::ZERO).await,
+        Err(LedgerError::InvalidArgument { .. })
+    ));
+    assert!(matches!(
+        Ledger::connect(&db.url)
+            .await
+            .unwrap()
+            .with_replica_id("two words"),
+        Err(LedgerError::InvalidArgument { .. })
+    ));
+}
+
+pub(crate) async fn replicas_racing_for_an_expired_lease_get_one_epoch_each(db: &TestDb) {
+    let clock = Clock::new();
+    let a = replica(db, &clock, "replica-a").await;
+    let v = deploy_agent(&a, &refund_agent(), "0.1.0").await;
+    let mut sessions = Vec::new();
+    for _ in 0..8 {
+        let s = start(&a, &v).await;
+        granted(a.acquire_session_lease(&s.id, TTL).await.unwrap());
+        sessions.push(s.id);
+    }
+    clock.advance(Duration::seconds(30));
+    let b = replica(db, &clock, "replica-b").await;
+    let c = replica(db, &clock, "replica-c").await;
+    let take = |ledger: Ledger, ids: Vec<String>| {
+        tokio::spawn(async move {
+            let mut won = Vec::new();
+            for id in ids {
+                if let LeaseClaim::Granted(lease) =
+                    ledger.acquire_session_lease(&id, TTL).await.unwrap()
+                {
+                    won.push((id, lease.epoch));
+                }
+            }
+            won
+        })
+    };
+    let (won_b, won_c) = tokio::join!(
+        take(b.clone(), sessions.clone()),
+        take(c.clone(), sessions.clone())
+    );
+    let (won_b, won_c) = (won_b.unwrap(), won_c.unwrap());
+    assert_eq!(
+        won_b.len() + won_c.len(),
+        sessions.len(),
+        "each expired lease is taken once"
+    );
+    for (id, epoch) in won_b.iter().chain(&won_c) {
+        assert_eq!(*epoch, 2, "session {id}");
+        let owner = a.session_lease(id).await.unwrap().unwrap().owner.unwrap();
+        let winner = if won_b.iter().any(|(w, _)| w == id) {
+            "replica-b"
+        } else {
+            "replica-c"
+        };
+        assert_eq!(owner, winner);
+        fenced(a.append_session_event(id, note("late")).await, id, 1);
+    }
+}
+
+pub(crate) async fn replicas_racing_to_expire_an_approval_expire_it_once(db: &TestDb) {
+    let clock = Clock::new();
+    let a = replica(db, &clock, "replica-a").await;
+    let b = replica(db, &clock, "replica-b").await;
+    let v = deploy_agent(&a, &refund_agent(), "0.1.0").await;
+    let mut approvals = Vec::new();
+    for _ in 0..6 {
+        let (s, _, approval) = pending_approval(&a, &v, |n| {
+            n.timeout = Some(ApprovalTimeout {
+                after_minutes: 5,
+                default: TimeoutDefault::Deny,
+                escalate_to_route: None,
+                escalate_after_minutes: None,
+            });
+        })
+        .await;
+        approvals.push((s.id, approval.id));
+    }
+    clock.advance(Duration::minutes(6));
+    let later = Utc::now() + Duration::minutes(60);
+    let expire = |ledger: Ledger, ids: Vec<uuid::Uuid>| {
+        tokio::spawn(async move {
+            let mut expired = 0;
+            for id in ids {
+                match ledger.expire_approval(id, later).await {
+                    Ok(out) => {
+                        assert_eq!(out.approval.status, ApprovalStatus::Denied);
+                        expired += 1;
+                    }
+                    Err(LedgerError::FailedPrecondition { message }) => {
+                        assert_eq!(message, format!("approval {id} is already denied"));
+                    }
+                    Err(other) => panic!("{other:?}"),
+                }
+            }
+            expired
+        })
+    };
+    let ids: Vec<_> = approvals.iter().map(|(_, id)| *id).collect();
+    let (x, y) = tokio::join!(expire(a.clone(), ids.clone()), expire(b.clone(), ids));
+    assert_eq!(
+        x.unwrap() + y.unwrap(),
+        approvals.len(),
+        "each approval expired exactly once"
+    );
+    for (session, id) in &approvals {
+        let decided = a
+            .events_after(session, 0, 1000)
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|e| {
+                e.event_type == "approval.decided"
+                    && e.payload.get("approval_id").and_then(|x| x.as_str())
+                        == Some(id.to_string().as_str())
+            })
+            .count();
+        assert_eq!(decided, 1, "one decision event for approval {id}");
+        assert!(a.verify_stream(session).await.unwrap().violation.is_none());
+    }
+}
