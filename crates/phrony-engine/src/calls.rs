@@ -37,7 +37,7 @@ use crate::store::LedgerStore;
 
 pub use crate::fold::LIMIT_TOOL;
 
-mod history;
+pub(crate) mod history;
 mod mcp;
 
 /// Call indexes of limit escalations start here (model calls use 0, 1, …).
@@ -201,6 +201,16 @@ pub(crate) enum EditRefusal {
     },
 }
 
+/// What [`Ctx::accept_edit`] decided about arguments an approver edited.
+enum EditOutcome {
+    /// Refused: the call was failed or denied.
+    Refused,
+    /// A fresh approval was opened for them (`on_modify: revalidate`).
+    Approval(Uuid),
+    /// They go on to dispatch.
+    Dispatch,
+}
+
 /// The ledger's name of a policy decision kind.
 fn verdict(kind: DecisionKind) -> PolicyVerdict {
     match kind {
@@ -255,19 +265,26 @@ impl DriverSetup {
     }
 
     /// Checks arguments an approver edited: they must match the input schema and pass every
-    /// deny policy (and allow-list), whatever `on_modify` says. `Ok(Some(policy))` when a
-    /// `require_approval` policy matches them (a fresh approval with `on_modify: revalidate`).
+    /// deny policy (and allow-list), whatever `on_modify` says, with the history facts of the
+    /// edited call (`history`, read for the edited arguments; without them history-aware
+    /// policies fail closed). `Ok(Some(policy))` when a `require_approval` policy matches them
+    /// (a fresh approval with `on_modify: revalidate`).
     pub(crate) fn check_edit(
         &self,
         scope: &CallScope<'_>,
         binding: &ToolBinding,
         wire: &str,
         args: &Value,
+        history: Option<&phrony_policy::HistoryFacts>,
     ) -> Result<Option<&Policy>, EditRefusal> {
         if let Some(message) = self.invalid_args(wire, args) {
             return Err(EditRefusal::Schema(message));
         }
-        match self.policies.evaluate(&scope.request(binding, wire, args)) {
+        let mut request = scope.request(binding, wire, args);
+        if let Some(facts) = history {
+            request = request.with_history(facts);
+        }
+        match self.policies.evaluate(&request) {
             Decision::Allow => Ok(None),
             Decision::Deny { policy, message } => Err(EditRefusal::Denied {
                 policy: policy.id().to_string(),
@@ -886,35 +903,26 @@ impl Ctx {
                 let args = approval.args_to_dispatch().clone();
                 if args != approval.args {
                     // Edited arguments always meet the schema and the deny policies; the vote
-                    // already checked them, this catches edits stored before that check.
-                    // `on_modify` decides only whether they may open a fresh approval.
-                    let scope = self.scope();
-                    match self.setup.check_edit(&scope, binding, wire, &args) {
-                        Err(EditRefusal::Schema(message)) => {
-                            self.store()
-                                .fail_tool_call(
-                                    &call.call_id,
-                                    codes::INVALID_ARGS,
-                                    &format!("the arguments edited by the approver: {message}"),
-                                )
-                                .await?;
-                            return Ok(());
+                    // already checked them, this catches edits stored before that check and
+                    // history that changed since. `on_modify` decides only whether they may
+                    // open a fresh approval.
+                    let revalidate =
+                        approval.on_modify == OnModify::Revalidate && !failure_approval;
+                    match self
+                        .accept_edit(&current, binding, wire, &args, revalidate)
+                        .await?
+                    {
+                        EditOutcome::Refused => return Ok(()),
+                        EditOutcome::Approval(approval_id) => {
+                            return Box::pin(self.wait_and_apply(
+                                &current,
+                                binding,
+                                wire,
+                                approval_id,
+                            ))
+                            .await;
                         }
-                        Err(EditRefusal::Denied { policy, message }) => {
-                            self.store()
-                                .deny_tool_call(&call.call_id, &message, Some(&policy))
-                                .await?;
-                            return Ok(());
-                        }
-                        Ok(Some(policy))
-                            if approval.on_modify == OnModify::Revalidate && !failure_approval =>
-                        {
-                            let new = self.policy_approval(&current, policy, None, Map::new());
-                            let next = self.open_approval(new).await?;
-                            return Box::pin(self.wait_and_apply(&current, binding, wire, next.id))
-                                .await;
-                        }
-                        Ok(_) => {}
+                        EditOutcome::Dispatch => {}
                     }
                 }
                 Box::pin(self.dispatch(&current, binding, wire, failure_approval)).await
@@ -940,6 +948,72 @@ impl Ctx {
             }
             ApprovalStatus::Pending | ApprovalStatus::Escalated => Ok(()),
         }
+    }
+
+    /// Checks arguments an approver edited with the edited call's history facts and moves the
+    /// call's history reservation to them (decided again, at most
+    /// [`history::MAX_DECIDE_ATTEMPTS`] times, while concurrent calls change the groups it
+    /// read). A refusal fails or denies the call; with `revalidate`, a `require_approval`
+    /// policy matching them opens a fresh approval.
+    async fn accept_edit(
+        &self,
+        call: &ToolInvocation,
+        binding: &ToolBinding,
+        wire: &str,
+        args: &Value,
+        revalidate: bool,
+    ) -> Result<EditOutcome, CallStop> {
+        let scope = self.scope();
+        for _attempt in 0..history::MAX_DECIDE_ATTEMPTS {
+            let prepared = self.history_for(call, binding, wire, args).await?;
+            let facts = prepared.as_ref().map(|p| &p.facts);
+            let approval = match self.setup.check_edit(&scope, binding, wire, args, facts) {
+                Err(EditRefusal::Schema(message)) => {
+                    self.store()
+                        .fail_tool_call(
+                            &call.call_id,
+                            codes::INVALID_ARGS,
+                            &format!("the arguments edited by the approver: {message}"),
+                        )
+                        .await?;
+                    return Ok(EditOutcome::Refused);
+                }
+                Err(EditRefusal::Denied { policy, message }) => {
+                    self.store()
+                        .deny_tool_call(&call.call_id, &message, Some(&policy))
+                        .await?;
+                    return Ok(EditOutcome::Refused);
+                }
+                Ok(Some(policy)) if revalidate => Some(policy),
+                Ok(_) => None,
+            };
+            // The reservation follows the edited arguments (released and written again in
+            // one transaction), unless a group changed since it was read.
+            if let Some(p) = &prepared
+                && !self
+                    .store()
+                    .replace_history(&self.session.id, &call.call_id, &p.reservations)
+                    .await?
+            {
+                continue;
+            }
+            return Ok(match approval {
+                Some(policy) => {
+                    let new = self.policy_approval(call, policy, None, Map::new());
+                    EditOutcome::Approval(self.open_approval(new).await?.id)
+                }
+                None => EditOutcome::Dispatch,
+            });
+        }
+        let message = format!(
+            "the arguments edited by the approver could not be decided: the history they read \
+             changed {} times while deciding",
+            history::MAX_DECIDE_ATTEMPTS
+        );
+        self.store()
+            .deny_tool_call(&call.call_id, &message, None)
+            .await?;
+        Ok(EditOutcome::Refused)
     }
 
     /// Sends the call to a worker and records the outcome (then acknowledges it).

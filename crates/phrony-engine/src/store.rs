@@ -510,6 +510,23 @@ impl LedgerStore {
             .await?)
     }
 
+    /// Moves a call's history reservations to arguments an approver edited; `false` when a
+    /// group changed since it was read (see [`Ledger::replace_history`]).
+    ///
+    /// # Errors
+    /// Ledger errors.
+    pub async fn replace_history(
+        &self,
+        session_id: &str,
+        call_id: &str,
+        reservations: &[phrony_ledger::HistoryReservation],
+    ) -> StoreResult<bool> {
+        Ok(self
+            .ledger
+            .replace_history(session_id, call_id, reservations)
+            .await?)
+    }
+
     /// A policy denied the call (`tool.policy_denied`).
     pub async fn deny_tool_call(
         &self,

@@ -222,7 +222,24 @@ impl Engine {
             principal: principal.as_ref(),
             now: self.inner.clock.now().timestamp(),
         };
-        match setup.check_edit(&scope, binding, &wire, edited) {
+        // History-aware policies see the facts of the edited call (this call's own reservation
+        // left out); the reservation moves to the edited arguments when the call goes on.
+        let asker = crate::calls::history::Asker {
+            session_id: &session.id,
+            agent: agent.agent_ctx(),
+            now: self.inner.clock.now(),
+        };
+        let prepared = crate::calls::history::read_history(
+            store,
+            &setup.policies,
+            asker,
+            &call.call_id,
+            binding.tool_ctx(&wire),
+            edited,
+        )
+        .await?;
+        let facts = prepared.as_ref().map(|p| &p.facts);
+        match setup.check_edit(&scope, binding, &wire, edited, facts) {
             Ok(_) => Ok(()),
             Err(EditRefusal::Schema(message)) => Err(EngineError::invalid(format!(
                 "the edited arguments do not match the input schema of {wire}: {message}"

@@ -1,13 +1,18 @@
-//! History lookups (migration 0014): what a history-aware decision reads before the policies
-//! run, with 10,000 earlier calls in scope of the group.
+//! History lookups (migrations 0014 and 0016): what a history-aware decision reads before the
+//! policies run, with 10,000 earlier calls in scope of each group, on SQLite (a temporary file)
+//! and PostgreSQL (`PHRONY_TEST_POSTGRES_URL`, default
+//! `postgres://postgres@127.0.0.1:5432/postgres`; skipped when unreachable).
 //!
-//! `cargo bench -p phrony-ledger --bench history` on SQLite (a temporary file):
-//! - `history_facts/unwindowed_sum`: one read of `sum` (counters) plus `max` and `last` over
-//!   the amount and time indexes;
-//! - `history_facts/window_24h_count`: the same group read through a 24 h window (an exact
-//!   range over the time index: its cost grows with the entries inside the window);
-//! - `history_facts/refund_policy`: the refund example's three queries (sum per order,
-//!   last lookup total, 24 h count per customer) in one round trip.
+//! `cargo bench -p phrony-ledger --bench history`, per backend, each as `before` (the reads
+//! before migration 0016: a window counted over its entries, and `max` and `last` read for every
+//! query) and `after` (a window from its time buckets; `max`/`last` only for those aggregates),
+//! in the same run over the same database:
+//! - `unwindowed_sum`: `sum` from the group's counters;
+//! - `window_24h_count`: a 24 h count whose 10,000 entries were decided in the last seconds;
+//! - `window_24h_count_spread`: a 24 h count whose 10,000 entries are spread over the 24 h (the
+//!   buckets read are at their most: 59 second, 59 minute, 23 hour and the day ones);
+//! - `refund_policy`: the refund example's three queries (sum per order, last lookup total,
+//!   24 h count per customer) in one round trip.
 //!
 //! The policy side (`crates/phrony-policy/benches/history.rs`) adds well under a microsecond.
 
@@ -16,11 +21,24 @@
     reason = "benchmark setup: a panic aborts the benchmark"
 )]
 
-use chrono::{Duration, Utc};
-use criterion::{Criterion, criterion_group, criterion_main};
-use phrony_ledger::{HistoryKey, HistoryRead, HistoryReservation, Ledger};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
 
-const EARLIER: usize = 10_000;
+use chrono::{DateTime, Duration, Utc};
+use criterion::{Criterion, criterion_group, criterion_main};
+use phrony_ledger::{
+    HistoryKey, HistoryRead, HistoryReservation, Ledger, LedgerClock, LedgerOptions,
+};
+use phrony_test_support::postgres::{CreateError, PgDatabase};
+
+const EARLIER: i64 = 10_000;
+const DAY_MICROS: i64 = 86_400_000_000;
+
+const SUM_Q: &str = "refund_order|everyone|customer_id||sum|amount";
+const COUNT_Q: &str = "refund_order|everyone|customer_id|86400|count|";
+const LAST_Q: &str = "lookup_order|everyone|customer_id||last|result.total";
+/// The same entries as `COUNT_Q`, reserved without a window: no buckets (as before 0016).
+const COUNT_SCANNED_Q: &str = "refund_order|everyone|customer_id|86400|count|scanned";
 
 fn key(query: &str, group: &str) -> HistoryKey {
     HistoryKey {
@@ -28,6 +46,167 @@ fn key(query: &str, group: &str) -> HistoryKey {
         scope_key: "*".to_owned(),
         group_key: group.to_owned(),
     }
+}
+
+fn reservation(query: &str, group: &str, amount: Option<f64>, window: bool) -> HistoryReservation {
+    HistoryReservation {
+        key: key(query, group),
+        amount,
+        result_path: None,
+        expected_version: 0,
+        window_secs: window.then_some(86_400),
+    }
+}
+
+/// Reserves `reservations` for `call`, at the versions the groups are at.
+async fn reserve(ledger: &Ledger, call: &str, mut reservations: Vec<HistoryReservation>) {
+    let reads: Vec<HistoryRead> = reservations
+        .iter()
+        .map(|r| HistoryRead {
+            key: r.key.clone(),
+            since: None,
+            max: false,
+            last: false,
+        })
+        .collect();
+    let counts = ledger.history_facts(call, &reads).await.unwrap();
+    for (r, c) in reservations.iter_mut().zip(counts) {
+        r.expected_version = c.version;
+    }
+    assert!(
+        ledger
+            .reserve_history("s", call, &reservations)
+            .await
+            .unwrap()
+    );
+}
+
+/// 10,000 calls now on group `C-7` (sum, bucketed and scanned counts), and 10,000 spread over
+/// the last 24 h on group `C-8` (bucketed and scanned counts).
+async fn fill(ledger: &Ledger, now: &AtomicI64, start: DateTime<Utc>) {
+    let start = start.timestamp_micros();
+    for i in 0..EARLIER {
+        now.store(
+            start - DAY_MICROS + 60_000_000 + i * 8_630_000,
+            Ordering::SeqCst,
+        );
+        reserve(
+            ledger,
+            &format!("spread-{i}"),
+            vec![
+                reservation(COUNT_Q, "C-8", None, true),
+                reservation(COUNT_SCANNED_Q, "C-8", None, false),
+            ],
+        )
+        .await;
+    }
+    for i in 0..EARLIER {
+        now.store(start + i, Ordering::SeqCst);
+        #[allow(clippy::cast_precision_loss, reason = "small amounts")]
+        let amount = 10.0 + (i % 100) as f64;
+        reserve(
+            ledger,
+            &format!("call-{i}"),
+            vec![
+                reservation(SUM_Q, "C-7", Some(amount), false),
+                reservation(COUNT_Q, "C-7", None, true),
+                reservation(COUNT_SCANNED_Q, "C-7", None, false),
+            ],
+        )
+        .await;
+    }
+}
+
+fn read(query: &str, group: &str, since: Option<DateTime<Utc>>, before: bool) -> HistoryRead {
+    HistoryRead {
+        key: key(query, group),
+        since,
+        max: before,
+        last: before || query == LAST_Q,
+    }
+}
+
+fn bench_backend(c: &mut Criterion, rt: &tokio::runtime::Runtime, backend: &str, url: &str) {
+    let start = Utc::now();
+    let now = Arc::new(AtomicI64::new(start.timestamp_micros()));
+    let clock_now = Arc::clone(&now);
+    let ledger = rt.block_on(async {
+        let ledger = Ledger::connect_with(
+            url,
+            LedgerOptions {
+                clock: LedgerClock::new(move || {
+                    DateTime::from_timestamp_micros(clock_now.load(Ordering::SeqCst))
+                        .unwrap_or_default()
+                }),
+                ..LedgerOptions::default()
+            },
+        )
+        .await
+        .unwrap();
+        ledger.migrate().await.unwrap();
+        fill(&ledger, &now, start).await;
+        ledger
+    });
+    // The decisions are taken a second after the last call, 24 h windows back from then.
+    let since = Some(start + Duration::seconds(1) - Duration::hours(24));
+    let cases: [(&str, Vec<HistoryRead>, Vec<HistoryRead>); 4] = [
+        (
+            "unwindowed_sum",
+            vec![read(SUM_Q, "C-7", None, true)],
+            vec![read(SUM_Q, "C-7", None, false)],
+        ),
+        (
+            "window_24h_count",
+            vec![read(COUNT_SCANNED_Q, "C-7", since, true)],
+            vec![read(COUNT_Q, "C-7", since, false)],
+        ),
+        (
+            "window_24h_count_spread",
+            vec![read(COUNT_SCANNED_Q, "C-8", since, true)],
+            vec![read(COUNT_Q, "C-8", since, false)],
+        ),
+        (
+            "refund_policy",
+            vec![
+                read(SUM_Q, "C-7", None, true),
+                read(LAST_Q, "C-7", None, true),
+                read(COUNT_SCANNED_Q, "C-7", since, true),
+            ],
+            vec![
+                read(SUM_Q, "C-7", None, false),
+                read(LAST_Q, "C-7", None, false),
+                read(COUNT_Q, "C-7", since, false),
+            ],
+        ),
+    ];
+    let mut group = c.benchmark_group(format!("history_facts/{backend}"));
+    for (name, before, after) in &cases {
+        // Both answer the same counts before anything is timed.
+        let b = rt
+            .block_on(ledger.history_facts("call-new", before))
+            .unwrap();
+        let a = rt
+            .block_on(ledger.history_facts("call-new", after))
+            .unwrap();
+        for (x, y) in b.iter().zip(&a) {
+            assert_eq!((x.count, x.sum, x.committed), (y.count, y.sum, y.committed));
+        }
+        assert!(b.iter().any(|x| x.count >= 9_999), "{name}: {b:?}");
+        group.bench_function(format!("{name}/before"), |bench| {
+            bench.iter(|| {
+                rt.block_on(ledger.history_facts("call-new", before))
+                    .unwrap()
+            });
+        });
+        group.bench_function(format!("{name}/after"), |bench| {
+            bench.iter(|| {
+                rt.block_on(ledger.history_facts("call-new", after))
+                    .unwrap()
+            });
+        });
+    }
+    group.finish();
+    rt.block_on(ledger.close());
 }
 
 fn benches(c: &mut Criterion) {
@@ -38,79 +217,19 @@ fn benches(c: &mut Criterion) {
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}/history.db?mode=rwc", dir.path().display());
-    let sum_q = "refund_order|everyone|customer_id||sum|amount";
-    let count_q = "refund_order|everyone|customer_id|86400|count|";
-    let last_q = "lookup_order|everyone|customer_id||last|result.total";
-    let ledger = rt.block_on(async {
-        let ledger = Ledger::connect(&url).await.unwrap();
-        ledger.migrate().await.unwrap();
-        let mut versions = [0_i64; 2];
-        for i in 0..EARLIER {
-            let call = format!("call-{i}");
-            let reservations = [
-                HistoryReservation {
-                    key: key(sum_q, "C-7"),
-                    amount: Some(10.0 + (i % 100) as f64),
-                    result_path: None,
-                    expected_version: versions[0],
-                },
-                HistoryReservation {
-                    key: key(count_q, "C-7"),
-                    amount: None,
-                    result_path: None,
-                    expected_version: versions[1],
-                },
-            ];
-            assert!(
-                ledger
-                    .reserve_history("s", &call, &reservations)
-                    .await
-                    .unwrap()
-            );
-            versions = [versions[0] + 1, versions[1] + 1];
+    bench_backend(c, &rt, "sqlite", &url);
+
+    // Benchmarks skip PostgreSQL whenever it is unreachable.
+    let db = match rt.block_on(PgDatabase::try_create("phrony_bench_history")) {
+        Ok(db) => db,
+        Err(error @ CreateError::Unreachable { .. }) => {
+            eprintln!("{error}; skipping the postgres benchmarks");
+            return;
         }
-        ledger
-    });
-    let mut group = c.benchmark_group("history_facts");
-    let unwindowed = [HistoryRead {
-        key: key(sum_q, "C-7"),
-        since: None,
-    }];
-    group.bench_function("unwindowed_sum", |b| {
-        b.iter(|| {
-            rt.block_on(ledger.history_facts("call-new", &unwindowed))
-                .unwrap()
-        });
-    });
-    let window = [HistoryRead {
-        key: key(count_q, "C-7"),
-        since: Some(Utc::now() - Duration::hours(24)),
-    }];
-    let counted = rt
-        .block_on(ledger.history_facts("call-new", &window))
-        .unwrap();
-    assert_eq!(counted[0].count, EARLIER as u64);
-    group.bench_function("window_24h_count", |b| {
-        b.iter(|| {
-            rt.block_on(ledger.history_facts("call-new", &window))
-                .unwrap()
-        });
-    });
-    let policy = [
-        unwindowed[0].clone(),
-        HistoryRead {
-            key: key(last_q, "C-7"),
-            since: None,
-        },
-        window[0].clone(),
-    ];
-    group.bench_function("refund_policy", |b| {
-        b.iter(|| {
-            rt.block_on(ledger.history_facts("call-new", &policy))
-                .unwrap()
-        });
-    });
-    group.finish();
+        Err(error) => panic!("{error}"),
+    };
+    bench_backend(c, &rt, "postgres", db.url());
+    drop(db);
 }
 
 criterion_group!(history, benches);

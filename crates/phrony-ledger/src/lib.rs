@@ -222,7 +222,10 @@ pub use event_body::{
     ToolIndeterminate, ToolLateResult, ToolPolicyDenied, ToolQueued, ToolRequested, TurnUsage,
     UserMessage, WebhookRetryRequested, WebhookUnconfigured, WorkerDescriptorRefused, event_types,
 };
-pub use history::{HistoryCounts, HistoryKey, HistoryRead, HistoryReservation, MAX_HISTORY_READS};
+pub use history::{
+    HISTORY_PRUNE_MARGIN_SECS, HistoryCounts, HistoryKey, HistoryPruned, HistoryRead,
+    HistoryReservation, MAX_HISTORY_READS,
+};
 pub use invocations::{
     CallStatus, Dispatch, NewToolCall, RecordedResult, SideEffectClass, ToolInvocation,
     ToolOutcome, ToolResult, Usage, error_codes, tool_call_id,
@@ -1497,8 +1500,11 @@ impl Ledger {
     }
 
     /// The aggregates of earlier calls a history-aware decision of `call_id` needs, one per
-    /// read, in order, answered from the `history_groups`/`history_entries` index (counters for
-    /// unwindowed counts and sums, the time index for windows; never a scan of the log). The
+    /// read, in order, answered from the `history_groups`/`history_entries`/`history_buckets`
+    /// index (counters for unwindowed counts and sums; for windows, at most 59 second, 59
+    /// minute and 23 hour buckets and the day buckets after them plus the entries of one
+    /// partial second; `max` and `last`
+    /// only when asked, from the amount and time indexes; never a scan of the log). The
     /// call's own entries are left out, so a call decided again after a restart does not count
     /// itself. Each answer carries its group's version for [`Ledger::reserve_history`].
     ///
@@ -1542,6 +1548,44 @@ impl Ledger {
             call_id,
             reservations
         ))
+    }
+
+    /// Moves a call's reservations to the contributions of arguments an approver edited, in one
+    /// transaction: `Ok(true)` when every group is still at the version the re-check read (the
+    /// call's reserved entries are released and the new ones written), `Ok(false)` when one
+    /// changed (nothing written; check again with fresh facts).
+    ///
+    /// # Errors
+    /// As [`Ledger::reserve_history`].
+    pub async fn replace_history(
+        &self,
+        session_id: &str,
+        call_id: &str,
+        reservations: &[HistoryReservation],
+    ) -> Result<bool> {
+        require_nonempty("session_id", session_id)?;
+        history::check_keys(call_id, reservations.iter().map(|r| &r.key))?;
+        write_tx!(self, |tx| history::replace(
+            &mut tx,
+            session_id,
+            call_id,
+            reservations
+        ))
+    }
+
+    /// Prunes one bounded batch of history state no window can see any more: at most `limit`
+    /// committed entries and `limit` time buckets of windowed queries whose window ended more
+    /// than [`HISTORY_PRUNE_MARGIN_SECS`] ago (by the ledger's clock). Reserved entries are
+    /// never pruned. Unwindowed entries (all time) never are. Call again while a batch comes
+    /// back full.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for a `limit` of 0; database errors.
+    pub async fn prune_history(&self, limit: u32) -> Result<HistoryPruned> {
+        if limit == 0 {
+            return Err(LedgerError::invalid("a prune batch needs a limit above 0"));
+        }
+        write_tx!(self, |tx| history::prune(&mut tx, i64::from(limit)))
     }
 
     /// Records what a `mode: shadow` policy would have changed about one call: a

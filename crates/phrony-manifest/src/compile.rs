@@ -678,13 +678,19 @@ fn compile_policies(
     if let Err(errors) =
         phrony_policy::PolicySet::compile(policies.iter().map(|p| def_from_compiled(p, tools)))
     {
-        // A Cedar text's problems were placed in its Policy document above.
-        for e in errors.into_iter().filter(|e| e.path != "cedar") {
+        // A Cedar text's (and its history facts') problems were placed in its Policy
+        // document above.
+        for e in errors.into_iter().filter(|e| !is_cedar_path(&e.path)) {
             let msg = format!("compiled policy {:?}: {}: {}", e.policy, e.path, e.kind);
             src.diags(out).error("spec", msg);
         }
     }
     (policies, findings)
+}
+
+/// Whether a compile error of a policy belongs to its Cedar text or its named history facts.
+fn is_cedar_path(path: &str) -> bool {
+    path == "cedar" || path.starts_with("cedar_history")
 }
 
 /// Cedar texts are validated against the input schemas of the tools in their scope; each
@@ -704,13 +710,13 @@ fn check_cedar_texts(
             phrony_policy::PolicySet::compile([def_from_compiled(&s.policy, tools)])
         {
             let mut d = entry.src.diags(out);
-            for e in errors.into_iter().filter(|e| e.path == "cedar") {
+            for e in errors.into_iter().filter(|e| is_cedar_path(&e.path)) {
                 match e.kind {
                     phrony_policy::CompileErrorKind::Cedar {
                         message,
                         offset: Some(offset),
                     } => cedar_error(&entry.src.text, cedar, offset, &message, &mut d),
-                    kind => d.error("spec.cedar", kind.to_string()),
+                    kind => d.error(&crate::policy_bridge::doc_path(&e.path), kind.to_string()),
                 }
             }
         }
@@ -1131,6 +1137,12 @@ fn compiled_from_doc(doc: &PolicyDoc, scope: String) -> CompiledPolicy {
         namespace: doc.metadata.namespace.clone(),
         version: doc.metadata.version.clone(),
         cedar: doc.spec.cedar.clone(),
+        cedar_history: doc
+            .spec
+            .history
+            .iter()
+            .map(|(k, v)| (k.clone(), Json::from(v.clone())))
+            .collect(),
         merged_from: Vec::new(),
     }
 }

@@ -54,6 +54,7 @@ pub(crate) fn def_from_doc(doc: &PolicyDoc) -> PolicyDef {
         allow_field: opt(spec.allow_field.trim()),
         mode: spec.mode.clone(),
         cedar: spec.cedar.clone(),
+        cedar_history: spec.history.clone(),
         // Checked on its own the document has no tools: its Cedar text is parsed, and
         // validated against the tools' input schemas when an agent attaches it.
         cedar_tools: std::collections::BTreeMap::new(),
@@ -110,6 +111,11 @@ pub(crate) fn def_from_compiled(p: &CompiledPolicy, tools: &[ToolBinding]) -> Po
         mode: p.mode.clone(),
         cedar: p.cedar.clone(),
         cedar_tools,
+        cedar_history: p
+            .cedar_history
+            .iter()
+            .map(|(k, v)| (k.clone(), v.0.clone()))
+            .collect(),
     }
 }
 
@@ -126,6 +132,7 @@ pub(crate) fn doc_path(path: &str) -> String {
         "scope" | "allow" | "allow_field" | "conditions" | "mode" | "cedar" => {
             format!("spec.{head}{rest}")
         }
+        "cedar_history" => format!("spec.history{rest}"),
         "" => "spec".to_owned(),
         other => format!("spec.decision.{other}{rest}"),
     }

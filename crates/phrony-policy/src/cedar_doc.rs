@@ -9,18 +9,24 @@
 //! Cedar request (see the crate README, "Cedar policies", for the mapping); a missing or
 //! mistyped fact, or any evaluation error, fails closed.
 //!
-//! `context.history` is an empty record today: the extension point where history-aware
-//! aggregates will be exposed to Cedar policies.
+//! `context.history` holds the policy's named history facts (`PolicyDef::cedar_history`): each
+//! name a history query, answered like a condition's `history` leaf (the engine reads the facts
+//! from the ledger), typed `Long` for `count`, `Bool` for `exists` and `decimal` for `sum`,
+//! `max` and `last`. Every named fact is required: one that cannot be answered (no facts on the
+//! request, a `same` argument missing, a `last` with no earlier value) denies the call, naming
+//! the fact (fail closed).
 
 use std::collections::BTreeMap;
 
 use cedar_policy::{Context, Entities, EntityUid, Schema};
 use serde_json::{Map, Value, json};
 
+use crate::Aggregate;
 use crate::cedar::{
     CedarError, CedarVerdict, FactSpec, FactType, Located, Parsed, cedar_decimal, json_kind,
     render_error, typed_value, uid,
 };
+use crate::history::{Answer, Side};
 use crate::request::Request;
 
 /// The largest Cedar text a policy may carry, in bytes.
@@ -43,6 +49,55 @@ pub(crate) struct CedarDoc {
     schema: Option<Schema>,
     /// The typed arguments of every tool in scope, by dispatch ref.
     tools: BTreeMap<String, BTreeMap<String, FactSpec>>,
+}
+
+/// The Cedar schema type of a named history fact.
+fn history_type(aggregate: Aggregate) -> Value {
+    match aggregate {
+        Aggregate::Count => json!({"type": "Long"}),
+        Aggregate::Exists => json!({"type": "Boolean"}),
+        Aggregate::Sum | Aggregate::Max | Aggregate::Last => {
+            json!({"type": "Extension", "name": "decimal"})
+        }
+    }
+}
+
+/// The `context.history` record of one request: every named fact, or the first that cannot
+/// be answered.
+fn history_record(req: &Request<'_>, history: &[(String, Side)]) -> Result<Value, String> {
+    let mut record = Map::new();
+    for (name, side) in history {
+        let missing = || {
+            format!(
+                "missing fact `history.{name}` ({}): no earlier calls answer it for this call",
+                side.query
+            )
+        };
+        let value = match side.answer(req).ok_or_else(missing)? {
+            Answer::Bool(b) => Value::Bool(b),
+            Answer::Num(x) if side.aggregate() == Aggregate::Count =>
+            {
+                #[allow(
+                    clippy::cast_possible_truncation,
+                    reason = "a count (plus one) is a small whole number"
+                )]
+                Value::from(x as i64)
+            }
+            Answer::Num(x) => {
+                let text = format!("{x:.4}");
+                match cedar_decimal(&text) {
+                    Some(d) if x.abs() < 9.0e14 => json!({"__extn": {"fn": "decimal", "arg": d}}),
+                    _ => {
+                        return Err(format!(
+                            "fact `history.{name}` is {x}, outside Cedar's decimal range"
+                        ));
+                    }
+                }
+            }
+        };
+        record.insert(name.clone(), value);
+    }
+    Ok(Value::Object(record))
 }
 
 /// A compile problem of a Cedar document: what is wrong and, when known, the byte offset in
@@ -119,7 +174,14 @@ fn string_record(names: &[&str]) -> Value {
     json!({"type": "Record", "attributes": attributes})
 }
 
-fn schema_json(tools: &BTreeMap<String, BTreeMap<String, FactSpec>>) -> Value {
+fn schema_json(
+    tools: &BTreeMap<String, BTreeMap<String, FactSpec>>,
+    history: &[(&str, Aggregate)],
+) -> Value {
+    let history: Map<String, Value> = history
+        .iter()
+        .map(|(name, aggregate)| ((*name).to_owned(), history_type(*aggregate)))
+        .collect();
     let mut actions = Map::new();
     for (tool, facts) in tools {
         let mut args = Map::new();
@@ -152,7 +214,7 @@ fn schema_json(tools: &BTreeMap<String, BTreeMap<String, FactSpec>>) -> Value {
                     "principal": principal,
                     "session": {"type": "Entity", "name": SESSION},
                     "time": {"type": "Long", "required": false},
-                    "history": {"type": "Record", "attributes": {}},
+                    "history": {"type": "Record", "attributes": history},
                 }},
             }}),
         );
@@ -173,6 +235,7 @@ impl CedarDoc {
     pub(crate) fn compile(
         text: &str,
         tools: &BTreeMap<String, Value>,
+        history: &[(&str, Aggregate)],
     ) -> Result<Self, Vec<CedarIssue>> {
         if text.len() > MAX_CEDAR_BYTES {
             return Err(vec![CedarIssue {
@@ -198,7 +261,7 @@ impl CedarDoc {
         let schema = if tools.is_empty() {
             None
         } else {
-            let schema = Schema::from_json_value(schema_json(&tools)).map_err(|e| {
+            let schema = Schema::from_json_value(schema_json(&tools, history)).map_err(|e| {
                 vec![CedarIssue {
                     message: format!("Cedar schema of the tools in scope: {}", render_error(&e)),
                     offset: None,
@@ -226,42 +289,58 @@ impl CedarDoc {
         self.parsed.reasons.get(id).map(String::as_str)
     }
 
-    /// The tools in scope no `permit` can apply to (by its action scope): every call of theirs
-    /// is denied. (A permit whose condition can never hold is not detected.)
+    /// The tools in scope no `permit` can apply to (by its action and resource scopes; the
+    /// resource is `Tool::"<ref>"`, which is in no other entity): every call of theirs is
+    /// denied. (A permit whose condition can never hold is not detected.)
     pub(crate) fn tools_without_permit(&self) -> Vec<&str> {
-        use cedar_policy::{ActionConstraint, Effect};
-        let permits: Vec<ActionConstraint> = self
+        use cedar_policy::{ActionConstraint, Effect, ResourceConstraint};
+        let permits: Vec<(ActionConstraint, ResourceConstraint)> = self
             .parsed
             .all
             .policies()
             .filter(|p| p.effect() == Effect::Permit)
-            .map(cedar_policy::Policy::action_constraint)
+            .map(|p| (p.action_constraint(), p.resource_constraint()))
             .collect();
         self.tools
             .keys()
             .filter(|tool| {
-                let Ok(action) = uid("Action", tool) else {
+                let (Ok(action), Ok(resource)) = (uid("Action", tool), uid(TOOL, tool)) else {
                     return true;
                 };
-                !permits.iter().any(|c| match c {
-                    ActionConstraint::Any => true,
-                    ActionConstraint::Eq(a) => *a == action,
-                    ActionConstraint::In(list) => list.contains(&action),
+                !permits.iter().any(|(a, r)| {
+                    let action_fits = match a {
+                        ActionConstraint::Any => true,
+                        ActionConstraint::Eq(a) => *a == action,
+                        ActionConstraint::In(list) => list.contains(&action),
+                    };
+                    let resource_fits = match r {
+                        ResourceConstraint::Any => true,
+                        ResourceConstraint::Eq(e) | ResourceConstraint::In(e) => *e == resource,
+                        ResourceConstraint::Is(t) => *t == *resource.type_name(),
+                        ResourceConstraint::IsIn(t, e) => {
+                            *t == *resource.type_name() && *e == resource
+                        }
+                    };
+                    action_fits && resource_fits
                 })
             })
             .map(String::as_str)
             .collect()
     }
 
-    /// Decides one call.
-    pub(crate) fn evaluate(&self, req: &Request<'_>) -> CedarVerdict {
-        match self.request(req) {
+    /// Decides one call, with the policy's named history facts.
+    pub(crate) fn evaluate(&self, req: &Request<'_>, history: &[(String, Side)]) -> CedarVerdict {
+        match self.request(req, history) {
             Ok((request, entities)) => self.parsed.decide(&request, &entities),
             Err(problem) => CedarVerdict::Invalid { problem },
         }
     }
 
-    fn request(&self, req: &Request<'_>) -> Result<(cedar_policy::Request, Entities), String> {
+    fn request(
+        &self,
+        req: &Request<'_>,
+        history: &[(String, Side)],
+    ) -> Result<(cedar_policy::Request, Entities), String> {
         let tool = req.tool.r#ref;
         let (Some(schema), Some(facts)) = (&self.schema, self.tools.get(tool)) else {
             return Err(format!(
@@ -297,7 +376,7 @@ impl CedarDoc {
             },
             "agent": {"namespace": agent.namespace, "name": agent.name, "version": agent.version},
             "session": {"__entity": {"type": SESSION, "id": session.id}},
-            "history": {},
+            "history": history_record(req, history)?,
         });
         if let (Some(time), Value::Object(map)) = (req.now_unix, &mut context) {
             map.insert("time".into(), Value::from(time));
@@ -508,6 +587,155 @@ when { context.args.amount.greaterThan(decimal("5000.0")) };
             _ => None,
         };
         (d.kind(), d.reason().map(str::to_owned), quorum)
+    }
+
+    /// The refund-cumulative policies in Cedar (policies-examples/refund-cumulative-cedar).
+    const CUMULATIVE_CEDAR: &str = r#"
+@id("within-order-total")
+@reason("The refunds of this order would exceed its total.")
+forbid (principal, action, resource)
+when { context.history.refunded.greaterThan(context.history.order_total) };
+
+@id("per-customer-per-day")
+forbid (principal, action, resource) when { context.history.refunds_today > 3 };
+
+@id("refunds")
+permit (principal, action, resource);
+"#;
+
+    fn cumulative_def() -> PolicyDef {
+        let q = |v: Value| v;
+        PolicyDef {
+            cedar_history: BTreeMap::from([
+                (
+                    "refunded".to_owned(),
+                    q(
+                        json!({"calls": "issue_refund", "same": ["order_id"], "aggregate": "sum", "of": "amount"}),
+                    ),
+                ),
+                (
+                    "order_total".to_owned(),
+                    q(
+                        json!({"calls": "lookup_order", "same": ["order_id"], "aggregate": "last", "of": "result.total"}),
+                    ),
+                ),
+                (
+                    "refunds_today".to_owned(),
+                    q(
+                        json!({"calls": "issue_refund", "in": "everyone", "within": "24h", "aggregate": "count"}),
+                    ),
+                ),
+            ]),
+            ..cedar_def("refunds-cumulative", CUMULATIVE_CEDAR)
+        }
+    }
+
+    #[test]
+    fn history_facts_reach_cedar_typed_and_fail_closed() {
+        let s = set(vec![cumulative_def()]);
+        // Three distinct queries, interned into the set for the engine to answer.
+        assert_eq!(s.history_queries().len(), 3);
+        assert!(s.reads_history_for(REFUND));
+        let args = json!({"order_id": "O-1", "amount": 40, "currency": "EUR"});
+        let tool = ToolCtx {
+            name: "issue_refund",
+            ..ToolCtx::new(REFUND)
+        };
+        let decide = |facts: Option<&crate::HistoryFacts>| {
+            let mut req = Request::new(tool, &args).at(1_700_000_000);
+            if let Some(f) = facts {
+                req = req.with_history(f);
+            }
+            let d = s.evaluate(&req);
+            (d.kind(), d.reason().map(str::to_owned))
+        };
+        let facts = |refunded: f64, total: Option<f64>, today: u64| {
+            let mut f = crate::HistoryFacts::new(3);
+            for (i, q) in s.history_queries().iter().enumerate() {
+                let fact = match (q.aggregate(), q.calls()) {
+                    (Aggregate::Last, _) => crate::HistoryFact {
+                        committed: 1,
+                        last: total,
+                        ..crate::HistoryFact::default()
+                    },
+                    (Aggregate::Sum, _) => crate::HistoryFact {
+                        count: 1,
+                        sum: refunded,
+                        ..crate::HistoryFact::default()
+                    },
+                    _ => crate::HistoryFact {
+                        count: today,
+                        ..crate::HistoryFact::default()
+                    },
+                };
+                f.set(i, fact);
+            }
+            f
+        };
+        // 60 earlier + 40 now = the total exactly: allowed; a cent more is forbidden.
+        assert_eq!(
+            decide(Some(&facts(60.0, Some(100.0), 0))).0,
+            DecisionKind::Allow
+        );
+        let (kind, reason) = decide(Some(&facts(60.01, Some(100.0), 0)));
+        assert_eq!(kind, DecisionKind::Deny);
+        assert!(reason.unwrap().contains("exceed its total"));
+        // The count includes this call: 3 earlier make 4.
+        assert_eq!(
+            decide(Some(&facts(0.0, Some(100.0), 2))).0,
+            DecisionKind::Allow
+        );
+        assert_eq!(
+            decide(Some(&facts(0.0, Some(100.0), 3))).0,
+            DecisionKind::Deny
+        );
+        // No earlier lookup (no `last`), or no facts at all: denied, naming the fact.
+        for missing in [Some(&facts(0.0, None, 0)), None] {
+            let (kind, reason) = decide(missing);
+            assert_eq!(kind, DecisionKind::Deny);
+            let reason = reason.unwrap();
+            assert!(
+                reason.contains("fail closed") && reason.contains("history."),
+                "{reason}"
+            );
+        }
+    }
+
+    #[test]
+    fn history_facts_are_validated_with_the_cedar_text() {
+        // A fact used with the wrong type is refused by strict validation.
+        let mut def = cumulative_def();
+        def.cedar = Some(
+            r#"permit (principal, action, resource) when { context.history.refunds_today.greaterThan(decimal("1.0")) };"#
+                .into(),
+        );
+        let err = PolicySet::compile(vec![def]).unwrap_err();
+        assert!(err.to_string().contains("cedar"), "{err}");
+        // An undeclared fact too.
+        let mut def = cumulative_def();
+        def.cedar =
+            Some("permit (principal, action, resource) when { context.history.nope > 1 };".into());
+        assert!(PolicySet::compile(vec![def]).is_err());
+        // A name Cedar cannot read, a bad query, and facts without Cedar text.
+        let mut def = cumulative_def();
+        def.cedar_history.insert(
+            "not-an-ident".into(),
+            json!({"calls": "x", "aggregate": "count"}),
+        );
+        def.cedar_history
+            .insert("bad".into(), json!({"calls": "x", "aggregate": "median"}));
+        let err = PolicySet::compile(vec![def]).unwrap_err().to_string();
+        assert!(
+            err.contains("not-an-ident") && err.contains("median"),
+            "{err}"
+        );
+        let def = PolicyDef {
+            cedar: None,
+            action: "deny".into(),
+            ..cumulative_def()
+        };
+        let err = PolicySet::compile(vec![def]).unwrap_err().to_string();
+        assert!(err.contains("cedar_history"), "{err}");
     }
 
     #[test]
@@ -854,6 +1082,26 @@ when { context.agent.name != "refund-agent" || context.tool.ref != "payments.iss
                 "absolute-ceiling",
                 "delegated-refunds"
             ]
+        );
+        // The resource scope counts too: a permit on any action but one tool resource.
+        let by_resource = r#"
+@id("refunds-only")
+permit (principal, action, resource == Tool::"payments.issue-refund");
+"#;
+        let mut def = cedar_def("refund-cedar", by_resource);
+        def.scope = String::new();
+        def.cedar_tools
+            .insert("orders.lookup".into(), json!({"type": "object"}));
+        let s = set(vec![def.clone()]);
+        assert_eq!(
+            s.policies()[0].cedar_tools_without_permit(),
+            ["orders.lookup"]
+        );
+        def.cedar = Some(r#"@id("tools") permit (principal, action, resource is Tool);"#.into());
+        assert!(
+            set(vec![def]).policies()[0]
+                .cedar_tools_without_permit()
+                .is_empty()
         );
     }
 }

@@ -89,6 +89,14 @@ pub struct PolicyDef {
     /// denied (fail closed). Serialized only when non-empty.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub cedar_tools: BTreeMap<String, Value>,
+    /// The history facts a Cedar policy reads (addition): name → a history query (the map a
+    /// condition's `history` leaf takes: `calls`, `in`, `same`, `within`, `aggregate`, `of`,
+    /// `include_current`), given to Cedar as `context.history.<name>`: a `Long` for `count`, a
+    /// `Bool` for `exists`, a `decimal` for `sum`, `max` and `last`. A fact that cannot be
+    /// answered denies the call (fail closed). Only with `cedar`. Serialized only when
+    /// non-empty.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub cedar_history: BTreeMap<String, Value>,
 }
 
 fn is_false(b: &bool) -> bool {

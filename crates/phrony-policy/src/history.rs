@@ -302,14 +302,25 @@ pub(crate) struct Side {
     include_current: bool,
 }
 
+/// The value of one side of a history comparison for one request.
 #[derive(Debug, Clone, Copy)]
-enum Answer {
+pub(crate) enum Answer {
     Num(f64),
     Bool(bool),
 }
 
 impl Side {
-    fn answer(&self, req: &Request<'_>) -> Option<Answer> {
+    /// The aggregate the side computes (types a Cedar policy's named history fact).
+    #[cfg_attr(
+        not(feature = "cedar"),
+        expect(dead_code, reason = "read by the Cedar documents only")
+    )]
+    pub(crate) fn aggregate(&self) -> Aggregate {
+        self.query.aggregate
+    }
+
+    /// The side's value for `req`; `None` when it cannot be answered (see the module docs).
+    pub(crate) fn answer(&self, req: &Request<'_>) -> Option<Answer> {
         let fact = req.history?.get(usize::try_from(self.index).ok()?)?;
         let current = self.include_current && self.query.matches_tool(&req.tool);
         let q = &self.query;
@@ -715,6 +726,39 @@ pub(crate) fn compile_side(
         index: u32::MAX,
         include_current: include_current.unwrap_or(aggregate.counts_reserved()),
     })
+}
+
+/// Compiles the named history facts of a Cedar policy (`cedar_history`): each name a Cedar
+/// identifier, each value a history query map.
+pub(crate) fn compile_named(
+    named: &std::collections::BTreeMap<String, Value>,
+    default_tool: Option<&str>,
+    diags: &mut Diags<'_>,
+) -> Vec<(String, Side)> {
+    let mut out = Vec::with_capacity(named.len());
+    for (name, v) in named {
+        let at = format!("cedar_history.{name}");
+        let mut chars = name.chars();
+        let ident = chars
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !ident {
+            bad(
+                diags,
+                at,
+                format!(
+                    "`{name}` is not a Cedar identifier (letters, digits and `_`, not starting \
+                     with a digit): Cedar reads it as `context.history.{name}`"
+                ),
+            );
+            continue;
+        }
+        if let Some(side) = compile_side(v, &at, default_tool, diags) {
+            out.push((name.clone(), side));
+        }
+    }
+    out
 }
 
 /// Compiles a leaf node `{history: {...}, op, value | value_from}` at `at`.

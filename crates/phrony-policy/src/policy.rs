@@ -210,6 +210,8 @@ pub struct Policy {
     runtime: Option<Map<String, Value>>,
     /// The compiled Cedar text of a Cedar policy (`cedar`).
     cedar: CedarSlot,
+    /// The named history facts of a Cedar policy (`cedar_history`), in name order.
+    cedar_history: Vec<(String, crate::history::Side)>,
 }
 
 #[cfg(feature = "cedar")]
@@ -220,9 +222,17 @@ type CedarSlot = Option<std::convert::Infallible>;
 
 /// `cedar`: the compiled Cedar text, or `None` (problems go to `diags`).
 #[cfg(feature = "cedar")]
-fn compile_cedar(def: &PolicyDef, diags: &mut Diags<'_>) -> CedarSlot {
+fn compile_cedar(
+    def: &PolicyDef,
+    history: &[(String, crate::history::Side)],
+    diags: &mut Diags<'_>,
+) -> CedarSlot {
     let text = def.cedar.as_ref()?;
-    match crate::cedar_doc::CedarDoc::compile(text, &def.cedar_tools) {
+    let facts: Vec<(&str, crate::Aggregate)> = history
+        .iter()
+        .map(|(name, side)| (name.as_str(), side.aggregate()))
+        .collect();
+    match crate::cedar_doc::CedarDoc::compile(text, &def.cedar_tools, &facts) {
         Ok(doc) => Some(std::sync::Arc::new(doc)),
         Err(issues) => {
             for issue in issues {
@@ -240,7 +250,11 @@ fn compile_cedar(def: &PolicyDef, diags: &mut Diags<'_>) -> CedarSlot {
 }
 
 #[cfg(not(feature = "cedar"))]
-fn compile_cedar(def: &PolicyDef, diags: &mut Diags<'_>) -> CedarSlot {
+fn compile_cedar(
+    def: &PolicyDef,
+    _history: &[(String, crate::history::Side)],
+    diags: &mut Diags<'_>,
+) -> CedarSlot {
     if def.cedar.is_some() {
         diags.push(
             "cedar",
@@ -257,6 +271,17 @@ fn compile_cedar(def: &PolicyDef, diags: &mut Diags<'_>) -> CedarSlot {
 /// Cedar's escalate convention asks for), `require_approval` when absent.
 fn check_cedar_fields(def: &PolicyDef, diags: &mut Diags<'_>) {
     if def.cedar.is_none() {
+        if !def.cedar_history.is_empty() {
+            diags.push(
+                "cedar_history",
+                CompileErrorKind::Cedar {
+                    message: "named history facts are read by Cedar text (`cedar`); a policy \
+                              with conditions writes `history` leaves in them"
+                        .to_owned(),
+                    offset: None,
+                },
+            );
+        }
         return;
     }
     let mut no = |path: &str, message: &str| {
@@ -471,7 +496,6 @@ impl Policy {
         } else {
             compile_action(&def, diags)
         };
-        let cedar = compile_cedar(&def, diags);
 
         let mut values = Vec::with_capacity(def.allow.len());
         for (i, entry) in def.allow.iter().enumerate() {
@@ -509,6 +533,8 @@ impl Policy {
             _ => None,
         };
         let conditions = condition::compile(def.conditions.as_ref(), scope_tool, diags);
+        let cedar_history = crate::history::compile_named(&def.cedar_history, scope_tool, diags);
+        let cedar = compile_cedar(&def, &cedar_history, diags);
 
         let approvals_required = match def.approvals_required {
             None => 1,
@@ -609,6 +635,7 @@ impl Policy {
             route,
             runtime: def.runtime,
             cedar,
+            cedar_history,
         })
     }
 
@@ -656,8 +683,8 @@ impl Policy {
         &[]
     }
 
-    /// The tools in a Cedar policy's scope that no Cedar `permit` applies to (by action
-    /// scope): every call of theirs is denied. Empty for other policies.
+    /// The tools in a Cedar policy's scope that no Cedar `permit` applies to (by action and
+    /// resource scope): every call of theirs is denied. Empty for other policies.
     pub fn cedar_tools_without_permit(&self) -> Vec<&str> {
         #[cfg(feature = "cedar")]
         if let Some(doc) = &self.cedar {
@@ -675,7 +702,7 @@ impl Policy {
         {
             use crate::cedar::CedarVerdict;
             let list = |ids: &[String]| ids.join(", ");
-            return Some(match doc.evaluate(req) {
+            return Some(match doc.evaluate(req, &self.cedar_history) {
                 CedarVerdict::Allow { permits } => format!("permit ({})", list(&permits)),
                 CedarVerdict::Deny { forbids } => format!("forbid ({})", list(&forbids)),
                 CedarVerdict::NoPermit => "no permit matched (default deny)".to_owned(),
@@ -695,7 +722,7 @@ impl Policy {
     #[cfg(feature = "cedar")]
     fn cedar_verdict(&self, doc: &crate::cedar_doc::CedarDoc, req: &Request<'_>) -> Verdict<'_> {
         use crate::cedar::CedarVerdict;
-        match doc.evaluate(req) {
+        match doc.evaluate(req, &self.cedar_history) {
             CedarVerdict::Allow { .. } => Verdict::Allow,
             CedarVerdict::Escalate { .. } => Verdict::Approval,
             CedarVerdict::Deny { forbids } => {
@@ -815,14 +842,19 @@ impl Policy {
     /// Gives the history leaves the indices of their queries in `table`; `false` when the set
     /// would hold more than [`MAX_HISTORY_QUERIES`](crate::MAX_HISTORY_QUERIES) queries.
     pub(crate) fn intern_history(&mut self, table: &mut Vec<crate::HistoryQuery>) -> bool {
-        self.conditions
-            .as_mut()
-            .is_none_or(|c| c.intern_history(table))
+        self.cedar_history
+            .iter_mut()
+            .all(|(_, side)| crate::history::intern(side, table))
+            && self
+                .conditions
+                .as_mut()
+                .is_none_or(|c| c.intern_history(table))
     }
 
-    /// Whether the policy's conditions have a `history` leaf.
+    /// Whether the policy reads history: its conditions have a `history` leaf, or it is a
+    /// Cedar policy with named history facts.
     pub fn reads_history(&self) -> bool {
-        self.conditions.as_ref().is_some_and(Cond::reads_history)
+        !self.cedar_history.is_empty() || self.conditions.as_ref().is_some_and(Cond::reads_history)
     }
 
     /// Gives the condition leaves their path slots (see `slots.rs`).

@@ -44,6 +44,7 @@ pub mod config;
 pub mod console;
 pub mod daemon;
 pub mod embedded;
+pub mod history_prune;
 pub mod http;
 pub mod logging;
 pub mod oidc;

@@ -337,7 +337,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
     let mode = crate::auth::resolve_mode(Some(config.auth), false, listener.local_addr)?;
-    let (ledger, webhook_sender) = start_webhooks(ledger, config.webhooks.clone())?;
+    let (ledger, background) = start_background(ledger, config.webhooks.clone())?;
     let authenticator = edge_authenticator(mode, &ledger, &config);
     let health = Health::new();
     let monitor = health.spawn_monitor(
@@ -475,7 +475,7 @@ pub async fn serve(
         }
     };
     monitor.abort();
-    drop((webhook_sender, server));
+    drop((background, server));
     // Drivers stop where they are; their sessions resume from the log at the next start.
     stop_engine(&engine).await;
     ledger.close().await;
@@ -498,16 +498,23 @@ async fn stop_engine(engine: &Engine) {
     }
 }
 
-/// With webhooks: the ledger writing their outbox rows in every notifying event's transaction
-/// from now on, and the sender (stopped when dropped).
-fn start_webhooks(
+/// The daemon's background tasks beside the server (each stopped when dropped).
+type Background = (
+    Option<crate::webhooks::WebhookSender>,
+    crate::history_prune::HistoryPruner,
+);
+
+/// The history pruner and, with webhooks, their sender and the ledger writing their outbox
+/// rows in every notifying event's transaction from now on.
+fn start_background(
     ledger: Ledger,
     webhooks: Option<Arc<crate::webhooks::WebhooksConfig>>,
-) -> Result<(Ledger, Option<crate::webhooks::WebhookSender>), ServeError> {
+) -> Result<(Ledger, Background), ServeError> {
     let Some(webhooks) = webhooks else {
         // Deliveries written while a webhooks file was configured can never be sent now.
         tokio::spawn(crate::webhooks::fail_unconfigured(ledger.clone()));
-        return Ok((ledger, None));
+        let pruner = crate::history_prune::HistoryPruner::start(ledger.clone());
+        return Ok((ledger, (None, pruner)));
     };
     let ledger = ledger.with_webhooks(webhooks.routes());
     let sender = crate::webhooks::WebhookSender::start(ledger.clone(), webhooks).map_err(|e| {
@@ -515,7 +522,8 @@ fn start_webhooks(
             message: format!("{e:#}"),
         }
     })?;
-    Ok((ledger, Some(sender)))
+    let pruner = crate::history_prune::HistoryPruner::start(ledger.clone());
+    Ok((ledger, (Some(sender), pruner)))
 }
 
 /// Waits until no tool call is running on a worker and no result awaits its acknowledgement,

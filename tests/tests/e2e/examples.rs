@@ -447,6 +447,53 @@ fn the_cedar_refund_agent_decides_like_the_yaml_one() {
     assert!(report.is_empty(), "mismatches:\n{report}");
 }
 
+/// refund-cumulative's own cases, run against refund-cumulative-cedar (its two history-aware
+/// policies written in Cedar over named history facts): every case gets the same decision,
+/// deciding policy and message from both.
+#[test]
+fn the_cedar_cumulative_refund_agent_decides_like_the_yaml_one() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies-examples");
+    let yaml = load_example(&root.join("refund-cumulative")).unwrap().agent;
+    let cedar = load_example(&root.join("refund-cumulative-cedar"))
+        .unwrap()
+        .agent;
+    let (yaml_set, cedar_set) = (yaml.policy_set().unwrap(), cedar.policy_set().unwrap());
+    assert!(
+        cedar_set
+            .policies()
+            .iter()
+            .all(|p| p.is_cedar() && p.reads_history())
+    );
+    assert!(
+        !yaml_set
+            .policies()
+            .iter()
+            .any(phrony_policy::Policy::is_cedar)
+    );
+    // The same queries (so the ledger's index is shared), asked by Cedar facts or by leaves.
+    let keys = |set: &phrony_policy::PolicySet| {
+        let mut k: Vec<String> = set
+            .history_queries()
+            .iter()
+            .map(|q| q.key().to_owned())
+            .collect();
+        k.sort();
+        k
+    };
+    assert_eq!(keys(&yaml_set), keys(&cedar_set));
+    let cases = load_cases(&root.join("refund-cumulative")).unwrap();
+    assert!(cases.len() >= 10, "{} cases", cases.len());
+    let mut report = String::new();
+    for case in &cases {
+        for (which, agent, set) in [("YAML", &yaml, &yaml_set), ("Cedar", &cedar, &cedar_set)] {
+            for problem in check_case(agent, set, case) {
+                let _ = writeln!(report, "{which}: {}: {problem}", case.name);
+            }
+        }
+    }
+    assert!(report.is_empty(), "mismatches:\n{report}");
+}
+
 #[test]
 fn every_example_compiles_without_warnings() {
     let mut report = String::new();

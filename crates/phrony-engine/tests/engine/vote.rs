@@ -14,7 +14,7 @@ use phrony_engine::{
 use phrony_ledger::{
     Ledger, LedgerOptions, NewAgentVersion, SecretCipher, SessionMode, SessionStatus,
 };
-use serde_json::json;
+use serde_json::{Value, json};
 use uuid::Uuid;
 
 /// A harness on a fresh SQLite ledger (kept alive by the returned directory).
@@ -637,4 +637,79 @@ async fn in_local_mode_the_starter_approves_and_inspect_marks_it_unverified() {
             .any(|s| s.starts_with("approval approved by emad (unverified)")),
         "{summaries:#?}"
     );
+}
+
+/// A history cap on `issue_refund`: the refunds of one order in a session, this one included,
+/// never exceed 500.
+const ORDER_CAP: &str = r"apiVersion: phrony.com/v1
+kind: Policy
+
+metadata:
+  name: refunds-within-500-per-order
+  namespace: payments
+  version: 1.0.0
+
+spec:
+  scope: tool:payments.issue-refund
+  conditions:
+    history:
+      calls: issue_refund
+      same: [order_id]
+      aggregate: sum
+      of: amount
+    op: gt
+    value: 500
+  decision:
+    type: deny
+    reason: The refunds of this order would exceed 500.
+";
+
+#[tokio::test]
+async fn edited_arguments_are_checked_with_history_and_move_the_reservation() {
+    let opts = AgentOptions {
+        extra_policies: vec![("order-cap.yaml".into(), ORDER_CAP.into())],
+        ..AgentOptions::default()
+    };
+    let (h, _db) = on_ledger(
+        &opts,
+        vec![
+            // 400: above the approval boundary, within the cap; reserved while it waits.
+            Step::call("issue_refund", refund("ORD-1", 400.0)),
+            // 200 more fits the cap only if the first refund counts as edited (300), not 400.
+            Step::call("issue_refund", refund("ORD-1", 200.0)),
+            Step::say("Issued."),
+        ],
+        test_config(),
+    )
+    .await;
+    let s = h.start("Refund ORD-1.").await;
+    h.wait(&s.id, &[SessionStatus::AwaitingApproval]).await;
+    let a = h.pending_approval(&s.id).await;
+
+    // An edit beyond the cap is refused at the vote, by the history policy with its facts.
+    let too_much = Vote {
+        edited_args: Some(refund("ORD-1", 501.0)),
+        ..approve("alice", "more")
+    };
+    let (kind, message) = refused(h.engine.vote(by_id(a.id), too_much).await);
+    assert_eq!(kind, ErrorKind::FailedPrecondition);
+    assert!(
+        message.contains("refunds-within-500-per-order") && message.contains("exceed 500"),
+        "{message}"
+    );
+    // Within the cap: accepted (the call's own reservation of 400 is not counted), and the
+    // reservation moves to 300.
+    let edited = Vote {
+        edited_args: Some(refund("ORD-1", 300.0)),
+        ..approve("alice", "less")
+    };
+    assert!(h.engine.vote(by_id(a.id), edited).await.unwrap().decided);
+    assert_eq!(h.wait_end(&s.id).await.status, SessionStatus::Completed);
+    let amounts: Vec<Value> = h
+        .worker
+        .invoked("payments.issue-refund")
+        .iter()
+        .map(|inv| inv.args["amount"].clone())
+        .collect();
+    assert_eq!(amounts, [json!(300.0), json!(200.0)]);
 }

@@ -29,6 +29,8 @@ fn read(query: &str, group: &str) -> HistoryRead {
     HistoryRead {
         key: key(query, group),
         since: None,
+        max: true,
+        last: true,
     }
 }
 
@@ -38,6 +40,31 @@ fn reserve(query: &str, group: &str, amount: Option<f64>, version: i64) -> Histo
         amount,
         result_path: None,
         expected_version: version,
+        window_secs: None,
+    }
+}
+
+/// A ledger whose clock reads `now` (Unix microseconds).
+async fn clocked(db: &TestDb, now: &Arc<AtomicI64>) -> Ledger {
+    let clock_now = Arc::clone(now);
+    Ledger::connect_with(
+        &db.url,
+        LedgerOptions {
+            clock: LedgerClock::new(move || {
+                DateTime::from_timestamp_micros(clock_now.load(Ordering::SeqCst))
+                    .unwrap_or_default()
+            }),
+            ..LedgerOptions::default()
+        },
+    )
+    .await
+    .unwrap()
+}
+
+fn window_read(query: &str, group: &str, since: DateTime<Utc>) -> HistoryRead {
+    HistoryRead {
+        since: Some(since),
+        ..read(query, group)
     }
 }
 
@@ -302,20 +329,10 @@ pub(crate) async fn history_windows_are_exact_at_the_edges(db: &TestDb) {
     db.migrated().await;
     let t0 = Utc.with_ymd_and_hms(2026, 1, 1, 12, 0, 0).unwrap();
     let now = Arc::new(AtomicI64::new(t0.timestamp_micros()));
-    let clock_now = Arc::clone(&now);
-    let ledger = Ledger::connect_with(
-        &db.url,
-        LedgerOptions {
-            clock: LedgerClock::new(move || {
-                DateTime::from_timestamp_micros(clock_now.load(Ordering::SeqCst))
-                    .unwrap_or_default()
-            }),
-            ..LedgerOptions::default()
-        },
-    )
-    .await
-    .unwrap();
+    let ledger = clocked(db, &now).await;
+    // The same entries in a bucketed group (reserved with a window) and a scanned one.
     let q = "issue_refund|everyone|customer_id|86400|count|";
+    let scanned = "issue_refund|everyone|customer_id||count|";
     for (i, offset) in [0_i64, 3_600_000_000, 7_200_000_000]
         .into_iter()
         .enumerate()
@@ -324,17 +341,19 @@ pub(crate) async fn history_windows_are_exact_at_the_edges(db: &TestDb) {
         let v = ledger.history_facts("x", &[read(q, "c")]).await.unwrap()[0].version;
         assert!(
             ledger
-                .reserve_history("s", &format!("c{i}"), &[reserve(q, "c", None, v)])
+                .reserve_history(
+                    "s",
+                    &format!("c{i}"),
+                    &[HistoryReservation {
+                        window_secs: Some(86_400),
+                        ..reserve(q, "c", None, v)
+                    }]
+                )
                 .await
                 .unwrap()
         );
     }
-    let window = |since: DateTime<Utc>| {
-        [HistoryRead {
-            key: key(q, "c"),
-            since: Some(since),
-        }]
-    };
+    let window = |since: DateTime<Utc>| [window_read(q, "c", since)];
     // The window starts exactly at the first entry: all three; one microsecond later: two.
     assert_eq!(facts(&ledger, "x", &window(t0)).await[0].count, 3);
     assert_eq!(
@@ -357,6 +376,219 @@ pub(crate) async fn history_windows_are_exact_at_the_edges(db: &TestDb) {
     );
     // The asking call is left out of a window too.
     assert_eq!(facts(&ledger, "c1", &window(t0)).await[0].count, 2);
+
+    // Many entries across minute, hour and day boundaries, some committed, some released:
+    // the buckets answer every window exactly as a scan of the entries does.
+    let (session, ids) = calls(&ledger, 24).await;
+    let t1 = t0 + Duration::days(1);
+    let bucketed = "issue_refund|everyone|order_id|172800|sum|amount";
+    let offsets: Vec<i64> = (0..24_i64)
+        .map(|i| i * 7_919_000_000 + (i % 5) * 59_999_999 + i)
+        .collect();
+    for (i, (call, offset)) in ids.iter().zip(&offsets).enumerate() {
+        now.store(t1.timestamp_micros() + offset, Ordering::SeqCst);
+        let amount = Some(1.0 + f64::from(u32::try_from(i).unwrap()) * 0.5);
+        for (query, window_secs) in [(bucketed, Some(172_800)), (scanned, None)] {
+            let v = facts(&ledger, call, &[read(query, "o")]).await[0].version;
+            assert!(
+                ledger
+                    .reserve_history(
+                        &session,
+                        call,
+                        &[HistoryReservation {
+                            window_secs,
+                            ..reserve(query, "o", amount, v)
+                        }]
+                    )
+                    .await
+                    .unwrap()
+            );
+        }
+        match i % 3 {
+            0 => succeed(&ledger, call, json!({"ok": true})).await,
+            1 => {
+                ledger
+                    .fail_tool_call(call, "worker_error", "no")
+                    .await
+                    .unwrap();
+            }
+            _ => {}
+        }
+    }
+    // Around every entry, and around the minute, hour and day boundaries near them (`t1` is
+    // on an hour; its day starts 12 h earlier).
+    let mut probes: Vec<i64> = Vec::new();
+    for offset in &offsets {
+        for edge in [
+            *offset,
+            offset - offset.rem_euclid(60_000_000),
+            offset - offset.rem_euclid(3_600_000_000),
+            offset - (offset + 43_200_000_000).rem_euclid(86_400_000_000),
+        ] {
+            probes.extend([edge - 1, edge, edge + 1]);
+        }
+    }
+    for (probe, asking) in probes.iter().zip(ids.iter().cycle()) {
+        let since = t1 + Duration::microseconds(*probe);
+        let got = facts(&ledger, asking, &[window_read(bucketed, "o", since)]).await[0];
+        let want = facts(&ledger, asking, &[window_read(scanned, "o", since)]).await[0];
+        assert_eq!(
+            (got.count, got.sum, got.committed, got.max, got.last),
+            (want.count, want.sum, want.committed, want.max, want.last),
+            "window from {since} asked by {asking}"
+        );
+    }
+}
+
+pub(crate) async fn history_groups_from_before_buckets_read_their_entries(db: &TestDb) {
+    db.migrated().await;
+    let t0 = Utc.with_ymd_and_hms(2026, 3, 1, 8, 0, 30).unwrap();
+    let now = Arc::new(AtomicI64::new(t0.timestamp_micros()));
+    let ledger = clocked(db, &now).await;
+    let (session, ids) = calls(&ledger, 2).await;
+    let q = "issue_refund|everyone|customer_id|3600|sum|amount";
+    // An entry written without a window (as before migration 0016: no buckets), then one with,
+    // ten seconds later in the same minute.
+    assert!(
+        ledger
+            .reserve_history(&session, &ids[0], &[reserve(q, "c", Some(5.0), 0)])
+            .await
+            .unwrap()
+    );
+    now.store(t0.timestamp_micros() + 10_000_000, Ordering::SeqCst);
+    assert!(
+        ledger
+            .reserve_history(
+                &session,
+                &ids[1],
+                &[HistoryReservation {
+                    window_secs: Some(3_600),
+                    ..reserve(q, "c", Some(7.0), 1)
+                }]
+            )
+            .await
+            .unwrap()
+    );
+    // A window from before the first bucketed entry reads the entries: both.
+    let all = facts(&ledger, "x", &[window_read(q, "c", t0)]).await[0];
+    assert_eq!((all.count, all.sum, all.max), (2, 12.0, Some(7.0)));
+    // From the bucketed one on: the buckets, which the older entry is not in.
+    let since = t0 + Duration::seconds(10);
+    let recent = facts(&ledger, "x", &[window_read(q, "c", since)]).await[0];
+    assert_eq!((recent.count, recent.sum), (1, 7.0));
+    let from_next_minute = t0 + Duration::seconds(30);
+    let none = facts(&ledger, "x", &[window_read(q, "c", from_next_minute)]).await[0];
+    assert_eq!((none.count, none.sum), (0, 0.0));
+    // Releasing the older entry moves no bucket; settling the newer one does.
+    ledger
+        .fail_tool_call(&ids[0], "worker_error", "no")
+        .await
+        .unwrap();
+    let recent = facts(&ledger, "x", &[window_read(q, "c", since)]).await[0];
+    assert_eq!((recent.count, recent.sum, recent.committed), (1, 7.0, 0));
+    succeed(&ledger, &ids[1], json!({})).await;
+    let recent = facts(&ledger, "x", &[window_read(q, "c", since)]).await[0];
+    assert_eq!((recent.count, recent.sum, recent.committed), (1, 7.0, 1));
+    let early = t0 - Duration::hours(2);
+    let all = facts(&ledger, "x", &[window_read(q, "c", early)]).await[0];
+    assert_eq!((all.count, all.sum, all.committed), (1, 7.0, 1));
+}
+
+pub(crate) async fn history_prune_keeps_what_a_window_sees_and_reserved_entries(db: &TestDb) {
+    db.migrated().await;
+    let t0 = Utc.with_ymd_and_hms(2026, 2, 1, 0, 0, 0).unwrap();
+    let now = Arc::new(AtomicI64::new(t0.timestamp_micros()));
+    let ledger = clocked(db, &now).await;
+    let (session, ids) = calls(&ledger, 6).await;
+    let q = "issue_refund|everyone|order_id|60|sum|amount";
+    // Six entries a second apart: 0-3 committed, 4 in flight, 5 failed (released).
+    for (i, call) in ids.iter().enumerate() {
+        now.store(
+            t0.timestamp_micros() + i64::try_from(i).unwrap() * 1_000_000,
+            Ordering::SeqCst,
+        );
+        let v = facts(&ledger, call, &[read(q, "o")]).await[0].version;
+        assert!(
+            ledger
+                .reserve_history(
+                    &session,
+                    call,
+                    &[HistoryReservation {
+                        window_secs: Some(60),
+                        ..reserve(q, "o", Some(10.0), v)
+                    }]
+                )
+                .await
+                .unwrap()
+        );
+        match i {
+            0..=3 => succeed(&ledger, call, json!({})).await,
+            5 => {
+                ledger
+                    .fail_tool_call(call, "worker_error", "no")
+                    .await
+                    .unwrap();
+            }
+            _ => {}
+        }
+    }
+    let err = ledger.prune_history(0).await.unwrap_err();
+    assert!(matches!(err, LedgerError::InvalidArgument { .. }), "{err}");
+    // Still inside the window (and its margin): nothing goes.
+    now.store(
+        (t0 + Duration::seconds(60 + phrony_ledger::HISTORY_PRUNE_MARGIN_SECS - 1))
+            .timestamp_micros(),
+        Ordering::SeqCst,
+    );
+    assert_eq!(
+        ledger.prune_history(100).await.unwrap(),
+        phrony_ledger::HistoryPruned::default()
+    );
+    // Past it: bounded batches take the committed entries and the buckets, never call 4's.
+    now.store(
+        (t0 + Duration::days(2)).timestamp_micros(),
+        Ordering::SeqCst,
+    );
+    let mut pruned = phrony_ledger::HistoryPruned::default();
+    loop {
+        let batch = ledger.prune_history(2).await.unwrap();
+        assert!(batch.entries <= 2 && batch.buckets <= 2, "{batch:?}");
+        if batch == phrony_ledger::HistoryPruned::default() {
+            break;
+        }
+        pruned.entries += batch.entries;
+        pruned.buckets += batch.buckets;
+    }
+    // Four committed entries; six second buckets (the released call's is empty), one
+    // minute, one hour and one day bucket.
+    assert_eq!(
+        pruned,
+        phrony_ledger::HistoryPruned {
+            entries: 4,
+            buckets: 9
+        }
+    );
+    // The in-flight entry was kept: it still settles (its group's version moves) and the
+    // group's all-time counters keep every entry.
+    let before = facts(&ledger, "x", &[read(q, "o")]).await[0];
+    assert_eq!((before.count, before.committed), (5, 4));
+    succeed(&ledger, &ids[4], json!({})).await;
+    let after = facts(&ledger, "x", &[read(q, "o")]).await[0];
+    assert_eq!((after.count, after.committed), (5, 5));
+    assert_eq!(after.version, before.version + 1);
+    // A window now sees nothing; the next prune takes the entry that just committed.
+    let since = t0 + Duration::days(2) - Duration::seconds(60);
+    assert_eq!(
+        facts(&ledger, "x", &[window_read(q, "o", since)]).await[0].count,
+        0
+    );
+    assert_eq!(
+        ledger.prune_history(10).await.unwrap(),
+        phrony_ledger::HistoryPruned {
+            entries: 1,
+            buckets: 0
+        }
+    );
 }
 
 pub(crate) async fn concurrent_deciders_never_pass_a_cap_only_some_fit(db: &TestDb) {
@@ -379,6 +611,8 @@ pub(crate) async fn concurrent_deciders_never_pass_a_cap_only_some_fit(db: &Test
                         &[HistoryRead {
                             key: key(q, "cust-7"),
                             since: Some(Utc::now() - Duration::hours(24)),
+                            max: false,
+                            last: false,
                         }],
                     )
                     .await
@@ -388,7 +622,14 @@ pub(crate) async fn concurrent_deciders_never_pass_a_cap_only_some_fit(db: &Test
                     return;
                 }
                 if ledger
-                    .reserve_history("s", &call, &[reserve(q, "cust-7", None, fact.version)])
+                    .reserve_history(
+                        "s",
+                        &call,
+                        &[HistoryReservation {
+                            window_secs: Some(86_400),
+                            ..reserve(q, "cust-7", None, fact.version)
+                        }],
+                    )
                     .await
                     .unwrap()
                 {

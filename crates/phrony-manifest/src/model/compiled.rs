@@ -449,6 +449,11 @@ pub struct CompiledPolicy {
     /// are unchanged; hashed when set (it decides calls).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cedar: Option<String>,
+    /// Our extension: the named history facts of a Cedar policy (`spec.history`), read by its
+    /// Cedar text as `context.history.<name>`. Omitted when empty, so snapshots and content
+    /// hashes of other policies are unchanged; hashed when set.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub cedar_history: BTreeMap<String, Json>,
     /// Provenance of a policy the compiler merged from several documents: their
     /// `namespace/name@version`, in attachment order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

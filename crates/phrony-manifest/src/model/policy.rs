@@ -47,6 +47,10 @@ pub(crate) struct PolicySpecDoc {
     /// with `conditions`, `allow` and `allow_field`).
     #[serde(default)]
     pub(crate) cedar: Option<String>,
+    /// Our addition: the named history facts a Cedar policy reads as `context.history.<name>`
+    /// (each a history query, like a condition's `history` leaf). Only with `cedar`.
+    #[serde(default)]
+    pub(crate) history: std::collections::BTreeMap<String, serde_json::Value>,
 }
 
 /// `spec.decision`.
