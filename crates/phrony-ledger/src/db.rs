@@ -802,7 +802,7 @@ mod group_tests {
         .execute(&pool)
         .await
         .unwrap();
-        (pool, GroupWriter::spawn(Source::File(opts)))
+        (pool, GroupWriter::spawn(Source::File(Box::new(opts))))
     }
 
     async fn count(pool: &SqlitePool) -> i64 {

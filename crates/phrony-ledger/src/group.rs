@@ -91,7 +91,7 @@ pub(crate) struct GroupWriter {
 #[derive(Debug)]
 pub(crate) enum Source {
     /// A database file: the writer opens a connection of its own with these options and keeps it.
-    File(SqliteConnectOptions),
+    File(Box<SqliteConnectOptions>),
     /// An in-memory database, whose only connection is the pool's: taken for each batch.
     Pool(SqlitePool),
 }

@@ -538,7 +538,7 @@ impl Ledger {
                 .connect_lazy_with(opts.clone().busy_timeout(o.probe_busy_timeout))
         });
         // A database file: the writer's own connection, with the pool's settings.
-        let writer_source = (!in_memory).then(|| group::Source::File(opts.clone()));
+        let writer_source = (!in_memory).then(|| group::Source::File(Box::new(opts.clone())));
         let readers = (!in_memory).then(|| {
             db::Readers::new(
                 opts.get_filename().to_path_buf(),
