@@ -364,7 +364,9 @@ async fn roll_back_abandoned_transaction(
 /// Tuning knobs for [`Ledger::connect_with`].
 #[derive(Debug, Clone)]
 pub struct LedgerOptions {
-    /// Maximum pooled connections (ignored for `sqlite::memory:`, which uses exactly one).
+    /// Maximum pooled connections (ignored for `sqlite::memory:`, which uses exactly one). On a
+    /// SQLite file it is also how many idle direct read connections are kept (more are opened
+    /// while more tasks read at once); the group-commit writer has one connection of its own.
     pub max_connections: u32,
     /// How long to wait for a connection (and, for PostgreSQL, for the first connect).
     pub acquire_timeout: Duration,
