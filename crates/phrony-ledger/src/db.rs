@@ -49,10 +49,9 @@ impl std::fmt::Display for Backend {
 
 #[derive(Debug, Clone)]
 pub(crate) enum Pool {
-    /// Writes queue on the group-commit writer (a connection of its own on a database file, the
-    /// pool's only connection in memory). Reads use the direct read connections on a database
-    /// file ([`Readers`]), the pool in memory; the pool also runs the migrations.
-    Sqlite(SqlitePool, GroupWriter, Option<Readers>),
+    /// Reads use the pool; writes queue on the group-commit writer (which takes its connection
+    /// from the same pool).
+    Sqlite(SqlitePool, GroupWriter),
     Postgres(PgPool),
 }
 
@@ -99,7 +98,7 @@ impl Pool {
         alone: bool,
     ) -> Result<Tx> {
         let kind = match self {
-            Self::Sqlite(_, writer, _) => TxKind::Sqlite(writer.begin(alone).await?),
+            Self::Sqlite(_, writer) => TxKind::Sqlite(writer.begin(alone).await?),
             Self::Postgres(p) => TxKind::Postgres(p.begin().await.ctx("begin transaction")?),
         };
         Ok(Tx {
@@ -114,8 +113,7 @@ impl Pool {
 
     pub(crate) async fn acquire(&self) -> Result<PooledConn> {
         match self {
-            Self::Sqlite(_, _, Some(readers)) => Ok(PooledConn::SqliteRead(readers.acquire()?)),
-            Self::Sqlite(p, _, None) => Ok(PooledConn::Sqlite(
+            Self::Sqlite(p, _) => Ok(PooledConn::Sqlite(
                 p.acquire().await.ctx("acquire connection")?,
             )),
             Self::Postgres(p) => Ok(PooledConn::Postgres(
@@ -126,13 +124,7 @@ impl Pool {
 
     pub(crate) async fn close(&self) {
         match self {
-            Self::Sqlite(p, writer, readers) => {
-                writer.close().await;
-                if let Some(readers) = readers {
-                    readers.close();
-                }
-                p.close().await;
-            }
+            Self::Sqlite(p, _) => p.close().await,
             Self::Postgres(p) => p.close().await,
         }
     }
@@ -242,8 +234,6 @@ impl Tx {
 
 pub(crate) enum PooledConn {
     Sqlite(sqlx::pool::PoolConnection<Sqlite>),
-    /// A direct read connection (a database file).
-    SqliteRead(ReadConn),
     Postgres(sqlx::pool::PoolConnection<Postgres>),
 }
 
@@ -251,101 +241,7 @@ impl PooledConn {
     pub(crate) fn conn(&mut self) -> Conn<'_> {
         match self {
             Self::Sqlite(c) => Conn::Sqlite(c),
-            Self::SqliteRead(c) => Conn::SqliteRaw(&c.slot),
             Self::Postgres(c) => Conn::Postgres(c),
-        }
-    }
-}
-
-/// The read connections of a SQLite database file, called directly on the reading task's
-/// thread (see the `sqlite_raw` module): a read costs no thread hand-off, where a pooled
-/// connection of the driver costs one per statement plus its health checks on acquire and
-/// release. A read in WAL mode does not wait for the writer. Each connection is `query_only`:
-/// every write goes through the group-commit writer. Idle connections (up to the pool's size)
-/// are kept with their prepared statements; more are opened while more tasks read at once.
-#[derive(Debug, Clone)]
-pub(crate) struct Readers(Arc<ReadersInner>);
-
-#[derive(Debug)]
-struct ReadersInner {
-    path: std::path::PathBuf,
-    busy_timeout: std::time::Duration,
-    /// Idle connections kept at most.
-    keep: usize,
-    idle: std::sync::Mutex<Vec<RawSlot>>,
-    closed: std::sync::atomic::AtomicBool,
-}
-
-/// A read connection taken from [`Readers`]; back to the idle ones when dropped.
-#[derive(Debug)]
-pub(crate) struct ReadConn {
-    slot: RawSlot,
-    readers: Readers,
-}
-
-impl Readers {
-    pub(crate) fn new(
-        path: std::path::PathBuf,
-        busy_timeout: std::time::Duration,
-        keep: usize,
-    ) -> Self {
-        Self(Arc::new(ReadersInner {
-            path,
-            busy_timeout,
-            keep,
-            idle: std::sync::Mutex::new(Vec::new()),
-            closed: std::sync::atomic::AtomicBool::new(false),
-        }))
-    }
-
-    fn idle(&self) -> std::sync::MutexGuard<'_, Vec<RawSlot>> {
-        self.0
-            .idle
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    fn is_closed(&self) -> bool {
-        self.0.closed.load(std::sync::atomic::Ordering::Acquire)
-    }
-
-    pub(crate) fn acquire(&self) -> Result<ReadConn> {
-        if self.is_closed() {
-            return Err(LedgerError::from_sqlx(
-                "acquire connection",
-                sqlx::Error::PoolClosed,
-            ));
-        }
-        let idle = self.idle().pop();
-        let slot = match idle {
-            Some(slot) => slot,
-            None => RawSlot::open_reader(&self.0.path, self.0.busy_timeout)
-                .ctx("open a read connection")?,
-        };
-        Ok(ReadConn {
-            slot,
-            readers: self.clone(),
-        })
-    }
-
-    /// Closes the idle connections; those in use close when they are dropped.
-    pub(crate) fn close(&self) {
-        self.0
-            .closed
-            .store(true, std::sync::atomic::Ordering::Release);
-        let idle = std::mem::take(&mut *self.idle());
-        drop(idle);
-    }
-}
-
-impl Drop for ReadConn {
-    fn drop(&mut self) {
-        if self.readers.is_closed() {
-            return;
-        }
-        let mut idle = self.readers.idle();
-        if idle.len() < self.readers.0.keep {
-            idle.push(self.slot.clone());
         }
     }
 }
@@ -796,10 +692,9 @@ mod group_tests {
 
     use sqlx::sqlite::SqlitePool;
 
-    use super::{Conn, PooledConn, Row};
+    use super::{Conn, Row};
     use crate::error::LedgerError;
-    use crate::group::{GroupWriter, Source};
-    use crate::sqlite_raw::RawValue;
+    use crate::group::GroupWriter;
 
     async fn writer(dir: &tempfile::TempDir) -> (SqlitePool, GroupWriter) {
         let url = format!("sqlite://{}", dir.path().join("w.db").display());
@@ -809,7 +704,7 @@ mod group_tests {
             .journal_mode(SqliteJournalMode::Wal);
         let pool = SqlitePoolOptions::new()
             .max_connections(2)
-            .connect_with(opts.clone())
+            .connect_with(opts)
             .await
             .unwrap();
         sqlx::query(
@@ -819,7 +714,7 @@ mod group_tests {
         .execute(&pool)
         .await
         .unwrap();
-        (pool, GroupWriter::spawn(Source::File(Box::new(opts))))
+        (pool.clone(), GroupWriter::spawn(pool))
     }
 
     async fn count(pool: &SqlitePool) -> i64 {
@@ -978,96 +873,5 @@ mod group_tests {
             .await
             .unwrap();
         assert_eq!(names, ["kept"]);
-    }
-
-    #[tokio::test]
-    async fn a_write_is_acknowledged_only_once_its_batch_committed_with_a_full_sync() {
-        let dir = tempfile::tempdir().unwrap();
-        let (pool, writer) = writer(&dir).await;
-        let first = writer.begin(false).await.unwrap();
-        // The writer's own connection has the pool's settings: every COMMIT waits for an fsync.
-        let sync = first.slot().run("PRAGMA synchronous", &[], None).unwrap();
-        assert_eq!(
-            sync.rows[0].get("synchronous").unwrap(),
-            &RawValue::Integer(2)
-        );
-        first
-            .slot()
-            .run("INSERT INTO t (name) VALUES ('first')", &[], None)
-            .unwrap();
-        // Queue a second write before the first is handed back: it joins the same batch.
-        let second = writer.begin(false);
-        tokio::pin!(second);
-        tokio::select! {
-            biased;
-            _ = &mut second => panic!("the second write got the connection while the first held it"),
-            () = std::future::ready(()) => {}
-        }
-        let first_done = tokio::spawn(first.release());
-        let second = second.await.unwrap();
-        // The first write was released, but its batch is still open (the second holds the
-        // connection): it is not acknowledged, and nothing is visible to another connection.
-        tokio::task::yield_now().await;
-        assert!(!first_done.is_finished());
-        assert_eq!(count(&pool).await, 0);
-        second
-            .slot()
-            .run("INSERT INTO t (name) VALUES ('second')", &[], None)
-            .unwrap();
-        second.release().await.unwrap();
-        first_done.await.unwrap().unwrap();
-        assert_eq!(count(&pool).await, 2);
-        assert_eq!(writer.stats().commits, 1);
-        assert_eq!(writer.stats().writes, 2);
-    }
-
-    #[tokio::test]
-    async fn a_closed_writer_refuses_writes_and_keeps_what_it_committed() {
-        let dir = tempfile::tempdir().unwrap();
-        let (pool, writer) = writer(&dir).await;
-        let lease = writer.begin(false).await.unwrap();
-        lease
-            .slot()
-            .run("INSERT INTO t (name) VALUES ('kept')", &[], None)
-            .unwrap();
-        lease.release().await.unwrap();
-        writer.close().await;
-        let error = writer.begin(false).await.unwrap_err();
-        assert!(error.is_unavailable(), "{error:?}");
-        assert!(error.to_string().contains("closed"), "{error}");
-        assert_eq!(count(&pool).await, 1);
-    }
-
-    #[tokio::test]
-    async fn a_direct_read_connection_sees_committed_writes_and_refuses_to_write() {
-        let dir = tempfile::tempdir().unwrap();
-        let (_pool, writer) = writer(&dir).await;
-        let readers = super::Readers::new(
-            dir.path().join("w.db"),
-            std::time::Duration::from_secs(1),
-            2,
-        );
-        let lease = writer.begin(false).await.unwrap();
-        lease
-            .slot()
-            .run("INSERT INTO t (name) VALUES ('written')", &[], None)
-            .unwrap();
-        lease.release().await.unwrap();
-        let mut read = PooledConn::SqliteRead(readers.acquire().unwrap());
-        let mut conn = read.conn();
-        let row = conn
-            .fetch_optional("read", "SELECT name FROM t", args![])
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!(row.text("name").unwrap(), "written");
-        let error = conn
-            .execute("write", "INSERT INTO t (name) VALUES ('bypass')", args![])
-            .await
-            .unwrap_err();
-        assert!(error.to_string().contains("readonly"), "{error}");
-        drop(read);
-        readers.close();
-        assert!(readers.acquire().unwrap_err().is_unavailable());
     }
 }

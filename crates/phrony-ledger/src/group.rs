@@ -1,9 +1,9 @@
-//! Group commit on SQLite: one writer batches concurrent write transactions into one database
-//! transaction and one fsync.
+//! Group commit on SQLite: one writer task batches concurrent write transactions into one
+//! database transaction and one fsync.
 //!
 //! SQLite takes one writer at a time, and with `synchronous=FULL` every `COMMIT` waits for an
-//! fsync, so separate transactions queue on the write lock and on the disk. Here one writer owns
-//! the write connection:
+//! fsync, so separate transactions queue on the write lock and on the disk. Here one task (the
+//! writer) owns the write connection while a batch is open:
 //!
 //! - the first queued write starts the batch with `BEGIN IMMEDIATE`;
 //! - each write runs in its own `SAVEPOINT` inside the batch: the writer lends the connection
@@ -24,23 +24,19 @@
 //! Writes still run one at a time and in queue order, so the ordering, sequence and hash-chain
 //! guarantees are those of separate transactions. Reads do not go through the writer.
 //!
-//! The writer runs on a thread of its own (with a single-threaded Tokio runtime), so its blocking
-//! calls — `BEGIN IMMEDIATE` waiting out the busy timeout, `COMMIT` waiting for the fsync — never
-//! stall the daemon's Tokio workers. On a database file it owns a connection outside the pool,
-//! opened with the pool's settings (`synchronous=FULL`, the busy timeout, foreign keys) on its
-//! first write and kept: its handle stays locked out of sqlx's worker thread, and `BEGIN`, the
-//! savepoints, every statement of the batch's writes and `COMMIT` call SQLite directly (the
-//! `sqlite_raw` module), with prepared statements kept across batches. A batch costs no thread
-//! hand-off besides those between the writer and its callers. An in-memory database has one
-//! connection, the pool's: the writer takes it for each batch. A lease lends the batch's slot
-//! of the handle, not the driver's connection.
+//! Between `BEGIN IMMEDIATE` and `COMMIT` (both run by the driver, whose worker thread does
+//! the waiting: the busy timeout, the fsync) the writer locks the connection's handle out of
+//! the driver's worker thread, and the savepoints and every statement of the batch's writes
+//! run directly on it (the `sqlite_raw` module): no thread hand-off per statement. A lease
+//! lends that handle, not the driver's connection.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use sqlx::sqlite::{SqliteConnectOptions, SqlitePool};
-use sqlx::{Connection as _, SqliteConnection};
+use sqlx::pool::PoolConnection;
+use sqlx::sqlite::SqlitePool;
+use sqlx::{Connection as _, Sqlite, TransactionManager as _};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::error::{LedgerError, Result};
@@ -52,9 +48,6 @@ pub const MAX_BATCH_WRITES: u32 = 64;
 /// A batch commits once it is this old even when more writes are queued.
 pub const MAX_BATCH_AGE: Duration = Duration::from_millis(10);
 
-const BEGIN: &str = "BEGIN IMMEDIATE";
-const COMMIT: &str = "COMMIT";
-const ROLLBACK: &str = "ROLLBACK";
 const SAVEPOINT: &str = "SAVEPOINT phrony_write";
 const RELEASE: &str = "RELEASE phrony_write";
 const ROLLBACK_TO: &str = "ROLLBACK TO phrony_write";
@@ -79,27 +72,12 @@ struct Counters {
     holding: AtomicU64,
 }
 
-/// The handle callers queue their writes on. Cheap to clone; the writer's thread ends (closing
-/// its connection) when the last handle is dropped.
+/// The handle callers queue their writes on. Cheap to clone; the writer task stops when the
+/// last handle is dropped.
 #[derive(Debug, Clone)]
 pub(crate) struct GroupWriter {
-    queue: mpsc::UnboundedSender<Message>,
+    queue: mpsc::UnboundedSender<Request>,
     counters: Arc<Counters>,
-}
-
-/// Where the writer's connection comes from.
-#[derive(Debug)]
-pub(crate) enum Source {
-    /// A database file: the writer opens a connection of its own with these options and keeps it.
-    File(Box<SqliteConnectOptions>),
-    /// An in-memory database, whose only connection is the pool's: taken for each batch.
-    Pool(SqlitePool),
-}
-
-enum Message {
-    Write(Request),
-    /// Closes the writer's connection; later writes fail. Answered once it is closed.
-    Close(oneshot::Sender<()>),
 }
 
 /// A queued write: where to send the lease, and whether it must be a batch of its own.
@@ -153,43 +131,13 @@ fn writer_stopped() -> LedgerError {
 }
 
 impl GroupWriter {
-    /// Starts the writer on a thread of its own.
-    pub(crate) fn spawn(source: Source) -> Self {
+    /// Starts the writer task on the current Tokio runtime; it takes its connection from
+    /// `pool` for each batch.
+    pub(crate) fn spawn(pool: SqlitePool) -> Self {
         let (queue, rx) = mpsc::unbounded_channel();
         let counters = Arc::new(Counters::default());
-        let writer = Writer {
-            queue: rx,
-            counters: counters.clone(),
-            carried: None,
-            closing: None,
-            closed: false,
-        };
-        let started = std::thread::Builder::new()
-            .name("phrony-ledger-writer".to_owned())
-            .spawn(move || {
-                // Timers only: the writer does no network IO (a pool's acquire has a timeout).
-                match tokio::runtime::Builder::new_current_thread()
-                    .enable_time()
-                    .build()
-                {
-                    Ok(runtime) => runtime.block_on(run(source, writer)),
-                    // Dropping the queue's receiver fails every write with "writer stopped".
-                    Err(error) => tracing::error!(%error, "cannot start the ledger writer"),
-                }
-            });
-        if let Err(error) = started {
-            tracing::error!(%error, "cannot start the ledger writer's thread");
-        }
+        tokio::spawn(run(pool, rx, counters.clone()));
         Self { queue, counters }
-    }
-
-    /// Closes the writer's connection (after the write in progress); later writes fail with
-    /// [`LedgerError::Unavailable`].
-    pub(crate) async fn close(&self) {
-        let (ack, closed) = oneshot::channel();
-        if self.queue.send(Message::Close(ack)).is_ok() {
-            let _ = closed.await;
-        }
     }
 
     /// Queues a write and waits for its turn: the connection, inside the write's savepoint.
@@ -198,7 +146,7 @@ impl GroupWriter {
     pub(crate) async fn begin(&self, alone: bool) -> Result<Lease> {
         let (reply, lease) = oneshot::channel();
         self.queue
-            .send(Message::Write(Request { alone, reply }))
+            .send(Request { alone, reply })
             .map_err(|_| writer_stopped())?;
         lease.await.map_err(|_| writer_stopped())?
     }
@@ -261,244 +209,123 @@ struct Batch {
     broken: Option<String>,
 }
 
-/// The writer's end of the queue.
-struct Writer {
-    queue: mpsc::UnboundedReceiver<Message>,
+async fn run(
+    pool: SqlitePool,
+    mut queue: mpsc::UnboundedReceiver<Request>,
     counters: Arc<Counters>,
-    /// A write that must start the next batch (it runs alone).
-    carried: Option<Request>,
-    /// A close that arrived while a batch was being filled.
-    closing: Option<oneshot::Sender<()>>,
-    /// After a close every write is refused.
-    closed: bool,
-}
-
-/// What the writer does next.
-enum Next {
-    Write(Request),
-    Close(oneshot::Sender<()>),
-    /// Every handle is gone.
-    End,
-}
-
-/// Why the writer stopped using its connection.
-enum Served {
-    Next(Next),
-    /// The connection is in an unknown state: open another for the next write.
-    Reopen,
-}
-
-fn closed_error() -> LedgerError {
-    unavailable("ledger write", "the ledger is closed")
-}
-
-impl Writer {
-    async fn next(&mut self) -> Next {
-        if let Some(request) = self.carried.take() {
-            return Next::Write(request);
-        }
-        if let Some(ack) = self.closing.take() {
-            return Next::Close(ack);
-        }
-        loop {
-            match self.queue.recv().await {
-                None => return Next::End,
-                Some(Message::Close(ack)) => return Next::Close(ack),
-                Some(Message::Write(request)) => {
-                    if self.closed {
-                        let _ = request.reply.send(Err(closed_error()));
-                    } else if !request.reply.is_closed() {
-                        return Next::Write(request);
-                    }
-                }
-            }
-        }
-    }
-
-    /// The next write queued now, if it may join the open batch.
-    fn try_next(&mut self) -> Option<Request> {
-        if self.carried.is_some() || self.closing.is_some() {
-            return None;
-        }
-        match self.queue.try_recv() {
-            Ok(Message::Write(request)) => Some(request),
-            Ok(Message::Close(ack)) => {
-                self.closing = Some(ack);
-                None
-            }
-            Err(_) => None,
-        }
-    }
-
-    /// Runs batches on one connection until the writer must close it.
-    async fn serve(&mut self, locked: &mut Locked<'_>, first: Request) -> Served {
-        let mut request = first;
-        loop {
-            if !self.batch(locked, request).await {
-                return Served::Reopen;
-            }
-            request = match self.next().await {
-                Next::Write(request) => request,
-                other => return Served::Next(other),
-            };
-        }
-    }
-
-    /// One batch: `BEGIN IMMEDIATE`, the queued writes, `COMMIT`. `false` when the connection
-    /// was left in an unknown state.
-    async fn batch(&mut self, locked: &mut Locked<'_>, first: Request) -> bool {
-        if let Err(e) = locked.run(BEGIN) {
-            self.fail_queued(first, LedgerError::from_sqlx("begin transaction", e));
-            return !locked.in_transaction();
-        }
-        self.counters.holding.store(1, Ordering::Relaxed);
-        let batch = self.fill(locked, first).await;
-        let healthy = commit(locked, batch, &self.counters);
-        self.counters.holding.store(0, Ordering::Relaxed);
-        healthy
-    }
-
-    /// Runs queued writes in the open batch until it should commit.
-    async fn fill(&mut self, locked: &mut Locked<'_>, first: Request) -> Batch {
-        let mut batch = Batch {
-            started: Instant::now(),
-            writes: 0,
-            released: 0,
-            waiters: Vec::new(),
-            broken: None,
-        };
-        let slot = locked.lend();
-        let mut next = Some(first);
-        while let Some(request) = next.take().or_else(|| self.try_next()) {
-            if request.alone && batch.writes > 0 {
-                self.carried = Some(request);
-                break;
-            }
-            let alone = request.alone;
-            lend(&slot, request, &mut batch).await;
-            if batch.broken.is_some()
-                || alone
-                || batch.writes >= MAX_BATCH_WRITES
-                || batch.started.elapsed() >= MAX_BATCH_AGE
-            {
-                break;
-            }
-        }
-        locked.take_back();
-        // No write may end the batch's transaction itself; if one did, what it "committed" is
-        // not the batch's to acknowledge.
-        if batch.broken.is_none() && !locked.in_transaction() {
-            batch.broken = Some("a write ended the batch's transaction".to_owned());
-        }
-        batch
-    }
-
-    /// Answers a write whose batch could not start. When the database is unavailable (locked
-    /// by another process past the busy timeout, unreachable), every write queued now would
-    /// wait as long to fail the same way, so they all get the outage at once, as concurrent
-    /// transactions each waiting for the lock did.
-    fn fail_queued(&mut self, first: Request, error: LedgerError) {
-        if error.is_unavailable() {
-            let message = error.to_string();
-            while let Some(request) = self.try_next() {
-                let _ = request
-                    .reply
-                    .send(Err(unavailable("begin transaction", &message)));
-            }
-        }
-        let _ = first.reply.send(Err(error));
-    }
-
-    /// Marks the writer closed and answers the close.
-    fn close(&mut self, ack: oneshot::Sender<()>) {
-        self.closed = true;
-        let _ = ack.send(());
-    }
-}
-
-async fn run(source: Source, writer: Writer) {
-    match source {
-        Source::File(options) => run_on_file(&options, writer).await,
-        Source::Pool(pool) => run_on_pool(&pool, writer).await,
-    }
-}
-
-/// The writer on a database file: its own connection, opened for the first write and kept.
-async fn run_on_file(options: &SqliteConnectOptions, mut writer: Writer) {
-    let mut next = writer.next().await;
+) {
+    let mut carried: Option<Request> = None;
     loop {
-        let first = match next {
-            Next::End => return,
-            Next::Close(ack) => {
-                writer.close(ack);
-                next = writer.next().await;
-                continue;
-            }
-            Next::Write(request) => request,
+        let first = match carried.take() {
+            Some(request) => request,
+            None => match queue.recv().await {
+                Some(request) => request,
+                None => return,
+            },
         };
-        let mut conn = match SqliteConnection::connect_with(options).await {
-            Ok(conn) => conn,
-            Err(e) => {
-                writer.fail_queued(
-                    first,
-                    LedgerError::from_sqlx("open the write connection", e),
-                );
-                next = writer.next().await;
-                continue;
-            }
-        };
-        let served = match conn.lock_handle().await {
-            // `Locked` finalizes its statements and gives the handle back when dropped, at
-            // the end of this arm.
-            Ok(handle) => writer.serve(&mut Locked::new(handle), first).await,
-            Err(e) => {
-                let _ = first
-                    .reply
-                    .send(Err(LedgerError::from_sqlx("lock the write connection", e)));
-                Served::Reopen
-            }
-        };
-        if let Err(error) = conn.close().await {
-            tracing::warn!(%error, "closing the ledger writer's connection failed");
+        if first.reply.is_closed() {
+            continue;
         }
-        next = match served {
-            Served::Next(next) => next,
-            Served::Reopen => writer.next().await,
+        let mut conn = match begin(&pool).await {
+            Ok(conn) => conn,
+            Err(error) => {
+                fail_queued(first, &mut queue, error);
+                continue;
+            }
         };
+        counters.holding.store(1, Ordering::Relaxed);
+        let batch = fill(&mut conn, first, &mut queue, &mut carried).await;
+        commit(conn, batch, &counters).await;
+        counters.holding.store(0, Ordering::Relaxed);
     }
 }
 
-/// The writer on an in-memory database: the pool's connection, taken for each batch.
-async fn run_on_pool(pool: &SqlitePool, mut writer: Writer) {
+/// Runs queued writes in the open batch until it should commit, on the connection's handle
+/// locked out of the driver's worker thread (given back before this returns).
+async fn fill(
+    conn: &mut PoolConnection<Sqlite>,
+    first: Request,
+    queue: &mut mpsc::UnboundedReceiver<Request>,
+    carried: &mut Option<Request>,
+) -> Batch {
+    let mut batch = Batch {
+        started: Instant::now(),
+        writes: 0,
+        released: 0,
+        waiters: Vec::new(),
+        broken: None,
+    };
+    let mut locked = match conn.lock_handle().await {
+        Ok(handle) => Locked::new(handle),
+        Err(e) => {
+            batch.broken = Some(format!("lock the write connection: {e}"));
+            let _ = first
+                .reply
+                .send(Err(LedgerError::from_sqlx("lock the write connection", e)));
+            return batch;
+        }
+    };
+    let slot = locked.slot();
+    let mut next = Some(first);
     loop {
-        let first = match writer.next().await {
-            Next::End => return,
-            Next::Close(ack) => {
-                writer.close(ack);
-                continue;
-            }
-            Next::Write(request) => request,
+        let request = match next.take() {
+            Some(request) => request,
+            None => match queue.try_recv() {
+                Ok(request) => request,
+                Err(_) => break,
+            },
         };
-        let mut conn = match pool.acquire().await {
-            Ok(conn) => conn,
-            Err(e) => {
-                writer.fail_queued(first, LedgerError::from_sqlx("acquire connection", e));
-                continue;
-            }
-        };
-        let healthy = match conn.lock_handle().await {
-            Ok(handle) => writer.batch(&mut Locked::new(handle), first).await,
-            Err(e) => {
-                let _ = first
-                    .reply
-                    .send(Err(LedgerError::from_sqlx("lock the write connection", e)));
-                false
-            }
-        };
-        if !healthy {
-            conn.close_on_drop();
+        if request.alone && batch.writes > 0 {
+            *carried = Some(request);
+            break;
+        }
+        let alone = request.alone;
+        lend(&slot, request, &mut batch).await;
+        if batch.broken.is_some()
+            || alone
+            || batch.writes >= MAX_BATCH_WRITES
+            || batch.started.elapsed() >= MAX_BATCH_AGE
+        {
+            break;
         }
     }
+    // No write may end the batch's transaction itself; if one did, what it "committed" is
+    // not the batch's to acknowledge.
+    if batch.broken.is_none() && !locked.in_transaction() {
+        batch.broken = Some("a write ended the batch's transaction".to_owned());
+    }
+    batch
+}
+
+/// Takes the connection and starts the batch's transaction.
+async fn begin(pool: &SqlitePool) -> Result<PoolConnection<Sqlite>> {
+    let mut conn = pool
+        .acquire()
+        .await
+        .map_err(|e| LedgerError::from_sqlx("acquire connection", e))?;
+    <Sqlite as sqlx::Database>::TransactionManager::begin(
+        &mut conn,
+        Some("BEGIN IMMEDIATE".into()),
+    )
+    .await
+    .map_err(|e| LedgerError::from_sqlx("begin transaction", e))?;
+    Ok(conn)
+}
+
+/// Answers a write whose batch could not start. When the database is unavailable (locked by
+/// another process past the busy timeout, unreachable), every write queued now would wait as
+/// long to fail the same way, so they all get the outage at once, as concurrent transactions
+/// each waiting for the lock did.
+fn fail_queued(first: Request, queue: &mut mpsc::UnboundedReceiver<Request>, error: LedgerError) {
+    if error.is_unavailable() {
+        let message = error.to_string();
+        while let Ok(request) = queue.try_recv() {
+            let _ = request
+                .reply
+                .send(Err(unavailable("begin transaction", &message)));
+        }
+    }
+    let _ = first.reply.send(Err(error));
 }
 
 /// Runs one write of the batch: opens its savepoint, lends the connection, and settles the
@@ -559,14 +386,14 @@ fn undo_savepoint(slot: &RawSlot, batch: &mut Batch) {
     }
 }
 
-/// Commits the batch (or rolls it back when it is broken) and answers every waiter: only after
-/// `COMMIT` returned, i.e. once the batch is durable. `false` when a failed batch could not
-/// be rolled back (the connection's state is unknown).
-fn commit(locked: &mut Locked<'_>, mut batch: Batch, counters: &Counters) -> bool {
-    let started = Instant::now();
+/// Commits the batch (or rolls it back when it is broken) and answers every waiter.
+async fn commit(mut conn: PoolConnection<Sqlite>, mut batch: Batch, counters: &Counters) {
+    let started = std::time::Instant::now();
     let outcome = match batch.broken.take() {
         Some(reason) => Err(reason),
-        None => locked.run(COMMIT).map_err(|e| e.to_string()),
+        None => <Sqlite as sqlx::Database>::TransactionManager::commit(&mut conn)
+            .await
+            .map_err(|e| e.to_string()),
     };
     match outcome {
         Ok(()) => {
@@ -576,7 +403,6 @@ fn commit(locked: &mut Locked<'_>, mut batch: Batch, counters: &Counters) -> boo
             for waiter in batch.waiters {
                 let _ = waiter.send(Ok(()));
             }
-            true
         }
         Err(reason) => {
             tracing::warn!(
@@ -584,12 +410,12 @@ fn commit(locked: &mut Locked<'_>, mut batch: Batch, counters: &Counters) -> boo
                 writes = batch.writes,
                 "ledger group commit failed; failing every write of the batch"
             );
-            let mut healthy = true;
-            if locked.in_transaction()
-                && let Err(error) = locked.run(ROLLBACK)
+            if conn.is_in_transaction()
+                && let Err(error) =
+                    <Sqlite as sqlx::Database>::TransactionManager::rollback(&mut conn).await
             {
                 tracing::warn!(%error, "rollback after a failed group commit failed");
-                healthy = false;
+                conn.close_on_drop();
             }
             let message = format!(
                 "a batch of {} writes did not commit: {reason}",
@@ -598,7 +424,6 @@ fn commit(locked: &mut Locked<'_>, mut batch: Batch, counters: &Counters) -> boo
             for waiter in batch.waiters {
                 let _ = waiter.send(Err(unavailable("commit transaction", &message)));
             }
-            healthy
         }
     }
 }

@@ -376,9 +376,7 @@ async fn roll_back_abandoned_transaction(
 /// Tuning knobs for [`Ledger::connect_with`].
 #[derive(Debug, Clone)]
 pub struct LedgerOptions {
-    /// Maximum pooled connections (ignored for `sqlite::memory:`, which uses exactly one). On a
-    /// SQLite file it is also how many idle direct read connections are kept (more are opened
-    /// while more tasks read at once); the group-commit writer has one connection of its own.
+    /// Maximum pooled connections (ignored for `sqlite::memory:`, which uses exactly one).
     pub max_connections: u32,
     /// How long to wait for a connection (and, for PostgreSQL, for the first connect).
     pub acquire_timeout: Duration,
@@ -554,15 +552,6 @@ impl Ledger {
                 .after_release(|conn, _| Box::pin(roll_back_abandoned_transaction(conn)))
                 .connect_lazy_with(opts.clone().busy_timeout(o.probe_busy_timeout))
         });
-        // A database file: the writer's own connection, with the pool's settings.
-        let writer_source = (!in_memory).then(|| group::Source::File(Box::new(opts.clone())));
-        let readers = (!in_memory).then(|| {
-            db::Readers::new(
-                opts.get_filename().to_path_buf(),
-                o.sqlite_busy_timeout,
-                usize::try_from(o.max_connections.max(1)).unwrap_or(1),
-            )
-        });
         let pool = if in_memory {
             pool_options
                 .acquire_timeout(o.acquire_timeout)
@@ -581,11 +570,7 @@ impl Ledger {
         }
         .map_err(unavailable)?;
         Ok(Self::assemble(
-            Pool::Sqlite(
-                pool.clone(),
-                group::GroupWriter::spawn(writer_source.unwrap_or(group::Source::Pool(pool))),
-                readers,
-            ),
+            Pool::Sqlite(pool.clone(), group::GroupWriter::spawn(pool)),
             o,
             display_url,
             probe_pool,
@@ -668,7 +653,7 @@ impl Ledger {
         let mut attempt = 1;
         loop {
             let result = match &self.pool {
-                Pool::Sqlite(p, ..) => migrator.run(p).await,
+                Pool::Sqlite(p, _) => migrator.run(p).await,
                 Pool::Postgres(p) => migrator.run(p).await,
             };
             match result {
@@ -797,7 +782,7 @@ impl Ledger {
                               SET probed_at = excluded.probed_at, probes = health_probe.probes + 1";
         let now = chain::format_ts(&self.clock.now());
         match (&self.probe.sqlite, &self.pool) {
-            (Some(pool), _) | (None, Pool::Sqlite(pool, ..)) => {
+            (Some(pool), _) | (None, Pool::Sqlite(pool, _)) => {
                 let mut tx = pool
                     .begin_with("BEGIN IMMEDIATE")
                     .await
@@ -847,7 +832,7 @@ impl Ledger {
     #[must_use]
     pub fn group_commit_stats(&self) -> Option<GroupCommitStats> {
         match &self.pool {
-            Pool::Sqlite(_, writer, _) => Some(writer.stats()),
+            Pool::Sqlite(_, writer) => Some(writer.stats()),
             Pool::Postgres(_) => None,
         }
     }

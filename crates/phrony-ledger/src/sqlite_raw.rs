@@ -3,19 +3,16 @@
 //!
 //! sqlx runs each SQLite statement on the connection's own worker thread: every statement is a
 //! message to that thread and a wake-up back, and a ledger write costs several statements.
-//! Profiles showed the hand-offs, not SQLite, taking most of the daemon's CPU. The writer locks
-//! its connection's handle out of sqlx's worker thread ([`sqlx::sqlite::LockedSqliteHandle`]):
-//! on a database file for as long as the writer keeps that connection (its own, outside the
-//! pool), in memory for one batch. Every statement it and the batch's writes run (`BEGIN`,
-//! the savepoints, the writes' statements, `COMMIT`) runs here, on the writer's or the calling
-//! task's thread, through the `libsqlite3-sys` the driver itself links.
+//! Profiles showed the hand-offs, not SQLite, taking most of the daemon's CPU. While a batch is
+//! open the writer locks the handle out of sqlx's worker thread
+//! ([`sqlx::sqlite::LockedSqliteHandle`]) and every statement of the batch's writes runs here,
+//! on the calling task's thread, through the `libsqlite3-sys` the driver itself links.
 //!
-//! Safety rests on one rule: the raw handle is used only through a [`Locked`] (the writer) or a
-//! [`RawSlot`] it lent to the writes of one batch, and every statement prepared here is
-//! finalized before the handle goes back to sqlx ([`Locked`]'s `Drop` takes the connection back
-//! from the slot it lent, waiting for a statement in progress). A write that uses its slot after
-//! its batch finds it empty and fails with "the batch is over"; a use during the take-back holds
-//! the slot's mutex, which the writer waits for. This is the only `unsafe` code of the workspace.
+//! Safety rests on one rule: the raw handle is used only through a [`RawSlot`], and the writer
+//! empties the slot (finalizing every statement prepared here) before it gives the handle back
+//! to sqlx ([`Locked`]'s `Drop`). A use after that finds the slot empty and fails with
+//! "the batch is over"; a use during it holds the slot's mutex, which the writer waits for.
+//! This is the only `unsafe` code of the workspace.
 #![allow(
     unsafe_code,
     reason = "FFI calls to the SQLite library on a handle locked out of sqlx's worker thread; \
@@ -80,19 +77,11 @@ impl RawRow {
 /// A prepared statement owned by a [`RawConn`].
 struct Stmt(NonNull<ffi::sqlite3_stmt>);
 
-/// Prepared statements a connection keeps at most; past that the cache starts again (a SQL text
-/// built per call, such as a multi-row `INSERT` of a given row count, cannot grow it forever).
-const MAX_CACHED_TEXTS: usize = 256;
-
-/// The locked connection and the statements prepared on it.
+/// The locked connection and the statements prepared on it during one batch.
 struct RawConn {
     db: NonNull<ffi::sqlite3>,
-    /// Whether this module opened the connection (a reader) and closes it when dropped;
-    /// otherwise it is sqlx's, locked out of its worker thread.
-    owned: bool,
-    /// Prepared statements by SQL text (one per statement of the text), reused across writes
-    /// (and, on the writer's own connection, across batches) and finalized before the handle
-    /// goes back to sqlx.
+    /// Prepared statements by SQL text (one per statement of the text), reused across the
+    /// batch's writes and finalized when the batch ends.
     statements: HashMap<String, Vec<Stmt>>,
 }
 
@@ -100,25 +89,16 @@ struct RawConn {
 // connections (built thread-safe, as libsqlite3-sys bundles it) may move between threads.
 unsafe impl Send for RawConn {}
 
-impl RawConn {
-    /// Finalizes every cached statement.
-    fn clear(&mut self) {
-        for (_, statements) in self.statements.drain() {
-            finalize_all(statements);
-        }
-    }
-}
-
 impl Drop for RawConn {
     fn drop(&mut self) {
-        // Each statement was prepared on `db`, which is still open (sqlx closes it only after
-        // the handle was given back, after this drop), and is finalized exactly once, here.
-        self.clear();
-        if self.owned {
-            // SAFETY: opened by `RawSlot::open_reader`, used by no one else, and every
-            // statement prepared on it was finalized just above.
-            unsafe {
-                ffi::sqlite3_close(self.db.as_ptr());
+        for (_, statements) in self.statements.drain() {
+            for stmt in statements {
+                // SAFETY: each statement was prepared on `db`, which is still open (sqlx
+                // closes it only after the handle was given back, after this drop), and is
+                // finalized exactly once, here.
+                unsafe {
+                    ffi::sqlite3_finalize(stmt.0.as_ptr());
+                }
             }
         }
     }
@@ -135,15 +115,10 @@ impl std::fmt::Debug for RawSlot {
     }
 }
 
-/// The handle locked out of sqlx's worker thread, and the statements prepared on it. The writer
-/// runs its own statements (`BEGIN`, `COMMIT`) here and lends the connection to a batch's writes
-/// ([`Locked::lend`]); dropping it takes the connection back from the slot it lent, finalizes
-/// the statements, and only then gives the handle back.
+/// The handle locked out of sqlx's worker thread for one batch. Dropping it empties the slot
+/// (finalizing the statements) and only then gives the handle back.
 pub(crate) struct Locked<'c> {
-    /// `None` while lent to a batch.
-    conn: Option<RawConn>,
-    /// The slot of the batch the connection is lent to.
-    lent: Option<RawSlot>,
+    slot: RawSlot,
     handle: LockedSqliteHandle<'c>,
 }
 
@@ -156,43 +131,15 @@ impl std::fmt::Debug for Locked<'_> {
 impl<'c> Locked<'c> {
     pub(crate) fn new(mut handle: LockedSqliteHandle<'c>) -> Self {
         let db = handle.as_raw_handle();
-        Self {
-            conn: Some(RawConn {
-                db,
-                owned: false,
-                statements: HashMap::new(),
-            }),
-            lent: None,
-            handle,
-        }
+        let slot = RawSlot(Arc::new(Mutex::new(Some(RawConn {
+            db,
+            statements: HashMap::new(),
+        }))));
+        Self { slot, handle }
     }
 
-    /// Lends the connection to the writes of one batch, through a new slot.
-    pub(crate) fn lend(&mut self) -> RawSlot {
-        self.take_back();
-        let slot = RawSlot(Arc::new(Mutex::new(self.conn.take())));
-        self.lent = Some(slot.clone());
-        slot
-    }
-
-    /// Takes the connection back from the batch's slot (waiting for a statement in progress);
-    /// a write still holding the slot finds it empty.
-    pub(crate) fn take_back(&mut self) {
-        if let Some(slot) = self.lent.take() {
-            let conn = slot.0.lock().unwrap_or_else(PoisonError::into_inner).take();
-            if conn.is_some() {
-                self.conn = conn;
-            }
-        }
-    }
-
-    /// Runs one of the writer's own statements (no parameters, no rows kept).
-    pub(crate) fn run(&mut self, sql: &str) -> Result<(), sqlx::Error> {
-        self.take_back();
-        let conn = self.conn.as_mut().ok_or_else(|| {
-            sqlx::Error::Io(std::io::Error::other("the write connection is gone"))
-        })?;
-        conn.run(sql, &[], None).map(drop)
+    pub(crate) fn slot(&self) -> RawSlot {
+        self.slot.clone()
     }
 
     /// Whether the connection is inside a transaction (SQLite's autocommit flag is off).
@@ -207,8 +154,13 @@ impl Drop for Locked<'_> {
         // Wait for a statement in progress, then finalize everything prepared here; `handle`
         // (a field) is released after this body, so sqlx gets the handle back with none of
         // our statements open.
-        self.take_back();
-        drop(self.conn.take());
+        let taken = self
+            .slot
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        drop(taken);
     }
 }
 
@@ -220,57 +172,6 @@ pub(crate) struct Outcome {
 }
 
 impl RawSlot {
-    /// Opens a connection of the read pool on the database file at `path`: read and write
-    /// access to the file (a WAL reader updates the shared-memory index) but `query_only`, so
-    /// a statement that would write fails; waits up to `busy_timeout` for a lock (recovery
-    /// of the WAL after a crash); closed when the last clone of the slot is dropped.
-    pub(crate) fn open_reader(
-        path: &std::path::Path,
-        busy_timeout: std::time::Duration,
-    ) -> Result<Self, sqlx::Error> {
-        let name = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| {
-            error(RawSqliteError::misuse(format!(
-                "database path {} contains a NUL byte",
-                path.display()
-            )))
-        })?;
-        let mut db: *mut ffi::sqlite3 = std::ptr::null_mut();
-        // SAFETY: `name` is NUL-terminated; `db` is a valid out-pointer. The connection is
-        // only used under the slot's mutex (NOMUTEX: SQLite's own mutex is not needed).
-        let rc = unsafe {
-            ffi::sqlite3_open_v2(
-                name.as_ptr(),
-                &raw mut db,
-                ffi::SQLITE_OPEN_READWRITE | ffi::SQLITE_OPEN_NOMUTEX,
-                std::ptr::null(),
-            )
-        };
-        // Even a failed open returns a handle (to read the error from and close), unless out
-        // of memory.
-        let Some(db) = NonNull::new(db) else {
-            return Err(error(RawSqliteError::new(
-                rc,
-                "out of memory opening a read connection".to_owned(),
-            )));
-        };
-        let mut conn = RawConn {
-            db,
-            owned: true,
-            statements: HashMap::new(),
-        };
-        if rc != ffi::SQLITE_OK {
-            return Err(error(conn.errmsg()));
-        }
-        let millis = c_int::try_from(busy_timeout.as_millis()).unwrap_or(c_int::MAX);
-        // SAFETY: `db` is open and used by this thread only.
-        unsafe {
-            ffi::sqlite3_extended_result_codes(db.as_ptr(), 1);
-            ffi::sqlite3_busy_timeout(db.as_ptr(), millis);
-        }
-        conn.run("PRAGMA query_only = ON", &[], None)?;
-        Ok(Self(Arc::new(Mutex::new(Some(conn)))))
-    }
-
     /// Runs `sql` (one or more statements) with `args` bound to `$N` / `?N` / `?` parameters,
     /// keeping at most `max_rows` rows (`None`: all). Stops after the statement that produced
     /// the last wanted row.
@@ -306,9 +207,6 @@ impl RawConn {
     fn prepare(&mut self, sql: &str) -> Result<(), sqlx::Error> {
         if self.statements.contains_key(sql) {
             return Ok(());
-        }
-        if self.statements.len() >= MAX_CACHED_TEXTS {
-            self.clear();
         }
         let mut prepared = Vec::new();
         let bytes = sql.as_bytes();
