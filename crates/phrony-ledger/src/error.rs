@@ -58,7 +58,7 @@ pub enum LedgerError {
     /// to renew). Nothing of the write was recorded. The driver must stop at once and never
     /// retry: the session is driven elsewhere.
     #[error(
-        "session {session_id}: this replica's lease (epoch {epoch}) was taken over by another          replica; the write was refused"
+        "session {session_id}: this replica's lease (epoch {epoch}) was taken over by another replica; the write was refused"
     )]
     Fenced {
         /// The session.
