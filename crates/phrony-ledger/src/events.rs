@@ -318,7 +318,22 @@ async fn advance_head(
         }
     };
     if updated != 1 {
-        if let Some((_, epoch)) = fence {
+        // Nothing advanced: either the lease is gone (fenced) or the head moved under us (a
+        // concurrent append, a conflict like any other). Only the first is the fence's refusal:
+        // a driver treats `Fenced` as "driven elsewhere" and stops for good.
+        let lost = match &fence {
+            Some((owner, epoch)) => conn
+                .fetch_optional(
+                    "check the session lease of a refused append",
+                    "SELECT 1 AS held FROM session_leases \
+                     WHERE session_id = $1 AND owner = $2 AND epoch = $3",
+                    args![&head.stream, owner, *epoch],
+                )
+                .await?
+                .is_none(),
+            None => false,
+        };
+        if let Some((_, epoch)) = fence.filter(|_| lost) {
             phrony_metrics::LEDGER_FENCED_WRITES.inc();
             tracing::warn!(
                 session_id = %head.stream,
