@@ -375,7 +375,11 @@ pub(crate) async fn run(
     let cancel = live.cancel.clone();
     // With session leases (several replicas), drive only under this replica's lease.
     let epoch = match crate::lease::acquire(&inner, &session_id).await {
-        Ok(Some(epoch)) => epoch,
+        Ok(Some(epoch)) => {
+            live.lease_epoch
+                .store(epoch, std::sync::atomic::Ordering::Release);
+            epoch
+        }
         Ok(None) => {
             // Driven by another replica: nothing to do here.
             inner.unregister(&live, false);

@@ -118,12 +118,17 @@ where
 async fn renew_leases(inner: &Inner, ttl: Duration) {
     match inner.store.ledger().renew_session_leases(ttl).await {
         Ok(renewal) => {
-            for session_id in renewal.lost {
+            for (session_id, epoch) in renewal.lost {
                 tracing::warn!(
                     %session_id,
+                    epoch,
                     "session lease lost to another replica; stopping its driver here"
                 );
-                if let Some(live) = inner.live(&session_id) {
+                // Only the driver that held that lease (a driver started since holds a newer
+                // one, or none yet).
+                if let Some(live) = inner.live(&session_id).filter(|live| {
+                    live.lease_epoch.load(std::sync::atomic::Ordering::Acquire) == epoch
+                }) {
                     live.cancel.cancel();
                     live.bump_approvals();
                     live.notify_changed();

@@ -129,6 +129,9 @@ pub(crate) struct Live {
     decisions: Mutex<Decisions>,
     /// Child sessions its delegation calls started or supervise: stopped with it when it ends.
     children: Mutex<Vec<String>>,
+    /// The epoch of the session lease its driver holds (0: none yet, or leases off): a lease
+    /// renewal reporting that epoch lost stops this driver, and no other.
+    pub(crate) lease_epoch: std::sync::atomic::AtomicU64,
 }
 
 #[derive(Debug)]
@@ -383,6 +386,7 @@ impl Inner {
                     .unwrap_or_default(),
             ),
             children: Mutex::new(Vec::new()),
+            lease_epoch: std::sync::atomic::AtomicU64::new(0),
         });
         live.insert(session_id.to_owned(), Arc::clone(&entry));
         drop(live);

@@ -24,7 +24,7 @@ use chrono::{DateTime, Utc};
 use crate::Ledger;
 use crate::db::{Backend, Conn, Tx, args};
 use crate::error::{LedgerError, Result};
-use crate::replica::Replica;
+use crate::replica::{Replica, State};
 
 /// The longest replica id accepted ([`Ledger::with_replica_id`]).
 pub const MAX_REPLICA_ID_LEN: usize = 200;
@@ -57,9 +57,10 @@ pub enum LeaseClaim {
 pub struct LeaseRenewal {
     /// Sessions whose lease this replica still holds, renewed (sorted).
     pub renewed: Vec<String>,
-    /// Sessions whose lease this replica lost (taken over at a higher epoch): their drivers
-    /// must stop; their appends from this replica are refused (sorted).
-    pub lost: Vec<String>,
+    /// Sessions whose lease this replica lost (taken over at a higher epoch), each with the
+    /// epoch it held: the driver holding that epoch must stop; this replica's appends to
+    /// those sessions are refused (sorted).
+    pub lost: Vec<(String, u64)>,
 }
 
 fn ttl_of(ttl: Duration) -> Result<chrono::Duration> {
@@ -151,41 +152,62 @@ async fn acquire(
     Ok(LeaseClaim::Held(held))
 }
 
-/// Renews every lease `owner` holds in one statement; returns each renewed session's epoch.
-/// Rows it owns that `held` does not know (a handle recreated under the same id) are released.
+/// Renews every lease `owner` holds in one statement and judges the rows against what this
+/// replica holds: `before` (taken before the transaction) and its state right after the
+/// statement ran (acquisitions and releases in flight included, see `replica.rs`). A lease
+/// is *lost* only when it was held at the same epoch, not being released, both before and
+/// after the statement — then its acquisition committed before the statement started, which
+/// would have renewed it had nobody taken it over. A row this replica neither holds at that
+/// epoch nor is acquiring (a handle recreated under the same id, a release that failed) is
+/// released. Returns the renewed sessions and the lost ones with their epochs.
 async fn renew(
     tx: &mut Tx,
-    owner: &str,
-    held: &HashMap<String, i64>,
+    replica: &Replica,
+    before: &State,
     ttl: chrono::Duration,
-) -> Result<HashMap<String, i64>> {
+) -> Result<(Vec<String>, Vec<(String, i64)>)> {
     let now = tx.now();
+    let owner = replica.id().to_owned();
     let mut conn = tx.conn();
     let rows = conn
         .fetch_all(
             "renew session leases",
             "UPDATE session_leases SET expires_at = $2, updated_at = $3 WHERE owner = $1 \
              RETURNING session_id, epoch",
-            args![owner, now + ttl, now],
+            args![&owner, now + ttl, now],
         )
         .await?;
-    let mut renewed = HashMap::with_capacity(rows.len());
+    let after = replica.snapshot();
+    let mut returned = HashMap::with_capacity(rows.len());
     for row in rows {
-        let session_id = row.text("session_id")?;
-        let epoch = row.int("epoch")?;
-        if held.get(&session_id) == Some(&epoch) {
-            renewed.insert(session_id, epoch);
-        } else {
+        returned.insert(row.text("session_id")?, row.int("epoch")?);
+    }
+    let mut renewed = Vec::with_capacity(returned.len());
+    for (session_id, &epoch) in &returned {
+        if after.held.get(session_id).is_some_and(|h| h.epoch == epoch) {
+            renewed.push(session_id.clone());
+        } else if !after.acquiring.contains_key(session_id) {
             conn.execute(
                 "release a session lease nobody here drives",
                 "UPDATE session_leases SET owner = NULL, expires_at = $3, updated_at = $3 \
                  WHERE session_id = $1 AND owner = $2 AND epoch = $4",
-                args![&session_id, owner, now, epoch],
+                args![session_id, &owner, now, epoch],
             )
             .await?;
         }
     }
-    Ok(renewed)
+    let lost = before
+        .held
+        .iter()
+        .filter(|(session_id, h)| {
+            !h.lost
+                && !h.releasing
+                && after.held.get(*session_id) == Some(*h)
+                && returned.get(*session_id) != Some(&h.epoch)
+        })
+        .map(|(session_id, h)| (session_id.clone(), h.epoch))
+        .collect();
+    Ok((renewed, lost))
 }
 
 impl Ledger {
@@ -233,6 +255,8 @@ impl Ledger {
     ) -> Result<LeaseClaim> {
         let ttl = ttl_of(ttl)?;
         let owner = self.replica.id().to_owned();
+        // In flight until held: a renewal beside it must not free the row it writes.
+        let _acquiring = self.replica.acquiring(session_id);
         let claim = write_tx!(self, |tx| acquire(&mut tx, &owner, session_id, ttl))?;
         if let LeaseClaim::Granted(lease) = &claim {
             self.replica
@@ -251,18 +275,18 @@ impl Ledger {
     /// that cannot be renewed simply expires, and the fence refuses what comes after).
     pub async fn renew_session_leases(&self, ttl: Duration) -> Result<LeaseRenewal> {
         let ttl = ttl_of(ttl)?;
-        let held = self.replica.live();
-        let owner = self.replica.id().to_owned();
-        let all = self.replica.lock().clone();
-        let all: HashMap<String, i64> = all.into_iter().map(|(s, h)| (s, h.epoch)).collect();
-        let renewed = write_tx!(self, |tx| renew(&mut tx, &owner, &all, ttl))?;
-        let mut report = LeaseRenewal::default();
-        for (session_id, epoch) in held {
-            if renewed.contains_key(&session_id) {
-                report.renewed.push(session_id);
-            } else {
-                self.replica.mark_lost(&session_id, epoch);
-                report.lost.push(session_id);
+        let before = self.replica.snapshot();
+        let (renewed, lost) = write_tx!(self, |tx| renew(&mut tx, &self.replica, &before, ttl))?;
+        let mut report = LeaseRenewal {
+            renewed,
+            lost: Vec::with_capacity(lost.len()),
+        };
+        for (session_id, epoch) in lost {
+            // Still that lease, not released meanwhile: reported once.
+            if self.replica.mark_lost(&session_id, epoch) {
+                report
+                    .lost
+                    .push((session_id, u64::try_from(epoch).unwrap_or_default()));
             }
         }
         report.renewed.sort();
@@ -280,6 +304,8 @@ impl Ledger {
     pub async fn release_session_lease(&self, session_id: &str, epoch: u64) -> Result<bool> {
         let epoch = i64::try_from(epoch).unwrap_or(i64::MAX);
         let owner = self.replica.id().to_owned();
+        // In flight: a renewal that no longer finds it must not report it lost.
+        self.replica.releasing(session_id, epoch);
         let released = write_tx!(self, |tx| async {
             let now = tx.now();
             tx.conn()

@@ -1,31 +1,65 @@
 //! A ledger handle's replica identity and the session leases it holds (issue #20): the
 //! in-memory side of `leases.rs`, read by every append to fence the sessions this replica
 //! drives (`db::Tx::fence`). A leaf: no crate-internal imports.
+//!
+//! Besides the leases held, it knows the acquisitions and releases in flight, so a renewal
+//! running beside them never mistakes a lease acquired a moment ago for a leftover (and frees
+//! it) nor one being released for a lost one (and stops the driver that holds the session
+//! next): the race that stalled sessions under load before.
 
 use std::collections::HashMap;
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 
 /// A ledger handle's replica: its id and the leases it holds. Shared by the handle's clones.
 #[derive(Debug)]
 pub(crate) struct Replica {
     id: String,
-    held: Mutex<HashMap<String, Held>>,
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default, Clone)]
+pub(crate) struct State {
+    /// The leases acquired and not forgotten, by session.
+    pub(crate) held: HashMap<String, Held>,
+    /// Acquisitions in flight (registered before their transaction, cleared after the
+    /// outcome is in `held`), by session, counted.
+    pub(crate) acquiring: HashMap<String, u32>,
 }
 
 /// A lease this replica acquired and has not released.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Held {
     pub(crate) epoch: i64,
     /// A renewal found it taken over (reported once); appends stay fenced by `epoch` until the
     /// driver releases it.
     pub(crate) lost: bool,
+    /// Its release is in flight: a renewal that no longer finds it is not a loss.
+    pub(crate) releasing: bool,
+}
+
+/// An acquisition in flight ([`Replica::acquiring`]); ends when dropped.
+pub(crate) struct Acquiring {
+    replica: Arc<Replica>,
+    session_id: String,
+}
+
+impl Drop for Acquiring {
+    fn drop(&mut self) {
+        let mut state = self.replica.lock();
+        if let Some(n) = state.acquiring.get_mut(&self.session_id) {
+            *n -= 1;
+            if *n == 0 {
+                state.acquiring.remove(&self.session_id);
+            }
+        }
+    }
 }
 
 impl Replica {
     pub(crate) fn new(id: String) -> Self {
         Self {
             id,
-            held: Mutex::new(HashMap::new()),
+            state: Mutex::new(State::default()),
         }
     }
 
@@ -33,44 +67,72 @@ impl Replica {
         &self.id
     }
 
-    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Held>> {
-        self.held.lock().unwrap_or_else(PoisonError::into_inner)
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The epoch of this replica's lease on the session `stream`, if it holds one (lost or
     /// not: a lost lease keeps fencing until its driver releases it).
     pub(crate) fn fence(&self, stream: &str) -> Option<i64> {
-        self.lock().get(stream).map(|h| h.epoch)
+        self.lock().held.get(stream).map(|h| h.epoch)
+    }
+
+    /// Registers an acquisition of `session_id` about to run; keep the guard until its
+    /// outcome is recorded with [`Replica::hold`] (or it failed).
+    pub(crate) fn acquiring(self: &Arc<Self>, session_id: &str) -> Acquiring {
+        *self
+            .lock()
+            .acquiring
+            .entry(session_id.to_owned())
+            .or_default() += 1;
+        Acquiring {
+            replica: Arc::clone(self),
+            session_id: session_id.to_owned(),
+        }
     }
 
     pub(crate) fn hold(&self, session_id: &str, epoch: i64) {
-        self.lock()
-            .insert(session_id.to_owned(), Held { epoch, lost: false });
+        self.lock().held.insert(
+            session_id.to_owned(),
+            Held {
+                epoch,
+                lost: false,
+                releasing: false,
+            },
+        );
+    }
+
+    /// Notes that the lease of `session_id` at `epoch` is being released.
+    pub(crate) fn releasing(&self, session_id: &str, epoch: i64) {
+        if let Some(h) = self.lock().held.get_mut(session_id)
+            && h.epoch == epoch
+        {
+            h.releasing = true;
+        }
     }
 
     /// Stops fencing `session_id`, unless a newer acquisition replaced `epoch` meanwhile.
     pub(crate) fn forget(&self, session_id: &str, epoch: i64) {
-        let mut held = self.lock();
-        if held.get(session_id).is_some_and(|h| h.epoch == epoch) {
-            held.remove(session_id);
+        let mut state = self.lock();
+        if state.held.get(session_id).is_some_and(|h| h.epoch == epoch) {
+            state.held.remove(session_id);
         }
     }
 
-    /// The leases not known lost, by session.
-    pub(crate) fn live(&self) -> HashMap<String, i64> {
-        self.lock()
-            .iter()
-            .filter(|(_, h)| !h.lost)
-            .map(|(s, h)| (s.clone(), h.epoch))
-            .collect()
+    /// A copy of what this replica holds and is acquiring.
+    pub(crate) fn snapshot(&self) -> State {
+        self.lock().clone()
     }
 
-    /// Marks the lease of `session_id` at `epoch` lost.
-    pub(crate) fn mark_lost(&self, session_id: &str, epoch: i64) {
-        if let Some(h) = self.lock().get_mut(session_id)
-            && h.epoch == epoch
-        {
-            h.lost = true;
+    /// Marks the lease of `session_id` at `epoch` lost; whether it was held (and not already
+    /// known lost or being released) at that epoch.
+    pub(crate) fn mark_lost(&self, session_id: &str, epoch: i64) -> bool {
+        match self.lock().held.get_mut(session_id) {
+            Some(h) if h.epoch == epoch && !h.lost && !h.releasing => {
+                h.lost = true;
+                true
+            }
+            _ => false,
         }
     }
 }

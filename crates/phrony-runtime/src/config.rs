@@ -224,7 +224,7 @@ pub struct Settings {
 
     /// The session lease: a session whose driving process renews nothing for this long is
     /// taken over by another process on the same database (renewed every third of it). Seconds
-    /// or a duration, at least 300ms. [default: 10s]
+    /// or a duration, at least 300ms, or `off`. [default: 10s on PostgreSQL, off on SQLite]
     #[arg(
         long,
         env = "RUNTIME_SESSION_LEASE_TTL",

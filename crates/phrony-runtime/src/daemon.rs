@@ -100,6 +100,7 @@ pub fn serve(settings: &Settings, env: &Env) -> anyhow::Result<()> {
         config.default_actor = settings.default_actor.clone();
         config.park_approval_waits = settings.park_approval_waits;
         config.auth = auth;
+        config.session_lease_ttl = workers.session_lease_ttl(ledger.backend());
         workers.apply(&mut config)?;
         if let Some(tls) = tls {
             tracing::info!(

@@ -30,8 +30,9 @@ const DEFAULT_EXEC_TIMEOUT: Duration = Duration::from_secs(60);
 /// `RUNTIME_RECOVERY_GRACE` when unset: the default worker lease, the time a worker has to
 /// show up again anyway.
 const DEFAULT_RECOVERY_GRACE: Duration = Duration::from_secs(30);
-/// `RUNTIME_SESSION_LEASE_TTL` when set empty (unset: no leases, one daemon per database): a replica killed is replaced within 10 s, and a
-/// renewal (every third of it) survives a few slow commits.
+/// `RUNTIME_SESSION_LEASE_TTL` when unset or blank on PostgreSQL (SQLite: no leases unless
+/// set): a replica killed is replaced within 10 s, and a renewal (every third of it) survives
+/// a few slow commits.
 const DEFAULT_SESSION_LEASE_TTL: Duration = Duration::from_secs(10);
 /// The shortest `RUNTIME_SESSION_LEASE_TTL`: renewals every 100 ms at most.
 const MIN_SESSION_LEASE_TTL: Duration = Duration::from_millis(300);
@@ -50,7 +51,19 @@ pub(crate) struct Workers {
     max_queued_user_messages: usize,
     /// `None`: unlimited.
     max_sessions_per_agent: Option<u64>,
-    session_lease_ttl: Option<Duration>,
+    session_lease: SessionLease,
+}
+
+/// `RUNTIME_SESSION_LEASE_TTL` as given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SessionLease {
+    /// Unset or blank: leases on PostgreSQL (a database several replicas may share, so the
+    /// safe default), none on SQLite (one process per file).
+    Auto,
+    /// `off`: none, also on PostgreSQL (one daemon per database, by the operator's word).
+    Off,
+    /// A TTL: leases on either database.
+    Ttl(Duration),
 }
 
 impl Settings {
@@ -88,23 +101,24 @@ impl Settings {
             DEFAULT_MAX_QUEUED_USER_MESSAGES,
         )?;
         let max_sessions_per_agent = sessions_per_agent(self.max_sessions_per_agent.as_deref())?;
-        // Session leases only when asked for (several replicas on one database): a single
-        // daemon needs none. (issue #20: the lease path stalled sessions under load on SQLite,
-        // see the closing note; until that is fixed the single-node default stays without.)
-        let session_lease_ttl = match self.session_lease_ttl.as_deref() {
-            None => None,
-            Some(text) => Some(duration(
-                "RUNTIME_SESSION_LEASE_TTL",
-                Some(text),
-                DEFAULT_SESSION_LEASE_TTL,
-            )?),
+        let session_lease = match self.session_lease_ttl.as_deref().map(str::trim) {
+            None | Some("") => SessionLease::Auto,
+            Some(off) if off.eq_ignore_ascii_case("off") => SessionLease::Off,
+            Some(text) => {
+                let ttl = duration(
+                    "RUNTIME_SESSION_LEASE_TTL",
+                    Some(text),
+                    DEFAULT_SESSION_LEASE_TTL,
+                )?;
+                if ttl < MIN_SESSION_LEASE_TTL {
+                    anyhow::bail!(
+                        "invalid RUNTIME_SESSION_LEASE_TTL {text:?}: at least \
+                         {MIN_SESSION_LEASE_TTL:?}, or `off`"
+                    );
+                }
+                SessionLease::Ttl(ttl)
+            }
         };
-        if session_lease_ttl.is_some_and(|ttl| ttl < MIN_SESSION_LEASE_TTL) {
-            anyhow::bail!(
-                "invalid RUNTIME_SESSION_LEASE_TTL {:?}: at least {MIN_SESSION_LEASE_TTL:?}",
-                self.session_lease_ttl.as_deref().unwrap_or_default()
-            );
-        }
         let mut router = RouterConfig::default();
         router.lease_ttl = duration(
             "RUNTIME_WORKER_LEASE_TTL",
@@ -144,7 +158,7 @@ impl Settings {
             recovery_grace,
             max_queued_user_messages,
             max_sessions_per_agent,
-            session_lease_ttl,
+            session_lease,
         })
     }
 }
@@ -152,6 +166,17 @@ impl Settings {
 impl Workers {
     /// Puts the router settings, the allowlist and the per-call deadlines into `config`
     /// (`serve` builds the router from them, with the session engine's hooks installed).
+    /// The session lease TTL on a ledger of `backend`: `None` runs without leases.
+    pub(crate) fn session_lease_ttl(&self, backend: phrony_ledger::Backend) -> Option<Duration> {
+        match (self.session_lease, backend) {
+            (SessionLease::Ttl(ttl), _) => Some(ttl),
+            (SessionLease::Auto, phrony_ledger::Backend::Postgres) => {
+                Some(DEFAULT_SESSION_LEASE_TTL)
+            }
+            (SessionLease::Auto, phrony_ledger::Backend::Sqlite) | (SessionLease::Off, _) => None,
+        }
+    }
+
     pub(crate) fn apply(self, config: &mut ServeConfig) -> anyhow::Result<()> {
         // Checked here so a bad setting fails before the daemon listens.
         self.router
@@ -198,7 +223,6 @@ impl Workers {
         config.recovery_grace = self.recovery_grace;
         config.max_queued_user_messages = self.max_queued_user_messages;
         config.max_sessions_per_agent = self.max_sessions_per_agent;
-        config.session_lease_ttl = self.session_lease_ttl;
         Ok(())
     }
 }
@@ -340,16 +364,29 @@ mod tests {
     }
 
     #[test]
-    fn session_leases_are_off_by_default_and_at_least_300ms() {
-        assert_eq!(workers(&[]).unwrap().session_lease_ttl, None);
+    fn session_leases_default_on_for_postgres_only_and_are_at_least_300ms() {
+        use phrony_ledger::Backend::{Postgres, Sqlite};
+        let w = workers(&[]).unwrap();
+        assert_eq!(
+            w.session_lease_ttl(Sqlite),
+            None,
+            "one process per SQLite file"
+        );
+        assert_eq!(w.session_lease_ttl(Postgres), Some(Duration::from_secs(10)));
+        let w = workers(&["--session-lease-ttl", "OFF"]).unwrap();
+        assert_eq!(w.session_lease_ttl(Postgres), None);
         let w = workers(&["--session-lease-ttl", "1500ms"]).unwrap();
-        assert_eq!(w.session_lease_ttl, Some(Duration::from_millis(1500)));
-        let mut config = ServeConfig::new(crate::serve_config::SecretsKey::from_bytes([7; 32]));
-        w.apply(&mut config).unwrap();
-        assert_eq!(config.session_lease_ttl, Some(Duration::from_millis(1500)));
+        assert_eq!(
+            w.session_lease_ttl(Sqlite),
+            Some(Duration::from_millis(1500))
+        );
+        assert_eq!(
+            w.session_lease_ttl(Postgres),
+            Some(Duration::from_millis(1500))
+        );
         assert_eq!(
             error(&["--session-lease-ttl", "100ms"]),
-            "invalid RUNTIME_SESSION_LEASE_TTL \"100ms\": at least 300ms"
+            "invalid RUNTIME_SESSION_LEASE_TTL \"100ms\": at least 300ms, or `off`"
         );
         assert!(
             error(&["--session-lease-ttl", "0"]).starts_with("invalid RUNTIME_SESSION_LEASE_TTL")

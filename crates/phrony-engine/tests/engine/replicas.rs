@@ -33,11 +33,19 @@ async fn a_driver_whose_lease_was_taken_over_stops_at_its_next_write_and_records
     .await;
     h.worker.set_behaviour(Behaviour::Hold);
     let s = h.start("Check ORD-1.").await;
-    let held = loop {
-        if let Some(inv) = h.worker.invoked("orders.lookup-order").pop() {
-            break inv;
+    let mut held = None;
+    for _ in 0..3000 {
+        held = h.worker.invoked("orders.lookup-order").pop();
+        if held.is_some() {
+            break;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let Some(held) = held else {
+        panic!(
+            "the call never reached the worker within 30 s: {:?}",
+            h.event_types(&s.id).await
+        );
     };
     let ledger = h.store.ledger();
     let lease = ledger.session_lease(&s.id).await.unwrap().unwrap();

@@ -174,7 +174,7 @@ pub(crate) async fn a_session_lease_is_acquired_renewed_expired_and_taken_over(d
     let renewal = a.renew_session_leases(TTL).await.unwrap();
     assert_eq!(
         (renewal.renewed, renewal.lost),
-        (vec![], vec![s.id.clone()])
+        (vec![], vec![(s.id.clone(), 1)])
     );
     fenced(
         a.append_session_event(&s.id, note("a, later")).await,
@@ -389,4 +389,70 @@ pub(crate) async fn replicas_racing_to_expire_an_approval_expire_it_once(db: &Te
         assert_eq!(decided, 1, "one decision event for approval {id}");
         assert!(a.verify_stream(session).await.unwrap().violation.is_none());
     }
+}
+
+/// Renewals running beside acquisitions and releases of the same replica never free a lease
+/// acquired a moment ago (its driver's next write would then be refused by the fence and the
+/// session stall) nor report one being released as lost (which stops the next driver): the
+/// race that stalled sessions under load. Each round drives one session: acquire, write,
+/// release, while a task renews in a tight loop.
+pub(crate) async fn renewals_beside_acquisitions_never_free_or_lose_a_held_lease(db: &TestDb) {
+    let clock = Clock::new();
+    let a = replica(db, &clock, "replica-a").await;
+    let v = deploy_agent(&a, &refund_agent(), "0.1.0").await;
+    let mut sessions = Vec::new();
+    for _ in 0..16 {
+        sessions.push(start(&a, &v).await.id);
+    }
+    let done = stop_flag();
+    let renewer = {
+        let a = a.clone();
+        let done = Arc::clone(&done);
+        tokio::spawn(async move {
+            let mut lost = Vec::new();
+            let mut renewals = 0_u32;
+            while !done.load(std::sync::atomic::Ordering::Acquire) {
+                let renewal = a.renew_session_leases(TTL).await.unwrap();
+                lost.extend(renewal.lost);
+                renewals += 1;
+                tokio::task::yield_now().await;
+            }
+            (lost, renewals)
+        })
+    };
+    let mut drivers = Vec::new();
+    for session in sessions.clone() {
+        let a = a.clone();
+        drivers.push(tokio::spawn(async move {
+            for round in 0..12 {
+                let epoch = granted(a.acquire_session_lease(&session, TTL).await.unwrap());
+                a.append_session_event(&session, note(&format!("round {round}")))
+                    .await
+                    .unwrap_or_else(|e| panic!("round {round} at epoch {epoch} refused: {e}"));
+                assert!(
+                    a.release_session_lease(&session, epoch).await.unwrap(),
+                    "round {round}: the lease at epoch {epoch} was freed under its driver"
+                );
+            }
+        }));
+    }
+    for driver in drivers {
+        driver.await.unwrap();
+    }
+    done.store(true, std::sync::atomic::Ordering::Release);
+    let (lost, renewals) = renewer.await.unwrap();
+    assert!(renewals > 0);
+    assert!(
+        lost.is_empty(),
+        "no lease was taken over, yet lost: {lost:?}"
+    );
+    for session in &sessions {
+        let lease = a.session_lease(session).await.unwrap().unwrap();
+        assert_eq!((lease.owner, lease.epoch), (None, 12));
+        assert_eq!(contents(&a, session).await.len(), 12);
+    }
+}
+
+fn stop_flag() -> Arc<std::sync::atomic::AtomicBool> {
+    Arc::new(std::sync::atomic::AtomicBool::new(false))
 }
