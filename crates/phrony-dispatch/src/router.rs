@@ -664,6 +664,20 @@ impl Router {
         })
     }
 
+    /// Whether a connected worker advertises the handler `key` ([`handler_key`]): a call for it
+    /// may be served here (its load, descriptor pin and allowlist are judged at dispatch).
+    #[must_use]
+    pub fn advertises(&self, key: &str) -> bool {
+        self.inner.advertises(key)
+    }
+
+    /// The handler keys ([`handler_key`]) connected workers advertise, sorted, without repeats
+    /// (what this replica publishes for the others, issue #20).
+    #[must_use]
+    pub fn advertised_keys(&self) -> Vec<String> {
+        self.inner.advertised_keys()
+    }
+
     /// A point-in-time view of workers, handlers, busy slots and queues.
     #[must_use]
     pub fn snapshot(&self) -> RouterSnapshot {

@@ -1187,6 +1187,31 @@ impl Inner {
         });
     }
 
+    /// Whether a worker with an unexpired lease advertises `key` (whatever its load, pin or
+    /// allowlist standing: those are judged when a call is dispatched).
+    pub(crate) fn advertises(&self, key: &str) -> bool {
+        let st = self.lock();
+        let now = Instant::now();
+        st.workers
+            .values()
+            .any(|w| w.lease_expires > now && w.handler(key).is_some())
+    }
+
+    /// The handler keys workers with an unexpired lease advertise, sorted, without repeats.
+    pub(crate) fn advertised_keys(&self) -> Vec<String> {
+        let st = self.lock();
+        let now = Instant::now();
+        let mut keys: Vec<String> = st
+            .workers
+            .values()
+            .filter(|w| w.lease_expires > now)
+            .flat_map(|w| w.handlers.iter().map(|(k, _)| k.clone()))
+            .collect();
+        keys.sort_unstable();
+        keys.dedup();
+        keys
+    }
+
     pub(crate) fn snapshot(&self) -> RouterSnapshot {
         let st = self.lock();
         let now = Instant::now();

@@ -685,6 +685,7 @@ impl Ctx {
             match &approval {
                 Ok(a) => a.status.as_str(),
                 Err(CallStop::Parked) => "parked",
+                Err(CallStop::HandOff(_)) => "handed_off",
                 Err(CallStop::Stopped) => "stopped",
                 Err(CallStop::Halt(_)) => "halted",
                 Err(CallStop::Fail(_)) => "failed",
@@ -745,6 +746,7 @@ impl Ctx {
                     Err(Stop::Fail(m)) => return Err(CallStop::Fail(m)),
                     Err(Stop::Store(e)) => return Err(CallStop::Store(e)),
                     Err(Stop::Parked) => return Err(CallStop::Parked),
+                    Err(Stop::HandOff(to)) => return Err(CallStop::HandOff(to)),
                 }
             }
         }
@@ -1051,6 +1053,20 @@ impl Ctx {
                 .dispatch_failed(&call, binding, wire, failure, after_hitl)
                 .await;
         };
+        if let Some(to) = self.hand_off_target(&call, &router).await {
+            // Queued first, so the replica taking the session sends it (never decides again).
+            if call.status != CallStatus::Queued {
+                self.store().queue_tool_call(&call.call_id).await?;
+            }
+            tracing::info!(
+                call_id = %call.call_id,
+                tool = %call.tool,
+                to = %to,
+                "no worker here serves the call's tool: handing the session to a replica whose \
+                 workers do"
+            );
+            return Err(CallStop::HandOff(to));
+        }
         // The worker's spans join the session's trace under this one.
         let span = crate::trace::dispatch(&call.call_id, &call.tool, &call.version);
         let invocation = Invocation {
@@ -1123,6 +1139,35 @@ impl Ctx {
             Err(failure) => {
                 self.dispatch_failed(&call, binding, wire, failure, after_hitl)
                     .await
+            }
+        }
+    }
+
+    /// The replica to hand the session to for `call` (issue #20: any worker serves any
+    /// session): with session leases on, when no worker connected here advertises the call's
+    /// tool and another replica's workers do. Not for a session handed here within one lease
+    /// TTL (it waits for a worker here instead: no ping-pong on a stale handler list). A
+    /// failed lookup is no handoff (the call waits for a worker here, as without replicas).
+    async fn hand_off_target(
+        &self,
+        call: &ToolInvocation,
+        router: &phrony_dispatch::Router,
+    ) -> Option<String> {
+        let ttl = self.inner.config.session_lease_ttl?;
+        let version = if call.version.is_empty() {
+            phrony_dispatch::DEFAULT_VERSION
+        } else {
+            call.version.as_str()
+        };
+        let key = phrony_dispatch::handler_key(&call.tool, version);
+        if router.advertises(&key) || self.inner.handed_in_within(&self.session.id, ttl) {
+            return None;
+        }
+        match self.store().ledger().replica_serving(&key).await {
+            Ok(target) => target,
+            Err(error) => {
+                tracing::warn!(%key, %error, "could not look for a replica serving the tool");
+                None
             }
         }
     }

@@ -37,6 +37,9 @@ pub(crate) enum Stop {
     /// Every open call of the session waits for a human: the driver unloads (the session is
     /// parked) and the session is resumed from its event log when a decision comes.
     Parked,
+    /// A queued call needs a tool only the workers of this other replica serve: the driver
+    /// stops with nothing in flight and hands the session's lease to it (issue #20).
+    HandOff(String),
 }
 
 impl From<StoreError> for Stop {
@@ -58,6 +61,9 @@ pub(crate) enum CallStop {
     Store(StoreError),
     /// The call waits for a human and the session may be parked meanwhile.
     Parked,
+    /// The call is queued for a tool only the workers of this other replica serve: the session
+    /// moves there (see [`Stop::HandOff`]).
+    HandOff(String),
 }
 
 impl From<StoreError> for CallStop {
@@ -407,11 +413,16 @@ pub(crate) async fn run(
             Err(Stop::Cancelled) => "stopped",
             Err(Stop::Store(_)) => "store_error",
             Err(Stop::Parked) => "parked",
+            Err(Stop::HandOff(_)) => "handed_off",
         },
     );
     let fenced = matches!(&outcome, Err(Stop::Store(e)) if crate::lease::is_fenced(e));
+    let hand_off = match &outcome {
+        Err(Stop::HandOff(to)) => Some(to.clone()),
+        _ => None,
+    };
     let suspend = match outcome {
-        Ok(()) | Err(Stop::Cancelled | Stop::Parked) => false,
+        Ok(()) | Err(Stop::Cancelled | Stop::Parked | Stop::HandOff(_)) => false,
         Err(Stop::Store(_)) if fenced => {
             // Another replica took the session over: it drives it now. Never retried here.
             tracing::warn!(%session_id, "session lease lost; its driver stopped here");
@@ -453,7 +464,9 @@ pub(crate) async fn run(
     // Before unregistering (a driver this replica starts next acquires a new epoch). Not when
     // the engine stops or the session is suspended: the lease then runs out and another
     // replica (or this one, resuming) takes the session over.
-    if !suspend && !inner.stop.is_cancelled() {
+    if let Some(to) = hand_off {
+        crate::lease::hand_off(&inner, &session_id, epoch, &to).await;
+    } else if !suspend && !inner.stop.is_cancelled() {
         crate::lease::release(&inner, &session_id, epoch).await;
     }
     inner.unregister(&live, parked);
@@ -815,6 +828,7 @@ impl Driver {
             Err(CallStop::Stopped) => Err(Stop::Cancelled),
             Err(CallStop::Store(e)) => Err(Stop::Store(e)),
             Err(CallStop::Parked) => Err(Stop::Parked),
+            Err(CallStop::HandOff(to)) => Err(Stop::HandOff(to)),
         }
     }
 
@@ -899,6 +913,7 @@ impl Driver {
             Err(CallStop::Stopped) => return Err(Stop::Cancelled),
             Err(CallStop::Store(e)) => return Err(Stop::Store(e)),
             Err(CallStop::Parked) => return Err(Stop::Parked),
+            Err(CallStop::HandOff(to)) => return Err(Stop::HandOff(to)),
         };
         match decision {
             crate::output::OutputDecision::Accepted {
@@ -1027,6 +1042,7 @@ impl Driver {
                     Err(CallStop::Stopped) => return Err(Stop::Cancelled),
                     Err(CallStop::Store(e)) => return Err(Stop::Store(e)),
                     Err(CallStop::Parked) => return Err(Stop::Parked),
+                    Err(CallStop::HandOff(to)) => return Err(Stop::HandOff(to)),
                 }
             }
             let iteration = self.fold.next_iteration(turn);
@@ -1364,14 +1380,20 @@ impl Driver {
                 }
             })
             .collect();
-        // A call that parks ends its future; the others run to their end first, so a parked
-        // session has nothing in flight.
+        // A call that parks or is handed off ends its future; the others run to their end
+        // first, so a parked or handed-off session has nothing in flight.
         let mut parked = false;
+        let mut hand_off = None;
         while let Some(result) = running.next().await {
             match result {
                 Err(CallStop::Parked) => parked = true,
+                Err(CallStop::HandOff(to)) => hand_off = Some(to),
                 other => other?,
             }
+        }
+        if let Some(to) = hand_off {
+            // The replica taking the session over also waits for the parked calls' approvals.
+            return Err(CallStop::HandOff(to));
         }
         if parked {
             return Err(CallStop::Parked);

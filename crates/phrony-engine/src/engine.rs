@@ -303,6 +303,7 @@ impl Engine {
             handover: Mutex::new(HashMap::new()),
             prepared: Mutex::new(HashMap::new()),
             parked_traces: Mutex::new(HashMap::new()),
+            handed_in: Mutex::new(HashMap::new()),
         });
         tokio::spawn(timer::run(Arc::downgrade(&inner), inner.stop.clone()));
         tokio::spawn(crate::lease::run(

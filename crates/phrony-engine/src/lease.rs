@@ -76,6 +76,30 @@ pub(crate) async fn release(inner: &Inner, session_id: &str, epoch: u64) {
     }
 }
 
+/// Hands the lease a stopped driver held at `epoch` to the replica `to`, whose workers serve
+/// the session's queued call (issue #20). A failure leaves the lease to expire: the session is
+/// then taken over (by `to` or any other replica) as after a crash.
+pub(crate) async fn hand_off(inner: &Inner, session_id: &str, epoch: u64, to: &str) {
+    let Some(ttl) = inner.config.session_lease_ttl else {
+        return;
+    };
+    match inner
+        .store
+        .ledger()
+        .hand_off_session_lease(session_id, epoch, to, ttl)
+        .await
+    {
+        Ok(true) => {
+            phrony_metrics::SESSION_HANDOFFS.inc();
+            tracing::info!(%session_id, %to, "session handed off");
+        }
+        Ok(false) => tracing::debug!(%session_id, "session lease lost before its handoff"),
+        Err(error) => {
+            tracing::warn!(%session_id, %to, %error, "could not hand the session off; its lease will expire");
+        }
+    }
+}
+
 /// A jittered period around `base` (±20 %), so replicas started together do not scan in step.
 fn jittered(base: Duration) -> Duration {
     let spread = base / 5;
@@ -85,9 +109,10 @@ fn jittered(base: Duration) -> Duration {
     (base - spread) + Duration::from_nanos(offset)
 }
 
-/// Renews this replica's leases and takes over expired ones until `stop`, resuming each
-/// session taken over with `resume` (the engine's unpark: the recovery path). Holds only a
-/// weak reference, so the engine can drop.
+/// Renews this replica's leases (and publishes the tool handlers its workers serve) and takes
+/// over expired ones until `stop`, resuming each session taken over with `resume` (the
+/// engine's unpark: the recovery path); takes the sessions handed to this replica when told
+/// (PostgreSQL's NOTIFY) and at every scan. Holds only a weak reference, so the engine can drop.
 pub(crate) async fn run<F, Fut>(inner: Weak<Inner>, stop: CancellationToken, resume: F)
 where
     F: Fn(Arc<Inner>, String) -> Fut + Send,
@@ -99,19 +124,104 @@ where
     let mut renew = tokio::time::interval(ttl / 3);
     renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut next_scan = tokio::time::Instant::now() + jittered(ttl / 2);
+    let mut listener = None;
     loop {
+        if listener.is_none() {
+            let Some(strong) = inner.upgrade() else {
+                return;
+            };
+            // Bounded: the renewals below must not wait for a stalled database.
+            listener = tokio::time::timeout(ttl / 3, listen(&strong))
+                .await
+                .unwrap_or_default();
+        }
         tokio::select! {
-            () = stop.cancelled() => return,
+            () = stop.cancelled() => {
+                // A graceful stop: this replica's workers serve nobody any more.
+                if let Some(inner) = inner.upgrade()
+                    && let Err(error) = inner.store.ledger().publish_handlers(&[], ttl).await
+                {
+                    tracing::debug!(%error, "could not withdraw the published tool handlers");
+                }
+                return;
+            }
             _ = renew.tick() => {
                 let Some(inner) = inner.upgrade() else { return };
                 renew_leases(&inner, ttl).await;
+                publish_handlers(&inner, ttl).await;
+            }
+            woken = wait_handoff(&mut listener) => {
+                if let Err(error) = woken {
+                    tracing::warn!(%error, "lost the handoff listener; listening again");
+                    listener = None;
+                }
+                let Some(inner) = inner.upgrade() else { return };
+                take_handoffs(Arc::clone(&inner), &resume, ttl).await;
             }
             () = tokio::time::sleep_until(next_scan) => {
                 next_scan = tokio::time::Instant::now() + jittered(ttl / 2);
                 let Some(inner) = inner.upgrade() else { return };
-                take_over(inner, &resume).await;
+                take_over(Arc::clone(&inner), &resume).await;
+                take_handoffs(inner, &resume, ttl).await;
             }
         }
+    }
+}
+
+/// Listens for handoffs: `Some(None)` on SQLite (nothing to listen to), `None` when it failed
+/// (tried again at the next turn; the periodic scan finds handoffs meanwhile).
+async fn listen(inner: &Inner) -> Option<Option<phrony_ledger::HandoffListener>> {
+    match inner.store.ledger().listen_handoffs().await {
+        Ok(listener) => Some(listener),
+        Err(error) => {
+            tracing::warn!(%error, "could not listen for handoffs; the scan finds them");
+            None
+        }
+    }
+}
+
+/// Waits for a handoff to this replica: forever without a listener.
+async fn wait_handoff(
+    listener: &mut Option<Option<phrony_ledger::HandoffListener>>,
+) -> Result<(), phrony_ledger::LedgerError> {
+    match listener {
+        Some(Some(listener)) => listener.recv().await,
+        _ => std::future::pending().await,
+    }
+}
+
+/// Publishes the tool handlers this replica's workers serve, for the others' handoffs.
+async fn publish_handlers(inner: &Inner, ttl: Duration) {
+    let Some(router) = &inner.router else {
+        return;
+    };
+    let keys = router.advertised_keys();
+    if let Err(error) = inner.store.ledger().publish_handlers(&keys, ttl).await {
+        tracing::warn!(%error, "could not publish the tool handlers served here");
+    }
+}
+
+/// Takes the sessions handed to this replica (and handoffs their target left too long).
+async fn take_handoffs<F, Fut>(inner: Arc<Inner>, resume: &F, ttl: Duration)
+where
+    F: Fn(Arc<Inner>, String) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let handed = match inner
+        .store
+        .ledger()
+        .handed_off_sessions(TAKEOVER_BATCH)
+        .await
+    {
+        Ok(handed) => handed,
+        Err(error) => {
+            tracing::debug!(%error, "could not list handed-off sessions");
+            return;
+        }
+    };
+    for session_id in handed {
+        inner.note_handed_in(&session_id, ttl);
+        adopt(&inner, session_id, None, resume).await;
     }
 }
 
@@ -160,30 +270,43 @@ where
         }
     };
     for lease in expired {
-        let session_id = lease.session_id;
-        if inner.live(&session_id).is_some() || inner.is_suspended(&session_id) {
-            // Driven here: its lease is renewed at the next tick.
-            continue;
-        }
-        match acquire(&inner, &session_id).await {
-            Ok(Some(epoch)) => {
+        adopt(&inner, lease.session_id, lease.owner, resume).await;
+    }
+}
+
+/// Acquires the lease of a session no driver here holds and resumes it (a takeover, or a
+/// handoff to this replica when `from` is `None`).
+async fn adopt<F, Fut>(inner: &Arc<Inner>, session_id: String, from: Option<String>, resume: &F)
+where
+    F: Fn(Arc<Inner>, String) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    if inner.live(&session_id).is_some() || inner.is_suspended(&session_id) {
+        // Driven here: its lease is renewed at the next tick.
+        return;
+    }
+    match acquire(inner, &session_id).await {
+        Ok(Some(epoch)) => {
+            if let Some(from) = &from {
                 phrony_metrics::SESSION_TAKEOVERS.inc();
                 tracing::info!(
                     %session_id,
-                    from = lease.owner.as_deref().unwrap_or_default(),
+                    %from,
                     epoch,
                     "taking over a session whose lease expired"
                 );
-                // The driver acquires its own lease (this replica's: granted at once).
-                resume(Arc::clone(&inner), session_id.clone()).await;
-                if inner.live(&session_id).is_none() {
-                    // Nothing to drive here (a child its parent supervises, ended meanwhile):
-                    // free the lease for whoever drives it.
-                    release(&inner, &session_id, epoch).await;
-                }
+            } else {
+                tracing::info!(%session_id, epoch, "taking a session handed to this replica");
             }
-            Ok(None) => {}
-            Err(error) => tracing::debug!(%session_id, %error, "could not take a lease over"),
+            // The driver acquires its own lease (this replica's: granted at once).
+            resume(Arc::clone(inner), session_id.clone()).await;
+            if inner.live(&session_id).is_none() {
+                // Nothing to drive here (a child its parent supervises, ended meanwhile):
+                // free the lease for whoever drives it.
+                release(inner, &session_id, epoch).await;
+            }
         }
+        Ok(None) => {}
+        Err(error) => tracing::debug!(%session_id, %error, "could not take a lease over"),
     }
 }

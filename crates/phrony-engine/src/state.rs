@@ -88,6 +88,9 @@ pub(crate) struct Inner {
     /// id: the driver that resumes the session continues that trace. In memory only (a session
     /// resumed after a restart starts a new trace); bounded by [`PARKED_TRACES`].
     pub(crate) parked_traces: Mutex<HashMap<String, BTreeMap<String, String>>>,
+    /// Sessions another replica handed to this one (issue #20), with when: their drivers do
+    /// not hand them off again within one lease TTL (no ping-pong on a stale handler list).
+    pub(crate) handed_in: Mutex<HashMap<String, tokio::time::Instant>>,
 }
 
 /// Parked sessions' trace contexts [`Inner::parked_traces`] keeps; when full it starts over
@@ -304,6 +307,26 @@ impl Inner {
     }
 
     /// Whether a session is suspended by a storage outage.
+    /// Notes that `session_id` was handed to this replica now; forgets those older than `ttl`.
+    pub(crate) fn note_handed_in(&self, session_id: &str, ttl: std::time::Duration) {
+        let now = tokio::time::Instant::now();
+        let mut handed = self
+            .handed_in
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        handed.retain(|_, at| now.duration_since(*at) < ttl);
+        handed.insert(session_id.to_owned(), now);
+    }
+
+    /// Whether `session_id` was handed to this replica within the last `ttl`.
+    pub(crate) fn handed_in_within(&self, session_id: &str, ttl: std::time::Duration) -> bool {
+        self.handed_in
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(session_id)
+            .is_some_and(|at| at.elapsed() < ttl)
+    }
+
     pub(crate) fn is_suspended(&self, session_id: &str) -> bool {
         self.suspended
             .lock()

@@ -129,7 +129,7 @@ async fn acquire(
              VALUES ($1, $2, 1, $3, $4) \
              ON CONFLICT (session_id) DO UPDATE SET owner = excluded.owner, \
              epoch = session_leases.epoch + 1, expires_at = excluded.expires_at, \
-             updated_at = excluded.updated_at \
+             updated_at = excluded.updated_at, handoff_to = NULL \
              WHERE session_leases.owner IS NULL OR session_leases.owner = excluded.owner \
              OR session_leases.expires_at <= excluded.updated_at \
              RETURNING epoch",

@@ -222,6 +222,7 @@ pub use event_body::{
     ToolIndeterminate, ToolLateResult, ToolPolicyDenied, ToolQueued, ToolRequested, TurnUsage,
     UserMessage, WebhookRetryRequested, WebhookUnconfigured, WorkerDescriptorRefused, event_types,
 };
+pub use handoffs::{HANDOFF_CHANNEL, HandoffListener, MAX_PUBLISHED_HANDLERS};
 pub use history::{
     HISTORY_PRUNE_MARGIN_SECS, HistoryCounts, HistoryKey, HistoryPruned, HistoryRead,
     HistoryReservation, MAX_HISTORY_READS,
@@ -316,6 +317,7 @@ mod approvals;
 mod bundles;
 mod cascade;
 mod cipher;
+mod handoffs;
 mod history;
 mod invocations;
 mod leases;

@@ -296,6 +296,9 @@ pub static LEDGER_FENCED_WRITES: Counter = Counter::new();
 /// Sessions this replica took over from a replica whose lease expired
 /// (`phrony_session_takeovers_total`; recorded by `phrony-engine`).
 pub static SESSION_TAKEOVERS: Counter = Counter::new();
+/// Sessions this replica handed to another whose workers serve a tool none of its own does
+/// (`phrony_session_handoffs_total`; recorded by `phrony-engine`).
+pub static SESSION_HANDOFFS: Counter = Counter::new();
 
 /// One recorded metric's current value, as the exporter encodes it.
 #[derive(Debug, Clone, PartialEq)]
@@ -405,6 +408,11 @@ pub fn catalog() -> Vec<Metric> {
             name: "phrony_session_takeovers",
             help: "Sessions taken over from a replica whose lease expired.",
             value: Value::Counter(SESSION_TAKEOVERS.get()),
+        },
+        Metric {
+            name: "phrony_session_handoffs",
+            help: "Sessions handed to another replica whose workers serve the tool a call needs.",
+            value: Value::Counter(SESSION_HANDOFFS.get()),
         },
     ]
 }

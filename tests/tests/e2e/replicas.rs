@@ -5,8 +5,8 @@
 //! another replica takes the session over within the lease, the decision is taken elsewhere,
 //! the refund runs once and the audit log verifies.
 //!
-//! Every replica has its own worker: a call is dispatched by the replica driving its session
-//! (a worker connected to another replica does not serve it yet).
+//! A call is dispatched by the replica driving its session to one of its own workers; when none
+//! of them serves the tool and another replica's do, the session is handed to that replica.
 
 #![allow(
     clippy::unwrap_used,
@@ -53,6 +53,16 @@ impl Cluster {
     /// [`Cluster::start`] with the agent's script and, when given, the replica whose worker
     /// holds every result back (a call stays in flight there).
     fn start_with(n: usize, turns: &Value, holding: Option<usize>) -> Option<Self> {
+        Self::start_serving(n, turns, holding, &(0..n).collect::<Vec<_>>())
+    }
+
+    /// [`Cluster::start_with`] with refund workers on the replicas `serving` only.
+    fn start_serving(
+        n: usize,
+        turns: &Value,
+        holding: Option<usize>,
+        serving: &[usize],
+    ) -> Option<Self> {
         let keys = tempfile::tempdir().unwrap();
         let audit_key = keys.path().join("audit.key");
         let audit_key = audit_key.to_str().unwrap();
@@ -86,7 +96,7 @@ impl Cluster {
             _keys: keys,
             _project: project,
         };
-        for i in 0..n {
+        for &i in serving {
             let (addr, id) = (cluster.get(i).addr().to_owned(), format!("worker-{i}"));
             cluster.workers.push(if holding == Some(i) {
                 RefundWorker::start_holding(&addr, &id)
@@ -148,6 +158,23 @@ impl Cluster {
     }
 }
 
+/// The model's script for a refund of 100 on `order` (no approval needed: dispatched at once),
+/// then `answer`.
+fn small_refund_turns(order: &str, answer: &str) -> Value {
+    json!([
+        [
+            {"type": "tool_call", "name": "issue_refund",
+             "args": {"order_id": order, "amount": 100, "currency": "EUR",
+                      "reason": "Late delivery."}},
+            {"type": "completed", "stop_reason": "tool_use"}
+        ],
+        [
+            {"type": "text_delta", "text": answer},
+            {"type": "completed", "stop_reason": "end_turn"}
+        ]
+    ])
+}
+
 /// Starts the refund session on `daemon` and waits until its approval is listed on `other`.
 fn start_refund(daemon: &Daemon, other: &Daemon) -> (String, String) {
     let session = start(phrony(daemon, "emad").args([
@@ -186,6 +213,18 @@ fn timeline_types(daemon: &Daemon, session: &str) -> Vec<String> {
         .collect()
 }
 
+/// Each of `kinds` occurs exactly once in the timeline `types`.
+#[track_caller]
+fn assert_once(types: &[String], kinds: &[&str]) {
+    for kind in kinds {
+        assert_eq!(
+            types.iter().filter(|t| t == kind).count(),
+            1,
+            "{kind} in {types:?}"
+        );
+    }
+}
+
 fn verify_audit(daemon: &Daemon) {
     let verified = ok(phrony(daemon, "ci-auditor").args(["audit", "verify", "--all"]));
     assert!(verified.starts_with("verified "), "{verified}");
@@ -215,18 +254,15 @@ fn replicas_serve_any_session_and_take_over_a_killed_replicas_session() {
     assert_eq!(refunds[0]["amount"], 400);
     // One decision, one dispatch, one result in the log, whoever recorded them.
     let types = timeline_types(cluster.get(0), &session);
-    for (kind, count) in [
-        ("approval.decided", 1),
-        ("tool.dispatched", 1),
-        ("tool.completed", 1),
-        ("session.completed", 1),
-    ] {
-        assert_eq!(
-            types.iter().filter(|t| *t == kind).count(),
-            count,
-            "{kind} in {types:?}"
-        );
-    }
+    assert_once(
+        &types,
+        &[
+            "approval.decided",
+            "tool.dispatched",
+            "tool.completed",
+            "session.completed",
+        ],
+    );
     verify_audit(cluster.get(taker));
     verify_audit(cluster.get(decider));
 }
@@ -282,18 +318,10 @@ fn a_paused_replica_stops_driving_and_its_session_goes_on_elsewhere() {
 fn a_call_in_flight_on_a_killed_replica_goes_to_review_and_is_never_sent_again() {
     // A refund of 100 needs no approval: it is dispatched at once, to the only worker of the
     // replica driving the session, which keeps the result.
-    let turns = json!([
-        [
-            {"type": "tool_call", "name": "issue_refund",
-             "args": {"order_id": "ORD-2", "amount": 100, "currency": "EUR",
-                      "reason": "Late delivery."}},
-            {"type": "completed", "stop_reason": "tool_use"}
-        ],
-        [
-            {"type": "text_delta", "text": "The refund's outcome is unknown; a person checks it."},
-            {"type": "completed", "stop_reason": "end_turn"}
-        ]
-    ]);
+    let turns = small_refund_turns(
+        "ORD-2",
+        "The refund's outcome is unknown; a person checks it.",
+    );
     let Some(mut cluster) = Cluster::start_with(3, &turns, Some(1)) else {
         return;
     };
@@ -372,4 +400,58 @@ fn takeover_times_over_20_kills() {
         ms(times[times.len() - 1]),
         times.iter().map(|d| ms(*d).round()).collect::<Vec<_>>()
     );
+}
+
+#[test]
+fn a_worker_on_one_replica_serves_the_sessions_another_replica_drives() {
+    // A refund of 100 needs no approval: it is dispatched at once.
+    let turns = small_refund_turns("ORD-3", "Refunded.");
+    // The only worker is connected to replica 0.
+    let Some(cluster) = Cluster::start_serving(2, &turns, None, &[0]) else {
+        return;
+    };
+    // Replica 0 publishes what its worker serves with its lease renewals (every third of the
+    // TTL).
+    std::thread::sleep(Duration::from_millis(1500));
+    let began = Instant::now();
+    let session = start(phrony(cluster.get(1), "emad").args([
+        "run",
+        AGENT,
+        "--input",
+        "Refund €100 for ORD-3, it arrived late.",
+    ]));
+    wait_for_status(cluster.get(1), &session, "completed");
+    eprintln!("completed through a handoff in {:?}", began.elapsed());
+    let refunds = cluster.refunds();
+    assert_eq!(refunds.len(), 1, "the refund ran once: {refunds:?}");
+    assert_eq!(refunds[0]["amount"], 100);
+    let handed = |i: usize, text: &str| {
+        cluster
+            .get(i)
+            .logs()
+            .lines()
+            .any(|l| l.contains(text) && l.contains(&session))
+    };
+    assert!(
+        handed(1, "session handed off"),
+        "replica 1 handed it off:\n{}",
+        cluster.get(1).logs()
+    );
+    assert!(
+        handed(0, "taking a session handed to this replica"),
+        "replica 0 took it:\n{}",
+        cluster.get(0).logs()
+    );
+    let types = timeline_types(cluster.get(1), &session);
+    assert_once(
+        &types,
+        &[
+            "tool.queued",
+            "tool.dispatched",
+            "tool.completed",
+            "session.completed",
+        ],
+    );
+    verify_audit(cluster.get(0));
+    verify_audit(cluster.get(1));
 }

@@ -456,3 +456,109 @@ pub(crate) async fn renewals_beside_acquisitions_never_free_or_lose_a_held_lease
 fn stop_flag() -> Arc<std::sync::atomic::AtomicBool> {
     Arc::new(std::sync::atomic::AtomicBool::new(false))
 }
+
+/// A replica hands a session to the replica whose workers serve the tool its call needs: the
+/// handlers each replica publishes are found by the others (not by itself) until they expire;
+/// the lease released to the target is listed for it at once (and announced on PostgreSQL),
+/// for any replica once its deadline passed, and acquired at the next epoch; the handing
+/// replica no longer fences the session.
+pub(crate) async fn a_session_is_handed_to_the_replica_whose_workers_serve_its_tool(db: &TestDb) {
+    let clock = Clock::new();
+    let a = replica(db, &clock, "replica-a").await;
+    let b = replica(db, &clock, "replica-b").await;
+    let c = replica(db, &clock, "replica-c").await;
+    let v = deploy_agent(&a, &refund_agent(), "0.1.0").await;
+    let s = start(&a, &v).await;
+    let key = "payments.issue-refund@1.0.0".to_owned();
+
+    b.publish_handlers(&[key.clone(), "orders.lookup-order@1.0.0".into()], TTL)
+        .await
+        .unwrap();
+    assert_eq!(
+        a.replica_serving(&key).await.unwrap().as_deref(),
+        Some("replica-b")
+    );
+    assert_eq!(b.replica_serving(&key).await.unwrap(), None, "not itself");
+    assert_eq!(a.replica_serving("other.tool@1.0.0").await.unwrap(), None);
+    // Published again without the key: withdrawn.
+    b.publish_handlers(std::slice::from_ref(&key), TTL)
+        .await
+        .unwrap();
+    assert_eq!(
+        a.replica_serving("orders.lookup-order@1.0.0")
+            .await
+            .unwrap(),
+        None
+    );
+    // Bounds.
+    assert!(matches!(
+        b.publish_handlers(std::slice::from_ref(&key), StdDuration::ZERO)
+            .await,
+        Err(LedgerError::InvalidArgument { .. })
+    ));
+
+    let mut listener = b.listen_handoffs().await.unwrap();
+    assert_eq!(
+        listener.is_some(),
+        db.kind == phrony_ledger::Backend::Postgres
+    );
+    assert_eq!(
+        granted(a.acquire_session_lease(&s.id, TTL).await.unwrap()),
+        1
+    );
+    assert!(matches!(
+        a.hand_off_session_lease(&s.id, 1, "replica-a", TTL).await,
+        Err(LedgerError::InvalidArgument { .. })
+    ));
+    assert!(
+        !a.hand_off_session_lease(&s.id, 7, "replica-b", TTL)
+            .await
+            .unwrap(),
+        "not its epoch"
+    );
+    assert!(
+        a.hand_off_session_lease(&s.id, 1, "replica-b", TTL)
+            .await
+            .unwrap()
+    );
+    if let Some(listener) = listener.as_mut() {
+        tokio::time::timeout(StdDuration::from_secs(10), listener.recv())
+            .await
+            .expect("the handoff is announced to its target")
+            .unwrap();
+    }
+    // The handing replica no longer fences the session (a fact it receives is no driver write).
+    a.append_session_event(&s.id, note("a, a fact"))
+        .await
+        .unwrap();
+    assert_eq!(b.handed_off_sessions(10).await.unwrap(), vec![s.id.clone()]);
+    assert!(
+        c.handed_off_sessions(10).await.unwrap().is_empty(),
+        "not c's yet"
+    );
+    assert!(
+        a.expired_session_leases(10).await.unwrap().is_empty(),
+        "no expired lease"
+    );
+    // The target never came: once the deadline passed any replica takes it.
+    clock.advance(Duration::seconds(11));
+    assert_eq!(c.handed_off_sessions(10).await.unwrap(), vec![s.id.clone()]);
+    assert_eq!(
+        a.replica_serving(&key).await.unwrap(),
+        None,
+        "b's list expired"
+    );
+    assert_eq!(
+        granted(b.acquire_session_lease(&s.id, TTL).await.unwrap()),
+        2
+    );
+    assert!(b.handed_off_sessions(10).await.unwrap().is_empty());
+    assert!(c.handed_off_sessions(10).await.unwrap().is_empty());
+    b.append_session_event(&s.id, note("b, epoch 2"))
+        .await
+        .unwrap();
+    // Released normally afterwards, it is nobody's handoff.
+    assert!(b.release_session_lease(&s.id, 2).await.unwrap());
+    assert!(c.handed_off_sessions(10).await.unwrap().is_empty());
+    assert!(b.verify_stream(&s.id).await.unwrap().violation.is_none());
+}
