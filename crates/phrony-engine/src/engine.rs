@@ -763,6 +763,9 @@ impl Engine {
             live.cancel.cancel();
             live.bump_approvals();
             live.notify_changed();
+        } else {
+            // Driven by another replica: its driver stops now, not at its next step.
+            crate::lease::announce(&self.inner, session_id);
         }
         Ok(changed.session)
     }

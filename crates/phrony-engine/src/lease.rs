@@ -16,7 +16,7 @@ use std::future::Future;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use phrony_ledger::{LeaseClaim, LedgerError};
+use phrony_ledger::{LeaseClaim, LedgerError, ReplicaListener, Wake};
 use tokio_util::sync::CancellationToken;
 
 use crate::error::StoreError;
@@ -150,13 +150,16 @@ where
                 renew_leases(&inner, ttl).await;
                 publish_handlers(&inner, ttl).await;
             }
-            woken = wait_handoff(&mut listener) => {
-                if let Err(error) = woken {
-                    tracing::warn!(%error, "lost the handoff listener; listening again");
-                    listener = None;
-                }
+            woken = wait_replicas(&mut listener) => {
                 let Some(inner) = inner.upgrade() else { return };
-                take_handoffs(Arc::clone(&inner), &resume, ttl).await;
+                match woken {
+                    Ok(Wake::HandedOff) => take_handoffs(inner, &resume, ttl).await,
+                    Ok(Wake::Session(session_id)) => wake_session(&inner, &session_id).await,
+                    Err(error) => {
+                        tracing::warn!(%error, "lost the replica listener; listening again");
+                        listener = None;
+                    }
+                }
             }
             () = tokio::time::sleep_until(next_scan) => {
                 next_scan = tokio::time::Instant::now() + jittered(ttl / 2);
@@ -168,26 +171,68 @@ where
     }
 }
 
-/// Listens for handoffs: `Some(None)` on SQLite (nothing to listen to), `None` when it failed
-/// (tried again at the next turn; the periodic scan finds handoffs meanwhile).
-async fn listen(inner: &Inner) -> Option<Option<phrony_ledger::HandoffListener>> {
-    match inner.store.ledger().listen_handoffs().await {
+/// Listens to the other replicas: `Some(None)` on SQLite (nothing to listen to), `None` when
+/// it failed (tried again at the next turn; the periodic scans and re-reads find what it would
+/// have announced).
+async fn listen(inner: &Inner) -> Option<Option<ReplicaListener>> {
+    match inner.store.ledger().listen_replicas().await {
         Ok(listener) => Some(listener),
         Err(error) => {
-            tracing::warn!(%error, "could not listen for handoffs; the scan finds them");
+            tracing::warn!(%error, "could not listen to the other replicas; polling meanwhile");
             None
         }
     }
 }
 
-/// Waits for a handoff to this replica: forever without a listener.
-async fn wait_handoff(
-    listener: &mut Option<Option<phrony_ledger::HandoffListener>>,
-) -> Result<(), phrony_ledger::LedgerError> {
+/// Waits for a notification from another replica: forever without a listener.
+async fn wait_replicas(
+    listener: &mut Option<Option<ReplicaListener>>,
+) -> Result<Wake, phrony_ledger::LedgerError> {
     match listener {
         Some(Some(listener)) => listener.recv().await,
         _ => std::future::pending().await,
     }
+}
+
+/// Another replica recorded a change to `session_id` (a vote, a cancellation): its driver, if
+/// here, re-reads now (an ended session's driver stops).
+async fn wake_session(inner: &Inner, session_id: &str) {
+    let Some(live) = inner.live(session_id) else {
+        return;
+    };
+    tracing::info!(%session_id, "a change recorded on another replica wakes the session's driver");
+    match inner.store.get_session(session_id).await {
+        Ok(session) if session.status.is_terminal() => {
+            if let Err(error) = inner.stop_ended(&[session_id.to_owned()]).await {
+                tracing::warn!(%session_id, %error, "could not stop the driver of an ended session");
+            }
+        }
+        _ => {
+            live.bump_approvals();
+            live.notify_changed();
+        }
+    }
+}
+
+/// Announces a change this replica recorded to a session it does not drive, so the replica
+/// driving it re-reads now (with leases on; in the background: the caller's answer never
+/// waits for it).
+pub(crate) fn announce(inner: &Inner, session_id: &str) {
+    if inner.config.session_lease_ttl.is_none() || inner.live(session_id).is_some() {
+        return;
+    }
+    let ledger = inner.store.ledger().clone();
+    let session_id = session_id.to_owned();
+    tokio::spawn(async move {
+        let announced = tokio::time::timeout(
+            Duration::from_secs(5),
+            ledger.announce_session_change(&session_id),
+        )
+        .await;
+        if !matches!(announced, Ok(Ok(()))) {
+            tracing::debug!(%session_id, "could not announce a session change to the other replicas");
+        }
+    });
 }
 
 /// Publishes the tool handlers this replica's workers serve, for the others' handoffs.

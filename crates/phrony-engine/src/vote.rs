@@ -93,6 +93,8 @@ impl Engine {
         let taken = live.as_ref().map(|l| l.expect_decision(approval.id));
         let VoteOutcome { approval, decided } =
             self.inner.store.cast_vote(approval.id, vote).await?;
+        // Driven by another replica (or nobody): it re-reads now.
+        crate::lease::announce(&self.inner, &session_id);
         let taken = match live {
             Some(live) => {
                 live.bump_approvals();

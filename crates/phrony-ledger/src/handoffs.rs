@@ -12,6 +12,10 @@
 //! is taken by any replica once its deadline passed ([`Ledger::handed_off_sessions`]). Moving
 //! the session to the worker keeps one writer per session (the lease and its fence) and needs
 //! no second path for results: see ARCHITECTURE.md "Several replicas on one database".
+//!
+//! The same listener carries session changes a replica recorded for a session another may
+//! drive (a vote, a cancellation: [`Ledger::announce_session_change`], channel
+//! `phrony_session`), so the driving replica re-reads at once.
 
 use std::time::Duration;
 
@@ -21,6 +25,19 @@ use crate::error::{LedgerError, Result};
 
 /// The PostgreSQL channel handoffs are announced on; the payload is the target replica's id.
 pub const HANDOFF_CHANNEL: &str = "phrony_handoff";
+
+/// The PostgreSQL channel on which a replica announces a change it recorded to a session
+/// another replica may drive (a vote, a cancellation); the payload is the session id.
+pub const SESSION_CHANNEL: &str = "phrony_session";
+
+/// What woke a [`ReplicaListener`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Wake {
+    /// A session was handed to this replica ([`Ledger::handed_off_sessions`] lists it).
+    HandedOff,
+    /// Another replica recorded a change to this session (its driver, if here, re-reads).
+    Session(String),
+}
 
 /// The most handler keys one replica publishes (a bound on a worker-controlled list).
 pub const MAX_PUBLISHED_HANDLERS: usize = 10_000;
@@ -33,35 +50,43 @@ fn ttl_of(ttl: Duration) -> Result<chrono::Duration> {
         .map_err(|_| LedgerError::invalid(format!("handoff TTL {ttl:?} is too long")))
 }
 
-/// Wakes this replica when a session is handed to it ([`Ledger::listen_handoffs`]).
-pub struct HandoffListener {
+/// Wakes this replica when a session is handed to it or another replica changed a session
+/// ([`Ledger::listen_replicas`]).
+pub struct ReplicaListener {
     listener: sqlx::postgres::PgListener,
     replica_id: String,
 }
 
-impl std::fmt::Debug for HandoffListener {
+impl std::fmt::Debug for ReplicaListener {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HandoffListener")
+        f.debug_struct("ReplicaListener")
             .field("replica_id", &self.replica_id)
             .finish_non_exhaustive()
     }
 }
 
-impl HandoffListener {
-    /// Waits for a handoff addressed to this replica. A lost connection is re-established by
-    /// the listener (notifications sent meanwhile are lost: the periodic scan finds those).
+impl ReplicaListener {
+    /// Waits for a handoff addressed to this replica or a session change another replica
+    /// announced. A lost connection is re-established by the listener (notifications sent
+    /// meanwhile are lost: the periodic scans and re-reads find those).
     ///
     /// # Errors
     /// Database errors.
-    pub async fn recv(&mut self) -> Result<()> {
+    pub async fn recv(&mut self) -> Result<Wake> {
         loop {
             let notification = self
                 .listener
                 .recv()
                 .await
-                .map_err(|e| LedgerError::from_sqlx("wait for a handoff", e))?;
-            if notification.payload() == self.replica_id {
-                return Ok(());
+                .map_err(|e| LedgerError::from_sqlx("wait for a replica notification", e))?;
+            match notification.channel() {
+                HANDOFF_CHANNEL if notification.payload() == self.replica_id => {
+                    return Ok(Wake::HandedOff);
+                }
+                SESSION_CHANNEL if !notification.payload().is_empty() => {
+                    return Ok(Wake::Session(notification.payload().to_owned()));
+                }
+                _ => {}
             }
         }
     }
@@ -203,23 +228,43 @@ impl Ledger {
         rows.iter().map(|row| row.text("session_id")).collect()
     }
 
-    /// Listens for handoffs to this replica: `None` on SQLite (one process per file: nobody
-    /// hands anything off).
+    /// Announces to the other replicas that this one recorded a change to `session_id` (a
+    /// vote, a cancellation) while another may drive it: its driver re-reads at once instead of
+    /// at its safety-net interval. Nothing on SQLite (one process per file). Best effort: a
+    /// lost announcement only delays the driver to its next re-read.
     ///
     /// # Errors
     /// Database errors.
-    pub async fn listen_handoffs(&self) -> Result<Option<HandoffListener>> {
+    pub async fn announce_session_change(&self, session_id: &str) -> Result<()> {
+        let Pool::Postgres(pool) = &self.pool else {
+            return Ok(());
+        };
+        sqlx::query("SELECT pg_notify($1, $2)")
+            .bind(SESSION_CHANNEL)
+            .bind(session_id)
+            .execute(pool)
+            .await
+            .map_err(|e| LedgerError::from_sqlx("announce a session change", e))?;
+        Ok(())
+    }
+
+    /// Listens for handoffs to this replica and session changes other replicas announce:
+    /// `None` on SQLite (one process per file: nobody to hear from).
+    ///
+    /// # Errors
+    /// Database errors.
+    pub async fn listen_replicas(&self) -> Result<Option<ReplicaListener>> {
         let Pool::Postgres(pool) = &self.pool else {
             return Ok(None);
         };
         let mut listener = sqlx::postgres::PgListener::connect_with(pool)
             .await
-            .map_err(|e| LedgerError::from_sqlx("listen for handoffs", e))?;
+            .map_err(|e| LedgerError::from_sqlx("listen to the other replicas", e))?;
         listener
-            .listen(HANDOFF_CHANNEL)
+            .listen_all([HANDOFF_CHANNEL, SESSION_CHANNEL])
             .await
-            .map_err(|e| LedgerError::from_sqlx("listen for handoffs", e))?;
-        Ok(Some(HandoffListener {
+            .map_err(|e| LedgerError::from_sqlx("listen to the other replicas", e))?;
+        Ok(Some(ReplicaListener {
             listener,
             replica_id: self.replica.id().to_owned(),
         }))

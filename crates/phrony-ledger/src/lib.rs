@@ -222,7 +222,9 @@ pub use event_body::{
     ToolIndeterminate, ToolLateResult, ToolPolicyDenied, ToolQueued, ToolRequested, TurnUsage,
     UserMessage, WebhookRetryRequested, WebhookUnconfigured, WorkerDescriptorRefused, event_types,
 };
-pub use handoffs::{HANDOFF_CHANNEL, HandoffListener, MAX_PUBLISHED_HANDLERS};
+pub use handoffs::{
+    HANDOFF_CHANNEL, MAX_PUBLISHED_HANDLERS, ReplicaListener, SESSION_CHANNEL, Wake,
+};
 pub use history::{
     HISTORY_PRUNE_MARGIN_SECS, HistoryCounts, HistoryKey, HistoryPruned, HistoryRead,
     HistoryReservation, MAX_HISTORY_READS,

@@ -455,3 +455,43 @@ fn a_worker_on_one_replica_serves_the_sessions_another_replica_drives() {
     verify_audit(cluster.get(0));
     verify_audit(cluster.get(1));
 }
+
+#[test]
+fn a_decision_taken_on_another_replica_wakes_the_driving_replica_at_once() {
+    let Some(cluster) = Cluster::start(2) else {
+        return;
+    };
+    // Driven by replica 1 (it keeps its driver while people decide), decided on replica 0.
+    let (session, approval) = start_refund(cluster.get(1), cluster.get(0));
+    wait_for_status(cluster.get(0), &session, "awaiting_approval");
+    let began = Instant::now();
+    approve(cluster.get(0), &approval);
+    wait_for_status(cluster.get(1), &session, "completed");
+    // Without the announcement the driver would see the decision at its safety-net re-read
+    // (ten poll intervals, 20 s).
+    eprintln!(
+        "completed {:?} after the decision on the other replica",
+        began.elapsed()
+    );
+    assert!(
+        cluster.get(1).logs().lines().any(|l| {
+            l.contains("a change recorded on another replica wakes the session's driver")
+                && l.contains(&session)
+        }),
+        "replica 1 was woken:\n{}",
+        cluster.get(1).logs()
+    );
+    let refunds = cluster.refunds();
+    assert_eq!(refunds.len(), 1, "the refund ran once: {refunds:?}");
+    let types = timeline_types(cluster.get(0), &session);
+    assert_once(
+        &types,
+        &[
+            "approval.decided",
+            "tool.dispatched",
+            "tool.completed",
+            "session.completed",
+        ],
+    );
+    verify_audit(cluster.get(0));
+}

@@ -461,7 +461,7 @@ fn stop_flag() -> Arc<std::sync::atomic::AtomicBool> {
 /// handlers each replica publishes are found by the others (not by itself) until they expire;
 /// the lease released to the target is listed for it at once (and announced on PostgreSQL),
 /// for any replica once its deadline passed, and acquired at the next epoch; the handing
-/// replica no longer fences the session.
+/// replica no longer fences the session. (On PostgreSQL, session changes are announced too.)
 pub(crate) async fn a_session_is_handed_to_the_replica_whose_workers_serve_its_tool(db: &TestDb) {
     let clock = Clock::new();
     let a = replica(db, &clock, "replica-a").await;
@@ -497,7 +497,7 @@ pub(crate) async fn a_session_is_handed_to_the_replica_whose_workers_serve_its_t
         Err(LedgerError::InvalidArgument { .. })
     ));
 
-    let mut listener = b.listen_handoffs().await.unwrap();
+    let mut listener = b.listen_replicas().await.unwrap();
     assert_eq!(
         listener.is_some(),
         db.kind == phrony_ledger::Backend::Postgres
@@ -522,10 +522,18 @@ pub(crate) async fn a_session_is_handed_to_the_replica_whose_workers_serve_its_t
             .unwrap()
     );
     if let Some(listener) = listener.as_mut() {
-        tokio::time::timeout(StdDuration::from_secs(10), listener.recv())
+        let woke = tokio::time::timeout(StdDuration::from_secs(10), listener.recv())
             .await
             .expect("the handoff is announced to its target")
             .unwrap();
+        assert_eq!(woke, phrony_ledger::Wake::HandedOff);
+        // A change another replica announces reaches every replica's listener.
+        c.announce_session_change(&s.id).await.unwrap();
+        let woke = tokio::time::timeout(StdDuration::from_secs(10), listener.recv())
+            .await
+            .expect("a session change is announced")
+            .unwrap();
+        assert_eq!(woke, phrony_ledger::Wake::Session(s.id.clone()));
     }
     // The handing replica no longer fences the session (a fact it receives is no driver write).
     a.append_session_event(&s.id, note("a, a fact"))
