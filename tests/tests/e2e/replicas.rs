@@ -495,3 +495,45 @@ fn a_decision_taken_on_another_replica_wakes_the_driving_replica_at_once() {
     );
     verify_audit(cluster.get(0));
 }
+
+/// The scenario: three daemons on one database, the only worker on one, the session
+/// started on another, its approval decided on the third; then the replica driving a second
+/// session dies mid-approval, and that session too is decided elsewhere and served by the one
+/// worker. Each refund runs once and the audit verifies.
+#[test]
+fn a_worker_on_one_replica_a_session_started_on_another_decided_on_the_third() {
+    let Some(mut cluster) = Cluster::start_serving(3, &refund_turns(), None, &[0]) else {
+        return;
+    };
+    std::thread::sleep(Duration::from_millis(1500));
+    let (first, approval) = start_refund(cluster.get(1), cluster.get(2));
+    approve(cluster.get(2), &approval);
+    wait_for_status(cluster.get(2), &first, "completed");
+    assert_eq!(cluster.refunds().len(), 1, "{:?}", cluster.refunds());
+
+    // A second session, driven by replica 1, which dies while the approval is pending.
+    let (second, approval) = start_refund(cluster.get(1), cluster.get(0));
+    wait_for_status(cluster.get(0), &second, "awaiting_approval");
+    cluster.get_mut(1).kill9();
+    let (taker, took) = cluster.wait_for_takeover(&second, 1);
+    eprintln!("takeover by replica {taker} after {took:?}");
+    let decider = if taker == 2 { 0 } else { 2 };
+    approve(cluster.get(decider), &approval);
+    wait_for_status(cluster.get(decider), &second, "completed");
+    let refunds = cluster.refunds();
+    assert_eq!(refunds.len(), 2, "each refund ran once: {refunds:?}");
+    for session in [&first, &second] {
+        let types = timeline_types(cluster.get(0), session);
+        assert_once(
+            &types,
+            &[
+                "approval.decided",
+                "tool.dispatched",
+                "tool.completed",
+                "session.completed",
+            ],
+        );
+    }
+    verify_audit(cluster.get(0));
+    verify_audit(cluster.get(2));
+}
