@@ -134,6 +134,9 @@ pub struct RecoveryReport {
     /// [`EngineConfig::park_approval_waits`]), so a driver would only park again. A vote, the
     /// approval timer or the sweep resumes each when its wait is decided.
     pub parked: Vec<String>,
+    /// Sessions another replica drives (its lease on them is held and unexpired; with session
+    /// leases): left to it, and taken over by the lease scan if it dies.
+    pub driven_elsewhere: Vec<String>,
 }
 
 /// The session engine. Cheap to clone; clones share everything.
@@ -805,11 +808,18 @@ impl Engine {
                 .await?;
             let full = page.len() == RECOVERY_PAGE as usize;
             after = page.last().map(|s| (s.created_at, s.id.clone()));
+            let elsewhere = self.leased_elsewhere(&page).await?;
             for session in page {
                 if session.parent_session_id.is_some()
                     || self.inner.live(&session.id).is_some()
                     || only.is_some_and(|ids| !ids.contains(&session.id))
                 {
+                    continue;
+                }
+                if elsewhere.contains(&session.id) {
+                    // Its driver is alive on another replica: loading it here would only
+                    // find the lease held.
+                    report.driven_elsewhere.push(session.id);
                     continue;
                 }
                 if self.rests_parked(&session, &resting) {
@@ -858,6 +868,20 @@ impl Engine {
         }
         self.inner.timer_kick.notify_one();
         Ok(report)
+    }
+
+    /// The sessions of `page` another replica drives now (with session leases; none without).
+    async fn leased_elsewhere(&self, page: &[Session]) -> Result<HashSet<String>, EngineError> {
+        if self.inner.config.session_lease_ttl.is_none() {
+            return Ok(HashSet::new());
+        }
+        let ids: Vec<String> = page.iter().map(|s| s.id.clone()).collect();
+        self.inner
+            .store
+            .ledger()
+            .sessions_leased_elsewhere(&ids)
+            .await
+            .map_err(|e| EngineError::from(crate::error::StoreError::from(e)))
     }
 
     /// Whether a session found at start can stay unloaded: a root task session (parking on)

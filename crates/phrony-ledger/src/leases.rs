@@ -330,6 +330,43 @@ impl Ledger {
         read(&mut conn.conn(), session_id).await
     }
 
+    /// Which of `session_ids` another replica drives now: their lease is held by another owner
+    /// and not expired at the ledger's clock (start-up recovery skips them: their driver is
+    /// alive elsewhere, and the takeover scan finds them if it dies). At most 1,000 ids.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for more than 1,000 ids; database errors.
+    pub async fn sessions_leased_elsewhere(
+        &self,
+        session_ids: &[String],
+    ) -> Result<std::collections::HashSet<String>> {
+        if session_ids.len() > 1000 {
+            return Err(LedgerError::invalid(format!(
+                "{} sessions asked for, at most 1000",
+                session_ids.len()
+            )));
+        }
+        let now = self.clock.now();
+        let me = self.replica.id().to_owned();
+        let mut conn = self.pool.acquire().await?;
+        let mut elsewhere = std::collections::HashSet::new();
+        for session_id in session_ids {
+            let row = conn
+                .conn()
+                .fetch_optional(
+                    "is a session leased elsewhere",
+                    "SELECT 1 AS held FROM session_leases WHERE session_id = $1 \
+                     AND owner IS NOT NULL AND owner <> $2 AND expires_at > $3",
+                    args![session_id, &me, now],
+                )
+                .await?;
+            if row.is_some() {
+                elsewhere.insert(session_id.clone());
+            }
+        }
+        Ok(elsewhere)
+    }
+
     /// Sessions not ended whose lease is held (by any replica) but expired at the ledger's
     /// clock: the takeover scan's work list, soonest expired first, at most `limit`
     /// (1..=1000). The scan acquires each with [`Ledger::acquire_session_lease`], whose

@@ -564,12 +564,14 @@ fn log_recovery(report: &phrony_engine::RecoveryReport) {
         || !report.failed.is_empty()
         || !report.suspended.is_empty()
         || !report.parked.is_empty()
+        || !report.driven_elsewhere.is_empty()
     {
         tracing::info!(
             resumed = report.resumed.len(),
             failed = report.failed.len(),
             suspended = report.suspended.len(),
             parked = report.parked.len(),
+            driven_elsewhere = report.driven_elsewhere.len(),
             "recovered the sessions that were live at the last stop"
         );
     }

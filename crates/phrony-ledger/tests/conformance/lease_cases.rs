@@ -506,6 +506,17 @@ pub(crate) async fn a_session_is_handed_to_the_replica_whose_workers_serve_its_t
         granted(a.acquire_session_lease(&s.id, TTL).await.unwrap()),
         1
     );
+    // Start-up recovery on b skips what a drives; a does not.
+    let ids = [s.id.clone(), "run_unknown".to_owned()];
+    assert_eq!(
+        b.sessions_leased_elsewhere(&ids).await.unwrap(),
+        std::collections::HashSet::from([s.id.clone()])
+    );
+    assert!(a.sessions_leased_elsewhere(&ids).await.unwrap().is_empty());
+    assert!(matches!(
+        a.sessions_leased_elsewhere(&vec![s.id.clone(); 1001]).await,
+        Err(LedgerError::InvalidArgument { .. })
+    ));
     assert!(matches!(
         a.hand_off_session_lease(&s.id, 1, "replica-a", TTL).await,
         Err(LedgerError::InvalidArgument { .. })
@@ -543,6 +554,10 @@ pub(crate) async fn a_session_is_handed_to_the_replica_whose_workers_serve_its_t
     assert!(
         c.handed_off_sessions(10).await.unwrap().is_empty(),
         "not c's yet"
+    );
+    assert!(
+        c.sessions_leased_elsewhere(&ids).await.unwrap().is_empty(),
+        "released"
     );
     assert!(
         a.expired_session_leases(10).await.unwrap().is_empty(),
