@@ -457,13 +457,22 @@ fn a_worker_on_one_replica_serves_the_sessions_another_replica_drives() {
 }
 
 #[test]
-fn a_decision_taken_on_another_replica_wakes_the_driving_replica_at_once() {
-    let Some(cluster) = Cluster::start(2) else {
+fn a_restarted_replica_leaves_a_session_to_its_driver_whose_decision_it_takes_and_wakes_it() {
+    let Some(mut cluster) = Cluster::start(2) else {
         return;
     };
     // Driven by replica 1 (it keeps its driver while people decide), decided on replica 0.
     let (session, approval) = start_refund(cluster.get(1), cluster.get(0));
     wait_for_status(cluster.get(0), &session, "awaiting_approval");
+    // Replica 0 restarts meanwhile: its recovery leaves the session to replica 1.
+    assert!(cluster.get_mut(0).stop().is_some_and(|s| s.success()));
+    cluster.get_mut(0).restart();
+    let logs = cluster.get(0).logs();
+    assert!(
+        logs.lines()
+            .any(|l| l.contains("recovered the sessions") && l.contains("driven_elsewhere=1")),
+        "replica 0 left the session to replica 1:\n{logs}"
+    );
     let began = Instant::now();
     approve(cluster.get(0), &approval);
     wait_for_status(cluster.get(1), &session, "completed");
