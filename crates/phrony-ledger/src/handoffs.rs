@@ -95,7 +95,7 @@ impl ReplicaListener {
 impl Ledger {
     /// Publishes the tool handlers (`tool@version`) this replica's workers advertise, replacing
     /// what it published before, valid until now + `ttl` (renewed with the session leases, so
-    /// the list of a replica that died expires with its leases).
+    /// the list of a replica that died expires with its leases; expired lists are deleted).
     ///
     /// # Errors
     /// `InvalidArgument` for a zero TTL or more than [`MAX_PUBLISHED_HANDLERS`] keys; database
@@ -110,12 +110,15 @@ impl Ledger {
         }
         let owner = self.replica.id().to_owned();
         write_tx!(self, |tx| async {
-            let expires_at = tx.now() + ttl;
+            let now = tx.now();
+            let expires_at = now + ttl;
             let mut conn = tx.conn();
+            // Its own list, and the expired lists of replicas gone for good (ids differ per
+            // process unless set, so nobody else would ever remove them).
             conn.execute(
                 "unpublish handlers",
-                "DELETE FROM replica_handlers WHERE replica_id = $1",
-                args![&owner],
+                "DELETE FROM replica_handlers WHERE replica_id = $1 OR expires_at <= $2",
+                args![&owner, now],
             )
             .await?;
             for key in keys {

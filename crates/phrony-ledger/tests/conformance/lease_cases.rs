@@ -571,6 +571,13 @@ pub(crate) async fn a_session_is_handed_to_the_replica_whose_workers_serve_its_t
         None,
         "b's list expired"
     );
+    // Whoever publishes next deletes the expired lists (of replicas gone for good).
+    c.publish_handlers(&[], TTL).await.unwrap();
+    assert_eq!(
+        db.raw_strings("SELECT replica_id FROM replica_handlers")
+            .await,
+        Vec::<Vec<Option<String>>>::new()
+    );
     assert_eq!(
         granted(b.acquire_session_lease(&s.id, TTL).await.unwrap()),
         2
