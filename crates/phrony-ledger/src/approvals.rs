@@ -1645,7 +1645,11 @@ impl Ledger {
     /// Every rule is [`Vote::check`], applied to the locked approval.
     pub async fn cast_vote(&self, approval_id: Uuid, vote: Vote) -> Result<VoteOutcome> {
         vote.check_shape()?;
-        write_tx!(self, |tx| record_vote(&mut tx, approval_id, &vote))
+        write_tx!(self, unfenced, |tx| record_vote(
+            &mut tx,
+            approval_id,
+            &vote
+        ))
     }
 
     /// Applies an expired approval's timeout default as of `now`: `deny` denies it
@@ -1663,7 +1667,7 @@ impl Ledger {
         approval_id: Uuid,
         now: DateTime<Utc>,
     ) -> Result<TimeoutOutcome> {
-        write_tx!(self, |tx| expire(&mut tx, approval_id, now))
+        write_tx!(self, unfenced, |tx| expire(&mut tx, approval_id, now))
     }
 
     /// One approval with its votes.

@@ -267,15 +267,21 @@ const MAX_WRITE_ATTEMPTS: u32 = 6;
 /// Runs `$body` (an expression using `&mut $tx`) in a write transaction, committing on success
 /// and retrying the whole transaction when it lost a race with a concurrent writer. With
 /// `alone`, the transaction is a group-commit batch of its own on SQLite
-/// ([`db::Pool::begin_write_alone`]).
+/// ([`db::Pool::begin_write_alone`]); with `unfenced`, its appends are not fenced by this
+/// replica's session leases (`leases.rs`).
 macro_rules! write_tx {
     ($ledger:expr, |$tx:ident| $body:expr) => {
-        write_tx!(@run $ledger, begin_write, |$tx| $body)
+        write_tx!(@run $ledger, begin_write, Some($ledger.replica.clone()), |$tx| $body)
     };
     ($ledger:expr, alone, |$tx:ident| $body:expr) => {
-        write_tx!(@run $ledger, begin_write_alone, |$tx| $body)
+        write_tx!(@run $ledger, begin_write_alone, Some($ledger.replica.clone()), |$tx| $body)
     };
-    (@run $ledger:expr, $begin:ident, |$tx:ident| $body:expr) => {{
+    // Never fenced by this replica's session leases: facts from people (a vote, an expiry),
+    // valid whichever replica records them and whoever drives the session.
+    ($ledger:expr, unfenced, |$tx:ident| $body:expr) => {
+        write_tx!(@run $ledger, begin_write, None, |$tx| $body)
+    };
+    (@run $ledger:expr, $begin:ident, $replica:expr, |$tx:ident| $body:expr) => {{
         let mut attempt: u32 = 1;
         let outcome = loop {
             let mut $tx = match $ledger
@@ -284,7 +290,7 @@ macro_rules! write_tx {
                     &$ledger.clock,
                     $ledger.audit_key.clone(),
                     $ledger.outbox.clone(),
-                    Some($ledger.replica.clone()),
+                    $replica,
                 )
                 .await
             {

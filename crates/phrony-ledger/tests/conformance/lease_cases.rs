@@ -592,3 +592,36 @@ pub(crate) async fn a_session_is_handed_to_the_replica_whose_workers_serve_its_t
     assert!(c.handed_off_sessions(10).await.unwrap().is_empty());
     assert!(b.verify_stream(&s.id).await.unwrap().violation.is_none());
 }
+
+/// A vote is a fact from a person, valid whichever replica records it: it is never refused by
+/// the recording replica's lease, also while that lease is stale (its takeover acquisition was
+/// superseded by its own driver's, or another replica took the session over). Driver writes
+/// of the stale lease stay refused.
+pub(crate) async fn votes_are_recorded_whatever_the_recording_replicas_lease(db: &TestDb) {
+    let clock = Clock::new();
+    let a = replica(db, &clock, "replica-a").await;
+    let b = replica(db, &clock, "replica-b").await;
+    let v = deploy_agent(&a, &refund_agent(), "0.1.0").await;
+    let (s, _, approval) = pending_approval(&a, &v, |_| {}).await;
+    assert_eq!(
+        granted(a.acquire_session_lease(&s.id, TTL).await.unwrap()),
+        1
+    );
+    clock.advance(Duration::seconds(11));
+    assert_eq!(
+        granted(b.acquire_session_lease(&s.id, TTL).await.unwrap()),
+        2
+    );
+    fenced(
+        a.append_session_event(&s.id, note("a, late")).await,
+        &s.id,
+        1,
+    );
+    let outcome = a
+        .cast_vote(approval.id, crate::session_cases::approve("finance-lead"))
+        .await
+        .unwrap();
+    assert!(outcome.decided);
+    assert_eq!(outcome.approval.status, ApprovalStatus::Approved);
+    assert!(b.verify_stream(&s.id).await.unwrap().violation.is_none());
+}
