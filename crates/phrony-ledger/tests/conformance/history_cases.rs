@@ -438,6 +438,25 @@ pub(crate) async fn history_windows_are_exact_at_the_edges(db: &TestDb) {
             "window from {since} asked by {asking}"
         );
     }
+    // The most reads one call may ask, windowed and not, bucketed and scanned, with groups
+    // that have no row: one statement answers each as it is answered alone.
+    let reads: Vec<HistoryRead> = (0..phrony_ledger::MAX_HISTORY_READS)
+        .map(|i| {
+            let since = t1 + Duration::microseconds(probes[i * 5 % probes.len()]);
+            let query = if i % 2 == 0 { bucketed } else { scanned };
+            match i % 4 {
+                0 | 1 => window_read(query, "o", since),
+                2 => read(query, "o"),
+                _ => window_read(query, "absent", since),
+            }
+        })
+        .collect();
+    let together = facts(&ledger, &ids[3], &reads).await;
+    assert_eq!(together.len(), reads.len());
+    for (r, got) in reads.iter().zip(&together) {
+        let alone = facts(&ledger, &ids[3], std::slice::from_ref(r)).await[0];
+        assert_eq!(*got, alone, "{r:?}");
+    }
 }
 
 pub(crate) async fn history_groups_from_before_buckets_read_their_entries(db: &TestDb) {
