@@ -12,7 +12,10 @@
 //! - `window_24h_count_spread`: a 24 h count whose 10,000 entries are spread over the 24 h (the
 //!   buckets read are at their most: 59 second, 59 minute, 23 hour and the day ones);
 //! - `refund_policy`: the refund example's three queries (sum per order, last lookup total,
-//!   24 h count per customer) in one round trip.
+//!   24 h count per customer) in one round trip;
+//! - `window_24h_max_spread`: a 24 h `max` over the spread entries, with 1,000 larger amounts
+//!   decided in the hour before the window (not yet pruned): `before` walks the amount index
+//!   from the top past them, `after` (migration 0018) reads the buckets' largest amounts.
 //!
 //! The policy side (`crates/phrony-policy/benches/history.rs`) adds well under a microsecond.
 
@@ -39,6 +42,10 @@ const COUNT_Q: &str = "refund_order|everyone|customer_id|86400|count|";
 const LAST_Q: &str = "lookup_order|everyone|customer_id||last|result.total";
 /// The same entries as `COUNT_Q`, reserved without a window: no buckets (as before 0016).
 const COUNT_SCANNED_Q: &str = "refund_order|everyone|customer_id|86400|count|scanned";
+const MAX_Q: &str = "refund_order|everyone|customer_id|86400|max|amount";
+/// The same entries as `MAX_Q`, reserved without a window.
+const MAX_SCANNED_Q: &str = "refund_order|everyone|customer_id|86400|max|scanned";
+const OUTSIDE: i64 = 1_000;
 
 fn key(query: &str, group: &str) -> HistoryKey {
     HistoryKey {
@@ -85,17 +92,38 @@ async fn reserve(ledger: &Ledger, call: &str, mut reservations: Vec<HistoryReser
 /// the last 24 h on group `C-8` (bucketed and scanned counts).
 async fn fill(ledger: &Ledger, now: &AtomicI64, start: DateTime<Utc>) {
     let start = start.timestamp_micros();
+    // Larger amounts in the hour before the window (`max` only).
+    for i in 0..OUTSIDE {
+        now.store(
+            start - DAY_MICROS - 3_600_000_000 + i * 3_000_000,
+            Ordering::SeqCst,
+        );
+        #[allow(clippy::cast_precision_loss, reason = "small amounts")]
+        let amount = 1_000.0 + i as f64;
+        reserve(
+            ledger,
+            &format!("outside-{i}"),
+            vec![
+                reservation(MAX_Q, "C-8", Some(amount), true),
+                reservation(MAX_SCANNED_Q, "C-8", Some(amount), false),
+            ],
+        )
+        .await;
+    }
     for i in 0..EARLIER {
         now.store(
             start - DAY_MICROS + 60_000_000 + i * 8_630_000,
             Ordering::SeqCst,
         );
+        #[allow(clippy::cast_precision_loss, reason = "small amounts")]
         reserve(
             ledger,
             &format!("spread-{i}"),
             vec![
                 reservation(COUNT_Q, "C-8", None, true),
                 reservation(COUNT_SCANNED_Q, "C-8", None, false),
+                reservation(MAX_Q, "C-8", Some(10.0 + (i % 100) as f64), true),
+                reservation(MAX_SCANNED_Q, "C-8", Some(10.0 + (i % 100) as f64), false),
             ],
         )
         .await;
@@ -149,7 +177,12 @@ fn bench_backend(c: &mut Criterion, rt: &tokio::runtime::Runtime, backend: &str,
     });
     // The decisions are taken a second after the last call, 24 h windows back from then.
     let since = Some(start + Duration::seconds(1) - Duration::hours(24));
-    let cases: [(&str, Vec<HistoryRead>, Vec<HistoryRead>); 4] = [
+    let max_read = |query: &str| HistoryRead {
+        max: true,
+        last: false,
+        ..read(query, "C-8", since, false)
+    };
+    let cases: [(&str, Vec<HistoryRead>, Vec<HistoryRead>); 5] = [
         (
             "unwindowed_sum",
             vec![read(SUM_Q, "C-7", None, true)],
@@ -178,6 +211,11 @@ fn bench_backend(c: &mut Criterion, rt: &tokio::runtime::Runtime, backend: &str,
                 read(COUNT_Q, "C-7", since, false),
             ],
         ),
+        (
+            "window_24h_max_spread",
+            vec![max_read(MAX_SCANNED_Q)],
+            vec![max_read(MAX_Q)],
+        ),
     ];
     let mut group = c.benchmark_group(format!("history_facts/{backend}"));
     for (name, before, after) in &cases {
@@ -188,8 +226,11 @@ fn bench_backend(c: &mut Criterion, rt: &tokio::runtime::Runtime, backend: &str,
         let a = rt
             .block_on(ledger.history_facts("call-new", after))
             .unwrap();
-        for (x, y) in b.iter().zip(&a) {
+        for ((x, y), r) in b.iter().zip(&a).zip(after) {
             assert_eq!((x.count, x.sum, x.committed), (y.count, y.sum, y.committed));
+            if r.max {
+                assert_eq!(x.max, y.max, "{name}");
+            }
         }
         assert!(b.iter().any(|x| x.count >= 9_999), "{name}: {b:?}");
         group.bench_function(format!("{name}/before"), |bench| {

@@ -1,4 +1,4 @@
-//! The indexed state of history-aware policy conditions (migrations 0014 and 0016).
+//! The indexed state of history-aware policy conditions (migrations 0014, 0016 and 0018).
 //!
 //! The policy crate asks aggregates of earlier calls ("the sum of `amount` of this session's
 //! `issue_refund` calls with the same `order_id`"); the engine answers them from here, never by
@@ -23,16 +23,20 @@
 //! (second, minute, hour, day, aligned on the epoch) a `history_buckets` row counts the entries
 //! decided in it, moved in the same transactions as the entries. A window `[since, ∞)` sums at
 //! most 59 second, 59 minute and 23 hour buckets and the day buckets after them (367 for the
-//! longest window), and reads the entries of the one partial second at its start: exact to the microsecond, and its cost does not grow with the
-//! entries in scope. Entries and buckets no window can see any more are pruned in bounded
-//! batches ([`crate::Ledger::prune_history`]); reserved entries never are.
+//! longest window), and reads the entries of the one partial second at its start: exact to the
+//! microsecond, and its cost does not grow with the entries in scope. Each bucket also keeps
+//! its largest amount (`top`, migration 0018), so a windowed `max` reads the same rows. All the
+//! queries of one call are read in one statement ([`facts`]). Entries and buckets no window can
+//! see any more are pruned in bounded batches ([`crate::Ledger::prune_history`], with the
+//! unbucketed entries of windowed groups from before migration 0016); reserved entries never
+//! are.
 //!
 //! Amounts are stored in micro-units (`round(x × 10⁶)`, |x| below 9·10¹²), so sums are exact.
 
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 
-use crate::db::{Conn, Tx, args};
+use crate::db::{Arg, Conn, Row, Tx, args};
 use crate::error::{LedgerError, Result};
 
 /// The most history reads (or reservations) one call may ask in one round trip.
@@ -161,38 +165,82 @@ fn plus_secs(at: DateTime<Utc>, secs: i64) -> Result<DateTime<Utc>> {
 /// The asking call's own entry in a group, read with the group row.
 #[derive(Debug, Clone, Copy)]
 struct Own {
-    amount: i64,
+    amount: Option<i64>,
     committed: i64,
     at: DateTime<Utc>,
     bucketed: bool,
 }
 
-const GROUP_SQL: &str = "SELECT g.version, g.reserved_count, g.reserved_sum, g.committed_count, \
-    g.committed_sum, g.bucketed_since, e.state AS own_state, e.amount AS own_amount, \
-    e.at AS own_at, e.visible_until AS own_until FROM history_groups g \
-    LEFT JOIN history_entries e ON e.call_id = $4 AND e.query_key = g.query_key \
-    AND e.scope_key = g.scope_key AND e.group_key = g.group_key \
-    WHERE g.query_key = $1 AND g.scope_key = $2 AND g.group_key = $3";
+/// The latest committed amount at or after `$since` (the time index from the latest: skips only
+/// entries still reserved), without the call `$call`.
+macro_rules! last_sql {
+    ($since:literal, $call:literal) => {
+        concat!(
+            "SELECT amount FROM history_entries WHERE query_key = $1 AND scope_key = $2 \
+             AND group_key = $3 AND at >= ",
+            $since,
+            " AND call_id <> ",
+            $call,
+            " AND state = 'committed' AND amount IS NOT NULL ORDER BY at DESC, call_id DESC \
+             LIMIT 1"
+        )
+    };
+}
 
-/// A window from the buckets: whole second buckets from the first second boundary at or after
-/// `since` (`s0`) to the next minute boundary (`m0`), whole minute buckets from there to the
-/// next hour boundary (`h0`), whole hour buckets to the next day boundary (`d0`), whole day
-/// buckets after it, and the entries of the partial second `[since, s0)` (exact).
-const BUCKETED_WINDOW_SQL: &str = "SELECT CAST(COALESCE(SUM(n), 0) AS BIGINT) AS n, \
-    CAST(COALESCE(SUM(total), 0) AS BIGINT) AS total, \
-    CAST(COALESCE(SUM(done), 0) AS BIGINT) AS done FROM ( \
-    SELECT n, total, done FROM history_buckets WHERE query_key = $1 AND scope_key = $2 \
-    AND group_key = $3 AND width = 1 AND start >= $4 AND start < $5 \
-    UNION ALL SELECT n, total, done FROM history_buckets WHERE query_key = $1 \
-    AND scope_key = $2 AND group_key = $3 AND width = 60 AND start >= $5 AND start < $6 \
-    UNION ALL SELECT n, total, done FROM history_buckets WHERE query_key = $1 \
-    AND scope_key = $2 AND group_key = $3 AND width = 3600 AND start >= $6 AND start < $7 \
-    UNION ALL SELECT n, total, done FROM history_buckets WHERE query_key = $1 \
-    AND scope_key = $2 AND group_key = $3 AND width = 86400 AND start >= $7 \
-    UNION ALL SELECT 1 AS n, COALESCE(amount, 0) AS total, \
-    CASE WHEN state = 'committed' THEN 1 ELSE 0 END AS done FROM history_entries \
-    WHERE query_key = $1 AND scope_key = $2 AND group_key = $3 AND at >= $8 AND at < $9 \
-    AND call_id <> $10) AS w";
+/// An unwindowed read (7 placeholders): the group row, the call's own entry, and, only when
+/// their flags (`$5`, `$6`) ask, the largest amount (the amount index from the top) and the
+/// latest committed one. The same columns as [`WINDOWED_SQL`], so that one statement reads
+/// every query of a call ([`batch_sql`]).
+const UNWINDOWED_SQL: &str = concat!(
+    "SELECT g.version, g.reserved_count, g.reserved_sum, g.committed_count, \
+     g.committed_sum, g.bucketed_since, e.state AS own_state, e.amount AS own_amount, \
+     e.at AS own_at, e.visible_until AS own_until, CAST(NULL AS BIGINT) AS n, \
+     CAST(NULL AS BIGINT) AS total, CAST(NULL AS BIGINT) AS done, \
+     CASE WHEN $5 THEN (SELECT MAX(amount) FROM history_entries WHERE query_key = $1 \
+     AND scope_key = $2 AND group_key = $3 AND call_id <> $4 AND amount IS NOT NULL) END AS top, \
+     CASE WHEN $6 THEN (",
+    last_sql!("$7", "$4"),
+    ") END AS last FROM history_groups g \
+     LEFT JOIN history_entries e ON e.call_id = $4 AND e.query_key = g.query_key \
+     AND e.scope_key = g.scope_key AND e.group_key = g.group_key \
+     WHERE g.query_key = $1 AND g.scope_key = $2 AND g.group_key = $3"
+);
+
+/// A windowed read (11 placeholders): the group row, the call's own entry, and the window
+/// `[since, ∞)` from the buckets: whole second buckets from the first second boundary at or
+/// after `since` (`s0`, `$5`) to the next minute boundary (`m0`, `$6`), whole minute buckets
+/// from there to the next hour boundary (`h0`, `$7`), whole hour buckets to the next day
+/// boundary (`d0`, `$8`), whole day buckets after it, and the entries of the partial second
+/// `[since, s0)` (`$9`, `$10`): count, sum, committed count and largest amount (each bucket's
+/// `top`, migration 0018); the latest committed amount only when `$11` asks. The bucket sums
+/// are only valid when the group's buckets cover the window (`bucketed_since` ≤ `since`): the
+/// caller reads the entries otherwise.
+const WINDOWED_SQL: &str = concat!(
+    "SELECT g.version, g.reserved_count, g.reserved_sum, g.committed_count, \
+     g.committed_sum, g.bucketed_since, e.state AS own_state, e.amount AS own_amount, \
+     e.at AS own_at, e.visible_until AS own_until, w.n, w.total, w.done, w.top, \
+     CASE WHEN $11 THEN (",
+    last_sql!("$9", "$4"),
+    ") END AS last FROM history_groups g \
+     LEFT JOIN history_entries e ON e.call_id = $4 AND e.query_key = g.query_key \
+     AND e.scope_key = g.scope_key AND e.group_key = g.group_key \
+     CROSS JOIN (SELECT CAST(COALESCE(SUM(n), 0) AS BIGINT) AS n, \
+     CAST(COALESCE(SUM(total), 0) AS BIGINT) AS total, \
+     CAST(COALESCE(SUM(done), 0) AS BIGINT) AS done, MAX(top) AS top FROM ( \
+     SELECT n, total, done, top FROM history_buckets WHERE query_key = $1 AND scope_key = $2 \
+     AND group_key = $3 AND width = 1 AND start >= $5 AND start < $6 \
+     UNION ALL SELECT n, total, done, top FROM history_buckets WHERE query_key = $1 \
+     AND scope_key = $2 AND group_key = $3 AND width = 60 AND start >= $6 AND start < $7 \
+     UNION ALL SELECT n, total, done, top FROM history_buckets WHERE query_key = $1 \
+     AND scope_key = $2 AND group_key = $3 AND width = 3600 AND start >= $7 AND start < $8 \
+     UNION ALL SELECT n, total, done, top FROM history_buckets WHERE query_key = $1 \
+     AND scope_key = $2 AND group_key = $3 AND width = 86400 AND start >= $8 \
+     UNION ALL SELECT 1 AS n, COALESCE(amount, 0) AS total, \
+     CASE WHEN state = 'committed' THEN 1 ELSE 0 END AS done, amount AS top \
+     FROM history_entries WHERE query_key = $1 AND scope_key = $2 AND group_key = $3 \
+     AND at >= $9 AND at < $10 AND call_id <> $4) AS u) AS w \
+     WHERE g.query_key = $1 AND g.scope_key = $2 AND g.group_key = $3"
+);
 
 /// A window from its entries (a group whose buckets start after the window does).
 const SCANNED_WINDOW_SQL: &str = "SELECT COUNT(*) AS n, \
@@ -201,150 +249,228 @@ const SCANNED_WINDOW_SQL: &str = "SELECT COUNT(*) AS n, \
     FROM history_entries WHERE query_key = $1 AND scope_key = $2 \
     AND group_key = $3 AND at >= $4 AND call_id <> $5";
 
-/// (count, sum in micro-units, committed) of the window `[since, ∞)` of group `k`, without
-/// `call_id`'s own entry.
-async fn window(
+/// The largest amount at or after `since` from the entries (the amount index from the top:
+/// the first entry inside the window answers).
+const WALKED_MAX_SQL: &str = "SELECT MAX(amount) AS top FROM history_entries WHERE query_key = $1 \
+    AND scope_key = $2 AND group_key = $3 AND at >= $4 AND call_id <> $5 \
+    AND amount IS NOT NULL";
+
+/// The bucket boundaries of a window starting at `since`: `s0`, `m0`, `h0`, `d0` (Unix
+/// seconds), see [`WINDOWED_SQL`].
+fn boundaries(since: DateTime<Utc>) -> [i64; 4] {
+    let s0 = ceil_secs(since.timestamp_micros(), 1);
+    let m0 = ceil_secs(s0 * 1_000_000, 60);
+    let h0 = ceil_secs(m0 * 1_000_000, 3_600);
+    let d0 = ceil_secs(h0 * 1_000_000, 86_400);
+    [s0, m0, h0, d0]
+}
+
+fn own_entry(row: &Row) -> Result<Option<Own>> {
+    Ok(match row.opt_text("own_state")? {
+        Some(state) => Some(Own {
+            amount: row.opt_int("own_amount")?,
+            committed: i64::from(state == "committed"),
+            at: row.ts("own_at")?,
+            bucketed: row.opt_ts("own_until")?.is_some(),
+        }),
+        None => None,
+    })
+}
+
+/// `sql` with its placeholders `$n` shifted by `by`.
+fn shift_placeholders(sql: &str, by: usize, out: &mut String) {
+    let mut rest = sql;
+    while let Some(at) = rest.find('$') {
+        out.push_str(&rest[..=at]);
+        rest = &rest[at + 1..];
+        let digits = rest.len() - rest.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+        match rest[..digits].parse::<usize>() {
+            Ok(n) => out.push_str(&(n + by).to_string()),
+            Err(_) => out.push_str(&rest[..digits]),
+        }
+        rest = &rest[digits..];
+    }
+    out.push_str(rest);
+}
+
+/// One statement reading every query of `reads` (one round trip; the same text for the same
+/// kinds of reads, so each connection prepares it once): per read its unwindowed or windowed
+/// `SELECT`, placeholders shifted past the earlier reads', tagged with the read's index `i`,
+/// joined by `UNION ALL`. A read whose group has no row yet has no row.
+fn batch_sql(reads: &[HistoryRead]) -> String {
+    let mut sql = String::with_capacity(reads.len() * WINDOWED_SQL.len());
+    let mut shift = 0;
+    for (i, read) in reads.iter().enumerate() {
+        if i > 0 {
+            sql.push_str(" UNION ALL ");
+        }
+        let (one, placeholders) = match read.since {
+            None => (UNWINDOWED_SQL, 7),
+            Some(_) => (WINDOWED_SQL, 11),
+        };
+        let columns = one.strip_prefix("SELECT ").unwrap_or(one);
+        sql.push_str("SELECT CAST(");
+        sql.push_str(&i.to_string());
+        sql.push_str(" AS BIGINT) AS i, ");
+        shift_placeholders(columns, shift, &mut sql);
+        shift += placeholders;
+    }
+    sql
+}
+
+/// The bind values of `read` for its `SELECT` in [`batch_sql`].
+fn bind_read(call_id: &str, read: &HistoryRead, args: &mut Vec<Arg>) -> Result<()> {
+    let k = &read.key;
+    match read.since {
+        None => args.extend(args![
+            &k.query_key,
+            &k.scope_key,
+            &k.group_key,
+            call_id,
+            read.max,
+            read.last,
+            DateTime::UNIX_EPOCH
+        ]),
+        Some(since) => {
+            let [s0, m0, h0, d0] = boundaries(since);
+            args.extend(args![
+                &k.query_key,
+                &k.scope_key,
+                &k.group_key,
+                call_id,
+                s0,
+                m0,
+                h0,
+                d0,
+                since,
+                at_secs(s0)?,
+                read.last
+            ]);
+        }
+    }
+    Ok(())
+}
+
+/// The answer to `read` from its row of [`batch_sql`] (`None`: no group row yet); a second
+/// statement only for a window its group's buckets do not cover (a group from before
+/// migration 0016) or a `max` whose buckets hold the call's own amount (a call decided again).
+async fn answer(
+    conn: &mut Conn<'_>,
+    call_id: &str,
+    read: &HistoryRead,
+    row: Option<&Row>,
+) -> Result<HistoryCounts> {
+    let k = &read.key;
+    let Some(row) = row else {
+        return Ok(HistoryCounts::default());
+    };
+    let own = own_entry(row)?;
+    let mut max = if read.max { row.opt_int("top")? } else { None };
+    let last = if read.last {
+        row.opt_int("last")?
+    } else {
+        None
+    };
+    let (n, sum, committed) = match read.since {
+        // Unwindowed count and sum come from the counters, minus the call's own entry.
+        None => {
+            let (own_n, own_sum, own_done) =
+                own.map_or((0, 0, 0), |o| (1, o.amount.unwrap_or(0), o.committed));
+            let reserved = row.int("reserved_count")?;
+            let done = row.int("committed_count")?;
+            (
+                reserved + done - own_n,
+                row.int("reserved_sum")? + row.int("committed_sum")? - own_sum,
+                done - own_done,
+            )
+        }
+        Some(since) if row.opt_ts("bucketed_since")?.is_some_and(|b| since >= b) => {
+            let s0_at = at_secs(boundaries(since)[0])?;
+            let (mut n, mut total, mut done) = (row.int("n")?, row.int("total")?, row.int("done")?);
+            // The buckets hold the call's own entry when it is at or after `s0`.
+            if let Some(own) = own.filter(|o| o.bucketed && o.at >= s0_at) {
+                n -= 1;
+                total -= own.amount.unwrap_or(0);
+                done -= own.committed;
+                if read.max && own.amount.is_some() {
+                    max = walked_max(conn, k, call_id, since).await?;
+                }
+            }
+            (n, total, done)
+        }
+        Some(since) => {
+            if read.max {
+                max = walked_max(conn, k, call_id, since).await?;
+            }
+            let row = conn
+                .fetch_optional(
+                    "read history window entries",
+                    SCANNED_WINDOW_SQL,
+                    args![&k.query_key, &k.scope_key, &k.group_key, since, call_id],
+                )
+                .await?
+                .ok_or_else(|| LedgerError::corrupt("an aggregate returned no row"))?;
+            (row.int("n")?, row.int("total")?, row.int("done")?)
+        }
+    };
+    Ok(HistoryCounts {
+        count: count(n),
+        sum: from_micros(sum),
+        max: max.map(from_micros),
+        committed: count(committed),
+        last: last.map(from_micros),
+        version: row.int("version")?,
+    })
+}
+
+/// The largest amount at or after `since` from the entries, without `call_id`'s.
+async fn walked_max(
     conn: &mut Conn<'_>,
     k: &HistoryKey,
     call_id: &str,
     since: DateTime<Utc>,
-    bucketed_since: Option<DateTime<Utc>>,
-    own: Option<Own>,
-) -> Result<(i64, i64, i64)> {
-    if bucketed_since.is_some_and(|b| since >= b) {
-        let s0 = ceil_secs(since.timestamp_micros(), 1);
-        let m0 = ceil_secs(s0 * 1_000_000, 60);
-        let h0 = ceil_secs(m0 * 1_000_000, 3_600);
-        let d0 = ceil_secs(h0 * 1_000_000, 86_400);
-        let s0_at = at_secs(s0)?;
-        let row = conn
-            .fetch_optional(
-                "read history window buckets",
-                BUCKETED_WINDOW_SQL,
-                args![
-                    &k.query_key,
-                    &k.scope_key,
-                    &k.group_key,
-                    s0,
-                    m0,
-                    h0,
-                    d0,
-                    since,
-                    s0_at,
-                    call_id
-                ],
-            )
-            .await?
-            .ok_or_else(|| LedgerError::corrupt("an aggregate returned no row"))?;
-        let (mut n, mut total, mut done) = (row.int("n")?, row.int("total")?, row.int("done")?);
-        // The buckets hold the call's own entry when it is at or after `s0`.
-        if let Some(own) = own.filter(|o| o.bucketed && o.at >= s0_at) {
-            n -= 1;
-            total -= own.amount;
-            done -= own.committed;
-        }
-        return Ok((n, total, done));
-    }
+) -> Result<Option<i64>> {
     let row = conn
         .fetch_optional(
-            "read history window",
-            SCANNED_WINDOW_SQL,
+            "read history max",
+            WALKED_MAX_SQL,
             args![&k.query_key, &k.scope_key, &k.group_key, since, call_id],
         )
-        .await?
-        .ok_or_else(|| LedgerError::corrupt("an aggregate returned no row"))?;
-    Ok((row.int("n")?, row.int("total")?, row.int("done")?))
+        .await?;
+    match row {
+        Some(r) => r.opt_int("top"),
+        None => Ok(None),
+    }
 }
 
-/// Reads the aggregates of `reads` for `call_id`, leaving its own entries out.
+/// Reads the aggregates of `reads` for `call_id`, leaving its own entries out: one statement
+/// for all of them ([`batch_sql`]).
 pub(crate) async fn facts(
     conn: &mut Conn<'_>,
     call_id: &str,
     reads: &[HistoryRead],
 ) -> Result<Vec<HistoryCounts>> {
-    let mut out = Vec::with_capacity(reads.len());
+    if reads.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut binds = Vec::with_capacity(reads.len() * 11);
     for read in reads {
-        let k = &read.key;
-        let row = conn
-            .fetch_optional(
-                "read history group",
-                GROUP_SQL,
-                args![&k.query_key, &k.scope_key, &k.group_key, call_id],
-            )
-            .await?;
-        let Some(row) = row else {
-            out.push(HistoryCounts::default());
-            continue;
-        };
-        let mut counts = HistoryCounts {
-            version: row.int("version")?,
-            ..HistoryCounts::default()
-        };
-        let own = match row.opt_text("own_state")? {
-            Some(state) => Some(Own {
-                amount: row.opt_int("own_amount")?.unwrap_or(0),
-                committed: i64::from(state == "committed"),
-                at: row.ts("own_at")?,
-                bucketed: row.opt_ts("own_until")?.is_some(),
-            }),
-            None => None,
-        };
-        let (n, sum, committed) = match read.since {
-            // Unwindowed count and sum come from the counters, minus the call's own entry.
-            None => {
-                let (own_n, own_sum, own_done) =
-                    own.map_or((0, 0, 0), |o| (1, o.amount, o.committed));
-                let reserved = row.int("reserved_count")?;
-                let done = row.int("committed_count")?;
-                (
-                    reserved + done - own_n,
-                    row.int("reserved_sum")? + row.int("committed_sum")? - own_sum,
-                    done - own_done,
-                )
-            }
-            Some(since) => {
-                let bucketed_since = row.opt_ts("bucketed_since")?;
-                window(conn, k, call_id, since, bucketed_since, own).await?
-            }
-        };
-        counts.count = count(n);
-        counts.sum = from_micros(sum);
-        counts.committed = count(committed);
-        let since = read.since.unwrap_or(DateTime::UNIX_EPOCH);
-        if read.max {
-            // The amount index from the top: the first entry inside the window answers (older
-            // ones are pruned once no window can see them).
-            let max = conn
-                .fetch_optional(
-                    "read history max",
-                    "SELECT MAX(amount) AS top FROM history_entries WHERE query_key = $1 \
-                     AND scope_key = $2 AND group_key = $3 AND at >= $4 AND call_id <> $5 \
-                     AND amount IS NOT NULL",
-                    args![&k.query_key, &k.scope_key, &k.group_key, since, call_id],
-                )
-                .await?;
-            counts.max = match max {
-                Some(r) => r.opt_int("top")?.map(from_micros),
-                None => None,
-            };
-        }
-        if read.last {
-            // The time index from the latest: skips only entries still reserved.
-            let last = conn
-                .fetch_optional(
-                    "read history last",
-                    "SELECT amount FROM history_entries WHERE query_key = $1 AND scope_key = $2 \
-                     AND group_key = $3 AND at >= $4 AND call_id <> $5 AND state = 'committed' \
-                     AND amount IS NOT NULL ORDER BY at DESC, call_id DESC LIMIT 1",
-                    args![&k.query_key, &k.scope_key, &k.group_key, since, call_id],
-                )
-                .await?;
-            counts.last = match last {
-                Some(r) => r.opt_int("amount")?.map(from_micros),
-                None => None,
-            };
-        }
-        out.push(counts);
+        bind_read(call_id, read, &mut binds)?;
+    }
+    let rows = conn
+        .fetch_all("read history facts", &batch_sql(reads), binds)
+        .await?;
+    let mut by_read: Vec<Option<Row>> = (0..reads.len()).map(|_| None).collect();
+    for row in rows {
+        let i = usize::try_from(row.int("i")?)
+            .ok()
+            .filter(|i| *i < reads.len())
+            .ok_or_else(|| LedgerError::corrupt("a history read returned an unknown index"))?;
+        by_read[i] = Some(row);
+    }
+    let mut out = Vec::with_capacity(reads.len());
+    for (read, row) in reads.iter().zip(&by_read) {
+        out.push(answer(conn, call_id, read, row.as_ref()).await?);
     }
     Ok(out)
 }
@@ -480,11 +606,15 @@ async fn insert(
                 .execute(
                     "count history buckets",
                     "INSERT INTO history_buckets (query_key, scope_key, group_key, width, start, \
-                     n, total, done, visible_until) VALUES \
-                     ($1, $2, $3, 1, $4, 1, $8, 0, $9), ($1, $2, $3, 60, $5, 1, $8, 0, $10), \
-                     ($1, $2, $3, 3600, $6, 1, $8, 0, $11), ($1, $2, $3, 86400, $7, 1, $8, 0, $12) \
+                     n, total, done, visible_until, top) VALUES \
+                     ($1, $2, $3, 1, $4, 1, $8, 0, $9, $13), \
+                     ($1, $2, $3, 60, $5, 1, $8, 0, $10, $13), \
+                     ($1, $2, $3, 3600, $6, 1, $8, 0, $11, $13), \
+                     ($1, $2, $3, 86400, $7, 1, $8, 0, $12, $13) \
                      ON CONFLICT (query_key, scope_key, group_key, width, start) DO UPDATE \
-                     SET n = history_buckets.n + 1, total = history_buckets.total + excluded.total",
+                     SET n = history_buckets.n + 1, total = history_buckets.total + excluded.total, \
+                     top = CASE WHEN history_buckets.top IS NULL OR excluded.top > history_buckets.top \
+                     THEN excluded.top ELSE history_buckets.top END",
                     args![
                         &k.query_key,
                         &k.scope_key,
@@ -497,7 +627,8 @@ async fn insert(
                         until(sec, 1)?,
                         until(m, 60)?,
                         until(h, 3_600)?,
-                        until(d, 86_400)?
+                        until(d, 86_400)?,
+                        amount
                     ],
                 )
                 .await?;
@@ -577,18 +708,64 @@ fn result_number(result: Option<&Value>, path: &str) -> Option<f64> {
     }
 }
 
-/// Moves the buckets of one entry decided at `at` by (`dn`, `dtotal`, `ddone`). A bucket
-/// already pruned (no window sees it) is left absent.
+/// Recomputes the largest amount (`top`) of the buckets holding an entry decided at `at`,
+/// after its amount fell or it was released: the second bucket's from its entries, each wider
+/// one's from the buckets one width narrower inside it (a bounded number of rows: the entries
+/// of one second, then at most 60, 60 and 24 buckets). A narrower bucket already pruned is one
+/// no window sees, and neither does any window see the wider bucket's part it covered.
+async fn retop_buckets(
+    conn: &mut Conn<'_>,
+    key: (&str, &str, &str),
+    at: DateTime<Utc>,
+) -> Result<()> {
+    let second = bucket_start(at, 1);
+    conn.execute(
+        "recompute history second top",
+        "UPDATE history_buckets SET top = (SELECT MAX(amount) FROM history_entries \
+         WHERE query_key = $1 AND scope_key = $2 AND group_key = $3 AND at >= $5 AND at < $6 \
+         AND visible_until IS NOT NULL) WHERE query_key = $1 AND scope_key = $2 \
+         AND group_key = $3 AND width = 1 AND start = $4",
+        args![
+            key.0,
+            key.1,
+            key.2,
+            second,
+            at_secs(second)?,
+            at_secs(second + 1)?
+        ],
+    )
+    .await?;
+    for pair in BUCKET_WIDTHS.windows(2) {
+        let (narrow, wide) = (pair[0], pair[1]);
+        let start = bucket_start(at, wide);
+        conn.execute(
+            "recompute history bucket top",
+            "UPDATE history_buckets SET top = (SELECT MAX(c.top) FROM history_buckets c \
+             WHERE c.query_key = $1 AND c.scope_key = $2 AND c.group_key = $3 \
+             AND c.width = $4 AND c.start >= $6 AND c.start < $7) \
+             WHERE query_key = $1 AND scope_key = $2 AND group_key = $3 AND width = $5 \
+             AND start = $6",
+            args![key.0, key.1, key.2, narrow, wide, start, start + wide],
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// Moves the buckets of one entry decided at `at` by (`dn`, `dtotal`, `ddone`), and raises
+/// their largest amount to `raise`. A bucket already pruned (no window sees it) is left absent.
 async fn move_buckets(
     conn: &mut Conn<'_>,
     key: (&str, &str, &str),
     at: DateTime<Utc>,
     (dn, dtotal, ddone): (i64, i64, i64),
+    raise: Option<i64>,
 ) -> Result<()> {
     for width in BUCKET_WIDTHS {
         conn.execute(
             "settle history bucket",
-            "UPDATE history_buckets SET n = n + $6, total = total + $7, done = done + $8 \
+            "UPDATE history_buckets SET n = n + $6, total = total + $7, done = done + $8, \
+             top = CASE WHEN top IS NULL OR $9 > top THEN $9 ELSE top END \
              WHERE query_key = $1 AND scope_key = $2 AND group_key = $3 AND width = $4 \
              AND start = $5",
             args![
@@ -599,7 +776,8 @@ async fn move_buckets(
                 bucket_start(at, width),
                 dn,
                 dtotal,
-                ddone
+                ddone,
+                raise
             ],
         )
         .await?;
@@ -667,7 +845,11 @@ pub(crate) async fn settle(
                 .await?;
                 if let Some(at) = bucketed {
                     let delta = amount.unwrap_or(0) - reserved.unwrap_or(0);
-                    move_buckets(conn, key, at, (0, delta, 1)).await?;
+                    move_buckets(conn, key, at, (0, delta, 1), amount).await?;
+                    // A reserved amount the result lowered (or removed) may have been a top.
+                    if reserved.is_some_and(|r| amount.is_none_or(|a| a < r)) {
+                        retop_buckets(conn, key, at).await?;
+                    }
                 }
             }
             None => {
@@ -686,7 +868,10 @@ pub(crate) async fn settle(
                 )
                 .await?;
                 if let Some(at) = bucketed {
-                    move_buckets(conn, key, at, (-1, -reserved.unwrap_or(0), 0)).await?;
+                    move_buckets(conn, key, at, (-1, -reserved.unwrap_or(0), 0), None).await?;
+                    if reserved.is_some() {
+                        retop_buckets(conn, key, at).await?;
+                    }
                 }
             }
         }
@@ -697,14 +882,20 @@ pub(crate) async fn settle(
 /// What one [`crate::Ledger::prune_history`] batch deleted.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct HistoryPruned {
-    /// Committed entries no window can see any more.
+    /// Committed entries no window can see any more (with those written before migration
+    /// 0016, see [`HistoryPruned::legacy_groups`]).
     pub entries: u64,
     /// Buckets no window can see any more.
     pub buckets: u64,
+    /// Windowed groups from before migration 0016 whose unbucketed entries no window can see
+    /// any more, and whose committed ones are now all deleted: from then on every window of
+    /// theirs is answered from buckets (`bucketed_since` is the epoch).
+    pub legacy_groups: u64,
 }
 
-/// Deletes at most `limit` committed entries and `limit` buckets whose `visible_until` is
-/// more than [`HISTORY_PRUNE_MARGIN_SECS`] ago. Reserved entries are never deleted: their outcome still moves their
+/// Deletes at most `limit` committed entries (with those from before migration 0016,
+/// [`prune_legacy`]) and `limit` buckets whose `visible_until` is more than
+/// [`HISTORY_PRUNE_MARGIN_SECS`] ago. Reserved entries are never deleted: their outcome still moves their
 /// group's counters (their buckets, once invisible, may go: a settle finds none to move).
 pub(crate) async fn prune(tx: &mut Tx, limit: i64) -> Result<HistoryPruned> {
     let before = plus_secs(tx.now(), -HISTORY_PRUNE_MARGIN_SECS)?;
@@ -728,7 +919,94 @@ pub(crate) async fn prune(tx: &mut Tx, limit: i64) -> Result<HistoryPruned> {
             args![before, limit],
         )
         .await?;
-    Ok(HistoryPruned { entries, buckets })
+    // The entries' budget left for those from before migration 0016.
+    let left = limit - i64::try_from(entries).unwrap_or(limit);
+    let (legacy_entries, legacy_groups) = if left > 0 {
+        prune_legacy(tx, before, left).await?
+    } else {
+        (0, 0)
+    };
+    Ok(HistoryPruned {
+        entries: entries + legacy_entries,
+        buckets,
+        legacy_groups,
+    })
+}
+
+/// Entries written before migration 0016 have no `visible_until`. A windowed group from then
+/// has `bucketed_since` after the epoch (its first bucketed reservation) and `window_secs`;
+/// every entry decided before `bucketed_since` is such an entry, and once
+/// `bucketed_since + window_secs` is more than the margin ago, no window sees any of them: its
+/// committed ones are deleted (at most `limit` per batch, oldest groups first), and a group
+/// with none left (reserved ones are kept until they commit) is marked as bucketed from the
+/// epoch, so the next batches skip it. A windowed group from then that has not been reserved
+/// since keeps its entries until it is (its window is only known from a reservation).
+/// Returns (entries, groups) deleted and marked.
+async fn prune_legacy(tx: &mut Tx, before: DateTime<Utc>, limit: i64) -> Result<(u64, u64)> {
+    let groups = tx
+        .conn()
+        .fetch_all(
+            "find history groups from before buckets",
+            "SELECT query_key, scope_key, group_key, window_secs, bucketed_since \
+             FROM history_groups WHERE window_secs IS NOT NULL AND bucketed_since > $1 \
+             AND bucketed_since < $2 ORDER BY bucketed_since LIMIT $3",
+            args![DateTime::UNIX_EPOCH, before, limit],
+        )
+        .await?;
+    let (mut entries, mut marked) = (0, 0);
+    for g in groups {
+        let since = g.ts("bucketed_since")?;
+        let window = g.int("window_secs")?;
+        if plus_secs(since, window)? >= before {
+            continue;
+        }
+        let budget = limit - i64::try_from(entries).unwrap_or(i64::MAX);
+        if budget <= 0 {
+            break;
+        }
+        let (q, s, k) = (
+            g.text("query_key")?,
+            g.text("scope_key")?,
+            g.text("group_key")?,
+        );
+        let deleted = tx
+            .conn()
+            .execute(
+                "prune history entries from before buckets",
+                "DELETE FROM history_entries WHERE (call_id, query_key) IN (\
+                 SELECT call_id, query_key FROM history_entries WHERE query_key = $1 \
+                 AND scope_key = $2 AND group_key = $3 AND at < $4 AND state = 'committed' \
+                 AND visible_until IS NULL ORDER BY at LIMIT $5)",
+                args![&q, &s, &k, since, budget],
+            )
+            .await?;
+        entries += deleted;
+        if i64::try_from(deleted).unwrap_or(i64::MAX) >= budget {
+            break;
+        }
+        // Marked only without one left: one still reserved is pruned once it commits.
+        let left = tx
+            .conn()
+            .fetch_optional(
+                "find history entries from before buckets",
+                "SELECT call_id FROM history_entries WHERE query_key = $1 AND scope_key = $2 \
+                 AND group_key = $3 AND at < $4 AND visible_until IS NULL LIMIT 1",
+                args![&q, &s, &k, since],
+            )
+            .await?;
+        if left.is_none() {
+            tx.conn()
+                .execute(
+                    "mark history group bucketed",
+                    "UPDATE history_groups SET bucketed_since = $4 WHERE query_key = $1 \
+                     AND scope_key = $2 AND group_key = $3",
+                    args![&q, &s, &k, DateTime::UNIX_EPOCH],
+                )
+                .await?;
+            marked += 1;
+        }
+    }
+    Ok((entries, marked))
 }
 
 /// Validates the reads (or reservations) of one call.

@@ -371,6 +371,9 @@ fn check_raw_append(stream: &str, event: &NewEvent) -> Result<()> {
 /// again, stalling every writer for the busy timeout. Waits for the connection's queued commands
 /// (a queued rollback included), then rolls back whatever is still open. An error closes the
 /// connection instead.
+/// How long a pooled PostgreSQL connection may sit idle before it is pinged again when acquired.
+const PG_IDLE_PING_AFTER: Duration = Duration::from_secs(1);
+
 async fn roll_back_abandoned_transaction(
     conn: &mut sqlx::SqliteConnection,
 ) -> std::result::Result<bool, sqlx::Error> {
@@ -549,6 +552,10 @@ impl Ledger {
         } else {
             SqlitePoolOptions::new().max_connections(o.max_connections.max(1))
         }
+        // A connection to a local file cannot break while idle, and each was pinged (and any
+        // abandoned transaction rolled back) when it came back: no ping per acquire, which cost
+        // a round trip through the connection's worker thread on every pooled read.
+        .test_before_acquire(false)
         .after_release(|conn, _| Box::pin(roll_back_abandoned_transaction(conn)));
         let unavailable = |source| LedgerError::Unavailable {
             context: format!("cannot open SQLite database {display_url}"),
@@ -607,6 +614,18 @@ impl Ledger {
         probe.close().await.map_err(unavailable)?;
         let pool = PgPoolOptions::new()
             .max_connections(o.max_connections.max(1))
+            // Each connection is pinged when it comes back to the pool; one idle for longer
+            // than `PG_IDLE_PING_AFTER` (the server may have closed it) is pinged again before
+            // reuse, one just returned is not: a round trip less per pooled read under load.
+            .test_before_acquire(false)
+            .before_acquire(|conn, meta| {
+                Box::pin(async move {
+                    if meta.idle_for >= PG_IDLE_PING_AFTER {
+                        sqlx::Connection::ping(conn).await?;
+                    }
+                    Ok(true)
+                })
+            })
             .acquire_timeout(o.acquire_timeout)
             .connect_with(opts)
             .await
@@ -1585,9 +1604,11 @@ impl Ledger {
 
     /// Prunes one bounded batch of history state no window can see any more: at most `limit`
     /// committed entries and `limit` time buckets of windowed queries whose window ended more
-    /// than [`HISTORY_PRUNE_MARGIN_SECS`] ago (by the ledger's clock). Reserved entries are
-    /// never pruned. Unwindowed entries (all time) never are. Call again while a batch comes
-    /// back full.
+    /// than [`HISTORY_PRUNE_MARGIN_SECS`] ago (by the ledger's clock), counting among the
+    /// entries those a windowed group wrote before migration 0016 (no buckets), once the
+    /// group's first bucketed reservation is that far in the past. Reserved entries are never
+    /// pruned. Unwindowed entries (all time) never are. Call again while a batch comes back
+    /// full.
     ///
     /// # Errors
     /// `InvalidArgument` for a `limit` of 0; database errors.

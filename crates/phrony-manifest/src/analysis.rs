@@ -1000,8 +1000,9 @@ fn check_always_allow(subjects: &[Subject<'_>], tools: &[ToolBinding], out: &mut
 /// Reports pairs of approval policies with different quorums or routes that both match one
 /// call (shown by an example call the policy engine confirms both match): the engine asks for
 /// one policy's approvals only.
-/// A Cedar policy none of whose `permit`s applies (by its action and resource scopes) to a
-/// tool in the policy's scope denies every call of that tool (Cedar's default deny).
+/// A Cedar policy none of whose `permit`s applies (by its principal, action and resource
+/// scopes) to a tool in the policy's scope denies every call of that tool (Cedar's default
+/// deny).
 fn check_cedar_permits(subjects: &[Subject<'_>], tools: &[ToolBinding], out: &mut Vec<Finding>) {
     for s in subjects.iter().filter(|s| s.policy.cedar.is_some()) {
         let Ok(set) = phrony_policy::PolicySet::compile([def_from_compiled(s.policy, tools)])

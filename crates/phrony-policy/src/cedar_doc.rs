@@ -289,16 +289,30 @@ impl CedarDoc {
         self.parsed.reasons.get(id).map(String::as_str)
     }
 
-    /// The tools in scope no `permit` can apply to (by its action and resource scopes; the
-    /// resource is `Tool::"<ref>"`, which is in no other entity): every call of theirs is
-    /// denied. (A permit whose condition can never hold is not detected.)
+    /// The tools in scope no `permit` can apply to (by its principal, action and resource
+    /// scopes; the principal is a `Principal::"<sub>"` and the resource a `Tool::"<ref>"`, both
+    /// in no other entity, so a principal scope on another entity type never matches): every
+    /// call of theirs is denied. (A permit whose condition can never hold is not detected.)
     pub(crate) fn tools_without_permit(&self) -> Vec<&str> {
-        use cedar_policy::{ActionConstraint, Effect, ResourceConstraint};
+        use cedar_policy::{ActionConstraint, Effect, PrincipalConstraint, ResourceConstraint};
+        let Ok(principal_type) = uid(PRINCIPAL, ANONYMOUS).map(|u| u.type_name().clone()) else {
+            return Vec::new();
+        };
         let permits: Vec<(ActionConstraint, ResourceConstraint)> = self
             .parsed
             .all
             .policies()
             .filter(|p| p.effect() == Effect::Permit)
+            .filter(|p| match p.principal_constraint() {
+                PrincipalConstraint::Any => true,
+                PrincipalConstraint::Eq(e) | PrincipalConstraint::In(e) => {
+                    *e.type_name() == principal_type
+                }
+                PrincipalConstraint::Is(t) => t == principal_type,
+                PrincipalConstraint::IsIn(t, e) => {
+                    t == principal_type && *e.type_name() == principal_type
+                }
+            })
             .map(|p| (p.action_constraint(), p.resource_constraint()))
             .collect();
         self.tools
@@ -1096,6 +1110,23 @@ permit (principal, action, resource == Tool::"payments.issue-refund");
         assert_eq!(
             s.policies()[0].cedar_tools_without_permit(),
             ["orders.lookup"]
+        );
+        // The principal scope counts too: the principal is a `Principal` in no other entity.
+        def.cedar =
+            Some(r#"@id("vip") permit (principal in Session::"vip", action, resource);"#.into());
+        assert_eq!(
+            set(vec![def.clone()]).policies()[0]
+                .cedar_tools_without_permit()
+                .len(),
+            2
+        );
+        def.cedar = Some(
+            r#"@id("alice") permit (principal == Principal::"alice", action, resource);"#.into(),
+        );
+        assert!(
+            set(vec![def.clone()]).policies()[0]
+                .cedar_tools_without_permit()
+                .is_empty()
         );
         def.cedar = Some(r#"@id("tools") permit (principal, action, resource is Tool);"#.into());
         assert!(

@@ -438,6 +438,25 @@ pub(crate) async fn history_windows_are_exact_at_the_edges(db: &TestDb) {
             "window from {since} asked by {asking}"
         );
     }
+    // The most reads one call may ask, windowed and not, bucketed and scanned, with groups
+    // that have no row: one statement answers each as it is answered alone.
+    let reads: Vec<HistoryRead> = (0..phrony_ledger::MAX_HISTORY_READS)
+        .map(|i| {
+            let since = t1 + Duration::microseconds(probes[i * 5 % probes.len()]);
+            let query = if i % 2 == 0 { bucketed } else { scanned };
+            match i % 4 {
+                0 | 1 => window_read(query, "o", since),
+                2 => read(query, "o"),
+                _ => window_read(query, "absent", since),
+            }
+        })
+        .collect();
+    let together = facts(&ledger, &ids[3], &reads).await;
+    assert_eq!(together.len(), reads.len());
+    for (r, got) in reads.iter().zip(&together) {
+        let alone = facts(&ledger, &ids[3], std::slice::from_ref(r)).await[0];
+        assert_eq!(*got, alone, "{r:?}");
+    }
 }
 
 pub(crate) async fn history_groups_from_before_buckets_read_their_entries(db: &TestDb) {
@@ -565,7 +584,8 @@ pub(crate) async fn history_prune_keeps_what_a_window_sees_and_reserved_entries(
         pruned,
         phrony_ledger::HistoryPruned {
             entries: 4,
-            buckets: 9
+            buckets: 9,
+            legacy_groups: 0
         }
     );
     // The in-flight entry was kept: it still settles (its group's version moves) and the
@@ -586,9 +606,147 @@ pub(crate) async fn history_prune_keeps_what_a_window_sees_and_reserved_entries(
         ledger.prune_history(10).await.unwrap(),
         phrony_ledger::HistoryPruned {
             entries: 1,
-            buckets: 0
+            buckets: 0,
+            legacy_groups: 0
         }
     );
+}
+
+/// Entries written before migration 0016 (no buckets, no `visible_until`) of a windowed group
+/// are pruned once no window can see them (the group's first bucketed reservation plus its
+/// window plus the margin); one still reserved is kept until it commits; a group not reserved
+/// with a window since keeps its entries (its window is unknown).
+pub(crate) async fn history_prune_takes_entries_from_before_buckets(db: &TestDb) {
+    db.migrated().await;
+    let t0 = Utc.with_ymd_and_hms(2026, 4, 1, 0, 0, 0).unwrap();
+    let now = Arc::new(AtomicI64::new(t0.timestamp_micros()));
+    let ledger = clocked(db, &now).await;
+    let (session, ids) = calls(&ledger, 4).await;
+    let q = "issue_refund|everyone|customer_id|3600|sum|amount";
+    let unknown = "issue_refund|everyone|customer_id|3600|count|";
+    let at = |secs: i64| {
+        now.store(t0.timestamp_micros() + secs * 1_000_000, Ordering::SeqCst);
+    };
+    let reserve_at = async |call: &str, query: &str, window: Option<u64>| {
+        let v = facts(&ledger, call, &[read(query, "c")]).await[0].version;
+        assert!(
+            ledger
+                .reserve_history(
+                    &session,
+                    call,
+                    &[HistoryReservation {
+                        window_secs: window,
+                        ..reserve(query, "c", Some(10.0), v)
+                    }]
+                )
+                .await
+                .unwrap()
+        );
+    };
+    // Calls 0 (committed) and 1 (in flight): entries as before 0016, in both groups.
+    for (i, call) in ids[..2].iter().enumerate() {
+        at(i64::try_from(i).unwrap());
+        reserve_at(call, q, None).await;
+        reserve_at(call, unknown, None).await;
+    }
+    succeed(&ledger, &ids[0], json!({})).await;
+    // Call 2 is the group's first bucketed reservation (10 min in), call 3 comes 2 h in.
+    at(600);
+    reserve_at(&ids[2], q, Some(3_600)).await;
+    succeed(&ledger, &ids[2], json!({})).await;
+    at(7_200);
+    reserve_at(&ids[3], q, Some(3_600)).await;
+    succeed(&ledger, &ids[3], json!({})).await;
+    // A window from the first bucketed reservation still sees the old entries' time.
+    let margin = phrony_ledger::HISTORY_PRUNE_MARGIN_SECS;
+    at(600 + 3_600 + margin - 1);
+    let pruned = ledger.prune_history(100).await.unwrap();
+    assert_eq!((pruned.entries, pruned.legacy_groups), (0, 0), "{pruned:?}");
+    // Past it: call 0's old entry and call 2's bucketed one go; call 1's (reserved), call 3's
+    // (still visible) and the never-rebucketed group's stay.
+    at(600 + 3_600 + margin + 10);
+    let pruned = ledger.prune_history(100).await.unwrap();
+    assert_eq!((pruned.entries, pruned.legacy_groups), (2, 0), "{pruned:?}");
+    assert_eq!(ledger.prune_history(100).await.unwrap().entries, 0);
+    // Call 1 commits: its old entry goes at the next batch and the group is marked.
+    succeed(&ledger, &ids[1], json!({})).await;
+    let pruned = ledger.prune_history(100).await.unwrap();
+    assert_eq!((pruned.entries, pruned.legacy_groups), (1, 1), "{pruned:?}");
+    assert_eq!(
+        ledger.prune_history(100).await.unwrap(),
+        phrony_ledger::HistoryPruned::default()
+    );
+    // The counters keep every entry; a window now sees call 3 only, from the buckets.
+    let all = facts(&ledger, "x", &[read(q, "c")]).await[0];
+    assert_eq!((all.count, all.sum, all.committed), (4, 40.0, 4));
+    let since = t0 + Duration::seconds(600 + 3_600 + margin + 10 - 3_600);
+    let w = facts(&ledger, "x", &[window_read(q, "c", since)]).await[0];
+    assert_eq!((w.count, w.sum, w.max), (1, 10.0, Some(10.0)));
+    // The group never reserved with a window keeps both old entries (its max reads them).
+    let old = facts(&ledger, "x", &[read(unknown, "c")]).await[0];
+    assert_eq!((old.count, old.max), (2, Some(10.0)));
+}
+
+/// A windowed `max` comes from the buckets' largest amounts (migration 0018): it follows
+/// releases and a result that lowers the reserved amount, exactly as a scan of the entries,
+/// and leaves the asking call's own amount out.
+pub(crate) async fn history_window_max_follows_releases_and_results(db: &TestDb) {
+    db.migrated().await;
+    let t0 = Utc.with_ymd_and_hms(2026, 5, 1, 10, 0, 0).unwrap();
+    let now = Arc::new(AtomicI64::new(t0.timestamp_micros()));
+    let ledger = clocked(db, &now).await;
+    let (session, ids) = calls(&ledger, 6).await;
+    let bucketed = "issue_refund|everyone|order_id|86400|max|result.refunded";
+    let scanned = "issue_refund|everyone|order_id||max|result.refunded";
+    // Six calls in one second (one bucket of each width): amounts 60, 50, 40, 30, 20, 10.
+    for (i, call) in ids.iter().enumerate() {
+        let n = i64::try_from(i).unwrap();
+        now.store(t0.timestamp_micros() + n * 1_000, Ordering::SeqCst);
+        let amount = 60.0 - 10.0 * f64::from(u8::try_from(i).unwrap());
+        for (query, window_secs) in [(bucketed, Some(86_400)), (scanned, None)] {
+            let v = facts(&ledger, call, &[read(query, "o")]).await[0].version;
+            assert!(
+                ledger
+                    .reserve_history(
+                        &session,
+                        call,
+                        &[HistoryReservation {
+                            result_path: Some("refunded".to_owned()),
+                            window_secs,
+                            ..reserve(query, "o", Some(amount), v)
+                        }]
+                    )
+                    .await
+                    .unwrap()
+            );
+        }
+    }
+    let since = t0 - Duration::hours(1);
+    let check = async |asking: &str, want: Option<f64>| {
+        let got = facts(&ledger, asking, &[window_read(bucketed, "o", since)]).await[0];
+        let scan = facts(&ledger, asking, &[window_read(scanned, "o", since)]).await[0];
+        assert_eq!(got.max, want, "asked by {asking}");
+        assert_eq!(
+            (got.max, got.count),
+            (scan.max, scan.count),
+            "asked by {asking}"
+        );
+    };
+    check("x", Some(60.0)).await;
+    // Call 0 fails: released, the top falls to 50.
+    ledger
+        .fail_tool_call(&ids[0], "worker_error", "no")
+        .await
+        .unwrap();
+    check("x", Some(50.0)).await;
+    // Call 1 succeeds refunding 5 (its result lowers its amount): 40.
+    succeed(&ledger, &ids[1], json!({"refunded": 5})).await;
+    check("x", Some(40.0)).await;
+    // Call 5 succeeds refunding 99: raised.
+    succeed(&ledger, &ids[5], json!({"refunded": 99})).await;
+    check("x", Some(99.0)).await;
+    // Asked by call 5 itself (decided again): its own amount is left out.
+    check(&ids[5], Some(40.0)).await;
 }
 
 pub(crate) async fn concurrent_deciders_never_pass_a_cap_only_some_fit(db: &TestDb) {

@@ -139,6 +139,8 @@ conformance!(
     history_windows_are_exact_at_the_edges,
     history_groups_from_before_buckets_read_their_entries,
     history_prune_keeps_what_a_window_sees_and_reserved_entries,
+    history_prune_takes_entries_from_before_buckets,
+    history_window_max_follows_releases_and_results,
     concurrent_deciders_never_pass_a_cap_only_some_fit,
     webhook_outbox_rows_commit_with_their_event,
     webhook_deliveries_follow_their_state_machine,

@@ -215,3 +215,50 @@ fn analysis_warns_when_no_permit_applies_to_a_tool_in_scope() {
         DecisionKind::Deny
     );
 }
+
+/// A permit whose principal scope no caller can be in (the principal is a `Principal::"<sub>"`
+/// in no other entity) permits nothing: the tool is reported, and indeed denied; a permit
+/// scoped to one principal still applies to a tool (to that principal's calls).
+#[test]
+fn analysis_counts_principal_scopes_of_permits() {
+    let findings_for = |cedar: &str| {
+        let p = project(&cedar_policy(
+            cedar,
+            "  decision: {type: require_approval}\n",
+        ));
+        let compiled = p.load("agent.yaml").unwrap();
+        let messages: Vec<String> = compiled
+            .findings
+            .iter()
+            .filter(|f| f.kind.as_str() == "cedar_no_permit")
+            .map(|f| f.diagnostic.message.clone())
+            .collect();
+        (compiled.agent, messages)
+    };
+    for never in [
+        "@id(\"sessions\")\npermit (principal in Session::\"vip\", action, resource);",
+        "@id(\"tools\")\npermit (principal == Tool::\"payments.issue-refund\", action, resource);",
+        "@id(\"typed\")\npermit (principal is Session, action, resource);",
+    ] {
+        let (agent, messages) = findings_for(never);
+        assert_eq!(messages.len(), 1, "{never}: {messages:?}");
+        assert!(
+            messages[0].contains("payments.issue-refund"),
+            "{}",
+            messages[0]
+        );
+        assert_eq!(
+            decide(&agent, &json!({"amount": 1})),
+            DecisionKind::Deny,
+            "{never}"
+        );
+    }
+    for applies in [
+        "@id(\"alice\")\npermit (principal == Principal::\"alice\", action, resource);",
+        "@id(\"anyone\")\npermit (principal is Principal, action, resource);",
+        "@id(\"in-self\")\npermit (principal is Principal in Principal::\"bob\", action, resource);",
+    ] {
+        let (_, messages) = findings_for(applies);
+        assert!(messages.is_empty(), "{applies}: {messages:?}");
+    }
+}
