@@ -229,6 +229,8 @@ pub struct Takeovers {
     pub lease_ttl: Duration,
     /// From each SIGKILL until the other replica logged that it took the session over.
     pub times: Latencies,
+    /// Votes the replica that took the session over refused (each sent again).
+    pub refused_votes: u64,
 }
 
 /// Approvals in the burst unless `--burst` says otherwise (all parked sessions when fewer).
@@ -532,6 +534,7 @@ pub fn to_json(report: &Report) -> Value {
     }
     if let Some(t) = &report.takeovers {
         out.insert("takeover_kills".to_owned(), json!(t.times.len()));
+        out.insert("takeover_refused_votes".to_owned(), json!(t.refused_votes));
     }
     out.insert(
         "lost_or_duplicated".to_owned(),

@@ -157,7 +157,8 @@ pub(crate) fn takeovers(plan: &Plan, report: &mut Report) -> Result<(), BenchErr
     // A lease runs out within one TTL and the next scan comes within 0.6 TTL: far more is lost.
     let guard = lease_ttl * 4 + Duration::from_secs(30);
     let mut times = Latencies::default();
-    runtime()?.block_on(async {
+    let mut refused_votes = 0;
+    let outcome = runtime()?.block_on(async {
         let clients = connect_all(&replicas).await?;
         for k in 0..plan.takeovers {
             let session = start_on(&clients[1], guard).await?;
@@ -172,20 +173,54 @@ pub(crate) fn takeovers(plan: &Plan, report: &mut Report) -> Result<(), BenchErr
                 plan.takeovers,
                 took.as_secs_f64() * 1e3
             );
-            approve(&clients[0], &approval).await?;
+            refused_votes += vote_after_takeover(&clients[0], &approval, &session).await?;
             wait_for_arrival(&workers, &call, Instant::now(), guard).await?;
             wait_for_completed(&clients[0], k + 1, phase_guard(k + 1)).await?;
             tokio::task::block_in_place(|| replicas.get_mut(1).restart());
         }
         Ok::<_, BenchError>(())
-    })?;
+    });
+    if let Err(error) = outcome {
+        return Err(BenchError::new(format!(
+            "{error}\nthe replicas' warnings and errors:\n{}",
+            problems(&replicas)
+        )));
+    }
     let completed = u64::try_from(plan.takeovers).unwrap_or(u64::MAX);
     report.lost_or_duplicated += runs_off("takeovers", &workers, 0, completed);
     verify_audit(replicas.get(0))?;
     drop(workers);
-    report.takeovers = Some(Takeovers { lease_ttl, times });
+    report.takeovers = Some(Takeovers {
+        lease_ttl,
+        times,
+        refused_votes,
+    });
     Ok(())
 }
+
+/// Votes to approve on the replica that took the session over; a vote it refuses is counted,
+/// said, and sent again (as a client would), up to [`VOTE_ATTEMPTS`] times. Returns the refusals.
+async fn vote_after_takeover(
+    client: &Client,
+    approval: &str,
+    session: &str,
+) -> Result<u64, BenchError> {
+    let mut refused = 0;
+    loop {
+        match approve(client, approval).await {
+            Ok(()) => return Ok(refused),
+            Err(e) if refused + 1 < VOTE_ATTEMPTS => {
+                refused += 1;
+                eprintln!("takeover of {session}: the vote was refused ({e}); sent again");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// How many times [`vote_after_takeover`] sends a vote.
+const VOTE_ATTEMPTS: u64 = 5;
 
 /// Starts a session of the held agent on `client`'s replica; a replica just restarted may
 /// refuse the first attempts while the client reconnects.
@@ -253,6 +288,25 @@ async fn wait_for_takeover(
     }
 }
 
+/// The last warnings and errors the replicas logged (JSON lines), to explain a failed run.
+fn problems(replicas: &Replicas) -> String {
+    let mut out = String::new();
+    for (i, daemon) in replicas.iter().enumerate() {
+        let logs = daemon.logs();
+        let lines: Vec<&str> = logs
+            .lines()
+            .filter(|l| l.contains("\"level\":\"WARN\"") || l.contains("\"level\":\"ERROR\""))
+            .collect();
+        for line in &lines[lines.len().saturating_sub(PROBLEM_LINES)..] {
+            let _ = writeln!(out, "replica-{i}: {line}");
+        }
+    }
+    out
+}
+
+/// Log lines of each replica [`problems`] shows.
+const PROBLEM_LINES: usize = 20;
+
 /// `c`'s throughput against the one-replica phase of the same concurrency in the same run.
 pub(crate) fn ratio_to_one(report: &Report, c: &ClosedLoop) -> Option<f64> {
     report
@@ -292,12 +346,13 @@ pub(crate) fn markdown(report: &Report, s: &mut String) {
         };
         let _ = writeln!(
             s,
-            "\n| takeovers after kill -9 | lease TTL | min | p50 | p90 | max |\n|---|---|---|---|---|---|\n| {} | {ttl_ms:.0} ms | {} | {} | {} | {} |",
+            "\n| takeovers after kill -9 | lease TTL | min | p50 | p90 | max | votes refused after the takeover (sent again) |\n|---|---|---|---|---|---|---|\n| {} | {ttl_ms:.0} ms | {} | {} | {} | {} | {} |",
             t.times.len(),
             cell(0.0),
             cell(0.5),
             cell(0.9),
-            cell(1.0)
+            cell(1.0),
+            t.refused_votes
         );
     }
 }
