@@ -482,6 +482,93 @@ impl Daemon {
     }
 }
 
+/// The secrets key every replica of a [`Replicas`] group shares (a fixed test key).
+const REPLICAS_SECRETS_KEY: &str =
+    "6b1c1e2e3a4f5061728394a5b6c7d8e9f00112233445566778899aabbccddeef";
+
+/// Several daemons on one fresh PostgreSQL database (issue #20): replica `i` runs with
+/// `RUNTIME_REPLICA_ID=replica-i`, and all share one audit key file and one secrets key.
+/// Dropping it stops the replicas, then the first daemon, which drops the database.
+#[derive(Debug)]
+pub struct Replicas {
+    // Declared before the first daemon: the replicas stop before it drops the database.
+    replicas: Vec<Daemon>,
+    first: Daemon,
+    _keys: tempfile::TempDir,
+}
+
+impl Replicas {
+    /// Starts `n` (at least one) replicas on a fresh PostgreSQL database with the extra
+    /// environment `env` each, one after the other, each waited for until `SERVING`. `None`
+    /// when PostgreSQL is down and `PHRONY_TEST_SKIP_POSTGRES=1`.
+    ///
+    /// # Panics
+    /// As [`Daemon::start`].
+    #[must_use]
+    pub fn start(n: usize, env: &[(&str, &str)]) -> Option<Self> {
+        let keys = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+        let audit_key = keys.path().join("audit.key").display().to_string();
+        let mut shared = env.to_vec();
+        shared.extend([
+            ("RUNTIME_AUDIT_KEY_FILE", audit_key.as_str()),
+            ("RUNTIME_SECRETS_ENCRYPTION_KEY", REPLICAS_SECRETS_KEY),
+        ]);
+        let mut with_id = shared.clone();
+        with_id.push(("RUNTIME_REPLICA_ID", "replica-0"));
+        let first = Daemon::start_with_env(Backend::Postgres, &with_id)?;
+        let replicas = (1..n.max(1))
+            .map(|i| first.replica(&[("RUNTIME_REPLICA_ID", &format!("replica-{i}"))]))
+            .collect();
+        Some(Self {
+            replicas,
+            first,
+            _keys: keys,
+        })
+    }
+
+    /// How many replicas.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.replicas.len() + 1
+    }
+
+    /// Always false: a group has its first daemon.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// Replica `i` (`replica-i`).
+    ///
+    /// # Panics
+    /// When `i` is not below [`len`](Self::len).
+    #[must_use]
+    pub fn get(&self, i: usize) -> &Daemon {
+        if i == 0 {
+            &self.first
+        } else {
+            &self.replicas[i - 1]
+        }
+    }
+
+    /// Replica `i`, to kill or restart.
+    ///
+    /// # Panics
+    /// When `i` is not below [`len`](Self::len).
+    pub fn get_mut(&mut self, i: usize) -> &mut Daemon {
+        if i == 0 {
+            &mut self.first
+        } else {
+            &mut self.replicas[i - 1]
+        }
+    }
+
+    /// The replicas in order.
+    pub fn iter(&self) -> impl Iterator<Item = &Daemon> {
+        std::iter::once(&self.first).chain(&self.replicas)
+    }
+}
+
 impl Drop for Daemon {
     fn drop(&mut self) {
         if std::thread::panicking() {

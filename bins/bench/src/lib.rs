@@ -33,9 +33,15 @@
 //!
 //! `--webhooks N` runs only the webhook sender's scenario instead (`webhooks.rs`): deliveries
 //! per second and the latency from the event's commit to a local receiver.
+//!
+//! `--replicas 1,2,3` and `--takeovers K` run only the scenarios of several daemons on one
+//! PostgreSQL database instead (`replicas.rs`, issue #20): the closed loop with sessions
+//! started round robin across the replicas, and the time until a killed replica's session is
+//! taken over.
 
 mod baseline;
 mod load;
+mod replicas;
 mod stats;
 pub mod webhooks;
 
@@ -81,6 +87,19 @@ pub struct Options {
     /// 100000).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=100_000))]
     pub webhooks: Option<u64>,
+    /// Run only the closed loop with this many daemons on one PostgreSQL database,
+    /// comma-separated (e.g. `1,2,3`; PostgreSQL only).
+    #[arg(long, value_name = "N,...")]
+    pub replicas: Option<String>,
+    /// Run only (or also, with `--replicas`) the takeover scenario: this many times, kill -9 the
+    /// replica driving a session that waits for its approval and time until another takes it
+    /// over (PostgreSQL only).
+    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u64).range(1..=1000))]
+    pub takeovers: Option<u64>,
+    /// `RUNTIME_SESSION_LEASE_TTL` of the takeover scenario's replicas, in milliseconds
+    /// (default: unset, the daemon's 10 s on PostgreSQL).
+    #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(300..=600_000))]
+    pub lease_ttl_ms: Option<u64>,
 }
 
 /// Why a run could not be made (not a slow run: timing never fails).
@@ -117,8 +136,10 @@ pub struct ClosedLoop {
     /// Sessions that did not complete.
     pub failed: u64,
     /// The daemon's CPU time (user + system) per completed session, in µs; `None` when
-    /// `/proc` cannot be read.
+    /// `/proc` cannot be read. With several replicas, summed over them.
     pub cpu_us_per_call: Option<f64>,
+    /// Daemons on the database, the sessions started round robin across them.
+    pub replicas: usize,
 }
 
 /// The open-loop phase.
@@ -191,9 +212,25 @@ pub struct Report {
     pub open: Vec<OpenLoop>,
     /// Parked phases.
     pub parked: Vec<Parked>,
+    /// Closed-loop phases with several replicas on one PostgreSQL database (`--replicas`).
+    pub replicas: Vec<ClosedLoop>,
+    /// The takeover scenario (`--takeovers`).
+    pub takeovers: Option<Takeovers>,
     /// Tool calls that ran a different number of times than once per completed session, plus
     /// sessions that did not complete.
     pub lost_or_duplicated: u64,
+}
+
+/// The takeover scenario: kill -9 of the replica driving a session, until another took it
+/// over.
+#[derive(Debug, Clone)]
+pub struct Takeovers {
+    /// The session lease TTL the replicas ran with.
+    pub lease_ttl: Duration,
+    /// From each SIGKILL until the other replica logged that it took the session over.
+    pub times: Latencies,
+    /// Votes the replica that took the session over refused (each sent again).
+    pub refused_votes: u64,
 }
 
 /// Approvals in the burst unless `--burst` says otherwise (all parked sessions when fewer).
@@ -210,6 +247,12 @@ pub(crate) struct Plan {
     pub(crate) quick: bool,
     pub(crate) rtt_samples: usize,
     pub(crate) commit_phase: Duration,
+    /// `--replicas`: the numbers of replicas, in order (empty: not asked).
+    pub(crate) replicas: Vec<usize>,
+    /// `--takeovers` (0: not asked).
+    pub(crate) takeovers: usize,
+    /// `--lease-ttl-ms` (`None`: the daemon's default).
+    pub(crate) lease_ttl: Option<Duration>,
 }
 
 impl Plan {
@@ -224,20 +267,19 @@ impl Plan {
                 )));
             }
         };
-        let mut concurrency = Vec::new();
-        for part in options.concurrency.split(',') {
-            let n: usize = part.trim().parse().map_err(|_| {
-                BenchError::new(format!(
-                    "--concurrency {:?}: {part:?} is not a whole number",
-                    options.concurrency
-                ))
-            })?;
-            if !(1..=1024).contains(&n) {
-                return Err(BenchError::new(format!(
-                    "--concurrency: {n} is outside 1..=1024"
-                )));
-            }
-            concurrency.push(n);
+        let concurrency = whole_numbers("--concurrency", &options.concurrency, 1024)?;
+        let replicas = match &options.replicas {
+            Some(list) => whole_numbers("--replicas", list, MAX_REPLICAS)?,
+            None => Vec::new(),
+        };
+        let takeovers = options
+            .takeovers
+            .map_or(0, |k| usize::try_from(k).unwrap_or(usize::MAX));
+        if (!replicas.is_empty() || takeovers > 0) && backends == [Backend::Sqlite] {
+            return Err(BenchError::new(
+                "--replicas and --takeovers run several daemons on one PostgreSQL database: \
+                 SQLite is one process per file; use --backend postgres",
+            ));
         }
         let seconds = options
             .seconds
@@ -270,8 +312,29 @@ impl Plan {
             quick: options.quick,
             rtt_samples: if options.quick { 200 } else { 2000 },
             commit_phase: Duration::from_secs(if options.quick { 1 } else { 3 }),
+            replicas,
+            takeovers,
+            lease_ttl: options.lease_ttl_ms.map(Duration::from_millis),
         })
     }
+}
+
+/// The most replicas `--replicas` starts.
+const MAX_REPLICAS: usize = 8;
+
+/// A comma-separated list of whole numbers in `1..=max`, for option `flag`.
+fn whole_numbers(flag: &str, list: &str, max: usize) -> Result<Vec<usize>, BenchError> {
+    let mut out = Vec::new();
+    for part in list.split(',') {
+        let n: usize = part.trim().parse().map_err(|_| {
+            BenchError::new(format!("{flag} {list:?}: {part:?} is not a whole number"))
+        })?;
+        if !(1..=max).contains(&n) {
+            return Err(BenchError::new(format!("{flag}: {n} is outside 1..={max}")));
+        }
+        out.push(n);
+    }
+    Ok(out)
 }
 
 fn backend_name(backend: Backend) -> &'static str {
@@ -315,6 +378,17 @@ pub fn run(options: &Options) -> Result<Report, BenchError> {
         }
         return Ok(report);
     }
+    if !plan.replicas.is_empty() || plan.takeovers > 0 {
+        let mut report = Report::default();
+        if plan.backends.contains(&Backend::Sqlite) {
+            eprintln!("replicas: PostgreSQL only (SQLite is one process per file)");
+        }
+        replicas::throughput(&plan, &mut report)?;
+        if plan.takeovers > 0 {
+            replicas::takeovers(&plan, &mut report)?;
+        }
+        return finish(options, &report);
+    }
     let mut report = Report {
         raw_commits_per_s: baseline::raw_durable_commits(plan.commit_phase)?,
         ..Report::default()
@@ -326,15 +400,31 @@ pub fn run(options: &Options) -> Result<Report, BenchError> {
     for backend in &plan.backends {
         load::backend(*backend, &plan, &mut report)?;
     }
-    let value = to_json(&report);
-    eprint!("{}", markdown(&report));
+    if plan.quick && plan.backends.contains(&Backend::Postgres) {
+        // The smoke step of several replicas: two daemons on one database, a short closed
+        // loop round robin across them; it fails only on errors or lost work.
+        let smoke = Plan {
+            replicas: vec![2],
+            concurrency: vec![4],
+            phase: Duration::from_secs(1),
+            ..plan.clone()
+        };
+        replicas::throughput(&smoke, &mut report)?;
+    }
+    finish(options, &report)
+}
+
+/// Prints the report (and writes it, and prints its JSON, as asked).
+fn finish(options: &Options, report: &Report) -> Result<Report, BenchError> {
+    let value = to_json(report);
+    eprint!("{}", markdown(report));
     if let Some(path) = &options.report {
-        write_report(path, &report)?;
+        write_report(path, report)?;
     }
     if options.json {
         println!("{value}");
     }
-    Ok(report)
+    Ok(report.clone())
 }
 
 fn best(report: &Report, backend: &str) -> Option<f64> {
@@ -356,8 +446,29 @@ pub fn to_json(report: &Report) -> Value {
         }
     };
     put("tool_calls_per_s", best(report, "sqlite"));
+    for n in 1..=MAX_REPLICAS {
+        let per_s = report
+            .replicas
+            .iter()
+            .filter(|c| c.replicas == n)
+            .map(|c| c.per_s)
+            .reduce(f64::max);
+        put(&format!("tool_calls_per_s_replicas_{n}"), per_s);
+    }
+    if let Some(t) = report.takeovers.as_ref().filter(|t| !t.times.is_empty()) {
+        put(
+            "takeover_lease_ttl_ms",
+            Some(t.lease_ttl.as_secs_f64() * 1e3),
+        );
+        put("takeover_p50_ms", Some(t.times.p50_us() / 1e3));
+        put("takeover_p90_ms", Some(t.times.quantile_us(0.9) / 1e3));
+        put("takeover_max_ms", Some(t.times.quantile_us(1.0) / 1e3));
+    }
     put("tool_calls_per_s_postgres", best(report, "postgres"));
-    put("raw_durable_commits_per_s", Some(report.raw_commits_per_s));
+    put(
+        "raw_durable_commits_per_s",
+        Some(report.raw_commits_per_s).filter(|r| *r > 0.0),
+    );
     let rtt = report
         .rtt
         .iter()
@@ -421,6 +532,10 @@ pub fn to_json(report: &Report) -> Value {
         out.insert("parked_sessions".to_owned(), json!(p.sessions));
         out.insert("approve_burst_size".to_owned(), json!(p.burst));
     }
+    if let Some(t) = &report.takeovers {
+        out.insert("takeover_kills".to_owned(), json!(t.times.len()));
+        out.insert("takeover_refused_votes".to_owned(), json!(t.refused_votes));
+    }
     out.insert(
         "lost_or_duplicated".to_owned(),
         json!(report.lost_or_duplicated),
@@ -444,6 +559,27 @@ pub fn to_json(report: &Report) -> Value {
             })
             .collect(),
     );
+    if !report.replicas.is_empty() {
+        out.insert(
+            "replicas_closed_loop".to_owned(),
+            report
+                .replicas
+                .iter()
+                .map(|c| {
+                    json!({
+                        "replicas": c.replicas,
+                        "concurrency": c.concurrency,
+                        "per_s": c.per_s,
+                        "ratio_to_1_replica": replicas::ratio_to_one(report, c),
+                        "p50_ms": c.latency.p50_us() / 1000.0,
+                        "p99_ms": c.latency.p99_us() / 1000.0,
+                        "daemon_cpu_us_per_call": c.cpu_us_per_call,
+                        "failed": c.failed,
+                    })
+                })
+                .collect(),
+        );
+    }
     Value::Object(out)
 }
 
@@ -451,6 +587,26 @@ pub fn to_json(report: &Report) -> Value {
 #[must_use]
 pub fn markdown(report: &Report) -> String {
     let mut s = String::new();
+    if report.raw_commits_per_s > 0.0 {
+        single_daemon_markdown(report, &mut s);
+    }
+    replicas::markdown(report, &mut s);
+    let _ = writeln!(
+        s,
+        "\nlost or duplicated tool calls: {}",
+        report.lost_or_duplicated
+    );
+    s
+}
+
+/// A phase's daemon CPU per call for a table (`—` when unknown).
+fn cpu_cell(c: &ClosedLoop) -> String {
+    c.cpu_us_per_call
+        .map_or_else(|| "—".to_owned(), |us| format!("{us:.0} µs"))
+}
+
+/// The tables of the single-daemon scenarios.
+fn single_daemon_markdown(report: &Report, s: &mut String) {
     let _ = writeln!(
         s,
         "\n| baseline | value |\n|---|---|\n| raw durable SQLite commits/s (WAL, synchronous=FULL) | {:.0} |",
@@ -485,8 +641,7 @@ pub fn markdown(report: &Report) -> String {
             c.latency.p99_us() / 1000.0,
             c.dispatch.p50_us(),
             c.dispatch.p99_us(),
-            c.cpu_us_per_call
-                .map_or_else(|| "—".to_owned(), |us| format!("{us:.0} µs")),
+            cpu_cell(c),
             c.failed
         );
     }
@@ -534,12 +689,6 @@ pub fn markdown(report: &Report) -> String {
             p.burst_ms
         );
     }
-    let _ = writeln!(
-        s,
-        "\nlost or duplicated tool calls: {}",
-        report.lost_or_duplicated
-    );
-    s
 }
 
 fn write_report(path: &Path, report: &Report) -> Result<(), BenchError> {
@@ -596,4 +745,90 @@ pub(crate) fn rss_mb(daemon: &Daemon) -> f64 {
                 .and_then(|kb| kb.parse::<f64>().ok())
         })
         .map_or(0.0, |kb| kb / 1024.0)
+}
+
+#[cfg(test)]
+mod option_tests {
+    use clap::Parser as _;
+
+    use super::*;
+
+    fn plan(args: &[&str]) -> Result<Plan, BenchError> {
+        let options =
+            Options::try_parse_from(std::iter::once("phrony-bench").chain(args.iter().copied()))
+                .map_err(|e| BenchError::new(e.to_string()))?;
+        Plan::from(&options)
+    }
+
+    #[test]
+    fn replicas_and_takeovers_are_refused_on_sqlite_with_the_reason() {
+        for args in [
+            &["--backend", "sqlite", "--replicas", "1,2"][..],
+            &["--backend", "sqlite", "--takeovers", "20"][..],
+        ] {
+            let error = plan(args).err().map(|e| e.0).unwrap_or_default();
+            assert!(
+                error.contains("one PostgreSQL database") && error.contains("--backend postgres"),
+                "{args:?}: {error}"
+            );
+        }
+    }
+
+    #[test]
+    fn replica_counts_are_parsed_in_order_and_bounded() {
+        let p = plan(&[
+            "--backend",
+            "postgres",
+            "--replicas",
+            "1, 2,3",
+            "--takeovers",
+            "20",
+        ])
+        .map_err(|e| e.0);
+        let p = p
+            .as_ref()
+            .map(|p| (p.replicas.clone(), p.takeovers, p.lease_ttl));
+        assert_eq!(p, Ok((vec![1, 2, 3], 20, None)));
+        for bad in ["0", "9", "two", "1,,2"] {
+            assert!(plan(&["--replicas", bad]).is_err(), "--replicas {bad}");
+        }
+        assert!(plan(&["--takeovers", "1", "--lease-ttl-ms", "100"]).is_err());
+        let ttl = plan(&["--takeovers", "1", "--lease-ttl-ms", "2000"]).map(|p| p.lease_ttl);
+        assert!(matches!(ttl, Ok(Some(d)) if d == Duration::from_millis(2000)));
+    }
+
+    #[test]
+    fn replica_figures_are_reported_per_count_with_the_ratio_to_one_replica() {
+        let phase = |replicas: usize, concurrency: usize, per_s: f64| ClosedLoop {
+            backend: "postgres",
+            concurrency,
+            per_s,
+            latency: Latencies::default(),
+            dispatch: Latencies::default(),
+            failed: 0,
+            cpu_us_per_call: None,
+            replicas,
+        };
+        let report = Report {
+            replicas: vec![
+                phase(1, 16, 100.0),
+                phase(1, 64, 120.0),
+                phase(2, 16, 150.0),
+            ],
+            ..Report::default()
+        };
+        let value = to_json(&report);
+        assert_eq!(value["tool_calls_per_s_replicas_1"], json!(120.0));
+        assert_eq!(value["tool_calls_per_s_replicas_2"], json!(150.0));
+        assert!(
+            value.get("tool_calls_per_s_replicas_3").is_none(),
+            "{value}"
+        );
+        assert!(value.get("raw_durable_commits_per_s").is_none(), "{value}");
+        assert_eq!(
+            value["replicas_closed_loop"][2]["ratio_to_1_replica"],
+            json!(1.5)
+        );
+        assert!(markdown(&report).contains("| 2 | 16 | 150.0 | 1.50 |"));
+    }
 }

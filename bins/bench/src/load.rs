@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use phrony_client::interactive::SessionEvent;
@@ -23,12 +23,12 @@ use crate::{
 };
 
 /// The allowed refund's agent (one tool call of 50, then a closing text).
-const FAST: &str = "bench-fast";
+pub(crate) const FAST: &str = "bench-fast";
 /// The held refund's agent (a refund of 400 waits for one approval).
-const HELD: &str = "bench-held";
+pub(crate) const HELD: &str = "bench-held";
 /// How long the parked phase may wait for sessions to park or to complete (a guard, not a pace):
 /// ten minutes, and one more second per 100 sessions beyond 60,000.
-fn phase_guard(n: usize) -> Duration {
+pub(crate) fn phase_guard(n: usize) -> Duration {
     Duration::from_secs(600 + (n.saturating_sub(60_000) / 100) as u64)
 }
 /// Calls a `RefundWorker` takes at once.
@@ -47,35 +47,14 @@ pub(crate) fn backend(
 ) -> Result<(), BenchError> {
     let name = backend_name(backend);
     let bound = (plan.parked * 2).max(10_000).to_string();
-    let Some(mut daemon) = Daemon::start_with_env(
-        backend,
-        &[
-            ("RUNTIME_ENABLE_STUB_PROVIDER", "1"),
-            ("RUNTIME_MAX_SESSIONS_PER_AGENT", &bound),
-            ("RUNTIME_LOG_FORMAT", "json"),
-        ],
-    ) else {
+    let Some(mut daemon) = Daemon::start_with_env(backend, &daemon_env(&bound)) else {
         eprintln!("{name}: skipped (PHRONY_TEST_SKIP_POSTGRES=1 and no PostgreSQL)");
         return Ok(());
     };
-    let project = tempfile::tempdir().map_err(|e| BenchError::new(format!("tempdir: {e}")))?;
-    for (agent, amount) in [(FAST, 50), (HELD, 400)] {
-        let dir = project.path().join(agent);
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| BenchError::new(format!("mkdir {}: {e}", dir.display())))?;
-        write_refund_agent_named(
-            &dir,
-            agent,
-            &one_refund_turns("ORD-1", amount, "The item arrived damaged."),
-        );
-        publish_and_deploy(&daemon, &dir, &format!("support/{agent}"));
-    }
+    let _project = deploy(&daemon, &[(FAST, 50), (HELD, 400)])?;
     let max = plan.concurrency.iter().copied().max().unwrap_or(1);
-    let workers: Arc<Vec<RefundWorker>> = Arc::new(
-        (0..max.div_ceil(PER_WORKER).clamp(1, 64))
-            .map(|i| RefundWorker::start(daemon.addr(), &format!("bench-{name}-{i}")))
-            .collect(),
-    );
+    let workers: Arc<Vec<RefundWorker>> =
+        Arc::new(start_workers(&daemon, &format!("bench-{name}"), max));
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -99,31 +78,15 @@ pub(crate) fn backend(
             unary,
             bidi,
         });
+        let clients = std::slice::from_ref(&client);
         let mut completed_fast = 0;
         // One session first: the daemon's first session pays for lazy set-up.
-        completed_fast += closed_loop(&client, &workers, 1, Duration::ZERO).await.0;
+        completed_fast += closed_loop(clients, &workers, 1, Duration::ZERO).await.0;
         let mut best: f64 = 0.0;
         for &concurrency in &plan.concurrency {
-            let cpu_before = cpu_time(&daemon);
-            let (completed, mut phase) =
-                closed_loop(&client, &workers, concurrency, plan.phase).await;
-            phase.cpu_us_per_call = match (cpu_before, cpu_time(&daemon)) {
-                (Some(before), Some(after)) if completed > 0 => {
-                    Some(after.saturating_sub(before).as_secs_f64() * 1e6 / completed as f64)
-                }
-                _ => None,
-            };
+            let (completed, phase) =
+                closed_phase(name, clients, &[&daemon], &workers, concurrency, plan.phase).await;
             completed_fast += completed;
-            eprintln!(
-                "{name}: concurrency {concurrency}: {:.1} sessions/s, p50 {:.1} ms, p99 {:.1} ms, \
-                 dispatch overhead p50 {:.0} µs, daemon CPU per call {:.0} µs, {} failed",
-                phase.per_s,
-                phase.latency.p50_us() / 1000.0,
-                phase.latency.p99_us() / 1000.0,
-                phase.dispatch.p50_us(),
-                phase.cpu_us_per_call.unwrap_or(f64::NAN),
-                phase.failed
-            );
             best = best.max(phase.per_s);
             report.lost_or_duplicated += phase.failed;
             report.closed.push(ClosedLoop {
@@ -163,6 +126,59 @@ pub(crate) fn backend(
         Ok::<_, BenchError>((completed_fast, completed_held))
     })?;
     drop(runtime);
+    report.lost_or_duplicated += runs_off(name, &workers, completed_fast, completed_held);
+    drop(workers);
+    Ok(())
+}
+
+/// The environment of every daemon of the bench: the scripted `stub` model, room for `bound`
+/// live sessions per agent, JSON logs.
+pub(crate) fn daemon_env(bound: &str) -> Vec<(&'static str, &str)> {
+    vec![
+        ("RUNTIME_ENABLE_STUB_PROVIDER", "1"),
+        ("RUNTIME_MAX_SESSIONS_PER_AGENT", bound),
+        ("RUNTIME_LOG_FORMAT", "json"),
+    ]
+}
+
+/// Publishes and deploys, on `daemon`, one copy of the tutorial's refund agent per
+/// `(name, amount)`: a single refund of `amount`, then a closing text. The returned directory
+/// holds the agents' sources (keep it while they run).
+pub(crate) fn deploy(
+    daemon: &Daemon,
+    agents: &[(&str, u32)],
+) -> Result<tempfile::TempDir, BenchError> {
+    let project = tempfile::tempdir().map_err(|e| BenchError::new(format!("tempdir: {e}")))?;
+    for &(agent, amount) in agents {
+        let dir = project.path().join(agent);
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| BenchError::new(format!("mkdir {}: {e}", dir.display())))?;
+        write_refund_agent_named(
+            &dir,
+            agent,
+            &one_refund_turns("ORD-1", amount, "The item arrived damaged."),
+        );
+        publish_and_deploy(daemon, &dir, &format!("support/{agent}"));
+    }
+    Ok(project)
+}
+
+/// Enough refund workers on `daemon` for `concurrency` calls at once ([`PER_WORKER`] each, at
+/// least one, at most 64), named `{label}-{i}`.
+pub(crate) fn start_workers(daemon: &Daemon, label: &str, concurrency: usize) -> Vec<RefundWorker> {
+    (0..concurrency.div_ceil(PER_WORKER).clamp(1, 64))
+        .map(|i| RefundWorker::start(daemon.addr(), &format!("{label}-{i}")))
+        .collect()
+}
+
+/// How far the refunds `workers` ran are from one per completed session: allowed refunds (50)
+/// against `completed_fast`, held ones (400) against `completed_held`. Says so when not 0.
+pub(crate) fn runs_off(
+    label: &str,
+    workers: &[RefundWorker],
+    completed_fast: u64,
+    completed_held: u64,
+) -> u64 {
     let invocations: Vec<Value> = workers.iter().flat_map(RefundWorker::invocations).collect();
     let ran = |amount: u64| {
         invocations
@@ -174,20 +190,56 @@ pub(crate) fn backend(
     let wrong = fast_runs.abs_diff(completed_fast) + held_runs.abs_diff(completed_held);
     if wrong > 0 {
         eprintln!(
-            "{name}: {fast_runs} allowed refunds ran for {completed_fast} completed sessions, \
+            "{label}: {fast_runs} allowed refunds ran for {completed_fast} completed sessions, \
              {held_runs} held refunds for {completed_held}"
         );
     }
-    report.lost_or_duplicated += wrong;
-    drop(workers);
-    Ok(())
+    wrong
+}
+
+/// One measured closed-loop phase ([`closed_loop`]) with the CPU time `daemons` spent over it,
+/// summed, per completed session; prints its figures under `label`. Returns the completed
+/// sessions and the phase (`backend` filled in by the caller).
+pub(crate) async fn closed_phase(
+    label: &str,
+    clients: &[Client],
+    daemons: &[&Daemon],
+    workers: &[RefundWorker],
+    concurrency: usize,
+    phase: Duration,
+) -> (u64, ClosedLoop) {
+    let cpu_before = cpu_time_sum(daemons);
+    let (completed, mut figures) = closed_loop(clients, workers, concurrency, phase).await;
+    figures.cpu_us_per_call = match (cpu_before, cpu_time_sum(daemons)) {
+        (Some(before), Some(after)) if completed > 0 => {
+            Some(after.saturating_sub(before).as_secs_f64() * 1e6 / completed as f64)
+        }
+        _ => None,
+    };
+    eprintln!(
+        "{label}: concurrency {concurrency}: {:.1} sessions/s, p50 {:.1} ms, p99 {:.1} ms, \
+         dispatch overhead p50 {:.0} µs, daemon CPU per call {:.0} µs, {} failed",
+        figures.per_s,
+        figures.latency.p50_us() / 1000.0,
+        figures.latency.p99_us() / 1000.0,
+        figures.dispatch.p50_us(),
+        figures.cpu_us_per_call.unwrap_or(f64::NAN),
+        figures.failed
+    );
+    (completed, figures)
+}
+
+/// The CPU time of all `daemons` so far, summed; `None` when one cannot be read.
+fn cpu_time_sum(daemons: &[&Daemon]) -> Option<Duration> {
+    daemons.iter().map(|d| cpu_time(d)).sum()
 }
 
 /// `concurrency` clients, each starting a session of the fast agent and waiting for its end,
-/// until `phase` has passed (at least one session each). Returns the completed sessions and the
-/// phase's figures (`backend` filled in by the caller).
-async fn closed_loop(
-    client: &Client,
+/// until `phase` has passed (at least one session each); each session goes to the next of
+/// `clients` in turn (round robin over the daemons they connect to). Returns the completed
+/// sessions and the phase's figures (`backend` filled in by the caller).
+pub(crate) async fn closed_loop(
+    clients: &[Client],
     workers: &[RefundWorker],
     concurrency: usize,
     phase: Duration,
@@ -195,16 +247,23 @@ async fn closed_loop(
     let started = Instant::now();
     let deadline = started + phase;
     let failed = Arc::new(AtomicU64::new(0));
+    let turn = Arc::new(AtomicUsize::new(0));
+    let clients: Arc<Vec<Client>> = Arc::new(clients.to_vec());
     let mut tasks = Vec::new();
     for _ in 0..concurrency {
-        let client = client.clone();
+        let clients = Arc::clone(&clients);
+        let turn = Arc::clone(&turn);
         let failed = Arc::clone(&failed);
         tasks.push(tokio::spawn(async move {
             let mut latencies = Latencies::default();
             let mut calls = Vec::new();
             loop {
+                let next = turn.fetch_add(1, Ordering::Relaxed) % clients.len().max(1);
+                let Some(client) = clients.get(next) else {
+                    return (latencies, calls);
+                };
                 let t0 = Instant::now();
-                match one_session(&client).await {
+                match one_session(client).await {
                     Ok(call) => {
                         latencies.push(t0.elapsed());
                         calls.extend(call);
@@ -245,6 +304,7 @@ async fn closed_loop(
             dispatch: dispatch_overhead(workers, &calls),
             failed: failed.load(Ordering::Relaxed),
             cpu_us_per_call: None,
+            replicas: 1,
         },
     )
 }
@@ -331,7 +391,7 @@ async fn open_loop(client: &Client, rate: f64, phase: Duration) -> (u64, OpenLoo
     )
 }
 
-fn run_of(agent: &str) -> RunSession {
+pub(crate) fn run_of(agent: &str) -> RunSession {
     let mut run = RunSession::new(AgentName::new("support", agent));
     run.input = Some(json!({"message": "Refund order ORD-1."}));
     run
@@ -546,7 +606,7 @@ pub(crate) const SETTLE: Duration = Duration::from_secs(12);
 /// Approvals decided one at a time before the burst (approve → invoke unloaded).
 const SINGLE_APPROVALS: usize = 20;
 
-async fn approve(client: &Client, approval_id: &str) -> Result<(), BenchError> {
+pub(crate) async fn approve(client: &Client, approval_id: &str) -> Result<(), BenchError> {
     let vote = DecideApproval {
         approval_id: approval_id.to_owned(),
         decision: Decision::Approve,
@@ -564,7 +624,7 @@ async fn approve(client: &Client, approval_id: &str) -> Result<(), BenchError> {
 }
 
 /// Waits until the invoke of `call_id` reached a worker; returns the time since `t0`.
-async fn wait_for_arrival(
+pub(crate) async fn wait_for_arrival(
     workers: &[RefundWorker],
     call_id: &str,
     t0: Instant,
@@ -591,10 +651,35 @@ async fn wait_for_arrival(
 
 /// A parked session's pending approval.
 #[derive(Debug, Clone)]
-struct Held {
-    approval: String,
-    call: String,
+pub(crate) struct Held {
+    pub(crate) approval: String,
+    pub(crate) call: String,
     session: String,
+}
+
+/// Every pending approval `filter` selects (all pages of 1,000).
+pub(crate) async fn pending_approvals(
+    client: &Client,
+    mut filter: ApprovalFilter,
+) -> Result<Vec<Held>, BenchError> {
+    filter.status = Some("pending".to_owned());
+    filter.limit = Some(1000);
+    let mut ids = Vec::new();
+    loop {
+        let page = client
+            .list_approvals(&filter)
+            .await
+            .map_err(|e| BenchError::new(format!("ListApprovals: {e}")))?;
+        ids.extend(page.approvals.into_iter().map(|a| Held {
+            approval: a.id,
+            call: a.call_id,
+            session: a.session_id,
+        }));
+        match page.next_page_token {
+            Some(token) => filter.page_token = Some(token),
+            None => return Ok(ids),
+        }
+    }
 }
 
 /// Waits until the held agent has `n` pending approvals; returns them.
@@ -607,28 +692,14 @@ async fn wait_for_pending(
     // A listing of many pages is itself load on the daemon: poll less often when it is long.
     let every = Duration::from_millis(100 + (n / 1000) as u64 * 20);
     loop {
-        let mut ids = Vec::new();
-        let mut filter = ApprovalFilter {
-            status: Some("pending".to_owned()),
-            agent: Some(AgentName::new("support", HELD)),
-            limit: Some(1000),
-            ..ApprovalFilter::default()
-        };
-        loop {
-            let page = client
-                .list_approvals(&filter)
-                .await
-                .map_err(|e| BenchError::new(format!("ListApprovals: {e}")))?;
-            ids.extend(page.approvals.into_iter().map(|a| Held {
-                approval: a.id,
-                call: a.call_id,
-                session: a.session_id,
-            }));
-            match page.next_page_token {
-                Some(token) => filter.page_token = Some(token),
-                None => break,
-            }
-        }
+        let ids = pending_approvals(
+            client,
+            ApprovalFilter {
+                agent: Some(AgentName::new("support", HELD)),
+                ..ApprovalFilter::default()
+            },
+        )
+        .await?;
         if ids.len() >= n {
             return Ok(ids);
         }
@@ -648,7 +719,11 @@ async fn wait_for_pending(
 /// many are in each status (a session still `awaiting_approval` after its vote was asked
 /// again: lost work). Only the completed and failed listings are polled, which stay short
 /// however many sessions remain parked.
-async fn wait_for_completed(client: &Client, n: usize, guard: Duration) -> Result<(), BenchError> {
+pub(crate) async fn wait_for_completed(
+    client: &Client,
+    n: usize,
+    guard: Duration,
+) -> Result<(), BenchError> {
     let deadline = Instant::now() + guard;
     loop {
         let done = count_held(client, "completed", n).await?;

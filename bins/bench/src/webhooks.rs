@@ -20,10 +20,8 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use phrony_client::Client;
-use phrony_test_support::stub::{one_refund_turns, write_refund_agent_named};
 use serde_json::{Value, json};
 use tests::daemon::{Backend, Daemon};
-use tests::stub::publish_and_deploy;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -278,28 +276,17 @@ pub fn run(backend: Backend, n: usize) -> Result<Option<WebhookFigures>, BenchEr
     )
     .map_err(|e| BenchError::new(format!("write {}: {e}", hooks.display())))?;
     let bound = (n * 4).max(10_000).to_string();
-    let Some(daemon) = Daemon::start_with_env(
-        backend,
-        &[
-            ("RUNTIME_ENABLE_STUB_PROVIDER", "1"),
-            ("RUNTIME_MAX_SESSIONS_PER_AGENT", &bound),
-            ("RUNTIME_LOG_FORMAT", "json"),
-            ("RUNTIME_WEBHOOKS_FILE", &hooks.display().to_string()),
-            ("BENCH_HOOK_SECRET", "bench-secret-0123456789"),
-        ],
-    ) else {
+    let hooks_file = hooks.display().to_string();
+    let mut env = crate::load::daemon_env(&bound);
+    env.extend([
+        ("RUNTIME_WEBHOOKS_FILE", hooks_file.as_str()),
+        ("BENCH_HOOK_SECRET", "bench-secret-0123456789"),
+    ]);
+    let Some(daemon) = Daemon::start_with_env(backend, &env) else {
         eprintln!("{name}: skipped (PHRONY_TEST_SKIP_POSTGRES=1 and no PostgreSQL)");
         return Ok(None);
     };
-    let dir = files.path().join(AGENT);
-    std::fs::create_dir_all(&dir)
-        .map_err(|e| BenchError::new(format!("mkdir {}: {e}", dir.display())))?;
-    write_refund_agent_named(
-        &dir,
-        AGENT,
-        &one_refund_turns("ORD-1", 400, "The item arrived damaged."),
-    );
-    publish_and_deploy(&daemon, &dir, &format!("support/{AGENT}"));
+    let _agents = crate::load::deploy(&daemon, &[(AGENT, 400)])?;
     runtime.block_on(async {
         let client = Client::connect(daemon.addr())
             .await

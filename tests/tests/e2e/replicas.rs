@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use tests::cli::{json, ok};
-use tests::daemon::{Backend, Daemon};
+use tests::daemon::{Daemon, Replicas};
 use tests::stub::{REFUND_AGENT as AGENT, publish_and_deploy, write_refund_agent};
 use tests::worker::RefundWorker;
 
@@ -37,11 +37,9 @@ fn phrony(daemon: &Daemon, actor: &str) -> Command {
 /// Three (or `n`) replicas on one fresh PostgreSQL database, each with a refund worker, the
 /// refund agent deployed; `None` when PostgreSQL tests are skipped.
 struct Cluster {
-    // Declared before the first daemon: the replicas stop before it drops the database.
+    // Declared before the daemons: the workers disconnect first.
     workers: Vec<RefundWorker>,
-    replicas: Vec<Daemon>,
-    first: Daemon,
-    _keys: tempfile::TempDir,
+    daemons: Replicas,
     _project: tempfile::TempDir,
 }
 
@@ -63,37 +61,23 @@ impl Cluster {
         holding: Option<usize>,
         serving: &[usize],
     ) -> Option<Self> {
-        let keys = tempfile::tempdir().unwrap();
-        let audit_key = keys.path().join("audit.key");
-        let audit_key = audit_key.to_str().unwrap();
-        let shared = [
-            ("RUNTIME_ENABLE_STUB_PROVIDER", "1"),
-            ("RUNTIME_SESSION_LEASE_TTL", LEASE_TTL),
-            // A driver keeps its session while people decide, so a replica dies mid-approval.
-            ("RUNTIME_PARK_APPROVAL_WAITS", "false"),
-            ("RUNTIME_RECOVERY_GRACE", "1s"),
-            ("RUNTIME_AUDIT_KEY_FILE", audit_key),
-            (
-                "RUNTIME_SECRETS_ENCRYPTION_KEY",
-                "6b1c1e2e3a4f5061728394a5b6c7d8e9f00112233445566778899aabbccddeef",
-            ),
-        ];
-        let mut env = shared.to_vec();
-        env.push(("RUNTIME_REPLICA_ID", "replica-0"));
-        let first = Daemon::start_with_env(Backend::Postgres, &env)?;
-        let mut replicas = Vec::new();
-        for i in 1..n {
-            let id = format!("replica-{i}");
-            replicas.push(first.replica(&[("RUNTIME_REPLICA_ID", id.as_str())]));
-        }
+        let daemons = Replicas::start(
+            n,
+            &[
+                ("RUNTIME_ENABLE_STUB_PROVIDER", "1"),
+                ("RUNTIME_SESSION_LEASE_TTL", LEASE_TTL),
+                // A driver keeps its session while people decide, so a replica dies
+                // mid-approval.
+                ("RUNTIME_PARK_APPROVAL_WAITS", "false"),
+                ("RUNTIME_RECOVERY_GRACE", "1s"),
+            ],
+        )?;
         let project = tempfile::tempdir().unwrap();
         write_refund_agent(project.path(), turns);
-        publish_and_deploy(&first, project.path(), AGENT);
+        publish_and_deploy(daemons.get(0), project.path(), AGENT);
         let mut cluster = Self {
             workers: Vec::new(),
-            replicas,
-            first,
-            _keys: keys,
+            daemons,
             _project: project,
         };
         for &i in serving {
@@ -108,19 +92,11 @@ impl Cluster {
     }
 
     fn get(&self, i: usize) -> &Daemon {
-        if i == 0 {
-            &self.first
-        } else {
-            &self.replicas[i - 1]
-        }
+        self.daemons.get(i)
     }
 
     fn get_mut(&mut self, i: usize) -> &mut Daemon {
-        if i == 0 {
-            &mut self.first
-        } else {
-            &mut self.replicas[i - 1]
-        }
+        self.daemons.get_mut(i)
     }
 
     /// Every refund the workers ran.
@@ -136,7 +112,7 @@ impl Cluster {
     fn wait_for_takeover(&self, session: &str, skip: usize) -> (usize, Duration) {
         let began = Instant::now();
         loop {
-            for i in (0..=self.replicas.len()).filter(|i| *i != skip) {
+            for i in (0..self.daemons.len()).filter(|i| *i != skip) {
                 let logs = self.get(i).logs();
                 if logs.lines().any(|l| {
                     l.contains("taking over a session whose lease expired") && l.contains(session)
@@ -147,7 +123,7 @@ impl Cluster {
             assert!(
                 began.elapsed() < TAKEOVER_WITHIN,
                 "no replica took {session} over within {TAKEOVER_WITHIN:?}\n{}",
-                (0..=self.replicas.len())
+                (0..self.daemons.len())
                     .filter(|i| *i != skip)
                     .map(|i| self.get(i).logs())
                     .collect::<Vec<_>>()
@@ -364,42 +340,6 @@ fn a_call_in_flight_on_a_killed_replica_goes_to_review_and_is_never_sent_again()
         "{types:?}"
     );
     verify_audit(cluster.get(taker));
-}
-
-/// The takeover time distribution for the benchmark report (`BENCHMARKS.md`): 20 times, a
-/// session waiting for its approval on replica 1, replica 1 killed with SIGKILL, the time until
-/// replica 0 logs the takeover (polled every 50 ms), replica 1 restarted. Slow (a daemon restart
-/// per kill), so run on request:
-/// `cargo test -p tests --test e2e -- --ignored replicas::takeover_times`.
-#[test]
-#[ignore = "a measurement for the benchmark report, about two minutes"]
-fn takeover_times_over_20_kills() {
-    let Some(mut cluster) = Cluster::start(2) else {
-        return;
-    };
-    let mut times = Vec::new();
-    for _ in 0..20 {
-        let (session, _) = start_refund(cluster.get(1), cluster.get(0));
-        // Its driver holds the lease on replica 1 (it waits for the approval there).
-        wait_for_status(cluster.get(0), &session, "awaiting_approval");
-        cluster.get_mut(1).kill9();
-        let (taker, took) = cluster.wait_for_takeover(&session, 1);
-        assert_eq!(taker, 0);
-        times.push(took);
-        cluster.get_mut(1).restart();
-    }
-    times.sort();
-    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
-    eprintln!(
-        "takeover after SIGKILL, lease TTL {LEASE_TTL}, {} kills: min {:.0} ms, median {:.0} ms, \
-         p90 {:.0} ms, max {:.0} ms; all: {:?}",
-        times.len(),
-        ms(times[0]),
-        ms(times[times.len() / 2]),
-        ms(times[times.len() * 9 / 10]),
-        ms(times[times.len() - 1]),
-        times.iter().map(|d| ms(*d).round()).collect::<Vec<_>>()
-    );
 }
 
 #[test]
