@@ -364,6 +364,9 @@ fn check_raw_append(stream: &str, event: &NewEvent) -> Result<()> {
     Ok(())
 }
 
+/// How long a pooled PostgreSQL connection may sit idle before it is pinged again when acquired.
+const PG_IDLE_PING_AFTER: Duration = Duration::from_secs(1);
+
 /// Runs when a SQLite connection goes back to the pool: if its user was cancelled at an unlucky
 /// moment (a client that disconnected, a session driver stopped mid-step), a transaction can
 /// still be open on it — e.g. a `BEGIN IMMEDIATE` that ran after the caller stopped waiting for
@@ -371,9 +374,6 @@ fn check_raw_append(stream: &str, event: &NewEvent) -> Result<()> {
 /// again, stalling every writer for the busy timeout. Waits for the connection's queued commands
 /// (a queued rollback included), then rolls back whatever is still open. An error closes the
 /// connection instead.
-/// How long a pooled PostgreSQL connection may sit idle before it is pinged again when acquired.
-const PG_IDLE_PING_AFTER: Duration = Duration::from_secs(1);
-
 async fn roll_back_abandoned_transaction(
     conn: &mut sqlx::SqliteConnection,
 ) -> std::result::Result<bool, sqlx::Error> {
