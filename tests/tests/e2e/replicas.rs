@@ -486,3 +486,73 @@ fn a_worker_on_one_replica_a_session_started_on_another_decided_on_the_third() {
     verify_audit(cluster.get(0));
     verify_audit(cluster.get(2));
 }
+
+/// Attach (what the CLI's `sessions attach` and the TUI are built on) works against a replica
+/// that does not drive the session: it shows the pending approval, takes the decision and
+/// follows the session to its end while another replica drives it.
+#[test]
+fn attach_on_a_replica_that_does_not_drive_the_session_decides_and_follows_it() {
+    use phrony_client::Client;
+    use phrony_client::interactive::{ApprovalStatus, Decision, SessionEvent};
+
+    async fn next_event(
+        events: &mut phrony_client::interactive::InteractiveEvents,
+    ) -> SessionEvent {
+        tokio::time::timeout(Duration::from_secs(60), events.next())
+            .await
+            .expect("an event in time")
+            .unwrap()
+            .expect("the stream stays open")
+    }
+
+    let Some(cluster) = Cluster::start(2) else {
+        return;
+    };
+    // Driven by replica 1; attached on replica 0.
+    let (session, _) = start_refund(cluster.get(1), cluster.get(0));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let client = Client::connect(cluster.get(0).addr()).await.unwrap();
+        let attached = client.attach(&session, "finance-lead").await.unwrap();
+        let (sender, mut events) = attached.split();
+        let approval = loop {
+            match next_event(&mut events).await {
+                SessionEvent::ApprovalRequired(approval) => break approval,
+                SessionEvent::Failed { message } => panic!("failed: {message}"),
+                _ => {}
+            }
+        };
+        assert_eq!(approval.tool, "payments.issue-refund");
+        sender
+            .decide(
+                Decision::approve()
+                    .for_approval(approval.approval_id.clone())
+                    .with_comment("checked on replica 0"),
+            )
+            .await
+            .unwrap();
+        let (mut decided, mut result) = (None, None);
+        loop {
+            match next_event(&mut events).await {
+                SessionEvent::ApprovalDecided(d) => decided = Some(d),
+                SessionEvent::ToolResult(r) => result = Some(r),
+                SessionEvent::Completed(_) => break,
+                SessionEvent::Failed { message } => panic!("failed: {message}"),
+                _ => {}
+            }
+        }
+        let decided = decided.expect("the decision is on the stream");
+        assert_eq!(decided.status, ApprovalStatus::Approved);
+        assert_eq!(decided.decided_by, "finance-lead");
+        assert_eq!(
+            result.expect("the tool result is on the stream").call_id,
+            approval.call_id
+        );
+    });
+    let refunds = cluster.refunds();
+    assert_eq!(refunds.len(), 1, "the refund ran once: {refunds:?}");
+    verify_audit(cluster.get(0));
+}
