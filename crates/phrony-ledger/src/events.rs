@@ -303,7 +303,7 @@ async fn advance_head(
                 "advance fenced stream head",
                 "UPDATE streams SET last_seq = $2, last_hash = $3, updated_at = $4 \
                  WHERE stream = $1 AND last_seq = $5 AND EXISTS (SELECT 1 FROM session_leases \
-                 WHERE session_id = $1 AND owner = $6 AND epoch = $7)",
+                 WHERE session_id = $1 AND (owner = $6 OR owner IS NULL) AND epoch = $7)",
                 args![
                     &head.stream,
                     seq,
@@ -318,6 +318,10 @@ async fn advance_head(
         }
     };
     if updated != 1 {
+        // (The fence refuses only once the epoch moved on — another acquisition. A lease this
+        // replica released at that epoch, and nobody took since, refuses nothing: its driver has
+        // stopped, and an operator's cancel landing between the release and the replica
+        // forgetting the lease is no stale driver write.)
         // Nothing advanced: either the lease is gone (fenced) or the head moved under us (a
         // concurrent append, a conflict like any other). Only the first is the fence's refusal:
         // a driver treats `Fenced` as "driven elsewhere" and stops for good.
@@ -326,7 +330,7 @@ async fn advance_head(
                 .fetch_optional(
                     "check the session lease of a refused append",
                     "SELECT 1 AS held FROM session_leases \
-                     WHERE session_id = $1 AND owner = $2 AND epoch = $3",
+                     WHERE session_id = $1 AND (owner = $2 OR owner IS NULL) AND epoch = $3",
                     args![&head.stream, owner, *epoch],
                 )
                 .await?

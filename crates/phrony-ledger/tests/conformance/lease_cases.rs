@@ -625,3 +625,35 @@ pub(crate) async fn votes_are_recorded_whatever_the_recording_replicas_lease(db:
     assert_eq!(outcome.approval.status, ApprovalStatus::Approved);
     assert!(b.verify_stream(&s.id).await.unwrap().violation.is_none());
 }
+
+/// The fence refuses a replica's writes once the epoch moved on, not while the lease it
+/// released at that epoch is free: an operator's cancel recorded between the release (the
+/// driver stopped, the session parked) and the replica forgetting the lease is no stale driver
+/// write. (A second handle under the same id releases the lease here, standing for the release
+/// that committed before the first one forgot it.)
+pub(crate) async fn a_write_between_a_release_and_the_next_acquisition_is_not_fenced(db: &TestDb) {
+    let clock = Clock::new();
+    let a = replica(db, &clock, "replica-a").await;
+    let same = replica(db, &clock, "replica-a").await;
+    let b = replica(db, &clock, "replica-b").await;
+    let v = deploy_agent(&a, &refund_agent(), "0.1.0").await;
+    let s = start(&a, &v).await;
+    assert_eq!(
+        granted(a.acquire_session_lease(&s.id, TTL).await.unwrap()),
+        1
+    );
+    assert!(same.release_session_lease(&s.id, 1).await.unwrap());
+    a.append_session_event(&s.id, note("a, released"))
+        .await
+        .unwrap();
+    assert_eq!(
+        granted(b.acquire_session_lease(&s.id, TTL).await.unwrap()),
+        2
+    );
+    fenced(
+        a.append_session_event(&s.id, note("a, taken")).await,
+        &s.id,
+        1,
+    );
+    assert_eq!(contents(&b, &s.id).await, ["a, released"]);
+}

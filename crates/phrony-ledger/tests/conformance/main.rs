@@ -151,6 +151,7 @@ conformance!(
     renewals_beside_acquisitions_never_free_or_lose_a_held_lease,
     a_session_is_handed_to_the_replica_whose_workers_serve_its_tool,
     votes_are_recorded_whatever_the_recording_replicas_lease,
+    a_write_between_a_release_and_the_next_acquisition_is_not_fenced,
     replicas_racing_for_an_expired_lease_get_one_epoch_each,
     replicas_racing_to_expire_an_approval_expire_it_once,
 );
