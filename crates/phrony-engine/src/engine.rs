@@ -315,7 +315,7 @@ impl Engine {
             |inner, session_id| async move {
                 // Failures are the recovery path's (a session that cannot be resumed is failed
                 // and logged there); resumed meanwhile by a decision is no failure.
-                if let Err(e) = (Engine { inner }).unpark(&session_id, None).await
+                if let Err(e) = (Engine { inner }).unpark(&session_id).await
                     && e.kind != ErrorKind::FailedPrecondition
                 {
                     tracing::warn!(%session_id, error = %e, "could not resume a session taken over");
@@ -532,41 +532,37 @@ impl Engine {
     }
 
     /// Drives a parked session again (see [`EngineConfig::park_approval_waits`]): when it is
-    /// not live, not suspended and not ended, it is resumed from its event log. With `expect`,
-    /// the answer resolves once the resumed driver took that approval's decision. `None` when
-    /// there was nothing to resume (live, suspended, ended, a child, or resumed meanwhile by
-    /// another caller).
+    /// not live, not suspended and not ended, it is resumed from its event log (its driver
+    /// takes the votes waiting for its decisions: [`crate::state::Inner::expect_decision`]). Nothing to
+    /// resume (live, suspended, ended, a child, or resumed meanwhile by another caller) is no
+    /// error.
     ///
     /// # Errors
     /// Store errors; a session that cannot be resumed is failed and its error returned.
-    pub(crate) async fn unpark(
-        &self,
-        session_id: &str,
-        expect: Option<Uuid>,
-    ) -> Result<Option<oneshot::Receiver<SessionStatus>>, EngineError> {
+    pub(crate) async fn unpark(&self, session_id: &str) -> Result<(), EngineError> {
         if self.inner.live(session_id).is_some() || self.inner.is_suspended(session_id) {
-            return Ok(None);
+            return Ok(());
         }
         let session = self.inner.store.get_session(session_id).await?;
         if session.status.is_terminal() || session.parent_session_id.is_some() {
-            return Ok(None);
+            return Ok(());
         }
-        match self.resume(session, expect).await {
-            Ok(taken) => {
+        match self.resume(session, None).await {
+            Ok(_) => {
                 tracing::debug!(%session_id, "parked session resumed");
-                Ok(taken)
+                Ok(())
             }
             // Resumed meanwhile by a concurrent decision: that driver takes it.
             Err(e)
                 if e.kind == ErrorKind::FailedPrecondition
                     && self.inner.live(session_id).is_some() =>
             {
-                Ok(None)
+                Ok(())
             }
             Err(e) if e.kind == ErrorKind::Unavailable => {
                 tracing::warn!(%session_id, error = %e, "session suspended: database unavailable");
                 self.inner.suspend(session_id);
-                Ok(None)
+                Ok(())
             }
             Err(e) => {
                 let message = format!("session could not be resumed: {}", e.message);
@@ -1121,7 +1117,7 @@ async fn unpark_task(
         let engine = Engine { inner };
         let mut all_resumed = true;
         for id in ids {
-            if let Err(e) = engine.unpark(&id, None).await {
+            if let Err(e) = engine.unpark(&id).await {
                 all_resumed = false;
                 tracing::warn!(session_id = %id, error = %e, "could not resume a parked session");
             }

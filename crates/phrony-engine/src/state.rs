@@ -276,6 +276,64 @@ impl Inner {
             .cloned()
     }
 
+    /// Resolves with the session's status once a driver took the decision of `approval_id`:
+    /// the live driver's, or (the session not live: parked, or unloading right now) the next
+    /// driver's, which takes the votes handed over at its registration. Checked under the
+    /// `live` lock, so no driver can register or unload between the check and the expectation.
+    pub(crate) fn expect_decision(
+        &self,
+        session_id: &str,
+        approval_id: Uuid,
+    ) -> oneshot::Receiver<SessionStatus> {
+        let live = self
+            .live
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(entry) = live.get(session_id) {
+            return entry.expect_decision(approval_id);
+        }
+        let (tx, rx) = oneshot::channel();
+        let mut handover = self
+            .handover
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let senders = handover
+            .entry(session_id.to_owned())
+            .or_default()
+            .entry(approval_id)
+            .or_default();
+        senders.retain(|s| !s.is_closed());
+        senders.push(tx);
+        rx
+    }
+
+    /// Drops the handed-over expectations of `approval_id`: with `all`, every one (no driver
+    /// will take the decision: their votes read the stored status instead of waiting), else
+    /// only those whose vote went away. Nothing stays behind.
+    pub(crate) fn withdraw_expectations(&self, session_id: &str, approval_id: Uuid, all: bool) {
+        let _live = self
+            .live
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut handover = self
+            .handover
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(decisions) = handover.get_mut(session_id) {
+            if all {
+                decisions.remove(&approval_id);
+            } else if let Some(senders) = decisions.get_mut(&approval_id) {
+                senders.retain(|s| !s.is_closed());
+                if senders.is_empty() {
+                    decisions.remove(&approval_id);
+                }
+            }
+            if decisions.is_empty() {
+                handover.remove(session_id);
+            }
+        }
+    }
+
     pub(crate) fn live_count(&self) -> usize {
         self.live
             .lock()

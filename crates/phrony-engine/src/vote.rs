@@ -88,39 +88,56 @@ impl Engine {
             self.check_edited_vote(&approval, edited).await?;
         }
         let session_id = approval.session_id.clone();
-        let live = self.inner.live(&session_id);
-        // Expected before the vote is recorded, so the driver cannot take the decision unseen.
-        let taken = live.as_ref().map(|l| l.expect_decision(approval.id));
+        // Expected before the vote is recorded, so no driver can take the decision unseen:
+        // the live one, or the next one if the session is parked or parking right now.
+        let taken = self.inner.expect_decision(&session_id, approval.id);
         let VoteOutcome { approval, decided } =
-            self.inner.store.cast_vote(approval.id, vote).await?;
+            match self.inner.store.cast_vote(approval.id, vote).await {
+                Ok(outcome) => outcome,
+                Err(e) => {
+                    drop(taken);
+                    self.inner
+                        .withdraw_expectations(&session_id, approval.id, false);
+                    return Err(e.into());
+                }
+            };
         // Driven by another replica (or nobody): it re-reads now.
         crate::lease::announce(&self.inner, &session_id);
-        let taken = match live {
+        // Looked up after the vote is recorded: a driver unloading before that point hands the
+        // expectation to the next driver and re-checks the approvals after unloading (it then
+        // sees this vote and resumes); one that unloaded before finds nobody live here.
+        match self.inner.live(&session_id) {
             Some(live) => {
                 live.bump_approvals();
                 live.notify_changed();
-                taken
             }
-            // A parked session (its driver unloaded while it waited) is resumed by the
-            // decision; the resumed driver acknowledges it like a live one. (A driver that was
-            // parking as this vote landed re-checks after unloading and resumes itself.)
-            // The vote is recorded whatever happens now: a failed resume is not this vote's
-            // error (the unpark sweep tries again; a session it failed reads as failed below).
-            None if decided => match self.unpark(&session_id, Some(approval.id)).await {
-                Ok(taken) => taken,
-                Err(e) => {
+            // A parked session is resumed by the decision; the resumed driver takes it (and
+            // answers this vote) like a live one. The vote is recorded whatever happens now:
+            // a failed resume is not this vote's error (the unpark sweep tries again; a
+            // session it failed reads as failed below).
+            None if decided => {
+                if let Err(e) = self.unpark(&session_id).await {
                     tracing::warn!(%session_id, error = %e, "the decided session could not be resumed");
-                    None
                 }
-            },
-            None => None,
-        };
-        let acknowledged = match taken {
-            Some(taken) if decided => tokio::time::timeout(DECISION_ACK_WAIT, taken)
+            }
+            None => {}
+        }
+        let acknowledged = if decided {
+            if self.inner.live(&session_id).is_none() {
+                // Nothing resumed (suspended, ended, resumed and gone already): nobody will
+                // answer an expectation still waiting.
+                self.inner
+                    .withdraw_expectations(&session_id, approval.id, true);
+            }
+            tokio::time::timeout(DECISION_ACK_WAIT, taken)
                 .await
                 .ok()
-                .and_then(Result::ok),
-            _ => None,
+                .and_then(Result::ok)
+        } else {
+            drop(taken);
+            self.inner
+                .withdraw_expectations(&session_id, approval.id, false);
+            None
         };
         let session_status = match acknowledged {
             Some(status) => status,

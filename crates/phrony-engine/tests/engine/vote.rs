@@ -306,6 +306,48 @@ async fn comprehension_must_be_acknowledged() {
     assert_eq!(h.wait_end(&s.id).await.status, SessionStatus::Completed);
 }
 
+/// A deciding vote that lands while the driver is parking (unloading after its approval
+/// opened), or right after, is answered by the driver that resumes the session — whoever
+/// resumes it, the vote or the parking driver's own re-check — never with the stale
+/// `awaiting_approval`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vote_racing_the_parking_driver_is_answered_by_the_resumed_driver() {
+    let (h, _db) = on_ledger(
+        &AgentOptions::default(),
+        (0..20)
+            .flat_map(|_| {
+                [
+                    Step::call("issue_refund", refund("ORD-1", 400.0)),
+                    Step::say("Issued."),
+                ]
+            })
+            .collect(),
+        test_config(),
+    )
+    .await;
+    for round in 0..20u64 {
+        let s = h.start("Refund €400 for ORD-1.").await;
+        h.wait(&s.id, &[SessionStatus::AwaitingApproval]).await;
+        let a = h.pending_approval(&s.id).await;
+        // Some rounds vote at once (the driver is still unloading), others after it parked.
+        if round % 2 == 1 {
+            tokio::time::sleep(Duration::from_millis(round % 7 * 3)).await;
+        }
+        let answer = h
+            .engine
+            .vote(by_id(a.id), approve("emad", "ok"))
+            .await
+            .unwrap();
+        assert!(answer.decided, "round {round}");
+        assert_eq!(
+            answer.session_status,
+            SessionStatus::AwaitingTool,
+            "round {round}"
+        );
+        assert_eq!(h.wait_end(&s.id).await.status, SessionStatus::Completed);
+    }
+}
+
 #[tokio::test]
 async fn an_outcome_review_is_resolved_never_plainly_approved() {
     let config = EngineConfig {
