@@ -304,6 +304,7 @@ impl Engine {
             unpark: unpark_tx,
             registered: tokio::sync::watch::channel(0).0,
             handover: Mutex::new(HashMap::new()),
+            unparking: Mutex::new(HashSet::new()),
             prepared: Mutex::new(HashMap::new()),
             parked_traces: Mutex::new(HashMap::new()),
             handed_in: Mutex::new(HashMap::new()),
@@ -533,36 +534,48 @@ impl Engine {
 
     /// Drives a parked session again (see [`EngineConfig::park_approval_waits`]): when it is
     /// not live, not suspended and not ended, it is resumed from its event log (its driver
-    /// takes the votes waiting for its decisions: [`crate::state::Inner::expect_decision`]). Nothing to
-    /// resume (live, suspended, ended, a child, or resumed meanwhile by another caller) is no
-    /// error.
+    /// takes the votes waiting for its decisions: [`crate::state::Inner::expect_decision`]).
+    /// Answers whether a driver takes the session's decisions now: resumed here, live
+    /// already, or being resumed by a concurrent caller (whose driver takes them); `false`
+    /// when nothing was resumed (suspended, ended, a child) — no error either.
     ///
     /// # Errors
     /// Store errors; a session that cannot be resumed is failed and its error returned.
-    pub(crate) async fn unpark(&self, session_id: &str) -> Result<(), EngineError> {
-        if self.inner.live(session_id).is_some() || self.inner.is_suspended(session_id) {
-            return Ok(());
+    pub(crate) async fn unpark(&self, session_id: &str) -> Result<bool, EngineError> {
+        if self.inner.live(session_id).is_some() {
+            return Ok(true);
+        }
+        if self.inner.is_suspended(session_id) {
+            return Ok(false);
+        }
+        // One resume at a time: a decision, the sweep and a parking driver's re-check may all
+        // ask at once, and each resume loads the agent, the secrets and the fold.
+        let Some(_claim) = self.inner.begin_unpark(session_id) else {
+            return Ok(true);
+        };
+        if self.inner.live(session_id).is_some() {
+            return Ok(true);
         }
         let session = self.inner.store.get_session(session_id).await?;
         if session.status.is_terminal() || session.parent_session_id.is_some() {
-            return Ok(());
+            return Ok(false);
         }
         match self.resume(session, None).await {
             Ok(_) => {
                 tracing::debug!(%session_id, "parked session resumed");
-                Ok(())
+                Ok(true)
             }
-            // Resumed meanwhile by a concurrent decision: that driver takes it.
+            // Resumed meanwhile (by the recovery path): that driver takes it.
             Err(e)
                 if e.kind == ErrorKind::FailedPrecondition
                     && self.inner.live(session_id).is_some() =>
             {
-                Ok(())
+                Ok(true)
             }
             Err(e) if e.kind == ErrorKind::Unavailable => {
                 tracing::warn!(%session_id, error = %e, "session suspended: database unavailable");
                 self.inner.suspend(session_id);
-                Ok(())
+                Ok(false)
             }
             Err(e) => {
                 let message = format!("session could not be resumed: {}", e.message);

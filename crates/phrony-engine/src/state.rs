@@ -65,6 +65,9 @@ pub(crate) struct Inner {
     /// Sessions whose driver stopped because the store was unavailable: not live, not failed,
     /// waiting for the engine's resume task to re-adopt them.
     pub(crate) suspended: Mutex<HashSet<String>>,
+    /// Parked sessions being resumed right now ([`Inner::begin_unpark`]): a concurrent
+    /// decision, sweep or re-check leaves them to that resume instead of loading them twice.
+    pub(crate) unparking: Mutex<HashSet<String>>,
     /// Wakes the resume task (a session was suspended).
     pub(crate) resume_kick: Arc<Notify>,
     /// One permit per open approval watcher ([`crate::Engine::watch_approvals`]).
@@ -106,6 +109,22 @@ pub(crate) const PREPARED_AGENTS: usize = 256;
 
 /// Votes waiting for the driver to take their approval's decision, by approval.
 pub(crate) type Decisions = HashMap<Uuid, Vec<oneshot::Sender<SessionStatus>>>;
+
+/// A claimed resume of a parked session ([`Inner::begin_unpark`]), released when dropped.
+pub(crate) struct Unparking<'a> {
+    inner: &'a Inner,
+    session_id: String,
+}
+
+impl Drop for Unparking<'_> {
+    fn drop(&mut self) {
+        self.inner
+            .unparking
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(&self.session_id);
+    }
+}
 
 /// The in-memory side of one live session (one driver).
 pub(crate) struct Live {
@@ -383,6 +402,19 @@ impl Inner {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .get(session_id)
             .is_some_and(|at| at.elapsed() < ttl)
+    }
+
+    /// Claims the resume of a parked session; `None` while another caller resumes it.
+    pub(crate) fn begin_unpark(&self, session_id: &str) -> Option<Unparking<'_>> {
+        let claimed = self
+            .unparking
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(session_id.to_owned());
+        claimed.then(|| Unparking {
+            inner: self,
+            session_id: session_id.to_owned(),
+        })
     }
 
     pub(crate) fn is_suspended(&self, session_id: &str) -> bool {

@@ -106,26 +106,26 @@ impl Engine {
         // Looked up after the vote is recorded: a driver unloading before that point hands the
         // expectation to the next driver and re-checks the approvals after unloading (it then
         // sees this vote and resumes); one that unloaded before finds nobody live here.
-        match self.inner.live(&session_id) {
+        let driven = match self.inner.live(&session_id) {
             Some(live) => {
                 live.bump_approvals();
                 live.notify_changed();
+                true
             }
             // A parked session is resumed by the decision; the resumed driver takes it (and
             // answers this vote) like a live one. The vote is recorded whatever happens now:
             // a failed resume is not this vote's error (the unpark sweep tries again; a
             // session it failed reads as failed below).
-            None if decided => {
-                if let Err(e) = self.unpark(&session_id).await {
-                    tracing::warn!(%session_id, error = %e, "the decided session could not be resumed");
-                }
-            }
-            None => {}
-        }
+            None if decided => self.unpark(&session_id).await.unwrap_or_else(|e| {
+                tracing::warn!(%session_id, error = %e, "the decided session could not be resumed");
+                false
+            }),
+            None => false,
+        };
         let acknowledged = if decided {
-            if self.inner.live(&session_id).is_none() {
-                // Nothing resumed (suspended, ended, resumed and gone already): nobody will
-                // answer an expectation still waiting.
+            if !driven {
+                // Nothing resumed (suspended, ended): nobody will answer an expectation
+                // still waiting.
                 self.inner
                     .withdraw_expectations(&session_id, approval.id, true);
             }
