@@ -638,6 +638,10 @@ async fn drive(
             .next_turn
             .max(fold.max_user_turn.max(fold.max_started_turn) + 1);
     }
+    // Messages other replicas queued while nobody (or another replica) drove it.
+    if inner.config.session_lease_ttl.is_some() && session.mode == SessionMode::Conversation {
+        crate::inbox::accept_queued(&inner, &live).await?;
+    }
     let ctx = Arc::new(Ctx {
         metadata: phrony_manifest::session_metadata(&session.metadata),
         principal: fold.principal.clone(),
@@ -734,7 +738,31 @@ impl Driver {
                     // A message recorded between the sync above and now left a permit.
                     self.sync().await?;
                     if self.next_turn(blocked.is_some()).is_none() {
-                        inbox.await;
+                        self.wait_for_input(inbox).await?;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Waits for a user message: a local one (`inbox`), or with session leases on one another
+    /// replica queued, taken at its announcement (`lease::wake_session`) or, if that was lost,
+    /// at this safety-net re-read every ten poll intervals.
+    async fn wait_for_input(
+        &self,
+        mut inbox: std::pin::Pin<&mut tokio::sync::futures::Notified<'_>>,
+    ) -> Result<(), Stop> {
+        if self.ctx.inner.config.session_lease_ttl.is_none() {
+            inbox.await;
+            return Ok(());
+        }
+        let period = self.ctx.inner.config.poll_interval.saturating_mul(10);
+        loop {
+            tokio::select! {
+                () = &mut inbox => return Ok(()),
+                () = tokio::time::sleep(period) => {
+                    if crate::inbox::accept_queued(&self.ctx.inner, &self.ctx.live).await? > 0 {
+                        return Ok(());
                     }
                 }
             }

@@ -593,18 +593,23 @@ impl Engine {
     /// session is parked, or after the running turn. Messages are recorded (durably) in the
     /// order they arrive and are never dropped; at most
     /// [`EngineConfig::max_queued_user_messages`] may wait for their turn to start. Returns the
-    /// turn the message starts.
+    /// turn the message starts, or `None` when another replica drives the session (session
+    /// leases on: [`EngineConfig::session_lease_ttl`]): the message is then queued for that
+    /// replica in the ledger — durably before this returns, at most
+    /// `max_queued_user_messages` in that queue — and its driver records it, numbering the
+    /// turn, as soon as it hears of it (PostgreSQL's NOTIFY, else its next re-read).
     ///
     /// # Errors
     /// `InvalidArgument` for an empty text; `NotFound`; `FailedPrecondition` for a task-mode or
-    /// ended session, one whose input is blocked by a limit, or one not live in this engine;
-    /// `ResourceExhausted` (nothing recorded) when the bound of waiting messages is reached.
+    /// ended session, one whose input is blocked by a limit, or (leases off) one not live in
+    /// this engine; `ResourceExhausted` (nothing recorded) when the bound of waiting messages is
+    /// reached.
     pub async fn send_user_message(
         &self,
         session_id: &str,
         actor: &Attribution,
         text: &str,
-    ) -> Result<u32, EngineError> {
+    ) -> Result<Option<u32>, EngineError> {
         if text.trim().is_empty() {
             return Err(EngineError::invalid("user_message.text must be non-empty"));
         }
@@ -639,9 +644,23 @@ impl Engine {
                     ),
                 ));
             }
-            return Err(EngineError::precondition(format!(
-                "session {session_id} is not active in this runtime"
-            )));
+            if self.inner.config.session_lease_ttl.is_none() {
+                return Err(EngineError::precondition(format!(
+                    "session {session_id} is not active in this runtime"
+                )));
+            }
+            // Driven by another replica (or by none this instant: the next driver takes it):
+            // queued for it, durably, and announced (PostgreSQL) so it records it at once.
+            self.inner
+                .store
+                .queue_user_message(
+                    session_id,
+                    &actor,
+                    text,
+                    self.inner.config.max_queued_user_messages,
+                )
+                .await?;
+            return Ok(None);
         };
         let turn = {
             let mut input = live.input.lock().await;
@@ -676,7 +695,7 @@ impl Engine {
         };
         live.inbox.notify_one();
         live.notify_changed();
-        Ok(turn)
+        Ok(Some(turn))
     }
 
     /// Cancels a session: `cancelled`, its pending approvals closed, its open calls cancelled

@@ -196,7 +196,7 @@ async fn wait_replicas(
 
 /// Another replica recorded a change to `session_id` (a vote, a cancellation): its driver, if
 /// here, re-reads now (an ended session's driver stops).
-async fn wake_session(inner: &Inner, session_id: &str) {
+async fn wake_session(inner: &Arc<Inner>, session_id: &str) {
     let Some(live) = inner.live(session_id) else {
         return;
     };
@@ -207,7 +207,24 @@ async fn wake_session(inner: &Inner, session_id: &str) {
                 tracing::warn!(%session_id, %error, "could not stop the driver of an ended session");
             }
         }
-        _ => {
+        Ok(session) => {
+            live.bump_approvals();
+            live.notify_changed();
+            // A user message queued there for this conversation: recorded here, now (in a
+            // task of its own: never cut between a message's commit and its turn count).
+            if session.mode == phrony_ledger::SessionMode::Conversation {
+                let inner = Arc::clone(inner);
+                tokio::spawn(async move {
+                    if let Err(error) = crate::inbox::accept_queued(&inner, &live).await {
+                        tracing::warn!(
+                            session_id = %live.session_id, %error,
+                            "could not record the user messages queued on another replica"
+                        );
+                    }
+                });
+            }
+        }
+        Err(_) => {
             live.bump_approvals();
             live.notify_changed();
         }

@@ -88,6 +88,7 @@ mod engine;
 mod error;
 mod fold;
 mod hooks;
+mod inbox;
 mod inspect;
 mod lease;
 mod mcp_clients;

@@ -229,6 +229,42 @@ impl LedgerStore {
         Ok(self.ledger.record_session_event(session_id, event).await?)
     }
 
+    /// Queues a user message for the replica driving `session_id` ([`Ledger::queue_user_message`]).
+    pub async fn queue_user_message(
+        &self,
+        session_id: &str,
+        actor: &phrony_ledger::Attribution,
+        content: &str,
+        max_waiting: usize,
+    ) -> StoreResult<i64> {
+        Ok(self
+            .ledger
+            .queue_user_message(session_id, actor, content, max_waiting)
+            .await?)
+    }
+
+    /// The user messages other replicas queued for `session_id`, oldest first.
+    pub async fn queued_user_messages(
+        &self,
+        session_id: &str,
+    ) -> StoreResult<Vec<phrony_ledger::QueuedUserMessage>> {
+        Ok(self.ledger.queued_user_messages(session_id).await?)
+    }
+
+    /// Records the queued message `id` as `message.user` starting `turn` and takes it off the
+    /// queue, in one transaction; `None` when it was taken already.
+    pub async fn accept_user_message(
+        &self,
+        session_id: &str,
+        id: i64,
+        turn: u32,
+    ) -> StoreResult<Option<Event>> {
+        Ok(self
+            .ledger
+            .accept_user_message(session_id, id, turn)
+            .await?)
+    }
+
     /// Appends an engine event of a type the store does not own (e.g. `model.completion`).
     pub async fn append_engine_event(
         &self,

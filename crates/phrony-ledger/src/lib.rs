@@ -229,6 +229,7 @@ pub use history::{
     HISTORY_PRUNE_MARGIN_SECS, HistoryCounts, HistoryKey, HistoryPruned, HistoryRead,
     HistoryReservation, MAX_HISTORY_READS,
 };
+pub use inbox::{MAX_INBOX_READ, QueuedUserMessage};
 pub use invocations::{
     CallStatus, Dispatch, NewToolCall, RecordedResult, SideEffectClass, ToolInvocation,
     ToolOutcome, ToolResult, Usage, error_codes, tool_call_id,
@@ -327,6 +328,7 @@ mod cascade;
 mod cipher;
 mod handoffs;
 mod history;
+mod inbox;
 mod invocations;
 mod leases;
 mod names;

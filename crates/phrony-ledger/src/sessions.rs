@@ -793,6 +793,7 @@ pub(crate) async fn apply(conn: &mut Conn<'_>, event: &Event, body: &EventBody) 
             expect_rows(rows, 1, event)?;
             if p.to.is_terminal() {
                 secrets::purge(conn, &event.stream).await?;
+                crate::inbox::purge(conn, &event.stream).await?;
             }
         }
         other => {

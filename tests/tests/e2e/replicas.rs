@@ -556,3 +556,96 @@ fn attach_on_a_replica_that_does_not_drive_the_session_decides_and_follows_it() 
     assert_eq!(refunds.len(), 1, "the refund ran once: {refunds:?}");
     verify_audit(cluster.get(0));
 }
+
+/// A user message sent on a stream attached to a replica that does not drive the conversation
+/// is queued for the driving replica (announced by NOTIFY), which records it and answers it:
+/// the answer streams back to the client on the other replica, and the message is in the
+/// session's log once, by its sender.
+#[test]
+fn a_user_message_sent_to_a_replica_that_does_not_drive_the_conversation_is_answered() {
+    use phrony_client::Client;
+    use phrony_client::interactive::SessionEvent;
+
+    let turns = json!([
+        [
+            {"type": "text_delta", "text": "Hello, how can I help?"},
+            {"type": "completed", "stop_reason": "end_turn"}
+        ],
+        [
+            {"type": "text_delta", "text": "Your refund is on its way."},
+            {"type": "completed", "stop_reason": "end_turn"}
+        ]
+    ]);
+    let Some(cluster) = Cluster::start_with(2, &turns, None) else {
+        return;
+    };
+    // Driven by replica 1; the client talks to replica 0.
+    let started = json(&ok(phrony(cluster.get(1), "emad").args([
+        "run",
+        AGENT,
+        "--conversation",
+        "--input",
+        "hi",
+        "--output",
+        "json",
+    ])));
+    let session = started["session_id"].as_str().unwrap().to_owned();
+    wait_for_status(cluster.get(0), &session, "awaiting_input");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let answered_in = rt.block_on(async {
+        let client = Client::connect(cluster.get(0).addr()).await.unwrap();
+        let attached = client.attach(&session, "emad").await.unwrap();
+        let (sender, mut events) = attached.split();
+        let sent = Instant::now();
+        sender
+            .send_user_message("Where is my refund?")
+            .await
+            .unwrap();
+        let mut text = String::new();
+        loop {
+            let event = tokio::time::timeout(Duration::from_secs(60), events.next())
+                .await
+                .expect("an event in time")
+                .unwrap()
+                .expect("the stream stays open");
+            match event {
+                SessionEvent::TextDelta(delta) => text.push_str(&delta),
+                SessionEvent::AwaitingInput(_) if text.contains("on its way") => {
+                    break sent.elapsed();
+                }
+                SessionEvent::Failed { message } => panic!("failed: {message}"),
+                SessionEvent::Status(status) if status.reason.is_some() => {
+                    panic!("the message was refused: {status:?}")
+                }
+                _ => {}
+            }
+        }
+    });
+    eprintln!("a message sent to the other replica answered in {answered_in:?}");
+    let timeline =
+        json(&ok(phrony(cluster.get(0), "ci")
+            .args(["sessions", "inspect", &session, "--output", "json"])));
+    let users: Vec<(String, String)> = timeline["timeline"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| &e["event"])
+        .filter(|e| e["type"] == "message.user")
+        .map(|e| {
+            (
+                e["actor"].as_str().unwrap_or_default().to_owned(),
+                e["payload"]["content"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(users.len(), 2, "{timeline}");
+    assert_eq!(users[1].1, "Where is my refund?", "{timeline}");
+    assert!(users[1].0.starts_with("emad"), "{timeline}");
+    verify_audit(cluster.get(0));
+}

@@ -57,7 +57,7 @@ async fn user_messages_past_the_waiting_bound_are_refused_and_not_recorded() {
                 .send_user_message(&s.id, &emad, text)
                 .await
                 .unwrap(),
-            turn
+            Some(turn)
         );
     }
     let err = h
@@ -95,7 +95,7 @@ async fn user_messages_past_the_waiting_bound_are_refused_and_not_recorded() {
             .send_user_message(&s.id, &emad, "fourth")
             .await
             .unwrap(),
-        4
+        Some(4)
     );
     for _ in 0..500 {
         if h.script.requests().len() == 4 {
@@ -200,7 +200,7 @@ async fn after_a_restart_only_messages_whose_turn_has_not_started_count() {
             .send_user_message(&s.id, &emad, "second")
             .await
             .unwrap(),
-        2
+        Some(2)
     );
     for _ in 0..500 {
         if script.requests().len() == 1 {

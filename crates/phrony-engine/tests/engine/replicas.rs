@@ -91,3 +91,103 @@ async fn a_driver_whose_lease_was_taken_over_stops_at_its_next_write_and_records
         (Some("replica-b"), 2)
     );
 }
+
+/// A user message sent to a replica that does not drive the conversation is queued for the
+/// driving one (not refused, as before), which records it once with the next turn and answers
+/// it; a local message afterwards gets the turn after it. (SQLite here: no NOTIFY, so the
+/// driver's safety-net re-read takes it; the PostgreSQL announcement is the e2e test's.)
+#[tokio::test]
+async fn a_user_message_sent_to_another_replica_is_queued_and_recorded_by_the_driver() {
+    let h = Harness::memory_with(
+        &AgentOptions::default(),
+        vec![
+            Step::say("Hello."),
+            Step::say("Second answer."),
+            Step::say("Third answer."),
+        ],
+        with_leases(),
+    )
+    .await;
+    let s = h.start_conversation("hi").await;
+    h.wait(&s.id, &[SessionStatus::AwaitingInput]).await;
+
+    // Replica B: another engine on the same database; it does not drive the session.
+    let ledger_b = h
+        .store
+        .ledger()
+        .clone()
+        .with_replica_id("replica-b")
+        .unwrap();
+    let b = phrony_engine::Engine::new(phrony_engine::EngineDeps {
+        store: std::sync::Arc::new(phrony_engine::LedgerStore::new(ledger_b, Some(cipher()))),
+        router: None,
+        providers: std::sync::Arc::new(ScriptedFactory(Script::new(vec![]))),
+        clock: h.clock.clone(),
+        config: with_leases(),
+    });
+    assert!(!b.is_driven(&s.id));
+    let emad = phrony_ledger::Attribution::unverified("emad");
+    assert_eq!(
+        b.send_user_message(&s.id, &emad, "second").await.unwrap(),
+        None,
+        "queued for the driving replica"
+    );
+    for _ in 0..3000 {
+        if h.script.requests().len() == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        h.script.requests().len(),
+        2,
+        "the queued message was answered"
+    );
+    h.wait(&s.id, &[SessionStatus::AwaitingInput]).await;
+    assert!(
+        h.store
+            .ledger()
+            .queued_user_messages(&s.id)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(
+        h.engine
+            .send_user_message(&s.id, &emad, "third")
+            .await
+            .unwrap(),
+        Some(3)
+    );
+    for _ in 0..3000 {
+        if h.script.requests().len() == 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let users: Vec<(Option<u32>, String, String)> = h
+        .store
+        .ledger()
+        .events_after(&s.id, 0, 1000)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.event_type == "message.user")
+        .map(|e| {
+            (
+                e.turn,
+                e.actor.clone(),
+                e.payload["content"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        users,
+        [
+            (Some(1), users[0].1.clone(), "hi".to_owned()),
+            (Some(2), "emad".to_owned(), "second".to_owned()),
+            (Some(3), "emad".to_owned(), "third".to_owned()),
+        ]
+    );
+    b.shutdown();
+}

@@ -33,7 +33,7 @@ async fn a_conversation_parks_and_processes_queued_messages_in_order() {
             .send_user_message(&s.id, &phrony_ledger::Attribution::unverified("emad"), text)
             .await
             .unwrap();
-        assert_eq!(turn, u32::try_from(i).unwrap() + 2);
+        assert_eq!(turn, Some(u32::try_from(i).unwrap() + 2));
     }
     gate.notify_one();
     // Wait for the fourth answer, then for the session to park.

@@ -270,8 +270,15 @@ impl InteractiveStream {
             .send_user_message(&self.session_id, &self.actor, text)
             .await
         {
-            Ok(turn) => {
+            Ok(Some(turn)) => {
                 tracing::debug!(session_id = %self.session_id, turn, "user message queued");
+                Ok(())
+            }
+            Ok(None) => {
+                tracing::debug!(
+                    session_id = %self.session_id,
+                    "user message queued for the replica driving the session"
+                );
                 Ok(())
             }
             Err(e) => self.refuse(engine_status(e).message()).await,

@@ -18,14 +18,14 @@ const TTL: StdDuration = StdDuration::from_secs(10);
 
 /// A clock the test moves.
 #[derive(Clone)]
-struct Clock(Arc<Mutex<DateTime<Utc>>>);
+pub(crate) struct Clock(Arc<Mutex<DateTime<Utc>>>);
 
 impl Clock {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self(Arc::new(Mutex::new(Utc::now())))
     }
 
-    fn advance(&self, by: Duration) {
+    pub(crate) fn advance(&self, by: Duration) {
         *self.0.lock().unwrap() += by;
     }
 
@@ -36,7 +36,7 @@ impl Clock {
 }
 
 /// A replica: its own pool on the test database, named `id`, on `clock`.
-async fn replica(db: &TestDb, clock: &Clock, id: &str) -> Ledger {
+pub(crate) async fn replica(db: &TestDb, clock: &Clock, id: &str) -> Ledger {
     let ledger = Ledger::connect_with(
         &db.url,
         LedgerOptions {
@@ -60,7 +60,7 @@ fn note(text: &str) -> NewEvent {
     )
 }
 
-async fn contents(ledger: &Ledger, session: &str) -> Vec<String> {
+pub(crate) async fn contents(ledger: &Ledger, session: &str) -> Vec<String> {
     ledger
         .events_after(session, 0, 1000)
         .await
@@ -76,7 +76,7 @@ async fn contents(ledger: &Ledger, session: &str) -> Vec<String> {
 }
 
 #[track_caller]
-fn granted(claim: LeaseClaim) -> u64 {
+pub(crate) fn granted(claim: LeaseClaim) -> u64 {
     match claim {
         LeaseClaim::Granted(lease) => lease.epoch,
         LeaseClaim::Held(lease) => panic!("expected the lease granted, it is held: {lease:?}"),
@@ -84,7 +84,11 @@ fn granted(claim: LeaseClaim) -> u64 {
 }
 
 #[track_caller]
-fn fenced<T: std::fmt::Debug>(result: Result<T, LedgerError>, session: &str, epoch: u64) {
+pub(crate) fn fenced<T: std::fmt::Debug>(
+    result: Result<T, LedgerError>,
+    session: &str,
+    epoch: u64,
+) {
     match result {
         Err(LedgerError::Fenced {
             session_id,

@@ -20,6 +20,7 @@ mod cases;
 mod connect;
 mod harness;
 mod history_cases;
+mod inbox_cases;
 mod lease_cases;
 mod outage;
 mod session_cases;
@@ -152,6 +153,7 @@ conformance!(
     a_session_is_handed_to_the_replica_whose_workers_serve_its_tool,
     votes_are_recorded_whatever_the_recording_replicas_lease,
     a_write_between_a_release_and_the_next_acquisition_is_not_fenced,
+    user_messages_queue_for_the_driving_replica_and_are_recorded_once,
     replicas_racing_for_an_expired_lease_get_one_epoch_each,
     replicas_racing_to_expire_an_approval_expire_it_once,
 );
