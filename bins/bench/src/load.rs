@@ -745,10 +745,37 @@ pub(crate) async fn wait_for_completed(
                 statuses.insert(status, count_held(client, status, usize::MAX).await?);
             }
             return Err(BenchError::new(format!(
-                "only {done} of {n} approved sessions completed (sessions by status: {statuses:?})"
+                "only {done} of {n} approved sessions completed (sessions by status: \
+                 {statuses:?}){}",
+                first_failure(client).await
             )));
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Why the first failed session of the held agent failed, for the bench's error (empty when
+/// none failed or it cannot be read).
+async fn first_failure(client: &Client) -> String {
+    let filter = SessionFilter {
+        agent: Some(AgentName::new("support", HELD)),
+        status: Some("failed".to_owned()),
+        limit: Some(1),
+        ..SessionFilter::default()
+    };
+    let Ok(page) = client.list_sessions(&filter).await else {
+        return String::new();
+    };
+    let Some(first) = page.sessions.first() else {
+        return String::new();
+    };
+    match client.inspect_session(&first.id).await {
+        Ok(inspection) => format!(
+            "; session {} failed: {}",
+            first.id,
+            inspection.session.error.unwrap_or_default()
+        ),
+        Err(e) => format!("; session {} failed (inspect: {e})", first.id),
     }
 }
 
