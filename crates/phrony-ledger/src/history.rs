@@ -891,6 +891,20 @@ pub struct HistoryPruned {
     /// any more, and whose committed ones are now all deleted: from then on every window of
     /// theirs is answered from buckets (`bucketed_since` is the epoch).
     pub legacy_groups: u64,
+    /// Windowed groups from before migration 0016 not reserved since (no `window_secs`), whose
+    /// window this batch read from their query key and recorded, with `bucketed_since` just
+    /// after their last entry: from then on their entries are pruned like those of
+    /// [`HistoryPruned::legacy_groups`], once that window has passed.
+    pub legacy_windows: u64,
+}
+
+impl HistoryPruned {
+    /// Whether the batch did nothing: no batch after it would either, until time passes or
+    /// calls settle.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
 }
 
 /// Deletes at most `limit` committed entries (with those from before migration 0016,
@@ -919,6 +933,7 @@ pub(crate) async fn prune(tx: &mut Tx, limit: i64) -> Result<HistoryPruned> {
             args![before, limit],
         )
         .await?;
+    let legacy_windows = adopt_legacy_windows(tx, limit).await?;
     // The entries' budget left for those from before migration 0016.
     let left = limit - i64::try_from(entries).unwrap_or(limit);
     let (legacy_entries, legacy_groups) = if left > 0 {
@@ -930,7 +945,93 @@ pub(crate) async fn prune(tx: &mut Tx, limit: i64) -> Result<HistoryPruned> {
         entries: entries + legacy_entries,
         buckets,
         legacy_groups,
+        legacy_windows,
     })
+}
+
+/// The window of a history query from its key, `calls|in|same|within|aggregate|of` (the
+/// policy crate's `HistoryQuery::key`): `None` for an unwindowed query and for any key not of
+/// that shape (its entries are then kept).
+pub(crate) fn window_of_key(query_key: &str) -> Option<i64> {
+    let fields: Vec<&str> = query_key.split('|').collect();
+    let [_, scope, _, within, aggregate, _] = fields.as_slice() else {
+        return None;
+    };
+    let known_scope = matches!(*scope, "session" | "agent" | "everyone");
+    let known_aggregate = matches!(*aggregate, "count" | "sum" | "max" | "last" | "exists");
+    if !known_scope || !known_aggregate || !within.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    within.parse::<i64>().ok().filter(|w| *w > 0)
+}
+
+/// The distinct query keys of the history groups, one index probe each (a loose index scan:
+/// their number is the number of distinct history queries, not of groups).
+const DISTINCT_QUERY_KEYS_SQL: &str = "WITH RECURSIVE k(q) AS (\
+     SELECT MIN(query_key) FROM history_groups \
+     UNION ALL SELECT (SELECT MIN(query_key) FROM history_groups WHERE query_key > k.q) \
+     FROM k WHERE k.q IS NOT NULL) \
+     SELECT q FROM k WHERE q IS NOT NULL";
+
+/// A windowed group from before migration 0016 that no reservation has touched since has no
+/// `window_secs` and no `bucketed_since`, so [`prune_legacy`] does not know it is windowed and
+/// its entries would stay forever. Its window is in its query key ([`window_of_key`]): record
+/// it, with `bucketed_since` one microsecond after the group's last entry (every entry before
+/// is unbucketed, none after it is), so that [`prune_legacy`] takes its committed entries once
+/// that window has passed. At most `limit` groups. Returns how many were recorded.
+async fn adopt_legacy_windows(tx: &mut Tx, limit: i64) -> Result<u64> {
+    let keys = tx
+        .conn()
+        .fetch_all("list history query keys", DISTINCT_QUERY_KEYS_SQL, args![])
+        .await?;
+    let mut adopted = 0;
+    for key in keys {
+        let query_key = key.text("q")?;
+        let Some(window) = window_of_key(&query_key) else {
+            continue;
+        };
+        let budget = limit - i64::try_from(adopted).unwrap_or(i64::MAX);
+        if budget <= 0 {
+            break;
+        }
+        let groups = tx
+            .conn()
+            .fetch_all(
+                "find history groups with no known window",
+                "SELECT scope_key, group_key FROM history_groups WHERE query_key = $1 \
+                 AND window_secs IS NULL AND bucketed_since IS NULL LIMIT $2",
+                args![&query_key, budget],
+            )
+            .await?;
+        for g in groups {
+            let (scope_key, group_key) = (g.text("scope_key")?, g.text("group_key")?);
+            let last = tx
+                .conn()
+                .fetch_optional(
+                    "find the last history entry of a group",
+                    "SELECT at FROM history_entries WHERE query_key = $1 AND scope_key = $2 \
+                     AND group_key = $3 ORDER BY at DESC LIMIT 1",
+                    args![&query_key, &scope_key, &group_key],
+                )
+                .await?;
+            let since = match last {
+                Some(row) => row.ts("at")? + chrono::Duration::microseconds(1),
+                None => DateTime::UNIX_EPOCH,
+            };
+            // Only while still unknown: a reservation that got there first recorded both.
+            adopted += tx
+                .conn()
+                .execute(
+                    "record the window of a history group",
+                    "UPDATE history_groups SET window_secs = $4, bucketed_since = $5 \
+                     WHERE query_key = $1 AND scope_key = $2 AND group_key = $3 \
+                     AND window_secs IS NULL AND bucketed_since IS NULL",
+                    args![&query_key, &scope_key, &group_key, window, since],
+                )
+                .await?;
+        }
+    }
+    Ok(adopted)
 }
 
 /// Entries written before migration 0016 have no `visible_until`. A windowed group from then
@@ -1031,4 +1132,34 @@ pub(crate) fn check_keys<'k>(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::window_of_key;
+
+    #[test]
+    fn the_window_is_read_from_query_keys_of_the_policy_crates_shape_only() {
+        assert_eq!(
+            window_of_key("issue_refund|everyone|customer_id|86400|count|"),
+            Some(86_400)
+        );
+        assert_eq!(
+            window_of_key("payments.issue-refund|session|a,b|60|sum|result.total"),
+            Some(60)
+        );
+        for kept in [
+            "issue_refund|everyone|customer_id||sum|amount",
+            "issue_refund|everyone|customer_id|0|count|",
+            "issue_refund|everyone|customer_id|-5|count|",
+            "issue_refund|everyone|customer_id|1h|count|",
+            "issue|refund|everyone|customer_id|60|count|",
+            "issue_refund|somewhere|customer_id|60|count|",
+            "issue_refund|everyone|customer_id|60|median|",
+            "issue_refund|everyone|60|count",
+            "",
+        ] {
+            assert_eq!(window_of_key(kept), None, "{kept}");
+        }
+    }
 }

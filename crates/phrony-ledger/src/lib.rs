@@ -1621,6 +1621,37 @@ impl Ledger {
         write_tx!(self, |tx| history::prune(&mut tx, i64::from(limit)))
     }
 
+    /// One pruning run: [`Ledger::prune_history`] batches of at most `limit` each, one write
+    /// transaction each with a yield between two so other writers go in between, until a
+    /// batch finds nothing to do (a short batch is not the end: the entries of pre-0016
+    /// groups, the groups marked and the windows recorded have budgets of their own) or
+    /// `max_batches` have run, which bounds a run when the backlog is large (the next run goes
+    /// on). Returns the totals.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for a `limit` or `max_batches` of 0; database errors (what earlier
+    /// batches deleted stays deleted).
+    pub async fn prune_history_run(&self, limit: u32, max_batches: u32) -> Result<HistoryPruned> {
+        if max_batches == 0 {
+            return Err(LedgerError::invalid("a prune run needs at least one batch"));
+        }
+        let mut total = HistoryPruned::default();
+        for n in 0..max_batches {
+            if n > 0 {
+                tokio::task::yield_now().await;
+            }
+            let batch = self.prune_history(limit).await?;
+            if batch.is_empty() {
+                break;
+            }
+            total.entries += batch.entries;
+            total.buckets += batch.buckets;
+            total.legacy_groups += batch.legacy_groups;
+            total.legacy_windows += batch.legacy_windows;
+        }
+        Ok(total)
+    }
+
     /// Records what a `mode: shadow` policy would have changed about one call: a
     /// `policy.shadow` event in the policy's stream ([`shadow_stream`]) by the runtime's `policy`
     /// actor, and its index row, in one transaction. Idempotent per call and policy ref: a call

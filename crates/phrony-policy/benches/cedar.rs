@@ -9,8 +9,8 @@
 //! - `phrony`: [`PolicySet::evaluate`] on the tool arguments (a borrowed JSON value);
 //! - `cedar`: [`CedarPolicies::evaluate`], the crate's Cedar embedding as the mock gate uses it
 //!   (context facts type-checked against the declared schema, the Cedar request built, forbid
-//!   wins, and the `@escalate` convention: a second authorizer call when only escalate forbids
-//!   matched), from the same JSON;
+//!   wins, and the `@escalate` convention: one authorizer call on a set where escalate forbids
+//!   are permits), from the same JSON;
 //! - `cedar_authorizer`: one bare `Authorizer::is_authorized` on a request built beforehand,
 //!   Cedar's core alone (a lower bound on what any Cedar embedding pays).
 //!

@@ -125,9 +125,10 @@ pub struct CedarSpec {
 #[derive(Debug, Clone)]
 pub(crate) struct Parsed {
     pub(crate) all: PolicySet,
-    /// The same set without the escalate forbids: used to learn whether a permit matched
-    /// when only escalate forbids fired.
-    without_escalate: PolicySet,
+    /// The set decisions are taken on: the same policies with every escalate forbid turned
+    /// into a permit (same id, same condition), so that one authorizer call says which hard
+    /// forbids matched (a deny), or else which permits and which escalate forbids did.
+    decide_on: PolicySet,
     escalate: BTreeMap<String, String>,
     /// `@reason("…")` of the policies that carry one.
     pub(crate) reasons: BTreeMap<String, String>,
@@ -175,7 +176,7 @@ impl Parsed {
             }));
         }
         let mut all = PolicySet::new();
-        let mut without_escalate = PolicySet::new();
+        let mut decide_on = PolicySet::new();
         let mut escalate = BTreeMap::new();
         let mut reasons = BTreeMap::new();
         let mut seen = BTreeSet::new();
@@ -211,9 +212,15 @@ impl Parsed {
                 }
                 (Some(role), Effect::Forbid) => {
                     escalate.insert(id.clone(), role.to_owned());
+                    let flipped = as_permit(&rekeyed, &id).map_err(single)?;
+                    decide_on.add(flipped).map_err(|e| {
+                        single(CedarError::DuplicateId {
+                            id: format!("{id} ({})", render_error(&e)),
+                        })
+                    })?;
                 }
                 (None, _) => {
-                    without_escalate.add(rekeyed.clone()).map_err(|e| {
+                    decide_on.add(rekeyed.clone()).map_err(|e| {
                         single(CedarError::DuplicateId {
                             id: format!("{id} ({})", render_error(&e)),
                         })
@@ -228,7 +235,7 @@ impl Parsed {
         }
         Ok(Self {
             all,
-            without_escalate,
+            decide_on,
             escalate,
             reasons,
             ids: seen.into_iter().collect(),
@@ -258,10 +265,12 @@ impl Parsed {
     }
 
     /// Decides one request: forbid wins, default deny, the escalate convention, and any
-    /// evaluation error fails closed.
+    /// evaluation error fails closed. One authorizer call on `decide_on`, where escalate
+    /// forbids are permits: a deny there is a matched hard forbid; an allow lists the matched
+    /// permits and escalate forbids, which escalate when a real permit matched too and are
+    /// no permit (default deny) otherwise.
     pub(crate) fn decide(&self, request: &Request, entities: &Entities) -> CedarVerdict {
-        let authorizer = Authorizer::new();
-        let response = authorizer.is_authorized(request, &self.all, entities);
+        let response = Authorizer::new().is_authorized(request, &self.decide_on, entities);
         if let Some(error) = response.diagnostics().errors().next() {
             return CedarVerdict::Invalid {
                 problem: format!("policy evaluation failed (fail closed): {error}"),
@@ -273,21 +282,20 @@ impl Parsed {
             .map(ToString::to_string)
             .collect();
         reasons.sort();
-        if response.decision() == Decision::Allow {
-            return CedarVerdict::Allow { permits: reasons };
+        if response.decision() != Decision::Allow {
+            return if reasons.is_empty() {
+                CedarVerdict::NoPermit
+            } else {
+                CedarVerdict::Deny { forbids: reasons }
+            };
         }
-        if reasons.is_empty() {
-            return CedarVerdict::NoPermit;
-        }
-        let (escalating, hard): (Vec<String>, Vec<String>) = reasons
+        let (escalating, permits): (Vec<String>, Vec<String>) = reasons
             .into_iter()
             .partition(|id| self.escalate.contains_key(id));
-        if !hard.is_empty() {
-            return CedarVerdict::Deny { forbids: hard };
+        if escalating.is_empty() {
+            return CedarVerdict::Allow { permits };
         }
-        // Only escalate forbids fired: escalate when a permit would have allowed it.
-        let without = authorizer.is_authorized(request, &self.without_escalate, entities);
-        if without.decision() != Decision::Allow {
+        if permits.is_empty() {
             return CedarVerdict::NoPermit;
         }
         let approver = escalating
@@ -300,6 +308,22 @@ impl Parsed {
             approver,
         }
     }
+}
+
+/// `policy` (a `forbid`) as a `permit` with the same id, scope, condition and annotations.
+fn as_permit(policy: &Policy, id: &str) -> Result<Policy, CedarError> {
+    let problem = |message: String| CedarError::Escalate {
+        id: id.to_owned(),
+        message,
+    };
+    let mut json = policy
+        .to_json()
+        .map_err(|e| problem(format!("cannot be read back: {}", render_error(&e))))?;
+    if let Some(effect) = json.get_mut("effect") {
+        *effect = Value::String("permit".to_owned());
+    }
+    Policy::from_json(Some(PolicyId::new(id)), json)
+        .map_err(|e| problem(format!("cannot be rebuilt: {}", render_error(&e))))
 }
 
 /// A compiled policy set.

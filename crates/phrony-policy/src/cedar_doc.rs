@@ -18,13 +18,15 @@
 
 use std::collections::BTreeMap;
 
-use cedar_policy::{Context, Entities, EntityUid, Schema};
+use cedar_policy::{
+    Context, Entities, Entity, EntityId, EntityTypeName, EntityUid, RestrictedExpression, Schema,
+};
 use serde_json::{Map, Value, json};
 
 use crate::Aggregate;
 use crate::cedar::{
     CedarError, CedarVerdict, FactSpec, FactType, Located, Parsed, cedar_decimal, json_kind,
-    render_error, typed_value, uid,
+    render_error, uid,
 };
 use crate::history::{Answer, Side};
 use crate::request::Request;
@@ -45,10 +47,37 @@ const ANONYMOUS: &str = "anonymous";
 #[derive(Debug, Clone)]
 pub(crate) struct CedarDoc {
     parsed: Parsed,
-    /// `None` when no tool is in scope (a document checked on its own): nothing to evaluate.
+    /// The schema the policies were validated against; tests check every request built for
+    /// evaluation against it (`conforms`), which evaluation itself skips.
+    #[cfg(test)]
     schema: Option<Schema>,
     /// The typed arguments of every tool in scope, by dispatch ref.
     tools: BTreeMap<String, BTreeMap<String, FactSpec>>,
+    /// The action and resource of every tool in scope, by dispatch ref (built once).
+    uids: BTreeMap<String, ToolUids>,
+    /// The principal's and the session's entity types; `None` when no tool is in scope (a
+    /// document checked on its own): nothing to evaluate.
+    types: Option<EntityTypes>,
+}
+
+/// The action and the resource a call of one tool is evaluated as.
+#[derive(Debug, Clone)]
+struct ToolUids {
+    action: EntityUid,
+    resource: EntityUid,
+}
+
+/// The entity types of a request's principal and session.
+#[derive(Debug, Clone)]
+struct EntityTypes {
+    principal: EntityTypeName,
+    session: EntityTypeName,
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Tests only: how many built requests `CedarDoc::conforms` checked on this thread.
+    static CONFORMED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
 /// The Cedar schema type of a named history fact.
@@ -64,8 +93,11 @@ fn history_type(aggregate: Aggregate) -> Value {
 
 /// The `context.history` record of one request: every named fact, or the first that cannot
 /// be answered.
-fn history_record(req: &Request<'_>, history: &[(String, Side)]) -> Result<Value, String> {
-    let mut record = Map::new();
+fn history_record(
+    req: &Request<'_>,
+    history: &[(String, Side)],
+) -> Result<RestrictedExpression, String> {
+    let mut record = Vec::with_capacity(history.len());
     for (name, side) in history {
         let missing = || {
             format!(
@@ -74,19 +106,19 @@ fn history_record(req: &Request<'_>, history: &[(String, Side)]) -> Result<Value
             )
         };
         let value = match side.answer(req).ok_or_else(missing)? {
-            Answer::Bool(b) => Value::Bool(b),
+            Answer::Bool(b) => RestrictedExpression::new_bool(b),
             Answer::Num(x) if side.aggregate() == Aggregate::Count =>
             {
                 #[allow(
                     clippy::cast_possible_truncation,
                     reason = "a count (plus one) is a small whole number"
                 )]
-                Value::from(x as i64)
+                RestrictedExpression::new_long(x as i64)
             }
             Answer::Num(x) => {
                 let text = format!("{x:.4}");
-                match cedar_decimal(&text) {
-                    Some(d) if x.abs() < 9.0e14 => json!({"__extn": {"fn": "decimal", "arg": d}}),
+                match decimal_expr(&text) {
+                    Some(d) if x.abs() < 9.0e14 => d,
                     _ => {
                         return Err(format!(
                             "fact `history.{name}` is {x}, outside Cedar's decimal range"
@@ -95,9 +127,9 @@ fn history_record(req: &Request<'_>, history: &[(String, Side)]) -> Result<Value
                 }
             }
         };
-        record.insert(name.clone(), value);
+        record.push((name.clone(), value));
     }
-    Ok(Value::Object(record))
+    record_owned(record)
 }
 
 /// A compile problem of a Cedar document: what is wrong and, when known, the byte offset in
@@ -272,10 +304,44 @@ impl CedarDoc {
                 .map_err(|l| l.into_iter().map(CedarIssue::from).collect::<Vec<_>>())?;
             Some(schema)
         };
+        let located = |message: String| {
+            vec![CedarIssue {
+                message,
+                offset: None,
+            }]
+        };
+        let uids = tools
+            .keys()
+            .map(|tool| {
+                Ok((
+                    tool.clone(),
+                    ToolUids {
+                        action: uid("Action", tool).map_err(located)?,
+                        resource: uid(TOOL, tool).map_err(located)?,
+                    },
+                ))
+            })
+            .collect::<Result<BTreeMap<_, _>, Vec<CedarIssue>>>()?;
+        let types = match schema {
+            None => None,
+            Some(_) => Some(EntityTypes {
+                principal: uid(PRINCIPAL, ANONYMOUS)
+                    .map_err(located)?
+                    .type_name()
+                    .clone(),
+                session: uid(SESSION, ANONYMOUS)
+                    .map_err(located)?
+                    .type_name()
+                    .clone(),
+            }),
+        };
         Ok(Self {
             parsed,
-            schema,
+            #[cfg(test)]
+            schema: schema.clone(),
             tools,
+            uids,
+            types,
         })
     }
 
@@ -345,9 +411,34 @@ impl CedarDoc {
     /// Decides one call, with the policy's named history facts.
     pub(crate) fn evaluate(&self, req: &Request<'_>, history: &[(String, Side)]) -> CedarVerdict {
         match self.request(req, history) {
-            Ok((request, entities)) => self.parsed.decide(&request, &entities),
+            Ok((request, entities)) => {
+                #[cfg(test)]
+                self.conforms(&request, &entities);
+                self.parsed.decide(&request, &entities)
+            }
             Err(problem) => CedarVerdict::Invalid { problem },
         }
+    }
+
+    /// Tests only: the request and entities built for evaluation (without Cedar's schema
+    /// check) pass that check, i.e. what is typed by construction is typed as the schema says.
+    #[cfg(test)]
+    #[allow(clippy::expect_used, reason = "a test assertion")]
+    fn conforms(&self, request: &cedar_policy::Request, entities: &Entities) {
+        let schema = self.schema.as_ref().expect("evaluated with tools in scope");
+        let (Some(p), Some(a), Some(r), Some(c)) = (
+            request.principal(),
+            request.action(),
+            request.resource(),
+            request.context(),
+        ) else {
+            panic!("a concrete request: {request:?}");
+        };
+        cedar_policy::Request::new(p.clone(), a.clone(), r.clone(), c.clone(), Some(schema))
+            .expect("the built request conforms to the schema");
+        Entities::from_entities(entities.iter().cloned(), Some(schema))
+            .expect("the built entities conform to the schema");
+        CONFORMED.with(|n| n.set(n.get() + 1));
     }
 
     fn request(
@@ -356,84 +447,74 @@ impl CedarDoc {
         history: &[(String, Side)],
     ) -> Result<(cedar_policy::Request, Entities), String> {
         let tool = req.tool.r#ref;
-        let (Some(schema), Some(facts)) = (&self.schema, self.tools.get(tool)) else {
+        let (Some(entry), Some(types)) = (self.uids.get(tool), &self.types) else {
             return Err(format!(
                 "tool `{tool}` is not in the scope the Cedar policies were compiled for"
             ));
         };
-        let empty = Map::new();
-        let args_in = req.args.as_object().unwrap_or(&empty);
-        let mut args = Map::new();
-        for (name, spec) in facts {
-            match args_in.get(name) {
-                None | Some(Value::Null) if spec.optional => {}
-                None | Some(Value::Null) => {
-                    return Err(format!(
-                        "missing fact `args.{name}` ({}) required by the input schema of `{tool}`",
-                        spec.ty.name()
-                    ));
-                }
-                Some(value) => {
-                    args.insert(name.clone(), arg_value(name, spec.ty, value)?);
-                }
-            }
-        }
-        let agent = req.agent.unwrap_or_default();
-        let session = req.session.unwrap_or_default();
-        let mut context = json!({
-            "args": args,
-            "tool": {
-                "ref": tool,
-                "version": req.tool.version,
-                "side_effect_class": req.tool.side_effect_class,
-                "name": req.tool.name,
-            },
-            "agent": {"namespace": agent.namespace, "name": agent.name, "version": agent.version},
-            "session": {"__entity": {"type": SESSION, "id": session.id}},
-            "history": history_record(req, history)?,
-        });
-        if let (Some(time), Value::Object(map)) = (req.now_unix, &mut context) {
-            map.insert("time".into(), Value::from(time));
-        }
-        let mut principal_id = ANONYMOUS.to_owned();
-        let mut claim_tags = Map::new();
+        let context = self.context(req, history)?;
+        let mut principal_id = ANONYMOUS;
+        let mut claim_tags = Vec::new();
+        let mut principal = None;
         if let Some(claims) = req.principal {
             let Some(claims) = claims.as_object() else {
                 return Err("the principal's claims must be a JSON object".to_owned());
             };
             if let Some(sub) = claims.get("sub") {
-                principal_id = sub
-                    .as_str()
-                    .ok_or_else(|| {
-                        format!(
-                            "fact `principal.id` (claim `sub`) must be a string, got {}",
-                            json_kind(sub)
-                        )
-                    })?
-                    .to_owned();
+                principal_id = sub.as_str().ok_or_else(|| {
+                    format!(
+                        "fact `principal.id` (claim `sub`) must be a string, got {}",
+                        json_kind(sub)
+                    )
+                })?;
             }
             let roles = roles(claims)?;
-            if let Value::Object(map) = &mut context {
-                map.insert(
-                    "principal".into(),
-                    json!({"id": principal_id, "roles": roles}),
-                );
-            }
+            principal = Some(record([
+                (
+                    "id",
+                    RestrictedExpression::new_string(principal_id.to_owned()),
+                ),
+                (
+                    "roles",
+                    RestrictedExpression::new_set(
+                        roles.into_iter().map(RestrictedExpression::new_string),
+                    ),
+                ),
+            ])?);
             claim_tags = tags(claims);
         }
+        let session = req.session.unwrap_or_default();
         let metadata_tags = session
             .metadata
             .and_then(Value::as_object)
             .map(tags)
             .unwrap_or_default();
-        let entities = Entities::from_json_value(
-            json!([
-                {"uid": {"type": PRINCIPAL, "id": principal_id}, "attrs": {}, "parents": [],
-                 "tags": claim_tags},
-                {"uid": {"type": SESSION, "id": session.id}, "attrs": {}, "parents": [],
-                 "tags": metadata_tags},
-            ]),
-            Some(schema),
+        let principal_uid =
+            EntityUid::from_type_name_and_id(types.principal.clone(), EntityId::new(principal_id));
+        let session_uid =
+            EntityUid::from_type_name_and_id(types.session.clone(), EntityId::new(session.id));
+        let mut pairs = context;
+        if let Some(principal) = principal {
+            pairs.push(("principal".to_owned(), principal));
+        }
+        pairs.push((
+            "session".to_owned(),
+            RestrictedExpression::new_entity_uid(session_uid.clone()),
+        ));
+        let entity = |uid: EntityUid, tags: Vec<(String, RestrictedExpression)>| {
+            Entity::new_with_tags(uid, [], [], tags).map_err(|e| {
+                format!(
+                    "principal or session does not fit the schema: {}",
+                    render_error(&e)
+                )
+            })
+        };
+        let entities = Entities::from_entities(
+            [
+                entity(principal_uid.clone(), claim_tags)?,
+                entity(session_uid, metadata_tags)?,
+            ],
+            None,
         )
         .map_err(|e| {
             format!(
@@ -441,19 +522,23 @@ impl CedarDoc {
                 render_error(&e)
             )
         })?;
-        let action: EntityUid = uid("Action", tool)?;
-        let context = Context::from_json_value(context, Some((schema, &action))).map_err(|e| {
+        // Every value above is typed by the schema's declaration (the arguments by their input
+        // schema, `arg_value`; the history facts by aggregate; the rest are strings, a Long and
+        // a set of strings), so the request is built without Cedar's per-call schema check
+        // (`built_requests_conform_to_the_schema` checks that they would pass it); the
+        // policies were validated against the schema in strict mode when compiled.
+        let context = Context::from_pairs(pairs).map_err(|e| {
             format!(
                 "the call does not match the tool's declared facts: {}",
                 render_error(&e)
             )
         })?;
         let request = cedar_policy::Request::new(
-            uid(PRINCIPAL, &principal_id)?,
-            action,
-            uid(TOOL, tool)?,
+            principal_uid,
+            entry.action.clone(),
+            entry.resource.clone(),
             context,
-            Some(schema),
+            None,
         )
         .map_err(|e| {
             format!(
@@ -463,22 +548,137 @@ impl CedarDoc {
         })?;
         Ok((request, entities))
     }
+
+    /// The context of one call without `principal` and `session`: `args` (the tool's declared
+    /// arguments, typed), `tool`, `agent`, `history` and `time`.
+    fn context(
+        &self,
+        req: &Request<'_>,
+        history: &[(String, Side)],
+    ) -> Result<Vec<(String, RestrictedExpression)>, String> {
+        let tool = req.tool.r#ref;
+        let Some(facts) = self.tools.get(tool) else {
+            return Err(format!(
+                "tool `{tool}` is not in the scope the Cedar policies were compiled for"
+            ));
+        };
+        let empty = Map::new();
+        let args_in = req.args.as_object().unwrap_or(&empty);
+        let mut args = Vec::with_capacity(facts.len());
+        for (name, spec) in facts {
+            match args_in.get(name) {
+                None | Some(Value::Null) if spec.optional => {}
+                None | Some(Value::Null) => {
+                    return Err(format!(
+                        "missing fact `args.{name}` ({}) required by the input schema of `{tool}`",
+                        spec.ty.name()
+                    ));
+                }
+                Some(value) => args.push((name.clone(), arg_value(name, spec.ty, value)?)),
+            }
+        }
+        let agent = req.agent.unwrap_or_default();
+        let string = |s: &str| RestrictedExpression::new_string(s.to_owned());
+        let mut pairs = vec![
+            ("args".to_owned(), record_owned(args)?),
+            (
+                "tool".to_owned(),
+                record([
+                    ("ref", string(tool)),
+                    ("version", string(req.tool.version)),
+                    ("side_effect_class", string(req.tool.side_effect_class)),
+                    ("name", string(req.tool.name)),
+                ])?,
+            ),
+            (
+                "agent".to_owned(),
+                record([
+                    ("namespace", string(agent.namespace)),
+                    ("name", string(agent.name)),
+                    ("version", string(agent.version)),
+                ])?,
+            ),
+            ("history".to_owned(), history_record(req, history)?),
+        ];
+        if let Some(time) = req.now_unix {
+            pairs.push(("time".to_owned(), RestrictedExpression::new_long(time)));
+        }
+        Ok(pairs)
+    }
+}
+
+/// A Cedar record from fields with static names.
+fn record<const N: usize>(
+    fields: [(&str, RestrictedExpression); N],
+) -> Result<RestrictedExpression, String> {
+    record_owned(fields.into_iter().map(|(k, v)| (k.to_owned(), v)))
+}
+
+/// A Cedar record (a duplicate name, impossible here, is an error rather than a panic).
+fn record_owned(
+    fields: impl IntoIterator<Item = (String, RestrictedExpression)>,
+) -> Result<RestrictedExpression, String> {
+    RestrictedExpression::new_record(fields)
+        .map_err(|e| format!("a Cedar record could not be built: {}", render_error(&e)))
+}
+
+/// A Cedar `decimal` from its normalised text (`cedar_decimal`), if it is within Cedar's range
+/// (a signed 64-bit count of ten-thousandths).
+fn decimal_expr(text: &str) -> Option<RestrictedExpression> {
+    let normal = cedar_decimal(text)?;
+    let (int, frac) = normal.split_once('.')?;
+    let (negative, int) = match int.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, int),
+    };
+    let scaled = int
+        .parse::<i128>()
+        .ok()?
+        .checked_mul(10_000)?
+        .checked_add(format!("{frac:0<4}").parse::<i128>().ok()?)?;
+    let fits = if negative {
+        -scaled >= i128::from(i64::MIN)
+    } else {
+        scaled <= i128::from(i64::MAX)
+    };
+    fits.then(|| RestrictedExpression::new_decimal(normal))
 }
 
 /// An argument's Cedar value: like the gate's facts, and a number or integer sent as text is
-/// read as the number it spells (the condition language compares `"14000"` as 14000 too).
-fn arg_value(name: &str, ty: FactType, value: &Value) -> Result<Value, String> {
-    let fact = format!("args.{name}");
+/// read as the number it spells (the condition language compares `"14000"` as 14000 too). A
+/// decimal outside Cedar's range is mistyped.
+fn arg_value(name: &str, ty: FactType, value: &Value) -> Result<RestrictedExpression, String> {
+    let mistyped = || {
+        format!(
+            "fact `args.{name}` must be a {}, got {} `{value}`",
+            ty.name(),
+            json_kind(value)
+        )
+    };
     match (ty, value) {
+        (FactType::String, Value::String(s)) => Ok(RestrictedExpression::new_string(s.clone())),
+        (FactType::Bool, Value::Bool(b)) => Ok(RestrictedExpression::new_bool(*b)),
+        (FactType::Long, Value::Number(n)) => n
+            .as_i64()
+            .map(RestrictedExpression::new_long)
+            .ok_or_else(mistyped),
         (FactType::Long, Value::String(s)) => s
             .trim()
             .parse::<i64>()
-            .map(Value::from)
-            .map_err(|_| format!("fact `{fact}` must be a long, got string `{value}`")),
-        (FactType::Decimal, Value::String(s)) => cedar_decimal(s.trim())
-            .map(|d| json!({"__extn": {"fn": "decimal", "arg": d}}))
-            .ok_or_else(|| format!("fact `{fact}` must be a decimal, got string `{value}`")),
-        _ => typed_value(&fact, ty, value),
+            .map(RestrictedExpression::new_long)
+            .map_err(|_| mistyped()),
+        (FactType::Decimal, Value::String(s)) => decimal_expr(s.trim()).ok_or_else(mistyped),
+        (FactType::Decimal, Value::Number(n)) => decimal_expr(&n.to_string()).ok_or_else(mistyped),
+        (FactType::StringSet, Value::Array(items)) => items
+            .iter()
+            .map(|item| {
+                item.as_str()
+                    .map(|s| RestrictedExpression::new_string(s.to_owned()))
+            })
+            .collect::<Option<Vec<_>>>()
+            .map(RestrictedExpression::new_set)
+            .ok_or_else(mistyped),
+        _ => Err(mistyped()),
     }
 }
 
@@ -523,11 +723,13 @@ fn roles(claims: &Map<String, Value>) -> Result<Vec<String>, String> {
 
 /// Entity tags from a JSON object: strings as they are, numbers and booleans as their JSON
 /// text; arrays, objects and null are left out.
-fn tags(map: &Map<String, Value>) -> Map<String, Value> {
+fn tags(map: &Map<String, Value>) -> Vec<(String, RestrictedExpression)> {
     map.iter()
         .filter_map(|(k, v)| match v {
-            Value::String(_) => Some((k.clone(), v.clone())),
-            Value::Number(_) | Value::Bool(_) => Some((k.clone(), Value::String(v.to_string()))),
+            Value::String(s) => Some((k.clone(), RestrictedExpression::new_string(s.clone()))),
+            Value::Number(_) | Value::Bool(_) => {
+                Some((k.clone(), RestrictedExpression::new_string(v.to_string())))
+            }
             _ => None,
         })
         .collect()
@@ -809,6 +1011,133 @@ permit (principal, action, resource);
         );
         assert_eq!(kind, DecisionKind::Deny);
         assert!(reason.unwrap_or_default().contains("args.amount"));
+    }
+
+    #[test]
+    fn decimals_outside_cedars_range_fail_closed_naming_the_fact() {
+        let s = set(vec![cedar_def("refund-cedar", REFUND_CEDAR)]);
+        // Cedar's decimal is a signed 64-bit count of ten-thousandths: ±922337203685477.5807.
+        for amount in [
+            json!("922337203685477.5808"),
+            json!("-922337203685477.5809"),
+            json!(1.0e15),
+            json!("100000000000000000000"),
+        ] {
+            let (kind, reason, _) = decide(
+                &s,
+                &json!({"order_id": "O-1", "amount": amount, "currency": "EUR"}),
+            );
+            assert_eq!(kind, DecisionKind::Deny, "{amount}");
+            let reason = reason.unwrap_or_default();
+            assert!(
+                reason.contains("fail closed")
+                    && reason.contains("`args.amount` must be a decimal"),
+                "{amount}: {reason}"
+            );
+        }
+        // The ends of the range are decimals: the absolute ceiling denies them, the lowest
+        // is a (negative) refund within the delegated limit.
+        let (kind, reason, _) = decide(
+            &s,
+            &json!({"order_id": "O-1", "amount": "922337203685477.5807", "currency": "EUR"}),
+        );
+        assert_eq!(kind, DecisionKind::Deny);
+        assert!(reason.unwrap_or_default().contains("absolute-ceiling"));
+        let (kind, _, _) = decide(
+            &s,
+            &json!({"order_id": "O-1", "amount": "-922337203685477.5808", "currency": "EUR"}),
+        );
+        assert_eq!(kind, DecisionKind::Allow);
+    }
+
+    #[test]
+    fn built_requests_conform_to_the_schema() {
+        // Every type an argument can have, required and optional, read by the policies.
+        let schema = json!({
+            "type": "object",
+            "required": ["s", "n", "i", "b", "tags"],
+            "properties": {
+                "s": {"type": "string"}, "n": {"type": "number"}, "i": {"type": "integer"},
+                "b": {"type": "boolean"}, "tags": {"type": "array", "items": {"type": "string"}},
+                "opt": {"type": "string"}, "ignored": {"type": "object"},
+            },
+        });
+        let text = r#"
+@id("all") permit (principal, action, resource)
+when { context.args.s == "x" && context.args.n.greaterThan(decimal("1.5"))
+       && context.args.i > 2 && context.args.b && context.args.tags.contains("t")
+       && context.tool.name == "probe" && context.agent.name == "a" };
+
+@id("opt") @reason("opt") forbid (principal, action, resource)
+when { context.args has opt && context.args.opt == "no" };
+
+@id("claims") forbid (principal, action, resource)
+when { context has principal && context.principal.roles.contains("banned")
+       && principal.hasTag("n") && principal.getTag("n") == "7"
+       && context.session.hasTag("flag") && context.session.getTag("flag") == "true" };
+"#;
+        let def = PolicyDef {
+            name: "probe".into(),
+            namespace: "ns".into(),
+            version: "1.0.0".into(),
+            scope: "tool:probe.tool".into(),
+            cedar: Some(text.into()),
+            cedar_tools: BTreeMap::from([("probe.tool".to_owned(), schema)]),
+            ..PolicyDef::default()
+        };
+        let s = set(vec![def]);
+        let tool = ToolCtx {
+            name: "probe",
+            ..ToolCtx::new("probe.tool")
+        };
+        let agent = AgentCtx {
+            namespace: "n",
+            name: "a",
+            version: "1",
+        };
+        let full = json!({"s": "x", "n": 2.25, "i": "3", "b": true, "tags": ["t", "u"],
+                          "opt": "yes", "ignored": {"a": 1}});
+        let minimal = json!({"s": "x", "n": "1.6", "i": 3, "b": true, "tags": ["t"]});
+        let opt_no = json!({"s": "x", "n": 2, "i": 3, "b": true, "tags": ["t"], "opt": "no"});
+        let claims = json!({"sub": "u", "roles": ["banned"], "role": "x", "n": 7,
+                            "nested": {"a": 1}});
+        let meta = json!({"flag": true, "list": [1]});
+        let before = CONFORMED.with(std::cell::Cell::get);
+        let mut evaluated = 0;
+        let mut decide = |args: &Value, claims: Option<&Value>, meta: Option<&Value>, at| {
+            let mut req = Request::new(tool, args).with_agent(agent);
+            if let Some(c) = claims {
+                req = req.with_principal(c);
+            }
+            if let Some(m) = meta {
+                req = req.with_session(SessionCtx {
+                    id: "s-1",
+                    metadata: Some(m),
+                });
+            }
+            if let Some(at) = at {
+                req = req.at(at);
+            }
+            evaluated += 1;
+            s.evaluate(&req).kind()
+        };
+        assert_eq!(decide(&full, None, None, Some(1)), DecisionKind::Allow);
+        assert_eq!(decide(&minimal, None, None, None), DecisionKind::Allow);
+        assert_eq!(decide(&opt_no, None, None, Some(1)), DecisionKind::Deny);
+        assert_eq!(
+            decide(&full, Some(&claims), Some(&meta), Some(1)),
+            DecisionKind::Deny
+        );
+        assert_eq!(
+            decide(&full, Some(&claims), Some(&json!({})), Some(1)),
+            DecisionKind::Allow
+        );
+        assert_eq!(
+            decide(&minimal, Some(&json!({})), Some(&meta), Some(1)),
+            DecisionKind::Allow
+        );
+        // Every one of them was built without Cedar's schema check and passed it.
+        assert_eq!(CONFORMED.with(std::cell::Cell::get) - before, evaluated);
     }
 
     #[test]

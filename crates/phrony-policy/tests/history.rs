@@ -64,6 +64,12 @@ fn queries_are_listed_once_with_stable_keys_and_parameters() {
     assert_eq!(qs[2].scope(), HistoryScope::Everyone);
     assert_eq!(qs[2].within_secs(), Some(86_400));
     assert_eq!(qs[2].aggregate(), Aggregate::Count);
+    // The window in seconds is the key's fourth field: the ledger's pruner reads it there for
+    // groups from before migration 0016 (`phrony-ledger`'s `window_of_key`).
+    assert_eq!(
+        qs[2].key(),
+        "payments.issue-refund|everyone|customer_id|86400|count|"
+    );
     assert!(qs[0].matches_tool(&tool()) && qs[2].matches_tool(&tool()));
     assert!(!qs[1].matches_tool(&tool()));
     let args = json!({"order_id": "O-1", "customer_id": 7, "amount": "40.5"});

@@ -1,11 +1,12 @@
 //! The daemon's pruner of history-aware policy state (issue #18): committed entries and time
 //! buckets of windowed history queries that no window can see any more are deleted in bounded
-//! batches ([`phrony_ledger::Ledger::prune_history`]), every [`PRUNE_INTERVAL`]. Reserved
+//! batches ([`phrony_ledger::Ledger::prune_history_run`]), every [`PRUNE_INTERVAL`]: one run
+//! drains what is prunable, at most [`MAX_BATCHES_PER_RUN`] batches. Reserved
 //! (in-flight) entries are never pruned; unwindowed ones (all time) never are.
 
 use std::time::Duration;
 
-use phrony_ledger::Ledger;
+use phrony_ledger::{HistoryPruned, Ledger};
 
 /// How often the pruner runs.
 pub const PRUNE_INTERVAL: Duration = Duration::from_secs(300);
@@ -35,20 +36,12 @@ impl Drop for HistoryPruner {
     }
 }
 
-/// One run: batches until one comes back short (or [`MAX_BATCHES_PER_RUN`]); the totals.
-pub async fn prune_once(ledger: &Ledger) -> Result<(u64, u64), phrony_ledger::LedgerError> {
-    let (mut entries, mut buckets) = (0, 0);
-    for _ in 0..MAX_BATCHES_PER_RUN {
-        let batch = ledger.prune_history(PRUNE_BATCH).await?;
-        entries += batch.entries;
-        buckets += batch.buckets;
-        if batch.entries < u64::from(PRUNE_BATCH) && batch.buckets < u64::from(PRUNE_BATCH) {
-            break;
-        }
-        // Other writers go between two batches.
-        tokio::task::yield_now().await;
-    }
-    Ok((entries, buckets))
+/// One run: batches until one finds nothing to do (or [`MAX_BATCHES_PER_RUN`]), with the
+/// entries of pre-0016 groups (`Ledger::prune_history_run`); the totals.
+pub async fn prune_once(ledger: &Ledger) -> Result<HistoryPruned, phrony_ledger::LedgerError> {
+    ledger
+        .prune_history_run(PRUNE_BATCH, MAX_BATCHES_PER_RUN)
+        .await
 }
 
 async fn run(ledger: Ledger) {
@@ -57,9 +50,15 @@ async fn run(ledger: Ledger) {
     loop {
         tick.tick().await;
         match prune_once(&ledger).await {
-            Ok((0, 0)) => {}
-            Ok((entries, buckets)) => {
-                tracing::info!(entries, buckets, "pruned history state no window can see");
+            Ok(pruned) if pruned.is_empty() => {}
+            Ok(pruned) => {
+                tracing::info!(
+                    entries = pruned.entries,
+                    buckets = pruned.buckets,
+                    legacy_groups = pruned.legacy_groups,
+                    legacy_windows = pruned.legacy_windows,
+                    "pruned history state no window can see"
+                );
             }
             Err(e) => tracing::warn!(error = %e, "could not prune history state"),
         }

@@ -585,7 +585,8 @@ pub(crate) async fn history_prune_keeps_what_a_window_sees_and_reserved_entries(
         phrony_ledger::HistoryPruned {
             entries: 4,
             buckets: 9,
-            legacy_groups: 0
+            legacy_groups: 0,
+            legacy_windows: 0
         }
     );
     // The in-flight entry was kept: it still settles (its group's version moves) and the
@@ -607,15 +608,16 @@ pub(crate) async fn history_prune_keeps_what_a_window_sees_and_reserved_entries(
         phrony_ledger::HistoryPruned {
             entries: 1,
             buckets: 0,
-            legacy_groups: 0
+            legacy_groups: 0,
+            legacy_windows: 0
         }
     );
 }
 
 /// Entries written before migration 0016 (no buckets, no `visible_until`) of a windowed group
 /// are pruned once no window can see them (the group's first bucketed reservation plus its
-/// window plus the margin); one still reserved is kept until it commits; a group not reserved
-/// with a window since keeps its entries (its window is unknown).
+/// window plus the margin); one still reserved is kept until it commits. (Groups not reserved
+/// since: `history_prune_runs_drain_groups_from_before_buckets`.)
 pub(crate) async fn history_prune_takes_entries_from_before_buckets(db: &TestDb) {
     db.migrated().await;
     let t0 = Utc.with_ymd_and_hms(2026, 4, 1, 0, 0, 0).unwrap();
@@ -623,7 +625,6 @@ pub(crate) async fn history_prune_takes_entries_from_before_buckets(db: &TestDb)
     let ledger = clocked(db, &now).await;
     let (session, ids) = calls(&ledger, 4).await;
     let q = "issue_refund|everyone|customer_id|3600|sum|amount";
-    let unknown = "issue_refund|everyone|customer_id|3600|count|";
     let at = |secs: i64| {
         now.store(t0.timestamp_micros() + secs * 1_000_000, Ordering::SeqCst);
     };
@@ -647,7 +648,6 @@ pub(crate) async fn history_prune_takes_entries_from_before_buckets(db: &TestDb)
     for (i, call) in ids[..2].iter().enumerate() {
         at(i64::try_from(i).unwrap());
         reserve_at(call, q, None).await;
-        reserve_at(call, unknown, None).await;
     }
     succeed(&ledger, &ids[0], json!({})).await;
     // Call 2 is the group's first bucketed reservation (10 min in), call 3 comes 2 h in.
@@ -663,7 +663,7 @@ pub(crate) async fn history_prune_takes_entries_from_before_buckets(db: &TestDb)
     let pruned = ledger.prune_history(100).await.unwrap();
     assert_eq!((pruned.entries, pruned.legacy_groups), (0, 0), "{pruned:?}");
     // Past it: call 0's old entry and call 2's bucketed one go; call 1's (reserved), call 3's
-    // (still visible) and the never-rebucketed group's stay.
+    // (still visible) stay.
     at(600 + 3_600 + margin + 10);
     let pruned = ledger.prune_history(100).await.unwrap();
     assert_eq!((pruned.entries, pruned.legacy_groups), (2, 0), "{pruned:?}");
@@ -682,9 +682,90 @@ pub(crate) async fn history_prune_takes_entries_from_before_buckets(db: &TestDb)
     let since = t0 + Duration::seconds(600 + 3_600 + margin + 10 - 3_600);
     let w = facts(&ledger, "x", &[window_read(q, "c", since)]).await[0];
     assert_eq!((w.count, w.sum, w.max), (1, 10.0, Some(10.0)));
-    // The group never reserved with a window keeps both old entries (its max reads them).
-    let old = facts(&ledger, "x", &[read(unknown, "c")]).await[0];
-    assert_eq!((old.count, old.max), (2, Some(10.0)));
+}
+
+/// Windowed groups from before migration 0016 that no reservation touched since (no
+/// `window_secs`, no `bucketed_since`) get their window from their query key and their entries
+/// pruned once it has passed since their last entry; unwindowed groups keep theirs. One run
+/// (`Ledger::prune_history_run`) drains everything prunable in bounded batches, short ones
+/// included, and stops at its batch bound (the next run goes on).
+pub(crate) async fn history_prune_runs_drain_groups_from_before_buckets(db: &TestDb) {
+    db.migrated().await;
+    let t0 = Utc.with_ymd_and_hms(2026, 6, 1, 0, 0, 0).unwrap();
+    let now = Arc::new(AtomicI64::new(t0.timestamp_micros()));
+    let ledger = clocked(db, &now).await;
+    let (session, ids) = calls(&ledger, 6).await;
+    let windowed = "issue_refund|everyone|customer_id|3600|count|";
+    let unwindowed = "issue_refund|everyone|customer_id||sum|amount";
+    let at = |secs: i64| {
+        now.store(t0.timestamp_micros() + secs * 1_000_000, Ordering::SeqCst);
+    };
+    let reserve_at = async |call: &str, query: &str, group: &str| {
+        let v = facts(&ledger, call, &[read(query, group)]).await[0].version;
+        let amount = Some(10.0);
+        assert!(
+            ledger
+                .reserve_history(&session, call, &[reserve(query, group, amount, v)])
+                .await
+                .unwrap()
+        );
+    };
+    // Six calls a second apart, as before 0016 (no window recorded): call i in group c(i % 3)
+    // of the windowed query and in the one group of the unwindowed one; all but call 5 succeed.
+    for (i, call) in ids.iter().enumerate() {
+        at(i64::try_from(i).unwrap());
+        reserve_at(call, windowed, &format!("c{}", i % 3)).await;
+        reserve_at(call, unwindowed, "c").await;
+    }
+    for call in &ids[..5] {
+        succeed(&ledger, call, json!({})).await;
+    }
+    let margin = phrony_ledger::HISTORY_PRUNE_MARGIN_SECS;
+    let run =
+        async |limit: u32, batches: u32| ledger.prune_history_run(limit, batches).await.unwrap();
+    // Group c0's last entry (3 s) is still visible to a window: the windows are recorded, no
+    // entry goes, and a window read still sees the entries.
+    at(3 + 3_600 + margin);
+    let pruned = run(1, 100).await;
+    assert_eq!(
+        (pruned.entries, pruned.legacy_groups, pruned.legacy_windows),
+        (0, 0, 3),
+        "{pruned:?}"
+    );
+    assert!(run(1, 100).await.is_empty());
+    assert_eq!(
+        facts(&ledger, "x", &[window_read(windowed, "c0", t0)]).await[0].count,
+        2
+    );
+    // Past every group's window: a run of at most two batches of one takes two entries…
+    at(5 + 3_600 + margin + 1);
+    let pruned = run(1, 2).await;
+    assert_eq!((pruned.entries, pruned.legacy_groups), (2, 0), "{pruned:?}");
+    // …and the next run drains the rest, through batches that delete nothing but mark a group;
+    // call 5, still in flight, keeps its entry and its group unmarked.
+    let pruned = run(1, 100).await;
+    assert_eq!(
+        (pruned.entries, pruned.legacy_groups, pruned.legacy_windows),
+        (3, 2, 0),
+        "{pruned:?}"
+    );
+    assert!(run(500, 100).await.is_empty());
+    assert_eq!(
+        facts(&ledger, "x", &[window_read(windowed, "c2", t0)]).await[0].count,
+        1
+    );
+    succeed(&ledger, &ids[5], json!({})).await;
+    let pruned = run(500, 100).await;
+    assert_eq!((pruned.entries, pruned.legacy_groups), (1, 1), "{pruned:?}");
+    for group in ["c0", "c1", "c2"] {
+        let w = facts(&ledger, "x", &[window_read(windowed, group, t0)]).await[0];
+        assert_eq!(w.count, 0, "{group}");
+    }
+    // The unwindowed group keeps every entry, however late (its max reads them).
+    at(400 * 86_400);
+    assert!(run(500, 100).await.is_empty());
+    let all = facts(&ledger, "x", &[read(unwindowed, "c")]).await[0];
+    assert_eq!((all.count, all.sum, all.max), (6, 60.0, Some(10.0)));
 }
 
 /// A windowed `max` comes from the buckets' largest amounts (migration 0018): it follows

@@ -141,6 +141,7 @@ conformance!(
     history_groups_from_before_buckets_read_their_entries,
     history_prune_keeps_what_a_window_sees_and_reserved_entries,
     history_prune_takes_entries_from_before_buckets,
+    history_prune_runs_drain_groups_from_before_buckets,
     history_window_max_follows_releases_and_results,
     concurrent_deciders_never_pass_a_cap_only_some_fit,
     webhook_outbox_rows_commit_with_their_event,
