@@ -35,8 +35,23 @@ pub(crate) fn is_fenced(error: &StoreError) -> bool {
 }
 
 /// Acquires `session_id`'s lease for a driver about to drive it: `Ok(Some(epoch))` when granted
-/// (`Some(0)` with leases off), `Ok(None)` when another replica holds it.
+/// (`Some(0)` with leases off), `Ok(None)` when another replica holds it. A lease a takeover
+/// acquired for this driver ([`adopt`]) is taken as it is, still held: no second acquisition,
+/// whose new epoch would fence the writes this replica recorded under the first meanwhile.
 pub(crate) async fn acquire(inner: &Inner, session_id: &str) -> Result<Option<u64>, StoreError> {
+    if inner.config.session_lease_ttl.is_none() {
+        return Ok(Some(0));
+    }
+    if let Some(epoch) = inner.take_adopted(session_id, None)
+        && inner.store.ledger().holds_session_lease(session_id, epoch)
+    {
+        return Ok(Some(epoch));
+    }
+    claim(inner, session_id).await
+}
+
+/// Acquires `session_id`'s lease in the ledger (see [`acquire`]).
+async fn claim(inner: &Inner, session_id: &str) -> Result<Option<u64>, StoreError> {
     let Some(ttl) = inner.config.session_lease_ttl else {
         return Ok(Some(0));
     };
@@ -320,7 +335,8 @@ where
 }
 
 /// Acquires the lease of a session no driver here holds and resumes it (a takeover, or a
-/// handoff to this replica when `from` is `None`).
+/// handoff to this replica when `from` is `None`). The driver it starts takes that lease
+/// (`Inner::leave_adopted`): one acquisition per takeover, epoch + 1.
 async fn adopt<F, Fut>(inner: &Arc<Inner>, session_id: String, from: Option<String>, resume: &F)
 where
     F: Fn(Arc<Inner>, String) -> Fut,
@@ -330,7 +346,7 @@ where
         // Driven here: its lease is renewed at the next tick.
         return;
     }
-    match acquire(inner, &session_id).await {
+    match claim(inner, &session_id).await {
         Ok(Some(epoch)) => {
             if let Some(from) = &from {
                 phrony_metrics::SESSION_TAKEOVERS.inc();
@@ -343,12 +359,26 @@ where
             } else {
                 tracing::info!(%session_id, epoch, "taking a session handed to this replica");
             }
-            // The driver acquires its own lease (this replica's: granted at once).
+            // The driver takes this lease instead of acquiring one.
+            inner.leave_adopted(&session_id, epoch);
             resume(Arc::clone(inner), session_id.clone()).await;
-            if inner.live(&session_id).is_none() {
-                // Nothing to drive here (a child its parent supervises, ended meanwhile):
-                // free the lease for whoever drives it.
-                release(inner, &session_id, epoch).await;
+            match inner.live(&session_id) {
+                None => {
+                    // Nothing to drive here (a child its parent supervises, ended meanwhile):
+                    // free the lease for whoever drives it — unless a driver took it (and
+                    // released it when it stopped).
+                    if inner.take_adopted(&session_id, Some(epoch)).is_some() {
+                        release(inner, &session_id, epoch).await;
+                    }
+                }
+                Some(live) => {
+                    // A driver started meanwhile by something else (a decision) that had
+                    // acquired its own lease already: this one is left for nobody.
+                    let driving = live.lease_epoch.load(std::sync::atomic::Ordering::Acquire);
+                    if driving != 0 && driving != epoch {
+                        inner.take_adopted(&session_id, Some(epoch));
+                    }
+                }
             }
         }
         Ok(None) => {}

@@ -265,6 +265,14 @@ impl Ledger {
         Ok(claim)
     }
 
+    /// Whether this replica holds the lease of `session_id` at `epoch` (acquired, not released,
+    /// not known lost to another replica). In memory, no database read: a takeover hands the
+    /// lease it acquired to the driver it starts with it, which checks it is still held.
+    #[must_use]
+    pub fn holds_session_lease(&self, session_id: &str, epoch: u64) -> bool {
+        i64::try_from(epoch).is_ok_and(|epoch| self.replica.holds(session_id, epoch))
+    }
+
     /// Renews every lease this replica holds until now + `ttl`, in one statement, and says
     /// which it still holds and which it lost since the last renewal (taken over by another
     /// replica at a higher epoch: the driver must stop; this replica's appends to that session
