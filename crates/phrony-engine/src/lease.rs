@@ -16,10 +16,10 @@ use std::future::Future;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use phrony_ledger::{LeaseClaim, LedgerError, ReplicaListener, Wake};
+use phrony_ledger::{LeaseClaim, ReplicaListener, Wake};
 use tokio_util::sync::CancellationToken;
 
-use crate::error::StoreError;
+use crate::error::{ErrorKind, StoreError};
 use crate::state::Inner;
 
 /// Expired leases one takeover scan acquires at most (the rest at the next scan).
@@ -27,11 +27,7 @@ const TAKEOVER_BATCH: u32 = 100;
 
 /// Whether a store error is the ledger's fence: this replica lost the session's lease.
 pub(crate) fn is_fenced(error: &StoreError) -> bool {
-    error
-        .source
-        .as_deref()
-        .and_then(|s| s.downcast_ref::<LedgerError>())
-        .is_some_and(|e| matches!(e, LedgerError::Fenced { .. }))
+    error.kind == ErrorKind::Fenced
 }
 
 /// Acquires `session_id`'s lease for a driver about to drive it: `Ok(Some(epoch))` when granted
