@@ -22,9 +22,17 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use crate::Ledger;
-use crate::db::{Backend, Conn, Tx, args};
+use crate::db::{Arg, Backend, Conn, Tx, args};
 use crate::error::{LedgerError, Result};
 use crate::replica::{Replica, State};
+
+/// Session ids one SQLite statement of [`Ledger::sessions_leased_elsewhere`] asks about: with
+/// its two other parameters, under the 999 bound parameters of SQLite builds older than 3.32.
+const SQLITE_IDS_PER_STATEMENT: usize = 500;
+
+/// [`Ledger::sessions_leased_elsewhere`]'s query, up to the list of session ids.
+const HELD_ELSEWHERE: &str = "SELECT session_id FROM session_leases \
+     WHERE owner IS NOT NULL AND owner <> $1 AND expires_at > $2 AND session_id";
 
 /// The longest replica id accepted ([`Ledger::with_replica_id`]).
 pub const MAX_REPLICA_ID_LEN: usize = 200;
@@ -340,7 +348,9 @@ impl Ledger {
 
     /// Which of `session_ids` another replica drives now: their lease is held by another owner
     /// and not expired at the ledger's clock (start-up recovery skips them: their driver is
-    /// alive elsewhere, and the takeover scan finds them if it dies). At most 1,000 ids.
+    /// alive elsewhere, and the takeover scan finds them if it dies). At most 1,000 ids, read
+    /// in one statement (`= ANY($3)` on PostgreSQL; on SQLite `IN (…)`, one bound parameter per
+    /// id, in chunks of [`SQLITE_IDS_PER_STATEMENT`]).
     ///
     /// # Errors
     /// `InvalidArgument` for more than 1,000 ids; database errors.
@@ -354,23 +364,46 @@ impl Ledger {
                 session_ids.len()
             )));
         }
+        let mut elsewhere = std::collections::HashSet::new();
+        if session_ids.is_empty() {
+            return Ok(elsewhere);
+        }
         let now = self.clock.now();
         let me = self.replica.id().to_owned();
         let mut conn = self.pool.acquire().await?;
-        let mut elsewhere = std::collections::HashSet::new();
-        for session_id in session_ids {
-            let row = conn
-                .conn()
-                .fetch_optional(
-                    "is a session leased elsewhere",
-                    "SELECT 1 AS held FROM session_leases WHERE session_id = $1 \
-                     AND owner IS NOT NULL AND owner <> $2 AND expires_at > $3",
-                    args![session_id, &me, now],
+        let mut conn = conn.conn();
+        let rows = match self.pool.backend() {
+            Backend::Postgres => {
+                conn.fetch_all(
+                    "sessions leased elsewhere",
+                    &format!("{HELD_ELSEWHERE} = ANY($3)"),
+                    args![&me, now, Arg::TextList(session_ids.to_vec())],
                 )
-                .await?;
-            if row.is_some() {
-                elsewhere.insert(session_id.clone());
+                .await?
             }
+            Backend::Sqlite => {
+                let mut rows = Vec::new();
+                for chunk in session_ids.chunks(SQLITE_IDS_PER_STATEMENT) {
+                    let placeholders = (3..3 + chunk.len())
+                        .map(|n| format!("${n}"))
+                        .collect::<Vec<_>>()
+                        .join(", ");
+                    let mut bound = args![&me, now];
+                    bound.extend(chunk.iter().map(Arg::from));
+                    rows.extend(
+                        conn.fetch_all(
+                            "sessions leased elsewhere",
+                            &format!("{HELD_ELSEWHERE} IN ({placeholders})"),
+                            bound,
+                        )
+                        .await?,
+                    );
+                }
+                rows
+            }
+        };
+        for row in rows {
+            elsewhere.insert(row.text("session_id")?);
         }
         Ok(elsewhere)
     }

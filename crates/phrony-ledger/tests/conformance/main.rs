@@ -154,4 +154,5 @@ conformance!(
     a_write_between_a_release_and_the_next_acquisition_is_not_fenced,
     replicas_racing_for_an_expired_lease_get_one_epoch_each,
     replicas_racing_to_expire_an_approval_expire_it_once,
+    sessions_leased_elsewhere_answers_a_mixed_page_in_one_read,
 );
