@@ -43,21 +43,23 @@ pub(crate) async fn acquire(inner: &Inner, session_id: &str) -> Result<Option<u6
     {
         return Ok(Some(epoch));
     }
-    claim(inner, session_id).await
+    claim(inner, session_id, false).await
 }
 
-/// Acquires `session_id`'s lease in the ledger (see [`acquire`]).
-async fn claim(inner: &Inner, session_id: &str) -> Result<Option<u64>, StoreError> {
+/// Acquires `session_id`'s lease in the ledger (see [`acquire`]); a `takeover` of an expired
+/// lease also withdraws the dead replica's published handlers
+/// (`Ledger::take_over_session_lease`).
+async fn claim(inner: &Inner, session_id: &str, takeover: bool) -> Result<Option<u64>, StoreError> {
     let Some(ttl) = inner.config.session_lease_ttl else {
         return Ok(Some(0));
     };
-    match inner
-        .store
-        .ledger()
-        .acquire_session_lease(session_id, ttl)
-        .await
-        .map_err(StoreError::from)?
-    {
+    let ledger = inner.store.ledger();
+    let claim = if takeover {
+        ledger.take_over_session_lease(session_id, ttl).await
+    } else {
+        ledger.acquire_session_lease(session_id, ttl).await
+    };
+    match claim.map_err(StoreError::from)? {
         LeaseClaim::Granted(lease) => Ok(Some(lease.epoch)),
         LeaseClaim::Held(lease) => {
             tracing::debug!(
@@ -342,7 +344,7 @@ where
         // Driven here: its lease is renewed at the next tick.
         return;
     }
-    match claim(inner, &session_id).await {
+    match claim(inner, &session_id, from.is_some()).await {
         Ok(Some(epoch)) => {
             if let Some(from) = &from {
                 phrony_metrics::SESSION_TAKEOVERS.inc();

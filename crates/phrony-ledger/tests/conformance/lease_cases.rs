@@ -723,3 +723,91 @@ pub(crate) async fn sessions_leased_elsewhere_answers_a_mixed_page_in_one_read(d
             .contains(&far)
     );
 }
+
+/// A replica that takes over another's expired lease deletes that replica's published tool
+/// handlers in the same transaction (it stopped renewing: killed, paused, cut off), so no call
+/// is handed to it for the rest of their TTL — not while it still holds an unexpired lease,
+/// not for a lease it released or its own, and never another replica's list.
+pub(crate) async fn a_takeover_withdraws_the_dead_replicas_published_handlers(db: &TestDb) {
+    let clock = Clock::new();
+    let a = replica(db, &clock, "replica-a").await;
+    let b = replica(db, &clock, "replica-b").await;
+    let c = replica(db, &clock, "replica-c").await;
+    let v = deploy_agent(&a, &refund_agent(), "0.1.0").await;
+    let short = start(&a, &v).await.id;
+    let long = start(&a, &v).await.id;
+    let released = start(&a, &v).await.id;
+    let own = start(&a, &v).await.id;
+    let b_key = "payments.issue-refund@1.0.0".to_owned();
+    let c_key = "orders.lookup-order@1.0.0".to_owned();
+    // The handlers outlive the leases here, so only a withdrawal removes them.
+    let long_ttl = StdDuration::from_secs(600);
+    b.publish_handlers(std::slice::from_ref(&b_key), long_ttl)
+        .await
+        .unwrap();
+    c.publish_handlers(std::slice::from_ref(&c_key), long_ttl)
+        .await
+        .unwrap();
+    granted(
+        b.acquire_session_lease(&short, StdDuration::from_secs(5))
+            .await
+            .unwrap(),
+    );
+    granted(b.acquire_session_lease(&long, TTL).await.unwrap());
+    let epoch = granted(c.acquire_session_lease(&released, TTL).await.unwrap());
+    assert!(c.release_session_lease(&released, epoch).await.unwrap());
+    granted(
+        a.acquire_session_lease(&own, StdDuration::from_secs(5))
+            .await
+            .unwrap(),
+    );
+    a.publish_handlers(&["a.tool@1.0.0".to_owned()], long_ttl)
+        .await
+        .unwrap();
+    clock.advance(Duration::seconds(6));
+
+    // b's `short` expired, but b still holds `long` unexpired: b's list stays.
+    assert_eq!(
+        granted(a.take_over_session_lease(&short, TTL).await.unwrap()),
+        2
+    );
+    assert_eq!(
+        a.replica_serving(&b_key).await.unwrap().as_deref(),
+        Some("replica-b")
+    );
+    // A released lease (c is alive) and a's own expired lease withdraw nothing.
+    granted(b.take_over_session_lease(&released, TTL).await.unwrap());
+    assert_eq!(
+        a.replica_serving(&c_key).await.unwrap().as_deref(),
+        Some("replica-c")
+    );
+    granted(a.take_over_session_lease(&own, TTL).await.unwrap());
+    assert_eq!(
+        b.replica_serving("a.tool@1.0.0").await.unwrap().as_deref(),
+        Some("replica-a")
+    );
+    // b stops renewing for good: once its last lease expired, taking it over withdraws b's
+    // list, and nobody else's.
+    clock.advance(Duration::seconds(11));
+    assert_eq!(
+        granted(c.take_over_session_lease(&long, TTL).await.unwrap()),
+        2
+    );
+    assert_eq!(a.replica_serving(&b_key).await.unwrap(), None, "withdrawn");
+    assert_eq!(
+        a.replica_serving(&c_key).await.unwrap().as_deref(),
+        Some("replica-c")
+    );
+    assert_eq!(
+        b.replica_serving("a.tool@1.0.0").await.unwrap().as_deref(),
+        Some("replica-a")
+    );
+    // The replica, back, publishes its list again.
+    b.publish_handlers(std::slice::from_ref(&b_key), TTL)
+        .await
+        .unwrap();
+    assert_eq!(
+        a.replica_serving(&b_key).await.unwrap().as_deref(),
+        Some("replica-b")
+    );
+}
