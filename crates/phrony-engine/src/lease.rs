@@ -137,16 +137,16 @@ where
     let mut renew = tokio::time::interval(ttl / 3);
     renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut next_scan = tokio::time::Instant::now() + jittered(ttl / 2);
-    let mut listener = None;
+    let mut listener = Listener::Retry;
     loop {
-        if listener.is_none() {
+        if matches!(listener, Listener::Retry) {
             let Some(strong) = inner.upgrade() else {
                 return;
             };
             // Bounded: the renewals below must not wait for a stalled database.
             listener = tokio::time::timeout(ttl / 3, listen(&strong))
                 .await
-                .unwrap_or_default();
+                .unwrap_or(Listener::Retry);
         }
         tokio::select! {
             () = stop.cancelled() => {
@@ -166,44 +166,52 @@ where
             woken = wait_replicas(&mut listener) => {
                 let Some(inner) = inner.upgrade() else { return };
                 match woken {
-                    Ok(Wake::HandedOff) => take_handoffs(inner, &resume, ttl).await,
+                    Ok(Wake::HandedOff) => take(inner, &resume, Listed::HandedOff(ttl)).await,
                     Ok(Wake::Session(session_id)) => wake_session(&inner, &session_id).await,
                     Err(error) => {
                         tracing::warn!(%error, "lost the replica listener; listening again");
-                        listener = None;
+                        listener = Listener::Retry;
                     }
                 }
             }
             () = tokio::time::sleep_until(next_scan) => {
                 next_scan = tokio::time::Instant::now() + jittered(ttl / 2);
                 let Some(inner) = inner.upgrade() else { return };
-                take_over(Arc::clone(&inner), &resume).await;
-                take_handoffs(inner, &resume, ttl).await;
+                take(Arc::clone(&inner), &resume, Listed::Expired).await;
+                take(inner, &resume, Listed::HandedOff(ttl)).await;
             }
         }
     }
 }
 
-/// Listens to the other replicas: `Some(None)` on SQLite (nothing to listen to), `None` when
-/// it failed (tried again at the next turn; the periodic scans and re-reads find what it would
-/// have announced).
-async fn listen(inner: &Inner) -> Option<Option<ReplicaListener>> {
+/// This replica's ear for the other replicas (PostgreSQL's NOTIFY).
+enum Listener {
+    /// Listening.
+    Listening(ReplicaListener),
+    /// Nothing to listen to (SQLite: one process per file).
+    Nothing,
+    /// Not listening: listening failed or was lost, tried again at the next turn (the periodic
+    /// scans and re-reads find what it would have announced).
+    Retry,
+}
+
+/// Listens to the other replicas.
+async fn listen(inner: &Inner) -> Listener {
     match inner.store.ledger().listen_replicas().await {
-        Ok(listener) => Some(listener),
+        Ok(Some(listener)) => Listener::Listening(listener),
+        Ok(None) => Listener::Nothing,
         Err(error) => {
             tracing::warn!(%error, "could not listen to the other replicas; polling meanwhile");
-            None
+            Listener::Retry
         }
     }
 }
 
 /// Waits for a notification from another replica: forever without a listener.
-async fn wait_replicas(
-    listener: &mut Option<Option<ReplicaListener>>,
-) -> Result<Wake, phrony_ledger::LedgerError> {
+async fn wait_replicas(listener: &mut Listener) -> Result<Wake, phrony_ledger::LedgerError> {
     match listener {
-        Some(Some(listener)) => listener.recv().await,
-        _ => std::future::pending().await,
+        Listener::Listening(listener) => listener.recv().await,
+        Listener::Nothing | Listener::Retry => std::future::pending().await,
     }
 }
 
@@ -259,30 +267,6 @@ async fn publish_handlers(inner: &Inner, ttl: Duration) {
     }
 }
 
-/// Takes the sessions handed to this replica (and handoffs their target left too long).
-async fn take_handoffs<F, Fut>(inner: Arc<Inner>, resume: &F, ttl: Duration)
-where
-    F: Fn(Arc<Inner>, String) -> Fut,
-    Fut: Future<Output = ()>,
-{
-    let handed = match inner
-        .store
-        .ledger()
-        .handed_off_sessions(TAKEOVER_BATCH)
-        .await
-    {
-        Ok(handed) => handed,
-        Err(error) => {
-            tracing::debug!(%error, "could not list handed-off sessions");
-            return;
-        }
-    };
-    for session_id in handed {
-        inner.note_handed_in(&session_id, ttl);
-        adopt(&inner, session_id, None, resume).await;
-    }
-}
-
 async fn renew_leases(inner: &Inner, ttl: Duration) {
     match inner.store.ledger().renew_session_leases(ttl).await {
         Ok(renewal) => {
@@ -309,26 +293,60 @@ async fn renew_leases(inner: &Inner, ttl: Duration) {
     }
 }
 
-/// Takes over the sessions whose lease expired and that no driver here holds.
-async fn take_over<F, Fut>(inner: Arc<Inner>, resume: &F)
+/// The sessions a scan takes ([`take`]).
+#[derive(Debug, Clone, Copy)]
+enum Listed {
+    /// Sessions whose lease expired (a takeover; their last owner is named).
+    Expired,
+    /// Sessions handed to this replica, and handoffs their target left too long; each is not
+    /// handed on again within the TTL.
+    HandedOff(Duration),
+}
+
+impl Listed {
+    /// At most [`TAKEOVER_BATCH`] sessions of this kind, each with the replica whose expired
+    /// lease it takes over (`None` for a handoff).
+    async fn list(
+        self,
+        inner: &Inner,
+    ) -> Result<Vec<(String, Option<String>)>, phrony_ledger::LedgerError> {
+        let ledger = inner.store.ledger();
+        Ok(match self {
+            Self::Expired => ledger
+                .expired_session_leases(TAKEOVER_BATCH)
+                .await?
+                .into_iter()
+                .map(|lease| (lease.session_id, lease.owner))
+                .collect(),
+            Self::HandedOff(_) => ledger
+                .handed_off_sessions(TAKEOVER_BATCH)
+                .await?
+                .into_iter()
+                .map(|session_id| (session_id, None))
+                .collect(),
+        })
+    }
+}
+
+/// Takes the sessions `which` lists that no driver here holds: acquires each lease and
+/// resumes the session ([`adopt`]).
+async fn take<F, Fut>(inner: Arc<Inner>, resume: &F, which: Listed)
 where
     F: Fn(Arc<Inner>, String) -> Fut,
     Fut: Future<Output = ()>,
 {
-    let expired = match inner
-        .store
-        .ledger()
-        .expired_session_leases(TAKEOVER_BATCH)
-        .await
-    {
-        Ok(expired) => expired,
+    let listed = match which.list(&inner).await {
+        Ok(listed) => listed,
         Err(error) => {
-            tracing::debug!(%error, "could not list expired session leases");
+            tracing::debug!(%error, ?which, "could not list the sessions to take");
             return;
         }
     };
-    for lease in expired {
-        adopt(&inner, lease.session_id, lease.owner, resume).await;
+    for (session_id, from) in listed {
+        if let Listed::HandedOff(ttl) = which {
+            inner.note_handed_in(&session_id, ttl);
+        }
+        adopt(&inner, session_id, from, resume).await;
     }
 }
 
