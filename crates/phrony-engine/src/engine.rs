@@ -308,6 +308,7 @@ impl Engine {
             prepared: Mutex::new(HashMap::new()),
             parked_traces: Mutex::new(HashMap::new()),
             handed_in: Mutex::new(HashMap::new()),
+            adopted: Mutex::new(HashMap::new()),
         });
         tokio::spawn(timer::run(Arc::downgrade(&inner), inner.stop.clone()));
         tokio::spawn(crate::lease::run(

@@ -4,7 +4,8 @@ use std::fmt;
 
 use phrony_ledger::LedgerError;
 
-/// The class of a failure, mapping one-to-one onto gRPC status codes.
+/// The class of a failure, mapping onto gRPC status codes (one class each, except
+/// [`ErrorKind::Fenced`], which is `Unavailable` like [`ErrorKind::Unavailable`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ErrorKind {
     /// `NotFound`: the session, approval or tool call does not exist.
@@ -26,6 +27,10 @@ pub enum ErrorKind {
     ResourceExhausted,
     /// `Unavailable`: the database cannot be reached.
     Unavailable,
+    /// `Unavailable`, retryable: the write was refused because this replica lost the session's
+    /// lease (issue #20) — another replica drives the session now, and the request retried
+    /// (here or there) goes through. Not a database outage: nothing is suspended for it.
+    Fenced,
     /// `Internal`: anything else (database errors, corrupt data, bugs).
     Internal,
 }
@@ -43,6 +48,7 @@ impl ErrorKind {
             Self::Conflict => "conflict",
             Self::ResourceExhausted => "resource_exhausted",
             Self::Unavailable => "unavailable",
+            Self::Fenced => "fenced",
             Self::Internal => "internal",
         }
     }
@@ -105,6 +111,15 @@ impl StoreError {
 
 impl From<LedgerError> for StoreError {
     fn from(error: LedgerError) -> Self {
+        if let LedgerError::Fenced { session_id, .. } = &error {
+            return Self {
+                kind: ErrorKind::Fenced,
+                message: format!(
+                    "session {session_id} is driven by another replica now; retry the request"
+                ),
+                source: Some(Box::new(error)),
+            };
+        }
         let kind = match &error {
             LedgerError::NotFound { .. } => ErrorKind::NotFound,
             LedgerError::FailedPrecondition { .. } => ErrorKind::FailedPrecondition,

@@ -16,10 +16,10 @@ use std::future::Future;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use phrony_ledger::{LeaseClaim, LedgerError, ReplicaListener, Wake};
+use phrony_ledger::{LeaseClaim, ReplicaListener, Wake};
 use tokio_util::sync::CancellationToken;
 
-use crate::error::StoreError;
+use crate::error::{ErrorKind, StoreError};
 use crate::state::Inner;
 
 /// Expired leases one takeover scan acquires at most (the rest at the next scan).
@@ -27,26 +27,39 @@ const TAKEOVER_BATCH: u32 = 100;
 
 /// Whether a store error is the ledger's fence: this replica lost the session's lease.
 pub(crate) fn is_fenced(error: &StoreError) -> bool {
-    error
-        .source
-        .as_deref()
-        .and_then(|s| s.downcast_ref::<LedgerError>())
-        .is_some_and(|e| matches!(e, LedgerError::Fenced { .. }))
+    error.kind == ErrorKind::Fenced
 }
 
 /// Acquires `session_id`'s lease for a driver about to drive it: `Ok(Some(epoch))` when granted
-/// (`Some(0)` with leases off), `Ok(None)` when another replica holds it.
+/// (`Some(0)` with leases off), `Ok(None)` when another replica holds it. A lease a takeover
+/// acquired for this driver ([`adopt`]) is taken as it is, still held: no second acquisition,
+/// whose new epoch would fence the writes this replica recorded under the first meanwhile.
 pub(crate) async fn acquire(inner: &Inner, session_id: &str) -> Result<Option<u64>, StoreError> {
+    if inner.config.session_lease_ttl.is_none() {
+        return Ok(Some(0));
+    }
+    if let Some(epoch) = inner.take_adopted(session_id, None)
+        && inner.store.ledger().holds_session_lease(session_id, epoch)
+    {
+        return Ok(Some(epoch));
+    }
+    claim(inner, session_id, false).await
+}
+
+/// Acquires `session_id`'s lease in the ledger (see [`acquire`]); a `takeover` of an expired
+/// lease also withdraws the dead replica's published handlers
+/// (`Ledger::take_over_session_lease`).
+async fn claim(inner: &Inner, session_id: &str, takeover: bool) -> Result<Option<u64>, StoreError> {
     let Some(ttl) = inner.config.session_lease_ttl else {
         return Ok(Some(0));
     };
-    match inner
-        .store
-        .ledger()
-        .acquire_session_lease(session_id, ttl)
-        .await
-        .map_err(StoreError::from)?
-    {
+    let ledger = inner.store.ledger();
+    let claim = if takeover {
+        ledger.take_over_session_lease(session_id, ttl).await
+    } else {
+        ledger.acquire_session_lease(session_id, ttl).await
+    };
+    match claim.map_err(StoreError::from)? {
         LeaseClaim::Granted(lease) => Ok(Some(lease.epoch)),
         LeaseClaim::Held(lease) => {
             tracing::debug!(
@@ -124,16 +137,16 @@ where
     let mut renew = tokio::time::interval(ttl / 3);
     renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut next_scan = tokio::time::Instant::now() + jittered(ttl / 2);
-    let mut listener = None;
+    let mut listener = Listener::Retry;
     loop {
-        if listener.is_none() {
+        if matches!(listener, Listener::Retry) {
             let Some(strong) = inner.upgrade() else {
                 return;
             };
             // Bounded: the renewals below must not wait for a stalled database.
             listener = tokio::time::timeout(ttl / 3, listen(&strong))
                 .await
-                .unwrap_or_default();
+                .unwrap_or(Listener::Retry);
         }
         tokio::select! {
             () = stop.cancelled() => {
@@ -153,44 +166,52 @@ where
             woken = wait_replicas(&mut listener) => {
                 let Some(inner) = inner.upgrade() else { return };
                 match woken {
-                    Ok(Wake::HandedOff) => take_handoffs(inner, &resume, ttl).await,
+                    Ok(Wake::HandedOff) => take(inner, &resume, Listed::HandedOff(ttl)).await,
                     Ok(Wake::Session(session_id)) => wake_session(&inner, &session_id).await,
                     Err(error) => {
                         tracing::warn!(%error, "lost the replica listener; listening again");
-                        listener = None;
+                        listener = Listener::Retry;
                     }
                 }
             }
             () = tokio::time::sleep_until(next_scan) => {
                 next_scan = tokio::time::Instant::now() + jittered(ttl / 2);
                 let Some(inner) = inner.upgrade() else { return };
-                take_over(Arc::clone(&inner), &resume).await;
-                take_handoffs(inner, &resume, ttl).await;
+                take(Arc::clone(&inner), &resume, Listed::Expired).await;
+                take(inner, &resume, Listed::HandedOff(ttl)).await;
             }
         }
     }
 }
 
-/// Listens to the other replicas: `Some(None)` on SQLite (nothing to listen to), `None` when
-/// it failed (tried again at the next turn; the periodic scans and re-reads find what it would
-/// have announced).
-async fn listen(inner: &Inner) -> Option<Option<ReplicaListener>> {
+/// This replica's ear for the other replicas (PostgreSQL's NOTIFY).
+enum Listener {
+    /// Listening.
+    Listening(ReplicaListener),
+    /// Nothing to listen to (SQLite: one process per file).
+    Nothing,
+    /// Not listening: listening failed or was lost, tried again at the next turn (the periodic
+    /// scans and re-reads find what it would have announced).
+    Retry,
+}
+
+/// Listens to the other replicas.
+async fn listen(inner: &Inner) -> Listener {
     match inner.store.ledger().listen_replicas().await {
-        Ok(listener) => Some(listener),
+        Ok(Some(listener)) => Listener::Listening(listener),
+        Ok(None) => Listener::Nothing,
         Err(error) => {
             tracing::warn!(%error, "could not listen to the other replicas; polling meanwhile");
-            None
+            Listener::Retry
         }
     }
 }
 
 /// Waits for a notification from another replica: forever without a listener.
-async fn wait_replicas(
-    listener: &mut Option<Option<ReplicaListener>>,
-) -> Result<Wake, phrony_ledger::LedgerError> {
+async fn wait_replicas(listener: &mut Listener) -> Result<Wake, phrony_ledger::LedgerError> {
     match listener {
-        Some(Some(listener)) => listener.recv().await,
-        _ => std::future::pending().await,
+        Listener::Listening(listener) => listener.recv().await,
+        Listener::Nothing | Listener::Retry => std::future::pending().await,
     }
 }
 
@@ -263,30 +284,6 @@ async fn publish_handlers(inner: &Inner, ttl: Duration) {
     }
 }
 
-/// Takes the sessions handed to this replica (and handoffs their target left too long).
-async fn take_handoffs<F, Fut>(inner: Arc<Inner>, resume: &F, ttl: Duration)
-where
-    F: Fn(Arc<Inner>, String) -> Fut,
-    Fut: Future<Output = ()>,
-{
-    let handed = match inner
-        .store
-        .ledger()
-        .handed_off_sessions(TAKEOVER_BATCH)
-        .await
-    {
-        Ok(handed) => handed,
-        Err(error) => {
-            tracing::debug!(%error, "could not list handed-off sessions");
-            return;
-        }
-    };
-    for session_id in handed {
-        inner.note_handed_in(&session_id, ttl);
-        adopt(&inner, session_id, None, resume).await;
-    }
-}
-
 async fn renew_leases(inner: &Inner, ttl: Duration) {
     match inner.store.ledger().renew_session_leases(ttl).await {
         Ok(renewal) => {
@@ -313,31 +310,66 @@ async fn renew_leases(inner: &Inner, ttl: Duration) {
     }
 }
 
-/// Takes over the sessions whose lease expired and that no driver here holds.
-async fn take_over<F, Fut>(inner: Arc<Inner>, resume: &F)
+/// The sessions a scan takes ([`take`]).
+#[derive(Debug, Clone, Copy)]
+enum Listed {
+    /// Sessions whose lease expired (a takeover; their last owner is named).
+    Expired,
+    /// Sessions handed to this replica, and handoffs their target left too long; each is not
+    /// handed on again within the TTL.
+    HandedOff(Duration),
+}
+
+impl Listed {
+    /// At most [`TAKEOVER_BATCH`] sessions of this kind, each with the replica whose expired
+    /// lease it takes over (`None` for a handoff).
+    async fn list(
+        self,
+        inner: &Inner,
+    ) -> Result<Vec<(String, Option<String>)>, phrony_ledger::LedgerError> {
+        let ledger = inner.store.ledger();
+        Ok(match self {
+            Self::Expired => ledger
+                .expired_session_leases(TAKEOVER_BATCH)
+                .await?
+                .into_iter()
+                .map(|lease| (lease.session_id, lease.owner))
+                .collect(),
+            Self::HandedOff(_) => ledger
+                .handed_off_sessions(TAKEOVER_BATCH)
+                .await?
+                .into_iter()
+                .map(|session_id| (session_id, None))
+                .collect(),
+        })
+    }
+}
+
+/// Takes the sessions `which` lists that no driver here holds: acquires each lease and
+/// resumes the session ([`adopt`]).
+async fn take<F, Fut>(inner: Arc<Inner>, resume: &F, which: Listed)
 where
     F: Fn(Arc<Inner>, String) -> Fut,
     Fut: Future<Output = ()>,
 {
-    let expired = match inner
-        .store
-        .ledger()
-        .expired_session_leases(TAKEOVER_BATCH)
-        .await
-    {
-        Ok(expired) => expired,
+    let listed = match which.list(&inner).await {
+        Ok(listed) => listed,
         Err(error) => {
-            tracing::debug!(%error, "could not list expired session leases");
+            tracing::debug!(%error, ?which, "could not list the sessions to take");
             return;
         }
     };
-    for lease in expired {
-        adopt(&inner, lease.session_id, lease.owner, resume).await;
+    for (session_id, from) in listed {
+        if let Listed::HandedOff(ttl) = which {
+            inner.note_handed_in(&session_id, ttl);
+        }
+        adopt(&inner, session_id, from, resume).await;
     }
 }
 
 /// Acquires the lease of a session no driver here holds and resumes it (a takeover, or a
-/// handoff to this replica when `from` is `None`).
+/// handoff to this replica when `from` is `None`). The driver it starts takes that lease
+/// (`Inner::leave_adopted`): one acquisition per takeover, epoch + 1.
 async fn adopt<F, Fut>(inner: &Arc<Inner>, session_id: String, from: Option<String>, resume: &F)
 where
     F: Fn(Arc<Inner>, String) -> Fut,
@@ -347,7 +379,7 @@ where
         // Driven here: its lease is renewed at the next tick.
         return;
     }
-    match acquire(inner, &session_id).await {
+    match claim(inner, &session_id, from.is_some()).await {
         Ok(Some(epoch)) => {
             if let Some(from) = &from {
                 phrony_metrics::SESSION_TAKEOVERS.inc();
@@ -360,12 +392,26 @@ where
             } else {
                 tracing::info!(%session_id, epoch, "taking a session handed to this replica");
             }
-            // The driver acquires its own lease (this replica's: granted at once).
+            // The driver takes this lease instead of acquiring one.
+            inner.leave_adopted(&session_id, epoch);
             resume(Arc::clone(inner), session_id.clone()).await;
-            if inner.live(&session_id).is_none() {
-                // Nothing to drive here (a child its parent supervises, ended meanwhile):
-                // free the lease for whoever drives it.
-                release(inner, &session_id, epoch).await;
+            match inner.live(&session_id) {
+                None => {
+                    // Nothing to drive here (a child its parent supervises, ended meanwhile):
+                    // free the lease for whoever drives it — unless a driver took it (and
+                    // released it when it stopped).
+                    if inner.take_adopted(&session_id, Some(epoch)).is_some() {
+                        release(inner, &session_id, epoch).await;
+                    }
+                }
+                Some(live) => {
+                    // A driver started meanwhile by something else (a decision) that had
+                    // acquired its own lease already: this one is left for nobody.
+                    let driving = live.lease_epoch.load(std::sync::atomic::Ordering::Acquire);
+                    if driving != 0 && driving != epoch {
+                        inner.take_adopted(&session_id, Some(epoch));
+                    }
+                }
             }
         }
         Ok(None) => {}

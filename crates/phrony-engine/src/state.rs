@@ -94,6 +94,11 @@ pub(crate) struct Inner {
     /// Sessions another replica handed to this one (issue #20), with when: their drivers do
     /// not hand them off again within one lease TTL (no ping-pong on a stale handler list).
     pub(crate) handed_in: Mutex<HashMap<String, tokio::time::Instant>>,
+    /// Session leases a takeover or handoff acquired for the driver it starts (issue #20), by
+    /// session, with their epoch: that driver takes this lease instead of acquiring a new one
+    /// (one acquisition per takeover, so writes this replica records meanwhile are fenced by
+    /// the epoch the driver keeps). Taken by the session's next driver; see `lease::adopt`.
+    pub(crate) adopted: Mutex<HashMap<String, u64>>,
 }
 
 /// Parked sessions' trace contexts [`Inner::parked_traces`] keeps; when full it starts over
@@ -383,7 +388,6 @@ impl Inner {
             .len()
     }
 
-    /// Whether a session is suspended by a storage outage.
     /// Notes that `session_id` was handed to this replica now; forgets those older than `ttl`.
     pub(crate) fn note_handed_in(&self, session_id: &str, ttl: std::time::Duration) {
         let now = tokio::time::Instant::now();
@@ -417,6 +421,30 @@ impl Inner {
         })
     }
 
+    /// Leaves the lease of `session_id` a takeover acquired at `epoch` to the session's next
+    /// driver.
+    pub(crate) fn leave_adopted(&self, session_id: &str, epoch: u64) {
+        self.adopted
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(session_id.to_owned(), epoch);
+    }
+
+    /// Takes the lease a takeover left for `session_id`'s driver, if any (at most once); with
+    /// `only`, only that epoch's (another one stays).
+    pub(crate) fn take_adopted(&self, session_id: &str, only: Option<u64>) -> Option<u64> {
+        let mut adopted = self
+            .adopted
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match (adopted.get(session_id), only) {
+            (Some(&epoch), Some(only)) if epoch != only => None,
+            (Some(_), _) => adopted.remove(session_id),
+            (None, _) => None,
+        }
+    }
+
+    /// Whether a session is suspended by a storage outage.
     pub(crate) fn is_suspended(&self, session_id: &str) -> bool {
         self.suspended
             .lock()

@@ -10,6 +10,9 @@
 //! - `approval_open_and_decide`: record a call, open an approval (call and session move with
 //!   it), one approve vote deciding it, the session back to `awaiting_tool` (four
 //!   transactions).
+//! - `sessions_leased_elsewhere_1000/page`: start-up recovery's question for a page of 1,000
+//!   sessions (half leased by another replica), one statement (`= ANY` / chunked `IN`);
+//!   `…/per_session`: the same answer read one primary-key read per session, as before.
 
 #![allow(
     clippy::unwrap_used,
@@ -189,7 +192,51 @@ fn bench_backend(c: &mut Criterion, rt: &tokio::runtime::Runtime, name: &str, le
             })
         });
     });
+    bench_leased_elsewhere(&mut group, rt, ledger);
     group.finish();
+}
+
+/// `sessions_leased_elsewhere_1000/page` and `…/per_session` (see the module doc).
+fn bench_leased_elsewhere(
+    group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    rt: &tokio::runtime::Runtime,
+    ledger: &Ledger,
+) {
+    let page: Vec<String> = (0..1000).map(|n| format!("run_page_{n}")).collect();
+    let other = ledger.clone().with_replica_id("bench-other").unwrap();
+    rt.block_on(async {
+        for (n, id) in page.iter().enumerate() {
+            ledger.append_session_event(id, event(0)).await.unwrap();
+            if n % 2 == 0 {
+                other
+                    .acquire_session_lease(id, std::time::Duration::from_secs(3600))
+                    .await
+                    .unwrap();
+            }
+        }
+    });
+    group.bench_function("sessions_leased_elsewhere_1000/page", |b| {
+        b.iter(|| {
+            let found = rt
+                .block_on(ledger.sessions_leased_elsewhere(&page))
+                .unwrap();
+            assert_eq!(found.len(), 500);
+        });
+    });
+    group.bench_function("sessions_leased_elsewhere_1000/per_session", |b| {
+        b.iter(|| {
+            rt.block_on(async {
+                let mut found = 0;
+                for id in &page {
+                    let lease = ledger.session_lease(id).await.unwrap();
+                    if lease.is_some_and(|l| l.owner.as_deref() == Some("bench-other")) {
+                        found += 1;
+                    }
+                }
+                assert_eq!(found, 500);
+            });
+        });
+    });
 }
 
 fn benches(c: &mut Criterion) {

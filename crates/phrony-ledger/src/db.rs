@@ -276,6 +276,9 @@ pub(crate) enum Arg {
     OptBool(Option<bool>),
     /// `bytea` on PostgreSQL, `BLOB` on SQLite.
     Bytes(Vec<u8>),
+    /// A `text[]` on PostgreSQL (for `= ANY($n)`); a JSON array of strings on SQLite, which has
+    /// no arrays (there a list is spelled `IN ($n, …)` with one parameter per value instead).
+    TextList(Vec<String>),
 }
 
 impl From<&str> for Arg {
@@ -369,6 +372,7 @@ fn bind_sqlite<'q>(
             Arg::Bool(v) => q.bind(v),
             Arg::OptBool(v) => q.bind(v),
             Arg::Bytes(v) => q.bind(v),
+            Arg::TextList(v) => q.bind(canonical_json(&Value::from(v))),
         };
     }
     q
@@ -393,6 +397,7 @@ fn raw_sqlite(args: Vec<Arg>) -> Vec<RawValue> {
             Arg::Bool(v) => RawValue::Integer(i64::from(v)),
             Arg::OptBool(v) => int(v.map(i64::from)),
             Arg::Bytes(v) => RawValue::Blob(v),
+            Arg::TextList(v) => RawValue::Text(canonical_json(&Value::from(v))),
         })
         .collect()
 }
@@ -416,6 +421,7 @@ fn bind_pg<'q>(
             Arg::Bool(v) => q.bind(v),
             Arg::OptBool(v) => q.bind(v),
             Arg::Bytes(v) => q.bind(v),
+            Arg::TextList(v) => q.bind(v),
         };
     }
     q

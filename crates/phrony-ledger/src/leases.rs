@@ -22,9 +22,17 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use crate::Ledger;
-use crate::db::{Backend, Conn, Tx, args};
+use crate::db::{Arg, Backend, Conn, Tx, args};
 use crate::error::{LedgerError, Result};
 use crate::replica::{Replica, State};
+
+/// Session ids one SQLite statement of [`Ledger::sessions_leased_elsewhere`] asks about: with
+/// its two other parameters, under the 999 bound parameters of SQLite builds older than 3.32.
+const SQLITE_IDS_PER_STATEMENT: usize = 500;
+
+/// [`Ledger::sessions_leased_elsewhere`]'s query, up to the list of session ids.
+const HELD_ELSEWHERE: &str = "SELECT session_id FROM session_leases \
+     WHERE owner IS NOT NULL AND owner <> $1 AND expires_at > $2 AND session_id";
 
 /// The longest replica id accepted ([`Ledger::with_replica_id`]).
 pub const MAX_REPLICA_ID_LEN: usize = 200;
@@ -99,14 +107,18 @@ async fn read(conn: &mut Conn<'_>, session_id: &str) -> Result<Option<SessionLea
 }
 
 /// Takes the lease of `session_id` for `owner` when it is free (never taken, released,
-/// expired) or already `owner`'s, at epoch + 1. Locks the session's stream head first.
+/// expired) or already `owner`'s, at epoch + 1. Locks the session's stream head first. With
+/// `takeover`, a lease taken from another replica whose lease had expired withdraws that
+/// replica's published tool handlers too ([`withdraw_dead_handlers`]).
 async fn acquire(
     tx: &mut Tx,
     owner: &str,
     session_id: &str,
     ttl: chrono::Duration,
+    takeover: bool,
 ) -> Result<LeaseClaim> {
-    let lock = match tx.backend() {
+    let backend = tx.backend();
+    let lock = match backend {
         Backend::Postgres => "SELECT last_seq FROM streams WHERE stream = $1 FOR UPDATE",
         Backend::Sqlite => "SELECT last_seq FROM streams WHERE stream = $1",
     };
@@ -122,6 +134,30 @@ async fn acquire(
             "session {session_id} not found"
         )));
     }
+    // A takeover reads whose lease it takes, locked (PostgreSQL), so a renewal or release by
+    // its owner waits for this transaction and then finds the lease gone.
+    let dead = if takeover {
+        let sql = match backend {
+            Backend::Postgres => {
+                "SELECT owner, epoch, expires_at FROM session_leases WHERE session_id = $1 \
+                 FOR UPDATE"
+            }
+            Backend::Sqlite => {
+                "SELECT owner, epoch, expires_at FROM session_leases WHERE session_id = $1"
+            }
+        };
+        match conn
+            .fetch_optional("read the lease taken over", sql, args![session_id])
+            .await?
+        {
+            Some(row) if row.ts("expires_at")? <= now => row
+                .opt_text("owner")?
+                .filter(|previous| previous.as_str() != owner),
+            _ => None,
+        }
+    } else {
+        None
+    };
     let granted = conn
         .fetch_all(
             "acquire session lease",
@@ -137,6 +173,9 @@ async fn acquire(
         )
         .await?;
     if let Some(row) = granted.first() {
+        if let Some(dead) = &dead {
+            withdraw_dead_handlers(&mut conn, dead, now).await?;
+        }
         return Ok(LeaseClaim::Granted(SessionLease {
             session_id: session_id.to_owned(),
             owner: Some(owner.to_owned()),
@@ -150,6 +189,35 @@ async fn acquire(
         ))
     })?;
     Ok(LeaseClaim::Held(held))
+}
+
+/// Deletes the published tool handlers of `replica`, whose expired lease was just taken over:
+/// an expired lease means its owner stopped renewing (it renews every lease it holds and
+/// publishes its handlers on the same tick), so it is dead or cut off and a call handed to it
+/// would wait a TTL for nothing. Not while it still holds an unexpired lease (it renewed
+/// something lately: alive). A replica cut off and back publishes its list again at its next
+/// renewal.
+async fn withdraw_dead_handlers(
+    conn: &mut Conn<'_>,
+    replica: &str,
+    now: DateTime<Utc>,
+) -> Result<()> {
+    let withdrawn = conn
+        .execute(
+            "withdraw a dead replica's tool handlers",
+            "DELETE FROM replica_handlers WHERE replica_id = $1 AND NOT EXISTS \
+             (SELECT 1 FROM session_leases WHERE owner = $1 AND expires_at > $2)",
+            args![replica, now],
+        )
+        .await?;
+    if withdrawn > 0 {
+        tracing::info!(
+            %replica,
+            withdrawn,
+            "withdrew the tool handlers of a replica whose lease was taken over"
+        );
+    }
+    Ok(())
 }
 
 /// Renews every lease `owner` holds in one statement and judges the rows against what this
@@ -253,16 +321,51 @@ impl Ledger {
         session_id: &str,
         ttl: Duration,
     ) -> Result<LeaseClaim> {
+        self.claim_session_lease(session_id, ttl, false).await
+    }
+
+    /// [`Ledger::acquire_session_lease`] for the takeover scan: when the lease it takes was
+    /// another replica's and had expired, that replica stopped renewing (killed, paused, cut
+    /// off), and its published tool handlers ([`Ledger::publish_handlers`]) are deleted in the
+    /// same transaction — unless it still holds an unexpired lease — so no call is handed to
+    /// it for the rest of their TTL.
+    ///
+    /// # Errors
+    /// As [`Ledger::acquire_session_lease`].
+    pub async fn take_over_session_lease(
+        &self,
+        session_id: &str,
+        ttl: Duration,
+    ) -> Result<LeaseClaim> {
+        self.claim_session_lease(session_id, ttl, true).await
+    }
+
+    async fn claim_session_lease(
+        &self,
+        session_id: &str,
+        ttl: Duration,
+        takeover: bool,
+    ) -> Result<LeaseClaim> {
         let ttl = ttl_of(ttl)?;
         let owner = self.replica.id().to_owned();
         // In flight until held: a renewal beside it must not free the row it writes.
         let _acquiring = self.replica.acquiring(session_id);
-        let claim = write_tx!(self, |tx| acquire(&mut tx, &owner, session_id, ttl))?;
+        let claim = write_tx!(self, |tx| acquire(
+            &mut tx, &owner, session_id, ttl, takeover
+        ))?;
         if let LeaseClaim::Granted(lease) = &claim {
             self.replica
                 .hold(session_id, i64::try_from(lease.epoch).unwrap_or(i64::MAX));
         }
         Ok(claim)
+    }
+
+    /// Whether this replica holds the lease of `session_id` at `epoch` (acquired, not released,
+    /// not known lost to another replica). In memory, no database read: a takeover hands the
+    /// lease it acquired to the driver it starts with it, which checks it is still held.
+    #[must_use]
+    pub fn holds_session_lease(&self, session_id: &str, epoch: u64) -> bool {
+        i64::try_from(epoch).is_ok_and(|epoch| self.replica.holds(session_id, epoch))
     }
 
     /// Renews every lease this replica holds until now + `ttl`, in one statement, and says
@@ -332,7 +435,9 @@ impl Ledger {
 
     /// Which of `session_ids` another replica drives now: their lease is held by another owner
     /// and not expired at the ledger's clock (start-up recovery skips them: their driver is
-    /// alive elsewhere, and the takeover scan finds them if it dies). At most 1,000 ids.
+    /// alive elsewhere, and the takeover scan finds them if it dies). At most 1,000 ids, read
+    /// in one statement (`= ANY($3)` on PostgreSQL; on SQLite `IN (…)`, one bound parameter per
+    /// id, in chunks of [`SQLITE_IDS_PER_STATEMENT`]).
     ///
     /// # Errors
     /// `InvalidArgument` for more than 1,000 ids; database errors.
@@ -346,23 +451,46 @@ impl Ledger {
                 session_ids.len()
             )));
         }
+        let mut elsewhere = std::collections::HashSet::new();
+        if session_ids.is_empty() {
+            return Ok(elsewhere);
+        }
         let now = self.clock.now();
         let me = self.replica.id().to_owned();
         let mut conn = self.pool.acquire().await?;
-        let mut elsewhere = std::collections::HashSet::new();
-        for session_id in session_ids {
-            let row = conn
-                .conn()
-                .fetch_optional(
-                    "is a session leased elsewhere",
-                    "SELECT 1 AS held FROM session_leases WHERE session_id = $1 \
-                     AND owner IS NOT NULL AND owner <> $2 AND expires_at > $3",
-                    args![session_id, &me, now],
+        let mut conn = conn.conn();
+        let rows = match self.pool.backend() {
+            Backend::Postgres => {
+                conn.fetch_all(
+                    "sessions leased elsewhere",
+                    &format!("{HELD_ELSEWHERE} = ANY($3)"),
+                    args![&me, now, Arg::TextList(session_ids.to_vec())],
                 )
-                .await?;
-            if row.is_some() {
-                elsewhere.insert(session_id.clone());
+                .await?
             }
+            Backend::Sqlite => {
+                let mut rows = Vec::new();
+                for chunk in session_ids.chunks(SQLITE_IDS_PER_STATEMENT) {
+                    let placeholders = (3..3 + chunk.len())
+                        .map(|n| format!("${n}"))
+                        .collect::<Vec<_>>()
+                        .join(", ");
+                    let mut bound = args![&me, now];
+                    bound.extend(chunk.iter().map(Arg::from));
+                    rows.extend(
+                        conn.fetch_all(
+                            "sessions leased elsewhere",
+                            &format!("{HELD_ELSEWHERE} IN ({placeholders})"),
+                            bound,
+                        )
+                        .await?,
+                    );
+                }
+                rows
+            }
+        };
+        for row in rows {
+            elsewhere.insert(row.text("session_id")?);
         }
         Ok(elsewhere)
     }

@@ -77,6 +77,15 @@ impl Replica {
         self.lock().held.get(stream).map(|h| h.epoch)
     }
 
+    /// Whether this replica holds the lease of `session_id` at `epoch`, neither known lost nor
+    /// being released.
+    pub(crate) fn holds(&self, session_id: &str, epoch: i64) -> bool {
+        self.lock()
+            .held
+            .get(session_id)
+            .is_some_and(|h| h.epoch == epoch && !h.lost && !h.releasing)
+    }
+
     /// Registers an acquisition of `session_id` about to run; keep the guard until its
     /// outcome is recorded with [`Replica::hold`] (or it failed).
     pub(crate) fn acquiring(self: &Arc<Self>, session_id: &str) -> Acquiring {

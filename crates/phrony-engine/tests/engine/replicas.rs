@@ -4,11 +4,12 @@
 
 #![allow(clippy::unwrap_used, reason = "tests: a panic is a failed assertion")]
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::common::*;
-use phrony_engine::EngineConfig;
-use phrony_ledger::{LeaseClaim, SessionStatus};
+use phrony_engine::{EngineConfig, LedgerStore};
+use phrony_ledger::{Attribution, LeaseClaim, SessionStatus};
 
 fn with_leases() -> EngineConfig {
     EngineConfig {
@@ -190,4 +191,78 @@ async fn a_user_message_sent_to_another_replica_is_queued_and_recorded_by_the_dr
         ]
     );
     b.shutdown();
+}
+
+/// A takeover acquires the expired lease once (epoch + 1) and the driver it starts takes that
+/// lease: it does not acquire again, whose new epoch would fence what the taking replica
+/// records meanwhile (an operator's cancel refused as fenced, seen as `Internal`).
+#[tokio::test]
+async fn a_takeover_acquires_the_lease_once_and_the_taking_replicas_writes_are_not_refused() {
+    let config = EngineConfig {
+        // Scans every ~0.5 s of real time; the manual clock alone expires the lease.
+        session_lease_ttl: Some(Duration::from_secs(1)),
+        // The driver holds its lease while it waits for the approval.
+        park_approval_waits: false,
+        ..test_config()
+    };
+    let steps = || {
+        vec![
+            Step::call("issue_refund", refund("ORD-1", 400.0)),
+            Step::say("Done."),
+        ]
+    };
+    let a = Harness::memory_with(&AgentOptions::default(), steps(), config.clone()).await;
+    let s = a.start("Refund €400 for ORD-1.").await;
+    a.wait(&s.id, &[SessionStatus::AwaitingApproval]).await;
+    let ledger = a.store.ledger().clone();
+    let lease = ledger.session_lease(&s.id).await.unwrap().unwrap();
+    assert_eq!(
+        (lease.owner.as_deref(), lease.epoch),
+        (Some(ledger.replica_id()), 1)
+    );
+    // Replica A dies holding the lease; it runs out.
+    a.engine.shutdown();
+    assert!(a.engine.drained(Duration::from_secs(10)).await);
+    a.clock.advance(Duration::from_secs(60));
+
+    let b_store = Arc::new(LedgerStore::new(
+        ledger.clone().with_replica_id("replica-b").unwrap(),
+        Some(cipher()),
+    ));
+    let b = Harness::on_with(
+        b_store,
+        a.clock.clone(),
+        a.agent.clone(),
+        a.version_id,
+        Script::new(steps()),
+        config,
+    )
+    .await;
+    let mut driven = false;
+    for _ in 0..3000 {
+        driven = b.engine.is_driven(&s.id);
+        if driven {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(driven, "replica B took the session over within 30 s");
+
+    // Right after the takeover, an operator cancels on the taking replica: never fenced.
+    let cancelled = b
+        .engine
+        .cancel_session(&s.id, &Attribution::unverified("emad".to_owned()))
+        .await
+        .unwrap();
+    assert_eq!(cancelled.status, SessionStatus::Cancelled);
+    for _ in 0..1000 {
+        if !b.engine.is_driven(&s.id) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(!b.engine.is_driven(&s.id), "the cancelled driver stopped");
+    // One acquisition for the takeover: epoch 2, released by the driver that held it.
+    let lease = ledger.session_lease(&s.id).await.unwrap().unwrap();
+    assert_eq!((lease.owner.as_deref(), lease.epoch), (None, 2));
 }

@@ -284,7 +284,7 @@ pub(crate) fn ledger_status(error: LedgerError) -> Status {
         LedgerError::Fenced { ref session_id, .. } => {
             tracing::warn!(error = %error, "write refused by a session lease's fence");
             Status::unavailable(format!(
-                "session {session_id} is now driven by another runtime replica; retry the request"
+                "session {session_id} is driven by another replica now; retry the request"
             ))
         }
         LedgerError::Unavailable { .. } => {
@@ -335,6 +335,11 @@ pub(crate) fn engine_status(error: phrony_engine::EngineError) -> Status {
                 "concurrent update, retry the request ({})",
                 error.message
             ))
+        }
+        ErrorKind::Fenced => {
+            // The engine's message names the session and says to retry (issue #20).
+            tracing::warn!(error = %error, source = ?error.source, "write refused by a session lease's fence");
+            Status::unavailable(error.message)
         }
         ErrorKind::Unavailable => {
             tracing::error!(error = %error, source = ?error.source, "database unavailable");
@@ -600,6 +605,26 @@ mod tests {
             "{}",
             status.message()
         );
+    }
+
+    /// A write refused because this replica lost the session's lease reaches clients as
+    /// `UNAVAILABLE` (retryable) naming the session, never `INTERNAL` (issue #20).
+    #[test]
+    fn a_fenced_write_is_unavailable_and_says_to_retry() {
+        let fenced = || LedgerError::Fenced {
+            session_id: "run_x".into(),
+            epoch: 3,
+        };
+        let expected = "session run_x is driven by another replica now; retry the request";
+        // Through the engine (a cancel, a driver write): the ledger's error in a store error.
+        let error = phrony_engine::EngineError::from(phrony_engine::StoreError::from(fenced()));
+        let status = engine_status(error);
+        assert_eq!(status.code(), Code::Unavailable);
+        assert_eq!(status.message(), expected);
+        // Straight from the ledger.
+        let status = ledger_status(fenced());
+        assert_eq!(status.code(), Code::Unavailable);
+        assert_eq!(status.message(), expected);
     }
 
     #[test]

@@ -661,3 +661,157 @@ pub(crate) async fn a_write_between_a_release_and_the_next_acquisition_is_not_fe
     );
     assert_eq!(contents(&b, &s.id).await, ["a, released"]);
 }
+
+/// `sessions_leased_elsewhere` reads a page in one statement (SQLite: chunks of bound
+/// parameters) and answers what one read per session answered: for a page mixing sessions
+/// leased here, elsewhere, expired, released, never leased and unknown ids — with a session
+/// leased elsewhere past SQLite's first chunk — exactly those held by another replica and not
+/// expired; and that is what each session's stored lease says.
+pub(crate) async fn sessions_leased_elsewhere_answers_a_mixed_page_in_one_read(db: &TestDb) {
+    let clock = Clock::new();
+    let a = replica(db, &clock, "replica-a").await;
+    let b = replica(db, &clock, "replica-b").await;
+    let v = deploy_agent(&a, &refund_agent(), "0.1.0").await;
+    let here = start(&a, &v).await.id;
+    let elsewhere = start(&a, &v).await.id;
+    let expired = start(&a, &v).await.id;
+    let released = start(&a, &v).await.id;
+    let never = start(&a, &v).await.id;
+    let far = start(&a, &v).await.id;
+    granted(a.acquire_session_lease(&here, TTL).await.unwrap());
+    granted(b.acquire_session_lease(&elsewhere, TTL).await.unwrap());
+    granted(b.acquire_session_lease(&far, TTL).await.unwrap());
+    granted(
+        b.acquire_session_lease(&expired, StdDuration::from_secs(1))
+            .await
+            .unwrap(),
+    );
+    let epoch = granted(b.acquire_session_lease(&released, TTL).await.unwrap());
+    assert!(b.release_session_lease(&released, epoch).await.unwrap());
+    clock.advance(Duration::seconds(2));
+
+    let mut page = vec![
+        here.clone(),
+        elsewhere.clone(),
+        expired.clone(),
+        released.clone(),
+        never.clone(),
+        "run_unknown".to_owned(),
+    ];
+    page.extend((0..993).map(|n| format!("run_filler_{n}")));
+    page.push(far.clone());
+    assert_eq!(page.len(), 1000);
+    let on_a = a.sessions_leased_elsewhere(&page).await.unwrap();
+    assert_eq!(
+        on_a,
+        std::collections::HashSet::from([elsewhere.clone(), far.clone()])
+    );
+    let on_b = b.sessions_leased_elsewhere(&page).await.unwrap();
+    assert_eq!(on_b, std::collections::HashSet::from([here.clone()]));
+    // What each session's stored lease says (the read per session this replaces).
+    let now = *clock.0.lock().unwrap();
+    for (ledger, answer) in [(&a, &on_a), (&b, &on_b)] {
+        for id in &page[..6] {
+            let lease = ledger.session_lease(id).await.unwrap();
+            let held_elsewhere = lease.is_some_and(|l| {
+                l.owner.is_some_and(|o| o != ledger.replica_id()) && l.expires_at > now
+            });
+            assert_eq!(answer.contains(id), held_elsewhere, "{id}");
+        }
+    }
+    assert!(a.sessions_leased_elsewhere(&[]).await.unwrap().is_empty());
+    assert!(
+        a.sessions_leased_elsewhere(std::slice::from_ref(&far))
+            .await
+            .unwrap()
+            .contains(&far)
+    );
+}
+
+/// A replica that takes over another's expired lease deletes that replica's published tool
+/// handlers in the same transaction (it stopped renewing: killed, paused, cut off), so no call
+/// is handed to it for the rest of their TTL — not while it still holds an unexpired lease,
+/// not for a lease it released or its own, and never another replica's list.
+pub(crate) async fn a_takeover_withdraws_the_dead_replicas_published_handlers(db: &TestDb) {
+    let clock = Clock::new();
+    let a = replica(db, &clock, "replica-a").await;
+    let b = replica(db, &clock, "replica-b").await;
+    let c = replica(db, &clock, "replica-c").await;
+    let v = deploy_agent(&a, &refund_agent(), "0.1.0").await;
+    let short = start(&a, &v).await.id;
+    let long = start(&a, &v).await.id;
+    let released = start(&a, &v).await.id;
+    let own = start(&a, &v).await.id;
+    let b_key = "payments.issue-refund@1.0.0".to_owned();
+    let c_key = "orders.lookup-order@1.0.0".to_owned();
+    // The handlers outlive the leases here, so only a withdrawal removes them.
+    let long_ttl = StdDuration::from_secs(600);
+    b.publish_handlers(std::slice::from_ref(&b_key), long_ttl)
+        .await
+        .unwrap();
+    c.publish_handlers(std::slice::from_ref(&c_key), long_ttl)
+        .await
+        .unwrap();
+    granted(
+        b.acquire_session_lease(&short, StdDuration::from_secs(5))
+            .await
+            .unwrap(),
+    );
+    granted(b.acquire_session_lease(&long, TTL).await.unwrap());
+    let epoch = granted(c.acquire_session_lease(&released, TTL).await.unwrap());
+    assert!(c.release_session_lease(&released, epoch).await.unwrap());
+    granted(
+        a.acquire_session_lease(&own, StdDuration::from_secs(5))
+            .await
+            .unwrap(),
+    );
+    a.publish_handlers(&["a.tool@1.0.0".to_owned()], long_ttl)
+        .await
+        .unwrap();
+    clock.advance(Duration::seconds(6));
+
+    // b's `short` expired, but b still holds `long` unexpired: b's list stays.
+    assert_eq!(
+        granted(a.take_over_session_lease(&short, TTL).await.unwrap()),
+        2
+    );
+    assert_eq!(
+        a.replica_serving(&b_key).await.unwrap().as_deref(),
+        Some("replica-b")
+    );
+    // A released lease (c is alive) and a's own expired lease withdraw nothing.
+    granted(b.take_over_session_lease(&released, TTL).await.unwrap());
+    assert_eq!(
+        a.replica_serving(&c_key).await.unwrap().as_deref(),
+        Some("replica-c")
+    );
+    granted(a.take_over_session_lease(&own, TTL).await.unwrap());
+    assert_eq!(
+        b.replica_serving("a.tool@1.0.0").await.unwrap().as_deref(),
+        Some("replica-a")
+    );
+    // b stops renewing for good: once its last lease expired, taking it over withdraws b's
+    // list, and nobody else's.
+    clock.advance(Duration::seconds(11));
+    assert_eq!(
+        granted(c.take_over_session_lease(&long, TTL).await.unwrap()),
+        2
+    );
+    assert_eq!(a.replica_serving(&b_key).await.unwrap(), None, "withdrawn");
+    assert_eq!(
+        a.replica_serving(&c_key).await.unwrap().as_deref(),
+        Some("replica-c")
+    );
+    assert_eq!(
+        b.replica_serving("a.tool@1.0.0").await.unwrap().as_deref(),
+        Some("replica-a")
+    );
+    // The replica, back, publishes its list again.
+    b.publish_handlers(std::slice::from_ref(&b_key), TTL)
+        .await
+        .unwrap();
+    assert_eq!(
+        a.replica_serving(&b_key).await.unwrap().as_deref(),
+        Some("replica-b")
+    );
+}

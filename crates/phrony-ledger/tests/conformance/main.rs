@@ -157,4 +157,6 @@ conformance!(
     user_messages_queue_for_the_driving_replica_and_are_recorded_once,
     replicas_racing_for_an_expired_lease_get_one_epoch_each,
     replicas_racing_to_expire_an_approval_expire_it_once,
+    sessions_leased_elsewhere_answers_a_mixed_page_in_one_read,
+    a_takeover_withdraws_the_dead_replicas_published_handlers,
 );
