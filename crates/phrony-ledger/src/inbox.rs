@@ -15,11 +15,11 @@ use phrony_auth::{Attribution, Verification};
 use crate::Ledger;
 use crate::db::{Backend, args};
 use crate::error::{LedgerError, Result};
-use crate::events::{append, lock_stream};
+use crate::events::append;
 use crate::handoffs::SESSION_CHANNEL;
 use crate::model::Event;
 use crate::rows;
-use crate::session_log::SessionEvent;
+use crate::session_log::{SessionEvent, lock_open_session};
 
 /// The most messages one read of a session's inbox returns ([`Ledger::queued_user_messages`]).
 pub const MAX_INBOX_READ: u32 = 1_000;
@@ -182,14 +182,7 @@ impl Ledger {
         turn: u32,
     ) -> Result<Option<Event>> {
         write_tx!(self, |tx| async {
-            let mut head = lock_stream(&mut tx, session_id).await?;
-            let session = rows::require_session(&mut tx.conn(), session_id).await?;
-            if session.status.is_terminal() {
-                return Err(LedgerError::precondition(format!(
-                    "session {session_id} is {} and accepts no further events",
-                    session.status
-                )));
-            }
+            let mut head = lock_open_session(&mut tx, session_id).await?;
             let Some(row) = tx
                 .conn()
                 .fetch_optional(

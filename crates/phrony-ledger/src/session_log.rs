@@ -25,6 +25,22 @@ pub fn is_ledger_owned(event_type: &str) -> bool {
     types::LEDGER_OWNED.contains(&event_type)
 }
 
+/// Locks the stream head of `session_id` for an append, refusing an unknown or ended session.
+pub(crate) async fn lock_open_session(
+    tx: &mut crate::db::Tx,
+    session_id: &str,
+) -> Result<crate::events::StreamHead> {
+    let head = lock_stream(tx, session_id).await?;
+    let session = rows::require_session(&mut tx.conn(), session_id).await?;
+    if session.status.is_terminal() {
+        return Err(LedgerError::precondition(format!(
+            "session {session_id} is {} and accepts no further events",
+            session.status
+        )));
+    }
+    Ok(head)
+}
+
 /// An event [`Ledger::open_session`] appends right after `session.started`.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Opening {
@@ -234,14 +250,7 @@ impl Ledger {
     ) -> Result<Event> {
         let new = event.to_new_event()?;
         write_tx!(self, |tx| async {
-            let mut head = lock_stream(&mut tx, session_id).await?;
-            let session = rows::require_session(&mut tx.conn(), session_id).await?;
-            if session.status.is_terminal() {
-                return Err(LedgerError::precondition(format!(
-                    "session {session_id} is {} and accepts no further events",
-                    session.status
-                )));
-            }
+            let mut head = lock_open_session(&mut tx, session_id).await?;
             append(&mut tx, &mut head, new.clone()).await
         })
     }
@@ -345,14 +354,7 @@ impl Ledger {
             batch.push(message.to_new_event()?);
         }
         write_tx!(self, |tx| async {
-            let mut head = lock_stream(&mut tx, session_id).await?;
-            let session = rows::require_session(&mut tx.conn(), session_id).await?;
-            if session.status.is_terminal() {
-                return Err(LedgerError::precondition(format!(
-                    "session {session_id} is {} and accepts no further events",
-                    session.status
-                )));
-            }
+            let mut head = lock_open_session(&mut tx, session_id).await?;
             let mut events = Vec::with_capacity(batch.len());
             for new in &batch {
                 events.push(append(&mut tx, &mut head, new.clone()).await?);
