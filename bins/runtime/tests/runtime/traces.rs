@@ -125,7 +125,11 @@ fn parent_of<'a>(spans: &'a [Span], child: &Span) -> &'a Span {
         .unwrap_or_else(|| panic!("the parent of {:?} was not exported", child.name))
 }
 
-#[tokio::test]
+// Several threads: the in-process collector must keep receiving the daemon's exports while
+// this test's thread blocks on the daemon's exit (`terminate` waits synchronously). On one
+// thread the collector starved there and the last batches (the resumed session's span) were
+// lost whenever they had not arrived before: a flake under load.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_governed_session_is_one_trace_under_the_clients_traceparent() {
     let collector = Collector::default();
     let endpoint = collector.start().await;
