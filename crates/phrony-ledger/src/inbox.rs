@@ -212,13 +212,3 @@ impl Ledger {
         })
     }
 }
-
-/// Deletes the queued messages of a session that ended (with its secrets).
-pub(crate) async fn purge(conn: &mut crate::db::Conn<'_>, session_id: &str) -> Result<u64> {
-    conn.execute(
-        "purge queued user messages",
-        "DELETE FROM session_inbox WHERE session_id = $1",
-        args![session_id],
-    )
-    .await
-}

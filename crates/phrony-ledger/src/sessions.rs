@@ -793,7 +793,13 @@ pub(crate) async fn apply(conn: &mut Conn<'_>, event: &Event, body: &EventBody) 
             expect_rows(rows, 1, event)?;
             if p.to.is_terminal() {
                 secrets::purge(conn, &event.stream).await?;
-                crate::inbox::purge(conn, &event.stream).await?;
+                // User messages still queued for the driver (migration 0019): dropped with it.
+                conn.execute(
+                    "purge queued user messages",
+                    "DELETE FROM session_inbox WHERE session_id = $1",
+                    args![event.stream.as_str()],
+                )
+                .await?;
             }
         }
         other => {
