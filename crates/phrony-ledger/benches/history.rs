@@ -17,7 +17,12 @@
 //!   decided in the hour before the window (not yet pruned): `before` walks the amount index
 //!   from the top past them, `after` (migration 0018) reads the buckets' largest amounts.
 //!
-//! The policy side (`crates/phrony-policy/benches/history.rs`) adds well under a microsecond.
+//! - `select_1_round_trip`: the floor, one pooled `SELECT 1` through sqlx on the same database
+//!   (on PostgreSQL the loopback round trip every lookup pays).
+//!
+//! PostgreSQL's tables are analyzed after the fill, as autovacuum would have them a minute
+//! later. The policy side (`crates/phrony-policy/benches/history.rs`) adds well under a
+//! microsecond.
 
 #![allow(
     clippy::unwrap_used,
@@ -173,6 +178,15 @@ fn bench_backend(c: &mut Criterion, rt: &tokio::runtime::Runtime, backend: &str,
         .unwrap();
         ledger.migrate().await.unwrap();
         fill(&ledger, &now, start).await;
+        // The planner's statistics as autovacuum leaves them a minute after such a fill (a
+        // database measured right after a bulk fill has none, and PostgreSQL then chooses
+        // among the indexes that start with the group arbitrarily; SQLite keeps no statistics
+        // unless asked to).
+        if backend == "postgres" {
+            let pool = sqlx::PgPool::connect(url).await.unwrap();
+            sqlx::query("ANALYZE").execute(&pool).await.unwrap();
+            pool.close().await;
+        }
         ledger
     });
     // The decisions are taken a second after the last call, 24 h windows back from then.
@@ -218,6 +232,17 @@ fn bench_backend(c: &mut Criterion, rt: &tokio::runtime::Runtime, backend: &str,
         ),
     ];
     let mut group = c.benchmark_group(format!("history_facts/{backend}"));
+    // The same run's floor: one pooled round trip of a prepared `SELECT 1` through sqlx (on
+    // PostgreSQL, the loopback network round trip every lookup pays).
+    let floor = rt.block_on(async {
+        match backend {
+            "postgres" => Floor::Postgres(sqlx::PgPool::connect(url).await.unwrap()),
+            _ => Floor::Sqlite(sqlx::SqlitePool::connect(url).await.unwrap()),
+        }
+    });
+    group.bench_function("select_1_round_trip", |bench| {
+        bench.iter(|| rt.block_on(floor.select_1()));
+    });
     for (name, before, after) in &cases {
         // Both answer the same counts before anything is timed.
         let b = rt
@@ -248,6 +273,22 @@ fn bench_backend(c: &mut Criterion, rt: &tokio::runtime::Runtime, backend: &str,
     }
     group.finish();
     rt.block_on(ledger.close());
+}
+
+/// A plain pool of the same database, for the round-trip floor.
+enum Floor {
+    Sqlite(sqlx::SqlitePool),
+    Postgres(sqlx::PgPool),
+}
+
+impl Floor {
+    async fn select_1(&self) -> i32 {
+        const SQL: &str = "SELECT 1";
+        match self {
+            Self::Sqlite(p) => sqlx::query_scalar(SQL).fetch_one(p).await.unwrap(),
+            Self::Postgres(p) => sqlx::query_scalar(SQL).fetch_one(p).await.unwrap(),
+        }
+    }
 }
 
 fn benches(c: &mut Criterion) {

@@ -143,6 +143,7 @@ conformance!(
     history_prune_takes_entries_from_before_buckets,
     history_prune_runs_drain_groups_from_before_buckets,
     history_window_max_follows_releases_and_results,
+    history_reads_do_not_scan_the_group_for_the_calls_own_entry,
     concurrent_deciders_never_pass_a_cap_only_some_fit,
     webhook_outbox_rows_commit_with_their_event,
     webhook_deliveries_follow_their_state_machine,
