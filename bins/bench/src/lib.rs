@@ -172,6 +172,10 @@ pub struct Parked {
     /// Daemon RSS (MiB) before parking, while parked, when they all ended, and
     /// [`SETTLE`](crate::load::SETTLE) later (what the allocator gave back).
     pub rss_mb: [f64; 4],
+    /// Daemon RSS (MiB) at the end of the quiet window, every session still parked: the
+    /// allocator has had its decay time (jemalloc: 10 s) to return what parking them used, so
+    /// this, not the reading right after the last one parked, is what parked sessions hold.
+    pub quiet_rss_mb: f64,
     /// kill -9 with every session parked, then start again: milliseconds until `SERVING`.
     pub restart_ms: f64,
     /// Daemon RSS (MiB) right after that restart.
@@ -316,6 +320,25 @@ impl Plan {
             takeovers,
             lease_ttl: options.lease_ttl_ms.map(Duration::from_millis),
         })
+    }
+}
+
+impl Plan {
+    /// Tool calls the single daemon's workers take at once: the closed loop's highest
+    /// concurrency and, when sessions are parked, at least the burst's voters. Every vote of
+    /// the burst resumes a session whose approved call is dispatched at once, and a worker
+    /// slot stays reserved from the dispatch's durable journal entry until the result
+    /// arrives: with only the 4 slots of `--concurrency 1`, a debug build's burst of 1,000
+    /// under load queued calls past the daemon's 10 s dispatch queue wait (304 failed
+    /// "capacity exhausted"); with 64 they all ran. The workers are sized for the load, not
+    /// the daemon's timeout.
+    pub(crate) fn worker_calls(&self) -> usize {
+        let closed = self.concurrency.iter().copied().max().unwrap_or(1);
+        if self.parked > 0 && self.burst > 0 {
+            closed.max(load::VOTERS.min(self.burst))
+        } else {
+            closed
+        }
     }
 }
 
@@ -509,6 +532,7 @@ pub fn to_json(report: &Report) -> Value {
     if let Some(p) = parked {
         put("parked_rss_mb", Some(p.rss_mb[1]));
         put("parked_rss_settled_mb", Some(p.rss_mb[3]));
+        put("parked_rss_quiet_mb", Some(p.quiet_rss_mb));
         put("parked_idle_cpu_pct", Some(p.idle_cpu_pct));
         put("parked_restart_ms", Some(p.restart_ms));
         if !p.approve_to_invoke.is_empty() {
@@ -663,20 +687,22 @@ fn single_daemon_markdown(report: &Report, s: &mut String) {
     }
     let _ = writeln!(
         s,
-        "\n| backend | parked | RSS before / parked / ended / settled (MiB) | KiB per parked session | daemon CPU while parked | kill -9 → SERVING again (RSS then) | approve → invoke p50 (one at a time) | burst | burst: vote p50 / p99 | burst: approve → invoke p50 / p99 | burst until all completed |\n|---|---|---|---|---|---|---|---|---|---|---|"
+        "\n| backend | parked | RSS before / parked / quiet / ended / settled (MiB) | KiB per parked session (at once / quiet) | daemon CPU while parked | kill -9 → SERVING again (RSS then) | approve → invoke p50 (one at a time) | burst | burst: vote p50 / p99 | burst: approve → invoke p50 / p99 | burst until all completed |\n|---|---|---|---|---|---|---|---|---|---|---|"
     );
     for p in &report.parked {
-        let per = (p.rss_mb[1] - p.rss_mb[0]) * 1024.0 / (p.sessions.max(1) as f64);
+        let per = |rss: f64| (rss - p.rss_mb[0]) * 1024.0 / (p.sessions.max(1) as f64);
         let _ = writeln!(
             s,
-            "| {} | {} | {:.1} / {:.1} / {:.1} / {:.1} | {:.0} | {:.1} % of a core | {:.0} ms ({:.1} MiB) | {:.1} ms | {} | {:.1} ms / {:.1} ms | {:.1} ms / {:.1} ms | {:.0} ms |",
+            "| {} | {} | {:.1} / {:.1} / {:.1} / {:.1} / {:.1} | {:.0} / {:.0} | {:.1} % of a core | {:.0} ms ({:.1} MiB) | {:.1} ms | {} | {:.1} ms / {:.1} ms | {:.1} ms / {:.1} ms | {:.0} ms |",
             p.backend,
             p.sessions,
             p.rss_mb[0],
             p.rss_mb[1],
+            p.quiet_rss_mb,
             p.rss_mb[2],
             p.rss_mb[3],
-            per,
+            per(p.rss_mb[1]),
+            per(p.quiet_rss_mb),
             p.idle_cpu_pct,
             p.restart_ms,
             p.restart_rss_mb,
@@ -772,6 +798,22 @@ mod option_tests {
                 "{args:?}: {error}"
             );
         }
+    }
+
+    #[test]
+    fn workers_take_the_burst_s_voters_at_once_whatever_the_closed_loop_concurrency() {
+        let calls = |args: &[&str]| plan(args).map(|p| p.worker_calls()).map_err(|e| e.0);
+        // The closed loop of 1 alone would start one worker of 4 slots for the burst of 1,000.
+        assert_eq!(calls(&["--concurrency", "1", "--parked", "2000"]), Ok(64));
+        assert_eq!(
+            calls(&["--concurrency", "1", "--parked", "10", "--burst", "8"]),
+            Ok(8)
+        );
+        assert_eq!(
+            calls(&["--concurrency", "128", "--parked", "2000"]),
+            Ok(128)
+        );
+        assert_eq!(calls(&["--concurrency", "1,16", "--parked", "0"]), Ok(16));
     }
 
     #[test]

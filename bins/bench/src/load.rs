@@ -34,7 +34,7 @@ pub(crate) fn phase_guard(n: usize) -> Duration {
 /// Calls a `RefundWorker` takes at once.
 const PER_WORKER: usize = 4;
 /// Concurrent voters in the approval burst.
-const VOTERS: usize = 64;
+pub(crate) const VOTERS: usize = 64;
 
 /// Runs every scenario on a fresh daemon of `backend` and adds the figures to `report`.
 ///
@@ -52,9 +52,11 @@ pub(crate) fn backend(
         return Ok(());
     };
     let _project = deploy(&daemon, &[(FAST, 50), (HELD, 400)])?;
-    let max = plan.concurrency.iter().copied().max().unwrap_or(1);
-    let workers: Arc<Vec<RefundWorker>> =
-        Arc::new(start_workers(&daemon, &format!("bench-{name}"), max));
+    let workers: Arc<Vec<RefundWorker>> = Arc::new(start_workers(
+        &daemon,
+        &format!("bench-{name}"),
+        plan.worker_calls(),
+    ));
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -467,9 +469,12 @@ async fn parked(
         (Some(a), Some(b)) => b.saturating_sub(a).as_secs_f64() * 100.0 / window.as_secs_f64(),
         _ => 0.0,
     };
+    let quiet_rss = rss_mb(daemon);
     eprintln!(
-        "parked {n}: daemon CPU {idle_cpu_pct:.1} % of a core over {} s with nothing else to do",
-        window.as_secs()
+        "parked {n}: daemon CPU {idle_cpu_pct:.1} % of a core over {} s with nothing else to do; \
+         RSS then {quiet_rss:.1} MiB ({:.1} KiB each)",
+        window.as_secs(),
+        (quiet_rss - before) * 1024.0 / (n.max(1) as f64)
     );
     // kill -9 with every session parked: how long recovery takes until SERVING, and what the
     // daemon holds afterwards (the workers and the client reconnect on their own).
@@ -559,6 +564,7 @@ async fn parked(
         approved,
         idle_cpu_pct,
         rss_mb: [before, parked_rss, after, settled],
+        quiet_rss_mb: quiet_rss,
         restart_ms,
         restart_rss_mb: restart_rss,
         approve_to_invoke,

@@ -18,7 +18,9 @@
 use std::process::ExitCode;
 
 /// jemalloc returns freed memory to the system (background threads purge dirty pages after
-/// their decay time); see `BENCHMARKS.md` for the RSS after a burst of sessions ends.
+/// their decay time); see `BENCHMARKS.md` for the RSS after a burst of sessions ends. Built
+/// unprefixed, it also serves C `malloc`, so SQLite's page caches are returned as well
+/// (`Cargo.toml` says why).
 #[cfg(not(target_env = "msvc"))]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;

@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use crate::support::{Daemon, Launch, PgDatabase, agent_ref, compile_agent, sqlite_url};
+use crate::support::{BIN, Daemon, Launch, PgDatabase, agent_ref, compile_agent, sqlite_url};
 use pb::runtime_client::RuntimeClient;
 use phrony_proto::runtime::v1 as pb;
 use tonic::metadata::MetadataValue;
@@ -952,4 +952,26 @@ async fn a_worker_gets_the_configured_lease_and_sigterm_ends_its_stream_cleanly(
     // The worker saw a clean end of stream (status OK), not an error.
     let end = down.message().await;
     assert!(matches!(end, Ok(None)), "{end:?}");
+}
+
+/// Every allocation of the daemon goes through jemalloc, SQLite's page caches and statements
+/// (C `malloc`) included, not only Rust's: glibc kept what SQLite's connection threads had
+/// used in their own arenas (10,000 parked sessions: 73 MB taken from the system for 31 MB in
+/// use), where jemalloc's background threads return it. jemalloc takes over the C allocator
+/// only when built unprefixed, and only then reads the standard `MALLOC_CONF` (a prefixed
+/// build reads `_RJEM_MALLOC_CONF` and ignores it): `stats_print` makes it print its
+/// statistics at exit.
+#[test]
+fn the_c_allocator_is_jemalloc() {
+    let out = std::process::Command::new(BIN)
+        .arg("--version")
+        .env("MALLOC_CONF", "stats_print:true")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("Begin jemalloc statistics"),
+        "MALLOC_CONF was not read by jemalloc; stderr: {stderr}"
+    );
 }
