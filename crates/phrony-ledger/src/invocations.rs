@@ -331,15 +331,15 @@ pub(crate) async fn emit(
 
 pub(crate) async fn record(tx: &mut Tx, new: &NewToolCall) -> Result<ToolInvocation> {
     let mut head = lock_stream(tx, &new.session_id).await?;
-    let session = rows::require_session(&mut tx.conn(), &new.session_id).await?;
+    let session = rows::require_session_head(&mut tx.conn(), &new.session_id).await?;
     if session.status.is_terminal() {
         return Err(LedgerError::precondition(format!(
             "session {} is {} and cannot record tool calls",
-            session.id, session.status
+            new.session_id, session.status
         )));
     }
     let call_id = tool_call_id(
-        &session.id,
+        &new.session_id,
         session.agent_version_id,
         new.turn,
         new.iteration,
@@ -923,7 +923,7 @@ impl Ledger {
     pub async fn in_flight_calls(&self, session_id: &str) -> Result<Vec<ToolInvocation>> {
         let mut conn = self.pool.acquire().await?;
         let mut c = conn.conn();
-        rows::require_session(&mut c, session_id).await?;
+        rows::require_session_head(&mut c, session_id).await?;
         Ok(for_session(&mut c, session_id)
             .await?
             .into_iter()

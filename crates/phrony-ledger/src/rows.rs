@@ -265,6 +265,31 @@ pub(crate) async fn require_session(conn: &mut Conn<'_>, id: &str) -> Result<Ses
         .ok_or_else(|| session_not_found(id))
 }
 
+/// What a write needs to know of a session before it appends to its stream: its status and
+/// its agent version. Two columns of the row, so a check does not read and parse the
+/// session's input, metadata, limits and output (JSON) the way [`find_session`] does.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SessionHead {
+    pub(crate) status: SessionStatus,
+    pub(crate) agent_version_id: Uuid,
+}
+
+/// The [`SessionHead`] of `id`, or `NotFound` (`session X not found`).
+pub(crate) async fn require_session_head(conn: &mut Conn<'_>, id: &str) -> Result<SessionHead> {
+    let row = conn
+        .fetch_optional(
+            "read session status",
+            "SELECT status, agent_version_id FROM sessions WHERE id = $1",
+            args![id],
+        )
+        .await?
+        .ok_or_else(|| session_not_found(id))?;
+    Ok(SessionHead {
+        status: SessionStatus::parse_stored(&row.text("status")?)?,
+        agent_version_id: row.uuid("agent_version_id")?,
+    })
+}
+
 /// The session and all its descendants, the session first, then by depth and creation.
 pub(crate) async fn session_subtree(conn: &mut Conn<'_>, id: &str) -> Result<Vec<Session>> {
     let sql = format!(

@@ -131,7 +131,7 @@ pub(crate) async fn purge(conn: &mut Conn<'_>, session_id: &str) -> Result<u64> 
 async fn store(tx: &mut Tx, session_id: &str, batch: &[SealedSecret]) -> Result<()> {
     // The session's stream lock orders this against a concurrent terminal transition.
     lock_stream(tx, session_id).await?;
-    let session = rows::require_session(&mut tx.conn(), session_id).await?;
+    let session = rows::require_session_head(&mut tx.conn(), session_id).await?;
     if session.status.is_terminal() {
         return Err(LedgerError::precondition(format!(
             "session {session_id} is {} and cannot store secrets",
@@ -184,7 +184,7 @@ impl Ledger {
     pub async fn load_session_secrets(&self, session_id: &str) -> Result<Vec<SealedSecret>> {
         let mut conn = self.pool.acquire().await?;
         let mut c = conn.conn();
-        rows::require_session(&mut c, session_id).await?;
+        rows::require_session_head(&mut c, session_id).await?;
         c.fetch_all(
             "load session secrets",
             "SELECT name, key_version, nonce, ciphertext FROM session_secrets \

@@ -31,7 +31,7 @@ pub(crate) async fn lock_open_session(
     session_id: &str,
 ) -> Result<crate::events::StreamHead> {
     let head = lock_stream(tx, session_id).await?;
-    let session = rows::require_session(&mut tx.conn(), session_id).await?;
+    let session = rows::require_session_head(&mut tx.conn(), session_id).await?;
     if session.status.is_terminal() {
         return Err(LedgerError::precondition(format!(
             "session {session_id} is {} and accepts no further events",
@@ -390,7 +390,7 @@ impl Ledger {
     ) -> Result<Vec<Event>> {
         let mut conn = self.pool.acquire().await?;
         let mut c = conn.conn();
-        rows::require_session(&mut c, session_id).await?;
+        rows::require_session_head(&mut c, session_id).await?;
         let after = i64::try_from(after_seq).unwrap_or(i64::MAX);
         read_page(&mut c, session_id, after, i64::from(limit.clamp(1, 1000)))
             .await?
