@@ -368,6 +368,15 @@ fn bind_read(call_id: &str, read: &HistoryRead, args: &mut Vec<Arg>) -> Result<(
     Ok(())
 }
 
+/// The bind values of every read of [`batch_sql`], in order.
+fn bind_reads(call_id: &str, reads: &[HistoryRead]) -> Result<Vec<Arg>> {
+    let mut binds = Vec::with_capacity(reads.len() * 11);
+    for read in reads {
+        bind_read(call_id, read, &mut binds)?;
+    }
+    Ok(binds)
+}
+
 /// The answer to `read` from its row of [`batch_sql`] (`None`: no group row yet); a second
 /// statement only for a window its group's buckets do not cover (a group from before
 /// migration 0016) or a `max` whose buckets hold the call's own amount (a call decided again).
@@ -470,10 +479,7 @@ pub(crate) async fn facts(
     if reads.is_empty() {
         return Ok(Vec::new());
     }
-    let mut binds = Vec::with_capacity(reads.len() * 11);
-    for read in reads {
-        bind_read(call_id, read, &mut binds)?;
-    }
+    let binds = bind_reads(call_id, reads)?;
     let rows = conn
         .fetch_all("read history facts", &batch_sql(reads), binds)
         .await?;
@@ -504,10 +510,7 @@ pub(crate) async fn explain(
     if reads.is_empty() {
         return Ok(Vec::new());
     }
-    let mut binds = Vec::with_capacity(reads.len() * 11);
-    for read in reads {
-        bind_read(call_id, read, &mut binds)?;
-    }
+    let binds = bind_reads(call_id, reads)?;
     let (prefix, column) = match backend {
         crate::db::Backend::Postgres => ("EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) ", "QUERY PLAN"),
         crate::db::Backend::Sqlite => ("EXPLAIN QUERY PLAN ", "detail"),
