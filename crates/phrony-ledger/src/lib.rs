@@ -260,7 +260,7 @@ pub use webhooks::{
 pub use workers::WORKERS_STREAM;
 
 use crate::db::{Backend as B, Pool, args};
-use crate::error::Result;
+use crate::error::{Result, SqlxResultExt as _};
 
 /// How often a write that lost a race is retried before [`LedgerError::Conflict`] is returned.
 const MAX_WRITE_ATTEMPTS: u32 = 6;
@@ -1595,10 +1595,9 @@ impl Ledger {
     /// A connection for history lookups: from [`Ledger::history_pool`] on PostgreSQL.
     async fn history_conn(&self) -> Result<db::PooledConn> {
         match &self.history_pool {
-            Some(pool) => Ok(db::PooledConn::Postgres(crate::error::SqlxResultExt::ctx(
-                pool.acquire().await,
-                "acquire connection",
-            )?)),
+            Some(pool) => Ok(db::PooledConn::Postgres(
+                pool.acquire().await.ctx("acquire connection")?,
+            )),
             None => self.pool.acquire().await,
         }
     }
