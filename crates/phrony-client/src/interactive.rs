@@ -47,6 +47,10 @@ use super::{Client, ClientError, REQUEST_TIMEOUT, RunSession, with_required_acto
 /// How many client messages may wait to be sent on the stream.
 const OUTBOUND_BUFFER: usize = 16;
 
+/// How long [`InteractiveEvents::next`] waits, after a terminal event, for the runtime to end
+/// the stream.
+const END_OF_STREAM_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// The RPC name used in [`ClientError::InvalidResponse`].
 const RPC: &str = "RunSessionInteractive";
 
@@ -592,7 +596,13 @@ impl InteractiveEvents {
     /// [`ClientError::InvalidResponse`] for a message this client cannot read.
     pub async fn next(&mut self) -> Result<Option<SessionEvent>, ClientError> {
         match self.inbound.message().await {
-            Ok(Some(message)) => server_event(message).map(Some),
+            Ok(Some(message)) => {
+                let event = server_event(message)?;
+                if event.is_terminal() {
+                    self.read_to_end().await;
+                }
+                Ok(Some(event))
+            }
             Ok(None) => Ok(None),
             Err(status) => Err(ClientError::from_status(
                 &status,
@@ -600,6 +610,21 @@ impl InteractiveEvents {
                 REQUEST_TIMEOUT,
             )),
         }
+    }
+}
+
+impl InteractiveEvents {
+    /// After the terminal event the runtime ends the stream: read that end (its status
+    /// trailers, normally in the same packet) so that dropping the stream right after the
+    /// terminal event does not cancel a stream the runtime was ending. Each such cancel makes
+    /// the runtime's closing frames arrive for a stream the connection may have forgotten,
+    /// which HTTP/2 counts as a protocol error against the connection; on a busy connection
+    /// (many sessions at once) that count reaches the HTTP/2 library's limit and the
+    /// connection is closed under every request in flight. Bounded by [`END_OF_STREAM_WAIT`]
+    /// for a runtime that keeps the stream open.
+    async fn read_to_end(&mut self) {
+        let drain = async { while let Ok(Some(_)) = self.inbound.message().await {} };
+        let _ = tokio::time::timeout(END_OF_STREAM_WAIT, drain).await;
     }
 }
 

@@ -19,7 +19,7 @@ use crate::error::{LedgerError, Result, SqlxResultExt};
 use crate::group::{GroupWriter, Lease};
 use crate::outbox::Outbox;
 use crate::replica::Replica;
-use crate::sqlite_raw::{RawRow, RawSlot, RawValue};
+use crate::sqlite_raw::{RawReadPool, RawReader, RawRow, RawSlot, RawValue};
 
 /// Which database a [`crate::Ledger`] talks to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,9 +49,10 @@ impl std::fmt::Display for Backend {
 
 #[derive(Debug, Clone)]
 pub(crate) enum Pool {
-    /// Reads use the pool; writes queue on the group-commit writer (which takes its connection
-    /// from the same pool).
-    Sqlite(SqlitePool, GroupWriter),
+    /// Writes queue on the group-commit writer (which takes its connection from the sqlx
+    /// pool). Reads of a database file use the direct read connections (`sqlite_raw`), reads
+    /// of an in-memory database the sqlx pool (its one connection is the only way to it).
+    Sqlite(SqlitePool, GroupWriter, Option<Arc<RawReadPool>>),
     Postgres(PgPool),
 }
 
@@ -98,7 +99,7 @@ impl Pool {
         alone: bool,
     ) -> Result<Tx> {
         let kind = match self {
-            Self::Sqlite(_, writer) => TxKind::Sqlite(writer.begin(alone).await?),
+            Self::Sqlite(_, writer, _) => TxKind::Sqlite(writer.begin(alone).await?),
             Self::Postgres(p) => TxKind::Postgres(p.begin().await.ctx("begin transaction")?),
         };
         Ok(Tx {
@@ -113,7 +114,10 @@ impl Pool {
 
     pub(crate) async fn acquire(&self) -> Result<PooledConn> {
         match self {
-            Self::Sqlite(p, _) => Ok(PooledConn::Sqlite(
+            Self::Sqlite(_, _, Some(readers)) => Ok(PooledConn::SqliteRaw(
+                readers.acquire().await.ctx("acquire connection")?,
+            )),
+            Self::Sqlite(p, _, None) => Ok(PooledConn::Sqlite(
                 p.acquire().await.ctx("acquire connection")?,
             )),
             Self::Postgres(p) => Ok(PooledConn::Postgres(
@@ -124,7 +128,12 @@ impl Pool {
 
     pub(crate) async fn close(&self) {
         match self {
-            Self::Sqlite(p, _) => p.close().await,
+            Self::Sqlite(p, _, readers) => {
+                if let Some(readers) = readers {
+                    readers.close();
+                }
+                p.close().await;
+            }
             Self::Postgres(p) => p.close().await,
         }
     }
@@ -234,6 +243,8 @@ impl Tx {
 
 pub(crate) enum PooledConn {
     Sqlite(sqlx::pool::PoolConnection<Sqlite>),
+    /// A direct read connection (see the `sqlite_raw` module).
+    SqliteRaw(RawReader),
     Postgres(sqlx::pool::PoolConnection<Postgres>),
 }
 
@@ -241,6 +252,7 @@ impl PooledConn {
     pub(crate) fn conn(&mut self) -> Conn<'_> {
         match self {
             Self::Sqlite(c) => Conn::Sqlite(c),
+            Self::SqliteRaw(r) => Conn::SqliteRaw(r.slot()),
             Self::Postgres(c) => Conn::Postgres(c),
         }
     }
@@ -249,8 +261,8 @@ impl PooledConn {
 /// A borrowed connection of either backend (inside or outside a transaction).
 pub(crate) enum Conn<'c> {
     Sqlite(&'c mut SqliteConnection),
-    /// The group-commit writer's connection, called directly (no hand-off per statement; see
-    /// the `sqlite_raw` module).
+    /// A connection called directly, no hand-off per statement (the `sqlite_raw` module): the
+    /// group-commit writer's, or a read connection.
     SqliteRaw(&'c RawSlot),
     Postgres(&'c mut PgConnection),
 }

@@ -12,6 +12,13 @@
 //! empties the slot (finalizing every statement prepared here) before it gives the handle back
 //! to sqlx ([`Locked`]'s `Drop`). A use after that finds the slot empty and fails with
 //! "the batch is over"; a use during it holds the slot's mutex, which the writer waits for.
+//!
+//! Pooled reads on a database file take the same direct path ([`RawReadPool`]): read-only
+//! connections this module opens and owns itself (sqlx never sees them), each used by one
+//! caller at a time under its slot's mutex, their prepared statements kept for the
+//! connection's life (at most [`MAX_CACHED_SQL`] texts) and finalized before it is closed.
+//! A read runs on the calling task's thread; in WAL mode a reader never waits for the writer,
+//! so it blocks the thread only for the statement's own work.
 //! This is the only `unsafe` code of the workspace.
 #![allow(
     unsafe_code,
@@ -20,9 +27,10 @@
 )]
 
 use std::collections::HashMap;
-use std::ffi::{CStr, c_int};
+use std::ffi::{CStr, CString, c_int};
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use libsqlite3_sys as ffi;
 use sqlx::sqlite::LockedSqliteHandle;
@@ -77,12 +85,20 @@ impl RawRow {
 /// A prepared statement owned by a [`RawConn`].
 struct Stmt(NonNull<ffi::sqlite3_stmt>);
 
-/// The locked connection and the statements prepared on it during one batch.
+/// SQL texts whose statements a connection keeps prepared; preparing one more first finalizes
+/// them all (a read connection lives long, and the ledger's statements are a fixed set well
+/// below this, so the bound only guards against texts built per call).
+const MAX_CACHED_SQL: usize = 512;
+
+/// A connection called directly: the writer's, locked for one batch, or a read connection of
+/// a [`RawReadPool`], owned.
 struct RawConn {
     db: NonNull<ffi::sqlite3>,
     /// Prepared statements by SQL text (one per statement of the text), reused across the
-    /// batch's writes and finalized when the batch ends.
+    /// connection's uses and finalized when it is dropped (the writer's: when the batch ends).
     statements: HashMap<String, Vec<Stmt>>,
+    /// Opened by this module (a read connection): closed when dropped.
+    owned: bool,
 }
 
 // SAFETY: the handle is only used under the slot's mutex, by one thread at a time, and SQLite
@@ -91,14 +107,13 @@ unsafe impl Send for RawConn {}
 
 impl Drop for RawConn {
     fn drop(&mut self) {
-        for (_, statements) in self.statements.drain() {
-            for stmt in statements {
-                // SAFETY: each statement was prepared on `db`, which is still open (sqlx
-                // closes it only after the handle was given back, after this drop), and is
-                // finalized exactly once, here.
-                unsafe {
-                    ffi::sqlite3_finalize(stmt.0.as_ptr());
-                }
+        self.finalize_statements();
+        if self.owned {
+            // SAFETY: `db` was opened by `RawReadPool::open`, is used by nobody else (its only
+            // owner is being dropped) and has no statement left (so the close cannot be refused
+            // as busy); closed exactly once, here.
+            unsafe {
+                ffi::sqlite3_close(self.db.as_ptr());
             }
         }
     }
@@ -134,6 +149,7 @@ impl<'c> Locked<'c> {
         let slot = RawSlot(Arc::new(Mutex::new(Some(RawConn {
             db,
             statements: HashMap::new(),
+            owned: false,
         }))));
         Self { slot, handle }
     }
@@ -191,6 +207,162 @@ impl RawSlot {
     }
 }
 
+/// Read-only connections to the database file for pooled reads, called directly (no hand-off
+/// to a driver thread per statement). At most `max` are open at once; an idle one is reused,
+/// with the statements it prepared before.
+pub(crate) struct RawReadPool {
+    filename: CString,
+    busy_timeout_ms: c_int,
+    acquire_timeout: Duration,
+    idle: Mutex<Vec<RawConn>>,
+    permits: Arc<tokio::sync::Semaphore>,
+}
+
+impl std::fmt::Debug for RawReadPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RawReadPool")
+            .field("filename", &self.filename)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One read connection of a [`RawReadPool`], back in the pool when dropped.
+pub(crate) struct RawReader {
+    slot: RawSlot,
+    pool: Arc<RawReadPool>,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl std::fmt::Debug for RawReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RawReader").finish_non_exhaustive()
+    }
+}
+
+impl RawReadPool {
+    /// A pool of at most `max` read connections to the SQLite file `path` (none opened yet),
+    /// each waiting up to `busy_timeout` for a lock, an acquire up to `acquire_timeout`.
+    ///
+    /// # Errors
+    /// A path with a NUL byte.
+    pub(crate) fn new(
+        path: &std::path::Path,
+        max: u32,
+        busy_timeout: Duration,
+        acquire_timeout: Duration,
+    ) -> Result<Self, String> {
+        let filename = CString::new(path.as_os_str().as_encoded_bytes())
+            .map_err(|_| format!("the SQLite path {} holds a NUL byte", path.display()))?;
+        Ok(Self {
+            filename,
+            busy_timeout_ms: c_int::try_from(busy_timeout.as_millis()).unwrap_or(c_int::MAX),
+            acquire_timeout,
+            idle: Mutex::new(Vec::new()),
+            permits: Arc::new(tokio::sync::Semaphore::new(
+                usize::try_from(max.max(1)).unwrap_or(1),
+            )),
+        })
+    }
+
+    /// A read connection: an idle one, or a new one while fewer than `max` are open; waits up
+    /// to the acquire timeout for one to come back.
+    pub(crate) async fn acquire(self: &Arc<Self>) -> Result<RawReader, sqlx::Error> {
+        let permit = tokio::time::timeout(
+            self.acquire_timeout,
+            Arc::clone(&self.permits).acquire_owned(),
+        )
+        .await
+        .map_err(|_| sqlx::Error::PoolTimedOut)?
+        .map_err(|_| sqlx::Error::PoolClosed)?;
+        let idle = self
+            .idle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop();
+        let conn = match idle {
+            Some(conn) => conn,
+            None => self.open()?,
+        };
+        Ok(RawReader {
+            slot: RawSlot(Arc::new(Mutex::new(Some(conn)))),
+            pool: Arc::clone(self),
+            _permit: permit,
+        })
+    }
+
+    /// Closes the idle connections; the ones in use close when given back.
+    pub(crate) fn close(&self) {
+        self.permits.close();
+        let idle = std::mem::take(&mut *self.idle.lock().unwrap_or_else(PoisonError::into_inner));
+        drop(idle);
+    }
+
+    fn open(&self) -> Result<RawConn, sqlx::Error> {
+        let mut db: *mut ffi::sqlite3 = std::ptr::null_mut();
+        // SAFETY: `filename` is NUL-terminated; `db` is a valid out-pointer. Read-only: a
+        // read connection cannot write even by mistake. No mutex of SQLite's own: the
+        // connection is used by one thread at a time, under its slot's mutex.
+        let rc = unsafe {
+            ffi::sqlite3_open_v2(
+                self.filename.as_ptr(),
+                &raw mut db,
+                ffi::SQLITE_OPEN_READONLY | ffi::SQLITE_OPEN_NOMUTEX,
+                std::ptr::null(),
+            )
+        };
+        let Some(db) = NonNull::new(db) else {
+            return Err(error(RawSqliteError::new(
+                rc,
+                "SQLite could not allocate a read connection".to_owned(),
+            )));
+        };
+        // Owned from here: closed on every path out (a failed open still allocates a handle).
+        let conn = RawConn {
+            db,
+            statements: HashMap::new(),
+            owned: true,
+        };
+        if rc != ffi::SQLITE_OK {
+            return Err(error(conn.errmsg()));
+        }
+        // SAFETY: `db` is open and used only here.
+        unsafe {
+            ffi::sqlite3_extended_result_codes(db.as_ptr(), 1);
+            ffi::sqlite3_busy_timeout(db.as_ptr(), self.busy_timeout_ms);
+        }
+        Ok(conn)
+    }
+}
+
+impl RawReader {
+    pub(crate) fn slot(&self) -> &RawSlot {
+        &self.slot
+    }
+}
+
+impl Drop for RawReader {
+    fn drop(&mut self) {
+        let conn = self
+            .slot
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        let Some(conn) = conn else { return };
+        // SAFETY: `db` is open; the call only reads the connection's state.
+        let in_transaction = unsafe { ffi::sqlite3_get_autocommit(conn.db.as_ptr()) == 0 };
+        // A connection left inside a transaction (no read path opens one) would pin an old
+        // snapshot of the database for every later reader: closed instead of reused.
+        if !in_transaction && !self.pool.permits.is_closed() {
+            self.pool
+                .idle
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(conn);
+        }
+    }
+}
+
 impl RawConn {
     fn errmsg(&self) -> RawSqliteError {
         // SAFETY: `db` is open and locked to this thread; `sqlite3_errmsg` returns a valid
@@ -204,9 +376,22 @@ impl RawConn {
         }
     }
 
+    /// Finalizes every statement prepared on the connection.
+    fn finalize_statements(&mut self) {
+        for (_, statements) in self.statements.drain() {
+            // Each was prepared on `db`, which is still open (the writer's: sqlx closes it only
+            // after the handle was given back, after the batch's drop; a read connection's:
+            // closed after this), and is finalized exactly once, here.
+            finalize_all(statements);
+        }
+    }
+
     fn prepare(&mut self, sql: &str) -> Result<(), sqlx::Error> {
         if self.statements.contains_key(sql) {
             return Ok(());
+        }
+        if self.statements.len() >= MAX_CACHED_SQL {
+            self.finalize_statements();
         }
         let mut prepared = Vec::new();
         let bytes = sql.as_bytes();
@@ -289,7 +474,8 @@ impl RawConn {
 
 fn finalize_all(statements: Vec<Stmt>) {
     for stmt in statements {
-        // SAFETY: prepared above and not stored anywhere else.
+        // SAFETY: prepared on a connection that is still open, owned by the caller and not
+        // stored anywhere else.
         unsafe {
             ffi::sqlite3_finalize(stmt.0.as_ptr());
         }
@@ -378,7 +564,11 @@ fn column_value(s: *mut ffi::sqlite3_stmt, i: usize) -> RawValue {
                     RawValue::Text(String::new())
                 } else {
                     let bytes = std::slice::from_raw_parts(ptr, len);
-                    RawValue::Text(String::from_utf8_lossy(bytes).into_owned())
+                    // The ledger writes only UTF-8: validate fast, replace only what is not.
+                    RawValue::Text(match std::str::from_utf8(bytes) {
+                        Ok(text) => text.to_owned(),
+                        Err(_) => String::from_utf8_lossy(bytes).into_owned(),
+                    })
                 }
             }
             ffi::SQLITE_BLOB => {
@@ -483,5 +673,175 @@ fn bind_one(s: *mut ffi::sqlite3_stmt, param: c_int, arg: &RawValue) -> c_int {
                 )
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The read connections against a real database file written through sqlx, as the
+    //! group-commit writer writes it.
+    #![allow(clippy::unwrap_used, reason = "test set-up: a panic is a failed test")]
+
+    use std::path::{Path, PathBuf};
+    use std::str::FromStr as _;
+
+    use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqliteJournalMode};
+    use sqlx::{Connection as _, Executor as _};
+
+    use super::*;
+
+    async fn database(dir: &Path) -> (PathBuf, SqliteConnection) {
+        let path = dir.join("t.db");
+        let opts = SqliteConnectOptions::from_str(&format!("sqlite://{}", path.display()))
+            .unwrap()
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal);
+        let mut conn = SqliteConnection::connect_with(&opts).await.unwrap();
+        conn.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT NOT NULL)")
+            .await
+            .unwrap();
+        (path, conn)
+    }
+
+    fn pool(path: &Path, max: u32) -> Arc<RawReadPool> {
+        Arc::new(
+            RawReadPool::new(
+                path,
+                max,
+                Duration::from_millis(100),
+                Duration::from_millis(200),
+            )
+            .unwrap(),
+        )
+    }
+
+    const COUNT: &str = "SELECT COUNT(*) AS n FROM t WHERE v <> $1";
+
+    fn count(reader: &RawReader) -> i64 {
+        let out = reader
+            .slot()
+            .run(COUNT, &[RawValue::Text("none".to_owned())], None)
+            .unwrap();
+        match out.rows[0].get("n").unwrap() {
+            RawValue::Integer(n) => *n,
+            other => panic!("COUNT(*) gave a {}", other.type_name()),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_reused_read_connection_sees_every_commit_and_cannot_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, mut writer) = database(dir.path()).await;
+        let readers = pool(&path, 2);
+        writer
+            .execute("INSERT INTO t (v) VALUES ('a')")
+            .await
+            .unwrap();
+        let reader = readers.acquire().await.unwrap();
+        assert_eq!(count(&reader), 1);
+        drop(reader);
+        writer
+            .execute("INSERT INTO t (v) VALUES ('b')")
+            .await
+            .unwrap();
+        // The same connection, its statement kept prepared: no snapshot of the first read.
+        let reader = readers.acquire().await.unwrap();
+        assert!(
+            reader
+                .slot()
+                .0
+                .lock()
+                .unwrap()
+                .as_ref()
+                .unwrap()
+                .statements
+                .contains_key(COUNT),
+            "the idle connection was reused with its prepared statement"
+        );
+        assert_eq!(count(&reader), 2);
+        let refused = reader
+            .slot()
+            .run("INSERT INTO t (v) VALUES ('c')", &[], None)
+            .unwrap_err();
+        let sqlx::Error::Database(e) = refused else {
+            panic!("not a database error: {refused}")
+        };
+        assert_eq!(
+            e.code().as_deref(),
+            Some("8"),
+            "SQLITE_READONLY expected: {}",
+            e.message()
+        );
+    }
+
+    #[tokio::test]
+    async fn at_most_max_connections_are_out_and_an_acquire_waits_for_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, _writer) = database(dir.path()).await;
+        let readers = pool(&path, 1);
+        let first = readers.acquire().await.unwrap();
+        let waited = readers.acquire().await.unwrap_err();
+        assert!(matches!(waited, sqlx::Error::PoolTimedOut), "{waited}");
+        let pending = tokio::spawn({
+            let readers = Arc::clone(&readers);
+            async move { readers.acquire().await.map(|r| count(&r)) }
+        });
+        drop(first);
+        assert_eq!(pending.await.unwrap().unwrap(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_connection_left_inside_a_transaction_is_closed_not_reused() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, _writer) = database(dir.path()).await;
+        let readers = pool(&path, 1);
+        let reader = readers.acquire().await.unwrap();
+        reader.slot().run("BEGIN", &[], None).unwrap();
+        assert_eq!(count(&reader), 0);
+        drop(reader);
+        assert!(readers.idle.lock().unwrap().is_empty());
+        let reader = readers.acquire().await.unwrap();
+        drop(reader);
+        assert_eq!(readers.idle.lock().unwrap().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn statements_are_bounded_per_connection() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, _writer) = database(dir.path()).await;
+        let readers = pool(&path, 1);
+        let reader = readers.acquire().await.unwrap();
+        for i in 0..=MAX_CACHED_SQL {
+            reader
+                .slot()
+                .run(&format!("SELECT {i} AS n"), &[], None)
+                .unwrap();
+        }
+        let cached = reader
+            .slot()
+            .0
+            .lock()
+            .unwrap()
+            .as_ref()
+            .unwrap()
+            .statements
+            .len();
+        assert!(cached <= MAX_CACHED_SQL, "{cached} SQL texts kept prepared");
+        assert_eq!(count(&reader), 0);
+    }
+
+    #[tokio::test]
+    async fn a_missing_file_is_named_and_a_closed_pool_refuses() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = pool(&dir.path().join("missing.db"), 1);
+        let error = missing.acquire().await.unwrap_err();
+        assert!(error.to_string().contains("unable to open"), "{error}");
+        let (path, _writer) = database(dir.path()).await;
+        let readers = pool(&path, 1);
+        drop(readers.acquire().await.unwrap());
+        readers.close();
+        assert!(readers.idle.lock().unwrap().is_empty());
+        let error = readers.acquire().await.unwrap_err();
+        assert!(matches!(error, sqlx::Error::PoolClosed), "{error}");
     }
 }
