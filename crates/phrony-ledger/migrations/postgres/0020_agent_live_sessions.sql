@@ -29,7 +29,9 @@
 -- agent whatever number of sessions it ends. A shard chosen from the session id would make
 -- a cascade that ends several sessions of one agent lock several of its rows in the order
 -- it visits them, and two such cascades could deadlock (detected only after
--- `deadlock_timeout`, then retried); per-transaction shards cannot, within an agent. The
+-- `deadlock_timeout`, then retried); per-transaction shards cannot, within an agent (two
+-- transactions ending sessions of the same two agents in opposite orders still can when
+-- their shards coincide, 1 in 16; the ledger retries a deadlock as a `Conflict`). The
 -- price: a session's +1 and its -1 may land in different rows, so a single row means
 -- nothing (it may be negative); only the sum over the agent's rows does, and every reader
 -- sums (`sessions::count_live_sessions`).
