@@ -13,17 +13,25 @@
 //! - `sessions_leased_elsewhere_1000/page`: start-up recovery's question for a page of 1,000
 //!   sessions (half leased by another replica), one statement (`= ANY` / chunked `IN`);
 //!   `…/per_session`: the same answer read one primary-key read per session, as before.
+//! - `<backend>/create_session_with_live/<N>`: one bounded session create
+//!   (`create_session_within`, which reads the agent's live-session count in its transaction
+//!   and compares it with `RUNTIME_MAX_SESSIONS_PER_AGENT`) while N = 0, 10,000 and 100,000
+//!   sessions of the same agent are live (issue #14: 100,000 parked). Each measured create is
+//!   followed by an unmeasured cancel of the new session, so every create sees exactly N. The
+//!   fill (concurrent unbounded creates) is timed and printed on stderr.
 
 #![allow(
     clippy::unwrap_used,
     reason = "benchmark setup: a panic aborts the benchmark"
 )]
 
-use criterion::{Criterion, criterion_group, criterion_main};
+use std::time::{Duration, Instant};
+
+use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use phrony_ledger::{
-    AgentRef, AgentVersionRef, Dispatch, Ledger, NewAgentVersion, NewApproval, NewEvent,
-    NewSession, NewToolCall, OnModify, OnReject, SessionMode, SessionStatus, StatusChange,
-    ToolOutcome, ToolResult, Vote, VoteDecision, new_session_id,
+    AgentRef, AgentVersion, AgentVersionRef, Dispatch, Ledger, LedgerError, NewAgentVersion,
+    NewApproval, NewEvent, NewSession, NewToolCall, OnModify, OnReject, Session, SessionMode,
+    SessionStatus, StatusChange, ToolOutcome, ToolResult, Vote, VoteDecision, new_session_id,
 };
 use phrony_test_support::postgres::{CreateError, PgDatabase};
 use serde_json::json;
@@ -239,12 +247,123 @@ fn bench_leased_elsewhere(
     });
 }
 
+/// The live-session counts `create_session_with_live` measures at, in increasing order (the
+/// fill only adds sessions).
+const LIVE_SESSIONS: [u64; 3] = [0, 10_000, 100_000];
+
+/// How many unbounded creates the fill keeps in flight (SQLite's group commit takes up to 64
+/// writes per commit).
+const FILL_IN_FLIGHT: usize = 64;
+
+fn live_session(v: &AgentVersion) -> NewSession {
+    NewSession {
+        id: new_session_id(),
+        agent_version_id: v.id,
+        agent: AgentVersionRef::new(&v.agent.namespace, &v.agent.name, &v.version),
+        input: json!({}),
+        metadata: Default::default(),
+        mode: SessionMode::Task,
+        parent_session_id: None,
+        limits: None,
+        bundle_version_id: None,
+        secrets: Vec::new(),
+        actor: "bench".into(),
+    }
+}
+
+/// Creates `n` more live sessions of `v`'s agent, `FILL_IN_FLIGHT` at a time.
+async fn fill_live_sessions(ledger: &Ledger, v: &AgentVersion, n: u64) {
+    let mut in_flight: tokio::task::JoinSet<Result<Session, LedgerError>> =
+        tokio::task::JoinSet::new();
+    for _ in 0..n {
+        if in_flight.len() >= FILL_IN_FLIGHT {
+            in_flight.join_next().await.unwrap().unwrap().unwrap();
+        }
+        let ledger = ledger.clone();
+        let new = live_session(v);
+        in_flight.spawn(async move { ledger.create_session(new).await });
+    }
+    while let Some(created) = in_flight.join_next().await {
+        created.unwrap().unwrap();
+    }
+}
+
+/// `<backend>/create_session_with_live/<N>` (see the module doc).
+fn bench_live_sessions(
+    c: &mut Criterion,
+    rt: &tokio::runtime::Runtime,
+    name: &str,
+    ledger: &Ledger,
+) {
+    let agent = AgentRef::new("bench", "live");
+    let v = rt.block_on(async {
+        ledger
+            .publish_agent_version(NewAgentVersion {
+                namespace: "bench".into(),
+                name: "live".into(),
+                version: "1.0.0".into(),
+                owner: String::new(),
+                labels: Default::default(),
+                snapshot_json: "{}".into(),
+                content_hash: "h-live".into(),
+                actor: "bench".into(),
+            })
+            .await
+            .unwrap();
+        ledger
+            .deploy(
+                &agent,
+                "1.0.0",
+                &phrony_ledger::Attribution::unverified("bench"),
+            )
+            .await
+            .unwrap();
+        ledger.get_agent_version(&agent, "1.0.0").await.unwrap()
+    });
+    // Far above every count measured: the check runs and passes.
+    let bound = 1_000_000;
+    let mut group = c.benchmark_group(format!("{name}/create_session_with_live"));
+    group.sample_size(30);
+    let mut live = 0;
+    for target in LIVE_SESSIONS {
+        let started = Instant::now();
+        rt.block_on(fill_live_sessions(ledger, &v, target - live));
+        live = target;
+        assert_eq!(
+            rt.block_on(ledger.live_sessions_of_agent(&agent)).unwrap(),
+            live
+        );
+        eprintln!(
+            "{name}: {live} live sessions of {agent} (filled in {:.1} s)",
+            started.elapsed().as_secs_f64()
+        );
+        group.bench_function(BenchmarkId::from_parameter(target), |b| {
+            b.iter_custom(|iters| {
+                let mut measured = Duration::ZERO;
+                for _ in 0..iters {
+                    let new = live_session(&v);
+                    let start = Instant::now();
+                    let session = rt
+                        .block_on(ledger.create_session_within(new, bound))
+                        .unwrap();
+                    measured += start.elapsed();
+                    rt.block_on(ledger.set_session_status(&session.id, StatusChange::cancelled()))
+                        .unwrap();
+                }
+                measured
+            });
+        });
+    }
+    group.finish();
+}
+
 fn benches(c: &mut Criterion) {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", dir.path().join("bench.db").display());
     let sqlite = rt.block_on(Ledger::connect(&url)).unwrap();
     bench_backend(c, &rt, "sqlite", &sqlite);
+    bench_live_sessions(c, &rt, "sqlite", &sqlite);
 
     // Benchmarks skip PostgreSQL whenever it is unreachable (no PHRONY_TEST_SKIP_POSTGRES).
     let db = match rt.block_on(PgDatabase::try_create("phrony_bench")) {
@@ -257,6 +376,7 @@ fn benches(c: &mut Criterion) {
     };
     let pg = rt.block_on(Ledger::connect(db.url())).unwrap();
     bench_backend(c, &rt, "postgres", &pg);
+    bench_live_sessions(c, &rt, "postgres", &pg);
     rt.block_on(pg.close());
     drop(db);
 }

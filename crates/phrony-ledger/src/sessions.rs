@@ -414,12 +414,15 @@ fn bundle_filters(w: &mut Where, filter: &SessionFilter) -> Result<()> {
 /// with the one-key (bigint) locks of the migrator.
 const CREATE_LOCK_CLASS: i32 = 0x7068_7273; // "phrs"
 
-/// The live sessions (created, not yet ended) of the agent `$1/$2`. The predicate is the one
-/// of the partial index `sessions_agent_live` (migration 0009), so the count reads only that
-/// agent's live sessions, never its history.
-const COUNT_LIVE_SESSIONS: &str = "SELECT COUNT(*) AS n FROM sessions \
-     WHERE agent_namespace = $1 AND agent_name = $2 \
-     AND status NOT IN ('completed', 'failed', 'cancelled')";
+/// The live sessions (created, not yet ended) of the agent `$1/$2`: the sum of the agent's
+/// rows of the counter `agent_live_sessions` (migration 0020), which triggers on `sessions`
+/// move in the transaction of every change that starts, ends or deletes a session. At most
+/// 16 rows (PostgreSQL's shards; one on SQLite), whatever the number of live sessions: the
+/// `COUNT(*)` this replaces read one index entry per live session. A single row means
+/// nothing on PostgreSQL (a session's +1 and -1 may land in different shards); only the sum
+/// does. `SUM` of a PostgreSQL `bigint` is `numeric`, hence the cast.
+const COUNT_LIVE_SESSIONS: &str = "SELECT CAST(COALESCE(SUM(live), 0) AS BIGINT) AS n \
+     FROM agent_live_sessions WHERE agent_namespace = $1 AND agent_name = $2";
 
 async fn count_live_sessions(conn: &mut Conn<'_>, namespace: &str, name: &str) -> Result<u64> {
     let n = conn
@@ -432,7 +435,13 @@ async fn count_live_sessions(conn: &mut Conn<'_>, namespace: &str, name: &str) -
         .map(|row| row.int("n"))
         .transpose()?
         .unwrap_or(0);
-    Ok(u64::try_from(n).unwrap_or(0))
+    // Only the triggers write the counter, so a negative sum means someone else did.
+    u64::try_from(n).map_err(|_| {
+        LedgerError::corrupt(format!(
+            "the live-session counter of agent {namespace}/{name} is {n} \
+             (table agent_live_sessions, migration 0020)"
+        ))
+    })
 }
 
 /// Serialises, on PostgreSQL, the transactions that create sessions of the agent
@@ -463,7 +472,13 @@ pub(crate) async fn lock_agent_sessions(tx: &mut Tx, namespace: &str, name: &str
 
 /// Refuses the create when the agent already has `max` live sessions, in the create's own
 /// transaction, under [`lock_agent_sessions`]: two concurrent creates never both take the last
-/// slot.
+/// slot. The count is the counter of migration 0020. On PostgreSQL it stays race-free
+/// because a create is the only change that raises it and creates of one agent are serialised
+/// by that advisory lock, held to commit: the next create's statement (read committed, a
+/// snapshot per statement, taken after the lock) sees every earlier create's +1. A concurrent
+/// end not yet committed is not subtracted yet, which can refuse a create that would have
+/// fitted a moment later, never admit one too many (as with the `COUNT(*)` before). On
+/// SQLite every write transaction is serialised anyway.
 async fn check_live_sessions(tx: &mut Tx, agent: &AgentVersionRef, max: u64) -> Result<()> {
     let live = count_live_sessions(&mut tx.conn(), &agent.namespace, &agent.name).await?;
     if live >= max {

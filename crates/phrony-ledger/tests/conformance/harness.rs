@@ -85,6 +85,29 @@ impl TestDb {
         &self.ledger
     }
 
+    /// Applies the shipped migrations numbered up to `last` only (the schema an older build
+    /// left), through sqlx's migrator on copies of the files: the same checksums, so a later
+    /// `Ledger::migrate` applies the rest as it would on an upgraded database.
+    pub(crate) async fn migrate_up_to(&self, last: i64) {
+        let source = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("migrations")
+            .join(match self.kind {
+                Backend::Sqlite => "sqlite",
+                Backend::Postgres => "postgres",
+            });
+        let dir = tempfile::tempdir().unwrap();
+        for (number, name) in migration_files(self.kind) {
+            if number <= last {
+                std::fs::copy(source.join(&name), dir.path().join(&name)).unwrap();
+            }
+        }
+        let migrator = sqlx::migrate::Migrator::new(dir.path()).await.unwrap();
+        match &self.raw {
+            Raw::Sqlite(p) => migrator.run(p).await.unwrap(),
+            Raw::Postgres(p) => migrator.run(p).await.unwrap(),
+        }
+    }
+
     /// A second, independent connection pool on the same database (another "replica").
     pub(crate) async fn another_ledger(&self) -> Ledger {
         let ledger = Ledger::connect(&self.url).await.unwrap();

@@ -3184,45 +3184,301 @@ pub(crate) async fn concurrent_creates_never_exceed_the_live_session_bound(db: &
     assert_eq!(session_count(&first).await as u64, BOUND);
 }
 
-/// The live-session count reads the partial index of migration 0009, not the agent's
-/// history.
-pub(crate) async fn the_live_session_count_uses_its_index(db: &TestDb) {
-    use sqlx::{Connection as _, Row as _};
-    db.migrated().await;
-    let query = "SELECT COUNT(*) AS n FROM sessions WHERE agent_namespace = 'support' \
-                 AND agent_name = 'refund-agent' \
-                 AND status NOT IN ('completed', 'failed', 'cancelled')";
-    let plan: Vec<String> = match db.kind {
-        Backend::Sqlite => {
-            let mut conn = sqlx::SqliteConnection::connect(&db.url).await.unwrap();
-            sqlx::query(&format!("EXPLAIN QUERY PLAN {query}"))
-                .fetch_all(&mut conn)
-                .await
-                .unwrap()
-                .iter()
-                .map(|r| r.get::<String, _>("detail"))
-                .collect()
-        }
-        Backend::Postgres => {
-            let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
-            // An empty table would be scanned whatever the indexes; forbid that to see
-            // whether an index can answer.
-            sqlx::query("SET enable_seqscan = off")
-                .execute(&mut conn)
-                .await
-                .unwrap();
-            sqlx::query(&format!("EXPLAIN {query}"))
-                .fetch_all(&mut conn)
-                .await
-                .unwrap()
-                .iter()
-                .map(|r| r.get::<String, _>(0))
-                .collect()
-        }
-    };
+/// `COUNT(*)` of the live sessions of `agent`, straight from `sessions` (what the counter of
+/// migration 0020 must always equal).
+async fn counted_live_sessions(db: &TestDb, agent: &AgentRef) -> u64 {
+    let rows = db
+        .raw_strings(&format!(
+            "SELECT CAST(COUNT(*) AS TEXT) FROM sessions WHERE agent_namespace = '{}' \
+             AND agent_name = '{}' AND status NOT IN ('completed', 'failed', 'cancelled')",
+            agent.namespace, agent.name
+        ))
+        .await;
+    rows[0][0].as_deref().unwrap().parse().unwrap()
+}
+
+/// For every agent, the live sessions the ledger reports (the counter) equal a `COUNT(*)` over
+/// `sessions`; returns them in the order of `agents`.
+async fn live_counts_agree(db: &TestDb, agents: &[&AgentRef], step: &str) -> Vec<u64> {
+    let mut live = Vec::new();
+    for agent in agents {
+        let reported = db.ledger.live_sessions_of_agent(agent).await.unwrap();
+        let counted = counted_live_sessions(db, agent).await;
+        assert_eq!(reported, counted, "{step}: agent {agent}");
+        live.push(reported);
+    }
+    live
+}
+
+fn child_of(v: &AgentVersion, parent: &Session) -> NewSession {
+    let mut child = new_session(v, &[]);
+    child.parent_session_id = Some(parent.id.clone());
+    child
+}
+
+/// The live-session counter (migration 0020) equals `COUNT(*)` of every agent's live sessions
+/// after each way a session starts or ends: top-level and child creates across agents, status
+/// changes between live states, completion, failure, cancellation, the cascade of a parent's
+/// end to its descendants (of other agents), an archive's and a retire's cascades, a failed
+/// create, the projection rebuild's wipe and replay — and, through raw SQL, the changes no
+/// ledger path makes (a deleted live row, an ended row made live again, a live row moved to
+/// another agent).
+pub(crate) async fn the_live_session_counter_equals_the_live_sessions_of_every_agent(db: &TestDb) {
+    let ledger = db.migrated().await;
+    let refund = refund_agent();
+    let triage = AgentRef::new("support", "triage");
+    let audit = AgentRef::new("ops", "auditor");
+    let billing = AgentRef::new("billing", "invoicer");
+    let agents = [&refund, &triage, &audit, &billing];
+    let r1 = deploy_agent(ledger, &refund, "0.1.0").await;
+    let r2 = deploy_agent(ledger, &refund, "0.2.0").await;
+    let t1 = deploy_agent(ledger, &triage, "1.0.0").await;
+    let a1 = deploy_agent(ledger, &audit, "1.0.0").await;
+    let b1 = deploy_agent(ledger, &billing, "1.0.0").await;
+    assert_eq!(live_counts_agree(db, &agents, "empty").await, [0, 0, 0, 0]);
+
+    // Top-level sessions of every agent, children and a grandchild of other agents.
+    let mut top = Vec::new();
+    for v in [&r1, &r1, &r1, &r1, &r2, &t1, &t1, &a1, &b1, &b1] {
+        top.push(start(ledger, v).await);
+    }
+    let parent = &top[0];
+    let triage_child = ledger.create_session(child_of(&t1, parent)).await.unwrap();
+    let triage_child2 = ledger.create_session(child_of(&t1, parent)).await.unwrap();
+    let audit_child = ledger.create_session(child_of(&a1, parent)).await.unwrap();
+    let grandchild = ledger
+        .create_session(child_of(&a1, &triage_child))
+        .await
+        .unwrap();
+    // A child of a billing session in the refund agent: the archive of billing ends it.
+    let billing_child = ledger.create_session(child_of(&r2, &top[8])).await.unwrap();
+    // Bounded creates go through the check; a refused one changes nothing.
+    ledger
+        .create_session_within(new_session(&t1, &[]), 100)
+        .await
+        .unwrap();
+    exhausted(ledger.create_session_within(new_session(&a1, &[]), 3).await);
+    assert_eq!(
+        live_counts_agree(db, &agents, "created").await,
+        [6, 5, 3, 2]
+    );
+
+    // Live → live changes move nothing.
+    to(ledger, &top[1].id, SessionStatus::AwaitingApproval).await;
+    to(ledger, &top[2].id, SessionStatus::AwaitingInput).await;
+    to(ledger, &triage_child2.id, SessionStatus::AwaitingTool).await;
+    assert_eq!(
+        live_counts_agree(db, &agents, "live changes").await,
+        [6, 5, 3, 2]
+    );
+
+    // Each end by hand.
+    let ends = [
+        (&top[1].id, StatusChange::completed(None)),
+        (&top[5].id, StatusChange::failed("worker lost")),
+        (&top[7].id, StatusChange::cancelled()),
+    ];
+    for (session, end) in ends {
+        ledger.set_session_status(session, end).await.unwrap();
+    }
+    assert_eq!(live_counts_agree(db, &agents, "ends").await, [5, 4, 2, 2]);
+
+    // A parent's end cancels its live descendants in its transaction (triage_child2 and the
+    // grandchild through triage_child).
+    ledger
+        .set_session_status(&parent.id, StatusChange::completed(None))
+        .await
+        .unwrap();
+    for child in [&triage_child, &triage_child2, &audit_child, &grandchild] {
+        assert_eq!(
+            ledger.get_session(&child.id).await.unwrap().status,
+            SessionStatus::Cancelled
+        );
+    }
+    assert_eq!(
+        live_counts_agree(db, &agents, "cascade").await,
+        [4, 2, 0, 2]
+    );
+
+    // Archiving billing ends its sessions and their children of the refund agent.
+    let archived = ledger
+        .archive_agent(&billing, &phrony_ledger::Attribution::unverified("grace"))
+        .await
+        .unwrap();
+    assert!(archived.ended_sessions.contains(&top[8].id));
+    assert_eq!(
+        ledger.get_session(&billing_child.id).await.unwrap().status,
+        SessionStatus::Cancelled
+    );
+    assert_eq!(
+        live_counts_agree(db, &agents, "archive").await,
+        [3, 2, 0, 0]
+    );
+
+    // Retiring refund 0.1.0 ends its live sessions (top[2], top[3]); 0.2.0's stay.
+    let retired = ledger
+        .retire_version(
+            &refund,
+            "0.1.0",
+            &phrony_ledger::Attribution::unverified("erin"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(retired.ended_sessions.len(), 2, "{retired:?}");
+    assert_eq!(live_counts_agree(db, &agents, "retire").await, [1, 2, 0, 0]);
+
+    // The rebuild wipes `sessions` and replays it: the counter follows both.
+    ledger.rebuild_projections().await.unwrap();
+    assert_eq!(
+        live_counts_agree(db, &agents, "rebuild").await,
+        [1, 2, 0, 0]
+    );
+
+    // What no ledger path does, through raw SQL: the triggers still keep the count.
+    db.raw_exec(&format!(
+        "UPDATE sessions SET agent_namespace = 'ops', agent_name = 'auditor' WHERE id = '{}'",
+        top[4].id
+    ))
+    .await;
+    assert_eq!(live_counts_agree(db, &agents, "moved").await, [0, 2, 1, 0]);
+    db.raw_exec(&format!(
+        "UPDATE sessions SET status = 'running', ended_at = NULL WHERE id = '{}'",
+        top[3].id
+    ))
+    .await;
+    assert_eq!(
+        live_counts_agree(db, &agents, "revived").await,
+        [1, 2, 1, 0]
+    );
+    db.raw_exec(&format!(
+        "UPDATE sessions SET agent_name = 'triage' WHERE id = '{}'",
+        top[1].id
+    ))
+    .await;
+    assert_eq!(
+        live_counts_agree(db, &agents, "ended row moved").await,
+        [1, 2, 1, 0]
+    );
+    db.raw_exec(&format!("DELETE FROM sessions WHERE id = '{}'", top[6].id))
+        .await;
+    assert_eq!(
+        live_counts_agree(db, &agents, "deleted").await,
+        [1, 1, 1, 0]
+    );
+}
+
+/// The bound is read from the counter of migration 0020, not by counting `sessions`: a
+/// counter moved by hand moves what the create sees (and its message), and a negative one is
+/// reported as corruption instead of being taken for zero.
+pub(crate) async fn the_live_session_bound_reads_the_counter(db: &TestDb) {
+    let ledger = db.migrated().await;
+    let agent = refund_agent();
+    let v = deploy_agent(ledger, &agent, "0.1.0").await;
+    start(ledger, &v).await;
+    start(ledger, &v).await;
+    ledger
+        .create_session_within(new_session(&v, &[]), 4)
+        .await
+        .unwrap();
+    db.raw_exec(
+        "UPDATE agent_live_sessions SET live = live + 1 \
+         WHERE agent_namespace = 'support' AND agent_name = 'refund-agent' \
+         AND shard = (SELECT MIN(shard) FROM agent_live_sessions \
+         WHERE agent_namespace = 'support' AND agent_name = 'refund-agent')",
+    )
+    .await;
+    assert_eq!(ledger.live_sessions_of_agent(&agent).await.unwrap(), 4);
+    assert_eq!(
+        exhausted(ledger.create_session_within(new_session(&v, &[]), 4).await),
+        "agent support/refund-agent has 4 live sessions (created and not yet ended); at most 4 \
+         may be live at once, so no session was started"
+    );
+    db.raw_exec(
+        "UPDATE agent_live_sessions SET live = live - 10 \
+         WHERE agent_namespace = 'support' AND agent_name = 'refund-agent' \
+         AND shard = (SELECT MIN(shard) FROM agent_live_sessions \
+         WHERE agent_namespace = 'support' AND agent_name = 'refund-agent')",
+    )
+    .await;
+    match ledger.live_sessions_of_agent(&agent).await {
+        Err(LedgerError::Corrupt { message }) => assert_eq!(
+            message,
+            "the live-session counter of agent support/refund-agent is -6 \
+             (table agent_live_sessions, migration 0020)"
+        ),
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+    assert!(matches!(
+        ledger
+            .create_session_within(new_session(&v, &[]), 100)
+            .await,
+        Err(LedgerError::Corrupt { .. })
+    ));
+}
+
+/// Migration 0020 counts the sessions that were live before it: a database migrated to 0019
+/// with live and ended sessions of several agents gets a counter equal to `COUNT(*)`, so the
+/// bound holds across the upgrade; and the triggers keep it from there.
+pub(crate) async fn the_live_session_counter_is_backfilled_by_its_migration(db: &TestDb) {
+    db.migrate_up_to(19).await;
+    let ledger = &db.ledger;
+    let refund = refund_agent();
+    let triage = AgentRef::new("support", "triage");
+    let ended_only = AgentRef::new("ops", "auditor");
+    let agents = [&refund, &triage, &ended_only];
+    let r = deploy_agent(ledger, &refund, "0.1.0").await;
+    let t = deploy_agent(ledger, &triage, "1.0.0").await;
+    let e = deploy_agent(ledger, &ended_only, "1.0.0").await;
+    let mut refund_sessions = Vec::new();
+    for _ in 0..4 {
+        refund_sessions.push(start(ledger, &r).await);
+    }
+    to(
+        ledger,
+        &refund_sessions[0].id,
+        SessionStatus::AwaitingApproval,
+    )
+    .await;
+    ledger
+        .set_session_status(&refund_sessions[1].id, StatusChange::completed(None))
+        .await
+        .unwrap();
+    let triage_child = ledger
+        .create_session(child_of(&t, &refund_sessions[2]))
+        .await
+        .unwrap();
+    to(ledger, &triage_child.id, SessionStatus::AwaitingInput).await;
+    let gone = start(ledger, &e).await;
+    ledger
+        .set_session_status(&gone.id, StatusChange::failed("done"))
+        .await
+        .unwrap();
     assert!(
-        plan.iter().any(|line| line.contains("sessions_agent_live")),
-        "{plan:?}"
+        db.raw_strings("SELECT CAST(COUNT(*) AS TEXT) FROM _sqlx_migrations WHERE version = 20")
+            .await[0][0]
+            .as_deref()
+            == Some("0"),
+        "0020 not applied yet"
+    );
+
+    ledger.migrate().await.unwrap();
+    assert_eq!(
+        live_counts_agree(db, &agents, "backfilled").await,
+        [3, 1, 0]
+    );
+    // The bound counts what was live before the upgrade.
+    exhausted(ledger.create_session_within(new_session(&r, &[]), 3).await);
+    ledger
+        .create_session_within(new_session(&r, &[]), 4)
+        .await
+        .unwrap();
+    ledger
+        .set_session_status(&refund_sessions[2].id, StatusChange::cancelled())
+        .await
+        .unwrap();
+    assert_eq!(
+        live_counts_agree(db, &agents, "after the upgrade").await,
+        [3, 0, 0]
     );
 }
 
