@@ -1282,6 +1282,37 @@ async fn expire(tx: &mut Tx, id: Uuid, at: DateTime<Utc>) -> Result<TimeoutOutco
     })
 }
 
+/// The pending approvals of session `$1`, oldest first. Read through the session's index
+/// (`approvals_session`): the status is compared as `a.status || ''` so that no planner serves
+/// the order from `approvals_status_created` by walking every pending approval of every
+/// session and filtering by session (SQLite without statistics did: with 100,000 sessions
+/// parked, each session's end read all 100,000 inside the group-commit writer).
+fn pending_of_session_sql() -> String {
+    format!(
+        "{APPROVAL_SELECT} WHERE a.session_id = $1 AND a.status || '' = 'pending' \
+         ORDER BY a.created_at, a.id"
+    )
+}
+
+/// The plan of [`pending_of_session_sql`] for `session_id` (SQLite: `EXPLAIN QUERY PLAN`;
+/// PostgreSQL: `EXPLAIN`), one line per plan node.
+pub(crate) async fn explain_pending_of_session(
+    conn: &mut Conn<'_>,
+    backend: crate::db::Backend,
+    session_id: &str,
+) -> Result<Vec<String>> {
+    let (prefix, column) = match backend {
+        crate::db::Backend::Postgres => ("EXPLAIN (COSTS OFF) ", "QUERY PLAN"),
+        crate::db::Backend::Sqlite => ("EXPLAIN QUERY PLAN ", "detail"),
+    };
+    let sql = format!("{prefix}{}", pending_of_session_sql());
+    conn.fetch_all("explain pending approvals", &sql, args![session_id])
+        .await?
+        .iter()
+        .map(|row| row.text(column))
+        .collect()
+}
+
 /// Decides every pending approval of a locked session `cancelled`.
 pub(crate) async fn close_pending(
     tx: &mut Tx,
@@ -1289,14 +1320,10 @@ pub(crate) async fn close_pending(
     session_id: &str,
     comment: &str,
 ) -> Result<Vec<Uuid>> {
-    let sql = format!(
-        "{APPROVAL_SELECT} WHERE a.session_id = $1 AND a.status = 'pending' \
-         ORDER BY a.created_at, a.id"
-    );
     let pending = many(
         &mut tx.conn(),
         "find pending approvals",
-        &sql,
+        &pending_of_session_sql(),
         args![session_id],
     )
     .await?;

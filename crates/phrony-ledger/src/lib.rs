@@ -1608,6 +1608,21 @@ impl Ledger {
         history::explain(&mut conn.conn(), self.backend(), call_id, reads).await
     }
 
+    /// The plan of the statement that reads a session's pending approvals when it ends (one
+    /// line per plan node). For tests and diagnosis: the conformance suite checks it reads
+    /// them through the session, not through every pending approval.
+    ///
+    /// # Errors
+    /// As [`Ledger::get_session`]'s database errors.
+    #[doc(hidden)]
+    pub async fn explain_pending_approvals_of_session(
+        &self,
+        session_id: &str,
+    ) -> Result<Vec<String>> {
+        let mut conn = self.pool.acquire().await?;
+        approvals::explain_pending_of_session(&mut conn.conn(), self.backend(), session_id).await
+    }
+
     /// A connection for history lookups: from [`Ledger::history_pool`] on PostgreSQL.
     async fn history_conn(&self) -> Result<db::PooledConn> {
         match &self.history_pool {

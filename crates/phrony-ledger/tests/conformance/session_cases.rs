@@ -3925,3 +3925,27 @@ pub(crate) async fn sessions_to_recover_are_read_page_by_page(db: &TestDb) {
     live.sort();
     assert_eq!(sorted, live, "every live session, no ended one");
 }
+
+/// A session's end reads its own pending approvals through the session's index, never by
+/// walking every pending approval of every session (SQLite, without statistics, served the
+/// statement's order from `approvals_status_created` and filtered by session: with 100,000
+/// sessions parked, each session's end read 100,000 approvals inside the group-commit writer).
+pub(crate) async fn a_session_end_reads_only_its_own_pending_approvals(db: &TestDb) {
+    let ledger = db.migrated().await;
+    let plan = ledger
+        .explain_pending_approvals_of_session("run_00000000-0000-4000-8000-000000000000")
+        .await
+        .unwrap();
+    assert!(
+        plan.iter()
+            .all(|line| !line.contains("approvals_status_created")),
+        "{plan:#?}"
+    );
+    if db.kind == phrony_ledger::Backend::Sqlite {
+        assert!(
+            plan.iter()
+                .any(|line| line.contains("approvals_session (session_id=?")),
+            "{plan:#?}"
+        );
+    }
+}
