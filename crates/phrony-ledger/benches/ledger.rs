@@ -60,6 +60,33 @@ fn refund_call(session: &str, index: u32) -> NewToolCall {
     }
 }
 
+/// Publishes `bench/<name>` 1.0.0 (content hash `hash`), deploys it and returns the version.
+async fn deployed_version(ledger: &Ledger, name: &str, hash: &str) -> AgentVersion {
+    let agent = AgentRef::new("bench", name);
+    ledger
+        .publish_agent_version(NewAgentVersion {
+            namespace: "bench".into(),
+            name: name.into(),
+            version: "1.0.0".into(),
+            owner: String::new(),
+            labels: Default::default(),
+            snapshot_json: "{}".into(),
+            content_hash: hash.into(),
+            actor: "bench".into(),
+        })
+        .await
+        .unwrap();
+    ledger
+        .deploy(
+            &agent,
+            "1.0.0",
+            &phrony_ledger::Attribution::unverified("bench"),
+        )
+        .await
+        .unwrap();
+    ledger.get_agent_version(&agent, "1.0.0").await.unwrap()
+}
+
 fn bench_backend(c: &mut Criterion, rt: &tokio::runtime::Runtime, name: &str, ledger: &Ledger) {
     rt.block_on(async {
         ledger.migrate().await.unwrap();
@@ -86,29 +113,7 @@ fn bench_backend(c: &mut Criterion, rt: &tokio::runtime::Runtime, name: &str, le
         });
     });
     let session = rt.block_on(async {
-        let agent = AgentRef::new("bench", "agent");
-        ledger
-            .publish_agent_version(NewAgentVersion {
-                namespace: "bench".into(),
-                name: "agent".into(),
-                version: "1.0.0".into(),
-                owner: String::new(),
-                labels: Default::default(),
-                snapshot_json: "{}".into(),
-                content_hash: "h".into(),
-                actor: "bench".into(),
-            })
-            .await
-            .unwrap();
-        ledger
-            .deploy(
-                &agent,
-                "1.0.0",
-                &phrony_ledger::Attribution::unverified("bench"),
-            )
-            .await
-            .unwrap();
-        let v = ledger.get_agent_version(&agent, "1.0.0").await.unwrap();
+        let v = deployed_version(ledger, "agent", "h").await;
         let s = ledger
             .create_session(NewSession {
                 id: new_session_id(),
@@ -296,30 +301,7 @@ fn bench_live_sessions(
     ledger: &Ledger,
 ) {
     let agent = AgentRef::new("bench", "live");
-    let v = rt.block_on(async {
-        ledger
-            .publish_agent_version(NewAgentVersion {
-                namespace: "bench".into(),
-                name: "live".into(),
-                version: "1.0.0".into(),
-                owner: String::new(),
-                labels: Default::default(),
-                snapshot_json: "{}".into(),
-                content_hash: "h-live".into(),
-                actor: "bench".into(),
-            })
-            .await
-            .unwrap();
-        ledger
-            .deploy(
-                &agent,
-                "1.0.0",
-                &phrony_ledger::Attribution::unverified("bench"),
-            )
-            .await
-            .unwrap();
-        ledger.get_agent_version(&agent, "1.0.0").await.unwrap()
-    });
+    let v = rt.block_on(deployed_version(ledger, "live", "h-live"));
     // Far above every count measured: the check runs and passes.
     let bound = 1_000_000;
     let mut group = c.benchmark_group(format!("{name}/create_session_with_live"));

@@ -170,13 +170,7 @@ impl Drop for Locked<'_> {
         // Wait for a statement in progress, then finalize everything prepared here; `handle`
         // (a field) is released after this body, so sqlx gets the handle back with none of
         // our statements open.
-        let taken = self
-            .slot
-            .0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        drop(taken);
+        drop(self.slot.take());
     }
 }
 
@@ -188,6 +182,11 @@ pub(crate) struct Outcome {
 }
 
 impl RawSlot {
+    /// Empties the slot (waiting for a statement in progress): what it held, if anything.
+    fn take(&self) -> Option<RawConn> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).take()
+    }
+
     /// Runs `sql` (one or more statements) with `args` bound to `$N` / `?N` / `?` parameters,
     /// keeping at most `max_rows` rows (`None`: all). Stops after the statement that produced
     /// the last wanted row.
@@ -342,13 +341,9 @@ impl RawReader {
 
 impl Drop for RawReader {
     fn drop(&mut self) {
-        let conn = self
-            .slot
-            .0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        let Some(conn) = conn else { return };
+        let Some(conn) = self.slot.take() else {
+            return;
+        };
         // SAFETY: `db` is open; the call only reads the connection's state.
         let in_transaction = unsafe { ffi::sqlite3_get_autocommit(conn.db.as_ptr()) == 0 };
         // A connection left inside a transaction (no read path opens one) would pin an old
@@ -717,6 +712,12 @@ mod tests {
 
     const COUNT: &str = "SELECT COUNT(*) AS n FROM t WHERE v <> $1";
 
+    /// The SQL texts the reader's connection keeps prepared.
+    fn cached_sql(reader: &RawReader) -> Vec<String> {
+        let slot = reader.slot().0.lock().unwrap();
+        slot.as_ref().unwrap().statements.keys().cloned().collect()
+    }
+
     fn count(reader: &RawReader) -> i64 {
         let out = reader
             .slot()
@@ -747,15 +748,7 @@ mod tests {
         // The same connection, its statement kept prepared: no snapshot of the first read.
         let reader = readers.acquire().await.unwrap();
         assert!(
-            reader
-                .slot()
-                .0
-                .lock()
-                .unwrap()
-                .as_ref()
-                .unwrap()
-                .statements
-                .contains_key(COUNT),
+            cached_sql(&reader).contains(&COUNT.to_owned()),
             "the idle connection was reused with its prepared statement"
         );
         assert_eq!(count(&reader), 2);
@@ -817,15 +810,7 @@ mod tests {
                 .run(&format!("SELECT {i} AS n"), &[], None)
                 .unwrap();
         }
-        let cached = reader
-            .slot()
-            .0
-            .lock()
-            .unwrap()
-            .as_ref()
-            .unwrap()
-            .statements
-            .len();
+        let cached = cached_sql(&reader).len();
         assert!(cached <= MAX_CACHED_SQL, "{cached} SQL texts kept prepared");
         assert_eq!(count(&reader), 0);
     }
