@@ -114,22 +114,7 @@ fn bench_backend(c: &mut Criterion, rt: &tokio::runtime::Runtime, name: &str, le
     });
     let session = rt.block_on(async {
         let v = deployed_version(ledger, "agent", "h").await;
-        let s = ledger
-            .create_session(NewSession {
-                id: new_session_id(),
-                agent_version_id: v.id,
-                agent: AgentVersionRef::new("bench", "agent", "1.0.0"),
-                input: json!({}),
-                metadata: Default::default(),
-                mode: SessionMode::Task,
-                parent_session_id: None,
-                limits: None,
-                bundle_version_id: None,
-                secrets: Vec::new(),
-                actor: "bench".into(),
-            })
-            .await
-            .unwrap();
+        let s = ledger.create_session(live_session(&v)).await.unwrap();
         ledger
             .set_session_status(&s.id, StatusChange::to(SessionStatus::AwaitingTool))
             .await
@@ -272,6 +257,7 @@ fn live_session_counts() -> &'static [u64] {
 /// writes per commit).
 const FILL_IN_FLIGHT: usize = 64;
 
+/// A new task session of version `v` (the bench's sessions carry no input, limits or secrets).
 fn live_session(v: &AgentVersion) -> NewSession {
     NewSession {
         id: new_session_id(),
