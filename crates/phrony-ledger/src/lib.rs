@@ -565,6 +565,12 @@ impl Ledger {
             .synchronous(SqliteSynchronous::Full)
             .foreign_keys(true)
             .busy_timeout(o.sqlite_busy_timeout)
+            // Every write runs in a savepoint of its batch, so SQLite keeps a statement journal
+            // for each batch. With the default temp store that journal is a new file in
+            // /var/tmp per batch (open, unlink, a write per page, close): syscalls and page-cache
+            // work on every commit, and ledger pages (tool arguments) copied outside the
+            // database's directory. In memory it is bounded by the pages one batch changes.
+            .pragma("temp_store", "memory")
             .disable_statement_logging();
         if !in_memory {
             let creates = !url.contains("mode=") || url.contains("mode=rwc");
@@ -2112,6 +2118,29 @@ fn redact_url(url: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::redact_url;
+
+    /// A batch's statement journal (every write runs in a savepoint) is kept in memory: with
+    /// SQLite's default it was a new file in the system's temp directory per batch, holding
+    /// copies of ledger pages outside the database's directory and costing an open, an unlink
+    /// and a write per page on every commit.
+    #[tokio::test]
+    async fn the_writers_statement_journals_stay_in_memory() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
+        let ledger = super::Ledger::connect(&url).await.unwrap();
+        ledger.migrate().await.unwrap();
+        let super::Pool::Sqlite(_, writer, _) = &ledger.pool else {
+            panic!("a SQLite URL opened {:?}", ledger.backend());
+        };
+        let lease = writer.begin(false).await.unwrap();
+        let outcome = lease.slot().run("PRAGMA temp_store", &[], None).unwrap();
+        // 2 = MEMORY (0 = the build's default, a file here; 1 = FILE).
+        assert_eq!(
+            outcome.rows[0].get("temp_store"),
+            Ok(&crate::sqlite_raw::RawValue::Integer(2))
+        );
+        lease.roll_back().await.unwrap();
+    }
 
     #[test]
     fn redacts_passwords_only() {
