@@ -453,7 +453,7 @@ impl Conn<'_> {
                 .map(|r| r.rows_affected())
                 .ctx(context),
             Conn::SqliteRaw(slot) => slot
-                .run(sql, &raw_sqlite(args), None)
+                .run(context, sql, &raw_sqlite(args), None)
                 .map(|o| o.rows_affected)
                 .ctx(context),
             Conn::Postgres(c) => bind_pg(sqlx::query(sql), args)
@@ -477,7 +477,7 @@ impl Conn<'_> {
                 .ctx(context)?
                 .map(|row| Row::Sqlite(row, context))),
             Conn::SqliteRaw(slot) => Ok(slot
-                .run(sql, &raw_sqlite(args), Some(1))
+                .run(context, sql, &raw_sqlite(args), Some(1))
                 .ctx(context)?
                 .rows
                 .pop()
@@ -505,7 +505,7 @@ impl Conn<'_> {
                 .map(|row| Row::Sqlite(row, context))
                 .collect()),
             Conn::SqliteRaw(slot) => Ok(slot
-                .run(sql, &raw_sqlite(args), None)
+                .run(context, sql, &raw_sqlite(args), None)
                 .ctx(context)?
                 .rows
                 .into_iter()
@@ -713,8 +713,17 @@ mod group_tests {
     use super::{Conn, Row};
     use crate::error::LedgerError;
     use crate::group::GroupWriter;
+    use crate::sqlite_raw::PreparedTexts;
 
     async fn writer(dir: &tempfile::TempDir) -> (SqlitePool, GroupWriter) {
+        writer_recording(dir, PreparedTexts::default()).await
+    }
+
+    /// A writer on a fresh file whose batches record their texts in `recorded`.
+    async fn writer_recording(
+        dir: &tempfile::TempDir,
+        recorded: PreparedTexts,
+    ) -> (SqlitePool, GroupWriter) {
         let url = format!("sqlite://{}", dir.path().join("w.db").display());
         let opts = SqliteConnectOptions::from_str(&url)
             .unwrap()
@@ -732,7 +741,7 @@ mod group_tests {
         .execute(&pool)
         .await
         .unwrap();
-        (pool.clone(), GroupWriter::spawn(pool))
+        (pool.clone(), GroupWriter::spawn(pool, recorded))
     }
 
     async fn count(pool: &SqlitePool) -> i64 {
@@ -823,15 +832,42 @@ mod group_tests {
     }
 
     #[tokio::test]
+    async fn the_writer_records_each_text_once_however_many_batches_prepare_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let recorded = PreparedTexts::default();
+        let (pool, writer) = writer_recording(&dir, recorded.clone()).await;
+        for name in ["a", "b"] {
+            let lease = writer.begin(false).await.unwrap();
+            Conn::SqliteRaw(lease.slot())
+                .execute("insert", "INSERT INTO t (name) VALUES ($1)", args![name])
+                .await
+                .unwrap();
+            lease.release().await.unwrap();
+        }
+        assert_eq!(count(&pool).await, 2);
+        assert_eq!(writer.stats().commits, 2, "one batch each");
+        let (texts, unrecorded) = recorded.snapshot();
+        assert_eq!(unrecorded, 0);
+        assert_eq!(
+            texts,
+            [
+                ("begin savepoint", "SAVEPOINT phrony_write".to_owned()),
+                ("insert", "INSERT INTO t (name) VALUES ($1)".to_owned()),
+                ("release savepoint", "RELEASE phrony_write".to_owned()),
+            ]
+        );
+    }
+
+    #[tokio::test]
     async fn a_slot_kept_past_its_batch_finds_no_connection() {
         let dir = tempfile::tempdir().unwrap();
         let (pool, writer) = writer(&dir).await;
         let lease = writer.begin(false).await.unwrap();
         let kept = lease.slot().clone();
-        kept.run("INSERT INTO t (name) VALUES ('x')", &[], None)
+        kept.run("test", "INSERT INTO t (name) VALUES ('x')", &[], None)
             .unwrap();
         lease.release().await.unwrap();
-        let error = kept.run("SELECT 1", &[], None).unwrap_err();
+        let error = kept.run("test", "SELECT 1", &[], None).unwrap_err();
         assert!(error.to_string().contains("batch is over"), "{error}");
         assert_eq!(count(&pool).await, 1);
     }
@@ -843,10 +879,10 @@ mod group_tests {
         let lease = writer.begin(false).await.unwrap();
         // Ends the batch's transaction and leaves a savepoint of the same name, which outside
         // a transaction is a transaction of its own that its `RELEASE` commits.
-        lease.slot().run("ROLLBACK", &[], None).unwrap();
+        lease.slot().run("test", "ROLLBACK", &[], None).unwrap();
         lease
             .slot()
-            .run("SAVEPOINT phrony_write", &[], None)
+            .run("test", "SAVEPOINT phrony_write", &[], None)
             .unwrap();
         let error = lease.release().await.unwrap_err();
         assert!(error.is_unavailable(), "{error:?}");
@@ -854,7 +890,7 @@ mod group_tests {
         let lease = writer.begin(false).await.unwrap();
         lease
             .slot()
-            .run("INSERT INTO t (name) VALUES ('after')", &[], None)
+            .run("test", "INSERT INTO t (name) VALUES ('after')", &[], None)
             .unwrap();
         lease.release().await.unwrap();
         assert_eq!(count(&pool).await, 1);
@@ -868,14 +904,14 @@ mod group_tests {
         let first = writer.begin(false).await.unwrap();
         first
             .slot()
-            .run("INSERT INTO t (name) VALUES ('kept')", &[], None)
+            .run("test", "INSERT INTO t (name) VALUES ('kept')", &[], None)
             .unwrap();
         let (second, done) = tokio::join!(
             async {
                 let second = writer.begin(false).await.unwrap();
                 second
                     .slot()
-                    .run("INSERT INTO t (name) VALUES ('dropped')", &[], None)
+                    .run("test", "INSERT INTO t (name) VALUES ('dropped')", &[], None)
                     .unwrap();
                 drop(second);
             },

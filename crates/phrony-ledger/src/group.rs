@@ -40,7 +40,7 @@ use sqlx::{Connection as _, Sqlite, TransactionManager as _};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::error::{LedgerError, Result};
-use crate::sqlite_raw::{Locked, RawSlot};
+use crate::sqlite_raw::{Locked, PreparedTexts, RawSlot};
 
 /// A batch commits after this many writes even when more are queued.
 pub const MAX_BATCH_WRITES: u32 = 64;
@@ -132,11 +132,11 @@ fn writer_stopped() -> LedgerError {
 
 impl GroupWriter {
     /// Starts the writer task on the current Tokio runtime; it takes its connection from
-    /// `pool` for each batch.
-    pub(crate) fn spawn(pool: SqlitePool) -> Self {
+    /// `pool` for each batch and records the SQL texts its batches prepare in `recorded`.
+    pub(crate) fn spawn(pool: SqlitePool, recorded: PreparedTexts) -> Self {
         let (queue, rx) = mpsc::unbounded_channel();
         let counters = Arc::new(Counters::default());
-        tokio::spawn(run(pool, rx, counters.clone()));
+        tokio::spawn(run(pool, rx, counters.clone(), recorded));
         Self { queue, counters }
     }
 
@@ -213,6 +213,7 @@ async fn run(
     pool: SqlitePool,
     mut queue: mpsc::UnboundedReceiver<Request>,
     counters: Arc<Counters>,
+    recorded: PreparedTexts,
 ) {
     let mut carried: Option<Request> = None;
     loop {
@@ -234,7 +235,7 @@ async fn run(
             }
         };
         counters.holding.store(1, Ordering::Relaxed);
-        let batch = fill(&mut conn, first, &mut queue, &mut carried).await;
+        let batch = fill(&mut conn, first, &mut queue, &mut carried, &recorded).await;
         commit(conn, batch, &counters).await;
         counters.holding.store(0, Ordering::Relaxed);
     }
@@ -247,6 +248,7 @@ async fn fill(
     first: Request,
     queue: &mut mpsc::UnboundedReceiver<Request>,
     carried: &mut Option<Request>,
+    recorded: &PreparedTexts,
 ) -> Batch {
     let mut batch = Batch {
         started: Instant::now(),
@@ -256,7 +258,7 @@ async fn fill(
         broken: None,
     };
     let mut locked = match conn.lock_handle().await {
-        Ok(handle) => Locked::new(handle),
+        Ok(handle) => Locked::new(handle, recorded.clone()),
         Err(e) => {
             batch.broken = Some(format!("lock the write connection: {e}"));
             let _ = first
@@ -334,7 +336,7 @@ async fn lend(slot: &RawSlot, request: Request, batch: &mut Batch) {
     if request.reply.is_closed() {
         return;
     }
-    if let Err(e) = slot.run(SAVEPOINT, &[], None) {
+    if let Err(e) = slot.run("begin savepoint", SAVEPOINT, &[], None) {
         let _ = request
             .reply
             .send(Err(LedgerError::from_sqlx("begin savepoint", e)));
@@ -356,7 +358,7 @@ async fn lend(slot: &RawSlot, request: Request, batch: &mut Batch) {
         return;
     };
     match ending {
-        Ending::Release => match slot.run(RELEASE, &[], None) {
+        Ending::Release => match slot.run("release savepoint", RELEASE, &[], None) {
             Ok(_) => {
                 batch.released += 1;
                 batch.waiters.extend(ack);
@@ -379,7 +381,7 @@ async fn lend(slot: &RawSlot, request: Request, batch: &mut Batch) {
 /// unknown state and the batch must not commit.
 fn undo_savepoint(slot: &RawSlot, batch: &mut Batch) {
     for sql in [ROLLBACK_TO, RELEASE] {
-        if let Err(e) = slot.run(sql, &[], None) {
+        if let Err(e) = slot.run("undo a failed write", sql, &[], None) {
             batch.broken = Some(format!("undo a failed write: {e}"));
             return;
         }

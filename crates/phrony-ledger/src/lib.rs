@@ -237,6 +237,8 @@ pub use invocations::{
 pub use leases::{LeaseClaim, LeaseRenewal, MAX_REPLICA_ID_LEN, SessionLease};
 pub use outbox::{NotificationKind, WebhookRoute, notification};
 pub use paging::{MAX_PAGE_SIZE, Page, PageRequest, UNSIZED_PAGE_LIMIT};
+#[doc(hidden)]
+pub use plans::{PreparedPlans, StatementPlan};
 pub use secrets::{NONCE_LEN, SealedSecret};
 pub use session_log::{
     AssistantMessage, Opening, RecordedStep, SessionEvent, SessionTimeline, TimelineEvent,
@@ -334,6 +336,7 @@ mod leases;
 mod names;
 mod outbox;
 mod paging;
+mod plans;
 mod rows;
 mod secrets;
 mod session_log;
@@ -594,6 +597,8 @@ impl Ledger {
         // Reads of a file go through direct read-only connections (`sqlite_raw`): a statement
         // through sqlx's pool is a round trip to the connection's worker thread, which profiles
         // showed costing more than the reads themselves.
+        // Every text the writer and the readers prepare, for `Ledger::explain_prepared_statements`.
+        let prepared = sqlite_raw::PreparedTexts::of_process();
         let readers = if in_memory {
             None
         } else {
@@ -603,6 +608,7 @@ impl Ledger {
                     o.max_connections,
                     o.sqlite_busy_timeout,
                     o.acquire_timeout,
+                    prepared.clone(),
                 )
                 .map_err(|message| LedgerError::Config { message })?,
             ))
@@ -637,7 +643,11 @@ impl Ledger {
         }
         .map_err(unavailable)?;
         Ok(Self::assemble(
-            Pool::Sqlite(pool.clone(), group::GroupWriter::spawn(pool), readers),
+            Pool::Sqlite(
+                pool.clone(),
+                group::GroupWriter::spawn(pool, prepared),
+                readers,
+            ),
             o,
             display_url,
             probe_pool,

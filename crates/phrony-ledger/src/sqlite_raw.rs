@@ -19,6 +19,10 @@
 //! connection's life (at most [`MAX_CACHED_SQL`] texts) and finalized before it is closed.
 //! A read runs on the calling task's thread; in WAL mode a reader never waits for the writer,
 //! so it blocks the thread only for the statement's own work.
+//!
+//! Every SQL text prepared on these connections is recorded once ([`PreparedTexts`], at most
+//! [`MAX_RECORDED_SQL`] texts) so that its query plan can be checked
+//! ([`RawSlot::explain_query_plan`], `crate::plans`).
 //! This is the only `unsafe` code of the workspace.
 #![allow(
     unsafe_code,
@@ -90,6 +94,63 @@ struct Stmt(NonNull<ffi::sqlite3_stmt>);
 /// below this, so the bound only guards against texts built per call).
 const MAX_CACHED_SQL: usize = 512;
 
+/// At most this many distinct SQL texts are recorded by a [`PreparedTexts`]. The ledger's
+/// statements are a fixed set of a few hundred texts; a text built per call (an `IN (…)` list
+/// or a batch of events, one text per length) adds one text per shape, and once the bound is
+/// reached further texts are only counted ([`PreparedTexts::snapshot`]), so the record never
+/// grows past it.
+pub(crate) const MAX_RECORDED_SQL: usize = 2048;
+
+/// The SQL texts prepared on direct connections (writers' and read connections), each with the
+/// context of the run that first prepared it: what `Ledger::explain_prepared_statements`
+/// explains. The ledger records into one per process ([`PreparedTexts::of_process`]). A text
+/// is recorded when a connection prepares it (a cache miss; the writer prepares its texts once
+/// per batch), never per run, and looked up before anything is allocated.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct PreparedTexts(Arc<Mutex<Recorded>>);
+
+#[derive(Debug, Default)]
+struct Recorded {
+    /// Context by SQL text.
+    texts: HashMap<String, &'static str>,
+    /// Preparations of texts left out because `texts` was full.
+    unrecorded: u64,
+}
+
+impl PreparedTexts {
+    /// The record of this process: every ledger opened on SQLite records its texts here.
+    pub(crate) fn of_process() -> Self {
+        static PROCESS: std::sync::LazyLock<PreparedTexts> =
+            std::sync::LazyLock::new(PreparedTexts::default);
+        PROCESS.clone()
+    }
+
+    fn record(&self, context: &'static str, sql: &str) {
+        let mut recorded = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if recorded.texts.contains_key(sql) {
+            return;
+        }
+        if recorded.texts.len() >= MAX_RECORDED_SQL {
+            recorded.unrecorded += 1;
+            return;
+        }
+        recorded.texts.insert(sql.to_owned(), context);
+    }
+
+    /// The recorded texts as (context, SQL), sorted by context then SQL, and how many
+    /// preparations of texts were left out (0 unless the bound was reached).
+    pub(crate) fn snapshot(&self) -> (Vec<(&'static str, String)>, u64) {
+        let recorded = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut texts: Vec<(&'static str, String)> = recorded
+            .texts
+            .iter()
+            .map(|(sql, context)| (*context, sql.clone()))
+            .collect();
+        texts.sort_unstable();
+        (texts, recorded.unrecorded)
+    }
+}
+
 /// A connection called directly: the writer's, locked for one batch, or a read connection of
 /// a [`RawReadPool`], owned.
 struct RawConn {
@@ -97,6 +158,8 @@ struct RawConn {
     /// Prepared statements by SQL text (one per statement of the text), reused across the
     /// connection's uses and finalized when it is dropped (the writer's: when the batch ends).
     statements: HashMap<String, Vec<Stmt>>,
+    /// Where the texts it prepares are recorded.
+    recorded: PreparedTexts,
     /// Opened by this module (a read connection): closed when dropped.
     owned: bool,
 }
@@ -144,11 +207,13 @@ impl std::fmt::Debug for Locked<'_> {
 }
 
 impl<'c> Locked<'c> {
-    pub(crate) fn new(mut handle: LockedSqliteHandle<'c>) -> Self {
+    /// Records the texts the batch prepares in `recorded`.
+    pub(crate) fn new(mut handle: LockedSqliteHandle<'c>, recorded: PreparedTexts) -> Self {
         let db = handle.as_raw_handle();
         let slot = RawSlot(Arc::new(Mutex::new(Some(RawConn {
             db,
             statements: HashMap::new(),
+            recorded,
             owned: false,
         }))));
         Self { slot, handle }
@@ -189,21 +254,35 @@ impl RawSlot {
 
     /// Runs `sql` (one or more statements) with `args` bound to `$N` / `?N` / `?` parameters,
     /// keeping at most `max_rows` rows (`None`: all). Stops after the statement that produced
-    /// the last wanted row.
+    /// the last wanted row. `context` says what the ledger is doing (its errors name it); a
+    /// text prepared here for the first time is recorded with it.
     pub(crate) fn run(
         &self,
+        context: &'static str,
         sql: &str,
         args: &[RawValue],
         max_rows: Option<usize>,
     ) -> Result<Outcome, sqlx::Error> {
         let mut guard = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        let conn = guard.as_mut().ok_or_else(|| {
-            sqlx::Error::Io(std::io::Error::other(
-                "the ledger write's batch is over; its connection is gone",
-            ))
-        })?;
-        conn.run(sql, args, max_rows)
+        conn_of(&mut guard)?.run(context, sql, args, max_rows)
     }
+
+    /// The `EXPLAIN QUERY PLAN` of each statement of `sql`, in order: one line per plan node,
+    /// indented two spaces per level below the statement's top. The statements are not run,
+    /// and nothing is cached or recorded; parameters are left unbound (without `sqlite_stat1` SQLite's plan does not
+    /// depend on their values).
+    pub(crate) fn explain_query_plan(&self, sql: &str) -> Result<Vec<Vec<String>>, sqlx::Error> {
+        let mut guard = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        conn_of(&mut guard)?.explain(sql)
+    }
+}
+
+fn conn_of(slot: &mut Option<RawConn>) -> Result<&mut RawConn, sqlx::Error> {
+    slot.as_mut().ok_or_else(|| {
+        sqlx::Error::Io(std::io::Error::other(
+            "the ledger write's batch is over; its connection is gone",
+        ))
+    })
 }
 
 /// Read-only connections to the database file for pooled reads, called directly (no hand-off
@@ -211,6 +290,8 @@ impl RawSlot {
 /// with the statements it prepared before.
 pub(crate) struct RawReadPool {
     filename: CString,
+    /// Where the texts its connections prepare are recorded.
+    recorded: PreparedTexts,
     busy_timeout_ms: c_int,
     acquire_timeout: Duration,
     idle: Mutex<Vec<RawConn>>,
@@ -240,7 +321,8 @@ impl std::fmt::Debug for RawReader {
 
 impl RawReadPool {
     /// A pool of at most `max` read connections to the SQLite file `path` (none opened yet),
-    /// each waiting up to `busy_timeout` for a lock, an acquire up to `acquire_timeout`.
+    /// each waiting up to `busy_timeout` for a lock, an acquire up to `acquire_timeout`,
+    /// recording the texts they prepare in `recorded`.
     ///
     /// # Errors
     /// A path with a NUL byte.
@@ -249,11 +331,13 @@ impl RawReadPool {
         max: u32,
         busy_timeout: Duration,
         acquire_timeout: Duration,
+        recorded: PreparedTexts,
     ) -> Result<Self, String> {
         let filename = CString::new(path.as_os_str().as_encoded_bytes())
             .map_err(|_| format!("the SQLite path {} holds a NUL byte", path.display()))?;
         Ok(Self {
             filename,
+            recorded,
             busy_timeout_ms: c_int::try_from(busy_timeout.as_millis()).unwrap_or(c_int::MAX),
             acquire_timeout,
             idle: Mutex::new(Vec::new()),
@@ -289,6 +373,11 @@ impl RawReadPool {
         })
     }
 
+    /// Where the texts this pool's connections (and the writer's) prepare are recorded.
+    pub(crate) fn prepared_texts(&self) -> &PreparedTexts {
+        &self.recorded
+    }
+
     /// Closes the idle connections; the ones in use close when given back.
     pub(crate) fn close(&self) {
         self.permits.close();
@@ -319,6 +408,7 @@ impl RawReadPool {
         let conn = RawConn {
             db,
             statements: HashMap::new(),
+            recorded: self.recorded.clone(),
             owned: true,
         };
         if rc != ffi::SQLITE_OK {
@@ -381,7 +471,39 @@ impl RawConn {
         }
     }
 
-    fn prepare(&mut self, sql: &str) -> Result<(), sqlx::Error> {
+    /// Prepares the first statement of `rest` with `flags`: the statement (`None` when `rest`
+    /// starts with nothing but whitespace or a comment) and the bytes it took.
+    fn prepare_one(&self, rest: &[u8], flags: u32) -> Result<(Option<Stmt>, usize), sqlx::Error> {
+        let len = c_int::try_from(rest.len())
+            .map_err(|_| error(RawSqliteError::misuse("SQL text too long")))?;
+        let mut stmt: *mut ffi::sqlite3_stmt = std::ptr::null_mut();
+        let mut tail: *const std::ffi::c_char = std::ptr::null();
+        // SAFETY: `rest` is valid for `len` bytes (it need not be NUL-terminated since the
+        // length is given); `stmt` and `tail` are valid out-pointers; `tail` points into
+        // `rest` on return.
+        let rc = unsafe {
+            ffi::sqlite3_prepare_v3(
+                self.db.as_ptr(),
+                rest.as_ptr().cast(),
+                len,
+                flags,
+                &raw mut stmt,
+                &raw mut tail,
+            )
+        };
+        if rc != ffi::SQLITE_OK {
+            return Err(error(self.errmsg()));
+        }
+        let consumed = if tail.is_null() {
+            rest.len()
+        } else {
+            // SAFETY: SQLite sets `tail` within `rest` (or one past its end).
+            usize::try_from(unsafe { tail.offset_from(rest.as_ptr().cast()) }).unwrap_or(rest.len())
+        };
+        Ok((NonNull::new(stmt).map(Stmt), consumed))
+    }
+
+    fn prepare(&mut self, context: &'static str, sql: &str) -> Result<(), sqlx::Error> {
         if self.statements.contains_key(sql) {
             return Ok(());
         }
@@ -392,55 +514,93 @@ impl RawConn {
         let bytes = sql.as_bytes();
         let mut offset = 0usize;
         while offset < bytes.len() {
-            let rest = &bytes[offset..];
-            let len = c_int::try_from(rest.len())
-                .map_err(|_| error(RawSqliteError::misuse("SQL text too long")))?;
-            let mut stmt: *mut ffi::sqlite3_stmt = std::ptr::null_mut();
-            let mut tail: *const std::ffi::c_char = std::ptr::null();
-            // SAFETY: `rest` is valid for `len` bytes (it need not be NUL-terminated since the
-            // length is given); `stmt` and `tail` are valid out-pointers; `tail` points into
-            // `rest` on return.
-            let rc = unsafe {
-                ffi::sqlite3_prepare_v3(
-                    self.db.as_ptr(),
-                    rest.as_ptr().cast(),
-                    len,
-                    ffi::SQLITE_PREPARE_PERSISTENT,
-                    &raw mut stmt,
-                    &raw mut tail,
-                )
-            };
-            if rc != ffi::SQLITE_OK {
-                let e = self.errmsg();
-                finalize_all(prepared);
-                return Err(error(e));
+            let (stmt, consumed) =
+                match self.prepare_one(&bytes[offset..], ffi::SQLITE_PREPARE_PERSISTENT) {
+                    Ok(one) => one,
+                    Err(e) => {
+                        finalize_all(prepared);
+                        return Err(e);
+                    }
+                };
+            prepared.extend(stmt);
+            if consumed == 0 {
+                break;
             }
-            let consumed = if tail.is_null() {
-                rest.len()
-            } else {
-                // SAFETY: SQLite sets `tail` within `rest` (or one past its end).
-                usize::try_from(unsafe { tail.offset_from(rest.as_ptr().cast()) })
-                    .unwrap_or(rest.len())
-            };
-            if let Some(stmt) = NonNull::new(stmt) {
-                prepared.push(Stmt(stmt));
+            offset += consumed;
+        }
+        self.recorded.record(context, sql);
+        self.statements.insert(sql.to_owned(), prepared);
+        Ok(())
+    }
+
+    /// See [`RawSlot::explain_query_plan`].
+    fn explain(&self, sql: &str) -> Result<Vec<Vec<String>>, sqlx::Error> {
+        let bytes = sql.as_bytes();
+        let mut plans = Vec::new();
+        let mut offset = 0usize;
+        while offset < bytes.len() {
+            let rest = &bytes[offset..];
+            let (stmt, consumed) = self.prepare_one(rest, 0)?;
+            if let Some(stmt) = stmt {
+                finalize_all(vec![stmt]);
+                // A statement ends at a `;` or at the end of the text: valid UTF-8.
+                let statement = String::from_utf8_lossy(rest.get(..consumed).unwrap_or(rest));
+                plans.push(self.query_plan(&format!(
+                    "EXPLAIN QUERY PLAN {}",
+                    without_explain(&statement)
+                ))?);
             }
             if consumed == 0 {
                 break;
             }
             offset += consumed;
         }
-        self.statements.insert(sql.to_owned(), prepared);
-        Ok(())
+        Ok(plans)
+    }
+
+    /// Runs one `EXPLAIN QUERY PLAN` statement (parameters unbound) and indents each node's
+    /// `detail` by its depth.
+    fn query_plan(&self, explain: &str) -> Result<Vec<String>, sqlx::Error> {
+        let (Some(stmt), _) = self.prepare_one(explain.as_bytes(), 0)? else {
+            return Ok(Vec::new());
+        };
+        let s = stmt.0.as_ptr();
+        let mut depth_of: HashMap<i64, usize> = HashMap::new();
+        let mut lines = Vec::new();
+        let outcome = loop {
+            // SAFETY: `s` is a prepared statement of this connection, finalized below.
+            match unsafe { ffi::sqlite3_step(s) } {
+                ffi::SQLITE_ROW => {
+                    // Columns: id, parent, notused, detail.
+                    let int = |i| match column_value(s, i) {
+                        RawValue::Integer(v) => v,
+                        _ => 0,
+                    };
+                    let (id, parent) = (int(0), int(1));
+                    let detail = match column_value(s, 3) {
+                        RawValue::Text(t) => t,
+                        other => format!("({})", other.type_name()),
+                    };
+                    let depth = depth_of.get(&parent).map_or(0, |d| d + 1);
+                    depth_of.insert(id, depth);
+                    lines.push(format!("{}{detail}", "  ".repeat(depth)));
+                }
+                ffi::SQLITE_DONE => break Ok(lines),
+                _ => break Err(error(self.errmsg())),
+            }
+        };
+        finalize_all(vec![stmt]);
+        outcome
     }
 
     fn run(
         &mut self,
+        context: &'static str,
         sql: &str,
         args: &[RawValue],
         max_rows: Option<usize>,
     ) -> Result<Outcome, sqlx::Error> {
-        self.prepare(sql)?;
+        self.prepare(context, sql)?;
         let db = self.db;
         let statements = self
             .statements
@@ -465,6 +625,22 @@ impl RawConn {
         }
         Ok(outcome)
     }
+}
+
+/// `statement` without a leading `EXPLAIN` or `EXPLAIN QUERY PLAN` (a diagnostic's own text):
+/// its plan is the plan of the statement it explains.
+fn without_explain(statement: &str) -> &str {
+    fn strip<'s>(text: &'s str, word: &str) -> Option<&'s str> {
+        let text = text.trim_start();
+        text.get(..word.len())
+            .filter(|head| head.eq_ignore_ascii_case(word))
+            .and_then(|_| text.get(word.len()..))
+    }
+    strip(statement, "EXPLAIN").map_or(statement, |rest| {
+        strip(rest, "QUERY")
+            .and_then(|rest| strip(rest, "PLAN"))
+            .unwrap_or(rest)
+    })
 }
 
 fn finalize_all(statements: Vec<Stmt>) {
@@ -705,6 +881,7 @@ mod tests {
                 max,
                 Duration::from_millis(100),
                 Duration::from_millis(200),
+                PreparedTexts::default(),
             )
             .unwrap(),
         )
@@ -721,7 +898,7 @@ mod tests {
     fn count(reader: &RawReader) -> i64 {
         let out = reader
             .slot()
-            .run(COUNT, &[RawValue::Text("none".to_owned())], None)
+            .run("test", COUNT, &[RawValue::Text("none".to_owned())], None)
             .unwrap();
         match out.rows[0].get("n").unwrap() {
             RawValue::Integer(n) => *n,
@@ -754,7 +931,7 @@ mod tests {
         assert_eq!(count(&reader), 2);
         let refused = reader
             .slot()
-            .run("INSERT INTO t (v) VALUES ('c')", &[], None)
+            .run("test", "INSERT INTO t (v) VALUES ('c')", &[], None)
             .unwrap_err();
         let sqlx::Error::Database(e) = refused else {
             panic!("not a database error: {refused}")
@@ -789,7 +966,7 @@ mod tests {
         let (path, _writer) = database(dir.path()).await;
         let readers = pool(&path, 1);
         let reader = readers.acquire().await.unwrap();
-        reader.slot().run("BEGIN", &[], None).unwrap();
+        reader.slot().run("test", "BEGIN", &[], None).unwrap();
         assert_eq!(count(&reader), 0);
         drop(reader);
         assert!(readers.idle.lock().unwrap().is_empty());
@@ -807,12 +984,95 @@ mod tests {
         for i in 0..=MAX_CACHED_SQL {
             reader
                 .slot()
-                .run(&format!("SELECT {i} AS n"), &[], None)
+                .run("test", &format!("SELECT {i} AS n"), &[], None)
                 .unwrap();
         }
         let cached = cached_sql(&reader).len();
         assert!(cached <= MAX_CACHED_SQL, "{cached} SQL texts kept prepared");
         assert_eq!(count(&reader), 0);
+    }
+
+    #[tokio::test]
+    async fn each_statement_of_a_text_is_explained_and_nothing_is_cached() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, mut writer) = database(dir.path()).await;
+        writer.execute("CREATE INDEX t_v ON t (v)").await.unwrap();
+        let readers = pool(&path, 1);
+        let reader = readers.acquire().await.unwrap();
+        let plans = reader
+            .slot()
+            .explain_query_plan(
+                "SELECT v FROM t WHERE id = $1;\n SELECT COUNT(*) AS n FROM t \
+                 WHERE v IN (SELECT v FROM t WHERE id > $2); -- done",
+            )
+            .unwrap();
+        assert_eq!(
+            plans,
+            [
+                vec!["SEARCH t USING INTEGER PRIMARY KEY (rowid=?)".to_owned()],
+                vec![
+                    "SEARCH t USING COVERING INDEX t_v (v=?)".to_owned(),
+                    "LIST SUBQUERY 1".to_owned(),
+                    "  SEARCH t USING INTEGER PRIMARY KEY (rowid>?)".to_owned(),
+                ],
+            ]
+        );
+        assert!(cached_sql(&reader).is_empty(), "{:?}", cached_sql(&reader));
+        // A diagnostic's own `EXPLAIN QUERY PLAN` text has the plan of what it explains.
+        assert_eq!(
+            reader
+                .slot()
+                .explain_query_plan("explain query plan SELECT v FROM t WHERE id = $1")
+                .unwrap(),
+            [plans[0].clone()]
+        );
+        let unknown = reader
+            .slot()
+            .explain_query_plan("SELECT v FROM missing")
+            .unwrap_err();
+        assert!(unknown.to_string().contains("no such table"), "{unknown}");
+    }
+
+    #[tokio::test]
+    async fn a_text_is_recorded_once_with_its_first_context_up_to_the_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, _writer) = database(dir.path()).await;
+        let recorded = PreparedTexts::default();
+        let readers = Arc::new(
+            RawReadPool::new(
+                &path,
+                2,
+                Duration::from_millis(100),
+                Duration::from_millis(200),
+                recorded.clone(),
+            )
+            .unwrap(),
+        );
+        // Two connections prepare the same text; a failed preparation records nothing.
+        let (first, second) = (
+            readers.acquire().await.unwrap(),
+            readers.acquire().await.unwrap(),
+        );
+        let none = [RawValue::Text("none".to_owned())];
+        first.slot().run("count", COUNT, &none, None).unwrap();
+        second
+            .slot()
+            .run("count again", COUNT, &none, None)
+            .unwrap();
+        first.slot().run("count", COUNT, &none, None).unwrap();
+        assert!(first.slot().run("bad", "SELECT nope", &[], None).is_err());
+        assert_eq!(recorded.snapshot(), (vec![("count", COUNT.to_owned())], 0));
+
+        for i in 0..MAX_RECORDED_SQL {
+            recorded.record("many", &format!("SELECT {i}"));
+        }
+        let (texts, unrecorded) = recorded.snapshot();
+        assert_eq!(texts.len(), MAX_RECORDED_SQL);
+        assert_eq!(
+            unrecorded, 1,
+            "the text past the bound is counted, not kept"
+        );
+        assert!(texts.contains(&("count", COUNT.to_owned())));
     }
 
     #[tokio::test]

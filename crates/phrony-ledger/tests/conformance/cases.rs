@@ -15,6 +15,7 @@ pub(crate) use crate::bundle_cases::*;
 pub(crate) use crate::history_cases::*;
 pub(crate) use crate::inbox_cases::*;
 pub(crate) use crate::lease_cases::*;
+pub(crate) use crate::plan_cases::*;
 pub(crate) use crate::session_cases::*;
 pub(crate) use crate::shadow_cases::*;
 pub(crate) use crate::token_cases::*;

@@ -1,7 +1,8 @@
 //! One conformance suite, run against every backend: SQLite (a temporary file) always, and
 //! PostgreSQL (a fresh database per test on `PHRONY_TEST_POSTGRES_URL`, default
 //! `postgres://postgres@127.0.0.1:5432/postgres`). PostgreSQL tests fail when the server is
-//! unreachable unless `PHRONY_TEST_SKIP_POSTGRES=1`. The ledger's other integration tests
+//! unreachable unless `PHRONY_TEST_SKIP_POSTGRES=1`. A few cases hold on SQLite only
+//! (`sqlite_only::<case>`, each saying why). The ledger's other integration tests
 //! (`connect`: what `Ledger::connect` says about bad URLs) share this binary.
 
 #![allow(
@@ -23,15 +24,16 @@ mod history_cases;
 mod inbox_cases;
 mod lease_cases;
 mod outage;
+mod plan_cases;
 mod session_cases;
 mod shadow_cases;
 mod token_cases;
 mod webhook_cases;
 
-/// Generates `sqlite::<case>` and `postgres::<case>` tests for every case.
-macro_rules! conformance {
-    ($($case:ident),* $(,)?) => {
-        mod sqlite {
+/// Generates `$module::<case>` tests on SQLite for every case.
+macro_rules! sqlite_tests {
+    ($module:ident: $($case:ident),* $(,)?) => {
+        mod $module {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
                 async fn $case() {
@@ -42,6 +44,13 @@ macro_rules! conformance {
                 }
             )*
         }
+    };
+}
+
+/// Generates `sqlite::<case>` and `postgres::<case>` tests for every case.
+macro_rules! conformance {
+    ($($case:ident),* $(,)?) => {
+        sqlite_tests!(sqlite: $($case),*);
         mod postgres {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -57,6 +66,9 @@ macro_rules! conformance {
         }
     };
 }
+
+// Cases that hold on SQLite only, each saying why.
+sqlite_tests!(sqlite_only: no_hot_path_statement_scans_a_growing_table);
 
 conformance!(
     events_record_the_attribution_and_the_chain_covers_it,
