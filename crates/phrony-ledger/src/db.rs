@@ -128,10 +128,12 @@ impl Pool {
 
     pub(crate) async fn close(&self) {
         match self {
-            Self::Sqlite(p, _, readers) => {
+            Self::Sqlite(p, writer, readers) => {
                 if let Some(readers) = readers {
                     readers.close();
                 }
+                // The pool's close waits for every connection, the writer's held one too.
+                writer.close().await;
                 p.close().await;
             }
             Self::Postgres(p) => p.close().await,
@@ -741,7 +743,7 @@ mod group_tests {
         .execute(&pool)
         .await
         .unwrap();
-        (pool.clone(), GroupWriter::spawn(pool, recorded))
+        (pool.clone(), GroupWriter::spawn(pool, true, recorded))
     }
 
     async fn count(pool: &SqlitePool) -> i64 {
@@ -852,10 +854,63 @@ mod group_tests {
             texts,
             [
                 ("begin savepoint", "SAVEPOINT phrony_write".to_owned()),
+                ("begin transaction", "BEGIN IMMEDIATE".to_owned()),
+                ("commit transaction", "COMMIT".to_owned()),
                 ("insert", "INSERT INTO t (name) VALUES ($1)".to_owned()),
                 ("release savepoint", "RELEASE phrony_write".to_owned()),
             ]
         );
+    }
+
+    /// The writer keeps its connection from batch to batch: the statements an earlier batch
+    /// prepared are still prepared when the next one starts (no parse per batch), and a slot of
+    /// the earlier batch still finds nothing.
+    #[tokio::test]
+    async fn the_writer_keeps_its_statements_from_batch_to_batch() {
+        let dir = tempfile::tempdir().unwrap();
+        let (pool, writer) = writer(&dir).await;
+        let insert = "INSERT INTO t (name) VALUES ($1)";
+        let lease = writer.begin(false).await.unwrap();
+        let first = lease.slot().clone();
+        Conn::SqliteRaw(lease.slot())
+            .execute("insert", insert, args!["a"])
+            .await
+            .unwrap();
+        lease.release().await.unwrap();
+        let lease = writer.begin(false).await.unwrap();
+        let kept = lease.slot().cached_sql();
+        assert!(kept.contains(&insert.to_owned()), "{kept:?}");
+        assert!(
+            first.cached_sql().is_empty(),
+            "the first batch's slot is empty"
+        );
+        Conn::SqliteRaw(lease.slot())
+            .execute("insert", insert, args!["b"])
+            .await
+            .unwrap();
+        lease.release().await.unwrap();
+        assert_eq!(count(&pool).await, 2);
+        assert_eq!(writer.stats().commits, 2, "one batch each");
+    }
+
+    /// Closing gives the held connection back, so the pool's close (which waits for every
+    /// connection) returns; a write after it fails instead of waiting.
+    #[tokio::test]
+    async fn closing_the_writer_lets_the_pool_close() {
+        let dir = tempfile::tempdir().unwrap();
+        let (pool, writer) = writer(&dir).await;
+        let lease = writer.begin(false).await.unwrap();
+        Conn::SqliteRaw(lease.slot())
+            .execute("insert", "INSERT INTO t (name) VALUES ('a')", args![])
+            .await
+            .unwrap();
+        lease.release().await.unwrap();
+        writer.close().await;
+        tokio::time::timeout(std::time::Duration::from_secs(10), pool.close())
+            .await
+            .expect("the pool closed: the writer gave its connection back");
+        let error = writer.begin(false).await.unwrap_err();
+        assert!(error.is_unavailable(), "{error:?}");
     }
 
     #[tokio::test]

@@ -24,19 +24,23 @@
 //! Writes still run one at a time and in queue order, so the ordering, sequence and hash-chain
 //! guarantees are those of separate transactions. Reads do not go through the writer.
 //!
-//! Between `BEGIN IMMEDIATE` and `COMMIT` (both run by the driver, whose worker thread does
-//! the waiting: the busy timeout, the fsync) the writer locks the connection's handle out of
-//! the driver's worker thread, and the savepoints and every statement of the batch's writes
-//! run directly on it (the `sqlite_raw` module): no thread hand-off per statement. A lease
-//! lends that handle, not the driver's connection.
+//! The writer locks its connection's handle out of the driver's worker thread
+//! ([`sqlx::sqlite::LockedSqliteHandle`]) and calls SQLite directly (the `sqlite_raw` module):
+//! the savepoints and every statement of the batch's writes run on the writing task's thread,
+//! with no thread hand-off per statement; `BEGIN IMMEDIATE` (which may wait for another
+//! process's write lock) and `COMMIT` (which waits for the fsync) run on a blocking thread. A
+//! lease lends that handle, through a slot emptied when the batch ends, not the driver's
+//! connection. On a database file the writer keeps the connection from batch to batch: the
+//! statements it prepared stay prepared and its page cache is not reset by another
+//! connection's commits; [`GroupWriter::close`] gives it back before the pool closes.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use sqlx::Sqlite;
 use sqlx::pool::PoolConnection;
 use sqlx::sqlite::SqlitePool;
-use sqlx::{Connection as _, Sqlite, TransactionManager as _};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::error::{LedgerError, Result};
@@ -76,7 +80,7 @@ struct Counters {
 /// last handle is dropped.
 #[derive(Debug, Clone)]
 pub(crate) struct GroupWriter {
-    queue: mpsc::UnboundedSender<Request>,
+    queue: mpsc::UnboundedSender<Message>,
     counters: Arc<Counters>,
 }
 
@@ -131,13 +135,26 @@ fn writer_stopped() -> LedgerError {
 }
 
 impl GroupWriter {
-    /// Starts the writer task on the current Tokio runtime; it takes its connection from
-    /// `pool` for each batch and records the SQL texts its batches prepare in `recorded`.
-    pub(crate) fn spawn(pool: SqlitePool, recorded: PreparedTexts) -> Self {
+    /// Starts the writer task on the current Tokio runtime. It takes its connection from
+    /// `pool` and, with `hold`, keeps it (and the statements it prepared) from batch to batch
+    /// until [`GroupWriter::close`] or a connection error; without, it gives it back after each
+    /// batch (an in-memory database's pool has its only connection to share with the reads).
+    /// The SQL texts its batches prepare are recorded in `recorded`.
+    pub(crate) fn spawn(pool: SqlitePool, hold: bool, recorded: PreparedTexts) -> Self {
         let (queue, rx) = mpsc::unbounded_channel();
         let counters = Arc::new(Counters::default());
-        tokio::spawn(run(pool, rx, counters.clone(), recorded));
+        tokio::spawn(run(pool, hold, rx, counters.clone(), recorded));
         Self { queue, counters }
+    }
+
+    /// Gives the held connection back to the pool (after the batch in progress), so that the
+    /// pool can close; a later write takes a connection again (and fails once the pool is
+    /// closed).
+    pub(crate) async fn close(&self) {
+        let (ack, done) = oneshot::channel();
+        if self.queue.send(Message::Close(ack)).is_ok() {
+            let _ = done.await;
+        }
     }
 
     /// Queues a write and waits for its turn: the connection, inside the write's savepoint.
@@ -146,7 +163,7 @@ impl GroupWriter {
     pub(crate) async fn begin(&self, alone: bool) -> Result<Lease> {
         let (reply, lease) = oneshot::channel();
         self.queue
-            .send(Request { alone, reply })
+            .send(Message::Write(Request { alone, reply }))
             .map_err(|_| writer_stopped())?;
         lease.await.map_err(|_| writer_stopped())?
     }
@@ -209,46 +226,187 @@ struct Batch {
     broken: Option<String>,
 }
 
+/// What the writer's queue carries.
+enum Message {
+    Write(Request),
+    /// Give the held connection back to the pool (the ledger is closing); answered once it is.
+    Close(oneshot::Sender<()>),
+}
+
 async fn run(
     pool: SqlitePool,
-    mut queue: mpsc::UnboundedReceiver<Request>,
+    hold: bool,
+    mut queue: mpsc::UnboundedReceiver<Message>,
     counters: Arc<Counters>,
     recorded: PreparedTexts,
 ) {
-    let mut carried: Option<Request> = None;
+    let mut carried: Option<Message> = None;
+    // One connection per turn of this loop: held for every batch while `hold` (its statements
+    // stay prepared and its page cache warm), for one batch otherwise.
     loop {
-        let first = match carried.take() {
-            Some(request) => request,
-            None => match queue.recv().await {
-                Some(request) => request,
-                None => return,
-            },
+        let first = match next_write(&mut carried, &mut queue).await {
+            Next::Write(request) => request,
+            Next::Close(ack) => {
+                let _ = ack.send(());
+                continue;
+            }
+            Next::Stopped => return,
         };
-        if first.reply.is_closed() {
-            continue;
-        }
-        let mut conn = match begin(&pool).await {
+        let mut conn = match pool.acquire().await {
             Ok(conn) => conn,
-            Err(error) => {
-                fail_queued(first, &mut queue, error);
+            Err(e) => {
+                let error = LedgerError::from_sqlx("acquire connection", e);
+                fail_queued(first, &mut queue, &mut carried, error);
                 continue;
             }
         };
-        counters.holding.store(1, Ordering::Relaxed);
-        let batch = fill(&mut conn, first, &mut queue, &mut carried, &recorded).await;
-        commit(conn, batch, &counters).await;
-        counters.holding.store(0, Ordering::Relaxed);
+        let (healthy, closing) = serve(
+            &mut conn,
+            hold,
+            first,
+            &mut queue,
+            &mut carried,
+            &counters,
+            &recorded,
+        )
+        .await;
+        if !healthy {
+            conn.close_on_drop();
+        }
+        drop(conn);
+        if let Some(ack) = closing {
+            let _ = ack.send(());
+        }
     }
 }
 
-/// Runs queued writes in the open batch until it should commit, on the connection's handle
-/// locked out of the driver's worker thread (given back before this returns).
-async fn fill(
+/// Runs batches on `conn` (from `first`): one, or with `hold` every one until a close, the last
+/// handle's drop or a connection error. Whether the connection may be reused, and the close to
+/// answer once it is back in the pool.
+async fn serve(
     conn: &mut PoolConnection<Sqlite>,
+    hold: bool,
     first: Request,
-    queue: &mut mpsc::UnboundedReceiver<Request>,
-    carried: &mut Option<Request>,
+    queue: &mut mpsc::UnboundedReceiver<Message>,
+    carried: &mut Option<Message>,
+    counters: &Counters,
     recorded: &PreparedTexts,
+) -> (bool, Option<oneshot::Sender<()>>) {
+    let mut locked = match conn.lock_handle().await {
+        Ok(handle) => Locked::new(handle, recorded.clone()),
+        Err(e) => {
+            let _ = first
+                .reply
+                .send(Err(LedgerError::from_sqlx("lock the write connection", e)));
+            return (false, None);
+        }
+    };
+    let mut next = Some(first);
+    loop {
+        let first = match next.take() {
+            Some(request) => request,
+            None => match next_write(carried, queue).await {
+                Next::Write(request) => request,
+                Next::Close(ack) => return (true, Some(ack)),
+                Next::Stopped => return (true, None),
+            },
+        };
+        // Dropping `locked` on the way out rolls back whatever is open and finalizes the
+        // statements before sqlx gets the handle back.
+        match batch(&mut locked, first, queue, carried, counters).await {
+            Turn::Again if hold => {}
+            Turn::Again => return (true, None),
+            Turn::Broken => return (false, None),
+        }
+    }
+}
+
+enum Next {
+    Write(Request),
+    Close(oneshot::Sender<()>),
+    /// Every handle is gone.
+    Stopped,
+}
+
+/// The next write to run (skipping those whose caller stopped waiting), or a close.
+async fn next_write(
+    carried: &mut Option<Message>,
+    queue: &mut mpsc::UnboundedReceiver<Message>,
+) -> Next {
+    loop {
+        let message = match carried.take() {
+            Some(message) => message,
+            None => match queue.recv().await {
+                Some(message) => message,
+                None => return Next::Stopped,
+            },
+        };
+        match message {
+            Message::Write(request) if request.reply.is_closed() => {}
+            Message::Write(request) => return Next::Write(request),
+            Message::Close(ack) => return Next::Close(ack),
+        }
+    }
+}
+
+/// What a batch left of the connection.
+enum Turn {
+    /// Ready for the next batch.
+    Again,
+    /// In a state nobody should reuse (a transaction that could not be ended).
+    Broken,
+}
+
+/// Runs one batch on the locked connection: `BEGIN IMMEDIATE`, the queued writes (from
+/// `first`) until the batch should commit, `COMMIT`, and the answers to every waiter.
+async fn batch(
+    locked: &mut Locked<'_>,
+    first: Request,
+    queue: &mut mpsc::UnboundedReceiver<Message>,
+    carried: &mut Option<Message>,
+    counters: &Counters,
+) -> Turn {
+    let slot = locked.open_batch();
+    // Off the runtime's threads: the busy handler may sleep up to the busy timeout while
+    // another process holds the write lock.
+    if let Err(e) = off_thread(&slot, "begin transaction", "BEGIN IMMEDIATE").await {
+        let error = LedgerError::from_sqlx("begin transaction", e);
+        fail_queued(first, queue, carried, error);
+        locked.close_batch();
+        return if locked.in_transaction() {
+            Turn::Broken
+        } else {
+            Turn::Again
+        };
+    }
+    counters.holding.store(1, Ordering::Relaxed);
+    let batch = fill(&slot, locked, first, queue, carried).await;
+    let turn = commit(&slot, locked, batch, counters).await;
+    counters.holding.store(0, Ordering::Relaxed);
+    locked.close_batch();
+    turn
+}
+
+/// Runs `sql` on a blocking thread (a `COMMIT` waits for the fsync, a `BEGIN IMMEDIATE` for the
+/// write lock), so no runtime thread waits for the disk.
+async fn off_thread(
+    slot: &RawSlot,
+    context: &'static str,
+    sql: &'static str,
+) -> std::result::Result<(), sqlx::Error> {
+    let slot = slot.clone();
+    tokio::task::spawn_blocking(move || slot.run(context, sql, &[], None).map(drop))
+        .await
+        .map_err(|e| sqlx::Error::Io(std::io::Error::other(format!("{sql} did not finish: {e}"))))?
+}
+
+/// Runs queued writes in the open batch until it should commit.
+async fn fill(
+    slot: &RawSlot,
+    locked: &mut Locked<'_>,
+    first: Request,
+    queue: &mut mpsc::UnboundedReceiver<Message>,
+    carried: &mut Option<Message>,
 ) -> Batch {
     let mut batch = Batch {
         started: Instant::now(),
@@ -257,32 +415,25 @@ async fn fill(
         waiters: Vec::new(),
         broken: None,
     };
-    let mut locked = match conn.lock_handle().await {
-        Ok(handle) => Locked::new(handle, recorded.clone()),
-        Err(e) => {
-            batch.broken = Some(format!("lock the write connection: {e}"));
-            let _ = first
-                .reply
-                .send(Err(LedgerError::from_sqlx("lock the write connection", e)));
-            return batch;
-        }
-    };
-    let slot = locked.slot();
     let mut next = Some(first);
     loop {
         let request = match next.take() {
             Some(request) => request,
             None => match queue.try_recv() {
-                Ok(request) => request,
+                Ok(Message::Write(request)) => request,
+                Ok(close @ Message::Close(_)) => {
+                    *carried = Some(close);
+                    break;
+                }
                 Err(_) => break,
             },
         };
         if request.alone && batch.writes > 0 {
-            *carried = Some(request);
+            *carried = Some(Message::Write(request));
             break;
         }
         let alone = request.alone;
-        lend(&slot, request, &mut batch).await;
+        lend(slot, request, &mut batch).await;
         if batch.broken.is_some()
             || alone
             || batch.writes >= MAX_BATCH_WRITES
@@ -299,32 +450,29 @@ async fn fill(
     batch
 }
 
-/// Takes the connection and starts the batch's transaction.
-async fn begin(pool: &SqlitePool) -> Result<PoolConnection<Sqlite>> {
-    let mut conn = pool
-        .acquire()
-        .await
-        .map_err(|e| LedgerError::from_sqlx("acquire connection", e))?;
-    <Sqlite as sqlx::Database>::TransactionManager::begin(
-        &mut conn,
-        Some("BEGIN IMMEDIATE".into()),
-    )
-    .await
-    .map_err(|e| LedgerError::from_sqlx("begin transaction", e))?;
-    Ok(conn)
-}
-
 /// Answers a write whose batch could not start. When the database is unavailable (locked by
 /// another process past the busy timeout, unreachable), every write queued now would wait as
 /// long to fail the same way, so they all get the outage at once, as concurrent transactions
-/// each waiting for the lock did.
-fn fail_queued(first: Request, queue: &mut mpsc::UnboundedReceiver<Request>, error: LedgerError) {
+/// each waiting for the lock did. A close found in the queue is kept for the writer's loop.
+fn fail_queued(
+    first: Request,
+    queue: &mut mpsc::UnboundedReceiver<Message>,
+    carried: &mut Option<Message>,
+    error: LedgerError,
+) {
     if error.is_unavailable() {
         let message = error.to_string();
-        while let Ok(request) = queue.try_recv() {
-            let _ = request
-                .reply
-                .send(Err(unavailable("begin transaction", &message)));
+        while carried.is_none()
+            && let Ok(next) = queue.try_recv()
+        {
+            match next {
+                Message::Write(request) => {
+                    let _ = request
+                        .reply
+                        .send(Err(unavailable("begin transaction", &message)));
+                }
+                close @ Message::Close(_) => *carried = Some(close),
+            }
         }
     }
     let _ = first.reply.send(Err(error));
@@ -388,12 +536,18 @@ fn undo_savepoint(slot: &RawSlot, batch: &mut Batch) {
     }
 }
 
-/// Commits the batch (or rolls it back when it is broken) and answers every waiter.
-async fn commit(mut conn: PoolConnection<Sqlite>, mut batch: Batch, counters: &Counters) {
+/// Commits the batch (or rolls it back when it is broken) and answers every waiter; `Broken`
+/// when the transaction could not be ended.
+async fn commit(
+    slot: &RawSlot,
+    locked: &mut Locked<'_>,
+    mut batch: Batch,
+    counters: &Counters,
+) -> Turn {
     let started = std::time::Instant::now();
     let outcome = match batch.broken.take() {
         Some(reason) => Err(reason),
-        None => <Sqlite as sqlx::Database>::TransactionManager::commit(&mut conn)
+        None => off_thread(slot, "commit transaction", "COMMIT")
             .await
             .map_err(|e| e.to_string()),
     };
@@ -405,6 +559,7 @@ async fn commit(mut conn: PoolConnection<Sqlite>, mut batch: Batch, counters: &C
             for waiter in batch.waiters {
                 let _ = waiter.send(Ok(()));
             }
+            Turn::Again
         }
         Err(reason) => {
             tracing::warn!(
@@ -412,12 +567,13 @@ async fn commit(mut conn: PoolConnection<Sqlite>, mut batch: Batch, counters: &C
                 writes = batch.writes,
                 "ledger group commit failed; failing every write of the batch"
             );
-            if conn.is_in_transaction()
-                && let Err(error) =
-                    <Sqlite as sqlx::Database>::TransactionManager::rollback(&mut conn).await
+            let mut turn = Turn::Again;
+            // A rollback in WAL mode only drops the batch's frames: no wait for the disk.
+            if locked.in_transaction()
+                && let Err(error) = slot.run("roll back a failed batch", "ROLLBACK", &[], None)
             {
                 tracing::warn!(%error, "rollback after a failed group commit failed");
-                conn.close_on_drop();
+                turn = Turn::Broken;
             }
             let message = format!(
                 "a batch of {} writes did not commit: {reason}",
@@ -426,6 +582,7 @@ async fn commit(mut conn: PoolConnection<Sqlite>, mut batch: Batch, counters: &C
             for waiter in batch.waiters {
                 let _ = waiter.send(Err(unavailable("commit transaction", &message)));
             }
+            turn
         }
     }
 }

@@ -645,7 +645,9 @@ impl Ledger {
         Ok(Self::assemble(
             Pool::Sqlite(
                 pool.clone(),
-                group::GroupWriter::spawn(pool, prepared),
+                // The writer keeps its connection (and its prepared statements) while another
+                // one is left for the pool's other users; an in-memory database has one only.
+                group::GroupWriter::spawn(pool, !in_memory && o.max_connections >= 2, prepared),
                 readers,
             ),
             o,
@@ -2143,7 +2145,10 @@ mod tests {
             panic!("a SQLite URL opened {:?}", ledger.backend());
         };
         let lease = writer.begin(false).await.unwrap();
-        let outcome = lease.slot().run("PRAGMA temp_store", &[], None).unwrap();
+        let outcome = lease
+            .slot()
+            .run("test", "PRAGMA temp_store", &[], None)
+            .unwrap();
         // 2 = MEMORY (0 = the build's default, a file here; 1 = FILE).
         assert_eq!(
             outcome.rows[0].get("temp_store"),

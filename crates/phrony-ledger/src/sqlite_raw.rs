@@ -3,15 +3,16 @@
 //!
 //! sqlx runs each SQLite statement on the connection's own worker thread: every statement is a
 //! message to that thread and a wake-up back, and a ledger write costs several statements.
-//! Profiles showed the hand-offs, not SQLite, taking most of the daemon's CPU. While a batch is
-//! open the writer locks the handle out of sqlx's worker thread
-//! ([`sqlx::sqlite::LockedSqliteHandle`]) and every statement of the batch's writes runs here,
-//! on the calling task's thread, through the `libsqlite3-sys` the driver itself links.
+//! Profiles showed the hand-offs, not SQLite, taking most of the daemon's CPU. The group-commit
+//! writer locks its connection's handle out of sqlx's worker thread
+//! ([`sqlx::sqlite::LockedSqliteHandle`]) for as long as it holds the connection, and every
+//! statement of its batches runs here, through the `libsqlite3-sys` the driver itself links.
 //!
-//! Safety rests on one rule: the raw handle is used only through a [`RawSlot`], and the writer
-//! empties the slot (finalizing every statement prepared here) before it gives the handle back
-//! to sqlx ([`Locked`]'s `Drop`). A use after that finds the slot empty and fails with
-//! "the batch is over"; a use during it holds the slot's mutex, which the writer waits for.
+//! Safety rests on two rules: the raw handle is used only through a [`RawSlot`] (one per
+//! batch, emptied when the batch ends: a use after that finds it empty and fails with "the
+//! batch is over"; a use during it holds the slot's mutex, which the writer waits for), and
+//! [`Locked`]'s `Drop` finalizes every statement prepared here (after rolling back a
+//! transaction left open) before it gives the handle back to sqlx.
 //!
 //! Pooled reads on a database file take the same direct path ([`RawReadPool`]): read-only
 //! connections this module opens and owns itself (sqlx never sees them), each used by one
@@ -193,9 +194,16 @@ impl std::fmt::Debug for RawSlot {
     }
 }
 
-/// The handle locked out of sqlx's worker thread for one batch. Dropping it empties the slot
-/// (finalizing the statements) and only then gives the handle back.
+/// The write connection's handle, locked out of sqlx's worker thread for as long as the writer
+/// holds the connection (many batches; one when the writer gives the connection back after each
+/// batch). The statements prepared on it are kept from batch to batch; each batch reaches the
+/// connection through a slot of its own ([`Locked::open_batch`]), emptied when the batch ends,
+/// so that a use left over from a batch cannot run in the next one. Dropping it rolls back a
+/// transaction left open, finalizes the statements and only then gives the handle back.
 pub(crate) struct Locked<'c> {
+    /// The connection between batches (`None` while a batch's slot holds it).
+    conn: Option<RawConn>,
+    /// The open batch's slot (empty between batches).
     slot: RawSlot,
     handle: LockedSqliteHandle<'c>,
 }
@@ -210,32 +218,60 @@ impl<'c> Locked<'c> {
     /// Records the texts the batch prepares in `recorded`.
     pub(crate) fn new(mut handle: LockedSqliteHandle<'c>, recorded: PreparedTexts) -> Self {
         let db = handle.as_raw_handle();
-        let slot = RawSlot(Arc::new(Mutex::new(Some(RawConn {
-            db,
-            statements: HashMap::new(),
-            recorded,
-            owned: false,
-        }))));
-        Self { slot, handle }
+        Self {
+            conn: Some(RawConn {
+                db,
+                statements: HashMap::new(),
+                recorded,
+                owned: false,
+            }),
+            slot: RawSlot::default(),
+            handle,
+        }
     }
 
-    pub(crate) fn slot(&self) -> RawSlot {
+    /// A new slot for the next batch, holding the connection (with the statements prepared in
+    /// earlier batches); the previous batch's slot is emptied first.
+    pub(crate) fn open_batch(&mut self) -> RawSlot {
+        self.close_batch();
+        self.slot = RawSlot(Arc::new(Mutex::new(self.conn.take())));
         self.slot.clone()
+    }
+
+    /// Ends the open batch: empties its slot (waiting for a statement in progress) and keeps
+    /// the connection for the next one. Later uses of the batch's slot fail.
+    pub(crate) fn close_batch(&mut self) {
+        if let Some(conn) = self.slot.take() {
+            self.conn = Some(conn);
+        }
     }
 
     /// Whether the connection is inside a transaction (SQLite's autocommit flag is off).
     pub(crate) fn in_transaction(&mut self) -> bool {
-        // SAFETY: the handle is locked out of the worker thread while `self` lives.
+        // SAFETY: the handle is locked out of the worker thread while `self` lives; the call
+        // only reads the connection's flag.
         unsafe { ffi::sqlite3_get_autocommit(self.handle.as_raw_handle().as_ptr()) == 0 }
     }
 }
 
 impl Drop for Locked<'_> {
     fn drop(&mut self) {
-        // Wait for a statement in progress, then finalize everything prepared here; `handle`
-        // (a field) is released after this body, so sqlx gets the handle back with none of
-        // our statements open.
-        drop(self.slot.take());
+        // Wait for a statement in progress (an off-thread `COMMIT` of a writer dropped while it
+        // waited), then roll back what is left open — sqlx counts only the transactions it
+        // began itself, so it would not — and finalize everything prepared here; `handle` (a
+        // field) is released after this body, so sqlx gets the handle back outside any
+        // transaction and with none of our statements open.
+        self.close_batch();
+        if let Some(mut conn) = self.conn.take() {
+            // SAFETY: the handle is locked out of the worker thread; the call reads a flag.
+            let open = unsafe { ffi::sqlite3_get_autocommit(conn.db.as_ptr()) == 0 };
+            if open
+                && let Err(error) = conn.run("roll back an abandoned batch", "ROLLBACK", &[], None)
+            {
+                tracing::warn!(%error, "could not roll back the write connection's transaction");
+            }
+            drop(conn);
+        }
     }
 }
 
@@ -247,6 +283,16 @@ pub(crate) struct Outcome {
 }
 
 impl RawSlot {
+    /// The SQL texts the slot's connection keeps prepared (none once the batch is over).
+    #[cfg(test)]
+    pub(crate) fn cached_sql(&self) -> Vec<String> {
+        let guard = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        guard
+            .as_ref()
+            .map(|conn| conn.statements.keys().cloned().collect())
+            .unwrap_or_default()
+    }
+
     /// Empties the slot (waiting for a statement in progress): what it held, if anything.
     fn take(&self) -> Option<RawConn> {
         self.0.lock().unwrap_or_else(PoisonError::into_inner).take()
@@ -891,8 +937,7 @@ mod tests {
 
     /// The SQL texts the reader's connection keeps prepared.
     fn cached_sql(reader: &RawReader) -> Vec<String> {
-        let slot = reader.slot().0.lock().unwrap();
-        slot.as_ref().unwrap().statements.keys().cloned().collect()
+        reader.slot().cached_sql()
     }
 
     fn count(reader: &RawReader) -> i64 {
