@@ -3949,3 +3949,63 @@ pub(crate) async fn a_session_end_reads_only_its_own_pending_approvals(db: &Test
         );
     }
 }
+
+/// Every column that holds a session id, a call id or a stream name compares like the key it
+/// refers to, so an index on it serves a join on it. On PostgreSQL `sessions.id`,
+/// `tool_invocations.call_id` and `streams.stream` are `COLLATE "C"`; columns holding the same ids
+/// in the database's default collation could not use their indexes for `c.session_id = s.id`
+/// (compared in "C"), and start-up recovery's resting-sessions query grew with the product of
+/// the waiting sessions, their calls and the approvals (56 s to restart with 1,000 parked).
+/// SQLite compares every text column with `BINARY` (no column of the schema declares another
+/// collation): the check is PostgreSQL's.
+pub(crate) async fn id_columns_compare_like_the_keys_they_refer_to(db: &TestDb) {
+    db.migrated().await;
+    if db.kind != phrony_ledger::Backend::Postgres {
+        let declared = db
+            .raw_strings(
+                "SELECT name FROM sqlite_master WHERE type = 'table' AND sql LIKE '%COLLATE%'",
+            )
+            .await;
+        assert!(declared.is_empty(), "{declared:?}");
+        return;
+    }
+    let rows = db
+        .raw_strings(
+            "SELECT c.relname || '.' || a.attname, co.collname FROM pg_attribute a \
+             JOIN pg_class c ON c.oid = a.attrelid \
+             JOIN pg_namespace n ON n.oid = c.relnamespace \
+             JOIN pg_collation co ON co.oid = a.attcollation \
+             WHERE n.nspname = current_schema() AND c.relkind = 'r' AND a.attnum > 0 \
+             AND NOT a.attisdropped AND a.atttypid = 'text'::regtype \
+             AND (a.attname LIKE '%session_id' OR a.attname LIKE '%call_id' \
+               OR a.attname = 'stream' OR (c.relname = 'sessions' AND a.attname = 'id')) \
+             ORDER BY 1",
+        )
+        .await;
+    let columns: Vec<String> = rows.iter().filter_map(|r| r[0].clone()).collect();
+    for must in [
+        "sessions.id",
+        "tool_invocations.session_id",
+        "approvals.call_id",
+    ] {
+        assert!(
+            columns.contains(&must.to_owned()),
+            "{must} not found in {columns:?}"
+        );
+    }
+    let other: Vec<String> = rows
+        .iter()
+        .filter(|r| r[1].as_deref() != Some("C"))
+        .map(|r| {
+            format!(
+                "{} ({})",
+                r[0].as_deref().unwrap_or("?"),
+                r[1].as_deref().unwrap_or("?")
+            )
+        })
+        .collect();
+    assert!(
+        other.is_empty(),
+        "id columns not in the \"C\" collation: {other:?}"
+    );
+}
