@@ -1313,6 +1313,23 @@ pub(crate) async fn explain_pending_of_session(
         .collect()
 }
 
+/// Root task sessions resting on people alone (see [`Ledger::sessions_resting_on_approvals`]).
+/// Its correlations compare ids in "C" (the collation of `sessions.id` and
+/// `tool_invocations.call_id`); on PostgreSQL migration 0022's `tool_invocations_session_c` and
+/// `approvals_call_c` serve them (conformance `id_joins_are_served_by_indexes`).
+pub(crate) const SESSIONS_RESTING_ON_APPROVALS: &str = "SELECT s.id AS id FROM sessions s \
+     WHERE s.status = 'awaiting_approval' AND s.mode = 'task' \
+     AND s.parent_session_id IS NULL \
+     AND EXISTS (SELECT 1 FROM tool_invocations c \
+       WHERE c.session_id = s.id AND c.status = 'awaiting_approval') \
+     AND NOT EXISTS (SELECT 1 FROM tool_invocations c \
+       WHERE c.session_id = s.id \
+       AND c.status IN ('pending', 'queued', 'dispatched', 'indeterminate')) \
+     AND NOT EXISTS (SELECT 1 FROM tool_invocations c \
+       WHERE c.session_id = s.id AND c.status = 'awaiting_approval' \
+       AND COALESCE((SELECT a.status FROM approvals a WHERE a.call_id = c.call_id \
+         ORDER BY a.created_at DESC, a.id DESC LIMIT 1), '') <> 'pending')";
+
 /// Decides every pending approval of a locked session `cancelled`.
 pub(crate) async fn close_pending(
     tx: &mut Tx,
@@ -1786,18 +1803,7 @@ impl Ledger {
             .conn()
             .fetch_all(
                 "list sessions resting on pending approvals",
-                "SELECT s.id AS id FROM sessions s \
-                 WHERE s.status = 'awaiting_approval' AND s.mode = 'task' \
-                 AND s.parent_session_id IS NULL \
-                 AND EXISTS (SELECT 1 FROM tool_invocations c \
-                   WHERE c.session_id = s.id AND c.status = 'awaiting_approval') \
-                 AND NOT EXISTS (SELECT 1 FROM tool_invocations c \
-                   WHERE c.session_id = s.id \
-                   AND c.status IN ('pending', 'queued', 'dispatched', 'indeterminate')) \
-                 AND NOT EXISTS (SELECT 1 FROM tool_invocations c \
-                   WHERE c.session_id = s.id AND c.status = 'awaiting_approval' \
-                   AND COALESCE((SELECT a.status FROM approvals a WHERE a.call_id = c.call_id \
-                     ORDER BY a.created_at DESC, a.id DESC LIMIT 1), '') <> 'pending')",
+                SESSIONS_RESTING_ON_APPROVALS,
                 vec![],
             )
             .await?;

@@ -238,7 +238,7 @@ pub use leases::{LeaseClaim, LeaseRenewal, MAX_REPLICA_ID_LEN, SessionLease};
 pub use outbox::{NotificationKind, WebhookRoute, notification};
 pub use paging::{MAX_PAGE_SIZE, Page, PageRequest, UNSIZED_PAGE_LIMIT};
 #[doc(hidden)]
-pub use plans::{PreparedPlans, StatementPlan};
+pub use plans::{PreparedPlans, StatementPlan, id_join_statements};
 pub use secrets::{NONCE_LEN, SealedSecret};
 pub use session_log::{
     AssistantMessage, Opening, RecordedStep, SessionEvent, SessionTimeline, TimelineEvent,

@@ -80,3 +80,24 @@ impl Ledger {
         })
     }
 }
+
+/// The ledger's statements that join a column holding an id with the key it refers to
+/// (`c.session_id = s.id`, `a.call_id = c.call_id`, `c.parent_session_id = t.id`), each with its
+/// name, as the ledger sends them. Such an equality compares in the key's collation ("C" on
+/// PostgreSQL), which an index of the column in the database's default collation cannot serve;
+/// for tests and diagnosis: the conformance case `id_joins_are_served_by_indexes` checks each
+/// one's plan on both databases.
+#[doc(hidden)]
+#[must_use]
+pub fn id_join_statements() -> Vec<(&'static str, String)> {
+    vec![
+        (
+            "sessions resting on approvals (start-up recovery)",
+            crate::approvals::SESSIONS_RESTING_ON_APPROVALS.to_owned(),
+        ),
+        (
+            "session subtree (timeline)",
+            crate::rows::session_subtree_sql(),
+        ),
+    ]
+}

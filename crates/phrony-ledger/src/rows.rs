@@ -292,19 +292,25 @@ pub(crate) async fn require_session_head(conn: &mut Conn<'_>, id: &str) -> Resul
 
 /// The session and all its descendants, the session first, then by depth and creation.
 pub(crate) async fn session_subtree(conn: &mut Conn<'_>, id: &str) -> Result<Vec<Session>> {
-    let sql = format!(
+    conn.fetch_all("read session tree", &session_subtree_sql(), args![id])
+        .await?
+        .iter()
+        .map(session_from_row)
+        .collect()
+}
+
+/// [`session_subtree`]'s statement. Its recursion compares `parent_session_id` with a session's
+/// id in "C" (the collation of `sessions.id`); on PostgreSQL migration 0022's
+/// `sessions_parent_c` serves it (conformance `id_joins_are_served_by_indexes`).
+pub(crate) fn session_subtree_sql() -> String {
+    format!(
         "WITH RECURSIVE tree (id) AS ( \
              SELECT id FROM sessions WHERE id = $1 \
              UNION ALL \
              SELECT c.id FROM sessions c JOIN tree t ON c.parent_session_id = t.id) \
          SELECT {SESSION_COLUMNS} FROM sessions s WHERE s.id IN (SELECT id FROM tree) \
          ORDER BY s.depth, s.created_at, s.id"
-    );
-    conn.fetch_all("read session tree", &sql, args![id])
-        .await?
-        .iter()
-        .map(session_from_row)
-        .collect()
+    )
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -175,6 +175,47 @@ impl TestDb {
         }
     }
 
+    /// The plan of `sql` (its `$n` parameters bound to `binds`, in order), one line per plan
+    /// node, on a connection of its own: SQLite's `EXPLAIN QUERY PLAN` details; on PostgreSQL
+    /// `EXPLAIN (COSTS OFF)` with sequential scans priced out (`enable_seqscan = off`), as on
+    /// tables too big to scan, so the plan shows which indexes can serve the statement at all.
+    pub(crate) async fn explain_without_seqscan(&self, sql: &str, binds: &[&str]) -> Vec<String> {
+        use sqlx::Connection as _;
+        match self.kind {
+            Backend::Sqlite => {
+                let explain = format!("EXPLAIN QUERY PLAN {sql}");
+                let mut query = sqlx::query(&explain);
+                for bind in binds {
+                    query = query.bind(*bind);
+                }
+                let mut conn = sqlx::SqliteConnection::connect(&self.url).await.unwrap();
+                query
+                    .fetch_all(&mut conn)
+                    .await
+                    .unwrap()
+                    .iter()
+                    .map(|r| r.get::<String, _>("detail"))
+                    .collect()
+            }
+            Backend::Postgres => {
+                let mut conn = sqlx::PgConnection::connect(&self.url).await.unwrap();
+                conn.execute("SET enable_seqscan = off").await.unwrap();
+                let explain = format!("EXPLAIN (COSTS OFF) {sql}");
+                let mut query = sqlx::query(&explain);
+                for bind in binds {
+                    query = query.bind(*bind);
+                }
+                query
+                    .fetch_all(&mut conn)
+                    .await
+                    .unwrap()
+                    .iter()
+                    .map(|r| r.get::<String, _>(0))
+                    .collect()
+            }
+        }
+    }
+
     /// Rows of `sql` with every column read as optional text.
     pub(crate) async fn raw_strings(&self, sql: &str) -> Vec<Vec<Option<String>>> {
         match &self.raw {

@@ -159,6 +159,7 @@ conformance!(
     history_window_max_follows_releases_and_results,
     history_reads_do_not_scan_the_group_for_the_calls_own_entry,
     a_session_end_reads_only_its_own_pending_approvals,
+    id_joins_are_served_by_indexes,
     concurrent_deciders_never_pass_a_cap_only_some_fit,
     webhook_outbox_rows_commit_with_their_event,
     webhook_deliveries_follow_their_state_machine,

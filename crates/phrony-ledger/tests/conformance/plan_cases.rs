@@ -623,3 +623,61 @@ pub(crate) async fn no_hot_path_statement_scans_a_growing_table(db: &TestDb) {
          longer runs: remove them from ALLOWED: {stale:#?}"
     );
 }
+
+/// Every statement that joins a column holding an id with the key it refers to
+/// (`phrony_ledger::id_join_statements`) reaches the joined rows through an index on the join
+/// key, on both databases. On PostgreSQL the keys (`sessions.id`, `tool_invocations.call_id`)
+/// are `COLLATE "C"` and the columns referring to them are not, so such an equality compares in
+/// "C", which the columns' own indexes cannot serve: before migration 0022 start-up recovery's
+/// resting-sessions query scanned the calls and the approvals once per waiting session (56 s to
+/// restart with 1,000 parked) and a session's timeline read every session once per level of its
+/// tree. Sequential scans are priced out for the check, as on tables too big to scan, so the plan
+/// shows whether an index can serve the join at all.
+pub(crate) async fn id_joins_are_served_by_indexes(db: &TestDb) {
+    db.migrated().await;
+    for (name, sql) in phrony_ledger::id_join_statements() {
+        let binds: &[&str] = if sql.contains("$1") {
+            &["run_00000000-0000-4000-8000-000000000000"]
+        } else {
+            &[]
+        };
+        let plan = db.explain_without_seqscan(&sql, binds).await;
+        // Each join of the statement, as the plan shows it served by an index on the join key.
+        let served: &[&str] = match (db.kind, name) {
+            (Backend::Sqlite, "session subtree (timeline)") => {
+                &["SEARCH c USING INDEX sessions_parent (parent_session_id=?)"]
+            }
+            (Backend::Sqlite, _) => &[
+                "INDEX tool_invocations_session (session_id=? AND status=?)",
+                "SEARCH a USING INDEX approvals_call (call_id=?)",
+            ],
+            (Backend::Postgres, "session subtree (timeline)") => &[
+                "Index Scan using sessions_parent_c on sessions c",
+                "Index Cond: ((parent_session_id)::text = t.id)",
+            ],
+            (Backend::Postgres, _) => &[
+                "using tool_invocations_session_c on tool_invocations",
+                "Index Cond: (session_id = s.id)",
+                "Index Scan Backward using approvals_call_c on approvals a",
+                "Index Cond: (call_id = c",
+            ],
+        };
+        for fragment in served {
+            assert!(
+                plan.iter().any(|line| line.contains(fragment)),
+                "{name}: no plan line contains {fragment:?}:\n{}",
+                plan.join("\n")
+            );
+        }
+        for line in &plan {
+            let scan = line.trim_start();
+            assert!(
+                !scan.starts_with("Seq Scan")
+                    && !scan.starts_with("SCAN c")
+                    && !scan.starts_with("SCAN a"),
+                "{name}: {scan:?} reads a table whole:\n{}",
+                plan.join("\n")
+            );
+        }
+    }
+}

@@ -3545,7 +3545,6 @@ pub(crate) async fn a_session_never_outlives_the_retire_or_archive_of_its_agent(
 /// decided since a time, read through the partial index of migration 0010 — what was decided,
 /// not a scan of everything that still waits.
 pub(crate) async fn decided_waits_are_found_by_decision_time(db: &TestDb) {
-    use sqlx::{Connection as _, Row as _};
     let ledger = db.migrated().await;
     let v = deploy_agent(ledger, &refund_agent(), "0.1.0").await;
     let (_waiting, _, _) = pending_approval(ledger, &v, |_| {}).await;
@@ -3578,32 +3577,7 @@ pub(crate) async fn decided_waits_are_found_by_decision_time(db: &TestDb) {
                  WHERE a.decided_at IS NOT NULL AND a.decided_at >= '2026-01-01' \
                  AND EXISTS (SELECT 1 FROM sessions s WHERE s.id = a.session_id \
                  AND s.status = 'awaiting_approval')";
-    let plan: Vec<String> = match db.kind {
-        Backend::Sqlite => {
-            let mut conn = sqlx::SqliteConnection::connect(&db.url).await.unwrap();
-            sqlx::query(&format!("EXPLAIN QUERY PLAN {query}"))
-                .fetch_all(&mut conn)
-                .await
-                .unwrap()
-                .iter()
-                .map(|r| r.get::<String, _>("detail"))
-                .collect()
-        }
-        Backend::Postgres => {
-            let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
-            sqlx::query("SET enable_seqscan = off")
-                .execute(&mut conn)
-                .await
-                .unwrap();
-            sqlx::query(&format!("EXPLAIN {query}"))
-                .fetch_all(&mut conn)
-                .await
-                .unwrap()
-                .iter()
-                .map(|r| r.get::<String, _>(0))
-                .collect()
-        }
-    };
+    let plan = db.explain_without_seqscan(query, &[]).await;
     assert!(
         plan.iter().any(|line| line.contains("approvals_decided")),
         "{plan:?}"
