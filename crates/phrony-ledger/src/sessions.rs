@@ -435,7 +435,12 @@ async fn count_live_sessions(conn: &mut Conn<'_>, namespace: &str, name: &str) -
         .map(|row| row.int("n"))
         .transpose()?
         .unwrap_or(0);
-    // Only the triggers write the counter, so a negative sum means someone else did.
+    live_count(n, namespace, name)
+}
+
+/// The counter's sum as a count: only the triggers write the counter, so a negative sum means
+/// someone else did.
+fn live_count(n: i64, namespace: &str, name: &str) -> Result<u64> {
     u64::try_from(n).map_err(|_| {
         LedgerError::corrupt(format!(
             "the live-session counter of agent {namespace}/{name} is {n} \
@@ -444,41 +449,119 @@ async fn count_live_sessions(conn: &mut Conn<'_>, namespace: &str, name: &str) -
     })
 }
 
-/// Serialises, on PostgreSQL, the transactions that create sessions of the agent
-/// `namespace/name` with those that end its sessions by retiring a version or archiving it (an
-/// advisory lock held until commit; each statement of a read-committed transaction then sees
-/// what committed before it). Without it a create could pass its checks while an archive's
-/// cascade runs, and a session would live on after its agent was archived. On SQLite,
-/// `BEGIN IMMEDIATE` already serialises every writer. Take it before any stream lock (creates
-/// lock a session stream, archives the agent's stream and then its sessions'), so the order is
-/// the same everywhere.
+/// Serialises, on PostgreSQL, the transactions that end the sessions of the agent
+/// `namespace/name` by retiring a version or archiving it with every transaction that creates
+/// one of its sessions (an advisory lock held until commit, taken exclusively here; creates take
+/// it through [`lock_agent_sessions_for_create`]). Without it a create could pass its checks
+/// while an archive's cascade runs, and a session would live on after its agent was archived.
+/// On SQLite, `BEGIN IMMEDIATE` already serialises every writer. Take it before any stream lock
+/// (creates lock a session stream, archives the agent's stream and then its sessions'), so the
+/// order is the same everywhere.
 pub(crate) async fn lock_agent_sessions(tx: &mut Tx, namespace: &str, name: &str) -> Result<()> {
     if tx.backend() == Backend::Postgres {
-        let key = format!("{namespace}/{name}");
-        let sql = format!(
-            "SELECT 1 AS locked FROM \
-             (SELECT pg_advisory_xact_lock({CREATE_LOCK_CLASS}, hashtext($1))) AS l"
-        );
-        tx.conn()
-            .fetch_optional(
-                "lock the agent's session creates",
-                &sql,
-                args![key.as_str()],
-            )
-            .await?;
+        advisory_lock(tx, namespace, name, "pg_advisory_xact_lock").await?;
     }
     Ok(())
 }
 
-/// Refuses the create when the agent already has `max` live sessions, in the create's own
-/// transaction, under [`lock_agent_sessions`]: two concurrent creates never both take the last
-/// slot. The count is the counter of migration 0020. On PostgreSQL it stays race-free
-/// because a create is the only change that raises it and creates of one agent are serialised
-/// by that advisory lock, held to commit: the next create's statement (read committed, a
-/// snapshot per statement, taken after the lock) sees every earlier create's +1. A concurrent
-/// end not yet committed is not subtracted yet, which can refuse a create that would have
-/// fitted a moment later, never admit one too many (as with the `COUNT(*)` before). On
-/// SQLite every write transaction is serialised anyway.
+async fn advisory_lock(tx: &mut Tx, namespace: &str, name: &str, function: &str) -> Result<()> {
+    let key = format!("{namespace}/{name}");
+    let sql = format!(
+        "SELECT 1 AS locked FROM (SELECT {function}({CREATE_LOCK_CLASS}, hashtext($1))) AS l"
+    );
+    tx.conn()
+        .fetch_optional(
+            "lock the agent's session creates",
+            &sql,
+            args![key.as_str()],
+        )
+        .await?;
+    Ok(())
+}
+
+/// The agent's live sessions and the most transactions the PostgreSQL server can run at once
+/// (`max_connections`: each transaction holds one of its backends), in one statement.
+const LIVE_AND_BACKENDS: &str = "SELECT CAST(COALESCE(SUM(live), 0) AS BIGINT) AS n, \
+     CAST(current_setting('max_connections') AS BIGINT) AS backends \
+     FROM agent_live_sessions WHERE agent_namespace = $1 AND agent_name = $2";
+
+/// Whether `live` committed sessions leave room for every transaction the server could be
+/// running at once: then no interleaving of concurrent creates can pass `max`.
+fn far_from_bound(live: u64, backends: u64, max: u64) -> bool {
+    live.saturating_add(backends) <= max
+}
+
+async fn live_and_backends(tx: &mut Tx, agent: &AgentVersionRef) -> Result<(u64, u64)> {
+    let row = tx
+        .conn()
+        .fetch_optional(
+            "count the agent's live sessions",
+            LIVE_AND_BACKENDS,
+            args![agent.namespace.as_str(), agent.name.as_str()],
+        )
+        .await?
+        .ok_or_else(|| {
+            LedgerError::corrupt("an aggregate of agent_live_sessions returned no row")
+        })?;
+    let live = live_count(row.int("n")?, &agent.namespace, &agent.name)?;
+    // A server allowing no connection could run nothing; read it as one.
+    let backends = u64::try_from(row.int("backends")?).unwrap_or(0).max(1);
+    Ok((live, backends))
+}
+
+/// Takes, for a session create of `agent`, the lock that orders it with the agent's retires and
+/// archives ([`lock_agent_sessions`]), and refuses the create when the agent already has
+/// `max` live sessions: two concurrent creates never both take the last slot.
+///
+/// On SQLite every write transaction is serialised anyway: the count is exact. On PostgreSQL
+/// creates far from the bound run concurrently (the lock taken shared); only creates near it
+/// queue one at a time (exclusive), so a busy agent's creates do not wait for each other's
+/// commits. Far means the committed live sessions `n` plus `max_connections` is at most `max`:
+/// every create in flight holds one of the server's backends, so however concurrent creates
+/// interleave, the one that read last saw every other as committed or as one of at most
+/// `max_connections - 1` in flight, and the total stays within `max` (a create is the only
+/// change that raises the count; an end not yet committed is not subtracted yet, which can
+/// refuse a create that would have fitted a moment later, never admit one too many). The
+/// choice is made on a read before the lock and confirmed on one after it; when a flood of
+/// creates crossed the line in between, the attempt is a `Conflict`, which the write retries,
+/// exclusively this time. Near the bound the exclusive lock makes each create's read see every
+/// earlier create's +1 (read committed: a snapshot per statement, taken after the lock).
+async fn lock_agent_sessions_for_create(
+    tx: &mut Tx,
+    agent: &AgentVersionRef,
+    max: Option<u64>,
+) -> Result<()> {
+    let (namespace, name) = (agent.namespace.as_str(), agent.name.as_str());
+    if tx.backend() != Backend::Postgres {
+        if let Some(max) = max {
+            check_live_sessions(tx, agent, max).await?;
+        }
+        return Ok(());
+    }
+    let Some(max) = max else {
+        return advisory_lock(tx, namespace, name, "pg_advisory_xact_lock_shared").await;
+    };
+    let (live, backends) = live_and_backends(tx, agent).await?;
+    if far_from_bound(live, backends, max) {
+        advisory_lock(tx, namespace, name, "pg_advisory_xact_lock_shared").await?;
+        let (live, backends) = live_and_backends(tx, agent).await?;
+        if far_from_bound(live, backends, max) {
+            return Ok(());
+        }
+        return Err(LedgerError::Conflict {
+            message: format!(
+                "agent {namespace}/{name} came near its bound of {max} live sessions while this \
+                 create waited for its lock"
+            ),
+        });
+    }
+    advisory_lock(tx, namespace, name, "pg_advisory_xact_lock").await?;
+    check_live_sessions(tx, agent, max).await
+}
+
+/// Refuses the create when the agent already has `max` live sessions (see
+/// [`lock_agent_sessions_for_create`], which calls it where the count is exact). The count is
+/// the counter of migration 0020.
 async fn check_live_sessions(tx: &mut Tx, agent: &AgentVersionRef, max: u64) -> Result<()> {
     let live = count_live_sessions(&mut tx.conn(), &agent.namespace, &agent.name).await?;
     if live >= max {
@@ -568,10 +651,7 @@ pub(crate) async fn create(
     max_live_per_agent: Option<u64>,
     opening: &[NewEvent],
 ) -> Result<Session> {
-    lock_agent_sessions(tx, &new.agent.namespace, &new.agent.name).await?;
-    if let Some(max) = max_live_per_agent {
-        check_live_sessions(tx, &new.agent, max).await?;
-    }
+    lock_agent_sessions_for_create(tx, &new.agent, max_live_per_agent).await?;
     let mut head = lock_stream(tx, &new.id).await?;
     if head.last_seq > 0 {
         return Err(if find_session(&mut tx.conn(), &new.id).await?.is_some() {

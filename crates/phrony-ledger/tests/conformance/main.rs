@@ -105,6 +105,8 @@ conformance!(
     child_sessions_follow_their_parent,
     live_sessions_per_agent_are_bounded,
     concurrent_creates_never_exceed_the_live_session_bound,
+    creates_crossing_from_shared_to_exclusive_never_exceed_the_bound,
+    creates_far_from_the_bound_share_the_agents_lock,
     the_live_session_counter_equals_the_live_sessions_of_every_agent,
     the_live_session_bound_reads_the_counter,
     the_live_session_counter_is_backfilled_by_its_migration,

@@ -3184,6 +3184,115 @@ pub(crate) async fn concurrent_creates_never_exceed_the_live_session_bound(db: &
     assert_eq!(session_count(&first).await as u64, BOUND);
 }
 
+/// The bound holds across the line where PostgreSQL creates switch from the shared lock (far
+/// from the bound: committed live sessions plus `max_connections` at most the bound) to the
+/// exclusive one: more parallel creates than the bound, over two connection pools, twelve at a
+/// time, from none live: exactly the bound succeed and the counter equals `COUNT(*)`. On SQLite
+/// (no advisory lock) the same holds with every create serialised.
+pub(crate) async fn creates_crossing_from_shared_to_exclusive_never_exceed_the_bound(db: &TestDb) {
+    let first = db.migrated().await.clone();
+    let second = db.another_ledger().await;
+    let backends: u64 = match db.kind {
+        Backend::Postgres => db.raw_strings("SHOW max_connections").await[0][0]
+            .as_deref()
+            .unwrap()
+            .parse()
+            .unwrap(),
+        Backend::Sqlite => 100,
+    };
+    let bound = backends + 6;
+    let creates = bound + 10;
+    let agent = refund_agent();
+    let v = deploy_agent(&first, &agent, "0.1.0").await;
+    let gate = std::sync::Arc::new(tokio::sync::Semaphore::new(12));
+    let mut handles = Vec::new();
+    for i in 0..creates {
+        let ledger = if i % 2 == 0 {
+            first.clone()
+        } else {
+            second.clone()
+        };
+        let new = new_session(&v, &[]);
+        let gate = std::sync::Arc::clone(&gate);
+        handles.push(tokio::spawn(async move {
+            let _permit = gate.acquire().await.unwrap();
+            ledger.create_session_within(new, bound).await
+        }));
+    }
+    let (mut created, mut refused) = (0_u64, 0_u64);
+    for h in handles {
+        match h.await.unwrap() {
+            Ok(_) => created += 1,
+            Err(LedgerError::ResourceExhausted { message }) => {
+                assert!(message.contains(&format!("at most {bound}")), "{message}");
+                refused += 1;
+            }
+            Err(other) => panic!("a create failed otherwise: {other:?}"),
+        }
+    }
+    assert_eq!((created, refused), (bound, creates - bound));
+    assert_eq!(first.live_sessions_of_agent(&agent).await.unwrap(), bound);
+    assert_eq!(counted_live_sessions(db, &agent).await, bound);
+}
+
+/// On PostgreSQL a create far from the bound takes the agent's create lock shared: it does not
+/// wait for another create in flight (here a transaction holding the lock shared, as a create
+/// does), while an archive of the agent, which takes it exclusively, waits for that create to
+/// commit. The lock's key is part of the schema's contract between replicas of different
+/// versions: class 0x70687273 ("phrs") and `hashtext` of `namespace/name`.
+pub(crate) async fn creates_far_from_the_bound_share_the_agents_lock(db: &TestDb) {
+    use sqlx::{Connection as _, Executor as _};
+    let ledger = db.migrated().await;
+    let agent = refund_agent();
+    let v = deploy_agent(ledger, &agent, "0.1.0").await;
+    if db.kind != Backend::Postgres {
+        return;
+    }
+    let mut holder = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    holder.execute("BEGIN").await.unwrap();
+    holder
+        .execute(
+            "SELECT pg_advisory_xact_lock_shared(1885893235, hashtext('support/refund-agent'))",
+        )
+        .await
+        .unwrap();
+    // Far from the bound (no live session, a bound of a million): no wait.
+    let created = tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        ledger.create_session_within(new_session(&v, &[]), 1_000_000),
+    )
+    .await
+    .expect("a create far from the bound waited for another create")
+    .unwrap();
+    // Near the bound the create takes the lock exclusively, and so does an archive: both wait.
+    let near = {
+        let ledger = ledger.clone();
+        let new = new_session(&v, &[]);
+        tokio::spawn(async move { ledger.create_session_within(new, 2).await })
+    };
+    let archive = {
+        let ledger = ledger.clone();
+        let agent = agent.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            ledger
+                .archive_agent(&agent, &phrony_ledger::Attribution::unverified("grace"))
+                .await
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert!(!near.is_finished(), "a create near the bound did not wait");
+    assert!(
+        !archive.is_finished(),
+        "an archive did not wait for a create in flight"
+    );
+    holder.execute("COMMIT").await.unwrap();
+    near.await.unwrap().unwrap();
+    archive.await.unwrap().unwrap();
+    let ended = ledger.get_session(&created.id).await.unwrap();
+    assert!(ended.status.is_terminal(), "{:?}", ended.status);
+}
+
 /// `COUNT(*)` of the live sessions of `agent`, straight from `sessions` (what the counter of
 /// migration 0020 must always equal).
 async fn counted_live_sessions(db: &TestDb, agent: &AgentRef) -> u64 {
