@@ -31,6 +31,9 @@ class FakeRuntime(runtime_pb2_grpc.RuntimeServicer):
         self.heartbeats = 0
         self.streams_closed_by_worker = 0
         self.refuse: tuple[grpc.StatusCode, str] | None = None
+        # Seconds the runtime takes to end a stream after the worker half-closed it (a loaded
+        # runtime recording the worker's departure).
+        self.end_delay = 0.0
         self._out: asyncio.Queue[runtime_pb2.WorkServerMsg | None] | None = None
         self._changed = asyncio.Event()
 
@@ -99,6 +102,8 @@ class FakeRuntime(runtime_pb2_grpc.RuntimeServicer):
             self._changed.set()
         self.streams_closed_by_worker += 1
         self._changed.set()
+        if self.end_delay:
+            await asyncio.sleep(self.end_delay)
         out.put_nowait(None)
 
     # --- what the test makes the runtime do ---------------------------------------------

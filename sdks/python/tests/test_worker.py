@@ -205,6 +205,29 @@ def test_reconnects_to_a_runtime_that_comes_back_on_the_same_address():
     run(scenario())
 
 
+def test_close_returns_cleanly_when_the_runtime_is_slow_to_end_the_stream():
+    # The drain half-closes the stream and waits up to 2 s for the runtime to end it, then
+    # cancels it: connect() must still return normally (it raised CancelledError, which a
+    # loaded CI runtime provoked in test_client_tls.py).
+    async def scenario() -> None:
+        async with FakeRuntime() as runtime:
+            runtime.end_delay = 30.0
+            worker = make_worker(runtime)
+
+            @worker.tool("payments.issue-refund", version="1.0.0")
+            async def refund(args: dict, ctx: Any) -> dict:
+                return {}
+
+            running = asyncio.ensure_future(worker.connect())
+            await runtime.wait_for(lambda: runtime.registers, "registration")
+            await worker.close()
+            await asyncio.wait_for(running, 10)
+            assert running.result() is None
+            assert worker.registrations == 1
+
+    run(scenario())
+
+
 def test_a_refusal_a_retry_cannot_fix_ends_connect_with_the_typed_error():
     async def scenario() -> None:
         async with FakeRuntime() as runtime:

@@ -141,9 +141,19 @@ class WorkStream:
         self._reader = asyncio.ensure_future(read())
 
     async def finished(self) -> BaseException | None:
-        """Waits until the runtime ends the stream; the error status, or `None`."""
+        """Waits until the runtime ends the stream, or `close()` gives up waiting for it and
+        cancels it; the error status, or `None`."""
         if self._reader is not None:
-            await asyncio.shield(self._reader)
+            try:
+                await asyncio.shield(self._reader)
+            except asyncio.CancelledError:
+                # The reader cancelled by `close()` ends the stream on our side; a cancel of
+                # the task waiting here (the shield keeps the reader running) propagates.
+                if not self._reader.cancelled():
+                    raise
+                task = asyncio.current_task()
+                if task is not None and getattr(task, "cancelling", lambda: 0)():
+                    raise
         return self.end_error
 
     async def close(self, *, timeout: float = 2.0) -> None:
