@@ -522,9 +522,10 @@ async fn live_and_backends(tx: &mut Tx, agent: &AgentVersionRef) -> Result<(u64,
 /// `max_connections - 1` in flight, and the total stays within `max` (a create is the only
 /// change that raises the count; an end not yet committed is not subtracted yet, which can
 /// refuse a create that would have fitted a moment later, never admit one too many). The
-/// choice is made on a read before the lock and confirmed on one after it; when a flood of
-/// creates crossed the line in between, the attempt is a `Conflict`, which the write retries,
-/// exclusively this time. Near the bound the exclusive lock makes each create's read see every
+/// choice is made on a read in the statement that takes the lock (its snapshot predates the
+/// lock; two round trips per create, as with the one exclusive lock before) and confirmed on a
+/// read after it; when a flood of creates crossed the line in between, the attempt is a
+/// `Conflict`, which the write retries (exclusively, once the flood committed). Near the bound the exclusive lock makes each create's read see every
 /// earlier create's +1 (read committed: a snapshot per statement, taken after the lock).
 async fn lock_agent_sessions_for_create(
     tx: &mut Tx,
@@ -541,22 +542,44 @@ async fn lock_agent_sessions_for_create(
     let Some(max) = max else {
         return advisory_lock(tx, namespace, name, "pg_advisory_xact_lock_shared").await;
     };
+    // One statement reads the committed count and takes the lock in the mode it allows (its
+    // snapshot is taken before the lock: the read that decides, not the one that confirms).
+    let key = format!("{namespace}/{name}");
+    let shared = tx
+        .conn()
+        .fetch_optional(
+            "lock the agent's session creates",
+            &format!(
+                "SELECT f.shared FROM (SELECT COALESCE(SUM(live), 0) \
+                   + CAST(current_setting('max_connections') AS BIGINT) <= $3 AS shared \
+                   FROM agent_live_sessions WHERE agent_namespace = $1 AND agent_name = $2) AS f, \
+                 LATERAL (SELECT CASE WHEN f.shared \
+                   THEN pg_advisory_xact_lock_shared({CREATE_LOCK_CLASS}, hashtext($4)) \
+                   ELSE pg_advisory_xact_lock({CREATE_LOCK_CLASS}, hashtext($4)) END) AS l"
+            ),
+            args![
+                namespace,
+                name,
+                i64::try_from(max).unwrap_or(i64::MAX),
+                key.as_str()
+            ],
+        )
+        .await?
+        .ok_or_else(|| LedgerError::corrupt("an aggregate of agent_live_sessions returned no row"))?
+        .bool("shared")?;
+    if !shared {
+        return check_live_sessions(tx, agent, max).await;
+    }
     let (live, backends) = live_and_backends(tx, agent).await?;
     if far_from_bound(live, backends, max) {
-        advisory_lock(tx, namespace, name, "pg_advisory_xact_lock_shared").await?;
-        let (live, backends) = live_and_backends(tx, agent).await?;
-        if far_from_bound(live, backends, max) {
-            return Ok(());
-        }
-        return Err(LedgerError::Conflict {
-            message: format!(
-                "agent {namespace}/{name} came near its bound of {max} live sessions while this \
-                 create waited for its lock"
-            ),
-        });
+        return Ok(());
     }
-    advisory_lock(tx, namespace, name, "pg_advisory_xact_lock").await?;
-    check_live_sessions(tx, agent, max).await
+    Err(LedgerError::Conflict {
+        message: format!(
+            "agent {namespace}/{name} came near its bound of {max} live sessions while this \
+             create waited for its lock"
+        ),
+    })
 }
 
 /// Refuses the create when the agent already has `max` live sessions (see
