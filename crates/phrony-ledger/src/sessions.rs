@@ -409,8 +409,8 @@ fn bundle_filters(w: &mut Where, filter: &SessionFilter) -> Result<()> {
 // ---------------------------------------------------------------------------------------------
 // Writes.
 
-/// The first key of the PostgreSQL advisory lock that serialises the session creates of one
-/// agent (the second is `hashtext` of its `namespace/name`). The two-key form never collides
+/// The first key of the PostgreSQL advisory lock that orders the session creates of one agent
+/// with its retires and archives (the second is `hashtext` of its `namespace/name`). The two-key form never collides
 /// with the one-key (bigint) locks of the migrator.
 const CREATE_LOCK_CLASS: i32 = 0x7068_7273; // "phrs"
 
@@ -479,35 +479,12 @@ async fn advisory_lock(tx: &mut Tx, namespace: &str, name: &str, function: &str)
     Ok(())
 }
 
-/// The agent's live sessions and the most transactions the PostgreSQL server can run at once
-/// (`max_connections`: each transaction holds one of its backends), in one statement.
-const LIVE_AND_BACKENDS: &str = "SELECT CAST(COALESCE(SUM(live), 0) AS BIGINT) AS n, \
-     CAST(current_setting('max_connections') AS BIGINT) AS backends \
-     FROM agent_live_sessions WHERE agent_namespace = $1 AND agent_name = $2";
-
-/// Whether `live` committed sessions leave room for every transaction the server could be
-/// running at once: then no interleaving of concurrent creates can pass `max`.
-fn far_from_bound(live: u64, backends: u64, max: u64) -> bool {
-    live.saturating_add(backends) <= max
-}
-
-async fn live_and_backends(tx: &mut Tx, agent: &AgentVersionRef) -> Result<(u64, u64)> {
-    let row = tx
-        .conn()
-        .fetch_optional(
-            "count the agent's live sessions",
-            LIVE_AND_BACKENDS,
-            args![agent.namespace.as_str(), agent.name.as_str()],
-        )
-        .await?
-        .ok_or_else(|| {
-            LedgerError::corrupt("an aggregate of agent_live_sessions returned no row")
-        })?;
-    let live = live_count(row.int("n")?, &agent.namespace, &agent.name)?;
-    // A server allowing no connection could run nothing; read it as one.
-    let backends = u64::try_from(row.int("backends")?).unwrap_or(0).max(1);
-    Ok((live, backends))
-}
+/// Whether the agent `$1/$2` is far from the bound `$3`: its committed live sessions plus the
+/// most transactions the PostgreSQL server can run at once (`max_connections`: each transaction
+/// holds one of its backends) is at most the bound; then no interleaving of concurrent creates
+/// can pass it. An expression over the agent's rows of `agent_live_sessions`.
+const FAR_FROM_BOUND: &str = "COALESCE(SUM(live), 0) \
+     + CAST(current_setting('max_connections') AS BIGINT) <= $3";
 
 /// Takes, for a session create of `agent`, the lock that orders it with the agent's retires and
 /// archives ([`lock_agent_sessions`]), and refuses the create when the agent already has
@@ -524,9 +501,10 @@ async fn live_and_backends(tx: &mut Tx, agent: &AgentVersionRef) -> Result<(u64,
 /// refuse a create that would have fitted a moment later, never admit one too many). The
 /// choice is made on a read in the statement that takes the lock (its snapshot predates the
 /// lock; two round trips per create, as with the one exclusive lock before) and confirmed on a
-/// read after it; when a flood of creates crossed the line in between, the attempt is a
-/// `Conflict`, which the write retries (exclusively, once the flood committed). Near the bound the exclusive lock makes each create's read see every
-/// earlier create's +1 (read committed: a snapshot per statement, taken after the lock).
+/// read after it ([`FAR_FROM_BOUND`] in both); when a flood of creates crossed the line in
+/// between, the attempt is a `Conflict`, which the write retries (exclusively, once the flood
+/// committed). Near the bound the exclusive lock makes each create's read see every earlier
+/// create's +1 (read committed: a snapshot per statement, taken after the lock).
 async fn lock_agent_sessions_for_create(
     tx: &mut Tx,
     agent: &AgentVersionRef,
@@ -542,36 +520,44 @@ async fn lock_agent_sessions_for_create(
     let Some(max) = max else {
         return advisory_lock(tx, namespace, name, "pg_advisory_xact_lock_shared").await;
     };
+    let bound = i64::try_from(max).unwrap_or(i64::MAX);
     // One statement reads the committed count and takes the lock in the mode it allows (its
     // snapshot is taken before the lock: the read that decides, not the one that confirms).
     let key = format!("{namespace}/{name}");
-    let shared = tx
+    let far = tx
         .conn()
         .fetch_optional(
             "lock the agent's session creates",
             &format!(
-                "SELECT f.shared FROM (SELECT COALESCE(SUM(live), 0) \
-                   + CAST(current_setting('max_connections') AS BIGINT) <= $3 AS shared \
-                   FROM agent_live_sessions WHERE agent_namespace = $1 AND agent_name = $2) AS f, \
-                 LATERAL (SELECT CASE WHEN f.shared \
+                "SELECT f.far FROM (SELECT {FAR_FROM_BOUND} AS far FROM agent_live_sessions \
+                   WHERE agent_namespace = $1 AND agent_name = $2) AS f, \
+                 LATERAL (SELECT CASE WHEN f.far \
                    THEN pg_advisory_xact_lock_shared({CREATE_LOCK_CLASS}, hashtext($4)) \
                    ELSE pg_advisory_xact_lock({CREATE_LOCK_CLASS}, hashtext($4)) END) AS l"
             ),
-            args![
-                namespace,
-                name,
-                i64::try_from(max).unwrap_or(i64::MAX),
-                key.as_str()
-            ],
+            args![namespace, name, bound, key.as_str()],
         )
         .await?
-        .ok_or_else(|| LedgerError::corrupt("an aggregate of agent_live_sessions returned no row"))?
-        .bool("shared")?;
-    if !shared {
+        .ok_or_else(no_aggregate_row)?
+        .bool("far")?;
+    if !far {
         return check_live_sessions(tx, agent, max).await;
     }
-    let (live, backends) = live_and_backends(tx, agent).await?;
-    if far_from_bound(live, backends, max) {
+    // Confirmed after the lock, with the count checked as `count_live_sessions` checks it.
+    let row = tx
+        .conn()
+        .fetch_optional(
+            "count the agent's live sessions",
+            &format!(
+                "SELECT CAST(COALESCE(SUM(live), 0) AS BIGINT) AS n, {FAR_FROM_BOUND} AS far \
+                 FROM agent_live_sessions WHERE agent_namespace = $1 AND agent_name = $2"
+            ),
+            args![namespace, name, bound],
+        )
+        .await?
+        .ok_or_else(no_aggregate_row)?;
+    live_count(row.int("n")?, namespace, name)?;
+    if row.bool("far")? {
         return Ok(());
     }
     Err(LedgerError::Conflict {
@@ -580,6 +566,10 @@ async fn lock_agent_sessions_for_create(
              create waited for its lock"
         ),
     })
+}
+
+fn no_aggregate_row() -> LedgerError {
+    LedgerError::corrupt("an aggregate of agent_live_sessions returned no row")
 }
 
 /// Refuses the create when the agent already has `max` live sessions (see
