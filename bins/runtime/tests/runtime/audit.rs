@@ -179,7 +179,7 @@ async fn a_rewritten_chain_is_refused_at_start_and_found_offline() {
     );
     assert_eq!(exported[1].prev_hash, exported[0].hash);
     assert_eq!(exported[2].r#type, "audit.key_introduced");
-    assert_eq!(daemon.terminate().code(), Some(0));
+    assert_eq!(daemon.terminate().await.code(), Some(0));
 
     let (code, stdout, stderr) = offline_verify(&launch);
     assert_eq!(code, Some(0), "{stderr}");
@@ -226,7 +226,7 @@ async fn a_rewritten_chain_is_refused_at_start_and_found_offline() {
         "{}",
         daemon.stderr()
     );
-    assert_eq!(daemon.terminate().code(), Some(0));
+    assert_eq!(daemon.terminate().await.code(), Some(0));
     let pool = SqlitePool::connect(&url).await.unwrap();
     let recorded: Vec<String> =
         sqlx::query("SELECT type FROM events WHERE stream = 'audit' ORDER BY seq")
@@ -247,7 +247,7 @@ async fn a_rewritten_chain_is_refused_at_start_and_found_offline() {
     pool.close().await;
     // Re-sealed: the next start needs no override.
     let mut daemon = launch.start().await;
-    assert_eq!(daemon.terminate().code(), Some(0));
+    assert_eq!(daemon.terminate().await.code(), Some(0));
 }
 
 #[tokio::test]
@@ -303,7 +303,7 @@ async fn an_edited_projection_and_a_dropped_trigger_are_reported() {
         .await
         .unwrap();
     pool.close().await;
-    assert_eq!(daemon.terminate().code(), Some(0));
+    assert_eq!(daemon.terminate().await.code(), Some(0));
 
     let (code, _stdout, stderr) = offline_verify(&launch);
     assert_eq!(code, Some(1));
@@ -341,7 +341,7 @@ async fn token_changes_made_offline_keep_the_log_sealed() {
     // Before the daemon ever ran: the key is created and the (empty) log sealed.
     tokens(&["create", "--name", "ci-viewer", "--role", "viewer"]);
     let mut daemon = launch.start().await;
-    assert_eq!(daemon.terminate().code(), Some(0));
+    assert_eq!(daemon.terminate().await.code(), Some(0));
     // While it is stopped, on the log it sealed.
     tokens(&["revoke", "ci-viewer"]);
     tokens(&["create", "--name", "ops", "--role", "admin"]);
@@ -349,7 +349,7 @@ async fn token_changes_made_offline_keep_the_log_sealed() {
     assert_eq!(code, Some(0), "{stdout}{stderr}");
     assert!(stdout.starts_with("verified "), "{stdout}");
     let mut daemon = launch.start().await;
-    assert_eq!(daemon.terminate().code(), Some(0));
+    assert_eq!(daemon.terminate().await.code(), Some(0));
 }
 
 /// An audit key file readable by others is named as the audit key file (not the secrets key
@@ -362,7 +362,7 @@ async fn a_shared_audit_key_file_is_named_in_the_warning() {
     let url = sqlite_url(home.path());
     let launch = Launch::new(home.path(), Some(&url));
     let mut daemon = launch.start().await;
-    assert_eq!(daemon.terminate().code(), Some(0));
+    assert_eq!(daemon.terminate().await.code(), Some(0));
     let key_file = find_file(home.path(), "audit.key").expect("the daemon created audit.key");
     std::fs::set_permissions(&key_file, std::fs::Permissions::from_mode(0o644)).unwrap();
     let (code, stdout, stderr) = offline_verify(&launch);
@@ -399,7 +399,7 @@ async fn a_stream_deleted_with_its_head_is_refused_at_start() {
     let url = sqlite_url(home.path());
     let launch = Launch::new(home.path(), Some(&url));
     let mut daemon = launch.start().await;
-    assert_eq!(daemon.terminate().code(), Some(0));
+    assert_eq!(daemon.terminate().await.code(), Some(0));
     let out = launch
         .command()
         .args([

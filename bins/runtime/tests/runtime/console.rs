@@ -512,7 +512,7 @@ async fn in_required_mode_the_console_needs_a_token_csrf_and_the_approve_permiss
             "a token was logged"
         );
     }
-    let status = daemon.terminate();
+    let status = daemon.terminate().await;
     assert!(status.success(), "{status}\n{}", daemon.stderr());
 }
 
@@ -593,7 +593,7 @@ async fn in_local_mode_the_console_is_the_local_operator_on_loopback_only() {
     tokio::task::spawn_blocking(move || drop(worker))
         .await
         .unwrap();
-    let status = daemon.terminate();
+    let status = daemon.terminate().await;
     assert!(status.success(), "{status}\n{}", daemon.stderr());
 }
 

@@ -537,7 +537,7 @@ async fn sigterm_stops_cleanly_and_committed_work_survives_a_restart() {
         deploy(&mut client, "1.0.0", "alice").await.unwrap();
         drop(client);
 
-        let status = daemon.terminate();
+        let status = daemon.terminate().await;
         assert_eq!(status.code(), Some(0), "stderr:\n{}", daemon.stderr());
         let log = daemon.stderr();
         assert!(
@@ -599,7 +599,7 @@ async fn shutdown_lets_an_in_flight_call_finish_and_refuses_new_connections() {
         .unwrap()
         .expect("the in-flight publish should succeed");
     assert_eq!(published.version, "1.0.0");
-    let status = daemon.wait_exit();
+    let status = daemon.exited().await;
     assert_eq!(status.code(), Some(0), "stderr:\n{}", daemon.stderr());
     assert!(daemon.stderr().contains("SIGINT received"));
     drop(daemon);
@@ -718,7 +718,7 @@ async fn zero_setup_creates_the_database_and_a_private_key_once() {
         let mode = std::fs::metadata(&key_path).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600);
     }
-    assert_eq!(daemon.terminate().code(), Some(0));
+    assert_eq!(daemon.terminate().await.code(), Some(0));
 
     let mut daemon = launch.start().await;
     let log = daemon.stderr();
@@ -728,7 +728,7 @@ async fn zero_setup_creates_the_database_and_a_private_key_once() {
     );
     assert!(!log.contains("generated a new secrets key"), "{log}");
     assert_eq!(std::fs::read_to_string(&key_path).unwrap(), key);
-    assert_eq!(daemon.terminate().code(), Some(0));
+    assert_eq!(daemon.terminate().await.code(), Some(0));
 
     // An explicit key wins and no file is consulted.
     let explicit = "11".repeat(32);
@@ -744,7 +744,7 @@ async fn zero_setup_creates_the_database_and_a_private_key_once() {
             .contains("secrets key: from RUNTIME_SECRETS_ENCRYPTION_KEY")
     );
     assert!(!key_path.exists());
-    assert_eq!(daemon.terminate().code(), Some(0));
+    assert_eq!(daemon.terminate().await.code(), Some(0));
 }
 
 /// The database holds arguments, approvals and comments: under the usual umask 022 its
@@ -778,7 +778,7 @@ async fn the_database_files_are_owner_only_whatever_the_umask() {
         assert_eq!(mode(&companion(suffix)), 0o600, "{suffix}");
     }
     assert_eq!(mode(&data.join("secrets.key")), 0o600);
-    assert_eq!(daemon.terminate().code(), Some(0));
+    assert_eq!(daemon.terminate().await.code(), Some(0));
 
     // As an earlier release left them: world-readable.
     for path in [db.clone(), companion("-wal"), companion("-shm")] {
@@ -793,7 +793,7 @@ async fn the_database_files_are_owner_only_whatever_the_umask() {
         log.contains("database file was readable by other users; its mode is now 600"),
         "{log}"
     );
-    assert_eq!(daemon.terminate().code(), Some(0));
+    assert_eq!(daemon.terminate().await.code(), Some(0));
 }
 
 #[tokio::test]
@@ -817,7 +817,7 @@ async fn json_logs_are_one_object_per_line() {
     let launch =
         Launch::new(home.path(), Some(&sqlite_url(home.path()))).env("RUNTIME_LOG_FORMAT", "json");
     let mut daemon = launch.start().await;
-    assert_eq!(daemon.terminate().code(), Some(0));
+    assert_eq!(daemon.terminate().await.code(), Some(0));
     let log = daemon.stderr();
     assert!(log.lines().count() >= 4, "{log}");
     for line in log.lines() {
@@ -940,7 +940,7 @@ async fn a_worker_gets_the_configured_lease_and_sigterm_ends_its_stream_cleanly(
         ))
     );
 
-    let status = daemon.terminate();
+    let status = daemon.terminate().await;
     assert_eq!(status.code(), Some(0), "stderr:\n{}", daemon.stderr());
     assert!(
         daemon

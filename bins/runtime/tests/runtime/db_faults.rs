@@ -368,7 +368,12 @@ fn a_full_disk_is_ridden_out_and_nothing_is_half_written() {
     fs.free();
     rt.block_on(assert_recovered(&mut daemon, &running, &worker));
     drop(worker);
-    assert_eq!(daemon.terminate().code(), Some(0), "{}", daemon.stderr());
+    assert_eq!(
+        rt.block_on(daemon.terminate()).code(),
+        Some(0),
+        "{}",
+        daemon.stderr()
+    );
 
     // Nothing half-written: the file is sound, and the offline audit verifies every chain.
     let db = home.join("xdg").join("phrony").join("phrony.db");
@@ -448,7 +453,7 @@ fn the_start_up_wait_for_the_database_ends_on_sigterm_or_its_timeout() {
     let launch = Launch::new(home.path(), Some(&url));
     let mut daemon = launch.spawn();
     rt.block_on(daemon.wait_for_health(ServingStatus::NotServing));
-    let status = daemon.terminate();
+    let status = rt.block_on(daemon.terminate());
     assert!(status.success(), "{status}: {}", daemon.stderr());
     assert!(
         daemon

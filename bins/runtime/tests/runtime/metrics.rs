@@ -324,7 +324,7 @@ async fn probes_and_metrics_follow_a_governed_session_and_a_database_outage() {
 
     assert_eq!(worker.invocations().len(), 2, "each refund ran once");
     crate::support::stop_worker(worker).await;
-    let status = daemon.terminate();
+    let status = daemon.terminate().await;
     assert!(status.success(), "{status}\n{}", daemon.stderr());
     assert!(
         tokio::net::TcpStream::connect(&http).await.is_err(),
@@ -363,7 +363,7 @@ async fn metrics_need_a_read_token_in_required_mode_and_probes_do_not() {
         "the token is never logged"
     );
 
-    let status = daemon.terminate();
+    let status = daemon.terminate().await;
     assert!(status.success(), "{status}\n{}", daemon.stderr());
 }
 
@@ -408,7 +408,7 @@ async fn while_waiting_for_the_database_the_daemon_is_alive_but_not_ready() {
     assert_eq!(status, 503, "{body}");
     assert!(body.contains("starting"), "{body}");
     assert_eq!(get(&http, "/metrics", None).await.0, 503);
-    let status = daemon.terminate();
+    let status = daemon.terminate().await;
     assert!(status.success(), "{status}\n{}", daemon.stderr());
 }
 
@@ -499,6 +499,6 @@ async fn a_policy_denial_and_a_failed_model_call_are_counted() {
         "no error text in a label"
     );
 
-    let status = daemon.terminate();
+    let status = daemon.terminate().await;
     assert!(status.success(), "{status}\n{}", daemon.stderr());
 }

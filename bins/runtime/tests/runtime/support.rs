@@ -214,14 +214,35 @@ impl Daemon {
         }
     }
 
-    /// Sends SIGTERM and waits for the exit.
-    pub(crate) fn terminate(&mut self) -> ExitStatus {
+    /// Waits (up to [`PATIENCE`]) for the process to exit without blocking the test's runtime:
+    /// the test's own client connections live on it, and the daemon's graceful shutdown waits
+    /// for them to answer its HTTP/2 GOAWAY (blocked, they held every stop for the whole
+    /// 10 s grace period).
+    pub(crate) async fn exited(&mut self) -> ExitStatus {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                // Let the reader thread drain the pipe.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "daemon did not exit; stderr:\n{}",
+                self.stderr()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Sends SIGTERM and waits for the exit ([`Daemon::exited`]).
+    pub(crate) async fn terminate(&mut self) -> ExitStatus {
         let status = Command::new("kill")
             .args(["-TERM", &self.pid().to_string()])
             .status()
             .unwrap();
         assert!(status.success(), "kill -TERM failed");
-        self.wait_exit()
+        self.exited().await
     }
 
     pub(crate) async fn channel(&self) -> Channel {

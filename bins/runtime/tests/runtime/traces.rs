@@ -201,7 +201,7 @@ async fn a_governed_session_is_one_trace_under_the_clients_traceparent() {
     crate::support::stop_worker(worker).await;
     drop(client);
     // The last spans are flushed on the way out.
-    assert!(daemon.terminate().success(), "{}", daemon.stderr());
+    assert!(daemon.terminate().await.success(), "{}", daemon.stderr());
     let stderr = daemon.stderr();
     assert!(
         stderr.contains(&format!("trace export on: OTLP/gRPC to {endpoint}")),
@@ -391,7 +391,7 @@ async fn a_collector_that_is_down_loses_and_delays_nothing() {
     crate::support::stop_worker(worker).await;
     // An open client connection would hold the graceful stop for its grace period.
     drop(client);
-    assert!(daemon.terminate().success(), "{}", daemon.stderr());
+    assert!(daemon.terminate().await.success(), "{}", daemon.stderr());
     let exited = chrono::Utc::now();
     // After the server stopped, the last flush gives up within `telemetry::FLUSH_TIMEOUT` (3 s).
     let stderr = daemon.stderr();
@@ -420,7 +420,7 @@ async fn without_otel_variables_nothing_is_exported_and_bad_ones_stop_the_start(
     let home = tempfile::tempdir().unwrap();
     let url = sqlite_url(home.path());
     let mut daemon = Launch::new(home.path(), Some(&url)).start().await;
-    assert!(daemon.terminate().success(), "{}", daemon.stderr());
+    assert!(daemon.terminate().await.success(), "{}", daemon.stderr());
     assert!(
         daemon.stderr().contains("trace export off"),
         "{}",
