@@ -4,7 +4,7 @@ use crate::audit_key::AuditKey;
 use crate::chain::{
     ChainVerifier, GENESIS_HASH, HashInput, StoredEvent, canonical_json, event_hash,
 };
-use crate::db::{Backend, Conn, Row, Tx, args};
+use crate::db::{Arg, Backend, Conn, Row, Tx, args};
 use crate::error::{LedgerError, Result};
 use crate::event_body::EventBody;
 use crate::model::{Event, NewEvent, VerifyReport, recorded_verification};
@@ -147,6 +147,42 @@ struct ChainedRow {
     event: NewEvent,
 }
 
+/// The `VALUES` rows of `chunk` for an `INSERT INTO events ({EVENT_COLUMNS})`, numbering
+/// their parameters from `$first`, and their binds.
+fn event_values(stream: &str, chunk: &[ChainedRow], first: usize) -> (String, Vec<Arg>) {
+    let mut sql = String::with_capacity(chunk.len() * EVENT_ROW_COLUMNS * 6);
+    let mut binds = Vec::with_capacity(chunk.len() * EVENT_ROW_COLUMNS);
+    for (i, row) in chunk.iter().enumerate() {
+        if i > 0 {
+            sql.push_str(", ");
+        }
+        sql.push('(');
+        for column in 0..EVENT_ROW_COLUMNS {
+            if column > 0 {
+                sql.push_str(", ");
+            }
+            sql.push('$');
+            sql.push_str(&(first + i * EVENT_ROW_COLUMNS + column).to_string());
+        }
+        sql.push(')');
+        binds.extend(args![
+            stream,
+            row.seq,
+            &row.event.event_type,
+            row.ts,
+            &row.event.actor.actor,
+            row.event.call_id.clone(),
+            row.turn,
+            row.payload_text.clone(),
+            &row.prev_hash,
+            &row.hash,
+            row.verification.map(Verification::as_str),
+            row.via.clone()
+        ]);
+    }
+    (sql, binds)
+}
+
 /// Appends `events` to a locked stream, in order, chained one after the other, and advances
 /// the head once: multi-row `INSERT`s of up to [`BATCH_INSERT_ROWS`] rows, one head update,
 /// one seal of the head (with an audit key) and, when the batch starts the stream, one join
@@ -199,42 +235,16 @@ pub(crate) async fn append_batch(
             event,
         });
     }
-    let mut conn = tx.conn();
-    for chunk in rows.chunks(BATCH_INSERT_ROWS) {
-        let mut sql = String::from(
-            "INSERT INTO events (stream, seq, type, ts, actor, call_id, turn, payload, prev_hash, \
-             hash, actor_verification, actor_via) VALUES ",
-        );
-        let mut binds = Vec::with_capacity(chunk.len() * EVENT_ROW_COLUMNS);
-        for (i, row) in chunk.iter().enumerate() {
-            if i > 0 {
-                sql.push_str(", ");
-            }
-            sql.push('(');
-            for column in 0..EVENT_ROW_COLUMNS {
-                if column > 0 {
-                    sql.push_str(", ");
-                }
-                sql.push('$');
-                sql.push_str(&(i * EVENT_ROW_COLUMNS + column + 1).to_string());
-            }
-            sql.push(')');
-            binds.extend(args![
-                &head.stream,
-                row.seq,
-                &row.event.event_type,
-                row.ts,
-                &row.event.actor.actor,
-                row.event.call_id.clone(),
-                row.turn,
-                row.payload_text.clone(),
-                &row.prev_hash,
-                &row.hash,
-                row.verification.map(Verification::as_str),
-                row.via.clone()
-            ]);
+    // PostgreSQL writes a batch of up to `BATCH_INSERT_ROWS` events in the statement that
+    // advances (and seals) the head: one round trip for the whole append.
+    let fused = tx.backend() == Backend::Postgres && rows.len() <= BATCH_INSERT_ROWS;
+    if !fused {
+        let mut conn = tx.conn();
+        for chunk in rows.chunks(BATCH_INSERT_ROWS) {
+            let (values, binds) = event_values(&head.stream, chunk, 1);
+            let sql = format!("INSERT INTO events ({EVENT_COLUMNS}) VALUES {values}");
+            conn.execute("append events", &sql, binds).await?;
         }
-        conn.execute("append events", &sql, binds).await?;
     }
     if enqueue_notifications(
         tx,
@@ -247,9 +257,19 @@ pub(crate) async fn append_batch(
         tx.mark_outbox_written();
     }
     let last_hash = prev_hash;
-    advance_head(tx, head, seq, &last_hash, ts).await?;
-    if let Some(key) = tx.audit_key() {
-        seal_head(&mut tx.conn(), &key, &head.stream, seq, &last_hash).await?;
+    let key = tx.audit_key();
+    // PostgreSQL seals the head in the statement that advances it (one round trip, not two);
+    // SQLite, whose statements cost no round trip and cannot write in a `WITH`, seals after.
+    let seal = key
+        .as_deref()
+        .filter(|_| tx.backend() == Backend::Postgres)
+        .map(|key| key.mac(&head.stream, seq, &last_hash));
+    let fused_rows = fused.then_some(rows.as_slice());
+    advance_head(tx, head, seq, &last_hash, ts, seal.as_deref(), fused_rows).await?;
+    if let Some(key) = key {
+        if seal.is_none() {
+            seal_head(&mut tx.conn(), &key, &head.stream, seq, &last_hash).await?;
+        }
         if first_seq == 1 {
             let backend = tx.backend();
             add_to_stream_set(&mut tx.conn(), backend, &key, &head.stream).await?;
@@ -276,48 +296,101 @@ pub(crate) async fn append_batch(
         .collect())
 }
 
-/// Advances a locked stream's head to `seq`/`last_hash`. On a session stream this replica
-/// leases, only while that lease is still the one stored (checked in the same statement, no
-/// extra round trip; see `leases.rs`): otherwise [`LedgerError::Fenced`].
+/// The `UPDATE` that advances a stream head from `$5` to `$2`/`$3` at `$4`; `fenced` adds the
+/// lease check (`$6` owner, `$7` epoch). PostgreSQL runs it as a `WITH` whose main statement
+/// writes only if the head advanced: with `sealed`, an `INSERT` sealing the head (the MAC the
+/// next parameter); with `events`, an `INSERT` of the batch's rows (`VALUES` numbered from the
+/// parameter after those).
+fn advance_head_sql(fenced: bool, sealed: bool, events: Option<&str>) -> String {
+    let mut update = String::from(
+        "UPDATE streams SET last_seq = $2, last_hash = $3, updated_at = $4 \
+         WHERE stream = $1 AND last_seq = $5",
+    );
+    if fenced {
+        update.push_str(
+            " AND EXISTS (SELECT 1 FROM session_leases \
+             WHERE session_id = $1 AND (owner = $6 OR owner IS NULL) AND epoch = $7)",
+        );
+    }
+    if !sealed && events.is_none() {
+        return update;
+    }
+    let mac = if fenced { "$8" } else { "$6" };
+    let seal = format!(
+        "INSERT INTO chain_heads (stream, seq, hash, mac) \
+         SELECT stream, last_seq, last_hash, {mac} FROM advanced \
+         ON CONFLICT (stream) DO UPDATE SET seq = excluded.seq, hash = excluded.hash, \
+         mac = excluded.mac"
+    );
+    match (sealed, events) {
+        (true, None) => format!(
+            "WITH advanced AS ({update} RETURNING stream, last_seq, last_hash) {seal}"
+        ),
+        (true, Some(values)) => format!(
+            "WITH advanced AS ({update} RETURNING stream, last_seq, last_hash), \
+             sealed AS ({seal}) \
+             INSERT INTO events ({EVENT_COLUMNS}) \
+             SELECT v.* FROM advanced, (VALUES {values}) AS v ({EVENT_COLUMNS})"
+        ),
+        (false, Some(values)) => format!(
+            "WITH advanced AS ({update} RETURNING stream) \
+             INSERT INTO events ({EVENT_COLUMNS}) \
+             SELECT v.* FROM advanced, (VALUES {values}) AS v ({EVENT_COLUMNS})"
+        ),
+        (false, None) => update,
+    }
+}
+
+/// Advances a locked stream's head to `seq`/`last_hash`. On PostgreSQL, in the same statement,
+/// `seal` (the head's MAC) seals it and `events` (the batch's rows, at most
+/// [`BATCH_INSERT_ROWS`]) are inserted, both only if the head advanced. On a session stream
+/// this replica leases, only while that lease is still the one stored (checked in the same
+/// statement, no extra round trip; see `leases.rs`): otherwise [`LedgerError::Fenced`].
 async fn advance_head(
     tx: &mut Tx,
     head: &StreamHead,
     seq: i64,
     last_hash: &str,
     ts: chrono::DateTime<chrono::Utc>,
+    seal: Option<&str>,
+    events: Option<&[ChainedRow]>,
 ) -> Result<()> {
     let fence = tx.fence(&head.stream);
     let mut conn = tx.conn();
-    let updated = match &fence {
-        None => {
-            conn.execute(
-                "advance stream head",
-                "UPDATE streams SET last_seq = $2, last_hash = $3, updated_at = $4 \
-                 WHERE stream = $1 AND last_seq = $5",
-                args![&head.stream, seq, last_hash, ts, head.last_seq],
-            )
-            .await?
-        }
+    let mut binds = args![&head.stream, seq, last_hash, ts, head.last_seq];
+    let context = match &fence {
+        None => "advance stream head",
         Some((owner, epoch)) => {
-            conn.execute(
-                "advance fenced stream head",
-                "UPDATE streams SET last_seq = $2, last_hash = $3, updated_at = $4 \
-                 WHERE stream = $1 AND last_seq = $5 AND EXISTS (SELECT 1 FROM session_leases \
-                 WHERE session_id = $1 AND (owner = $6 OR owner IS NULL) AND epoch = $7)",
-                args![
-                    &head.stream,
-                    seq,
-                    last_hash,
-                    ts,
-                    head.last_seq,
-                    owner,
-                    *epoch
-                ],
-            )
-            .await?
+            binds.extend(args![owner, *epoch]);
+            "advance fenced stream head"
         }
     };
-    if updated != 1 {
+    if let Some(mac) = seal {
+        binds.extend(args![mac]);
+    }
+    let (updated, expected) = match events {
+        None => {
+            // The four texts without events, built once.
+            static SQL: std::sync::LazyLock<[String; 4]> = std::sync::LazyLock::new(|| {
+                [
+                    advance_head_sql(false, false, None),
+                    advance_head_sql(true, false, None),
+                    advance_head_sql(false, true, None),
+                    advance_head_sql(true, true, None),
+                ]
+            });
+            let sql = &SQL[usize::from(fence.is_some()) + 2 * usize::from(seal.is_some())];
+            (conn.execute(context, sql, binds).await?, 1)
+        }
+        Some(rows) => {
+            let (values, event_binds) = event_values(&head.stream, rows, binds.len() + 1);
+            binds.extend(event_binds);
+            let sql = advance_head_sql(fence.is_some(), seal.is_some(), Some(&values));
+            let n = u64::try_from(rows.len()).unwrap_or(u64::MAX);
+            (conn.execute(context, &sql, binds).await?, n)
+        }
+    };
+    if updated != expected {
         // (The fence refuses only once the epoch moved on — another acquisition. A lease this
         // replica released at that epoch, and nobody took since, refuses nothing: its driver has
         // stopped, and an operator's cancel landing between the release and the replica

@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use crate::Ledger;
 use crate::approvals::{self, Approval};
-use crate::db::Conn;
+use crate::db::{Conn, args};
 use crate::error::{LedgerError, Result};
 use crate::event_body::{AssistantSegment, EventBody, MessageRole, TurnUsage, UserMessage};
 use crate::events::{append, lock_stream, read_page};
@@ -23,6 +23,16 @@ use crate::event_body::event_types as types;
 #[must_use]
 pub fn is_ledger_owned(event_type: &str) -> bool {
     types::LEDGER_OWNED.contains(&event_type)
+}
+
+/// [`Ledger::events_after`]'s read: a page of `$1`'s events with `seq > $2` (at most `$3`), none
+/// unless `$1` is a session.
+fn session_page_sql() -> String {
+    format!(
+        "SELECT {} FROM events WHERE stream = $1 AND seq > $2 \
+         AND EXISTS (SELECT 1 FROM sessions WHERE id = $1) ORDER BY seq LIMIT $3",
+        crate::events::EVENT_COLUMNS
+    )
 }
 
 /// Locks the stream head of `session_id` for an append, refusing an unknown or ended session.
@@ -390,12 +400,23 @@ impl Ledger {
     ) -> Result<Vec<Event>> {
         let mut conn = self.pool.acquire().await?;
         let mut c = conn.conn();
-        rows::require_session_head(&mut c, session_id).await?;
         let after = i64::try_from(after_seq).unwrap_or(i64::MAX);
-        read_page(&mut c, session_id, after, i64::from(limit.clamp(1, 1000)))
-            .await?
-            .into_iter()
-            .map(crate::chain::StoredEvent::into_event)
+        // One statement when there are events to return (the common case: every driver,
+        // subscriber and attach catches up after each commit): the page, read only if the
+        // session exists. An empty page reads the session to tell "no new events" from
+        // "no such session" (an unknown id, or a stream that is not a session's).
+        let page = c
+            .fetch_all(
+                "read a session's events",
+                &session_page_sql(),
+                args![session_id, after, i64::from(limit.clamp(1, 1000))],
+            )
+            .await?;
+        if page.is_empty() {
+            rows::require_session_head(&mut c, session_id).await?;
+        }
+        page.iter()
+            .map(|row| crate::events::stored_from_row(row)?.into_event())
             .collect()
     }
 

@@ -479,6 +479,22 @@ pub(crate) async fn session_lifecycle_records_every_transition(db: &TestDb) {
         not_found(ledger.events_after("run_missing", 0, 10).await),
         "session run_missing not found"
     );
+    // The catch-up read serves sessions only: a stream that holds events but is no session's
+    // (here the agent's lifecycle stream) reads as an unknown session, from any position.
+    let agent_stream = refund_agent().stream();
+    assert!(
+        !ledger
+            .list_events(&agent_stream, 0, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    for after in [0, 1] {
+        assert_eq!(
+            not_found(ledger.events_after(&agent_stream, after, 10).await),
+            format!("session {agent_stream} not found")
+        );
+    }
 }
 
 pub(crate) async fn child_sessions_follow_their_parent(db: &TestDb) {
