@@ -323,9 +323,9 @@ fn advance_head_sql(fenced: bool, sealed: bool, events: Option<&str>) -> String 
          mac = excluded.mac"
     );
     match (sealed, events) {
-        (true, None) => format!(
-            "WITH advanced AS ({update} RETURNING stream, last_seq, last_hash) {seal}"
-        ),
+        (true, None) => {
+            format!("WITH advanced AS ({update} RETURNING stream, last_seq, last_hash) {seal}")
+        }
         (true, Some(values)) => format!(
             "WITH advanced AS ({update} RETURNING stream, last_seq, last_hash), \
              sealed AS ({seal}) \
