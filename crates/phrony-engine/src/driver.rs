@@ -259,8 +259,10 @@ impl Ctx {
         self.inner.clock.now()
     }
 
+    /// This driver committed a change to its session: wakes its subscriptions and waiters
+    /// (the events are in the live session's `recent`).
     pub(crate) fn notify(&self) {
-        self.live.notify_changed();
+        self.live.notify_local();
     }
 
     pub(crate) fn waits(&self) -> std::sync::MutexGuard<'_, WaitTracker> {
@@ -321,6 +323,8 @@ struct Driver {
     /// Tool calls recorded with the completion that requested them ([`Ctx::record_step`]),
     /// by call id: taken by `process_calls` instead of recording them a second time.
     prerecorded: HashMap<String, ToolInvocation>,
+    /// When `fold` last caught up with the log ([`sync`]).
+    caught_up: CaughtUp,
 }
 
 enum TurnEnd {
@@ -565,8 +569,42 @@ const SYNC_PAGE: u32 = 500;
 
 /// Folds the events recorded since the fold's last one. A short page is the end of the log
 /// (events are appended in sequence order under the session's stream head), so catching up
-/// costs one read, not one more to find the log empty.
-async fn sync(inner: &Inner, session_id: &str, fold: &mut Fold) -> Result<(), StoreError> {
+/// costs one read, not one more to find the log empty. Events this process committed and the
+/// live session still holds ([`Live::recent_after`]) are folded without a read when they
+/// continue the fold: the log held exactly those at their commit, so that is a read taken
+/// then; the store is read when they do not, or when none are new (another replica's writes
+/// are only there).
+///
+/// A sync that finds nothing new held, no news signalled for the store
+/// ([`Live::notify_changed`]) and the fold caught up less than [`CAUGHT_UP_FRESH`] ago reads
+/// nothing either: the driver's steps sync several times in a row, and only another replica's
+/// write its announcement did not reach can be missed that way, for that long at most.
+async fn sync(
+    inner: &Inner,
+    live: &Live,
+    session_id: &str,
+    fold: &mut Fold,
+    caught_up: &mut CaughtUp,
+) -> Result<(), StoreError> {
+    // Read before anything else: news signalled after it makes the next sync read the store.
+    let store_news = live.changed.borrow().store;
+    let held = live.recent_after(fold.last_seq(), SYNC_PAGE as usize);
+    if !held.events.is_empty() {
+        for event in &held.events {
+            fold.apply(event)?;
+        }
+        if fold.last_seq() >= held.head {
+            *caught_up = CaughtUp(held.heard_at.map(|at| (at, store_news)));
+            return Ok(());
+        }
+    } else if held.head <= fold.last_seq()
+        && caught_up
+            .0
+            .is_some_and(|(at, news)| news == store_news && at.elapsed() < CAUGHT_UP_FRESH)
+    {
+        return Ok(());
+    }
+    let started = std::time::Instant::now();
     loop {
         let page = inner
             .store
@@ -576,10 +614,19 @@ async fn sync(inner: &Inner, session_id: &str, fold: &mut Fold) -> Result<(), St
             fold.apply(event)?;
         }
         if page.len() < SYNC_PAGE as usize {
+            *caught_up = CaughtUp(Some((started, store_news)));
             return Ok(());
         }
     }
 }
+
+/// How long after catching up with the log a driver's sync with no news skips the read.
+const CAUGHT_UP_FRESH: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// When a driver's fold last caught up with the whole log (read from the store, or from held
+/// events up to the head this process knew), and the store news it had seen then.
+#[derive(Debug, Default, Clone, Copy)]
+struct CaughtUp(Option<(std::time::Instant, u64)>);
 
 async fn drive(
     inner: Arc<Inner>,
@@ -590,7 +637,8 @@ async fn drive(
     provider: Box<dyn ModelProvider>,
 ) -> Result<(), Stop> {
     let mut fold = Fold::default();
-    sync(&inner, &session.id, &mut fold).await?;
+    let mut caught_up = CaughtUp::default();
+    sync(&inner, &live, &session.id, &mut fold, &mut caught_up).await?;
     // The first user message comes from the input (recorded here, so a crash right after the
     // session was created loses nothing).
     if !fold.user_turns.contains(&1)
@@ -608,7 +656,7 @@ async fn drive(
                 },
             )
             .await?;
-        sync(&inner, &session.id, &mut fold).await?;
+        sync(&inner, &live, &session.id, &mut fold, &mut caught_up).await?;
     }
     let approvals = inner.store.session_approvals(&session.id).await?;
     let now = inner.clock.now();
@@ -667,6 +715,7 @@ async fn drive(
         provider,
         grants,
         prerecorded: HashMap::new(),
+        caught_up,
     };
     tokio::select! {
         r = driver.main_loop() => r,
@@ -694,7 +743,14 @@ async fn wall_watchdog(ctx: Arc<Ctx>) -> String {
 
 impl Driver {
     async fn sync(&mut self) -> Result<(), Stop> {
-        sync(&self.ctx.inner, &self.ctx.session.id, &mut self.fold).await?;
+        sync(
+            &self.ctx.inner,
+            &self.ctx.live,
+            &self.ctx.session.id,
+            &mut self.fold,
+            &mut self.caught_up,
+        )
+        .await?;
         Ok(())
     }
 
@@ -738,6 +794,8 @@ impl Driver {
                     // A message recorded between the sync above and now left a permit.
                     self.sync().await?;
                     if self.next_turn(blocked.is_some()).is_none() {
+                        // Waiting for a person: the held events are not read soon.
+                        self.ctx.live.forget_recent();
                         self.wait_for_input(inbox).await?;
                     }
                 }

@@ -309,7 +309,12 @@ impl Engine {
             parked_traces: Mutex::new(HashMap::new()),
             handed_in: Mutex::new(HashMap::new()),
             adopted: Mutex::new(HashMap::new()),
+            commit_feed: std::sync::OnceLock::new(),
         });
+        let feed: Arc<dyn phrony_ledger::CommitListener> =
+            Arc::new(crate::state::CommitFeed(Arc::downgrade(&inner)));
+        inner.store.ledger().listen_to_commits(&feed);
+        let _ = inner.commit_feed.set(feed);
         tokio::spawn(timer::run(Arc::downgrade(&inner), inner.stop.clone()));
         tokio::spawn(crate::lease::run(
             Arc::downgrade(&inner),
@@ -695,7 +700,8 @@ impl Engine {
             turn
         };
         live.inbox.notify_one();
-        live.notify_changed();
+        // Recorded here: its readers find it among the live session's held events.
+        live.notify_local();
         Ok(Some(turn))
     }
 

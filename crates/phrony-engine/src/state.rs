@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use phrony_dispatch::Router;
-use phrony_ledger::{Event, SessionStatus};
+use phrony_ledger::{CommitListener, CommittedAppend, Event, SessionStatus};
 use phrony_manifest::CompiledAgent;
 use serde_json::Value;
 use tokio::sync::{Notify, broadcast, mpsc, oneshot, watch};
@@ -99,6 +99,8 @@ pub(crate) struct Inner {
     /// (one acquisition per takeover, so writes this replica records meanwhile are fenced by
     /// the epoch the driver keeps). Taken by the session's next driver; see `lease::adopt`.
     pub(crate) adopted: Mutex<HashMap<String, u64>>,
+    /// The engine's [`CommitFeed`], registered with the ledger (which holds it weakly).
+    pub(crate) commit_feed: std::sync::OnceLock<Arc<dyn CommitListener>>,
 }
 
 /// Parked sessions' trace contexts [`Inner::parked_traces`] keeps; when full it starts over
@@ -140,8 +142,13 @@ pub(crate) struct Live {
     pub(crate) inbox: Notify,
     /// Bumped whenever one of the session's approvals may have been decided.
     pub(crate) approvals: watch::Sender<u64>,
-    /// Bumped whenever the session's stream grew (wakes subscriptions and waiters).
-    pub(crate) changed: watch::Sender<u64>,
+    /// Bumped whenever the session may have changed (wakes subscriptions and waiters); what
+    /// changed says whether a reader must read the store or finds the news in `recent`.
+    pub(crate) changed: watch::Sender<Changes>,
+    /// The session's events this process committed lately, heard from the ledger
+    /// ([`CommitFeed`]): its driver and subscriptions take them from here instead of reading
+    /// back what was just written.
+    recent: Mutex<Recent>,
     /// Streamed model text, for subscribers (lossy). Created by the first subscriber: a
     /// broadcast channel allocates its whole ring at once, and most sessions have none.
     deltas: Mutex<Option<broadcast::Sender<TextDelta>>>,
@@ -159,6 +166,112 @@ pub(crate) struct Live {
     /// The epoch of the session lease its driver holds (0: none yet, or leases off): a lease
     /// renewal reporting that epoch lost stops this driver, and no other.
     pub(crate) lease_epoch: std::sync::atomic::AtomicU64,
+}
+
+/// What [`Live::changed`] counts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Changes {
+    /// Bumped when the store may hold news this process's commit listener did not hear:
+    /// a reader that last saw another value reads the store.
+    pub(crate) store: u64,
+    /// Bumped when this process committed to the session (the news is in [`Live::recent`]).
+    pub(crate) local: u64,
+}
+
+/// What [`Live::recent_after`] found.
+#[derive(Debug)]
+pub(crate) struct Held {
+    /// The held events continuing the reader's position, without a gap.
+    pub(crate) events: Vec<Event>,
+    /// The highest `seq` this process committed to the session, as far as it heard.
+    pub(crate) head: u64,
+    /// When the last commit was heard.
+    pub(crate) heard_at: Option<std::time::Instant>,
+}
+
+/// Events held per live session at most ([`Recent`]).
+pub(crate) const RECENT_EVENTS: usize = 16;
+
+/// Payload bytes held per live session at most ([`Recent`]).
+pub(crate) const RECENT_BYTES: usize = 64 * 1024;
+
+/// The last events this process committed to one session (at most [`RECENT_EVENTS`] events
+/// and [`RECENT_BYTES`] of payload: the oldest go first), by `seq`, and the highest `seq` it
+/// heard of. A part of the log, not all of it: another replica's appends are not here, and
+/// events are held only from the first commit heard after the session became live. A reader
+/// uses a run only when it continues the reader's own position without a gap (then the run is
+/// exactly what the store held at that commit) and reads the store otherwise.
+#[derive(Debug, Default)]
+pub(crate) struct Recent {
+    head: u64,
+    /// When the last commit was heard.
+    heard_at: Option<std::time::Instant>,
+    /// Each event with its payload's size.
+    events: BTreeMap<u64, (Event, usize)>,
+    bytes: usize,
+}
+
+impl Recent {
+    /// The held events after `after_seq`, without a gap (at most `limit`).
+    fn after(&self, after_seq: u64, limit: usize) -> Held {
+        let mut events = Vec::new();
+        let mut next = after_seq.saturating_add(1);
+        for (seq, (event, _)) in self.events.range(next..) {
+            if *seq != next || events.len() >= limit {
+                break;
+            }
+            events.push(event.clone());
+            next = next.saturating_add(1);
+        }
+        Held {
+            events,
+            head: self.head,
+            heard_at: self.heard_at,
+        }
+    }
+
+    fn add(&mut self, append: CommittedAppend) {
+        self.head = self.head.max(append.last_seq);
+        self.heard_at = Some(std::time::Instant::now());
+        for held in append.events {
+            let bytes = held.payload_bytes;
+            if bytes > RECENT_BYTES {
+                continue;
+            }
+            if let Some((_, replaced)) = self.events.insert(held.event.seq, (held.event, bytes)) {
+                self.bytes = self.bytes.saturating_sub(replaced);
+            }
+            self.bytes = self.bytes.saturating_add(bytes);
+        }
+        while self.events.len() > RECENT_EVENTS || self.bytes > RECENT_BYTES {
+            match self.events.pop_first() {
+                Some((_, (_, bytes))) => self.bytes = self.bytes.saturating_sub(bytes),
+                None => break,
+            }
+        }
+    }
+}
+
+/// The engine's commit listener: hands each live session the events this process committed
+/// to it.
+pub(crate) struct CommitFeed(pub(crate) std::sync::Weak<Inner>);
+
+impl CommitListener for CommitFeed {
+    fn wants(&self, stream: &str) -> bool {
+        self.0
+            .upgrade()
+            .is_some_and(|inner| inner.live(stream).is_some())
+    }
+
+    fn committed(&self, append: CommittedAppend) {
+        if let Some(live) = self
+            .0
+            .upgrade()
+            .and_then(|inner| inner.live(&append.stream))
+        {
+            live.committed(append);
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -211,8 +324,45 @@ impl Live {
         self.approvals.send_modify(|v| *v = v.wrapping_add(1));
     }
 
+    /// The session may have changed in ways only the store shows (another replica's write, an
+    /// end, a lost lease): readers read the store.
     pub(crate) fn notify_changed(&self) {
-        self.changed.send_modify(|v| *v = v.wrapping_add(1));
+        self.changed
+            .send_modify(|c| c.store = c.store.wrapping_add(1));
+    }
+
+    /// This process committed a change to the session: its events are in `recent` (the commit
+    /// listener put them there before the write returned), so readers wake without reading
+    /// the store for it.
+    pub(crate) fn notify_local(&self) {
+        self.changed
+            .send_modify(|c| c.local = c.local.wrapping_add(1));
+    }
+
+    fn recent(&self) -> std::sync::MutexGuard<'_, Recent> {
+        self.recent
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Heard from the ledger: an append to this session committed.
+    fn committed(&self, append: CommittedAppend) {
+        self.recent().add(append);
+        self.notify_local();
+    }
+
+    /// The events after `after_seq` this process committed and still holds, without a gap
+    /// (at most `limit`), and the head it last heard of. Empty when the first of them is not
+    /// held. Whatever other processes wrote is not in it: see [`Recent`].
+    pub(crate) fn recent_after(&self, after_seq: u64, limit: usize) -> Held {
+        self.recent().after(after_seq, limit)
+    }
+
+    /// Drops the held events (the driver waits for input: nothing reads them soon).
+    pub(crate) fn forget_recent(&self) {
+        let mut recent = self.recent();
+        recent.events.clear();
+        recent.bytes = 0;
     }
 
     /// Resolves with the session's status once the driver took the decision of `approval_id`
@@ -504,13 +654,14 @@ impl Inner {
             return None;
         }
         let (approvals, _) = watch::channel(0);
-        let (changed, _) = watch::channel(0);
+        let (changed, _) = watch::channel(Changes::default());
         let entry = Arc::new(Live {
             session_id: session_id.to_owned(),
             cancel: self.stop.child_token(),
             inbox: Notify::new(),
             approvals,
             changed,
+            recent: Mutex::new(Recent::default()),
             deltas: Mutex::new(None),
             delta_buffer: self.config.subscription_buffer.max(16),
             streaming: Mutex::new(StreamingText::default()),
@@ -740,5 +891,90 @@ impl Live {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use phrony_ledger::{CommittedAppend, CommittedEvent, Event};
+
+    use super::{RECENT_BYTES, RECENT_EVENTS, Recent};
+
+    fn event(seq: u64) -> Event {
+        Event {
+            stream: "run_1".to_owned(),
+            seq,
+            event_type: "message.user".to_owned(),
+            ts: chrono::Utc::now(),
+            actor: "user".to_owned(),
+            actor_verification: None,
+            actor_via: None,
+            call_id: None,
+            turn: None,
+            payload: serde_json::json!({"n": seq}),
+            prev_hash: String::new(),
+            hash: String::new(),
+        }
+    }
+
+    fn append(last_seq: u64, held: &[(u64, usize)]) -> CommittedAppend {
+        CommittedAppend {
+            stream: "run_1".to_owned(),
+            last_seq,
+            events: held
+                .iter()
+                .map(|&(seq, payload_bytes)| CommittedEvent {
+                    event: event(seq),
+                    payload_bytes,
+                })
+                .collect(),
+        }
+    }
+
+    fn seqs(recent: &Recent, after: u64) -> Vec<u64> {
+        recent
+            .after(after, 100)
+            .events
+            .iter()
+            .map(|e| e.seq)
+            .collect()
+    }
+
+    #[test]
+    fn a_run_is_served_only_from_the_readers_next_seq_and_up_to_a_gap() {
+        let mut recent = Recent::default();
+        // Heard out of order (two writers), and with 4 not handed over (too large).
+        recent.add(append(3, &[(3, 10)]));
+        recent.add(append(2, &[(2, 10)]));
+        recent.add(append(5, &[(5, 10)]));
+        assert_eq!(recent.after(0, 100).head, 5);
+        assert_eq!(seqs(&recent, 0), Vec::<u64>::new(), "1 is not held");
+        assert_eq!(seqs(&recent, 1), [2, 3], "up to the gap at 4");
+        assert_eq!(seqs(&recent, 3), Vec::<u64>::new());
+        assert_eq!(seqs(&recent, 4), [5]);
+        assert_eq!(recent.after(1, 1).events.len(), 1, "the limit");
+    }
+
+    #[test]
+    fn what_is_held_is_bounded_by_count_and_bytes() {
+        let mut recent = Recent::default();
+        for seq in 1..=40 {
+            recent.add(append(seq, &[(seq, 10)]));
+        }
+        assert_eq!(recent.events.len(), RECENT_EVENTS);
+        assert_eq!(
+            seqs(&recent, 40 - RECENT_EVENTS as u64).len(),
+            RECENT_EVENTS
+        );
+        // Bytes: the oldest go first; one larger than the whole budget is not kept.
+        let half = RECENT_BYTES / 2;
+        recent.add(append(41, &[(41, half)]));
+        recent.add(append(42, &[(42, half)]));
+        assert!(recent.bytes <= RECENT_BYTES, "{}", recent.bytes);
+        assert_eq!(seqs(&recent, 40), [41, 42]);
+        assert_eq!(seqs(&recent, 39), Vec::<u64>::new(), "40 went");
+        recent.add(append(43, &[(43, RECENT_BYTES + 1)]));
+        assert_eq!(recent.after(42, 100).head, 43);
+        assert_eq!(seqs(&recent, 42), Vec::<u64>::new());
     }
 }

@@ -74,6 +74,8 @@ pub struct LedgerStore {
     /// The approval change counter: bumped after every committed step that can open, vote on
     /// or decide an approval (approval watchers re-read the pending set when it moves).
     approval_changes: Arc<watch::Sender<u64>>,
+    /// Pages of a session's events read through this store ([`LedgerStore::event_reads`]).
+    event_reads: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl LedgerStore {
@@ -84,7 +86,16 @@ impl LedgerStore {
             ledger,
             cipher,
             approval_changes: Arc::new(watch::Sender::new(0)),
+            event_reads: Arc::default(),
         }
+    }
+
+    /// How many pages of session events were read from the ledger through this store (drivers
+    /// catching up, subscriptions, attaches): a diagnostic of what the engine takes from the
+    /// events it committed itself instead.
+    #[must_use]
+    pub fn event_reads(&self) -> u64 {
+        self.event_reads.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Bumps the approval change counter. Called after each committed step that can open,
@@ -319,6 +330,8 @@ impl LedgerStore {
         after_seq: u64,
         limit: u32,
     ) -> StoreResult<Vec<Event>> {
+        self.event_reads
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(self
             .ledger
             .events_after(session_id, after_seq, limit)

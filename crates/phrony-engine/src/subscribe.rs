@@ -6,7 +6,7 @@ use phrony_ledger::{Event, event_types as types};
 use tokio::sync::{broadcast, mpsc, watch};
 use tokio::task::JoinHandle;
 
-use crate::state::{Inner, TextDelta};
+use crate::state::{Changes, Inner, TextDelta};
 
 pub use crate::state::SessionUpdate;
 
@@ -49,32 +49,70 @@ impl Subscription {
     }
 }
 
+/// Events read per page.
+const PAGE: u32 = 500;
+
 /// Reads the store from `after_seq` whenever the session changes (or every poll interval), and
 /// forwards text deltas in between. The bounded channel makes a slow subscriber slow down this
-/// task, which then simply reads further from the store: nothing is lost.
+/// task, which then simply reads further from the store: nothing is lost. A change this process
+/// committed is taken from the live session's held events ([`Live::recent_after`]) when they
+/// continue the subscription's position (the store held exactly those at their commit); the
+/// store is read otherwise, on every poll, and whenever the session signals news only the store
+/// has.
+///
+/// [`Live::recent_after`]: crate::state::Live::recent_after
 async fn feed(
     inner: Arc<Inner>,
     session_id: String,
     mut last: u64,
     tx: mpsc::Sender<SessionUpdate>,
-    live: Option<(watch::Receiver<u64>, broadcast::Receiver<TextDelta>)>,
+    live: Option<(watch::Receiver<Changes>, broadcast::Receiver<TextDelta>)>,
 ) {
     let (mut changed, mut deltas) = live.unzip();
+    // The first read is the store's.
+    let mut from_store = true;
+    let mut seen_store = None;
     loop {
         if changed.is_none()
             && let Some(live) = inner.live(&session_id)
         {
             changed = Some(live.changed.subscribe());
             deltas = Some(live.subscribe_deltas());
+            from_store = true;
         }
-        let page = match inner.store.events_after(&session_id, last, 500).await {
-            Ok(page) => page,
-            Err(e) => {
-                tracing::warn!(%session_id, error = %e, "subscription could not read the session's events");
-                return;
+        // What the store may hold that the held events lack, as of now.
+        let store_news = changed.as_mut().map(|rx| rx.borrow_and_update().store);
+        if store_news != seen_store {
+            from_store = true;
+            seen_store = store_news;
+        }
+        let held = if from_store {
+            None
+        } else {
+            inner
+                .live(&session_id)
+                .map(|live| live.recent_after(last, PAGE as usize))
+        };
+        let page = match held {
+            // Nothing new this process committed: nothing to read.
+            Some(held) if held.events.is_empty() && held.head <= last => Vec::new(),
+            Some(held) if !held.events.is_empty() => {
+                // More committed than held: the store has the rest.
+                from_store = held.events.last().is_some_and(|e| e.seq < held.head);
+                held.events
+            }
+            _ => {
+                from_store = false;
+                match inner.store.events_after(&session_id, last, PAGE).await {
+                    Ok(page) => page,
+                    Err(e) => {
+                        tracing::warn!(%session_id, error = %e, "subscription could not read the session's events");
+                        return;
+                    }
+                }
             }
         };
-        let full = page.len() == 500;
+        let full = page.len() == PAGE as usize || from_store;
         for event in page {
             last = event.seq;
             let terminal = is_terminal_event(&event);
@@ -111,10 +149,15 @@ async fn feed(
                 } => Wake::Delta(Box::new(delta)),
             };
             match wake {
-                Wake::Poll | Wake::Changed => break,
+                Wake::Changed => break,
+                Wake::Poll => {
+                    from_store = true;
+                    break;
+                }
                 Wake::DriverGone => {
                     changed = None;
                     deltas = None;
+                    from_store = true;
                     break;
                 }
                 Wake::Delta(delta) => match *delta {

@@ -15,8 +15,12 @@ use uuid::Uuid;
 use crate::LedgerClock;
 use crate::audit_key::AuditKey;
 use crate::chain::{canonical_json, format_ts};
+use crate::commits::{
+    CommittedAppend, CommittedEvent, HANDED_OVER_PAYLOAD_MAX, Listeners, Pending,
+};
 use crate::error::{LedgerError, Result, SqlxResultExt};
 use crate::group::{GroupWriter, Lease};
+use crate::model::Event;
 use crate::outbox::Outbox;
 use crate::replica::Replica;
 use crate::sqlite_raw::{RawReadPool, RawReader, RawRow, RawSlot, RawValue};
@@ -109,6 +113,8 @@ impl Pool {
             outbox,
             outbox_written: false,
             replica,
+            listeners: None,
+            committed: Vec::new(),
         })
     }
 
@@ -154,6 +160,10 @@ pub(crate) struct Tx {
     /// The replica writing, whose session leases fence its appends to those sessions' streams
     /// (`leases.rs`); `None` for writes that are never fenced.
     replica: Option<Arc<Replica>>,
+    /// Who hears this transaction's appends once it committed (`commits.rs`); `None`: nobody.
+    listeners: Option<Arc<Listeners>>,
+    /// The appends the listeners wanted, handed over by [`Tx::commit`].
+    committed: Vec<Pending>,
 }
 
 enum TxKind {
@@ -175,6 +185,52 @@ impl Tx {
     /// The webhook routes, when webhooks are on.
     pub(crate) fn outbox(&self) -> Option<Arc<Outbox>> {
         self.outbox.clone()
+    }
+
+    /// Hands this transaction's appends, once it committed, to the listeners that want them.
+    pub(crate) fn listen(&mut self, listeners: Arc<Listeners>) {
+        self.listeners = Some(listeners);
+    }
+
+    /// Keeps an append for the listeners that want its stream (none: nothing is kept).
+    /// `payloads` are the sizes of the events' canonical JSON payloads, in order.
+    pub(crate) fn appended(
+        &mut self,
+        stream: &str,
+        last_seq: u64,
+        events: &[Event],
+        payloads: impl Iterator<Item = usize>,
+    ) {
+        let Some(listeners) = &self.listeners else {
+            return;
+        };
+        let listeners = listeners.wanting(stream);
+        if listeners.is_empty() {
+            return;
+        }
+        let events = events
+            .iter()
+            .zip(payloads)
+            .filter(|(_, bytes)| *bytes <= HANDED_OVER_PAYLOAD_MAX)
+            .map(|(event, payload_bytes)| {
+                let mut event = event.clone();
+                // As a read returns it: parsed from the canonical JSON, so with its object
+                // keys in order (the writer's value keeps them as it built them).
+                event.payload.sort_all_objects();
+                CommittedEvent {
+                    event,
+                    payload_bytes,
+                }
+            })
+            .collect();
+        self.committed.push(Pending {
+            listeners,
+            append: CommittedAppend {
+                stream: stream.to_owned(),
+                last_seq,
+                events,
+            },
+        });
     }
 
     /// Notes that this transaction made deliveries due: its commit wakes the sender.
@@ -221,6 +277,9 @@ impl Tx {
             && let Some(outbox) = &self.outbox
         {
             outbox.wake.notify_one();
+        }
+        for append in self.committed {
+            append.deliver();
         }
         Ok(())
     }

@@ -277,7 +277,8 @@ pub(crate) async fn append_batch(
     }
     head.last_hash = last_hash;
     head.last_seq = seq;
-    Ok(rows
+    let payloads: Vec<usize> = rows.iter().map(|row| row.payload_text.len()).collect();
+    let appended: Vec<Event> = rows
         .into_iter()
         .map(|row| Event {
             stream: head.stream.clone(),
@@ -293,7 +294,23 @@ pub(crate) async fn append_batch(
             prev_hash: row.prev_hash,
             hash: row.hash,
         })
-        .collect())
+        .collect();
+    tx.appended(
+        &head.stream,
+        u64::try_from(seq).unwrap_or_default(),
+        &appended,
+        payloads.into_iter(),
+    );
+    Ok(appended)
+}
+
+/// The upsert clause of a head's seal: one text for the seal on its own ([`seal_head`]) and
+/// the seal inside an append's statement ([`advance_head_sql`]).
+macro_rules! reseal {
+    () => {
+        "ON CONFLICT (stream) DO UPDATE SET seq = excluded.seq, hash = excluded.hash, \
+         mac = excluded.mac"
+    };
 }
 
 /// The `UPDATE` that advances a stream head from `$5` to `$2`/`$3` at `$4`; `fenced` adds the
@@ -312,15 +329,11 @@ fn advance_head_sql(fenced: bool, sealed: bool, events: Option<&str>) -> String 
              WHERE session_id = $1 AND (owner = $6 OR owner IS NULL) AND epoch = $7)",
         );
     }
-    if !sealed && events.is_none() {
-        return update;
-    }
     let mac = if fenced { "$8" } else { "$6" };
     let seal = format!(
         "INSERT INTO chain_heads (stream, seq, hash, mac) \
-         SELECT stream, last_seq, last_hash, {mac} FROM advanced \
-         ON CONFLICT (stream) DO UPDATE SET seq = excluded.seq, hash = excluded.hash, \
-         mac = excluded.mac"
+         SELECT stream, last_seq, last_hash, {mac} FROM advanced {}",
+        reseal!()
     );
     match (sealed, events) {
         (true, None) => {
@@ -358,11 +371,16 @@ async fn advance_head(
     let fence = tx.fence(&head.stream);
     let mut conn = tx.conn();
     let mut binds = args![&head.stream, seq, last_hash, ts, head.last_seq];
-    let context = match &fence {
-        None => "advance stream head",
-        Some((owner, epoch)) => {
+    let context = match (&fence, events.is_some()) {
+        (None, false) => "advance stream head",
+        (None, true) => "append events and advance stream head",
+        (Some((owner, epoch)), with_events) => {
             binds.extend(args![owner, *epoch]);
-            "advance fenced stream head"
+            if with_events {
+                "append events and advance fenced stream head"
+            } else {
+                "advance fenced stream head"
+            }
         }
     };
     if let Some(mac) = seal {
@@ -498,10 +516,13 @@ pub(crate) async fn read_page(
     after: i64,
     limit: i64,
 ) -> Result<Vec<StoredEvent>> {
-    let sql = format!(
-        "SELECT {EVENT_COLUMNS} FROM events WHERE stream = $1 AND seq > $2 ORDER BY seq LIMIT $3"
-    );
-    conn.fetch_all("read events", &sql, args![stream, after, limit])
+    static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        format!(
+            "SELECT {EVENT_COLUMNS} FROM events WHERE stream = $1 AND seq > $2 \
+             ORDER BY seq LIMIT $3"
+        )
+    });
+    conn.fetch_all("read events", &SQL, args![stream, after, limit])
         .await?
         .iter()
         .map(stored_from_row)
@@ -568,9 +589,10 @@ pub(crate) async fn seal_head(
 ) -> Result<()> {
     conn.execute(
         "seal stream head",
-        "INSERT INTO chain_heads (stream, seq, hash, mac) VALUES ($1, $2, $3, $4) \
-         ON CONFLICT (stream) DO UPDATE SET seq = excluded.seq, hash = excluded.hash, \
-         mac = excluded.mac",
+        concat!(
+            "INSERT INTO chain_heads (stream, seq, hash, mac) VALUES ($1, $2, $3, $4) ",
+            reseal!()
+        ),
         args![stream, seq, hash, key.mac(stream, seq, hash)],
     )
     .await?;

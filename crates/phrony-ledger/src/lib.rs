@@ -210,6 +210,7 @@ pub use approvals::{
     duplicate_vote_message, not_resent_message, same_voter, vote_resolution,
 };
 pub use cipher::{CipherError, KEY_LEN, SecretCipher};
+pub use commits::{CommitListener, CommittedAppend, CommittedEvent, HANDED_OVER_PAYLOAD_MAX};
 pub use event_body::{
     AgentActivated, AgentActivationRefused, AgentArchived, AgentVersionChanged,
     AgentVersionPublished, ApprovalDecided, ApprovalEscalated, ApprovalRequired, ApprovalVoted,
@@ -300,6 +301,7 @@ macro_rules! write_tx {
                 Ok(tx) => tx,
                 Err(error) => break Err(error),
             };
+            $tx.listen($ledger.listeners.clone());
             let outcome = match $body.await {
                 Ok(value) => $tx.commit().await.map(|()| value),
                 // A batch that did not commit turns the refusal into the outage.
@@ -328,6 +330,7 @@ mod approvals;
 mod bundles;
 mod cascade;
 mod cipher;
+mod commits;
 mod handoffs;
 mod history;
 mod inbox;
@@ -506,6 +509,9 @@ pub struct Ledger {
     /// plan each time: ≈ 0.5 ms, three times the round trip). Small and opened lazily; `None`
     /// on SQLite.
     history_pool: Option<sqlx::PgPool>,
+    /// Who hears the appends of this handle's (and its clones') committed writes
+    /// ([`Ledger::listen_to_commits`]).
+    listeners: Arc<commits::Listeners>,
 }
 
 /// How [`Ledger::probe_write`] reaches the database.
@@ -707,6 +713,7 @@ impl Ledger {
             outbox: None,
             replica: Arc::new(replica::Replica::new(replica::default_replica_id())),
             history_pool: None,
+            listeners: Arc::default(),
         }
     }
 
@@ -1843,6 +1850,13 @@ impl Ledger {
             approvals_pending: u64::try_from(pending).unwrap_or(0),
             webhook_deliveries_pending,
         })
+    }
+
+    /// From now on, after each write of this handle or its clones commits, hands `listener`
+    /// the events it appended to the streams the listener [wants](CommitListener::wants): see
+    /// the [`CommitListener`] contract. Held weakly: dropping the last `Arc` unregisters it.
+    pub fn listen_to_commits(&self, listener: &Arc<dyn CommitListener>) {
+        self.listeners.add(listener);
     }
 
     /// Turns webhooks on: from now on, every append of an event that notifies

@@ -27,13 +27,13 @@ pub fn is_ledger_owned(event_type: &str) -> bool {
 
 /// [`Ledger::events_after`]'s read: a page of `$1`'s events with `seq > $2` (at most `$3`), none
 /// unless `$1` is a session.
-fn session_page_sql() -> String {
+static SESSION_PAGE_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     format!(
         "SELECT {} FROM events WHERE stream = $1 AND seq > $2 \
          AND EXISTS (SELECT 1 FROM sessions WHERE id = $1) ORDER BY seq LIMIT $3",
         crate::events::EVENT_COLUMNS
     )
-}
+});
 
 /// Locks the stream head of `session_id` for an append, refusing an unknown or ended session.
 pub(crate) async fn lock_open_session(
@@ -408,7 +408,7 @@ impl Ledger {
         let page = c
             .fetch_all(
                 "read a session's events",
-                &session_page_sql(),
+                &SESSION_PAGE_SQL,
                 args![session_id, after, i64::from(limit.clamp(1, 1000))],
             )
             .await?;

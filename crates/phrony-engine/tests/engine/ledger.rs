@@ -661,6 +661,83 @@ async fn a_crash_after_the_final_completion_does_not_ask_the_model_again(db: Db)
     gate.notify_waiters();
 }
 
+/// Drains `sub` until it delivered `n` events (or fails the test after 10 s without one).
+async fn next_events(sub: &mut phrony_engine::Subscription, n: usize) -> Vec<phrony_ledger::Event> {
+    let mut events = Vec::new();
+    while events.len() < n {
+        match tokio::time::timeout(Duration::from_secs(10), sub.recv())
+            .await
+            .expect("an event within 10 s")
+        {
+            Some(phrony_engine::SessionUpdate::Event(e)) => events.push(e),
+            Some(phrony_engine::SessionUpdate::TextDelta { .. }) => {}
+            None => panic!("the subscription ended"),
+        }
+    }
+    events
+}
+
+/// A subscription takes the events its engine committed from memory only when they continue
+/// what it delivered: an event another process appended in between (this engine never hears
+/// of it) is read from the store, in order, before the engine's own next one.
+async fn a_subscription_reads_what_another_process_appended_between_its_own_commits(db: Db) {
+    let (h, _) = harness(
+        &db,
+        &AgentOptions::default(),
+        vec![Step::say("Hello."), Step::say("Second answer.")],
+    )
+    .await;
+    let s = h.start_conversation("hi").await;
+    h.wait(&s.id, &[SessionStatus::AwaitingInput]).await;
+    let stored = h.events(&s.id).await.len();
+    let mut sub = h.engine.subscribe(&s.id, 0).await.unwrap();
+    let first = next_events(&mut sub, stored).await;
+    // Another process (its own pool, nothing shared with this engine) appends, and at once
+    // this engine records a user message: its commit follows the unheard one.
+    let other = db.ledger(&h.clock).await;
+    other
+        .append_session_event(
+            &s.id,
+            phrony_ledger::NewEvent::new(
+                "session.principal",
+                "ops",
+                json!({"claims": {"team": "ops"}}),
+            ),
+        )
+        .await
+        .unwrap();
+    let emad = phrony_ledger::Attribution::unverified("emad");
+    assert_eq!(
+        h.engine
+            .send_user_message(&s.id, &emad, "again")
+            .await
+            .unwrap(),
+        Some(2)
+    );
+    let next = next_events(&mut sub, 2).await;
+    assert_eq!(
+        next.iter()
+            .map(|e| (e.seq, e.event_type.as_str()))
+            .collect::<Vec<_>>(),
+        [
+            (first.len() as u64 + 1, "session.principal"),
+            (first.len() as u64 + 2, "message.user"),
+        ]
+    );
+    // The turn runs to its end; everything delivered is the log, gap-free.
+    for _ in 0..1000 {
+        if h.script.requests().len() == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    h.wait(&s.id, &[SessionStatus::AwaitingInput]).await;
+    let log = h.events(&s.id).await;
+    let rest = next_events(&mut sub, log.len() - first.len() - next.len()).await;
+    let delivered: Vec<_> = first.into_iter().chain(next).chain(rest).collect();
+    assert_eq!(delivered, log);
+}
+
 macro_rules! on_both_backends {
     ($($case:ident),* $(,)?) => {
         mod sqlite {
@@ -692,6 +769,7 @@ on_both_backends!(
     a_conversation_with_rejection_revalidation_and_invalid_args,
     a_late_result_settles_a_call_marked_indeterminate,
     a_crash_after_the_final_completion_does_not_ask_the_model_again,
+    a_subscription_reads_what_another_process_appended_between_its_own_commits,
 );
 
 /// A revalidated edit that still needs approval opens a fresh approval about the *edited*

@@ -370,3 +370,42 @@ async fn a_one_call_session_takes_seven_durable_writes_with_its_log_unchanged() 
     // to running, 6 the final completion with its message, 7 completed.
     assert_eq!(after.writes - before.writes, 7, "{before:?} → {after:?}");
 }
+
+#[tokio::test]
+async fn a_session_and_its_subscription_take_the_events_the_engine_committed_from_memory() {
+    // Reading back what was just written costs a read per write (the driver catching up after
+    // each of its own writes, a subscription after each change): the engine hears its own
+    // commits instead. With polls out of the way, what is left is the first read of each and
+    // the driver's re-checks that find nothing new locally (another replica's writes are only
+    // in the store). Before the commit feed this session read 15 pages.
+    let config = phrony_engine::EngineConfig {
+        poll_interval: std::time::Duration::from_secs(30),
+        ..test_config()
+    };
+    let h = Harness::memory_with(
+        &AgentOptions::default(),
+        vec![
+            Step::call("issue_refund", refund("ORD-1", 100.0)),
+            Step::say("Refund rf_2891 issued for €100."),
+        ],
+        config,
+    )
+    .await;
+    let before = h.store.event_reads();
+    let s = h.start("Refund €100 for ORD-1.").await;
+    let mut sub = h.engine.subscribe(&s.id, 0).await.unwrap();
+    let mut delivered = Vec::new();
+    while let Some(update) = tokio::time::timeout(std::time::Duration::from_secs(10), sub.recv())
+        .await
+        .unwrap()
+    {
+        if let phrony_engine::SessionUpdate::Event(e) = update {
+            delivered.push(e);
+        }
+    }
+    let reads = h.store.event_reads() - before;
+    let log = h.events(&s.id).await;
+    assert_eq!(delivered, log, "every event, in order, as stored");
+    assert_eq!(log.len(), 12);
+    assert!(reads <= 7, "{reads} pages read for a session of 12 events");
+}

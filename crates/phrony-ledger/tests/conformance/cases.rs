@@ -12,6 +12,7 @@ use crate::harness::TestDb;
 
 pub(crate) use crate::audit_cases::*;
 pub(crate) use crate::bundle_cases::*;
+pub(crate) use crate::commit_cases::*;
 pub(crate) use crate::history_cases::*;
 pub(crate) use crate::inbox_cases::*;
 pub(crate) use crate::lease_cases::*;

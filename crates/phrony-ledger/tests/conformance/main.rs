@@ -18,6 +18,7 @@ mod approval_properties;
 mod audit_cases;
 mod bundle_cases;
 mod cases;
+mod commit_cases;
 mod connect;
 mod harness;
 mod history_cases;
@@ -71,6 +72,7 @@ macro_rules! conformance {
 sqlite_tests!(sqlite_only: no_hot_path_statement_scans_a_growing_table);
 
 conformance!(
+    a_commit_listener_hears_committed_appends_as_a_read_returns_them,
     events_record_the_attribution_and_the_chain_covers_it,
     separation_of_duties_refuses_a_verified_starter_unless_the_policy_opts_out,
     a_quorum_counts_distinct_verified_principals,

@@ -255,7 +255,9 @@ async fn drive_workload() {
         ($($case:ident),* $(,)?) => {
             $(
                 let db = TestDb::new(Backend::Sqlite).await.expect("SQLite is always available");
-                crate::cases::$case(&db).await;
+                // On the heap: dozens of cases inline in one future outgrow a test thread's
+                // stack in debug builds.
+                Box::pin(crate::cases::$case(&db)).await;
             )*
         };
     }
