@@ -225,18 +225,21 @@ async fn record_result(tx: &mut Tx, call_id: &str, r: &ToolResult) -> Result<Rec
         usage: r.usage,
         resolved_by: None,
     };
-    emit(tx, &mut head, &call, "worker", payload).await?;
-    let closed_approval = if call.status == C::AwaitingApproval {
-        approvals::close_for_call(
-            tx,
-            &mut head,
-            &call.call_id,
-            "the tool outcome arrived before a decision",
-        )
-        .await?
-    } else {
-        None
-    };
+    let completed = invocations::transition(tx, &mut head, &call, "worker", payload).await?;
+    if call.status != C::AwaitingApproval {
+        return Ok(RecordedResult {
+            applied: true,
+            invocation: completed,
+            closed_approval: None,
+        });
+    }
+    let closed_approval = approvals::close_for_call(
+        tx,
+        &mut head,
+        &call.call_id,
+        "the tool outcome arrived before a decision",
+    )
+    .await?;
     Ok(RecordedResult {
         applied: true,
         invocation: require(&mut tx.conn(), call_id).await?,

@@ -319,14 +319,26 @@ pub(crate) async fn emit(
     call: &ToolInvocation,
     actor: impl Into<Attribution>,
     body: impl Into<EventBody>,
-) -> Result<Event> {
+) -> Result<Option<ToolInvocation>> {
     let body = body.into();
     let mut new = body.clone().into_new_event(actor)?;
     new.call_id = Some(call.call_id.clone());
     new.turn = Some(call.turn);
     let event = append(tx, head, new).await?;
-    apply(&mut tx.conn(), &event, &body).await?;
-    Ok(event)
+    project(&mut tx.conn(), &event, &body).await
+}
+
+/// [`emit`] of an event that changes the call row: the row as it left it.
+pub(crate) async fn transition(
+    tx: &mut Tx,
+    head: &mut StreamHead,
+    call: &ToolInvocation,
+    actor: impl Into<Attribution>,
+    body: impl Into<EventBody>,
+) -> Result<ToolInvocation> {
+    emit(tx, head, call, actor, body)
+        .await?
+        .ok_or_else(|| LedgerError::corrupt(format!("tool call {} has no row", call.call_id)))
 }
 
 pub(crate) async fn record(tx: &mut Tx, new: &NewToolCall) -> Result<ToolInvocation> {
@@ -379,15 +391,24 @@ pub(crate) async fn record(tx: &mut Tx, new: &NewToolCall) -> Result<ToolInvocat
     event.call_id = Some(call_id.clone());
     event.turn = Some(new.turn);
     let event = append(tx, &mut head, event).await?;
-    apply(&mut tx.conn(), &event, &body).await?;
-    require(&mut tx.conn(), &call_id).await
+    project(&mut tx.conn(), &event, &body)
+        .await?
+        .ok_or_else(|| not_found(&call_id))
 }
 
 async fn queue(tx: &mut Tx, call_id: &str) -> Result<ToolInvocation> {
-    use CallStatus as C;
     let (mut head, call) = lock_call(tx, call_id).await?;
+    queue_locked(tx, &mut head, &call).await
+}
+
+async fn queue_locked(
+    tx: &mut Tx,
+    head: &mut StreamHead,
+    call: &ToolInvocation,
+) -> Result<ToolInvocation> {
+    use CallStatus as C;
     check_from(
-        &call,
+        call,
         C::Queued,
         &[C::Pending, C::Dispatched, C::Indeterminate],
     )?;
@@ -395,13 +416,21 @@ async fn queue(tx: &mut Tx, call_id: &str) -> Result<ToolInvocation> {
         call_id: call.call_id.clone(),
         from: call.status,
     };
-    emit(tx, &mut head, &call, "system", payload).await?;
-    require(&mut tx.conn(), call_id).await
+    transition(tx, head, call, "system", payload).await
 }
 
 async fn dispatch_call(tx: &mut Tx, call_id: &str, d: &Dispatch) -> Result<ToolInvocation> {
     let (mut head, call) = lock_call(tx, call_id).await?;
-    check_from(&call, CallStatus::Dispatched, &[CallStatus::Queued])?;
+    dispatch_locked(tx, &mut head, &call, d).await
+}
+
+async fn dispatch_locked(
+    tx: &mut Tx,
+    head: &mut StreamHead,
+    call: &ToolInvocation,
+    d: &Dispatch,
+) -> Result<ToolInvocation> {
+    check_from(call, CallStatus::Dispatched, &[CallStatus::Queued])?;
     let manifest_content_hash = tx
         .conn()
         .fetch_optional(
@@ -425,8 +454,7 @@ async fn dispatch_call(tx: &mut Tx, call_id: &str, d: &Dispatch) -> Result<ToolI
         manifest_content_hash,
         deadline_at: d.deadline_at.map(|t| t.trunc_subsecs(6)),
     };
-    emit(tx, &mut head, &call, "system", payload).await?;
-    require(&mut tx.conn(), call_id).await
+    transition(tx, head, call, "system", payload).await
 }
 
 /// A terminal call whose recorded outcome says the runtime does not know what happened.
@@ -498,8 +526,7 @@ async fn fail(tx: &mut Tx, call_id: &str, code: &str, message: &str) -> Result<T
         usage: None,
         resolved_by: None,
     };
-    emit(tx, &mut head, &call, "system", payload).await?;
-    require(&mut tx.conn(), call_id).await
+    transition(tx, &mut head, &call, "system", payload).await
 }
 
 async fn deny(
@@ -516,8 +543,7 @@ async fn deny(
         reason: reason.to_owned(),
         policy_ref: policy_ref.map(str::to_owned),
     };
-    emit(tx, &mut head, &call, "policy", payload).await?;
-    require(&mut tx.conn(), call_id).await
+    transition(tx, &mut head, &call, "policy", payload).await
 }
 
 async fn indeterminate(tx: &mut Tx, call_id: &str, reason: &str) -> Result<ToolInvocation> {
@@ -528,8 +554,7 @@ async fn indeterminate(tx: &mut Tx, call_id: &str, reason: &str) -> Result<ToolI
         reason: reason.to_owned(),
         worker_id: call.worker_id.clone(),
     };
-    emit(tx, &mut head, &call, "system", payload).await?;
-    require(&mut tx.conn(), call_id).await
+    transition(tx, &mut head, &call, "system", payload).await
 }
 
 pub(crate) async fn cancel_locked(
@@ -581,6 +606,31 @@ pub(crate) async fn cancel_open(
 // Projection writes: a pure function of the event.
 
 pub(crate) async fn apply(conn: &mut Conn<'_>, event: &Event, body: &EventBody) -> Result<()> {
+    project(conn, event, body).await.map(drop)
+}
+
+/// Runs `sql` (an `UPDATE`/`INSERT` of one call row) returning the row as written: `None` when
+/// it matched none.
+async fn write_row(
+    conn: &mut Conn<'_>,
+    context: &'static str,
+    sql: &str,
+    args: Vec<Arg>,
+) -> Result<Option<ToolInvocation>> {
+    let sql = format!("{sql} RETURNING {CALL_COLUMNS}");
+    conn.fetch_optional(context, &sql, args)
+        .await?
+        .map(|row| call_from_row(&row))
+        .transpose()
+}
+
+/// [`apply`], returning the call row as the event left it (`None` for an event that changes
+/// no row: `tool.late_result`), so a transition need not read back what it wrote.
+async fn project(
+    conn: &mut Conn<'_>,
+    event: &Event,
+    body: &EventBody,
+) -> Result<Option<ToolInvocation>> {
     // History reservations settle with the call's outcome, in the outcome's transaction.
     match body {
         EventBody::ToolCompleted(p) if p.status == CallStatus::Succeeded => {
@@ -594,19 +644,19 @@ pub(crate) async fn apply(conn: &mut Conn<'_>, event: &Event, body: &EventBody) 
         _ => {}
     }
     let ts = event.ts;
-    let rows = match body {
-        EventBody::ToolRequested(p) => apply_requested(conn, event, p).await?,
-        EventBody::ToolQueued(p) => {
-            conn.execute(
+    let row =
+        match body {
+            EventBody::ToolRequested(p) => apply_requested(conn, event, p).await?,
+            EventBody::ToolQueued(p) => write_row(
+                conn,
                 "project tool call queued",
                 "UPDATE tool_invocations SET status = 'queued', queued_at = $2, updated_at = $2 \
                  WHERE call_id = $1",
                 args![p.call_id.as_str(), ts],
             )
-            .await?
-        }
-        EventBody::ToolDispatched(p) => {
-            conn.execute(
+            .await?,
+            EventBody::ToolDispatched(p) => write_row(
+                conn,
                 "project tool call dispatched",
                 "UPDATE tool_invocations SET status = 'dispatched', attempt = $2, worker_id = $3, \
                  worker_identity = $4, image_digest = $5, descriptor_hash = $6, \
@@ -624,74 +674,82 @@ pub(crate) async fn apply(conn: &mut Conn<'_>, event: &Event, body: &EventBody) 
                     ts
                 ],
             )
-            .await?
-        }
-        EventBody::ToolCompleted(p) => apply_completed(conn, event, p).await?,
-        EventBody::ToolLateResult(_) => {
-            return Ok(());
-        }
-        EventBody::ToolIndeterminate(p) => {
-            conn.execute(
-                "project tool call indeterminate",
-                "UPDATE tool_invocations SET status = 'indeterminate', error_code = $2, \
+            .await?,
+            EventBody::ToolCompleted(p) => apply_completed(conn, event, p).await?,
+            EventBody::ToolLateResult(_) => {
+                return Ok(None);
+            }
+            EventBody::ToolIndeterminate(p) => {
+                write_row(
+                    conn,
+                    "project tool call indeterminate",
+                    "UPDATE tool_invocations SET status = 'indeterminate', error_code = $2, \
                  error_message = $3, updated_at = $4 WHERE call_id = $1",
-                args![
-                    p.call_id.as_str(),
-                    error_codes::INDETERMINATE,
-                    p.reason.as_str(),
-                    ts
-                ],
-            )
-            .await?
-        }
-        EventBody::ToolPolicyDenied(p) => {
-            conn.execute(
-                "project tool call denied",
-                "UPDATE tool_invocations SET status = 'failed', error_code = $2, \
+                    args![
+                        p.call_id.as_str(),
+                        error_codes::INDETERMINATE,
+                        p.reason.as_str(),
+                        ts
+                    ],
+                )
+                .await?
+            }
+            EventBody::ToolPolicyDenied(p) => {
+                write_row(
+                    conn,
+                    "project tool call denied",
+                    "UPDATE tool_invocations SET status = 'failed', error_code = $2, \
                  error_message = $3, completed_at = $4, updated_at = $4 WHERE call_id = $1",
-                args![
-                    p.call_id.as_str(),
-                    error_codes::POLICY_DENIED,
-                    p.reason.as_str(),
-                    ts
-                ],
-            )
-            .await?
-        }
-        EventBody::ToolCancelled(p) => {
-            conn.execute(
-                "project tool call cancelled",
-                "UPDATE tool_invocations SET status = 'cancelled', error_code = $2, \
+                    args![
+                        p.call_id.as_str(),
+                        error_codes::POLICY_DENIED,
+                        p.reason.as_str(),
+                        ts
+                    ],
+                )
+                .await?
+            }
+            EventBody::ToolCancelled(p) => {
+                write_row(
+                    conn,
+                    "project tool call cancelled",
+                    "UPDATE tool_invocations SET status = 'cancelled', error_code = $2, \
                  error_message = $3, completed_at = $4, updated_at = $4 WHERE call_id = $1",
-                args![
-                    p.call_id.as_str(),
-                    if p.after_dispatch {
-                        error_codes::CANCELLED_AFTER_DISPATCH
-                    } else {
-                        error_codes::CANCELLED
-                    },
-                    p.reason.as_str(),
-                    ts
-                ],
-            )
-            .await?
-        }
-        other => {
-            return Err(LedgerError::corrupt(format!(
-                "stream {} seq {}: {} is not a tool event",
-                event.stream,
-                event.seq,
-                other.event_type()
-            )));
-        }
-    };
-    expect_rows(rows, 1, event)
+                    args![
+                        p.call_id.as_str(),
+                        if p.after_dispatch {
+                            error_codes::CANCELLED_AFTER_DISPATCH
+                        } else {
+                            error_codes::CANCELLED
+                        },
+                        p.reason.as_str(),
+                        ts
+                    ],
+                )
+                .await?
+            }
+            other => {
+                return Err(LedgerError::corrupt(format!(
+                    "stream {} seq {}: {} is not a tool event",
+                    event.stream,
+                    event.seq,
+                    other.event_type()
+                )));
+            }
+        };
+    expect_rows(u64::from(row.is_some()), 1, event)?;
+    Ok(row)
 }
 
-/// `tool.requested`: the call row. Returns the rows it changed.
-async fn apply_requested(conn: &mut Conn<'_>, event: &Event, p: &ToolRequested) -> Result<u64> {
+/// `tool.requested`: the call row, as written.
+async fn apply_requested(
+    conn: &mut Conn<'_>,
+    event: &Event,
+    p: &ToolRequested,
+) -> Result<Option<ToolInvocation>> {
     let ts = event.ts;
-    conn.execute(
+    write_row(
+        conn,
         "project tool call",
         "INSERT INTO tool_invocations (call_id, session_id, agent_version_id, turn, step, \
          call_index, tool, version, wire_name, side_effect_class, proposed_args, args, \
@@ -716,8 +774,12 @@ async fn apply_requested(conn: &mut Conn<'_>, event: &Event, p: &ToolRequested) 
     .await
 }
 
-/// `tool.completed`: the outcome on the call row. Returns the rows it changed.
-async fn apply_completed(conn: &mut Conn<'_>, event: &Event, p: &ToolCompleted) -> Result<u64> {
+/// `tool.completed`: the outcome on the call row, as written.
+async fn apply_completed(
+    conn: &mut Conn<'_>,
+    event: &Event,
+    p: &ToolCompleted,
+) -> Result<Option<ToolInvocation>> {
     let ts = event.ts;
     if !matches!(p.status, CallStatus::Succeeded | CallStatus::Failed) {
         return Err(LedgerError::corrupt(format!(
@@ -727,7 +789,8 @@ async fn apply_completed(conn: &mut Conn<'_>, event: &Event, p: &ToolCompleted) 
     }
     let usage = p.usage.unwrap_or_default();
     let has_usage = p.usage.is_some();
-    conn.execute(
+    write_row(
+        conn,
         "project tool call completed",
         "UPDATE tool_invocations SET status = $2, result = $3, error_code = $4, \
          error_message = $5, usage_input_tokens = $6, usage_output_tokens = $7, \
@@ -840,11 +903,11 @@ impl Ledger {
     ) -> Result<ToolInvocation> {
         require_text("worker_id", &dispatch.worker_id)?;
         write_tx!(self, |tx| async {
-            let (_, call) = lock_call(&mut tx, call_id).await?;
+            let (mut head, mut call) = lock_call(&mut tx, call_id).await?;
             if call.status != CallStatus::Queued {
-                queue(&mut tx, call_id).await?;
+                call = queue_locked(&mut tx, &mut head, &call).await?;
             }
-            dispatch_call(&mut tx, call_id, &dispatch).await
+            dispatch_locked(&mut tx, &mut head, &call, &dispatch).await
         })
     }
 

@@ -774,6 +774,9 @@ pub(crate) async fn queue_and_dispatch_is_one_write(db: &TestDb) {
         .record_tool_call(refund_call(&s.id, 0, 0, 100))
         .await
         .unwrap();
+    // What a write returns is the row as stored (its projection's `RETURNING`, not a second
+    // read), here and after each transition below.
+    assert_eq!(call, ledger.get_tool_call(&call.call_id).await.unwrap());
     let before = types_of(ledger, &s.id).await;
 
     // Refused: nothing is written, the call stays pending.
@@ -804,6 +807,10 @@ pub(crate) async fn queue_and_dispatch_is_one_write(db: &TestDb) {
     assert_eq!(dispatched.attempt, 1);
     assert!(dispatched.queued_at.is_some());
     assert_eq!(dispatched.worker_id.as_deref(), Some("worker-1"));
+    assert_eq!(
+        dispatched,
+        ledger.get_tool_call(&call.call_id).await.unwrap()
+    );
     let after = types_of(ledger, &s.id).await;
     assert_eq!(after[..before.len()], before[..]);
     assert_eq!(after[before.len()..], ["tool.queued", "tool.dispatched"]);
@@ -824,10 +831,14 @@ pub(crate) async fn queue_and_dispatch_is_one_write(db: &TestDb) {
     assert_eq!(after[before.len()..], ["tool.dispatched"]);
 
     // A settled call cannot be dispatched again, and nothing is written.
-    ledger
+    let settled = ledger
         .record_tool_result(&call.call_id, ok(json!({"refund_id": "R-1"})))
         .await
         .unwrap();
+    assert_eq!(
+        settled.invocation,
+        ledger.get_tool_call(&call.call_id).await.unwrap()
+    );
     let before = types_of(ledger, &s.id).await;
     assert_eq!(
         precondition(
