@@ -166,6 +166,16 @@ class WorkStream:
                 await asyncio.wait_for(asyncio.shield(self._writer), timeout)
                 if self._reader is not None:
                     await asyncio.wait_for(asyncio.shield(self._reader), timeout)
+            except asyncio.CancelledError:
+                # The writer or reader was cancelled meanwhile (the stream ended on another
+                # path, e.g. the connect loop stopping): there is nothing left to wait for. A
+                # cancel of the task closing (the shields keep those two running) propagates.
+                ended = [t for t in (self._writer, self._reader) if t is not None and t.cancelled()]
+                if not ended:
+                    raise
+                task = asyncio.current_task()
+                if task is not None and getattr(task, "cancelling", lambda: 0)():
+                    raise
             except (asyncio.TimeoutError, Exception):
                 pass
         self._closed = True
