@@ -6,8 +6,9 @@ use std::sync::{Arc, Mutex};
 
 use phrony_dispatch::Router;
 use phrony_ledger::{
-    AgentVersionRef, Attribution, EventBody, NewSession, OnLimit, Opening, Session, SessionEvent,
-    SessionLimits, SessionMode, SessionPrincipal, SessionStatus, StatusChange, new_session_id,
+    AgentVersionRef, Attribution, EventBody, LeaseClaim, NewSession, OnLimit, Opening, Session,
+    SessionEvent, SessionLimits, SessionMode, SessionPrincipal, SessionStatus, StatusChange,
+    new_session_id,
 };
 use phrony_manifest::{ANNOTATION_POLICIES_COMPILED, ANNOTATION_STUB_SCRIPT, CompiledAgent};
 use phrony_providers::{ApiKey, ModelProvider};
@@ -461,7 +462,9 @@ impl Engine {
         if let Some(snapshot) = evidence(&agent) {
             opening.push(Opening::Session(SessionEvent::Evidence { snapshot }));
         }
-        let session = self
+        // With session leases, the driver's lease is acquired with the session (one
+        // transaction) and left to it.
+        let (session, claim) = self
             .inner
             .store
             .open_session(
@@ -469,6 +472,7 @@ impl Engine {
                 secrets,
                 self.inner.config.max_sessions_per_agent,
                 opening,
+                self.inner.config.session_lease_ttl,
             )
             .await
             .map_err(|e| {
@@ -482,7 +486,15 @@ impl Engine {
                 }
             })?;
         let next_turn = if first.is_some() { 2 } else { 1 };
-        self.spawn(
+        let leased = match claim {
+            Some(LeaseClaim::Granted(lease)) => {
+                self.inner.leave_adopted(&session.id, lease.epoch);
+                Some(lease.epoch)
+            }
+            // (A new session's lease is never held elsewhere; its driver would find out.)
+            Some(LeaseClaim::Held(_)) | None => None,
+        };
+        if let Err(error) = self.spawn(
             session.clone(),
             Arc::new(agent),
             Arc::new(setup),
@@ -490,7 +502,13 @@ impl Engine {
             next_turn,
             0,
             None,
-        )?;
+        ) {
+            if let Some(epoch) = leased.and_then(|e| self.inner.take_adopted(&session.id, Some(e)))
+            {
+                crate::lease::release(&self.inner, &session.id, epoch).await;
+            }
+            return Err(error);
+        }
         Ok(SessionHandle {
             id,
             agent_version_id,

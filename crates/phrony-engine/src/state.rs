@@ -571,8 +571,8 @@ impl Inner {
         })
     }
 
-    /// Leaves the lease of `session_id` a takeover acquired at `epoch` to the session's next
-    /// driver.
+    /// Leaves the lease of `session_id` a takeover (or the session's creation) acquired at
+    /// `epoch` to the session's next driver.
     pub(crate) fn leave_adopted(&self, session_id: &str, epoch: u64) {
         self.adopted
             .lock()

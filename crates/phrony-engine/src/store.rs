@@ -17,10 +17,10 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use phrony_ledger::{
-    Approval, ApprovalFilter, Dispatch, Event, Ledger, NewApproval, NewEvent, NewSession,
-    NewToolCall, Opening, PageRequest, PolicyShadowed, RecordedResult, RecordedStep, SecretCipher,
-    Session, SessionEvent, StatusChange, StatusChanged, TimeoutOutcome, ToolInvocation, ToolResult,
-    Vote, VoteOutcome,
+    Approval, ApprovalFilter, Dispatch, Event, LeaseClaim, Ledger, NewApproval, NewEvent,
+    NewSession, NewToolCall, Opening, PageRequest, PolicyShadowed, RecordedResult, RecordedStep,
+    SecretCipher, Session, SessionEvent, StatusChange, StatusChanged, TimeoutOutcome,
+    ToolInvocation, ToolResult, Vote, VoteOutcome,
 };
 use secrecy::{ExposeSecret as _, SecretSlice};
 use tokio::sync::watch;
@@ -178,20 +178,24 @@ impl LedgerStore {
         secrets: Vec<PlainSecret>,
         max_live_per_agent: Option<u64>,
     ) -> StoreResult<Session> {
-        self.open_session(new, secrets, max_live_per_agent, Vec::new())
+        self.open_session(new, secrets, max_live_per_agent, Vec::new(), None)
             .await
+            .map(|(session, _)| session)
     }
 
     /// [`LedgerStore::create_session_within`] with the session's `opening` events (its
     /// principal, first user message, evidence snapshot) appended after `session.started` in
-    /// the same ledger transaction ([`Ledger::open_session`]).
+    /// the same ledger transaction ([`Ledger::open_session`]). With `lease_ttl` (session
+    /// leases on), this replica's lease of the new session is acquired in that transaction too
+    /// ([`Ledger::open_session_leased`]) and its claim returned.
     pub async fn open_session(
         &self,
         mut new: NewSession,
         secrets: Vec<PlainSecret>,
         max_live_per_agent: Option<u64>,
         opening: Vec<Opening>,
-    ) -> StoreResult<Session> {
+        lease_ttl: Option<Duration>,
+    ) -> StoreResult<(Session, Option<LeaseClaim>)> {
         new.secrets.clear();
         if !secrets.is_empty() {
             let Some(cipher) = &self.cipher else {
@@ -208,10 +212,21 @@ impl LedgerStore {
                 );
             }
         }
-        Ok(self
-            .ledger
-            .open_session(new, max_live_per_agent, opening)
-            .await?)
+        Ok(match lease_ttl {
+            Some(ttl) => {
+                let (session, claim) = self
+                    .ledger
+                    .open_session_leased(new, max_live_per_agent, opening, ttl)
+                    .await?;
+                (session, Some(claim))
+            }
+            None => (
+                self.ledger
+                    .open_session(new, max_live_per_agent, opening)
+                    .await?,
+                None,
+            ),
+        })
     }
 
     /// One session.

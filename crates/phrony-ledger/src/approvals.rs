@@ -1287,11 +1287,14 @@ async fn expire(tx: &mut Tx, id: Uuid, at: DateTime<Utc>) -> Result<TimeoutOutco
 /// the order from `approvals_status_created` by walking every pending approval of every
 /// session and filtering by session (SQLite without statistics did: with 100,000 sessions
 /// parked, each session's end read all 100,000 inside the group-commit writer).
+/// The pending approvals of session `$1` (`approvals a`): [`pending_of_session_sql`] and the
+/// probe of a session's end (`cascade::to_close`) share it. (`|| ''` keeps PostgreSQL on the
+/// session index instead of the partial index of pending approvals, see
+/// [`explain_pending_of_session`].)
+pub(crate) const PENDING_OF_SESSION: &str = "a.session_id = $1 AND a.status || '' = 'pending'";
+
 fn pending_of_session_sql() -> String {
-    format!(
-        "{APPROVAL_SELECT} WHERE a.session_id = $1 AND a.status || '' = 'pending' \
-         ORDER BY a.created_at, a.id"
-    )
+    format!("{APPROVAL_SELECT} WHERE {PENDING_OF_SESSION} ORDER BY a.created_at, a.id")
 }
 
 /// The plan of [`pending_of_session_sql`] for `session_id` (SQLite: `EXPLAIN QUERY PLAN`;

@@ -19,8 +19,8 @@ use crate::invocations::{
     self, CallStatus, RecordedResult, ToolInvocation, ToolOutcome, ToolResult, emit, lock_call,
     outcome_in_doubt, require, require_text,
 };
+use crate::leases;
 use crate::rows::{Session, require_session};
-use crate::secrets;
 use crate::sessions::{self, SessionStatus, StatusChange, StatusChanged, check_change};
 
 // ---------------------------------------------------------------------------------------------
@@ -75,8 +75,7 @@ pub(crate) async fn set_status(
         cancelled_children: Vec::new(),
         secrets_purged: 0,
     };
-    transition(tx, &mut head, &session, change, &mut changed).await?;
-    changed.session = require_session(&mut tx.conn(), id).await?;
+    changed.session = transition(tx, &mut head, &session, change, &mut changed).await?;
     Ok(changed)
 }
 
@@ -125,31 +124,84 @@ pub(crate) async fn end_for_versions(
     Ok(ended)
 }
 
+/// The running child sessions of session `$1` (`sessions`).
+const LIVE_CHILDREN: &str =
+    "parent_session_id = $1 AND status NOT IN ('completed', 'failed', 'cancelled')";
+
+/// What the end of a session has to close, asked in one statement (most sessions end holding
+/// nothing: their approvals decided, their calls done, no children running): whether it has
+/// pending approvals, open tool calls and running children, and how many secrets it stores.
+/// Each predicate is the one the query that then acts uses.
+struct ToClose {
+    approvals: bool,
+    calls: bool,
+    children: bool,
+    secrets: u64,
+}
+
+async fn to_close(tx: &mut Tx, session_id: &str) -> Result<ToClose> {
+    static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        let closed_calls = CallStatus::ALL
+            .iter()
+            .filter(|s| s.is_terminal())
+            .map(|s| format!("'{}'", s.as_str()))
+            .collect::<Vec<_>>()
+            .join(", ");
+        format!(
+            "SELECT EXISTS (SELECT 1 FROM approvals a WHERE {pending}) AS approvals, \
+             EXISTS (SELECT 1 FROM tool_invocations \
+               WHERE session_id = $1 AND status NOT IN ({closed_calls})) AS calls, \
+             EXISTS (SELECT 1 FROM sessions WHERE {LIVE_CHILDREN}) AS children, \
+             (SELECT COUNT(*) FROM session_secrets WHERE session_id = $1) AS secrets",
+            pending = approvals::PENDING_OF_SESSION,
+        )
+    });
+    let row = tx
+        .conn()
+        .fetch_optional("probe what a session's end closes", &SQL, args![session_id])
+        .await?
+        .ok_or_else(|| LedgerError::corrupt("a probe of aggregates returned no row"))?;
+    Ok(ToClose {
+        approvals: row.bool("approvals")?,
+        calls: row.bool("calls")?,
+        children: row.bool("children")?,
+        secrets: u64::try_from(row.int("secrets")?).unwrap_or(0),
+    })
+}
+
 /// Appends and applies one status change of a locked session. A terminal change first closes
 /// the session's pending approvals, cancels its open tool calls and cancels its running
-/// descendants (each in its own stream), then purges its secrets (in [`apply`]).
+/// descendants (each in its own stream), then purges its secrets (in [`apply`]) and releases
+/// the lease this replica held on it. Returns the session's row as the change wrote it.
 async fn transition(
     tx: &mut Tx,
     head: &mut StreamHead,
     session: &Session,
     change: &StatusChange,
     out: &mut StatusChanged,
-) -> Result<()> {
+) -> Result<Session> {
     if change.to.is_terminal() {
         let why = format!("session {} ended ({})", session.id, change.to);
-        out.closed_approvals
-            .extend(approvals::close_pending(tx, head, &session.id, &why).await?);
-        out.cancelled_calls
-            .extend(invocations::cancel_open(tx, head, &session.id, &why).await?);
-        let children = tx
-            .conn()
-            .fetch_all(
-                "find running children",
-                "SELECT id FROM sessions WHERE parent_session_id = $1 \
-                 AND status NOT IN ('completed', 'failed', 'cancelled') ORDER BY id",
-                args![&session.id],
-            )
-            .await?;
+        let open = to_close(tx, &session.id).await?;
+        if open.approvals {
+            out.closed_approvals
+                .extend(approvals::close_pending(tx, head, &session.id, &why).await?);
+        }
+        if open.calls {
+            out.cancelled_calls
+                .extend(invocations::cancel_open(tx, head, &session.id, &why).await?);
+        }
+        let children = if open.children {
+            tx.conn()
+                .fetch_all(
+                    "find running children",
+                    &format!("SELECT id FROM sessions WHERE {LIVE_CHILDREN} ORDER BY id"),
+                    args![&session.id],
+                )
+                .await?
+        } else {
+            Vec::new()
+        };
         for row in children {
             let child_id = row.text("id")?;
             let mut child_head = lock_stream(tx, &child_id).await?;
@@ -167,10 +219,14 @@ async fn transition(
             Box::pin(transition(tx, &mut child_head, &child, &cascade, out)).await?;
         }
         if head.stream == out.session.id {
-            out.secrets_purged = secrets::count(&mut tx.conn(), &session.id).await?;
+            out.secrets_purged = open.secrets;
         }
     }
-    sessions::append_transition(tx, head, session, change).await
+    let changed = sessions::append_transition(tx, head, session, change).await?;
+    if change.to.is_terminal() {
+        leases::release_with_end(tx, &session.id).await?;
+    }
+    Ok(changed)
 }
 
 // ---------------------------------------------------------------------------------------------

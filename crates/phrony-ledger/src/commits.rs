@@ -103,8 +103,14 @@ pub(crate) struct Pending {
 }
 
 impl Pending {
-    /// Hands the append to its listeners (the transaction committed).
-    pub(crate) fn deliver(self) {
+    /// Hands the append to its listeners (the transaction committed), its events as a read
+    /// returns them: payloads parsed from the canonical JSON, so with their object keys in
+    /// order (the writer's values keep them as it built them). Sorted here, after the commit,
+    /// not while the write held the database (on SQLite, the group-commit batch).
+    pub(crate) fn deliver(mut self) {
+        for committed in &mut self.append.events {
+            committed.event.payload.sort_all_objects();
+        }
         let Some((last, others)) = self.listeners.split_last() else {
             return;
         };

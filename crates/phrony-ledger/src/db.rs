@@ -115,6 +115,7 @@ impl Pool {
             replica,
             listeners: None,
             committed: Vec::new(),
+            released: Vec::new(),
         })
     }
 
@@ -164,6 +165,9 @@ pub(crate) struct Tx {
     listeners: Option<Arc<Listeners>>,
     /// The appends the listeners wanted, handed over by [`Tx::commit`].
     committed: Vec<Pending>,
+    /// The session leases this transaction releases with their session's end
+    /// (`leases::release_with_end`): the replica forgets them once it commits.
+    released: Vec<(String, i64)>,
 }
 
 enum TxKind {
@@ -212,15 +216,9 @@ impl Tx {
             .iter()
             .zip(payloads)
             .filter(|(_, bytes)| *bytes <= HANDED_OVER_PAYLOAD_MAX)
-            .map(|(event, payload_bytes)| {
-                let mut event = event.clone();
-                // As a read returns it: parsed from the canonical JSON, so with its object
-                // keys in order (the writer's value keeps them as it built them).
-                event.payload.sort_all_objects();
-                CommittedEvent {
-                    event,
-                    payload_bytes,
-                }
+            .map(|(event, payload_bytes)| CommittedEvent {
+                event: event.clone(),
+                payload_bytes,
             })
             .collect();
         self.committed.push(Pending {
@@ -247,6 +245,15 @@ impl Tx {
             .map(|epoch| (replica.id().to_owned(), epoch))
     }
 
+    /// Notes that this transaction releases this replica's lease of `session_id` at `epoch`
+    /// (marked being released now: a renewal beside it must not take it for lost).
+    pub(crate) fn releases_lease(&mut self, session_id: &str, epoch: i64) {
+        if let Some(replica) = &self.replica {
+            replica.releasing(session_id, epoch);
+            self.released.push((session_id.to_owned(), epoch));
+        }
+    }
+
     pub(crate) fn conn(&mut self) -> Conn<'_> {
         match &mut self.kind {
             TxKind::Sqlite(lease) => Conn::SqliteRaw(lease.slot()),
@@ -264,19 +271,35 @@ impl Tx {
     /// Commits; on SQLite returns once the write's batch committed (a write is acknowledged
     /// only when it is durable).
     pub(crate) async fn commit(self) -> Result<()> {
-        match self.kind {
-            TxKind::Sqlite(lease) => lease.release().await?,
+        let committed = match self.kind {
+            TxKind::Sqlite(lease) => lease.release().await,
             TxKind::Postgres(tx) => {
                 let started = std::time::Instant::now();
-                tx.commit().await.ctx("commit transaction")?;
-                phrony_metrics::LEDGER_COMMIT.observe(started.elapsed());
+                let committed = tx.commit().await.ctx("commit transaction");
+                if committed.is_ok() {
+                    phrony_metrics::LEDGER_COMMIT.observe(started.elapsed());
+                }
+                committed
             }
+        };
+        if let Err(error) = committed {
+            if let Some(replica) = &self.replica {
+                for (session_id, epoch) in &self.released {
+                    replica.not_released(session_id, *epoch);
+                }
+            }
+            return Err(error);
         }
         // Only after the commit: the sender must find the rows when it wakes.
         if self.outbox_written
             && let Some(outbox) = &self.outbox
         {
             outbox.wake.notify_one();
+        }
+        if let Some(replica) = &self.replica {
+            for (session_id, epoch) in &self.released {
+                replica.ended(session_id, *epoch);
+            }
         }
         for append in self.committed {
             append.deliver();
@@ -288,6 +311,11 @@ impl Tx {
     /// that batch did not commit: what the caller concluded from the state it read is then not
     /// durable, and it must report the outage instead.
     pub(crate) async fn rollback(self) -> Result<()> {
+        if let Some(replica) = &self.replica {
+            for (session_id, epoch) in &self.released {
+                replica.not_released(session_id, *epoch);
+            }
+        }
         match self.kind {
             TxKind::Sqlite(lease) => lease.roll_back().await,
             TxKind::Postgres(tx) => {

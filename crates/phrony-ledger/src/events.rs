@@ -119,6 +119,33 @@ pub(crate) async fn lock_stream(tx: &mut Tx, stream: &str) -> Result<StreamHead>
     })
 }
 
+/// [`lock_stream`] for a stream that is expected to be new (a session being created): one
+/// `INSERT … ON CONFLICT DO NOTHING RETURNING` creates it and holds it (PostgreSQL: the new
+/// row stays locked until the transaction ends; SQLite: the write lock) — one statement where
+/// [`lock_stream`] needs three for a new stream. A stream that already exists is locked and
+/// read by [`lock_stream`] (its head then tells the caller it is not new).
+pub(crate) async fn create_or_lock_stream(tx: &mut Tx, stream: &str) -> Result<StreamHead> {
+    let now = tx.now();
+    let created = tx
+        .conn()
+        .fetch_optional(
+            "create stream",
+            "INSERT INTO streams (stream, last_seq, last_hash, created_at, updated_at) \
+             VALUES ($1, 0, $2, $3, $3) ON CONFLICT (stream) DO NOTHING \
+             RETURNING last_seq, last_hash",
+            args![stream, GENESIS_HASH, now],
+        )
+        .await?;
+    match created {
+        Some(row) => Ok(StreamHead {
+            stream: stream.to_owned(),
+            last_seq: row.int("last_seq")?,
+            last_hash: row.text("last_hash")?,
+        }),
+        None => lock_stream(tx, stream).await,
+    }
+}
+
 /// Appends one event to a locked stream and advances the head.
 pub(crate) async fn append(tx: &mut Tx, head: &mut StreamHead, event: NewEvent) -> Result<Event> {
     let mut appended = append_batch(tx, head, vec![event]).await?;

@@ -71,7 +71,7 @@ pub struct LeaseRenewal {
     pub lost: Vec<(String, u64)>,
 }
 
-fn ttl_of(ttl: Duration) -> Result<chrono::Duration> {
+pub(crate) fn ttl_of(ttl: Duration) -> Result<chrono::Duration> {
     if ttl.is_zero() {
         return Err(LedgerError::invalid("a session lease needs a positive TTL"));
     }
@@ -110,7 +110,7 @@ async fn read(conn: &mut Conn<'_>, session_id: &str) -> Result<Option<SessionLea
 /// expired) or already `owner`'s, at epoch + 1. Locks the session's stream head first. With
 /// `takeover`, a lease taken from another replica whose lease had expired withdraws that
 /// replica's published tool handlers too ([`withdraw_dead_handlers`]).
-async fn acquire(
+pub(crate) async fn acquire(
     tx: &mut Tx,
     owner: &str,
     session_id: &str,
@@ -220,6 +220,31 @@ async fn withdraw_dead_handlers(
     Ok(())
 }
 
+/// Frees a lease at its epoch (`$1` session, `$2` owner, `$3` epoch, `$4` now), keeping the
+/// epoch: [`Ledger::release_session_lease`] and [`release_with_end`].
+const RELEASE: &str = "UPDATE session_leases SET owner = NULL, expires_at = $4, updated_at = $4 \
+     WHERE session_id = $1 AND owner = $2 AND epoch = $3";
+
+/// Releases this replica's lease of `session_id`, if it holds one, in the transaction that
+/// ends the session (its driver stops next; nothing is left to drive): one statement there
+/// instead of a transaction of its own after it. Once it commits the replica no longer fences
+/// the session, and the driver's [`Ledger::release_session_lease`] writes nothing.
+pub(crate) async fn release_with_end(tx: &mut Tx, session_id: &str) -> Result<()> {
+    let Some((owner, epoch)) = tx.fence(session_id) else {
+        return Ok(());
+    };
+    tx.releases_lease(session_id, epoch);
+    let now = tx.now();
+    tx.conn()
+        .execute(
+            "release the lease of an ended session",
+            RELEASE,
+            args![session_id, &owner, epoch, now],
+        )
+        .await?;
+    Ok(())
+}
+
 /// Renews every lease `owner` holds in one statement and judges the rows against what this
 /// replica holds: `before` (taken before the transaction) and its state right after the
 /// statement ran (acquisitions and releases in flight included, see `replica.rs`). A lease
@@ -257,9 +282,8 @@ async fn renew(
         } else if !after.acquiring.contains_key(session_id) {
             conn.execute(
                 "release a session lease nobody here drives",
-                "UPDATE session_leases SET owner = NULL, expires_at = $3, updated_at = $3 \
-                 WHERE session_id = $1 AND owner = $2 AND epoch = $4",
-                args![session_id, &owner, now, epoch],
+                RELEASE,
+                args![session_id, &owner, epoch, now],
             )
             .await?;
         }
@@ -380,6 +404,7 @@ impl Ledger {
         let ttl = ttl_of(ttl)?;
         let before = self.replica.snapshot();
         let (renewed, lost) = write_tx!(self, |tx| renew(&mut tx, &self.replica, &before, ttl))?;
+        self.replica.prune_ended();
         let mut report = LeaseRenewal {
             renewed,
             lost: Vec::with_capacity(lost.len()),
@@ -400,12 +425,18 @@ impl Ledger {
     /// Releases this replica's lease of `session_id` at `epoch` (its driver stopped: the
     /// session parked or ended), keeping the epoch, and stops fencing the session here unless a
     /// newer acquisition replaced it. Whoever drives it next acquires it. Returns whether this
-    /// replica still held that lease.
+    /// replica still held that lease. A lease the session's end released (the transaction that
+    /// ended it, when this replica held the lease) was held until then: `true`, and nothing is
+    /// written.
     ///
     /// # Errors
     /// Database errors; the session is no longer fenced here at `epoch` either way.
     pub async fn release_session_lease(&self, session_id: &str, epoch: u64) -> Result<bool> {
         let epoch = i64::try_from(epoch).unwrap_or(i64::MAX);
+        // Released already, by the transaction that ended the session (`release_with_end`).
+        if self.replica.take_ended(session_id, epoch) {
+            return Ok(true);
+        }
         let owner = self.replica.id().to_owned();
         // In flight: a renewal that no longer finds it must not report it lost.
         self.replica.releasing(session_id, epoch);
@@ -414,8 +445,7 @@ impl Ledger {
             tx.conn()
                 .execute(
                     "release session lease",
-                    "UPDATE session_leases SET owner = NULL, expires_at = $4, updated_at = $4 \
-                     WHERE session_id = $1 AND owner = $2 AND epoch = $3",
+                    RELEASE,
                     args![session_id, &owner, epoch, now],
                 )
                 .await

@@ -24,6 +24,11 @@ pub(crate) struct State {
     /// Acquisitions in flight (registered before their transaction, cleared after the
     /// outcome is in `held`), by session, counted.
     pub(crate) acquiring: HashMap<String, u32>,
+    /// Leases released by the transaction that ended their session (`leases::release_with_end`),
+    /// by session, with their epoch: the driver's own release then needs no transaction
+    /// ([`Replica::take_ended`]); `true` once a renewal saw it: dropped at the next one if
+    /// nobody asked meanwhile ([`Replica::prune_ended`]).
+    pub(crate) ended: HashMap<String, (i64, bool)>,
 }
 
 /// A lease this replica acquired and has not released.
@@ -126,6 +131,50 @@ impl Replica {
         if state.held.get(session_id).is_some_and(|h| h.epoch == epoch) {
             state.held.remove(session_id);
         }
+    }
+
+    /// The transaction that ended `session_id` released its lease at `epoch` and committed:
+    /// no longer held; remembered for the driver's release ([`Replica::take_ended`]).
+    pub(crate) fn ended(&self, session_id: &str, epoch: i64) {
+        let mut state = self.lock();
+        if state.held.get(session_id).is_some_and(|h| h.epoch == epoch) {
+            state.held.remove(session_id);
+            state.ended.insert(session_id.to_owned(), (epoch, false));
+        }
+    }
+
+    /// The transaction that was to release the lease of `session_id` at `epoch` with the
+    /// session's end did not commit: the lease is held as before.
+    pub(crate) fn not_released(&self, session_id: &str, epoch: i64) {
+        if let Some(h) = self.lock().held.get_mut(session_id)
+            && h.epoch == epoch
+        {
+            h.releasing = false;
+        }
+    }
+
+    /// Whether the lease of `session_id` at `epoch` was released with its session's end
+    /// ([`Replica::ended`]); forgets it.
+    pub(crate) fn take_ended(&self, session_id: &str, epoch: i64) -> bool {
+        let mut state = self.lock();
+        if state
+            .ended
+            .get(session_id)
+            .is_some_and(|(e, _)| *e == epoch)
+        {
+            state.ended.remove(session_id);
+            return true;
+        }
+        false
+    }
+
+    /// After a renewal: forgets the leases released with their session's end that the
+    /// previous renewal saw already (their drivers stopped without asking: the engine
+    /// stopping), and marks the others seen.
+    pub(crate) fn prune_ended(&self) {
+        self.lock()
+            .ended
+            .retain(|_, (_, seen)| !std::mem::replace(seen, true));
     }
 
     /// A copy of what this replica holds and is acquiring.

@@ -104,21 +104,6 @@ pub(crate) async fn insert(
     Ok(())
 }
 
-pub(crate) async fn count(conn: &mut Conn<'_>, session_id: &str) -> Result<u64> {
-    let row = conn
-        .fetch_optional(
-            "count session secrets",
-            "SELECT COUNT(*) AS n FROM session_secrets WHERE session_id = $1",
-            args![session_id],
-        )
-        .await?;
-    Ok(row
-        .map(|r| r.int("n"))
-        .transpose()?
-        .and_then(|n| u64::try_from(n).ok())
-        .unwrap_or(0))
-}
-
 pub(crate) async fn purge(conn: &mut Conn<'_>, session_id: &str) -> Result<u64> {
     conn.execute(
         "purge session secrets",

@@ -13,6 +13,7 @@ use crate::error::{LedgerError, Result};
 use crate::event_body::{AssistantSegment, EventBody, MessageRole, TurnUsage, UserMessage};
 use crate::events::{append, lock_stream, read_page};
 use crate::invocations::{self, ToolInvocation, Usage};
+use crate::leases::LeaseClaim;
 use crate::model::{Event, NewEvent};
 use crate::rows::{self, Session};
 use crate::sessions;
@@ -282,7 +283,43 @@ impl Ledger {
         max_live_per_agent: Option<u64>,
         opening: Vec<Opening>,
     ) -> Result<Session> {
+        let (session, _) = self.open(new, max_live_per_agent, opening, None).await?;
+        Ok(session)
+    }
+
+    /// [`Ledger::open_session`] for a replica that drives the new session itself, with session
+    /// leases (issue #20): its lease is acquired for this replica until now + `lease_ttl` in
+    /// the transaction that creates the session — as [`Ledger::acquire_session_lease`] would
+    /// right after it, without a transaction of its own. The claim is `Granted` (epoch 1) for
+    /// a new session; this replica's appends to it are fenced by it from the commit on.
+    ///
+    /// # Errors
+    /// Those of [`Ledger::open_session`]; `InvalidArgument` for a zero TTL.
+    pub async fn open_session_leased(
+        &self,
+        new: sessions::NewSession,
+        max_live_per_agent: Option<u64>,
+        opening: Vec<Opening>,
+        lease_ttl: std::time::Duration,
+    ) -> Result<(Session, LeaseClaim)> {
+        let (session, claim) = self
+            .open(new, max_live_per_agent, opening, Some(lease_ttl))
+            .await?;
+        let claim = claim.ok_or_else(|| {
+            LedgerError::corrupt("a session created with its lease came without a claim")
+        })?;
+        Ok((session, claim))
+    }
+
+    async fn open(
+        &self,
+        new: sessions::NewSession,
+        max_live_per_agent: Option<u64>,
+        opening: Vec<Opening>,
+        lease_ttl: Option<std::time::Duration>,
+    ) -> Result<(Session, Option<LeaseClaim>)> {
         new.validate()?;
+        let lease_ttl = lease_ttl.map(crate::leases::ttl_of).transpose()?;
         let mut events = Vec::with_capacity(opening.len());
         for event in opening {
             events.push(match event {
@@ -293,12 +330,24 @@ impl Ledger {
                 Opening::Session(event) => event.to_new_event()?,
             });
         }
-        write_tx!(self, |tx| sessions::create(
-            &mut tx,
-            &new,
-            max_live_per_agent,
-            &events
-        ))
+        let owner = self.replica.id().to_owned();
+        // In flight until held: a renewal beside it must not free the row it writes.
+        let _acquiring = lease_ttl.map(|_| self.replica.acquiring(&new.id));
+        let (session, claim) = write_tx!(self, |tx| async {
+            let session = sessions::create(&mut tx, &new, max_live_per_agent, &events).await?;
+            let claim = match lease_ttl {
+                Some(ttl) => {
+                    Some(crate::leases::acquire(&mut tx, &owner, &new.id, ttl, false).await?)
+                }
+                None => None,
+            };
+            Ok::<_, LedgerError>((session, claim))
+        })?;
+        if let Some(LeaseClaim::Granted(lease)) = &claim {
+            self.replica
+                .hold(&new.id, i64::try_from(lease.epoch).unwrap_or(i64::MAX));
+        }
+        Ok((session, claim))
     }
 
     /// Appends a model completion (an engine event such as `model.completion`, which the ledger

@@ -17,10 +17,8 @@ use crate::Ledger;
 use crate::bundles::BundleRef;
 use crate::db::{Arg, Backend, Conn, Tx, args};
 use crate::error::{LedgerError, Result};
-use crate::event_body::{
-    EventBody, SessionStarted, SessionTransition, event_types as types, expect_rows,
-};
-use crate::events::{StreamHead, append, lock_stream};
+use crate::event_body::{EventBody, SessionStarted, SessionTransition, event_types as types};
+use crate::events::{StreamHead, append, create_or_lock_stream};
 use crate::model::{AgentRef, Event, NewEvent, VersionOrigin};
 use crate::paging::{Page, PageRequest, Where, decode_token, encode_token};
 use crate::rows::{self, SESSION_COLUMNS, find_session, require_session, session_from_row};
@@ -665,7 +663,7 @@ pub(crate) async fn create(
     opening: &[NewEvent],
 ) -> Result<Session> {
     lock_agent_sessions_for_create(tx, &new.agent, max_live_per_agent).await?;
-    let mut head = lock_stream(tx, &new.id).await?;
+    let mut head = create_or_lock_stream(tx, &new.id).await?;
     if head.last_seq > 0 {
         return Err(if find_session(&mut tx.conn(), &new.id).await?.is_some() {
             LedgerError::AlreadyExists {
@@ -731,12 +729,13 @@ pub(crate) async fn create(
     });
     let event = body.clone().into_new_event(&new.actor)?;
     let event = append(tx, &mut head, event).await?;
-    apply(&mut tx.conn(), &event, &body).await?;
+    // The row as inserted: neither the secrets nor the opening events change it.
+    let session = project(&mut tx.conn(), &event, &body).await?;
     secrets::insert(&mut tx.conn(), &new.id, &new.secrets, event.ts).await?;
     if !opening.is_empty() {
         crate::events::append_batch(tx, &mut head, opening.to_vec()).await?;
     }
-    require_session(&mut tx.conn(), &new.id).await
+    Ok(session)
 }
 
 pub(crate) fn check_change(session: &Session, change: &StatusChange) -> Result<()> {
@@ -759,12 +758,13 @@ pub(crate) fn check_change(session: &Session, change: &StatusChange) -> Result<(
 
 /// Appends and applies one status change of a locked session, nothing else: a terminal
 /// change goes through `cascade::transition`, which first closes what the session held.
+/// Returns the session's row as the change wrote it.
 pub(crate) async fn append_transition(
     tx: &mut Tx,
     head: &mut StreamHead,
     session: &Session,
     change: &StatusChange,
-) -> Result<()> {
+) -> Result<Session> {
     let transition = SessionTransition {
         from: session.status,
         to: change.to,
@@ -779,7 +779,7 @@ pub(crate) async fn append_transition(
         _ => EventBody::SessionStatusChanged(transition),
     };
     let event = append(tx, head, body.clone().into_new_event(&change.actor)?).await?;
-    apply(&mut tx.conn(), &event, &body).await
+    project(&mut tx.conn(), &event, &body).await
 }
 
 /// Moves a locked session to `awaiting_approval` if it is not there yet (used when an approval
@@ -796,14 +796,25 @@ pub(crate) async fn ensure_awaiting_approval(
     }
     let change = StatusChange::to(to).because(reason);
     check_change(session, &change)?;
-    append_transition(tx, head, session, &change).await
+    append_transition(tx, head, session, &change)
+        .await
+        .map(drop)
 }
 
 // ---------------------------------------------------------------------------------------------
 // Projection writes: a pure function of the event.
 
 pub(crate) async fn apply(conn: &mut Conn<'_>, event: &Event, body: &EventBody) -> Result<()> {
-    match body {
+    project(conn, event, body).await.map(drop)
+}
+
+/// `RETURNING` the columns [`session_from_row`] reads, for the projection's writes.
+static RETURNING_SESSION: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| format!(" RETURNING {}", SESSION_COLUMNS.replace("s.", "")));
+
+/// [`apply`], returning the session's row as the event's projection wrote it (no read-back).
+async fn project(conn: &mut Conn<'_>, event: &Event, body: &EventBody) -> Result<Session> {
+    let session = match body {
         EventBody::SessionStarted(p) => {
             let metadata = serde_json::to_value(&p.metadata)
                 .map_err(|e| LedgerError::corrupt(format!("session metadata: {e}")))?;
@@ -813,36 +824,49 @@ pub(crate) async fn apply(conn: &mut Conn<'_>, event: &Event, body: &EventBody) 
                 .map(serde_json::to_value)
                 .transpose()
                 .map_err(|e| LedgerError::corrupt(format!("session limits: {e}")))?;
-            conn.execute(
-                "project session",
-                "INSERT INTO sessions (id, agent_version_id, parent_session_id, root_session_id, \
-                 depth, mode, input, metadata, status, created_by, created_at, updated_at, \
-                 agent_namespace, agent_name, agent_version, limits, created_by_verification, \
-                 created_by_via, bundle_version_id) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $11, $12, $13, $14, $15, \
-                 $16, $17, $18)",
-                vec![
-                    Arg::from(p.session_id.as_str()),
-                    Arg::from(p.agent_version_id),
-                    Arg::from(p.parent_session_id.clone()),
-                    Arg::from(p.root_session_id.as_str()),
-                    Arg::from(i64::from(p.depth)),
-                    Arg::from(p.mode.as_str()),
-                    Arg::Json(p.input.clone()),
-                    Arg::Json(metadata),
-                    Arg::from(p.status.as_str()),
-                    Arg::from(event.actor.as_str()),
-                    Arg::from(event.ts),
-                    Arg::from(p.agent_namespace.as_str()),
-                    Arg::from(p.agent_name.as_str()),
-                    Arg::from(p.agent_version.as_str()),
-                    Arg::OptJson(limits),
-                    Arg::from(event.actor_verification.map(Verification::as_str)),
-                    Arg::from(event.actor_via.clone()),
-                    Arg::from(p.bundle_version_id),
-                ],
-            )
-            .await?;
+            static INSERT: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+                format!(
+                    "INSERT INTO sessions (id, agent_version_id, parent_session_id, \
+                     root_session_id, depth, mode, input, metadata, status, created_by, \
+                     created_at, updated_at, agent_namespace, agent_name, agent_version, limits, \
+                     created_by_verification, created_by_via, bundle_version_id) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $11, $12, $13, $14, \
+                     $15, $16, $17, $18){}",
+                    *RETURNING_SESSION
+                )
+            });
+            let row = conn
+                .fetch_optional(
+                    "project session",
+                    &INSERT,
+                    vec![
+                        Arg::from(p.session_id.as_str()),
+                        Arg::from(p.agent_version_id),
+                        Arg::from(p.parent_session_id.clone()),
+                        Arg::from(p.root_session_id.as_str()),
+                        Arg::from(i64::from(p.depth)),
+                        Arg::from(p.mode.as_str()),
+                        Arg::Json(p.input.clone()),
+                        Arg::Json(metadata),
+                        Arg::from(p.status.as_str()),
+                        Arg::from(event.actor.as_str()),
+                        Arg::from(event.ts),
+                        Arg::from(p.agent_namespace.as_str()),
+                        Arg::from(p.agent_name.as_str()),
+                        Arg::from(p.agent_version.as_str()),
+                        Arg::OptJson(limits),
+                        Arg::from(event.actor_verification.map(Verification::as_str)),
+                        Arg::from(event.actor_via.clone()),
+                        Arg::from(p.bundle_version_id),
+                    ],
+                )
+                .await?
+                .ok_or_else(|| {
+                    LedgerError::corrupt(format!(
+                        "stream {}: the session insert returned no row",
+                        event.stream
+                    ))
+                })?;
             for (key, value) in &p.metadata {
                 conn.execute(
                     "project session metadata",
@@ -851,6 +875,7 @@ pub(crate) async fn apply(conn: &mut Conn<'_>, event: &Event, body: &EventBody) 
                 )
                 .await?;
             }
+            session_from_row(&row)?
         }
         EventBody::SessionStatusChanged(p)
         | EventBody::SessionCompleted(p)
@@ -862,16 +887,42 @@ pub(crate) async fn apply(conn: &mut Conn<'_>, event: &Event, body: &EventBody) 
                     event.stream, event.seq, event.event_type, p.to
                 )));
             }
-            let current = conn
-                .fetch_optional(
-                    "read session status",
-                    "SELECT status FROM sessions WHERE id = $1",
-                    args![event.stream.as_str()],
+            // The change applies only from the status it records (one statement: the row is
+            // read only to name what it found when it does not).
+            static UPDATE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+                format!(
+                    "UPDATE sessions SET status = $2, error = COALESCE($3, error), \
+                     output = COALESCE($4, output), updated_at = $5, ended_at = $6 \
+                     WHERE id = $1 AND status = $7{}",
+                    *RETURNING_SESSION
                 )
-                .await?
-                .map(|r| r.text("status"))
-                .transpose()?;
-            if current.as_deref() != Some(p.from.as_str()) {
+            });
+            let ended_at = p.to.is_terminal().then_some(event.ts);
+            let row = conn
+                .fetch_optional(
+                    "project session status",
+                    &UPDATE,
+                    vec![
+                        Arg::from(event.stream.as_str()),
+                        Arg::from(p.to.as_str()),
+                        Arg::from(p.message.clone()),
+                        Arg::OptJson(p.output.clone()),
+                        Arg::from(event.ts),
+                        Arg::from(ended_at),
+                        Arg::from(p.from.as_str()),
+                    ],
+                )
+                .await?;
+            let Some(row) = row else {
+                let current = conn
+                    .fetch_optional(
+                        "read session status",
+                        "SELECT status FROM sessions WHERE id = $1",
+                        args![event.stream.as_str()],
+                    )
+                    .await?
+                    .map(|r| r.text("status"))
+                    .transpose()?;
                 return Err(LedgerError::corrupt(format!(
                     "stream {} seq {}: {} from {} but the session is {}",
                     event.stream,
@@ -880,25 +931,7 @@ pub(crate) async fn apply(conn: &mut Conn<'_>, event: &Event, body: &EventBody) 
                     p.from,
                     current.as_deref().unwrap_or("missing")
                 )));
-            }
-            let ended_at = p.to.is_terminal().then_some(event.ts);
-            let rows = conn
-                .execute(
-                    "project session status",
-                    "UPDATE sessions SET status = $2, error = COALESCE($3, error), \
-                     output = COALESCE($4, output), updated_at = $5, ended_at = $6 \
-                     WHERE id = $1",
-                    vec![
-                        Arg::from(event.stream.as_str()),
-                        Arg::from(p.to.as_str()),
-                        Arg::from(p.message.clone()),
-                        Arg::OptJson(p.output.clone()),
-                        Arg::from(event.ts),
-                        Arg::from(ended_at),
-                    ],
-                )
-                .await?;
-            expect_rows(rows, 1, event)?;
+            };
             if p.to.is_terminal() {
                 secrets::purge(conn, &event.stream).await?;
                 // User messages still queued for the driver (migration 0019): dropped with it.
@@ -909,6 +942,7 @@ pub(crate) async fn apply(conn: &mut Conn<'_>, event: &Event, body: &EventBody) 
                 )
                 .await?;
             }
+            session_from_row(&row)?
         }
         other => {
             return Err(LedgerError::corrupt(format!(
@@ -918,8 +952,8 @@ pub(crate) async fn apply(conn: &mut Conn<'_>, event: &Event, body: &EventBody) 
                 other.event_type()
             )));
         }
-    }
-    Ok(())
+    };
+    Ok(session)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1067,6 +1101,20 @@ impl Ledger {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_projection_returns_the_columns_a_session_is_read_from_unqualified() {
+        let returning = RETURNING_SESSION.trim_start();
+        assert!(
+            returning.starts_with("RETURNING id, agent_version_id, "),
+            "{returning}"
+        );
+        assert!(!returning.contains('.'), "{returning}");
+        assert_eq!(
+            returning.matches(", ").count(),
+            SESSION_COLUMNS.matches(", ").count()
+        );
+    }
 
     #[test]
     fn transitions_follow_the_documented_table() {

@@ -815,3 +815,165 @@ pub(crate) async fn a_takeover_withdraws_the_dead_replicas_published_handlers(db
         Some("replica-b")
     );
 }
+
+/// A replica that drives the session it creates takes its lease in the creating transaction
+/// (`open_session_leased`): epoch 1, this replica's from the commit on, and its appends fenced
+/// by it as by a lease acquired afterwards.
+pub(crate) async fn a_session_created_with_its_lease_is_fenced_from_its_first_write(db: &TestDb) {
+    let clock = Clock::new();
+    let a = replica(db, &clock, "replica-a").await;
+    let b = replica(db, &clock, "replica-b").await;
+    let v = deploy_agent(&a, &refund_agent(), "0.1.0").await;
+    let (s, claim) = a
+        .open_session_leased(
+            crate::session_cases::new_session(&v, &[]),
+            None,
+            Vec::new(),
+            TTL,
+        )
+        .await
+        .unwrap();
+    assert_eq!(granted(claim), 1);
+    assert_eq!(s.status, SessionStatus::Running);
+    let lease = b.session_lease(&s.id).await.unwrap().unwrap();
+    assert_eq!(
+        (lease.owner.as_deref(), lease.epoch),
+        (Some("replica-a"), 1)
+    );
+    assert!(a.holds_session_lease(&s.id, 1));
+    assert!(matches!(
+        b.acquire_session_lease(&s.id, TTL).await.unwrap(),
+        LeaseClaim::Held(_)
+    ));
+    // Renewed like any lease this replica holds, never mistaken for a leftover.
+    assert_eq!(
+        a.renew_session_leases(TTL).await.unwrap().renewed,
+        std::slice::from_ref(&s.id)
+    );
+    a.append_session_event(&s.id, note("a, epoch 1"))
+        .await
+        .unwrap();
+    // Taken over once it expired: A's next write is refused.
+    clock.advance(Duration::seconds(11));
+    assert_eq!(
+        granted(b.take_over_session_lease(&s.id, TTL).await.unwrap()),
+        2
+    );
+    fenced(
+        a.append_session_event(&s.id, note("a, stale")).await,
+        &s.id,
+        1,
+    );
+    // Nothing is created (and no lease taken) when the create is refused.
+    let mut again = crate::session_cases::new_session(&v, &[]);
+    again.id.clone_from(&s.id);
+    assert!(matches!(
+        a.open_session_leased(again, None, Vec::new(), TTL).await,
+        Err(LedgerError::AlreadyExists { .. })
+    ));
+    let lease = a.session_lease(&s.id).await.unwrap().unwrap();
+    assert_eq!(
+        (lease.owner.as_deref(), lease.epoch),
+        (Some("replica-b"), 2)
+    );
+    assert!(matches!(
+        a.open_session_leased(
+            crate::session_cases::new_session(&v, &[]),
+            None,
+            Vec::new(),
+            StdDuration::ZERO
+        )
+        .await,
+        Err(LedgerError::InvalidArgument { .. })
+    ));
+}
+
+/// The transaction that ends a session this replica leases releases the lease with it (the
+/// driver stops next): the epoch kept, the owner gone at the commit, no loss reported by a
+/// renewal, and the driver's own release is answered without writing. A session ended by a
+/// replica that does not lease it leaves the holder's lease to its holder.
+pub(crate) async fn a_session_end_releases_the_lease_of_the_replica_that_ends_it(db: &TestDb) {
+    let clock = Clock::new();
+    let a = replica(db, &clock, "replica-a").await;
+    let b = replica(db, &clock, "replica-b").await;
+    let v = deploy_agent(&a, &refund_agent(), "0.1.0").await;
+
+    let s = start(&a, &v).await;
+    assert_eq!(
+        granted(a.acquire_session_lease(&s.id, TTL).await.unwrap()),
+        1
+    );
+    a.set_session_status(&s.id, StatusChange::completed(Some(json!({"ok": true}))))
+        .await
+        .unwrap();
+    let lease = b.session_lease(&s.id).await.unwrap().unwrap();
+    assert_eq!(
+        (lease.owner, lease.epoch),
+        (None, 1),
+        "released with the end"
+    );
+    assert!(!a.holds_session_lease(&s.id, 1));
+    let renewal = a.renew_session_leases(TTL).await.unwrap();
+    assert!(
+        renewal.lost.is_empty() && renewal.renewed.is_empty(),
+        "{renewal:?}"
+    );
+    assert!(a.release_session_lease(&s.id, 1).await.unwrap());
+    assert!(
+        !a.release_session_lease(&s.id, 1).await.unwrap(),
+        "released once"
+    );
+    // The next holder gets the next epoch.
+    assert_eq!(
+        granted(b.acquire_session_lease(&s.id, TTL).await.unwrap()),
+        2
+    );
+
+    // Cancelled by B, which does not lease it: A's lease stays A's until A's driver releases.
+    let s = start(&a, &v).await;
+    assert_eq!(
+        granted(a.acquire_session_lease(&s.id, TTL).await.unwrap()),
+        1
+    );
+    b.set_session_status(&s.id, StatusChange::cancelled())
+        .await
+        .unwrap();
+    let lease = a.session_lease(&s.id).await.unwrap().unwrap();
+    assert_eq!(
+        (lease.owner.as_deref(), lease.epoch),
+        (Some("replica-a"), 1)
+    );
+    assert!(a.release_session_lease(&s.id, 1).await.unwrap());
+    let lease = a.session_lease(&s.id).await.unwrap().unwrap();
+    assert_eq!((lease.owner, lease.epoch), (None, 1));
+
+    // A child ended by its parent's end, both leased here: both released in that transaction.
+    let parent = start(&a, &v).await;
+    let mut child = crate::session_cases::new_session(&v, &[]);
+    child.parent_session_id = Some(parent.id.clone());
+    let child = a.create_session(child).await.unwrap();
+    assert_eq!(
+        granted(a.acquire_session_lease(&parent.id, TTL).await.unwrap()),
+        1
+    );
+    assert_eq!(
+        granted(a.acquire_session_lease(&child.id, TTL).await.unwrap()),
+        1
+    );
+    a.set_session_status(&parent.id, StatusChange::failed("boom"))
+        .await
+        .unwrap();
+    for id in [&parent.id, &child.id] {
+        let lease = b.session_lease(id).await.unwrap().unwrap();
+        assert_eq!((lease.owner, lease.epoch), (None, 1), "{id}");
+    }
+    // A driver that asks after a renewal is still answered; one that never asks (the engine
+    // stopping) is forgotten at the second renewal.
+    a.renew_session_leases(TTL).await.unwrap();
+    assert!(a.release_session_lease(&parent.id, 1).await.unwrap());
+    a.renew_session_leases(TTL).await.unwrap();
+    assert!(
+        !a.release_session_lease(&child.id, 1).await.unwrap(),
+        "forgotten: released in the database, nothing held here"
+    );
+}

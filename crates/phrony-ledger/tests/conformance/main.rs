@@ -180,4 +180,6 @@ conformance!(
     replicas_racing_to_expire_an_approval_expire_it_once,
     sessions_leased_elsewhere_answers_a_mixed_page_in_one_read,
     a_takeover_withdraws_the_dead_replicas_published_handlers,
+    a_session_created_with_its_lease_is_fenced_from_its_first_write,
+    a_session_end_releases_the_lease_of_the_replica_that_ends_it,
 );

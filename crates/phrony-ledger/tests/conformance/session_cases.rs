@@ -83,7 +83,7 @@ pub(crate) fn refund_agent() -> AgentRef {
     AgentRef::new("support", "refund-agent")
 }
 
-fn new_session(v: &AgentVersion, metadata: &[(&str, &str)]) -> NewSession {
+pub(crate) fn new_session(v: &AgentVersion, metadata: &[(&str, &str)]) -> NewSession {
     NewSession {
         id: new_session_id(),
         agent_version_id: v.id,
