@@ -65,6 +65,16 @@ pub(crate) async fn set_status(
     change: &StatusChange,
 ) -> Result<StatusChanged> {
     let mut head = lock_stream(tx, id).await?;
+    set_status_locked(tx, &mut head, id, change).await
+}
+
+/// [`set_status`] on the session's stream, locked by this transaction (`head`).
+pub(crate) async fn set_status_locked(
+    tx: &mut Tx,
+    head: &mut StreamHead,
+    id: &str,
+    change: &StatusChange,
+) -> Result<StatusChanged> {
     let session = require_session(&mut tx.conn(), id).await?;
     check_change(&session, change)?;
     let mut changed = StatusChanged {
@@ -75,7 +85,7 @@ pub(crate) async fn set_status(
         cancelled_children: Vec::new(),
         secrets_purged: 0,
     };
-    changed.session = transition(tx, &mut head, &session, change, &mut changed).await?;
+    changed.session = transition(tx, head, &session, change, &mut changed).await?;
     Ok(changed)
 }
 

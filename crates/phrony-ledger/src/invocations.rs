@@ -344,6 +344,16 @@ pub(crate) async fn transition(
 pub(crate) async fn record(tx: &mut Tx, new: &NewToolCall) -> Result<ToolInvocation> {
     let mut head = lock_stream(tx, &new.session_id).await?;
     let session = rows::require_session_head(&mut tx.conn(), &new.session_id).await?;
+    record_locked(tx, &mut head, session, new).await
+}
+
+/// [`record`] on the locked stream of the session, as `session` (read under that lock).
+pub(crate) async fn record_locked(
+    tx: &mut Tx,
+    head: &mut StreamHead,
+    session: rows::SessionHead,
+    new: &NewToolCall,
+) -> Result<ToolInvocation> {
     if session.status.is_terminal() {
         return Err(LedgerError::precondition(format!(
             "session {} is {} and cannot record tool calls",
@@ -390,7 +400,7 @@ pub(crate) async fn record(tx: &mut Tx, new: &NewToolCall) -> Result<ToolInvocat
     let mut event = body.clone().into_new_event("agent")?;
     event.call_id = Some(call_id.clone());
     event.turn = Some(new.turn);
-    let event = append(tx, &mut head, event).await?;
+    let event = append(tx, head, event).await?;
     project(&mut tx.conn(), &event, &body)
         .await?
         .ok_or_else(|| not_found(&call_id))

@@ -41,6 +41,14 @@ pub(crate) async fn lock_open_session(
     tx: &mut crate::db::Tx,
     session_id: &str,
 ) -> Result<crate::events::StreamHead> {
+    Ok(lock_open_session_head(tx, session_id).await?.0)
+}
+
+/// [`lock_open_session`], also returning what it read of the session.
+async fn lock_open_session_head(
+    tx: &mut crate::db::Tx,
+    session_id: &str,
+) -> Result<(crate::events::StreamHead, rows::SessionHead)> {
     let head = lock_stream(tx, session_id).await?;
     let session = rows::require_session_head(&mut tx.conn(), session_id).await?;
     if session.status.is_terminal() {
@@ -49,7 +57,7 @@ pub(crate) async fn lock_open_session(
             session.status
         )));
     }
-    Ok(head)
+    Ok((head, session))
 }
 
 /// An event [`Ledger::open_session`] appends right after `session.started`.
@@ -412,21 +420,23 @@ impl Ledger {
         if let Some(message) = &assistant {
             batch.push(message.to_new_event()?);
         }
+        // The stream is locked and the session read once for the whole step.
         write_tx!(self, |tx| async {
-            let mut head = lock_open_session(&mut tx, session_id).await?;
-            let mut events = Vec::with_capacity(batch.len());
-            for new in &batch {
-                events.push(append(&mut tx, &mut head, new.clone()).await?);
-            }
+            let (mut head, mut session) = lock_open_session_head(&mut tx, session_id).await?;
+            let events = crate::events::append_batch(&mut tx, &mut head, batch.clone()).await?;
             let status = match &next {
                 Some(change) => {
-                    Some(crate::cascade::set_status(&mut tx, session_id, change).await?)
+                    let changed =
+                        crate::cascade::set_status_locked(&mut tx, &mut head, session_id, change)
+                            .await?;
+                    session.status = changed.session.status;
+                    Some(changed)
                 }
                 None => None,
             };
             let mut recorded = Vec::with_capacity(calls.len());
             for call in &calls {
-                recorded.push(invocations::record(&mut tx, call).await?);
+                recorded.push(invocations::record_locked(&mut tx, &mut head, session, call).await?);
             }
             Ok(RecordedStep {
                 events,
