@@ -283,11 +283,7 @@ impl Tx {
             }
         };
         if let Err(error) = committed {
-            if let Some(replica) = &self.replica {
-                for (session_id, epoch) in &self.released {
-                    replica.not_released(session_id, *epoch);
-                }
-            }
+            keep_held(self.replica.as_ref(), &self.released);
             return Err(error);
         }
         // Only after the commit: the sender must find the rows when it wakes.
@@ -311,11 +307,7 @@ impl Tx {
     /// that batch did not commit: what the caller concluded from the state it read is then not
     /// durable, and it must report the outage instead.
     pub(crate) async fn rollback(self) -> Result<()> {
-        if let Some(replica) = &self.replica {
-            for (session_id, epoch) in &self.released {
-                replica.not_released(session_id, *epoch);
-            }
-        }
+        keep_held(self.replica.as_ref(), &self.released);
         match self.kind {
             TxKind::Sqlite(lease) => lease.roll_back().await,
             TxKind::Postgres(tx) => {
@@ -326,6 +318,16 @@ impl Tx {
                 }
                 Ok(())
             }
+        }
+    }
+}
+
+/// A transaction did not commit: the leases it was to release with their sessions' ends
+/// (`Tx::releases_lease`) stay held.
+fn keep_held(replica: Option<&Arc<Replica>>, released: &[(String, i64)]) {
+    if let Some(replica) = replica {
+        for (session_id, epoch) in released {
+            replica.not_released(session_id, *epoch);
         }
     }
 }
