@@ -20,7 +20,7 @@ use crate::invocations::{
     outcome_in_doubt, require, require_text,
 };
 use crate::leases;
-use crate::rows::{Session, require_session};
+use crate::rows::{Session, require_session_head};
 use crate::sessions::{self, SessionStatus, StatusChange, StatusChanged, check_change};
 
 // ---------------------------------------------------------------------------------------------
@@ -68,25 +68,55 @@ pub(crate) async fn set_status(
     set_status_locked(tx, &mut head, id, change).await
 }
 
-/// [`set_status`] on the session's stream, locked by this transaction (`head`).
+/// [`set_status`] on the session's stream, locked by this transaction (`head`). A change that
+/// names the status it expects ([`StatusChange::expect_from`], as the engine's always do) reads
+/// nothing first: it is recorded from that status and the projection's conditional `UPDATE`
+/// refuses it, rolling the transaction back, when the session is not in it. Otherwise the
+/// status is read under the lock.
 pub(crate) async fn set_status_locked(
     tx: &mut Tx,
     head: &mut StreamHead,
     id: &str,
     change: &StatusChange,
 ) -> Result<StatusChanged> {
-    let session = require_session(&mut tx.conn(), id).await?;
-    check_change(&session, change)?;
-    let mut changed = StatusChanged {
-        session: session.clone(),
-        from: session.status,
-        closed_approvals: Vec::new(),
-        cancelled_calls: Vec::new(),
-        cancelled_children: Vec::new(),
-        secrets_purged: 0,
+    let from = match change.expect_from {
+        Some(expected) if expected.can_change_to(change.to) => expected,
+        // No expectation, or one no session could satisfy: the error names the actual status.
+        _ => require_session_head(&mut tx.conn(), id).await?.status,
     };
-    changed.session = transition(tx, head, &session, change, &mut changed).await?;
-    Ok(changed)
+    set_status_from(tx, head, id, from, change).await
+}
+
+/// [`set_status_locked`] of a session whose status this transaction read under the stream's
+/// lock (or expects: see there) as `from`.
+pub(crate) async fn set_status_from(
+    tx: &mut Tx,
+    head: &mut StreamHead,
+    id: &str,
+    from: SessionStatus,
+    change: &StatusChange,
+) -> Result<StatusChanged> {
+    check_change(id, from, change)?;
+    let mut closed = Closed::default();
+    let session = transition(tx, head, id, from, change, &mut closed, true).await?;
+    Ok(StatusChanged {
+        session,
+        from,
+        closed_approvals: closed.approvals,
+        cancelled_calls: closed.calls,
+        cancelled_children: closed.children,
+        secrets_purged: closed.secrets_purged,
+    })
+}
+
+/// What a terminal status change closed ([`StatusChanged`]'s lists), gathered across the
+/// cascade to the session's running descendants.
+#[derive(Default)]
+struct Closed {
+    approvals: Vec<Uuid>,
+    calls: Vec<String>,
+    children: Vec<String>,
+    secrets_purged: u64,
 }
 
 /// Fails every live session running one of `version_ids` because the version was taken out of
@@ -118,16 +148,14 @@ pub(crate) async fn end_for_versions(
         for id in ids {
             let mut head = lock_stream(tx, &id).await?;
             // A parent ended earlier in this loop may have cancelled it already.
-            if require_session(&mut tx.conn(), &id)
-                .await?
-                .status
-                .is_terminal()
-            {
+            let status = require_session_head(&mut tx.conn(), &id).await?.status;
+            if status.is_terminal() {
                 continue;
             }
             approvals::close_pending(tx, &mut head, &id, reason).await?;
             invocations::cancel_open(tx, &mut head, &id, reason).await?;
-            set_status(tx, &id, &StatusChange::failed(reason).by(actor)).await?;
+            let change = StatusChange::failed(reason).by(actor);
+            set_status_from(tx, &mut head, &id, status, &change).await?;
             ended.push(id);
         }
     }
@@ -179,34 +207,38 @@ async fn to_close(tx: &mut Tx, session_id: &str) -> Result<ToClose> {
     })
 }
 
-/// Appends and applies one status change of a locked session. A terminal change first closes
-/// the session's pending approvals, cancels its open tool calls and cancels its running
-/// descendants (each in its own stream), then purges its secrets (in [`apply`]) and releases
-/// the lease this replica held on it. Returns the session's row as the change wrote it.
+/// Appends and applies one status change of a locked session, from status `from`. A terminal
+/// change first closes the session's pending approvals, cancels its open tool calls and
+/// cancels its running descendants (each in its own stream), then purges its secrets (in
+/// [`apply`]) and releases the lease this replica held on it. Returns the session's row as
+/// the change wrote it. `top`: the session asked to change, not a descendant the cascade
+/// reached (only its purged secrets are counted).
 async fn transition(
     tx: &mut Tx,
     head: &mut StreamHead,
-    session: &Session,
+    id: &str,
+    from: SessionStatus,
     change: &StatusChange,
-    out: &mut StatusChanged,
+    out: &mut Closed,
+    top: bool,
 ) -> Result<Session> {
     if change.to.is_terminal() {
-        let why = format!("session {} ended ({})", session.id, change.to);
-        let open = to_close(tx, &session.id).await?;
+        let why = format!("session {id} ended ({})", change.to);
+        let open = to_close(tx, id).await?;
         if open.approvals {
-            out.closed_approvals
-                .extend(approvals::close_pending(tx, head, &session.id, &why).await?);
+            out.approvals
+                .extend(approvals::close_pending(tx, head, id, &why).await?);
         }
         if open.calls {
-            out.cancelled_calls
-                .extend(invocations::cancel_open(tx, head, &session.id, &why).await?);
+            out.calls
+                .extend(invocations::cancel_open(tx, head, id, &why).await?);
         }
         let children = if open.children {
             tx.conn()
                 .fetch_all(
                     "find running children",
                     &format!("SELECT id FROM sessions WHERE {LIVE_CHILDREN} ORDER BY id"),
-                    args![&session.id],
+                    args![id],
                 )
                 .await?
         } else {
@@ -215,26 +247,34 @@ async fn transition(
         for row in children {
             let child_id = row.text("id")?;
             let mut child_head = lock_stream(tx, &child_id).await?;
-            let child = require_session(&mut tx.conn(), &child_id).await?;
-            if child.status.is_terminal() {
+            let child = require_session_head(&mut tx.conn(), &child_id)
+                .await?
+                .status;
+            if child.is_terminal() {
                 continue;
             }
             let cascade = StatusChange::cancelled()
                 .by(change.actor.clone())
-                .because(format!(
-                    "parent session {} ended ({})",
-                    session.id, change.to
-                ));
-            out.cancelled_children.push(child_id.clone());
-            Box::pin(transition(tx, &mut child_head, &child, &cascade, out)).await?;
+                .because(format!("parent session {id} ended ({})", change.to));
+            out.children.push(child_id.clone());
+            Box::pin(transition(
+                tx,
+                &mut child_head,
+                &child_id,
+                child,
+                &cascade,
+                out,
+                false,
+            ))
+            .await?;
         }
-        if head.stream == out.session.id {
+        if top {
             out.secrets_purged = open.secrets;
         }
     }
-    let changed = sessions::append_transition(tx, head, session, change).await?;
+    let changed = sessions::append_transition(tx, head, id, from, change).await?;
     if change.to.is_terminal() {
-        leases::release_with_end(tx, &session.id).await?;
+        leases::release_with_end(tx, id).await?;
     }
     Ok(changed)
 }

@@ -429,9 +429,58 @@ async fn queue_locked(
     transition(tx, head, call, "system", payload).await
 }
 
-async fn dispatch_call(tx: &mut Tx, call_id: &str, d: &Dispatch) -> Result<ToolInvocation> {
+/// The content hash of each agent version a dispatch recorded (`tool.dispatched` names the
+/// manifest the call ran under). A stored version's content hash never changes, so each
+/// version is read once per process, not once per dispatch. At most [`VERSION_HASHES`]
+/// versions are kept; the map is emptied when it is full.
+#[derive(Debug, Default)]
+pub(crate) struct VersionHashes(std::sync::Mutex<std::collections::HashMap<Uuid, String>>);
+
+/// How many agent versions' content hashes [`VersionHashes`] keeps.
+const VERSION_HASHES: usize = 1024;
+
+impl VersionHashes {
+    fn map(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<Uuid, String>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The content hash of agent version `id`: remembered, or read in `tx` (`None`: no such
+    /// version; not remembered).
+    async fn get(&self, tx: &mut Tx, id: Uuid) -> Result<Option<String>> {
+        if let Some(hash) = self.map().get(&id) {
+            return Ok(Some(hash.clone()));
+        }
+        let hash = tx
+            .conn()
+            .fetch_optional(
+                "read manifest content hash",
+                "SELECT content_hash FROM agent_versions WHERE id = $1",
+                args![id],
+            )
+            .await?
+            .map(|r| r.text("content_hash"))
+            .transpose()?;
+        if let Some(hash) = &hash {
+            let mut map = self.map();
+            if map.len() >= VERSION_HASHES {
+                map.clear();
+            }
+            map.insert(id, hash.clone());
+        }
+        Ok(hash)
+    }
+}
+
+async fn dispatch_call(
+    tx: &mut Tx,
+    call_id: &str,
+    d: &Dispatch,
+    hashes: &VersionHashes,
+) -> Result<ToolInvocation> {
     let (mut head, call) = lock_call(tx, call_id).await?;
-    dispatch_locked(tx, &mut head, &call, d).await
+    dispatch_locked(tx, &mut head, &call, d, hashes).await
 }
 
 async fn dispatch_locked(
@@ -439,18 +488,10 @@ async fn dispatch_locked(
     head: &mut StreamHead,
     call: &ToolInvocation,
     d: &Dispatch,
+    hashes: &VersionHashes,
 ) -> Result<ToolInvocation> {
     check_from(call, CallStatus::Dispatched, &[CallStatus::Queued])?;
-    let manifest_content_hash = tx
-        .conn()
-        .fetch_optional(
-            "read manifest content hash",
-            "SELECT content_hash FROM agent_versions WHERE id = $1",
-            args![call.agent_version_id],
-        )
-        .await?
-        .map(|r| r.text("content_hash"))
-        .transpose()?;
+    let manifest_content_hash = hashes.get(tx, call.agent_version_id).await?;
     let payload = ToolDispatched {
         call_id: call.call_id.clone(),
         tool: call.tool.clone(),
@@ -895,7 +936,12 @@ impl Ledger {
         dispatch: Dispatch,
     ) -> Result<ToolInvocation> {
         require_text("worker_id", &dispatch.worker_id)?;
-        write_tx!(self, |tx| dispatch_call(&mut tx, call_id, &dispatch))
+        write_tx!(self, |tx| dispatch_call(
+            &mut tx,
+            call_id,
+            &dispatch,
+            &self.version_hashes
+        ))
     }
 
     /// [`Ledger::queue_tool_call`] then [`Ledger::dispatch_tool_call`] in one transaction
@@ -917,7 +963,7 @@ impl Ledger {
             if call.status != CallStatus::Queued {
                 call = queue_locked(&mut tx, &mut head, &call).await?;
             }
-            dispatch_locked(&mut tx, &mut head, &call, &dispatch).await
+            dispatch_locked(&mut tx, &mut head, &call, &dispatch, &self.version_hashes).await
         })
     }
 

@@ -512,6 +512,9 @@ pub struct Ledger {
     /// Who hears the appends of this handle's (and its clones') committed writes
     /// ([`Ledger::listen_to_commits`]).
     listeners: Arc<commits::Listeners>,
+    /// The content hashes of the agent versions this handle's dispatches named (immutable once
+    /// stored), shared by its clones.
+    version_hashes: Arc<invocations::VersionHashes>,
 }
 
 /// How [`Ledger::probe_write`] reaches the database.
@@ -714,6 +717,7 @@ impl Ledger {
             replica: Arc::new(replica::Replica::new(replica::default_replica_id())),
             history_pool: None,
             listeners: Arc::default(),
+            version_hashes: Arc::default(),
         }
     }
 

@@ -426,9 +426,14 @@ impl Ledger {
             let events = crate::events::append_batch(&mut tx, &mut head, batch.clone()).await?;
             let status = match &next {
                 Some(change) => {
-                    let changed =
-                        crate::cascade::set_status_locked(&mut tx, &mut head, session_id, change)
-                            .await?;
+                    let changed = crate::cascade::set_status_from(
+                        &mut tx,
+                        &mut head,
+                        session_id,
+                        session.status,
+                        change,
+                    )
+                    .await?;
                     session.status = changed.session.status;
                     Some(changed)
                 }

@@ -738,19 +738,20 @@ pub(crate) async fn create(
     Ok(session)
 }
 
-pub(crate) fn check_change(session: &Session, change: &StatusChange) -> Result<()> {
+/// Whether session `id`, in `status`, may take `change` (its expected status, then
+/// [`SessionStatus::can_change_to`]): `FailedPrecondition` naming both otherwise.
+pub(crate) fn check_change(id: &str, status: SessionStatus, change: &StatusChange) -> Result<()> {
     if let Some(expected) = change.expect_from
-        && session.status != expected
+        && status != expected
     {
         return Err(LedgerError::precondition(format!(
-            "session {} is {}, not {expected}",
-            session.id, session.status
+            "session {id} is {status}, not {expected}"
         )));
     }
-    if !session.status.can_change_to(change.to) {
+    if !status.can_change_to(change.to) {
         return Err(LedgerError::precondition(format!(
-            "session {} cannot change status from {} to {}",
-            session.id, session.status, change.to
+            "session {id} cannot change status from {status} to {}",
+            change.to
         )));
     }
     Ok(())
@@ -758,15 +759,20 @@ pub(crate) fn check_change(session: &Session, change: &StatusChange) -> Result<(
 
 /// Appends and applies one status change of a locked session, nothing else: a terminal
 /// change goes through `cascade::transition`, which first closes what the session held.
-/// Returns the session's row as the change wrote it.
+/// `from` is the status the change is recorded from: read under the stream's lock, or the one
+/// the caller expects ([`StatusChange::expect_from`]), which the projection's conditional
+/// `UPDATE` then checks — when the session is not in it, the change is refused
+/// (`FailedPrecondition`, `NotFound` for no session) and the caller's transaction, with the
+/// event it appended, is rolled back. Returns the session's row as the change wrote it.
 pub(crate) async fn append_transition(
     tx: &mut Tx,
     head: &mut StreamHead,
-    session: &Session,
+    id: &str,
+    from: SessionStatus,
     change: &StatusChange,
 ) -> Result<Session> {
     let transition = SessionTransition {
-        from: session.status,
+        from,
         to: change.to,
         reason: change.reason.clone(),
         message: change.error.clone(),
@@ -779,7 +785,13 @@ pub(crate) async fn append_transition(
         _ => EventBody::SessionStatusChanged(transition),
     };
     let event = append(tx, head, body.clone().into_new_event(&change.actor)?).await?;
-    project(&mut tx.conn(), &event, &body).await
+    match project_status(&mut tx.conn(), &event, &body).await? {
+        Ok(session) => Ok(session),
+        Err(StatusFound(Some(now))) => Err(LedgerError::precondition(format!(
+            "session {id} is {now}, not {from}"
+        ))),
+        Err(StatusFound(None)) => Err(rows::session_not_found(id)),
+    }
 }
 
 /// Moves a locked session to `awaiting_approval` if it is not there yet (used when an approval
@@ -795,8 +807,8 @@ pub(crate) async fn ensure_awaiting_approval(
         return Ok(());
     }
     let change = StatusChange::to(to).because(reason);
-    check_change(session, &change)?;
-    append_transition(tx, head, session, &change)
+    check_change(&session.id, session.status, &change)?;
+    append_transition(tx, head, &session.id, session.status, &change)
         .await
         .map(drop)
 }
@@ -880,70 +892,19 @@ async fn project(conn: &mut Conn<'_>, event: &Event, body: &EventBody) -> Result
         EventBody::SessionStatusChanged(p)
         | EventBody::SessionCompleted(p)
         | EventBody::SessionFailed(p)
-        | EventBody::SessionCancelled(p) => {
-            if event_type_for(p.to) != event.event_type {
-                return Err(LedgerError::corrupt(format!(
-                    "stream {} seq {}: {} records status {}",
-                    event.stream, event.seq, event.event_type, p.to
-                )));
-            }
-            // The change applies only from the status it records (one statement: the row is
-            // read only to name what it found when it does not).
-            static UPDATE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
-                format!(
-                    "UPDATE sessions SET status = $2, error = COALESCE($3, error), \
-                     output = COALESCE($4, output), updated_at = $5, ended_at = $6 \
-                     WHERE id = $1 AND status = $7{}",
-                    *RETURNING_SESSION
-                )
-            });
-            let ended_at = p.to.is_terminal().then_some(event.ts);
-            let row = conn
-                .fetch_optional(
-                    "project session status",
-                    &UPDATE,
-                    vec![
-                        Arg::from(event.stream.as_str()),
-                        Arg::from(p.to.as_str()),
-                        Arg::from(p.message.clone()),
-                        Arg::OptJson(p.output.clone()),
-                        Arg::from(event.ts),
-                        Arg::from(ended_at),
-                        Arg::from(p.from.as_str()),
-                    ],
-                )
-                .await?;
-            let Some(row) = row else {
-                let current = conn
-                    .fetch_optional(
-                        "read session status",
-                        "SELECT status FROM sessions WHERE id = $1",
-                        args![event.stream.as_str()],
-                    )
-                    .await?
-                    .map(|r| r.text("status"))
-                    .transpose()?;
+        | EventBody::SessionCancelled(p) => match project_status(conn, event, body).await? {
+            Ok(session) => session,
+            Err(StatusFound(current)) => {
                 return Err(LedgerError::corrupt(format!(
                     "stream {} seq {}: {} from {} but the session is {}",
                     event.stream,
                     event.seq,
                     event.event_type,
                     p.from,
-                    current.as_deref().unwrap_or("missing")
+                    current.map_or("missing", SessionStatus::as_str)
                 )));
-            };
-            if p.to.is_terminal() {
-                secrets::purge(conn, &event.stream).await?;
-                // User messages still queued for the driver (migration 0019): dropped with it.
-                conn.execute(
-                    "purge queued user messages",
-                    "DELETE FROM session_inbox WHERE session_id = $1",
-                    args![event.stream.as_str()],
-                )
-                .await?;
             }
-            session_from_row(&row)?
-        }
+        },
         other => {
             return Err(LedgerError::corrupt(format!(
                 "stream {} seq {}: {} is not a session event",
@@ -954,6 +915,87 @@ async fn project(conn: &mut Conn<'_>, event: &Event, body: &EventBody) -> Result
         }
     };
     Ok(session)
+}
+
+/// The status a session's row is in when a status change's projection did not apply: the
+/// row is not in the change's `from` (`None`: there is no such session).
+pub(crate) struct StatusFound(Option<SessionStatus>);
+
+/// The projection of a status change: applied only from the status it records (one
+/// statement; the row is read only to name what it found when it does not match), returning
+/// the row as written, or what the row is in instead.
+async fn project_status(
+    conn: &mut Conn<'_>,
+    event: &Event,
+    body: &EventBody,
+) -> Result<std::result::Result<Session, StatusFound>> {
+    let (EventBody::SessionStatusChanged(p)
+    | EventBody::SessionCompleted(p)
+    | EventBody::SessionFailed(p)
+    | EventBody::SessionCancelled(p)) = body
+    else {
+        return Err(LedgerError::corrupt(format!(
+            "stream {} seq {}: {} is not a status change",
+            event.stream,
+            event.seq,
+            body.event_type()
+        )));
+    };
+    if event_type_for(p.to) != event.event_type {
+        return Err(LedgerError::corrupt(format!(
+            "stream {} seq {}: {} records status {}",
+            event.stream, event.seq, event.event_type, p.to
+        )));
+    }
+    static UPDATE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        format!(
+            "UPDATE sessions SET status = $2, error = COALESCE($3, error), \
+             output = COALESCE($4, output), updated_at = $5, ended_at = $6 \
+             WHERE id = $1 AND status = $7{}",
+            *RETURNING_SESSION
+        )
+    });
+    let ended_at = p.to.is_terminal().then_some(event.ts);
+    let row = conn
+        .fetch_optional(
+            "project session status",
+            &UPDATE,
+            vec![
+                Arg::from(event.stream.as_str()),
+                Arg::from(p.to.as_str()),
+                Arg::from(p.message.clone()),
+                Arg::OptJson(p.output.clone()),
+                Arg::from(event.ts),
+                Arg::from(ended_at),
+                Arg::from(p.from.as_str()),
+            ],
+        )
+        .await?;
+    let Some(row) = row else {
+        let current = conn
+            .fetch_optional(
+                "read session status",
+                "SELECT status FROM sessions WHERE id = $1",
+                args![event.stream.as_str()],
+            )
+            .await?
+            .map(|r| r.text("status"))
+            .transpose()?
+            .map(|s| SessionStatus::parse_stored(&s))
+            .transpose()?;
+        return Ok(Err(StatusFound(current)));
+    };
+    if p.to.is_terminal() {
+        secrets::purge(conn, &event.stream).await?;
+        // User messages still queued for the driver (migration 0019): dropped with it.
+        conn.execute(
+            "purge queued user messages",
+            "DELETE FROM session_inbox WHERE session_id = $1",
+            args![event.stream.as_str()],
+        )
+        .await?;
+    }
+    session_from_row(&row).map(Ok)
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -573,6 +573,95 @@ pub(crate) async fn child_sessions_follow_their_parent(db: &TestDb) {
     assert!(precondition(ledger.create_session(orphan).await).contains("cannot start child"));
 }
 
+/// A status change that names the status it expects reads nothing before it writes (the
+/// engine's changes): when the session is not in that status the change is refused with the
+/// error a read would have given, and nothing it did before finding out — the event, the
+/// cascade to children and open calls — stays written.
+pub(crate) async fn a_change_from_a_status_the_session_is_not_in_writes_nothing(db: &TestDb) {
+    let ledger = db.migrated().await;
+    let v = deploy_agent(ledger, &refund_agent(), "0.1.0").await;
+    let parent = start(ledger, &v).await;
+    let mut child = new_session(&v, &[]);
+    child.parent_session_id = Some(parent.id.clone());
+    let child = ledger.create_session(child).await.unwrap();
+    let call = ledger
+        .record_tool_call(refund_call(&parent.id, 0, 0, 10))
+        .await
+        .unwrap();
+    ledger.queue_tool_call(&call.call_id).await.unwrap();
+    let before = ledger.events_after(&parent.id, 0, 1000).await.unwrap();
+
+    for (change, expected) in [
+        (
+            StatusChange::cancelled()
+                .by("ops")
+                .from(SessionStatus::AwaitingInput),
+            "awaiting_input",
+        ),
+        (
+            StatusChange::to(SessionStatus::AwaitingTool).from(SessionStatus::AwaitingInput),
+            "awaiting_input",
+        ),
+        (
+            StatusChange::failed("boom").from(SessionStatus::AwaitingTool),
+            "awaiting_tool",
+        ),
+    ] {
+        assert_eq!(
+            precondition(ledger.set_session_status(&parent.id, change).await),
+            format!("session {} is running, not {expected}", parent.id)
+        );
+    }
+    assert_eq!(
+        not_found(
+            ledger
+                .set_session_status(
+                    "run_missing",
+                    StatusChange::to(SessionStatus::AwaitingTool).from(SessionStatus::Running)
+                )
+                .await
+        ),
+        "session run_missing not found"
+    );
+    assert_eq!(
+        not_found(ledger.events_after("run_missing", 0, 10).await),
+        "session run_missing not found"
+    );
+    assert_eq!(
+        ledger.events_after(&parent.id, 0, 1000).await.unwrap(),
+        before,
+        "a refused change appended nothing"
+    );
+    for id in [&parent.id, &child.id] {
+        assert_eq!(
+            ledger.get_session(id).await.unwrap().status,
+            SessionStatus::Running
+        );
+    }
+    assert_eq!(
+        ledger.get_tool_call(&call.call_id).await.unwrap().status,
+        CallStatus::Queued
+    );
+    for r in ledger.verify_all_streams().await.unwrap() {
+        assert!(r.is_intact(), "{r:?}");
+    }
+
+    // From the status the session is in, the same change applies, recorded from it.
+    let changed = ledger
+        .set_session_status(
+            &parent.id,
+            StatusChange::cancelled()
+                .by("ops")
+                .from(SessionStatus::Running),
+        )
+        .await
+        .unwrap();
+    assert_eq!(changed.from, SessionStatus::Running);
+    assert_eq!(changed.session.status, SessionStatus::Cancelled);
+    assert_eq!(changed.cancelled_children, vec![child.id.clone()]);
+    assert_eq!(changed.cancelled_calls, vec![call.call_id.clone()]);
+}
+
 pub(crate) async fn list_sessions_filters_and_paginates_stably(db: &TestDb) {
     let ledger = db.migrated().await;
     let refund = deploy_agent(ledger, &refund_agent(), "0.1.0").await;
@@ -765,6 +854,50 @@ pub(crate) async fn list_sessions_filters_and_paginates_stably(db: &TestDb) {
 
 /// A call that gets a worker at once is queued and dispatched in one write; one already queued
 /// is only dispatched; a refused dispatch writes nothing (not even the queueing).
+/// Each dispatch records the content hash of the manifest its call's version was published
+/// with (remembered per version after the first read): calls of two versions dispatched in
+/// turn, through both dispatch writes, each name their own.
+pub(crate) async fn each_dispatch_names_the_manifest_of_its_calls_version(db: &TestDb) {
+    let ledger = db.migrated().await;
+    let v1 = deploy_agent(ledger, &refund_agent(), "0.1.0").await;
+    let v2 = deploy_agent(ledger, &refund_agent(), "0.2.0").await;
+    assert_ne!(v1.content_hash, v2.content_hash);
+    for (round, v) in [&v1, &v2, &v1, &v2, &v1].into_iter().enumerate() {
+        let s = start(ledger, v).await;
+        let call = ledger
+            .record_tool_call(refund_call(&s.id, 0, 0, 10))
+            .await
+            .unwrap();
+        let dispatched = if round % 2 == 0 {
+            ledger
+                .queue_and_dispatch_tool_call(&call.call_id, worker())
+                .await
+                .unwrap()
+        } else {
+            ledger.queue_tool_call(&call.call_id).await.unwrap();
+            ledger
+                .dispatch_tool_call(&call.call_id, worker())
+                .await
+                .unwrap()
+        };
+        assert_eq!(
+            dispatched.manifest_content_hash.as_deref(),
+            Some(v.content_hash.as_str()),
+            "round {round}"
+        );
+        let events = ledger.events_after(&s.id, 0, 100).await.unwrap();
+        let event = events
+            .iter()
+            .find(|e| e.event_type == "tool.dispatched")
+            .unwrap();
+        assert_eq!(
+            event.payload["manifest_content_hash"],
+            json!(v.content_hash),
+            "round {round}"
+        );
+    }
+}
+
 pub(crate) async fn queue_and_dispatch_is_one_write(db: &TestDb) {
     let ledger = db.migrated().await;
     let v = deploy_agent(ledger, &refund_agent(), "0.1.0").await;
