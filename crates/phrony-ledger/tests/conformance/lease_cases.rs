@@ -12,7 +12,9 @@ use phrony_ledger::{
 use serde_json::json;
 
 use crate::harness::TestDb;
-use crate::session_cases::{deploy_agent, pending_approval, refund_agent, start};
+use crate::session_cases::{
+    completion_event, deploy_agent, pending_approval, refund_agent, refund_call, start,
+};
 
 const TTL: StdDuration = StdDuration::from_secs(10);
 
@@ -976,4 +978,62 @@ pub(crate) async fn a_session_end_releases_the_lease_of_the_replica_that_ends_it
         !a.release_session_lease(&child.id, 1).await.unwrap(),
         "forgotten: released in the database, nothing held here"
     );
+}
+
+/// A transaction that ends a session it leases but does not commit keeps the lease: the
+/// release written with the end is rolled back with it, and this replica still holds the
+/// lease (renewed, fenced by it, released by its driver), at the same epoch.
+pub(crate) async fn an_end_that_does_not_commit_keeps_the_lease(db: &TestDb) {
+    let clock = Clock::new();
+    let a = replica(db, &clock, "replica-a").await;
+    let b = replica(db, &clock, "replica-b").await;
+    let v = deploy_agent(&a, &refund_agent(), "0.1.0").await;
+    let s = start(&a, &v).await;
+    assert_eq!(
+        granted(a.acquire_session_lease(&s.id, TTL).await.unwrap()),
+        1
+    );
+    // The step completes the session, then cannot record a call on it: the whole step,
+    // the end and its release included, is refused.
+    let refused = a
+        .record_step(
+            &s.id,
+            completion_event(0, "tool_use", Vec::new()),
+            None,
+            Some(StatusChange::completed(None).from(SessionStatus::Running)),
+            vec![refund_call(&s.id, 0, 0, 10)],
+        )
+        .await;
+    assert!(
+        matches!(refused, Err(LedgerError::FailedPrecondition { .. })),
+        "{refused:?}"
+    );
+    assert_eq!(
+        a.get_session(&s.id).await.unwrap().status,
+        SessionStatus::Running
+    );
+    let lease = b.session_lease(&s.id).await.unwrap().unwrap();
+    assert_eq!(
+        (lease.owner.as_deref(), lease.epoch),
+        (Some("replica-a"), 1),
+        "the release was rolled back with the end"
+    );
+    assert!(a.holds_session_lease(&s.id, 1));
+    let renewal = a.renew_session_leases(TTL).await.unwrap();
+    assert!(renewal.lost.is_empty(), "{renewal:?}");
+    assert_eq!(renewal.renewed.len(), 1, "{renewal:?}");
+    assert!(matches!(
+        b.acquire_session_lease(&s.id, TTL).await.unwrap(),
+        LeaseClaim::Held(_)
+    ));
+    // The session goes on under this replica's lease, and ends releasing it.
+    a.set_session_status(
+        &s.id,
+        StatusChange::completed(None).from(SessionStatus::Running),
+    )
+    .await
+    .unwrap();
+    let lease = b.session_lease(&s.id).await.unwrap().unwrap();
+    assert_eq!((lease.owner, lease.epoch), (None, 1));
+    assert!(a.release_session_lease(&s.id, 1).await.unwrap());
 }

@@ -184,4 +184,5 @@ conformance!(
     a_takeover_withdraws_the_dead_replicas_published_handlers,
     a_session_created_with_its_lease_is_fenced_from_its_first_write,
     a_session_end_releases_the_lease_of_the_replica_that_ends_it,
+    an_end_that_does_not_commit_keeps_the_lease,
 );

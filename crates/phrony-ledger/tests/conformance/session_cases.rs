@@ -3042,7 +3042,7 @@ pub(crate) async fn a_route_restricted_approver_votes_only_on_its_routes(db: &Te
 }
 
 /// A turn-1 `model.completion` by `agent`, its `iteration` of the turn, that hid `hidden_tools`.
-fn completion_event(
+pub(crate) fn completion_event(
     iteration: u32,
     stop_reason: &str,
     hidden_tools: Vec<phrony_ledger::HiddenTool>,
