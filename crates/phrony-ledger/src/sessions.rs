@@ -779,13 +779,13 @@ pub(crate) async fn append_transition(
         output: change.output.clone(),
     };
     let body = match change.to {
-        SessionStatus::Completed => EventBody::SessionCompleted(transition),
-        SessionStatus::Failed => EventBody::SessionFailed(transition),
-        SessionStatus::Cancelled => EventBody::SessionCancelled(transition),
-        _ => EventBody::SessionStatusChanged(transition),
+        SessionStatus::Completed => EventBody::SessionCompleted(transition.clone()),
+        SessionStatus::Failed => EventBody::SessionFailed(transition.clone()),
+        SessionStatus::Cancelled => EventBody::SessionCancelled(transition.clone()),
+        _ => EventBody::SessionStatusChanged(transition.clone()),
     };
-    let event = append(tx, head, body.clone().into_new_event(&change.actor)?).await?;
-    match project_status(&mut tx.conn(), &event, &body).await? {
+    let event = append(tx, head, body.into_new_event(&change.actor)?).await?;
+    match project_status(&mut tx.conn(), &event, &transition).await? {
         Ok(session) => Ok(session),
         Err(StatusFound(Some(now))) => Err(LedgerError::precondition(format!(
             "session {id} is {now}, not {from}"
@@ -892,7 +892,7 @@ async fn project(conn: &mut Conn<'_>, event: &Event, body: &EventBody) -> Result
         EventBody::SessionStatusChanged(p)
         | EventBody::SessionCompleted(p)
         | EventBody::SessionFailed(p)
-        | EventBody::SessionCancelled(p) => match project_status(conn, event, body).await? {
+        | EventBody::SessionCancelled(p) => match project_status(conn, event, p).await? {
             Ok(session) => session,
             Err(StatusFound(current)) => {
                 return Err(LedgerError::corrupt(format!(
@@ -919,28 +919,16 @@ async fn project(conn: &mut Conn<'_>, event: &Event, body: &EventBody) -> Result
 
 /// The status a session's row is in when a status change's projection did not apply: the
 /// row is not in the change's `from` (`None`: there is no such session).
-pub(crate) struct StatusFound(Option<SessionStatus>);
+struct StatusFound(Option<SessionStatus>);
 
-/// The projection of a status change: applied only from the status it records (one
-/// statement; the row is read only to name what it found when it does not match), returning
-/// the row as written, or what the row is in instead.
+/// The projection of status change `p` (the payload of `event`): applied only from the status
+/// it records (one statement; the row is read only to name what it found when it does not
+/// match), returning the row as written, or what the row is in instead.
 async fn project_status(
     conn: &mut Conn<'_>,
     event: &Event,
-    body: &EventBody,
+    p: &SessionTransition,
 ) -> Result<std::result::Result<Session, StatusFound>> {
-    let (EventBody::SessionStatusChanged(p)
-    | EventBody::SessionCompleted(p)
-    | EventBody::SessionFailed(p)
-    | EventBody::SessionCancelled(p)) = body
-    else {
-        return Err(LedgerError::corrupt(format!(
-            "stream {} seq {}: {} is not a status change",
-            event.stream,
-            event.seq,
-            body.event_type()
-        )));
-    };
     if event_type_for(p.to) != event.event_type {
         return Err(LedgerError::corrupt(format!(
             "stream {} seq {}: {} records status {}",
