@@ -596,6 +596,8 @@ mod tests {
         Event(SessionEvent),
         /// Wait until the renderer performed an action.
         AwaitAction,
+        /// Have nothing ready once, so the renderer reads its input (here: the end of it).
+        Yield,
         /// Never answer again (the session stays open).
         Hang,
     }
@@ -621,6 +623,10 @@ mod tests {
                     Some(Step::AwaitAction) => {
                         self.acted.notified().await;
                         self.steps.pop_front();
+                    }
+                    Some(Step::Yield) => {
+                        self.steps.pop_front();
+                        tokio::task::yield_now().await;
                     }
                     Some(Step::Hang) => std::future::pending::<()>().await,
                     None => return Ok(None),
@@ -727,6 +733,49 @@ mod tests {
                 failure: None
             },
             "end of stdin detaches once the session is idle"
+        );
+    }
+
+    #[tokio::test]
+    async fn end_of_input_waits_for_a_vote_sent_before_the_change_into_awaiting_approval() {
+        let run = play(
+            vec![
+                ev(SessionEvent::Started(started())),
+                ev(status("running")),
+                ev(approval(false)),
+                Step::AwaitAction,
+                // Stdin ends (the vote was its last line) before the change that opened the
+                // approval is forwarded, after the approval and the vote.
+                Step::Yield,
+                ev(SessionEvent::Status(
+                    phrony_client::interactive::StatusChanged {
+                        status: "awaiting_approval".into(),
+                        reason: Some("approval apr_1 opened".into()),
+                    },
+                )),
+                ev(decided("approved", 1)),
+                ev(tool_ok("c9", r#"{"refund_id":"rf_123"}"#)),
+                ev(delta("Refund rf_123 issued.")),
+                ev(ready(1, 850)),
+                Step::Hang,
+            ],
+            &["/approve"],
+        )
+        .await;
+        assert_eq!(run.out, "Refund rf_123 issued.\n", "{}", run.err);
+        assert!(!run.err.contains("refused"), "{}", run.err);
+        assert!(
+            run.err
+                .contains("── approval approved by emad (1/1): Damage claim verified ──"),
+            "{}",
+            run.err
+        );
+        assert_eq!(
+            run.outcome,
+            Outcome::Detached {
+                phase: Phase::Ready,
+                failure: None
+            }
         );
     }
 

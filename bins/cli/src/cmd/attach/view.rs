@@ -555,10 +555,14 @@ impl View {
             SessionEvent::Status(status) => {
                 if let Some(reason) = &status.reason {
                     // Why the status changed, or why the runtime refused something sent on
-                    // the stream (it then repeats the current status). A vote of ours followed
-                    // by a reason while the session still awaits approval was refused: show
-                    // it, and let the operator decide again.
-                    let refused_vote = status.status == "awaiting_approval"
+                    // the stream: it then repeats the status it last sent, which a change
+                    // never does (no status changes to itself). A vote of ours followed by a
+                    // repeated `awaiting_approval` with a reason was refused: show it, and let
+                    // the operator decide again. The change *into* `awaiting_approval` can
+                    // arrive after the approval it opened, and after a vote sent on it.
+                    let repeated = self.last_status.as_deref() == Some(status.status.as_str());
+                    let refused_vote = repeated
+                        && status.status == "awaiting_approval"
                         && self.pending.as_ref().is_some_and(|p| p.sent.is_some());
                     if refused_vote {
                         if let Some(pending) = self.pending.as_mut() {
@@ -571,7 +575,7 @@ impl View {
                     }
                     // A reason with an unchanged status answers something sent on the stream
                     // (e.g. a refused message); reasons of real changes are not news here.
-                    if refused_vote || self.last_status.as_deref() == Some(status.status.as_str()) {
+                    if repeated {
                         self.hint = Some(format!("runtime: {reason}"));
                     }
                 }
@@ -1378,6 +1382,7 @@ mod tests {
     fn a_refused_vote_is_shown_and_can_be_sent_again() {
         let mut view = started_view();
         view.apply(approval(true), now());
+        view.apply(status("awaiting_approval"), now());
         keys(&mut view, &[Key::Char('a'), Key::Char('y'), Key::Enter]);
         assert_eq!(view.pending.as_ref().unwrap().sent, Some(true));
         view.apply(
@@ -1395,6 +1400,30 @@ mod tests {
         assert_eq!(view.phase, Phase::AwaitingApproval);
         view.key(Key::Char('d'));
         assert!(matches!(view.prompt, Some(Prompt::Comment(_))));
+    }
+
+    #[test]
+    fn a_vote_sent_before_the_change_into_awaiting_approval_arrives_stays_sent() {
+        let mut view = started_view();
+        view.apply(status("running"), now());
+        // Live, the approval is forwarded before the status change that opened it.
+        view.apply(approval(false), now());
+        keys(&mut view, &[Key::Char('a'), Key::Enter]);
+        assert_eq!(view.pending.as_ref().unwrap().sent, Some(true));
+        view.apply(
+            SessionEvent::Status(phrony_client::interactive::StatusChanged {
+                status: "awaiting_approval".into(),
+                reason: Some("approval apr_1 opened".into()),
+            }),
+            now(),
+        );
+        assert_eq!(
+            view.pending.as_ref().unwrap().sent,
+            Some(true),
+            "a change of status is not a refusal"
+        );
+        assert_eq!(view.hint, None);
+        assert_eq!(view.phase, Phase::AwaitingApproval);
     }
 
     #[test]
