@@ -44,6 +44,7 @@ mod load;
 mod replicas;
 mod stats;
 pub mod webhooks;
+mod writer;
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -140,6 +141,32 @@ pub struct ClosedLoop {
     pub cpu_us_per_call: Option<f64>,
     /// Daemons on the database, the sessions started round robin across them.
     pub replicas: usize,
+    /// Where the phase's ledger writes spent their time (from the daemon's metrics); `None`
+    /// when they were not read.
+    pub writer: Option<WriterFigures>,
+}
+
+/// Where a closed-loop phase's ledger writes spent their time, from the daemon's
+/// `phrony_ledger_*` metrics before and after it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct WriterFigures {
+    /// Write transactions per completed session.
+    pub writes_per_session: f64,
+    /// Mean wait of a write for its turn (SQLite) or a connection (PostgreSQL), µs.
+    pub wait_us: f64,
+    /// Mean time a write held its connection, µs (SQLite: the single writer).
+    pub hold_us: f64,
+    /// Mean commit, µs (SQLite: a batch's `COMMIT` with its fsync).
+    pub commit_us: f64,
+    /// The writes' holds summed over the phase's time: on SQLite the share of the phase the
+    /// writer was lent to writes, on PostgreSQL the mean number of open write transactions.
+    pub hold_share: f64,
+    /// SQLite: writes per group-commit batch.
+    pub writes_per_batch: Option<f64>,
+    /// SQLite: the share of the phase the single writer was in a batch (1 = saturated).
+    pub busy: Option<f64>,
+    /// SQLite: the share of the phase spent in `COMMIT`.
+    pub commit_share: Option<f64>,
 }
 
 /// The open-loop phase.
@@ -566,22 +593,7 @@ pub fn to_json(report: &Report) -> Value {
     );
     out.insert(
         "closed_loop".to_owned(),
-        report
-            .closed
-            .iter()
-            .map(|c| {
-                json!({
-                    "backend": c.backend,
-                    "concurrency": c.concurrency,
-                    "per_s": c.per_s,
-                    "p50_ms": c.latency.p50_us() / 1000.0,
-                    "p99_ms": c.latency.p99_us() / 1000.0,
-                    "dispatch_overhead_p50_us": c.dispatch.p50_us(),
-                    "daemon_cpu_us_per_call": c.cpu_us_per_call,
-                    "failed": c.failed,
-                })
-            })
-            .collect(),
+        report.closed.iter().map(closed_json).collect(),
     );
     if !report.replicas.is_empty() {
         out.insert(
@@ -605,6 +617,30 @@ pub fn to_json(report: &Report) -> Value {
         );
     }
     Value::Object(out)
+}
+
+/// One closed-loop phase in the `--json` object.
+fn closed_json(c: &ClosedLoop) -> Value {
+    json!({
+        "backend": c.backend,
+        "concurrency": c.concurrency,
+        "per_s": c.per_s,
+        "p50_ms": c.latency.p50_us() / 1000.0,
+        "p99_ms": c.latency.p99_us() / 1000.0,
+        "dispatch_overhead_p50_us": c.dispatch.p50_us(),
+        "daemon_cpu_us_per_call": c.cpu_us_per_call,
+        "failed": c.failed,
+        "writer": c.writer.map(|w| json!({
+            "writes_per_session": w.writes_per_session,
+            "wait_us": w.wait_us,
+            "hold_us": w.hold_us,
+            "commit_us": w.commit_us,
+            "hold_share": w.hold_share,
+            "writes_per_batch": w.writes_per_batch,
+            "busy": w.busy,
+            "commit_share": w.commit_share,
+        })),
+    })
 }
 
 /// The human report (also the body of `--report`).
@@ -669,6 +705,7 @@ fn single_daemon_markdown(report: &Report, s: &mut String) {
             c.failed
         );
     }
+    writer_markdown(report, s);
     let _ = writeln!(
         s,
         "\n| backend | open loop: sessions started/s (half the best closed loop) | p50 | p99 (from the scheduled start) | failed | not started |\n|---|---|---|---|---|---|"
@@ -713,6 +750,41 @@ fn single_daemon_markdown(report: &Report, s: &mut String) {
             p.burst_to_invoke.p50_us() / 1000.0,
             p.burst_to_invoke.p99_us() / 1000.0,
             p.burst_ms
+        );
+    }
+}
+
+/// The ledger writes of each closed-loop phase whose daemon metrics were read.
+fn writer_markdown(report: &Report, s: &mut String) {
+    if report.closed.iter().all(|c| c.writer.is_none()) {
+        return;
+    }
+    let _ = writeln!(
+        s,
+        "\n| backend | concurrency | ledger writes per session | wait / hold per write | commit | writes per batch | SQLite: the writer in a batch / lent to writes / committing; PostgreSQL: write transactions open |\n|---|---|---|---|---|---|---|"
+    );
+    for c in &report.closed {
+        let Some(w) = c.writer else { continue };
+        let writer = match (w.busy, w.commit_share) {
+            (Some(busy), Some(committing)) => format!(
+                "{:.0} % / {:.0} % / {:.0} %",
+                busy * 100.0,
+                w.hold_share * 100.0,
+                committing * 100.0
+            ),
+            _ => format!("{:.1} on average", w.hold_share),
+        };
+        let _ = writeln!(
+            s,
+            "| {} | {} | {:.1} | {:.0} µs / {:.0} µs | {:.0} µs | {} | {writer} |",
+            c.backend,
+            c.concurrency,
+            w.writes_per_session,
+            w.wait_us,
+            w.hold_us,
+            w.commit_us,
+            w.writes_per_batch
+                .map_or_else(|| "—".to_owned(), |n| format!("{n:.1}")),
         );
     }
 }
@@ -850,6 +922,7 @@ mod option_tests {
             failed: 0,
             cpu_us_per_call: None,
             replicas,
+            writer: None,
         };
         let report = Report {
             replicas: vec![

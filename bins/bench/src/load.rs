@@ -17,6 +17,7 @@ use tests::daemon::{Backend, Daemon};
 use tests::stub::publish_and_deploy;
 
 use crate::stats::Latencies;
+use crate::writer::{self, Scrape};
 use crate::{
     BenchError, ClosedLoop, OpenLoop, Parked, Plan, Report, Rtt, backend_name, baseline, cpu_time,
     rss_mb,
@@ -47,7 +48,11 @@ pub(crate) fn backend(
 ) -> Result<(), BenchError> {
     let name = backend_name(backend);
     let bound = (plan.parked * 2).max(10_000).to_string();
-    let Some(mut daemon) = Daemon::start_with_env(backend, &daemon_env(&bound)) else {
+    // The probes and metrics, on loopback: each closed-loop phase reads the ledger's.
+    let http = format!("127.0.0.1:{}", tests::daemon::free_port());
+    let mut env = daemon_env(&bound);
+    env.push(("RUNTIME_HTTP_ADDR", &http));
+    let Some(mut daemon) = Daemon::start_with_env(backend, &env) else {
         eprintln!("{name}: skipped (PHRONY_TEST_SKIP_POSTGRES=1 and no PostgreSQL)");
         return Ok(());
     };
@@ -86,8 +91,16 @@ pub(crate) fn backend(
         completed_fast += closed_loop(clients, &workers, 1, Duration::ZERO).await.0;
         let mut best: f64 = 0.0;
         for &concurrency in &plan.concurrency {
-            let (completed, phase) =
-                closed_phase(name, clients, &[&daemon], &workers, concurrency, plan.phase).await;
+            let (completed, phase) = closed_phase(
+                name,
+                clients,
+                &[&daemon],
+                Some(&http),
+                &workers,
+                concurrency,
+                plan.phase,
+            )
+            .await;
             completed_fast += completed;
             best = best.max(phase.per_s);
             report.lost_or_duplicated += phase.failed;
@@ -200,18 +213,26 @@ pub(crate) fn runs_off(
 }
 
 /// One measured closed-loop phase ([`closed_loop`]) with the CPU time `daemons` spent over it,
-/// summed, per completed session; prints its figures under `label`. Returns the completed
-/// sessions and the phase (`backend` filled in by the caller).
+/// summed, per completed session, and, with the HTTP address of a single daemon's `metrics`,
+/// where its ledger writes spent their time; prints its figures under `label`. Returns the
+/// completed sessions and the phase (`backend` filled in by the caller).
 pub(crate) async fn closed_phase(
     label: &str,
     clients: &[Client],
     daemons: &[&Daemon],
+    metrics: Option<&str>,
     workers: &[RefundWorker],
     concurrency: usize,
     phase: Duration,
 ) -> (u64, ClosedLoop) {
+    let metrics_before = scrape(label, metrics).await;
     let cpu_before = cpu_time_sum(daemons);
+    let started = Instant::now();
     let (completed, mut figures) = closed_loop(clients, workers, concurrency, phase).await;
+    let elapsed = started.elapsed().as_secs_f64();
+    if let (Some(before), Some(after)) = (metrics_before, scrape(label, metrics).await) {
+        figures.writer = writer::figures(&before, &after, elapsed, completed);
+    }
     figures.cpu_us_per_call = match (cpu_before, cpu_time_sum(daemons)) {
         (Some(before), Some(after)) if completed > 0 => {
             Some(after.saturating_sub(before).as_secs_f64() * 1e6 / completed as f64)
@@ -228,7 +249,31 @@ pub(crate) async fn closed_phase(
         figures.cpu_us_per_call.unwrap_or(f64::NAN),
         figures.failed
     );
+    if let Some(w) = &figures.writer {
+        eprintln!(
+            "{label}: concurrency {concurrency}: {:.1} ledger writes per session, wait {:.0} µs, \
+             hold {:.0} µs, commit {:.0} µs; writer busy {}",
+            w.writes_per_session,
+            w.wait_us,
+            w.hold_us,
+            w.commit_us,
+            w.busy
+                .map_or_else(|| "—".to_owned(), |b| format!("{:.0} %", b * 100.0))
+        );
+    }
     (completed, figures)
+}
+
+/// The daemon's metrics at `addr` now (`None` without an address, or saying why under
+/// `label` when they cannot be read).
+async fn scrape(label: &str, addr: Option<&str>) -> Option<Scrape> {
+    match Scrape::read(addr?).await {
+        Ok(scrape) => Some(scrape),
+        Err(e) => {
+            eprintln!("{label}: no ledger write figures: {e}");
+            None
+        }
+    }
 }
 
 /// The CPU time of all `daemons` so far, summed; `None` when one cannot be read.
@@ -307,6 +352,7 @@ pub(crate) async fn closed_loop(
             failed: failed.load(Ordering::Relaxed),
             cpu_us_per_call: None,
             replicas: 1,
+            writer: None,
         },
     )
 }

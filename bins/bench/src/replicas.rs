@@ -102,6 +102,7 @@ pub(crate) fn throughput(plan: &Plan, report: &mut Report) -> Result<(), BenchEr
                     &label,
                     &clients,
                     &daemons,
+                    None,
                     &workers,
                     concurrency,
                     plan.phase,

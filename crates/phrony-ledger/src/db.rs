@@ -103,8 +103,15 @@ impl Pool {
         alone: bool,
     ) -> Result<Tx> {
         let kind = match self {
+            // The writer records its wait and hold times (`group.rs`).
             Self::Sqlite(_, writer, _) => TxKind::Sqlite(writer.begin(alone).await?),
-            Self::Postgres(p) => TxKind::Postgres(p.begin().await.ctx("begin transaction")?),
+            Self::Postgres(p) => {
+                let asked = std::time::Instant::now();
+                let tx = p.begin().await.ctx("begin transaction")?;
+                let begun = std::time::Instant::now();
+                phrony_metrics::LEDGER_WRITE_WAIT.observe(begun - asked);
+                TxKind::Postgres(tx, begun)
+            }
         };
         Ok(Tx {
             kind,
@@ -172,7 +179,8 @@ pub(crate) struct Tx {
 
 enum TxKind {
     Sqlite(Lease),
-    Postgres(sqlx::Transaction<'static, Postgres>),
+    /// The transaction, and when its `BEGIN` returned.
+    Postgres(sqlx::Transaction<'static, Postgres>, std::time::Instant),
 }
 
 impl Tx {
@@ -257,14 +265,14 @@ impl Tx {
     pub(crate) fn conn(&mut self) -> Conn<'_> {
         match &mut self.kind {
             TxKind::Sqlite(lease) => Conn::SqliteRaw(lease.slot()),
-            TxKind::Postgres(tx) => Conn::Postgres(tx),
+            TxKind::Postgres(tx, _) => Conn::Postgres(tx),
         }
     }
 
     pub(crate) fn backend(&self) -> Backend {
         match self.kind {
             TxKind::Sqlite(_) => Backend::Sqlite,
-            TxKind::Postgres(_) => Backend::Postgres,
+            TxKind::Postgres(..) => Backend::Postgres,
         }
     }
 
@@ -273,12 +281,13 @@ impl Tx {
     pub(crate) async fn commit(self) -> Result<()> {
         let committed = match self.kind {
             TxKind::Sqlite(lease) => lease.release().await,
-            TxKind::Postgres(tx) => {
+            TxKind::Postgres(tx, begun) => {
                 let started = std::time::Instant::now();
                 let committed = tx.commit().await.ctx("commit transaction");
                 if committed.is_ok() {
                     phrony_metrics::LEDGER_COMMIT.observe(started.elapsed());
                 }
+                phrony_metrics::LEDGER_WRITE_HOLD.observe(begun.elapsed());
                 committed
             }
         };
@@ -310,8 +319,10 @@ impl Tx {
         keep_held(self.replica.as_ref(), &self.released);
         match self.kind {
             TxKind::Sqlite(lease) => lease.roll_back().await,
-            TxKind::Postgres(tx) => {
-                if let Err(error) = tx.rollback().await {
+            TxKind::Postgres(tx, begun) => {
+                let rolled_back = tx.rollback().await;
+                phrony_metrics::LEDGER_WRITE_HOLD.observe(begun.elapsed());
+                if let Err(error) = rolled_back {
                     // The connection is discarded by the pool when a rollback fails; nothing
                     // was committed, so there is nothing else to undo.
                     tracing::warn!(%error, "ledger transaction rollback failed");
@@ -980,6 +991,63 @@ mod group_tests {
         lease.release().await.unwrap();
         assert_eq!(count(&pool).await, 2);
         assert_eq!(writer.stats().commits, 2, "one batch each");
+    }
+
+    /// The writer's metrics tell a saturated writer apart: a write queued behind one that
+    /// holds the writer records that as its wait, the holder its hold, the batch both. (The
+    /// metrics are the process's, shared with concurrent tests: deltas are lower bounds.)
+    #[tokio::test]
+    async fn the_writer_records_each_writes_wait_and_hold_and_its_batches() {
+        use phrony_metrics::{LEDGER_BATCH, LEDGER_WRITE_HOLD, LEDGER_WRITE_WAIT};
+        const HELD: std::time::Duration = std::time::Duration::from_millis(40);
+        let dir = tempfile::tempdir().unwrap();
+        let (pool, writer) = writer(&dir).await;
+        let (wait, hold, batch) = (
+            LEDGER_WRITE_WAIT.snapshot(),
+            LEDGER_WRITE_HOLD.snapshot(),
+            LEDGER_BATCH.snapshot(),
+        );
+        let first = writer.begin(false).await.unwrap();
+        let queued = tokio::spawn({
+            let writer = writer.clone();
+            async move {
+                let lease = writer.begin(false).await.unwrap();
+                Conn::SqliteRaw(lease.slot())
+                    .execute("insert", "INSERT INTO t (name) VALUES ('b')", args![])
+                    .await
+                    .unwrap();
+                lease.release().await.unwrap();
+            }
+        });
+        Conn::SqliteRaw(first.slot())
+            .execute("insert", "INSERT INTO t (name) VALUES ('a')", args![])
+            .await
+            .unwrap();
+        tokio::time::sleep(HELD).await;
+        first.release().await.unwrap();
+        queued.await.unwrap();
+        assert_eq!(count(&pool).await, 2);
+        let held = HELD.as_secs_f64();
+        let (wait, hold, batch) = (
+            (LEDGER_WRITE_WAIT.snapshot(), wait),
+            (LEDGER_WRITE_HOLD.snapshot(), hold),
+            (LEDGER_BATCH.snapshot(), batch),
+        );
+        // The queued write asked for its turn just after the holder started to sleep.
+        for (name, (now, before), writes, at_least) in [
+            ("wait", wait, 2, held / 2.0),
+            ("hold", hold, 2, held),
+            ("batch", batch, 1, held),
+        ] {
+            assert!(
+                now.count >= before.count + writes,
+                "{name}: {before:?} -> {now:?}"
+            );
+            assert!(
+                now.sum_seconds - before.sum_seconds >= at_least,
+                "{name}: the held {HELD:?} is missing: {before:?} -> {now:?}"
+            );
+        }
     }
 
     /// Closing gives the held connection back, so the pool's close (which waits for every

@@ -161,11 +161,14 @@ impl GroupWriter {
     /// `alone` makes the write a batch of its own (it changes connection state that would
     /// leak into later writes of the batch, e.g. `PRAGMA defer_foreign_keys`).
     pub(crate) async fn begin(&self, alone: bool) -> Result<Lease> {
+        let asked = Instant::now();
         let (reply, lease) = oneshot::channel();
         self.queue
             .send(Message::Write(Request { alone, reply }))
             .map_err(|_| writer_stopped())?;
-        lease.await.map_err(|_| writer_stopped())?
+        let lease = lease.await.map_err(|_| writer_stopped())??;
+        phrony_metrics::LEDGER_WRITE_WAIT.observe(asked.elapsed());
+        Ok(lease)
     }
 
     pub(crate) fn stats(&self) -> GroupCommitStats {
@@ -367,6 +370,7 @@ async fn batch(
     counters: &Counters,
 ) -> Turn {
     let slot = locked.open_batch();
+    let begun = Instant::now();
     // Off the runtime's threads: the busy handler may sleep up to the busy timeout while
     // another process holds the write lock.
     if let Err(e) = off_thread(&slot, "begin transaction", "BEGIN IMMEDIATE").await {
@@ -382,6 +386,7 @@ async fn batch(
     counters.holding.store(1, Ordering::Relaxed);
     let batch = fill(&slot, locked, first, queue, carried).await;
     let turn = commit(&slot, locked, batch, counters).await;
+    phrony_metrics::LEDGER_BATCH.observe(begun.elapsed());
     counters.holding.store(0, Ordering::Relaxed);
     locked.close_batch();
     turn
@@ -498,8 +503,11 @@ async fn lend(slot: &RawSlot, request: Request, batch: &mut Batch) {
     };
     batch.writes += 1;
     // A caller that stopped waiting drops the lease, which hands it back as a rollback.
+    let lent = Instant::now();
     let _ = request.reply.send(Ok(lease));
-    let Ok(Returned { ending, ack }) = returned.await else {
+    let returned = returned.await;
+    phrony_metrics::LEDGER_WRITE_HOLD.observe(lent.elapsed());
+    let Ok(Returned { ending, ack }) = returned else {
         // Cannot happen (a lease hands itself back when dropped); the savepoint's state is
         // unknown, so the batch must not commit.
         batch.broken = Some("a write's lease was lost".to_owned());

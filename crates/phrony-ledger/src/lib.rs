@@ -745,6 +745,8 @@ impl Ledger {
             Pool::Sqlite(..) => sqlx::migrate!("migrations/sqlite"),
             Pool::Postgres(_) => sqlx::migrate!("migrations/postgres"),
         };
+        // Each retry below follows another process's progress, so at most one per migration.
+        let attempts = migrator.iter().count() + 1;
         let mut attempt = 1;
         loop {
             let result = match &self.pool {
@@ -757,9 +759,10 @@ impl Ledger {
                     return self.record_schema_version(latest).await;
                 }
                 // SQLite has no migration lock: a process migrating the same file at the same
-                // moment makes this run fail on "table exists". Re-running sees its work.
+                // moment makes this run fail on "table exists". Re-running sees its work (and
+                // may fail on the next migration that process is applying meanwhile).
                 Err(sqlx::migrate::MigrateError::ExecuteMigration(..))
-                    if self.backend() == B::Sqlite && attempt < 3 =>
+                    if self.backend() == B::Sqlite && attempt < attempts =>
                 {
                     attempt += 1;
                     tokio::time::sleep(Duration::from_millis(50)).await;

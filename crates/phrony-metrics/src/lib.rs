@@ -283,6 +283,19 @@ pub static APPROVAL_WAIT: Histogram<10> = Histogram::new(WAIT_BUCKETS);
 pub static DISPATCH_QUEUE_WAIT: Histogram<16> = Histogram::new(LATENCY_BUCKETS);
 /// Ledger write transactions' commit latency (`phrony_ledger_commit_seconds`).
 pub static LEDGER_COMMIT: Histogram<16> = Histogram::new(LATENCY_BUCKETS);
+/// How long each ledger write waited to start (`phrony_ledger_write_wait_seconds`): on SQLite
+/// for its turn on the single group-commit writer, on PostgreSQL for a pooled connection and
+/// its `BEGIN`.
+pub static LEDGER_WRITE_WAIT: Histogram<16> = Histogram::new(LATENCY_BUCKETS);
+/// How long each ledger write held its connection (`phrony_ledger_write_hold_seconds`): on
+/// SQLite the single writer, from lending it to the write until the write handed it back (the
+/// writer serves no other write meanwhile); on PostgreSQL from `BEGIN` to the commit or
+/// rollback.
+pub static LEDGER_WRITE_HOLD: Histogram<16> = Histogram::new(LATENCY_BUCKETS);
+/// SQLite group-commit batches, each from its `BEGIN IMMEDIATE` to its `COMMIT` returned
+/// (`phrony_ledger_batch_seconds`): their sum over an interval is the time the single writer
+/// was busy.
+pub static LEDGER_BATCH: Histogram<16> = Histogram::new(LATENCY_BUCKETS);
 /// Model calls, from request to the last streamed event (`phrony_model_call_seconds`).
 pub static MODEL_CALL: Histogram<16> = Histogram::new(LATENCY_BUCKETS);
 /// Model calls that failed after the provider's retries (`phrony_model_errors_total`).
@@ -380,6 +393,21 @@ pub fn catalog() -> Vec<Metric> {
             name: "phrony_ledger_commit_seconds",
             help: "Latency of the ledger's write-transaction commits.",
             value: Value::Histogram(LEDGER_COMMIT.snapshot()),
+        },
+        Metric {
+            name: "phrony_ledger_write_wait_seconds",
+            help: "Time each ledger write waited to start (SQLite: its turn on the single writer).",
+            value: Value::Histogram(LEDGER_WRITE_WAIT.snapshot()),
+        },
+        Metric {
+            name: "phrony_ledger_write_hold_seconds",
+            help: "Time each ledger write held its connection (SQLite: the single writer).",
+            value: Value::Histogram(LEDGER_WRITE_HOLD.snapshot()),
+        },
+        Metric {
+            name: "phrony_ledger_batch_seconds",
+            help: "SQLite group-commit batches, BEGIN to COMMIT: the sum is the writer's busy time.",
+            value: Value::Histogram(LEDGER_BATCH.snapshot()),
         },
         Metric {
             name: "phrony_model_call_seconds",

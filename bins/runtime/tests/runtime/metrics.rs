@@ -246,6 +246,13 @@ async fn probes_and_metrics_follow_a_governed_session_and_a_database_outage() {
     assert!(value("phrony_model_call_seconds_count") >= 2.0, "{body}");
     assert_eq!(value("phrony_model_errors_total"), 0.0);
     assert!(value("phrony_ledger_commit_seconds_count") >= 1.0, "{body}");
+    for series in [
+        "phrony_ledger_write_wait_seconds_count",
+        "phrony_ledger_write_hold_seconds_count",
+        "phrony_ledger_batch_seconds_count",
+    ] {
+        assert!(value(series) >= 1.0, "{series}: {body}");
+    }
     assert_eq!(value("phrony_dispatch_queue_depth"), 0.0);
     assert!(
         samples.iter().any(|(s, v)| s
