@@ -64,12 +64,13 @@ pub(crate) fn figures(
         return None;
     }
     let per = |sum: &str, n: f64| (n > 0.0).then(|| delta(sum) / n);
+    let held = delta("phrony_ledger_write_hold_seconds_sum");
     Some(WriterFigures {
         writes_per_session: writes / sessions as f64,
         wait_us: per("phrony_ledger_write_wait_seconds_sum", waits).unwrap_or(0.0) * 1e6,
-        hold_us: delta("phrony_ledger_write_hold_seconds_sum") / writes * 1e6,
+        hold_us: held / writes * 1e6,
         commit_us: per("phrony_ledger_commit_seconds_sum", commits).unwrap_or(0.0) * 1e6,
-        hold_share: delta("phrony_ledger_write_hold_seconds_sum") / elapsed,
+        hold_share: held / elapsed,
         writes_per_batch: (batches > 0.0).then(|| writes / batches),
         busy: (batches > 0.0).then(|| delta("phrony_ledger_batch_seconds_sum") / elapsed),
         commit_share: (batches > 0.0).then(|| delta("phrony_ledger_commit_seconds_sum") / elapsed),

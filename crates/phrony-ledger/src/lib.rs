@@ -745,7 +745,9 @@ impl Ledger {
             Pool::Sqlite(..) => sqlx::migrate!("migrations/sqlite"),
             Pool::Postgres(_) => sqlx::migrate!("migrations/postgres"),
         };
-        // Each retry below follows another process's progress, so at most one per migration.
+        // A process migrating beside this one can make each migration fail here once, so one
+        // retry per migration (a migration failing for another reason is reported after them,
+        // ≈ 50 ms each).
         let attempts = migrator.iter().count() + 1;
         let mut attempt = 1;
         loop {

@@ -289,8 +289,8 @@ pub static LEDGER_COMMIT: Histogram<16> = Histogram::new(LATENCY_BUCKETS);
 pub static LEDGER_WRITE_WAIT: Histogram<16> = Histogram::new(LATENCY_BUCKETS);
 /// How long each ledger write held its connection (`phrony_ledger_write_hold_seconds`): on
 /// SQLite the single writer, from lending it to the write until the write handed it back (the
-/// writer serves no other write meanwhile); on PostgreSQL from `BEGIN` to the commit or
-/// rollback.
+/// writer serves no other write meanwhile); on PostgreSQL from `BEGIN` to the end of its
+/// commit or rollback (a transaction abandoned on an error is not timed).
 pub static LEDGER_WRITE_HOLD: Histogram<16> = Histogram::new(LATENCY_BUCKETS);
 /// SQLite group-commit batches, each from its `BEGIN IMMEDIATE` to its `COMMIT` returned
 /// (`phrony_ledger_batch_seconds`): their sum over an interval is the time the single writer
