@@ -843,7 +843,10 @@ mod group_tests {
         .execute(&pool)
         .await
         .unwrap();
-        (pool.clone(), GroupWriter::spawn(pool, true, recorded))
+        (
+            pool.clone(),
+            GroupWriter::spawn(pool, true, recorded, None, None),
+        )
     }
 
     async fn count(pool: &SqlitePool) -> i64 {

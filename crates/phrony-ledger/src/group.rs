@@ -19,7 +19,12 @@
 //! - a write whose body failed after other writes of the same batch ran may have seen their
 //!   uncommitted rows (that is what made it fail, say "already decided"); it is answered after
 //!   the batch's outcome too, and gets `Unavailable` instead of its own error when the batch
-//!   did not commit.
+//!   did not commit;
+//! - on a database file, a batch begins only while its filesystem has the ledger's free-space
+//!   reserve (`space.rs`); below it every queued write fails with [`LedgerError::Unavailable`]
+//!   before anything is written;
+//! - each commit is signalled to the checkpoint task (`checkpoint.rs`), which copies the WAL back
+//!   into the database off the writer, so that no `COMMIT` does it in the usual course.
 //!
 //! Writes still run one at a time and in queue order, so the ordering, sequence and hash-chain
 //! guarantees are those of separate transactions. Reads do not go through the writer.
@@ -43,7 +48,9 @@ use sqlx::pool::PoolConnection;
 use sqlx::sqlite::SqlitePool;
 use tokio::sync::{mpsc, oneshot};
 
+use crate::checkpoint::Checkpoints;
 use crate::error::{LedgerError, Result};
+use crate::space::DiskFloor;
 use crate::sqlite_raw::{Locked, PreparedTexts, RawSlot};
 
 /// A batch commits after this many writes even when more are queued.
@@ -66,6 +73,11 @@ pub struct GroupCommitStats {
     /// Whether a batch holds the database's write lock right now (between its `BEGIN IMMEDIATE`
     /// and its `COMMIT` or rollback).
     pub holding_write_lock: bool,
+    /// WAL checkpoints run by the ledger's checkpoint task (off the writer; a database file
+    /// only), and those of them that copied the whole WAL back into the database.
+    pub checkpoints: u64,
+    /// See [`GroupCommitStats::checkpoints`].
+    pub complete_checkpoints: u64,
 }
 
 #[derive(Debug, Default)]
@@ -82,6 +94,18 @@ struct Counters {
 pub(crate) struct GroupWriter {
     queue: mpsc::UnboundedSender<Message>,
     counters: Arc<Counters>,
+    checkpoints: Option<Checkpoints>,
+}
+
+/// What the writer task works with besides its queue and connection.
+struct Context {
+    counters: Arc<Counters>,
+    /// The SQL texts its batches prepare are recorded here.
+    recorded: PreparedTexts,
+    /// A batch begins only when the database's filesystem has its reserve of free space.
+    floor: Option<DiskFloor>,
+    /// Told of every commit: checkpoints the WAL off the writer.
+    checkpoints: Option<Checkpoints>,
 }
 
 /// A queued write: where to send the lease, and whether it must be a batch of its own.
@@ -139,12 +163,30 @@ impl GroupWriter {
     /// `pool` and, with `hold`, keeps it (and the statements it prepared) from batch to batch
     /// until [`GroupWriter::close`] or a connection error; without, it gives it back after each
     /// batch (an in-memory database's pool has its only connection to share with the reads).
-    /// The SQL texts its batches prepare are recorded in `recorded`.
-    pub(crate) fn spawn(pool: SqlitePool, hold: bool, recorded: PreparedTexts) -> Self {
+    /// The SQL texts its batches prepare are recorded in `recorded`. With a `floor`, a batch
+    /// begins only while the filesystem has its reserve free (else its writes fail with
+    /// `Unavailable`); `checkpoints` is told of every commit.
+    pub(crate) fn spawn(
+        pool: SqlitePool,
+        hold: bool,
+        recorded: PreparedTexts,
+        floor: Option<DiskFloor>,
+        checkpoints: Option<Checkpoints>,
+    ) -> Self {
         let (queue, rx) = mpsc::unbounded_channel();
         let counters = Arc::new(Counters::default());
-        tokio::spawn(run(pool, hold, rx, counters.clone(), recorded));
-        Self { queue, counters }
+        let context = Context {
+            counters: counters.clone(),
+            recorded,
+            floor,
+            checkpoints: checkpoints.clone(),
+        };
+        tokio::spawn(run(pool, hold, rx, context));
+        Self {
+            queue,
+            counters,
+            checkpoints,
+        }
     }
 
     /// Gives the held connection back to the pool (after the batch in progress), so that the
@@ -154,6 +196,9 @@ impl GroupWriter {
         let (ack, done) = oneshot::channel();
         if self.queue.send(Message::Close(ack)).is_ok() {
             let _ = done.await;
+        }
+        if let Some(checkpoints) = &self.checkpoints {
+            checkpoints.close().await;
         }
     }
 
@@ -172,10 +217,16 @@ impl GroupWriter {
     }
 
     pub(crate) fn stats(&self) -> GroupCommitStats {
+        let (checkpoints, complete_checkpoints) = self
+            .checkpoints
+            .as_ref()
+            .map_or((0, 0), Checkpoints::counts);
         GroupCommitStats {
             commits: self.counters.commits.load(Ordering::Relaxed),
             writes: self.counters.writes.load(Ordering::Relaxed),
             holding_write_lock: self.counters.holding.load(Ordering::Relaxed) == 1,
+            checkpoints,
+            complete_checkpoints,
         }
     }
 }
@@ -240,8 +291,7 @@ async fn run(
     pool: SqlitePool,
     hold: bool,
     mut queue: mpsc::UnboundedReceiver<Message>,
-    counters: Arc<Counters>,
-    recorded: PreparedTexts,
+    context: Context,
 ) {
     let mut carried: Option<Message> = None;
     // One connection per turn of this loop: held for every batch while `hold` (its statements
@@ -263,16 +313,8 @@ async fn run(
                 continue;
             }
         };
-        let (healthy, closing) = serve(
-            &mut conn,
-            hold,
-            first,
-            &mut queue,
-            &mut carried,
-            &counters,
-            &recorded,
-        )
-        .await;
+        let (healthy, closing) =
+            serve(&mut conn, hold, first, &mut queue, &mut carried, &context).await;
         if !healthy {
             conn.close_on_drop();
         }
@@ -292,11 +334,10 @@ async fn serve(
     first: Request,
     queue: &mut mpsc::UnboundedReceiver<Message>,
     carried: &mut Option<Message>,
-    counters: &Counters,
-    recorded: &PreparedTexts,
+    context: &Context,
 ) -> (bool, Option<oneshot::Sender<()>>) {
     let mut locked = match conn.lock_handle().await {
-        Ok(handle) => Locked::new(handle, recorded.clone()),
+        Ok(handle) => Locked::new(handle, context.recorded.clone()),
         Err(e) => {
             let _ = first
                 .reply
@@ -316,7 +357,7 @@ async fn serve(
         };
         // Dropping `locked` on the way out rolls back whatever is open and finalizes the
         // statements before sqlx gets the handle back.
-        match batch(&mut locked, first, queue, carried, counters).await {
+        match batch(&mut locked, first, queue, carried, context).await {
             Turn::Again if hold => {}
             Turn::Again => return (true, None),
             Turn::Broken => return (false, None),
@@ -367,8 +408,17 @@ async fn batch(
     first: Request,
     queue: &mut mpsc::UnboundedReceiver<Message>,
     carried: &mut Option<Message>,
-    counters: &Counters,
+    context: &Context,
 ) -> Turn {
+    // Below the free-space reserve no batch begins: its writes fail as an outage, with nothing
+    // written (see `space.rs`).
+    if let Some(floor) = &context.floor
+        && let Err(error) = floor.check("begin transaction")
+    {
+        fail_queued(first, queue, carried, error);
+        return Turn::Again;
+    }
+    let counters = &*context.counters;
     let slot = locked.open_batch();
     let begun = Instant::now();
     // Off the runtime's threads: the busy handler may sleep up to the busy timeout while
@@ -386,6 +436,11 @@ async fn batch(
     counters.holding.store(1, Ordering::Relaxed);
     let batch = fill(&slot, locked, first, queue, carried).await;
     let turn = commit(&slot, locked, batch, counters).await;
+    if matches!(turn, Turn::Again)
+        && let Some(checkpoints) = &context.checkpoints
+    {
+        checkpoints.committed();
+    }
     phrony_metrics::LEDGER_BATCH.observe(begun.elapsed());
     counters.holding.store(0, Ordering::Relaxed);
     locked.close_batch();

@@ -158,6 +158,7 @@
 mod audit;
 mod audit_key;
 mod chain;
+mod checkpoint;
 mod db;
 mod error;
 mod event_body;
@@ -345,6 +346,7 @@ mod secrets;
 mod session_log;
 mod sessions;
 mod shadow;
+mod space;
 mod tokens;
 mod vocabulary;
 mod webhooks;
@@ -426,6 +428,12 @@ pub struct LedgerOptions {
     /// busy timeout; default 1 s): short, so that a health check answers quickly while another
     /// process holds the lock.
     pub probe_busy_timeout: Duration,
+    /// A SQLite file's free-space reserve: while the filesystem holding the database has
+    /// fewer bytes than this available, writes and the write probe fail with
+    /// [`LedgerError::Unavailable`] before they begin, and succeed again once space is freed
+    /// (default 32 MiB; 0 keeps no reserve, and a full disk then fails whichever write first
+    /// needs a new page). Ignored for PostgreSQL and in-memory databases.
+    pub sqlite_min_free_bytes: u64,
     /// Where event timestamps and approval expiries come from ([`LedgerClock::system`] unless a
     /// test injects another).
     pub clock: LedgerClock,
@@ -438,6 +446,7 @@ impl Default for LedgerOptions {
             acquire_timeout: Duration::from_secs(10),
             sqlite_busy_timeout: Duration::from_secs(10),
             probe_busy_timeout: Duration::from_secs(1),
+            sqlite_min_free_bytes: space::DEFAULT_MIN_FREE_BYTES,
             clock: LedgerClock::system(),
         }
     }
@@ -525,6 +534,8 @@ struct Probe {
     sqlite: Option<sqlx::SqlitePool>,
     /// Bounds the probe's statements on PostgreSQL (`SET LOCAL statement_timeout`).
     timeout: Duration,
+    /// A SQLite file's free-space reserve: the probe fails below it, as writes do.
+    floor: Option<space::DiskFloor>,
 }
 
 impl Ledger {
@@ -587,7 +598,14 @@ impl Ledger {
         if !in_memory {
             let creates = !url.contains("mode=") || url.contains("mode=rwc");
             files::prepare_sqlite_file(opts.get_filename(), creates)?;
+            // The checkpoint task checkpoints the WAL; a commit does only past this bound.
+            opts = opts.pragma("wal_autocheckpoint", checkpoint::AUTOCHECKPOINT_PAGES);
         }
+        let floor = if in_memory {
+            None
+        } else {
+            space::DiskFloor::new(opts.get_filename(), o.sqlite_min_free_bytes)
+        };
         let pool_options = if in_memory {
             // Every connection would otherwise see its own (or a dropped) in-memory database.
             SqlitePoolOptions::new()
@@ -634,6 +652,9 @@ impl Ledger {
                 .after_release(|conn, _| Box::pin(roll_back_abandoned_transaction(conn)))
                 .connect_lazy_with(opts.clone().busy_timeout(o.probe_busy_timeout))
         });
+        let checkpoints = (!in_memory).then(|| {
+            checkpoint::Checkpoints::spawn(opts.clone().busy_timeout(o.probe_busy_timeout))
+        });
         let pool = if in_memory {
             pool_options
                 .acquire_timeout(o.acquire_timeout)
@@ -651,18 +672,26 @@ impl Ledger {
                 .await
         }
         .map_err(unavailable)?;
-        Ok(Self::assemble(
+        let mut ledger = Self::assemble(
             Pool::Sqlite(
                 pool.clone(),
                 // The writer keeps its connection (and its prepared statements) while another
                 // one is left for the pool's other users; an in-memory database has one only.
-                group::GroupWriter::spawn(pool, !in_memory && o.max_connections >= 2, prepared),
+                group::GroupWriter::spawn(
+                    pool,
+                    !in_memory && o.max_connections >= 2,
+                    prepared,
+                    floor.clone(),
+                    checkpoints,
+                ),
                 readers,
             ),
             o,
             display_url,
             probe_pool,
-        ))
+        );
+        ledger.probe.floor = floor;
+        Ok(ledger)
     }
 
     async fn connect_postgres(url: &str, display_url: String, o: &LedgerOptions) -> Result<Self> {
@@ -712,6 +741,7 @@ impl Ledger {
             probe: Probe {
                 sqlite: probe_pool,
                 timeout: o.probe_busy_timeout,
+                floor: None,
             },
             outbox: None,
             replica: Arc::new(replica::Replica::new(replica::default_replica_id())),
@@ -837,8 +867,10 @@ impl Ledger {
     /// Proves that the database takes a durable write now: upserts the `health_probe` row
     /// (migration 0008) in a committed write transaction. On a SQLite file it uses its own
     /// connection whose busy timeout is [`LedgerOptions::probe_busy_timeout`], so it fails
-    /// within that time while another process holds the write lock, and fails on a full disk
-    /// (the commit appends to the WAL and syncs it); on PostgreSQL its statements are bounded
+    /// within that time while another process holds the write lock, and fails while the
+    /// filesystem has less than [`LedgerOptions::sqlite_min_free_bytes`] available, as writes
+    /// do (a one-row upsert alone can succeed on a full disk, in WAL space already allocated);
+    /// on PostgreSQL its statements are bounded
     /// by the same time (`statement_timeout`). Success marks the ledger writable, an outage
     /// marks it not writable ([`Ledger::writable`]). Writes no event: the probe is not part of
     /// the audit log.
@@ -881,6 +913,9 @@ impl Ledger {
                               ON CONFLICT (id) DO UPDATE \
                               SET probed_at = excluded.probed_at, probes = health_probe.probes + 1";
         let now = chain::format_ts(&self.clock.now());
+        if let Some(floor) = &self.probe.floor {
+            floor.check("probe write")?;
+        }
         match (&self.probe.sqlite, &self.pool) {
             (Some(pool), _) | (None, Pool::Sqlite(pool, ..)) => {
                 let mut tx = pool

@@ -296,6 +296,9 @@ pub static LEDGER_WRITE_HOLD: Histogram<16> = Histogram::new(LATENCY_BUCKETS);
 /// (`phrony_ledger_batch_seconds`): their sum over an interval is the time the single writer
 /// was busy.
 pub static LEDGER_BATCH: Histogram<16> = Histogram::new(LATENCY_BUCKETS);
+/// SQLite WAL checkpoints run by the ledger's checkpoint task, off the writer
+/// (`phrony_ledger_checkpoint_seconds`).
+pub static LEDGER_CHECKPOINT: Histogram<16> = Histogram::new(LATENCY_BUCKETS);
 /// Model calls, from request to the last streamed event (`phrony_model_call_seconds`).
 pub static MODEL_CALL: Histogram<16> = Histogram::new(LATENCY_BUCKETS);
 /// Model calls that failed after the provider's retries (`phrony_model_errors_total`).
@@ -408,6 +411,11 @@ pub fn catalog() -> Vec<Metric> {
             name: "phrony_ledger_batch_seconds",
             help: "SQLite group-commit batches, BEGIN to COMMIT: the sum is the writer's busy time.",
             value: Value::Histogram(LEDGER_BATCH.snapshot()),
+        },
+        Metric {
+            name: "phrony_ledger_checkpoint_seconds",
+            help: "SQLite WAL checkpoints, run by a task of their own off the single writer.",
+            value: Value::Histogram(LEDGER_CHECKPOINT.snapshot()),
         },
         Metric {
             name: "phrony_model_call_seconds",

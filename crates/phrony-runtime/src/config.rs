@@ -320,6 +320,17 @@ pub struct Settings {
     )]
     pub(crate) sqlite_busy_timeout: Option<String>,
 
+    /// The free space (bytes) the SQLite database's filesystem must keep: below it, writes are
+    /// refused as a database outage (health NOT_SERVING, sessions wait) before anything is
+    /// written, until space is freed. `0` keeps no reserve. [default: 33554432 (32 MiB)]
+    #[arg(
+        long,
+        env = "RUNTIME_SQLITE_MIN_FREE_BYTES",
+        value_name = "BYTES",
+        global = true
+    )]
+    pub(crate) sqlite_min_free_bytes: Option<String>,
+
     /// How long `serve` waits at start-up for a PostgreSQL database it cannot reach (connection
     /// refused, server starting or shutting down, too many connections), retrying with backoff
     /// while health answers NOT_SERVING, before it gives up and exits 1. A SQLite file that
@@ -491,7 +502,8 @@ impl Settings {
     }
 
     /// The ledger's connection options: `RUNTIME_SQLITE_BUSY_TIMEOUT` (default 10 s); the
-    /// write probe's busy timeout is the smaller of 1 s and that.
+    /// write probe's busy timeout is the smaller of 1 s and that; `RUNTIME_SQLITE_MIN_FREE_BYTES`
+    /// (default 32 MiB, `0` for none).
     pub(crate) fn ledger_options(&self) -> anyhow::Result<phrony_ledger::LedgerOptions> {
         let defaults = phrony_ledger::LedgerOptions::default();
         let busy = crate::workers::duration(
@@ -499,9 +511,19 @@ impl Settings {
             self.sqlite_busy_timeout.as_deref(),
             defaults.sqlite_busy_timeout,
         )?;
+        let min_free = match self.sqlite_min_free_bytes.as_deref().map(str::trim) {
+            None | Some("") => defaults.sqlite_min_free_bytes,
+            Some(text) => text.parse::<u64>().map_err(|_| {
+                anyhow::anyhow!(
+                    "invalid RUNTIME_SQLITE_MIN_FREE_BYTES {text:?}: expected a whole number of \
+                     bytes (0 keeps no reserve)"
+                )
+            })?,
+        };
         Ok(phrony_ledger::LedgerOptions {
             sqlite_busy_timeout: busy,
             probe_busy_timeout: defaults.probe_busy_timeout.min(busy),
+            sqlite_min_free_bytes: min_free,
             ..defaults
         })
     }
@@ -640,6 +662,7 @@ mod tests {
             max_queued_user_messages: None,
             max_sessions_per_agent: None,
             sqlite_busy_timeout: None,
+            sqlite_min_free_bytes: None,
             database_start_timeout: None,
             tls_cert: None,
             tls_key: None,
@@ -769,5 +792,24 @@ mod tests {
             Some("sqlite::memory:")
         );
         assert!(Cli::try_parse_from(["phrony-runtime", "--log-format", "xml"]).is_err());
+    }
+
+    #[test]
+    fn the_sqlite_free_space_reserve_is_read_in_bytes_and_zero_keeps_none() {
+        let defaults = phrony_ledger::LedgerOptions::default();
+        let read = |value: Option<&str>| {
+            let mut s = settings(None);
+            s.sqlite_min_free_bytes = value.map(str::to_owned);
+            s.ledger_options().map(|o| o.sqlite_min_free_bytes)
+        };
+        assert_eq!(read(None).unwrap(), defaults.sqlite_min_free_bytes);
+        assert_eq!(read(Some(" ")).unwrap(), defaults.sqlite_min_free_bytes);
+        assert_eq!(read(Some("1048576")).unwrap(), 1_048_576);
+        assert_eq!(read(Some("0")).unwrap(), 0);
+        let error = read(Some("32MiB")).unwrap_err().to_string();
+        assert!(
+            error.contains("invalid RUNTIME_SQLITE_MIN_FREE_BYTES \"32MiB\""),
+            "{error}"
+        );
     }
 }

@@ -344,7 +344,9 @@ fn a_postgres_restart_mid_run_is_ridden_out_and_loses_nothing() {
 
 #[test]
 fn a_full_disk_is_ridden_out_and_nothing_is_half_written() {
-    let Some(mut fs) = SmallFs::mount(24) else {
+    // Larger than the default free-space reserve (RUNTIME_SQLITE_MIN_FREE_BYTES, 32 MiB) by
+    // what the daemon's files need: below the reserve no write begins.
+    let Some(mut fs) = SmallFs::mount(64) else {
         return;
     };
     let rt = runtime();
@@ -367,6 +369,12 @@ fn a_full_disk_is_ridden_out_and_nothing_is_half_written() {
     answer_during_the_stall(&worker, Duration::from_secs(2));
     fs.free();
     rt.block_on(assert_recovered(&mut daemon, &running, &worker));
+    // The outage was the reserve, named in the health transition's log line.
+    let log = daemon.stderr();
+    assert!(
+        log.contains("bytes the ledger keeps in reserve (RUNTIME_SQLITE_MIN_FREE_BYTES)"),
+        "{log}"
+    );
     drop(worker);
     assert_eq!(
         rt.block_on(daemon.terminate()).code(),

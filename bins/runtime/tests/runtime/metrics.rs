@@ -250,6 +250,7 @@ async fn probes_and_metrics_follow_a_governed_session_and_a_database_outage() {
         "phrony_ledger_write_wait_seconds_count",
         "phrony_ledger_write_hold_seconds_count",
         "phrony_ledger_batch_seconds_count",
+        "phrony_ledger_checkpoint_seconds_count",
     ] {
         assert!(value(series) >= 1.0, "{series}: {body}");
     }

@@ -115,6 +115,7 @@ impl Launch {
             "RUNTIME_WORKER_LEASE_TTL",
             "RUNTIME_TOOL_ALLOWLIST",
             "RUNTIME_SQLITE_BUSY_TIMEOUT",
+            "RUNTIME_SQLITE_MIN_FREE_BYTES",
             "RUNTIME_ENABLE_STUB_PROVIDER",
             "PHRONY_ACTOR",
         ] {

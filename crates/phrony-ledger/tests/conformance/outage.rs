@@ -194,3 +194,187 @@ async fn a_burst_of_our_own_writes_is_not_an_outage() {
         "{probes} probes, {written} writes"
     );
 }
+
+/// A ledger on a small filesystem (a tmpfs of `size_mib`), keeping `reserve` bytes free.
+async fn ledger_on_small_fs(
+    size_mib: u32,
+    reserve: u64,
+) -> Option<(phrony_test_support::small_fs::SmallFs, Ledger, String)> {
+    let fs = phrony_test_support::small_fs::SmallFs::mount(size_mib)?;
+    let file = fs.path().join("ledger.db");
+    let url = format!("sqlite://{}", file.display());
+    let ledger = Ledger::connect_with(
+        &url,
+        LedgerOptions {
+            sqlite_min_free_bytes: reserve,
+            ..LedgerOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    ledger.migrate().await.unwrap();
+    Some((fs, ledger, url))
+}
+
+/// `PRAGMA integrity_check` on a connection of its own.
+async fn integrity(url: &str) -> String {
+    use sqlx::Row as _;
+    let mut conn = SqliteConnectOptions::from_str(url)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let row = sqlx::query("PRAGMA integrity_check")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    row.get::<String, _>(0)
+}
+
+/// Below the free-space reserve nothing begins: the probe and every write fail as an outage
+/// naming the space left, before anything is written, and both succeed again once space is
+/// freed. A full disk is seen at once, not when some write first needs a new page (a one-row
+/// upsert like the probe's can keep succeeding in WAL space already allocated).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn below_the_free_space_reserve_nothing_is_written_until_space_is_freed() {
+    let Some((mut fs, ledger, url)) = ledger_on_small_fs(16, 4 * 1024 * 1024).await else {
+        return;
+    };
+    let agent = AgentRef::new("support", "refunds");
+    ledger
+        .publish_agent_version(version(&agent, "1.0.0"))
+        .await
+        .unwrap();
+    ledger.probe_write().await.unwrap();
+
+    assert!(fs.fill() > 0);
+    let probe = ledger.probe_write().await.unwrap_err();
+    assert!(probe.is_unavailable(), "{probe:?}");
+    let text = probe.to_string();
+    assert!(
+        text.contains("bytes available, below the 4194304 bytes"),
+        "{text}"
+    );
+    assert!(!ledger.is_writable());
+    let write = ledger
+        .publish_agent_version(version(&agent, "1.1.0"))
+        .await
+        .unwrap_err();
+    assert!(write.is_unavailable(), "{write:?}");
+    assert!(
+        ledger
+            .last_outage()
+            .is_some_and(|m| m.contains("RUNTIME_SQLITE_MIN_FREE_BYTES")),
+        "{:?}",
+        ledger.last_outage()
+    );
+    // Reads go on.
+    assert_eq!(ledger.list_agent_versions(&agent).await.unwrap().len(), 1);
+
+    fs.free();
+    ledger.probe_write().await.unwrap();
+    assert!(ledger.is_writable());
+    ledger
+        .publish_agent_version(version(&agent, "1.1.0"))
+        .await
+        .unwrap();
+    let versions: Vec<String> = ledger
+        .list_agent_versions(&agent)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|v| v.version)
+        .collect();
+    assert_eq!(versions.len(), 2, "{versions:?}");
+    ledger.close().await;
+    assert_eq!(integrity(&url).await, "ok");
+}
+
+/// With no reserve (`sqlite_min_free_bytes: 0`), a full disk fails the write that needs new
+/// space — as an outage, with nothing of it written — while the WAL checkpoint cannot grow
+/// the database file; every write acknowledged before is kept, and writing resumes once space
+/// is freed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_no_reserve_a_full_disk_fails_the_write_needing_space_and_nothing_is_half_written() {
+    let Some((mut fs, ledger, url)) = ledger_on_small_fs(16, 0).await else {
+        return;
+    };
+    let agent = AgentRef::new("support", "refunds");
+    let big = |n: usize| NewAgentVersion {
+        // 64 KiB per version: new pages, never room left in old ones.
+        snapshot_json: format!(r#"{{"kind":"Agent","pad":"{}"}}"#, "x".repeat(64 * 1024)),
+        ..version(&agent, &format!("1.0.{n}"))
+    };
+    ledger.publish_agent_version(big(0)).await.unwrap();
+    assert!(fs.fill() > 0);
+    let mut acknowledged = vec!["1.0.0".to_owned()];
+    let mut failed = None;
+    for n in 1..=256 {
+        match ledger.publish_agent_version(big(n)).await {
+            Ok(_) => acknowledged.push(format!("1.0.{n}")),
+            Err(e) => {
+                failed = Some((n, e));
+                break;
+            }
+        }
+    }
+    let (n, error) = failed.expect("256 × 64 KiB never fit on a full 16 MiB filesystem");
+    assert!(error.is_unavailable(), "{error:?}");
+    assert!(!ledger.is_writable());
+
+    fs.free();
+    ledger.publish_agent_version(big(n)).await.unwrap();
+    acknowledged.push(format!("1.0.{n}"));
+    let mut versions: Vec<String> = ledger
+        .list_agent_versions(&agent)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|v| v.version)
+        .collect();
+    versions.sort();
+    acknowledged.sort();
+    assert_eq!(versions, acknowledged);
+    ledger.close().await;
+    assert_eq!(integrity(&url).await, "ok");
+}
+
+/// The checkpoint task copies the WAL back into the database after commits (at most every
+/// 100 ms), so the WAL file stays the size of a few commits' pages instead of growing to the
+/// automatic checkpoint's bound inside some commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_wal_is_checkpointed_off_the_writer_and_stays_small() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("ledger.db");
+    let ledger = Ledger::connect(&format!("sqlite://{}", file.display()))
+        .await
+        .unwrap();
+    ledger.migrate().await.unwrap();
+    let agent = AgentRef::new("support", "refunds");
+    let before = ledger.group_commit_stats().unwrap();
+    // 300 versions of 8 KiB (≈ 27 KiB of pages each: the version, its event, their indexes):
+    // ≈ 8 MiB through the WAL, a few hundred KiB per checkpoint interval.
+    for n in 0..300 {
+        ledger
+            .publish_agent_version(NewAgentVersion {
+                snapshot_json: format!(r#"{{"kind":"Agent","pad":"{}"}}"#, "y".repeat(8 * 1024)),
+                ..version(&agent, &format!("1.0.{n}"))
+            })
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let after = ledger.group_commit_stats().unwrap();
+    assert!(
+        after.complete_checkpoints > before.complete_checkpoints + 5,
+        "{before:?} → {after:?}"
+    );
+    let wal = std::fs::metadata(dir.path().join("ledger.db-wal"))
+        .unwrap()
+        .len();
+    // Without the task the WAL would hold every page written (below the automatic
+    // checkpoint's 16 MiB bound); with it, a few intervals' worth (the migrations' ≈ 1 MiB
+    // the largest).
+    assert!(wal < 2 * 1024 * 1024, "the WAL grew to {wal} bytes");
+    ledger.close().await;
+}
