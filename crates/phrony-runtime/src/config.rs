@@ -331,6 +331,17 @@ pub struct Settings {
     )]
     pub(crate) sqlite_min_free_bytes: Option<String>,
 
+    /// The most database connections the daemon's main pool opens (PostgreSQL: plus a quarter
+    /// of it, at least 2, for history lookups; SQLite: also the most read connections). Size it
+    /// against the server's `max_connections` times the number of replicas. [default: 10]
+    #[arg(
+        long,
+        env = "RUNTIME_DATABASE_MAX_CONNECTIONS",
+        value_name = "COUNT",
+        global = true
+    )]
+    pub(crate) database_max_connections: Option<String>,
+
     /// How long `serve` waits at start-up for a PostgreSQL database it cannot reach (connection
     /// refused, server starting or shutting down, too many connections), retrying with backoff
     /// while health answers NOT_SERVING, before it gives up and exits 1. A SQLite file that
@@ -503,7 +514,7 @@ impl Settings {
 
     /// The ledger's connection options: `RUNTIME_SQLITE_BUSY_TIMEOUT` (default 10 s); the
     /// write probe's busy timeout is the smaller of 1 s and that; `RUNTIME_SQLITE_MIN_FREE_BYTES`
-    /// (default 32 MiB, `0` for none).
+    /// (default 32 MiB, `0` for none); `RUNTIME_DATABASE_MAX_CONNECTIONS` (default 10).
     pub(crate) fn ledger_options(&self) -> anyhow::Result<phrony_ledger::LedgerOptions> {
         let defaults = phrony_ledger::LedgerOptions::default();
         let busy = crate::workers::duration(
@@ -520,7 +531,18 @@ impl Settings {
                 )
             })?,
         };
+        let max_connections = match self.database_max_connections.as_deref().map(str::trim) {
+            None | Some("") => defaults.max_connections,
+            Some(text) => match text.parse::<u32>() {
+                Ok(n) if (1..=1000).contains(&n) => n,
+                _ => anyhow::bail!(
+                    "invalid RUNTIME_DATABASE_MAX_CONNECTIONS {text:?}: expected a whole number \
+                     from 1 to 1000"
+                ),
+            },
+        };
         Ok(phrony_ledger::LedgerOptions {
+            max_connections,
             sqlite_busy_timeout: busy,
             probe_busy_timeout: defaults.probe_busy_timeout.min(busy),
             sqlite_min_free_bytes: min_free,
@@ -663,6 +685,7 @@ mod tests {
             max_sessions_per_agent: None,
             sqlite_busy_timeout: None,
             sqlite_min_free_bytes: None,
+            database_max_connections: None,
             database_start_timeout: None,
             tls_cert: None,
             tls_key: None,
@@ -811,5 +834,26 @@ mod tests {
             error.contains("invalid RUNTIME_SQLITE_MIN_FREE_BYTES \"32MiB\""),
             "{error}"
         );
+    }
+
+    #[test]
+    fn the_database_pool_size_is_a_bounded_whole_number() {
+        let read = |value: Option<&str>| {
+            let mut s = settings(None);
+            s.database_max_connections = value.map(str::to_owned);
+            s.ledger_options().map(|o| o.max_connections)
+        };
+        assert_eq!(
+            read(None).unwrap(),
+            phrony_ledger::LedgerOptions::default().max_connections
+        );
+        assert_eq!(read(Some("32")).unwrap(), 32);
+        for bad in ["0", "1001", "ten", "-1"] {
+            let error = read(Some(bad)).unwrap_err().to_string();
+            assert!(
+                error.contains(&format!("invalid RUNTIME_DATABASE_MAX_CONNECTIONS {bad:?}")),
+                "{error}"
+            );
+        }
     }
 }

@@ -116,6 +116,7 @@ impl Launch {
             "RUNTIME_TOOL_ALLOWLIST",
             "RUNTIME_SQLITE_BUSY_TIMEOUT",
             "RUNTIME_SQLITE_MIN_FREE_BYTES",
+            "RUNTIME_DATABASE_MAX_CONNECTIONS",
             "RUNTIME_ENABLE_STUB_PROVIDER",
             "PHRONY_ACTOR",
         ] {
