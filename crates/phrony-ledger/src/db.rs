@@ -82,6 +82,16 @@ impl Pool {
         self.begin(clock, audit_key, outbox, replica, false).await
     }
 
+    /// A write transaction its caller always rolls back (comparisons in temporary tables):
+    /// it writes nothing, so on SQLite it runs below the free-space reserve too.
+    pub(crate) async fn begin_scratch(&self, clock: &LedgerClock) -> Result<Tx> {
+        let kind = match self {
+            Self::Sqlite(_, writer, _) => TxKind::Sqlite(writer.begin_scratch().await?),
+            Self::Postgres(_) => return self.begin(clock, None, None, None, false).await,
+        };
+        Ok(Tx::new(kind, clock, None, None, None))
+    }
+
     /// [`Pool::begin_write`] for a write that changes connection state later writes of a
     /// batch would inherit (e.g. `PRAGMA defer_foreign_keys`): on SQLite it is a batch of its own.
     pub(crate) async fn begin_write_alone(
@@ -113,17 +123,7 @@ impl Pool {
                 TxKind::Postgres(tx, begun)
             }
         };
-        Ok(Tx {
-            kind,
-            clock: clock.clone(),
-            audit_key,
-            outbox,
-            outbox_written: false,
-            replica,
-            listeners: None,
-            committed: Vec::new(),
-            released: Vec::new(),
-        })
+        Ok(Tx::new(kind, clock, audit_key, outbox, replica))
     }
 
     pub(crate) async fn acquire(&self) -> Result<PooledConn> {
@@ -184,6 +184,26 @@ enum TxKind {
 }
 
 impl Tx {
+    fn new(
+        kind: TxKind,
+        clock: &LedgerClock,
+        audit_key: Option<Arc<AuditKey>>,
+        outbox: Option<Arc<Outbox>>,
+        replica: Option<Arc<Replica>>,
+    ) -> Self {
+        Self {
+            kind,
+            clock: clock.clone(),
+            audit_key,
+            outbox,
+            outbox_written: false,
+            replica,
+            listeners: None,
+            committed: Vec::new(),
+            released: Vec::new(),
+        }
+    }
+
     /// The current time by the ledger's clock (microsecond precision).
     pub(crate) fn now(&self) -> DateTime<Utc> {
         self.clock.now()

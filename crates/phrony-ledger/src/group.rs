@@ -20,9 +20,9 @@
 //!   uncommitted rows (that is what made it fail, say "already decided"); it is answered after
 //!   the batch's outcome too, and gets `Unavailable` instead of its own error when the batch
 //!   did not commit;
-//! - on a database file, a batch begins only while its filesystem has the ledger's free-space
-//!   reserve (`space.rs`); below it every queued write fails with [`LedgerError::Unavailable`]
-//!   before anything is written;
+//! - on a database file, a write begins only while its filesystem has the ledger's free-space
+//!   reserve (`space.rs`); below it each write fails with [`LedgerError::Unavailable`] before
+//!   anything is written, except a scratch transaction its caller always rolls back;
 //! - each commit is signalled to the checkpoint task (`checkpoint.rs`), which copies the WAL back
 //!   into the database off the writer, so that no `COMMIT` does it in the usual course.
 //!
@@ -108,9 +108,12 @@ struct Context {
     checkpoints: Option<Checkpoints>,
 }
 
-/// A queued write: where to send the lease, and whether it must be a batch of its own.
+/// A queued write: where to send the lease, whether it must be a batch of its own, and whether
+/// its caller always rolls it back (it writes nothing, so it may run below the free-space
+/// reserve: e.g. the audit's comparison in temporary tables).
 struct Request {
     alone: bool,
+    scratch: bool,
     reply: oneshot::Sender<Result<Lease>>,
 }
 
@@ -206,10 +209,24 @@ impl GroupWriter {
     /// `alone` makes the write a batch of its own (it changes connection state that would
     /// leak into later writes of the batch, e.g. `PRAGMA defer_foreign_keys`).
     pub(crate) async fn begin(&self, alone: bool) -> Result<Lease> {
+        self.enqueue(alone, false).await
+    }
+
+    /// [`GroupWriter::begin`] for a transaction its caller always rolls back: it writes
+    /// nothing, so it runs below the free-space reserve too.
+    pub(crate) async fn begin_scratch(&self) -> Result<Lease> {
+        self.enqueue(false, true).await
+    }
+
+    async fn enqueue(&self, alone: bool, scratch: bool) -> Result<Lease> {
         let asked = Instant::now();
         let (reply, lease) = oneshot::channel();
         self.queue
-            .send(Message::Write(Request { alone, reply }))
+            .send(Message::Write(Request {
+                alone,
+                scratch,
+                reply,
+            }))
             .map_err(|_| writer_stopped())?;
         let lease = lease.await.map_err(|_| writer_stopped())??;
         phrony_metrics::LEDGER_WRITE_WAIT.observe(asked.elapsed());
@@ -278,6 +295,8 @@ struct Batch {
     waiters: Vec<oneshot::Sender<Result<()>>>,
     /// Set when the transaction can no longer be committed (a savepoint could not be undone).
     broken: Option<String>,
+    /// Why only scratch transactions may run in this batch (the free-space reserve).
+    refusing: Option<String>,
 }
 
 /// What the writer's queue carries.
@@ -410,14 +429,16 @@ async fn batch(
     carried: &mut Option<Message>,
     context: &Context,
 ) -> Turn {
-    // Below the free-space reserve no batch begins: its writes fail as an outage, with nothing
-    // written (see `space.rs`).
-    if let Some(floor) = &context.floor
-        && let Err(error) = floor.check("begin transaction")
-    {
-        fail_queued(first, queue, carried, error);
-        return Turn::Again;
-    }
+    // Below the free-space reserve no write begins: each fails as an outage, with nothing
+    // written (see `space.rs`); a scratch transaction (always rolled back) still runs.
+    let refusing = match context.floor.as_ref().map(|f| f.check("begin transaction")) {
+        Some(Err(error)) if !first.scratch => {
+            let _ = first.reply.send(Err(error));
+            return Turn::Again;
+        }
+        Some(Err(error)) => Some(error.to_string()),
+        _ => None,
+    };
     let counters = &*context.counters;
     let slot = locked.open_batch();
     let begun = Instant::now();
@@ -434,7 +455,7 @@ async fn batch(
         };
     }
     counters.holding.store(1, Ordering::Relaxed);
-    let batch = fill(&slot, locked, first, queue, carried).await;
+    let batch = fill(&slot, locked, first, queue, carried, refusing).await;
     let turn = commit(&slot, locked, batch, counters).await;
     if matches!(turn, Turn::Again)
         && let Some(checkpoints) = &context.checkpoints
@@ -467,6 +488,7 @@ async fn fill(
     first: Request,
     queue: &mut mpsc::UnboundedReceiver<Message>,
     carried: &mut Option<Message>,
+    refusing: Option<String>,
 ) -> Batch {
     let mut batch = Batch {
         started: Instant::now(),
@@ -474,6 +496,7 @@ async fn fill(
         released: 0,
         waiters: Vec::new(),
         broken: None,
+        refusing,
     };
     let mut next = Some(first);
     loop {
@@ -542,6 +565,14 @@ fn fail_queued(
 /// savepoint when the lease comes back.
 async fn lend(slot: &RawSlot, request: Request, batch: &mut Batch) {
     if request.reply.is_closed() {
+        return;
+    }
+    if let Some(reason) = &batch.refusing
+        && !request.scratch
+    {
+        let _ = request
+            .reply
+            .send(Err(unavailable("begin transaction", reason)));
         return;
     }
     if let Err(e) = slot.run("begin savepoint", SAVEPOINT, &[], None) {

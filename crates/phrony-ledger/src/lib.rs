@@ -804,9 +804,15 @@ impl Ledger {
         }
     }
 
-    /// Upserts `runtime_meta.schema_version` to `version` (the last applied migration).
+    /// Upserts `runtime_meta.schema_version` to `version` (the last applied migration), when
+    /// it says otherwise: opening an up-to-date database writes nothing, so that it opens (and
+    /// is read, e.g. by `audit verify`) while it cannot take writes — below the free-space
+    /// reserve, say.
     async fn record_schema_version(&self, version: i64) -> Result<()> {
         let version = version.to_string();
+        if self.schema_version().await?.as_deref() == Some(version.as_str()) {
+            return Ok(());
+        }
         write_tx!(self, |tx| async {
             tx.conn()
                 .execute(
@@ -1515,7 +1521,8 @@ impl Ledger {
         if report.problem.is_some() {
             return Ok(report);
         }
-        let mut tx = self.pool.begin_write(&self.clock, None, None, None).await?;
+        // Rolled back, so it runs while the database cannot take writes (below the reserve).
+        let mut tx = self.pool.begin_scratch(&self.clock).await?;
         let compared = audit::compare_projections(&mut tx, &scope).await;
         tx.rollback().await?;
         report.problem = compared?;

@@ -366,6 +366,9 @@ fn a_full_disk_is_ridden_out_and_nothing_is_half_written() {
     let filled = fs.fill();
     assert!(filled > 0, "the filesystem was already full");
     rt.block_on(assert_refused_while_stalled(&mut daemon, &running));
+    // The database still opens and reads: the offline audit verifies on the full disk.
+    let (status, out) = launch.run(&["audit", "verify", "--all"]);
+    assert!(status.success(), "{out}");
     answer_during_the_stall(&worker, Duration::from_secs(2));
     fs.free();
     rt.block_on(assert_recovered(&mut daemon, &running, &worker));

@@ -270,6 +270,19 @@ async fn below_the_free_space_reserve_nothing_is_written_until_space_is_freed() 
     );
     // Reads go on.
     assert_eq!(ledger.list_agent_versions(&agent).await.unwrap().len(), 1);
+    // An up-to-date database opens: migrating it again writes nothing.
+    let reopened = Ledger::connect_with(
+        &url,
+        LedgerOptions {
+            sqlite_min_free_bytes: 4 * 1024 * 1024,
+            ..LedgerOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    reopened.migrate().await.unwrap();
+    assert_eq!(reopened.list_agent_versions(&agent).await.unwrap().len(), 1);
+    reopened.close().await;
 
     fs.free();
     ledger.probe_write().await.unwrap();
