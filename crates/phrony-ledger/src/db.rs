@@ -85,11 +85,23 @@ impl Pool {
     /// A write transaction its caller always rolls back (comparisons in temporary tables):
     /// it writes nothing, so on SQLite it runs below the free-space reserve too.
     pub(crate) async fn begin_scratch(&self, clock: &LedgerClock) -> Result<Tx> {
+        self.begin_exempt(clock, None, None).await
+    }
+
+    /// A write transaction that runs below SQLite's free-space reserve: the start-up audit
+    /// check, which seals a few rows at most (without it a daemon restarted below the reserve
+    /// could not start and report its outage). Also used by [`Pool::begin_scratch`].
+    pub(crate) async fn begin_exempt(
+        &self,
+        clock: &LedgerClock,
+        audit_key: Option<Arc<AuditKey>>,
+        outbox: Option<Arc<Outbox>>,
+    ) -> Result<Tx> {
         let kind = match self {
-            Self::Sqlite(_, writer, _) => TxKind::Sqlite(writer.begin_scratch().await?),
-            Self::Postgres(_) => return self.begin(clock, None, None, None, false).await,
+            Self::Sqlite(_, writer, _) => TxKind::Sqlite(writer.begin_exempt().await?),
+            Self::Postgres(_) => return self.begin(clock, audit_key, outbox, None, false).await,
         };
-        Ok(Tx::new(kind, clock, None, None, None))
+        Ok(Tx::new(kind, clock, audit_key, outbox, None))
     }
 
     /// [`Pool::begin_write`] for a write that changes connection state later writes of a

@@ -22,7 +22,7 @@
 //!   did not commit;
 //! - on a database file, a write begins only while its filesystem has the ledger's free-space
 //!   reserve (`space.rs`); below it each write fails with [`LedgerError::Unavailable`] before
-//!   anything is written, except a scratch transaction its caller always rolls back;
+//!   anything is written, except an exempt one (always rolled back, or the start-up audit check);
 //! - each commit is signalled to the checkpoint task (`checkpoint.rs`), which copies the WAL back
 //!   into the database off the writer, so that no `COMMIT` does it in the usual course.
 //!
@@ -109,11 +109,12 @@ struct Context {
 }
 
 /// A queued write: where to send the lease, whether it must be a batch of its own, and whether
-/// its caller always rolls it back (it writes nothing, so it may run below the free-space
-/// reserve: e.g. the audit's comparison in temporary tables).
+/// it may run below the free-space reserve (`exempt`: a transaction its caller always rolls
+/// back, such as the audit's comparison in temporary tables, or the start-up audit check,
+/// which seals a few rows at most).
 struct Request {
     alone: bool,
-    scratch: bool,
+    exempt: bool,
     reply: oneshot::Sender<Result<Lease>>,
 }
 
@@ -212,19 +213,19 @@ impl GroupWriter {
         self.enqueue(alone, false).await
     }
 
-    /// [`GroupWriter::begin`] for a transaction its caller always rolls back: it writes
-    /// nothing, so it runs below the free-space reserve too.
-    pub(crate) async fn begin_scratch(&self) -> Result<Lease> {
+    /// [`GroupWriter::begin`] for a transaction that may run below the free-space reserve:
+    /// one its caller always rolls back, or the start-up audit check (a few rows at most).
+    pub(crate) async fn begin_exempt(&self) -> Result<Lease> {
         self.enqueue(false, true).await
     }
 
-    async fn enqueue(&self, alone: bool, scratch: bool) -> Result<Lease> {
+    async fn enqueue(&self, alone: bool, exempt: bool) -> Result<Lease> {
         let asked = Instant::now();
         let (reply, lease) = oneshot::channel();
         self.queue
             .send(Message::Write(Request {
                 alone,
-                scratch,
+                exempt,
                 reply,
             }))
             .map_err(|_| writer_stopped())?;
@@ -295,7 +296,7 @@ struct Batch {
     waiters: Vec<oneshot::Sender<Result<()>>>,
     /// Set when the transaction can no longer be committed (a savepoint could not be undone).
     broken: Option<String>,
-    /// Why only scratch transactions may run in this batch (the free-space reserve).
+    /// Why only exempt transactions may run in this batch (the free-space reserve).
     refusing: Option<String>,
 }
 
@@ -430,9 +431,9 @@ async fn batch(
     context: &Context,
 ) -> Turn {
     // Below the free-space reserve no write begins: each fails as an outage, with nothing
-    // written (see `space.rs`); a scratch transaction (always rolled back) still runs.
+    // written (see `space.rs`); an exempt transaction still runs.
     let refusing = match context.floor.as_ref().map(|f| f.check("begin transaction")) {
-        Some(Err(error)) if !first.scratch => {
+        Some(Err(error)) if !first.exempt => {
             let _ = first.reply.send(Err(error));
             return Turn::Again;
         }
@@ -568,7 +569,7 @@ async fn lend(slot: &RawSlot, request: Request, batch: &mut Batch) {
         return;
     }
     if let Some(reason) = &batch.refusing
-        && !request.scratch
+        && !request.exempt
     {
         let _ = request
             .reply

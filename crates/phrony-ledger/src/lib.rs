@@ -1462,9 +1462,11 @@ impl Ledger {
     /// [`AuditStart::Failed`], not an error.
     pub async fn start_audit(&self, key_is_new: bool) -> Result<AuditStart> {
         let key = self.require_audit_key()?;
+        // Below SQLite's free-space reserve too: the check seals a few rows at most, and a
+        // daemon restarted there must start to report its outage (NOT_SERVING).
         let mut tx = self
             .pool
-            .begin_write(&self.clock, Some(key.clone()), self.outbox.clone(), None)
+            .begin_exempt(&self.clock, Some(key.clone()), self.outbox.clone())
             .await?;
         match audit::start(&mut tx, &key, key_is_new).await {
             Ok(AuditStart::Failed(p)) => {

@@ -150,6 +150,29 @@ impl SmallFs {
         written
     }
 
+    /// Fills the filesystem, then gives `bytes` of it back (the filler file shortened): about
+    /// `bytes` are left free.
+    ///
+    /// # Panics
+    /// As [`fill`](Self::fill), or when the filler cannot be shortened.
+    pub fn leave_free(&mut self, bytes: u64) {
+        let written = self.fill();
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(self.filler())
+            .unwrap_or_else(|e| panic!("open {}: {e}", self.filler().display()));
+        let len = file
+            .metadata()
+            .unwrap_or_else(|e| panic!("stat {}: {e}", self.filler().display()))
+            .len();
+        assert!(
+            written > 0 && len >= bytes,
+            "the filler is smaller than {bytes} bytes"
+        );
+        file.set_len(len - bytes)
+            .unwrap_or_else(|e| panic!("shorten {}: {e}", self.filler().display()));
+    }
+
     /// Deletes the filler file: the space [`fill`](Self::fill) took is free again.
     ///
     /// # Panics

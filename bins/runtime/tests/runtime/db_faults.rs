@@ -404,6 +404,35 @@ fn a_full_disk_is_ridden_out_and_nothing_is_half_written() {
     });
 }
 
+/// A daemon restarted while its SQLite disk is below the free-space reserve starts, answers
+/// NOT_SERVING naming the reserve, and serves by itself once space is freed (it used to exit 1:
+/// its start-up audit check ran as an ordinary write).
+#[test]
+fn a_daemon_restarted_below_the_free_space_reserve_waits_not_serving_then_serves() {
+    let Some(mut fs) = SmallFs::mount(64) else {
+        return;
+    };
+    let rt = runtime();
+    let home = fs.path().join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    let launch = Launch::new(&home, None);
+    let mut daemon = rt.block_on(launch.start());
+    assert_eq!(rt.block_on(daemon.terminate()).code(), Some(0));
+
+    // 12 MiB free: real space, below the default 32 MiB reserve.
+    fs.leave_free(12 * 1024 * 1024);
+    let mut daemon = launch.spawn();
+    rt.block_on(daemon.wait_for_health(ServingStatus::NotServing));
+    let log = daemon.stderr();
+    assert!(
+        log.contains("bytes the ledger keeps in reserve (RUNTIME_SQLITE_MIN_FREE_BYTES)"),
+        "{log}"
+    );
+    fs.free();
+    rt.block_on(daemon.wait_for_health(ServingStatus::Serving));
+    assert_eq!(rt.block_on(daemon.terminate()).code(), Some(0));
+}
+
 /// PostgreSQL is down when the daemon starts: the daemon does not exit, its port answers health
 /// checks with NOT_SERVING while it retries, and once the database is up it migrates and serves
 /// by itself; a session then runs to completion.
