@@ -672,7 +672,7 @@ impl Ledger {
                 .await
         }
         .map_err(unavailable)?;
-        let mut ledger = Self::assemble(
+        Ok(Self::assemble(
             Pool::Sqlite(
                 pool.clone(),
                 // The writer keeps its connection (and its prepared statements) while another
@@ -688,10 +688,12 @@ impl Ledger {
             ),
             o,
             display_url,
-            probe_pool,
-        );
-        ledger.probe.floor = floor;
-        Ok(ledger)
+            Probe {
+                sqlite: probe_pool,
+                timeout: o.probe_busy_timeout,
+                floor,
+            },
+        ))
     }
 
     async fn connect_postgres(url: &str, display_url: String, o: &LedgerOptions) -> Result<Self> {
@@ -720,17 +722,17 @@ impl Ledger {
             .connect_with(opts)
             .await
             .map_err(unavailable)?;
-        let mut ledger = Self::assemble(Pool::Postgres(pool), o, display_url, None);
+        let probe = Probe {
+            sqlite: None,
+            timeout: o.probe_busy_timeout,
+            floor: None,
+        };
+        let mut ledger = Self::assemble(Pool::Postgres(pool), o, display_url, probe);
         ledger.history_pool = Some(history_pool);
         Ok(ledger)
     }
 
-    fn assemble(
-        pool: Pool,
-        o: &LedgerOptions,
-        display_url: String,
-        probe_pool: Option<sqlx::SqlitePool>,
-    ) -> Self {
+    fn assemble(pool: Pool, o: &LedgerOptions, display_url: String, probe: Probe) -> Self {
         Self {
             pool,
             audit_key: None,
@@ -738,11 +740,7 @@ impl Ledger {
             display_url,
             writable: Arc::new(watch::channel(true).0),
             last_outage: Arc::default(),
-            probe: Probe {
-                sqlite: probe_pool,
-                timeout: o.probe_busy_timeout,
-                floor: None,
-            },
+            probe,
             outbox: None,
             replica: Arc::new(replica::Replica::new(replica::default_replica_id())),
             history_pool: None,
