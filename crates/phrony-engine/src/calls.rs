@@ -358,6 +358,40 @@ impl Ctx {
         Ok(step.calls)
     }
 
+    /// Records a worker's result; when the driver allows it (`resume_after_calls`) and the
+    /// session waits for its tools, with the move back to `running` should this result close
+    /// the last open call ([`phrony_ledger::Ledger::record_tool_result_and_resume`]).
+    pub(crate) async fn record_result(
+        &self,
+        call_id: &str,
+        result: phrony_ledger::ToolResult,
+    ) -> Result<(), StoreError> {
+        if !self
+            .resume_after_calls
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            self.store().record_tool_result(call_id, result).await?;
+            return Ok(());
+        }
+        // Held across the write: the status this driver keeps follows the ledger's.
+        let mut state = self.status.lock().await;
+        if state.status != SessionStatus::AwaitingTool {
+            drop(state);
+            self.store().record_tool_result(call_id, result).await?;
+            return Ok(());
+        }
+        let resume = phrony_ledger::StatusChange::to(SessionStatus::Running)
+            .from(SessionStatus::AwaitingTool);
+        let recorded = self
+            .store()
+            .record_tool_result_and_resume(call_id, result, resume)
+            .await?;
+        if let Some(changed) = &recorded.resumed {
+            state.status = changed.session.status;
+        }
+        Ok(())
+    }
+
     /// The ledger row of one model tool call, from its binding.
     pub(crate) fn new_tool_call(
         &self,
@@ -1113,12 +1147,8 @@ impl Ctx {
                 // result that did commit before a lost connection is recorded again as
                 // `tool.late_result`, never as a second outcome.
                 loop {
-                    match self
-                        .store()
-                        .record_tool_result(&call.call_id, result.clone())
-                        .await
-                    {
-                        Ok(_) => break,
+                    match self.record_result(&call.call_id, result.clone()).await {
+                        Ok(()) => break,
                         Err(e) if e.kind == ErrorKind::Unavailable => {
                             tracing::warn!(
                                 call_id = %call.call_id,

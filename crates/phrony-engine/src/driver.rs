@@ -21,7 +21,7 @@ use serde_json::Value;
 use tracing::Instrument as _;
 
 use crate::error::{ErrorKind, StoreError};
-use crate::fold::{CompletionRecord, Fold, ToolCallRecord};
+use crate::fold::{CompletionRecord, Fold, ToolCallRecord, TurnRecord};
 use crate::setup::DriverSetup;
 use crate::state::{Inner, Live, first_user_message};
 
@@ -160,6 +160,10 @@ pub(crate) struct Ctx {
     pub(crate) park: ParkGate,
     /// The session's MCP clients, one per server, connected on first use.
     pub(crate) mcp: crate::mcp_clients::McpClients,
+    /// Set by the driver for the calls of a completion when nothing can stop the next one
+    /// (no limit can be reached before it): the worker result that closes the last open call
+    /// then also moves the session back to `running`, in its transaction.
+    pub(crate) resume_after_calls: std::sync::atomic::AtomicBool,
 }
 
 /// When the calls of one completion may be parked: only once *every* call still running waits
@@ -330,6 +334,8 @@ struct Driver {
 enum TurnEnd {
     Finished,
     Halted(String),
+    /// The task ended with this turn's answer, recorded with the move to `completed`.
+    Completed,
 }
 
 enum LimitOutcome {
@@ -344,6 +350,9 @@ enum OutputStep {
     /// The model is asked again (a feedback turn was recorded).
     AskAgain,
 }
+
+/// Why a task completed (the reason of its `session.completed`).
+const TASK_COMPLETED: &str = "the task's turn ended";
 
 /// `max_tokens_per_run`.
 pub(crate) const TOKEN_LIMIT: &str = "max_tokens_per_run";
@@ -700,6 +709,7 @@ async fn drive(
         waits: Mutex::new(WaitTracker::from_approvals(&approvals, now)),
         park: ParkGate::default(),
         mcp: crate::mcp_clients::McpClients::default(),
+        resume_after_calls: std::sync::atomic::AtomicBool::new(false),
         inner,
         live,
         session,
@@ -782,6 +792,7 @@ impl Driver {
                         }
                     }
                     TurnEnd::Halted(message) => self.halt(message).await?,
+                    TurnEnd::Completed => return Ok(()),
                 },
                 None => {
                     let reason = blocked.clone();
@@ -869,6 +880,29 @@ impl Driver {
             return Some(limit_message("max_loop_iterations", l.on_limit));
         }
         None
+    }
+
+    /// The output of a task that ends with `answer`, the final segment of a turn with no
+    /// calls: `None` for a conversation, a task whose answer is checked (`output`), or one
+    /// with a later turn to run.
+    fn task_output_with(&self, answer: &AssistantMessage) -> Option<Value> {
+        let ends = self.ctx.session.mode == SessionMode::Task
+            && self.ctx.setup.output.is_none()
+            && self.fold.max_user_turn <= answer.turn;
+        let last = TurnRecord::finished_by(answer).filter(|_| ends)?;
+        Some(self.fold.output_after(last, &answer.content))
+    }
+
+    /// Whether no limit can stop `turn`'s next completion once the open calls have their
+    /// outcomes: no token budget (its check needs the request, tool results included) and
+    /// a loop budget the next iteration stays under. The checks before that completion
+    /// (`run_turn`) are the judges; this only lets the last result resume the session.
+    fn next_completion_unbounded(&self, turn: u32) -> bool {
+        let limits = &self.ctx.limits;
+        limits.max_tokens_per_run.is_none()
+            && limits.max_loop_iterations.is_none_or(|max| {
+                u64::from(self.fold.next_iteration(turn)) < self.effective(LOOP_LIMIT, max)
+            })
     }
 
     /// A limit's budget after the escalations approved so far: each approval grants the
@@ -1037,8 +1071,7 @@ impl Driver {
     }
 
     async fn complete_task(&mut self) -> Result<(), Stop> {
-        let change =
-            StatusChange::completed(Some(self.fold.output())).because("the task's turn ended");
+        let change = StatusChange::completed(Some(self.fold.output())).because(TASK_COMPLETED);
         match self
             .ctx
             .store()
@@ -1049,14 +1082,56 @@ impl Driver {
                 self.ctx.notify();
                 Ok(())
             }
-            Err(e) => {
-                let now = self.ctx.store().get_session(&self.ctx.session.id).await?;
-                if now.status.is_terminal() {
-                    Ok(())
-                } else {
-                    Err(e.into())
+            Err(e) => self.ended_anyway(e).await,
+        }
+    }
+
+    /// A task's last completion with its answer and the move to `completed`, in one
+    /// transaction (what `complete_task` does after the completion is recorded, one durable
+    /// commit sooner); `output` is the session's output with the answer folded.
+    async fn record_final(
+        &mut self,
+        completion: NewEvent,
+        answer: SessionEvent,
+        output: Value,
+    ) -> Result<TurnEnd, Stop> {
+        let change = StatusChange::completed(Some(output)).because(TASK_COMPLETED);
+        let mut state = self.ctx.status.lock().await;
+        let step = self
+            .ctx
+            .store()
+            .record_step(
+                &self.ctx.session.id,
+                completion,
+                Some(answer),
+                Some(change),
+                Vec::new(),
+            )
+            .await;
+        match step {
+            Ok(step) => {
+                if let Some(changed) = &step.status {
+                    state.status = changed.session.status;
                 }
+                drop(state);
+                self.ctx.notify();
+                Ok(TurnEnd::Completed)
             }
+            Err(e) => {
+                drop(state);
+                self.ended_anyway(e).await.map(|()| TurnEnd::Completed)
+            }
+        }
+    }
+
+    /// A task's completion failed with `e`: done if the session ended meanwhile (cancelled,
+    /// or its version retired), the error otherwise.
+    async fn ended_anyway(&self, e: StoreError) -> Result<(), Stop> {
+        let now = self.ctx.store().get_session(&self.ctx.session.id).await?;
+        if now.status.is_terminal() {
+            Ok(())
+        } else {
+            Err(e.into())
         }
     }
 
@@ -1190,7 +1265,14 @@ impl Driver {
                 turn,
                 EventBody::ModelCompletion(ModelCompletion::from(&completion.record)),
             )?;
+            let final_output = assistant
+                .as_ref()
+                .filter(|_| !has_calls)
+                .and_then(|message| self.task_output_with(message));
             let assistant = assistant.map(SessionEvent::AssistantMessage);
+            if let (Some(output), Some(answer)) = (final_output, assistant.clone()) {
+                return self.record_final(completion_event, answer, output).await;
+            }
             // With calls that will run (no token budget in the way), the completion, the move
             // to `awaiting_tool` and the calls are recorded in one transaction.
             let within_budget = self.ctx.limits.max_tokens_per_run.is_none_or(|max| {
@@ -1385,9 +1467,26 @@ impl Driver {
         })
     }
 
+    /// Runs the calls of `turn`'s latest completion ([`Self::run_calls`]); the result that
+    /// closes the last of them also moves the session back to `running` when no limit can
+    /// stop the next completion.
+    async fn process_calls(
+        &mut self,
+        turn: u32,
+        iteration: u32,
+        calls: Vec<ToolCallRecord>,
+    ) -> Result<(), CallStop> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let resume = self.next_completion_unbounded(turn);
+        self.ctx.resume_after_calls.store(resume, Relaxed);
+        let ran = self.run_calls(turn, iteration, calls).await;
+        self.ctx.resume_after_calls.store(false, Relaxed);
+        ran
+    }
+
     /// Records and resolves one completion's tool calls concurrently. The first call that
     /// fails the session or hits a limit ends the others (their dispatches are cancelled).
-    async fn process_calls(
+    async fn run_calls(
         &mut self,
         turn: u32,
         iteration: u32,

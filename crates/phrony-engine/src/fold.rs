@@ -329,6 +329,19 @@ pub(crate) struct TurnRecord {
     pub(crate) turn_duration_ms: Option<u64>,
 }
 
+impl TurnRecord {
+    /// The record of the turn `message` finishes; `None` for a segment that does not finish
+    /// its turn (no stop reason). As [`Fold::apply`] records a folded `message.assistant`.
+    pub(crate) fn finished_by(message: &phrony_ledger::AssistantMessage) -> Option<Self> {
+        Some(Self {
+            turn: message.turn,
+            stop_reason: message.stop_reason.clone()?,
+            turn_usage: message.turn_usage.map(TurnUsage::from),
+            turn_duration_ms: message.turn_duration_ms,
+        })
+    }
+}
+
 /// The fold of one session's stream. Feed events in `seq` order with [`Fold::apply`].
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Fold {
@@ -727,15 +740,28 @@ impl Fold {
 
     /// The session output (§5.9): `{message, stop_reason, turn_usage, session_usage, turns}`.
     pub(crate) fn output(&self) -> Value {
+        self.output_of(&self.turns, self.last_assistant.as_deref())
+    }
+
+    /// The output [`Fold::output`] returns once the final segment of a turn, `last` (with its
+    /// turn record) and `message` (its text), is folded: a task's last completion is recorded
+    /// in the transaction that completes the session, before the fold has seen it.
+    pub(crate) fn output_after(&self, last: TurnRecord, message: &str) -> Value {
+        let mut turns = self.turns.clone();
+        turns.push(last);
+        self.output_of(&turns, Some(message))
+    }
+
+    fn output_of(&self, turns: &[TurnRecord], message: Option<&str>) -> Value {
         let mut session = (0u64, 0u64, false);
-        for u in self.turns.iter().filter_map(|t| t.turn_usage) {
+        for u in turns.iter().filter_map(|t| t.turn_usage) {
             session.0 += u.input_tokens;
             session.1 += u.output_tokens;
             session.2 |= u.estimated;
         }
-        let last = self.turns.last();
+        let last = turns.last();
         let mut output = json!({
-            "message": self.last_assistant.clone().unwrap_or_default(),
+            "message": message.unwrap_or_default(),
             "stop_reason": last.map(|t| t.stop_reason.clone()),
             "turn_usage": last.and_then(|t| t.turn_usage),
             "session_usage": {
@@ -744,7 +770,7 @@ impl Fold {
                 "total_tokens": session.0 + session.1,
                 "estimated": session.2,
             },
-            "turns": self.turns,
+            "turns": turns,
         });
         // `output.format: json`: the accepted JSON output (absent for text output, whose
         // output is unchanged).
@@ -798,5 +824,70 @@ mod tests {
             rejection_text("c1", "emad", "No damage claim on file for this order."),
             "tool call c1 was rejected by emad: No damage claim on file for this order."
         );
+    }
+
+    /// The stored form of `new` at `seq` (what the fold reads back).
+    fn stored(seq: u64, new: phrony_ledger::NewEvent) -> Event {
+        Event {
+            stream: "s".to_owned(),
+            seq,
+            event_type: new.event_type,
+            ts: chrono::Utc::now(),
+            actor: new.actor.actor,
+            actor_verification: None,
+            actor_via: None,
+            call_id: new.call_id,
+            turn: new.turn,
+            payload: new.payload,
+            prev_hash: String::new(),
+            hash: String::new(),
+        }
+    }
+
+    fn usage(input_tokens: u64, output_tokens: u64) -> phrony_ledger::Usage {
+        phrony_ledger::Usage {
+            input_tokens,
+            output_tokens,
+            estimated: false,
+        }
+    }
+
+    #[test]
+    fn the_output_recorded_with_a_final_answer_is_the_one_folding_it_gives() {
+        let answer = |turn: u32, content: &str, tokens: u64| phrony_ledger::AssistantMessage {
+            turn,
+            content: content.to_owned(),
+            stop_reason: Some("end_turn".to_owned()),
+            turn_usage: Some(usage(tokens, tokens / 2)),
+            turn_duration_ms: Some(7),
+        };
+        let mut fold = Fold::default();
+        let mut seq = 0;
+        let mut apply = |fold: &mut Fold, message: &phrony_ledger::AssistantMessage| {
+            seq += 1;
+            let event = phrony_ledger::SessionEvent::AssistantMessage(message.clone())
+                .to_new_event()
+                .unwrap();
+            fold.apply(&stored(seq, event)).unwrap();
+        };
+        // An earlier turn already folded, then the final one.
+        apply(&mut fold, &answer(1, "first", 40));
+        let last = answer(2, "ORD-1 totals 400 EUR.", 60);
+        let record = TurnRecord::finished_by(&last).unwrap();
+        let predicted = fold.output_after(record, &last.content);
+        apply(&mut fold, &last);
+        assert_eq!(predicted, fold.output());
+        assert_eq!(predicted["message"], "ORD-1 totals 400 EUR.");
+        assert_eq!(
+            predicted["session_usage"]["total_tokens"],
+            40 + 20 + 60 + 30
+        );
+        assert_eq!(predicted["turns"].as_array().map(Vec::len), Some(2));
+        // A segment that does not end its turn has no record.
+        let segment = phrony_ledger::AssistantMessage {
+            stop_reason: None,
+            ..answer(3, "looking…", 1)
+        };
+        assert_eq!(TurnRecord::finished_by(&segment), None);
     }
 }

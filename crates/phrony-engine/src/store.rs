@@ -332,10 +332,16 @@ impl LedgerStore {
         next: Option<StatusChange>,
         calls: Vec<NewToolCall>,
     ) -> StoreResult<RecordedStep> {
-        Ok(self
+        let terminal = next.as_ref().is_some_and(|c| c.to.is_terminal());
+        let step = self
             .ledger
             .record_step(session_id, completion, assistant, next, calls)
-            .await?)
+            .await;
+        if terminal {
+            // As `set_status`: a terminal change closes pending approvals.
+            self.approvals_changed();
+        }
+        Ok(step?)
     }
 
     /// Events with `seq > after_seq`, ascending, at most `limit`.
@@ -472,6 +478,24 @@ impl LedgerStore {
         result: ToolResult,
     ) -> StoreResult<RecordedResult> {
         let recorded = self.ledger.record_tool_result(call_id, result).await?;
+        if recorded.applied {
+            count_outcome(&recorded.invocation);
+        }
+        Ok(recorded)
+    }
+
+    /// [`Self::record_tool_result`], with the session's move `resume` when the result closes
+    /// its last open call ([`Ledger::record_tool_result_and_resume`]).
+    pub async fn record_tool_result_and_resume(
+        &self,
+        call_id: &str,
+        result: ToolResult,
+        resume: StatusChange,
+    ) -> StoreResult<RecordedResult> {
+        let recorded = self
+            .ledger
+            .record_tool_result_and_resume(call_id, result, resume)
+            .await?;
         if recorded.applied {
             count_outcome(&recorded.invocation);
         }

@@ -282,7 +282,12 @@ async fn transition(
 // ---------------------------------------------------------------------------------------------
 // Tool calls and their approvals.
 
-async fn record_result(tx: &mut Tx, call_id: &str, r: &ToolResult) -> Result<RecordedResult> {
+async fn record_result(
+    tx: &mut Tx,
+    call_id: &str,
+    r: &ToolResult,
+    resume: Option<&StatusChange>,
+) -> Result<RecordedResult> {
     use CallStatus as C;
     let (mut head, call) = lock_call(tx, call_id).await?;
     let (result, error_code, error_message) = match &r.outcome {
@@ -314,6 +319,7 @@ async fn record_result(tx: &mut Tx, call_id: &str, r: &ToolResult) -> Result<Rec
             applied: false,
             invocation: call,
             closed_approval: None,
+            resumed: None,
         });
     }
     let status = if result.is_some() {
@@ -332,25 +338,64 @@ async fn record_result(tx: &mut Tx, call_id: &str, r: &ToolResult) -> Result<Rec
         resolved_by: None,
     };
     let completed = invocations::transition(tx, &mut head, &call, "worker", payload).await?;
-    if call.status != C::AwaitingApproval {
-        return Ok(RecordedResult {
-            applied: true,
-            invocation: completed,
-            closed_approval: None,
-        });
-    }
-    let closed_approval = approvals::close_for_call(
-        tx,
-        &mut head,
-        &call.call_id,
-        "the tool outcome arrived before a decision",
-    )
-    .await?;
+    let (invocation, closed_approval) = if call.status == C::AwaitingApproval {
+        let closed = approvals::close_for_call(
+            tx,
+            &mut head,
+            &call.call_id,
+            "the tool outcome arrived before a decision",
+        )
+        .await?;
+        (require(&mut tx.conn(), call_id).await?, closed)
+    } else {
+        (completed, None)
+    };
+    let resumed = match resume {
+        Some(change) => resume_when_idle(tx, &mut head, &call.session_id, change).await?,
+        None => None,
+    };
     Ok(RecordedResult {
         applied: true,
-        invocation: require(&mut tx.conn(), call_id).await?,
+        invocation,
         closed_approval,
+        resumed,
     })
+}
+
+/// `change` (which names the status it expects) on a session in that status with no open
+/// tool call left; nothing otherwise.
+async fn resume_when_idle(
+    tx: &mut Tx,
+    head: &mut StreamHead,
+    session_id: &str,
+    change: &StatusChange,
+) -> Result<Option<StatusChanged>> {
+    let Some(from) = change.expect_from else {
+        return Ok(None);
+    };
+    if require_session_head(&mut tx.conn(), session_id)
+        .await?
+        .status
+        != from
+    {
+        return Ok(None);
+    }
+    let open = tx
+        .conn()
+        .fetch_optional(
+            "look for a session's open tool calls",
+            "SELECT 1 FROM tool_invocations WHERE session_id = $1 \
+             AND status IN ('pending', 'queued', 'dispatched', 'indeterminate', \
+             'awaiting_approval') LIMIT 1",
+            args![session_id],
+        )
+        .await?;
+    if open.is_some() {
+        return Ok(None);
+    }
+    set_status_from(tx, head, session_id, from, change)
+        .await
+        .map(Some)
 }
 
 async fn cancel(tx: &mut Tx, call_id: &str, reason: &str) -> Result<ToolInvocation> {
@@ -414,7 +459,45 @@ impl Ledger {
         if let ToolOutcome::Error { code, .. } = &result.outcome {
             require_text("error code", code)?;
         }
-        write_tx!(self, |tx| record_result(&mut tx, call_id, &result))
+        write_tx!(self, |tx| record_result(&mut tx, call_id, &result, None))
+    }
+
+    /// [`Self::record_tool_result`], and in the same transaction, when the result completed
+    /// the last open call of its session and the session is in the status `resume` expects
+    /// ([`StatusChange::from`], required): the change `resume` — the engine's move from
+    /// `awaiting_tool` back to `running` to ask the model again, one durable commit sooner.
+    /// Otherwise the result alone is recorded; [`RecordedResult::resumed`] tells which.
+    ///
+    /// # Errors
+    /// As [`Self::record_tool_result`]; `InvalidArgument` for a change that names no status
+    /// to expect, or a terminal one (a session ends through [`Self::set_session_status`]).
+    pub async fn record_tool_result_and_resume(
+        &self,
+        call_id: &str,
+        result: ToolResult,
+        resume: StatusChange,
+    ) -> Result<RecordedResult> {
+        if let ToolOutcome::Error { code, .. } = &result.outcome {
+            require_text("error code", code)?;
+        }
+        check_request(&resume)?;
+        let Some(from) = resume.expect_from else {
+            return Err(LedgerError::invalid(
+                "a resume after a tool result names the status it expects the session in",
+            ));
+        };
+        if resume.to.is_terminal() || !from.can_change_to(resume.to) {
+            return Err(LedgerError::invalid(format!(
+                "a tool result cannot move its session from {from} to {}",
+                resume.to
+            )));
+        }
+        write_tx!(self, |tx| record_result(
+            &mut tx,
+            call_id,
+            &result,
+            Some(&resume)
+        ))
     }
 
     /// Cancels an open call (`tool.cancelled`, code `cancelled`); a pending approval for it is

@@ -182,6 +182,9 @@ pub struct RecordedResult {
     /// A recovery approval that was pending for this call and is now `cancelled`, because the
     /// outcome it asked a human about is known.
     pub closed_approval: Option<Uuid>,
+    /// The session's status change recorded with the result
+    /// ([`Ledger::record_tool_result_and_resume`]), when the result closed its last open call.
+    pub resumed: Option<crate::sessions::StatusChanged>,
 }
 
 // ---------------------------------------------------------------------------------------------

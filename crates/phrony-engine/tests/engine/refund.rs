@@ -330,11 +330,13 @@ async fn parallel_calls_of_one_completion_are_all_resolved() {
 }
 
 #[tokio::test]
-async fn a_one_call_session_takes_seven_durable_writes_with_its_log_unchanged() {
+async fn a_one_call_session_takes_five_durable_writes_with_its_log_unchanged() {
     // What a governed tool call costs in write transactions (each one savepoint of a group
     // commit on SQLite, one COMMIT on PostgreSQL). A session's first events are written with
-    // `session.started`, and a completion with its move to `awaiting_tool` and the calls it
-    // requested: the event log is the same as when each was its own transaction.
+    // `session.started`, a completion with its move to `awaiting_tool` and the calls it
+    // requested, the last call's result with the move back to `running`, and a task's final
+    // answer with `session.completed`: the event log is the same as when each was its own
+    // transaction.
     let h = Harness::memory(
         &AgentOptions::default(),
         vec![
@@ -366,9 +368,9 @@ async fn a_one_call_session_takes_seven_durable_writes_with_its_log_unchanged() 
         ]
     );
     // 1 start (started and the user message), 2 the model step (completion, status,
-    // request), 3 queued and dispatched (a worker was free: one write), 4 completed, 5 back
-    // to running, 6 the final completion with its message, 7 completed.
-    assert_eq!(after.writes - before.writes, 7, "{before:?} → {after:?}");
+    // request), 3 queued and dispatched (a worker was free: one write), 4 the result and
+    // back to running, 5 the final completion with its message and `session.completed`.
+    assert_eq!(after.writes - before.writes, 5, "{before:?} → {after:?}");
 }
 
 #[tokio::test]

@@ -236,6 +236,47 @@ async fn a_token_limit_hit_mid_turn_fails_a_task_without_running_the_tools() {
 }
 
 #[tokio::test]
+async fn a_token_budget_the_results_spend_halts_a_conversation_before_it_runs_again() {
+    // The budget covers the first completion and its call, not the next request with the
+    // result in it: the session halts from waiting for its tools, never back in `running`
+    // (the result could not carry the move back: its check needs the next request).
+    let h = Harness::memory(
+        &AgentOptions::with_limits("    max_tokens_per_run: 120\n"),
+        vec![
+            Step::call("lookup_order", json!({"order_id": "ORD-1"})),
+            Step::say("never asked"),
+        ],
+    )
+    .await;
+    let s = h.start_conversation("Look up ORD-1.").await;
+    let parked = h.wait(&s.id, &[SessionStatus::AwaitingInput]).await;
+    assert_eq!(parked.status, SessionStatus::AwaitingInput);
+    assert_eq!(h.worker.tools(), ["orders.lookup-order"], "the call ran");
+    assert_eq!(
+        h.script.requests().len(),
+        1,
+        "the second completion never runs"
+    );
+    let changes: Vec<_> = h
+        .events(&s.id)
+        .await
+        .into_iter()
+        .filter(|e| e.event_type == "session.status_changed")
+        .map(|e| (e.payload["to"].clone(), e.payload["reason"].clone()))
+        .collect();
+    assert_eq!(
+        changes,
+        [
+            (json!("awaiting_tool"), serde_json::Value::Null),
+            (
+                json!("awaiting_input"),
+                json!("run limit max_tokens_per_run exceeded (on_limit=halt)")
+            ),
+        ]
+    );
+}
+
+#[tokio::test]
 async fn a_limit_hit_in_a_conversation_parks_it_with_input_blocked() {
     let h = Harness::memory(
         &AgentOptions::with_limits("    max_loop_iterations: 2\n"),
@@ -275,13 +316,29 @@ async fn a_limit_hit_in_a_conversation_parks_it_with_input_blocked() {
         "{}",
         err.message
     );
-    let changed = h
+    let changes: Vec<_> = h
         .events(&s.id)
         .await
         .into_iter()
-        .rfind(|e| e.event_type == "session.status_changed")
-        .unwrap();
-    assert_eq!(changed.payload["to"], "awaiting_input");
+        .filter(|e| e.event_type == "session.status_changed")
+        .collect();
+    // The first result moved the session back to running with it; the second did not, since
+    // the loop budget stops the next completion: the session halts from waiting for its tools.
+    let path: Vec<_> = changes
+        .iter()
+        .map(|e| e.payload["to"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(
+        path,
+        [
+            "awaiting_tool",
+            "running",
+            "awaiting_tool",
+            "awaiting_input"
+        ]
+    );
+    let changed = changes.last().unwrap();
+    assert_eq!(changed.payload["from"], "awaiting_tool");
     assert_eq!(
         changed.payload["reason"],
         "run limit max_loop_iterations exceeded (on_limit=halt)"

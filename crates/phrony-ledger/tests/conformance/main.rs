@@ -115,6 +115,7 @@ conformance!(
     the_live_session_counter_is_backfilled_by_its_migration,
     list_sessions_filters_and_paginates_stably,
     tool_calls_follow_the_ledger_state_machine,
+    the_result_closing_the_last_open_call_resumes_its_session,
     queue_and_dispatch_is_one_write,
     each_dispatch_names_the_manifest_of_its_calls_version,
     a_late_result_closes_a_recovery_approval,

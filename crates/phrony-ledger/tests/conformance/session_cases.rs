@@ -987,6 +987,146 @@ pub(crate) async fn queue_and_dispatch_is_one_write(db: &TestDb) {
     assert_eq!(types_of(ledger, &s.id).await, before);
 }
 
+/// `call` recorded, queued and sent to a worker.
+async fn dispatched(ledger: &Ledger, call: NewToolCall) -> ToolInvocation {
+    let call = ledger.record_tool_call(call).await.unwrap();
+    ledger
+        .queue_and_dispatch_tool_call(&call.call_id, worker())
+        .await
+        .unwrap()
+}
+
+/// A result recorded (`applied`, or as a late one) that left the session in `status`.
+async fn assert_unmoved(
+    ledger: &Ledger,
+    session: &str,
+    recorded: &phrony_ledger::RecordedResult,
+    applied: bool,
+    status: SessionStatus,
+) {
+    assert_eq!(recorded.applied, applied, "{recorded:?}");
+    assert_eq!(recorded.resumed, None);
+    assert_eq!(ledger.get_session(session).await.unwrap().status, status);
+}
+
+/// `record_tool_result_and_resume`: the result that closes a session's last open call moves
+/// the session in the same transaction (its events follow the result's); any other result —
+/// one call still open, a session not in the expected status, a duplicate — changes no status.
+pub(crate) async fn the_result_closing_the_last_open_call_resumes_its_session(db: &TestDb) {
+    let ledger = db.migrated().await;
+    let v = deploy_agent(ledger, &refund_agent(), "0.1.0").await;
+    let s = start(ledger, &v).await;
+    to(ledger, &s.id, SessionStatus::AwaitingTool).await;
+    let resume = || StatusChange::to(SessionStatus::Running).from(SessionStatus::AwaitingTool);
+    let a = dispatched(ledger, refund_call(&s.id, 0, 0, 100)).await;
+    let b = dispatched(ledger, refund_call(&s.id, 0, 1, 200)).await;
+
+    // One of two: the result alone.
+    let first = ledger
+        .record_tool_result_and_resume(&a.call_id, ok(json!({"refund_id": "R-1"})), resume())
+        .await
+        .unwrap();
+    assert_unmoved(ledger, &s.id, &first, true, SessionStatus::AwaitingTool).await;
+
+    // The last: the result and the move back to running, in that order, one transaction.
+    let before = ledger.events_after(&s.id, 0, 1000).await.unwrap().len();
+    let last = ledger
+        .record_tool_result_and_resume(&b.call_id, ok(json!({"refund_id": "R-2"})), resume())
+        .await
+        .unwrap();
+    assert!(last.applied);
+    assert_eq!(last.invocation.status, CallStatus::Succeeded);
+    let resumed = last.resumed.expect("the last result resumes the session");
+    assert_eq!(
+        (resumed.from, resumed.session.status),
+        (SessionStatus::AwaitingTool, SessionStatus::Running)
+    );
+    assert_eq!(
+        ledger.get_session(&s.id).await.unwrap().status,
+        SessionStatus::Running
+    );
+    let events = ledger.events_after(&s.id, 0, 1000).await.unwrap();
+    let added: Vec<&str> = events[before..]
+        .iter()
+        .map(|e| e.event_type.as_str())
+        .collect();
+    assert_eq!(added, ["tool.completed", "session.status_changed"]);
+
+    // A duplicate of the last result: recorded late, the session stays where it is.
+    to(ledger, &s.id, SessionStatus::AwaitingTool).await;
+    let duplicate = ledger
+        .record_tool_result_and_resume(&b.call_id, ok(json!({"again": true})), resume())
+        .await
+        .unwrap();
+    assert_unmoved(
+        ledger,
+        &s.id,
+        &duplicate,
+        false,
+        SessionStatus::AwaitingTool,
+    )
+    .await;
+
+    // A session not in the expected status (here waiting on a human for another call):
+    // the result is recorded, the status is not touched.
+    let c = dispatched(ledger, refund_call(&s.id, 1, 0, 300)).await;
+    let d = ledger
+        .record_tool_call(refund_call(&s.id, 1, 1, 400))
+        .await
+        .unwrap();
+    ledger
+        .open_approval(approval_for(&s.id, &d.call_id))
+        .await
+        .unwrap();
+    assert_eq!(
+        ledger.get_session(&s.id).await.unwrap().status,
+        SessionStatus::AwaitingApproval
+    );
+    let waiting = ledger
+        .record_tool_result_and_resume(&c.call_id, ok(json!({})), resume())
+        .await
+        .unwrap();
+    assert_unmoved(
+        ledger,
+        &s.id,
+        &waiting,
+        true,
+        SessionStatus::AwaitingApproval,
+    )
+    .await;
+
+    // A change the result may not carry is refused before anything is written.
+    let count = ledger.events_after(&s.id, 0, 1000).await.unwrap().len();
+    assert_eq!(
+        invalid(
+            ledger
+                .record_tool_result_and_resume(
+                    &c.call_id,
+                    ok(json!({})),
+                    StatusChange::to(SessionStatus::Running),
+                )
+                .await
+        ),
+        "a resume after a tool result names the status it expects the session in"
+    );
+    assert_eq!(
+        invalid(
+            ledger
+                .record_tool_result_and_resume(
+                    &c.call_id,
+                    ok(json!({})),
+                    StatusChange::completed(None).from(SessionStatus::AwaitingTool),
+                )
+                .await
+        ),
+        "a tool result cannot move its session from awaiting_tool to completed"
+    );
+    assert_eq!(
+        ledger.events_after(&s.id, 0, 1000).await.unwrap().len(),
+        count
+    );
+}
+
 pub(crate) async fn tool_calls_follow_the_ledger_state_machine(db: &TestDb) {
     let ledger = db.migrated().await;
     let v = deploy_agent(ledger, &refund_agent(), "0.1.0").await;
