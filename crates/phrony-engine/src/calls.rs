@@ -366,29 +366,26 @@ impl Ctx {
         call_id: &str,
         result: phrony_ledger::ToolResult,
     ) -> Result<(), StoreError> {
-        if !self
+        if self
             .resume_after_calls
             .load(std::sync::atomic::Ordering::Relaxed)
         {
-            self.store().record_tool_result(call_id, result).await?;
-            return Ok(());
+            // Held across the write: the status this driver keeps follows the ledger's.
+            let mut state = self.status.lock().await;
+            if state.status == SessionStatus::AwaitingTool {
+                let resume = phrony_ledger::StatusChange::to(SessionStatus::Running)
+                    .from(SessionStatus::AwaitingTool);
+                let recorded = self
+                    .store()
+                    .record_tool_result_and_resume(call_id, result, resume)
+                    .await?;
+                if let Some(changed) = &recorded.resumed {
+                    state.status = changed.session.status;
+                }
+                return Ok(());
+            }
         }
-        // Held across the write: the status this driver keeps follows the ledger's.
-        let mut state = self.status.lock().await;
-        if state.status != SessionStatus::AwaitingTool {
-            drop(state);
-            self.store().record_tool_result(call_id, result).await?;
-            return Ok(());
-        }
-        let resume = phrony_ledger::StatusChange::to(SessionStatus::Running)
-            .from(SessionStatus::AwaitingTool);
-        let recorded = self
-            .store()
-            .record_tool_result_and_resume(call_id, result, resume)
-            .await?;
-        if let Some(changed) = &recorded.resumed {
-            state.status = changed.session.status;
-        }
+        self.store().record_tool_result(call_id, result).await?;
         Ok(())
     }
 

@@ -1092,7 +1092,7 @@ impl Driver {
     async fn record_final(
         &mut self,
         completion: NewEvent,
-        answer: SessionEvent,
+        answer: Option<SessionEvent>,
         output: Value,
     ) -> Result<TurnEnd, Stop> {
         let change = StatusChange::completed(Some(output)).because(TASK_COMPLETED);
@@ -1103,7 +1103,7 @@ impl Driver {
             .record_step(
                 &self.ctx.session.id,
                 completion,
-                Some(answer),
+                answer,
                 Some(change),
                 Vec::new(),
             )
@@ -1270,8 +1270,8 @@ impl Driver {
                 .filter(|_| !has_calls)
                 .and_then(|message| self.task_output_with(message));
             let assistant = assistant.map(SessionEvent::AssistantMessage);
-            if let (Some(output), Some(answer)) = (final_output, assistant.clone()) {
-                return self.record_final(completion_event, answer, output).await;
+            if let Some(output) = final_output {
+                return self.record_final(completion_event, assistant, output).await;
             }
             // With calls that will run (no token budget in the way), the completion, the move
             // to `awaiting_tool` and the calls are recorded in one transaction.

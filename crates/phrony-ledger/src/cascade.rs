@@ -177,21 +177,26 @@ struct ToClose {
     secrets: u64,
 }
 
+/// The open (not terminal) tool calls of session `$1` (`tool_invocations`).
+static OPEN_CALLS_OF_SESSION: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    let closed_calls = CallStatus::ALL
+        .iter()
+        .filter(|s| s.is_terminal())
+        .map(|s| format!("'{}'", s.as_str()))
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!("session_id = $1 AND status NOT IN ({closed_calls})")
+});
+
 async fn to_close(tx: &mut Tx, session_id: &str) -> Result<ToClose> {
     static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
-        let closed_calls = CallStatus::ALL
-            .iter()
-            .filter(|s| s.is_terminal())
-            .map(|s| format!("'{}'", s.as_str()))
-            .collect::<Vec<_>>()
-            .join(", ");
         format!(
             "SELECT EXISTS (SELECT 1 FROM approvals a WHERE {pending}) AS approvals, \
-             EXISTS (SELECT 1 FROM tool_invocations \
-               WHERE session_id = $1 AND status NOT IN ({closed_calls})) AS calls, \
+             EXISTS (SELECT 1 FROM tool_invocations WHERE {open_calls}) AS calls, \
              EXISTS (SELECT 1 FROM sessions WHERE {LIVE_CHILDREN}) AS children, \
              (SELECT COUNT(*) FROM session_secrets WHERE session_id = $1) AS secrets",
             pending = approvals::PENDING_OF_SESSION,
+            open_calls = *OPEN_CALLS_OF_SESSION,
         )
     });
     let row = tx
@@ -380,13 +385,17 @@ async fn resume_when_idle(
     {
         return Ok(None);
     }
+    static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        format!(
+            "SELECT 1 FROM tool_invocations WHERE {} LIMIT 1",
+            *OPEN_CALLS_OF_SESSION
+        )
+    });
     let open = tx
         .conn()
         .fetch_optional(
             "look for a session's open tool calls",
-            "SELECT 1 FROM tool_invocations WHERE session_id = $1 \
-             AND status IN ('pending', 'queued', 'dispatched', 'indeterminate', \
-             'awaiting_approval') LIMIT 1",
+            &SQL,
             args![session_id],
         )
         .await?;
