@@ -13,6 +13,13 @@
 //! [`AUTOCHECKPOINT_PAGES`], for when the task falls behind (a long read pins an old snapshot,
 //! the task's connection cannot be opened). A checkpoint that fails is retried after the next
 //! commit; it loses nothing (the pages stay in the WAL, which readers and recovery use).
+//!
+//! SQLite starts the WAL over only when a write begins after a checkpoint copied *every* frame.
+//! When writes pause, the next checkpoint does, and the WAL stays a few intervals' worth of
+//! commits; under sustained writes a passive checkpoint rarely reaches the WAL's end, and the
+//! WAL grows to the automatic checkpoint's bound (≈ 16 MiB) while its pages are still copied
+//! off the writer. (A `RESTART` checkpoint here kept it near 4 MiB but measured no throughput
+//! change: see BENCHMARKS.md.)
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -22,14 +29,22 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection};
 use sqlx::{ConnectOptions as _, Connection as _, Row as _};
 use tokio::sync::{Notify, mpsc, oneshot};
 
-/// The shortest time between two checkpoints: frequent enough that the WAL stays small (a
-/// tenth of a second of commits), rare enough that each one copies many commits' pages at
+/// The shortest time between two checkpoints: frequent enough that a pause in the writes
+/// soon lets the WAL start over, rare enough that each one copies many commits' pages at
 /// once. (At 20 ms the bench measured no gain and more CPU per call.)
 pub(crate) const INTERVAL: Duration = Duration::from_millis(100);
 
 /// The automatic checkpoint's threshold (pages of WAL) on the ledger's connections: a bound for
 /// when the task falls behind, not the usual path.
 pub(crate) const AUTOCHECKPOINT_PAGES: &str = "4000";
+
+/// What [`Checkpoints::counts`] reports.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Counts {
+    pub(crate) ran: u64,
+    pub(crate) completed: u64,
+    pub(crate) behind: u64,
+}
 
 /// The handle the writer signals its commits on. Cheap to clone; the task stops when
 /// [`Checkpoints::close`] is called or the last handle is dropped.
@@ -46,6 +61,10 @@ struct Shared {
     /// Checkpoints that completed (every frame of the WAL copied) / ran.
     completed: AtomicU64,
     ran: AtomicU64,
+    /// Commits signalled so far, and how many of them the latest complete checkpoint covered
+    /// (it began after they committed).
+    commits: AtomicU64,
+    covered: AtomicU64,
 }
 
 impl Checkpoints {
@@ -58,17 +77,26 @@ impl Checkpoints {
         Self { shared, close }
     }
 
-    /// Tells the task that a commit added to the WAL.
+    /// Tells the task that a commit added to the WAL (called after the `COMMIT`, before its
+    /// writers are told, so that a writer that has its answer is counted).
     pub(crate) fn committed(&self) {
+        self.shared.commits.fetch_add(1, Ordering::AcqRel);
         self.shared.committed.notify_one();
     }
 
-    /// Checkpoints run so far, and those of them that copied the whole WAL.
-    pub(crate) fn counts(&self) -> (u64, u64) {
-        (
-            self.shared.ran.load(Ordering::Relaxed),
-            self.shared.completed.load(Ordering::Relaxed),
-        )
+    /// Checkpoints run so far, those of them that copied the whole WAL, and the commits no
+    /// complete checkpoint has covered yet.
+    pub(crate) fn counts(&self) -> Counts {
+        let covered = self.shared.covered.load(Ordering::Acquire);
+        Counts {
+            ran: self.shared.ran.load(Ordering::Relaxed),
+            completed: self.shared.completed.load(Ordering::Relaxed),
+            behind: self
+                .shared
+                .commits
+                .load(Ordering::Acquire)
+                .saturating_sub(covered),
+        }
     }
 
     /// Stops the task and closes its connection (after a checkpoint in progress).
@@ -115,6 +143,8 @@ async fn checkpoint(
     failing: &mut bool,
 ) {
     let started = Instant::now();
+    // Read before the checkpoint begins: every commit counted here is in the WAL it copies.
+    let through = shared.commits.load(Ordering::Acquire);
     let outcome = match conn {
         Some(conn) => passive(conn).await,
         None => match options.connect().await {
@@ -128,6 +158,7 @@ async fn checkpoint(
             shared.ran.fetch_add(1, Ordering::Relaxed);
             if busy == 0 && copied == log {
                 shared.completed.fetch_add(1, Ordering::Relaxed);
+                shared.covered.fetch_max(through, Ordering::AcqRel);
             }
             if std::mem::take(failing) {
                 tracing::info!("WAL checkpoints succeed again");

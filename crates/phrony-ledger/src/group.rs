@@ -78,6 +78,10 @@ pub struct GroupCommitStats {
     pub checkpoints: u64,
     /// See [`GroupCommitStats::checkpoints`].
     pub complete_checkpoints: u64,
+    /// Commits that no complete checkpoint has copied back yet. At 0 the next write starts the
+    /// WAL over from its beginning; under sustained writes a passive checkpoint rarely catches
+    /// up, and the WAL grows to the automatic checkpoint's bound.
+    pub uncheckpointed_commits: u64,
 }
 
 #[derive(Debug, Default)]
@@ -235,16 +239,18 @@ impl GroupWriter {
     }
 
     pub(crate) fn stats(&self) -> GroupCommitStats {
-        let (checkpoints, complete_checkpoints) = self
+        let checkpoints = self
             .checkpoints
             .as_ref()
-            .map_or((0, 0), Checkpoints::counts);
+            .map(Checkpoints::counts)
+            .unwrap_or_default();
         GroupCommitStats {
             commits: self.counters.commits.load(Ordering::Relaxed),
             writes: self.counters.writes.load(Ordering::Relaxed),
             holding_write_lock: self.counters.holding.load(Ordering::Relaxed) == 1,
-            checkpoints,
-            complete_checkpoints,
+            checkpoints: checkpoints.ran,
+            complete_checkpoints: checkpoints.completed,
+            uncheckpointed_commits: checkpoints.behind,
         }
     }
 }
@@ -457,12 +463,7 @@ async fn batch(
     }
     counters.holding.store(1, Ordering::Relaxed);
     let batch = fill(&slot, locked, first, queue, carried, refusing).await;
-    let turn = commit(&slot, locked, batch, counters).await;
-    if matches!(turn, Turn::Again)
-        && let Some(checkpoints) = &context.checkpoints
-    {
-        checkpoints.committed();
-    }
+    let turn = commit(&slot, locked, batch, counters, context.checkpoints.as_ref()).await;
     phrony_metrics::LEDGER_BATCH.observe(begun.elapsed());
     counters.holding.store(0, Ordering::Relaxed);
     locked.close_batch();
@@ -638,6 +639,7 @@ async fn commit(
     locked: &mut Locked<'_>,
     mut batch: Batch,
     counters: &Counters,
+    checkpoints: Option<&Checkpoints>,
 ) -> Turn {
     let started = std::time::Instant::now();
     let outcome = match batch.broken.take() {
@@ -651,6 +653,9 @@ async fn commit(
             phrony_metrics::LEDGER_COMMIT.observe(started.elapsed());
             counters.commits.fetch_add(1, Ordering::Relaxed);
             counters.writes.fetch_add(batch.released, Ordering::Relaxed);
+            if let Some(checkpoints) = checkpoints {
+                checkpoints.committed();
+            }
             for waiter in batch.waiters {
                 let _ = waiter.send(Ok(()));
             }

@@ -353,8 +353,10 @@ async fn with_no_reserve_a_full_disk_fails_the_write_needing_space_and_nothing_i
 }
 
 /// The checkpoint task copies the WAL back into the database after commits (at most every
-/// 100 ms), so the WAL file stays the size of a few commits' pages instead of growing to the
-/// automatic checkpoint's bound inside some commit.
+/// 100 ms); when the writes pause it catches up with every commit, the next write starts the
+/// WAL over, and the file stays the size of one burst of writes instead of growing to the
+/// automatic checkpoint's bound inside some commit. (Waiting for it is exact: the writer counts
+/// its commits before it answers, the task the commits its complete checkpoints began after.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_wal_is_checkpointed_off_the_writer_and_stays_small() {
     let dir = tempfile::tempdir().unwrap();
@@ -364,30 +366,56 @@ async fn the_wal_is_checkpointed_off_the_writer_and_stays_small() {
         .unwrap();
     ledger.migrate().await.unwrap();
     let agent = AgentRef::new("support", "refunds");
+    caught_up(&ledger).await;
     let before = ledger.group_commit_stats().unwrap();
     // 300 versions of 8 KiB (≈ 27 KiB of pages each: the version, its event, their indexes):
-    // ≈ 8 MiB through the WAL, a few hundred KiB per checkpoint interval.
-    for n in 0..300 {
-        ledger
-            .publish_agent_version(NewAgentVersion {
-                snapshot_json: format!(r#"{{"kind":"Agent","pad":"{}"}}"#, "y".repeat(8 * 1024)),
-                ..version(&agent, &format!("1.0.{n}"))
-            })
-            .await
-            .unwrap();
-        tokio::time::sleep(Duration::from_millis(10)).await;
+    // ≈ 8 MiB through the WAL, in 20 bursts of 15 (≈ 400 KiB each), the task checkpointing
+    // during and between them.
+    for burst in 0..20 {
+        for n in 0..15 {
+            ledger
+                .publish_agent_version(NewAgentVersion {
+                    snapshot_json: format!(
+                        r#"{{"kind":"Agent","pad":"{}"}}"#,
+                        "y".repeat(8 * 1024)
+                    ),
+                    ..version(&agent, &format!("1.{burst}.{n}"))
+                })
+                .await
+                .unwrap();
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // The writes pause: a checkpoint of the task copies every commit back, and the next
+        // write starts the WAL over.
+        caught_up(&ledger).await;
     }
     let after = ledger.group_commit_stats().unwrap();
     assert!(
-        after.complete_checkpoints > before.complete_checkpoints + 5,
+        after.complete_checkpoints >= before.complete_checkpoints + 20,
         "{before:?} → {after:?}"
     );
     let wal = std::fs::metadata(dir.path().join("ledger.db-wal"))
         .unwrap()
         .len();
     // Without the task the WAL would hold every page written (below the automatic
-    // checkpoint's 16 MiB bound); with it, a few intervals' worth (the migrations' ≈ 1 MiB
-    // the largest).
+    // checkpoint's 16 MiB bound); with it, one burst's worth (the migrations' ≈ 1 MiB the
+    // largest).
     assert!(wal < 2 * 1024 * 1024, "the WAL grew to {wal} bytes");
     ledger.close().await;
+}
+
+/// Waits (bounded) until a complete checkpoint of the task has covered every commit so far.
+async fn caught_up(ledger: &Ledger) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let stats = ledger.group_commit_stats().unwrap();
+        if stats.uncheckpointed_commits == 0 {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no checkpoint caught up with the commits within 20 s: {stats:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
