@@ -132,15 +132,19 @@ async fn feed(
         // Not live (parked, or not resumed yet): a session becoming live wakes the read.
         let mut registered = inner.registered.subscribe();
         loop {
+            // In this order when several are ready: a commit is signalled before the next
+            // completion streams, so taking the change first delivers the committed events
+            // (a tool result) before the text streamed after them.
             let wake = tokio::select! {
-                () = &mut poll => Wake::Poll,
-                _ = registered.changed(), if changed.is_none() => Wake::Changed,
+                biased;
                 ok = async {
                     match changed.as_mut() {
                         Some(rx) => rx.changed().await.is_ok(),
                         None => std::future::pending().await,
                     }
                 } => if ok { Wake::Changed } else { Wake::DriverGone },
+                _ = registered.changed(), if changed.is_none() => Wake::Changed,
+                () = &mut poll => Wake::Poll,
                 delta = async {
                     match deltas.as_mut() {
                         Some(rx) => rx.recv().await,

@@ -395,8 +395,12 @@ async fn the_wall_clock_excludes_approval_waits_and_fails_the_session_when_spent
     assert_eq!(h.worker.tools(), ["payments.issue-refund"]);
 }
 
-#[tokio::test]
-async fn a_subscription_delivers_every_event_in_order_and_ends_with_the_session() {
+/// A session that looks an order up and answers, started, and a subscription from its start.
+async fn lookup_then_answer_followed() -> (
+    Harness,
+    phrony_engine::SessionHandle,
+    phrony_engine::Subscription,
+) {
     let h = Harness::memory(
         &AgentOptions::default(),
         vec![
@@ -406,7 +410,13 @@ async fn a_subscription_delivers_every_event_in_order_and_ends_with_the_session(
     )
     .await;
     let s = h.start("Check ORD-1.").await;
-    let mut sub = h.engine.subscribe(&s.id, 0).await.unwrap();
+    let sub = h.engine.subscribe(&s.id, 0).await.unwrap();
+    (h, s, sub)
+}
+
+#[tokio::test]
+async fn a_subscription_delivers_every_event_in_order_and_ends_with_the_session() {
+    let (h, s, mut sub) = lookup_then_answer_followed().await;
     let mut seqs = Vec::new();
     let mut deltas = String::new();
     let mut last_type = String::new();
@@ -439,6 +449,34 @@ async fn a_subscription_delivers_every_event_in_order_and_ends_with_the_session(
         n += 1;
     }
     assert_eq!(n, u64::try_from(seqs.len()).unwrap() - 3);
+}
+
+/// A subscriber sees the text a completion streams only after the events committed before that
+/// completion began: the answer's deltas come after the tool result it answers. (The result and
+/// the move back to `running` commit together, and the next completion may stream before the
+/// subscription's task runs: it must take the committed events first, whatever is ready.)
+#[tokio::test]
+async fn a_subscriber_sees_the_tool_result_before_the_text_streamed_after_it() {
+    for round in 0..30 {
+        let (_h, _s, mut sub) = lookup_then_answer_followed().await;
+        let mut seen = Vec::new();
+        while let Some(update) = tokio::time::timeout(Duration::from_secs(10), sub.recv())
+            .await
+            .unwrap()
+        {
+            match update {
+                SessionUpdate::Event(e) => seen.push(e.event_type),
+                SessionUpdate::TextDelta { .. } => seen.push("(text)".to_owned()),
+            }
+        }
+        if let Some(text) = seen.iter().position(|t| t == "(text)") {
+            let result = seen.iter().position(|t| t == "tool.completed");
+            assert!(
+                result.is_some_and(|r| r < text),
+                "round {round}: streamed text before the tool result: {seen:?}"
+            );
+        }
+    }
 }
 
 #[tokio::test]
