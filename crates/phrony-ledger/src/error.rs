@@ -73,22 +73,24 @@ pub enum LedgerError {
         message: String,
     },
     /// The database cannot be reached (connect failure, pool timeout, I/O error).
-    #[error("{context}: {source}")]
+    ///
+    /// The driver error is part of the message and not also a
+    /// [`std::error::Error::source`] (here and in [`LedgerError::Database`]), so that a report
+    /// printing the chain names it once.
+    #[error("{context}: {error}")]
     Unavailable {
         /// What the ledger was doing, including the (password-free) database address.
         context: String,
         /// The driver error.
-        #[source]
-        source: sqlx::Error,
+        error: sqlx::Error,
     },
     /// Any other database error.
-    #[error("{context}: {source}")]
+    #[error("{context}: {error}")]
     Database {
         /// What the ledger was doing.
         context: Cow<'static, str>,
         /// The driver error.
-        #[source]
-        source: sqlx::Error,
+        error: sqlx::Error,
     },
     /// Applying the embedded schema migrations failed.
     #[error("{message}")]
@@ -180,10 +182,13 @@ impl LedgerError {
         if is_outage(&source) {
             return Self::Unavailable {
                 context: context.into_owned(),
-                source,
+                error: source,
             };
         }
-        Self::Database { context, source }
+        Self::Database {
+            context,
+            error: source,
+        }
     }
 }
 
@@ -372,6 +377,28 @@ mod tests {
     use sqlx::{ConnectOptions as _, Connection as _, Executor as _};
 
     use super::*;
+
+    /// A report that prints the error's chain (`{:#}`, the binaries') names the driver's
+    /// message once: it was printed by the message, again as the source, and again as the
+    /// driver error's own source.
+    #[test]
+    fn a_report_of_the_chain_names_the_driver_error_once() {
+        for error in [
+            LedgerError::from_sqlx(
+                "read the disk",
+                sqlx::Error::Io(std::io::Error::other("disk on fire")),
+            ),
+            LedgerError::from_sqlx("decode a row", sqlx::Error::Protocol("disk on fire".into())),
+        ] {
+            let mut report = error.to_string();
+            let mut cause = std::error::Error::source(&error);
+            while let Some(next) = cause {
+                report.push_str(&format!(": {next}"));
+                cause = next.source();
+            }
+            assert_eq!(report.matches("disk on fire").count(), 1, "{report}");
+        }
+    }
 
     fn classify(source: sqlx::Error) -> LedgerError {
         LedgerError::from_sqlx("test", source)

@@ -158,7 +158,7 @@ impl std::fmt::Debug for Lease {
 fn unavailable(context: &str, message: impl std::fmt::Display) -> LedgerError {
     LedgerError::Unavailable {
         context: context.to_owned(),
-        source: sqlx::Error::Io(std::io::Error::other(message.to_string())),
+        error: sqlx::Error::Io(std::io::Error::other(message.to_string())),
     }
 }
 

@@ -640,9 +640,9 @@ impl Ledger {
                 .map_err(|message| LedgerError::Config { message })?,
             ))
         };
-        let unavailable = |source| LedgerError::Unavailable {
+        let unavailable = |error| LedgerError::Unavailable {
             context: format!("cannot open SQLite database {display_url}"),
-            source,
+            error,
         };
         // The probe's own connection: the same file and settings, a short busy timeout.
         let probe_pool = (!in_memory).then(|| {
@@ -703,9 +703,9 @@ impl Ledger {
             })?
             .application_name("phrony-runtime")
             .disable_statement_logging();
-        let unavailable = |source| LedgerError::Unavailable {
+        let unavailable = |error| LedgerError::Unavailable {
             context: format!("cannot connect to PostgreSQL at {display_url}"),
-            source,
+            error,
         };
         // One direct connection first: the pool would retry until its timeout and then report
         // only "pool timed out", hiding "connection refused" or "password authentication failed".

@@ -61,7 +61,7 @@ impl DiskFloor {
         }
         Err(LedgerError::Unavailable {
             context: context.to_owned(),
-            source: sqlx::Error::Io(std::io::Error::new(
+            error: sqlx::Error::Io(std::io::Error::new(
                 std::io::ErrorKind::StorageFull,
                 format!(
                     "the filesystem holding {} has {free} bytes available, below the {} bytes \

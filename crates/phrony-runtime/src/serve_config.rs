@@ -174,24 +174,25 @@ pub enum KeyError {
         problem: String,
     },
     /// The key file exists but does not hold a valid key.
-    #[error("key file {}: {source}", path.display())]
+    ///
+    /// The cause is part of the message and not also a [`std::error::Error::source`] (here and
+    /// in [`KeyError::Io`]), so that a report printing the chain names it once.
+    #[error("key file {}: {error}", path.display())]
     BadFile {
         /// The key file.
         path: PathBuf,
         /// Why its content was refused.
-        #[source]
-        source: Box<KeyError>,
+        error: Box<KeyError>,
     },
     /// Reading or writing the key file failed.
-    #[error("{action} {}: {source}", path.display())]
+    #[error("{action} {}: {error}", path.display())]
     Io {
         /// What was being done, e.g. `cannot create key file`.
         action: &'static str,
         /// The file or directory.
         path: PathBuf,
         /// The OS error.
-        #[source]
-        source: io::Error,
+        error: io::Error,
     },
     /// The operating system's random number generator failed.
     #[error("cannot generate a secrets key: {message}")]
@@ -310,7 +311,7 @@ impl SecretsKey {
     ) -> Result<(Self, KeyFileOutcome), KeyError> {
         match Self::read(path, noun) {
             Ok(key) => return Ok((key, KeyFileOutcome::Loaded)),
-            Err(KeyError::Io { source, .. }) if source.kind() == io::ErrorKind::NotFound => {}
+            Err(KeyError::Io { error, .. }) if error.kind() == io::ErrorKind::NotFound => {}
             Err(other) => return Err(other),
         }
         let key = Self::generate()?;
@@ -323,15 +324,15 @@ impl SecretsKey {
     }
 
     fn read(path: &Path, noun: &'static str) -> Result<Self, KeyError> {
-        let text = fs::read_to_string(path).map_err(|source| KeyError::Io {
+        let text = fs::read_to_string(path).map_err(|error| KeyError::Io {
             action: "cannot read key file",
             path: path.to_path_buf(),
-            source,
+            error,
         })?;
         warn_if_shared(path, noun);
         Self::parse(&text).map_err(|e| KeyError::BadFile {
             path: path.to_path_buf(),
-            source: Box::new(e),
+            error: Box::new(e),
         })
     }
 
@@ -340,10 +341,10 @@ impl SecretsKey {
     fn write_new(&self, path: &Path) -> Result<bool, KeyError> {
         let io_err = |action: &'static str, path: &Path| {
             let path = path.to_path_buf();
-            move |source| KeyError::Io {
+            move |error| KeyError::Io {
                 action,
                 path,
-                source,
+                error,
             }
         };
         let dir = match path.parent() {
@@ -368,12 +369,12 @@ impl SecretsKey {
             file.write_all(format!("{}\n", hex::encode(self.0)).as_bytes())?;
             file.sync_all()
         })();
-        if let Err(source) = written {
+        if let Err(error) = written {
             let _ = fs::remove_file(&tmp);
             return Err(KeyError::Io {
                 action: "cannot create key file",
                 path: tmp,
-                source,
+                error,
             });
         }
         let linked = fs::hard_link(&tmp, path);
@@ -384,10 +385,10 @@ impl SecretsKey {
                 Ok(true)
             }
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(false),
-            Err(source) => Err(KeyError::Io {
+            Err(error) => Err(KeyError::Io {
                 action: "cannot create key file",
                 path: path.to_path_buf(),
-                source,
+                error,
             }),
         }
     }
@@ -464,6 +465,27 @@ mod tests {
 
     fn sample() -> [u8; 32] {
         std::array::from_fn(|i| u8::try_from(i).unwrap())
+    }
+
+    /// A report that prints the error's chain (`{:#}`, the daemon's) names the OS error once:
+    /// it was printed by the message and again as the source.
+    #[test]
+    fn a_key_file_error_names_its_cause_once_in_a_report() {
+        let dir = tempfile::tempdir().unwrap();
+        let blocker = dir.path().join("a-file");
+        fs::write(&blocker, "x").unwrap();
+        for path in [blocker.join("key"), blocker.join("sub").join("key")] {
+            let error = SecretsKey::load_or_create(&path).unwrap_err();
+            let report = format!("{:#}", anyhow::Error::from(error).context("the audit key"));
+            assert_eq!(report.matches("(os error").count(), 1, "{report}");
+        }
+        let bad = dir.path().join("bad.key");
+        fs::write(&bad, "not a key").unwrap();
+        let report = format!(
+            "{:#}",
+            anyhow::Error::from(SecretsKey::load_or_create(&bad).unwrap_err())
+        );
+        assert_eq!(report.matches("must be 32 bytes").count(), 1, "{report}");
     }
 
     #[test]

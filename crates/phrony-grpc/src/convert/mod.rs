@@ -588,7 +588,7 @@ mod tests {
     fn storage_failures_hide_driver_details() {
         let status = ledger_status(LedgerError::Database {
             context: "insert version".into(),
-            source: phrony_ledger_sqlx_error(),
+            error: phrony_ledger_sqlx_error(),
         });
         assert_eq!(status.code(), Code::Internal);
         assert_eq!(
@@ -597,7 +597,7 @@ mod tests {
         );
         let status = ledger_status(LedgerError::Unavailable {
             context: "cannot connect to PostgreSQL at postgres://u:***@h/db".into(),
-            source: phrony_ledger_sqlx_error(),
+            error: phrony_ledger_sqlx_error(),
         });
         assert_eq!(status.code(), Code::Unavailable);
         assert!(
