@@ -291,7 +291,7 @@ async fn record_result(
     tx: &mut Tx,
     call_id: &str,
     r: &ToolResult,
-    resume: Option<&StatusChange>,
+    resume: Option<(SessionStatus, &StatusChange)>,
 ) -> Result<RecordedResult> {
     use CallStatus as C;
     let (mut head, call) = lock_call(tx, call_id).await?;
@@ -356,7 +356,9 @@ async fn record_result(
         (completed, None)
     };
     let resumed = match resume {
-        Some(change) => resume_when_idle(tx, &mut head, &call.session_id, change).await?,
+        Some((from, change)) => {
+            resume_when_idle(tx, &mut head, &call.session_id, from, change).await?
+        }
         None => None,
     };
     Ok(RecordedResult {
@@ -367,17 +369,15 @@ async fn record_result(
     })
 }
 
-/// `change` (which names the status it expects) on a session in that status with no open
-/// tool call left; nothing otherwise.
+/// `change` on a session in status `from` (the one the change expects) with no open tool call
+/// left; nothing otherwise.
 async fn resume_when_idle(
     tx: &mut Tx,
     head: &mut StreamHead,
     session_id: &str,
+    from: SessionStatus,
     change: &StatusChange,
 ) -> Result<Option<StatusChanged>> {
-    let Some(from) = change.expect_from else {
-        return Ok(None);
-    };
     if require_session_head(&mut tx.conn(), session_id)
         .await?
         .status
@@ -505,7 +505,7 @@ impl Ledger {
             &mut tx,
             call_id,
             &result,
-            Some(&resume)
+            Some((from, &resume))
         ))
     }
 
