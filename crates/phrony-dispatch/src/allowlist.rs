@@ -72,25 +72,25 @@ pub struct IntegrityViolation {
 pub enum AllowlistError {
     /// The file could not be read, or is larger than
     /// [`MAX_YAML_BYTES`](phrony_manifest::MAX_YAML_BYTES) (8 MiB), or is not UTF-8.
-    #[error("read tool allowlist {}: {source}", .path.display())]
+    #[error("read tool allowlist {}: {error}", .path.display())]
     Read {
         /// The file.
         path: PathBuf,
         /// What went wrong.
-        source: YamlInputError,
+        error: YamlInputError,
     },
     /// The YAML is refused before it is parsed: a syntax error, or an alias (aliases are not
     /// supported in any phrony YAML input, see [`phrony_manifest::check_yaml`]).
-    #[error("parse tool allowlist: {source}")]
+    #[error("parse tool allowlist: {error}")]
     Refused {
         /// What is wrong, with the line and column.
-        source: YamlInputError,
+        error: YamlInputError,
     },
     /// The YAML is malformed or has unknown fields (the message carries the line and column).
-    #[error("parse tool allowlist: {source}")]
+    #[error("parse tool allowlist: {error}")]
     Parse {
         /// The YAML error.
-        source: serde_yaml::Error,
+        error: serde_yaml::Error,
     },
     /// A required field is missing or empty.
     #[error("tool allowlist entries[{index}]: {field} is required")]
@@ -175,11 +175,10 @@ pub struct Allowlist {
 impl Allowlist {
     /// Reads and parses an allowlist file.
     pub fn load(path: &Path) -> Result<Self, AllowlistError> {
-        let text =
-            phrony_manifest::read_text_file(path).map_err(|source| AllowlistError::Read {
-                path: path.to_path_buf(),
-                source,
-            })?;
+        let text = phrony_manifest::read_text_file(path).map_err(|error| AllowlistError::Read {
+            path: path.to_path_buf(),
+            error,
+        })?;
         Self::from_yaml_str(&text)
     }
 
@@ -189,9 +188,9 @@ impl Allowlist {
         if text.trim().is_empty() {
             return Ok(Self::default());
         }
-        phrony_manifest::check_yaml(text).map_err(|source| AllowlistError::Refused { source })?;
+        phrony_manifest::check_yaml(text).map_err(|error| AllowlistError::Refused { error })?;
         let raw: RawFile =
-            serde_yaml::from_str(text).map_err(|source| AllowlistError::Parse { source })?;
+            serde_yaml::from_str(text).map_err(|error| AllowlistError::Parse { error })?;
         let mut entries = HashMap::with_capacity(raw.entries.len());
         let mut positions: HashMap<(String, String, String), usize> = HashMap::new();
         for (index, entry) in raw.entries.into_iter().enumerate() {

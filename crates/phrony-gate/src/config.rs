@@ -17,25 +17,23 @@ use crate::money::parse_amount;
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// The file cannot be read.
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {path}: {error}")]
     Read {
         /// The file.
         path: PathBuf,
         /// The IO error.
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// The file cannot be read, is larger than
     /// [`MAX_YAML_BYTES`](phrony_manifest::MAX_YAML_BYTES) (8 MiB), is not UTF-8, is not YAML,
     /// or uses an alias (refused in every phrony YAML input: see
     /// [`phrony_manifest::check_yaml`]).
-    #[error("{path}: {source}")]
+    #[error("{path}: {error}")]
     Input {
         /// The file.
         path: PathBuf,
         /// What is wrong (with the line and column for YAML problems).
-        #[source]
-        source: phrony_manifest::YamlInputError,
+        error: phrony_manifest::YamlInputError,
     },
     /// The YAML does not match the configuration model.
     #[error("{path}: {message}")]
@@ -699,9 +697,9 @@ impl Settings {
     /// # Errors
     /// [`ConfigError`] naming the file, the field and the problem.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = phrony_manifest::read_yaml_file(path).map_err(|source| ConfigError::Input {
+        let text = phrony_manifest::read_yaml_file(path).map_err(|error| ConfigError::Input {
             path: path.to_owned(),
-            source,
+            error,
         })?;
         let file: FileConfig = serde_yaml::from_str(&text).map_err(|e| ConfigError::Yaml {
             path: path.to_owned(),
@@ -1025,11 +1023,10 @@ fn compile_policy(
         None => None,
         Some(p) => {
             let cedar_path = src.resolve(&p.cedar_file);
-            let text =
-                std::fs::read_to_string(&cedar_path).map_err(|source| ConfigError::Read {
-                    path: cedar_path.clone(),
-                    source,
-                })?;
+            let text = std::fs::read_to_string(&cedar_path).map_err(|error| ConfigError::Read {
+                path: cedar_path.clone(),
+                error,
+            })?;
             let mut facts = BTreeMap::new();
             for (name, fact) in &p.facts {
                 let (ty, optional) = match fact {

@@ -106,8 +106,15 @@ pub enum GateError {
     Store(#[from] StoreError),
     /// The stored log cannot be replayed.
     #[error("the gate's log cannot be replayed: {0}")]
-    Replay(#[from] ApplyError),
+    Replay(ApplyError),
     /// The stored log's hash chain is broken.
     #[error("the gate's log is tampered with: {0}")]
     Tampered(String),
+}
+
+/// The replay's error is in the message, not a `source()` (a report names it once).
+impl From<ApplyError> for GateError {
+    fn from(error: ApplyError) -> Self {
+        Self::Replay(error)
+    }
 }

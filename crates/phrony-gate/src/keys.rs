@@ -24,13 +24,12 @@ use crate::canonical::{hmac_sha256_hex, sha256_hex};
 #[derive(Debug, thiserror::Error)]
 pub enum KeyError {
     /// The key file cannot be read or written.
-    #[error("key file {path}: {source}")]
+    #[error("key file {path}: {error}")]
     Io {
         /// The file.
         path: PathBuf,
         /// The IO error.
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// The key file is not an RSA PKCS#8 PEM key.
     #[error("key file {path} is not an RSA PKCS#8 PEM private key: {message}")]
@@ -80,9 +79,9 @@ impl SigningKey {
     /// # Errors
     /// [`KeyError`] when the file cannot be read, parsed or written.
     pub fn load_or_create(path: &Path) -> Result<Self, KeyError> {
-        let io = |source| KeyError::Io {
+        let io = |error| KeyError::Io {
             path: path.to_owned(),
-            source,
+            error,
         };
         match std::fs::read_to_string(path) {
             Ok(pem) => {

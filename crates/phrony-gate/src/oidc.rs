@@ -36,7 +36,14 @@ pub enum OidcError {
     },
     /// The test IdP key.
     #[error("test IdP key: {0}")]
-    Key(#[from] KeyError),
+    Key(KeyError),
+}
+
+/// The key's error is in the message, not a `source()` (a report names it once).
+impl From<KeyError> for OidcError {
+    fn from(error: KeyError) -> Self {
+        Self::Key(error)
+    }
 }
 
 /// Verifies user tokens of one issuer.

@@ -37,22 +37,20 @@ pub enum VaultError {
     )]
     NoKey,
     /// The key text is invalid.
-    #[error("vault key {origin}: {source}")]
+    #[error("vault key {origin}: {error}")]
     Key {
         /// Where the key came from (the variable or the file).
         origin: String,
         /// What is wrong (never the key).
-        #[source]
-        source: phrony_ledger::CipherError,
+        error: phrony_ledger::CipherError,
     },
     /// A file cannot be read or written.
-    #[error("vault {path}: {source}")]
+    #[error("vault {path}: {error}")]
     Io {
         /// The file.
         path: PathBuf,
         /// The IO error.
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// The vault file is not a vault.
     #[error("vault {path}: {message}")]
@@ -71,13 +69,12 @@ pub enum VaultError {
         name: String,
     },
     /// A secret does not decrypt (another key, or altered).
-    #[error("vault {path}: {source}")]
+    #[error("vault {path}: {error}")]
     Open {
         /// The file.
         path: PathBuf,
         /// The cipher's error (names the secret, never its value).
-        #[source]
-        source: phrony_ledger::CipherError,
+        error: phrony_ledger::CipherError,
     },
     /// A secret is unusable as a credential.
     #[error("vault secret `{name}`: {message}")]
@@ -130,9 +127,9 @@ pub fn cipher(settings: &VaultSettings) -> Result<SecretCipher, VaultError> {
         (Some(key), _) => (key.clone(), VAULT_KEY_ENV.to_owned()),
         (None, Some(path)) => (
             SecretString::from(
-                std::fs::read_to_string(path).map_err(|source| VaultError::Io {
+                std::fs::read_to_string(path).map_err(|error| VaultError::Io {
                     path: path.clone(),
-                    source,
+                    error,
                 })?,
             ),
             format!("file {}", path.display()),
@@ -140,13 +137,13 @@ pub fn cipher(settings: &VaultSettings) -> Result<SecretCipher, VaultError> {
         (None, None) => return Err(VaultError::NoKey),
     };
     SecretCipher::from_key_text(text.expose_secret())
-        .map_err(|source| VaultError::Key { origin, source })
+        .map_err(|error| VaultError::Key { origin, error })
 }
 
 fn read(path: &Path) -> Result<VaultFile, VaultError> {
-    let io = |source| VaultError::Io {
+    let io = |error| VaultError::Io {
         path: path.to_owned(),
-        source,
+        error,
     };
     let len = std::fs::metadata(path).map_err(io)?.len();
     if len > MAX_VAULT_BYTES {
@@ -191,9 +188,9 @@ pub fn put(
     };
     let sealed = cipher
         .seal(&scope(org_id), name, value.expose_secret().as_bytes())
-        .map_err(|source| VaultError::Open {
+        .map_err(|error| VaultError::Open {
             path: settings.file.clone(),
-            source,
+            error,
         })?;
     file.secrets.insert(
         name.to_owned(),
@@ -207,9 +204,9 @@ pub fn put(
         path: settings.file.clone(),
         message: e.to_string(),
     })?;
-    let io = |source| VaultError::Io {
+    let io = |error| VaultError::Io {
         path: settings.file.clone(),
-        source,
+        error,
     };
     if let Some(dir) = settings.file.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(io)?;
@@ -274,9 +271,9 @@ pub fn open(
         };
         let plain = cipher
             .open(&scope(org_id), &sealed)
-            .map_err(|source| VaultError::Open {
+            .map_err(|error| VaultError::Open {
                 path: settings.file.clone(),
-                source,
+                error,
             })?;
         let text =
             String::from_utf8(plain.expose_secret().to_vec()).map_err(|_| VaultError::Invalid {

@@ -33,7 +33,7 @@ pub const MAX_YAML_BYTES: u64 = 8 << 20;
 pub enum YamlInputError {
     /// The file cannot be opened or read.
     #[error("cannot read file: {0}")]
-    Read(#[source] std::io::Error),
+    Read(std::io::Error),
     /// The file is larger than [`MAX_YAML_BYTES`].
     #[error("file is larger than {} MiB", MAX_YAML_BYTES >> 20)]
     TooLarge,

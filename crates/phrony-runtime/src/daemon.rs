@@ -36,9 +36,9 @@ pub fn serve(settings: &Settings, env: &Env) -> anyhow::Result<()> {
                 ServeError::AddrInUse { addr } => {
                     anyhow::anyhow!("address {addr} is already in use; set RUNTIME_GRPC_ADDR")
                 }
-                ServeError::InvalidAddress { addr, source } => {
+                ServeError::InvalidAddress { addr, error } => {
                     anyhow::anyhow!(
-                        "invalid RUNTIME_GRPC_ADDR {addr:?}: expected host:port ({source})"
+                        "invalid RUNTIME_GRPC_ADDR {addr:?}: expected host:port ({error})"
                     )
                 }
                 other => anyhow::Error::new(other),

@@ -107,9 +107,9 @@ impl HttpServer {
     /// [`ServeError::AddrInUse`], [`ServeError::InvalidAddress`] or [`ServeError::Bind`].
     pub async fn start(addr: &str, mode: AuthMode) -> Result<Self, ServeError> {
         let listener = crate::serve::bind_tcp(addr).await?;
-        let local_addr = listener.local_addr().map_err(|source| ServeError::Bind {
+        let local_addr = listener.local_addr().map_err(|error| ServeError::Bind {
             addr: addr.to_owned(),
-            source,
+            error,
         })?;
         crate::auth::resolve_mode(Some(mode), false, local_addr)?;
         Ok(Self::spawn(listener, local_addr, mode))

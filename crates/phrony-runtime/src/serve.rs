@@ -22,7 +22,9 @@ use phrony_grpc::{MAX_MESSAGE_BYTES, RuntimeService};
 
 use crate::serve_config::ServeConfig;
 
-/// Why the server could not start or stopped with an error.
+/// Why the server could not start or stopped with an error. A cause with a chain of its own (the
+/// transport's, the engine's) is the `source()`, which a report (`{:#}`) prints after the message;
+/// an OS error is in the message.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
     /// Another process listens on the address.
@@ -32,22 +34,20 @@ pub enum ServeError {
         addr: String,
     },
     /// The address is not `host:port`, or the host does not resolve.
-    #[error("invalid listen address {addr:?}: {source}")]
+    #[error("invalid listen address {addr:?}: {error}")]
     InvalidAddress {
         /// The address as configured.
         addr: String,
-        /// The resolver's error.
-        #[source]
-        source: io::Error,
+        /// The resolver's error (in the message, not a source: a report names it once).
+        error: io::Error,
     },
     /// Listening failed for another reason (e.g. permission denied on a low port).
-    #[error("cannot listen on {addr}: {source}")]
+    #[error("cannot listen on {addr}: {error}")]
     Bind {
         /// The address as configured.
         addr: String,
-        /// The OS error.
-        #[source]
-        source: io::Error,
+        /// The OS error (in the message, not a source).
+        error: io::Error,
     },
     /// The webhook sender could not start (its HTTP client).
     #[error("cannot start the webhook sender: {message}")]
@@ -62,14 +62,14 @@ pub enum ServeError {
         message: String,
     },
     /// The default Work-stream router could not be started.
-    #[error("cannot start the tool dispatch router: {source}")]
+    #[error("cannot start the tool dispatch router")]
     Router {
         /// The router's settings error.
         #[source]
         source: phrony_dispatch::ConfigError,
     },
     /// The sessions that were live at the last stop could not be read back.
-    #[error("cannot recover the sessions that were live at the last stop: {source}")]
+    #[error("cannot recover the sessions that were live at the last stop")]
     Recovery {
         /// The engine's error.
         #[source]
@@ -79,14 +79,14 @@ pub enum ServeError {
     #[error(transparent)]
     UnsafeBind(#[from] crate::auth::UnsafeBind),
     /// The TLS settings could not be turned into a TLS acceptor.
-    #[error("cannot configure TLS: {source}")]
+    #[error("cannot configure TLS")]
     Tls {
         /// The transport error.
         #[source]
         source: tonic::transport::Error,
     },
     /// The transport failed while serving.
-    #[error("gRPC server failed: {source}")]
+    #[error("gRPC server failed")]
     Transport {
         /// The transport error.
         #[source]
@@ -172,7 +172,7 @@ impl Listener {
         // The placeholder's incoming stream (the only other owner) was dropped with its task.
         Arc::try_unwrap(self.listener).map_err(|_| ServeError::Bind {
             addr: self.local_addr.to_string(),
-            source: io::Error::other("the start-up health server did not release the listener"),
+            error: io::Error::other("the start-up health server did not release the listener"),
         })
     }
 }
@@ -200,9 +200,9 @@ impl tonic::codegen::tokio_stream::Stream for SharedIncoming {
 /// [`ServeError::AddrInUse`], [`ServeError::InvalidAddress`] or [`ServeError::Bind`].
 pub async fn bind(addr: &str) -> Result<Listener, ServeError> {
     let listener = bind_tcp(addr).await?;
-    let local_addr = listener.local_addr().map_err(|source| ServeError::Bind {
+    let local_addr = listener.local_addr().map_err(|error| ServeError::Bind {
         addr: addr.to_owned(),
-        source,
+        error,
     })?;
     Ok(Listener {
         listener: Arc::new(listener),
@@ -215,22 +215,22 @@ pub async fn bind(addr: &str) -> Result<Listener, ServeError> {
 pub(crate) async fn bind_tcp(addr: &str) -> Result<TcpListener, ServeError> {
     TcpListener::bind(addr)
         .await
-        .map_err(|source| match source.kind() {
+        .map_err(|error| match error.kind() {
             io::ErrorKind::AddrInUse => ServeError::AddrInUse {
                 addr: addr.to_owned(),
             },
             io::ErrorKind::InvalidInput => ServeError::InvalidAddress {
                 addr: addr.to_owned(),
-                source,
+                error,
             },
             // Name resolution failures surface as "other" errors from getaddrinfo.
-            _ if source.raw_os_error().is_none() => ServeError::InvalidAddress {
+            _ if error.raw_os_error().is_none() => ServeError::InvalidAddress {
                 addr: addr.to_owned(),
-                source,
+                error,
             },
             _ => ServeError::Bind {
                 addr: addr.to_owned(),
-                source,
+                error,
             },
         })
 }

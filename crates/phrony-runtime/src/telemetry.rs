@@ -58,7 +58,7 @@ pub enum TelemetryError {
     },
     /// The exporter's runtime could not be started.
     #[error("cannot start the trace exporter's runtime: {0}")]
-    Runtime(#[source] std::io::Error),
+    Runtime(std::io::Error),
 }
 
 /// Where traces go, as read from the environment: `None` from [`TraceConfig::from_env`] when

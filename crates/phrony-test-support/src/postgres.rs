@@ -48,16 +48,16 @@ pub fn skip_requested() -> bool {
 #[derive(Debug, thiserror::Error)]
 pub enum CreateError {
     /// The server at the admin URL does not answer.
-    #[error("PostgreSQL at {admin_url} is unreachable: {source}")]
+    #[error("PostgreSQL at {admin_url} is unreachable: {error}")]
     Unreachable {
         /// The admin URL tried.
         admin_url: String,
         /// What the driver said.
-        source: sqlx::Error,
+        error: sqlx::Error,
     },
     /// The server answered but refused `CREATE DATABASE`.
     #[error("CREATE DATABASE failed: {0}")]
-    Create(#[source] sqlx::Error),
+    Create(sqlx::Error),
 }
 
 /// A fresh, empty database on the test server, dropped when this value is dropped.
@@ -99,9 +99,9 @@ impl PgDatabase {
         let mut admin =
             PgConnection::connect(&admin_url)
                 .await
-                .map_err(|source| CreateError::Unreachable {
+                .map_err(|error| CreateError::Unreachable {
                     admin_url: admin_url.clone(),
-                    source,
+                    error,
                 })?;
         let name = format!("{prefix}_{}", uuid::Uuid::new_v4().simple());
         sqlx::query(&format!("CREATE DATABASE \"{name}\""))

@@ -557,3 +557,161 @@ fn ledger_and_engine_modules_form_an_acyclic_graph() {
         ledger["audit_key"]
     );
 }
+
+/// The fields a `#[error("…")]` message interpolates: `{name}`, `{0:?}` in the format string
+/// (`{{` is a literal brace) and `.name` / `.0` in the arguments after it.
+fn interpolated_fields(format: &str, args: &[proc_macro2::TokenTree]) -> BTreeSet<String> {
+    let mut fields = BTreeSet::new();
+    let mut rest = format;
+    while let Some(at) = rest.find('{') {
+        let tail = &rest[at + 1..];
+        if let Some(escaped) = tail.strip_prefix('{') {
+            rest = escaped;
+            continue;
+        }
+        let end = tail.find(['}', ':']).unwrap_or(tail.len());
+        let name = tail[..end].trim();
+        if !name.is_empty() {
+            fields.insert(name.to_owned());
+        }
+        rest = &tail[end..];
+    }
+    for pair in args.windows(2) {
+        if let [proc_macro2::TokenTree::Punct(dot), field] = pair
+            && dot.as_char() == '.'
+        {
+            fields.insert(field.to_string());
+        }
+    }
+    fields
+}
+
+/// The error's source field as `thiserror` sees it: the field marked `#[source]` or `#[from]`,
+/// else a field named `source` (by its name, or `0` for a tuple field).
+fn source_field(fields: &syn::Fields) -> Option<String> {
+    let marked = |field: &syn::Field| {
+        field
+            .attrs
+            .iter()
+            .any(|a| a.path().is_ident("source") || a.path().is_ident("from"))
+    };
+    let name = |(i, field): (usize, &syn::Field)| {
+        field
+            .ident
+            .as_ref()
+            .map_or_else(|| i.to_string(), ToString::to_string)
+    };
+    fields
+        .iter()
+        .enumerate()
+        .find(|(_, f)| marked(f))
+        .or_else(|| {
+            fields
+                .iter()
+                .enumerate()
+                .find(|(_, f)| f.ident.as_ref().is_some_and(|i| i == "source"))
+        })
+        .map(name)
+}
+
+/// `Some(field)` when the type's `#[error("…")]` message prints the field that is also its
+/// `source()`.
+fn message_repeats_source(attrs: &[syn::Attribute], fields: &syn::Fields) -> Option<String> {
+    let attr = attrs.iter().find(|a| a.path().is_ident("error"))?;
+    let syn::Meta::List(list) = &attr.meta else {
+        return None;
+    };
+    let tokens: Vec<proc_macro2::TokenTree> = list.tokens.clone().into_iter().collect();
+    // `#[error(transparent)]` forwards both `Display` and `source()`: nothing is repeated.
+    let format = syn::parse2::<syn::LitStr>(tokens.first()?.clone().into()).ok()?;
+    let source = source_field(fields)?;
+    interpolated_fields(&format.value(), &tokens[1..])
+        .contains(&source)
+        .then_some(source)
+}
+
+/// Every error type of `file` whose message prints its own source, as `Type::Variant.field`.
+fn errors_repeating_their_source(file: &syn::File) -> Vec<String> {
+    struct Finder(Vec<String>);
+    impl<'ast> syn::visit::Visit<'ast> for Finder {
+        fn visit_item_enum(&mut self, item: &'ast syn::ItemEnum) {
+            for variant in &item.variants {
+                if let Some(field) = message_repeats_source(&variant.attrs, &variant.fields) {
+                    self.0
+                        .push(format!("{}::{}.{field}", item.ident, variant.ident));
+                }
+            }
+            syn::visit::visit_item_enum(self, item);
+        }
+        fn visit_item_struct(&mut self, item: &'ast syn::ItemStruct) {
+            if let Some(field) = message_repeats_source(&item.attrs, &item.fields) {
+                self.0.push(format!("{}.{field}", item.ident));
+            }
+            syn::visit::visit_item_struct(self, item);
+        }
+    }
+    let mut finder = Finder(Vec::new());
+    syn::visit::Visit::visit_file(&mut finder, file);
+    finder.0
+}
+
+#[test]
+fn the_repeated_source_finder_names_each_way_a_message_can_print_its_source() {
+    let file: syn::File = syn::parse_quote! {
+        enum E {
+            #[error("cannot read {path}: {source}")]
+            Named { path: String, source: std::io::Error },
+            #[error("cannot read {path}: {error}")]
+            Marked { path: String, #[source] error: std::io::Error },
+            #[error("cannot parse: {0:?}")]
+            From(#[from] serde_json::Error),
+            #[error("cannot parse: {}", .0)]
+            FromArg(#[from] serde_yaml::Error),
+            #[error("cannot read {path}: {error}")]
+            CauseInTheMessageOnly { path: String, error: std::io::Error },
+            #[error("cannot read {path}")]
+            CauseAsSourceOnly { path: String, #[source] error: std::io::Error },
+            #[error("literal {{source}} braces")]
+            Escaped { source: std::io::Error },
+            #[error(transparent)]
+            Transparent(#[from] std::io::Error),
+        }
+        mod inner {
+            #[error("bad key: {source}")]
+            struct KeyError { source: std::io::Error }
+        }
+    };
+    assert_eq!(
+        errors_repeating_their_source(&file),
+        [
+            "E::Named.source",
+            "E::Marked.error",
+            "E::From.0",
+            "E::FromArg.0",
+            "KeyError.source"
+        ]
+    );
+}
+
+/// A `{:#}` or chained report (the CLI's, the daemon's, mock-gate's) prints each error's message
+/// and then its `source()`'s: an error whose message already prints its source names the cause
+/// twice (or more, down a chain). The cause stays in the message (gRPC statuses and logs print
+/// `Display` alone) and is not also returned as the source.
+#[test]
+fn no_error_message_prints_its_own_source() {
+    let mut found = Vec::new();
+    for (rel, text) in rust_sources() {
+        let file = syn::parse_file(&text).unwrap_or_else(|e| panic!("{rel}: {e}"));
+        for name in errors_repeating_their_source(&file) {
+            found.push(format!("{rel}: {name}"));
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "error types whose message prints the field that is also their source(): keep a leaf \
+         cause in the message and not as the source (rename the field from `source`, drop \
+         `#[source]`/`#[from]`), or a cause with a chain of its own as the source and not in \
+         the message:\n{}",
+        found.join("\n")
+    );
+}

@@ -488,10 +488,17 @@ pub struct PolicyTimeout {
 pub enum SnapshotError {
     /// Not valid JSON for a compiled agent.
     #[error("invalid compiled snapshot: {0}")]
-    Json(#[from] serde_json::Error),
+    Json(serde_json::Error),
     /// Valid JSON, but not a compiled agent: `<path>: <message>`.
     #[error("invalid compiled snapshot: {0}")]
     NotCompiled(String),
+}
+
+/// The parser's error is in the message, not a `source()` (a report names it once).
+impl From<serde_json::Error> for SnapshotError {
+    fn from(error: serde_json::Error) -> Self {
+        Self::Json(error)
+    }
 }
 
 impl CompiledAgent {
