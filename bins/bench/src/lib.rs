@@ -167,6 +167,11 @@ pub struct WriterFigures {
     pub busy: Option<f64>,
     /// SQLite: the share of the phase spent in `COMMIT`.
     pub commit_share: Option<f64>,
+    /// SQLite: statements each write ran while it held the writer.
+    pub statements_per_write: Option<f64>,
+    /// SQLite: the time each write's statements took, µs (the rest of its hold is the caller's
+    /// code between them).
+    pub statement_us: Option<f64>,
 }
 
 /// The open-loop phase.
@@ -639,6 +644,8 @@ fn closed_json(c: &ClosedLoop) -> Value {
             "writes_per_batch": w.writes_per_batch,
             "busy": w.busy,
             "commit_share": w.commit_share,
+            "statements_per_write": w.statements_per_write,
+            "statement_us": w.statement_us,
         })),
     })
 }
@@ -761,7 +768,7 @@ fn writer_markdown(report: &Report, s: &mut String) {
     }
     let _ = writeln!(
         s,
-        "\n| backend | concurrency | ledger writes per session | wait / hold per write | commit | writes per batch | SQLite: the writer in a batch / lent to writes / committing; PostgreSQL: write transactions open |\n|---|---|---|---|---|---|---|"
+        "\n| backend | concurrency | ledger writes per session | wait / hold per write | SQLite: statements per write (their time) | commit | writes per batch | SQLite: the writer in a batch / lent to writes / committing; PostgreSQL: write transactions open |\n|---|---|---|---|---|---|---|---|"
     );
     for c in &report.closed {
         let Some(w) = c.writer else { continue };
@@ -774,9 +781,13 @@ fn writer_markdown(report: &Report, s: &mut String) {
             ),
             _ => format!("{:.1} on average", w.hold_share),
         };
+        let statements = match (w.statements_per_write, w.statement_us) {
+            (Some(n), Some(us)) => format!("{n:.1} ({us:.0} µs)"),
+            _ => "—".to_owned(),
+        };
         let _ = writeln!(
             s,
-            "| {} | {} | {:.1} | {:.0} µs / {:.0} µs | {:.0} µs | {} | {writer} |",
+            "| {} | {} | {:.1} | {:.0} µs / {:.0} µs | {statements} | {:.0} µs | {} | {writer} |",
             c.backend,
             c.concurrency,
             w.writes_per_session,

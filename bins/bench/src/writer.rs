@@ -65,6 +65,7 @@ pub(crate) fn figures(
     }
     let per = |sum: &str, n: f64| (n > 0.0).then(|| delta(sum) / n);
     let held = delta("phrony_ledger_write_hold_seconds_sum");
+    let statements = delta("phrony_ledger_write_statement_seconds_count");
     Some(WriterFigures {
         writes_per_session: writes / sessions as f64,
         wait_us: per("phrony_ledger_write_wait_seconds_sum", waits).unwrap_or(0.0) * 1e6,
@@ -74,6 +75,9 @@ pub(crate) fn figures(
         writes_per_batch: (batches > 0.0).then(|| writes / batches),
         busy: (batches > 0.0).then(|| delta("phrony_ledger_batch_seconds_sum") / elapsed),
         commit_share: (batches > 0.0).then(|| delta("phrony_ledger_commit_seconds_sum") / elapsed),
+        statements_per_write: (statements > 0.0).then(|| statements / writes),
+        statement_us: (statements > 0.0)
+            .then(|| delta("phrony_ledger_write_statement_seconds_sum") / writes * 1e6),
     })
 }
 
@@ -93,6 +97,8 @@ phrony_ledger_commit_seconds_sum 0.1
 phrony_ledger_commit_seconds_count 10
 phrony_ledger_batch_seconds_sum 1
 phrony_ledger_batch_seconds_count 10
+phrony_ledger_write_statement_seconds_sum 0.25
+phrony_ledger_write_statement_seconds_count 1000
 phrony_tool_calls_total{decision=\"allow\"} 3
 ";
 
@@ -105,6 +111,8 @@ phrony_ledger_commit_seconds_sum 0.3
 phrony_ledger_commit_seconds_count 110
 phrony_ledger_batch_seconds_sum 2.8
 phrony_ledger_batch_seconds_count 110
+phrony_ledger_write_statement_seconds_sum 0.85
+phrony_ledger_write_statement_seconds_count 13000
 ";
 
     #[test]
@@ -135,6 +143,9 @@ phrony_ledger_batch_seconds_count 110
         assert!(close(f.writes_per_batch.unwrap(), 10.0), "{f:?}");
         assert!(close(f.busy.unwrap(), 0.9), "{f:?}");
         assert!(close(f.commit_share.unwrap(), 0.1), "{f:?}");
+        // 12,000 statements taking 0.6 s in the 1,000 writes.
+        assert!(close(f.statements_per_write.unwrap(), 12.0), "{f:?}");
+        assert!(close(f.statement_us.unwrap(), 600.0), "{f:?}");
     }
 
     #[test]

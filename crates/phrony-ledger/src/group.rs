@@ -585,7 +585,7 @@ async fn lend(slot: &RawSlot, request: Request, batch: &mut Batch) {
     }
     let (back, returned) = oneshot::channel();
     let lease = Lease {
-        slot: slot.clone(),
+        slot: slot.timed(),
         back: Some(back),
         after_others: batch.writes > 0,
     };

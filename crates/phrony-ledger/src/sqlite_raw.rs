@@ -186,7 +186,13 @@ impl Drop for RawConn {
 /// The raw connection of an open batch, shared by the writer and the write that holds the
 /// lease; empty once the batch is over.
 #[derive(Clone, Default)]
-pub(crate) struct RawSlot(Arc<Mutex<Option<RawConn>>>);
+pub(crate) struct RawSlot {
+    conn: Arc<Mutex<Option<RawConn>>>,
+    /// Whether each statement run through this handle is timed into
+    /// `phrony_ledger_write_statement_seconds`: a write's lease of the writer (not the
+    /// writer's own `BEGIN`, savepoints and `COMMIT`, nor a read connection).
+    timed: bool,
+}
 
 impl std::fmt::Debug for RawSlot {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -234,7 +240,10 @@ impl<'c> Locked<'c> {
     /// earlier batches); the previous batch's slot is emptied first.
     pub(crate) fn open_batch(&mut self) -> RawSlot {
         self.close_batch();
-        self.slot = RawSlot(Arc::new(Mutex::new(self.conn.take())));
+        self.slot = RawSlot {
+            conn: Arc::new(Mutex::new(self.conn.take())),
+            timed: false,
+        };
         self.slot.clone()
     }
 
@@ -286,7 +295,7 @@ impl RawSlot {
     /// The SQL texts the slot's connection keeps prepared (none once the batch is over).
     #[cfg(test)]
     pub(crate) fn cached_sql(&self) -> Vec<String> {
-        let guard = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let guard = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
         guard
             .as_ref()
             .map(|conn| conn.statements.keys().cloned().collect())
@@ -295,7 +304,10 @@ impl RawSlot {
 
     /// Empties the slot (waiting for a statement in progress): what it held, if anything.
     fn take(&self) -> Option<RawConn> {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner).take()
+        self.conn
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
     }
 
     /// Runs `sql` (one or more statements) with `args` bound to `$N` / `?N` / `?` parameters,
@@ -309,8 +321,21 @@ impl RawSlot {
         args: &[RawValue],
         max_rows: Option<usize>,
     ) -> Result<Outcome, sqlx::Error> {
-        let mut guard = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        conn_of(&mut guard)?.run(context, sql, args, max_rows)
+        let started = self.timed.then(std::time::Instant::now);
+        let mut guard = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
+        let outcome = conn_of(&mut guard)?.run(context, sql, args, max_rows);
+        if let Some(started) = started {
+            phrony_metrics::LEDGER_WRITE_STATEMENT.observe(started.elapsed());
+        }
+        outcome
+    }
+
+    /// This slot's connection, each statement run through the handle timed (a write's lease).
+    pub(crate) fn timed(&self) -> Self {
+        Self {
+            conn: Arc::clone(&self.conn),
+            timed: true,
+        }
     }
 
     /// The `EXPLAIN QUERY PLAN` of each statement of `sql`, in order: one line per plan node,
@@ -318,7 +343,7 @@ impl RawSlot {
     /// and nothing is cached or recorded; parameters are left unbound (without `sqlite_stat1` SQLite's plan does not
     /// depend on their values).
     pub(crate) fn explain_query_plan(&self, sql: &str) -> Result<Vec<Vec<String>>, sqlx::Error> {
-        let mut guard = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut guard = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
         conn_of(&mut guard)?.explain(sql)
     }
 }
@@ -413,7 +438,10 @@ impl RawReadPool {
             None => self.open()?,
         };
         Ok(RawReader {
-            slot: RawSlot(Arc::new(Mutex::new(Some(conn)))),
+            slot: RawSlot {
+                conn: Arc::new(Mutex::new(Some(conn))),
+                timed: false,
+            },
             pool: Arc::clone(self),
             _permit: permit,
         })

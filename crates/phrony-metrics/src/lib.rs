@@ -292,6 +292,10 @@ pub static LEDGER_WRITE_WAIT: Histogram<16> = Histogram::new(LATENCY_BUCKETS);
 /// writer serves no other write meanwhile); on PostgreSQL from `BEGIN` to the end of its
 /// commit or rollback (a transaction abandoned on an error is not timed).
 pub static LEDGER_WRITE_HOLD: Histogram<16> = Histogram::new(LATENCY_BUCKETS);
+/// Each statement a ledger write ran while it held the SQLite writer
+/// (`phrony_ledger_write_statement_seconds`): its sum against the holds' sum splits a hold into
+/// SQLite's own time and the caller's code between its statements. SQLite only.
+pub static LEDGER_WRITE_STATEMENT: Histogram<16> = Histogram::new(LATENCY_BUCKETS);
 /// SQLite group-commit batches, each from its `BEGIN IMMEDIATE` to its `COMMIT` returned
 /// (`phrony_ledger_batch_seconds`): their sum over an interval is the time the single writer
 /// was busy.
@@ -406,6 +410,11 @@ pub fn catalog() -> Vec<Metric> {
             name: "phrony_ledger_write_hold_seconds",
             help: "Time each ledger write held its connection (SQLite: the single writer).",
             value: Value::Histogram(LEDGER_WRITE_HOLD.snapshot()),
+        },
+        Metric {
+            name: "phrony_ledger_write_statement_seconds",
+            help: "Each statement a ledger write ran while it held the SQLite writer.",
+            value: Value::Histogram(LEDGER_WRITE_STATEMENT.snapshot()),
         },
         Metric {
             name: "phrony_ledger_batch_seconds",

@@ -254,6 +254,17 @@ async fn probes_and_metrics_follow_a_governed_session_and_a_database_outage() {
     ] {
         assert!(value(series) >= 1.0, "{series}: {body}");
     }
+    // Every write ran statements, each inside its hold of the writer.
+    assert!(
+        value("phrony_ledger_write_statement_seconds_count")
+            >= value("phrony_ledger_write_hold_seconds_count"),
+        "{body}"
+    );
+    assert!(
+        value("phrony_ledger_write_statement_seconds_sum")
+            <= value("phrony_ledger_write_hold_seconds_sum"),
+        "{body}"
+    );
     assert_eq!(value("phrony_dispatch_queue_depth"), 0.0);
     assert!(
         samples.iter().any(|(s, v)| s
