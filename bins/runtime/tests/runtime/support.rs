@@ -194,6 +194,23 @@ impl Daemon {
         self.stderr.lock().unwrap().clone()
     }
 
+    /// The daemon's log once it holds `text` (waiting up to [`PATIENCE`]: the log reaches the
+    /// test through a pipe and a reader thread, after the request that caused it was answered).
+    pub(crate) async fn logged(&self, text: &str) -> String {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let log = self.stderr();
+            if log.contains(text) {
+                return log;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the daemon did not log {text:?}; stderr:\n{log}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     pub(crate) fn pid(&self) -> u32 {
         self.child.id()
     }
