@@ -24,7 +24,7 @@ use crate::serve_config::ServeConfig;
 
 /// Why the server could not start or stopped with an error. A cause with a chain of its own (the
 /// transport's, the engine's) is the `source()`, which a report (`{:#}`) prints after the message;
-/// an OS error is in the message.
+/// a leaf cause (an OS error, the router's settings) is in the message.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
     /// Another process listens on the address.
@@ -62,11 +62,10 @@ pub enum ServeError {
         message: String,
     },
     /// The default Work-stream router could not be started.
-    #[error("cannot start the tool dispatch router")]
+    #[error("cannot start the tool dispatch router: {error}")]
     Router {
-        /// The router's settings error.
-        #[source]
-        source: phrony_dispatch::ConfigError,
+        /// The router's settings error (a leaf: in the message, not a source).
+        error: phrony_dispatch::ConfigError,
     },
     /// The sessions that were live at the last stop could not be read back.
     #[error("cannot recover the sessions that were live at the last stop")]
@@ -363,7 +362,7 @@ pub async fn serve(
             }
             builder
                 .build()
-                .map_err(|source| ServeError::Router { source })?
+                .map_err(|error| ServeError::Router { error })?
         }
     };
     // Secrets of sessions that ended while the daemon was down (or whose purge failed).
