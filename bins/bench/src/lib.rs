@@ -172,6 +172,10 @@ pub struct WriterFigures {
     /// SQLite: the time each write's statements took, µs (the rest of its hold is the caller's
     /// code between them).
     pub statement_us: Option<f64>,
+    /// SQLite: the time each write's hold spent in the two hand-offs of the writer's
+    /// connection (lent to the write's task, handed back to the writer's), µs: waiting for a
+    /// task to be scheduled.
+    pub handoff_us: Option<f64>,
 }
 
 /// The open-loop phase.
@@ -646,6 +650,7 @@ fn closed_json(c: &ClosedLoop) -> Value {
             "commit_share": w.commit_share,
             "statements_per_write": w.statements_per_write,
             "statement_us": w.statement_us,
+            "handoff_us": w.handoff_us,
         })),
     })
 }
@@ -768,7 +773,7 @@ fn writer_markdown(report: &Report, s: &mut String) {
     }
     let _ = writeln!(
         s,
-        "\n| backend | concurrency | ledger writes per session | wait / hold per write | SQLite: statements per write (their time) | commit | writes per batch | SQLite: the writer in a batch / lent to writes / committing; PostgreSQL: write transactions open |\n|---|---|---|---|---|---|---|---|"
+        "\n| backend | concurrency | ledger writes per session | wait / hold per write | SQLite: statements per write (their time) | SQLite: hand-offs per write | commit | writes per batch | SQLite: the writer in a batch / lent to writes / committing; PostgreSQL: write transactions open |\n|---|---|---|---|---|---|---|---|---|"
     );
     for c in &report.closed {
         let Some(w) = c.writer else { continue };
@@ -785,9 +790,12 @@ fn writer_markdown(report: &Report, s: &mut String) {
             (Some(n), Some(us)) => format!("{n:.1} ({us:.0} µs)"),
             _ => "—".to_owned(),
         };
+        let handoffs = w
+            .handoff_us
+            .map_or_else(|| "—".to_owned(), |us| format!("{us:.0} µs"));
         let _ = writeln!(
             s,
-            "| {} | {} | {:.1} | {:.0} µs / {:.0} µs | {statements} | {:.0} µs | {} | {writer} |",
+            "| {} | {} | {:.1} | {:.0} µs / {:.0} µs | {statements} | {handoffs} | {:.0} µs | {} | {writer} |",
             c.backend,
             c.concurrency,
             w.writes_per_session,

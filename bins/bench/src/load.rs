@@ -252,11 +252,13 @@ pub(crate) async fn closed_phase(
     if let Some(w) = &figures.writer {
         eprintln!(
             "{label}: concurrency {concurrency}: {:.1} ledger writes per session, wait {:.0} µs, \
-             hold {:.0} µs ({} in statements), commit {:.0} µs; writer busy {}",
+             hold {:.0} µs ({} in statements, {} in hand-offs), commit {:.0} µs; writer busy {}",
             w.writes_per_session,
             w.wait_us,
             w.hold_us,
             w.statement_us
+                .map_or_else(|| "—".to_owned(), |us| format!("{us:.0} µs")),
+            w.handoff_us
                 .map_or_else(|| "—".to_owned(), |us| format!("{us:.0} µs")),
             w.commit_us,
             w.busy

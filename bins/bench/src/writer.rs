@@ -66,6 +66,7 @@ pub(crate) fn figures(
     let per = |sum: &str, n: f64| (n > 0.0).then(|| delta(sum) / n);
     let held = delta("phrony_ledger_write_hold_seconds_sum");
     let statements = delta("phrony_ledger_write_statement_seconds_count");
+    let handoffs = delta("phrony_ledger_write_handoff_seconds_count");
     Some(WriterFigures {
         writes_per_session: writes / sessions as f64,
         wait_us: per("phrony_ledger_write_wait_seconds_sum", waits).unwrap_or(0.0) * 1e6,
@@ -78,6 +79,8 @@ pub(crate) fn figures(
         statements_per_write: (statements > 0.0).then(|| statements / writes),
         statement_us: (statements > 0.0)
             .then(|| delta("phrony_ledger_write_statement_seconds_sum") / writes * 1e6),
+        handoff_us: (handoffs > 0.0)
+            .then(|| delta("phrony_ledger_write_handoff_seconds_sum") / writes * 1e6),
     })
 }
 
@@ -99,6 +102,8 @@ phrony_ledger_batch_seconds_sum 1
 phrony_ledger_batch_seconds_count 10
 phrony_ledger_write_statement_seconds_sum 0.25
 phrony_ledger_write_statement_seconds_count 1000
+phrony_ledger_write_handoff_seconds_sum 0.01
+phrony_ledger_write_handoff_seconds_count 200
 phrony_tool_calls_total{decision=\"allow\"} 3
 ";
 
@@ -113,6 +118,8 @@ phrony_ledger_batch_seconds_sum 2.8
 phrony_ledger_batch_seconds_count 110
 phrony_ledger_write_statement_seconds_sum 0.85
 phrony_ledger_write_statement_seconds_count 13000
+phrony_ledger_write_handoff_seconds_sum 0.11
+phrony_ledger_write_handoff_seconds_count 2200
 ";
 
     #[test]
@@ -146,6 +153,8 @@ phrony_ledger_write_statement_seconds_count 13000
         // 12,000 statements taking 0.6 s in the 1,000 writes.
         assert!(close(f.statements_per_write.unwrap(), 12.0), "{f:?}");
         assert!(close(f.statement_us.unwrap(), 600.0), "{f:?}");
+        // Two hand-offs per write, 0.1 s in all.
+        assert!(close(f.handoff_us.unwrap(), 100.0), "{f:?}");
     }
 
     #[test]

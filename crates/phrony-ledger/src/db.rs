@@ -1144,6 +1144,53 @@ mod group_tests {
         assert_eq!(writer.stats().commits, 1);
     }
 
+    /// Writes queued behind a holder run in its batch: one commit for all, both hand-offs of
+    /// every write timed, and a write whose caller gave up while it was queued skipped without
+    /// ending the batch.
+    #[tokio::test]
+    async fn queued_writes_share_one_commit_skipping_an_abandoned_one() {
+        use phrony_metrics::LEDGER_WRITE_HANDOFF;
+        let dir = tempfile::tempdir().unwrap();
+        let (pool, writer) = writer(&dir).await;
+        let handoffs = LEDGER_WRITE_HANDOFF.snapshot();
+        let first = writer.begin(false).await.unwrap();
+        let insert = |name: &'static str| {
+            let writer = writer.clone();
+            async move {
+                let lease = writer.begin(false).await.unwrap();
+                let sql = format!("INSERT INTO t (name) VALUES ('{name}')");
+                lease.slot().run("test", &sql, &[], None).unwrap();
+                lease.release().await.unwrap();
+            }
+        };
+        let before = tokio::spawn(insert("before"));
+        let abandoned = tokio::spawn(insert("abandoned"));
+        let after = tokio::spawn(insert("after"));
+        // All three queue behind the holder (this test's runtime has one thread: they run when
+        // it yields, well within the batch's age limit); the second gives up waiting.
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        abandoned.abort();
+        assert!(abandoned.await.unwrap_err().is_cancelled());
+        first
+            .slot()
+            .run("test", "INSERT INTO t (name) VALUES ('first')", &[], None)
+            .unwrap();
+        first.release().await.unwrap();
+        before.await.unwrap();
+        after.await.unwrap();
+        let mut names: Vec<String> = sqlx::query_scalar("SELECT name FROM t")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+        names.sort();
+        assert_eq!(names, ["after", "before", "first"]);
+        let stats = writer.stats();
+        assert_eq!((stats.commits, stats.writes), (1, 3), "{stats:?}");
+        assert!(LEDGER_WRITE_HANDOFF.snapshot().count >= handoffs.count + 6);
+    }
+
     #[tokio::test]
     async fn a_cancelled_write_rolls_back_only_its_own_savepoint() {
         let dir = tempfile::tempdir().unwrap();

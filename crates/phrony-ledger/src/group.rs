@@ -132,6 +132,8 @@ pub(crate) struct Lease {
     back: Option<oneshot::Sender<Returned>>,
     /// Whether earlier writes of the batch ran before this one (its reads may have seen them).
     after_others: bool,
+    /// When the writer lent it: the write's task times its hand-off from here.
+    lent: Instant,
 }
 
 enum Ending {
@@ -144,6 +146,8 @@ struct Returned {
     ending: Ending,
     /// Where the writer answers once the write's fate is known; `None` when nobody waits.
     ack: Option<oneshot::Sender<Result<()>>>,
+    /// When the write handed it back: the writer times its hand-off from here.
+    sent: Instant,
 }
 
 impl std::fmt::Debug for Lease {
@@ -235,6 +239,7 @@ impl GroupWriter {
             .map_err(|_| writer_stopped())?;
         let lease = lease.await.map_err(|_| writer_stopped())??;
         phrony_metrics::LEDGER_WRITE_WAIT.observe(asked.elapsed());
+        phrony_metrics::LEDGER_WRITE_HANDOFF.observe(lease.lent.elapsed());
         Ok(lease)
     }
 
@@ -283,7 +288,11 @@ impl Lease {
     fn hand_back(&mut self, ending: Ending, ack: Option<oneshot::Sender<Result<()>>>) {
         if let Some(back) = self.back.take() {
             // The writer waits on the other end for as long as a lease is out.
-            let _ = back.send(Returned { ending, ack });
+            let _ = back.send(Returned {
+                ending,
+                ack,
+                sent: Instant::now(),
+            });
         }
     }
 }
@@ -584,23 +593,26 @@ async fn lend(slot: &RawSlot, request: Request, batch: &mut Batch) {
         return;
     }
     let (back, returned) = oneshot::channel();
+    let lent = Instant::now();
     let lease = Lease {
         slot: slot.timed(),
         back: Some(back),
         after_others: batch.writes > 0,
+        lent,
     };
     batch.writes += 1;
     // A caller that stopped waiting drops the lease, which hands it back as a rollback.
-    let lent = Instant::now();
     let _ = request.reply.send(Ok(lease));
     let returned = returned.await;
     phrony_metrics::LEDGER_WRITE_HOLD.observe(lent.elapsed());
-    let Ok(Returned { ending, ack }) = returned else {
+    let Ok(Returned { ending, ack, sent }) = returned else {
         // Cannot happen (a lease hands itself back when dropped); the savepoint's state is
         // unknown, so the batch must not commit.
         batch.broken = Some("a write's lease was lost".to_owned());
         return;
     };
+    // The write's hand-off back, inside its hold.
+    phrony_metrics::LEDGER_WRITE_HANDOFF.observe(sent.elapsed());
     match ending {
         Ending::Release => match slot.run("release savepoint", RELEASE, &[], None) {
             Ok(_) => {

@@ -296,6 +296,11 @@ pub static LEDGER_WRITE_HOLD: Histogram<16> = Histogram::new(LATENCY_BUCKETS);
 /// (`phrony_ledger_write_statement_seconds`): its sum against the holds' sum splits a hold into
 /// SQLite's own time and the caller's code between its statements. SQLite only.
 pub static LEDGER_WRITE_STATEMENT: Histogram<16> = Histogram::new(LATENCY_BUCKETS);
+/// Each hand-off of the SQLite writer's connection inside a write's hold
+/// (`phrony_ledger_write_handoff_seconds`): from the writer lending it to the write's task
+/// running again, and from the write handing it back to the writer's task running again. Two
+/// per write; their sum is the part of the holds spent waiting to be scheduled. SQLite only.
+pub static LEDGER_WRITE_HANDOFF: Histogram<16> = Histogram::new(LATENCY_BUCKETS);
 /// SQLite group-commit batches, each from its `BEGIN IMMEDIATE` to its `COMMIT` returned
 /// (`phrony_ledger_batch_seconds`): their sum over an interval is the time the single writer
 /// was busy.
@@ -415,6 +420,11 @@ pub fn catalog() -> Vec<Metric> {
             name: "phrony_ledger_write_statement_seconds",
             help: "Each statement a ledger write ran while it held the SQLite writer.",
             value: Value::Histogram(LEDGER_WRITE_STATEMENT.snapshot()),
+        },
+        Metric {
+            name: "phrony_ledger_write_handoff_seconds",
+            help: "Each hand-off of the SQLite writer between its task and a write's, until it runs.",
+            value: Value::Histogram(LEDGER_WRITE_HANDOFF.snapshot()),
         },
         Metric {
             name: "phrony_ledger_batch_seconds",

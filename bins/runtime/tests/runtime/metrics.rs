@@ -265,6 +265,17 @@ async fn probes_and_metrics_follow_a_governed_session_and_a_database_outage() {
             <= value("phrony_ledger_write_hold_seconds_sum"),
         "{body}"
     );
+    // Each write was handed the writer and handed it back, both waits inside its hold.
+    assert!(
+        value("phrony_ledger_write_handoff_seconds_count")
+            >= 2.0 * value("phrony_ledger_write_hold_seconds_count"),
+        "{body}"
+    );
+    assert!(
+        value("phrony_ledger_write_handoff_seconds_sum")
+            <= value("phrony_ledger_write_hold_seconds_sum"),
+        "{body}"
+    );
     assert_eq!(value("phrony_dispatch_queue_depth"), 0.0);
     assert!(
         samples.iter().any(|(s, v)| s
