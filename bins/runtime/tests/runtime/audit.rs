@@ -121,7 +121,7 @@ async fn a_rewritten_chain_is_refused_at_start_and_found_offline() {
     let launch = Launch::new(home.path(), Some(&url));
 
     let mut daemon = launch.start().await;
-    let log = daemon.stderr();
+    let log = daemon.logged("generated a new audit key in").await;
     assert!(log.contains("generated a new audit key in"), "{log}");
     let key_path = home.path().join("audit.key");
     {

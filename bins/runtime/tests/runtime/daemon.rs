@@ -696,7 +696,7 @@ async fn zero_setup_creates_the_database_and_a_private_key_once() {
     let data = home.path().join("xdg").join("phrony");
     let key_path = data.join("secrets.key");
     assert!(data.join("phrony.db").exists());
-    let log = daemon.stderr();
+    let log = daemon.logged("database: SQLite file").await;
     assert!(
         log.contains(&format!(
             "database: SQLite file {}",
@@ -721,7 +721,7 @@ async fn zero_setup_creates_the_database_and_a_private_key_once() {
     assert_eq!(daemon.terminate().await.code(), Some(0));
 
     let mut daemon = launch.start().await;
-    let log = daemon.stderr();
+    let log = daemon.logged("secrets key: ").await;
     assert!(
         log.contains(&format!("secrets key: {}", key_path.display())),
         "{log}"
@@ -788,7 +788,9 @@ async fn the_database_files_are_owner_only_whatever_the_umask() {
     }
     let mut daemon = launch.start().await;
     assert_eq!(mode(&db), 0o600);
-    let log = daemon.stderr();
+    let log = daemon
+        .logged("database file was readable by other users; its mode is now 600")
+        .await;
     assert!(
         log.contains("database file was readable by other users; its mode is now 600"),
         "{log}"
@@ -876,7 +878,7 @@ async fn health_turns_not_serving_when_the_database_goes_away() {
 
     db.drop_now().await;
     daemon.wait_for_health(ServingStatus::NotServing).await;
-    let log = daemon.stderr();
+    let log = daemon.logged("health is NOT_SERVING").await;
     assert!(log.contains("health is NOT_SERVING"), "{log}");
 
     // Calls that need the database fail as unavailable/internal instead of hanging.

@@ -336,7 +336,7 @@ fn a_postgres_restart_mid_run_is_ridden_out_and_loses_nothing() {
     answer_during_the_stall(&worker, ACQUIRE_TIMEOUT + Duration::from_secs(2));
     pg.start_again();
     rt.block_on(assert_recovered(&mut daemon, &running, &worker));
-    let log = daemon.stderr();
+    let log = rt.block_on(daemon.logged("NOT_SERVING"));
     assert!(log.contains("NOT_SERVING"), "{log}");
     drop(worker);
     drop(daemon);
@@ -373,7 +373,9 @@ fn a_full_disk_is_ridden_out_and_nothing_is_half_written() {
     fs.free();
     rt.block_on(assert_recovered(&mut daemon, &running, &worker));
     // The outage was the reserve, named in the health transition's log line.
-    let log = daemon.stderr();
+    let log = rt.block_on(
+        daemon.logged("bytes the ledger keeps in reserve (RUNTIME_SQLITE_MIN_FREE_BYTES)"),
+    );
     assert!(
         log.contains("bytes the ledger keeps in reserve (RUNTIME_SQLITE_MIN_FREE_BYTES)"),
         "{log}"
@@ -423,7 +425,9 @@ fn a_daemon_restarted_below_the_free_space_reserve_waits_not_serving_then_serves
     fs.leave_free(12 * 1024 * 1024);
     let mut daemon = launch.spawn();
     rt.block_on(daemon.wait_for_health(ServingStatus::NotServing));
-    let log = daemon.stderr();
+    let log = rt.block_on(
+        daemon.logged("bytes the ledger keeps in reserve (RUNTIME_SQLITE_MIN_FREE_BYTES)"),
+    );
     assert!(
         log.contains("bytes the ledger keeps in reserve (RUNTIME_SQLITE_MIN_FREE_BYTES)"),
         "{log}"
@@ -453,7 +457,7 @@ fn a_daemon_started_while_postgres_is_down_waits_not_serving_then_serves() {
         tokio::time::sleep(Duration::from_secs(2)).await;
         daemon.wait_for_health(ServingStatus::NotServing).await;
     });
-    let log = daemon.stderr();
+    let log = rt.block_on(daemon.logged("database unreachable at start-up"));
     assert!(log.contains("database unreachable at start-up"), "{log}");
 
     pg.start_again();

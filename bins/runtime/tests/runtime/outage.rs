@@ -170,7 +170,7 @@ async fn a_sqlite_lock_held_by_another_process_turns_health_not_serving_and_noth
     // Another process takes the write lock and keeps it.
     let lock = Locker::hold(&db_file);
     daemon.wait_for_health(ServingStatus::NotServing).await;
-    let log = daemon.stderr();
+    let log = daemon.logged("health is NOT_SERVING").await;
     assert!(log.contains("health is NOT_SERVING"), "{log}");
     assert!(
         log.contains("database is locked"),

@@ -36,6 +36,8 @@ pub(crate) struct Daemon {
     child: Child,
     pub(crate) addr: String,
     stderr: Arc<Mutex<String>>,
+    /// The thread copying the daemon's stderr into `stderr`: finished once the pipe closed.
+    reader: std::thread::JoinHandle<()>,
 }
 
 /// How to start a daemon.
@@ -159,7 +161,7 @@ impl Launch {
         let stderr = Arc::new(Mutex::new(String::new()));
         let pipe = child.stderr.take().unwrap();
         let sink = Arc::clone(&stderr);
-        std::thread::spawn(move || {
+        let reader = std::thread::spawn(move || {
             for line in BufReader::new(pipe).lines() {
                 let Ok(line) = line else { break };
                 let mut s = sink.lock().unwrap();
@@ -171,6 +173,7 @@ impl Launch {
             child,
             addr: self.addr.clone(),
             stderr,
+            reader,
         }
     }
 
@@ -220,8 +223,12 @@ impl Daemon {
         let deadline = Instant::now() + PATIENCE;
         loop {
             if let Some(status) = self.child.try_wait().unwrap() {
-                // Let the reader thread drain the pipe.
-                std::thread::sleep(Duration::from_millis(100));
+                // The whole log, once the reader thread has drained the pipe (a process the
+                // daemon started may hold the pipe open after it exits: not waited for long).
+                let drained = Instant::now() + Duration::from_secs(2);
+                while !self.reader.is_finished() && Instant::now() < drained {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
                 return status;
             }
             assert!(
@@ -241,8 +248,12 @@ impl Daemon {
         let deadline = Instant::now() + PATIENCE;
         loop {
             if let Some(status) = self.child.try_wait().unwrap() {
-                // Let the reader thread drain the pipe.
-                tokio::time::sleep(Duration::from_millis(100)).await;
+                // The whole log, once the reader thread has drained the pipe (a process the
+                // daemon started may hold the pipe open after it exits: not waited for long).
+                let drained = Instant::now() + Duration::from_secs(2);
+                while !self.reader.is_finished() && Instant::now() < drained {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
                 return status;
             }
             assert!(
