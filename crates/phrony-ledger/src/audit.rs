@@ -30,7 +30,7 @@ use std::fmt;
 use serde_json::Value;
 use sha2::{Digest as _, Sha256};
 
-use crate::audit_key::AuditKey;
+use crate::audit_key::{AuditKey, STREAM_SET_SHARDS};
 use crate::chain::ViolationKind;
 use crate::db::{Arg, Backend, Conn, Row, Tx, args};
 use crate::error::{LedgerError, Result};
@@ -420,55 +420,20 @@ async fn check_all_heads(
 enum StreamSet {
     /// The sealed set is the log's set of streams.
     Verified,
+    /// The sealed set is the log's set of streams, in the single row of a build before
+    /// migration 0024 (the start-up check shards it).
+    VerifiedSingleRow,
     /// No stream set was sealed yet (a log sealed before migration 0007).
     NotSealed,
     /// The set is missing, forged, or not the log's.
     Problem(AuditProblem),
 }
 
-/// Compares the streams of the log (those with at least one event) with the sealed stream set:
-/// count, digest of the names, MAC. Names a stream listed in the latest `audit.key_introduced`
-/// that the log no longer has, when there is one.
-async fn check_stream_set(conn: &mut Conn<'_>, key: &AuditKey) -> Result<StreamSet> {
-    let sealed = conn
-        .fetch_optional(
-            "read the stream set",
-            "SELECT streams, digest, mac FROM stream_set WHERE id = 1",
-            vec![],
-        )
-        .await?;
-    let introduced = latest_key_introduced(conn).await?;
-    let Some(sealed) = sealed else {
-        return Ok(if introduced.is_some_and(|i| i.stream_set_sealed) {
-            StreamSet::Problem(problem(
-                AuditProblemKind::StreamSetMissing,
-                None,
-                None,
-                "the sealed stream set (table stream_set) is gone: streams may have been deleted \
-                 with their sealed heads"
-                    .to_owned(),
-            ))
-        } else {
-            StreamSet::NotSealed
-        });
-    };
-    let (count, digest, mac) = (
-        sealed.int("streams")?,
-        sealed.text("digest")?,
-        sealed.text("mac")?,
-    );
-    if !key.stream_set_verifies(count, &digest, &mac) {
-        return Ok(StreamSet::Problem(problem(
-            AuditProblemKind::StreamSetMac,
-            None,
-            None,
-            format!(
-                "the sealed stream set ({count} streams) does not verify with the audit key \
-                 (forged or recomputed, or another key)"
-            ),
-        )));
-    }
-    let (mut found, mut found_digest) = (0_i64, events::EMPTY_STREAM_SET.to_owned());
+/// The log's streams (those with at least one event), by shard of the stream set.
+async fn log_stream_set(
+    conn: &mut Conn<'_>,
+) -> Result<[events::StreamSetShard; STREAM_SET_SHARDS]> {
+    let mut shards: [events::StreamSetShard; STREAM_SET_SHARDS] = Default::default();
     let mut after = String::new();
     loop {
         let names: Vec<String> = conn
@@ -483,8 +448,8 @@ async fn check_stream_set(conn: &mut Conn<'_>, key: &AuditKey) -> Result<StreamS
             .map(|r| r.text("stream"))
             .collect::<Result<_>>()?;
         for name in &names {
-            found += 1;
-            found_digest = events::stream_set_with(&found_digest, name)?;
+            let shard = &mut shards[events::stream_set_shard(name)];
+            *shard = shard.with(name)?;
         }
         match names.last() {
             Some(last) if i64::try_from(names.len()).unwrap_or(0) == STREAM_PAGE => {
@@ -493,9 +458,170 @@ async fn check_stream_set(conn: &mut Conn<'_>, key: &AuditKey) -> Result<StreamS
             _ => break,
         }
     }
-    if found == count && found_digest == digest {
-        return Ok(StreamSet::Verified);
+    Ok(shards)
+}
+
+/// The shards combined into one set (the digest is an XOR, so the shards' digests combine).
+fn whole_set(shards: &[events::StreamSetShard]) -> Result<events::StreamSetShard> {
+    let mut bytes = [0_u8; 32];
+    let mut streams = 0;
+    for shard in shards {
+        streams = shard.streams.saturating_add(streams);
+        let digest = hex::decode(&shard.digest)
+            .ok()
+            .filter(|d| d.len() == 32)
+            .ok_or_else(|| {
+                LedgerError::corrupt(format!(
+                    "stream set digest {:?} is not 32 hex bytes",
+                    shard.digest
+                ))
+            })?;
+        for (b, d) in bytes.iter_mut().zip(digest) {
+            *b ^= d;
+        }
     }
+    Ok(events::StreamSetShard {
+        streams,
+        digest: hex::encode(bytes),
+    })
+}
+
+/// Compares the streams of the log (those with at least one event) with the sealed stream set,
+/// shard by shard: each shard's MAC, count and digest of the names, and that no shard is
+/// missing. Names a stream listed in the latest `audit.key_introduced` that the log no longer
+/// has, when there is one. A set still in the single row of a build before migration 0024 is
+/// compared whole, unless the log was sealed with shards since (a replayed old row).
+async fn check_stream_set(conn: &mut Conn<'_>, key: &AuditKey) -> Result<StreamSet> {
+    let rows = conn
+        .fetch_all(
+            "read the stream set",
+            "SELECT shard, streams, digest, mac FROM stream_set_shards ORDER BY shard",
+            vec![],
+        )
+        .await?;
+    let introduced = latest_key_introduced(conn).await?;
+    if rows.is_empty() {
+        return check_single_row_set(conn, key, introduced).await;
+    }
+    let mut sealed: [Option<events::StreamSetShard>; STREAM_SET_SHARDS] = Default::default();
+    for row in &rows {
+        let number = row.int("shard")?;
+        let (streams, digest, mac) = (row.int("streams")?, row.text("digest")?, row.text("mac")?);
+        let shard = usize::try_from(number).ok().filter(|&n| {
+            n < STREAM_SET_SHARDS && key.stream_set_shard_verifies(n, streams, &digest, &mac)
+        });
+        let Some(shard) = shard else {
+            return Ok(StreamSet::Problem(problem(
+                AuditProblemKind::StreamSetMac,
+                None,
+                None,
+                format!(
+                    "shard {number} of the sealed stream set ({streams} streams) does not verify \
+                     with the audit key (forged, recomputed or moved, or another key)"
+                ),
+            )));
+        };
+        sealed[shard] = Some(events::StreamSetShard { streams, digest });
+    }
+    if let Some(gone) = sealed.iter().position(Option::is_none) {
+        return Ok(StreamSet::Problem(problem(
+            AuditProblemKind::StreamSetMissing,
+            None,
+            None,
+            format!(
+                "shard {gone} of the sealed stream set (table stream_set_shards) is gone: \
+                 streams may have been deleted with their sealed heads"
+            ),
+        )));
+    }
+    let sealed: Vec<events::StreamSetShard> = sealed.into_iter().flatten().collect();
+    let found = log_stream_set(conn).await?;
+    match sealed.iter().zip(&found).position(|(s, f)| s != f) {
+        None => Ok(StreamSet::Verified),
+        Some(shard) => {
+            let (sealed, found) = (whole_set(&sealed)?, whole_set(&found)?);
+            let p = mismatch(
+                conn,
+                introduced,
+                &sealed,
+                &found,
+                &format!(" in shard {shard}"),
+            )
+            .await?;
+            Ok(StreamSet::Problem(p))
+        }
+    }
+}
+
+/// [`check_stream_set`] of a log without shards: not sealed with a set (before migration
+/// 0007), sealed with the single row of a build before migration 0024, or its set deleted.
+async fn check_single_row_set(
+    conn: &mut Conn<'_>,
+    key: &AuditKey,
+    introduced: Option<AuditKeyIntroduced>,
+) -> Result<StreamSet> {
+    let sealed_in_shards = introduced.as_ref().is_some_and(|i| i.stream_set_shards > 0);
+    let row = if sealed_in_shards {
+        // A single row cannot stand in for shards the log was sealed with (an old row replayed).
+        None
+    } else {
+        conn.fetch_optional(
+            "read the single-row stream set",
+            "SELECT streams, digest, mac FROM stream_set WHERE id = 1",
+            vec![],
+        )
+        .await?
+    };
+    let Some(row) = row else {
+        return Ok(
+            if introduced.is_some_and(|i| i.stream_set_sealed || i.stream_set_shards > 0) {
+                StreamSet::Problem(problem(
+                    AuditProblemKind::StreamSetMissing,
+                    None,
+                    None,
+                    "the sealed stream set (table stream_set_shards) is gone: streams may have \
+                     been deleted with their sealed heads"
+                        .to_owned(),
+                ))
+            } else {
+                StreamSet::NotSealed
+            },
+        );
+    };
+    let sealed = events::StreamSetShard {
+        streams: row.int("streams")?,
+        digest: row.text("digest")?,
+    };
+    if !key.stream_set_verifies(sealed.streams, &sealed.digest, &row.text("mac")?) {
+        return Ok(StreamSet::Problem(problem(
+            AuditProblemKind::StreamSetMac,
+            None,
+            None,
+            format!(
+                "the sealed stream set ({} streams) does not verify with the audit key \
+                 (forged or recomputed, or another key)",
+                sealed.streams
+            ),
+        )));
+    }
+    let found = whole_set(&log_stream_set(conn).await?)?;
+    if found == sealed {
+        return Ok(StreamSet::VerifiedSingleRow);
+    }
+    Ok(StreamSet::Problem(
+        mismatch(conn, introduced, &sealed, &found, "").await?,
+    ))
+}
+
+/// The problem of a log whose streams are not the sealed set's: names a stream the latest key
+/// introduction listed that the log no longer has, when there is one.
+async fn mismatch(
+    conn: &mut Conn<'_>,
+    introduced: Option<AuditKeyIntroduced>,
+    sealed: &events::StreamSetShard,
+    found: &events::StreamSetShard,
+    where_: &str,
+) -> Result<AuditProblem> {
     let mut named = None;
     for head in introduced.map(|i| i.heads).unwrap_or_default() {
         let exists = conn
@@ -514,7 +640,8 @@ async fn check_stream_set(conn: &mut Conn<'_>, key: &AuditKey) -> Result<StreamS
     let which = named.as_ref().map_or_else(String::new, |s| {
         format!(" (stream {s}, sealed when the key was introduced, is gone)")
     });
-    Ok(StreamSet::Problem(problem(
+    let (count, found) = (sealed.streams, found.streams);
+    Ok(problem(
         AuditProblemKind::StreamSetMismatch {
             sealed: u64::try_from(count).unwrap_or(0),
             found: u64::try_from(found).unwrap_or(0),
@@ -523,10 +650,10 @@ async fn check_stream_set(conn: &mut Conn<'_>, key: &AuditKey) -> Result<StreamS
         None,
         format!(
             "the log has {found} streams but the sealed stream set has {count}, or other \
-             names{which}: a whole stream was deleted together with its sealed head, or one was \
-             added without the audit key"
+             names{where_}{which}: a whole stream was deleted together with its sealed head, or \
+             one was added without the audit key"
         ),
-    )))
+    ))
 }
 
 async fn deleted_stream(conn: &mut Conn<'_>) -> Result<Option<AuditProblem>> {
@@ -615,7 +742,7 @@ async fn seal_all(
     let mut digest = Sha256::new();
     let mut listed = Vec::new();
     let (mut streams, mut total_events) = (0_u64, 0_u64);
-    let (mut set_count, mut set_digest) = (0_i64, events::EMPTY_STREAM_SET.to_owned());
+    let mut set: [events::StreamSetShard; STREAM_SET_SHARDS] = Default::default();
     let mut after = String::new();
     loop {
         let rows = tx
@@ -639,8 +766,8 @@ async fn seal_all(
             }
             seal_head(&mut tx.conn(), key, &stream, seq, &hash).await?;
             if seq > 0 {
-                set_count += 1;
-                set_digest = events::stream_set_with(&set_digest, &stream)?;
+                let shard = &mut set[events::stream_set_shard(&stream)];
+                *shard = shard.with(&stream)?;
             }
             digest.update(format!("{stream}\n{seq}\n{hash}\n").as_bytes());
             if listed.len() < MAX_LISTED_HEADS {
@@ -675,10 +802,11 @@ async fn seal_all(
         heads_listed_all: usize::try_from(streams).is_ok_and(|n| n <= MAX_LISTED_HEADS),
         dropped_heads: dropped,
         stream_set_sealed: true,
+        stream_set_shards: u64::try_from(STREAM_SET_SHARDS).unwrap_or(u64::MAX),
     });
     // Sealed before the audit event: a first seal creates the audit stream, which its own
     // first append then adds to the set.
-    events::write_stream_set(&mut tx.conn(), key, set_count, &set_digest).await?;
+    events::write_stream_set(&mut tx.conn(), key, &set).await?;
     append_audit_event(tx, body).await?;
     Ok(Ok((streams, total_events)))
 }
@@ -756,6 +884,14 @@ pub(crate) async fn start(tx: &mut Tx, key: &AuditKey, key_is_new: bool) -> Resu
     Ok(match check_stream_set(&mut tx.conn(), key).await? {
         StreamSet::Verified => AuditStart::Verified { streams },
         StreamSet::Problem(p) => AuditStart::Failed(p),
+        // The single row of a build before migration 0024 is the log's set: write it in shards
+        // (recorded as `audit.key_introduced` with `stream_set_shards`), once.
+        StreamSet::VerifiedSingleRow => {
+            match seal_all(tx, key, "sharded the stream set (migration 0024)", false).await? {
+                Ok(_) => AuditStart::Verified { streams },
+                Err(p) => AuditStart::Failed(p),
+            }
+        }
         // Sealed by a build before the stream set: every head just verified, so seal the set
         // now, once (recorded as `audit.key_introduced` with `stream_set_sealed`).
         StreamSet::NotSealed => {
@@ -1185,6 +1321,7 @@ mod tests {
             dropped_heads: 0,
             // Events of builds before the stream set omit it; it stays omitted when false.
             stream_set_sealed: false,
+            stream_set_shards: 0,
         });
         assert_eq!(
             canonical_json(&typed.payload().unwrap()),

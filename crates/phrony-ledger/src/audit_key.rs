@@ -9,6 +9,12 @@ use sha2::Sha256;
 
 type HmacSha256 = Hmac<Sha256>;
 
+/// The number of shards of the sealed stream set (`stream_set_shards`, migration 0024; the
+/// table's `CHECK` and every shard's MAC carry it). A stream belongs to shard
+/// `SHA-256(name)[0] mod STREAM_SET_SHARDS`, so the creations of streams in different shards
+/// lock different rows.
+pub(crate) const STREAM_SET_SHARDS: usize = 16;
+
 /// The 32-byte key that MACs the chain heads. Kept outside the database. `Debug` shows only
 /// its [`AuditKey::key_id`].
 #[derive(Clone, PartialEq, Eq)]
@@ -79,8 +85,8 @@ impl AuditKey {
         mac
     }
 
-    /// The MAC of the stream set (`stream_set.mac`): the number of streams and the digest of
-    /// their names.
+    /// The MAC of the single-row stream set of builds before migration 0024 (`stream_set.mac`):
+    /// the number of streams and the digest of their names.
     #[must_use]
     pub(crate) fn stream_set_mac(&self, streams: i64, digest: &str) -> String {
         hex::encode(
@@ -96,6 +102,50 @@ impl AuditKey {
             return false;
         };
         self.stream_set_hmac(streams, digest)
+            .verify_slice(&mac)
+            .is_ok()
+    }
+}
+
+impl AuditKey {
+    fn stream_set_shard_hmac(&self, shard: usize, streams: i64, digest: &str) -> HmacSha256 {
+        let mut mac = self.hmac();
+        mac.update(b"phrony.stream-set-shard.v1");
+        mac.update(
+            &u64::try_from(STREAM_SET_SHARDS)
+                .unwrap_or(u64::MAX)
+                .to_be_bytes(),
+        );
+        mac.update(&u64::try_from(shard).unwrap_or(u64::MAX).to_be_bytes());
+        mac.update(&streams.to_be_bytes());
+        mac.update(digest.as_bytes());
+        mac
+    }
+
+    /// The MAC of one shard of the stream set (`stream_set_shards.mac`): the number of shards,
+    /// the shard's number, the number of its streams and the digest of their names, so a row
+    /// cannot be moved to another shard or to a set of another size.
+    #[must_use]
+    pub(crate) fn stream_set_shard_mac(&self, shard: usize, streams: i64, digest: &str) -> String {
+        hex::encode(
+            self.stream_set_shard_hmac(shard, streams, digest)
+                .finalize()
+                .into_bytes(),
+        )
+    }
+
+    /// Whether `mac_hex` is the MAC of the shard (compared in constant time).
+    pub(crate) fn stream_set_shard_verifies(
+        &self,
+        shard: usize,
+        streams: i64,
+        digest: &str,
+        mac_hex: &str,
+    ) -> bool {
+        let Ok(mac) = hex::decode(mac_hex) else {
+            return false;
+        };
+        self.stream_set_shard_hmac(shard, streams, digest)
             .verify_slice(&mac)
             .is_ok()
     }

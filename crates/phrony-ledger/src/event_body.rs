@@ -1466,6 +1466,10 @@ pub struct AuditKeyIntroduced {
     /// sealed too; absent (`false`) in events of builds before migration 0007.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub stream_set_sealed: bool,
+    /// The number of shards the stream set was sealed in (`stream_set_shards`); absent (`0`)
+    /// in events of builds before migration 0024, which sealed it in one row (`stream_set`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub stream_set_shards: u64,
 }
 
 /// One head listed in [`AuditKeyIntroduced::heads`].

@@ -1,6 +1,6 @@
 //! Appending to and reading the hash-chained event log.
 
-use crate::audit_key::AuditKey;
+use crate::audit_key::{AuditKey, STREAM_SET_SHARDS};
 use crate::chain::{
     ChainVerifier, GENESIS_HASH, HashInput, StoredEvent, canonical_json, event_hash,
 };
@@ -630,6 +630,38 @@ pub(crate) async fn seal_head(
 pub(crate) const EMPTY_STREAM_SET: &str =
     "0000000000000000000000000000000000000000000000000000000000000000";
 
+/// One shard of a stream set: the number of its streams and the digest of their names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct StreamSetShard {
+    pub(crate) streams: i64,
+    pub(crate) digest: String,
+}
+
+impl Default for StreamSetShard {
+    fn default() -> Self {
+        Self {
+            streams: 0,
+            digest: EMPTY_STREAM_SET.to_owned(),
+        }
+    }
+}
+
+impl StreamSetShard {
+    /// The shard with `stream` added.
+    pub(crate) fn with(&self, stream: &str) -> Result<Self> {
+        Ok(Self {
+            streams: self.streams.saturating_add(1),
+            digest: stream_set_with(&self.digest, stream)?,
+        })
+    }
+}
+
+/// The shard of the stream set `stream` belongs to.
+pub(crate) fn stream_set_shard(stream: &str) -> usize {
+    use sha2::{Digest as _, Sha256};
+    usize::from(Sha256::digest(stream.as_bytes())[0]) % STREAM_SET_SHARDS
+}
+
 /// `digest` with `stream` added (or removed: XOR is its own inverse): the XOR of SHA-256 of
 /// every stream name, so a new stream updates it without reading the others.
 pub(crate) fn stream_set_with(digest: &str, stream: &str) -> Result<String> {
@@ -638,7 +670,7 @@ pub(crate) fn stream_set_with(digest: &str, stream: &str) -> Result<String> {
         .ok()
         .filter(|b| b.len() == 32)
         .ok_or_else(|| {
-            LedgerError::corrupt(format!("stream_set.digest {digest:?} is not 32 hex bytes"))
+            LedgerError::corrupt(format!("stream set digest {digest:?} is not 32 hex bytes"))
         })?;
     for (b, h) in bytes.iter_mut().zip(Sha256::digest(stream.as_bytes())) {
         *b ^= h;
@@ -646,45 +678,99 @@ pub(crate) fn stream_set_with(digest: &str, stream: &str) -> Result<String> {
     Ok(hex::encode(bytes))
 }
 
-/// Writes the sealed stream set (in the sealing transaction).
+/// Writes the whole sealed stream set, one row per shard (in the sealing transaction), and
+/// drops the single-row set of builds before migration 0024 if there is one.
 pub(crate) async fn write_stream_set(
     conn: &mut Conn<'_>,
     key: &AuditKey,
-    streams: i64,
-    digest: &str,
+    shards: &[StreamSetShard; STREAM_SET_SHARDS],
+) -> Result<()> {
+    for (shard, set) in shards.iter().enumerate() {
+        write_shard(conn, key, shard, set).await?;
+    }
+    conn.execute(
+        "drop the single-row stream set",
+        "DELETE FROM stream_set",
+        vec![],
+    )
+    .await?;
+    Ok(())
+}
+
+async fn write_shard(
+    conn: &mut Conn<'_>,
+    key: &AuditKey,
+    shard: usize,
+    set: &StreamSetShard,
 ) -> Result<()> {
     conn.execute(
-        "seal the stream set",
-        "INSERT INTO stream_set (id, streams, digest, mac) VALUES (1, $1, $2, $3) \
-         ON CONFLICT (id) DO UPDATE SET streams = excluded.streams, digest = excluded.digest, \
-         mac = excluded.mac",
-        args![streams, digest, key.stream_set_mac(streams, digest)],
+        "seal a stream set shard",
+        "INSERT INTO stream_set_shards (shard, streams, digest, mac) VALUES ($1, $2, $3, $4) \
+         ON CONFLICT (shard) DO UPDATE SET streams = excluded.streams, \
+         digest = excluded.digest, mac = excluded.mac",
+        args![
+            i64::try_from(shard).unwrap_or(i64::MAX),
+            set.streams,
+            &set.digest,
+            key.stream_set_shard_mac(shard, set.streams, &set.digest)
+        ],
     )
     .await?;
     Ok(())
 }
 
 /// Adds a new stream to the sealed stream set, in the transaction of the stream's first
-/// append. The row is locked (PostgreSQL: `FOR UPDATE`) until that transaction ends, so the
-/// creations of streams are serialised; appends to existing streams never come here. Before
-/// the log is sealed there is no row, and nothing to extend (sealing counts every stream).
+/// append: its shard's row is locked (PostgreSQL: `FOR UPDATE`) until that transaction ends,
+/// so creations of streams in one shard are serialised, in different shards not; appends to
+/// existing streams never come here. Before the log is sealed there is no row, and nothing to
+/// extend (sealing counts every stream). A log whose set is still the single row of a build
+/// before migration 0024 (sharded by the start-up check, which runs before the daemon serves)
+/// extends that row.
 async fn add_to_stream_set(
     conn: &mut Conn<'_>,
     backend: Backend,
     key: &AuditKey,
     stream: &str,
 ) -> Result<()> {
+    let shard = stream_set_shard(stream);
+    let sql = match backend {
+        Backend::Postgres => {
+            "SELECT streams, digest FROM stream_set_shards WHERE shard = $1 FOR UPDATE"
+        }
+        Backend::Sqlite => "SELECT streams, digest FROM stream_set_shards WHERE shard = $1",
+    };
+    let row = conn
+        .fetch_optional(
+            "lock the stream set shard",
+            sql,
+            args![i64::try_from(shard).unwrap_or(i64::MAX)],
+        )
+        .await?;
+    if let Some(row) = row {
+        let set = StreamSetShard {
+            streams: row.int("streams")?,
+            digest: row.text("digest")?,
+        }
+        .with(stream)?;
+        return write_shard(conn, key, shard, &set).await;
+    }
     let sql = match backend {
         Backend::Postgres => "SELECT streams, digest FROM stream_set WHERE id = 1 FOR UPDATE",
         Backend::Sqlite => "SELECT streams, digest FROM stream_set WHERE id = 1",
     };
     let Some(row) = conn
-        .fetch_optional("lock the stream set", sql, vec![])
+        .fetch_optional("lock the single-row stream set", sql, vec![])
         .await?
     else {
         return Ok(());
     };
-    let streams = row.int("streams")? + 1;
+    let streams = row.int("streams")?.saturating_add(1);
     let digest = stream_set_with(&row.text("digest")?, stream)?;
-    write_stream_set(conn, key, streams, &digest).await
+    conn.execute(
+        "extend the single-row stream set",
+        "UPDATE stream_set SET streams = $1, digest = $2, mac = $3 WHERE id = 1",
+        args![streams, &digest, key.stream_set_mac(streams, &digest)],
+    )
+    .await?;
+    Ok(())
 }

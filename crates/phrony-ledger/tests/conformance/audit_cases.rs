@@ -454,14 +454,7 @@ pub(crate) async fn a_stream_deleted_with_its_sealed_head_is_detected(db: &TestD
         None
     );
 
-    db.disable_append_only_guard().await;
-    db.raw_exec("DELETE FROM events WHERE stream = 'run_victim'")
-        .await;
-    db.raw_exec("DELETE FROM streams WHERE stream = 'run_victim'")
-        .await;
-    db.raw_exec("DELETE FROM chain_heads WHERE stream = 'run_victim'")
-        .await;
-    db.restore_append_only_guard().await;
+    delete_stream(db, "run_victim").await;
 
     let report = ledger.verify_audit(AuditScope::All).await.unwrap();
     let p = report.problem.expect("a deleted stream must be reported");
@@ -488,8 +481,20 @@ pub(crate) async fn a_stream_deleted_with_its_sealed_head_is_detected(db: &TestD
     };
     assert_eq!(at_start.kind, p.kind);
 
+    // The set's shard that holds run_victim names it.
+    assert!(
+        p.message
+            .contains(&format!("in shard {}", shard_of("run_victim"))),
+        "{}",
+        p.message
+    );
+
     // Forging the record without the key: the count fixed, the MAC cannot be.
-    db.raw_exec("UPDATE stream_set SET streams = 2").await;
+    db.raw_exec(&format!(
+        "UPDATE stream_set_shards SET streams = streams - 1 WHERE shard = {}",
+        shard_of("run_victim")
+    ))
+    .await;
     let p = ledger
         .verify_audit(AuditScope::All)
         .await
@@ -498,7 +503,7 @@ pub(crate) async fn a_stream_deleted_with_its_sealed_head_is_detected(db: &TestD
         .unwrap();
     assert_eq!(p.kind, AuditProblemKind::StreamSetMac, "{p:?}");
     // Deleting the record too: the log was sealed with one, so its absence is the problem.
-    db.raw_exec("DELETE FROM stream_set").await;
+    db.raw_exec("DELETE FROM stream_set_shards").await;
     let AuditStart::Failed(p) = restarted.start_audit(false).await.unwrap() else {
         panic!("a missing stream set must fail the start-up check");
     };
@@ -545,14 +550,91 @@ pub(crate) async fn a_log_sealed_before_the_stream_set_gets_it_at_start(db: &Tes
     ledger.start_audit(true).await.unwrap();
     append_n(&ledger, "run_old", 2).await;
     // What the earlier build wrote: a key introduction without the flag, and no stream set.
+    rewrite_key_introduction(db, &ledger, &["stream_set_sealed", "stream_set_shards"]).await;
+    db.raw_exec("DELETE FROM stream_set_shards").await;
+    assert_eq!(
+        ledger.verify_audit(AuditScope::All).await.unwrap().problem,
+        None,
+        "a log sealed before the stream set verifies as it did"
+    );
+
+    let (upgraded, sealed) = start_after_upgrade(db, 2).await;
+    assert!(sealed.stream_set_sealed);
+    assert_eq!(sealed.stream_set_shards, 16);
+    assert_eq!(sealed.reason, "sealed the stream set (migration 0007)");
+
+    delete_stream(db, "run_old").await;
+    let p = upgraded
+        .verify_audit(AuditScope::All)
+        .await
+        .unwrap()
+        .problem
+        .unwrap();
+    assert_eq!(
+        p.kind,
+        AuditProblemKind::StreamSetMismatch {
+            sealed: 2,
+            found: 1
+        }
+    );
+    // The key introduction listed run_old's head, so the message names it.
+    assert_eq!(p.stream.as_deref(), Some("run_old"), "{p:?}");
+}
+
+/// Starts a new ledger on a log an earlier build sealed: the start-up check verifies `streams`
+/// streams and records one more key introduction, returned; once only (the next start verifies
+/// and writes nothing).
+async fn start_after_upgrade(db: &TestDb, streams: u64) -> (Ledger, AuditKeyIntroduced) {
+    let upgraded = Ledger::connect(&db.url)
+        .await
+        .unwrap()
+        .with_audit_key(key());
+    assert_eq!(
+        upgraded.start_audit(false).await.unwrap(),
+        AuditStart::Verified { streams }
+    );
+    let audit = upgraded.list_events(AUDIT_STREAM, 0, 10).await.unwrap();
+    assert_eq!(audit.len(), 2, "{audit:#?}");
+    let EventBody::AuditKeyIntroduced(sealed) = audit[1].body().unwrap() else {
+        panic!("{:?}", audit[1]);
+    };
+    assert_eq!(
+        upgraded.start_audit(false).await.unwrap(),
+        AuditStart::Verified { streams }
+    );
+    let again = upgraded.list_events(AUDIT_STREAM, 0, 10).await.unwrap();
+    assert_eq!(again.len(), 2, "{again:#?}");
+    (upgraded, sealed)
+}
+
+/// What an attacker with write access does to remove a whole stream: its events (triggers
+/// dropped, then put back), its `streams` row and its sealed head.
+async fn delete_stream(db: &TestDb, stream: &str) {
+    db.disable_append_only_guard().await;
+    for table in ["events", "streams", "chain_heads"] {
+        db.raw_exec(&format!("DELETE FROM {table} WHERE stream = '{stream}'"))
+            .await;
+    }
+    db.restore_append_only_guard().await;
+}
+
+/// The shard of the stream set a stream belongs to, as migration 0024 documents it.
+fn shard_of(stream: &str) -> usize {
+    use sha2::Digest as _;
+    usize::from(sha2::Sha256::digest(stream.as_bytes())[0]) % 16
+}
+
+/// What an earlier build wrote: the first `audit.key_introduced` without `fields` (its hash,
+/// the audit stream's head and its sealed head recomputed with the key, as that build had it).
+async fn rewrite_key_introduction(db: &TestDb, ledger: &Ledger, fields: &[&str]) {
     let mut introduced = ledger.list_events(AUDIT_STREAM, 0, 10).await.unwrap();
     assert_eq!(introduced.len(), 1);
     let old = &mut introduced[0];
     assert_eq!(old.payload["stream_set_sealed"], json!(true));
-    old.payload
-        .as_object_mut()
-        .unwrap()
-        .remove("stream_set_sealed");
+    assert_eq!(old.payload["stream_set_shards"], json!(16));
+    for field in fields {
+        old.payload.as_object_mut().unwrap().remove(*field);
+    }
     old.hash = old.recompute_hash();
     db.disable_append_only_guard().await;
     db.raw_exec(&format!(
@@ -573,65 +655,158 @@ pub(crate) async fn a_log_sealed_before_the_stream_set_gets_it_at_start(db: &Tes
         head_mac("audit", 1, &old.hash)
     ))
     .await;
+}
+
+/// The single-row stream set of a build before migration 0024 (`stream_set`, MAC
+/// `phrony.stream-set.v1`) for `streams`, written with the key as that build had it.
+async fn write_single_row_set(db: &TestDb, streams: &[&str]) {
+    use hmac::{Hmac, Mac as _};
+    use sha2::Digest as _;
+    let mut digest = [0_u8; 32];
+    for stream in streams {
+        for (d, h) in digest
+            .iter_mut()
+            .zip(sha2::Sha256::digest(stream.as_bytes()))
+        {
+            *d ^= h;
+        }
+    }
+    let (count, digest) = (streams.len() as i64, hex::encode(digest));
+    let mut mac = Hmac::<sha2::Sha256>::new_from_slice(&[42; 32]).unwrap();
+    mac.update(b"phrony.stream-set.v1");
+    mac.update(&count.to_be_bytes());
+    mac.update(digest.as_bytes());
+    let mac = hex::encode(mac.finalize().into_bytes());
     db.raw_exec("DELETE FROM stream_set").await;
+    db.raw_exec(&format!(
+        "INSERT INTO stream_set (id, streams, digest, mac) VALUES (1, {count}, '{digest}', '{mac}')"
+    ))
+    .await;
+}
+
+async fn count_rows(db: &TestDb, table: &str) -> usize {
+    db.raw_strings(&format!("SELECT CAST(COUNT(*) AS TEXT) FROM {table}"))
+        .await[0][0]
+        .as_deref()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// A log sealed by a build before migration 0024 (its stream set in one `stream_set` row, no
+/// `stream_set_shards` in its `audit.key_introduced`) verifies as it is; a stream created before
+/// the daemon's start-up check extends that row; the start-up check verifies it against the log
+/// and writes it in shards, once, recorded; the old row replayed later is not accepted.
+pub(crate) async fn a_log_sealed_in_one_row_gets_its_stream_set_sharded_at_start(db: &TestDb) {
+    let ledger = keyed(db).await;
+    ledger.start_audit(true).await.unwrap();
+    append_n(&ledger, "run_old", 2).await;
+    rewrite_key_introduction(db, &ledger, &["stream_set_shards"]).await;
+    db.raw_exec("DELETE FROM stream_set_shards").await;
+    write_single_row_set(db, &["audit", "run_old"]).await;
     assert_eq!(
         ledger.verify_audit(AuditScope::All).await.unwrap().problem,
         None,
-        "a log sealed before the stream set verifies as it did"
+        "a log sealed in one row verifies as it did"
     );
+    // Written before the start-up check ran: extends the single row.
+    append_n(&ledger, "run_between", 1).await;
+    assert_eq!(
+        ledger.verify_audit(AuditScope::All).await.unwrap().problem,
+        None
+    );
+    assert_eq!(count_rows(db, "stream_set_shards").await, 0);
 
-    let upgraded = Ledger::connect(&db.url)
-        .await
-        .unwrap()
-        .with_audit_key(key());
-    assert_eq!(
-        upgraded.start_audit(false).await.unwrap(),
-        AuditStart::Verified { streams: 2 }
-    );
-    let audit = upgraded.list_events(AUDIT_STREAM, 0, 10).await.unwrap();
-    assert_eq!(audit.len(), 2, "{audit:#?}");
-    let EventBody::AuditKeyIntroduced(sealed) = audit[1].body().unwrap() else {
-        panic!("{:?}", audit[1]);
-    };
-    assert!(sealed.stream_set_sealed);
-    assert_eq!(sealed.reason, "sealed the stream set (migration 0007)");
-    // Once only: the next start verifies and writes nothing.
-    assert_eq!(
-        upgraded.start_audit(false).await.unwrap(),
-        AuditStart::Verified { streams: 2 }
-    );
+    let (upgraded, sealed) = start_after_upgrade(db, 3).await;
+    assert_eq!(sealed.reason, "sharded the stream set (migration 0024)");
+    assert_eq!(sealed.stream_set_shards, 16);
+    assert_eq!(count_rows(db, "stream_set").await, 0);
+    assert_eq!(count_rows(db, "stream_set_shards").await, 16);
+    append_n(&upgraded, "run_new", 1).await;
     assert_eq!(
         upgraded
-            .list_events(AUDIT_STREAM, 0, 10)
+            .verify_audit(AuditScope::All)
             .await
             .unwrap()
-            .len(),
-        2
+            .problem,
+        None
     );
 
-    db.disable_append_only_guard().await;
-    db.raw_exec("DELETE FROM events WHERE stream = 'run_old'")
+    // The old row, replayed from a copy of the database, with run_new deleted and the shards
+    // removed: the log was sealed in shards since, so the row does not stand in for them.
+    delete_stream(db, "run_new").await;
+    db.raw_exec("DELETE FROM stream_set_shards").await;
+    write_single_row_set(db, &["audit", "run_old", "run_between"]).await;
+    let AuditStart::Failed(p) = upgraded.start_audit(false).await.unwrap() else {
+        panic!("a replayed single-row set must not pass for the shards");
+    };
+    assert_eq!(p.kind, AuditProblemKind::StreamSetMissing, "{p:?}");
+}
+
+/// Each shard of the stream set is MACed with its number: a shard's row moved to another
+/// shard, or gone, fails the audit, naming the shard.
+pub(crate) async fn a_moved_or_deleted_stream_set_shard_is_detected(db: &TestDb) {
+    let ledger = keyed(db).await;
+    ledger.start_audit(true).await.unwrap();
+    for i in 0..40 {
+        append_n(&ledger, &format!("run_{i}"), 1).await;
+    }
+    assert_eq!(
+        ledger.verify_audit(AuditScope::All).await.unwrap().problem,
+        None
+    );
+    let shards = db
+        .raw_strings(
+            "SELECT CAST(shard AS TEXT) AS n, CAST(streams AS TEXT) AS c, digest, mac \
+             FROM stream_set_shards ORDER BY shard",
+        )
         .await;
-    db.raw_exec("DELETE FROM streams WHERE stream = 'run_old'")
-        .await;
-    db.raw_exec("DELETE FROM chain_heads WHERE stream = 'run_old'")
-        .await;
-    db.restore_append_only_guard().await;
-    let p = upgraded
+    assert_eq!(shards.len(), 16);
+    let counts: i64 = shards
+        .iter()
+        .map(|r| r[1].as_deref().unwrap().parse::<i64>().unwrap())
+        .sum();
+    assert_eq!(counts, 41, "40 runs and the audit stream");
+    // Shard `from`'s row (count, digest and MAC) written over shard 5's.
+    let put_into_five = |from: usize| {
+        let row = &shards[from];
+        assert_eq!(row[0].as_deref(), Some(from.to_string().as_str()));
+        format!(
+            "UPDATE stream_set_shards SET streams = {}, digest = '{}', mac = '{}' WHERE shard = 5",
+            row[1].as_deref().unwrap(),
+            row[2].as_deref().unwrap(),
+            row[3].as_deref().unwrap()
+        )
+    };
+    db.raw_exec(&put_into_five(3)).await;
+    let p = ledger
         .verify_audit(AuditScope::All)
         .await
         .unwrap()
         .problem
         .unwrap();
+    assert_eq!(p.kind, AuditProblemKind::StreamSetMac, "{p:?}");
+    assert!(p.message.starts_with("shard 5 "), "{}", p.message);
+    db.raw_exec(&put_into_five(5)).await;
     assert_eq!(
-        p.kind,
-        AuditProblemKind::StreamSetMismatch {
-            sealed: 2,
-            found: 1
-        }
+        ledger.verify_audit(AuditScope::All).await.unwrap().problem,
+        None
     );
-    // The key introduction listed run_old's head, so the message names it.
-    assert_eq!(p.stream.as_deref(), Some("run_old"), "{p:?}");
+    // One shard gone.
+    db.raw_exec("DELETE FROM stream_set_shards WHERE shard = 11")
+        .await;
+    let AuditStart::Failed(p) = Ledger::connect(&db.url)
+        .await
+        .unwrap()
+        .with_audit_key(key())
+        .start_audit(false)
+        .await
+        .unwrap()
+    else {
+        panic!("a missing shard must fail the start-up check");
+    };
+    assert_eq!(p.kind, AuditProblemKind::StreamSetMissing, "{p:?}");
+    assert!(p.message.starts_with("shard 11 "), "{}", p.message);
 }
 
 pub(crate) async fn a_batch_append_seals_its_head_and_joins_the_stream_set(db: &TestDb) {

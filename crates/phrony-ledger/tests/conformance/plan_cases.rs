@@ -40,6 +40,7 @@ const GROWING: &[&str] = &[
 const NOT_GROWING: &[&str] = &[
     "runtime_meta",
     "stream_set",
+    "stream_set_shards",
     "health_probe",
     "agents",
     "agent_versions",
