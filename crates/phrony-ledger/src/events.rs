@@ -8,6 +8,8 @@ use crate::db::{Arg, Backend, Conn, Row, Tx, args};
 use crate::error::{LedgerError, Result};
 use crate::event_body::EventBody;
 use crate::model::{Event, NewEvent, VerifyReport, recorded_verification};
+use crate::rows::{self, SessionHead};
+use crate::vocabulary::SessionStatus;
 use phrony_auth::Verification;
 use serde_json::Value;
 use uuid::Uuid;
@@ -117,6 +119,46 @@ pub(crate) async fn lock_stream(tx: &mut Tx, stream: &str) -> Result<StreamHead>
         last_seq: row.int("last_seq")?,
         last_hash: row.text("last_hash")?,
     })
+}
+
+/// [`lock_stream`] of a session's stream and [`rows::require_session_head`] in one statement:
+/// the stream's head row, locked (PostgreSQL: `FOR UPDATE OF` it alone), and the session's
+/// status and agent version read under that lock. A session's stream exists from the session's
+/// create on, so a missing stream is a missing session (`NotFound`), as is a stream without a
+/// session row (a raw append's).
+pub(crate) async fn lock_session(
+    tx: &mut Tx,
+    session_id: &str,
+) -> Result<(StreamHead, SessionHead)> {
+    let sql = match tx.backend() {
+        Backend::Postgres => {
+            "SELECT s.last_seq, s.last_hash, x.status, x.agent_version_id \
+             FROM streams s LEFT JOIN sessions x ON x.id = $1 WHERE s.stream = $1 \
+             FOR UPDATE OF s"
+        }
+        Backend::Sqlite => {
+            "SELECT s.last_seq, s.last_hash, x.status, x.agent_version_id \
+             FROM streams s LEFT JOIN sessions x ON x.id = $1 WHERE s.stream = $1"
+        }
+    };
+    let row = tx
+        .conn()
+        .fetch_optional("lock session stream", sql, args![session_id])
+        .await?
+        .ok_or_else(|| rows::session_not_found(session_id))?;
+    let Some(status) = row.opt_text("status")? else {
+        return Err(rows::session_not_found(session_id));
+    };
+    let session = SessionHead {
+        status: SessionStatus::parse_stored(&status)?,
+        agent_version_id: row.uuid("agent_version_id")?,
+    };
+    let head = StreamHead {
+        stream: session_id.to_owned(),
+        last_seq: row.int("last_seq")?,
+        last_hash: row.text("last_hash")?,
+    };
+    Ok((head, session))
 }
 
 /// [`lock_stream`] for a stream that is expected to be new (a session being created): one

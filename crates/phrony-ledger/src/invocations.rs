@@ -14,7 +14,7 @@ use crate::event_body::{
     EventBody, ToolCancelled, ToolCompleted, ToolDispatched, ToolIndeterminate, ToolPolicyDenied,
     ToolQueued, ToolRequested, expect_rows,
 };
-use crate::events::{StreamHead, append, lock_stream};
+use crate::events::{StreamHead, append, lock_session, lock_stream};
 use crate::model::Event;
 use crate::rows;
 
@@ -345,8 +345,7 @@ pub(crate) async fn transition(
 }
 
 pub(crate) async fn record(tx: &mut Tx, new: &NewToolCall) -> Result<ToolInvocation> {
-    let mut head = lock_stream(tx, &new.session_id).await?;
-    let session = rows::require_session_head(&mut tx.conn(), &new.session_id).await?;
+    let (mut head, session) = lock_session(tx, &new.session_id).await?;
     record_locked(tx, &mut head, session, new).await
 }
 

@@ -14,7 +14,7 @@ use chrono::{DateTime, Utc};
 use crate::Ledger;
 use crate::db::{Arg, Conn, Tx, args};
 use crate::error::{LedgerError, Result};
-use crate::events::lock_stream;
+use crate::events::lock_session;
 use crate::rows;
 
 /// Nonce length of AES-256-GCM.
@@ -115,8 +115,7 @@ pub(crate) async fn purge(conn: &mut Conn<'_>, session_id: &str) -> Result<u64> 
 
 async fn store(tx: &mut Tx, session_id: &str, batch: &[SealedSecret]) -> Result<()> {
     // The session's stream lock orders this against a concurrent terminal transition.
-    lock_stream(tx, session_id).await?;
-    let session = rows::require_session_head(&mut tx.conn(), session_id).await?;
+    let (_, session) = lock_session(tx, session_id).await?;
     if session.status.is_terminal() {
         return Err(LedgerError::precondition(format!(
             "session {session_id} is {} and cannot store secrets",

@@ -11,7 +11,7 @@ use crate::approvals::{self, Approval};
 use crate::db::{Conn, args};
 use crate::error::{LedgerError, Result};
 use crate::event_body::{AssistantSegment, EventBody, MessageRole, TurnUsage, UserMessage};
-use crate::events::{append, lock_stream, read_page};
+use crate::events::{append, lock_session, read_page};
 use crate::invocations::{self, ToolInvocation, Usage};
 use crate::leases::LeaseClaim;
 use crate::model::{Event, NewEvent};
@@ -49,8 +49,7 @@ async fn lock_open_session_head(
     tx: &mut crate::db::Tx,
     session_id: &str,
 ) -> Result<(crate::events::StreamHead, rows::SessionHead)> {
-    let head = lock_stream(tx, session_id).await?;
-    let session = rows::require_session_head(&mut tx.conn(), session_id).await?;
+    let (head, session) = lock_session(tx, session_id).await?;
     if session.status.is_terminal() {
         return Err(LedgerError::precondition(format!(
             "session {session_id} is {} and accepts no further events",

@@ -135,6 +135,7 @@ conformance!(
     the_calls_of_a_completion_are_recorded_together,
     sessions_to_recover_are_read_page_by_page,
     secrets_are_sealed_and_purged_on_terminal_transitions,
+    writes_to_a_missing_session_are_not_found_and_write_nothing,
     rebuild_reproduces_session_projections_exactly,
     cancelled_writes_never_leave_the_database_locked,
     tokens_are_stored_hashed_found_by_hash_and_revoked,

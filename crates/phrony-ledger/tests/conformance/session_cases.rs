@@ -476,7 +476,7 @@ pub(crate) async fn session_lifecycle_records_every_transition(db: &TestDb) {
         "session run_missing not found"
     );
     assert_eq!(
-        not_found(ledger.events_after("run_missing", 0, 10).await),
+        not_found(ledger.list_events("run_missing", 0, 10).await),
         "session run_missing not found"
     );
     // The catch-up read serves sessions only: a stream that holds events but is no session's
@@ -624,7 +624,7 @@ pub(crate) async fn a_change_from_a_status_the_session_is_not_in_writes_nothing(
         "session run_missing not found"
     );
     assert_eq!(
-        not_found(ledger.events_after("run_missing", 0, 10).await),
+        not_found(ledger.list_events("run_missing", 0, 10).await),
         "session run_missing not found"
     );
     assert_eq!(
@@ -4331,4 +4331,45 @@ pub(crate) async fn a_session_end_reads_only_its_own_pending_approvals(db: &Test
             "{plan:#?}"
         );
     }
+}
+
+/// A write to a session that does not exist — no stream at all, or a stream without a session
+/// row (a raw append's) — is `NotFound` naming the session, and writes nothing: the session's
+/// stream lock and its status are read in one statement, and a missing row of either is the
+/// same answer.
+pub(crate) async fn writes_to_a_missing_session_are_not_found_and_write_nothing(db: &TestDb) {
+    let ledger = db.migrated().await;
+    let raw = phrony_ledger::NewEvent::new("message.user", "user", json!({"content": "raw"}));
+    ledger.append_session_event("run_raw", raw).await.unwrap();
+    let cipher = SecretCipher::new(&[42; 32]);
+    for id in ["run_missing", "run_raw"] {
+        let expected = format!("session {id} not found");
+        let event = SessionEvent::UserMessage {
+            actor: "carol".into(),
+            turn: 1,
+            content: "hi".into(),
+        };
+        for result in [
+            ledger.record_session_event(id, event).await.map(|_| ()),
+            ledger
+                .store_session_secrets(id, vec![cipher.seal(id, "a", b"x").unwrap()])
+                .await
+                .map(|_| ()),
+        ] {
+            match result {
+                Err(LedgerError::NotFound { message }) => assert_eq!(message, expected),
+                other => panic!("expected NotFound {expected:?}, got {other:?}"),
+            }
+        }
+    }
+    assert_eq!(ledger.list_events("run_raw", 0, 10).await.unwrap().len(), 1);
+    // No stream was created for the missing session.
+    assert!(matches!(
+        ledger.list_events("run_missing", 0, 10).await,
+        Err(LedgerError::NotFound { .. })
+    ));
+    let secrets = db
+        .raw_strings("SELECT session_id FROM session_secrets WHERE session_id LIKE 'run_%'")
+        .await;
+    assert!(secrets.is_empty(), "{secrets:?}");
 }
