@@ -476,7 +476,7 @@ pub(crate) async fn session_lifecycle_records_every_transition(db: &TestDb) {
         "session run_missing not found"
     );
     assert_eq!(
-        not_found(ledger.list_events("run_missing", 0, 10).await),
+        not_found(ledger.events_after("run_missing", 0, 10).await),
         "session run_missing not found"
     );
     // The catch-up read serves sessions only: a stream that holds events but is no session's
@@ -624,7 +624,7 @@ pub(crate) async fn a_change_from_a_status_the_session_is_not_in_writes_nothing(
         "session run_missing not found"
     );
     assert_eq!(
-        not_found(ledger.list_events("run_missing", 0, 10).await),
+        not_found(ledger.events_after("run_missing", 0, 10).await),
         "session run_missing not found"
     );
     assert_eq!(
