@@ -825,35 +825,45 @@ fn chain_problem(stream: &str, v: crate::chain::ChainViolation) -> AuditProblem 
     }
 }
 
-/// The start-up check (see [`crate::Ledger::start_audit`]).
-pub(crate) async fn start(tx: &mut Tx, key: &AuditKey, key_is_new: bool) -> Result<AuditStart> {
-    let backend = tx.backend();
-    if let Some(p) = check_triggers(&mut tx.conn(), backend).await? {
-        return Ok(AuditStart::Failed(p));
+/// What [`start_check`] decided: the check's outcome, or a seal the log needs written.
+pub(crate) enum StartCheck {
+    Done(AuditStart),
+    Seal {
+        reason: &'static str,
+        /// Every chain must recompute first (a log never sealed).
+        verify_chains: bool,
+        /// The streams whose heads verified (`None`: a first seal, [`AuditStart::Sealed`]).
+        verified: Option<u64>,
+    },
+}
+
+/// The start-up check, read-only (see [`crate::Ledger::start_audit`]); run on one consistent
+/// state of the log.
+pub(crate) async fn start_check(
+    conn: &mut Conn<'_>,
+    backend: Backend,
+    key: &AuditKey,
+    key_is_new: bool,
+) -> Result<StartCheck> {
+    if let Some(p) = check_triggers(conn, backend).await? {
+        return Ok(StartCheck::Done(AuditStart::Failed(p)));
     }
-    let sealed_with = sealed_key_id(&mut tx.conn()).await?;
-    let Some(sealed_with) = sealed_with else {
+    let Some(sealed_with) = sealed_key_id(conn).await? else {
         let heads = count(
-            &mut tx.conn(),
+            conn,
             "count sealed heads",
             "SELECT COUNT(*) AS n FROM chain_heads",
         )
         .await?;
-        let streams = count(
-            &mut tx.conn(),
-            "count streams",
-            "SELECT COUNT(*) AS n FROM streams",
-        )
-        .await?;
+        let streams = count(conn, "count streams", "SELECT COUNT(*) AS n FROM streams").await?;
         if heads == 0 && (streams == 0 || key_is_new) {
-            return Ok(
-                match seal_all(tx, key, "first start with an audit key", true).await? {
-                    Ok((streams, events)) => AuditStart::Sealed { streams, events },
-                    Err(p) => AuditStart::Failed(p),
-                },
-            );
+            return Ok(StartCheck::Seal {
+                reason: "first start with an audit key",
+                verify_chains: true,
+                verified: None,
+            });
         }
-        return Ok(AuditStart::Failed(problem(
+        return Ok(StartCheck::Done(AuditStart::Failed(problem(
             AuditProblemKind::Unsealed,
             Some(AUDIT_STREAM),
             None,
@@ -862,10 +872,10 @@ pub(crate) async fn start(tx: &mut Tx, key: &AuditKey, key_is_new: bool) -> Resu
                  (the audit stream was removed, or an existing key file was given to a log it \
                  never sealed)"
             ),
-        )));
+        ))));
     };
     if sealed_with != key.key_id() {
-        return Ok(AuditStart::Failed(problem(
+        return Ok(StartCheck::Done(AuditStart::Failed(problem(
             AuditProblemKind::KeyMismatch {
                 sealed_with: sealed_with.clone(),
             },
@@ -875,32 +885,72 @@ pub(crate) async fn start(tx: &mut Tx, key: &AuditKey, key_is_new: bool) -> Resu
                 "the audit key (id {}) is not the key this log was sealed with (id {sealed_with})",
                 key.key_id()
             ),
-        )));
+        ))));
     }
-    let (streams, p) = check_all_heads(&mut tx.conn(), key).await?;
+    let (streams, p) = check_all_heads(conn, key).await?;
     if let Some(p) = p {
-        return Ok(AuditStart::Failed(p));
+        return Ok(StartCheck::Done(AuditStart::Failed(p)));
     }
-    Ok(match check_stream_set(&mut tx.conn(), key).await? {
-        StreamSet::Verified => AuditStart::Verified { streams },
-        StreamSet::Problem(p) => AuditStart::Failed(p),
-        // The single row of a build before migration 0024 is the log's set: write it in shards
+    let reason = match check_stream_set(conn, key).await? {
+        StreamSet::Verified => return Ok(StartCheck::Done(AuditStart::Verified { streams })),
+        StreamSet::Problem(p) => return Ok(StartCheck::Done(AuditStart::Failed(p))),
+        // The single row of a build before migration 0024 is the log's set: written in shards
         // (recorded as `audit.key_introduced` with `stream_set_shards`), once.
-        StreamSet::VerifiedSingleRow => {
-            match seal_all(tx, key, "sharded the stream set (migration 0024)", false).await? {
-                Ok(_) => AuditStart::Verified { streams },
-                Err(p) => AuditStart::Failed(p),
-            }
-        }
-        // Sealed by a build before the stream set: every head just verified, so seal the set
-        // now, once (recorded as `audit.key_introduced` with `stream_set_sealed`).
-        StreamSet::NotSealed => {
-            match seal_all(tx, key, "sealed the stream set (migration 0007)", false).await? {
-                Ok(_) => AuditStart::Verified { streams },
-                Err(p) => AuditStart::Failed(p),
-            }
-        }
+        StreamSet::VerifiedSingleRow => "sharded the stream set (migration 0024)",
+        // Sealed by a build before the stream set: every head just verified, so the set is
+        // sealed now, once (recorded as `audit.key_introduced` with `stream_set_sealed`).
+        StreamSet::NotSealed => "sealed the stream set (migration 0007)",
+    };
+    Ok(StartCheck::Seal {
+        reason,
+        verify_chains: false,
+        verified: Some(streams),
     })
+}
+
+/// The start-up check with the seal it may write, in `tx`. On PostgreSQL, where other replicas
+/// may be writing, appends are held off first (`streams` locked in `SHARE ROW EXCLUSIVE`,
+/// which every append's `UPDATE` or `INSERT` waits for, and which two replicas sealing at once
+/// take in turn), so the check and the seal see one state and the second replica finds the
+/// log sealed: callers run [`start_check`] on a snapshot first and come here only when a seal
+/// is due (once per log: its first start, or an upgrade).
+pub(crate) async fn start(tx: &mut Tx, key: &AuditKey, key_is_new: bool) -> Result<AuditStart> {
+    let backend = tx.backend();
+    hold_off_appends(tx).await?;
+    let (reason, verify_chains, verified) =
+        match start_check(&mut tx.conn(), backend, key, key_is_new).await? {
+            StartCheck::Done(done) => return Ok(done),
+            StartCheck::Seal {
+                reason,
+                verify_chains,
+                verified,
+            } => (reason, verify_chains, verified),
+        };
+    Ok(match seal_all(tx, key, reason, verify_chains).await? {
+        Ok((streams, events)) => match verified {
+            Some(streams) => AuditStart::Verified { streams },
+            None => AuditStart::Sealed { streams, events },
+        },
+        Err(p) => AuditStart::Failed(p),
+    })
+}
+
+/// On PostgreSQL, holds off every append (on every replica) until `tx` ends, before `tx` reads
+/// anything: `streams` in `SHARE ROW EXCLUSIVE`, which each append's `UPDATE` or `INSERT` of its
+/// stream head waits for and which conflicts with itself (two sealing replicas take turns). A
+/// seal written beside appends could otherwise record a head older than the stream's, or a
+/// stream set without a stream created meanwhile. On SQLite `tx` holds the write lock already.
+async fn hold_off_appends(tx: &mut Tx) -> Result<()> {
+    if tx.backend() == Backend::Postgres {
+        tx.conn()
+            .execute(
+                "hold off appends while the log is sealed",
+                "LOCK TABLE streams IN SHARE ROW EXCLUSIVE MODE",
+                vec![],
+            )
+            .await?;
+    }
+    Ok(())
 }
 
 /// Records an override of a failed start-up check, restores the triggers and re-seals every
@@ -912,6 +962,7 @@ pub(crate) async fn allow_unverified(
     actor: &str,
 ) -> Result<Event> {
     let backend = tx.backend();
+    hold_off_appends(tx).await?;
     let triggers_restored = check_triggers(&mut tx.conn(), backend).await?.is_some();
     if triggers_restored {
         restore_triggers(&mut tx.conn(), backend).await?;
@@ -1101,6 +1152,38 @@ async fn columns(conn: &mut Conn<'_>, backend: Backend, table: &str) -> Result<V
 /// Snapshots the stored projections into temporary tables, re-folds every projection from the
 /// events with the rebuild code, and names the first difference in `scope`. Runs in `tx`,
 /// which the caller rolls back.
+/// Where the comparison re-folds the projections: on SQLite in place, under the write lock
+/// the transaction holds, and rolled back. On PostgreSQL other replicas write on: into
+/// temporary shadows of the projections (and of `session_secrets`, which the rebuild purges),
+/// in this `REPEATABLE READ` snapshot made read-only, so nothing is locked (the projections'
+/// `EXCLUSIVE` lock would stall every replica's writes for the whole comparison, and deadlock
+/// with writes holding one of them) and no real table can be written.
+async fn rebuild_target(tx: &mut Tx) -> Result<crate::RebuildInto> {
+    if tx.backend() == Backend::Sqlite {
+        return Ok(crate::RebuildInto::Tables);
+    }
+    let mut c = tx.conn();
+    for table in PROJECTIONS
+        .iter()
+        .map(|(t, _)| *t)
+        .chain(["session_secrets"])
+    {
+        c.execute(
+            "shadow projection",
+            &format!("CREATE TEMP TABLE {table} (LIKE {table} INCLUDING ALL)"),
+            vec![],
+        )
+        .await?;
+    }
+    c.execute(
+        "make the comparison read-only",
+        "SET TRANSACTION READ ONLY",
+        vec![],
+    )
+    .await?;
+    Ok(crate::RebuildInto::TempShadows)
+}
+
 pub(crate) async fn compare_projections(
     tx: &mut Tx,
     scope: &AuditScope,
@@ -1121,7 +1204,8 @@ pub(crate) async fn compare_projections(
         )
         .await?;
     }
-    crate::rebuild(tx).await?;
+    let into = rebuild_target(tx).await?;
+    crate::rebuild(tx, into).await?;
     let mut c = tx.conn();
     for (table, keys) in PROJECTIONS {
         let Some((filter, binds)) = scope_filter(table, scope) else {

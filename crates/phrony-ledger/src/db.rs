@@ -83,9 +83,22 @@ impl Pool {
     }
 
     /// A write transaction its caller always rolls back (comparisons in temporary tables):
-    /// it writes nothing, so on SQLite it runs below the free-space reserve too.
+    /// it writes nothing, so on SQLite it runs below the free-space reserve too. On
+    /// PostgreSQL it is `REPEATABLE READ`: the tables it compares and the events it folds are
+    /// read in several statements while other replicas write, so from one snapshot (on
+    /// SQLite it holds the write lock).
     pub(crate) async fn begin_scratch(&self, clock: &LedgerClock) -> Result<Tx> {
-        self.begin_exempt(clock, None, None).await
+        match self {
+            Self::Sqlite(..) => self.begin_exempt(clock, None, None).await,
+            Self::Postgres(p) => {
+                let tx = p
+                    .begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ")
+                    .await
+                    .ctx("begin transaction")?;
+                let kind = TxKind::Postgres(tx, std::time::Instant::now());
+                Ok(Tx::new(kind, clock, None, None, None))
+            }
+        }
     }
 
     /// A write transaction that runs below SQLite's free-space reserve: the start-up audit
@@ -148,6 +161,32 @@ impl Pool {
             )),
             Self::Postgres(p) => Ok(PooledConn::Postgres(
                 p.acquire().await.ctx("acquire connection")?,
+            )),
+        }
+    }
+
+    /// A read-only view of one committed state of the database, for a check that reads it in
+    /// several statements (the audit: a stream's head, then its events; the stream set, then
+    /// the streams): on SQLite a deferred transaction (in WAL mode its snapshot is taken at its
+    /// first read and held to its end), on PostgreSQL `REPEATABLE READ READ ONLY`. It takes no
+    /// lock: writers go on. End it with [`Snapshot::end`]; dropped without, a SQLite read
+    /// connection is closed (not reused inside a transaction) and the others roll back.
+    pub(crate) async fn snapshot(&self) -> Result<Snapshot> {
+        match self {
+            Self::Sqlite(_, _, Some(readers)) => {
+                let reader = readers.acquire().await.ctx("acquire connection")?;
+                Conn::SqliteRaw(reader.slot())
+                    .execute("begin a read snapshot", "BEGIN", vec![])
+                    .await?;
+                Ok(Snapshot::SqliteRaw(reader))
+            }
+            Self::Sqlite(p, _, None) => Ok(Snapshot::Sqlite(
+                p.begin().await.ctx("begin a read snapshot")?,
+            )),
+            Self::Postgres(p) => Ok(Snapshot::Postgres(
+                p.begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                    .await
+                    .ctx("begin a read snapshot")?,
             )),
         }
     }
@@ -388,6 +427,35 @@ impl PooledConn {
             Self::Sqlite(c) => Conn::Sqlite(c),
             Self::SqliteRaw(r) => Conn::SqliteRaw(r.slot()),
             Self::Postgres(c) => Conn::Postgres(c),
+        }
+    }
+}
+
+/// See [`Pool::snapshot`].
+pub(crate) enum Snapshot {
+    Sqlite(sqlx::Transaction<'static, Sqlite>),
+    SqliteRaw(RawReader),
+    Postgres(sqlx::Transaction<'static, Postgres>),
+}
+
+impl Snapshot {
+    pub(crate) fn conn(&mut self) -> Conn<'_> {
+        match self {
+            Self::Sqlite(tx) => Conn::Sqlite(tx),
+            Self::SqliteRaw(r) => Conn::SqliteRaw(r.slot()),
+            Self::Postgres(tx) => Conn::Postgres(tx),
+        }
+    }
+
+    /// Ends the snapshot (it wrote nothing: rolled back).
+    pub(crate) async fn end(self) -> Result<()> {
+        match self {
+            Self::Sqlite(tx) => tx.rollback().await.ctx("end a read snapshot"),
+            Self::SqliteRaw(reader) => Conn::SqliteRaw(reader.slot())
+                .execute("end a read snapshot", "ROLLBACK", vec![])
+                .await
+                .map(|_| ()),
+            Self::Postgres(tx) => tx.rollback().await.ctx("end a read snapshot"),
         }
     }
 }

@@ -648,6 +648,22 @@ pub(crate) async fn verify(conn: &mut Conn<'_>, stream: &str) -> Result<VerifyRe
     })
 }
 
+/// [`verify`] of every stream, in stream-name order.
+pub(crate) async fn verify_every_stream(conn: &mut Conn<'_>) -> Result<Vec<VerifyReport>> {
+    let streams = conn
+        .fetch_all(
+            "list streams",
+            "SELECT stream FROM streams ORDER BY stream",
+            vec![],
+        )
+        .await?;
+    let mut reports = Vec::with_capacity(streams.len());
+    for row in streams {
+        reports.push(verify(conn, &row.text("stream")?).await?);
+    }
+    Ok(reports)
+}
+
 /// Writes the sealed head of `stream` (in the append's transaction).
 pub(crate) async fn seal_head(
     conn: &mut Conn<'_>,

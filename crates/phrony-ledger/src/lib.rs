@@ -1402,8 +1402,11 @@ impl Ledger {
     /// # Errors
     /// `NotFound`: `event stream X not found`; database errors.
     pub async fn verify_stream(&self, stream: &str) -> Result<VerifyReport> {
-        let mut conn = self.pool.acquire().await?;
-        events::verify(&mut conn.conn(), stream).await
+        // The head and the events read in one snapshot (appends go on beside it).
+        let mut snapshot = self.pool.snapshot().await?;
+        let report = events::verify(&mut snapshot.conn(), stream).await;
+        snapshot.end().await?;
+        report
     }
 
     /// Verifies every stream, in stream-name order.
@@ -1411,20 +1414,10 @@ impl Ledger {
     /// # Errors
     /// Database errors.
     pub async fn verify_all_streams(&self) -> Result<Vec<VerifyReport>> {
-        let mut conn = self.pool.acquire().await?;
-        let mut c = conn.conn();
-        let streams = c
-            .fetch_all(
-                "list streams",
-                "SELECT stream FROM streams ORDER BY stream",
-                vec![],
-            )
-            .await?;
-        let mut reports = Vec::with_capacity(streams.len());
-        for row in streams {
-            reports.push(events::verify(&mut c, &row.text("stream")?).await?);
-        }
-        Ok(reports)
+        let mut snapshot = self.pool.snapshot().await?;
+        let reports = events::verify_every_stream(&mut snapshot.conn()).await;
+        snapshot.end().await?;
+        reports
     }
 
     // -----------------------------------------------------------------------------------------
@@ -1453,13 +1446,27 @@ impl Ledger {
     /// [`Ledger::verify_audit`]). A log that was never sealed is sealed now, after every chain
     /// is verified, when it is empty or `key_is_new` (the key file was just created), and an
     /// `audit.key_introduced` event in the [`AUDIT_STREAM`] records the heads. Nothing is
-    /// written when the check fails.
+    /// written when the check fails. Safe beside other replicas' writes: on PostgreSQL the
+    /// check reads one snapshot without a lock, and a seal that is due holds every replica's
+    /// appends off and checks again first, so replicas starting at once seal a log once.
     ///
     /// # Errors
     /// `FailedPrecondition` without an audit key; database errors. A failed check is
     /// [`AuditStart::Failed`], not an error.
     pub async fn start_audit(&self, key_is_new: bool) -> Result<AuditStart> {
         let key = self.require_audit_key()?;
+        if self.backend() == Backend::Postgres {
+            // Other replicas may be writing: the check reads one snapshot and takes no lock.
+            // Only a seal that is due (a first start, an upgrade) holds their appends off,
+            // and checks again under that lock before it writes (`audit::start`).
+            let mut snapshot = self.pool.snapshot().await?;
+            let checked =
+                audit::start_check(&mut snapshot.conn(), Backend::Postgres, &key, key_is_new).await;
+            snapshot.end().await?;
+            if let audit::StartCheck::Done(done) = checked? {
+                return Ok(done);
+            }
+        }
         // Below SQLite's free-space reserve too: the check seals a few rows at most, and a
         // daemon restarted there must start to report its outage (NOT_SERVING).
         let mut tx = self
@@ -1499,8 +1506,9 @@ impl Ledger {
     /// the MAC verifies with the audit key; (c) the append-only triggers exist; (d) the
     /// projections re-folded from the events (with the code [`Ledger::rebuild_projections`]
     /// runs) equal the stored tables, compared in temporary tables inside a transaction that
-    /// is rolled back. Step (d) holds the write lock while it runs. The report names the first
-    /// problem.
+    /// is rolled back. (a)–(c) read one snapshot and (d) another, so writes going on meanwhile
+    /// are no problem; on PostgreSQL (d) re-folds into temporary shadows and takes no lock, on
+    /// SQLite it holds the write lock while it runs. The report names the first problem.
     ///
     /// # Errors
     /// `FailedPrecondition` without an audit key; `NotFound` for an unknown session or agent stream;
@@ -1514,9 +1522,14 @@ impl Ledger {
             }
             _ => {}
         }
+        // One snapshot: a stream created, or an event appended, while the check reads is in
+        // all of its reads or in none (no false problem beside live writers).
         let mut report = {
-            let mut conn = self.pool.acquire().await?;
-            audit::verify_streams(&mut conn.conn(), self.backend(), &key, &scope).await?
+            let mut snapshot = self.pool.snapshot().await?;
+            let report =
+                audit::verify_streams(&mut snapshot.conn(), self.backend(), &key, &scope).await;
+            snapshot.end().await?;
+            report?
         };
         if report.problem.is_some() {
             return Ok(report);
@@ -1572,7 +1585,7 @@ impl Ledger {
     /// changed then); database errors.
     pub async fn rebuild_projections(&self) -> Result<RebuildReport> {
         // `rebuild` defers foreign keys for its transaction: a batch of its own.
-        write_tx!(self, alone, |tx| rebuild(&mut tx))
+        write_tx!(self, alone, |tx| rebuild(&mut tx, RebuildInto::Tables))
     }
 
     // -----------------------------------------------------------------------------------------
@@ -2040,7 +2053,18 @@ pub struct MetricCounts {
     pub webhook_deliveries_pending: u64,
 }
 
-pub(crate) async fn rebuild(tx: &mut db::Tx) -> Result<RebuildReport> {
+/// Where [`rebuild`] writes the projections it folds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RebuildInto {
+    /// The projection tables themselves (on PostgreSQL locked `EXCLUSIVE` first).
+    Tables,
+    /// Temporary tables of the same names the caller created, which PostgreSQL resolves before
+    /// the real ones (`pg_temp` is searched first) in a transaction the caller made read-only:
+    /// nothing is locked, and a write that would reach a real table fails.
+    TempShadows,
+}
+
+pub(crate) async fn rebuild(tx: &mut db::Tx, into: RebuildInto) -> Result<RebuildReport> {
     let backend = tx.backend();
     let mut c = tx.conn();
     match backend {
@@ -2052,6 +2076,7 @@ pub(crate) async fn rebuild(tx: &mut db::Tx) -> Result<RebuildReport> {
             )
             .await?;
         }
+        B::Postgres if into == RebuildInto::TempShadows => {}
         B::Postgres => {
             c.execute(
                 "lock projections",

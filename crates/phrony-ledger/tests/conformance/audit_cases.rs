@@ -6,9 +6,11 @@ use phrony_ledger::{
     EventBody, Ledger, NewEvent, ViolationKind, audit_event_types,
 };
 use serde_json::json;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use crate::harness::TestDb;
-use crate::session_cases::{approve, deploy_agent, pending_approval, refund_agent};
+use crate::session_cases::{approve, deploy_agent, pending_approval, refund_agent, start};
 
 fn key() -> AuditKey {
     AuditKey::from_bytes([42; 32])
@@ -854,4 +856,162 @@ pub(crate) async fn a_batch_append_seals_its_head_and_joins_the_stream_set(db: &
         .unwrap();
     assert_eq!(p.kind, AuditProblemKind::HeadMismatch, "{p:?}");
     assert_eq!(p.stream.as_deref(), Some("gate-org_a"));
+}
+
+/// An audit check beside live writers (another replica creating sessions and appending to
+/// them) reads one consistent state of the log: `verify_audit(All)` and the start-up check
+/// report no problem that is not there (a stream created, or an event appended, between two
+/// of the check's reads is in both or in neither).
+pub(crate) async fn audit_checks_beside_live_writers_report_no_false_problem(db: &TestDb) {
+    let writer = keyed(db).await;
+    writer.start_audit(true).await.unwrap();
+    let v = deploy_agent(&writer, &refund_agent(), "0.1.0").await;
+    let checker = Ledger::connect(&db.url)
+        .await
+        .unwrap()
+        .with_audit_key(key());
+    let stop = Arc::new(AtomicBool::new(false));
+    let written = Arc::new(AtomicUsize::new(0));
+    let task = {
+        let (writer, stop, written) = (writer.clone(), stop.clone(), written.clone());
+        tokio::spawn(async move {
+            let mut ids = Vec::new();
+            for i in 0..2_000 {
+                if stop.load(Ordering::SeqCst) {
+                    break;
+                }
+                ids.push(start(&writer, &v).await.id);
+                append_n(&writer, &ids[i / 2], 1).await;
+                written.fetch_add(1, Ordering::SeqCst);
+            }
+        })
+    };
+    let mut seen = 0;
+    for check in 0..8 {
+        // The writer is running (it wrote since the last check), so writes its next ones
+        // while this check reads.
+        while written.load(Ordering::SeqCst) == seen {
+            assert!(!task.is_finished(), "the writer ended before check {check}");
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+        seen = written.load(Ordering::SeqCst);
+        let report = checker.verify_audit(AuditScope::All).await.unwrap();
+        assert_eq!(report.problem, None, "verify_audit, check {check}");
+        let started = checker.start_audit(false).await.unwrap();
+        assert!(
+            matches!(started, AuditStart::Verified { .. }),
+            "start-up check {check}: {started:?}"
+        );
+    }
+    stop.store(true, Ordering::SeqCst);
+    task.await.unwrap();
+    assert_eq!(
+        checker.verify_audit(AuditScope::All).await.unwrap().problem,
+        None
+    );
+}
+
+/// Replicas that start at once seal a log once, beside writes from another replica: two fresh
+/// replicas on an empty database introduce the key once; two upgraded replicas shard a
+/// single-row stream set once while streams are created and appended to; every stream created
+/// meanwhile is in the set and every sealed head is its stream's latest (a later start and a
+/// full verification pass).
+pub(crate) async fn replicas_starting_at_once_seal_the_log_once_beside_writers(db: &TestDb) {
+    db.migrated().await;
+    let connect = || async {
+        Ledger::connect(&db.url)
+            .await
+            .unwrap()
+            .with_audit_key(key())
+    };
+    let (a, b) = (connect().await, connect().await);
+    let (first, second) = tokio::join!(a.start_audit(true), b.start_audit(true));
+    let mut outcomes = [first.unwrap(), second.unwrap()];
+    outcomes.sort_by_key(|o| format!("{o:?}"));
+    assert!(
+        matches!(
+            outcomes,
+            [AuditStart::Sealed { .. }, AuditStart::Verified { .. }]
+        ),
+        "one replica seals, the other verifies: {outcomes:?}"
+    );
+    let introduced = a.list_events(AUDIT_STREAM, 0, 10).await.unwrap();
+    assert_eq!(introduced.len(), 1, "{introduced:#?}");
+
+    // The log as a build before migration 0024 left it: its stream set in one row.
+    for i in 0..5 {
+        append_n(&a, &format!("run_{i}"), 2).await;
+    }
+    rewrite_key_introduction(db, &a, &["stream_set_shards"]).await;
+    db.raw_exec("DELETE FROM stream_set_shards").await;
+    write_single_row_set(db, &["audit", "run_0", "run_1", "run_2", "run_3", "run_4"]).await;
+
+    let writer = connect().await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let written = Arc::new(AtomicUsize::new(0));
+    let task = {
+        let (writer, stop, written) = (writer.clone(), stop.clone(), written.clone());
+        tokio::spawn(async move {
+            for i in 0..2_000 {
+                if stop.load(Ordering::SeqCst) {
+                    break;
+                }
+                append_n(&writer, &format!("new_{i}"), 1).await;
+                append_n(&writer, &format!("run_{}", i % 5), 1).await;
+                written.fetch_add(1, Ordering::SeqCst);
+            }
+        })
+    };
+    while written.load(Ordering::SeqCst) < 3 {
+        assert!(
+            !task.is_finished(),
+            "the writer ended before the replicas started"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    let (c, d) = (connect().await, connect().await);
+    let (first, second) = tokio::join!(c.start_audit(false), d.start_audit(false));
+    for started in [first.unwrap(), second.unwrap()] {
+        assert!(
+            matches!(started, AuditStart::Verified { .. }),
+            "an upgraded replica starts: {started:?}"
+        );
+    }
+    let seen = written.load(Ordering::SeqCst);
+    while written.load(Ordering::SeqCst) < seen + 3 {
+        assert!(
+            !task.is_finished(),
+            "the writer ended after the replicas started"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    stop.store(true, Ordering::SeqCst);
+    task.await.unwrap();
+
+    let sharded: Vec<AuditKeyIntroduced> = a
+        .list_events(AUDIT_STREAM, 0, 10)
+        .await
+        .unwrap()
+        .iter()
+        .filter_map(|e| match e.body().unwrap() {
+            EventBody::AuditKeyIntroduced(k) => Some(k),
+            _ => None,
+        })
+        .skip(1)
+        .collect();
+    assert_eq!(sharded.len(), 1, "sharded once: {sharded:#?}");
+    assert_eq!(sharded[0].reason, "sharded the stream set (migration 0024)");
+    assert_eq!(count_rows(db, "stream_set").await, 0);
+    let later = connect().await;
+    assert!(
+        matches!(
+            later.start_audit(false).await.unwrap(),
+            AuditStart::Verified { .. }
+        ),
+        "the log verifies after the replicas sealed it beside the writer"
+    );
+    assert_eq!(
+        later.verify_audit(AuditScope::All).await.unwrap().problem,
+        None
+    );
 }
