@@ -989,7 +989,7 @@ pub(crate) async fn allow_unverified(
 // Full verification.
 
 /// Chains and sealed heads of the streams in `scope`, then the triggers. Returns the report
-/// so far (the projections are compared by the caller in a transaction it rolls back).
+/// so far (the projections are compared after, in the same snapshot: [`verify`]).
 pub(crate) async fn verify_streams(
     conn: &mut Conn<'_>,
     backend: Backend,
@@ -1149,48 +1149,106 @@ async fn columns(conn: &mut Conn<'_>, backend: Backend, table: &str) -> Result<V
     rows.iter().map(|r| r.text("name")).collect()
 }
 
-/// Snapshots the stored projections into temporary tables, re-folds every projection from the
-/// events with the rebuild code, and names the first difference in `scope`. Runs in `tx`,
-/// which the caller rolls back.
-/// Where the comparison re-folds the projections: on SQLite in place, under the write lock
-/// the transaction holds, and rolled back. On PostgreSQL other replicas write on: into
-/// temporary shadows of the projections (and of `session_secrets`, which the rebuild purges),
-/// in this `REPEATABLE READ` snapshot made read-only, so nothing is locked (the projections'
-/// `EXCLUSIVE` lock would stall every replica's writes for the whole comparison, and deadlock
-/// with writes holding one of them) and no real table can be written.
-async fn rebuild_target(tx: &mut Tx) -> Result<crate::RebuildInto> {
-    if tx.backend() == Backend::Sqlite {
-        return Ok(crate::RebuildInto::Tables);
+/// Every table the rebuild's folds write: the projections, and what a session's end or a tool
+/// call's result clears or settles (its secrets, its queued user messages, its history
+/// reservations). Shadowed empty, those purges and settlements find nothing to change.
+fn rebuilt_tables() -> impl Iterator<Item = &'static str> {
+    PROJECTIONS.iter().map(|(t, _)| *t).chain([
+        "session_secrets",
+        "session_inbox",
+        "history_groups",
+        "history_entries",
+        "history_buckets",
+    ])
+}
+
+/// Shadows every table the rebuild writes with an empty temporary table of the same name and
+/// definition (columns, constraints, indexes; no triggers, no foreign keys on PostgreSQL),
+/// which both databases resolve before the real one, so the rebuild code folds into them
+/// unchanged; then makes sure nothing else can be written: a PostgreSQL snapshot is made
+/// `READ ONLY` (temporary tables may still be written), a SQLite snapshot is on a read-only
+/// connection already (its `temp` schema is writable). Nothing is locked: every replica's
+/// writes go on beside the comparison.
+async fn shadow_rebuilt_tables(conn: &mut Conn<'_>, backend: Backend) -> Result<()> {
+    for table in rebuilt_tables() {
+        match backend {
+            Backend::Postgres => {
+                conn.execute(
+                    "shadow projection",
+                    &format!("CREATE TEMP TABLE {table} (LIKE {table} INCLUDING ALL)"),
+                    vec![],
+                )
+                .await?;
+            }
+            Backend::Sqlite => {
+                // SQLite has no `LIKE`: its stored definitions, moved to `temp` (the text is
+                // normalised: `CREATE TABLE name`, `CREATE [UNIQUE] INDEX name ON table`).
+                let rows = conn
+                    .fetch_all(
+                        "read projection definition",
+                        "SELECT type, sql FROM sqlite_master WHERE tbl_name = $1 \
+                         AND type IN ('table', 'index') AND sql IS NOT NULL \
+                         ORDER BY type DESC",
+                        args![table],
+                    )
+                    .await?;
+                for row in &rows {
+                    let ddl = row.text("sql")?;
+                    let shadow = ["CREATE TABLE ", "CREATE INDEX ", "CREATE UNIQUE INDEX "]
+                        .iter()
+                        .find_map(|prefix| {
+                            let rest = ddl.strip_prefix(prefix)?;
+                            Some(if prefix.ends_with("TABLE ") {
+                                format!("CREATE TEMP TABLE {rest}")
+                            } else {
+                                format!("{prefix}temp.{rest}")
+                            })
+                        })
+                        .ok_or_else(|| {
+                            LedgerError::corrupt(format!(
+                                "table {table}: unexpected definition {ddl:?}"
+                            ))
+                        })?;
+                    conn.execute("shadow projection", &shadow, vec![]).await?;
+                }
+            }
+        }
     }
-    let mut c = tx.conn();
-    for table in PROJECTIONS
-        .iter()
-        .map(|(t, _)| *t)
-        .chain(["session_secrets"])
-    {
-        c.execute(
-            "shadow projection",
-            &format!("CREATE TEMP TABLE {table} (LIKE {table} INCLUDING ALL)"),
+    if backend == Backend::Postgres {
+        conn.execute(
+            "make the comparison read-only",
+            "SET TRANSACTION READ ONLY",
             vec![],
         )
         .await?;
     }
-    c.execute(
-        "make the comparison read-only",
-        "SET TRANSACTION READ ONLY",
-        vec![],
-    )
-    .await?;
-    Ok(crate::RebuildInto::TempShadows)
+    Ok(())
 }
 
-pub(crate) async fn compare_projections(
-    tx: &mut Tx,
+/// [`crate::Ledger::verify_audit`] on one snapshot (see [`crate::db::Pool::snapshot`] with
+/// temporary tables): the chains, heads, stream set and triggers, then the projections.
+pub(crate) async fn verify(
+    conn: &mut Conn<'_>,
+    backend: Backend,
+    key: &AuditKey,
+    scope: &AuditScope,
+) -> Result<AuditReport> {
+    let mut report = verify_streams(conn, backend, key, scope).await?;
+    if report.problem.is_none() {
+        report.problem = compare_projections(conn, backend, scope).await?;
+    }
+    Ok(report)
+}
+
+/// Snapshots the stored projections into temporary tables, re-folds every projection from the
+/// events with the rebuild code into temporary shadows, and names the first difference in
+/// `scope`. Runs in the caller's snapshot, which it ends rolled back.
+async fn compare_projections(
+    c: &mut Conn<'_>,
+    backend: Backend,
     scope: &AuditScope,
 ) -> Result<Option<AuditProblem>> {
-    let backend = tx.backend();
     for (table, _) in PROJECTIONS {
-        let mut c = tx.conn();
         c.execute(
             "drop projection snapshot",
             &format!("DROP TABLE IF EXISTS audit_stored_{table}"),
@@ -1204,14 +1262,13 @@ pub(crate) async fn compare_projections(
         )
         .await?;
     }
-    let into = rebuild_target(tx).await?;
-    crate::rebuild(tx, into).await?;
-    let mut c = tx.conn();
+    shadow_rebuilt_tables(c, backend).await?;
+    crate::rebuild(c, backend, crate::RebuildInto::TempShadows).await?;
     for (table, keys) in PROJECTIONS {
         let Some((filter, binds)) = scope_filter(table, scope) else {
             continue;
         };
-        let cols = columns(&mut c, backend, table).await?;
+        let cols = columns(c, backend, table).await?;
         let select = cols
             .iter()
             .map(|col| format!("CAST(\"{col}\" AS TEXT) AS \"{col}\""))

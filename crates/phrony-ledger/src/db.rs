@@ -82,28 +82,9 @@ impl Pool {
         self.begin(clock, audit_key, outbox, replica, false).await
     }
 
-    /// A write transaction its caller always rolls back (comparisons in temporary tables):
-    /// it writes nothing, so on SQLite it runs below the free-space reserve too. On
-    /// PostgreSQL it is `REPEATABLE READ`: the tables it compares and the events it folds are
-    /// read in several statements while other replicas write, so from one snapshot (on
-    /// SQLite it holds the write lock).
-    pub(crate) async fn begin_scratch(&self, clock: &LedgerClock) -> Result<Tx> {
-        match self {
-            Self::Sqlite(..) => self.begin_exempt(clock, None, None).await,
-            Self::Postgres(p) => {
-                let tx = p
-                    .begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ")
-                    .await
-                    .ctx("begin transaction")?;
-                let kind = TxKind::Postgres(tx, std::time::Instant::now());
-                Ok(Tx::new(kind, clock, None, None, None))
-            }
-        }
-    }
-
     /// A write transaction that runs below SQLite's free-space reserve: the start-up audit
     /// check, which seals a few rows at most (without it a daemon restarted below the reserve
-    /// could not start and report its outage). Also used by [`Pool::begin_scratch`].
+    /// could not start and report its outage).
     pub(crate) async fn begin_exempt(
         &self,
         clock: &LedgerClock,
@@ -171,7 +152,12 @@ impl Pool {
     /// first read and held to its end), on PostgreSQL `REPEATABLE READ READ ONLY`. It takes no
     /// lock: writers go on. End it with [`Snapshot::end`]; dropped without, a SQLite read
     /// connection is closed (not reused inside a transaction) and the others roll back.
-    pub(crate) async fn snapshot(&self) -> Result<Snapshot> {
+    ///
+    /// With [`TempTables::Written`] it may create and write temporary tables: a SQLite read
+    /// connection can (its `temp` schema is its own), a PostgreSQL `READ ONLY` transaction
+    /// cannot, so there it is `REPEATABLE READ` alone, and the caller makes it read-only with
+    /// `SET TRANSACTION READ ONLY` once its temporary tables exist.
+    pub(crate) async fn snapshot(&self, temp: TempTables) -> Result<Snapshot> {
         match self {
             Self::Sqlite(_, _, Some(readers)) => {
                 let reader = readers.acquire().await.ctx("acquire connection")?;
@@ -184,9 +170,12 @@ impl Pool {
                 p.begin().await.ctx("begin a read snapshot")?,
             )),
             Self::Postgres(p) => Ok(Snapshot::Postgres(
-                p.begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-                    .await
-                    .ctx("begin a read snapshot")?,
+                p.begin_with(match temp {
+                    TempTables::None => "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY",
+                    TempTables::Written => "BEGIN ISOLATION LEVEL REPEATABLE READ",
+                })
+                .await
+                .ctx("begin a read snapshot")?,
             )),
         }
     }
@@ -429,6 +418,13 @@ impl PooledConn {
             Self::Postgres(c) => Conn::Postgres(c),
         }
     }
+}
+
+/// Whether a [`Pool::snapshot`] writes temporary tables.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TempTables {
+    None,
+    Written,
 }
 
 /// See [`Pool::snapshot`].

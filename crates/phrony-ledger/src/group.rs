@@ -113,9 +113,8 @@ struct Context {
 }
 
 /// A queued write: where to send the lease, whether it must be a batch of its own, and whether
-/// it may run below the free-space reserve (`exempt`: a transaction its caller always rolls
-/// back, such as the audit's comparison in temporary tables, or the start-up audit check,
-/// which seals a few rows at most).
+/// it may run below the free-space reserve (`exempt`: the start-up audit check, which seals a
+/// few rows at most).
 struct Request {
     alone: bool,
     exempt: bool,

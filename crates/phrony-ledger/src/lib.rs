@@ -1403,7 +1403,7 @@ impl Ledger {
     /// `NotFound`: `event stream X not found`; database errors.
     pub async fn verify_stream(&self, stream: &str) -> Result<VerifyReport> {
         // The head and the events read in one snapshot (appends go on beside it).
-        let mut snapshot = self.pool.snapshot().await?;
+        let mut snapshot = self.pool.snapshot(db::TempTables::None).await?;
         let report = events::verify(&mut snapshot.conn(), stream).await;
         snapshot.end().await?;
         report
@@ -1414,7 +1414,7 @@ impl Ledger {
     /// # Errors
     /// Database errors.
     pub async fn verify_all_streams(&self) -> Result<Vec<VerifyReport>> {
-        let mut snapshot = self.pool.snapshot().await?;
+        let mut snapshot = self.pool.snapshot(db::TempTables::None).await?;
         let reports = events::verify_every_stream(&mut snapshot.conn()).await;
         snapshot.end().await?;
         reports
@@ -1459,7 +1459,7 @@ impl Ledger {
             // Other replicas may be writing: the check reads one snapshot and takes no lock.
             // Only a seal that is due (a first start, an upgrade) holds their appends off,
             // and checks again under that lock before it writes (`audit::start`).
-            let mut snapshot = self.pool.snapshot().await?;
+            let mut snapshot = self.pool.snapshot(db::TempTables::None).await?;
             let checked =
                 audit::start_check(&mut snapshot.conn(), Backend::Postgres, &key, key_is_new).await;
             snapshot.end().await?;
@@ -1523,23 +1523,11 @@ impl Ledger {
             _ => {}
         }
         // One snapshot: a stream created, or an event appended, while the check reads is in
-        // all of its reads or in none (no false problem beside live writers).
-        let mut report = {
-            let mut snapshot = self.pool.snapshot().await?;
-            let report =
-                audit::verify_streams(&mut snapshot.conn(), self.backend(), &key, &scope).await;
-            snapshot.end().await?;
-            report?
-        };
-        if report.problem.is_some() {
-            return Ok(report);
-        }
-        // Rolled back, so it runs while the database cannot take writes (below the reserve).
-        let mut tx = self.pool.begin_scratch(&self.clock).await?;
-        let compared = audit::compare_projections(&mut tx, &scope).await;
-        tx.rollback().await?;
-        report.problem = compared?;
-        Ok(report)
+        // all of its reads or in none (no false problem beside live writers), and writers go on.
+        let mut snapshot = self.pool.snapshot(db::TempTables::Written).await?;
+        let report = audit::verify(&mut snapshot.conn(), self.backend(), &key, &scope).await;
+        snapshot.end().await?;
+        report
     }
 
     /// Events for export, in (stream, seq) order: those after the cursor `after` (a stream and
@@ -1585,7 +1573,10 @@ impl Ledger {
     /// changed then); database errors.
     pub async fn rebuild_projections(&self) -> Result<RebuildReport> {
         // `rebuild` defers foreign keys for its transaction: a batch of its own.
-        write_tx!(self, alone, |tx| rebuild(&mut tx, RebuildInto::Tables))
+        write_tx!(self, alone, |tx| async {
+            let backend = tx.backend();
+            rebuild(&mut tx.conn(), backend, RebuildInto::Tables).await
+        })
     }
 
     // -----------------------------------------------------------------------------------------
@@ -2058,15 +2049,19 @@ pub struct MetricCounts {
 pub(crate) enum RebuildInto {
     /// The projection tables themselves (on PostgreSQL locked `EXCLUSIVE` first).
     Tables,
-    /// Temporary tables of the same names the caller created, which PostgreSQL resolves before
-    /// the real ones (`pg_temp` is searched first) in a transaction the caller made read-only:
-    /// nothing is locked, and a write that would reach a real table fails.
+    /// Temporary tables of the same names the caller created, which both databases resolve
+    /// before the real ones (PostgreSQL's `pg_temp` and SQLite's `temp` schema are searched
+    /// first), in a snapshot that cannot write a real table (a PostgreSQL transaction made
+    /// read-only, a SQLite read-only connection): nothing is locked, and a write that would
+    /// reach a real table fails.
     TempShadows,
 }
 
-pub(crate) async fn rebuild(tx: &mut db::Tx, into: RebuildInto) -> Result<RebuildReport> {
-    let backend = tx.backend();
-    let mut c = tx.conn();
+pub(crate) async fn rebuild(
+    c: &mut db::Conn<'_>,
+    backend: B,
+    into: RebuildInto,
+) -> Result<RebuildReport> {
     match backend {
         B::Sqlite => {
             c.execute(
@@ -2129,7 +2124,7 @@ pub(crate) async fn rebuild(tx: &mut db::Tx, into: RebuildInto) -> Result<Rebuil
         let mut verifier = chain::ChainVerifier::new(&stream);
         let mut after = 0;
         loop {
-            let page = events::read_page(&mut c, &stream, after, events::PAGE).await?;
+            let page = events::read_page(c, &stream, after, events::PAGE).await?;
             let Some(last) = page.last() else { break };
             after = last.seq;
             let full = i64::try_from(page.len()).unwrap_or(i64::MAX) == events::PAGE;
@@ -2139,11 +2134,11 @@ pub(crate) async fn rebuild(tx: &mut db::Tx, into: RebuildInto) -> Result<Rebuil
                     .map_err(|v| LedgerError::corrupt(v.message))?;
                 let event = stored.into_event()?;
                 if lifecycle_stream {
-                    lifecycle::apply(&mut c, &event).await?;
+                    lifecycle::apply(c, &event).await?;
                 } else if bundle_stream {
-                    bundles::apply(&mut c, &event).await?;
+                    bundles::apply(c, &event).await?;
                 } else {
-                    session_log::apply(&mut c, &event).await?;
+                    session_log::apply(c, &event).await?;
                 }
                 report.events += 1;
             }

@@ -1015,3 +1015,51 @@ pub(crate) async fn replicas_starting_at_once_seal_the_log_once_beside_writers(d
         None
     );
 }
+
+/// A full verification waits for no write: it reads a snapshot and re-folds into temporary
+/// tables, so it completes while another connection holds a write transaction open on the
+/// projections (the database write lock on SQLite, a session row and the table's write lock
+/// on PostgreSQL), and that write's uncommitted change is not a problem.
+pub(crate) async fn a_verification_completes_beside_an_open_write(db: &TestDb) {
+    use sqlx::Connection as _;
+    use sqlx::Executor as _;
+    let ledger = keyed(db).await;
+    ledger.start_audit(true).await.unwrap();
+    let v = deploy_agent(&ledger, &refund_agent(), "0.1.0").await;
+    let session = start(&ledger, &v).await;
+    // An ended session too: its end's re-fold purges what the session held (secrets, queued
+    // user messages), which must reach only the temporary shadows.
+    let ended = start(&ledger, &v).await;
+    crate::session_cases::to(&ledger, &ended.id, phrony_ledger::SessionStatus::Completed).await;
+    let hold = format!(
+        "UPDATE sessions SET updated_at = updated_at WHERE id = '{}'",
+        session.id
+    );
+    let verify = || async {
+        tokio::time::timeout(
+            std::time::Duration::from_secs(60),
+            ledger.verify_audit(AuditScope::All),
+        )
+        .await
+        .expect("the verification waits for no write")
+        .unwrap()
+        .problem
+    };
+    match db.kind {
+        phrony_ledger::Backend::Sqlite => {
+            let mut open = sqlx::SqliteConnection::connect(&db.url).await.unwrap();
+            open.execute("BEGIN IMMEDIATE").await.unwrap();
+            open.execute(hold.as_str()).await.unwrap();
+            assert_eq!(verify().await, None);
+            open.execute("ROLLBACK").await.unwrap();
+        }
+        phrony_ledger::Backend::Postgres => {
+            let mut open = sqlx::PgConnection::connect(&db.url).await.unwrap();
+            open.execute("BEGIN").await.unwrap();
+            open.execute(hold.as_str()).await.unwrap();
+            assert_eq!(verify().await, None);
+            open.execute("ROLLBACK").await.unwrap();
+        }
+    }
+    assert_eq!(verify().await, None);
+}

@@ -2796,6 +2796,29 @@ pub(crate) async fn rebuild_reproduces_session_projections_exactly(db: &TestDb) 
     for (t, rows) in ALL_PROJECTIONS.iter().zip(&before) {
         assert!(!rows.is_empty(), "{t} should have rows");
     }
+    // The audit's re-fold (into temporary shadows, in a snapshot that cannot write a real
+    // table) folds every event of this history and finds the projections as stored.
+    let audited = phrony_ledger::Ledger::connect(&db.url)
+        .await
+        .unwrap()
+        .with_audit_key(phrony_ledger::AuditKey::from_bytes([7; 32]));
+    assert!(matches!(
+        audited.start_audit(true).await.unwrap(),
+        phrony_ledger::AuditStart::Sealed { .. }
+    ));
+    assert_eq!(
+        audited
+            .verify_audit(phrony_ledger::AuditScope::All)
+            .await
+            .unwrap()
+            .problem,
+        None
+    );
+    assert_eq!(
+        snapshot_all(db).await,
+        before,
+        "the audit wrote no projection"
+    );
 
     // Over live data: a no-op. From an empty schema: identical.
     let report = ledger.rebuild_projections().await.unwrap();
