@@ -169,14 +169,27 @@ impl Pool {
             Self::Sqlite(p, _, None) => Ok(Snapshot::Sqlite(
                 p.begin().await.ctx("begin a read snapshot")?,
             )),
-            Self::Postgres(p) => Ok(Snapshot::Postgres(
-                p.begin_with(match temp {
-                    TempTables::None => "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY",
-                    TempTables::Written => "BEGIN ISOLATION LEVEL REPEATABLE READ",
-                })
-                .await
-                .ctx("begin a read snapshot")?,
-            )),
+            Self::Postgres(p) => {
+                let mut tx = p
+                    .begin_with(match temp {
+                        TempTables::None => "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY",
+                        TempTables::Written => "BEGIN ISOLATION LEVEL REPEATABLE READ",
+                    })
+                    .await
+                    .ctx("begin a read snapshot")?;
+                if temp == TempTables::Written {
+                    // Temporary tables that shadow real ones are only seen by statements
+                    // prepared after them: PostgreSQL does not re-resolve a prepared
+                    // statement's unqualified table when a table of that name appears earlier
+                    // in the search path (as `pg_temp` is), unless its session's temporary
+                    // schema is new. Today every temporary table of a ledger connection is
+                    // rolled back with its schema; this keeps it true if one ever is not.
+                    sqlx::Connection::clear_cached_statements(&mut *tx)
+                        .await
+                        .ctx("clear prepared statements")?;
+                }
+                Ok(Snapshot::Postgres(tx))
+            }
         }
     }
 

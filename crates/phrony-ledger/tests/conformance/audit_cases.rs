@@ -1063,3 +1063,37 @@ pub(crate) async fn a_verification_completes_beside_an_open_write(db: &TestDb) {
     }
     assert_eq!(verify().await, None);
 }
+
+/// Verifications between writes on the same pooled connection: the re-fold's temporary shadows
+/// are what its statements read and write, whatever the connection prepared before (PostgreSQL
+/// does not re-resolve a prepared statement's table when a temporary table of the same name is
+/// created in a session that already had temporary tables: the second verification's re-fold
+/// would run the writes' prepared statements against the real tables).
+pub(crate) async fn repeated_verifications_between_writes_fold_into_their_shadows(db: &TestDb) {
+    db.migrated().await;
+    let one_connection = phrony_ledger::LedgerOptions {
+        max_connections: 1,
+        ..phrony_ledger::LedgerOptions::default()
+    };
+    let ledger = Ledger::connect_with(&db.url, one_connection)
+        .await
+        .unwrap()
+        .with_audit_key(key());
+    ledger.start_audit(true).await.unwrap();
+    let v = deploy_agent(&ledger, &refund_agent(), "0.1.0").await;
+    for round in 0..3 {
+        let session = start(&ledger, &v).await;
+        append_n(&ledger, &session.id, 1).await;
+        crate::session_cases::to(
+            &ledger,
+            &session.id,
+            phrony_ledger::SessionStatus::Completed,
+        )
+        .await;
+        assert_eq!(
+            ledger.verify_audit(AuditScope::All).await.unwrap().problem,
+            None,
+            "round {round}"
+        );
+    }
+}

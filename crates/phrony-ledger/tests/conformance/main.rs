@@ -155,6 +155,7 @@ conformance!(
     audit_checks_beside_live_writers_report_no_false_problem,
     replicas_starting_at_once_seal_the_log_once_beside_writers,
     a_verification_completes_beside_an_open_write,
+    repeated_verifications_between_writes_fold_into_their_shadows,
     a_session_never_outlives_the_retire_or_archive_of_its_agent,
     a_batch_append_is_ordered_chained_and_all_or_nothing,
     a_batch_append_seals_its_head_and_joins_the_stream_set,
