@@ -567,29 +567,40 @@ pub(crate) async fn runnable(
     agent_ref: &AgentRef,
     version: Option<&str>,
 ) -> Result<AgentVersion> {
-    let agent = require_agent(conn, agent_ref).await?;
-    if agent.archived_at.is_some() {
+    // One read: the agent, and the version of its latest deployment (none: `v.id` is NULL; a
+    // deployment's version always exists, `deployments.agent_version_id` references it).
+    const SQL: &str = concat!(
+        "SELECT g.archived_at AS agent_archived_at, ",
+        crate::rows::version_columns!(),
+        " FROM agents g \
+         LEFT JOIN agent_versions v ON v.id = (SELECT d.agent_version_id FROM deployments d \
+         WHERE d.agent_id = g.id ORDER BY d.event_seq DESC LIMIT 1) \
+         LEFT JOIN agents a ON a.id = v.agent_id \
+         WHERE g.namespace = $1 AND g.name = $2"
+    );
+    let row = conn
+        .fetch_optional(
+            "read the runnable version",
+            SQL,
+            args![agent_ref.namespace.as_str(), agent_ref.name.as_str()],
+        )
+        .await?
+        .ok_or_else(|| LedgerError::not_found(format!("agent {agent_ref} not found")))?;
+    if row.opt_ts("agent_archived_at")?.is_some() {
         return Err(archived_cannot_run(agent_ref));
     }
-    let active = active_deployment(conn, agent.id)
-        .await?
-        .ok_or_else(|| no_active_deployment(agent_ref))?;
+    if row.opt_uuid("id")?.is_none() {
+        return Err(no_active_deployment(agent_ref));
+    }
+    let target = version_from_row(&row)?;
     if let Some(requested) = version
-        && requested != active.version
+        && requested != target.version
     {
         return Err(LedgerError::precondition(format!(
             "version {requested:?} is not the active deployment (active: {:?})",
-            active.version
+            target.version
         )));
     }
-    let target = find_version_by_id(conn, active.version_id)
-        .await?
-        .ok_or_else(|| {
-            LedgerError::corrupt(format!(
-                "deployment references missing version {}",
-                active.version_id
-            ))
-        })?;
     match version_cannot_run(&target) {
         Some(refusal) => Err(refusal),
         None => Ok(target),

@@ -318,12 +318,24 @@ pub(crate) fn session_subtree_sql() -> String {
 
 /// Published versions read their namespace and name from their agent; vendored ones (no
 /// agent) from their own row (migration 0011).
-pub(crate) const VERSION_SELECT: &str = "SELECT v.id, v.agent_id, \
-     COALESCE(a.namespace, v.member_namespace) AS namespace, \
-     COALESCE(a.name, v.member_name) AS name, v.version, \
-     v.content_hash, v.snapshot, v.origin, v.bundle_version_id, v.published_by, v.published_at, \
-     v.deprecated_at, v.deprecated_by, v.retired_at, v.retired_by \
-     FROM agent_versions v LEFT JOIN agents a ON a.id = v.agent_id";
+/// The columns [`version_from_row`] reads, of `agent_versions v LEFT JOIN agents a ON a.id =
+/// v.agent_id`.
+macro_rules! version_columns {
+    () => {
+        "v.id, v.agent_id, \
+         COALESCE(a.namespace, v.member_namespace) AS namespace, \
+         COALESCE(a.name, v.member_name) AS name, v.version, \
+         v.content_hash, v.snapshot, v.origin, v.bundle_version_id, v.published_by, \
+         v.published_at, v.deprecated_at, v.deprecated_by, v.retired_at, v.retired_by"
+    };
+}
+pub(crate) use version_columns;
+
+pub(crate) const VERSION_SELECT: &str = concat!(
+    "SELECT ",
+    version_columns!(),
+    " FROM agent_versions v LEFT JOIN agents a ON a.id = v.agent_id"
+);
 
 pub(crate) fn version_from_row(row: &Row) -> Result<AgentVersion> {
     Ok(AgentVersion {
@@ -364,6 +376,27 @@ pub(crate) fn version_cannot_run(version: &AgentVersion) -> Option<LedgerError> 
             version.agent, version.version
         ))
     })
+}
+
+/// A version by id and whether its agent is archived (a vendored version has none: `false`),
+/// in one read: what a session's create checks before it starts the version.
+pub(crate) async fn find_version_to_run(
+    conn: &mut Conn<'_>,
+    id: Uuid,
+) -> Result<Option<(AgentVersion, bool)>> {
+    const SQL: &str = concat!(
+        "SELECT ",
+        version_columns!(),
+        ", a.archived_at AS agent_archived_at \
+         FROM agent_versions v LEFT JOIN agents a ON a.id = v.agent_id WHERE v.id = $1"
+    );
+    conn.fetch_optional("read agent version to run", SQL, args![id])
+        .await?
+        .map(|row| {
+            let archived = row.opt_ts("agent_archived_at")?.is_some();
+            Ok((version_from_row(&row)?, archived))
+        })
+        .transpose()
 }
 
 pub(crate) async fn find_version_by_id(

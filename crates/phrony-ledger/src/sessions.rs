@@ -591,17 +591,9 @@ async fn check_live_sessions(tx: &mut Tx, agent: &AgentVersionRef, max: u64) -> 
 /// and the version neither retired nor deprecated (the rule of [`Ledger::runnable_version`]) —
 /// checked again here, in the create's transaction under [`lock_agent_sessions`], because the
 /// caller's earlier check may have raced with an archive or a retire whose cascade then missed
-/// the new session.
-async fn check_still_runnable(tx: &mut Tx, version: &crate::model::AgentVersion) -> Result<()> {
-    let archived = tx
-        .conn()
-        .fetch_optional(
-            "check the agent is not archived",
-            "SELECT 1 AS archived FROM agents WHERE id = $1 AND archived_at IS NOT NULL",
-            args![version.agent_id],
-        )
-        .await?
-        .is_some();
+/// the new session. `archived`: whether the version's agent is archived, read with the version
+/// under that lock ([`rows::find_version_to_run`]).
+fn check_still_runnable(version: &crate::model::AgentVersion, archived: bool) -> Result<()> {
     // The agent first, as `runnable_version` does (an archive also deprecates every version).
     if archived {
         return Err(rows::archived_cannot_run(&version.agent));
@@ -676,7 +668,7 @@ pub(crate) async fn create(
             ))
         });
     }
-    let version = rows::find_version_by_id(&mut tx.conn(), new.agent_version_id)
+    let (version, agent_archived) = rows::find_version_to_run(&mut tx.conn(), new.agent_version_id)
         .await?
         .ok_or_else(|| {
             LedgerError::not_found(format!(
@@ -691,7 +683,7 @@ pub(crate) async fn create(
         )));
     }
     if version.origin == VersionOrigin::Published && new.parent_session_id.is_none() {
-        check_still_runnable(tx, &version).await?;
+        check_still_runnable(&version, agent_archived)?;
     }
     check_bundle_member(tx, new, &version).await?;
     let (root, depth) = match &new.parent_session_id {
