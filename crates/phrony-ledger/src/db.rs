@@ -157,7 +157,7 @@ impl Pool {
     /// connection can (its `temp` schema is its own), a PostgreSQL `READ ONLY` transaction
     /// cannot, so there it is `REPEATABLE READ` alone, and the caller makes it read-only with
     /// `SET TRANSACTION READ ONLY` once its temporary tables exist.
-    pub(crate) async fn snapshot(&self, temp: TempTables) -> Result<Snapshot> {
+    async fn snapshot(&self, temp: TempTables) -> Result<Snapshot> {
         match self {
             Self::Sqlite(_, _, Some(readers)) => {
                 let reader = readers.acquire().await.ctx("acquire connection")?;
@@ -191,6 +191,18 @@ impl Pool {
                 Ok(Snapshot::Postgres(tx))
             }
         }
+    }
+
+    /// Runs `read` on a [`Pool::snapshot`], then ends the snapshot (whatever `read` returned).
+    pub(crate) async fn in_snapshot<T>(
+        &self,
+        temp: TempTables,
+        read: impl AsyncFnOnce(&mut Conn<'_>) -> Result<T>,
+    ) -> Result<T> {
+        let mut snapshot = self.snapshot(temp).await?;
+        let result = read(&mut snapshot.conn()).await;
+        snapshot.end().await?;
+        result
     }
 
     pub(crate) async fn close(&self) {

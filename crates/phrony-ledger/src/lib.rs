@@ -1403,10 +1403,11 @@ impl Ledger {
     /// `NotFound`: `event stream X not found`; database errors.
     pub async fn verify_stream(&self, stream: &str) -> Result<VerifyReport> {
         // The head and the events read in one snapshot (appends go on beside it).
-        let mut snapshot = self.pool.snapshot(db::TempTables::None).await?;
-        let report = events::verify(&mut snapshot.conn(), stream).await;
-        snapshot.end().await?;
-        report
+        self.pool
+            .in_snapshot(db::TempTables::None, async |c| {
+                events::verify(c, stream).await
+            })
+            .await
     }
 
     /// Verifies every stream, in stream-name order.
@@ -1414,10 +1415,11 @@ impl Ledger {
     /// # Errors
     /// Database errors.
     pub async fn verify_all_streams(&self) -> Result<Vec<VerifyReport>> {
-        let mut snapshot = self.pool.snapshot(db::TempTables::None).await?;
-        let reports = events::verify_every_stream(&mut snapshot.conn()).await;
-        snapshot.end().await?;
-        reports
+        self.pool
+            .in_snapshot(db::TempTables::None, async |c| {
+                events::verify_every_stream(c).await
+            })
+            .await
     }
 
     // -----------------------------------------------------------------------------------------
@@ -1459,11 +1461,13 @@ impl Ledger {
             // Other replicas may be writing: the check reads one snapshot and takes no lock.
             // Only a seal that is due (a first start, an upgrade) holds their appends off,
             // and checks again under that lock before it writes (`audit::start`).
-            let mut snapshot = self.pool.snapshot(db::TempTables::None).await?;
-            let checked =
-                audit::start_check(&mut snapshot.conn(), Backend::Postgres, &key, key_is_new).await;
-            snapshot.end().await?;
-            if let audit::StartCheck::Done(done) = checked? {
+            let checked = self
+                .pool
+                .in_snapshot(db::TempTables::None, async |c| {
+                    audit::start_check(c, Backend::Postgres, &key, key_is_new).await
+                })
+                .await?;
+            if let audit::StartCheck::Done(done) = checked {
                 return Ok(done);
             }
         }
@@ -1506,9 +1510,9 @@ impl Ledger {
     /// the MAC verifies with the audit key; (c) the append-only triggers exist; (d) the
     /// projections re-folded from the events (with the code [`Ledger::rebuild_projections`]
     /// runs) equal the stored tables, compared in temporary tables inside a transaction that
-    /// is rolled back. (a)–(c) read one snapshot and (d) another, so writes going on meanwhile
-    /// are no problem; on PostgreSQL (d) re-folds into temporary shadows and takes no lock, on
-    /// SQLite it holds the write lock while it runs. The report names the first problem.
+    /// is rolled back. All four read one snapshot and lock nothing, so writes go on meanwhile
+    /// and are no problem: (d) re-folds into temporary shadows of the projections. The report
+    /// names the first problem.
     ///
     /// # Errors
     /// `FailedPrecondition` without an audit key; `NotFound` for an unknown session or agent stream;
@@ -1524,10 +1528,12 @@ impl Ledger {
         }
         // One snapshot: a stream created, or an event appended, while the check reads is in
         // all of its reads or in none (no false problem beside live writers), and writers go on.
-        let mut snapshot = self.pool.snapshot(db::TempTables::Written).await?;
-        let report = audit::verify(&mut snapshot.conn(), self.backend(), &key, &scope).await;
-        snapshot.end().await?;
-        report
+        let backend = self.backend();
+        self.pool
+            .in_snapshot(db::TempTables::Written, async |c| {
+                audit::verify(c, backend, &key, &scope).await
+            })
+            .await
     }
 
     /// Events for export, in (stream, seq) order: those after the cursor `after` (a stream and

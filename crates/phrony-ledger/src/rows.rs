@@ -316,10 +316,9 @@ pub(crate) fn session_subtree_sql() -> String {
 // ---------------------------------------------------------------------------------------------
 // Agent versions.
 
-/// Published versions read their namespace and name from their agent; vendored ones (no
-/// agent) from their own row (migration 0011).
 /// The columns [`version_from_row`] reads, of `agent_versions v LEFT JOIN agents a ON a.id =
-/// v.agent_id`.
+/// v.agent_id`. Published versions read their namespace and name from their agent; vendored
+/// ones (no agent) from their own row (migration 0011).
 macro_rules! version_columns {
     () => {
         "v.id, v.agent_id, \
