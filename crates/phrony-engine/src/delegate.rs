@@ -23,9 +23,9 @@ use uuid::Uuid;
 
 use crate::driver::{CallStop, Ctx, LimitEscalation, limit_message};
 use crate::engine::{Engine, StartSession};
-use crate::error::{EngineError, ErrorKind, StoreError};
+use crate::error::{ErrorKind, StoreError};
 use crate::fold::codes;
-use crate::state::Prepared;
+use crate::setup::PreparedAgent;
 use crate::store::PlainSecret;
 
 /// The namespace of child session ids (the reference runtime's, so ids match across runtimes).
@@ -78,7 +78,7 @@ impl Refusal {
 /// The version a delegation runs.
 struct Target {
     version_id: Uuid,
-    prepared: Prepared,
+    prepared: PreparedAgent,
 }
 
 impl Ctx {
@@ -162,15 +162,17 @@ impl Ctx {
             Ok(t) => t,
             Err(refusal) => return Ok(Err(refusal)),
         };
-        let (agent, _setup) = &resolved.prepared;
-        let secrets = match self.child_secrets(agent, target).await? {
+        let secrets = match self
+            .child_secrets(resolved.prepared.agent(), target)
+            .await?
+        {
             Ok(s) => s,
             Err(refusal) => return Ok(Err(refusal)),
         };
         let request = StartSession {
             session_id: Some(child_id.to_owned()),
             agent_version_id: resolved.version_id,
-            agent: CompiledAgent::clone(agent),
+            agent: resolved.prepared,
             input: call.args.clone(),
             metadata: self.session.metadata.clone(),
             mode: SessionMode::Task,
@@ -317,6 +319,12 @@ impl Ctx {
             // Not found and the like: the load below names it.
             Err(_) => {}
         }
+        if let Some(prepared) = self.inner.prepared(version_id) {
+            return Ok(Ok(Target {
+                version_id,
+                prepared,
+            }));
+        }
         let stored = match self.store().agent_version(version_id).await {
             Ok(s) => s,
             Err(e) if e.kind == ErrorKind::Unavailable => return Err(e.into()),
@@ -327,10 +335,9 @@ impl Ctx {
                 )));
             }
         };
-        let prepared = self.inner.prepare(version_id, &stored.content_hash, || {
-            CompiledAgent::from_snapshot_json(stored.snapshot_json.as_bytes())
-                .map_err(|e| EngineError::new(ErrorKind::Internal, e.to_string()))
-        });
+        let prepared =
+            self.engine()
+                .prepare_version(version_id, &stored.content_hash, &stored.snapshot_json);
         match prepared {
             Ok(prepared) => Ok(Ok(Target {
                 version_id,

@@ -24,7 +24,7 @@ use crate::config::EngineConfig;
 use crate::driver;
 use crate::error::{EngineError, ErrorKind, StoreError};
 use crate::provider::{ProviderFactory, api_key_secret_name};
-use crate::setup::DriverSetup;
+use crate::setup::{DriverSetup, PreparedAgent};
 use crate::state::{Inner, first_user_message};
 use crate::store::{LedgerStore, PlainSecret};
 use crate::subscribe::Subscription;
@@ -63,8 +63,9 @@ pub struct StartSession {
     pub session_id: Option<String>,
     /// The agent version to run (its `agent_versions` id).
     pub agent_version_id: Uuid,
-    /// The compiled snapshot of that version.
-    pub agent: CompiledAgent,
+    /// That version prepared for driving: [`Engine::prepare_version`] (compiled once per
+    /// version) or [`PreparedAgent::new`].
+    pub agent: PreparedAgent,
     /// The input: a JSON object (its `message`, else `text`, else its JSON text is the first
     /// user message; `{}` means none) or a string (the first user message).
     pub input: Value,
@@ -97,7 +98,7 @@ impl fmt::Debug for StartSession {
         f.debug_struct("StartSession")
             .field("session_id", &self.session_id)
             .field("agent_version_id", &self.agent_version_id)
-            .field("agent", &self.agent.qualified_name())
+            .field("agent", &self.agent)
             .field("input", &self.input)
             .field("metadata", &self.metadata)
             .field("mode", &self.mode)
@@ -159,6 +160,17 @@ impl fmt::Debug for Engine {
 }
 
 /// `spec.limits` as stored with the session (zero means unset).
+/// Parses the stored snapshot of agent version `id`; one that does not load is an internal
+/// error (the ledger stores only snapshots that loaded when they were published).
+fn load_snapshot(id: Uuid, snapshot_json: &str) -> Result<CompiledAgent, EngineError> {
+    CompiledAgent::from_snapshot_json(snapshot_json.as_bytes()).map_err(|e| {
+        EngineError::new(
+            ErrorKind::Internal,
+            format!("the stored snapshot of agent version {id} does not load: {e}"),
+        )
+    })
+}
+
 pub(crate) fn session_limits(agent: &CompiledAgent) -> Option<SessionLimits> {
     let l = agent.spec.limits.as_ref()?;
     let pos = |v: i64| u64::try_from(v).ok().filter(|v| *v > 0);
@@ -360,6 +372,24 @@ impl Engine {
         self.inner.router.as_ref()
     }
 
+    /// Stored agent version `id` (content hash `content_hash`, stored snapshot
+    /// `snapshot_json`) prepared for driving: compiled once per version and shared by its
+    /// sessions, so a start of a version this engine prepared before parses and compiles
+    /// nothing.
+    ///
+    /// # Errors
+    /// `Internal` when the stored snapshot does not load; `InvalidArgument` when its policies
+    /// or argument schemas do not compile, or its model configuration is unusable.
+    pub fn prepare_version(
+        &self,
+        id: Uuid,
+        content_hash: &str,
+        snapshot_json: &str,
+    ) -> Result<PreparedAgent, EngineError> {
+        self.inner
+            .prepare(id, content_hash, || load_snapshot(id, snapshot_json))
+    }
+
     /// Starts a session: checks the request, persists the session (status `running`, its
     /// secrets sealed), and spawns its driver, which runs the first turn.
     ///
@@ -394,6 +424,7 @@ impl Engine {
         if actor.actor.trim().is_empty() {
             return Err(EngineError::invalid("actor is required"));
         }
+        let (agent, setup) = agent.parts();
         let input = match input {
             Value::String(s) => json!({ "message": s }),
             Value::Null => json!({}),
@@ -416,7 +447,6 @@ impl Engine {
             None => check_secrets(&agent, &secrets)?,
             Some(b) => check_secret_names(&b.secret_names, &secrets)?,
         }
-        let setup = DriverSetup::prepare(&agent)?;
         let key = api_key(&agent, &secrets)?;
         let provider = self
             .inner
@@ -494,15 +524,8 @@ impl Engine {
             // (A new session's lease is never held elsewhere; its driver would find out.)
             Some(LeaseClaim::Held(_)) | None => None,
         };
-        if let Err(error) = self.spawn(
-            session.clone(),
-            Arc::new(agent),
-            Arc::new(setup),
-            provider,
-            next_turn,
-            0,
-            None,
-        ) {
+        if let Err(error) = self.spawn(session.clone(), agent, setup, provider, next_turn, 0, None)
+        {
             if let Some(epoch) = leased.and_then(|e| self.inner.take_adopted(&session.id, Some(e)))
             {
                 crate::lease::release(&self.inner, &session.id, epoch).await;
@@ -956,22 +979,25 @@ impl Engine {
             && resting.contains(&session.id)
     }
 
+    /// Stored agent version `id` prepared for driving: kept from an earlier preparation, or
+    /// read and prepared now.
+    pub(crate) async fn prepared_version(&self, id: Uuid) -> Result<PreparedAgent, EngineError> {
+        if let Some(hit) = self.inner.prepared(id) {
+            return Ok(hit);
+        }
+        let stored = self.inner.store.agent_version(id).await?;
+        self.prepare_version(id, &stored.content_hash, &stored.snapshot_json)
+    }
+
     pub(crate) async fn resume(
         &self,
         session: Session,
         expect: Option<Uuid>,
     ) -> Result<Option<oneshot::Receiver<SessionStatus>>, EngineError> {
-        let stored = self
-            .inner
-            .store
-            .agent_version(session.agent_version_id)
-            .await?;
-        let (agent, setup) =
-            self.inner
-                .prepare(session.agent_version_id, &stored.content_hash, || {
-                    CompiledAgent::from_snapshot_json(stored.snapshot_json.as_bytes())
-                        .map_err(|e| EngineError::new(ErrorKind::Internal, e.to_string()))
-                })?;
+        let (agent, setup) = self
+            .prepared_version(session.agent_version_id)
+            .await?
+            .parts();
         let secrets = self.inner.store.load_secrets(&session.id).await?;
         let key = api_key(&agent, &secrets)?;
         let fold = self.inner.fold(&session.id).await?;

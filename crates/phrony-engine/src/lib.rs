@@ -40,7 +40,7 @@
 //! milestones and approval milestones with one-line summaries.
 //!
 //! ```no_run
-//! # async fn demo(agent: phrony_manifest::CompiledAgent, version_id: uuid::Uuid,
+//! # async fn demo(stored: phrony_engine::StoredAgentVersion, version_id: uuid::Uuid,
 //! #               ledger: phrony_ledger::Ledger, router: phrony_dispatch::Router)
 //! #               -> Result<(), phrony_engine::EngineError> {
 //! use std::sync::Arc;
@@ -55,6 +55,8 @@
 //!     config: EngineConfig::default(),
 //! });
 //! engine.recover().await?;
+//! // Parsed and compiled once per version: later starts of it reuse this.
+//! let agent = engine.prepare_version(version_id, &stored.content_hash, &stored.snapshot_json)?;
 //! let session = engine
 //!     .start_session(StartSession {
 //!         session_id: None,
@@ -133,6 +135,7 @@ pub use inspect::{
     inspect, json_text_len, payload, sessions_by_id, shorten_json, store_timeline,
 };
 pub use provider::{DefaultProviderFactory, ProviderFactory, api_key_secret_name};
+pub use setup::PreparedAgent;
 pub use store::{LedgerStore, PlainSecret, StoredAgentVersion};
 pub use subscribe::{SessionUpdate, Subscription};
 pub use trace::TARGET as TRACE_TARGET;

@@ -1,8 +1,10 @@
 //! [`DriverSetup`]: what drivers need from an agent version (compiled policies, argument
 //! validators, the request template), prepared once per version and shared by its sessions
-//! (`Inner::prepare`).
+//! (`Inner::prepare`); [`PreparedAgent`] carries it with the compiled agent.
 
 use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
 
 use phrony_ledger::OutputAction;
 use phrony_manifest::{CompiledAgent, OutputValidator, ToolArgsValidator, ToolBinding};
@@ -11,6 +13,52 @@ use phrony_providers::{CompletionRequest, ResponseSchema, ToolSpec};
 use serde_json::json;
 
 use crate::error::EngineError;
+
+/// An agent version ready to drive sessions: its compiled snapshot and what the drivers need
+/// from it (its policies and argument schemas compiled, the model request template built).
+///
+/// Cheap to clone: the sessions of one version share one ([`crate::Engine::prepare_version`]
+/// compiles a stored version once per engine).
+#[derive(Clone)]
+pub struct PreparedAgent {
+    agent: Arc<CompiledAgent>,
+    setup: Arc<DriverSetup>,
+}
+
+impl PreparedAgent {
+    /// Compiles `agent` for driving.
+    ///
+    /// # Errors
+    /// `InvalidArgument` when its policies or argument schemas do not compile, or its model
+    /// configuration is unusable.
+    pub fn new(agent: CompiledAgent) -> Result<Self, EngineError> {
+        let setup = DriverSetup::prepare(&agent)?;
+        Ok(Self {
+            agent: Arc::new(agent),
+            setup: Arc::new(setup),
+        })
+    }
+
+    /// The compiled agent.
+    #[must_use]
+    pub fn agent(&self) -> &CompiledAgent {
+        &self.agent
+    }
+
+    /// The shared pieces a driver holds.
+    pub(crate) fn parts(&self) -> (Arc<CompiledAgent>, Arc<DriverSetup>) {
+        (Arc::clone(&self.agent), Arc::clone(&self.setup))
+    }
+}
+
+impl fmt::Debug for PreparedAgent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PreparedAgent")
+            .field("agent", &self.agent.qualified_name())
+            .field("version", &self.agent.metadata.version)
+            .finish_non_exhaustive()
+    }
+}
 
 /// What a session needs from its agent version, prepared once.
 pub(crate) struct DriverSetup {

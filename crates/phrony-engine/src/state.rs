@@ -20,7 +20,7 @@ use crate::config::EngineConfig;
 use crate::error::{EngineError, StoreError};
 use crate::fold::Fold;
 use crate::provider::ProviderFactory;
-use crate::setup::DriverSetup;
+use crate::setup::PreparedAgent;
 use crate::store::LedgerStore;
 
 /// One update of a followed session.
@@ -84,9 +84,10 @@ pub(crate) struct Inner {
     /// session's next driver answers them (`register` moves them into its `Live`).
     pub(crate) handover: Mutex<HashMap<String, Decisions>>,
     /// Agent versions compiled for driving (snapshot parsed, policies and argument schemas
-    /// compiled), by version id and content hash: a published version never changes, so every
-    /// session of it shares one. Bounded by [`PREPARED_AGENTS`].
-    pub(crate) prepared: Mutex<HashMap<(Uuid, String), Prepared>>,
+    /// compiled), by version id, each with the content hash it was prepared from: a stored
+    /// version never changes, so every session of it shares one. Bounded by
+    /// [`PREPARED_AGENTS`].
+    pub(crate) prepared: Mutex<HashMap<Uuid, (String, PreparedAgent)>>,
     /// The W3C trace context of each parked session's last `phrony.session` span, by session
     /// id: the driver that resumes the session continues that trace. In memory only (a session
     /// resumed after a restart starts a new trace); bounded by [`PARKED_TRACES`].
@@ -106,9 +107,6 @@ pub(crate) struct Inner {
 /// Parked sessions' trace contexts [`Inner::parked_traces`] keeps; when full it starts over
 /// (those sessions' resumptions start new traces).
 pub(crate) const PARKED_TRACES: usize = 10_000;
-
-/// An agent version ready to drive sessions: the compiled agent and what drivers need from it.
-pub(crate) type Prepared = (Arc<CompiledAgent>, Arc<DriverSetup>);
 
 /// Agent versions [`Inner::prepared`] keeps; when full it starts over (versions in use are
 /// compiled again on their next session).
@@ -414,29 +412,35 @@ impl Live {
 }
 
 impl Inner {
-    /// The prepared form of agent version `id` whose compiled snapshot is `agent` (or whose
-    /// stored snapshot `load` parses), compiled once per version.
+    /// The prepared form of agent version `id` with content hash `content_hash`, whose stored
+    /// snapshot `load` parses: compiled once per version and kept (an entry prepared from
+    /// another content hash is replaced).
     pub(crate) fn prepare(
         &self,
         id: Uuid,
         content_hash: &str,
         load: impl FnOnce() -> Result<CompiledAgent, EngineError>,
-    ) -> Result<Prepared, EngineError> {
-        let key = (id, content_hash.to_owned());
-        if let Some(hit) = self.lock_prepared().get(&key) {
+    ) -> Result<PreparedAgent, EngineError> {
+        if let Some((hash, hit)) = self.lock_prepared().get(&id)
+            && hash == content_hash
+        {
             return Ok(hit.clone());
         }
-        let agent = load()?;
-        let setup = DriverSetup::prepare(&agent)?;
-        let prepared = (Arc::new(agent), Arc::new(setup));
+        let prepared = PreparedAgent::new(load()?)?;
         let mut cache = self.lock_prepared();
-        if cache.len() >= PREPARED_AGENTS {
+        if cache.len() >= PREPARED_AGENTS && !cache.contains_key(&id) {
             cache.clear();
         }
-        Ok(cache.entry(key).or_insert(prepared).clone())
+        cache.insert(id, (content_hash.to_owned(), prepared.clone()));
+        Ok(prepared)
     }
 
-    fn lock_prepared(&self) -> std::sync::MutexGuard<'_, HashMap<(Uuid, String), Prepared>> {
+    /// Agent version `id` as prepared before, if it was (and is still kept).
+    pub(crate) fn prepared(&self, id: Uuid) -> Option<PreparedAgent> {
+        self.lock_prepared().get(&id).map(|(_, p)| p.clone())
+    }
+
+    fn lock_prepared(&self) -> std::sync::MutexGuard<'_, HashMap<Uuid, (String, PreparedAgent)>> {
         self.prepared
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)

@@ -22,7 +22,7 @@ use uuid::Uuid;
 
 use crate::calls::{CallScope, EditRefusal, LIMIT_TOOL};
 use crate::engine::Engine;
-use crate::error::{EngineError, ErrorKind};
+use crate::error::EngineError;
 
 /// How long a deciding vote waits for the live driver's acknowledgement. The driver answers
 /// as soon as it takes the decision; the bound only keeps an answer from hanging on a driver
@@ -217,13 +217,10 @@ impl Engine {
         }
         let session = store.get_session(&approval.session_id).await?;
         let call = store.get_tool_call(&approval.call_id).await?;
-        let stored = store.agent_version(session.agent_version_id).await?;
-        let (agent, setup) =
-            self.inner
-                .prepare(session.agent_version_id, &stored.content_hash, || {
-                    CompiledAgent::from_snapshot_json(stored.snapshot_json.as_bytes())
-                        .map_err(|e| EngineError::new(ErrorKind::Internal, e.to_string()))
-                })?;
+        let (agent, setup) = self
+            .prepared_version(session.agent_version_id)
+            .await?
+            .parts();
         let agent: &CompiledAgent = &agent;
         let wire = call.wire_name.clone().unwrap_or_else(|| call.tool.clone());
         let Some(binding) = setup.binding(&wire) else {

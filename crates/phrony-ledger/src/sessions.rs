@@ -719,14 +719,17 @@ pub(crate) async fn create(
         status: SessionStatus::Running,
         bundle_version_id: new.bundle_version_id,
     });
-    let event = body.clone().into_new_event(&new.actor)?;
-    let event = append(tx, &mut head, event).await?;
+    // `session.started` and the opening events in one append (one head update and seal).
+    let mut batch = Vec::with_capacity(1 + opening.len());
+    batch.push(body.clone().into_new_event(&new.actor)?);
+    batch.extend_from_slice(opening);
+    let appended = crate::events::append_batch(tx, &mut head, batch).await?;
+    let event = appended
+        .first()
+        .ok_or_else(|| LedgerError::corrupt("a session's opening append returned no event"))?;
     // The row as inserted: neither the secrets nor the opening events change it.
-    let session = project(&mut tx.conn(), &event, &body).await?;
+    let session = project(&mut tx.conn(), event, &body).await?;
     secrets::insert(&mut tx.conn(), &new.id, &new.secrets, event.ts).await?;
-    if !opening.is_empty() {
-        crate::events::append_batch(tx, &mut head, opening.to_vec()).await?;
-    }
     Ok(session)
 }
 

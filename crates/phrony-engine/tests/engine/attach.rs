@@ -418,7 +418,8 @@ impl<'a> StartRequestBuilder<'a> {
         phrony_engine::StartSession {
             session_id: None,
             agent_version_id: self.version_id,
-            agent: self.agent.clone(),
+            agent: phrony_engine::PreparedAgent::new(self.agent.clone())
+                .expect("the agent compiles"),
             input: json!("Refund €400 for ORD-1."),
             metadata: Default::default(),
             mode: SessionMode::Task,

@@ -196,6 +196,42 @@ async fn task_sessions_take_no_further_messages_and_empty_messages_are_refused()
 }
 
 #[tokio::test]
+async fn a_stored_version_is_parsed_and_compiled_once_per_engine() {
+    let h = Harness::memory(&AgentOptions::default(), vec![]).await;
+    let hash = h.agent.content_hash();
+    let snapshot = String::from_utf8(h.agent.snapshot_json()).unwrap();
+    let first = h
+        .engine
+        .prepare_version(h.version_id, &hash, &snapshot)
+        .unwrap();
+    assert_eq!(first.agent().content_hash(), hash);
+    // Prepared before: the stored text is not parsed again.
+    let again = h
+        .engine
+        .prepare_version(h.version_id, &hash, "not a snapshot")
+        .unwrap();
+    assert_eq!(again.agent().content_hash(), hash);
+    // Another content hash under the id is prepared afresh, and a snapshot that does not
+    // load is an internal error naming the version.
+    let err = h
+        .engine
+        .prepare_version(h.version_id, "sha256:other", "not a snapshot")
+        .unwrap_err();
+    assert_eq!(err.kind, ErrorKind::Internal);
+    assert!(
+        err.message.starts_with(&format!(
+            "the stored snapshot of agent version {} does not load: ",
+            h.version_id
+        )),
+        "{}",
+        err.message
+    );
+    // Sessions of the version run on what was prepared.
+    let s = h.start("Refund €400 for ORD-1.").await;
+    assert_eq!(s.agent_version_id, h.version_id);
+}
+
+#[tokio::test]
 async fn start_checks_secrets_and_input() {
     let h = Harness::memory(&AgentOptions::default(), vec![]).await;
     let mut req = h.start_request(json!("hi"), SessionMode::Task);

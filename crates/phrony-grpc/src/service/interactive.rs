@@ -90,7 +90,7 @@ impl RuntimeService {
             None => return Err(Status::invalid_argument(conv::FIRST_MESSAGE_MUST_BE_START)),
         };
         let (id, from) = if start.session_id.trim().is_empty() {
-            let (handle, _agent) = self
+            let handle = self
                 .start_session(StartRequest {
                     agent_ref: start.agent_ref,
                     bundle_ref: start.bundle_ref,

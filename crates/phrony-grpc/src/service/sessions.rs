@@ -4,8 +4,7 @@
 use phrony_auth::Attribution;
 use std::collections::{BTreeSet, HashMap};
 
-use phrony_engine::{BundleStart, SessionHandle, StartSession};
-use phrony_manifest::CompiledAgent;
+use phrony_engine::{BundleStart, Engine, PreparedAgent, SessionHandle, StartSession};
 use phrony_proto::runtime::v1 as pb;
 use tonic::Status;
 
@@ -51,7 +50,7 @@ impl std::fmt::Debug for StartRequest {
 /// A start target resolved to the agent version that runs.
 struct ResolvedTarget {
     agent_version_id: uuid::Uuid,
-    agent: CompiledAgent,
+    agent: PreparedAgent,
     /// The secret names the start must resolve: the agent's, or the bundle's union.
     secret_names: BTreeSet<String>,
     /// `agent ns/name@v` or `bundle ns/name@v`, for messages and logs.
@@ -59,38 +58,25 @@ struct ResolvedTarget {
     bundle: Option<BundleStart>,
 }
 
-/// Loads a stored snapshot; one that does not load is an internal error (logged in full).
-fn load_snapshot(snapshot_json: &str, label: &str) -> Result<CompiledAgent, Status> {
-    CompiledAgent::from_snapshot_json(snapshot_json.as_bytes()).map_err(|e| {
-        tracing::error!(target_ref = %label, error = %e, "stored agent snapshot does not load");
-        Status::internal(format!(
-            "the stored snapshot of {label} does not load; see the runtime log"
-        ))
-    })
-}
-
 impl RuntimeService {
     /// Starts a session (§5.3): resolves the agent to its active deployment, or the bundle to
     /// its active deployment's root member (an explicit version must be the active one), checks
     /// the input, the secrets (exactly the declared set; for a bundle, the union over its
     /// members) and the metadata, and hands it to the engine, whose driver runs the first turn in the
-    /// background. Returns the started session and the compiled agent it runs.
+    /// background. Returns the started session.
     ///
     /// Errors: `InvalidArgument` for a malformed request (naming the field and the problem);
     /// `NotFound` for an unknown agent or bundle; `FailedPrecondition`
     /// when the agent cannot be run (archived, nothing deployed, a version that is not the
     /// active one, a retired or deprecated active version, an unusable model configuration);
     /// `Unavailable` when this service runs no engine.
-    pub(crate) async fn start_session(
-        &self,
-        req: StartRequest,
-    ) -> Result<(SessionHandle, CompiledAgent), Status> {
+    pub(crate) async fn start_session(&self, req: StartRequest) -> Result<SessionHandle, Status> {
         let engine = self.engine()?;
         let target = conv::start_target(req.agent_ref.as_ref(), req.bundle_ref.as_ref())?;
         let input = conv::session_input(&req.input)?;
         let mode = conv::session_mode(req.mode)?;
         let metadata = conv::metadata(req.metadata)?;
-        let resolved = self.resolve_target(&target).await?;
+        let resolved = self.resolve_target(engine, &target).await?;
         let secrets = conv::resolved_secrets(
             &resolved.secret_names,
             &resolved.label,
@@ -100,7 +86,7 @@ impl RuntimeService {
             .start_session(StartSession {
                 session_id: None,
                 agent_version_id: resolved.agent_version_id,
-                agent: resolved.agent.clone(),
+                agent: resolved.agent,
                 input,
                 metadata,
                 mode,
@@ -115,12 +101,18 @@ impl RuntimeService {
             session_id = %handle.id, target = %resolved.label, actor = %req.actor, ?mode,
             "session started"
         );
-        Ok((handle, resolved.agent))
+        Ok(handle)
     }
 
     /// The runnable agent version a start target names: the agent's active deployment, or the
-    /// root member of the bundle's active deployment (an explicit version must be that one).
-    async fn resolve_target(&self, target: &conv::StartTarget) -> Result<ResolvedTarget, Status> {
+    /// root member of the bundle's active deployment (an explicit version must be that one),
+    /// prepared by the engine (once per version: a start of a version it ran before parses
+    /// and compiles nothing).
+    async fn resolve_target(
+        &self,
+        engine: &Engine,
+        target: &conv::StartTarget,
+    ) -> Result<ResolvedTarget, Status> {
         match target {
             conv::StartTarget::Agent(agent, version) => {
                 let stored = self
@@ -129,15 +121,18 @@ impl RuntimeService {
                     .await
                     .map_err(ledger_status)?;
                 let label = format!("agent {agent}@{}", stored.version);
-                let compiled = load_snapshot(&stored.snapshot_json, &label)?;
-                let secret_names = compiled
+                let prepared = engine
+                    .prepare_version(stored.id, &stored.content_hash, &stored.snapshot_json)
+                    .map_err(engine_status)?;
+                let secret_names = prepared
+                    .agent()
                     .secret_requirements()
                     .into_iter()
                     .map(|r| r.name)
                     .collect();
                 Ok(ResolvedTarget {
                     agent_version_id: stored.id,
-                    agent: compiled,
+                    agent: prepared,
                     secret_names,
                     label,
                     bundle: None,
@@ -167,10 +162,13 @@ impl RuntimeService {
                     ))
                 })?;
                 let secret_names: BTreeSet<String> = union.into_iter().map(|s| s.name).collect();
-                let compiled = load_snapshot(&runnable.root.snapshot_json, &label)?;
+                let root = &runnable.root;
+                let prepared = engine
+                    .prepare_version(root.id, &root.content_hash, &root.snapshot_json)
+                    .map_err(engine_status)?;
                 Ok(ResolvedTarget {
                     agent_version_id: runnable.root.id,
-                    agent: compiled,
+                    agent: prepared,
                     secret_names: secret_names.clone(),
                     label,
                     bundle: Some(BundleStart {
@@ -187,7 +185,7 @@ impl RuntimeService {
         request: pb::RunSessionRequest,
         actor: Attribution,
     ) -> Result<pb::RunSessionResponse, Status> {
-        let (handle, _agent) = self
+        let handle = self
             .start_session(StartRequest {
                 agent_ref: request.agent_ref,
                 bundle_ref: request.bundle_ref,
@@ -326,7 +324,9 @@ impl RuntimeService {
             // The model is context, not the point of an inspection: a version that no longer
             // loads shows an empty model rather than failing the whole read.
             let model = match self.ledger.get_agent_version_by_id(version_id).await {
-                Ok(v) => match CompiledAgent::from_snapshot_json(v.snapshot_json.as_bytes()) {
+                Ok(v) => match phrony_manifest::CompiledAgent::from_snapshot_json(
+                    v.snapshot_json.as_bytes(),
+                ) {
                     Ok(agent) => (agent.spec.model.provider, agent.spec.model.name),
                     Err(e) => {
                         tracing::warn!(%version_id, error = %e, "stored agent snapshot does not load");

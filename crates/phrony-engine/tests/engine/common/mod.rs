@@ -699,7 +699,15 @@ impl Harness {
         StartSession {
             session_id: None,
             agent_version_id: self.version_id,
-            agent: self.agent.clone(),
+            // As the service does: prepared by the engine, once per version.
+            agent: self
+                .engine
+                .prepare_version(
+                    self.version_id,
+                    &self.agent.content_hash(),
+                    &String::from_utf8(self.agent.snapshot_json()).expect("UTF-8 JSON"),
+                )
+                .expect("the agent compiles"),
             input,
             metadata: [("ticket_id".to_owned(), "T-1001".to_owned())].into(),
             mode,
