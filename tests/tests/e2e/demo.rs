@@ -106,6 +106,31 @@ fn the_demo_without_a_decision_stops_at_the_approval_and_names_yes() {
     assert!(stderr.contains("run with --yes"), "{stderr}");
 }
 
+/// Piped input is all there from the start, while the €400 approval opens seconds later: the
+/// `/approve` line waits for it (it used to arrive first, find no approval pending, and leave
+/// the demo stopped at the approval with stdin ended).
+#[test]
+fn a_piped_approve_decides_the_held_refund() {
+    let home = tempfile::tempdir().unwrap();
+    let input = home.path().join("operator.txt");
+    std::fs::write(&input, "/approve the damage photos check out\n").unwrap();
+    let stdout = ok(phrony()
+        .args(["demo", "--no-tui"])
+        .env("PHRONY_ACTOR", "emad")
+        .env("HOME", home.path())
+        .env("XDG_DATA_HOME", home.path())
+        .stdin(std::fs::File::open(&input).unwrap()));
+    let (talk, trail) = stdout.split_once("The audit trail").unwrap();
+    assert!(!talk.contains("no approval is pending"), "{talk}");
+    assert!(
+        talk.contains("── approval approved by emad (1/1): the damage photos check out ──"),
+        "{talk}"
+    );
+    assert!(talk.contains("\"refund_id\":\"rf_ORD-1\""), "{talk}");
+    assert!(!talk.contains("rf_ORD-2"), "{talk}");
+    assert!(trail.contains("status:       completed"), "{trail}");
+}
+
 /// With `--runtime-addr` the demo uses that runtime (which runs the stub model): the session
 /// is found there afterwards, completed.
 #[test]

@@ -15,7 +15,7 @@
 //! End of stdin detaches once the session is idle (waiting for input or for an approval, or
 //! ended), so `echo "Check ORD-1" | phrony sessions attach ID` prints the answer before leaving.
 
-use std::io::{self, Write};
+use std::io::{self, IsTerminal as _, Write};
 
 use chrono::{DateTime, Utc};
 use phrony_client::OUTCOME_REVIEW;
@@ -38,9 +38,41 @@ const REVIEW_HELP: &str = "this call's outcome is unknown: /happened [comment] i
 const HELP: &str = "commands: /approve [comment] · /deny [comment] · /happened · /fail · \
                     /resend · /complete · /cancel · /detach · //text sends /text";
 
+/// When the renderer takes the operator's next line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pacing {
+    /// As it comes: a terminal, where the operator types when they choose (a `/cancel` in
+    /// the middle of a turn included).
+    Immediate,
+    /// Each line once the session waits on the operator: piped input, whose lines are all
+    /// there at once, so that a script's `/approve` answers the approval it was written for
+    /// instead of arriving before it and finding none pending.
+    WhenWaiting,
+}
+
+impl Pacing {
+    /// [`Pacing::Immediate`] for a terminal on stdin, [`Pacing::WhenWaiting`] otherwise.
+    pub(crate) fn of_stdin() -> Self {
+        if io::stdin().is_terminal() {
+            Self::Immediate
+        } else {
+            Self::WhenWaiting
+        }
+    }
+}
+
 /// Runs the plain renderer on the process's stdin, stdout and stderr.
 pub(crate) async fn run_stdio(link: impl Link, view: View) -> anyhow::Result<Outcome> {
-    run(link, view, stdin_lines(), io::stdout(), io::stderr()).await
+    let pacing = Pacing::of_stdin();
+    run(
+        link,
+        view,
+        stdin_lines(),
+        pacing,
+        io::stdout(),
+        io::stderr(),
+    )
+    .await
 }
 
 /// Reads stdin lines on a thread of its own (a blocking read cannot be cancelled, and must
@@ -59,16 +91,17 @@ pub(crate) fn stdin_lines() -> mpsc::Receiver<String> {
 }
 
 /// Runs the plain renderer: session events from `link`, operator lines from `input` (closed
-/// at end of input), text to `out`, status lines to `err`.
+/// at end of input) taken as `pacing` says, text to `out`, status lines to `err`.
 pub(crate) async fn run(
     link: impl Link,
     view: View,
     input: mpsc::Receiver<String>,
+    pacing: Pacing,
     out: impl Write,
     err: impl Write,
 ) -> anyhow::Result<Outcome> {
     let (_none, director) = mpsc::channel(1);
-    drive(link, view, input, director, true, out, err).await
+    drive(link, view, (input, pacing), director, true, out, err).await
 }
 
 /// [`run`], also taking [`Directed`] steps from `director` (`phrony demo`'s script): a
@@ -78,11 +111,12 @@ pub(crate) async fn run_directed(
     link: impl Link,
     view: View,
     input: mpsc::Receiver<String>,
+    pacing: Pacing,
     director: mpsc::Receiver<Directed>,
     out: impl Write,
     err: impl Write,
 ) -> anyhow::Result<Outcome> {
-    drive(link, view, input, director, false, out, err).await
+    drive(link, view, (input, pacing), director, false, out, err).await
 }
 
 /// The renderer's loop; `prompting` shows the `> ` prompt when the session waits for a
@@ -90,7 +124,7 @@ pub(crate) async fn run_directed(
 async fn drive(
     mut link: impl Link,
     view: View,
-    mut input: mpsc::Receiver<String>,
+    (mut input, pacing): (mpsc::Receiver<String>, Pacing),
     mut director: mpsc::Receiver<Directed>,
     prompting: bool,
     out: impl Write,
@@ -102,6 +136,8 @@ async fn drive(
     let mut directed = true;
     let mut lost = None;
     loop {
+        let take_line =
+            input_open && (pacing == Pacing::Immediate || plain.awaits_a_line(prompting));
         tokio::select! {
             biased;
             // A step the last event led to goes first, so it follows that event.
@@ -137,7 +173,7 @@ async fn drive(
                     break;
                 }
             },
-            line = input.recv(), if input_open => match line {
+            line = input.recv(), if take_line => match line {
                 Some(line) => match plain.line(&line)? {
                     Some(Action::Detach) => break,
                     Some(action) => match link.perform(&action).await {
@@ -149,13 +185,7 @@ async fn drive(
                 None => input_open = false,
             },
         }
-        // Directed, only a held approval waits on the operator: the director sends the rest.
-        let stuck = if prompting {
-            plain.idle()
-        } else {
-            plain.view.phase == Phase::AwaitingApproval && plain.idle()
-        };
-        if !input_open && stuck && director.is_empty() {
+        if !input_open && plain.waits_on_operator(prompting) && director.is_empty() {
             break;
         }
     }
@@ -239,6 +269,23 @@ impl<O: Write, E: Write> Plain<O, E> {
         self.prompted = true;
         write!(self.err, "> ")?;
         self.err.flush()
+    }
+
+    /// Nothing more will happen without the operator. Directed (`prompting` false), only a
+    /// held approval waits on the operator: the director sends the rest.
+    fn waits_on_operator(&self, prompting: bool) -> bool {
+        if prompting {
+            self.idle()
+        } else {
+            self.view.phase == Phase::AwaitingApproval && self.idle()
+        }
+    }
+
+    /// [`Self::waits_on_operator`], and a line has something to answer: a session awaiting
+    /// approval whose approval has arrived (its status can come first).
+    fn awaits_a_line(&self, prompting: bool) -> bool {
+        self.waits_on_operator(prompting)
+            && (self.view.phase != Phase::AwaitingApproval || self.view.pending.is_some())
     }
 
     /// Nothing more will happen without the operator: waiting for input with no message of
@@ -649,6 +696,10 @@ mod tests {
     }
 
     async fn play(steps: Vec<Step>, lines: &[&str]) -> Run {
+        play_paced(steps, lines, Pacing::Immediate).await
+    }
+
+    async fn play_paced(steps: Vec<Step>, lines: &[&str], pacing: Pacing) -> Run {
         let actions = Arc::new(Mutex::new(Vec::new()));
         let link = Scripted {
             steps: steps.into(),
@@ -664,7 +715,7 @@ mod tests {
         let view = View::new(Some("support/refund-agent@0.1.0".into()));
         let outcome = tokio::time::timeout(
             std::time::Duration::from_secs(10),
-            run(link, view, rx, &mut out, &mut err),
+            run(link, view, rx, pacing, &mut out, &mut err),
         )
         .await
         .expect("the renderer finished")
@@ -733,6 +784,53 @@ mod tests {
                 failure: None
             },
             "end of stdin detaches once the session is idle"
+        );
+    }
+
+    #[tokio::test]
+    async fn piped_input_answers_the_approval_it_was_written_for_not_earlier() {
+        // Piped lines are all there from the start, while the session's events come one by
+        // one (each `Yield` lets the renderer look at its input). The `/approve` and the
+        // acknowledgement it needs wait for the approval instead of finding none pending.
+        let run = play_paced(
+            vec![
+                ev(SessionEvent::Started(started())),
+                Step::Yield,
+                ev(delta("I'll issue the refund.")),
+                Step::Yield,
+                ev(tool_call(
+                    "c9",
+                    "payments.issue-refund",
+                    r#"{"amount":400,"order_id":"ORD-1"}"#,
+                )),
+                Step::Yield,
+                ev(approval(true)),
+                Step::AwaitAction,
+                ev(decided("approved", 1)),
+                ev(tool_ok("c9", r#"{"refund_id":"rf_123"}"#)),
+                ev(ready(1, 850)),
+                Step::Hang,
+            ],
+            &["/approve Damage claim verified", "y"],
+            Pacing::WhenWaiting,
+        )
+        .await;
+        assert_eq!(
+            run.actions,
+            vec![Action::Decide(
+                Decision::approve()
+                    .for_approval("apr_1")
+                    .with_comment("Damage claim verified")
+                    .with_comprehension(true)
+            )]
+        );
+        assert!(!run.err.contains("no approval is pending"), "{}", run.err);
+        assert_eq!(
+            run.outcome,
+            Outcome::Detached {
+                phase: Phase::Ready,
+                failure: None
+            }
         );
     }
 
@@ -963,9 +1061,16 @@ mod tests {
             }
         }
         let (_tx, rx) = mpsc::channel(1);
-        let outcome = run(Broken(false), View::new(None), rx, io::sink(), io::sink())
-            .await
-            .unwrap();
+        let outcome = run(
+            Broken(false),
+            View::new(None),
+            rx,
+            Pacing::Immediate,
+            io::sink(),
+            io::sink(),
+        )
+        .await
+        .unwrap();
         assert_eq!(outcome, Outcome::Lost("connection reset".into()));
     }
 }

@@ -235,8 +235,16 @@ async fn converse(client: &Client, actor: &str, args: &Args) -> anyhow::Result<S
             plain::stdin_lines()
         };
         // Status lines and the agent's text on stdout both, in order.
-        let outcome =
-            plain::run_directed(link, view, input, director, io::stdout(), io::stdout()).await;
+        let outcome = plain::run_directed(
+            link,
+            view,
+            input,
+            plain::Pacing::of_stdin(),
+            director,
+            io::stdout(),
+            io::stdout(),
+        )
+        .await;
         drop(keep_open);
         outcome?
     };
