@@ -32,10 +32,11 @@ use sha2::{Digest as _, Sha256};
 
 use crate::audit_key::{AuditKey, STREAM_SET_SHARDS};
 use crate::chain::ViolationKind;
+use crate::db::seal_head;
 use crate::db::{Arg, Backend, Conn, Row, Tx, args};
 use crate::error::{LedgerError, Result};
 use crate::event_body::{AuditKeyIntroduced, AuditUnverifiedLogAllowed, EventBody, SealedHead};
-use crate::events::{self, append, lock_stream, seal_head};
+use crate::events::{self, append, lock_stream};
 use crate::model::{AgentRef, Event};
 
 /// The stream that records the audit key's introduction and start-up overrides.

@@ -220,6 +220,36 @@ impl Pool {
     }
 }
 
+/// The upsert clause of a head's seal (`chain_heads`): one text for the seal on its own
+/// ([`seal_head`]) and the seal inside an append's statement (`events::advance_head_sql`).
+macro_rules! reseal {
+    () => {
+        "ON CONFLICT (stream) DO UPDATE SET seq = excluded.seq, hash = excluded.hash, \
+         mac = excluded.mac"
+    };
+}
+pub(crate) use reseal;
+
+/// Writes the sealed head of `stream` (in the transaction of the appends it seals).
+pub(crate) async fn seal_head(
+    conn: &mut Conn<'_>,
+    key: &AuditKey,
+    stream: &str,
+    seq: i64,
+    hash: &str,
+) -> Result<()> {
+    conn.execute(
+        "seal stream head",
+        concat!(
+            "INSERT INTO chain_heads (stream, seq, hash, mac) VALUES ($1, $2, $3, $4) ",
+            reseal!()
+        ),
+        args![stream, seq, hash, key.mac(stream, seq, hash)],
+    )
+    .await?;
+    Ok(())
+}
+
 /// A write transaction, with the clock its writes take their times from.
 pub(crate) struct Tx {
     kind: TxKind,
@@ -240,6 +270,9 @@ pub(crate) struct Tx {
     /// The session leases this transaction releases with their session's end
     /// (`leases::release_with_end`): the replica forgets them once it commits.
     released: Vec<(String, i64)>,
+    /// Stream heads to seal when the transaction commits, as `(stream, seq, hash)`, the last
+    /// append's per stream ([`Tx::seal_on_commit`]; SQLite).
+    seals: Vec<(String, i64, String)>,
 }
 
 enum TxKind {
@@ -266,7 +299,37 @@ impl Tx {
             listeners: None,
             committed: Vec::new(),
             released: Vec::new(),
+            seals: Vec::new(),
         }
+    }
+
+    /// Seals `stream`'s head at `seq` / `hash` when this transaction commits, in it: one seal
+    /// per stream and transaction however many appends it made (a later append's head
+    /// replaces an earlier one). Nothing reads a seal inside the transaction that writes it.
+    pub(crate) fn seal_on_commit(&mut self, stream: &str, seq: i64, hash: &str) {
+        match self.seals.iter_mut().find(|(s, _, _)| s == stream) {
+            Some(seal) => {
+                seal.1 = seq;
+                hash.clone_into(&mut seal.2);
+            }
+            None => self.seals.push((stream.to_owned(), seq, hash.to_owned())),
+        }
+    }
+
+    /// Writes the seals [`Tx::seal_on_commit`] kept.
+    async fn write_seals(&mut self) -> Result<()> {
+        let seals = std::mem::take(&mut self.seals);
+        if seals.is_empty() {
+            return Ok(());
+        }
+        let key = self.audit_key.clone().ok_or_else(|| {
+            LedgerError::corrupt("a stream head was to be sealed without an audit key")
+        })?;
+        let mut conn = self.conn();
+        for (stream, seq, hash) in &seals {
+            seal_head(&mut conn, &key, stream, *seq, hash).await?;
+        }
+        Ok(())
     }
 
     /// The current time by the ledger's clock (microsecond precision).
@@ -363,7 +426,10 @@ impl Tx {
 
     /// Commits; on SQLite returns once the write's batch committed (a write is acknowledged
     /// only when it is durable).
-    pub(crate) async fn commit(self) -> Result<()> {
+    pub(crate) async fn commit(mut self) -> Result<()> {
+        if let Err(error) = self.write_seals().await {
+            return self.rollback().await.and(Err(error));
+        }
         let committed = match self.kind {
             TxKind::Sqlite(lease) => lease.release().await,
             TxKind::Postgres(tx, begun) => {

@@ -4,7 +4,7 @@ use crate::audit_key::{AuditKey, STREAM_SET_SHARDS};
 use crate::chain::{
     ChainVerifier, GENESIS_HASH, HashInput, StoredEvent, canonical_json, event_hash,
 };
-use crate::db::{Arg, Backend, Conn, Row, Tx, args};
+use crate::db::{Arg, Backend, Conn, Row, Tx, args, reseal};
 use crate::error::{LedgerError, Result};
 use crate::event_body::EventBody;
 use crate::model::{Event, NewEvent, VerifyReport, recorded_verification};
@@ -328,7 +328,8 @@ pub(crate) async fn append_batch(
     let last_hash = prev_hash;
     let key = tx.audit_key();
     // PostgreSQL seals the head in the statement that advances it (one round trip, not two);
-    // SQLite, whose statements cost no round trip and cannot write in a `WITH`, seals after.
+    // SQLite, whose statements cost no round trip and cannot write in a `WITH`, seals each
+    // stream it appended to once, when the transaction commits (`Tx::seal_on_commit`).
     let seal = key
         .as_deref()
         .filter(|_| tx.backend() == Backend::Postgres)
@@ -337,7 +338,8 @@ pub(crate) async fn append_batch(
     advance_head(tx, head, seq, &last_hash, ts, seal.as_deref(), fused_rows).await?;
     if let Some(key) = key {
         if seal.is_none() {
-            seal_head(&mut tx.conn(), &key, &head.stream, seq, &last_hash).await?;
+            // SQLite: once per stream when the transaction commits, not once per append.
+            tx.seal_on_commit(&head.stream, seq, &last_hash);
         }
         if first_seq == 1 {
             let backend = tx.backend();
@@ -371,15 +373,6 @@ pub(crate) async fn append_batch(
         payloads.into_iter(),
     );
     Ok(appended)
-}
-
-/// The upsert clause of a head's seal: one text for the seal on its own ([`seal_head`]) and
-/// the seal inside an append's statement ([`advance_head_sql`]).
-macro_rules! reseal {
-    () => {
-        "ON CONFLICT (stream) DO UPDATE SET seq = excluded.seq, hash = excluded.hash, \
-         mac = excluded.mac"
-    };
 }
 
 /// The `UPDATE` that advances a stream head from `$5` to `$2`/`$3` at `$4`; `fenced` adds the
@@ -662,26 +655,6 @@ pub(crate) async fn verify_every_stream(conn: &mut Conn<'_>) -> Result<Vec<Verif
         reports.push(verify(conn, &row.text("stream")?).await?);
     }
     Ok(reports)
-}
-
-/// Writes the sealed head of `stream` (in the append's transaction).
-pub(crate) async fn seal_head(
-    conn: &mut Conn<'_>,
-    key: &AuditKey,
-    stream: &str,
-    seq: i64,
-    hash: &str,
-) -> Result<()> {
-    conn.execute(
-        "seal stream head",
-        concat!(
-            "INSERT INTO chain_heads (stream, seq, hash, mac) VALUES ($1, $2, $3, $4) ",
-            reseal!()
-        ),
-        args![stream, seq, hash, key.mac(stream, seq, hash)],
-    )
-    .await?;
-    Ok(())
 }
 
 /// The digest of an empty stream set.

@@ -858,6 +858,69 @@ pub(crate) async fn a_batch_append_seals_its_head_and_joins_the_stream_set(db: &
     assert_eq!(p.stream.as_deref(), Some("gate-org_a"));
 }
 
+/// The sealed head of a stream a write appended to several times (a model step: its
+/// completion, the status change and each requested call) is the write's last head, and a
+/// write that is refused after its appends leaves the seal as it was.
+pub(crate) async fn a_write_of_several_appends_seals_its_last_head(db: &TestDb) {
+    use phrony_ledger::{SessionStatus, StatusChange};
+
+    use crate::session_cases::{completion_event, refund_call};
+
+    let ledger = keyed(db).await;
+    ledger.start_audit(true).await.unwrap();
+    let v = deploy_agent(&ledger, &refund_agent(), "0.1.0").await;
+    let s = start(&ledger, &v).await;
+    let sealed = |id: String| async move {
+        let row = db
+            .raw_strings(&format!(
+                "SELECT CAST(h.seq AS TEXT), CAST(s.last_seq AS TEXT),                  CAST(h.hash = s.last_hash AS TEXT)                  FROM chain_heads h JOIN streams s ON s.stream = h.stream                  WHERE h.stream = '{id}'"
+            ))
+            .await;
+        row[0].clone()
+    };
+    ledger
+        .record_step(
+            &s.id,
+            completion_event(0, "tool_use", Vec::new()),
+            None,
+            Some(StatusChange::to(SessionStatus::AwaitingTool).from(SessionStatus::Running)),
+            vec![refund_call(&s.id, 0, 0, 100), refund_call(&s.id, 0, 1, 50)],
+        )
+        .await
+        .unwrap();
+    let after_step = sealed(s.id.clone()).await;
+    let last = ledger
+        .events_after(&s.id, 0, 100)
+        .await
+        .unwrap()
+        .len()
+        .to_string();
+    assert_eq!(
+        after_step[0].as_deref(),
+        Some(last.as_str()),
+        "{after_step:?}"
+    );
+    assert_eq!(after_step[0], after_step[1], "sealed at the stream's head");
+    assert!(
+        matches!(after_step[2].as_deref(), Some("1" | "true")),
+        "{after_step:?}"
+    );
+    // Refused after its completion was appended: nothing of it stays, the seal included.
+    let refused = ledger
+        .record_step(
+            &s.id,
+            completion_event(1, "tool_use", Vec::new()),
+            None,
+            Some(StatusChange::to(SessionStatus::AwaitingTool).from(SessionStatus::Running)),
+            vec![],
+        )
+        .await;
+    assert!(refused.is_err(), "{refused:?}");
+    assert_eq!(sealed(s.id.clone()).await, after_step);
+    let report = ledger.verify_audit(AuditScope::All).await.unwrap();
+    assert_eq!(report.problem, None);
+}
+
 /// An audit check beside live writers (another replica creating sessions and appending to
 /// them) reads one consistent state of the log: `verify_audit(All)` and the start-up check
 /// report no problem that is not there (a stream created, or an event appended, between two

@@ -159,6 +159,7 @@ conformance!(
     a_session_never_outlives_the_retire_or_archive_of_its_agent,
     a_batch_append_is_ordered_chained_and_all_or_nothing,
     a_batch_append_seals_its_head_and_joins_the_stream_set,
+    a_write_of_several_appends_seals_its_last_head,
     a_bundle_publish_vendors_its_members_and_is_immutable,
     an_external_bundle_member_names_a_published_version,
     bundle_deploy_rollback_and_history_follow_the_rules,
