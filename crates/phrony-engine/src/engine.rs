@@ -159,7 +159,6 @@ impl fmt::Debug for Engine {
     }
 }
 
-/// `spec.limits` as stored with the session (zero means unset).
 /// Parses the stored snapshot of agent version `id`; one that does not load is an internal
 /// error (the ledger stores only snapshots that loaded when they were published).
 fn load_snapshot(id: Uuid, snapshot_json: &str) -> Result<CompiledAgent, EngineError> {
@@ -171,6 +170,7 @@ fn load_snapshot(id: Uuid, snapshot_json: &str) -> Result<CompiledAgent, EngineE
     })
 }
 
+/// `spec.limits` as stored with the session (zero means unset).
 pub(crate) fn session_limits(agent: &CompiledAgent) -> Option<SessionLimits> {
     let l = agent.spec.limits.as_ref()?;
     let pos = |v: i64| u64::try_from(v).ok().filter(|v| *v > 0);
