@@ -250,6 +250,79 @@ pub(crate) async fn seal_head(
     Ok(())
 }
 
+/// The `UPDATE` that advances a stream head from `$5` to `$2`/`$3` at `$4`; `fenced` adds the
+/// lease check (`$6` owner, `$7` epoch): the head moves only while the replica's lease of the
+/// session of that id is still the one stored (see `leases.rs`).
+pub(crate) fn head_update_sql(fenced: bool) -> &'static str {
+    if fenced {
+        "UPDATE streams SET last_seq = $2, last_hash = $3, updated_at = $4 \
+         WHERE stream = $1 AND last_seq = $5 \
+         AND EXISTS (SELECT 1 FROM session_leases \
+         WHERE session_id = $1 AND (owner = $6 OR owner IS NULL) AND epoch = $7)"
+    } else {
+        "UPDATE streams SET last_seq = $2, last_hash = $3, updated_at = $4 \
+         WHERE stream = $1 AND last_seq = $5"
+    }
+}
+
+/// Why a [`head_update_sql`] advanced nothing: the replica's lease of the session is gone
+/// ([`LedgerError::Fenced`], with `fence` the replica's id and the epoch it held) or the head
+/// moved under the write (a concurrent append: [`LedgerError::Conflict`]).
+pub(crate) async fn refused_advance(
+    conn: &mut Conn<'_>,
+    stream: &str,
+    fence: Option<(String, i64)>,
+) -> LedgerError {
+    // (The fence refuses only once the epoch moved on — another acquisition. A lease this
+    // replica released at that epoch, and nobody took since, refuses nothing: its driver has
+    // stopped, and an operator's cancel landing between the release and the replica forgetting
+    // the lease is no stale driver write.) Only the fence's refusal is `Fenced`: a driver
+    // treats it as "driven elsewhere" and stops for good.
+    let lost = match &fence {
+        Some((owner, epoch)) => match conn
+            .fetch_optional(
+                "check the session lease of a refused append",
+                "SELECT 1 AS held FROM session_leases \
+                 WHERE session_id = $1 AND (owner = $2 OR owner IS NULL) AND epoch = $3",
+                args![stream, owner, *epoch],
+            )
+            .await
+        {
+            Ok(held) => held.is_none(),
+            Err(error) => return error,
+        },
+        None => false,
+    };
+    if let Some((_, epoch)) = fence.filter(|_| lost) {
+        phrony_metrics::LEDGER_FENCED_WRITES.inc();
+        tracing::warn!(
+            session_id = %stream,
+            epoch,
+            "a write to a session this replica no longer leases was refused"
+        );
+        return LedgerError::Fenced {
+            session_id: stream.to_owned(),
+            epoch: u64::try_from(epoch).unwrap_or_default(),
+        };
+    }
+    LedgerError::Conflict {
+        message: format!("stream {stream} advanced concurrently"),
+    }
+}
+
+/// A stream head a SQLite write advanced, written when the write commits
+/// ([`Tx::advance_on_commit`]).
+struct PendingHead {
+    stream: String,
+    /// The head's seq as stored, before the write's first append to the stream.
+    stored_seq: i64,
+    seq: i64,
+    hash: String,
+    ts: DateTime<Utc>,
+    /// The replica's lease fence on the stream at the write's first append to it.
+    fence: Option<(String, i64)>,
+}
+
 /// A write transaction, with the clock its writes take their times from.
 pub(crate) struct Tx {
     kind: TxKind,
@@ -270,9 +343,9 @@ pub(crate) struct Tx {
     /// The session leases this transaction releases with their session's end
     /// (`leases::release_with_end`): the replica forgets them once it commits.
     released: Vec<(String, i64)>,
-    /// Stream heads to seal when the transaction commits, as `(stream, seq, hash)`, the last
-    /// append's per stream ([`Tx::seal_on_commit`]; SQLite).
-    seals: Vec<(String, i64, String)>,
+    /// Stream heads to advance (and seal) when the transaction commits, one per stream, at its
+    /// last append ([`Tx::advance_on_commit`]; SQLite).
+    heads: Vec<PendingHead>,
 }
 
 enum TxKind {
@@ -299,35 +372,89 @@ impl Tx {
             listeners: None,
             committed: Vec::new(),
             released: Vec::new(),
-            seals: Vec::new(),
+            heads: Vec::new(),
         }
     }
 
-    /// Seals `stream`'s head at `seq` / `hash` when this transaction commits, in it: one seal
-    /// per stream and transaction however many appends it made (a later append's head
-    /// replaces an earlier one). Nothing reads a seal inside the transaction that writes it.
-    pub(crate) fn seal_on_commit(&mut self, stream: &str, seq: i64, hash: &str) {
-        match self.seals.iter_mut().find(|(s, _, _)| s == stream) {
-            Some(seal) => {
-                seal.1 = seq;
-                hash.clone_into(&mut seal.2);
+    /// Advances `stream`'s head from `from_seq` to `seq` / `hash` (at `ts`) when this
+    /// transaction commits, and seals it there with an audit key: one head update (and seal)
+    /// per stream and transaction however many appends it made. The appends' events are
+    /// written at once; [`Tx::pending_head`] is the head the write's later appends chain on
+    /// (`events::lock_stream` reads it), and [`Tx::write_heads`] writes the heads earlier for
+    /// a statement that reads them from `streams`. `Conflict` when `from_seq` is not the
+    /// stream's head in this transaction (an append chained on a stale head).
+    pub(crate) fn advance_on_commit(
+        &mut self,
+        stream: &str,
+        from_seq: i64,
+        seq: i64,
+        hash: &str,
+        ts: DateTime<Utc>,
+    ) -> Result<()> {
+        if let Some(head) = self.heads.iter_mut().find(|h| h.stream == stream) {
+            if head.seq != from_seq {
+                return Err(LedgerError::Conflict {
+                    message: format!(
+                        "stream {stream}: an append chained on seq {from_seq}, but this write \
+                         advanced the head to seq {}",
+                        head.seq
+                    ),
+                });
             }
-            None => self.seals.push((stream.to_owned(), seq, hash.to_owned())),
-        }
-    }
-
-    /// Writes the seals [`Tx::seal_on_commit`] kept.
-    async fn write_seals(&mut self) -> Result<()> {
-        let seals = std::mem::take(&mut self.seals);
-        if seals.is_empty() {
+            head.seq = seq;
+            hash.clone_into(&mut head.hash);
+            head.ts = ts;
             return Ok(());
         }
-        let key = self.audit_key.clone().ok_or_else(|| {
-            LedgerError::corrupt("a stream head was to be sealed without an audit key")
-        })?;
+        let fence = self.fence(stream);
+        self.heads.push(PendingHead {
+            stream: stream.to_owned(),
+            stored_seq: from_seq,
+            seq,
+            hash: hash.to_owned(),
+            ts,
+            fence,
+        });
+        Ok(())
+    }
+
+    /// The head this transaction advanced `stream` to and has not written yet, as `(seq,
+    /// hash)` ([`Tx::advance_on_commit`]).
+    pub(crate) fn pending_head(&self, stream: &str) -> Option<(i64, &str)> {
+        self.heads
+            .iter()
+            .find(|h| h.stream == stream)
+            .map(|h| (h.seq, h.hash.as_str()))
+    }
+
+    /// Writes the heads [`Tx::advance_on_commit`] kept: each stream's `UPDATE` from the head
+    /// stored before this transaction (fenced by the lease the replica held at its first
+    /// append: [`LedgerError::Fenced`] when that lease is gone) and, with an audit key, its
+    /// seal. [`Tx::commit`] calls it; a statement that reads heads from `streams` inside a
+    /// write calls it first.
+    pub(crate) async fn write_heads(&mut self) -> Result<()> {
+        let heads = std::mem::take(&mut self.heads);
+        if heads.is_empty() {
+            return Ok(());
+        }
+        let key = self.audit_key.clone();
         let mut conn = self.conn();
-        for (stream, seq, hash) in &seals {
-            seal_head(&mut conn, &key, stream, *seq, hash).await?;
+        for head in heads {
+            let mut binds = args![&head.stream, head.seq, &head.hash, head.ts, head.stored_seq];
+            let context = match &head.fence {
+                Some((owner, epoch)) => {
+                    binds.extend(args![owner, *epoch]);
+                    "advance fenced stream head"
+                }
+                None => "advance stream head",
+            };
+            let sql = head_update_sql(head.fence.is_some());
+            if conn.execute(context, sql, binds).await? != 1 {
+                return Err(refused_advance(&mut conn, &head.stream, head.fence).await);
+            }
+            if let Some(key) = &key {
+                seal_head(&mut conn, key, &head.stream, head.seq, &head.hash).await?;
+            }
         }
         Ok(())
     }
@@ -427,7 +554,7 @@ impl Tx {
     /// Commits; on SQLite returns once the write's batch committed (a write is acknowledged
     /// only when it is durable).
     pub(crate) async fn commit(mut self) -> Result<()> {
-        if let Err(error) = self.write_seals().await {
+        if let Err(error) = self.write_heads().await {
             return self.rollback().await.and(Err(error));
         }
         let committed = match self.kind {

@@ -4,7 +4,7 @@ use crate::audit_key::{AuditKey, STREAM_SET_SHARDS};
 use crate::chain::{
     ChainVerifier, GENESIS_HASH, HashInput, StoredEvent, canonical_json, event_hash,
 };
-use crate::db::{Arg, Backend, Conn, Row, Tx, args, reseal};
+use crate::db::{Arg, Backend, Conn, Row, Tx, args, head_update_sql, refused_advance, reseal};
 use crate::error::{LedgerError, Result};
 use crate::event_body::EventBody;
 use crate::model::{Event, NewEvent, VerifyReport, recorded_verification};
@@ -87,7 +87,8 @@ pub(crate) struct StreamHead {
 ///
 /// PostgreSQL: `SELECT … FOR UPDATE` on the `streams` row (after an
 /// `INSERT … ON CONFLICT DO NOTHING`, which itself waits for a concurrent creator).
-/// SQLite: the transaction already holds the database write lock (`BEGIN IMMEDIATE`).
+/// SQLite: the transaction already holds the database write lock (`BEGIN IMMEDIATE`). The head
+/// returned is the one this transaction advanced the stream to, when it appended to it before.
 pub(crate) async fn lock_stream(tx: &mut Tx, stream: &str) -> Result<StreamHead> {
     let sql = match tx.backend() {
         Backend::Postgres => "SELECT last_seq, last_hash FROM streams WHERE stream = $1 FOR UPDATE",
@@ -114,11 +115,27 @@ pub(crate) async fn lock_stream(tx: &mut Tx, stream: &str) -> Result<StreamHead>
     }
     let row =
         row.ok_or_else(|| LedgerError::corrupt(format!("stream {stream} vanished while locking")))?;
-    Ok(StreamHead {
-        stream: stream.to_owned(),
-        last_seq: row.int("last_seq")?,
-        last_hash: row.text("last_hash")?,
-    })
+    Ok(head_in_write(
+        tx,
+        StreamHead {
+            stream: stream.to_owned(),
+            last_seq: row.int("last_seq")?,
+            last_hash: row.text("last_hash")?,
+        },
+    ))
+}
+
+/// `stored`, the head a write read from `streams`, or the head the write itself advanced it to
+/// and has not written yet (SQLite: [`Tx::advance_on_commit`]).
+fn head_in_write(tx: &Tx, stored: StreamHead) -> StreamHead {
+    match tx.pending_head(&stored.stream) {
+        Some((seq, hash)) => StreamHead {
+            last_seq: seq,
+            last_hash: hash.to_owned(),
+            stream: stored.stream,
+        },
+        None => stored,
+    }
 }
 
 /// [`lock_stream`] of a session's stream and [`rows::require_session_head`] in one statement:
@@ -153,11 +170,14 @@ pub(crate) async fn lock_session(
         status: SessionStatus::parse_stored(&status)?,
         agent_version_id: row.uuid("agent_version_id")?,
     };
-    let head = StreamHead {
-        stream: session_id.to_owned(),
-        last_seq: row.int("last_seq")?,
-        last_hash: row.text("last_hash")?,
-    };
+    let head = head_in_write(
+        tx,
+        StreamHead {
+            stream: session_id.to_owned(),
+            last_seq: row.int("last_seq")?,
+            last_hash: row.text("last_hash")?,
+        },
+    );
     Ok((head, session))
 }
 
@@ -327,24 +347,25 @@ pub(crate) async fn append_batch(
     }
     let last_hash = prev_hash;
     let key = tx.audit_key();
-    // PostgreSQL seals the head in the statement that advances it (one round trip, not two);
-    // SQLite, whose statements cost no round trip and cannot write in a `WITH`, seals each
-    // stream it appended to once, when the transaction commits (`Tx::seal_on_commit`).
-    let seal = key
-        .as_deref()
-        .filter(|_| tx.backend() == Backend::Postgres)
-        .map(|key| key.mac(&head.stream, seq, &last_hash));
-    let fused_rows = fused.then_some(rows.as_slice());
-    advance_head(tx, head, seq, &last_hash, ts, seal.as_deref(), fused_rows).await?;
-    if let Some(key) = key {
-        if seal.is_none() {
-            // SQLite: once per stream when the transaction commits, not once per append.
-            tx.seal_on_commit(&head.stream, seq, &last_hash);
-        }
-        if first_seq == 1 {
-            let backend = tx.backend();
-            add_to_stream_set(&mut tx.conn(), backend, &key, &head.stream).await?;
-        }
+    if tx.backend() == Backend::Postgres {
+        // PostgreSQL advances (and seals) the head in one statement per append: another
+        // replica's append to the stream waits on the row this locks.
+        let seal = key
+            .as_deref()
+            .map(|key| key.mac(&head.stream, seq, &last_hash));
+        let fused_rows = fused.then_some(rows.as_slice());
+        advance_head(tx, head, seq, &last_hash, ts, seal.as_deref(), fused_rows).await?;
+    } else {
+        // SQLite, whose statements cost no round trip and cannot write in a `WITH`, advances
+        // (and seals) each stream head a write appended to once, when the write commits: a
+        // model step's three appends to its session's stream write its head once.
+        tx.advance_on_commit(&head.stream, head.last_seq, seq, &last_hash, ts)?;
+    }
+    if let Some(key) = key
+        && first_seq == 1
+    {
+        let backend = tx.backend();
+        add_to_stream_set(&mut tx.conn(), backend, &key, &head.stream).await?;
     }
     head.last_hash = last_hash;
     head.last_seq = seq;
@@ -381,16 +402,7 @@ pub(crate) async fn append_batch(
 /// next parameter); with `events`, an `INSERT` of the batch's rows (`VALUES` numbered from the
 /// parameter after those).
 fn advance_head_sql(fenced: bool, sealed: bool, events: Option<&str>) -> String {
-    let mut update = String::from(
-        "UPDATE streams SET last_seq = $2, last_hash = $3, updated_at = $4 \
-         WHERE stream = $1 AND last_seq = $5",
-    );
-    if fenced {
-        update.push_str(
-            " AND EXISTS (SELECT 1 FROM session_leases \
-             WHERE session_id = $1 AND (owner = $6 OR owner IS NULL) AND epoch = $7)",
-        );
-    }
+    let update = head_update_sql(fenced);
     let mac = if fenced { "$8" } else { "$6" };
     let seal = format!(
         "INSERT INTO chain_heads (stream, seq, hash, mac) \
@@ -412,13 +424,14 @@ fn advance_head_sql(fenced: bool, sealed: bool, events: Option<&str>) -> String 
              INSERT INTO events ({EVENT_COLUMNS}) \
              SELECT v.* FROM advanced, (VALUES {values}) AS v ({EVENT_COLUMNS})"
         ),
-        (false, None) => update,
+        (false, None) => update.to_owned(),
     }
 }
 
-/// Advances a locked stream's head to `seq`/`last_hash`. On PostgreSQL, in the same statement,
-/// `seal` (the head's MAC) seals it and `events` (the batch's rows, at most
-/// [`BATCH_INSERT_ROWS`]) are inserted, both only if the head advanced. On a session stream
+/// Advances a locked stream's head to `seq`/`last_hash` (PostgreSQL; SQLite advances heads when
+/// the write commits: `Tx::advance_on_commit`). In the same statement, `seal` (the head's MAC)
+/// seals it and `events` (the batch's rows, at most [`BATCH_INSERT_ROWS`]) are inserted, both
+/// only if the head advanced. On a session stream
 /// this replica leases, only while that lease is still the one stored (checked in the same
 /// statement, no extra round trip; see `leases.rs`): otherwise [`LedgerError::Fenced`].
 async fn advance_head(
@@ -471,40 +484,7 @@ async fn advance_head(
         }
     };
     if updated != expected {
-        // (The fence refuses only once the epoch moved on — another acquisition. A lease this
-        // replica released at that epoch, and nobody took since, refuses nothing: its driver has
-        // stopped, and an operator's cancel landing between the release and the replica
-        // forgetting the lease is no stale driver write.)
-        // Nothing advanced: either the lease is gone (fenced) or the head moved under us (a
-        // concurrent append, a conflict like any other). Only the first is the fence's refusal:
-        // a driver treats `Fenced` as "driven elsewhere" and stops for good.
-        let lost = match &fence {
-            Some((owner, epoch)) => conn
-                .fetch_optional(
-                    "check the session lease of a refused append",
-                    "SELECT 1 AS held FROM session_leases \
-                     WHERE session_id = $1 AND (owner = $2 OR owner IS NULL) AND epoch = $3",
-                    args![&head.stream, owner, *epoch],
-                )
-                .await?
-                .is_none(),
-            None => false,
-        };
-        if let Some((_, epoch)) = fence.filter(|_| lost) {
-            phrony_metrics::LEDGER_FENCED_WRITES.inc();
-            tracing::warn!(
-                session_id = %head.stream,
-                epoch,
-                "a write to a session this replica no longer leases was refused"
-            );
-            return Err(LedgerError::Fenced {
-                session_id: head.stream.clone(),
-                epoch: u64::try_from(epoch).unwrap_or_default(),
-            });
-        }
-        return Err(LedgerError::Conflict {
-            message: format!("stream {} advanced concurrently", head.stream),
-        });
+        return Err(refused_advance(&mut conn, &head.stream, fence).await);
     }
     Ok(())
 }

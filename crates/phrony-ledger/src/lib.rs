@@ -2248,6 +2248,98 @@ mod tests {
         lease.roll_back().await.unwrap();
     }
 
+    /// On SQLite a write advances each stream head it appended to once, when it commits: a
+    /// lock of the stream later in the write chains on the write's own appends, the `streams`
+    /// row is written once (a model step's three appends, one head write), and a write rolled
+    /// back leaves neither its events nor a head.
+    #[tokio::test]
+    async fn a_write_advances_each_stream_head_once_when_it_commits() {
+        use crate::events::{append, append_batch, lock_stream};
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
+        let ledger = super::Ledger::connect(&url).await.unwrap();
+        ledger.migrate().await.unwrap();
+        let super::Pool::Sqlite(_, writer, _) = &ledger.pool else {
+            panic!("a SQLite URL opened {:?}", ledger.backend());
+        };
+        let lease = writer.begin(false).await.unwrap();
+        for ddl in [
+            "CREATE TABLE head_writes (stream TEXT NOT NULL, seq INTEGER NOT NULL)",
+            "CREATE TRIGGER record_head_writes AFTER UPDATE OF last_seq ON streams \
+             BEGIN INSERT INTO head_writes (stream, seq) VALUES (new.stream, new.last_seq); END",
+        ] {
+            lease.slot().run("test", ddl, &[], None).unwrap();
+        }
+        lease.release().await.unwrap();
+        let note = |text: &str| {
+            crate::NewEvent::new(
+                "message.user",
+                "user",
+                serde_json::json!({"role": "user", "content": text}),
+            )
+        };
+        let head_writes = async || {
+            let mut conn = ledger.pool.acquire().await.unwrap();
+            conn.conn()
+                .fetch_all(
+                    "test",
+                    "SELECT stream, seq FROM head_writes ORDER BY rowid",
+                    vec![],
+                )
+                .await
+                .unwrap()
+                .iter()
+                .map(|r| (r.text("stream").unwrap(), r.int("seq").unwrap()))
+                .collect::<Vec<_>>()
+        };
+        let begin = async || {
+            ledger
+                .pool
+                .begin_write(&ledger.clock, None, None, None)
+                .await
+                .unwrap()
+        };
+
+        let mut tx = begin().await;
+        let mut head = lock_stream(&mut tx, "s").await.unwrap();
+        append(&mut tx, &mut head, note("one")).await.unwrap();
+        let mut again = lock_stream(&mut tx, "s").await.unwrap();
+        assert_eq!(
+            (again.last_seq, &again.last_hash),
+            (head.last_seq, &head.last_hash),
+            "a lock later in the write chains on its own append"
+        );
+        append_batch(&mut tx, &mut again, vec![note("two"), note("three")])
+            .await
+            .unwrap();
+        let mut other = lock_stream(&mut tx, "t").await.unwrap();
+        append(&mut tx, &mut other, note("elsewhere"))
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        assert_eq!(
+            head_writes().await,
+            [("s".to_owned(), 3), ("t".to_owned(), 1)],
+            "one head write per stream and write, at its last append"
+        );
+
+        let mut tx = begin().await;
+        let mut head = lock_stream(&mut tx, "s").await.unwrap();
+        assert_eq!(head.last_seq, 3);
+        append(&mut tx, &mut head, note("rolled back"))
+            .await
+            .unwrap();
+        tx.rollback().await.unwrap();
+        assert_eq!(
+            head_writes().await.len(),
+            2,
+            "a rolled-back write wrote no head"
+        );
+        let report = ledger.verify_stream("s").await.unwrap();
+        assert_eq!((report.head_seq, report.events_checked), (3, 3));
+        assert!(report.violation.is_none(), "{report:?}");
+    }
+
     #[test]
     fn redacts_passwords_only() {
         assert_eq!(
