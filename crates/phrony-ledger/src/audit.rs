@@ -740,8 +740,8 @@ async fn seal_all(
     reason: &str,
     verify_chains: bool,
 ) -> Result<std::result::Result<(u64, u64), AuditProblem>> {
-    // The heads this write advanced (an override's event) are read from `streams` below.
-    tx.write_heads().await?;
+    // The events and heads this write appended (an override's event) are read below.
+    tx.write_appends().await?;
     let mut digest = Sha256::new();
     let mut listed = Vec::new();
     let (mut streams, mut total_events) = (0_u64, 0_u64);

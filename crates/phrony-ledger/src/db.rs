@@ -250,6 +250,38 @@ pub(crate) async fn seal_head(
     Ok(())
 }
 
+/// The columns of an `events` row, in the order appends bind them.
+pub(crate) const EVENT_COLUMNS: &str = "stream, seq, type, ts, actor, call_id, turn, payload, prev_hash, hash, \
+     actor_verification, actor_via";
+
+/// The number of [`EVENT_COLUMNS`].
+pub(crate) const EVENT_ROW_COLUMNS: usize = 12;
+
+/// Rows per multi-row `INSERT` of events. 256 rows bind 3,072 parameters: under SQLite's limit
+/// (32,766 since 3.32; the bundled library is newer) and PostgreSQL's (65,535).
+pub(crate) const BATCH_INSERT_ROWS: usize = 256;
+
+/// `rows` parenthesised rows of `columns` parameters each for a `VALUES` list, numbered from
+/// `$first`: `($1, $2), ($3, $4)`.
+pub(crate) fn values_placeholders(rows: usize, columns: usize, first: usize) -> String {
+    let mut sql = String::with_capacity(rows * columns * 6);
+    for row in 0..rows {
+        if row > 0 {
+            sql.push_str(", ");
+        }
+        sql.push('(');
+        for column in 0..columns {
+            if column > 0 {
+                sql.push_str(", ");
+            }
+            sql.push('$');
+            sql.push_str(&(first + row * columns + column).to_string());
+        }
+        sql.push(')');
+    }
+    sql
+}
+
 /// The `UPDATE` that advances a stream head from `$5` to `$2`/`$3` at `$4`; `fenced` adds the
 /// lease check (`$6` owner, `$7` epoch): the head moves only while the replica's lease of the
 /// session of that id is still the one stored (see `leases.rs`).
@@ -346,6 +378,9 @@ pub(crate) struct Tx {
     /// Stream heads to advance (and seal) when the transaction commits, one per stream, at its
     /// last append ([`Tx::advance_on_commit`]; SQLite).
     heads: Vec<PendingHead>,
+    /// The binds of the event rows the transaction's appends are to insert when it commits,
+    /// [`EVENT_ROW_COLUMNS`] per row, in append order ([`Tx::insert_on_commit`]; SQLite).
+    events: Vec<Arg>,
 }
 
 enum TxKind {
@@ -373,14 +408,16 @@ impl Tx {
             committed: Vec::new(),
             released: Vec::new(),
             heads: Vec::new(),
+            events: Vec::new(),
         }
     }
 
     /// Advances `stream`'s head from `from_seq` to `seq` / `hash` (at `ts`) when this
     /// transaction commits, and seals it there with an audit key: one head update (and seal)
-    /// per stream and transaction however many appends it made. The appends' events are
-    /// written at once; [`Tx::pending_head`] is the head the write's later appends chain on
-    /// (`events::lock_stream` reads it), and [`Tx::write_heads`] writes the heads earlier for
+    /// per stream and transaction however many appends it made (their events are inserted
+    /// then too: [`Tx::insert_on_commit`]); [`Tx::pending_head`] is the head the write's later
+    /// appends chain on
+    /// (`events::lock_stream` reads it), and [`Tx::write_appends`] writes the heads earlier for
     /// a statement that reads them from `streams`. `Conflict` when `from_seq` is not the
     /// stream's head in this transaction (an append chained on a stale head).
     pub(crate) fn advance_on_commit(
@@ -418,6 +455,16 @@ impl Tx {
         Ok(())
     }
 
+    /// Inserts `rows` event rows (`binds`, [`EVENT_ROW_COLUMNS`] per row) when this
+    /// transaction commits, with the rows of its other appends, whichever their stream: one
+    /// multi-row `INSERT` of up to [`BATCH_INSERT_ROWS`] rows for the whole write. Nothing
+    /// reads a write's events from `events` before [`Tx::write_appends`] wrote them (a
+    /// statement that would calls it first).
+    pub(crate) fn insert_on_commit(&mut self, rows: usize, binds: Vec<Arg>) {
+        debug_assert_eq!(binds.len(), rows * EVENT_ROW_COLUMNS);
+        self.events.extend(binds);
+    }
+
     /// The head this transaction advanced `stream` to and has not written yet, as `(seq,
     /// hash)` ([`Tx::advance_on_commit`]).
     pub(crate) fn pending_head(&self, stream: &str) -> Option<(i64, &str)> {
@@ -427,18 +474,27 @@ impl Tx {
             .map(|h| (h.seq, h.hash.as_str()))
     }
 
-    /// Writes the heads [`Tx::advance_on_commit`] kept: each stream's `UPDATE` from the head
+    /// Writes what the transaction's appends kept for its commit: the events
+    /// ([`Tx::insert_on_commit`]), then the heads ([`Tx::advance_on_commit`]): each stream's
+    /// `UPDATE` from the head
     /// stored before this transaction (fenced by the lease the replica held at its first
     /// append: [`LedgerError::Fenced`] when that lease is gone) and, with an audit key, its
     /// seal. [`Tx::commit`] calls it; a statement that reads heads from `streams` inside a
     /// write calls it first.
-    pub(crate) async fn write_heads(&mut self) -> Result<()> {
+    pub(crate) async fn write_appends(&mut self) -> Result<()> {
+        let mut events = std::mem::take(&mut self.events);
         let heads = std::mem::take(&mut self.heads);
-        if heads.is_empty() {
-            return Ok(());
-        }
         let key = self.audit_key.clone();
         let mut conn = self.conn();
+        while !events.is_empty() {
+            let rest = events.split_off(events.len().min(BATCH_INSERT_ROWS * EVENT_ROW_COLUMNS));
+            let chunk = std::mem::replace(&mut events, rest);
+            let sql = format!(
+                "INSERT INTO events ({EVENT_COLUMNS}) VALUES {}",
+                values_placeholders(chunk.len() / EVENT_ROW_COLUMNS, EVENT_ROW_COLUMNS, 1)
+            );
+            conn.execute("append events", &sql, chunk).await?;
+        }
         for head in heads {
             let mut binds = args![&head.stream, head.seq, &head.hash, head.ts, head.stored_seq];
             let context = match &head.fence {
@@ -554,7 +610,7 @@ impl Tx {
     /// Commits; on SQLite returns once the write's batch committed (a write is acknowledged
     /// only when it is durable).
     pub(crate) async fn commit(mut self) -> Result<()> {
-        if let Err(error) = self.write_heads().await {
+        if let Err(error) = self.write_appends().await {
             return self.rollback().await.and(Err(error));
         }
         let committed = match self.kind {

@@ -4,7 +4,10 @@ use crate::audit_key::{AuditKey, STREAM_SET_SHARDS};
 use crate::chain::{
     ChainVerifier, GENESIS_HASH, HashInput, StoredEvent, canonical_json, event_hash,
 };
-use crate::db::{Arg, Backend, Conn, Row, Tx, args, head_update_sql, refused_advance, reseal};
+use crate::db::{
+    Arg, BATCH_INSERT_ROWS, Backend, Conn, EVENT_ROW_COLUMNS, Row, Tx, args, head_update_sql,
+    refused_advance, reseal, values_placeholders,
+};
 use crate::error::{LedgerError, Result};
 use crate::event_body::EventBody;
 use crate::model::{Event, NewEvent, VerifyReport, recorded_verification};
@@ -216,13 +219,6 @@ pub(crate) async fn append(tx: &mut Tx, head: &mut StreamHead, event: NewEvent) 
         .ok_or_else(|| LedgerError::corrupt("an append of one event returned none"))
 }
 
-/// The columns of one `events` row.
-const EVENT_ROW_COLUMNS: usize = 12;
-
-/// Rows per multi-row `INSERT` of a batch append. 256 rows bind 3,072 parameters: under
-/// SQLite's limit (32,766 since 3.32; the bundled library is newer) and PostgreSQL's (65,535).
-pub(crate) const BATCH_INSERT_ROWS: usize = 256;
-
 /// One chained row of a batch, ready to insert.
 struct ChainedRow {
     seq: i64,
@@ -236,24 +232,11 @@ struct ChainedRow {
     event: NewEvent,
 }
 
-/// The `VALUES` rows of `chunk` for an `INSERT INTO events ({EVENT_COLUMNS})`, numbering
-/// their parameters from `$first`, and their binds.
-fn event_values(stream: &str, chunk: &[ChainedRow], first: usize) -> (String, Vec<Arg>) {
-    let mut sql = String::with_capacity(chunk.len() * EVENT_ROW_COLUMNS * 6);
+/// The binds of `chunk`'s rows for an `INSERT INTO events ({EVENT_COLUMNS})`, in order,
+/// [`EVENT_ROW_COLUMNS`] per row.
+fn event_binds(stream: &str, chunk: &[ChainedRow]) -> Vec<Arg> {
     let mut binds = Vec::with_capacity(chunk.len() * EVENT_ROW_COLUMNS);
-    for (i, row) in chunk.iter().enumerate() {
-        if i > 0 {
-            sql.push_str(", ");
-        }
-        sql.push('(');
-        for column in 0..EVENT_ROW_COLUMNS {
-            if column > 0 {
-                sql.push_str(", ");
-            }
-            sql.push('$');
-            sql.push_str(&(first + i * EVENT_ROW_COLUMNS + column).to_string());
-        }
-        sql.push(')');
+    for row in chunk {
         binds.extend(args![
             stream,
             row.seq,
@@ -269,7 +252,16 @@ fn event_values(stream: &str, chunk: &[ChainedRow], first: usize) -> (String, Ve
             row.via.clone()
         ]);
     }
-    (sql, binds)
+    binds
+}
+
+/// The `VALUES` rows of `chunk` for an `INSERT INTO events ({EVENT_COLUMNS})`, numbering
+/// their parameters from `$first`, and their binds.
+fn event_values(stream: &str, chunk: &[ChainedRow], first: usize) -> (String, Vec<Arg>) {
+    (
+        values_placeholders(chunk.len(), EVENT_ROW_COLUMNS, first),
+        event_binds(stream, chunk),
+    )
 }
 
 /// Appends `events` to a locked stream, in order, chained one after the other, and advances
@@ -325,15 +317,22 @@ pub(crate) async fn append_batch(
         });
     }
     // PostgreSQL writes a batch of up to `BATCH_INSERT_ROWS` events in the statement that
-    // advances (and seals) the head: one round trip for the whole append.
+    // advances (and seals) the head: one round trip for the whole append. SQLite inserts the
+    // events of every append of a write when it commits, in multi-row `INSERT`s of up to
+    // `BATCH_INSERT_ROWS` rows (`Tx::insert_on_commit`): a model step's three appends, one
+    // statement.
     let fused = tx.backend() == Backend::Postgres && rows.len() <= BATCH_INSERT_ROWS;
-    if !fused {
-        let mut conn = tx.conn();
-        for chunk in rows.chunks(BATCH_INSERT_ROWS) {
-            let (values, binds) = event_values(&head.stream, chunk, 1);
-            let sql = format!("INSERT INTO events ({EVENT_COLUMNS}) VALUES {values}");
-            conn.execute("append events", &sql, binds).await?;
+    match tx.backend() {
+        Backend::Sqlite => tx.insert_on_commit(rows.len(), event_binds(&head.stream, &rows)),
+        Backend::Postgres if !fused => {
+            let mut conn = tx.conn();
+            for chunk in rows.chunks(BATCH_INSERT_ROWS) {
+                let (values, binds) = event_values(&head.stream, chunk, 1);
+                let sql = format!("INSERT INTO events ({EVENT_COLUMNS}) VALUES {values}");
+                conn.execute("append events", &sql, binds).await?;
+            }
         }
+        Backend::Postgres => {}
     }
     if enqueue_notifications(
         tx,
@@ -489,8 +488,7 @@ async fn advance_head(
     Ok(())
 }
 
-pub(crate) const EVENT_COLUMNS: &str = "stream, seq, type, ts, actor, call_id, turn, payload, prev_hash, hash, \
-     actor_verification, actor_via";
+pub(crate) use crate::db::EVENT_COLUMNS;
 
 pub(crate) fn stored_from_row(row: &Row) -> Result<StoredEvent> {
     Ok(StoredEvent {

@@ -2248,12 +2248,12 @@ mod tests {
         lease.roll_back().await.unwrap();
     }
 
-    /// On SQLite a write advances each stream head it appended to once, when it commits: a
-    /// lock of the stream later in the write chains on the write's own appends, the `streams`
-    /// row is written once (a model step's three appends, one head write), and a write rolled
-    /// back leaves neither its events nor a head.
+    /// On SQLite a write inserts its events and advances each stream head it appended to once,
+    /// when it commits: a lock of the stream later in the write chains on the write's own
+    /// appends, the `streams` row is written once (a model step's three appends, one head
+    /// write), and a write rolled back leaves neither its events nor a head.
     #[tokio::test]
-    async fn a_write_advances_each_stream_head_once_when_it_commits() {
+    async fn a_write_inserts_its_events_and_advances_each_head_once_when_it_commits() {
         use crate::events::{append, append_batch, lock_stream};
         let dir = tempfile::tempdir().unwrap();
         let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
@@ -2316,6 +2316,24 @@ mod tests {
         append(&mut tx, &mut other, note("elsewhere"))
             .await
             .unwrap();
+        let unwritten = tx
+            .conn()
+            .fetch_all(
+                "test",
+                "SELECT (SELECT COUNT(*) FROM events) AS n, \
+                 (SELECT SUM(last_seq) FROM streams) AS heads",
+                vec![],
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            (
+                unwritten[0].int("n").unwrap(),
+                unwritten[0].int("heads").unwrap()
+            ),
+            (0, 0),
+            "the write's events and heads are written when it commits, all at once"
+        );
         tx.commit().await.unwrap();
         assert_eq!(
             head_writes().await,
