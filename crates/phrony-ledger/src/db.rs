@@ -415,11 +415,10 @@ impl Tx {
     /// Advances `stream`'s head from `from_seq` to `seq` / `hash` (at `ts`) when this
     /// transaction commits, and seals it there with an audit key: one head update (and seal)
     /// per stream and transaction however many appends it made (their events are inserted
-    /// then too: [`Tx::insert_on_commit`]); [`Tx::pending_head`] is the head the write's later
-    /// appends chain on
-    /// (`events::lock_stream` reads it), and [`Tx::write_appends`] writes the heads earlier for
-    /// a statement that reads them from `streams`. `Conflict` when `from_seq` is not the
-    /// stream's head in this transaction (an append chained on a stale head).
+    /// then too: [`Tx::insert_on_commit`]). [`Tx::pending_head`] is the head the write's later
+    /// appends chain on (`events::lock_stream` reads it), and [`Tx::write_appends`] writes the
+    /// heads earlier for a statement that reads them from `streams`. `Conflict` when `from_seq`
+    /// is not the stream's head in this transaction (an append chained on a stale head).
     pub(crate) fn advance_on_commit(
         &mut self,
         stream: &str,
@@ -476,11 +475,10 @@ impl Tx {
 
     /// Writes what the transaction's appends kept for its commit: the events
     /// ([`Tx::insert_on_commit`]), then the heads ([`Tx::advance_on_commit`]): each stream's
-    /// `UPDATE` from the head
-    /// stored before this transaction (fenced by the lease the replica held at its first
-    /// append: [`LedgerError::Fenced`] when that lease is gone) and, with an audit key, its
-    /// seal. [`Tx::commit`] calls it; a statement that reads heads from `streams` inside a
-    /// write calls it first.
+    /// `UPDATE` from the head stored before this transaction (fenced by the lease the replica
+    /// held at its first append: [`LedgerError::Fenced`] when that lease is gone) and, with an
+    /// audit key, its seal. [`Tx::commit`] calls it; a statement that reads events or heads
+    /// inside a write calls it first.
     pub(crate) async fn write_appends(&mut self) -> Result<()> {
         let mut events = std::mem::take(&mut self.events);
         let heads = std::mem::take(&mut self.heads);
