@@ -221,14 +221,13 @@ impl Pool {
 }
 
 /// The upsert clause of a head's seal (`chain_heads`): one text for the seal on its own
-/// ([`seal_head`]) and the seal inside an append's statement (`events::advance_head_sql`).
+/// ([`seal_head`]) and the seal inside PostgreSQL's head update (`advance_head_sql`).
 macro_rules! reseal {
     () => {
         "ON CONFLICT (stream) DO UPDATE SET seq = excluded.seq, hash = excluded.hash, \
          mac = excluded.mac"
     };
 }
-pub(crate) use reseal;
 
 /// Writes the sealed head of `stream` (in the transaction of the appends it seals).
 pub(crate) async fn seal_head(
@@ -342,8 +341,111 @@ pub(crate) async fn refused_advance(
     }
 }
 
-/// A stream head a SQLite write advanced, written when the write commits
-/// ([`Tx::advance_on_commit`]).
+/// The `UPDATE` that advances a stream head ([`head_update_sql`]) as PostgreSQL runs it: a
+/// `WITH` whose main statement writes only if the head advanced: with `sealed`, an `INSERT`
+/// sealing the head (the MAC the parameter after the fence's, or `$6`); with `events`, an
+/// `INSERT` of the write's rows (`VALUES` numbered from the parameter after those).
+fn advance_head_sql(fenced: bool, sealed: bool, events: Option<&str>) -> String {
+    let update = head_update_sql(fenced);
+    let mac = if fenced { "$8" } else { "$6" };
+    let seal = format!(
+        "INSERT INTO chain_heads (stream, seq, hash, mac) \
+         SELECT stream, last_seq, last_hash, {mac} FROM advanced {}",
+        reseal!()
+    );
+    match (sealed, events) {
+        (true, None) => {
+            format!("WITH advanced AS ({update} RETURNING stream, last_seq, last_hash) {seal}")
+        }
+        (true, Some(values)) => format!(
+            "WITH advanced AS ({update} RETURNING stream, last_seq, last_hash), \
+             sealed AS ({seal}) \
+             INSERT INTO events ({EVENT_COLUMNS}) \
+             SELECT v.* FROM advanced, (VALUES {values}) AS v ({EVENT_COLUMNS})"
+        ),
+        (false, Some(values)) => format!(
+            "WITH advanced AS ({update} RETURNING stream) \
+             INSERT INTO events ({EVENT_COLUMNS}) \
+             SELECT v.* FROM advanced, (VALUES {values}) AS v ({EVENT_COLUMNS})"
+        ),
+        (false, None) => update.to_owned(),
+    }
+}
+
+/// Inserts event rows (`binds`, [`EVENT_ROW_COLUMNS`] per row) in multi-row `INSERT`s of up
+/// to [`BATCH_INSERT_ROWS`] rows.
+async fn insert_events(conn: &mut Conn<'_>, mut binds: Vec<Arg>) -> Result<()> {
+    while !binds.is_empty() {
+        let rest = binds.split_off(binds.len().min(BATCH_INSERT_ROWS * EVENT_ROW_COLUMNS));
+        let chunk = std::mem::replace(&mut binds, rest);
+        let sql = format!(
+            "INSERT INTO events ({EVENT_COLUMNS}) VALUES {}",
+            values_placeholders(chunk.len() / EVENT_ROW_COLUMNS, EVENT_ROW_COLUMNS, 1)
+        );
+        conn.execute("append events", &sql, chunk).await?;
+    }
+    Ok(())
+}
+
+/// Advances `head` from its stored seq (fenced by its lease: see `leases.rs`), in one statement
+/// on PostgreSQL with `seal` (the head's MAC) and `rows` (at most [`BATCH_INSERT_ROWS`] event
+/// rows' binds), both written only if the head advanced. Otherwise [`refused_advance`]'s error.
+async fn advance_head(
+    conn: &mut Conn<'_>,
+    head: &PendingHead,
+    seal: Option<String>,
+    rows: Option<Vec<Arg>>,
+) -> Result<()> {
+    let mut binds = args![&head.stream, head.seq, &head.hash, head.ts, head.stored_seq];
+    let context = match (&head.fence, rows.is_some()) {
+        (None, false) => "advance stream head",
+        (None, true) => "append events and advance stream head",
+        (Some((owner, epoch)), with_events) => {
+            binds.extend(args![owner, *epoch]);
+            if with_events {
+                "append events and advance fenced stream head"
+            } else {
+                "advance fenced stream head"
+            }
+        }
+    };
+    let sealed = seal.is_some();
+    if let Some(mac) = seal {
+        binds.extend(args![mac]);
+    }
+    let (updated, expected) = match rows {
+        None => {
+            // The four texts without events, built once.
+            static SQL: std::sync::LazyLock<[String; 4]> = std::sync::LazyLock::new(|| {
+                [
+                    advance_head_sql(false, false, None),
+                    advance_head_sql(true, false, None),
+                    advance_head_sql(false, true, None),
+                    advance_head_sql(true, true, None),
+                ]
+            });
+            let sql = &SQL[usize::from(head.fence.is_some()) + 2 * usize::from(sealed)];
+            (conn.execute(context, sql, binds).await?, 1)
+        }
+        Some(rows) => {
+            let n = rows.len() / EVENT_ROW_COLUMNS;
+            let values = values_placeholders(n, EVENT_ROW_COLUMNS, binds.len() + 1);
+            binds.extend(rows);
+            let sql = advance_head_sql(head.fence.is_some(), sealed, Some(&values));
+            (
+                conn.execute(context, &sql, binds).await?,
+                u64::try_from(n).unwrap_or(u64::MAX),
+            )
+        }
+    };
+    if updated != expected {
+        return Err(refused_advance(conn, &head.stream, head.fence.clone()).await);
+    }
+    Ok(())
+}
+
+/// A stream head a write advanced and the events it appended to the stream, written when the
+/// write commits ([`Tx::append_on_commit`]).
 struct PendingHead {
     stream: String,
     /// The head's seq as stored, before the write's first append to the stream.
@@ -353,6 +455,8 @@ struct PendingHead {
     ts: DateTime<Utc>,
     /// The replica's lease fence on the stream at the write's first append to it.
     fence: Option<(String, i64)>,
+    /// The binds of the write's events on the stream, [`EVENT_ROW_COLUMNS`] per row, in order.
+    rows: Vec<Arg>,
 }
 
 /// A write transaction, with the clock its writes take their times from.
@@ -375,12 +479,9 @@ pub(crate) struct Tx {
     /// The session leases this transaction releases with their session's end
     /// (`leases::release_with_end`): the replica forgets them once it commits.
     released: Vec<(String, i64)>,
-    /// Stream heads to advance (and seal) when the transaction commits, one per stream, at its
-    /// last append ([`Tx::advance_on_commit`]; SQLite).
+    /// The streams the transaction appended to, each with its events and its head at its last
+    /// append, written when it commits ([`Tx::append_on_commit`]).
     heads: Vec<PendingHead>,
-    /// The binds of the event rows the transaction's appends are to insert when it commits,
-    /// [`EVENT_ROW_COLUMNS`] per row, in append order ([`Tx::insert_on_commit`]; SQLite).
-    events: Vec<Arg>,
 }
 
 enum TxKind {
@@ -408,24 +509,25 @@ impl Tx {
             committed: Vec::new(),
             released: Vec::new(),
             heads: Vec::new(),
-            events: Vec::new(),
         }
     }
 
-    /// Advances `stream`'s head from `from_seq` to `seq` / `hash` (at `ts`) when this
-    /// transaction commits, and seals it there with an audit key: one head update (and seal)
-    /// per stream and transaction however many appends it made (their events are inserted
-    /// then too: [`Tx::insert_on_commit`]). [`Tx::pending_head`] is the head the write's later
-    /// appends chain on (`events::lock_stream` reads it), and [`Tx::write_appends`] writes the
-    /// heads earlier for a statement that reads them from `streams`. `Conflict` when `from_seq`
-    /// is not the stream's head in this transaction (an append chained on a stale head).
-    pub(crate) fn advance_on_commit(
+    /// Appends `rows` (event rows' binds, [`EVENT_ROW_COLUMNS`] per row) to `stream` and
+    /// advances its head from `from_seq` to `seq` / `hash` (at `ts`) when this transaction
+    /// commits, in it: per stream and transaction one head update and seal however many
+    /// appends it made ([`Tx::write_appends`]). [`Tx::pending_head`] is the head the write's
+    /// later appends chain on (`events::lock_stream` reads it), and a statement that reads
+    /// events or heads inside a write calls [`Tx::write_appends`] first. `Conflict` when
+    /// `from_seq` is not the stream's head in this transaction (an append chained on a stale
+    /// head).
+    pub(crate) fn append_on_commit(
         &mut self,
         stream: &str,
         from_seq: i64,
         seq: i64,
         hash: &str,
         ts: DateTime<Utc>,
+        rows: Vec<Arg>,
     ) -> Result<()> {
         if let Some(head) = self.heads.iter_mut().find(|h| h.stream == stream) {
             if head.seq != from_seq {
@@ -440,6 +542,7 @@ impl Tx {
             head.seq = seq;
             hash.clone_into(&mut head.hash);
             head.ts = ts;
+            head.rows.extend(rows);
             return Ok(());
         }
         let fence = self.fence(stream);
@@ -450,22 +553,13 @@ impl Tx {
             hash: hash.to_owned(),
             ts,
             fence,
+            rows,
         });
         Ok(())
     }
 
-    /// Inserts `rows` event rows (`binds`, [`EVENT_ROW_COLUMNS`] per row) when this
-    /// transaction commits, with the rows of its other appends, whichever their stream: one
-    /// multi-row `INSERT` of up to [`BATCH_INSERT_ROWS`] rows for the whole write. Nothing
-    /// reads a write's events from `events` before [`Tx::write_appends`] wrote them (a
-    /// statement that would calls it first).
-    pub(crate) fn insert_on_commit(&mut self, rows: usize, binds: Vec<Arg>) {
-        debug_assert_eq!(binds.len(), rows * EVENT_ROW_COLUMNS);
-        self.events.extend(binds);
-    }
-
     /// The head this transaction advanced `stream` to and has not written yet, as `(seq,
-    /// hash)` ([`Tx::advance_on_commit`]).
+    /// hash)` ([`Tx::append_on_commit`]).
     pub(crate) fn pending_head(&self, stream: &str) -> Option<(i64, &str)> {
         self.heads
             .iter()
@@ -473,41 +567,50 @@ impl Tx {
             .map(|h| (h.seq, h.hash.as_str()))
     }
 
-    /// Writes what the transaction's appends kept for its commit: the events
-    /// ([`Tx::insert_on_commit`]), then the heads ([`Tx::advance_on_commit`]): each stream's
-    /// `UPDATE` from the head stored before this transaction (fenced by the lease the replica
-    /// held at its first append: [`LedgerError::Fenced`] when that lease is gone) and, with an
-    /// audit key, its seal. [`Tx::commit`] calls it; a statement that reads events or heads
-    /// inside a write calls it first.
+    /// Writes what the transaction's appends kept for its commit ([`Tx::append_on_commit`]):
+    /// per stream, its events and the `UPDATE` of its head from the head stored before this
+    /// transaction, fenced by the lease the replica held at the first append
+    /// ([`LedgerError::Fenced`] when that lease is gone), and with an audit key its seal. On
+    /// PostgreSQL one statement per stream (more only past [`BATCH_INSERT_ROWS`] events); on
+    /// SQLite the events of every stream in one multi-row `INSERT`, then per stream its head
+    /// update and seal. [`Tx::commit`] calls it; a statement that reads events or heads inside
+    /// a write calls it first.
     pub(crate) async fn write_appends(&mut self) -> Result<()> {
-        let mut events = std::mem::take(&mut self.events);
-        let heads = std::mem::take(&mut self.heads);
-        let key = self.audit_key.clone();
-        let mut conn = self.conn();
-        while !events.is_empty() {
-            let rest = events.split_off(events.len().min(BATCH_INSERT_ROWS * EVENT_ROW_COLUMNS));
-            let chunk = std::mem::replace(&mut events, rest);
-            let sql = format!(
-                "INSERT INTO events ({EVENT_COLUMNS}) VALUES {}",
-                values_placeholders(chunk.len() / EVENT_ROW_COLUMNS, EVENT_ROW_COLUMNS, 1)
-            );
-            conn.execute("append events", &sql, chunk).await?;
+        let mut heads = std::mem::take(&mut self.heads);
+        if heads.is_empty() {
+            return Ok(());
         }
-        for head in heads {
-            let mut binds = args![&head.stream, head.seq, &head.hash, head.ts, head.stored_seq];
-            let context = match &head.fence {
-                Some((owner, epoch)) => {
-                    binds.extend(args![owner, *epoch]);
-                    "advance fenced stream head"
+        let key = self.audit_key.clone();
+        let backend = self.backend();
+        let mut conn = self.conn();
+        match backend {
+            Backend::Postgres => {
+                for head in &mut heads {
+                    let seal = key
+                        .as_deref()
+                        .map(|key| key.mac(&head.stream, head.seq, &head.hash));
+                    let rows = std::mem::take(&mut head.rows);
+                    if rows.len() <= BATCH_INSERT_ROWS * EVENT_ROW_COLUMNS {
+                        advance_head(&mut conn, head, seal, Some(rows)).await?;
+                    } else {
+                        insert_events(&mut conn, rows).await?;
+                        advance_head(&mut conn, head, seal, None).await?;
+                    }
                 }
-                None => "advance stream head",
-            };
-            let sql = head_update_sql(head.fence.is_some());
-            if conn.execute(context, sql, binds).await? != 1 {
-                return Err(refused_advance(&mut conn, &head.stream, head.fence).await);
             }
-            if let Some(key) = &key {
-                seal_head(&mut conn, key, &head.stream, head.seq, &head.hash).await?;
+            Backend::Sqlite => {
+                // SQLite's statements cost no round trip and cannot write in a `WITH`.
+                let mut rows = Vec::new();
+                for head in &mut heads {
+                    rows.append(&mut head.rows);
+                }
+                insert_events(&mut conn, rows).await?;
+                for head in &heads {
+                    advance_head(&mut conn, head, None, None).await?;
+                    if let Some(key) = &key {
+                        seal_head(&mut conn, key, &head.stream, head.seq, &head.hash).await?;
+                    }
+                }
             }
         }
         Ok(())

@@ -4,10 +4,7 @@ use crate::audit_key::{AuditKey, STREAM_SET_SHARDS};
 use crate::chain::{
     ChainVerifier, GENESIS_HASH, HashInput, StoredEvent, canonical_json, event_hash,
 };
-use crate::db::{
-    Arg, BATCH_INSERT_ROWS, Backend, Conn, EVENT_ROW_COLUMNS, Row, Tx, args, head_update_sql,
-    refused_advance, reseal, values_placeholders,
-};
+use crate::db::{Arg, Backend, Conn, EVENT_ROW_COLUMNS, Row, Tx, args};
 use crate::error::{LedgerError, Result};
 use crate::event_body::EventBody;
 use crate::model::{Event, NewEvent, VerifyReport, recorded_verification};
@@ -129,7 +126,7 @@ pub(crate) async fn lock_stream(tx: &mut Tx, stream: &str) -> Result<StreamHead>
 }
 
 /// `stored`, the head a write read from `streams`, or the head the write itself advanced it to
-/// and has not written yet (SQLite: [`Tx::advance_on_commit`]).
+/// and has not written yet ([`Tx::append_on_commit`]).
 fn head_in_write(tx: &Tx, stored: StreamHead) -> StreamHead {
     match tx.pending_head(&stored.stream) {
         Some((seq, hash)) => StreamHead {
@@ -255,20 +252,11 @@ fn event_binds(stream: &str, chunk: &[ChainedRow]) -> Vec<Arg> {
     binds
 }
 
-/// The `VALUES` rows of `chunk` for an `INSERT INTO events ({EVENT_COLUMNS})`, numbering
-/// their parameters from `$first`, and their binds.
-fn event_values(stream: &str, chunk: &[ChainedRow], first: usize) -> (String, Vec<Arg>) {
-    (
-        values_placeholders(chunk.len(), EVENT_ROW_COLUMNS, first),
-        event_binds(stream, chunk),
-    )
-}
-
-/// Appends `events` to a locked stream, in order, chained one after the other, and advances
-/// the head once: multi-row `INSERT`s of up to [`BATCH_INSERT_ROWS`] rows, one head update,
-/// one seal of the head (with an audit key) and, when the batch starts the stream, one join
-/// of the stream set. Every event is validated before anything is written; the caller's
-/// transaction makes the batch all-or-nothing.
+/// Appends `events` to a locked stream, in order, chained one after the other: the rows and
+/// the new head are written when the transaction commits, with its other appends to the
+/// stream (`Tx::append_on_commit`); when the batch starts the stream, one join of the stream
+/// set now. Every event is validated before anything is kept; the caller's transaction makes
+/// the batch all-or-nothing.
 pub(crate) async fn append_batch(
     tx: &mut Tx,
     head: &mut StreamHead,
@@ -316,24 +304,6 @@ pub(crate) async fn append_batch(
             event,
         });
     }
-    // PostgreSQL writes a batch of up to `BATCH_INSERT_ROWS` events in the statement that
-    // advances (and seals) the head: one round trip for the whole append. SQLite inserts the
-    // events of every append of a write when it commits, in multi-row `INSERT`s of up to
-    // `BATCH_INSERT_ROWS` rows (`Tx::insert_on_commit`): a model step's three appends, one
-    // statement.
-    let fused = tx.backend() == Backend::Postgres && rows.len() <= BATCH_INSERT_ROWS;
-    match tx.backend() {
-        Backend::Sqlite => tx.insert_on_commit(rows.len(), event_binds(&head.stream, &rows)),
-        Backend::Postgres if !fused => {
-            let mut conn = tx.conn();
-            for chunk in rows.chunks(BATCH_INSERT_ROWS) {
-                let (values, binds) = event_values(&head.stream, chunk, 1);
-                let sql = format!("INSERT INTO events ({EVENT_COLUMNS}) VALUES {values}");
-                conn.execute("append events", &sql, binds).await?;
-            }
-        }
-        Backend::Postgres => {}
-    }
     if enqueue_notifications(
         tx,
         &head.stream,
@@ -346,20 +316,12 @@ pub(crate) async fn append_batch(
     }
     let last_hash = prev_hash;
     let key = tx.audit_key();
-    if tx.backend() == Backend::Postgres {
-        // PostgreSQL advances (and seals) the head in one statement per append: another
-        // replica's append to the stream waits on the row this locks.
-        let seal = key
-            .as_deref()
-            .map(|key| key.mac(&head.stream, seq, &last_hash));
-        let fused_rows = fused.then_some(rows.as_slice());
-        advance_head(tx, head, seq, &last_hash, ts, seal.as_deref(), fused_rows).await?;
-    } else {
-        // SQLite, whose statements cost no round trip and cannot write in a `WITH`, advances
-        // (and seals) each stream head a write appended to once, when the write commits: a
-        // model step's three appends to its session's stream write its head once.
-        tx.advance_on_commit(&head.stream, head.last_seq, seq, &last_hash, ts)?;
-    }
+    // The events and the head are written when the write commits (`Tx::append_on_commit`):
+    // per stream and write one head update and seal however many appends it made — on
+    // PostgreSQL one statement with the events, on SQLite the events of every stream in one
+    // multi-row `INSERT` — and a model step's three appends to its session's stream cost one.
+    let binds = event_binds(&head.stream, &rows);
+    tx.append_on_commit(&head.stream, head.last_seq, seq, &last_hash, ts, binds)?;
     if let Some(key) = key
         && first_seq == 1
     {
@@ -393,99 +355,6 @@ pub(crate) async fn append_batch(
         payloads.into_iter(),
     );
     Ok(appended)
-}
-
-/// The `UPDATE` that advances a stream head from `$5` to `$2`/`$3` at `$4`; `fenced` adds the
-/// lease check (`$6` owner, `$7` epoch). PostgreSQL runs it as a `WITH` whose main statement
-/// writes only if the head advanced: with `sealed`, an `INSERT` sealing the head (the MAC the
-/// next parameter); with `events`, an `INSERT` of the batch's rows (`VALUES` numbered from the
-/// parameter after those).
-fn advance_head_sql(fenced: bool, sealed: bool, events: Option<&str>) -> String {
-    let update = head_update_sql(fenced);
-    let mac = if fenced { "$8" } else { "$6" };
-    let seal = format!(
-        "INSERT INTO chain_heads (stream, seq, hash, mac) \
-         SELECT stream, last_seq, last_hash, {mac} FROM advanced {}",
-        reseal!()
-    );
-    match (sealed, events) {
-        (true, None) => {
-            format!("WITH advanced AS ({update} RETURNING stream, last_seq, last_hash) {seal}")
-        }
-        (true, Some(values)) => format!(
-            "WITH advanced AS ({update} RETURNING stream, last_seq, last_hash), \
-             sealed AS ({seal}) \
-             INSERT INTO events ({EVENT_COLUMNS}) \
-             SELECT v.* FROM advanced, (VALUES {values}) AS v ({EVENT_COLUMNS})"
-        ),
-        (false, Some(values)) => format!(
-            "WITH advanced AS ({update} RETURNING stream) \
-             INSERT INTO events ({EVENT_COLUMNS}) \
-             SELECT v.* FROM advanced, (VALUES {values}) AS v ({EVENT_COLUMNS})"
-        ),
-        (false, None) => update.to_owned(),
-    }
-}
-
-/// Advances a locked stream's head to `seq`/`last_hash` (PostgreSQL; SQLite advances heads when
-/// the write commits: `Tx::advance_on_commit`). In the same statement, `seal` (the head's MAC)
-/// seals it and `events` (the batch's rows, at most [`BATCH_INSERT_ROWS`]) are inserted, both
-/// only if the head advanced. On a session stream
-/// this replica leases, only while that lease is still the one stored (checked in the same
-/// statement, no extra round trip; see `leases.rs`): otherwise [`LedgerError::Fenced`].
-async fn advance_head(
-    tx: &mut Tx,
-    head: &StreamHead,
-    seq: i64,
-    last_hash: &str,
-    ts: chrono::DateTime<chrono::Utc>,
-    seal: Option<&str>,
-    events: Option<&[ChainedRow]>,
-) -> Result<()> {
-    let fence = tx.fence(&head.stream);
-    let mut conn = tx.conn();
-    let mut binds = args![&head.stream, seq, last_hash, ts, head.last_seq];
-    let context = match (&fence, events.is_some()) {
-        (None, false) => "advance stream head",
-        (None, true) => "append events and advance stream head",
-        (Some((owner, epoch)), with_events) => {
-            binds.extend(args![owner, *epoch]);
-            if with_events {
-                "append events and advance fenced stream head"
-            } else {
-                "advance fenced stream head"
-            }
-        }
-    };
-    if let Some(mac) = seal {
-        binds.extend(args![mac]);
-    }
-    let (updated, expected) = match events {
-        None => {
-            // The four texts without events, built once.
-            static SQL: std::sync::LazyLock<[String; 4]> = std::sync::LazyLock::new(|| {
-                [
-                    advance_head_sql(false, false, None),
-                    advance_head_sql(true, false, None),
-                    advance_head_sql(false, true, None),
-                    advance_head_sql(true, true, None),
-                ]
-            });
-            let sql = &SQL[usize::from(fence.is_some()) + 2 * usize::from(seal.is_some())];
-            (conn.execute(context, sql, binds).await?, 1)
-        }
-        Some(rows) => {
-            let (values, event_binds) = event_values(&head.stream, rows, binds.len() + 1);
-            binds.extend(event_binds);
-            let sql = advance_head_sql(fence.is_some(), seal.is_some(), Some(&values));
-            let n = u64::try_from(rows.len()).unwrap_or(u64::MAX);
-            (conn.execute(context, &sql, binds).await?, n)
-        }
-    };
-    if updated != expected {
-        return Err(refused_advance(&mut conn, &head.stream, fence).await);
-    }
-    Ok(())
 }
 
 pub(crate) use crate::db::EVENT_COLUMNS;
