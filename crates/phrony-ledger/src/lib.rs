@@ -2222,6 +2222,15 @@ fn redact_url(url: &str) -> String {
 mod tests {
     use super::redact_url;
 
+    /// A migrated ledger on a SQLite file in `dir`.
+    async fn sqlite_ledger(dir: &tempfile::TempDir) -> super::Ledger {
+        let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
+        let ledger = super::Ledger::connect(&url).await.unwrap();
+        ledger.migrate().await.unwrap();
+        assert_eq!(ledger.backend(), super::Backend::Sqlite);
+        ledger
+    }
+
     /// A batch's statement journal (every write runs in a savepoint) is kept in memory: with
     /// SQLite's default it was a new file in the system's temp directory per batch, holding
     /// copies of ledger pages outside the database's directory and costing an open, an unlink
@@ -2229,11 +2238,9 @@ mod tests {
     #[tokio::test]
     async fn the_writers_statement_journals_stay_in_memory() {
         let dir = tempfile::tempdir().unwrap();
-        let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
-        let ledger = super::Ledger::connect(&url).await.unwrap();
-        ledger.migrate().await.unwrap();
+        let ledger = sqlite_ledger(&dir).await;
         let super::Pool::Sqlite(_, writer, _) = &ledger.pool else {
-            panic!("a SQLite URL opened {:?}", ledger.backend());
+            unreachable!("sqlite_ledger opens SQLite");
         };
         let lease = writer.begin(false).await.unwrap();
         let outcome = lease
@@ -2256,11 +2263,9 @@ mod tests {
     async fn a_write_inserts_its_events_and_advances_each_head_once_when_it_commits() {
         use crate::events::{append, append_batch, lock_stream};
         let dir = tempfile::tempdir().unwrap();
-        let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
-        let ledger = super::Ledger::connect(&url).await.unwrap();
-        ledger.migrate().await.unwrap();
+        let ledger = sqlite_ledger(&dir).await;
         let super::Pool::Sqlite(_, writer, _) = &ledger.pool else {
-            panic!("a SQLite URL opened {:?}", ledger.backend());
+            unreachable!("sqlite_ledger opens SQLite");
         };
         let lease = writer.begin(false).await.unwrap();
         for ddl in [
