@@ -262,7 +262,7 @@ pub(crate) const BATCH_INSERT_ROWS: usize = 256;
 
 /// `rows` parenthesised rows of `columns` parameters each for a `VALUES` list, numbered from
 /// `$first`: `($1, $2), ($3, $4)`.
-pub(crate) fn values_placeholders(rows: usize, columns: usize, first: usize) -> String {
+fn values_placeholders(rows: usize, columns: usize, first: usize) -> String {
     let mut sql = String::with_capacity(rows * columns * 6);
     for row in 0..rows {
         if row > 0 {
@@ -284,7 +284,7 @@ pub(crate) fn values_placeholders(rows: usize, columns: usize, first: usize) -> 
 /// The `UPDATE` that advances a stream head from `$5` to `$2`/`$3` at `$4`; `fenced` adds the
 /// lease check (`$6` owner, `$7` epoch): the head moves only while the replica's lease of the
 /// session of that id is still the one stored (see `leases.rs`).
-pub(crate) fn head_update_sql(fenced: bool) -> &'static str {
+fn head_update_sql(fenced: bool) -> &'static str {
     if fenced {
         "UPDATE streams SET last_seq = $2, last_hash = $3, updated_at = $4 \
          WHERE stream = $1 AND last_seq = $5 \
@@ -299,7 +299,7 @@ pub(crate) fn head_update_sql(fenced: bool) -> &'static str {
 /// Why a [`head_update_sql`] advanced nothing: the replica's lease of the session is gone
 /// ([`LedgerError::Fenced`], with `fence` the replica's id and the epoch it held) or the head
 /// moved under the write (a concurrent append: [`LedgerError::Conflict`]).
-pub(crate) async fn refused_advance(
+async fn refused_advance(
     conn: &mut Conn<'_>,
     stream: &str,
     fence: Option<(String, i64)>,
